@@ -1,0 +1,461 @@
+/*
+ * host/cli.c — `kiln plugins list|check` and `kiln config check|show`, plus
+ * the run-file opening and checking every run command shares. Listing prints
+ * every candidate file with its status and reason (--verbose) and every
+ * plugin with its kind, version, ABI, aliases and properties; --json prints
+ * the same as one JSON document. `plugins check` loads the file in a child
+ * process so a plugin that crashes in a constructor cannot take the CLI down.
+ */
+#define _GNU_SOURCE
+#include "cli.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "version.h"
+
+/* ---------------------------------------------------------------------------
+ * Output helpers */
+
+static void json_str(FILE *f, const char *s) {
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
+        switch (*p) {
+        case '"': fputs("\\\"", f); break;
+        case '\\': fputs("\\\\", f); break;
+        case '\n': fputs("\\n", f); break;
+        case '\t': fputs("\\t", f); break;
+        case '\r': fputs("\\r", f); break;
+        default:
+            if (*p < 0x20) fprintf(f, "\\u%04x", *p);
+            else fputc(*p, f);
+        }
+    }
+    fputc('"', f);
+}
+
+static void json_value(FILE *f, const kiln_value *v) {
+    switch (v->type) {
+    case KILN_TYPE_BOOL: fputs(v->v.i ? "true" : "false", f); break;
+    case KILN_TYPE_INT: fprintf(f, "%lld", (long long)v->v.i); break;
+    case KILN_TYPE_FLOAT: fprintf(f, "%.17g", v->v.f); break;
+    case KILN_TYPE_STRING: json_str(f, v->v.s); break;
+    case KILN_TYPE_INT_LIST: case KILN_TYPE_FLOAT_LIST: case KILN_TYPE_STRING_LIST:
+        fputc('[', f);
+        for (uint32_t i = 0; i < v->count; i++) {
+            if (i) fputc(',', f);
+            if (v->type == KILN_TYPE_INT_LIST) fprintf(f, "%lld", (long long)v->v.il[i]);
+            else if (v->type == KILN_TYPE_FLOAT_LIST) fprintf(f, "%.17g", v->v.fl[i]);
+            else json_str(f, v->v.sl[i]);
+        }
+        fputc(']', f);
+        break;
+    default: fputs("null", f);
+    }
+}
+
+static void text_value(FILE *f, const kiln_value *v) {
+    switch (v->type) {
+    case KILN_TYPE_BOOL: fputs(v->v.i ? "true" : "false", f); break;
+    case KILN_TYPE_INT: fprintf(f, "%lld", (long long)v->v.i); break;
+    case KILN_TYPE_FLOAT: fprintf(f, "%g", v->v.f); break;
+    case KILN_TYPE_STRING: fprintf(f, "\"%s\"", v->v.s); break;
+    case KILN_TYPE_INT_LIST: case KILN_TYPE_FLOAT_LIST: case KILN_TYPE_STRING_LIST:
+        fputc('[', f);
+        for (uint32_t i = 0; i < v->count; i++) {
+            if (i) fputs(", ", f);
+            if (v->type == KILN_TYPE_INT_LIST) fprintf(f, "%lld", (long long)v->v.il[i]);
+            else if (v->type == KILN_TYPE_FLOAT_LIST) fprintf(f, "%g", v->v.fl[i]);
+            else fprintf(f, "\"%s\"", v->v.sl[i]);
+        }
+        fputc(']', f);
+        break;
+    default: fputs("(none)", f);
+    }
+}
+
+static const char *type_word(uint32_t t) {
+    static const char *const n[] = {"none", "bool", "int", "float", "string", "int list", "float list", "string list"};
+    return t <= KILN_TYPE_STRING_LIST ? n[t] : "?";
+}
+
+static const char *origin_name(int o) {
+    return o == HL_ORIGIN_CONFIG ? "run file" : o == HL_ORIGIN_ENV ? "KILN_PLUGIN_PATH"
+                                            : o == HL_ORIGIN_BUILTIN ? "built-in" : "command line";
+}
+
+static const char *status_name(int s) { return s == HL_CAND_LOADED ? "ok" : s == HL_CAND_REFUSED ? "refused" : "skipped"; }
+
+/* ---------------------------------------------------------------------------
+ * plugins list */
+
+static void print_plugin_text(FILE *f, const hl_plugin *p, int verbose) {
+    const kiln_plugin_desc *d = &p->view;
+    const hl_library *lib = p->lib;
+    fprintf(f, "  %-12s %-14s %-8s ABI %u.%u  %s\n", hl_kind_name(d->kind), d->name, d->version, lib->view.abi_major,
+            lib->view.abi_minor, lib->path);
+    for (const kiln_kv *kv = d->properties; kv && kv->key; kv++) {
+        fprintf(f, "      %s = ", kv->key);
+        text_value(f, &kv->value);
+        fputc('\n', f);
+    }
+    if (!verbose) return;
+    if (d->description) fprintf(f, "      description: %s\n", d->description);
+    fprintf(f, "      library: %s %s (%s)%s\n", lib->view.library_name, lib->view.library_version,
+            lib->view.build_info ? lib->view.build_info : "", lib->view.cuda_runtime_version ? ", CUDA" : "");
+    if (d->capabilities) fprintf(f, "      capabilities: 0x%llx\n", (unsigned long long)d->capabilities);
+    for (const kiln_param *q = d->params; q && q->key; q++) {
+        fprintf(f, "      key %-22s %-11s default ", q->key, type_word(q->type));
+        if (q->flags & KILN_PARAM_REQUIRED) fputs("(required)", f);
+        else text_value(f, &q->def);
+        if (q->help) fprintf(f, "  — %s", q->help);
+        fputc('\n', f);
+    }
+}
+
+static void print_plugin_json(FILE *f, const hl_plugin *p) {
+    const kiln_plugin_desc *d = &p->view;
+    fputs("{\"kind\":", f); json_str(f, hl_kind_name(d->kind));
+    fputs(",\"name\":", f); json_str(f, d->name);
+    fputs(",\"version\":", f); json_str(f, d->version);
+    fputs(",\"description\":", f); json_str(f, d->description);
+    fprintf(f, ",\"abi\":\"%u.%u\",\"capabilities\":%llu", p->lib->view.abi_major, p->lib->view.abi_minor,
+            (unsigned long long)d->capabilities);
+    fputs(",\"file\":", f); json_str(f, p->lib->path);
+    fputs(",\"library\":", f); json_str(f, p->lib->view.library_name);
+    fputs(",\"aliases\":[", f);
+    for (uint32_t a = 0; a < p->naliases; a++) { if (a) fputc(',', f); json_str(f, p->aliases[a]); }
+    fputs("],\"properties\":{", f);
+    int first = 1;
+    for (const kiln_kv *kv = d->properties; kv && kv->key; kv++) {
+        if (!first) fputc(',', f);
+        first = 0;
+        json_str(f, kv->key); fputc(':', f); json_value(f, &kv->value);
+    }
+    fputs("},\"config_keys\":[", f);
+    first = 1;
+    for (const kiln_param *q = d->params; q && q->key; q++) {
+        if (!first) fputc(',', f);
+        first = 0;
+        fputs("{\"key\":", f); json_str(f, q->key);
+        fputs(",\"type\":", f); json_str(f, type_word(q->type));
+        fprintf(f, ",\"required\":%s,\"default\":", (q->flags & KILN_PARAM_REQUIRED) ? "true" : "false");
+        json_value(f, &q->def);
+        fputs(",\"help\":", f); json_str(f, q->help);
+        fputc('}', f);
+    }
+    fputs("]}", f);
+}
+
+static void print_listing(FILE *f, const hl_loader *L, int verbose, int json) {
+    if (json) {
+        fprintf(f, "{\"kiln_version\":\"%s\",\"abi\":\"%d.%d\",\"directories\":[", KILN_VERSION_STRING, KILN_ABI_MAJOR,
+                KILN_ABI_MINOR);
+        for (int i = 0; i < L->ndirs; i++) {
+            if (i) fputc(',', f);
+            fputs("{\"path\":", f); json_str(f, L->dirs[i]);
+            fputs(",\"origin\":", f); json_str(f, origin_name(L->dir_origin[i]));
+            fputc('}', f);
+        }
+        fputs("],\"candidates\":[", f);
+        for (int i = 0; i < L->ncands; i++) {
+            const hl_candidate *c = &L->cands[i];
+            if (i) fputc(',', f);
+            fputs("{\"path\":", f); json_str(f, c->path);
+            fprintf(f, ",\"type\":\"%s\",\"status\":\"%s\",\"reason\":", c->is_dir ? "directory" : "file",
+                    status_name(c->status));
+            if (c->reason) json_str(f, c->reason); else fputs("null", f);
+            fputc('}', f);
+        }
+        fputs("],\"plugins\":[", f);
+        int first = 1;
+        for (int i = 0; i < L->nlibs; i++)
+            for (int j = 0; j < L->libs[i]->nplugins; j++) {
+                if (!first) fputc(',', f);
+                first = 0;
+                print_plugin_json(f, &L->libs[i]->plugins[j]);
+            }
+        fputs("],\"warnings\":[", f);
+        for (int i = 0; i < L->nwarnings; i++) { if (i) fputc(',', f); json_str(f, L->warnings[i]); }
+        fputs("]}\n", f);
+        return;
+    }
+    fprintf(f, "kiln %s, plugin ABI %d.%d\n", KILN_VERSION_STRING, KILN_ABI_MAJOR, KILN_ABI_MINOR);
+    fprintf(f, "search path:\n");
+    for (int i = 0; i < L->ndirs; i++) fprintf(f, "  %s (%s)\n", L->dirs[i], origin_name(L->dir_origin[i]));
+    if (verbose) {
+        fprintf(f, "candidates:\n");
+        for (int i = 0; i < L->ncands; i++) {
+            const hl_candidate *c = &L->cands[i];
+            fprintf(f, "  [%s] %s%s\n", status_name(c->status), c->path, c->is_dir ? "/" : "");
+            if (c->reason) {
+                char *copy = strdup(c->reason), *save = NULL;
+                for (char *ln = strtok_r(copy, "\n", &save); ln; ln = strtok_r(NULL, "\n", &save))
+                    fprintf(f, "      %s\n", ln);
+                free(copy);
+            }
+        }
+    } else {
+        int refused = 0;
+        for (int i = 0; i < L->ncands; i++) refused += L->cands[i].status == HL_CAND_REFUSED;
+        if (refused) fprintf(f, "%d candidate(s) refused; --verbose shows why\n", refused);
+    }
+    fprintf(f, "plugins:\n");
+    for (uint32_t k = 1; k <= KILN_KIND_MAX_KNOWN; k++)
+        for (int i = 0; i < L->nlibs; i++)
+            for (int j = 0; j < L->libs[i]->nplugins; j++)
+                if (L->libs[i]->plugins[j].view.kind == k) print_plugin_text(f, &L->libs[i]->plugins[j], verbose);
+    if (L->nwarnings) {
+        fprintf(f, "warnings:\n");
+        for (int i = 0; i < L->nwarnings; i++) fprintf(f, "  %s\n", L->warnings[i]);
+    }
+}
+
+static int plugins_list(int argc, char **argv) {
+    int verbose = 0, json = 0;
+    const char *cfgpath = NULL;
+    hl_loader L;
+    hl_loader_init(&L);
+    char why[2048];
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--verbose") || !strcmp(argv[i], "-v")) verbose = 1;
+        else if (!strcmp(argv[i], "--json")) json = 1;
+        else if (!strcmp(argv[i], "--config") && i + 1 < argc) cfgpath = argv[++i];
+        else if (!strcmp(argv[i], "--plugin-dir") && i + 1 < argc) {
+            if (argv[i + 1][0] != '/') {
+                fprintf(stderr, "kiln: error: --plugin-dir %s: expected an absolute path, found a relative one\n", argv[i + 1]);
+                hl_loader_free(&L);
+                return 2;
+            }
+            hl_add_dir(&L, argv[++i], HL_ORIGIN_EXPLICIT);
+        } else {
+            fprintf(stderr, "kiln: error: plugins list: unknown argument '%s'\n", argv[i]);
+            hl_loader_free(&L);
+            return 2;
+        }
+    }
+    if (cfgpath) {
+        hc_config c;
+        int rc = cli_open_run(cfgpath, NULL, 0, &c, &L, why, sizeof why);
+        hc_free(&c);
+        if (rc) { fprintf(stderr, "kiln: error: %s\n", why); hl_loader_free(&L); return 1; }
+    } else {
+        hl_add_default_dirs(&L);
+        hl_scan(&L);
+    }
+    print_listing(stdout, &L, verbose, json);
+    hl_shutdown(&L);
+    hl_loader_free(&L);
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------
+ * plugins check */
+
+static int plugins_check(int argc, char **argv) {
+    const char *file = NULL;
+    int json = 0;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--json")) json = 1;
+        else if (!file) file = argv[i];
+        else { fprintf(stderr, "kiln: error: plugins check: unexpected argument '%s'\n", argv[i]); return 2; }
+    }
+    if (!file) { fprintf(stderr, "kiln: error: plugins check needs a FILE.so\n"); return 2; }
+    char abs[2 * PATH_MAX + 2];
+    if (file[0] == '/') snprintf(abs, sizeof abs, "%s", file);
+    else {
+        char cwd[PATH_MAX];
+        if (!getcwd(cwd, sizeof cwd)) { fprintf(stderr, "kiln: error: getcwd: %s\n", strerror(errno)); return 1; }
+        snprintf(abs, sizeof abs, "%s/%s", cwd, file);
+    }
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0) { fprintf(stderr, "kiln: error: fork: %s\n", strerror(errno)); return 1; }
+    if (pid == 0) {
+        /* Child: vet the directory (as a scan would) and the file, load it,
+         * print what it offers. Exit status carries pass/fail. */
+        hl_loader L;
+        hl_loader_init(&L);
+        char why[2048], dir[sizeof abs];
+        snprintf(dir, sizeof dir, "%s", abs);
+        char *slash = strrchr(dir, '/');
+        if (slash && slash != dir) *slash = 0;
+        const char *base = strrchr(abs, '/') + 1;
+        int rc = 0;
+        if (strncmp(base, "libkiln-", 8) != 0 || strlen(base) < 12 || strcmp(base + strlen(base) - 3, ".so") != 0) {
+            fprintf(stderr, "kiln: error: %s: expected a file named libkiln-<name>.so, found '%s'\n", abs, base);
+            rc = 1;
+        } else if (hl_vet_dir(dir, 0, why, sizeof why)) {
+            fprintf(stderr, "kiln: error: %s\n", why);
+            rc = 1;
+        } else if (hl_load_file(&L, abs, HL_ORIGIN_EXPLICIT, why, sizeof why) != 0) {
+            fprintf(stderr, "kiln: error: %s\n", why);
+            rc = 1;
+        } else {
+            hl_registry_build(&L);
+            if (json) print_listing(stdout, &L, 1, 1);
+            else {
+                const hl_library *lib = L.libs[0];
+                printf("%s: ok — library %s %s, built against ABI %u.%u (needs host >= %d.%u), %d plugin(s)\n", abs,
+                       lib->view.library_name, lib->view.library_version, lib->view.abi_major, lib->view.abi_minor,
+                       KILN_ABI_MAJOR, lib->view.min_host_minor, lib->nplugins);
+                for (int j = 0; j < lib->nplugins; j++) print_plugin_text(stdout, &lib->plugins[j], 1);
+                if (L.cands[0].reason) printf("notes:\n  %s\n", L.cands[0].reason);
+            }
+            hl_shutdown(&L);
+        }
+        hl_loader_free(&L);
+        fflush(stdout);
+        _exit(rc);
+    }
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
+    if (WIFSIGNALED(st)) {
+        fprintf(stderr, "kiln: error: %s: crashed while being loaded (signal %d, %s); the plugin is broken\n", abs,
+                WTERMSIG(st), strsignal(WTERMSIG(st)));
+        return 1;
+    }
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 1;
+}
+
+int cli_plugins(int argc, char **argv) {
+    if (argc < 1) { fprintf(stderr, "kiln: error: usage: kiln plugins list|check ...\n"); return 2; }
+    if (!strcmp(argv[0], "list")) return plugins_list(argc - 1, argv + 1);
+    if (!strcmp(argv[0], "check")) return plugins_check(argc - 1, argv + 1);
+    fprintf(stderr, "kiln: error: unknown 'plugins %s' (expected list or check)\n", argv[0]);
+    return 2;
+}
+
+/* ---------------------------------------------------------------------------
+ * Run files */
+
+int cli_open_run(const char *path, char **sets, int nsets, hc_config *c, hl_loader *L, char *why, size_t whylen) {
+    int rc = hc_load(c, path, why, whylen);
+    for (int i = 0; rc == KILN_OK && i < nsets; i++) rc = hc_override(c, sets[i], why, whylen);
+    if (rc == KILN_OK) rc = hc_check_structure(c, why, whylen);
+    if (rc) return rc;
+    const char **dirs;
+    int ndirs, allow;
+    rc = hc_plugin_dirs(c, &dirs, &ndirs, &allow, why, whylen);
+    if (rc) return rc;
+    L->allow_symlinks = allow;
+    for (int i = 0; i < ndirs; i++) hl_add_dir(L, dirs[i], HL_ORIGIN_CONFIG);
+    if (ndirs > 1) free((void *)dirs);
+    hl_add_default_dirs(L);
+    hl_scan(L);
+    return KILN_OK;
+}
+
+/* Default plugin per slot when the run file leaves it out. */
+static const char *slot_default(const char *slot) {
+    if (!strcmp(slot, "accelerator")) return "cpu";
+    if (!strcmp(slot, "precision")) return "32-true";
+    if (!strcmp(slot, "strategy")) return "single";
+    return NULL;
+}
+
+static int check_one(hc_config *c, hl_loader *L, uint32_t kind, const char *name, config_setting_t *sec,
+                     const char *slotdesc, char *why, size_t whylen) {
+    char inner[1024], where[PATH_MAX + 32];
+    const hl_plugin *p = hl_find(L, kind, name, inner, sizeof inner);
+    if (!p) {
+        if (sec) {
+            config_setting_t *nm = config_setting_get_member(sec, "name");
+            hc_where(c, nm ? nm : sec, where, sizeof where);
+        } else {
+            config_setting_t *s = config_lookup(&c->cfg, slotdesc);
+            if (s) hc_where(c, s, where, sizeof where);
+            else snprintf(where, sizeof where, "%s", c->path);
+        }
+        snprintf(why, whylen, "%s: %s: %s", where, slotdesc, inner);
+        return KILN_E_NOT_FOUND;
+    }
+    char what[160];
+    snprintf(what, sizeof what, "%s '%s'", hl_kind_name(kind), p->view.name);
+    hc_kvset kv;
+    int rc = hc_resolve(c, sec, p->view.params, what, &kv, why, whylen);
+    if (rc == KILN_OK) hc_kvset_free(&kv);
+    return rc;
+}
+
+int cli_check_run(hc_config *c, hl_loader *L, int need_training, char *why, size_t whylen) {
+    for (int s = 0; s < hc_nslots; s++) {
+        const char *slot = hc_slots[s];
+        config_setting_t *sec;
+        const char *name = hc_slot_name(c, slot, slot_default(slot), &sec, why, whylen);
+        if (!name) {
+            if (*why) return KILN_E_CONFIG;
+            int required = !strcmp(slot, "module") || !strcmp(slot, "data") ||
+                           (need_training && !strcmp(slot, "optimizer"));
+            if (required) {
+                snprintf(why, whylen, "%s: missing the '%s' section (e.g. %s = { name = \"...\"; ... })", c->path,
+                         slot, slot);
+                return KILN_E_CONFIG;
+            }
+            continue;
+        }
+        uint32_t kind;
+        hl_kind_from_name(slot, &kind);
+        int rc = check_one(c, L, kind, name, sec, slot, why, whylen);
+        if (rc) return rc;
+    }
+    int n = hc_callback_count(c);
+    for (int i = 0; i < n; i++) {
+        config_setting_t *cb = hc_callback(c, i);
+        char where[PATH_MAX + 32], label[64];
+        hc_where(c, cb, where, sizeof where);
+        snprintf(label, sizeof label, "callbacks.[%d]", i);
+        const char *name = NULL;
+        if (config_setting_type(cb) == CONFIG_TYPE_STRING) name = config_setting_get_string(cb), cb = NULL;
+        else if (config_setting_type(cb) != CONFIG_TYPE_GROUP || !config_setting_lookup_string(cb, "name", &name)) {
+            snprintf(why, whylen, "%s: %s must be a group with name = \"...\"", where, label);
+            return KILN_E_CONFIG;
+        }
+        int rc = check_one(c, L, KILN_KIND_CALLBACK, name, cb, label, why, whylen);
+        if (rc) return rc;
+    }
+    return KILN_OK;
+}
+
+/* ---------------------------------------------------------------------------
+ * config check / show */
+
+int cli_config(int argc, char **argv) {
+    if (argc < 2) { fprintf(stderr, "kiln: error: usage: kiln config check|show RUN.cfg [--set KEY=VALUE]...\n"); return 2; }
+    const char *verb = argv[0], *path = argv[1];
+    int show = !strcmp(verb, "show");
+    if (!show && strcmp(verb, "check") != 0) {
+        fprintf(stderr, "kiln: error: unknown 'config %s' (expected check or show)\n", verb);
+        return 2;
+    }
+    char **sets = calloc((size_t)argc, sizeof(char *));
+    int nsets = 0;
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--set") && i + 1 < argc) sets[nsets++] = argv[++i];
+        else if (!strncmp(argv[i], "--set=", 6)) sets[nsets++] = argv[i] + 6;
+        else { fprintf(stderr, "kiln: error: config %s: unexpected argument '%s'\n", verb, argv[i]); free(sets); return 2; }
+    }
+    hc_config c;
+    hl_loader L;
+    hl_loader_init(&L);
+    char why[2048] = "";
+    int rc = cli_open_run(path, sets, nsets, &c, &L, why, sizeof why);
+    if (rc == KILN_OK) rc = cli_check_run(&c, &L, 0, why, sizeof why);
+    if (rc == KILN_OK) {
+        if (show) config_write(&c.cfg, stdout);
+        else printf("%s: ok\n", path);
+    } else fprintf(stderr, "kiln: error: %s\n", why);
+    hc_free(&c);
+    hl_shutdown(&L);
+    hl_loader_free(&L);
+    free(sets);
+    return rc == KILN_OK ? 0 : 1;
+}

@@ -1,0 +1,77 @@
+/*
+ * host/config.h — run files: libconfig parsing with @include resolved
+ * relative to the including file, `--set a.b.c=VALUE` overrides typed by
+ * libconfig's own parser, the schema of a run file (trainer, plugins, one
+ * group per plugin slot, a callbacks list), and the resolution of a plugin's
+ * section against the config keys the plugin declares: unknown keys rejected
+ * with a did-you-mean, types checked, defaults filled in. Errors are one line,
+ * "file:line: message".
+ */
+#ifndef KILN_HOST_CONFIG_H
+#define KILN_HOST_CONFIG_H
+
+#include <libconfig.h>
+#include <stddef.h>
+
+#include "kiln/plugin.h"
+#include "loader.h"
+
+typedef struct hc_config {
+    config_t cfg;
+    char *path;  /* as given                                                  */
+    int loaded;
+} hc_config;
+
+/* A resolved section: a NULL-terminated kiln_kv array and the memory behind it. */
+typedef struct hc_kvset {
+    kiln_kv *kv;
+    int n;
+    void **owned;
+    int nowned;
+} hc_kvset;
+
+/* The plugin slots of a run file, in creation order. */
+extern const char *const hc_slots[];
+extern const int hc_nslots;
+
+int hc_load(hc_config *c, const char *path, char *why, size_t whylen);
+int hc_load_string(hc_config *c, const char *text, const char *label, char *why, size_t whylen);
+void hc_free(hc_config *c);
+
+/* Apply "a.b.c=VALUE". */
+int hc_override(hc_config *c, const char *assignment, char *why, size_t whylen);
+
+/* Top-level keys, the plugins group and the trainer section. */
+int hc_check_structure(hc_config *c, char *why, size_t whylen);
+
+/* plugins.dirs and plugins.allow_symlinks. `dirs` points into the config. */
+int hc_plugin_dirs(hc_config *c, const char ***dirs, int *ndirs, int *allow_symlinks, char *why, size_t whylen);
+
+/* The plugin name a slot asks for: `slot = "name"` or `slot = { name = ... }`.
+ * Returns the name or `fallback` when the slot is absent; NULL with `why`
+ * when the slot is malformed. *section receives the group (or NULL). */
+const char *hc_slot_name(hc_config *c, const char *slot, const char *fallback, config_setting_t **section, char *why,
+                         size_t whylen);
+/* Number of entries in the callbacks list (0 when absent). */
+int hc_callback_count(hc_config *c);
+config_setting_t *hc_callback(hc_config *c, int i);
+
+/* Resolve `section` (may be NULL: all defaults) against `params`. `what` names
+ * the owner for messages ("optimizer 'sgd'"). */
+int hc_resolve(const hc_config *c, config_setting_t *section, const kiln_param *params, const char *what,
+               hc_kvset *out, char *why, size_t whylen);
+void hc_kvset_free(hc_kvset *s);
+
+/* The trainer's own keys (host/trainer_params.c). */
+extern const kiln_param hc_trainer_params[];
+
+/* Write the effective config (after includes and overrides). */
+int hc_write(hc_config *c, const char *path, char *why, size_t whylen);
+
+/* "file:line" of a setting, or "--set" for one created by an override. */
+void hc_where(const hc_config *c, const config_setting_t *s, char *buf, size_t n);
+
+/* Closest of `cands` to `word` if reasonably close, else NULL. */
+const char *hc_did_you_mean(const char *word, const char *const *cands, int n);
+
+#endif

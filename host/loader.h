@@ -1,0 +1,114 @@
+/*
+ * host/loader.h — plugin discovery, vetting, loading, validation and the
+ * registry that resolves (kind, name-or-alias) to a loaded plugin.
+ *
+ * Discovery order: the run file's plugins.dirs, then KILN_PLUGIN_PATH (both
+ * absolute paths only), then the built-in directory next to the executable
+ * (<exe>/../lib/kiln/plugins). Never the current directory or
+ * LD_LIBRARY_PATH. Only files named libkiln-*.so are considered. Every
+ * examined directory and file becomes a candidate with a status and, when
+ * refused or skipped, a one-line reason naming the file, what was expected and
+ * what was found; `kiln plugins list --verbose` prints them all.
+ */
+#ifndef KILN_HOST_LOADER_H
+#define KILN_HOST_LOADER_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "kiln/plugin.h"
+
+enum { HL_ORIGIN_CONFIG = 0, HL_ORIGIN_ENV = 1, HL_ORIGIN_BUILTIN = 2, HL_ORIGIN_EXPLICIT = 3 };
+enum { HL_CAND_LOADED = 0, HL_CAND_REFUSED = 1, HL_CAND_SKIPPED = 2 };
+
+typedef struct hl_library hl_library;
+
+/* One accepted plugin descriptor. */
+typedef struct hl_plugin {
+    hl_library *lib;
+    kiln_plugin_desc view; /* the descriptor, read up to its struct_size      */
+    const kiln_ops_header *ops;
+    const char *const *aliases; /* from the "aliases" property, may be NULL   */
+    uint32_t naliases;
+} hl_plugin;
+
+struct hl_library {
+    char *path;          /* absolute path as found                          */
+    char *stem;          /* "acme" for libkiln-acme.so (explicit selection) */
+    int origin;          /* HL_ORIGIN_*                                     */
+    dev_t dev;
+    ino_t ino;
+    void *handle;        /* never dlclose()d                                */
+    kiln_library view;   /* the library descriptor, read up to struct_size  */
+    hl_plugin *plugins;  /* accepted descriptors                            */
+    int nplugins;
+};
+
+/* A file or directory the loader looked at. */
+typedef struct hl_candidate {
+    char *path;
+    int is_dir;
+    int status;          /* HL_CAND_*                                       */
+    char *reason;        /* refusal/skip reason(s), '\n'-separated; or NULL */
+    hl_library *lib;     /* when loaded                                     */
+} hl_candidate;
+
+typedef struct hl_loader {
+    int allow_symlinks;
+    char **dirs;         /* search path in order                            */
+    int *dir_origin;
+    int ndirs;
+    hl_candidate *cands;
+    int ncands;
+    hl_library **libs;   /* in load order                                   */
+    int nlibs;
+    /* registry: (kind, key) -> plugin, keys are names and aliases */
+    struct hl_regent { uint32_t kind; const char *key; hl_plugin *p; int is_alias; } *reg;
+    int nreg;
+    char **warnings;     /* registry conflicts, already logged              */
+    int nwarnings;
+} hl_loader;
+
+void hl_loader_init(hl_loader *L);
+void hl_loader_free(hl_loader *L); /* frees host memory; libraries stay mapped */
+
+/* Add a search directory (origin HL_ORIGIN_*). Relative paths are recorded as
+ * refused candidates. */
+void hl_add_dir(hl_loader *L, const char *dir, int origin);
+/* Add KILN_PLUGIN_PATH entries (colon-separated) and the built-in directory. */
+void hl_add_default_dirs(hl_loader *L);
+/* The built-in plugin directory derived from /proc/self/exe ("" if unknown). */
+const char *hl_builtin_dir(void);
+
+/* Scan every directory, load what passes, then build the registry. */
+void hl_scan(hl_loader *L);
+/* Vet and load one file (as `kiln plugins check` does). Returns 0 when the
+ * library loaded with at least one plugin; otherwise -1 with `why` set. */
+int hl_load_file(hl_loader *L, const char *path, int origin, char *why, size_t whylen);
+/* (Re)build the name/alias registry from the loaded libraries. */
+void hl_registry_build(hl_loader *L);
+
+/* Resolve "name", an alias, or "stem:name" for a kind. NULL with a one-line
+ * reason in `why` when nothing answers. */
+const hl_plugin *hl_find(const hl_loader *L, uint32_t kind, const char *query, char *why, size_t whylen);
+
+/* library_fini of every library, reverse load order. Instances must already
+ * be destroyed. Idempotent. */
+void hl_shutdown(hl_loader *L);
+
+/* Vetting, exposed for tests: 0 if acceptable, else -1 and a reason. */
+int hl_vet_dir(const char *dir, int allow_symlinks, char *why, size_t whylen);
+int hl_vet_file(const char *path, int allow_symlinks, char *why, size_t whylen);
+
+const char *hl_kind_name(uint32_t kind);            /* "precision", or NULL   */
+int hl_kind_from_name(const char *name, uint32_t *kind);
+int hl_valid_plugin_name(const char *name);
+/* Property of a plugin by key, or NULL. */
+const kiln_value *hl_prop(const hl_plugin *p, const char *key);
+
+/* The host's view of the bootstrap struct and services (host/services.c). */
+const kiln_host_base *hs_host_base(void);
+const kiln_host_services *hs_services(void);
+
+#endif

@@ -1,0 +1,84 @@
+/*
+ * host/log.c — stderr logging with a level threshold, and the thread-local
+ * error slot behind the set_error() host service. One fprintf per line so
+ * lines from several threads do not interleave mid-line.
+ */
+#define _GNU_SOURCE
+#include "log.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+static int g_level = KILN_LOG_INFO;
+static int g_loader_debug = 0;
+
+static _Thread_local int t_err_code;
+static _Thread_local char t_err_msg[1024];
+
+void hlog_set_level(int level) { g_level = level; }
+int hlog_level(void) { return g_level; }
+int hlog_loader_debug(void) { return g_loader_debug; }
+
+void hlog_init_from_env(void) {
+    const char *v = getenv("KILN_LOG");
+    if (v) {
+        if (!strcasecmp(v, "trace")) g_level = KILN_LOG_TRACE;
+        else if (!strcasecmp(v, "debug")) g_level = KILN_LOG_DEBUG;
+        else if (!strcasecmp(v, "info")) g_level = KILN_LOG_INFO;
+        else if (!strcasecmp(v, "warn")) g_level = KILN_LOG_WARN;
+        else if (!strcasecmp(v, "error")) g_level = KILN_LOG_ERROR;
+    }
+    const char *d = secure_getenv("KILN_PLUGIN_DEBUG");
+    g_loader_debug = d && *d && strcmp(d, "0") != 0;
+}
+
+static const char *level_name(int level) {
+    switch (level) {
+    case KILN_LOG_TRACE: return "trace";
+    case KILN_LOG_DEBUG: return "debug";
+    case KILN_LOG_INFO: return "info";
+    case KILN_LOG_WARN: return "warning";
+    default: return "error";
+    }
+}
+
+void hlogv(int level, const char *fmt, va_list ap) {
+    if (level < g_level) return;
+    char line[2048];
+    vsnprintf(line, sizeof line, fmt, ap);
+    size_t n = strlen(line);
+    while (n && line[n - 1] == '\n') line[--n] = 0;
+    fprintf(stderr, "kiln: %s: %s\n", level_name(level), line);
+}
+
+void hlog(int level, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    hlogv(level, fmt, ap);
+    va_end(ap);
+}
+
+void hlog_loader(const char *fmt, ...) {
+    if (!g_loader_debug) return;
+    char line[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "kiln: loader: %s\n", line);
+}
+
+void herr_clear(void) {
+    t_err_code = 0;
+    t_err_msg[0] = 0;
+}
+
+void herr_set(int code, const char *msg) {
+    t_err_code = code;
+    snprintf(t_err_msg, sizeof t_err_msg, "%s", msg ? msg : "");
+}
+
+const char *herr_msg(void) { return t_err_msg; }
+int herr_code(void) { return t_err_code; }

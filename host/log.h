@@ -1,0 +1,37 @@
+/*
+ * host/log.h — the host's logging and its per-thread error slot. Every line
+ * goes to stderr as "kiln: LEVEL: text" (INFO and above by default;
+ * KILN_LOG=debug|trace or -v lowers the threshold, KILN_PLUGIN_DEBUG=1 turns
+ * on loader tracing). The error slot carries the detail a plugin passes to
+ * set_error() back to the host code that prefixes it with kind, name and file.
+ */
+#ifndef KILN_HOST_LOG_H
+#define KILN_HOST_LOG_H
+
+#include <stdarg.h>
+#include <stddef.h>
+
+#include "kiln/plugin.h"
+
+void hlog_set_level(int level);
+int hlog_level(void);
+void hlog(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void hlogv(int level, const char *fmt, va_list ap);
+
+/* Loader tracing (KILN_PLUGIN_DEBUG=1): printed at any level when enabled. */
+int hlog_loader_debug(void);
+void hlog_loader(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void hlog_init_from_env(void);
+
+/* The thread-local error slot: last message set by a plugin or host code. */
+void herr_clear(void);
+void herr_set(int code, const char *msg);
+const char *herr_msg(void); /* "" when none */
+int herr_code(void);
+
+#define HLOG_ERROR(...) hlog(KILN_LOG_ERROR, __VA_ARGS__)
+#define HLOG_WARN(...) hlog(KILN_LOG_WARN, __VA_ARGS__)
+#define HLOG_INFO(...) hlog(KILN_LOG_INFO, __VA_ARGS__)
+#define HLOG_DEBUG(...) hlog(KILN_LOG_DEBUG, __VA_ARGS__)
+
+#endif

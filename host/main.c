@@ -1,0 +1,72 @@
+/*
+ * host/main.c — the `kiln` executable's entry: global flags, help, version,
+ * and dispatch to the subcommands in cli_*.c. This is the only place in kiln
+ * that decides to stop the process; everything below returns status codes.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "kiln/plugin.h"
+#include "log.h"
+#include "version.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "kiln %s — a training runtime driven by plugins\n"
+            "\n"
+            "usage: kiln [-v|-q] COMMAND [ARGS]\n"
+            "\n"
+            "commands:\n"
+            "  plugins list [--verbose] [--json] [--config RUN.cfg] [--plugin-dir DIR]...\n"
+            "                      every plugin file found, with status and reason, and every plugin\n"
+            "                      with its kind, version, ABI, aliases and properties\n"
+            "  plugins check FILE.so [--json]\n"
+            "                      vet and load one plugin file in a child process; exit 0 if it passes\n"
+            "  config check RUN.cfg [--set KEY=VALUE]...\n"
+            "                      parse a run file and check every key against the plugins it names\n"
+            "  config show RUN.cfg [--set KEY=VALUE]...\n"
+            "                      print the effective run file (includes and overrides applied)\n"
+            "\n"
+            "global flags:\n"
+            "  -v, --verbose       more log output (repeat for trace); KILN_LOG=debug does the same\n"
+            "  -q, --quiet         errors only\n"
+            "  -h, --help          this text\n"
+            "      --version       kiln and plugin ABI versions\n"
+            "\n"
+            "environment:\n"
+            "  KILN_PLUGIN_PATH    colon-separated absolute plugin directories, searched after the run\n"
+            "                      file's plugins.dirs and before the built-in directory\n"
+            "  KILN_PLUGIN_DEBUG=1 trace plugin discovery and loading\n"
+            "\n"
+            "Documentation: docs/user-guide.md, docs/config.md, docs/plugin-guide.md, docs/abi.md\n",
+            KILN_VERSION_STRING);
+}
+
+int main(int argc, char **argv) {
+    hlog_init_from_env();
+    int i = 1;
+    for (; i < argc && argv[i][0] == '-'; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
+        if (!strcmp(a, "--version")) {
+            printf("kiln %s\nplugin ABI %d.%d\nbuild: %s\n", KILN_VERSION_STRING, KILN_ABI_MAJOR, KILN_ABI_MINOR,
+                   KILN_BUILD_DESCRIPTION);
+            return 0;
+        }
+        if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
+            hlog_set_level(hlog_level() > KILN_LOG_TRACE ? hlog_level() - 1 : KILN_LOG_TRACE);
+            continue;
+        }
+        if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) { hlog_set_level(KILN_LOG_ERROR); continue; }
+        fprintf(stderr, "kiln: error: unknown flag '%s' (see kiln --help)\n", a);
+        return 2;
+    }
+    if (i >= argc) { usage(stderr); return 2; }
+    const char *cmd = argv[i];
+    if (!strcmp(cmd, "plugins")) return cli_plugins(argc - i - 1, argv + i + 1);
+    if (!strcmp(cmd, "config")) return cli_config(argc - i - 1, argv + i + 1);
+    if (!strcmp(cmd, "help")) { usage(stdout); return 0; }
+    fprintf(stderr, "kiln: error: unknown command '%s' (see kiln --help)\n", cmd);
+    return 2;
+}

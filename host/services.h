@@ -1,0 +1,42 @@
+/*
+ * host/services.h — the host side of the ABI: the frozen bootstrap struct,
+ * the append-only services table, and kiln_host_ctx, the per-instance handle
+ * every service call carries. A host context knows which plugin it belongs to
+ * (for log prefixes and error attribution), the plugin's resolved config and
+ * the trainer's (for config_get), and how much host memory the instance holds
+ * (leaks are reported when the instance is destroyed).
+ */
+#ifndef KILN_HOST_SERVICES_H
+#define KILN_HOST_SERVICES_H
+
+#include <stddef.h>
+
+#include "kiln/plugin.h"
+#include "loader.h"
+
+/* Where log_metric() goes; the trainer installs one. */
+typedef void (*hs_metric_sink)(void *user, const char *name, double value, int64_t step);
+
+struct kiln_host_ctx {
+    const hl_plugin *plugin;     /* NULL for host-internal contexts            */
+    char label[96];              /* "optimizer:sgd" for log lines              */
+    const kiln_kv *config;       /* the plugin's resolved section              */
+    const kiln_kv *trainer;      /* the trainer's resolved section             */
+    hs_metric_sink metric_sink;
+    void *metric_user;
+    size_t live_bytes;           /* host memory held through alloc()           */
+    size_t live_blocks;
+};
+
+void hs_ctx_init(kiln_host_ctx *h, const hl_plugin *p, const kiln_kv *config, const kiln_kv *trainer);
+
+/* Create an instance of `p` with `config`; on failure returns the status and
+ * writes "kind 'name' (file): message [CODE]" into why. */
+int hs_create(kiln_host_ctx *h, const hl_plugin *p, kiln_instance **out, char *why, size_t whylen);
+/* Destroy and report leaked host memory. */
+void hs_destroy(kiln_host_ctx *h, kiln_instance *inst);
+
+/* Format the error of a failed plugin call: prefix + herr_msg() + status. */
+void hs_format_error(const kiln_host_ctx *h, int32_t rc, const char *what, char *why, size_t whylen);
+
+#endif

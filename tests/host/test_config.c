@@ -1,0 +1,235 @@
+/*
+ * tests/host/test_config.c — run files: parse errors as file:line, @include
+ * relative to the including file, --set overrides typed by libconfig's parser
+ * (int, float, bool, string, arrays, creating missing groups, refusing a
+ * wrong type), unknown keys with did-you-mean at the top level, in the
+ * trainer and in a plugin section checked against the keys the plugin
+ * declares, defaults filled in, required keys, and the effective config
+ * printed by `kiln config show`.
+ */
+#define _GNU_SOURCE
+#include <CUnit/CUnit.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "loader.h"
+#include "testutil.h"
+
+static char *g_dir;
+
+static const char *write_cfg(const char *name, const char *text) {
+    static char path[4][4200];
+    static int k;
+    char *p = path[k++ & 3];
+    snprintf(p, 4200, "%s/%s", g_dir, name);
+    CU_ASSERT_EQUAL_FATAL(tu_write(p, text), 0);
+    return p;
+}
+
+static void test_parse_error_line(void) {
+    const char *p = write_cfg("bad.cfg", "trainer = {\n  max_epochs = 3;\n  seed = ;\n};\n");
+    hc_config c;
+    char why[1024];
+    CU_ASSERT_EQUAL(hc_load(&c, p, why, sizeof why), KILN_E_CONFIG);
+    char expect[4300];
+    snprintf(expect, sizeof expect, "%s:3: ", p);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, expect));
+    hc_free(&c);
+}
+
+static void test_missing_file(void) {
+    hc_config c;
+    char why[1024];
+    CU_ASSERT_EQUAL(hc_load(&c, "/nonexistent/run.cfg", why, sizeof why), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "/nonexistent/run.cfg: cannot read run file"));
+    hc_free(&c);
+}
+
+static void test_include_relative(void) {
+    char sub[4200];
+    snprintf(sub, sizeof sub, "%s/conf", g_dir);
+    mkdir(sub, 0755);
+    write_cfg("conf/base.cfg", "optimizer = { name = \"tsgd\"; lr = 0.5; };\n");
+    const char *p = write_cfg("conf/run.cfg", "@include \"base.cfg\"\ntrainer = { max_epochs = 2; };\n");
+    /* load from another working directory: the include must still resolve */
+    char cwd[4200];
+    CU_ASSERT_PTR_NOT_NULL_FATAL(getcwd(cwd, sizeof cwd));
+    CU_ASSERT_EQUAL_FATAL(chdir("/"), 0);
+    hc_config c;
+    char why[1024];
+    int rc = hc_load(&c, p, why, sizeof why);
+    CU_ASSERT_EQUAL_FATAL(chdir(cwd), 0);
+    CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
+    double lr = 0;
+    CU_ASSERT(config_lookup_float(&c.cfg, "optimizer.lr", &lr));
+    CU_ASSERT_DOUBLE_EQUAL(lr, 0.5, 0);
+    hc_free(&c);
+}
+
+static void test_overrides_typed(void) {
+    hc_config c;
+    char why[1024];
+    CU_ASSERT_EQUAL_FATAL(hc_load_string(&c,
+                                         "trainer = { max_epochs = 3; };\n"
+                                         "optimizer = { name = \"tsgd\"; lr = 0.1; nesterov = false; };\n"
+                                         "precision = { name = \"t16-mixed\"; };\n"
+                                         "module = { name = \"tmlp\"; layers = [1, 2]; };\n",
+                                         "run.cfg", why, sizeof why),
+                          KILN_OK);
+    CU_ASSERT_EQUAL(hc_override(&c, "trainer.max_epochs=7", why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(hc_override(&c, "optimizer.lr=1", why, sizeof why), KILN_OK); /* int into a float */
+    CU_ASSERT_EQUAL(hc_override(&c, "optimizer.nesterov=true", why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(hc_override(&c, "precision.name=16", why, sizeof why), KILN_OK); /* "16" the string */
+    CU_ASSERT_EQUAL(hc_override(&c, "module.layers=[784, 128, 10]", why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(hc_override(&c, "data.batch_size=64", why, sizeof why), KILN_OK); /* creates the group */
+    CU_ASSERT_EQUAL(hc_override(&c, "data.path=/usr/share/x", why, sizeof why), KILN_OK); /* bare word */
+    int ival = 0, b = 0;
+    double f = 0;
+    const char *s = NULL;
+    CU_ASSERT(config_lookup_int(&c.cfg, "trainer.max_epochs", &ival) && ival == 7);
+    CU_ASSERT(config_lookup_float(&c.cfg, "optimizer.lr", &f) && f == 1.0);
+    CU_ASSERT(config_lookup_bool(&c.cfg, "optimizer.nesterov", &b) && b == 1);
+    CU_ASSERT(config_lookup_string(&c.cfg, "precision.name", &s) && !strcmp(s, "16"));
+    CU_ASSERT(config_lookup_int(&c.cfg, "data.batch_size", &ival) && ival == 64);
+    CU_ASSERT(config_lookup_string(&c.cfg, "data.path", &s) && !strcmp(s, "/usr/share/x"));
+    config_setting_t *l = config_lookup(&c.cfg, "module.layers");
+    CU_ASSERT_EQUAL(config_setting_length(l), 3);
+    CU_ASSERT_EQUAL(config_setting_get_int_elem(l, 2), 10);
+    /* a float into an int is refused, naming where the int came from */
+    CU_ASSERT_EQUAL(hc_override(&c, "trainer.max_epochs=1.5", why, sizeof why), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "--set trainer.max_epochs=1.5: expected a int (as at run.cfg:1), found a float"));
+    CU_ASSERT_EQUAL(hc_override(&c, "novalue", why, sizeof why), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "expected KEY=VALUE"));
+    CU_ASSERT_EQUAL(hc_override(&c, "trainer.max_epochs.x=1", why, sizeof why), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "is a int, not a group"));
+    hc_free(&c);
+}
+
+static void test_unknown_top_and_trainer(void) {
+    hc_config c;
+    char why[1024];
+    CU_ASSERT_EQUAL_FATAL(hc_load_string(&c, "trainer = { max_epochs = 1; };\noptimiser = { name = \"x\"; };\n",
+                                         "run.cfg", why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(hc_check_structure(&c, why, sizeof why), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "run.cfg:2: unknown key 'optimiser' in the run file (did you mean 'optimizer'?)"));
+    hc_free(&c);
+    CU_ASSERT_EQUAL_FATAL(hc_load_string(&c, "trainer = {\n  max_epoch = 1;\n};\n", "run.cfg", why, sizeof why),
+                          KILN_OK);
+    CU_ASSERT_EQUAL(hc_check_structure(&c, why, sizeof why), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "run.cfg:2: unknown key 'max_epoch' for trainer (did you mean 'max_epochs'?)"));
+    hc_free(&c);
+    CU_ASSERT_EQUAL_FATAL(hc_load_string(&c, "trainer = {\n  seed = \"x\";\n};\n", "run.cfg", why, sizeof why),
+                          KILN_OK);
+    CU_ASSERT_EQUAL(hc_check_structure(&c, why, sizeof why), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "run.cfg:2: trainer.seed must be a int, found a string"));
+    hc_free(&c);
+    CU_ASSERT_EQUAL_FATAL(hc_load_string(&c, "plugins = { dirs = [\"rel/dir\"]; };\n", "run.cfg", why, sizeof why),
+                          KILN_OK);
+    const char **dirs;
+    int nd, allow;
+    CU_ASSERT_EQUAL(hc_plugin_dirs(&c, &dirs, &nd, &allow, why, sizeof why), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "plugin directory 'rel/dir' must be an absolute path"));
+    hc_free(&c);
+}
+
+/* A plugin section against the keys the plugin declares. */
+static void test_plugin_section(void) {
+    char *d = tu_mkdtemp();
+    CU_ASSERT_EQUAL_FATAL(tu_copy_fixture("testgood", d), 0);
+    hl_loader L;
+    hl_loader_init(&L);
+    hl_add_dir(&L, d, HL_ORIGIN_CONFIG);
+    hl_scan(&L);
+    char why[1024];
+    const hl_plugin *opt = hl_find(&L, KILN_KIND_OPTIMIZER, "tsgd", why, sizeof why);
+    const hl_plugin *mod = hl_find(&L, KILN_KIND_MODULE, "tmlp", why, sizeof why);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(opt);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(mod);
+    hc_config c;
+    hc_kvset kv;
+    CU_ASSERT_EQUAL_FATAL(hc_load_string(&c,
+                                         "optimizer = {\n  name = \"tsgd\";\n  lr = 0.1;\n  momentun = 0.9;\n};\n"
+                                         "module = { name = \"tmlp\"; layers = [784, 1024, 10]; };\n",
+                                         "run.cfg", why, sizeof why), KILN_OK);
+    config_setting_t *sec = config_lookup(&c.cfg, "optimizer");
+    CU_ASSERT_EQUAL(hc_resolve(&c, sec, opt->view.params, "optimizer 'tsgd'", &kv, why, sizeof why), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "run.cfg:4: unknown key 'momentun' for optimizer 'tsgd' (did you mean 'momentum'?)"));
+    /* fixed: defaults filled in, types converted */
+    config_setting_remove(sec, "momentun");
+    CU_ASSERT_EQUAL_FATAL(hc_resolve(&c, sec, opt->view.params, "optimizer 'tsgd'", &kv, why, sizeof why), KILN_OK);
+    CU_ASSERT_DOUBLE_EQUAL(kiln_kv_float(kv.kv, "lr", -1), 0.1, 1e-12);
+    CU_ASSERT_DOUBLE_EQUAL(kiln_kv_float(kv.kv, "momentum", -1), 0.0, 0);
+    CU_ASSERT_EQUAL(kiln_kv_int(kv.kv, "nesterov", -1), 0);
+    CU_ASSERT_PTR_NULL(kiln_kv_find(kv.kv, "betas")); /* optional, no default */
+    hc_kvset_free(&kv);
+    /* int list */
+    CU_ASSERT_EQUAL_FATAL(hc_resolve(&c, config_lookup(&c.cfg, "module"), mod->view.params, "module 'tmlp'", &kv, why,
+                                     sizeof why), KILN_OK);
+    const kiln_value *layers = kiln_kv_find(kv.kv, "layers");
+    CU_ASSERT_EQUAL_FATAL(layers->type, KILN_TYPE_INT_LIST);
+    CU_ASSERT_EQUAL(layers->count, 3);
+    CU_ASSERT_EQUAL(layers->v.il[1], 1024);
+    CU_ASSERT_STRING_EQUAL(kiln_kv_str(kv.kv, "activation", ""), "relu");
+    hc_kvset_free(&kv);
+    /* required key missing; wrong type */
+    config_setting_remove(sec, "lr");
+    CU_ASSERT_EQUAL(hc_resolve(&c, sec, opt->view.params, "optimizer 'tsgd'", &kv, why, sizeof why), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "run.cfg:1: optimizer 'tsgd' requires key 'lr'"));
+    CU_ASSERT_EQUAL(hc_override(&c, "optimizer.lr=\"fast\"", why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(hc_resolve(&c, sec, opt->view.params, "optimizer 'tsgd'", &kv, why, sizeof why), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "optimizer 'tsgd'.lr must be a float, found a string"));
+    hc_free(&c);
+    hl_loader_free(&L);
+    tu_rmrf(d);
+    free(d);
+}
+
+static void test_cli_config(void) {
+    char text[8192];
+    snprintf(text, sizeof text,
+             "plugins = { dirs = [\"%s/plugins\"]; };\n"
+             "trainer = { max_epochs = 2; };\n"
+             "precision = \"t16\";\n"
+             "optimizer = { name = \"tsgd\"; lr = 0.1; };\n",
+             g_dir);
+    char pd[4200];
+    snprintf(pd, sizeof pd, "%s/plugins", g_dir);
+    mkdir(pd, 0755);
+    CU_ASSERT_EQUAL_FATAL(tu_copy_fixture("testgood", pd), 0);
+    const char *p = write_cfg("cli.cfg", text);
+    char cmd[8192], out[16384];
+    snprintf(cmd, sizeof cmd, "%s config show %s --set trainer.max_epochs=9 --set optimizer.lr=0.25", tu_kiln(), p);
+    /* without an accelerator plugin installed the check names the default */
+    int rc = tu_run(cmd, out, sizeof out);
+    if (rc == 0) {
+        CU_ASSERT_PTR_NOT_NULL(strstr(out, "max_epochs = 9"));
+        CU_ASSERT_PTR_NOT_NULL(strstr(out, "lr = 0.25"));
+    } else {
+        CU_ASSERT_PTR_NOT_NULL(strstr(out, "accelerator: no accelerator plugin answers to 'cpu'"));
+    }
+    snprintf(cmd, sizeof cmd, "%s config check %s --set optimizer.lrr=1", tu_kiln(), p);
+    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 1);
+    snprintf(cmd, sizeof cmd, "%s config check %s --set trainer.max_epochs=x", tu_kiln(), p);
+    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "expected a int"));
+}
+
+static int setup(void) { g_dir = tu_mkdtemp(); return g_dir ? 0 : 1; }
+static int teardown(void) { tu_rmrf(g_dir); free(g_dir); return 0; }
+
+static void register_tests(void) {
+    CU_pSuite s = CU_add_suite("config", setup, teardown);
+    CU_add_test(s, "parse error with line", test_parse_error_line);
+    CU_add_test(s, "missing file", test_missing_file);
+    CU_add_test(s, "include relative to file", test_include_relative);
+    CU_add_test(s, "overrides typed", test_overrides_typed);
+    CU_add_test(s, "unknown keys top/trainer", test_unknown_top_and_trainer);
+    CU_add_test(s, "plugin section keys", test_plugin_section);
+    CU_add_test(s, "kiln config show/check", test_cli_config);
+}
+
+#include "cunit_main.h"
