@@ -648,7 +648,7 @@ void hl_scan(hl_loader *L) {
         }
         closedir(dh);
         /* Sorted, so load order (and conflict resolution) is deterministic. */
-        qsort(names, (size_t)nn, sizeof(char *), name_cmp);
+        if (nn > 1) qsort(names, (size_t)nn, sizeof(char *), name_cmp);
         for (int i = 0; i < nn; i++) {
             char path[PATH_MAX];
             snprintf(path, sizeof path, "%s/%s", dir, names[i]);

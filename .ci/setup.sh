@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# kiln's set-up on a fresh Debian 12 machine, in two commands (README):
+#
+#   bash .ci/setup.sh run    install what is missing, build, train the default
+#                            job (Fashion-MNIST on the CPU)
+#   bash .ci/setup.sh test   the same, then every test: the CUnit suites with
+#                            warnings as errors, again under ASan+UBSan, and
+#                            an out-of-tree plugin built against the installed
+#                            SDK and loaded by the installed kiln
+#
+# Idempotent: packages already present are not reinstalled, build folders are
+# reused. Runs as root or through sudo for apt-get.
+set -euo pipefail
+mode=${1:-run}
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+jobs=$(nproc 2>/dev/null || echo 2)
+
+# ---------------------------------------------------------------- packages
+pkgs=(build-essential cmake pkg-config libconfig-dev libcunit1-dev libopenblas-dev zlib1g-dev
+      libopenmpi-dev openmpi-bin dataset-fashion-mnist python3 python3-numpy)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "== installing: ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# ---------------------------------------------------------------- build
+echo "== building (build/)"
+cmake --preset ci >/dev/null
+cmake --build --preset ci -j "$jobs"
+
+run_default_job() {
+  echo "== training the default job: examples/fashion_mnist.cfg"
+  ./build/bin/kiln fit examples/fashion_mnist.cfg --set trainer.default_root_dir="$root/build/runs"
+  ./build/bin/kiln test examples/fashion_mnist.cfg --ckpt last --set trainer.default_root_dir="$root/build/runs"
+}
+
+if [ "$mode" = run ]; then
+  run_default_job
+  exit 0
+fi
+if [ "$mode" != test ]; then
+  echo "usage: bash .ci/setup.sh run|test" >&2
+  exit 2
+fi
+
+# ---------------------------------------------------------------- tests
+echo "== tests (warnings as errors)"
+ctest --preset ci -j "$jobs"
+
+echo "== tests under ASan+UBSan (build-asan/)"
+cmake --preset asan >/dev/null
+cmake --build --preset asan -j "$jobs"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --preset asan -j "$jobs"
+
+echo "== SDK package: install, build examples/hello-plugin out of tree, load it"
+prefix=$(mktemp -d /tmp/kiln-prefix.XXXXXX)
+chmod 755 "$prefix"
+trap 'rm -rf "$prefix"' EXIT
+cmake --install build --prefix "$prefix" >/dev/null
+cmake -S examples/hello-plugin -B "$prefix/hello-build" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_INSTALL_PREFIX="$prefix" >/dev/null
+cmake --build "$prefix/hello-build"
+cmake --install "$prefix/hello-build" >/dev/null
+"$prefix/bin/kiln" plugins check "$prefix/hello-build/libkiln-hello.so"
+"$prefix/bin/kiln" plugins list | tee "$prefix/list.txt"
+grep -q "callback     hello" "$prefix/list.txt"
+pkg-config --variable=plugindir "$prefix/lib/pkgconfig/kiln.pc" | grep -q "$prefix/lib/kiln/plugins"
+echo "installed SDK: ok"
+
+if [ -f examples/fashion_mnist.cfg ]; then
+  run_default_job
+fi
+echo "== all checks passed"
