@@ -44,6 +44,7 @@
 #include <stdint.h>
 
 #include "kiln/status.h"
+#include "kiln/tensor.h"
 #include "kiln/value.h"
 
 #ifdef __cplusplus
@@ -54,7 +55,7 @@ extern "C" {
  * Versions */
 
 #define KILN_ABI_MAJOR 1
-#define KILN_ABI_MINOR 0
+#define KILN_ABI_MINOR 1
 
 #if defined(__GNUC__)
 #define KILN_EXPORT __attribute__((visibility("default")))
@@ -99,6 +100,13 @@ enum {
  * own per-instance state. */
 typedef struct kiln_host_ctx kiln_host_ctx;
 typedef struct kiln_instance kiln_instance;
+struct kiln_kernels;       /* kiln/training.h */
+struct kiln_trainer_state; /* kiln/training.h */
+
+/* log_value flags (1.1) */
+#define KILN_LOG_ON_STEP (1u << 0)  /* a per-step value (logged every log_every_n_steps) */
+#define KILN_LOG_ON_EPOCH (1u << 1) /* reduced over the epoch: mean weighted by `weight`  */
+#define KILN_LOG_PROG_BAR (1u << 2) /* shown by the progress bar                         */
 
 /* ---------------------------------------------------------------------------
  * Host services (append-only). Every call takes the caller's host context;
@@ -126,6 +134,27 @@ typedef struct kiln_host_services {
     int32_t (*config_get)(kiln_host_ctx *hctx, const char *key, kiln_value *out);
     /* Record a scalar metric (loggers and callback_metrics see it). */
     void (*log_metric)(kiln_host_ctx *hctx, const char *name, double value, int64_t step);
+    /* -- 1.1: training -- */
+    /* The run's accelerator instance and its kernel table. */
+    int32_t (*accelerator)(kiln_host_ctx *hctx, kiln_instance **acc, const struct kiln_kernels **kernels);
+    /* Modules, during create(): declare a parameter. The host allocates every
+     * parameter after create() returns and fills data/grad/compute before
+     * init_weights(); *out stays valid for the run. */
+    int32_t (*param_register)(kiln_host_ctx *hctx, const char *name, uint32_t ndim, const int64_t *shape,
+                              uint32_t flags, kiln_parameter **out);
+    /* Every registered parameter, in registration order. */
+    int32_t (*params)(kiln_host_ctx *hctx, kiln_parameter *const **list, uint32_t *n);
+    /* The trainer's state, valid until the current call returns. */
+    const struct kiln_trainer_state *(*trainer_state)(kiln_host_ctx *hctx);
+    /* Lightning's self.log(): KILN_LOG_* flags; `weight` is the batch size
+     * for epoch means. */
+    void (*log_value)(kiln_host_ctx *hctx, const char *name, double value, uint32_t flags, double weight);
+    /* callback_metrics lookup; KILN_E_NOT_FOUND when absent. */
+    int32_t (*get_metric)(kiln_host_ctx *hctx, const char *name, double *out);
+    /* trainer.should_stop = True (honours min_epochs/min_steps). */
+    void (*request_stop)(kiln_host_ctx *hctx, const char *reason);
+    /* A seed derived from the run seed for a named random stream. */
+    uint64_t (*seed)(kiln_host_ctx *hctx, const char *stream);
 } kiln_host_services;
 
 /* ---------------------------------------------------------------------------
@@ -232,6 +261,8 @@ static_assert(offsetof(kiln_host_base, get_services) == 16 && sizeof(kiln_host_b
               "kiln_host_base is frozen forever");
 static_assert(offsetof(kiln_host_services, log) == 8, "kiln_host_services 1.0");
 static_assert(offsetof(kiln_host_services, log_metric) == 56, "kiln_host_services 1.0");
+static_assert(offsetof(kiln_host_services, accelerator) == 64, "kiln_host_services 1.1");
+static_assert(offsetof(kiln_host_services, seed) == 120, "kiln_host_services 1.1");
 static_assert(offsetof(kiln_ops_header, create) == 8 && offsetof(kiln_ops_header, set_state) == 32 &&
                   sizeof(kiln_ops_header) == 40, "kiln_ops_header 1.0");
 static_assert(offsetof(kiln_plugin_desc, kind) == 4 && offsetof(kiln_plugin_desc, name) == 8 &&
