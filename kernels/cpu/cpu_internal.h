@@ -1,0 +1,145 @@
+/*
+ * cpu_internal.h: what the kernel source files share and the public header
+ * does not expose: the parallel-for entry point of the thread pool
+ * (cpu_threads.c), the grain sizes that decide when splitting a loop pays for
+ * the wake-up of a sleeping worker, the block decomposition that keeps
+ * threaded reductions bit-identical to serial ones, and an inlined,
+ * vectorizable exp used by GELU. Everything here is an implementation detail
+ * of kernels/cpu and may change without notice.
+ */
+#ifndef KILN_KERNELS_CPU_INTERNAL_H
+#define KILN_KERNELS_CPU_INTERNAL_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+/* The pool never grows beyond this many threads (caller included). */
+#define KC_MAX_THREADS 64
+
+/*
+ * Minimum elements per thread before a loop is split. Waking a worker that
+ * sleeps on a condition variable costs on the order of 5-30 us; a streaming
+ * loop over 32K floats takes about that long, so below it splitting loses.
+ * The optimizer updates do several times more work per element (AdamW: a
+ * sqrt and two divisions), so they split earlier.
+ */
+#define KC_GRAIN_STREAM ((size_t)1 << 15)
+#define KC_GRAIN_HEAVY ((size_t)1 << 13)
+
+/*
+ * A range body: processes elements [begin, end) of a loop whose state is in
+ * ctx. It must touch only the outputs of its own range, so that any split
+ * produces the same bits as the serial loop.
+ */
+typedef void (*kc_range_fn)(void *ctx, size_t begin, size_t end);
+
+/*
+ * Runs fn over [0, n): serially (fn(ctx, 0, n)) when the pool has one thread,
+ * when n < 2 * grain, when another thread is already using the pool, or when
+ * called from inside a range body; otherwise split into contiguous parts of
+ * at least grain units, the caller running the first part. Part boundaries
+ * are multiples of align (KC_ALIGN_FLOATS when a unit is one float, so
+ * outputs of different threads never share a cache line). Returns when every
+ * part is done.
+ */
+void kc_parallel_for(size_t n, size_t grain, size_t align, kc_range_fn fn, void *ctx);
+
+/* 16 floats: one 64-byte cache line. */
+#define KC_ALIGN_FLOATS ((size_t)16)
+
+/*
+ * Reductions are computed as per-block partial sums combined in block order.
+ * The block size depends on n only (never on the thread count), so any number
+ * of threads reproduces the serial result bit for bit. At most
+ * KC_RED_MAX_BLOCKS blocks keep the partials on the stack.
+ */
+#define KC_RED_MIN_BLOCK ((size_t)1 << 14)
+#define KC_RED_MAX_BLOCKS 256
+
+static inline size_t kc_red_block_size(size_t n) {
+    size_t bs = (n + KC_RED_MAX_BLOCKS - 1) / KC_RED_MAX_BLOCKS;
+    if (bs < KC_RED_MIN_BLOCK) bs = KC_RED_MIN_BLOCK;
+    return (bs + 15) & ~(size_t)15;
+}
+
+/*
+ * exp(x) for x in [-80, 80] (x is clamped to that range first; NaN becomes
+ * +-80, so callers must let NaN reach the result through another operand).
+ * Written as straight-line float arithmetic so loops calling it vectorize:
+ * Cody-Waite range reduction x = k ln2 + r with |r| <= ln2/2, a degree-7
+ * Taylor polynomial (truncation < 1e-8 relative on that interval), and 2^k
+ * built in the exponent bits. Max error about 2 ulp. The bounds keep 2^k a
+ * normal float and 1/(1+exp(x)) above the denormal range (denormals are slow).
+ */
+static inline float kc_exp_inline(float x) {
+    /* One clamp on |x|, not two on x: with two, GCC's jump threading clones
+     * the rest of the computation for each constant bound, which costs two
+     * extra vector divisions per GELU element. */
+    float a = fabsf(x);
+    a = a < 80.0f ? a : 80.0f;
+    x = copysignf(a, x);
+    /* round(x / ln2) by the 1.5 * 2^23 trick: exact for |value| < 2^22, needs
+     * round-to-nearest and no reassociation (the library is built with
+     * -ffp-contract=off and without -ffast-math). */
+    const float k = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    /* ln2 split: the high part has 15 significant bits, so k * hi is exact. */
+    float r = x - k * 0.693145751953125f;
+    r = r - k * 1.42860682030941723e-6f;
+    float p = 1.98412698412698413e-4f; /* 1/7! */
+    p = p * r + 1.38888888888888889e-3f; /* 1/6! */
+    p = p * r + 8.33333333333333333e-3f; /* 1/5! */
+    p = p * r + 4.16666666666666667e-2f; /* 1/4! */
+    p = p * r + 1.66666666666666667e-1f; /* 1/3! */
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    const int32_t ki = (int32_t)k;
+    const uint32_t bits = (uint32_t)(ki + 127) << 23;
+    float two_k;
+    memcpy(&two_k, &bits, sizeof two_k);
+    return p * two_k;
+}
+
+#define KC_ALWAYS_INLINE inline __attribute__((always_inline))
+
+/*
+ * AVX2 dispatch for compute-bound loops (GELU, AdamW: division/sqrt
+ * throughput, not memory, bounds them). KC_DISPATCHED_RANGE(name) expects a
+ * `static KC_ALWAYS_INLINE void name##_impl(void *, size_t, size_t)` range
+ * body and defines name##_pick(), which returns a copy of it compiled for
+ * AVX2 when the CPU has AVX2 (8-wide vectors) and the baseline SSE2 copy
+ * otherwise, so one portable binary uses the wider vectors where it can.
+ * Both copies do the same IEEE operations in the same order (no FMA:
+ * -ffp-contract=off), so results are identical whichever runs. The choice is
+ * made at call time with __builtin_cpu_supports rather than with GCC's
+ * target_clones, whose ifunc resolver runs during relocation, before a
+ * sanitizer runtime is initialised (ThreadSanitizer crashes on it).
+ */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(KC_NO_AVX2_DISPATCH)
+static inline int kc_cpu_has_avx2(void) {
+    __builtin_cpu_init(); /* idempotent; needed if called before constructors */
+    return __builtin_cpu_supports("avx2");
+}
+#define KC_DISPATCHED_RANGE(name)                                                  \
+    __attribute__((target("avx2"))) static void name##_avx2(void *c, size_t a,     \
+                                                            size_t b) {            \
+        name##_impl(c, a, b);                                                      \
+    }                                                                              \
+    static void name##_base(void *c, size_t a, size_t b) { name##_impl(c, a, b); } \
+    static kc_range_fn name##_pick(void) {                                         \
+        return kc_cpu_has_avx2() ? name##_avx2 : name##_base;                      \
+    }
+#else
+#define KC_DISPATCHED_RANGE(name)                                                  \
+    static void name##_base(void *c, size_t a, size_t b) { name##_impl(c, a, b); } \
+    static kc_range_fn name##_pick(void) { return name##_base; }
+#endif
+
+/* GELU tanh-approximation constants (PyTorch: kBeta = sqrt(2)*2/sqrt(pi)/2,
+ * kKappa = 0.044715). */
+#define KC_GELU_BETA 0.7978845608028654f
+#define KC_GELU_KAPPA 0.044715f
+
+#endif

@@ -1,0 +1,200 @@
+/*
+ * cpu_kernels.h: the CPU numeric kernels kiln's CPU backend trains with: GEMM
+ * (through OpenBLAS) with a naive double-accumulating reference, bias add and
+ * its gradient, ReLU/GELU forward and backward, fused softmax + cross-entropy,
+ * reductions and BLAS-1 helpers, and the SGD / AdamW parameter updates with
+ * PyTorch's single-tensor semantics. Every tensor is float32 and row-major
+ * unless a comment says otherwise. No kernel allocates: the caller owns all
+ * memory. Kernels that cannot fail return void; the only failure a kernel can
+ * see in its data (an out-of-range label) is reported through the result (NAN).
+ * Large elementwise, reduction and optimizer loops may be split across a small
+ * persistent thread pool (kc_set_num_threads); the split never changes any
+ * result bit, because every element is computed by the same arithmetic and
+ * reductions use a block decomposition that depends on n only.
+ */
+#ifndef KILN_KERNELS_CPU_KERNELS_H
+#define KILN_KERNELS_CPU_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- threads */
+
+/*
+ * Sets how many threads (the caller included) the kernels may use for large
+ * loops; n < 1 is treated as 1, n above 64 as 64. n == 1 stops and joins the
+ * pool's workers (do this before the library that contains the kernels is
+ * dlclose()d). Idle workers sleep on a condition variable; they never spin.
+ * (The library's destructor also joins them, unless a kernel is running.)
+ * Must not be called from inside a kernel. Returns the count now in effect,
+ * which is lower than n only if creating a worker thread failed (the int
+ * return is the only failure report; callers may ignore it). Loops split
+ * only above ~32K elements per thread (8K for GELU and the optimizers).
+ * GEMM threading is OpenBLAS's own (openblas_set_num_threads or
+ * OPENBLAS_NUM_THREADS) and is not changed here. Note that OpenBLAS's pthread
+ * workers spin for a while after each GEMM (OPENBLAS_THREAD_TIMEOUT); on a
+ * 2-core machine that steals the core these kernels' worker needs, so a host
+ * using both should set a small timeout in the environment before OpenBLAS
+ * loads (OPENBLAS_THREAD_TIMEOUT=4).
+ */
+int kc_set_num_threads(int n);
+/* The count set by kc_set_num_threads (1 when it was never called). */
+int kc_get_num_threads(void);
+
+/* ------------------------------------------------------------------- GEMM */
+
+/*
+ * C = alpha * op(A) * op(B) + beta * C, through cblas_sgemm (row-major).
+ *   op(A): (M, K); A is (M, K) with lda >= K when trans_a == 0,
+ *          (K, M) with lda >= M when trans_a != 0.
+ *   op(B): (K, N); B is (K, N) with ldb >= N when trans_b == 0,
+ *          (N, K) with ldb >= K when trans_b != 0.
+ *   C:     (M, N) with ldc >= N.
+ * As in BLAS, C is not read when beta == 0 (NaN there is overwritten). K == 0
+ * gives C = beta * C. M, N or K negative, or M == 0 or N == 0: nothing done.
+ */
+void kc_gemm(int trans_a, int trans_b, int M, int N, int K, float alpha,
+             const float *A, int lda, const float *B, int ldb, float beta,
+             float *C, int ldc);
+
+/* Same contract as kc_gemm, computed by a naive triple loop accumulating in
+ * double; slow, for tests only. */
+void kc_gemm_ref(int trans_a, int trans_b, int M, int N, int K, float alpha,
+                 const float *A, int lda, const float *B, int ldb, float beta,
+                 float *C, int ldc);
+
+/* y += b broadcast over rows. y: (rows, cols); b: (cols). */
+void kc_bias_add(float *y, const float *b, int rows, int cols);
+
+/* db = (accumulate ? db : 0) + sum over rows of dy, accumulated in float row
+ * by row (error grows like rows * FLT_EPSILON relative to sum |dy|).
+ * db: (cols); dy: (rows, cols). */
+void kc_bias_grad(float *db, const float *dy, int rows, int cols, int accumulate);
+
+/* ------------------------------------------------------------ elementwise */
+
+/* y = x < 0 ? 0 : x (NaN stays NaN, as in torch.relu). y, x: (n); y may
+ * equal x (in place), no other overlap. */
+void kc_relu_forward(float *y, const float *x, size_t n);
+
+/* dx = x > 0 ? dy : 0 (NaN x gives 0). dx, dy, x: (n); dx may equal dy
+ * (in place), no other overlap. */
+void kc_relu_backward(float *dx, const float *dy, const float *x, size_t n);
+
+/*
+ * y = 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))), the tanh
+ * approximation (PyTorch approximate='tanh', GPT-2). Evaluated through the
+ * identity 0.5 * (1 + tanh(u)) = 1 / (1 + exp(-2u)) with an inlined
+ * polynomial exp so the loop vectorizes; agrees with the tanh form to a few
+ * float ulps, and has no cancellation for negative x. NaN propagates.
+ * y, x: (n); y may equal x (in place), no other overlap.
+ */
+void kc_gelu_forward(float *y, const float *x, size_t n);
+
+/* dx = dy * d gelu(x) / dx for the same approximation. dx, dy, x: (n); dx may
+ * equal dy (in place), no other overlap. */
+void kc_gelu_backward(float *dx, const float *dy, const float *x, size_t n);
+
+/* ------------------------------------------------------------------- loss */
+
+/*
+ * Fused softmax + mean cross-entropy.
+ *   logits: (B, C); labels: (B), each in [0, C); probs: (B, C) output, not
+ *   overlapping logits.
+ * probs = softmax(logits) per row, computed with the row max subtracted so
+ * logits of any magnitude stay finite. Returns the mean over rows of
+ * -log p[label], computed in double as log(sum exp(l - max)) + max - l[label]
+ * (finite even when p[label] underflows to 0). *n_correct (if non-NULL)
+ * receives the number of rows whose argmax (first maximum on ties) equals
+ * the label. If any label is outside [0, C), or B or C is < 1, the return is
+ * NAN; probs is still filled for every row and n_correct counts only rows
+ * with a valid label. NaN logits give NaN probs and a NaN loss.
+ */
+float kc_softmax_xent_forward(float *probs, const float *logits,
+                              const int32_t *labels, int B, int C, int *n_correct);
+
+/*
+ * dlogits = dloss * (probs - onehot(labels)) / B, the gradient of
+ * dloss * (mean loss) w.r.t. logits. dloss is the incoming gradient of the
+ * mean loss (typically 1/accumulation_steps or the loss scale).
+ *   probs: (B, C) from kc_softmax_xent_forward; labels: (B); dlogits: (B, C),
+ *   which may equal probs (in place). Rows whose label is outside [0, C) are
+ *   filled with NaN so that an unchecked bad label cannot train silently.
+ */
+void kc_softmax_xent_backward(float *dlogits, const float *probs,
+                              const int32_t *labels, int B, int C, float dloss);
+
+/* ------------------------------------------------- reductions and BLAS-1 */
+
+/* Sum of x: (n), accumulated in double. The summation order depends on n
+ * only, so the result is identical for every thread count. */
+double kc_sum(const float *x, size_t n);
+/* Sum of squares of x: (n), accumulated in double; same determinism. */
+double kc_sumsq(const float *x, size_t n);
+/* x *= a. x: (n). */
+void kc_scale(float *x, float a, size_t n);
+/* y += a * x (a * x rounded, then added: no fused multiply-add).
+ * y, x: (n), not overlapping. */
+void kc_axpy(float *y, float a, const float *x, size_t n);
+/* 1 if every element of x: (n) is finite (no NaN, no +-inf), else 0.
+ * n == 0 gives 1. */
+int kc_all_finite(const float *x, size_t n);
+
+/* -------------------------------------------------------------- optimizers */
+
+/*
+ * One step of torch.optim.SGD (foreach=False, maximize=False) on one tensor,
+ * in PyTorch's order of operations:
+ *   g' = g + weight_decay * p                       (when weight_decay != 0)
+ *   if momentum != 0:
+ *     buf = first_step ? g' : momentum * buf + (1 - dampening) * g'
+ *     g'  = nesterov ? g' + momentum * buf : buf
+ *   p = p + (-lr) * g'
+ * p, g, momentum_buf: (n), not overlapping; momentum_buf may be NULL when
+ * momentum == 0 (it is then not touched). first_step != 0 means the buffer
+ * does not exist yet (PyTorch clones g' into it).
+ */
+void kc_sgd_update(float *p, const float *g, float *momentum_buf, size_t n,
+                   float lr, float momentum, float dampening, int nesterov,
+                   float weight_decay, int first_step);
+
+/*
+ * One step of torch.optim.AdamW (amsgrad=False, maximize=False, the
+ * single-tensor path) on one tensor; step is the 1-based step count after
+ * the increment. In PyTorch's order:
+ *   p *= 1 - lr * weight_decay
+ *   m.lerp_(g, 1 - beta1)        m + w * (g - m)   (w < 0.5; else
+ *                                g - (g - m) * (1 - w))
+ *   v = v * beta2 + ((1 - beta2) * g) * g
+ *   bc1 = 1 - beta1^step; bc2 = 1 - beta2^step; step_size = lr / bc1
+ *   denom = sqrt(v) / sqrt(bc2) + eps
+ *   p = p + ((-step_size) * m) / denom
+ * Scalars (1 - lr*wd, 1 - beta1, the bias corrections, step_size) are formed
+ * in double and rounded once to float, as PyTorch forms them from Python
+ * floats. Differences from PyTorch's results come only from (a) PyTorch's
+ * vectorized CPU loops fusing some multiply-adds, which this code never does,
+ * and (b) the float hyperparameters: (float)0.999 is not 0.999, so 1 - beta2
+ * differs from PyTorch's by ~1e-5 relative; use kc_adamw_update_d to pass the
+ * hyperparameters as the doubles Python would hold.
+ * p, g, m, v: (n), not overlapping; step < 1 is treated as 1.
+ */
+void kc_adamw_update(float *p, const float *g, float *m, float *v, size_t n,
+                     float lr, float beta1, float beta2, float eps,
+                     float weight_decay, int64_t step);
+
+/* kc_adamw_update with double hyperparameters, for bit-level fidelity to
+ * PyTorch's Python-float hyperparameters (e.g. beta2 = 0.999 exactly as
+ * parsed from a config). Same per-element arithmetic. */
+void kc_adamw_update_d(float *p, const float *g, float *m, float *v, size_t n,
+                       double lr, double beta1, double beta2, double eps,
+                       double weight_decay, int64_t step);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

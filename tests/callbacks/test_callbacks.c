@@ -1,0 +1,650 @@
+/*
+ * test_callbacks.c — CUnit suite for the callback plugins progress,
+ * csv_logger and hook_trace. Each plugin is loaded from the build's plugin
+ * directory through the mock host, created with a full config (as the host
+ * would resolve it), and fed a synthetic, Lightning-ordered event sequence
+ * with a trainer state whose run_dir is a fresh mkdtemp() folder. The tests
+ * then read back what the plugin produced: the exact trace lines, the CSV
+ * after every event (header growth, rewritten rows, round-tripped values, no
+ * temporary file left), and the progress lines captured from stdout.
+ */
+#define _XOPEN_SOURCE 700
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <CUnit/CUnit.h>
+
+#include "mockhost.h"
+
+/* ---------------------------------------------------------------------------
+ * Fixtures */
+
+static char g_dir[256];          /* the test's run_dir (mkdtemp)            */
+static kiln_trainer_state g_ts;  /* what every event's trainer points at    */
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+static void fixture_begin(void) {
+    mh_reset();
+    snprintf(g_dir, sizeof g_dir, "/tmp/kiln-callbacks-XXXXXX");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(mkdtemp(g_dir));
+    memset(&g_ts, 0, sizeof g_ts);
+    g_ts.struct_size = sizeof g_ts;
+    g_ts.stage = KILN_STAGE_FIT;
+    g_ts.run_dir = g_dir;
+    g_ts.world_size = 1;
+    g_ts.accumulate_grad_batches = 1;
+    mh.trainer = g_ts;
+}
+
+static void fixture_end(void) { nftw(g_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
+static const kiln_callback_ops *load(const char *name) {
+    const char *dir = getenv("KILN_PLUGIN_DIR");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/libkiln-%s.so", dir, name);
+    const kiln_plugin_desc *d = mh_load(path, KILN_KIND_CALLBACK, name);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(d);
+    const kiln_callback_ops *ops = d->ops;
+    CU_ASSERT_FATAL(ops->base.struct_size >= sizeof(kiln_callback_ops) && ops->on_event != NULL);
+    return ops;
+}
+
+static kiln_instance *create(const kiln_callback_ops *ops, const kiln_kv *cfg, int32_t *rc) {
+    kiln_instance *inst = NULL;
+    *rc = ops->base.create(NULL, mh_services(), mh_ctx(), cfg, &inst);
+    if (*rc != KILN_OK) CU_ASSERT_PTR_NULL(inst);
+    return inst;
+}
+
+static kiln_event ev_make(uint32_t id, int32_t stage, int64_t batch) {
+    kiln_event e;
+    memset(&e, 0, sizeof e);
+    e.struct_size = sizeof e;
+    e.id = id;
+    e.stage = stage;
+    e.batch_idx = batch;
+    e.trainer = &g_ts;
+    return e;
+}
+
+/* Send one event; every plugin answers KILN_OK to well-formed events. */
+static void send(const kiln_callback_ops *ops, kiln_instance *inst, uint32_t id, int32_t stage, int64_t batch) {
+    kiln_event e = ev_make(id, stage, batch);
+    CU_ASSERT_EQUAL(ops->on_event(inst, &e), KILN_OK);
+}
+
+static void send_trace(const kiln_callback_ops *ops, kiln_instance *inst, int32_t source, const char *detail,
+                       uint32_t trace_event, int32_t stage, int64_t batch, int32_t acc) {
+    kiln_event e = ev_make(KILN_EV_TRACE, stage, batch);
+    e.source = source;
+    e.detail = detail;
+    e.trace_event = trace_event;
+    e.accumulating = acc;
+    CU_ASSERT_EQUAL(ops->on_event(inst, &e), KILN_OK);
+}
+
+/* The whole file as a string (caller frees), NULL when it does not exist. */
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = malloc((size_t)n + 1);
+    size_t got = fread(s, 1, (size_t)n, f);
+    s[got] = '\0';
+    fclose(f);
+    return s;
+}
+
+static int file_exists(const char *path) { return access(path, F_OK) == 0; }
+
+static void assert_file_is(const char *path, const char *want) {
+    char *got = slurp(path);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(got);
+    CU_ASSERT_STRING_EQUAL(got, want);
+    if (strcmp(got, want)) fprintf(stderr, "\n%s:\n--- got ---\n%s--- want ---\n%s", path, got, want);
+    free(got);
+}
+
+/* ---------------------------------------------------------------------------
+ * hook_trace */
+
+static const kiln_kv ht_cfg[] = {
+    {"path", KILN_V_STR("hooks.txt")},
+    {"include_trace", KILN_V_BOOL(1)},
+    {NULL, KILN_V_NONE},
+};
+
+static void test_hook_trace_lines(void) {
+    fixture_begin();
+    const kiln_callback_ops *ops = load("hook_trace");
+    int32_t rc;
+    kiln_instance *inst = create(ops, ht_cfg, &rc);
+    CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
+    char path[512];
+    snprintf(path, sizeof path, "%s/hooks.txt", g_dir);
+
+    send(ops, inst, KILN_EV_SETUP, KILN_STAGE_FIT, -1);
+    /* Flushed per line: the first line is on disk before the next event. */
+    assert_file_is(path, "callback setup\n");
+    send(ops, inst, KILN_EV_ON_FIT_START, KILN_STAGE_FIT, -1);
+    send(ops, inst, KILN_EV_ON_SANITY_CHECK_START, KILN_STAGE_SANITY, -1);
+    send(ops, inst, KILN_EV_ON_VALIDATION_BATCH_START, KILN_STAGE_SANITY, 0);
+    send_trace(ops, inst, KILN_SRC_MODULE, "validation_step", KILN_EV_VALIDATION_STEP, KILN_STAGE_SANITY, 0, 0);
+    send(ops, inst, KILN_EV_ON_SANITY_CHECK_END, KILN_STAGE_SANITY, -1);
+    {
+        kiln_event e = ev_make(KILN_EV_ON_TRAIN_BATCH_START, KILN_STAGE_FIT, 0);
+        e.accumulating = 1;
+        CU_ASSERT_EQUAL(ops->on_event(inst, &e), KILN_OK);
+    }
+    send_trace(ops, inst, KILN_SRC_MODULE, "on_train_batch_start", KILN_EV_ON_TRAIN_BATCH_START, KILN_STAGE_FIT, 0, 1);
+    send_trace(ops, inst, KILN_SRC_PRECISION, "pre_backward", 0, KILN_STAGE_FIT, 0, 1);
+    send_trace(ops, inst, KILN_SRC_STRATEGY, "post_backward", 0, KILN_STAGE_FIT, 1, 0);
+    send_trace(ops, inst, KILN_SRC_OPTIMIZER, "step", 0, KILN_STAGE_FIT, -1, 0);
+    /* No detail: the traced hook's own name stands in. */
+    send_trace(ops, inst, KILN_SRC_HOST, NULL, KILN_EV_OPTIMIZER_ZERO_GRAD, KILN_STAGE_FIT, -1, 0);
+    {
+        /* Metrics are the loggers' business, not a hook: not traced. */
+        static const kiln_kv m[] = {{"train_loss", KILN_V_FLOAT(0.5)}, {NULL, KILN_V_NONE}};
+        kiln_event e = ev_make(KILN_EV_LOG_METRICS, KILN_STAGE_FIT, -1);
+        e.metrics = m;
+        CU_ASSERT_EQUAL(ops->on_event(inst, &e), KILN_OK);
+    }
+    send(ops, inst, KILN_EV_ON_TRAIN_BATCH_END, KILN_STAGE_FIT, 1);
+    send(ops, inst, KILN_EV_ON_VALIDATION_END, KILN_STAGE_VALIDATE, -1);
+    send(ops, inst, KILN_EV_ON_TEST_START, KILN_STAGE_TEST, -1);
+    send(ops, inst, KILN_EV_ON_TEST_BATCH_END, KILN_STAGE_TEST, 7);
+    send(ops, inst, KILN_EV_TEARDOWN, 0, -1);
+
+    assert_file_is(path, "callback setup\n"
+                         "callback on_fit_start\n"
+                         "callback on_sanity_check_start stage=sanity\n"
+                         "callback on_validation_batch_start batch=0 stage=sanity\n"
+                         "module validation_step batch=0 stage=sanity\n"
+                         "callback on_sanity_check_end stage=sanity\n"
+                         "callback on_train_batch_start batch=0 acc=1\n"
+                         "module on_train_batch_start batch=0 acc=1\n"
+                         "precision pre_backward batch=0 acc=1\n"
+                         "strategy post_backward batch=1\n"
+                         "optimizer step\n"
+                         "host optimizer_zero_grad\n"
+                         "callback on_train_batch_end batch=1\n"
+                         "callback on_validation_end stage=validate\n"
+                         "callback on_test_start stage=test\n"
+                         "callback on_test_batch_end batch=7 stage=test\n"
+                         "callback teardown\n");
+    ops->base.destroy(inst);
+    fixture_end();
+}
+
+static void test_hook_trace_no_trace_abs_path_and_rank(void) {
+    fixture_begin();
+    const kiln_callback_ops *ops = load("hook_trace");
+    char abs_path[512], rel_path[512];
+    snprintf(abs_path, sizeof abs_path, "%s/sub/trace.log", g_dir);
+    const kiln_kv cfg[] = {{"path", KILN_V_STR(abs_path)}, {"include_trace", KILN_V_BOOL(0)}, {NULL, KILN_V_NONE}};
+    int32_t rc;
+    kiln_instance *inst = create(ops, cfg, &rc);
+    CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
+    /* An absolute path ignores run_dir (pointed elsewhere here). */
+    g_ts.run_dir = "/nonexistent-run-dir";
+    send(ops, inst, KILN_EV_ON_TRAIN_BATCH_START, KILN_STAGE_FIT, 3);
+    send_trace(ops, inst, KILN_SRC_MODULE, "training_step", KILN_EV_TRAINING_STEP, KILN_STAGE_FIT, 3, 0);
+    send(ops, inst, KILN_EV_ON_TRAIN_BATCH_END, KILN_STAGE_FIT, 3);
+    assert_file_is(abs_path, "callback on_train_batch_start batch=3\ncallback on_train_batch_end batch=3\n");
+    ops->base.destroy(inst);
+    g_ts.run_dir = g_dir;
+
+    /* Rank 1 writes beside rank 0's file instead of into it. */
+    g_ts.rank = 1;
+    g_ts.world_size = 2;
+    inst = create(ops, ht_cfg, &rc);
+    CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
+    send(ops, inst, KILN_EV_ON_FIT_START, KILN_STAGE_FIT, -1);
+    snprintf(rel_path, sizeof rel_path, "%s/hooks.rank1.txt", g_dir);
+    assert_file_is(rel_path, "callback on_fit_start\n");
+    snprintf(rel_path, sizeof rel_path, "%s/hooks.txt", g_dir);
+    CU_ASSERT_FALSE(file_exists(rel_path));
+    ops->base.destroy(inst);
+    fixture_end();
+}
+
+static void test_hook_trace_errors(void) {
+    fixture_begin();
+    const kiln_callback_ops *ops = load("hook_trace");
+    const kiln_kv bad[] = {{"path", KILN_V_STR("")}, {"include_trace", KILN_V_BOOL(1)}, {NULL, KILN_V_NONE}};
+    int32_t rc;
+    create(ops, bad, &rc);
+    CU_ASSERT_EQUAL(rc, KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "path"));
+
+    /* run_dir is a regular file: the trace cannot be created under it. */
+    char file[512];
+    snprintf(file, sizeof file, "%s/plainfile", g_dir);
+    FILE *f = fopen(file, "w");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    fclose(f);
+    g_ts.run_dir = file;
+    kiln_instance *inst = create(ops, ht_cfg, &rc);
+    CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
+    kiln_event e = ev_make(KILN_EV_SETUP, KILN_STAGE_FIT, -1);
+    CU_ASSERT_EQUAL(ops->on_event(inst, &e), KILN_E_IO);
+    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "plainfile/hooks.txt"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, strerror(ENOTDIR)));
+    ops->base.destroy(inst);
+    fixture_end();
+}
+
+/* ---------------------------------------------------------------------------
+ * csv_logger */
+
+static const kiln_kv csv_cfg[] = {
+    {"filename", KILN_V_STR("metrics.csv")},
+    {"flush_every_n", KILN_V_INT(1)},
+    {NULL, KILN_V_NONE},
+};
+
+static void log_metrics(const kiln_callback_ops *ops, kiln_instance *inst, int64_t step, const kiln_kv *m) {
+    kiln_event e = ev_make(KILN_EV_LOG_METRICS, KILN_STAGE_FIT, -1);
+    e.metrics = m;
+    e.step = step;
+    CU_ASSERT_EQUAL(ops->on_event(inst, &e), KILN_OK);
+}
+
+/* After every event the file is a complete CSV and no .tmp is left. */
+static void csv_expect(const char *path, const char *want) {
+    assert_file_is(path, want);
+    char tmp[600];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    CU_ASSERT_FALSE(file_exists(tmp));
+}
+
+/* Cell `col` of data row `row` (0-based, header excluded) parsed with
+ * strtod; NAN for an empty cell. */
+static double csv_cell(const char *path, int row, int col) {
+    char *s = slurp(path);
+    if (!s) return NAN;
+    char *line = strchr(s, '\n');
+    for (int r = 0; line && r < row; r++) line = strchr(line + 1, '\n');
+    double v = NAN;
+    if (line) {
+        char *p = line + 1;
+        for (int c = 0; c < col && p; c++) {
+            p = strpbrk(p, ",\n");
+            if (p && *p == ',') p++;
+            else p = NULL;
+        }
+        if (p && *p != ',' && *p != '\n' && *p) v = strtod(p, NULL);
+    }
+    free(s);
+    return v;
+}
+
+static int close_rel(double got, double want) { return fabs(got - want) <= 1e-8 * fabs(want); }
+
+static void test_csv_logger_columns_grow(void) {
+    fixture_begin();
+    const kiln_callback_ops *ops = load("csv_logger");
+    int32_t rc;
+    kiln_instance *inst = create(ops, csv_cfg, &rc);
+    CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
+    char path[512];
+    snprintf(path, sizeof path, "%s/metrics.csv", g_dir);
+
+    send(ops, inst, KILN_EV_SETUP, KILN_STAGE_FIT, -1);
+    CU_ASSERT_FALSE(file_exists(path)); /* nothing logged yet */
+
+    const double third = 1.0 / 3.0;
+    const kiln_kv m0[] = {{"train_loss", KILN_V_FLOAT(0.5)}, {NULL, KILN_V_NONE}};
+    log_metrics(ops, inst, 0, m0);
+    csv_expect(path, "step,train_loss\n0,0.5\n");
+
+    const kiln_kv m1[] = {{"train_loss", KILN_V_FLOAT(third)}, {NULL, KILN_V_NONE}};
+    log_metrics(ops, inst, 1, m1);
+    csv_expect(path, "step,train_loss\n0,0.5\n1,0.333333333\n");
+
+    /* Other hooks do not touch the file. */
+    send(ops, inst, KILN_EV_ON_TRAIN_BATCH_END, KILN_STAGE_FIT, 1);
+    csv_expect(path, "step,train_loss\n0,0.5\n1,0.333333333\n");
+
+    /* A new column: every earlier row is rewritten with an empty cell. */
+    const kiln_kv m2[] = {{"val_loss", KILN_V_FLOAT(0.125)}, {NULL, KILN_V_NONE}};
+    log_metrics(ops, inst, 1, m2);
+    csv_expect(path, "step,train_loss,val_loss\n0,0.5,\n1,0.333333333,\n1,,0.125\n");
+
+    const kiln_kv m3[] = {{"val_loss", KILN_V_FLOAT(1e10)}, {"train_loss", KILN_V_FLOAT(2.5e-7)}, {NULL, KILN_V_NONE}};
+    log_metrics(ops, inst, 2, m3);
+    csv_expect(path, "step,train_loss,val_loss\n0,0.5,\n1,0.333333333,\n1,,0.125\n2,2.5e-07,1e+10\n");
+
+    /* Values round-trip to %.9g precision; empty cells stay empty. */
+    CU_ASSERT(close_rel(csv_cell(path, 0, 1), 0.5));
+    CU_ASSERT(close_rel(csv_cell(path, 1, 1), third));
+    CU_ASSERT(isnan(csv_cell(path, 1, 2)));
+    CU_ASSERT(isnan(csv_cell(path, 2, 1)));
+    CU_ASSERT(close_rel(csv_cell(path, 2, 2), 0.125));
+    CU_ASSERT(close_rel(csv_cell(path, 3, 1), 2.5e-7));
+    CU_ASSERT(close_rel(csv_cell(path, 3, 2), 1e10));
+    CU_ASSERT_EQUAL(csv_cell(path, 3, 0), 2.0);
+
+    /* Teardown closes; a later stage (test) appends to the same table. */
+    send(ops, inst, KILN_EV_TEARDOWN, KILN_STAGE_FIT, -1);
+    const kiln_kv m4[] = {{"train_loss", KILN_V_FLOAT(-4)}, {NULL, KILN_V_NONE}};
+    log_metrics(ops, inst, 3, m4);
+    csv_expect(path, "step,train_loss,val_loss\n0,0.5,\n1,0.333333333,\n1,,0.125\n2,2.5e-07,1e+10\n3,-4,\n");
+    const kiln_kv m5[] = {{"test_acc", KILN_V_FLOAT(0.75)}, {NULL, KILN_V_NONE}};
+    log_metrics(ops, inst, 3, m5);
+    csv_expect(path, "step,train_loss,val_loss,test_acc\n0,0.5,,\n1,0.333333333,,\n1,,0.125,\n2,2.5e-07,1e+10,\n"
+                     "3,-4,,\n3,,,0.75\n");
+    ops->base.destroy(inst);
+    fixture_end();
+}
+
+static void test_csv_logger_buffered_and_quoted(void) {
+    fixture_begin();
+    const kiln_callback_ops *ops = load("csv_logger");
+    const kiln_kv cfg[] = {{"filename", KILN_V_STR("logs/m.csv")}, {"flush_every_n", KILN_V_INT(3)},
+                           {NULL, KILN_V_NONE}};
+    int32_t rc;
+    kiln_instance *inst = create(ops, cfg, &rc);
+    CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
+    char path[512];
+    snprintf(path, sizeof path, "%s/logs/m.csv", g_dir);
+    /* A name that needs CSV quoting, in a subfolder the logger creates. */
+    const kiln_kv m0[] = {{"a,\"b\"", KILN_V_FLOAT(1)}, {NULL, KILN_V_NONE}};
+    log_metrics(ops, inst, 0, m0);
+    csv_expect(path, "step,\"a,\"\"b\"\"\"\n0,1\n");
+    /* Appended rows are flushed every third row, and on teardown. */
+    log_metrics(ops, inst, 1, m0);
+    log_metrics(ops, inst, 2, m0);
+    csv_expect(path, "step,\"a,\"\"b\"\"\"\n0,1\n");
+    log_metrics(ops, inst, 3, m0);
+    csv_expect(path, "step,\"a,\"\"b\"\"\"\n0,1\n1,1\n2,1\n3,1\n");
+    log_metrics(ops, inst, 4, m0);
+    send(ops, inst, KILN_EV_TEARDOWN, KILN_STAGE_FIT, -1);
+    csv_expect(path, "step,\"a,\"\"b\"\"\"\n0,1\n1,1\n2,1\n3,1\n4,1\n");
+    ops->base.destroy(inst);
+    fixture_end();
+}
+
+static void test_csv_logger_rank_and_errors(void) {
+    fixture_begin();
+    const kiln_callback_ops *ops = load("csv_logger");
+    int32_t rc;
+    const kiln_kv m0[] = {{"train_loss", KILN_V_FLOAT(0.5)}, {NULL, KILN_V_NONE}};
+    char path[512];
+    snprintf(path, sizeof path, "%s/metrics.csv", g_dir);
+
+    /* Rank 1 writes nothing. */
+    g_ts.rank = 1;
+    g_ts.world_size = 2;
+    kiln_instance *inst = create(ops, csv_cfg, &rc);
+    CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
+    log_metrics(ops, inst, 0, m0);
+    CU_ASSERT_FALSE(file_exists(path));
+    ops->base.destroy(inst);
+    g_ts.rank = 0;
+
+    /* A bad value names the key and the value. */
+    const kiln_kv bad[] = {{"filename", KILN_V_STR("metrics.csv")}, {"flush_every_n", KILN_V_INT(0)},
+                           {NULL, KILN_V_NONE}};
+    create(ops, bad, &rc);
+    CU_ASSERT_EQUAL(rc, KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "flush_every_n"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "0"));
+
+    /* The file cannot be created: KILN_E_IO naming the path and the cause. */
+    char file[512];
+    snprintf(file, sizeof file, "%s/plainfile", g_dir);
+    FILE *f = fopen(file, "w");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    fclose(f);
+    g_ts.run_dir = file;
+    inst = create(ops, csv_cfg, &rc);
+    CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
+    kiln_event e = ev_make(KILN_EV_LOG_METRICS, KILN_STAGE_FIT, -1);
+    e.metrics = m0;
+    CU_ASSERT_EQUAL(ops->on_event(inst, &e), KILN_E_IO);
+    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "plainfile/metrics.csv"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, strerror(ENOTDIR)));
+    ops->base.destroy(inst);
+    fixture_end();
+}
+
+/* ---------------------------------------------------------------------------
+ * progress */
+
+static int g_saved_stdout = -1;
+
+static void capture_begin(const char *path) {
+    fflush(stdout);
+    g_saved_stdout = dup(STDOUT_FILENO);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    CU_ASSERT_FATAL(fd >= 0 && g_saved_stdout >= 0);
+    dup2(fd, STDOUT_FILENO);
+    close(fd);
+}
+
+static void capture_end(void) {
+    fflush(stdout);
+    dup2(g_saved_stdout, STDOUT_FILENO);
+    close(g_saved_stdout);
+    g_saved_stdout = -1;
+}
+
+static void set_metric(const char *name, double v) {
+    mh_services()->log_value(mh_ctx(), name, v, KILN_LOG_PROG_BAR | KILN_LOG_ON_STEP, 1.0);
+}
+
+/* A fit run: sanity check (2 val batches), epoch 1 of 5 batches with a
+ * validation, epoch 2 stopped after 3 of its 5 batches. */
+static void progress_fit(const kiln_callback_ops *ops, kiln_instance *inst) {
+    g_ts.max_epochs = 2;
+    g_ts.num_training_batches = 5;
+    g_ts.num_val_batches = 2;
+    send(ops, inst, KILN_EV_SETUP, KILN_STAGE_FIT, -1);
+    send(ops, inst, KILN_EV_ON_FIT_START, KILN_STAGE_FIT, -1);
+    g_ts.sanity_checking = 1;
+    send(ops, inst, KILN_EV_ON_SANITY_CHECK_START, KILN_STAGE_SANITY, -1);
+    send(ops, inst, KILN_EV_ON_VALIDATION_START, KILN_STAGE_SANITY, -1);
+    for (int b = 0; b < 2; b++) send(ops, inst, KILN_EV_ON_VALIDATION_BATCH_END, KILN_STAGE_SANITY, b);
+    send(ops, inst, KILN_EV_ON_VALIDATION_END, KILN_STAGE_SANITY, -1);
+    send(ops, inst, KILN_EV_ON_SANITY_CHECK_END, KILN_STAGE_SANITY, -1);
+    g_ts.sanity_checking = 0;
+    send(ops, inst, KILN_EV_ON_TRAIN_START, KILN_STAGE_FIT, -1);
+    for (int epoch = 0; epoch < 2; epoch++) {
+        g_ts.current_epoch = epoch;
+        send(ops, inst, KILN_EV_ON_TRAIN_EPOCH_START, KILN_STAGE_FIT, -1);
+        int nb = epoch == 0 ? 5 : 3;
+        for (int b = 0; b < nb; b++) {
+            send(ops, inst, KILN_EV_ON_TRAIN_BATCH_START, KILN_STAGE_FIT, b);
+            set_metric("train_loss", 1.0 / (b + 1) + epoch);
+            send(ops, inst, KILN_EV_ON_TRAIN_BATCH_END, KILN_STAGE_FIT, b);
+        }
+        if (epoch == 0) {
+            send(ops, inst, KILN_EV_ON_VALIDATION_START, KILN_STAGE_FIT, -1);
+            for (int b = 0; b < 2; b++) send(ops, inst, KILN_EV_ON_VALIDATION_BATCH_END, KILN_STAGE_FIT, b);
+            set_metric("val_loss", 0.35);
+            set_metric("val_acc", 0.874);
+            send(ops, inst, KILN_EV_ON_VALIDATION_END, KILN_STAGE_FIT, -1);
+        }
+        send(ops, inst, KILN_EV_ON_TRAIN_EPOCH_END, KILN_STAGE_FIT, -1);
+    }
+    send(ops, inst, KILN_EV_ON_TRAIN_END, KILN_STAGE_FIT, -1);
+    send(ops, inst, KILN_EV_TEARDOWN, KILN_STAGE_FIT, -1);
+}
+
+/* `line` is `prefix` followed by "<rate> it/s" and nothing else. */
+static int is_rate_line(const char *line, const char *prefix) {
+    size_t n = strlen(prefix);
+    if (strncmp(line, prefix, n)) return 0;
+    double rate = -1;
+    int end = -1;
+    if (sscanf(line + n, "%lf it/s%n", &rate, &end) != 1 || end < 0) return 0;
+    return rate >= 0 && line[n + (size_t)end] == '\0';
+}
+
+static void test_progress_plain(void) {
+    fixture_begin();
+    const kiln_callback_ops *ops = load("progress");
+    const kiln_kv cfg[] = {{"refresh_rate", KILN_V_INT(1)}, {"tty", KILN_V_STR("never")},
+                           {"print_every_n_batches", KILN_V_INT(2)}, {NULL, KILN_V_NONE}};
+    int32_t rc;
+    kiln_instance *inst = create(ops, cfg, &rc);
+    CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
+    char out[512];
+    snprintf(out, sizeof out, "%s/stdout.txt", g_dir);
+    capture_begin(out);
+    progress_fit(ops, inst);
+    capture_end();
+    ops->base.destroy(inst);
+
+    char *s = slurp(out);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+    const char *want[] = {
+        "sanity check 2/2",
+        "epoch 1 batch 2/5 loss 0.5000 ",
+        "epoch 1 batch 4/5 loss 0.2500 ",
+        "epoch 1 batch 5/5 loss 0.2000 ",
+        "validation epoch 1: val_loss 0.3500 val_acc 0.8740",
+        "epoch 2 batch 2/5 loss 1.5000 ",
+        "epoch 2 batch 3/5 loss 1.3333 ", /* the epoch ended early: printed at its end */
+    };
+    const int nwant = (int)(sizeof want / sizeof want[0]);
+    int i = 0;
+    for (char *line = strtok(s, "\n"); line; line = strtok(NULL, "\n"), i++) {
+        CU_ASSERT_FATAL(i < nwant);
+        CU_ASSERT_PTR_NULL(strchr(line, '\r'));
+        int ok = want[i][strlen(want[i]) - 1] == ' ' ? is_rate_line(line, want[i]) : !strcmp(line, want[i]);
+        CU_ASSERT(ok);
+        if (!ok) fprintf(stderr, "\nline %d: got \"%s\", want \"%s\"", i, line, want[i]);
+    }
+    CU_ASSERT_EQUAL(i, nwant);
+    free(s);
+
+    /* Rank 1 prints nothing at all. */
+    mh_reset();
+    g_ts.rank = 1;
+    g_ts.world_size = 2;
+    inst = create(ops, cfg, &rc);
+    CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
+    capture_begin(out);
+    progress_fit(ops, inst);
+    capture_end();
+    ops->base.destroy(inst);
+    s = slurp(out);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+    CU_ASSERT_STRING_EQUAL(s, "");
+    free(s);
+    fixture_end();
+}
+
+static void test_progress_tty(void) {
+    fixture_begin();
+    const kiln_callback_ops *ops = load("progress");
+    const kiln_kv cfg[] = {{"refresh_rate", KILN_V_INT(1)}, {"tty", KILN_V_STR("always")},
+                           {"print_every_n_batches", KILN_V_INT(50)}, {NULL, KILN_V_NONE}};
+    int32_t rc;
+    kiln_instance *inst = create(ops, cfg, &rc);
+    CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
+    char out[512];
+    snprintf(out, sizeof out, "%s/stdout.txt", g_dir);
+    capture_begin(out);
+    progress_fit(ops, inst);
+    capture_end();
+    ops->base.destroy(inst);
+    char *s = slurp(out);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+    /* Bars are redrawn in place with '\r'; every bar ends on its own line. */
+    CU_ASSERT_PTR_NOT_NULL(strstr(s, "\rSanity check  1/2 [==========>         ] 50.0%"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(s, "\rSanity check  2/2 [====================] 100.0%"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(s, "\rEpoch 1/2  1/5 [====>               ] 20.0%"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(s, "\rValidation  2/2 [====================] 100.0%"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(s, "\rEpoch 2/2  3/5 [============>       ] 60.0%"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(s, " it/s  ETA 0:00"));
+    /* The epoch's last draw carries the losses and validation metrics. */
+    const char *last1 = strstr(s, "loss 0.200  val_loss 0.350  val_acc 0.874\n");
+    CU_ASSERT_PTR_NOT_NULL(last1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(s, "loss 1.333  val_loss 0.350  val_acc 0.874\n"));
+    size_t n = strlen(s);
+    CU_ASSERT(n > 0 && s[n - 1] == '\n');
+    /* Lines: sanity bar, epoch 1 (before validation), validation bar, the
+     * epoch-1 final draw, epoch 2. */
+    int lines = 0;
+    for (char *p = s; *p; p++) lines += *p == '\n';
+    CU_ASSERT_EQUAL(lines, 5);
+    free(s);
+    fixture_end();
+}
+
+static void test_progress_bad_config(void) {
+    fixture_begin();
+    const kiln_callback_ops *ops = load("progress");
+    int32_t rc;
+    const kiln_kv bad_every[] = {{"refresh_rate", KILN_V_INT(1)}, {"tty", KILN_V_STR("never")},
+                                 {"print_every_n_batches", KILN_V_INT(0)}, {NULL, KILN_V_NONE}};
+    create(ops, bad_every, &rc);
+    CU_ASSERT_EQUAL(rc, KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "print_every_n_batches"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "got 0"));
+
+    const kiln_kv bad_tty[] = {{"refresh_rate", KILN_V_INT(1)}, {"tty", KILN_V_STR("maybe")},
+                               {"print_every_n_batches", KILN_V_INT(50)}, {NULL, KILN_V_NONE}};
+    create(ops, bad_tty, &rc);
+    CU_ASSERT_EQUAL(rc, KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "tty"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "\"maybe\""));
+
+    const kiln_kv bad_refresh[] = {{"refresh_rate", KILN_V_INT(-1)}, {"tty", KILN_V_STR("auto")},
+                                   {"print_every_n_batches", KILN_V_INT(50)}, {NULL, KILN_V_NONE}};
+    create(ops, bad_refresh, &rc);
+    CU_ASSERT_EQUAL(rc, KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "refresh_rate"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "-1"));
+
+    /* refresh_rate 0 disables the bar: nothing is printed. */
+    const kiln_kv off[] = {{"refresh_rate", KILN_V_INT(0)}, {"tty", KILN_V_STR("never")},
+                           {"print_every_n_batches", KILN_V_INT(1)}, {NULL, KILN_V_NONE}};
+    kiln_instance *inst = create(ops, off, &rc);
+    CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
+    char out[512];
+    snprintf(out, sizeof out, "%s/stdout.txt", g_dir);
+    capture_begin(out);
+    progress_fit(ops, inst);
+    capture_end();
+    ops->base.destroy(inst);
+    char *s = slurp(out);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+    CU_ASSERT_STRING_EQUAL(s, "");
+    free(s);
+    fixture_end();
+}
+
+static void register_tests(void) {
+    CU_pSuite s = CU_add_suite("callbacks", NULL, NULL);
+    CU_add_test(s, "hook_trace writes the exact lines", test_hook_trace_lines);
+    CU_add_test(s, "hook_trace include_trace=false, absolute path, rank file", test_hook_trace_no_trace_abs_path_and_rank);
+    CU_add_test(s, "hook_trace config and I/O errors", test_hook_trace_errors);
+    CU_add_test(s, "csv_logger grows columns and rewrites atomically", test_csv_logger_columns_grow);
+    CU_add_test(s, "csv_logger flush_every_n and quoted names", test_csv_logger_buffered_and_quoted);
+    CU_add_test(s, "csv_logger rank 1, config and I/O errors", test_csv_logger_rank_and_errors);
+    CU_add_test(s, "progress plain lines and rank 1 silence", test_progress_plain);
+    CU_add_test(s, "progress terminal bars", test_progress_tty);
+    CU_add_test(s, "progress bad config", test_progress_bad_config);
+}
+
+#include "cunit_main.h"
