@@ -10,6 +10,7 @@
 
 int cli_plugins(int argc, char **argv);
 int cli_config(int argc, char **argv);
+int cli_run(const char *verb, int argc, char **argv); /* fit, validate, test */
 
 /* Shared by every command that reads a run file: load it, apply --set
  * overrides, check its structure, and scan the plugin directories it names

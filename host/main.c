@@ -18,6 +18,12 @@ static void usage(FILE *f) {
             "usage: kiln [-v|-q] COMMAND [ARGS]\n"
             "\n"
             "commands:\n"
+            "  fit RUN.cfg [--set KEY=VALUE]... [--test]\n"
+            "                      train; the run goes to <trainer.default_root_dir>/version_N/;\n"
+            "                      --test also runs the test loop on the final weights\n"
+            "  validate RUN.cfg [--set KEY=VALUE]...\n"
+            "  test RUN.cfg [--set KEY=VALUE]...\n"
+            "                      one pass over the validation / test data with the initial weights\n"
             "  plugins list [--verbose] [--json] [--config RUN.cfg] [--plugin-dir DIR]...\n"
             "                      every plugin file found, with status and reason, and every plugin\n"
             "                      with its kind, version, ABI, aliases and properties\n"
@@ -66,6 +72,8 @@ int main(int argc, char **argv) {
     const char *cmd = argv[i];
     if (!strcmp(cmd, "plugins")) return cli_plugins(argc - i - 1, argv + i + 1);
     if (!strcmp(cmd, "config")) return cli_config(argc - i - 1, argv + i + 1);
+    if (!strcmp(cmd, "fit") || !strcmp(cmd, "validate") || !strcmp(cmd, "test"))
+        return cli_run(cmd, argc - i - 1, argv + i + 1);
     if (!strcmp(cmd, "help")) { usage(stdout); return 0; }
     fprintf(stderr, "kiln: error: unknown command '%s' (see kiln --help)\n", cmd);
     return 2;

@@ -65,7 +65,7 @@ static void svc_free(kiln_host_ctx *h, void *ptr) {
 static int32_t svc_config_get(kiln_host_ctx *h, const char *key, kiln_value *out) {
     if (!h || !key || !out) return KILN_E_INVALID_ARG;
     const kiln_kv *src = h->config;
-    if (strncmp(key, "trainer.", 8) == 0) { src = h->trainer; key += 8; }
+    if (strncmp(key, "trainer.", 8) == 0) { src = h->trainer_cfg; key += 8; }
     const kiln_value *v = kiln_kv_find(src, key);
     if (!v) return KILN_E_NOT_FOUND;
     *out = *v;
@@ -87,6 +87,14 @@ static const kiln_host_services g_services = {
     .free = svc_free,
     .config_get = svc_config_get,
     .log_metric = svc_log_metric,
+    .accelerator = ht_svc_accelerator,
+    .param_register = ht_svc_param_register,
+    .params = ht_svc_params,
+    .trainer_state = ht_svc_trainer_state,
+    .log_value = ht_svc_log_value,
+    .get_metric = ht_svc_get_metric,
+    .request_stop = ht_svc_request_stop,
+    .seed = ht_svc_seed,
 };
 
 static const kiln_host_services *get_services(uint16_t major, uint16_t min_minor) {
@@ -113,7 +121,7 @@ void hs_ctx_init(kiln_host_ctx *h, const hl_plugin *p, const kiln_kv *config, co
     memset(h, 0, sizeof *h);
     h->plugin = p;
     h->config = config;
-    h->trainer = trainer;
+    h->trainer_cfg = trainer;
     if (p) snprintf(h->label, sizeof h->label, "%s:%s", hl_kind_name(p->view.kind), p->view.name);
 }
 

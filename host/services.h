@@ -21,12 +21,25 @@ struct kiln_host_ctx {
     const hl_plugin *plugin;     /* NULL for host-internal contexts            */
     char label[96];              /* "optimizer:sgd" for log lines              */
     const kiln_kv *config;       /* the plugin's resolved section              */
-    const kiln_kv *trainer;      /* the trainer's resolved section             */
+    const kiln_kv *trainer_cfg;  /* the trainer's resolved section             */
     hs_metric_sink metric_sink;
     void *metric_user;
     size_t live_bytes;           /* host memory held through alloc()           */
     size_t live_blocks;
+    struct ht_trainer *trainer;  /* the run this instance belongs to, or NULL  */
+    int may_register;            /* param_register allowed (module create)     */
 };
+
+/* The 1.1 services are implemented by the trainer (trainer.c). */
+int32_t ht_svc_accelerator(kiln_host_ctx *h, kiln_instance **acc, const struct kiln_kernels **k);
+int32_t ht_svc_param_register(kiln_host_ctx *h, const char *name, uint32_t ndim, const int64_t *shape,
+                              uint32_t flags, kiln_parameter **out);
+int32_t ht_svc_params(kiln_host_ctx *h, kiln_parameter *const **list, uint32_t *n);
+const struct kiln_trainer_state *ht_svc_trainer_state(kiln_host_ctx *h);
+void ht_svc_log_value(kiln_host_ctx *h, const char *name, double value, uint32_t flags, double weight);
+int32_t ht_svc_get_metric(kiln_host_ctx *h, const char *name, double *out);
+void ht_svc_request_stop(kiln_host_ctx *h, const char *reason);
+uint64_t ht_svc_seed(kiln_host_ctx *h, const char *stream);
 
 void hs_ctx_init(kiln_host_ctx *h, const hl_plugin *p, const kiln_kv *config, const kiln_kv *trainer);
 

@@ -1,0 +1,79 @@
+/*
+ * host/cli_run.c — `kiln fit|validate|test RUN.cfg`: open the run file,
+ * check it against the plugins it names, instantiate the stack, create the
+ * run directory (fit), run the loops and print the summary. `fit --test` runs
+ * the test loop on the final weights in the same process. Checkpoints
+ * (--ckpt) arrive with the checkpoint issue; until then they are refused with
+ * a clear message rather than ignored.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "log.h"
+#include "trainer.h"
+
+int cli_run(const char *verb, int argc, char **argv) {
+    if (argc < 1 || argv[0][0] == '-') {
+        fprintf(stderr, "kiln: error: usage: kiln %s RUN.cfg [--set KEY=VALUE]...%s\n", verb,
+                strcmp(verb, "fit") == 0 ? " [--test]" : "");
+        return 2;
+    }
+    const char *path = argv[0];
+    char **sets = calloc((size_t)argc, sizeof(char *));
+    int nsets = 0, run_test = 0;
+    const char *ckpt = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--set") && i + 1 < argc) sets[nsets++] = argv[++i];
+        else if (!strncmp(argv[i], "--set=", 6)) sets[nsets++] = argv[i] + 6;
+        else if (!strcmp(argv[i], "--test") && !strcmp(verb, "fit")) run_test = 1;
+        else if (!strcmp(argv[i], "--ckpt") && i + 1 < argc) ckpt = argv[++i];
+        else {
+            fprintf(stderr, "kiln: error: %s: unexpected argument '%s' (see kiln --help)\n", verb, argv[i]);
+            free(sets);
+            return 2;
+        }
+    }
+    if (ckpt) {
+        fprintf(stderr,
+                "kiln: error: --ckpt %s: loading checkpoints is not available in this version of kiln; %s runs on "
+                "the initial weights without --ckpt\n",
+                ckpt, verb);
+        free(sets);
+        return 2;
+    }
+    int stage = !strcmp(verb, "fit") ? KILN_STAGE_FIT : !strcmp(verb, "validate") ? KILN_STAGE_VALIDATE : KILN_STAGE_TEST;
+    hc_config c;
+    hl_loader L;
+    hl_loader_init(&L);
+    char why[4096] = "";
+    ht_trainer *t = calloc(1, sizeof *t);
+    int opened = 0;
+    int rc = cli_open_run(path, sets, nsets, &c, &L, why, sizeof why);
+    if (rc == KILN_OK) rc = cli_check_run(&c, &L, stage == KILN_STAGE_FIT, why, sizeof why);
+    if (rc == KILN_OK) { rc = ht_open(t, &c, &L, stage, why, sizeof why); opened = rc == KILN_OK; }
+    if (rc == KILN_OK && stage == KILN_STAGE_FIT) rc = ht_make_run_dir(t, why, sizeof why);
+    if (rc == KILN_OK) {
+        if (t->run_dir[0]) HLOG_INFO("run directory: %s", t->run_dir);
+        if (stage == KILN_STAGE_FIT) {
+            rc = ht_fit(t, why, sizeof why);
+            if (rc == KILN_OK) ht_print_summary(t, "fit");
+            if (rc == KILN_OK && run_test) {
+                rc = ht_evaluate(t, KILN_STAGE_TEST, why, sizeof why);
+                if (rc == KILN_OK) ht_print_summary(t, "test");
+            }
+        } else {
+            rc = ht_evaluate(t, stage, why, sizeof why);
+            if (rc == KILN_OK) ht_print_summary(t, verb);
+        }
+    }
+    if (rc != KILN_OK) fprintf(stderr, "kiln: error: %s\n", why);
+    if (opened) ht_close(t);
+    free(t);
+    hc_free(&c);
+    hl_shutdown(&L);
+    hl_loader_free(&L);
+    free(sets);
+    return rc == KILN_OK ? 0 : 1;
+}

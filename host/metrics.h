@@ -1,0 +1,50 @@
+/*
+ * host/metrics.h — Lightning's logging: values a plugin logs with
+ * log_value() become callback_metrics (what get_metric reads), step values
+ * are sent to logger callbacks every log_every_n_steps optimizer steps, and
+ * epoch values are means weighted by batch size, sent at the end of each
+ * train or evaluation epoch. A value logged both on step and on epoch is
+ * logged as <name>_step and <name>_epoch, as Lightning does.
+ */
+#ifndef KILN_HOST_METRICS_H
+#define KILN_HOST_METRICS_H
+
+#include <stdint.h>
+
+#include "kiln/plugin.h"
+
+#define HM_MAX 64
+
+typedef struct ht_metric {
+    char name[64];
+    uint32_t flags;
+    double step_value;   /* last value logged                              */
+    int has_step;        /* logged since the last step flush               */
+    double sum, weight;  /* epoch accumulation                             */
+    int in_epoch;        /* accumulated during the current epoch           */
+    int stage;           /* loop it was logged in (KILN_STAGE_*)           */
+} ht_metric;
+
+typedef struct ht_metrics {
+    ht_metric m[HM_MAX];
+    int n;
+    /* callback_metrics: name -> latest value */
+    char cb_name[HM_MAX * 3][72];
+    double cb_value[HM_MAX * 3];
+    int ncb;
+} ht_metrics;
+
+void hm_log(ht_metrics *M, int stage, const char *name, double value, uint32_t flags, double weight);
+int hm_get(const ht_metrics *M, const char *name, double *out);
+void hm_set_cb(ht_metrics *M, const char *name, double value);
+/* Collect step values (names suffixed _step where also on_epoch) into kv;
+ * returns the count. Clears the step flags. */
+int hm_take_step(ht_metrics *M, kiln_kv *kv, int cap, char (*names)[72]);
+/* Reduce epoch means of the metrics logged in loop `stage` into kv and
+ * callback_metrics; resets their accumulation. */
+int hm_take_epoch(ht_metrics *M, int stage, kiln_kv *kv, int cap, char (*names)[72]);
+/* Forget accumulations of a loop (sanity-check results are not kept). */
+void hm_reset_epoch(ht_metrics *M, int stage);
+void hm_clear_cb(ht_metrics *M);
+
+#endif

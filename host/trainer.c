@@ -1,0 +1,634 @@
+/*
+ * host/trainer.c — setting up and tearing down a run: the trainer settings,
+ * the plugin stack in creation order (accelerator, strategy, precision, data,
+ * module, optimizer, callbacks), the parameter arenas, the run directory, the
+ * services that need a trainer (accelerator, parameters, logging, stop
+ * requests, seeds), hook dispatch in Lightning's order, and the summary.
+ * The loops themselves are in loops.c.
+ */
+#define _GNU_SOURCE
+#include "trainer.h"
+
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "log.h"
+
+static void whyf(char *why, size_t whylen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void whyf(char *why, size_t whylen, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, whylen, fmt, ap);
+    va_end(ap);
+}
+
+double ht_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---------------------------------------------------------------------------
+ * Settings */
+
+/* limit_*_batches and val_check_interval: an int is a count, a float a
+ * fraction (Lightning); the resolved kv lost that distinction, the file has it. */
+static int is_int_setting(hc_config *c, const char *key) {
+    config_setting_t *s = config_lookup(&c->cfg, key);
+    return s && (config_setting_type(s) == CONFIG_TYPE_INT || config_setting_type(s) == CONFIG_TYPE_INT64);
+}
+
+static int read_settings(ht_trainer *t, char *why, size_t whylen) {
+    const kiln_kv *kv = t->trainer_kv.kv;
+    ht_settings *s = &t->set;
+    s->max_epochs = kiln_kv_int(kv, "max_epochs", -1);
+    s->max_steps = kiln_kv_int(kv, "max_steps", -1);
+    s->min_epochs = kiln_kv_int(kv, "min_epochs", 0);
+    s->min_steps = kiln_kv_int(kv, "min_steps", -1);
+    s->limit_train = kiln_kv_float(kv, "limit_train_batches", 1.0);
+    s->limit_val = kiln_kv_float(kv, "limit_val_batches", 1.0);
+    s->limit_test = kiln_kv_float(kv, "limit_test_batches", 1.0);
+    s->limit_train_is_count = is_int_setting(t->cfg, "trainer.limit_train_batches");
+    s->limit_val_is_count = is_int_setting(t->cfg, "trainer.limit_val_batches");
+    s->limit_test_is_count = is_int_setting(t->cfg, "trainer.limit_test_batches");
+    s->val_check_interval = kiln_kv_float(kv, "val_check_interval", 1.0);
+    s->val_check_is_count = is_int_setting(t->cfg, "trainer.val_check_interval");
+    s->check_val_every_n_epoch = kiln_kv_int(kv, "check_val_every_n_epoch", 1);
+    s->num_sanity_val_steps = kiln_kv_int(kv, "num_sanity_val_steps", 2);
+    s->accumulate_grad_batches = kiln_kv_int(kv, "accumulate_grad_batches", 1);
+    s->seed = kiln_kv_int(kv, "seed", 0);
+    s->default_root_dir = kiln_kv_str(kv, "default_root_dir", "runs");
+    s->log_every_n_steps = kiln_kv_int(kv, "log_every_n_steps", 50);
+    s->threads = kiln_kv_int(kv, "threads", 0);
+    const char *f = t->cfg->path;
+#define BAD(cond, ...) do { if (cond) { whyf(why, whylen, __VA_ARGS__); return KILN_E_CONFIG; } } while (0)
+    BAD(s->max_epochs < -1, "%s: trainer.max_epochs must be >= -1, found %lld", f, (long long)s->max_epochs);
+    BAD(s->max_steps < -1, "%s: trainer.max_steps must be >= -1, found %lld", f, (long long)s->max_steps);
+    BAD(s->min_epochs < 0, "%s: trainer.min_epochs must be >= 0, found %lld", f, (long long)s->min_epochs);
+    BAD(s->accumulate_grad_batches < 1, "%s: trainer.accumulate_grad_batches must be >= 1, found %lld", f,
+        (long long)s->accumulate_grad_batches);
+    BAD(s->log_every_n_steps < 1, "%s: trainer.log_every_n_steps must be >= 1, found %lld", f,
+        (long long)s->log_every_n_steps);
+    BAD(s->check_val_every_n_epoch < 1, "%s: trainer.check_val_every_n_epoch must be >= 1, found %lld", f,
+        (long long)s->check_val_every_n_epoch);
+    BAD(s->num_sanity_val_steps < -1, "%s: trainer.num_sanity_val_steps must be >= -1, found %lld", f,
+        (long long)s->num_sanity_val_steps);
+    BAD(s->limit_train < 0 || s->limit_val < 0 || s->limit_test < 0,
+        "%s: trainer.limit_*_batches must be >= 0", f);
+    BAD(!s->limit_train_is_count && s->limit_train > 1.0,
+        "%s: trainer.limit_train_batches as a fraction must be <= 1.0, found %g (write an int for a count)", f,
+        s->limit_train);
+    BAD(!s->limit_val_is_count && s->limit_val > 1.0,
+        "%s: trainer.limit_val_batches as a fraction must be <= 1.0, found %g (write an int for a count)", f,
+        s->limit_val);
+    BAD(!(s->val_check_interval > 0), "%s: trainer.val_check_interval must be > 0, found %g", f,
+        s->val_check_interval);
+    BAD(!s->val_check_is_count && s->val_check_interval > 1.0,
+        "%s: trainer.val_check_interval as a fraction must be <= 1.0, found %g (write an int for a batch count)", f,
+        s->val_check_interval);
+    BAD(s->threads < 0, "%s: trainer.threads must be >= 0, found %lld", f, (long long)s->threads);
+#undef BAD
+    if (s->max_epochs == -1 && s->max_steps == -1) {
+        HLOG_WARN("trainer.max_epochs is not set and max_steps is -1: training stops after 1000 epochs");
+        s->max_epochs = 1000;
+    }
+    if (s->min_steps > 0 && s->min_epochs == 0) s->min_epochs = 0; /* min_steps alone holds the stop */
+    return KILN_OK;
+}
+
+/* ---------------------------------------------------------------------------
+ * Slots */
+
+static size_t ops_size_for(uint32_t kind) {
+    switch (kind) {
+    case KILN_KIND_ACCELERATOR: return sizeof(kiln_accelerator_ops);
+    case KILN_KIND_PRECISION: return sizeof(kiln_precision_ops);
+    case KILN_KIND_STRATEGY: return sizeof(kiln_strategy_ops);
+    case KILN_KIND_OPTIMIZER: return sizeof(kiln_optimizer_ops);
+    case KILN_KIND_CALLBACK: return sizeof(kiln_callback_ops);
+    case KILN_KIND_DATA: return sizeof(kiln_data_ops);
+    case KILN_KIND_MODULE: return sizeof(kiln_module_ops);
+    default: return sizeof(kiln_ops_header);
+    }
+}
+
+static const char *slot_default(const char *slot) {
+    if (!strcmp(slot, "accelerator")) return "cpu";
+    if (!strcmp(slot, "precision")) return "32-true";
+    if (!strcmp(slot, "strategy")) return "single";
+    return NULL;
+}
+
+static int make_slot(ht_trainer *t, ht_slot *s, uint32_t kind, const char *name, config_setting_t *sec,
+                     const char *role, char *why, size_t whylen) {
+    char inner[1024], where[PATH_MAX + 32];
+    memset(s, 0, sizeof *s);
+    s->role = role;
+    const hl_plugin *p = hl_find(t->L, kind, name, inner, sizeof inner);
+    if (!p) {
+        config_setting_t *at = sec ? config_setting_get_member(sec, "name") : config_lookup(&t->cfg->cfg, role);
+        if (at) hc_where(t->cfg, at, where, sizeof where);
+        else snprintf(where, sizeof where, "%s", t->cfg->path);
+        whyf(why, whylen, "%s: %s: %s", where, role, inner);
+        return KILN_E_NOT_FOUND;
+    }
+    size_t need = ops_size_for(kind);
+    if (p->lib->view.abi_minor < 1 || p->ops->struct_size < need) {
+        whyf(why, whylen,
+             "%s '%s' (%s) was built against ABI 1.%u with a %u-byte ops table; training needs ABI >= 1.1 and %zu "
+             "bytes (rebuild it against the current SDK)",
+             hl_kind_name(kind), p->view.name, p->lib->path, p->lib->view.abi_minor, p->ops->struct_size, need);
+        return KILN_E_VERSION;
+    }
+    char what[160];
+    snprintf(what, sizeof what, "%s '%s'", hl_kind_name(kind), p->view.name);
+    int rc = hc_resolve(t->cfg, sec, p->view.params, what, &s->cfg, why, whylen);
+    if (rc) return rc;
+    s->p = p;
+    hs_ctx_init(&s->hctx, p, s->cfg.kv, t->trainer_kv.kv);
+    s->hctx.trainer = t;
+    s->hctx.may_register = kind == KILN_KIND_MODULE;
+    rc = hs_create(&s->hctx, p, &s->inst, why, whylen);
+    s->hctx.may_register = 0;
+    if (rc) {
+        hc_kvset_free(&s->cfg);
+        s->p = NULL;
+        return rc;
+    }
+    return KILN_OK;
+}
+
+static void drop_slot(ht_slot *s) {
+    if (s->p && s->inst) hs_destroy(&s->hctx, s->inst);
+    hc_kvset_free(&s->cfg);
+    memset(s, 0, sizeof *s);
+}
+
+static int slot_from_config(ht_trainer *t, ht_slot *s, const char *slot, int required, char *why, size_t whylen) {
+    config_setting_t *sec = NULL;
+    why[0] = 0;
+    const char *name = hc_slot_name(t->cfg, slot, slot_default(slot), &sec, why, whylen);
+    if (!name) {
+        if (why[0]) return KILN_E_CONFIG;
+        if (!required) return KILN_OK;
+        whyf(why, whylen, "%s: missing the '%s' section (e.g. %s = { name = \"...\"; ... })", t->cfg->path, slot, slot);
+        return KILN_E_CONFIG;
+    }
+    uint32_t kind;
+    hl_kind_from_name(slot, &kind);
+    return make_slot(t, s, kind, name, sec, slot, why, whylen);
+}
+
+int ht_fail(ht_trainer *t, ht_slot *s, int32_t rc, const char *what, char *why, size_t whylen) {
+    (void)t;
+    hs_format_error(&s->hctx, rc, what, why, whylen);
+    return rc < 0 ? rc : KILN_E_INTERNAL;
+}
+
+/* ---------------------------------------------------------------------------
+ * Parameters */
+
+static int alloc_params(ht_trainer *t, char *why, size_t whylen) {
+    size_t total = 0;
+    for (uint32_t i = 0; i < t->nparams; i++) total += ((size_t)t->params[i]->numel + 15) & ~(size_t)15;
+    if (total == 0) {
+        whyf(why, whylen, "module '%s' registered no parameters", t->module.p->view.name);
+        return KILN_E_STATE;
+    }
+    void *a = NULL, *g = NULL;
+    int32_t rc = t->K->alloc(t->accel.inst, total * sizeof(float), &a);
+    if (rc == KILN_OK) rc = t->K->alloc(t->accel.inst, total * sizeof(float), &g);
+    if (rc != KILN_OK) return ht_fail(t, &t->accel, rc, "allocating parameters", why, whylen);
+    t->param_arena = a;
+    t->grad_arena = g;
+    size_t off = 0;
+    for (uint32_t i = 0; i < t->nparams; i++) {
+        kiln_parameter *p = t->params[i];
+        p->data = t->param_arena + off;
+        p->grad = t->grad_arena + off;
+        p->compute = p->data;
+        p->compute_dtype = KILN_DTYPE_F32;
+        off += ((size_t)p->numel + 15) & ~(size_t)15;
+    }
+    return KILN_OK;
+}
+
+/* ---------------------------------------------------------------------------
+ * Services that need the trainer */
+
+static ht_trainer *T(kiln_host_ctx *h) { return h ? h->trainer : NULL; }
+
+int32_t ht_svc_accelerator(kiln_host_ctx *h, kiln_instance **acc, const struct kiln_kernels **k) {
+    ht_trainer *t = T(h);
+    if (!t || !t->K) {
+        herr_set(KILN_E_STATE, "no accelerator is set up for this instance");
+        return KILN_E_STATE;
+    }
+    *acc = t->accel.inst;
+    *k = t->K;
+    return KILN_OK;
+}
+
+int32_t ht_svc_param_register(kiln_host_ctx *h, const char *name, uint32_t ndim, const int64_t *shape,
+                              uint32_t flags, kiln_parameter **out) {
+    ht_trainer *t = T(h);
+    char msg[256];
+    if (!t || !h->may_register) {
+        herr_set(KILN_E_STATE, "param_register is only available to a module during create()");
+        return KILN_E_STATE;
+    }
+    if (!name || !*name || ndim == 0 || ndim > KILN_MAX_DIMS || !shape || !out) {
+        snprintf(msg, sizeof msg, "param_register('%s'): expected a name and 1..%d dimensions, found %u",
+                 name ? name : "(null)", KILN_MAX_DIMS, ndim);
+        herr_set(KILN_E_INVALID_ARG, msg);
+        return KILN_E_INVALID_ARG;
+    }
+    if (t->nparams >= sizeof t->params / sizeof t->params[0]) {
+        herr_set(KILN_E_INVALID_ARG, "param_register: more than 256 parameters");
+        return KILN_E_INVALID_ARG;
+    }
+    for (uint32_t i = 0; i < t->nparams; i++)
+        if (!strcmp(t->params[i]->name, name)) {
+            snprintf(msg, sizeof msg, "param_register: parameter '%s' registered twice", name);
+            herr_set(KILN_E_INVALID_ARG, msg);
+            return KILN_E_INVALID_ARG;
+        }
+    kiln_parameter *p = calloc(1, sizeof *p);
+    if (!p) return KILN_E_NOMEM;
+    p->struct_size = sizeof *p;
+    p->flags = flags;
+    p->name = strdup(name);
+    p->ndim = ndim;
+    p->numel = 1;
+    for (uint32_t i = 0; i < KILN_MAX_DIMS; i++) p->shape[i] = i < ndim ? shape[i] : 1;
+    for (uint32_t i = 0; i < ndim; i++) {
+        if (shape[i] <= 0 || shape[i] > ((int64_t)1 << 40)) {
+            snprintf(msg, sizeof msg, "param_register('%s'): dimension %u is %lld, expected > 0", name, i,
+                     (long long)shape[i]);
+            free((void *)p->name);
+            free(p);
+            herr_set(KILN_E_INVALID_ARG, msg);
+            return KILN_E_INVALID_ARG;
+        }
+        p->numel *= shape[i];
+    }
+    t->params[t->nparams++] = p;
+    *out = p;
+    return KILN_OK;
+}
+
+int32_t ht_svc_params(kiln_host_ctx *h, kiln_parameter *const **list, uint32_t *n) {
+    ht_trainer *t = T(h);
+    if (!t) return KILN_E_STATE;
+    *list = t->params;
+    *n = t->nparams;
+    return KILN_OK;
+}
+
+const struct kiln_trainer_state *ht_svc_trainer_state(kiln_host_ctx *h) {
+    ht_trainer *t = T(h);
+    if (!t) return NULL;
+    ht_update_state(t);
+    return &t->state;
+}
+
+void ht_svc_log_value(kiln_host_ctx *h, const char *name, double value, uint32_t flags, double weight) {
+    ht_trainer *t = T(h);
+    if (!t || !name) return;
+    /* Nothing logged during the sanity check is kept (Lightning). */
+    hm_log(&t->metrics, t->stage, name, value, flags, weight);
+}
+
+int32_t ht_svc_get_metric(kiln_host_ctx *h, const char *name, double *out) {
+    ht_trainer *t = T(h);
+    if (!t || !name || !out) return KILN_E_INVALID_ARG;
+    return hm_get(&t->metrics, name, out) == 0 ? KILN_OK : KILN_E_NOT_FOUND;
+}
+
+void ht_svc_request_stop(kiln_host_ctx *h, const char *reason) {
+    ht_trainer *t = T(h);
+    if (!t) return;
+    if (!t->should_stop) HLOG_INFO("[%s] requested the run to stop%s%s", h->label, reason ? ": " : "", reason ? reason : "");
+    t->should_stop = 1;
+}
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+uint64_t ht_svc_seed(kiln_host_ctx *h, const char *stream) {
+    ht_trainer *t = T(h);
+    uint64_t x = (uint64_t)(t ? t->set.seed : 0);
+    uint64_t hsh = 1469598103934665603ull; /* FNV-1a of the stream name */
+    for (const char *c = stream ? stream : ""; *c; c++) hsh = (hsh ^ (uint8_t)*c) * 1099511628211ull;
+    x ^= hsh;
+    return splitmix64(&x);
+}
+
+/* ---------------------------------------------------------------------------
+ * Hooks */
+
+static char g_lower[64][48];
+
+static const char *lower_name(uint32_t id) {
+    if (id >= 64) return "unknown";
+    if (!g_lower[id][0]) {
+        const char *n = kiln_event_name(id);
+        size_t i = 0;
+        for (; n[i] && i < sizeof g_lower[0] - 1; i++) g_lower[id][i] = (char)tolower((unsigned char)n[i]);
+        g_lower[id][i] = 0;
+    }
+    return g_lower[id];
+}
+
+void ht_update_state(ht_trainer *t) {
+    kiln_trainer_state *s = &t->state;
+    s->struct_size = sizeof *s;
+    s->stage = t->stage;
+    s->current_epoch = t->epoch_progress.current.completed;
+    s->global_step = t->opt_step.total.completed;
+    s->max_epochs = t->set.max_epochs;
+    s->max_steps = t->set.max_steps;
+    s->num_training_batches = t->num_training_batches;
+    s->num_val_batches = t->num_val_batches;
+    s->batches_that_stepped = t->batches_that_stepped;
+    s->sanity_checking = t->stage == KILN_STAGE_SANITY;
+    s->should_stop = t->should_stop;
+    s->run_dir = t->run_dir;
+    s->accumulate_grad_batches = (int32_t)t->set.accumulate_grad_batches;
+}
+
+static int send_to_callbacks(ht_trainer *t, kiln_event *ev, char *why, size_t whylen) {
+    for (int i = 0; i < t->ncallbacks; i++) {
+        const kiln_callback_ops *ops = (const kiln_callback_ops *)t->callbacks[i].p->ops;
+        herr_clear();
+        int32_t rc = ops->on_event(t->callbacks[i].inst, ev);
+        if (rc != KILN_OK) {
+            char what[96];
+            snprintf(what, sizeof what, "%s failed", ev->id == KILN_EV_TRACE ? "trace" : lower_name(ev->id));
+            return ht_fail(t, &t->callbacks[i], rc, what, why, whylen);
+        }
+    }
+    return KILN_OK;
+}
+
+void ht_trace(ht_trainer *t, int32_t source, const char *what, int64_t batch_idx) {
+    if (!t->ncallbacks) return;
+    kiln_event ev = {sizeof ev, KILN_EV_TRACE, t->stage, source, batch_idx, t->batch, NULL, 0, &t->state, what,
+                     NULL, 0, t->accumulating, 0, 0, 0};
+    char why[256];
+    if (send_to_callbacks(t, &ev, why, sizeof why) != KILN_OK) HLOG_WARN("%s", why);
+}
+
+/* Hooks that only callbacks have, and those that only the module has. */
+static int callback_hook(uint32_t id) {
+    return id != KILN_EV_ON_VALIDATION_MODEL_ZERO_GRAD && id != KILN_EV_OPTIMIZER_STEP &&
+           id != KILN_EV_OPTIMIZER_ZERO_GRAD;
+}
+static int module_hook(uint32_t id) {
+    return id != KILN_EV_ON_SANITY_CHECK_START && id != KILN_EV_ON_SANITY_CHECK_END && id != KILN_EV_LOG_METRICS;
+}
+
+int ht_hook(ht_trainer *t, uint32_t id, int64_t batch_idx, const kiln_batch *batch, const kiln_step_output *out,
+            double loss, int *result, char *why, size_t whylen) {
+    ht_update_state(t);
+    kiln_event ev = {sizeof ev, id, t->stage, KILN_SRC_CALLBACK, batch_idx, batch, out, loss, &t->state, NULL,
+                     NULL, 0, t->accumulating, 0, 0, 0};
+    if (result) *result = 0;
+    if (callback_hook(id)) {
+        int rc = send_to_callbacks(t, &ev, why, whylen);
+        if (rc) return rc;
+    }
+    if (!module_hook(id) || !t->module.p) return KILN_OK;
+    ht_trace(t, KILN_SRC_MODULE, lower_name(id), batch_idx);
+    if (t->module_ops->on_event) {
+        ev.source = KILN_SRC_MODULE;
+        ev.result = 0;
+        herr_clear();
+        int32_t rc = t->module_ops->on_event(t->module.inst, &ev);
+        if (rc != KILN_OK) {
+            char what[96];
+            snprintf(what, sizeof what, "%s failed", lower_name(id));
+            return ht_fail(t, &t->module, rc, what, why, whylen);
+        }
+        if (result) *result = ev.result;
+    }
+    return KILN_OK;
+}
+
+/* ---------------------------------------------------------------------------
+ * Open / close */
+
+int ht_open(ht_trainer *t, hc_config *cfg, hl_loader *L, int stage, char *why, size_t whylen) {
+    memset(t, 0, sizeof *t);
+    t->cfg = cfg;
+    t->L = L;
+    t->stage = stage;
+    t->loss_scale = 1.0;
+    int rc = hc_resolve(cfg, config_lookup(&cfg->cfg, "trainer"), hc_trainer_params, "trainer", &t->trainer_kv, why,
+                        whylen);
+    if (rc) return rc;
+    rc = read_settings(t, why, whylen);
+    if (rc) goto fail;
+
+    /* accelerator: kernels and threads first, everything else allocates through it */
+    rc = slot_from_config(t, &t->accel, "accelerator", 1, why, whylen);
+    if (rc) goto fail;
+    t->accel_ops = (const kiln_accelerator_ops *)t->accel.p->ops;
+    rc = t->accel_ops->configure(t->accel.inst, (int32_t)t->set.threads, 0);
+    if (rc) { rc = ht_fail(t, &t->accel, rc, "configure", why, whylen); goto fail; }
+    t->K = t->accel_ops->kernels(t->accel.inst);
+    if (!t->K || t->K->struct_size < sizeof(kiln_kernels)) {
+        whyf(why, whylen, "accelerator '%s' (%s): kernel table missing or too small (%u < %zu bytes)",
+             t->accel.p->view.name, t->accel.p->lib->path, t->K ? t->K->struct_size : 0, sizeof(kiln_kernels));
+        rc = KILN_E_VERSION;
+        goto fail;
+    }
+
+    rc = slot_from_config(t, &t->strategy, "strategy", 1, why, whylen);
+    if (rc) goto fail;
+    t->strategy_ops = (const kiln_strategy_ops *)t->strategy.p->ops;
+    int32_t rank = 0, world = 1, local = 0;
+    rc = t->strategy_ops->world(t->strategy.inst, &rank, &world, &local);
+    if (rc) { rc = ht_fail(t, &t->strategy, rc, "world", why, whylen); goto fail; }
+    t->state.rank = rank;
+    t->state.world_size = world;
+
+    rc = slot_from_config(t, &t->precision, "precision", 1, why, whylen);
+    if (rc) goto fail;
+    t->precision_ops = (const kiln_precision_ops *)t->precision.p->ops;
+
+    rc = slot_from_config(t, &t->data, "data", 1, why, whylen);
+    if (rc) goto fail;
+    t->data_ops = (const kiln_data_ops *)t->data.p->ops;
+
+    rc = slot_from_config(t, &t->module, "module", 1, why, whylen);
+    if (rc) goto fail;
+    t->module_ops = (const kiln_module_ops *)t->module.p->ops;
+    rc = alloc_params(t, why, whylen);
+    if (rc) goto fail;
+    kiln_host_ctx *mh = &t->module.hctx;
+    rc = t->module_ops->init_weights(t->module.inst, ht_svc_seed(mh, "module.init"));
+    if (rc) { rc = ht_fail(t, &t->module, rc, "init_weights", why, whylen); goto fail; }
+    rc = t->precision_ops->setup(t->precision.inst, t->params, t->nparams);
+    if (rc) { rc = ht_fail(t, &t->precision, rc, "setup", why, whylen); goto fail; }
+    rc = t->strategy_ops->setup(t->strategy.inst, t->params, t->nparams);
+    if (rc) { rc = ht_fail(t, &t->strategy, rc, "setup", why, whylen); goto fail; }
+
+    if (stage == KILN_STAGE_FIT) {
+        rc = slot_from_config(t, &t->optimizer, "optimizer", 1, why, whylen);
+        if (rc) goto fail;
+        t->optimizer_ops = (const kiln_optimizer_ops *)t->optimizer.p->ops;
+        rc = t->optimizer_ops->setup(t->optimizer.inst, t->params, t->nparams);
+        if (rc) { rc = ht_fail(t, &t->optimizer, rc, "setup", why, whylen); goto fail; }
+    }
+
+    int ncb = hc_callback_count(cfg);
+    if (ncb > HT_MAX_CALLBACKS) {
+        whyf(why, whylen, "%s: %d callbacks configured, at most %d supported", cfg->path, ncb, HT_MAX_CALLBACKS);
+        rc = KILN_E_CONFIG;
+        goto fail;
+    }
+    static char roles[HT_MAX_CALLBACKS][24];
+    for (int i = 0; i < ncb; i++) {
+        config_setting_t *cb = hc_callback(cfg, i);
+        snprintf(roles[i], sizeof roles[i], "callbacks.[%d]", i);
+        const char *name = NULL;
+        config_setting_t *sec = cb;
+        if (config_setting_type(cb) == CONFIG_TYPE_STRING) { name = config_setting_get_string(cb); sec = NULL; }
+        else if (config_setting_type(cb) != CONFIG_TYPE_GROUP || !config_setting_lookup_string(cb, "name", &name)) {
+            char where[PATH_MAX + 32];
+            hc_where(cfg, cb, where, sizeof where);
+            whyf(why, whylen, "%s: %s must be a group with name = \"...\"", where, roles[i]);
+            rc = KILN_E_CONFIG;
+            goto fail;
+        }
+        rc = make_slot(t, &t->callbacks[i], KILN_KIND_CALLBACK, name, sec, roles[i], why, whylen);
+        if (rc) goto fail;
+        t->ncallbacks++;
+    }
+    ht_update_state(t);
+    return KILN_OK;
+fail:
+    ht_close(t);
+    return rc;
+}
+
+void ht_close(ht_trainer *t) {
+    for (int i = t->ncallbacks - 1; i >= 0; i--) drop_slot(&t->callbacks[i]);
+    t->ncallbacks = 0;
+    drop_slot(&t->optimizer);
+    drop_slot(&t->module);
+    drop_slot(&t->data);
+    drop_slot(&t->precision);
+    drop_slot(&t->strategy);
+    if (t->K && t->accel.inst) {
+        t->K->free(t->accel.inst, t->param_arena);
+        t->K->free(t->accel.inst, t->grad_arena);
+    }
+    t->param_arena = t->grad_arena = NULL;
+    drop_slot(&t->accel);
+    for (uint32_t i = 0; i < t->nparams; i++) {
+        free((void *)t->params[i]->name);
+        free(t->params[i]);
+    }
+    t->nparams = 0;
+    hc_kvset_free(&t->trainer_kv);
+}
+
+/* ---------------------------------------------------------------------------
+ * Run directory */
+
+int ht_make_run_dir(ht_trainer *t, char *why, size_t whylen) {
+    const char *root = t->set.default_root_dir;
+    char path[sizeof t->run_dir - 32];
+    snprintf(path, sizeof path, "%s", root);
+    /* mkdir -p */
+    for (char *p = path + 1; *p; p++)
+        if (*p == '/') { *p = 0; mkdir(path, 0755); *p = '/'; }
+    if (mkdir(path, 0755) != 0 && errno != EEXIST) {
+        whyf(why, whylen, "%s: cannot create trainer.default_root_dir: %s", root, strerror(errno));
+        return KILN_E_IO;
+    }
+    for (int attempt = 0; attempt < 100; attempt++) {
+        long next = 0;
+        DIR *d = opendir(path);
+        if (!d) { whyf(why, whylen, "%s: cannot read: %s", path, strerror(errno)); return KILN_E_IO; }
+        struct dirent *e;
+        while ((e = readdir(d))) {
+            char *end;
+            if (strncmp(e->d_name, "version_", 8) != 0) continue;
+            long v = strtol(e->d_name + 8, &end, 10);
+            if (*end == 0 && v >= next) next = v + 1;
+        }
+        closedir(d);
+        snprintf(t->run_dir, sizeof t->run_dir, "%s/version_%ld", path, next);
+        if (mkdir(t->run_dir, 0755) == 0) break;
+        if (errno != EEXIST) {
+            whyf(why, whylen, "%s: cannot create the run directory: %s", t->run_dir, strerror(errno));
+            return KILN_E_IO;
+        }
+    }
+    char cfgpath[4200];
+    snprintf(cfgpath, sizeof cfgpath, "%s/config.cfg", t->run_dir);
+    return hc_write(t->cfg, cfgpath, why, whylen);
+}
+
+/* ---------------------------------------------------------------------------
+ * Summary */
+
+void ht_print_summary(ht_trainer *t, const char *verb) {
+    if (t->state.rank != 0) return;
+    const kiln_value *prec = hl_prop(t->precision.p, "precision");
+    printf("\n== kiln %s summary (%s)\n", verb, t->run_dir[0] ? t->run_dir : "no run directory");
+    printf("stack: accelerator=%s precision=%s strategy=%s module=%s data=%s optimizer=%s\n",
+           t->accel.p->view.name, prec && prec->type == KILN_TYPE_STRING ? prec->v.s : t->precision.p->view.name,
+           t->strategy.p->view.name, t->module.p->view.name, t->data.p->view.name,
+           t->optimizer.p ? t->optimizer.p->view.name : "-");
+    if (!strcmp(verb, "fit")) {
+        double tt = t->time.total > 0 ? t->time.total : 1e-9;
+        printf("epochs: %lld  steps: %lld  skipped steps: %lld  samples: %lld  wall: %.2f s  (%.0f samples/s)\n",
+               (long long)t->epoch_progress.total.completed, (long long)t->opt_step.total.completed,
+               (long long)t->skipped_steps, (long long)t->samples_seen, t->time.total,
+               (double)t->samples_seen / tt);
+        printf("time: data %.2f s (%.1f%%), forward %.2f s (%.1f%%), backward %.2f s (%.1f%%), zero_grad %.2f s, "
+               "optimizer %.2f s (%.1f%%), validation %.2f s (%.1f%%)\n",
+               t->time.data, 100 * t->time.data / tt, t->time.forward, 100 * t->time.forward / tt, t->time.backward,
+               100 * t->time.backward / tt, t->time.zero_grad, t->time.optimizer, 100 * t->time.optimizer / tt,
+               t->time.validation, 100 * t->time.validation / tt);
+    }
+    printf("metrics:");
+    for (int i = 0; i < t->metrics.ncb; i++) {
+        const char *n = t->metrics.cb_name[i];
+        size_t l = strlen(n);
+        if (l > 5 && !strcmp(n + l - 5, "_step")) continue; /* the epoch values are the summary */
+        printf(" %s=%.4f", n, t->metrics.cb_value[i]);
+    }
+    printf("\n");
+    fflush(stdout);
+}
+
+int ht_fit(ht_trainer *t, char *why, size_t whylen) {
+    t->stage = KILN_STAGE_FIT;
+    double t0 = ht_now();
+    int rc = ht_run_fit_loop(t, why, whylen);
+    t->time.total = ht_now() - t0;
+    return rc;
+}
+
+int ht_evaluate(ht_trainer *t, int stage, char *why, size_t whylen) {
+    t->stage = stage;
+    return ht_run_eval_loop(t, stage, why, whylen);
+}

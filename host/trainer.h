@@ -1,0 +1,146 @@
+/*
+ * host/trainer.h — the trainer: it instantiates the plugin stack of a run
+ * file (accelerator, strategy, precision, data, module, optimizer,
+ * callbacks), owns the parameters, the progress counters and the metrics, and
+ * runs Lightning's loops (loops.c) with the closure of automatic
+ * optimisation. Entry points are ht_open / ht_fit / ht_evaluate / ht_close;
+ * cli_run.c drives them for `kiln fit|validate|test`.
+ */
+#ifndef KILN_HOST_TRAINER_H
+#define KILN_HOST_TRAINER_H
+
+#include <stdint.h>
+
+#include "config.h"
+#include "kiln/training.h"
+#include "loader.h"
+#include "metrics.h"
+#include "services.h"
+
+/* Lightning's progress trackers (loops/progress.py): each counter moves at a
+ * fixed point of the loop; `current` resets per run, `total` never. */
+typedef struct ht_counts {
+    int64_t ready, started, processed, completed;
+} ht_counts;
+typedef struct ht_progress {
+    ht_counts total, current;
+} ht_progress;
+
+/* One instantiated plugin. */
+typedef struct ht_slot {
+    const hl_plugin *p;
+    kiln_host_ctx hctx;
+    kiln_instance *inst;
+    hc_kvset cfg;
+    const char *role; /* "optimizer", "callbacks.[1]" — for messages */
+} ht_slot;
+
+#define HT_MAX_CALLBACKS 32
+
+/* Trainer settings (the resolved `trainer` section). */
+typedef struct ht_settings {
+    int64_t max_epochs, max_steps, min_epochs, min_steps;
+    double limit_train, limit_val, limit_test; /* fraction, or count when *_is_count */
+    int limit_train_is_count, limit_val_is_count, limit_test_is_count;
+    double val_check_interval;
+    int val_check_is_count;
+    int64_t check_val_every_n_epoch;
+    int64_t num_sanity_val_steps;
+    int64_t accumulate_grad_batches;
+    int64_t seed;
+    const char *default_root_dir;
+    int64_t log_every_n_steps;
+    int64_t threads;
+} ht_settings;
+
+/* Wall-clock seconds spent in each part of training (closure timings). */
+typedef struct ht_timing {
+    double data, forward, backward, zero_grad, optimizer, validation, total;
+} ht_timing;
+
+typedef struct ht_trainer {
+    hc_config *cfg;
+    hl_loader *L;
+    ht_settings set;
+    hc_kvset trainer_kv;
+
+    ht_slot accel, strategy, precision, data, module, optimizer;
+    ht_slot callbacks[HT_MAX_CALLBACKS];
+    int ncallbacks;
+    const kiln_accelerator_ops *accel_ops;
+    const kiln_strategy_ops *strategy_ops;
+    const kiln_precision_ops *precision_ops;
+    const kiln_data_ops *data_ops;
+    const kiln_module_ops *module_ops;
+    const kiln_optimizer_ops *optimizer_ops;
+    const kiln_kernels *K;
+
+    /* parameters registered by the module; data/grad carved from two arenas */
+    kiln_parameter *params[256];
+    uint32_t nparams;
+    float *param_arena, *grad_arena;
+
+    /* state visible to plugins */
+    kiln_trainer_state state;
+    int stage;
+    char run_dir[4096];
+
+    /* progress (reference §4) */
+    ht_progress epoch_progress;   /* processed tracker                        */
+    ht_progress batch_progress;   /* train batches                            */
+    int is_last_batch;
+    ht_progress opt_step;         /* ready/completed: global_step = total.completed */
+    ht_progress zero_grad;        /* ready/started/completed                  */
+    ht_progress val_batch_progress;
+    int64_t batches_that_stepped;
+    int64_t total_batch_idx;
+    int should_stop;
+    int min_not_met_logged;
+    int64_t num_training_batches, num_val_batches, num_test_batches;
+    int64_t skipped_steps;
+
+    ht_metrics metrics;
+    ht_timing time;
+    int64_t samples_seen;
+    int accumulating;           /* the batch being run does not step         */
+    int64_t batch_idx;
+    const kiln_batch *batch;
+    kiln_step_output last_output; /* closure result cache                    */
+    int closure_ran;
+    double loss_scale;
+    double closure_time;          /* seconds inside the closure this step     */
+    char err[2048];               /* failure inside a closure (plugins call it) */
+    int err_rc;
+} ht_trainer;
+
+/* Report a failed plugin call: "<kind> '<name>' (<file>): <what>: <msg> [CODE]". */
+int ht_fail(ht_trainer *t, ht_slot *s, int32_t rc, const char *what, char *why, size_t whylen);
+
+/* Open a run: instantiate the stack (need_optimizer for fit) and set up the
+ * parameters. On failure `why` holds one line and everything is released. */
+int ht_open(ht_trainer *t, hc_config *cfg, hl_loader *L, int stage, char *why, size_t whylen);
+/* Create <default_root_dir>/version_N, write the effective config there. */
+int ht_make_run_dir(ht_trainer *t, char *why, size_t whylen);
+int ht_fit(ht_trainer *t, char *why, size_t whylen);
+/* validate (KILN_STAGE_VALIDATE) or test (KILN_STAGE_TEST) with the current weights */
+int ht_evaluate(ht_trainer *t, int stage, char *why, size_t whylen);
+void ht_print_summary(ht_trainer *t, const char *verb);
+/* Destroy every instance (reverse creation order). */
+void ht_close(ht_trainer *t);
+
+/* Events: callbacks in list order, then the module (reference §1 ordering),
+ * with a TRACE copy of the module call for tracing callbacks. Returns the
+ * module's ev->result (for on_train_batch_start) in *result if non-NULL. */
+int ht_hook(ht_trainer *t, uint32_t id, int64_t batch_idx, const kiln_batch *batch, const kiln_step_output *out,
+            double loss, int *result, char *why, size_t whylen);
+/* Record a call into a plugin for tracing callbacks (hook_trace). */
+void ht_trace(ht_trainer *t, int32_t source, const char *what, int64_t batch_idx);
+
+/* Loops (loops.c) */
+int ht_run_fit_loop(ht_trainer *t, char *why, size_t whylen);
+int ht_run_eval_loop(ht_trainer *t, int stage, char *why, size_t whylen);
+
+double ht_now(void);
+void ht_update_state(ht_trainer *t);
+
+#endif

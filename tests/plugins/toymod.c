@@ -1,0 +1,172 @@
+/*
+ * tests/plugins/toymod.c — a tiny module for the trainer tests: a linear
+ * classifier (features → 2 classes) written in plain C, with LightningModule
+ * hooks that tests steer from the run file: return -1 from
+ * on_train_batch_start at a given (epoch, batch), request a stop at the end
+ * of a given epoch, or return no loss from a given batch. It records nothing
+ * itself; tests read hook_trace's file.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common_train.h"
+
+struct toy_mod {
+    const kiln_host_services *svc;
+    kiln_host_ctx *hctx;
+    kiln_parameter *w, *b; /* w: (2, F), b: (2) */
+    int64_t features;
+    int64_t m1_epoch, m1_batch, stop_epoch, noloss_batch;
+    float *x;      /* (B, F) last inputs  */
+    float *dlog;   /* (B, 2) softmax - onehot of the last step, / B */
+    int64_t rows;
+    double loss;
+};
+
+static int32_t tm_create(void *ctx, const kiln_host_services *svc, kiln_host_ctx *h, const kiln_kv *cfg,
+                         kiln_instance **out) {
+    (void)ctx;
+    struct toy_mod *m = calloc(1, sizeof *m);
+    if (!m) return KILN_E_NOMEM;
+    m->svc = svc;
+    m->hctx = h;
+    m->features = kiln_kv_int(cfg, "features", 3);
+    m->m1_epoch = kiln_kv_int(cfg, "minus_one_epoch", -1);
+    m->m1_batch = kiln_kv_int(cfg, "minus_one_batch", -1);
+    m->stop_epoch = kiln_kv_int(cfg, "stop_at_epoch", -1);
+    m->noloss_batch = kiln_kv_int(cfg, "no_loss_batch", -1);
+    int64_t ws[2] = {2, m->features}, bs[1] = {2};
+    int32_t rc = svc->param_register(h, "linear.weight", 2, ws, 0, &m->w);
+    if (rc == KILN_OK) rc = svc->param_register(h, "linear.bias", 1, bs, KILN_PARAMF_NO_DECAY, &m->b);
+    if (rc != KILN_OK) { free(m); return rc; }
+    m->x = calloc(1024 * (size_t)m->features, sizeof(float));
+    m->dlog = calloc(1024 * 2, sizeof(float));
+    *out = (kiln_instance *)m;
+    return KILN_OK;
+}
+
+static void tm_destroy(kiln_instance *i) {
+    struct toy_mod *m = (struct toy_mod *)i;
+    free(m->x);
+    free(m->dlog);
+    free(m);
+}
+
+static int32_t tm_init(kiln_instance *i, uint64_t seed) {
+    struct toy_mod *m = (struct toy_mod *)i;
+    uint64_t s = seed | 1;
+    for (int64_t k = 0; k < m->w->numel; k++) {
+        s ^= s << 13; s ^= s >> 7; s ^= s << 17;
+        m->w->data[k] = (float)((double)(s >> 11) / 9007199254740992.0 - 0.5);
+    }
+    memset(m->b->data, 0, sizeof(float) * 2);
+    return KILN_OK;
+}
+
+static int32_t forward(struct toy_mod *m, const kiln_batch *b, double *loss, double *acc) {
+    const float *x = b->tensors[0].data;
+    const int32_t *y = b->tensors[1].data;
+    int64_t B = b->size, F = m->features;
+    if (B > 1024 || b->tensors[0].shape[1] != F)
+        return kiln_errorf(m->svc, m->hctx, KILN_E_DATA, "toymod: batch of %lld x %lld, expected <= 1024 x %lld",
+                           (long long)B, (long long)b->tensors[0].shape[1], (long long)F);
+    const float *W = m->w->compute, *bias = m->b->data;
+    double L = 0;
+    int correct = 0;
+    for (int64_t r = 0; r < B; r++) {
+        double z[2];
+        for (int c = 0; c < 2; c++) {
+            z[c] = bias[c];
+            for (int64_t f = 0; f < F; f++) z[c] += (double)W[c * F + f] * x[r * F + f];
+        }
+        double mx = z[0] > z[1] ? z[0] : z[1];
+        double e0 = exp(z[0] - mx), e1 = exp(z[1] - mx), s = e0 + e1;
+        double p[2] = {e0 / s, e1 / s};
+        L -= log(p[y[r]]);
+        correct += (z[1] > z[0]) == (y[r] == 1);
+        for (int c = 0; c < 2; c++) m->dlog[r * 2 + c] = (float)((p[c] - (c == y[r])) / (double)B);
+    }
+    memcpy(m->x, x, sizeof(float) * (size_t)(B * F));
+    m->rows = B;
+    *loss = L / (double)B;
+    *acc = (double)correct / (double)B;
+    return KILN_OK;
+}
+
+static int32_t tm_train(kiln_instance *i, const kiln_batch *b, int64_t idx, kiln_step_output *out) {
+    struct toy_mod *m = (struct toy_mod *)i;
+    double loss, acc;
+    int32_t rc = forward(m, b, &loss, &acc);
+    if (rc) return rc;
+    m->loss = loss;
+    out->has_loss = idx != m->noloss_batch;
+    out->loss = loss;
+    out->batch_size = b->size;
+    m->svc->log_value(m->hctx, "train_loss", loss, KILN_LOG_ON_STEP | KILN_LOG_ON_EPOCH | KILN_LOG_PROG_BAR,
+                      (double)b->size);
+    return KILN_OK;
+}
+
+static int32_t tm_backward(kiln_instance *i, double dloss) {
+    struct toy_mod *m = (struct toy_mod *)i;
+    int64_t F = m->features;
+    for (int64_t r = 0; r < m->rows; r++)
+        for (int c = 0; c < 2; c++) {
+            float g = (float)(dloss * m->dlog[r * 2 + c]);
+            m->b->grad[c] += g;
+            for (int64_t f = 0; f < F; f++) m->w->grad[c * F + f] += g * m->x[r * F + f];
+        }
+    return KILN_OK;
+}
+
+static int32_t tm_eval(struct toy_mod *m, const kiln_batch *b, kiln_step_output *out, const char *prefix) {
+    double loss, acc;
+    int32_t rc = forward(m, b, &loss, &acc);
+    if (rc) return rc;
+    out->has_loss = 1;
+    out->loss = loss;
+    out->batch_size = b->size;
+    char n[32];
+    strcpy(n, prefix);
+    strcat(n, "_loss");
+    m->svc->log_value(m->hctx, n, loss, KILN_LOG_ON_EPOCH | KILN_LOG_PROG_BAR, (double)b->size);
+    strcpy(n, prefix);
+    strcat(n, "_acc");
+    m->svc->log_value(m->hctx, n, acc, KILN_LOG_ON_EPOCH, (double)b->size);
+    return KILN_OK;
+}
+
+static int32_t tm_val(kiln_instance *i, const kiln_batch *b, int64_t idx, kiln_step_output *out) {
+    (void)idx;
+    return tm_eval((struct toy_mod *)i, b, out, "val");
+}
+
+static int32_t tm_test(kiln_instance *i, const kiln_batch *b, int64_t idx, kiln_step_output *out) {
+    (void)idx;
+    return tm_eval((struct toy_mod *)i, b, out, "test");
+}
+
+static int32_t tm_event(kiln_instance *i, kiln_event *ev) {
+    struct toy_mod *m = (struct toy_mod *)i;
+    if (ev->id == KILN_EV_ON_TRAIN_BATCH_START && ev->trainer->current_epoch == m->m1_epoch &&
+        ev->batch_idx == m->m1_batch)
+        ev->result = -1;
+    if (ev->id == KILN_EV_ON_TRAIN_EPOCH_END && ev->trainer->current_epoch >= m->stop_epoch && m->stop_epoch >= 0)
+        m->svc->request_stop(m->hctx, "toymod stop_at_epoch");
+    return KILN_OK;
+}
+
+static const kiln_module_ops tm_ops = {{sizeof(kiln_module_ops), 0, tm_create, tm_destroy, NULL, NULL},
+                                       tm_init, tm_train, tm_backward, tm_val, tm_test, tm_event};
+static const kiln_param tm_params[] = {
+    {"features", KILN_TYPE_INT, 0, KILN_V_INT(3), "inputs per row"},
+    {"minus_one_epoch", KILN_TYPE_INT, 0, KILN_V_INT(-1), "epoch whose on_train_batch_start returns -1"},
+    {"minus_one_batch", KILN_TYPE_INT, 0, KILN_V_INT(-1), "batch whose on_train_batch_start returns -1"},
+    {"stop_at_epoch", KILN_TYPE_INT, 0, KILN_V_INT(-1), "request a stop at the end of this epoch"},
+    {"no_loss_batch", KILN_TYPE_INT, 0, KILN_V_INT(-1), "training_step returns no loss for this batch"},
+    {NULL, 0, 0, KILN_V_NONE, NULL}};
+static const kiln_plugin_desc tm_desc = {sizeof(kiln_plugin_desc), KILN_KIND_MODULE, "toymod", "1.0.0",
+                                         "linear classifier with steerable hooks", 0, NULL, tm_params, &tm_ops,
+                                         NULL};
+KILN_DEFINE_LIBRARY("toymod", "1.0.0", 1, &tm_desc)
