@@ -1,0 +1,389 @@
+/*
+ * tests/host/test_trainer.c — the trainer against Lightning's contract
+ * (docs/semantics.md, reference §1, §3, §4), through the real `kiln fit`
+ * with the toy fixtures and the hook_trace callback:
+ *  (a) the whole hook sequence of 1 epoch with 2 train + 2 val batches and
+ *      the default 2-batch sanity check, written out from reference 1(e),
+ *      1(a), 1(d);
+ *  (b) accumulate_grad_batches = 2 over 5 batches, and the optimizer call
+ *      pattern of test_train_loop_system with accumulate = 3;
+ *  (c) -1 from on_train_batch_start ending the epoch without validation;
+ *  (d) max_steps stopping mid-epoch;
+ *  (e) min_epochs holding back a stop request;
+ * and the closure (zero-grad placement, a step that returns no loss), the
+ * run directory, limits and validation placement, and bit-identical weights
+ * for the same seed.
+ */
+#define _GNU_SOURCE
+#include <CUnit/CUnit.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "testutil.h"
+
+static char *g_dir;
+static char *lines[8192];
+static int nlines;
+
+static void free_lines(void) {
+    for (int i = 0; i < nlines; i++) free(lines[i]);
+    nlines = 0;
+}
+
+static void read_lines(const char *path) {
+    free_lines();
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    char buf[512];
+    while (nlines < 8192 && fgets(buf, sizeof buf, f)) {
+        buf[strcspn(buf, "\n")] = 0;
+        lines[nlines++] = strdup(buf);
+    }
+    fclose(f);
+}
+
+/* Write a run file from `body` (plus plugin dirs and the trace callback),
+ * run `kiln fit` with `extra` arguments, load the trace. Returns the exit
+ * status; the output is in `out`. */
+static int fit(const char *body, const char *extra, char *out, size_t outlen) {
+    static int k;
+    char cfg[4200], trace[4200], text[16384];
+    snprintf(cfg, sizeof cfg, "%s/run%d.cfg", g_dir, k);
+    snprintf(trace, sizeof trace, "%s/hooks%d.txt", g_dir, k);
+    k++;
+    snprintf(text, sizeof text,
+             "plugins = { dirs = [\"%s\"]; };\n"
+             "%s\n",
+             getenv("KILN_TRAIN_FIXTURES"), body);
+    if (!strstr(body, "callbacks"))
+        snprintf(text + strlen(text), sizeof text - strlen(text), "callbacks = ( { name = \"hook_trace\"; path = \"%s\"; } );\n",
+                 trace);
+    CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
+    char cmd[16384];
+    snprintf(cmd, sizeof cmd, "%s -q fit %s --set trainer.default_root_dir=\\\"%s/runs\\\" %s", tu_kiln(), cfg, g_dir,
+             extra ? extra : "");
+    int rc = tu_run(cmd, out, outlen);
+    read_lines(trace);
+    return rc;
+}
+
+static const char *BASE =
+    "trainer = { max_epochs = 1; seed = 7; };\n"
+    "data = { name = \"toydata\"; n_train = 2; n_val = 2; };\n"
+    "module = { name = \"toymod\"; };\n"
+    "optimizer = { name = \"sgd\"; lr = 0.1; };\n";
+
+static void expect_sequence(const char *const *exp, int n) {
+    int ok = nlines == n;
+    for (int i = 0; ok && i < n; i++) ok = !strcmp(lines[i], exp[i]);
+    if (!ok) {
+        int i = 0;
+        while (i < n && i < nlines && !strcmp(lines[i], exp[i])) i++;
+        fprintf(stderr, "\n  trace differs at line %d: got '%s', expected '%s' (%d lines, expected %d)\n", i + 1,
+                i < nlines ? lines[i] : "<end>", i < n ? exp[i] : "<end>", nlines, n);
+    }
+    CU_ASSERT(ok);
+}
+
+/* (a) reference 1(e) with 1(a) batches and 1(d) validation placement */
+static const char *const SEQ_A[] = {
+    "callback setup", "module setup", "callback on_fit_start", "module on_fit_start",
+    /* sanity check: min(num_sanity_val_steps=2, 2) batches */
+    "callback on_sanity_check_start stage=sanity", "module on_validation_model_eval stage=sanity",
+    "callback on_validation_start stage=sanity", "module on_validation_start stage=sanity",
+    "callback on_validation_epoch_start stage=sanity", "module on_validation_epoch_start stage=sanity",
+    "callback on_validation_batch_start batch=0 stage=sanity", "module on_validation_batch_start batch=0 stage=sanity",
+    "module validation_step batch=0 stage=sanity", "callback on_validation_batch_end batch=0 stage=sanity",
+    "module on_validation_batch_end batch=0 stage=sanity", "callback on_validation_batch_start batch=1 stage=sanity",
+    "module on_validation_batch_start batch=1 stage=sanity", "module validation_step batch=1 stage=sanity",
+    "callback on_validation_batch_end batch=1 stage=sanity", "module on_validation_batch_end batch=1 stage=sanity",
+    "callback on_validation_epoch_end stage=sanity", "module on_validation_epoch_end stage=sanity",
+    "callback on_validation_end stage=sanity", "module on_validation_end stage=sanity",
+    "module on_validation_model_train stage=sanity", "callback on_sanity_check_end stage=sanity",
+    /* fit loop */
+    "callback on_train_start", "module on_train_start", "strategy on_train_start", "callback on_train_epoch_start",
+    "module on_train_epoch_start",
+#define BATCH(i)                                                                                                     \
+    "callback on_train_batch_start batch=" #i, "module on_train_batch_start batch=" #i,                              \
+        "strategy on_train_batch_start batch=" #i, "module optimizer_step batch=" #i,                                \
+        "precision optimizer_step batch=" #i, "optimizer step batch=" #i, "module training_step batch=" #i,          \
+        "callback on_before_zero_grad batch=" #i, "module on_before_zero_grad batch=" #i,                            \
+        "module optimizer_zero_grad batch=" #i, "optimizer zero_grad batch=" #i, "strategy pre_backward batch=" #i,  \
+        "precision pre_backward batch=" #i, "callback on_before_backward batch=" #i,                                 \
+        "module on_before_backward batch=" #i, "module backward batch=" #i, "callback on_after_backward batch=" #i,   \
+        "module on_after_backward batch=" #i, "strategy post_backward batch=" #i,                                    \
+        "callback on_before_optimizer_step batch=" #i, "module on_before_optimizer_step batch=" #i,                  \
+        "module configure_gradient_clipping batch=" #i, "callback on_train_batch_end batch=" #i,                     \
+        "module on_train_batch_end batch=" #i
+    BATCH(0), BATCH(1),
+#undef BATCH
+    /* validation after the last batch, before on_train_epoch_end */
+    "module on_validation_model_zero_grad", "module on_validation_model_eval stage=validate",
+    "callback on_validation_start stage=validate", "module on_validation_start stage=validate",
+    "callback on_validation_epoch_start stage=validate", "module on_validation_epoch_start stage=validate",
+    "callback on_validation_batch_start batch=0 stage=validate", "module on_validation_batch_start batch=0 stage=validate",
+    "module validation_step batch=0 stage=validate", "callback on_validation_batch_end batch=0 stage=validate",
+    "module on_validation_batch_end batch=0 stage=validate", "callback on_validation_batch_start batch=1 stage=validate",
+    "module on_validation_batch_start batch=1 stage=validate", "module validation_step batch=1 stage=validate",
+    "callback on_validation_batch_end batch=1 stage=validate", "module on_validation_batch_end batch=1 stage=validate",
+    "callback on_validation_epoch_end stage=validate", "module on_validation_epoch_end stage=validate",
+    "callback on_validation_end stage=validate", "module on_validation_end stage=validate",
+    "module on_validation_model_train stage=validate",
+    "callback on_train_epoch_end", "module on_train_epoch_end", "callback on_train_end", "module on_train_end",
+    "callback on_fit_end", "module on_fit_end", "callback teardown", "module teardown",
+};
+
+static void test_a_full_sequence(void) {
+    char out[16384];
+    int rc = fit(BASE, NULL, out, sizeof out);
+    if (rc) fprintf(stderr, "\n%s\n", out);
+    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    expect_sequence(SEQ_A, (int)(sizeof SEQ_A / sizeof SEQ_A[0]));
+}
+
+/* The calls of one batch that matter for the optimizer pattern. */
+static void pattern(char *buf, size_t n) {
+    buf[0] = 0;
+    int cur = -1;
+    for (int i = 0; i < nlines; i++) {
+        const char *b = strstr(lines[i], "batch=");
+        if (!b || strstr(lines[i], "stage=")) continue;
+        int bi = atoi(b + 6);
+        const char *tok = NULL;
+        if (!strncmp(lines[i], "optimizer step ", 15)) tok = "step";
+        else if (!strncmp(lines[i], "module training_step ", 21)) tok = "training_step";
+        else if (!strncmp(lines[i], "optimizer zero_grad ", 20)) tok = "zero_grad";
+        else if (!strncmp(lines[i], "module backward ", 16)) tok = "backward";
+        if (!tok) continue;
+        size_t l = strlen(buf);
+        if (bi != cur) { snprintf(buf + l, n - l, "%sb%d:", cur >= 0 ? " " : "", bi); cur = bi; l = strlen(buf); }
+        else snprintf(buf + l, n - l, ","), l++;
+        snprintf(buf + l, n - l, "%s", tok);
+    }
+}
+
+static int count(const char *line) {
+    int c = 0;
+    for (int i = 0; i < nlines; i++) c += !strcmp(lines[i], line);
+    return c;
+}
+static int count_prefix(const char *p) {
+    int c = 0;
+    for (int i = 0; i < nlines; i++) c += !strncmp(lines[i], p, strlen(p));
+    return c;
+}
+
+static void test_b_accumulation(void) {
+    char out[16384], pat[4096];
+    const char *body = "trainer = { max_epochs = 1; num_sanity_val_steps = 0; accumulate_grad_batches = 2; };\n"
+                       "data = { name = \"toydata\"; n_train = 5; n_val = 1; };\n"
+                       "module = { name = \"toymod\"; };\n"
+                       "optimizer = { name = \"sgd\"; lr = 0.1; };\n";
+    CU_ASSERT_EQUAL_FATAL(fit(body, NULL, out, sizeof out), 0);
+    pattern(pat, sizeof pat);
+    /* b0 accumulates (zero-grad: 0 % 2 == 0), b1 steps, b2 accumulates,
+     * b3 steps, b4 is the last batch of the epoch and always steps */
+    CU_ASSERT_STRING_EQUAL(pat, "b0:training_step,zero_grad,backward b1:step,training_step,backward "
+                                "b2:training_step,zero_grad,backward b3:step,training_step,backward "
+                                "b4:step,training_step,zero_grad,backward");
+    /* no optimizer hooks, clipping or gradient sync on accumulating batches;
+     * on_after_backward always */
+    CU_ASSERT_EQUAL(count("callback on_before_optimizer_step batch=0 acc=1"), 0);
+    CU_ASSERT_EQUAL(count("callback on_before_optimizer_step batch=1"), 1);
+    CU_ASSERT_EQUAL(count("strategy post_backward batch=0 acc=1"), 0);
+    CU_ASSERT_EQUAL(count("callback on_after_backward batch=0 acc=1"), 1);
+    CU_ASSERT_EQUAL(count("callback on_after_backward batch=2 acc=1"), 1);
+    CU_ASSERT_EQUAL(count_prefix("callback on_before_optimizer_step"), 3);
+    /* the last-batch flush is a stepping batch (no acc=1) */
+    CU_ASSERT_EQUAL(count("callback on_train_batch_end batch=4"), 1);
+
+    /* test_train_loop_system: 5 batches, accumulate = 3 */
+    CU_ASSERT_EQUAL_FATAL(fit(body, "--set trainer.accumulate_grad_batches=3", out, sizeof out), 0);
+    pattern(pat, sizeof pat);
+    CU_ASSERT_STRING_EQUAL(pat, "b0:training_step,zero_grad,backward b1:training_step,backward "
+                                "b2:step,training_step,backward b3:training_step,zero_grad,backward "
+                                "b4:step,training_step,backward");
+    /* summary: 2 optimizer steps */
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "steps: 2 "));
+}
+
+static void test_c_minus_one(void) {
+    char out[16384];
+    const char *body = "trainer = { max_epochs = 1; num_sanity_val_steps = 0; };\n"
+                       "data = { name = \"toydata\"; n_train = 4; n_val = 2; };\n"
+                       "module = { name = \"toymod\"; minus_one_epoch = 0; minus_one_batch = 1; };\n"
+                       "optimizer = { name = \"sgd\"; lr = 0.1; };\n";
+    CU_ASSERT_EQUAL_FATAL(fit(body, NULL, out, sizeof out), 0);
+    CU_ASSERT_EQUAL(count("module on_train_batch_start batch=1"), 1);
+    CU_ASSERT_EQUAL(count("module training_step batch=1"), 0);
+    CU_ASSERT_EQUAL(count("callback on_train_batch_end batch=1"), 0);
+    CU_ASSERT_EQUAL(count("callback on_train_batch_start batch=2"), 0);
+    CU_ASSERT_EQUAL(count_prefix("callback on_validation_start"), 0); /* no validation for that epoch */
+    CU_ASSERT_EQUAL(count("callback on_train_epoch_end"), 1);         /* but the epoch still ends */
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "steps: 1 "));
+}
+
+static void test_d_max_steps(void) {
+    char out[16384];
+    const char *body = "trainer = { max_epochs = 5; max_steps = 3; num_sanity_val_steps = 0; };\n"
+                       "data = { name = \"toydata\"; n_train = 4; n_val = 2; };\n"
+                       "module = { name = \"toymod\"; };\n"
+                       "optimizer = { name = \"sgd\"; lr = 0.1; };\n";
+    CU_ASSERT_EQUAL_FATAL(fit(body, NULL, out, sizeof out), 0);
+    CU_ASSERT_EQUAL(count_prefix("optimizer step "), 3);
+    CU_ASSERT_EQUAL(count("callback on_train_epoch_start"), 1);
+    CU_ASSERT_EQUAL(count("callback on_train_epoch_end"), 1);
+    CU_ASSERT_EQUAL(count("callback on_train_batch_start batch=3"), 0);
+    CU_ASSERT_EQUAL(count_prefix("callback on_validation_start"), 0); /* the val-check batch was never reached */
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "steps: 3 "));
+    /* across an epoch boundary: 6 steps = one full epoch + 2 batches */
+    CU_ASSERT_EQUAL_FATAL(fit(body, "--set trainer.max_steps=6", out, sizeof out), 0);
+    CU_ASSERT_EQUAL(count("callback on_train_epoch_start"), 2);
+    CU_ASSERT_EQUAL(count_prefix("callback on_validation_start"), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "epochs: 2 "));
+}
+
+static void test_e_min_epochs(void) {
+    char out[16384];
+    const char *body = "trainer = { max_epochs = 10; min_epochs = 3; num_sanity_val_steps = 0; };\n"
+                       "data = { name = \"toydata\"; n_train = 2; n_val = 1; };\n"
+                       "module = { name = \"toymod\"; stop_at_epoch = 0; };\n"
+                       "optimizer = { name = \"sgd\"; lr = 0.1; };\n";
+    CU_ASSERT_EQUAL_FATAL(fit(body, NULL, out, sizeof out), 0);
+    CU_ASSERT_EQUAL(count("callback on_train_epoch_start"), 3); /* held back until min_epochs */
+    CU_ASSERT_EQUAL_FATAL(fit(body, "--set trainer.min_epochs=0", out, sizeof out), 0);
+    CU_ASSERT_EQUAL(count("callback on_train_epoch_start"), 1); /* stops at once */
+    /* min_steps holds a stop too: 2 batches per epoch, min_steps 5 → 3 epochs */
+    CU_ASSERT_EQUAL_FATAL(fit(body, "--set trainer.min_epochs=0 --set trainer.min_steps=5", out, sizeof out), 0);
+    CU_ASSERT_EQUAL(count("callback on_train_epoch_start"), 3);
+}
+
+static void test_closure_no_loss(void) {
+    char out[16384];
+    const char *body = "trainer = { max_epochs = 1; num_sanity_val_steps = 0; };\n"
+                       "data = { name = \"toydata\"; n_train = 3; n_val = 1; };\n"
+                       "module = { name = \"toymod\"; no_loss_batch = 1; };\n"
+                       "optimizer = { name = \"sgd\"; lr = 0.1; };\n";
+    CU_ASSERT_EQUAL_FATAL(fit(body, NULL, out, sizeof out), 0);
+    /* zero_grad runs even when the loss is None; backward does not */
+    CU_ASSERT_EQUAL(count("optimizer zero_grad batch=1"), 1);
+    CU_ASSERT_EQUAL(count("module backward batch=1"), 0);
+    CU_ASSERT_EQUAL(count("callback on_before_backward batch=1"), 0);
+    /* the step is still taken and counted */
+    CU_ASSERT_EQUAL(count("optimizer step batch=1"), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "steps: 3 "));
+}
+
+static void test_val_placement(void) {
+    char out[16384];
+    const char *body = "trainer = { max_epochs = 2; num_sanity_val_steps = 0; val_check_interval = 0.3; };\n"
+                       "data = { name = \"toydata\"; n_train = 10; n_val = 1; };\n"
+                       "module = { name = \"toymod\"; };\n"
+                       "optimizer = { name = \"sgd\"; lr = 0.1; };\n";
+    CU_ASSERT_EQUAL_FATAL(fit(body, NULL, out, sizeof out), 0);
+    /* 0.3 of 10 → every 3 batches: after batches 2, 5, 8, and no end-of-epoch run */
+    CU_ASSERT_EQUAL(count_prefix("callback on_validation_start"), 6);
+    int after = 0;
+    for (int i = 1; i < nlines; i++)
+        if (!strcmp(lines[i], "module on_validation_model_zero_grad")) after += !strcmp(lines[i - 1], "module on_train_batch_end batch=2") ||
+                                                                        !strcmp(lines[i - 1], "module on_train_batch_end batch=5") ||
+                                                                        !strcmp(lines[i - 1], "module on_train_batch_end batch=8");
+    CU_ASSERT_EQUAL(after, 6);
+    /* check_val_every_n_epoch = 2: only the second epoch validates */
+    CU_ASSERT_EQUAL_FATAL(fit(body, "--set trainer.val_check_interval=1.0 --set trainer.check_val_every_n_epoch=2", out,
+                              sizeof out), 0);
+    CU_ASSERT_EQUAL(count_prefix("callback on_validation_start"), 1);
+    /* limits: int counts and fractions */
+    CU_ASSERT_EQUAL_FATAL(fit(body, "--set trainer.val_check_interval=1.0 --set trainer.limit_train_batches=4", out,
+                              sizeof out), 0);
+    CU_ASSERT_EQUAL(count_prefix("callback on_train_batch_start"), 8);
+    CU_ASSERT_EQUAL_FATAL(fit(body, "--set trainer.val_check_interval=1.0 --set trainer.limit_train_batches=0.5", out,
+                              sizeof out), 0);
+    CU_ASSERT_EQUAL(count_prefix("callback on_train_batch_start"), 10);
+    CU_ASSERT_EQUAL(fit(body, "--set trainer.limit_train_batches=0.01", out, sizeof out), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "limit_train_batches = 0.01 of 10 batches gives 0 batches"));
+    /* limit_train_batches = 0: training is skipped, no train hooks at all */
+    CU_ASSERT_EQUAL_FATAL(fit(body, "--set trainer.limit_train_batches=0", out, sizeof out), 0);
+    CU_ASSERT_EQUAL(count("callback on_train_start"), 0);
+    CU_ASSERT_EQUAL(count("callback on_fit_end"), 1);
+}
+
+static void test_determinism(void) {
+    char out[16384], a[4200], b[4200], c[4200], body[4096];
+    snprintf(a, sizeof a, "%s/w1.bin", g_dir);
+    snprintf(b, sizeof b, "%s/w2.bin", g_dir);
+    snprintf(c, sizeof c, "%s/w3.bin", g_dir);
+    const char *paths[3] = {a, b, c};
+    for (int i = 0; i < 3; i++) {
+        snprintf(body, sizeof body,
+                 "trainer = { max_epochs = 2; seed = %d; };\n"
+                 "data = { name = \"toydata\"; n_train = 6; n_val = 2; };\n"
+                 "module = { name = \"toymod\"; };\n"
+                 "optimizer = { name = \"adamw\"; lr = 0.01; };\n"
+                 "callbacks = ( { name = \"weightdump\"; path = \"%s\"; } );\n",
+                 i == 2 ? 8 : 7, paths[i]);
+        CU_ASSERT_EQUAL_FATAL(fit(body, NULL, out, sizeof out), 0);
+    }
+    char cmd[16384];
+    snprintf(cmd, sizeof cmd, "cmp %s %s", a, b);
+    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0); /* same seed: bit-identical */
+    snprintf(cmd, sizeof cmd, "cmp %s %s", a, c);
+    CU_ASSERT_NOT_EQUAL(tu_run(cmd, out, sizeof out), 0); /* another seed differs */
+}
+
+static void test_run_dir_and_errors(void) {
+    char out[16384], p[4300];
+    CU_ASSERT_EQUAL_FATAL(fit(BASE, NULL, out, sizeof out), 0);
+    CU_ASSERT_EQUAL_FATAL(fit(BASE, NULL, out, sizeof out), 0);
+    struct stat st;
+    snprintf(p, sizeof p, "%s/runs/version_1/config.cfg", g_dir);
+    CU_ASSERT_EQUAL(stat(p, &st), 0); /* version_N increments; effective config written */
+    /* unknown trainer key, missing optimizer, unknown plugin */
+    CU_ASSERT_EQUAL(fit(BASE, "--set trainer.max_epoch=3", out, sizeof out), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "unknown key 'max_epoch' for trainer (did you mean 'max_epochs'?)"));
+    CU_ASSERT_EQUAL(fit("data = { name = \"toydata\"; };\nmodule = { name = \"toymod\"; };\n", NULL, out, sizeof out), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "missing the 'optimizer' section"));
+    CU_ASSERT_EQUAL(fit(BASE, "--set optimizer.name=sgdd", out, sizeof out), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "did you mean 'sgd'?"));
+    CU_ASSERT_EQUAL(fit(BASE, "--ckpt last", out, sizeof out), 2);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "--ckpt last: loading checkpoints is not available"));
+}
+
+static void test_validate_and_test_commands(void) {
+    char cfg[4200], text[8192], cmd[16384], out[16384];
+    snprintf(cfg, sizeof cfg, "%s/eval.cfg", g_dir);
+    snprintf(text, sizeof text, "plugins = { dirs = [\"%s\"]; };\n%s", getenv("KILN_TRAIN_FIXTURES"), BASE);
+    CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
+    snprintf(cmd, sizeof cmd, "%s -q validate %s", tu_kiln(), cfg);
+    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "val_loss="));
+    snprintf(cmd, sizeof cmd, "%s -q test %s", tu_kiln(), cfg);
+    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "test_loss="));
+}
+
+static int setup(void) { g_dir = tu_mkdtemp(); return g_dir ? 0 : 1; }
+static int teardown(void) {
+    free_lines();
+    tu_rmrf(g_dir);
+    free(g_dir);
+    return 0;
+}
+
+static void register_tests(void) {
+    CU_pSuite s = CU_add_suite("trainer", setup, teardown);
+    CU_add_test(s, "(a) full hook sequence, 1 epoch 2+2 batches", test_a_full_sequence);
+    CU_add_test(s, "(b) accumulation patterns", test_b_accumulation);
+    CU_add_test(s, "(c) -1 from on_train_batch_start", test_c_minus_one);
+    CU_add_test(s, "(d) max_steps mid-epoch", test_d_max_steps);
+    CU_add_test(s, "(e) min_epochs / min_steps hold a stop", test_e_min_epochs);
+    CU_add_test(s, "closure: step without loss", test_closure_no_loss);
+    CU_add_test(s, "validation placement and limits", test_val_placement);
+    CU_add_test(s, "same seed, bit-identical weights", test_determinism);
+    CU_add_test(s, "run directory and errors", test_run_dir_and_errors);
+    CU_add_test(s, "kiln validate / kiln test", test_validate_and_test_commands);
+}
+
+#include "cunit_main.h"

@@ -1,0 +1,50 @@
+/*
+ * tests/plugins/weightdump.c — a test-only callback that writes every
+ * parameter (name, element count, raw fp32 values) to `path` at
+ * on_fit_end, through the params() service any plugin may call. The
+ * determinism test runs the same job twice and compares the two files byte
+ * for byte.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "common_train.h"
+
+struct wd { const kiln_host_services *svc; kiln_host_ctx *h; char path[1024]; };
+
+static int32_t wd_create(void *ctx, const kiln_host_services *svc, kiln_host_ctx *h, const kiln_kv *cfg,
+                         kiln_instance **out) {
+    (void)ctx;
+    struct wd *w = calloc(1, sizeof *w);
+    if (!w) return KILN_E_NOMEM;
+    w->svc = svc;
+    w->h = h;
+    snprintf(w->path, sizeof w->path, "%s", kiln_kv_str(cfg, "path", "weights.bin"));
+    *out = (kiln_instance *)w;
+    return KILN_OK;
+}
+
+static void wd_destroy(kiln_instance *i) { free(i); }
+
+static int32_t wd_event(kiln_instance *i, kiln_event *ev) {
+    struct wd *w = (struct wd *)i;
+    if (ev->id != KILN_EV_ON_FIT_END) return KILN_OK;
+    kiln_parameter *const *ps;
+    uint32_t n;
+    int32_t rc = w->svc->params(w->h, &ps, &n);
+    if (rc) return rc;
+    FILE *f = fopen(w->path, "wb");
+    if (!f) return kiln_errorf(w->svc, w->h, KILN_E_IO, "%s: cannot write", w->path);
+    for (uint32_t k = 0; k < n; k++) {
+        fprintf(f, "%s %lld\n", ps[k]->name, (long long)ps[k]->numel);
+        fwrite(ps[k]->data, sizeof(float), (size_t)ps[k]->numel, f);
+    }
+    return fclose(f) == 0 ? KILN_OK : KILN_E_IO;
+}
+
+static const kiln_callback_ops wd_ops = {{sizeof(kiln_callback_ops), 0, wd_create, wd_destroy, NULL, NULL}, wd_event};
+static const kiln_param wd_params[] = {{"path", KILN_TYPE_STRING, 0, KILN_V_STR("weights.bin"), "output file"},
+                                       {NULL, 0, 0, KILN_V_NONE, NULL}};
+static const kiln_plugin_desc wd_desc = {sizeof(kiln_plugin_desc), KILN_KIND_CALLBACK, "weightdump", "1.0.0",
+                                         "dumps parameters at fit end", 0, NULL, wd_params, &wd_ops, NULL};
+KILN_DEFINE_LIBRARY("weightdump", "1.0.0", 1, &wd_desc)
