@@ -1,0 +1,422 @@
+/*
+ * cpu_accel.c — the "cpu" accelerator plugin: "device" memory is ordinary host
+ * memory (64-byte aligned so every tensor starts on a cache line and the
+ * kernels' vector loops never straddle one at the start, zero-filled because
+ * the kernel table promises it), copies are memmove, synchronize has nothing
+ * to wait for, and every math entry of kiln_kernels is a thin wrapper over the
+ * kc_* functions of kernels/cpu (GEMM through OpenBLAS). The wrappers add what
+ * the kernels deliberately leave out: argument checks that turn a caller's
+ * mistake into a KILN_E_INVALID_ARG with a message instead of a BLAS xerbla
+ * print or a wild read, and the translation of the loss kernel's NaN for an
+ * out-of-range label into KILN_E_DATA naming the row and the label. configure()
+ * sizes both thread pools (OpenBLAS's for GEMM, the kernels' own for the
+ * elementwise, reduction and optimizer loops).
+ */
+#define _GNU_SOURCE /* sched_getaffinity / CPU_COUNT */
+
+#include <errno.h>
+#include <math.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cblas.h> /* openblas_set_num_threads (OpenBLAS's cblas.h) */
+#include <kiln/kiln.h>
+
+#include "cpu_kernels.h"
+
+struct kiln_instance {
+    const kiln_host_services *svc;
+    kiln_host_ctx *hctx;
+    int32_t threads; /* threads in effect after configure(); 1 before */
+};
+
+/* Live instances. create/destroy are serialised by the host, so a plain
+ * counter suffices; the last destroy stops the kernels' worker threads. */
+static int cpu_live_instances;
+
+#define CPU_ERR(acc, code, ...) kiln_errorf((acc)->svc, (acc)->hctx, (code), __VA_ARGS__)
+
+/* A NULL pointer is only acceptable when nothing would be read or written. */
+#define CPU_NEED(acc, ptr, n, fn)                                                                   \
+    do {                                                                                            \
+        if ((n) > 0 && !(ptr))                                                                      \
+            return CPU_ERR(acc, KILN_E_INVALID_ARG, fn ": " #ptr " is NULL for %zu elements",      \
+                           (size_t)(n));                                                            \
+    } while (0)
+
+/* ------------------------------------------------------------------ memory */
+
+static int32_t cpu_alloc(kiln_instance *acc, size_t bytes, void **out) {
+    if (!out) return CPU_ERR(acc, KILN_E_INVALID_ARG, "alloc: out is NULL");
+    *out = NULL;
+    /* Round up to whole cache lines (at least one, so alloc(0) still gives a
+     * unique pointer); the guard catches the wrap-around of the rounding. */
+    if (bytes > SIZE_MAX - 63)
+        return CPU_ERR(acc, KILN_E_NOMEM, "alloc: cannot allocate %zu bytes (larger than the address space)", bytes);
+    size_t rounded = bytes == 0 ? 64 : (bytes + 63) & ~(size_t)63;
+    void *p = NULL;
+    int rc = posix_memalign(&p, 64, rounded);
+    if (rc != 0 || !p)
+        return CPU_ERR(acc, KILN_E_NOMEM, "alloc: cannot allocate %zu bytes of host memory (%s)", bytes,
+                       strerror(rc ? rc : ENOMEM));
+    memset(p, 0, rounded);
+    *out = p;
+    return KILN_OK;
+}
+
+static void cpu_free(kiln_instance *acc, void *ptr) {
+    (void)acc;
+    free(ptr);
+}
+
+/* Host and device are the same memory, so every direction is one memmove
+ * (memmove, not memcpy: a D2D copy between overlapping views is legal). */
+static int32_t cpu_copy(kiln_instance *acc, void *dst, const void *src, size_t bytes, int32_t kind) {
+    if (kind != KILN_COPY_H2D && kind != KILN_COPY_D2H && kind != KILN_COPY_D2D)
+        return CPU_ERR(acc, KILN_E_INVALID_ARG, "copy: kind must be KILN_COPY_H2D, D2H or D2D (0..2), got %d",
+                       (int)kind);
+    if (bytes == 0) return KILN_OK;
+    if (!dst || !src)
+        return CPU_ERR(acc, KILN_E_INVALID_ARG, "copy: %s pointer is NULL for %zu bytes", dst ? "source" : "destination",
+                       bytes);
+    memmove(dst, src, bytes);
+    return KILN_OK;
+}
+
+static int32_t cpu_zero(kiln_instance *acc, void *ptr, size_t bytes) {
+    CPU_NEED(acc, ptr, bytes, "zero");
+    if (bytes) memset(ptr, 0, bytes);
+    return KILN_OK;
+}
+
+/* Every kernel has returned by the time its wrapper does. */
+static int32_t cpu_synchronize(kiln_instance *acc) {
+    (void)acc;
+    return KILN_OK;
+}
+
+/* -------------------------------------------------------------------- GEMM */
+
+/* Checks one operand's leading dimension the way BLAS does (ld >= max(1,
+ * stored columns)), so a bad call fails here with a message rather than in
+ * OpenBLAS's xerbla, which prints to stderr and does nothing. */
+static int32_t cpu_check_ld(kiln_instance *acc, char what, int32_t ld, int32_t cols, int32_t trans,
+                            int32_t M, int32_t N, int32_t K) {
+    int32_t need = cols > 1 ? cols : 1;
+    if (ld < need)
+        return CPU_ERR(acc, KILN_E_INVALID_ARG,
+                       "gemm: ld%c=%d is smaller than max(1, stored columns of %c) = %d (trans=%d, M=%d, N=%d, K=%d)",
+                       what + ('a' - 'A'), (int)ld, what, (int)need, (int)(trans != 0), (int)M, (int)N, (int)K);
+    return KILN_OK;
+}
+
+static int32_t cpu_gemm(kiln_instance *acc, int32_t trans_a, int32_t trans_b, int32_t M, int32_t N, int32_t K,
+                        float alpha, const float *A, int32_t lda, const float *B, int32_t ldb, float beta, float *C,
+                        int32_t ldc) {
+    if (M < 0 || N < 0 || K < 0)
+        return CPU_ERR(acc, KILN_E_INVALID_ARG, "gemm: M, N, K must be >= 0, got M=%d N=%d K=%d", (int)M, (int)N,
+                       (int)K);
+    int32_t rc;
+    /* A is stored (M, K) or, transposed, (K, M); B (K, N) or (N, K). */
+    if ((rc = cpu_check_ld(acc, 'A', lda, trans_a ? M : K, trans_a, M, N, K)) != KILN_OK) return rc;
+    if ((rc = cpu_check_ld(acc, 'B', ldb, trans_b ? K : N, trans_b, M, N, K)) != KILN_OK) return rc;
+    if ((rc = cpu_check_ld(acc, 'C', ldc, N, 0, M, N, K)) != KILN_OK) return rc;
+    if (M == 0 || N == 0) return KILN_OK;
+    if (!C || (K > 0 && (!A || !B)))
+        return CPU_ERR(acc, KILN_E_INVALID_ARG, "gemm: NULL %s for M=%d N=%d K=%d", !C ? "C" : !A ? "A" : "B",
+                       (int)M, (int)N, (int)K);
+    kc_gemm(trans_a != 0, trans_b != 0, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return KILN_OK;
+}
+
+/* ------------------------------------------------------- bias, activations */
+
+static int32_t cpu_bias_add(kiln_instance *acc, float *y, const float *b, int32_t rows, int32_t cols) {
+    if (rows < 0 || cols < 0)
+        return CPU_ERR(acc, KILN_E_INVALID_ARG, "bias_add: rows and cols must be >= 0, got %d x %d", (int)rows,
+                       (int)cols);
+    CPU_NEED(acc, y, (size_t)rows * (size_t)cols, "bias_add");
+    CPU_NEED(acc, b, rows > 0 ? (size_t)cols : 0, "bias_add");
+    kc_bias_add(y, b, rows, cols);
+    return KILN_OK;
+}
+
+static int32_t cpu_bias_grad(kiln_instance *acc, float *db, const float *dy, int32_t rows, int32_t cols,
+                             int32_t accumulate) {
+    if (rows < 0 || cols < 0)
+        return CPU_ERR(acc, KILN_E_INVALID_ARG, "bias_grad: rows and cols must be >= 0, got %d x %d", (int)rows,
+                       (int)cols);
+    CPU_NEED(acc, db, (size_t)cols, "bias_grad");
+    CPU_NEED(acc, dy, (size_t)rows * (size_t)cols, "bias_grad");
+    kc_bias_grad(db, dy, rows, cols, accumulate != 0);
+    return KILN_OK;
+}
+
+static int32_t cpu_relu_forward(kiln_instance *acc, float *y, const float *x, size_t n) {
+    CPU_NEED(acc, y, n, "relu_forward");
+    CPU_NEED(acc, x, n, "relu_forward");
+    kc_relu_forward(y, x, n);
+    return KILN_OK;
+}
+
+static int32_t cpu_relu_backward(kiln_instance *acc, float *dx, const float *dy, const float *x, size_t n) {
+    CPU_NEED(acc, dx, n, "relu_backward");
+    CPU_NEED(acc, dy, n, "relu_backward");
+    CPU_NEED(acc, x, n, "relu_backward");
+    kc_relu_backward(dx, dy, x, n);
+    return KILN_OK;
+}
+
+static int32_t cpu_gelu_forward(kiln_instance *acc, float *y, const float *x, size_t n) {
+    CPU_NEED(acc, y, n, "gelu_forward");
+    CPU_NEED(acc, x, n, "gelu_forward");
+    kc_gelu_forward(y, x, n);
+    return KILN_OK;
+}
+
+static int32_t cpu_gelu_backward(kiln_instance *acc, float *dx, const float *dy, const float *x, size_t n) {
+    CPU_NEED(acc, dx, n, "gelu_backward");
+    CPU_NEED(acc, dy, n, "gelu_backward");
+    CPU_NEED(acc, x, n, "gelu_backward");
+    kc_gelu_backward(dx, dy, x, n);
+    return KILN_OK;
+}
+
+/* -------------------------------------------------------------------- loss */
+
+/* The first row whose label is outside [0, C), or -1. labels: (B). */
+static int32_t cpu_bad_label_row(const int32_t *labels, int32_t B, int32_t C) {
+    for (int32_t i = 0; i < B; i++)
+        if (labels[i] < 0 || labels[i] >= C) return i;
+    return -1;
+}
+
+static int32_t cpu_xent_args(kiln_instance *acc, const char *fn, const float *a, const float *b,
+                             const int32_t *labels, int32_t B, int32_t C) {
+    if (B < 1 || C < 1)
+        return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s: B and C must be >= 1, got B=%d C=%d", fn, (int)B, (int)C);
+    if (!a || !b || !labels) return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s: NULL tensor argument", fn);
+    return KILN_OK;
+}
+
+/*
+ * The kernel reports a bad label only as a NaN loss; NaN logits give a NaN
+ * loss too, and that one is not a data error (it is the non-finite loss the
+ * trainer deals with). So on NaN the labels are scanned, which costs O(B) on
+ * a path that is rare, and only a real bad label becomes KILN_E_DATA.
+ */
+static int32_t cpu_softmax_xent_forward(kiln_instance *acc, float *probs, const float *logits,
+                                        const int32_t *labels, int32_t B, int32_t C, float *loss,
+                                        int32_t *n_correct) {
+    int32_t rc = cpu_xent_args(acc, "softmax_xent_forward", probs, logits, labels, B, C);
+    if (rc != KILN_OK) return rc;
+    if (!loss) return CPU_ERR(acc, KILN_E_INVALID_ARG, "softmax_xent_forward: loss is NULL");
+    int correct = 0;
+    float l = kc_softmax_xent_forward(probs, logits, labels, B, C, &correct);
+    if (isnan(l)) {
+        int32_t row = cpu_bad_label_row(labels, B, C);
+        if (row >= 0)
+            return CPU_ERR(acc, KILN_E_DATA,
+                           "softmax_xent_forward: label %d at batch index %d is outside [0, %d) (B=%d, C=%d)",
+                           (int)labels[row], (int)row, (int)C, (int)B, (int)C);
+    }
+    *loss = l;
+    if (n_correct) *n_correct = correct;
+    return KILN_OK;
+}
+
+/* The backward checks the labels up front (O(B) next to the O(B*C) pass):
+ * the kernel would fill a bad row with NaN, which is only a safety net. */
+static int32_t cpu_softmax_xent_backward(kiln_instance *acc, float *dlogits, const float *probs,
+                                         const int32_t *labels, int32_t B, int32_t C, float dloss) {
+    int32_t rc = cpu_xent_args(acc, "softmax_xent_backward", dlogits, probs, labels, B, C);
+    if (rc != KILN_OK) return rc;
+    int32_t row = cpu_bad_label_row(labels, B, C);
+    if (row >= 0)
+        return CPU_ERR(acc, KILN_E_DATA,
+                       "softmax_xent_backward: label %d at batch index %d is outside [0, %d) (B=%d, C=%d)",
+                       (int)labels[row], (int)row, (int)C, (int)B, (int)C);
+    kc_softmax_xent_backward(dlogits, probs, labels, B, C, dloss);
+    return KILN_OK;
+}
+
+/* ---------------------------------------------------- reductions, BLAS-1 */
+
+static int32_t cpu_sum(kiln_instance *acc, const float *x, size_t n, double *out) {
+    CPU_NEED(acc, x, n, "sum");
+    if (!out) return CPU_ERR(acc, KILN_E_INVALID_ARG, "sum: out is NULL");
+    *out = kc_sum(x, n);
+    return KILN_OK;
+}
+
+static int32_t cpu_sumsq(kiln_instance *acc, const float *x, size_t n, double *out) {
+    CPU_NEED(acc, x, n, "sumsq");
+    if (!out) return CPU_ERR(acc, KILN_E_INVALID_ARG, "sumsq: out is NULL");
+    *out = kc_sumsq(x, n);
+    return KILN_OK;
+}
+
+static int32_t cpu_scale(kiln_instance *acc, float *x, float a, size_t n) {
+    CPU_NEED(acc, x, n, "scale");
+    kc_scale(x, a, n);
+    return KILN_OK;
+}
+
+static int32_t cpu_axpy(kiln_instance *acc, float *y, float a, const float *x, size_t n) {
+    CPU_NEED(acc, y, n, "axpy");
+    CPU_NEED(acc, x, n, "axpy");
+    kc_axpy(y, a, x, n);
+    return KILN_OK;
+}
+
+static int32_t cpu_all_finite(kiln_instance *acc, const float *x, size_t n, int32_t *finite) {
+    CPU_NEED(acc, x, n, "all_finite");
+    if (!finite) return CPU_ERR(acc, KILN_E_INVALID_ARG, "all_finite: finite is NULL");
+    *finite = kc_all_finite(x, n);
+    return KILN_OK;
+}
+
+/* -------------------------------------------------------------- optimizers */
+
+static int32_t cpu_sgd_update(kiln_instance *acc, float *p, const float *g, float *momentum_buf, size_t n, float lr,
+                              float momentum, float dampening, int32_t nesterov, float weight_decay,
+                              int32_t first_step) {
+    CPU_NEED(acc, p, n, "sgd_update");
+    CPU_NEED(acc, g, n, "sgd_update");
+    /* The kernel silently skips momentum without a buffer; that would train
+     * with different maths than configured, so it is an error here. */
+    if (momentum != 0.0f) CPU_NEED(acc, momentum_buf, n, "sgd_update (momentum != 0)");
+    kc_sgd_update(p, g, momentum_buf, n, lr, momentum, dampening, nesterov != 0, weight_decay, first_step != 0);
+    return KILN_OK;
+}
+
+static int32_t cpu_adamw_update(kiln_instance *acc, float *p, const float *g, float *m, float *v, size_t n, float lr,
+                                float beta1, float beta2, float eps, float weight_decay, int64_t step) {
+    CPU_NEED(acc, p, n, "adamw_update");
+    CPU_NEED(acc, g, n, "adamw_update");
+    CPU_NEED(acc, m, n, "adamw_update");
+    CPU_NEED(acc, v, n, "adamw_update");
+    if (step < 1)
+        return CPU_ERR(acc, KILN_E_INVALID_ARG, "adamw_update: step is 1-based, got %lld", (long long)step);
+    kc_adamw_update(p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, step);
+    return KILN_OK;
+}
+
+static const kiln_kernels cpu_kernel_table = {
+    .struct_size = sizeof(kiln_kernels),
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .copy = cpu_copy,
+    .zero = cpu_zero,
+    .synchronize = cpu_synchronize,
+    .gemm = cpu_gemm,
+    .bias_add = cpu_bias_add,
+    .bias_grad = cpu_bias_grad,
+    .relu_forward = cpu_relu_forward,
+    .relu_backward = cpu_relu_backward,
+    .gelu_forward = cpu_gelu_forward,
+    .gelu_backward = cpu_gelu_backward,
+    .softmax_xent_forward = cpu_softmax_xent_forward,
+    .softmax_xent_backward = cpu_softmax_xent_backward,
+    .sum = cpu_sum,
+    .sumsq = cpu_sumsq,
+    .scale = cpu_scale,
+    .axpy = cpu_axpy,
+    .all_finite = cpu_all_finite,
+    .sgd_update = cpu_sgd_update,
+    .adamw_update = cpu_adamw_update,
+};
+
+/* --------------------------------------------------------------- instance */
+
+static int32_t cpu_create(void *plugin_ctx, const kiln_host_services *svc, kiln_host_ctx *hctx,
+                          const kiln_kv *config, kiln_instance **out) {
+    (void)plugin_ctx;
+    (void)config;
+    *out = NULL;
+    kiln_instance *acc = calloc(1, sizeof *acc);
+    if (!acc) return kiln_errorf(svc, hctx, KILN_E_NOMEM, "cpu: cannot allocate the accelerator instance");
+    acc->svc = svc;
+    acc->hctx = hctx;
+    acc->threads = kc_get_num_threads();
+    cpu_live_instances++;
+    *out = acc;
+    return KILN_OK;
+}
+
+/* The last instance stops the kernels' worker threads, so none is left
+ * sleeping when the host shuts down (the library itself is never unloaded,
+ * and KILN_DEFINE_LIBRARY offers no library_fini to do it there). */
+static void cpu_destroy(kiln_instance *acc) {
+    if (!acc) return;
+    if (--cpu_live_instances == 0) kc_set_num_threads(1);
+    free(acc);
+}
+
+static const kiln_kernels *cpu_kernels(kiln_instance *acc) {
+    (void)acc;
+    return &cpu_kernel_table;
+}
+
+/* CPUs this process may run on: the affinity mask (what taskset, cgroups'
+ * cpusets or mpirun's binding allow), else every online CPU. Counting online
+ * CPUs alone would oversubscribe a process bound to a few cores. */
+static int cpu_available_cpus(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+        int n = CPU_COUNT(&set);
+        if (n > 0) return n;
+    }
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)(n < 4096 ? n : 4096) : 1;
+}
+
+/* threads: 0 means every available CPU. Both pools get the same count; they
+ * never run at the same time (a GEMM and an elementwise kernel are called one
+ * after the other), so they do not oversubscribe each other. local_rank
+ * selects a device on GPUs and has no meaning for host memory. */
+static int32_t cpu_configure(kiln_instance *acc, int32_t threads, int32_t local_rank) {
+    if (threads < 0)
+        return CPU_ERR(acc, KILN_E_INVALID_ARG, "configure: threads must be >= 0 (0: all CPUs), got %d",
+                       (int)threads);
+    if (local_rank < 0)
+        return CPU_ERR(acc, KILN_E_INVALID_ARG, "configure: local_rank must be >= 0, got %d", (int)local_rank);
+    int n = threads == 0 ? cpu_available_cpus() : threads;
+    openblas_set_num_threads(n);
+    int got = kc_set_num_threads(n);
+    if (got < n)
+        kiln_logf(acc->svc, acc->hctx, KILN_LOG_WARN,
+                  "cpu: asked for %d kernel threads, running with %d (thread creation failed or above the "
+                  "kernels' limit)",
+                  n, got);
+    acc->threads = got;
+    kiln_logf(acc->svc, acc->hctx, KILN_LOG_DEBUG, "cpu: %d kernel threads, OpenBLAS threads set to %d", got, n);
+    return KILN_OK;
+}
+
+static const kiln_accelerator_ops cpu_ops = {
+    .base = {sizeof(kiln_accelerator_ops), 0, cpu_create, cpu_destroy, NULL, NULL},
+    .kernels = cpu_kernels,
+    .configure = cpu_configure,
+};
+
+static const kiln_kv cpu_props[] = {{"device_type", KILN_V_STR("cpu")}, {NULL, KILN_V_NONE}};
+
+/* Deterministic: the kernels give the same bits for any thread split, and
+ * OpenBLAS's SGEMM is reproducible for a fixed thread count. */
+static const kiln_plugin_desc cpu_desc = {
+    sizeof(kiln_plugin_desc),
+    KILN_KIND_ACCELERATOR,
+    "cpu",
+    "0.1.0",
+    "host memory; OpenBLAS GEMM and threaded C kernels",
+    KILN_CAP_DETERMINISTIC,
+    cpu_props,
+    NULL,
+    &cpu_ops,
+    NULL,
+};
+
+KILN_DEFINE_LIBRARY("cpu", "0.1.0", 1, &cpu_desc)
