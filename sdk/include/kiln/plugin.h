@@ -137,9 +137,10 @@ typedef struct kiln_host_services {
     /* -- 1.1: training -- */
     /* The run's accelerator instance and its kernel table. */
     int32_t (*accelerator)(kiln_host_ctx *hctx, kiln_instance **acc, const struct kiln_kernels **kernels);
-    /* Modules, during create(): declare a parameter. The host allocates every
-     * parameter after create() returns and fills data/grad/compute before
-     * init_weights(); *out stays valid for the run. */
+    /* Modules, during create(): declare a parameter (the host copies the
+     * name). The host allocates every parameter after create() returns and
+     * fills data/grad/compute before init_weights(); *out stays valid for
+     * the run. If create() then fails, the registrations are discarded. */
     int32_t (*param_register)(kiln_host_ctx *hctx, const char *name, uint32_t ndim, const int64_t *shape,
                               uint32_t flags, kiln_parameter **out);
     /* Every registered parameter, in registration order. */

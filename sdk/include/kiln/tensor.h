@@ -31,8 +31,10 @@ typedef struct kiln_tensor {
     int64_t shape[KILN_MAX_DIMS]; /* unused dims are 1                          */
 } kiln_tensor;
 
-/* One batch from a data plugin. Valid until the next `next` call of the same
- * data instance and split. For classification data:
+/* One batch from a data plugin, in HOST memory (a module copies it to its
+ * accelerator; on the cpu accelerator that is a memcpy). Read-only for the
+ * consumer. Valid until the next `next` call of the same data instance and
+ * split. For classification data:
  *   tensors[0]: inputs  (B, features) F32
  *   tensors[1]: targets (B)           I32 */
 typedef struct kiln_batch {

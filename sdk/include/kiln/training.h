@@ -121,7 +121,9 @@ typedef struct kiln_trainer_state {
 typedef struct kiln_step_output {
     uint32_t struct_size;
     int32_t has_loss;              /* 0: the step returned no loss (skip)       */
-    double loss;                   /* detached; divided by accumulate_grad_batches */
+    double loss;                   /* from a step op: the raw loss; in the
+                                      outputs of on_train_batch_end: divided
+                                      by accumulate_grad_batches (Lightning) */
     int64_t batch_size;
 } kiln_step_output;
 

@@ -1,0 +1,577 @@
+/*
+ * mlp.c — the "mlp" module plugin: a multilayer perceptron classifier in the
+ * style of llm.c, i.e. with a hand-written forward and backward pass instead
+ * of an autograd graph. The network is Linear(layers[0], layers[1]) ->
+ * activation -> ... -> Linear(layers[L-1], layers[L]) followed by softmax
+ * cross-entropy against integer labels; parameters are registered with the
+ * host in PyTorch nn.Linear layout and naming ("layers.<i>.weight" (out, in),
+ * "layers.<i>.bias" (out)) so checkpoints and optimizer semantics line up
+ * with the PyTorch equivalent. Every activation buffer lives in ONE arena
+ * allocated through the accelerator at create() time for `max_batch` rows, so
+ * a training step allocates nothing; every computation goes through the
+ * accelerator's kernel table, which is what lets the same module run on any
+ * accelerator plugin. Weights are initialised deterministically from the
+ * seed the host passes, with a private PRNG (splitmix64 -> xoshiro256**), so
+ * runs reproduce bit for bit.
+ */
+#include <kiln/kiln.h>
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MLP_VERSION "0.1.0"
+
+enum { MLP_ACT_RELU = 0, MLP_ACT_GELU = 1 };
+enum { MLP_INIT_KAIMING_UNIFORM = 0, MLP_INIT_ZEROS = 1 };
+
+/* Largest sensible depth; keeps name buffers and the per-layer arrays small
+ * and catches a runaway `layers` list with a clear message. */
+#define MLP_MAX_LAYERS 64
+
+typedef struct mlp {
+    const kiln_host_services *svc;
+    kiln_host_ctx *hctx;
+    kiln_instance *acc;
+    const kiln_kernels *k;
+
+    int nlin;                  /* number of Linear layers L = len(layers) - 1      */
+    int32_t width[MLP_MAX_LAYERS + 1]; /* layers[0..L]: in, hidden..., classes     */
+    int act;                   /* MLP_ACT_*                                        */
+    int init;                  /* MLP_INIT_*                                       */
+    int32_t max_batch;         /* rows every activation buffer is sized for        */
+    int32_t max_grad_width;    /* max(layers[1..L]): the widest dy/dx row          */
+
+    kiln_parameter *weight[MLP_MAX_LAYERS]; /* (out, in) each                      */
+    kiln_parameter *bias[MLP_MAX_LAYERS];   /* (out) each                          */
+    char names[2 * MLP_MAX_LAYERS][32];     /* parameter names, kept for the run   */
+
+    /* The activation arena (accelerator memory) and views into it. */
+    void *arena;
+    size_t arena_bytes;
+    float *x;                  /* (max_batch, layers[0]) copy of the batch inputs  */
+    int32_t *labels;           /* (max_batch) copy of the batch targets            */
+    float *pre[MLP_MAX_LAYERS];  /* hidden layer l: (max_batch, layers[l+1]) x.Wt+b */
+    float *post[MLP_MAX_LAYERS]; /* hidden layer l: (max_batch, layers[l+1]) act(pre) */
+    float *logits;             /* (max_batch, C) output of the last Linear         */
+    float *probs;              /* (max_batch, C) softmax(logits)                   */
+    float *grad_a, *grad_b;    /* (max_batch, max_grad_width) ping-pong dy / dx    */
+
+    /* What backward needs from the last training_step. */
+    int have_train_forward;    /* 0 after create or an eval step: no backward      */
+    int32_t last_batch;        /* B of that forward                                */
+} mlp;
+
+/* ---------------------------------------------------------------------------
+ * Errors */
+
+static int32_t mlp_fail(const mlp *m, int32_t code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int32_t mlp_fail(const mlp *m, int32_t code, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (m->svc && m->svc->set_error) m->svc->set_error(m->hctx, code, msg);
+    return code;
+}
+
+/* A kernel call failed: name the kernel and where, so a failure deep inside
+ * the backward pass is traceable from the message alone. */
+#define MLP_K(m, call, what, layer)                                                                       \
+    do {                                                                                                  \
+        int32_t rc_ = (call);                                                                             \
+        if (rc_ != KILN_OK)                                                                               \
+            return mlp_fail((m), rc_, "mlp: kernel %s failed (layer %d): %s", (what), (int)(layer),       \
+                            kiln_strerror(rc_));                                                          \
+    } while (0)
+
+/* ---------------------------------------------------------------------------
+ * Deterministic PRNG for init_weights: splitmix64 expands the 64-bit seed
+ * into xoshiro256** state (the seeding its authors recommend), and floats
+ * take the top 24 bits so every value in [0, 1) is exactly representable. */
+
+typedef struct { uint64_t s[4]; } mlp_rng;
+
+static uint64_t mlp_splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static void mlp_rng_seed(mlp_rng *r, uint64_t seed) {
+    uint64_t x = seed;
+    for (int i = 0; i < 4; i++) r->s[i] = mlp_splitmix64(&x);
+}
+
+static uint64_t mlp_rotl(uint64_t v, int k) { return (v << k) | (v >> (64 - k)); }
+
+static uint64_t mlp_rng_next(mlp_rng *r) {
+    uint64_t *s = r->s;
+    const uint64_t result = mlp_rotl(s[1] * 5, 7) * 9;
+    const uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = mlp_rotl(s[3], 45);
+    return result;
+}
+
+/* Uniform in [lo, hi). */
+static float mlp_rng_uniform(mlp_rng *r, float lo, float hi) {
+    float u = (float)(mlp_rng_next(r) >> 40) * (1.0f / 16777216.0f);
+    return lo + (hi - lo) * u;
+}
+
+/* ---------------------------------------------------------------------------
+ * Config */
+
+static const int64_t mlp_default_layers[] = {784, 1024, 1024, 10};
+
+static const kiln_param mlp_params[] = {
+    {"layers", KILN_TYPE_INT_LIST, 0, KILN_V_INTS(mlp_default_layers),
+     "layer widths: inputs, hidden..., classes (at least 2 entries, all > 0)"},
+    {"activation", KILN_TYPE_STRING, 0, KILN_V_STR("relu"), "hidden activation: relu | gelu (tanh approximation)"},
+    {"init", KILN_TYPE_STRING, 0, KILN_V_STR("kaiming_uniform"),
+     "weight init: kaiming_uniform (PyTorch nn.Linear default) | zeros"},
+    {"max_batch", KILN_TYPE_INT, 0, KILN_V_INT(1024), "largest batch; activation buffers are sized for it once"},
+    {NULL, KILN_TYPE_NONE, 0, KILN_V_NONE, NULL},
+};
+
+static int32_t mlp_parse_config(mlp *m, const kiln_kv *config) {
+    const kiln_value *lv = kiln_kv_find(config, "layers");
+    if (!lv || lv->type != KILN_TYPE_INT_LIST)
+        return mlp_fail(m, KILN_E_CONFIG, "mlp: config key 'layers' must be a list of integers");
+    if (lv->count < 2)
+        return mlp_fail(m, KILN_E_CONFIG,
+                        "mlp: config key 'layers' needs at least 2 entries (inputs and classes), got %u",
+                        (unsigned)lv->count);
+    if (lv->count > MLP_MAX_LAYERS + 1)
+        return mlp_fail(m, KILN_E_CONFIG, "mlp: config key 'layers' has %u entries; at most %d are supported",
+                        (unsigned)lv->count, MLP_MAX_LAYERS + 1);
+    for (uint32_t i = 0; i < lv->count; i++) {
+        if (lv->v.il[i] <= 0 || lv->v.il[i] > INT32_MAX)
+            return mlp_fail(m, KILN_E_CONFIG, "mlp: config key 'layers'[%u] must be in [1, %d], got %lld", i,
+                            INT32_MAX, (long long)lv->v.il[i]);
+        m->width[i] = (int32_t)lv->v.il[i];
+    }
+    m->nlin = (int)lv->count - 1;
+
+    const char *act = kiln_kv_str(config, "activation", "relu");
+    if (!strcmp(act, "relu"))
+        m->act = MLP_ACT_RELU;
+    else if (!strcmp(act, "gelu"))
+        m->act = MLP_ACT_GELU;
+    else
+        return mlp_fail(m, KILN_E_CONFIG, "mlp: config key 'activation' must be \"relu\" or \"gelu\", got \"%s\"",
+                        act);
+
+    const char *init = kiln_kv_str(config, "init", "kaiming_uniform");
+    if (!strcmp(init, "kaiming_uniform"))
+        m->init = MLP_INIT_KAIMING_UNIFORM;
+    else if (!strcmp(init, "zeros"))
+        m->init = MLP_INIT_ZEROS;
+    else
+        return mlp_fail(m, KILN_E_CONFIG,
+                        "mlp: config key 'init' must be \"kaiming_uniform\" or \"zeros\", got \"%s\"", init);
+
+    int64_t mb = kiln_kv_int(config, "max_batch", 1024);
+    if (mb <= 0 || mb > INT32_MAX)
+        return mlp_fail(m, KILN_E_CONFIG, "mlp: config key 'max_batch' must be in [1, %d], got %lld", INT32_MAX,
+                        (long long)mb);
+    m->max_batch = (int32_t)mb;
+
+    m->max_grad_width = 0;
+    for (int l = 1; l <= m->nlin; l++)
+        if (m->width[l] > m->max_grad_width) m->max_grad_width = m->width[l];
+    return KILN_OK;
+}
+
+/* ---------------------------------------------------------------------------
+ * The activation arena: one allocation, carved into 64-byte aligned pieces.
+ * mlp_layout runs twice: with base == NULL to measure, then to assign. */
+
+/* Adds `rows * cols * elem` bytes (rounded up to 64) at *off; 0 on overflow. */
+static int mlp_carve(size_t *off, size_t rows, size_t cols, size_t elem, char *base, void **out) {
+    size_t n, bytes;
+    if (__builtin_mul_overflow(rows, cols, &n) || __builtin_mul_overflow(n, elem, &bytes)) return 0;
+    if (bytes > SIZE_MAX - 63 - *off) return 0;
+    if (base && out) *out = base + *off;
+    *off += (bytes + 63) & ~(size_t)63;
+    return 1;
+}
+
+static int mlp_layout(mlp *m, char *base, size_t *total) {
+    size_t off = 0;
+    const size_t B = (size_t)m->max_batch, C = (size_t)m->width[m->nlin];
+    int ok = mlp_carve(&off, B, (size_t)m->width[0], sizeof(float), base, (void **)&m->x);
+    ok = ok && mlp_carve(&off, B, 1, sizeof(int32_t), base, (void **)&m->labels);
+    for (int l = 0; l + 1 < m->nlin && ok; l++) {
+        ok = mlp_carve(&off, B, (size_t)m->width[l + 1], sizeof(float), base, (void **)&m->pre[l]);
+        ok = ok && mlp_carve(&off, B, (size_t)m->width[l + 1], sizeof(float), base, (void **)&m->post[l]);
+    }
+    ok = ok && mlp_carve(&off, B, C, sizeof(float), base, (void **)&m->logits);
+    ok = ok && mlp_carve(&off, B, C, sizeof(float), base, (void **)&m->probs);
+    ok = ok && mlp_carve(&off, B, (size_t)m->max_grad_width, sizeof(float), base, (void **)&m->grad_a);
+    ok = ok && mlp_carve(&off, B, (size_t)m->max_grad_width, sizeof(float), base, (void **)&m->grad_b);
+    *total = off;
+    return ok;
+}
+
+/* ---------------------------------------------------------------------------
+ * Lifecycle */
+
+static void mlp_destroy(kiln_instance *inst) {
+    mlp *m = (mlp *)inst;
+    if (!m) return;
+    if (m->arena && m->k && m->k->free) m->k->free(m->acc, m->arena);
+    free(m);
+}
+
+/* The kernel entries this module calls; a table too old or incomplete for
+ * them is refused at create() rather than crashing mid-step. */
+static int mlp_kernels_ok(const kiln_kernels *k) {
+    if (!k || k->struct_size < offsetof(kiln_kernels, softmax_xent_backward) + sizeof(void *)) return 0;
+    return k->alloc && k->free && k->copy && k->zero && k->gemm && k->bias_add && k->bias_grad &&
+           k->relu_forward && k->relu_backward && k->gelu_forward && k->gelu_backward && k->softmax_xent_forward &&
+           k->softmax_xent_backward;
+}
+
+static int32_t mlp_create(void *plugin_ctx, const kiln_host_services *svc, kiln_host_ctx *hctx,
+                          const kiln_kv *config, kiln_instance **out) {
+    (void)plugin_ctx;
+    *out = NULL;
+    if (!svc || svc->abi_minor < 1 || !svc->accelerator || !svc->param_register)
+        return kiln_errorf(svc, hctx, KILN_E_HOST_TOO_OLD,
+                           "mlp: needs the ABI 1.1 services (accelerator, param_register)");
+    mlp *m = calloc(1, sizeof *m);
+    if (!m) return kiln_errorf(svc, hctx, KILN_E_NOMEM, "mlp: cannot allocate the instance");
+    m->svc = svc;
+    m->hctx = hctx;
+
+    int32_t rc = mlp_parse_config(m, config);
+    if (rc != KILN_OK) goto fail;
+
+    rc = svc->accelerator(hctx, &m->acc, &m->k);
+    if (rc != KILN_OK) {
+        rc = mlp_fail(m, rc, "mlp: no accelerator kernel table available (%s)", kiln_strerror(rc));
+        goto fail;
+    }
+    if (!mlp_kernels_ok(m->k)) {
+        rc = mlp_fail(m, KILN_E_UNSUPPORTED,
+                      "mlp: the accelerator's kernel table lacks an entry this module needs "
+                      "(gemm, bias, relu/gelu, softmax_xent, alloc/copy/zero)");
+        goto fail;
+    }
+
+    /* The arena, once, before any parameter is registered: a failure here
+     * leaves nothing behind on the host. */
+    if (!mlp_layout(m, NULL, &m->arena_bytes)) {
+        rc = mlp_fail(m, KILN_E_CONFIG, "mlp: activation buffers for max_batch %d overflow size_t", m->max_batch);
+        goto fail;
+    }
+    rc = m->k->alloc(m->acc, m->arena_bytes, &m->arena);
+    if (rc != KILN_OK || !m->arena) {
+        m->arena = NULL;
+        rc = mlp_fail(m, rc != KILN_OK ? rc : KILN_E_NOMEM,
+                      "mlp: cannot allocate the %zu-byte activation arena (max_batch %d); lower max_batch",
+                      m->arena_bytes, m->max_batch);
+        goto fail;
+    }
+    mlp_layout(m, (char *)m->arena, &m->arena_bytes);
+
+    /* Parameters in nn.Sequential-of-Linear order: weight then bias per layer. */
+    for (int l = 0; l < m->nlin; l++) {
+        const int64_t wshape[2] = {m->width[l + 1], m->width[l]}; /* (out, in) */
+        const int64_t bshape[1] = {m->width[l + 1]};             /* (out)     */
+        char *wname = m->names[2 * l], *bname = m->names[2 * l + 1];
+        snprintf(wname, sizeof m->names[0], "layers.%d.weight", l);
+        snprintf(bname, sizeof m->names[0], "layers.%d.bias", l);
+        rc = svc->param_register(hctx, wname, 2, wshape, 0, &m->weight[l]);
+        if (rc == KILN_OK) rc = svc->param_register(hctx, bname, 1, bshape, KILN_PARAMF_NO_DECAY, &m->bias[l]);
+        if (rc != KILN_OK) {
+            rc = mlp_fail(m, rc, "mlp: registering parameters of layer %d failed (%s)", l, kiln_strerror(rc));
+            goto fail;
+        }
+    }
+    *out = (kiln_instance *)m;
+    return KILN_OK;
+fail:
+    mlp_destroy((kiln_instance *)m);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------
+ * init_weights */
+
+static int32_t mlp_init_weights(kiln_instance *self, uint64_t seed) {
+    mlp *m = (mlp *)self;
+    const kiln_kernels *k = m->k;
+    for (int l = 0; l < m->nlin; l++)
+        if (!m->weight[l]->data || !m->bias[l]->data || !m->weight[l]->grad || !m->bias[l]->grad)
+            return mlp_fail(m, KILN_E_STATE, "mlp: init_weights before the host allocated layers.%d", l);
+
+    /* Parameters live in accelerator memory, so values are generated in a
+     * host staging buffer (sized for the largest tensor) and copied over. */
+    size_t maxn = 0;
+    for (int l = 0; l < m->nlin; l++)
+        if ((size_t)m->weight[l]->numel > maxn) maxn = (size_t)m->weight[l]->numel;
+    float *stage = malloc(maxn * sizeof *stage);
+    if (!stage) return mlp_fail(m, KILN_E_NOMEM, "mlp: cannot allocate %zu floats to stage init", maxn);
+
+    /* One stream over all tensors in registration order: same seed, same
+     * bits; the order is fixed by the config alone. */
+    mlp_rng rng;
+    mlp_rng_seed(&rng, seed);
+    int32_t rc = KILN_OK;
+    for (int l = 0; l < m->nlin && rc == KILN_OK; l++) {
+        /* nn.Linear.reset_parameters: kaiming_uniform_(a=sqrt(5)) gives
+         * bound = gain * sqrt(3 / fan_in) with gain = sqrt(2 / (1 + 5)),
+         * i.e. 1/sqrt(fan_in); the bias uses the same bound. */
+        const float bound = (float)(1.0 / sqrt((double)m->width[l]));
+        kiln_parameter *ps[2] = {m->weight[l], m->bias[l]};
+        for (int j = 0; j < 2 && rc == KILN_OK; j++) {
+            const size_t n = (size_t)ps[j]->numel;
+            for (size_t i = 0; i < n; i++)
+                stage[i] = m->init == MLP_INIT_ZEROS ? 0.0f : mlp_rng_uniform(&rng, -bound, bound);
+            rc = k->copy(m->acc, ps[j]->data, stage, n * sizeof(float), KILN_COPY_H2D);
+            if (rc == KILN_OK) rc = k->zero(m->acc, ps[j]->grad, n * sizeof(float));
+            if (rc != KILN_OK) rc = mlp_fail(m, rc, "mlp: writing %s failed (%s)", ps[j]->name, kiln_strerror(rc));
+        }
+    }
+    free(stage);
+    m->have_train_forward = 0;
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------
+ * Forward */
+
+/* Checks the batch (inputs (B, features...) F32 with prod(features) ==
+ * layers[0]; targets (B) I32; 1 <= B <= max_batch) and returns B. */
+static int32_t mlp_check_batch(mlp *m, const kiln_batch *batch, const char *step, int32_t *B_out) {
+    if (!batch || batch->ntensors < 2 || !batch->tensors)
+        return mlp_fail(m, KILN_E_DATA, "mlp: %s expects a batch of 2 tensors (inputs, targets), got %u", step,
+                        batch ? (unsigned)batch->ntensors : 0u);
+    const kiln_tensor *x = &batch->tensors[0], *y = &batch->tensors[1];
+    const int64_t B = batch->size;
+    if (B < 1)
+        return mlp_fail(m, KILN_E_DATA, "mlp: %s got an empty batch (size %lld)", step, (long long)B);
+    if (B > m->max_batch)
+        return mlp_fail(m, KILN_E_DATA,
+                        "mlp: %s got a batch of %lld rows but max_batch is %d (raise mlp.max_batch)", step,
+                        (long long)B, m->max_batch);
+    if (x->dtype != KILN_DTYPE_F32 || x->ndim < 2 || x->ndim > KILN_MAX_DIMS || !x->data)
+        return mlp_fail(m, KILN_E_DATA, "mlp: %s expects inputs as an F32 tensor (B, features), got dtype %u ndim %u",
+                        step, (unsigned)x->dtype, (unsigned)x->ndim);
+    int64_t features = 1;
+    for (uint32_t d = 1; d < x->ndim; d++) features *= x->shape[d];
+    if (features != m->width[0])
+        return mlp_fail(m, KILN_E_DATA, "mlp: %s expects %d input features (layers[0]), got %lld", step,
+                        m->width[0], (long long)features);
+    if (x->shape[0] < B)
+        return mlp_fail(m, KILN_E_DATA, "mlp: %s: inputs have %lld rows but the batch size is %lld", step,
+                        (long long)x->shape[0], (long long)B);
+    if (y->dtype != KILN_DTYPE_I32 || y->ndim != 1 || !y->data)
+        return mlp_fail(m, KILN_E_DATA, "mlp: %s expects targets as an I32 tensor (B), got dtype %u ndim %u", step,
+                        (unsigned)y->dtype, (unsigned)y->ndim);
+    if (y->shape[0] < B)
+        return mlp_fail(m, KILN_E_DATA, "mlp: %s: targets have %lld rows but the batch size is %lld", step,
+                        (long long)y->shape[0], (long long)B);
+    *B_out = (int32_t)B;
+    return KILN_OK;
+}
+
+/* Forward through every layer and the loss; leaves pre/post/logits/probs
+ * filled for the first B rows. */
+static int32_t mlp_forward(mlp *m, const kiln_batch *batch, const char *step, int32_t *B_out, float *loss,
+                           int32_t *n_correct) {
+    const kiln_kernels *k = m->k;
+    kiln_instance *acc = m->acc;
+    int32_t B = 0;
+    int32_t rc = mlp_check_batch(m, batch, step, &B);
+    if (rc != KILN_OK) return rc;
+    for (int l = 0; l < m->nlin; l++) {
+        const kiln_parameter *ps[2] = {m->weight[l], m->bias[l]};
+        for (int j = 0; j < 2; j++) {
+            if (!ps[j]->compute)
+                return mlp_fail(m, KILN_E_STATE, "mlp: %s has no compute weights (host did not set them up)",
+                                ps[j]->name);
+            if (ps[j]->compute_dtype != KILN_DTYPE_F32)
+                return mlp_fail(m, KILN_E_UNSUPPORTED,
+                                "mlp: %s computes in dtype %u; this module supports only F32 (%d) for now",
+                                ps[j]->name, (unsigned)ps[j]->compute_dtype, KILN_DTYPE_F32);
+        }
+    }
+
+    /* Keep private copies of the batch: backward may run after the data
+     * plugin has reused its buffers, and the arena is where the
+     * accelerator can read. */
+    MLP_K(m, k->copy(acc, m->x, batch->tensors[0].data, (size_t)B * (size_t)m->width[0] * sizeof(float),
+                     KILN_COPY_H2D),
+          "copy(inputs)", 0);
+    MLP_K(m, k->copy(acc, m->labels, batch->tensors[1].data, (size_t)B * sizeof(int32_t), KILN_COPY_H2D),
+          "copy(targets)", 0);
+
+    const float *x = m->x; /* (B, width[l]) input of layer l */
+    for (int l = 0; l < m->nlin; l++) {
+        const int32_t in = m->width[l], out = m->width[l + 1];
+        const int last = l == m->nlin - 1;
+        const float *W = (const float *)m->weight[l]->compute; /* (out, in) */
+        const float *b = (const float *)m->bias[l]->compute;   /* (out)     */
+        float *y = last ? m->logits : m->pre[l];                /* (B, out)  */
+        /* y = x . W^T + b */
+        MLP_K(m, k->gemm(acc, 0, 1, B, out, in, 1.0f, x, in, W, in, 0.0f, y, out), "gemm(forward)", l);
+        MLP_K(m, k->bias_add(acc, y, b, B, out), "bias_add", l);
+        if (!last) {
+            const size_t n = (size_t)B * (size_t)out;
+            if (m->act == MLP_ACT_RELU)
+                MLP_K(m, k->relu_forward(acc, m->post[l], y, n), "relu_forward", l);
+            else
+                MLP_K(m, k->gelu_forward(acc, m->post[l], y, n), "gelu_forward", l);
+            x = m->post[l];
+        }
+    }
+
+    const int32_t C = m->width[m->nlin];
+    rc = k->softmax_xent_forward(acc, m->probs, m->logits, m->labels, B, C, loss, n_correct);
+    if (rc == KILN_E_DATA)
+        return mlp_fail(m, KILN_E_DATA, "mlp: %s: a target label is outside [0, %d) (layers[-1] = %d classes)", step,
+                        C, C);
+    if (rc != KILN_OK)
+        return mlp_fail(m, rc, "mlp: kernel softmax_xent_forward failed: %s", kiln_strerror(rc));
+    *B_out = B;
+    return KILN_OK;
+}
+
+static void mlp_fill_output(kiln_step_output *out, float loss, int32_t B) {
+    if (!out) return;
+    out->struct_size = sizeof *out;
+    out->has_loss = 1;
+    out->loss = (double)loss;
+    out->batch_size = B;
+}
+
+static int32_t mlp_training_step(kiln_instance *self, const kiln_batch *batch, int64_t batch_idx,
+                                 kiln_step_output *out) {
+    mlp *m = (mlp *)self;
+    (void)batch_idx;
+    m->have_train_forward = 0;
+    float loss = 0.0f;
+    int32_t B = 0, n_correct = 0;
+    int32_t rc = mlp_forward(m, batch, "training_step", &B, &loss, &n_correct);
+    if (rc != KILN_OK) return rc;
+    m->have_train_forward = 1;
+    m->last_batch = B;
+    mlp_fill_output(out, loss, B);
+    if (m->svc->log_value) {
+        const uint32_t f = KILN_LOG_ON_STEP | KILN_LOG_ON_EPOCH | KILN_LOG_PROG_BAR;
+        m->svc->log_value(m->hctx, "train_loss", (double)loss, f, (double)B);
+        m->svc->log_value(m->hctx, "train_acc", (double)n_correct / (double)B, f, (double)B);
+    }
+    return KILN_OK;
+}
+
+/* validation_step / test_step: forward only; the train activations are
+ * overwritten, so a backward must not follow. */
+static int32_t mlp_eval_step(mlp *m, const kiln_batch *batch, kiln_step_output *out, const char *step,
+                             const char *loss_name, const char *acc_name) {
+    m->have_train_forward = 0;
+    float loss = 0.0f;
+    int32_t B = 0, n_correct = 0;
+    int32_t rc = mlp_forward(m, batch, step, &B, &loss, &n_correct);
+    if (rc != KILN_OK) return rc;
+    mlp_fill_output(out, loss, B);
+    if (m->svc->log_value) {
+        const uint32_t f = KILN_LOG_ON_EPOCH | KILN_LOG_PROG_BAR;
+        m->svc->log_value(m->hctx, loss_name, (double)loss, f, (double)B);
+        m->svc->log_value(m->hctx, acc_name, (double)n_correct / (double)B, f, (double)B);
+    }
+    return KILN_OK;
+}
+
+static int32_t mlp_validation_step(kiln_instance *self, const kiln_batch *batch, int64_t batch_idx,
+                                   kiln_step_output *out) {
+    (void)batch_idx;
+    return mlp_eval_step((mlp *)self, batch, out, "validation_step", "val_loss", "val_acc");
+}
+
+static int32_t mlp_test_step(kiln_instance *self, const kiln_batch *batch, int64_t batch_idx, kiln_step_output *out) {
+    (void)batch_idx;
+    return mlp_eval_step((mlp *)self, batch, out, "test_step", "test_loss", "test_acc");
+}
+
+/* ---------------------------------------------------------------------------
+ * Backward: gradients of dloss * (last training loss), ADDED to p->grad.
+ * Reads only the forward state, never overwrites it, so it may be called
+ * more than once per forward (each call adds again). */
+
+static int32_t mlp_backward(kiln_instance *self, double dloss) {
+    mlp *m = (mlp *)self;
+    const kiln_kernels *k = m->k;
+    kiln_instance *acc = m->acc;
+    if (!m->have_train_forward)
+        return mlp_fail(m, KILN_E_STATE, "mlp: backward called without a preceding training_step");
+    const int32_t B = m->last_batch, C = m->width[m->nlin];
+
+    float *dy = m->grad_a; /* (B, width[l+1]) gradient w.r.t. layer l's output */
+    float *dx = m->grad_b; /* (B, width[l])   gradient w.r.t. layer l's input  */
+    MLP_K(m, k->softmax_xent_backward(acc, dy, m->probs, m->labels, B, C, (float)dloss), "softmax_xent_backward",
+          m->nlin - 1);
+
+    for (int l = m->nlin - 1; l >= 0; l--) {
+        const int32_t in = m->width[l], out = m->width[l + 1];
+        const float *x = l == 0 ? m->x : m->post[l - 1]; /* (B, in) */
+        const float *W = (const float *)m->weight[l]->compute; /* (out, in) */
+        /* dW(out, in) += dy^T . x */
+        MLP_K(m, k->gemm(acc, 1, 0, out, in, B, 1.0f, dy, out, x, in, 1.0f, m->weight[l]->grad, in),
+              "gemm(weight grad)", l);
+        MLP_K(m, k->bias_grad(acc, m->bias[l]->grad, dy, B, out, 1), "bias_grad", l);
+        if (l == 0) break; /* no gradient w.r.t. the data */
+        /* dx(B, in) = dy . W, then through the activation of layer l-1 */
+        MLP_K(m, k->gemm(acc, 0, 0, B, in, out, 1.0f, dy, out, W, in, 0.0f, dx, in), "gemm(input grad)", l);
+        const size_t n = (size_t)B * (size_t)in;
+        if (m->act == MLP_ACT_RELU)
+            MLP_K(m, k->relu_backward(acc, dx, dx, m->pre[l - 1], n), "relu_backward", l - 1);
+        else
+            MLP_K(m, k->gelu_backward(acc, dx, dx, m->pre[l - 1], n), "gelu_backward", l - 1);
+        float *t = dy;
+        dy = dx;
+        dx = t;
+    }
+    return KILN_OK;
+}
+
+/* ---------------------------------------------------------------------------
+ * Descriptor */
+
+static const kiln_module_ops mlp_ops = {
+    .base = {sizeof(kiln_module_ops), 0, mlp_create, mlp_destroy, NULL, NULL},
+    .init_weights = mlp_init_weights,
+    .training_step = mlp_training_step,
+    .backward = mlp_backward,
+    .validation_step = mlp_validation_step,
+    .test_step = mlp_test_step,
+    .on_event = NULL, /* no LightningModule hooks of its own */
+};
+
+static const kiln_plugin_desc mlp_desc = {
+    sizeof(kiln_plugin_desc),
+    KILN_KIND_MODULE,
+    "mlp",
+    MLP_VERSION,
+    "multilayer perceptron classifier (Linear + ReLU/GELU, softmax cross-entropy); explicit forward/backward",
+    0,
+    NULL,
+    mlp_params,
+    &mlp_ops,
+    NULL,
+};
+
+KILN_DEFINE_LIBRARY("mlp", MLP_VERSION, 1, &mlp_desc)
