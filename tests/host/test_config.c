@@ -191,31 +191,35 @@ static void test_plugin_section(void) {
 static void test_cli_config(void) {
     char text[8192];
     snprintf(text, sizeof text,
-             "plugins = { dirs = [\"%s/plugins\"]; };\n"
+             "plugins = { dirs = [\"%s/plugins\", \"%s\"]; };\n"
              "trainer = { max_epochs = 2; };\n"
-             "precision = \"t16\";\n"
+             "precision = \"32\";\n"
+             "data = { name = \"toydata\"; };\n"
+             "module = { name = \"toymod\"; };\n"
              "optimizer = { name = \"tsgd\"; lr = 0.1; };\n",
-             g_dir);
+             g_dir, getenv("KILN_TRAIN_FIXTURES"));
     char pd[4200];
     snprintf(pd, sizeof pd, "%s/plugins", g_dir);
     mkdir(pd, 0755);
     CU_ASSERT_EQUAL_FATAL(tu_copy_fixture("testgood", pd), 0);
     const char *p = write_cfg("cli.cfg", text);
     char cmd[8192], out[16384];
-    snprintf(cmd, sizeof cmd, "%s config show %s --set trainer.max_epochs=9 --set optimizer.lr=0.25", tu_kiln(), p);
-    /* without an accelerator plugin installed the check names the default */
-    int rc = tu_run(cmd, out, sizeof out);
-    if (rc == 0) {
-        CU_ASSERT_PTR_NOT_NULL(strstr(out, "max_epochs = 9"));
-        CU_ASSERT_PTR_NOT_NULL(strstr(out, "lr = 0.25"));
-    } else {
-        CU_ASSERT_PTR_NOT_NULL(strstr(out, "accelerator: no accelerator plugin answers to 'cpu'"));
-    }
-    snprintf(cmd, sizeof cmd, "%s config check %s --set optimizer.lrr=1", tu_kiln(), p);
+    snprintf(cmd, sizeof cmd, "%s -q config show %s --set trainer.max_epochs=9 --set optimizer.lr=0.25", tu_kiln(), p);
+    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "max_epochs = 9"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "lr = 0.25"));
+    snprintf(cmd, sizeof cmd, "%s -q config check %s", tu_kiln(), p);
+    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "cli.cfg: ok"));
+    snprintf(cmd, sizeof cmd, "%s -q config check %s --set optimizer.lrr=1", tu_kiln(), p);
     CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 1);
-    snprintf(cmd, sizeof cmd, "%s config check %s --set trainer.max_epochs=x", tu_kiln(), p);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "unknown key 'lrr' for optimizer 'tsgd' (did you mean 'lr'?)"));
+    snprintf(cmd, sizeof cmd, "%s -q config check %s --set trainer.max_epochs=x", tu_kiln(), p);
     CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 1);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "expected a int"));
+    snprintf(cmd, sizeof cmd, "%s -q config check %s --set precision=fp8", tu_kiln(), p);
+    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "no precision plugin answers to 'fp8'"));
 }
 
 static int setup(void) { g_dir = tu_mkdtemp(); return g_dir ? 0 : 1; }
