@@ -348,7 +348,7 @@ int cli_open_run(const char *path, char **sets, int nsets, hc_config *c, hl_load
     if (rc) return rc;
     L->allow_symlinks = allow;
     for (int i = 0; i < ndirs; i++) hl_add_dir(L, dirs[i], HL_ORIGIN_CONFIG);
-    if (ndirs > 1) free((void *)dirs);
+    free((void *)dirs);
     hl_add_default_dirs(L);
     hl_scan(L);
     return KILN_OK;

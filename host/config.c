@@ -354,9 +354,9 @@ int hc_plugin_dirs(hc_config *c, const char ***dirs, int *ndirs, int *allow_syml
     hc_where(c, d, where, sizeof where);
     int t = config_setting_type(d);
     if (t == CONFIG_TYPE_STRING) {
-        static const char *one[1];
-        one[0] = config_setting_get_string(d);
-        *dirs = one;
+        const char **out = calloc(2, sizeof(char *));
+        out[0] = config_setting_get_string(d);
+        *dirs = out;
         *ndirs = 1;
     } else if (t == CONFIG_TYPE_ARRAY || t == CONFIG_TYPE_LIST) {
         int n = config_setting_length(d);
@@ -370,7 +370,7 @@ int hc_plugin_dirs(hc_config *c, const char ***dirs, int *ndirs, int *allow_syml
             }
             out[i] = s;
         }
-        *dirs = out; /* small and lives with the process; freed by the caller */
+        *dirs = out; /* the caller frees the array (not the strings) */
         *ndirs = n;
     } else {
         whyf(why, whylen, "%s: plugins.dirs must be an array of absolute paths, found a %s", where, cfg_type_name(t));
@@ -380,7 +380,7 @@ int hc_plugin_dirs(hc_config *c, const char ***dirs, int *ndirs, int *allow_syml
         if ((*dirs)[i][0] != '/') {
             whyf(why, whylen, "%s: plugin directory '%s' must be an absolute path, found a relative one", where,
                  (*dirs)[i]);
-            if (t != CONFIG_TYPE_STRING) free((void *)*dirs);
+            free((void *)*dirs);
             *dirs = NULL;
             *ndirs = 0;
             return KILN_E_CONFIG;

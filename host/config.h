@@ -44,7 +44,8 @@ int hc_override(hc_config *c, const char *assignment, char *why, size_t whylen);
 /* Top-level keys, the plugins group and the trainer section. */
 int hc_check_structure(hc_config *c, char *why, size_t whylen);
 
-/* plugins.dirs and plugins.allow_symlinks. `dirs` points into the config. */
+/* plugins.dirs and plugins.allow_symlinks. *dirs is an array the caller
+ * frees (its strings point into the config). */
 int hc_plugin_dirs(hc_config *c, const char ***dirs, int *ndirs, int *allow_symlinks, char *why, size_t whylen);
 
 /* The plugin name a slot asks for: `slot = "name"` or `slot = { name = ... }`.

@@ -306,6 +306,7 @@ static int32_t cpu_adamw_update(kiln_instance *acc, float *p, const float *g, fl
 
 static const kiln_kernels cpu_kernel_table = {
     .struct_size = sizeof(kiln_kernels),
+    .flags = KILN_KERNELS_HOST_MEMORY, /* cpu "device" memory is host memory */
     .alloc = cpu_alloc,
     .free = cpu_free,
     .copy = cpu_copy,

@@ -54,6 +54,10 @@ typedef struct mlp {
     size_t arena_bytes;
     float *x;                  /* (max_batch, layers[0]) copy of the batch inputs  */
     int32_t *labels;           /* (max_batch) copy of the batch targets            */
+    const float *in_x;         /* (B, layers[0]) inputs of the last forward: the
+                                  batch itself when the accelerator computes in
+                                  host memory, else the copy in x              */
+    const int32_t *in_labels;  /* (B) targets of the last forward, likewise    */
     float *pre[MLP_MAX_LAYERS];  /* hidden layer l: (max_batch, layers[l+1]) x.Wt+b */
     float *post[MLP_MAX_LAYERS]; /* hidden layer l: (max_batch, layers[l+1]) act(pre) */
     float *logits;             /* (max_batch, C) output of the last Linear         */
@@ -410,16 +414,23 @@ static int32_t mlp_forward(mlp *m, const kiln_batch *batch, const char *step, in
         }
     }
 
-    /* Keep private copies of the batch: backward may run after the data
-     * plugin has reused its buffers, and the arena is where the
-     * accelerator can read. */
-    MLP_K(m, k->copy(acc, m->x, batch->tensors[0].data, (size_t)B * (size_t)m->width[0] * sizeof(float),
-                     KILN_COPY_H2D),
-          "copy(inputs)", 0);
-    MLP_K(m, k->copy(acc, m->labels, batch->tensors[1].data, (size_t)B * sizeof(int32_t), KILN_COPY_H2D),
-          "copy(targets)", 0);
+    /* The batch stays valid until the data plugin's next `next` on this
+     * split, which comes after backward: an accelerator that computes in host
+     * memory reads it in place; any other gets a copy in the arena. */
+    if (k->flags & KILN_KERNELS_HOST_MEMORY) {
+        m->in_x = (const float *)batch->tensors[0].data;
+        m->in_labels = (const int32_t *)batch->tensors[1].data;
+    } else {
+        MLP_K(m, k->copy(acc, m->x, batch->tensors[0].data, (size_t)B * (size_t)m->width[0] * sizeof(float),
+                         KILN_COPY_H2D),
+              "copy(inputs)", 0);
+        MLP_K(m, k->copy(acc, m->labels, batch->tensors[1].data, (size_t)B * sizeof(int32_t), KILN_COPY_H2D),
+              "copy(targets)", 0);
+        m->in_x = m->x;
+        m->in_labels = m->labels;
+    }
 
-    const float *x = m->x; /* (B, width[l]) input of layer l */
+    const float *x = m->in_x; /* (B, width[l]) input of layer l */
     for (int l = 0; l < m->nlin; l++) {
         const int32_t in = m->width[l], out = m->width[l + 1];
         const int last = l == m->nlin - 1;
@@ -440,7 +451,7 @@ static int32_t mlp_forward(mlp *m, const kiln_batch *batch, const char *step, in
     }
 
     const int32_t C = m->width[m->nlin];
-    rc = k->softmax_xent_forward(acc, m->probs, m->logits, m->labels, B, C, loss, n_correct);
+    rc = k->softmax_xent_forward(acc, m->probs, m->logits, m->in_labels, B, C, loss, n_correct);
     if (rc == KILN_E_DATA)
         return mlp_fail(m, KILN_E_DATA, "mlp: %s: a target label is outside [0, %d) (layers[-1] = %d classes)", step,
                         C, C);
@@ -522,12 +533,12 @@ static int32_t mlp_backward(kiln_instance *self, double dloss) {
 
     float *dy = m->grad_a; /* (B, width[l+1]) gradient w.r.t. layer l's output */
     float *dx = m->grad_b; /* (B, width[l])   gradient w.r.t. layer l's input  */
-    MLP_K(m, k->softmax_xent_backward(acc, dy, m->probs, m->labels, B, C, (float)dloss), "softmax_xent_backward",
+    MLP_K(m, k->softmax_xent_backward(acc, dy, m->probs, m->in_labels, B, C, (float)dloss), "softmax_xent_backward",
           m->nlin - 1);
 
     for (int l = m->nlin - 1; l >= 0; l--) {
         const int32_t in = m->width[l], out = m->width[l + 1];
-        const float *x = l == 0 ? m->x : m->post[l - 1]; /* (B, in) */
+        const float *x = l == 0 ? m->in_x : m->post[l - 1]; /* (B, in) */
         const float *W = (const float *)m->weight[l]->compute; /* (out, in) */
         /* dW(out, in) += dy^T . x */
         MLP_K(m, k->gemm(acc, 1, 0, out, in, B, 1.0f, dy, out, x, in, 1.0f, m->weight[l]->grad, in),

@@ -29,6 +29,7 @@ static int g_acc_token;
 #define TEST_ACC ((kiln_instance *)&g_acc_token)
 static int g_bad_acc;   /* kernel calls that got another acc pointer   */
 static int g_allocs;    /* successful alloc calls                      */
+static int g_copies;    /* copy calls                                  */
 static int g_frees;     /* free calls with a non-NULL pointer          */
 
 static void chk(kiln_instance *acc) {
@@ -49,6 +50,7 @@ static void t_free(kiln_instance *acc, void *p) {
     free(p);
 }
 static int32_t t_copy(kiln_instance *acc, void *dst, const void *src, size_t bytes, int32_t kind) {
+    g_copies++;
     chk(acc);
     (void)kind;
     memmove(dst, src, bytes);
@@ -162,6 +164,11 @@ static const kiln_kernels g_table = {
 
 /* ------------------------------------------------------------- helpers */
 
+/* The same table, declaring that device memory is host memory: the module
+ * then reads the batch in place instead of copying it. */
+static kiln_kernels g_table_host;
+static const kiln_kernels *g_create_table; /* table make_module installs (NULL: g_table) */
+
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 static void rng_seed(uint64_t s) { rng_state = s ? s : 1; }
 static double rng_unit(void) { /* [0, 1) */
@@ -215,7 +222,7 @@ static cfg small_cfg(const char *activation) {
 /* Fresh mock host + module instance; parameters allocated and initialised. */
 static kiln_instance *make_module(cfg *c, uint64_t seed) {
     mh_reset();
-    mh.kernels = &g_table;
+    mh.kernels = g_create_table ? g_create_table : &g_table;
     mh.acc = TEST_ACC;
     kiln_instance *inst = NULL;
     int32_t rc = ops()->base.create(g_desc->plugin_ctx, mh_services(), mh_ctx(), cfg_build(c), &inst);
@@ -556,6 +563,35 @@ static void test_gradcheck_gelu(void) { gradcheck_case("gelu", 12); }
 
 /* backward ADDS: two calls with dloss 0.5 equal one with dloss 1, and
  * gradients already present are kept. */
+/* KILN_KERNELS_HOST_MEMORY: same loss and gradients, no input copy. */
+static void test_host_memory_in_place(void) {
+    static float grads[2][6][64]; /* tails beyond numel stay 0 */
+    double loss[2];
+    int copies[2];
+    g_table_host = g_table;
+    g_table_host.flags = KILN_KERNELS_HOST_MEMORY;
+    for (int pass = 0; pass < 2; pass++) {
+        cfg c = small_cfg("relu");
+        g_create_table = pass ? &g_table_host : NULL;
+        kiln_instance *inst = make_module(&c, 21);
+        g_create_table = NULL;
+        CU_ASSERT_PTR_NOT_NULL_FATAL(inst);
+        tbatch tb;
+        batch_random(&tb, 4, 5, 3, 23);
+        int before = g_copies;
+        loss[pass] = train_loss(inst, &tb);
+        copies[pass] = g_copies - before;
+        CU_ASSERT_EQUAL_FATAL(ops()->backward(inst, 1.0), KILN_OK);
+        for (uint32_t i = 0; i < 6; i++)
+            memcpy(grads[pass][i], mh.params[i].grad, (size_t)mh.params[i].numel * sizeof(float));
+        destroy_module(inst);
+    }
+    CU_ASSERT_EQUAL(copies[0], 2); /* inputs and targets copied */
+    CU_ASSERT_EQUAL(copies[1], 0); /* read in place */
+    CU_ASSERT_EQUAL(loss[0], loss[1]);
+    CU_ASSERT_EQUAL(memcmp(grads[0], grads[1], sizeof grads[0]), 0);
+}
+
 static void test_grad_accumulation(void) {
     cfg c = small_cfg("gelu");
     kiln_instance *inst = make_module(&c, 3);
@@ -661,7 +697,7 @@ static void test_bad_batch(void) {
 
 static void expect_config_error(cfg *c, const char *key) {
     mh_reset();
-    mh.kernels = &g_table;
+    mh.kernels = g_create_table ? g_create_table : &g_table;
     mh.acc = TEST_ACC;
     const int allocs = g_allocs, frees = g_frees;
     kiln_instance *inst = (kiln_instance *)&g_acc_token; /* must be reset to NULL */
@@ -775,6 +811,7 @@ static void register_tests(void) {
     CU_add_test(s, "backward vs finite differences (relu)", test_gradcheck_relu);
     CU_add_test(s, "backward vs finite differences (gelu)", test_gradcheck_gelu);
     CU_add_test(s, "backward accumulates", test_grad_accumulation);
+    CU_add_test(s, "host-memory accelerator: batch read in place", test_host_memory_in_place);
     CU_add_test(s, "backward without training_step fails", test_backward_needs_forward);
     CU_add_test(s, "bad batches are refused with a message", test_bad_batch);
     CU_add_test(s, "bad configs are refused naming the key", test_bad_config);

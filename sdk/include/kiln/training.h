@@ -28,9 +28,14 @@ extern "C" {
  * Append-only: a caller checks struct_size before using a later entry. */
 enum { KILN_COPY_H2D = 0, KILN_COPY_D2H = 1, KILN_COPY_D2D = 2 };
 
+/* kiln_kernels.flags */
+#define KILN_KERNELS_HOST_MEMORY (1u << 0) /* device pointers are host pointers:
+                                              host buffers (batches) may be
+                                              passed to kernels directly */
+
 typedef struct kiln_kernels {
     uint32_t struct_size;
-    uint32_t reserved;
+    uint32_t flags;           /* KILN_KERNELS_*                                */
     /* memory: 64-byte aligned, zero-filled; free(NULL) is a no-op */
     int32_t (*alloc)(kiln_instance *acc, size_t bytes, void **out);
     void (*free)(kiln_instance *acc, void *ptr);
