@@ -38,8 +38,19 @@ cmake --build --preset ci -j "$jobs"
 
 run_default_job() {
   echo "== training the default job: examples/fashion_mnist.cfg"
-  ./build/bin/kiln fit examples/fashion_mnist.cfg --set trainer.default_root_dir="$root/build/runs"
-  ./build/bin/kiln test examples/fashion_mnist.cfg --ckpt last --set trainer.default_root_dir="$root/build/runs"
+  ./build/bin/kiln fit examples/fashion_mnist.cfg --test --set "trainer.default_root_dir=\"$root/build/runs\"" \
+    | tee build/default-job.log
+  # the default job must reach 88% test accuracy (README)
+  python3 - build/default-job.log <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+m = re.findall(r"test_acc=([0-9.]+)", text)
+if not m:
+    sys.exit("default job: no test_acc in the summary")
+acc = float(m[-1])
+print(f"default job: test accuracy {acc:.4f}")
+sys.exit(0 if acc >= 0.88 else f"default job: test accuracy {acc:.4f} < 0.88")
+PY
 }
 
 if [ "$mode" = run ]; then
