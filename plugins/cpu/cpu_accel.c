@@ -378,6 +378,22 @@ static int cpu_available_cpus(void) {
  * never run at the same time (a GEMM and an elementwise kernel are called one
  * after the other), so they do not oversubscribe each other. local_rank
  * selects a device on GPUs and has no meaning for host memory. */
+/* OpenBLAS picks its kernels from the CPUID it recognises; an older build on
+ * a newer (or virtualised) CPU falls back to its generic SSE3 "Prescott"
+ * kernels, several times slower than the AVX2/AVX-512 ones the CPU has (3.3x
+ * on the machine docs/benchmarks.md reports). The choice is made when
+ * OpenBLAS loads, before any plugin code runs, so all we can do is say so. */
+static void cpu_check_blas_core(kiln_instance *acc) {
+    const char *core = openblas_get_corename();
+    if (!core || strcmp(core, "Prescott") != 0) return;
+    const char *better = __builtin_cpu_supports("avx512f") ? "SkylakeX" : __builtin_cpu_supports("avx2") ? "Haswell" : NULL;
+    if (better)
+        kiln_logf(acc->svc, acc->hctx, KILN_LOG_WARN,
+                  "cpu: OpenBLAS (%s) did not recognise this CPU and uses its generic Prescott kernels although the "
+                  "CPU has %s; set OPENBLAS_CORETYPE=%s in the environment for much faster matrix multiplies",
+                  openblas_get_config(), better[0] == 'S' ? "AVX-512" : "AVX2", better);
+}
+
 static int32_t cpu_configure(kiln_instance *acc, int32_t threads, int32_t local_rank) {
     if (threads < 0)
         return CPU_ERR(acc, KILN_E_INVALID_ARG, "configure: threads must be >= 0 (0: all CPUs), got %d",
@@ -393,7 +409,9 @@ static int32_t cpu_configure(kiln_instance *acc, int32_t threads, int32_t local_
                   "kernels' limit)",
                   n, got);
     acc->threads = got;
-    kiln_logf(acc->svc, acc->hctx, KILN_LOG_DEBUG, "cpu: %d kernel threads, OpenBLAS threads set to %d", got, n);
+    kiln_logf(acc->svc, acc->hctx, KILN_LOG_DEBUG, "cpu: %d kernel threads, OpenBLAS threads set to %d (core %s)",
+              got, n, openblas_get_corename());
+    cpu_check_blas_core(acc);
     return KILN_OK;
 }
 
