@@ -83,7 +83,12 @@ cmake --install "$prefix/hello-build" >/dev/null
 "$prefix/bin/kiln" plugins check "$prefix/hello-build/libkiln-hello.so"
 "$prefix/bin/kiln" plugins list | tee "$prefix/list.txt"
 grep -q "callback     hello" "$prefix/list.txt"
-pkg-config --variable=plugindir "$prefix/lib/pkgconfig/kiln.pc" | grep -q "$prefix/lib/kiln/plugins"
+pcdir=$(pkg-config --variable=plugindir "$prefix/lib/pkgconfig/kiln.pc")
+[ "$(realpath "$pcdir")" = "$(realpath "$prefix/lib/kiln/plugins")" ] || { echo "kiln.pc plugindir is $pcdir" >&2; exit 1; }
+# the same plugin built with pkg-config alone, no CMake
+cc -shared -fPIC -fvisibility=hidden $(pkg-config --cflags "$prefix/lib/pkgconfig/kiln.pc") \
+  examples/hello-plugin/hello.c -o "$prefix/libkiln-hello-pc.so" -Wl,-z,defs
+"$prefix/bin/kiln" plugins check "$prefix/libkiln-hello-pc.so" >/dev/null
 echo "installed SDK: ok"
 
 if [ -f examples/fashion_mnist.cfg ]; then

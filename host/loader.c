@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "version.h"
 
 #define HL_MAX_PLUGINS_PER_LIB 256
 #define HL_MAX_PARAMS 256
@@ -261,7 +262,7 @@ const char *hl_builtin_dir(void) {
     slash = strrchr(exe, '/');
     if (!slash) return "";
     *slash = 0; /* <prefix> */
-    snprintf(dir, sizeof dir, "%s/lib/kiln/plugins", exe);
+    snprintf(dir, sizeof dir, "%s/%s", exe, KILN_PLUGIN_RELDIR);
     return dir;
 }
 

@@ -4,7 +4,7 @@
  *
  * Discovery order: the run file's plugins.dirs, then KILN_PLUGIN_PATH (both
  * absolute paths only), then the built-in directory next to the executable
- * (<exe>/../lib/kiln/plugins). Never the current directory or
+ * (<exe>/../<libdir>/kiln/plugins). Never the current directory or
  * LD_LIBRARY_PATH. Only files named libkiln-*.so are considered. Every
  * examined directory and file becomes a candidate with a status and, when
  * refused or skipped, a one-line reason naming the file, what was expected and
