@@ -105,8 +105,8 @@ typedef struct ht_trainer {
     int accumulating;           /* the batch being run does not step         */
     int64_t batch_idx;
     const kiln_batch *batch;
-    kiln_step_output last_output; /* closure result cache                    */
-    int closure_ran;
+    kiln_step_output last_output; /* the closure's consumed result             */
+    int closure_calls;            /* how often the optimizer called it         */
     double loss_scale;
     double closure_time;          /* seconds inside the closure this step     */
     char err[2048];               /* failure inside a closure (plugins call it) */

@@ -152,6 +152,15 @@ static int32_t tm_event(kiln_instance *i, kiln_event *ev) {
     if (ev->id == KILN_EV_ON_TRAIN_BATCH_START && ev->trainer->current_epoch == m->m1_epoch &&
         ev->batch_idx == m->m1_batch)
         ev->result = -1;
+    /* The closure's cached result: on_train_batch_end sees this step's loss
+     * divided by accumulate_grad_batches (reference §3). */
+    if (ev->id == KILN_EV_ON_TRAIN_BATCH_END && ev->outputs && ev->outputs->has_loss) {
+        double want = m->loss / (double)ev->trainer->accumulate_grad_batches;
+        if (fabs(ev->outputs->loss - want) > 1e-12 * fabs(want))
+            return kiln_errorf(m->svc, m->hctx, KILN_E_STATE,
+                               "toymod: on_train_batch_end outputs.loss = %.17g, expected %.17g (the step's loss / %d)",
+                               ev->outputs->loss, want, ev->trainer->accumulate_grad_batches);
+    }
     if (ev->id == KILN_EV_ON_TRAIN_EPOCH_END && ev->trainer->current_epoch >= m->stop_epoch && m->stop_epoch >= 0)
         m->svc->request_stop(m->hctx, "toymod stop_at_epoch");
     return KILN_OK;

@@ -1,0 +1,203 @@
+/*
+ * host/closure.c — automatic optimisation (loops/optimization/automatic.py
+ * and closure.py): the closure object with its step, zero_grad and backward
+ * functions, the wrapper that precision plugins call after the closure
+ * (on_before_optimizer_step, clipping), the optimizer handle they step, and
+ * the per-batch driver. Every part is timed for the run summary. Plugins call
+ * the closure through the ABI's kiln_closure, so a failure inside it is kept
+ * in t->err and reported by the driver with the plugin that caused it.
+ */
+#define _GNU_SOURCE
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "log.h"
+#include "loop.h"
+
+#define INC(pr, field) ((pr).total.field++, (pr).current.field++)
+
+static int32_t keep_fail(ht_trainer *t, int32_t rc) {
+    if (!t->err_rc) t->err_rc = rc;
+    return rc;
+}
+
+/* step_fn: S.training_step → LM.training_step under P.convert_params */
+static int32_t closure_step(ht_closure *c, kiln_step_output *out) {
+    ht_trainer *t = c->t;
+    ht_trace(t, KILN_SRC_MODULE, "training_step", t->batch_idx);
+    double t0 = ht_now();
+    herr_clear();
+    int32_t rc = t->precision_ops->convert_params(t->precision.inst);
+    if (rc) { ht_fail(t, &t->precision, rc, "convert_params", t->err, sizeof t->err); return keep_fail(t, rc); }
+    *out = (kiln_step_output){sizeof *out, 0, 0, 0};
+    herr_clear();
+    rc = t->module_ops->training_step(t->module.inst, t->batch, t->batch_idx, out);
+    t->time.forward += ht_now() - t0;
+    if (rc) { ht_fail(t, &t->module, rc, "training_step", t->err, sizeof t->err); return keep_fail(t, rc); }
+    if (out->has_loss && !isfinite(out->loss)) {
+        snprintf(t->err, sizeof t->err,
+                 "module '%s' (%s): training_step returned a non-finite loss (%g) at epoch %lld, batch %lld, global "
+                 "step %lld; expected a finite value (lower the learning rate, or check the data)",
+                 t->module.p->view.name, t->module.p->lib->path, out->loss,
+                 (long long)t->epoch_progress.current.completed, (long long)t->batch_idx,
+                 (long long)t->opt_step.total.completed);
+        return keep_fail(t, KILN_E_NONFINITE);
+    }
+    return KILN_OK;
+}
+
+/* zero_grad_fn: on_before_zero_grad hooks, LM.optimizer_zero_grad → O.zero_grad */
+static int32_t closure_zero_grad(ht_closure *c) {
+    ht_trainer *t = c->t;
+    char *why = t->err;
+    size_t wl = sizeof t->err;
+    INC(t->zero_grad, ready);
+    int rc = ht_hook(t, KILN_EV_ON_BEFORE_ZERO_GRAD, t->batch_idx, t->batch, NULL, 0, NULL, why, wl);
+    if (rc) return keep_fail(t, rc);
+    INC(t->zero_grad, started);
+    rc = ht_hook(t, KILN_EV_OPTIMIZER_ZERO_GRAD, t->batch_idx, t->batch, NULL, 0, NULL, why, wl);
+    if (rc) return keep_fail(t, rc);
+    double t0 = ht_now();
+    ht_trace(t, KILN_SRC_OPTIMIZER, "zero_grad", t->batch_idx);
+    herr_clear();
+    rc = t->optimizer_ops->zero_grad(t->optimizer.inst);
+    t->time.zero_grad += ht_now() - t0;
+    if (rc) { ht_fail(t, &t->optimizer, rc, "zero_grad", why, wl); return keep_fail(t, rc); }
+    INC(t->zero_grad, completed);
+    return KILN_OK;
+}
+
+/* backward_fn: S.backward → S.pre_backward → P.pre_backward (scale,
+ * on_before_backward) → P.backward → LM.backward → P.post_backward
+ * (on_after_backward) → S.post_backward (not while accumulating: no_sync) */
+static int32_t closure_backward(ht_closure *c, double loss) {
+    ht_trainer *t = c->t;
+    char *why = t->err;
+    size_t wl = sizeof t->err;
+    ht_trace(t, KILN_SRC_STRATEGY, "pre_backward", t->batch_idx);
+    herr_clear();
+    int32_t rc = t->strategy_ops->pre_backward(t->strategy.inst);
+    if (rc) { ht_fail(t, &t->strategy, rc, "pre_backward", why, wl); return keep_fail(t, rc); }
+    ht_trace(t, KILN_SRC_PRECISION, "pre_backward", t->batch_idx);
+    double scale = 1.0;
+    herr_clear();
+    rc = t->precision_ops->pre_backward(t->precision.inst, loss, &scale);
+    if (rc) { ht_fail(t, &t->precision, rc, "pre_backward", why, wl); return keep_fail(t, rc); }
+    t->loss_scale = scale;
+    rc = ht_hook(t, KILN_EV_ON_BEFORE_BACKWARD, t->batch_idx, t->batch, NULL, loss * scale, NULL, why, wl);
+    if (rc) return keep_fail(t, rc);
+    ht_trace(t, KILN_SRC_MODULE, "backward", t->batch_idx);
+    double t0 = ht_now();
+    herr_clear();
+    rc = t->module_ops->backward(t->module.inst, scale / (double)t->set.accumulate_grad_batches);
+    t->time.backward += ht_now() - t0;
+    if (rc) { ht_fail(t, &t->module, rc, "backward", why, wl); return keep_fail(t, rc); }
+    rc = ht_hook(t, KILN_EV_ON_AFTER_BACKWARD, t->batch_idx, t->batch, NULL, 0, NULL, why, wl);
+    if (rc) return keep_fail(t, rc);
+    if (!t->accumulating) {
+        ht_trace(t, KILN_SRC_STRATEGY, "post_backward", t->batch_idx);
+        herr_clear();
+        rc = t->strategy_ops->post_backward(t->strategy.inst);
+        if (rc) { ht_fail(t, &t->strategy, rc, "post_backward", why, wl); return keep_fail(t, rc); }
+    }
+    return KILN_OK;
+}
+
+/* Closure.__call__: step, zero_grad (even without a loss), backward (only
+ * with one); the result, divided by accumulate_grad_batches, is cached. */
+static int32_t closure_call(void *vc, double *loss_out) {
+    ht_closure *c = vc;
+    ht_trainer *t = c->t;
+    double t_enter = ht_now();
+    c->calls++;
+    kiln_step_output out;
+    int32_t rc = c->step_fn(c, &out);
+    if (rc) return rc;
+    if (out.has_loss) out.loss /= (double)t->set.accumulate_grad_batches; /* not in place in Lightning either */
+    c->result = out;
+    c->has_result = 1;
+    if (c->zero_grad_fn && (rc = c->zero_grad_fn(c))) return rc;
+    if (c->backward_fn && out.has_loss && (rc = c->backward_fn(c, out.loss))) return rc;
+    if (loss_out) *loss_out = out.has_loss ? out.loss : NAN;
+    t->closure_time += ht_now() - t_enter;
+    return KILN_OK;
+}
+
+static void closure_init(ht_closure *c, ht_trainer *t) {
+    memset(c, 0, sizeof *c);
+    c->t = t;
+    c->step_fn = closure_step;
+    /* zero_grad only at the start of an accumulation window */
+    c->zero_grad_fn = t->batch_idx % t->set.accumulate_grad_batches == 0 ? closure_zero_grad : NULL;
+    c->backward_fn = closure_backward;
+    c->abi = (kiln_closure){sizeof(kiln_closure), 0, c, closure_call};
+}
+
+/* P._after_closure: on_before_optimizer_step, then gradient clipping */
+static int32_t after_closure_call(void *vt, double *loss_out) {
+    ht_trainer *t = vt;
+    (void)loss_out;
+    int rc = ht_hook(t, KILN_EV_ON_BEFORE_OPTIMIZER_STEP, t->batch_idx, t->batch, NULL, 0, NULL, t->err,
+                     sizeof t->err);
+    if (rc) return keep_fail(t, rc);
+    ht_trace(t, KILN_SRC_MODULE, "configure_gradient_clipping", t->batch_idx);
+    return KILN_OK;
+}
+
+/* optimizer.step(closure), as the precision plugin sees it */
+static int32_t opt_ref_step(void *vt, const kiln_closure *closure) {
+    ht_trainer *t = vt;
+    ht_trace(t, KILN_SRC_OPTIMIZER, "step", t->batch_idx);
+    herr_clear();
+    int32_t rc = t->optimizer_ops->step(t->optimizer.inst, closure);
+    if (rc && !t->err_rc) {
+        ht_fail(t, &t->optimizer, rc, "step", t->err, sizeof t->err);
+        t->err_rc = rc;
+    }
+    return rc;
+}
+
+int ht_automatic_step(ht_trainer *t, char *why, size_t whylen) {
+    ht_closure c;
+    closure_init(&c, t);
+    t->closure_time = 0;
+    t->err[0] = 0;
+    t->err_rc = 0;
+    int32_t rc;
+    if (t->accumulating) {
+        rc = closure_call(&c, NULL);
+    } else {
+        INC(t->opt_step, ready);
+        rc = ht_hook(t, KILN_EV_OPTIMIZER_STEP, t->batch_idx, t->batch, NULL, 0, NULL, why, whylen);
+        if (rc) return rc;
+        kiln_closure after = {sizeof after, 0, t, after_closure_call};
+        kiln_optimizer_ref opt = {sizeof opt, 0, t, opt_ref_step};
+        int32_t skipped = 0;
+        double t0 = ht_now();
+        ht_trace(t, KILN_SRC_PRECISION, "optimizer_step", t->batch_idx);
+        herr_clear();
+        rc = t->precision_ops->optimizer_step(t->precision.inst, &opt, &c.abi, &after, &skipped);
+        t->time.optimizer += (ht_now() - t0) - t->closure_time;
+        if (rc == KILN_OK) {
+            INC(t->opt_step, completed); /* counted even when the update was skipped */
+            t->skipped_steps += skipped != 0;
+        }
+    }
+    if (rc) {
+        if (t->err[0]) snprintf(why, whylen, "%s", t->err);
+        else ht_fail(t, &t->precision, rc, "optimizer_step", why, whylen);
+        return rc;
+    }
+    /* consume_result: an optimizer step that never ran the closure is a bug */
+    if (!c.has_result) {
+        snprintf(why, whylen,
+                 "precision '%s' / optimizer '%s': the optimizer step never called the closure, so training_step did "
+                 "not run (an optimizer_step must call the closure it is given)",
+                 t->precision.p->view.name, t->optimizer.p->view.name);
+        return KILN_E_STATE;
+    }
+    t->last_output = c.result;
+    t->closure_calls = c.calls;
+    return KILN_OK;
+}
