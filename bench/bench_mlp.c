@@ -5,13 +5,17 @@
  *   - the GEMM-only bound: the forward GEMMs, the weight-gradient GEMMs and
  *     the input-gradient GEMMs (none for the first layer) of one training
  *     step, called through OpenBLAS exactly as the mlp plugin calls them,
- *     timed over many steps (per-step median of `runs` runs);
+ *     timed over many steps; the first layer's input rotates through a pool
+ *     of batches (32 MiB) because a real step reads a new batch from memory,
+ *     while everything else stays as hot as in training;
  *   - kiln: a real `kiln fit` of one epoch (`steps` batches of Fashion-MNIST,
  *     no validation, no logging callbacks) with the benchprobe callback,
  *     which reports the epoch time, a steady-state window, minor page faults
  *     in that window and the peak RSS (median of `runs` runs);
  * and prints bound ÷ kiln epoch time, the per-step overhead (kiln step − GEMM
- * step) and the faults per steady-state step. Not a test: run it by hand or
+ * step) and the faults per steady-state step. The bound and a kiln run
+ * alternate, `runs` times, and the ratio reported is the median of the
+ * per-pair ratios, so slow drifts of a shared machine cancel out. Not a test: run it by hand or
  * through bench/run.sh, on an otherwise idle machine.
  *
  *   kiln-bench-mlp --kiln build/bin/kiln --threads 1 --optimizer sgd
@@ -48,8 +52,9 @@ static float *randbuf(size_t n) {
     return p;
 }
 
-/* Per-step seconds of the GEMMs of one training step (median of runs). */
-static double gemm_bound(const int *w, int nl, int B, int threads, int runs, int reps) {
+/* Per-step seconds of the GEMMs of one training step, averaged over `reps`
+ * steps (after one warm-up step). */
+static double gemm_bound(const int *w, int nl, int B, int threads, int reps) {
     openblas_set_num_threads(threads);
     float *W[16], *dW[16], *act[17], *dA[17];
     for (int l = 0; l < nl; l++) {
@@ -60,27 +65,36 @@ static double gemm_bound(const int *w, int nl, int B, int threads, int runs, int
         act[l] = randbuf((size_t)B * w[l]);
         dA[l] = randbuf((size_t)B * w[l]);
     }
-    double per[64];
-    for (int r = 0; r < runs + 1; r++) { /* run 0 warms up */
-        double t0 = now();
-        for (int s = 0; s < reps; s++) {
-            for (int l = 0; l < nl; l++) /* y(B,out) = x(B,in) W(out,in)^T */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, B, w[l + 1], w[l], 1.0f, act[l], w[l], W[l],
-                            w[l], 0.0f, act[l + 1], w[l + 1]);
-            for (int l = nl - 1; l >= 0; l--) {
-                /* dW(out,in) += dy^T x */
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, w[l + 1], w[l], B, 1.0f, dA[l + 1], w[l + 1],
-                            act[l], w[l], 1.0f, dW[l], w[l]);
-                if (l > 0) /* dx(B,in) = dy W */
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, B, w[l], w[l + 1], 1.0f, dA[l + 1],
-                                w[l + 1], W[l], w[l], 0.0f, dA[l], w[l]);
-            }
+    /* a pool of input batches, like a data loader's fresh batches */
+    size_t in_bytes = (size_t)B * w[0] * sizeof(float);
+    int npool = (int)((32u << 20) / in_bytes);
+    if (npool < 2) npool = 2;
+    if (npool > 256) npool = 256;
+    float *pool[256];
+    for (int i = 0; i < npool; i++) pool[i] = randbuf((size_t)B * w[0]);
+    double t0 = 0;
+    for (int s = 0; s <= reps; s++) {
+        if (s == 1) t0 = now();
+        act[0] = pool[s % npool];
+        for (int l = 0; l < nl; l++) /* y(B,out) = x(B,in) W(out,in)^T */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, B, w[l + 1], w[l], 1.0f, act[l], w[l], W[l], w[l],
+                        0.0f, act[l + 1], w[l + 1]);
+        for (int l = nl - 1; l >= 0; l--) {
+            /* dW(out,in) += dy^T x */
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, w[l + 1], w[l], B, 1.0f, dA[l + 1], w[l + 1], act[l],
+                        w[l], 1.0f, dW[l], w[l]);
+            if (l > 0) /* dx(B,in) = dy W */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, B, w[l], w[l + 1], 1.0f, dA[l + 1], w[l + 1],
+                            W[l], w[l], 0.0f, dA[l], w[l]);
         }
-        if (r) per[r - 1] = (now() - t0) / reps;
     }
+    double per = (now() - t0) / reps;
+    for (int i = 0; i < npool; i++) free(pool[i]);
+    act[0] = NULL;
     for (int l = 0; l < nl; l++) { free(W[l]); free(dW[l]); }
-    for (int l = 0; l <= nl; l++) { free(act[l]); free(dA[l]); }
-    return median(per, runs);
+    for (int l = 1; l <= nl; l++) free(act[l]);
+    for (int l = 0; l <= nl; l++) free(dA[l]);
+    return per;
 }
 
 typedef struct { double epoch_s, steady_s; long steady_steps, steady_minflt, maxrss_kib; } probe;
@@ -123,7 +137,7 @@ static int run_kiln(const char *kiln, const char *probe_dir, const char *fixture
 
 int main(int argc, char **argv) {
     const char *kiln = "build/bin/kiln", *probe_dir = NULL, *opt = "sgd", *layers_s = "784,1024,1024,10";
-    int threads = 1, runs = 3, B = 128, steps = 429, reps = 50;
+    int threads = 1, runs = 3, B = 128, steps = 429, reps = 100;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--kiln") && i + 1 < argc) kiln = argv[++i];
         else if (!strcmp(argv[i], "--probe-dir") && i + 1 < argc) probe_dir = argv[++i];
@@ -146,10 +160,10 @@ int main(int argc, char **argv) {
     char tmp[256];
     snprintf(tmp, sizeof tmp, "%s", layers_s);
     for (char *t = strtok(tmp, ","); t && nw < 17; t = strtok(NULL, ",")) w[nw++] = atoi(t);
-    double g = gemm_bound(w, nw - 1, B, threads, runs, reps);
-    double ep[64], st[64];
+    double gb[64], ep[64], st[64], ratio[64], over[64];
     long flt = 0, rss = 0, ss = 0;
-    for (int r = 0; r < runs; r++) {
+    for (int r = 0; r < runs; r++) { /* alternate: bound, then kiln */
+        gb[r] = gemm_bound(w, nw - 1, B, threads, reps);
         probe p;
         if (run_kiln(kiln, probe_dir, NULL, layers_s, B, steps, threads, opt, &p)) {
             fprintf(stderr, "kiln run failed\n");
@@ -157,23 +171,26 @@ int main(int argc, char **argv) {
         }
         ep[r] = p.epoch_s;
         st[r] = p.steady_s / (double)(p.steady_steps ? p.steady_steps : 1);
+        ratio[r] = gb[r] * steps / ep[r];
+        over[r] = st[r] - gb[r];
         if (p.steady_minflt > flt) flt = p.steady_minflt;
         if (p.maxrss_kib > rss) rss = p.maxrss_kib;
         ss = p.steady_steps;
     }
+    double g = median(gb, runs), rmed = median(ratio, runs), omed = median(over, runs);
     double epoch = median(ep, runs), step = median(st, runs);
     double bound = g * steps;
     printf("mlp %s batch %d, %s, %d thread(s), %d steps, median of %d runs\n", layers_s, B, opt, threads, steps, runs);
     printf("  GEMM-only bound: %.3f ms/step, %.3f s/epoch\n", 1e3 * g, bound);
     printf("  kiln: %.3f s/epoch, %.3f ms/step steady\n", epoch, 1e3 * step);
-    printf("  bound / kiln epoch = %.3f\n", bound / epoch);
-    printf("  per-step overhead (kiln steady step - GEMM step) = %.1f us\n", 1e6 * (step - g));
+    printf("  bound / kiln epoch = %.3f (median of per-run ratios)\n", rmed);
+    printf("  per-step overhead (kiln steady step - GEMM step) = %.1f us (median of per-run differences)\n", 1e6 * omed);
     printf("  minor page faults in %ld steady steps: %ld (%.2f per step); peak RSS %.1f MiB\n", ss, flt,
            ss ? (double)flt / (double)ss : 0.0, rss / 1024.0);
     printf("RESULT {\"layers\":\"%s\",\"batch\":%d,\"optimizer\":\"%s\",\"threads\":%d,\"gemm_ms\":%.4f,"
            "\"kiln_epoch_s\":%.4f,\"bound_epoch_s\":%.4f,\"ratio\":%.4f,\"overhead_us\":%.1f,\"faults_per_step\":%.3f,"
            "\"peak_rss_mib\":%.1f}\n",
-           layers_s, B, opt, threads, 1e3 * g, epoch, bound, bound / epoch, 1e6 * (step - g),
+           layers_s, B, opt, threads, 1e3 * g, epoch, bound, rmed, 1e6 * omed,
            ss ? (double)flt / (double)ss : 0.0, rss / 1024.0);
     return 0;
 }
