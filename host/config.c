@@ -16,6 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "log.h"
+
 const char *const hc_slots[] = {"accelerator", "precision", "strategy", "data", "module", "optimizer", "scheduler"};
 const int hc_nslots = (int)(sizeof hc_slots / sizeof hc_slots[0]);
 
@@ -23,13 +25,6 @@ static const char *const top_keys[] = {"trainer",  "plugins", "accelerator", "pr
                                        "module", "optimizer", "scheduler", "callbacks"};
 static const char *const plugins_keys[] = {"dirs", "allow_symlinks"};
 
-static void whyf(char *why, size_t whylen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void whyf(char *why, size_t whylen, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, whylen, fmt, ap);
-    va_end(ap);
-}
 
 void hc_where(const hc_config *c, const config_setting_t *s, char *buf, size_t n) {
     const char *f = s ? config_setting_source_file(s) : NULL;
@@ -79,9 +74,9 @@ const char *hc_did_you_mean(const char *word, const char *const *cands, int n) {
 static int report_parse_error(hc_config *c, char *why, size_t whylen) {
     const char *f = config_error_file(&c->cfg);
     if (config_error_type(&c->cfg) == CONFIG_ERR_FILE_IO)
-        whyf(why, whylen, "%s: cannot read run file: %s", f ? f : c->path, errno ? strerror(errno) : "I/O error");
+        hwhyf(why, whylen, "%s: cannot read run file: %s", f ? f : c->path, errno ? strerror(errno) : "I/O error");
     else
-        whyf(why, whylen, "%s:%d: %s", f ? f : c->path, config_error_line(&c->cfg), config_error_text(&c->cfg));
+        hwhyf(why, whylen, "%s:%d: %s", f ? f : c->path, config_error_line(&c->cfg), config_error_text(&c->cfg));
     return KILN_E_CONFIG;
 }
 
@@ -106,7 +101,7 @@ int hc_load_string(hc_config *c, const char *text, const char *label, char *why,
     c->loaded = 1;
     c->path = strdup(label);
     if (config_read_string(&c->cfg, text) != CONFIG_TRUE) {
-        whyf(why, whylen, "%s:%d: %s", label, config_error_line(&c->cfg), config_error_text(&c->cfg));
+        hwhyf(why, whylen, "%s:%d: %s", label, config_error_line(&c->cfg), config_error_text(&c->cfg));
         return KILN_E_CONFIG;
     }
     return KILN_OK;
@@ -120,7 +115,7 @@ void hc_free(hc_config *c) {
 
 int hc_write(hc_config *c, const char *path, char *why, size_t whylen) {
     if (config_write_file(&c->cfg, path) != CONFIG_TRUE) {
-        whyf(why, whylen, "%s: cannot write the effective config: %s", path, strerror(errno));
+        hwhyf(why, whylen, "%s: cannot write the effective config: %s", path, strerror(errno));
         return KILN_E_IO;
     }
     return KILN_OK;
@@ -176,12 +171,12 @@ static config_setting_t *copy_setting(config_setting_t *parent, const char *name
 int hc_override(hc_config *c, const char *assignment, char *why, size_t whylen) {
     const char *eq = strchr(assignment, '=');
     if (!eq || eq == assignment) {
-        whyf(why, whylen, "--set %s: expected KEY=VALUE (e.g. --set optimizer.lr=0.05)", assignment);
+        hwhyf(why, whylen, "--set %s: expected KEY=VALUE (e.g. --set optimizer.lr=0.05)", assignment);
         return KILN_E_CONFIG;
     }
     char key[256];
     size_t kl = (size_t)(eq - assignment);
-    if (kl >= sizeof key) { whyf(why, whylen, "--set: key too long"); return KILN_E_CONFIG; }
+    if (kl >= sizeof key) { hwhyf(why, whylen, "--set: key too long"); return KILN_E_CONFIG; }
     memcpy(key, assignment, kl);
     key[kl] = 0;
     const char *val = eq + 1;
@@ -224,7 +219,7 @@ int hc_override(hc_config *c, const char *assignment, char *why, size_t whylen) 
                 config_setting_t *p = config_setting_parent(old);
                 char nm[128];
                 snprintf(nm, sizeof nm, "%s", config_setting_name(old) ? config_setting_name(old) : "");
-                if (!*nm) { whyf(why, whylen, "--set %s: cannot replace a list element that is not a scalar", key); rc = KILN_E_CONFIG; }
+                if (!*nm) { hwhyf(why, whylen, "--set %s: cannot replace a list element that is not a scalar", key); rc = KILN_E_CONFIG; }
                 else { config_setting_remove(p, nm); copy_setting(p, nm, nv); }
             }
         } else if (ot == CONFIG_TYPE_FLOAT && n_num) {
@@ -233,7 +228,7 @@ int hc_override(hc_config *c, const char *assignment, char *why, size_t whylen) 
             /* --set precision.name=16 means the string "16" */
             config_setting_set_string(old, val);
         } else {
-            whyf(why, whylen, "--set %s=%s: expected a %s (as at %s), found a %s", key, val, cfg_type_name(ot), where,
+            hwhyf(why, whylen, "--set %s=%s: expected a %s (as at %s), found a %s", key, val, cfg_type_name(ot), where,
                  cfg_type_name(nt));
             rc = KILN_E_CONFIG;
         }
@@ -246,25 +241,25 @@ int hc_override(hc_config *c, const char *assignment, char *why, size_t whylen) 
         while (tok && rc == KILN_OK) {
             char *next = strtok_r(NULL, ".", &save);
             if (tok[0] == '[') {
-                whyf(why, whylen, "--set %s: list element does not exist", key);
+                hwhyf(why, whylen, "--set %s: list element does not exist", key);
                 rc = KILN_E_CONFIG;
                 break;
             }
             config_setting_t *m = config_setting_get_member(parent, tok);
             if (!next) {
                 if (!copy_setting(parent, tok, nv)) {
-                    whyf(why, whylen, "--set %s: '%s' is not a valid setting name", key, tok);
+                    hwhyf(why, whylen, "--set %s: '%s' is not a valid setting name", key, tok);
                     rc = KILN_E_CONFIG;
                 }
             } else if (m) {
                 if (config_setting_type(m) != CONFIG_TYPE_GROUP) {
-                    whyf(why, whylen, "--set %s: '%s' is a %s, not a group", key, tok, cfg_type_name(config_setting_type(m)));
+                    hwhyf(why, whylen, "--set %s: '%s' is a %s, not a group", key, tok, cfg_type_name(config_setting_type(m)));
                     rc = KILN_E_CONFIG;
                 }
                 parent = m;
             } else {
                 parent = config_setting_add(parent, tok, CONFIG_TYPE_GROUP);
-                if (!parent) { whyf(why, whylen, "--set %s: '%s' is not a valid setting name", key, tok); rc = KILN_E_CONFIG; }
+                if (!parent) { hwhyf(why, whylen, "--set %s: '%s' is not a valid setting name", key, tok); rc = KILN_E_CONFIG; }
             }
             tok = next;
         }
@@ -290,7 +285,7 @@ static int check_members(hc_config *c, config_setting_t *grp, const char *const 
             const char *dym = hc_did_you_mean(nm, allowed, nallowed);
             char hint[96] = "";
             if (dym) snprintf(hint, sizeof hint, " (did you mean '%s'?)", dym);
-            whyf(why, whylen, "%s: unknown key '%s' in %s%s", where, nm, what, hint);
+            hwhyf(why, whylen, "%s: unknown key '%s' in %s%s", where, nm, what, hint);
             return KILN_E_CONFIG;
         }
     }
@@ -306,7 +301,7 @@ int hc_check_structure(hc_config *c, char *why, size_t whylen) {
         char where[PATH_MAX + 32];
         hc_where(c, pl, where, sizeof where);
         if (config_setting_type(pl) != CONFIG_TYPE_GROUP) {
-            whyf(why, whylen, "%s: 'plugins' must be a group { dirs = [...]; }, found a %s", where,
+            hwhyf(why, whylen, "%s: 'plugins' must be a group { dirs = [...]; }, found a %s", where,
                  cfg_type_name(config_setting_type(pl)));
             return KILN_E_CONFIG;
         }
@@ -317,7 +312,7 @@ int hc_check_structure(hc_config *c, char *why, size_t whylen) {
     if (cb && config_setting_type(cb) != CONFIG_TYPE_LIST) {
         char where[PATH_MAX + 32];
         hc_where(c, cb, where, sizeof where);
-        whyf(why, whylen, "%s: 'callbacks' must be a list ( { name = \"...\"; }, ... ), found a %s", where,
+        hwhyf(why, whylen, "%s: 'callbacks' must be a list ( { name = \"...\"; }, ... ), found a %s", where,
              cfg_type_name(config_setting_type(cb)));
         return KILN_E_CONFIG;
     }
@@ -325,7 +320,7 @@ int hc_check_structure(hc_config *c, char *why, size_t whylen) {
     if (tr && config_setting_type(tr) != CONFIG_TYPE_GROUP) {
         char where[PATH_MAX + 32];
         hc_where(c, tr, where, sizeof where);
-        whyf(why, whylen, "%s: 'trainer' must be a group, found a %s", where, cfg_type_name(config_setting_type(tr)));
+        hwhyf(why, whylen, "%s: 'trainer' must be a group, found a %s", where, cfg_type_name(config_setting_type(tr)));
         return KILN_E_CONFIG;
     }
     hc_kvset tmp;
@@ -344,7 +339,7 @@ int hc_plugin_dirs(hc_config *c, const char ***dirs, int *ndirs, int *allow_syml
     if (a) {
         if (config_setting_type(a) != CONFIG_TYPE_BOOL) {
             hc_where(c, a, where, sizeof where);
-            whyf(why, whylen, "%s: plugins.allow_symlinks must be true or false, found a %s", where,
+            hwhyf(why, whylen, "%s: plugins.allow_symlinks must be true or false, found a %s", where,
                  cfg_type_name(config_setting_type(a)));
             return KILN_E_CONFIG;
         }
@@ -365,7 +360,7 @@ int hc_plugin_dirs(hc_config *c, const char ***dirs, int *ndirs, int *allow_syml
             const char *s = config_setting_get_string_elem(d, i);
             if (!s) {
                 free(out);
-                whyf(why, whylen, "%s: plugins.dirs must hold strings, element %d is not one", where, i);
+                hwhyf(why, whylen, "%s: plugins.dirs must hold strings, element %d is not one", where, i);
                 return KILN_E_CONFIG;
             }
             out[i] = s;
@@ -373,12 +368,12 @@ int hc_plugin_dirs(hc_config *c, const char ***dirs, int *ndirs, int *allow_syml
         *dirs = out; /* the caller frees the array (not the strings) */
         *ndirs = n;
     } else {
-        whyf(why, whylen, "%s: plugins.dirs must be an array of absolute paths, found a %s", where, cfg_type_name(t));
+        hwhyf(why, whylen, "%s: plugins.dirs must be an array of absolute paths, found a %s", where, cfg_type_name(t));
         return KILN_E_CONFIG;
     }
     for (int i = 0; i < *ndirs; i++)
         if ((*dirs)[i][0] != '/') {
-            whyf(why, whylen, "%s: plugin directory '%s' must be an absolute path, found a relative one", where,
+            hwhyf(why, whylen, "%s: plugin directory '%s' must be an absolute path, found a relative one", where,
                  (*dirs)[i]);
             free((void *)*dirs);
             *dirs = NULL;
@@ -397,7 +392,7 @@ const char *hc_slot_name(hc_config *c, const char *slot, const char *fallback, c
     hc_where(c, s, where, sizeof where);
     if (config_setting_type(s) == CONFIG_TYPE_STRING) return config_setting_get_string(s);
     if (config_setting_type(s) != CONFIG_TYPE_GROUP) {
-        whyf(why, whylen, "%s: '%s' must be a plugin name or a group { name = \"...\"; ... }, found a %s", where, slot,
+        hwhyf(why, whylen, "%s: '%s' must be a plugin name or a group { name = \"...\"; ... }, found a %s", where, slot,
              cfg_type_name(config_setting_type(s)));
         return NULL;
     }
@@ -405,7 +400,7 @@ const char *hc_slot_name(hc_config *c, const char *slot, const char *fallback, c
     const char *name = NULL;
     if (!config_setting_lookup_string(s, "name", &name)) {
         if (fallback) return fallback;
-        whyf(why, whylen, "%s: the %s section needs name = \"...\" naming its plugin", where, slot);
+        hwhyf(why, whylen, "%s: the %s section needs name = \"...\" naming its plugin", where, slot);
         return NULL;
     }
     return name;
@@ -537,8 +532,8 @@ int hc_resolve(const hc_config *c, config_setting_t *section, const kiln_param *
                 size_t l = strlen(list);
                 snprintf(list + l, sizeof list - l, "%s%s", k ? ", " : "", keys[k]);
             }
-            if (dym) whyf(why, whylen, "%s: unknown key '%s' for %s (did you mean '%s'?)", where, nmk, what, dym);
-            else whyf(why, whylen, "%s: unknown key '%s' for %s (accepted: %s)", where, nmk, what, np ? list : "none");
+            if (dym) hwhyf(why, whylen, "%s: unknown key '%s' for %s (did you mean '%s'?)", where, nmk, what, dym);
+            else hwhyf(why, whylen, "%s: unknown key '%s' for %s (accepted: %s)", where, nmk, what, np ? list : "none");
             rc = KILN_E_CONFIG;
         }
     }
@@ -552,14 +547,14 @@ int hc_resolve(const hc_config *c, config_setting_t *section, const kiln_param *
             const char *found;
             if (convert(out, m, p->type, &kv->value, &found)) {
                 hc_where(c, m, where, sizeof where);
-                whyf(why, whylen, "%s: %s.%s must be a %s, found a %s", where, what, p->key, ktype_name(p->type), found);
+                hwhyf(why, whylen, "%s: %s.%s must be a %s, found a %s", where, what, p->key, ktype_name(p->type), found);
                 rc = KILN_E_CONFIG;
                 break;
             }
         } else if (p->flags & KILN_PARAM_REQUIRED || p->def.type == KILN_TYPE_NONE) {
             if (p->flags & KILN_PARAM_REQUIRED) {
                 hc_where(c, section, where, sizeof where);
-                whyf(why, whylen, "%s: %s requires key '%s' (%s: %s)", section ? where : c->path, what, p->key,
+                hwhyf(why, whylen, "%s: %s requires key '%s' (%s: %s)", section ? where : c->path, what, p->key,
                      ktype_name(p->type), p->help ? p->help : "");
                 rc = KILN_E_CONFIG;
                 break;

@@ -47,14 +47,6 @@ static void *xrealloc(void *p, size_t n) {
     return q;
 }
 
-static void whyf(char *why, size_t whylen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void whyf(char *why, size_t whylen, const char *fmt, ...) {
-    if (!why || !whylen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, whylen, fmt, ap);
-    va_end(ap);
-}
 
 static const char *const kind_names[] = {NULL, "accelerator", "precision", "strategy", "optimizer",
                                          "scheduler", "callback", "module", "data"};
@@ -122,12 +114,12 @@ static void cand_append_reason(hl_candidate *c, const char *line) {
 static int vet_owner_mode(const char *path, const struct stat *st, const char *what, char *why, size_t whylen) {
     uid_t me = geteuid();
     if (st->st_uid != 0 && st->st_uid != me) {
-        whyf(why, whylen, "%s: %s owned by uid %u, expected root or uid %u", path, what, (unsigned)st->st_uid,
+        hwhyf(why, whylen, "%s: %s owned by uid %u, expected root or uid %u", path, what, (unsigned)st->st_uid,
              (unsigned)me);
         return -1;
     }
     if (st->st_mode & (S_IWGRP | S_IWOTH)) {
-        whyf(why, whylen, "%s: %s is %s-writable (mode %04o), expected writable by its owner only", path, what,
+        hwhyf(why, whylen, "%s: %s is %s-writable (mode %04o), expected writable by its owner only", path, what,
              (st->st_mode & S_IWOTH) ? "world" : "group", (unsigned)(st->st_mode & 07777));
         return -1;
     }
@@ -146,17 +138,17 @@ static int vet_ancestors(const char *real, char *why, size_t whylen) {
         if (slash == buf) slash[1] = 0; else *slash = 0;
         struct stat st;
         if (stat(buf, &st) != 0) {
-            whyf(why, whylen, "%s: cannot stat ancestor directory %s: %s", real, buf, strerror(errno));
+            hwhyf(why, whylen, "%s: cannot stat ancestor directory %s: %s", real, buf, strerror(errno));
             return -1;
         }
         int sticky_root = (st.st_mode & S_ISVTX) && st.st_uid == 0;
         if ((st.st_mode & (S_IWGRP | S_IWOTH)) && !sticky_root) {
-            whyf(why, whylen, "%s: ancestor directory %s is %s-writable (mode %04o), expected not writable by others",
+            hwhyf(why, whylen, "%s: ancestor directory %s is %s-writable (mode %04o), expected not writable by others",
                  real, buf, (st.st_mode & S_IWOTH) ? "world" : "group", (unsigned)(st.st_mode & 07777));
             return -1;
         }
         if (st.st_uid != 0 && st.st_uid != geteuid()) {
-            whyf(why, whylen, "%s: ancestor directory %s owned by uid %u, expected root or uid %u", real, buf,
+            hwhyf(why, whylen, "%s: ancestor directory %s owned by uid %u, expected root or uid %u", real, buf,
                  (unsigned)st.st_uid, (unsigned)geteuid());
             return -1;
         }
@@ -167,25 +159,25 @@ static int vet_ancestors(const char *real, char *why, size_t whylen) {
 
 int hl_vet_dir(const char *dir, int allow_symlinks, char *why, size_t whylen) {
     if (!dir || dir[0] != '/') {
-        whyf(why, whylen, "%s: plugin directory must be an absolute path, found a relative one", dir ? dir : "(null)");
+        hwhyf(why, whylen, "%s: plugin directory must be an absolute path, found a relative one", dir ? dir : "(null)");
         return -1;
     }
     struct stat st;
     if (lstat(dir, &st) != 0) {
-        whyf(why, whylen, "%s: cannot access plugin directory: %s", dir, strerror(errno));
+        hwhyf(why, whylen, "%s: cannot access plugin directory: %s", dir, strerror(errno));
         return -1;
     }
     if (S_ISLNK(st.st_mode) && !allow_symlinks) {
-        whyf(why, whylen, "%s: plugin directory is a symlink (set plugins.allow_symlinks = true to follow)", dir);
+        hwhyf(why, whylen, "%s: plugin directory is a symlink (set plugins.allow_symlinks = true to follow)", dir);
         return -1;
     }
     char real[PATH_MAX];
     if (!realpath(dir, real) || stat(real, &st) != 0) {
-        whyf(why, whylen, "%s: cannot resolve plugin directory: %s", dir, strerror(errno));
+        hwhyf(why, whylen, "%s: cannot resolve plugin directory: %s", dir, strerror(errno));
         return -1;
     }
     if (!S_ISDIR(st.st_mode)) {
-        whyf(why, whylen, "%s: expected a directory, found another kind of file", dir);
+        hwhyf(why, whylen, "%s: expected a directory, found another kind of file", dir);
         return -1;
     }
     if (vet_owner_mode(dir, &st, "plugin directory", why, whylen)) return -1;
@@ -194,24 +186,24 @@ int hl_vet_dir(const char *dir, int allow_symlinks, char *why, size_t whylen) {
 
 int hl_vet_file(const char *path, int allow_symlinks, char *why, size_t whylen) {
     if (!path || path[0] != '/') {
-        whyf(why, whylen, "%s: plugin path must be absolute", path ? path : "(null)");
+        hwhyf(why, whylen, "%s: plugin path must be absolute", path ? path : "(null)");
         return -1;
     }
     struct stat st;
     if (lstat(path, &st) != 0) {
-        whyf(why, whylen, "%s: cannot access: %s", path, strerror(errno));
+        hwhyf(why, whylen, "%s: cannot access: %s", path, strerror(errno));
         return -1;
     }
     if (S_ISLNK(st.st_mode)) {
         if (!allow_symlinks) {
-            whyf(why, whylen, "%s: is a symlink, expected a regular file (set plugins.allow_symlinks = true to follow)",
+            hwhyf(why, whylen, "%s: is a symlink, expected a regular file (set plugins.allow_symlinks = true to follow)",
                  path);
             return -1;
         }
         /* Following: every check applies to the target and its directory. */
         char real[PATH_MAX];
         if (!realpath(path, real)) {
-            whyf(why, whylen, "%s: dangling symlink: %s", path, strerror(errno));
+            hwhyf(why, whylen, "%s: dangling symlink: %s", path, strerror(errno));
             return -1;
         }
         char dir[PATH_MAX];
@@ -222,12 +214,12 @@ int hl_vet_file(const char *path, int allow_symlinks, char *why, size_t whylen) 
         return hl_vet_file(real, 0, why, whylen);
     }
     if (!S_ISREG(st.st_mode)) {
-        whyf(why, whylen, "%s: expected a regular file, found a %s", path,
+        hwhyf(why, whylen, "%s: expected a regular file, found a %s", path,
              S_ISDIR(st.st_mode) ? "directory" : S_ISFIFO(st.st_mode) ? "FIFO" : "special file");
         return -1;
     }
     if (st.st_mode & (S_ISUID | S_ISGID)) {
-        whyf(why, whylen, "%s: has the set%s bit (mode %04o), expected none", path,
+        hwhyf(why, whylen, "%s: has the set%s bit (mode %04o), expected none", path,
              (st.st_mode & S_ISUID) ? "uid" : "gid", (unsigned)(st.st_mode & 07777));
         return -1;
     }
@@ -309,11 +301,11 @@ static int validate_desc(hl_library *lib, const kiln_plugin_desc *d, uint32_t id
                          size_t whylen) {
     const char *path = lib->path;
     if (!d) {
-        whyf(why, whylen, "%s: plugin descriptor %u is NULL, expected a descriptor", path, idx);
+        hwhyf(why, whylen, "%s: plugin descriptor %u is NULL, expected a descriptor", path, idx);
         return -1;
     }
     if (d->struct_size < sizeof(kiln_plugin_desc)) {
-        whyf(why, whylen,
+        hwhyf(why, whylen,
              "%s: plugin descriptor %u too small (struct_size %u < %zu required for ABI 1.0); built against a "
              "corrupt or mismatched header",
              path, idx, d->struct_size, sizeof(kiln_plugin_desc));
@@ -324,38 +316,38 @@ static int validate_desc(hl_library *lib, const kiln_plugin_desc *d, uint32_t id
     out->lib = lib;
     const kiln_plugin_desc *v = &out->view;
     if (v->kind == 0) {
-        whyf(why, whylen, "%s: plugin descriptor %u has kind 0, expected a KILN_KIND_* value", path, idx);
+        hwhyf(why, whylen, "%s: plugin descriptor %u has kind 0, expected a KILN_KIND_* value", path, idx);
         return -1;
     }
     if (v->kind > KILN_KIND_MAX_KNOWN) {
-        whyf(why, whylen, "%s: plugin '%s' has kind %u, unknown to host ABI %d.%d; skipped", path,
+        hwhyf(why, whylen, "%s: plugin '%s' has kind %u, unknown to host ABI %d.%d; skipped", path,
              v->name ? v->name : "?", v->kind, KILN_ABI_MAJOR, KILN_ABI_MINOR);
         return 1;
     }
     const char *kn = hl_kind_name(v->kind);
     if (!hl_valid_plugin_name(v->name)) {
-        whyf(why, whylen, "%s: %s plugin %u has name '%s', expected [a-z0-9][a-z0-9._-]{0,63}", path, kn, idx,
+        hwhyf(why, whylen, "%s: %s plugin %u has name '%s', expected [a-z0-9][a-z0-9._-]{0,63}", path, kn, idx,
              v->name ? v->name : "(null)");
         return -1;
     }
     if (!v->version || !*v->version) {
-        whyf(why, whylen, "%s: %s '%s' has no version string", path, kn, v->name);
+        hwhyf(why, whylen, "%s: %s '%s' has no version string", path, kn, v->name);
         return -1;
     }
     const kiln_ops_header *ops = v->ops;
     if (!ops) {
-        whyf(why, whylen, "%s: %s '%s' has no ops table, expected one", path, kn, v->name);
+        hwhyf(why, whylen, "%s: %s '%s' has no ops table, expected one", path, kn, v->name);
         return -1;
     }
     if (ops->struct_size < sizeof(kiln_ops_header)) {
-        whyf(why, whylen,
+        hwhyf(why, whylen,
              "%s: %s '%s' ops table too small (struct_size %u < %zu required for ABI 1.0); built against a corrupt "
              "or mismatched header",
              path, kn, v->name, ops->struct_size, sizeof(kiln_ops_header));
         return -1;
     }
     if (!ops->create || !ops->destroy) {
-        whyf(why, whylen, "%s: %s '%s' lacks mandatory op %s", path, kn, v->name, !ops->create ? "create" : "destroy");
+        hwhyf(why, whylen, "%s: %s '%s' lacks mandatory op %s", path, kn, v->name, !ops->create ? "create" : "destroy");
         return -1;
     }
     out->ops = ops;
@@ -363,17 +355,17 @@ static int validate_desc(hl_library *lib, const kiln_plugin_desc *d, uint32_t id
     int np = 0;
     for (const kiln_kv *p = v->properties; p && p->key; p++, np++) {
         if (np >= 256) {
-            whyf(why, whylen, "%s: %s '%s' has more than 256 properties (unterminated list?)", path, kn, v->name);
+            hwhyf(why, whylen, "%s: %s '%s' has more than 256 properties (unterminated list?)", path, kn, v->name);
             return -1;
         }
         if (!check_value_shape(&p->value)) {
-            whyf(why, whylen, "%s: %s '%s' property '%s' is malformed (type %u, count %u)", path, kn, v->name, p->key,
+            hwhyf(why, whylen, "%s: %s '%s' property '%s' is malformed (type %u, count %u)", path, kn, v->name, p->key,
                  p->value.type, p->value.count);
             return -1;
         }
         for (size_t k = 0; k < sizeof known_props / sizeof known_props[0]; k++) {
             if (strcmp(known_props[k].key, p->key) == 0 && known_props[k].type != p->value.type) {
-                whyf(why, whylen, "%s: %s '%s' property '%s' must be a %s, found a %s", path, kn, v->name, p->key,
+                hwhyf(why, whylen, "%s: %s '%s' property '%s' must be a %s, found a %s", path, kn, v->name, p->key,
                      type_name(known_props[k].type), type_name(p->value.type));
                 return -1;
             }
@@ -381,7 +373,7 @@ static int validate_desc(hl_library *lib, const kiln_plugin_desc *d, uint32_t id
         if (strcmp(p->key, "aliases") == 0) {
             for (uint32_t a = 0; a < p->value.count; a++)
                 if (!hl_valid_plugin_name(p->value.v.sl[a])) {
-                    whyf(why, whylen, "%s: %s '%s' alias '%s' is not a valid name", path, kn, v->name,
+                    hwhyf(why, whylen, "%s: %s '%s' alias '%s' is not a valid name", path, kn, v->name,
                          p->value.v.sl[a]);
                     return -1;
                 }
@@ -393,29 +385,29 @@ static int validate_desc(hl_library *lib, const kiln_plugin_desc *d, uint32_t id
     int nk = 0;
     for (const kiln_param *q = v->params; q && q->key; q++, nk++) {
         if (nk >= HL_MAX_PARAMS) {
-            whyf(why, whylen, "%s: %s '%s' declares more than %d config keys (unterminated list?)", path, kn, v->name,
+            hwhyf(why, whylen, "%s: %s '%s' declares more than %d config keys (unterminated list?)", path, kn, v->name,
                  HL_MAX_PARAMS);
             return -1;
         }
         if (!valid_param_key(q->key) || strcmp(q->key, "name") == 0) {
-            whyf(why, whylen, "%s: %s '%s' declares config key '%s', expected [a-z][a-z0-9_]* other than 'name'",
+            hwhyf(why, whylen, "%s: %s '%s' declares config key '%s', expected [a-z][a-z0-9_]* other than 'name'",
                  path, kn, v->name, q->key);
             return -1;
         }
         if (q->type < KILN_TYPE_BOOL || q->type > KILN_TYPE_STRING_LIST) {
-            whyf(why, whylen, "%s: %s '%s' config key '%s' has invalid type %u", path, kn, v->name, q->key, q->type);
+            hwhyf(why, whylen, "%s: %s '%s' config key '%s' has invalid type %u", path, kn, v->name, q->key, q->type);
             return -1;
         }
         int def_ok = q->def.type == KILN_TYPE_NONE || q->def.type == q->type ||
                      (q->type == KILN_TYPE_FLOAT && q->def.type == KILN_TYPE_INT);
         if (!def_ok || !check_value_shape(&q->def)) {
-            whyf(why, whylen, "%s: %s '%s' config key '%s' is a %s but its default is a %s", path, kn, v->name,
+            hwhyf(why, whylen, "%s: %s '%s' config key '%s' is a %s but its default is a %s", path, kn, v->name,
                  q->key, type_name(q->type), type_name(q->def.type));
             return -1;
         }
         for (const kiln_param *r = v->params; r != q; r++)
             if (strcmp(r->key, q->key) == 0) {
-                whyf(why, whylen, "%s: %s '%s' declares config key '%s' twice", path, kn, v->name, q->key);
+                hwhyf(why, whylen, "%s: %s '%s' declares config key '%s' twice", path, kn, v->name, q->key);
                 return -1;
             }
     }
@@ -447,14 +439,14 @@ int hl_load_file(hl_loader *L, const char *path, int origin, char *why, size_t w
     }
     char real[PATH_MAX];
     if (!realpath(path, real)) {
-        whyf(why, whylen, "%s: cannot resolve: %s", path, strerror(errno));
+        hwhyf(why, whylen, "%s: cannot resolve: %s", path, strerror(errno));
         add_cand(L, path, 0, HL_CAND_REFUSED, why);
         return -1;
     }
     int fd = open(real, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     struct stat st;
     if (fd < 0 || fstat(fd, &st) != 0) {
-        whyf(why, whylen, "%s: cannot open: %s", path, strerror(errno));
+        hwhyf(why, whylen, "%s: cannot open: %s", path, strerror(errno));
         if (fd >= 0) close(fd);
         add_cand(L, path, 0, HL_CAND_REFUSED, why);
         return -1;
@@ -463,14 +455,14 @@ int hl_load_file(hl_loader *L, const char *path, int origin, char *why, size_t w
     if (!S_ISREG(st.st_mode) || (st.st_mode & (S_ISUID | S_ISGID)) ||
         vet_owner_mode(path, &st, "plugin file", why, whylen)) {
         if (S_ISREG(st.st_mode) && !(st.st_mode & (S_ISUID | S_ISGID))) { /* why already set */ }
-        else whyf(why, whylen, "%s: changed while being checked", path);
+        else hwhyf(why, whylen, "%s: changed while being checked", path);
         close(fd);
         add_cand(L, path, 0, HL_CAND_REFUSED, why);
         return -1;
     }
     for (int i = 0; i < L->nlibs; i++)
         if (L->libs[i]->dev == st.st_dev && L->libs[i]->ino == st.st_ino) {
-            whyf(why, whylen, "%s: same file as %s; loaded once", path, L->libs[i]->path);
+            hwhyf(why, whylen, "%s: same file as %s; loaded once", path, L->libs[i]->path);
             close(fd);
             add_cand(L, path, 0, HL_CAND_SKIPPED, why);
             return 1;
@@ -490,19 +482,19 @@ int hl_load_file(hl_loader *L, const char *path, int origin, char *why, size_t w
         e = e ? e : "unknown error";
         size_t rl = strlen(real);
         if (!strncmp(e, real, rl) && e[rl] == ':') e += rl + (e[rl + 1] == ' ' ? 2 : 1);
-        whyf(why, whylen, "%s: cannot be loaded: %s%s", path, e, dlerror_hint(e));
+        hwhyf(why, whylen, "%s: cannot be loaded: %s%s", path, e, dlerror_hint(e));
         add_cand(L, path, 0, HL_CAND_REFUSED, why);
         return -1;
     }
     if (swapped) {
-        whyf(why, whylen, "%s: was replaced while being loaded; refusing it", path);
+        hwhyf(why, whylen, "%s: was replaced while being loaded; refusing it", path);
         add_cand(L, path, 0, HL_CAND_REFUSED, why);
         return -1;
     }
     kiln_plugin_init_v1_fn init;
     *(void **)&init = dlsym(h, KILN_PLUGIN_ENTRY_V1);
     if (!init) {
-        whyf(why, whylen, "%s: is not a kiln plugin: missing symbol %s", path, KILN_PLUGIN_ENTRY_V1);
+        hwhyf(why, whylen, "%s: is not a kiln plugin: missing symbol %s", path, KILN_PLUGIN_ENTRY_V1);
         add_cand(L, path, 0, HL_CAND_REFUSED, why); /* left mapped: never dlclose */
         return -1;
     }
@@ -510,18 +502,18 @@ int hl_load_file(hl_loader *L, const char *path, int origin, char *why, size_t w
     herr_clear();
     int32_t rc = init(hs_host_base(), &desc);
     if (rc != KILN_OK) {
-        whyf(why, whylen, "%s: failed to initialize: %s [%s]", path,
+        hwhyf(why, whylen, "%s: failed to initialize: %s [%s]", path,
              *herr_msg() ? herr_msg() : kiln_strerror(rc), kiln_status_name(rc));
         add_cand(L, path, 0, HL_CAND_REFUSED, why);
         return -1;
     }
     if (!desc) {
-        whyf(why, whylen, "%s: init returned success but no library descriptor", path);
+        hwhyf(why, whylen, "%s: init returned success but no library descriptor", path);
         add_cand(L, path, 0, HL_CAND_REFUSED, why);
         return -1;
     }
     if (desc->struct_size < sizeof(kiln_library)) {
-        whyf(why, whylen,
+        hwhyf(why, whylen,
              "%s: library descriptor too small (struct_size %u < %zu required for ABI 1.0); built against a corrupt "
              "or mismatched header",
              path, desc->struct_size, sizeof(kiln_library));
@@ -543,29 +535,29 @@ int hl_load_file(hl_loader *L, const char *path, int origin, char *why, size_t w
     const char *lname = v->library_name ? v->library_name : "?";
     int bad = 0;
     if (v->abi_major != KILN_ABI_MAJOR) {
-        whyf(why, whylen, "%s: ABI major %u not supported (host supports %d); rebuild against the kiln SDK %d.x",
+        hwhyf(why, whylen, "%s: ABI major %u not supported (host supports %d); rebuild against the kiln SDK %d.x",
              path, v->abi_major, KILN_ABI_MAJOR, KILN_ABI_MAJOR);
         bad = 1;
     } else if (v->min_host_minor > KILN_ABI_MINOR) {
-        whyf(why, whylen,
+        hwhyf(why, whylen,
              "%s (%s %s) requires host ABI >= %d.%u; this host provides %d.%d (kiln %s); upgrade kiln or use a "
              "build of the plugin for ABI <= %d.%d",
              path, lname, v->library_version ? v->library_version : "?", KILN_ABI_MAJOR, v->min_host_minor,
              KILN_ABI_MAJOR, KILN_ABI_MINOR, hs_host_base()->host_version, KILN_ABI_MAJOR, KILN_ABI_MINOR);
         bad = 1;
     } else if (v->min_host_minor > v->abi_minor) {
-        whyf(why, whylen, "%s: min_host_minor %u is newer than the ABI minor %u it was built with", path,
+        hwhyf(why, whylen, "%s: min_host_minor %u is newer than the ABI minor %u it was built with", path,
              v->min_host_minor, v->abi_minor);
         bad = 1;
     } else if (!v->library_name || !hl_valid_plugin_name(v->library_name)) {
-        whyf(why, whylen, "%s: library name '%s' invalid, expected [a-z0-9][a-z0-9._-]{0,63}", path,
+        hwhyf(why, whylen, "%s: library name '%s' invalid, expected [a-z0-9][a-z0-9._-]{0,63}", path,
              v->library_name ? v->library_name : "(null)");
         bad = 1;
     } else if (!v->library_version || !*v->library_version) {
-        whyf(why, whylen, "%s: library '%s' has no version", path, lname);
+        hwhyf(why, whylen, "%s: library '%s' has no version", path, lname);
         bad = 1;
     } else if (v->plugin_count == 0 || v->plugin_count > HL_MAX_PLUGINS_PER_LIB || !v->plugins) {
-        whyf(why, whylen, "%s: library '%s' lists %u plugins, expected 1 to %d", path, lname, v->plugin_count,
+        hwhyf(why, whylen, "%s: library '%s' lists %u plugins, expected 1 to %d", path, lname, v->plugin_count,
              HL_MAX_PLUGINS_PER_LIB);
         bad = 1;
     }
@@ -605,7 +597,7 @@ int hl_load_file(hl_loader *L, const char *path, int origin, char *why, size_t w
     }
     if (lib->nplugins == 0) {
         c->status = HL_CAND_REFUSED;
-        whyf(why, whylen, "%s: no usable plugin in library '%s'%s%s", path, lname, c->reason ? ": " : "",
+        hwhyf(why, whylen, "%s: no usable plugin in library '%s'%s%s", path, lname, c->reason ? ": " : "",
              c->reason ? c->reason : "");
         free(lib->plugins);
         free(lib->path);
@@ -760,10 +752,10 @@ const hl_plugin *hl_find(const hl_loader *L, uint32_t kind, const char *query, c
                 for (uint32_t a = 0; a < p->naliases; a++)
                     if (!strcmp(p->aliases[a], name)) return p;
             }
-            whyf(why, whylen, "library libkiln-%.*s.so has no %s plugin answering to '%s'", (int)sl, query, kn, name);
+            hwhyf(why, whylen, "library libkiln-%.*s.so has no %s plugin answering to '%s'", (int)sl, query, kn, name);
             return NULL;
         }
-        whyf(why, whylen, "no loaded library libkiln-%.*s.so for %s '%s'", (int)sl, query, kn, query);
+        hwhyf(why, whylen, "no loaded library libkiln-%.*s.so for %s '%s'", (int)sl, query, kn, query);
         return NULL;
     }
     for (int i = 0; i < L->nreg; i++)
@@ -788,7 +780,7 @@ const hl_plugin *hl_find(const hl_loader *L, uint32_t kind, const char *query, c
     char ref[160] = "";
     if (refused)
         snprintf(ref, sizeof ref, " (%d plugin file(s) were refused; see `kiln plugins list --verbose`)", refused);
-    whyf(why, whylen, "no %s plugin answers to '%s' (available: %s)%s%s", kn, query, *known ? known : "none", hint,
+    hwhyf(why, whylen, "no %s plugin answers to '%s' (available: %s)%s%s", kn, query, *known ? known : "none", hint,
          ref);
     return NULL;
 }

@@ -70,6 +70,14 @@ void hlog_loader(const char *fmt, ...) {
     fprintf(stderr, "kiln: loader: %s\n", line);
 }
 
+void hwhyf(char *why, size_t whylen, const char *fmt, ...) {
+    if (!why || !whylen) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, whylen, fmt, ap);
+    va_end(ap);
+}
+
 void herr_clear(void) {
     t_err_code = 0;
     t_err_msg[0] = 0;

@@ -29,6 +29,10 @@ void herr_set(int code, const char *msg);
 const char *herr_msg(void); /* "" when none */
 int herr_code(void);
 
+/* snprintf into a caller's one-line message buffer (why, whylen); no-op
+ * when why is NULL. */
+void hwhyf(char *why, size_t whylen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
 #define HLOG_ERROR(...) hlog(KILN_LOG_ERROR, __VA_ARGS__)
 #define HLOG_WARN(...) hlog(KILN_LOG_WARN, __VA_ARGS__)
 #define HLOG_INFO(...) hlog(KILN_LOG_INFO, __VA_ARGS__)

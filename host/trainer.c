@@ -23,13 +23,6 @@
 
 #include "log.h"
 
-static void whyf(char *why, size_t whylen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void whyf(char *why, size_t whylen, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, whylen, fmt, ap);
-    va_end(ap);
-}
 
 double ht_now(void) {
     struct timespec ts;
@@ -70,7 +63,7 @@ static int read_settings(ht_trainer *t, char *why, size_t whylen) {
     s->log_every_n_steps = kiln_kv_int(kv, "log_every_n_steps", 50);
     s->threads = kiln_kv_int(kv, "threads", 0);
     const char *f = t->cfg->path;
-#define BAD(cond, ...) do { if (cond) { whyf(why, whylen, __VA_ARGS__); return KILN_E_CONFIG; } } while (0)
+#define BAD(cond, ...) do { if (cond) { hwhyf(why, whylen, __VA_ARGS__); return KILN_E_CONFIG; } } while (0)
     BAD(s->max_epochs < -1, "%s: trainer.max_epochs must be >= -1, found %lld", f, (long long)s->max_epochs);
     BAD(s->max_steps < -1, "%s: trainer.max_steps must be >= -1, found %lld", f, (long long)s->max_steps);
     BAD(s->min_epochs < 0, "%s: trainer.min_epochs must be >= 0, found %lld", f, (long long)s->min_epochs);
@@ -138,12 +131,12 @@ static int make_slot(ht_trainer *t, ht_slot *s, uint32_t kind, const char *name,
         config_setting_t *at = sec ? config_setting_get_member(sec, "name") : config_lookup(&t->cfg->cfg, role);
         if (at) hc_where(t->cfg, at, where, sizeof where);
         else snprintf(where, sizeof where, "%s", t->cfg->path);
-        whyf(why, whylen, "%s: %s: %s", where, role, inner);
+        hwhyf(why, whylen, "%s: %s: %s", where, role, inner);
         return KILN_E_NOT_FOUND;
     }
     size_t need = ops_size_for(kind);
     if (p->lib->view.abi_minor < 1 || p->ops->struct_size < need) {
-        whyf(why, whylen,
+        hwhyf(why, whylen,
              "%s '%s' (%s) was built against ABI 1.%u with a %u-byte ops table; training needs ABI >= 1.1 and %zu "
              "bytes (rebuild it against the current SDK)",
              hl_kind_name(kind), p->view.name, p->lib->path, p->lib->view.abi_minor, p->ops->struct_size, need);
@@ -180,7 +173,7 @@ static int slot_from_config(ht_trainer *t, ht_slot *s, const char *slot, int req
     if (!name) {
         if (why[0]) return KILN_E_CONFIG;
         if (!required) return KILN_OK;
-        whyf(why, whylen, "%s: missing the '%s' section (e.g. %s = { name = \"...\"; ... })", t->cfg->path, slot, slot);
+        hwhyf(why, whylen, "%s: missing the '%s' section (e.g. %s = { name = \"...\"; ... })", t->cfg->path, slot, slot);
         return KILN_E_CONFIG;
     }
     uint32_t kind;
@@ -201,7 +194,7 @@ static int alloc_params(ht_trainer *t, char *why, size_t whylen) {
     size_t total = 0;
     for (uint32_t i = 0; i < t->nparams; i++) total += ((size_t)t->params[i]->numel + 15) & ~(size_t)15;
     if (total == 0) {
-        whyf(why, whylen, "module '%s' registered no parameters", t->module.p->view.name);
+        hwhyf(why, whylen, "module '%s' registered no parameters", t->module.p->view.name);
         return KILN_E_STATE;
     }
     void *a = NULL, *g = NULL;
@@ -451,7 +444,7 @@ int ht_open(ht_trainer *t, hc_config *cfg, hl_loader *L, int stage, char *why, s
     if (rc) { rc = ht_fail(t, &t->accel, rc, "configure", why, whylen); goto fail; }
     t->K = t->accel_ops->kernels(t->accel.inst);
     if (!t->K || t->K->struct_size < sizeof(kiln_kernels)) {
-        whyf(why, whylen, "accelerator '%s' (%s): kernel table missing or too small (%u < %zu bytes)",
+        hwhyf(why, whylen, "accelerator '%s' (%s): kernel table missing or too small (%u < %zu bytes)",
              t->accel.p->view.name, t->accel.p->lib->path, t->K ? t->K->struct_size : 0, sizeof(kiln_kernels));
         rc = KILN_E_VERSION;
         goto fail;
@@ -497,7 +490,7 @@ int ht_open(ht_trainer *t, hc_config *cfg, hl_loader *L, int stage, char *why, s
 
     int ncb = hc_callback_count(cfg);
     if (ncb > HT_MAX_CALLBACKS) {
-        whyf(why, whylen, "%s: %d callbacks configured, at most %d supported", cfg->path, ncb, HT_MAX_CALLBACKS);
+        hwhyf(why, whylen, "%s: %d callbacks configured, at most %d supported", cfg->path, ncb, HT_MAX_CALLBACKS);
         rc = KILN_E_CONFIG;
         goto fail;
     }
@@ -511,7 +504,7 @@ int ht_open(ht_trainer *t, hc_config *cfg, hl_loader *L, int stage, char *why, s
         else if (config_setting_type(cb) != CONFIG_TYPE_GROUP || !config_setting_lookup_string(cb, "name", &name)) {
             char where[PATH_MAX + 32];
             hc_where(cfg, cb, where, sizeof where);
-            whyf(why, whylen, "%s: %s must be a group with name = \"...\"", where, roles[i]);
+            hwhyf(why, whylen, "%s: %s must be a group with name = \"...\"", where, roles[i]);
             rc = KILN_E_CONFIG;
             goto fail;
         }
@@ -559,13 +552,13 @@ int ht_make_run_dir(ht_trainer *t, char *why, size_t whylen) {
     for (char *p = path + 1; *p; p++)
         if (*p == '/') { *p = 0; mkdir(path, 0755); *p = '/'; }
     if (mkdir(path, 0755) != 0 && errno != EEXIST) {
-        whyf(why, whylen, "%s: cannot create trainer.default_root_dir: %s", root, strerror(errno));
+        hwhyf(why, whylen, "%s: cannot create trainer.default_root_dir: %s", root, strerror(errno));
         return KILN_E_IO;
     }
     for (int attempt = 0; attempt < 100; attempt++) {
         long next = 0;
         DIR *d = opendir(path);
-        if (!d) { whyf(why, whylen, "%s: cannot read: %s", path, strerror(errno)); return KILN_E_IO; }
+        if (!d) { hwhyf(why, whylen, "%s: cannot read: %s", path, strerror(errno)); return KILN_E_IO; }
         struct dirent *e;
         while ((e = readdir(d))) {
             char *end;
@@ -577,7 +570,7 @@ int ht_make_run_dir(ht_trainer *t, char *why, size_t whylen) {
         snprintf(t->run_dir, sizeof t->run_dir, "%s/version_%ld", path, next);
         if (mkdir(t->run_dir, 0755) == 0) break;
         if (errno != EEXIST) {
-            whyf(why, whylen, "%s: cannot create the run directory: %s", t->run_dir, strerror(errno));
+            hwhyf(why, whylen, "%s: cannot create the run directory: %s", t->run_dir, strerror(errno));
             return KILN_E_IO;
         }
     }
