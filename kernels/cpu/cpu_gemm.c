@@ -4,7 +4,18 @@
  * reference GEMM the tests compare against, and the bias broadcast-add and its
  * gradient (column sums). A linear layer y = x W^T + b runs as kc_gemm then
  * kc_bias_add; its backward is two more kc_gemm calls (dx = dy W,
- * dW = dy^T x) plus kc_bias_grad. The bias kernels are single loops over a
+ * dW = dy^T x) plus kc_bias_grad.
+ *
+ * Large GEMMs are split across kiln's own pool, OpenBLAS itself running one
+ * thread per call: each thread computes a block of C's columns (or rows) with
+ * the full K, so every element still comes from one thread and the result
+ * does not depend on timing. Why not OpenBLAS's threads: they spin between
+ * calls, and in a training step, where GEMMs alternate with elementwise and
+ * optimizer kernels, the spinning threads compete with ours for the cores
+ * (on 2 cores the non-GEMM part of a step took ~10x longer that way). Our
+ * pool sleeps between jobs.
+ *
+ * The bias kernels are single loops over a
  * contiguous row that the compiler vectorizes; when the matrix is large they
  * split across the pool (bias_add by rows, bias_grad by columns, so every
  * output element is still produced by one thread with the serial arithmetic).
@@ -28,6 +39,37 @@ static void kc_scale_matrix(float *C, int M, int N, int ldc, float beta) {
     }
 }
 
+typedef struct kc_gemm_ctx {
+    int trans_a, trans_b, M, N, K;
+    float alpha, beta;
+    const float *A, *B; /* op(A): (M, K), op(B): (K, N) */
+    float *C;           /* (M, N) */
+    int lda, ldb, ldc;
+} kc_gemm_ctx;
+
+static void kc_sgemm(const kc_gemm_ctx *g, int M, int N, const float *A, const float *B, float *C) {
+    cblas_sgemm(CblasRowMajor, g->trans_a ? CblasTrans : CblasNoTrans, g->trans_b ? CblasTrans : CblasNoTrans, M,
+                N, g->K, g->alpha, A, g->lda, B, g->ldb, g->beta, C, g->ldc);
+}
+
+/* C[:, j0:j1] = op(A) op(B)[:, j0:j1] */
+static void kc_gemm_cols(void *vc, size_t j0, size_t j1) {
+    const kc_gemm_ctx *g = vc;
+    const float *B = g->trans_b ? g->B + j0 * (size_t)g->ldb : g->B + j0;
+    kc_sgemm(g, g->M, (int)(j1 - j0), g->A, B, g->C + j0);
+}
+
+/* C[i0:i1, :] = op(A)[i0:i1, :] op(B) */
+static void kc_gemm_rows(void *vc, size_t i0, size_t i1) {
+    const kc_gemm_ctx *g = vc;
+    const float *A = g->trans_a ? g->A + i0 : g->A + i0 * (size_t)g->lda;
+    kc_sgemm(g, (int)(i1 - i0), g->N, A, g->B, g->C + i0 * (size_t)g->ldc);
+}
+
+/* Below this many multiply-adds a GEMM is not worth a second thread. */
+#define KC_GEMM_SPLIT_MIN_FLOPS ((double)(1 << 21))
+#define KC_GEMM_SPLIT_GRAIN ((size_t)64)
+
 void kc_gemm(int trans_a, int trans_b, int M, int N, int K, float alpha,
              const float *A, int lda, const float *B, int ldb, float beta,
              float *C, int ldc) {
@@ -38,9 +80,14 @@ void kc_gemm(int trans_a, int trans_b, int M, int N, int K, float alpha,
         kc_scale_matrix(C, M, N, ldc, beta);
         return;
     }
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb,
-                beta, C, ldc);
+    kc_gemm_ctx g = {trans_a, trans_b, M, N, K, alpha, beta, A, B, C, lda, ldb, ldc};
+    const int big = (double)M * (double)N * (double)K >= KC_GEMM_SPLIT_MIN_FLOPS && kc_get_num_threads() > 1;
+    if (big && (size_t)N >= 2 * KC_GEMM_SPLIT_GRAIN)
+        kc_parallel_for((size_t)N, KC_GEMM_SPLIT_GRAIN, KC_ALIGN_FLOATS, kc_gemm_cols, &g);
+    else if (big && (size_t)M >= 2 * KC_GEMM_SPLIT_GRAIN)
+        kc_parallel_for((size_t)M, KC_GEMM_SPLIT_GRAIN, 1, kc_gemm_rows, &g);
+    else
+        kc_sgemm(&g, M, N, A, B, C);
 }
 
 void kc_gemm_ref(int trans_a, int trans_b, int M, int N, int K, float alpha,

@@ -401,7 +401,10 @@ static int32_t cpu_configure(kiln_instance *acc, int32_t threads, int32_t local_
     if (local_rank < 0)
         return CPU_ERR(acc, KILN_E_INVALID_ARG, "configure: local_rank must be >= 0, got %d", (int)local_rank);
     int n = threads == 0 ? cpu_available_cpus() : threads;
-    openblas_set_num_threads(n);
+    /* kc_gemm splits large GEMMs across kiln's pool (see kernels/cpu/cpu_gemm.c):
+     * OpenBLAS runs one thread per call, so its spinning workers never
+     * compete with ours. */
+    openblas_set_num_threads(1);
     int got = kc_set_num_threads(n);
     if (got < n)
         kiln_logf(acc->svc, acc->hctx, KILN_LOG_WARN,
@@ -409,8 +412,8 @@ static int32_t cpu_configure(kiln_instance *acc, int32_t threads, int32_t local_
                   "kernels' limit)",
                   n, got);
     acc->threads = got;
-    kiln_logf(acc->svc, acc->hctx, KILN_LOG_DEBUG, "cpu: %d kernel threads, OpenBLAS threads set to %d (core %s)",
-              got, n, openblas_get_corename());
+    kiln_logf(acc->svc, acc->hctx, KILN_LOG_DEBUG, "cpu: %d kernel threads, OpenBLAS one per call (core %s)", got,
+              openblas_get_corename());
     cpu_check_blas_core(acc);
     return KILN_OK;
 }
