@@ -103,13 +103,14 @@ static int read_settings(ht_trainer *t, char *why, size_t whylen) {
 
 static size_t ops_size_for(uint32_t kind) {
     switch (kind) {
-    case KILN_KIND_ACCELERATOR: return sizeof(kiln_accelerator_ops);
-    case KILN_KIND_PRECISION: return sizeof(kiln_precision_ops);
-    case KILN_KIND_STRATEGY: return sizeof(kiln_strategy_ops);
-    case KILN_KIND_OPTIMIZER: return sizeof(kiln_optimizer_ops);
-    case KILN_KIND_CALLBACK: return sizeof(kiln_callback_ops);
-    case KILN_KIND_DATA: return sizeof(kiln_data_ops);
-    case KILN_KIND_MODULE: return sizeof(kiln_module_ops);
+    /* the 1.1 sizes: a plugin built against any later minor has at least these */
+    case KILN_KIND_ACCELERATOR: return KILN_ACCELERATOR_OPS_SIZE_1_1;
+    case KILN_KIND_PRECISION: return KILN_PRECISION_OPS_SIZE_1_1;
+    case KILN_KIND_STRATEGY: return KILN_STRATEGY_OPS_SIZE_1_1;
+    case KILN_KIND_OPTIMIZER: return KILN_OPTIMIZER_OPS_SIZE_1_1;
+    case KILN_KIND_CALLBACK: return KILN_CALLBACK_OPS_SIZE_1_1;
+    case KILN_KIND_DATA: return KILN_DATA_OPS_SIZE_1_1;
+    case KILN_KIND_MODULE: return KILN_MODULE_OPS_SIZE_1_1;
     default: return sizeof(kiln_ops_header);
     }
 }
@@ -443,9 +444,10 @@ int ht_open(ht_trainer *t, hc_config *cfg, hl_loader *L, int stage, char *why, s
     rc = t->accel_ops->configure(t->accel.inst, (int32_t)t->set.threads, 0);
     if (rc) { rc = ht_fail(t, &t->accel, rc, "configure", why, whylen); goto fail; }
     t->K = t->accel_ops->kernels(t->accel.inst);
-    if (!t->K || t->K->struct_size < sizeof(kiln_kernels)) {
+    if (!t->K || t->K->struct_size < KILN_KERNELS_SIZE_1_1) {
         hwhyf(why, whylen, "accelerator '%s' (%s): kernel table missing or too small (%u < %zu bytes)",
-             t->accel.p->view.name, t->accel.p->lib->path, t->K ? t->K->struct_size : 0, sizeof(kiln_kernels));
+             t->accel.p->view.name, t->accel.p->lib->path, t->K ? t->K->struct_size : 0,
+             (size_t)KILN_KERNELS_SIZE_1_1);
         rc = KILN_E_VERSION;
         goto fail;
     }

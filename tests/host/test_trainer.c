@@ -364,6 +364,26 @@ static void test_validate_and_test_commands(void) {
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "test_loss="));
 }
 
+/* A callback built against the frozen 1.1 headers trains in this host. */
+static void test_frozen_abi_1_1_callback(void) {
+    char out[16384], body[8192], path[4200], text[512] = "";
+    snprintf(path, sizeof path, "%s/old11.txt", g_dir);
+    snprintf(body, sizeof body,
+             "trainer = { max_epochs = 2; num_sanity_val_steps = 0; accumulate_grad_batches = 2; };\n"
+             "data = { name = \"toydata\"; n_train = 3; n_val = 1; };\n"
+             "module = { name = \"toymod\"; };\n"
+             "optimizer = { name = \"sgd\"; lr = 0.1; };\n"
+             "callbacks = ( { name = \"old11cb\"; path = \"%s\"; } );\n",
+             path);
+    CU_ASSERT_EQUAL_FATAL(fit(body, NULL, out, sizeof out), 0);
+    FILE *f = fopen(path, "r");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    CU_ASSERT_PTR_NOT_NULL(fgets(text, sizeof text, f));
+    fclose(f);
+    /* 3 batches per epoch, accumulate 2: steps after batches 1 and 2 (last) */
+    CU_ASSERT_STRING_EQUAL(text, "batch_ends=6 epoch_ends=2 after_backward=6 step=4\n");
+}
+
 static int setup(void) { g_dir = tu_mkdtemp(); return g_dir ? 0 : 1; }
 static int teardown(void) {
     free_lines();
@@ -384,6 +404,7 @@ static void register_tests(void) {
     CU_add_test(s, "same seed, bit-identical weights", test_determinism);
     CU_add_test(s, "run directory and errors", test_run_dir_and_errors);
     CU_add_test(s, "kiln validate / kiln test", test_validate_and_test_commands);
+    CU_add_test(s, "callback built against frozen ABI 1.1", test_frozen_abi_1_1_callback);
 }
 
 #include "cunit_main.h"

@@ -315,6 +315,20 @@ typedef struct kiln_module_ops {
     int32_t (*on_event)(kiln_instance *self, kiln_event *ev);
 } kiln_module_ops;
 
+/* The size of each table as released in 1.1: the least a host accepts for
+ * training. A later minor appends members; a host reading one checks the
+ * table's struct_size first and treats a shorter table's tail as NULL. */
+#define KILN__END(type, last) (offsetof(type, last) + sizeof(((type *)0)->last))
+#define KILN_ACCELERATOR_OPS_SIZE_1_1 KILN__END(kiln_accelerator_ops, configure)
+#define KILN_PRECISION_OPS_SIZE_1_1 KILN__END(kiln_precision_ops, optimizer_step)
+#define KILN_STRATEGY_OPS_SIZE_1_1 KILN__END(kiln_strategy_ops, reduce_sum)
+#define KILN_OPTIMIZER_OPS_SIZE_1_1 KILN__END(kiln_optimizer_ops, set_lr)
+#define KILN_SCHEDULER_OPS_SIZE_1_1 KILN__END(kiln_scheduler_ops, lr_at)
+#define KILN_CALLBACK_OPS_SIZE_1_1 KILN__END(kiln_callback_ops, on_event)
+#define KILN_DATA_OPS_SIZE_1_1 KILN__END(kiln_data_ops, next)
+#define KILN_MODULE_OPS_SIZE_1_1 KILN__END(kiln_module_ops, on_event)
+#define KILN_KERNELS_SIZE_1_1 KILN__END(kiln_kernels, adamw_update)
+
 /* Layout pins of the 1.1 tables. */
 #if UINTPTR_MAX == 0xFFFFFFFFFFFFFFFFu
 static_assert(offsetof(kiln_accelerator_ops, kernels) == 40, "kiln_accelerator_ops 1.1");
