@@ -20,8 +20,8 @@ for opt in sgd adamw; do
     "$bin" "${common[@]}" --optimizer "$opt" --threads "$t" --steps 429 | tee -a "$out"
   done
 done
-"$bin" "${common[@]}" --optimizer sgd --threads 1 --layers 784,32,10 --steps 429 --reps 2000 | tee -a "$out"
-"$bin" "${common[@]}" --optimizer adamw --threads 1 --layers 784,32,10 --steps 429 --reps 2000 | tee -a "$out"
+"$bin" "${common[@]}" --optimizer sgd --threads 1 --layers 784,32,10 --steps 429 --reps 1000 | tee -a "$out"
+"$bin" "${common[@]}" --optimizer adamw --threads 1 --layers 784,32,10 --steps 429 --reps 1000 | tee -a "$out"
 python3 - "$out" <<'PY'
 import json, sys
 rows = [json.loads(l.split("RESULT ", 1)[1]) for l in open(sys.argv[1]) if l.startswith("RESULT ")]
