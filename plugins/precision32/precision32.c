@@ -82,7 +82,7 @@ static const kiln_precision_ops p32_ops = {
     .optimizer_step = p32_optimizer_step,
 };
 
-static const char *const p32_aliases[] = {"32", "fp32", "32-true"};
+static const char *const p32_aliases[] = {"32", "fp32"};
 static const kiln_kv p32_props[] = {
     {"precision", KILN_V_STR("32-true")},
     {"amp_backend", KILN_V_STR("none")},
