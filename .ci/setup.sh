@@ -51,6 +51,15 @@ acc = float(m[-1])
 print(f"default job: test accuracy {acc:.4f}")
 sys.exit(0 if acc >= 0.88 else f"default job: test accuracy {acc:.4f} < 0.88")
 PY
+  # the checkpoint the fit wrote evaluates to the same accuracy later
+  ./build/bin/kiln test examples/fashion_mnist.cfg --ckpt last --set "trainer.default_root_dir=\"$root/build/runs\"" \
+    | tee build/default-job-test.log
+  python3 - build/default-job.log build/default-job-test.log <<'PY'
+import re, sys
+a, b = (re.findall(r"test_acc=([0-9.]+)", open(f).read())[-1] for f in sys.argv[1:3])
+print(f"test --ckpt last: test accuracy {b} (fit --test: {a})")
+sys.exit(0 if a == b else "the saved checkpoint does not reproduce the fit's test accuracy")
+PY
 }
 
 if [ "$mode" = run ]; then

@@ -2,9 +2,9 @@
  * host/cli_run.c — `kiln fit|validate|test RUN.cfg`: open the run file,
  * check it against the plugins it names, instantiate the stack, create the
  * run directory (fit), run the loops and print the summary. `fit --test` runs
- * the test loop on the final weights in the same process. Checkpoints
- * (--ckpt) arrive with the checkpoint issue; until then they are refused with
- * a clear message rather than ignored.
+ * the test loop on the final weights in the same process. `validate` and
+ * `test` take --ckpt PATH|last to evaluate saved weights; resuming a fit
+ * (fit --ckpt) arrives with the checkpoint work and is refused until then.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,12 +12,13 @@
 
 #include "cli.h"
 #include "log.h"
+#include "checkpoint.h"
 #include "trainer.h"
 
 int cli_run(const char *verb, int argc, char **argv) {
     if (argc < 1 || argv[0][0] == '-') {
         fprintf(stderr, "kiln: error: usage: kiln %s RUN.cfg [--set KEY=VALUE]...%s\n", verb,
-                strcmp(verb, "fit") == 0 ? " [--test]" : "");
+                strcmp(verb, "fit") == 0 ? " [--test]" : " [--ckpt PATH|last]");
         return 2;
     }
     const char *path = argv[0];
@@ -35,11 +36,11 @@ int cli_run(const char *verb, int argc, char **argv) {
             return 2;
         }
     }
-    if (ckpt) {
+    if (ckpt && !strcmp(verb, "fit")) {
         fprintf(stderr,
-                "kiln: error: --ckpt %s: loading checkpoints is not available in this version of kiln; %s runs on "
-                "the initial weights without --ckpt\n",
-                ckpt, verb);
+                "kiln: error: fit --ckpt %s: resuming training is not available in this version of kiln (validate and "
+                "test take --ckpt to evaluate saved weights)\n",
+                ckpt);
         free(sets);
         return 2;
     }
@@ -54,6 +55,11 @@ int cli_run(const char *verb, int argc, char **argv) {
     if (rc == KILN_OK) rc = cli_check_run(&c, &L, stage == KILN_STAGE_FIT, why, sizeof why);
     if (rc == KILN_OK) { rc = ht_open(t, &c, &L, stage, why, sizeof why); opened = rc == KILN_OK; }
     if (rc == KILN_OK && stage == KILN_STAGE_FIT) rc = ht_make_run_dir(t, why, sizeof why);
+    if (rc == KILN_OK && ckpt) {
+        char ckpt_path[4096];
+        rc = ht_ckpt_resolve(t, ckpt, ckpt_path, sizeof ckpt_path, why, sizeof why);
+        if (rc == KILN_OK) rc = ht_ckpt_load_weights(t, ckpt_path, why, sizeof why);
+    }
     if (rc == KILN_OK) {
         if (t->run_dir[0]) HLOG_INFO("run directory: %s", t->run_dir);
         if (stage == KILN_STAGE_FIT) {

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "checkpoint.h"
 #include "loop.h"
 
 /* ---------------------------------------------------------------------------
@@ -392,7 +393,8 @@ static int fit_on_advance_end(ht_loop *L, char *why, size_t whylen) {
     int64_t step = t->batches_that_stepped > 0 ? t->batches_that_stepped - 1 : 0;
     if ((rc = log_epoch_metrics(t, KILN_STAGE_FIT, step, why, whylen))) return rc;
     INC(t->epoch_progress, completed);
-    return KILN_OK;
+    /* Lightning's default ModelCheckpoint: the weights after every epoch */
+    return ht_ckpt_save_last(t, why, whylen);
 }
 
 static int fit_on_run_end(ht_loop *L, char *why, size_t whylen) {

@@ -348,7 +348,7 @@ static void test_run_dir_and_errors(void) {
     CU_ASSERT_EQUAL(fit(BASE, "--set optimizer.name=sgdd", out, sizeof out), 1);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "did you mean 'sgd'?"));
     CU_ASSERT_EQUAL(fit(BASE, "--ckpt last", out, sizeof out), 2);
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "--ckpt last: loading checkpoints is not available"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "fit --ckpt last: resuming training is not available"));
 }
 
 static void test_validate_and_test_commands(void) {
@@ -362,6 +362,62 @@ static void test_validate_and_test_commands(void) {
     snprintf(cmd, sizeof cmd, "%s -q test %s", tu_kiln(), cfg);
     CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "test_loss="));
+}
+
+/* The value printed for `key=` in the last summary line holding it. */
+static int summary_value(const char *out, const char *key, char *val, size_t n) {
+    const char *p = NULL, *q = out;
+    while ((q = strstr(q, key))) p = q++;
+    if (!p) return -1;
+    p += strlen(key);
+    size_t k = strcspn(p, " \n");
+    snprintf(val, n, "%.*s", (int)(k < n ? k : n - 1), p);
+    return 0;
+}
+
+/* fit writes checkpoints/last.safetensors after every epoch; test --ckpt
+ * evaluates exactly those weights; mismatched stacks and corrupt files are
+ * refused with the file named. */
+static void test_checkpoint_weights(void) {
+    char root[4200], cfg[4300], text[8192], cmd[16384], out[16384], a[64] = "", b[64] = "", c[64] = "";
+    snprintf(root, sizeof root, "%s/ckptruns", g_dir);
+    snprintf(cfg, sizeof cfg, "%s/ckpt.cfg", g_dir);
+    snprintf(text, sizeof text, "plugins = { dirs = [\"%s\"]; };\n%s", getenv("KILN_TRAIN_FIXTURES"), BASE);
+    CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
+    /* no run yet: last finds nothing */
+    snprintf(cmd, sizeof cmd, "%s -q test %s --set 'trainer.default_root_dir=\"%s\"' --ckpt last", tu_kiln(), cfg, root);
+    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "--ckpt last: no"));
+    snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s\"' --set trainer.max_epochs=3 --test",
+             tu_kiln(), cfg, root);
+    CU_ASSERT_EQUAL_FATAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT_EQUAL_FATAL(summary_value(out, "test_loss=", a, sizeof a), 0);
+    char ck[4400];
+    snprintf(ck, sizeof ck, "%s/version_0/checkpoints/last.safetensors", root);
+    struct stat st;
+    CU_ASSERT_EQUAL_FATAL(stat(ck, &st), 0);
+    /* the same weights evaluated later, by "last" and by path */
+    snprintf(cmd, sizeof cmd, "%s -q test %s --set 'trainer.default_root_dir=\"%s\"' --ckpt last", tu_kiln(), cfg, root);
+    CU_ASSERT_EQUAL_FATAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT_EQUAL(summary_value(out, "test_loss=", b, sizeof b), 0);
+    CU_ASSERT_STRING_EQUAL(a, b);
+    snprintf(cmd, sizeof cmd, "%s -q test %s", tu_kiln(), cfg);
+    CU_ASSERT_EQUAL_FATAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT_EQUAL(summary_value(out, "test_loss=", c, sizeof c), 0);
+    CU_ASSERT_STRING_NOT_EQUAL(a, c); /* initial weights differ */
+    /* another module shape: refused, naming the tensor and both shapes */
+    snprintf(cmd, sizeof cmd, "%s -q validate %s --set module.features=4 --set data.features=4 --ckpt %s", tu_kiln(), cfg,
+             ck);
+    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "tensor 'linear.weight' is F32 [2, 3], module 'toymod' expects F32 [2, 4]"));
+    /* a truncated file: refused by the reader, naming the file */
+    char bad[4400];
+    snprintf(bad, sizeof bad, "%s/bad.safetensors", g_dir);
+    snprintf(cmd, sizeof cmd, "head -c 100 %s > %s", ck, bad);
+    CU_ASSERT_EQUAL_FATAL(tu_run(cmd, out, sizeof out), 0);
+    snprintf(cmd, sizeof cmd, "%s -q test %s --ckpt %s", tu_kiln(), cfg, bad);
+    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, bad));
 }
 
 /* A callback built against the frozen 1.1 headers trains in this host. */
@@ -405,6 +461,7 @@ static void register_tests(void) {
     CU_add_test(s, "run directory and errors", test_run_dir_and_errors);
     CU_add_test(s, "kiln validate / kiln test", test_validate_and_test_commands);
     CU_add_test(s, "callback built against frozen ABI 1.1", test_frozen_abi_1_1_callback);
+    CU_add_test(s, "checkpoint weights: save, test --ckpt, refusals", test_checkpoint_weights);
 }
 
 #include "cunit_main.h"

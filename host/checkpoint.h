@@ -1,0 +1,34 @@
+/*
+ * host/checkpoint.h — what a run writes and reads back as a checkpoint, in
+ * the safetensors format (host/safetensors.h): the module's parameters under
+ * their registered names (F32, readable by any safetensors reader) and the
+ * trainer's facts in __metadata__ (format, kiln and ABI versions, the plugin
+ * stack, epoch, global step, the effective run file). At the end of every
+ * training epoch the trainer replaces <run_dir>/checkpoints/last.safetensors
+ * atomically, as Lightning's default ModelCheckpoint saves each epoch.
+ * `kiln validate|test --ckpt PATH|last` load the weights into the stack the
+ * run file describes; names and shapes must match. Optimizer, scheduler,
+ * precision and callback states and exact mid-epoch resume are the
+ * checkpoint issue's work; `kiln fit --ckpt` is refused until then.
+ */
+#ifndef KILN_HOST_CHECKPOINT_H
+#define KILN_HOST_CHECKPOINT_H
+
+#include <stddef.h>
+
+#include "trainer.h"
+
+#define HT_CKPT_FORMAT "kiln-checkpoint-1"
+
+/* Write the parameters and trainer metadata to `path` atomically. */
+int ht_ckpt_save(ht_trainer *t, const char *path, char *why, size_t whylen);
+/* <run_dir>/checkpoints/last.safetensors (the directory is created). */
+int ht_ckpt_save_last(ht_trainer *t, char *why, size_t whylen);
+/* Load parameters from `path` into the open stack: every parameter must be
+ * present with the same shape and dtype F32. */
+int ht_ckpt_load_weights(ht_trainer *t, const char *path, char *why, size_t whylen);
+/* "last": the newest <default_root_dir>/version_N/checkpoints/last.safetensors;
+ * anything else is a path. */
+int ht_ckpt_resolve(const ht_trainer *t, const char *arg, char *out, size_t outlen, char *why, size_t whylen);
+
+#endif
