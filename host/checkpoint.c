@@ -29,6 +29,30 @@ static char *config_text(ht_trainer *t) {
     return buf;
 }
 
+/* The slots whose state a checkpoint carries, with their names in it. */
+typedef struct ckpt_slot { ht_slot *s; char role[40]; } ckpt_slot;
+
+static int state_slots(ht_trainer *t, ckpt_slot *out) {
+    int n = 0;
+    ht_slot *fixed[] = {&t->module, &t->optimizer, &t->precision, &t->strategy, &t->data};
+    const char *names[] = {"module", "optimizer", "precision", "strategy", "data"};
+    for (int i = 0; i < 5; i++)
+        if (fixed[i]->p) { out[n].s = fixed[i]; snprintf(out[n].role, sizeof out[n].role, "%s", names[i]); n++; }
+    for (int i = 0; i < t->ncallbacks; i++) {
+        out[n].s = &t->callbacks[i];
+        snprintf(out[n].role, sizeof out[n].role, "callbacks.%d", i);
+        n++;
+    }
+    return n;
+}
+
+/* Loop progress: "<epochs completed> <global step> <batches that stepped> <total batch idx>". */
+static void loops_text(const ht_trainer *t, char *buf, size_t n) {
+    snprintf(buf, n, "%lld %lld %lld %lld", (long long)t->epoch_progress.total.completed,
+             (long long)t->opt_step.total.completed, (long long)t->batches_that_stepped,
+             (long long)t->total_batch_idx);
+}
+
 int ht_ckpt_save(ht_trainer *t, const char *path, char *why, size_t whylen) {
     size_t total = 0;
     for (uint32_t i = 0; i < t->nparams; i++) total += (size_t)t->params[i]->numel;
@@ -61,7 +85,34 @@ int ht_ckpt_save(ht_trainer *t, const char *path, char *why, size_t whylen) {
     snprintf(num, sizeof num, "%lld", (long long)t->opt_step.total.completed);
     if (rc == KILN_OK) rc = kst_add_metadata(w, "global_step", num, why, whylen);
     if (rc == KILN_OK) rc = kst_add_metadata(w, "config", cfgtext, why, whylen);
+    char loops[160];
+    loops_text(t, loops, sizeof loops);
+    if (rc == KILN_OK) rc = kst_add_metadata(w, "loops", loops, why, whylen);
+    /* Each plugin's own state (get_state), as a U8 tensor "__state__.<role>"
+     * with "state.<role>" = "<plugin> <state_version>" in the metadata. */
+    ckpt_slot cs[8 + HT_MAX_CALLBACKS];
+    void *blobs[8 + HT_MAX_CALLBACKS] = {0};
+    int ns = state_slots(t, cs);
+    for (int i = 0; rc == KILN_OK && i < ns; i++) {
+        ht_slot *sl = cs[i].s;
+        if (!sl->p->ops->get_state) continue;
+        uint32_t ver = 0;
+        size_t size = 0;
+        herr_clear();
+        int32_t src = sl->p->ops->get_state(sl->inst, &ver, &blobs[i], &size);
+        if (src) { rc = ht_fail(t, sl, src, "get_state", why, whylen); break; }
+        char name[64], meta[160];
+        snprintf(name, sizeof name, "__state__.%s", cs[i].role);
+        snprintf(meta, sizeof meta, "state.%s", cs[i].role);
+        char val[160];
+        snprintf(val, sizeof val, "%s %u", sl->p->view.name, ver);
+        int64_t shape[1] = {(int64_t)size};
+        rc = kst_add_tensor(w, name, "U8", shape, 1, blobs[i], size, why, whylen);
+        if (rc == KILN_OK) rc = kst_add_metadata(w, meta, val, why, whylen);
+    }
     if (rc == KILN_OK) rc = kst_write_atomic(w, path, why, whylen);
+    for (int i = 0; i < ns; i++)
+        if (blobs[i]) hs_services()->free(&cs[i].s->hctx, blobs[i]);
     kst_writer_free(w);
     free(cfgtext);
     free(host);
@@ -118,8 +169,10 @@ int ht_ckpt_load_weights(ht_trainer *t, const char *path, char *why, size_t whyl
         int32_t crc = t->K->copy(t->accel.inst, p->data, x->data, x->nbytes, KILN_COPY_H2D);
         if (crc) rc = ht_fail(t, &t->accel, crc, "copy of a checkpoint tensor", why, whylen);
     }
-    if (rc == KILN_OK && (size_t)kst_count(f) != t->nparams)
-        HLOG_WARN("%s: %d tensors in the file, the module uses %u; the others are ignored", path, kst_count(f),
+    int nweights = 0;
+    for (int i = 0; i < kst_count(f); i++) nweights += strncmp(kst_get(f, i)->name, "__state__.", 10) != 0;
+    if (rc == KILN_OK && (size_t)nweights != t->nparams)
+        HLOG_WARN("%s: %d weight tensors in the file, the module uses %u; the others are ignored", path, nweights,
                   t->nparams);
     if (rc == KILN_OK) {
         const char *e = kst_metadata(f, "epoch"), *s = kst_metadata(f, "global_step");
@@ -127,6 +180,67 @@ int ht_ckpt_load_weights(ht_trainer *t, const char *path, char *why, size_t whyl
     }
     kst_close(f);
     return rc;
+}
+
+int ht_ckpt_resume(ht_trainer *t, const char *path, char *why, size_t whylen) {
+    int rc = ht_ckpt_load_weights(t, path, why, whylen);
+    if (rc) return rc;
+    kst_file *f = NULL;
+    if ((rc = kst_open(path, &f, why, whylen))) return rc;
+    long long ep = -1, step = -1, stepped = -1, tbi = -1;
+    const char *loops = kst_metadata(f, "loops");
+    if (!loops || sscanf(loops, "%lld %lld %lld %lld", &ep, &step, &stepped, &tbi) != 4 || ep < 0 || step < 0) {
+        hwhyf(why, whylen, "%s: expected loop progress (__metadata__ loops = \"epochs step stepped batches\"), found %s",
+              path, loops ? loops : "none");
+        kst_close(f);
+        return KILN_E_DATA;
+    }
+    if (t->set.max_epochs != -1 && ep > t->set.max_epochs) {
+        hwhyf(why, whylen, "%s: the checkpoint is after epoch %lld, beyond trainer.max_epochs = %lld", path, ep,
+              (long long)t->set.max_epochs);
+        kst_close(f);
+        return KILN_E_CONFIG;
+    }
+    ckpt_slot cs[8 + HT_MAX_CALLBACKS];
+    int ns = state_slots(t, cs);
+    for (int i = 0; rc == KILN_OK && i < ns; i++) {
+        ht_slot *sl = cs[i].s;
+        char name[64], meta[64];
+        snprintf(name, sizeof name, "__state__.%s", cs[i].role);
+        snprintf(meta, sizeof meta, "state.%s", cs[i].role);
+        const kst_tensor *x = kst_find(f, name);
+        const char *m = kst_metadata(f, meta);
+        if (!x || !m) continue; /* nothing saved for this role: it starts fresh */
+        char plugin[128] = "";
+        unsigned ver = 0;
+        if (sscanf(m, "%127s %u", plugin, &ver) != 2 || strcmp(plugin, sl->p->view.name) != 0) {
+            hwhyf(why, whylen, "%s: the %s state was saved by '%s', this run uses %s '%s'; resume with the same stack",
+                  path, cs[i].role, m, hl_kind_name(sl->p->view.kind), sl->p->view.name);
+            rc = KILN_E_STATE;
+            break;
+        }
+        if (!sl->p->ops->set_state) {
+            hwhyf(why, whylen, "%s: has a %s state but %s '%s' cannot restore state", path, cs[i].role,
+                  hl_kind_name(sl->p->view.kind), sl->p->view.name);
+            rc = KILN_E_STATE;
+            break;
+        }
+        herr_clear();
+        int32_t src = sl->p->ops->set_state(sl->inst, ver, x->data, x->nbytes);
+        if (src) rc = ht_fail(t, sl, src, "set_state", why, whylen);
+    }
+    kst_close(f);
+    if (rc) return rc;
+    /* A checkpoint written at an epoch's end: the next epoch starts fresh
+     * (reference §4: processed == completed, nothing to repair). */
+    ht_counts done = {ep, ep, ep, ep};
+    t->epoch_progress.total = t->epoch_progress.current = done;
+    t->opt_step.total.ready = t->opt_step.total.completed = step;
+    t->batches_that_stepped = stepped;
+    t->total_batch_idx = tbi;
+    t->resumed = 1;
+    HLOG_INFO("resuming after epoch %lld, global step %lld", ep, step);
+    return KILN_OK;
 }
 
 int ht_ckpt_resolve(const ht_trainer *t, const char *arg, char *out, size_t outlen, char *why, size_t whylen) {

@@ -6,10 +6,14 @@
  * stack, epoch, global step, the effective run file). At the end of every
  * training epoch the trainer replaces <run_dir>/checkpoints/last.safetensors
  * atomically, as Lightning's default ModelCheckpoint saves each epoch.
- * `kiln validate|test --ckpt PATH|last` load the weights into the stack the
- * run file describes; names and shapes must match. Optimizer, scheduler,
- * precision and callback states and exact mid-epoch resume are the
- * checkpoint issue's work; `kiln fit --ckpt` is refused until then.
+ * Every plugin with get_state adds its state as a U8 tensor
+ * "__state__.<role>" ("optimizer", "data", "callbacks.0", ...) with
+ * "state.<role>" = "<plugin> <state_version>", and "loops" holds the loop
+ * progress. `kiln validate|test --ckpt PATH|last` load the weights into the
+ * stack the run file describes (names and shapes must match); `kiln fit
+ * --ckpt` resumes: weights, plugin states and progress, then training goes on
+ * with the next epoch, bit-identical to a run that never stopped. (The
+ * checkpoint issue adds mid-epoch checkpoints and their counter repairs.)
  */
 #ifndef KILN_HOST_CHECKPOINT_H
 #define KILN_HOST_CHECKPOINT_H
@@ -27,6 +31,9 @@ int ht_ckpt_save_last(ht_trainer *t, char *why, size_t whylen);
 /* Load parameters from `path` into the open stack: every parameter must be
  * present with the same shape and dtype F32. */
 int ht_ckpt_load_weights(ht_trainer *t, const char *path, char *why, size_t whylen);
+/* Resume a fit from an end-of-epoch checkpoint: weights, plugin states
+ * (the plugin writing each must be the one restoring it), loop progress. */
+int ht_ckpt_resume(ht_trainer *t, const char *path, char *why, size_t whylen);
 /* "last": the newest <default_root_dir>/version_N/checkpoints/last.safetensors;
  * anything else is a path. */
 int ht_ckpt_resolve(const ht_trainer *t, const char *arg, char *out, size_t outlen, char *why, size_t whylen);

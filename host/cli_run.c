@@ -3,8 +3,8 @@
  * check it against the plugins it names, instantiate the stack, create the
  * run directory (fit), run the loops and print the summary. `fit --test` runs
  * the test loop on the final weights in the same process. `validate` and
- * `test` take --ckpt PATH|last to evaluate saved weights; resuming a fit
- * (fit --ckpt) arrives with the checkpoint work and is refused until then.
+ * `test` take --ckpt PATH|last to evaluate saved weights; `fit --ckpt`
+ * resumes from an end-of-epoch checkpoint.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,7 +18,7 @@
 int cli_run(const char *verb, int argc, char **argv) {
     if (argc < 1 || argv[0][0] == '-') {
         fprintf(stderr, "kiln: error: usage: kiln %s RUN.cfg [--set KEY=VALUE]...%s\n", verb,
-                strcmp(verb, "fit") == 0 ? " [--test]" : " [--ckpt PATH|last]");
+                strcmp(verb, "fit") == 0 ? " [--ckpt PATH|last] [--test]" : " [--ckpt PATH|last]");
         return 2;
     }
     const char *path = argv[0];
@@ -36,14 +36,6 @@ int cli_run(const char *verb, int argc, char **argv) {
             return 2;
         }
     }
-    if (ckpt && !strcmp(verb, "fit")) {
-        fprintf(stderr,
-                "kiln: error: fit --ckpt %s: resuming training is not available in this version of kiln (validate and "
-                "test take --ckpt to evaluate saved weights)\n",
-                ckpt);
-        free(sets);
-        return 2;
-    }
     int stage = !strcmp(verb, "fit") ? KILN_STAGE_FIT : !strcmp(verb, "validate") ? KILN_STAGE_VALIDATE : KILN_STAGE_TEST;
     hc_config c;
     hl_loader L;
@@ -54,12 +46,13 @@ int cli_run(const char *verb, int argc, char **argv) {
     int rc = cli_open_run(path, sets, nsets, &c, &L, why, sizeof why);
     if (rc == KILN_OK) rc = cli_check_run(&c, &L, stage == KILN_STAGE_FIT, why, sizeof why);
     if (rc == KILN_OK) { rc = ht_open(t, &c, &L, stage, why, sizeof why); opened = rc == KILN_OK; }
+    char ckpt_path[4096] = "";
+    /* resolve "last" before this run's own directory exists */
+    if (rc == KILN_OK && ckpt) rc = ht_ckpt_resolve(t, ckpt, ckpt_path, sizeof ckpt_path, why, sizeof why);
     if (rc == KILN_OK && stage == KILN_STAGE_FIT) rc = ht_make_run_dir(t, why, sizeof why);
-    if (rc == KILN_OK && ckpt) {
-        char ckpt_path[4096];
-        rc = ht_ckpt_resolve(t, ckpt, ckpt_path, sizeof ckpt_path, why, sizeof why);
-        if (rc == KILN_OK) rc = ht_ckpt_load_weights(t, ckpt_path, why, sizeof why);
-    }
+    if (rc == KILN_OK && ckpt)
+        rc = stage == KILN_STAGE_FIT ? ht_ckpt_resume(t, ckpt_path, why, sizeof why)
+                                     : ht_ckpt_load_weights(t, ckpt_path, why, sizeof why);
     if (rc == KILN_OK) {
         if (t->run_dir[0]) HLOG_INFO("run directory: %s", t->run_dir);
         if (stage == KILN_STAGE_FIT) {

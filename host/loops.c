@@ -442,7 +442,7 @@ int ht_run_fit_loop(ht_trainer *t, char *why, size_t whylen) {
     if ((rc = ht_hook(t, KILN_EV_ON_FIT_START, -1, NULL, NULL, 0, NULL, why, whylen))) return rc;
 
     /* sanity check (trainer._run_sanity_check) */
-    if (t->num_val_batches > 0 && t->set.num_sanity_val_steps != 0) {
+    if (t->num_val_batches > 0 && t->set.num_sanity_val_steps != 0 && !t->resumed) {
         int64_t n = t->set.num_sanity_val_steps == -1 || t->set.num_sanity_val_steps > t->num_val_batches
                         ? t->num_val_batches
                         : t->set.num_sanity_val_steps;

@@ -95,6 +95,7 @@ typedef struct ht_trainer {
     int64_t batches_that_stepped;
     int64_t total_batch_idx;
     int should_stop;
+    int resumed;                  /* restored from a checkpoint: no sanity check */
     int min_not_met_logged;
     int64_t num_training_batches, num_val_batches, num_test_batches;
     int64_t skipped_steps;

@@ -347,8 +347,8 @@ static void test_run_dir_and_errors(void) {
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "missing the 'optimizer' section"));
     CU_ASSERT_EQUAL(fit(BASE, "--set optimizer.name=sgdd", out, sizeof out), 1);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "did you mean 'sgd'?"));
-    CU_ASSERT_EQUAL(fit(BASE, "--ckpt last", out, sizeof out), 2);
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "fit --ckpt last: resuming training is not available"));
+    CU_ASSERT_EQUAL(fit(BASE, "--ckpt /nonexistent/last.safetensors", out, sizeof out), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "/nonexistent/last.safetensors"));
 }
 
 static void test_validate_and_test_commands(void) {
@@ -420,6 +420,52 @@ static void test_checkpoint_weights(void) {
     CU_ASSERT_PTR_NOT_NULL(strstr(out, bad));
 }
 
+/* fit 4 epochs == fit 2 epochs, then fit --ckpt last to 4: bit-identical
+ * weights (AdamW: its moments and step count travel in the checkpoint). */
+static void test_resume_bit_identical(void) {
+    char out[16384], cfg[4300], text[8192], cmd[16384], root[4200], wa[4300], wb[4300];
+    snprintf(root, sizeof root, "%s/resume", g_dir);
+    snprintf(cfg, sizeof cfg, "%s/resume.cfg", g_dir);
+    snprintf(wa, sizeof wa, "%s/w_full.bin", g_dir);
+    snprintf(wb, sizeof wb, "%s/w_resumed.bin", g_dir);
+    snprintf(text, sizeof text,
+             "plugins = { dirs = [\"%s\"]; };\n"
+             "trainer = { max_epochs = 4; seed = 11; num_sanity_val_steps = 0; accumulate_grad_batches = 2; };\n"
+             "data = { name = \"toydata\"; n_train = 5; n_val = 1; };\n"
+             "module = { name = \"toymod\"; };\n"
+             "optimizer = { name = \"adamw\"; lr = 0.05; };\n",
+             getenv("KILN_TRAIN_FIXTURES"));
+    CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
+    const char *dump = "--set 'callbacks=({name=\"weightdump\"; path=\"%s\";})'";
+    char d1[4600], d2[4600];
+    snprintf(d1, sizeof d1, dump, wa);
+    snprintf(d2, sizeof d2, dump, wb);
+    snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s/full\"' %s", tu_kiln(), cfg, root, d1);
+    CU_ASSERT_EQUAL_FATAL(tu_run(cmd, out, sizeof out), 0);
+    snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s/part\"' --set trainer.max_epochs=2",
+             tu_kiln(), cfg, root);
+    CU_ASSERT_EQUAL_FATAL(tu_run(cmd, out, sizeof out), 0);
+    snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s/part\"' --ckpt last %s", tu_kiln(), cfg,
+             root, d2);
+    int rc = tu_run(cmd, out, sizeof out);
+    if (rc) fprintf(stderr, "\n%s\n", out);
+    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "epochs: 4 ")); /* epoch counter restored */
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "steps: 12 ")); /* 3 steps an epoch, 4 epochs */
+    snprintf(cmd, sizeof cmd, "cmp %s %s", wa, wb);
+    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
+    /* another optimizer cannot take AdamW's state */
+    snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s/part\"' --ckpt %s/part/version_0/checkpoints/last.safetensors --set optimizer.name=sgd --set optimizer.lr=0.1",
+             tu_kiln(), cfg, root, root);
+    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "the optimizer state was saved by 'adamw"));
+    /* a checkpoint beyond max_epochs is refused */
+    snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s/part\"' --ckpt last --set trainer.max_epochs=1",
+             tu_kiln(), cfg, root);
+    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "beyond trainer.max_epochs = 1"));
+}
+
 /* A callback built against the frozen 1.1 headers trains in this host. */
 static void test_frozen_abi_1_1_callback(void) {
     char out[16384], body[8192], path[4200], text[512] = "";
@@ -462,6 +508,7 @@ static void register_tests(void) {
     CU_add_test(s, "kiln validate / kiln test", test_validate_and_test_commands);
     CU_add_test(s, "callback built against frozen ABI 1.1", test_frozen_abi_1_1_callback);
     CU_add_test(s, "checkpoint weights: save, test --ckpt, refusals", test_checkpoint_weights);
+    CU_add_test(s, "resume from an epoch-end checkpoint is bit-identical", test_resume_bit_identical);
 }
 
 #include "cunit_main.h"
