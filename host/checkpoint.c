@@ -131,15 +131,13 @@ int ht_ckpt_save_last(ht_trainer *t, char *why, size_t whylen) {
     return ht_ckpt_save(t, path, why, whylen);
 }
 
-int ht_ckpt_load_weights(ht_trainer *t, const char *path, char *why, size_t whylen) {
-    kst_file *f = NULL;
-    int rc = kst_open(path, &f, why, whylen);
-    if (rc) return rc;
+/* Copy the weights of an open checkpoint into the parameters. */
+static int load_weights_from(ht_trainer *t, kst_file *f, const char *path, char *why, size_t whylen) {
+    int rc = KILN_OK;
     const char *fmt = kst_metadata(f, "format");
     if (!fmt || strcmp(fmt, HT_CKPT_FORMAT) != 0) {
         hwhyf(why, whylen, "%s: expected a kiln checkpoint (__metadata__ format = \"%s\"), found %s%s%s", path,
               HT_CKPT_FORMAT, fmt ? "\"" : "", fmt ? fmt : "no format entry", fmt ? "\"" : "");
-        kst_close(f);
         return KILN_E_DATA;
     }
     for (uint32_t i = 0; rc == KILN_OK && i < t->nparams; i++) {
@@ -178,15 +176,26 @@ int ht_ckpt_load_weights(ht_trainer *t, const char *path, char *why, size_t whyl
         const char *e = kst_metadata(f, "epoch"), *s = kst_metadata(f, "global_step");
         HLOG_INFO("loaded weights from %s (epoch %s, global step %s)", path, e ? e : "?", s ? s : "?");
     }
+    return rc;
+}
+
+int ht_ckpt_load_weights(ht_trainer *t, const char *path, char *why, size_t whylen) {
+    kst_file *f = NULL;
+    int rc = kst_open(path, &f, why, whylen);
+    if (rc) return rc;
+    rc = load_weights_from(t, f, path, why, whylen);
     kst_close(f);
     return rc;
 }
 
 int ht_ckpt_resume(ht_trainer *t, const char *path, char *why, size_t whylen) {
-    int rc = ht_ckpt_load_weights(t, path, why, whylen);
-    if (rc) return rc;
     kst_file *f = NULL;
-    if ((rc = kst_open(path, &f, why, whylen))) return rc;
+    int rc = kst_open(path, &f, why, whylen);
+    if (rc) return rc;
+    if ((rc = load_weights_from(t, f, path, why, whylen))) {
+        kst_close(f);
+        return rc;
+    }
     long long ep = -1, step = -1, stepped = -1, tbi = -1;
     const char *loops = kst_metadata(f, "loops");
     if (!loops || sscanf(loops, "%lld %lld %lld %lld", &ep, &step, &stepped, &tbi) != 4 || ep < 0 || step < 0) {
