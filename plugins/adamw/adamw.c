@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include <kiln/kiln.h>
+#include <kiln/optim_util.h>
 
 struct kiln_instance {
     const kiln_host_services *svc;
@@ -212,13 +213,7 @@ static int32_t adamw_step(kiln_instance *self, const kiln_closure *closure) {
 
 static int32_t adamw_zero_grad(kiln_instance *self) {
     if (!self->params) return ADAMW_ERR(self, KILN_E_STATE, "zero_grad() before setup()");
-    for (uint32_t i = 0; i < self->n; i++) {
-        kiln_parameter *p = self->params[i];
-        if (p->numel == 0) continue;
-        int32_t rc = self->k->zero(self->acc, p->grad, (size_t)p->numel * sizeof(float));
-        if (rc != KILN_OK) return rc;
-    }
-    return KILN_OK;
+    return kiln_params_zero_grad(self->k, self->acc, self->params, self->n);
 }
 
 static double adamw_get_lr(kiln_instance *self) { return self->lr; }
@@ -232,41 +227,10 @@ static int32_t adamw_set_lr(kiln_instance *self, double lr) {
 
 /* ----------------------------------------------------------------- state */
 
-static size_t adamw_total_numel(const kiln_instance *self) {
-    size_t total = 0;
-    for (uint32_t i = 0; i < self->n; i++) total += (size_t)self->params[i]->numel;
-    return total;
-}
-
-/* Copies every parameter's buffer of one kind (bufs: m or v) into the blob
- * at *off, advancing it. */
-static int32_t adamw_save_moments(kiln_instance *self, float *const *bufs, unsigned char *blob, size_t *off) {
-    for (uint32_t i = 0; i < self->n; i++) {
-        size_t nb = (size_t)self->params[i]->numel * sizeof(float);
-        if (nb == 0) continue;
-        int32_t rc = self->k->copy(self->acc, blob + *off, bufs[i], nb, KILN_COPY_D2H);
-        if (rc != KILN_OK) return rc;
-        *off += nb;
-    }
-    return KILN_OK;
-}
-
-/* The inverse of adamw_save_moments. */
-static int32_t adamw_load_moments(kiln_instance *self, float *const *bufs, const unsigned char *blob, size_t *off) {
-    for (uint32_t i = 0; i < self->n; i++) {
-        size_t nb = (size_t)self->params[i]->numel * sizeof(float);
-        if (nb == 0) continue;
-        int32_t rc = self->k->copy(self->acc, bufs[i], blob + *off, nb, KILN_COPY_H2D);
-        if (rc != KILN_OK) return rc;
-        *off += nb;
-    }
-    return KILN_OK;
-}
-
 static int32_t adamw_get_state(kiln_instance *self, uint32_t *state_version, void **data, size_t *size) {
     if (!self->params) return ADAMW_ERR(self, KILN_E_STATE, "get_state() before setup()");
     size_t bytes = sizeof(adamw_state_header) + (size_t)self->n * sizeof(int64_t) +
-                   2 * adamw_total_numel(self) * sizeof(float);
+                   2 * kiln_params_numel(self->params, self->n) * sizeof(float);
     unsigned char *blob = self->svc->alloc(self->hctx, bytes, 16);
     if (!blob) return ADAMW_ERR(self, KILN_E_NOMEM, "cannot allocate %zu bytes for the adamw state", bytes);
 
@@ -278,10 +242,9 @@ static int32_t adamw_get_state(kiln_instance *self, uint32_t *state_version, voi
     h.lr = self->lr;
     memcpy(blob, &h, sizeof h);
     size_t off = sizeof h;
-    for (uint32_t i = 0; i < self->n; i++, off += sizeof(int64_t))
-        memcpy(blob + off, &self->params[i]->numel, sizeof(int64_t));
-    int32_t rc = adamw_save_moments(self, self->m, blob, &off);
-    if (rc == KILN_OK) rc = adamw_save_moments(self, self->v, blob, &off);
+    kiln_params_write_sizes(self->params, self->n, blob, &off);
+    int32_t rc = kiln_params_save_bufs(self->k, self->acc, self->params, self->n, self->m, blob, &off);
+    if (rc == KILN_OK) rc = kiln_params_save_bufs(self->k, self->acc, self->params, self->n, self->v, blob, &off);
     if (rc != KILN_OK) {
         self->svc->free(self->hctx, blob);
         return rc;
@@ -319,22 +282,20 @@ static int32_t adamw_set_state(kiln_instance *self, uint32_t state_version, cons
     if (size < off + (size_t)self->n * sizeof(int64_t))
         return ADAMW_ERR(self, KILN_E_STATE, "adamw state is %zu bytes, too short for %u parameter sizes", size,
                          (unsigned)self->n);
-    for (uint32_t i = 0; i < self->n; i++, off += sizeof(int64_t)) {
-        int64_t numel;
-        memcpy(&numel, blob + off, sizeof numel);
-        if (numel != self->params[i]->numel)
-            return ADAMW_ERR(self, KILN_E_STATE,
-                             "adamw state: parameter %u (%s) has %lld elements there, %lld here", (unsigned)i,
-                             self->params[i]->name ? self->params[i]->name : "?", (long long)numel,
-                             (long long)self->params[i]->numel);
-    }
-    size_t expect = off + 2 * adamw_total_numel(self) * sizeof(float);
+    int64_t numel;
+    int64_t bad = kiln_params_check_sizes(self->params, self->n, blob, &off, &numel);
+    if (bad >= 0)
+        return ADAMW_ERR(self, KILN_E_STATE,
+                             "adamw state: parameter %u (%s) has %lld elements there, %lld here", (unsigned)bad,
+                       self->params[bad]->name ? self->params[bad]->name : "?", (long long)numel,
+                       (long long)self->params[bad]->numel);
+    size_t expect = off + 2 * kiln_params_numel(self->params, self->n) * sizeof(float);
     if (size != expect)
         return ADAMW_ERR(self, KILN_E_STATE, "adamw state is %zu bytes, expected %zu for these parameters", size,
                          expect);
 
-    int32_t rc = adamw_load_moments(self, self->m, blob, &off);
-    if (rc == KILN_OK) rc = adamw_load_moments(self, self->v, blob, &off);
+    int32_t rc = kiln_params_load_bufs(self->k, self->acc, self->params, self->n, self->m, blob, &off);
+    if (rc == KILN_OK) rc = kiln_params_load_bufs(self->k, self->acc, self->params, self->n, self->v, blob, &off);
     if (rc != KILN_OK) return rc;
     self->t = h.t;
     self->lr = h.lr;

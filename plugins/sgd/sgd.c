@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include <kiln/kiln.h>
+#include <kiln/optim_util.h>
 
 struct kiln_instance {
     const kiln_host_services *svc;
@@ -202,13 +203,7 @@ static int32_t sgd_step(kiln_instance *self, const kiln_closure *closure) {
 
 static int32_t sgd_zero_grad(kiln_instance *self) {
     if (!self->params) return SGD_ERR(self, KILN_E_STATE, "zero_grad() before setup()");
-    for (uint32_t i = 0; i < self->n; i++) {
-        kiln_parameter *p = self->params[i];
-        if (p->numel == 0) continue;
-        int32_t rc = self->k->zero(self->acc, p->grad, (size_t)p->numel * sizeof(float));
-        if (rc != KILN_OK) return rc;
-    }
-    return KILN_OK;
+    return kiln_params_zero_grad(self->k, self->acc, self->params, self->n);
 }
 
 static double sgd_get_lr(kiln_instance *self) { return self->lr; }
@@ -222,17 +217,11 @@ static int32_t sgd_set_lr(kiln_instance *self, double lr) {
 
 /* ----------------------------------------------------------------- state */
 
-static size_t sgd_total_numel(const kiln_instance *self) {
-    size_t total = 0;
-    for (uint32_t i = 0; i < self->n; i++) total += (size_t)self->params[i]->numel;
-    return total;
-}
-
 static int32_t sgd_get_state(kiln_instance *self, uint32_t *state_version, void **data, size_t *size) {
     if (!self->params) return SGD_ERR(self, KILN_E_STATE, "get_state() before setup()");
     const int has_buffers = self->bufs_ready;
     size_t bytes = sizeof(sgd_state_header) + (size_t)self->n * sizeof(int64_t);
-    if (has_buffers) bytes += sgd_total_numel(self) * sizeof(float);
+    if (has_buffers) bytes += kiln_params_numel(self->params, self->n) * sizeof(float);
     unsigned char *blob = self->svc->alloc(self->hctx, bytes, 16);
     if (!blob) return SGD_ERR(self, KILN_E_NOMEM, "cannot allocate %zu bytes for the sgd state", bytes);
 
@@ -245,18 +234,12 @@ static int32_t sgd_get_state(kiln_instance *self, uint32_t *state_version, void 
     h.lr = self->lr;
     memcpy(blob, &h, sizeof h);
     size_t off = sizeof h;
-    for (uint32_t i = 0; i < self->n; i++, off += sizeof(int64_t))
-        memcpy(blob + off, &self->params[i]->numel, sizeof(int64_t));
+    kiln_params_write_sizes(self->params, self->n, blob, &off);
     if (has_buffers) {
-        for (uint32_t i = 0; i < self->n; i++) {
-            size_t nb = (size_t)self->params[i]->numel * sizeof(float);
-            if (nb == 0) continue;
-            int32_t rc = self->k->copy(self->acc, blob + off, self->bufs[i], nb, KILN_COPY_D2H);
-            if (rc != KILN_OK) {
-                self->svc->free(self->hctx, blob);
-                return rc;
-            }
-            off += nb;
+        int32_t rc = kiln_params_save_bufs(self->k, self->acc, self->params, self->n, self->bufs, blob, &off);
+        if (rc != KILN_OK) {
+            self->svc->free(self->hctx, blob);
+            return rc;
         }
     }
     *state_version = SGD_STATE_VERSION;
@@ -290,27 +273,20 @@ static int32_t sgd_set_state(kiln_instance *self, uint32_t state_version, const 
     if (size < off + (size_t)self->n * sizeof(int64_t))
         return SGD_ERR(self, KILN_E_STATE, "sgd state is %zu bytes, too short for %u parameter sizes", size,
                        (unsigned)self->n);
-    for (uint32_t i = 0; i < self->n; i++, off += sizeof(int64_t)) {
-        int64_t numel;
-        memcpy(&numel, blob + off, sizeof numel);
-        if (numel != self->params[i]->numel)
-            return SGD_ERR(self, KILN_E_STATE, "sgd state: parameter %u (%s) has %lld elements there, %lld here",
-                           (unsigned)i, self->params[i]->name ? self->params[i]->name : "?", (long long)numel,
-                           (long long)self->params[i]->numel);
-    }
-    size_t expect = off + (h.has_buffers ? sgd_total_numel(self) * sizeof(float) : 0);
+    int64_t numel;
+    int64_t bad = kiln_params_check_sizes(self->params, self->n, blob, &off, &numel);
+    if (bad >= 0)
+        return SGD_ERR(self, KILN_E_STATE, "sgd state: parameter %u (%s) has %lld elements there, %lld here",
+                       (unsigned)bad, self->params[bad]->name ? self->params[bad]->name : "?", (long long)numel,
+                       (long long)self->params[bad]->numel);
+    size_t expect = off + (h.has_buffers ? kiln_params_numel(self->params, self->n) * sizeof(float) : 0);
     if (size != expect)
         return SGD_ERR(self, KILN_E_STATE, "sgd state is %zu bytes, expected %zu for these parameters", size,
                        expect);
 
     if (h.has_buffers && self->bufs) {
-        for (uint32_t i = 0; i < self->n; i++) {
-            size_t nb = (size_t)self->params[i]->numel * sizeof(float);
-            if (nb == 0) continue;
-            int32_t rc = self->k->copy(self->acc, self->bufs[i], blob + off, nb, KILN_COPY_H2D);
-            if (rc != KILN_OK) return rc;
-            off += nb;
-        }
+        int32_t rc = kiln_params_load_bufs(self->k, self->acc, self->params, self->n, self->bufs, blob, &off);
+        if (rc != KILN_OK) return rc;
     } else if (h.has_buffers) {
         /* Saved with momentum, resumed without: PyTorch would load the
          * buffers and never read them; here they are simply not kept. */
