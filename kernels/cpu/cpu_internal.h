@@ -3,9 +3,11 @@
  * does not expose: the parallel-for entry point of the thread pool
  * (cpu_threads.c), the grain sizes that decide when splitting a loop pays for
  * the wake-up of a sleeping worker, the block decomposition that keeps
- * threaded reductions bit-identical to serial ones, and an inlined,
- * vectorizable exp used by GELU. Everything here is an implementation detail
- * of kernels/cpu and may change without notice.
+ * threaded reductions bit-identical to serial ones, an inlined,
+ * vectorizable exp used by GELU, the scalar float16 / bfloat16 conversions
+ * and the strided-matrix conversion that cpu_dtype.c and cpu_gemm_ex.c
+ * share. Everything here is an implementation detail of kernels/cpu and may
+ * change without notice.
  */
 #ifndef KILN_KERNELS_CPU_INTERNAL_H
 #define KILN_KERNELS_CPU_INTERNAL_H
@@ -141,5 +143,60 @@ static inline int kc_cpu_has_avx2(void) {
  * kKappa = 0.044715). */
 #define KC_GELU_BETA 0.7978845608028654f
 #define KC_GELU_KAPPA 0.044715f
+
+/* ------------------------------------------------ 16-bit float formats */
+
+/* float -> float16 bits, round to nearest even, overflow to inf, subnormals
+ * kept, NaN quiet: the compiler's _Float16 conversion (F16C or libgcc). */
+static KC_ALWAYS_INLINE uint16_t kc_f16_bits(float x) {
+    const _Float16 h = (_Float16)x;
+    uint16_t u;
+    memcpy(&u, &h, sizeof u);
+    return u;
+}
+
+/* float16 bits -> float (exact). */
+static KC_ALWAYS_INLINE float kc_f16_value(uint16_t u) {
+    _Float16 h;
+    memcpy(&h, &u, sizeof h);
+    return (float)h;
+}
+
+/*
+ * float -> bfloat16 bits, round to nearest even: adding 0x7fff plus the
+ * lowest kept bit carries into the kept half exactly when the dropped half
+ * is above the midpoint, or at it with an odd kept half. Finite values past
+ * the largest bfloat16 (3.3895e38) round up into the inf pattern, as IEEE
+ * rounding does. NaN is handled apart, because the carry could turn a NaN
+ * whose payload lives in the dropped half into inf: it keeps its sign and
+ * top payload bits and gets the quiet bit.
+ */
+static KC_ALWAYS_INLINE uint16_t kc_bf16_bits(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    const uint32_t quiet_nan = (u >> 16) | 0x0040u;
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+}
+
+/* bfloat16 bits -> float (exact: the bits are the top half). */
+static KC_ALWAYS_INLINE float kc_bf16_value(uint16_t b) {
+    const uint32_t u = (uint32_t)b << 16;
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+/*
+ * Rows of a (rows, cols) matrix converted between KC_* dtypes (cpu_dtype.c):
+ * dst row r at dst + r * dst_ld elements, src row r at src + r * src_ld,
+ * split across the pool by rows (by elements when both are contiguous).
+ * op is KC_CAST (dst_dtype <- src_dtype) or one of the in-place float32
+ * roundings (dst == src, both float32). Used by kc_gemm_ex to widen its
+ * operands and round its product.
+ */
+enum { KC_CAST = 0, KC_ROUND_F16 = 1, KC_ROUND_BF16 = 2 };
+void kc_cast_rows(int op, void *dst, int dst_dtype, size_t dst_ld, const void *src, int src_dtype,
+                  size_t src_ld, size_t rows, size_t cols);
 
 #endif

@@ -11,6 +11,11 @@
  * persistent thread pool (kc_set_num_threads); the split never changes any
  * result bit, because every element is computed by the same arithmetic and
  * reductions use a block decomposition that depends on n only.
+ * Besides float32 there are conversions to and from float16, bfloat16 (both
+ * stored as uint16_t bit patterns) and float64, in-place rounding of float32
+ * arrays through the 16-bit formats (to emulate reduced-precision storage),
+ * a mixed-dtype GEMM, and float64 versions of every training kernel with the
+ * float ones' semantics (the *_f64 functions).
  */
 #ifndef KILN_KERNELS_CPU_KERNELS_H
 #define KILN_KERNELS_CPU_KERNELS_H
@@ -192,6 +197,122 @@ void kc_adamw_update(float *p, const float *g, float *m, float *v, size_t n,
 void kc_adamw_update_d(float *p, const float *g, float *m, float *v, size_t n,
                        double lr, double beta1, double beta2, double eps,
                        double weight_decay, int64_t step);
+
+/* ------------------------------------------------------------------ dtypes */
+
+/*
+ * The floating-point element types of the mixed-precision kernels. The
+ * numbers are KILN_DTYPE_F32/F64/F16/BF16's (kiln/tensor.h), so a plugin can
+ * pass the ABI's dtype through; this library does not include the SDK.
+ * F16 and BF16 data are uint16_t bit patterns (IEEE binary16; the top half of
+ * a binary32).
+ */
+enum { KC_F32 = 1, KC_F64 = 2, KC_F16 = 3, KC_BF16 = 4 };
+
+/* Bytes per element of a KC_* dtype; 0 for anything else. */
+size_t kc_dtype_bytes(int dtype);
+
+/*
+ * Conversions, dst(n) = src(n), not overlapping. Every narrowing conversion
+ * rounds to nearest, ties to even, exactly once (no double rounding, also
+ * from float64 to the 16-bit formats); overflow gives +-inf, values below a
+ * format's range become its subnormals or +-0 (float16 keeps subnormals down
+ * to 2^-24), NaN stays a quiet NaN (never inf) and keeps its sign. Widening
+ * conversions are exact. float16 uses the compiler's _Float16 (the F16C
+ * instructions when the CPU has them, else libgcc's software conversion:
+ * the same bits either way); bfloat16 is rounded by integer arithmetic on the
+ * float32 bits.
+ */
+void kc_f32_to_f16(uint16_t *dst, const float *src, size_t n);
+void kc_f16_to_f32(float *dst, const uint16_t *src, size_t n);
+void kc_f32_to_bf16(uint16_t *dst, const float *src, size_t n);
+void kc_bf16_to_f32(float *dst, const uint16_t *src, size_t n);
+void kc_f32_to_f64(double *dst, const float *src, size_t n);
+void kc_f64_to_f32(float *dst, const double *src, size_t n);
+
+/* dst(n) = src(n) between any two of KC_F32, KC_F64, KC_F16, KC_BF16 with
+ * the rounding rules above (equal dtypes: a copy; dst == src with equal
+ * dtypes: nothing to do). Other overlap is not allowed. Returns 0, or -1 for
+ * a dtype outside that list (nothing written). */
+int kc_cast(void *dst, int dst_dtype, const void *src, int src_dtype, size_t n);
+
+/* x(n) = (float)(fp16)x, in place: the float32 value that storing x as
+ * float16 would keep (same rounding as kc_f32_to_f16). */
+void kc_round_f16(float *x, size_t n);
+/* x(n) = (float)(bf16)x, in place (same rounding as kc_f32_to_bf16). */
+void kc_round_bf16(float *x, size_t n);
+
+/* ----------------------------------------------------- mixed-dtype GEMM */
+
+/*
+ * C = round(alpha * op(A) * op(B)) + beta * C, with the shapes, transposes
+ * and leading dimensions of kc_gemm. Two families:
+ *  - C float32: A and B each KC_F32, KC_F16 or KC_BF16. 16-bit operands are
+ *    converted (exactly) to float32 in the workspace, compacted to their
+ *    stored shape, then kc_gemm multiplies with float32 accumulation, alpha
+ *    and beta rounded to float. round_dtype KC_F32 means no rounding;
+ *    KC_F16 / KC_BF16 round the product alpha*op(A)op(B) through that format
+ *    before beta * C is added (a reduced-precision matmul whose output is
+ *    cast up and accumulated into a float32 gradient). With beta == 0 the
+ *    product is written to C and rounded there; otherwise it is formed in the
+ *    workspace, rounded, and C = product + beta * C. Products beyond the
+ *    format's range become +-inf, as on a GPU.
+ *  - C float64: A and B KC_F64, computed by kc_dgemm; round_dtype must be
+ *    KC_F32 (none, the ABI's spelling) or KC_F64.
+ * As in BLAS, C is not read when beta == 0 (whether beta is zero is judged
+ * after rounding it to C's type). M or N <= 0, or K < 0: nothing done; K == 0
+ * gives C = beta * C. `ws` is caller-provided scratch of ws_bytes bytes
+ * (16-byte aligned; kc_gemm_ex_workspace says how much; may be NULL when that
+ * is 0). Returns 0, or -1 (nothing written) for an unsupported dtype
+ * combination or a workspace smaller than kc_gemm_ex_workspace's answer.
+ */
+int kc_gemm_ex(int trans_a, int trans_b, int M, int N, int K, double alpha,
+               const void *A, int a_dtype, int lda, const void *B, int b_dtype, int ldb,
+               double beta, void *C, int c_dtype, int ldc, int round_dtype,
+               void *ws, size_t ws_bytes);
+
+/* Workspace bytes kc_gemm_ex needs for these arguments (0 for none, and for
+ * an unsupported combination, which kc_gemm_ex rejects anyway). */
+size_t kc_gemm_ex_workspace(int M, int N, int K, int a_dtype, int b_dtype, int c_dtype,
+                            int round_dtype, double beta);
+
+/* kc_gemm's contract in float64, through cblas_dgemm, split across the pool
+ * like kc_gemm (each thread a block of C's columns or rows with the full K). */
+void kc_dgemm(int trans_a, int trans_b, int M, int N, int K, double alpha,
+              const double *A, int lda, const double *B, int ldb, double beta,
+              double *C, int ldc);
+
+/* ------------------------------------------------------------- float64 */
+
+/*
+ * The float32 kernels above for float64 data, with the same contracts,
+ * aliasing rules and PyTorch semantics (see each float version): scalars are
+ * doubles and used as such (no rounding to float). Reductions accumulate in
+ * double with the same n-only block decomposition, so results are the same
+ * for every thread count. GELU is the same tanh approximation, evaluated as
+ * x / (1 + exp(-2u)) with libm's exp; the loss forward returns NAN for a bad
+ * label (probs still filled), the backward fills such a row with NaN.
+ */
+void kc_bias_add_f64(double *y, const double *b, int rows, int cols);
+void kc_bias_grad_f64(double *db, const double *dy, int rows, int cols, int accumulate);
+void kc_relu_forward_f64(double *y, const double *x, size_t n);
+void kc_relu_backward_f64(double *dx, const double *dy, const double *x, size_t n);
+void kc_gelu_forward_f64(double *y, const double *x, size_t n);
+void kc_gelu_backward_f64(double *dx, const double *dy, const double *x, size_t n);
+double kc_softmax_xent_forward_f64(double *probs, const double *logits, const int32_t *labels,
+                                   int B, int C, int *n_correct);
+void kc_softmax_xent_backward_f64(double *dlogits, const double *probs, const int32_t *labels,
+                                  int B, int C, double dloss);
+double kc_sumsq_f64(const double *x, size_t n);
+int kc_all_finite_f64(const double *x, size_t n);
+void kc_scale_f64(double *x, double a, size_t n);
+void kc_axpy_f64(double *y, double a, const double *x, size_t n);
+void kc_sgd_update_f64(double *p, const double *g, double *momentum_buf, size_t n,
+                       double lr, double momentum, double dampening, int nesterov,
+                       double weight_decay, int first_step);
+void kc_adamw_update_f64(double *p, const double *g, double *m, double *v, size_t n,
+                         double lr, double beta1, double beta2, double eps,
+                         double weight_decay, int64_t step);
 
 #ifdef __cplusplus
 }

@@ -10,7 +10,13 @@
  * print or a wild read, and the translation of the loss kernel's NaN for an
  * out-of-range label into KILN_E_DATA naming the row and the label. configure()
  * sizes both thread pools (OpenBLAS's for GEMM, the kernels' own for the
- * elementwise, reduction and optimizer loops).
+ * elementwise, reduction and optimizer loops). The ABI 1.2 entries (other
+ * dtypes) follow the same pattern: conversions and rounding through
+ * float16/bfloat16, the mixed-dtype gemm_ex, and `_ex` versions of the
+ * training kernels that take float32 (the float kernels, double scalars
+ * rounded to float, except AdamW's hyperparameters, which its float kernel
+ * takes as doubles) or float64 (the kernels' *_f64 versions); any other dtype
+ * is KILN_E_INVALID_ARG naming the entry, what it accepts and what it got.
  */
 #define _GNU_SOURCE /* sched_getaffinity / CPU_COUNT */
 
@@ -26,11 +32,25 @@
 
 #include "cpu_kernels.h"
 
+/* One instance may be used from one thread at a time (the plugin does not
+ * report KILN_CAP_THREAD_SAFE_INSTANCE): gemm_ex's workspace below is
+ * per-instance scratch without a lock. */
 struct kiln_instance {
     const kiln_host_services *svc;
     kiln_host_ctx *hctx;
     int32_t threads; /* threads in effect after configure(); 1 before */
+    /* gemm_ex's scratch (16-bit operands widened to float32, the product
+     * before rounding): grow-only, allocated on first need, reused while big
+     * enough (never freed or reallocated then), freed in destroy. The only
+     * memory the kernel entries allocate. */
+    void *ws;
+    size_t ws_bytes;
 };
+
+/* The kernels' KC_* dtype numbers are the ABI's, so dtypes pass through. */
+static_assert((int)KC_F32 == (int)KILN_DTYPE_F32 && (int)KC_F64 == (int)KILN_DTYPE_F64 &&
+                  (int)KC_F16 == (int)KILN_DTYPE_F16 && (int)KC_BF16 == (int)KILN_DTYPE_BF16,
+              "kernels/cpu dtype numbers must equal KILN_DTYPE_*");
 
 /* Live instances. create/destroy are serialised by the host, so a plain
  * counter suffices; the last destroy stops the kernels' worker threads. */
@@ -102,14 +122,24 @@ static int32_t cpu_synchronize(kiln_instance *acc) {
 /* Checks one operand's leading dimension the way BLAS does (ld >= max(1,
  * stored columns)), so a bad call fails here with a message rather than in
  * OpenBLAS's xerbla, which prints to stderr and does nothing. */
-static int32_t cpu_check_ld(kiln_instance *acc, char what, int32_t ld, int32_t cols, int32_t trans,
+static int32_t cpu_check_ld(kiln_instance *acc, const char *fn, char what, int32_t ld, int32_t cols, int32_t trans,
                             int32_t M, int32_t N, int32_t K) {
     int32_t need = cols > 1 ? cols : 1;
     if (ld < need)
         return CPU_ERR(acc, KILN_E_INVALID_ARG,
-                       "gemm: ld%c=%d is smaller than max(1, stored columns of %c) = %d (trans=%d, M=%d, N=%d, K=%d)",
+                       "%s: ld%c=%d is smaller than max(1, stored columns of %c) = %d (trans=%d, M=%d, N=%d, K=%d)", fn,
                        what + ('a' - 'A'), (int)ld, what, (int)need, (int)(trans != 0), (int)M, (int)N, (int)K);
     return KILN_OK;
+}
+
+/* The three leading dimensions of a GEMM: A is stored (M, K) or, transposed,
+ * (K, M); B (K, N) or (N, K); C (M, N). */
+static int32_t cpu_check_lds(kiln_instance *acc, const char *fn, int32_t trans_a, int32_t trans_b, int32_t M,
+                             int32_t N, int32_t K, int32_t lda, int32_t ldb, int32_t ldc) {
+    int32_t rc;
+    if ((rc = cpu_check_ld(acc, fn, 'A', lda, trans_a ? M : K, trans_a, M, N, K)) != KILN_OK) return rc;
+    if ((rc = cpu_check_ld(acc, fn, 'B', ldb, trans_b ? K : N, trans_b, M, N, K)) != KILN_OK) return rc;
+    return cpu_check_ld(acc, fn, 'C', ldc, N, 0, M, N, K);
 }
 
 static int32_t cpu_gemm(kiln_instance *acc, int32_t trans_a, int32_t trans_b, int32_t M, int32_t N, int32_t K,
@@ -118,11 +148,8 @@ static int32_t cpu_gemm(kiln_instance *acc, int32_t trans_a, int32_t trans_b, in
     if (M < 0 || N < 0 || K < 0)
         return CPU_ERR(acc, KILN_E_INVALID_ARG, "gemm: M, N, K must be >= 0, got M=%d N=%d K=%d", (int)M, (int)N,
                        (int)K);
-    int32_t rc;
-    /* A is stored (M, K) or, transposed, (K, M); B (K, N) or (N, K). */
-    if ((rc = cpu_check_ld(acc, 'A', lda, trans_a ? M : K, trans_a, M, N, K)) != KILN_OK) return rc;
-    if ((rc = cpu_check_ld(acc, 'B', ldb, trans_b ? K : N, trans_b, M, N, K)) != KILN_OK) return rc;
-    if ((rc = cpu_check_ld(acc, 'C', ldc, N, 0, M, N, K)) != KILN_OK) return rc;
+    int32_t rc = cpu_check_lds(acc, "gemm", trans_a, trans_b, M, N, K, lda, ldb, ldc);
+    if (rc != KILN_OK) return rc;
     if (M == 0 || N == 0) return KILN_OK;
     if (!C || (K > 0 && (!A || !B)))
         return CPU_ERR(acc, KILN_E_INVALID_ARG, "gemm: NULL %s for M=%d N=%d K=%d", !C ? "C" : !A ? "A" : "B",
@@ -193,7 +220,7 @@ static int32_t cpu_bad_label_row(const int32_t *labels, int32_t B, int32_t C) {
     return -1;
 }
 
-static int32_t cpu_xent_args(kiln_instance *acc, const char *fn, const float *a, const float *b,
+static int32_t cpu_xent_args(kiln_instance *acc, const char *fn, const void *a, const void *b,
                              const int32_t *labels, int32_t B, int32_t C) {
     if (B < 1 || C < 1)
         return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s: B and C must be >= 1, got B=%d C=%d", fn, (int)B, (int)C);
@@ -304,6 +331,334 @@ static int32_t cpu_adamw_update(kiln_instance *acc, float *p, const float *g, fl
     return KILN_OK;
 }
 
+/* ------------------------------------------------ 1.2: other dtypes */
+
+/* "float16 (3)": the ABI's name of a dtype and its number, for messages
+ * (the number tells an unknown value apart from "invalid"). */
+#define CPU_DT_FMT "%s (%u)"
+#define CPU_DT_ARG(dt) kiln_dtype_name(dt), (unsigned)(dt)
+
+static int cpu_is_float_dtype(uint32_t dt) {
+    return dt == KILN_DTYPE_F32 || dt == KILN_DTYPE_F64 || dt == KILN_DTYPE_F16 || dt == KILN_DTYPE_BF16;
+}
+
+/* The `_ex` training entries take float32 or float64 data. */
+static int32_t cpu_check_dtype(kiln_instance *acc, const char *fn, uint32_t dtype) {
+    if (dtype == KILN_DTYPE_F32 || dtype == KILN_DTYPE_F64) return KILN_OK;
+    return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s: dtype must be float32 or float64, got " CPU_DT_FMT, fn,
+                   CPU_DT_ARG(dtype));
+}
+
+static int cpu_ranges_overlap(const void *a, size_t a_bytes, const void *b, size_t b_bytes) {
+    const uintptr_t pa = (uintptr_t)a, pb = (uintptr_t)b;
+    return pa < pb + b_bytes && pb < pa + a_bytes;
+}
+
+/* dst(n) = src(n) converted; dst may equal src only with equal dtypes (a
+ * no-op), no other overlap (elements of different sizes would overwrite
+ * inputs not yet read). */
+static int32_t cpu_cast(kiln_instance *acc, void *dst, uint32_t dst_dtype, const void *src, uint32_t src_dtype,
+                        size_t n) {
+    if (!cpu_is_float_dtype(dst_dtype))
+        return CPU_ERR(acc, KILN_E_INVALID_ARG,
+                       "cast: dst_dtype must be float32, float64, float16 or bfloat16, got " CPU_DT_FMT,
+                       CPU_DT_ARG(dst_dtype));
+    if (!cpu_is_float_dtype(src_dtype))
+        return CPU_ERR(acc, KILN_E_INVALID_ARG,
+                       "cast: src_dtype must be float32, float64, float16 or bfloat16, got " CPU_DT_FMT,
+                       CPU_DT_ARG(src_dtype));
+    CPU_NEED(acc, dst, n, "cast");
+    CPU_NEED(acc, src, n, "cast");
+    if (n == 0) return KILN_OK;
+    const size_t dsz = kiln_dtype_size(dst_dtype), ssz = kiln_dtype_size(src_dtype);
+    if (n > SIZE_MAX / 8)
+        return CPU_ERR(acc, KILN_E_INVALID_ARG, "cast: n=%zu elements is larger than the address space", n);
+    if (!(dst == src && dst_dtype == src_dtype) && cpu_ranges_overlap(dst, n * dsz, src, n * ssz))
+        return CPU_ERR(acc, KILN_E_INVALID_ARG,
+                       "cast: dst (%s) and src (%s) overlap; only dst == src with equal dtypes may alias (n=%zu)",
+                       kiln_dtype_name(dst_dtype), kiln_dtype_name(src_dtype), n);
+    kc_cast(dst, (int)dst_dtype, src, (int)src_dtype, n);
+    return KILN_OK;
+}
+
+static int32_t cpu_round_to(kiln_instance *acc, float *x, uint32_t dtype, size_t n) {
+    CPU_NEED(acc, x, n, "round_to");
+    switch (dtype) {
+    case KILN_DTYPE_F32: return KILN_OK; /* storing fp32 as fp32 keeps everything */
+    case KILN_DTYPE_F16: kc_round_f16(x, n); return KILN_OK;
+    case KILN_DTYPE_BF16: kc_round_bf16(x, n); return KILN_OK;
+    default:
+        return CPU_ERR(acc, KILN_E_INVALID_ARG,
+                       "round_to: dtype must be float32 (no-op), float16 or bfloat16, got " CPU_DT_FMT
+                       " (x is float32 storage)",
+                       CPU_DT_ARG(dtype));
+    }
+}
+
+/* The dtype combinations gemm_ex accepts (the ABI's comment on gemm_ex):
+ * C float32 with A, B each float32, float16 or bfloat16 and round_dtype
+ * float32 (none), float16 or bfloat16; or everything float64 (round_dtype
+ * float32, the ABI's "none", or float64, the same thing there). */
+static int32_t cpu_gemm_ex_dtypes(kiln_instance *acc, uint32_t a_dtype, uint32_t b_dtype, uint32_t c_dtype,
+                                  uint32_t round_dtype) {
+    if (c_dtype == KILN_DTYPE_F32) {
+        const int a_ok = a_dtype == KILN_DTYPE_F32 || a_dtype == KILN_DTYPE_F16 || a_dtype == KILN_DTYPE_BF16;
+        const int b_ok = b_dtype == KILN_DTYPE_F32 || b_dtype == KILN_DTYPE_F16 || b_dtype == KILN_DTYPE_BF16;
+        if (!a_ok || !b_ok)
+            return CPU_ERR(acc, KILN_E_INVALID_ARG,
+                           "gemm_ex: c_dtype float32 needs float32, float16 or bfloat16 A and B, got %s " CPU_DT_FMT,
+                           a_ok ? "b_dtype" : "a_dtype", CPU_DT_ARG(a_ok ? b_dtype : a_dtype));
+        if (round_dtype != KILN_DTYPE_F32 && round_dtype != KILN_DTYPE_F16 && round_dtype != KILN_DTYPE_BF16)
+            return CPU_ERR(acc, KILN_E_INVALID_ARG,
+                           "gemm_ex: round_dtype must be float32 (no rounding), float16 or bfloat16 for c_dtype "
+                           "float32, got " CPU_DT_FMT,
+                           CPU_DT_ARG(round_dtype));
+        return KILN_OK;
+    }
+    if (c_dtype == KILN_DTYPE_F64) {
+        if (a_dtype != KILN_DTYPE_F64 || b_dtype != KILN_DTYPE_F64)
+            return CPU_ERR(acc, KILN_E_INVALID_ARG, "gemm_ex: c_dtype float64 needs float64 A and B, got %s " CPU_DT_FMT,
+                           a_dtype != KILN_DTYPE_F64 ? "a_dtype" : "b_dtype",
+                           CPU_DT_ARG(a_dtype != KILN_DTYPE_F64 ? a_dtype : b_dtype));
+        if (round_dtype != KILN_DTYPE_F32 && round_dtype != KILN_DTYPE_F64)
+            return CPU_ERR(acc, KILN_E_INVALID_ARG,
+                           "gemm_ex: c_dtype float64 takes round_dtype float32 (no rounding) or float64, got " CPU_DT_FMT
+                           " (a float64 product is not rounded through 16-bit formats)",
+                           CPU_DT_ARG(round_dtype));
+        return KILN_OK;
+    }
+    return CPU_ERR(acc, KILN_E_INVALID_ARG, "gemm_ex: c_dtype must be float32 or float64, got " CPU_DT_FMT,
+                   CPU_DT_ARG(c_dtype));
+}
+
+/* Makes acc->ws at least `bytes` long (see struct kiln_instance). */
+static int32_t cpu_reserve_workspace(kiln_instance *acc, size_t bytes) {
+    if (bytes <= acc->ws_bytes) return KILN_OK;
+    if (bytes > SIZE_MAX - 63)
+        return CPU_ERR(acc, KILN_E_NOMEM, "gemm_ex: a workspace of %zu bytes is larger than the address space", bytes);
+    const size_t rounded = (bytes + 63) & ~(size_t)63;
+    void *p = NULL;
+    int rc = posix_memalign(&p, 64, rounded);
+    if (rc != 0 || !p)
+        return CPU_ERR(acc, KILN_E_NOMEM, "gemm_ex: cannot allocate a %zu-byte workspace (%s)", rounded,
+                       strerror(rc ? rc : ENOMEM));
+    free(acc->ws);
+    acc->ws = p;
+    acc->ws_bytes = rounded;
+    return KILN_OK;
+}
+
+static int32_t cpu_gemm_ex(kiln_instance *acc, int32_t trans_a, int32_t trans_b, int32_t M, int32_t N, int32_t K,
+                           double alpha, const void *A, uint32_t a_dtype, int32_t lda, const void *B,
+                           uint32_t b_dtype, int32_t ldb, double beta, void *C, uint32_t c_dtype, int32_t ldc,
+                           uint32_t round_dtype) {
+    if (M < 0 || N < 0 || K < 0)
+        return CPU_ERR(acc, KILN_E_INVALID_ARG, "gemm_ex: M, N, K must be >= 0, got M=%d N=%d K=%d", (int)M, (int)N,
+                       (int)K);
+    int32_t rc = cpu_gemm_ex_dtypes(acc, a_dtype, b_dtype, c_dtype, round_dtype);
+    if (rc != KILN_OK) return rc;
+    if ((rc = cpu_check_lds(acc, "gemm_ex", trans_a, trans_b, M, N, K, lda, ldb, ldc)) != KILN_OK) return rc;
+    if (M == 0 || N == 0) return KILN_OK;
+    if (!C || (K > 0 && (!A || !B)))
+        return CPU_ERR(acc, KILN_E_INVALID_ARG, "gemm_ex: NULL %s for M=%d N=%d K=%d", !C ? "C" : !A ? "A" : "B",
+                       (int)M, (int)N, (int)K);
+    const size_t need = kc_gemm_ex_workspace(M, N, K, (int)a_dtype, (int)b_dtype, (int)c_dtype, (int)round_dtype, beta);
+    if ((rc = cpu_reserve_workspace(acc, need)) != KILN_OK) return rc;
+    if (kc_gemm_ex(trans_a != 0, trans_b != 0, M, N, K, alpha, A, (int)a_dtype, lda, B, (int)b_dtype, ldb, beta, C,
+                   (int)c_dtype, ldc, (int)round_dtype, acc->ws, acc->ws_bytes) != 0)
+        return CPU_ERR(acc, KILN_E_INTERNAL,
+                       "gemm_ex: the kernel refused a call the checks accepted (a=%s b=%s c=%s round=%s, workspace "
+                       "%zu of %zu bytes)",
+                       kiln_dtype_name(a_dtype), kiln_dtype_name(b_dtype), kiln_dtype_name(c_dtype),
+                       kiln_dtype_name(round_dtype), acc->ws_bytes, need);
+    return KILN_OK;
+}
+
+static int32_t cpu_bias_add_ex(kiln_instance *acc, uint32_t dtype, void *y, const void *b, int32_t rows,
+                               int32_t cols) {
+    int32_t rc = cpu_check_dtype(acc, "bias_add_ex", dtype);
+    if (rc != KILN_OK) return rc;
+    if (rows < 0 || cols < 0)
+        return CPU_ERR(acc, KILN_E_INVALID_ARG, "bias_add_ex: rows and cols must be >= 0, got %d x %d", (int)rows,
+                       (int)cols);
+    CPU_NEED(acc, y, (size_t)rows * (size_t)cols, "bias_add_ex");
+    CPU_NEED(acc, b, rows > 0 ? (size_t)cols : 0, "bias_add_ex");
+    if (dtype == KILN_DTYPE_F32) kc_bias_add(y, b, rows, cols);
+    else kc_bias_add_f64(y, b, rows, cols);
+    return KILN_OK;
+}
+
+static int32_t cpu_bias_grad_ex(kiln_instance *acc, uint32_t dtype, void *db, const void *dy, int32_t rows,
+                                int32_t cols, int32_t accumulate) {
+    int32_t rc = cpu_check_dtype(acc, "bias_grad_ex", dtype);
+    if (rc != KILN_OK) return rc;
+    if (rows < 0 || cols < 0)
+        return CPU_ERR(acc, KILN_E_INVALID_ARG, "bias_grad_ex: rows and cols must be >= 0, got %d x %d", (int)rows,
+                       (int)cols);
+    CPU_NEED(acc, db, (size_t)cols, "bias_grad_ex");
+    CPU_NEED(acc, dy, (size_t)rows * (size_t)cols, "bias_grad_ex");
+    if (dtype == KILN_DTYPE_F32) kc_bias_grad(db, dy, rows, cols, accumulate != 0);
+    else kc_bias_grad_f64(db, dy, rows, cols, accumulate != 0);
+    return KILN_OK;
+}
+
+static int32_t cpu_check_act(kiln_instance *acc, const char *fn, int32_t act) {
+    if (act == KILN_ACT_RELU || act == KILN_ACT_GELU) return KILN_OK;
+    return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s: act must be KILN_ACT_RELU (%d) or KILN_ACT_GELU (%d), got %d", fn,
+                   (int)KILN_ACT_RELU, (int)KILN_ACT_GELU, (int)act);
+}
+
+static int32_t cpu_act_forward(kiln_instance *acc, uint32_t dtype, int32_t act, void *y, const void *x, size_t n) {
+    int32_t rc = cpu_check_dtype(acc, "act_forward", dtype);
+    if (rc != KILN_OK || (rc = cpu_check_act(acc, "act_forward", act)) != KILN_OK) return rc;
+    CPU_NEED(acc, y, n, "act_forward");
+    CPU_NEED(acc, x, n, "act_forward");
+    const int gelu = act == KILN_ACT_GELU;
+    if (dtype == KILN_DTYPE_F32) {
+        if (gelu) kc_gelu_forward(y, x, n);
+        else kc_relu_forward(y, x, n);
+    } else {
+        if (gelu) kc_gelu_forward_f64(y, x, n);
+        else kc_relu_forward_f64(y, x, n);
+    }
+    return KILN_OK;
+}
+
+static int32_t cpu_act_backward(kiln_instance *acc, uint32_t dtype, int32_t act, void *dx, const void *dy,
+                                const void *x, size_t n) {
+    int32_t rc = cpu_check_dtype(acc, "act_backward", dtype);
+    if (rc != KILN_OK || (rc = cpu_check_act(acc, "act_backward", act)) != KILN_OK) return rc;
+    CPU_NEED(acc, dx, n, "act_backward");
+    CPU_NEED(acc, dy, n, "act_backward");
+    CPU_NEED(acc, x, n, "act_backward");
+    const int gelu = act == KILN_ACT_GELU;
+    if (dtype == KILN_DTYPE_F32) {
+        if (gelu) kc_gelu_backward(dx, dy, x, n);
+        else kc_relu_backward(dx, dy, x, n);
+    } else {
+        if (gelu) kc_gelu_backward_f64(dx, dy, x, n);
+        else kc_relu_backward_f64(dx, dy, x, n);
+    }
+    return KILN_OK;
+}
+
+/* As softmax_xent_forward: a NaN loss is a data error only when a label is
+ * out of range (NaN logits give a NaN loss the trainer handles). */
+static int32_t cpu_softmax_xent_forward_ex(kiln_instance *acc, uint32_t dtype, void *probs, const void *logits,
+                                           const int32_t *labels, int32_t B, int32_t C, double *loss,
+                                           int32_t *n_correct) {
+    int32_t rc = cpu_check_dtype(acc, "softmax_xent_forward_ex", dtype);
+    if (rc != KILN_OK) return rc;
+    if ((rc = cpu_xent_args(acc, "softmax_xent_forward_ex", probs, logits, labels, B, C)) != KILN_OK) return rc;
+    if (!loss) return CPU_ERR(acc, KILN_E_INVALID_ARG, "softmax_xent_forward_ex: loss is NULL");
+    int correct = 0;
+    const double l = dtype == KILN_DTYPE_F32 ? (double)kc_softmax_xent_forward(probs, logits, labels, B, C, &correct)
+                                             : kc_softmax_xent_forward_f64(probs, logits, labels, B, C, &correct);
+    if (isnan(l)) {
+        int32_t row = cpu_bad_label_row(labels, B, C);
+        if (row >= 0)
+            return CPU_ERR(acc, KILN_E_DATA,
+                           "softmax_xent_forward_ex: label %d at batch index %d is outside [0, %d) (B=%d, C=%d)",
+                           (int)labels[row], (int)row, (int)C, (int)B, (int)C);
+    }
+    *loss = l;
+    if (n_correct) *n_correct = correct;
+    return KILN_OK;
+}
+
+static int32_t cpu_softmax_xent_backward_ex(kiln_instance *acc, uint32_t dtype, void *dlogits, const void *probs,
+                                            const int32_t *labels, int32_t B, int32_t C, double dloss) {
+    int32_t rc = cpu_check_dtype(acc, "softmax_xent_backward_ex", dtype);
+    if (rc != KILN_OK) return rc;
+    if ((rc = cpu_xent_args(acc, "softmax_xent_backward_ex", dlogits, probs, labels, B, C)) != KILN_OK) return rc;
+    int32_t row = cpu_bad_label_row(labels, B, C);
+    if (row >= 0)
+        return CPU_ERR(acc, KILN_E_DATA,
+                       "softmax_xent_backward_ex: label %d at batch index %d is outside [0, %d) (B=%d, C=%d)",
+                       (int)labels[row], (int)row, (int)C, (int)B, (int)C);
+    if (dtype == KILN_DTYPE_F32) kc_softmax_xent_backward(dlogits, probs, labels, B, C, (float)dloss);
+    else kc_softmax_xent_backward_f64(dlogits, probs, labels, B, C, dloss);
+    return KILN_OK;
+}
+
+static int32_t cpu_sumsq_ex(kiln_instance *acc, uint32_t dtype, const void *x, size_t n, double *out) {
+    int32_t rc = cpu_check_dtype(acc, "sumsq_ex", dtype);
+    if (rc != KILN_OK) return rc;
+    CPU_NEED(acc, x, n, "sumsq_ex");
+    if (!out) return CPU_ERR(acc, KILN_E_INVALID_ARG, "sumsq_ex: out is NULL");
+    *out = dtype == KILN_DTYPE_F32 ? kc_sumsq(x, n) : kc_sumsq_f64(x, n);
+    return KILN_OK;
+}
+
+static int32_t cpu_all_finite_ex(kiln_instance *acc, uint32_t dtype, const void *x, size_t n, int32_t *finite) {
+    int32_t rc = cpu_check_dtype(acc, "all_finite_ex", dtype);
+    if (rc != KILN_OK) return rc;
+    CPU_NEED(acc, x, n, "all_finite_ex");
+    if (!finite) return CPU_ERR(acc, KILN_E_INVALID_ARG, "all_finite_ex: finite is NULL");
+    *finite = dtype == KILN_DTYPE_F32 ? kc_all_finite(x, n) : kc_all_finite_f64(x, n);
+    return KILN_OK;
+}
+
+static int32_t cpu_scale_ex(kiln_instance *acc, uint32_t dtype, void *x, double a, size_t n) {
+    int32_t rc = cpu_check_dtype(acc, "scale_ex", dtype);
+    if (rc != KILN_OK) return rc;
+    CPU_NEED(acc, x, n, "scale_ex");
+    if (dtype == KILN_DTYPE_F32) kc_scale(x, (float)a, n);
+    else kc_scale_f64(x, a, n);
+    return KILN_OK;
+}
+
+static int32_t cpu_axpy_ex(kiln_instance *acc, uint32_t dtype, void *y, double a, const void *x, size_t n) {
+    int32_t rc = cpu_check_dtype(acc, "axpy_ex", dtype);
+    if (rc != KILN_OK) return rc;
+    CPU_NEED(acc, y, n, "axpy_ex");
+    CPU_NEED(acc, x, n, "axpy_ex");
+    if (dtype == KILN_DTYPE_F32) kc_axpy(y, (float)a, x, n);
+    else kc_axpy_f64(y, a, x, n);
+    return KILN_OK;
+}
+
+static int32_t cpu_sgd_update_ex(kiln_instance *acc, uint32_t dtype, void *p, const void *g, void *momentum_buf,
+                                 size_t n, double lr, double momentum, double dampening, int32_t nesterov,
+                                 double weight_decay, int32_t first_step) {
+    int32_t rc = cpu_check_dtype(acc, "sgd_update_ex", dtype);
+    if (rc != KILN_OK) return rc;
+    CPU_NEED(acc, p, n, "sgd_update_ex");
+    CPU_NEED(acc, g, n, "sgd_update_ex");
+    /* As in sgd_update: momentum without a buffer would silently train
+     * plain SGD. */
+    if (momentum != 0.0) CPU_NEED(acc, momentum_buf, n, "sgd_update_ex (momentum != 0)");
+    if (dtype == KILN_DTYPE_F32)
+        kc_sgd_update(p, g, momentum_buf, n, (float)lr, (float)momentum, (float)dampening, nesterov != 0,
+                      (float)weight_decay, first_step != 0);
+    else
+        kc_sgd_update_f64(p, g, momentum_buf, n, lr, momentum, dampening, nesterov != 0, weight_decay,
+                          first_step != 0);
+    return KILN_OK;
+}
+
+/* float32 goes through kc_adamw_update_d, the float kernel that takes the
+ * hyperparameters as doubles (PyTorch's Python floats) and rounds each
+ * derived scalar once, closer to PyTorch than rounding lr, betas and eps to
+ * float first. */
+static int32_t cpu_adamw_update_ex(kiln_instance *acc, uint32_t dtype, void *p, const void *g, void *m, void *v,
+                                   size_t n, double lr, double beta1, double beta2, double eps, double weight_decay,
+                                   int64_t step) {
+    int32_t rc = cpu_check_dtype(acc, "adamw_update_ex", dtype);
+    if (rc != KILN_OK) return rc;
+    CPU_NEED(acc, p, n, "adamw_update_ex");
+    CPU_NEED(acc, g, n, "adamw_update_ex");
+    CPU_NEED(acc, m, n, "adamw_update_ex");
+    CPU_NEED(acc, v, n, "adamw_update_ex");
+    if (step < 1)
+        return CPU_ERR(acc, KILN_E_INVALID_ARG, "adamw_update_ex: step is 1-based, got %lld", (long long)step);
+    if (dtype == KILN_DTYPE_F32)
+        kc_adamw_update_d(p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, step);
+    else
+        kc_adamw_update_f64(p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, step);
+    return KILN_OK;
+}
+
 static const kiln_kernels cpu_kernel_table = {
     .struct_size = sizeof(kiln_kernels),
     .flags = KILN_KERNELS_HOST_MEMORY, /* cpu "device" memory is host memory */
@@ -328,7 +683,26 @@ static const kiln_kernels cpu_kernel_table = {
     .all_finite = cpu_all_finite,
     .sgd_update = cpu_sgd_update,
     .adamw_update = cpu_adamw_update,
+    /* 1.2 */
+    .cast = cpu_cast,
+    .round_to = cpu_round_to,
+    .gemm_ex = cpu_gemm_ex,
+    .bias_add_ex = cpu_bias_add_ex,
+    .bias_grad_ex = cpu_bias_grad_ex,
+    .act_forward = cpu_act_forward,
+    .act_backward = cpu_act_backward,
+    .softmax_xent_forward_ex = cpu_softmax_xent_forward_ex,
+    .softmax_xent_backward_ex = cpu_softmax_xent_backward_ex,
+    .sumsq_ex = cpu_sumsq_ex,
+    .all_finite_ex = cpu_all_finite_ex,
+    .scale_ex = cpu_scale_ex,
+    .axpy_ex = cpu_axpy_ex,
+    .sgd_update_ex = cpu_sgd_update_ex,
+    .adamw_update_ex = cpu_adamw_update_ex,
 };
+/* The table is built with this header's size, the 1.2 one: every entry above
+ * is set, and a caller checks struct_size >= KILN_KERNELS_SIZE_1_2. */
+static_assert(sizeof(kiln_kernels) >= KILN_KERNELS_SIZE_1_2, "kiln_kernels covers ABI 1.2");
 
 /* --------------------------------------------------------------- instance */
 
@@ -353,6 +727,7 @@ static int32_t cpu_create(void *plugin_ctx, const kiln_host_services *svc, kiln_
 static void cpu_destroy(kiln_instance *acc) {
     if (!acc) return;
     if (--cpu_live_instances == 0) kc_set_num_threads(1);
+    free(acc->ws);
     free(acc);
 }
 

@@ -8,7 +8,12 @@
  * 64-byte aligned and zero-filled, an impossible allocation is KILN_E_NOMEM
  * with the size in the message, an out-of-range label is KILN_E_DATA naming
  * the row and the label, all_finite sees NaN and both infinities, and
- * configure() sizes the thread pools without changing any result.
+ * configure() sizes the thread pools without changing any result. For the
+ * ABI 1.2 entries: all present, every dtype they do not take refused with
+ * KILN_E_INVALID_ARG and a message naming the entry and the dtype, cast and
+ * round_to against the compiler's _Float16, gemm_ex with a float16 operand
+ * and rounded output against a double computation, and each `_ex` entry in
+ * float32 (equal to the 1.1 entry) and float64 (against double formulas).
  */
 #include <math.h>
 #include <stdint.h>
@@ -67,7 +72,7 @@ static void test_descriptor(void) {
     CU_ASSERT_PTR_NOT_NULL(g_ops->kernels);
     CU_ASSERT_PTR_NOT_NULL(g_ops->configure);
 
-    /* struct_size must reach the last 1.1 entry, and every function pointer
+    /* struct_size must reach the last 1.2 entry, and every function pointer
      * from alloc to struct_size must be set (walked generically, so an entry
      * appended later is covered too). */
     CU_ASSERT_TRUE(g_k->struct_size >= offsetof(kiln_kernels, adamw_update) + sizeof g_k->adamw_update);
@@ -80,7 +85,10 @@ static void test_descriptor(void) {
         if (!f) fprintf(stderr, "kernel table entry at offset %zu is NULL\n", off);
         CU_ASSERT_PTR_NOT_NULL((void *)(uintptr_t)f);
     }
-    CU_ASSERT_EQUAL(n, 21); /* alloc .. adamw_update in ABI 1.1 */
+    /* alloc .. adamw_update (21 in ABI 1.1) and cast .. adamw_update_ex (15
+     * appended in 1.2) */
+    CU_ASSERT_EQUAL(n, 36);
+    CU_ASSERT_TRUE(g_k->struct_size >= KILN_KERNELS_SIZE_1_2);
 }
 
 /* ---------------------------------------------------------------- memory */
@@ -425,6 +433,426 @@ static void test_optimizer_kernels(void) {
     CU_ASSERT_EQUAL(g_k->adamw_update(g_acc, p, g, m, v, N, lr, b1, b2, eps, wd, 0), KILN_E_INVALID_ARG);
 }
 
+/* ------------------------------------------------- 1.2: other dtypes */
+
+/* Every 1.2 entry, by name (the generic walk above counts them too). */
+static void test_table_1_2(void) {
+    CU_ASSERT_TRUE(g_k->struct_size >= KILN_KERNELS_SIZE_1_2);
+    CU_ASSERT_PTR_NOT_NULL(g_k->cast);
+    CU_ASSERT_PTR_NOT_NULL(g_k->round_to);
+    CU_ASSERT_PTR_NOT_NULL(g_k->gemm_ex);
+    CU_ASSERT_PTR_NOT_NULL(g_k->bias_add_ex);
+    CU_ASSERT_PTR_NOT_NULL(g_k->bias_grad_ex);
+    CU_ASSERT_PTR_NOT_NULL(g_k->act_forward);
+    CU_ASSERT_PTR_NOT_NULL(g_k->act_backward);
+    CU_ASSERT_PTR_NOT_NULL(g_k->softmax_xent_forward_ex);
+    CU_ASSERT_PTR_NOT_NULL(g_k->softmax_xent_backward_ex);
+    CU_ASSERT_PTR_NOT_NULL(g_k->sumsq_ex);
+    CU_ASSERT_PTR_NOT_NULL(g_k->all_finite_ex);
+    CU_ASSERT_PTR_NOT_NULL(g_k->scale_ex);
+    CU_ASSERT_PTR_NOT_NULL(g_k->axpy_ex);
+    CU_ASSERT_PTR_NOT_NULL(g_k->sgd_update_ex);
+    CU_ASSERT_PTR_NOT_NULL(g_k->adamw_update_ex);
+}
+
+/* rc is KILN_E_INVALID_ARG and the message contains both fragments. */
+static int rejected(int32_t rc, const char *frag1, const char *frag2) {
+    int ok = rc == KILN_E_INVALID_ARG && mh.last_error_code == KILN_E_INVALID_ARG && strstr(mh.last_error, frag1) &&
+             (!frag2 || strstr(mh.last_error, frag2));
+    if (!ok) fprintf(stderr, "expected INVALID_ARG with '%s'/'%s', got rc %d: %s\n", frag1, frag2 ? frag2 : "",
+                     (int)rc, mh.last_error);
+    mh.last_error[0] = 0;
+    mh.last_error_code = 0;
+    return ok;
+}
+
+/* The `_ex` entries take float32 or float64 only; anything else is refused
+ * with a message naming the entry and the dtype it got. */
+static void test_ex_bad_dtypes(void) {
+    float f[8] = {0}, f2[8] = {0};
+    int32_t labels[2] = {0, 1}, fin;
+    double out;
+    const uint32_t bad_dts[3] = {KILN_DTYPE_F16, KILN_DTYPE_I32, 99};
+    const char *names[3] = {"float16 (3)", "int32 (5)", "invalid (99)"};
+    for (int k = 0; k < 3; k++) {
+        const uint32_t dt = bad_dts[k];
+        const char *nm = names[k];
+        CU_ASSERT(rejected(g_k->bias_add_ex(g_acc, dt, f, f2, 2, 2), "bias_add_ex: dtype must be float32 or float64", nm));
+        CU_ASSERT(rejected(g_k->bias_grad_ex(g_acc, dt, f, f2, 2, 2, 0), "bias_grad_ex", nm));
+        CU_ASSERT(rejected(g_k->act_forward(g_acc, dt, KILN_ACT_RELU, f, f2, 4), "act_forward", nm));
+        CU_ASSERT(rejected(g_k->act_backward(g_acc, dt, KILN_ACT_GELU, f, f2, f2, 4), "act_backward", nm));
+        CU_ASSERT(rejected(g_k->softmax_xent_forward_ex(g_acc, dt, f, f2, labels, 2, 2, &out, NULL),
+                           "softmax_xent_forward_ex", nm));
+        CU_ASSERT(rejected(g_k->softmax_xent_backward_ex(g_acc, dt, f, f2, labels, 2, 2, 1.0),
+                           "softmax_xent_backward_ex", nm));
+        CU_ASSERT(rejected(g_k->sumsq_ex(g_acc, dt, f, 4, &out), "sumsq_ex", nm));
+        CU_ASSERT(rejected(g_k->all_finite_ex(g_acc, dt, f, 4, &fin), "all_finite_ex", nm));
+        CU_ASSERT(rejected(g_k->scale_ex(g_acc, dt, f, 2.0, 4), "scale_ex", nm));
+        CU_ASSERT(rejected(g_k->axpy_ex(g_acc, dt, f, 2.0, f2, 4), "axpy_ex", nm));
+        CU_ASSERT(rejected(g_k->sgd_update_ex(g_acc, dt, f, f2, NULL, 4, 0.1, 0.0, 0.0, 0, 0.0, 1), "sgd_update_ex", nm));
+        CU_ASSERT(rejected(g_k->adamw_update_ex(g_acc, dt, f, f2, f, f, 4, 0.1, 0.9, 0.999, 1e-8, 0.0, 1),
+                           "adamw_update_ex", nm));
+    }
+    for (int i = 0; i < 8; i++) CU_ASSERT_EQUAL(f[i], 0.0f); /* nothing written */
+
+    /* cast and round_to */
+    CU_ASSERT(rejected(g_k->cast(g_acc, f, KILN_DTYPE_I32, f2, KILN_DTYPE_F32, 4), "cast: dst_dtype", "int32"));
+    CU_ASSERT(rejected(g_k->cast(g_acc, f, KILN_DTYPE_F32, f2, KILN_DTYPE_U8, 4), "cast: src_dtype", "uint8"));
+    CU_ASSERT(rejected(g_k->cast(g_acc, f, KILN_DTYPE_F16, f + 1, KILN_DTYPE_F32, 4), "cast", "overlap"));
+    CU_ASSERT(rejected(g_k->cast(g_acc, NULL, KILN_DTYPE_F16, f, KILN_DTYPE_F32, 4), "cast", "NULL"));
+    CU_ASSERT(rejected(g_k->round_to(g_acc, f, KILN_DTYPE_F64, 4), "round_to", "float64"));
+
+    /* gemm_ex's combinations */
+    double d[4] = {0};
+    uint16_t h[4] = {0};
+    CU_ASSERT(rejected(g_k->gemm_ex(g_acc, 0, 0, 2, 2, 2, 1.0, h, KILN_DTYPE_F16, 2, d, KILN_DTYPE_F64, 2, 0.0, d,
+                                    KILN_DTYPE_F64, 2, KILN_DTYPE_F32),
+                       "gemm_ex: c_dtype float64 needs float64 A and B, got a_dtype float16", NULL));
+    CU_ASSERT(rejected(g_k->gemm_ex(g_acc, 0, 0, 2, 2, 2, 1.0, d, KILN_DTYPE_F64, 2, f, KILN_DTYPE_F32, 2, 0.0, d,
+                                    KILN_DTYPE_F64, 2, KILN_DTYPE_F32),
+                       "gemm_ex: c_dtype float64 needs float64 A and B, got b_dtype float32", NULL));
+    CU_ASSERT(rejected(g_k->gemm_ex(g_acc, 0, 0, 2, 2, 2, 1.0, d, KILN_DTYPE_F64, 2, f, KILN_DTYPE_F32, 2, 0.0, f,
+                                    KILN_DTYPE_F32, 2, KILN_DTYPE_F32),
+                       "gemm_ex: c_dtype float32 needs float32, float16 or bfloat16 A and B, got a_dtype float64",
+                       NULL));
+    CU_ASSERT(rejected(g_k->gemm_ex(g_acc, 0, 0, 2, 2, 2, 1.0, f, KILN_DTYPE_F32, 2, f2, KILN_DTYPE_F32, 2, 0.0, h,
+                                    KILN_DTYPE_F16, 2, KILN_DTYPE_F32),
+                       "gemm_ex: c_dtype must be float32 or float64", "float16"));
+    CU_ASSERT(rejected(g_k->gemm_ex(g_acc, 0, 0, 2, 2, 2, 1.0, f, KILN_DTYPE_F32, 2, f2, KILN_DTYPE_F32, 2, 0.0, f,
+                                    KILN_DTYPE_F32, 2, KILN_DTYPE_F64),
+                       "gemm_ex: round_dtype", "float64"));
+    CU_ASSERT(rejected(g_k->gemm_ex(g_acc, 0, 0, 2, 2, 2, 1.0, d, KILN_DTYPE_F64, 2, d, KILN_DTYPE_F64, 2, 0.0, d,
+                                    KILN_DTYPE_F64, 2, KILN_DTYPE_BF16),
+                       "gemm_ex: c_dtype float64 takes round_dtype", "bfloat16"));
+    CU_ASSERT(rejected(g_k->gemm_ex(g_acc, 0, 0, 2, 2, 3, 1.0, f, KILN_DTYPE_F32, 2, h, KILN_DTYPE_F16, 2, 0.0, f,
+                                    KILN_DTYPE_F32, 2, KILN_DTYPE_F32),
+                       "gemm_ex: lda=2", NULL));
+    CU_ASSERT(rejected(g_k->gemm_ex(g_acc, 0, 0, 2, 2, 2, 1.0, f, KILN_DTYPE_F32, 2, NULL, KILN_DTYPE_F16, 2, 0.0, f,
+                                    KILN_DTYPE_F32, 2, KILN_DTYPE_F32),
+                       "gemm_ex: NULL B", NULL));
+    /* other argument errors of the _ex entries */
+    CU_ASSERT(rejected(g_k->act_forward(g_acc, KILN_DTYPE_F64, 7, d, d, 4), "act_forward: act must be", "got 7"));
+    CU_ASSERT(rejected(g_k->act_backward(g_acc, KILN_DTYPE_F32, -1, f, f, f, 4), "act_backward: act", NULL));
+    CU_ASSERT(rejected(g_k->sgd_update_ex(g_acc, KILN_DTYPE_F64, d, d, NULL, 4, 0.1, 0.9, 0.0, 0, 0.0, 1),
+                       "sgd_update_ex (momentum != 0)", "momentum_buf"));
+    CU_ASSERT(rejected(g_k->adamw_update_ex(g_acc, KILN_DTYPE_F64, d, d, d, d, 4, 0.1, 0.9, 0.999, 1e-8, 0.0, 0),
+                       "adamw_update_ex: step is 1-based", NULL));
+    CU_ASSERT(rejected(g_k->bias_add_ex(g_acc, KILN_DTYPE_F64, d, d, -1, 2), "bias_add_ex: rows and cols", NULL));
+    CU_ASSERT(rejected(g_k->softmax_xent_forward_ex(g_acc, KILN_DTYPE_F64, d, d, labels, 2, 2, NULL, NULL),
+                       "softmax_xent_forward_ex: loss is NULL", NULL));
+}
+
+/* The float16 bits of x (round to nearest even), via the compiler. */
+static uint16_t to_f16(float x) {
+    _Float16 h = (_Float16)x;
+    uint16_t u;
+    memcpy(&u, &h, sizeof u);
+    return u;
+}
+static float from_f16(uint16_t u) {
+    _Float16 h;
+    memcpy(&h, &u, sizeof h);
+    return (float)h;
+}
+
+/* cast and round_to through the table. */
+static void test_cast_round_to(void) {
+    enum { N = 64 };
+    float x[N], back[N], r[N];
+    uint16_t h[N];
+    double d[N];
+    for (int i = 0; i < N; i++) x[i] = 70000.0f * val(i, 100);
+    x[3] = 65520.0f; /* beyond fp16's range (half an ulp above 65504): inf */
+    x[9] = -1e5f;
+    CU_ASSERT_EQUAL(g_k->cast(g_acc, h, KILN_DTYPE_F16, x, KILN_DTYPE_F32, N), KILN_OK);
+    CU_ASSERT_EQUAL(g_k->cast(g_acc, back, KILN_DTYPE_F32, h, KILN_DTYPE_F16, N), KILN_OK);
+    memcpy(r, x, sizeof r);
+    CU_ASSERT_EQUAL(g_k->round_to(g_acc, r, KILN_DTYPE_F16, N), KILN_OK);
+    int infs = 0;
+    for (int i = 0; i < N; i++) {
+        CU_ASSERT_EQUAL(h[i], to_f16(x[i]));
+        CU_ASSERT_EQUAL(memcmp(&back[i], &r[i], sizeof r[i]), 0); /* round_to = there and back */
+        infs += isinf(r[i]) != 0; /* glibc gives -1 for -inf */
+    }
+    CU_ASSERT_TRUE(isinf(r[3]) && r[3] > 0);
+    CU_ASSERT_TRUE(isinf(r[9]) && r[9] < 0);
+    CU_ASSERT_TRUE(infs >= 2);
+    /* bfloat16: the top half of the float bits, rounded */
+    CU_ASSERT_EQUAL(g_k->cast(g_acc, h, KILN_DTYPE_BF16, x, KILN_DTYPE_F32, N), KILN_OK);
+    memcpy(r, x, sizeof r);
+    CU_ASSERT_EQUAL(g_k->round_to(g_acc, r, KILN_DTYPE_BF16, N), KILN_OK);
+    for (int i = 0; i < N; i++) {
+        uint32_t u;
+        memcpy(&u, &r[i], sizeof u);
+        CU_ASSERT_EQUAL(u, (uint32_t)h[i] << 16);
+        CU_ASSERT_TRUE(fabsf(r[i] - x[i]) <= fabsf(x[i]) * 0x1p-8f);
+    }
+    /* float64 both ways, and float32 rounding is a no-op */
+    CU_ASSERT_EQUAL(g_k->cast(g_acc, d, KILN_DTYPE_F64, x, KILN_DTYPE_F32, N), KILN_OK);
+    CU_ASSERT_EQUAL(g_k->cast(g_acc, back, KILN_DTYPE_F32, d, KILN_DTYPE_F64, N), KILN_OK);
+    CU_ASSERT_EQUAL(memcmp(back, x, sizeof x), 0);
+    memcpy(r, x, sizeof r);
+    CU_ASSERT_EQUAL(g_k->round_to(g_acc, r, KILN_DTYPE_F32, N), KILN_OK);
+    CU_ASSERT_EQUAL(memcmp(r, x, sizeof x), 0);
+    CU_ASSERT_EQUAL(g_k->cast(g_acc, x, KILN_DTYPE_F32, x, KILN_DTYPE_F32, N), KILN_OK); /* in place, same dtype */
+    CU_ASSERT_EQUAL(g_k->cast(g_acc, NULL, KILN_DTYPE_F16, NULL, KILN_DTYPE_F32, 0), KILN_OK);
+}
+
+/* gemm_ex through the table: float32 A, float16 B (both layouts), against a
+ * double computation on the values the float16 B keeps; rounded output;
+ * float64; and a workspace that grows and is reused across calls of
+ * different sizes. */
+static void check_gemm_ex_f16b(int M, int N, int K, int ta, int tb, double alpha, double beta, uint32_t round) {
+    const int a_rows = ta ? K : M, a_cols = ta ? M : K, b_rows = tb ? N : K, b_cols = tb ? K : N;
+    const int lda = a_cols + 1, ldb = b_cols + 2, ldc = N + 3;
+    float *A = calloc((size_t)a_rows * lda, sizeof *A), *Bv = calloc((size_t)b_rows * ldb, sizeof *Bv);
+    uint16_t *B = calloc((size_t)b_rows * ldb, sizeof *B);
+    float *C = calloc((size_t)M * ldc, sizeof *C), *C0 = calloc((size_t)M * ldc, sizeof *C0);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(A && Bv && B && C && C0);
+    for (int i = 0; i < a_rows * lda; i++) A[i] = 2.0f * val(i, 110);
+    for (int i = 0; i < b_rows * ldb; i++) {
+        B[i] = to_f16(2.0f * val(i, 111));
+        Bv[i] = from_f16(B[i]);
+    }
+    for (int i = 0; i < M * ldc; i++) C[i] = C0[i] = (i % ldc) >= N ? -77.0f : beta == 0.0 ? NAN : val(i, 112);
+    CU_ASSERT_EQUAL_FATAL(g_k->gemm_ex(g_acc, ta, tb, M, N, K, alpha, A, KILN_DTYPE_F32, lda, B, KILN_DTYPE_F16, ldb,
+                                       beta, C, KILN_DTYPE_F32, ldc, round),
+                          KILN_OK);
+    int bad = 0;
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < ldc; j++) {
+            const double got = C[(size_t)i * ldc + j];
+            if (j >= N) {
+                bad += got != -77.0;
+                continue;
+            }
+            double prod = alpha * ref_gemm_elem(ta, tb, i, j, K, A, lda, Bv, ldb);
+            double tol = 1e-5;
+            if (round == KILN_DTYPE_F16) {
+                prod = from_f16(to_f16((float)prod));
+                tol = 1.0 / 1024; /* one fp16 unit: float accumulation may tip the rounding */
+            }
+            const double want = prod + (beta != 0.0 ? beta * C0[(size_t)i * ldc + j] : 0.0);
+            if (!close_to(got, want, tol)) {
+                if (bad++ < 3)
+                    fprintf(stderr, "gemm_ex f16 B %dx%dx%d ta=%d tb=%d C[%d,%d] = %.8g, expected %.8g\n", M, N, K, ta,
+                            tb, i, j, got, want);
+            }
+            if (round == KILN_DTYPE_F16 && beta == 0.0) bad += from_f16(to_f16((float)got)) != (float)got;
+        }
+    CU_ASSERT_EQUAL(bad, 0);
+    free(A), free(Bv), free(B), free(C), free(C0);
+}
+
+static void test_gemm_ex(void) {
+    /* small, large (the workspace grows), small again (reused), transposes */
+    check_gemm_ex_f16b(5, 7, 3, 0, 0, 1.0, 0.0, KILN_DTYPE_F32);
+    check_gemm_ex_f16b(96, 80, 72, 0, 1, 0.5, 1.0, KILN_DTYPE_F16);
+    check_gemm_ex_f16b(4, 3, 9, 1, 0, -1.25, 0.5, KILN_DTYPE_F32);
+    check_gemm_ex_f16b(33, 17, 21, 1, 1, 1.0, 0.0, KILN_DTYPE_F16);
+    check_gemm_ex_f16b(128, 96, 64, 0, 0, 2.0, -1.0, KILN_DTYPE_F16);
+
+    /* fp16 overflow of the rounded product: inf, as an fp16 matmul gives */
+    float a[2] = {300.0f, 300.0f}, c[1] = {1.0f};
+    uint16_t b[2] = {to_f16(300.0f), to_f16(300.0f)};
+    CU_ASSERT_EQUAL(g_k->gemm_ex(g_acc, 0, 0, 1, 1, 2, 1.0, a, KILN_DTYPE_F32, 2, b, KILN_DTYPE_F16, 1, 1.0, c,
+                                 KILN_DTYPE_F32, 1, KILN_DTYPE_F16),
+                    KILN_OK);
+    CU_ASSERT_TRUE(isinf(c[0]) && c[0] > 0);
+
+    /* float64: C = alpha A B^T + beta C against the double loop */
+    enum { M = 6, N = 5, K = 7 };
+    double A[M * K], B[N * K], C[M * N], C0[M * N];
+    for (int i = 0; i < M * K; i++) A[i] = val(i, 120) / 3.0;
+    for (int i = 0; i < N * K; i++) B[i] = val(i, 121) / 7.0;
+    for (int i = 0; i < M * N; i++) C[i] = C0[i] = val(i, 122);
+    CU_ASSERT_EQUAL(g_k->gemm_ex(g_acc, 0, 1, M, N, K, 0.3, A, KILN_DTYPE_F64, K, B, KILN_DTYPE_F64, K, -2.0, C,
+                                 KILN_DTYPE_F64, N, KILN_DTYPE_F32),
+                    KILN_OK);
+    int bad = 0;
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double s = 0;
+            for (int k = 0; k < K; k++) s += A[i * K + k] * B[j * K + k];
+            bad += fabs(C[i * N + j] - (0.3 * s - 2.0 * C0[i * N + j])) > 1e-14;
+        }
+    CU_ASSERT_EQUAL(bad, 0);
+    /* M == 0: nothing to do, pointers not needed */
+    CU_ASSERT_EQUAL(g_k->gemm_ex(g_acc, 0, 0, 0, 4, 4, 1.0, NULL, KILN_DTYPE_F16, 4, NULL, KILN_DTYPE_F16, 4, 0.0,
+                                 NULL, KILN_DTYPE_F32, 4, KILN_DTYPE_F16),
+                    KILN_OK);
+}
+
+/* Every `_ex` training entry in both dtypes: float32 gives exactly what the
+ * 1.1 float entry gives on the same data (it is the same kernel), float64
+ * what a double computation gives. */
+static void test_ex_entries(void) {
+    enum { R = 3, Cc = 5, N = R * Cc };
+    float xf[N], yf[N], y11[N], gf[N], bf[Cc], dbf[Cc], db11[Cc];
+    double xd[N], yd[N], gd[N], bd[Cc], dbd[Cc];
+    for (int i = 0; i < N; i++) {
+        xd[i] = xf[i] = 4.0f * val(i, 130);
+        gd[i] = gf[i] = val(i, 131);
+    }
+    for (int j = 0; j < Cc; j++) bd[j] = bf[j] = val(j, 132);
+
+    /* bias_add_ex / bias_grad_ex */
+    memcpy(yf, xf, sizeof yf), memcpy(y11, xf, sizeof y11), memcpy(yd, xd, sizeof yd);
+    CU_ASSERT_EQUAL(g_k->bias_add_ex(g_acc, KILN_DTYPE_F32, yf, bf, R, Cc), KILN_OK);
+    CU_ASSERT_EQUAL(g_k->bias_add(g_acc, y11, bf, R, Cc), KILN_OK);
+    CU_ASSERT_EQUAL(memcmp(yf, y11, sizeof yf), 0);
+    CU_ASSERT_EQUAL(g_k->bias_add_ex(g_acc, KILN_DTYPE_F64, yd, bd, R, Cc), KILN_OK);
+    for (int i = 0; i < N; i++) CU_ASSERT_EQUAL(yd[i], xd[i] + bd[i % Cc]);
+    CU_ASSERT_EQUAL(g_k->bias_grad_ex(g_acc, KILN_DTYPE_F32, dbf, gf, R, Cc, 0), KILN_OK);
+    CU_ASSERT_EQUAL(g_k->bias_grad(g_acc, db11, gf, R, Cc, 0), KILN_OK);
+    CU_ASSERT_EQUAL(memcmp(dbf, db11, sizeof dbf), 0);
+    for (int j = 0; j < Cc; j++) dbd[j] = 1.0;
+    CU_ASSERT_EQUAL(g_k->bias_grad_ex(g_acc, KILN_DTYPE_F64, dbd, gd, R, Cc, 1), KILN_OK);
+    for (int j = 0; j < Cc; j++) {
+        double s = 1.0;
+        for (int r = 0; r < R; r++) s += gd[r * Cc + j];
+        CU_ASSERT_TRUE(close_to(dbd[j], s, 1e-15));
+    }
+
+    /* act_forward / act_backward, both activations */
+    for (int act = KILN_ACT_RELU; act <= KILN_ACT_GELU; act++) {
+        CU_ASSERT_EQUAL(g_k->act_forward(g_acc, KILN_DTYPE_F32, act, yf, xf, N), KILN_OK);
+        CU_ASSERT_EQUAL((act ? g_k->gelu_forward : g_k->relu_forward)(g_acc, y11, xf, N), KILN_OK);
+        CU_ASSERT_EQUAL(memcmp(yf, y11, sizeof yf), 0);
+        CU_ASSERT_EQUAL(g_k->act_forward(g_acc, KILN_DTYPE_F64, act, yd, xd, N), KILN_OK);
+        for (int i = 0; i < N; i++)
+            CU_ASSERT_TRUE(close_to(yd[i], act ? gelu_ref(xd[i]) : (xd[i] > 0 ? xd[i] : 0.0), 1e-13));
+        CU_ASSERT_EQUAL(g_k->act_backward(g_acc, KILN_DTYPE_F32, act, yf, gf, xf, N), KILN_OK);
+        CU_ASSERT_EQUAL((act ? g_k->gelu_backward : g_k->relu_backward)(g_acc, y11, gf, xf, N), KILN_OK);
+        CU_ASSERT_EQUAL(memcmp(yf, y11, sizeof yf), 0);
+        CU_ASSERT_EQUAL(g_k->act_backward(g_acc, KILN_DTYPE_F64, act, yd, gd, xd, N), KILN_OK);
+        for (int i = 0; i < N; i++)
+            CU_ASSERT_TRUE(close_to(yd[i], gd[i] * (act ? gelu_grad_ref(xd[i]) : (xd[i] > 0 ? 1.0 : 0.0)), 1e-12));
+    }
+
+    /* reductions and BLAS-1 */
+    double s32 = 0, s32_11 = 0, s64 = 0, want = 0;
+    for (int i = 0; i < N; i++) want += xd[i] * xd[i];
+    CU_ASSERT_EQUAL(g_k->sumsq_ex(g_acc, KILN_DTYPE_F32, xf, N, &s32), KILN_OK);
+    CU_ASSERT_EQUAL(g_k->sumsq(g_acc, xf, N, &s32_11), KILN_OK);
+    CU_ASSERT_EQUAL(s32, s32_11);
+    CU_ASSERT_EQUAL(g_k->sumsq_ex(g_acc, KILN_DTYPE_F64, xd, N, &s64), KILN_OK);
+    CU_ASSERT_TRUE(close_to(s64, want, 1e-15));
+    int32_t fin = -1;
+    CU_ASSERT_EQUAL(g_k->all_finite_ex(g_acc, KILN_DTYPE_F64, xd, N, &fin), KILN_OK);
+    CU_ASSERT_EQUAL(fin, 1);
+    yd[3] = -INFINITY;
+    CU_ASSERT_EQUAL(g_k->all_finite_ex(g_acc, KILN_DTYPE_F64, yd, N, &fin), KILN_OK);
+    CU_ASSERT_EQUAL(fin, 0);
+    yf[4] = NAN;
+    CU_ASSERT_EQUAL(g_k->all_finite_ex(g_acc, KILN_DTYPE_F32, yf, N, &fin), KILN_OK);
+    CU_ASSERT_EQUAL(fin, 0);
+    memcpy(yd, xd, sizeof yd);
+    CU_ASSERT_EQUAL(g_k->scale_ex(g_acc, KILN_DTYPE_F64, yd, 0.1, N), KILN_OK);
+    for (int i = 0; i < N; i++) CU_ASSERT_EQUAL(yd[i], xd[i] * 0.1); /* 0.1 as a double, not 0.1f */
+    CU_ASSERT_EQUAL(g_k->axpy_ex(g_acc, KILN_DTYPE_F64, yd, -3.0, gd, N), KILN_OK);
+    for (int i = 0; i < N; i++) CU_ASSERT_EQUAL(yd[i], xd[i] * 0.1 + -3.0 * gd[i]);
+    memcpy(yf, xf, sizeof yf), memcpy(y11, xf, sizeof y11);
+    CU_ASSERT_EQUAL(g_k->scale_ex(g_acc, KILN_DTYPE_F32, yf, 0.1, N), KILN_OK);
+    CU_ASSERT_EQUAL(g_k->scale(g_acc, y11, 0.1f, N), KILN_OK);
+    CU_ASSERT_EQUAL(g_k->axpy_ex(g_acc, KILN_DTYPE_F32, yf, -3.0, gf, N), KILN_OK);
+    CU_ASSERT_EQUAL(g_k->axpy(g_acc, y11, -3.0f, gf, N), KILN_OK);
+    CU_ASSERT_EQUAL(memcmp(yf, y11, sizeof yf), 0);
+}
+
+static void test_ex_loss(void) {
+    enum { B = 3, C = 4 };
+    double l[B * C], p[B * C], d[B * C], loss = 0;
+    float lf[B * C], pf[B * C], p11[B * C], df[B * C], d11[B * C], loss11 = 0;
+    int32_t labels[B] = {2, 0, 3}, correct = -1, correct11 = -1;
+    for (int i = 0; i < B * C; i++) l[i] = lf[i] = 3.0f * val(i, 140);
+    CU_ASSERT_EQUAL(g_k->softmax_xent_forward_ex(g_acc, KILN_DTYPE_F64, p, l, labels, B, C, &loss, &correct), KILN_OK);
+    double want = 0;
+    for (int b = 0; b < B; b++) {
+        double z = 0;
+        for (int j = 0; j < C; j++) z += exp(l[b * C + j]);
+        for (int j = 0; j < C; j++) CU_ASSERT_TRUE(close_to(p[b * C + j], exp(l[b * C + j]) / z, 1e-15));
+        want += log(z) - l[b * C + labels[b]];
+    }
+    CU_ASSERT_TRUE(close_to(loss, want / B, 1e-15));
+    CU_ASSERT_EQUAL(g_k->softmax_xent_backward_ex(g_acc, KILN_DTYPE_F64, d, p, labels, B, C, 2.0), KILN_OK);
+    for (int b = 0; b < B; b++)
+        for (int j = 0; j < C; j++)
+            CU_ASSERT_TRUE(close_to(d[b * C + j], 2.0 * (p[b * C + j] - (j == labels[b])) / B, 1e-15));
+    /* float32: the same numbers as the 1.1 entries */
+    double lossf = 0;
+    CU_ASSERT_EQUAL(g_k->softmax_xent_forward_ex(g_acc, KILN_DTYPE_F32, pf, lf, labels, B, C, &lossf, &correct), KILN_OK);
+    CU_ASSERT_EQUAL(g_k->softmax_xent_forward(g_acc, p11, lf, labels, B, C, &loss11, &correct11), KILN_OK);
+    CU_ASSERT_EQUAL(lossf, (double)loss11);
+    CU_ASSERT_EQUAL(correct, correct11);
+    CU_ASSERT_EQUAL(memcmp(pf, p11, sizeof pf), 0);
+    CU_ASSERT_EQUAL(g_k->softmax_xent_backward_ex(g_acc, KILN_DTYPE_F32, df, pf, labels, B, C, 0.5), KILN_OK);
+    CU_ASSERT_EQUAL(g_k->softmax_xent_backward(g_acc, d11, pf, labels, B, C, 0.5f), KILN_OK);
+    CU_ASSERT_EQUAL(memcmp(df, d11, sizeof df), 0);
+
+    /* Bad labels: KILN_E_DATA naming the entry, the row and the label. */
+    int32_t bad[B] = {2, 9, 0};
+    CU_ASSERT_EQUAL(g_k->softmax_xent_forward_ex(g_acc, KILN_DTYPE_F64, p, l, bad, B, C, &loss, NULL), KILN_E_DATA);
+    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "softmax_xent_forward_ex: label 9 at batch index 1"));
+    CU_ASSERT_EQUAL(g_k->softmax_xent_backward_ex(g_acc, KILN_DTYPE_F32, df, pf, bad, B, C, 1.0), KILN_E_DATA);
+    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "softmax_xent_backward_ex: label 9"));
+    /* A NaN logit is a NaN loss, not a data error. */
+    l[5] = NAN;
+    CU_ASSERT_EQUAL(g_k->softmax_xent_forward_ex(g_acc, KILN_DTYPE_F64, p, l, labels, B, C, &loss, NULL), KILN_OK);
+    CU_ASSERT_TRUE(isnan(loss));
+}
+
+static void test_ex_optimizers(void) {
+    enum { N = 9 };
+    double p[N], g[N], buf[N], m[N] = {0}, v[N] = {0}, rp[N], rb[N], rm[N] = {0}, rv[N] = {0};
+    float pf[N], gf[N], bff[N], p11[N], b11[N];
+    for (int i = 0; i < N; i++) {
+        rp[i] = p[i] = pf[i] = p11[i] = val(i, 150);
+        g[i] = gf[i] = val(i, 151);
+    }
+    /* SGD, Nesterov with weight decay and dampening, two steps, float64 vs
+     * torch.optim.SGD's rules in double */
+    for (int step = 0; step < 2; step++) {
+        CU_ASSERT_EQUAL(g_k->sgd_update_ex(g_acc, KILN_DTYPE_F64, p, g, buf, N, 0.1, 0.9, 0.0, 1, 0.01, step == 0),
+                        KILN_OK);
+        for (int i = 0; i < N; i++) {
+            double d = g[i] + 0.01 * rp[i];
+            rb[i] = step == 0 ? d : 0.9 * rb[i] + d;
+            d = d + 0.9 * rb[i];
+            rp[i] -= 0.1 * d;
+            CU_ASSERT_TRUE(close_to(p[i], rp[i], 1e-15));
+            CU_ASSERT_TRUE(close_to(buf[i], rb[i], 1e-15));
+        }
+        /* float32 through both tables: identical */
+        CU_ASSERT_EQUAL(g_k->sgd_update_ex(g_acc, KILN_DTYPE_F32, pf, gf, bff, N, 0.1, 0.9, 0.25, 0, 0.01, step == 0),
+                        KILN_OK);
+        CU_ASSERT_EQUAL(g_k->sgd_update(g_acc, p11, gf, b11, N, 0.1f, 0.9f, 0.25f, 0, 0.01f, step == 0), KILN_OK);
+        CU_ASSERT_EQUAL(memcmp(pf, p11, sizeof pf), 0);
+    }
+    /* AdamW, two steps, float64 vs torch.optim.AdamW's rules in double; the
+     * float32 path agrees to float precision */
+    for (int i = 0; i < N; i++) rp[i] = p[i], pf[i] = (float)p[i];
+    float mf[N] = {0}, vf[N] = {0};
+    for (int step = 1; step <= 2; step++) {
+        CU_ASSERT_EQUAL(g_k->adamw_update_ex(g_acc, KILN_DTYPE_F64, p, g, m, v, N, 0.01, 0.9, 0.999, 1e-8, 0.1, step),
+                        KILN_OK);
+        CU_ASSERT_EQUAL(g_k->adamw_update_ex(g_acc, KILN_DTYPE_F32, pf, gf, mf, vf, N, 0.01, 0.9, 0.999, 1e-8, 0.1,
+                                             step),
+                        KILN_OK);
+        for (int i = 0; i < N; i++) {
+            rp[i] *= 1.0 - 0.01 * 0.1;
+            rm[i] = 0.9 * rm[i] + 0.1 * g[i];
+            rv[i] = 0.999 * rv[i] + 0.001 * g[i] * g[i];
+            const double mhat = rm[i] / (1.0 - pow(0.9, step)), vhat = rv[i] / (1.0 - pow(0.999, step));
+            rp[i] -= 0.01 * mhat / (sqrt(vhat) + 1e-8);
+            CU_ASSERT_TRUE(close_to(p[i], rp[i], 1e-13));
+            CU_ASSERT_TRUE(close_to(m[i], rm[i], 1e-13));
+            CU_ASSERT_TRUE(close_to(v[i], rv[i], 1e-13));
+            CU_ASSERT_TRUE(close_to(pf[i], rp[i], 2e-6));
+        }
+    }
+}
+
 /* -------------------------------------------------------------- configure */
 
 static void test_configure(void) {
@@ -467,6 +895,13 @@ static void register_tests(void) {
     CU_add_test(s, "softmax_xent and bad labels", test_softmax_xent);
     CU_add_test(s, "sum, sumsq, scale, axpy, all_finite", test_reductions);
     CU_add_test(s, "sgd_update, adamw_update", test_optimizer_kernels);
+    CU_add_test(s, "1.2 entries present", test_table_1_2);
+    CU_add_test(s, "1.2: bad dtypes and arguments rejected", test_ex_bad_dtypes);
+    CU_add_test(s, "1.2: cast, round_to", test_cast_round_to);
+    CU_add_test(s, "1.2: gemm_ex (f16 B, rounding, f64, workspace)", test_gemm_ex);
+    CU_add_test(s, "1.2: _ex bias, act, reductions (f32 = 1.1, f64 vs double)", test_ex_entries);
+    CU_add_test(s, "1.2: _ex softmax_xent and bad labels", test_ex_loss);
+    CU_add_test(s, "1.2: _ex sgd, adamw", test_ex_optimizers);
     CU_add_test(s, "configure threads", test_configure);
 }
 

@@ -6,7 +6,9 @@
  * independently (by hand, by a separate Python script quoted in a comment, or
  * by a double-precision textbook formula written inline here); the
  * reductions and BLAS-1 helpers; and that splitting loops across the thread
- * pool reproduces the single-threaded results bit for bit.
+ * pool reproduces the single-threaded results bit for bit. The dtype
+ * conversions, kc_gemm_ex and the float64 kernels have their own suite in
+ * test_kernels_ex.c, registered from here (one executable).
  */
 #include "cpu_kernels.h"
 
@@ -821,6 +823,8 @@ static void test_threads_bit_identical(void) {
 
 /* ------------------------------------------------------------------ main */
 
+void kt_register_ex_tests(void); /* test_kernels_ex.c */
+
 static void register_tests(void) {
     CU_pSuite s = CU_add_suite("kernels_cpu", NULL, NULL);
     CU_add_test(s, "gemm_vs_ref_all_transposes", test_gemm_vs_ref);
@@ -841,6 +845,7 @@ static void register_tests(void) {
     CU_add_test(s, "adamw_literals", test_adamw_literals);
     CU_add_test(s, "adamw_vs_double", test_adamw_vs_double);
     CU_add_test(s, "threads_bit_identical", test_threads_bit_identical);
+    kt_register_ex_tests();
 }
 
 #include "cunit_main.h"

@@ -64,6 +64,7 @@ static int32_t m_param_register(kiln_host_ctx *h, const char *name, uint32_t ndi
     for (uint32_t i = 0; i < KILN_MAX_DIMS; i++) p->shape[i] = i < ndim ? shape[i] : 1;
     for (uint32_t i = 0; i < ndim; i++) p->numel *= shape[i];
     p->compute_dtype = KILN_DTYPE_F32;
+    p->param_dtype = KILN_DTYPE_F32;
     mh.param_ptrs[mh.nparams++] = p;
     *out = p;
     return KILN_OK;

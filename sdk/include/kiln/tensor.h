@@ -1,13 +1,16 @@
 /*
  * kiln/tensor.h — data types and the borrowed tensor views that cross the
- * boundary (ABI 1.1): batches from data plugins, and the parameters the host
- * allocates for a module. A view never transfers ownership; its lifetime is
+ * boundary (ABI 1.1; 1.2 adds the master dtype and the dtype helpers):
+ * batches from data plugins, and the parameters the host allocates for a
+ * module. A view never transfers ownership; its lifetime is
  * stated where it is handed over. Shapes are row-major, outermost first.
  */
 #ifndef KILN_TENSOR_H
 #define KILN_TENSOR_H
 
+#include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 /* Element types (uint32, fixed values, never renumbered). */
 enum {
@@ -20,6 +23,38 @@ enum {
     KILN_DTYPE_I64 = 6,
     KILN_DTYPE_U8 = 7,
 };
+
+/* Bytes per element; 0 for an unknown dtype. */
+static inline size_t kiln_dtype_size(uint32_t dt) {
+    switch (dt) {
+    case KILN_DTYPE_F64: case KILN_DTYPE_I64: return 8;
+    case KILN_DTYPE_F32: case KILN_DTYPE_I32: return 4;
+    case KILN_DTYPE_F16: case KILN_DTYPE_BF16: return 2;
+    case KILN_DTYPE_U8: return 1;
+    default: return 0;
+    }
+}
+
+/* The names used in plugin properties ("param_dtype", "compute_dtype") and
+ * in messages: PyTorch's spellings. */
+static inline const char *kiln_dtype_name(uint32_t dt) {
+    switch (dt) {
+    case KILN_DTYPE_F32: return "float32";
+    case KILN_DTYPE_F64: return "float64";
+    case KILN_DTYPE_F16: return "float16";
+    case KILN_DTYPE_BF16: return "bfloat16";
+    case KILN_DTYPE_I32: return "int32";
+    case KILN_DTYPE_I64: return "int64";
+    case KILN_DTYPE_U8: return "uint8";
+    default: return "invalid";
+    }
+}
+
+static inline uint32_t kiln_dtype_from_name(const char *s) {
+    for (uint32_t dt = KILN_DTYPE_F32; dt <= KILN_DTYPE_U8; dt++)
+        if (s && !strcmp(s, kiln_dtype_name(dt))) return dt;
+    return KILN_DTYPE_INVALID;
+}
 
 #define KILN_MAX_DIMS 4
 
@@ -49,8 +84,13 @@ typedef struct kiln_batch {
 
 /* A parameter the host allocated for a module (ABI 1.1). The host owns the
  * memory; the pointers stay valid until the run ends. `data` and `grad` are
- * fp32 master values on the accelerator; `compute` is what the forward reads,
- * in `compute_dtype` (equal to `data` when the precision computes in fp32). */
+ * the master values on the accelerator, in `param_dtype` (1.2; fp32 unless
+ * the precision plugin's "param_dtype" property says "float64" — then they
+ * point at doubles despite their declared type; read it with
+ * kiln_param_dtype()). `compute` is what the forward reads, in
+ * `compute_dtype`: equal to `data` when the precision computes in the
+ * master dtype, else a copy the precision plugin owns and refreshes in
+ * convert_params (fp16, bf16, dequantised 4-bit ...). */
 typedef struct kiln_parameter {
     uint32_t struct_size;
     uint32_t flags;               /* KILN_PARAMF_*                              */
@@ -62,6 +102,16 @@ typedef struct kiln_parameter {
     float *data;                  /* (shape) fp32 master weights                */
     float *grad;                  /* (shape) fp32 gradients, accumulated (+=)   */
     void *compute;                /* (shape) compute-dtype weights              */
+    /* -- 1.2 -- */
+    uint32_t param_dtype;         /* KILN_DTYPE_F32 or KILN_DTYPE_F64           */
+    uint32_t reserved;
 } kiln_parameter;
+
+#define KILN_PARAMETER_SIZE_1_2 (offsetof(kiln_parameter, reserved) + sizeof(uint32_t))
+
+/* The dtype of p->data and p->grad; a 1.1 host's struct means fp32. */
+static inline uint32_t kiln_param_dtype(const kiln_parameter *p) {
+    return p->struct_size >= KILN_PARAMETER_SIZE_1_2 ? p->param_dtype : KILN_DTYPE_F32;
+}
 
 #endif /* KILN_TENSOR_H */

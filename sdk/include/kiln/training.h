@@ -1,5 +1,6 @@
 /*
- * kiln/training.h — the training part of the ABI (added in 1.1): the kernel
+ * kiln/training.h — the training part of the ABI (added in 1.1; 1.2
+ * appended other-dtype kernels and precision events): the kernel
  * table an accelerator provides, the closure and optimizer handles the
  * trainer passes around, the events (hooks) callbacks and modules receive,
  * and the kind-specific ops tables that follow kiln_ops_header for every
@@ -74,7 +75,54 @@ typedef struct kiln_kernels {
     /* torch.optim.AdamW, one tensor; step is 1-based */
     int32_t (*adamw_update)(kiln_instance *acc, float *p, const float *g, float *m, float *v, size_t n, float lr,
                             float beta1, float beta2, float eps, float weight_decay, int64_t step);
+
+    /* -- 1.2: other dtypes. Check struct_size >= KILN_KERNELS_SIZE_1_2
+     * before calling any of these. Reduced precision is emulated where the
+     * hardware lacks it by rounding through the real format
+     * (round-to-nearest-even; overflow gives inf, underflow subnormals/0), so
+     * fp16 overflow and loss-scale skipping behave as on a GPU. -- */
+    /* dst(n) = src(n) converted between F32, F64, F16 and BF16 */
+    int32_t (*cast)(kiln_instance *acc, void *dst, uint32_t dst_dtype, const void *src, uint32_t src_dtype,
+                    size_t n);
+    /* x(n), fp32 storage, rounded in place through `dtype` (F16 or BF16; F32
+     * is a no-op): what storing the values in that format would keep */
+    int32_t (*round_to)(kiln_instance *acc, float *x, uint32_t dtype, size_t n);
+    /* C(M,N) = round_dtype(alpha * op(A) * op(B)) + beta * C, accumulated in
+     * fp32 (fp64 when C is F64). A and B are F32, F16 or BF16 when C is
+     * F32, all F64 when C is F64. round_dtype F16 or BF16 rounds the
+     * product before beta*C is added (a reduced-precision matmul whose
+     * output is cast up and accumulated, as autocast does for .grad); F32,
+     * or C's own dtype, means no rounding. The accelerator may allocate
+     * conversion scratch on the first call of a size (grow-only). */
+    int32_t (*gemm_ex)(kiln_instance *acc, int32_t trans_a, int32_t trans_b, int32_t M, int32_t N, int32_t K,
+                       double alpha, const void *A, uint32_t a_dtype, int32_t lda, const void *B, uint32_t b_dtype,
+                       int32_t ldb, double beta, void *C, uint32_t c_dtype, int32_t ldc, uint32_t round_dtype);
+    /* The fp32 entries above for `dtype` F32 or F64; same semantics. */
+    int32_t (*bias_add_ex)(kiln_instance *acc, uint32_t dtype, void *y, const void *b, int32_t rows, int32_t cols);
+    int32_t (*bias_grad_ex)(kiln_instance *acc, uint32_t dtype, void *db, const void *dy, int32_t rows, int32_t cols,
+                            int32_t accumulate);
+    /* act: KILN_ACT_*; dx may alias dy */
+    int32_t (*act_forward)(kiln_instance *acc, uint32_t dtype, int32_t act, void *y, const void *x, size_t n);
+    int32_t (*act_backward)(kiln_instance *acc, uint32_t dtype, int32_t act, void *dx, const void *dy, const void *x,
+                            size_t n);
+    int32_t (*softmax_xent_forward_ex)(kiln_instance *acc, uint32_t dtype, void *probs, const void *logits,
+                                       const int32_t *labels, int32_t B, int32_t C, double *loss, int32_t *n_correct);
+    int32_t (*softmax_xent_backward_ex)(kiln_instance *acc, uint32_t dtype, void *dlogits, const void *probs,
+                                        const int32_t *labels, int32_t B, int32_t C, double dloss);
+    int32_t (*sumsq_ex)(kiln_instance *acc, uint32_t dtype, const void *x, size_t n, double *out);
+    int32_t (*all_finite_ex)(kiln_instance *acc, uint32_t dtype, const void *x, size_t n, int32_t *finite);
+    int32_t (*scale_ex)(kiln_instance *acc, uint32_t dtype, void *x, double a, size_t n);
+    int32_t (*axpy_ex)(kiln_instance *acc, uint32_t dtype, void *y, double a, const void *x, size_t n);
+    int32_t (*sgd_update_ex)(kiln_instance *acc, uint32_t dtype, void *p, const void *g, void *momentum_buf,
+                             size_t n, double lr, double momentum, double dampening, int32_t nesterov,
+                             double weight_decay, int32_t first_step);
+    int32_t (*adamw_update_ex)(kiln_instance *acc, uint32_t dtype, void *p, const void *g, void *m, void *v,
+                               size_t n, double lr, double beta1, double beta2, double eps, double weight_decay,
+                               int64_t step);
 } kiln_kernels;
+
+/* kiln_kernels.act_forward / act_backward */
+enum { KILN_ACT_RELU = 0, KILN_ACT_GELU = 1 };
 
 /* ---------------------------------------------------------------------------
  * Closures and optimizer handles (Lightning's closure API) */
@@ -120,6 +168,10 @@ typedef struct kiln_trainer_state {
     int32_t rank, world_size;
     int32_t accumulate_grad_batches;
     int32_t reserved;
+    /* -- 1.2 (check struct_size) -- */
+    /* the precision plugin's properties ("precision", "amp_backend",
+     * "amp_level", ...), NULL-terminated, for loggers and summaries */
+    const kiln_kv *precision;
 } kiln_trainer_state;
 
 /* What a training/validation/test step produced. */
@@ -243,6 +295,11 @@ typedef struct kiln_precision_ops {
      * gradients are not finite. *skipped = 1 when the update was skipped. */
     int32_t (*optimizer_step)(kiln_instance *self, const kiln_optimizer_ref *opt, const kiln_closure *closure,
                               const kiln_closure *after_closure, int32_t *skipped);
+    /* -- 1.2 -- */
+    /* May be NULL. Receives the trainer's events after the callbacks and
+     * before the module (setup, on_fit_end, teardown ...), so a precision can
+     * export or report at the end of a run. */
+    int32_t (*on_event)(kiln_instance *self, kiln_event *ev);
 } kiln_precision_ops;
 
 typedef struct kiln_strategy_ops {
@@ -329,7 +386,12 @@ typedef struct kiln_module_ops {
 #define KILN_MODULE_OPS_SIZE_1_1 KILN__END(kiln_module_ops, on_event)
 #define KILN_KERNELS_SIZE_1_1 KILN__END(kiln_kernels, adamw_update)
 
-/* Layout pins of the 1.1 tables. */
+/* What 1.2 appended. */
+#define KILN_PRECISION_OPS_SIZE_1_2 KILN__END(kiln_precision_ops, on_event)
+#define KILN_KERNELS_SIZE_1_2 KILN__END(kiln_kernels, adamw_update_ex)
+#define KILN_TRAINER_STATE_SIZE_1_2 KILN__END(kiln_trainer_state, precision)
+
+/* Layout pins of the 1.1 tables (and what 1.2 appended). */
 #if UINTPTR_MAX == 0xFFFFFFFFFFFFFFFFu
 static_assert(offsetof(kiln_accelerator_ops, kernels) == 40, "kiln_accelerator_ops 1.1");
 static_assert(offsetof(kiln_precision_ops, optimizer_step) == 64, "kiln_precision_ops 1.1");
@@ -340,7 +402,11 @@ static_assert(offsetof(kiln_data_ops, next) == 64, "kiln_data_ops 1.1");
 static_assert(offsetof(kiln_module_ops, on_event) == 80, "kiln_module_ops 1.1");
 static_assert(offsetof(kiln_kernels, adamw_update) == 168, "kiln_kernels 1.1");
 static_assert(sizeof(kiln_event) == 96, "kiln_event 1.1");
-static_assert(sizeof(kiln_parameter) == 88, "kiln_parameter 1.1");
+static_assert(offsetof(kiln_parameter, param_dtype) == 88, "kiln_parameter 1.1");
+static_assert(offsetof(kiln_kernels, cast) == 176 && offsetof(kiln_kernels, adamw_update_ex) == 288,
+              "kiln_kernels 1.2");
+static_assert(offsetof(kiln_precision_ops, on_event) == 72, "kiln_precision_ops 1.2");
+static_assert(offsetof(kiln_trainer_state, precision) == 96, "kiln_trainer_state 1.2");
 #endif
 
 #ifdef __cplusplus
