@@ -56,7 +56,9 @@ static void loops_text(const ht_trainer *t, char *buf, size_t n) {
 int ht_ckpt_save(ht_trainer *t, const char *path, char *why, size_t whylen) {
     size_t total = 0;
     for (uint32_t i = 0; i < t->nparams; i++) total += (size_t)t->params[i]->numel;
-    float *host = malloc((total ? total : 1) * sizeof(float));
+    size_t esz = kiln_dtype_size(t->param_dtype);
+    const char *st_dtype = t->param_dtype == KILN_DTYPE_F64 ? "F64" : "F32";
+    char *host = malloc((total ? total : 1) * esz);
     kst_writer *w = kst_writer_new();
     char *cfgtext = config_text(t);
     int rc = host && w && cfgtext ? KILN_OK : KILN_E_NOMEM;
@@ -64,12 +66,12 @@ int ht_ckpt_save(ht_trainer *t, const char *path, char *why, size_t whylen) {
     size_t off = 0;
     for (uint32_t i = 0; rc == KILN_OK && i < t->nparams; i++) {
         kiln_parameter *p = t->params[i];
-        size_t nbytes = (size_t)p->numel * sizeof(float);
+        size_t nbytes = (size_t)p->numel * esz;
         herr_clear();
         int32_t crc = t->K->copy(t->accel.inst, host + off, p->data, nbytes, KILN_COPY_D2H);
         if (crc) { rc = ht_fail(t, &t->accel, crc, "copy of a parameter for the checkpoint", why, whylen); break; }
-        rc = kst_add_tensor(w, p->name, "F32", p->shape, (int)p->ndim, host + off, nbytes, why, whylen);
-        off += (size_t)p->numel;
+        rc = kst_add_tensor(w, p->name, st_dtype, p->shape, (int)p->ndim, host + off, nbytes, why, whylen);
+        off += nbytes;
     }
     char num[64], stack[512], abi[16];
     snprintf(stack, sizeof stack, "accelerator=%s precision=%s strategy=%s module=%s data=%s optimizer=%s",
@@ -152,19 +154,32 @@ static int load_weights_from(ht_trainer *t, kst_file *f, const char *path, char 
             rc = KILN_E_STATE;
             break;
         }
-        int same = x->ndim == (int)p->ndim && !strcmp(x->dtype, "F32");
+        const char *want_dt = t->param_dtype == KILN_DTYPE_F64 ? "F64" : "F32";
+        uint32_t file_dt = !strcmp(x->dtype, "F64") ? KILN_DTYPE_F64 : !strcmp(x->dtype, "F32") ? KILN_DTYPE_F32 : 0;
+        /* float32 <-> float64 masters convert (a 64-true checkpoint tested
+         * under 32-true, or the reverse) where the kernels can cast in
+         * place; anything else is refused. */
+        int castable = file_dt && file_dt != t->param_dtype && t->K->struct_size >= KILN_KERNELS_SIZE_1_2 &&
+                       t->K->cast && (t->K->flags & KILN_KERNELS_HOST_MEMORY);
+        int same = x->ndim == (int)p->ndim && (file_dt == t->param_dtype || castable);
         for (int d = 0; d < x->ndim; d++) {
             snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? ", " : "", (long long)x->shape[d]);
             if (same && x->shape[d] != p->shape[d]) same = 0;
         }
         if (!same) {
-            hwhyf(why, whylen, "%s: tensor '%s' is %s [%s], module '%s' expects F32 [%s]", path, p->name, x->dtype, got,
-                  t->module.p->view.name, want);
+            hwhyf(why, whylen, "%s: tensor '%s' is %s [%s], module '%s' expects %s [%s]", path, p->name, x->dtype, got,
+                  t->module.p->view.name, want_dt, want);
             rc = KILN_E_STATE;
             break;
         }
         herr_clear();
-        int32_t crc = t->K->copy(t->accel.inst, p->data, x->data, x->nbytes, KILN_COPY_H2D);
+        int32_t crc;
+        if (file_dt == t->param_dtype) {
+            crc = t->K->copy(t->accel.inst, p->data, x->data, x->nbytes, KILN_COPY_H2D);
+        } else {
+            if (i == 0) HLOG_INFO("%s: converting %s weights to %s", path, x->dtype, want_dt);
+            crc = t->K->cast(t->accel.inst, p->data, t->param_dtype, x->data, file_dt, (size_t)p->numel);
+        }
         if (crc) rc = ht_fail(t, &t->accel, crc, "copy of a checkpoint tensor", why, whylen);
     }
     int nweights = 0;

@@ -18,6 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "compat.h"
 #include "log.h"
 #include "version.h"
 
@@ -363,9 +364,10 @@ static const char *slot_default(const char *slot) {
 }
 
 static int check_one(hc_config *c, hl_loader *L, uint32_t kind, const char *name, config_setting_t *sec,
-                     const char *slotdesc, char *why, size_t whylen) {
+                     const char *slotdesc, const hl_plugin **found, char *why, size_t whylen) {
     char inner[1024], where[PATH_MAX + 32];
     const hl_plugin *p = hl_find(L, kind, name, inner, sizeof inner);
+    if (found) *found = p;
     if (!p) {
         if (sec) {
             config_setting_t *nm = config_setting_get_member(sec, "name");
@@ -387,6 +389,7 @@ static int check_one(hc_config *c, hl_loader *L, uint32_t kind, const char *name
 }
 
 int cli_check_run(hc_config *c, hl_loader *L, int need_training, char *why, size_t whylen) {
+    const hl_plugin *chosen[KILN_KIND_MAX_KNOWN + 1] = {0};
     for (int s = 0; s < hc_nslots; s++) {
         const char *slot = hc_slots[s];
         config_setting_t *sec;
@@ -404,8 +407,17 @@ int cli_check_run(hc_config *c, hl_loader *L, int need_training, char *why, size
         }
         uint32_t kind;
         hl_kind_from_name(slot, &kind);
-        int rc = check_one(c, L, kind, name, sec, slot, why, whylen);
+        int rc = check_one(c, L, kind, name, sec, slot, &chosen[kind <= KILN_KIND_MAX_KNOWN ? kind : 0], why,
+                           whylen);
         if (rc) return rc;
+    }
+    int rc = hx_check_stack(chosen[KILN_KIND_PRECISION], chosen[KILN_KIND_MODULE], chosen[KILN_KIND_OPTIMIZER], why,
+                            whylen);
+    if (rc) {
+        char inner[2048];
+        snprintf(inner, sizeof inner, "%s", why);
+        snprintf(why, whylen, "%s: %s", c->path, inner);
+        return rc;
     }
     int n = hc_callback_count(c);
     for (int i = 0; i < n; i++) {
@@ -419,7 +431,7 @@ int cli_check_run(hc_config *c, hl_loader *L, int need_training, char *why, size
             snprintf(why, whylen, "%s: %s must be a group with name = \"...\"", where, label);
             return KILN_E_CONFIG;
         }
-        int rc = check_one(c, L, KILN_KIND_CALLBACK, name, cb, label, why, whylen);
+        rc = check_one(c, L, KILN_KIND_CALLBACK, name, cb, label, NULL, why, whylen);
         if (rc) return rc;
     }
     return KILN_OK;

@@ -21,6 +21,13 @@
 const char *const hc_slots[] = {"accelerator", "precision", "strategy", "data", "module", "optimizer", "scheduler"};
 const int hc_nslots = (int)(sizeof hc_slots / sizeof hc_slots[0]);
 
+/* One of the plugin slots (a string there is short for { name = ... }). */
+static int is_slot(const char *key) {
+    for (size_t i = 0; i < sizeof hc_slots / sizeof hc_slots[0]; i++)
+        if (!strcmp(key, hc_slots[i])) return 1;
+    return 0;
+}
+
 static const char *const top_keys[] = {"trainer",  "plugins", "accelerator", "precision", "strategy", "data",
                                        "module", "optimizer", "scheduler", "callbacks"};
 static const char *const plugins_keys[] = {"dirs", "allow_symlinks"};
@@ -249,6 +256,19 @@ int hc_override(hc_config *c, const char *assignment, char *why, size_t whylen) 
             if (!next) {
                 if (!copy_setting(parent, tok, nv)) {
                     hwhyf(why, whylen, "--set %s: '%s' is not a valid setting name", key, tok);
+                    rc = KILN_E_CONFIG;
+                }
+            } else if (m && parent == config_root_setting(&c->cfg) && config_setting_type(m) == CONFIG_TYPE_STRING &&
+                       is_slot(tok)) {
+                /* precision = "16-mixed" plus --set precision.init_scale=...:
+                 * the short form becomes { name = "16-mixed"; ... } */
+                char nm[256];
+                snprintf(nm, sizeof nm, "%s", config_setting_get_string(m));
+                config_setting_remove(parent, tok);
+                parent = config_setting_add(parent, tok, CONFIG_TYPE_GROUP);
+                config_setting_t *n = parent ? config_setting_add(parent, "name", CONFIG_TYPE_STRING) : NULL;
+                if (!n || !config_setting_set_string(n, nm)) {
+                    hwhyf(why, whylen, "--set %s: cannot turn '%s' into a group", key, tok);
                     rc = KILN_E_CONFIG;
                 }
             } else if (m) {

@@ -21,6 +21,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "compat.h"
 #include "log.h"
 
 
@@ -191,7 +192,15 @@ int ht_fail(ht_trainer *t, ht_slot *s, int32_t rc, const char *what, char *why, 
 /* ---------------------------------------------------------------------------
  * Parameters */
 
+/* One arena for the masters and one for the gradients, in the dtype the
+ * precision plugin asked for (float32 unless it said float64). Every tensor
+ * starts on a 16-element boundary, i.e. 64 bytes for fp32. */
 static int alloc_params(ht_trainer *t, char *why, size_t whylen) {
+    uint32_t dt;
+    int prc = hx_param_dtype(t->precision.p, &dt, why, whylen);
+    if (prc) return prc;
+    size_t esz = kiln_dtype_size(dt);
+    t->param_dtype = dt;
     size_t total = 0;
     for (uint32_t i = 0; i < t->nparams; i++) total += ((size_t)t->params[i]->numel + 15) & ~(size_t)15;
     if (total == 0) {
@@ -199,18 +208,19 @@ static int alloc_params(ht_trainer *t, char *why, size_t whylen) {
         return KILN_E_STATE;
     }
     void *a = NULL, *g = NULL;
-    int32_t rc = t->K->alloc(t->accel.inst, total * sizeof(float), &a);
-    if (rc == KILN_OK) rc = t->K->alloc(t->accel.inst, total * sizeof(float), &g);
+    int32_t rc = t->K->alloc(t->accel.inst, total * esz, &a);
+    if (rc == KILN_OK) rc = t->K->alloc(t->accel.inst, total * esz, &g);
     if (rc != KILN_OK) return ht_fail(t, &t->accel, rc, "allocating parameters", why, whylen);
     t->param_arena = a;
     t->grad_arena = g;
     size_t off = 0;
     for (uint32_t i = 0; i < t->nparams; i++) {
         kiln_parameter *p = t->params[i];
-        p->data = t->param_arena + off;
-        p->grad = t->grad_arena + off;
+        p->data = (float *)((char *)t->param_arena + off * esz);
+        p->grad = (float *)((char *)t->grad_arena + off * esz);
         p->compute = p->data;
-        p->compute_dtype = KILN_DTYPE_F32;
+        p->compute_dtype = dt;
+        p->param_dtype = dt;
         off += ((size_t)p->numel + 15) & ~(size_t)15;
     }
     return KILN_OK;
@@ -362,6 +372,7 @@ void ht_update_state(ht_trainer *t) {
     s->should_stop = t->should_stop;
     s->run_dir = t->run_dir;
     s->accumulate_grad_batches = (int32_t)t->set.accumulate_grad_batches;
+    s->precision = t->precision.p ? t->precision.p->view.properties : NULL;
 }
 
 static int send_to_callbacks(ht_trainer *t, kiln_event *ev, char *why, size_t whylen) {
@@ -404,6 +415,21 @@ int ht_hook(ht_trainer *t, uint32_t id, int64_t batch_idx, const kiln_batch *bat
     if (callback_hook(id)) {
         int rc = send_to_callbacks(t, &ev, why, whylen);
         if (rc) return rc;
+    }
+    /* 1.2: a precision plugin may listen too (after the callbacks, before
+     * the module), e.g. to export quantised weights at on_fit_end. */
+    const kiln_precision_ops *pops = t->precision_ops;
+    if (callback_hook(id) && pops && t->precision.p->ops->struct_size >= KILN_PRECISION_OPS_SIZE_1_2 &&
+        pops->on_event) {
+        ht_trace(t, KILN_SRC_PRECISION, lower_name(id), batch_idx);
+        ev.source = KILN_SRC_PRECISION;
+        herr_clear();
+        int32_t rc = pops->on_event(t->precision.inst, &ev);
+        if (rc != KILN_OK) {
+            char what[96];
+            snprintf(what, sizeof what, "%s failed", lower_name(id));
+            return ht_fail(t, &t->precision, rc, what, why, whylen);
+        }
     }
     if (!module_hook(id) || !t->module.p) return KILN_OK;
     ht_trace(t, KILN_SRC_MODULE, lower_name(id), batch_idx);
@@ -472,6 +498,8 @@ int ht_open(ht_trainer *t, hc_config *cfg, hl_loader *L, int stage, char *why, s
     rc = slot_from_config(t, &t->module, "module", 1, why, whylen);
     if (rc) goto fail;
     t->module_ops = (const kiln_module_ops *)t->module.p->ops;
+    rc = hx_check_stack(t->precision.p, t->module.p, NULL, why, whylen);
+    if (rc) goto fail;
     rc = alloc_params(t, why, whylen);
     if (rc) goto fail;
     kiln_host_ctx *mh = &t->module.hctx;
@@ -486,6 +514,8 @@ int ht_open(ht_trainer *t, hc_config *cfg, hl_loader *L, int stage, char *why, s
         rc = slot_from_config(t, &t->optimizer, "optimizer", 1, why, whylen);
         if (rc) goto fail;
         t->optimizer_ops = (const kiln_optimizer_ops *)t->optimizer.p->ops;
+        rc = hx_check_stack(t->precision.p, NULL, t->optimizer.p, why, whylen);
+        if (rc) goto fail;
         rc = t->optimizer_ops->setup(t->optimizer.inst, t->params, t->nparams);
         if (rc) { rc = ht_fail(t, &t->optimizer, rc, "setup", why, whylen); goto fail; }
     }
@@ -592,6 +622,15 @@ void ht_print_summary(ht_trainer *t, const char *verb) {
            t->accel.p->view.name, prec && prec->type == KILN_TYPE_STRING ? prec->v.s : t->precision.p->view.name,
            t->strategy.p->view.name, t->module.p->view.name, t->data.p->view.name,
            t->optimizer.p ? t->optimizer.p->view.name : "-");
+    /* Everything said about precision is the plugin's own description. */
+    const char *pkeys[] = {"amp_backend", "amp_level", "param_dtype", "compute_dtype", "bits_per_weight"};
+    printf("precision: %s", prec && prec->type == KILN_TYPE_STRING ? prec->v.s : t->precision.p->view.name);
+    for (size_t i = 0; i < sizeof pkeys / sizeof *pkeys; i++) {
+        const kiln_value *v = hl_prop(t->precision.p, pkeys[i]);
+        if (v && v->type == KILN_TYPE_STRING) printf(" %s=%s", pkeys[i], v->v.s);
+        else if (v && v->type == KILN_TYPE_FLOAT) printf(" %s=%g", pkeys[i], v->v.f);
+    }
+    printf("\n");
     if (!strcmp(verb, "fit")) {
         double tt = t->time.total > 0 ? t->time.total : 1e-9;
         printf("epochs: %lld  steps: %lld  skipped steps: %lld  samples: %lld  wall: %.2f s  (%.0f samples/s)\n",

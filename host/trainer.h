@@ -78,7 +78,8 @@ typedef struct ht_trainer {
     /* parameters registered by the module; data/grad carved from two arenas */
     kiln_parameter *params[256];
     uint32_t nparams;
-    float *param_arena, *grad_arena;
+    void *param_arena, *grad_arena; /* masters and gradients, in param_dtype */
+    uint32_t param_dtype;          /* KILN_DTYPE_F32 or F64, from the precision */
 
     /* state visible to plugins */
     kiln_trainer_state state;

@@ -1,0 +1,78 @@
+/*
+ * host/compat.c — property-based compatibility rules between the precision,
+ * module and optimizer of a run (see compat.h). Each rule names both plugins
+ * and their files, what one requires and what the other declares, so the
+ * fix (another plugin, or a property its author forgot) is in the message.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "compat.h"
+#include "log.h"
+
+static int prop_bool(const hl_plugin *p, const char *key, int dflt) {
+    const kiln_value *v = hl_prop(p, key);
+    return v && v->type == KILN_TYPE_BOOL ? v->v.i != 0 : dflt;
+}
+
+int hx_param_dtype(const hl_plugin *precision, uint32_t *dtype, char *why, size_t whylen) {
+    *dtype = KILN_DTYPE_F32;
+    const kiln_value *v = hl_prop(precision, "param_dtype");
+    if (!v || v->type != KILN_TYPE_STRING) return KILN_OK;
+    uint32_t dt = kiln_dtype_from_name(v->v.s);
+    if (dt != KILN_DTYPE_F32 && dt != KILN_DTYPE_F64) {
+        hwhyf(why, whylen,
+              "precision '%s' (%s): property param_dtype is \"%s\"; the host keeps master weights in \"float32\" "
+              "or \"float64\" (reduced-precision copies belong in the plugin's compute weights)",
+              precision->view.name, precision->lib->path, v->v.s);
+        return KILN_E_CONFIG;
+    }
+    *dtype = dt;
+    return KILN_OK;
+}
+
+/* Does `p` list `dtype` in its "param_dtypes" property? Without the property
+ * a plugin handles float32 only: that is all a 1.1 plugin could. */
+static int handles_dtype(const hl_plugin *p, uint32_t dtype) {
+    const kiln_value *v = hl_prop(p, "param_dtypes");
+    if (!v || v->type != KILN_TYPE_STRING_LIST) return dtype == KILN_DTYPE_F32;
+    for (uint32_t i = 0; i < v->count; i++)
+        if (kiln_dtype_from_name(v->v.sl[i]) == dtype) return 1;
+    return 0;
+}
+
+static int check_dtype(const hl_plugin *precision, const hl_plugin *p, uint32_t dtype, char *why, size_t whylen) {
+    if (!p || handles_dtype(p, dtype)) return KILN_OK;
+    hwhyf(why, whylen,
+          "precision '%s' (%s) keeps master weights in %s, but %s '%s' (%s) does not list \"%s\" in its "
+          "param_dtypes property (it handles float32 only); use a precision with float32 masters or a %s that "
+          "supports %s",
+          precision->view.name, precision->lib->path, kiln_dtype_name(dtype), hl_kind_name(p->view.kind),
+          p->view.name, p->lib->path, kiln_dtype_name(dtype), hl_kind_name(p->view.kind),
+          kiln_dtype_name(dtype));
+    return KILN_E_CONFIG;
+}
+
+int hx_check_stack(const hl_plugin *precision, const hl_plugin *module, const hl_plugin *optimizer, char *why,
+                   size_t whylen) {
+    if (!precision) return KILN_OK;
+    uint32_t dt;
+    int rc = hx_param_dtype(precision, &dt, why, whylen);
+    if (rc) return rc;
+    if ((rc = check_dtype(precision, module, dt, why, whylen))) return rc;
+    if ((rc = check_dtype(precision, optimizer, dt, why, whylen))) return rc;
+    /* Lightning refuses LBFGS under native AMP: the scaler unscales and
+     * checks the gradients once per optimizer step, but a repeating
+     * optimizer would run backward (with the scaled loss) several times. */
+    if (optimizer && prop_bool(optimizer, "repeated_closure", 0) &&
+        !prop_bool(precision, "allows_repeated_closure", 1)) {
+        hwhyf(why, whylen,
+              "precision '%s' (%s) cannot drive optimizer '%s' (%s): the optimizer calls its closure several times "
+              "per step (repeated_closure = true) and this precision unscales and checks the gradients once per "
+              "step (allows_repeated_closure = false); use a precision without loss scaling (e.g. one whose "
+              "needs_grad_scaler is false) or another optimizer",
+              precision->view.name, precision->lib->path, optimizer->view.name, optimizer->lib->path);
+        return KILN_E_CONFIG;
+    }
+    return KILN_OK;
+}
