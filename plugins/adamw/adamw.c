@@ -151,6 +151,13 @@ static int32_t adamw_setup(kiln_instance *self, kiln_parameter *const *params, u
             return ADAMW_ERR(self, KILN_E_INVALID_ARG,
                              "parameter %u (%s) has no data/grad memory or a negative size", (unsigned)i,
                              p && p->name ? p->name : "?");
+        const uint32_t dt = kiln_param_dtype(p);
+        if (dt != KILN_DTYPE_F32 && (dt != KILN_DTYPE_F64 || k->struct_size < KILN_KERNELS_SIZE_1_2 ||
+                                     !k->adamw_update_ex))
+            return ADAMW_ERR(self, KILN_E_UNSUPPORTED,
+                             "parameter %s has %s masters; adamw updates float32, and float64 through the ABI 1.2 "
+                             "kernel adamw_update_ex (kernel table: %u bytes)",
+                             p->name ? p->name : "?", kiln_dtype_name(dt), (unsigned)k->struct_size);
     }
     adamw_release(self); /* a second setup() replaces the first, freed with its own accelerator */
     self->acc = acc;
@@ -166,7 +173,7 @@ static int32_t adamw_setup(kiln_instance *self, kiln_parameter *const *params, u
     memcpy(self->params, params, n * sizeof *self->params);
     for (uint32_t i = 0; i < n; i++) {
         if (params[i]->numel == 0) continue;
-        size_t bytes = (size_t)params[i]->numel * sizeof(float);
+        size_t bytes = kiln_param_bytes(params[i]);
         void *m = NULL, *v = NULL;
         rc = self->k->alloc(self->acc, bytes, &m);
         if (rc == KILN_OK) {
@@ -204,8 +211,16 @@ static int32_t adamw_step(kiln_instance *self, const kiln_closure *closure) {
     for (uint32_t i = 0; i < self->n; i++) {
         kiln_parameter *p = self->params[i];
         if (p->numel == 0) continue;
-        int32_t rc = self->k->adamw_update(self->acc, p->data, p->grad, self->m[i], self->v[i], (size_t)p->numel,
-                                           lr, beta1, beta2, eps, adamw_param_decay(self, p), step);
+        int32_t rc;
+        if (kiln_param_dtype(p) == KILN_DTYPE_F64) /* 64-true: the same update in double */
+            rc = self->k->adamw_update_ex(self->acc, KILN_DTYPE_F64, p->data, p->grad, self->m[i], self->v[i],
+                                          (size_t)p->numel, self->lr, self->beta1, self->beta2, self->eps,
+                                          (p->flags & KILN_PARAMF_NO_DECAY) && !self->decay_bias ? 0.0
+                                                                                                 : self->weight_decay,
+                                          step);
+        else
+            rc = self->k->adamw_update(self->acc, p->data, p->grad, self->m[i], self->v[i], (size_t)p->numel, lr,
+                                       beta1, beta2, eps, adamw_param_decay(self, p), step);
         if (rc != KILN_OK) return rc;
     }
     return KILN_OK;
@@ -230,7 +245,7 @@ static int32_t adamw_set_lr(kiln_instance *self, double lr) {
 static int32_t adamw_get_state(kiln_instance *self, uint32_t *state_version, void **data, size_t *size) {
     if (!self->params) return ADAMW_ERR(self, KILN_E_STATE, "get_state() before setup()");
     size_t bytes = sizeof(adamw_state_header) + (size_t)self->n * sizeof(int64_t) +
-                   2 * kiln_params_numel(self->params, self->n) * sizeof(float);
+                   2 * kiln_params_bytes(self->params, self->n);
     unsigned char *blob = self->svc->alloc(self->hctx, bytes, 16);
     if (!blob) return ADAMW_ERR(self, KILN_E_NOMEM, "cannot allocate %zu bytes for the adamw state", bytes);
 
@@ -289,7 +304,7 @@ static int32_t adamw_set_state(kiln_instance *self, uint32_t state_version, cons
                              "adamw state: parameter %u (%s) has %lld elements there, %lld here", (unsigned)bad,
                        self->params[bad]->name ? self->params[bad]->name : "?", (long long)numel,
                        (long long)self->params[bad]->numel);
-    size_t expect = off + 2 * kiln_params_numel(self->params, self->n) * sizeof(float);
+    size_t expect = off + 2 * kiln_params_bytes(self->params, self->n);
     if (size != expect)
         return ADAMW_ERR(self, KILN_E_STATE, "adamw state is %zu bytes, expected %zu for these parameters", size,
                          expect);
@@ -324,6 +339,13 @@ static const kiln_param adamw_params[] = {
     {NULL, 0, 0, KILN_V_NONE, NULL},
 };
 
+/* Master dtypes this optimizer updates (host/compat.c reads it). */
+static const char *const adamw_param_dtypes[] = {"float32", "float64"};
+static const kiln_kv adamw_props[] = {
+    {"param_dtypes", KILN_V_STRS(adamw_param_dtypes)},
+    {NULL, KILN_V_NONE},
+};
+
 static const kiln_plugin_desc adamw_desc = {
     sizeof(kiln_plugin_desc),
     KILN_KIND_OPTIMIZER,
@@ -331,7 +353,7 @@ static const kiln_plugin_desc adamw_desc = {
     "0.1.0",
     "Adam with decoupled weight decay (torch.optim.AdamW), no decay on biases by default",
     KILN_CAP_STATEFUL | KILN_CAP_DETERMINISTIC,
-    NULL,
+    adamw_props,
     adamw_params,
     &adamw_ops,
     NULL,

@@ -49,20 +49,31 @@ typedef struct mlp {
     kiln_parameter *bias[MLP_MAX_LAYERS];   /* (out) each                          */
     char names[2 * MLP_MAX_LAYERS][32];     /* parameter names, kept for the run   */
 
-    /* The activation arena (accelerator memory) and views into it. */
+    /* The activation arena (accelerator memory) and views into it. Every
+     * activation buffer holds `adt` elements: the master dtype of the
+     * parameters (fp32, or fp64 under a float64 precision). Under a
+     * reduced compute dtype (fp16/bf16 weights) activations stay in fp32
+     * storage but every value is rounded through that dtype after each op,
+     * which is what computing in it would keep (autocast emulation). */
     void *arena;
     size_t arena_bytes;
-    float *x;                  /* (max_batch, layers[0]) copy of the batch inputs  */
+    uint32_t adt;              /* KILN_DTYPE_F32 or F64: activation storage        */
+    size_t esz;                /* bytes per activation element                     */
+    float *x32;                /* (max_batch, layers[0]) F32 staging of the inputs */
+    void *x;                   /* (max_batch, layers[0]) inputs in adt             */
     int32_t *labels;           /* (max_batch) copy of the batch targets            */
-    const float *in_x;         /* (B, layers[0]) inputs of the last forward: the
-                                  batch itself when the accelerator computes in
-                                  host memory, else the copy in x              */
+    const void *in_x;          /* (B, layers[0]) inputs of the last forward, adt:
+                                  the batch itself when the accelerator computes in
+                                  host memory and nothing converts it, else x/x32 */
     const int32_t *in_labels;  /* (B) targets of the last forward, likewise    */
-    float *pre[MLP_MAX_LAYERS];  /* hidden layer l: (max_batch, layers[l+1]) x.Wt+b */
-    float *post[MLP_MAX_LAYERS]; /* hidden layer l: (max_batch, layers[l+1]) act(pre) */
-    float *logits;             /* (max_batch, C) output of the last Linear         */
-    float *probs;              /* (max_batch, C) softmax(logits)                   */
-    float *grad_a, *grad_b;    /* (max_batch, max_grad_width) ping-pong dy / dx    */
+    void *pre[MLP_MAX_LAYERS];  /* hidden layer l: (max_batch, layers[l+1]) x.Wt+b */
+    void *post[MLP_MAX_LAYERS]; /* hidden layer l: (max_batch, layers[l+1]) act(pre) */
+    void *logits;              /* (max_batch, C) output of the last Linear         */
+    void *probs;               /* (max_batch, C) softmax(logits)                   */
+    void *grad_a, *grad_b;     /* (max_batch, max_grad_width) ping-pong dy / dx    */
+    uint32_t rdt;              /* of the last forward: KILN_DTYPE_F16/BF16 to round
+                                  activations through, F32 for none             */
+    int fast;                  /* last forward used the fp32 1.1 kernels only   */
 
     /* What backward needs from the last training_step. */
     int have_train_forward;    /* 0 after create or an eval step: no backward      */
@@ -213,19 +224,41 @@ static int mlp_carve(size_t *off, size_t rows, size_t cols, size_t elem, char *b
 
 static int mlp_layout(mlp *m, char *base, size_t *total) {
     size_t off = 0;
-    const size_t B = (size_t)m->max_batch, C = (size_t)m->width[m->nlin];
-    int ok = mlp_carve(&off, B, (size_t)m->width[0], sizeof(float), base, (void **)&m->x);
+    const size_t B = (size_t)m->max_batch, C = (size_t)m->width[m->nlin], e = m->esz;
+    int ok = mlp_carve(&off, B, (size_t)m->width[0], sizeof(float), base, (void **)&m->x32);
+    ok = ok && mlp_carve(&off, B, (size_t)m->width[0], e, base, &m->x);
     ok = ok && mlp_carve(&off, B, 1, sizeof(int32_t), base, (void **)&m->labels);
     for (int l = 0; l + 1 < m->nlin && ok; l++) {
-        ok = mlp_carve(&off, B, (size_t)m->width[l + 1], sizeof(float), base, (void **)&m->pre[l]);
-        ok = ok && mlp_carve(&off, B, (size_t)m->width[l + 1], sizeof(float), base, (void **)&m->post[l]);
+        ok = mlp_carve(&off, B, (size_t)m->width[l + 1], e, base, &m->pre[l]);
+        ok = ok && mlp_carve(&off, B, (size_t)m->width[l + 1], e, base, &m->post[l]);
     }
-    ok = ok && mlp_carve(&off, B, C, sizeof(float), base, (void **)&m->logits);
-    ok = ok && mlp_carve(&off, B, C, sizeof(float), base, (void **)&m->probs);
-    ok = ok && mlp_carve(&off, B, (size_t)m->max_grad_width, sizeof(float), base, (void **)&m->grad_a);
-    ok = ok && mlp_carve(&off, B, (size_t)m->max_grad_width, sizeof(float), base, (void **)&m->grad_b);
+    ok = ok && mlp_carve(&off, B, C, e, base, &m->logits);
+    ok = ok && mlp_carve(&off, B, C, e, base, &m->probs);
+    ok = ok && mlp_carve(&off, B, (size_t)m->max_grad_width, e, base, &m->grad_a);
+    ok = ok && mlp_carve(&off, B, (size_t)m->max_grad_width, e, base, &m->grad_b);
     *total = off;
     return ok;
+}
+
+/* (Re)allocates the arena for activation dtype `adt`: at create() for fp32,
+ * and once more in init_weights when the host made fp64 masters (the
+ * master dtype is only known once the parameters exist). */
+static int32_t mlp_alloc_arena(mlp *m, uint32_t adt) {
+    if (m->arena) m->k->free(m->acc, m->arena);
+    m->arena = NULL;
+    m->adt = adt;
+    m->esz = kiln_dtype_size(adt);
+    if (!mlp_layout(m, NULL, &m->arena_bytes))
+        return mlp_fail(m, KILN_E_CONFIG, "mlp: activation buffers for max_batch %d overflow size_t", m->max_batch);
+    int32_t rc = m->k->alloc(m->acc, m->arena_bytes, &m->arena);
+    if (rc != KILN_OK || !m->arena) {
+        m->arena = NULL;
+        return mlp_fail(m, rc != KILN_OK ? rc : KILN_E_NOMEM,
+                        "mlp: cannot allocate the %zu-byte activation arena (max_batch %d, %s); lower max_batch",
+                        m->arena_bytes, m->max_batch, kiln_dtype_name(adt));
+    }
+    mlp_layout(m, (char *)m->arena, &m->arena_bytes);
+    return KILN_OK;
 }
 
 /* ---------------------------------------------------------------------------
@@ -276,19 +309,8 @@ static int32_t mlp_create(void *plugin_ctx, const kiln_host_services *svc, kiln_
 
     /* The arena, once, before any parameter is registered: a failure here
      * leaves nothing behind on the host. */
-    if (!mlp_layout(m, NULL, &m->arena_bytes)) {
-        rc = mlp_fail(m, KILN_E_CONFIG, "mlp: activation buffers for max_batch %d overflow size_t", m->max_batch);
-        goto fail;
-    }
-    rc = m->k->alloc(m->acc, m->arena_bytes, &m->arena);
-    if (rc != KILN_OK || !m->arena) {
-        m->arena = NULL;
-        rc = mlp_fail(m, rc != KILN_OK ? rc : KILN_E_NOMEM,
-                      "mlp: cannot allocate the %zu-byte activation arena (max_batch %d); lower max_batch",
-                      m->arena_bytes, m->max_batch);
-        goto fail;
-    }
-    mlp_layout(m, (char *)m->arena, &m->arena_bytes);
+    rc = mlp_alloc_arena(m, KILN_DTYPE_F32);
+    if (rc != KILN_OK) goto fail;
 
     /* Parameters in nn.Sequential-of-Linear order: weight then bias per layer. */
     for (int l = 0; l < m->nlin; l++) {
@@ -321,13 +343,35 @@ static int32_t mlp_init_weights(kiln_instance *self, uint64_t seed) {
         if (!m->weight[l]->data || !m->bias[l]->data || !m->weight[l]->grad || !m->bias[l]->grad)
             return mlp_fail(m, KILN_E_STATE, "mlp: init_weights before the host allocated layers.%d", l);
 
+    const uint32_t pdt = kiln_param_dtype(m->weight[0]);
+    if (pdt != KILN_DTYPE_F32 && pdt != KILN_DTYPE_F64)
+        return mlp_fail(m, KILN_E_UNSUPPORTED, "mlp: master weights in %s; this module supports float32 and float64",
+                        kiln_dtype_name(pdt));
+    if (pdt != KILN_DTYPE_F32 && k->struct_size < KILN_KERNELS_SIZE_1_2)
+        return mlp_fail(m, KILN_E_UNSUPPORTED,
+                        "mlp: %s master weights need the ABI 1.2 kernel entries (gemm_ex, *_ex); the accelerator's "
+                        "kernel table is %u bytes (1.2 needs %zu)",
+                        kiln_dtype_name(pdt), k->struct_size, (size_t)KILN_KERNELS_SIZE_1_2);
+    if (pdt != m->adt) {
+        int32_t arc = mlp_alloc_arena(m, pdt);
+        if (arc != KILN_OK) return arc;
+    }
+    const size_t esz = m->esz;
+
     /* Parameters live in accelerator memory, so values are generated in a
-     * host staging buffer (sized for the largest tensor) and copied over. */
+     * host staging buffer (sized for the largest tensor) and copied over.
+     * fp64 masters get the same fp32 draws, widened: a 64-true run starts
+     * from the weights a 32-true run with the same seed starts from. */
     size_t maxn = 0;
     for (int l = 0; l < m->nlin; l++)
         if ((size_t)m->weight[l]->numel > maxn) maxn = (size_t)m->weight[l]->numel;
     float *stage = malloc(maxn * sizeof *stage);
-    if (!stage) return mlp_fail(m, KILN_E_NOMEM, "mlp: cannot allocate %zu floats to stage init", maxn);
+    double *stage64 = pdt == KILN_DTYPE_F64 ? malloc(maxn * sizeof *stage64) : NULL;
+    if (!stage || (pdt == KILN_DTYPE_F64 && !stage64)) {
+        free(stage);
+        free(stage64);
+        return mlp_fail(m, KILN_E_NOMEM, "mlp: cannot allocate %zu values to stage init", maxn);
+    }
 
     /* One stream over all tensors in registration order: same seed, same
      * bits; the order is fixed by the config alone. */
@@ -344,12 +388,16 @@ static int32_t mlp_init_weights(kiln_instance *self, uint64_t seed) {
             const size_t n = (size_t)ps[j]->numel;
             for (size_t i = 0; i < n; i++)
                 stage[i] = m->init == MLP_INIT_ZEROS ? 0.0f : mlp_rng_uniform(&rng, -bound, bound);
-            rc = k->copy(m->acc, ps[j]->data, stage, n * sizeof(float), KILN_COPY_H2D);
-            if (rc == KILN_OK) rc = k->zero(m->acc, ps[j]->grad, n * sizeof(float));
+            if (stage64)
+                for (size_t i = 0; i < n; i++) stage64[i] = (double)stage[i];
+            rc = k->copy(m->acc, ps[j]->data, stage64 ? (const void *)stage64 : (const void *)stage, n * esz,
+                         KILN_COPY_H2D);
+            if (rc == KILN_OK) rc = k->zero(m->acc, ps[j]->grad, n * esz);
             if (rc != KILN_OK) rc = mlp_fail(m, rc, "mlp: writing %s failed (%s)", ps[j]->name, kiln_strerror(rc));
         }
     }
     free(stage);
+    free(stage64);
     m->have_train_forward = 0;
     return rc;
 }
@@ -392,51 +440,136 @@ static int32_t mlp_check_batch(mlp *m, const kiln_batch *batch, const char *step
     return KILN_OK;
 }
 
+/* Which dtypes the next forward computes in, from the parameters the
+ * precision plugin set up: m->fast when everything is fp32 (the 1.1 kernels,
+ * bit-identical to before 1.2), else m->rdt = the reduced compute dtype of
+ * the weights (F16/BF16, or F32 when the weights compute in the master
+ * dtype). Biases are added in the activation dtype; one kept in a reduced
+ * dtype is read from its master copy, and the sum is rounded anyway. */
+static int32_t mlp_plan(mlp *m, const char *step) {
+    const kiln_kernels *k = m->k;
+    uint32_t rdt = KILN_DTYPE_F32;
+    for (int l = 0; l < m->nlin; l++) {
+        const kiln_parameter *ps[2] = {m->weight[l], m->bias[l]};
+        for (int j = 0; j < 2; j++)
+            if (!ps[j]->compute)
+                return mlp_fail(m, KILN_E_STATE, "mlp: %s has no compute weights (host did not set them up)",
+                                ps[j]->name);
+        const uint32_t cd = m->weight[l]->compute_dtype;
+        const int reduced = cd == KILN_DTYPE_F16 || cd == KILN_DTYPE_BF16;
+        if (cd != m->adt && !(reduced && m->adt == KILN_DTYPE_F32))
+            return mlp_fail(m, KILN_E_UNSUPPORTED,
+                            "mlp: %s: %s computes in %s with %s masters; this module computes in the master dtype "
+                            "or, over float32 masters, in float16/bfloat16",
+                            step, m->weight[l]->name, kiln_dtype_name(cd), kiln_dtype_name(m->adt));
+        if (reduced) {
+            if (rdt != KILN_DTYPE_F32 && rdt != cd)
+                return mlp_fail(m, KILN_E_UNSUPPORTED, "mlp: %s: weights mix %s and %s compute dtypes", step,
+                                kiln_dtype_name(rdt), kiln_dtype_name(cd));
+            rdt = cd;
+        }
+    }
+    m->rdt = rdt;
+    m->fast = m->adt == KILN_DTYPE_F32 && rdt == KILN_DTYPE_F32;
+    if (!m->fast && (k->struct_size < KILN_KERNELS_SIZE_1_2 || !k->gemm_ex || !k->round_to || !k->cast))
+        return mlp_fail(m, KILN_E_UNSUPPORTED,
+                        "mlp: %s: computing in %s needs the ABI 1.2 kernel entries (gemm_ex, round_to, cast, *_ex); "
+                        "the accelerator's kernel table is %u bytes (1.2 needs %zu)",
+                        step, kiln_dtype_name(m->rdt != KILN_DTYPE_F32 ? m->rdt : m->adt), k->struct_size,
+                        (size_t)KILN_KERNELS_SIZE_1_2);
+    return KILN_OK;
+}
+
+/* Rounds n activation values through m->rdt (no-op without one). */
+static int32_t mlp_round(mlp *m, void *x, size_t n, const char *what, int layer) {
+    if (m->rdt == KILN_DTYPE_F32) return KILN_OK;
+    MLP_K(m, m->k->round_to(m->acc, (float *)x, m->rdt, n), what, layer);
+    return KILN_OK;
+}
+
+/* The bias as the activation dtype sees it (see mlp_plan). */
+static const void *mlp_bias(const mlp *m, int l) {
+    const kiln_parameter *b = m->bias[l];
+    return b->compute_dtype == m->adt ? b->compute : (const void *)b->data;
+}
+
+/* Puts the batch where the forward reads it: in place when the accelerator
+ * computes in host memory and nothing converts it; else a copy (x32), then
+ * rounded through the compute dtype (autocast casts a matmul's inputs) or
+ * widened to fp64. */
+static int32_t mlp_stage_inputs(mlp *m, const kiln_batch *batch, int32_t B) {
+    const kiln_kernels *k = m->k;
+    kiln_instance *acc = m->acc;
+    const size_t nx = (size_t)B * (size_t)m->width[0];
+    const void *src = batch->tensors[0].data;
+    if (k->flags & KILN_KERNELS_HOST_MEMORY) {
+        m->in_labels = (const int32_t *)batch->tensors[1].data;
+    } else {
+        MLP_K(m, k->copy(acc, m->x32, src, nx * sizeof(float), KILN_COPY_H2D), "copy(inputs)", 0);
+        MLP_K(m, k->copy(acc, m->labels, batch->tensors[1].data, (size_t)B * sizeof(int32_t), KILN_COPY_H2D),
+              "copy(targets)", 0);
+        m->in_labels = m->labels;
+        src = m->x32;
+    }
+    if (m->adt == KILN_DTYPE_F64) {
+        MLP_K(m, k->cast(acc, m->x, KILN_DTYPE_F64, src, KILN_DTYPE_F32, nx), "cast(inputs)", 0);
+        m->in_x = m->x;
+    } else if (m->rdt != KILN_DTYPE_F32) {
+        if (src != m->x32) MLP_K(m, k->copy(acc, m->x32, src, nx * sizeof(float), KILN_COPY_D2D), "copy(inputs)", 0);
+        int32_t rc = mlp_round(m, m->x32, nx, "round_to(inputs)", 0);
+        if (rc != KILN_OK) return rc;
+        m->in_x = m->x32;
+    } else {
+        m->in_x = src;
+    }
+    return KILN_OK;
+}
+
+/* One Linear (+ activation unless last) in the general path: typed kernels
+ * in m->adt, weights in their compute dtype, results rounded through rdt. */
+static int32_t mlp_layer_forward_ex(mlp *m, int l, int32_t B, const void *x, void *y) {
+    const kiln_kernels *k = m->k;
+    kiln_instance *acc = m->acc;
+    const int32_t in = m->width[l], out = m->width[l + 1];
+    const kiln_parameter *W = m->weight[l];
+    const size_t n = (size_t)B * (size_t)out;
+    MLP_K(m,
+          k->gemm_ex(acc, 0, 1, B, out, in, 1.0, x, m->adt, in, W->compute, W->compute_dtype, in, 0.0, y, m->adt, out,
+                     m->rdt),
+          "gemm_ex(forward)", l);
+    MLP_K(m, k->bias_add_ex(acc, m->adt, y, mlp_bias(m, l), B, out), "bias_add_ex", l);
+    int32_t rc = mlp_round(m, y, n, "round_to(linear)", l);
+    if (rc != KILN_OK || l == m->nlin - 1) return rc;
+    MLP_K(m, k->act_forward(acc, m->adt, m->act == MLP_ACT_RELU ? KILN_ACT_RELU : KILN_ACT_GELU, m->post[l], y, n),
+          "act_forward", l);
+    return mlp_round(m, m->post[l], n, "round_to(activation)", l);
+}
+
 /* Forward through every layer and the loss; leaves pre/post/logits/probs
- * filled for the first B rows. */
-static int32_t mlp_forward(mlp *m, const kiln_batch *batch, const char *step, int32_t *B_out, float *loss,
+ * filled for the first B rows. The loss (softmax + cross-entropy) runs in
+ * the activation dtype without rounding: autocast runs it in fp32. */
+static int32_t mlp_forward(mlp *m, const kiln_batch *batch, const char *step, int32_t *B_out, double *loss,
                            int32_t *n_correct) {
     const kiln_kernels *k = m->k;
     kiln_instance *acc = m->acc;
     int32_t B = 0;
     int32_t rc = mlp_check_batch(m, batch, step, &B);
+    if (rc == KILN_OK) rc = mlp_plan(m, step);
+    if (rc == KILN_OK) rc = mlp_stage_inputs(m, batch, B);
     if (rc != KILN_OK) return rc;
-    for (int l = 0; l < m->nlin; l++) {
-        const kiln_parameter *ps[2] = {m->weight[l], m->bias[l]};
-        for (int j = 0; j < 2; j++) {
-            if (!ps[j]->compute)
-                return mlp_fail(m, KILN_E_STATE, "mlp: %s has no compute weights (host did not set them up)",
-                                ps[j]->name);
-            if (ps[j]->compute_dtype != KILN_DTYPE_F32)
-                return mlp_fail(m, KILN_E_UNSUPPORTED,
-                                "mlp: %s computes in dtype %u; this module supports only F32 (%d) for now",
-                                ps[j]->name, (unsigned)ps[j]->compute_dtype, KILN_DTYPE_F32);
-        }
-    }
 
-    /* The batch stays valid until the data plugin's next `next` on this
-     * split, which comes after backward: an accelerator that computes in host
-     * memory reads it in place; any other gets a copy in the arena. */
-    if (k->flags & KILN_KERNELS_HOST_MEMORY) {
-        m->in_x = (const float *)batch->tensors[0].data;
-        m->in_labels = (const int32_t *)batch->tensors[1].data;
-    } else {
-        MLP_K(m, k->copy(acc, m->x, batch->tensors[0].data, (size_t)B * (size_t)m->width[0] * sizeof(float),
-                         KILN_COPY_H2D),
-              "copy(inputs)", 0);
-        MLP_K(m, k->copy(acc, m->labels, batch->tensors[1].data, (size_t)B * sizeof(int32_t), KILN_COPY_H2D),
-              "copy(targets)", 0);
-        m->in_x = m->x;
-        m->in_labels = m->labels;
-    }
-
-    const float *x = m->in_x; /* (B, width[l]) input of layer l */
+    const void *x = m->in_x; /* (B, width[l]) input of layer l */
     for (int l = 0; l < m->nlin; l++) {
         const int32_t in = m->width[l], out = m->width[l + 1];
         const int last = l == m->nlin - 1;
+        void *y = last ? m->logits : m->pre[l]; /* (B, out) */
+        if (!m->fast) {
+            if ((rc = mlp_layer_forward_ex(m, l, B, x, y)) != KILN_OK) return rc;
+            x = m->post[l];
+            continue;
+        }
         const float *W = (const float *)m->weight[l]->compute; /* (out, in) */
         const float *b = (const float *)m->bias[l]->compute;   /* (out)     */
-        float *y = last ? m->logits : m->pre[l];                /* (B, out)  */
         /* y = x . W^T + b */
         MLP_K(m, k->gemm(acc, 0, 1, B, out, in, 1.0f, x, in, W, in, 0.0f, y, out), "gemm(forward)", l);
         MLP_K(m, k->bias_add(acc, y, b, B, out), "bias_add", l);
@@ -451,7 +584,13 @@ static int32_t mlp_forward(mlp *m, const kiln_batch *batch, const char *step, in
     }
 
     const int32_t C = m->width[m->nlin];
-    rc = k->softmax_xent_forward(acc, m->probs, m->logits, m->in_labels, B, C, loss, n_correct);
+    if (m->fast) {
+        float lf = 0.0f;
+        rc = k->softmax_xent_forward(acc, m->probs, m->logits, m->in_labels, B, C, &lf, n_correct);
+        *loss = (double)lf;
+    } else {
+        rc = k->softmax_xent_forward_ex(acc, m->adt, m->probs, m->logits, m->in_labels, B, C, loss, n_correct);
+    }
     if (rc == KILN_E_DATA)
         return mlp_fail(m, KILN_E_DATA, "mlp: %s: a target label is outside [0, %d) (layers[-1] = %d classes)", step,
                         C, C);
@@ -461,11 +600,11 @@ static int32_t mlp_forward(mlp *m, const kiln_batch *batch, const char *step, in
     return KILN_OK;
 }
 
-static void mlp_fill_output(kiln_step_output *out, float loss, int32_t B) {
+static void mlp_fill_output(kiln_step_output *out, double loss, int32_t B) {
     if (!out) return;
     out->struct_size = sizeof *out;
     out->has_loss = 1;
-    out->loss = (double)loss;
+    out->loss = loss;
     out->batch_size = B;
 }
 
@@ -474,7 +613,7 @@ static int32_t mlp_training_step(kiln_instance *self, const kiln_batch *batch, i
     mlp *m = (mlp *)self;
     (void)batch_idx;
     m->have_train_forward = 0;
-    float loss = 0.0f;
+    double loss = 0.0;
     int32_t B = 0, n_correct = 0;
     int32_t rc = mlp_forward(m, batch, "training_step", &B, &loss, &n_correct);
     if (rc != KILN_OK) return rc;
@@ -483,7 +622,7 @@ static int32_t mlp_training_step(kiln_instance *self, const kiln_batch *batch, i
     mlp_fill_output(out, loss, B);
     if (m->svc->log_value) {
         const uint32_t f = KILN_LOG_ON_STEP | KILN_LOG_ON_EPOCH | KILN_LOG_PROG_BAR;
-        m->svc->log_value(m->hctx, "train_loss", (double)loss, f, (double)B);
+        m->svc->log_value(m->hctx, "train_loss", loss, f, (double)B);
         m->svc->log_value(m->hctx, "train_acc", (double)n_correct / (double)B, f, (double)B);
     }
     return KILN_OK;
@@ -494,14 +633,14 @@ static int32_t mlp_training_step(kiln_instance *self, const kiln_batch *batch, i
 static int32_t mlp_eval_step(mlp *m, const kiln_batch *batch, kiln_step_output *out, const char *step,
                              const char *loss_name, const char *acc_name) {
     m->have_train_forward = 0;
-    float loss = 0.0f;
+    double loss = 0.0;
     int32_t B = 0, n_correct = 0;
     int32_t rc = mlp_forward(m, batch, step, &B, &loss, &n_correct);
     if (rc != KILN_OK) return rc;
     mlp_fill_output(out, loss, B);
     if (m->svc->log_value) {
         const uint32_t f = KILN_LOG_ON_EPOCH | KILN_LOG_PROG_BAR;
-        m->svc->log_value(m->hctx, loss_name, (double)loss, f, (double)B);
+        m->svc->log_value(m->hctx, loss_name, loss, f, (double)B);
         m->svc->log_value(m->hctx, acc_name, (double)n_correct / (double)B, f, (double)B);
     }
     return KILN_OK;
@@ -523,12 +662,54 @@ static int32_t mlp_test_step(kiln_instance *self, const kiln_batch *batch, int64
  * Reads only the forward state, never overwrites it, so it may be called
  * more than once per forward (each call adds again). */
 
+/* The general path: typed kernels; every gradient that a reduced-precision
+ * matmul would produce is rounded through rdt (fp16 overflow of a scaled
+ * loss's gradients shows up here as inf, which the precision plugin then
+ * finds and skips). Weight gradients are rounded products added to the
+ * master-dtype .grad, as autocast's cast-back does. */
+static int32_t mlp_backward_ex(mlp *m, double dloss) {
+    const kiln_kernels *k = m->k;
+    kiln_instance *acc = m->acc;
+    const int32_t B = m->last_batch, C = m->width[m->nlin];
+    void *dy = m->grad_a, *dx = m->grad_b;
+    MLP_K(m, k->softmax_xent_backward_ex(acc, m->adt, dy, m->probs, m->in_labels, B, C, dloss),
+          "softmax_xent_backward_ex", m->nlin - 1);
+    int32_t rc = mlp_round(m, dy, (size_t)B * (size_t)C, "round_to(dlogits)", m->nlin - 1);
+    if (rc != KILN_OK) return rc;
+    for (int l = m->nlin - 1; l >= 0; l--) {
+        const int32_t in = m->width[l], out = m->width[l + 1];
+        const void *x = l == 0 ? m->in_x : m->post[l - 1]; /* (B, in) */
+        const kiln_parameter *W = m->weight[l];
+        MLP_K(m,
+              k->gemm_ex(acc, 1, 0, out, in, B, 1.0, dy, m->adt, out, x, m->adt, in, 1.0, W->grad, m->adt, in,
+                         m->rdt),
+              "gemm_ex(weight grad)", l);
+        MLP_K(m, k->bias_grad_ex(acc, m->adt, m->bias[l]->grad, dy, B, out, 1), "bias_grad_ex", l);
+        if (l == 0) break;
+        const size_t n = (size_t)B * (size_t)in;
+        MLP_K(m,
+              k->gemm_ex(acc, 0, 0, B, in, out, 1.0, dy, m->adt, out, W->compute, W->compute_dtype, in, 0.0, dx,
+                         m->adt, in, m->rdt),
+              "gemm_ex(input grad)", l);
+        MLP_K(m,
+              k->act_backward(acc, m->adt, m->act == MLP_ACT_RELU ? KILN_ACT_RELU : KILN_ACT_GELU, dx, dx,
+                              m->pre[l - 1], n),
+              "act_backward", l - 1);
+        if ((rc = mlp_round(m, dx, n, "round_to(activation grad)", l - 1)) != KILN_OK) return rc;
+        void *t = dy;
+        dy = dx;
+        dx = t;
+    }
+    return KILN_OK;
+}
+
 static int32_t mlp_backward(kiln_instance *self, double dloss) {
     mlp *m = (mlp *)self;
     const kiln_kernels *k = m->k;
     kiln_instance *acc = m->acc;
     if (!m->have_train_forward)
         return mlp_fail(m, KILN_E_STATE, "mlp: backward called without a preceding training_step");
+    if (!m->fast) return mlp_backward_ex(m, dloss);
     const int32_t B = m->last_batch, C = m->width[m->nlin];
 
     float *dy = m->grad_a; /* (B, width[l+1]) gradient w.r.t. layer l's output */
@@ -572,6 +753,13 @@ static const kiln_module_ops mlp_ops = {
     .on_event = NULL, /* no LightningModule hooks of its own */
 };
 
+/* Master dtypes this module handles (host/compat.c reads it). */
+static const char *const mlp_param_dtypes[] = {"float32", "float64"};
+static const kiln_kv mlp_props[] = {
+    {"param_dtypes", KILN_V_STRS(mlp_param_dtypes)},
+    {NULL, KILN_V_NONE},
+};
+
 static const kiln_plugin_desc mlp_desc = {
     sizeof(kiln_plugin_desc),
     KILN_KIND_MODULE,
@@ -579,7 +767,7 @@ static const kiln_plugin_desc mlp_desc = {
     MLP_VERSION,
     "multilayer perceptron classifier (Linear + ReLU/GELU, softmax cross-entropy); explicit forward/backward",
     0,
-    NULL,
+    mlp_props,
     mlp_params,
     &mlp_ops,
     NULL,

@@ -149,6 +149,13 @@ static int32_t sgd_setup(kiln_instance *self, kiln_parameter *const *params, uin
         if (!p || p->numel < 0 || (p->numel > 0 && (!p->data || !p->grad)))
             return SGD_ERR(self, KILN_E_INVALID_ARG, "parameter %u (%s) has no data/grad memory or a negative size",
                            (unsigned)i, p && p->name ? p->name : "?");
+        const uint32_t dt = kiln_param_dtype(p);
+        if (dt != KILN_DTYPE_F32 && (dt != KILN_DTYPE_F64 || k->struct_size < KILN_KERNELS_SIZE_1_2 ||
+                                     !k->sgd_update_ex))
+            return SGD_ERR(self, KILN_E_UNSUPPORTED,
+                           "parameter %s has %s masters; sgd updates float32, and float64 through the ABI 1.2 "
+                           "kernel sgd_update_ex (kernel table: %u bytes)",
+                           p->name ? p->name : "?", kiln_dtype_name(dt), (unsigned)k->struct_size);
     }
     sgd_release(self); /* a second setup() replaces the first, freed with its own accelerator */
     self->acc = acc;
@@ -166,7 +173,7 @@ static int32_t sgd_setup(kiln_instance *self, kiln_parameter *const *params, uin
         for (uint32_t i = 0; i < n; i++) {
             if (params[i]->numel == 0) continue;
             void *b = NULL;
-            rc = self->k->alloc(self->acc, (size_t)params[i]->numel * sizeof(float), &b);
+            rc = self->k->alloc(self->acc, kiln_param_bytes(params[i]), &b);
             if (rc != KILN_OK) {
                 sgd_release(self); /* the accelerator has described the failure */
                 return rc;
@@ -192,8 +199,14 @@ static int32_t sgd_step(kiln_instance *self, const kiln_closure *closure) {
     for (uint32_t i = 0; i < self->n; i++) {
         kiln_parameter *p = self->params[i];
         if (p->numel == 0) continue;
-        int32_t rc = self->k->sgd_update(self->acc, p->data, p->grad, self->bufs ? self->bufs[i] : NULL,
-                                         (size_t)p->numel, lr, momentum, dampening, self->nesterov, wd, first);
+        int32_t rc;
+        if (kiln_param_dtype(p) == KILN_DTYPE_F64) /* 64-true: the same update in double */
+            rc = self->k->sgd_update_ex(self->acc, KILN_DTYPE_F64, p->data, p->grad, self->bufs ? self->bufs[i] : NULL,
+                                        (size_t)p->numel, self->lr, self->momentum, self->dampening, self->nesterov,
+                                        self->weight_decay, first);
+        else
+            rc = self->k->sgd_update(self->acc, p->data, p->grad, self->bufs ? self->bufs[i] : NULL,
+                                     (size_t)p->numel, lr, momentum, dampening, self->nesterov, wd, first);
         if (rc != KILN_OK) return rc;
     }
     self->bufs_ready = self->bufs != NULL;
@@ -221,7 +234,7 @@ static int32_t sgd_get_state(kiln_instance *self, uint32_t *state_version, void 
     if (!self->params) return SGD_ERR(self, KILN_E_STATE, "get_state() before setup()");
     const int has_buffers = self->bufs_ready;
     size_t bytes = sizeof(sgd_state_header) + (size_t)self->n * sizeof(int64_t);
-    if (has_buffers) bytes += kiln_params_numel(self->params, self->n) * sizeof(float);
+    if (has_buffers) bytes += kiln_params_bytes(self->params, self->n);
     unsigned char *blob = self->svc->alloc(self->hctx, bytes, 16);
     if (!blob) return SGD_ERR(self, KILN_E_NOMEM, "cannot allocate %zu bytes for the sgd state", bytes);
 
@@ -279,7 +292,7 @@ static int32_t sgd_set_state(kiln_instance *self, uint32_t state_version, const 
         return SGD_ERR(self, KILN_E_STATE, "sgd state: parameter %u (%s) has %lld elements there, %lld here",
                        (unsigned)bad, self->params[bad]->name ? self->params[bad]->name : "?", (long long)numel,
                        (long long)self->params[bad]->numel);
-    size_t expect = off + (h.has_buffers ? kiln_params_numel(self->params, self->n) * sizeof(float) : 0);
+    size_t expect = off + (h.has_buffers ? kiln_params_bytes(self->params, self->n) : 0);
     if (size != expect)
         return SGD_ERR(self, KILN_E_STATE, "sgd state is %zu bytes, expected %zu for these parameters", size,
                        expect);
@@ -321,6 +334,13 @@ static const kiln_param sgd_params[] = {
     {NULL, 0, 0, KILN_V_NONE, NULL},
 };
 
+/* Master dtypes this optimizer updates (host/compat.c reads it). */
+static const char *const sgd_param_dtypes[] = {"float32", "float64"};
+static const kiln_kv sgd_props[] = {
+    {"param_dtypes", KILN_V_STRS(sgd_param_dtypes)},
+    {NULL, KILN_V_NONE},
+};
+
 static const kiln_plugin_desc sgd_desc = {
     sizeof(kiln_plugin_desc),
     KILN_KIND_OPTIMIZER,
@@ -328,7 +348,7 @@ static const kiln_plugin_desc sgd_desc = {
     "0.1.0",
     "stochastic gradient descent with momentum (torch.optim.SGD)",
     KILN_CAP_STATEFUL | KILN_CAP_DETERMINISTIC,
-    NULL,
+    sgd_props,
     sgd_params,
     &sgd_ops,
     NULL,
