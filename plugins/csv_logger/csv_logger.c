@@ -7,8 +7,11 @@
  * keeps every row in memory and, whenever the column set grows, rewrites the
  * whole file into <file>.tmp, fsyncs it and renames it over the old one, so a
  * reader (or a crash) only ever sees a complete CSV. Otherwise the row is
- * appended. The file is pure CSV (no comment lines), readable by pandas.
- * Only rank 0 writes.
+ * appended. With `run_comment` (the default) the file opens with one
+ * '#' line recording the run's precision as its plugin describes itself
+ * (precision, amp_backend, amp_level, dtypes; ABI 1.2 trainer state), read
+ * with pandas.read_csv(path, comment="#"); `run_comment = false` gives pure
+ * CSV. Only rank 0 writes.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -40,6 +43,8 @@ struct kiln_instance {
     char *tmp_path;        /* path + ".tmp"                             */
     FILE *fp;              /* open for appending, NULL when closed      */
     int written;           /* the file holds the current header         */
+    int run_comment;       /* write the '#' precision line first         */
+    char comment[512];     /* that line, captured at the first row       */
     int64_t unflushed;     /* rows appended since the last fflush       */
     char **cols;           /* (ncols) metric column names, owned        */
     uint32_t ncols, cap_cols;
@@ -101,6 +106,7 @@ static void csv_put_name(FILE *f, const char *s) {
 }
 
 static void csv_put_header(const kiln_instance *self, FILE *f) {
+    if (self->comment[0]) fprintf(f, "%s\n", self->comment);
     fputs("step", f);
     for (uint32_t c = 0; c < self->ncols; c++) {
         fputc(',', f);
@@ -247,8 +253,22 @@ static int32_t csv_add_row(kiln_instance *self, const kiln_event *ev, int *grew)
     return KILN_OK;
 }
 
+/* "# kiln run: precision=16-mixed amp_backend=native ..." from the
+ * precision plugin's own properties (a host before 1.2 has none to give). */
+static void csv_capture_comment(kiln_instance *self, const kiln_trainer_state *ts) {
+    if (!self->run_comment || !ts || ts->struct_size < KILN_TRAINER_STATE_SIZE_1_2 || !ts->precision) return;
+    static const char *const keys[] = {"precision", "amp_backend", "amp_level", "param_dtype", "compute_dtype"};
+    size_t n = (size_t)snprintf(self->comment, sizeof self->comment, "# kiln run:");
+    for (size_t i = 0; i < sizeof keys / sizeof *keys && n < sizeof self->comment; i++) {
+        const kiln_value *v = kiln_kv_find(ts->precision, keys[i]);
+        if (v && v->type == KILN_TYPE_STRING && v->v.s)
+            n += (size_t)snprintf(self->comment + n, sizeof self->comment - n, " %s=%s", keys[i], v->v.s);
+    }
+}
+
 static int32_t csv_log_metrics(kiln_instance *self, const kiln_event *ev, const kiln_trainer_state *ts) {
     if (!self->path) {
+        csv_capture_comment(self, ts);
         int32_t rc = csv_resolve_path(self, ts);
         if (rc != KILN_OK) return rc;
         csv_make_parent(self->path);
@@ -319,6 +339,8 @@ static int32_t csv_create(void *plugin_ctx, const kiln_host_services *svc, kiln_
     self->hctx = hctx;
     self->filename = filename;
     self->flush_every = flush_every;
+    const kiln_value *rcv = kiln_kv_find(config, "run_comment");
+    self->run_comment = rcv && rcv->type == KILN_TYPE_BOOL ? rcv->v.i != 0 : 1;
     *out = self;
     return KILN_OK;
 }
@@ -331,6 +353,8 @@ static const kiln_callback_ops csv_ops = {
 static const kiln_param csv_params[] = {
     {"filename", KILN_TYPE_STRING, 0, KILN_V_STR("metrics.csv"), "metrics file, relative to the run directory unless absolute"},
     {"flush_every_n", KILN_TYPE_INT, 0, KILN_V_INT(1), "flush appended rows to the file every n rows"},
+    {"run_comment", KILN_TYPE_BOOL, 0, KILN_V_BOOL(1),
+     "first line '# kiln run: precision=... amp_backend=...' (read with comment='#'); false: pure CSV"},
     {NULL, 0, 0, KILN_V_NONE, NULL},
 };
 

@@ -86,6 +86,7 @@ static const char *const p32_aliases[] = {"32", "fp32"};
 static const kiln_kv p32_props[] = {
     {"precision", KILN_V_STR("32-true")},
     {"amp_backend", KILN_V_STR("none")},
+    {"amp_level", KILN_V_STR("none")},
     {"param_dtype", KILN_V_STR("float32")},
     {"compute_dtype", KILN_V_STR("float32")},
     {"grad_dtype", KILN_V_STR("float32")},

@@ -1,6 +1,6 @@
 /*
  * tests/plugins/weightdump.c — a test-only callback that writes every
- * parameter (name, element count, raw fp32 values) to `path` at
+ * parameter (name, element count, raw master values: fp32, or fp64) to `path` at
  * on_fit_end, through the params() service any plugin may call. The
  * determinism test runs the same job twice and compares the two files byte
  * for byte.
@@ -37,7 +37,7 @@ static int32_t wd_event(kiln_instance *i, kiln_event *ev) {
     if (!f) return kiln_errorf(w->svc, w->h, KILN_E_IO, "%s: cannot write", w->path);
     for (uint32_t k = 0; k < n; k++) {
         fprintf(f, "%s %lld\n", ps[k]->name, (long long)ps[k]->numel);
-        fwrite(ps[k]->data, sizeof(float), (size_t)ps[k]->numel, f);
+        fwrite(ps[k]->data, kiln_dtype_size(kiln_param_dtype(ps[k])), (size_t)ps[k]->numel, f);
     }
     return fclose(f) == 0 ? KILN_OK : KILN_E_IO;
 }

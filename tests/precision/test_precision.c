@@ -1,0 +1,531 @@
+/*
+ * tests/precision/test_precision.c — the precision plugins. Through the mock
+ * host on the real cpu accelerator: the fp16/bf16 compute copies against
+ * bit patterns worked out by hand, and the 16-mixed GradScaler (skip and
+ * back off on inf, growth after the interval, no step without a loss, state
+ * round trip, refusal of a 1.1 kernel table). Through the kiln executable:
+ * the hooks see the scaled loss and scaled gradients and
+ * on_before_optimizer_step the unscaled ones; skipped steps leave the
+ * weights untouched while global_step advances; the trace order of a
+ * scaler step; 64-true trains with fp64 masters close to 32-true; and the
+ * property-based refusals at `kiln config check`.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <CUnit/Basic.h>
+
+#include "mockhost.h"
+#include "testutil.h"
+
+/* ---------------------------------------------------------------- mock env */
+
+static const kiln_plugin_desc *g_cpu, *g_m16, *g_mbf;
+static kiln_instance *g_acc;
+static kiln_parameter *g_w, *g_b; /* weight (2, 4), bias (2) */
+static char *g_dir;
+
+static const kiln_plugin_desc *load(const char *lib, uint32_t kind, const char *name) {
+    const char *dir = getenv("KILN_PLUGIN_DIR");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/libkiln-%s.so", dir ? dir : ".", lib);
+    return mh_load(path, kind, name);
+}
+
+static int suite_init(void) {
+    g_cpu = load("cpu", KILN_KIND_ACCELERATOR, "cpu");
+    g_m16 = load("mixed", KILN_KIND_PRECISION, "16-mixed");
+    g_mbf = load("mixed", KILN_KIND_PRECISION, "bf16-mixed");
+    g_dir = tu_mkdtemp();
+    return g_cpu && g_m16 && g_mbf && g_dir ? 0 : -1;
+}
+
+static int suite_clean(void) {
+    if (g_dir) tu_rmrf(g_dir);
+    free(g_dir);
+    return 0;
+}
+
+static void env_begin(void) {
+    mh_reset();
+    kiln_parameter *p;
+    const int64_t wshape[2] = {2, 4}, bshape[1] = {2};
+    CU_ASSERT_EQUAL_FATAL(mh_services()->param_register(mh_ctx(), "w", 2, wshape, 0, &p), KILN_OK);
+    g_w = p;
+    CU_ASSERT_EQUAL_FATAL(mh_services()->param_register(mh_ctx(), "b", 1, bshape, KILN_PARAMF_NO_DECAY, &p), KILN_OK);
+    g_b = p;
+    CU_ASSERT_EQUAL_FATAL(mh_alloc_params(), 0);
+    const kiln_accelerator_ops *aops = g_cpu->ops;
+    CU_ASSERT_EQUAL_FATAL(aops->base.create(g_cpu->plugin_ctx, mh_services(), mh_ctx(), NULL, &g_acc), KILN_OK);
+    mh.acc = g_acc;
+    mh.kernels = aops->kernels(g_acc);
+}
+
+static void env_end(void) {
+    const kiln_accelerator_ops *aops = g_cpu->ops;
+    aops->base.destroy(g_acc);
+    g_acc = NULL;
+    mh_reset();
+}
+
+static const kiln_precision_ops *pops(const kiln_plugin_desc *d) { return d->ops; }
+
+static kiln_instance *make16(double init_scale, int64_t growth_interval) {
+    const kiln_kv cfg[] = {{"init_scale", KILN_V_FLOAT(init_scale)},
+                           {"growth_factor", KILN_V_FLOAT(2.0)},
+                           {"backoff_factor", KILN_V_FLOAT(0.5)},
+                           {"growth_interval", KILN_V_INT(growth_interval)},
+                           {NULL, KILN_V_NONE}};
+    kiln_instance *inst = NULL;
+    CU_ASSERT_EQUAL(pops(g_m16)->base.create(g_m16->plugin_ctx, mh_services(), mh_ctx(), cfg, &inst), KILN_OK);
+    return inst;
+}
+
+/* Hand decoders of the 16-bit formats (independent of the kernels'). */
+static double f16_value(uint16_t h) {
+    int e = (h >> 10) & 31, m = h & 1023;
+    double s = (h >> 15) ? -1.0 : 1.0;
+    if (e == 31) return m ? NAN : s * INFINITY;
+    if (e == 0) return s * ldexp(m, -24);
+    return s * ldexp(1024 + m, e - 25);
+}
+static double bf16_value(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* ----------------------------------------------------- compute copies */
+
+static void test_fp16_compute_copy(void) {
+    env_begin();
+    const float masters[8] = {1.0f, 1.0f + 0x1p-12f, 70000.0f, 1e-8f, -2.5f, 65519.0f, 3.0e-5f, 0.1f};
+    const double expect[8] = {1.0, 1.0, INFINITY, 0.0, -2.5, 65504.0, 503 * 0x1p-24, 0.0999755859375};
+    memcpy(g_w->data, masters, sizeof masters);
+    kiln_instance *p = make16(65536.0, 2000);
+    CU_ASSERT_EQUAL_FATAL(pops(g_m16)->setup(p, mh.param_ptrs, mh.nparams), KILN_OK);
+    CU_ASSERT_EQUAL(g_w->compute_dtype, KILN_DTYPE_F16);
+    CU_ASSERT_PTR_NOT_EQUAL(g_w->compute, g_w->data);
+    CU_ASSERT_EQUAL(g_b->compute_dtype, KILN_DTYPE_F32); /* biases stay fp32 */
+    CU_ASSERT_PTR_EQUAL(g_b->compute, g_b->data);
+    CU_ASSERT_EQUAL_FATAL(pops(g_m16)->convert_params(p), KILN_OK);
+    const uint16_t *h = g_w->compute;
+    for (int i = 0; i < 8; i++) {
+        double got = f16_value(h[i]);
+        if (!(got == expect[i])) fprintf(stderr, "\n  fp16[%d] of %.9g: got %.9g, expected %.9g\n", i, masters[i], got, expect[i]);
+        CU_ASSERT(got == expect[i]);
+    }
+    for (int i = 0; i < 8; i++) CU_ASSERT_EQUAL(g_w->data[i], masters[i]); /* masters untouched */
+    pops(g_m16)->base.destroy(p);
+    env_end();
+}
+
+static void test_bf16_compute_copy(void) {
+    env_begin();
+    const float masters[8] = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, 70000.0f, 0.1f, -3.0f, 3.0e38f, 1e-30f, 0.0f};
+    const double expect[8] = {1.0, 1.0 + 0x1p-6, 70144.0, 0.10009765625, -3.0, 226 * 0x1p120, 0, 0.0};
+    memcpy(g_w->data, masters, sizeof masters);
+    kiln_instance *p = NULL;
+    CU_ASSERT_EQUAL_FATAL(pops(g_mbf)->base.create(g_mbf->plugin_ctx, mh_services(), mh_ctx(), NULL, &p), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(pops(g_mbf)->setup(p, mh.param_ptrs, mh.nparams), KILN_OK);
+    CU_ASSERT_EQUAL(g_w->compute_dtype, KILN_DTYPE_BF16);
+    CU_ASSERT_EQUAL_FATAL(pops(g_mbf)->convert_params(p), KILN_OK);
+    const uint16_t *h = g_w->compute;
+    for (int i = 0; i < 8; i++) {
+        double got = bf16_value(h[i]), want = expect[i];
+        if (i == 6) want = bf16_value(0x0DA2); /* 1e-30: 0x0DA24260 rounds down to 0x0DA2 */
+        if (!(got == want)) fprintf(stderr, "\n  bf16[%d] of %.9g: got %.17g, expected %.17g\n", i, masters[i], got, want);
+        CU_ASSERT(got == want);
+    }
+    double scale = 0;
+    CU_ASSERT_EQUAL(pops(g_mbf)->pre_backward(p, 1.0, &scale), KILN_OK);
+    CU_ASSERT_EQUAL(scale, 1.0); /* no scaler */
+    pops(g_mbf)->base.destroy(p);
+    env_end();
+}
+
+/* ---------------------------------------------------------------- scaler */
+
+typedef struct {
+    kiln_instance *prec;
+    double grad_value;      /* the true gradient of every weight element  */
+    int return_no_loss;
+    int closure_calls, opt_steps, after_calls;
+    float grad_seen_after;  /* w.grad[0] when on_before_optimizer_step ran */
+} scaler_ctx;
+
+/* The closure as the host runs it: the loss is scaled by pre_backward's
+ * factor, and the backward writes gradients the fp16 matmul would produce
+ * (scale * g, rounded through fp16). */
+static int32_t fake_closure(void *vctx, double *loss) {
+    scaler_ctx *c = vctx;
+    c->closure_calls++;
+    if (c->return_no_loss) { *loss = NAN; return KILN_OK; }
+    double scale = 0;
+    CU_ASSERT_EQUAL(pops(g_m16)->pre_backward(c->prec, 0.7, &scale), KILN_OK);
+    for (int i = 0; i < 8; i++) g_w->grad[i] = (float)(scale * c->grad_value);
+    for (int i = 0; i < 2; i++) g_b->grad[i] = (float)(scale * 0.5);
+    CU_ASSERT_EQUAL(mh.kernels->round_to(g_acc, g_w->grad, KILN_DTYPE_F16, 8), KILN_OK);
+    CU_ASSERT_EQUAL(mh.kernels->round_to(g_acc, g_b->grad, KILN_DTYPE_F16, 2), KILN_OK);
+    *loss = 0.7;
+    return KILN_OK;
+}
+
+static int32_t fake_after(void *vctx, double *loss) {
+    scaler_ctx *c = vctx;
+    (void)loss;
+    c->after_calls++;
+    c->grad_seen_after = g_w->grad[0];
+    return KILN_OK;
+}
+
+static int32_t fake_opt_step(void *vctx, const kiln_closure *closure) {
+    scaler_ctx *c = vctx;
+    CU_ASSERT_PTR_NULL(closure); /* the scaler ran the closure itself */
+    c->opt_steps++;
+    return KILN_OK;
+}
+
+/* One optimizer step through the plugin; returns `skipped`. */
+static int scaler_step(scaler_ctx *c) {
+    kiln_closure cl = {sizeof cl, 0, c, fake_closure}, after = {sizeof after, 0, c, fake_after};
+    kiln_optimizer_ref opt = {sizeof opt, 0, c, fake_opt_step};
+    int32_t skipped = -1;
+    CU_ASSERT_EQUAL(pops(g_m16)->optimizer_step(c->prec, &opt, &cl, &after, &skipped), KILN_OK);
+    return skipped;
+}
+
+static double current_scale(kiln_instance *p) {
+    double s = 0;
+    pops(g_m16)->pre_backward(p, 1.0, &s);
+    return s;
+}
+
+static void test_scaler_skip_backoff_growth(void) {
+    env_begin();
+    scaler_ctx c = {0};
+    c.prec = make16(0x1p20, 3);
+    c.grad_value = 1.0;
+    CU_ASSERT_EQUAL_FATAL(pops(g_m16)->setup(c.prec, mh.param_ptrs, mh.nparams), KILN_OK);
+    /* scale*1.0 overflows fp16 (> 65504) at 2^20 .. 2^16: five skips, each
+     * halving the scale; at 2^15 the gradients are finite. */
+    const double scale_before[9] = {0x1p20, 0x1p19, 0x1p18, 0x1p17, 0x1p16, 0x1p15, 0x1p15, 0x1p15, 0x1p16};
+    const int skipped[9] = {1, 1, 1, 1, 1, 0, 0, 0, 1};
+    int steps = 0;
+    for (int s = 0; s < 9; s++) {
+        CU_ASSERT_EQUAL(current_scale(c.prec), scale_before[s]);
+        int before = c.opt_steps;
+        int sk = scaler_step(&c);
+        CU_ASSERT_EQUAL(sk, skipped[s]);
+        CU_ASSERT_EQUAL(c.opt_steps - before, skipped[s] ? 0 : 1); /* no update on a skipped step */
+        CU_ASSERT_EQUAL(c.after_calls, s + 1);                     /* the hook runs either way */
+        /* on_before_optimizer_step sees unscaled gradients: 1.0, or inf */
+        if (skipped[s]) {
+            CU_ASSERT(isinf(c.grad_seen_after));
+        } else {
+            CU_ASSERT_EQUAL(c.grad_seen_after, 1.0f);
+        }
+        steps++;
+    }
+    /* after 3 clean steps at 2^15 it grew to 2^16, which overflowed again */
+    CU_ASSERT_EQUAL(current_scale(c.prec), 0x1p15);
+    CU_ASSERT_EQUAL(c.opt_steps, 3);
+    CU_ASSERT_EQUAL(c.closure_calls, 9);
+    CU_ASSERT_DOUBLE_EQUAL(mh_last_logged("amp_scale"), 0x1p15, 0);
+    CU_ASSERT_EQUAL(g_b->grad[0], 0.5f); /* last step unscaled exactly */
+
+    /* the scaler state round-trips into a fresh instance */
+    uint32_t ver = 0;
+    void *blob = NULL;
+    size_t size = 0;
+    CU_ASSERT_EQUAL_FATAL(pops(g_m16)->base.get_state(c.prec, &ver, &blob, &size), KILN_OK);
+    kiln_instance *q = make16(1.0, 3);
+    CU_ASSERT_EQUAL(pops(g_m16)->base.set_state(q, ver, blob, size), KILN_OK);
+    CU_ASSERT_EQUAL(current_scale(q), 0x1p15);
+    CU_ASSERT_EQUAL(pops(g_m16)->base.set_state(q, ver + 1, blob, size), KILN_E_STATE);
+    CU_ASSERT_EQUAL(pops(g_m16)->base.set_state(q, ver, blob, size - 1), KILN_E_STATE);
+    ((unsigned char *)blob)[0] ^= 0xFF;
+    CU_ASSERT_EQUAL(pops(g_m16)->base.set_state(q, ver, blob, size), KILN_E_STATE);
+    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "corrupt"));
+    mh_services()->free(mh_ctx(), blob);
+    pops(g_m16)->base.destroy(q);
+    pops(g_m16)->base.destroy(c.prec);
+    env_end();
+}
+
+/* A closure without a loss: Lightning does not step and does not update
+ * the scaler. */
+static void test_scaler_no_loss(void) {
+    env_begin();
+    scaler_ctx c = {0};
+    c.prec = make16(1024.0, 1);
+    c.return_no_loss = 1;
+    CU_ASSERT_EQUAL_FATAL(pops(g_m16)->setup(c.prec, mh.param_ptrs, mh.nparams), KILN_OK);
+    CU_ASSERT_EQUAL(scaler_step(&c), 0);
+    CU_ASSERT_EQUAL(c.opt_steps, 0);
+    CU_ASSERT_EQUAL(current_scale(c.prec), 1024.0); /* growth_interval 1 would have doubled it */
+    pops(g_m16)->base.destroy(c.prec);
+    env_end();
+}
+
+static void test_refusals(void) {
+    env_begin();
+    /* a 1.1 kernel table has no cast/round_to/gemm_ex */
+    kiln_kernels old = *mh.kernels;
+    old.struct_size = KILN_KERNELS_SIZE_1_1;
+    const kiln_kernels *real = mh.kernels;
+    mh.kernels = &old;
+    kiln_instance *p = make16(1024.0, 10);
+    CU_ASSERT_EQUAL(pops(g_m16)->setup(p, mh.param_ptrs, mh.nparams), KILN_E_UNSUPPORTED);
+    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "ABI 1.2"));
+    mh.kernels = real;
+    pops(g_m16)->base.destroy(p);
+    /* bad scaler settings */
+    const kiln_kv bad[] = {{"init_scale", KILN_V_FLOAT(1024.0)},
+                           {"growth_factor", KILN_V_FLOAT(0.5)},
+                           {"backoff_factor", KILN_V_FLOAT(0.5)},
+                           {"growth_interval", KILN_V_INT(10)},
+                           {NULL, KILN_V_NONE}};
+    p = NULL;
+    CU_ASSERT_EQUAL(pops(g_m16)->base.create(g_m16->plugin_ctx, mh_services(), mh_ctx(), bad, &p), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "growth_factor must be > 1, got 0.5"));
+    CU_ASSERT_PTR_NULL(p);
+    env_end();
+}
+
+/* ------------------------------------------------------ through kiln fit */
+
+static int run_kiln(const char *verb, const char *body, const char *extra, char *out, size_t outlen) {
+    static int k;
+    char cfg[4200], text[20000], cmd[16384];
+    snprintf(cfg, sizeof cfg, "%s/p%d.cfg", g_dir, k++);
+    snprintf(text, sizeof text, "plugins = { dirs = [\"%s\"]; };\n%s", getenv("KILN_TRAIN_FIXTURES"), body);
+    CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
+    if (!strcmp(verb, "check"))
+        snprintf(cmd, sizeof cmd, "%s config check %s %s", tu_kiln(), cfg, extra ? extra : "");
+    else
+        snprintf(cmd, sizeof cmd, "%s -q fit %s --set trainer.default_root_dir=\\\"%s/runs\\\" %s", tu_kiln(), cfg,
+                 g_dir, extra ? extra : "");
+    return tu_run(cmd, out, outlen);
+}
+
+#define MLP_JOB(prec, extra_cb)                                                                   \
+    "trainer = { max_epochs = 1; seed = 3; num_sanity_val_steps = 0; log_every_n_steps = 5; };\n" \
+    "data = { name = \"toydata\"; n_train = 20; n_val = 1; features = 3; };\n"                    \
+    "module = { name = \"mlp\"; layers = [3, 8, 2]; max_batch = 4; };\n"                          \
+    "optimizer = { name = \"sgd\"; lr = 0.1; };\n"                                                \
+    "precision = " prec ";\n"                                                                     \
+    "callbacks = ( " extra_cb " );\n"
+
+typedef struct { long batch; double a, b, c, d; } probe_line;
+
+/* Reads the ampprobe lines of one kind ("bb", "be", ...) into out. */
+static int read_probe(const char *path, const char *kind, probe_line *out, int max) {
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    char line[512], k[8];
+    int n = 0;
+    while (fgets(line, sizeof line, f) && n < max) {
+        probe_line p = {0, NAN, NAN, NAN, NAN};
+        if (sscanf(line, "%7s", k) != 1 || strcmp(k, kind)) continue;
+        if (!strcmp(kind, "ws")) sscanf(line, "%*s %lf", &p.a);
+        else sscanf(line, "%*s %ld %lf %lf %lf %lf", &p.batch, &p.a, &p.b, &p.c, &p.d);
+        out[n++] = p;
+    }
+    fclose(f);
+    return n;
+}
+
+/* on_before_backward gets loss * scale, on_after_backward the scaled
+ * gradients, on_before_optimizer_step the unscaled ones (reference §2). */
+static void test_hooks_see_scaled_values(void) {
+    char out[16384], probe[4300], body[16384], cb[4400];
+    snprintf(probe, sizeof probe, "%s/amp16.txt", g_dir);
+    snprintf(cb, sizeof cb, "{ name = \"ampprobe\"; path = \"%s\"; }, { name = \"csv_logger\"; }", probe);
+    snprintf(body, sizeof body,
+             MLP_JOB("{ name = \"16-mixed\"; init_scale = 1024.0; growth_interval = 1000; }", "%s"), cb);
+    int rc = run_kiln("fit", body, NULL, out, sizeof out);
+    if (rc) fprintf(stderr, "\n%s\n", out);
+    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    probe_line bb[64], ab[64], bos[64], be[64];
+    int n = read_probe(probe, "bb", bb, 64);
+    CU_ASSERT_EQUAL_FATAL(n, 20);
+    CU_ASSERT_EQUAL(read_probe(probe, "ab", ab, 64), 20);
+    CU_ASSERT_EQUAL(read_probe(probe, "bos", bos, 64), 20);
+    CU_ASSERT_EQUAL(read_probe(probe, "be", be, 64), 20);
+    for (int i = 0; i < n; i++) {
+        CU_ASSERT_DOUBLE_EQUAL(bb[i].a, 1024.0 * be[i].a, 1e-12 * fabs(bb[i].a));
+        CU_ASSERT(ab[i].a > 0);
+        CU_ASSERT_DOUBLE_EQUAL(ab[i].a / bos[i].a, 1024.0 * 1024.0, 1e-6);
+        CU_ASSERT_EQUAL(be[i].b, i + 1); /* no skips at this scale: every step counted */
+        CU_ASSERT_EQUAL(be[i].d, 1024.0);
+    }
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "precision: 16-mixed amp_backend=native amp_level=O1"));
+    /* metrics.csv opens with the precision as the plugin describes itself */
+    char cmd[9000];
+    snprintf(cmd, sizeof cmd, "head -2 \"$(ls -d %s/runs/version_* | sort -V | tail -1)/metrics.csv\"", g_dir);
+    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "# kiln run: precision=16-mixed amp_backend=native amp_level=O1 "
+                                       "param_dtype=float32 compute_dtype=float16\nstep,"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "amp_scale"));
+
+    /* the same job in 32-true: scale 1, nothing to unscale */
+    snprintf(body, sizeof body, MLP_JOB("\"32-true\"", "%s"), cb);
+    CU_ASSERT_EQUAL_FATAL(run_kiln("fit", body, NULL, out, sizeof out), 0);
+    CU_ASSERT_EQUAL_FATAL(read_probe(probe, "bb", bb, 64), 20);
+    read_probe(probe, "ab", ab, 64);
+    read_probe(probe, "bos", bos, 64);
+    read_probe(probe, "be", be, 64);
+    for (int i = 0; i < 20; i++) {
+        CU_ASSERT_EQUAL(bb[i].a, be[i].a);
+        CU_ASSERT_EQUAL(ab[i].a, bos[i].a);
+        CU_ASSERT(isnan(be[i].d)); /* 32-true logs no scale */
+    }
+}
+
+/* fp16 overflow forced by a huge initial scale: the first steps are skipped
+ * (weights untouched), the scale halves each time until the gradients are
+ * finite, and global_step counts every step. */
+static void test_overflow_skips_steps(void) {
+    char out[32768], probe[4300], trace[4300], body[16384], cb[9000];
+    snprintf(probe, sizeof probe, "%s/ampskip.txt", g_dir);
+    snprintf(trace, sizeof trace, "%s/ampskip-trace.txt", g_dir);
+    snprintf(cb, sizeof cb, "{ name = \"ampprobe\"; path = \"%s\"; }, { name = \"hook_trace\"; path = \"%s\"; }", probe,
+             trace);
+    snprintf(body, sizeof body,
+             MLP_JOB("{ name = \"16-mixed\"; init_scale = 16777216.0; growth_interval = 1000; }", "%s"), cb);
+    int rc = run_kiln("fit", body, NULL, out, sizeof out);
+    if (rc) fprintf(stderr, "\n%s\n", out);
+    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    probe_line ws[2], be[64];
+    CU_ASSERT_EQUAL_FATAL(read_probe(probe, "ws", ws, 2), 1);
+    int n = read_probe(probe, "be", be, 64);
+    CU_ASSERT_EQUAL_FATAL(n, 20);
+    double prev_scale = 16777216.0, prev_ws = ws[0].a;
+    int nskipped = 0, first_clean = -1;
+    for (int i = 0; i < n; i++) {
+        CU_ASSERT_EQUAL(be[i].b, i + 1); /* global_step advances on skipped steps too */
+        int skipped = be[i].d == prev_scale / 2;
+        if (!skipped) {
+            CU_ASSERT_EQUAL(be[i].d, prev_scale);
+        }
+        if (skipped) {
+            nskipped++;
+            CU_ASSERT_EQUAL(be[i].c, prev_ws); /* weights untouched */
+        } else {
+            if (first_clean < 0) first_clean = i;
+            CU_ASSERT_NOT_EQUAL(be[i].c, prev_ws);
+        }
+        prev_scale = be[i].d;
+        prev_ws = be[i].c;
+    }
+    CU_ASSERT(nskipped >= 3);
+    CU_ASSERT(first_clean >= 3 && first_clean < 15);
+    for (int i = 0; i < first_clean; i++) CU_ASSERT_EQUAL(be[i].d, 16777216.0 / (double)(2 << i)); /* halved each time */
+    char want[128];
+    snprintf(want, sizeof want, "steps: 20  skipped steps: %d", nskipped);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, want));
+
+    /* trace: the scaler runs the closure itself, then on_before_optimizer_step,
+     * then the optimizer only on a clean step */
+    char cmd[9000];
+    snprintf(cmd, sizeof cmd,
+             "grep -E 'batch=0$' %s | grep -E 'optimizer step|training_step|on_before_optimizer_step|clipping' | tr '\\n' '|'",
+             trace);
+    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT_STRING_EQUAL(out, "module training_step batch=0|callback on_before_optimizer_step batch=0|"
+                                "module on_before_optimizer_step batch=0|module configure_gradient_clipping batch=0|");
+    snprintf(cmd, sizeof cmd,
+             "grep -E 'batch=19$' %s | grep -E 'optimizer step|training_step|on_before_optimizer_step|clipping' | tr '\\n' '|'",
+             trace);
+    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT_STRING_EQUAL(out, "module training_step batch=19|callback on_before_optimizer_step batch=19|"
+                                "module on_before_optimizer_step batch=19|module configure_gradient_clipping batch=19|"
+                                "optimizer step batch=19|");
+}
+
+/* 64-true: fp64 masters end to end, close to the 32-true result. */
+static void test_64_true(void) {
+    char out[16384], w64[4300], w32[4300], body[16384], cb[4400];
+    snprintf(w64, sizeof w64, "%s/w64.bin", g_dir);
+    snprintf(w32, sizeof w32, "%s/w32.bin", g_dir);
+    snprintf(cb, sizeof cb, "{ name = \"weightdump\"; path = \"%s\"; }", w64);
+    snprintf(body, sizeof body, MLP_JOB("\"64-true\"", "%s"), cb);
+    int rc = run_kiln("fit", body, NULL, out, sizeof out);
+    if (rc) fprintf(stderr, "\n%s\n", out);
+    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "param_dtype=float64"));
+    snprintf(cb, sizeof cb, "{ name = \"weightdump\"; path = \"%s\"; }", w32);
+    snprintf(body, sizeof body, MLP_JOB("\"32\"", "%s"), cb);
+    CU_ASSERT_EQUAL_FATAL(run_kiln("fit", body, NULL, out, sizeof out), 0);
+    /* layers.0.weight (8, 3), layers.0.bias (8), layers.1.weight (2, 8), layers.1.bias (2) */
+    FILE *a = fopen(w64, "rb"), *b = fopen(w32, "rb");
+    CU_ASSERT_FATAL(a && b);
+    char na[64], nb[64];
+    long long ca, cbn;
+    int tensors = 0;
+    double maxrel = 0;
+    while (fscanf(a, "%63s %lld", na, &ca) == 2 && fscanf(b, "%63s %lld", nb, &cbn) == 2) {
+        fgetc(a), fgetc(b);
+        CU_ASSERT_STRING_EQUAL(na, nb);
+        CU_ASSERT_EQUAL_FATAL(ca, cbn);
+        for (long long i = 0; i < ca; i++) {
+            double d;
+            float f;
+            CU_ASSERT_FATAL(fread(&d, 8, 1, a) == 1 && fread(&f, 4, 1, b) == 1);
+            double rel = fabs(d - f) / (fabs(d) + 1e-3);
+            if (rel > maxrel) maxrel = rel;
+        }
+        tensors++;
+    }
+    fclose(a);
+    fclose(b);
+    CU_ASSERT_EQUAL(tensors, 4);
+    CU_ASSERT(maxrel < 1e-4);
+    CU_ASSERT(maxrel > 0); /* really computed in another precision */
+}
+
+/* Refusals come from properties alone, at config check. */
+static void test_config_check_refusals(void) {
+    char out[16384];
+    const char *repeat = "trainer = { max_epochs = 1; };\n"
+                         "data = { name = \"toydata\"; };\n"
+                         "module = { name = \"mlp\"; layers = [3, 2]; };\n"
+                         "optimizer = { name = \"repeatopt\"; };\n";
+    char body[2048];
+    snprintf(body, sizeof body, "%sprecision = \"16\";\n", repeat);
+    CU_ASSERT_EQUAL(run_kiln("check", body, NULL, out, sizeof out), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "precision '16-mixed'"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "cannot drive optimizer 'repeatopt'"));
+    snprintf(body, sizeof body, "%sprecision = \"bf16\";\n", repeat);
+    CU_ASSERT_EQUAL(run_kiln("check", body, NULL, out, sizeof out), 0);
+    /* 64-true with a module that handles float32 only */
+    snprintf(body, sizeof body,
+             "data = { name = \"toydata\"; };\nmodule = { name = \"toymod\"; };\n"
+             "optimizer = { name = \"sgd\"; };\nprecision = \"64-true\";\n");
+    CU_ASSERT_EQUAL(run_kiln("check", body, NULL, out, sizeof out), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "module 'toymod'"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "does not list \"float64\""));
+    /* and the same refusal when running, before anything is created */
+    CU_ASSERT_EQUAL(run_kiln("fit", body, NULL, out, sizeof out), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "does not list \"float64\""));
+}
+
+static void register_tests(void) {
+    CU_pSuite s = CU_add_suite("precision", suite_init, suite_clean);
+    CU_add_test(s, "fp16 compute copies round to nearest even", test_fp16_compute_copy);
+    CU_add_test(s, "bf16 compute copies round to nearest even", test_bf16_compute_copy);
+    CU_add_test(s, "scaler: skip, back off, grow, state", test_scaler_skip_backoff_growth);
+    CU_add_test(s, "scaler: no loss, no step, no update", test_scaler_no_loss);
+    CU_add_test(s, "refusals: 1.1 kernel table, bad settings", test_refusals);
+    CU_add_test(s, "hooks see scaled loss and gradients", test_hooks_see_scaled_values);
+    CU_add_test(s, "fp16 overflow skips steps, global_step advances", test_overflow_skips_steps);
+    CU_add_test(s, "64-true trains in fp64 close to 32-true", test_64_true);
+    CU_add_test(s, "config check refuses incompatible stacks", test_config_check_refusals);
+}
+
+#include "cunit_main.h"
