@@ -100,6 +100,21 @@ cc -shared -fPIC -fvisibility=hidden $(pkg-config --cflags "$prefix/lib/pkgconfi
 "$prefix/bin/kiln" plugins check "$prefix/libkiln-hello-pc.so" >/dev/null
 echo "installed SDK: ok"
 
+echo "== examples/plugins/nf4: a 4-bit precision built from the installed SDK alone, its tests, a short run"
+cmake -S examples/plugins/nf4 -B "$prefix/nf4-build" -DCMAKE_PREFIX_PATH="$prefix" -DNF4_WERROR=ON >/dev/null
+cmake --build "$prefix/nf4-build"
+ctest --test-dir "$prefix/nf4-build" --output-on-failure
+"$prefix/bin/kiln" plugins check "$prefix/nf4-build/libkiln-nf4.so"
+KILN_PLUGIN_PATH="$prefix/nf4-build" "$prefix/bin/kiln" plugins list | grep -E "precision +(nf4|int4)"
+if [ -d /usr/share/datasets/fashion-mnist ]; then
+  KILN_PLUGIN_PATH="$prefix/nf4-build" "$prefix/bin/kiln" -q fit examples/plugins/nf4/fashion_mnist_nf4.cfg \
+    --set trainer.max_epochs=1 --set trainer.limit_train_batches=20 --set trainer.limit_val_batches=2 \
+    --set "trainer.default_root_dir=\"$prefix/nf4-runs\"" | tee "$prefix/nf4.txt"
+  grep -q "precision: nf4" "$prefix/nf4.txt"
+  [ -s "$prefix/nf4-runs/version_0/nf4_weights.safetensors" ] || { echo "nf4 export missing" >&2; exit 1; }
+fi
+echo "nf4 example: ok"
+
 if [ -f examples/fashion_mnist.cfg ]; then
   run_default_job
 fi
