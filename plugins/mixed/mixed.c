@@ -239,11 +239,14 @@ static int32_t mx_optimizer_step(kiln_instance *self, const kiln_optimizer_ref *
     double loss = NAN;
     int32_t rc = closure->call(closure->ctx, &loss);
     if (rc != KILN_OK) return rc;
+    /* training_step returned no loss (automatic optimisation): no unscale,
+     * no step, no scaler update; the hooks still run */
+    const int skip = isnan(loss);
     int found_inf = 0;
-    if ((rc = mx_unscale(self, &found_inf)) != KILN_OK) return rc;
+    if (!skip && (rc = mx_unscale(self, &found_inf)) != KILN_OK) return rc;
     double ignored;
     if (after_closure && (rc = after_closure->call(after_closure->ctx, &ignored)) != KILN_OK) return rc;
-    if (isnan(loss)) return KILN_OK; /* training_step returned no loss: no step, no scaler update */
+    if (skip) return KILN_OK;
     if (found_inf) {
         *skipped = 1;
         self->skipped++;
@@ -333,7 +336,7 @@ static const char *const mx16_aliases[] = {"16", "fp16", "16-mixed"};
 static const kiln_kv mx16_props[] = {
     {"precision", KILN_V_STR("16-mixed")},
     {"amp_backend", KILN_V_STR("native")},
-    {"amp_level", KILN_V_STR("O1")},
+    {"amp_level", KILN_V_STR("none")}, /* apex's O0..O3; native AMP has none */
     {"param_dtype", KILN_V_STR("float32")},
     {"compute_dtype", KILN_V_STR("float16")},
     {"grad_dtype", KILN_V_STR("float32")},
@@ -348,7 +351,7 @@ static const char *const mxbf_aliases[] = {"bf16"};
 static const kiln_kv mxbf_props[] = {
     {"precision", KILN_V_STR("bf16-mixed")},
     {"amp_backend", KILN_V_STR("native")},
-    {"amp_level", KILN_V_STR("O1")},
+    {"amp_level", KILN_V_STR("none")}, /* apex's O0..O3; native AMP has none */
     {"param_dtype", KILN_V_STR("float32")},
     {"compute_dtype", KILN_V_STR("bfloat16")},
     {"grad_dtype", KILN_V_STR("float32")},

@@ -267,6 +267,7 @@ static void test_scaler_no_loss(void) {
     CU_ASSERT_EQUAL_FATAL(pops(g_m16)->setup(c.prec, mh.param_ptrs, mh.nparams), KILN_OK);
     CU_ASSERT_EQUAL(scaler_step(&c), 0);
     CU_ASSERT_EQUAL(c.opt_steps, 0);
+    CU_ASSERT_EQUAL(c.after_calls, 1); /* on_before_optimizer_step still runs */
     CU_ASSERT_EQUAL(current_scale(c.prec), 1024.0); /* growth_interval 1 would have doubled it */
     pops(g_m16)->base.destroy(c.prec);
     env_end();
@@ -364,12 +365,12 @@ static void test_hooks_see_scaled_values(void) {
         CU_ASSERT_EQUAL(be[i].b, i + 1); /* no skips at this scale: every step counted */
         CU_ASSERT_EQUAL(be[i].d, 1024.0);
     }
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "precision: 16-mixed amp_backend=native amp_level=O1"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "precision: 16-mixed amp_backend=native amp_level=none"));
     /* metrics.csv opens with the precision as the plugin describes itself */
     char cmd[9000];
     snprintf(cmd, sizeof cmd, "head -2 \"$(ls -d %s/runs/version_* | sort -V | tail -1)/metrics.csv\"", g_dir);
     CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "# kiln run: precision=16-mixed amp_backend=native amp_level=O1 "
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "# kiln run: precision=16-mixed amp_backend=native amp_level=none "
                                        "param_dtype=float32 compute_dtype=float16\nstep,"));
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "amp_scale"));
 
@@ -542,6 +543,35 @@ static void test_resume_keeps_precision_state(void) {
     resume_case("\"bf16\"", "bf16");
 }
 
+/* Lightning's test_amp_integration: a training_step without a loss under
+ * a scaler takes no optimizer step, yet the step is counted and the hooks
+ * around it still run. */
+static void test_no_loss_step_counted(void) {
+    char out[16384], trace[4300], body[8192], cmd[9000];
+    snprintf(trace, sizeof trace, "%s/noloss-trace.txt", g_dir);
+    snprintf(body, sizeof body,
+             "trainer = { max_epochs = 1; num_sanity_val_steps = 0; };\n"
+             "data = { name = \"toydata\"; n_train = 3; n_val = 1; };\n"
+             "module = { name = \"toymod\"; no_loss_batch = 1; };\n"
+             "optimizer = { name = \"sgd\"; lr = 0.1; };\n"
+             "precision = \"16-mixed\";\n"
+             "callbacks = ( { name = \"hook_trace\"; path = \"%s\"; } );\n",
+             trace);
+    int rc = run_kiln("fit", body, NULL, out, sizeof out);
+    if (rc) fprintf(stderr, "\n%s\n", out);
+    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "steps: 3  skipped steps: 0"));
+    const char *expect[][2] = {{"optimizer step batch=0", "1"}, {"optimizer step batch=1", "0"},
+                               {"optimizer step batch=2", "1"}, {"callback on_before_optimizer_step batch=1", "1"},
+                               {"module backward batch=1", "0"}};
+    for (size_t i = 0; i < sizeof expect / sizeof expect[0]; i++) {
+        snprintf(cmd, sizeof cmd, "grep -c -x '%s' %s", expect[i][0], trace);
+        tu_run(cmd, out, sizeof out);
+        if (atoi(out) != atoi(expect[i][1])) fprintf(stderr, "\n  '%s': %s", expect[i][0], out);
+        CU_ASSERT_EQUAL(atoi(out), atoi(expect[i][1]));
+    }
+}
+
 /* Refusals come from properties alone, at config check. */
 static void test_config_check_refusals(void) {
     char out[16384];
@@ -579,6 +609,7 @@ static void register_tests(void) {
     CU_add_test(s, "fp16 overflow skips steps, global_step advances", test_overflow_skips_steps);
     CU_add_test(s, "64-true trains in fp64 close to 32-true", test_64_true);
     CU_add_test(s, "resume restores the scaler; fp64 and bf16 resume exactly", test_resume_keeps_precision_state);
+    CU_add_test(s, "no loss: no step under the scaler, still counted", test_no_loss_step_counted);
     CU_add_test(s, "config check refuses incompatible stacks", test_config_check_refusals);
 }
 
