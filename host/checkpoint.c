@@ -34,10 +34,15 @@ typedef struct ckpt_slot { ht_slot *s; char role[40]; } ckpt_slot;
 
 static int state_slots(ht_trainer *t, ckpt_slot *out) {
     int n = 0;
-    ht_slot *fixed[] = {&t->module, &t->optimizer, &t->precision, &t->strategy, &t->data};
+    ht_slot *fixed[] = {&t->module, &t->opts[0], &t->precision, &t->strategy, &t->data};
     const char *names[] = {"module", "optimizer", "precision", "strategy", "data"};
     for (int i = 0; i < 5; i++)
         if (fixed[i]->p) { out[n].s = fixed[i]; snprintf(out[n].role, sizeof out[n].role, "%s", names[i]); n++; }
+    for (int i = 1; i < t->nopts; i++) { /* optimizers after the first */
+        out[n].s = &t->opts[i];
+        snprintf(out[n].role, sizeof out[n].role, "optimizers.%d", i);
+        n++;
+    }
     for (int i = 0; i < t->ncallbacks; i++) {
         out[n].s = &t->callbacks[i];
         snprintf(out[n].role, sizeof out[n].role, "callbacks.%d", i);
@@ -73,10 +78,13 @@ int ht_ckpt_save(ht_trainer *t, const char *path, char *why, size_t whylen) {
         rc = kst_add_tensor(w, p->name, st_dtype, p->shape, (int)p->ndim, host + off, nbytes, why, whylen);
         off += nbytes;
     }
-    char num[64], stack[512], abi[16];
+    char num[64], stack[768], abi[16], opts[256] = "-";
+    for (int i = 0; i < t->nopts; i++)
+        snprintf(opts + (i ? strlen(opts) : 0), sizeof opts - (i ? strlen(opts) : 0), "%s%s", i ? "+" : "",
+                 t->opts[i].p->view.name);
     snprintf(stack, sizeof stack, "accelerator=%s precision=%s strategy=%s module=%s data=%s optimizer=%s",
              t->accel.p->view.name, t->precision.p->view.name, t->strategy.p->view.name, t->module.p->view.name,
-             t->data.p->view.name, t->optimizer.p ? t->optimizer.p->view.name : "-");
+             t->data.p->view.name, opts);
     snprintf(abi, sizeof abi, "%d.%d", KILN_ABI_MAJOR, KILN_ABI_MINOR);
     if (rc == KILN_OK) rc = kst_add_metadata(w, "format", HT_CKPT_FORMAT, why, whylen);
     if (rc == KILN_OK) rc = kst_add_metadata(w, "kiln_version", KILN_VERSION_STRING, why, whylen);
@@ -92,8 +100,8 @@ int ht_ckpt_save(ht_trainer *t, const char *path, char *why, size_t whylen) {
     if (rc == KILN_OK) rc = kst_add_metadata(w, "loops", loops, why, whylen);
     /* Each plugin's own state (get_state), as a U8 tensor "__state__.<role>"
      * with "state.<role>" = "<plugin> <state_version>" in the metadata. */
-    ckpt_slot cs[8 + HT_MAX_CALLBACKS];
-    void *blobs[8 + HT_MAX_CALLBACKS] = {0};
+    ckpt_slot cs[8 + HT_MAX_OPTIMIZERS + HT_MAX_CALLBACKS];
+    void *blobs[8 + HT_MAX_OPTIMIZERS + HT_MAX_CALLBACKS] = {0};
     int ns = state_slots(t, cs);
     for (int i = 0; rc == KILN_OK && i < ns; i++) {
         ht_slot *sl = cs[i].s;
@@ -225,7 +233,7 @@ int ht_ckpt_resume(ht_trainer *t, const char *path, char *why, size_t whylen) {
         kst_close(f);
         return KILN_E_CONFIG;
     }
-    ckpt_slot cs[8 + HT_MAX_CALLBACKS];
+    ckpt_slot cs[8 + HT_MAX_OPTIMIZERS + HT_MAX_CALLBACKS];
     int ns = state_slots(t, cs);
     for (int i = 0; rc == KILN_OK && i < ns; i++) {
         ht_slot *sl = cs[i].s;

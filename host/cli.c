@@ -397,7 +397,7 @@ int cli_check_run(hc_config *c, hl_loader *L, int need_training, char *why, size
         if (!name) {
             if (*why) return KILN_E_CONFIG;
             int required = !strcmp(slot, "module") || !strcmp(slot, "data") ||
-                           (need_training && !strcmp(slot, "optimizer"));
+                           (need_training && !strcmp(slot, "optimizer") && hc_optimizer_count(c) == 0);
             if (required) {
                 snprintf(why, whylen, "%s: missing the '%s' section (e.g. %s = { name = \"...\"; ... })", c->path,
                          slot, slot);
@@ -411,7 +411,39 @@ int cli_check_run(hc_config *c, hl_loader *L, int need_training, char *why, size
                            whylen);
         if (rc) return rc;
     }
-    int rc = hx_check_stack(chosen[KILN_KIND_PRECISION], chosen[KILN_KIND_MODULE], chosen[KILN_KIND_OPTIMIZER], why,
+    /* optimizers = ( ... ): each entry a plugin, each checked against the stack */
+    int nopt = hc_optimizer_count(c);
+    const kiln_value *mv = chosen[KILN_KIND_MODULE] ? hl_prop(chosen[KILN_KIND_MODULE], "automatic_optimization") : NULL;
+    int manual = mv && mv->type == KILN_TYPE_BOOL && mv->v.i == 0;
+    int rc = KILN_OK;
+    for (int i = 0; i < nopt && rc == KILN_OK; i++) {
+        config_setting_t *e = hc_optimizer(c, i);
+        const char *name = NULL;
+        config_setting_lookup_string(e, "name", &name);
+        char label[64];
+        snprintf(label, sizeof label, "optimizers.[%d]", i);
+        const hl_plugin *op = NULL;
+        rc = check_one(c, L, KILN_KIND_OPTIMIZER, name, e, label, &op, why, whylen);
+        if (rc) return rc; /* names its place in the file already */
+        rc = hx_check_stack(chosen[KILN_KIND_PRECISION], NULL, op, why, whylen);
+    }
+    if (rc == KILN_OK && nopt > 1 && !manual && chosen[KILN_KIND_MODULE])
+        hwhyf(why, whylen,
+              "%d optimizers configured, but module '%s' uses automatic optimization, which drives exactly one (as in "
+              "Lightning); a module with several optimizers must optimise manually",
+              nopt, chosen[KILN_KIND_MODULE]->view.name),
+            rc = KILN_E_CONFIG;
+    if (rc == KILN_OK && manual) {
+        config_setting_t *a = config_lookup(&c->cfg, "trainer.accumulate_grad_batches");
+        if (a && config_setting_get_int64(a) != 1)
+            hwhyf(why, whylen,
+                  "trainer.accumulate_grad_batches = %lld, but module '%s' optimises manually: automatic "
+                  "accumulation is not available in manual optimization (as in Lightning); accumulate in the module",
+                  (long long)config_setting_get_int64(a), chosen[KILN_KIND_MODULE]->view.name),
+                rc = KILN_E_CONFIG;
+    }
+    if (rc == KILN_OK)
+        rc = hx_check_stack(chosen[KILN_KIND_PRECISION], chosen[KILN_KIND_MODULE], chosen[KILN_KIND_OPTIMIZER], why,
                             whylen);
     if (rc) {
         char inner[2048];

@@ -61,9 +61,9 @@ static int32_t closure_zero_grad(ht_closure *c) {
     double t0 = ht_now();
     ht_trace(t, KILN_SRC_OPTIMIZER, "zero_grad", t->batch_idx);
     herr_clear();
-    rc = t->optimizer_ops->zero_grad(t->optimizer.inst);
+    rc = t->opt_ops[0]->zero_grad(t->opts[0].inst);
     t->time.zero_grad += ht_now() - t0;
-    if (rc) { ht_fail(t, &t->optimizer, rc, "zero_grad", why, wl); return keep_fail(t, rc); }
+    if (rc) { ht_fail(t, &t->opts[0], rc, "zero_grad", why, wl); return keep_fail(t, rc); }
     INC(t->zero_grad, completed);
     return KILN_OK;
 }
@@ -150,9 +150,9 @@ static int32_t opt_ref_step(void *vt, const kiln_closure *closure) {
     ht_trainer *t = vt;
     ht_trace(t, KILN_SRC_OPTIMIZER, "step", t->batch_idx);
     herr_clear();
-    int32_t rc = t->optimizer_ops->step(t->optimizer.inst, closure);
+    int32_t rc = t->opt_ops[0]->step(t->opts[0].inst, closure);
     if (rc && !t->err_rc) {
-        ht_fail(t, &t->optimizer, rc, "step", t->err, sizeof t->err);
+        ht_fail(t, &t->opts[0], rc, "step", t->err, sizeof t->err);
         t->err_rc = rc;
     }
     return rc;
@@ -194,7 +194,7 @@ int ht_automatic_step(ht_trainer *t, char *why, size_t whylen) {
         snprintf(why, whylen,
                  "precision '%s' / optimizer '%s': the optimizer step never called the closure, so training_step did "
                  "not run (an optimizer_step must call the closure it is given)",
-                 t->precision.p->view.name, t->optimizer.p->view.name);
+                 t->precision.p->view.name, t->opts[0].p->view.name);
         return KILN_E_STATE;
     }
     t->last_output = c.result;

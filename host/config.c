@@ -29,7 +29,7 @@ static int is_slot(const char *key) {
 }
 
 static const char *const top_keys[] = {"trainer",  "plugins", "accelerator", "precision", "strategy", "data",
-                                       "module", "optimizer", "scheduler", "callbacks"};
+                                       "module", "optimizer", "scheduler", "callbacks", "optimizers"};
 static const char *const plugins_keys[] = {"dirs", "allow_symlinks"};
 
 
@@ -336,6 +336,40 @@ int hc_check_structure(hc_config *c, char *why, size_t whylen) {
              cfg_type_name(config_setting_type(cb)));
         return KILN_E_CONFIG;
     }
+    config_setting_t *ol = config_setting_get_member(root, "optimizers");
+    if (ol) {
+        char where[PATH_MAX + 32];
+        hc_where(c, ol, where, sizeof where);
+        if (config_setting_type(ol) != CONFIG_TYPE_LIST || config_setting_length(ol) < 1) {
+            hwhyf(why, whylen, "%s: 'optimizers' must be a non-empty list ( { name = \"...\"; params = [\"...\"]; }, ... )",
+                  where);
+            return KILN_E_CONFIG;
+        }
+        if (config_setting_get_member(root, "optimizer")) {
+            hwhyf(why, whylen, "%s: both 'optimizer' and 'optimizers' are set; use one (optimizers for several)", where);
+            return KILN_E_CONFIG;
+        }
+        for (int i = 0; i < config_setting_length(ol); i++) {
+            config_setting_t *e = config_setting_get_elem(ol, (unsigned)i);
+            config_setting_t *pr = config_setting_type(e) == CONFIG_TYPE_GROUP ? config_setting_get_member(e, "params")
+                                                                               : NULL;
+            const char *nm;
+            hc_where(c, e, where, sizeof where);
+            if (config_setting_type(e) != CONFIG_TYPE_GROUP || !config_setting_lookup_string(e, "name", &nm)) {
+                hwhyf(why, whylen, "%s: optimizers.[%d] must be a group with name = \"...\"", where, i);
+                return KILN_E_CONFIG;
+            }
+            int ok = !pr || config_setting_type(pr) == CONFIG_TYPE_ARRAY || config_setting_type(pr) == CONFIG_TYPE_LIST;
+            for (int k = 0; ok && pr && k < config_setting_length(pr); k++)
+                ok = config_setting_type(config_setting_get_elem(pr, (unsigned)k)) == CONFIG_TYPE_STRING;
+            if (!ok) {
+                hc_where(c, pr, where, sizeof where);
+                hwhyf(why, whylen, "%s: optimizers.[%d].params must be a list of parameter-name patterns "
+                                   "([\"generator.*\"]), found a %s", where, i, cfg_type_name(config_setting_type(pr)));
+                return KILN_E_CONFIG;
+            }
+        }
+    }
     config_setting_t *tr = config_setting_get_member(root, "trainer");
     if (tr && config_setting_type(tr) != CONFIG_TYPE_GROUP) {
         char where[PATH_MAX + 32];
@@ -434,6 +468,16 @@ int hc_callback_count(hc_config *c) {
 config_setting_t *hc_callback(hc_config *c, int i) {
     config_setting_t *cb = config_lookup(&c->cfg, "callbacks");
     return cb ? config_setting_get_elem(cb, (unsigned)i) : NULL;
+}
+
+int hc_optimizer_count(hc_config *c) {
+    config_setting_t *o = config_lookup(&c->cfg, "optimizers");
+    return o ? config_setting_length(o) : 0;
+}
+
+config_setting_t *hc_optimizer(hc_config *c, int i) {
+    config_setting_t *o = config_lookup(&c->cfg, "optimizers");
+    return o ? config_setting_get_elem(o, (unsigned)i) : NULL;
 }
 
 /* ---------------------------------------------------------------------------
@@ -541,7 +585,8 @@ int hc_resolve(const hc_config *c, config_setting_t *section, const kiln_param *
     for (int i = 0; i < nm && rc == KILN_OK; i++) {
         config_setting_t *m = config_setting_get_elem(section, (unsigned)i);
         const char *nmk = config_setting_name(m);
-        if (!nmk || !strcmp(nmk, "name")) continue;
+        /* host keys: the plugin's name, and an optimizer's parameter patterns */
+        if (!nmk || !strcmp(nmk, "name") || (!strcmp(nmk, "params") && !strncmp(what, "optimizer", 9))) continue;
         int found = 0;
         for (int k = 0; k < np; k++) found |= !strcmp(keys[k], nmk);
         if (!found) {

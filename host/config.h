@@ -56,6 +56,11 @@ const char *hc_slot_name(hc_config *c, const char *slot, const char *fallback, c
 /* Number of entries in the callbacks list (0 when absent). */
 int hc_callback_count(hc_config *c);
 config_setting_t *hc_callback(hc_config *c, int i);
+/* Entries of the `optimizers` list (0 when absent; then `optimizer` is the
+ * one optimizer). Each is a group with `name` and an optional `params`
+ * list of parameter-name patterns (fnmatch) the optimizer owns. */
+int hc_optimizer_count(hc_config *c);
+config_setting_t *hc_optimizer(hc_config *c, int i);
 
 /* Resolve `section` (may be NULL: all defaults) against `params`. `what` names
  * the owner for messages ("optimizer 'sgd'"). */

@@ -57,5 +57,8 @@ struct ht_closure {
  * t->accumulating): the closure directly while accumulating, else through
  * LM.optimizer_step → P.optimizer_step → O.step(closure). */
 int ht_automatic_step(ht_trainer *t, char *why, size_t whylen);
+/* Manual optimisation (manual.c): one batch's training_step, inside which
+ * the module drives backward and its optimizers through the services. */
+int ht_manual_step(ht_trainer *t, char *why, size_t whylen);
 
 #endif

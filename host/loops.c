@@ -310,7 +310,7 @@ static int epoch_advance(ht_loop *L, char *why, size_t whylen) {
         return HT_LOOP_STOP;
     }
     INC(t->batch_progress, started);
-    if ((rc = ht_automatic_step(t, why, whylen))) return rc;
+    if ((rc = t->manual ? ht_manual_step(t, why, whylen) : ht_automatic_step(t, why, whylen))) return rc;
     INC(t->batch_progress, processed);
     t->samples_seen += b->size;
     if ((rc = ht_hook(t, KILN_EV_ON_TRAIN_BATCH_END, i, b, &t->last_output, 0, NULL, why, whylen))) return rc;

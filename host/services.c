@@ -95,6 +95,12 @@ static const kiln_host_services g_services = {
     .get_metric = ht_svc_get_metric,
     .request_stop = ht_svc_request_stop,
     .seed = ht_svc_seed,
+    .optimizer_count = ht_svc_optimizer_count,
+    .manual_backward = ht_svc_manual_backward,
+    .optimizer_step = ht_svc_optimizer_step,
+    .optimizer_zero_grad = ht_svc_optimizer_zero_grad,
+    .toggle_optimizer = ht_svc_toggle_optimizer,
+    .untoggle_optimizer = ht_svc_untoggle_optimizer,
 };
 
 static const kiln_host_services *get_services(uint16_t major, uint16_t min_minor) {

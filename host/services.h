@@ -40,6 +40,13 @@ void ht_svc_log_value(kiln_host_ctx *h, const char *name, double value, uint32_t
 int32_t ht_svc_get_metric(kiln_host_ctx *h, const char *name, double *out);
 void ht_svc_request_stop(kiln_host_ctx *h, const char *reason);
 uint64_t ht_svc_seed(kiln_host_ctx *h, const char *stream);
+/* The 1.2 manual-optimisation services (manual.c). */
+uint32_t ht_svc_optimizer_count(kiln_host_ctx *h);
+int32_t ht_svc_manual_backward(kiln_host_ctx *h, double loss);
+int32_t ht_svc_optimizer_step(kiln_host_ctx *h, uint32_t index, const struct kiln_closure *closure, int32_t *skipped);
+int32_t ht_svc_optimizer_zero_grad(kiln_host_ctx *h, uint32_t index);
+int32_t ht_svc_toggle_optimizer(kiln_host_ctx *h, uint32_t index);
+int32_t ht_svc_untoggle_optimizer(kiln_host_ctx *h, uint32_t index);
 
 void hs_ctx_init(kiln_host_ctx *h, const hl_plugin *p, const kiln_kv *config, const kiln_kv *trainer);
 

@@ -10,6 +10,7 @@
 #include "trainer.h"
 
 #include <ctype.h>
+#include <fnmatch.h>
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
@@ -227,6 +228,92 @@ static int alloc_params(ht_trainer *t, char *why, size_t whylen) {
 }
 
 /* ---------------------------------------------------------------------------
+ * Optimizers: `optimizer = ...` (one, every parameter) or `optimizers = (
+ * { name = ...; params = ["pattern", ...]; ... }, ... )`, each owning the
+ * parameters whose names match its patterns (all when it has none).
+ * Several optimizers need a module that optimises manually (Lightning
+ * refuses them in automatic mode). */
+
+static int module_is_manual(const ht_trainer *t) {
+    const kiln_value *v = hl_prop(t->module.p, "automatic_optimization");
+    return v && v->type == KILN_TYPE_BOOL && v->v.i == 0;
+}
+
+/* Marks the parameters optimizer i owns; an entry without `params` owns all. */
+static int assign_params(ht_trainer *t, int i, config_setting_t *entry, char *why, size_t whylen) {
+    config_setting_t *pats = entry ? config_setting_get_member(entry, "params") : NULL;
+    uint32_t n = 0;
+    for (uint32_t k = 0; k < t->nparams; k++) {
+        int own = !pats;
+        for (int j = 0; pats && !own && j < config_setting_length(pats); j++)
+            own = fnmatch(config_setting_get_string_elem(pats, j), t->params[k]->name, 0) == 0;
+        t->owns[i][k] = (unsigned char)own;
+        if (own) t->opt_params[i][n++] = t->params[k];
+    }
+    t->opt_nparams[i] = n;
+    if (n > 0) return KILN_OK;
+    char where[PATH_MAX + 32], names[512] = "";
+    hc_where(t->cfg, pats, where, sizeof where);
+    for (uint32_t k = 0; k < t->nparams && strlen(names) < sizeof names - 40; k++)
+        snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", k ? ", " : "", t->params[k]->name);
+    hwhyf(why, whylen, "%s: optimizers.[%d].params matches no parameter of module '%s' (its parameters: %s%s)", where, i,
+          t->module.p->view.name, names, strlen(names) >= sizeof names - 40 ? ", ..." : "");
+    return KILN_E_CONFIG;
+}
+
+static int open_optimizers(ht_trainer *t, char *why, size_t whylen) {
+    static char roles[HT_MAX_OPTIMIZERS][24];
+    int n = hc_optimizer_count(t->cfg);
+    int rc;
+    t->manual = module_is_manual(t);
+    if (n > HT_MAX_OPTIMIZERS) {
+        hwhyf(why, whylen, "%s: %d optimizers configured, at most %d supported", t->cfg->path, n, HT_MAX_OPTIMIZERS);
+        return KILN_E_CONFIG;
+    }
+    if (n > 1 && !t->manual) {
+        hwhyf(why, whylen,
+              "%s: %d optimizers configured, but module '%s' (%s) uses automatic optimization, which drives exactly "
+              "one (as in Lightning); a module with several optimizers must optimise manually (its "
+              "automatic_optimization property false)",
+              t->cfg->path, n, t->module.p->view.name, t->module.p->lib->path);
+        return KILN_E_CONFIG;
+    }
+    if (t->manual && t->set.accumulate_grad_batches != 1) {
+        hwhyf(why, whylen,
+              "%s: trainer.accumulate_grad_batches = %lld, but module '%s' optimises manually: automatic "
+              "accumulation is not available in manual optimization (as in Lightning); accumulate in the module",
+              t->cfg->path, (long long)t->set.accumulate_grad_batches, t->module.p->view.name);
+        return KILN_E_CONFIG;
+    }
+    for (int i = 0; i < (n ? n : 1); i++) {
+        config_setting_t *entry = NULL;
+        if (n == 0) {
+            rc = slot_from_config(t, &t->opts[0], "optimizer", 1, why, whylen);
+        } else {
+            entry = hc_optimizer(t->cfg, i);
+            const char *name = NULL;
+            config_setting_lookup_string(entry, "name", &name);
+            snprintf(roles[i], sizeof roles[i], "optimizers.[%d]", i);
+            rc = make_slot(t, &t->opts[i], KILN_KIND_OPTIMIZER, name, entry, roles[i], why, whylen);
+        }
+        if (rc) return rc;
+        t->nopts = i + 1;
+        t->opt_ops[i] = (const kiln_optimizer_ops *)t->opts[i].p->ops;
+        if ((rc = hx_check_stack(t->precision.p, NULL, t->opts[i].p, why, whylen))) return rc;
+        if ((rc = assign_params(t, i, entry, why, whylen))) return rc;
+        rc = t->opt_ops[i]->setup(t->opts[i].inst, t->opt_params[i], t->opt_nparams[i]);
+        if (rc) return ht_fail(t, &t->opts[i], rc, "setup", why, whylen);
+    }
+    for (uint32_t k = 0; k < t->nparams; k++) {
+        int any = 0;
+        for (int i = 0; i < t->nopts; i++) any |= t->owns[i][k];
+        if (!any) HLOG_WARN("parameter %s is not updated by any optimizer (no `params` pattern matches it)",
+                            t->params[k]->name);
+    }
+    return KILN_OK;
+}
+
+/* ---------------------------------------------------------------------------
  * Services that need the trainer */
 
 static ht_trainer *T(kiln_host_ctx *h) { return h ? h->trainer : NULL; }
@@ -373,6 +460,8 @@ void ht_update_state(ht_trainer *t) {
     s->run_dir = t->run_dir;
     s->accumulate_grad_batches = (int32_t)t->set.accumulate_grad_batches;
     s->precision = t->precision.p ? t->precision.p->view.properties : NULL;
+    s->automatic_optimization = !t->manual;
+    s->num_optimizers = (uint32_t)t->nopts;
 }
 
 static int send_to_callbacks(ht_trainer *t, kiln_event *ev, char *why, size_t whylen) {
@@ -510,15 +599,7 @@ int ht_open(ht_trainer *t, hc_config *cfg, hl_loader *L, int stage, char *why, s
     rc = t->strategy_ops->setup(t->strategy.inst, t->params, t->nparams);
     if (rc) { rc = ht_fail(t, &t->strategy, rc, "setup", why, whylen); goto fail; }
 
-    if (stage == KILN_STAGE_FIT) {
-        rc = slot_from_config(t, &t->optimizer, "optimizer", 1, why, whylen);
-        if (rc) goto fail;
-        t->optimizer_ops = (const kiln_optimizer_ops *)t->optimizer.p->ops;
-        rc = hx_check_stack(t->precision.p, NULL, t->optimizer.p, why, whylen);
-        if (rc) goto fail;
-        rc = t->optimizer_ops->setup(t->optimizer.inst, t->params, t->nparams);
-        if (rc) { rc = ht_fail(t, &t->optimizer, rc, "setup", why, whylen); goto fail; }
-    }
+    if (stage == KILN_STAGE_FIT && (rc = open_optimizers(t, why, whylen))) goto fail;
 
     int ncb = hc_callback_count(cfg);
     if (ncb > HT_MAX_CALLBACKS) {
@@ -554,7 +635,9 @@ fail:
 void ht_close(ht_trainer *t) {
     for (int i = t->ncallbacks - 1; i >= 0; i--) drop_slot(&t->callbacks[i]);
     t->ncallbacks = 0;
-    drop_slot(&t->optimizer);
+    for (int i = t->nopts - 1; i >= 0; i--) drop_slot(&t->opts[i]);
+    drop_slot(&t->opts[0]); /* a failed open may leave a slot without nopts */
+    t->nopts = 0;
     drop_slot(&t->module);
     drop_slot(&t->data);
     drop_slot(&t->precision);
@@ -618,10 +701,14 @@ void ht_print_summary(ht_trainer *t, const char *verb) {
     if (t->state.rank != 0) return;
     const kiln_value *prec = hl_prop(t->precision.p, "precision");
     printf("\n== kiln %s summary (%s)\n", verb, t->run_dir[0] ? t->run_dir : "no run directory");
-    printf("stack: accelerator=%s precision=%s strategy=%s module=%s data=%s optimizer=%s\n",
+    char opts[256] = "-";
+    for (int i = 0; i < t->nopts; i++)
+        snprintf(opts + (i ? strlen(opts) : 0), sizeof opts - (i ? strlen(opts) : 0), "%s%s", i ? "+" : "",
+                 t->opts[i].p->view.name);
+    printf("stack: accelerator=%s precision=%s strategy=%s module=%s data=%s optimizer=%s%s\n",
            t->accel.p->view.name, prec && prec->type == KILN_TYPE_STRING ? prec->v.s : t->precision.p->view.name,
-           t->strategy.p->view.name, t->module.p->view.name, t->data.p->view.name,
-           t->optimizer.p ? t->optimizer.p->view.name : "-");
+           t->strategy.p->view.name, t->module.p->view.name, t->data.p->view.name, opts,
+           t->manual ? " (manual optimization)" : "");
     /* Everything said about precision is the plugin's own description. */
     const char *pkeys[] = {"amp_backend", "amp_level", "param_dtype", "compute_dtype", "bits_per_weight"};
     printf("precision: %s", prec && prec->type == KILN_TYPE_STRING ? prec->v.s : t->precision.p->view.name);

@@ -36,6 +36,8 @@ typedef struct ht_slot {
 } ht_slot;
 
 #define HT_MAX_CALLBACKS 32
+#define HT_MAX_OPTIMIZERS 8
+#define HT_MAX_PARAMS 256
 
 /* Trainer settings (the resolved `trainer` section). */
 typedef struct ht_settings {
@@ -64,7 +66,9 @@ typedef struct ht_trainer {
     ht_settings set;
     hc_kvset trainer_kv;
 
-    ht_slot accel, strategy, precision, data, module, optimizer;
+    ht_slot accel, strategy, precision, data, module;
+    ht_slot opts[HT_MAX_OPTIMIZERS]; /* opts[0] is `optimizer`; more with `optimizers` */
+    int nopts;
     ht_slot callbacks[HT_MAX_CALLBACKS];
     int ncallbacks;
     const kiln_accelerator_ops *accel_ops;
@@ -72,12 +76,19 @@ typedef struct ht_trainer {
     const kiln_precision_ops *precision_ops;
     const kiln_data_ops *data_ops;
     const kiln_module_ops *module_ops;
-    const kiln_optimizer_ops *optimizer_ops;
+    const kiln_optimizer_ops *opt_ops[HT_MAX_OPTIMIZERS];
     const kiln_kernels *K;
 
     /* parameters registered by the module; data/grad carved from two arenas */
-    kiln_parameter *params[256];
+    kiln_parameter *params[HT_MAX_PARAMS];
     uint32_t nparams;
+    /* which optimizer updates which parameter (`params` patterns) */
+    unsigned char owns[HT_MAX_OPTIMIZERS][HT_MAX_PARAMS];
+    kiln_parameter *opt_params[HT_MAX_OPTIMIZERS][HT_MAX_PARAMS]; /* (opt_nparams[i]) */
+    uint32_t opt_nparams[HT_MAX_OPTIMIZERS];
+    unsigned char toggle_froze[HT_MAX_PARAMS]; /* FROZEN set by toggle_optimizer */
+    int manual;                   /* the module optimises manually (1(c))     */
+    int in_manual_step;           /* inside its training_step: services open  */
     void *param_arena, *grad_arena; /* masters and gradients, in param_dtype */
     uint32_t param_dtype;          /* KILN_DTYPE_F32 or F64, from the precision */
 

@@ -240,8 +240,12 @@ static int32_t mx_optimizer_step(kiln_instance *self, const kiln_optimizer_ref *
     int32_t rc = closure->call(closure->ctx, &loss);
     if (rc != KILN_OK) return rc;
     /* training_step returned no loss (automatic optimisation): no unscale,
-     * no step, no scaler update; the hooks still run */
-    const int skip = isnan(loss);
+     * no step, no scaler update; the hooks still run. In manual mode the
+     * closure is the module's own (often none): always step. */
+    const kiln_trainer_state *ts =
+        self->svc->abi_minor >= 1 && self->svc->trainer_state ? self->svc->trainer_state(self->hctx) : NULL;
+    const int manual = ts && ts->struct_size >= KILN_TRAINER_STATE_SIZE_1_2 && !ts->automatic_optimization;
+    const int skip = isnan(loss) && !manual;
     int found_inf = 0;
     if (!skip && (rc = mx_unscale(self, &found_inf)) != KILN_OK) return rc;
     double ignored;

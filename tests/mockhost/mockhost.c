@@ -99,10 +99,28 @@ static uint64_t m_seed(kiln_host_ctx *h, const char *stream) {
     return x;
 }
 
+/* 1.2 manual optimisation: forwarded to the hooks a test sets in mh */
+static uint32_t m_optimizer_count(kiln_host_ctx *h) { (void)h; return mh.n_optimizers; }
+static int32_t m_manual_backward(kiln_host_ctx *h, double loss) {
+    (void)h;
+    return mh.manual_backward ? mh.manual_backward(loss) : KILN_E_UNSUPPORTED;
+}
+static int32_t m_optimizer_step(kiln_host_ctx *h, uint32_t i, const struct kiln_closure *c, int32_t *skipped) {
+    (void)h;
+    return mh.optimizer_step ? mh.optimizer_step(i, c, skipped) : KILN_E_UNSUPPORTED;
+}
+static int32_t m_optimizer_zero_grad(kiln_host_ctx *h, uint32_t i) {
+    (void)h;
+    return mh.optimizer_zero_grad ? mh.optimizer_zero_grad(i) : KILN_E_UNSUPPORTED;
+}
+static int32_t m_toggle(kiln_host_ctx *h, uint32_t i) { (void)h; return mh.toggle ? mh.toggle(i, 1) : KILN_E_UNSUPPORTED; }
+static int32_t m_untoggle(kiln_host_ctx *h, uint32_t i) { (void)h; return mh.toggle ? mh.toggle(i, 0) : KILN_E_UNSUPPORTED; }
+
 static const kiln_host_services g_svc = {
     sizeof(kiln_host_services), KILN_ABI_MAJOR, KILN_ABI_MINOR, m_log, m_log_enabled, m_set_error, m_alloc, m_free,
     m_config_get, m_log_metric, m_accelerator, m_param_register, m_params, m_trainer_state, m_log_value,
-    m_get_metric, m_request_stop, m_seed,
+    m_get_metric, m_request_stop, m_seed, m_optimizer_count, m_manual_backward, m_optimizer_step,
+    m_optimizer_zero_grad, m_toggle, m_untoggle,
 };
 
 static const kiln_host_services *m_get_services(uint16_t major, uint16_t minor) {
@@ -122,6 +140,7 @@ void mh_reset(void) {
     }
     memset(&mh, 0, sizeof mh);
     mh.trainer.struct_size = sizeof mh.trainer;
+    mh.trainer.automatic_optimization = 1;
     mh.trainer.world_size = 1;
     mh.trainer.accumulate_grad_batches = 1;
 }

@@ -35,6 +35,13 @@ typedef struct mh_state {
     char last_error[1024];
     int32_t last_error_code;
     uint64_t seed;
+    /* 1.2 manual-optimisation services: what the fakes forward to (unset:
+     * KILN_E_UNSUPPORTED); toggle gets on = 1 / 0 for toggle / untoggle */
+    uint32_t n_optimizers;
+    int32_t (*manual_backward)(double loss);
+    int32_t (*optimizer_step)(uint32_t index, const struct kiln_closure *closure, int32_t *skipped);
+    int32_t (*optimizer_zero_grad)(uint32_t index);
+    int32_t (*toggle)(uint32_t index, int on);
 } mh_state;
 
 extern mh_state mh;

@@ -269,6 +269,11 @@ static void test_scaler_no_loss(void) {
     CU_ASSERT_EQUAL(c.opt_steps, 0);
     CU_ASSERT_EQUAL(c.after_calls, 1); /* on_before_optimizer_step still runs */
     CU_ASSERT_EQUAL(current_scale(c.prec), 1024.0); /* growth_interval 1 would have doubled it */
+    /* manual optimisation: the module's closure may have no loss, it steps */
+    mh.trainer.automatic_optimization = 0;
+    CU_ASSERT_EQUAL(scaler_step(&c), 0);
+    CU_ASSERT_EQUAL(c.opt_steps, 1);
+    CU_ASSERT_EQUAL(current_scale(c.prec), 2048.0);
     pops(g_m16)->base.destroy(c.prec);
     env_end();
 }

@@ -102,6 +102,7 @@ typedef struct kiln_host_ctx kiln_host_ctx;
 typedef struct kiln_instance kiln_instance;
 struct kiln_kernels;       /* kiln/training.h */
 struct kiln_trainer_state; /* kiln/training.h */
+struct kiln_closure;       /* kiln/training.h */
 
 /* log_value flags (1.1) */
 #define KILN_LOG_ON_STEP (1u << 0)  /* a per-step value (logged every log_every_n_steps) */
@@ -156,6 +157,34 @@ typedef struct kiln_host_services {
     void (*request_stop)(kiln_host_ctx *hctx, const char *reason);
     /* A seed derived from the run seed for a named random stream. */
     uint64_t (*seed)(kiln_host_ctx *hctx, const char *stream);
+    /* -- 1.2: manual optimisation (Lightning's automatic_optimization =
+     * False, LightningOptimizer, manual_backward). Only for a module whose
+     * "automatic_optimization" property is false, and only from inside its
+     * training_step; anywhere else they return KILN_E_STATE. Optimizers are
+     * numbered in config order (`optimizers = ( ... )`, or the single
+     * `optimizer`). -- */
+    /* How many optimizers the run has (0 outside fit). */
+    uint32_t (*optimizer_count)(kiln_host_ctx *hctx);
+    /* manual_backward(loss): strategy pre_backward, precision pre_backward
+     * (the loss scale), on_before_backward(loss * scale), then the module's
+     * own backward op with dloss = scale — it back-propagates the loss it
+     * passed here (a module with several losses remembers which) — then
+     * on_after_backward and strategy post_backward. */
+    int32_t (*manual_backward)(kiln_host_ctx *hctx, double loss);
+    /* optimizer.step(closure) of optimizer `index`: precision optimizer_step
+     * (unscale, inf check and skip under a scaler) -> the optimizer's step,
+     * which calls `closure` (may be NULL: nothing to recompute) and then
+     * on_before_optimizer_step; counts one global step. *skipped (may be
+     * NULL) is 1 when the precision skipped the update. */
+    int32_t (*optimizer_step)(kiln_host_ctx *hctx, uint32_t index, const struct kiln_closure *closure,
+                              int32_t *skipped);
+    /* optimizer.zero_grad() of optimizer `index`: no hooks (manual mode). */
+    int32_t (*optimizer_zero_grad)(kiln_host_ctx *hctx, uint32_t index);
+    /* toggle_optimizer: parameters owned only by OTHER optimizers get
+     * KILN_PARAMF_FROZEN (requires_grad = False) until untoggle_optimizer;
+     * a module's backward leaves frozen parameters' gradients untouched. */
+    int32_t (*toggle_optimizer)(kiln_host_ctx *hctx, uint32_t index);
+    int32_t (*untoggle_optimizer)(kiln_host_ctx *hctx, uint32_t index);
 } kiln_host_services;
 
 /* ---------------------------------------------------------------------------
@@ -264,6 +293,9 @@ static_assert(offsetof(kiln_host_services, log) == 8, "kiln_host_services 1.0");
 static_assert(offsetof(kiln_host_services, log_metric) == 56, "kiln_host_services 1.0");
 static_assert(offsetof(kiln_host_services, accelerator) == 64, "kiln_host_services 1.1");
 static_assert(offsetof(kiln_host_services, seed) == 120, "kiln_host_services 1.1");
+static_assert(offsetof(kiln_host_services, optimizer_count) == 128 &&
+                  offsetof(kiln_host_services, untoggle_optimizer) == 168,
+              "kiln_host_services 1.2");
 static_assert(offsetof(kiln_ops_header, create) == 8 && offsetof(kiln_ops_header, set_state) == 32 &&
                   sizeof(kiln_ops_header) == 40, "kiln_ops_header 1.0");
 static_assert(offsetof(kiln_plugin_desc, kind) == 4 && offsetof(kiln_plugin_desc, name) == 8 &&

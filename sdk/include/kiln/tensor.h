@@ -81,6 +81,9 @@ typedef struct kiln_batch {
 
 /* Flags of a registered parameter. */
 #define KILN_PARAMF_NO_DECAY (1u << 0) /* optimizers skip weight decay (biases) */
+#define KILN_PARAMF_FROZEN (1u << 1)   /* 1.2, set by the host: requires_grad is
+                                          False (toggle_optimizer); backward must
+                                          not touch this parameter's grad      */
 
 /* A parameter the host allocated for a module (ABI 1.1). The host owns the
  * memory; the pointers stay valid until the run ends. `data` and `grad` are

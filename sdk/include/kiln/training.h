@@ -122,7 +122,8 @@ typedef struct kiln_kernels {
 } kiln_kernels;
 
 /* kiln_kernels.act_forward / act_backward */
-enum { KILN_ACT_RELU = 0, KILN_ACT_GELU = 1 };
+enum { KILN_ACT_RELU = 0, KILN_ACT_GELU = 1, KILN_ACT_TANH = 2, KILN_ACT_SIGMOID = 3, KILN_ACT_LEAKY_RELU = 4 };
+/* KILN_ACT_LEAKY_RELU uses negative slope 0.2 (the usual GAN choice). */
 
 /* ---------------------------------------------------------------------------
  * Closures and optimizer handles (Lightning's closure API) */
@@ -172,6 +173,11 @@ typedef struct kiln_trainer_state {
     /* the precision plugin's properties ("precision", "amp_backend",
      * "amp_level", ...), NULL-terminated, for loggers and summaries */
     const kiln_kv *precision;
+    /* 0 when the module optimises manually (its "automatic_optimization"
+     * property is false): a precision must then step even when the closure
+     * returned no loss (Lightning's skip applies to automatic mode only) */
+    int32_t automatic_optimization;
+    uint32_t num_optimizers;
 } kiln_trainer_state;
 
 /* What a training/validation/test step produced. */
@@ -389,7 +395,7 @@ typedef struct kiln_module_ops {
 /* What 1.2 appended. */
 #define KILN_PRECISION_OPS_SIZE_1_2 KILN__END(kiln_precision_ops, on_event)
 #define KILN_KERNELS_SIZE_1_2 KILN__END(kiln_kernels, adamw_update_ex)
-#define KILN_TRAINER_STATE_SIZE_1_2 KILN__END(kiln_trainer_state, precision)
+#define KILN_TRAINER_STATE_SIZE_1_2 KILN__END(kiln_trainer_state, num_optimizers)
 
 /* Layout pins of the 1.1 tables (and what 1.2 appended). */
 #if UINTPTR_MAX == 0xFFFFFFFFFFFFFFFFu

@@ -1,0 +1,264 @@
+/*
+ * host/manual.c — manual optimisation (Lightning's automatic_optimization =
+ * False: loops/optimization/manual.py, core/optimizer.py's
+ * LightningOptimizer, core/module.py's manual_backward and toggle_optimizer).
+ * The batch driver only brackets the module's training_step; inside it the
+ * module drives everything through the 1.2 services implemented here:
+ * manual_backward (the same strategy/precision backward chain as automatic
+ * mode, hooks included), optimizer_step (precision optimizer_step with
+ * on_before_optimizer_step; every call is one global step), a hook-less
+ * zero_grad, and toggle/untoggle, which mark the parameters owned only by
+ * the other optimizers KILN_PARAMF_FROZEN. Never called in manual mode:
+ * optimizer_step/optimizer_zero_grad/on_before_zero_grad module hooks,
+ * clipping, accumulation.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "log.h"
+#include "loop.h"
+
+#define INC(pr, field) ((pr).total.field++, (pr).current.field++)
+
+static ht_trainer *T(kiln_host_ctx *h) { return h ? h->trainer : NULL; }
+
+/* The services work for the module, inside its training_step, in a
+ * manually optimising run; anything else is a bug in the caller. */
+static ht_trainer *manual_trainer(kiln_host_ctx *h, const char *what) {
+    ht_trainer *t = T(h);
+    char msg[256];
+    if (!t || !t->manual || !t->in_manual_step || h != &t->module.hctx) {
+        snprintf(msg, sizeof msg,
+                 "%s is only available to a module whose automatic_optimization property is false, from inside its "
+                 "training_step",
+                 what);
+        herr_set(KILN_E_STATE, msg);
+        return NULL;
+    }
+    return t;
+}
+
+static int bad_index(ht_trainer *t, uint32_t index, const char *what) {
+    if (index < (uint32_t)t->nopts) return 0;
+    char msg[256];
+    snprintf(msg, sizeof msg, "%s(%u): the run has %d optimizer%s (indices 0..%d in config order)", what, index,
+             t->nopts, t->nopts == 1 ? "" : "s", t->nopts - 1);
+    herr_set(KILN_E_INVALID_ARG, msg);
+    return 1;
+}
+
+/* A failure inside a service: keep the full message for the batch driver
+ * (the module only passes the code back) and hand the module a short one. */
+static int32_t keep(ht_trainer *t, int32_t rc, const char *why) {
+    if (!t->err_rc) {
+        t->err_rc = rc;
+        snprintf(t->err, sizeof t->err, "%s", why);
+    }
+    herr_set(rc, why);
+    return rc;
+}
+
+uint32_t ht_svc_optimizer_count(kiln_host_ctx *h) {
+    ht_trainer *t = T(h);
+    return t ? (uint32_t)t->nopts : 0;
+}
+
+/* S.backward(loss, None): the chain of reference §1(c), as in automatic mode */
+int32_t ht_svc_manual_backward(kiln_host_ctx *h, double loss) {
+    ht_trainer *t = manual_trainer(h, "manual_backward");
+    if (!t) return KILN_E_STATE;
+    char why[2048];
+    if (!isfinite(loss)) {
+        snprintf(why, sizeof why,
+                 "module '%s' (%s): manual_backward got a non-finite loss (%g) at epoch %lld, batch %lld; expected a "
+                 "finite value",
+                 t->module.p->view.name, t->module.p->lib->path, loss,
+                 (long long)t->epoch_progress.current.completed, (long long)t->batch_idx);
+        return keep(t, KILN_E_NONFINITE, why);
+    }
+    ht_trace(t, KILN_SRC_STRATEGY, "pre_backward", t->batch_idx);
+    herr_clear();
+    int32_t rc = t->strategy_ops->pre_backward(t->strategy.inst);
+    if (rc) return keep(t, ht_fail(t, &t->strategy, rc, "pre_backward", why, sizeof why), why);
+    ht_trace(t, KILN_SRC_PRECISION, "pre_backward", t->batch_idx);
+    double scale = 1.0;
+    herr_clear();
+    rc = t->precision_ops->pre_backward(t->precision.inst, loss, &scale);
+    if (rc) return keep(t, ht_fail(t, &t->precision, rc, "pre_backward", why, sizeof why), why);
+    t->loss_scale = scale;
+    if ((rc = ht_hook(t, KILN_EV_ON_BEFORE_BACKWARD, t->batch_idx, t->batch, NULL, loss * scale, NULL, why, sizeof why)))
+        return keep(t, rc, why);
+    ht_trace(t, KILN_SRC_MODULE, "backward", t->batch_idx);
+    double t0 = ht_now();
+    herr_clear();
+    rc = t->module_ops->backward(t->module.inst, scale);
+    t->time.backward += ht_now() - t0;
+    if (rc) return keep(t, ht_fail(t, &t->module, rc, "backward", why, sizeof why), why);
+    if ((rc = ht_hook(t, KILN_EV_ON_AFTER_BACKWARD, t->batch_idx, t->batch, NULL, 0, NULL, why, sizeof why)))
+        return keep(t, rc, why);
+    ht_trace(t, KILN_SRC_STRATEGY, "post_backward", t->batch_idx);
+    herr_clear();
+    rc = t->strategy_ops->post_backward(t->strategy.inst);
+    if (rc) return keep(t, ht_fail(t, &t->strategy, rc, "post_backward", why, sizeof why), why);
+    return KILN_OK;
+}
+
+/* What the precision calls as `optimizer.step(wrapped)` and `after`. */
+typedef struct {
+    ht_trainer *t;
+    uint32_t index;
+} manual_opt;
+
+static const char *step_name(ht_trainer *t, uint32_t index, const char *what, char *buf, size_t n) {
+    if (t->nopts == 1) return what;
+    snprintf(buf, n, "%s[%u]", what, index);
+    return buf;
+}
+
+static int32_t manual_opt_step(void *vctx, const kiln_closure *closure) {
+    manual_opt *m = vctx;
+    ht_trainer *t = m->t;
+    char nm[32], why[2048];
+    ht_trace(t, KILN_SRC_OPTIMIZER, step_name(t, m->index, "step", nm, sizeof nm), t->batch_idx);
+    herr_clear();
+    int32_t rc = t->opt_ops[m->index]->step(t->opts[m->index].inst, closure);
+    if (rc && !t->err_rc) keep(t, ht_fail(t, &t->opts[m->index], rc, "step", why, sizeof why), why);
+    return rc;
+}
+
+/* _after_closure in manual mode: on_before_optimizer_step, no clipping */
+static int32_t manual_after(void *vctx, double *loss) {
+    manual_opt *m = vctx;
+    (void)loss;
+    char why[2048];
+    int rc = ht_hook(m->t, KILN_EV_ON_BEFORE_OPTIMIZER_STEP, m->t->batch_idx, m->t->batch, NULL, 0, NULL, why,
+                     sizeof why);
+    return rc ? keep(m->t, rc, why) : KILN_OK;
+}
+
+/* The closure a step without one gets: nothing to recompute. */
+static int32_t noop_closure(void *ctx, double *loss) {
+    (void)ctx;
+    if (loss) *loss = NAN;
+    return KILN_OK;
+}
+
+int32_t ht_svc_optimizer_step(kiln_host_ctx *h, uint32_t index, const struct kiln_closure *closure, int32_t *skipped) {
+    ht_trainer *t = manual_trainer(h, "optimizer_step");
+    if (!t) return KILN_E_STATE;
+    if (bad_index(t, index, "optimizer_step")) return KILN_E_INVALID_ARG;
+    if (closure && (closure->struct_size < sizeof(kiln_closure) || !closure->call)) {
+        herr_set(KILN_E_INVALID_ARG, "optimizer_step: the closure has no call function (pass NULL for none)");
+        return KILN_E_INVALID_ARG;
+    }
+    manual_opt m = {t, index};
+    kiln_closure noop = {sizeof noop, 0, NULL, noop_closure};
+    kiln_closure after = {sizeof after, 0, &m, manual_after};
+    kiln_optimizer_ref opt = {sizeof opt, 0, &m, manual_opt_step};
+    INC(t->opt_step, ready); /* _on_before_step */
+    int32_t sk = 0;
+    char why[2048];
+    ht_trace(t, KILN_SRC_PRECISION, "optimizer_step", t->batch_idx);
+    double t0 = ht_now();
+    herr_clear();
+    int32_t rc = t->precision_ops->optimizer_step(t->precision.inst, &opt, closure ? closure : &noop, &after, &sk);
+    t->time.optimizer += ht_now() - t0;
+    if (rc) {
+        if (!t->err_rc) keep(t, ht_fail(t, &t->precision, rc, "optimizer_step", why, sizeof why), why);
+        herr_set(rc, t->err);
+        return rc;
+    }
+    INC(t->opt_step, completed); /* _on_after_step: every call is a global step */
+    t->skipped_steps += sk != 0;
+    if (skipped) *skipped = sk;
+    return KILN_OK;
+}
+
+int32_t ht_svc_optimizer_zero_grad(kiln_host_ctx *h, uint32_t index) {
+    ht_trainer *t = manual_trainer(h, "optimizer_zero_grad");
+    if (!t) return KILN_E_STATE;
+    if (bad_index(t, index, "optimizer_zero_grad")) return KILN_E_INVALID_ARG;
+    char nm[32], why[2048];
+    ht_trace(t, KILN_SRC_OPTIMIZER, step_name(t, index, "zero_grad", nm, sizeof nm), t->batch_idx);
+    double t0 = ht_now();
+    herr_clear();
+    int32_t rc = t->opt_ops[index]->zero_grad(t->opts[index].inst);
+    t->time.zero_grad += ht_now() - t0;
+    if (rc) return keep(t, ht_fail(t, &t->opts[index], rc, "zero_grad", why, sizeof why), why);
+    return KILN_OK;
+}
+
+/* LightningModule.toggle_optimizer: parameters of the other optimizers stop
+ * requiring gradients, except those this optimizer owns too. */
+int32_t ht_svc_toggle_optimizer(kiln_host_ctx *h, uint32_t index) {
+    ht_trainer *t = manual_trainer(h, "toggle_optimizer");
+    if (!t) return KILN_E_STATE;
+    if (bad_index(t, index, "toggle_optimizer")) return KILN_E_INVALID_ARG;
+    char nm[32];
+    ht_trace(t, KILN_SRC_HOST, step_name(t, index, "toggle_optimizer", nm, sizeof nm), t->batch_idx);
+    for (uint32_t k = 0; k < t->nparams; k++) {
+        int other = 0;
+        for (int i = 0; i < t->nopts; i++) other |= i != (int)index && t->owns[i][k];
+        kiln_parameter *p = t->params[k];
+        if (other && !t->owns[index][k] && !(p->flags & KILN_PARAMF_FROZEN)) {
+            p->flags |= KILN_PARAMF_FROZEN;
+            t->toggle_froze[k] = 1;
+        }
+    }
+    return KILN_OK;
+}
+
+int32_t ht_svc_untoggle_optimizer(kiln_host_ctx *h, uint32_t index) {
+    ht_trainer *t = manual_trainer(h, "untoggle_optimizer");
+    if (!t) return KILN_E_STATE;
+    if (bad_index(t, index, "untoggle_optimizer")) return KILN_E_INVALID_ARG;
+    char nm[32];
+    ht_trace(t, KILN_SRC_HOST, step_name(t, index, "untoggle_optimizer", nm, sizeof nm), t->batch_idx);
+    for (uint32_t k = 0; k < t->nparams; k++)
+        if (t->toggle_froze[k]) {
+            t->params[k]->flags &= ~KILN_PARAMF_FROZEN;
+            t->toggle_froze[k] = 0;
+        }
+    return KILN_OK;
+}
+
+/* _manual_train_batch between on_train_batch_start and on_train_batch_end:
+ * S.training_step -> LM.training_step, which drives the services above. */
+int ht_manual_step(ht_trainer *t, char *why, size_t whylen) {
+    t->err[0] = 0;
+    t->err_rc = 0;
+    ht_trace(t, KILN_SRC_MODULE, "training_step", t->batch_idx);
+    double t0 = ht_now(), b0 = t->time.backward, o0 = t->time.optimizer, z0 = t->time.zero_grad;
+    herr_clear();
+    int32_t rc = t->precision_ops->convert_params(t->precision.inst);
+    if (rc) return ht_fail(t, &t->precision, rc, "convert_params", why, whylen);
+    kiln_step_output out = {sizeof out, 0, 0, 0};
+    t->in_manual_step = 1;
+    herr_clear();
+    rc = t->module_ops->training_step(t->module.inst, t->batch, t->batch_idx, &out);
+    t->in_manual_step = 0;
+    /* forward = the step minus what the services measured inside it */
+    t->time.forward += (ht_now() - t0) - (t->time.backward - b0) - (t->time.optimizer - o0) - (t->time.zero_grad - z0);
+    /* a toggle left on by a failing step must not outlive it */
+    for (uint32_t k = 0; k < t->nparams; k++)
+        if (t->toggle_froze[k]) {
+            t->params[k]->flags &= ~KILN_PARAMF_FROZEN;
+            t->toggle_froze[k] = 0;
+        }
+    if (rc) {
+        if (t->err_rc) snprintf(why, whylen, "%s", t->err);
+        else ht_fail(t, &t->module, rc, "training_step", why, whylen);
+        return rc < 0 ? rc : KILN_E_INTERNAL;
+    }
+    if (out.has_loss && !isfinite(out.loss)) {
+        snprintf(why, whylen,
+                 "module '%s' (%s): training_step returned a non-finite loss (%g) at epoch %lld, batch %lld; "
+                 "expected a finite value",
+                 t->module.p->view.name, t->module.p->lib->path, out.loss,
+                 (long long)t->epoch_progress.current.completed, (long long)t->batch_idx);
+        return KILN_E_NONFINITE;
+    }
+    t->last_output = out;
+    return KILN_OK;
+}

@@ -1,0 +1,248 @@
+/*
+ * tests/manual/test_manual.c — manual optimisation end to end, through the
+ * kiln executable with the manualmod fixture (two parameter groups, two
+ * optimizers): the exact hook sequence of one batch (reference §1(c)) and
+ * the hooks that never run in manual mode; toggle_optimizer leaving the
+ * other group's gradients untouched (and the same fixture without the
+ * toggle proving the check can fail); step-every-N with global_step
+ * counting every optimizer step; a closure given to optimizer_step called
+ * by the optimizer; a scaler stepping in manual mode; bit-identical resume
+ * with both optimizer states; and the refusals (several optimizers in
+ * automatic mode, accumulation in manual mode, patterns matching nothing,
+ * both optimizer and optimizers).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <CUnit/Basic.h>
+
+#include "testutil.h"
+
+static char *g_dir;
+
+static int suite_init(void) { return (g_dir = tu_mkdtemp()) ? 0 : -1; }
+static int suite_clean(void) {
+    if (g_dir) tu_rmrf(g_dir);
+    free(g_dir);
+    return 0;
+}
+
+/* `kiln fit` (or `config check`) of fixtures dir + body; returns the exit status. */
+static int kiln(const char *verb, const char *body, const char *extra, char *out, size_t outlen) {
+    static int k;
+    char cfg[4200], text[16384], cmd[20000];
+    snprintf(cfg, sizeof cfg, "%s/m%d.cfg", g_dir, k++);
+    snprintf(text, sizeof text, "plugins = { dirs = [\"%s\"]; };\n%s", getenv("KILN_TRAIN_FIXTURES"), body);
+    CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
+    if (!strcmp(verb, "check"))
+        snprintf(cmd, sizeof cmd, "%s config check %s %s", tu_kiln(), cfg, extra ? extra : "");
+    else
+        snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s/runs\"' %s", tu_kiln(), cfg, g_dir,
+                 extra ? extra : "");
+    return tu_run(cmd, out, outlen);
+}
+
+/* A two-optimizer manual job; `module_extra` goes into the module section. */
+static void job(char *buf, size_t n, const char *module_extra, const char *rec, const char *trace, int n_train,
+                const char *precision) {
+    char cb[9000] = "";
+    if (trace) snprintf(cb, sizeof cb, "callbacks = ( { name = \"hook_trace\"; path = \"%s\"; } );\n", trace);
+    snprintf(buf, n,
+             "trainer = { max_epochs = 1; num_sanity_val_steps = 0; };\n"
+             "data = { name = \"toydata\"; n_train = %d; n_val = 1; };\n"
+             "module = { name = \"manualmod\"; path = \"%s\"; %s };\n"
+             "precision = \"%s\";\n"
+             "optimizers = ( { name = \"sgd\"; params = [\"a.*\"]; lr = 0.05; },\n"
+             "               { name = \"sgd\"; params = [\"b.*\"]; lr = 0.02; momentum = 0.9; } );\n%s",
+             n_train, rec, module_extra, precision, cb);
+}
+
+static int count_lines(const char *path, const char *prefix) {
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    char line[512];
+    int n = 0;
+    while (fgets(line, sizeof line, f)) n += !strncmp(line, prefix, strlen(prefix));
+    fclose(f);
+    return n;
+}
+
+/* The lines of `path` between the first line starting `from` and the first
+ * starting `to` (inclusive), joined with '|'. */
+static void slice(const char *path, const char *from, const char *to, char *out, size_t n) {
+    FILE *f = fopen(path, "r");
+    out[0] = 0;
+    if (!f) return;
+    char line[512];
+    int on = 0;
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        if (!on && !strcmp(line, from)) on = 1;
+        if (on) snprintf(out + strlen(out), n - strlen(out), "%s|", line);
+        if (on && !strcmp(line, to)) break;
+    }
+    fclose(f);
+}
+
+static void test_hook_sequence(void) {
+    char out[16384], rec[4300], trace[4300], body[16384], got[16384];
+    snprintf(rec, sizeof rec, "%s/seq.txt", g_dir);
+    snprintf(trace, sizeof trace, "%s/seq-trace.txt", g_dir);
+    job(body, sizeof body, "", rec, trace, 2, "32-true");
+    int rc = kiln("fit", body, NULL, out, sizeof out);
+    if (rc) fprintf(stderr, "\n%s\n", out);
+    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    slice(trace, "callback on_train_batch_start batch=0", "module on_train_batch_end batch=0", got, sizeof got);
+#define OPT(i)                                                                                                     \
+    "host toggle_optimizer[" #i "] batch=0|strategy pre_backward batch=0|precision pre_backward batch=0|"           \
+    "callback on_before_backward batch=0|module on_before_backward batch=0|module backward batch=0|"               \
+    "callback on_after_backward batch=0|module on_after_backward batch=0|strategy post_backward batch=0|"          \
+    "precision optimizer_step batch=0|optimizer step[" #i "] batch=0|callback on_before_optimizer_step batch=0|"   \
+    "module on_before_optimizer_step batch=0|optimizer zero_grad[" #i "] batch=0|host untoggle_optimizer[" #i      \
+    "] batch=0|"
+    const char *expect = "callback on_train_batch_start batch=0|module on_train_batch_start batch=0|"
+                         "strategy on_train_batch_start batch=0|module training_step batch=0|" OPT(0) OPT(1)
+                         "callback on_train_batch_end batch=0|module on_train_batch_end batch=0|";
+#undef OPT
+    if (strcmp(got, expect)) fprintf(stderr, "\n  got:    %s\n  expect: %s\n", got, expect);
+    CU_ASSERT_STRING_EQUAL(got, expect);
+    /* never in manual mode (reference 1(c)) */
+    const char *never[] = {"module optimizer_step", "module optimizer_zero_grad", "callback on_before_zero_grad",
+                           "module on_before_zero_grad", "module configure_gradient_clipping"};
+    for (size_t i = 0; i < sizeof never / sizeof never[0]; i++) CU_ASSERT_EQUAL(count_lines(trace, never[i]), 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "steps: 4 ")); /* 2 batches x 2 optimizers */
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "optimizer=sgd+sgd (manual optimization)"));
+}
+
+/* "g" lines: the other group's gradient before and after a backward. */
+static int other_grads_untouched(const char *rec, int *nlines) {
+    FILE *f = fopen(rec, "r");
+    if (!f) return -1;
+    char line[512];
+    int same = 1;
+    *nlines = 0;
+    while (fgets(line, sizeof line, f)) {
+        double b0, b1, a0, a1;
+        if (sscanf(line, "g %*d %*d %lf %lf %lf %lf", &b0, &b1, &a0, &a1) != 4) continue;
+        (*nlines)++;
+        same &= b0 == a0 && b1 == a1;
+    }
+    fclose(f);
+    return same;
+}
+
+static void test_toggle(void) {
+    char out[16384], rec[4300], body[16384];
+    snprintf(rec, sizeof rec, "%s/toggle.txt", g_dir);
+    job(body, sizeof body, "every_0 = 2; every_1 = 2;", rec, NULL, 4, "32-true");
+    CU_ASSERT_EQUAL_FATAL(kiln("fit", body, NULL, out, sizeof out), 0);
+    int n = 0;
+    CU_ASSERT_EQUAL(other_grads_untouched(rec, &n), 1);
+    CU_ASSERT_EQUAL(n, 8);
+    /* the same without toggling: the other group's gradients do change */
+    job(body, sizeof body, "every_0 = 2; every_1 = 2; use_toggle = 0;", rec, NULL, 4, "32-true");
+    CU_ASSERT_EQUAL_FATAL(kiln("fit", body, NULL, out, sizeof out), 0);
+    CU_ASSERT_EQUAL(other_grads_untouched(rec, &n), 0);
+}
+
+static void test_step_every_n(void) {
+    char out[16384], rec[4300], body[16384], cmd[9000];
+    snprintf(rec, sizeof rec, "%s/every.txt", g_dir);
+    job(body, sizeof body, "every_0 = 2; every_1 = 4;", rec, NULL, 8, "32-true");
+    CU_ASSERT_EQUAL_FATAL(kiln("fit", body, NULL, out, sizeof out), 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "steps: 6 ")); /* 4 + 2: every optimizer step counts */
+    snprintf(cmd, sizeof cmd, "grep '^s ' %s | cut -d' ' -f2,3 | tr '\\n' '|'", rec);
+    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT_STRING_EQUAL(out, "1 0|3 0|3 1|5 0|7 0|7 1|");
+}
+
+static void test_closure_and_scaler(void) {
+    char out[16384], rec[4300], body[16384], cmd[9000];
+    snprintf(rec, sizeof rec, "%s/closure.txt", g_dir);
+    job(body, sizeof body, "pass_closure = 1;", rec, NULL, 3, "32-true");
+    CU_ASSERT_EQUAL_FATAL(kiln("fit", body, NULL, out, sizeof out), 0);
+    snprintf(cmd, sizeof cmd, "grep '^c ' %s | cut -d' ' -f4 | sort | uniq -c | tr -s ' '", rec);
+    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT_STRING_EQUAL(out, " 6 1\n"); /* sgd calls the module's closure once per step */
+    /* 16-mixed in manual mode: the no-op closure has no loss, yet it steps */
+    job(body, sizeof body, "", rec, NULL, 3, "16-mixed");
+    int rc = kiln("fit", body, NULL, out, sizeof out);
+    if (rc) fprintf(stderr, "\n%s\n", out);
+    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "steps: 6  skipped steps: 0"));
+    CU_ASSERT_EQUAL(count_lines(rec, "s "), 6);
+    snprintf(cmd, sizeof cmd, "grep -c '^s .* 0$' %s", rec);
+    tu_run(cmd, out, sizeof out);
+    CU_ASSERT_EQUAL(atoi(out), 6);
+}
+
+static void test_resume_two_optimizers(void) {
+    char out[32768], rec[4300], body[16384], extra[9000], wa[4300], wb[4300];
+    snprintf(rec, sizeof rec, "%s/resume.txt", g_dir);
+    snprintf(wa, sizeof wa, "%s/wm-full.bin", g_dir);
+    snprintf(wb, sizeof wb, "%s/wm-resumed.bin", g_dir);
+    job(body, sizeof body, "every_1 = 2;", rec, NULL, 4, "32-true");
+    char *p = strstr(body, "max_epochs = 1");
+    p[13] = '2';
+    snprintf(extra, sizeof extra, "--set 'trainer.default_root_dir=\"%s/rfull\"' --set 'callbacks=({name=\"weightdump\"; path=\"%s\";})'", g_dir, wa);
+    CU_ASSERT_EQUAL_FATAL(kiln("fit", body, extra, out, sizeof out), 0);
+    snprintf(extra, sizeof extra, "--set 'trainer.default_root_dir=\"%s/rpart\"' --set trainer.max_epochs=1", g_dir);
+    CU_ASSERT_EQUAL_FATAL(kiln("fit", body, extra, out, sizeof out), 0);
+    snprintf(extra, sizeof extra, "--set 'trainer.default_root_dir=\"%s/rpart\"' --ckpt last --set 'callbacks=({name=\"weightdump\"; path=\"%s\";})'", g_dir, wb);
+    int rc = kiln("fit", body, extra, out, sizeof out);
+    if (rc) fprintf(stderr, "\n%s\n", out);
+    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "steps: 12 ")); /* 2 epochs x (4 + 2) */
+    char cmd[9000];
+    snprintf(cmd, sizeof cmd, "cmp %s %s", wa, wb);
+    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0); /* momentum buffer of optimizers.1 restored too */
+}
+
+static void test_refusals(void) {
+    char out[16384], rec[4300], body[16384];
+    snprintf(rec, sizeof rec, "%s/refuse.txt", g_dir);
+    /* several optimizers with an automatic module */
+    const char *auto2 = "data = { name = \"toydata\"; };\nmodule = { name = \"toymod\"; };\n"
+                        "optimizers = ( { name = \"sgd\"; params = [\"linear.weight\"]; },"
+                        " { name = \"sgd\"; params = [\"linear.bias\"]; } );\n";
+    CU_ASSERT_EQUAL(kiln("check", auto2, NULL, out, sizeof out), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "module 'toymod' uses automatic optimization"));
+    CU_ASSERT_EQUAL(kiln("fit", auto2, NULL, out, sizeof out), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "must optimise manually"));
+    /* accumulation in manual mode */
+    job(body, sizeof body, "", rec, NULL, 2, "32-true");
+    CU_ASSERT_EQUAL(kiln("check", body, "--set trainer.accumulate_grad_batches=2", out, sizeof out), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "not available in manual optimization"));
+    CU_ASSERT_EQUAL(kiln("fit", body, "--set trainer.accumulate_grad_batches=2", out, sizeof out), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "not available in manual optimization"));
+    /* a pattern that matches nothing names the parameters there are */
+    char *p = strstr(body, "\"b.*\"");
+    memcpy(p, "\"c.*\"", 5);
+    CU_ASSERT_EQUAL(kiln("fit", body, NULL, out, sizeof out), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "optimizers.[1].params matches no parameter of module 'manualmod' "
+                                       "(its parameters: a.w, b.w)"));
+    /* both forms at once; an unknown optimizer key is still caught */
+    job(body, sizeof body, "", rec, NULL, 2, "32-true");
+    strcat(body, "optimizer = \"sgd\";\n");
+    CU_ASSERT_EQUAL(kiln("check", body, NULL, out, sizeof out), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "both 'optimizer' and 'optimizers' are set"));
+    job(body, sizeof body, "", rec, NULL, 2, "32-true");
+    CU_ASSERT_EQUAL(kiln("check", body, "--set 'optimizers.[0].lrr=0.1'", out, sizeof out), 1);
+    /* a service called outside training_step is refused (the fixture checks) */
+    job(body, sizeof body, "bad_call = 1;", rec, NULL, 2, "32-true");
+    CU_ASSERT_EQUAL(kiln("fit", body, NULL, out, sizeof out), 0);
+}
+
+static void register_tests(void) {
+    CU_pSuite s = CU_add_suite("manual", suite_init, suite_clean);
+    CU_add_test(s, "hook sequence of one manual batch", test_hook_sequence);
+    CU_add_test(s, "toggle leaves the other optimizer's gradients", test_toggle);
+    CU_add_test(s, "step every N, global_step counts every step", test_step_every_n);
+    CU_add_test(s, "closures and a scaler in manual mode", test_closure_and_scaler);
+    CU_add_test(s, "resume restores both optimizers", test_resume_two_optimizers);
+    CU_add_test(s, "refusals", test_refusals);
+}
+
+#include "cunit_main.h"
