@@ -355,14 +355,6 @@ int cli_open_run(const char *path, char **sets, int nsets, hc_config *c, hl_load
     return KILN_OK;
 }
 
-/* Default plugin per slot when the run file leaves it out. */
-static const char *slot_default(const char *slot) {
-    if (!strcmp(slot, "accelerator")) return "cpu";
-    if (!strcmp(slot, "precision")) return "32-true";
-    if (!strcmp(slot, "strategy")) return "single";
-    return NULL;
-}
-
 static int check_one(hc_config *c, hl_loader *L, uint32_t kind, const char *name, config_setting_t *sec,
                      const char *slotdesc, const hl_plugin **found, char *why, size_t whylen) {
     char inner[1024], where[PATH_MAX + 32];
@@ -393,7 +385,7 @@ int cli_check_run(hc_config *c, hl_loader *L, int need_training, char *why, size
     for (int s = 0; s < hc_nslots; s++) {
         const char *slot = hc_slots[s];
         config_setting_t *sec;
-        const char *name = hc_slot_name(c, slot, slot_default(slot), &sec, why, whylen);
+        const char *name = hc_slot_name(c, slot, hl_default_name(L, slot), &sec, why, whylen);
         if (!name) {
             if (*why) return KILN_E_CONFIG;
             int required = !strcmp(slot, "module") || !strcmp(slot, "data") ||

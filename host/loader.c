@@ -281,7 +281,8 @@ static const struct { const char *key; uint32_t type; } known_props[] = {
     {"bits_per_weight", KILN_TYPE_FLOAT}, {"device_type", KILN_TYPE_STRING}, {"distributed", KILN_TYPE_BOOL},
     /* 1.2: compatibility (host/compat.c) */
     {"param_dtypes", KILN_TYPE_STRING_LIST}, {"repeated_closure", KILN_TYPE_BOOL},
-    {"allows_repeated_closure", KILN_TYPE_BOOL},
+    {"allows_repeated_closure", KILN_TYPE_BOOL}, {"automatic_optimization", KILN_TYPE_BOOL},
+    {"default", KILN_TYPE_BOOL},
 };
 
 static int check_value_shape(const kiln_value *v) {
@@ -718,6 +719,21 @@ void hl_registry_build(hl_loader *L) {
 const kiln_value *hl_prop(const hl_plugin *p, const char *key) {
     for (const kiln_kv *kv = p->view.properties; kv && kv->key; kv++)
         if (strcmp(kv->key, key) == 0) return &kv->value;
+    return NULL;
+}
+
+/* The plugin a slot uses when the run file leaves it out: the first (in
+ * search order) of its kind whose "default" property is true. The host
+ * names no plugin itself: 32-true, cpu and single declare themselves. */
+const char *hl_default_name(const hl_loader *L, const char *slot) {
+    uint32_t kind;
+    if (hl_kind_from_name(slot, &kind) != 0) return NULL;
+    for (int i = 0; i < L->nreg; i++) {
+        const struct hl_regent *e = &L->reg[i];
+        if (e->kind != kind || e->is_alias) continue;
+        const kiln_value *v = hl_prop(e->p, "default");
+        if (v && v->type == KILN_TYPE_BOOL && v->v.i) return e->p->view.name;
+    }
     return NULL;
 }
 

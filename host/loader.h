@@ -106,6 +106,9 @@ int hl_kind_from_name(const char *name, uint32_t *kind);
 int hl_valid_plugin_name(const char *name);
 /* Property of a plugin by key, or NULL. */
 const kiln_value *hl_prop(const hl_plugin *p, const char *key);
+/* Name of the plugin a slot ("precision") defaults to: the first of its kind
+ * whose "default" property is true; NULL when none says so. */
+const char *hl_default_name(const hl_loader *L, const char *slot);
 
 /* The host's view of the bootstrap struct and services (host/services.c). */
 const kiln_host_base *hs_host_base(void);

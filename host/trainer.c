@@ -117,13 +117,6 @@ static size_t ops_size_for(uint32_t kind) {
     }
 }
 
-static const char *slot_default(const char *slot) {
-    if (!strcmp(slot, "accelerator")) return "cpu";
-    if (!strcmp(slot, "precision")) return "32-true";
-    if (!strcmp(slot, "strategy")) return "single";
-    return NULL;
-}
-
 static int make_slot(ht_trainer *t, ht_slot *s, uint32_t kind, const char *name, config_setting_t *sec,
                      const char *role, char *why, size_t whylen) {
     char inner[1024], where[PATH_MAX + 32];
@@ -172,7 +165,7 @@ static void drop_slot(ht_slot *s) {
 static int slot_from_config(ht_trainer *t, ht_slot *s, const char *slot, int required, char *why, size_t whylen) {
     config_setting_t *sec = NULL;
     why[0] = 0;
-    const char *name = hc_slot_name(t->cfg, slot, slot_default(slot), &sec, why, whylen);
+    const char *name = hc_slot_name(t->cfg, slot, hl_default_name(t->L, slot), &sec, why, whylen);
     if (!name) {
         if (why[0]) return KILN_E_CONFIG;
         if (!required) return KILN_OK;

@@ -93,6 +93,7 @@ static const kiln_kv p32_props[] = {
     {"needs_grad_scaler", KILN_V_BOOL(0)},
     {"bits_per_weight", KILN_V_FLOAT(32.0)},
     {"aliases", KILN_V_STRS(p32_aliases)},
+    {"default", KILN_V_BOOL(1)}, /* the precision of a run file that names none */
     {NULL, KILN_V_NONE},
 };
 

@@ -69,6 +69,7 @@ static const kiln_strategy_ops single_ops = {
 
 static const kiln_kv single_props[] = {
     {"distributed", KILN_V_BOOL(0)},
+    {"default", KILN_V_BOOL(1)}, /* the strategy when none is named */
     {NULL, KILN_V_NONE},
 };
 
