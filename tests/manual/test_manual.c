@@ -235,6 +235,43 @@ static void test_refusals(void) {
     CU_ASSERT_EQUAL(kiln("fit", body, NULL, out, sizeof out), 0);
 }
 
+/* LBFGS in automatic mode (reference §3): every closure call runs
+ * training_step, zero_grad, backward and on_before_optimizer_step; the
+ * optimizer steps once per batch. */
+static void test_lbfgs_automatic(void) {
+    char out[16384], trace[4300], body[8192], cmd[9000];
+    snprintf(trace, sizeof trace, "%s/lbfgs-trace.txt", g_dir);
+    snprintf(body, sizeof body,
+             "trainer = { max_epochs = 1; num_sanity_val_steps = 0; };\n"
+             "data = { name = \"toydata\"; n_train = 2; n_val = 1; };\n"
+             "module = { name = \"toymod\"; };\n"
+             "optimizer = { name = \"lbfgs\"; lr = 0.1; max_iter = 5; tolerance_grad = 0.0; tolerance_change = 0.0; };\n"
+             "callbacks = ( { name = \"hook_trace\"; path = \"%s\"; } );\n",
+             trace);
+    int rc = kiln("fit", body, NULL, out, sizeof out);
+    if (rc) fprintf(stderr, "\n%s\n", out);
+    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "steps: 2 "));
+    const char *per_call[] = {"module training_step", "optimizer zero_grad", "module optimizer_zero_grad",
+                              "callback on_before_zero_grad", "module backward", "callback on_before_optimizer_step",
+                              "module configure_gradient_clipping"};
+    for (int b = 0; b < 2; b++) {
+        for (size_t i = 0; i < sizeof per_call / sizeof per_call[0]; i++) {
+            snprintf(cmd, sizeof cmd, "grep -c -x '%s batch=%d' %s", per_call[i], b, trace);
+            tu_run(cmd, out, sizeof out);
+            if (atoi(out) != 5) fprintf(stderr, "\n  '%s batch=%d': %s", per_call[i], b, out);
+            CU_ASSERT_EQUAL(atoi(out), 5); /* max_iter closure calls */
+        }
+        snprintf(cmd, sizeof cmd, "grep -c -x 'optimizer step batch=%d' %s", b, trace);
+        tu_run(cmd, out, sizeof out);
+        CU_ASSERT_EQUAL(atoi(out), 1);
+    }
+    /* a loss-scaling precision refuses it, by properties, at config check */
+    CU_ASSERT_EQUAL(kiln("check", body, "--set precision=16-mixed", out, sizeof out), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "cannot drive optimizer 'lbfgs'"));
+    CU_ASSERT_EQUAL(kiln("check", body, "--set precision=bf16-mixed", out, sizeof out), 0);
+}
+
 static void register_tests(void) {
     CU_pSuite s = CU_add_suite("manual", suite_init, suite_clean);
     CU_add_test(s, "hook sequence of one manual batch", test_hook_sequence);
@@ -243,6 +280,7 @@ static void register_tests(void) {
     CU_add_test(s, "closures and a scaler in manual mode", test_closure_and_scaler);
     CU_add_test(s, "resume restores both optimizers", test_resume_two_optimizers);
     CU_add_test(s, "refusals", test_refusals);
+    CU_add_test(s, "lbfgs in automatic mode: hooks per closure call", test_lbfgs_automatic);
 }
 
 #include "cunit_main.h"
