@@ -38,6 +38,11 @@ static int state_slots(ht_trainer *t, ckpt_slot *out) {
     const char *names[] = {"module", "optimizer", "precision", "strategy", "data"};
     for (int i = 0; i < 5; i++)
         if (fixed[i]->p) { out[n].s = fixed[i]; snprintf(out[n].role, sizeof out[n].role, "%s", names[i]); n++; }
+    if (t->scheduler.p) {
+        out[n].s = &t->scheduler;
+        snprintf(out[n].role, sizeof out[n].role, "scheduler");
+        n++;
+    }
     for (int i = 1; i < t->nopts; i++) { /* optimizers after the first */
         out[n].s = &t->opts[i];
         snprintf(out[n].role, sizeof out[n].role, "optimizers.%d", i);
@@ -51,11 +56,13 @@ static int state_slots(ht_trainer *t, ckpt_slot *out) {
     return n;
 }
 
-/* Loop progress: "<epochs completed> <global step> <batches that stepped> <total batch idx>". */
+/* Loop progress: "<epochs completed> <global step> <batches that stepped>
+ * <total batch idx> <scheduler steps> <lr factor>" (the last two since 1.2;
+ * older files have four fields and no scheduler). */
 static void loops_text(const ht_trainer *t, char *buf, size_t n) {
-    snprintf(buf, n, "%lld %lld %lld %lld", (long long)t->epoch_progress.total.completed,
+    snprintf(buf, n, "%lld %lld %lld %lld %lld %.17g", (long long)t->epoch_progress.total.completed,
              (long long)t->opt_step.total.completed, (long long)t->batches_that_stepped,
-             (long long)t->total_batch_idx);
+             (long long)t->total_batch_idx, (long long)t->sched_steps, t->lr_factor);
 }
 
 int ht_ckpt_save(ht_trainer *t, const char *path, char *why, size_t whylen) {
@@ -100,8 +107,8 @@ int ht_ckpt_save(ht_trainer *t, const char *path, char *why, size_t whylen) {
     if (rc == KILN_OK) rc = kst_add_metadata(w, "loops", loops, why, whylen);
     /* Each plugin's own state (get_state), as a U8 tensor "__state__.<role>"
      * with "state.<role>" = "<plugin> <state_version>" in the metadata. */
-    ckpt_slot cs[8 + HT_MAX_OPTIMIZERS + HT_MAX_CALLBACKS];
-    void *blobs[8 + HT_MAX_OPTIMIZERS + HT_MAX_CALLBACKS] = {0};
+    ckpt_slot cs[9 + HT_MAX_OPTIMIZERS + HT_MAX_CALLBACKS];
+    void *blobs[9 + HT_MAX_OPTIMIZERS + HT_MAX_CALLBACKS] = {0};
     int ns = state_slots(t, cs);
     for (int i = 0; rc == KILN_OK && i < ns; i++) {
         ht_slot *sl = cs[i].s;
@@ -221,7 +228,12 @@ int ht_ckpt_resume(ht_trainer *t, const char *path, char *why, size_t whylen) {
     }
     long long ep = -1, step = -1, stepped = -1, tbi = -1;
     const char *loops = kst_metadata(f, "loops");
-    if (!loops || sscanf(loops, "%lld %lld %lld %lld", &ep, &step, &stepped, &tbi) != 4 || ep < 0 || step < 0) {
+    long long sched_steps = -1;
+    double lr_factor = 1.0;
+    int nf = loops ? sscanf(loops, "%lld %lld %lld %lld %lld %lf", &ep, &step, &stepped, &tbi, &sched_steps,
+                            &lr_factor)
+                   : 0;
+    if (!loops || (nf != 4 && nf != 6) || ep < 0 || step < 0) {
         hwhyf(why, whylen, "%s: expected loop progress (__metadata__ loops = \"epochs step stepped batches\"), found %s",
               path, loops ? loops : "none");
         kst_close(f);
@@ -233,7 +245,7 @@ int ht_ckpt_resume(ht_trainer *t, const char *path, char *why, size_t whylen) {
         kst_close(f);
         return KILN_E_CONFIG;
     }
-    ckpt_slot cs[8 + HT_MAX_OPTIMIZERS + HT_MAX_CALLBACKS];
+    ckpt_slot cs[9 + HT_MAX_OPTIMIZERS + HT_MAX_CALLBACKS];
     int ns = state_slots(t, cs);
     for (int i = 0; rc == KILN_OK && i < ns; i++) {
         ht_slot *sl = cs[i].s;
@@ -271,6 +283,19 @@ int ht_ckpt_resume(ht_trainer *t, const char *path, char *why, size_t whylen) {
     t->batches_that_stepped = stepped;
     t->total_batch_idx = tbi;
     t->resumed = 1;
+    /* the schedule continues where it was (its plugin restored its own
+     * state above); without a scheduler the factor is 1 */
+    if (t->scheduler.p && sched_steps >= 0) {
+        t->sched_steps = sched_steps;
+        for (int i = 0; i < t->nopts; i++) {
+            double lr = t->base_lr[i] * lr_factor;
+            herr_clear();
+            int32_t src = t->opt_ops[i]->set_lr(t->opts[i].inst, lr);
+            if (src) return ht_fail(t, &t->opts[i], src, "set_lr", why, whylen);
+            t->lr[i] = lr;
+        }
+        t->lr_factor = lr_factor;
+    }
     HLOG_INFO("resuming after epoch %lld, global step %lld", ep, step);
     return KILN_OK;
 }

@@ -147,6 +147,7 @@ static int32_t after_closure_call(void *vt, double *loss_out) {
                      sizeof t->err);
     if (rc) return keep_fail(t, rc);
     ht_trace(t, KILN_SRC_MODULE, "configure_gradient_clipping", t->batch_idx);
+    if ((rc = ht_clip_gradients(t, t->err, sizeof t->err))) return keep_fail(t, rc);
     return KILN_OK;
 }
 

@@ -586,7 +586,10 @@ int hc_resolve(const hc_config *c, config_setting_t *section, const kiln_param *
         config_setting_t *m = config_setting_get_elem(section, (unsigned)i);
         const char *nmk = config_setting_name(m);
         /* host keys: the plugin's name, and an optimizer's parameter patterns */
-        if (!nmk || !strcmp(nmk, "name") || (!strcmp(nmk, "params") && !strncmp(what, "optimizer", 9))) continue;
+        if (!nmk || !strcmp(nmk, "name") || (!strcmp(nmk, "params") && !strncmp(what, "optimizer", 9)) ||
+            (!strncmp(what, "scheduler", 9) &&
+             (!strcmp(nmk, "interval") || !strcmp(nmk, "frequency") || !strcmp(nmk, "monitor"))))
+            continue;
         int found = 0;
         for (int k = 0; k < np; k++) found |= !strcmp(keys[k], nmk);
         if (!found) {

@@ -313,6 +313,10 @@ static int epoch_advance(ht_loop *L, char *why, size_t whylen) {
     if ((rc = t->manual ? ht_manual_step(t, why, whylen) : ht_automatic_step(t, why, whylen))) return rc;
     INC(t->batch_progress, processed);
     t->samples_seen += b->size;
+    /* schedulers: per step, and per epoch at its last batch (before
+     * on_train_batch_end, as Lightning); a monitored one at the epoch's end */
+    if ((rc = ht_update_lr(t, 0, 0, why, whylen))) return rc;
+    if (t->is_last_batch && (rc = ht_update_lr(t, 1, 0, why, whylen))) return rc;
     if ((rc = ht_hook(t, KILN_EV_ON_TRAIN_BATCH_END, i, b, &t->last_output, 0, NULL, why, whylen))) return rc;
     INC(t->batch_progress, completed);
     t->batch = NULL;
@@ -390,6 +394,7 @@ static int fit_on_advance_end(ht_loop *L, char *why, size_t whylen) {
     INC(t->epoch_progress, processed);
     int rc = ht_hook(t, KILN_EV_ON_TRAIN_EPOCH_END, -1, NULL, NULL, 0, NULL, why, whylen);
     if (rc) return rc;
+    if ((rc = ht_update_lr(t, 1, 1, why, whylen))) return rc; /* a monitored (plateau) schedule */
     int64_t step = t->batches_that_stepped > 0 ? t->batches_that_stepped - 1 : 0;
     if ((rc = log_epoch_metrics(t, KILN_STAGE_FIT, step, why, whylen))) return rc;
     INC(t->epoch_progress, completed);

@@ -64,6 +64,9 @@ static int read_settings(ht_trainer *t, char *why, size_t whylen) {
     s->default_root_dir = kiln_kv_str(kv, "default_root_dir", "runs");
     s->log_every_n_steps = kiln_kv_int(kv, "log_every_n_steps", 50);
     s->threads = kiln_kv_int(kv, "threads", 0);
+    s->gradient_clip_val = kiln_kv_float(kv, "gradient_clip_val", 0.0);
+    const char *algo = kiln_kv_str(kv, "gradient_clip_algorithm", "norm");
+    s->clip_by_value = !strcmp(algo, "value");
     const char *f = t->cfg->path;
 #define BAD(cond, ...) do { if (cond) { hwhyf(why, whylen, __VA_ARGS__); return KILN_E_CONFIG; } } while (0)
     BAD(s->max_epochs < -1, "%s: trainer.max_epochs must be >= -1, found %lld", f, (long long)s->max_epochs);
@@ -91,6 +94,10 @@ static int read_settings(ht_trainer *t, char *why, size_t whylen) {
         "%s: trainer.val_check_interval as a fraction must be <= 1.0, found %g (write an int for a batch count)", f,
         s->val_check_interval);
     BAD(s->threads < 0, "%s: trainer.threads must be >= 0, found %lld", f, (long long)s->threads);
+    BAD(!(s->gradient_clip_val >= 0) || !isfinite(s->gradient_clip_val),
+        "%s: trainer.gradient_clip_val must be a finite number >= 0, found %g", f, s->gradient_clip_val);
+    BAD(strcmp(algo, "norm") && strcmp(algo, "value"),
+        "%s: trainer.gradient_clip_algorithm must be \"norm\" or \"value\", found \"%s\"", f, algo);
 #undef BAD
     if (s->max_epochs == -1 && s->max_steps == -1) {
         HLOG_WARN("trainer.max_epochs is not set and max_steps is -1: training stops after 1000 epochs");
@@ -113,6 +120,7 @@ static size_t ops_size_for(uint32_t kind) {
     case KILN_KIND_CALLBACK: return KILN_CALLBACK_OPS_SIZE_1_1;
     case KILN_KIND_DATA: return KILN_DATA_OPS_SIZE_1_1;
     case KILN_KIND_MODULE: return KILN_MODULE_OPS_SIZE_1_1;
+    case KILN_KIND_SCHEDULER: return KILN_SCHEDULER_OPS_SIZE_1_1;
     default: return sizeof(kiln_ops_header);
     }
 }
@@ -162,7 +170,7 @@ static void drop_slot(ht_slot *s) {
     memset(s, 0, sizeof *s);
 }
 
-static int slot_from_config(ht_trainer *t, ht_slot *s, const char *slot, int required, char *why, size_t whylen) {
+int ht_slot_from_config(ht_trainer *t, ht_slot *s, const char *slot, int required, char *why, size_t whylen) {
     config_setting_t *sec = NULL;
     why[0] = 0;
     const char *name = hc_slot_name(t->cfg, slot, hl_default_name(t->L, slot), &sec, why, whylen);
@@ -278,10 +286,17 @@ static int open_optimizers(ht_trainer *t, char *why, size_t whylen) {
               t->cfg->path, (long long)t->set.accumulate_grad_batches, t->module.p->view.name);
         return KILN_E_CONFIG;
     }
+    if (t->manual && t->set.gradient_clip_val > 0) {
+        hwhyf(why, whylen,
+              "%s: trainer.gradient_clip_val = %g, but module '%s' optimises manually: automatic clipping is not "
+              "available in manual optimization (as in Lightning); clip in the module",
+              t->cfg->path, t->set.gradient_clip_val, t->module.p->view.name);
+        return KILN_E_CONFIG;
+    }
     for (int i = 0; i < (n ? n : 1); i++) {
         config_setting_t *entry = NULL;
         if (n == 0) {
-            rc = slot_from_config(t, &t->opts[0], "optimizer", 1, why, whylen);
+            rc = ht_slot_from_config(t, &t->opts[0], "optimizer", 1, why, whylen);
         } else {
             entry = hc_optimizer(t->cfg, i);
             const char *name = NULL;
@@ -455,6 +470,7 @@ void ht_update_state(ht_trainer *t) {
     s->precision = t->precision.p ? t->precision.p->view.properties : NULL;
     s->automatic_optimization = !t->manual;
     s->num_optimizers = (uint32_t)t->nopts;
+    s->lr = t->lr;
 }
 
 static int send_to_callbacks(ht_trainer *t, kiln_event *ev, char *why, size_t whylen) {
@@ -546,7 +562,7 @@ int ht_open(ht_trainer *t, hc_config *cfg, hl_loader *L, int stage, char *why, s
     if (rc) goto fail;
 
     /* accelerator: kernels and threads first, everything else allocates through it */
-    rc = slot_from_config(t, &t->accel, "accelerator", 1, why, whylen);
+    rc = ht_slot_from_config(t, &t->accel, "accelerator", 1, why, whylen);
     if (rc) goto fail;
     t->accel_ops = (const kiln_accelerator_ops *)t->accel.p->ops;
     rc = t->accel_ops->configure(t->accel.inst, (int32_t)t->set.threads, 0);
@@ -560,7 +576,7 @@ int ht_open(ht_trainer *t, hc_config *cfg, hl_loader *L, int stage, char *why, s
         goto fail;
     }
 
-    rc = slot_from_config(t, &t->strategy, "strategy", 1, why, whylen);
+    rc = ht_slot_from_config(t, &t->strategy, "strategy", 1, why, whylen);
     if (rc) goto fail;
     t->strategy_ops = (const kiln_strategy_ops *)t->strategy.p->ops;
     int32_t rank = 0, world = 1, local = 0;
@@ -569,15 +585,15 @@ int ht_open(ht_trainer *t, hc_config *cfg, hl_loader *L, int stage, char *why, s
     t->state.rank = rank;
     t->state.world_size = world;
 
-    rc = slot_from_config(t, &t->precision, "precision", 1, why, whylen);
+    rc = ht_slot_from_config(t, &t->precision, "precision", 1, why, whylen);
     if (rc) goto fail;
     t->precision_ops = (const kiln_precision_ops *)t->precision.p->ops;
 
-    rc = slot_from_config(t, &t->data, "data", 1, why, whylen);
+    rc = ht_slot_from_config(t, &t->data, "data", 1, why, whylen);
     if (rc) goto fail;
     t->data_ops = (const kiln_data_ops *)t->data.p->ops;
 
-    rc = slot_from_config(t, &t->module, "module", 1, why, whylen);
+    rc = ht_slot_from_config(t, &t->module, "module", 1, why, whylen);
     if (rc) goto fail;
     t->module_ops = (const kiln_module_ops *)t->module.p->ops;
     rc = hx_check_stack(t->precision.p, t->module.p, NULL, why, whylen);
@@ -593,6 +609,7 @@ int ht_open(ht_trainer *t, hc_config *cfg, hl_loader *L, int stage, char *why, s
     if (rc) { rc = ht_fail(t, &t->strategy, rc, "setup", why, whylen); goto fail; }
 
     if (stage == KILN_STAGE_FIT && (rc = open_optimizers(t, why, whylen))) goto fail;
+    if (stage == KILN_STAGE_FIT && (rc = ht_open_scheduler(t, why, whylen))) goto fail;
 
     int ncb = hc_callback_count(cfg);
     if (ncb > HT_MAX_CALLBACKS) {
@@ -628,6 +645,7 @@ fail:
 void ht_close(ht_trainer *t) {
     for (int i = t->ncallbacks - 1; i >= 0; i--) drop_slot(&t->callbacks[i]);
     t->ncallbacks = 0;
+    drop_slot(&t->scheduler);
     for (int i = t->nopts - 1; i >= 0; i--) drop_slot(&t->opts[i]);
     drop_slot(&t->opts[0]); /* a failed open may leave a slot without nopts */
     t->nopts = 0;

@@ -53,6 +53,8 @@ typedef struct ht_settings {
     const char *default_root_dir;
     int64_t log_every_n_steps;
     int64_t threads;
+    double gradient_clip_val;     /* 0: off                                   */
+    int clip_by_value;            /* gradient_clip_algorithm = "value"        */
 } ht_settings;
 
 /* Wall-clock seconds spent in each part of training (closure timings). */
@@ -77,6 +79,16 @@ typedef struct ht_trainer {
     const kiln_data_ops *data_ops;
     const kiln_module_ops *module_ops;
     const kiln_optimizer_ops *opt_ops[HT_MAX_OPTIMIZERS];
+    /* the optional `scheduler`: one schedule for every optimizer, as a
+     * factor of each optimizer's configured (base) rate */
+    ht_slot scheduler;
+    const kiln_scheduler_ops *sched_ops;
+    int sched_per_epoch;          /* interval = "epoch"                       */
+    int64_t sched_frequency;
+    const char *sched_monitor;    /* metric it reads (plateau), or NULL       */
+    int64_t sched_steps;          /* scheduler steps taken (PyTorch last_epoch) */
+    double lr_factor;             /* current lr / base lr                     */
+    double base_lr[HT_MAX_OPTIMIZERS], lr[HT_MAX_OPTIMIZERS];
     const kiln_kernels *K;
 
     /* parameters registered by the module; data/grad carved from two arenas */
@@ -138,6 +150,19 @@ int ht_fit(ht_trainer *t, char *why, size_t whylen);
 /* validate (KILN_STAGE_VALIDATE) or test (KILN_STAGE_TEST) with the current weights */
 int ht_evaluate(ht_trainer *t, int stage, char *why, size_t whylen);
 void ht_print_summary(ht_trainer *t, const char *verb);
+/* Instantiate the plugin a slot of the run file names (or its default);
+ * with required = 0 an absent slot leaves s->p NULL. */
+int ht_slot_from_config(ht_trainer *t, ht_slot *s, const char *slot, int required, char *why, size_t whylen);
+/* lr_clip.c: the optional scheduler (after the optimizers), its updates,
+ * and gradient clipping. */
+int ht_open_scheduler(ht_trainer *t, char *why, size_t whylen);
+/* Lightning's update_lr_schedulers(interval, update_plateau_schedulers):
+ * per_epoch 0 after a stepping batch, 1 at the epoch's last batch
+ * (plateau 0) or after on_train_epoch_end (plateau 1, monitored ones). */
+int ht_update_lr(ht_trainer *t, int per_epoch, int plateau, char *why, size_t whylen);
+/* Clip the gradients of every parameter (trainer.gradient_clip_val), log
+ * the total norm; called after unscale and on_before_optimizer_step. */
+int ht_clip_gradients(ht_trainer *t, char *why, size_t whylen);
 /* Destroy every instance (reverse creation order). */
 void ht_close(ht_trainer *t);
 

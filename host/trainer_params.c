@@ -27,5 +27,8 @@ const kiln_param hc_trainer_params[] = {
     {"default_root_dir", KILN_TYPE_STRING, 0, KILN_V_STR("runs"), "runs are written to <this>/version_N/"},
     {"log_every_n_steps", KILN_TYPE_INT, 0, KILN_V_INT(50), "log training metrics every N optimizer steps"},
     {"threads", KILN_TYPE_INT, 0, KILN_V_INT(0), "CPU threads for kernels (0: all cores)"},
+    {"gradient_clip_val", KILN_TYPE_FLOAT, 0, KILN_V_FLOAT(0.0),
+     "clip gradients before each optimizer step (0: off); the total norm is logged as grad_norm"},
+    {"gradient_clip_algorithm", KILN_TYPE_STRING, 0, KILN_V_STR("norm"), "norm (total L2 norm) | value (each element)"},
     {NULL, 0, 0, KILN_V_NONE, NULL},
 };

@@ -178,6 +178,9 @@ typedef struct kiln_trainer_state {
      * returned no loss (Lightning's skip applies to automatic mode only) */
     int32_t automatic_optimization;
     uint32_t num_optimizers;
+    /* (num_optimizers) each optimizer's current learning rate, after the
+     * scheduler's latest update (for lr_monitor-style callbacks) */
+    const double *lr;
 } kiln_trainer_state;
 
 /* What a training/validation/test step produced. */
@@ -335,7 +338,16 @@ typedef struct kiln_optimizer_ops {
 
 typedef struct kiln_scheduler_ops {
     kiln_ops_header base;
-    /* -- 1.1 -- (used from the checkpoint/scheduler issue on) */
+    /* -- 1.1 -- */
+    /* scheduler.step(): the learning rate after `step` scheduler steps
+     * (PyTorch's last_epoch; 0 is the rate at construction, before any
+     * optimizer step), for an optimizer whose configured rate is base_lr.
+     * `epoch` is the current epoch; `metric` the monitored value (NaN when
+     * none is configured or logged). Called exactly once per scheduler step
+     * in order (0, 1, 2, ...), so a stateful schedule (plateau) may keep its
+     * state (and checkpoint it with get_state/set_state). The host calls it
+     * per optimizer step or per epoch, as the section's host keys say
+     * (interval = "step" | "epoch", frequency, monitor). */
     int32_t (*lr_at)(kiln_instance *self, double base_lr, int64_t step, int64_t epoch, double metric, double *lr);
 } kiln_scheduler_ops;
 
@@ -395,7 +407,7 @@ typedef struct kiln_module_ops {
 /* What 1.2 appended. */
 #define KILN_PRECISION_OPS_SIZE_1_2 KILN__END(kiln_precision_ops, on_event)
 #define KILN_KERNELS_SIZE_1_2 KILN__END(kiln_kernels, adamw_update_ex)
-#define KILN_TRAINER_STATE_SIZE_1_2 KILN__END(kiln_trainer_state, num_optimizers)
+#define KILN_TRAINER_STATE_SIZE_1_2 KILN__END(kiln_trainer_state, lr)
 
 /* Layout pins of the 1.1 tables (and what 1.2 appended). */
 #if UINTPTR_MAX == 0xFFFFFFFFFFFFFFFFu

@@ -1,0 +1,183 @@
+/*
+ * host/lr_clip.c — what the trainer does to the optimizers between steps:
+ * the learning-rate schedule and gradient clipping.
+ *
+ * Schedule: the optional `scheduler` section names a scheduler plugin; its
+ * host keys say when it steps (Lightning's lr_scheduler_config): interval
+ * "step" (after every optimizer step; the default) or "epoch" (at the end of
+ * every epoch), every `frequency` of those, and `monitor`, the metric a
+ * plateau schedule reads (it then steps per epoch only, as Lightning updates
+ * ReduceLROnPlateau only there). The plugin's lr_at gives the rate for the
+ * first optimizer's configured rate; every optimizer gets the same factor of
+ * its own configured rate. The step count and factor travel in checkpoints.
+ *
+ * Clipping: trainer.gradient_clip_val with algorithm "norm" (one total L2
+ * norm over every gradient, PyTorch's clip_grad_norm_: scale by
+ * max_norm / (norm + 1e-6) when that is below 1) or "value" (clamp each
+ * element to [-v, v]). It runs inside the precision plugin's after-closure,
+ * i.e. after unscaling and on_before_optimizer_step, and never on
+ * accumulating batches; the total norm is logged as `grad_norm`.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "log.h"
+#include "loop.h"
+
+/* ------------------------------------------------------------- schedule */
+
+static int apply_factor(ht_trainer *t, double lr0, char *why, size_t whylen) {
+    if (!isfinite(lr0) || lr0 < 0) {
+        hwhyf(why, whylen, "scheduler '%s' (%s): lr_at returned %g at scheduler step %lld; expected a finite rate >= 0",
+              t->scheduler.p->view.name, t->scheduler.p->lib->path, lr0, (long long)t->sched_steps);
+        return KILN_E_NONFINITE;
+    }
+    t->lr_factor = t->base_lr[0] > 0 ? lr0 / t->base_lr[0] : 0.0;
+    for (int i = 0; i < t->nopts; i++) {
+        double lr = i == 0 ? lr0 : t->base_lr[i] * t->lr_factor;
+        herr_clear();
+        int32_t rc = t->opt_ops[i]->set_lr(t->opts[i].inst, lr);
+        if (rc) return ht_fail(t, &t->opts[i], rc, "set_lr", why, whylen);
+        t->lr[i] = lr;
+    }
+    return KILN_OK;
+}
+
+/* scheduler.step(): the rate after sched_steps steps */
+static int sched_step(ht_trainer *t, char *why, size_t whylen) {
+    double metric = NAN;
+    if (t->sched_monitor && hm_get(&t->metrics, t->sched_monitor, &metric) != 0) {
+        hwhyf(why, whylen,
+              "scheduler '%s' is conditioned on metric '%s', which is not available (log it from the module, e.g. "
+              "val_loss, or fix scheduler.monitor)",
+              t->scheduler.p->view.name, t->sched_monitor);
+        return KILN_E_CONFIG;
+    }
+    double lr = 0;
+    ht_trace(t, KILN_SRC_HOST, "lr_scheduler_step", t->batch_idx);
+    herr_clear();
+    int32_t rc = t->sched_ops->lr_at(t->scheduler.inst, t->base_lr[0], t->sched_steps,
+                                     t->epoch_progress.current.completed, metric, &lr);
+    if (rc) return ht_fail(t, &t->scheduler, rc, "lr_at", why, whylen);
+    t->sched_steps++;
+    return apply_factor(t, lr, why, whylen);
+}
+
+int ht_open_scheduler(ht_trainer *t, char *why, size_t whylen) {
+    for (int i = 0; i < t->nopts; i++) t->lr[i] = t->base_lr[i] = t->opt_ops[i]->get_lr(t->opts[i].inst);
+    t->lr_factor = 1.0;
+    int rc = ht_slot_from_config(t, &t->scheduler, "scheduler", 0, why, whylen);
+    if (rc || !t->scheduler.p) return rc;
+    t->sched_ops = (const kiln_scheduler_ops *)t->scheduler.p->ops;
+    config_setting_t *sec = NULL;
+    hc_slot_name(t->cfg, "scheduler", NULL, &sec, why, whylen);
+    const char *interval = "step", *monitor = NULL;
+    long long freq = 1;
+    if (sec) {
+        config_setting_lookup_string(sec, "interval", &interval);
+        config_setting_lookup_string(sec, "monitor", &monitor);
+        config_setting_lookup_int64(sec, "frequency", &freq);
+        int ifreq;
+        if (config_setting_lookup_int(sec, "frequency", &ifreq)) freq = ifreq;
+    }
+    char where[4200];
+    snprintf(where, sizeof where, "%s", t->cfg->path);
+    if (strcmp(interval, "step") && strcmp(interval, "epoch")) {
+        hwhyf(why, whylen, "%s: scheduler.interval must be \"step\" or \"epoch\", found \"%s\"", where, interval);
+        return KILN_E_CONFIG;
+    }
+    if (freq < 1) {
+        hwhyf(why, whylen, "%s: scheduler.frequency must be >= 1, found %lld", where, freq);
+        return KILN_E_CONFIG;
+    }
+    if (monitor && !strcmp(interval, "step")) {
+        hwhyf(why, whylen,
+              "%s: scheduler.monitor = \"%s\" with interval \"step\": a monitored (plateau) schedule is updated once "
+              "per epoch (as in Lightning); set interval = \"epoch\"",
+              where, monitor);
+        return KILN_E_CONFIG;
+    }
+    if (t->manual) {
+        hwhyf(why, whylen,
+              "%s: module '%s' optimises manually, so the trainer does not step schedulers (as in Lightning); "
+              "remove the scheduler section",
+              where, t->module.p->view.name);
+        return KILN_E_CONFIG;
+    }
+    t->sched_per_epoch = !strcmp(interval, "epoch");
+    t->sched_frequency = freq;
+    t->sched_monitor = monitor;
+    /* construction: PyTorch schedulers set the rate of step 0 at once */
+    t->sched_steps = 0;
+    double lr = 0;
+    herr_clear();
+    int32_t src = t->sched_ops->lr_at(t->scheduler.inst, t->base_lr[0], 0, 0, NAN, &lr);
+    if (src) return ht_fail(t, &t->scheduler, src, "lr_at", why, whylen);
+    t->sched_steps = 1;
+    return apply_factor(t, lr, why, whylen);
+}
+
+int ht_update_lr(ht_trainer *t, int per_epoch, int plateau, char *why, size_t whylen) {
+    if (!t->scheduler.p || per_epoch != t->sched_per_epoch) return KILN_OK;
+    if ((t->sched_monitor != NULL) != plateau) return KILN_OK; /* plateau ones only at the epoch's end */
+    if (!per_epoch && t->accumulating) return KILN_OK;
+    /* batch and epoch indices start at 0 and the step comes after them */
+    int64_t idx = (per_epoch ? t->epoch_progress.current.completed : t->batch_idx) + 1;
+    if (idx % t->sched_frequency != 0) return KILN_OK;
+    return sched_step(t, why, whylen);
+}
+
+/* ------------------------------------------------------------- clipping */
+
+int ht_clip_gradients(ht_trainer *t, char *why, size_t whylen) {
+    const double v = t->set.gradient_clip_val;
+    if (!(v > 0)) return KILN_OK;
+    const kiln_kernels *K = t->K;
+    const int f64 = t->param_dtype == KILN_DTYPE_F64;
+    if (t->set.clip_by_value) {
+        /* no clamp kernel in the table: only where the gradients are host memory */
+        if (!(K->flags & KILN_KERNELS_HOST_MEMORY)) {
+            hwhyf(why, whylen,
+                  "trainer.gradient_clip_algorithm = \"value\" needs an accelerator whose memory is host memory; "
+                  "accelerator '%s' is not (use \"norm\")",
+                  t->accel.p->view.name);
+            return KILN_E_UNSUPPORTED;
+        }
+        for (uint32_t i = 0; i < t->nparams; i++) {
+            kiln_parameter *p = t->params[i];
+            for (int64_t k = 0; k < p->numel; k++) {
+                if (f64) {
+                    double *g = (double *)p->grad;
+                    g[k] = g[k] > v ? v : g[k] < -v ? -v : g[k];
+                } else {
+                    float *g = p->grad, fv = (float)v;
+                    g[k] = g[k] > fv ? fv : g[k] < -fv ? -fv : g[k];
+                }
+            }
+        }
+        return KILN_OK;
+    }
+    double total = 0;
+    for (uint32_t i = 0; i < t->nparams; i++) {
+        kiln_parameter *p = t->params[i];
+        double s = 0;
+        int32_t rc = f64 ? (K->struct_size >= KILN_KERNELS_SIZE_1_2 ? K->sumsq_ex(t->accel.inst, KILN_DTYPE_F64,
+                                                                                 p->grad, (size_t)p->numel, &s)
+                                                                    : KILN_E_UNSUPPORTED)
+                         : K->sumsq(t->accel.inst, p->grad, (size_t)p->numel, &s);
+        if (rc) return ht_fail(t, &t->accel, rc, "sumsq (gradient clipping)", why, whylen);
+        total += s;
+    }
+    const double norm = sqrt(total);
+    hm_log(&t->metrics, t->stage, "grad_norm", norm, KILN_LOG_ON_STEP, 1.0);
+    const double coef = v / (norm + 1e-6);
+    if (coef >= 1.0 || !isfinite(norm)) return KILN_OK; /* clamp(coef, max=1): nothing to scale */
+    for (uint32_t i = 0; i < t->nparams; i++) {
+        kiln_parameter *p = t->params[i];
+        int32_t rc = f64 ? K->scale_ex(t->accel.inst, KILN_DTYPE_F64, p->grad, coef, (size_t)p->numel)
+                         : K->scale(t->accel.inst, p->grad, (float)coef, (size_t)p->numel);
+        if (rc) return ht_fail(t, &t->accel, rc, "scale (gradient clipping)", why, whylen);
+    }
+    return KILN_OK;
+}

@@ -1,0 +1,247 @@
+/*
+ * tests/lr_clip/test_lr_clip.c — learning-rate scheduling and gradient
+ * clipping in the trainer, end to end. A recording scheduler fixture
+ * (schedfix: lr = base / (1 + step)) shows when the host steps it: at
+ * construction, after every stepping batch (not while accumulating), every
+ * `frequency`, per epoch at the last batch, monitored ones after
+ * on_train_epoch_end with the metric; the rate the trainer state reports
+ * at each batch; resume continuing the schedule bit for bit. Clipping by
+ * norm and by value is checked element by element against the gradients
+ * on_before_optimizer_step saw and the SGD update that followed.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <CUnit/Basic.h>
+
+#include "testutil.h"
+
+static char *g_dir;
+static int suite_init(void) { return (g_dir = tu_mkdtemp()) ? 0 : -1; }
+static int suite_clean(void) {
+    if (g_dir) tu_rmrf(g_dir);
+    free(g_dir);
+    return 0;
+}
+
+static int kiln(const char *body, const char *extra, char *out, size_t outlen) {
+    static int k;
+    char cfg[4200], text[40000], cmd[50000];
+    snprintf(cfg, sizeof cfg, "%s/l%d.cfg", g_dir, k++);
+    snprintf(text, sizeof text, "plugins = { dirs = [\"%s\"]; };\n%s", getenv("KILN_TRAIN_FIXTURES"), body);
+    CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
+    snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s/runs\"' %s", tu_kiln(), cfg, g_dir,
+             extra ? extra : "");
+    return tu_run(cmd, out, outlen);
+}
+
+/* The schedfix record as one string "step epoch|..." (metric dropped). */
+static void sched_calls(const char *path, char *out, size_t n, int with_metric) {
+    char cmd[9000];
+    if (with_metric) snprintf(cmd, sizeof cmd, "tr '\\n' '|' < %s", path);
+    else snprintf(cmd, sizeof cmd, "grep -v restored %s | cut -d' ' -f1,2 | tr '\\n' '|'", path);
+    tu_run(cmd, out, n);
+}
+
+static void job(char *buf, size_t n, const char *trainer_extra, const char *sched, const char *cb, int n_train) {
+    snprintf(buf, n,
+             "trainer = { max_epochs = 2; num_sanity_val_steps = 0; log_every_n_steps = 1; %s };\n"
+             "data = { name = \"toydata\"; n_train = %d; n_val = 1; };\n"
+             "module = { name = \"toymod\"; };\n"
+             "optimizer = { name = \"sgd\"; lr = 0.1; };\n%s%s",
+             trainer_extra, n_train, sched, cb);
+}
+
+static void test_step_interval(void) {
+    char out[16384], rec[4300], probe[4300], trace[4300], body[32768], sched[9000], cb[9000], got[4096];
+    snprintf(rec, sizeof rec, "%s/s1.txt", g_dir);
+    snprintf(probe, sizeof probe, "%s/p1.txt", g_dir);
+    snprintf(trace, sizeof trace, "%s/t1.txt", g_dir);
+    snprintf(sched, sizeof sched, "scheduler = { name = \"schedfix\"; path = \"%s\"; };\n", rec);
+    snprintf(cb, sizeof cb,
+             "callbacks = ( { name = \"ampprobe\"; path = \"%s\"; }, { name = \"hook_trace\"; path = \"%s\"; } );\n",
+             probe, trace);
+    job(body, sizeof body, "", sched, cb, 3);
+    int rc = kiln(body, NULL, out, sizeof out);
+    if (rc) fprintf(stderr, "\n%s\n", out);
+    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    sched_calls(rec, got, sizeof got, 0);
+    CU_ASSERT_STRING_EQUAL(got, "0 0|1 0|2 0|3 0|4 1|5 1|6 1|"); /* construction, then after every step */
+    /* the rate each batch trains with */
+    char cmd[9000];
+    snprintf(cmd, sizeof cmd, "grep '^lr ' %s | cut -d' ' -f3 | tr '\\n' ' '", probe);
+    tu_run(cmd, got, sizeof got);
+    double lr[6];
+    CU_ASSERT_EQUAL_FATAL(sscanf(got, "%lf %lf %lf %lf %lf %lf", &lr[0], &lr[1], &lr[2], &lr[3], &lr[4], &lr[5]), 6);
+    for (int i = 0; i < 6; i++) CU_ASSERT_DOUBLE_EQUAL(lr[i], 0.1 / (1 + i), 1e-15);
+    /* stepped after the optimizer step, before on_train_batch_end (Lightning) */
+    snprintf(cmd, sizeof cmd, "grep -n -E '^(optimizer step|host lr_scheduler_step|callback on_train_batch_end) batch=1$' %s | head -3 | cut -d: -f2 | tr '\\n' '|'", trace);
+    tu_run(cmd, got, sizeof got);
+    CU_ASSERT_STRING_EQUAL(got, "optimizer step batch=1|host lr_scheduler_step batch=1|callback on_train_batch_end batch=1|");
+}
+
+static void test_accumulate_frequency_epoch(void) {
+    char out[16384], rec[4300], body[32768], sched[9000], got[4096];
+    snprintf(rec, sizeof rec, "%s/s2.txt", g_dir);
+    snprintf(sched, sizeof sched, "scheduler = { name = \"schedfix\"; path = \"%s\"; };\n", rec);
+    job(body, sizeof body, "accumulate_grad_batches = 2;", sched, "", 4);
+    CU_ASSERT_EQUAL_FATAL(kiln(body, NULL, out, sizeof out), 0);
+    sched_calls(rec, got, sizeof got, 0);
+    CU_ASSERT_STRING_EQUAL(got, "0 0|1 0|2 0|3 1|4 1|"); /* only batches that step */
+    remove(rec);
+    snprintf(sched, sizeof sched, "scheduler = { name = \"schedfix\"; path = \"%s\"; frequency = 2; };\n", rec);
+    job(body, sizeof body, "", sched, "", 3);
+    CU_ASSERT_EQUAL_FATAL(kiln(body, NULL, out, sizeof out), 0);
+    sched_calls(rec, got, sizeof got, 0);
+    CU_ASSERT_STRING_EQUAL(got, "0 0|1 0|2 1|"); /* batch_idx + 1 = 2 in each epoch */
+    remove(rec);
+    snprintf(sched, sizeof sched, "scheduler = { name = \"schedfix\"; path = \"%s\"; interval = \"epoch\"; };\n", rec);
+    job(body, sizeof body, "", sched, "", 3);
+    CU_ASSERT_EQUAL_FATAL(kiln(body, NULL, out, sizeof out), 0);
+    sched_calls(rec, got, sizeof got, 0);
+    CU_ASSERT_STRING_EQUAL(got, "0 0|1 0|2 1|"); /* at each epoch's last batch */
+}
+
+static void test_monitored(void) {
+    char out[16384], rec[4300], body[32768], sched[9000], got[4096];
+    snprintf(rec, sizeof rec, "%s/s3.txt", g_dir);
+    snprintf(sched, sizeof sched,
+             "scheduler = { name = \"schedfix\"; path = \"%s\"; interval = \"epoch\"; monitor = \"val_loss\"; };\n",
+             rec);
+    job(body, sizeof body, "", sched, "", 3);
+    int rc = kiln(body, NULL, out, sizeof out);
+    if (rc) fprintf(stderr, "\n%s\n", out);
+    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    sched_calls(rec, got, sizeof got, 1);
+    /* construction without a metric, then once per epoch with val_loss */
+    int s0, e0, s1, e1, s2, e2;
+    double m0, m1, m2;
+    CU_ASSERT_EQUAL_FATAL(sscanf(got, "%d %d %lf|%d %d %lf|%d %d %lf|", &s0, &e0, &m0, &s1, &e1, &m1, &s2, &e2, &m2), 9);
+    CU_ASSERT(s0 == 0 && isnan(m0));
+    CU_ASSERT(s1 == 1 && e1 == 0 && isfinite(m1) && m1 > 0);
+    CU_ASSERT(s2 == 2 && e2 == 1 && isfinite(m2));
+    /* a metric nobody logs, and a monitored schedule per step */
+    char bad[9000];
+    snprintf(bad, sizeof bad, "--set 'scheduler.monitor=\"nope\"'");
+    CU_ASSERT_EQUAL(kiln(body, bad, out, sizeof out), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "conditioned on metric 'nope', which is not available"));
+    CU_ASSERT_EQUAL(kiln(body, "--set 'scheduler.interval=\"step\"'", out, sizeof out), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "updated once per epoch"));
+    CU_ASSERT_EQUAL(kiln(body, "--set 'scheduler.interval=\"hour\"'", out, sizeof out), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "scheduler.interval must be"));
+}
+
+static void test_resume_schedule(void) {
+    char out[32768], rec[4300], body[32768], sched[9000], extra[9000], wa[4300], wb[4300], cmd[9000];
+    snprintf(rec, sizeof rec, "%s/s4.txt", g_dir);
+    snprintf(wa, sizeof wa, "%s/ws-full.bin", g_dir);
+    snprintf(wb, sizeof wb, "%s/ws-res.bin", g_dir);
+    snprintf(sched, sizeof sched, "scheduler = { name = \"schedfix\"; path = \"%s\"; };\n", rec);
+    job(body, sizeof body, "", sched, "", 3);
+    snprintf(extra, sizeof extra, "--set 'trainer.default_root_dir=\"%s/sfull\"' --set 'callbacks=({name=\"weightdump\"; path=\"%s\";})'", g_dir, wa);
+    CU_ASSERT_EQUAL_FATAL(kiln(body, extra, out, sizeof out), 0);
+    snprintf(extra, sizeof extra, "--set 'trainer.default_root_dir=\"%s/spart\"' --set trainer.max_epochs=1", g_dir);
+    CU_ASSERT_EQUAL_FATAL(kiln(body, extra, out, sizeof out), 0);
+    remove(rec);
+    snprintf(extra, sizeof extra, "--set 'trainer.default_root_dir=\"%s/spart\"' --ckpt last --set 'callbacks=({name=\"weightdump\"; path=\"%s\";})'", g_dir, wb);
+    int rc = kiln(body, extra, out, sizeof out);
+    if (rc) fprintf(stderr, "\n%s\n", out);
+    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    char got[4096];
+    sched_calls(rec, got, sizeof got, 1);
+    /* constructed (step 0), state restored, then steps 4..6 of epoch 1 */
+    CU_ASSERT_PTR_NOT_NULL(strstr(got, "restored 4|4 1 nan|5 1 nan|6 1 nan|"));
+    snprintf(cmd, sizeof cmd, "cmp %s %s", wa, wb);
+    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
+}
+
+/* reads "<tag> <batch> v v v ..." (the first line with that tag and batch) */
+static int read_vec(const char *path, const char *tag, int batch, double *v, int max) {
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    char line[8192], t[16];
+    int n = -1, b;
+    while (fgets(line, sizeof line, f)) {
+        int off;
+        if (sscanf(line, "%15s %d%n", t, &b, &off) != 2 || strcmp(t, tag) || b != batch) continue;
+        n = 0;
+        char *p = line + off, *end;
+        while (n < max) {
+            double x = strtod(p, &end);
+            if (end == p) break;
+            v[n++] = x;
+            p = end;
+        }
+        break;
+    }
+    fclose(f);
+    return n;
+}
+
+static void clip_case(const char *algo, double val, const char *tag) {
+    char out[16384], probe[4300], body[32768], cb[9000], tr[256];
+    snprintf(probe, sizeof probe, "%s/clip-%s.txt", g_dir, tag);
+    snprintf(cb, sizeof cb, "callbacks = ( { name = \"ampprobe\"; path = \"%s\"; dump = 1; }, { name = \"csv_logger\"; } );\n",
+             probe);
+    snprintf(tr, sizeof tr, "gradient_clip_val = %.17g; gradient_clip_algorithm = \"%s\"; max_epochs = 1;", val, algo);
+    job(body, sizeof body, tr, "", cb, 2);
+    char *p = strstr(body, "max_epochs = 2;");
+    memcpy(p, "               ", 15); /* the trainer_extra sets it */
+    p = strstr(body, "lr = 0.1");
+    memcpy(p, "lr = 1.0", 8);
+    int rc = kiln(body, NULL, out, sizeof out);
+    if (rc) fprintf(stderr, "\n%s\n", out);
+    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    double g[64], w0[64], w1[64];
+    int n = read_vec(probe, "bosg", 0, g, 64);
+    CU_ASSERT_FATAL(n > 0);
+    CU_ASSERT_EQUAL_FATAL(read_vec(probe, "bsw", 0, w0, 64), n);
+    CU_ASSERT_EQUAL_FATAL(read_vec(probe, "bew", 0, w1, 64), n);
+    double norm = 0;
+    for (int i = 0; i < n; i++) norm += g[i] * g[i];
+    norm = sqrt(norm);
+    double coef = val / (norm + 1e-6);
+    if (coef > 1) coef = 1;
+    int clipped = 0;
+    for (int i = 0; i < n; i++) {
+        double gc = !strcmp(algo, "norm") ? g[i] * coef : (g[i] > val ? val : g[i] < -val ? -val : g[i]);
+        clipped |= gc != g[i];
+        CU_ASSERT_DOUBLE_EQUAL(w1[i], w0[i] - gc, 1e-6 * (fabs(w0[i]) + 1e-3)); /* SGD, lr 1 */
+    }
+    CU_ASSERT(clipped); /* the case really clips */
+    if (!strcmp(algo, "norm")) { /* the pre-clip total norm is logged */
+        char cmd[9000];
+        snprintf(cmd, sizeof cmd,
+                 "f=$(ls -d %s/runs/version_* | sort -V | tail -1)/metrics.csv; "
+                 "awk -F, 'NR==2{for(i=1;i<=NF;i++) if($i==\"grad_norm\") c=i} NR==3{print $c}' $f",
+                 g_dir);
+        tu_run(cmd, out, sizeof out);
+        CU_ASSERT_DOUBLE_EQUAL(atof(out), norm, 1e-6 * norm);
+    }
+}
+
+static void test_clipping(void) {
+    clip_case("norm", 0.01, "norm");
+    clip_case("value", 0.002, "value");
+    char out[16384], body[32768];
+    job(body, sizeof body, "gradient_clip_algorithm = \"l3\";", "", "", 2);
+    CU_ASSERT_EQUAL(kiln(body, NULL, out, sizeof out), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "gradient_clip_algorithm must be \"norm\" or \"value\""));
+    const char *manual = "data = { name = \"toydata\"; };\nmodule = { name = \"manualmod\"; path = \"/dev/null\"; };\n"
+                         "optimizer = \"sgd\";\ntrainer = { gradient_clip_val = 1.0; };\n";
+    CU_ASSERT_EQUAL(kiln(manual, NULL, out, sizeof out), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "automatic clipping is not available in manual optimization"));
+}
+
+static void register_tests(void) {
+    CU_pSuite s = CU_add_suite("lr_clip", suite_init, suite_clean);
+    CU_add_test(s, "scheduler per step: timing and rates", test_step_interval);
+    CU_add_test(s, "scheduler: accumulation, frequency, per epoch", test_accumulate_frequency_epoch);
+    CU_add_test(s, "monitored scheduler and its errors", test_monitored);
+    CU_add_test(s, "resume continues the schedule", test_resume_schedule);
+    CU_add_test(s, "clipping by norm and by value", test_clipping);
+}
+
+#include "cunit_main.h"
