@@ -1,12 +1,13 @@
 /*
  * cpu_kernels.h: the CPU numeric kernels kiln's CPU backend trains with: GEMM
  * (through OpenBLAS) with a naive double-accumulating reference, bias add and
- * its gradient, ReLU/GELU forward and backward, fused softmax + cross-entropy,
- * reductions and BLAS-1 helpers, and the SGD / AdamW parameter updates with
- * PyTorch's single-tensor semantics. Every tensor is float32 and row-major
- * unless a comment says otherwise. No kernel allocates: the caller owns all
- * memory. Kernels that cannot fail return void; the only failure a kernel can
- * see in its data (an out-of-range label) is reported through the result (NAN).
+ * its gradient, ReLU/GELU/tanh/sigmoid/leaky-ReLU forward and backward, fused
+ * softmax + cross-entropy, reductions and BLAS-1 helpers, and the SGD / AdamW
+ * parameter updates with PyTorch's single-tensor semantics. Every tensor is
+ * float32 and row-major unless a comment says otherwise. No kernel allocates:
+ * the caller owns all memory. Kernels that cannot fail return void; the only
+ * failure a kernel can see in its data (an out-of-range label) is reported
+ * through the result (NAN).
  * Large elementwise, reduction and optimizer loops may be split across a small
  * persistent thread pool (kc_set_num_threads); the split never changes any
  * result bit, because every element is computed by the same arithmetic and
@@ -103,6 +104,25 @@ void kc_gelu_forward(float *y, const float *x, size_t n);
 /* dx = dy * d gelu(x) / dx for the same approximation. dx, dy, x: (n); dx may
  * equal dy (in place), no other overlap. */
 void kc_gelu_backward(float *dx, const float *dy, const float *x, size_t n);
+
+/*
+ * The GAN activations (cpu_act.c). Each backward takes the forward INPUT x:
+ * dx = dy * f'(x). All stay finite for any finite or infinite x and
+ * propagate NaN; accurate to a few float ulps, including the tails (sigmoid
+ * of very negative x comes out as the tiny, possibly subnormal, true value,
+ * not 0 or a clamp). Same aliasing rules as ReLU: y may equal x, dx may
+ * equal dy, no other overlap. y, x, dx, dy: (n).
+ *   tanh:       y = tanh(x); tanh'(x) = 4e / (1 + e)^2, e = exp(-2|x|)
+ *   sigmoid:    y = 1 / (1 + exp(-x)); sigmoid'(x) = e / (1 + e)^2, e = exp(-|x|)
+ *   leaky ReLU: y = x > 0 ? x : 0.2 x; dx = x > 0 ? dy : 0.2 dy (torch's
+ *               negative_slope = 0.2; NaN x gives NaN y and 0.2 dy)
+ */
+void kc_tanh_forward(float *y, const float *x, size_t n);
+void kc_tanh_backward(float *dx, const float *dy, const float *x, size_t n);
+void kc_sigmoid_forward(float *y, const float *x, size_t n);
+void kc_sigmoid_backward(float *dx, const float *dy, const float *x, size_t n);
+void kc_leaky_relu_forward(float *y, const float *x, size_t n);
+void kc_leaky_relu_backward(float *dx, const float *dy, const float *x, size_t n);
 
 /* ------------------------------------------------------------------- loss */
 
@@ -299,6 +319,13 @@ void kc_relu_forward_f64(double *y, const double *x, size_t n);
 void kc_relu_backward_f64(double *dx, const double *dy, const double *x, size_t n);
 void kc_gelu_forward_f64(double *y, const double *x, size_t n);
 void kc_gelu_backward_f64(double *dx, const double *dy, const double *x, size_t n);
+/* The GAN activations in float64 (tanh through libm, the rest as above). */
+void kc_tanh_forward_f64(double *y, const double *x, size_t n);
+void kc_tanh_backward_f64(double *dx, const double *dy, const double *x, size_t n);
+void kc_sigmoid_forward_f64(double *y, const double *x, size_t n);
+void kc_sigmoid_backward_f64(double *dx, const double *dy, const double *x, size_t n);
+void kc_leaky_relu_forward_f64(double *y, const double *x, size_t n);
+void kc_leaky_relu_backward_f64(double *dx, const double *dy, const double *x, size_t n);
 double kc_softmax_xent_forward_f64(double *probs, const double *logits, const int32_t *labels,
                                    int B, int C, int *n_correct);
 void kc_softmax_xent_backward_f64(double *dlogits, const double *probs, const int32_t *labels,

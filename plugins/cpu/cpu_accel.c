@@ -17,6 +17,8 @@
  * rounded to float, except AdamW's hyperparameters, which its float kernel
  * takes as doubles) or float64 (the kernels' *_f64 versions); any other dtype
  * is KILN_E_INVALID_ARG naming the entry, what it accepts and what it got.
+ * act_forward/act_backward take every KILN_ACT_* (ReLU, GELU, and tanh,
+ * sigmoid and leaky ReLU with slope 0.2 for GANs) in both dtypes.
  */
 #define _GNU_SOURCE /* sched_getaffinity / CPU_COUNT */
 
@@ -503,24 +505,38 @@ static int32_t cpu_bias_grad_ex(kiln_instance *acc, uint32_t dtype, void *db, co
 }
 
 static int32_t cpu_check_act(kiln_instance *acc, const char *fn, int32_t act) {
-    if (act == KILN_ACT_RELU || act == KILN_ACT_GELU) return KILN_OK;
-    return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s: act must be KILN_ACT_RELU (%d) or KILN_ACT_GELU (%d), got %d", fn,
-                   (int)KILN_ACT_RELU, (int)KILN_ACT_GELU, (int)act);
+    if (act >= KILN_ACT_RELU && act <= KILN_ACT_LEAKY_RELU) return KILN_OK;
+    return CPU_ERR(acc, KILN_E_INVALID_ARG,
+                   "%s: act must be KILN_ACT_RELU (%d), KILN_ACT_GELU (%d), KILN_ACT_TANH (%d), KILN_ACT_SIGMOID "
+                   "(%d) or KILN_ACT_LEAKY_RELU (%d), got %d",
+                   fn, (int)KILN_ACT_RELU, (int)KILN_ACT_GELU, (int)KILN_ACT_TANH, (int)KILN_ACT_SIGMOID,
+                   (int)KILN_ACT_LEAKY_RELU, (int)act);
 }
+
+/* The kernels of each activation, indexed by KILN_ACT_* (checked above). */
+typedef void (*cpu_act_fwd32)(float *, const float *, size_t);
+typedef void (*cpu_act_bwd32)(float *, const float *, const float *, size_t);
+typedef void (*cpu_act_fwd64)(double *, const double *, size_t);
+typedef void (*cpu_act_bwd64)(double *, const double *, const double *, size_t);
+static const cpu_act_fwd32 cpu_act_f32[] = {kc_relu_forward, kc_gelu_forward, kc_tanh_forward, kc_sigmoid_forward,
+                                            kc_leaky_relu_forward};
+static const cpu_act_bwd32 cpu_act_b32[] = {kc_relu_backward, kc_gelu_backward, kc_tanh_backward,
+                                            kc_sigmoid_backward, kc_leaky_relu_backward};
+static const cpu_act_fwd64 cpu_act_f64[] = {kc_relu_forward_f64, kc_gelu_forward_f64, kc_tanh_forward_f64,
+                                            kc_sigmoid_forward_f64, kc_leaky_relu_forward_f64};
+static const cpu_act_bwd64 cpu_act_b64[] = {kc_relu_backward_f64, kc_gelu_backward_f64, kc_tanh_backward_f64,
+                                            kc_sigmoid_backward_f64, kc_leaky_relu_backward_f64};
+static_assert(KILN_ACT_RELU == 0 && KILN_ACT_GELU == 1 && KILN_ACT_TANH == 2 && KILN_ACT_SIGMOID == 3 &&
+                  KILN_ACT_LEAKY_RELU == 4 && sizeof cpu_act_f32 / sizeof cpu_act_f32[0] == 5,
+              "cpu_act_* tables are indexed by KILN_ACT_*");
 
 static int32_t cpu_act_forward(kiln_instance *acc, uint32_t dtype, int32_t act, void *y, const void *x, size_t n) {
     int32_t rc = cpu_check_dtype(acc, "act_forward", dtype);
     if (rc != KILN_OK || (rc = cpu_check_act(acc, "act_forward", act)) != KILN_OK) return rc;
     CPU_NEED(acc, y, n, "act_forward");
     CPU_NEED(acc, x, n, "act_forward");
-    const int gelu = act == KILN_ACT_GELU;
-    if (dtype == KILN_DTYPE_F32) {
-        if (gelu) kc_gelu_forward(y, x, n);
-        else kc_relu_forward(y, x, n);
-    } else {
-        if (gelu) kc_gelu_forward_f64(y, x, n);
-        else kc_relu_forward_f64(y, x, n);
-    }
+    if (dtype == KILN_DTYPE_F32) cpu_act_f32[act](y, x, n);
+    else cpu_act_f64[act](y, x, n);
     return KILN_OK;
 }
 
@@ -531,14 +547,8 @@ static int32_t cpu_act_backward(kiln_instance *acc, uint32_t dtype, int32_t act,
     CPU_NEED(acc, dx, n, "act_backward");
     CPU_NEED(acc, dy, n, "act_backward");
     CPU_NEED(acc, x, n, "act_backward");
-    const int gelu = act == KILN_ACT_GELU;
-    if (dtype == KILN_DTYPE_F32) {
-        if (gelu) kc_gelu_backward(dx, dy, x, n);
-        else kc_relu_backward(dx, dy, x, n);
-    } else {
-        if (gelu) kc_gelu_backward_f64(dx, dy, x, n);
-        else kc_relu_backward_f64(dx, dy, x, n);
-    }
+    if (dtype == KILN_DTYPE_F32) cpu_act_b32[act](dx, dy, x, n);
+    else cpu_act_b64[act](dx, dy, x, n);
     return KILN_OK;
 }
 
@@ -799,7 +809,9 @@ static const kiln_accelerator_ops cpu_ops = {
     .configure = cpu_configure,
 };
 
-static const kiln_kv cpu_props[] = {{"device_type", KILN_V_STR("cpu")}, {NULL, KILN_V_NONE}};
+static const kiln_kv cpu_props[] = {{"device_type", KILN_V_STR("cpu")},
+                                    {"default", KILN_V_BOOL(1)}, /* the accelerator when none is named */
+                                    {NULL, KILN_V_NONE}};
 
 /* Deterministic: the kernels give the same bits for any thread split, and
  * OpenBLAS's SGEMM is reproducible for a fixed thread count. */

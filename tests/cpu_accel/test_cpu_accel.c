@@ -13,7 +13,10 @@
  * KILN_E_INVALID_ARG and a message naming the entry and the dtype, cast and
  * round_to against the compiler's _Float16, gemm_ex with a float16 operand
  * and rounded output against a double computation, and each `_ex` entry in
- * float32 (equal to the 1.1 entry) and float64 (against double formulas).
+ * float32 (equal to the 1.1 entry) and float64 (against double formulas);
+ * the GAN activations (tanh, sigmoid, leaky ReLU) of act_forward/act_backward
+ * against double formulas, at large |x|, in place, and unknown act ids
+ * refused.
  */
 #include <math.h>
 #include <stdint.h>
@@ -285,6 +288,105 @@ static void test_activations(void) {
     bad = 0;
     for (int i = 0; i < N; i++) bad += !close_to(dx[i], dy[i] * gelu_grad_ref(x[i]), 2e-6);
     CU_ASSERT_EQUAL(bad, 0);
+}
+
+/* The GAN activations through act_forward / act_backward, both dtypes,
+ * against double formulas written here: tanh, sigmoid, leaky ReLU (slope
+ * 0.2); dx = dy * f'(x) with x the forward INPUT; large |x| stays finite
+ * with the right limits; in place works; an unknown act id is refused. */
+static double gan_act_ref(int32_t act, double x) {
+    if (act == KILN_ACT_TANH) return tanh(x);
+    if (act == KILN_ACT_SIGMOID) return 1.0 / (1.0 + exp(-x));
+    return x > 0 ? x : 0.2 * x;
+}
+static double gan_act_grad_ref(int32_t act, double x) {
+    if (act == KILN_ACT_TANH) return 1.0 / (cosh(x) * cosh(x));
+    if (act == KILN_ACT_SIGMOID) {
+        const double s = 1.0 / (1.0 + exp(-x));
+        return s * (1.0 - s);
+    }
+    return x > 0 ? 1.0 : 0.2;
+}
+
+static void test_gan_activations(void) {
+    enum { N = 121 };
+    float xf[N], yf[N], dyf[N], dxf[N], inpl[N];
+    double xd[N], yd[N], dyd[N], dxd[N];
+    for (int i = 0; i < N; i++) {
+        xd[i] = xf[i] = -12.0f + 24.0f * (float)i / (N - 1); /* 0 at i = 60 */
+        dyd[i] = dyf[i] = val(i, 60);
+    }
+    const int32_t acts[3] = {KILN_ACT_TANH, KILN_ACT_SIGMOID, KILN_ACT_LEAKY_RELU};
+    for (int a = 0; a < 3; a++) {
+        const int32_t act = acts[a];
+        int bad = 0;
+        CU_ASSERT_EQUAL(g_k->act_forward(g_acc, KILN_DTYPE_F32, act, yf, xf, N), KILN_OK);
+        for (int i = 0; i < N; i++) bad += !close_to(yf[i], gan_act_ref(act, xf[i]), 1e-6);
+        CU_ASSERT_EQUAL(bad, 0);
+        CU_ASSERT_EQUAL(g_k->act_backward(g_acc, KILN_DTYPE_F32, act, dxf, dyf, xf, N), KILN_OK);
+        bad = 0;
+        for (int i = 0; i < N; i++) bad += !close_to(dxf[i], dyf[i] * gan_act_grad_ref(act, xf[i]), 1e-6);
+        CU_ASSERT_EQUAL(bad, 0);
+        memcpy(inpl, dyf, sizeof inpl); /* dx may alias dy */
+        CU_ASSERT_EQUAL(g_k->act_backward(g_acc, KILN_DTYPE_F32, act, inpl, inpl, xf, N), KILN_OK);
+        CU_ASSERT_EQUAL(memcmp(inpl, dxf, sizeof inpl), 0);
+
+        CU_ASSERT_EQUAL(g_k->act_forward(g_acc, KILN_DTYPE_F64, act, yd, xd, N), KILN_OK);
+        bad = 0;
+        for (int i = 0; i < N; i++) bad += !close_to(yd[i], gan_act_ref(act, xd[i]), 1e-14);
+        CU_ASSERT_EQUAL(bad, 0);
+        CU_ASSERT_EQUAL(g_k->act_backward(g_acc, KILN_DTYPE_F64, act, dxd, dyd, xd, N), KILN_OK);
+        bad = 0;
+        for (int i = 0; i < N; i++) bad += !close_to(dxd[i], dyd[i] * gan_act_grad_ref(act, xd[i]), 1e-13);
+        CU_ASSERT_EQUAL(bad, 0);
+    }
+    /* exact leaky values: 0.2 as float in F32, as double in F64 */
+    CU_ASSERT_EQUAL(g_k->act_forward(g_acc, KILN_DTYPE_F32, KILN_ACT_LEAKY_RELU, yf, xf, N), KILN_OK);
+    CU_ASSERT_EQUAL(yf[0], -12.0f * 0.2f);
+    CU_ASSERT_EQUAL(yf[N - 1], 12.0f);
+    CU_ASSERT_EQUAL(g_k->act_forward(g_acc, KILN_DTYPE_F64, KILN_ACT_LEAKY_RELU, yd, xd, N), KILN_OK);
+    CU_ASSERT_EQUAL(yd[0], -12.0 * 0.2);
+
+    /* large |x|: the limits, finite gradients, no NaN */
+    const float big[6] = {1e6f, -1e6f, 500.0f, -500.0f, INFINITY, -INFINITY};
+    const float ones[6] = {1, 1, 1, 1, 1, 1};
+    float by[6], bg[6];
+    CU_ASSERT_EQUAL(g_k->act_forward(g_acc, KILN_DTYPE_F32, KILN_ACT_TANH, by, big, 6), KILN_OK);
+    CU_ASSERT_EQUAL(g_k->act_backward(g_acc, KILN_DTYPE_F32, KILN_ACT_TANH, bg, ones, big, 6), KILN_OK);
+    for (int i = 0; i < 6; i++) {
+        CU_ASSERT_EQUAL(by[i], i % 2 ? -1.0f : 1.0f);
+        CU_ASSERT_EQUAL(bg[i], 0.0f);
+    }
+    CU_ASSERT_EQUAL(g_k->act_forward(g_acc, KILN_DTYPE_F32, KILN_ACT_SIGMOID, by, big, 6), KILN_OK);
+    CU_ASSERT_EQUAL(g_k->act_backward(g_acc, KILN_DTYPE_F32, KILN_ACT_SIGMOID, bg, ones, big, 6), KILN_OK);
+    for (int i = 0; i < 6; i++) {
+        CU_ASSERT_EQUAL(by[i], i % 2 ? 0.0f : 1.0f);
+        CU_ASSERT_EQUAL(bg[i], 0.0f);
+    }
+    double bd[6], bdy[6], bdg[6];
+    for (int i = 0; i < 6; i++) bd[i] = big[i], bdy[i] = 1.0;
+    CU_ASSERT_EQUAL(g_k->act_forward(g_acc, KILN_DTYPE_F64, KILN_ACT_SIGMOID, bdg, bd, 6), KILN_OK);
+    for (int i = 0; i < 6; i++)
+        if (i != 3) CU_ASSERT_EQUAL(bdg[i], i % 2 ? 0.0 : 1.0);
+    CU_ASSERT_TRUE(close_to(bdg[3] / exp(-500.0), 1.0, 1e-14)); /* 7e-218: a normal double */
+    CU_ASSERT_EQUAL(g_k->act_backward(g_acc, KILN_DTYPE_F64, KILN_ACT_TANH, bdg, bdy, bd, 6), KILN_OK);
+    for (int i = 0; i < 6; i++) CU_ASSERT_EQUAL(bdg[i], 0.0);
+
+    /* unknown act ids: KILN_E_INVALID_ARG naming the entry, nothing written */
+    float keep[4] = {7, 7, 7, 7}, src[4] = {1, 2, 3, 4};
+    const int32_t bad_acts[3] = {5, -1, 1000};
+    for (int i = 0; i < 3; i++) {
+        int32_t rc = g_k->act_forward(g_acc, KILN_DTYPE_F32, bad_acts[i], keep, src, 4);
+        CU_ASSERT_EQUAL(rc, KILN_E_INVALID_ARG);
+        CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "act_forward: act must be"));
+        CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "KILN_ACT_LEAKY_RELU (4)"));
+        rc = g_k->act_backward(g_acc, KILN_DTYPE_F32, bad_acts[i], keep, src, src, 4);
+        CU_ASSERT_EQUAL(rc, KILN_E_INVALID_ARG);
+        CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "act_backward: act must be"));
+        mh.last_error[0] = 0;
+        mh.last_error_code = 0;
+    }
+    for (int i = 0; i < 4; i++) CU_ASSERT_EQUAL(keep[i], 7.0f);
 }
 
 /* ------------------------------------------------------------------- loss */
@@ -900,6 +1002,7 @@ static void register_tests(void) {
     CU_add_test(s, "1.2: cast, round_to", test_cast_round_to);
     CU_add_test(s, "1.2: gemm_ex (f16 B, rounding, f64, workspace)", test_gemm_ex);
     CU_add_test(s, "1.2: _ex bias, act, reductions (f32 = 1.1, f64 vs double)", test_ex_entries);
+    CU_add_test(s, "1.2: act tanh, sigmoid, leaky_relu (f32, f64, limits, bad ids)", test_gan_activations);
     CU_add_test(s, "1.2: _ex softmax_xent and bad labels", test_ex_loss);
     CU_add_test(s, "1.2: _ex sgd, adamw", test_ex_optimizers);
     CU_add_test(s, "configure threads", test_configure);

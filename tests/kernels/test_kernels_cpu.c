@@ -8,7 +8,8 @@
  * reductions and BLAS-1 helpers; and that splitting loops across the thread
  * pool reproduces the single-threaded results bit for bit. The dtype
  * conversions, kc_gemm_ex and the float64 kernels have their own suite in
- * test_kernels_ex.c, registered from here (one executable).
+ * test_kernels_ex.c, the GAN activations (tanh, sigmoid, leaky ReLU) theirs
+ * in test_kernels_act.c, both registered from here (one executable).
  */
 #include "cpu_kernels.h"
 
@@ -823,7 +824,8 @@ static void test_threads_bit_identical(void) {
 
 /* ------------------------------------------------------------------ main */
 
-void kt_register_ex_tests(void); /* test_kernels_ex.c */
+void kt_register_ex_tests(void);  /* test_kernels_ex.c */
+void kt_register_act_tests(void); /* test_kernels_act.c */
 
 static void register_tests(void) {
     CU_pSuite s = CU_add_suite("kernels_cpu", NULL, NULL);
@@ -846,6 +848,7 @@ static void register_tests(void) {
     CU_add_test(s, "adamw_vs_double", test_adamw_vs_double);
     CU_add_test(s, "threads_bit_identical", test_threads_bit_identical);
     kt_register_ex_tests();
+    kt_register_act_tests();
 }
 
 #include "cunit_main.h"
