@@ -172,6 +172,11 @@ int32_t ht_svc_optimizer_step(kiln_host_ctx *h, uint32_t index, const struct kil
     INC(t->opt_step, completed); /* _on_after_step: every call is a global step */
     t->skipped_steps += sk != 0;
     if (skipped) *skipped = sk;
+    /* The masters just changed: a forward later in this training_step
+     * must see them (compute copies: fp16, bf16, quantised). */
+    herr_clear();
+    rc = t->precision_ops->convert_params(t->precision.inst);
+    if (rc) return keep(t, ht_fail(t, &t->precision, rc, "convert_params", why, sizeof why), why);
     return KILN_OK;
 }
 
