@@ -18,7 +18,7 @@ jobs=$(nproc 2>/dev/null || echo 2)
 
 # ---------------------------------------------------------------- packages
 pkgs=(build-essential cmake pkg-config libconfig-dev libcunit1-dev libopenblas-dev zlib1g-dev
-      libopenmpi-dev openmpi-bin dataset-fashion-mnist python3 python3-numpy)
+      libopenmpi-dev openmpi-bin dataset-fashion-mnist python3 python3-numpy libpng-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -114,6 +114,19 @@ if [ -d /usr/share/datasets/fashion-mnist ]; then
   [ -s "$prefix/nf4-runs/version_0/nf4_weights.safetensors" ] || { echo "nf4 export missing" >&2; exit 1; }
 fi
 echo "nf4 example: ok"
+
+echo "== examples/gan_fashion_mnist.cfg: manual optimization, two optimizers, a sample grid per epoch (short run)"
+if [ -d /usr/share/datasets/fashion-mnist ]; then
+  ./build/bin/kiln -q fit examples/gan_fashion_mnist.cfg --set trainer.max_epochs=2 --set trainer.limit_train_batches=30 \
+    --set trainer.limit_val_batches=2 --set "trainer.default_root_dir=\"$prefix/gan-runs\"" | tee "$prefix/gan.txt"
+  grep -q "optimizer=adamw+adamw (manual optimization)" "$prefix/gan.txt"
+  grep -q "steps: 120 " "$prefix/gan.txt"
+  for e in 000 001; do
+    head -c 8 "$prefix/gan-runs/version_0/samples_epoch_$e.png" | od -An -tx1 | grep -q "89 50 4e 47 0d 0a 1a 0a" \
+      || { echo "GAN sample grid $e missing or not a PNG" >&2; exit 1; }
+  done
+  echo "gan example: ok"
+fi
 
 if [ -f examples/fashion_mnist.cfg ]; then
   run_default_job
