@@ -427,7 +427,17 @@ int cli_check_run(hc_config *c, hl_loader *L, int need_training, char *why, size
             rc = KILN_E_CONFIG;
     if (rc == KILN_OK && manual) {
         config_setting_t *a = config_lookup(&c->cfg, "trainer.accumulate_grad_batches");
-        if (a && config_setting_get_int64(a) != 1)
+        config_setting_t *g = config_lookup(&c->cfg, "trainer.gradient_clip_val");
+        double clip = 0;
+        if (g) clip = config_setting_type(g) == CONFIG_TYPE_FLOAT ? config_setting_get_float(g)
+                                                                   : (double)config_setting_get_int64(g);
+        if (clip > 0)
+            hwhyf(why, whylen,
+                  "trainer.gradient_clip_val = %g, but module '%s' optimises manually: automatic clipping is not "
+                  "available in manual optimization (as in Lightning); clip in the module",
+                  clip, chosen[KILN_KIND_MODULE]->view.name),
+                rc = KILN_E_CONFIG;
+        else if (a && config_setting_get_int64(a) != 1)
             hwhyf(why, whylen,
                   "trainer.accumulate_grad_batches = %lld, but module '%s' optimises manually: automatic "
                   "accumulation is not available in manual optimization (as in Lightning); accumulate in the module",

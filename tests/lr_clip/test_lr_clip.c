@@ -233,6 +233,14 @@ static void test_clipping(void) {
                          "optimizer = \"sgd\";\ntrainer = { gradient_clip_val = 1.0; };\n";
     CU_ASSERT_EQUAL(kiln(manual, NULL, out, sizeof out), 1);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "automatic clipping is not available in manual optimization"));
+    /* and at config check, before anything runs */
+    char cfg[4300], cmd[9000];
+    snprintf(cfg, sizeof cfg, "%s/manual-clip.cfg", g_dir);
+    snprintf(cmd, sizeof cmd, "plugins = { dirs = [\"%s\"]; };\n%s", getenv("KILN_TRAIN_FIXTURES"), manual);
+    CU_ASSERT_EQUAL_FATAL(tu_write(cfg, cmd), 0);
+    snprintf(cmd, sizeof cmd, "%s config check %s", tu_kiln(), cfg);
+    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "automatic clipping is not available in manual optimization"));
 }
 
 static void register_tests(void) {
