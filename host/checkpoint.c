@@ -65,6 +65,54 @@ static void loops_text(const ht_trainer *t, char *buf, size_t n) {
              (long long)t->total_batch_idx, (long long)t->sched_steps, t->lr_factor);
 }
 
+/* Every progress counter (reference §4), for mid-epoch resume:
+ * "kiln-progress-1" then epoch, batch, optimizer-step and zero-grad
+ * progress, each total then current as ready started processed completed,
+ * then batches_that_stepped, total_batch_idx, skipped_steps, samples_seen.
+ * Written at a consistent point (end of a batch or of an epoch), so a
+ * resume needs no counter repairs. */
+#define PROGRESS_FIELDS 36
+static void counts_text(const ht_counts *c, char *buf, size_t n) {
+    size_t l = strlen(buf);
+    snprintf(buf + l, n - l, " %lld %lld %lld %lld", (long long)c->ready, (long long)c->started,
+             (long long)c->processed, (long long)c->completed);
+}
+static void progress_text(const ht_trainer *t, char *buf, size_t n) {
+    snprintf(buf, n, "kiln-progress-1");
+    const ht_progress *ps[4] = {&t->epoch_progress, &t->batch_progress, &t->opt_step, &t->zero_grad};
+    for (int i = 0; i < 4; i++) {
+        counts_text(&ps[i]->total, buf, n);
+        counts_text(&ps[i]->current, buf, n);
+    }
+    size_t l = strlen(buf);
+    snprintf(buf + l, n - l, " %lld %lld %lld %lld", (long long)t->batches_that_stepped, (long long)t->total_batch_idx,
+             (long long)t->skipped_steps, (long long)t->samples_seen);
+}
+static int progress_parse(ht_trainer *t, const char *text) {
+    long long v[PROGRESS_FIELDS];
+    const char *p = text;
+    int used = 0;
+    if (sscanf(p, "kiln-progress-1%n", &used) != 0 || used == 0) return -1;
+    p += used;
+    for (int i = 0; i < PROGRESS_FIELDS; i++) {
+        if (sscanf(p, " %lld%n", &v[i], &used) != 1 || v[i] < 0) return -1;
+        p += used;
+    }
+    ht_progress *ps[4] = {&t->epoch_progress, &t->batch_progress, &t->opt_step, &t->zero_grad};
+    for (int i = 0; i < 4; i++) {
+        ht_counts *c[2] = {&ps[i]->total, &ps[i]->current};
+        for (int j = 0; j < 2; j++) {
+            const long long *x = v + 8 * i + 4 * j;
+            *c[j] = (ht_counts){x[0], x[1], x[2], x[3]};
+        }
+    }
+    t->batches_that_stepped = v[32];
+    t->total_batch_idx = v[33];
+    t->skipped_steps = v[34];
+    t->samples_seen = v[35];
+    return 0;
+}
+
 int ht_ckpt_save(ht_trainer *t, const char *path, char *why, size_t whylen) {
     size_t total = 0;
     for (uint32_t i = 0; i < t->nparams; i++) total += (size_t)t->params[i]->numel;
@@ -105,6 +153,9 @@ int ht_ckpt_save(ht_trainer *t, const char *path, char *why, size_t whylen) {
     char loops[160];
     loops_text(t, loops, sizeof loops);
     if (rc == KILN_OK) rc = kst_add_metadata(w, "loops", loops, why, whylen);
+    char progress[1024];
+    progress_text(t, progress, sizeof progress);
+    if (rc == KILN_OK) rc = kst_add_metadata(w, "progress", progress, why, whylen);
     /* Each plugin's own state (get_state), as a U8 tensor "__state__.<role>"
      * with "state.<role>" = "<plugin> <state_version>" in the metadata. */
     ckpt_slot cs[9 + HT_MAX_OPTIMIZERS + HT_MAX_CALLBACKS];
@@ -146,6 +197,54 @@ int ht_ckpt_save_last(ht_trainer *t, char *why, size_t whylen) {
     }
     snprintf(path, sizeof path, "%s/last.safetensors", dir);
     return ht_ckpt_save(t, path, why, whylen);
+}
+
+/* The checkpoints callbacks asked for (save_checkpoint), written now that
+ * the loops are consistent. Rank 0 writes; parent folders are created. */
+int ht_ckpt_flush(ht_trainer *t, char *why, size_t whylen) {
+    int rc = KILN_OK;
+    for (int i = 0; i < t->nckpt_pending && rc == KILN_OK; i++) {
+        char *path = t->ckpt_pending[i];
+        if (t->state.rank != 0) continue;
+        for (char *s = path + 1; *s; s++) /* mkdir -p of the parent */
+            if (*s == '/') {
+                *s = 0;
+                if (mkdir(path, 0755) != 0 && errno != EEXIST) {
+                    hwhyf(why, whylen, "%s: cannot create the checkpoint directory: %s", path, strerror(errno));
+                    rc = KILN_E_IO;
+                }
+                *s = '/';
+                if (rc) break;
+            }
+        if (rc == KILN_OK) rc = ht_ckpt_save(t, path, why, whylen);
+    }
+    t->nckpt_pending = 0;
+    return rc;
+}
+
+int32_t ht_svc_save_checkpoint(kiln_host_ctx *h, const char *path) {
+    ht_trainer *t = h ? h->trainer : NULL;
+    if (!t || t->stage != KILN_STAGE_FIT || !t->run_dir[0]) {
+        herr_set(KILN_E_STATE, "save_checkpoint is only available during fit (after its sanity check)");
+        return KILN_E_STATE;
+    }
+    if (!path || !*path) {
+        herr_set(KILN_E_INVALID_ARG, "save_checkpoint: expected a file path, found an empty one");
+        return KILN_E_INVALID_ARG;
+    }
+    if (t->nckpt_pending >= (int)(sizeof t->ckpt_pending / sizeof t->ckpt_pending[0])) {
+        herr_set(KILN_E_STATE, "save_checkpoint: more than 8 checkpoints requested for one batch");
+        return KILN_E_STATE;
+    }
+    char *dst = t->ckpt_pending[t->nckpt_pending];
+    int n = path[0] == '/' ? snprintf(dst, sizeof t->ckpt_pending[0], "%s", path)
+                           : snprintf(dst, sizeof t->ckpt_pending[0], "%s/%s", t->run_dir, path);
+    if (n < 0 || (size_t)n >= sizeof t->ckpt_pending[0]) {
+        herr_set(KILN_E_INVALID_ARG, "save_checkpoint: the path is too long");
+        return KILN_E_INVALID_ARG;
+    }
+    t->nckpt_pending++;
+    return KILN_OK;
 }
 
 /* Copy the weights of an open checkpoint into the parameters. */
@@ -245,6 +344,9 @@ int ht_ckpt_resume(ht_trainer *t, const char *path, char *why, size_t whylen) {
         kst_close(f);
         return KILN_E_CONFIG;
     }
+    char prog[1024] = ""; /* read before the file closes */
+    const char *pm = kst_metadata(f, "progress");
+    if (pm) snprintf(prog, sizeof prog, "%s", pm);
     ckpt_slot cs[9 + HT_MAX_OPTIMIZERS + HT_MAX_CALLBACKS];
     int ns = state_slots(t, cs);
     for (int i = 0; rc == KILN_OK && i < ns; i++) {
@@ -277,11 +379,22 @@ int ht_ckpt_resume(ht_trainer *t, const char *path, char *why, size_t whylen) {
     if (rc) return rc;
     /* A checkpoint written at an epoch's end: the next epoch starts fresh
      * (reference §4: processed == completed, nothing to repair). */
-    ht_counts done = {ep, ep, ep, ep};
-    t->epoch_progress.total = t->epoch_progress.current = done;
-    t->opt_step.total.ready = t->opt_step.total.completed = step;
-    t->batches_that_stepped = stepped;
-    t->total_batch_idx = tbi;
+    if (prog[0] && progress_parse(t, prog) == 0) {
+        /* Every counter as saved. Inside an epoch (its start hooks ran,
+         * it has not been processed) the epoch loop picks up at the next
+         * batch: reset_on_restart of the batch progress is a no-op here,
+         * because the save happened after the batch completed. */
+        t->restart_mid_epoch = t->epoch_progress.current.started > t->epoch_progress.current.processed;
+        ht_counts *bc = &t->batch_progress.current;
+        bc->ready = bc->started = bc->processed = bc->completed;
+    } else {
+        /* an end-of-epoch checkpoint from before "progress" existed */
+        ht_counts done = {ep, ep, ep, ep};
+        t->epoch_progress.total = t->epoch_progress.current = done;
+        t->opt_step.total.ready = t->opt_step.total.completed = step;
+        t->batches_that_stepped = stepped;
+        t->total_batch_idx = tbi;
+    }
     t->resumed = 1;
     /* the schedule continues where it was (its plugin restored its own
      * state above); without a scheduler the factor is 1 */
@@ -296,7 +409,12 @@ int ht_ckpt_resume(ht_trainer *t, const char *path, char *why, size_t whylen) {
         }
         t->lr_factor = lr_factor;
     }
-    HLOG_INFO("resuming after epoch %lld, global step %lld", ep, step);
+    if (t->restart_mid_epoch)
+        HLOG_INFO("resuming inside epoch %lld after batch %lld, global step %lld",
+                  (long long)t->epoch_progress.current.completed, (long long)t->batch_progress.current.completed - 1,
+                  (long long)t->opt_step.total.completed);
+    else
+        HLOG_INFO("resuming after epoch %lld, global step %lld", ep, step);
     return KILN_OK;
 }
 

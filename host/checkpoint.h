@@ -12,8 +12,10 @@
  * progress. `kiln validate|test --ckpt PATH|last` load the weights into the
  * stack the run file describes (names and shapes must match); `kiln fit
  * --ckpt` resumes: weights, plugin states and progress, then training goes on
- * with the next epoch, bit-identical to a run that never stopped. (The
- * checkpoint issue adds mid-epoch checkpoints and their counter repairs.)
+ * where it stopped, bit-identical to a run that never stopped. Besides the
+ * end-of-epoch file, callbacks request checkpoints (save_checkpoint) that
+ * are written at the end of the current batch; "progress" holds every loop
+ * counter, so such a file resumes inside its epoch.
  */
 #ifndef KILN_HOST_CHECKPOINT_H
 #define KILN_HOST_CHECKPOINT_H
@@ -34,6 +36,9 @@ int ht_ckpt_load_weights(ht_trainer *t, const char *path, char *why, size_t whyl
 /* Resume a fit from an end-of-epoch checkpoint: weights, plugin states
  * (the plugin writing each must be the one restoring it), loop progress. */
 int ht_ckpt_resume(ht_trainer *t, const char *path, char *why, size_t whylen);
+/* Write the checkpoints requested through save_checkpoint (consistent
+ * points of the loops only: end of a batch, end of an epoch). */
+int ht_ckpt_flush(ht_trainer *t, char *why, size_t whylen);
 /* "last": the newest <default_root_dir>/version_N/checkpoints/last.safetensors;
  * anything else is a path. */
 int ht_ckpt_resolve(const ht_trainer *t, const char *arg, char *out, size_t outlen, char *why, size_t whylen);

@@ -6,6 +6,8 @@
  * `test` take --ckpt PATH|last to evaluate saved weights; `fit --ckpt`
  * resumes from an end-of-epoch checkpoint.
  */
+#define _POSIX_C_SOURCE 200809L
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +16,8 @@
 #include "log.h"
 #include "checkpoint.h"
 #include "trainer.h"
+
+static void on_signal(int sig) { ht_signal = sig; }
 
 int cli_run(const char *verb, int argc, char **argv) {
     if (argc < 1 || argv[0][0] == '-') {
@@ -42,13 +46,21 @@ int cli_run(const char *verb, int argc, char **argv) {
     hl_loader_init(&L);
     char why[4096] = "";
     ht_trainer *t = calloc(1, sizeof *t);
-    int opened = 0;
+    int opened = 0, interrupted = 0;
     int rc = cli_open_run(path, sets, nsets, &c, &L, why, sizeof why);
     if (rc == KILN_OK) rc = cli_check_run(&c, &L, stage == KILN_STAGE_FIT, why, sizeof why);
     if (rc == KILN_OK) { rc = ht_open(t, &c, &L, stage, why, sizeof why); opened = rc == KILN_OK; }
     char ckpt_path[4096] = "";
     /* resolve "last" before this run's own directory exists */
-    if (rc == KILN_OK && ckpt) rc = ht_ckpt_resolve(t, ckpt, ckpt_path, sizeof ckpt_path, why, sizeof why);
+    if (rc == KILN_OK && ckpt) {
+        rc = ht_ckpt_resolve(t, ckpt, ckpt_path, sizeof ckpt_path, why, sizeof why);
+        if (rc == KILN_E_NOT_FOUND && stage == KILN_STAGE_FIT && !strcmp(ckpt, "last")) {
+            /* Lightning: ckpt_path="last" without one warns and starts fresh */
+            HLOG_WARN("%s; starting from scratch", why);
+            ckpt = NULL;
+            rc = KILN_OK;
+        }
+    }
     if (rc == KILN_OK && stage == KILN_STAGE_FIT) rc = ht_make_run_dir(t, why, sizeof why);
     if (rc == KILN_OK && ckpt)
         rc = stage == KILN_STAGE_FIT ? ht_ckpt_resume(t, ckpt_path, why, sizeof why)
@@ -56,8 +68,26 @@ int cli_run(const char *verb, int argc, char **argv) {
     if (rc == KILN_OK) {
         if (t->run_dir[0]) HLOG_INFO("run directory: %s", t->run_dir);
         if (stage == KILN_STAGE_FIT) {
+            /* SIGINT/SIGTERM: finish the batch, checkpoint, stop (loops.c);
+             * a second signal kills as usual */
+            struct sigaction sa;
+            memset(&sa, 0, sizeof sa);
+            sa.sa_handler = on_signal;
+            sa.sa_flags = (int)SA_RESETHAND;
+            sigaction(SIGINT, &sa, NULL);
+            sigaction(SIGTERM, &sa, NULL);
             rc = ht_fit(t, why, sizeof why);
             if (rc == KILN_OK) ht_print_summary(t, "fit");
+            if (rc == KILN_OK && t->interrupted) {
+                /* always said, also under -q: the run did not finish */
+                interrupted = t->interrupted;
+                run_test = 0;
+                fprintf(stderr,
+                        "kiln: %s: stopped after epoch %lld, batch %lld (global step %lld); "
+                        "%s/checkpoints/last.safetensors resumes it: kiln fit %s --ckpt last\n",
+                        interrupted == SIGINT ? "SIGINT" : "SIGTERM", (long long)t->interrupted_epoch,
+                        (long long)t->interrupted_batch, (long long)t->opt_step.total.completed, t->run_dir, path);
+            }
             if (rc == KILN_OK && run_test) {
                 rc = ht_evaluate(t, KILN_STAGE_TEST, why, sizeof why);
                 if (rc == KILN_OK) ht_print_summary(t, "test");
@@ -74,5 +104,6 @@ int cli_run(const char *verb, int argc, char **argv) {
     hl_shutdown(&L);
     hl_loader_free(&L);
     free(sets);
+    if (rc == KILN_OK && interrupted) return 128 + interrupted; /* as a shell reports the signal */
     return rc == KILN_OK ? 0 : 1;
 }

@@ -9,6 +9,7 @@
  */
 #define _GNU_SOURCE
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -263,18 +264,40 @@ typedef struct epoch_loop {
 
 static int epoch_reset(ht_loop *L, char *why, size_t whylen) {
     ht_trainer *t = L->t;
-    reset_current(&t->batch_progress);
-    t->is_last_batch = 0;
+    int64_t start = 0;
+    if (t->restart_mid_epoch) {
+        /* resumed inside this epoch: keep the batch progress, the data
+         * starts at the batch after the last one the checkpoint saw */
+        start = t->batch_progress.current.completed;
+        t->is_last_batch = start >= t->num_training_batches;
+    } else {
+        reset_current(&t->batch_progress);
+        t->is_last_batch = 0;
+    }
+    t->restart_mid_epoch = 0;
     herr_clear();
     int32_t rc = t->data_ops->start_epoch(t->data.inst, KILN_SPLIT_TRAIN,
-                                          (uint64_t)t->epoch_progress.current.completed, 0);
+                                          (uint64_t)t->epoch_progress.current.completed, start);
     return rc ? data_fail(t, rc, "start_epoch", why, whylen) : KILN_OK;
+}
+
+/* End of a batch or of an epoch, where every counter is consistent: write
+ * the checkpoints callbacks asked for; after SIGINT/SIGTERM also
+ * checkpoints/last.safetensors, and stop. */
+static int consistent_point(ht_trainer *t, char *why, size_t whylen) {
+    int rc = ht_ckpt_flush(t, why, whylen);
+    if (rc || !ht_signal || t->interrupted) return rc;
+    t->interrupted = (int)ht_signal;
+    if ((rc = ht_ckpt_save_last(t, why, whylen))) return rc;
+    t->interrupted_epoch = t->epoch_progress.current.completed; /* cli_run.c says where */
+    t->interrupted_batch = t->batch_progress.current.completed - 1; /* batch_idx may be a val batch now */
+    return KILN_OK;
 }
 
 /* epoch_loop.done: max_steps, an allowed stop request, or the batches are done */
 static int epoch_done(ht_loop *L) {
     ht_trainer *t = L->t;
-    if (max_steps_reached(t)) return 1;
+    if (t->interrupted || max_steps_reached(t)) return 1;
     if (t->should_stop) {
         if (can_stop_early(t)) return 1;
         note_min_not_met(t);
@@ -342,7 +365,7 @@ static int epoch_on_advance_end(ht_loop *L, char *why, size_t whylen) {
     if (!t->accumulating) t->batches_that_stepped++;
     t->total_batch_idx++;
     t->accumulating = 0;
-    return KILN_OK;
+    return consistent_point(t, why, whylen);
 }
 
 static int run_epoch_loop(ht_trainer *t, char *why, size_t whylen) {
@@ -369,7 +392,7 @@ static int fit_on_run_start(ht_loop *L, char *why, size_t whylen) {
 
 static int fit_done(ht_loop *L) {
     ht_trainer *t = L->t;
-    if (max_steps_reached(t)) return 1;
+    if (t->interrupted || max_steps_reached(t)) return 1;
     if (t->set.max_epochs != -1 && t->epoch_progress.current.processed >= t->set.max_epochs) return 1;
     if (t->should_stop) {
         if (can_stop_early(t)) return 1;
@@ -381,11 +404,15 @@ static int fit_done(ht_loop *L) {
 /* on_advance_start + advance: epoch start hooks, then the epoch loop */
 static int fit_advance(ht_loop *L, char *why, size_t whylen) {
     ht_trainer *t = L->t;
-    INC(t->epoch_progress, ready);
-    int rc = ht_hook(t, KILN_EV_ON_TRAIN_EPOCH_START, -1, NULL, NULL, 0, NULL, why, whylen);
-    if (rc) return rc;
-    INC(t->epoch_progress, started);
-    return run_epoch_loop(t, why, whylen);
+    int rc;
+    if (!t->restart_mid_epoch) { /* resumed inside it: these ran before the checkpoint */
+        INC(t->epoch_progress, ready);
+        if ((rc = ht_hook(t, KILN_EV_ON_TRAIN_EPOCH_START, -1, NULL, NULL, 0, NULL, why, whylen))) return rc;
+        INC(t->epoch_progress, started);
+    }
+    if ((rc = run_epoch_loop(t, why, whylen))) return rc;
+    /* interrupted inside the epoch: it is not processed (no on_train_epoch_end) */
+    return t->interrupted ? HT_LOOP_STOP : KILN_OK;
 }
 
 /* on_advance_end: on_train_epoch_end, epoch metrics, completed++ */
@@ -399,7 +426,8 @@ static int fit_on_advance_end(ht_loop *L, char *why, size_t whylen) {
     if ((rc = log_epoch_metrics(t, KILN_STAGE_FIT, step, why, whylen))) return rc;
     INC(t->epoch_progress, completed);
     /* Lightning's default ModelCheckpoint: the weights after every epoch */
-    return ht_ckpt_save_last(t, why, whylen);
+    if ((rc = ht_ckpt_save_last(t, why, whylen))) return rc;
+    return consistent_point(t, why, whylen);
 }
 
 static int fit_on_run_end(ht_loop *L, char *why, size_t whylen) {

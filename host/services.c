@@ -101,6 +101,7 @@ static const kiln_host_services g_services = {
     .optimizer_zero_grad = ht_svc_optimizer_zero_grad,
     .toggle_optimizer = ht_svc_toggle_optimizer,
     .untoggle_optimizer = ht_svc_untoggle_optimizer,
+    .save_checkpoint = ht_svc_save_checkpoint,
 };
 
 static const kiln_host_services *get_services(uint16_t major, uint16_t min_minor) {

@@ -47,6 +47,8 @@ int32_t ht_svc_optimizer_step(kiln_host_ctx *h, uint32_t index, const struct kil
 int32_t ht_svc_optimizer_zero_grad(kiln_host_ctx *h, uint32_t index);
 int32_t ht_svc_toggle_optimizer(kiln_host_ctx *h, uint32_t index);
 int32_t ht_svc_untoggle_optimizer(kiln_host_ctx *h, uint32_t index);
+/* checkpoint.c */
+int32_t ht_svc_save_checkpoint(kiln_host_ctx *h, const char *path);
 
 void hs_ctx_init(kiln_host_ctx *h, const hl_plugin *p, const kiln_kv *config, const kiln_kv *trainer);
 

@@ -107,6 +107,8 @@ static int read_settings(ht_trainer *t, char *why, size_t whylen) {
     return KILN_OK;
 }
 
+volatile sig_atomic_t ht_signal;
+
 /* ---------------------------------------------------------------------------
  * Slots */
 

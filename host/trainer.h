@@ -9,6 +9,7 @@
 #ifndef KILN_HOST_TRAINER_H
 #define KILN_HOST_TRAINER_H
 
+#include <signal.h>
 #include <stdint.h>
 
 #include "config.h"
@@ -120,6 +121,14 @@ typedef struct ht_trainer {
     int64_t total_batch_idx;
     int should_stop;
     int resumed;                  /* restored from a checkpoint: no sanity check */
+    int restart_mid_epoch;        /* restored inside an epoch: its start hooks
+                                     ran before the checkpoint, data resumes at
+                                     the saved batch                          */
+    char ckpt_pending[8][1024];   /* save_checkpoint requests, written at the
+                                     next consistent point (ht_ckpt_flush)     */
+    int nckpt_pending;
+    int interrupted;              /* SIGINT/SIGTERM seen: the signal number    */
+    int64_t interrupted_epoch, interrupted_batch; /* where it stopped        */
     int min_not_met_logged;
     int64_t num_training_batches, num_val_batches, num_test_batches;
     int64_t skipped_steps;
@@ -163,6 +172,9 @@ int ht_update_lr(ht_trainer *t, int per_epoch, int plateau, char *why, size_t wh
 /* Clip the gradients of every parameter (trainer.gradient_clip_val), log
  * the total norm; called after unscale and on_before_optimizer_step. */
 int ht_clip_gradients(ht_trainer *t, char *why, size_t whylen);
+/* Set by the SIGINT/SIGTERM handler (cli_run.c); the loops finish the
+ * current batch, save checkpoints/last.safetensors and stop. */
+extern volatile sig_atomic_t ht_signal;
 /* Destroy every instance (reverse creation order). */
 void ht_close(ht_trainer *t);
 

@@ -115,12 +115,16 @@ static int32_t m_optimizer_zero_grad(kiln_host_ctx *h, uint32_t i) {
 }
 static int32_t m_toggle(kiln_host_ctx *h, uint32_t i) { (void)h; return mh.toggle ? mh.toggle(i, 1) : KILN_E_UNSUPPORTED; }
 static int32_t m_untoggle(kiln_host_ctx *h, uint32_t i) { (void)h; return mh.toggle ? mh.toggle(i, 0) : KILN_E_UNSUPPORTED; }
+static int32_t m_save_checkpoint(kiln_host_ctx *h, const char *path) {
+    (void)h;
+    return mh.save_checkpoint ? mh.save_checkpoint(path) : KILN_E_UNSUPPORTED;
+}
 
 static const kiln_host_services g_svc = {
     sizeof(kiln_host_services), KILN_ABI_MAJOR, KILN_ABI_MINOR, m_log, m_log_enabled, m_set_error, m_alloc, m_free,
     m_config_get, m_log_metric, m_accelerator, m_param_register, m_params, m_trainer_state, m_log_value,
     m_get_metric, m_request_stop, m_seed, m_optimizer_count, m_manual_backward, m_optimizer_step,
-    m_optimizer_zero_grad, m_toggle, m_untoggle,
+    m_optimizer_zero_grad, m_toggle, m_untoggle, m_save_checkpoint,
 };
 
 static const kiln_host_services *m_get_services(uint16_t major, uint16_t minor) {

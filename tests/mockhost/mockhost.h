@@ -42,6 +42,7 @@ typedef struct mh_state {
     int32_t (*optimizer_step)(uint32_t index, const struct kiln_closure *closure, int32_t *skipped);
     int32_t (*optimizer_zero_grad)(uint32_t index);
     int32_t (*toggle)(uint32_t index, int on);
+    int32_t (*save_checkpoint)(const char *path); /* 1.2: what save_checkpoint forwards to */
 } mh_state;
 
 extern mh_state mh;

@@ -536,7 +536,8 @@ static void resume_case(const char *prec, const char *tag) {
     int skipped_resumed = sk ? atoi(sk + 15) : -1;
     if (!strcmp(tag, "fp16")) {
         CU_ASSERT(skipped_part > 0);                                 /* epoch 1 overflowed ... */
-        CU_ASSERT_EQUAL(skipped_part + skipped_resumed, skipped_full); /* ... and epoch 2 did not start over */
+        /* ... epoch 2 did not start over, and the count carries over */
+        CU_ASSERT_EQUAL(skipped_resumed, skipped_full);
     }
     snprintf(cmd, sizeof cmd, "cmp %s %s", wa, wb);
     CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);

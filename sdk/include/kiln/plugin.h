@@ -185,6 +185,16 @@ typedef struct kiln_host_services {
      * a module's backward leaves frozen parameters' gradients untouched. */
     int32_t (*toggle_optimizer)(kiln_host_ctx *hctx, uint32_t index);
     int32_t (*untoggle_optimizer)(kiln_host_ctx *hctx, uint32_t index);
+    /* -- 1.2: checkpoints on request (ModelCheckpoint-style callbacks) --
+     * Ask for a checkpoint of the whole run (weights, every plugin's state,
+     * loop progress) at `path` (absolute, or relative to the run
+     * directory). It is written atomically at the next point where the loops
+     * are consistent: the end of the current training batch (after its
+     * validation and counters), or, when asked from on_train_epoch_end, the
+     * end of that epoch. `kiln fit --ckpt PATH` resumes from any such file
+     * exactly. KILN_E_STATE outside fit; KILN_E_IO (with a message) is
+     * reported by the run when the write fails. */
+    int32_t (*save_checkpoint)(kiln_host_ctx *hctx, const char *path);
 } kiln_host_services;
 
 /* ---------------------------------------------------------------------------
@@ -296,6 +306,7 @@ static_assert(offsetof(kiln_host_services, seed) == 120, "kiln_host_services 1.1
 static_assert(offsetof(kiln_host_services, optimizer_count) == 128 &&
                   offsetof(kiln_host_services, untoggle_optimizer) == 168,
               "kiln_host_services 1.2");
+static_assert(offsetof(kiln_host_services, save_checkpoint) == 176, "kiln_host_services 1.2");
 static_assert(offsetof(kiln_ops_header, create) == 8 && offsetof(kiln_ops_header, set_state) == 32 &&
                   sizeof(kiln_ops_header) == 40, "kiln_ops_header 1.0");
 static_assert(offsetof(kiln_plugin_desc, kind) == 4 && offsetof(kiln_plugin_desc, name) == 8 &&

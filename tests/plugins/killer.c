@@ -1,0 +1,94 @@
+/*
+ * tests/plugins/killer.c — a test-only callback for the kill-and-resume
+ * tests: it asks the host for checkpoints/last.safetensors after every
+ * `every`-th training batch (save_checkpoint, written at the end of that
+ * batch), kills its own process with SIGKILL (or SIGTERM) at a chosen
+ * point — at a batch's start or end, during validation, at an epoch's
+ * end — and writes every parameter's raw values to `dump` at on_fit_end,
+ * so a resumed run can be compared with an uninterrupted one.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common_train.h"
+
+struct kl {
+    const kiln_host_services *svc;
+    kiln_host_ctx *h;
+    int64_t every, epoch, batch;
+    char at[32], sig[8], dump[1024];
+};
+
+static int32_t kl_create(void *ctx, const kiln_host_services *svc, kiln_host_ctx *h, const kiln_kv *cfg,
+                         kiln_instance **out) {
+    (void)ctx;
+    struct kl *k = calloc(1, sizeof *k);
+    if (!k) return KILN_E_NOMEM;
+    k->svc = svc;
+    k->h = h;
+    k->every = kiln_kv_int(cfg, "every", 1);
+    k->epoch = kiln_kv_int(cfg, "kill_epoch", -1);
+    k->batch = kiln_kv_int(cfg, "kill_batch", -1);
+    snprintf(k->at, sizeof k->at, "%s", kiln_kv_str(cfg, "kill_at", "none"));
+    snprintf(k->sig, sizeof k->sig, "%s", kiln_kv_str(cfg, "signal", "KILL"));
+    snprintf(k->dump, sizeof k->dump, "%s", kiln_kv_str(cfg, "dump", ""));
+    *out = (kiln_instance *)k;
+    return KILN_OK;
+}
+
+static void kl_destroy(kiln_instance *i) { free(i); }
+
+static void kl_maybe_kill(struct kl *k, const char *where, const kiln_event *ev) {
+    if (strcmp(k->at, where) || ev->trainer->current_epoch != k->epoch) return;
+    if (k->batch >= 0 && ev->batch_idx != k->batch) return;
+    fflush(NULL);
+    raise(!strcmp(k->sig, "TERM") ? SIGTERM : SIGKILL);
+}
+
+static int32_t kl_dump(struct kl *k) {
+    kiln_parameter *const *ps;
+    uint32_t n;
+    int32_t rc = k->svc->params(k->h, &ps, &n);
+    if (rc) return rc;
+    FILE *f = fopen(k->dump, "wb");
+    if (!f) return kiln_errorf(k->svc, k->h, KILN_E_IO, "%s: cannot write", k->dump);
+    for (uint32_t i = 0; i < n; i++)
+        fwrite(ps[i]->data, kiln_dtype_size(kiln_param_dtype(ps[i])), (size_t)ps[i]->numel, f);
+    return fclose(f) == 0 ? KILN_OK : KILN_E_IO;
+}
+
+static int32_t kl_event(kiln_instance *i, kiln_event *ev) {
+    struct kl *k = (struct kl *)i;
+    const int fit = ev->trainer && ev->trainer->stage != KILN_STAGE_SANITY;
+    switch (ev->id) {
+    case KILN_EV_ON_TRAIN_BATCH_START: if (fit) kl_maybe_kill(k, "batch_start", ev); break;
+    case KILN_EV_ON_TRAIN_BATCH_END:
+        if (k->every > 0 && ev->trainer->global_step % k->every == 0) {
+            int32_t rc = k->svc->save_checkpoint(k->h, "checkpoints/last.safetensors");
+            if (rc) return rc;
+        }
+        kl_maybe_kill(k, "batch_end", ev);
+        break;
+    case KILN_EV_ON_VALIDATION_BATCH_END: if (fit) kl_maybe_kill(k, "validation", ev); break;
+    case KILN_EV_ON_TRAIN_EPOCH_END: kl_maybe_kill(k, "epoch_end", ev); break;
+    case KILN_EV_ON_FIT_END: return k->dump[0] ? kl_dump(k) : KILN_OK;
+    default: break;
+    }
+    return KILN_OK;
+}
+
+static const kiln_callback_ops kl_ops = {{sizeof(kiln_callback_ops), 0, kl_create, kl_destroy, NULL, NULL}, kl_event};
+static const kiln_param kl_params[] = {
+    {"every", KILN_TYPE_INT, 0, KILN_V_INT(1), "request a checkpoint every N global steps (0: never)"},
+    {"kill_epoch", KILN_TYPE_INT, 0, KILN_V_INT(-1), "epoch of the kill"},
+    {"kill_batch", KILN_TYPE_INT, 0, KILN_V_INT(-1), "batch of the kill (-1: any)"},
+    {"kill_at", KILN_TYPE_STRING, 0, KILN_V_STR("none"), "batch_start | batch_end | validation | epoch_end | none"},
+    {"signal", KILN_TYPE_STRING, 0, KILN_V_STR("KILL"), "KILL or TERM"},
+    {"dump", KILN_TYPE_STRING, 0, KILN_V_STR(""), "write the weights here at on_fit_end"},
+    {NULL, 0, 0, KILN_V_NONE, NULL}};
+static const kiln_plugin_desc kl_desc = {sizeof(kiln_plugin_desc), KILN_KIND_CALLBACK, "killer", "1.0.0",
+                                         "checkpoints every step and kills itself on cue", 0, NULL, kl_params,
+                                         &kl_ops, NULL};
+KILN_DEFINE_LIBRARY("killer", "1.0.0", 2, &kl_desc)

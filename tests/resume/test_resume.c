@@ -1,0 +1,122 @@
+/*
+ * tests/resume/test_resume.c — "a run killed with SIGKILL at any point and
+ * resumed from its last checkpoint ends with weights bit-identical to an
+ * uninterrupted run". The killer fixture requests a checkpoint after every
+ * batch (written at the end of the batch) and kills the process on cue:
+ * before the first checkpoint, at a batch's start, at a batch's end (before
+ * that batch's checkpoint is written), during a mid-epoch validation, at an
+ * epoch's end; and SIGTERM, which kiln answers by finishing the batch,
+ * checkpointing and exiting with 143. Each case resumes with `--ckpt last`
+ * and compares the final weights with the uninterrupted run's. The stack
+ * is mlp + AdamW (stateful) under 16-mixed (a stateful scaler) with
+ * mid-epoch validation.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <CUnit/Basic.h>
+
+#include "testutil.h"
+
+static char *g_dir;
+static int suite_init(void) { return (g_dir = tu_mkdtemp()) ? 0 : -1; }
+static int suite_clean(void) {
+    if (g_dir) tu_rmrf(g_dir);
+    free(g_dir);
+    return 0;
+}
+
+static const char *JOB =
+    "trainer = { max_epochs = 3; seed = 9; num_sanity_val_steps = 1; val_check_interval = 0.5; };\n"
+    "data = { name = \"toydata\"; n_train = 6; n_val = 2; features = 3; };\n"
+    "module = { name = \"mlp\"; layers = [3, 8, 2]; max_batch = 4; };\n"
+    "optimizer = { name = \"adamw\"; lr = 0.01; };\n"
+    "precision = { name = \"16-mixed\"; init_scale = 4096.0; growth_interval = 5; };\n";
+
+/* fit with the killer callback; returns the exit status */
+static int run(const char *root, const char *killer, const char *extra, char *out, size_t outlen) {
+    static int k;
+    char cfg[4300], text[16384], cmd[20000];
+    snprintf(cfg, sizeof cfg, "%s/r%d.cfg", g_dir, k++);
+    snprintf(text, sizeof text, "plugins = { dirs = [\"%s\"]; };\n%scallbacks = ( { name = \"killer\"; %s } );\n",
+             getenv("KILN_TRAIN_FIXTURES"), JOB, killer);
+    CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
+    snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s\"' %s", tu_kiln(), cfg, root,
+             extra ? extra : "");
+    return tu_run(cmd, out, outlen);
+}
+
+static char g_full[4300];
+
+static void test_uninterrupted(void) {
+    char out[16384], root[4300], killer[4600];
+    snprintf(g_full, sizeof g_full, "%s/full.bin", g_dir);
+    snprintf(root, sizeof root, "%s/full", g_dir);
+    snprintf(killer, sizeof killer, "dump = \"%s\";", g_full);
+    int rc = run(root, killer, NULL, out, sizeof out);
+    if (rc) fprintf(stderr, "\n%s\n", out);
+    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "steps: 18 "));
+}
+
+/* kill on cue, resume from last, compare */
+static void kill_case(const char *tag, const char *cue, int expect_status) {
+    char out[32768], root[4300], killer[4600], dump[4300], cmd[9000];
+    snprintf(root, sizeof root, "%s/%s", g_dir, tag);
+    snprintf(dump, sizeof dump, "%s/%s.bin", g_dir, tag);
+    snprintf(killer, sizeof killer, "%s dump = \"%s\";", cue, dump);
+    int rc = run(root, killer, NULL, out, sizeof out);
+    if (expect_status >= 0) {
+        CU_ASSERT_EQUAL(rc, expect_status);
+    } else {
+        CU_ASSERT_NOT_EQUAL(rc, 0);
+    }
+    if (expect_status < 0) { /* killed: no on_fit_end ran */
+        snprintf(cmd, sizeof cmd, "test -e %s", dump);
+        CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 1);
+    } else { /* stopped cleanly: says where to resume from */
+        CU_ASSERT_PTR_NOT_NULL(strstr(out, "SIGTERM: stopped after epoch 1, batch 2"));
+        CU_ASSERT_PTR_NOT_NULL(strstr(out, "checkpoints/last.safetensors resumes it"));
+    }
+    /* resume without the cue */
+    snprintf(killer, sizeof killer, "dump = \"%s\";", dump);
+    rc = run(root, killer, "--ckpt last", out, sizeof out);
+    if (rc) fprintf(stderr, "\n[%s] %s\n", tag, out);
+    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "steps: 18 "));
+    snprintf(cmd, sizeof cmd, "cmp %s %s", g_full, dump);
+    rc = tu_run(cmd, out, sizeof out);
+    if (rc) fprintf(stderr, "\n[%s] weights differ: %s\n", tag, out);
+    CU_ASSERT_EQUAL(rc, 0);
+}
+
+static void test_kill_before_first_checkpoint(void) {
+    kill_case("k0", "kill_at = \"batch_start\"; kill_epoch = 0; kill_batch = 0;", -1);
+}
+static void test_kill_mid_epoch(void) {
+    kill_case("k1", "kill_at = \"batch_end\"; kill_epoch = 1; kill_batch = 3;", -1);
+    kill_case("k2", "kill_at = \"batch_start\"; kill_epoch = 2; kill_batch = 1;", -1);
+}
+static void test_kill_during_validation(void) {
+    kill_case("k3", "kill_at = \"validation\"; kill_epoch = 1; kill_batch = 1;", -1);
+}
+static void test_kill_at_epoch_end(void) {
+    kill_case("k4", "kill_at = \"epoch_end\"; kill_epoch = 0;", -1);
+}
+static void test_sigterm(void) {
+    /* SIGTERM: the batch finishes, last.safetensors is written, exit 143 */
+    kill_case("k5", "kill_at = \"batch_end\"; kill_epoch = 1; kill_batch = 2; signal = \"TERM\"; every = 0;", 143);
+}
+
+static void register_tests(void) {
+    CU_pSuite s = CU_add_suite("resume", suite_init, suite_clean);
+    CU_add_test(s, "uninterrupted reference run", test_uninterrupted);
+    CU_add_test(s, "SIGKILL before the first checkpoint", test_kill_before_first_checkpoint);
+    CU_add_test(s, "SIGKILL mid-epoch", test_kill_mid_epoch);
+    CU_add_test(s, "SIGKILL during validation", test_kill_during_validation);
+    CU_add_test(s, "SIGKILL at an epoch's end", test_kill_at_epoch_end);
+    CU_add_test(s, "SIGTERM: checkpoint and clean exit", test_sigterm);
+}
+
+#include "cunit_main.h"
