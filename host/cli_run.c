@@ -22,18 +22,19 @@ static void on_signal(int sig) { ht_signal = sig; }
 int cli_run(const char *verb, int argc, char **argv) {
     if (argc < 1 || argv[0][0] == '-') {
         fprintf(stderr, "kiln: error: usage: kiln %s RUN.cfg [--set KEY=VALUE]...%s\n", verb,
-                strcmp(verb, "fit") == 0 ? " [--ckpt PATH|last] [--test]" : " [--ckpt PATH|last]");
+                strcmp(verb, "fit") == 0 ? " [--ckpt PATH|last [--weights-only]] [--test]" : " [--ckpt PATH|last]");
         return 2;
     }
     const char *path = argv[0];
     char **sets = calloc((size_t)argc, sizeof(char *));
-    int nsets = 0, run_test = 0;
+    int nsets = 0, run_test = 0, weights_only = 0;
     const char *ckpt = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--set") && i + 1 < argc) sets[nsets++] = argv[++i];
         else if (!strncmp(argv[i], "--set=", 6)) sets[nsets++] = argv[i] + 6;
         else if (!strcmp(argv[i], "--test") && !strcmp(verb, "fit")) run_test = 1;
         else if (!strcmp(argv[i], "--ckpt") && i + 1 < argc) ckpt = argv[++i];
+        else if (!strcmp(argv[i], "--weights-only") && !strcmp(verb, "fit")) weights_only = 1;
         else {
             fprintf(stderr, "kiln: error: %s: unexpected argument '%s' (see kiln --help)\n", verb, argv[i]);
             free(sets);
@@ -63,8 +64,15 @@ int cli_run(const char *verb, int argc, char **argv) {
     }
     if (rc == KILN_OK && stage == KILN_STAGE_FIT) rc = ht_make_run_dir(t, why, sizeof why);
     if (rc == KILN_OK && ckpt)
-        rc = stage == KILN_STAGE_FIT ? ht_ckpt_resume(t, ckpt_path, why, sizeof why)
-                                     : ht_ckpt_load_weights(t, ckpt_path, why, sizeof why);
+        /* --weights-only: a new run from the checkpoint's weights (any
+         * optimizer, precision or data; the module's names and shapes must
+         * match); otherwise resume everything exactly */
+        rc = stage == KILN_STAGE_FIT && !weights_only ? ht_ckpt_resume(t, ckpt_path, why, sizeof why)
+                                                      : ht_ckpt_load_weights(t, ckpt_path, why, sizeof why);
+    if (rc == KILN_OK && weights_only && !ckpt) {
+        snprintf(why, sizeof why, "fit --weights-only needs --ckpt PATH|last");
+        rc = KILN_E_CONFIG;
+    }
     if (rc == KILN_OK) {
         if (t->run_dir[0]) HLOG_INFO("run directory: %s", t->run_dir);
         if (stage == KILN_STAGE_FIT) {

@@ -234,6 +234,16 @@ int hc_override(hc_config *c, const char *assignment, char *why, size_t whylen) 
         } else if (ot == CONFIG_TYPE_STRING && is_scalar(nt)) {
             /* --set precision.name=16 means the string "16" */
             config_setting_set_string(old, val);
+        } else if (ot == CONFIG_TYPE_GROUP && is_slot(key) && is_scalar(nt)) {
+            /* --set precision=bf16 over precision = { name = ...; ... }: another
+             * plugin, so the old plugin's keys go too */
+            config_setting_t *root = config_root_setting(&c->cfg);
+            config_setting_remove(root, key);
+            config_setting_t *ns = config_setting_add(root, key, CONFIG_TYPE_STRING);
+            if (!ns || !config_setting_set_string(ns, val)) {
+                hwhyf(why, whylen, "--set %s=%s: cannot replace the group", key, val);
+                rc = KILN_E_CONFIG;
+            }
         } else {
             hwhyf(why, whylen, "--set %s=%s: expected a %s (as at %s), found a %s", key, val, cfg_type_name(ot), where,
                  cfg_type_name(nt));

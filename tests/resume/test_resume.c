@@ -109,6 +109,24 @@ static void test_sigterm(void) {
     kill_case("k5", "kill_at = \"batch_end\"; kill_epoch = 1; kill_batch = 2; signal = \"TERM\"; every = 0;", 143);
 }
 
+/* --weights-only: a new run from the weights, with another optimizer and
+ * precision; a resume of the same checkpoint with them is refused. */
+static void test_weights_only(void) {
+    char out[32768], root[4300], cfg_extra[9000];
+    snprintf(root, sizeof root, "%s/full", g_dir); /* the reference run's checkpoints */
+    snprintf(cfg_extra, sizeof cfg_extra, "--ckpt last --set optimizer.name=sgd --set precision=32-true");
+    CU_ASSERT_EQUAL(run(root, "", cfg_extra, out, sizeof out), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "resume with the same stack"));
+    snprintf(cfg_extra, sizeof cfg_extra,
+             "--ckpt last --weights-only --set optimizer.name=sgd --set precision=32-true --set trainer.max_epochs=1");
+    int rc = run(root, "", cfg_extra, out, sizeof out);
+    if (rc) fprintf(stderr, "\n%s\n", out);
+    CU_ASSERT_EQUAL(rc, 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "steps: 6 ")); /* a new run: epoch 0 again */
+    CU_ASSERT_EQUAL(run(root, "", "--weights-only", out, sizeof out), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "--weights-only needs --ckpt"));
+}
+
 static void register_tests(void) {
     CU_pSuite s = CU_add_suite("resume", suite_init, suite_clean);
     CU_add_test(s, "uninterrupted reference run", test_uninterrupted);
@@ -117,6 +135,7 @@ static void register_tests(void) {
     CU_add_test(s, "SIGKILL during validation", test_kill_during_validation);
     CU_add_test(s, "SIGKILL at an epoch's end", test_kill_at_epoch_end);
     CU_add_test(s, "SIGTERM: checkpoint and clean exit", test_sigterm);
+    CU_add_test(s, "--weights-only into another stack", test_weights_only);
 }
 
 #include "cunit_main.h"
