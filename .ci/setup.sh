@@ -60,6 +60,27 @@ a, b = (re.findall(r"test_acc=([0-9.]+)", open(f).read())[-1] for f in sys.argv[
 print(f"test --ckpt last: test accuracy {b} (fit --test: {a})")
 sys.exit(0 if a == b else "the saved checkpoint does not reproduce the fit's test accuracy")
 PY
+  # the checkpoint is plain safetensors: read it with an independent reader
+  # (docs/checkpoints.md) and check names, shapes and the metadata
+  ck=$(ls -d "$root"/build/runs/version_* | sort -V | tail -1)/checkpoints/last.safetensors
+  /usr/bin/python3 - "$ck" <<'PY'
+import json, struct, sys, numpy as np
+with open(sys.argv[1], "rb") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    header = json.loads(f.read(n)); data = f.read()
+meta = header.pop("__metadata__")
+want = {"layers.0.weight": [1024, 784], "layers.0.bias": [1024], "layers.1.weight": [1024, 1024],
+        "layers.1.bias": [1024], "layers.2.weight": [10, 1024], "layers.2.bias": [10]}
+for k, shape in want.items():
+    v = header[k]
+    a, b = v["data_offsets"]
+    x = np.frombuffer(data[a:b], np.float32).reshape(v["shape"])
+    assert v["dtype"] == "F32" and v["shape"] == shape and np.isfinite(x).all(), k
+assert meta["format"] == "kiln-checkpoint-1" and meta["progress"].startswith("kiln-progress-1"), meta
+end = max(v["data_offsets"][1] for v in header.values())
+assert end == len(data), (end, len(data))
+print(f"checkpoint read back with numpy: {len(header)} tensors, stack {meta['stack']}")
+PY
 }
 
 if [ "$mode" = run ]; then
