@@ -224,7 +224,7 @@ int ht_ckpt_flush(ht_trainer *t, char *why, size_t whylen) {
 
 int32_t ht_svc_save_checkpoint(kiln_host_ctx *h, const char *path) {
     ht_trainer *t = h ? h->trainer : NULL;
-    if (!t || t->stage != KILN_STAGE_FIT || !t->run_dir[0]) {
+    if (!t || !t->fitting || t->stage == KILN_STAGE_SANITY || !t->run_dir[0]) {
         herr_set(KILN_E_STATE, "save_checkpoint is only available during fit (after its sanity check)");
         return KILN_E_STATE;
     }

@@ -757,7 +757,9 @@ void ht_print_summary(ht_trainer *t, const char *verb) {
 int ht_fit(ht_trainer *t, char *why, size_t whylen) {
     t->stage = KILN_STAGE_FIT;
     double t0 = ht_now();
+    t->fitting = 1;
     int rc = ht_run_fit_loop(t, why, whylen);
+    t->fitting = 0;
     t->time.total = ht_now() - t0;
     return rc;
 }

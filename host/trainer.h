@@ -128,6 +128,7 @@ typedef struct ht_trainer {
                                      next consistent point (ht_ckpt_flush)     */
     int nckpt_pending;
     int interrupted;              /* SIGINT/SIGTERM seen: the signal number    */
+    int fitting;                  /* inside ht_fit (validation included)       */
     int64_t interrupted_epoch, interrupted_batch; /* where it stopped        */
     int min_not_met_logged;
     int64_t num_training_batches, num_val_batches, num_test_batches;

@@ -127,6 +127,31 @@ static void test_weights_only(void) {
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "--weights-only needs --ckpt"));
 }
 
+/* The checkpoint callback end to end: top-2 by val_loss over 3 epochs
+ * keeps exactly two files, named from the template; one of them resumes. */
+static void test_checkpoint_callback(void) {
+    char out[32768], root[4300], cfg[4300], text[16384], cmd[20000];
+    snprintf(root, sizeof root, "%s/topk", g_dir);
+    snprintf(cfg, sizeof cfg, "%s/topk.cfg", g_dir);
+    snprintf(text, sizeof text,
+             "plugins = { dirs = [\"%s\"]; };\n%scallbacks = ( { name = \"checkpoint\"; monitor = \"val_loss\"; "
+             "save_top_k = 2; filename = \"epoch={epoch}-{val_loss:.4f}\"; } );\n",
+             getenv("KILN_TRAIN_FIXTURES"), JOB);
+    CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
+    snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s\"'", tu_kiln(), cfg, root);
+    int rc = tu_run(cmd, out, sizeof out);
+    if (rc) fprintf(stderr, "\n%s\n", out);
+    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    snprintf(cmd, sizeof cmd, "ls %s/version_0/checkpoints | grep -c '^epoch=[0-9]*-[0-9.]*\\.safetensors$'", root);
+    tu_run(cmd, out, sizeof out);
+    CU_ASSERT_EQUAL(atoi(out), 2);
+    snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s\"' --set trainer.max_epochs=4 "
+             "--ckpt \"$(ls %s/version_0/checkpoints/epoch=* | head -1)\"", tu_kiln(), cfg, root, root);
+    rc = tu_run(cmd, out, sizeof out);
+    if (rc) fprintf(stderr, "\n%s\n", out);
+    CU_ASSERT_EQUAL(rc, 0);
+}
+
 static void register_tests(void) {
     CU_pSuite s = CU_add_suite("resume", suite_init, suite_clean);
     CU_add_test(s, "uninterrupted reference run", test_uninterrupted);
@@ -136,6 +161,7 @@ static void register_tests(void) {
     CU_add_test(s, "SIGKILL at an epoch's end", test_kill_at_epoch_end);
     CU_add_test(s, "SIGTERM: checkpoint and clean exit", test_sigterm);
     CU_add_test(s, "--weights-only into another stack", test_weights_only);
+    CU_add_test(s, "checkpoint callback: top-k files, resume from one", test_checkpoint_callback);
 }
 
 #include "cunit_main.h"
