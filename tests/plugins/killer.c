@@ -4,9 +4,11 @@
  * `every`-th training batch (save_checkpoint, written at the end of that
  * batch), kills its own process with SIGKILL (or SIGTERM) at a chosen
  * point — at a batch's start or end, during validation, at an epoch's
- * end — and writes every parameter's raw values to `dump` at on_fit_end,
+ * end — or poisons the first weight with a NaN (signal = "POISON", for
+ * nan_guard), and writes every parameter's raw values to `dump` at on_fit_end,
  * so a resumed run can be compared with an uninterrupted one.
  */
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,6 +45,12 @@ static void kl_destroy(kiln_instance *i) { free(i); }
 static void kl_maybe_kill(struct kl *k, const char *where, const kiln_event *ev) {
     if (strcmp(k->at, where) || ev->trainer->current_epoch != k->epoch) return;
     if (k->batch >= 0 && ev->batch_idx != k->batch) return;
+    if (!strcmp(k->sig, "POISON")) { /* a NaN weight instead of a signal, for nan_guard */
+        kiln_parameter *const *ps;
+        uint32_t n;
+        if (k->svc->params(k->h, &ps, &n) == KILN_OK && n > 0) ((float *)ps[0]->data)[0] = NAN;
+        return;
+    }
     fflush(NULL);
     raise(!strcmp(k->sig, "TERM") ? SIGTERM : SIGKILL);
 }
@@ -85,7 +93,7 @@ static const kiln_param kl_params[] = {
     {"kill_epoch", KILN_TYPE_INT, 0, KILN_V_INT(-1), "epoch of the kill"},
     {"kill_batch", KILN_TYPE_INT, 0, KILN_V_INT(-1), "batch of the kill (-1: any)"},
     {"kill_at", KILN_TYPE_STRING, 0, KILN_V_STR("none"), "batch_start | batch_end | validation | epoch_end | none"},
-    {"signal", KILN_TYPE_STRING, 0, KILN_V_STR("KILL"), "KILL or TERM"},
+    {"signal", KILN_TYPE_STRING, 0, KILN_V_STR("KILL"), "KILL, TERM, or POISON (a NaN into the first weight)"},
     {"dump", KILN_TYPE_STRING, 0, KILN_V_STR(""), "write the weights here at on_fit_end"},
     {NULL, 0, 0, KILN_V_NONE, NULL}};
 static const kiln_plugin_desc kl_desc = {sizeof(kiln_plugin_desc), KILN_KIND_CALLBACK, "killer", "1.0.0",

@@ -152,6 +152,31 @@ static void test_checkpoint_callback(void) {
     CU_ASSERT_EQUAL(rc, 0);
 }
 
+/* nan_guard stops the run at a NaN weight, naming it; the last checkpoint
+ * written before it stays loadable and finite. */
+static void test_nan_guard_keeps_last_good(void) {
+    char out[32768], root[4300], cfg[4300], text[16384], cmd[20000];
+    snprintf(root, sizeof root, "%s/nan", g_dir);
+    snprintf(cfg, sizeof cfg, "%s/nan.cfg", g_dir);
+    snprintf(text, sizeof text,
+             "plugins = { dirs = [\"%s\"]; };\n%scallbacks = ( { name = \"killer\"; kill_at = \"batch_end\"; "
+             "kill_epoch = 1; kill_batch = 2; signal = \"POISON\"; }, { name = \"nan_guard\"; } );\n",
+             getenv("KILN_TRAIN_FIXTURES"), JOB);
+    CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
+    snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s\"'", tu_kiln(), cfg, root);
+    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "nan_guard: parameter layers.0.weight[0] is nan"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "epoch 1, batch 2"));
+    snprintf(cmd, sizeof cmd, "%s validate %s --set 'trainer.default_root_dir=\"%s\"' --ckpt last", tu_kiln(), cfg,
+             root);
+    int rc = tu_run(cmd, out, sizeof out);
+    if (rc) fprintf(stderr, "\n%s\n", out);
+    CU_ASSERT_EQUAL(rc, 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "global step 8)")); /* the checkpoint after epoch 1, batch 1 */
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "val_loss="));
+    CU_ASSERT_PTR_NULL(strstr(out, "=nan")); /* finite metrics from the last good weights */
+}
+
 static void register_tests(void) {
     CU_pSuite s = CU_add_suite("resume", suite_init, suite_clean);
     CU_add_test(s, "uninterrupted reference run", test_uninterrupted);
@@ -162,6 +187,7 @@ static void register_tests(void) {
     CU_add_test(s, "SIGTERM: checkpoint and clean exit", test_sigterm);
     CU_add_test(s, "--weights-only into another stack", test_weights_only);
     CU_add_test(s, "checkpoint callback: top-k files, resume from one", test_checkpoint_callback);
+    CU_add_test(s, "nan_guard stops; the last checkpoint stays good", test_nan_guard_keeps_last_good);
 }
 
 #include "cunit_main.h"
