@@ -104,7 +104,41 @@ static int log_step_metrics(ht_trainer *t, char *why, size_t whylen) {
     return send_metrics(t, kv, n, t->batches_that_stepped, why, whylen);
 }
 
+/* Several ranks: every epoch mean is the weighted mean over all ranks'
+ * samples (Lightning's sync_dist for epoch metrics); the ranks log the same
+ * metrics in the same order, so one reduce_sum of (sum, weight) pairs does. */
+static int reduce_epoch_metrics(ht_trainer *t, int stage, char *why, size_t whylen) {
+    if (t->state.world_size <= 1) return KILN_OK;
+    double buf[2 * HM_MAX];
+    int idx[HM_MAX], n = 0;
+    for (int i = 0; i < t->metrics.n; i++) {
+        ht_metric *m = &t->metrics.m[i];
+        if (!m->in_epoch || m->stage != stage) continue;
+        buf[2 * n] = m->sum;
+        buf[2 * n + 1] = m->weight;
+        idx[n++] = i;
+    }
+    double cnt = n, all = 0;
+    herr_clear();
+    int32_t rc = t->strategy_ops->reduce_sum(t->strategy.inst, &cnt, 1);
+    all = cnt;
+    if (rc == KILN_OK && all != (double)n * t->state.world_size) {
+        hwhyf(why, whylen, "rank %d logged %d epoch metrics, the ranks together %g: every rank must log the same "
+              "metrics", t->state.rank, n, all);
+        return KILN_E_STATE;
+    }
+    if (rc == KILN_OK && n) rc = t->strategy_ops->reduce_sum(t->strategy.inst, buf, (uint32_t)(2 * n));
+    if (rc) return ht_fail(t, &t->strategy, rc, "reduce_sum (epoch metrics)", why, whylen);
+    for (int k = 0; k < n; k++) {
+        t->metrics.m[idx[k]].sum = buf[2 * k];
+        t->metrics.m[idx[k]].weight = buf[2 * k + 1];
+    }
+    return KILN_OK;
+}
+
 static int log_epoch_metrics(ht_trainer *t, int stage, int64_t step, char *why, size_t whylen) {
+    int rrc = reduce_epoch_metrics(t, stage, why, whylen);
+    if (rrc) return rrc;
     kiln_kv kv[HM_MAX + 2];
     char names[HM_MAX][72];
     int n = hm_take_epoch(&t->metrics, stage, kv, HM_MAX, names);
@@ -285,6 +319,15 @@ static int epoch_reset(ht_loop *L, char *why, size_t whylen) {
  * the checkpoints callbacks asked for; after SIGINT/SIGTERM also
  * checkpoints/last.safetensors, and stop. */
 static int consistent_point(ht_trainer *t, char *why, size_t whylen) {
+    if (t->state.world_size > 1) {
+        /* a stop any rank asked for (early stopping, a callback) is every
+         * rank's: reduce_boolean_decision(any) */
+        double s = t->should_stop;
+        herr_clear();
+        int32_t src = t->strategy_ops->reduce_sum(t->strategy.inst, &s, 1);
+        if (src) return ht_fail(t, &t->strategy, src, "reduce_sum (should_stop)", why, whylen);
+        t->should_stop = s > 0;
+    }
     int rc = ht_ckpt_flush(t, why, whylen);
     if (rc || !ht_signal || t->interrupted) return rc;
     t->interrupted = (int)ht_signal;

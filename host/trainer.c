@@ -672,7 +672,38 @@ void ht_close(ht_trainer *t) {
 /* ---------------------------------------------------------------------------
  * Run directory */
 
+/* Several ranks: rank 0 creates version_N and the others learn N through
+ * the strategy's reduce_sum (they add 0; -1 from rank 0 means it failed). */
+static int share_run_dir(ht_trainer *t, int rc0, char *why, size_t whylen) {
+    if (t->state.world_size <= 1) return rc0;
+    double v = -1;
+    if (t->state.rank == 0 && rc0 == KILN_OK) {
+        const char *u = strrchr(t->run_dir, '_');
+        v = u ? strtod(u + 1, NULL) : -1;
+    }
+    if (t->state.rank != 0) v = 0;
+    else v += 1; /* others add 0: the sum is rank 0's value + 1, 0 when it failed */
+    herr_clear();
+    int32_t rc = t->strategy_ops->reduce_sum(t->strategy.inst, &v, 1);
+    if (rc) return ht_fail(t, &t->strategy, rc, "reduce_sum (sharing the run directory)", why, whylen);
+    if (t->state.rank == 0) return rc0;
+    if (v < 1) {
+        hwhyf(why, whylen, "rank %d: rank 0 could not create the run directory under %s", t->state.rank,
+              t->set.default_root_dir);
+        return KILN_E_IO;
+    }
+    snprintf(t->run_dir, sizeof t->run_dir, "%s/version_%ld", t->set.default_root_dir, (long)v - 1);
+    return KILN_OK;
+}
+
+static int make_run_dir_rank0(ht_trainer *t, char *why, size_t whylen);
+
 int ht_make_run_dir(ht_trainer *t, char *why, size_t whylen) {
+    int rc = t->state.rank == 0 ? make_run_dir_rank0(t, why, whylen) : KILN_OK;
+    return share_run_dir(t, rc, why, whylen);
+}
+
+static int make_run_dir_rank0(ht_trainer *t, char *why, size_t whylen) {
     const char *root = t->set.default_root_dir;
     char path[sizeof t->run_dir - 32];
     snprintf(path, sizeof path, "%s", root);
