@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include <kiln/kiln.h>
+#include <kiln/precision_util.h>
 
 #define MX_VERSION "1.0.0"
 #define MX_STATE_VERSION 1u
@@ -181,20 +182,6 @@ static int32_t mx_pre_backward(kiln_instance *self, double loss, double *scale) 
 
 /* ---------------------------------------------------------- optimizer step */
 
-/* bf16 (no scaler): Precision.optimizer_step, the closure wrapped so the
- * optimizer runs it and then on_before_optimizer_step. */
-typedef struct {
-    const kiln_closure *closure, *after;
-} mx_wrap;
-
-static int32_t mx_wrapped_call(void *ctx, double *loss) {
-    mx_wrap *w = ctx;
-    int32_t rc = w->closure->call(w->closure->ctx, loss);
-    if (rc != KILN_OK) return rc;
-    double ignored;
-    return w->after ? w->after->call(w->after->ctx, &ignored) : KILN_OK;
-}
-
 /* GradScaler.unscale_: grads *= 1/scale (in fp32, as PyTorch's inv_scale),
  * and whether any gradient is inf/NaN afterwards. */
 static int32_t mx_unscale(kiln_instance *self, int *found_inf) {
@@ -229,11 +216,8 @@ static void mx_update(kiln_instance *self, int found_inf) {
 static int32_t mx_optimizer_step(kiln_instance *self, const kiln_optimizer_ref *opt, const kiln_closure *closure,
                                  const kiln_closure *after_closure, int32_t *skipped) {
     *skipped = 0;
-    if (!self->scaler) {
-        mx_wrap w = {closure, after_closure};
-        kiln_closure wrapped = {sizeof(kiln_closure), 0, &w, mx_wrapped_call};
-        return opt->step(opt->ctx, &wrapped);
-    }
+    if (!self->scaler) /* bf16: Precision.optimizer_step, the optimizer runs the closure */
+        return kiln_precision_default_step(opt, closure, after_closure, skipped);
     /* MixedPrecision.optimizer_step with a scaler: the closure runs here,
      * not inside the optimizer, so the update can be skipped. */
     double loss = NAN;

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 
 #include <kiln/kiln.h>
+#include <kiln/precision_util.h>
 
 struct kiln_instance {
     const kiln_host_services *svc;
@@ -56,25 +57,10 @@ static int32_t p64_pre_backward(kiln_instance *self, double loss, double *scale)
     return KILN_OK;
 }
 
-typedef struct {
-    const kiln_closure *closure, *after;
-} p64_wrap;
-
-static int32_t p64_wrapped_call(void *ctx, double *loss) {
-    p64_wrap *w = ctx;
-    int32_t rc = w->closure->call(w->closure->ctx, loss);
-    if (rc != KILN_OK) return rc;
-    double ignored;
-    return w->after ? w->after->call(w->after->ctx, &ignored) : KILN_OK;
-}
-
 static int32_t p64_optimizer_step(kiln_instance *self, const kiln_optimizer_ref *opt, const kiln_closure *closure,
                                   const kiln_closure *after_closure, int32_t *skipped) {
     (void)self;
-    p64_wrap w = {closure, after_closure};
-    kiln_closure wrapped = {sizeof(kiln_closure), 0, &w, p64_wrapped_call};
-    *skipped = 0;
-    return opt->step(opt->ctx, &wrapped);
+    return kiln_precision_default_step(opt, closure, after_closure, skipped);
 }
 
 static const kiln_precision_ops p64_ops = {

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include <kiln/kiln.h>
+#include <kiln/precision_util.h>
 
 #include "nf4_export.h"
 #include "nf4_quant.h"
@@ -328,27 +329,13 @@ static int32_t nf4_pre_backward(kiln_instance *self, double loss, double *scale)
     return KILN_OK;
 }
 
-/* The closure the optimizer calls: the host's closure, then after_closure
- * (Precision._wrap_closure). */
-typedef struct {
-    const kiln_closure *closure, *after;
-} nf4_wrap_ctx;
-
-static int32_t nf4_wrapped_call(void *ctx, double *loss) {
-    nf4_wrap_ctx *wc = ctx;
-    int32_t rc = wc->closure->call(wc->closure->ctx, loss);
-    if (rc != KILN_OK) return rc;
-    double ignored;
-    return wc->after ? wc->after->call(wc->after->ctx, &ignored) : KILN_OK;
-}
-
+/* Precision.optimizer_step: the optimizer runs the host's closure, then
+ * after_closure (kiln/precision_util.h); the straight-through gradients need
+ * nothing more. */
 static int32_t nf4_optimizer_step(kiln_instance *self, const kiln_optimizer_ref *opt, const kiln_closure *closure,
                                   const kiln_closure *after_closure, int32_t *skipped) {
     (void)self;
-    nf4_wrap_ctx wc = {closure, after_closure};
-    kiln_closure wrapped = {sizeof(kiln_closure), 0, &wc, nf4_wrapped_call};
-    *skipped = 0;
-    return opt->step(opt->ctx, &wrapped);
+    return kiln_precision_default_step(opt, closure, after_closure, skipped);
 }
 
 /* ---------------------------------------------------------------------------
