@@ -1,0 +1,564 @@
+/*
+ * ddp.c — the "ddp" strategy (Lightning's DDPStrategy on CPU processes):
+ * one OS process per rank, joined by MPI (OpenMPI's mpirun, or srun with
+ * PMI). create() decides the rank from explicit config, then the launcher's
+ * variables (OpenMPI, torchrun-style, Slurm), initialises MPI and insists the
+ * MPI world agrees, so a mis-launched job fails before anything trains.
+ * setup() broadcasts every parameter's master values from rank 0 (ranks start
+ * equal, as DistributedDataParallel's constructor does) and post_backward()
+ * averages the gradients with one MPI_Allreduce per bucket of at most
+ * bucket_mb MiB, staged through one host buffer allocated in setup() (D2H and
+ * H2D through the accelerator's kernel table when its memory is not host
+ * memory). The host calls post_backward only on stepping batches, which is
+ * Lightning's no_sync() around accumulating ones. Every MPI failure becomes a
+ * kiln status with a message naming the call and the rank (the communicator
+ * is a duplicate of MPI_COMM_WORLD with MPI_ERRORS_RETURN). Collectives and
+ * bytes are counted and reported in one info line at destroy.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <mpi.h>
+
+#include <kiln/kiln.h>
+
+/* One contiguous run of elements of one parameter inside a bucket: a large
+ * parameter is split across buckets so the staging buffer never exceeds
+ * bucket_mb (torch gives such a parameter a bucket of its own instead). */
+typedef struct ddp_segment {
+    uint32_t param;   /* index into params                                  */
+    int64_t offset;   /* first element of the parameter in this segment     */
+    int64_t count;    /* elements                                           */
+} ddp_segment;
+
+/* Consecutive segments of one dtype moved by one collective. */
+typedef struct ddp_bucket {
+    uint32_t first_seg, nseg;
+    uint32_t dtype;   /* KILN_DTYPE_F32 or KILN_DTYPE_F64                   */
+    int64_t count;    /* elements in the bucket (sum of its segments)       */
+} ddp_bucket;
+
+struct kiln_instance {
+    const kiln_host_services *svc;
+    kiln_host_ctx *hctx;
+    int32_t rank, world, local_rank;
+    MPI_Comm comm;           /* dup of MPI_COMM_WORLD, MPI_ERRORS_RETURN    */
+    int have_comm;
+    int initialized_mpi;     /* this plugin called MPI_Init_thread          */
+    size_t bucket_bytes;     /* capacity of one bucket                      */
+
+    /* from setup() */
+    kiln_parameter *const *params;
+    uint32_t nparams;
+    ddp_segment *segs;
+    uint32_t nseg;
+    ddp_bucket *buckets;
+    uint32_t nbuckets;
+    void *buf;               /* (bucket_bytes) host staging buffer           */
+    size_t buf_bytes;
+    kiln_instance *acc;
+    const kiln_kernels *K;
+    int host_memory;         /* device pointers are host pointers            */
+
+    /* counters for the destroy line (tests read them) */
+    uint64_t n_bcast, bcast_bytes;
+    uint64_t n_allreduce, allreduce_bytes;
+    uint64_t n_reduce_sum, n_barrier;
+};
+
+/* ------------------------------------------------------------------------ */
+/* Errors */
+
+/* Turn an MPI error code into KILN_E_COMM with the call, the rank and MPI's
+ * own text, so a failed collective says where and why. */
+static int32_t ddp_mpi_fail(kiln_instance *self, int err, const char *call) {
+    char text[MPI_MAX_ERROR_STRING + 1];
+    int len = 0;
+    if (MPI_Error_string(err, text, &len) != MPI_SUCCESS) len = snprintf(text, sizeof text, "MPI error %d", err);
+    text[len < 0 ? 0 : len > MPI_MAX_ERROR_STRING ? MPI_MAX_ERROR_STRING : len] = 0;
+    return kiln_errorf(self->svc, self->hctx, KILN_E_COMM, "ddp: rank %d of %d: %s failed: %s", (int)self->rank,
+                       (int)self->world, call, text);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Rank discovery */
+
+/* A rank source: three variable names, or explicit config (names NULL). */
+typedef struct ddp_source {
+    const char *label;
+    const char *rank_var, *size_var, *local_var;
+} ddp_source;
+
+static const ddp_source ddp_env_sources[] = {
+    {"OpenMPI (OMPI_COMM_WORLD_RANK/_SIZE/_LOCAL_RANK)", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+     "OMPI_COMM_WORLD_LOCAL_RANK"},
+    {"torchrun-style (RANK/WORLD_SIZE/LOCAL_RANK)", "RANK", "WORLD_SIZE", "LOCAL_RANK"},
+    {"Slurm (SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID)", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"},
+};
+
+/* Parse a whole-string non-negative decimal; -1 absent, -2 malformed. */
+static int64_t ddp_env_int(const char *name) {
+    const char *s = getenv(name);
+    if (!s || !*s) return -1;
+    errno = 0;
+    char *end = NULL;
+    long long v = strtoll(s, &end, 10);
+    if (errno || !end || *end || v < 0 || v > INT32_MAX) return -2;
+    return v;
+}
+
+/* Fill rank/world/local from the first source that sets its rank and size
+ * variables. *label is NULL when none does. */
+static int32_t ddp_ranks_from_env(kiln_instance *self, const char **label, int64_t *rank, int64_t *world,
+                                  int64_t *local) {
+    *label = NULL;
+    for (size_t i = 0; i < sizeof ddp_env_sources / sizeof ddp_env_sources[0]; i++) {
+        const ddp_source *s = &ddp_env_sources[i];
+        int64_t r = ddp_env_int(s->rank_var), w = ddp_env_int(s->size_var), l = ddp_env_int(s->local_var);
+        if (r == -1 && w == -1) continue;
+        const char *bad = r == -2 ? s->rank_var : w == -2 ? s->size_var : l == -2 ? s->local_var : NULL;
+        if (bad)
+            return kiln_errorf(self->svc, self->hctx, KILN_E_CONFIG,
+                               "ddp: %s: expected a non-negative integer, found '%s'", bad, getenv(bad));
+        if (r < 0 || w < 0)
+            return kiln_errorf(self->svc, self->hctx, KILN_E_CONFIG,
+                               "ddp: %s sets only one of %s and %s; both are needed", s->label, s->rank_var,
+                               s->size_var);
+        *label = s->label;
+        *rank = r;
+        *world = w;
+        *local = l;
+        return KILN_OK;
+    }
+    return KILN_OK;
+}
+
+/* MPI's own idea of the node-local rank: the rank within the processes that
+ * share this node's memory. */
+static int32_t ddp_mpi_local_rank(kiln_instance *self, int64_t *local) {
+    MPI_Comm node;
+    int err = MPI_Comm_split_type(self->comm, MPI_COMM_TYPE_SHARED, (int)self->rank, MPI_INFO_NULL, &node);
+    if (err != MPI_SUCCESS) return ddp_mpi_fail(self, err, "MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)");
+    int r = 0;
+    err = MPI_Comm_rank(node, &r);
+    MPI_Comm_free(&node);
+    if (err != MPI_SUCCESS) return ddp_mpi_fail(self, err, "MPI_Comm_rank(node communicator)");
+    *local = r;
+    return KILN_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* create / destroy */
+
+static void ddp_release(kiln_instance *self) {
+    free(self->buf);
+    free(self->segs);
+    free(self->buckets);
+    self->buf = NULL;
+    self->segs = NULL;
+    self->buckets = NULL;
+    self->nseg = self->nbuckets = 0;
+    self->buf_bytes = 0;
+    if (self->have_comm) MPI_Comm_free(&self->comm);
+    self->have_comm = 0;
+    int finalized = 0;
+    if (self->initialized_mpi && MPI_Finalized(&finalized) == MPI_SUCCESS && !finalized) MPI_Finalize();
+    self->initialized_mpi = 0;
+}
+
+static int32_t ddp_create(void *plugin_ctx, const kiln_host_services *svc, kiln_host_ctx *hctx,
+                          const kiln_kv *config, kiln_instance **out) {
+    (void)plugin_ctx;
+    *out = NULL;
+    const int64_t cfg_rank = kiln_kv_int(config, "rank", -1);
+    const int64_t cfg_world = kiln_kv_int(config, "world_size", -1);
+    const int64_t cfg_local = kiln_kv_int(config, "local_rank", -1);
+    const double bucket_mb = kiln_kv_float(config, "bucket_mb", 25.0);
+
+    /* Config checks first: nothing to undo yet. */
+    if (cfg_rank < -1 || cfg_world < -1 || cfg_world == 0 || cfg_local < -1)
+        return kiln_errorf(svc, hctx, KILN_E_CONFIG,
+                           "ddp: rank, world_size and local_rank must be -1 (unset) or >= 0 (world_size >= 1), "
+                           "found rank %" PRId64 ", world_size %" PRId64 ", local_rank %" PRId64,
+                           cfg_rank, cfg_world, cfg_local);
+    if ((cfg_rank == -1) != (cfg_world == -1))
+        return kiln_errorf(svc, hctx, KILN_E_CONFIG,
+                           "ddp: set both rank and world_size, or neither; found rank %" PRId64
+                           ", world_size %" PRId64, cfg_rank, cfg_world);
+    if (cfg_world > 0 && cfg_rank >= cfg_world)
+        return kiln_errorf(svc, hctx, KILN_E_CONFIG,
+                           "ddp: expected 0 <= rank < world_size, found rank %" PRId64 ", world_size %" PRId64,
+                           cfg_rank, cfg_world);
+    if (!(bucket_mb > 0) || bucket_mb > 4096)
+        return kiln_errorf(svc, hctx, KILN_E_CONFIG, "ddp: bucket_mb must be in (0, 4096] MiB, found %g",
+                           bucket_mb);
+
+    kiln_instance *self = calloc(1, sizeof *self);
+    if (!self) return kiln_errorf(svc, hctx, KILN_E_NOMEM, "ddp: out of memory");
+    self->svc = svc;
+    self->hctx = hctx;
+    self->bucket_bytes = (size_t)(bucket_mb * 1024.0 * 1024.0);
+    if (self->bucket_bytes < sizeof(double)) self->bucket_bytes = sizeof(double); /* one element at least */
+    self->bucket_bytes &= ~(size_t)(sizeof(double) - 1);                          /* whole elements */
+
+    /* Where the rank comes from, most explicit first. */
+    const char *source = NULL;
+    int64_t rank = -1, world = -1, local = -1;
+    int32_t rc;
+    if (cfg_rank >= 0) {
+        source = "explicit config (strategy.rank/world_size)";
+        rank = cfg_rank;
+        world = cfg_world;
+    } else if ((rc = ddp_ranks_from_env(self, &source, &rank, &world, &local))) {
+        free(self);
+        return rc;
+    }
+    if (source && rank >= world) {
+        rc = kiln_errorf(svc, hctx, KILN_E_CONFIG, "ddp: %s says rank %" PRId64 " of %" PRId64
+                         ": expected 0 <= rank < world size", source, rank, world);
+        free(self);
+        return rc;
+    }
+    if (cfg_local >= 0) local = cfg_local;
+
+    /* Join (or start) MPI. */
+    int inited = 0, finalized = 0;
+    MPI_Initialized(&inited);
+    MPI_Finalized(&finalized);
+    if (finalized) {
+        rc = kiln_errorf(svc, hctx, KILN_E_STATE,
+                         "ddp: MPI was already finalized in this process; it cannot be started again");
+        free(self);
+        return rc;
+    }
+    if (!inited) {
+        int provided = 0;
+        int err = MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided);
+        if (err != MPI_SUCCESS) {
+            self->rank = (int32_t)(rank < 0 ? 0 : rank);
+            self->world = (int32_t)(world < 0 ? 1 : world);
+            rc = ddp_mpi_fail(self, err, "MPI_Init_thread(MPI_THREAD_FUNNELED)");
+            free(self);
+            return rc;
+        }
+        self->initialized_mpi = 1;
+        if (provided < MPI_THREAD_FUNNELED)
+            kiln_logf(svc, hctx, KILN_LOG_WARN,
+                      "ddp: MPI provides thread level %d, below MPI_THREAD_FUNNELED; collectives stay on the "
+                      "main thread", provided);
+    }
+    int err = MPI_Comm_dup(MPI_COMM_WORLD, &self->comm);
+    if (err != MPI_SUCCESS) {
+        rc = ddp_mpi_fail(self, err, "MPI_Comm_dup(MPI_COMM_WORLD)");
+        ddp_release(self);
+        free(self);
+        return rc;
+    }
+    self->have_comm = 1;
+    MPI_Comm_set_errhandler(self->comm, MPI_ERRORS_RETURN);
+    int mrank = 0, msize = 1;
+    if ((err = MPI_Comm_rank(self->comm, &mrank)) != MPI_SUCCESS ||
+        (err = MPI_Comm_size(self->comm, &msize)) != MPI_SUCCESS) {
+        rc = ddp_mpi_fail(self, err, "MPI_Comm_rank/MPI_Comm_size");
+        ddp_release(self);
+        free(self);
+        return rc;
+    }
+    if (!source) {
+        /* No launcher variables: MPI itself is the only witness (a singleton is rank 0 of 1). */
+        source = "the MPI world (no launcher variables set)";
+        rank = mrank;
+        world = msize;
+    }
+    if (rank != mrank || world != msize) {
+        rc = kiln_errorf(svc, hctx, KILN_E_CONFIG,
+                         "ddp: %s says rank %" PRId64 " of %" PRId64 ", but the MPI world is rank %d of %d. "
+                         "Launch every rank through MPI: `mpirun -n %" PRId64 " kiln fit RUN.cfg` (or "
+                         "`srun --mpi=pmix -n %" PRId64 " kiln fit RUN.cfg` under Slurm); torchrun-style "
+                         "variables alone cannot form an MPI world",
+                         source, rank, world, mrank, msize, world, world);
+        ddp_release(self);
+        free(self);
+        return rc;
+    }
+    self->rank = (int32_t)rank;
+    self->world = (int32_t)world;
+    if (local < 0 && (rc = ddp_mpi_local_rank(self, &local))) {
+        ddp_release(self);
+        free(self);
+        return rc;
+    }
+    self->local_rank = (int32_t)local;
+    kiln_logf(svc, hctx, KILN_LOG_INFO, "ddp: rank %d of %d (local rank %d) from %s; MPI %s", (int)self->rank,
+              (int)self->world, (int)self->local_rank, source,
+              self->initialized_mpi ? "initialised here" : "already initialised");
+    *out = self;
+    return KILN_OK;
+}
+
+static void ddp_destroy(kiln_instance *self) {
+    if (!self) return;
+    kiln_logf(self->svc, self->hctx, KILN_LOG_INFO,
+              "ddp: rank %d: %" PRIu64 " broadcasts, %" PRIu64 " all-reduces (%" PRIu64 " bytes); broadcast %" PRIu64
+              " bytes, %" PRIu64 " metric reductions, %" PRIu64 " barriers",
+              (int)self->rank, self->n_bcast, self->n_allreduce, self->allreduce_bytes, self->bcast_bytes,
+              self->n_reduce_sum, self->n_barrier);
+    ddp_release(self);
+    free(self);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Buckets */
+
+static MPI_Datatype ddp_mpi_type(uint32_t dtype) { return dtype == KILN_DTYPE_F64 ? MPI_DOUBLE : MPI_FLOAT; }
+
+/* Plan the buckets: walk the parameters in order, cutting a new bucket when
+ * the current one is full or the dtype changes. Returns the segment and
+ * bucket counts through the arrays (NULL arrays: count only). */
+static void ddp_plan(const kiln_instance *self, kiln_parameter *const *params, uint32_t n, ddp_segment *segs,
+                     uint32_t *nseg, ddp_bucket *buckets, uint32_t *nb) {
+    uint32_t s = 0, b = 0;
+    int64_t room = 0;          /* elements left in the open bucket */
+    uint32_t open_dtype = 0;   /* dtype of the open bucket; 0: none open */
+    for (uint32_t i = 0; i < n; i++) {
+        const uint32_t dt = kiln_param_dtype(params[i]);
+        const int64_t cap = (int64_t)(self->bucket_bytes / kiln_dtype_size(dt));
+        int64_t off = 0;
+        while (off < params[i]->numel) {
+            if (open_dtype != dt || room == 0) { /* open a bucket */
+                if (buckets) buckets[b] = (ddp_bucket){s, 0, dt, 0};
+                b++;
+                open_dtype = dt;
+                room = cap;
+            }
+            const int64_t left = params[i]->numel - off;
+            const int64_t take = left < room ? left : room;
+            if (segs) {
+                segs[s] = (ddp_segment){i, off, take};
+                buckets[b - 1].nseg++;
+                buckets[b - 1].count += take;
+            }
+            s++;
+            off += take;
+            room -= take;
+        }
+    }
+    *nseg = s;
+    *nb = b;
+}
+
+/* Copy a bucket's `which` tensors (0: data, 1: grad) into the staging buffer
+ * (to_buf) or back out of it, through the kernel table when the accelerator's
+ * memory is not host memory. */
+static int32_t ddp_stage(kiln_instance *self, const ddp_bucket *bk, int which, int to_buf) {
+    const size_t esz = kiln_dtype_size(bk->dtype);
+    char *hb = self->buf; /* (bk->count) elements of bk->dtype */
+    for (uint32_t k = 0; k < bk->nseg; k++) {
+        const ddp_segment *sg = &self->segs[bk->first_seg + k];
+        const kiln_parameter *p = self->params[sg->param];
+        char *dev = (char *)(which ? (void *)p->grad : (void *)p->data) + (size_t)sg->offset * esz;
+        const size_t bytes = (size_t)sg->count * esz;
+        if (self->host_memory) {
+            if (to_buf) memcpy(hb, dev, bytes);
+            else memcpy(dev, hb, bytes);
+        } else {
+            int32_t rc = to_buf ? self->K->copy(self->acc, hb, dev, bytes, KILN_COPY_D2H)
+                                : self->K->copy(self->acc, dev, hb, bytes, KILN_COPY_H2D);
+            if (rc)
+                return kiln_errorf(self->svc, self->hctx, rc, "ddp: rank %d: copying %s of '%s' %s failed (%s)",
+                                   (int)self->rank, which ? "gradients" : "weights", p->name,
+                                   to_buf ? "to the host" : "to the device", kiln_status_name(rc));
+        }
+        hb += bytes;
+    }
+    if (!self->host_memory && self->K->synchronize) {
+        int32_t rc = self->K->synchronize(self->acc);
+        if (rc)
+            return kiln_errorf(self->svc, self->hctx, rc, "ddp: rank %d: accelerator synchronize failed (%s)",
+                               (int)self->rank, kiln_status_name(rc));
+    }
+    return KILN_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Strategy ops */
+
+static int32_t ddp_setup(kiln_instance *self, kiln_parameter *const *params, uint32_t n) {
+    free(self->buf);
+    free(self->segs);
+    free(self->buckets);
+    self->buf = NULL;
+    self->segs = NULL;
+    self->buckets = NULL;
+    self->params = params;
+    self->nparams = n;
+
+    for (uint32_t i = 0; i < n; i++) {
+        const uint32_t dt = kiln_param_dtype(params[i]);
+        if (dt != KILN_DTYPE_F32 && dt != KILN_DTYPE_F64)
+            return kiln_errorf(self->svc, self->hctx, KILN_E_UNSUPPORTED,
+                               "ddp: parameter '%s': expected float32 or float64 masters, found %s", params[i]->name,
+                               kiln_dtype_name(dt));
+        if (params[i]->numel < 0 || (params[i]->numel > 0 && (!params[i]->data || !params[i]->grad)))
+            return kiln_errorf(self->svc, self->hctx, KILN_E_INVALID_ARG,
+                               "ddp: parameter '%s': expected allocated data and grad, found data %p grad %p",
+                               params[i]->name, (void *)params[i]->data, (void *)params[i]->grad);
+    }
+
+    /* The accelerator decides whether the staging buffer is needed for copies. */
+    self->acc = NULL;
+    self->K = NULL;
+    self->host_memory = 1;
+    if (self->svc->abi_minor >= 1 && self->svc->accelerator &&
+        self->svc->accelerator(self->hctx, &self->acc, &self->K) == KILN_OK && self->K) {
+        self->host_memory = (self->K->flags & KILN_KERNELS_HOST_MEMORY) != 0;
+        if (!self->host_memory && !self->K->copy)
+            return kiln_errorf(self->svc, self->hctx, KILN_E_UNSUPPORTED,
+                               "ddp: the accelerator's memory is not host memory and its kernel table has no copy");
+    }
+
+    uint32_t nseg = 0, nb = 0;
+    ddp_plan(self, params, n, NULL, &nseg, NULL, &nb);
+    self->segs = calloc(nseg ? nseg : 1, sizeof *self->segs);
+    self->buckets = calloc(nb ? nb : 1, sizeof *self->buckets);
+    if (!self->segs || !self->buckets)
+        return kiln_errorf(self->svc, self->hctx, KILN_E_NOMEM, "ddp: out of memory planning %u buckets", nb);
+    ddp_plan(self, params, n, self->segs, &self->nseg, self->buckets, &self->nbuckets);
+    size_t largest = 0;
+    for (uint32_t b = 0; b < self->nbuckets; b++) {
+        const size_t bytes = (size_t)self->buckets[b].count * kiln_dtype_size(self->buckets[b].dtype);
+        if (bytes > largest) largest = bytes;
+    }
+    self->buf_bytes = largest;
+    self->buf = malloc(largest ? largest : 1);
+    if (!self->buf)
+        return kiln_errorf(self->svc, self->hctx, KILN_E_NOMEM, "ddp: cannot allocate a %zu-byte bucket buffer",
+                           largest);
+    kiln_logf(self->svc, self->hctx, KILN_LOG_DEBUG, "ddp: rank %d: %u parameters in %u buckets of <= %zu bytes",
+              (int)self->rank, n, self->nbuckets, self->bucket_bytes);
+
+    if (self->world == 1) return KILN_OK; /* nothing to agree on */
+    /* Rank 0's weights everywhere, one broadcast per bucket. */
+    for (uint32_t b = 0; b < self->nbuckets; b++) {
+        const ddp_bucket *bk = &self->buckets[b];
+        int32_t rc;
+        if (self->rank == 0 && (rc = ddp_stage(self, bk, 0, 1))) return rc;
+        int err = MPI_Bcast(self->buf, (int)bk->count, ddp_mpi_type(bk->dtype), 0, self->comm);
+        if (err != MPI_SUCCESS) return ddp_mpi_fail(self, err, "MPI_Bcast(parameters)");
+        if (self->rank != 0 && (rc = ddp_stage(self, bk, 0, 0))) return rc;
+        self->n_bcast++;
+        self->bcast_bytes += (uint64_t)bk->count * kiln_dtype_size(bk->dtype);
+    }
+    return KILN_OK;
+}
+
+static int32_t ddp_world(kiln_instance *self, int32_t *rank, int32_t *world_size, int32_t *local_rank) {
+    *rank = self->rank;
+    *world_size = self->world;
+    *local_rank = self->local_rank;
+    return KILN_OK;
+}
+
+static int32_t ddp_pre_backward(kiln_instance *self) {
+    (void)self; /* the reducer has nothing to arm: the average happens after backward */
+    return KILN_OK;
+}
+
+/* The gradient average: sum every bucket across ranks, divide by the world
+ * size on the host (before unpacking, so the device sees one write). */
+static int32_t ddp_post_backward(kiln_instance *self) {
+    if (self->world == 1) return KILN_OK;
+    if (!self->buf && self->nbuckets)
+        return kiln_errorf(self->svc, self->hctx, KILN_E_STATE, "ddp: post_backward called before setup");
+    const double w = (double)self->world;
+    for (uint32_t b = 0; b < self->nbuckets; b++) {
+        const ddp_bucket *bk = &self->buckets[b];
+        int32_t rc = ddp_stage(self, bk, 1, 1);
+        if (rc) return rc;
+        int err = MPI_Allreduce(MPI_IN_PLACE, self->buf, (int)bk->count, ddp_mpi_type(bk->dtype), MPI_SUM, self->comm);
+        if (err != MPI_SUCCESS) return ddp_mpi_fail(self, err, "MPI_Allreduce(gradients, SUM)");
+        if (bk->dtype == KILN_DTYPE_F64) {
+            double *g = self->buf; /* (bk->count) */
+            for (int64_t i = 0; i < bk->count; i++) g[i] /= w;
+        } else {
+            float *g = self->buf; /* (bk->count) */
+            const float wf = (float)w;
+            for (int64_t i = 0; i < bk->count; i++) g[i] /= wf;
+        }
+        if ((rc = ddp_stage(self, bk, 1, 0))) return rc;
+        self->n_allreduce++;
+        self->allreduce_bytes += (uint64_t)bk->count * kiln_dtype_size(bk->dtype);
+    }
+    return KILN_OK;
+}
+
+static int32_t ddp_barrier(kiln_instance *self, const char *name) {
+    int err = MPI_Barrier(self->comm);
+    if (err != MPI_SUCCESS) {
+        char call[128];
+        snprintf(call, sizeof call, "MPI_Barrier(%s)", name ? name : "");
+        return ddp_mpi_fail(self, err, call);
+    }
+    self->n_barrier++;
+    return KILN_OK;
+}
+
+static int32_t ddp_reduce_sum(kiln_instance *self, double *values, uint32_t n) {
+    if (n == 0) return KILN_OK;
+    if (n > INT_MAX)
+        return kiln_errorf(self->svc, self->hctx, KILN_E_INVALID_ARG, "ddp: reduce_sum of %u values, at most %d",
+                           n, INT_MAX);
+    int err = MPI_Allreduce(MPI_IN_PLACE, values, (int)n, MPI_DOUBLE, MPI_SUM, self->comm);
+    if (err != MPI_SUCCESS) return ddp_mpi_fail(self, err, "MPI_Allreduce(metrics, SUM)");
+    self->n_reduce_sum++;
+    return KILN_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Descriptor */
+
+static const kiln_strategy_ops ddp_ops = {
+    .base = {sizeof(kiln_strategy_ops), 0, ddp_create, ddp_destroy, NULL, NULL},
+    .setup = ddp_setup,
+    .world = ddp_world,
+    .pre_backward = ddp_pre_backward,
+    .post_backward = ddp_post_backward,
+    .barrier = ddp_barrier,
+    .reduce_sum = ddp_reduce_sum,
+};
+
+static const kiln_kv ddp_props[] = {
+    {"distributed", KILN_V_BOOL(1)},
+    {NULL, KILN_V_NONE},
+};
+
+static const kiln_param ddp_params[] = {
+    {"rank", KILN_TYPE_INT, 0, KILN_V_INT(-1),
+     "this process's global rank; -1: from OMPI_COMM_WORLD_RANK, RANK or SLURM_PROCID"},
+    {"world_size", KILN_TYPE_INT, 0, KILN_V_INT(-1),
+     "number of processes; -1: from OMPI_COMM_WORLD_SIZE, WORLD_SIZE or SLURM_NTASKS"},
+    {"local_rank", KILN_TYPE_INT, 0, KILN_V_INT(-1),
+     "rank on this node (device index); -1: from the launcher's variables, else MPI's shared-memory split"},
+    {"bucket_mb", KILN_TYPE_FLOAT, 0, KILN_V_FLOAT(25.0),
+     "MiB of gradients per all-reduce (torch's bucket_cap_mb); (0, 4096]"},
+    {NULL, 0, 0, KILN_V_NONE, NULL},
+};
+
+static const kiln_plugin_desc ddp_desc = {
+    .struct_size = sizeof(kiln_plugin_desc),
+    .kind = KILN_KIND_STRATEGY,
+    .name = "ddp",
+    .version = "1.0.0",
+    .description = "data-parallel processes over MPI: rank 0's weights broadcast at setup, bucketed gradient "
+                   "all-reduce (average) on stepping batches",
+    .capabilities = 0,
+    .properties = ddp_props,
+    .params = ddp_params,
+    .ops = &ddp_ops,
+};
+
+KILN_DEFINE_LIBRARY("ddp", "1.0.0", 1, &ddp_desc)
