@@ -764,10 +764,12 @@ void ht_print_summary(ht_trainer *t, const char *verb) {
     printf("\n");
     if (!strcmp(verb, "fit")) {
         double tt = t->time.total > 0 ? t->time.total : 1e-9;
-        printf("epochs: %lld  steps: %lld  skipped steps: %lld  samples: %lld  wall: %.2f s  (%.0f samples/s)\n",
+        /* every rank has the same number of samples (the shards are padded) */
+        const long long samples = (long long)t->samples_seen * (t->state.world_size > 1 ? t->state.world_size : 1);
+        printf("epochs: %lld  steps: %lld  skipped steps: %lld  samples: %lld%s  wall: %.2f s  (%.0f samples/s)\n",
                (long long)t->epoch_progress.total.completed, (long long)t->opt_step.total.completed,
-               (long long)t->skipped_steps, (long long)t->samples_seen, t->time.total,
-               (double)t->samples_seen / tt);
+               (long long)t->skipped_steps, samples, t->state.world_size > 1 ? " (all ranks)" : "", t->time.total,
+               (double)samples / tt);
         printf("time: data %.2f s (%.1f%%), forward %.2f s (%.1f%%), backward %.2f s (%.1f%%), zero_grad %.2f s, "
                "optimizer %.2f s (%.1f%%), validation %.2f s (%.1f%%)\n",
                t->time.data, 100 * t->time.data / tt, t->time.forward, 100 * t->time.forward / tt, t->time.backward,
