@@ -4,7 +4,8 @@
 # killer fixture requests a checkpoint after every batch and SIGKILLs the
 # job at epoch 1, batch 7; the resumed job's final weights (each rank's, from
 # ddpdump) must equal an uninterrupted 2-rank run's byte for byte.
-# Exit 77 (skipped) without the dataset.
+# Then 16-mixed with a huge initial scale under 2 ranks: steps are skipped
+# and both ranks stay identical. Exit 77 (skipped) without the dataset.
 #   ddp_resume.sh KILN MPIEXEC TRAIN_FIXTURES DDP_FIXTURES
 set -u
 kiln=$1 mpiexec=$2 train=$3 ddp=$4
@@ -34,3 +35,12 @@ for r in 0 1; do
 done
 cmp "$tmp/full.bin.0" "$tmp/full.bin.1" || { echo "ranks differ"; exit 1; }
 echo "2-rank kill at epoch 1 batch 7 and resume: weights identical on both ranks"
+
+# 16-mixed under ddp: an fp16 overflow on either rank is inf on both after
+# the all-reduce, so both skip the same steps and stay bit-identical.
+run "$tmp/amp" "every=0;" "$tmp/amp.bin" --set precision=16-mixed --set precision.init_scale=16777216.0 \
+  >"$tmp/amp.log" 2>&1 || { cat "$tmp/amp.log"; exit 1; }
+skipped=$(sed -n 's/.*skipped steps: \([0-9]*\).*/\1/p' "$tmp/amp.log" | head -1)
+[ -n "$skipped" ] && [ "$skipped" -gt 0 ] || { echo "16-mixed under ddp: expected skipped steps, found '$skipped'"; exit 1; }
+cmp "$tmp/amp.bin.0" "$tmp/amp.bin.1" || { echo "16-mixed under ddp: ranks differ"; exit 1; }
+echo "16-mixed under ddp: $skipped skipped steps, ranks identical"
