@@ -102,6 +102,10 @@ static const kiln_host_services g_services = {
     .toggle_optimizer = ht_svc_toggle_optimizer,
     .untoggle_optimizer = ht_svc_untoggle_optimizer,
     .save_checkpoint = ht_svc_save_checkpoint,
+    .barrier = ht_svc_barrier,
+    .reduce = ht_svc_reduce,
+    .broadcast = ht_svc_broadcast,
+    .all_gather = ht_svc_all_gather,
 };
 
 static const kiln_host_services *get_services(uint16_t major, uint16_t min_minor) {

@@ -518,6 +518,25 @@ static int32_t ddp_reduce_sum(kiln_instance *self, double *values, uint32_t n) {
     return KILN_OK;
 }
 
+/* Plugins' collectives (1.2), through the host's broadcast/all_gather. */
+static int32_t ddp_broadcast(kiln_instance *self, void *buf, size_t bytes, int32_t root) {
+    if (bytes > INT_MAX)
+        return kiln_errorf(self->svc, self->hctx, KILN_E_INVALID_ARG, "ddp: broadcast of %zu bytes, at most %d", bytes,
+                           INT_MAX);
+    int err = MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, self->comm);
+    if (err != MPI_SUCCESS) return ddp_mpi_fail(self, err, "MPI_Bcast(plugin data)");
+    return KILN_OK;
+}
+
+static int32_t ddp_all_gather(kiln_instance *self, const void *send, size_t bytes, void *recv) {
+    if (bytes > INT_MAX)
+        return kiln_errorf(self->svc, self->hctx, KILN_E_INVALID_ARG, "ddp: all_gather of %zu bytes, at most %d",
+                           bytes, INT_MAX);
+    int err = MPI_Allgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, self->comm);
+    if (err != MPI_SUCCESS) return ddp_mpi_fail(self, err, "MPI_Allgather(plugin data)");
+    return KILN_OK;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Descriptor */
 
@@ -529,6 +548,8 @@ static const kiln_strategy_ops ddp_ops = {
     .post_backward = ddp_post_backward,
     .barrier = ddp_barrier,
     .reduce_sum = ddp_reduce_sum,
+    .broadcast = ddp_broadcast,
+    .all_gather = ddp_all_gather,
 };
 
 static const kiln_kv ddp_props[] = {

@@ -5,6 +5,7 @@
  * and ddp can replace it without the trainer changing.
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include <kiln/kiln.h>
 
@@ -57,6 +58,18 @@ static int32_t single_reduce_sum(kiln_instance *self, double *values, uint32_t n
     return KILN_OK; /* one rank: the sum is the value */
 }
 
+/* One rank: the broadcast has nothing to send, the gather is a copy. */
+static int32_t single_broadcast(kiln_instance *self, void *buf, size_t bytes, int32_t root) {
+    (void)self, (void)buf, (void)bytes, (void)root;
+    return KILN_OK;
+}
+
+static int32_t single_all_gather(kiln_instance *self, const void *send, size_t bytes, void *recv) {
+    (void)self;
+    if (bytes) memmove(recv, send, bytes);
+    return KILN_OK;
+}
+
 static const kiln_strategy_ops single_ops = {
     .base = {sizeof(kiln_strategy_ops), 0, single_create, single_destroy, NULL, NULL},
     .setup = single_setup,
@@ -65,6 +78,8 @@ static const kiln_strategy_ops single_ops = {
     .post_backward = single_noop,
     .barrier = single_barrier,
     .reduce_sum = single_reduce_sum,
+    .broadcast = single_broadcast,
+    .all_gather = single_all_gather,
 };
 
 static const kiln_kv single_props[] = {

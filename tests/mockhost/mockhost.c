@@ -115,6 +115,21 @@ static int32_t m_optimizer_zero_grad(kiln_host_ctx *h, uint32_t i) {
 }
 static int32_t m_toggle(kiln_host_ctx *h, uint32_t i) { (void)h; return mh.toggle ? mh.toggle(i, 1) : KILN_E_UNSUPPORTED; }
 static int32_t m_untoggle(kiln_host_ctx *h, uint32_t i) { (void)h; return mh.toggle ? mh.toggle(i, 0) : KILN_E_UNSUPPORTED; }
+/* 1.2 collectives of one process */
+static int32_t m_barrier(kiln_host_ctx *h, const char *name) { (void)h, (void)name; return KILN_OK; }
+static int32_t m_reduce(kiln_host_ctx *h, double *v, uint32_t n, int32_t op) {
+    (void)h, (void)v, (void)n;
+    return op == KILN_REDUCE_SUM || op == KILN_REDUCE_MEAN ? KILN_OK : KILN_E_INVALID_ARG;
+}
+static int32_t m_broadcast(kiln_host_ctx *h, void *buf, size_t bytes, int32_t root) {
+    (void)h, (void)buf, (void)bytes;
+    return root == 0 ? KILN_OK : KILN_E_INVALID_ARG;
+}
+static int32_t m_all_gather(kiln_host_ctx *h, const void *send, size_t bytes, void *recv) {
+    (void)h;
+    if (bytes) memmove(recv, send, bytes);
+    return KILN_OK;
+}
 static int32_t m_save_checkpoint(kiln_host_ctx *h, const char *path) {
     (void)h;
     return mh.save_checkpoint ? mh.save_checkpoint(path) : KILN_E_UNSUPPORTED;
@@ -124,7 +139,7 @@ static const kiln_host_services g_svc = {
     sizeof(kiln_host_services), KILN_ABI_MAJOR, KILN_ABI_MINOR, m_log, m_log_enabled, m_set_error, m_alloc, m_free,
     m_config_get, m_log_metric, m_accelerator, m_param_register, m_params, m_trainer_state, m_log_value,
     m_get_metric, m_request_stop, m_seed, m_optimizer_count, m_manual_backward, m_optimizer_step,
-    m_optimizer_zero_grad, m_toggle, m_untoggle, m_save_checkpoint,
+    m_optimizer_zero_grad, m_toggle, m_untoggle, m_save_checkpoint, m_barrier, m_reduce, m_broadcast, m_all_gather,
 };
 
 static const kiln_host_services *m_get_services(uint16_t major, uint16_t minor) {

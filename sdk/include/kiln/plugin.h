@@ -195,7 +195,21 @@ typedef struct kiln_host_services {
      * exactly. KILN_E_STATE outside fit; KILN_E_IO (with a message) is
      * reported by the run when the write fails. */
     int32_t (*save_checkpoint)(kiln_host_ctx *hctx, const char *path);
+    /* -- 1.2: collectives across the ranks of a distributed run, through the
+     * strategy (plugins never load MPI or NCCL themselves). Every rank must
+     * make the same calls in the same order. With one process they return at
+     * once (reduce leaves values, all_gather copies, broadcast does
+     * nothing). Host memory only. -- */
+    int32_t (*barrier)(kiln_host_ctx *hctx, const char *name);
+    /* op: KILN_REDUCE_SUM or KILN_REDUCE_MEAN over `n` doubles, in place */
+    int32_t (*reduce)(kiln_host_ctx *hctx, double *values, uint32_t n, int32_t op);
+    int32_t (*broadcast)(kiln_host_ctx *hctx, void *buf, size_t bytes, int32_t root);
+    /* recv holds world_size * bytes, in rank order */
+    int32_t (*all_gather)(kiln_host_ctx *hctx, const void *send, size_t bytes, void *recv);
 } kiln_host_services;
+
+/* kiln_host_services.reduce ops (1.2) */
+enum { KILN_REDUCE_SUM = 0, KILN_REDUCE_MEAN = 1 };
 
 /* ---------------------------------------------------------------------------
  * The bootstrap struct the host passes to kiln_plugin_init_v1. FROZEN FOREVER
@@ -306,7 +320,9 @@ static_assert(offsetof(kiln_host_services, seed) == 120, "kiln_host_services 1.1
 static_assert(offsetof(kiln_host_services, optimizer_count) == 128 &&
                   offsetof(kiln_host_services, untoggle_optimizer) == 168,
               "kiln_host_services 1.2");
-static_assert(offsetof(kiln_host_services, save_checkpoint) == 176, "kiln_host_services 1.2");
+static_assert(offsetof(kiln_host_services, save_checkpoint) == 176 &&
+                  offsetof(kiln_host_services, all_gather) == 208,
+              "kiln_host_services 1.2");
 static_assert(offsetof(kiln_ops_header, create) == 8 && offsetof(kiln_ops_header, set_state) == 32 &&
                   sizeof(kiln_ops_header) == 40, "kiln_ops_header 1.0");
 static_assert(offsetof(kiln_plugin_desc, kind) == 4 && offsetof(kiln_plugin_desc, name) == 8 &&

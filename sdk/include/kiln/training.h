@@ -322,6 +322,12 @@ typedef struct kiln_strategy_ops {
     int32_t (*barrier)(kiln_instance *self, const char *name);
     /* sum `n` doubles across ranks, in place */
     int32_t (*reduce_sum)(kiln_instance *self, double *values, uint32_t n);
+    /* -- 1.2 (optional; the host answers for one process without them) -- */
+    /* `bytes` of host memory from rank `root` to every rank, in place */
+    int32_t (*broadcast)(kiln_instance *self, void *buf, size_t bytes, int32_t root);
+    /* every rank's `bytes` from `send` into recv (world_size * bytes, rank
+     * order) */
+    int32_t (*all_gather)(kiln_instance *self, const void *send, size_t bytes, void *recv);
 } kiln_strategy_ops;
 
 typedef struct kiln_optimizer_ops {
@@ -406,6 +412,7 @@ typedef struct kiln_module_ops {
 
 /* What 1.2 appended. */
 #define KILN_PRECISION_OPS_SIZE_1_2 KILN__END(kiln_precision_ops, on_event)
+#define KILN_STRATEGY_OPS_SIZE_1_2 KILN__END(kiln_strategy_ops, all_gather)
 #define KILN_KERNELS_SIZE_1_2 KILN__END(kiln_kernels, adamw_update_ex)
 #define KILN_TRAINER_STATE_SIZE_1_2 KILN__END(kiln_trainer_state, lr)
 
@@ -424,6 +431,7 @@ static_assert(offsetof(kiln_parameter, param_dtype) == 88, "kiln_parameter 1.1")
 static_assert(offsetof(kiln_kernels, cast) == 176 && offsetof(kiln_kernels, adamw_update_ex) == 288,
               "kiln_kernels 1.2");
 static_assert(offsetof(kiln_precision_ops, on_event) == 72, "kiln_precision_ops 1.2");
+static_assert(offsetof(kiln_strategy_ops, all_gather) == 96, "kiln_strategy_ops 1.2");
 static_assert(offsetof(kiln_trainer_state, precision) == 96, "kiln_trainer_state 1.2");
 #endif
 
