@@ -191,10 +191,8 @@ int ht_ckpt_save_last(ht_trainer *t, char *why, size_t whylen) {
     if (t->state.rank != 0 || !t->run_dir[0]) return KILN_OK; /* rank 0 writes */
     char dir[sizeof t->run_dir + 16], path[sizeof dir + 32];
     snprintf(dir, sizeof dir, "%s/checkpoints", t->run_dir);
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
-        hwhyf(why, whylen, "%s: cannot create the checkpoint directory: %s", dir, strerror(errno));
-        return KILN_E_IO;
-    }
+    int rc = ht_mkdirs(dir, "the checkpoint directory", why, whylen);
+    if (rc) return rc;
     snprintf(path, sizeof path, "%s/last.safetensors", dir);
     return ht_ckpt_save(t, path, why, whylen);
 }
@@ -204,18 +202,15 @@ int ht_ckpt_save_last(ht_trainer *t, char *why, size_t whylen) {
 int ht_ckpt_flush(ht_trainer *t, char *why, size_t whylen) {
     int rc = KILN_OK;
     for (int i = 0; i < t->nckpt_pending && rc == KILN_OK; i++) {
-        char *path = t->ckpt_pending[i];
+        const char *path = t->ckpt_pending[i];
         if (t->state.rank != 0) continue;
-        for (char *s = path + 1; *s; s++) /* mkdir -p of the parent */
-            if (*s == '/') {
-                *s = 0;
-                if (mkdir(path, 0755) != 0 && errno != EEXIST) {
-                    hwhyf(why, whylen, "%s: cannot create the checkpoint directory: %s", path, strerror(errno));
-                    rc = KILN_E_IO;
-                }
-                *s = '/';
-                if (rc) break;
-            }
+        char parent[sizeof t->ckpt_pending[0]];
+        snprintf(parent, sizeof parent, "%s", path);
+        char *slash = strrchr(parent, '/');
+        if (slash && slash != parent) {
+            *slash = 0;
+            rc = ht_mkdirs(parent, "the checkpoint directory", why, whylen);
+        }
         if (rc == KILN_OK) rc = ht_ckpt_save(t, path, why, whylen);
     }
     t->nckpt_pending = 0;

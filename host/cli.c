@@ -375,7 +375,7 @@ static int check_one(hc_config *c, hl_loader *L, uint32_t kind, const char *name
     char what[160];
     snprintf(what, sizeof what, "%s '%s'", hl_kind_name(kind), p->view.name);
     hc_kvset kv;
-    int rc = hc_resolve(c, sec, p->view.params, what, &kv, why, whylen);
+    int rc = hc_resolve_host(c, sec, p->view.params, hc_host_keys(kind), what, &kv, why, whylen);
     if (rc == KILN_OK) hc_kvset_free(&kv);
     return rc;
 }
@@ -405,8 +405,6 @@ int cli_check_run(hc_config *c, hl_loader *L, int need_training, char *why, size
     }
     /* optimizers = ( ... ): each entry a plugin, each checked against the stack */
     int nopt = hc_optimizer_count(c);
-    const kiln_value *mv = chosen[KILN_KIND_MODULE] ? hl_prop(chosen[KILN_KIND_MODULE], "automatic_optimization") : NULL;
-    int manual = mv && mv->type == KILN_TYPE_BOOL && mv->v.i == 0;
     int rc = KILN_OK;
     for (int i = 0; i < nopt && rc == KILN_OK; i++) {
         config_setting_t *e = hc_optimizer(c, i);
@@ -419,30 +417,14 @@ int cli_check_run(hc_config *c, hl_loader *L, int need_training, char *why, size
         if (rc) return rc; /* names its place in the file already */
         rc = hx_check_stack(chosen[KILN_KIND_PRECISION], NULL, op, why, whylen);
     }
-    if (rc == KILN_OK && nopt > 1 && !manual && chosen[KILN_KIND_MODULE])
-        hwhyf(why, whylen,
-              "%d optimizers configured, but module '%s' uses automatic optimization, which drives exactly one (as in "
-              "Lightning); a module with several optimizers must optimise manually",
-              nopt, chosen[KILN_KIND_MODULE]->view.name),
-            rc = KILN_E_CONFIG;
-    if (rc == KILN_OK && manual) {
+    if (rc == KILN_OK) {
+        /* the trainer's values before they are resolved: the file's, or the defaults */
         config_setting_t *a = config_lookup(&c->cfg, "trainer.accumulate_grad_batches");
         config_setting_t *g = config_lookup(&c->cfg, "trainer.gradient_clip_val");
-        double clip = 0;
-        if (g) clip = config_setting_type(g) == CONFIG_TYPE_FLOAT ? config_setting_get_float(g)
-                                                                   : (double)config_setting_get_int64(g);
-        if (clip > 0)
-            hwhyf(why, whylen,
-                  "trainer.gradient_clip_val = %g, but module '%s' optimises manually: automatic clipping is not "
-                  "available in manual optimization (as in Lightning); clip in the module",
-                  clip, chosen[KILN_KIND_MODULE]->view.name),
-                rc = KILN_E_CONFIG;
-        else if (a && config_setting_get_int64(a) != 1)
-            hwhyf(why, whylen,
-                  "trainer.accumulate_grad_batches = %lld, but module '%s' optimises manually: automatic "
-                  "accumulation is not available in manual optimization (as in Lightning); accumulate in the module",
-                  (long long)config_setting_get_int64(a), chosen[KILN_KIND_MODULE]->view.name),
-                rc = KILN_E_CONFIG;
+        double clip = !g ? 0 : config_setting_type(g) == CONFIG_TYPE_FLOAT ? config_setting_get_float(g)
+                                                                          : (double)config_setting_get_int64(g);
+        rc = hx_check_optimization(chosen[KILN_KIND_MODULE], nopt, a ? config_setting_get_int64(a) : 1, clip, why,
+                                   whylen);
     }
     if (rc == KILN_OK)
         rc = hx_check_stack(chosen[KILN_KIND_PRECISION], chosen[KILN_KIND_MODULE], chosen[KILN_KIND_OPTIMIZER], why,

@@ -38,9 +38,7 @@ static int32_t closure_step(ht_closure *c, kiln_step_output *out) {
     /* A line search (LBFGS strong-Wolfe) probes with trial steps and backs
      * off from an overshoot whose loss is +inf, as PyTorch does: +inf is
      * passed to an optimizer that repeats its closure; NaN never is. */
-    const kiln_value *rep = hl_prop(t->opts[0].p, "repeated_closure");
-    int repeats = rep && rep->type == KILN_TYPE_BOOL && rep->v.i;
-    if (out->has_loss && !isfinite(out->loss) && !(repeats && out->loss == INFINITY)) {
+    if (out->has_loss && !isfinite(out->loss) && !(t->opt_repeats && out->loss == INFINITY)) {
         snprintf(t->err, sizeof t->err,
                  "module '%s' (%s): training_step returned a non-finite loss (%g) at epoch %lld, batch %lld, global "
                  "step %lld; expected a finite value (lower the learning rate, or check the data)",

@@ -76,3 +76,36 @@ int hx_check_stack(const hl_plugin *precision, const hl_plugin *module, const hl
     }
     return KILN_OK;
 }
+
+int hx_is_manual(const hl_plugin *module) {
+    return module && !prop_bool(module, "automatic_optimization", 1);
+}
+
+int hx_check_optimization(const hl_plugin *module, int nopts, int64_t accumulate, double clip, char *why,
+                          size_t whylen) {
+    if (!module) return KILN_OK;
+    if (nopts > 1 && !hx_is_manual(module)) {
+        hwhyf(why, whylen,
+              "%d optimizers configured, but module '%s' uses automatic optimization, which drives exactly one (as in "
+              "Lightning); a module with several optimizers must optimise manually (its automatic_optimization "
+              "property false; %s)",
+              nopts, module->view.name, module->lib->path);
+        return KILN_E_CONFIG;
+    }
+    if (!hx_is_manual(module)) return KILN_OK;
+    if (clip > 0) {
+        hwhyf(why, whylen,
+              "trainer.gradient_clip_val = %g, but module '%s' optimises manually: automatic clipping is not "
+              "available in manual optimization (as in Lightning); clip in the module",
+              clip, module->view.name);
+        return KILN_E_CONFIG;
+    }
+    if (accumulate != 1) {
+        hwhyf(why, whylen,
+              "trainer.accumulate_grad_batches = %lld, but module '%s' optimises manually: automatic "
+              "accumulation is not available in manual optimization (as in Lightning); accumulate in the module",
+              (long long)accumulate, module->view.name);
+        return KILN_E_CONFIG;
+    }
+    return KILN_OK;
+}

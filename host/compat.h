@@ -25,4 +25,13 @@ int hx_param_dtype(const hl_plugin *precision, uint32_t *dtype, char *why, size_
 int hx_check_stack(const hl_plugin *precision, const hl_plugin *module, const hl_plugin *optimizer, char *why,
                    size_t whylen);
 
+/* The module's "automatic_optimization" property is false. */
+int hx_is_manual(const hl_plugin *module);
+
+/* Lightning's rules on how a module optimises: several optimizers need
+ * manual optimization, which in turn refuses automatic clipping (clip > 0)
+ * and accumulation (accumulate != 1). The message has no file prefix. */
+int hx_check_optimization(const hl_plugin *module, int nopts, int64_t accumulate, double clip, char *why,
+                          size_t whylen);
+
 #endif /* KILN_HOST_COMPAT_H */

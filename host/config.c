@@ -581,8 +581,23 @@ static void copy_default(hc_kvset *S, const kiln_param *p, kiln_value *out) {
     (void)S; /* defaults point into the plugin's static tables: they outlive us */
 }
 
+/* Keys of a plugin section that belong to the host, not the plugin. */
+const char *const *hc_host_keys(uint32_t kind) {
+    static const char *const plain[] = {"name", NULL};
+    static const char *const optimizer[] = {"name", "params", NULL};          /* docs/manual-optimization.md */
+    static const char *const scheduler[] = {"name", "interval", "frequency", "monitor", NULL}; /* docs/callbacks.md */
+    return kind == KILN_KIND_OPTIMIZER ? optimizer : kind == KILN_KIND_SCHEDULER ? scheduler : plain;
+}
+
 int hc_resolve(const hc_config *c, config_setting_t *section, const kiln_param *params, const char *what,
                hc_kvset *out, char *why, size_t whylen) {
+    return hc_resolve_host(c, section, params, NULL, what, out, why, whylen);
+}
+
+int hc_resolve_host(const hc_config *c, config_setting_t *section, const kiln_param *params,
+                    const char *const *host_keys, const char *what, hc_kvset *out, char *why, size_t whylen) {
+    static const char *const name_only[] = {"name", NULL};
+    if (!host_keys) host_keys = name_only;
     memset(out, 0, sizeof *out);
     int np = 0;
     for (const kiln_param *p = params; p && p->key; p++) np++;
@@ -595,11 +610,9 @@ int hc_resolve(const hc_config *c, config_setting_t *section, const kiln_param *
     for (int i = 0; i < nm && rc == KILN_OK; i++) {
         config_setting_t *m = config_setting_get_elem(section, (unsigned)i);
         const char *nmk = config_setting_name(m);
-        /* host keys: the plugin's name, and an optimizer's parameter patterns */
-        if (!nmk || !strcmp(nmk, "name") || (!strcmp(nmk, "params") && !strncmp(what, "optimizer", 9)) ||
-            (!strncmp(what, "scheduler", 9) &&
-             (!strcmp(nmk, "interval") || !strcmp(nmk, "frequency") || !strcmp(nmk, "monitor"))))
-            continue;
+        int host = !nmk;
+        for (const char *const *k = host_keys; !host && *k; k++) host = !strcmp(nmk, *k);
+        if (host) continue;
         int found = 0;
         for (int k = 0; k < np; k++) found |= !strcmp(keys[k], nmk);
         if (!found) {

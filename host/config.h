@@ -66,6 +66,13 @@ config_setting_t *hc_optimizer(hc_config *c, int i);
  * the owner for messages ("optimizer 'sgd'"). */
 int hc_resolve(const hc_config *c, config_setting_t *section, const kiln_param *params, const char *what,
                hc_kvset *out, char *why, size_t whylen);
+/* The same, with `host_keys` (NULL-terminated; NULL: just "name") left to the
+ * host instead of the plugin. */
+int hc_resolve_host(const hc_config *c, config_setting_t *section, const kiln_param *params,
+                    const char *const *host_keys, const char *what, hc_kvset *out, char *why, size_t whylen);
+/* The host keys of a plugin section of `kind` (KILN_KIND_*): "name", plus an
+ * optimizer's `params` and a scheduler's `interval`, `frequency`, `monitor`. */
+const char *const *hc_host_keys(uint32_t kind);
 void hc_kvset_free(hc_kvset *s);
 
 /* The trainer's own keys (host/trainer_params.c). */

@@ -214,17 +214,22 @@ int32_t ht_svc_toggle_optimizer(kiln_host_ctx *h, uint32_t index) {
     return KILN_OK;
 }
 
+/* Clears the FROZEN flags toggle_optimizer set (and only those). */
+static void untoggle_all(ht_trainer *t) {
+    for (uint32_t k = 0; k < t->nparams; k++)
+        if (t->toggle_froze[k]) {
+            t->params[k]->flags &= ~KILN_PARAMF_FROZEN;
+            t->toggle_froze[k] = 0;
+        }
+}
+
 int32_t ht_svc_untoggle_optimizer(kiln_host_ctx *h, uint32_t index) {
     ht_trainer *t = manual_trainer(h, "untoggle_optimizer");
     if (!t) return KILN_E_STATE;
     if (bad_index(t, index, "untoggle_optimizer")) return KILN_E_INVALID_ARG;
     char nm[32];
     ht_trace(t, KILN_SRC_HOST, step_name(t, index, "untoggle_optimizer", nm, sizeof nm), t->batch_idx);
-    for (uint32_t k = 0; k < t->nparams; k++)
-        if (t->toggle_froze[k]) {
-            t->params[k]->flags &= ~KILN_PARAMF_FROZEN;
-            t->toggle_froze[k] = 0;
-        }
+    untoggle_all(t);
     return KILN_OK;
 }
 
@@ -245,12 +250,7 @@ int ht_manual_step(ht_trainer *t, char *why, size_t whylen) {
     t->in_manual_step = 0;
     /* forward = the step minus what the services measured inside it */
     t->time.forward += (ht_now() - t0) - (t->time.backward - b0) - (t->time.optimizer - o0) - (t->time.zero_grad - z0);
-    /* a toggle left on by a failing step must not outlive it */
-    for (uint32_t k = 0; k < t->nparams; k++)
-        if (t->toggle_froze[k]) {
-            t->params[k]->flags &= ~KILN_PARAMF_FROZEN;
-            t->toggle_froze[k] = 0;
-        }
+    untoggle_all(t); /* a toggle left on by a failing step must not outlive it */
     if (rc) {
         if (t->err_rc) snprintf(why, whylen, "%s", t->err);
         else ht_fail(t, &t->module, rc, "training_step", why, whylen);

@@ -150,7 +150,7 @@ static int make_slot(ht_trainer *t, ht_slot *s, uint32_t kind, const char *name,
     }
     char what[160];
     snprintf(what, sizeof what, "%s '%s'", hl_kind_name(kind), p->view.name);
-    int rc = hc_resolve(t->cfg, sec, p->view.params, what, &s->cfg, why, whylen);
+    int rc = hc_resolve_host(t->cfg, sec, p->view.params, hc_host_keys(kind), what, &s->cfg, why, whylen);
     if (rc) return rc;
     s->p = p;
     hs_ctx_init(&s->hctx, p, s->cfg.kv, t->trainer_kv.kv);
@@ -237,11 +237,6 @@ static int alloc_params(ht_trainer *t, char *why, size_t whylen) {
  * Several optimizers need a module that optimises manually (Lightning
  * refuses them in automatic mode). */
 
-static int module_is_manual(const ht_trainer *t) {
-    const kiln_value *v = hl_prop(t->module.p, "automatic_optimization");
-    return v && v->type == KILN_TYPE_BOOL && v->v.i == 0;
-}
-
 /* Marks the parameters optimizer i owns; an entry without `params` owns all. */
 static int assign_params(ht_trainer *t, int i, config_setting_t *entry, char *why, size_t whylen) {
     config_setting_t *pats = entry ? config_setting_get_member(entry, "params") : NULL;
@@ -268,32 +263,16 @@ static int open_optimizers(ht_trainer *t, char *why, size_t whylen) {
     static char roles[HT_MAX_OPTIMIZERS][24];
     int n = hc_optimizer_count(t->cfg);
     int rc;
-    t->manual = module_is_manual(t);
+    t->manual = hx_is_manual(t->module.p);
     if (n > HT_MAX_OPTIMIZERS) {
         hwhyf(why, whylen, "%s: %d optimizers configured, at most %d supported", t->cfg->path, n, HT_MAX_OPTIMIZERS);
         return KILN_E_CONFIG;
     }
-    if (n > 1 && !t->manual) {
-        hwhyf(why, whylen,
-              "%s: %d optimizers configured, but module '%s' (%s) uses automatic optimization, which drives exactly "
-              "one (as in Lightning); a module with several optimizers must optimise manually (its "
-              "automatic_optimization property false)",
-              t->cfg->path, n, t->module.p->view.name, t->module.p->lib->path);
-        return KILN_E_CONFIG;
-    }
-    if (t->manual && t->set.accumulate_grad_batches != 1) {
-        hwhyf(why, whylen,
-              "%s: trainer.accumulate_grad_batches = %lld, but module '%s' optimises manually: automatic "
-              "accumulation is not available in manual optimization (as in Lightning); accumulate in the module",
-              t->cfg->path, (long long)t->set.accumulate_grad_batches, t->module.p->view.name);
-        return KILN_E_CONFIG;
-    }
-    if (t->manual && t->set.gradient_clip_val > 0) {
-        hwhyf(why, whylen,
-              "%s: trainer.gradient_clip_val = %g, but module '%s' optimises manually: automatic clipping is not "
-              "available in manual optimization (as in Lightning); clip in the module",
-              t->cfg->path, t->set.gradient_clip_val, t->module.p->view.name);
-        return KILN_E_CONFIG;
+    char inner[1024];
+    if ((rc = hx_check_optimization(t->module.p, n, t->set.accumulate_grad_batches, t->set.gradient_clip_val, inner,
+                                    sizeof inner))) {
+        hwhyf(why, whylen, "%s: %s", t->cfg->path, inner);
+        return rc;
     }
     for (int i = 0; i < (n ? n : 1); i++) {
         config_setting_t *entry = NULL;
@@ -309,6 +288,10 @@ static int open_optimizers(ht_trainer *t, char *why, size_t whylen) {
         if (rc) return rc;
         t->nopts = i + 1;
         t->opt_ops[i] = (const kiln_optimizer_ops *)t->opts[i].p->ops;
+        if (i == 0) {
+            const kiln_value *rep = hl_prop(t->opts[0].p, "repeated_closure");
+            t->opt_repeats = rep && rep->type == KILN_TYPE_BOOL && rep->v.i;
+        }
         if ((rc = hx_check_stack(t->precision.p, NULL, t->opts[i].p, why, whylen))) return rc;
         if ((rc = assign_params(t, i, entry, why, whylen))) return rc;
         rc = t->opt_ops[i]->setup(t->opts[i].inst, t->opt_params[i], t->opt_nparams[i]);
@@ -672,6 +655,18 @@ void ht_close(ht_trainer *t) {
 /* ---------------------------------------------------------------------------
  * Run directory */
 
+int ht_mkdirs(const char *dir, const char *what, char *why, size_t whylen) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s", dir);
+    for (char *s = p + 1; *s; s++)
+        if (*s == '/') { *s = 0; mkdir(p, 0755); *s = '/'; } /* the last mkdir reports */
+    if (mkdir(p, 0755) != 0 && errno != EEXIST) {
+        hwhyf(why, whylen, "%s: cannot create %s: %s", dir, what, strerror(errno));
+        return KILN_E_IO;
+    }
+    return KILN_OK;
+}
+
 /* Several ranks: rank 0 creates version_N and the others learn N through
  * the strategy's reduce_sum (they add 0; -1 from rank 0 means it failed). */
 static int share_run_dir(ht_trainer *t, int rc0, char *why, size_t whylen) {
@@ -707,13 +702,8 @@ static int make_run_dir_rank0(ht_trainer *t, char *why, size_t whylen) {
     const char *root = t->set.default_root_dir;
     char path[sizeof t->run_dir - 32];
     snprintf(path, sizeof path, "%s", root);
-    /* mkdir -p */
-    for (char *p = path + 1; *p; p++)
-        if (*p == '/') { *p = 0; mkdir(path, 0755); *p = '/'; }
-    if (mkdir(path, 0755) != 0 && errno != EEXIST) {
-        hwhyf(why, whylen, "%s: cannot create trainer.default_root_dir: %s", root, strerror(errno));
-        return KILN_E_IO;
-    }
+    int rc = ht_mkdirs(path, "trainer.default_root_dir", why, whylen);
+    if (rc) return rc;
     for (int attempt = 0; attempt < 100; attempt++) {
         long next = 0;
         DIR *d = opendir(path);

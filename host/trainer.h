@@ -101,6 +101,7 @@ typedef struct ht_trainer {
     uint32_t opt_nparams[HT_MAX_OPTIMIZERS];
     unsigned char toggle_froze[HT_MAX_PARAMS]; /* FROZEN set by toggle_optimizer */
     int manual;                   /* the module optimises manually (1(c))     */
+    int opt_repeats;              /* optimizer 0 repeats its closure (LBFGS)  */
     int in_manual_step;           /* inside its training_step: services open  */
     void *param_arena, *grad_arena; /* masters and gradients, in param_dtype */
     uint32_t param_dtype;          /* KILN_DTYPE_F32 or F64, from the precision */
@@ -154,6 +155,9 @@ int ht_fail(ht_trainer *t, ht_slot *s, int32_t rc, const char *what, char *why, 
 /* Open a run: instantiate the stack (need_optimizer for fit) and set up the
  * parameters. On failure `why` holds one line and everything is released. */
 int ht_open(ht_trainer *t, hc_config *cfg, hl_loader *L, int stage, char *why, size_t whylen);
+/* mkdir -p of `dir`; `what` names it in the message ("the checkpoint
+ * directory"). */
+int ht_mkdirs(const char *dir, const char *what, char *why, size_t whylen);
 /* Create <default_root_dir>/version_N, write the effective config there. */
 int ht_make_run_dir(ht_trainer *t, char *why, size_t whylen);
 int ht_fit(ht_trainer *t, char *why, size_t whylen);
