@@ -320,7 +320,7 @@ static int32_t nf4_convert(kiln_instance *self) {
 }
 
 /* ---------------------------------------------------------------------------
- * backward / optimizer step: plain fp32, as precision32 */
+ * backward / optimizer step: plain fp32, as 32-true */
 
 static int32_t nf4_pre_backward(kiln_instance *self, double loss, double *scale) {
     (void)self;
