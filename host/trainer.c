@@ -23,6 +23,7 @@
 #include <time.h>
 
 #include "compat.h"
+#include "kiln/rng.h"
 #include "log.h"
 
 
@@ -405,20 +406,13 @@ void ht_svc_request_stop(kiln_host_ctx *h, const char *reason) {
     t->should_stop = 1;
 }
 
-static uint64_t splitmix64(uint64_t *x) {
-    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 uint64_t ht_svc_seed(kiln_host_ctx *h, const char *stream) {
     ht_trainer *t = T(h);
     uint64_t x = (uint64_t)(t ? t->set.seed : 0);
     uint64_t hsh = 1469598103934665603ull; /* FNV-1a of the stream name */
     for (const char *c = stream ? stream : ""; *c; c++) hsh = (hsh ^ (uint8_t)*c) * 1099511628211ull;
     x ^= hsh;
-    return splitmix64(&x);
+    return kiln_splitmix64(&x);
 }
 
 /* ---------------------------------------------------------------------------

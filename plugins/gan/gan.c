@@ -246,9 +246,9 @@ static int32_t gan_create(void *plugin_ctx, const kiln_host_services *svc, kiln_
     /* Noise streams, each derived from the run seed under its own name: the
      * training noise continues across steps (and is checkpointed); the grid
      * noise is drawn once so every epoch's grid shows the same latents. */
-    gan_rng_seed(&g->noise, svc->seed(hctx, "gan.noise"));
-    gan_rng grid;
-    gan_rng_seed(&grid, svc->seed(hctx, "gan.grid"));
+    kiln_rng_seed(&g->noise, svc->seed(hctx, "gan.noise"));
+    kiln_rng grid;
+    kiln_rng_seed(&grid, svc->seed(hctx, "gan.grid"));
     gan_rng_normal(&grid, g->grid_z, (size_t)g->samples * (size_t)g->latent);
     g->eval_seed = svc->seed(hctx, "gan.eval");
 
@@ -273,8 +273,8 @@ static int32_t gan_init_weights(kiln_instance *self, uint64_t seed) {
             if ((size_t)nets[i]->weight[l]->numel > maxn) maxn = (size_t)nets[i]->weight[l]->numel;
     float *stage = malloc(maxn * sizeof *stage);
     if (!stage) return gan_fail(g, KILN_E_NOMEM, "gan: cannot allocate %zu values to stage init", maxn);
-    gan_rng rng;
-    gan_rng_seed(&rng, seed);
+    kiln_rng rng;
+    kiln_rng_seed(&rng, seed);
     int32_t rc = gan_net_init(g, &g->gen, &rng, stage);
     if (rc == KILN_OK) rc = gan_net_init(g, &g->disc, &rng, stage);
     free(stage);
@@ -326,7 +326,7 @@ static int32_t gan_prepare(gan *g, const kiln_batch *batch, const char *step, in
 }
 
 /* Noise for B rows from `rng` into g->z, then fake = G(z) in g->ga. */
-static int32_t gan_generate(gan *g, gan_rng *rng, const float *zsrc, int32_t B) {
+static int32_t gan_generate(gan *g, kiln_rng *rng, const float *zsrc, int32_t B) {
     const size_t nz = (size_t)B * (size_t)g->latent;
     if (!zsrc) {
         gan_rng_normal(rng, g->zhost, nz);
@@ -475,8 +475,8 @@ static int32_t gan_eval_step(gan *g, const kiln_batch *batch, int64_t batch_idx,
     const float *xin = NULL;
     int32_t rc = gan_prepare(g, batch, step, &B, &xin);
     if (rc != KILN_OK) return rc;
-    gan_rng rng;
-    gan_rng_seed(&rng, g->eval_seed ^ (0x9E3779B97F4A7C15ull * (uint64_t)(batch_idx + 1)));
+    kiln_rng rng;
+    kiln_rng_seed(&rng, g->eval_seed ^ (0x9E3779B97F4A7C15ull * (uint64_t)(batch_idx + 1)));
     if ((rc = gan_generate(g, &rng, NULL, B)) != KILN_OK) return rc;
     double g_loss = 0.0, d_loss = 0.0;
     rc = gan_net_forward(g, &g->disc, &g->df, B, g->ga.post[GAN_LAYERS - 1]);

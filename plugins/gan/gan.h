@@ -12,6 +12,7 @@
 #define KILN_PLUGIN_GAN_H
 
 #include <kiln/kiln.h>
+#include <kiln/rng.h>
 
 #include <stddef.h>
 #include <stdint.h>
@@ -29,17 +30,9 @@ enum { GAN_LOSS_NONE = 0, GAN_LOSS_G = 1, GAN_LOSS_D = 2 };
  * BCE-with-logits on (logit_real - logit_fake). */
 enum { GAN_FAKE = 0, GAN_REAL = 1, GAN_CLASSES = 2 };
 
-/* Private PRNG: splitmix64 seeding into xoshiro256**, as mlp.c. */
-typedef struct gan_rng {
-    uint64_t s[4];
-} gan_rng;
-
-void gan_rng_seed(gan_rng *r, uint64_t seed);
-uint64_t gan_rng_next(gan_rng *r);
-/* Uniform in [lo, hi) from the top 24 bits (exact floats). */
-float gan_rng_uniform(gan_rng *r, float lo, float hi);
+/* PRNG: kiln/rng.h (splitmix64 seeding into xoshiro256**, as mlp). */
 /* n standard normals (Box-Muller, pairs from two uniforms in double). */
-void gan_rng_normal(gan_rng *r, float *out, size_t n);
+void gan_rng_normal(kiln_rng *r, float *out, size_t n);
 
 /* One MLP: Linear(w0, w1) -> LeakyReLU(0.2) -> Linear(w1, w2) -> LeakyReLU
  * -> Linear(w2, w3) -> out_act (KILN_ACT_TANH, or -1 for none). */
@@ -96,7 +89,7 @@ typedef struct gan {
     float *grid_z;            /* (samples, latent) the fixed grid noise       */
     float *grid_img;          /* (samples, image_size) G(grid_z) read back    */
 
-    gan_rng noise;            /* training noise, seeded from "gan.noise"      */
+    kiln_rng noise;            /* training noise, seeded from "gan.noise"      */
     uint64_t eval_seed;       /* validation/test noise: from "gan.eval" and
                                  the batch index                             */
 
@@ -115,7 +108,7 @@ int32_t gan_net_register(gan *g, gan_net *net);
 /* nn.Linear's default init (kaiming-uniform, bound 1/sqrt(fan_in) for
  * weight and bias) from `rng`, through a host staging buffer of
  * stage_n >= max numel floats. */
-int32_t gan_net_init(gan *g, gan_net *net, gan_rng *rng, float *stage);
+int32_t gan_net_init(gan *g, gan_net *net, kiln_rng *rng, float *stage);
 /* The compute weights are fp32 (this module computes in float32 only). */
 int32_t gan_net_check_compute(gan *g, const gan_net *net, const char *step);
 /* Forward of B rows of x: fills a (a->in = x). */

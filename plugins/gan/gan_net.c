@@ -40,47 +40,15 @@ int32_t gan_fail(const gan *g, int32_t code, const char *fmt, ...) {
 }
 
 /* ---------------------------------------------------------------------------
- * PRNG: splitmix64 expands the seed into xoshiro256** state. */
-
-static uint64_t gan_splitmix64(uint64_t *x) {
-    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-void gan_rng_seed(gan_rng *r, uint64_t seed) {
-    uint64_t x = seed;
-    for (int i = 0; i < 4; i++) r->s[i] = gan_splitmix64(&x);
-}
-
-static uint64_t gan_rotl(uint64_t v, int k) { return (v << k) | (v >> (64 - k)); }
-
-uint64_t gan_rng_next(gan_rng *r) {
-    uint64_t *s = r->s;
-    const uint64_t result = gan_rotl(s[1] * 5, 7) * 9;
-    const uint64_t t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = gan_rotl(s[3], 45);
-    return result;
-}
-
-float gan_rng_uniform(gan_rng *r, float lo, float hi) {
-    float u = (float)(gan_rng_next(r) >> 40) * (1.0f / 16777216.0f);
-    return lo + (hi - lo) * u;
-}
+ * Normal noise over kiln/rng.h's generator. */
 
 /* Box-Muller: u1 in (0, 1] (53 bits, never 0, so the log is finite),
  * u2 in [0, 1); each pair gives two independent N(0, 1). */
-void gan_rng_normal(gan_rng *r, float *out, size_t n) {
+void gan_rng_normal(kiln_rng *r, float *out, size_t n) {
     const double two_pi = 6.283185307179586476925;
     for (size_t i = 0; i < n; i += 2) {
-        const double u1 = ((double)(gan_rng_next(r) >> 11) + 1.0) * (1.0 / 9007199254740992.0);
-        const double u2 = (double)(gan_rng_next(r) >> 11) * (1.0 / 9007199254740992.0);
+        const double u1 = ((double)(kiln_rng_next(r) >> 11) + 1.0) * (1.0 / 9007199254740992.0);
+        const double u2 = (double)(kiln_rng_next(r) >> 11) * (1.0 / 9007199254740992.0);
         const double rad = sqrt(-2.0 * log(u1));
         out[i] = (float)(rad * cos(two_pi * u2));
         if (i + 1 < n) out[i + 1] = (float)(rad * sin(two_pi * u2));
@@ -107,7 +75,7 @@ int32_t gan_net_register(gan *g, gan_net *net) {
     return KILN_OK;
 }
 
-int32_t gan_net_init(gan *g, gan_net *net, gan_rng *rng, float *stage) {
+int32_t gan_net_init(gan *g, gan_net *net, kiln_rng *rng, float *stage) {
     for (int l = 0; l < GAN_LAYERS; l++) {
         /* nn.Linear.reset_parameters: kaiming_uniform_(a=sqrt(5)) is
          * U(-1/sqrt(fan_in), 1/sqrt(fan_in)); the bias uses the same bound. */
@@ -123,7 +91,7 @@ int32_t gan_net_init(gan *g, gan_net *net, gan_rng *rng, float *stage) {
                                 "(use precision 32-true)",
                                 p->name, kiln_dtype_name(kiln_param_dtype(p)));
             const size_t n = (size_t)p->numel;
-            for (size_t i = 0; i < n; i++) stage[i] = gan_rng_uniform(rng, -bound, bound);
+            for (size_t i = 0; i < n; i++) stage[i] = kiln_rng_uniformf(rng, -bound, bound);
             int32_t rc = g->k->copy(g->acc, p->data, stage, n * sizeof(float), KILN_COPY_H2D);
             if (rc == KILN_OK) rc = g->k->zero(g->acc, p->grad, n * sizeof(float));
             if (rc != KILN_OK) return gan_fail(g, rc, "gan: writing %s failed (%s)", p->name, kiln_strerror(rc));

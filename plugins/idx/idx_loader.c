@@ -13,6 +13,7 @@
 
 #include "idx_loader.h"
 
+#include <kiln/rng.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
@@ -31,48 +32,24 @@ static void idx_errf(char *err, size_t errlen, const char *fmt, ...) {
 /* ------------------------------------------------------------------------ */
 /* Deterministic shuffling: our own PRNG so the order is the same on every libc. */
 
-static uint64_t idx_splitmix64(uint64_t *state) {
-    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-typedef struct idx_rng {
-    uint64_t s[4]; /* xoshiro256** state */
-} idx_rng;
-
-static uint64_t idx_rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-static uint64_t idx_rng_next(idx_rng *r) {
-    uint64_t *s = r->s;
-    const uint64_t result = idx_rotl(s[1] * 5, 7) * 9;
-    const uint64_t t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = idx_rotl(s[3], 45);
-    return result;
-}
+/* kiln/rng.h: splitmix64 and xoshiro256**, the same bits on every libc. */
 
 /*
  * Seeds xoshiro256** from (seed, epoch): the first splitmix64 output of seed,
  * xor epoch, is a splitmix64 state whose next four outputs are the xoshiro
  * state (never all zero: splitmix64 outputs of distinct counters differ).
  */
-static void idx_rng_seed(idx_rng *r, uint64_t seed, uint64_t epoch) {
+static void idx_rng_seed(kiln_rng *r, uint64_t seed, uint64_t epoch) {
     uint64_t sm = seed;
-    sm = idx_splitmix64(&sm) ^ epoch;
-    for (int i = 0; i < 4; i++) r->s[i] = idx_splitmix64(&sm);
+    sm = kiln_splitmix64(&sm) ^ epoch;
+    for (int i = 0; i < 4; i++) r->s[i] = kiln_splitmix64(&sm);
 }
 
 /* Uniform in [0, n), n >= 1, without modulo bias: reject the 2^64 mod n lowest values. */
-static uint64_t idx_rng_below(idx_rng *r, uint64_t n) {
+static uint64_t idx_rng_below(kiln_rng *r, uint64_t n) {
     const uint64_t threshold = (0 - n) % n;
     for (;;) {
-        uint64_t v = idx_rng_next(r);
+        uint64_t v = kiln_rng_next(r);
         if (v >= threshold) return v % n;
     }
 }
@@ -80,7 +57,7 @@ static uint64_t idx_rng_below(idx_rng *r, uint64_t n) {
 /* perm (n) := a uniformly random permutation of 0..n-1 for (seed, epoch), by Fisher–Yates. */
 static void idx_epoch_perm(uint32_t *perm, uint64_t n, uint64_t seed, uint64_t epoch) {
     for (uint64_t i = 0; i < n; i++) perm[i] = (uint32_t)i;
-    idx_rng r;
+    kiln_rng r;
     idx_rng_seed(&r, seed, epoch);
     for (uint64_t i = n - 1; i > 0; i--) {
         uint64_t j = idx_rng_below(&r, i + 1);

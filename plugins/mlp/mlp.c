@@ -15,6 +15,7 @@
  * runs reproduce bit for bit.
  */
 #include <kiln/kiln.h>
+#include <kiln/rng.h>
 
 #include <math.h>
 #include <stdarg.h>
@@ -103,46 +104,6 @@ static int32_t mlp_fail(const mlp *m, int32_t code, const char *fmt, ...) {
             return mlp_fail((m), rc_, "mlp: kernel %s failed (layer %d): %s", (what), (int)(layer),       \
                             kiln_strerror(rc_));                                                          \
     } while (0)
-
-/* ---------------------------------------------------------------------------
- * Deterministic PRNG for init_weights: splitmix64 expands the 64-bit seed
- * into xoshiro256** state (the seeding its authors recommend), and floats
- * take the top 24 bits so every value in [0, 1) is exactly representable. */
-
-typedef struct { uint64_t s[4]; } mlp_rng;
-
-static uint64_t mlp_splitmix64(uint64_t *x) {
-    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static void mlp_rng_seed(mlp_rng *r, uint64_t seed) {
-    uint64_t x = seed;
-    for (int i = 0; i < 4; i++) r->s[i] = mlp_splitmix64(&x);
-}
-
-static uint64_t mlp_rotl(uint64_t v, int k) { return (v << k) | (v >> (64 - k)); }
-
-static uint64_t mlp_rng_next(mlp_rng *r) {
-    uint64_t *s = r->s;
-    const uint64_t result = mlp_rotl(s[1] * 5, 7) * 9;
-    const uint64_t t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = mlp_rotl(s[3], 45);
-    return result;
-}
-
-/* Uniform in [lo, hi). */
-static float mlp_rng_uniform(mlp_rng *r, float lo, float hi) {
-    float u = (float)(mlp_rng_next(r) >> 40) * (1.0f / 16777216.0f);
-    return lo + (hi - lo) * u;
-}
 
 /* ---------------------------------------------------------------------------
  * Config */
@@ -375,8 +336,8 @@ static int32_t mlp_init_weights(kiln_instance *self, uint64_t seed) {
 
     /* One stream over all tensors in registration order: same seed, same
      * bits; the order is fixed by the config alone. */
-    mlp_rng rng;
-    mlp_rng_seed(&rng, seed);
+    kiln_rng rng;
+    kiln_rng_seed(&rng, seed); /* kiln/rng.h: the same bits on every libc */
     int32_t rc = KILN_OK;
     for (int l = 0; l < m->nlin && rc == KILN_OK; l++) {
         /* nn.Linear.reset_parameters: kaiming_uniform_(a=sqrt(5)) gives
@@ -387,7 +348,7 @@ static int32_t mlp_init_weights(kiln_instance *self, uint64_t seed) {
         for (int j = 0; j < 2 && rc == KILN_OK; j++) {
             const size_t n = (size_t)ps[j]->numel;
             for (size_t i = 0; i < n; i++)
-                stage[i] = m->init == MLP_INIT_ZEROS ? 0.0f : mlp_rng_uniform(&rng, -bound, bound);
+                stage[i] = m->init == MLP_INIT_ZEROS ? 0.0f : kiln_rng_uniformf(&rng, -bound, bound);
             if (stage64)
                 for (size_t i = 0; i < n; i++) stage64[i] = (double)stage[i];
             rc = k->copy(m->acc, ps[j]->data, stage64 ? (const void *)stage64 : (const void *)stage, n * esz,
