@@ -19,9 +19,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
+#include <kiln/fs_util.h>
 #include <kiln/kiln.h>
 
 /* One logged row. Cells are indexed by column (0 is the first metric column,
@@ -54,25 +54,6 @@ struct kiln_instance {
 
 /* ---------------------------------------------------------------------------
  * Paths */
-
-/* mkdir -p of the directory part of `path` (the run directory normally
- * exists; this covers a filename with subfolders). Errors surface at fopen. */
-static void csv_make_parent(const char *path) {
-    char *dir = strdup(path);
-    if (!dir) return;
-    char *slash = strrchr(dir, '/');
-    if (slash && slash != dir) {
-        *slash = '\0';
-        for (char *p = dir + 1; *p; p++) {
-            if (*p != '/') continue;
-            *p = '\0';
-            mkdir(dir, 0777);
-            *p = '/';
-        }
-        mkdir(dir, 0777);
-    }
-    free(dir);
-}
 
 static int32_t csv_resolve_path(kiln_instance *self, const kiln_trainer_state *ts) {
     const char *dir = ts && ts->run_dir && ts->run_dir[0] ? ts->run_dir : NULL;
@@ -271,7 +252,7 @@ static int32_t csv_log_metrics(kiln_instance *self, const kiln_event *ev, const 
         csv_capture_comment(self, ts);
         int32_t rc = csv_resolve_path(self, ts);
         if (rc != KILN_OK) return rc;
-        csv_make_parent(self->path);
+        kiln_mkdir_parent(self->path);
     }
     int grew = 0;
     int32_t rc = csv_add_row(self, ev, &grew);

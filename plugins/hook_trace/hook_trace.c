@@ -14,8 +14,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
+#include <kiln/fs_util.h>
 #include <kiln/kiln.h>
 
 struct kiln_instance {
@@ -75,23 +75,6 @@ static const char *ht_stage_name(int32_t stage, char *buf, size_t cap) {
 /* ---------------------------------------------------------------------------
  * The file */
 
-static void ht_make_parent(const char *path) {
-    char *dir = strdup(path);
-    if (!dir) return;
-    char *slash = strrchr(dir, '/');
-    if (slash && slash != dir) {
-        *slash = '\0';
-        for (char *p = dir + 1; *p; p++) {
-            if (*p != '/') continue;
-            *p = '\0';
-            mkdir(dir, 0777);
-            *p = '/';
-        }
-        mkdir(dir, 0777);
-    }
-    free(dir);
-}
-
 /* <run_dir>/<path> (or <path> when absolute or without a run directory);
  * for rank r > 0, ".rank<r>" goes before the file's extension. */
 static int32_t ht_open(kiln_instance *self, const kiln_trainer_state *ts) {
@@ -111,7 +94,7 @@ static int32_t ht_open(kiln_instance *self, const kiln_trainer_state *ts) {
         snprintf(self->path + k, n - (size_t)k, "%s.rank%d", self->path_cfg, (int)rank);
     else
         snprintf(self->path + k, n - (size_t)k, "%s", self->path_cfg);
-    ht_make_parent(self->path);
+    kiln_mkdir_parent(self->path);
     self->fp = fopen(self->path, "w");
     if (!self->fp) {
         int err = errno;

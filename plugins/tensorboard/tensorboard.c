@@ -23,10 +23,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <kiln/fs_util.h>
 #include <kiln/kiln.h>
 
 #include "tb_record.h" /* defines: tb_append_version_record, tb_append_scalars_record, tb_buf */
@@ -52,20 +52,6 @@ struct kiln_instance {
 
 /* ---------------------------------------------------------------------------
  * Paths */
-
-/* mkdir -p `dir`; errors surface when the file is created inside it. */
-static void tb_make_dirs(const char *dir) {
-    char *d = strdup(dir);
-    if (!d) return;
-    for (char *p = d + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = '\0';
-        mkdir(d, 0777);
-        *p = '/';
-    }
-    mkdir(d, 0777);
-    free(d);
-}
 
 /* The directory the file goes in: subdir under run_dir, subdir itself when
  * absolute, run_dir when subdir is empty; relative to the working directory
@@ -146,7 +132,7 @@ static int32_t tb_write_record(kiln_instance *self, int force) {
 static int32_t tb_create_file(kiln_instance *self, const kiln_trainer_state *ts) {
     char *dir = tb_dir_path(self, ts);
     if (!dir) return kiln_errorf(self->svc, self->hctx, KILN_E_NOMEM, "tensorboard: out of memory");
-    tb_make_dirs(dir);
+    kiln_mkdirs(dir);
     char host[256];
     tb_hostname(host, sizeof host);
     double wall = tb_wall_time(self);
