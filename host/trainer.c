@@ -540,20 +540,12 @@ int ht_open(ht_trainer *t, hc_config *cfg, hl_loader *L, int stage, char *why, s
     rc = read_settings(t, why, whylen);
     if (rc) goto fail;
 
-    /* accelerator: kernels and threads first, everything else allocates through it */
+    /* accelerator and strategy first, everything else allocates through
+     * them; the strategy's world comes before configure() because the
+     * accelerator picks its device by local rank (one process per GPU) */
     rc = ht_slot_from_config(t, &t->accel, "accelerator", 1, why, whylen);
     if (rc) goto fail;
     t->accel_ops = (const kiln_accelerator_ops *)t->accel.p->ops;
-    rc = t->accel_ops->configure(t->accel.inst, (int32_t)t->set.threads, 0);
-    if (rc) { rc = ht_fail(t, &t->accel, rc, "configure", why, whylen); goto fail; }
-    t->K = t->accel_ops->kernels(t->accel.inst);
-    if (!t->K || t->K->struct_size < KILN_KERNELS_SIZE_1_1) {
-        hwhyf(why, whylen, "accelerator '%s' (%s): kernel table missing or too small (%u < %zu bytes)",
-             t->accel.p->view.name, t->accel.p->lib->path, t->K ? t->K->struct_size : 0,
-             (size_t)KILN_KERNELS_SIZE_1_1);
-        rc = KILN_E_VERSION;
-        goto fail;
-    }
 
     rc = ht_slot_from_config(t, &t->strategy, "strategy", 1, why, whylen);
     if (rc) goto fail;
@@ -563,6 +555,17 @@ int ht_open(ht_trainer *t, hc_config *cfg, hl_loader *L, int stage, char *why, s
     if (rc) { rc = ht_fail(t, &t->strategy, rc, "world", why, whylen); goto fail; }
     t->state.rank = rank;
     t->state.world_size = world;
+
+    rc = t->accel_ops->configure(t->accel.inst, (int32_t)t->set.threads, local < 0 ? 0 : local);
+    if (rc) { rc = ht_fail(t, &t->accel, rc, "configure", why, whylen); goto fail; }
+    t->K = t->accel_ops->kernels(t->accel.inst);
+    if (!t->K || t->K->struct_size < KILN_KERNELS_SIZE_1_1) {
+        hwhyf(why, whylen, "accelerator '%s' (%s): kernel table missing or too small (%u < %zu bytes)",
+             t->accel.p->view.name, t->accel.p->lib->path, t->K ? t->K->struct_size : 0,
+             (size_t)KILN_KERNELS_SIZE_1_1);
+        rc = KILN_E_VERSION;
+        goto fail;
+    }
 
     rc = ht_slot_from_config(t, &t->precision, "precision", 1, why, whylen);
     if (rc) goto fail;

@@ -12,63 +12,25 @@
  * memory). The host calls post_backward only on stepping batches, which is
  * Lightning's no_sync() around accumulating ones. Every MPI failure becomes a
  * kiln status with a message naming the call and the rank (the communicator
- * is a duplicate of MPI_COMM_WORLD with MPI_ERRORS_RETURN). Collectives and
- * bytes are counted and reported in one info line at destroy.
+ * is a duplicate of MPI_COMM_WORLD with MPI_ERRORS_RETURN). A dead rank is
+ * noticed by the launcher, which ends the job; a hung one (stopped,
+ * deadlocked, stuck in I/O) is not, so every collective is issued
+ * non-blocking and waited for with a deadline (timeout_s): the ranks still
+ * alive then fail with a message naming the collective instead of blocking
+ * for ever, skip MPI_Finalize (which would wait for the hung rank too), and
+ * the launcher takes the job down when they exit. Collectives and bytes are
+ * counted and reported in one info line at destroy.
  */
+#define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
-#include <mpi.h>
-
-#include <kiln/kiln.h>
-
-/* One contiguous run of elements of one parameter inside a bucket: a large
- * parameter is split across buckets so the staging buffer never exceeds
- * bucket_mb (torch gives such a parameter a bucket of its own instead). */
-typedef struct ddp_segment {
-    uint32_t param;   /* index into params                                  */
-    int64_t offset;   /* first element of the parameter in this segment     */
-    int64_t count;    /* elements                                           */
-} ddp_segment;
-
-/* Consecutive segments of one dtype moved by one collective. */
-typedef struct ddp_bucket {
-    uint32_t first_seg, nseg;
-    uint32_t dtype;   /* KILN_DTYPE_F32 or KILN_DTYPE_F64                   */
-    int64_t count;    /* elements in the bucket (sum of its segments)       */
-} ddp_bucket;
-
-struct kiln_instance {
-    const kiln_host_services *svc;
-    kiln_host_ctx *hctx;
-    int32_t rank, world, local_rank;
-    MPI_Comm comm;           /* dup of MPI_COMM_WORLD, MPI_ERRORS_RETURN    */
-    int have_comm;
-    int initialized_mpi;     /* this plugin called MPI_Init_thread          */
-    size_t bucket_bytes;     /* capacity of one bucket                      */
-
-    /* from setup() */
-    kiln_parameter *const *params;
-    uint32_t nparams;
-    ddp_segment *segs;
-    uint32_t nseg;
-    ddp_bucket *buckets;
-    uint32_t nbuckets;
-    void *buf;               /* (bucket_bytes) host staging buffer           */
-    size_t buf_bytes;
-    kiln_instance *acc;
-    const kiln_kernels *K;
-    int host_memory;         /* device pointers are host pointers            */
-
-    /* counters for the destroy line (tests read them) */
-    uint64_t n_bcast, bcast_bytes;
-    uint64_t n_allreduce, allreduce_bytes;
-    uint64_t n_reduce_sum, n_barrier;
-};
+#include "ddp_internal.h"
 
 /* ------------------------------------------------------------------------ */
 /* Errors */
@@ -82,6 +44,41 @@ static int32_t ddp_mpi_fail(kiln_instance *self, int err, const char *call) {
     text[len < 0 ? 0 : len > MPI_MAX_ERROR_STRING ? MPI_MAX_ERROR_STRING : len] = 0;
     return kiln_errorf(self->svc, self->hctx, KILN_E_COMM, "ddp: rank %d of %d: %s failed: %s", (int)self->rank,
                        (int)self->world, call, text);
+}
+
+/* A collective that cannot complete because an earlier one timed out. */
+static int32_t ddp_dead(kiln_instance *self, const char *call) {
+    return kiln_errorf(self->svc, self->hctx, KILN_E_COMM,
+                       "ddp: rank %d of %d: %s not attempted: an earlier collective timed out", (int)self->rank,
+                       (int)self->world, call);
+}
+
+/* Polls the request (MPI_Test also drives OpenMPI's progress): spinning for
+ * the first 2 ms, as a blocking collective would, so a normal collective
+ * costs no extra latency; then sleeping between tests, 50 us growing to
+ * 1 ms, so a rank waiting for a slow peer does not hold a core. */
+int32_t ddp_wait(kiln_instance *self, MPI_Request *req, const char *call) {
+    const double t0 = MPI_Wtime();
+    long nap_ns = 50000;
+    for (;;) {
+        int done = 0;
+        int err = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        if (err != MPI_SUCCESS) return ddp_mpi_fail(self, err, call);
+        if (done) return KILN_OK;
+        const double waited = MPI_Wtime() - t0;
+        if (self->timeout_s > 0 && waited > self->timeout_s) {
+            self->timed_out = 1;
+            return kiln_errorf(self->svc, self->hctx, KILN_E_COMM,
+                               "ddp: rank %d of %d: %s did not complete within timeout_s = %g s: another rank is "
+                               "hung, stopped or far slower (raise strategy.timeout_s if its steps are that long)",
+                               (int)self->rank, (int)self->world, call, self->timeout_s);
+        }
+        if (waited > 0.002) {
+            struct timespec ts = {0, nap_ns};
+            nanosleep(&ts, NULL);
+            if (nap_ns < 1000000) nap_ns *= 2;
+        }
+    }
 }
 
 /* ------------------------------------------------------------------------ */
@@ -155,6 +152,12 @@ static int32_t ddp_mpi_local_rank(kiln_instance *self, int64_t *local) {
 /* create / destroy */
 
 static void ddp_release(kiln_instance *self) {
+#ifdef KILN_DDP_NCCL
+    ddp_nccl_release(self);
+    if (self->dbuf && self->K && self->K->free) self->K->free(self->acc, self->dbuf);
+    self->dbuf = NULL;
+    self->use_nccl = 0;
+#endif
     free(self->buf);
     free(self->segs);
     free(self->buckets);
@@ -163,10 +166,14 @@ static void ddp_release(kiln_instance *self) {
     self->buckets = NULL;
     self->nseg = self->nbuckets = 0;
     self->buf_bytes = 0;
-    if (self->have_comm) MPI_Comm_free(&self->comm);
+    /* after a timeout a peer may never answer: freeing the communicator or
+     * MPI_Finalize would wait for it, so leave both to process exit (the
+     * launcher then ends the job) */
+    if (self->have_comm && !self->timed_out) MPI_Comm_free(&self->comm);
     self->have_comm = 0;
     int finalized = 0;
-    if (self->initialized_mpi && MPI_Finalized(&finalized) == MPI_SUCCESS && !finalized) MPI_Finalize();
+    if (self->initialized_mpi && !self->timed_out && MPI_Finalized(&finalized) == MPI_SUCCESS && !finalized)
+        MPI_Finalize();
     self->initialized_mpi = 0;
 }
 
@@ -178,6 +185,7 @@ static int32_t ddp_create(void *plugin_ctx, const kiln_host_services *svc, kiln_
     const int64_t cfg_world = kiln_kv_int(config, "world_size", -1);
     const int64_t cfg_local = kiln_kv_int(config, "local_rank", -1);
     const double bucket_mb = kiln_kv_float(config, "bucket_mb", 25.0);
+    const double timeout_s = kiln_kv_float(config, "timeout_s", 1800.0);
 
     /* Config checks first: nothing to undo yet. */
     if (cfg_rank < -1 || cfg_world < -1 || cfg_world == 0 || cfg_local < -1)
@@ -197,10 +205,15 @@ static int32_t ddp_create(void *plugin_ctx, const kiln_host_services *svc, kiln_
         return kiln_errorf(svc, hctx, KILN_E_CONFIG, "ddp: bucket_mb must be in (0, 4096] MiB, found %g",
                            bucket_mb);
 
+    if (!(timeout_s >= 0) || timeout_s > 1e7)
+        return kiln_errorf(svc, hctx, KILN_E_CONFIG,
+                           "ddp: timeout_s must be >= 0 seconds (0: no timeout) and below 1e7, found %g", timeout_s);
+
     kiln_instance *self = calloc(1, sizeof *self);
     if (!self) return kiln_errorf(svc, hctx, KILN_E_NOMEM, "ddp: out of memory");
     self->svc = svc;
     self->hctx = hctx;
+    self->timeout_s = timeout_s;
     self->bucket_bytes = (size_t)(bucket_mb * 1024.0 * 1024.0);
     if (self->bucket_bytes < sizeof(double)) self->bucket_bytes = sizeof(double); /* one element at least */
     self->bucket_bytes &= ~(size_t)(sizeof(double) - 1);                          /* whole elements */
@@ -384,10 +397,62 @@ static int32_t ddp_stage(kiln_instance *self, const ddp_bucket *bk, int which, i
     return KILN_OK;
 }
 
+#ifdef KILN_DDP_NCCL
+/* The NCCL path's ddp_stage: a bucket's tensors packed into (to_buf) or
+ * unpacked from the device buffer dbuf with device-to-device copies on the
+ * accelerator's stream; packing waits for that stream, because NCCL reads
+ * dbuf from its own stream next. */
+static int32_t ddp_stage_dev(kiln_instance *self, const ddp_bucket *bk, int which, int to_buf) {
+    const size_t esz = kiln_dtype_size(bk->dtype);
+    char *db = self->dbuf; /* (bk->count) elements of bk->dtype, device */
+    for (uint32_t k = 0; k < bk->nseg; k++) {
+        const ddp_segment *sg = &self->segs[bk->first_seg + k];
+        const kiln_parameter *p = self->params[sg->param];
+        char *dev = (char *)(which ? (void *)p->grad : (void *)p->data) + (size_t)sg->offset * esz;
+        const size_t bytes = (size_t)sg->count * esz;
+        int32_t rc = to_buf ? self->K->copy(self->acc, db, dev, bytes, KILN_COPY_D2D)
+                            : self->K->copy(self->acc, dev, db, bytes, KILN_COPY_D2D);
+        if (rc)
+            return kiln_errorf(self->svc, self->hctx, rc, "ddp: rank %d: packing %s of '%s' for NCCL failed (%s)",
+                               (int)self->rank, which ? "gradients" : "weights", p->name, kiln_status_name(rc));
+        db += bytes;
+    }
+    if (to_buf && self->K->synchronize) {
+        int32_t rc = self->K->synchronize(self->acc);
+        if (rc)
+            return kiln_errorf(self->svc, self->hctx, rc, "ddp: rank %d: accelerator synchronize failed (%s)",
+                               (int)self->rank, kiln_status_name(rc));
+    }
+    return KILN_OK;
+}
+
+/* Chooses NCCL when the parameters are CUDA device memory and there is more
+ * than one rank; allocates the device bucket buffer. */
+static int32_t ddp_setup_nccl(kiln_instance *self, kiln_parameter *const *params, uint32_t n) {
+    if (self->host_memory || n == 0 || !self->K->alloc) return KILN_OK;
+    int is_dev = 0;
+    ddp_nccl_is_device(params[0]->data, &is_dev);
+    if (!is_dev) return KILN_OK;
+    int32_t rc = ddp_nccl_init(self);
+    if (rc) return rc;
+    rc = self->K->alloc(self->acc, self->buf_bytes ? self->buf_bytes : 1, &self->dbuf);
+    if (rc)
+        return kiln_errorf(self->svc, self->hctx, rc, "ddp: rank %d: cannot allocate a %zu-byte device bucket (%s)",
+                           (int)self->rank, self->buf_bytes, kiln_status_name(rc));
+    self->use_nccl = 1;
+    return KILN_OK;
+}
+#endif
+
 /* ------------------------------------------------------------------------ */
 /* Strategy ops */
 
 static int32_t ddp_setup(kiln_instance *self, kiln_parameter *const *params, uint32_t n) {
+#ifdef KILN_DDP_NCCL
+    if (self->dbuf && self->K && self->K->free) self->K->free(self->acc, self->dbuf); /* sizes change */
+    self->dbuf = NULL;
+    self->use_nccl = 0; /* decided again below; the communicator is kept */
+#endif
     free(self->buf);
     free(self->segs);
     free(self->buckets);
@@ -441,14 +506,35 @@ static int32_t ddp_setup(kiln_instance *self, kiln_parameter *const *params, uin
     kiln_logf(self->svc, self->hctx, KILN_LOG_DEBUG, "ddp: rank %d: %u parameters in %u buckets of <= %zu bytes",
               (int)self->rank, n, self->nbuckets, self->bucket_bytes);
 
+#ifdef KILN_DDP_NCCL
+    /* device memory takes NCCL even on one rank (as torch's DDP on one GPU
+     * still all-reduces), so a single-GPU machine exercises that path */
+    int32_t nrc = ddp_setup_nccl(self, params, n);
+    if (nrc) return nrc;
+    if (self->world == 1 && !self->use_nccl) return KILN_OK;
+#else
     if (self->world == 1) return KILN_OK; /* nothing to agree on */
+#endif
     /* Rank 0's weights everywhere, one broadcast per bucket. */
     for (uint32_t b = 0; b < self->nbuckets; b++) {
         const ddp_bucket *bk = &self->buckets[b];
         int32_t rc;
+#ifdef KILN_DDP_NCCL
+        if (self->use_nccl) {
+            if (self->rank == 0 && (rc = ddp_stage_dev(self, bk, 0, 1))) return rc;
+            if ((rc = ddp_nccl_bcast(self, self->dbuf, bk->count, bk->dtype))) return rc;
+            if (self->rank != 0 && (rc = ddp_stage_dev(self, bk, 0, 0))) return rc;
+            self->n_bcast++;
+            self->bcast_bytes += (uint64_t)bk->count * kiln_dtype_size(bk->dtype);
+            continue;
+        }
+#endif
         if (self->rank == 0 && (rc = ddp_stage(self, bk, 0, 1))) return rc;
-        int err = MPI_Bcast(self->buf, (int)bk->count, ddp_mpi_type(bk->dtype), 0, self->comm);
-        if (err != MPI_SUCCESS) return ddp_mpi_fail(self, err, "MPI_Bcast(parameters)");
+        if (self->timed_out) return ddp_dead(self, "MPI_Bcast(parameters)");
+        MPI_Request req;
+        int err = MPI_Ibcast(self->buf, (int)bk->count, ddp_mpi_type(bk->dtype), 0, self->comm, &req);
+        if (err != MPI_SUCCESS) return ddp_mpi_fail(self, err, "MPI_Ibcast(parameters)");
+        if ((rc = ddp_wait(self, &req, "MPI_Ibcast(parameters)"))) return rc;
         if (self->rank != 0 && (rc = ddp_stage(self, bk, 0, 0))) return rc;
         self->n_bcast++;
         self->bcast_bytes += (uint64_t)bk->count * kiln_dtype_size(bk->dtype);
@@ -471,16 +557,31 @@ static int32_t ddp_pre_backward(kiln_instance *self) {
 /* The gradient average: sum every bucket across ranks, divide by the world
  * size on the host (before unpacking, so the device sees one write). */
 static int32_t ddp_post_backward(kiln_instance *self) {
-    if (self->world == 1) return KILN_OK;
+    if (self->world == 1 && !self->use_nccl) return KILN_OK;
     if (!self->buf && self->nbuckets)
         return kiln_errorf(self->svc, self->hctx, KILN_E_STATE, "ddp: post_backward called before setup");
     const double w = (double)self->world;
     for (uint32_t b = 0; b < self->nbuckets; b++) {
         const ddp_bucket *bk = &self->buckets[b];
-        int32_t rc = ddp_stage(self, bk, 1, 1);
+        int32_t rc;
+#ifdef KILN_DDP_NCCL
+        if (self->use_nccl) {
+            if ((rc = ddp_stage_dev(self, bk, 1, 1))) return rc;
+            if ((rc = ddp_nccl_allreduce_avg(self, self->dbuf, bk->count, bk->dtype))) return rc;
+            if ((rc = ddp_stage_dev(self, bk, 1, 0))) return rc;
+            self->n_allreduce++;
+            self->allreduce_bytes += (uint64_t)bk->count * kiln_dtype_size(bk->dtype);
+            continue;
+        }
+#endif
+        rc = ddp_stage(self, bk, 1, 1);
         if (rc) return rc;
-        int err = MPI_Allreduce(MPI_IN_PLACE, self->buf, (int)bk->count, ddp_mpi_type(bk->dtype), MPI_SUM, self->comm);
-        if (err != MPI_SUCCESS) return ddp_mpi_fail(self, err, "MPI_Allreduce(gradients, SUM)");
+        if (self->timed_out) return ddp_dead(self, "MPI_Allreduce(gradients, SUM)");
+        MPI_Request req;
+        int err = MPI_Iallreduce(MPI_IN_PLACE, self->buf, (int)bk->count, ddp_mpi_type(bk->dtype), MPI_SUM,
+                                 self->comm, &req);
+        if (err != MPI_SUCCESS) return ddp_mpi_fail(self, err, "MPI_Iallreduce(gradients, SUM)");
+        if ((rc = ddp_wait(self, &req, "MPI_Iallreduce(gradients, SUM)"))) return rc;
         if (bk->dtype == KILN_DTYPE_F64) {
             double *g = self->buf; /* (bk->count) */
             for (int64_t i = 0; i < bk->count; i++) g[i] /= w;
@@ -497,12 +598,14 @@ static int32_t ddp_post_backward(kiln_instance *self) {
 }
 
 static int32_t ddp_barrier(kiln_instance *self, const char *name) {
-    int err = MPI_Barrier(self->comm);
-    if (err != MPI_SUCCESS) {
-        char call[128];
-        snprintf(call, sizeof call, "MPI_Barrier(%s)", name ? name : "");
-        return ddp_mpi_fail(self, err, call);
-    }
+    char call[128];
+    snprintf(call, sizeof call, "MPI_Ibarrier(%s)", name ? name : "");
+    if (self->timed_out) return ddp_dead(self, call);
+    MPI_Request req;
+    int err = MPI_Ibarrier(self->comm, &req);
+    if (err != MPI_SUCCESS) return ddp_mpi_fail(self, err, call);
+    int32_t rc = ddp_wait(self, &req, call);
+    if (rc) return rc;
     self->n_barrier++;
     return KILN_OK;
 }
@@ -512,8 +615,12 @@ static int32_t ddp_reduce_sum(kiln_instance *self, double *values, uint32_t n) {
     if (n > INT_MAX)
         return kiln_errorf(self->svc, self->hctx, KILN_E_INVALID_ARG, "ddp: reduce_sum of %u values, at most %d",
                            n, INT_MAX);
-    int err = MPI_Allreduce(MPI_IN_PLACE, values, (int)n, MPI_DOUBLE, MPI_SUM, self->comm);
-    if (err != MPI_SUCCESS) return ddp_mpi_fail(self, err, "MPI_Allreduce(metrics, SUM)");
+    if (self->timed_out) return ddp_dead(self, "MPI_Allreduce(metrics, SUM)");
+    MPI_Request req;
+    int err = MPI_Iallreduce(MPI_IN_PLACE, values, (int)n, MPI_DOUBLE, MPI_SUM, self->comm, &req);
+    if (err != MPI_SUCCESS) return ddp_mpi_fail(self, err, "MPI_Iallreduce(metrics, SUM)");
+    int32_t rc = ddp_wait(self, &req, "MPI_Iallreduce(metrics, SUM)");
+    if (rc) return rc;
     self->n_reduce_sum++;
     return KILN_OK;
 }
@@ -523,18 +630,22 @@ static int32_t ddp_broadcast(kiln_instance *self, void *buf, size_t bytes, int32
     if (bytes > INT_MAX)
         return kiln_errorf(self->svc, self->hctx, KILN_E_INVALID_ARG, "ddp: broadcast of %zu bytes, at most %d", bytes,
                            INT_MAX);
-    int err = MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, self->comm);
-    if (err != MPI_SUCCESS) return ddp_mpi_fail(self, err, "MPI_Bcast(plugin data)");
-    return KILN_OK;
+    if (self->timed_out) return ddp_dead(self, "MPI_Bcast(plugin data)");
+    MPI_Request req;
+    int err = MPI_Ibcast(buf, (int)bytes, MPI_BYTE, root, self->comm, &req);
+    if (err != MPI_SUCCESS) return ddp_mpi_fail(self, err, "MPI_Ibcast(plugin data)");
+    return ddp_wait(self, &req, "MPI_Ibcast(plugin data)");
 }
 
 static int32_t ddp_all_gather(kiln_instance *self, const void *send, size_t bytes, void *recv) {
     if (bytes > INT_MAX)
         return kiln_errorf(self->svc, self->hctx, KILN_E_INVALID_ARG, "ddp: all_gather of %zu bytes, at most %d",
                            bytes, INT_MAX);
-    int err = MPI_Allgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, self->comm);
-    if (err != MPI_SUCCESS) return ddp_mpi_fail(self, err, "MPI_Allgather(plugin data)");
-    return KILN_OK;
+    if (self->timed_out) return ddp_dead(self, "MPI_Allgather(plugin data)");
+    MPI_Request req;
+    int err = MPI_Iallgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, self->comm, &req);
+    if (err != MPI_SUCCESS) return ddp_mpi_fail(self, err, "MPI_Iallgather(plugin data)");
+    return ddp_wait(self, &req, "MPI_Iallgather(plugin data)");
 }
 
 /* ------------------------------------------------------------------------ */
@@ -566,6 +677,9 @@ static const kiln_param ddp_params[] = {
      "rank on this node (device index); -1: from the launcher's variables, else MPI's shared-memory split"},
     {"bucket_mb", KILN_TYPE_FLOAT, 0, KILN_V_FLOAT(25.0),
      "MiB of gradients per all-reduce (torch's bucket_cap_mb); (0, 4096]"},
+    {"timeout_s", KILN_TYPE_FLOAT, 0, KILN_V_FLOAT(1800.0),
+     "seconds one collective may wait for the other ranks before the job fails (torch's default 30 min); 0: "
+     "wait for ever"},
     {NULL, 0, 0, KILN_V_NONE, NULL},
 };
 

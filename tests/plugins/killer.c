@@ -5,8 +5,10 @@
  * batch), kills its own process with SIGKILL (or SIGTERM) at a chosen
  * point — at a batch's start or end, during validation, at an epoch's
  * end — or poisons the first weight with a NaN (signal = "POISON", for
- * nan_guard), and writes every parameter's raw values to `dump` at on_fit_end,
- * so a resumed run can be compared with an uninterrupted one.
+ * nan_guard), or stops itself with SIGSTOP (signal = "STOP": a hung rank,
+ * for ddp's collective timeout), optionally on one `rank` only, and writes
+ * every parameter's raw values to `dump` at on_fit_end, so a resumed run can
+ * be compared with an uninterrupted one.
  */
 #include <math.h>
 #include <signal.h>
@@ -19,7 +21,7 @@
 struct kl {
     const kiln_host_services *svc;
     kiln_host_ctx *h;
-    int64_t every, epoch, batch;
+    int64_t every, epoch, batch, rank;
     char at[32], sig[8], dump[1024];
 };
 
@@ -33,6 +35,7 @@ static int32_t kl_create(void *ctx, const kiln_host_services *svc, kiln_host_ctx
     k->every = kiln_kv_int(cfg, "every", 1);
     k->epoch = kiln_kv_int(cfg, "kill_epoch", -1);
     k->batch = kiln_kv_int(cfg, "kill_batch", -1);
+    k->rank = kiln_kv_int(cfg, "rank", -1);
     snprintf(k->at, sizeof k->at, "%s", kiln_kv_str(cfg, "kill_at", "none"));
     snprintf(k->sig, sizeof k->sig, "%s", kiln_kv_str(cfg, "signal", "KILL"));
     snprintf(k->dump, sizeof k->dump, "%s", kiln_kv_str(cfg, "dump", ""));
@@ -45,6 +48,7 @@ static void kl_destroy(kiln_instance *i) { free(i); }
 static void kl_maybe_kill(struct kl *k, const char *where, const kiln_event *ev) {
     if (strcmp(k->at, where) || ev->trainer->current_epoch != k->epoch) return;
     if (k->batch >= 0 && ev->batch_idx != k->batch) return;
+    if (k->rank >= 0 && ev->trainer->rank != k->rank) return;
     if (!strcmp(k->sig, "POISON")) { /* a NaN weight instead of a signal, for nan_guard */
         kiln_parameter *const *ps;
         uint32_t n;
@@ -52,7 +56,7 @@ static void kl_maybe_kill(struct kl *k, const char *where, const kiln_event *ev)
         return;
     }
     fflush(NULL);
-    raise(!strcmp(k->sig, "TERM") ? SIGTERM : SIGKILL);
+    raise(!strcmp(k->sig, "TERM") ? SIGTERM : !strcmp(k->sig, "STOP") ? SIGSTOP : SIGKILL);
 }
 
 static int32_t kl_dump(struct kl *k) {
@@ -93,7 +97,9 @@ static const kiln_param kl_params[] = {
     {"kill_epoch", KILN_TYPE_INT, 0, KILN_V_INT(-1), "epoch of the kill"},
     {"kill_batch", KILN_TYPE_INT, 0, KILN_V_INT(-1), "batch of the kill (-1: any)"},
     {"kill_at", KILN_TYPE_STRING, 0, KILN_V_STR("none"), "batch_start | batch_end | validation | epoch_end | none"},
-    {"signal", KILN_TYPE_STRING, 0, KILN_V_STR("KILL"), "KILL, TERM, or POISON (a NaN into the first weight)"},
+    {"signal", KILN_TYPE_STRING, 0, KILN_V_STR("KILL"),
+     "KILL, TERM, STOP (hang), or POISON (a NaN into the first weight)"},
+    {"rank", KILN_TYPE_INT, 0, KILN_V_INT(-1), "only on this global rank (-1: every rank)"},
     {"dump", KILN_TYPE_STRING, 0, KILN_V_STR(""), "write the weights here at on_fit_end"},
     {NULL, 0, 0, KILN_V_NONE, NULL}};
 static const kiln_plugin_desc kl_desc = {sizeof(kiln_plugin_desc), KILN_KIND_CALLBACK, "killer", "1.0.0",

@@ -1,0 +1,88 @@
+/*
+ * ddp_internal.h — what the two files of the "ddp" strategy share: the
+ * instance, the bucket plan's types, and the NCCL entry points ddp_nccl.c
+ * provides when kiln is built with CUDA and NCCL (KILN_DDP_NCCL). ddp.c
+ * owns rank discovery, MPI, the bucket plan and the host-memory path;
+ * ddp_nccl.c moves device-memory buckets with NCCL, its communicator
+ * bootstrapped over MPI.
+ */
+#ifndef KILN_PLUGIN_DDP_INTERNAL_H
+#define KILN_PLUGIN_DDP_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <mpi.h>
+
+#include <kiln/kiln.h>
+
+/* One contiguous run of elements of one parameter inside a bucket: a large
+ * parameter is split across buckets so the staging buffer never exceeds
+ * bucket_mb (torch gives such a parameter a bucket of its own instead). */
+typedef struct ddp_segment {
+    uint32_t param;   /* index into params                                  */
+    int64_t offset;   /* first element of the parameter in this segment     */
+    int64_t count;    /* elements                                           */
+} ddp_segment;
+
+/* Consecutive segments of one dtype moved by one collective. */
+typedef struct ddp_bucket {
+    uint32_t first_seg, nseg;
+    uint32_t dtype;   /* KILN_DTYPE_F32 or KILN_DTYPE_F64                   */
+    int64_t count;    /* elements in the bucket (sum of its segments)       */
+} ddp_bucket;
+
+struct kiln_instance {
+    const kiln_host_services *svc;
+    kiln_host_ctx *hctx;
+    int32_t rank, world, local_rank;
+    MPI_Comm comm;           /* dup of MPI_COMM_WORLD, MPI_ERRORS_RETURN    */
+    int have_comm;
+    int initialized_mpi;     /* this plugin called MPI_Init_thread          */
+    size_t bucket_bytes;     /* capacity of one bucket                      */
+    double timeout_s;        /* deadline of one collective; 0: none          */
+    int timed_out;           /* a collective missed it: MPI is unusable      */
+
+    /* from setup() */
+    kiln_parameter *const *params;
+    uint32_t nparams;
+    ddp_segment *segs;
+    uint32_t nseg;
+    ddp_bucket *buckets;
+    uint32_t nbuckets;
+    void *buf;               /* (bucket_bytes) host staging buffer           */
+    size_t buf_bytes;
+    kiln_instance *acc;
+    const kiln_kernels *K;
+    int host_memory;         /* device pointers are host pointers            */
+    /* NCCL (ddp_nccl.c) when the parameters live in CUDA device memory:
+     * buckets are packed into dbuf on the device and reduced there */
+    int use_nccl;
+    void *dbuf;              /* (buf_bytes) device bucket buffer, K->alloc   */
+    void *nccl;              /* ddp_nccl state, NULL when unused             */
+
+    /* counters for the destroy line (tests read them) */
+    uint64_t n_bcast, bcast_bytes;
+    uint64_t n_allreduce, allreduce_bytes;
+    uint64_t n_reduce_sum, n_barrier;
+};
+
+/* Waits for a non-blocking MPI collective until timeout_s (ddp.c); on a
+ * miss sets timed_out and returns KILN_E_COMM naming `call`. */
+int32_t ddp_wait(kiln_instance *self, MPI_Request *req, const char *call);
+
+#ifdef KILN_DDP_NCCL
+/* 1 in *is_device when ptr is CUDA device memory (the cuda accelerator's);
+ * never fails: anything CUDA cannot classify is "not device memory". */
+void ddp_nccl_is_device(const void *ptr, int *is_device);
+/* Creates the communicator on the calling thread's current device (the
+ * accelerator chose it), the unique id broadcast from rank 0 over MPI. */
+int32_t ddp_nccl_init(kiln_instance *self);
+/* In place on device memory, on NCCL's own stream, waiting for it:
+ * broadcast from rank 0, or all-reduce with the average. */
+int32_t ddp_nccl_bcast(kiln_instance *self, void *dev, int64_t count, uint32_t dtype);
+int32_t ddp_nccl_allreduce_avg(kiln_instance *self, void *dev, int64_t count, uint32_t dtype);
+void ddp_nccl_release(kiln_instance *self);
+#endif
+
+#endif /* KILN_PLUGIN_DDP_INTERNAL_H */
