@@ -1,0 +1,294 @@
+/*
+ * kg_elementwise.cu: the per-element launchers of kg_kernels.h: bias add and
+ * bias gradient, the five activations forward and backward, scale, axpy, the
+ * fused unscale + finiteness check, dtype casts, rounding through the 16-bit
+ * formats and the rounded gemm_ex epilogue. Each kernel is a grid-stride
+ * loop (size_t indices) over one element formula from kg_math.cuh,
+ * instantiated per dtype (and activation, cast pair, rounding format) so no
+ * dtype test runs per element. Kernels that need a row/column split of a
+ * flat index use 32-bit division when the matrix has fewer than 2^32
+ * elements (64-bit division is several times slower on the GPU) and 64-bit
+ * otherwise. bias_grad sums each column in row order in one thread, exactly
+ * the CPU's order, so its result is the CPU's bit for bit.
+ */
+#include "kg_internal.cuh"
+#include "kg_kernels.h"
+
+/* ------------------------------------------------------------------- bias */
+
+/* y(rows, cols) += b(cols), flat over total = rows * cols elements. */
+template <typename T, typename IdxT>
+__global__ void kg_bias_add_kernel(T *__restrict__ y, const T *__restrict__ b, size_t total, IdxT cols) {
+    KG_GRID_STRIDE(i, total) {
+        const IdxT j = (IdxT)i % cols;
+        y[i] = y[i] + b[j];
+    }
+}
+
+template <typename T> static cudaError_t kg_bias_add_t(cudaStream_t s, T *y, const T *b, int rows, int cols) {
+    const size_t total = (size_t)rows * (size_t)cols;
+    if (total <= UINT32_MAX)
+        kg_bias_add_kernel<T, uint32_t><<<kg_grid(total), KG_THREADS, 0, s>>>(y, b, total, (uint32_t)cols);
+    else
+        kg_bias_add_kernel<T, size_t><<<kg_grid(total), KG_THREADS, 0, s>>>(y, b, total, (size_t)cols);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t kg_bias_add(cudaStream_t s, int fdt, void *y, const void *b, int rows, int cols) {
+    if (fdt != KG_F32 && fdt != KG_F64) return cudaErrorInvalidValue;
+    if (rows < 0 || cols < 0) return cudaErrorInvalidValue;
+    if (rows == 0 || cols == 0) return cudaSuccess;
+    if (fdt == KG_F32) return kg_bias_add_t(s, (float *)y, (const float *)b, rows, cols);
+    return kg_bias_add_t(s, (double *)y, (const double *)b, rows, cols);
+}
+
+/*
+ * db(cols) = (accumulate ? db : 0) + sum over rows of dy(rows, cols): one
+ * thread per column adds the rows in order 0..rows-1 in T, the CPU's exact
+ * order (kc_bias_grad / kc_bias_grad_f64), so the bits agree. Neighbouring
+ * threads read neighbouring columns, so each row's loads coalesce. Only
+ * `cols` threads work; fine for bias sizes (hundreds to thousands of
+ * columns), slow for very few columns with very many rows.
+ */
+template <typename T>
+__global__ void kg_bias_grad_kernel(T *__restrict__ db, const T *__restrict__ dy, size_t rows, size_t cols,
+                                    int accumulate) {
+    KG_GRID_STRIDE(j, cols) {
+        T acc = accumulate ? db[j] : (T)0;
+        const T *col = dy + j;
+        for (size_t r = 0; r < rows; r++) acc = acc + col[r * cols];
+        db[j] = acc;
+    }
+}
+
+extern "C" cudaError_t kg_bias_grad(cudaStream_t s, int fdt, void *db, const void *dy, int rows, int cols,
+                                    int accumulate) {
+    if (fdt != KG_F32 && fdt != KG_F64) return cudaErrorInvalidValue;
+    if (rows < 0 || cols < 0) return cudaErrorInvalidValue;
+    /* rows == 0 still zeroes db unless accumulating. */
+    if (cols == 0 || (rows == 0 && accumulate)) return cudaSuccess;
+    const size_t c = (size_t)cols;
+    if (fdt == KG_F32)
+        kg_bias_grad_kernel<float><<<kg_grid(c), KG_THREADS, 0, s>>>((float *)db, (const float *)dy, (size_t)rows, c,
+                                                                     accumulate);
+    else
+        kg_bias_grad_kernel<double><<<kg_grid(c), KG_THREADS, 0, s>>>((double *)db, (const double *)dy, (size_t)rows,
+                                                                      c, accumulate);
+    return cudaGetLastError();
+}
+
+/* ------------------------------------------------------------ activations */
+
+/* y(n) = act(x); y may equal x (each element reads only its own input). */
+template <int ACT, typename T> __global__ void kg_act_fwd_kernel(T *y, const T *x, size_t n) {
+    KG_GRID_STRIDE(i, n) y[i] = kg_act_fwd<ACT>(x[i]);
+}
+
+/* dx(n) = dy * act'(x); dx may equal dy. */
+template <int ACT, typename T> __global__ void kg_act_bwd_kernel(T *dx, const T *dy, const T *__restrict__ x, size_t n) {
+    KG_GRID_STRIDE(i, n) dx[i] = kg_act_bwd<ACT>(dy[i], x[i]);
+}
+
+template <typename T> static cudaError_t kg_act_fwd_t(cudaStream_t s, int act, T *y, const T *x, size_t n) {
+    const unsigned g = kg_grid(n);
+    switch (act) {
+    case KG_ACT_RELU: kg_act_fwd_kernel<KG_ACT_RELU, T><<<g, KG_THREADS, 0, s>>>(y, x, n); break;
+    case KG_ACT_GELU: kg_act_fwd_kernel<KG_ACT_GELU, T><<<g, KG_THREADS, 0, s>>>(y, x, n); break;
+    case KG_ACT_TANH: kg_act_fwd_kernel<KG_ACT_TANH, T><<<g, KG_THREADS, 0, s>>>(y, x, n); break;
+    case KG_ACT_SIGMOID: kg_act_fwd_kernel<KG_ACT_SIGMOID, T><<<g, KG_THREADS, 0, s>>>(y, x, n); break;
+    case KG_ACT_LEAKY_RELU: kg_act_fwd_kernel<KG_ACT_LEAKY_RELU, T><<<g, KG_THREADS, 0, s>>>(y, x, n); break;
+    default: return cudaErrorInvalidValue;
+    }
+    return cudaGetLastError();
+}
+
+template <typename T>
+static cudaError_t kg_act_bwd_t(cudaStream_t s, int act, T *dx, const T *dy, const T *x, size_t n) {
+    const unsigned g = kg_grid(n);
+    switch (act) {
+    case KG_ACT_RELU: kg_act_bwd_kernel<KG_ACT_RELU, T><<<g, KG_THREADS, 0, s>>>(dx, dy, x, n); break;
+    case KG_ACT_GELU: kg_act_bwd_kernel<KG_ACT_GELU, T><<<g, KG_THREADS, 0, s>>>(dx, dy, x, n); break;
+    case KG_ACT_TANH: kg_act_bwd_kernel<KG_ACT_TANH, T><<<g, KG_THREADS, 0, s>>>(dx, dy, x, n); break;
+    case KG_ACT_SIGMOID: kg_act_bwd_kernel<KG_ACT_SIGMOID, T><<<g, KG_THREADS, 0, s>>>(dx, dy, x, n); break;
+    case KG_ACT_LEAKY_RELU: kg_act_bwd_kernel<KG_ACT_LEAKY_RELU, T><<<g, KG_THREADS, 0, s>>>(dx, dy, x, n); break;
+    default: return cudaErrorInvalidValue;
+    }
+    return cudaGetLastError();
+}
+
+static int kg_act_valid(int act) { return act >= KG_ACT_RELU && act <= KG_ACT_LEAKY_RELU; }
+
+extern "C" cudaError_t kg_act_forward(cudaStream_t s, int fdt, int act, void *y, const void *x, size_t n) {
+    if ((fdt != KG_F32 && fdt != KG_F64) || !kg_act_valid(act)) return cudaErrorInvalidValue;
+    if (n == 0) return cudaSuccess;
+    if (fdt == KG_F32) return kg_act_fwd_t(s, act, (float *)y, (const float *)x, n);
+    return kg_act_fwd_t(s, act, (double *)y, (const double *)x, n);
+}
+
+extern "C" cudaError_t kg_act_backward(cudaStream_t s, int fdt, int act, void *dx, const void *dy, const void *x,
+                                       size_t n) {
+    if ((fdt != KG_F32 && fdt != KG_F64) || !kg_act_valid(act)) return cudaErrorInvalidValue;
+    if (n == 0) return cudaSuccess;
+    if (fdt == KG_F32) return kg_act_bwd_t(s, act, (float *)dx, (const float *)dy, (const float *)x, n);
+    return kg_act_bwd_t(s, act, (double *)dx, (const double *)dy, (const double *)x, n);
+}
+
+/* ----------------------------------------------------------------- BLAS-1 */
+
+/* x(n) *= a */
+template <typename T> __global__ void kg_scale_kernel(T *__restrict__ x, T a, size_t n) {
+    KG_GRID_STRIDE(i, n) x[i] = x[i] * a;
+}
+
+/* y(n) += a * x(n), product rounded first */
+template <typename T> __global__ void kg_axpy_kernel(T *__restrict__ y, T a, const T *__restrict__ x, size_t n) {
+    KG_GRID_STRIDE(i, n) y[i] = kg_axpy_elem(y[i], a, x[i]);
+}
+
+/* x(n) *= a, and *nonfinite = 1 if any x was inf/NaN before scaling. Every
+ * writer stores the same 1, so the unordered stores need no atomics. */
+template <typename T>
+__global__ void kg_unscale_check_kernel(T *__restrict__ x, T a, size_t n, int32_t *__restrict__ nonfinite) {
+    int bad = 0;
+    KG_GRID_STRIDE(i, n) {
+        const T v = x[i];
+        bad |= kg_nonfinite<kg_dtype_of<T>::value>(v);
+        x[i] = v * a;
+    }
+    if (bad) *nonfinite = 1;
+}
+
+extern "C" cudaError_t kg_scale(cudaStream_t s, int fdt, void *x, double a, size_t n) {
+    if (fdt != KG_F32 && fdt != KG_F64) return cudaErrorInvalidValue;
+    if (n == 0) return cudaSuccess;
+    if (fdt == KG_F32) kg_scale_kernel<float><<<kg_grid(n), KG_THREADS, 0, s>>>((float *)x, kg_scalar<float>(a), n);
+    else kg_scale_kernel<double><<<kg_grid(n), KG_THREADS, 0, s>>>((double *)x, kg_scalar<double>(a), n);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t kg_axpy(cudaStream_t s, int fdt, void *y, double a, const void *x, size_t n) {
+    if (fdt != KG_F32 && fdt != KG_F64) return cudaErrorInvalidValue;
+    if (n == 0) return cudaSuccess;
+    if (fdt == KG_F32)
+        kg_axpy_kernel<float><<<kg_grid(n), KG_THREADS, 0, s>>>((float *)y, kg_scalar<float>(a), (const float *)x, n);
+    else
+        kg_axpy_kernel<double><<<kg_grid(n), KG_THREADS, 0, s>>>((double *)y, kg_scalar<double>(a),
+                                                                 (const double *)x, n);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t kg_unscale_check(cudaStream_t s, int fdt, void *x, double a, size_t n, int32_t *nonfinite) {
+    if (fdt != KG_F32 && fdt != KG_F64) return cudaErrorInvalidValue;
+    if (n == 0) return cudaSuccess;
+    if (fdt == KG_F32)
+        kg_unscale_check_kernel<float><<<kg_grid(n), KG_THREADS, 0, s>>>((float *)x, kg_scalar<float>(a), n,
+                                                                         nonfinite);
+    else
+        kg_unscale_check_kernel<double><<<kg_grid(n), KG_THREADS, 0, s>>>((double *)x, kg_scalar<double>(a), n,
+                                                                          nonfinite);
+    return cudaGetLastError();
+}
+
+/* ------------------------------------------------------------------ casts */
+
+static size_t kg_dtype_bytes(int dt) {
+    switch (dt) {
+    case KG_F32: return 4;
+    case KG_F64: return 8;
+    case KG_F16: case KG_BF16: return 2;
+    default: return 0;
+    }
+}
+
+/* dst(n) of dtype D = src(n) of dtype S. */
+template <int D, int S>
+__global__ void kg_cast_kernel(typename kg_storage<D>::type *__restrict__ dst,
+                               const typename kg_storage<S>::type *__restrict__ src, size_t n) {
+    KG_GRID_STRIDE(i, n) dst[i] = kg_convert<D, S>(src[i]);
+}
+
+template <int D, int S> static cudaError_t kg_cast_t(cudaStream_t s, void *dst, const void *src, size_t n) {
+    kg_cast_kernel<D, S><<<kg_grid(n), KG_THREADS, 0, s>>>((typename kg_storage<D>::type *)dst,
+                                                           (const typename kg_storage<S>::type *)src, n);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t kg_cast(cudaStream_t s, void *dst, int dst_dtype, const void *src, int src_dtype, size_t n) {
+    const size_t dsz = kg_dtype_bytes(dst_dtype);
+    if (dsz == 0 || kg_dtype_bytes(src_dtype) == 0) return cudaErrorInvalidValue;
+    if (n == 0) return cudaSuccess;
+    if (dst_dtype == src_dtype) {
+        if (dst == src) return cudaSuccess;
+        return cudaMemcpyAsync(dst, src, n * dsz, cudaMemcpyDeviceToDevice, s);
+    }
+#define KG_CAST_CASE(D, S) \
+    if (dst_dtype == (D) && src_dtype == (S)) return kg_cast_t<D, S>(s, dst, src, n);
+    KG_CAST_CASE(KG_F32, KG_F64)
+    KG_CAST_CASE(KG_F32, KG_F16)
+    KG_CAST_CASE(KG_F32, KG_BF16)
+    KG_CAST_CASE(KG_F64, KG_F32)
+    KG_CAST_CASE(KG_F64, KG_F16)
+    KG_CAST_CASE(KG_F64, KG_BF16)
+    KG_CAST_CASE(KG_F16, KG_F32)
+    KG_CAST_CASE(KG_F16, KG_F64)
+    KG_CAST_CASE(KG_F16, KG_BF16)
+    KG_CAST_CASE(KG_BF16, KG_F32)
+    KG_CAST_CASE(KG_BF16, KG_F64)
+    KG_CAST_CASE(KG_BF16, KG_F16)
+#undef KG_CAST_CASE
+    return cudaErrorInvalidValue; /* unreachable: every pair is listed */
+}
+
+/* ----------------------------------------------------------- rounding */
+
+/* x(n) float32 = round_through_RDT(x), in place. */
+template <int RDT> __global__ void kg_round_to_kernel(float *__restrict__ x, size_t n) {
+    KG_GRID_STRIDE(i, n) x[i] = kg_round_to_dtype(x[i], RDT);
+}
+
+extern "C" cudaError_t kg_round_to(cudaStream_t s, float *x, int dtype, size_t n) {
+    if (dtype != KG_F32 && dtype != KG_F16 && dtype != KG_BF16) return cudaErrorInvalidValue;
+    if (dtype == KG_F32 || n == 0) return cudaSuccess; /* float32 storage keeps everything */
+    if (dtype == KG_F16) kg_round_to_kernel<KG_F16><<<kg_grid(n), KG_THREADS, 0, s>>>(x, n);
+    else kg_round_to_kernel<KG_BF16><<<kg_grid(n), KG_THREADS, 0, s>>>(x, n);
+    return cudaGetLastError();
+}
+
+/*
+ * c(rows, cols; ldc) = round_RDT(p(rows, cols; packed)) + beta * c, c not
+ * read when beta == 0 (it may hold NaN then). Flat over p's total elements;
+ * IdxT does the row/column split.
+ */
+template <int RDT, typename IdxT>
+__global__ void kg_round_add_kernel(float *__restrict__ c, size_t ldc, const float *__restrict__ p, size_t total,
+                                    IdxT cols, float beta) {
+    KG_GRID_STRIDE(i, total) {
+        const IdxT r = (IdxT)i / cols;
+        const IdxT j = (IdxT)i - r * cols;
+        float *ci = c + (size_t)r * ldc + j;
+        const float cv = beta == 0.0f ? 0.0f : *ci;
+        *ci = kg_round_add_elem(p[i], cv, beta, RDT);
+    }
+}
+
+template <int RDT>
+static cudaError_t kg_round_add_t(cudaStream_t s, float *c, int ldc, const float *p, int rows, int cols, float beta) {
+    const size_t total = (size_t)rows * (size_t)cols;
+    if (total <= UINT32_MAX)
+        kg_round_add_kernel<RDT, uint32_t><<<kg_grid(total), KG_THREADS, 0, s>>>(c, (size_t)ldc, p, total,
+                                                                                 (uint32_t)cols, beta);
+    else
+        kg_round_add_kernel<RDT, size_t><<<kg_grid(total), KG_THREADS, 0, s>>>(c, (size_t)ldc, p, total,
+                                                                               (size_t)cols, beta);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t kg_round_add(cudaStream_t s, float *c, int ldc, const float *p, int rows, int cols,
+                                    int round_dtype, float beta) {
+    if (round_dtype != KG_F32 && round_dtype != KG_F16 && round_dtype != KG_BF16) return cudaErrorInvalidValue;
+    if (rows < 0 || cols < 0 || ldc < cols) return cudaErrorInvalidValue;
+    if (rows == 0 || cols == 0) return cudaSuccess;
+    if (round_dtype == KG_F16) return kg_round_add_t<KG_F16>(s, c, ldc, p, rows, cols, beta);
+    if (round_dtype == KG_BF16) return kg_round_add_t<KG_BF16>(s, c, ldc, p, rows, cols, beta);
+    return kg_round_add_t<KG_F32>(s, c, ldc, p, rows, cols, beta);
+}

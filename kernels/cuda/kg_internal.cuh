@@ -1,0 +1,53 @@
+/*
+ * kg_internal.cuh: what the kernel sources share beyond kg_math.cuh's
+ * arithmetic: the launch geometry (a fixed block size and a capped grid for
+ * grid-stride loops, so a launch never has 0 blocks and never more than the
+ * hardware's limit), the grid-stride loop macro with size_t indices (tensors
+ * may exceed 2^31 elements), and the deterministic shared-memory tree sum
+ * the reductions and the loss use. Private to kernels/cuda.
+ */
+#ifndef KILN_KERNELS_CUDA_KG_INTERNAL_CUH
+#define KILN_KERNELS_CUDA_KG_INTERNAL_CUH
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime.h>
+
+#include "kg_math.cuh"
+
+/* Threads per block everywhere; the tree reductions assume this power of 2. */
+#define KG_THREADS 256
+
+/* Grid-stride loops need no more blocks than keep every SM busy: 4096 blocks
+ * of 256 threads is several waves on an H100/H200 (132 SMs x 2048 threads),
+ * and caps the grid far below gridDim.x's limit for any n. */
+#define KG_MAX_BLOCKS 4096u
+
+/* Blocks for n elements (n > 0): one per KG_THREADS elements, capped. */
+static inline unsigned kg_grid(size_t n) {
+    const size_t b = (n + KG_THREADS - 1) / KG_THREADS;
+    return b < (size_t)KG_MAX_BLOCKS ? (unsigned)b : KG_MAX_BLOCKS;
+}
+
+/* for (i over [0, n)) across the whole grid, i a size_t. */
+#define KG_GRID_STRIDE(i, n)                                                                   \
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                  \
+         i += (size_t)gridDim.x * blockDim.x)
+
+/*
+ * Sum of s[0 .. KG_THREADS) into s[0] by a fixed pairwise tree (s[t] +=
+ * s[t + h] for h = 128, 64, ..., 1), so the result depends on the values
+ * only, never on timing. Every thread of the block must call it; s is
+ * __shared__, and each thread has written its own s[threadIdx.x] before.
+ * Returns with s[0] visible to all threads.
+ */
+template <typename T> __device__ __forceinline__ void kg_block_tree_sum(T *s) {
+    __syncthreads();
+    for (unsigned h = KG_THREADS / 2; h > 0; h >>= 1) {
+        if (threadIdx.x < h) s[threadIdx.x] = s[threadIdx.x] + s[threadIdx.x + h];
+        __syncthreads();
+    }
+}
+
+#endif /* KILN_KERNELS_CUDA_KG_INTERNAL_CUH */

@@ -1,0 +1,107 @@
+/*
+ * kg_kernels.h: the CUDA kernels the "cuda" accelerator plugin trains with,
+ * as plain C launchers. Each launcher enqueues its work on `stream` and
+ * returns the launch's cudaError_t (cudaSuccess, or the error of the launch
+ * itself; an error inside a kernel shows up at the next synchronisation).
+ * Nothing here allocates or synchronises: the plugin owns every buffer
+ * (scratch included) and decides when to wait. All pointers are device
+ * pointers of the current device; tensors are row-major.
+ *
+ * dtype arguments use the ABI's numbers (KILN_DTYPE_F32 = 1 ... see
+ * kiln/tensor.h): `fdt` means F32 or F64 (the "_ex" kernels of the table),
+ * 16-bit values are stored as IEEE half / bfloat16 bit patterns. Every
+ * kernel's per-element arithmetic is in kg_math.cuh (host+device), which the
+ * CPU references in kernels/cpu/ define the meaning of; tests compare the
+ * two (tests/gpu, and tests/cuda_math on the host without a GPU).
+ *
+ * Reductions are deterministic: a fixed grid of KG_REDUCE_BLOCKS blocks
+ * writes one partial each into caller scratch, then one block adds the
+ * partials in order, so the result does not depend on timing.
+ */
+#ifndef KILN_KERNELS_CUDA_KG_KERNELS_H
+#define KILN_KERNELS_CUDA_KG_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Mirrors of the ABI's numbers (checked by static_assert in the plugin). */
+enum { KG_F32 = 1, KG_F64 = 2, KG_F16 = 3, KG_BF16 = 4 };
+enum { KG_ACT_RELU = 0, KG_ACT_GELU = 1, KG_ACT_TANH = 2, KG_ACT_SIGMOID = 3, KG_ACT_LEAKY_RELU = 4 };
+
+/* Partials a reduction writes: the scratch it needs is KG_REDUCE_BLOCKS
+ * doubles (plus the output). */
+#define KG_REDUCE_BLOCKS 256
+
+/* y(rows, cols) += b(cols); fdt */
+cudaError_t kg_bias_add(cudaStream_t s, int fdt, void *y, const void *b, int rows, int cols);
+/* db(cols) = (accumulate ? db : 0) + column sums of dy(rows, cols); fdt.
+ * Sums accumulate in the element type's wider partner (float -> float in a
+ * fixed order per column, double -> double). */
+cudaError_t kg_bias_grad(cudaStream_t s, int fdt, void *db, const void *dy, int rows, int cols, int accumulate);
+/* y(n) = act(x); dx(n) = dy * act'(x) (dx may alias dy); fdt; act KG_ACT_* */
+cudaError_t kg_act_forward(cudaStream_t s, int fdt, int act, void *y, const void *x, size_t n);
+cudaError_t kg_act_backward(cudaStream_t s, int fdt, int act, void *dx, const void *dy, const void *x, size_t n);
+
+/* Softmax cross-entropy, one block per row. probs(B, C) = softmax(logits);
+ * row_loss(B) (double) = -log probs[b, labels[b]]; row_correct(B) = argmax ==
+ * label (first maximum wins, as on the CPU); *bad_row (device int, caller
+ * sets it to -1 first) = the smallest row whose label is outside [0, C).
+ * fdt. The plugin reduces row_loss/row_correct with kg_reduce_rows. */
+cudaError_t kg_softmax_xent_forward(cudaStream_t s, int fdt, void *probs, const void *logits, const int32_t *labels,
+                                    int B, int C, double *row_loss, int32_t *row_correct, int32_t *bad_row);
+/* out[0] = sum of row_loss(B) / B, out[1] = sum of row_correct(B), added in
+ * row order by one block (deterministic). */
+cudaError_t kg_reduce_rows(cudaStream_t s, const double *row_loss, const int32_t *row_correct, int B, double *out);
+/* dlogits(B, C) = dloss * (probs - onehot(labels)) / B; fdt */
+cudaError_t kg_softmax_xent_backward(cudaStream_t s, int fdt, void *dlogits, const void *probs,
+                                     const int32_t *labels, int B, int C, double dloss);
+
+/* Reductions over x(n) (dtype F32, F64, F16 or BF16), accumulated in double:
+ * KG_SUM the sum, KG_SUMSQ the sum of squares, KG_NONFINITE the count of
+ * inf/NaN values. partials: KG_REDUCE_BLOCKS doubles; *out: one double. */
+enum { KG_SUM = 0, KG_SUMSQ = 1, KG_NONFINITE = 2 };
+cudaError_t kg_reduce(cudaStream_t s, int op, int dtype, const void *x, size_t n, double *partials, double *out);
+
+/* x(n) *= a; y(n) += a * x(n); fdt (a rounded to float for F32) */
+cudaError_t kg_scale(cudaStream_t s, int fdt, void *x, double a, size_t n);
+cudaError_t kg_axpy(cudaStream_t s, int fdt, void *y, double a, const void *x, size_t n);
+/* Loss-scale unscale and finite check in one pass: x(n) *= a, and
+ * *nonfinite (device int, caller zeroes it) set to 1 when any x (before
+ * scaling) is inf/NaN. fdt. */
+cudaError_t kg_unscale_check(cudaStream_t s, int fdt, void *x, double a, size_t n, int32_t *nonfinite);
+
+/* dst(n) = src(n) converted between F32, F64, F16, BF16 (round to nearest
+ * even; overflow to inf). dst and src must not overlap unless equal dtypes
+ * and equal pointers (then nothing happens). */
+cudaError_t kg_cast(cudaStream_t s, void *dst, int dst_dtype, const void *src, int src_dtype, size_t n);
+/* x(n) float32, rounded in place through F16 or BF16 (F32: nothing). */
+cudaError_t kg_round_to(cudaStream_t s, float *x, int dtype, size_t n);
+/* The gemm_ex epilogue with rounding: c(rows, cols; ldc) = round_dtype(
+ * p(rows, cols; packed)) + beta * c (c not read when beta == 0). F32 c. */
+cudaError_t kg_round_add(cudaStream_t s, float *c, int ldc, const float *p, int rows, int cols, int round_dtype,
+                         float beta);
+
+/* torch.optim.SGD on one tensor of fdt (PyTorch order, see
+ * kernels/cpu/cpu_optim.c). momentum_buf may be NULL when momentum == 0.
+ * compute(n), when not NULL, receives the updated p cast to compute_dtype
+ * (F16/BF16/F32) in the same pass. */
+cudaError_t kg_sgd_update(cudaStream_t s, int fdt, void *p, const void *g, void *momentum_buf, size_t n, double lr,
+                          double momentum, double dampening, int nesterov, double weight_decay, int first_step,
+                          void *compute, int compute_dtype);
+/* torch.optim.AdamW on one tensor of fdt; step is 1-based; bias
+ * corrections computed in double as on the CPU. compute as for SGD. */
+cudaError_t kg_adamw_update(cudaStream_t s, int fdt, void *p, const void *g, void *m, void *v, size_t n, double lr,
+                            double beta1, double beta2, double eps, double weight_decay, int64_t step, void *compute,
+                            int compute_dtype);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KILN_KERNELS_CUDA_KG_KERNELS_H */
