@@ -1,0 +1,704 @@
+/*
+ * cuda_accel.c — the "cuda" accelerator plugin: the kiln_kernels table on an
+ * NVIDIA GPU. Memory is device memory (the table does not set
+ * KILN_KERNELS_HOST_MEMORY, so modules copy batches in and the host copies
+ * weights out for checkpoints); every entry queues its work on the
+ * instance's one stream and returns without waiting, except those that hand
+ * a value back to the host (sum, sumsq, all_finite, the loss), which wait for
+ * it. GEMMs go through cuBLASLt (cuda_blas.c), everything else through the
+ * kernels of kernels/cuda, whose CPU references are kernels/cpu. The checks
+ * here mirror the cpu accelerator's so that a bad call gets the same kind of
+ * message on either; a failing CUDA or cuBLAS call becomes KILN_E_CUDA with
+ * the call's name and the runtime's error string. The plugin refuses to
+ * start (create) when the driver is missing or older than the CUDA runtime
+ * it was built with, naming both versions, and when no device is visible;
+ * the device is chosen in configure() from the `device` setting or the
+ * process's local rank, so one process per GPU needs no configuration.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_internal.h"
+
+static_assert((int)KG_F32 == (int)KILN_DTYPE_F32 && (int)KG_F64 == (int)KILN_DTYPE_F64 &&
+                  (int)KG_F16 == (int)KILN_DTYPE_F16 && (int)KG_BF16 == (int)KILN_DTYPE_BF16,
+              "kernels/cuda dtype numbers must equal KILN_DTYPE_*");
+static_assert((int)KG_ACT_RELU == (int)KILN_ACT_RELU && (int)KG_ACT_GELU == (int)KILN_ACT_GELU &&
+                  (int)KG_ACT_TANH == (int)KILN_ACT_TANH && (int)KG_ACT_SIGMOID == (int)KILN_ACT_SIGMOID &&
+                  (int)KG_ACT_LEAKY_RELU == (int)KILN_ACT_LEAKY_RELU,
+              "kernels/cuda activation numbers must equal KILN_ACT_*");
+
+/* A NULL pointer is only acceptable when nothing would be read or written. */
+#define CU_NEED(acc, ptr, n, fn)                                                                           \
+    do {                                                                                                   \
+        if ((n) > 0 && !(ptr))                                                                             \
+            return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: " fn ": " #ptr " is NULL for %zu elements",      \
+                          (size_t)(n));                                                                    \
+    } while (0)
+
+/* Launches a kernel of kernels/cuda and turns a launch error into a status. */
+#define CU_LAUNCH(acc, fn, call) CU_CHECK(acc, fn, call)
+
+static int cu_fdt(uint32_t dt) { return dt == KILN_DTYPE_F32 || dt == KILN_DTYPE_F64; }
+static int cu_anydt(uint32_t dt) { return cu_fdt(dt) || dt == KILN_DTYPE_F16 || dt == KILN_DTYPE_BF16; }
+
+static int32_t cu_check_fdt(kiln_instance *acc, const char *fn, uint32_t dt) {
+    if (cu_fdt(dt)) return KILN_OK;
+    return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: dtype must be float32 or float64, got %s (%u)", fn,
+                  kiln_dtype_name(dt), (unsigned)dt);
+}
+
+/* ---------------------------------------------------------------- GEMMs */
+
+static int32_t cu_check_ld(kiln_instance *acc, const char *fn, char what, int32_t ld, int32_t cols) {
+    const int32_t need = cols > 1 ? cols : 1;
+    if (ld < need)
+        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: ld%c=%d is smaller than max(1, stored columns of %c) = %d",
+                      fn, what + ('a' - 'A'), (int)ld, what, (int)need);
+    return KILN_OK;
+}
+
+static int32_t cu_check_gemm(kiln_instance *acc, const char *fn, int32_t ta, int32_t tb, int32_t M, int32_t N,
+                             int32_t K, int32_t lda, int32_t ldb, int32_t ldc, const void *A, const void *B,
+                             const void *C) {
+    if (M < 0 || N < 0 || K < 0)
+        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: M, N, K must be >= 0, got M=%d N=%d K=%d", fn, (int)M,
+                      (int)N, (int)K);
+    int32_t rc;
+    if ((rc = cu_check_ld(acc, fn, 'A', lda, ta ? M : K)) != KILN_OK) return rc;
+    if ((rc = cu_check_ld(acc, fn, 'B', ldb, tb ? K : N)) != KILN_OK) return rc;
+    if ((rc = cu_check_ld(acc, fn, 'C', ldc, N)) != KILN_OK) return rc;
+    if (M > 0 && N > 0 && (!C || (K > 0 && (!A || !B))))
+        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: NULL %s for M=%d N=%d K=%d", fn,
+                      !C ? "C" : !A ? "A" : "B", (int)M, (int)N, (int)K);
+    CU_READY(acc, fn);
+    return KILN_OK;
+}
+
+static int32_t cu_gemm(kiln_instance *acc, int32_t ta, int32_t tb, int32_t M, int32_t N, int32_t K, float alpha,
+                       const float *A, int32_t lda, const float *B, int32_t ldb, float beta, float *C, int32_t ldc) {
+    int32_t rc = cu_check_gemm(acc, "gemm", ta, tb, M, N, K, lda, ldb, ldc, A, B, C);
+    if (rc != KILN_OK) return rc;
+    return cu_matmul(acc, "gemm", ta != 0, tb != 0, M, N, K, alpha, A, KILN_DTYPE_F32, lda, B, KILN_DTYPE_F32, ldb,
+                     beta, C, KILN_DTYPE_F32, ldc);
+}
+
+/* Elements a strided operand spans: rows of ld, the last one only `cols`. */
+static size_t cu_span(int32_t rows, int32_t cols, int32_t ld) {
+    return rows > 0 && cols > 0 ? (size_t)(rows - 1) * (size_t)ld + (size_t)cols : 0;
+}
+
+static size_t cu_up256(size_t b) { return (b + 255) & ~(size_t)255; }
+
+/*
+ * gemm_ex. The tensor cores multiply two operands of one type, so:
+ *  - A and B of one dtype go straight to cuBLASLt (fp16/bf16 with fp32
+ *    accumulation, fp32, fp64);
+ *  - a float32 operand next to a 16-bit one is converted to that 16-bit
+ *    dtype when round_dtype is that dtype: the caller rounds such operands
+ *    already (mlp rounds every activation through its compute dtype, as
+ *    autocast stores them), so the conversion is exact and the product runs
+ *    on the tensor cores; otherwise the 16-bit operand is widened to
+ *    float32 (exact) and the product runs in fp32;
+ *  - with round_dtype F16/BF16 the product is formed in scratch and
+ *    rounded before beta*C is added (the contract), except for beta == 0
+ *    with packed C, where it is rounded in place.
+ */
+static int32_t cu_gemm_ex(kiln_instance *acc, int32_t ta, int32_t tb, int32_t M, int32_t N, int32_t K, double alpha,
+                          const void *A, uint32_t at, int32_t lda, const void *B, uint32_t bt, int32_t ldb,
+                          double beta, void *C, uint32_t ct, int32_t ldc, uint32_t rt) {
+    const int is16a = at == KILN_DTYPE_F16 || at == KILN_DTYPE_BF16, is16b = bt == KILN_DTYPE_F16 || bt == KILN_DTYPE_BF16;
+    if (ct == KILN_DTYPE_F32) {
+        if (!(at == KILN_DTYPE_F32 || is16a) || !(bt == KILN_DTYPE_F32 || is16b))
+            return CU_ERR(acc, KILN_E_INVALID_ARG,
+                          "cuda: gemm_ex: c_dtype float32 needs float32, float16 or bfloat16 A and B, got %s and %s",
+                          kiln_dtype_name(at), kiln_dtype_name(bt));
+        if (rt != KILN_DTYPE_F32 && rt != KILN_DTYPE_F16 && rt != KILN_DTYPE_BF16)
+            return CU_ERR(acc, KILN_E_INVALID_ARG,
+                          "cuda: gemm_ex: round_dtype must be float32 (no rounding), float16 or bfloat16 for c_dtype "
+                          "float32, got %s",
+                          kiln_dtype_name(rt));
+    } else if (ct == KILN_DTYPE_F64) {
+        if (at != KILN_DTYPE_F64 || bt != KILN_DTYPE_F64)
+            return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: gemm_ex: c_dtype float64 needs float64 A and B, got %s and %s",
+                          kiln_dtype_name(at), kiln_dtype_name(bt));
+        if (rt != KILN_DTYPE_F32 && rt != KILN_DTYPE_F64)
+            return CU_ERR(acc, KILN_E_INVALID_ARG,
+                          "cuda: gemm_ex: c_dtype float64 takes round_dtype float32 (no rounding) or float64, got %s",
+                          kiln_dtype_name(rt));
+    } else {
+        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: gemm_ex: c_dtype must be float32 or float64, got %s",
+                      kiln_dtype_name(ct));
+    }
+    int32_t rc = cu_check_gemm(acc, "gemm_ex", ta, tb, M, N, K, lda, ldb, ldc, A, B, C);
+    if (rc != KILN_OK || M == 0 || N == 0) return rc;
+
+    /* the operand type the product runs in */
+    uint32_t op = at;
+    if (at != bt) {
+        const uint32_t sixteen = is16a ? at : bt;
+        op = (!(is16a && is16b) && rt == sixteen) ? sixteen : KILN_DTYPE_F32;
+    }
+    const int rounding = ct == KILN_DTYPE_F32 && rt != KILN_DTYPE_F32;
+    const int in_place = rounding && beta == 0.0 && ldc == N;
+    const size_t na = cu_span(ta ? K : M, ta ? M : K, lda), nb = cu_span(tb ? N : K, tb ? K : N, ldb);
+    const size_t osz = kiln_dtype_size(op);
+    const size_t bytes_a = at != op ? cu_up256(na * osz) : 0, bytes_b = bt != op ? cu_up256(nb * osz) : 0;
+    const size_t bytes_p = rounding && !in_place ? cu_up256((size_t)M * (size_t)N * sizeof(float)) : 0;
+    if (bytes_a + bytes_b + bytes_p > 0) {
+        rc = cu_reserve(acc, &acc->ws, &acc->ws_bytes, bytes_a + bytes_b + bytes_p, "gemm_ex");
+        if (rc != KILN_OK) return rc;
+    }
+    char *ws = acc->ws;
+    const void *a = A, *b = B;
+    if (bytes_a) {
+        CU_LAUNCH(acc, "gemm_ex (operand A)", kg_cast(acc->stream, ws, (int)op, A, (int)at, na));
+        a = ws;
+    }
+    if (bytes_b) {
+        CU_LAUNCH(acc, "gemm_ex (operand B)", kg_cast(acc->stream, ws + bytes_a, (int)op, B, (int)bt, nb));
+        b = ws + bytes_a;
+    }
+    const uint32_t prod_t = ct;
+    if (!rounding)
+        return cu_matmul(acc, "gemm_ex", ta != 0, tb != 0, M, N, K, alpha, a, op, lda, b, op, ldb, beta, C, prod_t,
+                         ldc);
+    if (in_place) {
+        rc = cu_matmul(acc, "gemm_ex", ta != 0, tb != 0, M, N, K, alpha, a, op, lda, b, op, ldb, 0.0, C, prod_t, ldc);
+        if (rc != KILN_OK) return rc;
+        CU_LAUNCH(acc, "gemm_ex (rounding)", kg_round_to(acc->stream, C, (int)rt, (size_t)M * (size_t)N));
+        return KILN_OK;
+    }
+    float *P = (float *)(ws + bytes_a + bytes_b); /* (M, N) packed product */
+    rc = cu_matmul(acc, "gemm_ex", ta != 0, tb != 0, M, N, K, alpha, a, op, lda, b, op, ldb, 0.0, P, KILN_DTYPE_F32,
+                   N);
+    if (rc != KILN_OK) return rc;
+    CU_LAUNCH(acc, "gemm_ex (rounding)", kg_round_add(acc->stream, C, ldc, P, M, N, (int)rt, (float)beta));
+    return KILN_OK;
+}
+
+/* --------------------------------------------------- bias and activations */
+
+static int32_t cu_bias_add_ex(kiln_instance *acc, uint32_t dt, void *y, const void *b, int32_t rows, int32_t cols) {
+    int32_t rc = cu_check_fdt(acc, "bias_add", dt);
+    if (rc != KILN_OK) return rc;
+    if (rows < 0 || cols < 0)
+        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: bias_add: rows and cols must be >= 0, got %d and %d", (int)rows,
+                      (int)cols);
+    const size_t n = (size_t)rows * (size_t)cols;
+    CU_NEED(acc, y, n, "bias_add");
+    CU_NEED(acc, b, cols, "bias_add");
+    if (n == 0) return KILN_OK;
+    CU_READY(acc, "bias_add");
+    CU_LAUNCH(acc, "bias_add", kg_bias_add(acc->stream, (int)dt, y, b, rows, cols));
+    return KILN_OK;
+}
+static int32_t cu_bias_add(kiln_instance *acc, float *y, const float *b, int32_t rows, int32_t cols) {
+    return cu_bias_add_ex(acc, KILN_DTYPE_F32, y, b, rows, cols);
+}
+
+static int32_t cu_bias_grad_ex(kiln_instance *acc, uint32_t dt, void *db, const void *dy, int32_t rows, int32_t cols,
+                               int32_t accumulate) {
+    int32_t rc = cu_check_fdt(acc, "bias_grad", dt);
+    if (rc != KILN_OK) return rc;
+    if (rows < 0 || cols < 0)
+        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: bias_grad: rows and cols must be >= 0, got %d and %d",
+                      (int)rows, (int)cols);
+    CU_NEED(acc, db, cols, "bias_grad");
+    CU_NEED(acc, dy, (size_t)rows * (size_t)cols, "bias_grad");
+    if (cols == 0) return KILN_OK;
+    CU_READY(acc, "bias_grad");
+    CU_LAUNCH(acc, "bias_grad", kg_bias_grad(acc->stream, (int)dt, db, dy, rows, cols, accumulate != 0));
+    return KILN_OK;
+}
+static int32_t cu_bias_grad(kiln_instance *acc, float *db, const float *dy, int32_t rows, int32_t cols,
+                            int32_t accumulate) {
+    return cu_bias_grad_ex(acc, KILN_DTYPE_F32, db, dy, rows, cols, accumulate);
+}
+
+static int32_t cu_act_forward(kiln_instance *acc, uint32_t dt, int32_t act, void *y, const void *x, size_t n) {
+    int32_t rc = cu_check_fdt(acc, "act_forward", dt);
+    if (rc != KILN_OK) return rc;
+    if (act < KILN_ACT_RELU || act > KILN_ACT_LEAKY_RELU)
+        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: act_forward: act must be a KILN_ACT_* (0..4), got %d", (int)act);
+    CU_NEED(acc, y, n, "act_forward");
+    CU_NEED(acc, x, n, "act_forward");
+    if (n == 0) return KILN_OK;
+    CU_READY(acc, "act_forward");
+    CU_LAUNCH(acc, "act_forward", kg_act_forward(acc->stream, (int)dt, act, y, x, n));
+    return KILN_OK;
+}
+static int32_t cu_act_backward(kiln_instance *acc, uint32_t dt, int32_t act, void *dx, const void *dy, const void *x,
+                               size_t n) {
+    int32_t rc = cu_check_fdt(acc, "act_backward", dt);
+    if (rc != KILN_OK) return rc;
+    if (act < KILN_ACT_RELU || act > KILN_ACT_LEAKY_RELU)
+        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: act_backward: act must be a KILN_ACT_* (0..4), got %d",
+                      (int)act);
+    CU_NEED(acc, dx, n, "act_backward");
+    CU_NEED(acc, dy, n, "act_backward");
+    CU_NEED(acc, x, n, "act_backward");
+    if (n == 0) return KILN_OK;
+    CU_READY(acc, "act_backward");
+    CU_LAUNCH(acc, "act_backward", kg_act_backward(acc->stream, (int)dt, act, dx, dy, x, n));
+    return KILN_OK;
+}
+static int32_t cu_relu_forward(kiln_instance *acc, float *y, const float *x, size_t n) {
+    return cu_act_forward(acc, KILN_DTYPE_F32, KILN_ACT_RELU, y, x, n);
+}
+static int32_t cu_relu_backward(kiln_instance *acc, float *dx, const float *dy, const float *x, size_t n) {
+    return cu_act_backward(acc, KILN_DTYPE_F32, KILN_ACT_RELU, dx, dy, x, n);
+}
+static int32_t cu_gelu_forward(kiln_instance *acc, float *y, const float *x, size_t n) {
+    return cu_act_forward(acc, KILN_DTYPE_F32, KILN_ACT_GELU, y, x, n);
+}
+static int32_t cu_gelu_backward(kiln_instance *acc, float *dx, const float *dy, const float *x, size_t n) {
+    return cu_act_backward(acc, KILN_DTYPE_F32, KILN_ACT_GELU, dx, dy, x, n);
+}
+
+/* ------------------------------------------------------------------ loss */
+
+static int32_t cu_xent_args(kiln_instance *acc, const char *fn, uint32_t dt, const void *a, const void *b,
+                            const int32_t *labels, int32_t B, int32_t C) {
+    int32_t rc = cu_check_fdt(acc, fn, dt);
+    if (rc != KILN_OK) return rc;
+    if (B < 1 || C < 1)
+        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: B and C must be >= 1, got B=%d C=%d", fn, (int)B, (int)C);
+    if (!a || !b || !labels) return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: NULL tensor argument", fn);
+    CU_READY(acc, fn);
+    return KILN_OK;
+}
+
+/* Reads back the first bad label's row (device int, -1 when none) and, if
+ * there is one, the label itself, for the same message the cpu gives. */
+static int32_t cu_bad_label(kiln_instance *acc, const char *fn, const int32_t *bad_row_dev, const int32_t *labels,
+                            int32_t B, int32_t C) {
+    int32_t row = -1, label = 0;
+    CU_CHECK(acc, fn, cudaMemcpyAsync(&row, bad_row_dev, sizeof row, cudaMemcpyDeviceToHost, acc->stream));
+    CU_CHECK(acc, fn, cudaStreamSynchronize(acc->stream));
+    if (row < 0) return KILN_OK;
+    CU_CHECK(acc, fn, cudaMemcpy(&label, labels + row, sizeof label, cudaMemcpyDeviceToHost));
+    return CU_ERR(acc, KILN_E_DATA, "cuda: %s: label %d at batch index %d is outside [0, %d) (B=%d, C=%d)", fn,
+                  (int)label, (int)row, (int)C, (int)B, (int)C);
+}
+
+/* Row scratch: row_loss (B doubles), row_correct (B ints), bad_row (1 int). */
+static int32_t cu_rows(kiln_instance *acc, int32_t B, double **loss, int32_t **correct, int32_t **bad) {
+    const size_t lb = cu_up256((size_t)B * sizeof(double)), cb = cu_up256((size_t)B * sizeof(int32_t));
+    int32_t rc = cu_reserve(acc, &acc->row_scratch, &acc->row_scratch_bytes, lb + cb + 256, "softmax_xent");
+    if (rc != KILN_OK) return rc;
+    char *base = acc->row_scratch;
+    *loss = (double *)base;
+    *correct = (int32_t *)(base + lb);
+    *bad = (int32_t *)(base + lb + cb);
+    CU_CHECK(acc, "softmax_xent", cudaMemsetAsync(*bad, 0xff, sizeof(int32_t), acc->stream)); /* -1 */
+    return KILN_OK;
+}
+
+static int32_t cu_xent_forward(kiln_instance *acc, uint32_t dt, void *probs, const void *logits,
+                               const int32_t *labels, int32_t B, int32_t C, double *loss, int32_t *n_correct) {
+    int32_t rc = cu_xent_args(acc, "softmax_xent_forward", dt, probs, logits, labels, B, C);
+    if (rc != KILN_OK) return rc;
+    if (!loss) return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: softmax_xent_forward: loss is NULL");
+    double *row_loss = NULL;
+    int32_t *row_correct = NULL, *bad = NULL;
+    if ((rc = cu_rows(acc, B, &row_loss, &row_correct, &bad)) != KILN_OK) return rc;
+    CU_LAUNCH(acc, "softmax_xent_forward",
+              kg_softmax_xent_forward(acc->stream, (int)dt, probs, logits, labels, B, C, row_loss, row_correct, bad));
+    double *out = acc->red_scratch + KG_REDUCE_BLOCKS; /* (2) mean loss, correct count */
+    CU_LAUNCH(acc, "softmax_xent_forward", kg_reduce_rows(acc->stream, row_loss, row_correct, B, out));
+    CU_CHECK(acc, "softmax_xent_forward",
+             cudaMemcpyAsync(acc->host_scalars, out, 2 * sizeof(double), cudaMemcpyDeviceToHost, acc->stream));
+    if ((rc = cu_bad_label(acc, "softmax_xent_forward", bad, labels, B, C)) != KILN_OK) return rc;
+    *loss = acc->host_scalars[0];
+    if (n_correct) *n_correct = (int32_t)acc->host_scalars[1];
+    return KILN_OK;
+}
+static int32_t cu_softmax_xent_forward(kiln_instance *acc, float *probs, const float *logits, const int32_t *labels,
+                                       int32_t B, int32_t C, float *loss, int32_t *n_correct) {
+    double l = 0.0;
+    int32_t rc = cu_xent_forward(acc, KILN_DTYPE_F32, probs, logits, labels, B, C, loss ? &l : NULL, n_correct);
+    if (rc == KILN_OK) *loss = (float)l;
+    return rc;
+}
+static int32_t cu_softmax_xent_forward_ex(kiln_instance *acc, uint32_t dt, void *probs, const void *logits,
+                                          const int32_t *labels, int32_t B, int32_t C, double *loss,
+                                          int32_t *n_correct) {
+    return cu_xent_forward(acc, dt, probs, logits, labels, B, C, loss, n_correct);
+}
+
+/* The labels are checked before the gradient is written (as on the cpu),
+ * which costs one small read-back per backward. */
+static int32_t cu_xent_backward(kiln_instance *acc, uint32_t dt, void *dlogits, const void *probs,
+                                const int32_t *labels, int32_t B, int32_t C, double dloss) {
+    int32_t rc = cu_xent_args(acc, "softmax_xent_backward", dt, dlogits, probs, labels, B, C);
+    if (rc != KILN_OK) return rc;
+    CU_LAUNCH(acc, "softmax_xent_backward",
+              kg_softmax_xent_backward(acc->stream, (int)dt, dlogits, probs, labels, B, C, dloss));
+    return KILN_OK;
+}
+static int32_t cu_softmax_xent_backward(kiln_instance *acc, float *dlogits, const float *probs,
+                                        const int32_t *labels, int32_t B, int32_t C, float dloss) {
+    return cu_xent_backward(acc, KILN_DTYPE_F32, dlogits, probs, labels, B, C, dloss);
+}
+static int32_t cu_softmax_xent_backward_ex(kiln_instance *acc, uint32_t dt, void *dlogits, const void *probs,
+                                           const int32_t *labels, int32_t B, int32_t C, double dloss) {
+    return cu_xent_backward(acc, dt, dlogits, probs, labels, B, C, dloss);
+}
+
+/* ------------------------------------------------------------ reductions */
+
+/* One reduction read back to the host (waits for the stream). */
+static int32_t cu_reduce(kiln_instance *acc, const char *fn, int op, uint32_t dt, const void *x, size_t n,
+                         double *out) {
+    if (!out) return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: out is NULL", fn);
+    if (!cu_anydt(dt))
+        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: dtype must be float32, float64, float16 or bfloat16, got %s",
+                      fn, kiln_dtype_name(dt));
+    if (n > 0 && !x) return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: x is NULL for %zu elements", fn, n);
+    if (n == 0) {
+        *out = 0.0;
+        return KILN_OK;
+    }
+    CU_READY(acc, fn);
+    double *res = acc->red_scratch + KG_REDUCE_BLOCKS + 2;
+    CU_LAUNCH(acc, fn, kg_reduce(acc->stream, op, (int)dt, x, n, acc->red_scratch, res));
+    CU_CHECK(acc, fn, cudaMemcpyAsync(acc->host_scalars + 2, res, sizeof(double), cudaMemcpyDeviceToHost, acc->stream));
+    CU_CHECK(acc, fn, cudaStreamSynchronize(acc->stream));
+    *out = acc->host_scalars[2];
+    return KILN_OK;
+}
+static int32_t cu_sum(kiln_instance *acc, const float *x, size_t n, double *out) {
+    return cu_reduce(acc, "sum", KG_SUM, KILN_DTYPE_F32, x, n, out);
+}
+static int32_t cu_sumsq(kiln_instance *acc, const float *x, size_t n, double *out) {
+    return cu_reduce(acc, "sumsq", KG_SUMSQ, KILN_DTYPE_F32, x, n, out);
+}
+static int32_t cu_sumsq_ex(kiln_instance *acc, uint32_t dt, const void *x, size_t n, double *out) {
+    int32_t rc = cu_check_fdt(acc, "sumsq_ex", dt);
+    return rc != KILN_OK ? rc : cu_reduce(acc, "sumsq_ex", KG_SUMSQ, dt, x, n, out);
+}
+static int32_t cu_all_finite_ex(kiln_instance *acc, uint32_t dt, const void *x, size_t n, int32_t *finite) {
+    if (!finite) return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: all_finite: finite is NULL");
+    int32_t rc = cu_check_fdt(acc, "all_finite", dt);
+    if (rc != KILN_OK) return rc;
+    double bad = 0.0;
+    if ((rc = cu_reduce(acc, "all_finite", KG_NONFINITE, dt, x, n, &bad)) != KILN_OK) return rc;
+    *finite = bad == 0.0;
+    return KILN_OK;
+}
+static int32_t cu_all_finite(kiln_instance *acc, const float *x, size_t n, int32_t *finite) {
+    return cu_all_finite_ex(acc, KILN_DTYPE_F32, x, n, finite);
+}
+
+static int32_t cu_scale_ex(kiln_instance *acc, uint32_t dt, void *x, double a, size_t n) {
+    int32_t rc = cu_check_fdt(acc, "scale", dt);
+    if (rc != KILN_OK) return rc;
+    CU_NEED(acc, x, n, "scale");
+    if (n == 0) return KILN_OK;
+    CU_READY(acc, "scale");
+    CU_LAUNCH(acc, "scale", kg_scale(acc->stream, (int)dt, x, a, n));
+    return KILN_OK;
+}
+static int32_t cu_scale(kiln_instance *acc, float *x, float a, size_t n) {
+    return cu_scale_ex(acc, KILN_DTYPE_F32, x, a, n);
+}
+static int32_t cu_axpy_ex(kiln_instance *acc, uint32_t dt, void *y, double a, const void *x, size_t n) {
+    int32_t rc = cu_check_fdt(acc, "axpy", dt);
+    if (rc != KILN_OK) return rc;
+    CU_NEED(acc, y, n, "axpy");
+    CU_NEED(acc, x, n, "axpy");
+    if (n == 0) return KILN_OK;
+    CU_READY(acc, "axpy");
+    CU_LAUNCH(acc, "axpy", kg_axpy(acc->stream, (int)dt, y, a, x, n));
+    return KILN_OK;
+}
+static int32_t cu_axpy(kiln_instance *acc, float *y, float a, const float *x, size_t n) {
+    return cu_axpy_ex(acc, KILN_DTYPE_F32, y, a, x, n);
+}
+
+/* ------------------------------------------------------------ optimizers */
+
+static int32_t cu_sgd_update_ex(kiln_instance *acc, uint32_t dt, void *p, const void *g, void *buf, size_t n,
+                                double lr, double momentum, double dampening, int32_t nesterov, double wd,
+                                int32_t first_step) {
+    int32_t rc = cu_check_fdt(acc, "sgd_update", dt);
+    if (rc != KILN_OK) return rc;
+    CU_NEED(acc, p, n, "sgd_update");
+    CU_NEED(acc, g, n, "sgd_update");
+    if (momentum != 0.0) CU_NEED(acc, buf, n, "sgd_update");
+    if (n == 0) return KILN_OK;
+    CU_READY(acc, "sgd_update");
+    CU_LAUNCH(acc, "sgd_update",
+              kg_sgd_update(acc->stream, (int)dt, p, g, momentum != 0.0 ? buf : NULL, n, lr, momentum, dampening,
+                            nesterov != 0, wd, first_step != 0, NULL, KG_F32));
+    return KILN_OK;
+}
+static int32_t cu_sgd_update(kiln_instance *acc, float *p, const float *g, float *buf, size_t n, float lr,
+                             float momentum, float dampening, int32_t nesterov, float wd, int32_t first_step) {
+    return cu_sgd_update_ex(acc, KILN_DTYPE_F32, p, g, buf, n, lr, momentum, dampening, nesterov, wd, first_step);
+}
+static int32_t cu_adamw_update_ex(kiln_instance *acc, uint32_t dt, void *p, const void *g, void *m, void *v, size_t n,
+                                  double lr, double beta1, double beta2, double eps, double wd, int64_t step) {
+    int32_t rc = cu_check_fdt(acc, "adamw_update", dt);
+    if (rc != KILN_OK) return rc;
+    if (step < 1)
+        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: adamw_update: step is 1-based, got %lld", (long long)step);
+    CU_NEED(acc, p, n, "adamw_update");
+    CU_NEED(acc, g, n, "adamw_update");
+    CU_NEED(acc, m, n, "adamw_update");
+    CU_NEED(acc, v, n, "adamw_update");
+    if (n == 0) return KILN_OK;
+    CU_READY(acc, "adamw_update");
+    CU_LAUNCH(acc, "adamw_update",
+              kg_adamw_update(acc->stream, (int)dt, p, g, m, v, n, lr, beta1, beta2, eps, wd, step, NULL, KG_F32));
+    return KILN_OK;
+}
+static int32_t cu_adamw_update(kiln_instance *acc, float *p, const float *g, float *m, float *v, size_t n, float lr,
+                               float beta1, float beta2, float eps, float wd, int64_t step) {
+    return cu_adamw_update_ex(acc, KILN_DTYPE_F32, p, g, m, v, n, lr, beta1, beta2, eps, wd, step);
+}
+
+/* ------------------------------------------------------------ conversions */
+
+static int32_t cu_cast(kiln_instance *acc, void *dst, uint32_t ddt, const void *src, uint32_t sdt, size_t n) {
+    if (!cu_anydt(ddt) || !cu_anydt(sdt))
+        return CU_ERR(acc, KILN_E_INVALID_ARG,
+                      "cuda: cast: dtypes must be float32, float64, float16 or bfloat16, got %s -> %s",
+                      kiln_dtype_name(sdt), kiln_dtype_name(ddt));
+    CU_NEED(acc, dst, n, "cast");
+    CU_NEED(acc, src, n, "cast");
+    if (n == 0 || (dst == src && ddt == sdt)) return KILN_OK;
+    const uintptr_t d = (uintptr_t)dst, s = (uintptr_t)src;
+    const size_t db = n * kiln_dtype_size(ddt), sb = n * kiln_dtype_size(sdt);
+    if (d < s + sb && s < d + db)
+        return CU_ERR(acc, KILN_E_INVALID_ARG,
+                      "cuda: cast: dst (%s) and src (%s) overlap; only dst == src with equal dtypes may alias (n=%zu)",
+                      kiln_dtype_name(ddt), kiln_dtype_name(sdt), n);
+    CU_READY(acc, "cast");
+    CU_LAUNCH(acc, "cast", kg_cast(acc->stream, dst, (int)ddt, src, (int)sdt, n));
+    return KILN_OK;
+}
+
+static int32_t cu_round_to(kiln_instance *acc, float *x, uint32_t dt, size_t n) {
+    if (dt != KILN_DTYPE_F32 && dt != KILN_DTYPE_F16 && dt != KILN_DTYPE_BF16)
+        return CU_ERR(acc, KILN_E_INVALID_ARG,
+                      "cuda: round_to: dtype must be float32 (no-op), float16 or bfloat16, got %s (x is float32 "
+                      "storage)",
+                      kiln_dtype_name(dt));
+    CU_NEED(acc, x, n, "round_to");
+    if (n == 0 || dt == KILN_DTYPE_F32) return KILN_OK;
+    CU_READY(acc, "round_to");
+    CU_LAUNCH(acc, "round_to", kg_round_to(acc->stream, x, (int)dt, n));
+    return KILN_OK;
+}
+
+/* ------------------------------------------------------------- the table */
+
+static const kiln_kernels cu_kernel_table = {
+    .struct_size = sizeof(kiln_kernels),
+    .flags = 0, /* device memory: callers copy host data in and out */
+    .alloc = cu_alloc,
+    .free = cu_free,
+    .copy = cu_copy,
+    .zero = cu_zero,
+    .synchronize = cu_synchronize,
+    .gemm = cu_gemm,
+    .bias_add = cu_bias_add,
+    .bias_grad = cu_bias_grad,
+    .relu_forward = cu_relu_forward,
+    .relu_backward = cu_relu_backward,
+    .gelu_forward = cu_gelu_forward,
+    .gelu_backward = cu_gelu_backward,
+    .softmax_xent_forward = cu_softmax_xent_forward,
+    .softmax_xent_backward = cu_softmax_xent_backward,
+    .sum = cu_sum,
+    .sumsq = cu_sumsq,
+    .scale = cu_scale,
+    .axpy = cu_axpy,
+    .all_finite = cu_all_finite,
+    .sgd_update = cu_sgd_update,
+    .adamw_update = cu_adamw_update,
+    .cast = cu_cast,
+    .round_to = cu_round_to,
+    .gemm_ex = cu_gemm_ex,
+    .bias_add_ex = cu_bias_add_ex,
+    .bias_grad_ex = cu_bias_grad_ex,
+    .act_forward = cu_act_forward,
+    .act_backward = cu_act_backward,
+    .softmax_xent_forward_ex = cu_softmax_xent_forward_ex,
+    .softmax_xent_backward_ex = cu_softmax_xent_backward_ex,
+    .sumsq_ex = cu_sumsq_ex,
+    .all_finite_ex = cu_all_finite_ex,
+    .scale_ex = cu_scale_ex,
+    .axpy_ex = cu_axpy_ex,
+    .sgd_update_ex = cu_sgd_update_ex,
+    .adamw_update_ex = cu_adamw_update_ex,
+};
+static_assert(sizeof(kiln_kernels) >= KILN_KERNELS_SIZE_1_2, "kiln_kernels covers ABI 1.2");
+
+/* -------------------------------------------------------------- instance */
+
+/* "13.0" from 13000. */
+static void cu_version(int v, char *buf, size_t len) { snprintf(buf, len, "%d.%d", v / 1000, (v % 1000) / 10); }
+
+/* The driver must support the runtime this plugin was built with (a newer
+ * runtime on an older driver fails on its first call with an error that
+ * does not say so); and there must be a device. */
+static int32_t cu_check_driver(kiln_instance *acc) {
+    int drv = 0;
+    char have[16], need[16];
+    cu_version(CUDART_VERSION, need, sizeof need);
+    cudaError_t e = cudaDriverGetVersion(&drv);
+    if (e != cudaSuccess || drv == 0) {
+        (void)cudaGetLastError();
+        return CU_ERR(acc, KILN_E_CUDA,
+                      "cuda: no NVIDIA driver found (libcuda.so.1 is missing or cannot be loaded); this plugin was "
+                      "built with CUDA runtime %s and needs a driver supporting CUDA %s or newer — use accelerator = "
+                      "\"cpu\" on this machine",
+                      need, need);
+    }
+    cu_version(drv, have, sizeof have);
+    if (drv < CUDART_VERSION)
+        return CU_ERR(acc, KILN_E_VERSION,
+                      "cuda: this plugin was built with CUDA runtime %s but the installed driver supports CUDA up to "
+                      "%s; install a driver for CUDA %s or newer, or rebuild kiln with a CUDA toolkit <= %s",
+                      need, have, need, have);
+    int count = 0;
+    e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count == 0) {
+        (void)cudaGetLastError();
+        const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+        return CU_ERR(acc, KILN_E_CUDA, "cuda: no CUDA device visible (%s; driver for CUDA %s%s%s)",
+                      e != cudaSuccess ? cudaGetErrorString(e) : "device count 0", have,
+                      vis ? ", CUDA_VISIBLE_DEVICES=" : "", vis ? vis : "");
+    }
+    return KILN_OK;
+}
+
+static int32_t cu_create(void *plugin_ctx, const kiln_host_services *svc, kiln_host_ctx *hctx, const kiln_kv *config,
+                         kiln_instance **out) {
+    (void)plugin_ctx;
+    *out = NULL;
+    kiln_instance *acc = calloc(1, sizeof *acc);
+    if (!acc) return kiln_errorf(svc, hctx, KILN_E_NOMEM, "cuda: cannot allocate the accelerator instance");
+    acc->svc = svc;
+    acc->hctx = hctx;
+    acc->device_cfg = (int32_t)kiln_kv_int(config, "device", -1);
+    acc->tf32 = kiln_kv_int(config, "tf32", 0) != 0;
+    const int64_t ws_mib = kiln_kv_int(config, "workspace_mib", 32);
+    const int64_t st_mib = kiln_kv_int(config, "staging_mib", 16);
+    int32_t rc = KILN_OK;
+    if (acc->device_cfg < -1)
+        rc = CU_ERR(acc, KILN_E_CONFIG, "cuda: device must be >= 0, or -1 for the local rank's device; got %d",
+                    (int)acc->device_cfg);
+    else if (ws_mib < 0 || ws_mib > 4096)
+        rc = CU_ERR(acc, KILN_E_CONFIG, "cuda: workspace_mib must be in 0..4096, got %lld", (long long)ws_mib);
+    else if (st_mib < 1 || st_mib > 1024)
+        rc = CU_ERR(acc, KILN_E_CONFIG, "cuda: staging_mib must be in 1..1024, got %lld", (long long)st_mib);
+    if (rc == KILN_OK) rc = cu_check_driver(acc);
+    if (rc != KILN_OK) {
+        free(acc);
+        return rc;
+    }
+    acc->workspace_bytes = (size_t)ws_mib << 20;
+    acc->stage_bytes = (size_t)st_mib << 20;
+    *out = acc;
+    return KILN_OK;
+}
+
+static void cu_destroy(kiln_instance *acc) {
+    if (!acc) return;
+    if (acc->configured) {
+        (void)cudaSetDevice(acc->device);
+        kiln_logf(acc->svc, acc->hctx, KILN_LOG_DEBUG,
+                  "cuda: device %d: %lu cudaMalloc calls, %zu MiB held at exit (%zu MiB cached)", acc->device,
+                  acc->device_mallocs, (acc->bytes_in_use + acc->bytes_cached) >> 20, acc->bytes_cached >> 20);
+        cu_blas_release(acc);
+        cu_mem_release(acc);
+        if (acc->stream) (void)cudaStreamDestroy(acc->stream);
+        (void)cudaGetLastError();
+    }
+    free(acc);
+}
+
+static const kiln_kernels *cu_kernels(kiln_instance *acc) {
+    (void)acc;
+    return &cu_kernel_table;
+}
+
+/* threads is the host's CPU thread budget, which GPU kernels do not use.
+ * The device: the `device` setting, else local_rank modulo the devices
+ * visible (one process per GPU under mpirun/srun/torchrun). Calling it again
+ * with the same device is a no-op; switching devices is refused, because
+ * memory already handed out lives on the first one. */
+static int32_t cu_configure(kiln_instance *acc, int32_t threads, int32_t local_rank) {
+    if (threads < 0)
+        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: configure: threads must be >= 0 (0: all CPUs), got %d",
+                      (int)threads);
+    if (local_rank < 0)
+        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: configure: local_rank must be >= 0, got %d", (int)local_rank);
+    int count = 0;
+    CU_CHECK(acc, "configure", cudaGetDeviceCount(&count));
+    const int dev = acc->device_cfg >= 0 ? acc->device_cfg : local_rank % count;
+    if (dev >= count)
+        return CU_ERR(acc, KILN_E_CONFIG, "cuda: device %d asked for, but only %d device%s visible (0..%d)", dev, count,
+                      count == 1 ? " is" : "s are", count - 1);
+    if (acc->configured) {
+        if (dev == acc->device) return KILN_OK;
+        return CU_ERR(acc, KILN_E_STATE, "cuda: configure: already running on device %d, cannot move to device %d",
+                      acc->device, dev);
+    }
+    CU_CHECK(acc, "configure", cudaSetDevice(dev));
+    struct cudaDeviceProp prop;
+    CU_CHECK(acc, "configure", cudaGetDeviceProperties(&prop, dev));
+    acc->device = dev;
+    snprintf(acc->device_name, sizeof acc->device_name, "%s", prop.name);
+    acc->cc_major = prop.major;
+    acc->cc_minor = prop.minor;
+    CU_CHECK(acc, "configure", cudaStreamCreateWithFlags(&acc->stream, cudaStreamNonBlocking));
+    acc->configured = 1; /* from here destroy() releases what exists */
+    int32_t rc = cu_mem_init(acc);
+    if (rc == KILN_OK) rc = cu_blas_init(acc);
+    if (rc != KILN_OK) return rc;
+    int drv = 0, rt = 0;
+    (void)cudaDriverGetVersion(&drv);
+    (void)cudaRuntimeGetVersion(&rt);
+    kiln_logf(acc->svc, acc->hctx, KILN_LOG_INFO,
+              "cuda: device %d of %d: %s (sm_%d%d, %zu MiB), driver %d.%d, runtime %d.%d, fp32 GEMMs %s", dev, count,
+              prop.name, prop.major, prop.minor, (size_t)(prop.totalGlobalMem >> 20), drv / 1000, (drv % 1000) / 10,
+              rt / 1000, (rt % 1000) / 10, acc->tf32 ? "on TF32 tensor cores" : "in full fp32");
+    return KILN_OK;
+}
+
+static const kiln_accelerator_ops cu_ops = {
+    .base = {sizeof(kiln_accelerator_ops), 0, cu_create, cu_destroy, NULL, NULL},
+    .kernels = cu_kernels,
+    .configure = cu_configure,
+};
+
+static const kiln_param cu_params[] = {
+    {"device", KILN_TYPE_INT, 0, KILN_V_INT(-1), "CUDA device ordinal; -1: the process's local rank"},
+    {"tf32", KILN_TYPE_BOOL, 0, KILN_V_BOOL(0), "run float32 GEMMs on TF32 tensor cores (faster, ~1e-3 relative)"},
+    {"workspace_mib", KILN_TYPE_INT, 0, KILN_V_INT(32), "cuBLASLt workspace, MiB (0..4096)"},
+    {"staging_mib", KILN_TYPE_INT, 0, KILN_V_INT(16), "each of the 4 pinned host-to-device staging buffers, MiB"},
+    {NULL, 0, 0, KILN_V_NONE, NULL},
+};
+
+static const kiln_kv cu_props[] = {{"device_type", KILN_V_STR("cuda")}, {NULL, KILN_V_NONE}};
+
+static const kiln_plugin_desc cu_desc = {
+    sizeof(kiln_plugin_desc),
+    KILN_KIND_ACCELERATOR,
+    "cuda",
+    "0.1.0",
+    "NVIDIA GPU: cuBLASLt GEMMs (fp32/TF32, fp16, bf16, fp64), CUDA kernels, caching allocator",
+    KILN_CAP_NEEDS_CUDA,
+    cu_props,
+    cu_params,
+    &cu_ops,
+    NULL,
+};
+
+KILN_DEFINE_LIBRARY("cuda", "0.1.0", 1, &cu_desc)

@@ -1,0 +1,217 @@
+/*
+ * cuda_blas.c — the GEMMs of the "cuda" accelerator, through cuBLASLt. The
+ * kernel table speaks row-major (C(M,N) = alpha op(A) op(B) + beta C) and
+ * cuBLASLt column-major, so every call computes the transposed product
+ * C^T(N,M) = op(B)^T op(A)^T with the operands swapped: no data moves. A
+ * cuBLASLt call needs a matmul descriptor, three layouts and an algorithm
+ * chosen by its heuristic; building those costs far more than a small GEMM,
+ * so they are cached per shape, transposes, leading dimensions, dtypes,
+ * pointer alignment and whether beta is zero (a training step repeats the
+ * same few shapes), least-recently-used out. fp32 GEMMs run in full fp32
+ * unless the run asks for TF32 (`tf32 = true`); fp16/bf16 operands
+ * accumulate in fp32 on the tensor cores; fp64 in fp64.
+ */
+#include <string.h>
+
+#include "cuda_internal.h"
+
+int32_t cu_blas_fail(kiln_instance *acc, cublasStatus_t s, const char *what, const char *call) {
+    return CU_ERR(acc, s == CUBLAS_STATUS_ALLOC_FAILED ? KILN_E_NOMEM : KILN_E_CUDA,
+                  "cuda: %s: %s failed: cuBLAS status %d (%s)", what, call, (int)s, cublasLtGetStatusString(s));
+}
+
+static cudaDataType_t cu_dtype(uint32_t dt) {
+    switch (dt) {
+    case KILN_DTYPE_F64: return CUDA_R_64F;
+    case KILN_DTYPE_F16: return CUDA_R_16F;
+    case KILN_DTYPE_BF16: return CUDA_R_16BF;
+    default: return CUDA_R_32F;
+    }
+}
+
+/* The largest power of two (up to 256) dividing the address: cuBLASLt's
+ * heuristic assumes 256-byte aligned operands unless told otherwise, and an
+ * algorithm picked under that assumption refuses a less aligned pointer. */
+static int cu_align(const void *p) {
+    const uintptr_t a = (uintptr_t)p;
+    int al = 256;
+    while (al > 1 && (a & (uintptr_t)(al - 1))) al >>= 1;
+    return al;
+}
+
+static void cu_plan_destroy(cu_plan *p) {
+    if (!p->valid) return;
+    cublasLtMatrixLayoutDestroy(p->la);
+    cublasLtMatrixLayoutDestroy(p->lb);
+    cublasLtMatrixLayoutDestroy(p->lc);
+    cublasLtMatmulDescDestroy(p->desc);
+    p->valid = 0;
+}
+
+int32_t cu_blas_init(kiln_instance *acc) {
+    CU_BLAS(acc, "configure", cublasLtCreate(&acc->lt));
+    void *ws = NULL;
+    int32_t rc = cu_alloc(acc, acc->workspace_bytes, &ws);
+    if (rc != KILN_OK) return rc;
+    acc->lt_workspace = ws;
+    return KILN_OK;
+}
+
+void cu_blas_release(kiln_instance *acc) {
+    for (int i = 0; i < CU_GEMM_PLANS; i++) cu_plan_destroy(&acc->plans[i]);
+    if (acc->lt) cublasLtDestroy(acc->lt);
+    acc->lt = NULL;
+}
+
+/* Key fields of a plan, in the order cu_plan declares them. */
+typedef struct {
+    int ta, tb, m, n, k, lda, ldb, ldc, atype, btype, ctype, compute, beta_zero, align;
+} cu_key;
+
+static int cu_key_eq(const cu_plan *p, const cu_key *k) {
+    return p->valid && p->ta == k->ta && p->tb == k->tb && p->m == k->m && p->n == k->n && p->k == k->k &&
+           p->lda == k->lda && p->ldb == k->ldb && p->ldc == k->ldc && p->atype == k->atype &&
+           p->btype == k->btype && p->ctype == k->ctype && p->compute == k->compute &&
+           p->beta_zero == k->beta_zero && p->align == k->align;
+}
+
+/* Builds the descriptor, layouts and algorithm for one key (column-major
+ * view: m = N rows of C^T, n = M columns, A' = B, B' = A). */
+static int32_t cu_plan_build(kiln_instance *acc, cu_plan *p, const cu_key *k) {
+    const cublasComputeType_t compute = (cublasComputeType_t)k->compute;
+    const cudaDataType_t scale = compute == CUBLAS_COMPUTE_64F ? CUDA_R_64F : CUDA_R_32F;
+    memset(p, 0, sizeof *p);
+    CU_BLAS(acc, "gemm (plan)", cublasLtMatmulDescCreate(&p->desc, compute, scale));
+    const cublasOperation_t opa = k->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t opb = k->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    int32_t rc = KILN_OK;
+    cublasStatus_t s =
+        cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb);
+    /* A' (the caller's B): stored m x k when not transposed, k x m when it is */
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasLtMatrixLayoutCreate(&p->la, (cudaDataType_t)k->atype, (uint64_t)(k->ta ? k->k : k->m),
+                                       (uint64_t)(k->ta ? k->m : k->k), k->lda);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasLtMatrixLayoutCreate(&p->lb, (cudaDataType_t)k->btype, (uint64_t)(k->tb ? k->n : k->k),
+                                       (uint64_t)(k->tb ? k->k : k->n), k->ldb);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasLtMatrixLayoutCreate(&p->lc, (cudaDataType_t)k->ctype, (uint64_t)k->m, (uint64_t)k->n, k->ldc);
+    cublasLtMatmulPreference_t pref = NULL;
+    if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulPreferenceCreate(&pref);
+    if (s == CUBLAS_STATUS_SUCCESS) {
+        const uint64_t ws = acc->workspace_bytes;
+        const uint32_t al = (uint32_t)k->align;
+        s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+        /* one alignment for all operands: the smallest of the three */
+        if (s == CUBLAS_STATUS_SUCCESS)
+            s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al, sizeof al);
+        if (s == CUBLAS_STATUS_SUCCESS)
+            s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al, sizeof al);
+        if (s == CUBLAS_STATUS_SUCCESS)
+            s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al, sizeof al);
+        if (s == CUBLAS_STATUS_SUCCESS)
+            s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al, sizeof al);
+    }
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasLtMatmulAlgoGetHeuristic(acc->lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &found);
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        rc = cu_blas_fail(acc, s, "gemm (plan)", "cublasLt descriptor/heuristic");
+    } else if (found < 1) {
+        rc = CU_ERR(acc, KILN_E_UNSUPPORTED,
+                    "cuda: gemm: cuBLASLt has no algorithm for %dx%dx%d (column-major m x n x k, types %d/%d->%d, "
+                    "compute %d, alignment %d) on %s",
+                    k->m, k->n, k->k, k->atype, k->btype, k->ctype, k->compute, k->align, acc->device_name);
+    }
+    if (rc != KILN_OK) {
+        if (p->la) cublasLtMatrixLayoutDestroy(p->la);
+        if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
+        if (p->lc) cublasLtMatrixLayoutDestroy(p->lc);
+        cublasLtMatmulDescDestroy(p->desc);
+        memset(p, 0, sizeof *p);
+        return rc;
+    }
+    p->algo = res.algo;
+    p->ta = k->ta, p->tb = k->tb, p->m = k->m, p->n = k->n, p->k = k->k;
+    p->lda = k->lda, p->ldb = k->ldb, p->ldc = k->ldc;
+    p->atype = k->atype, p->btype = k->btype, p->ctype = k->ctype, p->compute = k->compute;
+    p->beta_zero = k->beta_zero;
+    p->align = k->align;
+    p->valid = 1;
+    return KILN_OK;
+}
+
+/* The plan for a key: a cached one, else a new one in the least recently
+ * used slot. */
+static int32_t cu_plan_get(kiln_instance *acc, const cu_key *k, cu_plan **out) {
+    cu_plan *lru = &acc->plans[0];
+    for (int i = 0; i < CU_GEMM_PLANS; i++) {
+        cu_plan *p = &acc->plans[i];
+        if (cu_key_eq(p, k)) {
+            p->last_use = ++acc->plan_clock;
+            *out = p;
+            return KILN_OK;
+        }
+        if (lru->valid && (!p->valid || p->last_use < lru->last_use)) lru = p;
+    }
+    cu_plan_destroy(lru);
+    int32_t rc = cu_plan_build(acc, lru, k);
+    if (rc != KILN_OK) return rc;
+    lru->last_use = ++acc->plan_clock;
+    *out = lru;
+    return KILN_OK;
+}
+
+/* C = beta * C for K == 0 (cuBLASLt does not take k = 0). */
+static int32_t cu_scale_c(kiln_instance *acc, int M, int N, double beta, void *C, uint32_t ct, int ldc) {
+    const size_t esz = kiln_dtype_size(ct);
+    if (beta == 0.0) {
+        CU_CHECK(acc, "gemm (k = 0)",
+                 cudaMemset2DAsync(C, (size_t)ldc * esz, 0, (size_t)N * esz, (size_t)M, acc->stream));
+        return KILN_OK;
+    }
+    for (int r = 0; r < M; r++)
+        CU_CHECK(acc, "gemm (k = 0)",
+                 kg_scale(acc->stream, (int)ct, (char *)C + (size_t)r * (size_t)ldc * esz, beta, (size_t)N));
+    return KILN_OK;
+}
+
+int32_t cu_matmul(kiln_instance *acc, const char *fn, int ta, int tb, int M, int N, int K, double alpha,
+                  const void *A, uint32_t at, int lda, const void *B, uint32_t bt, int ldb, double beta, void *C,
+                  uint32_t ct, int ldc) {
+    if (M == 0 || N == 0) return KILN_OK;
+    if (K == 0) return cu_scale_c(acc, M, N, beta, C, ct, ldc);
+    cu_key k;
+    memset(&k, 0, sizeof k);
+    /* column-major view of the row-major call: swap the operands */
+    k.ta = tb, k.tb = ta;
+    k.m = N, k.n = M, k.k = K;
+    k.lda = ldb, k.ldb = lda, k.ldc = ldc;
+    k.atype = (int)cu_dtype(bt), k.btype = (int)cu_dtype(at), k.ctype = (int)cu_dtype(ct);
+    k.compute = ct == KILN_DTYPE_F64 ? (int)CUBLAS_COMPUTE_64F
+                : (at == KILN_DTYPE_F32 && acc->tf32) ? (int)CUBLAS_COMPUTE_32F_FAST_TF32
+                                                      : (int)CUBLAS_COMPUTE_32F;
+    k.beta_zero = beta == 0.0;
+    int al = cu_align(A);
+    if (cu_align(B) < al) al = cu_align(B);
+    if (cu_align(C) < al) al = cu_align(C);
+    k.align = al;
+    cu_plan *p = NULL;
+    int32_t rc = cu_plan_get(acc, &k, &p);
+    if (rc != KILN_OK) return rc;
+    const float alpha_f = (float)alpha, beta_f = (float)beta;
+    const void *pa = ct == KILN_DTYPE_F64 ? (const void *)&alpha : (const void *)&alpha_f;
+    const void *pb = ct == KILN_DTYPE_F64 ? (const void *)&beta : (const void *)&beta_f;
+    cublasStatus_t s = cublasLtMatmul(acc->lt, p->desc, pa, B, p->la, A, p->lb, pb, C, p->lc, C, p->lc, &p->algo,
+                                      acc->lt_workspace, acc->workspace_bytes, acc->stream);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        char what[96];
+        snprintf(what, sizeof what, "%s (%dx%dx%d)", fn, M, N, K);
+        return cu_blas_fail(acc, s, what, "cublasLtMatmul");
+    }
+    return KILN_OK;
+}

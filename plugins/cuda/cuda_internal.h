@@ -1,0 +1,146 @@
+/*
+ * cuda_internal.h — what the three files of the "cuda" accelerator plugin
+ * share: the instance (device, stream, cuBLASLt handle, caching allocator,
+ * pinned staging ring, scratch), the error macros that turn a failing CUDA
+ * or cuBLAS call into a kiln_status and a message naming the call, and the
+ * functions each file provides to the others. cuda_mem.c owns memory and
+ * copies, cuda_blas.c the GEMMs, cuda_accel.c the kernel table, the
+ * instance's life cycle and the descriptor. Nothing here is visible outside
+ * the library (hidden visibility, version script).
+ */
+#ifndef KILN_PLUGIN_CUDA_INTERNAL_H
+#define KILN_PLUGIN_CUDA_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+#include <kiln/kiln.h>
+
+#include "kg_kernels.h"
+
+/* One block of device memory the caching allocator knows about. */
+typedef struct cu_block {
+    void *ptr;
+    size_t size;  /* rounded size actually allocated */
+    int in_use;
+} cu_block;
+
+/* One slot of the pinned staging ring used for host-to-device copies: the
+ * host data is memcpy'd into `host` (pinned), the DMA is queued on the
+ * stream, and `done` is recorded after it so the slot is reused only once
+ * the device has read it. */
+typedef struct cu_stage {
+    void *host;          /* (bytes) pinned, cudaHostAlloc */
+    size_t bytes;
+    cudaEvent_t done;
+    int pending;         /* an async copy from this slot may still run */
+} cu_stage;
+
+#define CU_STAGES 4
+#define CU_GEMM_PLANS 64
+
+/* A cached cuBLASLt plan for one GEMM shape and type combination. */
+typedef struct cu_plan {
+    int valid;
+    /* key */
+    int ta, tb, m, n, k, lda, ldb, ldc;
+    int atype, btype, ctype, compute;
+    int beta_zero;
+    int align;          /* smallest operand alignment, bytes (<= 256) */
+    /* value */
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasLtMatmulAlgo_t algo;
+    unsigned long last_use;
+} cu_plan;
+
+struct kiln_instance {
+    const kiln_host_services *svc;
+    kiln_host_ctx *hctx;
+    /* configuration */
+    int32_t device_cfg;     /* config `device`; -1: local_rank % device count */
+    int32_t tf32;           /* config `tf32`: fp32 GEMMs on TF32 tensor cores */
+    size_t workspace_bytes; /* config `workspace_mib`: cuBLASLt workspace */
+    size_t stage_bytes;     /* config `staging_mib`: each pinned staging slot */
+    /* after configure() */
+    int configured;
+    int device;
+    char device_name[256];
+    int cc_major, cc_minor;
+    cudaStream_t stream;
+    cublasLtHandle_t lt;
+    void *lt_workspace;     /* (workspace_bytes) device */
+    cu_plan plans[CU_GEMM_PLANS];
+    unsigned long plan_clock;
+    /* caching allocator: every block ever cudaMalloc'ed, live or cached */
+    cu_block *blocks;
+    size_t nblocks, cap_blocks;
+    size_t bytes_cached, bytes_in_use;
+    unsigned long device_mallocs; /* cudaMalloc calls, for tests/benchmarks */
+    /* pinned staging ring for H2D copies */
+    cu_stage stages[CU_STAGES];
+    int next_stage;
+    /* pinned results of reductions: (4) doubles and ints, read after a sync */
+    double *host_scalars;
+    /* device scratch, grow-only: reduction partials (KG_REDUCE_BLOCKS + 4
+     * doubles), softmax rows (B doubles + B ints + 1 int), gemm_ex operands */
+    double *red_scratch;
+    void *row_scratch;
+    size_t row_scratch_bytes;
+    void *ws;
+    size_t ws_bytes;
+};
+
+#define CU_ERR(acc, code, ...) kiln_errorf((acc)->svc, (acc)->hctx, (code), __VA_ARGS__)
+
+/* Checks a CUDA runtime call; on failure returns KILN_E_CUDA (KILN_E_NOMEM
+ * for cudaErrorMemoryAllocation) with "cuda: <what>: <call> failed: <error
+ * name> (<error string>)". Clears the runtime's sticky last error for
+ * non-sticky errors so a later call does not report it again. */
+int32_t cu_fail(kiln_instance *acc, cudaError_t e, const char *what, const char *call);
+#define CU_CHECK(acc, what, call)                                              \
+    do {                                                                       \
+        cudaError_t cu_e_ = (call);                                            \
+        if (cu_e_ != cudaSuccess) return cu_fail((acc), cu_e_, (what), #call); \
+    } while (0)
+
+int32_t cu_blas_fail(kiln_instance *acc, cublasStatus_t s, const char *what, const char *call);
+#define CU_BLAS(acc, what, call)                                                      \
+    do {                                                                              \
+        cublasStatus_t cu_s_ = (call);                                                \
+        if (cu_s_ != CUBLAS_STATUS_SUCCESS) return cu_blas_fail((acc), cu_s_, (what), #call); \
+    } while (0)
+
+/* The instance must have been configured (device chosen) before use. */
+#define CU_READY(acc, fn)                                                                                \
+    do {                                                                                                 \
+        if (!(acc)->configured)                                                                          \
+            return CU_ERR(acc, KILN_E_STATE, "cuda: %s called before configure() chose a device", (fn)); \
+    } while (0)
+
+/* cuda_mem.c */
+int32_t cu_alloc(kiln_instance *acc, size_t bytes, void **out);
+void cu_free(kiln_instance *acc, void *ptr);
+int32_t cu_copy(kiln_instance *acc, void *dst, const void *src, size_t bytes, int32_t kind);
+int32_t cu_zero(kiln_instance *acc, void *ptr, size_t bytes);
+int32_t cu_synchronize(kiln_instance *acc);
+/* Grow-only device scratch: *buf at least `bytes` (contents undefined). */
+int32_t cu_reserve(kiln_instance *acc, void **buf, size_t *have, size_t bytes, const char *what);
+/* Frees every cached block and staging slot (destroy). */
+void cu_mem_release(kiln_instance *acc);
+/* Sets up staging events and the pinned scalar buffer (configure). */
+int32_t cu_mem_init(kiln_instance *acc);
+
+/* cuda_blas.c */
+int32_t cu_blas_init(kiln_instance *acc);
+void cu_blas_release(kiln_instance *acc);
+/* C(M,N) = alpha * op(A) * op(B) + beta * C, row-major, dtypes KILN_DTYPE_*
+ * (A and B equal; F32/F16/BF16 with F32 C, or all F64), fp32 (fp64)
+ * accumulation. */
+int32_t cu_matmul(kiln_instance *acc, const char *fn, int ta, int tb, int M, int N, int K, double alpha,
+                  const void *A, uint32_t at, int lda, const void *B, uint32_t bt, int ldb, double beta, void *C,
+                  uint32_t ct, int ldc);
+
+#endif /* KILN_PLUGIN_CUDA_INTERNAL_H */
