@@ -93,7 +93,11 @@ typedef struct kiln_kernels {
      * product before beta*C is added (a reduced-precision matmul whose
      * output is cast up and accumulated, as autocast does for .grad); F32,
      * or C's own dtype, means no rounding. The accelerator may allocate
-     * conversion scratch on the first call of a size (grow-only). */
+     * conversion scratch on the first call of a size (grow-only). When
+     * round_dtype is F16 or BF16, an F32 operand beside an operand of that
+     * dtype holds values representable in it (callers round activations as
+     * autocast stores them), so an accelerator may convert it to that dtype
+     * to use its 16-bit matrix units (the cuda accelerator does). */
     int32_t (*gemm_ex)(kiln_instance *acc, int32_t trans_a, int32_t trans_b, int32_t M, int32_t N, int32_t K,
                        double alpha, const void *A, uint32_t a_dtype, int32_t lda, const void *B, uint32_t b_dtype,
                        int32_t ldb, double beta, void *C, uint32_t c_dtype, int32_t ldc, uint32_t round_dtype);
