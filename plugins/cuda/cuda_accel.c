@@ -328,12 +328,28 @@ static int32_t cu_softmax_xent_forward_ex(kiln_instance *acc, uint32_t dt, void 
     return cu_xent_forward(acc, dt, probs, logits, labels, B, C, loss, n_correct);
 }
 
-/* The labels are checked before the gradient is written (as on the cpu),
- * which costs one small read-back per backward. */
+/* The labels are checked before the gradient is written (as on the cpu):
+ * one read-back of B ints per backward, which waits for the stream (idle by
+ * then: the forward's loss was just read back). */
 static int32_t cu_xent_backward(kiln_instance *acc, uint32_t dt, void *dlogits, const void *probs,
                                 const int32_t *labels, int32_t B, int32_t C, double dloss) {
     int32_t rc = cu_xent_args(acc, "softmax_xent_backward", dt, dlogits, probs, labels, B, C);
     if (rc != KILN_OK) return rc;
+    if ((size_t)B > acc->host_labels_cap) {
+        int32_t *h = realloc(acc->host_labels, (size_t)B * sizeof *h);
+        if (!h) return CU_ERR(acc, KILN_E_NOMEM, "cuda: softmax_xent_backward: out of host memory for %d labels", B);
+        acc->host_labels = h;
+        acc->host_labels_cap = (size_t)B;
+    }
+    CU_CHECK(acc, "softmax_xent_backward",
+             cudaMemcpyAsync(acc->host_labels, labels, (size_t)B * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                             acc->stream));
+    CU_CHECK(acc, "softmax_xent_backward", cudaStreamSynchronize(acc->stream));
+    for (int32_t i = 0; i < B; i++)
+        if (acc->host_labels[i] < 0 || acc->host_labels[i] >= C)
+            return CU_ERR(acc, KILN_E_DATA,
+                          "cuda: softmax_xent_backward: label %d at batch index %d is outside [0, %d) (B=%d, C=%d)",
+                          (int)acc->host_labels[i], (int)i, (int)C, (int)B, (int)C);
     CU_LAUNCH(acc, "softmax_xent_backward",
               kg_softmax_xent_backward(acc->stream, (int)dt, dlogits, probs, labels, B, C, dloss));
     return KILN_OK;
@@ -610,6 +626,7 @@ static int32_t cu_create(void *plugin_ctx, const kiln_host_services *svc, kiln_h
 
 static void cu_destroy(kiln_instance *acc) {
     if (!acc) return;
+    free(acc->host_labels);
     if (acc->configured) {
         (void)cudaSetDevice(acc->device);
         kiln_logf(acc->svc, acc->hctx, KILN_LOG_DEBUG,

@@ -91,6 +91,9 @@ struct kiln_instance {
     size_t row_scratch_bytes;
     void *ws;
     size_t ws_bytes;
+    /* host copy of the labels the loss backward checks, grow-only */
+    int32_t *host_labels;
+    size_t host_labels_cap;
 };
 
 #define CU_ERR(acc, code, ...) kiln_errorf((acc)->svc, (acc)->hctx, (code), __VA_ARGS__)

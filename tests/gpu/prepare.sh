@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# tests/gpu/prepare.sh — packs, on a machine with the CUDA toolkit but no GPU
+# (this project's development machines), everything tests/gpu/run.sh needs on
+# a bare GPU machine that has the driver, nvcc and the CUDA libraries but not
+# Debian's libconfig, CUnit or OpenBLAS, and no Fashion-MNIST:
+#
+#   build-gpu/          a Release build for sm_90 (H100/H200) with the tests
+#                       and benchmarks, configured at /work/main/build-gpu so
+#                       that run.sh can put the checkout at the same path
+#   .gpu/deps.tar.xz    the Debian runtime libraries kiln links that such a
+#                       machine may lack (unpacked there to /tmp, never /)
+#   .gpu/fashion-mnist/ the first 20000 training images (headers rewritten;
+#                       the idx plugin checks them) and the full test set
+#
+# Both folders are git-ignored; name them in the device tool's `carry`:
+#   carry = ["build-gpu", ".gpu"], command = "bash tests/gpu/run.sh $OUT"
+# Run from the repository root: bash tests/gpu/prepare.sh [ARCH]
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+arch=${1:-90}
+cd "$root"
+[ "$root" = /work/main ] || echo "prepare.sh: note: the build records $root; run.sh links that path on the GPU machine"
+
+# 1. the build (CUDA parts included; nvcc needs no GPU)
+cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$arch" -DKILN_WERROR=ON >/dev/null
+cmake --build build-gpu -j2
+test -f build-gpu/lib/kiln/plugins/libkiln-cuda.so || { echo "prepare.sh: libkiln-cuda.so was not built (no nvcc?)" >&2; exit 1; }
+
+# 2. runtime libraries: what the binaries need beyond glibc and CUDA
+mkdir -p .gpu
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+libs=$(find build-gpu -type f \( -name '*.so' -o -perm -u+x \) -not -path '*/CMakeFiles/*' -print0 |
+       xargs -0 ldd 2>/dev/null | awk '/=> \// {print $3}' | sort -u |
+       grep -v -E '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libgcc_s|libstdc\+\+|libcuda[^/]*|libcublas[^/]*|libnccl[^/]*|libz)\.so')
+mkdir -p "$tmp/lib"
+for l in $libs; do cp -L "$l" "$tmp/lib/"; done
+tar -C "$tmp" -cJf .gpu/deps.tar.xz lib
+echo "prepare.sh: packed $(echo "$libs" | wc -w) libraries: $(echo $libs | xargs -n1 basename | tr '\n' ' ')"
+
+# 3. a Fashion-MNIST subset (the idx plugin validates magic, counts and sizes)
+src=${KILN_FM_DIR:-/usr/share/datasets/fashion-mnist}
+dst=.gpu/fashion-mnist
+mkdir -p "$dst"
+/usr/bin/python3 - "$src" "$dst" 20000 <<'PY'
+import gzip, struct, sys, shutil, os
+src, dst, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+def subset(name, item):
+    with gzip.open(os.path.join(src, name)) as f:
+        data = f.read()
+    magic, count = struct.unpack(">II", data[:8])
+    hdr = 8 + (8 if item > 1 else 0)
+    out = struct.pack(">II", magic, n) + data[8:hdr] + data[hdr:hdr + n * item]
+    with gzip.open(os.path.join(dst, name), "wb", compresslevel=9) as g:
+        g.write(out)
+subset("train-images-idx3-ubyte.gz", 784)
+subset("train-labels-idx1-ubyte.gz", 1)
+for t in ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"):
+    shutil.copy(os.path.join(src, t), os.path.join(dst, t))
+PY
+du -sh build-gpu .gpu | sed 's/^/prepare.sh: /'
+echo "prepare.sh: now run the device tool with carry [\"build-gpu\", \".gpu\"] and: bash tests/gpu/run.sh \"\$OUT\""
