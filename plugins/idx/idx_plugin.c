@@ -153,7 +153,7 @@ static int32_t idxp_create(void *plugin_ctx, const kiln_host_services *svc, kiln
     if (!out) return kiln_errorf(svc, hctx, KILN_E_INVALID_ARG, "idx: create needs an output pointer");
     *out = NULL;
 
-    int64_t num_classes, batch_size, val_batch_size, val_split, prefetch;
+    int64_t num_classes = 0, batch_size = 0, val_batch_size = 0, val_split = 0, prefetch = 0;
     int32_t rc;
     if ((rc = idxp_int_key(svc, hctx, config, "num_classes", 10, 1, 256, "uint8 labels", &num_classes)) ||
         (rc = idxp_int_key(svc, hctx, config, "batch_size", 128, 1, INT32_MAX, "samples per train batch",

@@ -388,7 +388,7 @@ static int32_t lb_strong_wolfe(kiln_instance *self, const kiln_closure *cl, doub
     const double *d = self->d;
     double *g = self->g;
     const double d_norm = lb_absmax(d, 1.0, n);
-    double f_new, *g_new = self->ls_buf[0];
+    double f_new = 0.0, *g_new = self->ls_buf[0];
     int32_t rc = lb_probe(self, cl, t, &f_new, g_new);
     if (rc != KILN_OK) return rc;
     double gtd_new = lb_dot(g_new, d, n);
@@ -544,7 +544,7 @@ static int32_t lb_step(kiln_instance *self, const kiln_closure *closure) {
     /* x mirrors the masters; read them now, whatever changed them since */
     int32_t rc = lb_gather(self, 0, self->x);
     if (rc != KILN_OK) return rc;
-    double loss;
+    double loss = NAN;
     if ((rc = lb_eval(self, closure, &loss, self->g)) != KILN_OK) return rc;
     int opt_cond = lb_absmax(self->g, 1.0, n) <= self->cfg.tolerance_grad;
     if (opt_cond) { /* already optimal: nothing changes but func_evals */

@@ -464,7 +464,7 @@ static void forward_case(const char *activation) {
     if (fabs(out.loss - want_loss) > 1e-5 * fabs(want_loss))
         printf("\n  %s loss %.9g want %.9g", activation, out.loss, want_loss);
 
-    mh_logged l;
+    mh_logged l = {0};
     CU_ASSERT_EQUAL(find_logged("train_loss", &l), 1);
     CU_ASSERT_EQUAL(l.value, out.loss);
     CU_ASSERT_EQUAL(l.flags, KILN_LOG_ON_STEP | KILN_LOG_ON_EPOCH | KILN_LOG_PROG_BAR);
