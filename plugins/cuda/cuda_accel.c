@@ -627,7 +627,9 @@ static int32_t cu_create(void *plugin_ctx, const kiln_host_services *svc, kiln_h
 static void cu_destroy(kiln_instance *acc) {
     if (!acc) return;
     free(acc->host_labels);
-    if (acc->configured) {
+    if (acc->setup_started) {
+        int prev = -1;
+        const int had_prev = cudaGetDevice(&prev) == cudaSuccess;
         (void)cudaSetDevice(acc->device);
         kiln_logf(acc->svc, acc->hctx, KILN_LOG_DEBUG,
                   "cuda: device %d: %lu cudaMalloc calls, %zu MiB held at exit (%zu MiB cached)", acc->device,
@@ -635,9 +637,19 @@ static void cu_destroy(kiln_instance *acc) {
         cu_blas_release(acc);
         cu_mem_release(acc);
         if (acc->stream) (void)cudaStreamDestroy(acc->stream);
+        if (had_prev && prev != acc->device) (void)cudaSetDevice(prev); /* leave the thread as it was */
         (void)cudaGetLastError();
     }
     free(acc);
+}
+
+int32_t cu_enter(kiln_instance *acc, const char *fn) {
+    if (!acc->configured)
+        return CU_ERR(acc, KILN_E_STATE, "cuda: %s called before configure() chose a device%s", fn,
+                      acc->setup_started ? " (configure() failed)" : "");
+    int cur = -1;
+    if (cudaGetDevice(&cur) != cudaSuccess || cur != acc->device) CU_CHECK(acc, fn, cudaSetDevice(acc->device));
+    return KILN_OK;
 }
 
 static const kiln_kernels *cu_kernels(kiln_instance *acc) {
@@ -662,6 +674,9 @@ static int32_t cu_configure(kiln_instance *acc, int32_t threads, int32_t local_r
     if (dev >= count)
         return CU_ERR(acc, KILN_E_CONFIG, "cuda: device %d asked for, but only %d device%s visible (0..%d)", dev, count,
                       count == 1 ? " is" : "s are", count - 1);
+    if (acc->setup_started && !acc->configured)
+        return CU_ERR(acc, KILN_E_STATE, "cuda: configure: an earlier configure() of this instance failed; create "
+                      "a new one");
     if (acc->configured) {
         if (dev == acc->device) return KILN_OK;
         return CU_ERR(acc, KILN_E_STATE, "cuda: configure: already running on device %d, cannot move to device %d",
@@ -674,11 +689,17 @@ static int32_t cu_configure(kiln_instance *acc, int32_t threads, int32_t local_r
     snprintf(acc->device_name, sizeof acc->device_name, "%s", prop.name);
     acc->cc_major = prop.major;
     acc->cc_minor = prop.minor;
+    acc->setup_started = 1; /* from here destroy() releases what exists */
     CU_CHECK(acc, "configure", cudaStreamCreateWithFlags(&acc->stream, cudaStreamNonBlocking));
-    acc->configured = 1; /* from here destroy() releases what exists */
+    /* cu_mem_init and cu_blas_init allocate through cu_alloc, which needs a
+     * configured instance; a failure below leaves it unusable */
+    acc->configured = 1;
     int32_t rc = cu_mem_init(acc);
     if (rc == KILN_OK) rc = cu_blas_init(acc);
-    if (rc != KILN_OK) return rc;
+    if (rc != KILN_OK) {
+        acc->configured = 0;
+        return rc;
+    }
     int drv = 0, rt = 0;
     (void)cudaDriverGetVersion(&drv);
     (void)cudaRuntimeGetVersion(&rt);

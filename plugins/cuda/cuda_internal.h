@@ -65,7 +65,10 @@ struct kiln_instance {
     size_t workspace_bytes; /* config `workspace_mib`: cuBLASLt workspace */
     size_t stage_bytes;     /* config `staging_mib`: each pinned staging slot */
     /* after configure() */
-    int configured;
+    int configured;         /* device chosen and every resource set up     */
+    int setup_started;      /* configure() began creating resources (so
+                               destroy releases them; a failed configure
+                               is not retried)                             */
     int device;
     char device_name[256];
     int cc_major, cc_minor;
@@ -82,10 +85,11 @@ struct kiln_instance {
     /* pinned staging ring for H2D copies */
     cu_stage stages[CU_STAGES];
     int next_stage;
-    /* pinned results of reductions: (4) doubles and ints, read after a sync */
+    /* pinned results read back after a sync: (8) doubles */
     double *host_scalars;
-    /* device scratch, grow-only: reduction partials (KG_REDUCE_BLOCKS + 4
-     * doubles), softmax rows (B doubles + B ints + 1 int), gemm_ex operands */
+    /* device scratch: reduction partials and results (KG_REDUCE_BLOCKS + 8
+     * doubles); grow-only: softmax rows (B doubles + B ints + 1 int), and
+     * ws for gemm_ex operands and products */
     double *red_scratch;
     void *row_scratch;
     size_t row_scratch_bytes;
@@ -116,11 +120,15 @@ int32_t cu_blas_fail(kiln_instance *acc, cublasStatus_t s, const char *what, con
         if (cu_s_ != CUBLAS_STATUS_SUCCESS) return cu_blas_fail((acc), cu_s_, (what), #call); \
     } while (0)
 
-/* The instance must have been configured (device chosen) before use. */
-#define CU_READY(acc, fn)                                                                                \
-    do {                                                                                                 \
-        if (!(acc)->configured)                                                                          \
-            return CU_ERR(acc, KILN_E_STATE, "cuda: %s called before configure() chose a device", (fn)); \
+/* Every entry that touches the device: the instance must be configured,
+ * and its device is made current on the calling thread (the CUDA runtime's
+ * current device is per thread, and another instance or thread may have
+ * changed it). Cheap when it is current already. */
+int32_t cu_enter(kiln_instance *acc, const char *fn);
+#define CU_READY(acc, fn)                         \
+    do {                                          \
+        int32_t cu_rc_ = cu_enter((acc), (fn));   \
+        if (cu_rc_ != KILN_OK) return cu_rc_;     \
     } while (0)
 
 /* cuda_mem.c */

@@ -40,19 +40,28 @@ static size_t cu_round(size_t bytes) {
     return (bytes + 511) & ~(size_t)511;
 }
 
-/* Returns every cached (unused) block to the driver. */
+/* Returns every cached (unused) block to the driver. The table stays
+ * consistent when a cudaFree fails part-way: a block whose free failed is
+ * kept (still cached), the rest are still tried, and the first error is
+ * returned. */
 static int32_t cu_trim(kiln_instance *acc) {
     size_t w = 0;
+    cudaError_t first = cudaSuccess;
     for (size_t i = 0; i < acc->nblocks; i++) {
         cu_block b = acc->blocks[i];
         if (!b.in_use) {
-            CU_CHECK(acc, "alloc (returning cached memory)", cudaFree(b.ptr));
-            acc->bytes_cached -= b.size;
-            continue;
+            cudaError_t e = cudaFree(b.ptr);
+            if (e == cudaSuccess) {
+                acc->bytes_cached -= b.size;
+                continue;
+            }
+            (void)cudaGetLastError();
+            if (first == cudaSuccess) first = e;
         }
         acc->blocks[w++] = b;
     }
     acc->nblocks = w;
+    if (first != cudaSuccess) return cu_fail(acc, first, "alloc (returning cached memory)", "cudaFree");
     return KILN_OK;
 }
 

@@ -1,0 +1,65 @@
+/*
+ * fake_cuda.h — what the "fake CUDA" build of the cuda accelerator plugin
+ * (tests/cuda_fake) shares between its three fakes (fake_cudart.c: the CUDA
+ * runtime on host memory; fake_cublaslt.c: cuBLASLt as a column-major
+ * reference GEMM; fake_kg.c: kernels/cuda's launchers on the CPU kernels)
+ * and the tests that drive it. The fakes are compiled into the plugin
+ * library itself (hidden, bound inside it, so a real libcudart elsewhere in
+ * the process can never interpose); the one thing the library exports
+ * besides the plugin entry is fake_cuda_get_stats(), which a test finds with
+ * dlopen(RTLD_NOLOAD) + dlsym to see what the plugin asked of "the GPU".
+ * Device memory is host memory from a registry of live cudaMalloc blocks,
+ * so every pointer a CUDA call or kernel receives is range-checked against
+ * it (a device operand outside any block, or a host operand inside one, is
+ * a contract violation: counted, printed, and the call fails). Work queued
+ * on a stream (async copies into or out of pinned memory, device-to-device
+ * copies, memsets, event records) runs only when something waits for it
+ * (stream or event synchronize, a blocking copy, a kernel or GEMM on that
+ * stream, cudaFree), as on a GPU, so a missing synchronisation shows up as
+ * stale or corrupted data rather than passing by luck. Environment, read
+ * at every call so a test can change it between calls:
+ *   KILN_FAKE_CUDA_DEVICES=N    visible devices (default 1; 0: none)
+ *   KILN_FAKE_CUDA_DRIVER=V     cudaDriverGetVersion's answer (default
+ *                               13000; 0: no driver installed)
+ *   KILN_FAKE_CUDA_OOM_AFTER=N  device capacity in bytes: cudaMalloc fails
+ *                               with cudaErrorMemoryAllocation when the live
+ *                               blocks plus the request would exceed it
+ *   KILN_FAKE_CUDA_FAIL=LIST    comma-separated function names (cudaX,
+ *                               cublasLtX, kg_x) that fail: "name" on every
+ *                               call, "name@N" on its N-th call counted from
+ *                               when the variable took its current value
+ *   KILN_FAKE_CUDA_QUIET=1      do not print contract violations
+ */
+#ifndef KILN_TESTS_FAKE_CUDA_H
+#define KILN_TESTS_FAKE_CUDA_H
+
+#include <stddef.h>
+
+/* Counters since the library was loaded. "live" counts are current. */
+typedef struct fake_cuda_stats {
+    unsigned long mallocs;          /* successful cudaMalloc calls            */
+    unsigned long malloc_failures;  /* cudaMalloc calls that failed           */
+    unsigned long frees;            /* successful cudaFree calls (non-NULL)   */
+    size_t live_blocks, live_bytes; /* device memory now allocated            */
+    size_t peak_bytes;
+    unsigned long host_allocs;      /* cudaHostAlloc calls that succeeded     */
+    size_t live_host_blocks;
+    unsigned long streams_live, events_live;
+    unsigned long lt_handles_live;  /* cublasLtCreate minus cublasLtDestroy   */
+    unsigned long lt_objects_live;  /* descriptors, layouts, preferences      */
+    unsigned long heuristics;       /* cublasLtMatmulAlgoGetHeuristic calls   */
+    unsigned long matmuls;          /* cublasLtMatmul calls that ran          */
+    unsigned long kernels;          /* kg_* launches that ran                 */
+    unsigned long h2d_async_pinned; /* async H2D copies from pinned memory    */
+    unsigned long syncs;            /* stream/event synchronisations          */
+    unsigned long violations;       /* contract violations (see above)        */
+    unsigned long injected;         /* failures injected by KILN_FAKE_CUDA_FAIL */
+    char last_violation[256];
+} fake_cuda_stats;
+
+/* Exported by the fake plugin library (default visibility, version script
+ * tests/cuda_fake/fake-plugin.map). */
+typedef void (*fake_cuda_get_stats_fn)(fake_cuda_stats *out);
+#define FAKE_CUDA_GET_STATS "fake_cuda_get_stats"
+
+#endif /* KILN_TESTS_FAKE_CUDA_H */

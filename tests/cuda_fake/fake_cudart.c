@@ -1,0 +1,801 @@
+/*
+ * fake_cudart.c — the CUDA runtime functions the cuda accelerator plugin
+ * calls, implemented on host memory with the real signatures of
+ * cuda_runtime_api.h, so that the plugin's host logic (allocator, staging
+ * ring, scratch, read-backs, error paths) runs and is checked on a machine
+ * without a GPU. Device memory is 256-byte aligned host memory filled with
+ * 0xFF bytes (NaN in every float format) so unwritten memory is noticed;
+ * every live block is in a registry against which pointers are checked
+ * (see fake_cuda.h). Streams keep a queue: async work that a GPU would run
+ * later (copies to or from pinned memory, device-to-device copies, memsets,
+ * event records) runs only when something waits for it, so a read-back
+ * without a synchronisation, or a pinned buffer reused before its copy has
+ * run, gives wrong data here as it would on a GPU. Copies from or to
+ * pageable memory run at the call (after draining the stream), which is
+ * what the real runtime guarantees for them. The environment knobs
+ * (device count, driver version, memory capacity, injected failures) are
+ * read at every call.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fake_internal.h"
+
+fake_cuda_stats fake_stats;
+
+/* --------------------------------------------------------- environment */
+
+static long long fake_env(const char *name, long long fallback) {
+    const char *v = getenv(name);
+    if (!v || !*v) return fallback;
+    char *end = NULL;
+    long long x = strtoll(v, &end, 10);
+    return end && *end == 0 ? x : fallback;
+}
+
+/* The default capacity: an H200's 141 GiB less what the driver keeps. */
+#define FAKE_TOTAL_DEFAULT ((size_t)140 << 30)
+
+static size_t fake_capacity(void) {
+    long long cap = fake_env("KILN_FAKE_CUDA_OOM_AFTER", -1);
+    return cap >= 0 ? (size_t)cap : FAKE_TOTAL_DEFAULT;
+}
+
+/* ----------------------------------------------------- failure injection */
+
+#define FAKE_INJ_MAX 16
+static char fake_inj_spec[512];
+static unsigned long fake_inj_count[FAKE_INJ_MAX];
+
+int fake_inject(const char *fn) {
+    const char *spec = getenv("KILN_FAKE_CUDA_FAIL");
+    if (!spec || !*spec) {
+        fake_inj_spec[0] = 0;
+        return 0;
+    }
+    if (strncmp(spec, fake_inj_spec, sizeof fake_inj_spec) != 0) {
+        /* a new value: counts start again */
+        snprintf(fake_inj_spec, sizeof fake_inj_spec, "%s", spec);
+        memset(fake_inj_count, 0, sizeof fake_inj_count);
+    }
+    const size_t fn_len = strlen(fn);
+    const char *p = fake_inj_spec;
+    for (int i = 0; i < FAKE_INJ_MAX && *p; i++) {
+        const size_t len = strcspn(p, ",");
+        const size_t name_len = strcspn(p, ",@") < len ? strcspn(p, ",@") : len;
+        if (name_len == fn_len && strncmp(p, fn, fn_len) == 0) {
+            fake_inj_count[i]++;
+            const int every = name_len == len;
+            const unsigned long nth = every ? 0 : strtoul(p + name_len + 1, NULL, 10);
+            if (every || fake_inj_count[i] == nth) {
+                fake_stats.injected++;
+                return 1;
+            }
+        }
+        p += len;
+        if (*p == ',') p++;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ errors */
+
+static cudaError_t fake_last_error = cudaSuccess;
+
+cudaError_t fake_error(cudaError_t e) {
+    if (e != cudaSuccess) fake_last_error = e;
+    return e;
+}
+
+void fake_violation(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(fake_stats.last_violation, sizeof fake_stats.last_violation, fmt, ap);
+    va_end(ap);
+    fake_stats.violations++;
+    const char *quiet = getenv("KILN_FAKE_CUDA_QUIET");
+    if (!quiet || !*quiet || strcmp(quiet, "0") == 0)
+        fprintf(stderr, "fake cuda: contract violation: %s\n", fake_stats.last_violation);
+}
+
+cudaError_t CUDARTAPI cudaGetLastError(void) {
+    cudaError_t e = fake_last_error;
+    fake_last_error = cudaSuccess;
+    return e;
+}
+
+cudaError_t CUDARTAPI cudaPeekAtLastError(void) { return fake_last_error; }
+
+/* Names and strings as the real runtime spells them, for the errors the
+ * fake produces. */
+static const struct {
+    cudaError_t e;
+    const char *name, *text;
+} fake_error_table[] = {
+    {cudaSuccess, "cudaSuccess", "no error"},
+    {cudaErrorInvalidValue, "cudaErrorInvalidValue", "invalid argument"},
+    {cudaErrorMemoryAllocation, "cudaErrorMemoryAllocation", "out of memory"},
+    {cudaErrorInitializationError, "cudaErrorInitializationError", "initialization error"},
+    {cudaErrorInsufficientDriver, "cudaErrorInsufficientDriver",
+     "CUDA driver version is insufficient for CUDA runtime version"},
+    {cudaErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
+    {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
+    {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
+    {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
+    {cudaErrorIllegalAddress, "cudaErrorIllegalAddress", "an illegal memory access was encountered"},
+    {cudaErrorLaunchFailure, "cudaErrorLaunchFailure", "unspecified launch failure"},
+    {cudaErrorNotSupported, "cudaErrorNotSupported", "operation not supported"},
+    {cudaErrorUnknown, "cudaErrorUnknown", "unknown error"},
+};
+
+const char *CUDARTAPI cudaGetErrorName(cudaError_t error) {
+    for (size_t i = 0; i < sizeof fake_error_table / sizeof fake_error_table[0]; i++)
+        if (fake_error_table[i].e == error) return fake_error_table[i].name;
+    return "cudaErrorUnknown";
+}
+
+const char *CUDARTAPI cudaGetErrorString(cudaError_t error) {
+    for (size_t i = 0; i < sizeof fake_error_table / sizeof fake_error_table[0]; i++)
+        if (fake_error_table[i].e == error) return fake_error_table[i].text;
+    return "unrecognized error code";
+}
+
+/* ------------------------------------------------------ driver, devices */
+
+static _Thread_local int fake_current_device;
+
+/* What a call needing a working driver and a device gets when there is
+ * none: the runtime's answers for a missing or too old driver and for no
+ * device. */
+static cudaError_t fake_runtime_state(int *count) {
+    const long long drv = fake_env("KILN_FAKE_CUDA_DRIVER", 13000);
+    const long long n = fake_env("KILN_FAKE_CUDA_DEVICES", 1);
+    *count = 0;
+    if (drv <= 0 || drv < CUDART_VERSION) return cudaErrorInsufficientDriver;
+    if (n <= 0) return cudaErrorNoDevice;
+    *count = (int)n;
+    return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaDriverGetVersion(int *driverVersion) {
+    if (!driverVersion) return fake_error(cudaErrorInvalidValue);
+    if (fake_inject("cudaDriverGetVersion")) return fake_error(cudaErrorUnknown);
+    /* documented: 0 when no driver is installed, and still cudaSuccess */
+    const long long drv = fake_env("KILN_FAKE_CUDA_DRIVER", 13000);
+    *driverVersion = drv > 0 ? (int)drv : 0;
+    return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaRuntimeGetVersion(int *runtimeVersion) {
+    if (!runtimeVersion) return fake_error(cudaErrorInvalidValue);
+    *runtimeVersion = CUDART_VERSION;
+    return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaGetDeviceCount(int *count) {
+    if (!count) return fake_error(cudaErrorInvalidValue);
+    if (fake_inject("cudaGetDeviceCount")) return fake_error(cudaErrorUnknown);
+    return fake_error(fake_runtime_state(count));
+}
+
+cudaError_t CUDARTAPI cudaSetDevice(int device) {
+    if (fake_inject("cudaSetDevice")) return fake_error(cudaErrorUnknown);
+    int count;
+    cudaError_t e = fake_runtime_state(&count);
+    if (e != cudaSuccess) return fake_error(e);
+    if (device < 0 || device >= count) return fake_error(cudaErrorInvalidDevice);
+    fake_current_device = device;
+    return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaGetDevice(int *device) {
+    if (!device) return fake_error(cudaErrorInvalidValue);
+    int count;
+    cudaError_t e = fake_runtime_state(&count);
+    if (e != cudaSuccess) return fake_error(e);
+    *device = fake_current_device;
+    return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device) {
+    if (!prop) return fake_error(cudaErrorInvalidValue);
+    if (fake_inject("cudaGetDeviceProperties")) return fake_error(cudaErrorUnknown);
+    int count;
+    cudaError_t e = fake_runtime_state(&count);
+    if (e != cudaSuccess) return fake_error(e);
+    if (device < 0 || device >= count) return fake_error(cudaErrorInvalidDevice);
+    memset(prop, 0, sizeof *prop);
+    snprintf(prop->name, sizeof prop->name, "fake H200");
+    prop->major = 9;
+    prop->minor = 0;
+    prop->totalGlobalMem = fake_capacity();
+    prop->multiProcessorCount = 132;
+    prop->warpSize = 32;
+    prop->maxThreadsPerBlock = 1024;
+    prop->sharedMemPerBlock = 48 << 10;
+    prop->unifiedAddressing = 1;
+    return cudaSuccess;
+}
+
+/* ------------------------------------------------------ memory registry */
+
+typedef struct fake_block {
+    char *ptr;
+    size_t size;  /* bytes the caller asked for */
+    int device;   /* device current at allocation; -1 for pinned host */
+} fake_block;
+
+typedef struct fake_registry {
+    fake_block *b;
+    size_t n, cap;
+} fake_registry;
+
+static fake_registry fake_dev, fake_pinned;
+
+static int fake_reg_add(fake_registry *r, char *p, size_t size, int device) {
+    if (r->n == r->cap) {
+        size_t cap = r->cap ? r->cap * 2 : 64;
+        fake_block *nb = realloc(r->b, cap * sizeof *nb);
+        if (!nb) return -1;
+        r->b = nb;
+        r->cap = cap;
+    }
+    r->b[r->n++] = (fake_block){p, size, device};
+    return 0;
+}
+
+/* The block containing p (any byte of it), or NULL. */
+static fake_block *fake_reg_find(const fake_registry *r, const void *p) {
+    const uintptr_t a = (uintptr_t)p;
+    for (size_t i = 0; i < r->n; i++) {
+        const uintptr_t s = (uintptr_t)r->b[i].ptr;
+        if (a >= s && a < s + (r->b[i].size ? r->b[i].size : 1)) return &r->b[i];
+    }
+    return NULL;
+}
+
+static void fake_reg_remove(fake_registry *r, fake_block *b) { *b = r->b[--r->n]; }
+
+int fake_is_device_ptr(const void *p) { return fake_reg_find(&fake_dev, p) != NULL; }
+
+int fake_is_device_range(const void *p, size_t bytes) {
+    if (bytes == 0) return 1;
+    const fake_block *b = fake_reg_find(&fake_dev, p);
+    return b && (uintptr_t)p + bytes <= (uintptr_t)b->ptr + b->size;
+}
+
+static int fake_is_pinned_range(const void *p, size_t bytes) {
+    const fake_block *b = fake_reg_find(&fake_pinned, p);
+    return b && (uintptr_t)p + bytes <= (uintptr_t)b->ptr + b->size;
+}
+
+cudaError_t fake_need_device(const char *fn, const char *what, const void *p, size_t bytes) {
+    if (bytes == 0) return cudaSuccess;
+    const fake_block *b = fake_reg_find(&fake_dev, p);
+    if (!b) {
+        fake_violation("%s: %s %p (%zu bytes) is not device memory%s", fn, what, p, bytes,
+                       fake_reg_find(&fake_pinned, p) ? " (it is pinned host memory)" : "");
+        return fake_error(cudaErrorIllegalAddress);
+    }
+    if ((uintptr_t)p + bytes > (uintptr_t)b->ptr + b->size) {
+        fake_violation("%s: %s [%p, +%zu bytes) runs %zu bytes past the end of its %zu-byte device block", fn, what,
+                       p, bytes, (size_t)((uintptr_t)p + bytes - ((uintptr_t)b->ptr + b->size)), b->size);
+        return fake_error(cudaErrorIllegalAddress);
+    }
+    if (b->device != fake_current_device) {
+        fake_violation("%s: %s %p lives on device %d but the current device is %d", fn, what, p, b->device,
+                       fake_current_device);
+        return fake_error(cudaErrorIllegalAddress);
+    }
+    return cudaSuccess;
+}
+
+static void *fake_aligned(size_t size) {
+    const size_t rounded = size == 0 ? 256 : (size + 255) & ~(size_t)255;
+    if (rounded < size) return NULL;
+    void *p = aligned_alloc(256, rounded);
+    if (p) memset(p, 0xFF, rounded); /* NaN in every float format: unwritten memory shows */
+    return p;
+}
+
+static void fake_drain_all(void);
+
+cudaError_t CUDARTAPI cudaMalloc(void **devPtr, size_t size) {
+    if (!devPtr) return fake_error(cudaErrorInvalidValue);
+    *devPtr = NULL;
+    int count;
+    cudaError_t e = fake_runtime_state(&count);
+    if (e != cudaSuccess) return fake_error(e);
+    if (size == 0) return cudaSuccess;
+    const size_t cap = fake_capacity();
+    if (fake_inject("cudaMalloc") || size > cap || fake_stats.live_bytes > cap - size) {
+        fake_stats.malloc_failures++;
+        return fake_error(cudaErrorMemoryAllocation);
+    }
+    char *p = fake_aligned(size);
+    if (!p || fake_reg_add(&fake_dev, p, size, fake_current_device) != 0) {
+        free(p);
+        fake_stats.malloc_failures++;
+        return fake_error(cudaErrorMemoryAllocation);
+    }
+    fake_stats.mallocs++;
+    fake_stats.live_blocks++;
+    fake_stats.live_bytes += size;
+    if (fake_stats.live_bytes > fake_stats.peak_bytes) fake_stats.peak_bytes = fake_stats.live_bytes;
+    *devPtr = p;
+    return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaFree(void *devPtr) {
+    if (!devPtr) return cudaSuccess;
+    if (fake_inject("cudaFree")) return fake_error(cudaErrorUnknown);
+    fake_drain_all(); /* cudaFree synchronises the device */
+    fake_block *b = fake_reg_find(&fake_dev, devPtr);
+    if (!b || b->ptr != (char *)devPtr) {
+        fake_violation("cudaFree(%p): not the start of a live cudaMalloc block%s", devPtr,
+                       b ? " (inside one)" : " (double free or never allocated)");
+        return fake_error(cudaErrorInvalidValue);
+    }
+    fake_stats.frees++;
+    fake_stats.live_blocks--;
+    fake_stats.live_bytes -= b->size;
+    free(b->ptr);
+    fake_reg_remove(&fake_dev, b);
+    return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaHostAlloc(void **pHost, size_t size, unsigned int flags) {
+    (void)flags;
+    if (!pHost) return fake_error(cudaErrorInvalidValue);
+    *pHost = NULL;
+    if (fake_inject("cudaHostAlloc")) return fake_error(cudaErrorMemoryAllocation);
+    char *p = fake_aligned(size);
+    if (!p || fake_reg_add(&fake_pinned, p, size, -1) != 0) {
+        free(p);
+        return fake_error(cudaErrorMemoryAllocation);
+    }
+    fake_stats.host_allocs++;
+    fake_stats.live_host_blocks++;
+    *pHost = p;
+    return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaFreeHost(void *ptr) {
+    if (!ptr) return cudaSuccess;
+    if (fake_inject("cudaFreeHost")) return fake_error(cudaErrorUnknown);
+    fake_drain_all(); /* queued copies may still read it */
+    fake_block *b = fake_reg_find(&fake_pinned, ptr);
+    if (!b || b->ptr != (char *)ptr) {
+        fake_violation("cudaFreeHost(%p): not the start of a live cudaHostAlloc block", ptr);
+        return fake_error(cudaErrorInvalidValue);
+    }
+    fake_stats.live_host_blocks--;
+    free(b->ptr);
+    fake_reg_remove(&fake_pinned, b);
+    return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaMemGetInfo(size_t *free_bytes, size_t *total) {
+    if (!free_bytes || !total) return fake_error(cudaErrorInvalidValue);
+    if (fake_inject("cudaMemGetInfo")) return fake_error(cudaErrorUnknown);
+    const size_t cap = fake_capacity();
+    *total = cap;
+    *free_bytes = cap > fake_stats.live_bytes ? cap - fake_stats.live_bytes : 0;
+    return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaPointerGetAttributes(struct cudaPointerAttributes *attributes, const void *ptr) {
+    if (!attributes) return fake_error(cudaErrorInvalidValue);
+    memset(attributes, 0, sizeof *attributes);
+    const fake_block *b = fake_reg_find(&fake_dev, ptr);
+    if (b) {
+        attributes->type = cudaMemoryTypeDevice;
+        attributes->device = b->device;
+        attributes->devicePointer = (void *)(uintptr_t)ptr;
+    } else if (fake_reg_find(&fake_pinned, ptr)) {
+        attributes->type = cudaMemoryTypeHost;
+        attributes->device = fake_current_device;
+        attributes->devicePointer = (void *)(uintptr_t)ptr;
+        attributes->hostPointer = (void *)(uintptr_t)ptr;
+    } else {
+        attributes->type = cudaMemoryTypeUnregistered;
+        attributes->device = -2;
+    }
+    return cudaSuccess;
+}
+
+/* ------------------------------------------------------------ streams */
+
+enum { FAKE_OP_COPY, FAKE_OP_SET, FAKE_OP_SET2D, FAKE_OP_EVENT };
+
+/* One piece of queued work. */
+typedef struct fake_op {
+    int kind;
+    char *dst;
+    const char *src;
+    size_t n;                    /* bytes (copy, set) */
+    int value;                   /* set, set2d */
+    size_t pitch, width, height; /* set2d */
+    cudaEvent_t ev;              /* event */
+    unsigned long rec;           /* which record of ev */
+} fake_op;
+
+#define FAKE_STREAM_MAGIC 0x57AEA3u
+#define FAKE_EVENT_MAGIC 0xE7E27u
+
+struct CUstream_st {
+    unsigned magic;
+    unsigned flags;
+    int device;
+    fake_op *ops;  /* (cap) ring of queued work, [head, head + n) */
+    size_t head, n, cap;
+    struct CUstream_st *next;
+};
+
+struct CUevent_st {
+    unsigned magic;
+    unsigned flags;
+    unsigned long recorded; /* records issued */
+    unsigned long done;     /* records that have run */
+    cudaStream_t stream;    /* stream of the latest record */
+    struct CUevent_st *next;
+};
+
+static struct CUstream_st *fake_streams;
+static struct CUevent_st *fake_events;
+
+/* The legacy default stream and the two special handles have no queue:
+ * work on them runs at the call. */
+static int fake_is_legacy(cudaStream_t s) {
+    return s == NULL || s == cudaStreamLegacy || s == cudaStreamPerThread;
+}
+
+static int fake_stream_live(cudaStream_t s) {
+    for (struct CUstream_st *p = fake_streams; p; p = p->next)
+        if (p == s) return 1;
+    return 0;
+}
+
+static int fake_event_live(cudaEvent_t e) {
+    for (struct CUevent_st *p = fake_events; p; p = p->next)
+        if (p == e) return 1;
+    return 0;
+}
+
+static void fake_run_op(const fake_op *op) {
+    switch (op->kind) {
+    case FAKE_OP_COPY: {
+        const uintptr_t d = (uintptr_t)op->dst, s = (uintptr_t)op->src;
+        if (op->dst != op->src && d < s + op->n && s < d + op->n)
+            fake_violation("cudaMemcpyAsync: source and destination overlap ([%p, +%zu) and [%p, +%zu)); CUDA does "
+                           "not promise memmove",
+                           (const void *)op->src, op->n, (void *)op->dst, op->n);
+        memmove(op->dst, op->src, op->n);
+        break;
+    }
+    case FAKE_OP_SET: memset(op->dst, op->value, op->n); break;
+    case FAKE_OP_SET2D:
+        for (size_t r = 0; r < op->height; r++) memset(op->dst + r * op->pitch, op->value, op->width);
+        break;
+    case FAKE_OP_EVENT:
+        if (op->ev->done < op->rec) op->ev->done = op->rec;
+        break;
+    }
+}
+
+/* Runs queued work in order; stops after the record `rec` of `ev` when ev
+ * is not NULL. */
+static void fake_drain(struct CUstream_st *s, cudaEvent_t ev, unsigned long rec) {
+    while (s->n > 0) {
+        fake_op op = s->ops[s->head];
+        s->head = (s->head + 1) % s->cap;
+        s->n--;
+        fake_run_op(&op);
+        if (ev && op.kind == FAKE_OP_EVENT && op.ev == ev && op.rec == rec) return;
+    }
+}
+
+static void fake_drain_all(void) {
+    for (struct CUstream_st *s = fake_streams; s; s = s->next) fake_drain(s, NULL, 0);
+}
+
+/* Work on the legacy default stream waits for every blocking stream. */
+static void fake_drain_blocking(void) {
+    for (struct CUstream_st *s = fake_streams; s; s = s->next)
+        if (!(s->flags & cudaStreamNonBlocking)) fake_drain(s, NULL, 0);
+}
+
+static cudaError_t fake_enqueue(struct CUstream_st *s, const fake_op *op) {
+    if (s->n == s->cap) {
+        size_t cap = s->cap ? s->cap * 2 : 32;
+        fake_op *ring = malloc(cap * sizeof *ring);
+        if (!ring) return fake_error(cudaErrorMemoryAllocation);
+        for (size_t i = 0; i < s->n; i++) ring[i] = s->ops[(s->head + i) % s->cap];
+        free(s->ops);
+        s->ops = ring;
+        s->head = 0;
+        s->cap = cap;
+    }
+    s->ops[(s->head + s->n) % s->cap] = *op;
+    s->n++;
+    return cudaSuccess;
+}
+
+/* Checks a stream argument: legacy handles and live streams. */
+static cudaError_t fake_check_stream(cudaStream_t s, const char *fn) {
+    if (fake_is_legacy(s) || fake_stream_live(s)) return cudaSuccess;
+    fake_violation("%s: stream %p is not a live stream (destroyed, or never created)", fn, (void *)s);
+    return fake_error(cudaErrorInvalidResourceHandle);
+}
+
+cudaError_t fake_stream_drain(cudaStream_t s, const char *fn) {
+    cudaError_t e = fake_check_stream(s, fn);
+    if (e != cudaSuccess) return e;
+    if (fake_is_legacy(s)) {
+        fake_drain_blocking();
+        return cudaSuccess;
+    }
+    if (s->device != fake_current_device) {
+        fake_violation("%s: stream %p belongs to device %d but the current device is %d", fn, (void *)s, s->device,
+                       fake_current_device);
+        return fake_error(cudaErrorInvalidResourceHandle);
+    }
+    fake_drain(s, NULL, 0);
+    return cudaSuccess;
+}
+
+/* Runs op now (after the work it must follow), or queues it on s. */
+static cudaError_t fake_submit(cudaStream_t s, const fake_op *op, int now) {
+    if (fake_is_legacy(s)) {
+        fake_drain_blocking();
+        fake_run_op(op);
+        return cudaSuccess;
+    }
+    if (now) {
+        fake_drain(s, NULL, 0);
+        fake_run_op(op);
+        return cudaSuccess;
+    }
+    return fake_enqueue(s, op);
+}
+
+cudaError_t CUDARTAPI cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags) {
+    if (!pStream) return fake_error(cudaErrorInvalidValue);
+    if (fake_inject("cudaStreamCreateWithFlags")) return fake_error(cudaErrorUnknown);
+    int count;
+    cudaError_t e = fake_runtime_state(&count);
+    if (e != cudaSuccess) return fake_error(e);
+    struct CUstream_st *s = calloc(1, sizeof *s);
+    if (!s) return fake_error(cudaErrorMemoryAllocation);
+    s->magic = FAKE_STREAM_MAGIC;
+    s->flags = flags;
+    s->device = fake_current_device;
+    s->next = fake_streams;
+    fake_streams = s;
+    fake_stats.streams_live++;
+    *pStream = s;
+    return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaStreamCreate(cudaStream_t *pStream) { return cudaStreamCreateWithFlags(pStream, 0); }
+
+cudaError_t CUDARTAPI cudaStreamDestroy(cudaStream_t stream) {
+    if (fake_is_legacy(stream) || !fake_stream_live(stream)) {
+        fake_violation("cudaStreamDestroy(%p): not a live stream", (void *)stream);
+        return fake_error(cudaErrorInvalidResourceHandle);
+    }
+    fake_drain(stream, NULL, 0); /* queued work still completes */
+    for (struct CUstream_st **pp = &fake_streams; *pp; pp = &(*pp)->next)
+        if (*pp == stream) {
+            *pp = stream->next;
+            break;
+        }
+    free(stream->ops);
+    free(stream);
+    fake_stats.streams_live--;
+    return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t stream) {
+    cudaError_t e = fake_check_stream(stream, "cudaStreamSynchronize");
+    if (e != cudaSuccess) return e;
+    if (fake_inject("cudaStreamSynchronize")) return fake_error(cudaErrorLaunchFailure);
+    fake_stats.syncs++;
+    if (fake_is_legacy(stream)) fake_drain_blocking();
+    else fake_drain(stream, NULL, 0);
+    return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaDeviceSynchronize(void) {
+    fake_stats.syncs++;
+    fake_drain_all();
+    return cudaSuccess;
+}
+
+/* ------------------------------------------------------------- events */
+
+cudaError_t CUDARTAPI cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags) {
+    if (!event) return fake_error(cudaErrorInvalidValue);
+    if (fake_inject("cudaEventCreateWithFlags")) return fake_error(cudaErrorUnknown);
+    struct CUevent_st *e = calloc(1, sizeof *e);
+    if (!e) return fake_error(cudaErrorMemoryAllocation);
+    e->magic = FAKE_EVENT_MAGIC;
+    e->flags = flags;
+    e->next = fake_events;
+    fake_events = e;
+    fake_stats.events_live++;
+    *event = e;
+    return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaEventCreate(cudaEvent_t *event) { return cudaEventCreateWithFlags(event, 0); }
+
+cudaError_t CUDARTAPI cudaEventDestroy(cudaEvent_t event) {
+    if (!fake_event_live(event)) {
+        fake_violation("cudaEventDestroy(%p): not a live event", (void *)event);
+        return fake_error(cudaErrorInvalidResourceHandle);
+    }
+    /* a queued record still refers to it: let the queues run first */
+    fake_drain_all();
+    for (struct CUevent_st **pp = &fake_events; *pp; pp = &(*pp)->next)
+        if (*pp == event) {
+            *pp = event->next;
+            break;
+        }
+    free(event);
+    fake_stats.events_live--;
+    return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+    if (!fake_event_live(event)) {
+        fake_violation("cudaEventRecord(%p): not a live event", (void *)event);
+        return fake_error(cudaErrorInvalidResourceHandle);
+    }
+    cudaError_t e = fake_check_stream(stream, "cudaEventRecord");
+    if (e != cudaSuccess) return e;
+    if (fake_inject("cudaEventRecord")) return fake_error(cudaErrorUnknown);
+    event->recorded++;
+    event->stream = stream;
+    fake_op op = {.kind = FAKE_OP_EVENT, .ev = event, .rec = event->recorded};
+    return fake_submit(stream, &op, 0);
+}
+
+cudaError_t CUDARTAPI cudaEventSynchronize(cudaEvent_t event) {
+    if (!fake_event_live(event)) {
+        fake_violation("cudaEventSynchronize(%p): not a live event", (void *)event);
+        return fake_error(cudaErrorInvalidResourceHandle);
+    }
+    if (fake_inject("cudaEventSynchronize")) return fake_error(cudaErrorLaunchFailure);
+    fake_stats.syncs++;
+    /* waits for the latest record only: later work on its stream stays queued */
+    if (event->done < event->recorded && !fake_is_legacy(event->stream) && fake_stream_live(event->stream))
+        fake_drain(event->stream, event, event->recorded);
+    return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaEventQuery(cudaEvent_t event) {
+    /* a GPU gets there eventually; here "eventually" is now */
+    return cudaEventSynchronize(event);
+}
+
+/* ------------------------------------------------------------- copies */
+
+static const char *fake_kind_name(enum cudaMemcpyKind k) {
+    switch (k) {
+    case cudaMemcpyHostToHost: return "HostToHost";
+    case cudaMemcpyHostToDevice: return "HostToDevice";
+    case cudaMemcpyDeviceToHost: return "DeviceToHost";
+    case cudaMemcpyDeviceToDevice: return "DeviceToDevice";
+    default: return "Default";
+    }
+}
+
+/* Checks one side of a copy against the kind's promise. */
+static cudaError_t fake_copy_side(const char *fn, enum cudaMemcpyKind kind, const char *what, const void *p,
+                                  size_t count, int want_device) {
+    if (want_device) {
+        if (fake_is_device_range(p, count)) return cudaSuccess;
+        fake_violation("%s(%s): %s %p (%zu bytes) is not %s", fn, fake_kind_name(kind), what, p, count,
+                       fake_is_device_ptr(p) ? "inside one device block" : "device memory");
+        return fake_error(cudaErrorInvalidValue);
+    }
+    if (!fake_is_device_ptr(p)) return cudaSuccess;
+    fake_violation("%s(%s): %s %p is device memory", fn, fake_kind_name(kind), what, p);
+    return fake_error(cudaErrorInvalidValue);
+}
+
+static cudaError_t fake_memcpy(const char *fn, void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
+                               cudaStream_t stream, int blocking) {
+    if (fake_inject(fn)) return fake_error(cudaErrorUnknown);
+    cudaError_t e = fake_check_stream(stream, fn);
+    if (e != cudaSuccess) return e;
+    if (count == 0) return cudaSuccess;
+    if (!dst || !src) return fake_error(cudaErrorInvalidValue);
+    if (kind == cudaMemcpyDefault) {
+        const int dd = fake_is_device_ptr(dst), sd = fake_is_device_ptr(src);
+        kind = dd ? (sd ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
+                  : (sd ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost);
+    }
+    if (kind != cudaMemcpyHostToHost && kind != cudaMemcpyHostToDevice && kind != cudaMemcpyDeviceToHost &&
+        kind != cudaMemcpyDeviceToDevice)
+        return fake_error(cudaErrorInvalidValue);
+    const int dst_dev = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+    const int src_dev = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+    if ((e = fake_copy_side(fn, kind, "destination", dst, count, dst_dev)) != cudaSuccess) return e;
+    if ((e = fake_copy_side(fn, kind, "source", src, count, src_dev)) != cudaSuccess) return e;
+    /* When the host side is pageable the runtime finishes with it before
+     * returning (staged or synchronous); only pinned memory and
+     * device-to-device copies stay queued. */
+    int now = blocking;
+    if (kind == cudaMemcpyHostToDevice) {
+        now |= !fake_is_pinned_range(src, count);
+        if (!now) fake_stats.h2d_async_pinned++;
+    } else if (kind == cudaMemcpyDeviceToHost) {
+        now |= !fake_is_pinned_range(dst, count);
+    } else if (kind == cudaMemcpyHostToHost) {
+        now = 1;
+    }
+    fake_op op = {.kind = FAKE_OP_COPY, .dst = dst, .src = src, .n = count};
+    return fake_submit(stream, &op, now);
+}
+
+cudaError_t CUDARTAPI cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
+                                      cudaStream_t stream) {
+    return fake_memcpy("cudaMemcpyAsync", dst, src, count, kind, stream, 0);
+}
+
+cudaError_t CUDARTAPI cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind) {
+    /* the legacy default stream: waits for blocking streams only (the
+     * plugin's stream is non-blocking, so not for it) */
+    return fake_memcpy("cudaMemcpy", dst, src, count, kind, NULL, 1);
+}
+
+cudaError_t CUDARTAPI cudaMemsetAsync(void *devPtr, int value, size_t count, cudaStream_t stream) {
+    if (fake_inject("cudaMemsetAsync")) return fake_error(cudaErrorUnknown);
+    cudaError_t e = fake_check_stream(stream, "cudaMemsetAsync");
+    if (e != cudaSuccess) return e;
+    if (count == 0) return cudaSuccess;
+    if (!fake_is_device_range(devPtr, count)) {
+        fake_violation("cudaMemsetAsync: [%p, +%zu bytes) is not inside one device block", devPtr, count);
+        return fake_error(cudaErrorInvalidValue);
+    }
+    fake_op op = {.kind = FAKE_OP_SET, .dst = devPtr, .n = count, .value = value};
+    return fake_submit(stream, &op, 0);
+}
+
+cudaError_t CUDARTAPI cudaMemset(void *devPtr, int value, size_t count) {
+    return cudaMemsetAsync(devPtr, value, count, NULL);
+}
+
+cudaError_t CUDARTAPI cudaMemset2DAsync(void *devPtr, size_t pitch, int value, size_t width, size_t height,
+                                        cudaStream_t stream) {
+    if (fake_inject("cudaMemset2DAsync")) return fake_error(cudaErrorUnknown);
+    cudaError_t e = fake_check_stream(stream, "cudaMemset2DAsync");
+    if (e != cudaSuccess) return e;
+    if (width == 0 || height == 0) return cudaSuccess;
+    if (width > pitch) {
+        fake_violation("cudaMemset2DAsync: width %zu is larger than pitch %zu", width, pitch);
+        return fake_error(cudaErrorInvalidValue);
+    }
+    const size_t span = (height - 1) * pitch + width;
+    if (!fake_is_device_range(devPtr, span)) {
+        fake_violation("cudaMemset2DAsync: %zu rows of %zu bytes, pitch %zu, at %p: not inside one device block",
+                       height, width, pitch, devPtr);
+        return fake_error(cudaErrorInvalidValue);
+    }
+    fake_op op = {.kind = FAKE_OP_SET2D, .dst = devPtr, .value = value, .pitch = pitch, .width = width,
+                  .height = height};
+    return fake_submit(stream, &op, 0);
+}
+
+/* ------------------------------------------------------------- stats */
+
+__attribute__((visibility("default"))) void fake_cuda_get_stats(fake_cuda_stats *out);
+void fake_cuda_get_stats(fake_cuda_stats *out) {
+    if (out) *out = fake_stats;
+}

@@ -1,0 +1,45 @@
+/*
+ * fake_internal.h — the services fake_cudart.c gives the other two fakes
+ * (fake_cublaslt.c, fake_kg.c): the statistics, failure injection, the
+ * device-memory registry's range checks, contract-violation reports and
+ * draining a stream's queued work before a "kernel" runs on it. All hidden
+ * inside the fake plugin library. Single-threaded, like the plugin (one
+ * stream, driven from one thread).
+ */
+#ifndef KILN_TESTS_FAKE_INTERNAL_H
+#define KILN_TESTS_FAKE_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "fake_cuda.h"
+
+extern fake_cuda_stats fake_stats;
+
+/* 1 when KILN_FAKE_CUDA_FAIL says this call of `fn` fails (counted). */
+int fake_inject(const char *fn);
+
+/* Records e as the runtime's last error (cudaGetLastError) and returns it. */
+cudaError_t fake_error(cudaError_t e);
+
+/* Counts and (unless KILN_FAKE_CUDA_QUIET) prints a contract violation. */
+void fake_violation(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* 1 when [p, p + bytes) lies inside one live cudaMalloc block (bytes 0:
+ * always 1). */
+int fake_is_device_range(const void *p, size_t bytes);
+/* 1 when p lies inside any live cudaMalloc block. */
+int fake_is_device_ptr(const void *p);
+
+/* fake_is_device_range or a violation naming fn and what; returns
+ * cudaSuccess or cudaErrorIllegalAddress (already recorded as last error). */
+cudaError_t fake_need_device(const char *fn, const char *what, const void *p, size_t bytes);
+
+/* Runs everything queued on stream s (0: the legacy default stream, which
+ * has no queue), for a kernel about to run on it. cudaErrorInvalidResourceHandle
+ * for a handle that is not a live stream. */
+cudaError_t fake_stream_drain(cudaStream_t s, const char *fn);
+
+#endif /* KILN_TESTS_FAKE_INTERNAL_H */

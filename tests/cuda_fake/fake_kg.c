@@ -1,0 +1,462 @@
+/*
+ * fake_kg.c — the launchers of kernels/cuda/kg_kernels.h, run on the host
+ * for the fake CUDA build of the cuda accelerator plugin. Each one does
+ * what its CUDA counterpart does before launching (the same argument checks
+ * and cudaErrorInvalidValue answers, the same "nothing to do" cases), then
+ * checks that every buffer it would touch lies inside device memory of the
+ * current device (the plugin's scratch arithmetic is what this catches),
+ * drains the stream's queued work (a kernel runs after what was queued
+ * before it) and computes the result with the CPU reference kernels kc_*
+ * of kernels/cpu, which define what the CUDA kernels compute, or with plain
+ * loops where kg_kernels.h specifies a contract of its own: the per-row
+ * softmax outputs and bad_row, kg_reduce_rows' block order, kg_reduce's
+ * partials, kg_unscale_check, kg_round_add, and the optimizers' optional
+ * compute-dtype copy. Overlaps the CUDA kernels do not allow are reported
+ * as contract violations.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "cpu_kernels.h"
+#include "fake_internal.h"
+#include "kg_kernels.h"
+
+/* ------------------------------------------------------------- helpers */
+
+static size_t fake_dt_size(int dt) {
+    switch (dt) {
+    case KG_F32: return 4;
+    case KG_F64: return 8;
+    case KG_F16:
+    case KG_BF16: return 2;
+    default: return 0;
+    }
+}
+
+static int fake_fdt(int dt) { return dt == KG_F32 || dt == KG_F64; }
+
+/* Device checks of up to 8 buffers, then the stream drain: the common
+ * prologue of every launch that has work to do. */
+typedef struct fake_buf {
+    const char *what;
+    const void *p;
+    size_t bytes;
+} fake_buf;
+
+static cudaError_t fake_launch(const char *fn, cudaStream_t s, const fake_buf *bufs, int nbufs) {
+    for (int i = 0; i < nbufs; i++) {
+        cudaError_t e = fake_need_device(fn, bufs[i].what, bufs[i].p, bufs[i].bytes);
+        if (e != cudaSuccess) return e;
+    }
+    cudaError_t e = fake_stream_drain(s, fn);
+    if (e != cudaSuccess) return e;
+    fake_stats.kernels++;
+    return cudaSuccess;
+}
+
+/* A violation when [a, +na) and [b, +nb) overlap (the kernels mark these
+ * operands __restrict__, or kg_kernels.h forbids the overlap). */
+static int fake_overlap(const char *fn, const char *wa, const void *a, size_t na, const char *wb, const void *b,
+                        size_t nb) {
+    const uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    if (na == 0 || nb == 0 || !(x < y + nb && y < x + na)) return 0;
+    fake_violation("%s: %s [%p, +%zu) and %s [%p, +%zu) overlap", fn, wa, a, na, wb, b, nb);
+    return 1;
+}
+
+static double fake_value(int dt, const void *x, size_t i) {
+    switch (dt) {
+    case KG_F32: return ((const float *)x)[i];
+    case KG_F64: return ((const double *)x)[i];
+    case KG_F16: {
+        float f;
+        kc_f16_to_f32(&f, (const uint16_t *)x + i, 1);
+        return f;
+    }
+    default: {
+        float f;
+        kc_bf16_to_f32(&f, (const uint16_t *)x + i, 1);
+        return f;
+    }
+    }
+}
+
+/* ---------------------------------------------------------------- bias */
+
+cudaError_t kg_bias_add(cudaStream_t s, int fdt, void *y, const void *b, int rows, int cols) {
+    if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
+    if (!fake_fdt(fdt) || rows < 0 || cols < 0) return fake_error(cudaErrorInvalidValue);
+    if (rows == 0 || cols == 0) return cudaSuccess;
+    const size_t esz = fake_dt_size(fdt);
+    const fake_buf bufs[] = {{"y", y, (size_t)rows * (size_t)cols * esz}, {"b", b, (size_t)cols * esz}};
+    cudaError_t e = fake_launch(__func__, s, bufs, 2);
+    if (e != cudaSuccess) return e;
+    if (fdt == KG_F32) kc_bias_add(y, b, rows, cols);
+    else kc_bias_add_f64(y, b, rows, cols);
+    return cudaSuccess;
+}
+
+cudaError_t kg_bias_grad(cudaStream_t s, int fdt, void *db, const void *dy, int rows, int cols, int accumulate) {
+    if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
+    if (!fake_fdt(fdt) || rows < 0 || cols < 0) return fake_error(cudaErrorInvalidValue);
+    if (cols == 0 || (rows == 0 && accumulate)) return cudaSuccess;
+    const size_t esz = fake_dt_size(fdt);
+    const fake_buf bufs[] = {{"db", db, (size_t)cols * esz}, {"dy", dy, (size_t)rows * (size_t)cols * esz}};
+    cudaError_t e = fake_launch(__func__, s, bufs, 2);
+    if (e != cudaSuccess) return e;
+    if (fdt == KG_F32) kc_bias_grad(db, dy, rows, cols, accumulate);
+    else kc_bias_grad_f64(db, dy, rows, cols, accumulate);
+    return cudaSuccess;
+}
+
+/* --------------------------------------------------------- activations */
+
+cudaError_t kg_act_forward(cudaStream_t s, int fdt, int act, void *y, const void *x, size_t n) {
+    if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
+    if (!fake_fdt(fdt) || act < KG_ACT_RELU || act > KG_ACT_LEAKY_RELU) return fake_error(cudaErrorInvalidValue);
+    if (n == 0) return cudaSuccess;
+    const size_t bytes = n * fake_dt_size(fdt);
+    const fake_buf bufs[] = {{"y", y, bytes}, {"x", x, bytes}};
+    cudaError_t e = fake_launch(__func__, s, bufs, 2);
+    if (e != cudaSuccess) return e;
+    if (y != x) fake_overlap(__func__, "y", y, bytes, "x", x, bytes);
+    if (fdt == KG_F32) {
+        switch (act) {
+        case KG_ACT_RELU: kc_relu_forward(y, x, n); break;
+        case KG_ACT_GELU: kc_gelu_forward(y, x, n); break;
+        case KG_ACT_TANH: kc_tanh_forward(y, x, n); break;
+        case KG_ACT_SIGMOID: kc_sigmoid_forward(y, x, n); break;
+        default: kc_leaky_relu_forward(y, x, n); break;
+        }
+    } else {
+        switch (act) {
+        case KG_ACT_RELU: kc_relu_forward_f64(y, x, n); break;
+        case KG_ACT_GELU: kc_gelu_forward_f64(y, x, n); break;
+        case KG_ACT_TANH: kc_tanh_forward_f64(y, x, n); break;
+        case KG_ACT_SIGMOID: kc_sigmoid_forward_f64(y, x, n); break;
+        default: kc_leaky_relu_forward_f64(y, x, n); break;
+        }
+    }
+    return cudaSuccess;
+}
+
+cudaError_t kg_act_backward(cudaStream_t s, int fdt, int act, void *dx, const void *dy, const void *x, size_t n) {
+    if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
+    if (!fake_fdt(fdt) || act < KG_ACT_RELU || act > KG_ACT_LEAKY_RELU) return fake_error(cudaErrorInvalidValue);
+    if (n == 0) return cudaSuccess;
+    const size_t bytes = n * fake_dt_size(fdt);
+    const fake_buf bufs[] = {{"dx", dx, bytes}, {"dy", dy, bytes}, {"x", x, bytes}};
+    cudaError_t e = fake_launch(__func__, s, bufs, 3);
+    if (e != cudaSuccess) return e;
+    if (dx != dy) fake_overlap(__func__, "dx", dx, bytes, "dy", dy, bytes);
+    fake_overlap(__func__, "dx", dx, bytes, "x", x, bytes);
+    if (fdt == KG_F32) {
+        switch (act) {
+        case KG_ACT_RELU: kc_relu_backward(dx, dy, x, n); break;
+        case KG_ACT_GELU: kc_gelu_backward(dx, dy, x, n); break;
+        case KG_ACT_TANH: kc_tanh_backward(dx, dy, x, n); break;
+        case KG_ACT_SIGMOID: kc_sigmoid_backward(dx, dy, x, n); break;
+        default: kc_leaky_relu_backward(dx, dy, x, n); break;
+        }
+    } else {
+        switch (act) {
+        case KG_ACT_RELU: kc_relu_backward_f64(dx, dy, x, n); break;
+        case KG_ACT_GELU: kc_gelu_backward_f64(dx, dy, x, n); break;
+        case KG_ACT_TANH: kc_tanh_backward_f64(dx, dy, x, n); break;
+        case KG_ACT_SIGMOID: kc_sigmoid_backward_f64(dx, dy, x, n); break;
+        default: kc_leaky_relu_backward_f64(dx, dy, x, n); break;
+        }
+    }
+    return cudaSuccess;
+}
+
+/* ---------------------------------------------------------------- loss */
+
+/* -log softmax(l)[y] for one float row, as kc_xent_row computes it (max
+ * from l[0] with strict >, exp in float, sums and log in double), kept in
+ * double: kc_softmax_xent_forward only returns the mean rounded to float. */
+static double fake_row_loss_f32(const float *l, int C, int y) {
+    float mx = l[0];
+    for (int j = 1; j < C; j++)
+        if (l[j] > mx) mx = l[j];
+    double denom = 0.0;
+    for (int j = 0; j < C; j++) denom += (double)expf(l[j] - mx);
+    return log(denom) - ((double)l[y] - (double)mx);
+}
+
+cudaError_t kg_softmax_xent_forward(cudaStream_t s, int fdt, void *probs, const void *logits, const int32_t *labels,
+                                    int B, int C, double *row_loss, int32_t *row_correct, int32_t *bad_row) {
+    if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
+    if (!fake_fdt(fdt) || B < 0 || C < 1) return fake_error(cudaErrorInvalidValue);
+    if (B == 0) return cudaSuccess;
+    const size_t bytes = (size_t)B * (size_t)C * fake_dt_size(fdt);
+    const fake_buf bufs[] = {{"probs", probs, bytes},
+                             {"logits", logits, bytes},
+                             {"labels", labels, (size_t)B * sizeof(int32_t)},
+                             {"row_loss", row_loss, (size_t)B * sizeof(double)},
+                             {"row_correct", row_correct, (size_t)B * sizeof(int32_t)},
+                             {"bad_row", bad_row, sizeof(int32_t)}};
+    cudaError_t e = fake_launch(__func__, s, bufs, 6);
+    if (e != cudaSuccess) return e;
+    fake_overlap(__func__, "probs", probs, bytes, "logits", logits, bytes);
+    for (int r = 0; r < B; r++) {
+        const int32_t y = labels[r];
+        const size_t off = (size_t)r * (size_t)C;
+        int hit = 0;
+        double loss;
+        if (fdt == KG_F32) {
+            (void)kc_softmax_xent_forward((float *)probs + off, (const float *)logits + off, &labels[r], 1, C, &hit);
+            loss = y >= 0 && y < C ? fake_row_loss_f32((const float *)logits + off, C, y) : NAN;
+        } else {
+            /* one row: the mean is the row's loss, already in double */
+            loss = kc_softmax_xent_forward_f64((double *)probs + off, (const double *)logits + off, &labels[r], 1, C,
+                                               &hit);
+        }
+        if (y < 0 || y >= C) {
+            row_loss[r] = NAN;
+            row_correct[r] = 0;
+            if (*bad_row < 0 || r < *bad_row) *bad_row = r;
+        } else {
+            row_loss[r] = loss;
+            row_correct[r] = hit;
+        }
+    }
+    return cudaSuccess;
+}
+
+cudaError_t kg_reduce_rows(cudaStream_t s, const double *row_loss, const int32_t *row_correct, int B, double *out) {
+    if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
+    if (B < 0) return fake_error(cudaErrorInvalidValue);
+    const fake_buf bufs[] = {{"row_loss", row_loss, (size_t)B * sizeof(double)},
+                             {"row_correct", row_correct, (size_t)B * sizeof(int32_t)},
+                             {"out", out, 2 * sizeof(double)}};
+    cudaError_t e = fake_launch(__func__, s, bufs, 3);
+    if (e != cudaSuccess) return e;
+    if (B == 0) {
+        out[0] = NAN;
+        out[1] = 0.0;
+        return cudaSuccess;
+    }
+    /* the CPU's order: blocks of ceil(B / 256) rows, each summed from 0.0,
+     * then the block sums in block order */
+    const int per = (B + 255) / 256;
+    double total = 0.0;
+    long long correct = 0;
+    for (int r0 = 0; r0 < B; r0 += per) {
+        double block = 0.0;
+        const int r1 = r0 + per < B ? r0 + per : B;
+        for (int r = r0; r < r1; r++) {
+            block += row_loss[r];
+            correct += row_correct[r];
+        }
+        total += block;
+    }
+    out[0] = total / (double)B;
+    out[1] = (double)correct;
+    return cudaSuccess;
+}
+
+cudaError_t kg_softmax_xent_backward(cudaStream_t s, int fdt, void *dlogits, const void *probs,
+                                     const int32_t *labels, int B, int C, double dloss) {
+    if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
+    if (!fake_fdt(fdt) || B < 0 || C < 0) return fake_error(cudaErrorInvalidValue);
+    if (B == 0 || C == 0) return cudaSuccess;
+    const size_t bytes = (size_t)B * (size_t)C * fake_dt_size(fdt);
+    const fake_buf bufs[] = {
+        {"dlogits", dlogits, bytes}, {"probs", probs, bytes}, {"labels", labels, (size_t)B * sizeof(int32_t)}};
+    cudaError_t e = fake_launch(__func__, s, bufs, 3);
+    if (e != cudaSuccess) return e;
+    if (dlogits != probs) fake_overlap(__func__, "dlogits", dlogits, bytes, "probs", probs, bytes);
+    if (fdt == KG_F32) kc_softmax_xent_backward(dlogits, probs, labels, B, C, (float)dloss);
+    else kc_softmax_xent_backward_f64(dlogits, probs, labels, B, C, dloss);
+    return cudaSuccess;
+}
+
+/* ---------------------------------------------------------- reductions */
+
+cudaError_t kg_reduce(cudaStream_t s, int op, int dtype, const void *x, size_t n, double *partials, double *out) {
+    if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
+    if (op != KG_SUM && op != KG_SUMSQ && op != KG_NONFINITE) return fake_error(cudaErrorInvalidValue);
+    const size_t esz = fake_dt_size(dtype);
+    if (esz == 0) return fake_error(cudaErrorInvalidValue);
+    /* n == 0 still runs (fixed grid): the partials and *out become 0 */
+    const fake_buf bufs[] = {{"x", x, n * esz},
+                             {"partials", partials, KG_REDUCE_BLOCKS * sizeof(double)},
+                             {"out", out, sizeof(double)}};
+    cudaError_t e = fake_launch(__func__, s, bufs, 3);
+    if (e != cudaSuccess) return e;
+    fake_overlap(__func__, "partials", partials, KG_REDUCE_BLOCKS * sizeof(double), "out", out, sizeof(double));
+    /* pass 1: KG_REDUCE_BLOCKS blocks of 256 threads, grid-stride: element
+     * i belongs to block (i mod (blocks * 256)) / 256 */
+    const size_t threads = (size_t)KG_REDUCE_BLOCKS * 256;
+    for (int b = 0; b < KG_REDUCE_BLOCKS; b++) partials[b] = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        const double v = fake_value(dtype, x, i);
+        const double t = op == KG_SUM ? v : op == KG_SUMSQ ? v * v : (isfinite(v) ? 0.0 : 1.0);
+        partials[(i % threads) / 256] += t;
+    }
+    /* pass 2: one block adds the partials */
+    double total = 0.0;
+    for (int b = 0; b < KG_REDUCE_BLOCKS; b++) total += partials[b];
+    *out = total;
+    return cudaSuccess;
+}
+
+/* -------------------------------------------------------------- BLAS-1 */
+
+cudaError_t kg_scale(cudaStream_t s, int fdt, void *x, double a, size_t n) {
+    if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
+    if (!fake_fdt(fdt)) return fake_error(cudaErrorInvalidValue);
+    if (n == 0) return cudaSuccess;
+    const fake_buf bufs[] = {{"x", x, n * fake_dt_size(fdt)}};
+    cudaError_t e = fake_launch(__func__, s, bufs, 1);
+    if (e != cudaSuccess) return e;
+    if (fdt == KG_F32) kc_scale(x, (float)a, n);
+    else kc_scale_f64(x, a, n);
+    return cudaSuccess;
+}
+
+cudaError_t kg_axpy(cudaStream_t s, int fdt, void *y, double a, const void *x, size_t n) {
+    if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
+    if (!fake_fdt(fdt)) return fake_error(cudaErrorInvalidValue);
+    if (n == 0) return cudaSuccess;
+    const size_t bytes = n * fake_dt_size(fdt);
+    const fake_buf bufs[] = {{"y", y, bytes}, {"x", x, bytes}};
+    cudaError_t e = fake_launch(__func__, s, bufs, 2);
+    if (e != cudaSuccess) return e;
+    fake_overlap(__func__, "y", y, bytes, "x", x, bytes);
+    if (fdt == KG_F32) kc_axpy(y, (float)a, x, n);
+    else kc_axpy_f64(y, a, x, n);
+    return cudaSuccess;
+}
+
+cudaError_t kg_unscale_check(cudaStream_t s, int fdt, void *x, double a, size_t n, int32_t *nonfinite) {
+    if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
+    if (!fake_fdt(fdt)) return fake_error(cudaErrorInvalidValue);
+    if (n == 0) return cudaSuccess;
+    const fake_buf bufs[] = {{"x", x, n * fake_dt_size(fdt)}, {"nonfinite", nonfinite, sizeof(int32_t)}};
+    cudaError_t e = fake_launch(__func__, s, bufs, 2);
+    if (e != cudaSuccess) return e;
+    int bad = 0;
+    if (fdt == KG_F32) {
+        float *v = x;
+        const float af = (float)a;
+        for (size_t i = 0; i < n; i++) {
+            bad |= !isfinite(v[i]);
+            v[i] = v[i] * af;
+        }
+    } else {
+        double *v = x;
+        for (size_t i = 0; i < n; i++) {
+            bad |= !isfinite(v[i]);
+            v[i] = v[i] * a;
+        }
+    }
+    if (bad) *nonfinite = 1;
+    return cudaSuccess;
+}
+
+/* ----------------------------------------------------- casts, rounding */
+
+cudaError_t kg_cast(cudaStream_t s, void *dst, int dst_dtype, const void *src, int src_dtype, size_t n) {
+    if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
+    const size_t dsz = fake_dt_size(dst_dtype), ssz = fake_dt_size(src_dtype);
+    if (dsz == 0 || ssz == 0) return fake_error(cudaErrorInvalidValue);
+    if (n == 0) return cudaSuccess;
+    if (dst_dtype == src_dtype && dst == src) return cudaSuccess;
+    const fake_buf bufs[] = {{"dst", dst, n * dsz}, {"src", src, n * ssz}};
+    cudaError_t e = fake_launch(__func__, s, bufs, 2);
+    if (e != cudaSuccess) return e;
+    if (fake_overlap(__func__, "dst", dst, n * dsz, "src", src, n * ssz)) return fake_error(cudaErrorInvalidValue);
+    if (kc_cast(dst, dst_dtype, src, src_dtype, n) != 0) return fake_error(cudaErrorInvalidValue);
+    return cudaSuccess;
+}
+
+cudaError_t kg_round_to(cudaStream_t s, float *x, int dtype, size_t n) {
+    if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
+    if (dtype != KG_F32 && dtype != KG_F16 && dtype != KG_BF16) return fake_error(cudaErrorInvalidValue);
+    if (dtype == KG_F32 || n == 0) return cudaSuccess;
+    const fake_buf bufs[] = {{"x", x, n * sizeof(float)}};
+    cudaError_t e = fake_launch(__func__, s, bufs, 1);
+    if (e != cudaSuccess) return e;
+    if (dtype == KG_F16) kc_round_f16(x, n);
+    else kc_round_bf16(x, n);
+    return cudaSuccess;
+}
+
+cudaError_t kg_round_add(cudaStream_t s, float *c, int ldc, const float *p, int rows, int cols, int round_dtype,
+                         float beta) {
+    if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
+    if (round_dtype != KG_F32 && round_dtype != KG_F16 && round_dtype != KG_BF16)
+        return fake_error(cudaErrorInvalidValue);
+    if (rows < 0 || cols < 0 || ldc < cols) return fake_error(cudaErrorInvalidValue);
+    if (rows == 0 || cols == 0) return cudaSuccess;
+    const size_t cspan = ((size_t)(rows - 1) * (size_t)ldc + (size_t)cols) * sizeof(float);
+    const size_t pbytes = (size_t)rows * (size_t)cols * sizeof(float);
+    const fake_buf bufs[] = {{"c", c, cspan}, {"p", p, pbytes}};
+    cudaError_t e = fake_launch(__func__, s, bufs, 2);
+    if (e != cudaSuccess) return e;
+    fake_overlap(__func__, "c", c, cspan, "p", p, pbytes);
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < cols; j++) {
+            float v = p[(size_t)r * (size_t)cols + (size_t)j];
+            if (round_dtype == KG_F16) kc_round_f16(&v, 1);
+            else if (round_dtype == KG_BF16) kc_round_bf16(&v, 1);
+            float *ci = c + (size_t)r * (size_t)ldc + (size_t)j;
+            /* c is not read when beta == 0 (it may hold NaN) */
+            *ci = beta == 0.0f ? v : v + beta * *ci;
+        }
+    return cudaSuccess;
+}
+
+/* ---------------------------------------------------------- optimizers */
+
+static int fake_compute_ok(const void *compute, int compute_dtype) {
+    return !compute || fake_dt_size(compute_dtype) != 0;
+}
+
+cudaError_t kg_sgd_update(cudaStream_t s, int fdt, void *p, const void *g, void *momentum_buf, size_t n, double lr,
+                          double momentum, double dampening, int nesterov, double weight_decay, int first_step,
+                          void *compute, int compute_dtype) {
+    if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
+    if (!fake_fdt(fdt) || !fake_compute_ok(compute, compute_dtype)) return fake_error(cudaErrorInvalidValue);
+    if (n == 0) return cudaSuccess;
+    const int has_mom = fdt == KG_F32 ? (float)momentum != 0.0f : momentum != 0.0;
+    /* momentum without a buffer would silently train plain SGD */
+    if (has_mom && !momentum_buf) return fake_error(cudaErrorInvalidValue);
+    const size_t bytes = n * fake_dt_size(fdt);
+    const fake_buf bufs[] = {{"p", p, bytes},
+                             {"g", g, bytes},
+                             {"momentum_buf", momentum_buf, has_mom ? bytes : 0},
+                             {"compute", compute, compute ? n * fake_dt_size(compute_dtype) : 0}};
+    cudaError_t e = fake_launch(__func__, s, bufs, 4);
+    if (e != cudaSuccess) return e;
+    if (fdt == KG_F32)
+        kc_sgd_update(p, g, has_mom ? momentum_buf : NULL, n, (float)lr, (float)momentum, (float)dampening, nesterov,
+                      (float)weight_decay, first_step);
+    else
+        kc_sgd_update_f64(p, g, has_mom ? momentum_buf : NULL, n, lr, momentum, dampening, nesterov, weight_decay,
+                          first_step);
+    if (compute && kc_cast(compute, compute_dtype, p, fdt, n) != 0) return fake_error(cudaErrorInvalidValue);
+    return cudaSuccess;
+}
+
+cudaError_t kg_adamw_update(cudaStream_t s, int fdt, void *p, const void *g, void *m, void *v, size_t n, double lr,
+                            double beta1, double beta2, double eps, double weight_decay, int64_t step, void *compute,
+                            int compute_dtype) {
+    if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
+    if (!fake_fdt(fdt) || !fake_compute_ok(compute, compute_dtype)) return fake_error(cudaErrorInvalidValue);
+    if (n == 0) return cudaSuccess;
+    const size_t bytes = n * fake_dt_size(fdt);
+    const fake_buf bufs[] = {{"p", p, bytes},
+                             {"g", g, bytes},
+                             {"m", m, bytes},
+                             {"v", v, bytes},
+                             {"compute", compute, compute ? n * fake_dt_size(compute_dtype) : 0}};
+    cudaError_t e = fake_launch(__func__, s, bufs, 5);
+    if (e != cudaSuccess) return e;
+    if (fdt == KG_F32) kc_adamw_update_d(p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, step);
+    else kc_adamw_update_f64(p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, step);
+    if (compute && kc_cast(compute, compute_dtype, p, fdt, n) != 0) return fake_error(cudaErrorInvalidValue);
+    return cudaSuccess;
+}

@@ -1,0 +1,1153 @@
+/*
+ * test_cuda_fake.c — the cuda accelerator plugin's host logic, run on the
+ * fake CUDA build (tests/cuda_fake: the unchanged plugin sources linked with
+ * a host-memory CUDA runtime, cuBLASLt and kernels), loaded through the mock
+ * host. It covers what the entry-by-entry comparison with the cpu plugin
+ * (test_cuda_kernels, also run on this build as test_cuda_fake) does not:
+ * create() refusing a missing driver, an old one and no device, with the
+ * versions and counts in the message; configure() before use, repeated,
+ * and with a device that does not exist; the caching allocator (a freed
+ * block is reused without a new cudaMalloc and comes back zeroed; best fit
+ * within 25%; out of memory returns the cache to the driver and retries;
+ * the OOM message); host-to-device copies larger than a staging slot and
+ * than the whole ring; overlapping device-to-device copies as memmove; the
+ * row-major to column-major GEMM mapping for every transpose and leading
+ * dimension, K = 0, TF32, misaligned operands and the plan cache; gemm_ex's
+ * operand conversions and rounded epilogue (mixed float32/bfloat16 with
+ * beta = 1 and ldc > N, NaN in C with beta = 0) against an exact
+ * reference; the loss and reductions read back; failing CUDA/cuBLAS calls
+ * turned into messages; and that destroy() returns every device block,
+ * pinned buffer, stream, event and cuBLASLt object. The fake counts what
+ * the plugin asked of "the GPU" (fake_cuda_get_stats) and flags contract
+ * violations (a pointer outside device memory, an overlapping
+ * cudaMemcpyAsync, an algorithm used with the wrong alignment, a double
+ * cudaFree...); every test checks that none happened unless it expects one.
+ * The last three tests are regressions for plugin bugs this fake found (a
+ * configure() that said OK after a failed one, a failed trim corrupting the
+ * block table, entries not making their device current).
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <dlfcn.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <CUnit/Basic.h>
+
+#include "fake_cuda.h"
+#include "mockhost.h"
+
+static const kiln_plugin_desc *g_desc;
+static const kiln_accelerator_ops *g_ops;
+static fake_cuda_get_stats_fn g_stats_fn;
+
+static fake_cuda_stats stats(void) {
+    fake_cuda_stats s;
+    memset(&s, 0, sizeof s);
+    if (g_stats_fn) g_stats_fn(&s);
+    return s;
+}
+
+static const char *const fake_env_vars[] = {"KILN_FAKE_CUDA_DEVICES", "KILN_FAKE_CUDA_DRIVER",
+                                            "KILN_FAKE_CUDA_OOM_AFTER", "KILN_FAKE_CUDA_FAIL",
+                                            "KILN_FAKE_CUDA_QUIET", "CUDA_VISIBLE_DEVICES"};
+
+static void env_clear(void) {
+    for (size_t i = 0; i < sizeof fake_env_vars / sizeof fake_env_vars[0]; i++) unsetenv(fake_env_vars[i]);
+}
+
+static void env_set(const char *name, const char *value) { setenv(name, value, 1); }
+
+static void env_set_size(const char *name, size_t v) {
+    char buf[32];
+    snprintf(buf, sizeof buf, "%zu", v);
+    setenv(name, buf, 1);
+}
+
+static int suite_init(void) {
+    env_clear();
+    mh_reset();
+    const char *dir = getenv("KILN_CUDA_FAKE_DIR");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/libkiln-cuda.so", dir ? dir : ".");
+    g_desc = mh_load(path, KILN_KIND_ACCELERATOR, "cuda");
+    if (!g_desc) {
+        fprintf(stderr, "test_cuda_fake: cannot load %s\n", path);
+        return -1;
+    }
+    g_ops = g_desc->ops;
+    void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+    if (!h) return -1;
+    *(void **)&g_stats_fn = dlsym(h, FAKE_CUDA_GET_STATS);
+    dlclose(h); /* drops the reference RTLD_NOLOAD took; mh_load's stays */
+    if (!g_stats_fn) {
+        fprintf(stderr, "test_cuda_fake: %s does not export %s (not the fake build?)\n", path, FAKE_CUDA_GET_STATS);
+        return -1;
+    }
+    return 0;
+}
+
+static int suite_clean(void) {
+    env_clear();
+    mh_reset();
+    return 0;
+}
+
+/* Each test starts from a clean environment and counts its own
+ * violations. */
+static unsigned long g_violations0;
+static void test_setup(void) {
+    env_clear();
+    mh.last_error[0] = 0;
+    g_violations0 = stats().violations;
+}
+static void test_teardown(void) { env_clear(); }
+
+#define NO_VIOLATIONS()                                                                            \
+    do {                                                                                           \
+        fake_cuda_stats s_ = stats();                                                              \
+        if (s_.violations != g_violations0)                                                        \
+            fprintf(stderr, "  %lu violation(s), last: %s\n", s_.violations - g_violations0,       \
+                    s_.last_violation);                                                            \
+        CU_ASSERT_EQUAL(s_.violations, g_violations0);                                             \
+    } while (0)
+
+#define HAS(msg, part)                                                                              \
+    do {                                                                                            \
+        const int has_ = strstr((msg), (part)) != NULL;                                             \
+        if (!has_) fprintf(stderr, "  message \"%s\" lacks \"%s\"\n", (msg), (part));               \
+        CU_ASSERT_TRUE(has_);                                                                       \
+    } while (0)
+
+/* ------------------------------------------------------------- helpers */
+
+static int32_t make(const kiln_kv *cfg, kiln_instance **acc) {
+    mh.last_error[0] = 0;
+    *acc = NULL;
+    return g_ops->base.create(g_desc->plugin_ctx, mh_services(), mh_ctx(), cfg, acc);
+}
+
+/* A created and configured instance (device 0), or NULL after a failed
+ * assertion. */
+static kiln_instance *ready(const kiln_kv *cfg, const kiln_kernels **k) {
+    kiln_instance *acc = NULL;
+    int32_t rc = make(cfg, &acc);
+    CU_ASSERT_EQUAL(rc, KILN_OK);
+    if (rc != KILN_OK) {
+        fprintf(stderr, "  create: %s\n", mh.last_error);
+        return NULL;
+    }
+    rc = g_ops->configure(acc, 0, 0);
+    CU_ASSERT_EQUAL(rc, KILN_OK);
+    if (rc != KILN_OK) {
+        fprintf(stderr, "  configure: %s\n", mh.last_error);
+        g_ops->base.destroy(acc);
+        return NULL;
+    }
+    *k = g_ops->kernels(acc);
+    return acc;
+}
+
+/* A device copy of host(bytes). */
+static void *up(const kiln_kernels *k, kiln_instance *acc, const void *host, size_t bytes) {
+    void *p = NULL;
+    if (k->alloc(acc, bytes, &p) != KILN_OK) {
+        fprintf(stderr, "  alloc(%zu): %s\n", bytes, mh.last_error);
+        return NULL;
+    }
+    if (host && k->copy(acc, p, host, bytes, KILN_COPY_H2D) != KILN_OK) {
+        fprintf(stderr, "  copy H2D: %s\n", mh.last_error);
+        k->free(acc, p);
+        return NULL;
+    }
+    return p;
+}
+
+/* host(bytes) = dev(bytes) after everything queued has run. */
+static int down(const kiln_kernels *k, kiln_instance *acc, void *host, const void *dev, size_t bytes) {
+    if (k->synchronize(acc) != KILN_OK || k->copy(acc, host, dev, bytes, KILN_COPY_D2H) != KILN_OK) {
+        fprintf(stderr, "  read back: %s\n", mh.last_error);
+        return 0;
+    }
+    return 1;
+}
+
+/* Deterministic values in [-1, 1). */
+static float val(unsigned i, unsigned salt) {
+    uint32_t x = (i + 1u) * 2654435761u ^ (salt * 40503u + 0x9E37u);
+    x ^= x >> 13;
+    x *= 0x5bd1e995u;
+    x ^= x >> 15;
+    return (float)((double)(x & 0xFFFFFF) / (double)0x800000 - 1.0);
+}
+
+/* float32 -> bfloat16 bits, round to nearest even (NaN kept quiet). */
+static uint16_t bf16_bits(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if ((u & 0x7F800000u) == 0x7F800000u && (u & 0x7FFFFFu)) return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7FFFu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static float bf16_float(uint16_t b) {
+    const uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+static float round_bf16(float x) { return bf16_float(bf16_bits(x)); }
+
+/* The last destroy must leave nothing behind: device blocks, pinned
+ * buffers, streams, events and cuBLASLt objects back to `before`. */
+static void check_released(const fake_cuda_stats *before) {
+    const fake_cuda_stats a = stats();
+    CU_ASSERT_EQUAL(a.live_blocks, before->live_blocks);
+    CU_ASSERT_EQUAL(a.live_bytes, before->live_bytes);
+    CU_ASSERT_EQUAL(a.live_host_blocks, before->live_host_blocks);
+    CU_ASSERT_EQUAL(a.streams_live, before->streams_live);
+    CU_ASSERT_EQUAL(a.events_live, before->events_live);
+    CU_ASSERT_EQUAL(a.lt_handles_live, before->lt_handles_live);
+    CU_ASSERT_EQUAL(a.lt_objects_live, before->lt_objects_live);
+}
+
+static const kiln_kv cfg_none[] = {{NULL, KILN_V_NONE}};
+
+/* ============================================================ create */
+
+static void test_create_no_driver(void) {
+    env_set("KILN_FAKE_CUDA_DRIVER", "0");
+    kiln_instance *acc = NULL;
+    CU_ASSERT_EQUAL(make(NULL, &acc), KILN_E_CUDA);
+    CU_ASSERT_PTR_NULL(acc);
+    HAS(mh.last_error, "no NVIDIA driver");
+    HAS(mh.last_error, "13.0");
+    NO_VIOLATIONS();
+}
+
+static void test_create_old_driver(void) {
+    env_set("KILN_FAKE_CUDA_DRIVER", "12040");
+    kiln_instance *acc = NULL;
+    CU_ASSERT_EQUAL(make(NULL, &acc), KILN_E_VERSION);
+    CU_ASSERT_PTR_NULL(acc);
+    HAS(mh.last_error, "13.0"); /* the runtime it was built with */
+    HAS(mh.last_error, "12.4"); /* what the driver supports */
+    NO_VIOLATIONS();
+}
+
+static void test_create_no_device(void) {
+    env_set("KILN_FAKE_CUDA_DEVICES", "0");
+    env_set("CUDA_VISIBLE_DEVICES", "7");
+    kiln_instance *acc = NULL;
+    CU_ASSERT_EQUAL(make(NULL, &acc), KILN_E_CUDA);
+    CU_ASSERT_PTR_NULL(acc);
+    HAS(mh.last_error, "no CUDA device visible");
+    HAS(mh.last_error, "CUDA_VISIBLE_DEVICES=7");
+    NO_VIOLATIONS();
+}
+
+static void test_create_bad_settings(void) {
+    static const kiln_kv st0[] = {{"staging_mib", KILN_V_INT(0)}, {NULL, KILN_V_NONE}};
+    static const kiln_kv dev_neg[] = {{"device", KILN_V_INT(-2)}, {NULL, KILN_V_NONE}};
+    static const kiln_kv ws_big[] = {{"workspace_mib", KILN_V_INT(5000)}, {NULL, KILN_V_NONE}};
+    kiln_instance *acc = NULL;
+    CU_ASSERT_EQUAL(make(st0, &acc), KILN_E_CONFIG);
+    HAS(mh.last_error, "staging_mib");
+    CU_ASSERT_EQUAL(make(dev_neg, &acc), KILN_E_CONFIG);
+    HAS(mh.last_error, "device");
+    CU_ASSERT_EQUAL(make(ws_big, &acc), KILN_E_CONFIG);
+    HAS(mh.last_error, "workspace_mib");
+    CU_ASSERT_PTR_NULL(acc);
+    NO_VIOLATIONS();
+}
+
+/* ========================================================= configure */
+
+static void test_configure(void) {
+    const fake_cuda_stats before = stats();
+    kiln_instance *acc = NULL;
+    CU_ASSERT_EQUAL_FATAL(make(cfg_none, &acc), KILN_OK);
+    const kiln_kernels *k = g_ops->kernels(acc);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(k);
+    CU_ASSERT_EQUAL(k->struct_size >= KILN_KERNELS_SIZE_1_2, 1);
+    CU_ASSERT_EQUAL(k->flags & KILN_KERNELS_HOST_MEMORY, 0);
+
+    /* before configure(): refused, with the entry's name */
+    void *p = NULL;
+    CU_ASSERT_EQUAL(k->alloc(acc, 64, &p), KILN_E_STATE);
+    HAS(mh.last_error, "before configure");
+    float x = 1.0f;
+    CU_ASSERT_EQUAL(k->gemm(acc, 0, 0, 1, 1, 1, 1.0f, &x, 1, &x, 1, 0.0f, &x, 1), KILN_E_STATE);
+    HAS(mh.last_error, "gemm");
+    CU_ASSERT_EQUAL(k->synchronize(acc), KILN_E_STATE);
+    /* nothing reached the device yet */
+    CU_ASSERT_EQUAL(stats().mallocs, before.mallocs);
+
+    CU_ASSERT_EQUAL(g_ops->configure(acc, -1, 0), KILN_E_INVALID_ARG);
+    CU_ASSERT_EQUAL(g_ops->configure(acc, 0, -1), KILN_E_INVALID_ARG);
+    CU_ASSERT_EQUAL(g_ops->configure(acc, 0, 0), KILN_OK);
+    /* again on the same device: a no-op */
+    const unsigned long mallocs = stats().mallocs;
+    CU_ASSERT_EQUAL(g_ops->configure(acc, 4, 0), KILN_OK);
+    CU_ASSERT_EQUAL(stats().mallocs, mallocs);
+    CU_ASSERT_EQUAL(stats().streams_live, before.streams_live + 1);
+    /* local rank 1 of 2 devices asks for device 1: moving is refused */
+    env_set("KILN_FAKE_CUDA_DEVICES", "2");
+    CU_ASSERT_EQUAL(g_ops->configure(acc, 0, 1), KILN_E_STATE);
+    HAS(mh.last_error, "cannot move to device 1");
+    /* and with one device, local rank 1 is device 0 again */
+    env_clear();
+    CU_ASSERT_EQUAL(g_ops->configure(acc, 0, 1), KILN_OK);
+
+    CU_ASSERT_EQUAL(k->alloc(acc, 64, &p), KILN_OK);
+    CU_ASSERT_EQUAL((uintptr_t)p % 256, 0);
+    k->free(acc, p);
+    k->free(acc, NULL);
+    g_ops->base.destroy(acc);
+    check_released(&before);
+    NO_VIOLATIONS();
+}
+
+static void test_configure_missing_device(void) {
+    static const kiln_kv dev5[] = {{"device", KILN_V_INT(5)}, {NULL, KILN_V_NONE}};
+    const fake_cuda_stats before = stats();
+    kiln_instance *acc = NULL;
+    CU_ASSERT_EQUAL_FATAL(make(dev5, &acc), KILN_OK); /* the device is chosen in configure() */
+    CU_ASSERT_EQUAL(g_ops->configure(acc, 0, 0), KILN_E_CONFIG);
+    HAS(mh.last_error, "device 5");
+    HAS(mh.last_error, "only 1 device is visible");
+    g_ops->base.destroy(acc);
+    /* two devices: the message counts them */
+    env_set("KILN_FAKE_CUDA_DEVICES", "2");
+    CU_ASSERT_EQUAL_FATAL(make(dev5, &acc), KILN_OK);
+    CU_ASSERT_EQUAL(g_ops->configure(acc, 0, 0), KILN_E_CONFIG);
+    HAS(mh.last_error, "only 2 devices are visible (0..1)");
+    g_ops->base.destroy(acc);
+    check_released(&before);
+    NO_VIOLATIONS();
+}
+
+/* A configure() whose setup fails (here the pinned result buffer) reports
+ * the call, and destroy() still releases what was set up. */
+static void test_configure_failure_releases(void) {
+    const fake_cuda_stats before = stats();
+    kiln_instance *acc = NULL;
+    CU_ASSERT_EQUAL_FATAL(make(NULL, &acc), KILN_OK);
+    env_set("KILN_FAKE_CUDA_FAIL", "cudaHostAlloc");
+    CU_ASSERT_EQUAL(g_ops->configure(acc, 0, 0), KILN_E_NOMEM);
+    HAS(mh.last_error, "cudaHostAlloc");
+    HAS(mh.last_error, "cudaErrorMemoryAllocation");
+    env_clear();
+    g_ops->base.destroy(acc);
+    check_released(&before);
+    NO_VIOLATIONS();
+}
+
+/* ========================================================= allocator */
+
+static void test_alloc_reuse(void) {
+    const kiln_kernels *k = NULL;
+    kiln_instance *acc = ready(NULL, &k);
+    if (!acc) return;
+    fake_cuda_stats s0 = stats();
+    unsigned char host[1000];
+    memset(host, 0xAB, sizeof host);
+    void *p = up(k, acc, host, sizeof host);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+    CU_ASSERT_EQUAL(stats().mallocs, s0.mallocs + 1);
+    k->free(acc, p);
+
+    /* the same size (and one that rounds to the same 1024 bytes): the cached
+     * block, no cudaMalloc, zero-filled although it was dirtied */
+    for (int round = 0; round < 2; round++) {
+        void *q = NULL;
+        CU_ASSERT_EQUAL_FATAL(k->alloc(acc, round ? 900 : 1000, &q), KILN_OK);
+        CU_ASSERT_PTR_EQUAL(q, p);
+        CU_ASSERT_EQUAL(stats().mallocs, s0.mallocs + 1);
+        unsigned char back[1000];
+        memset(back, 0x55, sizeof back);
+        CU_ASSERT_TRUE(down(k, acc, back, q, sizeof back));
+        size_t nonzero = 0;
+        for (size_t i = 0; i < sizeof back; i++) nonzero += back[i] != 0;
+        CU_ASSERT_EQUAL(nonzero, 0);
+        CU_ASSERT_EQUAL(k->copy(acc, q, host, sizeof host, KILN_COPY_H2D), KILN_OK);
+        k->free(acc, q);
+    }
+    /* best fit within 25%: a cached 1024-byte block does not serve 2000
+     * bytes, and a cached 4096-byte block does not serve 1024 */
+    void *big = NULL, *small = NULL;
+    CU_ASSERT_EQUAL(k->alloc(acc, 2000, &big), KILN_OK);
+    CU_ASSERT_PTR_NOT_EQUAL(big, p);
+    CU_ASSERT_EQUAL(stats().mallocs, s0.mallocs + 2);
+    k->free(acc, big);
+    CU_ASSERT_EQUAL(k->alloc(acc, 4096, &big), KILN_OK);
+    CU_ASSERT_EQUAL(stats().mallocs, s0.mallocs + 3);
+    k->free(acc, big);
+    CU_ASSERT_EQUAL(k->alloc(acc, 1024, &small), KILN_OK);
+    CU_ASSERT_PTR_EQUAL(small, p);
+    CU_ASSERT_EQUAL(stats().mallocs, s0.mallocs + 3);
+    k->free(acc, small);
+    /* a pointer it never gave out: a warning, nothing freed */
+    unsigned char other[8];
+    const unsigned long frees = stats().frees;
+    k->free(acc, other);
+    CU_ASSERT_EQUAL(stats().frees, frees);
+    g_ops->base.destroy(acc);
+    NO_VIOLATIONS();
+}
+
+static void test_alloc_oom(void) {
+    const kiln_kernels *k = NULL;
+    kiln_instance *acc = ready(NULL, &k);
+    if (!acc) return;
+    const size_t mib = (size_t)1 << 20;
+    void *a = NULL, *b = NULL, *c = NULL;
+    CU_ASSERT_EQUAL_FATAL(k->alloc(acc, 4 * mib, &a), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(k->alloc(acc, 4 * mib, &b), KILN_OK);
+    k->free(acc, a);
+    k->free(acc, b);
+    /* 8 MiB cached; capacity leaves 5 MiB beyond what is allocated, so a
+     * 6 MiB block fits only once the cache has gone back to the driver */
+    fake_cuda_stats s0 = stats();
+    env_set_size("KILN_FAKE_CUDA_OOM_AFTER", s0.live_bytes + 5 * mib);
+    CU_ASSERT_EQUAL(k->alloc(acc, 6 * mib, &c), KILN_OK);
+    fake_cuda_stats s1 = stats();
+    CU_ASSERT_EQUAL(s1.malloc_failures, s0.malloc_failures + 1);
+    CU_ASSERT_EQUAL(s1.frees, s0.frees + 2);
+    CU_ASSERT_EQUAL(s1.mallocs, s0.mallocs + 1);
+    /* the new block works */
+    unsigned char one = 1, back = 0;
+    CU_ASSERT_EQUAL(k->copy(acc, (char *)c + 6 * mib - 1, &one, 1, KILN_COPY_H2D), KILN_OK);
+    CU_ASSERT_TRUE(down(k, acc, &back, (char *)c + 6 * mib - 1, 1));
+    CU_ASSERT_EQUAL(back, 1);
+    /* nothing cached any more: a plain out-of-memory, with the numbers */
+    void *d = NULL;
+    mh.last_error[0] = 0;
+    CU_ASSERT_EQUAL(k->alloc(acc, 64 * mib, &d), KILN_E_NOMEM);
+    CU_ASSERT_PTR_NULL(d);
+    HAS(mh.last_error, "cudaMalloc(67108864 bytes) failed on device 0");
+    HAS(mh.last_error, "out of memory");
+    HAS(mh.last_error, "MiB free of");
+    HAS(mh.last_error, "held by kiln");
+    /* absurd sizes are refused without asking the driver */
+    CU_ASSERT_EQUAL(k->alloc(acc, SIZE_MAX - 100, &d), KILN_E_NOMEM);
+    env_clear();
+    k->free(acc, c);
+    g_ops->base.destroy(acc);
+    NO_VIOLATIONS();
+}
+
+/* ============================================================ copies */
+
+static void test_staging(void) {
+    static const kiln_kv st1[] = {{"staging_mib", KILN_V_INT(1)}, {NULL, KILN_V_NONE}};
+    const fake_cuda_stats before = stats();
+    const kiln_kernels *k = NULL;
+    kiln_instance *acc = ready(st1, &k);
+    if (!acc) return;
+    const size_t sizes[] = {(size_t)7 << 19 /* 3.5 MiB: 4 slots */, (size_t)13 << 19 /* 6.5 MiB: 7, reuses */};
+    for (int t = 0; t < 2; t++) {
+        const size_t n = sizes[t];
+        unsigned char *h1 = malloc(n), *h2 = malloc(n), *back = malloc(n);
+        CU_ASSERT_FATAL(h1 && h2 && back);
+        for (size_t i = 0; i < n; i++) {
+            h1[i] = (unsigned char)(i * 7u + (i >> 12) + (unsigned)t);
+            h2[i] = (unsigned char)(i * 13u + 5u + (i >> 10));
+        }
+        const unsigned long pinned0 = stats().h2d_async_pinned;
+        /* two copies back to back, nothing waited for in between: the
+         * second reuses slots the first may still be reading */
+        void *d1 = up(k, acc, h1, n), *d2 = up(k, acc, h2, n);
+        CU_ASSERT_FATAL(d1 && d2);
+        /* the host buffers may change as soon as copy() returns */
+        memset(h1, 0, n);
+        /* a device-to-host copy waits for the queued work by itself */
+        CU_ASSERT_EQUAL(k->copy(acc, back, d2, n, KILN_COPY_D2H), KILN_OK);
+        CU_ASSERT_EQUAL(memcmp(back, h2, n), 0);
+        CU_ASSERT(stats().h2d_async_pinned >= pinned0 + 2 * ((n + ((size_t)1 << 20) - 1) >> 20));
+        CU_ASSERT_TRUE(down(k, acc, back, d2, n));
+        CU_ASSERT_EQUAL(memcmp(back, h2, n), 0);
+        for (size_t i = 0; i < n; i++) h1[i] = (unsigned char)(i * 7u + (i >> 12) + (unsigned)t);
+        CU_ASSERT_TRUE(down(k, acc, back, d1, n));
+        CU_ASSERT_EQUAL(memcmp(back, h1, n), 0);
+        k->free(acc, d1);
+        k->free(acc, d2);
+        free(h1), free(h2), free(back);
+    }
+    /* the ring is 4 pinned slots of staging_mib each, plus the result buffer */
+    CU_ASSERT_EQUAL(stats().live_host_blocks, before.live_host_blocks + 5);
+    g_ops->base.destroy(acc);
+    check_released(&before);
+    NO_VIOLATIONS();
+}
+
+static void test_copy_overlap(void) {
+    const kiln_kernels *k = NULL;
+    kiln_instance *acc = ready(NULL, &k);
+    if (!acc) return;
+    float h[1024], back[1024], want[1024];
+    for (int i = 0; i < 1024; i++) h[i] = (float)i;
+    float *d = up(k, acc, h, sizeof h);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(d);
+    /* forward overlap: dst after src */
+    CU_ASSERT_EQUAL(k->copy(acc, d + 16, d, 512 * sizeof(float), KILN_COPY_D2D), KILN_OK);
+    memcpy(want, h, sizeof want);
+    memmove(want + 16, want, 512 * sizeof(float));
+    CU_ASSERT_TRUE(down(k, acc, back, d, sizeof back));
+    CU_ASSERT_EQUAL(memcmp(back, want, sizeof want), 0);
+    /* backward overlap: dst before src */
+    CU_ASSERT_EQUAL(k->copy(acc, d + 3, d + 200, 700 * sizeof(float), KILN_COPY_D2D), KILN_OK);
+    memmove(want + 3, want + 200, 700 * sizeof(float));
+    CU_ASSERT_TRUE(down(k, acc, back, d, sizeof back));
+    CU_ASSERT_EQUAL(memcmp(back, want, sizeof want), 0);
+    /* dst == src, zero bytes, bad kind, NULL */
+    CU_ASSERT_EQUAL(k->copy(acc, d, d, sizeof h, KILN_COPY_D2D), KILN_OK);
+    CU_ASSERT_EQUAL(k->copy(acc, d, NULL, 0, KILN_COPY_D2D), KILN_OK);
+    CU_ASSERT_EQUAL(k->copy(acc, d, h, 4, 3), KILN_E_INVALID_ARG);
+    CU_ASSERT_EQUAL(k->copy(acc, NULL, h, 4, KILN_COPY_H2D), KILN_E_INVALID_ARG);
+    /* zero() */
+    CU_ASSERT_EQUAL(k->zero(acc, d + 10, 5 * sizeof(float)), KILN_OK);
+    memset(want + 10, 0, 5 * sizeof(float));
+    CU_ASSERT_TRUE(down(k, acc, back, d, sizeof back));
+    CU_ASSERT_EQUAL(memcmp(back, want, sizeof want), 0);
+    k->free(acc, d);
+    g_ops->base.destroy(acc);
+    NO_VIOLATIONS();
+}
+
+/* ============================================================= GEMMs */
+
+/* C(M,N; ldc) = alpha op(A) op(B) + beta C, row-major, in double. */
+static void ref_gemm(int ta, int tb, int M, int N, int K, double alpha, const float *A, int lda, const float *B,
+                     int ldb, double beta, const float *C, int ldc, double *out) {
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double acc = 0.0;
+            for (int p = 0; p < K; p++) {
+                const double a = ta ? A[(size_t)p * lda + i] : A[(size_t)i * lda + p];
+                const double b = tb ? B[(size_t)j * ldb + p] : B[(size_t)p * ldb + j];
+                acc += a * b;
+            }
+            out[(size_t)i * ldc + j] = alpha * acc + (beta != 0.0 ? beta * C[(size_t)i * ldc + j] : 0.0);
+        }
+}
+
+static void test_gemm_mapping(void) {
+    const kiln_kernels *k = NULL;
+    kiln_instance *acc = ready(NULL, &k);
+    if (!acc) return;
+    const int M = 5, N = 7, K = 3;
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++)
+            for (int pad = 0; pad < 2; pad++) {
+                const int lda = (ta ? M : K) + 2 * pad, ldb = (tb ? K : N) + 3 * pad, ldc = N + pad;
+                const int arows = ta ? K : M, brows = tb ? N : K;
+                float A[64], B[64], C[64], out[64];
+                double want[64];
+                for (int i = 0; i < 64; i++) A[i] = val(i, 1), B[i] = val(i, 2), C[i] = val(i, 3);
+                const size_t na = (size_t)arows * lda, nb = (size_t)brows * ldb, nc = (size_t)M * ldc;
+                float *dA = up(k, acc, A, na * 4), *dB = up(k, acc, B, nb * 4), *dC = up(k, acc, C, nc * 4);
+                CU_ASSERT_FATAL(dA && dB && dC);
+                int32_t rc = k->gemm(acc, ta, tb, M, N, K, 0.5f, dA, lda, dB, ldb, 0.25f, dC, ldc);
+                CU_ASSERT_EQUAL(rc, KILN_OK);
+                if (rc != KILN_OK) fprintf(stderr, "  gemm ta=%d tb=%d pad=%d: %s\n", ta, tb, pad, mh.last_error);
+                CU_ASSERT_TRUE(down(k, acc, out, dC, nc * 4));
+                ref_gemm(ta, tb, M, N, K, 0.5, A, lda, B, ldb, 0.25, C, ldc, want);
+                int bad = 0;
+                for (int i = 0; i < M; i++)
+                    for (int j = 0; j < ldc; j++) {
+                        const size_t x = (size_t)i * ldc + j;
+                        /* the padding of C is never touched */
+                        if (j >= N) bad += out[x] != C[x];
+                        else bad += fabs(out[x] - want[x]) > 1e-6 * (1.0 + fabs(want[x]));
+                    }
+                CU_ASSERT_EQUAL(bad, 0);
+                if (bad) fprintf(stderr, "  gemm ta=%d tb=%d pad=%d: %d wrong\n", ta, tb, pad, bad);
+                k->free(acc, dA), k->free(acc, dB), k->free(acc, dC);
+            }
+    /* leading dimensions are checked row-major */
+    float *d = NULL;
+    CU_ASSERT_EQUAL(k->alloc(acc, 4096, (void **)&d), KILN_OK);
+    CU_ASSERT_EQUAL(k->gemm(acc, 0, 0, M, N, K, 1.0f, d, K - 1, d, N, 0.0f, d, N), KILN_E_INVALID_ARG);
+    HAS(mh.last_error, "lda");
+    CU_ASSERT_EQUAL(k->gemm(acc, 0, 1, M, N, K, 1.0f, d, K, d, K - 1, 0.0f, d, N), KILN_E_INVALID_ARG);
+    HAS(mh.last_error, "ldb");
+    CU_ASSERT_EQUAL(k->gemm(acc, 0, 0, M, N, K, 1.0f, d, K, d, N, 0.0f, d, N - 1), KILN_E_INVALID_ARG);
+    HAS(mh.last_error, "ldc");
+    CU_ASSERT_EQUAL(k->gemm(acc, 0, 0, -1, N, K, 1.0f, d, K, d, N, 0.0f, d, N), KILN_E_INVALID_ARG);
+    CU_ASSERT_EQUAL(k->gemm(acc, 0, 0, 0, N, K, 1.0f, NULL, K, NULL, N, 0.0f, NULL, N), KILN_OK);
+    k->free(acc, d);
+    g_ops->base.destroy(acc);
+    NO_VIOLATIONS();
+}
+
+/* K == 0: C = beta * C (no cuBLASLt call), beta == 0 clears NaN; the padding
+ * of C stays. */
+static void test_gemm_k0(void) {
+    const kiln_kernels *k = NULL;
+    kiln_instance *acc = ready(NULL, &k);
+    if (!acc) return;
+    const int M = 3, N = 4, ldc = 6;
+    float C[18], out[18];
+    for (int i = 0; i < 18; i++) C[i] = (i % 5 == 0) ? NAN : (float)i;
+    float *dC = up(k, acc, C, sizeof C);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(dC);
+    const unsigned long matmuls = stats().matmuls;
+    CU_ASSERT_EQUAL(k->gemm(acc, 0, 0, M, N, 0, 1.0f, NULL, 1, NULL, N, 0.0f, dC, ldc), KILN_OK);
+    CU_ASSERT_TRUE(down(k, acc, out, dC, sizeof out));
+    int bad = 0;
+    for (int i = 0; i < 18; i++) {
+        const int in = i % ldc < N;
+        bad += in ? out[i] != 0.0f : !(out[i] == C[i] || (isnan(out[i]) && isnan(C[i])));
+    }
+    CU_ASSERT_EQUAL(bad, 0);
+    for (int i = 0; i < 18; i++) C[i] = (float)(i + 1);
+    CU_ASSERT_EQUAL(k->copy(acc, dC, C, sizeof C, KILN_COPY_H2D), KILN_OK);
+    CU_ASSERT_EQUAL(k->gemm(acc, 1, 1, M, N, 0, 1.0f, NULL, M, NULL, 1, 0.5f, dC, ldc), KILN_OK);
+    CU_ASSERT_TRUE(down(k, acc, out, dC, sizeof out));
+    bad = 0;
+    for (int i = 0; i < 18; i++) bad += out[i] != (i % ldc < N ? 0.5f * C[i] : C[i]);
+    CU_ASSERT_EQUAL(bad, 0);
+    CU_ASSERT_EQUAL(stats().matmuls, matmuls);
+    k->free(acc, dC);
+    g_ops->base.destroy(acc);
+    NO_VIOLATIONS();
+}
+
+/* tf32 = true runs float32 GEMMs with TF32 inputs (10 mantissa bits): 1 +
+ * 2^-20 becomes 1. 16-bit operands never take the TF32 path. */
+static void test_gemm_tf32(void) {
+    static const kiln_kv tf[] = {{"tf32", KILN_V_BOOL(1)}, {NULL, KILN_V_NONE}};
+    for (int t = 0; t < 2; t++) {
+        const kiln_kernels *k = NULL;
+        kiln_instance *acc = ready(t ? tf : NULL, &k);
+        if (!acc) return;
+        const float a = 1.0f + 0x1p-20f, b = 1.0f;
+        float out = 0.0f;
+        float *dA = up(k, acc, &a, 4), *dB = up(k, acc, &b, 4), *dC = up(k, acc, NULL, 4);
+        CU_ASSERT_FATAL(dA && dB && dC);
+        CU_ASSERT_EQUAL(k->gemm(acc, 0, 0, 1, 1, 1, 1.0f, dA, 1, dB, 1, 0.0f, dC, 1), KILN_OK);
+        CU_ASSERT_TRUE(down(k, acc, &out, dC, 4));
+        CU_ASSERT_EQUAL(out, t ? 1.0f : a);
+        uint16_t h = 0x3C00; /* 1.0 in fp16 */
+        uint16_t *dH = up(k, acc, &h, 2);
+        CU_ASSERT_EQUAL(k->gemm_ex(acc, 0, 0, 1, 1, 1, 1.0, dH, KILN_DTYPE_F16, 1, dH, KILN_DTYPE_F16, 1, 0.0, dC,
+                                   KILN_DTYPE_F32, 1, KILN_DTYPE_F32),
+                        KILN_OK);
+        CU_ASSERT_TRUE(down(k, acc, &out, dC, 4));
+        CU_ASSERT_EQUAL(out, 1.0f);
+        k->free(acc, dA), k->free(acc, dB), k->free(acc, dC), k->free(acc, dH);
+        g_ops->base.destroy(acc);
+    }
+    NO_VIOLATIONS();
+}
+
+/* Operands that are views at odd offsets: the plan's alignment follows the
+ * pointers (a plan chosen for 256-byte operands refuses 4-byte ones). */
+static void test_gemm_alignment_and_plans(void) {
+    const kiln_kernels *k = NULL;
+    kiln_instance *acc = ready(NULL, &k);
+    if (!acc) return;
+    static float h[1024];
+    float out[64];
+    double want[64];
+    for (int i = 0; i < 1024; i++) h[i] = val(i, 9);
+    float *d = up(k, acc, h, sizeof h), *dC = up(k, acc, NULL, sizeof out);
+    CU_ASSERT_FATAL(d && dC);
+    const fake_cuda_stats s0 = stats();
+    CU_ASSERT_EQUAL(k->gemm(acc, 0, 0, 4, 4, 4, 1.0f, d, 4, d + 64, 4, 0.0f, dC, 4), KILN_OK);
+    for (int off = 1; off < 4; off++) {
+        CU_ASSERT_EQUAL(k->gemm(acc, 0, 0, 4, 4, 4, 1.0f, d + off, 4, d + 64, 4, 0.0f, dC, 4), KILN_OK);
+        CU_ASSERT_TRUE(down(k, acc, out, dC, 16 * 4));
+        ref_gemm(0, 0, 4, 4, 4, 1.0, h + off, 4, h + 64, 4, 0.0, out, 4, want);
+        int bad = 0;
+        for (int i = 0; i < 16; i++) bad += fabs(out[i] - want[i]) > 1e-6;
+        CU_ASSERT_EQUAL(bad, 0);
+    }
+    /* the same shape and alignment again: a cached plan, no heuristic */
+    const unsigned long heur = stats().heuristics;
+    CU_ASSERT_EQUAL(k->gemm(acc, 0, 0, 4, 4, 4, 1.0f, d, 4, d + 64, 4, 0.0f, dC, 4), KILN_OK);
+    CU_ASSERT_EQUAL(stats().heuristics, heur);
+    CU_ASSERT(heur >= s0.heuristics + 2);
+    /* more shapes than the cache holds (64): old plans are evicted and
+     * destroyed, the first shape is planned again and still right */
+    for (int n = 1; n <= 70; n++) {
+        const int cols = n % 8 + 1; /* B(n, cols) fits in the 1024 floats */
+        CU_ASSERT_EQUAL(k->gemm(acc, 0, 0, 1, cols, n, 1.0f, d, n, d, cols, 0.0f, dC, cols), KILN_OK);
+    }
+    CU_ASSERT(stats().lt_objects_live <= s0.lt_objects_live + 64 * 4 + 4);
+    CU_ASSERT_EQUAL(k->gemm(acc, 0, 0, 4, 4, 4, 1.0f, d, 4, d + 64, 4, 0.0f, dC, 4), KILN_OK);
+    CU_ASSERT_TRUE(down(k, acc, out, dC, 16 * 4));
+    ref_gemm(0, 0, 4, 4, 4, 1.0, h, 4, h + 64, 4, 0.0, out, 4, want);
+    int bad = 0;
+    for (int i = 0; i < 16; i++) bad += fabs(out[i] - want[i]) > 1e-6;
+    CU_ASSERT_EQUAL(bad, 0);
+    k->free(acc, d), k->free(acc, dC);
+    g_ops->base.destroy(acc);
+    NO_VIOLATIONS();
+}
+
+/* No cuBLASLt workspace at all (workspace_mib = 0) still multiplies. */
+static void test_gemm_no_workspace(void) {
+    static const kiln_kv ws0[] = {{"workspace_mib", KILN_V_INT(0)}, {NULL, KILN_V_NONE}};
+    const kiln_kernels *k = NULL;
+    kiln_instance *acc = ready(ws0, &k);
+    if (!acc) return;
+    float A[6] = {1, 2, 3, 4, 5, 6}, B[6] = {1, 0, 0, 1, 1, 1}, out[4];
+    float *dA = up(k, acc, A, sizeof A), *dB = up(k, acc, B, sizeof B), *dC = up(k, acc, NULL, sizeof out);
+    CU_ASSERT_FATAL(dA && dB && dC);
+    /* (2x3) (3x2) */
+    CU_ASSERT_EQUAL(k->gemm(acc, 0, 0, 2, 2, 3, 1.0f, dA, 3, dB, 2, 0.0f, dC, 2), KILN_OK);
+    CU_ASSERT_TRUE(down(k, acc, out, dC, sizeof out));
+    CU_ASSERT(out[0] == 4.0f && out[1] == 5.0f && out[2] == 10.0f && out[3] == 11.0f);
+    k->free(acc, dA), k->free(acc, dB), k->free(acc, dC);
+    g_ops->base.destroy(acc);
+    NO_VIOLATIONS();
+}
+
+/* gemm_ex, float32 A (values bfloat16 can hold, as mixed precision passes
+ * them) with bfloat16 B and the other way round, round_dtype bfloat16:
+ * C = bf16(fp32(alpha op(A) op(B))) + beta C with beta = 1 and ldc > N, the
+ * padding untouched; then beta = 0 over NaN, with ldc > N (product in
+ * scratch) and ldc == N (rounded in place). Exact: the reference takes the
+ * same exact products and sums them in the same order. */
+static void test_gemm_ex_mixed_bf16(void) {
+    const kiln_kernels *k = NULL;
+    kiln_instance *acc = ready(NULL, &k);
+    if (!acc) return;
+    const int M = 6, N = 5, K = 9;
+    for (int variant = 0; variant < 4; variant++) {
+        const int a_is_f32 = variant < 2, ta = variant & 1, tb = !(variant & 1);
+        const int lda = (ta ? M : K) + 1, ldb = (tb ? K : N) + 2, ldc = N + 3;
+        const size_t na = (size_t)(ta ? K : M) * lda, nb = (size_t)(tb ? N : K) * ldb, nc = (size_t)M * ldc;
+        float af[128], bf[128], C[64], out[64], want[64];
+        uint16_t a16[128], b16[128];
+        for (size_t i = 0; i < 128; i++) {
+            /* bfloat16-representable values for the float32 operand */
+            af[i] = round_bf16(val((unsigned)i, 11) * 3.0f);
+            bf[i] = round_bf16(val((unsigned)i, 12) * 2.0f);
+            a16[i] = bf16_bits(af[i]);
+            b16[i] = bf16_bits(bf[i]);
+        }
+        for (size_t i = 0; i < nc; i++) C[i] = val((unsigned)i, 13);
+        const void *hA = a_is_f32 ? (const void *)af : (const void *)a16;
+        const void *hB = a_is_f32 ? (const void *)b16 : (const void *)bf;
+        const uint32_t at = a_is_f32 ? KILN_DTYPE_F32 : KILN_DTYPE_BF16;
+        const uint32_t bt = a_is_f32 ? KILN_DTYPE_BF16 : KILN_DTYPE_F32;
+        void *dA = up(k, acc, hA, na * kiln_dtype_size(at)), *dB = up(k, acc, hB, nb * kiln_dtype_size(bt));
+        float *dC = up(k, acc, C, nc * 4);
+        CU_ASSERT_FATAL(dA && dB && dC);
+        const double alpha = 0.75;
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < ldc; j++) {
+                const size_t x = (size_t)i * ldc + j;
+                if (j >= N) {
+                    want[x] = C[x];
+                    continue;
+                }
+                double s = 0.0;
+                for (int p = 0; p < K; p++) {
+                    const double a = ta ? af[(size_t)p * lda + i] : af[(size_t)i * lda + p];
+                    const double b = tb ? bf[(size_t)j * ldb + p] : bf[(size_t)p * ldb + j];
+                    s += a * b;
+                }
+                want[x] = round_bf16((float)(alpha * s)) + 1.0f * C[x];
+            }
+        int32_t rc = k->gemm_ex(acc, ta, tb, M, N, K, alpha, dA, at, lda, dB, bt, ldb, 1.0, dC, KILN_DTYPE_F32, ldc,
+                                KILN_DTYPE_BF16);
+        CU_ASSERT_EQUAL(rc, KILN_OK);
+        if (rc != KILN_OK) fprintf(stderr, "  gemm_ex variant %d: %s\n", variant, mh.last_error);
+        CU_ASSERT_TRUE(down(k, acc, out, dC, nc * 4));
+        int bad = 0;
+        for (size_t i = 0; i < nc; i++) bad += out[i] != want[i];
+        CU_ASSERT_EQUAL(bad, 0);
+        if (bad) fprintf(stderr, "  gemm_ex mixed variant %d: %d of %zu differ\n", variant, bad, nc);
+
+        /* beta = 0 over NaN: not read, in both epilogues */
+        for (int in_place = 0; in_place < 2; in_place++) {
+            const int ldc2 = in_place ? N : ldc;
+            float nanC[64];
+            for (int i = 0; i < 64; i++) nanC[i] = NAN;
+            CU_ASSERT_EQUAL(k->copy(acc, dC, nanC, (size_t)M * ldc2 * 4, KILN_COPY_H2D), KILN_OK);
+            CU_ASSERT_EQUAL(k->gemm_ex(acc, ta, tb, M, N, K, alpha, dA, at, lda, dB, bt, ldb, 0.0, dC,
+                                       KILN_DTYPE_F32, ldc2, KILN_DTYPE_BF16),
+                            KILN_OK);
+            CU_ASSERT_TRUE(down(k, acc, out, dC, (size_t)M * ldc2 * 4));
+            /* exactly the rounded product */
+            int exact_bad = 0;
+            for (int i = 0; i < M; i++)
+                for (int j = 0; j < N; j++) {
+                    double s = 0.0;
+                    for (int p = 0; p < K; p++) {
+                        const double a = ta ? af[(size_t)p * lda + i] : af[(size_t)i * lda + p];
+                        const double b = tb ? bf[(size_t)j * ldb + p] : bf[(size_t)p * ldb + j];
+                        s += a * b;
+                    }
+                    exact_bad += out[(size_t)i * ldc2 + j] != round_bf16((float)(alpha * s));
+                }
+            CU_ASSERT_EQUAL(exact_bad, 0);
+            if (exact_bad) fprintf(stderr, "  gemm_ex mixed variant %d, beta 0, ldc %d: %d differ\n", variant, ldc2, exact_bad);
+        }
+        k->free(acc, dA), k->free(acc, dB), k->free(acc, dC);
+    }
+    /* dtype checks */
+    CU_ASSERT_EQUAL(k->gemm_ex(acc, 0, 0, 1, 1, 1, 1.0, NULL, KILN_DTYPE_F64, 1, NULL, KILN_DTYPE_F32, 1, 0.0, NULL,
+                               KILN_DTYPE_F32, 1, KILN_DTYPE_F32),
+                    KILN_E_INVALID_ARG);
+    CU_ASSERT_EQUAL(k->gemm_ex(acc, 0, 0, 1, 1, 1, 1.0, NULL, KILN_DTYPE_F64, 1, NULL, KILN_DTYPE_F64, 1, 0.0, NULL,
+                               KILN_DTYPE_F64, 1, KILN_DTYPE_BF16),
+                    KILN_E_INVALID_ARG);
+    g_ops->base.destroy(acc);
+    NO_VIOLATIONS();
+}
+
+/* gemm_ex in float64 and with two different 16-bit dtypes (both widened to
+ * float32), against double references. */
+static void test_gemm_ex_f64_and_f16_bf16(void) {
+    const kiln_kernels *k = NULL;
+    kiln_instance *acc = ready(NULL, &k);
+    if (!acc) return;
+    const int M = 4, N = 3, K = 5;
+    double A[32], B[32], C[16], out[16];
+    for (int i = 0; i < 32; i++) A[i] = val(i, 21) * 1.1, B[i] = val(i, 22) * 0.9;
+    for (int i = 0; i < 16; i++) C[i] = val(i, 23);
+    double *dA = up(k, acc, A, sizeof A), *dB = up(k, acc, B, sizeof B), *dC = up(k, acc, C, sizeof C);
+    CU_ASSERT_FATAL(dA && dB && dC);
+    CU_ASSERT_EQUAL(k->gemm_ex(acc, 1, 0, M, N, K, 2.0, dA, KILN_DTYPE_F64, M, dB, KILN_DTYPE_F64, N, -1.0, dC,
+                               KILN_DTYPE_F64, N, KILN_DTYPE_F64),
+                    KILN_OK);
+    CU_ASSERT_TRUE(down(k, acc, out, dC, (size_t)M * N * 8));
+    int bad = 0;
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double s = 0.0;
+            for (int p = 0; p < K; p++) s += A[p * M + i] * B[p * N + j];
+            const double w = 2.0 * s - C[i * N + j];
+            bad += fabs(out[i * N + j] - w) > 1e-14;
+        }
+    CU_ASSERT_EQUAL(bad, 0);
+    /* fp16 A, bf16 B, rounded to fp16 */
+    uint16_t h[32], b[32];
+    float hf[32], bfl[32], outf[16];
+    for (int i = 0; i < 32; i++) {
+        hf[i] = (float)(int)(val(i, 31) * 16.0f) / 16.0f; /* exact in fp16 and bf16 */
+        bfl[i] = (float)(int)(val(i, 32) * 8.0f) / 8.0f;
+        h[i] = 0; /* fp16 bits of hf */
+        {
+            const float v = hf[i];
+            if (v == 0.0f) h[i] = 0;
+            else {
+                int e;
+                const float f = frexpf(fabsf(v), &e); /* v = f 2^e, f in [0.5,1) */
+                const unsigned mant = (unsigned)ldexpf(f, 11) - 1024u;
+                h[i] = (uint16_t)((v < 0 ? 0x8000u : 0u) | ((unsigned)(e - 1 + 15) << 10) | mant);
+            }
+        }
+        b[i] = bf16_bits(bfl[i]);
+    }
+    uint16_t *dH = up(k, acc, h, sizeof h), *dBb = up(k, acc, b, sizeof b);
+    float *dCf = up(k, acc, NULL, 16 * 4);
+    CU_ASSERT_FATAL(dH && dBb && dCf);
+    CU_ASSERT_EQUAL(k->gemm_ex(acc, 0, 1, M, N, K, 1.0, dH, KILN_DTYPE_F16, K, dBb, KILN_DTYPE_BF16, K, 0.0, dCf,
+                               KILN_DTYPE_F32, N, KILN_DTYPE_F32),
+                    KILN_OK);
+    CU_ASSERT_TRUE(down(k, acc, outf, dCf, (size_t)M * N * 4));
+    bad = 0;
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double s = 0.0;
+            for (int p = 0; p < K; p++) s += (double)hf[i * K + p] * bfl[j * K + p];
+            bad += outf[i * N + j] != (float)s;
+        }
+    CU_ASSERT_EQUAL(bad, 0);
+    k->free(acc, dA), k->free(acc, dB), k->free(acc, dC), k->free(acc, dH), k->free(acc, dBb), k->free(acc, dCf);
+    g_ops->base.destroy(acc);
+    NO_VIOLATIONS();
+}
+
+/* ================================================= loss, reductions */
+
+static void test_loss_and_reductions(void) {
+    const kiln_kernels *k = NULL;
+    kiln_instance *acc = ready(NULL, &k);
+    if (!acc) return;
+    enum { B = 5, C = 4 };
+    float logits[B * C], probs[B * C];
+    int32_t labels[B] = {0, 3, 1, 2, 3};
+    for (int i = 0; i < B * C; i++) logits[i] = val(i, 41) * 3.0f;
+    float *dl = up(k, acc, logits, sizeof logits), *dp = up(k, acc, NULL, sizeof probs);
+    int32_t *dy = up(k, acc, labels, sizeof labels);
+    CU_ASSERT_FATAL(dl && dp && dy);
+    float loss = -1.0f;
+    int32_t correct = -1;
+    CU_ASSERT_EQUAL(k->softmax_xent_forward(acc, dp, dl, dy, B, C, &loss, &correct), KILN_OK);
+    double want = 0.0;
+    int want_correct = 0;
+    for (int r = 0; r < B; r++) {
+        double mx = logits[r * C], s = 0.0;
+        int arg = 0;
+        for (int j = 1; j < C; j++)
+            if (logits[r * C + j] > mx) mx = logits[r * C + j], arg = j;
+        for (int j = 0; j < C; j++) s += exp(logits[r * C + j] - mx);
+        want += log(s) - (logits[r * C + labels[r]] - mx);
+        want_correct += arg == labels[r];
+    }
+    want /= B;
+    CU_ASSERT(fabs(loss - want) < 1e-5);
+    CU_ASSERT_EQUAL(correct, want_correct);
+    CU_ASSERT_TRUE(down(k, acc, probs, dp, sizeof probs));
+    for (int r = 0; r < B; r++) {
+        double s = 0.0;
+        for (int j = 0; j < C; j++) s += probs[r * C + j];
+        CU_ASSERT(fabs(s - 1.0) < 1e-6);
+    }
+    /* a bad label: KILN_E_DATA naming the first bad row and its label */
+    int32_t bad_labels[B] = {0, 9, 1, -1, 3};
+    CU_ASSERT_EQUAL(k->copy(acc, dy, bad_labels, sizeof bad_labels, KILN_COPY_H2D), KILN_OK);
+    CU_ASSERT_EQUAL(k->softmax_xent_forward(acc, dp, dl, dy, B, C, &loss, &correct), KILN_E_DATA);
+    HAS(mh.last_error, "label 9 at batch index 1");
+    /* labels fixed again: the bad-row flag was reset */
+    CU_ASSERT_EQUAL(k->copy(acc, dy, labels, sizeof labels, KILN_COPY_H2D), KILN_OK);
+    CU_ASSERT_EQUAL(k->softmax_xent_forward(acc, dp, dl, dy, B, C, &loss, NULL), KILN_OK);
+    CU_ASSERT(fabs(loss - want) < 1e-5);
+    /* reductions read back */
+    enum { N = 3000 };
+    float *x = malloc(N * sizeof *x);
+    double s = 0.0, sq = 0.0;
+    for (int i = 0; i < N; i++) x[i] = val(i, 42), s += x[i], sq += (double)x[i] * x[i];
+    float *dx = up(k, acc, x, N * sizeof *x);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(dx);
+    double got = 0.0;
+    int32_t finite = -1;
+    CU_ASSERT_EQUAL(k->sum(acc, dx, N, &got), KILN_OK);
+    CU_ASSERT(fabs(got - s) < 1e-9);
+    CU_ASSERT_EQUAL(k->sumsq(acc, dx, N, &got), KILN_OK);
+    CU_ASSERT(fabs(got - sq) < 1e-9);
+    CU_ASSERT_EQUAL(k->all_finite(acc, dx, N, &finite), KILN_OK);
+    CU_ASSERT_EQUAL(finite, 1);
+    const float inf = INFINITY;
+    CU_ASSERT_EQUAL(k->copy(acc, dx + N - 1, &inf, 4, KILN_COPY_H2D), KILN_OK);
+    CU_ASSERT_EQUAL(k->all_finite(acc, dx, N, &finite), KILN_OK);
+    CU_ASSERT_EQUAL(finite, 0);
+    CU_ASSERT_EQUAL(k->sum(acc, dx, 0, &got), KILN_OK);
+    CU_ASSERT_EQUAL(got, 0.0);
+    CU_ASSERT_EQUAL(k->sumsq_ex(acc, KILN_DTYPE_F16, dx, N, &got), KILN_E_INVALID_ARG);
+    free(x);
+    k->free(acc, dl), k->free(acc, dp), k->free(acc, dy), k->free(acc, dx);
+    g_ops->base.destroy(acc);
+    NO_VIOLATIONS();
+}
+
+/* ====================================================== error paths */
+
+static void test_failing_calls(void) {
+    const kiln_kernels *k = NULL;
+    kiln_instance *acc = ready(NULL, &k);
+    if (!acc) return;
+    float h[16] = {0};
+    float *d = up(k, acc, h, sizeof h);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(d);
+    env_set("KILN_FAKE_CUDA_FAIL", "cublasLtMatmul");
+    CU_ASSERT_EQUAL(k->gemm(acc, 0, 0, 2, 3, 2, 1.0f, d, 2, d, 3, 0.0f, d + 8, 3), KILN_E_CUDA);
+    HAS(mh.last_error, "cublasLtMatmul");
+    HAS(mh.last_error, "2x3x2");
+    env_set("KILN_FAKE_CUDA_FAIL", "kg_scale");
+    CU_ASSERT_EQUAL(k->scale(acc, d, 2.0f, 16), KILN_E_CUDA);
+    HAS(mh.last_error, "kg_scale");
+    HAS(mh.last_error, "cudaErrorLaunchFailure");
+    env_set("KILN_FAKE_CUDA_FAIL", "cudaStreamSynchronize");
+    CU_ASSERT_EQUAL(k->synchronize(acc), KILN_E_CUDA);
+    HAS(mh.last_error, "unspecified launch failure");
+    env_set("KILN_FAKE_CUDA_FAIL", "cublasLtMatmulAlgoGetHeuristic");
+    CU_ASSERT_EQUAL(k->gemm(acc, 0, 0, 3, 3, 1, 1.0f, d, 1, d, 3, 0.0f, d + 4, 3), KILN_E_CUDA);
+    HAS(mh.last_error, "cuBLAS status 15");
+    env_clear();
+    /* the failed plan left nothing behind and the shape works now */
+    CU_ASSERT_EQUAL(k->gemm(acc, 0, 0, 3, 3, 1, 1.0f, d, 1, d, 3, 0.0f, d + 4, 3), KILN_OK);
+    CU_ASSERT_EQUAL(k->synchronize(acc), KILN_OK);
+    k->free(acc, d);
+    g_ops->base.destroy(acc);
+    NO_VIOLATIONS();
+}
+
+/* A run's worth of calls, then destroy(): everything returned. */
+static void test_destroy_releases_all(void) {
+    const fake_cuda_stats before = stats();
+    const kiln_kernels *k = NULL;
+    kiln_instance *acc = ready(NULL, &k);
+    if (!acc) return;
+    float h[64];
+    int32_t lab[4] = {0, 1, 2, 3};
+    for (int i = 0; i < 64; i++) h[i] = val(i, 51);
+    float *d = up(k, acc, h, sizeof h), *e = up(k, acc, NULL, sizeof h);
+    int32_t *dl = up(k, acc, lab, sizeof lab);
+    CU_ASSERT_FATAL(d && e && dl);
+    float loss;
+    double sq;
+    CU_ASSERT_EQUAL(k->gemm(acc, 0, 1, 4, 4, 4, 1.0f, d, 4, d + 16, 4, 0.0f, e, 4), KILN_OK);
+    CU_ASSERT_EQUAL(k->gemm_ex(acc, 0, 0, 4, 4, 4, 1.0, d, KILN_DTYPE_F32, 4, d, KILN_DTYPE_F32, 4, 1.0, e,
+                               KILN_DTYPE_F32, 4, KILN_DTYPE_F16),
+                    KILN_OK);
+    CU_ASSERT_EQUAL(k->softmax_xent_forward(acc, e + 16, d, dl, 4, 4, &loss, NULL), KILN_OK);
+    CU_ASSERT_EQUAL(k->sumsq(acc, d, 64, &sq), KILN_OK);
+    CU_ASSERT_EQUAL(k->copy(acc, e, d, 32, KILN_COPY_D2D), KILN_OK);
+    /* d and e deliberately not freed: destroy() returns them too */
+    g_ops->base.destroy(acc);
+    check_released(&before);
+    NO_VIOLATIONS();
+}
+
+/* The loss backward checks the labels as the cpu does: KILN_E_DATA naming
+ * the row and the label, nothing launched (the kernel alone would only fill
+ * the row with NaN). */
+static void test_xent_backward_bad_label(void) {
+    const kiln_kernels *k = NULL;
+    kiln_instance *acc = ready(NULL, &k);
+    if (!acc) return;
+    float probs[6] = {0.2f, 0.3f, 0.5f, 0.1f, 0.1f, 0.8f};
+    int32_t labels[2] = {0, 7};
+    float *dp = up(k, acc, probs, sizeof probs), *dg = up(k, acc, NULL, sizeof probs);
+    int32_t *dy = up(k, acc, labels, sizeof labels);
+    CU_ASSERT_FATAL(dp && dg && dy);
+    CU_ASSERT_EQUAL(k->softmax_xent_backward(acc, dg, dp, dy, 2, 3, 1.0f), KILN_E_DATA);
+    CU_ASSERT_EQUAL(k->softmax_xent_backward_ex(acc, KILN_DTYPE_F32, dg, dp, dy, 2, 3, 1.0), KILN_E_DATA);
+    HAS(mh.last_error, "label 7 at batch index 1");
+    k->free(acc, dp), k->free(acc, dg), k->free(acc, dy);
+    g_ops->base.destroy(acc);
+    NO_VIOLATIONS();
+}
+
+/* ============================== regressions: bugs this fake found */
+
+/* (A float32 operand beside a 16-bit one in gemm_ex must hold values
+ * representable in round_dtype: training.h states it, and the plugin
+ * converts such operands to use the 16-bit matrix units; the exact cases
+ * are test_gemm_ex_mixed_bf16's.) */
+
+/*
+ * cu_configure once set `configured` before cu_mem_init/cu_blas_init, so
+ * after one of them failed a second configure() returned KILN_OK at once,
+ * leaving an instance without a cuBLASLt handle whose GEMMs failed. Now a
+ * failed configure() leaves the instance refusing (KILN_E_STATE); a working
+ * instance after an OK would also pass.
+ */
+static void test_configure_retry_after_failure(void) {
+    kiln_instance *acc = NULL;
+    CU_ASSERT_EQUAL_FATAL(make(NULL, &acc), KILN_OK);
+    const kiln_kernels *k = g_ops->kernels(acc);
+    env_set("KILN_FAKE_CUDA_FAIL", "cublasLtCreate");
+    CU_ASSERT_EQUAL(g_ops->configure(acc, 0, 0), KILN_E_CUDA);
+    env_clear();
+    const int32_t rc = g_ops->configure(acc, 0, 0);
+    CU_ASSERT(rc == KILN_OK || rc == KILN_E_STATE);
+    if (rc == KILN_OK) {
+        /* then it must work */
+        float h[4] = {1, 2, 3, 4};
+        float *d = up(k, acc, h, sizeof h);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(d);
+        const int32_t g = k->gemm(acc, 0, 0, 1, 1, 1, 1.0f, d, 1, d + 1, 1, 0.0f, d + 2, 1);
+        if (g != KILN_OK) fprintf(stderr, "  configure() said OK after a failed one, then gemm: %s\n", mh.last_error);
+        CU_ASSERT_EQUAL(g, KILN_OK);
+        k->free(acc, d);
+    }
+    g_ops->base.destroy(acc);
+}
+
+/*
+ * cu_trim once returned on a failed cudaFree before updating the table's
+ * length, so the table kept freed pointers and duplicates of live ones:
+ * [red, ws, A cached, B in use, C cached] became [red, ws, B, B, C] with A
+ * already freed, and destroy() then cudaFree()d B twice.
+ */
+static void test_trim_partial_failure(void) {
+    const kiln_kernels *k = NULL;
+    kiln_instance *acc = ready(NULL, &k);
+    if (!acc) return;
+    const size_t mib = (size_t)1 << 20;
+    void *a = NULL, *b = NULL, *c = NULL, *d = NULL;
+    CU_ASSERT_EQUAL_FATAL(k->alloc(acc, 2 * mib, &a), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(k->alloc(acc, 2 * mib, &b), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(k->alloc(acc, 2 * mib, &c), KILN_OK);
+    k->free(acc, a);
+    k->free(acc, c);
+    /* a 16 MiB block needs the trim; the trim's second cudaFree fails */
+    env_set_size("KILN_FAKE_CUDA_OOM_AFTER", stats().live_bytes + 15 * mib);
+    env_set("KILN_FAKE_CUDA_FAIL", "cudaFree@2");
+    env_set("KILN_FAKE_CUDA_QUIET", "1");
+    CU_ASSERT_NOT_EQUAL(k->alloc(acc, 16 * mib, &d), KILN_OK);
+    env_clear();
+    env_set("KILN_FAKE_CUDA_QUIET", "1");
+    k->free(acc, b);
+    g_ops->base.destroy(acc);
+    const fake_cuda_stats s = stats();
+    if (s.violations != g_violations0) fprintf(stderr, "  after a failed trim: %s\n", s.last_violation);
+    CU_ASSERT_EQUAL(s.violations, g_violations0);
+}
+
+/*
+ * The entries once never made the instance's device current (only
+ * configure() and destroy() called cudaSetDevice), so with two instances on
+ * devices 0 and 1 in one process (or a call from another thread) memory
+ * went to the wrong device and kernels to another device's stream. Case:
+ * 2 devices, instance A on device 0, instance B on device 1, then
+ * A->alloc + A->scale.
+ */
+static void test_device_made_current(void) {
+    static const kiln_kv dev1[] = {{"device", KILN_V_INT(1)}, {NULL, KILN_V_NONE}};
+    env_set("KILN_FAKE_CUDA_DEVICES", "2");
+    const kiln_kernels *k = NULL;
+    kiln_instance *a = ready(NULL, &k);
+    kiln_instance *b = ready(dev1, &k);
+    if (!a || !b) return;
+    float h[8] = {1, 2, 3, 4, 5, 6, 7, 8}, out[8];
+    float *d = up(k, a, h, sizeof h);
+    CU_ASSERT_PTR_NOT_NULL(d);
+    if (d) {
+        const int32_t rc = k->scale(a, d, 2.0f, 8);
+        if (rc != KILN_OK) fprintf(stderr, "  instance on device 0 after one on device 1: %s\n", mh.last_error);
+        CU_ASSERT_EQUAL(rc, KILN_OK);
+        CU_ASSERT_TRUE(down(k, a, out, d, sizeof out));
+        CU_ASSERT_EQUAL(out[7], 16.0f);
+        k->free(a, d);
+    }
+    g_ops->base.destroy(b);
+    g_ops->base.destroy(a);
+    NO_VIOLATIONS();
+}
+
+/* ============================================================ suites */
+
+static void register_tests(void) {
+    CU_pSuite s = CU_add_suite_with_setup_and_teardown("cuda plugin on fake CUDA", suite_init, suite_clean,
+                                                       test_setup, test_teardown);
+    if (!s) return;
+    CU_add_test(s, "create: no driver", test_create_no_driver);
+    CU_add_test(s, "create: driver older than the runtime", test_create_old_driver);
+    CU_add_test(s, "create: no device", test_create_no_device);
+    CU_add_test(s, "create: bad settings", test_create_bad_settings);
+    CU_add_test(s, "configure: before use, again, moving", test_configure);
+    CU_add_test(s, "configure: device 5 of 1 and of 2", test_configure_missing_device);
+    CU_add_test(s, "configure: failing setup is released", test_configure_failure_releases);
+    CU_add_test(s, "allocator: reuse, zero fill, best fit", test_alloc_reuse);
+    CU_add_test(s, "allocator: out of memory, trim and retry", test_alloc_oom);
+    CU_add_test(s, "copy: H2D through the staging ring", test_staging);
+    CU_add_test(s, "copy: overlapping D2D is memmove; zero", test_copy_overlap);
+    CU_add_test(s, "gemm: row-major mapping, transposes, ld", test_gemm_mapping);
+    CU_add_test(s, "gemm: K = 0", test_gemm_k0);
+    CU_add_test(s, "gemm: tf32 setting", test_gemm_tf32);
+    CU_add_test(s, "gemm: alignment and the plan cache", test_gemm_alignment_and_plans);
+    CU_add_test(s, "gemm_ex: F32 x BF16 rounded to BF16, beta 1, ldc > N", test_gemm_ex_mixed_bf16);
+    CU_add_test(s, "gemm_ex: F64; F16 x BF16", test_gemm_ex_f64_and_f16_bf16);
+    CU_add_test(s, "loss and reductions read back", test_loss_and_reductions);
+    CU_add_test(s, "failing CUDA/cuBLAS calls become messages", test_failing_calls);
+    CU_add_test(s, "softmax_xent_backward refuses a bad label", test_xent_backward_bad_label);
+    CU_add_test(s, "gemm: workspace_mib = 0", test_gemm_no_workspace);
+    CU_add_test(s, "destroy returns everything", test_destroy_releases_all);
+    CU_add_test(s, "configure: refused again after a failed one", test_configure_retry_after_failure);
+    CU_add_test(s, "allocator: a failed trim keeps the block table", test_trim_partial_failure);
+    CU_add_test(s, "entries make the instance's device current", test_device_made_current);
+}
+
+#include "cunit_main.h"
