@@ -398,6 +398,16 @@ static int32_t ddp_stage(kiln_instance *self, const ddp_bucket *bk, int which, i
 }
 
 #ifdef KILN_DDP_NCCL
+/* Waits for the accelerator's stream (NCCL runs on a stream of its own). */
+static int32_t ddp_acc_sync(kiln_instance *self) {
+    if (!self->K->synchronize) return KILN_OK;
+    int32_t rc = self->K->synchronize(self->acc);
+    if (rc)
+        return kiln_errorf(self->svc, self->hctx, rc, "ddp: rank %d: accelerator synchronize failed (%s)",
+                           (int)self->rank, kiln_status_name(rc));
+    return KILN_OK;
+}
+
 /* The NCCL path's ddp_stage: a bucket's tensors packed into (to_buf) or
  * unpacked from the device buffer dbuf with device-to-device copies on the
  * accelerator's stream; packing waits for that stream, because NCCL reads
@@ -417,13 +427,7 @@ static int32_t ddp_stage_dev(kiln_instance *self, const ddp_bucket *bk, int whic
                                (int)self->rank, which ? "gradients" : "weights", p->name, kiln_status_name(rc));
         db += bytes;
     }
-    if (to_buf && self->K->synchronize) {
-        int32_t rc = self->K->synchronize(self->acc);
-        if (rc)
-            return kiln_errorf(self->svc, self->hctx, rc, "ddp: rank %d: accelerator synchronize failed (%s)",
-                               (int)self->rank, kiln_status_name(rc));
-    }
-    return KILN_OK;
+    return to_buf ? ddp_acc_sync(self) : KILN_OK;
 }
 
 /* Chooses NCCL when the parameters are CUDA device memory and there is more
@@ -522,6 +526,11 @@ static int32_t ddp_setup(kiln_instance *self, kiln_parameter *const *params, uin
 #ifdef KILN_DDP_NCCL
         if (self->use_nccl) {
             if (self->rank == 0 && (rc = ddp_stage_dev(self, bk, 0, 1))) return rc;
+            /* every rank waits for the accelerator's stream before NCCL
+             * writes dbuf: K->alloc's zero fill and the previous bucket's
+             * unpack copies are queued there, and would otherwise land after
+             * (or read during) the broadcast */
+            if ((rc = ddp_acc_sync(self))) return rc;
             if ((rc = ddp_nccl_bcast(self, self->dbuf, bk->count, bk->dtype))) return rc;
             if (self->rank != 0 && (rc = ddp_stage_dev(self, bk, 0, 0))) return rc;
             self->n_bcast++;

@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# tests/ddp_nccl_fake/ddp_nccl_fake.sh — ddp's NCCL path end to end on a
+# machine without a GPU: `kiln fit` with the fake cuda accelerator
+# ("cudafake:cuda", device memory = host memory) and the ddp build linked to
+# the fake NCCL over MPI ("ddpfake:ddp"), on Fashion-MNIST (idx shards like
+# DistributedSampler, so 2 ranks x 64 = 1 process x 128), mlp [784, 64, 10],
+# SGD. Asserts: (a) the 2-rank run succeeds; (b) each rank logs that ddp uses
+# NCCL; (c) fake NCCL counted one broadcast per bucket at setup and one
+# all-reduce (ncclAvg) per bucket per optimizer step, also with 2 buckets
+# and accumulate_grad_batches=2 (no all-reduce on accumulating batches);
+# (d) both ranks end byte-identical and equal, within 1e-5 relative, the
+# 1-process cpu run at batch 128 and the 2-rank run of the real ddp over MPI
+# on the cpu accelerator; (e) one process (no mpirun) takes the NCCL path
+# too and matches the 1-process run at batch 64; (f) a stopped rank 1 makes
+# rank 0 fail after timeout_s with "did not complete within timeout_s"
+# (the fake's collectives are enqueued, so ddp's watchdog sees them pending).
+# Exit 77 (skipped) without the dataset.
+#   ddp_nccl_fake.sh KILN MPIEXEC TRAIN_FIXTURES DDP_FIXTURES FAKE_PLUGIN_DIR
+set -u
+kiln=$1 mpiexec=$2 train=$3 ddpfix=$4 fake=$5
+data=/usr/share/datasets/fashion-mnist
+[ -d "$data" ] || { echo "no $data: skipped"; exit 77; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+export KILN_FAKE_NCCL_ALL_DEVICE=1 # the fake cudart calls every pointer device memory
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+
+# run TAG NP ACCEL STRATEGY BATCH TRAINER_EXTRA [callbacks extra]; NP 0: no mpirun
+run() {
+  local tag=$1 np=$2 accel=$3 strat=$4 batch=$5 extra=$6 cb=${7:-}
+  mkdir -p "$tmp/$tag"
+  cat > "$tmp/$tag/run.cfg" <<CFG
+plugins = { dirs = ["$train", "$ddpfix", "$fake"]; };
+trainer = { max_epochs = 1; seed = 42; default_root_dir = "$tmp/$tag/runs"; limit_val_batches = 0;
+  num_sanity_val_steps = 0; threads = 1; log_every_n_steps = ${LOGN:-1}; $extra };
+accelerator = "$accel"; precision = "32-true"; strategy = $strat;
+data = { name = "idx"; dir = "$data"; batch_size = $batch; };
+module = { name = "mlp"; layers = [784, 64, 10]; activation = "relu"; };
+optimizer = { name = "sgd"; lr = 0.1; momentum = 0.0; };
+callbacks = ( { name = "ddpdump"; path = "$tmp/$tag/w"; } $cb );
+CFG
+  if [ "$np" = 0 ]; then timeout -s KILL 120 "$kiln" fit "$tmp/$tag/run.cfg" > "$tmp/$tag/log" 2>&1
+  else timeout -s KILL 120 "$mpiexec" -n "$np" "$kiln" fit "$tmp/$tag/run.cfg" > "$tmp/$tag/log" 2>&1; fi
+}
+# relative L2 difference of two float32 dumps, printed; status 0 when <= tol
+close() { # A B TOL LABEL
+  local d
+  d=$(paste <(od -An -v -f -w4 "$1") <(od -An -v -f -w4 "$2") |
+      awk '{ d = $1 - $2; n += d * d; s += $1 * $1; c++ } END { if (c == 0 || s == 0) print "inf"; else printf "%.3g\n", sqrt(n / s) }')
+  echo "  $4: relative difference $d"
+  awk -v d="$d" -v t="$3" 'BEGIN { exit !(d != "inf" && d + 0 <= t + 0) }'
+}
+# "fake-nccl: rank R of W: allreduce N (B bytes, A avg), broadcast M (C bytes), destroyed"
+counts() { # LOG RANK -> "N A M"
+  sed -n "s/^fake-nccl: rank $2 of [0-9]*: allreduce \([0-9]*\) ([0-9]* bytes, \([0-9]*\) avg), broadcast \([0-9]*\) .*/\1 \2 \3/p" "$1" | head -1
+}
+expect_counts() { # TAG NRANKS ALLREDUCES BROADCASTS
+  for ((r = 0; r < $2; r++)); do
+    local c; c=$(counts "$tmp/$1/log" $r)
+    [ "$c" = "$3 $3 $4" ] || fail "$1 rank $r: fake NCCL counted '$c' (all-reduces, of them avg, broadcasts), expected '$3 $3 $4'"
+  done
+  echo "  $1: fake NCCL per rank: $3 all-reduces (ncclAvg), $4 broadcasts"
+}
+expect_nccl_line() { # TAG NRANKS
+  for ((r = 0; r < $2; r++)); do
+    grep -q "ddp: rank $r: NCCL [0-9.]* on device" "$tmp/$1/log" || fail "$1: rank $r did not log ddp's NCCL line"
+  done
+}
+
+# References: 1 process at 128 and 64 on the cpu; the real ddp over MPI on the cpu.
+run ref128 0 cpu '"single"' 128 "limit_train_batches = 5;" || { cat "$tmp/ref128/log"; exit 1; }
+run ref64 0 cpu '"single"' 64 "limit_train_batches = 5;" || { cat "$tmp/ref64/log"; exit 1; }
+run mpi 2 cpu '"ddp"' 64 "limit_train_batches = 5;" || { cat "$tmp/mpi/log"; exit 1; }
+cmp -s "$tmp/mpi/w.0" "$tmp/mpi/w.1" || fail "real ddp over MPI: ranks differ (reference broken)"
+
+# (a)-(d): 2 ranks on NCCL, 5 steps, one bucket (203560 bytes < 25 MiB).
+if run nccl 2 cudafake:cuda '"ddpfake:ddp"' 64 "limit_train_batches = 5;"; then
+  expect_nccl_line nccl 2
+  expect_counts nccl 2 5 1
+  cmp -s "$tmp/nccl/w.0" "$tmp/nccl/w.1" || { fail "nccl: ranks 0 and 1 end with different weights"; close "$tmp/nccl/w.0" "$tmp/nccl/w.1" 0 "nccl rank 0 vs rank 1"; }
+  for r in 0 1; do
+    close "$tmp/ref128/w.0" "$tmp/nccl/w.$r" 1e-5 "1 process x 128 (cpu) vs NCCL rank $r (2 x 64)" ||
+      fail "nccl rank $r differs from the 1-process run at batch 128"
+    close "$tmp/mpi/w.$r" "$tmp/nccl/w.$r" 1e-5 "real ddp over MPI rank $r vs NCCL rank $r" ||
+      fail "nccl rank $r differs from the real ddp over MPI"
+  done
+else
+  cat "$tmp/nccl/log"; fail "(a) the 2-rank NCCL run failed"
+fi
+
+# (c) 2 buckets (bucket_mb 0.1 = 104857 bytes) and accumulate_grad_batches 2
+# over 4 batches: 2 broadcasts, 2 steps x 2 buckets all-reduces.
+if run accum 2 cudafake:cuda '{ name = "ddpfake:ddp"; bucket_mb = 0.1; }' 64 \
+     "limit_train_batches = 4; accumulate_grad_batches = 2;"; then
+  expect_counts accum 2 4 2
+  cmp -s "$tmp/accum/w.0" "$tmp/accum/w.1" || fail "accum (2 buckets): ranks 0 and 1 end with different weights"
+else
+  cat "$tmp/accum/log"; fail "the 2-bucket accumulating NCCL run failed"
+fi
+
+# (e) one process: still NCCL (device memory), the same as the 1-process run.
+if run one 0 cudafake:cuda '"ddpfake:ddp"' 64 "limit_train_batches = 5;"; then
+  expect_nccl_line one 1
+  expect_counts one 1 5 1
+  close "$tmp/ref64/w.0" "$tmp/one/w.0" 1e-6 "1 process x 64 (cpu) vs NCCL world 1" ||
+    fail "world 1 on NCCL differs from the 1-process cpu run"
+else
+  cat "$tmp/one/log"; fail "(e) the 1-process NCCL run failed"
+fi
+
+# (f) rank 1 stops itself at the start of batch 3, so rank 0's next collective
+# is that batch's all-reduce (the host reduces should_stop at every batch end:
+# stopping there would catch MPI's timeout instead, as would a metric
+# reduction, hence log_every_n_steps 1000); rank 0 must fail in 3 s.
+t0=$(date +%s)
+LOGN=1000 run hang 2 cudafake:cuda '{ name = "ddpfake:ddp"; timeout_s = 3.0; }' 64 "limit_train_batches = 12;" \
+  ', { name = "killer"; every = 0; kill_at = "batch_start"; kill_epoch = 0; kill_batch = 3; signal = "STOP"; rank = 1; }'
+status=$? took=$(($(date +%s) - t0))
+[ "$status" -ne 0 ] || fail "(f) the job with a stopped rank exited 0"
+[ "$status" -ne 137 ] || fail "(f) the job hung until the 120 s limit"
+if grep -q "rank 0 of 2: ncclAllReduce(gradients, AVG) did not complete within timeout_s = 3 s.*NCCL communicator aborted" "$tmp/hang/log"; then
+  echo "  hang: rank 0 timed out in $took s: $(grep -o 'rank 0 of 2: [^:]* did not complete' "$tmp/hang/log" | head -1)"
+else
+  cat "$tmp/hang/log"; fail "(f) no NCCL watchdog timeout message naming rank 0"
+fi
+
+[ "$fails" -eq 0 ] || { echo "$fails check(s) failed"; exit 1; }
+echo "ddp over fake NCCL: counts, equivalence, world 1 and timeout ok"
