@@ -22,13 +22,17 @@
 
 /*
  * Minimum elements per thread before a loop is split. Waking a worker that
- * sleeps on a condition variable costs on the order of 5-30 us; a streaming
- * loop over 32K floats takes about that long, so below it splitting loses.
- * The optimizer updates do several times more work per element (AdamW: a
- * sqrt and two divisions), so they split earlier.
+ * sleeps on a condition variable costs 5-30 us on bare metal and 40-70 us on
+ * a virtual machine whose idle vCPU halts (measured on the 2-vCPU machine of
+ * docs/benchmarks.md: a ReLU over 128x1024 floats took 19 us serially and
+ * 70 us split in two, 262144 floats 47 us vs 96 us; the split only wins from
+ * ~512K floats). A streaming loop over 256K floats takes about that long,
+ * so below it splitting loses. The optimizer updates and GELU do several
+ * times more work per element (AdamW: a sqrt and two divisions), so they
+ * split earlier.
  */
-#define KC_GRAIN_STREAM ((size_t)1 << 15)
-#define KC_GRAIN_HEAVY ((size_t)1 << 13)
+#define KC_GRAIN_STREAM ((size_t)1 << 18)
+#define KC_GRAIN_HEAVY ((size_t)1 << 16)
 
 /*
  * A range body: processes elements [begin, end) of a loop whose state is in
