@@ -22,13 +22,17 @@
 
 /*
  * Minimum elements per thread before a loop is split. Waking a worker that
- * sleeps on a condition variable costs on the order of 5-30 us; a streaming
- * loop over 32K floats takes about that long, so below it splitting loses.
- * The optimizer updates do several times more work per element (AdamW: a
- * sqrt and two divisions), so they split earlier.
+ * sleeps on a condition variable costs 5-30 us on bare metal and 40-70 us on
+ * a virtual machine whose idle vCPU halts (measured on the 2-vCPU machine of
+ * docs/benchmarks.md: a ReLU over 128x1024 floats took 19 us serially and
+ * 70 us split in two, 262144 floats 47 us vs 96 us; the split only wins from
+ * ~512K floats). A streaming loop over 256K floats takes about that long,
+ * so below it splitting loses. The optimizer updates and GELU do several
+ * times more work per element (AdamW: a sqrt and two divisions), so they
+ * split earlier.
  */
-#define KC_GRAIN_STREAM ((size_t)1 << 15)
-#define KC_GRAIN_HEAVY ((size_t)1 << 13)
+#define KC_GRAIN_STREAM ((size_t)1 << 18)
+#define KC_GRAIN_HEAVY ((size_t)1 << 16)
 
 /*
  * A range body: processes elements [begin, end) of a loop whose state is in
@@ -137,6 +141,39 @@ static inline int kc_cpu_has_avx2(void) {
 #define KC_DISPATCHED_RANGE(name)                                                  \
     static void name##_base(void *c, size_t a, size_t b) { name##_impl(c, a, b); } \
     static kc_range_fn name##_pick(void) { return name##_base; }
+#endif
+
+/*
+ * Flush-to-zero scope for the optimizer updates. Optimizer state decays
+ * geometrically wherever a gradient is exactly zero (a dead ReLU unit, an
+ * input pixel that is 0 in the whole batch): Adam's m shrinks by beta1 per
+ * step and reaches the subnormal range (below 2^-126, 1.2e-38) after a few
+ * hundred steps, then stays there for ~150 more. Every x86 instruction that
+ * reads or produces a subnormal takes a microcode assist of a few hundred
+ * cycles, and in the reference MLP at lr 0.01 (AdamW) four fifths of the
+ * 1024x1024 layer's m was subnormal from step ~750 on: the update went from
+ * 1.3 ms to ~10 ms per step. Inside a range body of an optimizer update,
+ * kc_ftz_begin sets MXCSR's FTZ (subnormal results become 0) and DAZ
+ * (subnormal inputs read as 0), and kc_ftz_end restores the caller's MXCSR,
+ * on every thread that runs a part. This is torch.set_flush_denormal(True)
+ * (and TensorFlow's default) for the update alone: values that differ from
+ * the IEEE result are below 2^-126 in magnitude, i.e. a subnormal m, v or
+ * momentum becomes 0 (its effect on a parameter, step * m / den, is below
+ * half an ulp of any parameter larger than ~1e-25 in magnitude). Every
+ * other kernel keeps IEEE gradual underflow. No-op off x86-64.
+ */
+#if defined(__x86_64__) || defined(__SSE2__)
+#include <xmmintrin.h>
+#define KC_MXCSR_FTZ_DAZ 0x8040u /* bit 15 FTZ, bit 6 DAZ */
+static inline unsigned int kc_ftz_begin(void) {
+    const unsigned int old = _mm_getcsr();
+    _mm_setcsr(old | KC_MXCSR_FTZ_DAZ);
+    return old;
+}
+static inline void kc_ftz_end(unsigned int old) { _mm_setcsr(old); }
+#else
+static inline unsigned int kc_ftz_begin(void) { return 0; }
+static inline void kc_ftz_end(unsigned int old) { (void)old; }
 #endif
 
 /* GELU tanh-approximation constants (PyTorch: kBeta = sqrt(2)*2/sqrt(pi)/2,

@@ -58,6 +58,7 @@ static KC_ALWAYS_INLINE void kc_sgd_loop(float *restrict p, const float *restric
 }
 
 static void kc_sgd_range(void *vc, size_t i0, size_t i1) {
+    const unsigned int csr = kc_ftz_begin(); /* a decaying momentum buffer goes subnormal too */
     const kc_sgd_ctx *c = vc;
     float *p = c->p + i0;
     const float *g = c->g + i0;
@@ -82,6 +83,7 @@ static void kc_sgd_range(void *vc, size_t i0, size_t i1) {
     default: break; /* unreachable: mode is normalised in kc_sgd_update */
     }
 #undef KC_SGD_CASE
+    kc_ftz_end(csr);
 }
 
 void kc_sgd_update(float *p, const float *g, float *momentum_buf, size_t n,
@@ -134,7 +136,9 @@ typedef struct {
  *   den = sqrt(v) / bc2_sqrt + eps             (exp_avg_sq.sqrt() / bc2s).add_(eps)
  *   p = p + (neg_step * m) / den               param.addcdiv_(m, den, value=-step_size)
  * sqrtf becomes a vector sqrt because the library is built with
- * -fno-math-errno.
+ * -fno-math-errno. The loop runs with subnormals flushed (kc_ftz_begin):
+ * results below 2^-126 in magnitude become 0 where PyTorch (without
+ * torch.set_flush_denormal) keeps them.
  */
 static KC_ALWAYS_INLINE void kc_adamw_loop(float *restrict p, const float *restrict g,
                                            float *restrict m, float *restrict v, size_t n,
@@ -155,10 +159,12 @@ static KC_ALWAYS_INLINE void kc_adamw_loop(float *restrict p, const float *restr
 
 static KC_ALWAYS_INLINE void kc_adamw_range_impl(void *vc, size_t i0, size_t i1) {
     const kc_adamw_ctx *c = vc;
+    const unsigned int csr = kc_ftz_begin(); /* see kc_ftz_begin: m goes subnormal */
     if (c->big_weight)
         kc_adamw_loop(c->p + i0, c->g + i0, c->m + i0, c->v + i0, i1 - i0, c, 1);
     else
         kc_adamw_loop(c->p + i0, c->g + i0, c->m + i0, c->v + i0, i1 - i0, c, 0);
+    kc_ftz_end(csr);
 }
 
 KC_DISPATCHED_RANGE(kc_adamw_range)

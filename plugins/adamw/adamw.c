@@ -12,6 +12,9 @@
  * parameter group with weight_decay 0 for biases, which this flag replaces.
  * Nothing is allocated per step. State (version 1) is the step count, the
  * learning rate, m and v, checked against the parameter list on restore.
+ * The cpu accelerator's fp32 update flushes subnormals to zero (see
+ * kernels/cpu/cpu_internal.h, kc_ftz_begin): m and v below 1.2e-38 become 0
+ * where PyTorch would keep them, as under torch.set_flush_denormal(True).
  */
 #include <math.h>
 #include <stdlib.h>

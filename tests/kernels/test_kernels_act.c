@@ -300,8 +300,8 @@ static void test_act_extremes(void) {
 /* ------------------------------------------------ in place and threads */
 
 static void test_act_in_place_and_threads(void) {
-    /* Big enough that 2 threads split it (> 2 * 32K floats). */
-    const size_t n = 3 * 32768 + 77;
+    /* Big enough that 2 threads split it (> 2 * KC_GRAIN_STREAM floats). */
+    const size_t n = 3 * ((size_t)1 << 18) + 77;
     float *x = ka_alloc(n * sizeof *x), *dy = ka_alloc(n * sizeof *dy), *a = ka_alloc(n * sizeof *a);
     float *b = ka_alloc(n * sizeof *b);
     double *xd = ka_alloc(n * sizeof *xd), *dyd = ka_alloc(n * sizeof *dyd), *ad = ka_alloc(n * sizeof *ad);
