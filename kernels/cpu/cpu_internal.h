@@ -162,12 +162,14 @@ static inline int kc_cpu_has_avx2(void) {
  * half an ulp of any parameter larger than ~1e-25 in magnitude). Every
  * other kernel keeps IEEE gradual underflow. No-op off x86-64.
  */
+/* kc_set_flush_denormal (cpu_optim.c); 1 unless a caller turned it off */
+extern int kc_flush_denormal_on;
 #if defined(__x86_64__) || defined(__SSE2__)
 #include <xmmintrin.h>
 #define KC_MXCSR_FTZ_DAZ 0x8040u /* bit 15 FTZ, bit 6 DAZ */
 static inline unsigned int kc_ftz_begin(void) {
     const unsigned int old = _mm_getcsr();
-    _mm_setcsr(old | KC_MXCSR_FTZ_DAZ);
+    if (kc_flush_denormal_on) _mm_setcsr(old | KC_MXCSR_FTZ_DAZ);
     return old;
 }
 static inline void kc_ftz_end(unsigned int old) { _mm_setcsr(old); }

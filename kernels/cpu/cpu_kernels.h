@@ -176,7 +176,11 @@ int kc_all_finite(const float *x, size_t n);
  * magnitude, read or produced, counts as 0. State that decays where the
  * gradient is zero would otherwise sit in the subnormal range for hundreds
  * of steps at several hundred cycles per access (cpu_internal.h,
- * kc_ftz_begin). All other results are PyTorch's, bit for bit. */
+ * kc_ftz_begin). All other results are PyTorch's, bit for bit.
+ * kc_set_flush_denormal(0) keeps IEEE gradual underflow in them too
+ * (PyTorch's default, bit for bit also below 2^-126); process-wide, set it
+ * before the updates run. */
+void kc_set_flush_denormal(int on);
 
 /*
  * One step of torch.optim.SGD (foreach=False, maximize=False) on one tensor,

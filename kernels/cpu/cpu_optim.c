@@ -57,6 +57,9 @@ static KC_ALWAYS_INLINE void kc_sgd_loop(float *restrict p, const float *restric
     }
 }
 
+int kc_flush_denormal_on = 1;
+void kc_set_flush_denormal(int on) { kc_flush_denormal_on = on != 0; }
+
 static void kc_sgd_range(void *vc, size_t i0, size_t i1) {
     const unsigned int csr = kc_ftz_begin(); /* a decaying momentum buffer goes subnormal too */
     const kc_sgd_ctx *c = vc;

@@ -719,8 +719,9 @@ static_assert(sizeof(kiln_kernels) >= KILN_KERNELS_SIZE_1_2, "kiln_kernels cover
 static int32_t cpu_create(void *plugin_ctx, const kiln_host_services *svc, kiln_host_ctx *hctx,
                           const kiln_kv *config, kiln_instance **out) {
     (void)plugin_ctx;
-    (void)config;
     *out = NULL;
+    /* process-wide, like torch.set_flush_denormal (one accelerator a run) */
+    kc_set_flush_denormal(kiln_kv_int(config, "flush_denormal", 1) != 0);
     kiln_instance *acc = calloc(1, sizeof *acc);
     if (!acc) return kiln_errorf(svc, hctx, KILN_E_NOMEM, "cpu: cannot allocate the accelerator instance");
     acc->svc = svc;
@@ -809,6 +810,13 @@ static const kiln_accelerator_ops cpu_ops = {
     .configure = cpu_configure,
 };
 
+static const kiln_param cpu_params[] = {
+    {"flush_denormal", KILN_TYPE_BOOL, 0, KILN_V_BOOL(1),
+     "SGD/AdamW updates flush subnormal state to zero (torch.set_flush_denormal(True)); false: IEEE, slower "
+     "when state decays"},
+    {NULL, 0, 0, KILN_V_NONE, NULL},
+};
+
 static const kiln_kv cpu_props[] = {{"device_type", KILN_V_STR("cpu")},
                                     {"default", KILN_V_BOOL(1)}, /* the accelerator when none is named */
                                     {NULL, KILN_V_NONE}};
@@ -823,7 +831,7 @@ static const kiln_plugin_desc cpu_desc = {
     "host memory; OpenBLAS GEMM and threaded C kernels",
     KILN_CAP_DETERMINISTIC,
     cpu_props,
-    NULL,
+    cpu_params,
     &cpu_ops,
     NULL,
 };

@@ -758,6 +758,16 @@ static void test_optim_flush_subnormals(void) {
     volatile float x = tiny;
     CU_ASSERT(x * 0.5f != 0.0f);
 #endif
+    /* kc_set_flush_denormal(0): IEEE inside the updates too (PyTorch's
+     * default), so the decayed state stays subnormal */
+    kc_set_flush_denormal(0);
+    float p2[2] = {1.0f, 1.0f}, g2[2] = {0.0f, 0.0f}, m2[2] = {tiny, -tiny}, v2[2] = {1e-6f, 1e-6f};
+    kc_adamw_update_d(p2, g2, m2, v2, 2, 0.01, 0.9, 0.999, 1e-8, 0.0, 1000);
+    CU_ASSERT(m2[0] == 0.9f * tiny && m2[0] != 0.0f && m2[1] == -0.9f * tiny);
+    float pb2[1] = {1.0f}, gb2[1] = {0.0f}, b2[1] = {tiny};
+    kc_sgd_update(pb2, gb2, b2, 1, 0.1f, 0.9f, 0.0f, 0, 0.0f, 0);
+    CU_ASSERT(b2[0] == 0.9f * tiny && b2[0] != 0.0f);
+    kc_set_flush_denormal(1);
 }
 
 /* ---------------------------------------------------------------- threads */
