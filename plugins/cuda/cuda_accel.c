@@ -14,11 +14,15 @@
  * it was built with, naming both versions, and when no device is visible;
  * the device is chosen in configure() from the `device` setting or the
  * process's local rank, so one process per GPU needs no configuration.
+ * This file is the implementation library (kiln-cuda-impl.so), which the
+ * plugin proper (cuda_plugin.c, libkiln-cuda.so) loads when a run asks for
+ * the accelerator; the descriptor and its settings are there.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda_impl.h"
 #include "cuda_internal.h"
 
 static_assert((int)KG_F32 == (int)KILN_DTYPE_F32 && (int)KG_F64 == (int)KILN_DTYPE_F64 &&
@@ -710,33 +714,10 @@ static int32_t cu_configure(kiln_instance *acc, int32_t threads, int32_t local_r
     return KILN_OK;
 }
 
-static const kiln_accelerator_ops cu_ops = {
-    .base = {sizeof(kiln_accelerator_ops), 0, cu_create, cu_destroy, NULL, NULL},
-    .kernels = cu_kernels,
-    .configure = cu_configure,
+/* What libkiln-cuda.so (cuda_plugin.c) loads at create(): the only symbol
+ * this library exports (see cuda_impl.h for why the plugin is split). */
+static const kiln_cuda_impl cu_impl = {
+    sizeof(kiln_cuda_impl), 0, cu_create, cu_destroy, cu_kernels, cu_configure,
 };
 
-static const kiln_param cu_params[] = {
-    {"device", KILN_TYPE_INT, 0, KILN_V_INT(-1), "CUDA device ordinal; -1: the process's local rank"},
-    {"tf32", KILN_TYPE_BOOL, 0, KILN_V_BOOL(0), "run float32 GEMMs on TF32 tensor cores (faster, ~1e-3 relative)"},
-    {"workspace_mib", KILN_TYPE_INT, 0, KILN_V_INT(32), "cuBLASLt workspace, MiB (0..4096)"},
-    {"staging_mib", KILN_TYPE_INT, 0, KILN_V_INT(16), "each of the 4 pinned host-to-device staging buffers, MiB"},
-    {NULL, 0, 0, KILN_V_NONE, NULL},
-};
-
-static const kiln_kv cu_props[] = {{"device_type", KILN_V_STR("cuda")}, {NULL, KILN_V_NONE}};
-
-static const kiln_plugin_desc cu_desc = {
-    sizeof(kiln_plugin_desc),
-    KILN_KIND_ACCELERATOR,
-    "cuda",
-    "0.1.0",
-    "NVIDIA GPU: cuBLASLt GEMMs (fp32/TF32, fp16, bf16, fp64), CUDA kernels, caching allocator",
-    KILN_CAP_NEEDS_CUDA,
-    cu_props,
-    cu_params,
-    &cu_ops,
-    NULL,
-};
-
-KILN_DEFINE_LIBRARY("cuda", "0.1.0", 1, &cu_desc)
+KILN_CUDA_IMPL_EXPORT const kiln_cuda_impl *kiln_cuda_impl_v1(void) { return &cu_impl; }
