@@ -774,7 +774,7 @@ static void test_optim_flush_subnormals(void) {
 
 /* Runs every threaded kernel at the current thread count on fresh copies of
  * the same inputs; out receives all results concatenated. */
-enum { TN = (3 << 18) + 13, TROWS = 257, TCOLS = 4099, XB = 997, XC = 769 };
+enum { TN = (3 << 18) + 13, TROWS = 257, TCOLS = 3001, XB = 997, XC = 769 }; /* TROWS * TCOLS <= TN: x and g are read as (TROWS, TCOLS) */
 #define T_OUT_N (11 * (size_t)TN + (size_t)TROWS * TCOLS + TCOLS + 2 * (size_t)XB * XC)
 
 static void run_all_kernels(const float *x, const float *g, const int32_t *labels, float *out,
