@@ -53,12 +53,21 @@ static int32_t ddp_dead(kiln_instance *self, const char *call) {
                        (int)self->world, call);
 }
 
-/* Polls the request (MPI_Test also drives OpenMPI's progress): spinning for
- * the first second, as a blocking collective would, then sleeping between
- * tests, 50 us growing to 1 ms, so a rank waiting for a slow or hung peer
- * does not hold a core. (Sleeping after 2 ms instead made 2-rank training
- * 7x slower: OpenMPI's non-blocking all-reduce advances only while both
- * ranks test, so every round of a large one waited out a nap.) */
+/* The pause between two polls of a pending collective (MPI's and NCCL's
+ * waits both use it): none for the first second, as a blocking collective
+ * would spin, then a sleep of 50 us growing to 1 ms, so a rank waiting for a
+ * slow or hung peer does not hold a core. (Sleeping after 2 ms instead made
+ * 2-rank training 7x slower: OpenMPI's non-blocking all-reduce advances only
+ * while both ranks test, so every round of a large one waited out a nap.) */
+void ddp_backoff(double waited, long *nap_ns) {
+    if (waited <= 1.0) return;
+    struct timespec ts = {0, *nap_ns};
+    nanosleep(&ts, NULL);
+    if (*nap_ns < 1000000) *nap_ns *= 2;
+}
+
+/* Polls the request until done or timeout_s (MPI_Test also drives
+ * OpenMPI's progress). */
 int32_t ddp_wait(kiln_instance *self, MPI_Request *req, const char *call) {
     const double t0 = MPI_Wtime();
     long nap_ns = 50000;
@@ -75,11 +84,7 @@ int32_t ddp_wait(kiln_instance *self, MPI_Request *req, const char *call) {
                                "hung, stopped or far slower (raise strategy.timeout_s if its steps are that long)",
                                (int)self->rank, (int)self->world, call, self->timeout_s);
         }
-        if (waited > 1.0) { /* a slow peer: stop holding the core */
-            struct timespec ts = {0, nap_ns};
-            nanosleep(&ts, NULL);
-            if (nap_ns < 1000000) nap_ns *= 2;
-        }
+        ddp_backoff(waited, &nap_ns);
     }
 }
 

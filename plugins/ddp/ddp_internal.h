@@ -70,6 +70,9 @@ struct kiln_instance {
 /* Waits for a non-blocking MPI collective until timeout_s (ddp.c); on a
  * miss sets timed_out and returns KILN_E_COMM naming `call`. */
 int32_t ddp_wait(kiln_instance *self, MPI_Request *req, const char *call);
+/* The pause between polls of a pending collective after `waited` seconds
+ * (ddp.c); *nap_ns starts at 50000 and grows. */
+void ddp_backoff(double waited, long *nap_ns);
 
 #ifdef KILN_DDP_NCCL
 /* 1 in *is_device when ptr is CUDA device memory (the cuda accelerator's);

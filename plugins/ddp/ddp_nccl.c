@@ -127,11 +127,7 @@ static int32_t ddp_nccl_wait(kiln_instance *self, ddp_nccl *n, const char *what)
                                "hung, stopped or far slower; NCCL communicator aborted",
                                (int)self->rank, (int)self->world, what, self->timeout_s);
         }
-        if (waited > 0.002) {
-            struct timespec ts = {0, nap_ns};
-            nanosleep(&ts, NULL);
-            if (nap_ns < 1000000) nap_ns *= 2;
-        }
+        ddp_backoff(waited, &nap_ns);
     }
     ncclResult_t async = ncclSuccess;
     ncclResult_t r = ncclCommGetAsyncError(n->comm, &async);
