@@ -100,8 +100,8 @@ int32_t ddp_nccl_init(kiln_instance *self) {
 static ncclDataType_t ddp_nccl_type(uint32_t dtype) { return dtype == KILN_DTYPE_F64 ? ncclFloat64 : ncclFloat32; }
 
 /* Waits for NCCL's stream like NCCL's own watchdogs do: polling the stream
- * and the communicator's asynchronous error, sleeping between polls after
- * the first 2 ms; past timeout_s (a hung peer never joins the collective)
+ * and the communicator's asynchronous error, pausing between polls as
+ * ddp_backoff says; past timeout_s (a hung peer never joins the collective)
  * the communicator is aborted, which frees the stream, and the collective
  * fails with a message instead of blocking for ever. */
 static int32_t ddp_nccl_wait(kiln_instance *self, ddp_nccl *n, const char *what) {
