@@ -37,12 +37,15 @@ static double median(double *v, int n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-typedef struct { double epoch_s, steady_s, bound_step_s; long steady_steps, steady_minflt, maxrss_kib; } probe;
+typedef struct {
+    double epoch_s, steady_s, bound_step_s, paired_kiln_s, paired_gemm_s;
+    long steady_steps, steady_minflt, maxrss_kib, paired_steps;
+} probe;
 #define MAX_EPOCHS 16
 
 /* One kiln run of `epochs` epochs; fills out[0..epochs-1]. */
 static int run_kiln(const char *kiln, const char *probe_dir, const char *layers, int B, int steps, int threads,
-                    const char *opt, int epochs, int reps, probe *out) {
+                    const char *opt, int epochs, int reps, int paired, probe *out) {
     char dir[] = "/tmp/kiln-bench-XXXXXX";
     if (!mkdtemp(dir)) return -1;
     char cfg[256], probefile[256], cmd[4096];
@@ -58,18 +61,21 @@ static int run_kiln(const char *kiln, const char *probe_dir, const char *layers,
             "module = { name = \"mlp\"; layers = [%s]; max_batch = %d; };\n"
             "optimizer = { name = \"%s\"; lr = 0.01; };\n"
             "callbacks = ( { name = \"benchprobe\"; path = \"%s\"; warmup = %d; layers = [%s]; batch = %d;\n"
-            "  threads = %d; bound_reps = %d; } );\n",
+            "  threads = %d; bound_reps = %d; paired = %s; } );\n",
             probe_dir, epochs, steps, threads, dir, B, layers, B, opt, probefile, steps > 40 ? 20 : steps / 4, layers,
-            B, threads, reps);
+            B, threads, reps, paired ? "true" : "false");
     fclose(f);
     snprintf(cmd, sizeof cmd, "%s -q fit %s > %s/out.txt 2>&1", kiln, cfg, dir);
     int rc = system(cmd);
     f = fopen(probefile, "r");
     int ok = f != NULL;
     for (int e = 0; ok && e < epochs; e++)
-        ok = fscanf(f, " epoch_s=%lf steady_s=%lf steady_steps=%ld steady_minflt=%ld maxrss_kib=%ld bound_step_s=%lf",
+        ok = fscanf(f,
+                    " epoch_s=%lf steady_s=%lf steady_steps=%ld steady_minflt=%ld maxrss_kib=%ld bound_step_s=%lf"
+                    " paired_steps=%ld paired_kiln_s=%lf paired_gemm_s=%lf",
                     &out[e].epoch_s, &out[e].steady_s, &out[e].steady_steps, &out[e].steady_minflt,
-                    &out[e].maxrss_kib, &out[e].bound_step_s) == 6;
+                    &out[e].maxrss_kib, &out[e].bound_step_s, &out[e].paired_steps, &out[e].paired_kiln_s,
+                    &out[e].paired_gemm_s) == 9;
     if (f) fclose(f);
     if (rc != 0 || !ok) {
         snprintf(cmd, sizeof cmd, "cat %s/out.txt >&2", dir);
@@ -82,7 +88,7 @@ static int run_kiln(const char *kiln, const char *probe_dir, const char *layers,
 
 int main(int argc, char **argv) {
     const char *kiln = "build/bin/kiln", *probe_dir = NULL, *opt = "sgd", *layers_s = "784,1024,1024,10";
-    int threads = 1, runs = 3, B = 128, steps = 429, reps = 100, epochs = 3;
+    int threads = 1, runs = 3, B = 128, steps = 429, reps = 100, epochs = 3, paired = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--kiln") && i + 1 < argc) kiln = argv[++i];
         else if (!strcmp(argv[i], "--probe-dir") && i + 1 < argc) probe_dir = argv[++i];
@@ -94,9 +100,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--epochs") && i + 1 < argc) epochs = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--paired")) paired = 1;
         else {
             fprintf(stderr, "usage: %s [--kiln PATH] [--probe-dir DIR] [--optimizer sgd|adamw] [--layers a,b,c]\n"
-                            "          [--threads N] [--runs R] [--batch B] [--steps S] [--reps N] [--epochs E]\n", argv[0]);
+                            "          [--threads N] [--runs R] [--batch B] [--steps S] [--reps N] [--epochs E] [--paired]\n", argv[0]);
             return 2;
         }
     }
@@ -109,7 +116,7 @@ int main(int argc, char **argv) {
     long flt = 0, rss = 0, ss = 0;
     for (int r = 0; r < runs; r++) {
         probe p[MAX_EPOCHS];
-        if (run_kiln(kiln, probe_dir, layers_s, B, steps, threads, opt, epochs, reps, p)) {
+        if (run_kiln(kiln, probe_dir, layers_s, B, steps, threads, opt, epochs, reps, paired, p)) {
             fprintf(stderr, "kiln run failed\n");
             return 1;
         }
@@ -119,6 +126,12 @@ int main(int argc, char **argv) {
             st[n] = p[e].steady_s / (double)(p[e].steady_steps ? p[e].steady_steps : 1);
             ratio[n] = gb[n] * steps / ep[n];
             over[n] = st[n] - gb[n];
+            if (paired) { /* each kiln step against the GEMM step timed right after it (benchprobe.c) */
+                st[n] = p[e].paired_kiln_s;
+                gb[n] = p[e].paired_gemm_s;
+                over[n] = st[n] - gb[n];
+                ratio[n] = gb[n] / st[n];
+            }
             if (p[e].steady_minflt > flt) flt = p[e].steady_minflt;
             if (p[e].maxrss_kib > rss) rss = p[e].maxrss_kib;
             ss = p[e].steady_steps;
@@ -131,14 +144,19 @@ int main(int argc, char **argv) {
            steps, n, runs);
     printf("  GEMM-only bound: %.3f ms/step, %.3f s/epoch\n", 1e3 * g, bound);
     printf("  kiln: %.3f s/epoch, %.3f ms/step steady\n", epoch, 1e3 * step);
-    printf("  bound / kiln epoch = %.3f (median of per-epoch ratios)\n", rmed);
+    if (paired) {
+        printf("  paired: each steady kiln step timed against one GEMM-only step right after it (median per epoch)\n");
+        printf("  GEMM step / kiln step = %.3f\n", rmed);
+    } else {
+        printf("  bound / kiln epoch = %.3f (median of per-epoch ratios)\n", rmed);
+    }
     printf("  per-step overhead (kiln steady step - GEMM step) = %.1f us (median of per-epoch differences)\n", 1e6 * omed);
     printf("  minor page faults in %ld steady steps: %ld (%.2f per step); peak RSS %.1f MiB\n", ss, flt,
            ss ? (double)flt / (double)ss : 0.0, rss / 1024.0);
     printf("RESULT {\"layers\":\"%s\",\"batch\":%d,\"optimizer\":\"%s\",\"threads\":%d,\"gemm_ms\":%.4f,"
            "\"kiln_epoch_s\":%.4f,\"bound_epoch_s\":%.4f,\"ratio\":%.4f,\"overhead_us\":%.1f,\"faults_per_step\":%.3f,"
-           "\"peak_rss_mib\":%.1f}\n",
+           "\"peak_rss_mib\":%.1f,\"paired\":%s}\n",
            layers_s, B, opt, threads, 1e3 * g, epoch, bound, rmed, 1e6 * omed,
-           ss ? (double)flt / (double)ss : 0.0, rss / 1024.0);
+           ss ? (double)flt / (double)ss : 0.0, rss / 1024.0, paired ? "true" : "false");
     return 0;
 }
