@@ -8,6 +8,13 @@
  * variables, never spin. Which samples form batch b of epoch e is computed
  * from (seed, e, b) alone, so the data never depends on how far ahead the
  * producer happened to be.
+ *
+ * A sleeping producer is woken only once half the ring is free, not for every
+ * freed slot: waking a thread on another CPU costs the waker a futex system
+ * call and, on a virtual machine, an inter-processor interrupt, measured at
+ * ~20 us of the training thread's time per step with the tiny benchmark model
+ * (docs/benchmarks.md). With the ring half full there are still batches ready
+ * while the producer refills, so the consumer does not wait for it.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -109,7 +116,11 @@ static void *idx_producer(void *arg) {
         /* Sleep while there is nothing to do: same generation and (epoch done or ring full). */
         while (!L->stop && L->gen == my_gen &&
                (next >= L->num_batches || L->ready + (int)L->held >= L->nslots))
+        {
+            L->prod_waiting = true;
             pthread_cond_wait(&L->cv_prod, &L->mu);
+            L->prod_waiting = false;
+        }
         if (L->stop) break;
         if (L->gen != my_gen) {
             my_gen = L->gen;
@@ -188,8 +199,8 @@ static int idx_check_config(const idx_loader_config *c, char *err, size_t errlen
         return IDX_EINVAL;
     }
     if (c->prefetch < 0 || c->prefetch > IDX_LOADER_MAX_PREFETCH) {
-        idx_errf(err, errlen, "idx loader: expected prefetch in 0..%d (0 = default %d), found %d",
-                 IDX_LOADER_MAX_PREFETCH, IDX_LOADER_DEFAULT_PREFETCH, c->prefetch);
+        idx_errf(err, errlen, "idx loader: expected prefetch in 0..%d (0 = automatic), found %d",
+                 IDX_LOADER_MAX_PREFETCH, c->prefetch);
         return IDX_EINVAL;
     }
     return IDX_OK;
@@ -242,7 +253,13 @@ int idx_loader_init(idx_loader *L, const idx_loader_config *cfg, char *err, size
         idx_errf(err, errlen, "idx loader: batch of %u x %u floats does not fit in memory", c->batch_size, L->dim);
         return IDX_ENOMEM;
     }
-    L->nslots = (c->prefetch ? c->prefetch : IDX_LOADER_DEFAULT_PREFETCH) + 1;
+    int prefetch = c->prefetch;
+    if (prefetch <= 0) {
+        size_t fit = IDX_LOADER_AUTO_BYTES / ((size_t)xfloats * sizeof(float) + 1);
+        prefetch = fit < 2 ? 2 : fit > IDX_LOADER_AUTO_MAX ? IDX_LOADER_AUTO_MAX : (int)fit;
+    }
+    L->nslots = prefetch + 1;
+    L->wake_free = (L->nslots + 1) / 2;
     L->slots = calloc((size_t)L->nslots, sizeof *L->slots);
     if (!L->slots) goto nomem;
     for (int i = 0; i < L->nslots; i++) {
@@ -318,13 +335,16 @@ int idx_loader_next(idx_loader *L, const float **x, const int32_t **y, int *batc
         pthread_mutex_unlock(&L->mu);
         return IDX_ESTATE;
     }
-    if (L->held) { /* the caller is done with the previous batch: its slot is free again */
-        L->held = false;
-        pthread_cond_signal(&L->cv_prod);
-    }
+    if (L->held) L->held = false; /* the caller is done with the previous batch: its slot is free again */
     if (L->cons_next >= L->num_batches) {
         pthread_mutex_unlock(&L->mu);
         return 0;
+    }
+    /* Wake the producer at half a ring free (see the top of the file), and
+     * always before waiting for it: then every slot is free. */
+    if (L->prod_waiting && (L->nslots - L->ready >= L->wake_free || L->ready == 0)) {
+        L->prod_wakes++;
+        pthread_cond_signal(&L->cv_prod);
     }
     while (L->ready == 0) pthread_cond_wait(&L->cv_cons, &L->mu);
     idx_loader_slot *s = &L->slots[L->rd];

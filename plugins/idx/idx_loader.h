@@ -26,7 +26,11 @@
 extern "C" {
 #endif
 
-#define IDX_LOADER_DEFAULT_PREFETCH 2 /* batches prepared ahead of the one being consumed */
+/* prefetch 0 (automatic): as many batches as fit in IDX_LOADER_AUTO_BYTES,
+ * between 2 and IDX_LOADER_AUTO_MAX. A deep ring lets the producer sleep
+ * through several steps (it is woken at half a ring free, see idx_loader.c). */
+#define IDX_LOADER_AUTO_MAX 8
+#define IDX_LOADER_AUTO_BYTES ((size_t)32 << 20)
 #define IDX_LOADER_MAX_PREFETCH 16
 
 typedef struct idx_loader_config {
@@ -38,13 +42,13 @@ typedef struct idx_loader_config {
     bool drop_last;             /* drop the shard remainder and the final partial batch */
     float mean, std;            /* x = (p/255 - mean) / std; defaults 0 and 1 */
     uint32_t rank, world_size;  /* this process's shard: rank in [0, world_size) */
-    int prefetch;               /* batches prepared ahead, 1..IDX_LOADER_MAX_PREFETCH; 0 = default */
+    int prefetch;               /* batches prepared ahead, 1..IDX_LOADER_MAX_PREFETCH; 0 = automatic */
 } idx_loader_config;
 
 /*
  * Fills cfg with the defaults for the whole dataset: range [0, ds->n),
  * batch_size 1, no shuffle, seed 0, keep the last partial batch, mean 0,
- * std 1, rank 0 of 1, default prefetch. ds may be NULL (then end is 0).
+ * std 1, rank 0 of 1, automatic prefetch. ds may be NULL (then end is 0).
  */
 void idx_loader_config_defaults(idx_loader_config *cfg, const idx_dataset *ds);
 
@@ -66,6 +70,7 @@ typedef struct idx_loader {
     uint64_t num_batches;    /* batches per rank per epoch */
     float lut[256];          /* pixel value -> normalised float */
     int nslots;              /* prefetch + 1: the consumer holds one while the rest fill */
+    int wake_free;           /* free slots at which a sleeping producer is woken: half the ring */
     idx_loader_slot *slots;  /* (nslots) */
     uint32_t *perm;          /* (n_range) epoch permutation; touched by the producer only */
 
@@ -85,6 +90,8 @@ typedef struct idx_loader {
     int rd;                  /* next ready slot for the consumer */
     int ready;               /* slots filled and not yet taken */
     bool held;               /* consumer holds slot rd-1 (pointers returned by next) */
+    bool prod_waiting;       /* the producer sleeps on cv_prod (set and read under mu) */
+    uint64_t prod_wakes;     /* times next() woke the producer (under mu; tests read it) */
 } idx_loader;
 
 /*

@@ -162,8 +162,8 @@ static int32_t idxp_create(void *plugin_ctx, const kiln_host_services *svc, kiln
                            &val_batch_size)) ||
         (rc = idxp_int_key(svc, hctx, config, "val_split", 5000, 0, UINT32_MAX, "training images held out",
                            &val_split)) ||
-        (rc = idxp_int_key(svc, hctx, config, "prefetch", IDX_LOADER_DEFAULT_PREFETCH, 1, IDX_LOADER_MAX_PREFETCH,
-                           "batches prepared ahead", &prefetch)))
+        (rc = idxp_int_key(svc, hctx, config, "prefetch", 0, 0, IDX_LOADER_MAX_PREFETCH,
+                           "batches prepared ahead, 0 = automatic", &prefetch)))
         return rc;
     double mean = kiln_kv_float(config, "normalize_mean", 0.2860);
     double std = kiln_kv_float(config, "normalize_std", 0.3530);
@@ -547,8 +547,8 @@ static const kiln_param idxp_params[] = {
     {"drop_last", KILN_TYPE_BOOL, 0, KILN_V_BOOL(0), "drop the last incomplete training batch"},
     {"normalize_mean", KILN_TYPE_FLOAT, 0, KILN_V_FLOAT(0.2860), "x = (pixel/255 - mean) / std; Fashion-MNIST's mean"},
     {"normalize_std", KILN_TYPE_FLOAT, 0, KILN_V_FLOAT(0.3530), "x = (pixel/255 - mean) / std; must be > 0"},
-    {"prefetch", KILN_TYPE_INT, 0, KILN_V_INT(IDX_LOADER_DEFAULT_PREFETCH),
-     "batches a background thread prepares ahead per split (1..16)"},
+    {"prefetch", KILN_TYPE_INT, 0, KILN_V_INT(0),
+     "batches a background thread prepares ahead per split (1..16; 0 = automatic: up to 8, at most 32 MiB)"},
     {NULL, 0, 0, KILN_V_NONE, NULL},
 };
 

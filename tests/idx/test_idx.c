@@ -941,6 +941,58 @@ static void test_loader_producer_sleeps(void) {
     idx_dataset_free(&ds);
 }
 
+/* Automatic prefetch sizes the ring by bytes, and a slow consumer wakes the
+ * sleeping producer once per half ring, not once per batch. */
+static void test_loader_auto_prefetch_wakes(void) {
+    idx_dataset ds = make_syn(400);
+    idx_loader_config cfg;
+    idx_loader_config_defaults(&cfg, &ds);
+    cfg.batch_size = 4;
+    char err[256] = "";
+    idx_loader L;
+    CU_ASSERT_EQUAL_FATAL(idx_loader_init(&L, &cfg, err, sizeof err), 0);
+    CU_ASSERT_EQUAL(L.nslots, IDX_LOADER_AUTO_MAX + 1);
+    CU_ASSERT_EQUAL(L.wake_free, (IDX_LOADER_AUTO_MAX + 2) / 2);
+    CU_ASSERT_EQUAL_FATAL(idx_loader_start_epoch(&L, 0, 0), 0);
+    const float *x;
+    const int32_t *y;
+    int len, nb = 0;
+    struct timespec slow = {0, 1000000};
+    while (idx_loader_next(&L, &x, &y, &len) == 1) {
+        CU_ASSERT_EQUAL(y[0], ds.labels[(size_t)nb * 4]); /* in order: no shuffle */
+        nb++;
+        nanosleep(&slow, NULL); /* the producer fills the ring and sleeps */
+    }
+    CU_ASSERT_EQUAL(nb, 100);
+    /* a wake per wake_free batches consumed, plus slack for scheduling */
+    CU_ASSERT(L.prod_wakes <= (uint64_t)(nb / L.wake_free + 4));
+    CU_ASSERT(L.prod_wakes >= 1);
+    if (L.prod_wakes > (uint64_t)(nb / L.wake_free + 4))
+        fprintf(stderr, "\n    %llu wakes for %d batches\n", (unsigned long long)L.prod_wakes, nb);
+    idx_loader_free(&L);
+    idx_dataset_free(&ds);
+
+    /* A batch of 4.2 MB: 32 MiB holds 7 of them. A 20 MB one: the minimum 2. */
+    ds = make_syn(2);
+    ds.rows = 1024;
+    ds.cols = 1024; /* the pixels are never read: only sizes matter here */
+    ds.n = 1;
+    idx_loader_config_defaults(&cfg, &ds);
+    cfg.batch_size = 1;
+    CU_ASSERT_EQUAL_FATAL(idx_loader_init(&L, &cfg, err, sizeof err), 0);
+    CU_ASSERT_EQUAL(L.nslots, 7 + 1);
+    idx_loader_free(&L);
+    cfg.batch_size = 5; /* more than n is allowed: the batch pads */
+    if (idx_loader_init(&L, &cfg, err, sizeof err) == 0) {
+        CU_ASSERT_EQUAL(L.nslots, 2 + 1);
+        idx_loader_free(&L);
+    }
+    ds.rows = SYN_R;
+    ds.cols = SYN_C;
+    ds.n = 2;
+    idx_dataset_free(&ds);
+}
+
 static void test_loader_normalisation(void) {
     idx_dataset ds = {0};
     uint8_t px[4] = {0, 51, 128, 255};
@@ -1131,6 +1183,7 @@ static void register_tests(void) {
     CU_add_test(l, "bit_identical", test_loader_bit_identical);
     CU_add_test(l, "restart_mid_epoch", test_loader_restart_mid_epoch);
     CU_add_test(l, "producer_sleeps", test_loader_producer_sleeps);
+    CU_add_test(l, "auto_prefetch_wakes", test_loader_auto_prefetch_wakes);
     CU_add_test(l, "normalisation", test_loader_normalisation);
     CU_add_test(l, "config_errors", test_loader_config_errors);
 

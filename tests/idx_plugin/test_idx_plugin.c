@@ -713,7 +713,7 @@ static void test_bad_config(void) {
     BAD(val_split, -1, "val_split");
     BAD(num_classes, 0, "num_classes");
     BAD(num_classes, 257, "num_classes");
-    BAD(prefetch, 0, "prefetch");
+    BAD(prefetch, -1, "prefetch");
     BAD(prefetch, 17, "prefetch");
     BAD(std, 0.0, "normalize_std");
     BAD(std, -0.5, "normalize_std");
