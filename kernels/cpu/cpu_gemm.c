@@ -122,7 +122,7 @@ typedef struct {
 } kc_bias_add_ctx;
 
 /* Rows [r0, r1). */
-static void kc_bias_add_range(void *vctx, size_t r0, size_t r1) {
+static KC_ALWAYS_INLINE void kc_bias_add_range_impl(void *vctx, size_t r0, size_t r1) {
     const kc_bias_add_ctx *c = vctx;
     const size_t cols = c->cols;
     const float *restrict b = c->b;
@@ -131,12 +131,13 @@ static void kc_bias_add_range(void *vctx, size_t r0, size_t r1) {
         for (size_t j = 0; j < cols; j++) y[j] += b[j];
     }
 }
+KC_DISPATCHED_RANGE(kc_bias_add_range)
 
 void kc_bias_add(float *y, const float *b, int rows, int cols) {
     if (rows <= 0 || cols <= 0) return;
     kc_bias_add_ctx c = {y, b, (size_t)cols};
     size_t grain = KC_GRAIN_STREAM / (size_t)cols;
-    kc_parallel_for((size_t)rows, grain ? grain : 1, 1, kc_bias_add_range, &c);
+    kc_parallel_for((size_t)rows, grain ? grain : 1, 1, kc_bias_add_range_pick(), &c);
 }
 
 /* ------------------------------------------------------------ bias grad */
@@ -150,7 +151,7 @@ typedef struct {
 
 /* Columns [j0, j1): db[j] accumulates rows in order 0..rows-1, the same
  * order whichever thread owns column j. */
-static void kc_bias_grad_range(void *vctx, size_t j0, size_t j1) {
+static KC_ALWAYS_INLINE void kc_bias_grad_range_impl(void *vctx, size_t j0, size_t j1) {
     const kc_bias_grad_ctx *c = vctx;
     float *restrict db = c->db + j0;
     const size_t w = j1 - j0;
@@ -162,6 +163,7 @@ static void kc_bias_grad_range(void *vctx, size_t j0, size_t j1) {
         for (size_t j = 0; j < w; j++) db[j] += dy[j];
     }
 }
+KC_DISPATCHED_RANGE(kc_bias_grad_range)
 
 void kc_bias_grad(float *db, const float *dy, int rows, int cols, int accumulate) {
     if (cols <= 0) return;
@@ -172,5 +174,5 @@ void kc_bias_grad(float *db, const float *dy, int rows, int cols, int accumulate
      * cache lines). */
     size_t grain = rows ? KC_GRAIN_STREAM / (size_t)rows : (size_t)cols;
     if (grain < 64) grain = 64;
-    kc_parallel_for((size_t)cols, grain, KC_ALIGN_FLOATS, kc_bias_grad_range, &c);
+    kc_parallel_for((size_t)cols, grain, KC_ALIGN_FLOATS, kc_bias_grad_range_pick(), &c);
 }

@@ -112,7 +112,10 @@ static inline float kc_exp_inline(float x) {
 
 /*
  * AVX2 dispatch for compute-bound loops (GELU, AdamW: division/sqrt
- * throughput, not memory, bounds them). KC_DISPATCHED_RANGE(name) expects a
+ * throughput, not memory, bounds them) and for the loops of a step whose data
+ * sits in cache (SGD, ReLU, bias add and gradient: with a small model these
+ * are most of the per-step time outside the GEMMs, and 4-wide SSE2 ran at
+ * half of what the cache delivers). KC_DISPATCHED_RANGE(name) expects a
  * `static KC_ALWAYS_INLINE void name##_impl(void *, size_t, size_t)` range
  * body and defines name##_pick(), which returns a copy of it compiled for
  * AVX2 when the CPU has AVX2 (8-wide vectors) and the baseline SSE2 copy

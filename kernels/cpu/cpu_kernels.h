@@ -165,6 +165,9 @@ void kc_scale(float *x, float a, size_t n);
 /* y += a * x (a * x rounded, then added: no fused multiply-add).
  * y, x: (n), not overlapping. */
 void kc_axpy(float *y, float a, const float *x, size_t n);
+
+/* memset(p, 0, bytes), split across the pool for large buffers. */
+void kc_zero(void *p, size_t bytes);
 /* 1 if every element of x: (n) is finite (no NaN, no +-inf), else 0.
  * n == 0 gives 1. */
 int kc_all_finite(const float *x, size_t n);

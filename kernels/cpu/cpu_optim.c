@@ -60,7 +60,7 @@ static KC_ALWAYS_INLINE void kc_sgd_loop(float *restrict p, const float *restric
 int kc_flush_denormal_on = 1;
 void kc_set_flush_denormal(int on) { kc_flush_denormal_on = on != 0; }
 
-static void kc_sgd_range(void *vc, size_t i0, size_t i1) {
+static KC_ALWAYS_INLINE void kc_sgd_range_impl(void *vc, size_t i0, size_t i1) {
     const unsigned int csr = kc_ftz_begin(); /* a decaying momentum buffer goes subnormal too */
     const kc_sgd_ctx *c = vc;
     float *p = c->p + i0;
@@ -88,6 +88,7 @@ static void kc_sgd_range(void *vc, size_t i0, size_t i1) {
 #undef KC_SGD_CASE
     kc_ftz_end(csr);
 }
+KC_DISPATCHED_RANGE(kc_sgd_range)
 
 void kc_sgd_update(float *p, const float *g, float *momentum_buf, size_t n,
                    float lr, float momentum, float dampening, int nesterov,
@@ -110,7 +111,7 @@ void kc_sgd_update(float *p, const float *g, float *momentum_buf, size_t n,
         if (nesterov) mode |= KC_SGD_NEST;
     }
     c.mode = mode;
-    kc_parallel_for(n, KC_GRAIN_HEAVY, KC_ALIGN_FLOATS, kc_sgd_range, &c);
+    kc_parallel_for(n, KC_GRAIN_HEAVY, KC_ALIGN_FLOATS, kc_sgd_range_pick(), &c);
 }
 
 /* ---------------------------------------------------------------- AdamW */

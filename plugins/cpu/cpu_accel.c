@@ -109,7 +109,7 @@ static int32_t cpu_copy(kiln_instance *acc, void *dst, const void *src, size_t b
 
 static int32_t cpu_zero(kiln_instance *acc, void *ptr, size_t bytes) {
     CPU_NEED(acc, ptr, bytes, "zero");
-    if (bytes) memset(ptr, 0, bytes);
+    kc_zero(ptr, bytes);
     return KILN_OK;
 }
 

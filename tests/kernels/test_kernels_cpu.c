@@ -861,6 +861,29 @@ static void test_threads_bit_identical(void) {
     free(x), free(g), free(ref), free(got);
 }
 
+/* kc_zero clears exactly [p, p+bytes) at every thread count, including a
+ * size that splits (several MiB) and starts and ends off a cache line. */
+static void test_zero_split(void) {
+    const size_t total = (size_t)5 << 20, off = 3, bytes = total - 64 - 7;
+    unsigned char *buf = malloc(total);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(buf);
+    const int counts[] = {1, 2, 3};
+    for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
+        CU_ASSERT_EQUAL(kc_set_num_threads(counts[k]), counts[k]);
+        memset(buf, 0xa5, total);
+        kc_zero(buf + off, bytes);
+        size_t bad = 0;
+        for (size_t i = 0; i < total; i++) {
+            int inside = i >= off && i < off + bytes;
+            if (buf[i] != (inside ? 0 : 0xa5)) bad++;
+        }
+        CU_ASSERT_EQUAL(bad, 0);
+        kc_zero(buf, 0); /* no-op, no crash */
+    }
+    CU_ASSERT_EQUAL(kc_set_num_threads(1), 1);
+    free(buf);
+}
+
 /* ------------------------------------------------------------------ main */
 
 void kt_register_ex_tests(void);  /* test_kernels_ex.c */
@@ -881,6 +904,7 @@ static void register_tests(void) {
     CU_add_test(s, "softmax_xent_extremes", test_softmax_xent_extremes);
     CU_add_test(s, "softmax_xent_backward_fd", test_softmax_xent_backward_fd);
     CU_add_test(s, "reductions_and_blas1", test_reductions_and_blas1);
+    CU_add_test(s, "zero_split", test_zero_split);
     CU_add_test(s, "sgd_hand", test_sgd_hand);
     CU_add_test(s, "sgd_vs_double", test_sgd_vs_double);
     CU_add_test(s, "adamw_literals", test_adamw_literals);
