@@ -38,7 +38,7 @@ static double median(double *v, int n) {
 }
 
 typedef struct {
-    double epoch_s, steady_s, bound_step_s, paired_kiln_s, paired_gemm_s;
+    double epoch_s, steady_s, bound_step_s, paired_kiln_s, paired_gemm_s, probe_s;
     long steady_steps, steady_minflt, maxrss_kib, paired_steps;
 } probe;
 #define MAX_EPOCHS 16
@@ -72,10 +72,10 @@ static int run_kiln(const char *kiln, const char *probe_dir, const char *layers,
     for (int e = 0; ok && e < epochs; e++)
         ok = fscanf(f,
                     " epoch_s=%lf steady_s=%lf steady_steps=%ld steady_minflt=%ld maxrss_kib=%ld bound_step_s=%lf"
-                    " paired_steps=%ld paired_kiln_s=%lf paired_gemm_s=%lf",
+                    " paired_steps=%ld paired_kiln_s=%lf paired_gemm_s=%lf probe_s=%lf",
                     &out[e].epoch_s, &out[e].steady_s, &out[e].steady_steps, &out[e].steady_minflt,
                     &out[e].maxrss_kib, &out[e].bound_step_s, &out[e].paired_steps, &out[e].paired_kiln_s,
-                    &out[e].paired_gemm_s) == 9;
+                    &out[e].paired_gemm_s, &out[e].probe_s) == 10;
     if (f) fclose(f);
     if (rc != 0 || !ok) {
         snprintf(cmd, sizeof cmd, "cat %s/out.txt >&2", dir);
@@ -110,8 +110,11 @@ int main(int argc, char **argv) {
     if (!probe_dir) { fprintf(stderr, "--probe-dir (where libkiln-benchprobe.so is) is required\n"); return 2; }
     if (runs < 1 || runs > 64) runs = 3;
     if (epochs < 1 || epochs > MAX_EPOCHS) epochs = 3;
+    /* Per epoch: gb the GEMM step it is compared with, ep kiln's epoch time
+     * (net of the probe's own work), st kiln's steady step; peer the bound
+     * through OpenBLAS's own threads, measured before the epoch. */
     double gb[64 * MAX_EPOCHS], ep[64 * MAX_EPOCHS], st[64 * MAX_EPOCHS], ratio[64 * MAX_EPOCHS],
-        over[64 * MAX_EPOCHS];
+        over[64 * MAX_EPOCHS], peer[64 * MAX_EPOCHS], pratio[64 * MAX_EPOCHS];
     int n = 0;
     long flt = 0, rss = 0, ss = 0;
     for (int r = 0; r < runs; r++) {
@@ -121,42 +124,45 @@ int main(int argc, char **argv) {
             return 1;
         }
         for (int e = 0; e < epochs; e++, n++) {
-            gb[n] = p[e].bound_step_s;
-            ep[n] = p[e].epoch_s;
-            st[n] = p[e].steady_s / (double)(p[e].steady_steps ? p[e].steady_steps : 1);
-            ratio[n] = gb[n] * steps / ep[n];
-            over[n] = st[n] - gb[n];
+            peer[n] = p[e].bound_step_s;
+            ep[n] = p[e].epoch_s - p[e].probe_s;
             if (paired) { /* each kiln step against the GEMM step timed right after it (benchprobe.c) */
                 st[n] = p[e].paired_kiln_s;
                 gb[n] = p[e].paired_gemm_s;
-                over[n] = st[n] - gb[n];
-                ratio[n] = gb[n] / st[n];
+            } else {
+                st[n] = p[e].steady_s / (double)(p[e].steady_steps ? p[e].steady_steps : 1);
+                gb[n] = peer[n];
             }
+            ratio[n] = gb[n] * steps / ep[n];
+            pratio[n] = peer[n] * steps / ep[n];
+            over[n] = st[n] - gb[n];
             if (p[e].steady_minflt > flt) flt = p[e].steady_minflt;
             if (p[e].maxrss_kib > rss) rss = p[e].maxrss_kib;
             ss = p[e].steady_steps;
         }
     }
-    double g = median(gb, n), rmed = median(ratio, n), omed = median(over, n);
+    double g = median(gb, n), rmed = median(ratio, n), omed = median(over, n), pg = median(peer, n),
+           prmed = median(pratio, n);
     double epoch = median(ep, n), step = median(st, n);
     double bound = g * steps;
     printf("mlp %s batch %d, %s, %d thread(s), %d steps, median of %d epochs (%d runs)\n", layers_s, B, opt, threads,
            steps, n, runs);
-    printf("  GEMM-only bound: %.3f ms/step, %.3f s/epoch\n", 1e3 * g, bound);
-    printf("  kiln: %.3f s/epoch, %.3f ms/step steady\n", epoch, 1e3 * step);
-    if (paired) {
-        printf("  paired: each steady kiln step timed against one GEMM-only step right after it (median per epoch)\n");
-        printf("  GEMM step / kiln step = %.3f\n", rmed);
-    } else {
-        printf("  bound / kiln epoch = %.3f (median of per-epoch ratios)\n", rmed);
-    }
+    if (paired)
+        printf("  GEMM-only bound: %.3f ms/step, %.3f s/epoch (paired: the accelerator's GEMMs, one step after each\n"
+               "    steady kiln step); through OpenBLAS's threads before the epoch: %.3f ms/step\n",
+               1e3 * g, bound, 1e3 * pg);
+    else
+        printf("  GEMM-only bound: %.3f ms/step, %.3f s/epoch (OpenBLAS, measured before each epoch)\n", 1e3 * g, bound);
+    printf("  kiln: %.3f s/epoch%s, %.3f ms/step steady\n", epoch, paired ? " (net of the probe)" : "", 1e3 * step);
+    printf("  bound / kiln epoch = %.3f (median of per-epoch ratios)\n", rmed);
+    if (paired) printf("  OpenBLAS-threads bound / kiln epoch = %.3f\n", prmed);
     printf("  per-step overhead (kiln steady step - GEMM step) = %.1f us (median of per-epoch differences)\n", 1e6 * omed);
     printf("  minor page faults in %ld steady steps: %ld (%.2f per step); peak RSS %.1f MiB\n", ss, flt,
            ss ? (double)flt / (double)ss : 0.0, rss / 1024.0);
     printf("RESULT {\"layers\":\"%s\",\"batch\":%d,\"optimizer\":\"%s\",\"threads\":%d,\"gemm_ms\":%.4f,"
            "\"kiln_epoch_s\":%.4f,\"bound_epoch_s\":%.4f,\"ratio\":%.4f,\"overhead_us\":%.1f,\"faults_per_step\":%.3f,"
-           "\"peak_rss_mib\":%.1f,\"paired\":%s}\n",
+           "\"peak_rss_mib\":%.1f,\"paired\":%s,\"peer_gemm_ms\":%.4f,\"peer_ratio\":%.4f}\n",
            layers_s, B, opt, threads, 1e3 * g, epoch, bound, rmed, 1e6 * omed,
-           ss ? (double)flt / (double)ss : 0.0, rss / 1024.0, paired ? "true" : "false");
+           ss ? (double)flt / (double)ss : 0.0, rss / 1024.0, paired ? "true" : "false", 1e3 * pg, prmed);
     return 0;
 }

@@ -16,7 +16,9 @@
  * data fetch, hooks, forward, backward and optimizer all count) and the GEMM
  * step next to it. Medians of the two series give the per-step overhead with
  * the machine's drifts cancelled, which a bound measured before the epoch
- * cannot do for a model whose overhead is a few percent of its step. The
+ * cannot do for a model whose overhead is a few percent of its step; the
+ * probe's own time in the epoch (probe_s) is reported so that the epoch time
+ * net of it can be set against the paired GEMM step. The
  * probe's GEMMs run on their own buffers, so they can only evict kiln's data
  * and make its step slower: the overhead measured this way errs high. The
  * paired GEMMs go through the run's accelerator (its gemm entry), not through
@@ -56,6 +58,7 @@ struct kiln_instance {
     kiln_instance *acc;             /* the run's accelerator, for the paired GEMMs */
     const struct kiln_kernels *k;
     double *kiln_t, *gemm_t, t_mark;
+    double probe_s; /* the probe's own time inside this epoch (paired GEMM steps) */
     int64_t cap, n_pairs;
 };
 
@@ -209,6 +212,7 @@ static int32_t bp_event(kiln_instance *b, kiln_event *ev) {
         b->t_steady = 0;
         b->steps_steady = 0;
         b->n_pairs = 0;
+        b->probe_s = 0.0;
         break;
     case KILN_EV_ON_TRAIN_BATCH_START:
         if (ev->batch_idx == b->warmup) {
@@ -225,7 +229,8 @@ static int32_t bp_event(kiln_instance *b, kiln_event *ev) {
             bound_step(b);
             double t1 = now();
             if (ev->batch_idx >= b->warmup && b->n_pairs < b->cap) b->gemm_t[b->n_pairs++] = t1 - t0;
-            b->t_mark = t1;
+            b->t_mark = now();
+            b->probe_s += b->t_mark - t0;
         }
         break;
     case KILN_EV_ON_TRAIN_EPOCH_END: {
@@ -238,10 +243,10 @@ static int32_t bp_event(kiln_instance *b, kiln_event *ev) {
         double pk = median_of(b->kiln_t, b->n_pairs), pg = median_of(b->gemm_t, b->n_pairs);
         fprintf(fp,
                 "epoch_s=%.6f steady_s=%.6f steady_steps=%lld steady_minflt=%ld maxrss_kib=%ld bound_step_s=%.9f "
-                "paired_steps=%lld paired_kiln_s=%.9f paired_gemm_s=%.9f\n",
+                "paired_steps=%lld paired_kiln_s=%.9f paired_gemm_s=%.9f probe_s=%.6f\n",
                 t - b->t_epoch, b->t_steady > 0 ? t - b->t_steady : 0.0, (long long)b->steps_steady,
                 b->t_steady > 0 ? f - b->flt_steady : -1L, b->nw >= 2 ? b->rss_kiln_kib : ru.ru_maxrss, b->bound_step,
-                (long long)b->n_pairs, pk, pg);
+                (long long)b->n_pairs, pk, pg, b->probe_s);
         fclose(fp);
         break;
     }
