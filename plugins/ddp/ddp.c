@@ -155,6 +155,63 @@ static int32_t ddp_mpi_local_rank(kiln_instance *self, int64_t *local) {
     return KILN_OK;
 }
 
+/* auto bootstrap: TCP when torchrun-style variables won and no MPI launcher
+ * is around (no OpenMPI, PMIx or PMI rank) and ddp has NCCL: a torchrun or
+ * Kubernetes launch on GPUs. Everything else joins MPI. */
+static int ddp_launched_without_mpi(const char *source) {
+#ifdef KILN_DDP_NCCL
+    return source == ddp_env_sources[1].label && !getenv("OMPI_COMM_WORLD_SIZE") && !getenv("PMIX_RANK") &&
+           !getenv("PMI_RANK") && !getenv("PMI_SIZE") && getenv("MASTER_ADDR") && getenv("MASTER_PORT");
+#else
+    (void)source;
+    return 0;
+#endif
+}
+
+/* create() of bootstrap "tcp": the world from config or the launcher's
+ * variables, the rendezvous from MASTER_ADDR and MASTER_PORT; no MPI. The
+ * NCCL communicator is made at setup (or at the first collective). */
+static int32_t ddp_create_tcp(kiln_instance *self, const char *source, int64_t rank, int64_t world, int64_t local) {
+    const kiln_host_services *svc = self->svc;
+    kiln_host_ctx *hctx = self->hctx;
+#ifndef KILN_DDP_NCCL
+    (void)source, (void)rank, (void)world, (void)local;
+    return kiln_errorf(svc, hctx, KILN_E_UNSUPPORTED,
+                       "ddp: bootstrap \"tcp\" runs every collective on NCCL, and this ddp plugin was built without "
+                       "NCCL (no nccl.h/libnccl at build time); launch through mpirun or srun");
+#else
+    if (!source)
+        return kiln_errorf(svc, hctx, KILN_E_CONFIG,
+                           "ddp: bootstrap \"tcp\" needs RANK and WORLD_SIZE (torchrun sets them) or "
+                           "strategy.rank/world_size; none is set");
+    const char *addr = getenv("MASTER_ADDR");
+    int64_t port = ddp_env_int("MASTER_PORT");
+    if (port < 1 || port > 65535)
+        return kiln_errorf(svc, hctx, KILN_E_CONFIG,
+                           "ddp: bootstrap \"tcp\": MASTER_PORT: expected a TCP port 1..65535, found '%s'",
+                           getenv("MASTER_PORT") ? getenv("MASTER_PORT") : "(unset)");
+    if (world > 1 && (!addr || !*addr || strlen(addr) >= sizeof self->master_addr))
+        return kiln_errorf(svc, hctx, KILN_E_CONFIG,
+                           "ddp: bootstrap \"tcp\": MASTER_ADDR: expected rank 0's host name or address, found "
+                           "'%s'", addr ? addr : "(unset)");
+    if (local < 0 && world > 1)
+        return kiln_errorf(svc, hctx, KILN_E_CONFIG,
+                           "ddp: bootstrap \"tcp\": LOCAL_RANK is not set (torchrun sets it; or set "
+                           "strategy.local_rank): it picks this process's GPU");
+    self->tcp_boot = 1;
+    snprintf(self->master_addr, sizeof self->master_addr, "%s", addr ? addr : "");
+    self->master_port = (int)port;
+    self->rank = (int32_t)rank;
+    self->world = (int32_t)world;
+    self->local_rank = (int32_t)(local < 0 ? 0 : local);
+    kiln_logf(svc, hctx, KILN_LOG_INFO,
+              "ddp: rank %d of %d (local rank %d) from %s; no MPI: rendezvous over TCP at %s:%d, collectives on NCCL",
+              (int)self->rank, (int)self->world, (int)self->local_rank, source, self->master_addr[0] ? self->master_addr : "*",
+              self->master_port);
+    return KILN_OK;
+#endif
+}
+
 /* ------------------------------------------------------------------------ */
 /* create / destroy */
 
@@ -244,6 +301,25 @@ static int32_t ddp_create(void *plugin_ctx, const kiln_host_services *svc, kiln_
         return rc;
     }
     if (cfg_local >= 0) local = cfg_local;
+
+    const char *boot = kiln_kv_str(config, "bootstrap", "auto");
+    int tcp = 0;
+    if (!strcmp(boot, "tcp")) tcp = 1;
+    else if (!strcmp(boot, "auto")) tcp = ddp_launched_without_mpi(source);
+    else if (strcmp(boot, "mpi")) {
+        rc = kiln_errorf(svc, hctx, KILN_E_CONFIG, "ddp: bootstrap must be \"auto\", \"mpi\" or \"tcp\", found \"%s\"",
+                         boot);
+        free(self);
+        return rc;
+    }
+    if (tcp) {
+        if ((rc = ddp_create_tcp(self, source, rank, world, local))) {
+            free(self);
+            return rc;
+        }
+        *out = self;
+        return KILN_OK;
+    }
 
     /* Join (or start) MPI. */
     int inited = 0, finalized = 0;
@@ -522,6 +598,11 @@ static int32_t ddp_setup(kiln_instance *self, kiln_parameter *const *params, uin
      * still all-reduces), so a single-GPU machine exercises that path */
     int32_t nrc = ddp_setup_nccl(self, params, n);
     if (nrc) return nrc;
+    if (self->tcp_boot && !self->use_nccl && n > 0)
+        return kiln_errorf(self->svc, self->hctx, KILN_E_CONFIG,
+                           "ddp: rank %d: a launch without MPI (bootstrap \"tcp\") runs every collective on NCCL and "
+                           "needs the parameters in CUDA device memory (accelerator = \"cuda\"); on CPU, launch "
+                           "through mpirun or srun", (int)self->rank);
     if (self->world == 1 && !self->use_nccl) return KILN_OK;
 #else
     if (self->world == 1) return KILN_OK; /* nothing to agree on */
@@ -614,6 +695,14 @@ static int32_t ddp_post_backward(kiln_instance *self) {
 }
 
 static int32_t ddp_barrier(kiln_instance *self, const char *name) {
+#ifdef KILN_DDP_NCCL
+    if (self->tcp_boot) { /* a one-value sum: NCCL has no barrier */
+        double one = 0.0;
+        int32_t rc = ddp_nccl_host_sum(self, &one, 1, "ncclAllReduce(barrier)");
+        if (rc == KILN_OK) self->n_barrier++;
+        return rc;
+    }
+#endif
     char call[128];
     snprintf(call, sizeof call, "MPI_Ibarrier(%s)", name ? name : "");
     if (self->timed_out) return ddp_dead(self, call);
@@ -631,6 +720,13 @@ static int32_t ddp_reduce_sum(kiln_instance *self, double *values, uint32_t n) {
     if (n > INT_MAX)
         return kiln_errorf(self->svc, self->hctx, KILN_E_INVALID_ARG, "ddp: reduce_sum of %u values, at most %d",
                            n, INT_MAX);
+#ifdef KILN_DDP_NCCL
+    if (self->tcp_boot) {
+        int32_t rc = ddp_nccl_host_sum(self, values, n, "ncclAllReduce(metrics, SUM)");
+        if (rc == KILN_OK) self->n_reduce_sum++;
+        return rc;
+    }
+#endif
     if (self->timed_out) return ddp_dead(self, "MPI_Allreduce(metrics, SUM)");
     MPI_Request req;
     int err = MPI_Iallreduce(MPI_IN_PLACE, values, (int)n, MPI_DOUBLE, MPI_SUM, self->comm, &req);
@@ -646,6 +742,9 @@ static int32_t ddp_broadcast(kiln_instance *self, void *buf, size_t bytes, int32
     if (bytes > INT_MAX)
         return kiln_errorf(self->svc, self->hctx, KILN_E_INVALID_ARG, "ddp: broadcast of %zu bytes, at most %d", bytes,
                            INT_MAX);
+#ifdef KILN_DDP_NCCL
+    if (self->tcp_boot) return ddp_nccl_host_bcast(self, buf, bytes, root);
+#endif
     if (self->timed_out) return ddp_dead(self, "MPI_Bcast(plugin data)");
     MPI_Request req;
     int err = MPI_Ibcast(buf, (int)bytes, MPI_BYTE, root, self->comm, &req);
@@ -657,6 +756,9 @@ static int32_t ddp_all_gather(kiln_instance *self, const void *send, size_t byte
     if (bytes > INT_MAX)
         return kiln_errorf(self->svc, self->hctx, KILN_E_INVALID_ARG, "ddp: all_gather of %zu bytes, at most %d",
                            bytes, INT_MAX);
+#ifdef KILN_DDP_NCCL
+    if (self->tcp_boot) return ddp_nccl_host_gather(self, send, bytes, recv);
+#endif
     if (self->timed_out) return ddp_dead(self, "MPI_Allgather(plugin data)");
     MPI_Request req;
     int err = MPI_Iallgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, self->comm, &req);
@@ -693,6 +795,10 @@ static const kiln_param ddp_params[] = {
      "rank on this node (device index); -1: from the launcher's variables, else MPI's shared-memory split"},
     {"bucket_mb", KILN_TYPE_FLOAT, 0, KILN_V_FLOAT(25.0),
      "MiB of gradients per all-reduce (torch's bucket_cap_mb); (0, 4096]"},
+    {"bootstrap", KILN_TYPE_STRING, 0, KILN_V_STR("auto"),
+     "how ranks find each other: \"mpi\" (mpirun, srun), \"tcp\" (torchrun-style variables and "
+     "MASTER_ADDR:MASTER_PORT, no MPI; GPUs only: collectives on NCCL), \"auto\": tcp when torchrun-style "
+     "variables are set without an MPI launcher"},
     {"timeout_s", KILN_TYPE_FLOAT, 0, KILN_V_FLOAT(1800.0),
      "seconds one collective may wait for the other ranks before the job fails (torch's default 30 min); 0: "
      "wait for ever"},

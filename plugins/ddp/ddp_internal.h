@@ -41,6 +41,11 @@ struct kiln_instance {
     int initialized_mpi;     /* this plugin called MPI_Init_thread          */
     size_t bucket_bytes;     /* capacity of one bucket                      */
     double timeout_s;        /* deadline of one collective; 0: none          */
+    /* bootstrap "tcp" (a launch without MPI): MPI is never touched; the NCCL
+     * id goes through ddp_tcp.c and every collective runs on NCCL */
+    int tcp_boot;
+    char master_addr[256];
+    int master_port;
     int timed_out;           /* a collective missed it: MPI is unusable      */
 
     /* from setup() */
@@ -60,6 +65,9 @@ struct kiln_instance {
     int use_nccl;
     void *dbuf;              /* (buf_bytes) device bucket buffer, K->alloc   */
     void *nccl;              /* ddp_nccl state, NULL when unused             */
+    void *hdev;              /* (hdev_bytes) device staging of the host
+                              * collectives (metrics, plugin data) in tcp mode */
+    size_t hdev_bytes;
 
     /* counters for the destroy line (tests read them) */
     uint64_t n_bcast, bcast_bytes;
@@ -85,6 +93,12 @@ int32_t ddp_nccl_init(kiln_instance *self);
  * broadcast from rank 0, or all-reduce with the average. */
 int32_t ddp_nccl_bcast(kiln_instance *self, void *dev, int64_t count, uint32_t dtype);
 int32_t ddp_nccl_allreduce_avg(kiln_instance *self, void *dev, int64_t count, uint32_t dtype);
+/* The host collectives of a tcp-bootstrapped job, on NCCL through a device
+ * staging buffer (self->hdev); they create the communicator on first use.
+ * barrier is a one-value sum. */
+int32_t ddp_nccl_host_sum(kiln_instance *self, double *values, uint32_t n, const char *what);
+int32_t ddp_nccl_host_bcast(kiln_instance *self, void *buf, size_t bytes, int32_t root);
+int32_t ddp_nccl_host_gather(kiln_instance *self, const void *send, size_t bytes, void *recv);
 void ddp_nccl_release(kiln_instance *self);
 #endif
 

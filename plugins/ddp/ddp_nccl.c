@@ -5,7 +5,10 @@
  * host memory for MPI. The communicator is created on the device the
  * accelerator made current (its configure() picked it from the local rank),
  * bootstrapped by broadcasting rank 0's ncclUniqueId over the MPI
- * communicator ddp already has; NCCL runs on a stream of its own. The
+ * communicator ddp already has, or, in a launch without MPI (bootstrap
+ * "tcp"), through ddp_tcp.c at MASTER_ADDR:MASTER_PORT; then the host
+ * collectives (metrics, barriers, plugin data) run here on NCCL too, staged
+ * through a small device buffer. NCCL runs on a stream of its own. The
  * strategy cannot see the accelerator's stream through the ABI, so ddp.c
  * synchronises the accelerator (K->synchronize) before a collective reads
  * device buffers, and each collective here waits for NCCL's stream before
@@ -22,6 +25,7 @@
 #include <nccl.h>
 
 #include "ddp_internal.h"
+#include "ddp_tcp.h"
 
 typedef struct ddp_nccl {
     ncclComm_t comm;
@@ -67,18 +71,29 @@ int32_t ddp_nccl_init(kiln_instance *self) {
         free(n);
         return ddp_nccl_fail(self, r, "ncclGetUniqueId");
     }
-    /* every rank reaches this broadcast, also when rank 0 failed above
-     * (it returned, so the others fail in MPI with the job, not hang) */
-    MPI_Request req;
-    int err = MPI_Ibcast(&id, (int)sizeof id, MPI_BYTE, 0, self->comm, &req);
-    int32_t rc = err == MPI_SUCCESS ? ddp_wait(self, &req, "MPI_Ibcast(ncclUniqueId)") : KILN_E_COMM;
-    if (rc != KILN_OK) {
-        free(n);
-        if (err != MPI_SUCCESS)
+    if (self->tcp_boot) {
+        char err[512];
+        if (ddp_tcp_bcast(self->master_addr, self->master_port, (int)self->rank, (int)self->world, self->timeout_s,
+                          &id, sizeof id, err, sizeof err)) {
+            free(n);
             return kiln_errorf(self->svc, self->hctx, KILN_E_COMM,
-                               "ddp: rank %d of %d: MPI_Ibcast(ncclUniqueId) failed", (int)self->rank,
-                               (int)self->world);
-        return rc;
+                               "ddp: rank %d of %d: TCP rendezvous at %s:%d (MASTER_ADDR:MASTER_PORT): %s",
+                               (int)self->rank, (int)self->world, self->master_addr, self->master_port, err);
+        }
+    } else {
+        /* every rank reaches this broadcast, also when rank 0 failed above
+         * (it returned, so the others fail in MPI with the job, not hang) */
+        MPI_Request req;
+        int err = MPI_Ibcast(&id, (int)sizeof id, MPI_BYTE, 0, self->comm, &req);
+        int32_t rc = err == MPI_SUCCESS ? ddp_wait(self, &req, "MPI_Ibcast(ncclUniqueId)") : KILN_E_COMM;
+        if (rc != KILN_OK) {
+            free(n);
+            if (err != MPI_SUCCESS)
+                return kiln_errorf(self->svc, self->hctx, KILN_E_COMM,
+                                   "ddp: rank %d of %d: MPI_Ibcast(ncclUniqueId) failed", (int)self->rank,
+                                   (int)self->world);
+            return rc;
+        }
     }
     if ((e = cudaStreamCreateWithFlags(&n->stream, cudaStreamNonBlocking)) != cudaSuccess) {
         free(n);
@@ -156,7 +171,97 @@ int32_t ddp_nccl_allreduce_avg(kiln_instance *self, void *dev, int64_t count, ui
     return ddp_nccl_wait(self, n, "ncclAllReduce(gradients, AVG)");
 }
 
+/* ------------------------------------------------------------------------ */
+/* Host collectives of a tcp-bootstrapped job */
+
+/* The accelerator, the communicator and a staging buffer of at least bytes;
+ * refuses an accelerator whose memory is not CUDA device memory. */
+static int32_t ddp_host_ready(kiln_instance *self, size_t bytes) {
+    int32_t rc;
+    if (!self->K && (rc = self->svc->accelerator(self->hctx, &self->acc, &self->K)) != KILN_OK)
+        return kiln_errorf(self->svc, self->hctx, rc, "ddp: rank %d: no accelerator for the collectives",
+                           (int)self->rank);
+    if (bytes < 64) bytes = 64;
+    if (self->hdev_bytes < bytes) {
+        if (self->hdev) self->K->free(self->acc, self->hdev);
+        self->hdev = NULL;
+        self->hdev_bytes = 0;
+        if ((rc = self->K->alloc(self->acc, bytes, &self->hdev)) != KILN_OK)
+            return kiln_errorf(self->svc, self->hctx, rc, "ddp: rank %d: cannot allocate %zu device bytes for a "
+                               "collective (%s)", (int)self->rank, bytes, kiln_status_name(rc));
+        self->hdev_bytes = bytes;
+        int is_dev = 0;
+        ddp_nccl_is_device(self->hdev, &is_dev);
+        if (!is_dev)
+            return kiln_errorf(self->svc, self->hctx, KILN_E_CONFIG,
+                               "ddp: rank %d: a launch without MPI (bootstrap \"tcp\") runs every collective on "
+                               "NCCL and needs the cuda accelerator; on CPU, launch through mpirun or srun",
+                               (int)self->rank);
+    }
+    return self->nccl ? KILN_OK : ddp_nccl_init(self);
+}
+
+/* Moves bytes between host and the staging buffer and waits for the
+ * accelerator, so NCCL's stream sees a finished copy (H2D) and the caller a
+ * finished result (D2H). */
+static int32_t ddp_host_copy(kiln_instance *self, void *dst, const void *src, size_t bytes, int32_t kind) {
+    int32_t rc = bytes ? self->K->copy(self->acc, dst, src, bytes, kind) : KILN_OK;
+    if (rc == KILN_OK) rc = self->K->synchronize(self->acc);
+    if (rc != KILN_OK)
+        return kiln_errorf(self->svc, self->hctx, rc, "ddp: rank %d: staging a collective through the device failed "
+                           "(%s)", (int)self->rank, kiln_status_name(rc));
+    return KILN_OK;
+}
+
+static int32_t ddp_host_dead(kiln_instance *self, const char *what) {
+    return kiln_errorf(self->svc, self->hctx, KILN_E_COMM, "ddp: rank %d: %s not attempted: an earlier collective "
+                       "timed out", (int)self->rank, what);
+}
+
+int32_t ddp_nccl_host_sum(kiln_instance *self, double *values, uint32_t n, const char *what) {
+    if (self->timed_out) return ddp_host_dead(self, what);
+    size_t bytes = (size_t)n * sizeof(double);
+    int32_t rc = ddp_host_ready(self, bytes);
+    if (rc || (rc = ddp_host_copy(self, self->hdev, values, bytes, KILN_COPY_H2D))) return rc;
+    ddp_nccl *nc = self->nccl;
+    ncclResult_t r = ncclAllReduce(self->hdev, self->hdev, n, ncclFloat64, ncclSum, nc->comm, nc->stream);
+    if (r != ncclSuccess) return ddp_nccl_fail(self, r, what);
+    if ((rc = ddp_nccl_wait(self, nc, what))) return rc;
+    return ddp_host_copy(self, values, self->hdev, bytes, KILN_COPY_D2H);
+}
+
+int32_t ddp_nccl_host_bcast(kiln_instance *self, void *buf, size_t bytes, int32_t root) {
+    const char *what = "ncclBroadcast(plugin data)";
+    if (self->timed_out) return ddp_host_dead(self, what);
+    int32_t rc = ddp_host_ready(self, bytes);
+    if (rc || (self->rank == root && (rc = ddp_host_copy(self, self->hdev, buf, bytes, KILN_COPY_H2D)))) return rc;
+    ddp_nccl *nc = self->nccl;
+    ncclResult_t r = ncclBroadcast(self->hdev, self->hdev, bytes, ncclUint8, root, nc->comm, nc->stream);
+    if (r != ncclSuccess) return ddp_nccl_fail(self, r, what);
+    if ((rc = ddp_nccl_wait(self, nc, what))) return rc;
+    return ddp_host_copy(self, buf, self->hdev, bytes, KILN_COPY_D2H);
+}
+
+int32_t ddp_nccl_host_gather(kiln_instance *self, const void *send, size_t bytes, void *recv) {
+    const char *what = "ncclAllGather(plugin data)";
+    if (self->timed_out) return ddp_host_dead(self, what);
+    size_t total = bytes * (size_t)self->world;
+    int32_t rc = ddp_host_ready(self, total);
+    if (rc) return rc;
+    /* in place, as NCCL allows: this rank's part already at its offset */
+    unsigned char *mine = (unsigned char *)self->hdev + (size_t)self->rank * bytes;
+    if ((rc = ddp_host_copy(self, mine, send, bytes, KILN_COPY_H2D))) return rc;
+    ddp_nccl *nc = self->nccl;
+    ncclResult_t r = ncclAllGather(mine, self->hdev, bytes, ncclUint8, nc->comm, nc->stream);
+    if (r != ncclSuccess) return ddp_nccl_fail(self, r, what);
+    if ((rc = ddp_nccl_wait(self, nc, what))) return rc;
+    return ddp_host_copy(self, recv, self->hdev, total, KILN_COPY_D2H);
+}
+
 void ddp_nccl_release(kiln_instance *self) {
+    if (self->hdev && self->K && self->K->free) self->K->free(self->acc, self->hdev);
+    self->hdev = NULL;
+    self->hdev_bytes = 0;
     ddp_nccl *n = self->nccl;
     if (!n) return;
     (void)cudaSetDevice(n->device);

@@ -41,7 +41,7 @@ optimizer = { name = "sgd"; lr = 0.1; momentum = 0.0; };
 callbacks = ( { name = "ddpdump"; path = "$tmp/$tag/w"; } $cb );
 CFG
   if [ "$np" = 0 ]; then timeout -s KILL 120 "$kiln" fit "$tmp/$tag/run.cfg" > "$tmp/$tag/log" 2>&1
-  else timeout -s KILL 120 "$mpiexec" -n "$np" "$kiln" fit "$tmp/$tag/run.cfg" > "$tmp/$tag/log" 2>&1; fi
+  else timeout -s KILL 120 "$mpiexec" -n "$np" ${WRAP:-} "$kiln" fit "$tmp/$tag/run.cfg" > "$tmp/$tag/log" 2>&1; fi
 }
 # relative L2 difference of two float32 dumps, printed; status 0 when <= tol
 close() { # A B TOL LABEL
@@ -125,5 +125,60 @@ else
   cat "$tmp/hang/log"; fail "(f) no NCCL watchdog timeout message naming rank 0"
 fi
 
+# (g) torchrun's variables instead of OpenMPI's (mpirun only starts the
+# processes and carries the fake's transport).
+cat > "$tmp/as_torchrun" <<'SH'
+#!/usr/bin/env bash
+r=$OMPI_COMM_WORLD_RANK n=$OMPI_COMM_WORLD_SIZE l=$OMPI_COMM_WORLD_LOCAL_RANK
+unset OMPI_COMM_WORLD_RANK OMPI_COMM_WORLD_SIZE OMPI_COMM_WORLD_LOCAL_RANK
+export RANK=$r WORLD_SIZE=$n LOCAL_RANK=$l MASTER_ADDR=127.0.0.1 MASTER_PORT=$KILN_TEST_PORT
+exec "$@"
+SH
+chmod +x "$tmp/as_torchrun"
+export KILN_TEST_PORT=$((20000 + RANDOM % 30000))
+if WRAP="$tmp/as_torchrun" run tcp 2 cudafake:cuda '{ name = "ddpfake:ddp"; bootstrap = "tcp"; }' 64 \
+     "limit_train_batches = 5;" ", { name = \"collfix\"; path = \"$tmp/tcp/coll\"; }"; then
+  for r in 0 1; do
+    grep -q "ddp: rank $r of 2 (local rank $r) from torchrun-style (RANK/WORLD_SIZE/LOCAL_RANK); no MPI: rendezvous over TCP at 127.0.0.1:$KILN_TEST_PORT" "$tmp/tcp/log" ||
+      fail "(g) rank $r did not log the TCP rendezvous"
+    grep -qx "ok $r 2" "$tmp/tcp/coll.$r" 2>/dev/null || fail "(g) collfix on rank $r: $(cat "$tmp/tcp/coll.$r" 2>&1)"
+    c=$(sed -n "s/^fake-nccl: rank $r of 2: allreduce \([0-9]*\) ([0-9]* bytes, \([0-9]*\) avg), broadcast \([0-9]*\) .*allgather \([0-9]*\).*/\1 \2 \3 \4/p" "$tmp/tcp/log" | head -1)
+    read -r n_all n_avg n_bc n_ag <<< "${c:-0 0 0 0}"
+    [ "$n_avg" = 5 ] || fail "(g) rank $r: $n_avg gradient all-reduces (ncclAvg), expected 5"
+    [ "$n_all" -gt 5 ] || fail "(g) rank $r: no metric or barrier all-reduce on NCCL ($n_all all-reduces in all)"
+    [ "$n_bc" -ge 2 ] && [ "$n_ag" -ge 1 ] || fail "(g) rank $r: collfix's broadcast/all_gather not on NCCL ('$c')"
+    cmp -s "$tmp/nccl/w.$r" "$tmp/tcp/w.$r" || fail "(g) rank $r: weights differ from the MPI-bootstrapped NCCL run"
+  done
+  echo "  tcp: rendezvous at 127.0.0.1:$KILN_TEST_PORT, $n_all all-reduces ($n_avg avg), $n_bc broadcasts, $n_ag all-gathers on rank 1; weights = MPI bootstrap's"
+else
+  cat "$tmp/tcp/log"; fail "(g) the 2-rank launch without MPI failed"
+fi
+
+# The real ddp on the cpu accelerator cannot take a launch without MPI: one clear line.
+if WRAP="$tmp/as_torchrun" run tcpcpu 2 cpu '{ name = "ddp"; bootstrap = "tcp"; }' 64 "limit_train_batches = 2;"; then
+  fail "(g) bootstrap tcp on the cpu accelerator did not fail"
+elif grep -q 'runs every collective on NCCL and needs' "$tmp/tcpcpu/log"; then
+  echo "  tcp on cpu: $(grep -o 'ddp: rank 0: a launch without MPI[^;]*' "$tmp/tcpcpu/log" | head -1)"
+else
+  cat "$tmp/tcpcpu/log"; fail "(g) no clear message for bootstrap tcp on the cpu accelerator"
+fi
+
+# bootstrap "auto": torchrun's variables with MASTER_ADDR/MASTER_PORT and no
+# MPI launcher choose tcp (on the cpu accelerator: the refusal above); the
+# same variables without MASTER_ADDR join MPI (a singleton here) and train.
+if RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$KILN_TEST_PORT \
+   run autotcp 0 cpu '"ddp"' 64 "limit_train_batches = 2;"; then
+  fail "(g) auto with torchrun's variables and no MPI did not choose tcp"
+else
+  grep -q "no MPI: rendezvous over TCP at 127.0.0.1:$KILN_TEST_PORT" "$tmp/autotcp/log" ||
+    { cat "$tmp/autotcp/log"; fail "(g) auto did not log the TCP rendezvous"; }
+fi
+if RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 run automp 0 cpu '"ddp"' 64 "limit_train_batches = 2;"; then
+  grep -q "from torchrun-style (RANK/WORLD_SIZE/LOCAL_RANK); MPI initialised here" "$tmp/automp/log" ||
+    { cat "$tmp/automp/log"; fail "(g) auto without MASTER_ADDR did not join MPI"; }
+else
+  cat "$tmp/automp/log"; fail "(g) auto without MASTER_ADDR failed"
+fi
+
 [ "$fails" -eq 0 ] || { echo "$fails check(s) failed"; exit 1; }
-echo "ddp over fake NCCL: counts, equivalence, world 1 and timeout ok"
+echo "ddp over fake NCCL: counts, equivalence, world 1, timeout and the launch without MPI ok"

@@ -15,7 +15,11 @@
  * as NCCL does (PreMulSum with the scalar 1/nranks in the element type).
  * Calls and bytes are counted per communicator and printed as one line on
  * stderr at ncclCommDestroy or ncclCommAbort, which the test greps:
- *   fake-nccl: rank R of W: allreduce N (B bytes, A avg), broadcast M (C bytes), destroyed
+ *   fake-nccl: rank R of W: allreduce N (B bytes, A avg), broadcast M (C bytes), allgather G, destroyed
+ * ddp's launch without MPI (bootstrap "tcp") never touches MPI itself: then
+ * the fake starts MPI for its own transport at ncclCommInitRank (the test
+ * still runs the processes under mpirun, with OpenMPI's rank variables
+ * renamed to torchrun's) and finalizes it when the last communicator goes.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdarg.h>
@@ -34,11 +38,13 @@ struct ncclComm {
     MPI_Comm comm; /* dup of MPI_COMM_WORLD, errors returned */
     int rank, size;
     int aborted;
-    unsigned long n_allreduce, n_avg, n_bcast;
+    unsigned long n_allreduce, n_avg, n_bcast, n_allgather;
     unsigned long long allreduce_bytes, bcast_bytes;
 };
 
 static char fake_last_text[512] = "";
+static int fake_started_mpi; /* this fake called MPI_Init_thread (ddp's tcp bootstrap) */
+static int fake_live_comms;
 
 /* Records why the call failed (ncclGetLastError) and returns r. */
 static ncclResult_t fake_fail(ncclResult_t r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -97,7 +103,12 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId,
     *comm = NULL;
     int inited = 0;
     MPI_Initialized(&inited);
-    if (!inited) return fake_fail(ncclInvalidUsage, "ncclCommInitRank: the fake needs MPI initialised (ddp does it)");
+    if (!inited) { /* ddp bootstrapped over TCP: MPI is the fake's own transport */
+        int provided = 0;
+        if (MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+            return fake_fail(ncclSystemError, "ncclCommInitRank: MPI_Init_thread failed (the fake's transport)");
+        fake_started_mpi = 1;
+    }
     if (nranks < 1 || rank < 0 || rank >= nranks)
         return fake_fail(ncclInvalidArgument, "ncclCommInitRank: rank %d of %d", rank, nranks);
     struct ncclComm *c = calloc(1, sizeof *c);
@@ -128,7 +139,17 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId,
                          (any & 1) ? "rank/nranks disagree with the MPI world" : "");
     }
     *comm = c;
+    fake_live_comms++;
     return ncclSuccess;
+}
+
+/* The last communicator of a fake that started MPI itself finalizes it
+ * (mpirun fails a job whose processes exit without MPI_Finalize). */
+static void fake_comm_gone(int collective_ok) {
+    if (--fake_live_comms > 0 || !fake_started_mpi || !collective_ok) return;
+    int fin = 0;
+    if (MPI_Finalized(&fin) == MPI_SUCCESS && !fin) MPI_Finalize();
+    fake_started_mpi = 0;
 }
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError) {
@@ -138,8 +159,11 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError) {
 }
 
 static void fake_report(const struct ncclComm *c, const char *how) {
-    fprintf(stderr, "fake-nccl: rank %d of %d: allreduce %lu (%llu bytes, %lu avg), broadcast %lu (%llu bytes), %s\n",
-            c->rank, c->size, c->n_allreduce, c->allreduce_bytes, c->n_avg, c->n_bcast, c->bcast_bytes, how);
+    fprintf(stderr,
+            "fake-nccl: rank %d of %d: allreduce %lu (%llu bytes, %lu avg), broadcast %lu (%llu bytes), allgather %lu, "
+            "%s\n",
+            c->rank, c->size, c->n_allreduce, c->allreduce_bytes, c->n_avg, c->n_bcast, c->bcast_bytes, c->n_allgather,
+            how);
     fflush(stderr);
 }
 
@@ -151,6 +175,7 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
     fake_report(comm, "aborted");
     fake_stream_forget(comm);
     free(comm);
+    fake_comm_gone(0); /* a hung peer: no MPI_Finalize, which would wait for it */
     return ncclSuccess;
 }
 
@@ -160,6 +185,7 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
     fake_stream_forget(comm);
     MPI_Comm_free(&comm->comm);
     free(comm);
+    fake_comm_gone(1);
     return ncclSuccess;
 }
 
@@ -171,7 +197,9 @@ static ncclResult_t fake_check(const char *fn, ncclComm_t comm, cudaStream_t str
         return fake_fail(ncclInvalidArgument, "%s: stream %p is not a live stream of this fake", fn, (void *)stream);
     if (datatype == ncclFloat32) { *mt = MPI_FLOAT; *esz = 4; }
     else if (datatype == ncclFloat64) { *mt = MPI_DOUBLE; *esz = 8; }
-    else return fake_fail(ncclInvalidArgument, "%s: datatype %d (the fake does float32 and float64)", fn, (int)datatype);
+    else if (datatype == ncclUint8 || datatype == ncclInt8) { *mt = MPI_BYTE; *esz = 1; }
+    else return fake_fail(ncclInvalidArgument, "%s: datatype %d (the fake does float32, float64 and 8-bit)", fn,
+                          (int)datatype);
     if (count > (size_t)INT32_MAX) return fake_fail(ncclInvalidArgument, "%s: count %zu above MPI's int", fn, count);
     return ncclSuccess;
 }
@@ -184,6 +212,7 @@ ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, n
     if (r != ncclSuccess) return r;
     if (op != ncclSum && op != ncclAvg)
         return fake_fail(ncclInvalidArgument, "ncclAllReduce: op %d (the fake does ncclSum and ncclAvg)", (int)op);
+    if (mt == MPI_BYTE) return fake_fail(ncclInvalidArgument, "ncclAllReduce: the fake sums floats only");
     if (count > 0 && (!sendbuff || !recvbuff)) return fake_fail(ncclInvalidArgument, "ncclAllReduce: NULL buffer");
     if (count > 0 && sendbuff != recvbuff) memcpy(recvbuff, sendbuff, count * esz);
     if (op == ncclAvg && count > 0) {
@@ -228,5 +257,28 @@ ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count, n
                          FAKE_NCCL_STREAM_DEPTH);
     comm->n_bcast++;
     comm->bcast_bytes += (unsigned long long)(count * esz);
+    return ncclSuccess;
+}
+
+ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount, ncclDataType_t datatype,
+                           ncclComm_t comm, cudaStream_t stream) {
+    MPI_Datatype mt;
+    size_t esz;
+    ncclResult_t r = fake_check("ncclAllGather", comm, stream, sendcount, datatype, &mt, &esz);
+    if (r != ncclSuccess) return r;
+    if (sendcount > 0 && (!sendbuff || !recvbuff)) return fake_fail(ncclInvalidArgument, "ncclAllGather: NULL buffer");
+    /* NCCL's in-place form: sendbuff is this rank's part of recvbuff */
+    unsigned char *mine = (unsigned char *)recvbuff + (size_t)comm->rank * sendcount * esz;
+    if (sendcount > 0 && sendbuff != mine)
+        return fake_fail(ncclInvalidUsage, "ncclAllGather: the fake does the in-place form only (sendbuff = recvbuff "
+                                           "+ rank * sendcount)");
+    MPI_Request req;
+    if (MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recvbuff, (int)sendcount, mt, comm->comm, &req) !=
+        MPI_SUCCESS)
+        return fake_fail(ncclSystemError, "ncclAllGather: MPI_Iallgather failed");
+    if (fake_stream_push(stream, req, comm))
+        return fake_fail(ncclInternalError, "ncclAllGather: more than %d collectives pending on one stream",
+                         FAKE_NCCL_STREAM_DEPTH);
+    comm->n_allgather++;
     return ncclSuccess;
 }
