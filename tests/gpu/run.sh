@@ -11,6 +11,7 @@
 #      (ctest -L gpu), then the same under compute-sanitizer memcheck;
 #   4. trains Fashion-MNIST briefly on the GPU in every precision (and once
 #      under the ddp strategy, which uses NCCL for device memory);
+#      and again launched without MPI (torchrun-style variables, bootstrap tcp);
 #   5. runs the GPU benchmark (bench/gpu/run.sh);
 # and writes OUT/gpu.log (everything printed) and OUT/results.json (each
 # step's status and figures). Exit status: 0 when every check passed.
@@ -134,6 +135,9 @@ if [ -n "$fm" ]; then
   fit tf32 32-true --set accelerator.tf32=true
   if [ -f "$build/lib/kiln/plugins/libkiln-ddp.so" ]; then
     fit ddp_nccl 32-true --set strategy=ddp
+    # the launch without MPI: torchrun's variables pick bootstrap "tcp", and
+    # metrics, barriers and plugin collectives run on NCCL too
+    RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29517 fit ddp_tcp 32-true --set strategy=ddp
   else
     record fit_ddp_nccl skip "\"why\": \"ddp not built (no MPI)\""
   fi
