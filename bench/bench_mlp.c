@@ -38,7 +38,7 @@ static double median(double *v, int n) {
 }
 
 typedef struct {
-    double epoch_s, steady_s, bound_step_s, paired_kiln_s, paired_gemm_s, probe_s;
+    double epoch_s, steady_s, bound_step_s, paired_kiln_s, paired_gemm_s, paired_gemm_mean_s, paired_diff_s, probe_s;
     long steady_steps, steady_minflt, maxrss_kib, paired_steps;
 } probe;
 #define MAX_EPOCHS 16
@@ -72,10 +72,10 @@ static int run_kiln(const char *kiln, const char *probe_dir, const char *layers,
     for (int e = 0; ok && e < epochs; e++)
         ok = fscanf(f,
                     " epoch_s=%lf steady_s=%lf steady_steps=%ld steady_minflt=%ld maxrss_kib=%ld bound_step_s=%lf"
-                    " paired_steps=%ld paired_kiln_s=%lf paired_gemm_s=%lf probe_s=%lf",
+                    " paired_steps=%ld paired_kiln_s=%lf paired_gemm_s=%lf paired_gemm_mean_s=%lf paired_diff_s=%lf probe_s=%lf",
                     &out[e].epoch_s, &out[e].steady_s, &out[e].steady_steps, &out[e].steady_minflt,
                     &out[e].maxrss_kib, &out[e].bound_step_s, &out[e].paired_steps, &out[e].paired_kiln_s,
-                    &out[e].paired_gemm_s, &out[e].probe_s) == 10;
+                    &out[e].paired_gemm_s, &out[e].paired_gemm_mean_s, &out[e].paired_diff_s, &out[e].probe_s) == 12;
     if (f) fclose(f);
     if (rc != 0 || !ok) {
         snprintf(cmd, sizeof cmd, "cat %s/out.txt >&2", dir);
@@ -114,7 +114,7 @@ int main(int argc, char **argv) {
      * (net of the probe's own work), st kiln's steady step; peer the bound
      * through OpenBLAS's own threads, measured before the epoch. */
     double gb[64 * MAX_EPOCHS], ep[64 * MAX_EPOCHS], st[64 * MAX_EPOCHS], ratio[64 * MAX_EPOCHS],
-        over[64 * MAX_EPOCHS], peer[64 * MAX_EPOCHS], pratio[64 * MAX_EPOCHS];
+        over[64 * MAX_EPOCHS], peer[64 * MAX_EPOCHS], pratio[64 * MAX_EPOCHS], gmean[64 * MAX_EPOCHS];
     int n = 0;
     long flt = 0, rss = 0, ss = 0;
     for (int r = 0; r < runs; r++) {
@@ -129,34 +129,36 @@ int main(int argc, char **argv) {
             if (paired) { /* each kiln step against the GEMM step timed right after it (benchprobe.c) */
                 st[n] = p[e].paired_kiln_s;
                 gb[n] = p[e].paired_gemm_s;
+                gmean[n] = p[e].paired_gemm_mean_s; /* an epoch is a sum: its bound is the mean step's */
             } else {
                 st[n] = p[e].steady_s / (double)(p[e].steady_steps ? p[e].steady_steps : 1);
-                gb[n] = peer[n];
+                gb[n] = gmean[n] = peer[n];
             }
-            ratio[n] = gb[n] * steps / ep[n];
+            ratio[n] = gmean[n] * steps / ep[n];
             pratio[n] = peer[n] * steps / ep[n];
-            over[n] = st[n] - gb[n];
+            over[n] = paired ? p[e].paired_diff_s : st[n] - gb[n];
             if (p[e].steady_minflt > flt) flt = p[e].steady_minflt;
             if (p[e].maxrss_kib > rss) rss = p[e].maxrss_kib;
             ss = p[e].steady_steps;
         }
     }
-    double g = median(gb, n), rmed = median(ratio, n), omed = median(over, n), pg = median(peer, n),
+    double gm = median(gmean, n), g = median(gb, n), rmed = median(ratio, n), omed = median(over, n), pg = median(peer, n),
            prmed = median(pratio, n);
     double epoch = median(ep, n), step = median(st, n);
-    double bound = g * steps;
+    double bound = gm * steps;
     printf("mlp %s batch %d, %s, %d thread(s), %d steps, median of %d epochs (%d runs)\n", layers_s, B, opt, threads,
            steps, n, runs);
     if (paired)
-        printf("  GEMM-only bound: %.3f ms/step, %.3f s/epoch (paired: the accelerator's GEMMs, one step after each\n"
-               "    steady kiln step); through OpenBLAS's threads before the epoch: %.3f ms/step\n",
-               1e3 * g, bound, 1e3 * pg);
+        printf("  GEMM-only bound: %.3f ms/step (median; mean %.3f), %.3f s/epoch (paired: the accelerator's GEMMs,\n"
+               "    one step after each steady kiln step); through OpenBLAS's threads before the epoch: %.3f ms/step\n",
+               1e3 * g, 1e3 * gm, bound, 1e3 * pg);
     else
         printf("  GEMM-only bound: %.3f ms/step, %.3f s/epoch (OpenBLAS, measured before each epoch)\n", 1e3 * g, bound);
     printf("  kiln: %.3f s/epoch%s, %.3f ms/step steady\n", epoch, paired ? " (net of the probe)" : "", 1e3 * step);
     printf("  bound / kiln epoch = %.3f (median of per-epoch ratios)\n", rmed);
     if (paired) printf("  OpenBLAS-threads bound / kiln epoch = %.3f\n", prmed);
-    printf("  per-step overhead (kiln steady step - GEMM step) = %.1f us (median of per-epoch differences)\n", 1e6 * omed);
+    printf("  per-step overhead (kiln steady step - GEMM step) = %.1f us (%s)\n", 1e6 * omed,
+           paired ? "median over epochs of the median per-pair difference" : "median of per-epoch differences");
     printf("  minor page faults in %ld steady steps: %ld (%.2f per step); peak RSS %.1f MiB\n", ss, flt,
            ss ? (double)flt / (double)ss : 0.0, rss / 1024.0);
     printf("RESULT {\"layers\":\"%s\",\"batch\":%d,\"optimizer\":\"%s\",\"threads\":%d,\"gemm_ms\":%.4f,"

@@ -14,8 +14,8 @@
  * steady-state batch (in on_train_batch_end) and times both: the kiln step
  * (from the probe's return at the previous batch end to this batch end, so
  * data fetch, hooks, forward, backward and optimizer all count) and the GEMM
- * step next to it. Medians of the two series give the per-step overhead with
- * the machine's drifts cancelled, which a bound measured before the epoch
+ * step next to it. The median of the per-pair differences gives the per-step
+ * overhead with the machine's drifts cancelled, which a bound measured before the epoch
  * cannot do for a model whose overhead is a few percent of its step; the
  * probe's own time in the epoch (probe_s) is reported so that the epoch time
  * net of it can be set against the paired GEMM step. The
@@ -43,6 +43,7 @@ struct kiln_instance {
     const kiln_host_services *svc;
     kiln_host_ctx *hctx;
     char path[1024];
+    char dump[1024]; /* paired mode: every pair appended here when set ("" = none) */
     int64_t warmup;
     double t_epoch, t_steady;
     long flt_steady;
@@ -167,6 +168,7 @@ static int32_t bp_create(void *ctx, const kiln_host_services *svc, kiln_host_ctx
     b->svc = svc;
     b->hctx = h;
     snprintf(b->path, sizeof b->path, "%s", kiln_kv_str(cfg, "path", "probe.txt"));
+    snprintf(b->dump, sizeof b->dump, "%s", kiln_kv_str(cfg, "dump", ""));
     b->warmup = kiln_kv_int(cfg, "warmup", 20);
     const kiln_value *layers = kiln_kv_find(cfg, "layers");
     if (layers && layers->type == KILN_TYPE_INT_LIST)
@@ -240,13 +242,28 @@ static int32_t bp_event(kiln_instance *b, kiln_event *ev) {
         getrusage(RUSAGE_SELF, &ru);
         FILE *fp = fopen(b->path, "a");
         if (!fp) return kiln_errorf(b->svc, b->hctx, KILN_E_IO, "%s: cannot append", b->path);
+        if (b->dump[0] && b->n_pairs) { /* before median_of sorts them */
+            FILE *d = fopen(b->dump, "a");
+            if (!d) return kiln_errorf(b->svc, b->hctx, KILN_E_IO, "%s: cannot append", b->dump);
+            for (int64_t i = 0; i < b->n_pairs; i++) fprintf(d, "%lld %.9f %.9f\n", (long long)i, b->kiln_t[i], b->gemm_t[i]);
+            fclose(d);
+        }
+        double sg = 0.0; /* the mean GEMM step: the bound of an epoch is a sum, and medians of a bimodal
+                          * machine (the second vCPU fast, then slow, for seconds) would not add up */
+        for (int64_t i = 0; i < b->n_pairs; i++) sg += b->gemm_t[i];
+        double mg = b->n_pairs ? sg / (double)b->n_pairs : 0.0;
+        /* the overhead: median of per-pair differences, each pair timed back to back (same machine state) */
+        double *diff = b->n_pairs ? malloc((size_t)b->n_pairs * sizeof *diff) : NULL;
+        for (int64_t i = 0; diff && i < b->n_pairs; i++) diff[i] = b->kiln_t[i] - b->gemm_t[i];
+        double pd = diff ? median_of(diff, b->n_pairs) : 0.0;
+        free(diff);
         double pk = median_of(b->kiln_t, b->n_pairs), pg = median_of(b->gemm_t, b->n_pairs);
         fprintf(fp,
                 "epoch_s=%.6f steady_s=%.6f steady_steps=%lld steady_minflt=%ld maxrss_kib=%ld bound_step_s=%.9f "
-                "paired_steps=%lld paired_kiln_s=%.9f paired_gemm_s=%.9f probe_s=%.6f\n",
+                "paired_steps=%lld paired_kiln_s=%.9f paired_gemm_s=%.9f paired_gemm_mean_s=%.9f paired_diff_s=%.9f probe_s=%.6f\n",
                 t - b->t_epoch, b->t_steady > 0 ? t - b->t_steady : 0.0, (long long)b->steps_steady,
                 b->t_steady > 0 ? f - b->flt_steady : -1L, b->nw >= 2 ? b->rss_kiln_kib : ru.ru_maxrss, b->bound_step,
-                (long long)b->n_pairs, pk, pg, b->probe_s);
+                (long long)b->n_pairs, pk, pg, mg, pd, b->probe_s);
         fclose(fp);
         break;
     }
@@ -265,6 +282,7 @@ static const kiln_param bp_params[] = {
     {"bound_reps", KILN_TYPE_INT, 0, KILN_V_INT(50), "steps the bound is averaged over"},
     {"paired", KILN_TYPE_BOOL, 0, KILN_V_BOOL(false), "also time a GEMM-only step after every steady-state batch"},
     {"max_steps", KILN_TYPE_INT, 0, KILN_V_INT(100000), "most steady-state pairs recorded per epoch"},
+    {"dump", KILN_TYPE_STRING, 0, KILN_V_STR(""), "paired mode: file every (step, kiln s, GEMM s) is appended to"},
     {NULL, 0, 0, KILN_V_NONE, NULL}};
 static const kiln_plugin_desc bp_desc = {sizeof(kiln_plugin_desc), KILN_KIND_CALLBACK, "benchprobe", "1.0.0",
                                          "epoch/steady-state timing, page faults and peak RSS for benchmarks", 0,

@@ -9,12 +9,17 @@
  * from (seed, e, b) alone, so the data never depends on how far ahead the
  * producer happened to be.
  *
- * A sleeping producer is woken only once half the ring is free, not for every
- * freed slot: waking a thread on another CPU costs the waker a futex system
- * call and, on a virtual machine, an inter-processor interrupt, measured at
- * ~20 us of the training thread's time per step with the tiny benchmark model
- * (docs/benchmarks.md). With the ring half full there are still batches ready
- * while the producer refills, so the consumer does not wait for it.
+ * The training thread should not pay for waking the producer: waking a thread
+ * on another CPU costs the waker a futex system call and, on a virtual
+ * machine, an inter-processor interrupt, measured at ~20-30 us of the
+ * training thread's time per wake with the tiny benchmark model
+ * (docs/benchmarks.md). So the producer refills in bursts, from half a ring
+ * free to full, and between bursts sleeps on a timed wait sized from the
+ * consumer's pace (the average interval between takes), waking itself when
+ * about half the ring has been used. The consumer signals it only when it
+ * would otherwise wait (no batch ready), or, before the pace is known (the
+ * first batches of an epoch), at half a ring free. With half the ring still
+ * ready when the producer refills, the consumer does not wait for it.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -27,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static void idx_errf(char *err, size_t errlen, const char *fmt, ...) {
     if (!err || errlen == 0) return;
@@ -111,16 +117,37 @@ static void *idx_producer(void *arg) {
     uint64_t perm_epoch = 0;
     bool perm_valid = false;
 
+    bool filling = false; /* refilling: keep going until the ring is full */
     pthread_mutex_lock(&L->mu);
     for (;;) {
-        /* Sleep while there is nothing to do: same generation and (epoch done or ring full). */
-        while (!L->stop && L->gen == my_gen &&
-               (next >= L->num_batches || L->ready + (int)L->held >= L->nslots))
-        {
+        /* Sleep while there is nothing to do: same generation and (epoch done,
+         * or the ring full, or, once it was full, less than half of it free). */
+        for (;;) {
+            if (L->stop || L->gen != my_gen) break;
+            const int free_slots = L->nslots - L->ready - (int)L->held;
+            const bool done = next >= L->num_batches;
+            if (!done && free_slots >= 1 && (filling || free_slots >= L->wake_free)) break;
+            filling = false;
             L->prod_waiting = true;
-            pthread_cond_wait(&L->cv_prod, &L->mu);
+            if (done || L->take_interval_s <= 0.0) {
+                L->prod_timed = false; /* the consumer wakes us (start_epoch, half a ring free) */
+                pthread_cond_wait(&L->cv_prod, &L->mu);
+            } else {
+                /* Sleep about as long as the consumer takes to free half the
+                 * ring (its pace so far), so it never has to wake us. */
+                L->prod_timed = true;
+                double nap = L->take_interval_s * (double)(L->wake_free - free_slots);
+                nap = nap < 50e-6 ? 50e-6 : nap > 0.2 ? 0.2 : nap;
+                struct timespec until;
+                clock_gettime(CLOCK_MONOTONIC, &until);
+                long ns = until.tv_nsec + (long)(nap * 1e9);
+                until.tv_sec += ns / 1000000000L;
+                until.tv_nsec = ns % 1000000000L;
+                pthread_cond_timedwait(&L->cv_prod, &L->mu, &until);
+            }
             L->prod_waiting = false;
         }
+        filling = true;
         if (L->stop) break;
         if (L->gen != my_gen) {
             my_gen = L->gen;
@@ -276,7 +303,15 @@ int idx_loader_init(idx_loader *L, const idx_loader_config *cfg, char *err, size
     }
 
     if (pthread_mutex_init(&L->mu, NULL) != 0) goto nosync;
-    if (pthread_cond_init(&L->cv_prod, NULL) != 0) {
+    /* the producer's timed sleeps count on the monotonic clock */
+    pthread_condattr_t ca;
+    int cerr = pthread_condattr_init(&ca);
+    if (!cerr) {
+        cerr = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        if (!cerr) cerr = pthread_cond_init(&L->cv_prod, &ca);
+        pthread_condattr_destroy(&ca);
+    }
+    if (cerr != 0) {
         pthread_mutex_destroy(&L->mu);
         goto nosync;
     }
@@ -323,6 +358,8 @@ int idx_loader_start_epoch(idx_loader *L, uint64_t epoch, uint64_t start_batch) 
     L->ready = 0;
     L->held = false;
     L->started = true;
+    L->last_take_s = 0.0;
+    L->take_interval_s = 0.0;
     pthread_cond_signal(&L->cv_prod);
     pthread_mutex_unlock(&L->mu);
     return IDX_OK;
@@ -340,9 +377,21 @@ int idx_loader_next(idx_loader *L, const float **x, const int32_t **y, int *batc
         pthread_mutex_unlock(&L->mu);
         return 0;
     }
-    /* Wake the producer at half a ring free (see the top of the file), and
-     * always before waiting for it: then every slot is free. */
-    if (L->prod_waiting && (L->nslots - L->ready >= L->wake_free || L->ready == 0)) {
+    /* The consumer's pace, for the producer's timed sleeps: an average of
+     * the intervals between takes (restarted by start_epoch, so a pause for
+     * validation does not count). */
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    const double t = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    if (L->last_take_s > 0.0) {
+        const double dt = t - L->last_take_s;
+        L->take_interval_s = L->take_interval_s > 0.0 ? 0.75 * L->take_interval_s + 0.25 * dt : dt;
+    }
+    L->last_take_s = t;
+    /* Wake a producer that sleeps until woken at half a ring free (see the
+     * top of the file); one on a timed sleep wakes itself. Always before
+     * waiting for it: then every slot is free. */
+    if (L->prod_waiting && (L->ready == 0 || (!L->prod_timed && L->nslots - L->ready >= L->wake_free))) {
         L->prod_wakes++;
         pthread_cond_signal(&L->cv_prod);
     }

@@ -91,6 +91,9 @@ typedef struct idx_loader {
     int ready;               /* slots filled and not yet taken */
     bool held;               /* consumer holds slot rd-1 (pointers returned by next) */
     bool prod_waiting;       /* the producer sleeps on cv_prod (set and read under mu) */
+    bool prod_timed;         /* ... on a timed wait: it wakes itself */
+    double last_take_s;      /* CLOCK_MONOTONIC of the last next(); 0 after start_epoch */
+    double take_interval_s;  /* average interval between next() calls; 0 = not known yet */
     uint64_t prod_wakes;     /* times next() woke the producer (under mu; tests read it) */
 } idx_loader;
 
