@@ -129,6 +129,7 @@ static void *idx_producer(void *arg) {
             if (!done && free_slots >= 1 && (filling || free_slots >= L->wake_free)) break;
             filling = false;
             L->prod_waiting = true;
+            L->prod_finished = done; /* only start_epoch has work for us then */
             if (done || L->take_interval_s <= 0.0) {
                 L->prod_timed = false; /* the consumer wakes us (start_epoch, half a ring free) */
                 pthread_cond_wait(&L->cv_prod, &L->mu);
@@ -391,10 +392,12 @@ int idx_loader_next(idx_loader *L, const float **x, const int32_t **y, int *batc
     /* Wake a producer that sleeps until woken at half a ring free (see the
      * top of the file); one on a timed sleep wakes itself. Always before
      * waiting for it: then every slot is free. */
-    if (L->prod_waiting && (L->ready == 0 || (!L->prod_timed && L->nslots - L->ready >= L->wake_free))) {
+    if (L->prod_waiting && !L->prod_finished &&
+        (L->ready == 0 || (!L->prod_timed && L->nslots - L->ready >= L->wake_free))) {
         L->prod_wakes++;
         pthread_cond_signal(&L->cv_prod);
     }
+    if (L->ready == 0) L->cons_waits++;
     while (L->ready == 0) pthread_cond_wait(&L->cv_cons, &L->mu);
     idx_loader_slot *s = &L->slots[L->rd];
     L->rd = (L->rd + 1) % L->nslots;

@@ -92,9 +92,11 @@ typedef struct idx_loader {
     bool held;               /* consumer holds slot rd-1 (pointers returned by next) */
     bool prod_waiting;       /* the producer sleeps on cv_prod (set and read under mu) */
     bool prod_timed;         /* ... on a timed wait: it wakes itself */
+    bool prod_finished;      /* ... with the epoch's last batch made: nothing to wake it for */
     double last_take_s;      /* CLOCK_MONOTONIC of the last next(); 0 after start_epoch */
     double take_interval_s;  /* average interval between next() calls; 0 = not known yet */
     uint64_t prod_wakes;     /* times next() woke the producer (under mu; tests read it) */
+    uint64_t cons_waits;     /* times next() found no batch ready and waited (tests read it) */
 } idx_loader;
 
 /*

@@ -941,8 +941,9 @@ static void test_loader_producer_sleeps(void) {
     idx_dataset_free(&ds);
 }
 
-/* Automatic prefetch sizes the ring by bytes, and a slow consumer wakes the
- * sleeping producer once per half ring, not once per batch. */
+/* Automatic prefetch sizes the ring by bytes; a slow consumer does not pay
+ * for waking the producer (it sleeps on timed waits sized from the pace),
+ * and still finds its batches ready. */
 static void test_loader_auto_prefetch_wakes(void) {
     idx_dataset ds = make_syn(400);
     idx_loader_config cfg;
@@ -964,11 +965,14 @@ static void test_loader_auto_prefetch_wakes(void) {
         nanosleep(&slow, NULL); /* the producer fills the ring and sleeps */
     }
     CU_ASSERT_EQUAL(nb, 100);
-    /* a wake per wake_free batches consumed, plus slack for scheduling */
-    CU_ASSERT(L.prod_wakes <= (uint64_t)(nb / L.wake_free + 4));
-    CU_ASSERT(L.prod_wakes >= 1);
-    if (L.prod_wakes > (uint64_t)(nb / L.wake_free + 4))
-        fprintf(stderr, "\n    %llu wakes for %d batches\n", (unsigned long long)L.prod_wakes, nb);
+    /* Once the consumer's pace is known (after two batches) the producer
+     * sleeps on timed waits and wakes itself: the consumer woke it at most
+     * a couple of times at the start, and found a batch ready nearly every
+     * time (the first one of the epoch may not be). Allow scheduling slack. */
+    fprintf(stderr, "\n    %d batches: producer woken %llu times, consumer waited %llu times\n", nb,
+            (unsigned long long)L.prod_wakes, (unsigned long long)L.cons_waits);
+    CU_ASSERT(L.prod_wakes <= 4);
+    CU_ASSERT(L.cons_waits <= 5);
     idx_loader_free(&L);
     idx_dataset_free(&ds);
 
