@@ -119,8 +119,8 @@ static void test_stranger_ignored(void) {
 
 static void test_missing_rank(void) {
     int port = free_port();
-    pid_t z = spawn(port, 0, 3, 1.0, 0, 0, "missing: 2");
-    pid_t one = spawn(port, 1, 3, 3.0, 0, 0, "rank 0 gave up waiting");
+    pid_t z = spawn(port, 0, 3, 2.0, 0, 0, "missing: 2");
+    pid_t one = spawn(port, 1, 3, 6.0, 0, 0, "rank 0 gave up waiting");
     CU_ASSERT_EQUAL(reap(z, 10.0), 0);
     CU_ASSERT_EQUAL(reap(one, 10.0), 0);
 }

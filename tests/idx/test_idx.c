@@ -958,7 +958,7 @@ static void test_loader_auto_prefetch_wakes(void) {
     const float *x;
     const int32_t *y;
     int len, nb = 0;
-    struct timespec slow = {0, 1000000};
+    struct timespec slow = {0, 2000000};
     while (idx_loader_next(&L, &x, &y, &len) == 1) {
         CU_ASSERT_EQUAL(y[0], ds.labels[(size_t)nb * 4]); /* in order: no shuffle */
         nb++;
@@ -968,11 +968,13 @@ static void test_loader_auto_prefetch_wakes(void) {
     /* Once the consumer's pace is known (after two batches) the producer
      * sleeps on timed waits and wakes itself: the consumer woke it at most
      * a couple of times at the start, and found a batch ready nearly every
-     * time (the first one of the epoch may not be). Allow scheduling slack. */
+     * time (the first one of the epoch may not be). Waking it per batch
+     * would be ~100 wakes, at half a ring free ~20; the bounds leave room
+     * for a loaded machine (a late timed wake-up means one wait and one wake). */
     fprintf(stderr, "\n    %d batches: producer woken %llu times, consumer waited %llu times\n", nb,
             (unsigned long long)L.prod_wakes, (unsigned long long)L.cons_waits);
-    CU_ASSERT(L.prod_wakes <= 4);
-    CU_ASSERT(L.cons_waits <= 5);
+    CU_ASSERT(L.prod_wakes <= 10);
+    CU_ASSERT(L.cons_waits <= 10);
     idx_loader_free(&L);
     idx_dataset_free(&ds);
 
