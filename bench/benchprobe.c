@@ -143,14 +143,15 @@ static double measure_bound(kiln_instance *b) {
     return per;
 }
 
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Sorts v (n) in place and returns its median; 0 for no values. */
 static double median_of(double *v, int64_t n) {
     if (n <= 0) return 0.0;
-    for (int64_t i = 1; i < n; i++) { /* insertion sort: a few hundred values, once per epoch */
-        double x = v[i];
-        int64_t j = i - 1;
-        for (; j >= 0 && v[j] > x; j--) v[j + 1] = v[j];
-        v[j + 1] = x;
-    }
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 

@@ -47,7 +47,7 @@ static int32_t ddp_mpi_fail(kiln_instance *self, int err, const char *call) {
 }
 
 /* A collective that cannot complete because an earlier one timed out. */
-static int32_t ddp_dead(kiln_instance *self, const char *call) {
+int32_t ddp_dead(kiln_instance *self, const char *call) {
     return kiln_errorf(self->svc, self->hctx, KILN_E_COMM,
                        "ddp: rank %d of %d: %s not attempted: an earlier collective timed out", (int)self->rank,
                        (int)self->world, call);

@@ -78,6 +78,9 @@ struct kiln_instance {
 /* Waits for a non-blocking MPI collective until timeout_s (ddp.c); on a
  * miss sets timed_out and returns KILN_E_COMM naming `call`. */
 int32_t ddp_wait(kiln_instance *self, MPI_Request *req, const char *call);
+/* KILN_E_COMM for a collective not attempted because an earlier one timed
+ * out (MPI or NCCL is unusable then), naming call and the rank (ddp.c). */
+int32_t ddp_dead(kiln_instance *self, const char *call);
 /* The pause between polls of a pending collective after `waited` seconds
  * (ddp.c); *nap_ns starts at 50000 and grows. */
 void ddp_backoff(double waited, long *nap_ns);

@@ -153,9 +153,7 @@ static int32_t ddp_nccl_wait(kiln_instance *self, ddp_nccl *n, const char *what)
 
 int32_t ddp_nccl_bcast(kiln_instance *self, void *dev, int64_t count, uint32_t dtype) {
     ddp_nccl *n = self->nccl;
-    if (self->timed_out)
-        return kiln_errorf(self->svc, self->hctx, KILN_E_COMM, "ddp: rank %d: ncclBroadcast not attempted: an "
-                           "earlier collective timed out", (int)self->rank);
+    if (self->timed_out) return ddp_dead(self, "ncclBroadcast(parameters)");
     ncclResult_t r = ncclBroadcast(dev, dev, (size_t)count, ddp_nccl_type(dtype), 0, n->comm, n->stream);
     if (r != ncclSuccess) return ddp_nccl_fail(self, r, "ncclBroadcast(parameters)");
     return ddp_nccl_wait(self, n, "ncclBroadcast(parameters)");
@@ -163,9 +161,7 @@ int32_t ddp_nccl_bcast(kiln_instance *self, void *dev, int64_t count, uint32_t d
 
 int32_t ddp_nccl_allreduce_avg(kiln_instance *self, void *dev, int64_t count, uint32_t dtype) {
     ddp_nccl *n = self->nccl;
-    if (self->timed_out)
-        return kiln_errorf(self->svc, self->hctx, KILN_E_COMM, "ddp: rank %d: ncclAllReduce not attempted: an "
-                           "earlier collective timed out", (int)self->rank);
+    if (self->timed_out) return ddp_dead(self, "ncclAllReduce(gradients, AVG)");
     ncclResult_t r = ncclAllReduce(dev, dev, (size_t)count, ddp_nccl_type(dtype), ncclAvg, n->comm, n->stream);
     if (r != ncclSuccess) return ddp_nccl_fail(self, r, "ncclAllReduce(gradients, AVG)");
     return ddp_nccl_wait(self, n, "ncclAllReduce(gradients, AVG)");
@@ -213,13 +209,8 @@ static int32_t ddp_host_copy(kiln_instance *self, void *dst, const void *src, si
     return KILN_OK;
 }
 
-static int32_t ddp_host_dead(kiln_instance *self, const char *what) {
-    return kiln_errorf(self->svc, self->hctx, KILN_E_COMM, "ddp: rank %d: %s not attempted: an earlier collective "
-                       "timed out", (int)self->rank, what);
-}
-
 int32_t ddp_nccl_host_sum(kiln_instance *self, double *values, uint32_t n, const char *what) {
-    if (self->timed_out) return ddp_host_dead(self, what);
+    if (self->timed_out) return ddp_dead(self, what);
     size_t bytes = (size_t)n * sizeof(double);
     int32_t rc = ddp_host_ready(self, bytes);
     if (rc || (rc = ddp_host_copy(self, self->hdev, values, bytes, KILN_COPY_H2D))) return rc;
@@ -232,7 +223,7 @@ int32_t ddp_nccl_host_sum(kiln_instance *self, double *values, uint32_t n, const
 
 int32_t ddp_nccl_host_bcast(kiln_instance *self, void *buf, size_t bytes, int32_t root) {
     const char *what = "ncclBroadcast(plugin data)";
-    if (self->timed_out) return ddp_host_dead(self, what);
+    if (self->timed_out) return ddp_dead(self, what);
     int32_t rc = ddp_host_ready(self, bytes);
     if (rc || (self->rank == root && (rc = ddp_host_copy(self, self->hdev, buf, bytes, KILN_COPY_H2D)))) return rc;
     ddp_nccl *nc = self->nccl;
@@ -244,7 +235,7 @@ int32_t ddp_nccl_host_bcast(kiln_instance *self, void *buf, size_t bytes, int32_
 
 int32_t ddp_nccl_host_gather(kiln_instance *self, const void *send, size_t bytes, void *recv) {
     const char *what = "ncclAllGather(plugin data)";
-    if (self->timed_out) return ddp_host_dead(self, what);
+    if (self->timed_out) return ddp_dead(self, what);
     size_t total = bytes * (size_t)self->world;
     int32_t rc = ddp_host_ready(self, total);
     if (rc) return rc;
