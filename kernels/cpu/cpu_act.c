@@ -6,11 +6,11 @@
  * e = exp(-|x|) (or exp(-2|x|)), which lies in [0, 1] and can never
  * overflow, in forms without cancellation ((1 - e) only where e < 0.45, a
  * short odd polynomial for tanh of small |x|, derivatives as e / (1 + e)^2
- * instead of 1 - y^2); NaN propagates to the output. The float32 loops use an
- * inlined polynomial exp (the same Cody-Waite reduction as cpu_internal.h's,
- * extended with a two-step scaling so that results down into the subnormal
- * range come out right), so they vectorize and give the same bits on every
- * CPU; the float64 ones use libm. Large loops split across the pool like the
+ * instead of 1 - y^2); NaN propagates to the output. The float32 loops use
+ * kernels/common/km_act.h (an inlined polynomial exp, scaled in two steps so
+ * that results down into the subnormal range come out right; the cuda kernels
+ * call the same code), so they vectorize and give the same bits on every CPU
+ * and GPU; the float64 ones use libm. Large loops split across the pool like the
  * other elementwise kernels, and the in-place case (dx == dy, y == x) has
  * its own body so the out-of-place one keeps restrict.
  */
@@ -35,96 +35,10 @@ typedef struct {
 #define KA_SLOPE 0.2f  /* leaky ReLU's negative slope, float32 */
 #define KA64_SLOPE 0.2 /* and as the double Python would hold  */
 
-/* Below this, float32 tanh uses the odd polynomial: there exp(-2|x|) > 0.45
- * and 1 - e would lose up to a bit to cancellation. */
-#define KA_TANH_SMALL 0.4f
-
 /* ------------------------------------------------------- float32 scalars */
 
-/*
- * exp(x) for x <= 0 (callers pass -|x| or -2|x|; NaN is treated as the
- * lower clamp and must reach the result through another operand). x is
- * clamped at -104, below which exp rounds to +0 in float. Cody-Waite
- * reduction x = k ln2 + r, |r| <= ln2/2, degree-7 Taylor polynomial; 2^k is
- * applied as 2^k1 * 2^k2 with k1 = k/2, so each factor is a normal float
- * and only the final multiply rounds into the subnormals. About 2 ulp.
- */
-static KC_ALWAYS_INLINE float ka_exp_nonpos(float x) {
-    x = x > -104.0f ? x : -104.0f;
-    x = x < 0.0f ? x : 0.0f;
-    /* round(x / ln2) by the 1.5 * 2^23 trick (exact for |k| < 2^22). */
-    const float k = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    float r = x - k * 0.693145751953125f; /* ln2 high part: 15 bits, exact product */
-    r = r - k * 1.42860682030941723e-6f;
-    float p = 1.98412698412698413e-4f;
-    p = p * r + 1.38888888888888889e-3f;
-    p = p * r + 8.33333333333333333e-3f;
-    p = p * r + 4.16666666666666667e-2f;
-    p = p * r + 1.66666666666666667e-1f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    const int32_t ki = (int32_t)k; /* [-150, 0] */
-    const int32_t k1 = ki / 2, k2 = ki - k1;
-    const uint32_t b1 = (uint32_t)(k1 + 127) << 23, b2 = (uint32_t)(k2 + 127) << 23;
-    float s1, s2;
-    memcpy(&s1, &b1, sizeof s1);
-    memcpy(&s2, &b2, sizeof s2);
-    return (p * s1) * s2;
-}
-
-/* tanh(|x|) for |x| < 0.4: odd Taylor polynomial through x^13 (truncation
- * below 5e-9 relative). */
-static KC_ALWAYS_INLINE float ka_tanh_small(float a) {
-    const float a2 = a * a;
-    float p = 3.59212803e-3f;    /* 21844/6081075: the coefficients of x^13 .. x^3 */
-    p = p * a2 - 8.86323552e-3f; /* -1382/155925 */
-    p = p * a2 + 2.18694885e-2f; /* 62/2835 */
-    p = p * a2 - 5.39682540e-2f; /* -17/315 */
-    p = p * a2 + 1.33333333e-1f; /* 2/15 */
-    p = p * a2 - 3.33333333e-1f; /* -1/3 */
-    return a + a * (a2 * p);
-}
-
-/* tanh(x): the polynomial for |x| < 0.4, else (1 - e) / (1 + e) with
- * e = exp(-2|x|), sign restored; +-1 from |x| ~ 9 on, never NaN for inf. */
-static KC_ALWAYS_INLINE float ka_tanh_one(float x) {
-    const float a = fabsf(x);
-    const float e = ka_exp_nonpos(-2.0f * a);
-    const float big = (1.0f - e) / (1.0f + e);
-    const float t = copysignf(a < KA_TANH_SMALL ? ka_tanh_small(a) : big, x);
-    return x != x ? x : t;
-}
-
-/* tanh'(x) = 1 - tanh^2: computed so for |x| < 0.4 (tanh^2 < 0.15, no
- * cancellation, and never above 1), else as 4e / (1 + e)^2, e = exp(-2|x|),
- * which keeps full relative accuracy in the tails where 1 - y^2 would lose
- * everything. */
-static KC_ALWAYS_INLINE float ka_tanh_grad_one(float x) {
-    const float a = fabsf(x);
-    const float e = ka_exp_nonpos(-2.0f * a);
-    const float r = 1.0f / (1.0f + e);
-    const float t = ka_tanh_small(a);
-    const float g = a < KA_TANH_SMALL ? 1.0f - t * t : 4.0f * e * r * r;
-    return x != x ? x : g;
-}
-
-/* sigmoid(x) = 1 / (1 + e) for x >= 0, e / (1 + e) for x < 0, e = exp(-|x|):
- * both forms are free of overflow and cancellation. */
-static KC_ALWAYS_INLINE float ka_sigmoid_one(float x) {
-    const float e = ka_exp_nonpos(-fabsf(x));
-    const float r = 1.0f / (1.0f + e);
-    const float s = x >= 0.0f ? r : e * r;
-    return x != x ? x : s;
-}
-
-/* sigmoid'(x) = s (1 - s) = e / (1 + e)^2 (even in x). */
-static KC_ALWAYS_INLINE float ka_sigmoid_grad_one(float x) {
-    const float e = ka_exp_nonpos(-fabsf(x));
-    const float r = 1.0f / (1.0f + e);
-    const float g = e * r * r;
-    return x != x ? x : g;
-}
+/* tanh, sigmoid and their gradients: km_tanh, km_tanh_grad, km_sigmoid,
+ * km_sigmoid_grad (kernels/common/km_act.h, shared with the cuda kernels). */
 
 /* torch.nn.functional.leaky_relu: x > 0 ? x : x * slope (NaN stays NaN). */
 static KC_ALWAYS_INLINE float ka_leaky_one(float x) { return x > 0.0f ? x : x * KA_SLOPE; }
@@ -167,10 +81,10 @@ static KC_ALWAYS_INLINE float ka_leaky_bwd_one(float dy, float x) { return x > 0
     }                                                                                          \
     KC_DISPATCHED_RANGE(name)
 
-KA_FWD(ka_tanh_fwd, ka_tanh_one)
-KA_BWD(ka_tanh_bwd, ka_tanh_grad_one)
-KA_FWD(ka_sigmoid_fwd, ka_sigmoid_one)
-KA_BWD(ka_sigmoid_bwd, ka_sigmoid_grad_one)
+KA_FWD(ka_tanh_fwd, km_tanh)
+KA_BWD(ka_tanh_bwd, km_tanh_grad)
+KA_FWD(ka_sigmoid_fwd, km_sigmoid)
+KA_BWD(ka_sigmoid_bwd, km_sigmoid_grad)
 KA_FWD(ka_leaky_fwd, ka_leaky_one)
 
 /* Leaky ReLU's backward is a select, not a product with a derivative, so it

@@ -69,39 +69,14 @@ void kc_relu_backward(float *dx, const float *dy, const float *x, size_t n) {
 
 /* ------------------------------------------------------------------ GELU */
 
-/*
- * gelu(x) = x * sigmoid(2u), u = beta * (x + kappa x^3), which equals
- * 0.5 x (1 + tanh(u)). The sigmoid form needs only exp and, unlike
- * 1 + tanh(u), does not cancel for negative x. NaN x reaches y through the
- * leading x even though kc_exp_inline clamps NaN away.
- */
-static inline float kc_gelu_one(float x) {
-    const float u = KC_GELU_BETA * (x + KC_GELU_KAPPA * x * x * x);
-    const float e = kc_exp_inline(-2.0f * u);
-    return x / (1.0f + e);
-}
-
-/*
- * d/dx [x s] with s = sigmoid(2u): s + x * 2 s (1 - s) du/dx, where
- * du/dx = beta (1 + 3 kappa x^2). 1 - s is formed as e * s (= e / (1 + e)),
- * exact-ish where 1 - s would cancel (large positive x).
- */
-static inline float kc_gelu_grad_one(float x) {
-    const float x2 = x * x;
-    const float u = KC_GELU_BETA * (x + KC_GELU_KAPPA * x2 * x);
-    const float e = kc_exp_inline(-2.0f * u);
-    const float s = 1.0f / (1.0f + e);
-    const float one_minus_s = e * s;
-    const float du = KC_GELU_BETA * (1.0f + 3.0f * KC_GELU_KAPPA * x2);
-    return s + 2.0f * x * du * one_minus_s * s;
-}
+/* gelu and its gradient per element: km_gelu, km_gelu_grad (kernels/common/km_act.h). */
 
 static KC_ALWAYS_INLINE void kc_gelu_fwd_body(float *restrict y, const float *restrict x,
                                               size_t n) {
-    for (size_t i = 0; i < n; i++) y[i] = kc_gelu_one(x[i]);
+    for (size_t i = 0; i < n; i++) y[i] = km_gelu(x[i]);
 }
 static KC_ALWAYS_INLINE void kc_gelu_fwd_inplace(float *restrict y, size_t n) {
-    for (size_t i = 0; i < n; i++) y[i] = kc_gelu_one(y[i]);
+    for (size_t i = 0; i < n; i++) y[i] = km_gelu(y[i]);
 }
 static KC_ALWAYS_INLINE void kc_gelu_fwd_range_impl(void *vc, size_t i0, size_t i1) {
     const kc_ew_ctx *c = vc;
@@ -118,11 +93,11 @@ void kc_gelu_forward(float *y, const float *x, size_t n) {
 
 static KC_ALWAYS_INLINE void kc_gelu_bwd_body(float *restrict dx, const float *restrict dy,
                                               const float *restrict x, size_t n) {
-    for (size_t i = 0; i < n; i++) dx[i] = dy[i] * kc_gelu_grad_one(x[i]);
+    for (size_t i = 0; i < n; i++) dx[i] = dy[i] * km_gelu_grad(x[i]);
 }
 static KC_ALWAYS_INLINE void kc_gelu_bwd_inplace(float *restrict d, const float *restrict x,
                                                  size_t n) {
-    for (size_t i = 0; i < n; i++) d[i] = d[i] * kc_gelu_grad_one(x[i]);
+    for (size_t i = 0; i < n; i++) d[i] = d[i] * km_gelu_grad(x[i]);
 }
 static KC_ALWAYS_INLINE void kc_gelu_bwd_range_impl(void *vc, size_t i0, size_t i1) {
     const kc_ew_ctx *c = vc;

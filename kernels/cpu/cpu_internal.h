@@ -17,6 +17,9 @@
 #include <stdint.h>
 #include <string.h>
 
+/* exp, GELU, tanh and sigmoid in float32, shared with the cuda kernels */
+#include "../common/km_act.h"
+
 /* The pool never grows beyond this many threads (caller included). */
 #define KC_MAX_THREADS 64
 
@@ -70,43 +73,6 @@ static inline size_t kc_red_block_size(size_t n) {
     return (bs + 15) & ~(size_t)15;
 }
 
-/*
- * exp(x) for x in [-80, 80] (x is clamped to that range first; NaN becomes
- * +-80, so callers must let NaN reach the result through another operand).
- * Written as straight-line float arithmetic so loops calling it vectorize:
- * Cody-Waite range reduction x = k ln2 + r with |r| <= ln2/2, a degree-7
- * Taylor polynomial (truncation < 1e-8 relative on that interval), and 2^k
- * built in the exponent bits. Max error about 2 ulp. The bounds keep 2^k a
- * normal float and 1/(1+exp(x)) above the denormal range (denormals are slow).
- */
-static inline float kc_exp_inline(float x) {
-    /* One clamp on |x|, not two on x: with two, GCC's jump threading clones
-     * the rest of the computation for each constant bound, which costs two
-     * extra vector divisions per GELU element. */
-    float a = fabsf(x);
-    a = a < 80.0f ? a : 80.0f;
-    x = copysignf(a, x);
-    /* round(x / ln2) by the 1.5 * 2^23 trick: exact for |value| < 2^22, needs
-     * round-to-nearest and no reassociation (the library is built with
-     * -ffp-contract=off and without -ffast-math). */
-    const float k = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    /* ln2 split: the high part has 15 significant bits, so k * hi is exact. */
-    float r = x - k * 0.693145751953125f;
-    r = r - k * 1.42860682030941723e-6f;
-    float p = 1.98412698412698413e-4f; /* 1/7! */
-    p = p * r + 1.38888888888888889e-3f; /* 1/6! */
-    p = p * r + 8.33333333333333333e-3f; /* 1/5! */
-    p = p * r + 4.16666666666666667e-2f; /* 1/4! */
-    p = p * r + 1.66666666666666667e-1f; /* 1/3! */
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    const int32_t ki = (int32_t)k;
-    const uint32_t bits = (uint32_t)(ki + 127) << 23;
-    float two_k;
-    memcpy(&two_k, &bits, sizeof two_k);
-    return p * two_k;
-}
 
 #define KC_ALWAYS_INLINE inline __attribute__((always_inline))
 
@@ -180,11 +146,6 @@ static inline void kc_ftz_end(unsigned int old) { _mm_setcsr(old); }
 static inline unsigned int kc_ftz_begin(void) { return 0; }
 static inline void kc_ftz_end(unsigned int old) { (void)old; }
 #endif
-
-/* GELU tanh-approximation constants (PyTorch: kBeta = sqrt(2)*2/sqrt(pi)/2,
- * kKappa = 0.044715). */
-#define KC_GELU_BETA 0.7978845608028654f
-#define KC_GELU_KAPPA 0.044715f
 
 /* ------------------------------------------------ 16-bit float formats */
 

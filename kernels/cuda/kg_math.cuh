@@ -2,8 +2,9 @@
  * kg_math.cuh: the per-element arithmetic of the CUDA kernels, as
  * __host__ __device__ inline functions, so that one definition runs in the
  * kernels and in a host-only test (tests/cuda_math) that compares it with the
- * CPU references of kernels/cpu. Every function here re-states one CPU
- * formula operation for operation (same constants, same order, same float or
+ * CPU references of kernels/cpu. The float32 GELU, tanh and sigmoid are not
+ * restated: both sides call kernels/common/km_act.h. Every other function
+ * here re-states one CPU formula operation for operation (same constants, same order, same float or
  * double choice, no fused multiply-add: the kernels are built with
  * --fmad=false), so that with IEEE division and square root (nvcc's default
  * -prec-div/-prec-sqrt, no -ftz) a float result is the CPU's bit for bit,
@@ -25,6 +26,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "../common/km_act.h"
 #include "kg_kernels.h"
 
 #define KG_HD static __host__ __device__ __forceinline__
@@ -276,81 +278,15 @@ template <int DT> __host__ __device__ __forceinline__ int kg_nonfinite(typename 
     else return kg_nonfinite_bf16(v);
 }
 
-/* ------------------------------------------------ float32 exponentials */
+/* ------------------------------------------------ activation constants */
 
-/* GELU tanh-approximation constants (cpu_internal.h / cpu_f64.c). */
-#define KG_GELU_BETA 0.7978845608028654f
-#define KG_GELU_KAPPA 0.044715f
+/* GELU tanh-approximation constants in double (cpu_f64.c; float32's are
+ * km_act.h's). */
 #define KG_GELU64_BETA 0.79788456080286535588
 #define KG_GELU64_KAPPA 0.044715
 /* Leaky ReLU's negative slope (torch's 0.2), float and double. */
 #define KG_LEAKY_SLOPE 0.2f
 #define KG_LEAKY64_SLOPE 0.2
-/* Below this |x|, float tanh uses its odd polynomial (cpu_act.c). */
-#define KG_TANH_SMALL 0.4f
-
-/*
- * exp(x) clamped to [-80, 80] (NaN becomes +-80): cpu_internal.h's
- * kc_exp_inline, operation for operation (Cody-Waite reduction, degree-7
- * Taylor polynomial, 2^k in the exponent bits), so GELU matches the CPU's
- * bits rather than CUDA's expf.
- */
-KG_HD float kg_exp_inline(float x) {
-    float a = fabsf(x);
-    a = a < 80.0f ? a : 80.0f;
-    x = copysignf(a, x);
-    const float k = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    float r = x - k * 0.693145751953125f;
-    r = r - k * 1.42860682030941723e-6f;
-    float p = 1.98412698412698413e-4f;
-    p = p * r + 1.38888888888888889e-3f;
-    p = p * r + 8.33333333333333333e-3f;
-    p = p * r + 4.16666666666666667e-2f;
-    p = p * r + 1.66666666666666667e-1f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    const int32_t ki = (int32_t)k;
-    return p * kg_f32_from_bits((uint32_t)(ki + 127) << 23);
-}
-
-/*
- * exp(x) for x <= 0, clamped at -104 (NaN becomes -104): cpu_act.c's
- * ka_exp_nonpos, with 2^k applied as two normal factors so results reach
- * into the subnormals.
- */
-KG_HD float kg_exp_nonpos(float x) {
-    x = x > -104.0f ? x : -104.0f;
-    x = x < 0.0f ? x : 0.0f;
-    const float k = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    float r = x - k * 0.693145751953125f;
-    r = r - k * 1.42860682030941723e-6f;
-    float p = 1.98412698412698413e-4f;
-    p = p * r + 1.38888888888888889e-3f;
-    p = p * r + 8.33333333333333333e-3f;
-    p = p * r + 4.16666666666666667e-2f;
-    p = p * r + 1.66666666666666667e-1f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    const int32_t ki = (int32_t)k; /* [-150, 0] */
-    const int32_t k1 = ki / 2, k2 = ki - k1;
-    const float s1 = kg_f32_from_bits((uint32_t)(k1 + 127) << 23);
-    const float s2 = kg_f32_from_bits((uint32_t)(k2 + 127) << 23);
-    return (p * s1) * s2;
-}
-
-/* tanh(a) for 0 <= a < 0.4: the odd Taylor polynomial of cpu_act.c. */
-KG_HD float kg_tanh_small(float a) {
-    const float a2 = a * a;
-    float p = 3.59212803e-3f;
-    p = p * a2 - 8.86323552e-3f;
-    p = p * a2 + 2.18694885e-2f;
-    p = p * a2 - 5.39682540e-2f;
-    p = p * a2 + 1.33333333e-1f;
-    p = p * a2 - 3.33333333e-1f;
-    return a + a * (a2 * p);
-}
 
 /* --------------------------------------------- activations, float32 */
 
@@ -359,59 +295,14 @@ KG_HD float kg_relu(float x) { return x < 0.0f ? 0.0f : x; }
 /* dx = x > 0 ? dy : 0 (NaN x gives 0). */
 KG_HD float kg_relu_bwd(float dy, float x) { return x > 0.0f ? dy : 0.0f; }
 
-/* gelu(x) = x / (1 + exp(-2u)), u = beta (x + kappa x^3) (kc_gelu_one). */
-KG_HD float kg_gelu(float x) {
-    const float u = KG_GELU_BETA * (x + KG_GELU_KAPPA * x * x * x);
-    const float e = kg_exp_inline(-2.0f * u);
-    return x / (1.0f + e);
-}
-
-/* gelu'(x) = s + 2 x du s (1 - s), 1 - s formed as e s (kc_gelu_grad_one). */
-KG_HD float kg_gelu_grad(float x) {
-    const float x2 = x * x;
-    const float u = KG_GELU_BETA * (x + KG_GELU_KAPPA * x2 * x);
-    const float e = kg_exp_inline(-2.0f * u);
-    const float s = 1.0f / (1.0f + e);
-    const float one_minus_s = e * s;
-    const float du = KG_GELU_BETA * (1.0f + 3.0f * KG_GELU_KAPPA * x2);
-    return s + 2.0f * x * du * one_minus_s * s;
-}
-
-/* tanh: polynomial below 0.4, else (1 - e) / (1 + e), e = exp(-2|x|)
- * (ka_tanh_one). */
-KG_HD float kg_tanh(float x) {
-    const float a = fabsf(x);
-    const float e = kg_exp_nonpos(-2.0f * a);
-    const float big = (1.0f - e) / (1.0f + e);
-    const float t = copysignf(a < KG_TANH_SMALL ? kg_tanh_small(a) : big, x);
-    return x != x ? x : t;
-}
-
-/* tanh'(x): 1 - t^2 below 0.4, else 4e / (1 + e)^2 (ka_tanh_grad_one). */
-KG_HD float kg_tanh_grad(float x) {
-    const float a = fabsf(x);
-    const float e = kg_exp_nonpos(-2.0f * a);
-    const float r = 1.0f / (1.0f + e);
-    const float t = kg_tanh_small(a);
-    const float g = a < KG_TANH_SMALL ? 1.0f - t * t : 4.0f * e * r * r;
-    return x != x ? x : g;
-}
-
-/* sigmoid: 1 / (1 + e) for x >= 0, e / (1 + e) below, e = exp(-|x|). */
-KG_HD float kg_sigmoid(float x) {
-    const float e = kg_exp_nonpos(-fabsf(x));
-    const float r = 1.0f / (1.0f + e);
-    const float s = x >= 0.0f ? r : e * r;
-    return x != x ? x : s;
-}
-
-/* sigmoid'(x) = e / (1 + e)^2. */
-KG_HD float kg_sigmoid_grad(float x) {
-    const float e = kg_exp_nonpos(-fabsf(x));
-    const float r = 1.0f / (1.0f + e);
-    const float g = e * r * r;
-    return x != x ? x : g;
-}
+/* GELU, tanh, sigmoid and their gradients: kernels/common/km_act.h, the
+ * cpu kernels' own code, so the GPU gives their bits. */
+KG_HD float kg_gelu(float x) { return km_gelu(x); }
+KG_HD float kg_gelu_grad(float x) { return km_gelu_grad(x); }
+KG_HD float kg_tanh(float x) { return km_tanh(x); }
+KG_HD float kg_tanh_grad(float x) { return km_tanh_grad(x); }
+KG_HD float kg_sigmoid(float x) { return km_sigmoid(x); }
+KG_HD float kg_sigmoid_grad(float x) { return km_sigmoid_grad(x); }
 
 KG_HD float kg_leaky_relu(float x) { return x > 0.0f ? x : x * KG_LEAKY_SLOPE; }
 KG_HD float kg_leaky_relu_bwd(float dy, float x) { return x > 0.0f ? dy : dy * KG_LEAKY_SLOPE; }
