@@ -15,6 +15,7 @@
  */
 #include "cpu_internal.h"
 #include "cpu_kernels.h"
+#include "../common/km_optim.h"
 
 #include <math.h>
 
@@ -479,16 +480,9 @@ void kc_sgd_update_f64(double *p, const double *g, double *momentum_buf, size_t 
 /* ------------------------------------------------------------- AdamW */
 
 typedef struct {
-    double *p, *m, *v; /* (n) each */
-    const double *g;   /* (n) */
-    double decay;      /* 1 - lr * wd */
-    double w1;         /* lerp weight 1 - beta1 */
-    double one_minus_w1;
-    double beta2, c2;  /* beta2, 1 - beta2 */
-    double bc2_sqrt;   /* sqrt(1 - beta2^step) */
-    double eps;
-    double neg_step;   /* -lr / (1 - beta1^step) */
-    int big_weight;    /* w1 >= 0.5: lerp's other formula */
+    double *p, *m, *v;   /* (n) each */
+    const double *g;     /* (n) */
+    km_adamw_coef_f64 k; /* the step's scalars (kernels/common/km_optim.h) */
 } kc64_adamw_ctx;
 
 /* PyTorch's single-tensor AdamW order, per element (see kc_adamw_loop in
@@ -497,8 +491,8 @@ typedef struct {
 static KC_ALWAYS_INLINE void kc64_adamw_loop(double *restrict p, const double *restrict g, double *restrict m,
                                              double *restrict v, size_t n, const kc64_adamw_ctx *c,
                                              const int big_weight) {
-    const double decay = c->decay, w1 = c->w1, omw1 = c->one_minus_w1, b2 = c->beta2, c2 = c->c2,
-                 bc2s = c->bc2_sqrt, eps = c->eps, ns = c->neg_step;
+    const double decay = c->k.decay, w1 = c->k.w1, omw1 = c->k.one_minus_w1, b2 = c->k.beta2, c2 = c->k.c2,
+                 bc2s = c->k.bc2_sqrt, eps = c->k.eps, ns = c->k.neg_step;
     for (size_t i = 0; i < n; i++) {
         const double gi = g[i];
         double mi = m[i];
@@ -513,7 +507,7 @@ static KC_ALWAYS_INLINE void kc64_adamw_loop(double *restrict p, const double *r
 
 static void kc64_adamw_range(void *vc, size_t i0, size_t i1) {
     const kc64_adamw_ctx *c = vc;
-    if (c->big_weight)
+    if (c->k.big_weight)
         kc64_adamw_loop(c->p + i0, c->g + i0, c->m + i0, c->v + i0, i1 - i0, c, 1);
     else
         kc64_adamw_loop(c->p + i0, c->g + i0, c->m + i0, c->v + i0, i1 - i0, c, 0);
@@ -523,20 +517,11 @@ void kc_adamw_update_f64(double *p, const double *g, double *m, double *v, size_
                          double lr, double beta1, double beta2, double eps,
                          double weight_decay, int64_t step) {
     if (n == 0) return;
-    if (step < 1) step = 1;
     kc64_adamw_ctx c;
     c.p = p;
     c.g = g;
     c.m = m;
     c.v = v;
-    c.decay = 1.0 - lr * weight_decay;
-    c.w1 = 1.0 - beta1;
-    c.one_minus_w1 = 1.0 - c.w1;
-    c.big_weight = !(fabs(c.w1) < 0.5);
-    c.beta2 = beta2;
-    c.c2 = 1.0 - beta2;
-    c.bc2_sqrt = sqrt(1.0 - pow(beta2, (double)step));
-    c.eps = eps;
-    c.neg_step = -(lr / (1.0 - pow(beta1, (double)step)));
+    c.k = km_adamw_coef_f64_make(lr, beta1, beta2, eps, weight_decay, step);
     kc_parallel_for(n, KC_GRAIN_HEAVY, KC64_ALIGN, kc64_adamw_range, &c);
 }

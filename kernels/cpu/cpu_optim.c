@@ -13,6 +13,7 @@
  */
 #include "cpu_internal.h"
 #include "cpu_kernels.h"
+#include "../common/km_optim.h"
 
 #include <math.h>
 
@@ -117,17 +118,9 @@ void kc_sgd_update(float *p, const float *g, float *momentum_buf, size_t n,
 /* ---------------------------------------------------------------- AdamW */
 
 typedef struct {
-    float *p, *m, *v; /* (n) each */
-    const float *g;   /* (n) */
-    float decay;      /* 1 - lr * wd */
-    float w1;         /* lerp weight 1 - beta1 */
-    float one_minus_w1; /* 1 - w1 in float, for lerp's large-weight form */
-    float beta2;
-    float c2;         /* 1 - beta2 */
-    float bc2_sqrt;   /* sqrt(1 - beta2^step) */
-    float eps;
-    float neg_step;   /* -lr / (1 - beta1^step) */
-    int big_weight;   /* w1 >= 0.5: lerp's other formula */
+    float *p, *m, *v;    /* (n) each */
+    const float *g;      /* (n) */
+    km_adamw_coef_f32 k; /* the step's scalars (kernels/common/km_optim.h) */
 } kc_adamw_ctx;
 
 /*
@@ -147,8 +140,8 @@ typedef struct {
 static KC_ALWAYS_INLINE void kc_adamw_loop(float *restrict p, const float *restrict g,
                                            float *restrict m, float *restrict v, size_t n,
                                            const kc_adamw_ctx *c, const int big_weight) {
-    const float decay = c->decay, w1 = c->w1, omw1 = c->one_minus_w1, b2 = c->beta2,
-                c2 = c->c2, bc2s = c->bc2_sqrt, eps = c->eps, ns = c->neg_step;
+    const float decay = c->k.decay, w1 = c->k.w1, omw1 = c->k.one_minus_w1, b2 = c->k.beta2,
+                c2 = c->k.c2, bc2s = c->k.bc2_sqrt, eps = c->k.eps, ns = c->k.neg_step;
     for (size_t i = 0; i < n; i++) {
         const float gi = g[i];
         float mi = m[i];
@@ -164,7 +157,7 @@ static KC_ALWAYS_INLINE void kc_adamw_loop(float *restrict p, const float *restr
 static KC_ALWAYS_INLINE void kc_adamw_range_impl(void *vc, size_t i0, size_t i1) {
     const kc_adamw_ctx *c = vc;
     const unsigned int csr = kc_ftz_begin(); /* see kc_ftz_begin: m goes subnormal */
-    if (c->big_weight)
+    if (c->k.big_weight)
         kc_adamw_loop(c->p + i0, c->g + i0, c->m + i0, c->v + i0, i1 - i0, c, 1);
     else
         kc_adamw_loop(c->p + i0, c->g + i0, c->m + i0, c->v + i0, i1 - i0, c, 0);
@@ -177,25 +170,12 @@ void kc_adamw_update_d(float *p, const float *g, float *m, float *v, size_t n,
                        double lr, double beta1, double beta2, double eps,
                        double weight_decay, int64_t step) {
     if (n == 0) return;
-    if (step < 1) step = 1;
     kc_adamw_ctx c;
     c.p = p;
     c.g = g;
     c.m = m;
     c.v = v;
-    /* Each scalar is a Python float in PyTorch, rounded to float32 once where
-     * it meets the tensor; here likewise. */
-    c.decay = (float)(1.0 - lr * weight_decay);
-    c.w1 = (float)(1.0 - beta1);
-    c.one_minus_w1 = 1.0f - c.w1;
-    c.big_weight = !(fabsf(c.w1) < 0.5f);
-    c.beta2 = (float)beta2;
-    c.c2 = (float)(1.0 - beta2);
-    const double bc1 = 1.0 - pow(beta1, (double)step);
-    const double bc2 = 1.0 - pow(beta2, (double)step);
-    c.bc2_sqrt = (float)sqrt(bc2);
-    c.eps = (float)eps;
-    c.neg_step = (float)(-(lr / bc1));
+    c.k = km_adamw_coef_f32_make(lr, beta1, beta2, eps, weight_decay, step);
     kc_parallel_for(n, KC_GRAIN_HEAVY, KC_ALIGN_FLOATS, kc_adamw_range_pick(), &c);
 }
 

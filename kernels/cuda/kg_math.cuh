@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "../common/km_act.h"
+#include "../common/km_optim.h"
 #include "kg_kernels.h"
 
 #define KG_HD static __host__ __device__ __forceinline__
@@ -502,53 +503,21 @@ template <typename T> KG_HD void kg_sgd_elem(const kg_sgd_coef<T> &c, T *p, T g,
 
 /* ----------------------------------------------------------- AdamW */
 
-/* The scalars of one torch.optim.AdamW step in the element type T. */
-template <typename T> struct kg_adamw_coef {
-    T decay;        /* 1 - lr * wd */
-    T w1;           /* lerp weight 1 - beta1 */
-    T one_minus_w1; /* 1 - w1, for lerp's large-weight form */
-    T beta2, c2;    /* beta2, 1 - beta2 */
-    T bc2_sqrt;     /* sqrt(1 - beta2^step) */
-    T eps;
-    T neg_step;     /* -lr / (1 - beta1^step) */
-    int big_weight; /* w1 >= 0.5 (or NaN): lerp's other formula */
-};
+/* The scalars of one torch.optim.AdamW step in the element type T: the
+ * CPU's own structs and functions (kernels/common/km_optim.h), so both
+ * form them the same way. Host only: pow is then libm's, the CPU's. */
+template <typename T> struct kg_adamw_coef_of;
+template <> struct kg_adamw_coef_of<float> { typedef km_adamw_coef_f32 type; };
+template <> struct kg_adamw_coef_of<double> { typedef km_adamw_coef_f64 type; };
+template <typename T> using kg_adamw_coef = typename kg_adamw_coef_of<T>::type;
 
-/*
- * The coefficients as the CPU forms them: for float32 kc_adamw_update_d's
- * (each scalar formed in double, bias corrections with pow in double, then
- * rounded to float once), for float64 kc_adamw_update_f64's. step < 1 is
- * treated as 1. Host only: pow is then libm's, the CPU's.
- */
 template <typename T>
 static inline __host__ kg_adamw_coef<T> kg_adamw_make_coef(double lr, double beta1, double beta2, double eps,
                                                            double weight_decay, int64_t step) {
-    if (step < 1) step = 1;
-    kg_adamw_coef<T> c;
-    const double bc1 = 1.0 - pow(beta1, (double)step);
-    const double bc2 = 1.0 - pow(beta2, (double)step);
-    if constexpr (sizeof(T) == sizeof(float)) {
-        c.decay = (float)(1.0 - lr * weight_decay);
-        c.w1 = (float)(1.0 - beta1);
-        c.one_minus_w1 = 1.0f - c.w1;
-        c.big_weight = !(fabsf(c.w1) < 0.5f);
-        c.beta2 = (float)beta2;
-        c.c2 = (float)(1.0 - beta2);
-        c.bc2_sqrt = (float)sqrt(bc2);
-        c.eps = (float)eps;
-        c.neg_step = (float)(-(lr / bc1));
-    } else {
-        c.decay = 1.0 - lr * weight_decay;
-        c.w1 = 1.0 - beta1;
-        c.one_minus_w1 = 1.0 - c.w1;
-        c.big_weight = !(fabs(c.w1) < 0.5);
-        c.beta2 = beta2;
-        c.c2 = 1.0 - beta2;
-        c.bc2_sqrt = sqrt(bc2);
-        c.eps = eps;
-        c.neg_step = -(lr / bc1);
-    }
-    return c;
+    if constexpr (sizeof(T) == sizeof(float))
+        return km_adamw_coef_f32_make(lr, beta1, beta2, eps, weight_decay, step);
+    else
+        return km_adamw_coef_f64_make(lr, beta1, beta2, eps, weight_decay, step);
 }
 
 /* One element in PyTorch's order (kc_adamw_loop):
