@@ -669,6 +669,87 @@ static int32_t cpu_adamw_update_ex(kiln_instance *acc, uint32_t dtype, void *p, 
     return KILN_OK;
 }
 
+/* ------------------------------------------------------------ 1.3 fused */
+
+/* Guarded so this file still builds against the 1.2 headers: the test
+ * fixture libkiln-cpu12.so (tests/CMakeLists.txt) is this plugin as a 1.2
+ * accelerator, for the 1.3 consumers' fallback paths. */
+#if KILN_ABI_MINOR >= 3
+
+/* One pass of scale_ex then all_finite_ex per tensor: on the cpu there is
+ * no device to wait on, so the list form is just the loop. */
+static int32_t cpu_unscale_check(kiln_instance *acc, uint32_t dtype, void *const *x, const size_t *n, uint32_t count,
+                                 double a, int32_t *finite) {
+    int32_t rc = cpu_check_dtype(acc, "unscale_check", dtype);
+    if (rc != KILN_OK) return rc;
+    if (!finite) return CPU_ERR(acc, KILN_E_INVALID_ARG, "unscale_check: finite is NULL");
+    if (count > 0 && (!x || !n))
+        return CPU_ERR(acc, KILN_E_INVALID_ARG, "unscale_check: NULL %s array for count=%u", !x ? "x" : "n",
+                       (unsigned)count);
+    for (uint32_t i = 0; i < count; i++)
+        if (n[i] > 0 && !x[i])
+            return CPU_ERR(acc, KILN_E_INVALID_ARG, "unscale_check: x[%u] is NULL with n[%u]=%zu", (unsigned)i,
+                           (unsigned)i, n[i]);
+    int ok = 1;
+    for (uint32_t i = 0; i < count; i++) {
+        if (n[i] == 0) continue;
+        if (dtype == KILN_DTYPE_F32) {
+            kc_scale(x[i], (float)a, n[i]);
+            ok &= kc_all_finite(x[i], n[i]);
+        } else {
+            kc_scale_f64(x[i], a, n[i]);
+            ok &= kc_all_finite_f64(x[i], n[i]);
+        }
+    }
+    *finite = ok;
+    return KILN_OK;
+}
+
+/* The reference the cuda accelerator's cuBLASLt epilogues are compared
+ * with: the unfused sequence the ABI comment names, one rounding after the
+ * bias. The all-fp32 case takes gemm's own path, so a module moving from
+ * gemm + bias_add + act to this entry computes the same bits. */
+static int32_t cpu_linear_forward(kiln_instance *acc, uint32_t dtype, const void *x, const void *w, uint32_t w_dtype,
+                                  const void *b, int32_t rows, int32_t in, int32_t out, int32_t act, void *y,
+                                  void *post, uint32_t round_dtype) {
+    const char *fn = "linear_forward";
+    int32_t rc = cpu_check_dtype(acc, fn, dtype);
+    if (rc != KILN_OK) return rc;
+    if (act >= 0 && (rc = cpu_check_act(acc, fn, act)) != KILN_OK) return rc;
+    if (rows < 0 || in < 0 || out < 0)
+        return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s: rows, in, out must be >= 0, got %d, %d, %d", fn, (int)rows,
+                       (int)in, (int)out);
+    const int r16 = round_dtype == KILN_DTYPE_F16 || round_dtype == KILN_DTYPE_BF16;
+    if (!(round_dtype == KILN_DTYPE_F32 || (dtype == KILN_DTYPE_F32 && r16) ||
+          (dtype == KILN_DTYPE_F64 && round_dtype == KILN_DTYPE_F64)))
+        return CPU_ERR(acc, KILN_E_INVALID_ARG,
+                       "%s: round_dtype must be float32 (none)%s for dtype %s, got " CPU_DT_FMT, fn,
+                       dtype == KILN_DTYPE_F32 ? ", float16 or bfloat16" : " or float64", kiln_dtype_name(dtype),
+                       CPU_DT_ARG(round_dtype));
+    const size_t ny = (size_t)rows * (size_t)out;
+    if (ny == 0) return KILN_OK;
+    CPU_NEED(acc, y, ny, "linear_forward");
+    if (act >= 0) CPU_NEED(acc, post, ny, "linear_forward (act >= 0)");
+    const size_t esz = kiln_dtype_size(dtype);
+    if (act >= 0 && cpu_ranges_overlap(y, ny * esz, post, ny * esz))
+        return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s: y and post overlap (the backward needs both)", fn);
+    if (x && in > 0 && cpu_ranges_overlap(y, ny * esz, x, (size_t)rows * (size_t)in * esz))
+        return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s: y overlaps the input x", fn);
+    const int32_t ld = in > 0 ? in : 1; /* in == 0: y = b, and gemm wants ld >= 1 */
+    if (dtype == KILN_DTYPE_F32 && w_dtype == KILN_DTYPE_F32)
+        rc = cpu_gemm(acc, 0, 1, rows, out, in, 1.0f, x, ld, w, ld, 0.0f, y, out);
+    else
+        rc = cpu_gemm_ex(acc, 0, 1, rows, out, in, 1.0, x, dtype, ld, w, w_dtype, ld, 0.0, y, dtype, out,
+                         KILN_DTYPE_F32);
+    if (rc == KILN_OK && b) rc = cpu_bias_add_ex(acc, dtype, y, b, rows, out);
+    if (rc == KILN_OK && r16) rc = cpu_round_to(acc, y, round_dtype, ny);
+    if (rc != KILN_OK || act < 0) return rc;
+    if (dtype == KILN_DTYPE_F32) cpu_act_f32[act](post, y, ny);
+    else cpu_act_f64[act](post, y, ny);
+    return r16 ? cpu_round_to(acc, post, round_dtype, ny) : KILN_OK;
+}
+#endif /* KILN_ABI_MINOR >= 3 */
+
 static const kiln_kernels cpu_kernel_table = {
     .struct_size = sizeof(kiln_kernels),
     .flags = KILN_KERNELS_HOST_MEMORY, /* cpu "device" memory is host memory */
@@ -709,10 +790,19 @@ static const kiln_kernels cpu_kernel_table = {
     .axpy_ex = cpu_axpy_ex,
     .sgd_update_ex = cpu_sgd_update_ex,
     .adamw_update_ex = cpu_adamw_update_ex,
+#if KILN_ABI_MINOR >= 3
+    .unscale_check = cpu_unscale_check,
+    .linear_forward = cpu_linear_forward,
+#endif
 };
-/* The table is built with this header's size, the 1.2 one: every entry above
- * is set, and a caller checks struct_size >= KILN_KERNELS_SIZE_1_2. */
-static_assert(sizeof(kiln_kernels) >= KILN_KERNELS_SIZE_1_2, "kiln_kernels covers ABI 1.2");
+/* The table is built with this header's size: every entry above is set, and
+ * a caller checks struct_size against KILN_KERNELS_SIZE_1_3 (1_2 in the
+ * fixture built against the 1.2 headers). */
+#if KILN_ABI_MINOR >= 3
+static_assert(sizeof(kiln_kernels) == KILN_KERNELS_SIZE_1_3, "kiln_kernels is ABI 1.3's");
+#else
+static_assert(sizeof(kiln_kernels) == KILN_KERNELS_SIZE_1_2, "kiln_kernels is ABI 1.2's");
+#endif
 
 /* --------------------------------------------------------------- instance */
 

@@ -47,6 +47,10 @@ struct kiln_instance {
     kiln_parameter *const *params; /* the host's list, valid for the run         */
     uint32_t n;
     void **copies;              /* (n) compute copies we allocated, or NULL      */
+    /* the gradients as unscale_check (ABI 1.3) takes them, or NULL when the
+     * accelerator's table has no such entry */
+    void **grads;               /* (n) p->grad of every parameter                */
+    size_t *grad_n;             /* (n) p->numel                                  */
 };
 
 static int32_t mx_err(kiln_instance *self, int32_t code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -116,6 +120,10 @@ static void mx_release(kiln_instance *self) {
         free(self->copies);
         self->copies = NULL;
     }
+    free(self->grads);
+    free(self->grad_n);
+    self->grads = NULL;
+    self->grad_n = NULL;
 }
 
 static void mx_destroy(kiln_instance *self) {
@@ -158,6 +166,13 @@ static int32_t mx_setup(kiln_instance *self, kiln_parameter *const *params, uint
         p->compute = self->copies[i];
         p->compute_dtype = self->dtype;
     }
+    /* 1.3: the whole unscale in one call, so an accelerator with a device
+     * waits once per step instead of once per parameter */
+    if (self->scaler && k->struct_size >= KILN_KERNELS_SIZE_1_3 && k->unscale_check) {
+        self->grads = calloc(n ? n : 1, sizeof *self->grads);
+        self->grad_n = calloc(n ? n : 1, sizeof *self->grad_n);
+        if (!self->grads || !self->grad_n) return mx_err(self, KILN_E_NOMEM, "%s: out of memory", me);
+    }
     return KILN_OK;
 }
 
@@ -187,6 +202,18 @@ static int32_t mx_pre_backward(kiln_instance *self, double loss, double *scale) 
 static int32_t mx_unscale(kiln_instance *self, int *found_inf) {
     const float inv = (float)(1.0 / self->scale);
     *found_inf = 0;
+    if (self->grads) {
+        for (uint32_t i = 0; i < self->n; i++) { /* as read now, like the loop below */
+            self->grads[i] = self->params[i]->grad;
+            self->grad_n[i] = (size_t)self->params[i]->numel;
+        }
+        int32_t finite = 1;
+        int32_t rc = self->k->unscale_check(self->acc, KILN_DTYPE_F32, self->grads, self->grad_n, self->n,
+                                            (double)inv, &finite);
+        if (rc != KILN_OK) return rc;
+        *found_inf = !finite;
+        return KILN_OK;
+    }
     for (uint32_t i = 0; i < self->n; i++) {
         kiln_parameter *p = self->params[i];
         if (p->numel == 0) continue;

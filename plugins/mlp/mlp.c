@@ -75,6 +75,7 @@ typedef struct mlp {
     uint32_t rdt;              /* of the last forward: KILN_DTYPE_F16/BF16 to round
                                   activations through, F32 for none             */
     int fast;                  /* last forward used the fp32 1.1 kernels only   */
+    int fused;                 /* the table has linear_forward (ABI 1.3)        */
 
     /* What backward needs from the last training_step. */
     int have_train_forward;    /* 0 after create or an eval step: no backward      */
@@ -432,6 +433,7 @@ static int32_t mlp_plan(mlp *m, const char *step) {
     }
     m->rdt = rdt;
     m->fast = m->adt == KILN_DTYPE_F32 && rdt == KILN_DTYPE_F32;
+    m->fused = k->struct_size >= KILN_KERNELS_SIZE_1_3 && k->linear_forward;
     if (!m->fast && (k->struct_size < KILN_KERNELS_SIZE_1_2 || !k->gemm_ex || !k->round_to || !k->cast))
         return mlp_fail(m, KILN_E_UNSUPPORTED,
                         "mlp: %s: computing in %s needs the ABI 1.2 kernel entries (gemm_ex, round_to, cast, *_ex); "
@@ -494,15 +496,24 @@ static int32_t mlp_layer_forward_ex(mlp *m, int l, int32_t B, const void *x, voi
     const int32_t in = m->width[l], out = m->width[l + 1];
     const kiln_parameter *W = m->weight[l];
     const size_t n = (size_t)B * (size_t)out;
+    const int32_t act = l == m->nlin - 1 ? -1 : m->act == MLP_ACT_RELU ? KILN_ACT_RELU : KILN_ACT_GELU;
+    if (m->fused) {
+        MLP_K(m,
+              k->linear_forward(acc, m->adt, x, W->compute, W->compute_dtype, mlp_bias(m, l), B, in, out, act, y,
+                                act < 0 ? NULL : m->post[l], m->rdt),
+              "linear_forward", l);
+        return KILN_OK;
+    }
+    /* what linear_forward does, for a 1.2 accelerator: one rounding, after
+     * the bias (autocast's addmm) */
     MLP_K(m,
           k->gemm_ex(acc, 0, 1, B, out, in, 1.0, x, m->adt, in, W->compute, W->compute_dtype, in, 0.0, y, m->adt, out,
-                     m->rdt),
+                     KILN_DTYPE_F32),
           "gemm_ex(forward)", l);
     MLP_K(m, k->bias_add_ex(acc, m->adt, y, mlp_bias(m, l), B, out), "bias_add_ex", l);
     int32_t rc = mlp_round(m, y, n, "round_to(linear)", l);
     if (rc != KILN_OK || l == m->nlin - 1) return rc;
-    MLP_K(m, k->act_forward(acc, m->adt, m->act == MLP_ACT_RELU ? KILN_ACT_RELU : KILN_ACT_GELU, m->post[l], y, n),
-          "act_forward", l);
+    MLP_K(m, k->act_forward(acc, m->adt, act, m->post[l], y, n), "act_forward", l);
     return mlp_round(m, m->post[l], n, "round_to(activation)", l);
 }
 
@@ -531,6 +542,15 @@ static int32_t mlp_forward(mlp *m, const kiln_batch *batch, const char *step, in
         }
         const float *W = (const float *)m->weight[l]->compute; /* (out, in) */
         const float *b = (const float *)m->bias[l]->compute;   /* (out)     */
+        if (m->fused) { /* y = x . W^T + b, post = act(y): one entry (1.3) */
+            const int32_t act = last ? -1 : m->act == MLP_ACT_RELU ? KILN_ACT_RELU : KILN_ACT_GELU;
+            MLP_K(m,
+                  k->linear_forward(acc, KILN_DTYPE_F32, x, W, KILN_DTYPE_F32, b, B, in, out, act, y,
+                                    last ? NULL : m->post[l], KILN_DTYPE_F32),
+                  "linear_forward", l);
+            if (!last) x = m->post[l];
+            continue;
+        }
         /* y = x . W^T + b */
         MLP_K(m, k->gemm(acc, 0, 1, B, out, in, 1.0f, x, in, W, in, 0.0f, y, out), "gemm(forward)", l);
         MLP_K(m, k->bias_add(acc, y, b, B, out), "bias_add", l);

@@ -16,7 +16,10 @@
  * float32 (equal to the 1.1 entry) and float64 (against double formulas);
  * the GAN activations (tanh, sigmoid, leaky ReLU) of act_forward/act_backward
  * against double formulas, at large |x|, in place, and unknown act ids
- * refused.
+ * refused. For the ABI 1.3 entries: unscale_check over a list (every
+ * tensor scaled, inf, NaN and overflow seen, float64, refusals) and
+ * linear_forward against double formulas and bit for bit against the 1.2
+ * sequence it stands for.
  */
 #include <math.h>
 #include <stdint.h>
@@ -88,10 +91,10 @@ static void test_descriptor(void) {
         if (!f) fprintf(stderr, "kernel table entry at offset %zu is NULL\n", off);
         CU_ASSERT_PTR_NOT_NULL((void *)(uintptr_t)f);
     }
-    /* alloc .. adamw_update (21 in ABI 1.1) and cast .. adamw_update_ex (15
-     * appended in 1.2) */
-    CU_ASSERT_EQUAL(n, 36);
-    CU_ASSERT_TRUE(g_k->struct_size >= KILN_KERNELS_SIZE_1_2);
+    /* alloc .. adamw_update (21 in ABI 1.1), cast .. adamw_update_ex (15
+     * appended in 1.2) and unscale_check, linear_forward (1.3) */
+    CU_ASSERT_EQUAL(n, 38);
+    CU_ASSERT_TRUE(g_k->struct_size >= KILN_KERNELS_SIZE_1_3);
 }
 
 /* ---------------------------------------------------------------- memory */
@@ -955,6 +958,195 @@ static void test_ex_optimizers(void) {
     }
 }
 
+/* ------------------------------------------------------------- 1.3 fused */
+
+/* unscale_check over a list: every tensor multiplied (also after a
+ * non-finite one, as GradScaler.unscale_ does), an empty tensor's NULL
+ * pointer accepted, inf and NaN both reported, float64 too. */
+static void test_unscale_check(void) {
+    CU_ASSERT_TRUE(g_k->struct_size >= KILN_KERNELS_SIZE_1_3);
+    enum { N0 = 37, N2 = 1000 };
+    float a[N0], c[N2], a0[N0], c0[N2];
+    for (int i = 0; i < N0; i++) a[i] = a0[i] = val(i, 300) * 1024.0f;
+    for (int i = 0; i < N2; i++) c[i] = c0[i] = val(i, 301) * 65536.0f;
+    void *x[3] = {a, NULL, c};
+    size_t n[3] = {N0, 0, N2};
+    const float inv = 1.0f / 4096.0f;
+    int32_t fin = -1;
+    CU_ASSERT_EQUAL(g_k->unscale_check(g_acc, KILN_DTYPE_F32, x, n, 3, (double)inv, &fin), KILN_OK);
+    CU_ASSERT_EQUAL(fin, 1);
+    int bad = 0;
+    for (int i = 0; i < N0; i++) bad += a[i] != a0[i] * inv;
+    for (int i = 0; i < N2; i++) bad += c[i] != c0[i] * inv;
+    CU_ASSERT_EQUAL(bad, 0);
+
+    /* an inf in the first tensor: reported, and the last is still scaled */
+    a[5] = INFINITY;
+    for (int i = 0; i < N2; i++) c0[i] = c[i];
+    CU_ASSERT_EQUAL(g_k->unscale_check(g_acc, KILN_DTYPE_F32, x, n, 3, 0.5, &fin), KILN_OK);
+    CU_ASSERT_EQUAL(fin, 0);
+    CU_ASSERT_TRUE(isinf(a[5]));
+    bad = 0;
+    for (int i = 0; i < N2; i++) bad += c[i] != c0[i] * 0.5f;
+    CU_ASSERT_EQUAL(bad, 0);
+    /* a finite value that overflows when multiplied counts too */
+    a[5] = 3.0e38f;
+    CU_ASSERT_EQUAL(g_k->unscale_check(g_acc, KILN_DTYPE_F32, x, n, 1, 4.0, &fin), KILN_OK);
+    CU_ASSERT_EQUAL(fin, 0);
+    a[5] = 1.0f;
+    c[N2 - 1] = NAN;
+    CU_ASSERT_EQUAL(g_k->unscale_check(g_acc, KILN_DTYPE_F32, x, n, 3, 1.0, &fin), KILN_OK);
+    CU_ASSERT_EQUAL(fin, 0);
+    CU_ASSERT_EQUAL(g_k->unscale_check(g_acc, KILN_DTYPE_F32, x, n, 2, 1.0, &fin), KILN_OK); /* NaN not in range */
+    CU_ASSERT_EQUAL(fin, 1);
+    CU_ASSERT_EQUAL(g_k->unscale_check(g_acc, KILN_DTYPE_F32, NULL, NULL, 0, 1.0, &fin), KILN_OK);
+    CU_ASSERT_EQUAL(fin, 1);
+
+    double d[4] = {1.0, -3.0, 1e300, 0.25};
+    void *xd[1] = {d};
+    size_t nd[1] = {4};
+    CU_ASSERT_EQUAL(g_k->unscale_check(g_acc, KILN_DTYPE_F64, xd, nd, 1, 0.125, &fin), KILN_OK);
+    CU_ASSERT_EQUAL(fin, 1);
+    CU_ASSERT_TRUE(d[0] == 0.125 && d[1] == -0.375 && d[2] == 1e300 * 0.125 && d[3] == 0.03125);
+    CU_ASSERT_EQUAL(g_k->unscale_check(g_acc, KILN_DTYPE_F64, xd, nd, 1, 1e10, &fin), KILN_OK);
+    CU_ASSERT_EQUAL(fin, 0); /* 1.25e299 * 1e10 overflows double */
+
+    CU_ASSERT_TRUE(rejected(g_k->unscale_check(g_acc, KILN_DTYPE_F32, x, n, 3, 1.0, NULL), "unscale_check",
+                            "finite is NULL"));
+    CU_ASSERT_TRUE(rejected(g_k->unscale_check(g_acc, KILN_DTYPE_F32, NULL, n, 3, 1.0, &fin), "unscale_check",
+                            "NULL x array"));
+    void *xbad[2] = {a, NULL};
+    size_t nbad[2] = {N0, 4};
+    CU_ASSERT_TRUE(rejected(g_k->unscale_check(g_acc, KILN_DTYPE_F32, xbad, nbad, 2, 1.0, &fin), "x[1] is NULL",
+                            "n[1]=4"));
+    CU_ASSERT_TRUE(rejected(g_k->unscale_check(g_acc, KILN_DTYPE_F16, x, n, 3, 1.0, &fin), "unscale_check",
+                            "float16 (3)"));
+}
+
+/* The bf16 bit pattern of x rounded to nearest even (x finite). */
+static uint16_t to_bf16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u += 0x7FFFu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static float from_bf16(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* linear_forward: against a double computation, and bit for bit against
+ * the unfused sequence its ABI comment names (which is what mlp runs on a
+ * 1.2 accelerator), in float32, float32 with bfloat16 weights and output
+ * rounding, and float64; plus its refusals. */
+static void test_linear_forward(void) {
+    enum { R = 9, I = 13, O = 11, NY = R * O };
+    float x[R * I], w[O * I], b[O], y[NY], post[NY], y2[NY], post2[NY];
+    uint16_t wb[O * I];
+    for (int i = 0; i < R * I; i++) x[i] = from_bf16(to_bf16(val(i, 310) * 2.0f)); /* bf16-representable */
+    for (int i = 0; i < O * I; i++) {
+        w[i] = val(i, 311) * 0.5f;
+        wb[i] = to_bf16(w[i]);
+    }
+    for (int i = 0; i < O; i++) b[i] = val(i, 312) * 0.25f;
+
+    static const int32_t acts[] = {KILN_ACT_RELU, KILN_ACT_GELU, KILN_ACT_TANH, -1};
+    for (unsigned t = 0; t < sizeof acts / sizeof acts[0]; t++) {
+        const int32_t act = acts[t];
+        const float *bias = act == KILN_ACT_TANH ? NULL : b; /* one case without a bias */
+        /* float32 */
+        CU_ASSERT_EQUAL(g_k->linear_forward(g_acc, KILN_DTYPE_F32, x, w, KILN_DTYPE_F32, bias, R, I, O, act, y,
+                                            act < 0 ? NULL : post, KILN_DTYPE_F32),
+                        KILN_OK);
+        int bad = 0;
+        for (int r = 0; r < R; r++)
+            for (int o = 0; o < O; o++) {
+                double s = bias ? bias[o] : 0.0;
+                for (int i = 0; i < I; i++) s += (double)x[r * I + i] * w[o * I + i];
+                bad += !close_to(y[r * O + o], s, 1e-5);
+                if (act == KILN_ACT_RELU) bad += post[r * O + o] != (y[r * O + o] > 0 ? y[r * O + o] : 0.0f);
+                if (act == KILN_ACT_GELU) bad += !close_to(post[r * O + o], gelu_ref(y[r * O + o]), 2e-6);
+                if (act == KILN_ACT_TANH) bad += !close_to(post[r * O + o], tanh(y[r * O + o]), 2e-6);
+            }
+        CU_ASSERT_EQUAL(bad, 0);
+        CU_ASSERT_EQUAL(g_k->gemm(g_acc, 0, 1, R, O, I, 1.0f, x, I, w, I, 0.0f, y2, O), KILN_OK);
+        if (bias) CU_ASSERT_EQUAL(g_k->bias_add(g_acc, y2, bias, R, O), KILN_OK);
+        CU_ASSERT_EQUAL(memcmp(y, y2, sizeof y), 0);
+        if (act >= 0) {
+            CU_ASSERT_EQUAL(g_k->act_forward(g_acc, KILN_DTYPE_F32, act, post2, y2, NY), KILN_OK);
+            CU_ASSERT_EQUAL(memcmp(post, post2, sizeof post), 0);
+        }
+
+        /* bf16 weights, bf16 rounding: one rounding after the bias */
+        CU_ASSERT_EQUAL(g_k->linear_forward(g_acc, KILN_DTYPE_F32, x, wb, KILN_DTYPE_BF16, bias, R, I, O, act, y,
+                                            act < 0 ? NULL : post, KILN_DTYPE_BF16),
+                        KILN_OK);
+        CU_ASSERT_EQUAL(g_k->gemm_ex(g_acc, 0, 1, R, O, I, 1.0, x, KILN_DTYPE_F32, I, wb, KILN_DTYPE_BF16, I, 0.0, y2,
+                                     KILN_DTYPE_F32, O, KILN_DTYPE_F32),
+                        KILN_OK);
+        if (bias) CU_ASSERT_EQUAL(g_k->bias_add_ex(g_acc, KILN_DTYPE_F32, y2, bias, R, O), KILN_OK);
+        CU_ASSERT_EQUAL(g_k->round_to(g_acc, y2, KILN_DTYPE_BF16, NY), KILN_OK);
+        CU_ASSERT_EQUAL(memcmp(y, y2, sizeof y), 0);
+        bad = 0;
+        for (int r = 0; r < R; r++)
+            for (int o = 0; o < O; o++) {
+                double s = bias ? bias[o] : 0.0;
+                for (int i = 0; i < I; i++) s += (double)x[r * I + i] * from_bf16(wb[o * I + i]);
+                bad += from_bf16(to_bf16(y[r * O + o])) != y[r * O + o]; /* representable */
+                bad += !close_to(y[r * O + o], s, 1.0 / 128);
+            }
+        CU_ASSERT_EQUAL(bad, 0);
+        if (act >= 0) {
+            CU_ASSERT_EQUAL(g_k->act_forward(g_acc, KILN_DTYPE_F32, act, post2, y2, NY), KILN_OK);
+            CU_ASSERT_EQUAL(g_k->round_to(g_acc, post2, KILN_DTYPE_BF16, NY), KILN_OK);
+            CU_ASSERT_EQUAL(memcmp(post, post2, sizeof post), 0);
+        }
+    }
+
+    /* float64 against the double loop */
+    double xd[R * I], wd[O * I], bd[O], yd[NY], pd[NY];
+    for (int i = 0; i < R * I; i++) xd[i] = val(i, 313) / 3.0;
+    for (int i = 0; i < O * I; i++) wd[i] = val(i, 314) / 7.0;
+    for (int i = 0; i < O; i++) bd[i] = val(i, 315);
+    CU_ASSERT_EQUAL(g_k->linear_forward(g_acc, KILN_DTYPE_F64, xd, wd, KILN_DTYPE_F64, bd, R, I, O, KILN_ACT_RELU, yd,
+                                        pd, KILN_DTYPE_F32),
+                    KILN_OK);
+    int bad = 0;
+    for (int r = 0; r < R; r++)
+        for (int o = 0; o < O; o++) {
+            double s = bd[o];
+            for (int i = 0; i < I; i++) s += xd[r * I + i] * wd[o * I + i];
+            bad += fabs(yd[r * O + o] - s) > 1e-14 || pd[r * O + o] != (s > 0 ? yd[r * O + o] : 0.0);
+        }
+    CU_ASSERT_EQUAL(bad, 0);
+
+    /* refusals */
+    CU_ASSERT_TRUE(rejected(g_k->linear_forward(g_acc, KILN_DTYPE_F64, xd, wd, KILN_DTYPE_F64, bd, R, I, O, -1, yd,
+                                                NULL, KILN_DTYPE_BF16),
+                            "linear_forward: round_dtype", "bfloat16"));
+    CU_ASSERT_TRUE(rejected(g_k->linear_forward(g_acc, KILN_DTYPE_F32, x, w, KILN_DTYPE_F32, b, R, I, O, 9, y, post,
+                                                KILN_DTYPE_F32),
+                            "linear_forward", "got 9"));
+    CU_ASSERT_TRUE(rejected(g_k->linear_forward(g_acc, KILN_DTYPE_F32, x, w, KILN_DTYPE_F32, b, R, I, O,
+                                                KILN_ACT_RELU, y, NULL, KILN_DTYPE_F32),
+                            "linear_forward", "post is NULL"));
+    CU_ASSERT_TRUE(rejected(g_k->linear_forward(g_acc, KILN_DTYPE_F32, x, w, KILN_DTYPE_F32, b, R, I, O,
+                                                KILN_ACT_RELU, y, y + 1, KILN_DTYPE_F32),
+                            "linear_forward", "overlap"));
+    CU_ASSERT_TRUE(rejected(g_k->linear_forward(g_acc, KILN_DTYPE_F16, x, w, KILN_DTYPE_F32, b, R, I, O, -1, y, NULL,
+                                                KILN_DTYPE_F32),
+                            "linear_forward", "float16 (3)"));
+    CU_ASSERT_TRUE(rejected(g_k->linear_forward(g_acc, KILN_DTYPE_F32, x, w, KILN_DTYPE_F32, b, -1, I, O, -1, y, NULL,
+                                                KILN_DTYPE_F32),
+                            "linear_forward", ">= 0"));
+    /* nothing to compute: no pointer needed */
+    CU_ASSERT_EQUAL(g_k->linear_forward(g_acc, KILN_DTYPE_F32, NULL, NULL, KILN_DTYPE_F32, NULL, 0, I, O,
+                                        KILN_ACT_GELU, NULL, NULL, KILN_DTYPE_F32),
+                    KILN_OK);
+}
+
 /* -------------------------------------------------------------- configure */
 
 static void test_configure(void) {
@@ -1005,6 +1197,8 @@ static void register_tests(void) {
     CU_add_test(s, "1.2: act tanh, sigmoid, leaky_relu (f32, f64, limits, bad ids)", test_gan_activations);
     CU_add_test(s, "1.2: _ex softmax_xent and bad labels", test_ex_loss);
     CU_add_test(s, "1.2: _ex sgd, adamw", test_ex_optimizers);
+    CU_add_test(s, "1.3: unscale_check over a list (f32, f64, inf, NaN, refusals)", test_unscale_check);
+    CU_add_test(s, "1.3: linear_forward (f32, bf16 rounding, f64, = unfused, refusals)", test_linear_forward);
     CU_add_test(s, "configure threads", test_configure);
 }
 

@@ -171,6 +171,7 @@ static const kiln_kernels g_table = {
  * then reads the batch in place instead of copying it. */
 static kiln_kernels g_table_host;
 static const kiln_kernels *g_create_table; /* table make_module installs (NULL: g_table) */
+static kiln_instance *g_create_acc;        /* and its accelerator (NULL: TEST_ACC)    */
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 static void rng_seed(uint64_t s) { rng_state = s ? s : 1; }
@@ -226,7 +227,7 @@ static cfg small_cfg(const char *activation) {
 static kiln_instance *make_module(cfg *c, uint64_t seed) {
     mh_reset();
     mh.kernels = g_create_table ? g_create_table : &g_table;
-    mh.acc = TEST_ACC;
+    mh.acc = g_create_acc ? g_create_acc : TEST_ACC;
     kiln_instance *inst = NULL;
     int32_t rc = ops()->base.create(g_desc->plugin_ctx, mh_services(), mh_ctx(), cfg_build(c), &inst);
     CU_ASSERT_EQUAL(rc, KILN_OK);
@@ -595,6 +596,77 @@ static void test_host_memory_in_place(void) {
     CU_ASSERT_EQUAL(memcmp(grads[0], grads[1], sizeof grads[0]), 0);
 }
 
+/* The fused ABI 1.3 entry linear_forward against the 1.2 sequence mlp
+ * falls back to (gemm_ex, bias_add_ex, round_to, act_forward, round_to) on
+ * the real cpu accelerator: the same loss and gradients bit for bit, in
+ * fp32 and with bf16 compute copies of the weights (what bf16-mixed gives
+ * the module), and linear_forward used only when the table has it. */
+static const kiln_kernels *g_cpu_k;
+static int g_n_linear;
+static int32_t count_linear(kiln_instance *acc, uint32_t dt, const void *x, const void *w, uint32_t wt, const void *b,
+                            int32_t rows, int32_t in, int32_t out, int32_t act, void *y, void *post, uint32_t rt) {
+    g_n_linear++;
+    return g_cpu_k->linear_forward(acc, dt, x, w, wt, b, rows, in, out, act, y, post, rt);
+}
+
+static void test_linear_forward_vs_1_2(void) {
+    const char *dir = getenv("KILN_PLUGIN_DIR");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/libkiln-cpu.so", dir ? dir : ".");
+    const kiln_plugin_desc *cpu = mh_load(path, KILN_KIND_ACCELERATOR, "cpu");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(cpu);
+    const kiln_accelerator_ops *aops = cpu->ops;
+    kiln_instance *acc = NULL;
+    CU_ASSERT_EQUAL_FATAL(aops->base.create(cpu->plugin_ctx, mh_services(), mh_ctx(), NULL, &acc), KILN_OK);
+    g_cpu_k = aops->kernels(acc);
+    CU_ASSERT_FATAL(g_cpu_k->struct_size >= KILN_KERNELS_SIZE_1_3);
+    kiln_kernels tables[2] = {*g_cpu_k, *g_cpu_k};
+    tables[0].linear_forward = count_linear;
+    tables[1].struct_size = KILN_KERNELS_SIZE_1_2;
+    static float grads[2][6][64];
+    static uint16_t copies[3][64];
+    for (int variant = 0; variant < 4; variant++) {
+        const int bf16 = variant >= 2;
+        double loss[2];
+        int calls[2];
+        memset(grads, 0, sizeof grads);
+        for (int pass = 0; pass < 2; pass++) {
+            cfg c = small_cfg(variant & 1 ? "gelu" : "relu");
+            g_create_table = &tables[pass];
+            g_create_acc = acc;
+            kiln_instance *inst = make_module(&c, 31);
+            CU_ASSERT_PTR_NOT_NULL_FATAL(inst);
+            if (bf16) /* what bf16-mixed's convert_params does */
+                for (uint32_t l = 0; l < 3; l++) {
+                    kiln_parameter *W = &mh.params[2 * l];
+                    CU_ASSERT_EQUAL(g_cpu_k->cast(acc, copies[l], KILN_DTYPE_BF16, W->data, KILN_DTYPE_F32,
+                                                  (size_t)W->numel),
+                                    KILN_OK);
+                    W->compute = copies[l];
+                    W->compute_dtype = KILN_DTYPE_BF16;
+                }
+            tbatch tb;
+            batch_random(&tb, 6, 5, 3, 37);
+            g_n_linear = 0;
+            loss[pass] = train_loss(inst, &tb);
+            calls[pass] = g_n_linear;
+            CU_ASSERT_EQUAL(ops()->backward(inst, 1.0), KILN_OK);
+            for (uint32_t i = 0; i < 6; i++)
+                memcpy(grads[pass][i], mh.params[i].grad, (size_t)mh.params[i].numel * sizeof(float));
+            destroy_module(inst);
+            g_create_table = NULL;
+            g_create_acc = NULL;
+        }
+        CU_ASSERT_EQUAL(calls[0], 3); /* one per Linear */
+        CU_ASSERT_EQUAL(calls[1], 0);
+        CU_ASSERT_TRUE(isfinite(loss[0]));
+        CU_ASSERT_EQUAL(loss[0], loss[1]);
+        CU_ASSERT_EQUAL(memcmp(grads[0], grads[1], sizeof grads[0]), 0);
+        if (loss[0] != loss[1]) printf("\n  variant %d: loss %.17g (1.3) vs %.17g (1.2)", variant, loss[0], loss[1]);
+    }
+    aops->base.destroy(acc);
+}
+
 static void test_grad_accumulation(void) {
     cfg c = small_cfg("gelu");
     kiln_instance *inst = make_module(&c, 3);
@@ -815,6 +887,7 @@ static void register_tests(void) {
     CU_add_test(s, "backward vs finite differences (gelu)", test_gradcheck_gelu);
     CU_add_test(s, "backward accumulates", test_grad_accumulation);
     CU_add_test(s, "host-memory accelerator: batch read in place", test_host_memory_in_place);
+    CU_add_test(s, "cpu: linear_forward (1.3) = the 1.2 sequence, fp32 and bf16", test_linear_forward_vs_1_2);
     CU_add_test(s, "backward without training_step fails", test_backward_needs_forward);
     CU_add_test(s, "bad batches are refused with a message", test_bad_batch);
     CU_add_test(s, "bad configs are refused naming the key", test_bad_config);

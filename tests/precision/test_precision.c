@@ -10,6 +10,8 @@
  * scaler step; 64-true trains with fp64 masters close to 32-true; and the
  * property-based refusals at `kiln config check`.
  */
+#define _POSIX_C_SOURCE 200809L /* setenv */
+
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -205,8 +207,32 @@ static double current_scale(kiln_instance *p) {
     return s;
 }
 
-static void test_scaler_skip_backoff_growth(void) {
+/* The cpu table with scale and unscale_check counted, whole (1.3) or cut
+ * to 1.2's size, to see which way the scaler unscales. */
+static const kiln_kernels *g_real_k;
+static int g_n_scale, g_n_unscale_check;
+static int32_t count_scale(kiln_instance *acc, float *x, float a, size_t n) {
+    g_n_scale++;
+    return g_real_k->scale(acc, x, a, n);
+}
+static int32_t count_unscale_check(kiln_instance *acc, uint32_t dt, void *const *x, const size_t *n, uint32_t count,
+                                   double a, int32_t *finite) {
+    g_n_unscale_check++;
+    return g_real_k->unscale_check(acc, dt, x, n, count, a, finite);
+}
+
+/* The GradScaler sequence (skips, backoff, growth) with the accelerator's
+ * table as of ABI `minor`: 1.3 unscales through unscale_check in one call
+ * per step, 1.2 through scale + all_finite per parameter; the same results. */
+static void scaler_sequence(int minor) {
     env_begin();
+    kiln_kernels counted = *mh.kernels;
+    g_real_k = mh.kernels;
+    counted.scale = count_scale;
+    counted.unscale_check = count_unscale_check;
+    counted.struct_size = minor >= 3 ? (uint32_t)sizeof counted : (uint32_t)KILN_KERNELS_SIZE_1_2;
+    mh.kernels = &counted;
+    g_n_scale = g_n_unscale_check = 0;
     scaler_ctx c = {0};
     c.prec = make16(0x1p20, 3);
     c.grad_value = 1.0;
@@ -254,8 +280,15 @@ static void test_scaler_skip_backoff_growth(void) {
     mh_services()->free(mh_ctx(), blob);
     pops(g_m16)->base.destroy(q);
     pops(g_m16)->base.destroy(c.prec);
+    /* 9 unscales: one unscale_check each (1.3), or one scale per parameter */
+    CU_ASSERT_EQUAL(g_n_unscale_check, minor >= 3 ? 9 : 0);
+    CU_ASSERT_EQUAL(g_n_scale, minor >= 3 ? 0 : 9 * (int)mh.nparams);
+    mh.kernels = g_real_k;
     env_end();
 }
+
+static void test_scaler_skip_backoff_growth(void) { scaler_sequence(3); }
+static void test_scaler_table_1_2(void) { scaler_sequence(2); }
 
 /* A closure without a loss: Lightning does not step and does not update
  * the scaler. */
@@ -454,6 +487,55 @@ static void test_overflow_skips_steps(void) {
                                 "optimizer step batch=19|");
 }
 
+/* Every precision trains mlp to the same weights, bit for bit, on the cpu
+ * accelerator (ABI 1.3: mlp's Linear layers through linear_forward, the
+ * scaler through unscale_check) and on the same accelerator built against
+ * the frozen 1.2 headers (tests/abi-1.2, libkiln-cpu12.so: mlp and the
+ * scaler take their 1.2 fallbacks). 16-mixed starts at a scale that
+ * overflows, so the skip path is compared too. */
+static void test_same_weights_on_1_2_accelerator(void) {
+    static const char *const precs[] = {"{ name = \"16-mixed\"; init_scale = 16777216.0; growth_interval = 4; }",
+                                        "\"bf16-mixed\"", "\"32-true\"", "\"64-true\""};
+    for (size_t p = 0; p < sizeof precs / sizeof precs[0]; p++) {
+        char out[16384], body[16384], cb[4400], wpath[4300], extra[128];
+        void *bytes[2] = {NULL, NULL};
+        size_t len[2] = {0, 0};
+        for (int v = 0; v < 2; v++) {
+            snprintf(wpath, sizeof wpath, "%s/w12_%zu_%d.bin", g_dir, p, v);
+            snprintf(cb, sizeof cb, "{ name = \"weightdump\"; path = \"%s\"; }", wpath);
+            snprintf(body, sizeof body, MLP_JOB("%s", "%s"), precs[p], cb);
+            /* the 1.2 build is found through KILN_PLUGIN_PATH, by explicit name */
+            if (v) setenv("KILN_PLUGIN_PATH", getenv("KILN_ABI12_FIXTURES"), 1);
+            snprintf(extra, sizeof extra, "--set accelerator=\\\"%s\\\"", v ? "cpu12:cpu" : "cpu");
+            int rc = run_kiln("fit", body, extra, out, sizeof out);
+            unsetenv("KILN_PLUGIN_PATH");
+            if (rc) fprintf(stderr, "\n%s\n", out);
+            CU_ASSERT_EQUAL_FATAL(rc, 0);
+            FILE *f = fopen(wpath, "rb");
+            CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+            fseek(f, 0, SEEK_END);
+            len[v] = (size_t)ftell(f);
+            rewind(f);
+            bytes[v] = malloc(len[v] ? len[v] : 1);
+            CU_ASSERT_FATAL(bytes[v] && fread(bytes[v], 1, len[v], f) == len[v]);
+            fclose(f);
+        }
+        CU_ASSERT(len[0] > 100);
+        if (p == 0) { /* the fixture is a 1.2 library */
+            char cmd[4400];
+            snprintf(cmd, sizeof cmd, "KILN_PLUGIN_PATH='%s' %s plugins list --verbose 2>&1 | grep 'libkiln-cpu12.so$'",
+                     getenv("KILN_ABI12_FIXTURES"), tu_kiln());
+            CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
+            CU_ASSERT_PTR_NOT_NULL(strstr(out, "ABI 1.2"));
+        }
+        CU_ASSERT_EQUAL(len[0], len[1]);
+        const int same = len[0] == len[1] && memcmp(bytes[0], bytes[1], len[0]) == 0;
+        if (!same) fprintf(stderr, "\n  precision %s: weights differ between the 1.3 and 1.2 accelerators\n", precs[p]);
+        CU_ASSERT_TRUE(same);
+        free(bytes[0]), free(bytes[1]);
+    }
+}
+
 /* 64-true: fp64 masters end to end, close to the 32-true result. */
 static void test_64_true(void) {
     char out[16384], w64[4300], w32[4300], body[16384], cb[4400];
@@ -609,6 +691,8 @@ static void register_tests(void) {
     CU_add_test(s, "fp16 compute copies round to nearest even", test_fp16_compute_copy);
     CU_add_test(s, "bf16 compute copies round to nearest even", test_bf16_compute_copy);
     CU_add_test(s, "scaler: skip, back off, grow, state", test_scaler_skip_backoff_growth);
+    CU_add_test(s, "scaler: the same with a 1.2 kernel table (scale + all_finite)", test_scaler_table_1_2);
+    CU_add_test(s, "fit: the same weights on a 1.2-built cpu accelerator", test_same_weights_on_1_2_accelerator);
     CU_add_test(s, "scaler: no loss, no step, no update", test_scaler_no_loss);
     CU_add_test(s, "refusals: 1.1 kernel table, bad settings", test_refusals);
     CU_add_test(s, "hooks see scaled loss and gradients", test_hooks_see_scaled_values);

@@ -1,6 +1,7 @@
 /*
  * kiln/training.h — the training part of the ABI (added in 1.1; 1.2
- * appended other-dtype kernels and precision events): the kernel
+ * appended other-dtype kernels and precision events, 1.3 fused kernels
+ * for the unscale and a Linear layer's epilogue): the kernel
  * table an accelerator provides, the closure and optimizer handles the
  * trainer passes around, the events (hooks) callbacks and modules receive,
  * and the kind-specific ops tables that follow kiln_ops_header for every
@@ -123,6 +124,35 @@ typedef struct kiln_kernels {
     int32_t (*adamw_update_ex)(kiln_instance *acc, uint32_t dtype, void *p, const void *g, void *m, void *v,
                                size_t n, double lr, double beta1, double beta2, double eps, double weight_decay,
                                int64_t step);
+
+    /* -- 1.3: fused entries. Check struct_size >= KILN_KERNELS_SIZE_1_3
+     * (and the pointer) before calling; without them, do the same with the
+     * 1.2 entries named in each comment. -- */
+    /* GradScaler's unscale_ over a list of tensors in one pass each:
+     * x[i](n[i]) *= a for i < count, and *finite = 1 when every value of
+     * every x[i] is finite after it (0 otherwise). dtype F32 or F64. The
+     * same as scale_ex then all_finite_ex per tensor, but the device is
+     * waited on once for the whole list instead of once per tensor. x and n
+     * are host arrays; x[i] are accelerator pointers. */
+    int32_t (*unscale_check)(kiln_instance *acc, uint32_t dtype, void *const *x, const size_t *n, uint32_t count,
+                             double a, int32_t *finite);
+    /* A Linear layer's forward with its epilogue:
+     *   y(rows, out)    = round_dtype(x(rows, in) . w(out, in)^T + b(out))
+     *   post(rows, out) = round_dtype(act(y))     when act >= 0 (KILN_ACT_*)
+     * dtype (of x, y, post and b) is F32 or F64; w_dtype is dtype, or F16 /
+     * BF16 beside F32 (as gemm_ex's operands). round_dtype is as gemm_ex's
+     * but rounds once, after the bias (autocast's addmm: the bias joins the
+     * fp32 accumulator, and the output is cast once); F32 means no
+     * rounding. b may be NULL (no bias); act < 0 means no activation (post
+     * unused, may be NULL). As with gemm_ex, an F32 x beside an F16/BF16
+     * w with round_dtype that dtype holds values representable in it. y
+     * must not overlap x or post. The unfused equivalent: gemm_ex
+     * (round_dtype F32), bias_add_ex, round_to, act_forward, round_to. An accelerator
+     * fuses what its hardware can: the cuda one runs the bias (and GELU) as
+     * a cuBLASLt epilogue. */
+    int32_t (*linear_forward)(kiln_instance *acc, uint32_t dtype, const void *x, const void *w, uint32_t w_dtype,
+                              const void *b, int32_t rows, int32_t in, int32_t out, int32_t act, void *y,
+                              void *post, uint32_t round_dtype);
 } kiln_kernels;
 
 /* kiln_kernels.act_forward / act_backward */
@@ -420,6 +450,9 @@ typedef struct kiln_module_ops {
 #define KILN_KERNELS_SIZE_1_2 KILN__END(kiln_kernels, adamw_update_ex)
 #define KILN_TRAINER_STATE_SIZE_1_2 KILN__END(kiln_trainer_state, lr)
 
+/* What 1.3 appended. */
+#define KILN_KERNELS_SIZE_1_3 KILN__END(kiln_kernels, linear_forward)
+
 /* Layout pins of the 1.1 tables (and what 1.2 appended). */
 #if UINTPTR_MAX == 0xFFFFFFFFFFFFFFFFu
 static_assert(offsetof(kiln_accelerator_ops, kernels) == 40, "kiln_accelerator_ops 1.1");
@@ -437,6 +470,8 @@ static_assert(offsetof(kiln_kernels, cast) == 176 && offsetof(kiln_kernels, adam
 static_assert(offsetof(kiln_precision_ops, on_event) == 72, "kiln_precision_ops 1.2");
 static_assert(offsetof(kiln_strategy_ops, all_gather) == 96, "kiln_strategy_ops 1.2");
 static_assert(offsetof(kiln_trainer_state, precision) == 96, "kiln_trainer_state 1.2");
+static_assert(offsetof(kiln_kernels, unscale_check) == 296 && offsetof(kiln_kernels, linear_forward) == 304,
+              "kiln_kernels 1.3");
 #endif
 
 #ifdef __cplusplus
