@@ -1,8 +1,9 @@
 /*
  * kg_elementwise.cu: the per-element launchers of kg_kernels.h: bias add and
  * bias gradient, the five activations forward and backward, scale, axpy, the
- * fused unscale + finiteness check, dtype casts, rounding through the 16-bit
- * formats and the rounded gemm_ex epilogue. Each kernel is a grid-stride
+ * fused unscale + finiteness check over a list of tensors, the Linear
+ * layer's bias/rounding/activation epilogue, dtype casts, rounding through
+ * the 16-bit formats and the rounded gemm_ex epilogue. Each kernel is a grid-stride
  * loop (size_t indices) over one element formula from kg_math.cuh,
  * instantiated per dtype (and activation, cast pair, rounding format) so no
  * dtype test runs per element. Kernels that need a row/column split of a
@@ -145,15 +146,19 @@ template <typename T> __global__ void kg_axpy_kernel(T *__restrict__ y, T a, con
     KG_GRID_STRIDE(i, n) y[i] = kg_axpy_elem(y[i], a, x[i]);
 }
 
-/* x(n) *= a, and *nonfinite = 1 if any x was inf/NaN before scaling. Every
- * writer stores the same 1, so the unordered stores need no atomics. */
+/* Every x[t] of the list *= a, and *nonfinite = 1 if any product is
+ * inf/NaN (an overflow of the multiply counts, as on the cpu: the check
+ * follows scale). blockIdx.y picks the tensor, the x blocks stride over it.
+ * Every writer stores the same 1, so the unordered stores need no atomics. */
 template <typename T>
-__global__ void kg_unscale_check_kernel(T *__restrict__ x, T a, size_t n, int32_t *__restrict__ nonfinite) {
+__global__ void kg_unscale_check_kernel(const kg_list list, T a, int32_t *__restrict__ nonfinite) {
+    T *__restrict__ x = (T *)list.x[blockIdx.y];
+    const size_t n = list.n[blockIdx.y];
     int bad = 0;
     KG_GRID_STRIDE(i, n) {
-        const T v = x[i];
+        const T v = x[i] * a;
         bad |= kg_nonfinite<kg_dtype_of<T>::value>(v);
-        x[i] = v * a;
+        x[i] = v;
     }
     if (bad) *nonfinite = 1;
 }
@@ -177,16 +182,83 @@ extern "C" cudaError_t kg_axpy(cudaStream_t s, int fdt, void *y, double a, const
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t kg_unscale_check(cudaStream_t s, int fdt, void *x, double a, size_t n, int32_t *nonfinite) {
+extern "C" cudaError_t kg_unscale_check(cudaStream_t s, int fdt, const kg_list *list, double a,
+                                        int32_t *nonfinite) {
     if (fdt != KG_F32 && fdt != KG_F64) return cudaErrorInvalidValue;
-    if (n == 0) return cudaSuccess;
+    if (list->count < 0 || list->count > KG_LIST_MAX) return cudaErrorInvalidValue;
+    size_t most = 0;
+    for (int t = 0; t < list->count; t++) most = list->n[t] > most ? list->n[t] : most;
+    if (most == 0) return cudaSuccess;
+    /* the grid's x covers the largest tensor; smaller ones leave blocks idle */
+    const dim3 grid(kg_grid(most), (unsigned)list->count);
     if (fdt == KG_F32)
-        kg_unscale_check_kernel<float><<<kg_grid(n), KG_THREADS, 0, s>>>((float *)x, kg_scalar<float>(a), n,
-                                                                         nonfinite);
+        kg_unscale_check_kernel<float><<<grid, KG_THREADS, 0, s>>>(*list, kg_scalar<float>(a), nonfinite);
     else
-        kg_unscale_check_kernel<double><<<kg_grid(n), KG_THREADS, 0, s>>>((double *)x, kg_scalar<double>(a), n,
-                                                                          nonfinite);
+        kg_unscale_check_kernel<double><<<grid, KG_THREADS, 0, s>>>(*list, kg_scalar<double>(a), nonfinite);
     return cudaGetLastError();
+}
+
+/* ------------------------------------------------------ Linear epilogue */
+
+/* What linear_forward's cuBLASLt epilogue left to do, in one pass over
+ * y(total = rows * cols): v = y + b[col] (b may be NULL), rounded through
+ * rdt (float only; F32: not), stored to y; post = rdt(act(v)) for ACT >= 0. */
+template <typename T, int ACT, typename IdxT>
+__global__ void kg_linear_epilogue_kernel(T *__restrict__ y, const T *__restrict__ b, T *__restrict__ post,
+                                          size_t total, IdxT cols, int rdt) {
+    KG_GRID_STRIDE(i, total) {
+        T v = y[i];
+        if (b) v = v + b[(IdxT)i % cols];
+        if constexpr (sizeof(T) == sizeof(float)) v = kg_round_to_dtype(v, rdt);
+        y[i] = v;
+        if constexpr (ACT >= 0) {
+            T p = kg_act_fwd<ACT>(v);
+            if constexpr (sizeof(T) == sizeof(float)) p = kg_round_to_dtype(p, rdt);
+            post[i] = p;
+        }
+    }
+}
+
+template <typename T, int ACT>
+static void kg_linear_epilogue_launch(cudaStream_t s, T *y, const T *b, T *post, size_t total, size_t cols, int rdt) {
+    if (total <= UINT32_MAX)
+        kg_linear_epilogue_kernel<T, ACT, uint32_t><<<kg_grid(total), KG_THREADS, 0, s>>>(y, b, post, total,
+                                                                                         (uint32_t)cols, rdt);
+    else
+        kg_linear_epilogue_kernel<T, ACT, size_t><<<kg_grid(total), KG_THREADS, 0, s>>>(y, b, post, total, cols,
+                                                                                       rdt);
+}
+
+template <typename T>
+static cudaError_t kg_linear_epilogue_t(cudaStream_t s, int act, T *y, const T *b, T *post, size_t total,
+                                        size_t cols, int rdt) {
+    switch (act) {
+    case -1: kg_linear_epilogue_launch<T, -1>(s, y, b, post, total, cols, rdt); break;
+    case KG_ACT_RELU: kg_linear_epilogue_launch<T, KG_ACT_RELU>(s, y, b, post, total, cols, rdt); break;
+    case KG_ACT_GELU: kg_linear_epilogue_launch<T, KG_ACT_GELU>(s, y, b, post, total, cols, rdt); break;
+    case KG_ACT_TANH: kg_linear_epilogue_launch<T, KG_ACT_TANH>(s, y, b, post, total, cols, rdt); break;
+    case KG_ACT_SIGMOID: kg_linear_epilogue_launch<T, KG_ACT_SIGMOID>(s, y, b, post, total, cols, rdt); break;
+    case KG_ACT_LEAKY_RELU:
+        kg_linear_epilogue_launch<T, KG_ACT_LEAKY_RELU>(s, y, b, post, total, cols, rdt);
+        break;
+    default: return cudaErrorInvalidValue;
+    }
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t kg_linear_epilogue(cudaStream_t s, int fdt, void *y, const void *b, int rows, int cols,
+                                          int act, void *post, int round_dtype) {
+    if ((fdt != KG_F32 && fdt != KG_F64) || (act != -1 && !kg_act_valid(act)) || rows < 0 || cols < 0)
+        return cudaErrorInvalidValue;
+    if (round_dtype != KG_F32 && !(fdt == KG_F32 && (round_dtype == KG_F16 || round_dtype == KG_BF16)))
+        return cudaErrorInvalidValue;
+    const size_t total = (size_t)rows * (size_t)cols;
+    if (total == 0) return cudaSuccess;
+    if (fdt == KG_F32)
+        return kg_linear_epilogue_t(s, act, (float *)y, (const float *)b, (float *)post, total, (size_t)cols,
+                                    round_dtype);
+    return kg_linear_epilogue_t(s, act, (double *)y, (const double *)b, (double *)post, total, (size_t)cols,
+                                KG_F32);
 }
 
 /* ------------------------------------------------------------------ casts */

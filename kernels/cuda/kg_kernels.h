@@ -71,10 +71,26 @@ cudaError_t kg_reduce(cudaStream_t s, int op, int dtype, const void *x, size_t n
 /* x(n) *= a; y(n) += a * x(n); fdt (a rounded to float for F32) */
 cudaError_t kg_scale(cudaStream_t s, int fdt, void *x, double a, size_t n);
 cudaError_t kg_axpy(cudaStream_t s, int fdt, void *y, double a, const void *x, size_t n);
-/* Loss-scale unscale and finite check in one pass: x(n) *= a, and
- * *nonfinite (device int, caller zeroes it) set to 1 when any x (before
- * scaling) is inf/NaN. fdt. */
-cudaError_t kg_unscale_check(cudaStream_t s, int fdt, void *x, double a, size_t n, int32_t *nonfinite);
+/* A list of up to KG_LIST_MAX tensors, passed to a kernel by value (its
+ * 776 bytes are far below the 4 KiB kernel-parameter limit). */
+#define KG_LIST_MAX 48
+typedef struct kg_list {
+    void *x[KG_LIST_MAX];  /* device pointers */
+    size_t n[KG_LIST_MAX]; /* elements of each */
+    int count;
+} kg_list;
+/* Loss-scale unscale and finite check of a whole list in one launch: every
+ * x[t](n[t]) *= a, and *nonfinite (device int, caller zeroes it) set to 1
+ * when any product is inf/NaN. fdt. */
+cudaError_t kg_unscale_check(cudaStream_t s, int fdt, const kg_list *list, double a, int32_t *nonfinite);
+
+/* The part of linear_forward's epilogue cuBLASLt did not do, in one pass:
+ * y(rows, cols) = round_dtype(y + b(cols)) (b may be NULL), and
+ * post(rows, cols) = round_dtype(act(y)) when act >= 0 (KG_ACT_*; -1: no
+ * activation, post unused). fdt; round_dtype F32 (none), or F16/BF16 with
+ * F32 data. */
+cudaError_t kg_linear_epilogue(cudaStream_t s, int fdt, void *y, const void *b, int rows, int cols, int act,
+                               void *post, int round_dtype);
 
 /* dst(n) = src(n) converted between F32, F64, F16, BF16 (round to nearest
  * even; overflow to inf). dst and src must not overlap unless equal dtypes

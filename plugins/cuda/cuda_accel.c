@@ -33,25 +33,7 @@ static_assert((int)KG_ACT_RELU == (int)KILN_ACT_RELU && (int)KG_ACT_GELU == (int
                   (int)KG_ACT_LEAKY_RELU == (int)KILN_ACT_LEAKY_RELU,
               "kernels/cuda activation numbers must equal KILN_ACT_*");
 
-/* A NULL pointer is only acceptable when nothing would be read or written. */
-#define CU_NEED(acc, ptr, n, fn)                                                                           \
-    do {                                                                                                   \
-        if ((n) > 0 && !(ptr))                                                                             \
-            return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: " fn ": " #ptr " is NULL for %zu elements",      \
-                          (size_t)(n));                                                                    \
-    } while (0)
-
-/* Launches a kernel of kernels/cuda and turns a launch error into a status. */
-#define CU_LAUNCH(acc, fn, call) CU_CHECK(acc, fn, call)
-
-static int cu_fdt(uint32_t dt) { return dt == KILN_DTYPE_F32 || dt == KILN_DTYPE_F64; }
 static int cu_anydt(uint32_t dt) { return cu_fdt(dt) || dt == KILN_DTYPE_F16 || dt == KILN_DTYPE_BF16; }
-
-static int32_t cu_check_fdt(kiln_instance *acc, const char *fn, uint32_t dt) {
-    if (cu_fdt(dt)) return KILN_OK;
-    return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: dtype must be float32 or float64, got %s (%u)", fn,
-                  kiln_dtype_name(dt), (unsigned)dt);
-}
 
 /* ---------------------------------------------------------------- GEMMs */
 
@@ -93,7 +75,6 @@ static size_t cu_span(int32_t rows, int32_t cols, int32_t ld) {
     return rows > 0 && cols > 0 ? (size_t)(rows - 1) * (size_t)ld + (size_t)cols : 0;
 }
 
-static size_t cu_up256(size_t b) { return (b + 255) & ~(size_t)255; }
 
 /*
  * gemm_ex. The tensor cores multiply two operands of one type, so:
@@ -555,8 +536,11 @@ static const kiln_kernels cu_kernel_table = {
     .axpy_ex = cu_axpy_ex,
     .sgd_update_ex = cu_sgd_update_ex,
     .adamw_update_ex = cu_adamw_update_ex,
+    /* 1.3 (cuda_fused.c) */
+    .unscale_check = cu_unscale_check,
+    .linear_forward = cu_linear_forward,
 };
-static_assert(sizeof(kiln_kernels) >= KILN_KERNELS_SIZE_1_2, "kiln_kernels covers ABI 1.2");
+static_assert(sizeof(kiln_kernels) >= KILN_KERNELS_SIZE_1_3, "kiln_kernels covers ABI 1.3");
 
 /* -------------------------------------------------------------- instance */
 

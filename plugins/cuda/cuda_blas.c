@@ -6,8 +6,9 @@
  * cuBLASLt call needs a matmul descriptor, three layouts and an algorithm
  * chosen by its heuristic; building those costs far more than a small GEMM,
  * so they are cached per shape, transposes, leading dimensions, dtypes,
- * pointer alignment and whether beta is zero (a training step repeats the
- * same few shapes), least-recently-used out. fp32 GEMMs run in full fp32
+ * pointer alignment, whether beta is zero and the epilogue (a training
+ * step repeats the same few shapes), least-recently-used out. The bias and
+ * GELU epilogues serve linear_forward (cuda_fused.c). fp32 GEMMs run in full fp32
  * unless the run asks for TF32 (`tf32 = true`); fp16/bf16 operands
  * accumulate in fp32 on the tensor cores; fp64 in fp64.
  */
@@ -65,19 +66,34 @@ void cu_blas_release(kiln_instance *acc) {
 
 /* Key fields of a plan, in the order cu_plan declares them. */
 typedef struct {
-    int ta, tb, m, n, k, lda, ldb, ldc, atype, btype, ctype, compute, beta_zero, align;
+    int ta, tb, m, n, k, lda, ldb, ldc, atype, btype, ctype, compute, beta_zero, align, epilogue;
 } cu_key;
 
 static int cu_key_eq(const cu_plan *p, const cu_key *k) {
     return p->valid && p->ta == k->ta && p->tb == k->tb && p->m == k->m && p->n == k->n && p->k == k->k &&
            p->lda == k->lda && p->ldb == k->ldb && p->ldc == k->ldc && p->atype == k->atype &&
            p->btype == k->btype && p->ctype == k->ctype && p->compute == k->compute &&
-           p->beta_zero == k->beta_zero && p->align == k->align;
+           p->beta_zero == k->beta_zero && p->align == k->align && p->epilogue == k->epilogue;
+}
+
+/* Points the descriptor's epilogue at this call's bias and aux buffers (the
+ * plan is cached per shape, the buffers change from call to call). */
+static cublasStatus_t cu_ep_pointers(cublasLtMatmulDesc_t desc, const cu_ep *ep) {
+    if (!ep || ep->kind == CUBLASLT_EPILOGUE_DEFAULT) return CUBLAS_STATUS_SUCCESS;
+    cublasStatus_t s =
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ep->bias, sizeof ep->bias);
+    if (s == CUBLAS_STATUS_SUCCESS && ep->kind == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
+        s = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ep->aux, sizeof ep->aux);
+        if (s == CUBLAS_STATUS_SUCCESS)
+            s = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ep->aux_ld,
+                                               sizeof ep->aux_ld);
+    }
+    return s;
 }
 
 /* Builds the descriptor, layouts and algorithm for one key (column-major
  * view: m = N rows of C^T, n = M columns, A' = B, B' = A). */
-static int32_t cu_plan_build(kiln_instance *acc, cu_plan *p, const cu_key *k) {
+static int32_t cu_plan_build(kiln_instance *acc, cu_plan *p, const cu_key *k, const cu_ep *ep) {
     const cublasComputeType_t compute = (cublasComputeType_t)k->compute;
     const cudaDataType_t scale = compute == CUBLAS_COMPUTE_64F ? CUDA_R_64F : CUDA_R_32F;
     memset(p, 0, sizeof *p);
@@ -89,6 +105,12 @@ static int32_t cu_plan_build(kiln_instance *acc, cu_plan *p, const cu_key *k) {
         cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa);
     if (s == CUBLAS_STATUS_SUCCESS)
         s = cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb);
+    if (s == CUBLAS_STATUS_SUCCESS && k->epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+        const uint32_t epi = (uint32_t)k->epilogue;
+        s = cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
+        /* the heuristic reads the buffers' alignment from the pointers */
+        if (s == CUBLAS_STATUS_SUCCESS) s = cu_ep_pointers(p->desc, ep);
+    }
     /* A' (the caller's B): stored m x k when not transposed, k x m when it is */
     if (s == CUBLAS_STATUS_SUCCESS)
         s = cublasLtMatrixLayoutCreate(&p->la, (cudaDataType_t)k->atype, (uint64_t)(k->ta ? k->k : k->m),
@@ -119,13 +141,19 @@ static int32_t cu_plan_build(kiln_instance *acc, cu_plan *p, const cu_key *k) {
     if (s == CUBLAS_STATUS_SUCCESS)
         s = cublasLtMatmulAlgoGetHeuristic(acc->lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &found);
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (s != CUBLAS_STATUS_SUCCESS) {
+    if (s == CUBLAS_STATUS_NOT_SUPPORTED) {
+        /* the heuristic's way of saying "no algorithm": a caller with an
+         * alternative (linear_forward's GELU epilogue) takes it */
+        rc = CU_ERR(acc, KILN_E_UNSUPPORTED, "cuda: gemm (plan): cublasLt descriptor/heuristic failed: cuBLAS status %d (%s)",
+                    (int)s, cublasLtGetStatusString(s));
+    } else if (s != CUBLAS_STATUS_SUCCESS) {
         rc = cu_blas_fail(acc, s, "gemm (plan)", "cublasLt descriptor/heuristic");
     } else if (found < 1) {
         rc = CU_ERR(acc, KILN_E_UNSUPPORTED,
                     "cuda: gemm: cuBLASLt has no algorithm for %dx%dx%d (column-major m x n x k, types %d/%d->%d, "
-                    "compute %d, alignment %d) on %s",
-                    k->m, k->n, k->k, k->atype, k->btype, k->ctype, k->compute, k->align, acc->device_name);
+                    "compute %d, alignment %d, epilogue %d) on %s",
+                    k->m, k->n, k->k, k->atype, k->btype, k->ctype, k->compute, k->align, k->epilogue,
+                    acc->device_name);
     }
     if (rc != KILN_OK) {
         if (p->la) cublasLtMatrixLayoutDestroy(p->la);
@@ -141,13 +169,14 @@ static int32_t cu_plan_build(kiln_instance *acc, cu_plan *p, const cu_key *k) {
     p->atype = k->atype, p->btype = k->btype, p->ctype = k->ctype, p->compute = k->compute;
     p->beta_zero = k->beta_zero;
     p->align = k->align;
+    p->epilogue = k->epilogue;
     p->valid = 1;
     return KILN_OK;
 }
 
 /* The plan for a key: a cached one, else a new one in the least recently
  * used slot. */
-static int32_t cu_plan_get(kiln_instance *acc, const cu_key *k, cu_plan **out) {
+static int32_t cu_plan_get(kiln_instance *acc, const cu_key *k, const cu_ep *ep, cu_plan **out) {
     cu_plan *lru = &acc->plans[0];
     for (int i = 0; i < CU_GEMM_PLANS; i++) {
         cu_plan *p = &acc->plans[i];
@@ -159,7 +188,7 @@ static int32_t cu_plan_get(kiln_instance *acc, const cu_key *k, cu_plan **out) {
         if (lru->valid && (!p->valid || p->last_use < lru->last_use)) lru = p;
     }
     cu_plan_destroy(lru);
-    int32_t rc = cu_plan_build(acc, lru, k);
+    int32_t rc = cu_plan_build(acc, lru, k, ep);
     if (rc != KILN_OK) return rc;
     lru->last_use = ++acc->plan_clock;
     *out = lru;
@@ -180,10 +209,13 @@ static int32_t cu_scale_c(kiln_instance *acc, int M, int N, double beta, void *C
     return KILN_OK;
 }
 
-int32_t cu_matmul(kiln_instance *acc, const char *fn, int ta, int tb, int M, int N, int K, double alpha,
-                  const void *A, uint32_t at, int lda, const void *B, uint32_t bt, int ldb, double beta, void *C,
-                  uint32_t ct, int ldc) {
+int32_t cu_matmul_ep(kiln_instance *acc, const char *fn, int ta, int tb, int M, int N, int K, double alpha,
+                     const void *A, uint32_t at, int lda, const void *B, uint32_t bt, int ldb, double beta, void *C,
+                     uint32_t ct, int ldc, const cu_ep *ep) {
+    const int epilogue = ep ? ep->kind : CUBLASLT_EPILOGUE_DEFAULT;
     if (M == 0 || N == 0) return KILN_OK;
+    if (K == 0 && epilogue != CUBLASLT_EPILOGUE_DEFAULT)
+        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: an epilogue needs K > 0 (the caller handles K == 0)", fn);
     if (K == 0) return cu_scale_c(acc, M, N, beta, C, ct, ldc);
     cu_key k;
     memset(&k, 0, sizeof k);
@@ -196,22 +228,33 @@ int32_t cu_matmul(kiln_instance *acc, const char *fn, int ta, int tb, int M, int
                 : (at == KILN_DTYPE_F32 && acc->tf32) ? (int)CUBLAS_COMPUTE_32F_FAST_TF32
                                                       : (int)CUBLAS_COMPUTE_32F;
     k.beta_zero = beta == 0.0;
+    k.epilogue = epilogue;
     int al = cu_align(A);
     if (cu_align(B) < al) al = cu_align(B);
     if (cu_align(C) < al) al = cu_align(C);
+    if (epilogue != CUBLASLT_EPILOGUE_DEFAULT && cu_align(ep->bias) < al) al = cu_align(ep->bias);
+    if (epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS && cu_align(ep->aux) < al) al = cu_align(ep->aux);
     k.align = al;
     cu_plan *p = NULL;
-    int32_t rc = cu_plan_get(acc, &k, &p);
+    int32_t rc = cu_plan_get(acc, &k, ep, &p);
     if (rc != KILN_OK) return rc;
+    cublasStatus_t s = cu_ep_pointers(p->desc, ep);
+    if (s != CUBLAS_STATUS_SUCCESS) return cu_blas_fail(acc, s, fn, "cublasLtMatmulDescSetAttribute (epilogue)");
     const float alpha_f = (float)alpha, beta_f = (float)beta;
     const void *pa = ct == KILN_DTYPE_F64 ? (const void *)&alpha : (const void *)&alpha_f;
     const void *pb = ct == KILN_DTYPE_F64 ? (const void *)&beta : (const void *)&beta_f;
-    cublasStatus_t s = cublasLtMatmul(acc->lt, p->desc, pa, B, p->la, A, p->lb, pb, C, p->lc, C, p->lc, &p->algo,
-                                      acc->lt_workspace, acc->workspace_bytes, acc->stream);
+    s = cublasLtMatmul(acc->lt, p->desc, pa, B, p->la, A, p->lb, pb, C, p->lc, C, p->lc, &p->algo, acc->lt_workspace,
+                       acc->workspace_bytes, acc->stream);
     if (s != CUBLAS_STATUS_SUCCESS) {
         char what[96];
         snprintf(what, sizeof what, "%s (%dx%dx%d)", fn, M, N, K);
         return cu_blas_fail(acc, s, what, "cublasLtMatmul");
     }
     return KILN_OK;
+}
+
+int32_t cu_matmul(kiln_instance *acc, const char *fn, int ta, int tb, int M, int N, int K, double alpha,
+                  const void *A, uint32_t at, int lda, const void *B, uint32_t bt, int ldb, double beta, void *C,
+                  uint32_t ct, int ldc) {
+    return cu_matmul_ep(acc, fn, ta, tb, M, N, K, alpha, A, at, lda, B, bt, ldb, beta, C, ct, ldc, NULL);
 }

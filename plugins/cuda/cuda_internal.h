@@ -4,8 +4,9 @@
  * pinned staging ring, scratch), the error macros that turn a failing CUDA
  * or cuBLAS call into a kiln_status and a message naming the call, and the
  * functions each file provides to the others. cuda_mem.c owns memory and
- * copies, cuda_blas.c the GEMMs, cuda_accel.c the kernel table, the
- * instance's life cycle and the descriptor. Nothing here is visible outside
+ * copies, cuda_blas.c the GEMMs (with their cuBLASLt epilogues),
+ * cuda_fused.c the fused ABI 1.3 entries, cuda_accel.c the kernel table,
+ * the instance's life cycle and the descriptor. Nothing here is visible outside
  * the library (hidden visibility, version script).
  */
 #ifndef KILN_PLUGIN_CUDA_INTERNAL_H
@@ -49,6 +50,7 @@ typedef struct cu_plan {
     int atype, btype, ctype, compute;
     int beta_zero;
     int align;          /* smallest operand alignment, bytes (<= 256) */
+    int epilogue;       /* cublasLtEpilogue_t; CUBLASLT_EPILOGUE_DEFAULT: none */
     /* value */
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, lc;
@@ -95,6 +97,9 @@ struct kiln_instance {
     size_t row_scratch_bytes;
     void *ws;
     size_t ws_bytes;
+    /* linear_forward: 1 once cuBLASLt had no GELU_AUX_BIAS algorithm for a
+     * shape, so later calls go to the bias epilogue + kernel at once */
+    int no_gelu_epilogue;
     /* host copy of the labels the loss backward checks, grow-only */
     int32_t *host_labels;
     size_t host_labels_cap;
@@ -119,6 +124,28 @@ int32_t cu_blas_fail(kiln_instance *acc, cublasStatus_t s, const char *what, con
         cublasStatus_t cu_s_ = (call);                                                \
         if (cu_s_ != CUBLAS_STATUS_SUCCESS) return cu_blas_fail((acc), cu_s_, (what), #call); \
     } while (0)
+
+/* A NULL pointer is only acceptable when nothing would be read or written. */
+#define CU_NEED(acc, ptr, n, fn)                                                                           \
+    do {                                                                                                   \
+        if ((n) > 0 && !(ptr))                                                                             \
+            return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: " fn ": " #ptr " is NULL for %zu elements",      \
+                          (size_t)(n));                                                                    \
+    } while (0)
+
+/* Launches a kernel of kernels/cuda and turns a launch error into a status. */
+#define CU_LAUNCH(acc, fn, call) CU_CHECK(acc, fn, call)
+
+static inline int cu_fdt(uint32_t dt) { return dt == KILN_DTYPE_F32 || dt == KILN_DTYPE_F64; }
+
+static inline int32_t cu_check_fdt(kiln_instance *acc, const char *fn, uint32_t dt) {
+    if (cu_fdt(dt)) return KILN_OK;
+    return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: dtype must be float32 or float64, got %s (%u)", fn,
+                  kiln_dtype_name(dt), (unsigned)dt);
+}
+
+/* Scratch carve-outs start on 256-byte boundaries (cuBLASLt's alignment). */
+static inline size_t cu_up256(size_t b) { return (b + 255) & ~(size_t)255; }
 
 /* Every entry that touches the device: the instance must be configured,
  * and its device is made current on the calling thread (the CUDA runtime's
@@ -153,5 +180,25 @@ void cu_blas_release(kiln_instance *acc);
 int32_t cu_matmul(kiln_instance *acc, const char *fn, int ta, int tb, int M, int N, int K, double alpha,
                   const void *A, uint32_t at, int lda, const void *B, uint32_t bt, int ldb, double beta, void *C,
                   uint32_t ct, int ldc);
+/* A cuBLASLt epilogue for cu_matmul_ep, in the row-major call's terms:
+ * CUBLASLT_EPILOGUE_BIAS adds bias(N) to every row of C; GELU_AUX_BIAS
+ * also applies GELU and stores C's pre-GELU values (bias added) in
+ * aux(M, N; aux_ld), aux_ld a multiple of 8. F32 C only. */
+typedef struct cu_ep {
+    int kind;           /* cublasLtEpilogue_t */
+    const void *bias;   /* (N) device, C's dtype */
+    void *aux;          /* (M, aux_ld) device, GELU_AUX_BIAS only */
+    int64_t aux_ld;
+} cu_ep;
+int32_t cu_matmul_ep(kiln_instance *acc, const char *fn, int ta, int tb, int M, int N, int K, double alpha,
+                     const void *A, uint32_t at, int lda, const void *B, uint32_t bt, int ldb, double beta, void *C,
+                     uint32_t ct, int ldc, const cu_ep *ep);
+
+/* cuda_fused.c: the ABI 1.3 entries */
+int32_t cu_unscale_check(kiln_instance *acc, uint32_t dtype, void *const *x, const size_t *n, uint32_t count,
+                         double a, int32_t *finite);
+int32_t cu_linear_forward(kiln_instance *acc, uint32_t dtype, const void *x, const void *w, uint32_t w_dtype,
+                          const void *b, int32_t rows, int32_t in, int32_t out, int32_t act, void *y, void *post,
+                          uint32_t round_dtype);
 
 #endif /* KILN_PLUGIN_CUDA_INTERNAL_H */

@@ -10,7 +10,9 @@
  * accumulating in double from exactly decoded inputs (fp16/bf16 widen
  * exactly; TF32 compute rounds fp32 inputs to 10 mantissa bits first, as
  * the tensor cores do). beta == 0 does not read C, so NaN there cannot
- * leak. Before computing, every argument is checked the way cuBLASLt checks
+ * leak. The BIAS and GELU_AUX_BIAS epilogues (fp32 output) add the bias
+ * after the product is rounded to fp32 and, for GELU, store that in aux
+ * and apply the cpu kernels' GELU. Before computing, every argument is checked the way cuBLASLt checks
  * it or would fault on it: the layouts must agree on m, n and k
  * (CUBLAS_STATUS_INVALID_VALUE otherwise, which is what exposes a wrong
  * row-major to column-major mapping), ld >= rows, supported type and
@@ -26,6 +28,7 @@
 
 #include <cublasLt.h>
 
+#include "cpu_kernels.h"
 #include "fake_internal.h"
 
 /* ------------------------------------------------------------- objects */
@@ -43,6 +46,10 @@ struct cublasLtContext {
 typedef struct fake_desc {
     cublasLtMatmulDescOpaque_t opaque;
     int32_t compute, scale, transa, transb;
+    uint32_t epilogue;  /* CUBLASLT_EPILOGUE_DEFAULT, BIAS or GELU_AUX_BIAS */
+    const void *bias;   /* (m) D's type */
+    void *aux;          /* (m x n, aux_ld) D's type: GELU's input */
+    int64_t aux_ld;
     struct fake_desc *next;
 } fake_desc;
 
@@ -155,6 +162,7 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *matmu
     d->compute = (int32_t)computeType;
     d->scale = (int32_t)scaleType;
     d->transa = d->transb = CUBLAS_OP_N;
+    d->epilogue = CUBLASLT_EPILOGUE_DEFAULT;
     d->next = fake_descs;
     fake_descs = d;
     fake_stats.lt_objects_live++;
@@ -202,6 +210,29 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t 
         if (v == CUBLAS_OP_C) v = CUBLAS_OP_T; /* real types: conjugate is transpose */
         if (attr == CUBLASLT_MATMUL_DESC_TRANSA) d->transa = v;
         else d->transb = v;
+        return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE:
+        /* uint32_t in cublasLt.h; the fake models the two linear_forward uses */
+        if (!buf || sizeInBytes != sizeof(uint32_t)) return CUBLAS_STATUS_INVALID_VALUE;
+        memcpy(&d->epilogue, buf, sizeof d->epilogue);
+        if (d->epilogue != CUBLASLT_EPILOGUE_DEFAULT && d->epilogue != CUBLASLT_EPILOGUE_BIAS &&
+            d->epilogue != CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
+            fake_violation("cublasLtMatmulDescSetAttribute: epilogue %u is not modelled by the fake",
+                           (unsigned)d->epilogue);
+            return CUBLAS_STATUS_NOT_SUPPORTED;
+        }
+        return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_DESC_BIAS_POINTER:
+        if (!buf || sizeInBytes != sizeof(void *)) return CUBLAS_STATUS_INVALID_VALUE;
+        memcpy(&d->bias, buf, sizeof d->bias);
+        return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER:
+        if (!buf || sizeInBytes != sizeof(void *)) return CUBLAS_STATUS_INVALID_VALUE;
+        memcpy(&d->aux, buf, sizeof d->aux);
+        return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD:
+        if (!buf || sizeInBytes != sizeof(int64_t)) return CUBLAS_STATUS_INVALID_VALUE;
+        memcpy(&d->aux_ld, buf, sizeof d->aux_ld);
         return CUBLAS_STATUS_SUCCESS;
     default:
         fake_violation("cublasLtMatmulDescSetAttribute: attribute %d is not modelled by the fake", (int)attr);
@@ -353,6 +384,12 @@ static cublasStatus_t fake_resolve(const char *fn, cublasLtMatmulDesc_t desc, cu
     }
     cfg->ab_size = fake_type_size(a->type);
     cfg->cd_size = fake_type_size(c->type);
+    if (d->epilogue != CUBLASLT_EPILOGUE_DEFAULT &&
+        (c->type != CUDA_R_32F || !(fake_is_compute_32f(d->compute) || d->compute == CUBLAS_COMPUTE_32F_FAST_TF32))) {
+        fake_violation("%s: the fake models epilogues for fp32 output and fp32 compute only (C %d, compute %d)", fn,
+                       (int)c->type, (int)d->compute);
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
 
     /* shapes: op(A) m x k, op(B) k x n, C and D m x n */
     const uint64_t m = d->transa == CUBLAS_OP_N ? a->rows : a->cols;
@@ -390,7 +427,8 @@ static cublasStatus_t fake_resolve(const char *fn, cublasLtMatmulDesc_t desc, cu
 
 /* A fingerprint of the configuration, stored in the algorithm. */
 static uint64_t fake_cfg_hash(const fake_cfg *c) {
-    const int64_t v[] = {c->d->compute, c->d->scale, c->d->transa, c->d->transb, c->a->type, (int64_t)c->a->rows,
+    const int64_t v[] = {c->d->compute, c->d->scale, c->d->transa, c->d->transb, c->d->epilogue, c->a->type,
+                         (int64_t)c->a->rows,
                          (int64_t)c->a->cols, c->a->ld, c->b->type, (int64_t)c->b->rows, (int64_t)c->b->cols,
                          c->b->ld, c->c->type, (int64_t)c->c->rows, (int64_t)c->c->cols, c->c->ld};
     uint64_t h = 1469598103934665603ull;
@@ -555,6 +593,21 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmul(cublasLtHandle_t lightHandle, cublasL
         (b_ != 0.0 && fake_need_device(fn, "C", C, fake_span(cfg.c, cfg.cd_size)) != cudaSuccess) ||
         fake_need_device(fn, "D", D, fake_span(cfg.dd, cfg.cd_size)) != cudaSuccess)
         return CUBLAS_STATUS_EXECUTION_FAILED;
+    /* the epilogue's buffers: bias(m), and GELU's input aux(m x n; aux_ld),
+     * aux_ld a multiple of 8 and >= m (cublasLt.h) */
+    const uint32_t epi = cfg.d->epilogue;
+    if (epi != CUBLASLT_EPILOGUE_DEFAULT &&
+        fake_need_device(fn, "bias", cfg.d->bias, (size_t)cfg.m * sizeof(float)) != cudaSuccess)
+        return CUBLAS_STATUS_EXECUTION_FAILED;
+    if (epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
+        if (cfg.d->aux_ld < (int64_t)cfg.m || cfg.d->aux_ld % 8 != 0) {
+            fake_violation("%s: EPILOGUE_AUX_LD %lld must be a multiple of 8 and >= %llu rows", fn,
+                           (long long)cfg.d->aux_ld, (unsigned long long)cfg.m);
+            return CUBLAS_STATUS_INVALID_VALUE;
+        }
+        const size_t aux_bytes = ((size_t)(cfg.n - 1) * (size_t)cfg.d->aux_ld + (size_t)cfg.m) * sizeof(float);
+        if (fake_need_device(fn, "aux", cfg.d->aux, aux_bytes) != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED;
+    }
     if (fake_stream_drain(stream, fn) != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED;
 
     const uint64_t m = cfg.m, n = cfg.n, k = cfg.k;
@@ -594,7 +647,15 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmul(cublasLtHandle_t lightHandle, cublasL
                 ((double *)D)[di] = r;
             } else {
                 const double r = b_ == 0.0 ? a_ * acc : a_ * acc + b_ * (double)((const float *)C)[ci];
-                ((float *)D)[di] = (float)r;
+                float v = (float)r;
+                if (epi != CUBLASLT_EPILOGUE_DEFAULT) v = v + ((const float *)cfg.d->bias)[i];
+                if (epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
+                    ((float *)cfg.d->aux)[i + j * (uint64_t)cfg.d->aux_ld] = v;
+                    float g;
+                    kc_gelu_forward(&g, &v, 1); /* the cpu's GELU stands for cuBLASLt's */
+                    v = g;
+                }
+                ((float *)D)[di] = v;
             }
         }
     free(opa), free(opbt), free(out);

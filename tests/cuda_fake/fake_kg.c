@@ -10,7 +10,7 @@
  * of kernels/cpu, which define what the CUDA kernels compute, or with plain
  * loops where kg_kernels.h specifies a contract of its own: the per-row
  * softmax outputs and bad_row, kg_reduce_rows' block order, kg_reduce's
- * partials, kg_unscale_check, kg_round_add, and the optimizers' optional
+ * partials, kg_unscale_check's list, kg_round_add, and the optimizers' optional
  * compute-dtype copy. Overlaps the CUDA kernels do not allow are reported
  * as contract violations.
  */
@@ -330,29 +330,77 @@ cudaError_t kg_axpy(cudaStream_t s, int fdt, void *y, double a, const void *x, s
     return cudaSuccess;
 }
 
-cudaError_t kg_unscale_check(cudaStream_t s, int fdt, void *x, double a, size_t n, int32_t *nonfinite) {
+cudaError_t kg_unscale_check(cudaStream_t s, int fdt, const kg_list *list, double a, int32_t *nonfinite) {
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
-    if (!fake_fdt(fdt)) return fake_error(cudaErrorInvalidValue);
-    if (n == 0) return cudaSuccess;
-    const fake_buf bufs[] = {{"x", x, n * fake_dt_size(fdt)}, {"nonfinite", nonfinite, sizeof(int32_t)}};
-    cudaError_t e = fake_launch(__func__, s, bufs, 2);
+    if (!fake_fdt(fdt) || list->count < 0 || list->count > KG_LIST_MAX) return fake_error(cudaErrorInvalidValue);
+    size_t most = 0;
+    for (int t = 0; t < list->count; t++) most = list->n[t] > most ? list->n[t] : most;
+    if (most == 0) return cudaSuccess;
+    const size_t esz = fake_dt_size(fdt);
+    for (int t = 0; t < list->count; t++) {
+        if (list->n[t] == 0) continue;
+        cudaError_t e = fake_need_device(__func__, "x[t]", list->x[t], list->n[t] * esz);
+        if (e != cudaSuccess) return e;
+    }
+    const fake_buf bufs[] = {{"nonfinite", nonfinite, sizeof(int32_t)}};
+    cudaError_t e = fake_launch(__func__, s, bufs, 1);
     if (e != cudaSuccess) return e;
     int bad = 0;
-    if (fdt == KG_F32) {
-        float *v = x;
-        const float af = (float)a;
-        for (size_t i = 0; i < n; i++) {
-            bad |= !isfinite(v[i]);
-            v[i] = v[i] * af;
-        }
-    } else {
-        double *v = x;
-        for (size_t i = 0; i < n; i++) {
-            bad |= !isfinite(v[i]);
-            v[i] = v[i] * a;
+    for (int t = 0; t < list->count; t++) {
+        const size_t n = list->n[t];
+        if (fdt == KG_F32) {
+            float *v = list->x[t];
+            const float af = (float)a;
+            for (size_t i = 0; i < n; i++) {
+                v[i] = v[i] * af;
+                bad |= !isfinite(v[i]);
+            }
+        } else {
+            double *v = list->x[t];
+            for (size_t i = 0; i < n; i++) {
+                v[i] = v[i] * a;
+                bad |= !isfinite(v[i]);
+            }
         }
     }
     if (bad) *nonfinite = 1;
+    return cudaSuccess;
+}
+
+/* ------------------------------------------------------ Linear epilogue */
+
+typedef void (*fake_act32)(float *, const float *, size_t);
+typedef void (*fake_act64)(double *, const double *, size_t);
+static const fake_act32 fake_acts32[] = {kc_relu_forward, kc_gelu_forward, kc_tanh_forward, kc_sigmoid_forward,
+                                         kc_leaky_relu_forward};
+static const fake_act64 fake_acts64[] = {kc_relu_forward_f64, kc_gelu_forward_f64, kc_tanh_forward_f64,
+                                         kc_sigmoid_forward_f64, kc_leaky_relu_forward_f64};
+
+cudaError_t kg_linear_epilogue(cudaStream_t s, int fdt, void *y, const void *b, int rows, int cols, int act,
+                               void *post, int round_dtype) {
+    if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
+    if (!fake_fdt(fdt) || act < -1 || act > KG_ACT_LEAKY_RELU || rows < 0 || cols < 0)
+        return fake_error(cudaErrorInvalidValue);
+    if (round_dtype != KG_F32 && !(fdt == KG_F32 && (round_dtype == KG_F16 || round_dtype == KG_BF16)))
+        return fake_error(cudaErrorInvalidValue);
+    const size_t n = (size_t)rows * (size_t)cols, esz = fake_dt_size(fdt);
+    if (n == 0) return cudaSuccess;
+    const fake_buf bufs[] = {{"y", y, n * esz}, {"b", b, b ? (size_t)cols * esz : 0}, {"post", post, act >= 0 ? n * esz : 0}};
+    cudaError_t e = fake_launch(__func__, s, bufs, 3);
+    if (e != cudaSuccess) return e;
+    if (act >= 0) fake_overlap(__func__, "y", y, n * esz, "post", post, n * esz);
+    if (fdt == KG_F32) {
+        if (b) kc_bias_add(y, b, rows, cols);
+        if (round_dtype == KG_F16) kc_round_f16(y, n);
+        if (round_dtype == KG_BF16) kc_round_bf16(y, n);
+        if (act < 0) return cudaSuccess;
+        fake_acts32[act](post, y, n);
+        if (round_dtype == KG_F16) kc_round_f16(post, n);
+        if (round_dtype == KG_BF16) kc_round_bf16(post, n);
+    } else {
+        if (b) kc_bias_add_f64(y, b, rows, cols);
+        if (act >= 0) fake_acts64[act](post, y, n);
+    }
     return cudaSuccess;
 }
 

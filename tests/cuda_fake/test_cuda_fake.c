@@ -961,13 +961,120 @@ static void test_failing_calls(void) {
     CU_ASSERT_EQUAL(k->synchronize(acc), KILN_E_CUDA);
     HAS(mh.last_error, "unspecified launch failure");
     env_set("KILN_FAKE_CUDA_FAIL", "cublasLtMatmulAlgoGetHeuristic");
-    CU_ASSERT_EQUAL(k->gemm(acc, 0, 0, 3, 3, 1, 1.0f, d, 1, d, 3, 0.0f, d + 4, 3), KILN_E_CUDA);
+    /* the heuristic's NOT_SUPPORTED: no algorithm, KILN_E_UNSUPPORTED */
+    CU_ASSERT_EQUAL(k->gemm(acc, 0, 0, 3, 3, 1, 1.0f, d, 1, d, 3, 0.0f, d + 4, 3), KILN_E_UNSUPPORTED);
     HAS(mh.last_error, "cuBLAS status 15");
     env_clear();
     /* the failed plan left nothing behind and the shape works now */
     CU_ASSERT_EQUAL(k->gemm(acc, 0, 0, 3, 3, 1, 1.0f, d, 1, d, 3, 0.0f, d + 4, 3), KILN_OK);
     CU_ASSERT_EQUAL(k->synchronize(acc), KILN_OK);
     k->free(acc, d);
+    g_ops->base.destroy(acc);
+    NO_VIOLATIONS();
+}
+
+/* The fused 1.3 entries do the work in the launches promised: the GELU
+ * epilogue alone when nothing is rounded and out % 8 == 0; the bias
+ * epilogue and one kernel otherwise (plus the input's cast to bf16); with
+ * no GELU_AUX_BIAS algorithm, the bias epilogue and a kernel from then on.
+ * unscale_check: one launch per 48 tensors and one synchronisation. */
+static void test_fused_launches(void) {
+    const kiln_kernels *k = NULL;
+    kiln_instance *acc = ready(NULL, &k);
+    if (!acc) return;
+    CU_ASSERT_FATAL(k->struct_size >= KILN_KERNELS_SIZE_1_3 && k->linear_forward && k->unscale_check);
+    enum { R = 16, I = 24, O = 32 };
+    float hx[R * I], hw[O * I], hb[O], y[R * O], post[R * O], yc[R * O], pc[R * O];
+    uint16_t hw16[O * I];
+    for (int i = 0; i < R * I; i++) hx[i] = round_bf16(val((unsigned)i, 21));
+    for (int i = 0; i < O * I; i++) hw[i] = round_bf16(val((unsigned)i, 22)), hw16[i] = bf16_bits(hw[i]);
+    for (int i = 0; i < O; i++) hb[i] = val((unsigned)i, 23);
+    float *dx = up(k, acc, hx, sizeof hx), *dw = up(k, acc, hw, sizeof hw), *db = up(k, acc, hb, sizeof hb);
+    void *dw16 = up(k, acc, hw16, sizeof hw16);
+    float *dy = up(k, acc, NULL, sizeof y), *dp = up(k, acc, NULL, sizeof post);
+    CU_ASSERT_FATAL(dx && dw && db && dw16 && dy && dp);
+    /* the reference: the cpu kernels' formulas, one rounding after the bias */
+    for (int r = 0; r < R; r++)
+        for (int o = 0; o < O; o++) {
+            double s = 0;
+            for (int i = 0; i < I; i++) s += (double)hx[r * I + i] * hw[o * I + i];
+            yc[r * O + o] = (float)s + hb[o];
+        }
+    struct {
+        int out, act;
+        uint32_t wt, rt;
+        unsigned long matmuls, kernels;
+    } cases[] = {
+        {O, KILN_ACT_GELU, KILN_DTYPE_F32, KILN_DTYPE_F32, 1, 0},      /* GELU_AUX_BIAS */
+        {O - 2, KILN_ACT_GELU, KILN_DTYPE_F32, KILN_DTYPE_F32, 1, 1},  /* aux ld not a multiple of 8 */
+        {O, KILN_ACT_RELU, KILN_DTYPE_F32, KILN_DTYPE_F32, 1, 1},      /* BIAS + kernel */
+        {O, -1, KILN_DTYPE_F32, KILN_DTYPE_F32, 1, 0},                 /* BIAS alone */
+        {O, KILN_ACT_GELU, KILN_DTYPE_BF16, KILN_DTYPE_BF16, 1, 2},    /* x to bf16, BIAS, kernel */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int out = cases[c].out, act = cases[c].act;
+        const fake_cuda_stats s0 = stats();
+        CU_ASSERT_EQUAL(k->linear_forward(acc, KILN_DTYPE_F32, dx, cases[c].wt == KILN_DTYPE_F32 ? (void *)dw : dw16,
+                                          cases[c].wt, db, R, I, out, act, dy, act >= 0 ? dp : NULL, cases[c].rt),
+                        KILN_OK);
+        const fake_cuda_stats s1 = stats();
+        CU_ASSERT_EQUAL(s1.matmuls - s0.matmuls, cases[c].matmuls);
+        CU_ASSERT_EQUAL(s1.kernels - s0.kernels, cases[c].kernels);
+        CU_ASSERT_TRUE(down(k, acc, y, dy, sizeof(float) * R * out));
+        if (act >= 0) CU_ASSERT_TRUE(down(k, acc, post, dp, sizeof(float) * R * out));
+        int bad = 0;
+        for (int r = 0; r < R; r++)
+            for (int o = 0; o < out; o++) {
+                float want = yc[r * O + o];
+                if (cases[c].rt == KILN_DTYPE_BF16) want = round_bf16(want);
+                bad += fabsf(y[r * out + o] - want) > 1e-6f * (1 + fabsf(want));
+                float pw = act == KILN_ACT_RELU ? (want > 0 ? want : 0.0f) : act == KILN_ACT_GELU
+                           ? (float)(0.5 * want * (1 + tanh(0.7978845608 * (want + 0.044715 * want * want * want))))
+                           : 0.0f;
+                if (cases[c].rt == KILN_DTYPE_BF16) pw = round_bf16(pw);
+                if (act >= 0) bad += fabsf(post[r * out + o] - pw) > 1e-5f * (1 + fabsf(pw)) + (cases[c].rt == KILN_DTYPE_BF16 ? 0.01f * fabsf(pw) : 0.0f);
+            }
+        CU_ASSERT_EQUAL(bad, 0);
+        if (bad) fprintf(stderr, "  linear_forward case %zu: %d values off\n", c, bad);
+    }
+    /* no GELU_AUX_BIAS algorithm (the heuristic's NOT_SUPPORTED on a fresh
+     * shape): the same results through the bias epilogue and a kernel */
+    env_set("KILN_FAKE_CUDA_FAIL", "cublasLtMatmulAlgoGetHeuristic@1");
+    const fake_cuda_stats s0 = stats();
+    CU_ASSERT_EQUAL(k->linear_forward(acc, KILN_DTYPE_F32, dx, dw, KILN_DTYPE_F32, db, R - 1, I, O, KILN_ACT_GELU, dy,
+                                      dp, KILN_DTYPE_F32),
+                    KILN_OK);
+    env_clear();
+    const fake_cuda_stats s1 = stats();
+    CU_ASSERT_EQUAL(s1.matmuls - s0.matmuls, 1);
+    CU_ASSERT_EQUAL(s1.kernels - s0.kernels, 1);
+    CU_ASSERT_TRUE(down(k, acc, pc, dp, sizeof(float) * (R - 1) * O));
+    int bad = 0;
+    for (int i = 0; i < (R - 1) * O; i++) {
+        const double v = yc[i];
+        bad += fabs(pc[i] - 0.5 * v * (1 + tanh(0.7978845608 * (v + 0.044715 * v * v * v)))) > 1e-5;
+    }
+    CU_ASSERT_EQUAL(bad, 0);
+
+    /* unscale_check: 50 tensors of 8 floats in one buffer, two launches,
+     * one synchronisation */
+    float *dg = up(k, acc, NULL, 50 * 8 * sizeof(float));
+    CU_ASSERT_FATAL(dg != NULL);
+    void *ptr[50];
+    size_t n[50];
+    for (int t = 0; t < 50; t++) ptr[t] = dg + 8 * t, n[t] = 8;
+    int32_t fin = -1;
+    const fake_cuda_stats u0 = stats();
+    CU_ASSERT_EQUAL(k->unscale_check(acc, KILN_DTYPE_F32, ptr, n, 50, 0.5, &fin), KILN_OK);
+    const fake_cuda_stats u1 = stats();
+    CU_ASSERT_EQUAL(fin, 1);
+    CU_ASSERT_EQUAL(u1.kernels - u0.kernels, 2);
+    CU_ASSERT_EQUAL(u1.syncs - u0.syncs, 1);
+    /* an empty list: finite */
+    CU_ASSERT_EQUAL(k->unscale_check(acc, KILN_DTYPE_F32, ptr, n, 0, 0.5, &fin), KILN_OK);
+    CU_ASSERT_EQUAL(fin, 1);
+    k->free(acc, dx), k->free(acc, dw), k->free(acc, db), k->free(acc, dw16), k->free(acc, dy), k->free(acc, dp);
+    k->free(acc, dg);
     g_ops->base.destroy(acc);
     NO_VIOLATIONS();
 }
@@ -1136,6 +1243,7 @@ static void register_tests(void) {
     CU_add_test(s, "copy: overlapping D2D is memmove; zero", test_copy_overlap);
     CU_add_test(s, "gemm: row-major mapping, transposes, ld", test_gemm_mapping);
     CU_add_test(s, "gemm: K = 0", test_gemm_k0);
+    CU_add_test(s, "1.3: linear_forward epilogues, unscale_check launches", test_fused_launches);
     CU_add_test(s, "gemm: tf32 setting", test_gemm_tf32);
     CU_add_test(s, "gemm: alignment and the plan cache", test_gemm_alignment_and_plans);
     CU_add_test(s, "gemm_ex: F32 x BF16 rounded to BF16, beta 1, ldc > N", test_gemm_ex_mixed_bf16);

@@ -2,7 +2,7 @@
  * test_cuda_kernels.c — the "cuda" accelerator plugin (libkiln-cuda.so)
  * checked against the "cpu" one (libkiln-cpu.so), the reference. Both are
  * loaded through the mock host as the real host loads them, and every entry
- * of their kiln_kernels tables (ABI 1.1 and 1.2) runs on the same seeded
+ * of their kiln_kernels tables (ABI 1.1, 1.2 and 1.3) runs on the same seeded
  * random inputs (sizes that are not multiples of 32, ~1M elements for the
  * reductions and optimizers, GEMMs up to 512x1024x784, plus special values:
  * NaN, infinities, subnormals, rounding ties, fp16 overflow). Inputs go in
@@ -419,7 +419,7 @@ static int cmp_scalar(double want, double got, double tol, const char *fmt, ...)
 static void test_table(void) {
     for (int s = 0; s < 2; s++) {
         const side *S = &g_side[s];
-        CU_ASSERT_TRUE(S->k->struct_size >= KILN_KERNELS_SIZE_1_2);
+        CU_ASSERT_TRUE(S->k->struct_size >= KILN_KERNELS_SIZE_1_3);
         /* every function pointer from alloc up to struct_size is set */
         typedef void (*any_fn)(void);
         int n = 0, null = 0;
@@ -430,7 +430,7 @@ static void test_table(void) {
             if (!f) fprintf(stderr, "  [%s] kernel table entry at offset %zu is NULL\n", S->name, off), null++;
         }
         CU_ASSERT_EQUAL(null, 0);
-        CU_ASSERT_TRUE(n >= 36); /* 21 entries of 1.1 + 15 of 1.2 */
+        CU_ASSERT_TRUE(n >= 38); /* 21 entries of 1.1 + 15 of 1.2 + 2 of 1.3 */
     }
     /* The cuda plugin's memory is device memory; a plugin named "cuda" says
      * so in its properties. */
@@ -1636,6 +1636,183 @@ static void test_tolerances_bite(void) {
     free(C0), free(c), free(ct), free(S);
 }
 
+/* ================================================== ABI 1.3: fused entries */
+
+/* unscale_check over 60 tensors (more than one launch's list on the cuda
+ * side; a few empty), carved from one buffer: every value is one IEEE
+ * multiply, so the results must be equal; the finiteness flag must agree,
+ * with an inf planted in the 56th tensor and with a finite value the
+ * multiply overflows. Then a float64 list. */
+static void test_unscale_check(void) {
+    enum { T = 60, CAP = 5000 };
+    seed(1300);
+    size_t n[T], off[T], total = 0;
+    for (int t = 0; t < T; t++) {
+        n[t] = t % 13 == 5 ? 0 : 1 + (size_t)(next_u64() % CAP);
+        off[t] = total;
+        total += (n[t] + 15) & ~(size_t)15; /* 64-byte aligned starts */
+    }
+    float *x = rand_f32(total, -1000, 1000);
+    const double a[3] = {1.0 / 1024, 0.5, 4.0};
+    for (int c = 0; c < 3; c++) {
+        if (c == 1) x[off[55] + n[55] / 2] = INFINITY;
+        if (c == 2) x[off[55] + n[55] / 2] = 2e38f; /* finite, overflows when x 4 */
+        float *out[2] = {xcalloc(total, sizeof(float)), xcalloc(total, sizeof(float))};
+        int32_t fin[2] = {-1, -1};
+        int ran = 1;
+        for (int s = 0; s < 2; s++) {
+            side *X = begin(s);
+            float *d = up(X, x, total * sizeof *x);
+            void *ptr[T];
+            for (int t = 0; t < T; t++) ptr[t] = n[t] ? (void *)(d + off[t]) : NULL;
+            if (d) RUN(X, X->k->unscale_check(X->acc, KILN_DTYPE_F32, ptr, n, T, a[c], &fin[s]));
+            down(X, out[s], d, total * sizeof(float));
+            ran &= end(X);
+        }
+        if (ran) {
+            CU_ASSERT_TRUE(cmp_tol(KILN_DTYPE_F32, out[REF], out[DUT], total, NULL,
+                                   "unscale_check float32 %d tensors a=%g%s", T, a[c],
+                                   c == 1 ? " (inf planted)" : c == 2 ? " (overflow)" : ""));
+            CU_ASSERT_EQUAL(fin[REF], c == 0);
+            CU_ASSERT_EQUAL(fin[DUT], fin[REF]);
+        }
+        free(out[0]), free(out[1]);
+    }
+    free(x);
+
+    double *xd = rand_f64(3000, -1, 1), *od[2] = {xcalloc(3000, sizeof(double)), xcalloc(3000, sizeof(double))};
+    size_t nd[3] = {1000, 0, 1999};
+    int32_t fd[2] = {-1, -1};
+    int ran = 1;
+    for (int s = 0; s < 2; s++) {
+        side *X = begin(s);
+        double *d = up(X, xd, 3000 * sizeof *xd);
+        void *ptr[3] = {d, NULL, d ? d + 1001 : NULL};
+        if (d) RUN(X, X->k->unscale_check(X->acc, KILN_DTYPE_F64, ptr, nd, 3, 0.125, &fd[s]));
+        down(X, od[s], d, 3000 * sizeof(double));
+        ran &= end(X);
+    }
+    if (ran) {
+        CU_ASSERT_TRUE(cmp_tol(KILN_DTYPE_F64, od[REF], od[DUT], 3000, NULL, "unscale_check float64"));
+        CU_ASSERT_TRUE(fd[REF] == 1 && fd[DUT] == 1);
+    }
+    free(xd), free(od[0]), free(od[1]);
+}
+
+/* One linear_forward case: x(rows, in) on the grid of round (representable
+ * in it), w(out, in) in w_dt, b(out) or none; y and post compared with
+ * the GEMM bound of "Tolerances" plus the bias, one 16-bit ulp each where
+ * rounded, and for post the activation's slope (<= 1.13) times y's bound
+ * plus the elementwise tolerance. */
+typedef struct lin_case {
+    int rows, in, out, act, bias;
+    uint32_t dt, w_dt, round;
+} lin_case;
+
+static void run_linear(const lin_case *L) {
+    const size_t nx = (size_t)L->rows * L->in, nw = (size_t)L->out * L->in, ny = (size_t)L->rows * L->out;
+    const uint32_t dt = L->dt;
+    const size_t esz = kiln_dtype_size(dt);
+    const int rounded = L->round == KILN_DTYPE_F16 || L->round == KILN_DTYPE_BF16;
+    void *absx, *absw;
+    void *x = make_operand(L->rows, L->in, L->in, dt, rounded ? L->round : dt, &absx);
+    void *w = make_operand(L->out, L->in, L->in, L->w_dt, rounded ? L->round : L->w_dt, &absw);
+    void *b = NULL;
+    double *bd = xcalloc(L->out, sizeof *bd);
+    if (L->bias) {
+        b = xcalloc(L->out, esz);
+        for (int j = 0; j < L->out; j++) {
+            bd[j] = unif(-0.5, 0.5);
+            if (dt == KILN_DTYPE_F64) ((double *)b)[j] = bd[j];
+            else ((float *)b)[j] = (float)bd[j], bd[j] = ((float *)b)[j];
+        }
+    }
+    /* S(rows, out) = |x| |w|^T */
+    double *S = xcalloc(ny, sizeof *S);
+    if (L->in == 0) {
+        /* no product: S stays 0 */
+    } else if (dt == KILN_DTYPE_F64) {
+        CU_ASSERT_EQUAL(RK->gemm_ex(RACC, 0, 1, L->rows, L->out, L->in, 1.0, absx, KILN_DTYPE_F64, L->in, absw,
+                                    KILN_DTYPE_F64, L->in, 0.0, S, KILN_DTYPE_F64, L->out, KILN_DTYPE_F32),
+                        KILN_OK);
+    } else {
+        float *Sf = xcalloc(ny, sizeof *Sf);
+        CU_ASSERT_EQUAL(RK->gemm(RACC, 0, 1, L->rows, L->out, L->in, 1.0f, absx, L->in, absw, L->in, 0.0f, Sf, L->out),
+                        KILN_OK);
+        for (size_t i = 0; i < ny; i++) S[i] = Sf[i];
+        free(Sf);
+    }
+    void *y[2] = {xcalloc(ny, esz), xcalloc(ny, esz)}, *p[2] = {xcalloc(ny, esz), xcalloc(ny, esz)};
+    int ran = 1;
+    for (int s = 0; s < 2; s++) {
+        side *X = begin(s);
+        void *dx = up(X, x, nx * esz), *dw = up(X, w, nw * kiln_dtype_size(L->w_dt));
+        void *db = L->bias ? up(X, b, (size_t)L->out * esz) : NULL;
+        void *dy = up(X, NULL, ny * esz), *dp = L->act >= 0 ? up(X, NULL, ny * esz) : NULL;
+        RUN(X, X->k->linear_forward(X->acc, dt, dx, dw, L->w_dt, db, L->rows, L->in, L->out, L->act, dy, dp,
+                                    L->round));
+        down(X, y[s], dy, ny * esz);
+        if (L->act >= 0) down(X, p[s], dp, ny * esz);
+        ran &= end(X);
+    }
+    char label[160];
+    snprintf(label, sizeof label, "linear_forward %dx%d->%d %s w %s round %s act %s%s", L->rows, L->in, L->out,
+             kiln_dtype_name(dt), kiln_dtype_name(L->w_dt), kiln_dtype_name(L->round),
+             L->act >= 0 ? g_act_names[L->act] : "none", L->bias ? "" : " no bias");
+    if (ran) {
+        const int sixteen = L->w_dt == KILN_DTYPE_F16 || L->w_dt == KILN_DTYPE_BF16;
+        const double u = dt == KILN_DTYPE_F64 ? U64 : sixteen ? U23 : U32;
+        const double rtol = dt == KILN_DTYPE_F64 ? RTOL_F64 : RTOL_F32, tiny = dt == KILN_DTYPE_F64 ? TINY_F64 : TINY_F32;
+        double *ty = xcalloc(ny, sizeof *ty), *tp = xcalloc(ny, sizeof *tp), *sc = xcalloc(ny, sizeof *sc);
+        for (int r = 0; r < L->rows; r++)
+            for (int j = 0; j < L->out; j++) {
+                const size_t i = (size_t)r * L->out + j;
+                sc[i] = S[i] + fabs(bd[j]);
+                const double yw = elem(dt, y[REF], i), yg = elem(dt, y[DUT], i);
+                double t = 2.0 * (L->in + 4) * u * sc[i];
+                if (rounded) t += ulp16(1.01 * fmax(fabs(yw), fabs(yg)), L->round);
+                ty[i] = t;
+                if (L->act >= 0) {
+                    const double pw = elem(dt, p[REF], i), pg = elem(dt, p[DUT], i);
+                    double tq = 1.2 * t + rtol * (fabs(pw) + act_floor(L->act, 0, yw, 0)) + tiny;
+                    if (rounded) tq += ulp16(1.01 * fmax(fabs(pw), fabs(pg)), L->round);
+                    tp[i] = tq;
+                }
+            }
+        CU_ASSERT_TRUE(cmp_tol(dt, y[REF], y[DUT], ny, ty, "%s: y", label));
+        if (!rounded)
+            CU_ASSERT_TRUE(cmp_norm(dt, y[REF], y[DUT], ny, sc, NORM_LIMIT * (sixteen ? 4 * U32 : u),
+                                    "%s: y norm-wise", label));
+        if (L->act >= 0) CU_ASSERT_TRUE(cmp_tol(dt, p[REF], p[DUT], ny, tp, "%s: post", label));
+        free(ty), free(tp), free(sc);
+    }
+    free(x), free(w), free(b), free(bd), free(absx), free(absw), free(S);
+    for (int s = 0; s < 2; s++) free(y[s]), free(p[s]);
+}
+
+static void test_linear_forward(void) {
+    seed(1400);
+    static const lin_case cases[] = {
+        /* fp32: GELU with out % 8 == 0 (cuBLASLt's GELU_AUX_BIAS epilogue),
+         * GELU and ReLU otherwise (bias epilogue + kernel), the last layer */
+        {130, 784, 256, KILN_ACT_GELU, 1, KILN_DTYPE_F32, KILN_DTYPE_F32, KILN_DTYPE_F32},
+        {130, 784, 250, KILN_ACT_GELU, 1, KILN_DTYPE_F32, KILN_DTYPE_F32, KILN_DTYPE_F32},
+        {64, 100, 32, KILN_ACT_RELU, 1, KILN_DTYPE_F32, KILN_DTYPE_F32, KILN_DTYPE_F32},
+        {64, 100, 10, -1, 1, KILN_DTYPE_F32, KILN_DTYPE_F32, KILN_DTYPE_F32},
+        {33, 65, 17, KILN_ACT_TANH, 0, KILN_DTYPE_F32, KILN_DTYPE_F32, KILN_DTYPE_F32},
+        /* mixed precision: 16-bit weights, one rounding after the bias */
+        {128, 784, 256, KILN_ACT_GELU, 1, KILN_DTYPE_F32, KILN_DTYPE_BF16, KILN_DTYPE_BF16},
+        {128, 256, 10, -1, 1, KILN_DTYPE_F32, KILN_DTYPE_BF16, KILN_DTYPE_BF16},
+        {96, 300, 64, KILN_ACT_RELU, 1, KILN_DTYPE_F32, KILN_DTYPE_F16, KILN_DTYPE_F16},
+        /* fp64 */
+        {40, 70, 30, KILN_ACT_RELU, 1, KILN_DTYPE_F64, KILN_DTYPE_F64, KILN_DTYPE_F32},
+        {40, 70, 24, KILN_ACT_GELU, 1, KILN_DTYPE_F64, KILN_DTYPE_F64, KILN_DTYPE_F32},
+        /* K = 0: the bias alone */
+        {5, 0, 8, KILN_ACT_SIGMOID, 1, KILN_DTYPE_F32, KILN_DTYPE_F32, KILN_DTYPE_F32},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) run_linear(&cases[c]);
+}
+
 /* ============================================================== setup */
 
 /* Without the plugin or a GPU: one line, then exit 77 (CTest: skipped), or
@@ -1720,9 +1897,9 @@ static void load_side(side *S, const char *dir, const char *name, int is_ref) {
     }
     S->k = S->ops->kernels(S->acc);
     if (!S->k) fail_setup("%s: kernels() returned NULL", path);
-    if (S->k->struct_size < KILN_KERNELS_SIZE_1_2)
-        fail_setup("%s: the kernel table (%u bytes) lacks the ABI 1.2 entries (%zu bytes)", path,
-                   (unsigned)S->k->struct_size, (size_t)KILN_KERNELS_SIZE_1_2);
+    if (S->k->struct_size < KILN_KERNELS_SIZE_1_3)
+        fail_setup("%s: the kernel table (%u bytes) lacks the ABI 1.3 entries (%zu bytes)", path,
+                   (unsigned)S->k->struct_size, (size_t)KILN_KERNELS_SIZE_1_3);
     if (is_ref && !(S->k->flags & KILN_KERNELS_HOST_MEMORY))
         fail_setup("%s: the reference must use host memory", path);
 }
@@ -1771,6 +1948,8 @@ static void register_tests(void) {
     CU_add_test(s, "scale, axpy (and _ex)", test_scale_axpy);
     CU_add_test(s, "sgd_update (and _ex)", test_sgd);
     CU_add_test(s, "adamw_update (and _ex)", test_adamw);
+    CU_add_test(s, "1.3 unscale_check: 60 tensors, inf, overflow, float64", test_unscale_check);
+    CU_add_test(s, "1.3 linear_forward: epilogues, 16-bit rounding, float64", test_linear_forward);
     CU_add_test(s, "cast, round_to", test_cast_round_to);
 }
 

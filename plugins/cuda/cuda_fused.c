@@ -1,0 +1,161 @@
+/*
+ * cuda_fused.c — the fused kernel-table entries of ABI 1.3 on the "cuda"
+ * accelerator. unscale_check multiplies every gradient of a list by the
+ * inverse loss scale and looks for inf/NaN in one launch per KG_LIST_MAX
+ * tensors, and the host waits once for the whole list (the 1.2 way, scale
+ * then all_finite per parameter, waits once per parameter). linear_forward
+ * runs a Linear layer's bias, and GELU where it can, as a cuBLASLt epilogue
+ * of the GEMM, and whatever the epilogue cannot do (rounding through a
+ * 16-bit format, the other activations, fp64) in one elementwise pass
+ * after it (kg_linear_epilogue), instead of the three or four passes of
+ * gemm_ex, bias_add_ex, round_to and act_forward. The cpu accelerator's
+ * entries (plugins/cpu) are the reference both are compared with.
+ */
+#include <string.h>
+
+#include "cuda_internal.h"
+
+/* -------------------------------------------------------- unscale_check */
+
+int32_t cu_unscale_check(kiln_instance *acc, uint32_t dt, void *const *x, const size_t *n, uint32_t count, double a,
+                         int32_t *finite) {
+    int32_t rc = cu_check_fdt(acc, "unscale_check", dt);
+    if (rc != KILN_OK) return rc;
+    if (!finite) return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: unscale_check: finite is NULL");
+    if (count > 0 && (!x || !n))
+        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: unscale_check: NULL %s array for count=%u", !x ? "x" : "n",
+                      (unsigned)count);
+    for (uint32_t i = 0; i < count; i++)
+        if (n[i] > 0 && !x[i])
+            return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: unscale_check: x[%u] is NULL with n[%u]=%zu", (unsigned)i,
+                          (unsigned)i, n[i]);
+    CU_READY(acc, "unscale_check");
+    /* a device int after the reduction partials and results (cuda_mem.c
+     * sizes red_scratch at KG_REDUCE_BLOCKS + 8 doubles) */
+    int32_t *flag = (int32_t *)(acc->red_scratch + KG_REDUCE_BLOCKS + 4);
+    CU_CHECK(acc, "unscale_check", cudaMemsetAsync(flag, 0, sizeof *flag, acc->stream));
+    kg_list list;
+    list.count = 0;
+    for (uint32_t i = 0; i < count; i++) {
+        if (n[i] == 0) continue;
+        list.x[list.count] = x[i];
+        list.n[list.count] = n[i];
+        if (++list.count == KG_LIST_MAX) {
+            CU_LAUNCH(acc, "unscale_check", kg_unscale_check(acc->stream, (int)dt, &list, a, flag));
+            list.count = 0;
+        }
+    }
+    if (list.count > 0) CU_LAUNCH(acc, "unscale_check", kg_unscale_check(acc->stream, (int)dt, &list, a, flag));
+    int32_t *host = (int32_t *)(acc->host_scalars + 3);
+    CU_CHECK(acc, "unscale_check", cudaMemcpyAsync(host, flag, sizeof *host, cudaMemcpyDeviceToHost, acc->stream));
+    CU_CHECK(acc, "unscale_check", cudaStreamSynchronize(acc->stream));
+    *finite = *host == 0;
+    return KILN_OK;
+}
+
+/* ------------------------------------------------------- linear_forward */
+
+static int cu_is16(uint32_t dt) { return dt == KILN_DTYPE_F16 || dt == KILN_DTYPE_BF16; }
+
+static int cu_overlap(const void *a, size_t na, const void *b, size_t nb) {
+    const uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return na > 0 && nb > 0 && x < y + nb && y < x + na;
+}
+
+/* The arguments, as the cpu accelerator checks them (same messages, with
+ * the "cuda: " prefix). */
+static int32_t cu_linear_args(kiln_instance *acc, uint32_t dt, const void *x, const void *w, uint32_t wt,
+                              int32_t rows, int32_t in, int32_t out, int32_t act, const void *y, const void *post,
+                              uint32_t rt) {
+    static const char fn[] = "linear_forward";
+    int32_t rc = cu_check_fdt(acc, fn, dt);
+    if (rc != KILN_OK) return rc;
+    if (act > KILN_ACT_LEAKY_RELU)
+        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: act must be < 0 (none) or a KILN_ACT_* id (0..%d), got %d",
+                      fn, (int)KILN_ACT_LEAKY_RELU, (int)act);
+    if (rows < 0 || in < 0 || out < 0)
+        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: rows, in, out must be >= 0, got %d, %d, %d", fn, (int)rows,
+                      (int)in, (int)out);
+    if (!(rt == KILN_DTYPE_F32 || (dt == KILN_DTYPE_F32 && cu_is16(rt)) ||
+          (dt == KILN_DTYPE_F64 && rt == KILN_DTYPE_F64)))
+        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: round_dtype must be float32 (none)%s for dtype %s, got %s",
+                      fn, dt == KILN_DTYPE_F32 ? ", float16 or bfloat16" : " or float64", kiln_dtype_name(dt),
+                      kiln_dtype_name(rt));
+    if (!(wt == dt || (dt == KILN_DTYPE_F32 && cu_is16(wt))))
+        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: w_dtype must be %s%s, got %s", fn, kiln_dtype_name(dt),
+                      dt == KILN_DTYPE_F32 ? ", float16 or bfloat16" : "", kiln_dtype_name(wt));
+    const size_t ny = (size_t)rows * (size_t)out, esz = kiln_dtype_size(dt);
+    if (ny == 0) return KILN_OK;
+    CU_NEED(acc, y, ny, "linear_forward");
+    if (act >= 0) CU_NEED(acc, post, ny, "linear_forward (act >= 0)");
+    if (in > 0) {
+        CU_NEED(acc, x, (size_t)rows * (size_t)in, "linear_forward");
+        CU_NEED(acc, w, (size_t)out * (size_t)in, "linear_forward");
+    }
+    if (act >= 0 && cu_overlap(y, ny * esz, post, ny * esz))
+        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: y and post overlap (the backward needs both)", fn);
+    if (cu_overlap(y, ny * esz, x, (size_t)rows * (size_t)in * esz))
+        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: y overlaps the input x", fn);
+    return KILN_OK;
+}
+
+int32_t cu_linear_forward(kiln_instance *acc, uint32_t dt, const void *x, const void *w, uint32_t wt, const void *b,
+                          int32_t rows, int32_t in, int32_t out, int32_t act, void *y, void *post, uint32_t rt) {
+    static const char fn[] = "linear_forward";
+    int32_t rc = cu_linear_args(acc, dt, x, w, wt, rows, in, out, act, y, post, rt);
+    if (rc != KILN_OK || rows == 0 || out == 0) return rc;
+    CU_READY(acc, fn);
+    const int r16 = cu_is16(rt);
+    if (act < 0) act = -1;
+
+    /* The operand type the product runs in, as gemm_ex picks it: a 16-bit
+     * w with round_dtype that dtype multiplies on the tensor cores (x holds
+     * values representable in it, the ABI's promise), otherwise in fp32. */
+    const uint32_t op = cu_is16(wt) && rt != wt ? KILN_DTYPE_F32 : wt;
+    const size_t nx = (size_t)rows * (size_t)in, nw = (size_t)out * (size_t)in, osz = kiln_dtype_size(op);
+    const size_t bytes_x = dt != op ? cu_up256(nx * osz) : 0, bytes_w = wt != op ? cu_up256(nw * osz) : 0;
+    const void *xa = x, *wa = w;
+    if (bytes_x + bytes_w > 0 && in > 0) {
+        if ((rc = cu_reserve(acc, &acc->ws, &acc->ws_bytes, bytes_x + bytes_w, fn)) != KILN_OK) return rc;
+        char *ws = acc->ws;
+        if (bytes_x) {
+            CU_LAUNCH(acc, "linear_forward (input)", kg_cast(acc->stream, ws, (int)op, x, (int)dt, nx));
+            xa = ws;
+        }
+        if (bytes_w) {
+            CU_LAUNCH(acc, "linear_forward (weight)", kg_cast(acc->stream, ws + bytes_x, (int)op, w, (int)wt, nw));
+            wa = ws + bytes_x;
+        }
+    }
+
+    /* The epilogue cuBLASLt runs: GELU with its input kept as aux when
+     * nothing is rounded (aux's ld must be a multiple of 8), else the bias
+     * alone; fp64 and a K of 0 take none. */
+    cu_ep ep = {CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL, 0};
+    if (dt == KILN_DTYPE_F32 && b && in > 0) {
+        ep.kind = CUBLASLT_EPILOGUE_BIAS;
+        ep.bias = b;
+        if (act == KILN_ACT_GELU && !r16 && out % 8 == 0 && !acc->no_gelu_epilogue) {
+            ep.kind = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+            ep.aux = y;
+            ep.aux_ld = out;
+            rc = cu_matmul_ep(acc, fn, 0, 1, rows, out, in, 1.0, xa, op, in, wa, op, in, 0.0, post, dt, out, &ep);
+            if (rc != KILN_E_UNSUPPORTED) return rc;
+            /* no GELU_AUX_BIAS algorithm for this device and shape: the
+             * bias epilogue and the kernel from now on */
+            acc->no_gelu_epilogue = 1;
+            ep.kind = CUBLASLT_EPILOGUE_BIAS;
+            ep.aux = NULL;
+            ep.aux_ld = 0;
+        }
+    }
+    const uint32_t ct = dt; /* y's dtype: F32 (or F64) */
+    rc = cu_matmul_ep(acc, fn, 0, 1, rows, out, in, 1.0, xa, op, in, wa, op, in, 0.0, y, ct, out,
+                      ep.kind == CUBLASLT_EPILOGUE_DEFAULT ? NULL : &ep);
+    if (rc != KILN_OK) return rc;
+    const void *b_left = ep.kind == CUBLASLT_EPILOGUE_DEFAULT ? b : NULL;
+    if (!b_left && !r16 && act < 0) return KILN_OK;
+    CU_LAUNCH(acc, "linear_forward (epilogue)",
+              kg_linear_epilogue(acc->stream, (int)dt, y, b_left, rows, out, act, post, (int)rt));
+    return KILN_OK;
+}
