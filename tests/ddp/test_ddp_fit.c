@@ -188,6 +188,25 @@ static void test_equivalence(void) {
     CU_ASSERT(isfinite(la) && isfinite(lb) && fabs(la - lb) <= 1e-5 * fabs(la));
 }
 
+/* timeout_s = 0 takes MPI's blocking collectives: the same weights as the
+ * non-blocking run above, bit for bit (a 2-term sum has one order). */
+static void test_blocking_collectives(void) {
+    static float w0[NWEIGHTS], w1[NWEIGHTS];
+    char cfg[600];
+    write_cfg("ddp64b", "{ name = \"ddp\"; timeout_s = 0.0; }", 64, "limit_train_batches = 5;", "", cfg, sizeof cfg);
+    CU_ASSERT_EQUAL_FATAL(run_kiln(2, cfg, NULL), 0);
+    CU_ASSERT_FATAL(load_weights("ddp64b", 0, w0));
+    CU_ASSERT_FATAL(load_weights("ddp64b", 1, w1));
+    CU_ASSERT(memcmp(w0, w1, sizeof w0) == 0);
+    CU_ASSERT(memcmp(w0, g_b0, sizeof w0) == 0);
+    for (int rank = 0; rank < 2; rank++) {
+        unsigned long long b = 0, a = 0, b2 = 0, a2 = 0;
+        CU_ASSERT(log_counts("ddp64b", rank, &b, &a));
+        CU_ASSERT(log_counts("ddp64", rank, &b2, &a2));
+        CU_ASSERT(a == a2 && b == b2 && a > 0);
+    }
+}
+
 /* Rank 0 alone writes: one version_N under the root, one csv header, and
  * the same number of rows as the 1-process run logged. */
 static void test_one_writer(void) {
@@ -284,6 +303,7 @@ static void register_tests(void) {
     fprintf(stderr, "test_ddp_fit: working in %s\n", g_tmp);
     CU_pSuite s = CU_add_suite("ddp fit under mpirun", NULL, suite_clean);
     CU_add_test(s, "2x64 ddp == 1x128 single (weights, loss)", test_equivalence);
+    CU_add_test(s, "timeout_s = 0: blocking collectives, same weights", test_blocking_collectives);
     CU_add_test(s, "rank 0 is the only writer", test_one_writer);
     CU_add_test(s, "accumulation: all-reduce on stepping batches only", test_accumulation);
     CU_add_test(s, "accumulation with two buckets", test_accumulation_buckets);
