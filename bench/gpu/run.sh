@@ -13,6 +13,9 @@
 # Configurations: the CPU benchmark's 784-1024-1024-10 at batch 128 (fp32),
 # a GEMM-bound 784-8192-8192-10 at batch 8192 (bf16-mixed) and a
 # launch-bound 784-32-10 at batch 128 (fp32). Medians over `epochs` epochs.
+# Then kiln-gpu-step: the same step built from kiln's cuda kernels with
+# nothing read back, issued eagerly and replayed as a CUDA graph, for the
+# launch-bound and the fp32 configuration (host overhead both ways).
 # Writes OUT/bench.jsonl and prints a table. Needs Fashion-MNIST
 # (KILN_FM_DIR, default Debian's path).
 set -euo pipefail
@@ -67,12 +70,34 @@ bench fm_fp32 784,1024,1024,10 128 32-true f32 3 20
 bench gemm_bound_bf16 784,8192,8192,10 8192 bf16-mixed bf16 6 1
 bench launch_bound_fp32 784,32,10 128 32-true f32 3 20
 
+# the kernel-level step, eager and as a CUDA graph (kiln-gpu-step): host
+# overhead per step = step wall time - GPU time, both ways
+step() {
+  local name=$1 layers=$2 B=$3 reps=$4 res
+  res=$("$build/bench/kiln-gpu-step" --layers "$layers" --batch "$B" --reps "$reps" | sed -n 's/^RESULT //p') || true
+  [ -n "$res" ] || { echo "bench/gpu/run.sh: kiln-gpu-step $name failed" >&2; return 1; }
+  python3 -c 'import json,sys; r=json.loads(sys.argv[2]); r.update({"check": "step_" + sys.argv[1], "status": "pass"}); print(json.dumps(r))' \
+    "$name" "$res" >>"$out/bench.jsonl"
+}
+fail=0
+step launch_bound_fp32 784,32,10 128 3000 || fail=1
+step fm_fp32 784,1024,1024,10 128 500 || fail=1
+
 python3 - "$out/bench.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
+steps = [r for r in rows if r["check"].startswith("step_")]
+rows = [r for r in rows if r["check"].startswith("bench_")]
 print("| config | precision | step ms | samples/s | GEMM ms | bound/step | beyond GEMM us | GEMM TFLOP/s | of peak |")
 print("|---|---|---|---|---|---|---|---|---|")
 for r in rows:
     print(f"| {r['check'][6:]} | {r['precision']} | {r['step_ms']:.3f} | {r['samples_per_s']} | {r['gemm_step_ms']:.3f} | "
           f"{r['bound_over_step']:.3f} | {r['beyond_gemm_us']:.0f} | {r['gemm_tflops']:.0f} | {r['gemm_fraction_of_peak']:.2f} |")
+print()
+print("| kernel-level step | GPU us | eager us/step | eager host us | eager overhead us | graph us/step | graph host us | graph overhead us | nodes |")
+print("|---|---|---|---|---|---|---|---|---|")
+for r in steps:
+    print(f"| {r['check'][5:]} | {r['gpu_step_us']:.1f} | {r['eager_step_us']:.1f} | {r['eager_host_us']:.1f} | "
+          f"{r['eager_overhead_us']:.1f} | {r['graph_step_us']:.1f} | {r['graph_host_us']:.1f} | {r['graph_overhead_us']:.1f} | {r['graph_nodes']} |")
 PY
+exit $fail

@@ -1,0 +1,330 @@
+/*
+ * bench/gpu/gpu_step.c — one fp32 MLP training step built from the cuda
+ * accelerator's own kernels (kernels/cuda: kg_linear_epilogue, the loss,
+ * activation, bias-gradient and SGD kernels) and cuBLASLt GEMMs with the
+ * bias epilogue, the way plugins/cuda runs mlp's step, but with nothing
+ * read back to the host: the batch copy from pinned memory, zero_grad, the
+ * forward, the loss into device memory, the backward and the SGD update.
+ * It measures that step two ways, as the GPU benchmark asks:
+ *   - eager: every kernel launched from the host each step;
+ *   - graph: the step captured once into a CUDA graph and replayed.
+ * For each it reports the wall time per step over `reps` back-to-back steps
+ * (one synchronisation at the end), the host time per step spent issuing
+ * the work, and the GPU time per step (CUDA events around a replayed graph,
+ * whose kernels run back to back). Host overhead per step is the step wall
+ * time minus the GPU time: what launching, not computing, costs. `kiln fit`
+ * pays more than this step (its hooks, and the loss read back each step for
+ * the progress bar and closures): this is the launch-bound floor of kiln's
+ * kernels, with and without graphs. Prints one "RESULT {json}" line for
+ * bench/gpu/run.sh. A benchmark, not a test.
+ *
+ *   kiln-gpu-step --layers 784,32,10 --batch 128 --reps 2000
+ */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include "kg_kernels.h"
+
+#define ME "kiln-gpu-step"
+#define CK(call)                                                                                \
+    do {                                                                                        \
+        cudaError_t e_ = (call);                                                                \
+        if (e_ != cudaSuccess) {                                                                \
+            fprintf(stderr, ME ": %s failed: %s\n", #call, cudaGetErrorString(e_));             \
+            return 1;                                                                           \
+        }                                                                                       \
+    } while (0)
+#define CB(call)                                                                                \
+    do {                                                                                        \
+        cublasStatus_t s_ = (call);                                                             \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                      \
+            fprintf(stderr, ME ": %s failed: %s\n", #call, cublasLtGetStatusString(s_));        \
+            return 1;                                                                           \
+        }                                                                                       \
+    } while (0)
+
+#define MAXL 8
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* A row-major fp32 GEMM C(M,N) = op(A) op(B) + beta C as plugins/cuda
+ * issues it (column-major C^T = op(B)^T op(A)^T), optionally with the bias
+ * epilogue (bias(N) added to every row). */
+typedef struct {
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasLtMatmulAlgo_t algo;
+    float beta;
+} gemm;
+
+static int gemm_make(cublasLtHandle_t lt, gemm *g, int ta, int tb, int M, int N, int K, float beta, const float *bias,
+                     size_t ws) {
+    CB(cublasLtMatmulDescCreate(&g->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    CB(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    CB(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    if (bias) {
+        const uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
+        CB(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+        CB(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    }
+    const int ldb = tb ? K : N, lda = ta ? M : K;
+    CB(cublasLtMatrixLayoutCreate(&g->la, CUDA_R_32F, tb ? K : N, tb ? N : K, ldb));
+    CB(cublasLtMatrixLayoutCreate(&g->lb, CUDA_R_32F, ta ? M : K, ta ? K : M, lda));
+    CB(cublasLtMatrixLayoutCreate(&g->lc, CUDA_R_32F, N, M, N));
+    cublasLtMatmulPreference_t pref;
+    CB(cublasLtMatmulPreferenceCreate(&pref));
+    CB(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    cublasLtMatmulHeuristicResult_t r;
+    int found = 0;
+    CB(cublasLtMatmulAlgoGetHeuristic(lt, g->desc, g->la, g->lb, g->lc, g->lc, pref, 1, &r, &found));
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (!found) {
+        fprintf(stderr, ME ": no cuBLASLt algorithm for %dx%dx%d\n", M, N, K);
+        return 1;
+    }
+    g->algo = r.algo;
+    g->beta = beta;
+    return 0;
+}
+
+/* The network and its buffers, all device memory but the pinned batch. */
+typedef struct {
+    int nl, w[MAXL], B;
+    cublasLtHandle_t lt;
+    void *ws;
+    size_t ws_bytes;
+    cudaStream_t st;
+    float *W[MAXL], *b[MAXL], *dW[MAXL], *db[MAXL]; /* (w[l+1], w[l]), (w[l+1]) */
+    float *pre[MAXL], *post[MAXL];                  /* (B, w[l+1]) */
+    float *x, *probs, *ga, *gb;                      /* (B, w[0]), (B, C), 2 x (B, max width) */
+    int32_t *labels, *row_correct, *bad_row;         /* (B), (B), (1) */
+    double *row_loss, *loss;                         /* (B), (2): mean loss, correct */
+    float *host_x;                                   /* (B, w[0]) pinned */
+    int32_t *host_labels;                            /* (B) pinned */
+    gemm fwd[MAXL], wgrad[MAXL], xgrad[MAXL];
+} net;
+
+/* One training step, enqueued on n->st; nothing waits. */
+static int step(net *n) {
+    const float one = 1.0f;
+    const int L = n->nl - 1, C = n->w[L];
+    CK(cudaMemcpyAsync(n->x, n->host_x, (size_t)n->B * n->w[0] * sizeof(float), cudaMemcpyHostToDevice, n->st));
+    CK(cudaMemcpyAsync(n->labels, n->host_labels, (size_t)n->B * sizeof(int32_t), cudaMemcpyHostToDevice, n->st));
+    for (int l = 0; l < L; l++) { /* zero_grad */
+        CK(cudaMemsetAsync(n->dW[l], 0, (size_t)n->w[l + 1] * n->w[l] * sizeof(float), n->st));
+        CK(cudaMemsetAsync(n->db[l], 0, (size_t)n->w[l + 1] * sizeof(float), n->st));
+    }
+    const float *in = n->x;
+    for (int l = 0; l < L; l++) { /* y = x W^T + b (epilogue), post = relu(y) */
+        gemm *g = &n->fwd[l];
+        CB(cublasLtMatmul(n->lt, g->desc, &one, n->W[l], g->la, in, g->lb, &g->beta, n->pre[l], g->lc, n->pre[l],
+                          g->lc, &g->algo, n->ws, n->ws_bytes, n->st));
+        if (l < L - 1) {
+            CK(kg_linear_epilogue(n->st, KG_F32, n->pre[l], NULL, n->B, n->w[l + 1], KG_ACT_RELU, n->post[l], KG_F32));
+            in = n->post[l];
+        }
+    }
+    CK(kg_softmax_xent_forward(n->st, KG_F32, n->probs, n->pre[L - 1], n->labels, n->B, C, n->row_loss,
+                               n->row_correct, n->bad_row));
+    CK(kg_reduce_rows(n->st, n->row_loss, n->row_correct, n->B, n->loss));
+    float *dy = n->ga, *dx = n->gb;
+    CK(kg_softmax_xent_backward(n->st, KG_F32, dy, n->probs, n->labels, n->B, C, 1.0));
+    for (int l = L - 1; l >= 0; l--) {
+        const float *xin = l == 0 ? n->x : n->post[l - 1];
+        gemm *g = &n->wgrad[l]; /* dW += dy^T x */
+        CB(cublasLtMatmul(n->lt, g->desc, &one, xin, g->la, dy, g->lb, &g->beta, n->dW[l], g->lc, n->dW[l], g->lc,
+                          &g->algo, n->ws, n->ws_bytes, n->st));
+        CK(kg_bias_grad(n->st, KG_F32, n->db[l], dy, n->B, n->w[l + 1], 1));
+        if (l > 0) { /* dx = dy W, then relu' */
+            gemm *h = &n->xgrad[l];
+            CB(cublasLtMatmul(n->lt, h->desc, &one, n->W[l], h->la, dy, h->lb, &h->beta, dx, h->lc, dx, h->lc,
+                              &h->algo, n->ws, n->ws_bytes, n->st));
+            CK(kg_act_backward(n->st, KG_F32, KG_ACT_RELU, dx, dx, n->pre[l - 1], (size_t)n->B * n->w[l]));
+            float *t = dy;
+            dy = dx;
+            dx = t;
+        }
+    }
+    for (int l = 0; l < L; l++) {
+        CK(kg_sgd_update(n->st, KG_F32, n->W[l], n->dW[l], NULL, (size_t)n->w[l + 1] * n->w[l], 0.01, 0.0, 0.0, 0,
+                         0.0, 0, NULL, KG_F32));
+        CK(kg_sgd_update(n->st, KG_F32, n->b[l], n->db[l], NULL, (size_t)n->w[l + 1], 0.01, 0.0, 0.0, 0, 0.0, 0,
+                         NULL, KG_F32));
+    }
+    return 0;
+}
+
+static float *dev_uniform(size_t count, float scale, unsigned *seed) {
+    float *h = malloc(count * sizeof *h), *d = NULL;
+    if (!h) return NULL;
+    for (size_t i = 0; i < count; i++) {
+        *seed = *seed * 1664525u + 1013904223u;
+        h[i] = scale * ((float)(*seed >> 8) / 8388608.0f - 1.0f);
+    }
+    if (cudaMalloc((void **)&d, count * sizeof *d) != cudaSuccess ||
+        cudaMemcpy(d, h, count * sizeof *d, cudaMemcpyHostToDevice) != cudaSuccess)
+        d = NULL;
+    free(h);
+    return d;
+}
+
+#define DEV(ptr, count)                                                                            \
+    do {                                                                                           \
+        CK(cudaMalloc((void **)&(ptr), (size_t)(count) * sizeof *(ptr)));                          \
+        CK(cudaMemset((ptr), 0, (size_t)(count) * sizeof *(ptr)));                                 \
+    } while (0)
+
+static int net_make(net *n) {
+    unsigned seed = 12345u;
+    const int L = n->nl - 1;
+    int maxw = 0;
+    for (int l = 0; l < n->nl; l++) maxw = n->w[l] > maxw ? n->w[l] : maxw;
+    CB(cublasLtCreate(&n->lt));
+    n->ws_bytes = (size_t)32 << 20;
+    CK(cudaMalloc(&n->ws, n->ws_bytes));
+    CK(cudaStreamCreateWithFlags(&n->st, cudaStreamNonBlocking));
+    for (int l = 0; l < L; l++) {
+        const int in = n->w[l], out = n->w[l + 1];
+        if (!(n->W[l] = dev_uniform((size_t)out * in, 1.0f / sqrtf((float)in), &seed))) return 1;
+        if (!(n->b[l] = dev_uniform((size_t)out, 0.01f, &seed))) return 1;
+        DEV(n->dW[l], (size_t)out * in);
+        DEV(n->db[l], out);
+        DEV(n->pre[l], (size_t)n->B * out);
+        DEV(n->post[l], (size_t)n->B * out);
+        if (gemm_make(n->lt, &n->fwd[l], 0, 1, n->B, out, in, 0.0f, n->b[l], n->ws_bytes)) return 1;
+        if (gemm_make(n->lt, &n->wgrad[l], 1, 0, out, in, n->B, 1.0f, NULL, n->ws_bytes)) return 1;
+        if (l > 0 && gemm_make(n->lt, &n->xgrad[l], 0, 0, n->B, in, out, 0.0f, NULL, n->ws_bytes)) return 1;
+    }
+    DEV(n->x, (size_t)n->B * n->w[0]);
+    DEV(n->probs, (size_t)n->B * n->w[L]);
+    DEV(n->ga, (size_t)n->B * maxw);
+    DEV(n->gb, (size_t)n->B * maxw);
+    DEV(n->labels, n->B);
+    DEV(n->row_correct, n->B);
+    DEV(n->bad_row, 1);
+    DEV(n->row_loss, n->B);
+    DEV(n->loss, 2);
+    CK(cudaHostAlloc((void **)&n->host_x, (size_t)n->B * n->w[0] * sizeof(float), cudaHostAllocDefault));
+    CK(cudaHostAlloc((void **)&n->host_labels, (size_t)n->B * sizeof(int32_t), cudaHostAllocDefault));
+    for (int i = 0; i < n->B * n->w[0]; i++) n->host_x[i] = (float)((i * 7919) % 255) / 255.0f;
+    for (int i = 0; i < n->B; i++) n->host_labels[i] = i % n->w[L];
+    return 0;
+}
+
+static int cmpd(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+int main(int argc, char **argv) {
+    const char *layers_s = "784,32,10";
+    int reps = 2000;
+    net n;
+    memset(&n, 0, sizeof n);
+    n.B = 128;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--layers") && i + 1 < argc) layers_s = argv[++i];
+        else if (!strcmp(argv[i], "--batch") && i + 1 < argc) n.B = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: " ME " [--layers a,b,..] [--batch B] [--reps N]\n");
+            return 2;
+        }
+    }
+    for (const char *p = layers_s; *p && n.nl < MAXL;) {
+        n.w[n.nl++] = atoi(p);
+        if (!(p = strchr(p, ','))) break;
+        p++;
+    }
+    if (n.nl < 2 || n.B < 1 || reps < 10) {
+        fprintf(stderr, ME ": need 2..%d layer widths, batch >= 1, reps >= 10\n", MAXL);
+        return 2;
+    }
+    struct cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    if (net_make(&n)) return 1;
+
+    /* warm-up, and the loss must fall (the step really trains) */
+    double loss0[2], loss1[2];
+    if (step(&n)) return 1;
+    CK(cudaMemcpyAsync(loss0, n.loss, sizeof loss0, cudaMemcpyDeviceToHost, n.st));
+    CK(cudaStreamSynchronize(n.st));
+    for (int i = 0; i < 50; i++)
+        if (step(&n)) return 1;
+
+    /* eager: issue `reps` steps, then wait once (best of 3 rounds) */
+    double eager_wall = 1e30, eager_host = 1e30;
+    for (int round = 0; round < 3; round++) {
+        CK(cudaStreamSynchronize(n.st));
+        const double t0 = now();
+        for (int i = 0; i < reps; i++)
+            if (step(&n)) return 1;
+        const double t1 = now();
+        CK(cudaStreamSynchronize(n.st));
+        const double t2 = now();
+        if ((t2 - t0) / reps < eager_wall) eager_wall = (t2 - t0) / reps, eager_host = (t1 - t0) / reps;
+    }
+
+    /* graph: capture one step, replay it */
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CK(cudaStreamBeginCapture(n.st, cudaStreamCaptureModeThreadLocal));
+    if (step(&n)) return 1;
+    CK(cudaStreamEndCapture(n.st, &graph));
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    size_t nodes = 0;
+    CK(cudaGraphGetNodes(graph, NULL, &nodes));
+    for (int i = 0; i < 50; i++) CK(cudaGraphLaunch(exec, n.st));
+    double graph_wall = 1e30, graph_host = 1e30;
+    for (int round = 0; round < 3; round++) {
+        CK(cudaStreamSynchronize(n.st));
+        const double t0 = now();
+        for (int i = 0; i < reps; i++) CK(cudaGraphLaunch(exec, n.st));
+        const double t1 = now();
+        CK(cudaStreamSynchronize(n.st));
+        const double t2 = now();
+        if ((t2 - t0) / reps < graph_wall) graph_wall = (t2 - t0) / reps, graph_host = (t1 - t0) / reps;
+    }
+    /* GPU time of one step: events around single replays (median of 101) */
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    double gpu[101];
+    for (int i = 0; i < 101; i++) {
+        CK(cudaEventRecord(e0, n.st));
+        CK(cudaGraphLaunch(exec, n.st));
+        CK(cudaEventRecord(e1, n.st));
+        CK(cudaEventSynchronize(e1));
+        float ms = 0.0f;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        gpu[i] = ms * 1e-3;
+    }
+    qsort(gpu, 101, sizeof gpu[0], cmpd);
+    CK(cudaMemcpyAsync(loss1, n.loss, sizeof loss1, cudaMemcpyDeviceToHost, n.st));
+    CK(cudaStreamSynchronize(n.st));
+    if (!(isfinite(loss1[0]) && loss1[0] < loss0[0])) {
+        fprintf(stderr, ME ": the loss did not fall (%g -> %g): the step is wrong\n", loss0[0], loss1[0]);
+        return 1;
+    }
+    const double g = gpu[50];
+    printf("RESULT {\"device\": \"%s\", \"layers\": \"%s\", \"batch\": %d, \"graph_nodes\": %zu, "
+           "\"loss_first\": %.4f, \"loss_last\": %.4f, \"gpu_step_us\": %.2f, "
+           "\"eager_step_us\": %.2f, \"eager_host_us\": %.2f, \"eager_overhead_us\": %.2f, "
+           "\"graph_step_us\": %.2f, \"graph_host_us\": %.2f, \"graph_overhead_us\": %.2f}\n",
+           prop.name, layers_s, n.B, nodes, loss0[0], loss1[0], g * 1e6, eager_wall * 1e6, eager_host * 1e6,
+           (eager_wall - g) * 1e6, graph_wall * 1e6, graph_host * 1e6, (graph_wall - g) * 1e6);
+    return 0;
+}
