@@ -100,6 +100,13 @@ struct kiln_instance {
     /* linear_forward: 1 once cuBLASLt had no GELU_AUX_BIAS algorithm for a
      * shape, so later calls go to the bias epilogue + kernel at once */
     int no_gelu_epilogue;
+    /* The labels the last softmax_xent_forward found valid: (checked_B)
+     * ints at checked_labels, all in [0, checked_C). A backward over the
+     * same labels skips its own check (a read-back and a wait per step);
+     * copy(), zero() and free() over any of those bytes forget them, and
+     * nothing else in the table writes int32 data. */
+    const void *checked_labels;
+    int32_t checked_B, checked_C;
     /* host copy of the labels the loss backward checks, grow-only */
     int32_t *host_labels;
     size_t host_labels_cap;
@@ -157,6 +164,14 @@ int32_t cu_enter(kiln_instance *acc, const char *fn);
         int32_t cu_rc_ = cu_enter((acc), (fn));   \
         if (cu_rc_ != KILN_OK) return cu_rc_;     \
     } while (0)
+
+/* Forgets the checked labels when [p, p + bytes) overlaps them. */
+static inline void cu_labels_touched(kiln_instance *acc, const void *p, size_t bytes) {
+    if (!acc->checked_labels) return;
+    const uintptr_t a = (uintptr_t)p, l = (uintptr_t)acc->checked_labels;
+    const size_t lb = (size_t)acc->checked_B * sizeof(int32_t);
+    if (a < l + lb && l < a + bytes) acc->checked_labels = NULL;
+}
 
 /* cuda_mem.c */
 int32_t cu_alloc(kiln_instance *acc, size_t bytes, void **out);

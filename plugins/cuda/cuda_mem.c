@@ -131,6 +131,7 @@ void cu_free(kiln_instance *acc, void *ptr) {
             acc->bytes_in_use -= b->size;
             acc->bytes_cached += b->size;
         }
+        cu_labels_touched(acc, b->ptr, b->size); /* the block may come back as other data */
         return;
     }
     /* free() cannot fail in the ABI; a pointer we never gave out is a
@@ -169,6 +170,7 @@ int32_t cu_copy(kiln_instance *acc, void *dst, const void *src, size_t bytes, in
         return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: copy: %s pointer is NULL for %zu bytes",
                       dst ? "source" : "destination", bytes);
     CU_READY(acc, "copy");
+    if (kind != KILN_COPY_D2H) cu_labels_touched(acc, dst, bytes);
     if (kind == KILN_COPY_H2D) {
         for (size_t off = 0; off < bytes;) {
             cu_stage *s = NULL;
@@ -207,6 +209,7 @@ int32_t cu_zero(kiln_instance *acc, void *ptr, size_t bytes) {
     if (bytes == 0) return KILN_OK;
     if (!ptr) return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: zero: ptr is NULL for %zu bytes", bytes);
     CU_READY(acc, "zero");
+    cu_labels_touched(acc, ptr, bytes);
     CU_CHECK(acc, "zero", cudaMemsetAsync(ptr, 0, bytes, acc->stream));
     return KILN_OK;
 }

@@ -1126,6 +1126,52 @@ static void test_xent_backward_bad_label(void) {
     NO_VIOLATIONS();
 }
 
+/* The backward trusts the labels its forward just checked (no read-back, no
+ * wait), and only until copy() or zero() writes them: a bad label copied in
+ * between is still refused. */
+static void test_xent_backward_trusts_forward(void) {
+    const kiln_kernels *k = NULL;
+    kiln_instance *acc = ready(NULL, &k);
+    if (!acc) return;
+    float logits[6] = {0.2f, 0.3f, 0.5f, 0.1f, 0.1f, 0.8f};
+    int32_t good[2] = {0, 2}, bad[2] = {0, 7};
+    float *dl = up(k, acc, logits, sizeof logits), *dp = up(k, acc, NULL, sizeof logits);
+    float *dg = up(k, acc, NULL, sizeof logits);
+    int32_t *dy = up(k, acc, good, sizeof good);
+    CU_ASSERT_FATAL(dl && dp && dg && dy);
+    float loss = 0;
+    CU_ASSERT_EQUAL(k->softmax_xent_forward(acc, dp, dl, dy, 2, 3, &loss, NULL), KILN_OK);
+    fake_cuda_stats s0 = stats();
+    CU_ASSERT_EQUAL(k->softmax_xent_backward(acc, dg, dp, dy, 2, 3, 1.0f), KILN_OK);
+    CU_ASSERT_EQUAL(k->softmax_xent_backward(acc, dg, dp, dy, 1, 3, 1.0f), KILN_OK); /* fewer rows: still checked */
+    fake_cuda_stats s1 = stats();
+    CU_ASSERT_EQUAL(s1.syncs - s0.syncs, 0);
+    CU_ASSERT_EQUAL(s1.kernels - s0.kernels, 2);
+    /* fewer classes than checked: checked again */
+    CU_ASSERT_EQUAL(k->softmax_xent_backward(acc, dg, dp, dy, 2, 2, 1.0f), KILN_E_DATA);
+    HAS(mh.last_error, "label 2 at batch index 1");
+    /* a bad label copied over the checked ones */
+    CU_ASSERT_EQUAL(k->softmax_xent_forward(acc, dp, dl, dy, 2, 3, &loss, NULL), KILN_OK);
+    CU_ASSERT_EQUAL(k->copy(acc, dy, bad, sizeof bad, KILN_COPY_H2D), KILN_OK);
+    CU_ASSERT_EQUAL(k->softmax_xent_backward(acc, dg, dp, dy, 2, 3, 1.0f), KILN_E_DATA);
+    HAS(mh.last_error, "label 7 at batch index 1");
+    /* zero() forgets them too; zeros are valid labels: checked, accepted */
+    CU_ASSERT_EQUAL(k->copy(acc, dy, good, sizeof good, KILN_COPY_H2D), KILN_OK);
+    CU_ASSERT_EQUAL(k->softmax_xent_forward(acc, dp, dl, dy, 2, 3, &loss, NULL), KILN_OK);
+    CU_ASSERT_EQUAL(k->zero(acc, dy, sizeof good), KILN_OK);
+    s0 = stats();
+    CU_ASSERT_EQUAL(k->softmax_xent_backward(acc, dg, dp, dy, 2, 3, 1.0f), KILN_OK);
+    s1 = stats();
+    CU_ASSERT_EQUAL(s1.syncs - s0.syncs, 1);
+    /* a forward that finds a bad label trusts nothing */
+    CU_ASSERT_EQUAL(k->copy(acc, dy, bad, sizeof bad, KILN_COPY_H2D), KILN_OK);
+    CU_ASSERT_EQUAL(k->softmax_xent_forward(acc, dp, dl, dy, 2, 3, &loss, NULL), KILN_E_DATA);
+    CU_ASSERT_EQUAL(k->softmax_xent_backward(acc, dg, dp, dy, 2, 3, 1.0f), KILN_E_DATA);
+    k->free(acc, dl), k->free(acc, dp), k->free(acc, dg), k->free(acc, dy);
+    g_ops->base.destroy(acc);
+    NO_VIOLATIONS();
+}
+
 /* ============================== regressions: bugs this fake found */
 
 /* (A float32 operand beside a 16-bit one in gemm_ex must hold values
@@ -1244,6 +1290,7 @@ static void register_tests(void) {
     CU_add_test(s, "gemm: row-major mapping, transposes, ld", test_gemm_mapping);
     CU_add_test(s, "gemm: K = 0", test_gemm_k0);
     CU_add_test(s, "1.3: linear_forward epilogues, unscale_check launches", test_fused_launches);
+    CU_add_test(s, "loss backward trusts its forward's label check until written", test_xent_backward_trusts_forward);
     CU_add_test(s, "gemm: tf32 setting", test_gemm_tf32);
     CU_add_test(s, "gemm: alignment and the plan cache", test_gemm_alignment_and_plans);
     CU_add_test(s, "gemm_ex: F32 x BF16 rounded to BF16, beta 1, ldc > N", test_gemm_ex_mixed_bf16);
