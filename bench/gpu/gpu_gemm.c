@@ -16,25 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <cublasLt.h>
-#include <cuda_runtime_api.h>
-
-#define CK(call)                                                                                  \
-    do {                                                                                          \
-        cudaError_t e_ = (call);                                                                  \
-        if (e_ != cudaSuccess) {                                                                  \
-            fprintf(stderr, "kiln-gpu-gemm: %s failed: %s\n", #call, cudaGetErrorString(e_));    \
-            return 1;                                                                             \
-        }                                                                                         \
-    } while (0)
-#define CB(call)                                                                                   \
-    do {                                                                                           \
-        cublasStatus_t s_ = (call);                                                                \
-        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                         \
-            fprintf(stderr, "kiln-gpu-gemm: %s failed: %s\n", #call, cublasLtGetStatusString(s_)); \
-            return 1;                                                                              \
-        }                                                                                          \
-    } while (0)
+#define BLT_ME "kiln-gpu-gemm"
+#include "bench_lt.h"
 
 static int cmpd(const void *a, const void *b) {
     const double x = *(const double *)a, y = *(const double *)b;
@@ -53,12 +36,9 @@ static double known_peak(const char *name, const char *dtype) {
     return 0.0;
 }
 
-/* One row-major GEMM C(M,N) = op(A) op(B) as the plugin issues it
- * (column-major C^T = op(B)^T op(A)^T). */
+/* One GEMM of the step and its operands. */
 typedef struct {
-    cublasLtMatmulDesc_t desc;
-    cublasLtMatrixLayout_t la, lb, lc;
-    cublasLtMatmulAlgo_t algo;
+    blt_gemm p;
     void *A, *B, *C;
     double flops;
 } gemm;
@@ -71,27 +51,7 @@ static int gemm_make(cublasLtHandle_t lt, gemm *g, int ta, int tb, int M, int N,
     CK(cudaMalloc(&g->C, (size_t)M * N * 4));
     CK(cudaMemset(g->A, 0, (size_t)M * K * esz));
     CK(cudaMemset(g->B, 0, (size_t)K * N * esz));
-    CB(cublasLtMatmulDescCreate(&g->desc, compute, CUDA_R_32F));
-    const cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-    CB(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
-    CB(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
-    /* A' = B (row-major (K,N), or (N,K) when tb), B' = A */
-    const int ldb = tb ? K : N, lda = ta ? M : K;
-    CB(cublasLtMatrixLayoutCreate(&g->la, ab, tb ? K : N, tb ? N : K, ldb));
-    CB(cublasLtMatrixLayoutCreate(&g->lb, ab, ta ? M : K, ta ? K : M, lda));
-    CB(cublasLtMatrixLayoutCreate(&g->lc, CUDA_R_32F, N, M, N));
-    cublasLtMatmulPreference_t pref;
-    CB(cublasLtMatmulPreferenceCreate(&pref));
-    CB(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-    cublasLtMatmulHeuristicResult_t r;
-    int found = 0;
-    CB(cublasLtMatmulAlgoGetHeuristic(lt, g->desc, g->la, g->lb, g->lc, g->lc, pref, 1, &r, &found));
-    cublasLtMatmulPreferenceDestroy(pref);
-    if (!found) {
-        fprintf(stderr, "kiln-gpu-gemm: no cuBLASLt algorithm for %dx%dx%d\n", M, N, K);
-        return 1;
-    }
-    g->algo = r.algo;
+    if (blt_plan(lt, &g->p, ta, tb, M, N, K, ab, compute, ws, NULL)) return 1;
     g->flops = 2.0 * M * N * K;
     return 0;
 }
@@ -155,8 +115,8 @@ int main(int argc, char **argv) {
     for (int r = -3; r < reps; r++) { /* 3 warm-up steps */
         CK(cudaEventRecord(e0, st));
         for (int i = 0; i < ng; i++)
-            CB(cublasLtMatmul(lt, g[i].desc, &one, g[i].B, g[i].la, g[i].A, g[i].lb, &zero, g[i].C, g[i].lc, g[i].C,
-                              g[i].lc, &g[i].algo, ws, ws_bytes, st));
+            CB(cublasLtMatmul(lt, g[i].p.desc, &one, g[i].B, g[i].p.la, g[i].A, g[i].p.lb, &zero, g[i].C, g[i].p.lc,
+                              g[i].C, g[i].p.lc, &g[i].p.algo, ws, ws_bytes, st));
         CK(cudaEventRecord(e1, st));
         CK(cudaEventSynchronize(e1));
         float ms = 0.0f;

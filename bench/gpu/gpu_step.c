@@ -28,28 +28,10 @@
 #include <string.h>
 #include <time.h>
 
-#include <cublasLt.h>
-#include <cuda_runtime_api.h>
-
 #include "kg_kernels.h"
 
-#define ME "kiln-gpu-step"
-#define CK(call)                                                                                \
-    do {                                                                                        \
-        cudaError_t e_ = (call);                                                                \
-        if (e_ != cudaSuccess) {                                                                \
-            fprintf(stderr, ME ": %s failed: %s\n", #call, cudaGetErrorString(e_));             \
-            return 1;                                                                           \
-        }                                                                                       \
-    } while (0)
-#define CB(call)                                                                                \
-    do {                                                                                        \
-        cublasStatus_t s_ = (call);                                                             \
-        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                      \
-            fprintf(stderr, ME ": %s failed: %s\n", #call, cublasLtGetStatusString(s_));        \
-            return 1;                                                                           \
-        }                                                                                       \
-    } while (0)
+#define BLT_ME "kiln-gpu-step"
+#include "bench_lt.h"
 
 #define MAXL 8
 
@@ -59,45 +41,16 @@ static double now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* A row-major fp32 GEMM C(M,N) = op(A) op(B) + beta C as plugins/cuda
- * issues it (column-major C^T = op(B)^T op(A)^T), optionally with the bias
- * epilogue (bias(N) added to every row). */
+/* A planned fp32 GEMM of the step and the beta it runs with. */
 typedef struct {
-    cublasLtMatmulDesc_t desc;
-    cublasLtMatrixLayout_t la, lb, lc;
-    cublasLtMatmulAlgo_t algo;
+    blt_gemm p;
     float beta;
 } gemm;
 
 static int gemm_make(cublasLtHandle_t lt, gemm *g, int ta, int tb, int M, int N, int K, float beta, const float *bias,
                      size_t ws) {
-    CB(cublasLtMatmulDescCreate(&g->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    const cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-    CB(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
-    CB(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
-    if (bias) {
-        const uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
-        CB(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-        CB(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
-    }
-    const int ldb = tb ? K : N, lda = ta ? M : K;
-    CB(cublasLtMatrixLayoutCreate(&g->la, CUDA_R_32F, tb ? K : N, tb ? N : K, ldb));
-    CB(cublasLtMatrixLayoutCreate(&g->lb, CUDA_R_32F, ta ? M : K, ta ? K : M, lda));
-    CB(cublasLtMatrixLayoutCreate(&g->lc, CUDA_R_32F, N, M, N));
-    cublasLtMatmulPreference_t pref;
-    CB(cublasLtMatmulPreferenceCreate(&pref));
-    CB(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-    cublasLtMatmulHeuristicResult_t r;
-    int found = 0;
-    CB(cublasLtMatmulAlgoGetHeuristic(lt, g->desc, g->la, g->lb, g->lc, g->lc, pref, 1, &r, &found));
-    cublasLtMatmulPreferenceDestroy(pref);
-    if (!found) {
-        fprintf(stderr, ME ": no cuBLASLt algorithm for %dx%dx%d\n", M, N, K);
-        return 1;
-    }
-    g->algo = r.algo;
     g->beta = beta;
-    return 0;
+    return blt_plan(lt, &g->p, ta, tb, M, N, K, CUDA_R_32F, CUBLAS_COMPUTE_32F, ws, bias);
 }
 
 /* The network and its buffers, all device memory but the pinned batch. */
@@ -130,8 +83,8 @@ static int step(net *n) {
     const float *in = n->x;
     for (int l = 0; l < L; l++) { /* y = x W^T + b (epilogue), post = relu(y) */
         gemm *g = &n->fwd[l];
-        CB(cublasLtMatmul(n->lt, g->desc, &one, n->W[l], g->la, in, g->lb, &g->beta, n->pre[l], g->lc, n->pre[l],
-                          g->lc, &g->algo, n->ws, n->ws_bytes, n->st));
+        CB(cublasLtMatmul(n->lt, g->p.desc, &one, n->W[l], g->p.la, in, g->p.lb, &g->beta, n->pre[l], g->p.lc,
+                          n->pre[l], g->p.lc, &g->p.algo, n->ws, n->ws_bytes, n->st));
         if (l < L - 1) {
             CK(kg_linear_epilogue(n->st, KG_F32, n->pre[l], NULL, n->B, n->w[l + 1], KG_ACT_RELU, n->post[l], KG_F32));
             in = n->post[l];
@@ -145,13 +98,13 @@ static int step(net *n) {
     for (int l = L - 1; l >= 0; l--) {
         const float *xin = l == 0 ? n->x : n->post[l - 1];
         gemm *g = &n->wgrad[l]; /* dW += dy^T x */
-        CB(cublasLtMatmul(n->lt, g->desc, &one, xin, g->la, dy, g->lb, &g->beta, n->dW[l], g->lc, n->dW[l], g->lc,
-                          &g->algo, n->ws, n->ws_bytes, n->st));
+        CB(cublasLtMatmul(n->lt, g->p.desc, &one, xin, g->p.la, dy, g->p.lb, &g->beta, n->dW[l], g->p.lc, n->dW[l],
+                          g->p.lc, &g->p.algo, n->ws, n->ws_bytes, n->st));
         CK(kg_bias_grad(n->st, KG_F32, n->db[l], dy, n->B, n->w[l + 1], 1));
         if (l > 0) { /* dx = dy W, then relu' */
             gemm *h = &n->xgrad[l];
-            CB(cublasLtMatmul(n->lt, h->desc, &one, n->W[l], h->la, dy, h->lb, &h->beta, dx, h->lc, dx, h->lc,
-                              &h->algo, n->ws, n->ws_bytes, n->st));
+            CB(cublasLtMatmul(n->lt, h->p.desc, &one, n->W[l], h->p.la, dy, h->p.lb, &h->beta, dx, h->p.lc, dx,
+                              h->p.lc, &h->p.algo, n->ws, n->ws_bytes, n->st));
             CK(kg_act_backward(n->st, KG_F32, KG_ACT_RELU, dx, dx, n->pre[l - 1], (size_t)n->B * n->w[l]));
             float *t = dy;
             dy = dx;
@@ -240,7 +193,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--batch") && i + 1 < argc) n.B = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: " ME " [--layers a,b,..] [--batch B] [--reps N]\n");
+            fprintf(stderr, "usage: " BLT_ME " [--layers a,b,..] [--batch B] [--reps N]\n");
             return 2;
         }
     }
@@ -250,7 +203,7 @@ int main(int argc, char **argv) {
         p++;
     }
     if (n.nl < 2 || n.B < 1 || reps < 10) {
-        fprintf(stderr, ME ": need 2..%d layer widths, batch >= 1, reps >= 10\n", MAXL);
+        fprintf(stderr, BLT_ME ": need 2..%d layer widths, batch >= 1, reps >= 10\n", MAXL);
         return 2;
     }
     struct cudaDeviceProp prop;
@@ -316,7 +269,7 @@ int main(int argc, char **argv) {
     CK(cudaMemcpyAsync(loss1, n.loss, sizeof loss1, cudaMemcpyDeviceToHost, n.st));
     CK(cudaStreamSynchronize(n.st));
     if (!(isfinite(loss1[0]) && loss1[0] < loss0[0])) {
-        fprintf(stderr, ME ": the loss did not fall (%g -> %g): the step is wrong\n", loss0[0], loss1[0]);
+        fprintf(stderr, BLT_ME ": the loss did not fall (%g -> %g): the step is wrong\n", loss0[0], loss1[0]);
         return 1;
     }
     const double g = gpu[50];
