@@ -206,8 +206,8 @@ static ncclResult_t fake_check(const char *fn, ncclComm_t comm, cudaStream_t str
 
 ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
-    MPI_Datatype mt;
-    size_t esz;
+    MPI_Datatype mt = MPI_DATATYPE_NULL; /* set by fake_check on success (the  */
+    size_t esz = 0;                      /* optimiser cannot see it)          */
     ncclResult_t r = fake_check("ncclAllReduce", comm, stream, count, datatype, &mt, &esz);
     if (r != ncclSuccess) return r;
     if (op != ncclSum && op != ncclAvg)
@@ -240,8 +240,8 @@ ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, n
 
 ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, int root,
                            ncclComm_t comm, cudaStream_t stream) {
-    MPI_Datatype mt;
-    size_t esz;
+    MPI_Datatype mt = MPI_DATATYPE_NULL; /* set by fake_check on success (the  */
+    size_t esz = 0;                      /* optimiser cannot see it)          */
     ncclResult_t r = fake_check("ncclBroadcast", comm, stream, count, datatype, &mt, &esz);
     if (r != ncclSuccess) return r;
     if (root < 0 || root >= comm->size)
@@ -262,8 +262,8 @@ ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count, n
 
 ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount, ncclDataType_t datatype,
                            ncclComm_t comm, cudaStream_t stream) {
-    MPI_Datatype mt;
-    size_t esz;
+    MPI_Datatype mt = MPI_DATATYPE_NULL; /* set by fake_check on success (the  */
+    size_t esz = 0;                      /* optimiser cannot see it)          */
     ncclResult_t r = fake_check("ncclAllGather", comm, stream, sendcount, datatype, &mt, &esz);
     if (r != ncclSuccess) return r;
     if (sendcount > 0 && (!sendbuff || !recvbuff)) return fake_fail(ncclInvalidArgument, "ncclAllGather: NULL buffer");

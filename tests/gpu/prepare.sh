@@ -6,7 +6,8 @@
 #
 #   build-gpu/          a Release build for sm_90 (H100/H200) with the tests
 #                       and benchmarks, configured at /work/main/build-gpu so
-#                       that run.sh can put the checkout at the same path
+#                       that run.sh can put the checkout at the same path;
+#                       build-gpu/nf4/ the nf4 example plugin
 #   .gpu/deps.tar.xz    the Debian runtime libraries kiln links that such a
 #                       machine may lack (unpacked there to /tmp, never /)
 #   .gpu/fashion-mnist/ the first 20000 training images (headers rewritten;
@@ -25,6 +26,16 @@ cd "$root"
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$arch" -DKILN_WERROR=ON >/dev/null
 cmake --build build-gpu -j2
 test -f build-gpu/lib/kiln/plugins/libkiln-cuda.so || { echo "prepare.sh: libkiln-cuda.so was not built (no nvcc?)" >&2; exit 1; }
+
+# 1b. the out-of-tree nf4 precision (examples/plugins/nf4), built as its
+# users build it: against an installed SDK (a scratch prefix; only the
+# plugin's build folder, build-gpu/nf4, travels)
+sdk=$(mktemp -d)
+cmake --install build-gpu --prefix "$sdk" >/dev/null
+cmake -S examples/plugins/nf4 -B build-gpu/nf4 -DCMAKE_PREFIX_PATH="$sdk" -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF >/dev/null
+cmake --build build-gpu/nf4 -j2
+rm -rf "$sdk"
+test -f build-gpu/nf4/libkiln-nf4.so || { echo "prepare.sh: libkiln-nf4.so was not built" >&2; exit 1; }
 
 # 2. runtime libraries: what the binaries need beyond glibc and CUDA
 mkdir -p .gpu

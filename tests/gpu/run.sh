@@ -133,6 +133,12 @@ if [ -n "$fm" ]; then
   fit bf16 bf16-mixed
   fit fp64 64-true
   fit tf32 32-true --set accelerator.tf32=true
+  # the out-of-tree 4-bit precision (prepare.sh builds it from the SDK)
+  if [ -f "$build/nf4/libkiln-nf4.so" ]; then
+    KILN_PLUGIN_PATH="$build/nf4" fit nf4 nf4
+  else
+    record fit_nf4 skip "\"why\": \"build-gpu/nf4 not built (rerun tests/gpu/prepare.sh)\""
+  fi
   if [ -f "$build/lib/kiln/plugins/libkiln-ddp.so" ]; then
     fit ddp_nccl 32-true --set strategy=ddp
     # the launch without MPI: torchrun's variables pick bootstrap "tcp", and
