@@ -5,6 +5,8 @@
  * bias epilogue, the way plugins/cuda runs mlp's step, but with nothing
  * read back to the host: the batch copy from pinned memory, zero_grad, the
  * forward, the loss into device memory, the backward and the SGD update.
+ * Before timing anything it checks the step's gradients against central
+ * differences of its loss, and afterwards that the loss fell.
  * It measures that step two ways, as the GPU benchmark asks:
  *   - eager: every kernel launched from the host each step;
  *   - graph: the step captured once into a CUDA graph and replayed.
@@ -16,7 +18,8 @@
  * pays more than this step (its hooks, and the loss read back each step for
  * the progress bar and closures): this is the launch-bound floor of kiln's
  * kernels, with and without graphs. Prints one "RESULT {json}" line for
- * bench/gpu/run.sh. A benchmark, not a test.
+ * bench/gpu/run.sh. A benchmark, not a test; --eager-only skips the graph,
+ * which is how tests/cuda_fake runs it on its fake CUDA runtime.
  *
  *   kiln-gpu-step --layers 784,32,10 --batch 128 --reps 2000
  */
@@ -70,16 +73,13 @@ typedef struct {
     gemm fwd[MAXL], wgrad[MAXL], xgrad[MAXL];
 } net;
 
-/* One training step, enqueued on n->st; nothing waits. */
-static int step(net *n) {
+/* The forward: batch in, Linear layers (bias epilogue, ReLU between), the
+ * loss into n->loss (device). Enqueued on n->st; nothing waits. */
+static int forward(net *n) {
     const float one = 1.0f;
     const int L = n->nl - 1, C = n->w[L];
     CK(cudaMemcpyAsync(n->x, n->host_x, (size_t)n->B * n->w[0] * sizeof(float), cudaMemcpyHostToDevice, n->st));
     CK(cudaMemcpyAsync(n->labels, n->host_labels, (size_t)n->B * sizeof(int32_t), cudaMemcpyHostToDevice, n->st));
-    for (int l = 0; l < L; l++) { /* zero_grad */
-        CK(cudaMemsetAsync(n->dW[l], 0, (size_t)n->w[l + 1] * n->w[l] * sizeof(float), n->st));
-        CK(cudaMemsetAsync(n->db[l], 0, (size_t)n->w[l + 1] * sizeof(float), n->st));
-    }
     const float *in = n->x;
     for (int l = 0; l < L; l++) { /* y = x W^T + b (epilogue), post = relu(y) */
         gemm *g = &n->fwd[l];
@@ -93,6 +93,17 @@ static int step(net *n) {
     CK(kg_softmax_xent_forward(n->st, KG_F32, n->probs, n->pre[L - 1], n->labels, n->B, C, n->row_loss,
                                n->row_correct, n->bad_row));
     CK(kg_reduce_rows(n->st, n->row_loss, n->row_correct, n->B, n->loss));
+    return 0;
+}
+
+/* zero_grad, then the backward of the last forward into dW, db. */
+static int backward(net *n) {
+    const float one = 1.0f;
+    const int L = n->nl - 1, C = n->w[L];
+    for (int l = 0; l < L; l++) {
+        CK(cudaMemsetAsync(n->dW[l], 0, (size_t)n->w[l + 1] * n->w[l] * sizeof(float), n->st));
+        CK(cudaMemsetAsync(n->db[l], 0, (size_t)n->w[l + 1] * sizeof(float), n->st));
+    }
     float *dy = n->ga, *dx = n->gb;
     CK(kg_softmax_xent_backward(n->st, KG_F32, dy, n->probs, n->labels, n->B, C, 1.0));
     for (int l = L - 1; l >= 0; l--) {
@@ -111,12 +122,65 @@ static int step(net *n) {
             dx = t;
         }
     }
-    for (int l = 0; l < L; l++) {
+    return 0;
+}
+
+/* One training step: forward, backward, SGD. Nothing waits. */
+static int step(net *n) {
+    if (forward(n) || backward(n)) return 1;
+    for (int l = 0; l < n->nl - 1; l++) {
         CK(kg_sgd_update(n->st, KG_F32, n->W[l], n->dW[l], NULL, (size_t)n->w[l + 1] * n->w[l], 0.01, 0.0, 0.0, 0,
                          0.0, 0, NULL, KG_F32));
         CK(kg_sgd_update(n->st, KG_F32, n->b[l], n->db[l], NULL, (size_t)n->w[l + 1], 0.01, 0.0, 0.0, 0, 0.0, 0,
                          NULL, KG_F32));
     }
+    return 0;
+}
+
+/* The loss of the current weights, waited for. */
+static int loss_now(net *n, double *loss) {
+    if (forward(n)) return 1;
+    double v[2];
+    CK(cudaMemcpyAsync(v, n->loss, sizeof v, cudaMemcpyDeviceToHost, n->st));
+    CK(cudaStreamSynchronize(n->st));
+    *loss = v[0];
+    return 0;
+}
+
+/* The step's gradients against central differences of its loss, at a few
+ * entries of every weight and bias (fp32 loss, h = 1e-2: agreement to about
+ * 1e-3 absolute). A wrong operand, transpose or missing kernel in the step
+ * shows here long before it would in the loss curve. */
+static int check_gradients(net *n, int *bad) {
+    const double h = 1e-2;
+    *bad = 0;
+    if (forward(n) || backward(n)) return 1;
+    CK(cudaStreamSynchronize(n->st));
+    for (int l = 0; l < n->nl - 1; l++)
+        for (int which = 0; which < 2; which++) {
+            float *p = which ? n->b[l] : n->W[l], *g = which ? n->db[l] : n->dW[l];
+            const size_t cnt = which ? (size_t)n->w[l + 1] : (size_t)n->w[l + 1] * n->w[l];
+            const size_t at[3] = {0, cnt / 2, cnt - 1};
+            for (int k = 0; k < 3; k++) {
+                float v, grad, t;
+                CK(cudaMemcpy(&v, p + at[k], sizeof v, cudaMemcpyDeviceToHost));
+                CK(cudaMemcpy(&grad, g + at[k], sizeof grad, cudaMemcpyDeviceToHost));
+                double lp, lm;
+                t = (float)(v + h);
+                CK(cudaMemcpy(p + at[k], &t, sizeof t, cudaMemcpyHostToDevice));
+                if (loss_now(n, &lp)) return 1;
+                t = (float)(v - h);
+                CK(cudaMemcpy(p + at[k], &t, sizeof t, cudaMemcpyHostToDevice));
+                if (loss_now(n, &lm)) return 1;
+                CK(cudaMemcpy(p + at[k], &v, sizeof v, cudaMemcpyHostToDevice));
+                const double fd = (lp - lm) / (2 * h);
+                if (!(fabs(fd - grad) <= 1e-3 + 0.05 * fabs(fd))) {
+                    fprintf(stderr, BLT_ME ": layer %d %s[%zu]: gradient %.6g, central difference %.6g\n", l,
+                            which ? "b" : "W", at[k], (double)grad, fd);
+                    (*bad)++;
+                }
+            }
+        }
     return 0;
 }
 
@@ -184,7 +248,7 @@ static int cmpd(const void *a, const void *b) {
 
 int main(int argc, char **argv) {
     const char *layers_s = "784,32,10";
-    int reps = 2000;
+    int reps = 2000, eager_only = 0;
     net n;
     memset(&n, 0, sizeof n);
     n.B = 128;
@@ -192,8 +256,9 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--layers") && i + 1 < argc) layers_s = argv[++i];
         else if (!strcmp(argv[i], "--batch") && i + 1 < argc) n.B = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--eager-only")) eager_only = 1;
         else {
-            fprintf(stderr, "usage: " BLT_ME " [--layers a,b,..] [--batch B] [--reps N]\n");
+            fprintf(stderr, "usage: " BLT_ME " [--layers a,b,..] [--batch B] [--reps N] [--eager-only]\n");
             return 2;
         }
     }
@@ -210,6 +275,13 @@ int main(int argc, char **argv) {
     CK(cudaGetDeviceProperties(&prop, 0));
     if (net_make(&n)) return 1;
 
+    /* the step's gradients first: a wrong step must not be timed */
+    int bad = 0;
+    if (check_gradients(&n, &bad)) return 1;
+    if (bad) {
+        fprintf(stderr, BLT_ME ": %d gradient entries disagree with central differences: the step is wrong\n", bad);
+        return 1;
+    }
     /* warm-up, and the loss must fall (the step really trains) */
     double loss0[2], loss1[2];
     if (step(&n)) return 1;
@@ -229,6 +301,19 @@ int main(int argc, char **argv) {
         CK(cudaStreamSynchronize(n.st));
         const double t2 = now();
         if ((t2 - t0) / reps < eager_wall) eager_wall = (t2 - t0) / reps, eager_host = (t1 - t0) / reps;
+    }
+
+    if (eager_only) { /* no graph (the fake CUDA runtime of tests/cuda_fake cannot record one) */
+        CK(cudaMemcpyAsync(loss1, n.loss, sizeof loss1, cudaMemcpyDeviceToHost, n.st));
+        CK(cudaStreamSynchronize(n.st));
+        if (!(isfinite(loss1[0]) && loss1[0] < loss0[0])) {
+            fprintf(stderr, BLT_ME ": the loss did not fall (%g -> %g): the step is wrong\n", loss0[0], loss1[0]);
+            return 1;
+        }
+        printf("RESULT {\"device\": \"%s\", \"layers\": \"%s\", \"batch\": %d, \"loss_first\": %.4f, "
+               "\"loss_last\": %.4f, \"eager_step_us\": %.2f, \"eager_host_us\": %.2f}\n",
+               prop.name, layers_s, n.B, loss0[0], loss1[0], eager_wall * 1e6, eager_host * 1e6);
+        return 0;
     }
 
     /* graph: capture one step, replay it */

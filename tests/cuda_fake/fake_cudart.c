@@ -665,6 +665,34 @@ cudaError_t CUDARTAPI cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
     return fake_submit(stream, &op, 0);
 }
 
+/* Not modelled: the fake runs every launch when it is made, so it can
+ * neither time events nor record a stream into a graph. Callers get
+ * cudaErrorNotSupported (kiln-gpu-step-fake runs --eager-only). */
+cudaError_t CUDARTAPI cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
+    (void)ms, (void)start, (void)end;
+    return fake_error(cudaErrorNotSupported);
+}
+cudaError_t CUDARTAPI cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode) {
+    (void)stream, (void)mode;
+    return fake_error(cudaErrorNotSupported);
+}
+cudaError_t CUDARTAPI cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *graph) {
+    (void)stream, (void)graph;
+    return fake_error(cudaErrorNotSupported);
+}
+cudaError_t CUDARTAPI cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsigned long long flags) {
+    (void)exec, (void)graph, (void)flags;
+    return fake_error(cudaErrorNotSupported);
+}
+cudaError_t CUDARTAPI cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t *nodes, size_t *count) {
+    (void)graph, (void)nodes, (void)count;
+    return fake_error(cudaErrorNotSupported);
+}
+cudaError_t CUDARTAPI cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+    (void)exec, (void)stream;
+    return fake_error(cudaErrorNotSupported);
+}
+
 cudaError_t CUDARTAPI cudaEventSynchronize(cudaEvent_t event) {
     if (!fake_event_live(event)) {
         fake_violation("cudaEventSynchronize(%p): not a live event", (void *)event);
