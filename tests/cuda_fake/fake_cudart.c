@@ -692,6 +692,14 @@ cudaError_t CUDARTAPI cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream)
     (void)exec, (void)stream;
     return fake_error(cudaErrorNotSupported);
 }
+cudaError_t CUDARTAPI cudaGraphExecDestroy(cudaGraphExec_t exec) {
+    (void)exec;
+    return fake_error(cudaErrorNotSupported);
+}
+cudaError_t CUDARTAPI cudaGraphDestroy(cudaGraph_t graph) {
+    (void)graph;
+    return fake_error(cudaErrorNotSupported);
+}
 
 cudaError_t CUDARTAPI cudaEventSynchronize(cudaEvent_t event) {
     if (!fake_event_live(event)) {
