@@ -4,7 +4,7 @@
 # runtime, cuBLASLt and kernels of tests/cuda_fake, which check every call),
 # against the same run on the cpu accelerator: Fashion-MNIST, mlp
 # [784, 64, 10] with GELU (so linear_forward takes cuBLASLt's GELU_AUX_BIAS
-# epilogue), AdamW, 20 steps, in 32-true, bf16-mixed and 16-mixed started at
+# epilogue), AdamW, 20 steps, in 32-true, bf16-mixed, 64-true and 16-mixed started at
 # a scale that overflows (so unscale_check finds inf and steps are skipped).
 # Asserts for each: both runs succeed, the fake saw no contract violation,
 # the same number of skipped steps, and the final training loss agrees (the
@@ -61,5 +61,6 @@ check() { # NAME PRECISION TOL
 check fp32 '"32-true"' 1e-3
 check bf16 '"bf16-mixed"' 2e-2
 check fp16 '{ name = "16-mixed"; init_scale = 16777216.0; }' 2e-2
+check fp64 '"64-true"' 1e-9
 grep -q "skipped steps: 0" "$tmp/fake_fp16/log" && fail "fp16: no step was skipped (the overflow path was not exercised)"
 [ "$fails" = 0 ] && echo "fit on the fake cuda accelerator: ok" || exit 1
