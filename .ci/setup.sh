@@ -133,6 +133,17 @@ if [ -d /usr/share/datasets/fashion-mnist ]; then
     --set "trainer.default_root_dir=\"$prefix/nf4-runs\"" | tee "$prefix/nf4.txt"
   grep -q "precision: nf4" "$prefix/nf4.txt"
   [ -s "$prefix/nf4-runs/version_0/nf4_weights.safetensors" ] || { echo "nf4 export missing" >&2; exit 1; }
+  # built with its CUDA quantizer where nvcc exists: on the fake cuda
+  # accelerator (device pointers that CUDA does not know, no driver) it
+  # must take the host path and train
+  fake=$PWD/build/tests/cuda-fit-fake-plugins # absolute: the loader ignores relative entries
+  if [ -f "$fake/libkiln-cudafake.so" ]; then
+    KILN_PLUGIN_PATH="$prefix/nf4-build:$fake" "$prefix/bin/kiln" -v fit examples/plugins/nf4/fashion_mnist_nf4.cfg \
+      --set 'accelerator="cudafake:cuda"' --set trainer.max_epochs=1 --set trainer.limit_train_batches=5 \
+      --set trainer.limit_val_batches=0 --set "trainer.default_root_dir=\"$prefix/nf4-fake-runs\"" > "$prefix/nf4-fake.txt" 2>&1 ||
+      { tail -20 "$prefix/nf4-fake.txt"; exit 1; }
+    grep -q "compute float32, on the host" "$prefix/nf4-fake.txt" || { grep nf4 "$prefix/nf4-fake.txt"; exit 1; }
+  fi
 fi
 echo "nf4 example: ok"
 

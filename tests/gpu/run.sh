@@ -136,6 +136,16 @@ if [ -n "$fm" ]; then
   # the out-of-tree 4-bit precision (prepare.sh builds it from the SDK)
   if [ -f "$build/nf4/libkiln-nf4.so" ]; then
     KILN_PLUGIN_PATH="$build/nf4" fit nf4 nf4
+    # its own CUDA kernel against its host path: the same run must give the
+    # same metrics bit for bit (the kernel reproduces nf4_quant.c exactly)
+    KILN_PLUGIN_PATH="$build/nf4" fit nf4_host nf4 --set precision.cuda_kernel=false
+    m_gpu=$(grep '^metrics:' "$out/runs_nf4.txt" | tail -1) m_host=$(grep '^metrics:' "$out/runs_nf4_host.txt" | tail -1)
+    if grep -q "quantizing on the GPU with the plugin's CUDA kernel" "$out/runs_nf4.txt" && [ -n "$m_gpu" ] &&
+       [ "$m_gpu" = "$m_host" ]; then
+      record nf4_cuda_kernel pass
+    else
+      echo "nf4 kernel vs host: '$m_gpu' / '$m_host'"; record nf4_cuda_kernel fail
+    fi
   else
     record fit_nf4 skip "\"why\": \"build-gpu/nf4 not built (rerun tests/gpu/prepare.sh)\""
   fi

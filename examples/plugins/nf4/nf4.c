@@ -12,6 +12,9 @@
  * exports the packed codes and scales of the final masters as a safetensors
  * file in the run directory and logs the memory they take. Built only
  * against the installed SDK (find_package(Kiln)); nothing from the kiln tree.
+ * On the cuda accelerator, when built with nvcc, convert_params runs the
+ * plugin's own CUDA kernel (nf4_cuda.cu) on the device instead of copying
+ * the weights to the host and back.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -24,6 +27,9 @@
 
 #include "nf4_export.h"
 #include "nf4_quant.h"
+#ifdef NF4_HAVE_CUDA
+#include "nf4_cuda.h"
+#endif
 
 #define NF4_VERSION "1.0.0"
 #define NF4_MAX_BLOCK 4096
@@ -58,11 +64,13 @@ struct kiln_instance {
     uint32_t compute_dtype;   /* KILN_DTYPE_F32 or KILN_DTYPE_BF16              */
     int scale_dtype;          /* NF4X_SCALE_F32 / NF4X_SCALE_F16 (export only)  */
     int export_on;
+    int cuda_kernel;          /* config: quantize on the GPU when possible      */
     char export_file[NF4_MAX_FILE + 1];
     /* after setup */
     kiln_instance *acc;
     const kiln_kernels *k;
     int host_mem;             /* accelerator pointers are host pointers         */
+    int gpu;                  /* masters in CUDA device memory: quantize there  */
     nf4_weight *w;            /* (nw)                                           */
     uint32_t nw;
     size_t max_numel;
@@ -131,6 +139,7 @@ static int32_t nf4_create(void *plugin_ctx, const kiln_host_services *svc, kiln_
     self->compute_dtype = compute_dtype;
     self->scale_dtype = scale_dtype;
     self->export_on = kiln_kv_int(config, "export", 1) != 0;
+    self->cuda_kernel = kiln_kv_int(config, "cuda_kernel", 1) != 0;
     snprintf(self->export_file, sizeof self->export_file, "%s", file);
     *out = self;
     return KILN_OK;
@@ -273,15 +282,48 @@ static int32_t nf4_setup(kiln_instance *self, kiln_parameter *const *params, uin
             p->compute_dtype = KILN_DTYPE_F32;
         }
     }
-    kiln_logf(svc, self->hctx, KILN_LOG_DEBUG, "%s: %u of %u parameters quantized, block %zu, compute %s", me,
-              self->nw, n, self->block, kiln_dtype_name(self->compute_dtype));
+#ifdef NF4_HAVE_CUDA
+    /* Device memory that CUDA knows: quantize with our own kernel, in place
+     * on the device. Anything else (host memory, no driver) takes the host
+     * path through the kernel table's copies. */
+    self->gpu = self->cuda_kernel && !self->host_mem && self->nw > 0 && nf4_cuda_usable(self->w[0].p->data);
+#endif
+    kiln_logf(svc, self->hctx, KILN_LOG_DEBUG, "%s: %u of %u parameters quantized, block %zu, compute %s, on the %s",
+              me, self->nw, n, self->block, kiln_dtype_name(self->compute_dtype),
+              self->gpu ? "GPU (the plugin's CUDA kernel)" : "host");
+    if (self->gpu)
+        kiln_logf(svc, self->hctx, KILN_LOG_INFO, "%s: quantizing on the GPU with the plugin's CUDA kernel", me);
     return KILN_OK;
 }
 
-/* Quantize every weight's masters into codes/absmax and write the
- * dequantized values to its compute copy. No allocation: all buffers come
- * from setup. */
-static int32_t nf4_convert(kiln_instance *self) {
+#ifdef NF4_HAVE_CUDA
+/* convert_params on the GPU: the plugin's kernel reads the masters and
+ * writes the compute copies on the device. The host codes are not updated
+ * (export quantizes the final masters on the host). */
+static int32_t nf4_convert_gpu(kiln_instance *self) {
+    const char *me = self->var->name;
+    /* the optimizer's update of the masters is queued on the accelerator's
+     * stream; our kernel runs on another */
+    int32_t rc = self->k->synchronize ? self->k->synchronize(self->acc) : KILN_OK;
+    if (rc != KILN_OK)
+        return kiln_errorf(self->svc, self->hctx, rc, "%s: waiting for the accelerator failed: %s", me,
+                           kiln_strerror(rc));
+    char err[256];
+    for (uint32_t i = 0; i < self->nw; i++) {
+        const nf4_weight *w = &self->w[i];
+        if (nf4_cuda_fake_quant(self->var->kind, w->p->data, w->numel, self->block, w->compute,
+                                self->compute_dtype == KILN_DTYPE_BF16, err, sizeof err) != 0)
+            return kiln_errorf(self->svc, self->hctx, KILN_E_INTERNAL, "%s: quantizing %s on the GPU: %s", me,
+                               w->p->name, err);
+    }
+    return KILN_OK;
+}
+#endif
+
+/* Quantize every weight's masters into codes/absmax on the host and write
+ * the dequantized values to its compute copy. No allocation: all buffers
+ * come from setup. */
+static int32_t nf4_convert_host(kiln_instance *self) {
     const kiln_kernels *k = self->k;
     const char *me = self->var->name;
     const int bf16 = self->compute_dtype == KILN_DTYPE_BF16;
@@ -317,6 +359,14 @@ static int32_t nf4_convert(kiln_instance *self) {
         }
     }
     return KILN_OK;
+}
+
+/* convert_params: before every forward. */
+static int32_t nf4_convert(kiln_instance *self) {
+#ifdef NF4_HAVE_CUDA
+    if (self->gpu) return nf4_convert_gpu(self);
+#endif
+    return nf4_convert_host(self);
 }
 
 /* ---------------------------------------------------------------------------
@@ -370,8 +420,8 @@ static int32_t nf4_export(kiln_instance *self, const kiln_trainer_state *tr) {
         return KILN_OK;
     }
     /* The codes of the final masters (the last convert_params ran before
-     * the last optimizer step). */
-    int32_t rc = nf4_convert(self);
+     * the last optimizer step), on the host whatever convert_params used. */
+    int32_t rc = nf4_convert_host(self);
     if (rc != KILN_OK) return rc;
 
     nf4x_weight *xw = calloc(self->nw ? self->nw : 1, sizeof *xw);
@@ -439,6 +489,9 @@ static const kiln_param nf4_params[] = {
      "at on_fit_end, rank 0 writes the packed codes and scales to <run_dir>/<export_file>"},
     {"export_file", KILN_TYPE_STRING, 0, KILN_V_STR("nf4_weights.safetensors"),
      "file name (no directory) of the safetensors export inside the run directory"},
+    {"cuda_kernel", KILN_TYPE_BOOL, 0, KILN_V_BOOL(1),
+     "on the cuda accelerator, quantize with this plugin's CUDA kernel on the device (when built with nvcc); "
+     "false: copy the weights to the host and back, as on any accelerator"},
     {NULL, 0, 0, KILN_V_NONE, NULL},
 };
 

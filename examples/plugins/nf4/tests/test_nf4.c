@@ -938,7 +938,7 @@ static void test_plugin_descriptors(void) {
         CU_ASSERT_PTR_NOT_NULL(pops(d)->on_event);
         int nparams = 0;
         for (const kiln_param *p = d->params; p && p->key; p++, nparams++) CU_ASSERT_PTR_NOT_NULL(p->help);
-        CU_ASSERT_EQUAL(nparams, 5);
+        CU_ASSERT_EQUAL(nparams, 6); /* block_size, compute_dtype, scale_dtype, export, export_file, cuda_kernel */
     }
 }
 
