@@ -29,13 +29,16 @@ test -f build-gpu/lib/kiln/plugins/libkiln-cuda.so || { echo "prepare.sh: libkil
 
 # 1b. the out-of-tree nf4 precision (examples/plugins/nf4), built as its
 # users build it: against an installed SDK (a scratch prefix; only the
-# plugin's build folder, build-gpu/nf4, travels)
-sdk=$(mktemp -d)
-cmake --install build-gpu --prefix "$sdk" >/dev/null
-cmake -S examples/plugins/nf4 -B build-gpu/nf4 -DCMAKE_PREFIX_PATH="$sdk" -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF >/dev/null
-cmake --build build-gpu/nf4 -j2
-rm -rf "$sdk"
-test -f build-gpu/nf4/libkiln-nf4.so || { echo "prepare.sh: libkiln-nf4.so was not built" >&2; exit 1; }
+# plugin library travels: its build folder with the CUDA objects is 13 MiB
+# of the 64 MiB the device tool carries)
+scratch=$(mktemp -d)
+cmake --install build-gpu --prefix "$scratch/sdk" >/dev/null
+cmake -S examples/plugins/nf4 -B "$scratch/nf4" -DCMAKE_PREFIX_PATH="$scratch/sdk" -DCMAKE_BUILD_TYPE=Release \
+  -DBUILD_TESTING=OFF >/dev/null
+cmake --build "$scratch/nf4" -j2
+rm -rf build-gpu/nf4 && mkdir -p build-gpu/nf4
+cp "$scratch/nf4/libkiln-nf4.so" build-gpu/nf4/ || { echo "prepare.sh: libkiln-nf4.so was not built" >&2; exit 1; }
+rm -rf "$scratch"
 
 # 2. runtime libraries: what the binaries need beyond glibc and CUDA
 mkdir -p .gpu
@@ -70,4 +73,8 @@ for t in ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"):
     shutil.copy(os.path.join(src, t), os.path.join(dst, t))
 PY
 du -sh build-gpu .gpu | sed 's/^/prepare.sh: /'
+# the device tool carries at most 64 MiB: these two plus the checkout
+total=$(( $(du -sk build-gpu .gpu | awk '{s += $1} END {print s}') + $(git ls-files -z | xargs -0 du -ck 2>/dev/null | tail -1 | cut -f1) ))
+echo "prepare.sh: $((total / 1024)) MiB travel with the checkout (the limit is 64 MiB)"
+[ "$total" -lt $((62 * 1024)) ] || { echo "prepare.sh: too large for the device tool's carry" >&2; exit 1; }
 echo "prepare.sh: now run the device tool with carry [\"build-gpu\", \".gpu\"] and: bash tests/gpu/run.sh \"\$OUT\""
