@@ -13,7 +13,9 @@
 # on the cpu accelerator; (e) one process (no mpirun) takes the NCCL path
 # too and matches the 1-process run at batch 64; (f) a stopped rank 1 makes
 # rank 0 fail after timeout_s with "did not complete within timeout_s"
-# (the fake's collectives are enqueued, so ddp's watchdog sees them pending).
+# (the fake's collectives are enqueued, so ddp's watchdog sees them pending);
+# (g) the launch without MPI; (h) 16-mixed with overflowing steps skipped
+# alike on both ranks.
 # Exit 77 (skipped) without the dataset.
 #   ddp_nccl_fake.sh KILN MPIEXEC TRAIN_FIXTURES DDP_FIXTURES FAKE_PLUGIN_DIR
 set -u
@@ -29,12 +31,13 @@ fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 # run TAG NP ACCEL STRATEGY BATCH TRAINER_EXTRA [callbacks extra]; NP 0: no mpirun
 run() {
   local tag=$1 np=$2 accel=$3 strat=$4 batch=$5 extra=$6 cb=${7:-}
+  local prec=${PREC:-'"32-true"'}
   mkdir -p "$tmp/$tag"
   cat > "$tmp/$tag/run.cfg" <<CFG
 plugins = { dirs = ["$train", "$ddpfix", "$fake"]; };
 trainer = { max_epochs = 1; seed = 42; default_root_dir = "$tmp/$tag/runs"; limit_val_batches = 0;
   num_sanity_val_steps = 0; threads = 1; log_every_n_steps = ${LOGN:-1}; $extra };
-accelerator = "$accel"; precision = "32-true"; strategy = $strat;
+accelerator = "$accel"; precision = $prec; strategy = $strat;
 data = { name = "idx"; dir = "$data"; batch_size = $batch; };
 module = { name = "mlp"; layers = [784, 64, 10]; activation = "relu"; };
 optimizer = { name = "sgd"; lr = 0.1; momentum = 0.0; };
@@ -180,5 +183,19 @@ else
   cat "$tmp/automp/log"; fail "(g) auto without MASTER_ADDR failed"
 fi
 
+# (h) 16-mixed from a scale that overflows: an inf on either rank reaches
+# both through the NCCL average, the cuda accelerator's unscale_check sees
+# it on both, and both skip the same steps and end byte-identical.
+if PREC='{ name = "16-mixed"; init_scale = 16777216.0; }' run amp 2 cudafake:cuda '"ddpfake:ddp"' 64 \
+    "limit_train_batches = 10;"; then
+  sk=$(sed -n 's/.*skipped steps: \([0-9]*\).*/\1/p' "$tmp/amp/log" | head -1)
+  [ -n "$sk" ] && [ "$sk" -gt 0 ] || fail "(h) 16-mixed: expected skipped steps, found '$sk'"
+  cmp -s "$tmp/amp/w.0" "$tmp/amp/w.1" || fail "(h) 16-mixed: the ranks differ"
+  grep -q "contract violation" "$tmp/amp/log" && fail "(h) $(grep -m1 'contract violation' "$tmp/amp/log")"
+  echo "  amp: 16-mixed on 2 ranks over NCCL: $sk skipped steps, ranks identical"
+else
+  cat "$tmp/amp/log"; fail "(h) 16-mixed under ddp on NCCL failed"
+fi
+
 [ "$fails" -eq 0 ] || { echo "$fails check(s) failed"; exit 1; }
-echo "ddp over fake NCCL: counts, equivalence, world 1, timeout and the launch without MPI ok"
+echo "ddp over fake NCCL: counts, equivalence, world 1, timeout, the launch without MPI and 16-mixed ok"
