@@ -155,7 +155,8 @@ int32_t cu_linear_forward(kiln_instance *acc, uint32_t dt, const void *x, const 
     if (rc != KILN_OK) return rc;
     const void *b_left = ep.kind == CUBLASLT_EPILOGUE_DEFAULT ? b : NULL;
     if (!b_left && !r16 && act < 0) return KILN_OK;
+    /* round_dtype F64 with F64 data is the ABI's "no rounding", as F32 */
     CU_LAUNCH(acc, "linear_forward (epilogue)",
-              kg_linear_epilogue(acc->stream, (int)dt, y, b_left, rows, out, act, post, (int)rt));
+              kg_linear_epilogue(acc->stream, (int)dt, y, b_left, rows, out, act, post, r16 ? (int)rt : KG_F32));
     return KILN_OK;
 }

@@ -1807,6 +1807,7 @@ static void test_linear_forward(void) {
         /* fp64 */
         {40, 70, 30, KILN_ACT_RELU, 1, KILN_DTYPE_F64, KILN_DTYPE_F64, KILN_DTYPE_F32},
         {40, 70, 24, KILN_ACT_GELU, 1, KILN_DTYPE_F64, KILN_DTYPE_F64, KILN_DTYPE_F32},
+        {40, 70, 24, KILN_ACT_TANH, 1, KILN_DTYPE_F64, KILN_DTYPE_F64, KILN_DTYPE_F64}, /* F64 "rounding": none */
         /* K = 0: the bias alone */
         {5, 0, 8, KILN_ACT_SIGMOID, 1, KILN_DTYPE_F32, KILN_DTYPE_F32, KILN_DTYPE_F32},
     };
