@@ -1804,6 +1804,8 @@ static void test_linear_forward(void) {
         {128, 784, 256, KILN_ACT_GELU, 1, KILN_DTYPE_F32, KILN_DTYPE_BF16, KILN_DTYPE_BF16},
         {128, 256, 10, -1, 1, KILN_DTYPE_F32, KILN_DTYPE_BF16, KILN_DTYPE_BF16},
         {96, 300, 64, KILN_ACT_RELU, 1, KILN_DTYPE_F32, KILN_DTYPE_F16, KILN_DTYPE_F16},
+        /* 16-bit weights without rounding: converted, an fp32 product, the GELU epilogue */
+        {64, 100, 48, KILN_ACT_GELU, 1, KILN_DTYPE_F32, KILN_DTYPE_BF16, KILN_DTYPE_F32},
         /* fp64 */
         {40, 70, 30, KILN_ACT_RELU, 1, KILN_DTYPE_F64, KILN_DTYPE_F64, KILN_DTYPE_F32},
         {40, 70, 24, KILN_ACT_GELU, 1, KILN_DTYPE_F64, KILN_DTYPE_F64, KILN_DTYPE_F32},
