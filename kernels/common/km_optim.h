@@ -1,6 +1,6 @@
 /*
- * km_optim.h — the scalar coefficients of one torch.optim.AdamW step, formed
- * once for both kernel sets: kernels/cpu (cpu_optim.c, cpu_f64.c) and
+ * km_optim.h — the scalar coefficients of one torch.optim.SGD and one
+ * torch.optim.AdamW step, formed once for both kernel sets: kernels/cpu (cpu_optim.c, cpu_f64.c) and
  * kernels/cuda (kg_math.cuh, which passes them to its kernels by value).
  * Each scalar is a Python float in PyTorch, formed in double and rounded to
  * the parameter's type once where it meets the tensor; the bias corrections
@@ -61,6 +61,51 @@ static inline km_adamw_coef_f64 km_adamw_coef_f64_make(double lr, double beta1, 
     c.bc2_sqrt = sqrt(1.0 - pow(beta2, (double)step));
     c.eps = eps;
     c.neg_step = -(lr / (1.0 - pow(beta1, (double)step)));
+    return c;
+}
+
+/* The scalars of one SGD step, with the option flags normalised: without
+ * momentum (momentum 0, or no buffer) there is no first-step or Nesterov
+ * handling. */
+typedef struct km_sgd_coef_f32 {
+    float neg_lr;         /* alpha of param.add_(d, alpha=-lr) */
+    float momentum;
+    float one_minus_damp; /* 1 - dampening: a Python float rounded to float once */
+    float wd;
+    int has_wd, has_mom, first, nesterov;
+} km_sgd_coef_f32;
+
+typedef struct km_sgd_coef_f64 {
+    double neg_lr, momentum, one_minus_damp, wd; /* as above, in double */
+    int has_wd, has_mom, first, nesterov;
+} km_sgd_coef_f64;
+
+/* have_buf: whether a momentum buffer was passed. */
+static inline km_sgd_coef_f32 km_sgd_coef_f32_make(float lr, float momentum, float dampening, int nesterov,
+                                                   float weight_decay, int first_step, int have_buf) {
+    km_sgd_coef_f32 c;
+    c.neg_lr = -lr;
+    c.momentum = momentum;
+    c.one_minus_damp = (float)(1.0 - (double)dampening);
+    c.wd = weight_decay;
+    c.has_wd = weight_decay != 0.0f;
+    c.has_mom = momentum != 0.0f && have_buf;
+    c.first = c.has_mom && first_step;
+    c.nesterov = c.has_mom && nesterov;
+    return c;
+}
+
+static inline km_sgd_coef_f64 km_sgd_coef_f64_make(double lr, double momentum, double dampening, int nesterov,
+                                                   double weight_decay, int first_step, int have_buf) {
+    km_sgd_coef_f64 c;
+    c.neg_lr = -lr;
+    c.momentum = momentum;
+    c.one_minus_damp = 1.0 - dampening;
+    c.wd = weight_decay;
+    c.has_wd = weight_decay != 0.0;
+    c.has_mom = momentum != 0.0 && have_buf;
+    c.first = c.has_mom && first_step;
+    c.nesterov = c.has_mom && nesterov;
     return c;
 }
 

@@ -458,22 +458,18 @@ void kc_sgd_update_f64(double *p, const double *g, double *momentum_buf, size_t 
                        double lr, double momentum, double dampening, int nesterov,
                        double weight_decay, int first_step) {
     if (n == 0) return;
+    const km_sgd_coef_f64 k = /* kernels/common/km_optim.h */
+        km_sgd_coef_f64_make(lr, momentum, dampening, nesterov, weight_decay, first_step, momentum_buf != NULL);
     kc64_sgd_ctx c;
     c.p = p;
     c.g = g;
     c.buf = momentum_buf;
-    c.neg_lr = -lr;
-    c.momentum = momentum;
-    c.one_minus_damp = 1.0 - dampening;
-    c.wd = weight_decay;
-    int mode = 0;
-    if (weight_decay != 0.0) mode |= KC64_SGD_WD;
-    if (momentum != 0.0 && momentum_buf != NULL) {
-        mode |= KC64_SGD_MOM;
-        if (first_step) mode |= KC64_SGD_FIRST;
-        if (nesterov) mode |= KC64_SGD_NEST;
-    }
-    c.mode = mode;
+    c.neg_lr = k.neg_lr;
+    c.momentum = k.momentum;
+    c.one_minus_damp = k.one_minus_damp;
+    c.wd = k.wd;
+    c.mode = (k.has_wd ? KC64_SGD_WD : 0) | (k.has_mom ? KC64_SGD_MOM : 0) | (k.first ? KC64_SGD_FIRST : 0) |
+             (k.nesterov ? KC64_SGD_NEST : 0);
     kc_parallel_for(n, KC_GRAIN_HEAVY, KC64_ALIGN, kc64_sgd_range, &c);
 }
 

@@ -95,23 +95,19 @@ void kc_sgd_update(float *p, const float *g, float *momentum_buf, size_t n,
                    float lr, float momentum, float dampening, int nesterov,
                    float weight_decay, int first_step) {
     if (n == 0) return;
+    /* the step's scalars and normalised flags (kernels/common/km_optim.h) */
+    const km_sgd_coef_f32 k =
+        km_sgd_coef_f32_make(lr, momentum, dampening, nesterov, weight_decay, first_step, momentum_buf != NULL);
     kc_sgd_ctx c;
     c.p = p;
     c.g = g;
     c.buf = momentum_buf;
-    c.neg_lr = -lr;
-    c.momentum = momentum;
-    /* alpha=1 - dampening: a Python float rounded to the tensor's float. */
-    c.one_minus_damp = (float)(1.0 - (double)dampening);
-    c.wd = weight_decay;
-    int mode = 0;
-    if (weight_decay != 0.0f) mode |= KC_SGD_WD;
-    if (momentum != 0.0f && momentum_buf != NULL) {
-        mode |= KC_SGD_MOM;
-        if (first_step) mode |= KC_SGD_FIRST;
-        if (nesterov) mode |= KC_SGD_NEST;
-    }
-    c.mode = mode;
+    c.neg_lr = k.neg_lr;
+    c.momentum = k.momentum;
+    c.one_minus_damp = k.one_minus_damp;
+    c.wd = k.wd;
+    c.mode = (k.has_wd ? KC_SGD_WD : 0) | (k.has_mom ? KC_SGD_MOM : 0) | (k.first ? KC_SGD_FIRST : 0) |
+             (k.nesterov ? KC_SGD_NEST : 0);
     kc_parallel_for(n, KC_GRAIN_HEAVY, KC_ALIGN_FLOATS, kc_sgd_range_pick(), &c);
 }
 

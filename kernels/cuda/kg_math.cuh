@@ -450,40 +450,24 @@ KG_HD float kg_sqrt(float x) { return sqrtf(x); }
 KG_HD double kg_sqrt(double x) { return sqrt(x); }
 
 /* The scalars of one torch.optim.SGD step in the element type T, with the
- * option flags normalised as kc_sgd_update does (no momentum buffer or
- * momentum 0: no momentum; first/nesterov only with momentum). */
-template <typename T> struct kg_sgd_coef {
-    T neg_lr, momentum, one_minus_damp, wd;
-    int has_wd, has_mom, first, nesterov;
-};
+ * option flags normalised: the CPU's own structs and functions
+ * (kernels/common/km_optim.h). float32: lr, momentum, dampening and
+ * weight_decay rounded to float first, as the plugin passes them to
+ * kc_sgd_update; float64: the doubles as they are. have_buf: whether a
+ * momentum buffer was passed. */
+template <typename T> struct kg_sgd_coef_of;
+template <> struct kg_sgd_coef_of<float> { typedef km_sgd_coef_f32 type; };
+template <> struct kg_sgd_coef_of<double> { typedef km_sgd_coef_f64 type; };
+template <typename T> using kg_sgd_coef = typename kg_sgd_coef_of<T>::type;
 
-/*
- * The coefficients as the CPU forms them. float32: the plugin rounds lr,
- * momentum, dampening and weight_decay to float, kc_sgd_update forms
- * 1 - dampening in double from the float and rounds it once; float64: the
- * doubles as they are. have_buf: whether a momentum buffer was passed.
- */
 template <typename T>
 static inline __host__ kg_sgd_coef<T> kg_sgd_make_coef(double lr, double momentum, double dampening, int nesterov,
                                                        double weight_decay, int first_step, int have_buf) {
-    kg_sgd_coef<T> c;
-    if constexpr (sizeof(T) == sizeof(float)) {
-        const float lr_f = (float)lr, mom_f = (float)momentum, damp_f = (float)dampening, wd_f = (float)weight_decay;
-        c.neg_lr = -lr_f;
-        c.momentum = mom_f;
-        c.one_minus_damp = (float)(1.0 - (double)damp_f);
-        c.wd = wd_f;
-    } else {
-        c.neg_lr = -lr;
-        c.momentum = momentum;
-        c.one_minus_damp = 1.0 - dampening;
-        c.wd = weight_decay;
-    }
-    c.has_wd = c.wd != (T)0;
-    c.has_mom = c.momentum != (T)0 && have_buf;
-    c.first = c.has_mom && first_step;
-    c.nesterov = c.has_mom && nesterov;
-    return c;
+    if constexpr (sizeof(T) == sizeof(float))
+        return km_sgd_coef_f32_make((float)lr, (float)momentum, (float)dampening, nesterov, (float)weight_decay,
+                                    first_step, have_buf);
+    else
+        return km_sgd_coef_f64_make(lr, momentum, dampening, nesterov, weight_decay, first_step, have_buf);
 }
 
 /* One element in PyTorch's order (kc_sgd_loop):
