@@ -44,15 +44,8 @@ KG_HD uint32_t kg_f32_bits(float x) {
 #endif
 }
 
-KG_HD float kg_f32_from_bits(uint32_t u) {
-#ifdef __CUDA_ARCH__
-    return __uint_as_float(u);
-#else
-    float x;
-    memcpy(&x, &u, sizeof x);
-    return x;
-#endif
-}
+/* km_act.h has it already (its polynomial exps build 2^k with it) */
+KG_HD float kg_f32_from_bits(uint32_t u) { return km_f32_from_bits(u); }
 
 KG_HD uint64_t kg_f64_bits(double x) {
 #ifdef __CUDA_ARCH__
