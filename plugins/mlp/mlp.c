@@ -26,7 +26,6 @@
 
 #define MLP_VERSION "0.1.0"
 
-enum { MLP_ACT_RELU = 0, MLP_ACT_GELU = 1 };
 enum { MLP_INIT_KAIMING_UNIFORM = 0, MLP_INIT_ZEROS = 1 };
 
 /* Largest sensible depth; keeps name buffers and the per-layer arrays small
@@ -41,7 +40,7 @@ typedef struct mlp {
 
     int nlin;                  /* number of Linear layers L = len(layers) - 1      */
     int32_t width[MLP_MAX_LAYERS + 1]; /* layers[0..L]: in, hidden..., classes     */
-    int act;                   /* MLP_ACT_*                                        */
+    int32_t act;               /* KILN_ACT_RELU or KILN_ACT_GELU                   */
     int init;                  /* MLP_INIT_*                                       */
     int32_t max_batch;         /* rows every activation buffer is sized for        */
     int32_t max_grad_width;    /* max(layers[1..L]): the widest dy/dx row          */
@@ -142,9 +141,9 @@ static int32_t mlp_parse_config(mlp *m, const kiln_kv *config) {
 
     const char *act = kiln_kv_str(config, "activation", "relu");
     if (!strcmp(act, "relu"))
-        m->act = MLP_ACT_RELU;
+        m->act = KILN_ACT_RELU;
     else if (!strcmp(act, "gelu"))
-        m->act = MLP_ACT_GELU;
+        m->act = KILN_ACT_GELU;
     else
         return mlp_fail(m, KILN_E_CONFIG, "mlp: config key 'activation' must be \"relu\" or \"gelu\", got \"%s\"",
                         act);
@@ -496,7 +495,7 @@ static int32_t mlp_layer_forward_ex(mlp *m, int l, int32_t B, const void *x, voi
     const int32_t in = m->width[l], out = m->width[l + 1];
     const kiln_parameter *W = m->weight[l];
     const size_t n = (size_t)B * (size_t)out;
-    const int32_t act = l == m->nlin - 1 ? -1 : m->act == MLP_ACT_RELU ? KILN_ACT_RELU : KILN_ACT_GELU;
+    const int32_t act = l == m->nlin - 1 ? -1 : m->act;
     if (m->fused) {
         MLP_K(m,
               k->linear_forward(acc, m->adt, x, W->compute, W->compute_dtype, mlp_bias(m, l), B, in, out, act, y,
@@ -543,7 +542,7 @@ static int32_t mlp_forward(mlp *m, const kiln_batch *batch, const char *step, in
         const float *W = (const float *)m->weight[l]->compute; /* (out, in) */
         const float *b = (const float *)m->bias[l]->compute;   /* (out)     */
         if (m->fused) { /* y = x . W^T + b, post = act(y): one entry (1.3) */
-            const int32_t act = last ? -1 : m->act == MLP_ACT_RELU ? KILN_ACT_RELU : KILN_ACT_GELU;
+            const int32_t act = last ? -1 : m->act;
             MLP_K(m,
                   k->linear_forward(acc, KILN_DTYPE_F32, x, W, KILN_DTYPE_F32, b, B, in, out, act, y,
                                     last ? NULL : m->post[l], KILN_DTYPE_F32),
@@ -556,7 +555,7 @@ static int32_t mlp_forward(mlp *m, const kiln_batch *batch, const char *step, in
         MLP_K(m, k->bias_add(acc, y, b, B, out), "bias_add", l);
         if (!last) {
             const size_t n = (size_t)B * (size_t)out;
-            if (m->act == MLP_ACT_RELU)
+            if (m->act == KILN_ACT_RELU)
                 MLP_K(m, k->relu_forward(acc, m->post[l], y, n), "relu_forward", l);
             else
                 MLP_K(m, k->gelu_forward(acc, m->post[l], y, n), "gelu_forward", l);
@@ -673,8 +672,7 @@ static int32_t mlp_backward_ex(mlp *m, double dloss) {
                          m->adt, in, m->rdt),
               "gemm_ex(input grad)", l);
         MLP_K(m,
-              k->act_backward(acc, m->adt, m->act == MLP_ACT_RELU ? KILN_ACT_RELU : KILN_ACT_GELU, dx, dx,
-                              m->pre[l - 1], n),
+              k->act_backward(acc, m->adt, m->act, dx, dx, m->pre[l - 1], n),
               "act_backward", l - 1);
         if ((rc = mlp_round(m, dx, n, "round_to(activation grad)", l - 1)) != KILN_OK) return rc;
         void *t = dy;
@@ -710,7 +708,7 @@ static int32_t mlp_backward(kiln_instance *self, double dloss) {
         /* dx(B, in) = dy . W, then through the activation of layer l-1 */
         MLP_K(m, k->gemm(acc, 0, 0, B, in, out, 1.0f, dy, out, W, in, 0.0f, dx, in), "gemm(input grad)", l);
         const size_t n = (size_t)B * (size_t)in;
-        if (m->act == MLP_ACT_RELU)
+        if (m->act == KILN_ACT_RELU)
             MLP_K(m, k->relu_backward(acc, dx, dx, m->pre[l - 1], n), "relu_backward", l - 1);
         else
             MLP_K(m, k->gelu_backward(acc, dx, dx, m->pre[l - 1], n), "gelu_backward", l - 1);
