@@ -93,7 +93,7 @@ static size_t cu_span(int32_t rows, int32_t cols, int32_t ld) {
 static int32_t cu_gemm_ex(kiln_instance *acc, int32_t ta, int32_t tb, int32_t M, int32_t N, int32_t K, double alpha,
                           const void *A, uint32_t at, int32_t lda, const void *B, uint32_t bt, int32_t ldb,
                           double beta, void *C, uint32_t ct, int32_t ldc, uint32_t rt) {
-    const int is16a = at == KILN_DTYPE_F16 || at == KILN_DTYPE_BF16, is16b = bt == KILN_DTYPE_F16 || bt == KILN_DTYPE_BF16;
+    const int is16a = cu_is16(at), is16b = cu_is16(bt);
     if (ct == KILN_DTYPE_F32) {
         if (!(at == KILN_DTYPE_F32 || is16a) || !(bt == KILN_DTYPE_F32 || is16b))
             return CU_ERR(acc, KILN_E_INVALID_ARG,
@@ -119,32 +119,15 @@ static int32_t cu_gemm_ex(kiln_instance *acc, int32_t ta, int32_t tb, int32_t M,
     int32_t rc = cu_check_gemm(acc, "gemm_ex", ta, tb, M, N, K, lda, ldb, ldc, A, B, C);
     if (rc != KILN_OK || M == 0 || N == 0) return rc;
 
-    /* the operand type the product runs in */
-    uint32_t op = at;
-    if (at != bt) {
-        const uint32_t sixteen = is16a ? at : bt;
-        op = (!(is16a && is16b) && rt == sixteen) ? sixteen : KILN_DTYPE_F32;
-    }
+    const uint32_t op = cu_product_dtype(at, bt, rt);
     const int rounding = ct == KILN_DTYPE_F32 && rt != KILN_DTYPE_F32;
     const int in_place = rounding && beta == 0.0 && ldc == N;
     const size_t na = cu_span(ta ? K : M, ta ? M : K, lda), nb = cu_span(tb ? N : K, tb ? K : N, ldb);
-    const size_t osz = kiln_dtype_size(op);
-    const size_t bytes_a = at != op ? cu_up256(na * osz) : 0, bytes_b = bt != op ? cu_up256(nb * osz) : 0;
     const size_t bytes_p = rounding && !in_place ? cu_up256((size_t)M * (size_t)N * sizeof(float)) : 0;
-    if (bytes_a + bytes_b + bytes_p > 0) {
-        rc = cu_reserve(acc, &acc->ws, &acc->ws_bytes, bytes_a + bytes_b + bytes_p, "gemm_ex");
-        if (rc != KILN_OK) return rc;
-    }
-    char *ws = acc->ws;
-    const void *a = A, *b = B;
-    if (bytes_a) {
-        CU_LAUNCH(acc, "gemm_ex (operand A)", kg_cast(acc->stream, ws, (int)op, A, (int)at, na));
-        a = ws;
-    }
-    if (bytes_b) {
-        CU_LAUNCH(acc, "gemm_ex (operand B)", kg_cast(acc->stream, ws + bytes_a, (int)op, B, (int)bt, nb));
-        b = ws + bytes_a;
-    }
+    const void *a = NULL, *b = NULL;
+    void *scratch = NULL; /* (M, N) packed product, when rounded out of place */
+    if ((rc = cu_gemm_operands(acc, "gemm_ex", op, A, at, na, B, bt, nb, bytes_p, &a, &b, &scratch)) != KILN_OK)
+        return rc;
     const uint32_t prod_t = ct;
     if (!rounding)
         return cu_matmul(acc, "gemm_ex", ta != 0, tb != 0, M, N, K, alpha, a, op, lda, b, op, ldb, beta, C, prod_t,
@@ -155,7 +138,7 @@ static int32_t cu_gemm_ex(kiln_instance *acc, int32_t ta, int32_t tb, int32_t M,
         CU_LAUNCH(acc, "gemm_ex (rounding)", kg_round_to(acc->stream, C, (int)rt, (size_t)M * (size_t)N));
         return KILN_OK;
     }
-    float *P = (float *)(ws + bytes_a + bytes_b); /* (M, N) packed product */
+    float *P = scratch; /* (M, N) packed product */
     rc = cu_matmul(acc, "gemm_ex", ta != 0, tb != 0, M, N, K, alpha, a, op, lda, b, op, ldb, 0.0, P, KILN_DTYPE_F32,
                    N);
     if (rc != KILN_OK) return rc;

@@ -209,6 +209,37 @@ static int32_t cu_scale_c(kiln_instance *acc, int M, int N, double beta, void *C
     return KILN_OK;
 }
 
+uint32_t cu_product_dtype(uint32_t at, uint32_t bt, uint32_t rt) {
+    if (at == bt) return at;
+    const uint32_t sixteen = cu_is16(at) ? at : bt;
+    return !(cu_is16(at) && cu_is16(bt)) && rt == sixteen ? sixteen : KILN_DTYPE_F32;
+}
+
+int32_t cu_gemm_operands(kiln_instance *acc, const char *fn, uint32_t op, const void *A, uint32_t at, size_t na,
+                         const void *B, uint32_t bt, size_t nb, size_t extra, const void **a, const void **b,
+                         void **extra_out) {
+    const size_t osz = kiln_dtype_size(op);
+    const size_t bytes_a = at != op ? cu_up256(na * osz) : 0, bytes_b = bt != op ? cu_up256(nb * osz) : 0;
+    *a = A, *b = B;
+    if (extra_out) *extra_out = NULL;
+    if (bytes_a + bytes_b + extra == 0) return KILN_OK;
+    int32_t rc = cu_reserve(acc, &acc->ws, &acc->ws_bytes, bytes_a + bytes_b + extra, fn);
+    if (rc != KILN_OK) return rc;
+    char *ws = acc->ws, what[96];
+    if (bytes_a) {
+        snprintf(what, sizeof what, "%s (operand A)", fn);
+        CU_LAUNCH(acc, what, kg_cast(acc->stream, ws, (int)op, A, (int)at, na));
+        *a = ws;
+    }
+    if (bytes_b) {
+        snprintf(what, sizeof what, "%s (operand B)", fn);
+        CU_LAUNCH(acc, what, kg_cast(acc->stream, ws + bytes_a, (int)op, B, (int)bt, nb));
+        *b = ws + bytes_a;
+    }
+    if (extra_out && extra) *extra_out = ws + bytes_a + bytes_b;
+    return KILN_OK;
+}
+
 int32_t cu_matmul_ep(kiln_instance *acc, const char *fn, int ta, int tb, int M, int N, int K, double alpha,
                      const void *A, uint32_t at, int lda, const void *B, uint32_t bt, int ldb, double beta, void *C,
                      uint32_t ct, int ldc, const cu_ep *ep) {

@@ -55,8 +55,6 @@ int32_t cu_unscale_check(kiln_instance *acc, uint32_t dt, void *const *x, const 
 
 /* ------------------------------------------------------- linear_forward */
 
-static int cu_is16(uint32_t dt) { return dt == KILN_DTYPE_F16 || dt == KILN_DTYPE_BF16; }
-
 static int cu_overlap(const void *a, size_t na, const void *b, size_t nb) {
     const uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
     return na > 0 && nb > 0 && x < y + nb && y < x + na;
@@ -108,25 +106,12 @@ int32_t cu_linear_forward(kiln_instance *acc, uint32_t dt, const void *x, const 
     const int r16 = cu_is16(rt);
     if (act < 0) act = -1;
 
-    /* The operand type the product runs in, as gemm_ex picks it: a 16-bit
-     * w with round_dtype that dtype multiplies on the tensor cores (x holds
-     * values representable in it, the ABI's promise), otherwise in fp32. */
-    const uint32_t op = cu_is16(wt) && rt != wt ? KILN_DTYPE_F32 : wt;
-    const size_t nx = (size_t)rows * (size_t)in, nw = (size_t)out * (size_t)in, osz = kiln_dtype_size(op);
-    const size_t bytes_x = dt != op ? cu_up256(nx * osz) : 0, bytes_w = wt != op ? cu_up256(nw * osz) : 0;
-    const void *xa = x, *wa = w;
-    if (bytes_x + bytes_w > 0 && in > 0) {
-        if ((rc = cu_reserve(acc, &acc->ws, &acc->ws_bytes, bytes_x + bytes_w, fn)) != KILN_OK) return rc;
-        char *ws = acc->ws;
-        if (bytes_x) {
-            CU_LAUNCH(acc, "linear_forward (input)", kg_cast(acc->stream, ws, (int)op, x, (int)dt, nx));
-            xa = ws;
-        }
-        if (bytes_w) {
-            CU_LAUNCH(acc, "linear_forward (weight)", kg_cast(acc->stream, ws + bytes_x, (int)op, w, (int)wt, nw));
-            wa = ws + bytes_x;
-        }
-    }
+    /* The operands in the dtype the product runs in, as gemm_ex picks it */
+    const uint32_t op = cu_product_dtype(dt, wt, rt);
+    const void *xa = NULL, *wa = NULL;
+    rc = cu_gemm_operands(acc, fn, op, x, dt, (size_t)rows * (size_t)in, w, wt, (size_t)out * (size_t)in, 0, &xa,
+                          &wa, NULL);
+    if (rc != KILN_OK) return rc;
 
     /* The epilogue cuBLASLt runs: GELU with its input kept as aux when
      * nothing is rounded (aux's ld must be a multiple of 8), else the bias

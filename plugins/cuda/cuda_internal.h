@@ -144,6 +144,7 @@ int32_t cu_blas_fail(kiln_instance *acc, cublasStatus_t s, const char *what, con
 #define CU_LAUNCH(acc, fn, call) CU_CHECK(acc, fn, call)
 
 static inline int cu_fdt(uint32_t dt) { return dt == KILN_DTYPE_F32 || dt == KILN_DTYPE_F64; }
+static inline int cu_is16(uint32_t dt) { return dt == KILN_DTYPE_F16 || dt == KILN_DTYPE_BF16; }
 
 static inline int32_t cu_check_fdt(kiln_instance *acc, const char *fn, uint32_t dt) {
     if (cu_fdt(dt)) return KILN_OK;
@@ -195,6 +196,19 @@ void cu_blas_release(kiln_instance *acc);
 int32_t cu_matmul(kiln_instance *acc, const char *fn, int ta, int tb, int M, int N, int K, double alpha,
                   const void *A, uint32_t at, int lda, const void *B, uint32_t bt, int ldb, double beta, void *C,
                   uint32_t ct, int ldc);
+/* The dtype a product of an `at` and a `bt` operand runs in, rounded
+ * through rt (gemm_ex's rule, see cu_gemm_ex): their dtype when equal; the
+ * 16-bit one beside fp32 when rt is that dtype (the fp32 operand then holds
+ * values representable in it, so the product runs on the tensor cores);
+ * fp32 otherwise (the 16-bit operand widened exactly). */
+uint32_t cu_product_dtype(uint32_t at, uint32_t bt, uint32_t rt);
+/* A(na elements) and B(nb) as operands of dtype op: each converted into the
+ * grow-only workspace acc->ws where its dtype differs, else itself; `extra`
+ * more workspace bytes follow them for the caller (*extra_out; may be NULL
+ * when extra is 0). */
+int32_t cu_gemm_operands(kiln_instance *acc, const char *fn, uint32_t op, const void *A, uint32_t at, size_t na,
+                         const void *B, uint32_t bt, size_t nb, size_t extra, const void **a, const void **b,
+                         void **extra_out);
 /* A cuBLASLt epilogue for cu_matmul_ep, in the row-major call's terms:
  * CUBLASLT_EPILOGUE_BIAS adds bias(N) to every row of C; GELU_AUX_BIAS
  * also applies GELU and stores C's pre-GELU values (bias added) in
