@@ -316,6 +316,8 @@ static int32_t nf4_convert_gpu(kiln_instance *self) {
             return kiln_errorf(self->svc, self->hctx, KILN_E_INTERNAL, "%s: quantizing %s on the GPU: %s", me,
                                w->p->name, err);
     }
+    if (nf4_cuda_finish(err, sizeof err) != 0) /* one wait for all the weights */
+        return kiln_errorf(self->svc, self->hctx, KILN_E_INTERNAL, "%s: quantizing on the GPU: %s", me, err);
     return KILN_OK;
 }
 #endif

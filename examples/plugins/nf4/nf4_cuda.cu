@@ -6,9 +6,10 @@
  * half away from zero from the exact remainder, absmax * table[code]), so
  * the compute copy is the one the host path would write. Built with
  * --fmad=false (CMakeLists.txt): nothing here may fuse a multiply into an
- * add. Launched on the legacy default stream and waited for: the plugin has
- * already waited for the accelerator's stream (its synchronize()), and the
- * module's next kernels are queued only after this returns.
+ * add. Launched on the legacy default stream, one launch per weight and one
+ * wait for them all (nf4_cuda_finish): the plugin has already waited for the
+ * accelerator's stream (its synchronize()), and the module's next kernels
+ * are queued only after the wait.
  */
 #include <math.h>
 #include <stdint.h>
@@ -93,13 +94,15 @@ extern "C" int nf4_cuda_fake_quant(int kind, const float *w, size_t numel, size_
     const size_t blocks = (numel + block - 1) / block;
     const unsigned threads = 128, grid = (unsigned)((blocks + threads - 1) / threads);
     nf4_fake_quant_kernel<<<grid, threads, 0, 0>>>(kind, w, numel, block, compute, bf16, tab);
-    cudaError_t e = cudaGetLastError();
-    const char *call = "nf4_fake_quant_kernel<<<>>>";
-    if (e == cudaSuccess) {
-        e = cudaStreamSynchronize(0);
-        call = "cudaStreamSynchronize";
-    }
+    const cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess) return 0;
-    snprintf(err, errlen, "%s failed: %s (%s)", call, cudaGetErrorName(e), cudaGetErrorString(e));
+    snprintf(err, errlen, "nf4_fake_quant_kernel<<<>>> failed: %s (%s)", cudaGetErrorName(e), cudaGetErrorString(e));
+    return -1;
+}
+
+extern "C" int nf4_cuda_finish(char *err, size_t errlen) {
+    const cudaError_t e = cudaStreamSynchronize(0);
+    if (e == cudaSuccess) return 0;
+    snprintf(err, errlen, "cudaStreamSynchronize failed: %s (%s)", cudaGetErrorName(e), cudaGetErrorString(e));
     return -1;
 }

@@ -22,12 +22,14 @@ extern "C" {
  * no device, or host memory (the cpu accelerator, a fake one). */
 int nf4_cuda_usable(const void *p);
 
-/* compute(numel) = dequantize(quantize(w(numel))) in blocks of `block`,
- * kind NF4Q_NF4 or NF4Q_INT4, into fp32 (bf16 = 0) or bfloat16 (bf16 = 1);
- * w and compute are device pointers. Returns when the device has finished:
- * 0, or -1 with the failing call and CUDA's text in err. */
+/* Queues compute(numel) = dequantize(quantize(w(numel))) in blocks of
+ * `block`, kind NF4Q_NF4 or NF4Q_INT4, into fp32 (bf16 = 0) or bfloat16
+ * (bf16 = 1); w and compute are device pointers. 0, or -1 with the failing
+ * call and CUDA's text in err. */
 int nf4_cuda_fake_quant(int kind, const float *w, size_t numel, size_t block, void *compute, int bf16, char *err,
                         size_t errlen);
+/* Waits until everything queued has finished: 0, or -1 as above. */
+int nf4_cuda_finish(char *err, size_t errlen);
 
 #ifdef __cplusplus
 }
