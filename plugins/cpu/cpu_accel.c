@@ -33,21 +33,7 @@
 #include <kiln/kiln.h>
 
 #include "cpu_kernels.h"
-
-/* One instance may be used from one thread at a time (the plugin does not
- * report KILN_CAP_THREAD_SAFE_INSTANCE): gemm_ex's workspace below is
- * per-instance scratch without a lock. */
-struct kiln_instance {
-    const kiln_host_services *svc;
-    kiln_host_ctx *hctx;
-    int32_t threads; /* threads in effect after configure(); 1 before */
-    /* gemm_ex's scratch (16-bit operands widened to float32, the product
-     * before rounding): grow-only, allocated on first need, reused while big
-     * enough (never freed or reallocated then), freed in destroy. The only
-     * memory the kernel entries allocate. */
-    void *ws;
-    size_t ws_bytes;
-};
+#include "cpu_accel.h"
 
 /* The kernels' KC_* dtype numbers are the ABI's, so dtypes pass through. */
 static_assert((int)KC_F32 == (int)KILN_DTYPE_F32 && (int)KC_F64 == (int)KILN_DTYPE_F64 &&
@@ -57,16 +43,6 @@ static_assert((int)KC_F32 == (int)KILN_DTYPE_F32 && (int)KC_F64 == (int)KILN_DTY
 /* Live instances. create/destroy are serialised by the host, so a plain
  * counter suffices; the last destroy stops the kernels' worker threads. */
 static int cpu_live_instances;
-
-#define CPU_ERR(acc, code, ...) kiln_errorf((acc)->svc, (acc)->hctx, (code), __VA_ARGS__)
-
-/* A NULL pointer is only acceptable when nothing would be read or written. */
-#define CPU_NEED(acc, ptr, n, fn)                                                                   \
-    do {                                                                                            \
-        if ((n) > 0 && !(ptr))                                                                      \
-            return CPU_ERR(acc, KILN_E_INVALID_ARG, fn ": " #ptr " is NULL for %zu elements",      \
-                           (size_t)(n));                                                            \
-    } while (0)
 
 /* ------------------------------------------------------------------ memory */
 
@@ -335,23 +311,18 @@ static int32_t cpu_adamw_update(kiln_instance *acc, float *p, const float *g, fl
 
 /* ------------------------------------------------ 1.2: other dtypes */
 
-/* "float16 (3)": the ABI's name of a dtype and its number, for messages
- * (the number tells an unknown value apart from "invalid"). */
-#define CPU_DT_FMT "%s (%u)"
-#define CPU_DT_ARG(dt) kiln_dtype_name(dt), (unsigned)(dt)
-
 static int cpu_is_float_dtype(uint32_t dt) {
     return dt == KILN_DTYPE_F32 || dt == KILN_DTYPE_F64 || dt == KILN_DTYPE_F16 || dt == KILN_DTYPE_BF16;
 }
 
 /* The `_ex` training entries take float32 or float64 data. */
-static int32_t cpu_check_dtype(kiln_instance *acc, const char *fn, uint32_t dtype) {
+int32_t cpu_check_dtype(kiln_instance *acc, const char *fn, uint32_t dtype) {
     if (dtype == KILN_DTYPE_F32 || dtype == KILN_DTYPE_F64) return KILN_OK;
     return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s: dtype must be float32 or float64, got " CPU_DT_FMT, fn,
                    CPU_DT_ARG(dtype));
 }
 
-static int cpu_ranges_overlap(const void *a, size_t a_bytes, const void *b, size_t b_bytes) {
+int cpu_ranges_overlap(const void *a, size_t a_bytes, const void *b, size_t b_bytes) {
     const uintptr_t pa = (uintptr_t)a, pb = (uintptr_t)b;
     return pa < pb + b_bytes && pb < pa + a_bytes;
 }
@@ -383,7 +354,7 @@ static int32_t cpu_cast(kiln_instance *acc, void *dst, uint32_t dst_dtype, const
     return KILN_OK;
 }
 
-static int32_t cpu_round_to(kiln_instance *acc, float *x, uint32_t dtype, size_t n) {
+int32_t cpu_round_to(kiln_instance *acc, float *x, uint32_t dtype, size_t n) {
     CPU_NEED(acc, x, n, "round_to");
     switch (dtype) {
     case KILN_DTYPE_F32: return KILN_OK; /* storing fp32 as fp32 keeps everything */
@@ -434,15 +405,15 @@ static int32_t cpu_gemm_ex_dtypes(kiln_instance *acc, uint32_t a_dtype, uint32_t
 }
 
 /* Makes acc->ws at least `bytes` long (see struct kiln_instance). */
-static int32_t cpu_reserve_workspace(kiln_instance *acc, size_t bytes) {
+int32_t cpu_reserve_workspace(kiln_instance *acc, size_t bytes) {
     if (bytes <= acc->ws_bytes) return KILN_OK;
     if (bytes > SIZE_MAX - 63)
-        return CPU_ERR(acc, KILN_E_NOMEM, "gemm_ex: a workspace of %zu bytes is larger than the address space", bytes);
+        return CPU_ERR(acc, KILN_E_NOMEM, "workspace of %zu bytes is larger than the address space", bytes);
     const size_t rounded = (bytes + 63) & ~(size_t)63;
     void *p = NULL;
     int rc = posix_memalign(&p, 64, rounded);
     if (rc != 0 || !p)
-        return CPU_ERR(acc, KILN_E_NOMEM, "gemm_ex: cannot allocate a %zu-byte workspace (%s)", rounded,
+        return CPU_ERR(acc, KILN_E_NOMEM, "cannot allocate a %zu-byte kernel workspace (%s)", rounded,
                        strerror(rc ? rc : ENOMEM));
     free(acc->ws);
     acc->ws = p;
@@ -794,11 +765,24 @@ static const kiln_kernels cpu_kernel_table = {
     .unscale_check = cpu_unscale_check,
     .linear_forward = cpu_linear_forward,
 #endif
+#if KILN_ABI_MINOR >= 4
+    /* 1.4: cpu_accel_seq.c and cpu_accel_attn.c */
+    .embedding_forward = cpu_embedding_forward,
+    .embedding_backward = cpu_embedding_backward,
+    .layernorm_forward = cpu_layernorm_forward,
+    .layernorm_backward = cpu_layernorm_backward,
+    .attention_forward = cpu_attention_forward,
+    .attention_backward = cpu_attention_backward,
+    .xent_fused = cpu_xent_fused,
+    .add = cpu_add,
+#endif
 };
 /* The table is built with this header's size: every entry above is set, and
- * a caller checks struct_size against KILN_KERNELS_SIZE_1_3 (1_2 in the
- * fixture built against the 1.2 headers). */
-#if KILN_ABI_MINOR >= 3
+ * a caller checks struct_size against KILN_KERNELS_SIZE_1_4 (1_3 and 1_2 in
+ * the fixtures built against the frozen 1.3 and 1.2 headers). */
+#if KILN_ABI_MINOR >= 4
+static_assert(sizeof(kiln_kernels) == KILN_KERNELS_SIZE_1_4, "kiln_kernels is ABI 1.4's");
+#elif KILN_ABI_MINOR >= 3
 static_assert(sizeof(kiln_kernels) == KILN_KERNELS_SIZE_1_3, "kiln_kernels is ABI 1.3's");
 #else
 static_assert(sizeof(kiln_kernels) == KILN_KERNELS_SIZE_1_2, "kiln_kernels is ABI 1.2's");

@@ -489,7 +489,7 @@ static int32_t cu_round_to(kiln_instance *acc, float *x, uint32_t dt, size_t n) 
 /* ------------------------------------------------------------- the table */
 
 static const kiln_kernels cu_kernel_table = {
-    .struct_size = sizeof(kiln_kernels),
+    .struct_size = KILN_KERNELS_SIZE_1_3, /* the 1.4 sequence entries are not on the GPU yet */
     .flags = 0, /* device memory: callers copy host data in and out */
     .alloc = cu_alloc,
     .free = cu_free,

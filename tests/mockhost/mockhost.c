@@ -135,11 +135,18 @@ static int32_t m_save_checkpoint(kiln_host_ctx *h, const char *path) {
     return mh.save_checkpoint ? mh.save_checkpoint(path) : KILN_E_UNSUPPORTED;
 }
 
+/* 1.4 predict: forwarded to the hook a test sets in mh */
+static int32_t m_predict(kiln_host_ctx *h, const kiln_batch *batch, kiln_tensor *out) {
+    (void)h;
+    return mh.predict ? mh.predict(batch, out) : KILN_E_UNSUPPORTED;
+}
+
 static const kiln_host_services g_svc = {
     sizeof(kiln_host_services), KILN_ABI_MAJOR, KILN_ABI_MINOR, m_log, m_log_enabled, m_set_error, m_alloc, m_free,
     m_config_get, m_log_metric, m_accelerator, m_param_register, m_params, m_trainer_state, m_log_value,
     m_get_metric, m_request_stop, m_seed, m_optimizer_count, m_manual_backward, m_optimizer_step,
     m_optimizer_zero_grad, m_toggle, m_untoggle, m_save_checkpoint, m_barrier, m_reduce, m_broadcast, m_all_gather,
+    m_predict,
 };
 
 static const kiln_host_services *m_get_services(uint16_t major, uint16_t minor) {

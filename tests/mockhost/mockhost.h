@@ -43,6 +43,7 @@ typedef struct mh_state {
     int32_t (*optimizer_zero_grad)(uint32_t index);
     int32_t (*toggle)(uint32_t index, int on);
     int32_t (*save_checkpoint)(const char *path); /* 1.2: what save_checkpoint forwards to */
+    int32_t (*predict)(const kiln_batch *batch, kiln_tensor *out); /* 1.4: what predict forwards to */
 } mh_state;
 
 extern mh_state mh;

@@ -153,7 +153,7 @@ static int32_t mm_eval(kiln_instance *i, const kiln_batch *batch, int64_t bi, ki
 }
 
 static const kiln_module_ops mm_ops = {{sizeof(kiln_module_ops), 0, mm_create, mm_destroy, NULL, NULL},
-                                       mm_init, mm_step, mm_backward, mm_eval, mm_eval, NULL};
+                                       mm_init, mm_step, mm_backward, mm_eval, mm_eval, NULL, NULL};
 static const kiln_param mm_params[] = {
     {"every_0", KILN_TYPE_INT, 0, KILN_V_INT(1), "optimizer 0 steps every N batches"},
     {"every_1", KILN_TYPE_INT, 0, KILN_V_INT(1), "optimizer 1 steps every N batches"},

@@ -167,7 +167,7 @@ static int32_t tm_event(kiln_instance *i, kiln_event *ev) {
 }
 
 static const kiln_module_ops tm_ops = {{sizeof(kiln_module_ops), 0, tm_create, tm_destroy, NULL, NULL},
-                                       tm_init, tm_train, tm_backward, tm_val, tm_test, tm_event};
+                                       tm_init, tm_train, tm_backward, tm_val, tm_test, tm_event, NULL};
 static const kiln_param tm_params[] = {
     {"features", KILN_TYPE_INT, 0, KILN_V_INT(3), "inputs per row"},
     {"minus_one_epoch", KILN_TYPE_INT, 0, KILN_V_INT(-1), "epoch whose on_train_batch_start returns -1"},

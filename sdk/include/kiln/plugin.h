@@ -55,7 +55,7 @@ extern "C" {
  * Versions */
 
 #define KILN_ABI_MAJOR 1
-#define KILN_ABI_MINOR 3
+#define KILN_ABI_MINOR 4
 
 #if defined(__GNUC__)
 #define KILN_EXPORT __attribute__((visibility("default")))
@@ -206,6 +206,15 @@ typedef struct kiln_host_services {
     int32_t (*broadcast)(kiln_host_ctx *hctx, void *buf, size_t bytes, int32_t root);
     /* recv holds world_size * bytes, in rank order */
     int32_t (*all_gather)(kiln_host_ctx *hctx, const void *send, size_t bytes, void *recv);
+    /* -- 1.4 (check svc->abi_minor >= 4 and the pointer) -- */
+    /* The module's predict_step on `batch` (host memory), for callbacks
+     * that run inference (text sampling): the precision plugin refreshes
+     * the compute weights first, so the prediction uses the current
+     * masters. KILN_E_UNSUPPORTED when the module has no predict_step. Any
+     * activations the module kept for a backward are gone afterwards: call
+     * it from hooks outside a training step (on_train_batch_end,
+     * on_validation_end, on_fit_end, ...). *out as predict_step's. */
+    int32_t (*predict)(kiln_host_ctx *hctx, const kiln_batch *batch, kiln_tensor *out);
 } kiln_host_services;
 
 /* kiln_host_services.reduce ops (1.2) */
@@ -323,6 +332,7 @@ static_assert(offsetof(kiln_host_services, optimizer_count) == 128 &&
 static_assert(offsetof(kiln_host_services, save_checkpoint) == 176 &&
                   offsetof(kiln_host_services, all_gather) == 208,
               "kiln_host_services 1.2");
+static_assert(offsetof(kiln_host_services, predict) == 216, "kiln_host_services 1.4");
 static_assert(offsetof(kiln_ops_header, create) == 8 && offsetof(kiln_ops_header, set_state) == 32 &&
                   sizeof(kiln_ops_header) == 40, "kiln_ops_header 1.0");
 static_assert(offsetof(kiln_plugin_desc, kind) == 4 && offsetof(kiln_plugin_desc, name) == 8 &&

@@ -1,7 +1,8 @@
 /*
  * kiln/training.h — the training part of the ABI (added in 1.1; 1.2
  * appended other-dtype kernels and precision events, 1.3 fused kernels
- * for the unscale and a Linear layer's epilogue): the kernel
+ * for the unscale and a Linear layer's epilogue, 1.4 the sequence kernels
+ * of transformers and the module's predict_step): the kernel
  * table an accelerator provides, the closure and optimizer handles the
  * trainer passes around, the events (hooks) callbacks and modules receive,
  * and the kind-specific ops tables that follow kiln_ops_header for every
@@ -153,6 +154,71 @@ typedef struct kiln_kernels {
     int32_t (*linear_forward)(kiln_instance *acc, uint32_t dtype, const void *x, const void *w, uint32_t w_dtype,
                               const void *b, int32_t rows, int32_t in, int32_t out, int32_t act, void *y,
                               void *post, uint32_t round_dtype);
+
+    /* -- 1.4: sequence kernels for transformers. Check struct_size >=
+     * KILN_KERNELS_SIZE_1_4 (and the pointer) before calling. `dtype` is
+     * the dtype of every floating-point buffer of the call: F32 or F64.
+     * round_dtype F16 / BF16 (with dtype F32) rounds the named output once,
+     * as storing it in that format would (autocast emulation); F32 means
+     * no rounding. Integer buffers (tokens, targets) are accelerator
+     * memory. Every entry is deterministic: the same bits at any thread
+     * count of the accelerator. -- */
+    /* out(B*T, C) = wte[tokens[i]] + wpe[i % T] for i < B*T; wte (V, C),
+     * wpe (>= T, C) or NULL (no position table). A token outside [0, V)
+     * is KILN_E_DATA. */
+    int32_t (*embedding_forward)(kiln_instance *acc, uint32_t dtype, void *out, const int32_t *tokens,
+                                 const void *wte, const void *wpe, int32_t B, int32_t T, int32_t C, int32_t V);
+    /* The scatter-add backward, ADDED to the gradients:
+     *   dwte(V, C)[tokens[i]] += dout[i]   dwpe(T, C)[t] += sum_b dout[b*T + t]
+     * Either may be NULL (a frozen table). Each row's contributions are
+     * added in increasing i, whatever the thread count. */
+    int32_t (*embedding_backward)(kiln_instance *acc, uint32_t dtype, void *dwte, void *dwpe, const void *dout,
+                                  const int32_t *tokens, int32_t B, int32_t T, int32_t C, int32_t V);
+    /* Layer norm over the last axis (torch.nn.LayerNorm, biased variance):
+     *   y(N, C) = round_dtype((x - mean) * rstd * w + b)
+     *   mean(N), rstd(N) = 1 / sqrt(var + eps), saved for the backward.
+     * w and b (C) may be NULL (1 and 0). y must not overlap x. */
+    int32_t (*layernorm_forward)(kiln_instance *acc, uint32_t dtype, void *y, void *mean, void *rstd, const void *x,
+                                 const void *w, const void *b, int32_t N, int32_t C, double eps,
+                                 uint32_t round_dtype);
+    /* Its backward: dx(N, C) = (accumulate ? dx : 0) + the input gradient;
+     * dw(C) += sum_n dy * xhat, db(C) += sum_n dy (skipped when NULL).
+     * dx must not overlap dy. */
+    int32_t (*layernorm_backward)(kiln_instance *acc, uint32_t dtype, void *dx, void *dw, void *db, const void *dy,
+                                  const void *x, const void *w, const void *mean, const void *rstd, int32_t N,
+                                  int32_t C, int32_t accumulate);
+    /* Causal multi-head self-attention on a packed qkv(B, T, 3C): q, k, v
+     * are columns [0, C), [C, 2C), [2C, 3C) of each row and head h of each
+     * is columns [h*D, (h+1)*D), D = C / NH (C % NH == 0):
+     *   out(B, T, C)[:, :, head h] = softmax(q_h k_h^T / sqrt(D), causal) v_h
+     *   lse(B, NH, T) = the log-sum-exp of each row of the scaled, masked
+     *                   scores: all the backward needs besides qkv and out
+     * The scores and the softmax are computed in dtype; round_dtype rounds
+     * out once (a fused attention's output cast). */
+    int32_t (*attention_forward)(kiln_instance *acc, uint32_t dtype, void *out, void *lse, const void *qkv,
+                                 int32_t B, int32_t T, int32_t C, int32_t NH, uint32_t round_dtype);
+    /* Its backward: dqkv(B, T, 3C) = the gradient (overwritten), from
+     * dout(B, T, C) and the forward's qkv, out and lse; round_dtype rounds
+     * dqkv once. dqkv must not overlap the other buffers. */
+    int32_t (*attention_backward)(kiln_instance *acc, uint32_t dtype, void *dqkv, const void *dout, const void *qkv,
+                                  const void *out, const void *lse, int32_t B, int32_t T, int32_t C, int32_t NH,
+                                  uint32_t round_dtype);
+    /* Softmax cross-entropy over a large vocabulary fused with its
+     * gradient, for logits(N, Vp) (row stride Vp; columns [V, Vp) are
+     * padding and never predicted) and targets(N), -1 = ignore the row:
+     *   *loss_sum = sum over rows with targets[i] >= 0 of
+     *               logsumexp(logits[i, :V]) - logits[i, targets[i]]
+     *               (accumulated in double; the caller divides)
+     *   grad_scale != 0: logits is OVERWRITTEN with
+     *               grad_scale * (softmax(logits[i, :V]) - onehot(targets[i]))
+     *               and 0 in padding columns and ignored rows, so the
+     *               probabilities never exist beside the logits.
+     * A target < -1 or >= V is KILN_E_DATA. A caller bounds its memory by
+     * calling it on chunks of rows. */
+    int32_t (*xent_fused)(kiln_instance *acc, uint32_t dtype, void *logits, const int32_t *targets, int32_t N,
+                          int32_t V, int32_t Vp, double grad_scale, double *loss_sum);
+    /* y(n) = a(n) + b(n); y may alias a or b (residual connections). */
+    int32_t (*add)(kiln_instance *acc, uint32_t dtype, void *y, const void *a, const void *b, size_t n);
 } kiln_kernels;
 
 /* kiln_kernels.act_forward / act_backward */
@@ -428,6 +494,14 @@ typedef struct kiln_module_ops {
     int32_t (*test_step)(kiln_instance *self, const kiln_batch *batch, int64_t batch_idx, kiln_step_output *out);
     /* Lightning's LightningModule hooks; may be NULL */
     int32_t (*on_event)(kiln_instance *self, kiln_event *ev);
+    /* -- 1.4 (may be NULL; check struct_size >= KILN_MODULE_OPS_SIZE_1_4) --
+     * Lightning's predict_step: inference on one batch, no loss, nothing
+     * kept for a backward (it may overwrite what the last training_step
+     * kept). *out is a view of HOST memory the module owns, valid until its
+     * next call. A language model takes tokens (1, t) I32 and returns the
+     * logits of the last position, (1, vocab_size) F32 (the `sample`
+     * callback reaches it through svc->predict). */
+    int32_t (*predict_step)(kiln_instance *self, const kiln_batch *batch, kiln_tensor *out);
 } kiln_module_ops;
 
 /* The size of each table as released in 1.1: the least a host accepts for
@@ -453,6 +527,10 @@ typedef struct kiln_module_ops {
 /* What 1.3 appended. */
 #define KILN_KERNELS_SIZE_1_3 KILN__END(kiln_kernels, linear_forward)
 
+/* What 1.4 appended. */
+#define KILN_KERNELS_SIZE_1_4 KILN__END(kiln_kernels, add)
+#define KILN_MODULE_OPS_SIZE_1_4 KILN__END(kiln_module_ops, predict_step)
+
 /* Layout pins of the 1.1 tables (and what 1.2 appended). */
 #if UINTPTR_MAX == 0xFFFFFFFFFFFFFFFFu
 static_assert(offsetof(kiln_accelerator_ops, kernels) == 40, "kiln_accelerator_ops 1.1");
@@ -472,6 +550,9 @@ static_assert(offsetof(kiln_strategy_ops, all_gather) == 96, "kiln_strategy_ops 
 static_assert(offsetof(kiln_trainer_state, precision) == 96, "kiln_trainer_state 1.2");
 static_assert(offsetof(kiln_kernels, unscale_check) == 296 && offsetof(kiln_kernels, linear_forward) == 304,
               "kiln_kernels 1.3");
+static_assert(offsetof(kiln_kernels, embedding_forward) == 312 && offsetof(kiln_kernels, add) == 368,
+              "kiln_kernels 1.4");
+static_assert(offsetof(kiln_module_ops, predict_step) == 88, "kiln_module_ops 1.4");
 #endif
 
 #ifdef __cplusplus

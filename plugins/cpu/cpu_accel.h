@@ -1,0 +1,74 @@
+/*
+ * cpu_accel.h — what the files of the "cpu" accelerator plugin share: the
+ * instance (host memory needs no more than a thread count and one scratch
+ * workspace), the error macros every entry uses to turn a caller's mistake
+ * into KILN_E_INVALID_ARG with a one-line message, the argument helpers, and
+ * the kernel-table entries defined outside cpu_accel.c (the ABI 1.4 sequence
+ * entries: cpu_accel_seq.c, cpu_accel_attn.c). Internal to the plugin; never
+ * installed.
+ */
+#ifndef KILN_PLUGINS_CPU_ACCEL_H
+#define KILN_PLUGINS_CPU_ACCEL_H
+
+#include <kiln/kiln.h>
+
+/* One instance may be used from one thread at a time (the plugin does not
+ * report KILN_CAP_THREAD_SAFE_INSTANCE): gemm_ex's workspace below is
+ * per-instance scratch without a lock. */
+struct kiln_instance {
+    const kiln_host_services *svc;
+    kiln_host_ctx *hctx;
+    int32_t threads; /* threads in effect after configure(); 1 before */
+    /* gemm_ex's scratch (16-bit operands widened to float32, the product
+     * before rounding): grow-only, allocated on first need, reused while big
+     * enough (never freed or reallocated then), freed in destroy. The only
+     * memory the kernel entries allocate. */
+    void *ws;
+    size_t ws_bytes;
+};
+
+#define CPU_ERR(acc, code, ...) kiln_errorf((acc)->svc, (acc)->hctx, (code), __VA_ARGS__)
+
+/* A NULL pointer is only acceptable when nothing would be read or written. */
+#define CPU_NEED(acc, ptr, n, fn)                                                                   \
+    do {                                                                                            \
+        if ((n) > 0 && !(ptr))                                                                      \
+            return CPU_ERR(acc, KILN_E_INVALID_ARG, fn ": " #ptr " is NULL for %zu elements",      \
+                           (size_t)(n));                                                            \
+    } while (0)
+
+/* "float16 (3)": the ABI's name of a dtype and its number, for messages
+ * (the number tells an unknown value apart from "invalid"). */
+#define CPU_DT_FMT "%s (%u)"
+#define CPU_DT_ARG(dt) kiln_dtype_name(dt), (unsigned)(dt)
+
+int32_t cpu_check_dtype(kiln_instance *acc, const char *fn, uint32_t dtype);
+int cpu_ranges_overlap(const void *a, size_t a_bytes, const void *b, size_t b_bytes);
+int32_t cpu_round_to(kiln_instance *acc, float *x, uint32_t dtype, size_t n);
+/* Makes acc->ws at least `bytes` long (grow-only; the one scratch buffer of
+ * an instance: valid until the next entry that reserves it). */
+int32_t cpu_reserve_workspace(kiln_instance *acc, size_t bytes);
+
+#if KILN_ABI_MINOR >= 4
+/* cpu_accel_seq.c */
+int32_t cpu_embedding_forward(kiln_instance *acc, uint32_t dtype, void *out, const int32_t *tokens, const void *wte,
+                              const void *wpe, int32_t B, int32_t T, int32_t C, int32_t V);
+int32_t cpu_embedding_backward(kiln_instance *acc, uint32_t dtype, void *dwte, void *dwpe, const void *dout,
+                               const int32_t *tokens, int32_t B, int32_t T, int32_t C, int32_t V);
+int32_t cpu_layernorm_forward(kiln_instance *acc, uint32_t dtype, void *y, void *mean, void *rstd, const void *x,
+                              const void *w, const void *b, int32_t N, int32_t C, double eps, uint32_t round_dtype);
+int32_t cpu_layernorm_backward(kiln_instance *acc, uint32_t dtype, void *dx, void *dw, void *db, const void *dy,
+                               const void *x, const void *w, const void *mean, const void *rstd, int32_t N, int32_t C,
+                               int32_t accumulate);
+int32_t cpu_xent_fused(kiln_instance *acc, uint32_t dtype, void *logits, const int32_t *targets, int32_t N, int32_t V,
+                       int32_t Vp, double grad_scale, double *loss_sum);
+int32_t cpu_add(kiln_instance *acc, uint32_t dtype, void *y, const void *a, const void *b, size_t n);
+/* cpu_accel_attn.c */
+int32_t cpu_attention_forward(kiln_instance *acc, uint32_t dtype, void *out, void *lse, const void *qkv, int32_t B,
+                              int32_t T, int32_t C, int32_t NH, uint32_t round_dtype);
+int32_t cpu_attention_backward(kiln_instance *acc, uint32_t dtype, void *dqkv, const void *dout, const void *qkv,
+                               const void *out, const void *lse, int32_t B, int32_t T, int32_t C, int32_t NH,
+                               uint32_t round_dtype);
+#endif
+
+#endif /* KILN_PLUGINS_CPU_ACCEL_H */
