@@ -39,7 +39,7 @@
  * always change), and files it lists outside the current dirpath are kept,
  * never deleted.
  */
-#define _POSIX_C_SOURCE 200809L
+#define _XOPEN_SOURCE 700 /* realpath */
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
@@ -149,6 +149,48 @@ static int ck_exists(const char *path) {
 static const char *ck_basename(const char *path) {
     const char *s = strrchr(path, '/');
     return s ? s + 1 : path;
+}
+
+/* A name relative to a directory that stays inside it: not empty, not
+ * absolute, and no component that is empty, "." or "..". Checkpoint names
+ * come from the filename template (which may have sub-folders) and, after a
+ * resume, from a checkpoint file, which kiln does not trust. */
+static int ck_rel_ok(const char *rel) {
+    if (!rel || !rel[0] || rel[0] == '/') return 0;
+    for (const char *c = rel;;) {
+        size_t n = strcspn(c, "/");
+        if (n == 0 || (n == 1 && c[0] == '.') || (n == 2 && c[0] == '.' && c[1] == '.')) return 0;
+        c += n;
+        if (!*c) return 1;
+        c++; /* the '/' */
+    }
+}
+
+/* An absolute path in normal form: "/" then a safe relative name. */
+static int ck_abs_ok(const char *path) { return path && path[0] == '/' && ck_rel_ok(path + 1); }
+
+/* The part of `path` after "<dir>/" when that part is a safe relative name
+ * (ck_rel_ok), else NULL. */
+static const char *ck_inside(const char *dir, const char *path) {
+    if (!dir || !path) return NULL;
+    size_t dl = strlen(dir);
+    if (strncmp(path, dir, dl) != 0 || path[dl] != '/') return NULL;
+    return ck_rel_ok(path + dl + 1) ? path + dl + 1 : NULL;
+}
+
+/* The folder that holds `path`, with symbolic links resolved, is `dir` or
+ * below it (also resolved): a sub-folder that was replaced by a link to
+ * elsewhere does not lead a deletion out of dirpath. A folder that does not
+ * exist holds nothing to delete. */
+static int ck_parent_resolves_inside(const char *dir, const char *path) {
+    char parent[CK_PATH_MAX], rd[CK_PATH_MAX], rp[CK_PATH_MAX];
+    const char *slash = strrchr(path, '/');
+    if (!slash || (size_t)(slash - path) >= sizeof parent) return 0;
+    memcpy(parent, path, (size_t)(slash - path));
+    parent[slash - path] = '\0';
+    if (!realpath(dir, rd) || !realpath(parent, rp)) return 0;
+    size_t dl = strlen(rd);
+    return strncmp(rp, rd, dl) == 0 && (rp[dl] == '\0' || rp[dl] == '/' || (dl == 1 && rd[0] == '/'));
 }
 
 /* ---------------------------------------------------------------------------
@@ -432,8 +474,7 @@ static int ck_should_remove(const kiln_instance *self, const char *prev, const c
     if (!prev || !self->dirpath || (cur && !strcmp(prev, cur))) return 0;
     if (self->protected_path && !strcmp(prev, self->protected_path)) return 0;
     if (!strcmp(ck_basename(prev), CK_LAST_NAME)) return 0;
-    size_t dl = strlen(self->dirpath);
-    return strncmp(prev, self->dirpath, dl) == 0 && prev[dl] == '/';
+    return ck_inside(self->dirpath, prev) != NULL && ck_parent_resolves_inside(self->dirpath, prev);
 }
 
 static void ck_pend(kiln_instance *self, const kiln_trainer_state *ts, const char *victim, const char *replacement) {
@@ -927,6 +968,30 @@ static int32_t ck_set_state(kiln_instance *self, uint32_t state_version, const v
     }
     int32_t rc = KILN_OK;
     const char *mine = self->monitor ? self->monitor : "";
+    /* Every path in the blob names a file this callback may later delete
+     * or overwrite: a crafted one ("<dirpath>/../../x") must not survive
+     * the restore, whatever ck_should_remove would later decide. */
+    const char *bad_path = NULL, *bad_what = NULL;
+    if (!r.bad) {
+        const char *one[] = {dir, best_path, kth_path, last_path, topk_path};
+        const char *names[] = {"dirpath", "best_model_path", "kth_best_model_path", "last_model_path",
+                               "newest top-k path"};
+        for (int i = 0; i < 5 && !bad_path; i++)
+            if (one[i] && !ck_abs_ok(one[i])) bad_path = one[i], bad_what = names[i];
+        for (uint32_t i = 0; i < nb && !bad_path; i++)
+            if (!ck_abs_ok(best_k[i].path)) bad_path = best_k[i].path, bad_what = "kept checkpoint";
+        for (uint32_t i = 0; i < np && !bad_path; i++) {
+            if (!ck_abs_ok(pend[i].victim)) bad_path = pend[i].victim, bad_what = "pending deletion";
+            else if (!ck_abs_ok(pend[i].replacement)) bad_path = pend[i].replacement, bad_what = "pending replacement";
+        }
+    }
+    if (bad_path) {
+        rc = kiln_errorf(self->svc, self->hctx, KILN_E_DATA,
+                         "checkpoint: corrupt state: the %s \"%.512s\" is not an absolute path without \".\", "
+                         "\"..\" or empty components; refusing to restore it",
+                         bad_what, bad_path);
+        goto out;
+    }
     if (r.bad || r.off != r.n || mode > CK_MODE_MAX || (nbest && !best_k) || (npend && !pend)) {
         rc = kiln_errorf(self->svc, self->hctx, KILN_E_DATA,
                          "checkpoint: corrupt state (%zu bytes, read %zu, mode %u, %u kept checkpoints, %u pending "

@@ -1019,6 +1019,97 @@ static void test_state_resume_new_run_dir(void) {
     fixture_end();
 }
 
+/* A run whose state waits to delete ES(0, 10) once ES(2, 30) exists; the
+ * blob is in g_blob. */
+static void make_pending_blob(const ck_cfg *c) {
+    kiln_instance *a = make(c);
+    fit_start(a);
+    epoch(a, 0.5, 1);
+    epoch(a, 0.4, 1);
+    epoch(a, 0.3, 0);
+    st_view s;
+    read_state(a, &s);
+    CU_ASSERT_EQUAL_FATAL(s.npend, 1u);
+    host_flush();
+    g_ops->base.destroy(a);
+}
+
+/* Replaces the last occurrence of `from` in the blob by `to` (same length):
+ * a crafted checkpoint that still decodes. */
+static void patch_blob(const char *from, const char *to) {
+    size_t n = strlen(from);
+    CU_ASSERT_EQUAL_FATAL(strlen(to), n);
+    unsigned char *b = g_blob, *hit = NULL;
+    for (size_t i = 0; i + n <= g_blob_size; i++)
+        if (!memcmp(b + i, from, n)) hit = b + i;
+    CU_ASSERT_PTR_NOT_NULL_FATAL(hit);
+    memcpy(hit, to, n);
+}
+
+/* A checkpoint must not make fit --ckpt delete files outside dirpath: a
+ * "<dirpath>/../x" pending deletion is refused at set_state, and a
+ * normal-form path through a sub-folder that is a symbolic link to
+ * elsewhere is never deleted. */
+static void test_state_hostile_paths(void) {
+    fixture_begin();
+    ck_cfg c = cfg_defaults();
+    c.monitor = "val_loss";
+    c.top_k = 2;
+    make_pending_blob(&c);
+    const char *victim = ES(0, 10); /* <run>/checkpoints/epoch=0-step=10.safetensors */
+    const size_t rest = strlen("epoch=0-step=10.safetensors");
+
+    /* 1. "../": a file beside the checkpoint folder */
+    char name[64], outside[2 * PATHLEN], hostile[2 * PATHLEN];
+    snprintf(name, sizeof name, "%.*s", (int)(rest - 3), "victim-of-a-crafted-checkpoint");
+    snprintf(outside, sizeof outside, "%s/%s", g_run, name);
+    snprintf(hostile, sizeof hostile, "%s/../%s", g_ck, name);
+    FILE *f = fopen(outside, "w");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    fputs("precious\n", f);
+    fclose(f);
+    patch_blob(victim, hostile);
+    kiln_instance *b = make(&c);
+    g_nlog = 0;
+    CU_ASSERT_EQUAL(g_ops->base.set_state(b, 1, g_blob, g_blob_size), KILN_E_DATA);
+    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "pending deletion"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, hostile));
+    fit_start(b);
+    CU_ASSERT(exists(outside));
+    g_ops->base.destroy(b);
+
+    /* 2. a sub-folder of dirpath that links elsewhere */
+    patch_blob(hostile, victim); /* back to the original blob */
+    char linkdir[2 * PATHLEN], target_dir[2 * PATHLEN], via_link[2 * PATHLEN], real_file[4 * PATHLEN];
+    snprintf(target_dir, sizeof target_dir, "%s/elsewhere", g_run);
+    CU_ASSERT_EQUAL_FATAL(mkdir(target_dir, 0755), 0);
+    snprintf(linkdir, sizeof linkdir, "%s/lnk", g_ck);
+    CU_ASSERT_EQUAL_FATAL(symlink(target_dir, linkdir), 0);
+    snprintf(name, sizeof name, "%.*s", (int)(rest - 4), "file-behind-a-symbolic-link");
+    snprintf(via_link, sizeof via_link, "%s/lnk/%s", g_ck, name);
+    snprintf(real_file, sizeof real_file, "%s/%s", target_dir, name);
+    f = fopen(real_file, "w");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    fclose(f);
+    patch_blob(victim, via_link);
+    b = make(&c);
+    CU_ASSERT_EQUAL_FATAL(g_ops->base.set_state(b, 1, g_blob, g_blob_size), KILN_OK);
+    fit_start(b); /* the replacement exists: the deletion is processed */
+    CU_ASSERT(exists(real_file));
+    CU_ASSERT(exists(victim)); /* the original victim was never named */
+    g_ops->base.destroy(b);
+    CU_ASSERT_EQUAL(unlink(linkdir), 0);
+
+    /* 3. the untouched blob still deletes its own victim */
+    patch_blob(via_link, victim);
+    b = make(&c);
+    CU_ASSERT_EQUAL_FATAL(g_ops->base.set_state(b, 1, g_blob, g_blob_size), KILN_OK);
+    fit_start(b);
+    CU_ASSERT(!exists(victim));
+    g_ops->base.destroy(b);
+    fixture_end();
+}
+
 static void test_verbose(void) {
     fixture_begin();
     ck_cfg c = cfg_defaults();
@@ -1217,6 +1308,7 @@ static void register_tests(void) {
     CU_add_test(s, "state_resume", test_state_resume);
     CU_add_test(s, "state_resume_new_run_dir", test_state_resume_new_run_dir);
     CU_add_test(s, "state_mismatch_and_corrupt", test_state_mismatch_and_corrupt);
+    CU_add_test(s, "state_hostile_paths", test_state_hostile_paths);
     CU_add_test(s, "verbose", test_verbose);
     CU_add_test(s, "rank1", test_rank1);
     CU_add_test(s, "host_refuses", test_host_refuses);
