@@ -30,7 +30,7 @@ static int32_t closure_step(ht_closure *c, kiln_step_output *out) {
     herr_clear();
     int32_t rc = t->precision_ops->convert_params(t->precision.inst);
     if (rc) { ht_fail(t, &t->precision, rc, "convert_params", t->err, sizeof t->err); return keep_fail(t, rc); }
-    *out = (kiln_step_output){sizeof *out, 0, 0, 0};
+    *out = (kiln_step_output){sizeof *out, 0, 0, 0, 0, 0};
     herr_clear();
     rc = t->module_ops->training_step(t->module.inst, t->batch, t->batch_idx, out);
     t->time.forward += ht_now() - t0;

@@ -230,7 +230,7 @@ static int eval_advance(ht_loop *L, char *why, size_t whylen) {
     herr_clear();
     int32_t prc = t->precision_ops->convert_params(t->precision.inst);
     if (prc) return ht_fail(t, &t->precision, prc, "convert_params", why, whylen);
-    kiln_step_output o = {sizeof o, 0, 0, 0};
+    kiln_step_output o = {sizeof o, 0, 0, 0, 0, 0};
     herr_clear();
     prc = e->stage == KILN_STAGE_TEST ? t->module_ops->test_step(t->module.inst, bp, i, &o)
                                       : t->module_ops->validation_step(t->module.inst, bp, i, &o);
@@ -376,9 +376,18 @@ static int epoch_advance(ht_loop *L, char *why, size_t whylen) {
         return HT_LOOP_STOP;
     }
     INC(t->batch_progress, started);
-    if ((rc = t->manual ? ht_manual_step(t, why, whylen) : ht_automatic_step(t, why, whylen))) return rc;
+    t->in_train_step = 1;
+    rc = t->manual ? ht_manual_step(t, why, whylen) : ht_automatic_step(t, why, whylen);
+    t->in_train_step = 0;
+    if (rc) return rc;
     INC(t->batch_progress, processed);
     t->samples_seen += b->size;
+    if (t->last_output.struct_size >= KILN_STEP_OUTPUT_SIZE_1_4) {
+        /* throughput for the summary; the closure may have run more than
+         * once (LBFGS), the last result stands for the batch */
+        if (t->last_output.tokens > 0) t->tokens_seen += t->last_output.tokens;
+        if (t->last_output.flops > 0 && isfinite(t->last_output.flops)) t->flops_seen += t->last_output.flops;
+    }
     /* schedulers: per step, and per epoch at its last batch (before
      * on_train_batch_end, as Lightning); a monitored one at the epoch's end */
     if ((rc = ht_update_lr(t, 0, 0, why, whylen))) return rc;

@@ -243,7 +243,7 @@ int ht_manual_step(ht_trainer *t, char *why, size_t whylen) {
     herr_clear();
     int32_t rc = t->precision_ops->convert_params(t->precision.inst);
     if (rc) return ht_fail(t, &t->precision, rc, "convert_params", why, whylen);
-    kiln_step_output out = {sizeof out, 0, 0, 0};
+    kiln_step_output out = {sizeof out, 0, 0, 0, 0, 0};
     t->in_manual_step = 1;
     herr_clear();
     rc = t->module_ops->training_step(t->module.inst, t->batch, t->batch_idx, &out);

@@ -106,6 +106,7 @@ static const kiln_host_services g_services = {
     .reduce = ht_svc_reduce,
     .broadcast = ht_svc_broadcast,
     .all_gather = ht_svc_all_gather,
+    .predict = ht_svc_predict,
 };
 
 static const kiln_host_services *get_services(uint16_t major, uint16_t min_minor) {

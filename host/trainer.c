@@ -66,6 +66,7 @@ static int read_settings(ht_trainer *t, char *why, size_t whylen) {
     s->log_every_n_steps = kiln_kv_int(kv, "log_every_n_steps", 50);
     s->threads = kiln_kv_int(kv, "threads", 0);
     s->gradient_clip_val = kiln_kv_float(kv, "gradient_clip_val", 0.0);
+    s->peak_flops = kiln_kv_float(kv, "peak_flops", 0.0);
     const char *algo = kiln_kv_str(kv, "gradient_clip_algorithm", "norm");
     s->clip_by_value = !strcmp(algo, "value");
     const char *f = t->cfg->path;
@@ -95,6 +96,8 @@ static int read_settings(ht_trainer *t, char *why, size_t whylen) {
         "%s: trainer.val_check_interval as a fraction must be <= 1.0, found %g (write an int for a batch count)", f,
         s->val_check_interval);
     BAD(s->threads < 0, "%s: trainer.threads must be >= 0, found %lld", f, (long long)s->threads);
+    BAD(!(s->peak_flops >= 0) || !isfinite(s->peak_flops),
+        "%s: trainer.peak_flops must be a finite number >= 0 (FLOP/s; 0: measure), found %g", f, s->peak_flops);
     BAD(!(s->gradient_clip_val >= 0) || !isfinite(s->gradient_clip_val),
         "%s: trainer.gradient_clip_val must be a finite number >= 0, found %g", f, s->gradient_clip_val);
     BAD(strcmp(algo, "norm") && strcmp(algo, "value"),
@@ -311,6 +314,37 @@ static int open_optimizers(ht_trainer *t, char *why, size_t whylen) {
  * Services that need the trainer */
 
 static ht_trainer *T(kiln_host_ctx *h) { return h ? h->trainer : NULL; }
+
+/* svc->predict (1.4): the module's predict_step on fresh compute weights.
+ * Refused inside the optimisation of a batch, where it would overwrite the
+ * activations the backward reads. */
+int32_t ht_svc_predict(kiln_host_ctx *h, const kiln_batch *batch, kiln_tensor *out) {
+    ht_trainer *t = T(h);
+    if (!t || !t->module.inst || !t->module_ops || !t->precision_ops) {
+        herr_set(KILN_E_STATE, "predict: no module is set up yet (call it from a hook during fit, validate or test)");
+        return KILN_E_STATE;
+    }
+    if (!batch || !out) {
+        herr_set(KILN_E_INVALID_ARG, "predict: expected a batch and an output tensor, found NULL");
+        return KILN_E_INVALID_ARG;
+    }
+    if (t->module_ops->base.struct_size < KILN_MODULE_OPS_SIZE_1_4 || !t->module_ops->predict_step) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "predict: module '%s' (%s) has no predict_step (ABI 1.4)", t->module.p->view.name,
+                 t->module.p->lib->path);
+        herr_set(KILN_E_UNSUPPORTED, msg);
+        return KILN_E_UNSUPPORTED;
+    }
+    if (t->in_train_step) {
+        herr_set(KILN_E_STATE, "predict: not available while a batch is being optimised (it would overwrite what "
+                               "backward needs); call it from on_train_batch_end, on_validation_end or on_fit_end");
+        return KILN_E_STATE;
+    }
+    int32_t rc = t->precision_ops->convert_params(t->precision.inst);
+    if (rc != KILN_OK) return rc;
+    memset(out, 0, sizeof *out);
+    return t->module_ops->predict_step(t->module.inst, batch, out);
+}
 
 int32_t ht_svc_accelerator(kiln_host_ctx *h, kiln_instance **acc, const struct kiln_kernels **k) {
     ht_trainer *t = T(h);
@@ -728,6 +762,36 @@ static int make_run_dir_rank0(ht_trainer *t, char *why, size_t whylen) {
 /* ---------------------------------------------------------------------------
  * Summary */
 
+/* The accelerator's float32 GEMM rate (FLOP/s), the MFU denominator when
+ * the run file names none: the median of 5 square products through the
+ * kernel table itself, sized for ~10-50 ms on a CPU. 0 when it cannot be
+ * measured. Run after fit, so it costs the training nothing. */
+double ht_measure_gemm_flops(ht_trainer *t) {
+    const kiln_kernels *k = t->K;
+    if (!k || !k->gemm || !k->alloc || !k->synchronize) return 0;
+    const int n = 768;
+    void *buf = NULL;
+    if (k->alloc(t->accel.inst, 3 * (size_t)n * n * sizeof(float), &buf) != KILN_OK || !buf) return 0;
+    float *a = buf, *b = a + (size_t)n * n, *c = b + (size_t)n * n;
+    double times[5];
+    int ok = 1;
+    for (int r = 0; r < 6 && ok; r++) {
+        double t0 = ht_now();
+        ok = k->gemm(t->accel.inst, 0, 0, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n) == KILN_OK &&
+             k->synchronize(t->accel.inst) == KILN_OK;
+        if (r > 0) times[r - 1] = ht_now() - t0; /* the first call warms up */
+    }
+    k->free(t->accel.inst, buf);
+    if (!ok) return 0;
+    for (int i = 1; i < 5; i++) /* insertion sort of 5 */
+        for (int j = i; j > 0 && times[j] < times[j - 1]; j--) {
+            double x = times[j];
+            times[j] = times[j - 1];
+            times[j - 1] = x;
+        }
+    return times[2] > 0 ? 2.0 * n * n * (double)n / times[2] : 0;
+}
+
 void ht_print_summary(ht_trainer *t, const char *verb) {
     if (t->state.rank != 0) return;
     const kiln_value *prec = hl_prop(t->precision.p, "precision");
@@ -757,6 +821,21 @@ void ht_print_summary(ht_trainer *t, const char *verb) {
                (long long)t->epoch_progress.total.completed, (long long)t->opt_step.total.completed,
                (long long)t->skipped_steps, samples, t->state.world_size > 1 ? " (all ranks)" : "", t->time.total,
                (double)samples / tt);
+        if (t->tokens_seen > 0) {
+            const double tokens = (double)t->tokens_seen * (t->state.world_size > 1 ? t->state.world_size : 1);
+            printf("tokens: %.0f%s  (%.0f tokens/s)", tokens, t->state.world_size > 1 ? " (all ranks)" : "",
+                   tokens / tt);
+            if (t->flops_seen > 0) {
+                /* MFU per process: this rank's FLOP/s against one device's peak */
+                const char *how = "trainer.peak_flops";
+                double peak = t->set.peak_flops;
+                if (peak <= 0) peak = ht_measure_gemm_flops(t), how = "measured float32 GEMM";
+                if (peak > 0)
+                    printf("  MFU %.1f%% (%.2f of %.2f TFLOP/s, %s)", 100 * t->flops_seen / tt / peak,
+                           t->flops_seen / tt / 1e12, peak / 1e12, how);
+            }
+            printf("\n");
+        }
         printf("time: data %.2f s (%.1f%%), forward %.2f s (%.1f%%), backward %.2f s (%.1f%%), zero_grad %.2f s, "
                "optimizer %.2f s (%.1f%%), validation %.2f s (%.1f%%)\n",
                t->time.data, 100 * t->time.data / tt, t->time.forward, 100 * t->time.forward / tt, t->time.backward,

@@ -55,6 +55,8 @@ typedef struct ht_settings {
     int64_t log_every_n_steps;
     int64_t threads;
     double gradient_clip_val;     /* 0: off                                   */
+    double peak_flops;            /* FLOP/s for MFU; 0: measure the
+                                     accelerator's float32 GEMM rate          */
     int clip_by_value;            /* gradient_clip_algorithm = "value"        */
 } ht_settings;
 
@@ -138,6 +140,12 @@ typedef struct ht_trainer {
     ht_metrics metrics;
     ht_timing time;
     int64_t samples_seen;
+    int64_t tokens_seen;          /* this process's run: sum of the training
+                                     steps' kiln_step_output.tokens (1.4)     */
+    double flops_seen;            /* likewise of .flops (for MFU)             */
+    int in_train_step;            /* inside the optimisation of one batch:
+                                     svc->predict is refused (it would
+                                     overwrite what backward needs)           */
     int accumulating;           /* the batch being run does not step         */
     int64_t batch_idx;
     const kiln_batch *batch;
@@ -164,6 +172,7 @@ int ht_fit(ht_trainer *t, char *why, size_t whylen);
 /* validate (KILN_STAGE_VALIDATE) or test (KILN_STAGE_TEST) with the current weights */
 int ht_evaluate(ht_trainer *t, int stage, char *why, size_t whylen);
 void ht_print_summary(ht_trainer *t, const char *verb);
+double ht_measure_gemm_flops(ht_trainer *t);
 /* Instantiate the plugin a slot of the run file names (or its default);
  * with required = 0 an absent slot leaves s->p NULL. */
 int ht_slot_from_config(ht_trainer *t, ht_slot *s, const char *slot, int required, char *why, size_t whylen);

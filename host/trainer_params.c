@@ -29,6 +29,8 @@ const kiln_param hc_trainer_params[] = {
     {"threads", KILN_TYPE_INT, 0, KILN_V_INT(0), "CPU threads for kernels (0: all cores)"},
     {"gradient_clip_val", KILN_TYPE_FLOAT, 0, KILN_V_FLOAT(0.0),
      "clip gradients before each optimizer step (0: off); the total norm is logged as grad_norm"},
+    {"peak_flops", KILN_TYPE_FLOAT, 0, KILN_V_FLOAT(0.0),
+     "the accelerator's peak FLOP/s for the summary's MFU (0: measure its float32 GEMM rate after fit)"},
     {"gradient_clip_algorithm", KILN_TYPE_STRING, 0, KILN_V_STR("norm"), "norm (total L2 norm) | value (each element)"},
     {NULL, 0, 0, KILN_V_NONE, NULL},
 };

@@ -250,7 +250,7 @@ static const kiln_batch *batch_of(int B, int features, unsigned salt) {
 }
 
 static int32_t train(const kiln_batch *b, int64_t idx, kiln_step_output *out) {
-    kiln_step_output o = {sizeof o, 0, 0, 0};
+    kiln_step_output o = {sizeof o, 0, 0, 0, 0, 0};
     return g_mod->training_step(g_inst, b, idx, out ? out : &o);
 }
 
@@ -594,7 +594,7 @@ static void set_d_output(float b_fake, float b_real) {
 static void test_known_losses_and_logging(void) {
     CU_ASSERT_PTR_NOT_NULL_FATAL(make(TINY, 1, NULL));
     const kiln_batch *b = batch_of(2, 4, 3);
-    kiln_step_output out = {sizeof out, 0, 0, 0};
+    kiln_step_output out = {sizeof out, 0, 0, 0, 0, 0};
 
     set_d_output(0.0f, 0.0f); /* p = 1/2 everywhere: every CE is ln 2 */
     reset_records();
@@ -635,7 +635,7 @@ static void test_known_losses_and_logging(void) {
 static void test_eval_steps(void) {
     CU_ASSERT_PTR_NOT_NULL_FATAL(make(TINY, 1, NULL));
     const kiln_batch *b = batch_of(2, 4, 4);
-    kiln_step_output out = {sizeof out, 0, 0, 0};
+    kiln_step_output out = {sizeof out, 0, 0, 0, 0, 0};
     reset_records();
     CU_ASSERT_EQUAL(g_mod->validation_step(g_inst, b, 3, &out), KILN_OK);
     CU_ASSERT_STRING_EQUAL(g_calls, ""); /* no optimisation services */
@@ -768,7 +768,7 @@ static void test_no_steady_state_alloc(void) {
     const int after_create = g_allocs;
     CU_ASSERT_EQUAL(after_create, 1);
     for (int64_t i = 0; i < 4; i++) CU_ASSERT_EQUAL(train(batch_of(2, 4, 30), i, NULL), KILN_OK);
-    kiln_step_output out = {sizeof out, 0, 0, 0};
+    kiln_step_output out = {sizeof out, 0, 0, 0, 0, 0};
     CU_ASSERT_EQUAL(g_mod->validation_step(g_inst, batch_of(8, 4, 31), 0, &out), KILN_OK);
     mh.trainer.run_dir = g_dir;
     kiln_event ev = {sizeof ev, KILN_EV_ON_TRAIN_EPOCH_END, KILN_STAGE_FIT, 0, -1, NULL, NULL, 0, &mh.trainer,

@@ -266,7 +266,7 @@ static void batch_random(tbatch *tb, int B, int F, int C, uint64_t seed) {
 }
 
 static double train_loss(kiln_instance *inst, const tbatch *tb) {
-    kiln_step_output out = {sizeof out, 0, 0, 0};
+    kiln_step_output out = {sizeof out, 0, 0, 0, 0, 0};
     int32_t rc = ops()->training_step(inst, &tb->b, 0, &out);
     CU_ASSERT_EQUAL(rc, KILN_OK);
     CU_ASSERT_EQUAL(out.has_loss, 1);
@@ -455,7 +455,7 @@ static void forward_case(const char *activation) {
     for (uint32_t i = 0; i < mh.nparams; i++)
         for (int64_t j = 0; j < mh.params[i].numel; j++) mh.params[i].data[j] *= 3.0f;
 
-    kiln_step_output out = {sizeof out, 0, 0, 0};
+    kiln_step_output out = {sizeof out, 0, 0, 0, 0, 0};
     CU_ASSERT_EQUAL_FATAL(ops()->training_step(inst, &tb.b, 3, &out), KILN_OK);
     double want_loss, want_acc;
     ref_forward(&c, &tb, B, &want_loss, &want_acc);
@@ -478,7 +478,7 @@ static void forward_case(const char *activation) {
     /* validation_step / test_step: same forward, epoch-only metrics. */
     const char *names[2][2] = {{"val_loss", "val_acc"}, {"test_loss", "test_acc"}};
     for (int s = 0; s < 2; s++) {
-        kiln_step_output eo = {sizeof eo, 0, 0, 0};
+        kiln_step_output eo = {sizeof eo, 0, 0, 0, 0, 0};
         int32_t rc = s == 0 ? ops()->validation_step(inst, &tb.b, 0, &eo) : ops()->test_step(inst, &tb.b, 0, &eo);
         CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
         CU_ASSERT_EQUAL(eo.loss, out.loss);
@@ -709,7 +709,7 @@ static void test_backward_needs_forward(void) {
 }
 
 static void expect_batch_error(kiln_instance *inst, const kiln_batch *b, const char *a, const char *b2) {
-    kiln_step_output out = {sizeof out, 0, 0, 0};
+    kiln_step_output out = {sizeof out, 0, 0, 0, 0, 0};
     mh.last_error[0] = 0;
     int32_t rc = ops()->training_step(inst, b, 0, &out);
     CU_ASSERT_EQUAL(rc, KILN_E_DATA);
@@ -752,7 +752,7 @@ static void test_bad_batch(void) {
 
     /* The eval steps check the same way. */
     batch_random(&tb, 9, 5, 3, 1);
-    kiln_step_output out = {sizeof out, 0, 0, 0};
+    kiln_step_output out = {sizeof out, 0, 0, 0, 0, 0};
     CU_ASSERT_EQUAL(ops()->validation_step(inst, &tb.b, 0, &out), KILN_E_DATA);
     CU_ASSERT(contains(mh.last_error, "validation_step"));
     CU_ASSERT_EQUAL(ops()->test_step(inst, &tb.b, 0, &out), KILN_E_DATA);
@@ -827,7 +827,7 @@ static void test_no_step_allocations(void) {
     for (int i = 0; i < 5; i++) {
         (void)train_loss(inst, &tb);
         CU_ASSERT_EQUAL(ops()->backward(inst, 1.0), KILN_OK);
-        kiln_step_output out = {sizeof out, 0, 0, 0};
+        kiln_step_output out = {sizeof out, 0, 0, 0, 0, 0};
         CU_ASSERT_EQUAL(ops()->validation_step(inst, &tb.b, i, &out), KILN_OK);
     }
     CU_ASSERT_EQUAL(g_allocs - allocs0, 1);

@@ -488,25 +488,29 @@ static void test_overflow_skips_steps(void) {
 }
 
 /* Every precision trains mlp to the same weights, bit for bit, on the cpu
- * accelerator (ABI 1.3: mlp's Linear layers through linear_forward, the
- * scaler through unscale_check) and on the same accelerator built against
- * the frozen 1.2 headers (tests/abi-1.2, libkiln-cpu12.so: mlp and the
- * scaler take their 1.2 fallbacks). 16-mixed starts at a scale that
- * overflows, so the skip path is compared too. */
-static void test_same_weights_on_1_2_accelerator(void) {
+ * accelerator (ABI 1.4; mlp's Linear layers through linear_forward, the
+ * scaler through unscale_check), on the same accelerator built against the
+ * frozen 1.2 headers (tests/abi-1.2, libkiln-cpu12.so: mlp and the scaler
+ * take their 1.2 fallbacks) and against the frozen 1.3 headers
+ * (tests/abi-1.3, libkiln-cpu13.so: a table without the 1.4 entries, which
+ * mlp does not use). 16-mixed starts at a scale that overflows, so the skip
+ * path is compared too. */
+static void test_same_weights_on_older_accelerators(void) {
     static const char *const precs[] = {"{ name = \"16-mixed\"; init_scale = 16777216.0; growth_interval = 4; }",
                                         "\"bf16-mixed\"", "\"32-true\"", "\"64-true\""};
+    static const char *const env[3] = {NULL, "KILN_ABI12_FIXTURES", "KILN_ABI13_FIXTURES"};
+    static const char *const accel[3] = {"cpu", "cpu12:cpu", "cpu13:cpu"};
     for (size_t p = 0; p < sizeof precs / sizeof precs[0]; p++) {
         char out[16384], body[16384], cb[4400], wpath[4300], extra[128];
-        void *bytes[2] = {NULL, NULL};
-        size_t len[2] = {0, 0};
-        for (int v = 0; v < 2; v++) {
+        void *bytes[3] = {NULL, NULL, NULL};
+        size_t len[3] = {0, 0, 0};
+        for (int v = 0; v < 3; v++) {
             snprintf(wpath, sizeof wpath, "%s/w12_%zu_%d.bin", g_dir, p, v);
             snprintf(cb, sizeof cb, "{ name = \"weightdump\"; path = \"%s\"; }", wpath);
             snprintf(body, sizeof body, MLP_JOB("%s", "%s"), precs[p], cb);
-            /* the 1.2 build is found through KILN_PLUGIN_PATH, by explicit name */
-            if (v) setenv("KILN_PLUGIN_PATH", getenv("KILN_ABI12_FIXTURES"), 1);
-            snprintf(extra, sizeof extra, "--set accelerator=\\\"%s\\\"", v ? "cpu12:cpu" : "cpu");
+            /* an older build is found through KILN_PLUGIN_PATH, by explicit name */
+            if (env[v]) setenv("KILN_PLUGIN_PATH", getenv(env[v]), 1);
+            snprintf(extra, sizeof extra, "--set accelerator=\\\"%s\\\"", accel[v]);
             int rc = run_kiln("fit", body, extra, out, sizeof out);
             unsetenv("KILN_PLUGIN_PATH");
             if (rc) fprintf(stderr, "\n%s\n", out);
@@ -521,18 +525,24 @@ static void test_same_weights_on_1_2_accelerator(void) {
             fclose(f);
         }
         CU_ASSERT(len[0] > 100);
-        if (p == 0) { /* the fixture is a 1.2 library */
-            char cmd[4400];
-            snprintf(cmd, sizeof cmd, "KILN_PLUGIN_PATH='%s' %s plugins list --verbose 2>&1 | grep 'libkiln-cpu12.so$'",
-                     getenv("KILN_ABI12_FIXTURES"), tu_kiln());
-            CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
-            CU_ASSERT_PTR_NOT_NULL(strstr(out, "ABI 1.2"));
+        if (p == 0) { /* the fixtures are 1.2 and 1.3 libraries */
+            for (int v = 1; v < 3; v++) {
+                char cmd[4400];
+                snprintf(cmd, sizeof cmd, "KILN_PLUGIN_PATH='%s' %s plugins list --verbose 2>&1 | grep 'libkiln-cpu1%d.so$'",
+                         getenv(env[v]), tu_kiln(), v + 1);
+                CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
+                CU_ASSERT_PTR_NOT_NULL(strstr(out, v == 1 ? "ABI 1.2" : "ABI 1.3"));
+            }
         }
-        CU_ASSERT_EQUAL(len[0], len[1]);
-        const int same = len[0] == len[1] && memcmp(bytes[0], bytes[1], len[0]) == 0;
-        if (!same) fprintf(stderr, "\n  precision %s: weights differ between the 1.3 and 1.2 accelerators\n", precs[p]);
-        CU_ASSERT_TRUE(same);
-        free(bytes[0]), free(bytes[1]);
+        for (int v = 1; v < 3; v++) {
+            CU_ASSERT_EQUAL(len[0], len[v]);
+            const int same = len[0] == len[v] && memcmp(bytes[0], bytes[v], len[0]) == 0;
+            if (!same)
+                fprintf(stderr, "\n  precision %s: weights differ between the 1.4 and %s accelerators\n", precs[p],
+                        accel[v]);
+            CU_ASSERT_TRUE(same);
+        }
+        free(bytes[0]), free(bytes[1]), free(bytes[2]);
     }
 }
 
@@ -692,7 +702,7 @@ static void register_tests(void) {
     CU_add_test(s, "bf16 compute copies round to nearest even", test_bf16_compute_copy);
     CU_add_test(s, "scaler: skip, back off, grow, state", test_scaler_skip_backoff_growth);
     CU_add_test(s, "scaler: the same with a 1.2 kernel table (scale + all_finite)", test_scaler_table_1_2);
-    CU_add_test(s, "fit: the same weights on a 1.2-built cpu accelerator", test_same_weights_on_1_2_accelerator);
+    CU_add_test(s, "fit: the same weights on 1.2- and 1.3-built cpu accelerators", test_same_weights_on_older_accelerators);
     CU_add_test(s, "scaler: no loss, no step, no update", test_scaler_no_loss);
     CU_add_test(s, "refusals: 1.1 kernel table, bad settings", test_refusals);
     CU_add_test(s, "hooks see scaled loss and gradients", test_hooks_see_scaled_values);

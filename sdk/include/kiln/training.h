@@ -291,7 +291,16 @@ typedef struct kiln_step_output {
                                       outputs of on_train_batch_end: divided
                                       by accumulate_grad_batches (Lightning) */
     int64_t batch_size;
+    /* -- 1.4 (a host reads them only when struct_size covers them) -- */
+    int64_t tokens;                /* training_step: items of the batch that
+                                      count for throughput (a language model:
+                                      the B*T positions); 0: not reported   */
+    double flops;                  /* training_step: floating-point operations
+                                      of this step's forward AND backward (for
+                                      MFU); 0: not reported                 */
 } kiln_step_output;
+
+#define KILN_STEP_OUTPUT_SIZE_1_4 (offsetof(kiln_step_output, flops) + sizeof(double))
 
 /* Event ids: every Lightning callback hook, the module-only hooks, and trace
  * points for precision/strategy/optimizer calls. Fixed numbers; receivers
@@ -553,6 +562,7 @@ static_assert(offsetof(kiln_kernels, unscale_check) == 296 && offsetof(kiln_kern
 static_assert(offsetof(kiln_kernels, embedding_forward) == 312 && offsetof(kiln_kernels, add) == 368,
               "kiln_kernels 1.4");
 static_assert(offsetof(kiln_module_ops, predict_step) == 88, "kiln_module_ops 1.4");
+static_assert(offsetof(kiln_step_output, tokens) == 24 && sizeof(kiln_step_output) == 40, "kiln_step_output 1.4");
 #endif
 
 #ifdef __cplusplus
