@@ -242,18 +242,34 @@ int32_t ht_svc_save_checkpoint(kiln_host_ctx *h, const char *path) {
     return KILN_OK;
 }
 
-/* Copy the weights of an open checkpoint into the parameters. */
-static int load_weights_from(ht_trainer *t, kst_file *f, const char *path, char *why, size_t whylen) {
+/* The tensor for parameter `name`: under its own name, or, in a plain
+ * safetensors file (`plain`), under the name without its first component,
+ * which is how a model saved from its inner part names it (Hugging Face's
+ * published GPT-2 weights say "h.0.ln_1.weight" for GPT2LMHeadModel's
+ * "transformer.h.0.ln_1.weight"). */
+static const kst_tensor *find_weight(kst_file *f, const char *name, int plain) {
+    const kst_tensor *x = kst_find(f, name);
+    const char *dot = strchr(name, '.');
+    if (!x && plain && dot && dot[1]) x = kst_find(f, dot + 1);
+    return x;
+}
+
+/* Copy the weights of an open checkpoint into the parameters. With
+ * `plain_ok` (--weights-only, test/validate --ckpt) a safetensors file that
+ * kiln did not write is accepted too: its tensors are matched by name. */
+static int load_weights_from(ht_trainer *t, kst_file *f, const char *path, int plain_ok, char *why, size_t whylen) {
     int rc = KILN_OK;
     const char *fmt = kst_metadata(f, "format");
-    if (!fmt || strcmp(fmt, HT_CKPT_FORMAT) != 0) {
+    const int plain = plain_ok && !fmt;
+    if (plain) HLOG_INFO("%s: not a kiln checkpoint; loading the module's weights from it by name", path);
+    if (!plain && (!fmt || strcmp(fmt, HT_CKPT_FORMAT) != 0)) {
         hwhyf(why, whylen, "%s: expected a kiln checkpoint (__metadata__ format = \"%s\"), found %s%s%s", path,
               HT_CKPT_FORMAT, fmt ? "\"" : "", fmt ? fmt : "no format entry", fmt ? "\"" : "");
         return KILN_E_DATA;
     }
     for (uint32_t i = 0; rc == KILN_OK && i < t->nparams; i++) {
         kiln_parameter *p = t->params[i];
-        const kst_tensor *x = kst_find(f, p->name);
+        const kst_tensor *x = find_weight(f, p->name, plain);
         char want[96] = "", got[96] = "";
         for (uint32_t d = 0; d < p->ndim; d++)
             snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", d ? ", " : "", (long long)p->shape[d]);
@@ -291,11 +307,24 @@ static int load_weights_from(ht_trainer *t, kst_file *f, const char *path, char 
         }
         if (crc) rc = ht_fail(t, &t->accel, crc, "copy of a checkpoint tensor", why, whylen);
     }
-    int nweights = 0;
-    for (int i = 0; i < kst_count(f); i++) nweights += strncmp(kst_get(f, i)->name, "__state__.", 10) != 0;
-    if (rc == KILN_OK && (size_t)nweights != t->nparams)
-        HLOG_WARN("%s: %d weight tensors in the file, the module uses %u; the others are ignored", path, nweights,
-                  t->nparams);
+    if (rc == KILN_OK) {
+        /* name what is ignored: another model's file fails loudly above,
+         * extra tensors (buffers, a tied output head) only warn */
+        int nextra = 0;
+        char names[256] = "";
+        for (int i = 0; i < kst_count(f); i++) {
+            const char *n = kst_get(f, i)->name;
+            if (!strncmp(n, "__state__.", 10)) continue;
+            int used = 0;
+            for (uint32_t j = 0; j < t->nparams && !used; j++) used = find_weight(f, t->params[j]->name, plain) == kst_get(f, i);
+            if (used) continue;
+            if (nextra++ < 3)
+                snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", nextra > 1 ? ", " : "", n);
+        }
+        if (nextra)
+            HLOG_WARN("%s: %d tensor(s) in the file are not parameters of module '%s' and are ignored (%s%s)", path,
+                      nextra, t->module.p->view.name, names, nextra > 3 ? ", ..." : "");
+    }
     if (rc == KILN_OK) {
         const char *e = kst_metadata(f, "epoch"), *s = kst_metadata(f, "global_step");
         HLOG_INFO("loaded weights from %s (epoch %s, global step %s)", path, e ? e : "?", s ? s : "?");
@@ -307,7 +336,7 @@ int ht_ckpt_load_weights(ht_trainer *t, const char *path, char *why, size_t whyl
     kst_file *f = NULL;
     int rc = kst_open(path, &f, why, whylen);
     if (rc) return rc;
-    rc = load_weights_from(t, f, path, why, whylen);
+    rc = load_weights_from(t, f, path, 1, why, whylen);
     kst_close(f);
     return rc;
 }
@@ -316,7 +345,7 @@ int ht_ckpt_resume(ht_trainer *t, const char *path, char *why, size_t whylen) {
     kst_file *f = NULL;
     int rc = kst_open(path, &f, why, whylen);
     if (rc) return rc;
-    if ((rc = load_weights_from(t, f, path, why, whylen))) {
+    if ((rc = load_weights_from(t, f, path, 0, why, whylen))) {
         kst_close(f);
         return rc;
     }
