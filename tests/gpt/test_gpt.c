@@ -1,0 +1,880 @@
+/*
+ * test_gpt.c — CUnit suite for the "gpt" module plugin (GPT-2 over
+ * kiln/nn.h), loaded through the mock host on the real cpu accelerator
+ * plugin (the module needs the ABI 1.4 sequence kernels, which only an
+ * accelerator provides). It checks the registered parameters against
+ * Hugging Face GPT2LMHeadModel's state dict (names, shapes, order, no-decay
+ * flags), GPT-2's initialisation statistics, every config and batch refusal
+ * with its message, the loss and predict_step's logits against a plain
+ * double-precision GPT-2 forward written here, the whole backward pass in
+ * float64 against central finite differences for entries of every
+ * parameter tensor, gradient accumulation over repeated backward calls,
+ * independence from the classifier's chunk size, float32 against float64,
+ * float16/bfloat16 compute copies, frozen parameters, the logged metrics,
+ * and that no step allocates.
+ */
+#define _POSIX_C_SOURCE 200112L /* posix_memalign */
+#include "mockhost.h"
+
+#include <CUnit/CUnit.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------ plugins */
+
+static const kiln_plugin_desc *g_desc;      /* gpt                              */
+static const kiln_plugin_desc *g_cpu_desc;  /* cpu accelerator                  */
+static kiln_instance *g_acc;                /* one cpu accelerator for the suite */
+static const kiln_kernels *g_cpu;           /* its table                        */
+static kiln_kernels g_table;                /* the table the module gets: cpu's,
+                                               alloc counted                    */
+static int g_allocs;
+
+static const kiln_module_ops *ops(void) { return (const kiln_module_ops *)g_desc->ops; }
+
+static int32_t count_alloc(kiln_instance *acc, size_t bytes, void **out) {
+    g_allocs++;
+    return g_cpu->alloc(acc, bytes, out);
+}
+
+static int load_plugins(void) {
+    const char *dir = getenv("KILN_PLUGIN_DIR");
+    if (!dir) {
+        fprintf(stderr, "KILN_PLUGIN_DIR is not set\n");
+        return -1;
+    }
+    char path[4096];
+    mh_reset();
+    snprintf(path, sizeof path, "%s/libkiln-gpt.so", dir);
+    g_desc = mh_load(path, KILN_KIND_MODULE, "gpt");
+    snprintf(path, sizeof path, "%s/libkiln-cpu.so", dir);
+    g_cpu_desc = mh_load(path, KILN_KIND_ACCELERATOR, "cpu");
+    if (!g_desc || !g_cpu_desc) return -1;
+    const kiln_accelerator_ops *aops = g_cpu_desc->ops;
+    if (aops->base.create(g_cpu_desc->plugin_ctx, mh_services(), mh_ctx(), NULL, &g_acc) != KILN_OK) return -1;
+    g_cpu = aops->kernels(g_acc);
+    if (!g_cpu) return -1;
+    g_table = *g_cpu;
+    g_table.alloc = count_alloc;
+    return 0;
+}
+
+/* ------------------------------------------------------------- config */
+
+typedef struct cfg {
+    int64_t n_layer, n_head, n_embd, block_size, vocab_size, padded_vocab_size, max_batch, chunk;
+    double eps, init_range;
+    kiln_kv kv[11];
+} cfg;
+
+static const kiln_kv *cfg_build(cfg *c) {
+    c->kv[0] = (kiln_kv){"n_layer", KILN_V_INT(c->n_layer)};
+    c->kv[1] = (kiln_kv){"n_head", KILN_V_INT(c->n_head)};
+    c->kv[2] = (kiln_kv){"n_embd", KILN_V_INT(c->n_embd)};
+    c->kv[3] = (kiln_kv){"block_size", KILN_V_INT(c->block_size)};
+    c->kv[4] = (kiln_kv){"vocab_size", KILN_V_INT(c->vocab_size)};
+    c->kv[5] = (kiln_kv){"padded_vocab_size", KILN_V_INT(c->padded_vocab_size)};
+    c->kv[6] = (kiln_kv){"max_batch", KILN_V_INT(c->max_batch)};
+    c->kv[7] = (kiln_kv){"classifier_chunk", KILN_V_INT(c->chunk)};
+    c->kv[8] = (kiln_kv){"layer_norm_epsilon", KILN_V_FLOAT(c->eps)};
+    c->kv[9] = (kiln_kv){"initializer_range", KILN_V_FLOAT(c->init_range)};
+    c->kv[10] = (kiln_kv){NULL, KILN_V_NONE};
+    return c->kv;
+}
+
+/* The tiny model of the gradient check: 2 layers, 2 heads, C = 8, T = 5,
+ * V = 11 (logits stride 16), B = 2; the classifier in chunks of 3 rows, so
+ * the 10 rows take 4 chunks, the last one partial. */
+static cfg tiny_cfg(void) {
+    cfg c = {2, 2, 8, 5, 11, 16, 2, 3, 1e-5, 0.02, {{0}}};
+    return c;
+}
+
+/* ------------------------------------------------------ module set-up */
+
+enum { P_F32 = 0, P_F64 = 1, P_BF16 = 2, P_F16 = 3 }; /* what the precision would set up */
+
+static void *g_compute[MH_MAX_PARAMS]; /* compute copies this file made */
+
+static void free_compute(void) {
+    for (int i = 0; i < MH_MAX_PARAMS; i++) {
+        free(g_compute[i]);
+        g_compute[i] = NULL;
+    }
+}
+
+static size_t esz_of(const kiln_parameter *p) { return kiln_dtype_size(kiln_param_dtype(p)); }
+
+/* Masters in fp32 or fp64, like the host allocates them (zeroed, aligned). */
+static int alloc_params(int f64) {
+    if (!f64) return mh_alloc_params();
+    for (uint32_t i = 0; i < mh.nparams; i++) {
+        kiln_parameter *p = &mh.params[i];
+        size_t bytes = ((size_t)p->numel * sizeof(double) + 63) & ~(size_t)63;
+        if (posix_memalign((void **)&p->data, 64, bytes) || posix_memalign((void **)&p->grad, 64, bytes)) return -1;
+        memset(p->data, 0, bytes);
+        memset(p->grad, 0, bytes);
+        p->param_dtype = KILN_DTYPE_F64;
+        p->compute_dtype = KILN_DTYPE_F64;
+        p->compute = p->data;
+    }
+    return 0;
+}
+
+/* What 16-mixed / bf16-mixed's convert_params does: a copy of every matrix
+ * in the reduced dtype (vectors compute from their masters). */
+static void convert_params(int prec) {
+    if (prec != P_BF16 && prec != P_F16) return;
+    const uint32_t dt = prec == P_BF16 ? KILN_DTYPE_BF16 : KILN_DTYPE_F16;
+    for (uint32_t i = 0; i < mh.nparams; i++) {
+        kiln_parameter *p = &mh.params[i];
+        if (p->ndim < 2) continue;
+        if (!g_compute[i]) g_compute[i] = malloc((size_t)p->numel * 2);
+        CU_ASSERT_EQUAL(g_cpu->cast(g_acc, g_compute[i], dt, p->data, KILN_DTYPE_F32, (size_t)p->numel), KILN_OK);
+        p->compute = g_compute[i];
+        p->compute_dtype = dt;
+    }
+}
+
+/* Fresh mock host + gpt instance; parameters allocated and initialised. */
+static kiln_instance *make_module(cfg *c, uint64_t seed, int prec) {
+    free_compute();
+    mh_reset();
+    mh.kernels = &g_table;
+    mh.acc = g_acc;
+    kiln_instance *inst = NULL;
+    int32_t rc = ops()->base.create(g_desc->plugin_ctx, mh_services(), mh_ctx(), cfg_build(c), &inst);
+    CU_ASSERT_EQUAL(rc, KILN_OK);
+    if (rc != KILN_OK) {
+        printf("\n  create failed: %s", mh.last_error);
+        return NULL;
+    }
+    CU_ASSERT_EQUAL_FATAL(alloc_params(prec == P_F64), 0);
+    rc = ops()->init_weights(inst, seed);
+    CU_ASSERT_EQUAL(rc, KILN_OK);
+    if (rc != KILN_OK) printf("\n  init_weights failed: %s", mh.last_error);
+    convert_params(prec);
+    return inst;
+}
+
+static void destroy_module(kiln_instance *inst) {
+    if (inst) ops()->base.destroy(inst);
+    free_compute();
+}
+
+/* Create with config c; the status, and mh.last_error holds the message. */
+static int32_t try_create(cfg *c) {
+    mh_reset();
+    mh.kernels = &g_table;
+    mh.acc = g_acc;
+    kiln_instance *inst = NULL;
+    int32_t rc = ops()->base.create(g_desc->plugin_ctx, mh_services(), mh_ctx(), cfg_build(c), &inst);
+    if (rc == KILN_OK) ops()->base.destroy(inst);
+    CU_ASSERT_PTR_NULL(rc == KILN_OK ? NULL : inst);
+    return rc;
+}
+
+/* ------------------------------------------------------------ batches */
+
+/* A zeroed step output whose struct_size is this build's (the struct grows
+ * with the ABI). */
+static kiln_step_output step_output(void) {
+    kiln_step_output o;
+    memset(&o, 0, sizeof o);
+    o.struct_size = sizeof o;
+    return o;
+}
+
+typedef struct tbatch {
+    int32_t x[4096];  /* (B, T) inputs  */
+    int32_t y[4096];  /* (B, T) targets */
+    kiln_tensor t[2];
+    kiln_batch b;
+} tbatch;
+
+static void batch_wrap(tbatch *tb, int B, int T) {
+    tb->t[0] = (kiln_tensor){tb->x, KILN_DTYPE_I32, 2, {B, T, 1, 1}};
+    tb->t[1] = (kiln_tensor){tb->y, KILN_DTYPE_I32, 2, {B, T, 1, 1}};
+    tb->b = (kiln_batch){sizeof(kiln_batch), 2, tb->t, B};
+}
+
+static uint64_t rng_state = 1;
+static uint32_t rng_u32(void) {
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return (uint32_t)((rng_state * 0x2545F4914F6CDD1Dull) >> 32);
+}
+
+/* Random tokens; targets the next token, with every 4th position ignored. */
+static void batch_random(tbatch *tb, int B, int T, int V, uint64_t seed) {
+    rng_state = seed | 1;
+    for (int i = 0; i < B * T; i++) tb->x[i] = (int32_t)(rng_u32() % (uint32_t)V);
+    for (int i = 0; i < B * T; i++) tb->y[i] = i % 4 == 3 ? -1 : (int32_t)(rng_u32() % (uint32_t)V);
+    batch_wrap(tb, B, T);
+}
+
+static double train_loss(kiln_instance *inst, const tbatch *tb) {
+    kiln_step_output out = step_output();
+    int32_t rc = ops()->training_step(inst, &tb->b, 0, &out);
+    CU_ASSERT_EQUAL(rc, KILN_OK);
+    if (rc != KILN_OK) printf("\n  training_step failed: %s", mh.last_error);
+    CU_ASSERT_EQUAL(out.has_loss, 1);
+    return out.loss;
+}
+
+/* ------------------------------------------------------ param access */
+
+static double pget(const kiln_parameter *p, int64_t i) {
+    return kiln_param_dtype(p) == KILN_DTYPE_F64 ? ((const double *)p->data)[i] : (double)p->data[i];
+}
+static void pset(kiln_parameter *p, int64_t i, double v) {
+    if (kiln_param_dtype(p) == KILN_DTYPE_F64)
+        ((double *)p->data)[i] = v;
+    else
+        p->data[i] = (float)v;
+}
+static double gget(const kiln_parameter *p, int64_t i) {
+    return kiln_param_dtype(p) == KILN_DTYPE_F64 ? ((const double *)p->grad)[i] : (double)p->grad[i];
+}
+static void zero_grads(void) {
+    for (uint32_t i = 0; i < mh.nparams; i++) memset(mh.params[i].grad, 0, (size_t)mh.params[i].numel * esz_of(&mh.params[i]));
+}
+static int contains(const char *hay, const char *needle) { return strstr(hay, needle) != NULL; }
+
+/* --------------------------------- a plain double-precision GPT-2 forward */
+
+static double ref_gelu(double x) {
+    const double k = 0.79788456080286535588; /* sqrt(2/pi) */
+    return 0.5 * x * (1.0 + tanh(k * (x + 0.044715 * x * x * x)));
+}
+
+/* y(N, C) = layernorm(x) with parameter pair (w, b). */
+static void ref_ln(double *y, const double *x, int N, int C, const kiln_parameter *w, const kiln_parameter *b,
+                   double eps) {
+    for (int r = 0; r < N; r++) {
+        double m = 0, v = 0;
+        for (int j = 0; j < C; j++) m += x[r * C + j];
+        m /= C;
+        for (int j = 0; j < C; j++) v += (x[r * C + j] - m) * (x[r * C + j] - m);
+        v /= C;
+        const double rs = 1.0 / sqrt(v + eps);
+        for (int j = 0; j < C; j++) y[r * C + j] = (x[r * C + j] - m) * rs * pget(w, j) + pget(b, j);
+    }
+}
+
+/* y(N, out) = x(N, in) . W(in, out) + b (Conv1D). */
+static void ref_conv1d(double *y, const double *x, int N, int in, int out, const kiln_parameter *W,
+                       const kiln_parameter *b) {
+    for (int r = 0; r < N; r++)
+        for (int o = 0; o < out; o++) {
+            double s = pget(b, o);
+            for (int i = 0; i < in; i++) s += x[r * in + i] * pget(W, (int64_t)i * out + o);
+            y[r * out + o] = s;
+        }
+}
+
+/* The mean loss of the registered parameters on (B, T) tokens and targets;
+ * `last_logits` (V) gets the logits of the last position of sequence B-1. */
+static double ref_forward(const cfg *c, const int32_t *x, const int32_t *y, int B, int T, double *last_logits) {
+    const int C = (int)c->n_embd, NH = (int)c->n_head, D = C / NH, V = (int)c->vocab_size, N = B * T;
+    const kiln_parameter *P = mh.params;
+    double *h = calloc((size_t)N * C, sizeof *h), *ln = calloc((size_t)N * C, sizeof *ln);
+    double *qkv = calloc((size_t)N * 3 * C, sizeof *qkv), *att = calloc((size_t)N * C, sizeof *att);
+    double *t = calloc((size_t)N * 4 * C, sizeof *t), *o = calloc((size_t)N * C, sizeof *o);
+    for (int r = 0; r < N; r++)
+        for (int j = 0; j < C; j++) h[r * C + j] = pget(&P[0], (int64_t)x[r] * C + j) + pget(&P[1], (r % T) * C + j);
+    for (int l = 0; l < c->n_layer; l++) {
+        const kiln_parameter *L = &P[2 + 12 * l];
+        ref_ln(ln, h, N, C, &L[0], &L[1], c->eps);
+        ref_conv1d(qkv, ln, N, C, 3 * C, &L[2], &L[3]);
+        for (int b = 0; b < B; b++)
+            for (int hd = 0; hd < NH; hd++)
+                for (int i = 0; i < T; i++) {
+                    const double *q = &qkv[(b * T + i) * 3 * C + hd * D];
+                    double s[64], mx = -INFINITY, z = 0;
+                    for (int j = 0; j <= i; j++) {
+                        const double *k = &qkv[(b * T + j) * 3 * C + C + hd * D];
+                        double d = 0;
+                        for (int e = 0; e < D; e++) d += q[e] * k[e];
+                        s[j] = d / sqrt((double)D);
+                        if (s[j] > mx) mx = s[j];
+                    }
+                    for (int j = 0; j <= i; j++) z += (s[j] = exp(s[j] - mx));
+                    for (int e = 0; e < D; e++) {
+                        double a = 0;
+                        for (int j = 0; j <= i; j++) a += s[j] / z * qkv[(b * T + j) * 3 * C + 2 * C + hd * D + e];
+                        att[(b * T + i) * C + hd * D + e] = a;
+                    }
+                }
+        ref_conv1d(o, att, N, C, C, &L[4], &L[5]);
+        for (int i = 0; i < N * C; i++) h[i] += o[i];
+        ref_ln(ln, h, N, C, &L[6], &L[7], c->eps);
+        ref_conv1d(t, ln, N, C, 4 * C, &L[8], &L[9]);
+        for (int i = 0; i < N * 4 * C; i++) t[i] = ref_gelu(t[i]);
+        ref_conv1d(o, t, N, 4 * C, C, &L[10], &L[11]);
+        for (int i = 0; i < N * C; i++) h[i] += o[i];
+    }
+    const int lf = 2 + 12 * (int)c->n_layer;
+    ref_ln(ln, h, N, C, &P[lf], &P[lf + 1], c->eps);
+    double total = 0;
+    int valid = 0;
+    double *logit = calloc((size_t)V, sizeof *logit);
+    for (int r = 0; r < N; r++) {
+        double mx = -INFINITY, z = 0;
+        for (int v = 0; v < V; v++) {
+            double s = 0;
+            for (int j = 0; j < C; j++) s += ln[r * C + j] * pget(&P[0], (int64_t)v * C + j);
+            logit[v] = s;
+            if (s > mx) mx = s;
+        }
+        if (r == N - 1 && last_logits) memcpy(last_logits, logit, (size_t)V * sizeof *logit);
+        if (!y || y[r] < 0) continue;
+        for (int v = 0; v < V; v++) z += exp(logit[v] - mx);
+        total += log(z) + mx - logit[y[r]];
+        valid++;
+    }
+    free(logit);
+    free(h), free(ln), free(qkv), free(att), free(t), free(o);
+    return valid ? total / valid : 0.0;
+}
+
+/* ----------------------------------------------------------------- tests */
+
+static void test_descriptor(void) {
+    CU_ASSERT_EQUAL(g_desc->kind, KILN_KIND_MODULE);
+    CU_ASSERT_STRING_EQUAL(g_desc->name, "gpt");
+    CU_ASSERT(ops()->base.struct_size >= KILN_MODULE_OPS_SIZE_1_4);
+    CU_ASSERT_PTR_NOT_NULL(ops()->predict_step);
+    const struct { const char *key; int64_t def; } want[] = {
+        {"n_layer", 12}, {"n_head", 12}, {"n_embd", 768}, {"block_size", 1024}, {"vocab_size", 50257},
+        {"padded_vocab_size", 0}, {"max_batch", 8}, {"classifier_chunk", 256},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        const kiln_param *p = g_desc->params;
+        while (p->key && strcmp(p->key, want[i].key)) p++;
+        CU_ASSERT_PTR_NOT_NULL(p->key);
+        if (p->key) CU_ASSERT_EQUAL(p->def.v.i, want[i].def);
+    }
+    const kiln_value *pd = kiln_kv_find(g_desc->properties, "param_dtypes");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(pd);
+    CU_ASSERT_EQUAL(pd->count, 2);
+}
+
+/* Hugging Face GPT2LMHeadModel.state_dict() order, names and shapes. */
+static void test_param_layout(void) {
+    cfg c = tiny_cfg();
+    kiln_instance *inst = make_module(&c, 1, P_F32);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(inst);
+    const int C = 8, L = 2;
+    CU_ASSERT_EQUAL_FATAL(mh.nparams, 2 + 12 * L + 2);
+    struct { char name[64]; int64_t s0, s1; int nodecay; } want[64];
+    int n = 0;
+#define W(nm, a, b, nd) (snprintf(want[n].name, 64, "%s", nm), want[n].s0 = a, want[n].s1 = b, want[n++].nodecay = nd)
+    W("transformer.wte.weight", 11, C, 0);
+    W("transformer.wpe.weight", 5, C, 0);
+    for (int l = 0; l < L; l++) {
+        char p[64];
+        const char *leaf[12] = {"ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
+                                "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
+                                "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"};
+        const int64_t s0[12] = {C, C, C, 3 * C, C, C, C, C, C, 4 * C, 4 * C, C};
+        const int64_t s1[12] = {0, 0, 3 * C, 0, C, 0, 0, 0, 4 * C, 0, C, 0};
+        for (int j = 0; j < 12; j++) {
+            snprintf(p, sizeof p, "transformer.h.%d.%s", l, leaf[j]);
+            W(p, s0[j], s1[j], s1[j] == 0);
+        }
+    }
+    W("transformer.ln_f.weight", C, 0, 1);
+    W("transformer.ln_f.bias", C, 0, 1);
+#undef W
+    for (int i = 0; i < n; i++) {
+        const kiln_parameter *p = &mh.params[i];
+        CU_ASSERT_STRING_EQUAL(p->name, want[i].name);
+        CU_ASSERT_EQUAL(p->ndim, want[i].s1 ? 2u : 1u);
+        CU_ASSERT_EQUAL(p->shape[0], want[i].s0);
+        if (want[i].s1) CU_ASSERT_EQUAL(p->shape[1], want[i].s1);
+        CU_ASSERT_EQUAL((p->flags & KILN_PARAMF_NO_DECAY) != 0, want[i].nodecay);
+    }
+    destroy_module(inst);
+}
+
+/* normal(0, 0.02); residual projections 0.02 / sqrt(2 n_layer); biases 0;
+ * LayerNorm weights 1; the same seed gives the same bits. */
+static void test_init(void) {
+    cfg c = {3, 4, 64, 64, 500, 0, 1, 64, 1e-5, 0.02, {{0}}};
+    kiln_instance *inst = make_module(&c, 7, P_F32);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(inst);
+    for (uint32_t i = 0; i < mh.nparams; i++) {
+        const kiln_parameter *p = &mh.params[i];
+        double s = 0, ss = 0, mx = 0;
+        for (int64_t j = 0; j < p->numel; j++) {
+            s += p->data[j];
+            ss += (double)p->data[j] * p->data[j];
+            if (fabs(p->data[j]) > mx) mx = fabs(p->data[j]);
+        }
+        const double mean = s / (double)p->numel, sd = sqrt(ss / (double)p->numel - mean * mean);
+        if (p->ndim == 2) {
+            const double want = contains(p->name, "c_proj.weight") ? 0.02 / sqrt(6.0) : 0.02;
+            CU_ASSERT(fabs(sd - want) < 0.06 * want);
+            CU_ASSERT(fabs(mean) < 0.1 * want);
+            CU_ASSERT(mx < 6.5 * want && mx > 2.5 * want);
+            if (!(fabs(sd - want) < 0.06 * want)) printf("\n  %s: std %g, want %g", p->name, sd, want);
+        } else if (contains(p->name, "ln_") && contains(p->name, ".weight")) {
+            CU_ASSERT(mean == 1.0 && sd == 0.0);
+        } else {
+            CU_ASSERT(mx == 0.0);
+        }
+    }
+    /* same seed, same bits; another seed, other bits */
+    float *saved = malloc((size_t)mh.params[0].numel * sizeof *saved);
+    memcpy(saved, mh.params[0].data, (size_t)mh.params[0].numel * sizeof *saved);
+    CU_ASSERT_EQUAL(ops()->init_weights(inst, 7), KILN_OK);
+    CU_ASSERT_EQUAL(memcmp(saved, mh.params[0].data, (size_t)mh.params[0].numel * sizeof *saved), 0);
+    CU_ASSERT_EQUAL(ops()->init_weights(inst, 8), KILN_OK);
+    CU_ASSERT_NOT_EQUAL(memcmp(saved, mh.params[0].data, (size_t)mh.params[0].numel * sizeof *saved), 0);
+    free(saved);
+    destroy_module(inst);
+}
+
+static void expect_config_refusal(cfg *c, const char *a, const char *b) {
+    CU_ASSERT_EQUAL(try_create(c), KILN_E_CONFIG);
+    CU_ASSERT(contains(mh.last_error, a));
+    if (b) CU_ASSERT(contains(mh.last_error, b));
+    CU_ASSERT_PTR_NULL(strchr(mh.last_error, '\n'));
+    if (!contains(mh.last_error, a) || (b && !contains(mh.last_error, b))) printf("\n  message: %s", mh.last_error);
+    CU_ASSERT_EQUAL(mh.nparams, 0); /* refused before any registration */
+}
+
+static void test_bad_config(void) {
+    cfg c = tiny_cfg();
+    c.n_embd = 10; /* 10 % 4 != 0 */
+    c.n_head = 4;
+    expect_config_refusal(&c, "n_embd (10)", "n_head (4)");
+    c = tiny_cfg();
+    c.padded_vocab_size = 10;
+    expect_config_refusal(&c, "padded_vocab_size", "vocab_size (11)");
+    const char *keys[] = {"n_layer", "n_head", "n_embd", "block_size", "vocab_size", "max_batch", "classifier_chunk"};
+    for (int i = 0; i < 7; i++)
+        for (int v = -1; v <= 0; v++) {
+            c = tiny_cfg();
+            int64_t *f[] = {&c.n_layer, &c.n_head, &c.n_embd, &c.block_size, &c.vocab_size, &c.max_batch, &c.chunk};
+            *f[i] = v;
+            expect_config_refusal(&c, keys[i], "must be in [1,");
+        }
+    c = tiny_cfg();
+    c.eps = 0.0;
+    expect_config_refusal(&c, "layer_norm_epsilon", NULL);
+    /* padded_vocab_size 0 is vocab_size rounded up to 64: accepted */
+    c = tiny_cfg();
+    c.padded_vocab_size = 0;
+    CU_ASSERT_EQUAL(try_create(&c), KILN_OK);
+}
+
+/* A kernel table older than 1.4 is refused in one line at create(). */
+static void test_old_kernel_table(void) {
+    kiln_kernels old = *g_cpu;
+    old.struct_size = KILN_KERNELS_SIZE_1_3;
+    mh_reset();
+    mh.kernels = &old;
+    mh.acc = g_acc;
+    cfg c = tiny_cfg();
+    kiln_instance *inst = NULL;
+    CU_ASSERT_EQUAL(ops()->base.create(g_desc->plugin_ctx, mh_services(), mh_ctx(), cfg_build(&c), &inst),
+                    KILN_E_UNSUPPORTED);
+    CU_ASSERT_PTR_NULL(inst);
+    CU_ASSERT(contains(mh.last_error, "1.4"));
+    CU_ASSERT_PTR_NULL(strchr(mh.last_error, '\n'));
+}
+
+static void expect_batch_refusal(kiln_instance *inst, const kiln_batch *b, const char *a, const char *b2) {
+    kiln_step_output out = step_output();
+    mh.last_error[0] = 0;
+    CU_ASSERT_EQUAL(ops()->training_step(inst, b, 0, &out), KILN_E_DATA);
+    CU_ASSERT(contains(mh.last_error, "gpt: training_step"));
+    CU_ASSERT(contains(mh.last_error, a));
+    if (b2) CU_ASSERT(contains(mh.last_error, b2));
+    if (!contains(mh.last_error, a) || (b2 && !contains(mh.last_error, b2))) printf("\n  message: %s", mh.last_error);
+    CU_ASSERT_EQUAL(ops()->backward(inst, 1.0), KILN_E_STATE); /* nothing to differentiate */
+}
+
+static void test_bad_batch(void) {
+    cfg c = tiny_cfg();
+    kiln_instance *inst = make_module(&c, 3, P_F32);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(inst);
+    tbatch tb;
+    batch_random(&tb, 2, 6, 11, 1); /* T = 6 > block_size = 5 */
+    expect_batch_refusal(inst, &tb.b, "T = 6", "block_size = 5");
+    batch_random(&tb, 3, 5, 11, 1); /* B = 3 > max_batch = 2 */
+    expect_batch_refusal(inst, &tb.b, "batch of 3", "max_batch is 2");
+    batch_random(&tb, 2, 5, 11, 1);
+    tb.x[7] = 11;
+    expect_batch_refusal(inst, &tb.b, "inputs[1][2] = 11", "vocab_size is 11");
+    batch_random(&tb, 2, 5, 11, 1);
+    tb.x[0] = -3;
+    expect_batch_refusal(inst, &tb.b, "inputs[0][0] = -3", "vocab_size");
+    batch_random(&tb, 2, 5, 11, 1);
+    tb.y[9] = 12;
+    expect_batch_refusal(inst, &tb.b, "targets[1][4] = 12", "vocab_size = 11");
+    batch_random(&tb, 2, 5, 11, 1);
+    tb.y[1] = -2;
+    expect_batch_refusal(inst, &tb.b, "targets[0][1] = -2", NULL);
+    batch_random(&tb, 2, 5, 11, 1);
+    tb.t[0].dtype = KILN_DTYPE_F32;
+    expect_batch_refusal(inst, &tb.b, "inputs as an int32 tensor (B, T)", "float32");
+    batch_random(&tb, 2, 5, 11, 1);
+    tb.t[1].ndim = 1;
+    expect_batch_refusal(inst, &tb.b, "targets as an int32 tensor (B, T)", "1 dims");
+    batch_random(&tb, 2, 5, 11, 1);
+    tb.t[1].shape[1] = 4;
+    expect_batch_refusal(inst, &tb.b, "T = 5", "targets have 4");
+    batch_random(&tb, 2, 5, 11, 1);
+    tb.b.ntensors = 1;
+    expect_batch_refusal(inst, &tb.b, "2 tensors", NULL);
+    batch_random(&tb, 2, 5, 11, 1);
+    tb.b.size = 0;
+    expect_batch_refusal(inst, &tb.b, "empty batch", NULL);
+    /* a good batch still works afterwards */
+    batch_random(&tb, 2, 5, 11, 1);
+    CU_ASSERT(isfinite(train_loss(inst, &tb)));
+    destroy_module(inst);
+}
+
+/* Loss and predict_step against the double reference, in fp64 (tight) and
+ * fp32 (float tolerance). */
+static void check_vs_reference(int prec, double tol) {
+    cfg c = tiny_cfg();
+    kiln_instance *inst = make_module(&c, 11, prec);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(inst);
+    tbatch tb;
+    batch_random(&tb, 2, 5, 11, 5);
+    double ref_last[11];
+    const double ref = ref_forward(&c, tb.x, tb.y, 2, 5, ref_last);
+    const double loss = train_loss(inst, &tb);
+    CU_ASSERT(fabs(loss - ref) <= tol * fabs(ref));
+    if (!(fabs(loss - ref) <= tol * fabs(ref))) printf("\n  loss %.17g, reference %.17g", loss, ref);
+    CU_ASSERT(fabs(ref - log(11.0)) < 0.1); /* small init: close to uniform */
+    /* predict on the last sequence gives its last position's logits */
+    kiln_tensor tok = {tb.x + 5, KILN_DTYPE_I32, 2, {1, 5, 1, 1}}, out;
+    kiln_batch pb = {sizeof pb, 1, &tok, 1};
+    memset(&out, 0, sizeof out);
+    int32_t rc = ops()->predict_step(inst, &pb, &out);
+    CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
+    CU_ASSERT_EQUAL(out.dtype, KILN_DTYPE_F32);
+    CU_ASSERT_EQUAL(out.ndim, 2);
+    CU_ASSERT_EQUAL(out.shape[0], 1);
+    CU_ASSERT_EQUAL(out.shape[1], 11);
+    const float *lg = out.data;
+    double worst = 0, scale = 0;
+    for (int v = 0; v < 11; v++) {
+        worst = fmax(worst, fabs(lg[v] - ref_last[v]));
+        scale = fmax(scale, fabs(ref_last[v]));
+    }
+    CU_ASSERT(worst <= fmax(tol, 2e-7) * scale + 1e-7); /* predict's logits are float32 */
+    if (!(worst <= fmax(tol, 2e-7) * scale + 1e-7)) printf("\n  predict: max |diff| %g (scale %g)", worst, scale);
+    /* longer than block_size: the last block_size tokens */
+    int32_t longer[8] = {3, 1, 4, tb.x[5], tb.x[6], tb.x[7], tb.x[8], tb.x[9]};
+    kiln_tensor tok2 = {longer, KILN_DTYPE_I32, 2, {1, 8, 1, 1}}, out2;
+    kiln_batch pb2 = {sizeof pb2, 1, &tok2, 1};
+    float first[11];
+    memcpy(first, lg, sizeof first);
+    CU_ASSERT_EQUAL_FATAL(ops()->predict_step(inst, &pb2, &out2), KILN_OK);
+    CU_ASSERT_EQUAL(memcmp(first, out2.data, sizeof first), 0);
+    /* predict overwrote the activations: no backward */
+    CU_ASSERT_EQUAL(ops()->backward(inst, 1.0), KILN_E_STATE);
+    destroy_module(inst);
+}
+
+static void test_forward_f64(void) { check_vs_reference(P_F64, 1e-12); }
+static void test_forward_f32(void) { check_vs_reference(P_F32, 2e-6); }
+
+/* The central-difference check of every parameter tensor in fp64. */
+static void test_gradcheck_f64(void) {
+    cfg c = tiny_cfg();
+    kiln_instance *inst = make_module(&c, 21, P_F64);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(inst);
+    /* Larger weights than GPT-2's init, so every path carries signal:
+     * attention far from uniform, LayerNorm affine parts away from 1/0. */
+    rng_state = 99;
+    for (uint32_t i = 0; i < mh.nparams; i++)
+        for (int64_t j = 0; j < mh.params[i].numel; j++) {
+            const double u = (double)rng_u32() / 4294967296.0 - 0.5;
+            const int is_ln_w = contains(mh.params[i].name, "ln_") && contains(mh.params[i].name, "weight");
+            pset(&mh.params[i], j, is_ln_w ? 1.0 + 0.6 * u : 0.8 * u);
+        }
+    tbatch tb;
+    batch_random(&tb, 2, 5, 11, 9);
+    (void)train_loss(inst, &tb);
+    zero_grads();
+    CU_ASSERT_EQUAL_FATAL(ops()->backward(inst, 1.0), KILN_OK);
+    const double h = 1e-5;
+    double worst = 0;
+    int checked = 0, bad = 0;
+    for (uint32_t i = 0; i < mh.nparams; i++) {
+        kiln_parameter *p = &mh.params[i];
+        /* up to 7 entries of each tensor, spread over it */
+        const int64_t n = p->numel, K = n < 7 ? n : 7;
+        double tensor_worst = 0, gmax = 0;
+        for (int64_t s = 0; s < K; s++) {
+            const int64_t j = (s * 7919 + (int64_t)i * 31) % n;
+            const double v = pget(p, j);
+            pset(p, j, v + h);
+            const double lp = train_loss(inst, &tb);
+            pset(p, j, v - h);
+            const double lm = train_loss(inst, &tb);
+            pset(p, j, v);
+            const double num = (lp - lm) / (2 * h), an = gget(p, j);
+            const double err = fabs(num - an) / fmax(1e-4, fabs(num) + fabs(an));
+            tensor_worst = fmax(tensor_worst, err);
+            gmax = fmax(gmax, fabs(an));
+            bad += err > 1e-6;
+            checked++;
+        }
+        worst = fmax(worst, tensor_worst);
+        if (tensor_worst > 1e-6) printf("\n  %s: worst relative error %.3g", p->name, tensor_worst);
+        /* every tensor really gets a gradient (wpe rows >= T do not) */
+        CU_ASSERT(gmax > 0.0 || contains(p->name, "wpe"));
+    }
+    printf("\n  gradcheck fp64: %d entries of %u tensors, worst relative error %.3g", checked, mh.nparams, worst);
+    CU_ASSERT_EQUAL(bad, 0);
+    destroy_module(inst);
+}
+
+/* backward adds: two calls give twice one; dloss scales linearly (up to
+ * float32 rounding: a bias gradient is summed into the grad row by row). */
+static void test_backward_accumulates(void) {
+    cfg c = tiny_cfg();
+    kiln_instance *inst = make_module(&c, 5, P_F32);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(inst);
+    tbatch tb;
+    batch_random(&tb, 2, 5, 11, 2);
+    (void)train_loss(inst, &tb);
+    CU_ASSERT_EQUAL_FATAL(ops()->backward(inst, 1.0), KILN_OK);
+    float **one = calloc(mh.nparams, sizeof *one);
+    for (uint32_t i = 0; i < mh.nparams; i++) {
+        one[i] = malloc((size_t)mh.params[i].numel * sizeof(float));
+        memcpy(one[i], mh.params[i].grad, (size_t)mh.params[i].numel * sizeof(float));
+    }
+    CU_ASSERT_EQUAL_FATAL(ops()->backward(inst, 1.0), KILN_OK);
+    int bad = 0, nonzero = 0;
+    for (uint32_t i = 0; i < mh.nparams; i++)
+        for (int64_t j = 0; j < mh.params[i].numel; j++) {
+            nonzero += one[i][j] != 0.0f;
+            if (fabs(mh.params[i].grad[j] - 2.0 * one[i][j]) > 1e-5 * fabs(one[i][j]) + 1e-10) {
+                if (bad < 5)
+                    printf("\n  %s[%lld]: %.9g after two, %.9g after one", mh.params[i].name, (long long)j,
+                           mh.params[i].grad[j], one[i][j]);
+                bad++;
+            }
+        }
+    CU_ASSERT_EQUAL(bad, 0);
+    CU_ASSERT(nonzero > 1000);
+    zero_grads();
+    CU_ASSERT_EQUAL_FATAL(ops()->backward(inst, 0.25), KILN_OK);
+    bad = 0;
+    for (uint32_t i = 0; i < mh.nparams; i++)
+        for (int64_t j = 0; j < mh.params[i].numel; j++)
+            if (fabs(mh.params[i].grad[j] - 0.25 * one[i][j]) > 1e-5 * fabs(one[i][j]) + 1e-10) {
+                if (bad < 5) printf("\n  %s[%lld]: %.9g vs 0.25 * %.9g", mh.params[i].name, (long long)j, mh.params[i].grad[j], one[i][j]);
+                bad++;
+            }
+    CU_ASSERT_EQUAL(bad, 0);
+    for (uint32_t i = 0; i < mh.nparams; i++) free(one[i]);
+    free(one);
+    destroy_module(inst);
+}
+
+/* The classifier's chunk size changes nothing but the summation order. */
+static void test_chunks(void) {
+    double loss[2];
+    float *grads[2] = {NULL, NULL};
+    size_t total = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        cfg c = tiny_cfg();
+        c.chunk = pass ? 1000 : 3; /* 1000 is clamped to the 10 rows */
+        kiln_instance *inst = make_module(&c, 17, P_F32);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(inst);
+        tbatch tb;
+        batch_random(&tb, 2, 5, 11, 4);
+        loss[pass] = train_loss(inst, &tb);
+        CU_ASSERT_EQUAL_FATAL(ops()->backward(inst, 1.0), KILN_OK);
+        total = 0;
+        for (uint32_t i = 0; i < mh.nparams; i++) total += (size_t)mh.params[i].numel;
+        grads[pass] = malloc(total * sizeof(float));
+        size_t off = 0;
+        for (uint32_t i = 0; i < mh.nparams; i++) {
+            memcpy(grads[pass] + off, mh.params[i].grad, (size_t)mh.params[i].numel * sizeof(float));
+            off += (size_t)mh.params[i].numel;
+        }
+        destroy_module(inst);
+    }
+    CU_ASSERT(fabs(loss[0] - loss[1]) < 1e-6 * fabs(loss[0]));
+    int bad = 0;
+    for (size_t j = 0; j < total; j++) bad += fabs(grads[0][j] - grads[1][j]) > 1e-5 * fabs(grads[1][j]) + 1e-9;
+    CU_ASSERT_EQUAL(bad, 0);
+    free(grads[0]);
+    free(grads[1]);
+}
+
+/* 32-true and 64-true start from the same weights and agree to ~1e-6;
+ * bf16 and f16 compute copies give a loss close to fp32's and finite
+ * gradients. */
+static void test_precisions(void) {
+    const int precs[4] = {P_F32, P_F64, P_BF16, P_F16};
+    double loss[4];
+    for (int k = 0; k < 4; k++) {
+        cfg c = {2, 2, 16, 8, 37, 0, 2, 5, 1e-5, 0.02, {{0}}};
+        kiln_instance *inst = make_module(&c, 23, precs[k]);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(inst);
+        tbatch tb;
+        batch_random(&tb, 2, 8, 37, 8);
+        loss[k] = train_loss(inst, &tb);
+        CU_ASSERT_EQUAL(ops()->backward(inst, 1024.0), KILN_OK);
+        int finite = 1;
+        for (uint32_t i = 0; i < mh.nparams; i++)
+            for (int64_t j = 0; j < mh.params[i].numel; j++) finite &= isfinite(gget(&mh.params[i], j));
+        CU_ASSERT(finite);
+        destroy_module(inst);
+    }
+    printf("\n  loss fp32 %.9g fp64 %.9g bf16 %.9g fp16 %.9g", loss[0], loss[1], loss[2], loss[3]);
+    CU_ASSERT(fabs(loss[0] - loss[1]) < 1e-6 * loss[1]);
+    CU_ASSERT(fabs(loss[2] - loss[0]) < 1e-2 * loss[0]);
+    CU_ASSERT(fabs(loss[3] - loss[0]) < 2e-3 * loss[0]);
+    CU_ASSERT(loss[2] != loss[0]); /* the rounding really happened */
+    CU_ASSERT(loss[3] != loss[0]);
+}
+
+/* All targets ignored: loss 0, no gradient, nothing logged. */
+static void test_all_ignored(void) {
+    cfg c = tiny_cfg();
+    kiln_instance *inst = make_module(&c, 2, P_F32);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(inst);
+    tbatch tb;
+    batch_random(&tb, 2, 5, 11, 3);
+    for (int i = 0; i < 10; i++) tb.y[i] = -1;
+    CU_ASSERT_EQUAL(train_loss(inst, &tb), 0.0);
+    CU_ASSERT_EQUAL(ops()->backward(inst, 1.0), KILN_OK);
+    double s = 0;
+    for (uint32_t i = 0; i < mh.nparams; i++)
+        for (int64_t j = 0; j < mh.params[i].numel; j++) s += fabs(mh.params[i].grad[j]);
+    CU_ASSERT_EQUAL(s, 0.0);
+    CU_ASSERT(isnan(mh_last_logged("train_loss")));
+    destroy_module(inst);
+}
+
+/* A frozen parameter's grad stays untouched; the others still get theirs. */
+static void test_frozen(void) {
+    cfg c = tiny_cfg();
+    kiln_instance *inst = make_module(&c, 2, P_F32);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(inst);
+    tbatch tb;
+    batch_random(&tb, 2, 5, 11, 3);
+    (void)train_loss(inst, &tb);
+    const uint32_t frozen[3] = {0, 4, mh.nparams - 2}; /* wte, h.0.attn.c_attn.weight, ln_f.weight */
+    for (int i = 0; i < 3; i++) mh.params[frozen[i]].flags |= KILN_PARAMF_FROZEN;
+    CU_ASSERT_EQUAL(ops()->backward(inst, 1.0), KILN_OK);
+    for (int i = 0; i < 3; i++) {
+        double s = 0;
+        for (int64_t j = 0; j < mh.params[frozen[i]].numel; j++) s += fabs(mh.params[frozen[i]].grad[j]);
+        CU_ASSERT_EQUAL(s, 0.0);
+    }
+    double s = 0;
+    for (int64_t j = 0; j < mh.params[1].numel; j++) s += fabs(mh.params[1].grad[j]);
+    CU_ASSERT(s > 0.0);
+    destroy_module(inst);
+}
+
+/* train_loss on step and epoch; val_loss and, at the epoch's end,
+ * val_ppl = exp(token-weighted mean val_loss); test likewise. */
+static void test_logging(void) {
+    cfg c = tiny_cfg();
+    kiln_instance *inst = make_module(&c, 2, P_F32);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(inst);
+    tbatch tb;
+    batch_random(&tb, 2, 5, 11, 3);
+    const double l = train_loss(inst, &tb);
+    mh_logged *e = NULL;
+    for (int i = 0; i < mh.nlogged; i++)
+        if (!strcmp(mh.logged[i].name, "train_loss")) e = &mh.logged[i];
+    CU_ASSERT_PTR_NOT_NULL_FATAL(e);
+    CU_ASSERT_EQUAL(e->value, l);
+    CU_ASSERT_EQUAL(e->flags, KILN_LOG_ON_STEP | KILN_LOG_ON_EPOCH | KILN_LOG_PROG_BAR);
+    CU_ASSERT_EQUAL(e->weight, 8.0); /* 10 positions, every 4th ignored */
+    const uint32_t ids[2][2] = {{KILN_EV_ON_VALIDATION_EPOCH_START, KILN_EV_ON_VALIDATION_EPOCH_END},
+                                {KILN_EV_ON_TEST_EPOCH_START, KILN_EV_ON_TEST_EPOCH_END}};
+    const char *names[2][2] = {{"val_loss", "val_ppl"}, {"test_loss", "test_ppl"}};
+    for (int s = 0; s < 2; s++) {
+        kiln_event ev = {sizeof ev, ids[s][0], 0, 0, -1, NULL, NULL, 0, NULL, NULL, NULL, 0, 0, 0, 0, 0};
+        CU_ASSERT_EQUAL(ops()->on_event(inst, &ev), KILN_OK);
+        double sum = 0, n = 0;
+        for (int k = 0; k < 2; k++) {
+            batch_random(&tb, 2, 5, 11, 30 + (uint64_t)k);
+            if (k == 1) tb.y[0] = tb.y[1] = -1; /* another weight */
+            kiln_step_output out = step_output();
+            CU_ASSERT_EQUAL(s ? ops()->test_step(inst, &tb.b, k, &out) : ops()->validation_step(inst, &tb.b, k, &out),
+                            KILN_OK);
+            int valid = 0;
+            for (int i = 0; i < 10; i++) valid += tb.y[i] >= 0;
+            sum += out.loss * valid;
+            n += valid;
+            CU_ASSERT_EQUAL(mh_last_logged(names[s][0]), out.loss);
+        }
+        ev.id = ids[s][1];
+        CU_ASSERT_EQUAL(ops()->on_event(inst, &ev), KILN_OK);
+        CU_ASSERT(fabs(mh_last_logged(names[s][1]) - exp(sum / n)) < 1e-12 * exp(sum / n));
+    }
+    CU_ASSERT_EQUAL(ops()->backward(inst, 1.0), KILN_E_STATE); /* after an eval step */
+    destroy_module(inst);
+}
+
+/* After create, no step allocates accelerator memory. */
+static void test_no_step_allocations(void) {
+    cfg c = tiny_cfg();
+    kiln_instance *inst = make_module(&c, 2, P_F32);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(inst);
+    tbatch tb;
+    batch_random(&tb, 2, 5, 11, 3);
+    (void)train_loss(inst, &tb); /* first call: kernels may size their scratch */
+    CU_ASSERT_EQUAL(ops()->backward(inst, 1.0), KILN_OK);
+    const int before = g_allocs;
+    for (int i = 0; i < 3; i++) {
+        (void)train_loss(inst, &tb);
+        CU_ASSERT_EQUAL(ops()->backward(inst, 1.0), KILN_OK);
+    }
+    CU_ASSERT_EQUAL(g_allocs, before);
+    destroy_module(inst);
+}
+
+static int suite_init(void) { return load_plugins(); }
+static int suite_clean(void) {
+    free_compute();
+    mh_reset();
+    if (g_acc) ((const kiln_accelerator_ops *)g_cpu_desc->ops)->base.destroy(g_acc);
+    g_acc = NULL;
+    return 0;
+}
+
+static void register_tests(void) {
+    CU_pSuite s = CU_add_suite("gpt", suite_init, suite_clean);
+    CU_add_test(s, "descriptor and declared config", test_descriptor);
+    CU_add_test(s, "parameters: HF GPT2LMHeadModel names, shapes, order, no-decay", test_param_layout);
+    CU_add_test(s, "init: GPT-2 statistics, deterministic per seed", test_init);
+    CU_add_test(s, "bad configs are refused naming the keys", test_bad_config);
+    CU_add_test(s, "a pre-1.4 kernel table is refused in one line", test_old_kernel_table);
+    CU_add_test(s, "bad batches are refused with a message", test_bad_batch);
+    CU_add_test(s, "fp64: loss and predict_step = a double GPT-2 forward", test_forward_f64);
+    CU_add_test(s, "fp32: loss and predict_step = a double GPT-2 forward", test_forward_f32);
+    CU_add_test(s, "fp64: backward vs central differences, every tensor", test_gradcheck_f64);
+    CU_add_test(s, "backward adds, linear in dloss", test_backward_accumulates);
+    CU_add_test(s, "classifier chunk size changes nothing", test_chunks);
+    CU_add_test(s, "fp32 vs fp64; bf16 and f16 compute copies", test_precisions);
+    CU_add_test(s, "all targets ignored: loss 0, no gradient", test_all_ignored);
+    CU_add_test(s, "frozen parameters keep their grads", test_frozen);
+    CU_add_test(s, "train/val/test losses and perplexities are logged", test_logging);
+    CU_add_test(s, "no allocation per step", test_no_step_allocations);
+}
+
+#include "cunit_main.h"
