@@ -42,7 +42,9 @@
  * a quarter of the work at T = 128 and falls with T. (32 measured slower at
  * T = 128..1024 on the project machine: the GEMMs' fixed costs dominated.)
  */
+#ifndef KC_ATTN_TILE /* a build may override it to measure another size */
 #define KC_ATTN_TILE 64
+#endif
 
 static size_t kc_attn_tile(int T) { return (size_t)(T < KC_ATTN_TILE ? T : KC_ATTN_TILE); }
 
