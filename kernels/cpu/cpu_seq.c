@@ -98,12 +98,22 @@ static size_t kc_seq_grain(size_t grain, size_t per_unit) {
 #define KC_SEQ_EXP_NONPOS(x) km_exp_nonpos(x)
 #define KC_SEQ_EXP(x) expf(x)
 #define KC_SEQ_IS_F32 1
+#define KC_SEQ_IT int32_t
+#define KC_SEQ_IT_MIN INT32_MIN
+#define KC_SEQ_SIGN_SHIFT 31
+#define KC_SEQ_MAG INT32_C(0x7fffffff)
+#define KC_SEQ_EXP_BITS INT32_C(0x7f800000)
 #include "cpu_seq.c"
 #undef KC_SEQ_T
 #undef KC_SEQ_SUF
 #undef KC_SEQ_EXP_NONPOS
 #undef KC_SEQ_EXP
 #undef KC_SEQ_IS_F32
+#undef KC_SEQ_IT
+#undef KC_SEQ_IT_MIN
+#undef KC_SEQ_SIGN_SHIFT
+#undef KC_SEQ_MAG
+#undef KC_SEQ_EXP_BITS
 
 /* float64: libm's exp throughout (the float64 kernels are the reference
  * path; accuracy matters more than speed). */
@@ -112,6 +122,11 @@ static size_t kc_seq_grain(size_t grain, size_t per_unit) {
 #define KC_SEQ_EXP_NONPOS(x) exp(x)
 #define KC_SEQ_EXP(x) exp(x)
 #define KC_SEQ_IS_F32 0
+#define KC_SEQ_IT int64_t
+#define KC_SEQ_IT_MIN INT64_MIN
+#define KC_SEQ_SIGN_SHIFT 63
+#define KC_SEQ_MAG INT64_C(0x7fffffffffffffff)
+#define KC_SEQ_EXP_BITS INT64_C(0x7ff0000000000000)
 #include "cpu_seq.c"
 
 #else /* KC_SEQ_T: the body, once per data type */
@@ -426,34 +441,42 @@ static KC_ALWAYS_INLINE double KC_N(kc_xent_expsum)(T_ *restrict l, size_t V, T_
 }
 
 /*
+ * The row max of l[0, V) and whether any element is inf or NaN, in one
+ * pass. A float compare-select reduction does not vectorize (GCC keeps it
+ * scalar: maxps differs from `a > b ? a : b` on NaN), so the max is taken
+ * over integer keys that order like the values: the bits of a finite value,
+ * with the magnitude bits flipped when negative (an involution, so the key
+ * of the max maps back to it). The finite test is on the exponent bits.
+ */
+static KC_ALWAYS_INLINE T_ KC_N(kc_xent_rowmax)(const T_ *restrict l, size_t V, int *nonfinite) {
+    KC_SEQ_IT m = KC_SEQ_IT_MIN, bad = 0;
+    for (size_t j = 0; j < V; j++) {
+        KC_SEQ_IT s;
+        memcpy(&s, &l[j], sizeof s);
+        const KC_SEQ_IT key = s ^ ((s >> KC_SEQ_SIGN_SHIFT) & KC_SEQ_MAG);
+        m = key > m ? key : m;
+        bad |= (KC_SEQ_IT)((s & KC_SEQ_EXP_BITS) == KC_SEQ_EXP_BITS);
+    }
+    *nonfinite = bad != 0;
+    const KC_SEQ_IT s = m ^ ((m >> KC_SEQ_SIGN_SHIFT) & KC_SEQ_MAG);
+    T_ v;
+    memcpy(&v, &s, sizeof v);
+    return v;
+}
+
+/*
  * One row with target t in [0, V): returns its loss, and with gs != 0
  * leaves gs * (softmax - onehot) in l[0, V) and 0 in l[V, Vp). Three passes:
- * the max (with a finiteness probe: v - v is 0 exactly for finite v), the
- * exponentials and their sum (stored in place when a gradient is wanted),
- * then one scale. The target's entry is formed in double from its own
- * exponential, so p - 1 does not cancel in the data type.
+ * the max (with the finiteness test), the exponentials and their sum
+ * (stored in place when a gradient is wanted), then one scale. The target's
+ * entry is formed in double from its own exponential, so p - 1 does not
+ * cancel in the data type.
  */
 static KC_ALWAYS_INLINE double KC_N(kc_xent_row)(T_ *restrict l, size_t t, size_t V, size_t Vp, double gs) {
-    T_ mx[16], z[16];
-    for (size_t k = 0; k < 16; k++) mx[k] = -INFINITY, z[k] = 0;
-    size_t j = 0;
-    for (; j + 16 <= V; j += 16)
-        for (size_t k = 0; k < 16; k++) {
-            const T_ v = l[j + k];
-            mx[k] = v > mx[k] ? v : mx[k];
-            z[k] += v - v;
-        }
-    for (; j < V; j++) {
-        const T_ v = l[j];
-        mx[0] = v > mx[0] ? v : mx[0];
-        z[0] += v - v;
-    }
-    T_ m = mx[0], zz = z[0];
-    for (size_t k = 1; k < 16; k++) {
-        m = mx[k] > m ? mx[k] : m;
-        zz += z[k];
-    }
-    if (zz != 0) return KC_N(kc_xent_row_slow)(l, t, V, Vp, gs);
+    int nonfinite;
+    const T_ m = KC_N(kc_xent_rowmax)(l, V, &nonfinite);
+    size_t j;
+    if (nonfinite) return KC_N(kc_xent_row_slow)(l, t, V, Vp, gs);
     const T_ lt = l[t];
     if (gs == 0.0) {
         const double sum = KC_N(kc_xent_expsum)(l, V, m, 0);
