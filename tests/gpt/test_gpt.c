@@ -612,6 +612,7 @@ static void test_gradcheck_f64(void) {
     CU_ASSERT_EQUAL_FATAL(ops()->backward(inst, 1.0), KILN_OK);
     const double h = 1e-5;
     double worst = 0;
+    const char *worst_name = "";
     int checked = 0, bad = 0;
     for (uint32_t i = 0; i < mh.nparams; i++) {
         kiln_parameter *p = &mh.params[i];
@@ -633,12 +634,14 @@ static void test_gradcheck_f64(void) {
             bad += err > 1e-6;
             checked++;
         }
+        if (tensor_worst > worst) worst_name = p->name;
         worst = fmax(worst, tensor_worst);
         if (tensor_worst > 1e-6) printf("\n  %s: worst relative error %.3g", p->name, tensor_worst);
         /* every tensor really gets a gradient (wpe rows >= T do not) */
         CU_ASSERT(gmax > 0.0 || contains(p->name, "wpe"));
     }
-    printf("\n  gradcheck fp64: %d entries of %u tensors, worst relative error %.3g", checked, mh.nparams, worst);
+    printf("\n  gradcheck fp64: %d entries of %u tensors, worst relative error %.3g (%s)", checked, mh.nparams, worst,
+           worst_name);
     CU_ASSERT_EQUAL(bad, 0);
     destroy_module(inst);
 }
@@ -803,6 +806,18 @@ static void test_logging(void) {
     CU_ASSERT_EQUAL(e->value, l);
     CU_ASSERT_EQUAL(e->flags, KILN_LOG_ON_STEP | KILN_LOG_ON_EPOCH | KILN_LOG_PROG_BAR);
     CU_ASSERT_EQUAL(e->weight, 8.0); /* 10 positions, every 4th ignored */
+    /* the step's throughput for the host's tokens/s and MFU */
+    kiln_step_output so = step_output();
+    CU_ASSERT_EQUAL(ops()->training_step(inst, &tb.b, 0, &so), KILN_OK);
+    CU_ASSERT_EQUAL(so.tokens, 10);
+    {
+        /* 6 N + 12 L C T per token, N = every parameter (wte once) */
+        double N = 0;
+        for (uint32_t i = 0; i < mh.nparams; i++) N += (double)mh.params[i].numel;
+        const double want = 10.0 * (6.0 * N + 12.0 * 2 * 8 * 5);
+        CU_ASSERT(fabs(so.flops - want) <= 1e-12 * want);
+        if (!(fabs(so.flops - want) <= 1e-12 * want)) printf("\n  flops %.17g, want %.17g", so.flops, want);
+    }
     const uint32_t ids[2][2] = {{KILN_EV_ON_VALIDATION_EPOCH_START, KILN_EV_ON_VALIDATION_EPOCH_END},
                                 {KILN_EV_ON_TEST_EPOCH_START, KILN_EV_ON_TEST_EPOCH_END}};
     const char *names[2][2] = {{"val_loss", "val_ppl"}, {"test_loss", "test_ppl"}};
