@@ -260,8 +260,10 @@ static const kst_tensor *find_weight(kst_file *f, const char *name, int plain) {
 static int load_weights_from(ht_trainer *t, kst_file *f, const char *path, int plain_ok, char *why, size_t whylen) {
     int rc = KILN_OK;
     const char *fmt = kst_metadata(f, "format");
-    const int plain = plain_ok && !fmt;
-    if (plain) HLOG_INFO("%s: not a kiln checkpoint; loading the module's weights from it by name", path);
+    const int plain = plain_ok && (!fmt || strcmp(fmt, HT_CKPT_FORMAT) != 0);
+    if (plain)
+        HLOG_INFO("%s: not a kiln checkpoint (format %s); loading the module's weights from it by name", path,
+                  fmt ? fmt : "not given");
     if (!plain && (!fmt || strcmp(fmt, HT_CKPT_FORMAT) != 0)) {
         hwhyf(why, whylen, "%s: expected a kiln checkpoint (__metadata__ format = \"%s\"), found %s%s%s", path,
               HT_CKPT_FORMAT, fmt ? "\"" : "", fmt ? fmt : "no format entry", fmt ? "\"" : "");
