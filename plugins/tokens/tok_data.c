@@ -11,6 +11,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <fnmatch.h>
 #include <glob.h>
 #include <inttypes.h>
 #include <stdarg.h>
@@ -159,8 +160,8 @@ static int tok_open_file(tok_file *f, const char *what, int format, uint64_t min
     return TOK_OK;
 }
 
-int tok_fileset_open(tok_fileset *fs, const char *pattern, const char *what, int format, uint64_t min_tokens,
-                     uint64_t vocab, char *err, size_t errlen) {
+int tok_fileset_open(tok_fileset *fs, const char *pattern, const char *exclude, const char *what, int format,
+                     uint64_t min_tokens, uint64_t vocab, char *err, size_t errlen) {
     memset(fs, 0, sizeof *fs);
     fs->format = format;
     fs->width = format == TOK_FMT_LLMC ? TOK_LLMC_TOKEN_BYTES : 1;
@@ -184,14 +185,33 @@ int tok_fileset_open(tok_fileset *fs, const char *pattern, const char *what, int
         tok_err(err, errlen, "%s: '%s' matches too many files", what, pattern);
         return TOK_EINVAL;
     }
-    qsort(g.gl_pathv, g.gl_pathc, sizeof *g.gl_pathv, tok_cmp_str);
-    fs->files = calloc(g.gl_pathc, sizeof *fs->files);
+    /* `exclude` drops matches by file name (fnmatch on the last path
+     * component): the kept paths are swapped to the front, so globfree
+     * still frees every one */
+    size_t kept = g.gl_pathc;
+    if (exclude && exclude[0]) {
+        kept = 0;
+        for (size_t i = 0; i < g.gl_pathc; i++) {
+            const char *slash = strrchr(g.gl_pathv[i], '/');
+            if (fnmatch(exclude, slash ? slash + 1 : g.gl_pathv[i], 0) == 0) continue;
+            char *t = g.gl_pathv[kept];
+            g.gl_pathv[kept++] = g.gl_pathv[i];
+            g.gl_pathv[i] = t;
+        }
+        if (kept == 0) {
+            globfree(&g);
+            tok_err(err, errlen, "%s: every file '%s' matches is excluded by '%s'", what, pattern, exclude);
+            return TOK_EIO;
+        }
+    }
+    qsort(g.gl_pathv, kept, sizeof *g.gl_pathv, tok_cmp_str);
+    fs->files = calloc(kept, sizeof *fs->files);
     if (!fs->files) {
         globfree(&g);
         tok_err(err, errlen, "%s: out of memory", what);
         return TOK_ENOMEM;
     }
-    fs->nfiles = (uint32_t)g.gl_pathc;
+    fs->nfiles = (uint32_t)kept;
     int rc = TOK_OK;
     for (uint32_t i = 0; i < fs->nfiles && rc == TOK_OK; i++) {
         fs->files[i].path = strdup(g.gl_pathv[i]);

@@ -45,7 +45,9 @@ typedef struct tok_fileset {
 } tok_fileset;
 
 /*
- * Opens every file `pattern` matches (glob(3)), in strcmp order, and
+ * Opens every file `pattern` matches (glob(3)) whose name (last path
+ * component) does not match `exclude` (fnmatch(3); NULL or "": none), in
+ * strcmp order, and
  * validates it for `format`: a regular file (opened O_NONBLOCK and checked
  * with fstat before any read, so a FIFO cannot hang), and for llmc the magic,
  * version, a token count that matches the file size exactly, every token
@@ -53,8 +55,8 @@ typedef struct tok_fileset {
  * key in messages ("train"). On failure err holds one line naming the file
  * and fs is left empty (tok_fileset_free is still safe).
  */
-int tok_fileset_open(tok_fileset *fs, const char *pattern, const char *what, int format, uint64_t min_tokens,
-                     uint64_t vocab, char *err, size_t errlen);
+int tok_fileset_open(tok_fileset *fs, const char *pattern, const char *exclude, const char *what, int format,
+                     uint64_t min_tokens, uint64_t vocab, char *err, size_t errlen);
 
 void tok_fileset_free(tok_fileset *fs);
 

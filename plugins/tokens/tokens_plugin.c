@@ -58,6 +58,7 @@ struct kiln_instance {
     kiln_host_ctx *hctx;
     int format;                  /* TOK_FMT_* */
     char *train_pat, *val_pat, *test_pat; /* glob patterns; val/test may be "" */
+    char *exclude;                        /* fnmatch pattern of file names to skip; "" = none */
     double val_fraction;
     uint32_t batch_size, eval_batch_size, block_size;
     uint64_t vocab_size;
@@ -123,6 +124,7 @@ static void tokp_free(kiln_instance *self) {
     tok_fileset_free(&self->fs_val);
     tok_fileset_free(&self->fs_test);
     free(self->train_pat);
+    free(self->exclude);
     free(self->val_pat);
     free(self->test_pat);
     free(self);
@@ -198,9 +200,10 @@ static int32_t tokp_create(void *plugin_ctx, const kiln_host_services *svc, kiln
     self->hctx = hctx;
     self->format = fmt;
     self->train_pat = strdup(train);
+    self->exclude = strdup(kiln_kv_str(config, "exclude", ""));
     self->val_pat = strdup(val);
     self->test_pat = strdup(test);
-    if (!self->train_pat || !self->val_pat || !self->test_pat) {
+    if (!self->train_pat || !self->exclude || !self->val_pat || !self->test_pat) {
         tokp_free(self);
         return kiln_errorf(svc, hctx, KILN_E_NOMEM, "tokens: out of memory");
     }
@@ -226,8 +229,8 @@ static int32_t tokp_load(kiln_instance *self, tok_fileset *fs, bool *loaded, con
     if (*loaded) return KILN_OK;
     char err[600];
     err[0] = '\0';
-    int rc = tok_fileset_open(fs, pattern, what, self->format, (uint64_t)self->block_size + 1, self->vocab_size, err,
-                              sizeof err);
+    int rc = tok_fileset_open(fs, pattern, self->exclude, what, self->format, (uint64_t)self->block_size + 1,
+                              self->vocab_size, err, sizeof err);
     if (rc != TOK_OK) return kiln_errorf(self->svc, self->hctx, tokp_status(rc), "tokens: %s", err);
     *loaded = true;
     kiln_logf(self->svc, self->hctx, KILN_LOG_INFO, "tokens: %s: %" PRIu64 " tokens in %u file(s) matching '%s'",
@@ -604,6 +607,8 @@ static const kiln_param tokp_params[] = {
     {"test", KILN_TYPE_STRING, 0, KILN_V_STR(""), "test files (glob); \"\" = the validation data"},
     {"val_fraction", KILN_TYPE_FLOAT, 0, KILN_V_FLOAT(0.0),
      "with val = \"\": the last fraction of the train tokens validates (0 = no validation)"},
+    {"exclude", KILN_TYPE_STRING, 0, KILN_V_STR(""),
+     "skip every matched file whose name matches this pattern (fnmatch, e.g. \"*.*\"); \"\" = none"},
     {"batch_size", KILN_TYPE_INT, 0, KILN_V_INT(4), "windows per training batch B"},
     {"val_batch_size", KILN_TYPE_INT, 0, KILN_V_INT(0), "windows per validation/test batch; 0 = batch_size"},
     {"block_size", KILN_TYPE_INT, 0, KILN_V_INT(1024), "tokens per sample T (a window is T+1 tokens)"},

@@ -140,6 +140,7 @@ typedef struct cfg {
     double val_fraction;
     int64_t batch_size, val_batch_size, block_size, vocab_size, seed;
     bool shuffle;
+    const char *exclude; /* NULL: the key is not given */
 } cfg;
 
 static char g_train_glob[256], g_val_glob[256];
@@ -148,7 +149,7 @@ static char g_train_glob[256], g_val_glob[256];
 static cfg cfg_small(void) {
     snprintf(g_train_glob, sizeof g_train_glob, "%s/train_*.bin", g_dir);
     snprintf(g_val_glob, sizeof g_val_glob, "%s/val_*.bin", g_dir);
-    cfg c = {"llmc", g_train_glob, g_val_glob, "", 0.0, B, 4, T, 65536, -1, false};
+    cfg c = {"llmc", g_train_glob, g_val_glob, "", 0.0, B, 4, T, 65536, -1, false, NULL};
     return c;
 }
 
@@ -171,6 +172,7 @@ static const kiln_kv *kv_of(const cfg *c) {
     KV_I("vocab_size", c->vocab_size);
     KV_B("shuffle", c->shuffle);
     KV_I("seed", c->seed);
+    if (c->exclude) KV_S("exclude", c->exclude);
 #undef KV_S
 #undef KV_I
 #undef KV_B
@@ -267,7 +269,7 @@ static void test_descriptor(void) {
     CU_ASSERT_STRING_EQUAL(g_desc->name, "tokens");
     CU_ASSERT(g_desc->capabilities & KILN_CAP_STATEFUL);
     static const char *const keys[] = {"format", "train", "val", "test", "val_fraction", "batch_size",
-                                       "val_batch_size", "block_size", "vocab_size", "shuffle", "seed"};
+                                       "val_batch_size", "block_size", "vocab_size", "shuffle", "seed", "exclude"};
     int found = 0, n = 0;
     for (const kiln_param *p = g_desc->params; p->key; p++, n++)
         for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
@@ -275,8 +277,8 @@ static void test_descriptor(void) {
                 found++;
                 if (!strcmp(p->key, "train")) CU_ASSERT(p->flags & KILN_PARAM_REQUIRED);
             }
-    CU_ASSERT_EQUAL(found, 11);
-    CU_ASSERT_EQUAL(n, 11);
+    CU_ASSERT_EQUAL(found, 12);
+    CU_ASSERT_EQUAL(n, 12);
 }
 
 static void test_windows_sequential(void) {
@@ -576,6 +578,20 @@ static void test_text(void) {
     CU_ASSERT_EQUAL(g_ops->setup(x, KILN_STAGE_FIT, 0, 1), KILN_E_CONFIG);
     CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "val_fraction"));
     g_ops->base.destroy(x);
+    /* exclude drops files by name: "[ab].txt" without "b*" is a.txt alone,
+     * and excluding everything is refused naming both patterns. */
+    c.val_fraction = 0;
+    c.exclude = "b*";
+    CU_ASSERT_EQUAL(create(&c, &x), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(g_ops->setup(x, KILN_STAGE_FIT, 0, 1), KILN_OK);
+    CU_ASSERT_EQUAL(nbatches(x, KILN_SPLIT_TRAIN), (int)((strlen(g_text_a) - 1) / tb / 2));
+    g_ops->base.destroy(x);
+    c.exclude = "*.txt";
+    CU_ASSERT_EQUAL(create(&c, &x), KILN_OK);
+    CU_ASSERT_NOT_EQUAL(g_ops->setup(x, KILN_STAGE_FIT, 0, 1), KILN_OK);
+    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "excluded by '*.txt'"));
+    g_ops->base.destroy(x);
+    c.exclude = NULL;
     /* Text too short for one window. */
     c.train = path_in("small.txt");
     c.val_fraction = 0;
