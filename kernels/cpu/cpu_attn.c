@@ -39,8 +39,10 @@
  * Query rows per tile. 64 keeps a tile's S (64 x T) in L2 up to T = 1024 and
  * each GEMM large enough for OpenBLAS's kernels (with D = 64: 64 x n x 64),
  * while the wasted upper half of each diagonal block (tile^2 / 2 scores) is
- * a quarter of the work at T = 128 and falls with T. (32 measured slower at
- * T = 128..1024 on the project machine: the GEMMs' fixed costs dominated.)
+ * a third of the work at T = 128 and falls with T. Measured on the 2-vCPU
+ * project machine with OpenBLAS's SkylakeX kernels: at T = 1024 64 ran
+ * 5-30 % faster than 32 or 128 (32: more, smaller GEMMs; 128: more masked
+ * waste); at T = 128 and 256 the three sizes were within the noise.
  */
 #ifndef KC_ATTN_TILE /* a build may override it to measure another size */
 #define KC_ATTN_TILE 64
