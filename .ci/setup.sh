@@ -17,8 +17,11 @@ cd "$root"
 jobs=$(nproc 2>/dev/null || echo 2)
 
 # ---------------------------------------------------------------- packages
-pkgs=(build-essential cmake pkg-config libconfig-dev libcunit1-dev libopenblas-dev zlib1g-dev
+pkgs=(build-essential cmake pkg-config libconfig-dev libcunit1-dev libopenblas-dev libblis4-serial zlib1g-dev
       libopenmpi-dev openmpi-bin dataset-fashion-mnist python3 python3-numpy libpng-dev)
+# the tests also need: the fortunes texts (the GPT demo), Debian's PyTorch
+# (the gpt module is checked against it) and venv (transformers from PyPI)
+[ "$mode" = test ] && pkgs+=(fortunes python3-torch python3-venv)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

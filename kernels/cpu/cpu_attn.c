@@ -113,7 +113,7 @@ static KC_ALWAYS_INLINE void kc_attn_round_rows(float *x, size_t rows, size_t co
 #define KC_ATTN_TEMPLATE 1
 #define KA_R float
 #define KA(name) kc_attn_f32_##name
-#define KA_GEMM cblas_sgemm
+#define KA_GEMM kc_blas_sgemm
 #define KA_EXP kc_attn_exp_f32
 #define KA_IS_F32 1
 #include "cpu_attn.c"
@@ -125,7 +125,7 @@ static KC_ALWAYS_INLINE void kc_attn_round_rows(float *x, size_t rows, size_t co
 
 #define KA_R double
 #define KA(name) kc_attn_f64_##name
-#define KA_GEMM cblas_dgemm
+#define KA_GEMM kc_blas_dgemm
 #define KA_EXP kc_attn_exp_f64
 #define KA_IS_F32 0
 #include "cpu_attn.c"

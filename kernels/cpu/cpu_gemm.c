@@ -48,7 +48,7 @@ typedef struct kc_gemm_ctx {
 } kc_gemm_ctx;
 
 static void kc_sgemm(const kc_gemm_ctx *g, int M, int N, const float *A, const float *B, float *C) {
-    cblas_sgemm(CblasRowMajor, g->trans_a ? CblasTrans : CblasNoTrans, g->trans_b ? CblasTrans : CblasNoTrans, M,
+    kc_blas_sgemm(CblasRowMajor, g->trans_a ? CblasTrans : CblasNoTrans, g->trans_b ? CblasTrans : CblasNoTrans, M,
                 N, g->K, g->alpha, A, g->lda, B, g->ldb, g->beta, C, g->ldc);
 }
 

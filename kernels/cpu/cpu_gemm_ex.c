@@ -27,7 +27,7 @@ typedef struct {
 } kc_dgemm_ctx;
 
 static void kc_dgemm_call(const kc_dgemm_ctx *g, int M, int N, const double *A, const double *B, double *C) {
-    cblas_dgemm(CblasRowMajor, g->trans_a ? CblasTrans : CblasNoTrans, g->trans_b ? CblasTrans : CblasNoTrans, M,
+    kc_blas_dgemm(CblasRowMajor, g->trans_a ? CblasTrans : CblasNoTrans, g->trans_b ? CblasTrans : CblasNoTrans, M,
                 N, g->K, g->alpha, A, g->lda, B, g->ldb, g->beta, C, g->ldc);
 }
 

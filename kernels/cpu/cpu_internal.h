@@ -20,6 +20,20 @@
 /* exp, GELU, tanh and sigmoid in float32, shared with the cuda kernels */
 #include "../common/km_act.h"
 
+#include <cblas.h>
+
+/* Every GEMM of the kernels: cblas_sgemm / cblas_dgemm's contract, computed
+ * by the BLAS kc_blas_use_blis() selected (OpenBLAS by default; see
+ * cpu_blas.c). Only CblasRowMajor is supported. */
+void kc_blas_sgemm(const enum CBLAS_ORDER order, const enum CBLAS_TRANSPOSE ta, const enum CBLAS_TRANSPOSE tb,
+                   const blasint M, const blasint N, const blasint K, const float alpha, const float *A,
+                   const blasint lda, const float *B, const blasint ldb, const float beta, float *C,
+                   const blasint ldc);
+void kc_blas_dgemm(const enum CBLAS_ORDER order, const enum CBLAS_TRANSPOSE ta, const enum CBLAS_TRANSPOSE tb,
+                   const blasint M, const blasint N, const blasint K, const double alpha, const double *A,
+                   const blasint lda, const double *B, const blasint ldb, const double beta, double *C,
+                   const blasint ldc);
+
 /* The pool never grows beyond this many threads (caller included). */
 #define KC_MAX_THREADS 64
 

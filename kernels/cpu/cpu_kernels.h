@@ -51,6 +51,18 @@ int kc_set_num_threads(int n);
 /* The count set by kc_set_num_threads (1 when it was never called). */
 int kc_get_num_threads(void);
 
+/* ------------------------------------------------------------------- BLAS */
+
+/*
+ * Makes every GEMM of the kernels run on BLIS (Debian's libblis4-serial,
+ * loaded with dlopen) instead of the linked OpenBLAS. Call once, before any
+ * GEMM. Returns 0, or -1 with a one-line reason in err when BLIS cannot be
+ * loaded (OpenBLAS then stays). Why: cpu_blas.c.
+ */
+int kc_blas_use_blis(char *err, size_t errlen);
+/* "OpenBLAS", or "BLIS 0.9.0 (skx kernels)" once BLIS is in use. */
+const char *kc_blas_name(void);
+
 /* ------------------------------------------------------------------- GEMM */
 
 /*

@@ -790,12 +790,55 @@ static_assert(sizeof(kiln_kernels) == KILN_KERNELS_SIZE_1_2, "kiln_kernels is AB
 
 /* --------------------------------------------------------------- instance */
 
+/* OpenBLAS fell back to its generic SSE3 kernels on a CPU with wider
+ * vectors (it did not recognise the model): its GEMMs run at a fraction of
+ * what the CPU can do. */
+static int cpu_openblas_degraded(void) {
+    const char *core = openblas_get_corename();
+    return core && !strcmp(core, "Prescott") && __builtin_cpu_supports("avx2");
+}
+
+/* The `blas` key: which library computes the GEMMs (process-wide, chosen
+ * before the first GEMM). "auto" keeps OpenBLAS unless it runs degraded
+ * and BLIS is installed. */
+static int32_t cpu_pick_blas(const kiln_host_services *svc, kiln_host_ctx *hctx, const char *want) {
+    char err[256] = "";
+    if (!strcmp(want, "openblas")) {
+        if (strncmp(kc_blas_name(), "OpenBLAS", 8) != 0)
+            kiln_logf(svc, hctx, KILN_LOG_WARN, "cpu: blas = \"openblas\" asked for, but this process already "
+                                                "computes its GEMMs with %s", kc_blas_name());
+        return KILN_OK;
+    }
+    if (!strcmp(want, "blis")) {
+        if (kc_blas_use_blis(err, sizeof err) != 0)
+            return kiln_errorf(svc, hctx, KILN_E_UNSUPPORTED, "cpu: blas = \"blis\": %s", err);
+    } else if (!strcmp(want, "auto")) {
+        if (!cpu_openblas_degraded()) return KILN_OK;
+        if (kc_blas_use_blis(err, sizeof err) != 0) {
+            kiln_logf(svc, hctx, KILN_LOG_DEBUG, "cpu: blas = auto: staying with OpenBLAS: %s", err);
+            return KILN_OK;
+        }
+        kiln_logf(svc, hctx, KILN_LOG_INFO,
+                  "cpu: GEMMs through %s: OpenBLAS (%s) would use its generic Prescott kernels on this CPU "
+                  "(blas = \"openblas\" keeps it)",
+                  kc_blas_name(), openblas_get_config());
+        return KILN_OK;
+    } else {
+        return kiln_errorf(svc, hctx, KILN_E_CONFIG, "cpu: blas must be \"auto\", \"openblas\" or \"blis\", got \"%s\"",
+                           want);
+    }
+    kiln_logf(svc, hctx, KILN_LOG_DEBUG, "cpu: GEMMs through %s", kc_blas_name());
+    return KILN_OK;
+}
+
 static int32_t cpu_create(void *plugin_ctx, const kiln_host_services *svc, kiln_host_ctx *hctx,
                           const kiln_kv *config, kiln_instance **out) {
     (void)plugin_ctx;
     *out = NULL;
     /* process-wide, like torch.set_flush_denormal (one accelerator a run) */
     kc_set_flush_denormal(kiln_kv_int(config, "flush_denormal", 1) != 0);
+    int32_t brc = cpu_pick_blas(svc, hctx, kiln_kv_str(config, "blas", "auto"));
+    if (brc != KILN_OK) return brc;
     kiln_instance *acc = calloc(1, sizeof *acc);
     if (!acc) return kiln_errorf(svc, hctx, KILN_E_NOMEM, "cpu: cannot allocate the accelerator instance");
     acc->svc = svc;
@@ -846,11 +889,13 @@ static int cpu_available_cpus(void) {
 static void cpu_check_blas_core(kiln_instance *acc) {
     const char *core = openblas_get_corename();
     if (!core || strcmp(core, "Prescott") != 0) return;
+    if (strncmp(kc_blas_name(), "OpenBLAS", 8) != 0) return; /* BLIS computes the GEMMs */
     const char *better = __builtin_cpu_supports("avx512f") ? "SkylakeX" : __builtin_cpu_supports("avx2") ? "Haswell" : NULL;
     if (better)
         kiln_logf(acc->svc, acc->hctx, KILN_LOG_WARN,
                   "cpu: OpenBLAS (%s) did not recognise this CPU and uses its generic Prescott kernels although the "
-                  "CPU has %s; set OPENBLAS_CORETYPE=%s in the environment for much faster matrix multiplies",
+                  "CPU has %s; install BLIS (libblis4-serial; blas = \"auto\" then uses it) or set OPENBLAS_CORETYPE=%s "
+                  "in the environment for much faster matrix multiplies",
                   openblas_get_config(), better[0] == 'S' ? "AVX-512" : "AVX2", better);
 }
 
@@ -872,8 +917,8 @@ static int32_t cpu_configure(kiln_instance *acc, int32_t threads, int32_t local_
                   "kernels' limit)",
                   n, got);
     acc->threads = got;
-    kiln_logf(acc->svc, acc->hctx, KILN_LOG_DEBUG, "cpu: %d kernel threads, OpenBLAS one per call (core %s)", got,
-              openblas_get_corename());
+    kiln_logf(acc->svc, acc->hctx, KILN_LOG_DEBUG, "cpu: %d kernel threads, GEMMs through %s, one BLAS thread per "
+              "call (OpenBLAS core %s)", got, kc_blas_name(), openblas_get_corename());
     cpu_check_blas_core(acc);
     return KILN_OK;
 }
@@ -888,6 +933,9 @@ static const kiln_param cpu_params[] = {
     {"flush_denormal", KILN_TYPE_BOOL, 0, KILN_V_BOOL(1),
      "SGD/AdamW updates flush subnormal state to zero (torch.set_flush_denormal(True)); false: IEEE, slower "
      "when state decays"},
+    {"blas", KILN_TYPE_STRING, 0, KILN_V_STR("auto"),
+     "library of the GEMMs: auto (OpenBLAS, or BLIS where OpenBLAS would run its generic kernels) | openblas | "
+     "blis (libblis4-serial)"},
     {NULL, 0, 0, KILN_V_NONE, NULL},
 };
 

@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <CUnit/Basic.h>
 
@@ -1179,8 +1180,43 @@ static void test_configure(void) {
     free(yn);
 }
 
+/* The `blas` key: a bad value is refused; "blis" loads BLIS where it is
+ * installed (the GEMMs then agree with a double reference) and is refused
+ * with the package to install where it is not. */
+static void test_blas_key(void) {
+    kiln_kv bad[] = {{"blas", KILN_V_STR("mkl")}, {NULL, KILN_V_NONE}};
+    kiln_instance *acc = NULL;
+    CU_ASSERT_EQUAL(g_ops->base.create(g_desc->plugin_ctx, mh_services(), mh_ctx(), bad, &acc), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NULL(acc);
+    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "blas must be"));
+    kiln_kv blis[] = {{"blas", KILN_V_STR("blis")}, {NULL, KILN_V_NONE}};
+    int32_t rc = g_ops->base.create(g_desc->plugin_ctx, mh_services(), mh_ctx(), blis, &acc);
+    if (access("/usr/lib/x86_64-linux-gnu/blis-serial/libblis.so.4", R_OK) != 0 && rc != KILN_OK) {
+        CU_ASSERT_EQUAL(rc, KILN_E_UNSUPPORTED);
+        CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "libblis4-serial"));
+        return;
+    }
+    CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
+    enum { M = 37, N = 41, K = 29 };
+    float A[K * M], B[N * K], C[M * N];
+    for (int i = 0; i < K * M; i++) A[i] = val(i, 3);
+    for (int i = 0; i < N * K; i++) B[i] = val(i, 5);
+    /* C = A^T B^T with A stored (K, M), B stored (N, K) */
+    CU_ASSERT_EQUAL(g_k->gemm(acc, 1, 1, M, N, K, 1.0f, A, M, B, K, 0.0f, C, N), KILN_OK);
+    double worst = 0;
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double r = 0;
+            for (int k = 0; k < K; k++) r += (double)A[k * M + i] * (double)B[j * K + k];
+            worst = fmax(worst, fabs(r - C[i * N + j]));
+        }
+    CU_ASSERT(worst < 1e-4);
+    g_ops->base.destroy(acc);
+}
+
 static void register_tests(void) {
     CU_pSuite s = CU_add_suite("cpu_accel", suite_init, suite_clean);
+    CU_add_test(s, "blas key: auto, openblas, blis", test_blas_key);
     CU_add_test(s, "descriptor and kernel table", test_descriptor);
     CU_add_test(s, "alloc: aligned, zeroed, NOMEM", test_alloc);
     CU_add_test(s, "copy, zero, synchronize", test_copy_zero_sync);
