@@ -264,7 +264,10 @@ static int32_t smp_on_event(kiln_instance *self, kiln_event *ev) {
     if (ev->id == KILN_EV_ON_TRAIN_BATCH_END && self->every_n_steps > 0 && ts && ts->global_step > 0 &&
         ts->global_step % self->every_n_steps == 0 && ts->global_step != self->last_step)
         return smp_generate(self, ts, "during training");
-    if (ev->id == KILN_EV_ON_FIT_END) return smp_generate(self, ts, "at the end of fit");
+    /* at the end, unless the last step already sampled (same weights, same
+     * stream: the same text twice) */
+    if (ev->id == KILN_EV_ON_FIT_END && !(ts && ts->global_step == self->last_step))
+        return smp_generate(self, ts, "at the end of fit");
     return KILN_OK;
 }
 

@@ -143,6 +143,11 @@ static void test_when(void) {
     CU_ASSERT_EQUAL(count(txt, "=== step 2,"), 1);
     CU_ASSERT_EQUAL(count(txt, "=== step 4,"), 1);
     CU_ASSERT_EQUAL(count(txt, "=== step 5, epoch 0, at the end of fit"), 1);
+    /* a fit that ends on a sampled step does not print the same text again */
+    CU_ASSERT_EQUAL(send(s, KILN_EV_ON_TRAIN_BATCH_END, 6), KILN_OK);
+    CU_ASSERT_EQUAL(send(s, KILN_EV_ON_FIT_END, 6), KILN_OK);
+    txt = read_samples();
+    CU_ASSERT_EQUAL(count(txt, "=== step 6,"), 1);
     g_ops->base.destroy(s);
     cleanup_run();
 
@@ -167,6 +172,8 @@ static void test_seeded_topk(void) {
     const kiln_value v[] = {KILN_V_INT(300), KILN_V_INT(2), KILN_V_STR(">"), KILN_V_INT(99)};
     kiln_instance *s = make(KILN_OK, 4, k, v);
     CU_ASSERT_EQUAL(send(s, KILN_EV_ON_FIT_END, 3), KILN_OK);
+    g_ops->base.destroy(s); /* a resumed run: a new instance, the same step */
+    s = make(KILN_OK, 4, k, v);
     CU_ASSERT_EQUAL(send(s, KILN_EV_ON_FIT_END, 3), KILN_OK);
     CU_ASSERT_EQUAL(send(s, KILN_EV_ON_FIT_END, 4), KILN_OK);
     char *txt = strdup(read_samples());
