@@ -96,6 +96,18 @@ if [ "$mode" != test ]; then
 fi
 
 # ---------------------------------------------------------------- tests
+# transformers for the Hugging Face check (tests/gpt_torch/check_gpt_hf.py),
+# from PyPI into a virtual environment over Debian's torch and numpy: 4.40 is
+# the last line that runs on torch 1.13. Test-time only; kiln never needs it.
+venv="$root/build/hf-venv"
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import transformers, safetensors" 2>/dev/null; then
+  echo "== virtual environment for the transformers check ($venv)"
+  rm -rf "$venv"
+  /usr/bin/python3 -m venv --system-site-packages "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check "transformers==4.40.2" "safetensors>=0.4,<0.5"
+fi
+export KILN_HF_VENV="$venv"
+
 echo "== tests (warnings as errors)"
 ctest --preset ci -j "$jobs"
 
@@ -162,6 +174,42 @@ if [ -d /usr/share/datasets/fashion-mnist ]; then
   done
   echo "gan example: ok"
 fi
+
+echo "== examples/gpt_fortunes.cfg: a byte-level GPT on the fortunes texts (shortened), against a byte-bigram baseline"
+./build/bin/kiln fit examples/gpt_fortunes.cfg --set trainer.max_steps=600 --set scheduler.t_max=600 \
+  --set trainer.val_check_interval=300 --set "trainer.default_root_dir=\"$prefix/gpt-runs\"" | tee "$prefix/gpt.txt"
+python3 - "$prefix/gpt.txt" <<'PY2'
+# the baseline: a byte-bigram model (add-one counts) fitted on the training
+# bytes and scored on the validation bytes, split as the run splits them
+# (the files without a dot in name order, the last 5 % validating)
+import glob, math, os, re, sys
+files = sorted(f for f in glob.glob("/usr/share/games/fortunes/*") if "." not in os.path.basename(f))
+data = b"".join(open(f, "rb").read() for f in files)
+nval = int(len(data) * 0.05)
+train, val = data[:len(data) - nval], data[len(data) - nval:]
+counts = [[1] * 256 for _ in range(256)]
+for a, b in zip(train, train[1:]):
+    counts[a][b] += 1
+rows = [sum(r) for r in counts]
+bigram = -sum(math.log(counts[a][b] / rows[a]) for a, b in zip(val, val[1:])) / (len(val) - 1)
+text = open(sys.argv[1]).read()
+vl = float(re.findall(r"val_loss=([0-9.]+)", text)[-1])
+print(f"gpt demo: val_loss {vl:.4f} nats/byte, byte-bigram baseline {bigram:.4f}, margin {bigram - vl:.3f}")
+sys.exit(0 if vl <= bigram - 0.5 else "gpt demo: val_loss is not 0.5 nats below the bigram baseline")
+PY2
+grep -q "sample at the end of fit\|sample during training (step 600)" "$prefix/gpt.txt" || { echo "gpt demo: no sample printed" >&2; exit 1; }
+[ -s "$prefix/gpt-runs/version_0/samples.txt" ] || { echo "gpt demo: samples.txt missing" >&2; exit 1; }
+grep -q "tokens/s" "$prefix/gpt.txt" || { echo "gpt demo: no tokens/s in the summary" >&2; exit 1; }
+
+echo "== examples/gpt2_124m.cfg: GPT-2 124M starts on the CPU and takes a few steps (small batch and context)"
+"$prefix/bin/kiln-text2tokens" -o "$prefix/fortunes.bin" /usr/share/games/fortunes/fortunes /usr/share/games/fortunes/wisdom
+./build/bin/kiln fit examples/gpt2_124m.cfg --set trainer.max_steps=3 --set trainer.accumulate_grad_batches=1 \
+  --set trainer.val_check_interval=1.0 --set trainer.limit_val_batches=1 --set trainer.num_sanity_val_steps=0 \
+  --set trainer.log_every_n_steps=1 --set "data.train=\"$prefix/fortunes.bin\"" --set "data.val=\"$prefix/fortunes.bin\"" \
+  --set data.batch_size=1 --set data.block_size=64 --set module.max_batch=1 \
+  --set "callbacks=({name=\"progress\";})" --set "trainer.default_root_dir=\"$prefix/gpt2-runs\"" | tee "$prefix/gpt2.txt"
+grep -q "steps: 3 " "$prefix/gpt2.txt" || { echo "gpt2_124m: did not take 3 steps" >&2; exit 1; }
+echo "gpt examples: ok"
 
 if [ -f examples/fashion_mnist.cfg ]; then
   run_default_job
