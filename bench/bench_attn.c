@@ -26,6 +26,7 @@
 #include <time.h>
 
 #include "cpu_attn.h"
+#include "cpu_internal.h" /* kc_blas_sgemm: the tile GEMM through the same BLAS as the kernels */
 #include "cpu_kernels.h"
 
 static double now_s(void) {
@@ -86,7 +87,7 @@ static double tile_rate(int T, int C, int D, int runs) {
     for (int r = 0; r < runs; r++) {
         const double t0 = now_s();
         for (int i = 0; i < reps; i++)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, T, D, 0.125f, qkv, ld, qkv + C, ld, 0.0f, S, T);
+            kc_blas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, T, D, 0.125f, qkv, ld, qkv + C, ld, 0.0f, S, T);
         t[r] = (now_s() - t0) / reps;
     }
     free(qkv), free(S);
@@ -94,13 +95,14 @@ static double tile_rate(int T, int C, int D, int runs) {
 }
 
 int main(int argc, char **argv) {
-    int threads = 1, runs = 7, only_T = 0;
+    int threads = 1, runs = 7, only_T = 0, blis = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--runs") && i + 1 < argc) runs = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--T") && i + 1 < argc) only_T = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--blis")) blis = 1;
         else {
-            fprintf(stderr, "usage: %s [--threads N] [--runs R] [--T T]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--threads N] [--runs R] [--T T] [--blis]\n", argv[0]);
             return 2;
         }
     }
@@ -110,8 +112,13 @@ int main(int argc, char **argv) {
      * kiln's pool sized to the thread count */
     openblas_set_num_threads(1);
     threads = kc_set_num_threads(threads);
-    printf("bench_attn: %d thread(s), %d runs, OpenBLAS %s (core %s)\n", threads, runs, openblas_get_config(),
-           openblas_get_corename());
+    char err[256];
+    if (blis && kc_blas_use_blis(err, sizeof err) != 0) { /* as the accelerator's blas = "blis" */
+        fprintf(stderr, "bench_attn: %s\n", err);
+        return 1;
+    }
+    printf("bench_attn: %d thread(s), %d runs, GEMMs through %s (OpenBLAS %s, core %s)\n", threads, runs,
+           kc_blas_name(), openblas_get_config(), openblas_get_corename());
     printf("%-22s %9s %9s %9s %9s %11s %11s %9s %9s\n", "shape (B,T,C,NH)", "fwd ms", "fwd GF/s", "bwd ms",
            "bwd GF/s", "GEMM GF/s", "tile GF/s", "fwd/GEMM", "bwd/GEMM");
     static const int shapes[][4] = {{16, 128, 256, 4}, {16, 256, 256, 4}, {4, 1024, 256, 4}};
