@@ -17,7 +17,9 @@
  * time minus the GPU time: what launching, not computing, costs. `kiln fit`
  * pays more than this step (its hooks, and the loss read back each step for
  * the progress bar and closures): this is the launch-bound floor of kiln's
- * kernels, with and without graphs. Prints one "RESULT {json}" line for
+ * kernels, with and without graphs. Every copy and memset runs on the
+ * step's one non-blocking stream (the legacy default stream would not be
+ * ordered with it). Prints one "RESULT {json}" line for
  * bench/gpu/run.sh. A benchmark, not a test; --eager-only skips the graph,
  * which is how tests/cuda_fake runs it on its fake CUDA runtime.
  *
@@ -67,6 +69,7 @@ typedef struct {
     float *pre[MAXL], *post[MAXL];                  /* (B, w[l+1]) */
     float *x, *probs, *ga, *gb;                      /* (B, w[0]), (B, C), 2 x (B, max width) */
     int32_t *labels, *row_correct, *bad_row;         /* (B), (B), (1) */
+    void *bg_work;                                   /* kg_bias_grad's partials: (parts(B), max width) */
     double *row_loss, *loss;                         /* (B), (2): mean loss, correct */
     float *host_x;                                   /* (B, w[0]) pinned */
     int32_t *host_labels;                            /* (B) pinned */
@@ -111,7 +114,7 @@ static int backward(net *n) {
         gemm *g = &n->wgrad[l]; /* dW += dy^T x */
         CB(cublasLtMatmul(n->lt, g->p.desc, &one, xin, g->p.la, dy, g->p.lb, &g->beta, n->dW[l], g->p.lc, n->dW[l],
                           g->p.lc, &g->p.algo, n->ws, n->ws_bytes, n->st));
-        CK(kg_bias_grad(n->st, KG_F32, n->db[l], dy, n->B, n->w[l + 1], 1));
+        CK(kg_bias_grad(n->st, KG_F32, n->db[l], dy, n->B, n->w[l + 1], 1, n->bg_work));
         if (l > 0) { /* dx = dy W, then relu' */
             gemm *h = &n->xgrad[l];
             CB(cublasLtMatmul(n->lt, h->p.desc, &one, n->W[l], h->p.la, dy, h->p.lb, &h->beta, dx, h->p.lc, dx,
@@ -147,6 +150,18 @@ static int loss_now(net *n, double *loss) {
     return 0;
 }
 
+/* One weight set from the host, ordered on the step's stream. A plain
+ * cudaMemcpy runs on the legacy default stream, which does not wait for a
+ * cudaStreamNonBlocking stream nor it for it, and from pageable memory it
+ * may return before the value has landed: the next forward could read the
+ * old weight, and the check below would report a gradient that is not
+ * wrong. Waited for, so the host value can go. */
+static int set_weight(net *n, float *at, float value) {
+    CK(cudaMemcpyAsync(at, &value, sizeof value, cudaMemcpyHostToDevice, n->st));
+    CK(cudaStreamSynchronize(n->st));
+    return 0;
+}
+
 /* The step's gradients against central differences of its loss, at a few
  * entries of every weight and bias (fp32 loss, h = 1e-3: the loss's
  * rounding adds about 1e-4, and a step that small rarely moves a ReLU input
@@ -163,17 +178,14 @@ static int check_gradients(net *n, int *bad) {
             const size_t cnt = which ? (size_t)n->w[l + 1] : (size_t)n->w[l + 1] * n->w[l];
             const size_t at[3] = {0, cnt / 2, cnt - 1};
             for (int k = 0; k < 3; k++) {
-                float v, grad, t;
-                CK(cudaMemcpy(&v, p + at[k], sizeof v, cudaMemcpyDeviceToHost));
-                CK(cudaMemcpy(&grad, g + at[k], sizeof grad, cudaMemcpyDeviceToHost));
+                float v, grad;
+                CK(cudaMemcpyAsync(&v, p + at[k], sizeof v, cudaMemcpyDeviceToHost, n->st));
+                CK(cudaMemcpyAsync(&grad, g + at[k], sizeof grad, cudaMemcpyDeviceToHost, n->st));
+                CK(cudaStreamSynchronize(n->st));
                 double lp, lm;
-                t = (float)(v + h);
-                CK(cudaMemcpy(p + at[k], &t, sizeof t, cudaMemcpyHostToDevice));
-                if (loss_now(n, &lp)) return 1;
-                t = (float)(v - h);
-                CK(cudaMemcpy(p + at[k], &t, sizeof t, cudaMemcpyHostToDevice));
-                if (loss_now(n, &lm)) return 1;
-                CK(cudaMemcpy(p + at[k], &v, sizeof v, cudaMemcpyHostToDevice));
+                if (set_weight(n, p + at[k], (float)(v + h)) || loss_now(n, &lp)) return 1;
+                if (set_weight(n, p + at[k], (float)(v - h)) || loss_now(n, &lm)) return 1;
+                if (set_weight(n, p + at[k], v)) return 1;
                 const double fd = (lp - lm) / (2 * h);
                 if (!(fabs(fd - grad) <= 1e-3 + 0.05 * fabs(fd))) {
                     fprintf(stderr, BLT_ME ": layer %d %s[%zu]: gradient %.6g, central difference %.6g\n", l,
@@ -185,7 +197,9 @@ static int check_gradients(net *n, int *bad) {
     return 0;
 }
 
-static float *dev_uniform(size_t count, float scale, unsigned *seed) {
+/* count uniform values in [-scale, scale), copied on stream st (the
+ * step's: see set_weight) and waited for before the host buffer goes. */
+static float *dev_uniform(cudaStream_t st, size_t count, float scale, unsigned *seed) {
     float *h = malloc(count * sizeof *h), *d = NULL;
     if (!h) return NULL;
     for (size_t i = 0; i < count; i++) {
@@ -193,16 +207,20 @@ static float *dev_uniform(size_t count, float scale, unsigned *seed) {
         h[i] = scale * ((float)(*seed >> 8) / 8388608.0f - 1.0f);
     }
     if (cudaMalloc((void **)&d, count * sizeof *d) != cudaSuccess ||
-        cudaMemcpy(d, h, count * sizeof *d, cudaMemcpyHostToDevice) != cudaSuccess)
+        cudaMemcpyAsync(d, h, count * sizeof *d, cudaMemcpyHostToDevice, st) != cudaSuccess ||
+        cudaStreamSynchronize(st) != cudaSuccess)
         d = NULL;
     free(h);
     return d;
 }
 
+/* A zeroed device buffer; the memset is queued on the step's stream, so
+ * every later use on that stream follows it (net_make waits once at the
+ * end anyway). */
 #define DEV(ptr, count)                                                                            \
     do {                                                                                           \
         CK(cudaMalloc((void **)&(ptr), (size_t)(count) * sizeof *(ptr)));                          \
-        CK(cudaMemset((ptr), 0, (size_t)(count) * sizeof *(ptr)));                                 \
+        CK(cudaMemsetAsync((ptr), 0, (size_t)(count) * sizeof *(ptr), n->st));                     \
     } while (0)
 
 static int net_make(net *n) {
@@ -216,8 +234,8 @@ static int net_make(net *n) {
     CK(cudaStreamCreateWithFlags(&n->st, cudaStreamNonBlocking));
     for (int l = 0; l < L; l++) {
         const int in = n->w[l], out = n->w[l + 1];
-        if (!(n->W[l] = dev_uniform((size_t)out * in, 1.0f / sqrtf((float)in), &seed))) return 1;
-        if (!(n->b[l] = dev_uniform((size_t)out, 0.01f, &seed))) return 1;
+        if (!(n->W[l] = dev_uniform(n->st, (size_t)out * in, 1.0f / sqrtf((float)in), &seed))) return 1;
+        if (!(n->b[l] = dev_uniform(n->st, (size_t)out, 0.01f, &seed))) return 1;
         DEV(n->dW[l], (size_t)out * in);
         DEV(n->db[l], out);
         DEV(n->pre[l], (size_t)n->B * out);
@@ -235,10 +253,17 @@ static int net_make(net *n) {
     DEV(n->bad_row, 1);
     DEV(n->row_loss, n->B);
     DEV(n->loss, 2);
+    size_t bg = 0; /* the largest bias_grad workspace of the layers */
+    for (int l = 0; l < L; l++) {
+        const size_t b = kg_bias_grad_work_bytes(KG_F32, n->B, n->w[l + 1]);
+        bg = b > bg ? b : bg;
+    }
+    if (bg > 0) CK(cudaMalloc(&n->bg_work, bg));
     CK(cudaHostAlloc((void **)&n->host_x, (size_t)n->B * n->w[0] * sizeof(float), cudaHostAllocDefault));
     CK(cudaHostAlloc((void **)&n->host_labels, (size_t)n->B * sizeof(int32_t), cudaHostAllocDefault));
     for (int i = 0; i < n->B * n->w[0]; i++) n->host_x[i] = (float)((i * 7919) % 255) / 255.0f;
     for (int i = 0; i < n->B; i++) n->host_labels[i] = i % n->w[L];
+    CK(cudaStreamSynchronize(n->st)); /* the memsets above, before anything else reads */
     return 0;
 }
 
@@ -252,6 +277,7 @@ static void gemm_free(gemm *g) {
 
 /* Everything net_make made (a clean exit, so sanitizers see no leaks). */
 static void net_free(net *n) {
+    if (n->st) cudaStreamSynchronize(n->st); /* nothing queued may outlive its buffers */
     for (int l = 0; l < n->nl - 1; l++) {
         cudaFree(n->W[l]), cudaFree(n->b[l]), cudaFree(n->dW[l]), cudaFree(n->db[l]);
         cudaFree(n->pre[l]), cudaFree(n->post[l]);
@@ -259,6 +285,7 @@ static void net_free(net *n) {
     }
     cudaFree(n->x), cudaFree(n->probs), cudaFree(n->ga), cudaFree(n->gb), cudaFree(n->labels);
     cudaFree(n->row_correct), cudaFree(n->bad_row), cudaFree(n->row_loss), cudaFree(n->loss), cudaFree(n->ws);
+    cudaFree(n->bg_work);
     cudaFreeHost(n->host_x), cudaFreeHost(n->host_labels);
     if (n->st) cudaStreamDestroy(n->st);
     if (n->lt) cublasLtDestroy(n->lt);

@@ -40,10 +40,30 @@ enum { KG_ACT_RELU = 0, KG_ACT_GELU = 1, KG_ACT_TANH = 2, KG_ACT_SIGMOID = 3, KG
 
 /* y(rows, cols) += b(cols); fdt */
 cudaError_t kg_bias_add(cudaStream_t s, int fdt, void *y, const void *b, int rows, int cols);
-/* db(cols) = (accumulate ? db : 0) + column sums of dy(rows, cols); fdt.
- * Sums accumulate in the element type's wider partner (float -> float in a
- * fixed order per column, double -> double). */
-cudaError_t kg_bias_grad(cudaStream_t s, int fdt, void *db, const void *dy, int rows, int cols, int accumulate);
+/* db(cols) = (accumulate ? db : 0) + column sums of dy(rows, cols); fdt,
+ * summed in the element type. Two passes with a fixed order, so every run
+ * gives the same bits (not the cpu's: it sums each column top to bottom):
+ *   1. the rows split into parts of KG_BIAS_GRAD_ROWS (the last may be
+ *      shorter); in part p, lane l (0 .. KG_BIAS_GRAD_LANES-1) sums rows
+ *      p*KG_BIAS_GRAD_ROWS + l, + l + LANES, ... in order from 0, and the
+ *      part's sum is lane 0 + lane 1 + ... + lane LANES-1, left to right;
+ *   2. db = init + part 0 + part 1 + ..., left to right (init: db or 0).
+ * work: (parts, cols) partials of the element type, at least
+ * kg_bias_grad_work_bytes() bytes of device memory; NULL when that is 0
+ * (one part: pass 1 writes db itself). rows == 0 with accumulate == 0
+ * zeroes db. */
+#define KG_BIAS_GRAD_ROWS 256
+#define KG_BIAS_GRAD_LANES 8
+static inline size_t kg_bias_grad_parts(int rows) {
+    return rows <= KG_BIAS_GRAD_ROWS ? 1 : ((size_t)rows + KG_BIAS_GRAD_ROWS - 1) / KG_BIAS_GRAD_ROWS;
+}
+static inline size_t kg_bias_grad_work_bytes(int fdt, int rows, int cols) {
+    const size_t parts = kg_bias_grad_parts(rows);
+    if (parts <= 1 || cols <= 0) return 0;
+    return parts * (size_t)cols * (fdt == KG_F64 ? sizeof(double) : sizeof(float));
+}
+cudaError_t kg_bias_grad(cudaStream_t s, int fdt, void *db, const void *dy, int rows, int cols, int accumulate,
+                         void *work);
 /* y(n) = act(x); dx(n) = dy * act'(x) (dx may alias dy); fdt; act KG_ACT_* */
 cudaError_t kg_act_forward(cudaStream_t s, int fdt, int act, void *y, const void *x, size_t n);
 cudaError_t kg_act_backward(cudaStream_t s, int fdt, int act, void *dx, const void *dy, const void *x, size_t n);

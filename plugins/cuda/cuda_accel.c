@@ -177,7 +177,13 @@ static int32_t cu_bias_grad_ex(kiln_instance *acc, uint32_t dt, void *db, const 
     CU_NEED(acc, dy, (size_t)rows * (size_t)cols, "bias_grad");
     if (cols == 0) return KILN_OK;
     CU_READY(acc, "bias_grad");
-    CU_LAUNCH(acc, "bias_grad", kg_bias_grad(acc->stream, (int)dt, db, dy, rows, cols, accumulate != 0));
+    /* the two-pass sum's partials, (parts, cols), in the grow-only gemm
+     * scratch: no GEMM runs inside this entry, and the stream orders the
+     * next user after these kernels */
+    const size_t wb = kg_bias_grad_work_bytes((int)dt, rows, cols);
+    if (wb > 0 && (rc = cu_reserve(acc, &acc->ws, &acc->ws_bytes, wb, "bias_grad")) != KILN_OK) return rc;
+    CU_LAUNCH(acc, "bias_grad",
+              kg_bias_grad(acc->stream, (int)dt, db, dy, rows, cols, accumulate != 0, wb > 0 ? acc->ws : NULL));
     return KILN_OK;
 }
 static int32_t cu_bias_grad(kiln_instance *acc, float *db, const float *dy, int32_t rows, int32_t cols,
@@ -613,6 +619,10 @@ static void cu_destroy(kiln_instance *acc) {
         kiln_logf(acc->svc, acc->hctx, KILN_LOG_DEBUG,
                   "cuda: device %d: %lu cudaMalloc calls, %zu MiB held at exit (%zu MiB cached)", acc->device,
                   acc->device_mallocs, (acc->bytes_in_use + acc->bytes_cached) >> 20, acc->bytes_cached >> 20);
+        /* queued GEMMs use the cuBLASLt handle and its workspace: wait for
+         * them before the handle goes (cu_mem_release would wait too, but
+         * only after the handle was destroyed) */
+        if (acc->stream) (void)cudaStreamSynchronize(acc->stream);
         cu_blas_release(acc);
         cu_mem_release(acc);
         if (acc->stream) (void)cudaStreamDestroy(acc->stream);
@@ -637,8 +647,9 @@ static const kiln_kernels *cu_kernels(kiln_instance *acc) {
 }
 
 /* threads is the host's CPU thread budget, which GPU kernels do not use.
- * The device: the `device` setting, else local_rank modulo the devices
- * visible (one process per GPU under mpirun/srun/torchrun). Calling it again
+ * The device: the `device` setting, else the device numbered local_rank
+ * (one process per GPU under mpirun/srun/torchrun; a local rank without a
+ * GPU of its own is refused). Calling it again
  * with the same device is a no-op; switching devices is refused, because
  * memory already handed out lives on the first one. */
 static int32_t cu_configure(kiln_instance *acc, int32_t threads, int32_t local_rank) {
@@ -649,7 +660,16 @@ static int32_t cu_configure(kiln_instance *acc, int32_t threads, int32_t local_r
         return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: configure: local_rank must be >= 0, got %d", (int)local_rank);
     int count = 0;
     CU_CHECK(acc, "configure", cudaGetDeviceCount(&count));
-    const int dev = acc->device_cfg >= 0 ? acc->device_cfg : local_rank % count;
+    /* Without a `device` setting each local rank takes its own GPU. More
+     * local ranks than GPUs would put two processes on one GPU (each with
+     * its own context, memory and stream, competing for it); refuse that
+     * rather than wrap around. */
+    if (acc->device_cfg < 0 && local_rank >= count)
+        return CU_ERR(acc, KILN_E_CONFIG,
+                      "cuda: configure: local_rank %d has no GPU of its own: %d CUDA device%s visible on this node; "
+                      "start at most %d process%s per node, or set accelerator.device",
+                      (int)local_rank, count, count == 1 ? " is" : "s are", count, count == 1 ? "" : "es");
+    const int dev = acc->device_cfg >= 0 ? acc->device_cfg : local_rank;
     if (dev >= count)
         return CU_ERR(acc, KILN_E_CONFIG, "cuda: device %d asked for, but only %d device%s visible (0..%d)", dev, count,
                       count == 1 ? " is" : "s are", count - 1);

@@ -7,8 +7,9 @@
  * chosen by its heuristic; building those costs far more than a small GEMM,
  * so they are cached per shape, transposes, leading dimensions, dtypes,
  * pointer alignment, whether beta is zero and the epilogue (a training
- * step repeats the same few shapes), least-recently-used out. The bias and
- * GELU epilogues serve linear_forward (cuda_fused.c). fp32 GEMMs run in full fp32
+ * step repeats the same few shapes), least-recently-used out. The bias
+ * epilogue serves linear_forward (cuda_fused.c); GELU_AUX_BIAS is supported
+ * here but not used, its GELU not being kiln's. fp32 GEMMs run in full fp32
  * unless the run asks for TF32 (`tf32 = true`); fp16/bf16 operands
  * accumulate in fp32 on the tensor cores; fp64 in fp64.
  */
@@ -52,12 +53,14 @@ static void cu_plan_destroy(cu_plan *p) {
 int32_t cu_blas_init(kiln_instance *acc) {
     CU_BLAS(acc, "configure", cublasLtCreate(&acc->lt));
     void *ws = NULL;
-    int32_t rc = cu_alloc(acc, acc->workspace_bytes, &ws);
+    int32_t rc = cu_alloc_scratch(acc, acc->workspace_bytes, &ws);
     if (rc != KILN_OK) return rc;
     acc->lt_workspace = ws;
     return KILN_OK;
 }
 
+/* The caller has synchronised the stream (cu_destroy): cuBLASLt's handle
+ * and workspace must outlive every GEMM still queued on it. */
 void cu_blas_release(kiln_instance *acc) {
     for (int i = 0; i < CU_GEMM_PLANS; i++) cu_plan_destroy(&acc->plans[i]);
     if (acc->lt) cublasLtDestroy(acc->lt);
@@ -67,13 +70,15 @@ void cu_blas_release(kiln_instance *acc) {
 /* Key fields of a plan, in the order cu_plan declares them. */
 typedef struct {
     int ta, tb, m, n, k, lda, ldb, ldc, atype, btype, ctype, compute, beta_zero, align, epilogue;
+    int bias_align, aux_align;
 } cu_key;
 
 static int cu_key_eq(const cu_plan *p, const cu_key *k) {
     return p->valid && p->ta == k->ta && p->tb == k->tb && p->m == k->m && p->n == k->n && p->k == k->k &&
            p->lda == k->lda && p->ldb == k->ldb && p->ldc == k->ldc && p->atype == k->atype &&
            p->btype == k->btype && p->ctype == k->ctype && p->compute == k->compute &&
-           p->beta_zero == k->beta_zero && p->align == k->align && p->epilogue == k->epilogue;
+           p->beta_zero == k->beta_zero && p->align == k->align && p->epilogue == k->epilogue &&
+           p->bias_align == k->bias_align && p->aux_align == k->aux_align;
 }
 
 /* Points the descriptor's epilogue at this call's bias and aux buffers (the
@@ -126,7 +131,7 @@ static int32_t cu_plan_build(kiln_instance *acc, cu_plan *p, const cu_key *k, co
         const uint64_t ws = acc->workspace_bytes;
         const uint32_t al = (uint32_t)k->align;
         s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-        /* one alignment for all operands: the smallest of the three */
+        /* one alignment for A, B, C and D: the smallest of the three */
         if (s == CUBLAS_STATUS_SUCCESS)
             s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al, sizeof al);
         if (s == CUBLAS_STATUS_SUCCESS)
@@ -143,7 +148,7 @@ static int32_t cu_plan_build(kiln_instance *acc, cu_plan *p, const cu_key *k, co
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
     if (s == CUBLAS_STATUS_NOT_SUPPORTED) {
         /* the heuristic's way of saying "no algorithm": a caller with an
-         * alternative (linear_forward's GELU epilogue) takes it */
+         * alternative takes it */
         rc = CU_ERR(acc, KILN_E_UNSUPPORTED, "cuda: gemm (plan): cublasLt descriptor/heuristic failed: cuBLAS status %d (%s)",
                     (int)s, cublasLtGetStatusString(s));
     } else if (s != CUBLAS_STATUS_SUCCESS) {
@@ -170,6 +175,8 @@ static int32_t cu_plan_build(kiln_instance *acc, cu_plan *p, const cu_key *k, co
     p->beta_zero = k->beta_zero;
     p->align = k->align;
     p->epilogue = k->epilogue;
+    p->bias_align = k->bias_align;
+    p->aux_align = k->aux_align;
     p->valid = 1;
     return KILN_OK;
 }
@@ -260,12 +267,18 @@ int32_t cu_matmul_ep(kiln_instance *acc, const char *fn, int ta, int tb, int M, 
                                                       : (int)CUBLAS_COMPUTE_32F;
     k.beta_zero = beta == 0.0;
     k.epilogue = epilogue;
+    /* A, B and C reach the heuristic as the preference's minimum alignment
+     * (their smallest); the epilogue's bias and aux reach it as the pointers
+     * themselves (cu_plan_build sets them on the descriptor), so the key
+     * holds each of those alignments on its own. One shared minimum would
+     * let a plan chosen for a 256-byte aligned bias serve a call whose bias
+     * is less aligned (when A, B or C set that minimum before). */
     int al = cu_align(A);
     if (cu_align(B) < al) al = cu_align(B);
     if (cu_align(C) < al) al = cu_align(C);
-    if (epilogue != CUBLASLT_EPILOGUE_DEFAULT && cu_align(ep->bias) < al) al = cu_align(ep->bias);
-    if (epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS && cu_align(ep->aux) < al) al = cu_align(ep->aux);
     k.align = al;
+    if (epilogue != CUBLASLT_EPILOGUE_DEFAULT) k.bias_align = cu_align(ep->bias);
+    if (epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) k.aux_align = cu_align(ep->aux);
     cu_plan *p = NULL;
     int32_t rc = cu_plan_get(acc, &k, ep, &p);
     if (rc != KILN_OK) return rc;

@@ -4,10 +4,10 @@
  * inverse loss scale and looks for inf/NaN in one launch per KG_LIST_MAX
  * tensors, and the host waits once for the whole list (the 1.2 way, scale
  * then all_finite per parameter, waits once per parameter). linear_forward
- * runs a Linear layer's bias, and GELU where it can, as a cuBLASLt epilogue
- * of the GEMM, and whatever the epilogue cannot do (rounding through a
- * 16-bit format, the other activations, fp64) in one elementwise pass
- * after it (kg_linear_epilogue), instead of the three or four passes of
+ * runs a Linear layer's bias as a cuBLASLt epilogue of the GEMM, and what
+ * is left (rounding through a 16-bit format, the activation, fp64's bias)
+ * in one elementwise pass after it (kg_linear_epilogue, whose GELU is the
+ * cpu's km_gelu bit for bit), instead of the three or four passes of
  * gemm_ex, bias_add_ex, round_to and act_forward. The cpu accelerator's
  * entries (plugins/cpu) are the reference both are compared with.
  */
@@ -113,26 +113,16 @@ int32_t cu_linear_forward(kiln_instance *acc, uint32_t dt, const void *x, const 
                           &wa, NULL);
     if (rc != KILN_OK) return rc;
 
-    /* The epilogue cuBLASLt runs: GELU with its input kept as aux when
-     * nothing is rounded (aux's ld must be a multiple of 8), else the bias
-     * alone; fp64 and a K of 0 take none. */
+    /* The epilogue cuBLASLt runs: the bias alone (fp64 and a K of 0 take
+     * none). Never its GELU (GELU_AUX_BIAS): cuBLASLt evaluates its own tanh
+     * approximation, whose bits differ from km_gelu's (kernels/common/
+     * km_act.h), and the table promises the cpu accelerator's GELU bit for
+     * bit. The activation runs in kg_linear_epilogue below, which calls
+     * km_gelu: one more elementwise pass over y, small beside the GEMM. */
     cu_ep ep = {CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL, 0};
     if (dt == KILN_DTYPE_F32 && b && in > 0) {
         ep.kind = CUBLASLT_EPILOGUE_BIAS;
         ep.bias = b;
-        if (act == KILN_ACT_GELU && !r16 && out % 8 == 0 && !acc->no_gelu_epilogue) {
-            ep.kind = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
-            ep.aux = y;
-            ep.aux_ld = out;
-            rc = cu_matmul_ep(acc, fn, 0, 1, rows, out, in, 1.0, xa, op, in, wa, op, in, 0.0, post, dt, out, &ep);
-            if (rc != KILN_E_UNSUPPORTED) return rc;
-            /* no GELU_AUX_BIAS algorithm for this device and shape: the
-             * bias epilogue and the kernel from now on */
-            acc->no_gelu_epilogue = 1;
-            ep.kind = CUBLASLT_EPILOGUE_BIAS;
-            ep.aux = NULL;
-            ep.aux_ld = 0;
-        }
     }
     const uint32_t ct = dt; /* y's dtype: F32 (or F64) */
     rc = cu_matmul_ep(acc, fn, 0, 1, rows, out, in, 1.0, xa, op, in, wa, op, in, 0.0, y, ct, out,

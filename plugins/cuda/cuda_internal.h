@@ -49,8 +49,10 @@ typedef struct cu_plan {
     int ta, tb, m, n, k, lda, ldb, ldc;
     int atype, btype, ctype, compute;
     int beta_zero;
-    int align;          /* smallest operand alignment, bytes (<= 256) */
+    int align;          /* smallest alignment of A, B and C, bytes (<= 256) */
     int epilogue;       /* cublasLtEpilogue_t; CUBLASLT_EPILOGUE_DEFAULT: none */
+    int bias_align;     /* the bias pointer's alignment (0: no epilogue) */
+    int aux_align;      /* the aux pointer's alignment (0: not GELU_AUX_BIAS) */
     /* value */
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, lc;
@@ -62,7 +64,7 @@ struct kiln_instance {
     const kiln_host_services *svc;
     kiln_host_ctx *hctx;
     /* configuration */
-    int32_t device_cfg;     /* config `device`; -1: local_rank % device count */
+    int32_t device_cfg;     /* config `device`; -1: the local rank's device */
     int32_t tf32;           /* config `tf32`: fp32 GEMMs on TF32 tensor cores */
     size_t workspace_bytes; /* config `workspace_mib`: cuBLASLt workspace */
     size_t stage_bytes;     /* config `staging_mib`: each pinned staging slot */
@@ -91,15 +93,12 @@ struct kiln_instance {
     double *host_scalars;
     /* device scratch: reduction partials and results (KG_REDUCE_BLOCKS + 8
      * doubles); grow-only: softmax rows (B doubles + B ints + 1 int), and
-     * ws for gemm_ex operands and products */
+     * ws for gemm_ex operands and products and bias_grad's partials */
     double *red_scratch;
     void *row_scratch;
     size_t row_scratch_bytes;
     void *ws;
     size_t ws_bytes;
-    /* linear_forward: 1 once cuBLASLt had no GELU_AUX_BIAS algorithm for a
-     * shape, so later calls go to the bias epilogue + kernel at once */
-    int no_gelu_epilogue;
     /* The labels the last softmax_xent_forward found valid: (checked_B)
      * ints at checked_labels, all in [0, checked_C). A backward over the
      * same labels skips its own check (a read-back and a wait per step);
@@ -175,7 +174,11 @@ static inline void cu_labels_touched(kiln_instance *acc, const void *p, size_t b
 }
 
 /* cuda_mem.c */
+/* alloc() of the kernel table: zero-filled (queued on the stream). */
 int32_t cu_alloc(kiln_instance *acc, size_t bytes, void **out);
+/* The same block cache without the zero fill, for the plugin's own scratch
+ * (contents undefined). */
+int32_t cu_alloc_scratch(kiln_instance *acc, size_t bytes, void **out);
 void cu_free(kiln_instance *acc, void *ptr);
 int32_t cu_copy(kiln_instance *acc, void *dst, const void *src, size_t bytes, int32_t kind);
 int32_t cu_zero(kiln_instance *acc, void *ptr, size_t bytes);
@@ -212,7 +215,8 @@ int32_t cu_gemm_operands(kiln_instance *acc, const char *fn, uint32_t op, const 
 /* A cuBLASLt epilogue for cu_matmul_ep, in the row-major call's terms:
  * CUBLASLT_EPILOGUE_BIAS adds bias(N) to every row of C; GELU_AUX_BIAS
  * also applies GELU and stores C's pre-GELU values (bias added) in
- * aux(M, N; aux_ld), aux_ld a multiple of 8. F32 C only. */
+ * aux(M, N; aux_ld), aux_ld a multiple of 8. F32 C only. linear_forward
+ * uses BIAS only: cuBLASLt's GELU is not km_gelu's bits (cuda_fused.c). */
 typedef struct cu_ep {
     int kind;           /* cublasLtEpilogue_t */
     const void *bias;   /* (N) device, C's dtype */

@@ -9,7 +9,10 @@
  * out-of-memory, once more after the cache has been returned to the driver).
  * All work runs on the instance's one stream, so a block freed and reused is
  * ordered after the kernels that used it without events. The kernel table
- * promises zero-filled memory; the zeroing is queued on the stream too.
+ * promises zero-filled memory from alloc(); the zeroing is queued on the
+ * stream too. The plugin's own scratch (cu_alloc_scratch, cu_reserve) is
+ * not zeroed: its users write it before reading it, and it grows inside
+ * kernel entries, on the training step's path.
  * Host-to-device copies go through a ring of pinned staging slots: the host
  * bytes are copied into a slot and the DMA is queued, so the call returns
  * while the device still works on earlier kernels (the batch copy overlaps
@@ -65,7 +68,9 @@ static int32_t cu_trim(kiln_instance *acc) {
     return KILN_OK;
 }
 
-int32_t cu_alloc(kiln_instance *acc, size_t bytes, void **out) {
+/* A block of at least `bytes` from the cache or cudaMalloc, its contents
+ * whatever its last user left (zero-filled only when `zero`). */
+static int32_t cu_take(kiln_instance *acc, size_t bytes, void **out, int zero) {
     if (!out) return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: alloc: out is NULL");
     *out = NULL;
     CU_READY(acc, "alloc");
@@ -116,10 +121,19 @@ int32_t cu_alloc(kiln_instance *acc, size_t bytes, void **out) {
     best->in_use = 1;
     acc->bytes_cached -= best->size;
     acc->bytes_in_use += best->size;
-    CU_CHECK(acc, "alloc (zero fill)", cudaMemsetAsync(best->ptr, 0, best->size, acc->stream));
+    if (zero) CU_CHECK(acc, "alloc (zero fill)", cudaMemsetAsync(best->ptr, 0, best->size, acc->stream));
     *out = best->ptr;
     return KILN_OK;
 }
+
+/* The kernel table's alloc: zero-filled, as the ABI promises. */
+int32_t cu_alloc(kiln_instance *acc, size_t bytes, void **out) { return cu_take(acc, bytes, out, 1); }
+
+/* The plugin's own scratch (cuBLASLt workspace, reduction partials, grow-only
+ * scratch inside kernel entries): every user writes before it reads, so
+ * the fill would be a memset of the whole block on the step's path (a grown
+ * gemm_ex scratch is tens of MiB) for nothing. */
+int32_t cu_alloc_scratch(kiln_instance *acc, size_t bytes, void **out) { return cu_take(acc, bytes, out, 0); }
 
 void cu_free(kiln_instance *acc, void *ptr) {
     if (!ptr || !acc) return;
@@ -228,7 +242,7 @@ int32_t cu_reserve(kiln_instance *acc, void **buf, size_t *have, size_t bytes, c
     *buf = NULL;
     *have = 0;
     void *p = NULL;
-    int32_t rc = cu_alloc(acc, bytes, &p);
+    int32_t rc = cu_alloc_scratch(acc, bytes, &p);
     if (rc != KILN_OK) {
         kiln_logf(acc->svc, acc->hctx, KILN_LOG_DEBUG, "cuda: %s: scratch of %zu bytes unavailable", what, bytes);
         return rc;
@@ -245,7 +259,7 @@ int32_t cu_mem_init(kiln_instance *acc) {
     CU_CHECK(acc, "configure (pinned result buffer)",
              cudaHostAlloc((void **)&acc->host_scalars, 8 * sizeof(double), cudaHostAllocDefault));
     void *p = NULL;
-    int32_t rc = cu_alloc(acc, (KG_REDUCE_BLOCKS + 8) * sizeof(double), &p);
+    int32_t rc = cu_alloc_scratch(acc, (KG_REDUCE_BLOCKS + 8) * sizeof(double), &p);
     if (rc != KILN_OK) return rc;
     acc->red_scratch = p;
     return KILN_OK;

@@ -12,7 +12,10 @@
  * the tensor cores do). beta == 0 does not read C, so NaN there cannot
  * leak. The BIAS and GELU_AUX_BIAS epilogues (fp32 output) add the bias
  * after the product is rounded to fp32 and, for GELU, store that in aux
- * and apply the cpu kernels' GELU. Before computing, every argument is checked the way cuBLASLt checks
+ * and apply a GELU that is not the cpu kernels' (as cuBLASLt's is not).
+ * The algorithm also remembers the bias and aux alignment the heuristic saw
+ * on the descriptor, and cublasLtDestroy checks that the last GEMM was
+ * waited for. Before computing, every argument is checked the way cuBLASLt checks
  * it or would fault on it: the layouts must agree on m, n and k
  * (CUBLAS_STATUS_INVALID_VALUE otherwise, which is what exposes a wrong
  * row-major to column-major mapping), ld >= rows, supported type and
@@ -39,6 +42,11 @@
 struct cublasLtContext {
     unsigned magic;
     int device;
+    /* the stream of the last GEMM and that stream's sync count then: the
+     * handle must not be destroyed before the GEMM was waited for */
+    cudaStream_t last_stream;
+    unsigned long last_syncs;
+    int pending;
 };
 
 /* A descriptor, layout or preference: the opaque struct the API hands out
@@ -146,6 +154,13 @@ cublasStatus_t CUBLASWINAPI cublasLtDestroy(cublasLtHandle_t lightHandle) {
         fake_violation("cublasLtDestroy(%p): not a live handle", (void *)lightHandle);
         return CUBLAS_STATUS_NOT_INITIALIZED;
     }
+    /* kiln's contract (stricter than the library, which waits for the
+     * device): a GEMM queued on a stream is waited for before its handle,
+     * and the workspace it uses, go */
+    if (lightHandle->pending && fake_stream_syncs(lightHandle->last_stream) == lightHandle->last_syncs)
+        fake_violation("cublasLtDestroy(%p): a GEMM queued on stream %p has not been waited for "
+                       "(synchronise the stream first)",
+                       (void *)lightHandle, (void *)lightHandle->last_stream);
     lightHandle->magic = 0;
     free(lightHandle);
     fake_stats.lt_handles_live--;
@@ -437,7 +452,10 @@ static uint64_t fake_cfg_hash(const fake_cfg *c) {
 }
 
 /* The algorithm's record in cublasLtMatmulAlgo_t.data (8 uint64). */
-enum { FAKE_ALGO_TAG = 0, FAKE_ALGO_HASH = 1, FAKE_ALGO_ALIGN = 2, FAKE_ALGO_WS = 3 };
+enum { FAKE_ALGO_TAG = 0, FAKE_ALGO_HASH = 1, FAKE_ALGO_ALIGN = 2, FAKE_ALGO_WS = 3, FAKE_ALGO_BIAS_ALIGN = 4,
+       FAKE_ALGO_AUX_ALIGN = 5 };
+
+static uint64_t fake_align_of(const void *p);
 
 cublasStatus_t CUBLASWINAPI cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t lightHandle,
                                                            cublasLtMatmulDesc_t operationDesc,
@@ -473,6 +491,11 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t ligh
     r->algo.data[FAKE_ALGO_HASH] = fake_cfg_hash(&cfg);
     r->algo.data[FAKE_ALGO_ALIGN] = align;
     r->algo.data[FAKE_ALGO_WS] = ws;
+    /* the epilogue's buffers have no preference attribute: the heuristic
+     * reads their alignment from the descriptor's pointers, and the
+     * algorithm may rely on it */
+    if (cfg.d->epilogue != CUBLASLT_EPILOGUE_DEFAULT) r->algo.data[FAKE_ALGO_BIAS_ALIGN] = fake_align_of(cfg.d->bias);
+    if (cfg.d->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) r->algo.data[FAKE_ALGO_AUX_ALIGN] = fake_align_of(cfg.d->aux);
     r->workspaceSize = (size_t)ws;
     r->state = CUBLAS_STATUS_SUCCESS;
     r->wavesCount = 1.0f;
@@ -567,6 +590,15 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmul(cublasLtHandle_t lightHandle, cublasL
                                (unsigned long long)algo->data[FAKE_ALGO_ALIGN]);
                 return CUBLAS_STATUS_INVALID_VALUE;
             }
+        const void *eps[2] = {cfg.d->bias, cfg.d->aux};
+        for (int i = 0; i < 2; i++)
+            if (algo->data[FAKE_ALGO_BIAS_ALIGN + i] && fake_align_of(eps[i]) < algo->data[FAKE_ALGO_BIAS_ALIGN + i]) {
+                fake_violation("%s: the epilogue's %s = %p is %llu-byte aligned but the algorithm was chosen for a "
+                               "%llu-byte aligned one",
+                               fn, i ? "aux" : "bias", eps[i], (unsigned long long)fake_align_of(eps[i]),
+                               (unsigned long long)algo->data[FAKE_ALGO_BIAS_ALIGN + i]);
+                return CUBLAS_STATUS_INVALID_VALUE;
+            }
         if (workspaceSizeInBytes < algo->data[FAKE_ALGO_WS]) {
             fake_violation("%s: workspace of %zu bytes, the algorithm needs %llu", fn, workspaceSizeInBytes,
                            (unsigned long long)algo->data[FAKE_ALGO_WS]);
@@ -651,14 +683,19 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmul(cublasLtHandle_t lightHandle, cublasL
                 if (epi != CUBLASLT_EPILOGUE_DEFAULT) v = v + ((const float *)cfg.d->bias)[i];
                 if (epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
                     ((float *)cfg.d->aux)[i + j * (uint64_t)cfg.d->aux_ld] = v;
-                    float g;
-                    kc_gelu_forward(&g, &v, 1); /* the cpu's GELU stands for cuBLASLt's */
-                    v = g;
+                    /* cuBLASLt's GELU is its own tanh approximation, not
+                     * kiln's km_gelu; libm's tanhf in float stands for it,
+                     * so a caller that promises the cpu's GELU bits and
+                     * uses this epilogue shows the difference */
+                    v = 0.5f * v * (1.0f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v)));
                 }
                 ((float *)D)[di] = v;
             }
         }
     free(opa), free(opbt), free(out);
     fake_stats.matmuls++;
+    lightHandle->last_stream = stream;
+    lightHandle->last_syncs = fake_stream_syncs(stream);
+    lightHandle->pending = lightHandle->last_syncs != (unsigned long)-1; /* not the legacy stream */
     return CUBLAS_STATUS_SUCCESS;
 }

@@ -54,6 +54,8 @@ typedef struct fake_cuda_stats {
     unsigned long syncs;            /* stream/event synchronisations          */
     unsigned long violations;       /* contract violations (see above)        */
     unsigned long injected;         /* failures injected by KILN_FAKE_CUDA_FAIL */
+    unsigned long memsets;          /* cudaMemset*(Async) calls on device memory */
+    size_t memset_bytes;            /* bytes they set                          */
     char last_violation[256];
 } fake_cuda_stats;
 

@@ -12,7 +12,15 @@
  * without a synchronisation, or a pinned buffer reused before its copy has
  * run, gives wrong data here as it would on a GPU. Copies from or to
  * pageable memory run at the call (after draining the stream), which is
- * what the real runtime guarantees for them. The environment knobs
+ * what the real runtime guarantees for them. The legacy default stream
+ * (stream 0, cudaMemcpy, cudaMemset) has a queue too, run as CUDA's
+ * synchronisation rules say: cudaMemset, device-to-device cudaMemcpy and a
+ * cudaMemcpy from pageable memory to the device (its source staged at the
+ * call) return before the device is written; work on a blocking stream
+ * waits for it, and work on a cudaStreamNonBlocking stream does not, so
+ * mixing the two without ordering them reads stale data here. A blocking
+ * copy to the host, cudaDeviceSynchronize, cudaStreamSynchronize(0) and
+ * cudaFree run it. The environment knobs
  * (device count, driver version, memory capacity, injected failures) are
  * read at every call.
  */
@@ -411,6 +419,8 @@ cudaError_t CUDARTAPI cudaPointerGetAttributes(struct cudaPointerAttributes *att
 /* ------------------------------------------------------------ streams */
 
 enum { FAKE_OP_COPY, FAKE_OP_SET, FAKE_OP_SET2D, FAKE_OP_EVENT };
+/* fake_op.owned: the op's private copy of a pageable source (src points
+ * into it), freed when the op has run */
 
 /* One piece of queued work. */
 typedef struct fake_op {
@@ -422,6 +432,7 @@ typedef struct fake_op {
     size_t pitch, width, height; /* set2d */
     cudaEvent_t ev;              /* event */
     unsigned long rec;           /* which record of ev */
+    char *owned;                 /* (n) staged source, or NULL */
 } fake_op;
 
 #define FAKE_STREAM_MAGIC 0x57AEA3u
@@ -433,6 +444,7 @@ struct CUstream_st {
     int device;
     fake_op *ops;  /* (cap) ring of queued work, [head, head + n) */
     size_t head, n, cap;
+    unsigned long synced;  /* cudaStreamSynchronize / cudaDeviceSynchronize calls that waited for it */
     struct CUstream_st *next;
 };
 
@@ -447,9 +459,10 @@ struct CUevent_st {
 
 static struct CUstream_st *fake_streams;
 static struct CUevent_st *fake_events;
+/* The legacy default stream's queue (stream 0, cudaStreamLegacy and, the
+ * plugin being single-threaded, cudaStreamPerThread): not in fake_streams. */
+static struct CUstream_st fake_legacy;
 
-/* The legacy default stream and the two special handles have no queue:
- * work on them runs at the call. */
 static int fake_is_legacy(cudaStream_t s) {
     return s == NULL || s == cudaStreamLegacy || s == cudaStreamPerThread;
 }
@@ -485,6 +498,7 @@ static void fake_run_op(const fake_op *op) {
         if (op->ev->done < op->rec) op->ev->done = op->rec;
         break;
     }
+    free(op->owned);
 }
 
 /* Runs queued work in order; stops after the record `rec` of `ev` when ev
@@ -500,13 +514,35 @@ static void fake_drain(struct CUstream_st *s, cudaEvent_t ev, unsigned long rec)
 }
 
 static void fake_drain_all(void) {
+    fake_drain(&fake_legacy, NULL, 0);
     for (struct CUstream_st *s = fake_streams; s; s = s->next) fake_drain(s, NULL, 0);
 }
 
-/* Work on the legacy default stream waits for every blocking stream. */
+/* Work on the legacy default stream waits for every blocking stream (and
+ * for its own queue). */
 static void fake_drain_blocking(void) {
+    fake_drain(&fake_legacy, NULL, 0);
     for (struct CUstream_st *s = fake_streams; s; s = s->next)
         if (!(s->flags & cudaStreamNonBlocking)) fake_drain(s, NULL, 0);
+}
+
+/* Work on stream s waits for the legacy stream's unless s is non-blocking. */
+static void fake_after_legacy(const struct CUstream_st *s) {
+    if (!(s->flags & cudaStreamNonBlocking)) fake_drain(&fake_legacy, NULL, 0);
+}
+
+/* What the legacy queue still holds at unload (a program that never waited
+ * for it): the staged sources, so leak checkers stay quiet. */
+__attribute__((destructor)) static void fake_legacy_release(void) {
+    for (size_t i = 0; i < fake_legacy.n; i++) free(fake_legacy.ops[(fake_legacy.head + i) % fake_legacy.cap].owned);
+    free(fake_legacy.ops);
+    fake_legacy.ops = NULL;
+    fake_legacy.n = fake_legacy.cap = 0;
+}
+
+unsigned long fake_stream_syncs(cudaStream_t s) {
+    if (fake_is_legacy(s) || !fake_stream_live(s)) return (unsigned long)-1;
+    return s->synced;
 }
 
 static cudaError_t fake_enqueue(struct CUstream_st *s, const fake_op *op) {
@@ -544,6 +580,7 @@ cudaError_t fake_stream_drain(cudaStream_t s, const char *fn) {
                        fake_current_device);
         return fake_error(cudaErrorInvalidResourceHandle);
     }
+    fake_after_legacy(s);
     fake_drain(s, NULL, 0);
     return cudaSuccess;
 }
@@ -551,10 +588,12 @@ cudaError_t fake_stream_drain(cudaStream_t s, const char *fn) {
 /* Runs op now (after the work it must follow), or queues it on s. */
 static cudaError_t fake_submit(cudaStream_t s, const fake_op *op, int now) {
     if (fake_is_legacy(s)) {
-        fake_drain_blocking();
+        fake_drain_blocking(); /* what it follows; itself queued unless now */
+        if (!now) return fake_enqueue(&fake_legacy, op);
         fake_run_op(op);
         return cudaSuccess;
     }
+    fake_after_legacy(s);
     if (now) {
         fake_drain(s, NULL, 0);
         fake_run_op(op);
@@ -605,14 +644,20 @@ cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t stream) {
     if (e != cudaSuccess) return e;
     if (fake_inject("cudaStreamSynchronize")) return fake_error(cudaErrorLaunchFailure);
     fake_stats.syncs++;
-    if (fake_is_legacy(stream)) fake_drain_blocking();
-    else fake_drain(stream, NULL, 0);
+    if (fake_is_legacy(stream)) {
+        fake_drain_blocking();
+    } else {
+        fake_after_legacy(stream);
+        fake_drain(stream, NULL, 0);
+        stream->synced++;
+    }
     return cudaSuccess;
 }
 
 cudaError_t CUDARTAPI cudaDeviceSynchronize(void) {
     fake_stats.syncs++;
     fake_drain_all();
+    for (struct CUstream_st *s = fake_streams; s; s = s->next) s->synced++;
     return cudaSuccess;
 }
 
@@ -709,7 +754,9 @@ cudaError_t CUDARTAPI cudaEventSynchronize(cudaEvent_t event) {
     if (fake_inject("cudaEventSynchronize")) return fake_error(cudaErrorLaunchFailure);
     fake_stats.syncs++;
     /* waits for the latest record only: later work on its stream stays queued */
-    if (event->done < event->recorded && !fake_is_legacy(event->stream) && fake_stream_live(event->stream))
+    if (event->done < event->recorded && fake_is_legacy(event->stream))
+        fake_drain(&fake_legacy, event, event->recorded);
+    else if (event->done < event->recorded && fake_stream_live(event->stream))
         fake_drain(event->stream, event, event->recorded);
     return cudaSuccess;
 }
@@ -766,18 +813,33 @@ static cudaError_t fake_memcpy(const char *fn, void *dst, const void *src, size_
     if ((e = fake_copy_side(fn, kind, "source", src, count, src_dev)) != cudaSuccess) return e;
     /* When the host side is pageable the runtime finishes with it before
      * returning (staged or synchronous); only pinned memory and
-     * device-to-device copies stay queued. */
+     * device-to-device copies stay queued. The blocking cudaMemcpy
+     * (legacy stream) returns before the device is written when it copies
+     * device to device, or pageable memory to the device (staged: the
+     * source is copied at the call); see the file's comment. */
     int now = blocking;
+    char *owned = NULL;
     if (kind == cudaMemcpyHostToDevice) {
-        now |= !fake_is_pinned_range(src, count);
+        const int pinned = fake_is_pinned_range(src, count);
+        now |= !pinned;
         if (!now) fake_stats.h2d_async_pinned++;
+        if (blocking && !pinned && fake_is_legacy(stream)) {
+            if (!(owned = malloc(count))) return fake_error(cudaErrorMemoryAllocation);
+            memcpy(owned, src, count);
+            src = owned;
+            now = 0;
+        }
     } else if (kind == cudaMemcpyDeviceToHost) {
         now |= !fake_is_pinned_range(dst, count);
     } else if (kind == cudaMemcpyHostToHost) {
         now = 1;
+    } else if (blocking && fake_is_legacy(stream)) {
+        now = 0; /* device to device: no host-side synchronisation */
     }
-    fake_op op = {.kind = FAKE_OP_COPY, .dst = dst, .src = src, .n = count};
-    return fake_submit(stream, &op, now);
+    fake_op op = {.kind = FAKE_OP_COPY, .dst = dst, .src = src, .n = count, .owned = owned};
+    cudaError_t r = fake_submit(stream, &op, now);
+    if (r != cudaSuccess) free(owned);
+    return r;
 }
 
 cudaError_t CUDARTAPI cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
@@ -800,6 +862,8 @@ cudaError_t CUDARTAPI cudaMemsetAsync(void *devPtr, int value, size_t count, cud
         fake_violation("cudaMemsetAsync: [%p, +%zu bytes) is not inside one device block", devPtr, count);
         return fake_error(cudaErrorInvalidValue);
     }
+    fake_stats.memsets++;
+    fake_stats.memset_bytes += count;
     fake_op op = {.kind = FAKE_OP_SET, .dst = devPtr, .n = count, .value = value};
     return fake_submit(stream, &op, 0);
 }
@@ -824,6 +888,8 @@ cudaError_t CUDARTAPI cudaMemset2DAsync(void *devPtr, size_t pitch, int value, s
                        height, width, pitch, devPtr);
         return fake_error(cudaErrorInvalidValue);
     }
+    fake_stats.memsets++;
+    fake_stats.memset_bytes += width * height;
     fake_op op = {.kind = FAKE_OP_SET2D, .dst = devPtr, .value = value, .pitch = pitch, .width = width,
                   .height = height};
     return fake_submit(stream, &op, 0);

@@ -42,4 +42,11 @@ cudaError_t fake_need_device(const char *fn, const char *what, const void *p, si
  * for a handle that is not a live stream. */
 cudaError_t fake_stream_drain(cudaStream_t s, const char *fn);
 
+/* How many times stream s has been waited for as a whole (its own
+ * cudaStreamSynchronize, or cudaDeviceSynchronize); (unsigned long)-1 for
+ * the legacy stream or a stream that is no longer live (destroying a
+ * stream lets its work finish). cuBLASLt's fake compares two readings to
+ * tell whether a GEMM it queued has been waited for. */
+unsigned long fake_stream_syncs(cudaStream_t s);
+
 #endif /* KILN_TESTS_FAKE_INTERNAL_H */

@@ -96,16 +96,58 @@ cudaError_t kg_bias_add(cudaStream_t s, int fdt, void *y, const void *b, int row
     return cudaSuccess;
 }
 
-cudaError_t kg_bias_grad(cudaStream_t s, int fdt, void *db, const void *dy, int rows, int cols, int accumulate) {
+/* kernels/cuda's two-pass column sum in its order (kg_kernels.h): each
+ * part's lanes, the lanes left to right, then the parts left to right; the
+ * partials go through `work` as on the GPU, so a workspace that is too
+ * small or not device memory shows here. */
+#define FAKE_BIAS_GRAD(T)                                                                                      \
+    do {                                                                                                       \
+        T *d = db, *w = work;                                                                                  \
+        const T *g = dy;                                                                                       \
+        for (size_t p = 0; p < parts; p++) {                                                                   \
+            const size_t r0 = p * KG_BIAS_GRAD_ROWS;                                                           \
+            const size_t r1 = r0 + KG_BIAS_GRAD_ROWS < (size_t)rows ? r0 + KG_BIAS_GRAD_ROWS : (size_t)rows;   \
+            for (size_t j = 0; j < (size_t)cols; j++) {                                                        \
+                T part = (T)0;                                                                                 \
+                for (int l = 0; l < KG_BIAS_GRAD_LANES; l++) {                                                 \
+                    T lane = (T)0;                                                                             \
+                    for (size_t r = r0 + (size_t)l; r < r1; r += KG_BIAS_GRAD_LANES) lane = lane + g[r * cols + j]; \
+                    part = l == 0 ? lane : part + lane;                                                        \
+                }                                                                                              \
+                if (parts == 1) d[j] = (accumulate ? d[j] : (T)0) + part;                                     \
+                else w[p * cols + j] = part;                                                                   \
+            }                                                                                                  \
+        }                                                                                                      \
+        if (parts > 1)                                                                                         \
+            for (size_t j = 0; j < (size_t)cols; j++) {                                                        \
+                T acc = accumulate ? d[j] : (T)0;                                                              \
+                for (size_t p = 0; p < parts; p++) acc = acc + w[p * cols + j];                                \
+                d[j] = acc;                                                                                    \
+            }                                                                                                  \
+    } while (0)
+
+cudaError_t kg_bias_grad(cudaStream_t s, int fdt, void *db, const void *dy, int rows, int cols, int accumulate,
+                         void *work) {
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
     if (!fake_fdt(fdt) || rows < 0 || cols < 0) return fake_error(cudaErrorInvalidValue);
     if (cols == 0 || (rows == 0 && accumulate)) return cudaSuccess;
-    const size_t esz = fake_dt_size(fdt);
-    const fake_buf bufs[] = {{"db", db, (size_t)cols * esz}, {"dy", dy, (size_t)rows * (size_t)cols * esz}};
-    cudaError_t e = fake_launch(__func__, s, bufs, 2);
+    const size_t esz = fake_dt_size(fdt), parts = kg_bias_grad_parts(rows);
+    const size_t wb = kg_bias_grad_work_bytes(fdt, rows, cols);
+    if (wb > 0 && !work) {
+        fake_violation("%s: %d rows in %zu parts need a %zu-byte workspace; work is NULL", __func__, rows, parts, wb);
+        return fake_error(cudaErrorInvalidValue);
+    }
+    const fake_buf bufs[] = {{"db", db, (size_t)cols * esz},
+                             {"dy", dy, (size_t)rows * (size_t)cols * esz},
+                             {"work", work, wb}};
+    cudaError_t e = fake_launch(__func__, s, bufs, 3);
     if (e != cudaSuccess) return e;
-    if (fdt == KG_F32) kc_bias_grad(db, dy, rows, cols, accumulate);
-    else kc_bias_grad_f64(db, dy, rows, cols, accumulate);
+    if (wb > 0 && (fake_overlap(__func__, "work", work, wb, "dy", dy, (size_t)rows * (size_t)cols * esz) ||
+                   fake_overlap(__func__, "work", work, wb, "db", db, (size_t)cols * esz)))
+        return fake_error(cudaErrorInvalidValue);
+    fake_stats.kernels += parts > 1; /* the second pass */
+    if (fdt == KG_F32) FAKE_BIAS_GRAD(float);
+    else FAKE_BIAS_GRAD(double);
     return cudaSuccess;
 }
 

@@ -297,9 +297,12 @@ static void test_configure(void) {
     env_set("KILN_FAKE_CUDA_DEVICES", "2");
     CU_ASSERT_EQUAL(g_ops->configure(acc, 0, 1), KILN_E_STATE);
     HAS(mh.last_error, "cannot move to device 1");
-    /* and with one device, local rank 1 is device 0 again */
+    /* with one device, local rank 1 has no GPU of its own: refused (it
+     * would share device 0 with local rank 0), naming both numbers */
     env_clear();
-    CU_ASSERT_EQUAL(g_ops->configure(acc, 0, 1), KILN_OK);
+    CU_ASSERT_EQUAL(g_ops->configure(acc, 0, 1), KILN_E_CONFIG);
+    HAS(mh.last_error, "local_rank 1");
+    HAS(mh.last_error, "1 CUDA device is visible");
 
     CU_ASSERT_EQUAL(k->alloc(acc, 64, &p), KILN_OK);
     CU_ASSERT_EQUAL((uintptr_t)p % 256, 0);
@@ -973,11 +976,12 @@ static void test_failing_calls(void) {
     NO_VIOLATIONS();
 }
 
-/* The fused 1.3 entries do the work in the launches promised: the GELU
- * epilogue alone when nothing is rounded and out % 8 == 0; the bias
- * epilogue and one kernel otherwise (plus the input's cast to bf16); with
- * no GELU_AUX_BIAS algorithm, the bias epilogue and a kernel from then on.
- * unscale_check: one launch per 48 tensors and one synchronisation. */
+/* The fused 1.3 entries do the work in the launches promised: the bias
+ * epilogue alone without an activation; the bias epilogue and one kernel
+ * with one (GELU too: cuBLASLt's GELU epilogue is not kiln's GELU), plus
+ * the input's cast to bf16. The plan cache keys the bias pointer's own
+ * alignment. unscale_check: one launch per 48 tensors and one
+ * synchronisation. */
 static void test_fused_launches(void) {
     const kiln_kernels *k = NULL;
     kiln_instance *acc = ready(NULL, &k);
@@ -1005,8 +1009,8 @@ static void test_fused_launches(void) {
         uint32_t wt, rt;
         unsigned long matmuls, kernels;
     } cases[] = {
-        {O, KILN_ACT_GELU, KILN_DTYPE_F32, KILN_DTYPE_F32, 1, 0},      /* GELU_AUX_BIAS */
-        {O - 2, KILN_ACT_GELU, KILN_DTYPE_F32, KILN_DTYPE_F32, 1, 1},  /* aux ld not a multiple of 8 */
+        {O, KILN_ACT_GELU, KILN_DTYPE_F32, KILN_DTYPE_F32, 1, 1},      /* BIAS + kiln's GELU kernel */
+        {O - 2, KILN_ACT_GELU, KILN_DTYPE_F32, KILN_DTYPE_F32, 1, 1},  /* the same, out not a multiple of 8 */
         {O, KILN_ACT_RELU, KILN_DTYPE_F32, KILN_DTYPE_F32, 1, 1},      /* BIAS + kernel */
         {O, -1, KILN_DTYPE_F32, KILN_DTYPE_F32, 1, 0},                 /* BIAS alone */
         {O, KILN_ACT_GELU, KILN_DTYPE_BF16, KILN_DTYPE_BF16, 1, 2},    /* x to bf16, BIAS, kernel */
@@ -1037,24 +1041,28 @@ static void test_fused_launches(void) {
         CU_ASSERT_EQUAL(bad, 0);
         if (bad) fprintf(stderr, "  linear_forward case %zu: %d values off\n", c, bad);
     }
-    /* no GELU_AUX_BIAS algorithm (the heuristic's NOT_SUPPORTED on a fresh
-     * shape): the same results through the bias epilogue and a kernel */
-    env_set("KILN_FAKE_CUDA_FAIL", "cublasLtMatmulAlgoGetHeuristic@1");
-    const fake_cuda_stats s0 = stats();
-    CU_ASSERT_EQUAL(k->linear_forward(acc, KILN_DTYPE_F32, dx, dw, KILN_DTYPE_F32, db, R - 1, I, O, KILN_ACT_GELU, dy,
-                                      dp, KILN_DTYPE_F32),
+    /* The plan cache and the bias's alignment: the heuristic sees the bias
+     * pointer itself, so a plan chosen with a 256-byte aligned bias (and a
+     * 4-byte aligned x) must not serve a 4-byte aligned bias (with an
+     * aligned x), though the smallest alignment of all five is 4 both
+     * times. The fake's algorithm remembers the bias alignment it saw. */
+    float *dbx = up(k, acc, NULL, sizeof hb + 256), *dxx = up(k, acc, NULL, sizeof hx + 256);
+    CU_ASSERT_FATAL(dbx && dxx);
+    CU_ASSERT_EQUAL(k->copy(acc, dbx + 1, hb, sizeof hb, KILN_COPY_H2D), KILN_OK);
+    CU_ASSERT_EQUAL(k->copy(acc, dxx + 1, hx, sizeof hx, KILN_COPY_H2D), KILN_OK);
+    const unsigned long v0 = stats().violations;
+    CU_ASSERT_EQUAL(k->linear_forward(acc, KILN_DTYPE_F32, dxx + 1, dw, KILN_DTYPE_F32, db, R - 1, I, O, -1, dy, NULL,
+                                      KILN_DTYPE_F32),
                     KILN_OK);
-    env_clear();
-    const fake_cuda_stats s1 = stats();
-    CU_ASSERT_EQUAL(s1.matmuls - s0.matmuls, 1);
-    CU_ASSERT_EQUAL(s1.kernels - s0.kernels, 1);
-    CU_ASSERT_TRUE(down(k, acc, pc, dp, sizeof(float) * (R - 1) * O));
+    CU_ASSERT_EQUAL(k->linear_forward(acc, KILN_DTYPE_F32, dx, dw, KILN_DTYPE_F32, dbx + 1, R - 1, I, O, -1, dy, NULL,
+                                      KILN_DTYPE_F32),
+                    KILN_OK);
+    CU_ASSERT_EQUAL(stats().violations, v0);
+    CU_ASSERT_TRUE(down(k, acc, pc, dy, sizeof(float) * (R - 1) * O));
     int bad = 0;
-    for (int i = 0; i < (R - 1) * O; i++) {
-        const double v = yc[i];
-        bad += fabs(pc[i] - 0.5 * v * (1 + tanh(0.7978845608 * (v + 0.044715 * v * v * v)))) > 1e-5;
-    }
+    for (int i = 0; i < (R - 1) * O; i++) bad += fabsf(pc[i] - yc[i]) > 1e-6f * (1 + fabsf(yc[i]));
     CU_ASSERT_EQUAL(bad, 0);
+    k->free(acc, dbx), k->free(acc, dxx);
 
     /* unscale_check: 50 tensors of 8 floats in one buffer, two launches,
      * one synchronisation */
@@ -1270,6 +1278,73 @@ static void test_device_made_current(void) {
     NO_VIOLATIONS();
 }
 
+/* destroy() right after a GEMM, with nothing waited for: the stream is
+ * synchronised before the cuBLASLt handle goes (the fake's
+ * cublasLtDestroy reports a GEMM still queued on an unsynchronised
+ * stream). */
+static void test_destroy_after_unwaited_gemm(void) {
+    const kiln_kernels *k = NULL;
+    kiln_instance *acc = ready(NULL, &k);
+    if (!acc) return;
+    float h[64];
+    for (int i = 0; i < 64; i++) h[i] = val((unsigned)i, 31);
+    float *d = up(k, acc, h, sizeof h);
+    CU_ASSERT_FATAL(d != NULL);
+    CU_ASSERT_EQUAL(k->gemm(acc, 0, 0, 4, 4, 4, 1.0f, d, 4, d + 16, 4, 0.0f, d + 32, 4), KILN_OK);
+    k->free(acc, d);
+    g_ops->base.destroy(acc);
+    NO_VIOLATIONS();
+}
+
+/* alloc() zero-fills (the table's promise); scratch that grows inside an
+ * entry (gemm_ex's rounded product, bias_grad's partials) does not: no
+ * memset beyond what the entry itself needs. */
+static void test_scratch_not_zeroed(void) {
+    const kiln_kernels *k = NULL;
+    kiln_instance *acc = ready(NULL, &k);
+    if (!acc) return;
+    enum { M = 64, N = 64, K = 32, ROWS = 1000, COLS = 48 };
+    static float ha[M * K], hb[K * N], hdy[ROWS * COLS];
+    for (int i = 0; i < M * K; i++) ha[i] = val((unsigned)i, 41);
+    for (int i = 0; i < K * N; i++) hb[i] = val((unsigned)i, 42);
+    for (int i = 0; i < ROWS * COLS; i++) hdy[i] = val((unsigned)i, 43);
+    float *da = up(k, acc, ha, sizeof ha), *dbm = up(k, acc, hb, sizeof hb), *dc = up(k, acc, NULL, M * N * 4);
+    float *ddy = up(k, acc, hdy, sizeof hdy), *ddb = up(k, acc, NULL, COLS * 4);
+    CU_ASSERT_FATAL(da && dbm && dc && ddy && ddb);
+    fake_cuda_stats s0 = stats();
+    void *p = NULL;
+    CU_ASSERT_EQUAL(k->alloc(acc, 4096, &p), KILN_OK);
+    CU_ASSERT_EQUAL(stats().memsets - s0.memsets, 1);
+    k->free(acc, p);
+    /* gemm_ex rounding through bf16 with beta != 0 forms its product in
+     * scratch */
+    s0 = stats();
+    CU_ASSERT_EQUAL(k->gemm_ex(acc, 0, 0, M, N, K, 1.0, da, KILN_DTYPE_F32, K, dbm, KILN_DTYPE_F32, N, 1.0, dc,
+                               KILN_DTYPE_F32, N, KILN_DTYPE_BF16),
+                    KILN_OK);
+    fake_cuda_stats s1 = stats();
+    CU_ASSERT(s1.mallocs > s0.mallocs); /* the scratch grew */
+    CU_ASSERT_EQUAL(s1.memsets - s0.memsets, 0);
+    /* bias_grad over 1000 rows: 4 parts of partials in scratch */
+    s0 = stats();
+    CU_ASSERT_EQUAL(k->bias_grad(acc, ddb, ddy, ROWS, COLS, 0), KILN_OK);
+    s1 = stats();
+    CU_ASSERT_EQUAL(s1.memsets - s0.memsets, 0);
+    CU_ASSERT_EQUAL(s1.kernels - s0.kernels, 2); /* the two passes */
+    float db[COLS];
+    CU_ASSERT_TRUE(down(k, acc, db, ddb, sizeof db));
+    int bad = 0;
+    for (int j = 0; j < COLS; j++) {
+        double want = 0, mag = 0;
+        for (int r = 0; r < ROWS; r++) want += hdy[r * COLS + j], mag += fabsf(hdy[r * COLS + j]);
+        bad += fabs(db[j] - want) > 2.0 * (ROWS + 4) * 0x1p-24 * mag;
+    }
+    CU_ASSERT_EQUAL(bad, 0);
+    k->free(acc, da), k->free(acc, dbm), k->free(acc, dc), k->free(acc, ddy), k->free(acc, ddb);
+    g_ops->base.destroy(acc);
+    NO_VIOLATIONS();
+}
+
 /* ============================================================ suites */
 
 static void register_tests(void) {
@@ -1303,6 +1378,8 @@ static void register_tests(void) {
     CU_add_test(s, "configure: refused again after a failed one", test_configure_retry_after_failure);
     CU_add_test(s, "allocator: a failed trim keeps the block table", test_trim_partial_failure);
     CU_add_test(s, "entries make the instance's device current", test_device_made_current);
+    CU_add_test(s, "destroy waits for queued GEMMs before the cuBLASLt handle", test_destroy_after_unwaited_gemm);
+    CU_add_test(s, "scratch grown inside entries is not zero-filled", test_scratch_not_zeroed);
 }
 
 #include "cunit_main.h"
