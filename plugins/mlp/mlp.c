@@ -12,9 +12,12 @@
  * accelerator's kernel table, which is what lets the same module run on any
  * accelerator plugin. Weights are initialised deterministically from the
  * seed the host passes, with a private PRNG (splitmix64 -> xoshiro256**), so
- * runs reproduce bit for bit.
+ * runs reproduce bit for bit. Each layer is the SDK's Linear (kiln/nn.h,
+ * the one the gpt module builds on): its forward, its backward and its
+ * precision handling are written once, there.
  */
 #include <kiln/kiln.h>
+#include <kiln/nn.h>
 #include <kiln/rng.h>
 
 #include <math.h>
@@ -45,9 +48,11 @@ typedef struct mlp {
     int32_t max_batch;         /* rows every activation buffer is sized for        */
     int32_t max_grad_width;    /* max(layers[1..L]): the widest dy/dx row          */
 
-    kiln_parameter *weight[MLP_MAX_LAYERS]; /* (out, in) each                      */
-    kiln_parameter *bias[MLP_MAX_LAYERS];   /* (out) each                          */
-    char names[2 * MLP_MAX_LAYERS][32];     /* parameter names, kept for the run   */
+    /* Linear l: weight (out, in) "layers.<l>.weight", bias (out); its y is
+     * (max_batch, out) x.W^T+b (the logits for the last layer) and, for a
+     * hidden layer, its post (max_batch, out) act(y), both in the arena. */
+    kiln_nn_linear lin[MLP_MAX_LAYERS];
+    kiln_nn_ctx nn;            /* accelerator, table and dtypes of the step         */
 
     /* The activation arena (accelerator memory) and views into it. Every
      * activation buffer holds `adt` elements: the master dtype of the
@@ -66,15 +71,13 @@ typedef struct mlp {
                                   the batch itself when the accelerator computes in
                                   host memory and nothing converts it, else x/x32 */
     const int32_t *in_labels;  /* (B) targets of the last forward, likewise    */
-    void *pre[MLP_MAX_LAYERS];  /* hidden layer l: (max_batch, layers[l+1]) x.Wt+b */
-    void *post[MLP_MAX_LAYERS]; /* hidden layer l: (max_batch, layers[l+1]) act(pre) */
-    void *logits;              /* (max_batch, C) output of the last Linear         */
     void *probs;               /* (max_batch, C) softmax(logits)                   */
     void *grad_a, *grad_b;     /* (max_batch, max_grad_width) ping-pong dy / dx    */
     uint32_t rdt;              /* of the last forward: KILN_DTYPE_F16/BF16 to round
                                   activations through, F32 for none             */
-    int fast;                  /* last forward used the fp32 1.1 kernels only   */
-    int fused;                 /* the table has linear_forward (ABI 1.3)        */
+    int fast;                  /* last forward in fp32: the loss takes the 1.1
+                                  float kernels (as before the layers moved to
+                                  kiln/nn.h; the same bits)                     */
 
     /* What backward needs from the last training_step. */
     int have_train_forward;    /* 0 after create or an eval step: no backward      */
@@ -170,35 +173,23 @@ static int32_t mlp_parse_config(mlp *m, const kiln_kv *config) {
 }
 
 /* ---------------------------------------------------------------------------
- * The activation arena: one allocation, carved into 64-byte aligned pieces.
- * mlp_layout runs twice: with base == NULL to measure, then to assign. */
-
-/* Adds `rows * cols * elem` bytes (rounded up to 64) at *off; 0 on overflow. */
-static int mlp_carve(size_t *off, size_t rows, size_t cols, size_t elem, char *base, void **out) {
-    size_t n, bytes;
-    if (__builtin_mul_overflow(rows, cols, &n) || __builtin_mul_overflow(n, elem, &bytes)) return 0;
-    if (bytes > SIZE_MAX - 63 - *off) return 0;
-    if (base && out) *out = base + *off;
-    *off += (bytes + 63) & ~(size_t)63;
-    return 1;
-}
+ * The activation arena: one allocation, carved into 64-byte aligned pieces
+ * (kiln/nn.h's arena). mlp_layout runs twice: with base == NULL to measure,
+ * then to assign. */
 
 static int mlp_layout(mlp *m, char *base, size_t *total) {
-    size_t off = 0;
+    kiln_nn_arena a;
+    kiln_nn_arena_begin(&a, base);
     const size_t B = (size_t)m->max_batch, C = (size_t)m->width[m->nlin], e = m->esz;
-    int ok = mlp_carve(&off, B, (size_t)m->width[0], sizeof(float), base, (void **)&m->x32);
-    ok = ok && mlp_carve(&off, B, (size_t)m->width[0], e, base, &m->x);
-    ok = ok && mlp_carve(&off, B, 1, sizeof(int32_t), base, (void **)&m->labels);
-    for (int l = 0; l + 1 < m->nlin && ok; l++) {
-        ok = mlp_carve(&off, B, (size_t)m->width[l + 1], e, base, &m->pre[l]);
-        ok = ok && mlp_carve(&off, B, (size_t)m->width[l + 1], e, base, &m->post[l]);
-    }
-    ok = ok && mlp_carve(&off, B, C, e, base, &m->logits);
-    ok = ok && mlp_carve(&off, B, C, e, base, &m->probs);
-    ok = ok && mlp_carve(&off, B, (size_t)m->max_grad_width, e, base, &m->grad_a);
-    ok = ok && mlp_carve(&off, B, (size_t)m->max_grad_width, e, base, &m->grad_b);
-    *total = off;
-    return ok;
+    m->x32 = kiln_nn_carve(&a, B * (size_t)m->width[0], sizeof(float));
+    m->x = kiln_nn_carve(&a, B * (size_t)m->width[0], e);
+    m->labels = kiln_nn_carve(&a, B, sizeof(int32_t));
+    for (int l = 0; l < m->nlin; l++) kiln_nn_linear_plan(&a, &m->lin[l], B, e);
+    m->probs = kiln_nn_carve(&a, B * C, e);
+    m->grad_a = kiln_nn_carve(&a, B * (size_t)m->max_grad_width, e);
+    m->grad_b = kiln_nn_carve(&a, B * (size_t)m->max_grad_width, e);
+    *total = a.off;
+    return a.ok;
 }
 
 /* (Re)allocates the arena for activation dtype `adt`: at create() for fp32,
@@ -268,20 +259,27 @@ static int32_t mlp_create(void *plugin_ctx, const kiln_host_services *svc, kiln_
         goto fail;
     }
 
-    /* The arena, once, before any parameter is registered: a failure here
-     * leaves nothing behind on the host. */
+    /* The layers' shapes first (the arena is planned from them), the
+     * arena once, before any parameter is registered: a failure here leaves
+     * nothing behind on the host. */
+    for (int l = 0; l < m->nlin; l++) {
+        m->lin[l].in = m->width[l];
+        m->lin[l].out = m->width[l + 1];
+        m->lin[l].layout = KILN_NN_OUT_IN;
+        m->lin[l].act = l == m->nlin - 1 ? -1 : m->act;
+    }
+    m->nn.acc = m->acc;
+    m->nn.k = m->k;
     rc = mlp_alloc_arena(m, KILN_DTYPE_F32);
     if (rc != KILN_OK) goto fail;
 
-    /* Parameters in nn.Sequential-of-Linear order: weight then bias per layer. */
+    /* Parameters in nn.Sequential-of-Linear order: weight (out, in) then
+     * bias (out, no weight decay) per layer, "layers.<l>.*". */
     for (int l = 0; l < m->nlin; l++) {
-        const int64_t wshape[2] = {m->width[l + 1], m->width[l]}; /* (out, in) */
-        const int64_t bshape[1] = {m->width[l + 1]};             /* (out)     */
-        char *wname = m->names[2 * l], *bname = m->names[2 * l + 1];
-        snprintf(wname, sizeof m->names[0], "layers.%d.weight", l);
-        snprintf(bname, sizeof m->names[0], "layers.%d.bias", l);
-        rc = svc->param_register(hctx, wname, 2, wshape, 0, &m->weight[l]);
-        if (rc == KILN_OK) rc = svc->param_register(hctx, bname, 1, bshape, KILN_PARAMF_NO_DECAY, &m->bias[l]);
+        char prefix[32];
+        snprintf(prefix, sizeof prefix, "layers.%d", l);
+        rc = kiln_nn_linear_register(svc, hctx, &m->lin[l], prefix, m->width[l], m->width[l + 1], KILN_NN_OUT_IN, 1,
+                                     l == m->nlin - 1 ? -1 : m->act);
         if (rc != KILN_OK) {
             rc = mlp_fail(m, rc, "mlp: registering parameters of layer %d failed (%s)", l, kiln_strerror(rc));
             goto fail;
@@ -301,10 +299,10 @@ static int32_t mlp_init_weights(kiln_instance *self, uint64_t seed) {
     mlp *m = (mlp *)self;
     const kiln_kernels *k = m->k;
     for (int l = 0; l < m->nlin; l++)
-        if (!m->weight[l]->data || !m->bias[l]->data || !m->weight[l]->grad || !m->bias[l]->grad)
+        if (!m->lin[l].w->data || !m->lin[l].b->data || !m->lin[l].w->grad || !m->lin[l].b->grad)
             return mlp_fail(m, KILN_E_STATE, "mlp: init_weights before the host allocated layers.%d", l);
 
-    const uint32_t pdt = kiln_param_dtype(m->weight[0]);
+    const uint32_t pdt = kiln_param_dtype(m->lin[0].w);
     if (pdt != KILN_DTYPE_F32 && pdt != KILN_DTYPE_F64)
         return mlp_fail(m, KILN_E_UNSUPPORTED, "mlp: master weights in %s; this module supports float32 and float64",
                         kiln_dtype_name(pdt));
@@ -325,7 +323,7 @@ static int32_t mlp_init_weights(kiln_instance *self, uint64_t seed) {
      * from the weights a 32-true run with the same seed starts from. */
     size_t maxn = 0;
     for (int l = 0; l < m->nlin; l++)
-        if ((size_t)m->weight[l]->numel > maxn) maxn = (size_t)m->weight[l]->numel;
+        if ((size_t)m->lin[l].w->numel > maxn) maxn = (size_t)m->lin[l].w->numel;
     float *stage = malloc(maxn * sizeof *stage);
     double *stage64 = pdt == KILN_DTYPE_F64 ? malloc(maxn * sizeof *stage64) : NULL;
     if (!stage || (pdt == KILN_DTYPE_F64 && !stage64)) {
@@ -344,7 +342,7 @@ static int32_t mlp_init_weights(kiln_instance *self, uint64_t seed) {
          * bound = gain * sqrt(3 / fan_in) with gain = sqrt(2 / (1 + 5)),
          * i.e. 1/sqrt(fan_in); the bias uses the same bound. */
         const float bound = (float)(1.0 / sqrt((double)m->width[l]));
-        kiln_parameter *ps[2] = {m->weight[l], m->bias[l]};
+        kiln_parameter *ps[2] = {m->lin[l].w, m->lin[l].b};
         for (int j = 0; j < 2 && rc == KILN_OK; j++) {
             const size_t n = (size_t)ps[j]->numel;
             for (size_t i = 0; i < n; i++)
@@ -411,18 +409,18 @@ static int32_t mlp_plan(mlp *m, const char *step) {
     const kiln_kernels *k = m->k;
     uint32_t rdt = KILN_DTYPE_F32;
     for (int l = 0; l < m->nlin; l++) {
-        const kiln_parameter *ps[2] = {m->weight[l], m->bias[l]};
+        const kiln_parameter *ps[2] = {m->lin[l].w, m->lin[l].b};
         for (int j = 0; j < 2; j++)
             if (!ps[j]->compute)
                 return mlp_fail(m, KILN_E_STATE, "mlp: %s has no compute weights (host did not set them up)",
                                 ps[j]->name);
-        const uint32_t cd = m->weight[l]->compute_dtype;
+        const uint32_t cd = m->lin[l].w->compute_dtype;
         const int reduced = cd == KILN_DTYPE_F16 || cd == KILN_DTYPE_BF16;
         if (cd != m->adt && !(reduced && m->adt == KILN_DTYPE_F32))
             return mlp_fail(m, KILN_E_UNSUPPORTED,
                             "mlp: %s: %s computes in %s with %s masters; this module computes in the master dtype "
                             "or, over float32 masters, in float16/bfloat16",
-                            step, m->weight[l]->name, kiln_dtype_name(cd), kiln_dtype_name(m->adt));
+                            step, m->lin[l].w->name, kiln_dtype_name(cd), kiln_dtype_name(m->adt));
         if (reduced) {
             if (rdt != KILN_DTYPE_F32 && rdt != cd)
                 return mlp_fail(m, KILN_E_UNSUPPORTED, "mlp: %s: weights mix %s and %s compute dtypes", step,
@@ -432,7 +430,8 @@ static int32_t mlp_plan(mlp *m, const char *step) {
     }
     m->rdt = rdt;
     m->fast = m->adt == KILN_DTYPE_F32 && rdt == KILN_DTYPE_F32;
-    m->fused = k->struct_size >= KILN_KERNELS_SIZE_1_3 && k->linear_forward;
+    m->nn.adt = m->adt;
+    m->nn.rdt = rdt;
     if (!m->fast && (k->struct_size < KILN_KERNELS_SIZE_1_2 || !k->gemm_ex || !k->round_to || !k->cast))
         return mlp_fail(m, KILN_E_UNSUPPORTED,
                         "mlp: %s: computing in %s needs the ABI 1.2 kernel entries (gemm_ex, round_to, cast, *_ex); "
@@ -447,12 +446,6 @@ static int32_t mlp_round(mlp *m, void *x, size_t n, const char *what, int layer)
     if (m->rdt == KILN_DTYPE_F32) return KILN_OK;
     MLP_K(m, m->k->round_to(m->acc, (float *)x, m->rdt, n), what, layer);
     return KILN_OK;
-}
-
-/* The bias as the activation dtype sees it (see mlp_plan). */
-static const void *mlp_bias(const mlp *m, int l) {
-    const kiln_parameter *b = m->bias[l];
-    return b->compute_dtype == m->adt ? b->compute : (const void *)b->data;
 }
 
 /* Puts the batch where the forward reads it: in place when the accelerator
@@ -487,35 +480,6 @@ static int32_t mlp_stage_inputs(mlp *m, const kiln_batch *batch, int32_t B) {
     return KILN_OK;
 }
 
-/* One Linear (+ activation unless last) in the general path: typed kernels
- * in m->adt, weights in their compute dtype, results rounded through rdt. */
-static int32_t mlp_layer_forward_ex(mlp *m, int l, int32_t B, const void *x, void *y) {
-    const kiln_kernels *k = m->k;
-    kiln_instance *acc = m->acc;
-    const int32_t in = m->width[l], out = m->width[l + 1];
-    const kiln_parameter *W = m->weight[l];
-    const size_t n = (size_t)B * (size_t)out;
-    const int32_t act = l == m->nlin - 1 ? -1 : m->act;
-    if (m->fused) {
-        MLP_K(m,
-              k->linear_forward(acc, m->adt, x, W->compute, W->compute_dtype, mlp_bias(m, l), B, in, out, act, y,
-                                act < 0 ? NULL : m->post[l], m->rdt),
-              "linear_forward", l);
-        return KILN_OK;
-    }
-    /* what linear_forward does, for a 1.2 accelerator: one rounding, after
-     * the bias (autocast's addmm) */
-    MLP_K(m,
-          k->gemm_ex(acc, 0, 1, B, out, in, 1.0, x, m->adt, in, W->compute, W->compute_dtype, in, 0.0, y, m->adt, out,
-                     KILN_DTYPE_F32),
-          "gemm_ex(forward)", l);
-    MLP_K(m, k->bias_add_ex(acc, m->adt, y, mlp_bias(m, l), B, out), "bias_add_ex", l);
-    int32_t rc = mlp_round(m, y, n, "round_to(linear)", l);
-    if (rc != KILN_OK || l == m->nlin - 1) return rc;
-    MLP_K(m, k->act_forward(acc, m->adt, act, m->post[l], y, n), "act_forward", l);
-    return mlp_round(m, m->post[l], n, "round_to(activation)", l);
-}
-
 /* Forward through every layer and the loss; leaves pre/post/logits/probs
  * filled for the first B rows. The loss (softmax + cross-entropy) runs in
  * the activation dtype without rounding: autocast runs it in fp32. */
@@ -531,45 +495,21 @@ static int32_t mlp_forward(mlp *m, const kiln_batch *batch, const char *step, in
 
     const void *x = m->in_x; /* (B, width[l]) input of layer l */
     for (int l = 0; l < m->nlin; l++) {
-        const int32_t in = m->width[l], out = m->width[l + 1];
-        const int last = l == m->nlin - 1;
-        void *y = last ? m->logits : m->pre[l]; /* (B, out) */
-        if (!m->fast) {
-            if ((rc = mlp_layer_forward_ex(m, l, B, x, y)) != KILN_OK) return rc;
-            x = m->post[l];
-            continue;
-        }
-        const float *W = (const float *)m->weight[l]->compute; /* (out, in) */
-        const float *b = (const float *)m->bias[l]->compute;   /* (out)     */
-        if (m->fused) { /* y = x . W^T + b, post = act(y): one entry (1.3) */
-            const int32_t act = last ? -1 : m->act;
-            MLP_K(m,
-                  k->linear_forward(acc, KILN_DTYPE_F32, x, W, KILN_DTYPE_F32, b, B, in, out, act, y,
-                                    last ? NULL : m->post[l], KILN_DTYPE_F32),
-                  "linear_forward", l);
-            if (!last) x = m->post[l];
-            continue;
-        }
-        /* y = x . W^T + b */
-        MLP_K(m, k->gemm(acc, 0, 1, B, out, in, 1.0f, x, in, W, in, 0.0f, y, out), "gemm(forward)", l);
-        MLP_K(m, k->bias_add(acc, y, b, B, out), "bias_add", l);
-        if (!last) {
-            const size_t n = (size_t)B * (size_t)out;
-            if (m->act == KILN_ACT_RELU)
-                MLP_K(m, k->relu_forward(acc, m->post[l], y, n), "relu_forward", l);
-            else
-                MLP_K(m, k->gelu_forward(acc, m->post[l], y, n), "gelu_forward", l);
-            x = m->post[l];
-        }
+        /* y = x . W^T + b, rounded once through rdt, then the activation
+         * (kiln/nn.h: linear_forward where the table has it) */
+        if ((rc = kiln_nn_linear_forward(&m->nn, &m->lin[l], x, B)) != KILN_OK)
+            return mlp_fail(m, rc, "mlp: layer %d forward: %s", l, m->nn.msg);
+        x = kiln_nn_linear_output(&m->lin[l]);
     }
 
     const int32_t C = m->width[m->nlin];
     if (m->fast) {
         float lf = 0.0f;
-        rc = k->softmax_xent_forward(acc, m->probs, m->logits, m->in_labels, B, C, &lf, n_correct);
+        rc = k->softmax_xent_forward(acc, m->probs, m->lin[m->nlin - 1].y, m->in_labels, B, C, &lf, n_correct);
         *loss = (double)lf;
     } else {
-        rc = k->softmax_xent_forward_ex(acc, m->adt, m->probs, m->logits, m->in_labels, B, C, loss, n_correct);
+        rc = k->softmax_xent_forward_ex(acc, m->adt, m->probs, m->lin[m->nlin - 1].y, m->in_labels, B, C, loss,
+                                        n_correct);
     }
     if (rc == KILN_E_DATA)
         return mlp_fail(m, KILN_E_DATA, "mlp: %s: a target label is outside [0, %d) (layers[-1] = %d classes)", step,
@@ -642,77 +582,33 @@ static int32_t mlp_test_step(kiln_instance *self, const kiln_batch *batch, int64
  * Reads only the forward state, never overwrites it, so it may be called
  * more than once per forward (each call adds again). */
 
-/* The general path: typed kernels; every gradient that a reduced-precision
- * matmul would produce is rounded through rdt (fp16 overflow of a scaled
- * loss's gradients shows up here as inf, which the precision plugin then
- * finds and skips). Weight gradients are rounded products added to the
- * master-dtype .grad, as autocast's cast-back does. */
-static int32_t mlp_backward_ex(mlp *m, double dloss) {
-    const kiln_kernels *k = m->k;
-    kiln_instance *acc = m->acc;
-    const int32_t B = m->last_batch, C = m->width[m->nlin];
-    void *dy = m->grad_a, *dx = m->grad_b;
-    MLP_K(m, k->softmax_xent_backward_ex(acc, m->adt, dy, m->probs, m->in_labels, B, C, dloss),
-          "softmax_xent_backward_ex", m->nlin - 1);
-    int32_t rc = mlp_round(m, dy, (size_t)B * (size_t)C, "round_to(dlogits)", m->nlin - 1);
-    if (rc != KILN_OK) return rc;
-    for (int l = m->nlin - 1; l >= 0; l--) {
-        const int32_t in = m->width[l], out = m->width[l + 1];
-        const void *x = l == 0 ? m->in_x : m->post[l - 1]; /* (B, in) */
-        const kiln_parameter *W = m->weight[l];
-        MLP_K(m,
-              k->gemm_ex(acc, 1, 0, out, in, B, 1.0, dy, m->adt, out, x, m->adt, in, 1.0, W->grad, m->adt, in,
-                         m->rdt),
-              "gemm_ex(weight grad)", l);
-        MLP_K(m, k->bias_grad_ex(acc, m->adt, m->bias[l]->grad, dy, B, out, 1), "bias_grad_ex", l);
-        if (l == 0) break;
-        const size_t n = (size_t)B * (size_t)in;
-        MLP_K(m,
-              k->gemm_ex(acc, 0, 0, B, in, out, 1.0, dy, m->adt, out, W->compute, W->compute_dtype, in, 0.0, dx,
-                         m->adt, in, m->rdt),
-              "gemm_ex(input grad)", l);
-        MLP_K(m,
-              k->act_backward(acc, m->adt, m->act, dx, dx, m->pre[l - 1], n),
-              "act_backward", l - 1);
-        if ((rc = mlp_round(m, dx, n, "round_to(activation grad)", l - 1)) != KILN_OK) return rc;
-        void *t = dy;
-        dy = dx;
-        dx = t;
-    }
-    return KILN_OK;
-}
-
 static int32_t mlp_backward(kiln_instance *self, double dloss) {
     mlp *m = (mlp *)self;
     const kiln_kernels *k = m->k;
     kiln_instance *acc = m->acc;
     if (!m->have_train_forward)
         return mlp_fail(m, KILN_E_STATE, "mlp: backward called without a preceding training_step");
-    if (!m->fast) return mlp_backward_ex(m, dloss);
     const int32_t B = m->last_batch, C = m->width[m->nlin];
-
-    float *dy = m->grad_a; /* (B, width[l+1]) gradient w.r.t. layer l's output */
-    float *dx = m->grad_b; /* (B, width[l])   gradient w.r.t. layer l's input  */
-    MLP_K(m, k->softmax_xent_backward(acc, dy, m->probs, m->in_labels, B, C, (float)dloss), "softmax_xent_backward",
-          m->nlin - 1);
-
+    void *dy = m->grad_a; /* (B, width[l+1]) gradient at layer l's output */
+    void *dx = m->grad_b; /* (B, width[l])   gradient at layer l's input  */
+    if (m->fast) {
+        MLP_K(m, k->softmax_xent_backward(acc, dy, m->probs, m->in_labels, B, C, (float)dloss),
+              "softmax_xent_backward", m->nlin - 1);
+    } else {
+        /* the scaled loss's gradient, rounded as a reduced-precision
+         * backward would hold it (fp16 overflow shows up here as inf, which
+         * the precision plugin then finds and skips) */
+        MLP_K(m, k->softmax_xent_backward_ex(acc, m->adt, dy, m->probs, m->in_labels, B, C, dloss),
+              "softmax_xent_backward_ex", m->nlin - 1);
+        int32_t rc = mlp_round(m, dy, (size_t)B * (size_t)C, "round_to(dlogits)", m->nlin - 1);
+        if (rc != KILN_OK) return rc;
+    }
     for (int l = m->nlin - 1; l >= 0; l--) {
-        const int32_t in = m->width[l], out = m->width[l + 1];
-        const float *x = l == 0 ? m->in_x : m->post[l - 1]; /* (B, in) */
-        const float *W = (const float *)m->weight[l]->compute; /* (out, in) */
-        /* dW(out, in) += dy^T . x */
-        MLP_K(m, k->gemm(acc, 1, 0, out, in, B, 1.0f, dy, out, x, in, 1.0f, m->weight[l]->grad, in),
-              "gemm(weight grad)", l);
-        MLP_K(m, k->bias_grad(acc, m->bias[l]->grad, dy, B, out, 1), "bias_grad", l);
-        if (l == 0) break; /* no gradient w.r.t. the data */
-        /* dx(B, in) = dy . W, then through the activation of layer l-1 */
-        MLP_K(m, k->gemm(acc, 0, 0, B, in, out, 1.0f, dy, out, W, in, 0.0f, dx, in), "gemm(input grad)", l);
-        const size_t n = (size_t)B * (size_t)in;
-        if (m->act == KILN_ACT_RELU)
-            MLP_K(m, k->relu_backward(acc, dx, dx, m->pre[l - 1], n), "relu_backward", l - 1);
-        else
-            MLP_K(m, k->gelu_backward(acc, dx, dx, m->pre[l - 1], n), "gelu_backward", l - 1);
-        float *t = dy;
+        /* dW += dy^T . x, db += sum dy, dx = dy . W (none for the data),
+         * through layer l's activation first (kiln/nn.h) */
+        int32_t rc = kiln_nn_linear_backward(&m->nn, &m->lin[l], dy, l == 0 ? NULL : dx, 0);
+        if (rc != KILN_OK) return mlp_fail(m, rc, "mlp: layer %d backward: %s", l, m->nn.msg);
+        void *t = dy;
         dy = dx;
         dx = t;
     }

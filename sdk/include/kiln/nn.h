@@ -34,7 +34,10 @@
  * Kernels used: gemm_ex, bias_add_ex, bias_grad_ex, act_forward/backward,
  * round_to (1.2); linear_forward (1.3, used when present and the layout is
  * nn.Linear's); embedding_*, layernorm_*, attention_*, add (1.4). Check the
- * table once with kiln_nn_kernels_missing(). The attention kernel is causal
+ * table once with kiln_nn_kernels_missing(). The Linear alone also runs on
+ * a 1.1 table in fp32 (gemm, bias_add, relu/gelu: the same bits on the
+ * cpu), which is how the `mlp` module, built on it, still trains on an old
+ * accelerator. The attention kernel is causal
  * (GPT); a bidirectional encoder needs a non-causal kernel the ABI does not
  * have yet.
  *
@@ -263,6 +266,26 @@ static inline void kiln_nn_linear_plan(kiln_nn_arena *a, kiln_nn_linear *L, size
 /* (rows, out): what the layer hands to the next one. */
 static inline void *kiln_nn_linear_output(const kiln_nn_linear *L) { return L->act >= 0 ? L->post : L->y; }
 
+/* A Linear runs on an ABI 1.1 kernel table too, through its fp32 entries
+ * (gemm, bias_add, relu/gelu), when everything is fp32 and its activation
+ * is ReLU or GELU: the results are those of the 1.2 entries bit for bit on
+ * the cpu accelerator, so an MLP built from this layer still trains on an
+ * old accelerator. 1 when the call must take that path; -1 when it cannot
+ * run on this table at all. */
+static inline int kiln_nn__linear_11(const kiln_nn_ctx *c, const kiln_nn_linear *L) {
+    if (c->k->struct_size >= KILN_KERNELS_SIZE_1_2) return 0;
+    const int act_ok = L->act < 0 || L->act == KILN_ACT_RELU || L->act == KILN_ACT_GELU;
+    return c->adt == KILN_DTYPE_F32 && c->rdt == KILN_DTYPE_F32 && L->layout == KILN_NN_OUT_IN && act_ok ? 1 : -1;
+}
+
+static inline int32_t kiln_nn__linear_11_refused(kiln_nn_ctx *c, const kiln_nn_linear *L) {
+    snprintf(c->msg, sizeof c->msg,
+             "%s: computing in %s (%s layout, activation %d) needs the ABI 1.2 kernel entries; the table is %u bytes",
+             L->w->name, kiln_dtype_name(c->rdt != KILN_DTYPE_F32 ? c->rdt : c->adt),
+             L->layout == KILN_NN_OUT_IN ? "nn.Linear" : "Conv1D", (int)L->act, (unsigned)c->k->struct_size);
+    return KILN_E_UNSUPPORTED;
+}
+
 /* x (rows, in) -> kiln_nn_linear_output(L) (rows, out). One rounding
  * after the bias (autocast's addmm) and one after the activation. */
 static inline int32_t kiln_nn_linear_forward(kiln_nn_ctx *c, kiln_nn_linear *L, const void *x, int32_t rows) {
@@ -272,6 +295,19 @@ static inline int32_t kiln_nn_linear_forward(kiln_nn_ctx *c, kiln_nn_linear *L, 
     const size_t n = (size_t)rows * (size_t)L->out;
     L->x = x;
     L->rows = rows;
+    const int old = kiln_nn__linear_11(c, L);
+    if (old < 0) return kiln_nn__linear_11_refused(c, L);
+    if (old) { /* ABI 1.1: y = x . W^T + b, then the activation */
+        float *y = (float *)L->y;
+        KILN_NN__K(c,
+                   k->gemm(c->acc, 0, 1, rows, L->out, L->in, 1.0f, (const float *)x, L->in,
+                           (const float *)W->compute, L->in, 0.0f, y, L->out),
+                   "gemm (forward)", on);
+        if (L->b) KILN_NN__K(c, k->bias_add(c->acc, y, (const float *)L->b->compute, rows, L->out), "bias_add", on);
+        if (L->act == KILN_ACT_RELU) KILN_NN__K(c, k->relu_forward(c->acc, (float *)L->post, y, n), "relu_forward", on);
+        if (L->act == KILN_ACT_GELU) KILN_NN__K(c, k->gelu_forward(c->acc, (float *)L->post, y, n), "gelu_forward", on);
+        return KILN_OK;
+    }
     if (L->layout == KILN_NN_OUT_IN && k->struct_size >= KILN_KERNELS_SIZE_1_3 && k->linear_forward) {
         KILN_NN__K(c,
                    k->linear_forward(c->acc, c->adt, x, W->compute, W->compute_dtype, kiln_nn_vec(c, L->b), rows,
@@ -308,6 +344,27 @@ static inline int32_t kiln_nn_linear_backward(kiln_nn_ctx *c, kiln_nn_linear *L,
     const kiln_parameter *W = L->w;
     const char *on = W->name;
     const int32_t rows = L->rows, in = L->in, out = L->out;
+    const int old = kiln_nn__linear_11(c, L);
+    if (old < 0) return kiln_nn__linear_11_refused(c, L);
+    if (old) { /* ABI 1.1, all fp32: the same operations through the 1.1 entries */
+        float *g = (float *)dy;
+        const size_t n = (size_t)rows * (size_t)out;
+        if (L->act == KILN_ACT_RELU)
+            KILN_NN__K(c, k->relu_backward(c->acc, g, g, (const float *)L->y, n), "relu_backward", on);
+        if (L->act == KILN_ACT_GELU)
+            KILN_NN__K(c, k->gelu_backward(c->acc, g, g, (const float *)L->y, n), "gelu_backward", on);
+        float *dw = (float *)kiln_nn_grad(L->w), *db = (float *)kiln_nn_grad(L->b);
+        if (dw)
+            KILN_NN__K(c, k->gemm(c->acc, 1, 0, out, in, rows, 1.0f, g, out, (const float *)L->x, in, 1.0f, dw, in),
+                       "gemm (weight grad)", on);
+        if (db) KILN_NN__K(c, k->bias_grad(c->acc, db, g, rows, out, 1), "bias_grad", on);
+        if (dx)
+            KILN_NN__K(c,
+                       k->gemm(c->acc, 0, 0, rows, in, out, 1.0f, g, out, (const float *)W->compute, in,
+                               accumulate_dx ? 1.0f : 0.0f, (float *)dx, in),
+                       "gemm (input grad)", on);
+        return KILN_OK;
+    }
     if (L->act >= 0) {
         const size_t n = (size_t)rows * (size_t)out;
         KILN_NN__K(c, k->act_backward(c->acc, c->adt, L->act, dy, dy, L->y, n), "act_backward", on);
