@@ -4,8 +4,10 @@
 # a bare GPU machine that has the driver, nvcc and the CUDA libraries but not
 # Debian's libconfig, CUnit or OpenBLAS, and no Fashion-MNIST:
 #
-#   build-gpu/          a Release build for sm_90 (H100/H200) with the tests
-#                       and benchmarks, configured at /work/main/build-gpu so
+#   build-gpu/          a Release build with sm_80 (A100) and sm_90
+#                       (H100/H200) code and compute_90 PTX, which the driver
+#                       compiles for newer GPUs, with the tests and
+#                       benchmarks, configured at /work/main/build-gpu so
 #                       that run.sh can put the checkout at the same path;
 #                       build-gpu/nf4/ the nf4 example plugin
 #   .gpu/deps.tar.xz    the Debian runtime libraries kiln links that such a
@@ -15,10 +17,13 @@
 #
 # Both folders are git-ignored; name them in the device tool's `carry`:
 #   carry = ["build-gpu", ".gpu"], command = "bash tests/gpu/run.sh $OUT"
-# Run from the repository root: bash tests/gpu/prepare.sh [ARCH]
+# Run from the repository root: bash tests/gpu/prepare.sh [ARCHS]
+# (ARCHS: CMAKE_CUDA_ARCHITECTURES, default "80-real;90": the default build's
+# 80 and 90 less compute_80's PTX, which no GPU past sm_80 would pick over
+# compute_90's)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
-arch=${1:-90}
+arch=${1:-80-real;90}
 cd "$root"
 [ "$root" = /work/main ] || echo "prepare.sh: note: the build records $root; run.sh links that path on the GPU machine"
 
@@ -34,7 +39,7 @@ test -f build-gpu/lib/kiln/plugins/libkiln-cuda.so || { echo "prepare.sh: libkil
 scratch=$(mktemp -d)
 cmake --install build-gpu --prefix "$scratch/sdk" >/dev/null
 cmake -S examples/plugins/nf4 -B "$scratch/nf4" -DCMAKE_PREFIX_PATH="$scratch/sdk" -DCMAKE_BUILD_TYPE=Release \
-  -DBUILD_TESTING=OFF >/dev/null
+  -DCMAKE_CUDA_ARCHITECTURES="$arch" -DBUILD_TESTING=OFF >/dev/null
 cmake --build "$scratch/nf4" -j2
 rm -rf build-gpu/nf4 && mkdir -p build-gpu/nf4
 cp "$scratch/nf4/libkiln-nf4.so" build-gpu/nf4/ || { echo "prepare.sh: libkiln-nf4.so was not built" >&2; exit 1; }

@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # tests/gpu/run.sh OUT — the GPU check, one prepared script for a machine
 # with one NVIDIA GPU (sized for an H200: under 8 minutes). It:
+#   0. checks what it needs from the machine, one line each: the driver's
+#      CUDA version (nvidia-smi; not older than the build's toolkit),
+#      libcudart, libcublasLt, libnccl, ctest and python3, and stops at once
+#      naming what is missing (KILN_GPU_PREFLIGHT_ONLY=1: stop after this);
 #   1. finds the build: build-gpu/ made by tests/gpu/prepare.sh (carried in;
 #      the checkout is linked at the path that build recorded), else builds
 #      one here (needs libconfig, CUnit and OpenBLAS development files);
@@ -9,9 +13,11 @@
 #   3. runs the GPU tests: kernels/cuda's host-side math test, then every
 #      kiln_kernels entry of the cuda accelerator against the cpu one
 #      (ctest -L gpu), then the same under compute-sanitizer memcheck;
-#   4. trains Fashion-MNIST briefly on the GPU in every precision (and once
-#      under the ddp strategy, which uses NCCL for device memory);
-#      and again launched without MPI (torchrun-style variables, bootstrap tcp);
+#   4. trains Fashion-MNIST briefly on the GPU in every precision, and under
+#      the ddp strategy (NCCL for device memory) launched without MPI
+#      (torchrun-style variables, bootstrap tcp) and, where Open MPI is
+#      installed (ompi_info), as a singleton MPI process (which needs Open
+#      MPI's plugins and orted, not carried from the build machine);
 #   5. runs the GPU benchmark (bench/gpu/run.sh);
 # and writes OUT/gpu.log (everything printed) and OUT/results.json (each
 # step's status and figures). Exit status: 0 when every check passed.
@@ -35,6 +41,64 @@ record() {
   echo "-- $1: $2 ${extra}"
 }
 
+# ---- 0. what the machine must have ---------------------------------------------
+# The CUDA library folders: the toolkit's, or the nvidia-* Python wheels'.
+cuda_dirs=""
+for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib \
+         $(python3 -c 'import nvidia, os; p = nvidia.__path__[0]; print(" ".join(os.path.join(p, s, "lib") for s in os.listdir(p)))' 2>/dev/null); do
+  [ -d "$d" ] && ls "$d" 2>/dev/null | grep -q -E 'lib(cublasLt|cudart|nccl)\.so' && cuda_dirs="$cuda_dirs:$d"
+done
+LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}$cuda_dirs"
+LD_LIBRARY_PATH=${LD_LIBRARY_PATH#:}
+export LD_LIBRARY_PATH
+export PATH="/usr/local/cuda/bin:$PATH"
+
+# find_lib NAME: the first lib<NAME>.so* in LD_LIBRARY_PATH or the loader's cache
+find_lib() {
+  local d f
+  for d in ${LD_LIBRARY_PATH//:/ }; do
+    for f in "$d"/lib"$1".so*; do [ -e "$f" ] && { echo "$f"; return 0; }; done
+  done
+  command -v ldconfig >/dev/null && ldconfig -p 2>/dev/null | awk -v n="lib$1.so" 'index($1, n) == 1 {print $NF; f = 1; exit} END {exit !f}'
+}
+missing=()
+pre() { # pre WHAT OK DETAIL: one line per requirement
+  if [ "$2" = ok ]; then echo "-- need $1: $3"; else echo "-- need $1: MISSING: $3"; missing+=("$1"); fi
+}
+note "what this machine has"
+# the toolkit the carried build was compiled with (CMakeCache), else unknown
+built_cuda=$(sed -n 's/^CMAKE_CUDA_COMPILER_VERSION:[A-Z]*=\([0-9]*\.[0-9]*\).*/\1/p' "$root/build-gpu/CMakeCache.txt" 2>/dev/null | head -1)
+if command -v nvidia-smi >/dev/null; then
+  drv_cuda=$(nvidia-smi 2>/dev/null | grep -o 'CUDA Version: *[0-9][0-9.]*' | head -1 | grep -o '[0-9][0-9.]*$')
+  if [ -z "$drv_cuda" ]; then
+    pre "driver (nvidia-smi)" missing "nvidia-smi gives no CUDA version (no driver loaded, or no GPU)"
+  elif [ -n "$built_cuda" ] && awk -v d="$drv_cuda" -v b="$built_cuda" 'BEGIN {split(d, x, "."); split(b, y, "."); exit !(x[1] < y[1] || (x[1] == y[1] && x[2] < y[2]))}'; then
+    pre "driver (nvidia-smi)" missing "the driver supports CUDA $drv_cuda, the build needs $built_cuda or newer"
+  else
+    pre "driver (nvidia-smi)" ok "CUDA $drv_cuda${built_cuda:+ (build: CUDA $built_cuda)}"
+  fi
+else
+  pre "driver (nvidia-smi)" missing "nvidia-smi not found (no NVIDIA driver)"
+fi
+for l in cudart cublasLt nccl; do
+  if f=$(find_lib "$l"); then pre "lib$l" ok "$f"; else pre "lib$l" missing "lib$l.so not in LD_LIBRARY_PATH, the toolkit or the loader's cache"; fi
+done
+for t in ctest python3; do
+  if command -v "$t" >/dev/null; then pre "$t" ok "$(command -v "$t")"; else pre "$t" missing "$t not on PATH"; fi
+done
+# Open MPI is optional: without it the MPI-launched ddp run is skipped
+if command -v ompi_info >/dev/null; then have_ompi=1; echo "-- Open MPI: $(command -v ompi_info)"
+else have_ompi=0; echo "-- Open MPI: not installed (no ompi_info): the MPI-launched ddp run will be skipped; the torchrun-style launch covers the same NCCL path"; fi
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "run.sh: stopping before any check: this machine lacks ${missing[*]}"
+  row="{\"check\": \"preflight\", \"status\": \"fail\", \"missing\": \"${missing[*]}\"}"
+  echo "$row" >>"$results"
+  echo "{\"failures\": 1, \"seconds\": $(($(date +%s) - t_start)), \"results\": [$row]}" >"$out/results.json"
+  exit 1
+fi
+echo "{\"check\": \"preflight\", \"status\": \"pass\"}" >>"$results"
+[ "${KILN_GPU_PREFLIGHT_ONLY:-0}" = 1 ] && exit 0
+
 # ---- 1. the build -----------------------------------------------------------
 build=""
 if [ -f "$root/build-gpu/CMakeCache.txt" ]; then
@@ -51,17 +115,12 @@ if [ -f "$root/.gpu/deps.tar.xz" ]; then
   mkdir -p /tmp/kiln-deps && tar -C /tmp/kiln-deps -xJf "$root/.gpu/deps.tar.xz"
   export LD_LIBRARY_PATH="/tmp/kiln-deps/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
-for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib \
-         $(python3 -c 'import nvidia, os; p = nvidia.__path__[0]; print(" ".join(os.path.join(p, s, "lib") for s in os.listdir(p)))' 2>/dev/null); do
-  [ -d "$d" ] && ls "$d" | grep -q -E 'lib(cublasLt|cudart|nccl)\.so' && LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"
-done
-export LD_LIBRARY_PATH
-export PATH="/usr/local/cuda/bin:$PATH"
+export LD_LIBRARY_PATH # (the CUDA folders were added in step 0)
 
 if [ -z "$build" ]; then
   note "no carried build: building here"
   build="$root/build-gpu"
-  if cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 >"$out/cmake.log" 2>&1 &&
+  if cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="80-real;90" >"$out/cmake.log" 2>&1 &&
      cmake --build "$build" -j"$(nproc)" >>"$out/cmake.log" 2>&1; then
     record build pass
   else
@@ -150,7 +209,15 @@ if [ -n "$fm" ]; then
     record fit_nf4 skip "\"why\": \"build-gpu/nf4 not built (rerun tests/gpu/prepare.sh)\""
   fi
   if [ -f "$build/lib/kiln/plugins/libkiln-ddp.so" ]; then
-    fit ddp_nccl 32-true --set strategy=ddp
+    # the MPI bootstrap as a singleton (no mpirun): MPI_Init needs Open MPI's
+    # plugin folder and orted on this machine, which prepare.sh does not
+    # carry (only the libraries ldd lists); without them it is skipped
+    if [ "$have_ompi" = 1 ]; then
+      fit ddp_nccl 32-true --set strategy=ddp
+    else
+      echo "-- fit_ddp_nccl: skipped: Open MPI is not installed here (no ompi_info); fit_ddp_tcp below takes the same NCCL path"
+      record fit_ddp_nccl skip "\"why\": \"no Open MPI (ompi_info) on this machine\""
+    fi
     # the launch without MPI: torchrun's variables pick bootstrap "tcp", and
     # metrics, barriers and plugin collectives run on NCCL too
     RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29517 fit ddp_tcp 32-true --set strategy=ddp
