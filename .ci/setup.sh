@@ -176,8 +176,8 @@ if [ -d /usr/share/datasets/fashion-mnist ]; then
 fi
 
 echo "== examples/gpt_fortunes.cfg: a byte-level GPT on the fortunes texts (shortened), against a byte-bigram baseline"
-./build/bin/kiln fit examples/gpt_fortunes.cfg --set trainer.max_steps=600 --set scheduler.t_max=600 \
-  --set trainer.val_check_interval=300 --set "trainer.default_root_dir=\"$prefix/gpt-runs\"" | tee "$prefix/gpt.txt"
+./build/bin/kiln fit examples/gpt_fortunes.cfg --set trainer.limit_train_batches=400 --set scheduler.t_max=400 \
+  --set trainer.val_check_interval=200 --set "trainer.default_root_dir=\"$prefix/gpt-runs\"" 2>&1 | tee "$prefix/gpt.txt"
 python3 - "$prefix/gpt.txt" <<'PY2'
 # the baseline: a byte-bigram model (add-one counts) fitted on the training
 # bytes and scored on the validation bytes, split as the run splits them
@@ -197,14 +197,14 @@ vl = float(re.findall(r"val_loss=([0-9.]+)", text)[-1])
 print(f"gpt demo: val_loss {vl:.4f} nats/byte, byte-bigram baseline {bigram:.4f}, margin {bigram - vl:.3f}")
 sys.exit(0 if vl <= bigram - 0.5 else "gpt demo: val_loss is not 0.5 nats below the bigram baseline")
 PY2
-grep -q "sample at the end of fit\|sample during training (step 600)" "$prefix/gpt.txt" || { echo "gpt demo: no sample printed" >&2; exit 1; }
+grep -q "sample during training (step 400)" "$prefix/gpt.txt" || { echo "gpt demo: no sample printed at the last step" >&2; exit 1; }
 [ -s "$prefix/gpt-runs/version_0/samples.txt" ] || { echo "gpt demo: samples.txt missing" >&2; exit 1; }
 grep -q "tokens/s" "$prefix/gpt.txt" || { echo "gpt demo: no tokens/s in the summary" >&2; exit 1; }
 
 echo "== examples/gpt2_124m.cfg: GPT-2 124M starts on the CPU and takes a few steps (small batch and context)"
 "$prefix/bin/kiln-text2tokens" -o "$prefix/fortunes.bin" /usr/share/games/fortunes/fortunes /usr/share/games/fortunes/wisdom
 ./build/bin/kiln fit examples/gpt2_124m.cfg --set trainer.max_steps=3 --set trainer.accumulate_grad_batches=1 \
-  --set trainer.val_check_interval=1.0 --set trainer.limit_val_batches=1 --set trainer.num_sanity_val_steps=0 \
+  --set trainer.val_check_interval=3 --set trainer.limit_val_batches=1 --set trainer.num_sanity_val_steps=0 \
   --set trainer.log_every_n_steps=1 --set "data.train=\"$prefix/fortunes.bin\"" --set "data.val=\"$prefix/fortunes.bin\"" \
   --set data.batch_size=1 --set data.block_size=64 --set module.max_batch=1 \
   --set "callbacks=({name=\"progress\";})" --set "trainer.default_root_dir=\"$prefix/gpt2-runs\"" | tee "$prefix/gpt2.txt"
