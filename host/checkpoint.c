@@ -9,6 +9,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,16 +89,123 @@ static void progress_text(const ht_trainer *t, char *buf, size_t n) {
     snprintf(buf + l, n - l, " %lld %lld %lld %lld", (long long)t->batches_that_stepped, (long long)t->total_batch_idx,
              (long long)t->skipped_steps, (long long)t->samples_seen);
 }
-static int progress_parse(ht_trainer *t, const char *text) {
-    long long v[PROGRESS_FIELDS];
+/* Restored counters stay below 2^53: exact as doubles (loggers, the JSON
+ * reader of the metadata) and so far from INT64_MAX that the loops'
+ * increments and sums (samples_seen += batch size) cannot overflow. */
+#define CKPT_COUNT_LIMIT ((long long)1 << 53)
+
+/* One integer of a metadata field: strtoll saturates out-of-range text,
+ * which the range checks then report with the value seen. 1: read, 0: end
+ * of the text, -1: something that is not an integer. */
+static int read_ll(const char **p, long long *out) {
+    const char *s = *p;
+    while (*s == ' ') s++;
+    if (!*s) return 0;
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (end == s || (*end && *end != ' ')) return -1;
+    *out = v;
+    *p = end;
+    return 1;
+}
+
+static const char *const PROG_NAME[4] = {"epoch_progress", "batch_progress", "opt_step", "zero_grad"};
+static const char *const PROG_PART[2] = {"total", "current"};
+static const char *const PROG_FIELD[4] = {"ready", "started", "processed", "completed"};
+static const char *const PROG_TAIL[4] = {"batches_that_stepped", "total_batch_idx", "skipped_steps", "samples_seen"};
+
+/* The name of field i of the progress text ("batch_progress.total.ready"). */
+static void progress_name(int i, char *buf, size_t n) {
+    if (i >= 32) snprintf(buf, n, "%s", PROG_TAIL[i - 32]);
+    else snprintf(buf, n, "%s.%s.%s", PROG_NAME[i / 8], PROG_PART[(i / 4) % 2], PROG_FIELD[i % 4]);
+}
+
+/* Refuses v[a] unless v[a] <= v[b] + slack. */
+static int progress_le(const long long *v, int a, int b, long long slack, const char *path, char *why, size_t whylen) {
+    if (v[a] <= v[b] + slack) return 0;
+    char na[64], nb[64];
+    progress_name(a, na, sizeof na);
+    progress_name(b, nb, sizeof nb);
+    hwhyf(why, whylen, "%s: progress counter %s: expected <= %s%s (%lld), found %lld", path, na, nb,
+          slack ? " + 1" : "", v[b] + slack, v[a]);
+    return -1;
+}
+
+/* Parses and checks the progress text into v[PROGRESS_FIELDS]. A crafted or
+ * damaged file must not steer the loops: counters out of range overflow
+ * later, and inconsistent ones can end the fit loop at once (a processed
+ * epoch count beyond max_epochs) or restart an epoch at a batch that never
+ * ran. Every relation checked here holds at every point where kiln saves. */
+static int progress_parse(const char *text, const char *path, long long *v, char *why, size_t whylen) {
     const char *p = text;
     int used = 0;
-    if (sscanf(p, "kiln-progress-1%n", &used) != 0 || used == 0) return -1;
+    if (sscanf(p, "kiln-progress-1%n", &used) != 0 || used == 0) {
+        hwhyf(why, whylen, "%s: expected __metadata__ progress to start with \"kiln-progress-1\", found \"%.40s\"", path,
+              text);
+        return KILN_E_DATA;
+    }
     p += used;
     for (int i = 0; i < PROGRESS_FIELDS; i++) {
-        if (sscanf(p, " %lld%n", &v[i], &used) != 1 || v[i] < 0) return -1;
-        p += used;
+        int r = read_ll(&p, &v[i]);
+        if (r != 1) {
+            char n[64];
+            progress_name(i, n, sizeof n);
+            hwhyf(why, whylen, "%s: progress counter %s: expected an integer (field %d of %d), found %s", path, n,
+                  i + 1, PROGRESS_FIELDS, r == 0 ? "the end of the text" : "something else");
+            return KILN_E_DATA;
+        }
     }
+    long long extra;
+    if (read_ll(&p, &extra) != 0) {
+        hwhyf(why, whylen, "%s: __metadata__ progress: expected %d counters, found more", path, PROGRESS_FIELDS);
+        return KILN_E_DATA;
+    }
+    for (int i = 0; i < PROGRESS_FIELDS; i++) {
+        if (v[i] >= 0 && v[i] < CKPT_COUNT_LIMIT) continue;
+        char n[64];
+        progress_name(i, n, sizeof n);
+        hwhyf(why, whylen, "%s: progress counter %s: expected 0 <= value < 2^53, found %lld", path, n, v[i]);
+        return KILN_E_DATA;
+    }
+    enum { READY, STARTED, PROCESSED, COMPLETED };
+    int bad = 0;
+    for (int i = 0; i < 4 && !bad; i++) {
+        for (int j = 0; j < 2 && !bad; j++) {
+            const int b = 8 * i + 4 * j;
+            /* nothing starts, is processed or completes before it is ready
+             * (an optimizer step has no started/processed: those stay 0) */
+            bad = progress_le(v, b + STARTED, b + READY, 0, path, why, whylen) ||
+                  progress_le(v, b + PROCESSED, b + READY, 0, path, why, whylen) ||
+                  progress_le(v, b + COMPLETED, b + READY, 0, path, why, whylen);
+            /* epochs: kiln saves after an epoch's start hooks and after its
+             * end hooks, never between, so ready == started and processed
+             * == completed; one epoch at most is in flight */
+            if (!bad && i == 0)
+                bad = progress_le(v, b + READY, b + STARTED, 0, path, why, whylen) ||
+                      progress_le(v, b + COMPLETED, b + PROCESSED, 0, path, why, whylen) ||
+                      progress_le(v, b + PROCESSED, b + COMPLETED, 0, path, why, whylen) ||
+                      progress_le(v, b + READY, b + COMPLETED, 1, path, why, whylen);
+            /* a batch completes after its step started and ran; -1 from
+             * on_train_batch_start processes a batch that never started */
+            if (!bad && i == 1)
+                bad = progress_le(v, b + COMPLETED, b + PROCESSED, 0, path, why, whylen) ||
+                      progress_le(v, b + COMPLETED, b + STARTED, 0, path, why, whylen);
+            if (!bad && i == 3) bad = progress_le(v, b + COMPLETED, b + STARTED, 0, path, why, whylen);
+        }
+        /* `current` is this run's share of `total` */
+        for (int k = 0; k < 4 && !bad; k++) bad = progress_le(v, 8 * i + 4 + k, 8 * i + k, 0, path, why, whylen);
+    }
+    /* batches that stepped are among the batches run, which all completed
+     * (a run resumed from a file older than this text counts its earlier
+     * batches in total_batch_idx only); skipped steps are counted steps */
+    if (!bad)
+        bad = progress_le(v, 32, 33, 0, path, why, whylen) || progress_le(v, 8 + COMPLETED, 33, 0, path, why, whylen) ||
+              progress_le(v, 34, 16 + COMPLETED, 0, path, why, whylen);
+    return bad ? KILN_E_DATA : KILN_OK;
+}
+
+static void progress_apply(ht_trainer *t, const long long *v) {
     ht_progress *ps[4] = {&t->epoch_progress, &t->batch_progress, &t->opt_step, &t->zero_grad};
     for (int i = 0; i < 4; i++) {
         ht_counts *c[2] = {&ps[i]->total, &ps[i]->current};
@@ -110,7 +218,61 @@ static int progress_parse(ht_trainer *t, const char *text) {
     t->total_batch_idx = v[33];
     t->skipped_steps = v[34];
     t->samples_seen = v[35];
-    return 0;
+}
+
+/* The loops text (loops_text): four counters, then the scheduler's step
+ * count and rate factor in files since 1.2. Returns the fields read (4 or
+ * 6) or refuses with a message. */
+static const char *const LOOPS_NAME[5] = {"epochs", "global_step", "batches_that_stepped", "total_batch_idx",
+                                          "scheduler_steps"};
+static int loops_parse(const char *text, const char *path, long long *v, double *lr_factor, char *why,
+                       size_t whylen) {
+    const char *p = text ? text : "";
+    int n = 0, r = 1;
+    while (n < 5 && (r = read_ll(&p, &v[n])) == 1) n++;
+    int ok = r >= 0 && (n == 4 || n == 5);
+    if (ok && n == 5) { /* the factor follows the scheduler steps */
+        while (*p == ' ') p++;
+        char *end;
+        *lr_factor = strtod(p, &end);
+        ok = end != p;
+        p = end;
+        while (ok && *p == ' ') p++;
+    }
+    if (!ok || *p) {
+        hwhyf(why, whylen,
+              "%s: expected loop progress (__metadata__ loops = \"epochs step stepped batches [scheduler_steps "
+              "lr_factor]\"), found %s%s%s",
+              path, text ? "\"" : "", text ? text : "none", text ? "\"" : "");
+        return -1;
+    }
+    for (int i = 0; i < n; i++)
+        if (v[i] < 0 || v[i] >= CKPT_COUNT_LIMIT) {
+            hwhyf(why, whylen, "%s: loops counter %s: expected 0 <= value < 2^53, found %lld", path, LOOPS_NAME[i],
+                  v[i]);
+            return -1;
+        }
+    if (v[2] > v[3]) {
+        hwhyf(why, whylen, "%s: loops counter batches_that_stepped: expected <= total_batch_idx (%lld), found %lld",
+              path, v[3], v[2]);
+        return -1;
+    }
+    if (n == 5) {
+        /* step 0 is construction; then one step per stepping batch
+         * (interval "step") or per epoch (interval "epoch", whose last
+         * batch may step before the epoch completes) */
+        if (v[4] > v[3] + v[0] + 2) {
+            hwhyf(why, whylen,
+                  "%s: loops counter scheduler_steps: expected <= total_batch_idx + epochs + 2 (%lld), found %lld",
+                  path, v[3] + v[0] + 2, v[4]);
+            return -1;
+        }
+        if (!isfinite(*lr_factor) || *lr_factor < 0) {
+            hwhyf(why, whylen, "%s: loops lr_factor: expected a finite factor >= 0, found %g", path, *lr_factor);
+            return -1;
+        }
+    }
+    return n == 5 ? 6 : 4;
 }
 
 int ht_ckpt_save(ht_trainer *t, const char *path, char *why, size_t whylen) {
@@ -351,28 +513,42 @@ int ht_ckpt_resume(ht_trainer *t, const char *path, char *why, size_t whylen) {
         kst_close(f);
         return rc;
     }
-    long long ep = -1, step = -1, stepped = -1, tbi = -1;
-    const char *loops = kst_metadata(f, "loops");
-    long long sched_steps = -1;
+    /* Every counter is checked before any plugin state is touched: a
+     * refused file leaves nothing half-restored. */
+    long long lv[5] = {0, 0, 0, 0, -1};
     double lr_factor = 1.0;
-    int nf = loops ? sscanf(loops, "%lld %lld %lld %lld %lld %lf", &ep, &step, &stepped, &tbi, &sched_steps,
-                            &lr_factor)
-                   : 0;
-    if (!loops || (nf != 4 && nf != 6) || ep < 0 || step < 0) {
-        hwhyf(why, whylen, "%s: expected loop progress (__metadata__ loops = \"epochs step stepped batches\"), found %s",
-              path, loops ? loops : "none");
+    const int nf = loops_parse(kst_metadata(f, "loops"), path, lv, &lr_factor, why, whylen);
+    if (nf < 0) {
         kst_close(f);
         return KILN_E_DATA;
     }
+    const long long ep = lv[0], step = lv[1], stepped = lv[2], tbi = lv[3], sched_steps = lv[4];
     if (t->set.max_epochs != -1 && ep > t->set.max_epochs) {
         hwhyf(why, whylen, "%s: the checkpoint is after epoch %lld, beyond trainer.max_epochs = %lld", path, ep,
               (long long)t->set.max_epochs);
         kst_close(f);
         return KILN_E_CONFIG;
     }
-    char prog[1024] = ""; /* read before the file closes */
+    long long pv[PROGRESS_FIELDS];
     const char *pm = kst_metadata(f, "progress");
-    if (pm) snprintf(prog, sizeof prog, "%s", pm);
+    const int have_progress = pm != NULL;
+    if (pm && (rc = progress_parse(pm, path, pv, why, whylen)) != KILN_OK) {
+        kst_close(f);
+        return rc;
+    }
+    if (have_progress) {
+        /* both texts are written from the same counters at the same point */
+        const long long *pair[4][2] = {{&ep, &pv[3]}, {&step, &pv[16 + 3]}, {&stepped, &pv[32]}, {&tbi, &pv[33]}};
+        for (int i = 0; i < 4; i++) {
+            if (*pair[i][0] == *pair[i][1]) continue;
+            char n[64];
+            progress_name((int)(pair[i][1] - pv), n, sizeof n);
+            hwhyf(why, whylen, "%s: loops counter %s: expected %lld (progress counter %s), found %lld", path,
+                  LOOPS_NAME[i], *pair[i][1], n, *pair[i][0]);
+            kst_close(f);
+            return KILN_E_DATA;
+        }
+    }
     ckpt_slot cs[9 + HT_MAX_OPTIMIZERS + HT_MAX_CALLBACKS];
     int ns = state_slots(t, cs);
     for (int i = 0; rc == KILN_OK && i < ns; i++) {
@@ -405,7 +581,8 @@ int ht_ckpt_resume(ht_trainer *t, const char *path, char *why, size_t whylen) {
     if (rc) return rc;
     /* A checkpoint written at an epoch's end: the next epoch starts fresh
      * (reference §4: processed == completed, nothing to repair). */
-    if (prog[0] && progress_parse(t, prog) == 0) {
+    if (have_progress) {
+        progress_apply(t, pv);
         /* Every counter as saved. Inside an epoch (its start hooks ran,
          * it has not been processed) the epoch loop picks up at the next
          * batch: reset_on_restart of the batch progress is a no-op here,

@@ -21,6 +21,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "safetensors.h"
 #include "testutil.h"
 
 static char *g_dir;
@@ -466,6 +467,132 @@ static void test_resume_bit_identical(void) {
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "beyond trainer.max_epochs = 1"));
 }
 
+/* A copy of checkpoint `src` at `dst` with metadata `key` set to `value`
+ * (every tensor and other entry as it was). */
+static int rewrite_meta(const char *src, const char *dst, const char *key, const char *value) {
+    char why[512];
+    kst_file *f = NULL;
+    if (kst_open(src, &f, why, sizeof why)) return -1;
+    kst_writer *w = kst_writer_new();
+    int rc = w ? 0 : -1;
+    for (int i = 0; rc == 0 && i < kst_count(f); i++) {
+        const kst_tensor *x = kst_get(f, i);
+        rc = kst_add_tensor(w, x->name, x->dtype, x->shape, x->ndim, x->data, x->nbytes, why, sizeof why);
+    }
+    for (int i = 0; rc == 0 && i < kst_metadata_count(f); i++) {
+        const char *k, *v;
+        kst_metadata_get(f, i, &k, &v);
+        rc = kst_add_metadata(w, k, strcmp(k, key) ? v : value, why, sizeof why);
+    }
+    if (rc == 0) rc = kst_write_atomic(w, dst, why, sizeof why);
+    if (rc) fprintf(stderr, "\nrewrite_meta: %s\n", why);
+    kst_writer_free(w);
+    kst_close(f);
+    return rc;
+}
+
+/* `progress` of `ck` with field `idx` (0-based after "kiln-progress-1") set
+ * to `value`. */
+static void progress_with(const char *ck, int idx, const char *value, char *out, size_t n) {
+    char why[512], text[1024];
+    kst_file *f = NULL;
+    CU_ASSERT_EQUAL_FATAL(kst_open(ck, &f, why, sizeof why), 0);
+    snprintf(text, sizeof text, "%s", kst_metadata(f, "progress"));
+    kst_close(f);
+    char *save = NULL, *tok = strtok_r(text, " ", &save);
+    snprintf(out, n, "%s", tok);
+    for (int i = 0; (tok = strtok_r(NULL, " ", &save)); i++)
+        snprintf(out + strlen(out), n - strlen(out), " %s", i == idx ? value : tok);
+}
+
+/* The counters of a checkpoint are checked before it resumes: out of range,
+ * inconsistent with each other or with the loops text, each is refused in
+ * one line naming the file, the counter, what was expected and what was
+ * found; the same file unaltered still resumes. */
+static void test_resume_refuses_bad_counters(void) {
+    char out[16384], cfg[4300], text[8192], cmd[16384], root[4200], ck[4400], bad[4400], val[1100];
+    snprintf(root, sizeof root, "%s/counters", g_dir);
+    snprintf(cfg, sizeof cfg, "%s/counters.cfg", g_dir);
+    snprintf(bad, sizeof bad, "%s/counters-bad.safetensors", g_dir);
+    snprintf(ck, sizeof ck, "%s/version_0/checkpoints/last.safetensors", root);
+    snprintf(text, sizeof text, "plugins = { dirs = [\"%s\"]; };\n%s", getenv("KILN_TRAIN_FIXTURES"), BASE);
+    CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
+    snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s\"'", tu_kiln(), cfg, root);
+    CU_ASSERT_EQUAL_FATAL(tu_run(cmd, out, sizeof out), 0);
+    /* epoch 1 done, 2 batches, 2 steps; progress fields: epoch (0-7),
+     * batch (8-15), opt_step (16-23), zero_grad (24-31), each total then
+     * current as ready started processed completed; then stepped, total
+     * batch idx, skipped steps, samples seen */
+    struct {
+        const char *key;
+        int idx;          /* progress field, or -1: `value` is the whole text */
+        const char *value;
+        const char *needle;
+    } cases[] = {
+        /* an epoch count that ends the fit loop at once: exit 0 without training */
+        {"progress", 6, "1000000",
+         "progress counter epoch_progress.current.processed: expected <= epoch_progress.current.ready (1), found "
+         "1000000"},
+        {"progress", 35, "9223372036854775807",
+         "progress counter samples_seen: expected 0 <= value < 2^53, found 9223372036854775807"},
+        {"progress", 35, "99999999999999999999", "samples_seen: expected 0 <= value < 2^53, found 9223372036854775807"},
+        {"progress", 9, "-1", "progress counter batch_progress.total.started: expected 0 <= value < 2^53, found -1"},
+        {"progress", 11, "5",
+         "progress counter batch_progress.total.completed: expected <= batch_progress.total.ready (2), found 5"},
+        {"progress", 19, "3", "progress counter opt_step.total.completed: expected <= opt_step.total.ready (2), found 3"},
+        {"progress", 12, "3",
+         "progress counter batch_progress.current.ready: expected <= batch_progress.total.ready (2), found 3"},
+        {"progress", 34, "3",
+         "progress counter skipped_steps: expected <= opt_step.total.completed (2), found 3"},
+        {"progress", 32, "5", "progress counter batches_that_stepped: expected <= total_batch_idx (2), found 5"},
+        {"progress", 7, "0",
+         "progress counter epoch_progress.current.processed: expected <= epoch_progress.current.completed (0), "
+         "found 1"},
+        {"progress", -1, "kiln-progress-1 1 1 1 1", "progress counter epoch_progress.current.ready: expected an integer"},
+        {"progress", -1, "kiln-progress-9", "expected __metadata__ progress to start with \"kiln-progress-1\""},
+        /* loops: the same counters as progress, in range */
+        {"loops", -1, "1 7 2 2 3 1", "loops counter global_step: expected 2 (progress counter opt_step.total.completed), "
+                                     "found 7"},
+        {"loops", -1, "4611686018427387904 2 2 2 3 1", "loops counter epochs: expected 0 <= value < 2^53, found "
+                                                       "4611686018427387904"},
+        {"loops", -1, "1 2 2 2 3 nan", "loops lr_factor: expected a finite factor >= 0, found nan"},
+        {"loops", -1, "1 2 2 2 9 1", "loops counter scheduler_steps: expected <= total_batch_idx + epochs + 2 (5), "
+                                     "found 9"},
+        {"loops", -1, "1 2 2", "expected loop progress"},
+        {"loops", -1, "1 2 2 2 3 1 extra", "expected loop progress"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (cases[i].idx >= 0) progress_with(ck, cases[i].idx, cases[i].value, val, sizeof val);
+        else snprintf(val, sizeof val, "%s", cases[i].value);
+        CU_ASSERT_EQUAL_FATAL(rewrite_meta(ck, bad, cases[i].key, val), 0);
+        snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s\"' --set trainer.max_epochs=3 "
+                 "--ckpt %s", tu_kiln(), cfg, root, bad);
+        int rc = tu_run(cmd, out, sizeof out);
+        int nl = 0;
+        for (const char *c = out; *c; c++) nl += *c == '\n';
+        int ok = rc == 1 && strstr(out, cases[i].needle) && strstr(out, bad) && nl == 1;
+        if (!ok) fprintf(stderr, "\ncase %zu (%s = \"%s\"): exit %d\n%s\n", i, cases[i].key, val, rc, out);
+        CU_ASSERT_EQUAL(rc, 1);
+        CU_ASSERT_PTR_NOT_NULL(strstr(out, cases[i].needle));
+        CU_ASSERT_PTR_NOT_NULL(strstr(out, bad));
+        CU_ASSERT_EQUAL(nl, 1); /* one line */
+    }
+    /* the file rewritten unchanged still resumes, to the same counters */
+    kst_file *f = NULL;
+    CU_ASSERT_EQUAL_FATAL(kst_open(ck, &f, val, sizeof val), 0);
+    char progress[1024];
+    snprintf(progress, sizeof progress, "%s", kst_metadata(f, "progress"));
+    kst_close(f);
+    CU_ASSERT_EQUAL_FATAL(rewrite_meta(ck, bad, "progress", progress), 0);
+    snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s\"' --set trainer.max_epochs=3 "
+             "--ckpt %s", tu_kiln(), cfg, root, bad);
+    int rc = tu_run(cmd, out, sizeof out);
+    if (rc) fprintf(stderr, "\n%s\n", out);
+    CU_ASSERT_EQUAL(rc, 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "epochs: 3 "));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "steps: 6 "));
+}
+
 /* A callback built against the frozen 1.1 headers trains in this host. */
 static void test_frozen_abi_1_1_callback(void) {
     char out[16384], body[8192], path[4200], text[512] = "";
@@ -509,6 +636,7 @@ static void register_tests(void) {
     CU_add_test(s, "callback built against frozen ABI 1.1", test_frozen_abi_1_1_callback);
     CU_add_test(s, "checkpoint weights: save, test --ckpt, refusals", test_checkpoint_weights);
     CU_add_test(s, "resume from an epoch-end checkpoint is bit-identical", test_resume_bit_identical);
+    CU_add_test(s, "resume refuses out-of-range or inconsistent counters", test_resume_refuses_bad_counters);
 }
 
 #include "cunit_main.h"
