@@ -729,34 +729,78 @@ int ht_make_run_dir(ht_trainer *t, char *why, size_t whylen) {
     return share_run_dir(t, rc, why, whylen);
 }
 
+/* Run numbers stay below 2^53: several ranks learn rank 0's number through
+ * a reduce_sum of doubles (share_run_dir), exact only up to there. */
+#define RUN_NUMBER_MAX (((int64_t)1 << 53) - 2)
+
+/* The largest N of the version_N entries in `dir` (-1 when none), read as
+ * digits only, and that entry's name; a number beyond RUN_NUMBER_MAX (or
+ * beyond int64) reads as RUN_NUMBER_MAX + 1. */
+static int largest_version(const char *dir, int64_t *out, char *name, size_t namelen, char *why, size_t whylen) {
+    DIR *d = opendir(dir);
+    if (!d) {
+        hwhyf(why, whylen, "%s: cannot read: %s", dir, strerror(errno));
+        return KILN_E_IO;
+    }
+    int64_t best = -1;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, "version_", 8) != 0) continue;
+        const char *s = e->d_name + 8;
+        int64_t v = 0;
+        int digits = 0;
+        for (; *s >= '0' && *s <= '9'; s++, digits++)
+            if (v <= RUN_NUMBER_MAX) v = v * 10 + (*s - '0'); /* stops growing past the limit: no overflow */
+        if (*s || !digits) continue; /* not a run directory's name */
+        if (v > RUN_NUMBER_MAX) v = RUN_NUMBER_MAX + 1;
+        if (v > best) {
+            best = v;
+            snprintf(name, namelen, "%s", e->d_name);
+        }
+    }
+    closedir(d);
+    *out = best;
+    return KILN_OK;
+}
+
 static int make_run_dir_rank0(ht_trainer *t, char *why, size_t whylen) {
     const char *root = t->set.default_root_dir;
     char path[sizeof t->run_dir - 32];
     snprintf(path, sizeof path, "%s", root);
     int rc = ht_mkdirs(path, "trainer.default_root_dir", why, whylen);
     if (rc) return rc;
+    /* version_<largest + 1>, created here: an existing directory is never
+     * taken over, since two runs sharing one would overwrite each other's
+     * checkpoints and logs. EEXIST means another run just took the number:
+     * look again. */
     for (int attempt = 0; attempt < 100; attempt++) {
-        long next = 0;
-        DIR *d = opendir(path);
-        if (!d) { hwhyf(why, whylen, "%s: cannot read: %s", path, strerror(errno)); return KILN_E_IO; }
-        struct dirent *e;
-        while ((e = readdir(d))) {
-            char *end;
-            if (strncmp(e->d_name, "version_", 8) != 0) continue;
-            long v = strtol(e->d_name + 8, &end, 10);
-            if (*end == 0 && v >= next) next = v + 1;
+        int64_t best = -1;
+        char name[300] = "";
+        if ((rc = largest_version(path, &best, name, sizeof name, why, whylen))) return rc;
+        if (best >= RUN_NUMBER_MAX) {
+            t->run_dir[0] = 0;
+            hwhyf(why, whylen,
+                  "%s: cannot number a new run: expected the largest version_N below %lld, found %s; move the old "
+                  "runs away or choose another trainer.default_root_dir",
+                  path, (long long)RUN_NUMBER_MAX, name);
+            return KILN_E_IO;
         }
-        closedir(d);
-        snprintf(t->run_dir, sizeof t->run_dir, "%s/version_%ld", path, next);
-        if (mkdir(t->run_dir, 0755) == 0) break;
+        snprintf(t->run_dir, sizeof t->run_dir, "%s/version_%lld", path, (long long)(best + 1));
+        if (mkdir(t->run_dir, 0755) == 0) {
+            char cfgpath[4200];
+            snprintf(cfgpath, sizeof cfgpath, "%s/config.cfg", t->run_dir);
+            return hc_write(t->cfg, cfgpath, why, whylen);
+        }
         if (errno != EEXIST) {
             hwhyf(why, whylen, "%s: cannot create the run directory: %s", t->run_dir, strerror(errno));
+            t->run_dir[0] = 0;
             return KILN_E_IO;
         }
     }
-    char cfgpath[4200];
-    snprintf(cfgpath, sizeof cfgpath, "%s/config.cfg", t->run_dir);
-    return hc_write(t->cfg, cfgpath, why, whylen);
+    hwhyf(why, whylen, "%s: cannot create a new run directory: expected a free version_N, found each one taken in 100 "
+          "attempts (other runs are starting there)", path);
+    t->run_dir[0] = 0;
+    return KILN_E_IO;
 }
 
 /* ---------------------------------------------------------------------------

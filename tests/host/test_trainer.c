@@ -352,6 +352,48 @@ static void test_run_dir_and_errors(void) {
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "/nonexistent/last.safetensors"));
 }
 
+/* Every run gets a directory of its own: with version_<int64 max> present
+ * the next number does not exist, and the run is refused in one line
+ * before it writes anything (no wrapped number, no reused directory); the
+ * same for a number past 2^53 - 2, the largest the ranks can share. A
+ * plain gap still numbers after the largest. */
+static void test_run_dir_numbers(void) {
+    char out[16384], root[4300], p[4400], cmd[20000], set[4400];
+    struct stat st;
+    const char *full[] = {"9223372036854775807", "99999999999999999999999", "9007199254740990"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(root, sizeof root, "%s/numbers%d", g_dir, i);
+        snprintf(p, sizeof p, "%s/version_%s", root, full[i]);
+        snprintf(cmd, sizeof cmd, "mkdir -p %s && touch %s/marker", p, p);
+        CU_ASSERT_EQUAL_FATAL(tu_run(cmd, out, sizeof out), 0);
+        snprintf(set, sizeof set, "--set trainer.default_root_dir=\\\"%s\\\"", root);
+        for (int run = 0; run < 2; run++) { /* the second run would have shared the first's */
+            CU_ASSERT_EQUAL(fit(BASE, set, out, sizeof out), 1);
+            CU_ASSERT_PTR_NOT_NULL(strstr(out, "cannot number a new run: expected the largest version_N below "
+                                               "9007199254740990, found version_"));
+            CU_ASSERT_PTR_NOT_NULL(strstr(out, full[i]));
+            CU_ASSERT_PTR_NOT_NULL(strstr(out, root));
+            int nl = 0;
+            for (const char *c = out; *c; c++) nl += *c == '\n';
+            CU_ASSERT_EQUAL(nl, 1);
+        }
+        /* nothing written: the root holds the one directory, untouched */
+        snprintf(cmd, sizeof cmd, "ls -A %s | wc -l; ls -A %s | wc -l", root, p);
+        CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
+        CU_ASSERT_STRING_EQUAL(out, "1\n1\n");
+    }
+    snprintf(root, sizeof root, "%s/numbers_gap", g_dir);
+    snprintf(cmd, sizeof cmd, "mkdir -p %s/version_3 %s/version_9007199254740989 %s/version_x %s/version_-7", root, root,
+             root, root);
+    CU_ASSERT_EQUAL_FATAL(tu_run(cmd, out, sizeof out), 0);
+    snprintf(set, sizeof set, "--set trainer.default_root_dir=\\\"%s\\\"", root);
+    CU_ASSERT_EQUAL(fit(BASE, set, out, sizeof out), 0);
+    snprintf(p, sizeof p, "%s/version_9007199254740990/config.cfg", root);
+    CU_ASSERT_EQUAL(stat(p, &st), 0); /* the largest number a run may take */
+    CU_ASSERT_EQUAL(fit(BASE, set, out, sizeof out), 1); /* and then no more */
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "found version_9007199254740990"));
+}
+
 static void test_validate_and_test_commands(void) {
     char cfg[4200], text[8192], cmd[16384], out[16384];
     snprintf(cfg, sizeof cfg, "%s/eval.cfg", g_dir);
@@ -632,6 +674,7 @@ static void register_tests(void) {
     CU_add_test(s, "validation placement and limits", test_val_placement);
     CU_add_test(s, "same seed, bit-identical weights", test_determinism);
     CU_add_test(s, "run directory and errors", test_run_dir_and_errors);
+    CU_add_test(s, "run directory numbers: no overflow, never shared", test_run_dir_numbers);
     CU_add_test(s, "kiln validate / kiln test", test_validate_and_test_commands);
     CU_add_test(s, "callback built against frozen ABI 1.1", test_frozen_abi_1_1_callback);
     CU_add_test(s, "checkpoint weights: save, test --ckpt, refusals", test_checkpoint_weights);
