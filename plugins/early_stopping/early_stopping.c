@@ -39,6 +39,8 @@ enum { ES_TIMING_UNRESOLVED = -1 };
 #define ES_STATE_MAGIC "KES1"
 #define ES_STATE_HEADER 48 /* bytes before the monitor name, see es_get_state */
 #define ES_MSG_MAX 512
+/* Restored counters stay below 2^53 (exact as doubles), far from overflow. */
+#define ES_COUNT_LIMIT ((int64_t)1 << 53)
 
 struct kiln_instance {
     const kiln_host_services *svc;
@@ -322,15 +324,41 @@ static int32_t es_set_state(kiln_instance *self, uint32_t state_version, const v
         return KILN_OK;
     }
     int64_t patience = (int64_t)es_get_u64(b + 24);
+    int64_t wait_count = (int64_t)es_get_u64(b + 8);
+    int64_t stopped_epoch = (int64_t)es_get_u64(b + 16);
+    double best = es_get_f64(b + 32);
+    /* Every value is bounded before it is used: wait_count++ past INT64_MAX
+     * wraps in a release build and the callback never stops again, and a
+     * NaN best is never improved on. */
+    const struct { const char *name; int64_t v; } counts[] = {
+        {"patience", patience}, {"wait_count", wait_count}, {"stopped_epoch", stopped_epoch}};
+    for (int i = 0; i < 3; i++)
+        if (counts[i].v < 0 || counts[i].v >= ES_COUNT_LIMIT)
+            return kiln_errorf(self->svc, self->hctx, KILN_E_DATA,
+                               "early_stopping: state %s: expected 0 <= value < 2^53, found %lld", counts[i].name,
+                               (long long)counts[i].v);
+    /* best is a metric seen, or the start value (+inf for min, -inf for
+     * max); the other infinity only gets in when check_finite is off */
+    const double start = mode == ES_MODE_MAX ? -INFINITY : INFINITY;
+    if (isnan(best) || (isinf(best) && best != start && self->check_finite))
+        return kiln_errorf(self->svc, self->hctx, KILN_E_DATA,
+                           "early_stopping: state best_score: expected a finite value or %g (mode %s), found %g",
+                           start, es_mode_name((int)mode), best);
+    /* never stopped: no stop epoch, and the patience has not run out */
+    if (reason == ES_NOT_STOPPED && (stopped_epoch != 0 || (wait_count != 0 && wait_count >= patience)))
+        return kiln_errorf(self->svc, self->hctx, KILN_E_DATA,
+                           "early_stopping: state of a callback that never stopped: expected stopped_epoch 0 and "
+                           "wait_count below patience %lld, found stopped_epoch %lld and wait_count %lld",
+                           (long long)patience, (long long)stopped_epoch, (long long)wait_count);
     /* load_state_dict restores patience too, overriding the run file */
     if (patience != self->patience)
         kiln_logf(self->svc, self->hctx, KILN_LOG_INFO,
                   "early_stopping: patience %lld restored from the checkpoint (the run file says %lld)",
                   (long long)patience, (long long)self->patience);
-    self->wait_count = (int64_t)es_get_u64(b + 8);
-    self->stopped_epoch = (int64_t)es_get_u64(b + 16);
+    self->wait_count = wait_count;
+    self->stopped_epoch = stopped_epoch;
     self->patience = patience;
-    self->best_score = es_get_f64(b + 32);
+    self->best_score = best;
     self->stopping_reason = reason;
     self->stopping_message[0] = '\0';
     return KILN_OK;

@@ -36,6 +36,8 @@ enum { LB_LS_NONE = 0, LB_LS_STRONG_WOLFE = 1 };
 #define LB_MAX_LS 25
 /* A curvature pair enters the history only when y.s exceeds this (PyTorch). */
 #define LB_YS_MIN 1e-10
+/* Restored counters stay below 2^53 (exact as doubles), far from overflow. */
+#define LB_COUNT_LIMIT ((int64_t)1 << 53)
 /* history_size bound: keeps history_size * sizeof(pointer) sane. */
 #define LB_MAX_HISTORY 1000000
 
@@ -688,12 +690,37 @@ static int32_t lb_set_state(kiln_instance *self, uint32_t state_version, const v
     if (h.nparams != self->np)
         return LB_ERR(self, KILN_E_STATE, "lbfgs state holds %u parameters, the optimizer has %u",
                       (unsigned)h.nparams, (unsigned)self->np);
-    if (h.n_iter < 0 || h.func_evals < 0 || h.hist_len < 0 || (h.n_iter == 0 && h.hist_len > 0) ||
-        h.hist_len > h.n_iter || !(h.lr > 0.0) || !isfinite(h.lr) || !isfinite(h.t) || !isfinite(h.h_diag))
-        return LB_ERR(self, KILN_E_STATE,
-                      "lbfgs state header is corrupt (n_iter %lld, func_evals %lld, history %lld, lr %g, t %g, "
-                      "H_diag %g)",
-                      (long long)h.n_iter, (long long)h.func_evals, (long long)h.hist_len, h.lr, h.t, h.h_diag);
+    /* Every value is bounded before anything is restored: counters that
+     * would overflow later, and non-finite numbers the next step would
+     * turn into NaN weights (and a checkpoint this function refuses). */
+    const struct { const char *name; int64_t v; } counts[] = {
+        {"n_iter", h.n_iter}, {"func_evals", h.func_evals}, {"history length", h.hist_len}};
+    for (int i = 0; i < 3; i++)
+        if (counts[i].v < 0 || counts[i].v >= LB_COUNT_LIMIT)
+            return LB_ERR(self, KILN_E_DATA, "lbfgs state %s: expected 0 <= value < 2^53, found %lld", counts[i].name,
+                          (long long)counts[i].v);
+    /* every step evaluates once before its first iteration and once per
+     * later iteration; a curvature pair comes from each iteration after
+     * the first */
+    if (h.func_evals < h.n_iter)
+        return LB_ERR(self, KILN_E_DATA, "lbfgs state func_evals: expected >= n_iter (%lld), found %lld",
+                      (long long)h.n_iter, (long long)h.func_evals);
+    if (h.hist_len > (h.n_iter > 0 ? h.n_iter - 1 : 0))
+        return LB_ERR(self, KILN_E_DATA, "lbfgs state history length: expected <= n_iter - 1 (%lld), found %lld",
+                      (long long)(h.n_iter > 0 ? h.n_iter - 1 : 0), (long long)h.hist_len);
+    if (h.reserved != 0)
+        return LB_ERR(self, KILN_E_DATA, "lbfgs state reserved word: expected 0, found %u", (unsigned)h.reserved);
+    if (!(h.lr > 0.0) || !isfinite(h.lr))
+        return LB_ERR(self, KILN_E_DATA, "lbfgs state lr: expected a finite value > 0, found %g", h.lr);
+    if (!isfinite(h.t))
+        return LB_ERR(self, KILN_E_DATA, "lbfgs state t: expected a finite step length, found %g", h.t);
+    /* H_diag = y.s / y.y of an accepted pair (y.s > 0), or 1 */
+    if (!(h.h_diag >= 0.0) || !isfinite(h.h_diag))
+        return LB_ERR(self, KILN_E_DATA, "lbfgs state H_diag: expected a finite value >= 0, found %g", h.h_diag);
+    /* the loss of the last iteration: never NaN (an evaluation refuses it) */
+    if (h.n_iter > 0 && isnan(h.prev_loss))
+        return LB_ERR(self, KILN_E_DATA, "lbfgs state prev_loss: expected a loss after %lld iterations, found nan",
+                      (long long)h.n_iter);
     size_t off = sizeof h;
     if (size < off + self->np * sizeof(int64_t))
         return LB_ERR(self, KILN_E_STATE, "lbfgs state is %zu bytes, too short for %u parameter sizes", size,
@@ -715,6 +742,21 @@ static int32_t lb_set_state(kiln_instance *self, uint32_t state_version, const v
                       "lbfgs state is %zu bytes, expected %zu for these parameters (%zu elements) and %lld history "
                       "pairs",
                       size, off + need_dir + nh * (sizeof(double) + 2 * vec), n, (long long)h.hist_len);
+
+    /* d, prev_flat_grad, ro and the pairs: finite, and ro = 1 / y.s > 0 */
+    {
+        const size_t nd = h.n_iter > 0 ? 2 * n : 0, total = nd + nh + 2 * nh * n;
+        for (size_t i = 0; i < total; i++) {
+            double x;
+            memcpy(&x, blob + off + i * sizeof(double), sizeof x);
+            const int is_ro = i >= nd && i < nd + nh;
+            if (isfinite(x) && (!is_ro || x > 0.0)) continue;
+            const char *what = i < n && nd ? "d" : i < nd ? "prev_flat_grad" : is_ro ? "ro" : "history pair";
+            const size_t at = i < n && nd ? i : i < nd ? i - n : is_ro ? i - nd : (i - nd - nh) / (2 * n);
+            return LB_ERR(self, KILN_E_DATA, "lbfgs state %s[%zu]: expected a finite value%s, found %g", what, at,
+                          is_ro ? " > 0" : "", x);
+        }
+    }
 
     /* A smaller history_size than the saved run's keeps the newest pairs. */
     const size_t cap = (size_t)self->cfg.history_size;

@@ -231,6 +231,8 @@ static int32_t cosine_lr_at(kiln_instance *self, double base_lr, int64_t step, i
  * "max" one (its `best` would be meaningless); the other settings come from
  * the run file, so a resumed run may change patience or factor. */
 #define PLATEAU_STATE_VERSION 1u
+/* Restored counters stay below 2^53 (exact as doubles), far from overflow. */
+#define SCHED_COUNT_LIMIT ((int64_t)1 << 53)
 #define PLATEAU_STATE_MAGIC "kiln-rop"
 typedef struct plateau_blob {
     char magic[8];
@@ -407,13 +409,41 @@ static int32_t plateau_set_state(kiln_instance *self, uint32_t state_version, co
     memcpy(&b, data, sizeof b);
     if (memcmp(b.magic, PLATEAU_STATE_MAGIC, sizeof b.magic) != 0)
         return SCHED_ERR(self, KILN_E_STATE, "not a plateau scheduler state (wrong magic)");
-    if (b.mode_max > 1 || b.initialised > 1 || b.last_step < -1 || b.num_bad_epochs < 0 ||
-        b.cooldown_counter < 0 || isnan(b.best) || !(b.lr >= 0.0) || !isfinite(b.lr))
-        return SCHED_ERR(self, KILN_E_STATE,
-                         "plateau scheduler state is corrupt (last_step %lld, num_bad_epochs %lld, "
-                         "cooldown_counter %lld, best %g, lr %g)",
-                         (long long)b.last_step, (long long)b.num_bad_epochs, (long long)b.cooldown_counter, b.best,
-                         b.lr);
+    if (b.mode_max > 1 || b.initialised > 1)
+        return SCHED_ERR(self, KILN_E_DATA,
+                         "plateau scheduler state is corrupt: expected mode and initialised flags 0 or 1, found %u "
+                         "and %u",
+                         (unsigned)b.mode_max, (unsigned)b.initialised);
+    /* Counters are bounded before use: num_bad_epochs++ past INT64_MAX
+     * overflows, and a huge cooldown_counter silently stops every
+     * reduction. Each counts steps, so none exceeds the steps taken. */
+    const struct { const char *name; int64_t v, lo; } counts[] = {
+        {"last_step", b.last_step, -1}, {"num_bad_epochs", b.num_bad_epochs, 0},
+        {"cooldown_counter", b.cooldown_counter, 0}};
+    for (int i = 0; i < 3; i++)
+        if (counts[i].v < counts[i].lo || counts[i].v >= SCHED_COUNT_LIMIT)
+            return SCHED_ERR(self, KILN_E_DATA,
+                             "plateau scheduler state is corrupt: %s: expected %lld <= value < 2^53, found %lld",
+                             counts[i].name, (long long)counts[i].lo, (long long)counts[i].v);
+    if (!b.initialised && (b.last_step != -1 || b.num_bad_epochs != 0 || b.cooldown_counter != 0))
+        return SCHED_ERR(self, KILN_E_DATA,
+                         "plateau scheduler state is corrupt: a schedule not started yet: expected last_step -1 and "
+                         "no counts, found last_step %lld, num_bad_epochs %lld, cooldown_counter %lld",
+                         (long long)b.last_step, (long long)b.num_bad_epochs, (long long)b.cooldown_counter);
+    if (b.initialised && b.last_step < 0)
+        return SCHED_ERR(self, KILN_E_DATA,
+                         "plateau scheduler state is corrupt: last_step of a started schedule: expected >= 0, found "
+                         "%lld",
+                         (long long)b.last_step);
+    if (b.initialised && b.num_bad_epochs > b.last_step)
+        return SCHED_ERR(self, KILN_E_DATA,
+                         "plateau scheduler state is corrupt: num_bad_epochs: expected <= last_step (%lld), found %lld",
+                         (long long)b.last_step, (long long)b.num_bad_epochs);
+    if (isnan(b.best) || !(b.lr >= 0.0) || !isfinite(b.lr))
+        return SCHED_ERR(self, KILN_E_DATA,
+                         "plateau scheduler state is corrupt: expected a best value that is not nan and a finite lr "
+                         ">= 0, found best %g, lr %g",
+                         b.best, b.lr);
     if ((int)b.mode_max != self->cfg.plateau.mode_max)
         return SCHED_ERR(self, KILN_E_STATE,
                          "plateau scheduler state was written in mode \"%s\", the run file says mode \"%s\"; its best "

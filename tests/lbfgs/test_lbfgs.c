@@ -1051,6 +1051,95 @@ static void test_state_refused(void) {
     env_end();
 }
 
+/* Values out of range are refused with KILN_E_DATA and one line naming
+ * the value, leaving the optimizer as it was: counters that would
+ * overflow, counters that contradict each other, non-finite scalars, and
+ * non-finite vectors or curvature pairs (which the next step would spread
+ * into NaN weights and a checkpoint set_state itself refuses). The blob
+ * they were cut from still restores. */
+static void test_state_bounds(void) {
+    env_begin(QUAD_PARAMS, 2, 0, quad_f);
+    write_vec(QX0, 0);
+    config c = cfg(0.1, 4, 0, 1e-7, 1e-9, 100, "none");
+    kiln_instance *a = make(&c);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(a);
+    count_calls(a);
+    uint32_t ver = 0;
+    void *blob = NULL;
+    size_t size = 0;
+    CU_ASSERT_EQUAL_FATAL(ops()->base.get_state(a, &ver, &blob, &size), KILN_OK);
+    lb_header h0;
+    memcpy(&h0, blob, sizeof h0);
+    CU_ASSERT_EQUAL_FATAL(h0.n_iter, 4);
+    CU_ASSERT_EQUAL_FATAL(h0.hist_len, 3);
+    /* header, 2 sizes, d[7], prev_flat_grad[7], ro[3], 3 x (y[7], s[7]) */
+    const size_t vecs = sizeof(lb_header) + 2 * sizeof(int64_t), n = 7;
+    CU_ASSERT_EQUAL_FATAL(size, vecs + (2 * n + 3 + 3 * 2 * n) * sizeof(double));
+    kiln_instance *b = make(&c);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(b);
+    count_calls(b);
+    lb_header before = header_of(b);
+    unsigned char *bad = malloc(size);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(bad);
+    enum { N_ITER, FUNC_EVALS, HIST_LEN, RESERVED, LR, H_DIAG, PREV_LOSS, VEC };
+    const struct {
+        int what;
+        double v;  /* the header field's value, or a vector element's */
+        size_t at; /* VEC: the double's index after the sizes */
+        const char *needle;
+    } cases[] = {
+        {N_ITER, 9223372036854775807.0, 0, "lbfgs state n_iter: expected 0 <= value < 2^53, found 9223372036854775807"},
+        {FUNC_EVALS, -1, 0, "lbfgs state func_evals: expected 0 <= value < 2^53, found -1"},
+        {HIST_LEN, 9007199254740992.0, 0, "lbfgs state history length: expected 0 <= value < 2^53, found 9007199254740992"},
+        {FUNC_EVALS, 2, 0, "lbfgs state func_evals: expected >= n_iter (4), found 2"},
+        {HIST_LEN, 4, 0, "lbfgs state history length: expected <= n_iter - 1 (3), found 4"},
+        {RESERVED, 1, 0, "lbfgs state reserved word: expected 0, found 1"},
+        {LR, INFINITY, 0, "lbfgs state lr: expected a finite value > 0, found inf"},
+        {H_DIAG, NAN, 0, "lbfgs state H_diag: expected a finite value >= 0, found nan"},
+        {H_DIAG, -0.5, 0, "lbfgs state H_diag: expected a finite value >= 0, found -0.5"},
+        {PREV_LOSS, NAN, 0, "lbfgs state prev_loss: expected a loss after 4 iterations, found nan"},
+        {VEC, INFINITY, 2, "lbfgs state d[2]: expected a finite value, found inf"},
+        {VEC, NAN, 7, "lbfgs state prev_flat_grad[0]: expected a finite value, found nan"},
+        {VEC, -1, 15, "lbfgs state ro[1]: expected a finite value > 0, found -1"},
+        {VEC, NAN, 14 + 3 + 2 * 14 + 5, "lbfgs state history pair[2]: expected a finite value, found nan"},
+        {VEC, -INFINITY, 14 + 3 + 13, "lbfgs state history pair[0]: expected a finite value, found -inf"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        memcpy(bad, blob, size);
+        lb_header h = h0;
+        switch (cases[i].what) {
+        case N_ITER: h.n_iter = cases[i].v >= 9.2e18 ? INT64_MAX : (int64_t)cases[i].v; break;
+        case FUNC_EVALS: h.func_evals = (int64_t)cases[i].v; break;
+        case HIST_LEN: h.hist_len = (int64_t)cases[i].v; break;
+        case RESERVED: h.reserved = (uint32_t)cases[i].v; break;
+        case LR: h.lr = cases[i].v; break;
+        case H_DIAG: h.h_diag = cases[i].v; break;
+        case PREV_LOSS: h.prev_loss = cases[i].v; break;
+        default: memcpy(bad + vecs + cases[i].at * sizeof(double), &cases[i].v, sizeof(double)); break;
+        }
+        memcpy(bad, &h, sizeof h);
+        mh.last_error[0] = 0;
+        CU_ASSERT_EQUAL(ops()->base.set_state(b, ver, bad, size), KILN_E_DATA);
+        if (!strstr(mh.last_error, cases[i].needle)) fprintf(stderr, "\ncase %zu: %s\n", i, mh.last_error);
+        CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, cases[i].needle));
+        CU_ASSERT_PTR_NULL(strchr(mh.last_error, '\n'));
+        lb_header after = header_of(b);
+        CU_ASSERT_EQUAL(memcmp(&before, &after, sizeof before), 0);
+    }
+    /* the blob they came from restores, and B then saves exactly it */
+    CU_ASSERT_EQUAL(ops()->base.set_state(b, ver, blob, size), KILN_OK);
+    void *again = NULL;
+    size_t size2 = 0;
+    CU_ASSERT_EQUAL_FATAL(ops()->base.get_state(b, &ver, &again, &size2), KILN_OK);
+    CU_ASSERT_TRUE(size2 == size && memcmp(again, blob, size) == 0);
+    mh_services()->free(mh_ctx(), again);
+    free(bad);
+    mh_services()->free(mh_ctx(), blob);
+    ops()->base.destroy(b);
+    ops()->base.destroy(a);
+    env_end();
+}
+
 /* ---------------------------------------------------- errors and misuse */
 
 static void test_closure_errors(void) {
@@ -1217,6 +1306,7 @@ static void register_tests(void) {
     CU_add_test(s, "history persists across step() calls", test_history_persists);
     CU_add_test(s, "state round trip, bit-identical third step", test_state_roundtrip);
     CU_add_test(s, "state refusals", test_state_refused);
+    CU_add_test(s, "state values bounded; a bad blob refused", test_state_bounds);
     CU_add_test(s, "closure errors and misuse", test_closure_errors);
     CU_add_test(s, "zero_grad and lr", test_zero_grad_lr);
     CU_add_test(s, "setup refusals", test_setup_refusals);

@@ -675,7 +675,7 @@ static void test_plateau_state(void) {
     memcpy(bad, blob, size);
     int64_t neg = -5;
     memcpy(bad + 8 + 4 + 4 + 8, &neg, sizeof neg);
-    CU_ASSERT_EQUAL(ops->base.set_state(c, ver, bad, size), KILN_E_STATE);
+    CU_ASSERT_EQUAL(ops->base.set_state(c, ver, bad, size), KILN_E_DATA);
     CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "corrupt"));
     /* a min-mode state is not a max-mode one */
     const kiln_kv max_over[] = {{"mode", KILN_V_STR("max")}, {NULL, KILN_V_NONE}};
@@ -907,6 +907,86 @@ static void test_lr_monitor_config(void) {
 /* ---------------------------------------------------------------------------
  * Registration */
 
+/* Counters and rates out of range are refused with KILN_E_DATA in one
+ * line naming the value, and leave the schedule as it was: a bad-step
+ * count at INT64_MAX overflows on the next bad step, a huge cooldown
+ * counter stops every reduction; the counters cannot exceed the steps
+ * taken. The blob they were cut from still restores and continues. */
+static void test_plateau_state_bounds(void) {
+    mh_reset();
+    const kiln_scheduler_ops *ops = sched_ops("plateau", NULL);
+    const kiln_kv over[] = {{"patience", KILN_V_INT(1)}, {"factor", KILN_V_FLOAT(0.5)}, {NULL, KILN_V_NONE}};
+    const double m[] = {5, 4, 4, 4, 3, 3, 3, 3};
+    kiln_instance *a = sched_new("plateau", over, NULL);
+    CU_ASSERT_EQUAL(lr_at("plateau", a, 1.0, 0, NAN), 1.0);
+    for (int k = 1; k <= 3; k++) lr_at("plateau", a, 1.0, k, m[k - 1]); /* one bad step after 4 */
+    uint32_t ver = 0;
+    void *blob = NULL;
+    size_t size = 0;
+    CU_ASSERT_EQUAL_FATAL(ops->base.get_state(a, &ver, &blob, &size), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(size, 56u); /* magic, two uint32, three int64, two doubles */
+    unsigned char *bad = malloc(size);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(bad);
+    kiln_instance *c = sched_new("plateau", over, NULL);
+    CU_ASSERT_EQUAL(lr_at("plateau", c, 1.0, 0, NAN), 1.0);
+    enum { MODE = 8, INIT = 12, LAST = 16, BAD = 24, COOL = 32, BEST = 40, LR = 48 };
+    const struct {
+        int off;
+        int64_t i; /* for the integer fields */
+        double d;  /* for BEST and LR */
+        const char *needle;
+    } cases[] = {
+        {BAD, INT64_MAX, 0, "num_bad_epochs: expected 0 <= value < 2^53, found 9223372036854775807"},
+        {COOL, (int64_t)1 << 53, 0, "cooldown_counter: expected 0 <= value < 2^53, found 9007199254740992"},
+        {COOL, -1, 0, "cooldown_counter: expected 0 <= value < 2^53, found -1"},
+        {LAST, INT64_MAX, 0, "last_step: expected -1 <= value < 2^53, found 9223372036854775807"},
+        {LAST, -2, 0, "last_step: expected -1 <= value < 2^53, found -2"},
+        {BAD, 4, 0, "num_bad_epochs: expected <= last_step (3), found 4"},
+        {INIT, 0, 0, "not started yet: expected last_step -1 and no counts, found last_step 3"},
+        {LAST, -1, 0, "last_step of a started schedule: expected >= 0, found -1"},
+        {MODE, 2, 0, "expected mode and initialised flags 0 or 1, found 2 and 1"},
+        {BEST, 0, NAN, "found best nan, lr 1"},
+        {LR, 0, INFINITY, "a finite lr >= 0, found best 4, lr inf"},
+        {LR, 0, -0.25, "found best 4, lr -0.25"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        memcpy(bad, blob, size);
+        if (cases[i].off == MODE || cases[i].off == INIT) {
+            uint32_t u = (uint32_t)cases[i].i;
+            memcpy(bad + cases[i].off, &u, sizeof u);
+        } else if (cases[i].off == BEST || cases[i].off == LR) {
+            memcpy(bad + cases[i].off, &cases[i].d, sizeof(double));
+        } else {
+            memcpy(bad + cases[i].off, &cases[i].i, sizeof(int64_t));
+        }
+        mh.last_error[0] = 0;
+        CU_ASSERT_EQUAL(ops->base.set_state(c, ver, bad, size), KILN_E_DATA);
+        if (!strstr(mh.last_error, cases[i].needle)) fprintf(stderr, "\ncase %zu: %s\n", i, mh.last_error);
+        CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, cases[i].needle));
+        CU_ASSERT_PTR_NULL(strchr(mh.last_error, '\n'));
+    }
+    /* nothing changed: c is still the fresh schedule of step 0 */
+    kiln_instance *f = sched_new("plateau", over, NULL);
+    CU_ASSERT_EQUAL(lr_at("plateau", f, 1.0, 0, NAN), 1.0);
+    void *fb = NULL, *cb = NULL;
+    size_t fs = 0, cs = 0;
+    CU_ASSERT_EQUAL_FATAL(ops->base.get_state(f, &ver, &fb, &fs), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(ops->base.get_state(c, &ver, &cb, &cs), KILN_OK);
+    CU_ASSERT_TRUE(fs == cs && memcmp(fb, cb, fs) == 0);
+    mh_services()->free(mh_ctx(), fb);
+    mh_services()->free(mh_ctx(), cb);
+    sched_free("plateau", f);
+    /* the good blob restores, and both continue alike */
+    CU_ASSERT_EQUAL_FATAL(ops->base.set_state(c, ver, blob, size), KILN_OK);
+    for (int k = 4; k <= N_OF(m); k++)
+        CU_ASSERT_EQUAL(lr_at("plateau", c, 1.0, k, m[k - 1]), lr_at("plateau", a, 1.0, k, m[k - 1]));
+    CU_ASSERT(lr_at("plateau", c, 1.0, N_OF(m), NAN) < 1.0); /* it did reduce */
+    free(bad);
+    mh_services()->free(mh_ctx(), blob);
+    sched_free("plateau", c);
+    sched_free("plateau", a);
+}
+
 static void register_tests(void) {
     CU_pSuite s = CU_add_suite("schedulers", NULL, NULL);
     CU_add_test(s, "descriptors and defaults", test_descriptors);
@@ -924,6 +1004,7 @@ static void register_tests(void) {
     CU_add_test(p, "missing metric and step 0", test_plateau_missing_metric);
     CU_add_test(p, "step order", test_plateau_order);
     CU_add_test(p, "state round trip", test_plateau_state);
+    CU_add_test(p, "state values bounded; a bad blob refused", test_plateau_state_bounds);
     CU_pSuite m = CU_add_suite("lr_monitor", NULL, NULL);
     CU_add_test(m, "per step", test_lr_monitor_step);
     CU_add_test(m, "per epoch, several optimizers", test_lr_monitor_epoch_and_many);

@@ -664,6 +664,79 @@ static void test_es_state_round_trip(void) {
     mh_services()->free(mh_ctx(), blob);
 }
 
+/* A blob with an out-of-range counter or a best score the callback could
+ * not have reached is refused with KILN_E_DATA in one line naming the
+ * value, and changes nothing: wait_count at INT64_MAX would wrap on the
+ * next check and early stopping would never fire again. A good blob still
+ * restores. */
+static void put64(unsigned char *p, uint64_t x) {
+    for (int i = 0; i < 8; i++) p[i] = (unsigned char)(x >> (8 * i));
+}
+static void test_es_state_bounds(void) {
+    fixture_begin();
+    es_cfg c = es_defaults();
+    kiln_instance *a = es_new(&c);
+    es_fit_start(a);
+    es_epoch(a, 0.3);
+    es_epoch(a, 0.4); /* wait 1 of 3, best 0.3, not stopped */
+    uint32_t ver = 0;
+    void *blob = NULL;
+    size_t size = 0;
+    CU_ASSERT_EQUAL_FATAL(g_es->base.get_state(a, &ver, &blob, &size), KILN_OK);
+    g_es->base.destroy(a);
+    unsigned char *bad = malloc(size);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(bad);
+    kiln_kv kv[16];
+    int32_t rc;
+    kiln_instance *b = create(g_es, es_kv(kv, &c), &rc);
+    CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
+    double nan = NAN, minus_inf = -INFINITY;
+    uint64_t nan_bits, minus_inf_bits;
+    memcpy(&nan_bits, &nan, 8);
+    memcpy(&minus_inf_bits, &minus_inf, 8);
+    const struct {
+        size_t off;
+        uint64_t v;
+        const char *needle;
+    } cases[] = {
+        {8, (uint64_t)INT64_MAX, "state wait_count: expected 0 <= value < 2^53, found 9223372036854775807"},
+        {8, (uint64_t)-1, "state wait_count: expected 0 <= value < 2^53, found -1"},
+        {24, (uint64_t)1 << 53, "state patience: expected 0 <= value < 2^53, found 9007199254740992"},
+        {24, (uint64_t)INT64_MIN, "state patience: expected 0 <= value < 2^53, found -9223372036854775808"},
+        {16, (uint64_t)-5, "state stopped_epoch: expected 0 <= value < 2^53, found -5"},
+        {32, nan_bits, "state best_score: expected a finite value or inf (mode min), found nan"},
+        {32, minus_inf_bits, "state best_score: expected a finite value or inf (mode min), found -inf"},
+        {16, 4, "never stopped: expected stopped_epoch 0 and wait_count below patience 3, found stopped_epoch 4"},
+        {8, 3, "never stopped: expected stopped_epoch 0 and wait_count below patience 3, found stopped_epoch 0 and "
+               "wait_count 3"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        memcpy(bad, blob, size);
+        put64(bad + cases[i].off, cases[i].v);
+        mh.last_error[0] = 0;
+        CU_ASSERT_EQUAL(g_es->base.set_state(b, ver, bad, size), KILN_E_DATA);
+        if (!strstr(mh.last_error, cases[i].needle)) fprintf(stderr, "\ncase %zu: %s\n", i, mh.last_error);
+        CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, cases[i].needle));
+        CU_ASSERT_PTR_NULL(strchr(mh.last_error, '\n'));
+        es_state s = es_read_state(b); /* unchanged: as created */
+        CU_ASSERT_EQUAL(s.wait, 0);
+        CU_ASSERT_EQUAL(s.patience, 3);
+        CU_ASSERT(isinf(s.best) && s.best > 0);
+    }
+    /* the good blob restores and the callback goes on counting */
+    CU_ASSERT_EQUAL(g_es->base.set_state(b, ver, blob, size), KILN_OK);
+    es_state s = es_read_state(b);
+    CU_ASSERT_EQUAL(s.wait, 1);
+    CU_ASSERT_EQUAL(s.best, 0.3);
+    es_fit_start(b);
+    es_epoch(b, 0.5);
+    es_epoch(b, 0.5); /* wait 3: stop */
+    CU_ASSERT_EQUAL(g_stops, 1);
+    g_es->base.destroy(b);
+    free(bad);
+    mh_services()->free(mh_ctx(), blob);
+}
+
 static void test_es_config_errors(void) {
     fixture_begin();
     const kiln_callback_ops *ops = load("early_stopping");
@@ -1043,6 +1116,7 @@ static void register_tests(void) {
     CU_add_test(es, "check_on_train_epoch_end timing", test_es_timing);
     CU_add_test(es, "verbose messages", test_es_verbose_messages);
     CU_add_test(es, "state round trip and refusals", test_es_state_round_trip);
+    CU_add_test(es, "state values bounded; a bad blob refused", test_es_state_bounds);
     CU_add_test(es, "config errors and declared keys", test_es_config_errors);
     CU_pSuite ng = CU_add_suite("nan_guard", NULL, NULL);
     CU_add_test(ng, "finite values pass (float32, float64)", test_ng_finite_passes);
