@@ -47,11 +47,17 @@ static int32_t ddp_mpi_fail(kiln_instance *self, int err, const char *call) {
                        (int)self->world, call, text);
 }
 
-/* A collective that cannot complete because an earlier one timed out. */
+/* A collective that cannot complete because an earlier one failed for good. */
 int32_t ddp_dead(kiln_instance *self, const char *call) {
-    return kiln_errorf(self->svc, self->hctx, KILN_E_COMM,
-                       "ddp: rank %d of %d: %s not attempted: an earlier collective timed out", (int)self->rank,
-                       (int)self->world, call);
+    return kiln_errorf(self->svc, self->hctx, KILN_E_COMM, "ddp: rank %d of %d: %s not attempted: %s",
+                       (int)self->rank, (int)self->world, call,
+                       self->dead_why ? self->dead_why : "an earlier collective failed");
+}
+
+void ddp_kill(kiln_instance *self, const char *why, int mpi_stuck) {
+    if (!self->dead) self->dead_why = why; /* the first cause is the one to report */
+    self->dead = 1;
+    if (mpi_stuck) self->mpi_stuck = 1;
 }
 
 /* The pause between two polls of a pending collective (MPI's and NCCL's
@@ -85,7 +91,7 @@ int32_t ddp_wait(kiln_instance *self, MPI_Request *req, const char *call) {
         if (done) return KILN_OK;
         const double waited = MPI_Wtime() - t0;
         if (self->timeout_s > 0 && waited > self->timeout_s) {
-            self->timed_out = 1;
+            ddp_kill(self, "an earlier collective timed out", 1);
             return kiln_errorf(self->svc, self->hctx, KILN_E_COMM,
                                "ddp: rank %d of %d: %s did not complete within timeout_s = %g s: another rank is "
                                "hung, stopped or far slower (raise strategy.timeout_s if its steps are that long)",
@@ -237,13 +243,13 @@ static void ddp_release(kiln_instance *self) {
     self->buckets = NULL;
     self->nseg = self->nbuckets = 0;
     self->buf_bytes = 0;
-    /* after a timeout a peer may never answer: freeing the communicator or
-     * MPI_Finalize would wait for it, so leave both to process exit (the
-     * launcher then ends the job) */
-    if (self->have_comm && !self->timed_out) MPI_Comm_free(&self->comm);
+    /* after a timeout or NCCL's report of a failed peer, a peer may never
+     * answer: freeing the communicator or MPI_Finalize would wait for it, so
+     * leave both to process exit (the launcher then ends the job) */
+    if (self->have_comm && !self->mpi_stuck) MPI_Comm_free(&self->comm);
     self->have_comm = 0;
     int finalized = 0;
-    if (self->initialized_mpi && !self->timed_out && MPI_Finalized(&finalized) == MPI_SUCCESS && !finalized)
+    if (self->initialized_mpi && !self->mpi_stuck && MPI_Finalized(&finalized) == MPI_SUCCESS && !finalized)
         MPI_Finalize();
     self->initialized_mpi = 0;
 }
@@ -634,7 +640,7 @@ static int32_t ddp_setup(kiln_instance *self, kiln_parameter *const *params, uin
         }
 #endif
         if (self->rank == 0 && (rc = ddp_stage(self, bk, 0, 1))) return rc;
-        if (self->timed_out) return ddp_dead(self, "MPI_Bcast(parameters)");
+        if (self->dead) return ddp_dead(self, "MPI_Bcast(parameters)");
         MPI_Request req;
         int err = DDP_BLOCKING(self) ? MPI_Bcast(self->buf, (int)bk->count, ddp_mpi_type(bk->dtype), 0, self->comm)
                                      : MPI_Ibcast(self->buf, (int)bk->count, ddp_mpi_type(bk->dtype), 0, self->comm,
@@ -682,7 +688,7 @@ static int32_t ddp_post_backward(kiln_instance *self) {
 #endif
         rc = ddp_stage(self, bk, 1, 1);
         if (rc) return rc;
-        if (self->timed_out) return ddp_dead(self, "MPI_Allreduce(gradients, SUM)");
+        if (self->dead) return ddp_dead(self, "MPI_Allreduce(gradients, SUM)");
         MPI_Request req;
         int err = DDP_BLOCKING(self) ? MPI_Allreduce(MPI_IN_PLACE, self->buf, (int)bk->count,
                                                      ddp_mpi_type(bk->dtype), MPI_SUM, self->comm)
@@ -716,7 +722,7 @@ static int32_t ddp_barrier(kiln_instance *self, const char *name) {
 #endif
     char call[128];
     snprintf(call, sizeof call, "MPI_Ibarrier(%s)", name ? name : "");
-    if (self->timed_out) return ddp_dead(self, call);
+    if (self->dead) return ddp_dead(self, call);
     MPI_Request req;
     int err = DDP_BLOCKING(self) ? MPI_Barrier(self->comm) : MPI_Ibarrier(self->comm, &req);
     if (err != MPI_SUCCESS) return ddp_mpi_fail(self, err, call);
@@ -738,7 +744,7 @@ static int32_t ddp_reduce_sum(kiln_instance *self, double *values, uint32_t n) {
         return rc;
     }
 #endif
-    if (self->timed_out) return ddp_dead(self, "MPI_Allreduce(metrics, SUM)");
+    if (self->dead) return ddp_dead(self, "MPI_Allreduce(metrics, SUM)");
     MPI_Request req;
     int err = DDP_BLOCKING(self) ? MPI_Allreduce(MPI_IN_PLACE, values, (int)n, MPI_DOUBLE, MPI_SUM, self->comm)
                                  : MPI_Iallreduce(MPI_IN_PLACE, values, (int)n, MPI_DOUBLE, MPI_SUM, self->comm, &req);
@@ -757,7 +763,7 @@ static int32_t ddp_broadcast(kiln_instance *self, void *buf, size_t bytes, int32
 #ifdef KILN_DDP_NCCL
     if (self->tcp_boot) return ddp_nccl_host_bcast(self, buf, bytes, root);
 #endif
-    if (self->timed_out) return ddp_dead(self, "MPI_Bcast(plugin data)");
+    if (self->dead) return ddp_dead(self, "MPI_Bcast(plugin data)");
     MPI_Request req;
     int err = DDP_BLOCKING(self) ? MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, self->comm)
                                  : MPI_Ibcast(buf, (int)bytes, MPI_BYTE, root, self->comm, &req);
@@ -772,7 +778,7 @@ static int32_t ddp_all_gather(kiln_instance *self, const void *send, size_t byte
 #ifdef KILN_DDP_NCCL
     if (self->tcp_boot) return ddp_nccl_host_gather(self, send, bytes, recv);
 #endif
-    if (self->timed_out) return ddp_dead(self, "MPI_Allgather(plugin data)");
+    if (self->dead) return ddp_dead(self, "MPI_Allgather(plugin data)");
     MPI_Request req;
     int err = DDP_BLOCKING(self) ? MPI_Allgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, self->comm)
                                  : MPI_Iallgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, self->comm,

@@ -46,7 +46,13 @@ struct kiln_instance {
     int tcp_boot;
     char master_addr[256];
     int master_port;
-    int timed_out;           /* a collective missed it: MPI is unusable      */
+    /* no collective may run any more (a timeout, NCCL's asynchronous error
+     * or a failed communicator init): each later one fails at once with
+     * one line saying why (dead_why) instead of waiting on dead peers */
+    int dead;
+    const char *dead_why;    /* static text: "an earlier collective timed out" */
+    int mpi_stuck;           /* a peer may never answer: no MPI_Comm_free or
+                              * MPI_Finalize (they would wait for it)        */
 
     /* from setup() */
     kiln_parameter *const *params;
@@ -76,11 +82,16 @@ struct kiln_instance {
 };
 
 /* Waits for a non-blocking MPI collective until timeout_s (ddp.c); on a
- * miss sets timed_out and returns KILN_E_COMM naming `call`. */
+ * miss marks the instance dead (ddp_kill) and returns KILN_E_COMM naming
+ * `call`. */
 int32_t ddp_wait(kiln_instance *self, MPI_Request *req, const char *call);
-/* KILN_E_COMM for a collective not attempted because an earlier one timed
- * out (MPI or NCCL is unusable then), naming call and the rank (ddp.c). */
+/* KILN_E_COMM for a collective not attempted because the instance is dead
+ * (an earlier collective timed out or NCCL failed), naming call, the rank
+ * and dead_why (ddp.c). */
 int32_t ddp_dead(kiln_instance *self, const char *call);
+/* Marks the instance dead with why (static text); mpi_stuck also when a
+ * peer may never answer again, so MPI's teardown is skipped (ddp.c). */
+void ddp_kill(kiln_instance *self, const char *why, int mpi_stuck);
 /* The pause between polls of a pending collective after `waited` seconds
  * (ddp.c); *nap_ns starts at 50000 and grows. */
 void ddp_backoff(double waited, long *nap_ns);
@@ -90,7 +101,9 @@ void ddp_backoff(double waited, long *nap_ns);
  * never fails: anything CUDA cannot classify is "not device memory". */
 void ddp_nccl_is_device(const void *ptr, int *is_device);
 /* Creates the communicator on the calling thread's current device (the
- * accelerator chose it), the unique id broadcast from rank 0 over MPI. */
+ * accelerator chose it), the unique id broadcast from rank 0 over MPI (or
+ * TCP), non-blocking so timeout_s bounds it; a failure of rank 0's
+ * ncclGetUniqueId travels in place of the id, so every rank fails at once. */
 int32_t ddp_nccl_init(kiln_instance *self);
 /* In place on device memory, on NCCL's own stream, waiting for it:
  * broadcast from rank 0, or all-reduce with the average. */

@@ -14,8 +14,17 @@
 # too and matches the 1-process run at batch 64; (f) a stopped rank 1 makes
 # rank 0 fail after timeout_s with "did not complete within timeout_s"
 # (the fake's collectives are enqueued, so ddp's watchdog sees them pending);
-# (g) the launch without MPI; (h) 16-mixed with overflowing steps skipped
-# alike on both ranks.
+# (g) the launch without MPI, with a large plugin broadcast that grows the
+# staging buffer on rank 1 (bcastfix: the accelerator's zero fill must not
+# land on the received bytes); (h) 16-mixed with overflowing steps skipped
+# alike on both ranks; (i) NCCL's asynchronous errors (a peer lost:
+# ncclRemoteError, ncclSystemError; a failed kernel) abort the communicator
+# at once, with one line, and never reach ncclCommDestroy; (j) a rank lost
+# between the id exchange and NCCL's init: the others' init ends after
+# timeout_s with a line naming rank, world size and seconds; (k) rank 0's
+# ncclGetUniqueId fails: every rank stops at once, over MPI and over TCP.
+# The failures are injected into the fake NCCL (KILN_FAKE_NCCL_FAIL), and no
+# run may print one of its "contract violation" lines.
 # Exit 77 (skipped) without the dataset.
 #   ddp_nccl_fake.sh KILN MPIEXEC TRAIN_FIXTURES DDP_FIXTURES FAKE_PLUGIN_DIR
 set -u
@@ -25,6 +34,7 @@ data=/usr/share/datasets/fashion-mnist
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 export KILN_FAKE_NCCL_ALL_DEVICE=1 # the fake cudart calls every pointer device memory
+export KILN_FAKE_CUDA_DEVICES=2    # one fake GPU per local rank (cuda refuses to share one)
 fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 
@@ -43,8 +53,9 @@ module = { name = "mlp"; layers = [784, 64, 10]; activation = "relu"; };
 optimizer = { name = "sgd"; lr = 0.1; momentum = 0.0; };
 callbacks = ( { name = "ddpdump"; path = "$tmp/$tag/w"; } $cb );
 CFG
-  if [ "$np" = 0 ]; then timeout -s KILL 120 "$kiln" fit "$tmp/$tag/run.cfg" > "$tmp/$tag/log" 2>&1
-  else timeout -s KILL 120 "$mpiexec" -n "$np" ${WRAP:-} "$kiln" fit "$tmp/$tag/run.cfg" > "$tmp/$tag/log" 2>&1; fi
+  local tmo=${TMO:-120}
+  if [ "$np" = 0 ]; then timeout -s KILL "$tmo" "$kiln" fit "$tmp/$tag/run.cfg" > "$tmp/$tag/log" 2>&1
+  else timeout -s KILL "$tmo" "$mpiexec" -n "$np" ${WRAP:-} "$kiln" fit "$tmp/$tag/run.cfg" > "$tmp/$tag/log" 2>&1; fi
 }
 # relative L2 difference of two float32 dumps, printed; status 0 when <= tol
 close() { # A B TOL LABEL
@@ -140,8 +151,9 @@ SH
 chmod +x "$tmp/as_torchrun"
 export KILN_TEST_PORT=$((20000 + RANDOM % 30000))
 if WRAP="$tmp/as_torchrun" run tcp 2 cudafake:cuda '{ name = "ddpfake:ddp"; bootstrap = "tcp"; }' 64 \
-     "limit_train_batches = 5;" ", { name = \"collfix\"; path = \"$tmp/tcp/coll\"; }"; then
+     "limit_train_batches = 5;" ", { name = \"collfix\"; path = \"$tmp/tcp/coll\"; }, { name = \"bcastfix\"; path = \"$tmp/tcp/bc\"; bytes = 65536; }"; then
   for r in 0 1; do
+    grep -qx "ok $r" "$tmp/tcp/bc.$r" 2>/dev/null || fail "(g) bcastfix on rank $r: the 64 KiB broadcast from rank 0 did not arrive intact"
     grep -q "ddp: rank $r of 2 (local rank $r) from torchrun-style (RANK/WORLD_SIZE/LOCAL_RANK); no MPI: rendezvous over TCP at 127.0.0.1:$KILN_TEST_PORT" "$tmp/tcp/log" ||
       fail "(g) rank $r did not log the TCP rendezvous"
     grep -qx "ok $r 2" "$tmp/tcp/coll.$r" 2>/dev/null || fail "(g) collfix on rank $r: $(cat "$tmp/tcp/coll.$r" 2>&1)"
@@ -197,5 +209,82 @@ else
   cat "$tmp/amp/log"; fail "(h) 16-mixed under ddp on NCCL failed"
 fi
 
+# (i) asynchronous errors on rank 0's third collective (the second gradient
+# all-reduce): the fake never issues it, so rank 1's stays pending as it
+# would with a dead peer. Rank 0 must abort at once (not wait out
+# timeout_s = 20), say what failed in one line, and the fake must see
+# ncclCommAbort, never ncclCommDestroy (which would hang on real NCCL).
+async_case() { # TAG SPEC PATTERN [WRAP BOOT]
+  local tag=$1 spec=$2 pat=$3 t0 status took
+  t0=$(date +%s)
+  KILN_FAKE_NCCL_FAIL=$spec TMO=60 WRAP=${4:-} run "$tag" 2 cudafake:cuda \
+    "{ name = \"ddpfake:ddp\"; timeout_s = 20.0; bootstrap = \"${5:-mpi}\"; }" 64 "limit_train_batches = 6;"
+  status=$? took=$(($(date +%s) - t0))
+  [ "$status" -ne 0 ] || fail "(i) $tag: the job with an injected $spec exited 0"
+  [ "$status" -ne 137 ] || fail "(i) $tag: the job hung until the 60 s limit"
+  [ "$took" -lt 18 ] || fail "(i) $tag: took $took s: rank 0 waited for the timeout instead of aborting at once"
+  if grep -q "$pat" "$tmp/$tag/log"; then
+    echo "  $tag ($spec, $took s): $(grep -o "$pat" "$tmp/$tag/log" | head -1)"
+  else
+    cat "$tmp/$tag/log"; fail "(i) $tag: no line matching '$pat'"
+  fi
+  grep -q "^fake-nccl: rank 0 of 2: .*aborted$" "$tmp/$tag/log" || fail "(i) $tag: rank 0's communicator was not aborted"
+  grep -q "^fake-nccl: rank 0 of 2: .*destroyed$" "$tmp/$tag/log" && fail "(i) $tag: rank 0's communicator was destroyed, not aborted"
+}
+async_case remote remote:0:3 "ddp: rank 0 of 2: ncclAllReduce(gradients, AVG) failed: remote process exited.*NCCL communicator aborted"
+async_case system system:0:3 "ddp: rank 0 of 2: ncclAllReduce(gradients, AVG) failed: unhandled system error.*NCCL communicator aborted"
+async_case kernel stream:0:3 "ddp: rank 0 of 2: ncclAllReduce(gradients, AVG) failed on NCCL's stream: cudaStreamQuery: unspecified launch failure.*NCCL communicator aborted"
+# without MPI the host's later collectives (metrics, barriers) run on NCCL
+# too: after the abort they fail at once
+async_case remotetcp remote:0:3 "ddp: rank 0 of 2: ncclAllReduce(gradients, AVG) failed: remote process exited.*NCCL communicator aborted" \
+  "$tmp/as_torchrun" tcp
+
+# (j) rank 1 stops (SIGSTOP) on entering NCCL's init, after the id
+# exchange: rank 0's non-blocking init must end after timeout_s = 3.
+t0=$(date +%s)
+KILN_FAKE_NCCL_FAIL=initstop:1 TMO=60 run initstop 2 cudafake:cuda '{ name = "ddpfake:ddp"; timeout_s = 3.0; }' 64 \
+  "limit_train_batches = 2;"
+status=$? took=$(($(date +%s) - t0))
+[ "$status" -ne 0 ] || fail "(j) the job with a rank stopped before NCCL's init exited 0"
+[ "$status" -ne 137 ] || fail "(j) the job hung in NCCL's init until the 60 s limit"
+pat="ddp: rank 0 of 2: NCCL's communicator init (ncclCommInitRankConfig, 2 ranks) did not complete within timeout_s = 3 s (waited [0-9.]* s)"
+if grep -q "$pat" "$tmp/initstop/log"; then
+  echo "  initstop ($took s): $(grep -o "$pat" "$tmp/initstop/log" | head -1)"
+else
+  cat "$tmp/initstop/log"; fail "(j) no init timeout line naming rank 0, the world size and the seconds waited"
+fi
+
+# (k) rank 0's ncclGetUniqueId fails: it sends its error where the id would
+# go, so rank 1 stops at once (timeout_s = 60 is never waited out), over
+# MPI and over the TCP rendezvous.
+for boot in mpi tcp; do
+  w=; [ "$boot" = tcp ] && w="$tmp/as_torchrun"
+  t0=$(date +%s)
+  KILN_FAKE_NCCL_FAIL=uniqueid:0 TMO=50 WRAP=$w run "uid$boot" 2 cudafake:cuda \
+    "{ name = \"ddpfake:ddp\"; timeout_s = 60.0; bootstrap = \"$boot\"; }" 64 "limit_train_batches = 2;"
+  status=$? took=$(($(date +%s) - t0))
+  [ "$status" -ne 0 ] || fail "(k) $boot: the job with a failing ncclGetUniqueId exited 0"
+  [ "$status" -ne 137 ] || fail "(k) $boot: rank 1 waited for an id that never came (killed at 50 s)"
+  grep -q "ddp: rank 0 of 2: ncclGetUniqueId failed: .*the other ranks were told" "$tmp/uid$boot/log" ||
+    { cat "$tmp/uid$boot/log"; fail "(k) $boot: no ncclGetUniqueId line on rank 0"; }
+  pat="ddp: rank 1 of 2: rank 0 could not create NCCL's unique id (ncclGetUniqueId failed: .*); no NCCL communicator"
+  [ "$took" -lt 30 ] || fail "(k) $boot: took $took s: rank 1 waited for the id"
+  # rank 1's own line comes last, after its teardown, and mpirun may end
+  # the job on rank 0's exit before it is printed; its teardown line shows
+  # that it left the id exchange (waiting there, it never gets that far)
+  if grep -q "$pat" "$tmp/uid$boot/log"; then
+    echo "  uid over $boot ($took s): $(grep -o "$pat" "$tmp/uid$boot/log" | head -1)"
+  elif grep -q "ddp: rank 1: 0 broadcasts" "$tmp/uid$boot/log"; then
+    echo "  uid over $boot ($took s): rank 1 left the id exchange at once (its error line lost to mpirun's teardown)"
+  else
+    cat "$tmp/uid$boot/log"; fail "(k) $boot: rank 1 did not learn of rank 0's failure"
+  fi
+done
+
+# No run may do what real NCCL would not survive.
+for f in $(grep -l "fake-nccl: contract violation" "$tmp"/*/log 2>/dev/null); do
+  fail "$(basename "$(dirname "$f")"): $(grep -m1 'fake-nccl: contract violation' "$f")"
+done
+
 [ "$fails" -eq 0 ] || { echo "$fails check(s) failed"; exit 1; }
-echo "ddp over fake NCCL: counts, equivalence, world 1, timeout, the launch without MPI and 16-mixed ok"
+echo "ddp over fake NCCL: counts, equivalence, world 1, timeout, the launch without MPI, 16-mixed, asynchronous errors, the init deadline and a failed unique id ok"

@@ -11,7 +11,8 @@
  * queues of the MPI requests fake_nccl.c started: cudaStreamQuery tests them
  * in order (MPI_Test also drives MPI's progress) and answers
  * cudaErrorNotReady while one is pending, cudaStreamSynchronize waits for
- * them, as a GPU stream running NCCL kernels would. The current device is
+ * them, as a GPU stream running NCCL kernels would; fake_nccl.c's injected
+ * failures put ops on them that never complete or that fail. The current device is
  * this library's own (0 unless cudaSetDevice said otherwise): the
  * accelerator's cudaSetDevice went to the other fake.
  */
@@ -19,6 +20,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "fake_nccl_internal.h"
 
@@ -44,6 +46,7 @@ const char *CUDARTAPI cudaGetErrorString(cudaError_t error) {
     case cudaErrorInvalidResourceHandle: return "invalid resource handle (fake)";
     case cudaErrorMemoryAllocation: return "out of memory (fake)";
     case cudaErrorUnknown: return "unspecified launch failure: an MPI request of fake NCCL failed";
+    case cudaErrorLaunchFailure: return "unspecified launch failure (fake: injected into an NCCL kernel)";
     default: return "unrecognized error code (fake)";
     }
 }
@@ -89,9 +92,9 @@ int fake_stream_valid(cudaStream_t s) {
     return 0;
 }
 
-int fake_stream_push(cudaStream_t s, MPI_Request req, struct ncclComm *comm) {
+int fake_stream_push(cudaStream_t s, MPI_Request req, struct ncclComm *comm, int how) {
     if (s->count == FAKE_NCCL_STREAM_DEPTH) return -1;
-    s->ops[(s->head + s->count) % FAKE_NCCL_STREAM_DEPTH] = (fake_nccl_op){req, comm};
+    s->ops[(s->head + s->count) % FAKE_NCCL_STREAM_DEPTH] = (fake_nccl_op){req, comm, how};
     s->count++;
     return 0;
 }
@@ -129,11 +132,24 @@ cudaError_t CUDARTAPI cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned 
     return fake_err(cudaErrorMemoryAllocation);
 }
 
-/* Completes what is done, in order; wait: block on each instead. */
+/* Completes what is done, in order; wait: block on each instead. A stuck
+ * op never completes (a synchronize then blocks for ever, as on a GPU); a
+ * failing one stays at the head and fails every query, as a sticky error. */
 static cudaError_t fake_stream_progress(cudaStream_t s, int wait) {
     if (!fake_stream_valid(s)) return fake_err(cudaErrorInvalidResourceHandle);
     while (s->count > 0) {
         fake_nccl_op *op = &s->ops[s->head];
+        if (op->how == FAKE_OP_FAILS) {
+            fake_nccl_kernel_failed(op->comm);
+            return fake_err(cudaErrorLaunchFailure);
+        }
+        if (op->how == FAKE_OP_STUCK) {
+            if (!wait) return cudaErrorNotReady;
+            for (;;) {
+                struct timespec nap = {1, 0};
+                nanosleep(&nap, NULL);
+            }
+        }
         int done = 0;
         int err = wait ? MPI_Wait(&op->req, MPI_STATUS_IGNORE) : MPI_Test(&op->req, &done, MPI_STATUS_IGNORE);
         if (err != MPI_SUCCESS) return fake_err(cudaErrorUnknown);

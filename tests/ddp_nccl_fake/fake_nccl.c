@@ -20,8 +20,18 @@
  * the fake starts MPI for its own transport at ncclCommInitRank (the test
  * still runs the processes under mpirun, with OpenMPI's rank variables
  * renamed to torchrun's) and finalizes it when the last communicator goes.
+ * A non-blocking communicator (ncclCommInitRankConfig, blocking = 0) is
+ * modelled as NCCL documents it: the init and every collective answer
+ * ncclInProgress, and only polls of ncclCommGetAsyncError advance them (a
+ * collective reaches its stream at the second poll); any other call on the
+ * communicator while it is in progress is a contract violation. Injected
+ * failures (KILN_FAKE_NCCL_FAIL, below) play a dying peer, a failing kernel,
+ * a failing ncclGetUniqueId and a rank lost before the init. What real NCCL
+ * would not survive (ncclCommDestroy after an asynchronous error, a call on
+ * a communicator in progress) prints "fake-nccl: contract violation: ...".
  */
 #define _POSIX_C_SOURCE 200809L
+#include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -40,6 +50,21 @@ struct ncclComm {
     int aborted;
     unsigned long n_allreduce, n_avg, n_bcast, n_allgather;
     unsigned long long allreduce_bytes, bcast_bytes;
+    /* non-blocking mode (ncclCommInitRankConfig with blocking = 0) */
+    int blocking;
+    ncclResult_t state;      /* ncclSuccess or ncclInProgress (init, issue, finalize) */
+    ncclResult_t async;      /* an asynchronous error, sticky; ncclSuccess if none    */
+    int phase;               /* init: 1 idup, 2 id broadcast, 3 check; 0 done         */
+    MPI_Request init_req;
+    ncclUniqueId asked_id, root_id;
+    int asked_rank, asked_size, local, any;
+    int issue_polls;         /* polls left until the deferred collective is issued */
+    cudaStream_t issue_stream;
+    fake_nccl_op issue_op;
+    int have_issue;
+    int finalized;
+    int kernel_failed;       /* a kernel of this comm failed on a stream            */
+    unsigned long ncoll;     /* collectives so far (injection counts them)          */
 };
 
 static char fake_last_text[512] = "";
@@ -56,6 +81,50 @@ static ncclResult_t fake_fail(ncclResult_t r, const char *fmt, ...) {
     return r;
 }
 
+/* A use real NCCL would not survive (a hang, undefined behaviour): one line
+ * on stderr that the test greps for. */
+static void fake_violation(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void fake_violation(const char *fmt, ...) {
+    char msg[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "fake-nccl: contract violation: %s\n", msg);
+    fflush(stderr);
+}
+
+/*
+ * Failure injection: KILN_FAKE_NCCL_FAIL="KIND:RANK[:N]", read at every call.
+ *   remote, system  the Nth collective of rank RANK's communicator is never
+ *                   issued to MPI (its peers' share stays pending): it sits
+ *                   on the stream for ever and the communicator's
+ *                   asynchronous error becomes ncclRemoteError or
+ *                   ncclSystemError, as when a peer dies mid-collective;
+ *   stream          the Nth collective's kernel fails (cudaStreamQuery:
+ *                   cudaErrorLaunchFailure);
+ *   uniqueid        ncclGetUniqueId fails (ncclSystemError; RANK unused);
+ *   initstop        rank RANK stops itself (SIGSTOP) on entering the
+ *                   communicator init, as a rank dying or hanging between
+ *                   the id exchange and the init.
+ */
+static int fake_inject(const char *kind, int rank, unsigned long nth) {
+    const char *spec = getenv("KILN_FAKE_NCCL_FAIL");
+    if (!spec || !*spec) return 0;
+    const size_t k = strlen(kind);
+    if (strncmp(spec, kind, k) != 0 || spec[k] != ':') return 0;
+    char *end = NULL;
+    const long r = strtol(spec + k + 1, &end, 10);
+    if (end == spec + k + 1) return 0;
+    if (rank >= 0 && r != rank) return 0;
+    const unsigned long n = *end == ':' ? strtoul(end + 1, NULL, 10) : 1;
+    return nth == 0 || n == nth;
+}
+
+void fake_nccl_kernel_failed(struct ncclComm *comm) {
+    if (comm) comm->kernel_failed = 1;
+}
+
 ncclResult_t ncclGetVersion(int *version) {
     if (!version) return fake_fail(ncclInvalidArgument, "ncclGetVersion: version is NULL");
     *version = NCCL_VERSION_CODE;
@@ -66,7 +135,7 @@ const char *ncclGetErrorString(ncclResult_t result) {
     switch (result) {
     case ncclSuccess: return "no error";
     case ncclUnhandledCudaError: return "unhandled cuda error (fake)";
-    case ncclSystemError: return "unhandled system error (fake: MPI failed)";
+    case ncclSystemError: return "unhandled system error (fake)";
     case ncclInternalError: return "internal error (fake)";
     case ncclInvalidArgument: return "invalid argument (fake)";
     case ncclInvalidUsage: return "invalid usage (fake)";
@@ -85,6 +154,8 @@ const char *ncclGetLastError(ncclComm_t comm) {
  * rank 0's id then fail the check in ncclCommInitRank. */
 ncclResult_t ncclGetUniqueId(ncclUniqueId *uniqueId) {
     if (!uniqueId) return fake_fail(ncclInvalidArgument, "ncclGetUniqueId: uniqueId is NULL");
+    if (fake_inject("uniqueid", -1, 0))
+        return fake_fail(ncclSystemError, "ncclGetUniqueId: no usable network interface (fake: injected)");
     FILE *f = fopen("/dev/urandom", "rb");
     size_t got = f ? fread(uniqueId->internal, 1, sizeof uniqueId->internal, f) : 0;
     if (f) fclose(f);
@@ -98,9 +169,60 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId *uniqueId) {
     return ncclSuccess;
 }
 
-ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank) {
+/* Advances a communicator's init by one step where MPI allows (wait: block
+ * on each): the duplicate of MPI_COMM_WORLD, the broadcast of rank 0's id,
+ * then the check of what real NCCL would trust blindly (one id on every
+ * rank, ranks that agree with the MPI world). All non-blocking, so a rank
+ * that never arrives leaves the others' init pending, not blocked. */
+static void fake_init_progress(struct ncclComm *c, int wait) {
+    while (c->phase) {
+        int done = 0;
+        int err = wait ? MPI_Wait(&c->init_req, MPI_STATUS_IGNORE) : MPI_Test(&c->init_req, &done, MPI_STATUS_IGNORE);
+        if (err != MPI_SUCCESS) {
+            c->phase = 0;
+            c->state = ncclSuccess;
+            c->async = fake_fail(ncclSystemError, "ncclCommInitRank: MPI failed in the fake's bootstrap");
+            return;
+        }
+        if (!wait && !done) return;
+        if (c->phase == 1) {
+            MPI_Comm_set_errhandler(c->comm, MPI_ERRORS_RETURN);
+            MPI_Comm_rank(c->comm, &c->rank);
+            MPI_Comm_size(c->comm, &c->size);
+            c->root_id = c->asked_id;
+            c->phase = 2;
+            err = MPI_Ibcast(c->root_id.internal, (int)sizeof c->root_id.internal, MPI_BYTE, 0, c->comm, &c->init_req);
+        } else if (c->phase == 2) {
+            const int mismatch = memcmp(c->root_id.internal, c->asked_id.internal, sizeof c->root_id.internal) != 0;
+            const int wrong_rank = c->rank != c->asked_rank || c->size != c->asked_size;
+            c->local = mismatch * 2 | wrong_rank;
+            c->phase = 3;
+            err = MPI_Iallreduce(&c->local, &c->any, 1, MPI_INT, MPI_BOR, c->comm, &c->init_req);
+        } else {
+            c->phase = 0;
+            c->state = ncclSuccess;
+            if (c->any)
+                c->async = fake_fail(ncclInvalidUsage,
+                                     "ncclCommInitRank: rank %d of %d asked (MPI world: rank %d of %d): %s%s",
+                                     c->asked_rank, c->asked_size, c->rank, c->size,
+                                     (c->any & 2) ? "the ranks hold different unique ids (rank 0's was not "
+                                                    "broadcast); " : "",
+                                     (c->any & 1) ? "rank/nranks disagree with the MPI world" : "");
+            return;
+        }
+        if (err != MPI_SUCCESS) {
+            c->phase = 0;
+            c->state = ncclSuccess;
+            c->async = fake_fail(ncclSystemError, "ncclCommInitRank: MPI failed in the fake's bootstrap");
+            return;
+        }
+    }
+}
+
+static ncclResult_t fake_init(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank, int blocking) {
     if (!comm) return fake_fail(ncclInvalidArgument, "ncclCommInitRank: comm is NULL");
     *comm = NULL;
+    if (fake_inject("initstop", rank, 0)) raise(SIGSTOP);
     int inited = 0;
     MPI_Initialized(&inited);
     if (!inited) { /* ddp bootstrapped over TCP: MPI is the fake's own transport */
@@ -113,34 +235,50 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId,
         return fake_fail(ncclInvalidArgument, "ncclCommInitRank: rank %d of %d", rank, nranks);
     struct ncclComm *c = calloc(1, sizeof *c);
     if (!c) return fake_fail(ncclSystemError, "ncclCommInitRank: out of memory");
+    c->blocking = blocking;
+    c->asked_id = commId;
+    c->asked_rank = rank;
+    c->asked_size = nranks;
+    c->rank = rank;
+    c->size = nranks;
     /* as real NCCL's, this init is collective: every rank must call it */
-    if (MPI_Comm_dup(MPI_COMM_WORLD, &c->comm) != MPI_SUCCESS) {
+    if (MPI_Comm_idup(MPI_COMM_WORLD, &c->comm, &c->init_req) != MPI_SUCCESS) {
         free(c);
-        return fake_fail(ncclSystemError, "ncclCommInitRank: MPI_Comm_dup failed");
+        return fake_fail(ncclSystemError, "ncclCommInitRank: MPI_Comm_idup failed");
     }
-    MPI_Comm_set_errhandler(c->comm, MPI_ERRORS_RETURN);
-    MPI_Comm_rank(c->comm, &c->rank);
-    MPI_Comm_size(c->comm, &c->size);
-    /* what NCCL's bootstrap would establish: one id, consistent ranks */
-    ncclUniqueId root = commId;
-    int bad = MPI_Bcast(root.internal, (int)sizeof root.internal, MPI_BYTE, 0, c->comm) != MPI_SUCCESS;
-    int mismatch = memcmp(root.internal, commId.internal, sizeof root.internal) != 0;
-    int wrong_rank = c->rank != rank || c->size != nranks;
-    int local = bad * 4 | mismatch * 2 | wrong_rank, any = 0;
-    if (MPI_Allreduce(&local, &any, 1, MPI_INT, MPI_BOR, c->comm) != MPI_SUCCESS) any |= 4;
-    if (any) {
-        MPI_Comm_free(&c->comm);
-        const int me = c->rank, world = c->size;
-        free(c);
-        return fake_fail(ncclInvalidUsage,
-                         "ncclCommInitRank: rank %d of %d asked (MPI world: rank %d of %d): %s%s%s", rank, nranks,
-                         me, world, (any & 4) ? "MPI failed; " : "",
-                         (any & 2) ? "the ranks hold different unique ids (rank 0's was not broadcast); " : "",
-                         (any & 1) ? "rank/nranks disagree with the MPI world" : "");
-    }
-    *comm = c;
+    c->phase = 1;
+    c->state = ncclInProgress;
     fake_live_comms++;
-    return ncclSuccess;
+    if (blocking) {
+        fake_init_progress(c, 1);
+        if (c->async != ncclSuccess) { /* a blocking init returns its error and no communicator */
+            const ncclResult_t r = c->async;
+            if (c->comm != MPI_COMM_NULL) MPI_Comm_free(&c->comm);
+            free(c);
+            fake_live_comms--;
+            return r;
+        }
+        *comm = c;
+        return ncclSuccess;
+    }
+    *comm = c; /* as NCCL: the handle at once, its state ncclInProgress */
+    return ncclInProgress;
+}
+
+ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank) {
+    return fake_init(comm, nranks, commId, rank, 1);
+}
+
+ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank,
+                                    ncclConfig_t *config) {
+    int blocking = 1;
+    if (config) {
+        if (config->magic != 0xcafebeef || config->size != sizeof(ncclConfig_t))
+            return fake_fail(ncclInvalidArgument,
+                             "ncclCommInitRankConfig: config not set from NCCL_CONFIG_INITIALIZER");
+        if (config->blocking != NCCL_CONFIG_UNDEF_INT) blocking = config->blocking != 0;
+    }
+    return fake_init(comm, nranks, commId, rank, blocking);
 }
 
 /* The last communicator of a fake that started MPI itself finalizes it
@@ -152,9 +290,25 @@ static void fake_comm_gone(int collective_ok) {
     fake_started_mpi = 0;
 }
 
+/* Drives the pending state: the init's MPI steps, and a deferred collective,
+ * which is issued (put on its stream) only on the second poll, as a
+ * non-blocking communicator's kernels reach the stream only after
+ * ncclInProgress has turned into ncclSuccess. */
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError) {
     if (!comm || !asyncError) return fake_fail(ncclInvalidArgument, "ncclCommGetAsyncError: NULL argument");
-    *asyncError = ncclSuccess;
+    if (comm->phase) fake_init_progress(comm, 0);
+    if (comm->have_issue && --comm->issue_polls <= 0) {
+        comm->have_issue = 0;
+        if (fake_stream_push(comm->issue_stream, comm->issue_op.req, comm, comm->issue_op.how))
+            comm->async = fake_fail(ncclInternalError, "more than %d collectives pending on one stream",
+                                    FAKE_NCCL_STREAM_DEPTH);
+        comm->state = ncclSuccess;
+    }
+    if (comm->finalized == 1) { /* quiescent at the next poll */
+        comm->finalized = 2;
+        comm->state = ncclSuccess;
+    }
+    *asyncError = comm->async != ncclSuccess ? comm->async : comm->state;
     return ncclSuccess;
 }
 
@@ -179,8 +333,37 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
     return ncclSuccess;
 }
 
+/* Flushes, then (at the next poll of a non-blocking communicator) quiescent. */
+ncclResult_t ncclCommFinalize(ncclComm_t comm) {
+    if (!comm) return fake_fail(ncclInvalidArgument, "ncclCommFinalize: comm is NULL");
+    if (comm->state == ncclInProgress) {
+        fake_violation("rank %d: ncclCommFinalize while the communicator is still ncclInProgress", comm->rank);
+        return fake_fail(ncclInvalidUsage, "ncclCommFinalize: communicator in progress");
+    }
+    if (comm->async != ncclSuccess)
+        fake_violation("rank %d: ncclCommFinalize on a communicator with an asynchronous error (%s): real NCCL may "
+                       "wait for the failed peer for ever; ncclCommAbort it", comm->rank,
+                       ncclGetErrorString(comm->async));
+    if (comm->blocking) {
+        comm->finalized = 2;
+        return ncclSuccess;
+    }
+    comm->finalized = 1;
+    comm->state = ncclInProgress;
+    return ncclInProgress;
+}
+
+/* Real NCCL's destroy waits for what is in flight: after an asynchronous
+ * error or a failed kernel, on a peer that is gone, that is for ever. The
+ * fake says so (the test fails on the line) instead of hanging. */
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
     if (!comm) return ncclSuccess;
+    if (comm->async != ncclSuccess || comm->kernel_failed)
+        fake_violation("rank %d: ncclCommDestroy on a communicator with %s: real NCCL would wait for ever here; "
+                       "ncclCommAbort it", comm->rank,
+                       comm->kernel_failed ? "a failed kernel" : ncclGetErrorString(comm->async));
+    if (comm->state == ncclInProgress)
+        fake_violation("rank %d: ncclCommDestroy while the communicator is still ncclInProgress", comm->rank);
     fake_report(comm, "destroyed");
     fake_stream_forget(comm);
     MPI_Comm_free(&comm->comm);
@@ -193,6 +376,15 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
 static ncclResult_t fake_check(const char *fn, ncclComm_t comm, cudaStream_t stream, size_t count,
                                ncclDataType_t datatype, MPI_Datatype *mt, size_t *esz) {
     if (!comm) return fake_fail(ncclInvalidArgument, "%s: comm is NULL", fn);
+    if (comm->state == ncclInProgress) {
+        /* NCCL's rule for non-blocking communicators: poll until ncclSuccess
+         * before the next call */
+        fake_violation("rank %d: %s on a communicator still ncclInProgress (ncclCommGetAsyncError must say "
+                       "ncclSuccess first)", comm->rank, fn);
+        return fake_fail(ncclInvalidUsage, "%s: communicator in progress", fn);
+    }
+    if (comm->finalized) return fake_fail(ncclInvalidUsage, "%s: communicator finalized", fn);
+    if (comm->async != ncclSuccess) return comm->async;
     if (!fake_stream_valid(stream))
         return fake_fail(ncclInvalidArgument, "%s: stream %p is not a live stream of this fake", fn, (void *)stream);
     if (datatype == ncclFloat32) { *mt = MPI_FLOAT; *esz = 4; }
@@ -202,6 +394,44 @@ static ncclResult_t fake_check(const char *fn, ncclComm_t comm, cudaStream_t str
                           (int)datatype);
     if (count > (size_t)INT32_MAX) return fake_fail(ncclInvalidArgument, "%s: count %zu above MPI's int", fn, count);
     return ncclSuccess;
+}
+
+/* How this collective ends, counting it for KILN_FAKE_NCCL_FAIL: an
+ * injected remote or system error leaves it for ever on the stream (the MPI
+ * collective is never started, so the peers' stays pending too) and sets
+ * the communicator's asynchronous error. */
+static int fake_fate(ncclComm_t comm) {
+    comm->ncoll++;
+    if (fake_inject("remote", comm->rank, comm->ncoll)) {
+        comm->async = fake_fail(ncclRemoteError, "NET/IB: peer rank %d closed the connection (fake: injected)",
+                                (comm->rank + 1) % comm->size);
+        return FAKE_OP_STUCK;
+    }
+    if (fake_inject("system", comm->rank, comm->ncoll)) {
+        comm->async = fake_fail(ncclSystemError, "socket recv failed: Connection reset by peer (fake: injected)");
+        return FAKE_OP_STUCK;
+    }
+    if (fake_inject("stream", comm->rank, comm->ncoll)) return FAKE_OP_FAILS;
+    return FAKE_OP_MPI;
+}
+
+/* Puts a started collective on its stream: at once on a blocking
+ * communicator; on a non-blocking one the call answers ncclInProgress and
+ * the op reaches the stream at the second ncclCommGetAsyncError, so a
+ * caller that asks the stream first sees it empty and reads a stale buffer. */
+static ncclResult_t fake_enqueue(const char *fn, ncclComm_t comm, cudaStream_t stream, MPI_Request req, int how) {
+    if (comm->blocking) {
+        if (fake_stream_push(stream, req, comm, how))
+            return fake_fail(ncclInternalError, "%s: more than %d collectives pending on one stream", fn,
+                             FAKE_NCCL_STREAM_DEPTH);
+        return ncclSuccess;
+    }
+    comm->have_issue = 1;
+    comm->issue_polls = 2;
+    comm->issue_stream = stream;
+    comm->issue_op = (fake_nccl_op){req, comm, how};
+    comm->state = ncclInProgress;
+    return ncclInProgress;
 }
 
 ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
@@ -226,16 +456,17 @@ ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, n
             for (size_t i = 0; i < count; i++) x[i] *= s;
         }
     }
-    MPI_Request req;
-    if (MPI_Iallreduce(MPI_IN_PLACE, recvbuff, (int)count, mt, MPI_SUM, comm->comm, &req) != MPI_SUCCESS)
+    MPI_Request req = MPI_REQUEST_NULL;
+    const int how = fake_fate(comm);
+    if (how == FAKE_OP_MPI &&
+        MPI_Iallreduce(MPI_IN_PLACE, recvbuff, (int)count, mt, MPI_SUM, comm->comm, &req) != MPI_SUCCESS)
         return fake_fail(ncclSystemError, "ncclAllReduce: MPI_Iallreduce failed");
-    if (fake_stream_push(stream, req, comm))
-        return fake_fail(ncclInternalError, "ncclAllReduce: more than %d collectives pending on one stream",
-                         FAKE_NCCL_STREAM_DEPTH);
+    r = fake_enqueue("ncclAllReduce", comm, stream, req, how);
+    if (r != ncclSuccess && r != ncclInProgress) return r;
     comm->n_allreduce++;
     comm->n_avg += op == ncclAvg;
     comm->allreduce_bytes += (unsigned long long)(count * esz);
-    return ncclSuccess;
+    return r;
 }
 
 ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, int root,
@@ -249,15 +480,15 @@ ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count, n
     if (count > 0 && (!recvbuff || (comm->rank == root && !sendbuff)))
         return fake_fail(ncclInvalidArgument, "ncclBroadcast: NULL buffer");
     if (count > 0 && comm->rank == root && sendbuff != recvbuff) memcpy(recvbuff, sendbuff, count * esz);
-    MPI_Request req;
-    if (MPI_Ibcast(recvbuff, (int)count, mt, root, comm->comm, &req) != MPI_SUCCESS)
+    MPI_Request req = MPI_REQUEST_NULL;
+    const int how = fake_fate(comm);
+    if (how == FAKE_OP_MPI && MPI_Ibcast(recvbuff, (int)count, mt, root, comm->comm, &req) != MPI_SUCCESS)
         return fake_fail(ncclSystemError, "ncclBroadcast: MPI_Ibcast failed");
-    if (fake_stream_push(stream, req, comm))
-        return fake_fail(ncclInternalError, "ncclBroadcast: more than %d collectives pending on one stream",
-                         FAKE_NCCL_STREAM_DEPTH);
+    r = fake_enqueue("ncclBroadcast", comm, stream, req, how);
+    if (r != ncclSuccess && r != ncclInProgress) return r;
     comm->n_bcast++;
     comm->bcast_bytes += (unsigned long long)(count * esz);
-    return ncclSuccess;
+    return r;
 }
 
 ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount, ncclDataType_t datatype,
@@ -272,13 +503,13 @@ ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcoun
     if (sendcount > 0 && sendbuff != mine)
         return fake_fail(ncclInvalidUsage, "ncclAllGather: the fake does the in-place form only (sendbuff = recvbuff "
                                            "+ rank * sendcount)");
-    MPI_Request req;
-    if (MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recvbuff, (int)sendcount, mt, comm->comm, &req) !=
-        MPI_SUCCESS)
+    MPI_Request req = MPI_REQUEST_NULL;
+    const int how = fake_fate(comm);
+    if (how == FAKE_OP_MPI && MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recvbuff, (int)sendcount, mt,
+                                             comm->comm, &req) != MPI_SUCCESS)
         return fake_fail(ncclSystemError, "ncclAllGather: MPI_Iallgather failed");
-    if (fake_stream_push(stream, req, comm))
-        return fake_fail(ncclInternalError, "ncclAllGather: more than %d collectives pending on one stream",
-                         FAKE_NCCL_STREAM_DEPTH);
+    r = fake_enqueue("ncclAllGather", comm, stream, req, how);
+    if (r != ncclSuccess && r != ncclInProgress) return r;
     comm->n_allgather++;
-    return ncclSuccess;
+    return r;
 }

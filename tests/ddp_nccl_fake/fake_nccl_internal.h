@@ -16,10 +16,18 @@
 
 #include <cuda_runtime_api.h>
 
+/* How an enqueued collective ends (failure injection, fake_nccl.c). */
+enum {
+    FAKE_OP_MPI = 0,  /* when its MPI request completes                     */
+    FAKE_OP_STUCK,    /* never: a kernel waiting for a peer that is gone     */
+    FAKE_OP_FAILS     /* with cudaErrorLaunchFailure, as a faulting kernel   */
+};
+
 /* One enqueued collective: the request, and the comm it counts against. */
 typedef struct fake_nccl_op {
     MPI_Request req;
     struct ncclComm *comm;
+    int how;          /* FAKE_OP_*                                           */
 } fake_nccl_op;
 
 #define FAKE_NCCL_STREAM_DEPTH 64
@@ -33,8 +41,11 @@ struct CUstream_st {
 
 /* 1 when s is a stream fake_cudart_ddp.c created and has not destroyed. */
 int fake_stream_valid(cudaStream_t s);
-/* Appends a started request; 0, or -1 when the queue is full. */
-int fake_stream_push(cudaStream_t s, MPI_Request req, struct ncclComm *comm);
+/* Appends a started request (or a FAKE_OP_STUCK/FAILS op, req unused); 0,
+ * or -1 when the queue is full. */
+int fake_stream_push(cudaStream_t s, MPI_Request req, struct ncclComm *comm, int how);
+/* The fake NCCL's record that a kernel of comm failed on a stream. */
+void fake_nccl_kernel_failed(struct ncclComm *comm);
 /* Forgets the pending requests of comm on every stream (ncclCommAbort: a
  * collective request cannot be cancelled in MPI, and a hung peer would
  * never complete it). */
