@@ -4,7 +4,8 @@
 # gradient clipping. An 8-step run writes checkpoints every 3 steps (inside
 # its first epoch); resuming from the step-3 checkpoint to step 8 must end
 # with the same weights, bit for bit (the weightdump fixture writes them at
-# the end of each fit), in 32-true and in bf16-mixed.
+# the end of each fit), in 32-true, bf16-mixed and 16-mixed (the loss
+# scaler's state too).
 #
 #   gpt_resume.sh KILN TEXT2TOKENS WORKDIR   (KILN_PLUGIN_PATH reaches weightdump)
 set -euo pipefail
@@ -12,7 +13,7 @@ kiln=$1 t2t=$2 work=$3
 rm -rf "$work" && mkdir -p "$work"
 for i in $(seq 1 300); do echo "line $i: pack my box with five dozen liquor jugs"; done > "$work/text.txt"
 "$t2t" -o "$work/shard.bin" "$work/text.txt" >/dev/null 2>&1
-for prec in 32-true bf16-mixed; do
+for prec in 32-true bf16-mixed 16-mixed; do
   cat > "$work/run.cfg" <<CFG
 trainer = { max_steps = 8; seed = 11; default_root_dir = "$work/runs-$prec"; num_sanity_val_steps = 0;
             gradient_clip_val = 1.0; threads = 2; };
