@@ -5,9 +5,11 @@
  * computed in 64 bits and checked before anything is allocated; for raw files
  * the payload size is compared with the file size up front, and for gzip the
  * payload buffer grows with the data actually decompressed, so a lying header
- * cannot make us allocate gigabytes. After the payload, one more byte is
- * requested: it must not exist (exact size), and for gzip that read is also
- * what makes zlib reach the member trailer and verify the CRC.
+ * cannot make us allocate gigabytes. Decompression stops at what the header
+ * promises (header + dims x 1-byte elements) plus a small probe past it: the
+ * probe must come back empty (exact size), so a gzip bomb is refused after
+ * a few KiB beyond the promise, and that read is also what makes zlib reach
+ * the member trailer and verify the CRC.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -276,17 +278,31 @@ static int idx_read_payload(idx_src *s, size_t hdr_len, uint64_t need, const cha
         buf = nbuf;
         cap = ncap;
     }
-    /* Exact size: no byte may follow. For gzip this read also verifies the CRC. */
-    uint8_t extra;
+    /*
+     * Exact size: no byte may follow. For gzip this read also verifies the CRC.
+     * It is also the decompressed-size cap: a gzip bomb (a few MB inflating to
+     * gigabytes) behind a small header is refused here, having cost at most
+     * the header's promise in memory plus this small probe, never its size.
+     */
+    uint8_t extra[4096];
     size_t got = 0;
-    int how = idx_src_read(s, &extra, 1, &got, err, errlen);
+    int how = idx_src_read(s, extra, s->gz ? sizeof extra : 1, &got, err, errlen);
     if (how < 0) {
         free(buf);
         return how;
     }
     if (got > 0) {
-        idx_errf(err, errlen, "%s: trailing data: header says %s (%llu bytes) but file has more %s data",
-                 s->path, what, (unsigned long long)need, kind);
+        /* A full probe means there may be more: say "more than", not a size. */
+        bool more = got == sizeof extra;
+        uint64_t expect = hdr_len + need, found = expect + got - (more ? 1 : 0);
+        if (s->gz)
+            idx_errf(err, errlen, "%s: trailing data: header says %s (%llu bytes) but the gzip stream decompresses "
+                     "to more: expected %llu bytes with the header, found %s%llu; refused without reading further",
+                     s->path, what, (unsigned long long)need, (unsigned long long)expect, more ? "more than " : "",
+                     (unsigned long long)found);
+        else
+            idx_errf(err, errlen, "%s: trailing data: header says %s (%llu bytes) but file has more %s data",
+                     s->path, what, (unsigned long long)need, kind);
         free(buf);
         return IDX_EFORMAT;
     }

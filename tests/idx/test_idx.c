@@ -16,6 +16,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -376,6 +378,64 @@ static void test_bad_dimensions(void) {
     CU_ASSERT_EQUAL(idx_read_labels(path, &l, &n, err, sizeof err), IDX_EFORMAT);
     ASSERT_MSG_HAS(err, "expected a label count > 0, found 0");
     free(lab);
+}
+
+/* Peak resident set of this process, in KiB. */
+static long max_rss_kib(void) {
+    struct rusage ru;
+    return getrusage(RUSAGE_SELF, &ru) == 0 ? ru.ru_maxrss : -1;
+}
+
+/*
+ * A gzip bomb: a header promising 5 images of 4x3 (76 bytes with the header)
+ * followed by 256 MiB of zeros, about 250 KiB compressed. It must be refused
+ * as decompressing past the header's promise, promptly and without the
+ * 256 MiB ever being resident.
+ */
+static void test_gzip_bomb(void) {
+    size_t len;
+    uint8_t *b = make_images(IDX_MAGIC_IMAGES, 5, 4, 3, &len);
+    const char *path = scratch_path("bomb.gz");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(path);
+    gzFile f = gzopen(path, "wb9");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    CU_ASSERT_EQUAL(gzwrite(f, b, (unsigned)len), (int)len);
+    uint8_t *zeros = calloc(1, 1u << 20);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(zeros);
+    for (int i = 0; i < 256; i++) CU_ASSERT_EQUAL(gzwrite(f, zeros, 1u << 20), 1 << 20);
+    CU_ASSERT_EQUAL_FATAL(gzclose(f), Z_OK);
+    free(zeros);
+    struct stat st;
+    CU_ASSERT_FATAL(stat(path, &st) == 0 && st.st_size < (1 << 20));
+
+    long rss0 = max_rss_kib();
+    uint8_t *px = NULL;
+    uint32_t n, r, c;
+    char err[512] = "";
+    CU_ASSERT_EQUAL(idx_read_images(path, &px, &n, &r, &c, err, sizeof err), IDX_EFORMAT);
+    CU_ASSERT_PTR_NULL(px);
+    long rss1 = max_rss_kib();
+    ASSERT_MSG_HAS(err, path);
+    ASSERT_MSG_HAS(err, "header says 5 images of 4x3 (60 bytes)");
+    ASSERT_MSG_HAS(err, "expected 76 bytes with the header, found more than 4171;");
+    CU_ASSERT_PTR_NULL(strchr(err, '\n'));
+    /* The peak may not have grown by anything like the bomb's 256 MiB. */
+    if (rss1 - rss0 >= 32 * 1024) fprintf(stderr, "\n    peak RSS grew by %ld KiB\n", rss1 - rss0);
+    CU_ASSERT(rss1 - rss0 < 32 * 1024);
+
+    /* Same for labels, and a small excess is counted exactly. */
+    uint8_t *lab = make_labels(IDX_MAGIC_LABELS, 7, 10, &len);
+    uint8_t *longer = calloc(1, len + 100);
+    memcpy(longer, lab, len);
+    path = write_file("labels-plus-100.gz", longer, len + 100, 1);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(path);
+    uint8_t *l = NULL;
+    CU_ASSERT_EQUAL(idx_read_labels(path, &l, &n, err, sizeof err), IDX_EFORMAT);
+    CU_ASSERT_PTR_NULL(l);
+    ASSERT_MSG_HAS(err, "expected 15 bytes with the header, found 115;");
+    free(longer);
+    free(lab);
+    free(b);
 }
 
 static void test_missing_file(void) {
@@ -1175,6 +1235,7 @@ static void register_tests(void) {
     CU_add_test(r, "trailing_data", test_trailing_data);
     CU_add_test(r, "corrupt_gzip", test_corrupt_gzip);
     CU_add_test(r, "bad_dimensions", test_bad_dimensions);
+    CU_add_test(r, "gzip_bomb", test_gzip_bomb);
     CU_add_test(r, "missing_file", test_missing_file);
     CU_add_test(r, "label_out_of_range", test_label_out_of_range);
     CU_add_test(r, "open_dataset_and_count_mismatch", test_open_dataset_and_count_mismatch);
