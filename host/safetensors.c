@@ -463,6 +463,17 @@ static int st_write_all(int fd, const void *p, size_t n) {
     return 0;
 }
 
+/* What a non-regular file is, for the one-line refusal. */
+static const char *st_file_kind(mode_t m) {
+    if (S_ISFIFO(m)) return "a FIFO";
+    if (S_ISDIR(m)) return "a directory";
+    if (S_ISCHR(m)) return "a character device";
+    if (S_ISBLK(m)) return "a block device";
+    if (S_ISSOCK(m)) return "a socket";
+    if (S_ISLNK(m)) return "a symbolic link";
+    return "not a regular file";
+}
+
 int kst_write_atomic(kst_writer *w, const char *path, char *why, size_t whylen) {
     if (!w || !path || !*path)
         return st_fail(KILN_E_INVALID_ARG, why, whylen, NULL, "kst_write_atomic: no writer or no path");
@@ -606,7 +617,9 @@ int kst_metadata_get(const kst_file *f, int i, const char **key, const char **va
 static int st_read_file(const char *path, unsigned char **out, size_t *outlen, char *why, size_t whylen) {
     *out = NULL;
     *outlen = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a plain open() of a FIFO waits for a writer forever,
+     * before fstat() could tell us what the path is. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return st_fail(KILN_E_IO, why, whylen, path, "cannot open: %s", strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
@@ -616,7 +629,14 @@ static int st_read_file(const char *path, unsigned char **out, size_t *outlen, c
     }
     if (!S_ISREG(st.st_mode)) {
         close(fd);
-        return st_fail(KILN_E_IO, why, whylen, path, "not a regular file");
+        return st_fail(KILN_E_IO, why, whylen, path, "expected a regular file, found %s", st_file_kind(st.st_mode));
+    }
+    /* ordinary blocking reads from here on */
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+        int e = errno;
+        close(fd);
+        return st_fail(KILN_E_IO, why, whylen, path, "cannot clear O_NONBLOCK: %s", strerror(e));
     }
     if ((uint64_t)st.st_size >= SIZE_MAX) {
         close(fd);

@@ -9,7 +9,8 @@
  * promises (header + dims x 1-byte elements) plus a small probe past it: the
  * probe must come back empty (exact size), so a gzip bomb is refused after
  * a few KiB beyond the promise, and that read is also what makes zlib reach
- * the member trailer and verify the CRC.
+ * the member trailer and verify the CRC. Only regular files are read; they
+ * are opened non-blocking so a FIFO is refused instead of hanging open().
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -55,6 +56,16 @@ static uint32_t idx_be32(const uint8_t *p) {
     return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
 }
 
+/* What a non-regular file is, for the one-line refusal. */
+static const char *idx_file_kind(mode_t m) {
+    if (S_ISFIFO(m)) return "a FIFO";
+    if (S_ISDIR(m)) return "a directory";
+    if (S_ISCHR(m)) return "a character device";
+    if (S_ISBLK(m)) return "a block device";
+    if (S_ISSOCK(m)) return "a socket";
+    return "not a regular file";
+}
+
 /* One open input: a raw file descriptor, or a gzFile that owns that descriptor. */
 typedef struct idx_src {
     const char *path;
@@ -72,9 +83,32 @@ static int idx_src_open(idx_src *s, const char *path, char *err, size_t errlen) 
         idx_errf(err, errlen, "(null): no file path given");
         return IDX_EINVAL;
     }
-    s->fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a plain open() of a FIFO waits for a writer forever,
+     * before fstat() could tell us what the path is. */
+    s->fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (s->fd < 0) {
         idx_errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        return IDX_EIO;
+    }
+    struct stat st;
+    if (fstat(s->fd, &st) != 0) {
+        idx_errf(err, errlen, "%s: cannot stat: %s", path, strerror(errno));
+        close(s->fd);
+        s->fd = -1;
+        return IDX_EIO;
+    }
+    /* Only regular files: a FIFO or device could block a read or never end. */
+    if (!S_ISREG(st.st_mode)) {
+        idx_errf(err, errlen, "%s: expected a regular file, found %s", path, idx_file_kind(st.st_mode));
+        close(s->fd);
+        s->fd = -1;
+        return IDX_EIO;
+    }
+    int fl = fcntl(s->fd, F_GETFL);
+    if (fl < 0 || fcntl(s->fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+        idx_errf(err, errlen, "%s: cannot clear O_NONBLOCK: %s", path, strerror(errno));
+        close(s->fd);
+        s->fd = -1;
         return IDX_EIO;
     }
     uint8_t magic[2];
@@ -98,11 +132,8 @@ static int idx_src_open(idx_src *s, const char *path, char *err, size_t errlen) 
         gzbuffer(s->gz, 1u << 17); /* fewer read() calls than the 8 KiB default */
         return IDX_OK;
     }
-    struct stat st;
-    if (fstat(s->fd, &st) == 0 && S_ISREG(st.st_mode)) {
-        s->size_known = true;
-        s->file_size = (uint64_t)st.st_size;
-    }
+    s->size_known = true;
+    s->file_size = (uint64_t)st.st_size;
     return IDX_OK;
 }
 

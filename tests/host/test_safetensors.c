@@ -498,6 +498,24 @@ static void test_atomic_midway(void) {
     free(before);
 }
 
+/* A FIFO with no writer: a blocking open() would wait forever. The alarm
+ * turns a regression into a killed test binary instead of a hung suite. */
+static void test_fifo_refused(void) {
+    const char *p = pth("fifo.safetensors");
+    unlink(p);
+    CU_ASSERT_EQUAL_FATAL(mkfifo(p, 0600), 0);
+    alarm(10);
+    kst_file *f = (kst_file *)1;
+    char why[1024] = "";
+    CU_ASSERT_EQUAL(kst_open(p, &f, why, sizeof why), KILN_E_IO);
+    alarm(0);
+    CU_ASSERT_PTR_NULL(f);
+    CU_ASSERT_EQUAL(strncmp(why, p, strlen(p)), 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "expected a regular file, found a FIFO"));
+    CU_ASSERT_PTR_NULL(strchr(why, '\n'));
+    unlink(p);
+}
+
 /* A valid file to cut short. */
 static unsigned char *valid_file(size_t *n, uint64_t *hlen) {
     char why[1024];
@@ -910,6 +928,7 @@ static void register_tests(void) {
     CU_add_test(s, "atomic write replaces the file", test_atomic_replace);
     CU_add_test(s, "failed writes leave the target untouched", test_atomic_failures);
     CU_add_test(s, "a write failing or dying midway keeps the old file", test_atomic_midway);
+    CU_add_test(s, "a FIFO is refused without hanging", test_fifo_refused);
     CU_add_test(s, "truncated files refused", test_truncated);
     CU_add_test(s, "bad header length refused", test_bad_length);
     CU_add_test(s, "invalid header JSON refused", test_invalid_json);

@@ -438,6 +438,32 @@ static void test_gzip_bomb(void) {
     free(b);
 }
 
+/*
+ * A FIFO with no writer: open() without O_NONBLOCK waits forever. The alarm
+ * turns a regression into a killed test binary instead of a hung suite.
+ */
+static void test_fifo_refused(void) {
+    const char *path = scratch_path("fifo.gz");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(path);
+    unlink(path);
+    CU_ASSERT_EQUAL_FATAL(mkfifo(path, 0600), 0);
+    alarm(10);
+    uint8_t *px = NULL;
+    uint32_t n, r, c;
+    char err[512] = "";
+    CU_ASSERT_EQUAL(idx_read_images(path, &px, &n, &r, &c, err, sizeof err), IDX_EIO);
+    CU_ASSERT_PTR_NULL(px);
+    ASSERT_MSG_HAS(err, path);
+    ASSERT_MSG_HAS(err, "expected a regular file, found a FIFO");
+    uint8_t *l = NULL;
+    CU_ASSERT_EQUAL(idx_read_labels(path, &l, &n, err, sizeof err), IDX_EIO);
+    ASSERT_MSG_HAS(err, "expected a regular file, found a FIFO");
+    /* A directory is refused the same way. */
+    CU_ASSERT_EQUAL(idx_read_labels(g_dir, &l, &n, err, sizeof err), IDX_EIO);
+    ASSERT_MSG_HAS(err, "expected a regular file, found a directory");
+    alarm(0);
+}
+
 static void test_missing_file(void) {
     const char *path = scratch_path("does-not-exist.gz");
     uint8_t *px = NULL;
@@ -1236,6 +1262,7 @@ static void register_tests(void) {
     CU_add_test(r, "corrupt_gzip", test_corrupt_gzip);
     CU_add_test(r, "bad_dimensions", test_bad_dimensions);
     CU_add_test(r, "gzip_bomb", test_gzip_bomb);
+    CU_add_test(r, "fifo_refused", test_fifo_refused);
     CU_add_test(r, "missing_file", test_missing_file);
     CU_add_test(r, "label_out_of_range", test_label_out_of_range);
     CU_add_test(r, "open_dataset_and_count_mismatch", test_open_dataset_and_count_mismatch);
