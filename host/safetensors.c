@@ -16,7 +16,9 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <dirent.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -474,6 +476,57 @@ static const char *st_file_kind(mode_t m) {
     return "not a regular file";
 }
 
+/* The pid in a name "<base>.tmp.<pid>" (base = tmp_base, the name of the
+ * file being written, or any name ending in ".safetensors"), or 0 when the
+ * name is not one of our temporary files. Only plain decimal digits with no
+ * leading zero and a value that fits a pid_t are accepted. */
+static pid_t st_tmp_pid(const char *name, const char *tmp_base) {
+    const char *mark = strstr(name, ".tmp.");
+    if (!mark) return 0;
+    /* the last ".tmp." is the suffix */
+    for (const char *n2; (n2 = strstr(mark + 1, ".tmp.")); mark = n2) {}
+    size_t blen = (size_t)(mark - name);
+    static const char ext[] = ".safetensors";
+    int ours = (blen == strlen(tmp_base) && memcmp(name, tmp_base, blen) == 0) ||
+               (blen > sizeof ext - 1 && memcmp(mark - (sizeof ext - 1), ext, sizeof ext - 1) == 0);
+    if (!ours) return 0;
+    const char *d = mark + 5;
+    if (*d < '1' || *d > '9') return 0;
+    long long v = 0;
+    for (; *d; d++) {
+        if (*d < '0' || *d > '9') return 0;
+        v = v * 10 + (*d - '0');
+        if (v > INT_MAX) return 0;
+    }
+    return (pid_t)v;
+}
+
+/* A process killed mid-save (SIGKILL, OOM killer, power loss) leaves its
+ * "<path>.tmp.<pid>" behind, as large as the checkpoint, and nothing else
+ * would ever remove it. Each save removes, in its own directory, such files
+ * whose pid is no live process (kill(pid, 0) fails with ESRCH): a live
+ * process's temp file is a save in progress, and EPERM means alive too.
+ * Our own pid is skipped (our open(O_EXCL) below replaces it). Only regular
+ * files are removed, never links. Best effort: failures change nothing. */
+static void st_clean_stale_tmp(const char *dir, const char *base) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    int dfd = dirfd(d);
+    pid_t self = getpid();
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        pid_t pid = st_tmp_pid(e->d_name, base);
+        if (pid <= 0 || pid == self) continue;
+        if (kill(pid, 0) == 0 || errno != ESRCH) continue;
+        struct stat st;
+        if (fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) continue;
+        if (unlinkat(dfd, e->d_name, 0) == 0)
+            HLOG_INFO("%s/%s: removed the temporary file of a save that died (pid %ld is gone)", dir,
+                 e->d_name, (long)pid);
+    }
+    closedir(d);
+}
+
 int kst_write_atomic(kst_writer *w, const char *path, char *why, size_t whylen) {
     if (!w || !path || !*path)
         return st_fail(KILN_E_INVALID_ARG, why, whylen, NULL, "kst_write_atomic: no writer or no path");
@@ -494,6 +547,15 @@ int kst_write_atomic(kst_writer *w, const char *path, char *why, size_t whylen) 
     }
     /* same directory as path, so rename() is atomic (never across devices) */
     snprintf(tmp, plen + 32, "%s.tmp.%ld", path, (long)getpid());
+    memcpy(dir, path, plen + 1);
+    char *slash = strrchr(dir, '/');
+    const char *base = slash ? path + (slash - dir) + 1 : path;
+    if (!slash) strcpy(dir, ".");
+    else if (slash == dir) dir[1] = 0;
+    else *slash = 0;
+    /* before our own temp file: the space a dead save holds may be what
+     * this one needs */
+    st_clean_stale_tmp(dir, base);
 
     int rc = KILN_OK, err = 0, fd;
     /* O_EXCL|O_NOFOLLOW: never write through a planted link. A leftover of
@@ -534,11 +596,6 @@ int kst_write_atomic(kst_writer *w, const char *path, char *why, size_t whylen) 
     }
     /* the rename itself lives in the directory: sync it so the new name
      * survives a crash. EINVAL: a filesystem that cannot sync directories. */
-    memcpy(dir, path, plen + 1);
-    char *slash = strrchr(dir, '/');
-    if (!slash) strcpy(dir, ".");
-    else if (slash == dir) dir[1] = 0;
-    else *slash = 0;
     int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd < 0 || (fsync(dfd) != 0 && errno != EINVAL))
         rc = st_fail(KILN_E_IO, why, whylen, path,

@@ -516,6 +516,80 @@ static void test_fifo_refused(void) {
     unlink(p);
 }
 
+static int exists(const char *path) {
+    struct stat st;
+    return lstat(path, &st) == 0;
+}
+
+/* A pid that is no live process: a reaped child's. */
+static pid_t dead_pid(void) {
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) _exit(0);
+    int status;
+    if (pid < 0 || waitpid(pid, &status, 0) != pid) return -1;
+    return pid;
+}
+
+/* A save removes the temp files of dead saves in its directory, and only
+ * those: "<name>.tmp.<pid>" with no live process of that pid, for the file
+ * being saved or any *.safetensors. A live process's temp file (a save in
+ * progress), names that merely look alike, other files and links stay. */
+static void test_stale_tmp_cleanup(void) {
+    char why[1024], name[4300];
+    const char *ck = pth("last.safetensors");
+    pid_t dead = dead_pid(), live = getppid();
+    CU_ASSERT_FATAL(dead > 0 && kill(dead, 0) != 0 && errno == ESRCH);
+    CU_ASSERT_FATAL(kill(live, 0) == 0);
+
+    char stale_same[4300], stale_other[4300], stale_link[4300], live_tmp[4300];
+    snprintf(stale_same, sizeof stale_same, "%s.tmp.%ld", ck, (long)dead);
+    snprintf(stale_other, sizeof stale_other, "%s.tmp.%ld", pth("epoch-3.safetensors"), (long)dead);
+    snprintf(live_tmp, sizeof live_tmp, "%s.tmp.%ld", ck, (long)live);
+    snprintf(stale_link, sizeof stale_link, "%s.tmp.%ld", pth("link.safetensors"), (long)dead);
+    const char *keep[] = {
+        live_tmp,
+        pth("notes.txt"),
+        pth("last.safetensors.tmp.12x"),
+        pth("last.safetensors.tmp.0"),
+        pth("last.safetensors.tmp."),
+        pth("last.safetensors.tmp.99999999999999999999"),
+        pth("data.bin.tmp.1"), /* not a checkpoint name: never ours */
+    };
+    char dead_bin[4300];
+    snprintf(dead_bin, sizeof dead_bin, "%s.tmp.%ld", pth("data.bin"), (long)dead);
+    const size_t nkeep = sizeof keep / sizeof keep[0];
+    CU_ASSERT_EQUAL_FATAL(write_bytes(stale_same, "partial", 7), 0);
+    CU_ASSERT_EQUAL_FATAL(write_bytes(stale_other, "partial", 7), 0);
+    CU_ASSERT_EQUAL_FATAL(write_bytes(dead_bin, "x", 1), 0);
+    for (size_t i = 0; i < nkeep; i++) CU_ASSERT_EQUAL_FATAL(write_bytes(keep[i], "x", 1), 0);
+    /* a dead pid's name that is a symbolic link: not removed (not a file we wrote) */
+    CU_ASSERT_EQUAL_FATAL(symlink("notes.txt", stale_link), 0);
+
+    unsigned char *b;
+    kst_writer *w = writer_of(32, 0x77, &b);
+    CU_ASSERT_EQUAL_FATAL(kst_write_atomic(w, ck, why, sizeof why), KILN_OK);
+    kst_writer_free(w);
+    free(b);
+    expect_content(ck, 32, 0x77);
+
+    CU_ASSERT_FALSE(exists(stale_same));
+    CU_ASSERT_FALSE(exists(stale_other));
+    CU_ASSERT_TRUE(exists(dead_bin));
+    CU_ASSERT_TRUE(exists(stale_link));
+    for (size_t i = 0; i < nkeep; i++) {
+        if (!exists(keep[i])) fprintf(stderr, "\n  removed %s\n", keep[i]);
+        CU_ASSERT_TRUE(exists(keep[i]));
+    }
+    CU_ASSERT_TRUE(exists(pth("notes.txt")));
+    for (size_t i = 0; i < nkeep; i++) unlink(keep[i]);
+    unlink(dead_bin);
+    unlink(stale_link);
+    snprintf(name, sizeof name, "%s", ck);
+    unlink(name);
+    CU_ASSERT_EQUAL(count_tmp(), 0);
+}
+
 /* A valid file to cut short. */
 static unsigned char *valid_file(size_t *n, uint64_t *hlen) {
     char why[1024];
@@ -929,6 +1003,7 @@ static void register_tests(void) {
     CU_add_test(s, "failed writes leave the target untouched", test_atomic_failures);
     CU_add_test(s, "a write failing or dying midway keeps the old file", test_atomic_midway);
     CU_add_test(s, "a FIFO is refused without hanging", test_fifo_refused);
+    CU_add_test(s, "a save removes dead saves' temp files, only those", test_stale_tmp_cleanup);
     CU_add_test(s, "truncated files refused", test_truncated);
     CU_add_test(s, "bad header length refused", test_bad_length);
     CU_add_test(s, "invalid header JSON refused", test_invalid_json);
