@@ -12,6 +12,7 @@
 #include <libgen.h>
 #include <limits.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,6 +88,202 @@ static int report_parse_error(hc_config *c, char *why, size_t whylen) {
     return KILN_E_CONFIG;
 }
 
+/* ---------------------------------------------------------------------------
+ * Integer literals past int32
+ *
+ * libconfig 1.5 reads an integer literal without an L suffix into a 32-bit int
+ * and wraps it silently (max_steps = 5000000000 becomes 705032704, a layer of
+ * 4294967299 units becomes 3), and clamps one with L past int64. The parse
+ * leaves no trace of that, so the source text is scanned for such literals:
+ * strings and comments are skipped, setting names are consumed whole (a digit
+ * in `layer2` is no literal), floats are skipped, @include files are scanned
+ * too. */
+
+static int is_scalar(int t);
+
+typedef struct {
+    char file[PATH_MAX];
+    unsigned line;
+    char lit[64];
+    int is64;         /* the literal had an L suffix */
+    long long parsed; /* what libconfig made of it, to find its setting */
+} bad_int;
+
+static int is_name_start(int ch) { return (ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') || ch == '*'; }
+static int is_name_char(int ch) { return is_name_start(ch) || (ch >= '0' && ch <= '9') || ch == '-' || ch == '_'; }
+static int is_digit(int ch) { return ch >= '0' && ch <= '9'; }
+static int is_xdigit(int ch) { return is_digit(ch) || (ch >= 'a' && ch <= 'f') || (ch >= 'A' && ch <= 'F'); }
+
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 4096, n = 0;
+    char *b = malloc(cap);
+    size_t r;
+    while (b && (r = fread(b + n, 1, cap - n - 1, f)) > 0) {
+        n += r;
+        if (cap - n < 2) { char *nb = realloc(b, cap *= 2); if (!nb) { free(b); b = NULL; } else b = nb; }
+    }
+    fclose(f);
+    if (b) b[n] = 0;
+    return b;
+}
+
+/* Check one literal [s, e) (sign included); 1 when it does not fit. */
+static int int_literal_bad(const char *s, const char *e, int hex, int is64, const char *file, unsigned line, bad_int *bad) {
+    int neg = *s == '-';
+    const char *d = (*s == '-' || *s == '+') ? s + 1 : s;
+    if (hex) d += 2;
+    /* magnitude, saturating: anything past 2^64 is past every limit anyway */
+    unsigned long long m = 0;
+    int over = 0;
+    for (const char *p = d; p < e; p++) {
+        unsigned v = is_digit(*p) ? (unsigned)(*p - '0') : (unsigned)((*p | 0x20) - 'a' + 10);
+        unsigned base = hex ? 16u : 10u;
+        if (m > (ULLONG_MAX - v) / base) over = 1;
+        else m = m * base + v;
+    }
+    /* hex is read as a bit pattern: 0xFFFFFFFF would come out as -1 */
+    unsigned long long lim = is64 ? (unsigned long long)INT64_MAX : (unsigned long long)INT32_MAX;
+    if (!over && m <= lim + (neg && !hex ? 1u : 0u)) return 0;
+    snprintf(bad->file, sizeof bad->file, "%s", file ? file : "");
+    bad->line = line;
+    size_t l = (size_t)(e - s) < sizeof bad->lit - 1 ? (size_t)(e - s) : sizeof bad->lit - 1;
+    memcpy(bad->lit, s, l);
+    bad->lit[l] = 0;
+    bad->is64 = is64;
+    uint32_t u = (uint32_t)m;
+    if (neg) u = 0u - u;
+    bad->parsed = is64 ? (neg ? INT64_MIN : INT64_MAX) : (long long)(int32_t)u;
+    return 1;
+}
+
+/* Scan `text` (from `file`, NULL for a string); 1 and *bad filled at the first
+ * literal that does not fit its type. */
+static int scan_ints(const char *text, const char *file, const char *incdir, int depth, bad_int *bad) {
+    unsigned line = 1;
+    const char *p = text;
+    while (*p) {
+        int ch = (unsigned char)*p;
+        if (ch == '\n') { line++; p++; }
+        else if (ch == '#' || (ch == '/' && p[1] == '/')) { while (*p && *p != '\n') p++; }
+        else if (ch == '/' && p[1] == '*') {
+            p += 2;
+            while (*p && !(p[0] == '*' && p[1] == '/')) line += *p++ == '\n';
+            if (*p) p += 2;
+        } else if (ch == '"') {
+            for (p++; *p && *p != '"'; p++) {
+                if (*p == '\\' && p[1]) p++;
+                line += *p == '\n';
+            }
+            if (*p) p++;
+        } else if (ch == '@' && !strncmp(p, "@include", 8)) {
+            p += 8;
+            while (*p == ' ' || *p == '\t') p++;
+            if (*p != '"') continue;
+            const char *nb = ++p;
+            while (*p && *p != '"' && *p != '\n') p++;
+            if (*p != '"' || depth >= 10) continue;
+            char inc[PATH_MAX];
+            int nl = (int)(p - nb);
+            p++;
+            if (*nb == '/' || !incdir) snprintf(inc, sizeof inc, "%.*s", nl, nb);
+            else snprintf(inc, sizeof inc, "%s/%.*s", incdir, nl, nb);
+            char *sub = slurp(inc);
+            /* unreadable: libconfig parsed it already, or reported it */
+            int r = sub ? scan_ints(sub, inc, incdir, depth + 1, bad) : 0;
+            free(sub);
+            if (r) return 1;
+        } else if (is_name_start(ch)) {
+            while (is_name_char((unsigned char)*p)) p++;
+        } else if (is_digit(ch) || ((ch == '-' || ch == '+') && (is_digit(p[1]) || p[1] == '.')) || (ch == '.' && is_digit(p[1]))) {
+            const char *s = p;
+            if (ch == '-' || ch == '+') p++;
+            if (p[0] == '0' && (p[1] == 'x' || p[1] == 'X') && is_xdigit(p[2])) {
+                p += 2;
+                while (is_xdigit(*p)) p++;
+                const char *e = p;
+                int l64 = *p == 'L';
+                while (*p == 'L') p++;
+                if (int_literal_bad(s, e, 1, l64, file, line, bad)) return 1;
+                continue;
+            }
+            while (is_digit(*p)) p++;
+            if (*p == '.' || *p == 'e' || *p == 'E') { /* a float: 1.5, 5., .5, 1e10, 2e-4 */
+                if (*p == '.') { p++; while (is_digit(*p)) p++; }
+                if (*p == 'e' || *p == 'E') {
+                    p++;
+                    if (*p == '-' || *p == '+') p++;
+                    while (is_digit(*p)) p++;
+                }
+                continue;
+            }
+            const char *e = p;
+            int l64 = *p == 'L';
+            while (*p == 'L') p++;
+            if (int_literal_bad(s, e, 0, l64, file, line, bad)) return 1;
+        } else p++;
+    }
+    return 0;
+}
+
+/* "a.b.[2].c" for a setting */
+static void setting_path(const config_setting_t *s, char *buf, size_t n) {
+    const config_setting_t *par = config_setting_parent(s);
+    if (!par) { buf[0] = 0; return; }
+    setting_path(par, buf, n);
+    size_t l = strlen(buf);
+    const char *nm = config_setting_name(s);
+    if (nm) snprintf(buf + l, n - l, "%s%s", l ? "." : "", nm);
+    else snprintf(buf + l, n - l, "%s[%d]", l ? "." : "", config_setting_index(s));
+}
+
+static int same_file(const char *a, const char *b) {
+    if (!a || !b) return !a && !b;
+    if (!strcmp(a, b)) return 1;
+    char ra[PATH_MAX], rb[PATH_MAX];
+    return realpath(a, ra) && realpath(b, rb) && !strcmp(ra, rb);
+}
+
+/* The int setting the bad literal became: same file and line, same value. */
+static const config_setting_t *find_bad(const config_setting_t *s, const bad_int *b, const char *file, int anyfile) {
+    int t = config_setting_type(s);
+    if ((t == CONFIG_TYPE_INT || t == CONFIG_TYPE_INT64) && config_setting_source_line(s) == b->line &&
+        config_setting_get_int64(s) == b->parsed && (anyfile || same_file(config_setting_source_file(s), file)))
+        return s;
+    if (is_scalar(t)) return NULL;
+    for (int i = 0; i < config_setting_length(s); i++) {
+        const config_setting_t *r = find_bad(config_setting_get_elem(s, (unsigned)i), b, file, anyfile);
+        if (r) return r;
+    }
+    return NULL;
+}
+
+static void explain_bad(const bad_int *b, char *what, size_t n) {
+    if (b->is64)
+        snprintf(what, n, "expected an integer in -9223372036854775808..9223372036854775807, found %s", b->lit);
+    else
+        snprintf(what, n, "expected an integer in -2147483648..2147483647 (write %sL for a 64-bit int), found %s",
+                 b->lit, b->lit);
+}
+
+/* After a successful parse of `text`: refuse a literal libconfig wrapped. */
+static int check_ints(hc_config *c, const char *text, const char *file, const char *label, const char *incdir,
+                      char *why, size_t whylen) {
+    bad_int b;
+    if (!scan_ints(text, file, incdir, 0, &b)) return KILN_OK;
+    const char *shown = b.file[0] ? b.file : label;
+    const config_setting_t *s = find_bad(config_root_setting(&c->cfg), &b, b.file[0] ? b.file : NULL, 0);
+    /* libconfig 1.5 does not always record an included file's name: then
+     * line and wrapped value alone */
+    if (!s) s = find_bad(config_root_setting(&c->cfg), &b, NULL, 1);
+    char key[512] = "a value", what[256];
+    if (s) setting_path(s, key, sizeof key);
+    explain_bad(&b, what, sizeof what);
+    hwhyf(why, whylen, "%s:%u: %s: %s", shown, b.line, key, what);
+    return KILN_E_CONFIG;
+}
+
 int hc_load(hc_config *c, const char *path, char *why, size_t whylen) {
     memset(c, 0, sizeof *c);
     config_init(&c->cfg);
@@ -99,7 +296,15 @@ int hc_load(hc_config *c, const char *path, char *why, size_t whylen) {
     config_set_include_dir(&c->cfg, dirname(tmp));
     errno = 0;
     if (config_read_file(&c->cfg, path) != CONFIG_TRUE) return report_parse_error(c, why, whylen);
-    return KILN_OK;
+    char *text = slurp(path);
+    if (!text) {
+        hwhyf(why, whylen, "%s: cannot read run file: %s", path, strerror(errno));
+        return KILN_E_CONFIG;
+    }
+    snprintf(tmp, sizeof tmp, "%s", path);
+    int rc = check_ints(c, text, path, path, dirname(tmp), why, whylen);
+    free(text);
+    return rc;
 }
 
 int hc_load_string(hc_config *c, const char *text, const char *label, char *why, size_t whylen) {
@@ -111,7 +316,7 @@ int hc_load_string(hc_config *c, const char *text, const char *label, char *why,
         hwhyf(why, whylen, "%s:%d: %s", label, config_error_line(&c->cfg), config_error_text(&c->cfg));
         return KILN_E_CONFIG;
     }
-    return KILN_OK;
+    return check_ints(c, text, NULL, label, NULL, why, whylen);
 }
 
 void hc_free(hc_config *c) {
@@ -175,6 +380,43 @@ static config_setting_t *copy_setting(config_setting_t *parent, const char *name
     return d;
 }
 
+/* Replace element `idx` of an array or list by a copy of `nv`. libconfig 1.5
+ * can only append, so the elements from idx on are set aside and appended
+ * again. An int array taking a 64-bit value becomes an int64 array: libconfig
+ * refuses a mixed array when the effective file is read back. */
+static int replace_elem(config_setting_t *list, int idx, const config_setting_t *nv) {
+    config_t keep;
+    config_init(&keep);
+    config_setting_t *saved = config_setting_add(config_root_setting(&keep), "t", CONFIG_TYPE_LIST);
+    int n = config_setting_length(list), ok = saved != NULL;
+    int widen = config_setting_type(list) == CONFIG_TYPE_ARRAY && config_setting_type(nv) == CONFIG_TYPE_INT64;
+    int from = widen ? 0 : idx;
+    for (int i = from; ok && i < n; i++)
+        ok = copy_setting(saved, NULL, config_setting_get_elem(list, (unsigned)i)) != NULL;
+    for (int i = n - 1; ok && i >= from; i--) ok = config_setting_remove_elem(list, (unsigned)i) == CONFIG_TRUE;
+    for (int i = from; ok && i < n; i++) {
+        const config_setting_t *e = i == idx ? nv : config_setting_get_elem(saved, (unsigned)(i - from));
+        if (widen) {
+            config_setting_t *d = config_setting_add(list, NULL, CONFIG_TYPE_INT64);
+            ok = d && config_setting_set_int64(d, config_setting_get_int64(e)) == CONFIG_TRUE;
+        } else ok = copy_setting(list, NULL, e) != NULL;
+    }
+    config_destroy(&keep);
+    return ok;
+}
+
+/* Put a copy of `nv` where `old` is: a group member by name, an element of an
+ * array or list by index (it has no name). */
+static int replace_setting(config_setting_t *old, const config_setting_t *nv) {
+    config_setting_t *p = config_setting_parent(old);
+    const char *nm = config_setting_name(old);
+    if (!nm) return replace_elem(p, config_setting_index(old), nv);
+    char nmc[256];
+    snprintf(nmc, sizeof nmc, "%s", nm);
+    if (config_setting_remove(p, nmc) != CONFIG_TRUE) return 0;
+    return copy_setting(p, nmc, nv) != NULL;
+}
+
 int hc_override(hc_config *c, const char *assignment, char *why, size_t whylen) {
     const char *eq = strchr(assignment, '=');
     if (!eq || eq == assignment) {
@@ -205,6 +447,14 @@ int hc_override(hc_config *c, const char *assignment, char *why, size_t whylen) 
     }
     config_setting_t *nv = config_lookup(&tmp, "v");
     int rc = KILN_OK;
+    bad_int b;
+    if (parsed && scan_ints(val, NULL, NULL, 0, &b)) {
+        char what[256];
+        explain_bad(&b, what, sizeof what);
+        hwhyf(why, whylen, "--set %s=%s: %s: %s", key, val, key, what);
+        config_destroy(&tmp);
+        return KILN_E_CONFIG;
+    }
 
     config_setting_t *old = config_lookup(&c->cfg, key);
     if (old) {
@@ -213,21 +463,22 @@ int hc_override(hc_config *c, const char *assignment, char *why, size_t whylen) 
         char where[PATH_MAX + 32];
         hc_where(c, old, where, sizeof where);
         if (ot == nt || (o_num && n_num)) {
-            if (is_scalar(ot)) {
-                if (ot == CONFIG_TYPE_INT && nt == CONFIG_TYPE_INT64) {
-                    /* keep the file's width unless the value needs 64 bits */
-                    long long x = config_setting_get_int64(nv);
-                    if (x >= INT32_MIN && x <= INT32_MAX) config_setting_set_int(old, (int)x);
-                    else { config_setting_t *p = config_setting_parent(old); const char *nm = config_setting_name(old);
-                        char nmc[128]; snprintf(nmc, sizeof nmc, "%s", nm); config_setting_remove(p, nmc);
-                        copy_setting(p, nmc, nv); }
-                } else set_scalar(old, nv);
+            int ok;
+            if (ot == CONFIG_TYPE_INT && nt == CONFIG_TYPE_INT64) {
+                /* keep the file's width unless the value needs 64 bits */
+                long long x = config_setting_get_int64(nv);
+                if (x >= INT32_MIN && x <= INT32_MAX) ok = config_setting_set_int(old, (int)x) == CONFIG_TRUE;
+                else ok = replace_setting(old, nv);
+            } else if (ot == CONFIG_TYPE_INT64 && n_num) {
+                ok = config_setting_set_int64(old, config_setting_get_int64(nv)) == CONFIG_TRUE;
+            } else if (is_scalar(ot)) {
+                ok = set_scalar(old, nv) == CONFIG_TRUE;
             } else {
-                config_setting_t *p = config_setting_parent(old);
-                char nm[128];
-                snprintf(nm, sizeof nm, "%s", config_setting_name(old) ? config_setting_name(old) : "");
-                if (!*nm) { hwhyf(why, whylen, "--set %s: cannot replace a list element that is not a scalar", key); rc = KILN_E_CONFIG; }
-                else { config_setting_remove(p, nm); copy_setting(p, nm, nv); }
+                ok = replace_setting(old, nv);
+            }
+            if (!ok) {
+                hwhyf(why, whylen, "--set %s=%s: cannot replace the %s (as at %s)", key, val, cfg_type_name(ot), where);
+                rc = KILN_E_CONFIG;
             }
         } else if (ot == CONFIG_TYPE_FLOAT && n_num) {
             config_setting_set_float(old, (double)config_setting_get_int64(nv));
@@ -258,9 +509,28 @@ int hc_override(hc_config *c, const char *assignment, char *why, size_t whylen) 
         while (tok && rc == KILN_OK) {
             char *next = strtok_r(NULL, ".", &save);
             if (tok[0] == '[') {
-                hwhyf(why, whylen, "--set %s: list element does not exist", key);
-                rc = KILN_E_CONFIG;
-                break;
+                /* an element the lookup did not find: out of range, or a
+                 * group element that gets a new key */
+                int pt = config_setting_type(parent), n = config_setting_length(parent);
+                char *end = NULL;
+                long i = strtol(tok + 1, &end, 10);
+                if (pt != CONFIG_TYPE_ARRAY && pt != CONFIG_TYPE_LIST) {
+                    hwhyf(why, whylen, "--set %s: %s is not a list", key, tok);
+                    rc = KILN_E_CONFIG;
+                } else if (!end || end == tok + 1 || strcmp(end, "]") || i < 0 || i >= n) {
+                    char where[PATH_MAX + 32], pp[512];
+                    hc_where(c, parent, where, sizeof where);
+                    setting_path(parent, pp, sizeof pp);
+                    hwhyf(why, whylen, "--set %s: expected an index in [0..%d] (%s has %d element%s, at %s), found %s",
+                          key, n - 1, pp, n, n == 1 ? "" : "s", where, tok);
+                    rc = KILN_E_CONFIG;
+                } else if (!next || config_setting_type(config_setting_get_elem(parent, (unsigned)i)) != CONFIG_TYPE_GROUP) {
+                    hwhyf(why, whylen, "--set %s: element %s is a %s, not a group", key, tok,
+                          cfg_type_name(config_setting_type(config_setting_get_elem(parent, (unsigned)i))));
+                    rc = KILN_E_CONFIG;
+                } else parent = config_setting_get_elem(parent, (unsigned)i);
+                tok = next;
+                continue;
             }
             config_setting_t *m = config_setting_get_member(parent, tok);
             if (!next) {
@@ -282,7 +552,8 @@ int hc_override(hc_config *c, const char *assignment, char *why, size_t whylen) 
                     rc = KILN_E_CONFIG;
                 }
             } else if (m) {
-                if (config_setting_type(m) != CONFIG_TYPE_GROUP) {
+                int mt = config_setting_type(m);
+                if (mt != CONFIG_TYPE_GROUP && !((mt == CONFIG_TYPE_ARRAY || mt == CONFIG_TYPE_LIST) && next[0] == '[')) {
                     hwhyf(why, whylen, "--set %s: '%s' is a %s, not a group", key, tok, cfg_type_name(config_setting_type(m)));
                     rc = KILN_E_CONFIG;
                 }

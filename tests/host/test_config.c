@@ -5,7 +5,8 @@
  * wrong type), unknown keys with did-you-mean at the top level, in the
  * trainer and in a plugin section checked against the keys the plugin
  * declares, defaults filled in, required keys, and the effective config
- * printed by `kiln config show`.
+ * printed by `kiln config show`; integer literals past int32 refused (the L
+ * suffix for 64-bit), --set of a list element replacing it.
  */
 #define _GNU_SOURCE
 #include <CUnit/CUnit.h>
@@ -188,6 +189,149 @@ static void test_plugin_section(void) {
     free(d);
 }
 
+/* libconfig 1.5 wraps an int literal past int32 silently; kiln refuses it
+ * with the file:line and key, and takes the L suffix end to end. */
+static void test_int_range(void) {
+    hc_config c;
+    char why[1024];
+    const char *p = write_cfg("big.cfg", "# 9999999999 in a comment\ntrainer = {\n  name = \"x 8888888888\";\n"
+                                         "  max_steps = 5000000000;\n};\n");
+    CU_ASSERT_EQUAL(hc_load(&c, p, why, sizeof why), KILN_E_CONFIG);
+    char expect[4400];
+    snprintf(expect, sizeof expect,
+             "%s:4: trainer.max_steps: expected an integer in -2147483648..2147483647 (write 5000000000L for a "
+             "64-bit int), found 5000000000", p);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, expect));
+    hc_free(&c);
+    /* an included file is scanned too, and an array element is named */
+    write_cfg("inc.cfg", "module = {\n  name = \"tmlp\";\n  layers = [784, 4294967299, 10];\n};\n");
+    p = write_cfg("inc_run.cfg", "@include \"inc.cfg\"\n");
+    CU_ASSERT_EQUAL(hc_load(&c, p, why, sizeof why), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "inc.cfg:3: module.layers.[1]: expected an integer"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "found 4294967299"));
+    hc_free(&c);
+    /* hex is a bit pattern libconfig would make negative; negatives; L past int64 */
+    CU_ASSERT_EQUAL(hc_load_string(&c, "a = 1;\nb = 0xFFFFFFFF;\n", "run.cfg", why, sizeof why), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "run.cfg:2: b: expected an integer"));
+    hc_free(&c);
+    CU_ASSERT_EQUAL(hc_load_string(&c, "a = -2147483649;\n", "run.cfg", why, sizeof why), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "run.cfg:1: a: expected an integer in -2147483648..2147483647"));
+    hc_free(&c);
+    CU_ASSERT_EQUAL(hc_load_string(&c, "a = 99999999999999999999L;\n", "run.cfg", why, sizeof why), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "run.cfg:1: a: expected an integer in -9223372036854775808..9223372036854775807"));
+    hc_free(&c);
+    /* what fits is fine: limits, floats, hex, names with digits, L values */
+    CU_ASSERT_EQUAL_FATAL(hc_load_string(&c,
+                                         "a = -2147483648; b = 2147483647; c = 1e10; d = 2.5e-4; e = .5; f = 5.;\n"
+                                         "g = 0x7FFFFFFF; h2h = 5000000000L; i = [1L, 4294967299L]; j = 0x100000000L;\n"
+                                         "k = \"\\\"4294967299\"; /* 4294967299 */ l = 1; // 4294967299\n",
+                                         "run.cfg", why, sizeof why), KILN_OK);
+    long long v = 0;
+    CU_ASSERT(config_lookup_int64(&c.cfg, "h2h", &v) && v == 5000000000LL);
+    CU_ASSERT(config_lookup_int64(&c.cfg, "j", &v) && v == 4294967296LL);
+    CU_ASSERT_EQUAL(config_setting_get_int64_elem(config_lookup(&c.cfg, "i"), 1), 4294967299LL);
+    /* --set: the same rule, and a 64-bit value replaces an int key */
+    CU_ASSERT_EQUAL(hc_override(&c, "a=5000000000", why, sizeof why), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "--set a=5000000000: a: expected an integer in -2147483648..2147483647 "
+                                       "(write 5000000000L for a 64-bit int), found 5000000000"));
+    CU_ASSERT_EQUAL(hc_override(&c, "m.n=[1, 4294967299]", why, sizeof why), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "found 4294967299"));
+    CU_ASSERT_EQUAL(hc_override(&c, "a=5000000000L", why, sizeof why), KILN_OK);
+    CU_ASSERT(config_lookup_int64(&c.cfg, "a", &v) && v == 5000000000LL);
+    CU_ASSERT_EQUAL(hc_override(&c, "h2h=7", why, sizeof why), KILN_OK);
+    CU_ASSERT(config_lookup_int64(&c.cfg, "h2h", &v) && v == 7);
+    hc_free(&c);
+}
+
+/* A 64-bit value written with L reaches a plugin's int list as int64. */
+static void test_int64_to_plugin(void) {
+    char *d = tu_mkdtemp();
+    CU_ASSERT_EQUAL_FATAL(tu_copy_fixture("testgood", d), 0);
+    hl_loader L;
+    hl_loader_init(&L);
+    hl_add_dir(&L, d, HL_ORIGIN_CONFIG);
+    hl_scan(&L);
+    char why[1024];
+    const hl_plugin *mod = hl_find(&L, KILN_KIND_MODULE, "tmlp", why, sizeof why);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(mod);
+    hc_config c;
+    hc_kvset kv;
+    CU_ASSERT_EQUAL_FATAL(hc_load_string(&c, "module = { name = \"tmlp\"; layers = [784, 1024, 10]; };\n", "run.cfg",
+                                         why, sizeof why), KILN_OK);
+    /* an int array element taking a 64-bit value: the array widens to int64 */
+    CU_ASSERT_EQUAL(hc_override(&c, "module.layers.[1]=4294967299L", why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(hc_resolve(&c, config_lookup(&c.cfg, "module"), mod->view.params, "module 'tmlp'", &kv, why,
+                                     sizeof why), KILN_OK);
+    const kiln_value *layers = kiln_kv_find(kv.kv, "layers");
+    CU_ASSERT_EQUAL_FATAL(layers->count, 3);
+    CU_ASSERT_EQUAL(layers->v.il[0], 784);
+    CU_ASSERT_EQUAL(layers->v.il[1], 4294967299LL);
+    CU_ASSERT_EQUAL(layers->v.il[2], 10);
+    hc_kvset_free(&kv);
+    /* the effective file reads back (libconfig refuses a mixed array) */
+    char out[4200];
+    snprintf(out, sizeof out, "%s/eff64.cfg", g_dir);
+    CU_ASSERT_EQUAL_FATAL(hc_write(&c, out, why, sizeof why), KILN_OK);
+    hc_free(&c);
+    CU_ASSERT_EQUAL(hc_load(&c, out, why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(config_setting_get_int64_elem(config_lookup(&c.cfg, "module.layers"), 1), 4294967299LL);
+    hc_free(&c);
+    hl_loader_free(&L);
+    tu_rmrf(d);
+    free(d);
+}
+
+/* --set LIST.[i]=VALUE replaces element i whatever its type; an index out of
+ * range is refused. */
+static void test_override_list_element(void) {
+    hc_config c;
+    char why[1024];
+    CU_ASSERT_EQUAL_FATAL(hc_load_string(&c,
+                                         "a = [1, 2, 3];\nf = [0.5, 1.5];\ns = [\"x\", \"y\"];\n"
+                                         "l = (1, \"two\", [3], { k = 4; });\nw = [1L, 2L];\n",
+                                         "run.cfg", why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(hc_override(&c, "a.[1]=20", why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(hc_override(&c, "a.[2]=5000000000L", why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(hc_override(&c, "f.[0]=2.5", why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(hc_override(&c, "f.[1]=3", why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(hc_override(&c, "s.[0]=\"z\"", why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(hc_override(&c, "l.[0]=6000000000L", why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(hc_override(&c, "l.[2]=[7, 8]", why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(hc_override(&c, "l.[3]={ k = 9; }", why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(hc_override(&c, "l.[3].m=10", why, sizeof why), KILN_OK); /* new key in a group element */
+    CU_ASSERT_EQUAL(hc_override(&c, "w.[0]=3", why, sizeof why), KILN_OK);
+    config_setting_t *a = config_lookup(&c.cfg, "a"), *f = config_lookup(&c.cfg, "f"), *s = config_lookup(&c.cfg, "s"),
+                     *l = config_lookup(&c.cfg, "l"), *w = config_lookup(&c.cfg, "w");
+    CU_ASSERT_EQUAL_FATAL(config_setting_length(a), 3);
+    CU_ASSERT_EQUAL(config_setting_get_int64_elem(a, 0), 1);
+    CU_ASSERT_EQUAL(config_setting_get_int64_elem(a, 1), 20);
+    CU_ASSERT_EQUAL(config_setting_get_int64_elem(a, 2), 5000000000LL);
+    CU_ASSERT_EQUAL_FATAL(config_setting_length(f), 2);
+    CU_ASSERT_DOUBLE_EQUAL(config_setting_get_float_elem(f, 0), 2.5, 0);
+    CU_ASSERT_DOUBLE_EQUAL(config_setting_get_float_elem(f, 1), 3.0, 0);
+    CU_ASSERT_EQUAL_FATAL(config_setting_length(s), 2);
+    CU_ASSERT_STRING_EQUAL(config_setting_get_string_elem(s, 0), "z");
+    CU_ASSERT_EQUAL_FATAL(config_setting_length(l), 4);
+    CU_ASSERT_EQUAL(config_setting_get_int64_elem(l, 0), 6000000000LL);
+    CU_ASSERT_STRING_EQUAL(config_setting_get_string_elem(l, 1), "two");
+    CU_ASSERT_EQUAL(config_setting_length(config_setting_get_elem(l, 2)), 2);
+    int k = 0;
+    CU_ASSERT(config_setting_lookup_int(config_setting_get_elem(l, 3), "k", &k) && k == 9);
+    CU_ASSERT(config_setting_lookup_int(config_setting_get_elem(l, 3), "m", &k) && k == 10);
+    CU_ASSERT_EQUAL_FATAL(config_setting_length(w), 2);
+    CU_ASSERT_EQUAL(config_setting_get_int64_elem(w, 0), 3);
+    /* out of range, and a type mismatch, change nothing */
+    CU_ASSERT_EQUAL(hc_override(&c, "a.[3]=1", why, sizeof why), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "--set a.[3]: expected an index in [0..2] (a has 3 elements, at run.cfg:1), "
+                                       "found [3]"));
+    CU_ASSERT_EQUAL(hc_override(&c, "l.[9].k=1", why, sizeof why), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "expected an index in [0..3]"));
+    CU_ASSERT_EQUAL(hc_override(&c, "a.[0]=\"x\"", why, sizeof why), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "expected a int"));
+    CU_ASSERT_EQUAL(config_setting_length(a), 3);
+    hc_free(&c);
+}
+
 static void test_cli_config(void) {
     char text[8192];
     snprintf(text, sizeof text,
@@ -220,6 +364,12 @@ static void test_cli_config(void) {
     snprintf(cmd, sizeof cmd, "%s -q config check %s --set precision=fp8", tu_kiln(), p);
     CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 1);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "no precision plugin answers to 'fp8'"));
+    snprintf(cmd, sizeof cmd, "%s -q config check %s --set trainer.max_steps=5000000000", tu_kiln(), p);
+    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "--set trainer.max_steps=5000000000: trainer.max_steps: expected an integer"));
+    snprintf(cmd, sizeof cmd, "%s -q config show %s --set trainer.max_steps=5000000000L", tu_kiln(), p);
+    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "max_steps = 5000000000L"));
 }
 
 static int setup(void) { g_dir = tu_mkdtemp(); return g_dir ? 0 : 1; }
@@ -233,6 +383,9 @@ static void register_tests(void) {
     CU_add_test(s, "overrides typed", test_overrides_typed);
     CU_add_test(s, "unknown keys top/trainer", test_unknown_top_and_trainer);
     CU_add_test(s, "plugin section keys", test_plugin_section);
+    CU_add_test(s, "int literals past int32", test_int_range);
+    CU_add_test(s, "int64 reaches a plugin", test_int64_to_plugin);
+    CU_add_test(s, "--set list element", test_override_list_element);
     CU_add_test(s, "kiln config show/check", test_cli_config);
 }
 
