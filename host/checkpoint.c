@@ -66,7 +66,7 @@ static void loops_text(const ht_trainer *t, char *buf, size_t n) {
              (long long)t->total_batch_idx, (long long)t->sched_steps, t->lr_factor);
 }
 
-/* Every progress counter (reference §4), for mid-epoch resume:
+/* Every progress counter (docs/semantics.md), for mid-epoch resume:
  * "kiln-progress-1" then epoch, batch, optimizer-step and zero-grad
  * progress, each total then current as ready started processed completed,
  * then batches_that_stepped, total_batch_idx, skipped_steps, samples_seen.
@@ -580,7 +580,7 @@ int ht_ckpt_resume(ht_trainer *t, const char *path, char *why, size_t whylen) {
     kst_close(f);
     if (rc) return rc;
     /* A checkpoint written at an epoch's end: the next epoch starts fresh
-     * (reference §4: processed == completed, nothing to repair). */
+     * (processed == completed: nothing to repair). */
     if (have_progress) {
         progress_apply(t, pv);
         /* Every counter as saved. Inside an epoch (its start hooks ran,

@@ -4,7 +4,7 @@
  * with automatic optimisation from closure.c) and the evaluation loop
  * (sanity check, validation inside fit, `kiln validate`, `kiln test`).
  * Hook order, progress counters, accumulation, validation placement and the
- * stopping rules follow ../docs/semantics.md (reference §1, §3, §4); the
+ * stopping rules follow docs/semantics.md (Lightning 2.x's loops); the
  * comments name the Lightning code each piece mirrors.
  */
 #define _GNU_SOURCE

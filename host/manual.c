@@ -64,7 +64,7 @@ uint32_t ht_svc_optimizer_count(kiln_host_ctx *h) {
     return t ? (uint32_t)t->nopts : 0;
 }
 
-/* S.backward(loss, None): the chain of reference §1(c), as in automatic mode */
+/* S.backward(loss, None): the chain of docs/manual-optimization.md, as in automatic mode */
 int32_t ht_svc_manual_backward(kiln_host_ctx *h, double loss) {
     ht_trainer *t = manual_trainer(h, "manual_backward");
     if (!t) return KILN_E_STATE;

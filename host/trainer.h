@@ -113,7 +113,7 @@ typedef struct ht_trainer {
     int stage;
     char run_dir[4096];
 
-    /* progress (reference §4) */
+    /* progress (docs/semantics.md) */
     ht_progress epoch_progress;   /* processed tracker                        */
     ht_progress batch_progress;   /* train batches                            */
     int is_last_batch;
@@ -192,7 +192,7 @@ extern volatile sig_atomic_t ht_signal;
 /* Destroy every instance (reverse creation order). */
 void ht_close(ht_trainer *t);
 
-/* Events: callbacks in list order, then the module (reference §1 ordering),
+/* Events: callbacks in list order, then the module (docs/semantics.md ordering),
  * with a TRACE copy of the module call for tracing callbacks. Returns the
  * module's ev->result (for on_train_batch_start) in *result if non-NULL. */
 int ht_hook(ht_trainer *t, uint32_t id, int64_t batch_idx, const kiln_batch *batch, const kiln_step_output *out,

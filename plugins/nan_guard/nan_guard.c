@@ -1,5 +1,5 @@
 /*
- * nan_guard.c — the terminate_on_nan of Lightning 1.5 (reference §8) as a
+ * nan_guard.c — the terminate_on_nan of Lightning 1.5 as a
  * callback plugin: it stops the run at the first non-finite value instead of
  * letting NaN spread silently through the weights. It checks the loss handed
  * to backward (ON_BEFORE_BACKWARD, the loss times the precision's scale),

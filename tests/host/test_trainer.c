@@ -1,6 +1,6 @@
 /*
  * tests/host/test_trainer.c — the trainer against Lightning's contract
- * (docs/semantics.md, reference §1, §3, §4), through the real `kiln fit`
+ * (docs/semantics.md), through the real `kiln fit`
  * with the toy fixtures and the hook_trace callback:
  *  (a) the whole hook sequence of 1 epoch with 2 train + 2 val batches and
  *      the default 2-batch sanity check, written out from reference 1(e),

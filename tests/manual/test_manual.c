@@ -1,7 +1,7 @@
 /*
  * tests/manual/test_manual.c — manual optimisation end to end, through the
  * kiln executable with the manualmod fixture (two parameter groups, two
- * optimizers): the exact hook sequence of one batch (reference §1(c)) and
+ * optimizers): the exact hook sequence of one batch (docs/manual-optimization.md) and
  * the hooks that never run in manual mode; toggle_optimizer leaving the
  * other group's gradients untouched (and the same fixture without the
  * toggle proving the check can fail); step-every-N with global_step
@@ -235,7 +235,7 @@ static void test_refusals(void) {
     CU_ASSERT_EQUAL(kiln("fit", body, NULL, out, sizeof out), 0);
 }
 
-/* LBFGS in automatic mode (reference §3): every closure call runs
+/* LBFGS in automatic mode (docs/semantics.md, the closure): every closure call runs
  * training_step, zero_grad, backward and on_before_optimizer_step; the
  * optimizer steps once per batch. */
 static void test_lbfgs_automatic(void) {

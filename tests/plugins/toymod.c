@@ -153,7 +153,7 @@ static int32_t tm_event(kiln_instance *i, kiln_event *ev) {
         ev->batch_idx == m->m1_batch)
         ev->result = -1;
     /* The closure's cached result: on_train_batch_end sees this step's loss
-     * divided by accumulate_grad_batches (reference §3). */
+     * divided by accumulate_grad_batches (docs/semantics.md). */
     if (ev->id == KILN_EV_ON_TRAIN_BATCH_END && ev->outputs && ev->outputs->has_loss) {
         double want = m->loss / (double)ev->trainer->accumulate_grad_batches;
         if (fabs(ev->outputs->loss - want) > 1e-12 * fabs(want))

@@ -380,7 +380,7 @@ static int read_probe(const char *path, const char *kind, probe_line *out, int m
 }
 
 /* on_before_backward gets loss * scale, on_after_backward the scaled
- * gradients, on_before_optimizer_step the unscaled ones (reference §2). */
+ * gradients, on_before_optimizer_step the unscaled ones (docs/precision.md). */
 static void test_hooks_see_scaled_values(void) {
     char out[16384], probe[4300], body[16384], cb[4400];
     snprintf(probe, sizeof probe, "%s/amp16.txt", g_dir);
