@@ -4,6 +4,7 @@
  * little-endian int32 — [0] the magic 20240520, [1] the version 1, [2] the
  * number of tokens — followed by that many little-endian uint16 tokens and
  * nothing else. Kept in one header so reader and writer cannot disagree.
+ * The little-endian accessors also serve the plugin's state blob.
  */
 #ifndef KILN_PLUGINS_TOK_FORMAT_H
 #define KILN_PLUGINS_TOK_FORMAT_H
@@ -24,6 +25,15 @@ static inline uint32_t tok_get_le32(const uint8_t *p) {
 
 static inline void tok_put_le32(uint8_t *p, uint32_t v) {
     for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static inline uint64_t tok_get_le64(const uint8_t *p) {
+    return (uint64_t)tok_get_le32(p) | (uint64_t)tok_get_le32(p + 4) << 32;
+}
+
+static inline void tok_put_le64(uint8_t *p, uint64_t v) {
+    tok_put_le32(p, (uint32_t)v);
+    tok_put_le32(p + 4, (uint32_t)(v >> 32));
 }
 
 #endif

@@ -30,6 +30,7 @@
 #include <kiln/kiln.h>
 
 #include "tok_data.h"
+#include "tok_format.h"
 #include "tok_sampler.h"
 
 /* State blob, version 1: 56 bytes, little-endian, see tokp_get_state. */
@@ -92,23 +93,6 @@ static int32_t tokp_status(int rc) {
     case TOK_EINVAL: return KILN_E_CONFIG;
     default: return KILN_E_INTERNAL;
     }
-}
-
-static void tokp_put_u32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void tokp_put_u64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t tokp_get_u32(const uint8_t *p) {
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
-    return v;
-}
-static uint64_t tokp_get_u64(const uint8_t *p) {
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
-    return v;
 }
 
 static void tokp_free_split(tokp_split *s) {
@@ -506,15 +490,15 @@ static int32_t tokp_get_state(kiln_instance *self, uint32_t *state_version, void
     }
     uint8_t *p = self->svc->alloc(self->hctx, TOKP_STATE_SIZE, 0);
     if (!p) return kiln_errorf(self->svc, self->hctx, KILN_E_NOMEM, "tokens: out of memory for the state blob");
-    tokp_put_u32(p, TOKP_STATE_MAGIC);
-    tokp_put_u32(p + 4, flags);
-    tokp_put_u64(p + 8, epoch);
-    tokp_put_u64(p + 16, next);
-    tokp_put_u64(p + 24, nb);
-    tokp_put_u64(p + 32, seed);
-    tokp_put_u64(p + 40, nwin);
-    tokp_put_u32(p + 48, batch);
-    tokp_put_u32(p + 52, world);
+    tok_put_le32(p, TOKP_STATE_MAGIC);
+    tok_put_le32(p + 4, flags);
+    tok_put_le64(p + 8, epoch);
+    tok_put_le64(p + 16, next);
+    tok_put_le64(p + 24, nb);
+    tok_put_le64(p + 32, seed);
+    tok_put_le64(p + 40, nwin);
+    tok_put_le32(p + 48, batch);
+    tok_put_le32(p + 52, world);
     *state_version = TOKP_STATE_VERSION;
     *data = p;
     *size = TOKP_STATE_SIZE;
@@ -530,10 +514,10 @@ static int32_t tokp_set_state(kiln_instance *self, uint32_t state_version, const
         return kiln_errorf(self->svc, self->hctx, KILN_E_STATE, "tokens: state version 1 is %u bytes, got %zu",
                            TOKP_STATE_SIZE, data ? size : (size_t)0);
     const uint8_t *p = data;
-    uint32_t magic = tokp_get_u32(p), flags = tokp_get_u32(p + 4);
-    uint64_t epoch = tokp_get_u64(p + 8), next = tokp_get_u64(p + 16), nb = tokp_get_u64(p + 24);
-    uint64_t seed = tokp_get_u64(p + 32), nwin = tokp_get_u64(p + 40);
-    uint32_t batch = tokp_get_u32(p + 48), world = tokp_get_u32(p + 52);
+    uint32_t magic = tok_get_le32(p), flags = tok_get_le32(p + 4);
+    uint64_t epoch = tok_get_le64(p + 8), next = tok_get_le64(p + 16), nb = tok_get_le64(p + 24);
+    uint64_t seed = tok_get_le64(p + 32), nwin = tok_get_le64(p + 40);
+    uint32_t batch = tok_get_le32(p + 48), world = tok_get_le32(p + 52);
     if (magic != TOKP_STATE_MAGIC || (flags & ~TOKP_STATE_HAS_TRAIN))
         return kiln_errorf(self->svc, self->hctx, KILN_E_STATE,
                            "tokens: expected a tokens state blob (magic 0x%08X, flags <= 1), found magic 0x%08X, "
