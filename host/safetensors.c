@@ -10,6 +10,14 @@
  * size, and finally that the offsets tile the data with no gap, overlap or
  * trailing byte, mirroring the checks of the reference reader. Each failure
  * is one line naming the file and the broken rule.
+ *
+ * Checksums: the writer adds one "__metadata__" entry per tensor,
+ * "kiln.xxh3.<tensor name>" = the 16 lowercase hex digits of XXH3-64 (seed 0)
+ * of the tensor's bytes, so any safetensors reader can verify a file with
+ * nothing but a metadata lookup and libxxhash. The reader verifies every
+ * checksum before it hands out a tensor, and keeps these entries out of the
+ * metadata it reports (they belong to the file, not to its writer's caller);
+ * a file without them (another tool's, an older kiln's) loads unverified.
  */
 #define _GNU_SOURCE
 #include "safetensors.h"
@@ -25,6 +33,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "log.h"
 
@@ -246,9 +255,25 @@ struct kst_writer {
     int nm, capm;
     st_index tix, mix;
     uint64_t total; /* bytes of data so far: guards the offsets against overflow */
+    int no_checksums; /* kst_writer_checksums(w, 0): the reference layout, byte for byte */
 };
 
 kst_writer *kst_writer_new(void) { return calloc(1, sizeof(kst_writer)); }
+
+void kst_writer_checksums(kst_writer *w, int on) {
+    if (w) w->no_checksums = !on;
+}
+
+/* The reserved metadata prefix of the per-tensor checksums. */
+#define ST_CK_PREFIX "kiln.xxh3."
+#define ST_CK_PREFIX_LEN (sizeof ST_CK_PREFIX - 1)
+
+static int st_is_ck_key(const char *key) { return strncmp(key, ST_CK_PREFIX, ST_CK_PREFIX_LEN) == 0; }
+
+/* The checksum of one tensor's bytes, as written: 16 lowercase hex digits. */
+static void st_ck_hex(const void *data, size_t n, char out[17]) {
+    snprintf(out, 17, "%016llx", (unsigned long long)XXH3_64bits(data, n));
+}
 
 void kst_writer_free(kst_writer *w) {
     if (!w) return;
@@ -335,6 +360,9 @@ int kst_add_metadata(kst_writer *w, const char *key, const char *value, char *wh
         return st_fail(KILN_E_INVALID_ARG, why, whylen, NULL, "metadata value for key '%s' is not valid UTF-8", q);
     if (st_index_get(&w->mix, key) >= 0)
         return st_fail(KILN_E_INVALID_ARG, why, whylen, NULL, "duplicate metadata key '%s'", q);
+    if (st_is_ck_key(key))
+        return st_fail(KILN_E_INVALID_ARG, why, whylen, NULL,
+                       "metadata key '%s': the prefix '" ST_CK_PREFIX "' is reserved for the tensors' checksums", q);
     if (st_grow((void **)&w->m, &w->capm, w->nm, sizeof *w->m) != 0) goto nomem;
     st_kv *kv = &w->m[w->nm];
     kv->key = strdup(key);
@@ -384,8 +412,8 @@ static void st_putu(st_buf *b, uint64_t v) {
 
 /* A JSON string as serde_json writes it: quote, backslash and control
  * characters escaped, everything else (all of UTF-8, DEL) verbatim. */
-static void st_put_jstr(st_buf *b, const char *s) {
-    st_put(b, "\"", 1);
+/* A string's JSON escapes, without the quotes. */
+static void st_put_jesc(st_buf *b, const char *s) {
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
         char e[8];
         switch (*p) {
@@ -401,6 +429,11 @@ static void st_put_jstr(st_buf *b, const char *s) {
             else st_put(b, p, 1);
         }
     }
+}
+
+static void st_put_jstr(st_buf *b, const char *s) {
+    st_put(b, "\"", 1);
+    st_put_jesc(b, s);
     st_put(b, "\"", 1);
 }
 
@@ -409,13 +442,26 @@ static void st_build_header(const kst_writer *w, st_buf *b) {
     st_put(b, "\0\0\0\0\0\0\0\0", 8); /* filled in below */
     st_put(b, "{", 1);
     int first = 1;
-    if (w->nm) {
+    int ck = !w->no_checksums && w->nt > 0;
+    if (w->nm || ck) {
         st_puts(b, "\"__metadata__\":{");
         for (int i = 0; i < w->nm; i++) {
             if (i) st_put(b, ",", 1);
             st_put_jstr(b, w->m[i].key);
             st_put(b, ":", 1);
             st_put_jstr(b, w->m[i].value);
+        }
+        /* after the caller's entries, in tensor order; computed at each
+         * write, as the referenced data may have changed between writes */
+        for (int i = 0; ck && i < w->nt; i++) {
+            char hex[17];
+            if (i || w->nm) st_put(b, ",", 1);
+            st_put(b, "\"" ST_CK_PREFIX, 1 + ST_CK_PREFIX_LEN);
+            st_put_jesc(b, w->t[i].name);
+            st_ck_hex(w->t[i].data, w->t[i].nbytes, hex);
+            st_puts(b, "\":\"");
+            st_puts(b, hex);
+            st_put(b, "\"", 1);
         }
         st_put(b, "}", 1);
         first = 0;
@@ -625,6 +671,9 @@ struct kst_file {
     st_kv *m;
     int nm, capm;
     st_index tix, mix;
+    st_kv *ck;       /* the "kiln.xxh3.*" entries, kept apart from m */
+    int nck, capck;
+    st_index cix;
 };
 
 void kst_close(kst_file *f) {
@@ -634,10 +683,16 @@ void kst_close(kst_file *f) {
         free(f->m[i].key);
         free(f->m[i].value);
     }
+    for (int i = 0; i < f->nck; i++) {
+        free(f->ck[i].key);
+        free(f->ck[i].value);
+    }
     free(f->t);
     free(f->m);
+    free(f->ck);
     st_index_free(&f->tix);
     st_index_free(&f->mix);
+    st_index_free(&f->cix);
     free(f->buf);
     free(f);
 }
@@ -661,6 +716,8 @@ const char *kst_metadata(const kst_file *f, const char *key) {
 }
 
 int kst_metadata_count(const kst_file *f) { return f ? f->nm : 0; }
+
+int kst_checksum_count(const kst_file *f) { return f ? f->nck : 0; }
 
 int kst_metadata_get(const kst_file *f, int i, const char **key, const char **value) {
     if (!f || i < 0 || i >= f->nm) return -1;
@@ -1150,19 +1207,25 @@ static int st_jmetadata(st_ps *ps) {
                            "__metadata__ value for key '%s' is %s, expected a string", q, k);
         }
         if ((rc = st_jstring(ps, &val)) != 0) { free(key); return rc; }
-        if (st_index_get(&f->mix, key) >= 0) {
+        /* checksums go to their own table, keyed by the tensor name */
+        int ck = st_is_ck_key(key);
+        st_kv **arr = ck ? &f->ck : &f->m;
+        int *n = ck ? &f->nck : &f->nm, *cap = ck ? &f->capck : &f->capm;
+        st_index *ix = ck ? &f->cix : &f->mix;
+        const char *ixkey = ck ? key + ST_CK_PREFIX_LEN : key;
+        if (st_index_get(ix, ixkey) >= 0) {
             free(key);
             free(val);
             return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path, "duplicate __metadata__ key '%s'", q);
         }
-        if (st_grow((void **)&f->m, &f->capm, f->nm, sizeof *f->m) != 0 || st_index_put(&f->mix, key, f->nm) != 0) {
+        if (st_grow((void **)arr, cap, *n, sizeof **arr) != 0 || st_index_put(ix, ixkey, *n) != 0) {
             free(key);
             free(val);
             return st_fail(KILN_E_NOMEM, ps->why, ps->whylen, ps->path, "out of memory parsing the header");
         }
-        f->m[f->nm].key = key;
-        f->m[f->nm].value = val;
-        f->nm++;
+        (*arr)[*n].key = key;
+        (*arr)[*n].value = val;
+        (*n)++;
         st_ws(ps);
         if (ps->p < ps->end && *ps->p == ',') { ps->p++; continue; }
         if (ps->p < ps->end && *ps->p == '}') { ps->p++; return KILN_OK; }
@@ -1256,6 +1319,58 @@ static int st_check_coverage(kst_file *f, const char *path, uint64_t datalen, ch
     return rc;
 }
 
+/* 16 hex digits (either case) into v; -1 when the text is anything else. */
+static int st_parse_hex64(const char *s, uint64_t *v) {
+    uint64_t x = 0;
+    int i = 0;
+    for (; s[i]; i++) {
+        char c = s[i];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (d < 0 || i >= 16) return -1;
+        x = x << 4 | (uint64_t)d;
+    }
+    if (i != 16) return -1;
+    *v = x;
+    return 0;
+}
+
+/* Every checksum names a tensor of the file and matches its bytes; and once
+ * a file has checksums, every tensor has one (a damaged header could
+ * otherwise drop a tensor's entry and with it the check). */
+static int st_verify_checksums(kst_file *f, const char *path, char *why, size_t whylen) {
+    if (f->nck == 0) return KILN_OK;
+    char q[128];
+    for (int i = 0; i < f->nck; i++) {
+        const char *name = f->ck[i].key + ST_CK_PREFIX_LEN;
+        int ti = st_index_get(&f->tix, name);
+        if (ti < 0)
+            return st_fail(KILN_E_DATA, why, whylen, path,
+                           "__metadata__ has a checksum for tensor '%s', which the file does not hold: the header is "
+                           "damaged",
+                           st_q(name, q, sizeof q));
+        uint64_t stored;
+        if (st_parse_hex64(f->ck[i].value, &stored) != 0) {
+            char qv[64];
+            return st_fail(KILN_E_DATA, why, whylen, path,
+                           "tensor '%s': checksum '%s' is not 16 hex digits (XXH3-64): the header is damaged",
+                           st_q(name, q, sizeof q), st_q(f->ck[i].value, qv, sizeof qv));
+        }
+        const kst_tensor *t = &f->t[ti].pub;
+        uint64_t got = XXH3_64bits(t->data, t->nbytes);
+        if (got != stored)
+            return st_fail(KILN_E_DATA, why, whylen, path,
+                           "tensor '%s': checksum mismatch (stored %016llx, computed %016llx): the file is damaged",
+                           st_q(name, q, sizeof q), (unsigned long long)stored, (unsigned long long)got);
+    }
+    if (f->nck != f->nt)
+        for (int i = 0; i < f->nt; i++)
+            if (st_index_get(&f->cix, f->t[i].pub.name) < 0)
+                return st_fail(KILN_E_DATA, why, whylen, path,
+                               "tensor '%s' has no checksum while %d other tensor(s) have one: the header is damaged",
+                               st_q(f->t[i].pub.name, q, sizeof q), f->nck);
+    return KILN_OK;
+}
+
 int kst_open(const char *path, kst_file **out, char *why, size_t whylen) {
     if (out) *out = NULL;
     if (!path || !out) return st_fail(KILN_E_INVALID_ARG, why, whylen, NULL, "kst_open: no path or no out pointer");
@@ -1295,6 +1410,7 @@ int kst_open(const char *path, kst_file **out, char *why, size_t whylen) {
     if ((rc = st_check_coverage(f, path, ps.datalen, why, whylen)) != 0) goto fail;
     const unsigned char *data = f->buf + 8 + n;
     for (int i = 0; i < f->nt; i++) f->t[i].pub.data = data + f->t[i].begin;
+    if ((rc = st_verify_checksums(f, path, why, whylen)) != 0) goto fail;
     *out = f;
     return KILN_OK;
 fail:

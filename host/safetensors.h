@@ -9,7 +9,9 @@
  * or the new one, never a torn one. The reader loads a whole file and
  * validates every structural rule of the format before handing out a tensor,
  * so a truncated or corrupt checkpoint is refused with a one-line reason
- * rather than read as garbage. Every function returns a kiln_status code and,
+ * rather than read as garbage. Every tensor's XXH3-64 is stored in the
+ * metadata as "kiln.xxh3.<name>" = 16 lowercase hex digits and verified on
+ * every read (a file without these entries loads unverified). Every function returns a kiln_status code and,
  * on failure, writes a message into the caller's (why, whylen) buffer.
  */
 #ifndef KILN_HOST_SAFETENSORS_H
@@ -65,6 +67,10 @@ int kst_add_metadata(kst_writer *w, const char *key, const char *value, char *wh
  * file already in place. The writer is not consumed: it may be written again. */
 int kst_write_atomic(kst_writer *w, const char *path, char *why, size_t whylen);
 
+/* Checksums are on by default; off writes exactly the reference writer's
+ * bytes (tests that compare layouts). */
+void kst_writer_checksums(kst_writer *w, int on);
+
 void kst_writer_free(kst_writer *w);
 
 /* ---------------------------------------------------------------------------
@@ -82,8 +88,9 @@ typedef struct kst_tensor {
 typedef struct kst_file kst_file;
 
 /* Read and validate the whole file at path. KILN_E_IO when it cannot be read,
- * KILN_E_NOMEM, KILN_E_DATA when it breaks any rule of the format (the
- * message names the file and the rule). *out is NULL on failure. */
+ * KILN_E_NOMEM, KILN_E_DATA when it breaks any rule of the format or a
+ * tensor's bytes do not match its stored checksum (the message names the
+ * file, the rule or the tensor). *out is NULL on failure. */
 int kst_open(const char *path, kst_file **out, char *why, size_t whylen);
 
 int kst_count(const kst_file *f);
@@ -91,11 +98,16 @@ int kst_count(const kst_file *f);
 const kst_tensor *kst_get(const kst_file *f, int i);
 /* NULL when there is no tensor of that name. */
 const kst_tensor *kst_find(const kst_file *f, const char *name);
-/* The "__metadata__" value for key, or NULL when absent. */
+/* The "__metadata__" value for key, or NULL when absent. The checksum
+ * entries ("kiln.xxh3.*") are not part of this view: they are checked by
+ * kst_open and counted by kst_checksum_count. */
 const char *kst_metadata(const kst_file *f, const char *key);
 int kst_metadata_count(const kst_file *f);
 /* i-th metadata entry in header order; returns 0, or -1 when out of range. */
 int kst_metadata_get(const kst_file *f, int i, const char **key, const char **value);
+/* How many tensors' checksums kst_open verified: kst_count(f) for a file
+ * kiln wrote, 0 for one without checksums. */
+int kst_checksum_count(const kst_file *f);
 
 void kst_close(kst_file *f);
 

@@ -7,8 +7,11 @@
  * failing midway and a process dying midway all leave the old file intact);
  * every kind of corruption refused with KILN_E_DATA and a one-line message
  * naming the file; and both directions against independent Python code
- * (struct + json to write, numpy.frombuffer to read), skipped with a printed
- * line where python3 or numpy is missing.
+ * (struct + json to write, numpy.frombuffer to read, libxxhash through
+ * ctypes to check the checksums), skipped with a printed line where python3
+ * or numpy is missing. Checksums: a flipped bit in any tensor's bytes, a
+ * damaged or missing checksum entry are refused naming the file and the
+ * tensor; a file without checksums loads.
  */
 #define _GNU_SOURCE
 #include <CUnit/CUnit.h>
@@ -254,17 +257,37 @@ static void test_exact_layout(void) {
     const int64_t sv = 7, two = 2;
     char why[1024];
     kst_writer *w = kst_writer_new();
+    kst_writer_checksums(w, 0); /* the reference writer's bytes */
     CU_ASSERT_EQUAL(kst_add_metadata(w, "k", "v", why, sizeof why), KILN_OK);
     CU_ASSERT_EQUAL(kst_add_tensor(w, "a", "F32", &two, 1, a, sizeof a, why, sizeof why), KILN_OK);
     CU_ASSERT_EQUAL(kst_add_tensor(w, "s", "I64", NULL, 0, &sv, sizeof sv, why, sizeof why), KILN_OK);
     const char *p = pth("tiny.safetensors");
     CU_ASSERT_EQUAL_FATAL(kst_write_atomic(w, p, why, sizeof why), KILN_OK);
-    kst_writer_free(w);
     size_t n;
     unsigned char *b = read_bytes(p, &n);
     CU_ASSERT_PTR_NOT_NULL_FATAL(b);
     CU_ASSERT_EQUAL(n, sizeof expect - 1);
     CU_ASSERT(n == sizeof expect - 1 && memcmp(b, expect, n) == 0);
+    free(b);
+
+    /* with checksums (the default): one "kiln.xxh3.<name>" entry per tensor
+     * after the caller's metadata, XXH3-64 of the bytes in lowercase hex
+     * (values from libxxhash 0.8: XXH3_64bits of the 8 bytes of each) */
+    static const unsigned char expect_ck[] =
+        "\xc8\0\0\0\0\0\0\0" /* 198 bytes of JSON + 2 spaces */
+        "{\"__metadata__\":{\"k\":\"v\",\"kiln.xxh3.a\":\"28a0ba9c345d3723\",\"kiln.xxh3.s\":\"81671e58d6b596af\"},"
+        "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+        "\"s\":{\"dtype\":\"I64\",\"shape\":[],\"data_offsets\":[8,16]}}"
+        "  "
+        "\x00\x00\x80\x3f\x00\x00\x00\xc0\x07\0\0\0\0\0\0\0";
+    kst_writer_checksums(w, 1);
+    CU_ASSERT_EQUAL_FATAL(kst_write_atomic(w, p, why, sizeof why), KILN_OK);
+    kst_writer_free(w);
+    b = read_bytes(p, &n);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(b);
+    CU_ASSERT_EQUAL(n, sizeof expect_ck - 1);
+    CU_ASSERT(n == sizeof expect_ck - 1 && memcmp(b, expect_ck, n) == 0);
+    if (n != sizeof expect_ck - 1 || memcmp(b, expect_ck, n)) fprintf(stderr, "\n  got: %.*s\n", (int)n, (const char *)b);
     free(b);
 
     /* no tensor, no metadata: "{}" padded with 6 spaces, N = 8, no data */
@@ -954,8 +977,19 @@ static const char py_reader[] =
     "assert t['empty'].shape == (0, 2) and t['empty'].dtype == np.float64\n"
     "assert t['u8'].tolist() == [[7], [8], [255]]\n"
     "assert t['caf' + chr(0xe9)].tolist() == [-1, 2147483647]\n"
+    "ck = {k[len('kiln.xxh3.'):]: v for k, v in meta.items() if k.startswith('kiln.xxh3.')}\n"
+    "meta = {k: v for k, v in meta.items() if not k.startswith('kiln.xxh3.')}\n"
     "assert meta == {'note': 'a' + chr(34) + 'b' + chr(92) + 'c' + chr(10) + 'd', "
     "'utf': chr(0xe9) + chr(0x1F642), 'epoch': '12'}, meta\n"
+    "assert sorted(ck) == sorted(hdr), (ck, list(hdr))\n"
+    "import ctypes, ctypes.util\n"
+    "lib = ctypes.util.find_library('xxhash') or 'libxxhash.so.0'\n"
+    "x = ctypes.CDLL(lib)\n"
+    "x.XXH3_64bits.restype = ctypes.c_uint64\n"
+    "x.XXH3_64bits.argtypes = [ctypes.c_char_p, ctypes.c_size_t]\n"
+    "for k, v in hdr.items():\n"
+    "    s, e = v['data_offsets']\n"
+    "    assert ck[k] == '%016x' % x.XXH3_64bits(data[s:e], e - s), (k, ck[k])\n"
     "print('OK')\n";
 
 static void test_python_reads(void) {
@@ -994,6 +1028,116 @@ static void test_python_reads(void) {
     CU_ASSERT_STRING_EQUAL(out, "OK\n");
 }
 
+/* A two-tensor file (a weight and a U8 state blob, as a checkpoint holds
+ * them), then one bit flipped in each tensor's bytes in turn: refused with
+ * the file, the tensor and both checksums named. */
+static void test_checksum_bitflip(void) {
+    float wv[4] = {0.25f, -1.0f, 3.5f, 7.0f};
+    unsigned char blob[5] = {1, 2, 3, 4, 5};
+    const int64_t s4 = 4, s5 = 5;
+    char why[1024];
+    kst_writer *w = kst_writer_new();
+    CU_ASSERT_EQUAL(kst_add_tensor(w, "layers.0.weight", "F32", &s4, 1, wv, sizeof wv, why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(kst_add_tensor(w, "__state__.optimizer", "U8", &s5, 1, blob, sizeof blob, why, sizeof why),
+                    KILN_OK);
+    CU_ASSERT_EQUAL(kst_add_metadata(w, "format", "x", why, sizeof why), KILN_OK);
+    const char *p = pth("ck.safetensors");
+    CU_ASSERT_EQUAL_FATAL(kst_write_atomic(w, p, why, sizeof why), KILN_OK);
+    kst_writer_free(w);
+    kst_file *f = NULL;
+    CU_ASSERT_EQUAL_FATAL(kst_open(p, &f, why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(kst_checksum_count(f), 2);
+    CU_ASSERT_EQUAL(kst_metadata_count(f), 1); /* the checksums are not metadata to the caller */
+    CU_ASSERT_PTR_NULL(kst_metadata(f, "kiln.xxh3.layers.0.weight"));
+    kst_close(f);
+    size_t n;
+    unsigned char *b = read_bytes(p, &n);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(b);
+    /* data = the last 16 + 5 bytes: the weight first, then the blob */
+    struct { size_t at; const char *tensor; } flips[] = {{n - 21 + 6, "layers.0.weight"}, {n - 2, "__state__.optimizer"}};
+    for (size_t i = 0; i < 2; i++) {
+        b[flips[i].at] ^= 0x10;
+        const char *q = pth("ck-flipped.safetensors");
+        CU_ASSERT_EQUAL_FATAL(write_bytes(q, b, n), 0);
+        b[flips[i].at] ^= 0x10;
+        f = NULL;
+        why[0] = 0;
+        CU_ASSERT_EQUAL(kst_open(q, &f, why, sizeof why), KILN_E_DATA);
+        CU_ASSERT_PTR_NULL(f);
+        char want[256];
+        snprintf(want, sizeof want, "%s: tensor '%s': checksum mismatch (stored ", q, flips[i].tensor);
+        CU_ASSERT_PTR_NOT_NULL(strstr(why, want));
+        CU_ASSERT_PTR_NOT_NULL(strstr(why, "): the file is damaged"));
+        CU_ASSERT_PTR_NULL(strchr(why, '\n'));
+        if (!strstr(why, want)) fprintf(stderr, "\n  got: %s\n", why);
+    }
+    free(b);
+}
+
+/* Files without checksums (other tools', older kiln's) load unverified;
+ * a damaged checksum entry and a tensor left without one are refused. */
+static void test_checksum_absent_or_damaged(void) {
+    char why[1024];
+    const float a[2] = {1.0f, -2.0f};
+    const int64_t two = 2;
+    kst_writer *w = kst_writer_new();
+    kst_writer_checksums(w, 0);
+    CU_ASSERT_EQUAL(kst_add_tensor(w, "a", "F32", &two, 1, a, sizeof a, why, sizeof why), KILN_OK);
+    const char *p = pth("nock.safetensors");
+    CU_ASSERT_EQUAL_FATAL(kst_write_atomic(w, p, why, sizeof why), KILN_OK);
+    kst_writer_free(w);
+    kst_file *f = NULL;
+    CU_ASSERT_EQUAL_FATAL(kst_open(p, &f, why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(kst_checksum_count(f), 0);
+    CU_ASSERT_EQUAL(kst_count(f), 1);
+    kst_close(f);
+
+    /* the reserved prefix is not the caller's to write */
+    w = kst_writer_new();
+    CU_ASSERT_EQUAL(kst_add_metadata(w, "kiln.xxh3.a", "0000000000000000", why, sizeof why), KILN_E_INVALID_ARG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "reserved"));
+    kst_writer_free(w);
+
+    static const struct { const char *hdr; const char *err; } bad[] = {
+        {"{\"__metadata__\":{\"kiln.xxh3.a\":\"28a0ba9c345d372\"},"
+         "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
+         "tensor 'a': checksum '28a0ba9c345d372' is not 16 hex digits"},
+        {"{\"__metadata__\":{\"kiln.xxh3.b\":\"28a0ba9c345d3723\"},"
+         "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
+         "checksum for tensor 'b', which the file does not hold"},
+        {"{\"__metadata__\":{\"kiln.xxh3.a\":\"28a0ba9c345d3723\"},"
+         "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"c\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,8]}}",
+         "tensor 'c' has no checksum while 1 other tensor(s) have one"},
+        {"{\"__metadata__\":{\"kiln.xxh3.a\":\"28A0BA9C345D3723\"},"
+         "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
+         NULL}, /* upper-case hex is the same number */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        size_t hl = strlen(bad[i].hdr), pad = (8 - hl % 8) % 8, tot = 8 + hl + pad + 8;
+        unsigned char buf[512];
+        for (int k = 0; k < 8; k++) buf[k] = (unsigned char)((hl + pad) >> (8 * k));
+        memcpy(buf + 8, bad[i].hdr, hl);
+        memset(buf + 8 + hl, ' ', pad);
+        memcpy(buf + 8 + hl + pad, a, sizeof a);
+        const char *q = pth("ckbad.safetensors");
+        CU_ASSERT_EQUAL_FATAL(write_bytes(q, buf, tot), 0);
+        f = NULL;
+        why[0] = 0;
+        int rc = kst_open(q, &f, why, sizeof why);
+        if (!bad[i].err) {
+            CU_ASSERT_EQUAL(rc, KILN_OK);
+            CU_ASSERT_EQUAL(kst_checksum_count(f), 1);
+        } else {
+            CU_ASSERT_EQUAL(rc, KILN_E_DATA);
+            CU_ASSERT_PTR_NOT_NULL(strstr(why, bad[i].err));
+            CU_ASSERT_PTR_NOT_NULL(strstr(why, q));
+            if (!strstr(why, bad[i].err)) fprintf(stderr, "\n  case %zu got: %s\n", i, why);
+        }
+        kst_close(f);
+    }
+}
+
 static void register_tests(void) {
     CU_pSuite s = CU_add_suite("safetensors", suite_init, suite_clean);
     CU_add_test(s, "round trip of dtypes, shapes and awkward metadata", test_round_trip);
@@ -1011,6 +1155,8 @@ static void register_tests(void) {
     CU_add_test(s, "reader accepts what other writers produce", test_accepts);
     CU_add_test(s, "reads a file written by independent Python", test_python_written);
     CU_add_test(s, "independent Python (numpy) reads a kst file", test_python_reads);
+    CU_add_test(s, "a flipped bit in a weight or a state blob is refused", test_checksum_bitflip);
+    CU_add_test(s, "files without checksums load; damaged entries refused", test_checksum_absent_or_damaged);
 }
 
 #include "cunit_main.h"
