@@ -67,6 +67,7 @@ static int32_t closure_zero_grad(ht_closure *c) {
     rc = t->opt_ops[0]->zero_grad(t->opts[0].inst);
     t->time.zero_grad += ht_now() - t0;
     if (rc) { ht_fail(t, &t->opts[0], rc, "zero_grad", why, wl); return keep_fail(t, rc); }
+    ht_grads_none(t, 0); /* zero_grad(set_to_none=True) */
     INC(t->zero_grad, completed);
     return KILN_OK;
 }
@@ -96,6 +97,7 @@ static int32_t closure_backward(ht_closure *c, double loss) {
     rc = t->module_ops->backward(t->module.inst, scale / (double)t->set.accumulate_grad_batches);
     t->time.backward += ht_now() - t0;
     if (rc) { ht_fail(t, &t->module, rc, "backward", why, wl); return keep_fail(t, rc); }
+    ht_grads_present(t);
     rc = ht_hook(t, KILN_EV_ON_AFTER_BACKWARD, t->batch_idx, t->batch, NULL, 0, NULL, why, wl);
     if (rc) return keep_fail(t, rc);
     if (!t->accumulating) {

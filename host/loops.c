@@ -136,13 +136,18 @@ static int reduce_epoch_metrics(ht_trainer *t, int stage, char *why, size_t whyl
     return KILN_OK;
 }
 
-static int log_epoch_metrics(ht_trainer *t, int stage, int64_t step, char *why, size_t whylen) {
-    int rrc = reduce_epoch_metrics(t, stage, why, whylen);
+static int log_epoch_metrics_reduced(ht_trainer *t, int stage, int64_t step, int reduced, char *why,
+                                     size_t whylen) {
+    int rrc = reduced ? KILN_OK : reduce_epoch_metrics(t, stage, why, whylen);
     if (rrc) return rrc;
     kiln_kv kv[HM_MAX + 2];
     char names[HM_MAX][72];
     int n = hm_take_epoch(&t->metrics, stage, kv, HM_MAX, names);
     return send_metrics(t, kv, n, step, why, whylen);
+}
+
+static int log_epoch_metrics(ht_trainer *t, int stage, int64_t step, char *why, size_t whylen) {
+    return log_epoch_metrics_reduced(t, stage, step, 0, why, whylen);
 }
 
 /* ---------------------------------------------------------------------------
@@ -305,7 +310,14 @@ static int epoch_reset(ht_loop *L, char *why, size_t whylen) {
         start = t->batch_progress.current.completed;
         t->is_last_batch = start >= t->num_training_batches;
     } else {
+        /* reset_on_run of the batch progress and of the optimisation
+         * progress (training_epoch_loop.reset): the `current` optimizer-step
+         * and zero-grad counters count this epoch's, as the checkpoint's
+         * progress text then says to tools that read it as Lightning loop
+         * state; global_step reads the total */
         reset_current(&t->batch_progress);
+        reset_current(&t->opt_step);
+        reset_current(&t->zero_grad);
         t->is_last_batch = 0;
     }
     t->restart_mid_epoch = 0;
@@ -368,11 +380,16 @@ static int epoch_advance(ht_loop *L, char *why, size_t whylen) {
     ht_trace(t, KILN_SRC_STRATEGY, "on_train_batch_start", i);
     if (result == -1) {
         /* -1 ends the epoch: no optimisation, no on_train_batch_end and no
-         * validation for this epoch (StopIteration skips on_advance_end) */
+         * validation for this epoch (StopIteration skips on_advance_end).
+         * The batch still counts as the epoch's last for the schedulers
+         * (training_epoch_loop.advance, should_skip_rest_of_epoch): a step
+         * schedule steps, and an epoch schedule steps for this epoch. */
         t->is_last_batch = 1;
-        INC(t->batch_progress, processed);
-        t->batch = NULL;
         t->accumulating = 0;
+        INC(t->batch_progress, processed);
+        if ((rc = ht_update_lr(t, 0, 0, why, whylen))) return rc;
+        if ((rc = ht_update_lr(t, 1, 0, why, whylen))) return rc;
+        t->batch = NULL;
         return HT_LOOP_STOP;
     }
     INC(t->batch_progress, started);
@@ -467,19 +484,52 @@ static int fit_advance(ht_loop *L, char *why, size_t whylen) {
     return t->interrupted ? HT_LOOP_STOP : KILN_OK;
 }
 
+/* Move the epoch counters by d in processed and completed: -1 describes an
+ * epoch as in flight (its start hooks ran, it was not processed). */
+static void epoch_processed_by(ht_trainer *t, int64_t d) {
+    t->epoch_progress.total.processed += d;
+    t->epoch_progress.total.completed += d;
+    t->epoch_progress.current.processed += d;
+    t->epoch_progress.current.completed += d;
+}
+
 /* on_advance_end: on_train_epoch_end, epoch metrics, completed++ */
 static int fit_on_advance_end(ht_loop *L, char *why, size_t whylen) {
     ht_trainer *t = L->t;
+    /* all the epoch's batches ran, or -1 made the last one last
+     * (_num_ready_batches_reached); not when max_steps or a stop request
+     * ended it early */
+    const int ran_out = t->is_last_batch || t->batch_progress.current.ready >= t->num_training_batches;
+    /* max_steps cut the epoch: Lightning's checkpoint of this point
+     * (taken in on_train_epoch_end) resumes inside it (RESTARTED_ON_EPOCH_END:
+     * no on_train_epoch_start, the next batch, the same current_epoch) */
+    const int cut = !ran_out && max_steps_reached(t) && !t->interrupted;
     INC(t->epoch_progress, processed);
-    int rc = ht_hook(t, KILN_EV_ON_TRAIN_EPOCH_END, -1, NULL, NULL, 0, NULL, why, whylen);
+    /* on_train_epoch_end: the callbacks that monitor no metric, then the
+     * module, then the monitoring callbacks (early stopping, checkpoints),
+     * which read the epoch's means, reduced over the ranks, including what
+     * the module logged in its own on_train_epoch_end */
+    int rc = ht_hook_to(t, HT_TO_ALL & ~HT_TO_MONITORS, KILN_EV_ON_TRAIN_EPOCH_END, -1, NULL, NULL, 0, NULL, why,
+                        whylen);
     if (rc) return rc;
-    if ((rc = ht_update_lr(t, 1, 1, why, whylen))) return rc; /* a monitored (plateau) schedule */
+    if ((rc = reduce_epoch_metrics(t, KILN_STAGE_FIT, why, whylen))) return rc;
+    hm_peek_epoch(&t->metrics, KILN_STAGE_FIT);
+    rc = ht_hook_to(t, HT_TO_MONITORS, KILN_EV_ON_TRAIN_EPOCH_END, -1, NULL, NULL, 0, NULL, why, whylen);
+    if (rc) return rc;
+    /* a monitored (plateau) schedule, only for an epoch that ran out
+     * (fit_loop.on_advance_end) */
+    if (ran_out && (rc = ht_update_lr(t, 1, 1, why, whylen))) return rc;
     int64_t step = t->batches_that_stepped > 0 ? t->batches_that_stepped - 1 : 0;
-    if ((rc = log_epoch_metrics(t, KILN_STAGE_FIT, step, why, whylen))) return rc;
+    if ((rc = log_epoch_metrics_reduced(t, KILN_STAGE_FIT, step, 1, why, whylen))) return rc;
     INC(t->epoch_progress, completed);
-    /* Lightning's default ModelCheckpoint: the weights after every epoch */
-    if ((rc = ht_ckpt_save_last(t, why, whylen))) return rc;
-    return consistent_point(t, why, whylen);
+    /* Lightning's default ModelCheckpoint: the weights after every epoch;
+     * a cut epoch is written as still in flight, and so is any checkpoint
+     * a callback asked for at its end */
+    if (cut) epoch_processed_by(t, -1);
+    rc = ht_ckpt_save_last(t, why, whylen);
+    if (rc == KILN_OK) rc = consistent_point(t, why, whylen);
+    if (cut) epoch_processed_by(t, 1);
+    return rc;
 }
 
 static int fit_on_run_end(ht_loop *L, char *why, size_t whylen) {
@@ -527,7 +577,13 @@ int ht_run_fit_loop(ht_trainer *t, char *why, size_t whylen) {
     if ((rc = ht_hook(t, KILN_EV_ON_FIT_START, -1, NULL, NULL, 0, NULL, why, whylen))) return rc;
 
     /* sanity check (trainer._run_sanity_check) */
-    if (t->num_val_batches > 0 && t->set.num_sanity_val_steps != 0 && !t->resumed) {
+    /* not when restarting (trainer._run_sanity_check: val_loop.restarting):
+     * a resume inside an epoch, or any resume of a step-limited run
+     * (fit_loop.restarting: _iteration_based_training); a checkpoint of a
+     * finished epoch with max_steps = -1 is not a restart, so the check
+     * runs again */
+    const int restarting = t->resumed && (t->restart_mid_epoch || t->set.max_steps != -1);
+    if (t->num_val_batches > 0 && t->set.num_sanity_val_steps != 0 && !restarting) {
         int64_t n = t->set.num_sanity_val_steps == -1 || t->set.num_sanity_val_steps > t->num_val_batches
                         ? t->num_val_batches
                         : t->set.num_sanity_val_steps;

@@ -95,6 +95,7 @@ int32_t ht_svc_manual_backward(kiln_host_ctx *h, double loss) {
     rc = t->module_ops->backward(t->module.inst, scale);
     t->time.backward += ht_now() - t0;
     if (rc) return keep(t, ht_fail(t, &t->module, rc, "backward", why, sizeof why), why);
+    ht_grads_present(t);
     if ((rc = ht_hook(t, KILN_EV_ON_AFTER_BACKWARD, t->batch_idx, t->batch, NULL, 0, NULL, why, sizeof why)))
         return keep(t, rc, why);
     ht_trace(t, KILN_SRC_STRATEGY, "post_backward", t->batch_idx);
@@ -191,6 +192,7 @@ int32_t ht_svc_optimizer_zero_grad(kiln_host_ctx *h, uint32_t index) {
     int32_t rc = t->opt_ops[index]->zero_grad(t->opts[index].inst);
     t->time.zero_grad += ht_now() - t0;
     if (rc) return keep(t, ht_fail(t, &t->opts[index], rc, "zero_grad", why, sizeof why), why);
+    ht_grads_none(t, (int)index); /* zero_grad(set_to_none=True) */
     return KILN_OK;
 }
 

@@ -91,6 +91,20 @@ int hm_take_epoch(ht_metrics *M, int stage, kiln_kv *kv, int cap, char (*names)[
     return k;
 }
 
+void hm_peek_epoch(ht_metrics *M, int stage) {
+    char n[72];
+    for (int i = 0; i < M->n; i++) {
+        const ht_metric *m = &M->m[i];
+        if (!m->in_epoch || m->stage != stage) continue;
+        const double mean = m->sum / m->weight;
+        if (m->flags & KILN_LOG_ON_STEP) {
+            snprintf(n, sizeof n, "%s_epoch", m->name);
+            hm_set_cb(M, n, mean);
+        }
+        hm_set_cb(M, m->name, mean);
+    }
+}
+
 void hm_reset_epoch(ht_metrics *M, int stage) {
     for (int i = 0; i < M->n; i++)
         if (M->m[i].stage == stage) {

@@ -43,6 +43,10 @@ int hm_take_step(ht_metrics *M, kiln_kv *kv, int cap, char (*names)[72]);
 /* Reduce epoch means of the metrics logged in loop `stage` into kv and
  * callback_metrics; resets their accumulation. */
 int hm_take_epoch(ht_metrics *M, int stage, kiln_kv *kv, int cap, char (*names)[72]);
+/* The epoch means so far of loop `stage` into callback_metrics, keeping
+ * the accumulation (what monitoring callbacks read at on_train_epoch_end,
+ * before the means go to the loggers). */
+void hm_peek_epoch(ht_metrics *M, int stage);
 /* Forget accumulations of a loop (sanity-check results are not kept). */
 void hm_reset_epoch(ht_metrics *M, int stage);
 void hm_clear_cb(ht_metrics *M);

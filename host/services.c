@@ -120,7 +120,7 @@ static const kiln_host_base g_base = {
     .abi_minor = KILN_ABI_MINOR,
     .host_version = KILN_VERSION_STRING,
     .get_services = get_services,
-    .known_capabilities = KILN_CAP_KNOWN_1_0,
+    .known_capabilities = KILN_CAP_KNOWN_1_5,
 };
 
 const kiln_host_base *hs_host_base(void) { return &g_base; }

@@ -107,7 +107,9 @@ static int read_settings(ht_trainer *t, char *why, size_t whylen) {
         HLOG_WARN("trainer.max_epochs is not set and max_steps is -1: training stops after 1000 epochs");
         s->max_epochs = 1000;
     }
-    if (s->min_steps > 0 && s->min_epochs == 0) s->min_epochs = 0; /* min_steps alone holds the stop */
+    /* _parse_loop_limits: min_steps without min_epochs means min_epochs = 1,
+     * so a stop requested in the first epoch still finishes that epoch */
+    if (s->min_steps != -1 && !config_lookup(&t->cfg->cfg, "trainer.min_epochs")) s->min_epochs = 1;
     return KILN_OK;
 }
 
@@ -229,9 +231,20 @@ static int alloc_params(ht_trainer *t, char *why, size_t whylen) {
         p->compute = p->data;
         p->compute_dtype = dt;
         p->param_dtype = dt;
+        p->flags |= KILN_PARAMF_NO_GRAD; /* no backward yet: torch's grad is None */
         off += ((size_t)p->numel + 15) & ~(size_t)15;
     }
     return KILN_OK;
+}
+
+void ht_grads_none(ht_trainer *t, int opt) {
+    const uint32_t n = opt < 0 ? t->nparams : t->opt_nparams[opt];
+    for (uint32_t k = 0; k < n; k++) (opt < 0 ? t->params[k] : t->opt_params[opt][k])->flags |= KILN_PARAMF_NO_GRAD;
+}
+
+void ht_grads_present(ht_trainer *t) {
+    for (uint32_t k = 0; k < t->nparams; k++)
+        if (!(t->params[k]->flags & KILN_PARAMF_FROZEN)) t->params[k]->flags &= ~KILN_PARAMF_NO_GRAD;
 }
 
 /* ---------------------------------------------------------------------------
@@ -438,6 +451,10 @@ void ht_svc_request_stop(kiln_host_ctx *h, const char *reason) {
     if (!t) return;
     if (!t->should_stop) HLOG_INFO("[%s] requested the run to stop%s%s", h->label, reason ? ": " : "", reason ? reason : "");
     t->should_stop = 1;
+    /* live, as Lightning's trainer.should_stop: the plugins called after
+     * this one in the same hook (the module's on_validation_end after early
+     * stopping's) already read it from the state they were handed */
+    t->state.should_stop = 1;
 }
 
 uint64_t ht_svc_seed(kiln_host_ctx *h, const char *stream) {
@@ -486,8 +503,19 @@ void ht_update_state(ht_trainer *t) {
     s->lr = t->lr;
 }
 
-static int send_to_callbacks(ht_trainer *t, kiln_event *ev, char *why, size_t whylen) {
+/* Which callbacks a dispatch reaches: all, or (at on_train_epoch_end) those
+ * without / with KILN_CAP_MONITOR. */
+enum { CB_ALL, CB_PLAIN, CB_MONITORING };
+
+static int callback_selected(const ht_slot *s, int which) {
+    if (which == CB_ALL) return 1;
+    const int monitors = (s->p->view.capabilities & KILN_CAP_MONITOR) != 0;
+    return which == CB_MONITORING ? monitors : !monitors;
+}
+
+static int send_to_some_callbacks(ht_trainer *t, kiln_event *ev, int which, char *why, size_t whylen) {
     for (int i = 0; i < t->ncallbacks; i++) {
+        if (!callback_selected(&t->callbacks[i], which)) continue;
         const kiln_callback_ops *ops = (const kiln_callback_ops *)t->callbacks[i].p->ops;
         herr_clear();
         int32_t rc = ops->on_event(t->callbacks[i].inst, ev);
@@ -498,6 +526,10 @@ static int send_to_callbacks(ht_trainer *t, kiln_event *ev, char *why, size_t wh
         }
     }
     return KILN_OK;
+}
+
+static int send_to_callbacks(ht_trainer *t, kiln_event *ev, char *why, size_t whylen) {
+    return send_to_some_callbacks(t, ev, CB_ALL, why, whylen);
 }
 
 void ht_trace(ht_trainer *t, int32_t source, const char *what, int64_t batch_idx) {
@@ -519,19 +551,28 @@ static int module_hook(uint32_t id) {
 
 int ht_hook(ht_trainer *t, uint32_t id, int64_t batch_idx, const kiln_batch *batch, const kiln_step_output *out,
             double loss, int *result, char *why, size_t whylen) {
+    return ht_hook_to(t, HT_TO_ALL, id, batch_idx, batch, out, loss, result, why, whylen);
+}
+
+int ht_hook_to(ht_trainer *t, int parts, uint32_t id, int64_t batch_idx, const kiln_batch *batch,
+               const kiln_step_output *out, double loss, int *result, char *why, size_t whylen) {
     ht_update_state(t);
     kiln_event ev = {sizeof ev, id, t->stage, KILN_SRC_CALLBACK, batch_idx, batch, out, loss, &t->state, NULL,
                      NULL, 0, t->accumulating, 0, 0, 0};
     if (result) *result = 0;
-    if (callback_hook(id)) {
-        int rc = send_to_callbacks(t, &ev, why, whylen);
+    const int cbs = parts & (HT_TO_PLAIN_CALLBACKS | HT_TO_MONITORS);
+    if (callback_hook(id) && cbs) {
+        int which = cbs == (HT_TO_PLAIN_CALLBACKS | HT_TO_MONITORS) ? CB_ALL
+                    : cbs == HT_TO_MONITORS                          ? CB_MONITORING
+                                                                     : CB_PLAIN;
+        int rc = send_to_some_callbacks(t, &ev, which, why, whylen);
         if (rc) return rc;
     }
     /* 1.2: a precision plugin may listen too (after the callbacks, before
      * the module), e.g. to export quantised weights at on_fit_end. */
     const kiln_precision_ops *pops = t->precision_ops;
-    if (callback_hook(id) && pops && t->precision.p->ops->struct_size >= KILN_PRECISION_OPS_SIZE_1_2 &&
-        pops->on_event) {
+    if ((parts & HT_TO_PRECISION) && callback_hook(id) && pops &&
+        t->precision.p->ops->struct_size >= KILN_PRECISION_OPS_SIZE_1_2 && pops->on_event) {
         ht_trace(t, KILN_SRC_PRECISION, lower_name(id), batch_idx);
         ev.source = KILN_SRC_PRECISION;
         herr_clear();
@@ -542,9 +583,9 @@ int ht_hook(ht_trainer *t, uint32_t id, int64_t batch_idx, const kiln_batch *bat
             return ht_fail(t, &t->precision, rc, what, why, whylen);
         }
     }
-    if (!module_hook(id) || !t->module.p) return KILN_OK;
-    ht_trace(t, KILN_SRC_MODULE, lower_name(id), batch_idx);
-    if (t->module_ops->on_event) {
+    const int to_module = (parts & HT_TO_MODULE) && module_hook(id) && t->module.p;
+    if (to_module) ht_trace(t, KILN_SRC_MODULE, lower_name(id), batch_idx);
+    if (to_module && t->module_ops->on_event) {
         ev.source = KILN_SRC_MODULE;
         ev.result = 0;
         herr_clear();

@@ -197,8 +197,29 @@ void ht_close(ht_trainer *t);
  * module's ev->result (for on_train_batch_start) in *result if non-NULL. */
 int ht_hook(ht_trainer *t, uint32_t id, int64_t batch_idx, const kiln_batch *batch, const kiln_step_output *out,
             double loss, int *result, char *why, size_t whylen);
+/* ht_hook to some of the listeners only, in the same order: callbacks
+ * without KILN_CAP_MONITOR, those with it, the precision plugin, the module.
+ * on_train_epoch_end goes to the monitoring callbacks last, after the
+ * module (Lightning's fit_loop.on_advance_end). */
+enum {
+    HT_TO_PLAIN_CALLBACKS = 1,
+    HT_TO_MONITORS = 2,
+    HT_TO_PRECISION = 4,
+    HT_TO_MODULE = 8,
+    HT_TO_ALL = 15,
+};
+int ht_hook_to(ht_trainer *t, int parts, uint32_t id, int64_t batch_idx, const kiln_batch *batch,
+               const kiln_step_output *out, double loss, int *result, char *why, size_t whylen);
 /* Record a call into a plugin for tracing callbacks (hook_trace). */
 void ht_trace(ht_trainer *t, int32_t source, const char *what, int64_t batch_idx);
+
+/* KILN_PARAMF_NO_GRAD, torch's `grad is None`: zero_grad of optimizer `opt`
+ * (-1: every parameter) sets it on the parameters that optimizer owns; a
+ * backward clears it on every parameter that requires a gradient (not
+ * KILN_PARAMF_FROZEN). Optimizers skip flagged parameters, so a step after
+ * a training_step that returned no loss changes nothing (Lightning 2.x). */
+void ht_grads_none(ht_trainer *t, int opt);
+void ht_grads_present(ht_trainer *t);
 
 /* Loops (loops.c) */
 int ht_run_fit_loop(ht_trainer *t, char *why, size_t whylen);

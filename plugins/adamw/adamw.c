@@ -208,12 +208,15 @@ static int32_t adamw_step(kiln_instance *self, const kiln_closure *closure) {
         int32_t rc = closure->call(closure->ctx, &loss);
         if (rc != KILN_OK) return rc; /* the closure reported its own error */
     }
+    /* no gradient anywhere (a training_step without a loss): torch's AdamW
+     * skips every p.grad-is-None parameter, its step count included */
+    if (!kiln_params_any_grad(self->params, self->n)) return KILN_OK;
     const float lr = (float)self->lr, beta1 = (float)self->beta1, beta2 = (float)self->beta2,
                 eps = (float)self->eps;
     const int64_t step = ++self->t;
     for (uint32_t i = 0; i < self->n; i++) {
         kiln_parameter *p = self->params[i];
-        if (p->numel == 0) continue;
+        if (p->numel == 0 || !kiln_param_has_grad(p)) continue;
         int32_t rc;
         if (kiln_param_dtype(p) == KILN_DTYPE_F64) /* 64-true: the same update in double */
             rc = self->k->adamw_update_ex(self->acc, KILN_DTYPE_F64, p->data, p->grad, self->m[i], self->v[i],

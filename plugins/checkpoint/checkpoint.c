@@ -1190,7 +1190,7 @@ static const kiln_plugin_desc ck_desc = {
     .version = "1.0.0",
     .description = "Lightning's ModelCheckpoint: top-k checkpoints by a metric or recency, save_last, step/epoch "
                    "triggers",
-    .capabilities = KILN_CAP_STATEFUL,
+    .capabilities = KILN_CAP_STATEFUL | KILN_CAP_MONITOR, /* after the module at on_train_epoch_end */
     .properties = NULL,
     .params = ck_params,
     .ops = &ck_ops,

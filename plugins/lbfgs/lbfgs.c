@@ -309,12 +309,16 @@ static int32_t lb_put(kiln_instance *self, double t, const double *d, int commit
 }
 
 /* One closure call: the loss into *loss, the gradients into grad (n). */
-static int32_t lb_eval(kiln_instance *self, const kiln_closure *cl, double *loss, double *grad) {
+/* The first evaluation of a step may find no loss (returns 1): the step
+ * then changes nothing, as every built-in optimizer after a training_step
+ * that returned none (torch's LBFGS would fail on float(None)). */
+static int32_t lb_eval_ex(kiln_instance *self, const kiln_closure *cl, double *loss, double *grad, int first) {
     double f = NAN;
     int32_t rc = cl->call(cl->ctx, &f);
     self->cur_evals++;
     self->func_evals++;
     if (rc != KILN_OK) return rc; /* the closure described its own failure */
+    if (isnan(f) && first && !kiln_params_any_grad(self->params, (uint32_t)self->np)) return 1;
     if (isnan(f))
         return LB_ERR(self, KILN_E_STATE,
                       "lbfgs: the closure returned no loss (NaN) on evaluation %lld of this step; LBFGS compares "
@@ -322,6 +326,10 @@ static int32_t lb_eval(kiln_instance *self, const kiln_closure *cl, double *loss
                       (long long)self->cur_evals);
     *loss = f;
     return lb_gather(self, 1, grad);
+}
+
+static int32_t lb_eval(kiln_instance *self, const kiln_closure *cl, double *loss, double *grad) {
+    return lb_eval_ex(self, cl, loss, grad, 0);
 }
 
 /* PyTorch's _directional_evaluate: evaluate at x + t * d, then put x back
@@ -547,7 +555,11 @@ static int32_t lb_step(kiln_instance *self, const kiln_closure *closure) {
     int32_t rc = lb_gather(self, 0, self->x);
     if (rc != KILN_OK) return rc;
     double loss = NAN;
-    if ((rc = lb_eval(self, closure, &loss, self->g)) != KILN_OK) return rc;
+    if ((rc = lb_eval_ex(self, closure, &loss, self->g, 1)) == 1) {
+        kiln_logf(self->svc, self->hctx, KILN_LOG_DEBUG, "lbfgs: training_step returned no loss, no update");
+        return KILN_OK;
+    }
+    if (rc != KILN_OK) return rc;
     int opt_cond = lb_absmax(self->g, 1.0, n) <= self->cfg.tolerance_grad;
     if (opt_cond) { /* already optimal: nothing changes but func_evals */
         kiln_logf(self->svc, self->hctx, KILN_LOG_DEBUG, "lbfgs: max |g| <= tolerance_grad at the start, no update");

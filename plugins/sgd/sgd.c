@@ -193,11 +193,19 @@ static int32_t sgd_step(kiln_instance *self, const kiln_closure *closure) {
         int32_t rc = closure->call(closure->ctx, &loss);
         if (rc != KILN_OK) return rc; /* the closure reported its own error */
     }
+    /* no gradient anywhere (a training_step without a loss): torch's SGD
+     * skips every p.grad-is-None parameter, so nothing moves */
+#if KILN_ABI_MINOR >= 5 /* tests build this file against the frozen 1.4 headers too */
+    if (!kiln_params_any_grad(self->params, self->n)) return KILN_OK;
+#endif
     const float lr = (float)self->lr, momentum = (float)self->momentum, dampening = (float)self->dampening,
                 wd = (float)self->weight_decay;
     const int first = !self->bufs_ready;
     for (uint32_t i = 0; i < self->n; i++) {
         kiln_parameter *p = self->params[i];
+#if KILN_ABI_MINOR >= 5
+        if (!kiln_param_has_grad(p)) continue;
+#endif
         if (p->numel == 0) continue;
         int32_t rc;
         if (kiln_param_dtype(p) == KILN_DTYPE_F64) /* 64-true: the same update in double */

@@ -25,6 +25,7 @@
 #include "testutil.h"
 
 static char *g_dir;
+static int g_loud; /* fit() without -q: warnings reach `out` */
 static char *lines[8192];
 static int nlines;
 
@@ -63,8 +64,8 @@ static int fit(const char *body, const char *extra, char *out, size_t outlen) {
                  trace);
     CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
     char cmd[16384];
-    snprintf(cmd, sizeof cmd, "%s -q fit %s --set trainer.default_root_dir=\\\"%s/runs\\\" %s", tu_kiln(), cfg, g_dir,
-             extra ? extra : "");
+    snprintf(cmd, sizeof cmd, "%s %sfit %s --set trainer.default_root_dir=\\\"%s/runs\\\" %s", tu_kiln(),
+             g_loud ? "" : "-q ", cfg, g_dir, extra ? extra : "");
     int rc = tu_run(cmd, out, outlen);
     read_lines(trace);
     return rc;
@@ -655,6 +656,301 @@ static void test_frozen_abi_1_1_callback(void) {
     CU_ASSERT_STRING_EQUAL(text, "batch_ends=6 epoch_ends=2 after_backward=6 step=4\n");
 }
 
+/* ---------------------------------------------------------------------------
+ * Lightning 2.6 conformance (each test names the Lightning code it encodes) */
+
+/* The progress text of checkpoint `ck` as numbers (after "kiln-progress-1"). */
+static int progress_fields(const char *ck, long long *v, int n) {
+    char why[512];
+    kst_file *f = NULL;
+    if (kst_open(ck, &f, why, sizeof why)) return -1;
+    const char *p = kst_metadata(f, "progress");
+    int k = 0;
+    if (p && !strncmp(p, "kiln-progress-1", 15)) {
+        p += 15;
+        char *end;
+        while (k < n && *p) {
+            v[k] = strtoll(p, &end, 10);
+            if (end == p) break;
+            p = end;
+            k++;
+        }
+    }
+    kst_close(f);
+    return k;
+}
+
+/* 1. training_epoch_loop.advance (should_skip_rest_of_epoch): the batch whose
+ * on_train_batch_start returned -1 still updates the schedulers as the
+ * epoch's last: a step schedule steps, an epoch schedule steps for the
+ * epoch. */
+static void test_conf_minus_one_schedulers(void) {
+    char out[16384];
+    const char *body = "trainer = { max_epochs = 2; num_sanity_val_steps = 0; };\n"
+                       "data = { name = \"toydata\"; n_train = 4; n_val = 1; };\n"
+                       "module = { name = \"toymod\"; minus_one_epoch = 0; minus_one_batch = 1; };\n"
+                       "optimizer = { name = \"sgd\"; lr = 0.1; };\n"
+                       "scheduler = { name = \"step\"; step_size = 1; gamma = 0.5; };\n";
+    CU_ASSERT_EQUAL_FATAL(fit(body, NULL, out, sizeof out), 0);
+    /* epoch 0: after batch 0 and for the skipped batch 1; epoch 1: 4 */
+    CU_ASSERT_EQUAL(count_prefix("host lr_scheduler_step"), 6);
+    CU_ASSERT_EQUAL(count("host lr_scheduler_step batch=1"), 2);
+    CU_ASSERT_EQUAL_FATAL(fit(body, "--set scheduler.interval=\\\"epoch\\\"", out, sizeof out), 0);
+    /* one epoch step per epoch, the first at the skipped batch */
+    CU_ASSERT_EQUAL(count_prefix("host lr_scheduler_step"), 2);
+    CU_ASSERT_EQUAL(count("host lr_scheduler_step batch=1"), 1);
+    CU_ASSERT_EQUAL(count("host lr_scheduler_step batch=3"), 1);
+}
+
+/* 2. loops/utilities._parse_loop_limits: min_steps without min_epochs sets
+ * min_epochs = 1, so a stop requested inside the first epoch finishes it. */
+static void test_conf_min_steps_alone(void) {
+    char out[16384];
+    const char *body = "trainer = { max_epochs = 5; num_sanity_val_steps = 0; min_steps = 1; };\n"
+                       "data = { name = \"toydata\"; n_train = 4; n_val = 1; };\n"
+                       "module = { name = \"toymod\"; stop_at_batch = 0; };\n"
+                       "optimizer = { name = \"sgd\"; lr = 0.1; };\n";
+    CU_ASSERT_EQUAL_FATAL(fit(body, NULL, out, sizeof out), 0);
+    CU_ASSERT_EQUAL(count_prefix("callback on_train_batch_end"), 4); /* the first epoch, whole */
+    CU_ASSERT_EQUAL(count("callback on_train_epoch_start"), 1);
+    /* min_epochs = 0 written out: the stop takes effect at once */
+    CU_ASSERT_EQUAL_FATAL(fit(body, "--set trainer.min_epochs=0", out, sizeof out), 0);
+    CU_ASSERT_EQUAL(count_prefix("callback on_train_batch_end"), 1);
+}
+
+/* 3. fit_loop.on_advance_end with call._call_callback_hooks(...,
+ * monitoring_callbacks=False/True): early stopping and the checkpoint
+ * callback run after the module's on_train_epoch_end and can monitor what
+ * it logs there. */
+static void test_conf_monitoring_callbacks(void) {
+    char out[16384], body[8192], dir[4200], p[4400];
+    snprintf(dir, sizeof dir, "%s/monitor-ck", g_dir);
+    snprintf(body, sizeof body,
+             "trainer = { max_epochs = 5; num_sanity_val_steps = 0; limit_val_batches = 0; };\n"
+             "data = { name = \"toydata\"; n_train = 2; n_val = 1; };\n"
+             "module = { name = \"toymod\"; epoch_metric = 1; };\n"
+             "optimizer = { name = \"sgd\"; lr = 0.1; };\n"
+             "callbacks = ( { name = \"hook_trace\"; path = \"%s/monitor-trace.txt\"; },\n"
+             "  { name = \"early_stopping\"; monitor = \"epoch_metric\"; patience = 0; strict = true;\n"
+             "    check_on_train_epoch_end = true; },\n"
+             "  { name = \"checkpoint\"; dirpath = \"%s\"; monitor = \"epoch_metric\"; save_top_k = 1;\n"
+             "    filename = \"best-{epoch}\"; } );\n",
+             g_dir, dir);
+    int rc = fit(body, NULL, out, sizeof out);
+    if (rc) fprintf(stderr, "\n%s\n", out);
+    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    snprintf(p, sizeof p, "%s/monitor-trace.txt", g_dir);
+    read_lines(p);
+    /* epoch_metric = 1 + epoch never improves after epoch 0: patience 0 stops after epoch 1 */
+    CU_ASSERT_EQUAL(count("callback on_train_epoch_start"), 2);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "epochs: 2 "));
+    /* the checkpoint callback ranked by it: epoch 0 is the best */
+    struct stat st;
+    snprintf(p, sizeof p, "%s/best-0.safetensors", dir);
+    CU_ASSERT_EQUAL(stat(p, &st), 0);
+    snprintf(p, sizeof p, "%s/best-1.safetensors", dir);
+    CU_ASSERT_NOT_EQUAL(stat(p, &st), 0);
+}
+
+/* 4. evaluation_loop._on_evaluation_end: should_stop set by early stopping
+ * in on_validation_end is visible to the module's on_validation_end. */
+static void test_conf_should_stop_live(void) {
+    char out[16384];
+    const char *body = "trainer = { max_epochs = 3; num_sanity_val_steps = 0; };\n"
+                       "data = { name = \"toydata\"; n_train = 2; n_val = 1; };\n"
+                       "module = { name = \"toymod\"; report_should_stop = 1; };\n"
+                       "optimizer = { name = \"sgd\"; lr = 0.1; };\n"
+                       "callbacks = ( { name = \"early_stopping\"; monitor = \"val_loss\"; stopping_threshold = 1000.0;\n"
+                       "                check_on_train_epoch_end = false; } );\n";
+    g_loud = 1;
+    int rc = fit(body, NULL, out, sizeof out);
+    g_loud = 0;
+    if (rc) fprintf(stderr, "\n%s\n", out);
+    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "on_validation_end in epoch 0 sees should_stop=1"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "epochs: 1 "));
+}
+
+/* 5. strategies/strategy.py runs post_backward after every backward, with
+ * the gradient sync suppressed separately while accumulating; kiln's rule
+ * (docs/semantics.md, "Where kiln differs"): S.post_backward is where the
+ * sync happens, so it runs only after the backward of a stepping batch. */
+static void test_conf_post_backward_rule(void) {
+    char out[16384];
+    const char *body = "trainer = { max_epochs = 1; num_sanity_val_steps = 0; accumulate_grad_batches = 2; };\n"
+                       "data = { name = \"toydata\"; n_train = 5; n_val = 1; };\n"
+                       "module = { name = \"toymod\"; };\n"
+                       "optimizer = { name = \"sgd\"; lr = 0.1; };\n";
+    CU_ASSERT_EQUAL_FATAL(fit(body, NULL, out, sizeof out), 0);
+    CU_ASSERT_EQUAL(count_prefix("module backward"), 5);
+    CU_ASSERT_EQUAL(count_prefix("strategy post_backward"), 3); /* batches 1, 3 and the last, 4 */
+    CU_ASSERT_EQUAL(count("strategy post_backward batch=0"), 0);
+    CU_ASSERT_EQUAL(count("strategy post_backward batch=4"), 1);
+}
+
+/* 6. trainer._run_sanity_check (not val_loop.restarting) with
+ * fit_loop.restarting: a checkpoint of a finished epoch with max_steps = -1
+ * is not a restart, so the sanity check runs again; with max_steps set it
+ * is (_iteration_based_training) and the check is skipped. */
+static void test_conf_resume_sanity(void) {
+    char out[16384], cfg[4300], text[8192], cmd[16384], root[4200];
+    snprintf(root, sizeof root, "%s/sanity", g_dir);
+    snprintf(cfg, sizeof cfg, "%s/sanity.cfg", g_dir);
+    snprintf(text, sizeof text,
+             "plugins = { dirs = [\"%s\"]; };\n"
+             "trainer = { max_epochs = 1; seed = 3; };\n"
+             "data = { name = \"toydata\"; n_train = 2; n_val = 2; };\n"
+             "module = { name = \"toymod\"; };\n"
+             "optimizer = { name = \"sgd\"; lr = 0.1; };\n"
+             "callbacks = ( { name = \"hook_trace\"; path = \"%s/sanity-trace.txt\"; } );\n",
+             getenv("KILN_TRAIN_FIXTURES"), g_dir);
+    CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
+    snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s\"'", tu_kiln(), cfg, root);
+    CU_ASSERT_EQUAL_FATAL(tu_run(cmd, out, sizeof out), 0);
+    char trace[4400];
+    snprintf(trace, sizeof trace, "%s/sanity-trace.txt", g_dir);
+    snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s\"' --ckpt last --set trainer.max_epochs=2",
+             tu_kiln(), cfg, root);
+    CU_ASSERT_EQUAL_FATAL(tu_run(cmd, out, sizeof out), 0);
+    read_lines(trace);
+    CU_ASSERT_EQUAL(count("callback on_sanity_check_start stage=sanity"), 1);
+    CU_ASSERT_EQUAL(count("callback on_train_epoch_start"), 1);
+    /* the same resume of a step-limited run: no sanity check */
+    snprintf(cmd, sizeof cmd,
+             "%s -q fit %s --set 'trainer.default_root_dir=\"%s\"' --ckpt %s/version_0/checkpoints/last.safetensors "
+             "--set trainer.max_epochs=2 --set trainer.max_steps=4",
+             tu_kiln(), cfg, root, root);
+    CU_ASSERT_EQUAL_FATAL(tu_run(cmd, out, sizeof out), 0);
+    read_lines(trace);
+    CU_ASSERT_EQUAL(count("callback on_sanity_check_start stage=sanity"), 0);
+    CU_ASSERT_EQUAL(count("callback on_train_epoch_start"), 1);
+}
+
+/* 7. test_hooks.py, test_trainer_model_hook_system_fit_no_val_and_resume_max_steps
+ * (fit_loop RESTARTED_ON_EPOCH_END): a run stopped by max_steps inside an
+ * epoch resumes inside it: no on_train_epoch_start, the next batch, the
+ * same current_epoch; and the weights equal an uninterrupted run's. */
+static void test_conf_resume_after_max_steps(void) {
+    char out[16384], cfg[4300], text[8192], cmd[32768], root[4200], wa[4300], wb[4300], trace[4400], ck[4400];
+    snprintf(root, sizeof root, "%s/maxsteps", g_dir);
+    snprintf(cfg, sizeof cfg, "%s/maxsteps.cfg", g_dir);
+    snprintf(wa, sizeof wa, "%s/ms_full.bin", g_dir);
+    snprintf(wb, sizeof wb, "%s/ms_resumed.bin", g_dir);
+    snprintf(trace, sizeof trace, "%s/maxsteps-trace.txt", g_dir);
+    snprintf(text, sizeof text,
+             "plugins = { dirs = [\"%s\"]; };\n"
+             "trainer = { max_epochs = 2; seed = 5; num_sanity_val_steps = 0; limit_val_batches = 0; };\n"
+             "data = { name = \"toydata\"; n_train = 4; n_val = 1; };\n"
+             "module = { name = \"toymod\"; };\n"
+             "optimizer = { name = \"adamw\"; lr = 0.05; };\n",
+             getenv("KILN_TRAIN_FIXTURES"));
+    CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
+    const char *cbs = "--set 'callbacks=({name=\"weightdump\"; path=\"%s\";}, {name=\"hook_trace\"; path=\"%s\";})'";
+    char d1[9000], d2[9000];
+    snprintf(d1, sizeof d1, cbs, wa, trace);
+    snprintf(d2, sizeof d2, cbs, wb, trace);
+    snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s/full\"' --set trainer.max_steps=3 %s",
+             tu_kiln(), cfg, root, d1);
+    CU_ASSERT_EQUAL_FATAL(tu_run(cmd, out, sizeof out), 0);
+    snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s/part\"' --set trainer.max_steps=1",
+             tu_kiln(), cfg, root);
+    CU_ASSERT_EQUAL_FATAL(tu_run(cmd, out, sizeof out), 0);
+    snprintf(ck, sizeof ck, "%s/part/version_0/checkpoints/last.safetensors", root);
+    char why[512];
+    kst_file *f = NULL;
+    CU_ASSERT_EQUAL_FATAL(kst_open(ck, &f, why, sizeof why), 0);
+    CU_ASSERT_STRING_EQUAL(kst_metadata(f, "epoch"), "0"); /* loaded_ckpt "epoch": 0 */
+    CU_ASSERT_STRING_EQUAL(kst_metadata(f, "global_step"), "1");
+    kst_close(f);
+    snprintf(cmd, sizeof cmd, "%s fit %s --set 'trainer.default_root_dir=\"%s/part\"' --ckpt last --set trainer.max_steps=3 %s",
+             tu_kiln(), cfg, root, d2);
+    int rc = tu_run(cmd, out, sizeof out);
+    if (rc) fprintf(stderr, "\n%s\n", out);
+    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "resuming inside epoch 0 after batch 0"));
+    read_lines(trace);
+    CU_ASSERT_EQUAL(count("callback on_train_epoch_start"), 0);
+    CU_ASSERT_EQUAL(count("callback on_train_batch_start batch=0"), 0);
+    CU_ASSERT_EQUAL(count("callback on_train_batch_start batch=1"), 1);
+    CU_ASSERT_EQUAL(count("callback on_train_batch_start batch=2"), 1);
+    CU_ASSERT_EQUAL(count("callback on_train_batch_start batch=3"), 0);
+    CU_ASSERT_EQUAL(count("callback on_train_epoch_end"), 1);
+    snprintf(cmd, sizeof cmd, "cmp %s %s", wa, wb);
+    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
+}
+
+/* 8. loops/optimization/automatic.py with torch's zero_grad(set_to_none=True):
+ * after a training_step that returned no loss every gradient is None and
+ * the optimizers skip every parameter, so the step changes nothing
+ * (KILN_PARAMF_NO_GRAD); a 1.4 optimizer, which cannot know, still steps on
+ * the zeroed gradients as before. */
+static void no_loss_run(const char *opt, const char *extra, const char *dump) {
+    char out[16384], body[8192];
+    snprintf(body, sizeof body,
+             "trainer = { max_epochs = 1; seed = 9; num_sanity_val_steps = 0; };\n"
+             "data = { name = \"toydata\"; n_train = 3; n_val = 1; };\n"
+             "module = { name = \"toymod\"; no_loss_batch = 2; };\n"
+             "optimizer = %s;\n"
+             "callbacks = ( { name = \"weightdump\"; path = \"%s\"; } );\n",
+             opt, dump);
+    int rc = fit(body, extra, out, sizeof out);
+    if (rc) fprintf(stderr, "\n%s\n", out);
+    CU_ASSERT_EQUAL(rc, 0);
+}
+
+static void test_conf_no_loss_is_a_no_op(void) {
+    const char *opts[] = {"{ name = \"sgd\"; lr = 0.1; momentum = 0.9; weight_decay = 0.1; }",
+                          "{ name = \"adamw\"; lr = 0.05; weight_decay = 0.1; }",
+                          "{ name = \"lbfgs\"; lr = 0.5; max_iter = 3; }"};
+    char a[4300], b[4300], cmd[16384], out[16384];
+    for (int i = 0; i < 3; i++) {
+        snprintf(a, sizeof a, "%s/noloss%d_a.bin", g_dir, i);
+        snprintf(b, sizeof b, "%s/noloss%d_b.bin", g_dir, i);
+        no_loss_run(opts[i], NULL, a);                          /* batches 0, 1, and 2 without a loss */
+        no_loss_run(opts[i], "--set trainer.max_steps=2", b);    /* batches 0 and 1 only */
+        snprintf(cmd, sizeof cmd, "cmp %s %s", a, b);
+        CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
+    }
+    /* the same sgd built against the frozen 1.4 headers: the old behaviour */
+    char plugdirs[9000];
+    snprintf(plugdirs, sizeof plugdirs, "--set 'plugins.dirs=[\"%s\", \"%s\"]'", getenv("KILN_TRAIN_FIXTURES"),
+             getenv("KILN_ABI14_FIXTURES"));
+    const char *old = "{ name = \"sgd14:sgd\"; lr = 0.1; momentum = 0.9; weight_decay = 0.1; }";
+    snprintf(a, sizeof a, "%s/noloss14_a.bin", g_dir);
+    snprintf(b, sizeof b, "%s/noloss14_b.bin", g_dir);
+    no_loss_run(old, plugdirs, a);
+    char extra[9100];
+    snprintf(extra, sizeof extra, "%s --set trainer.max_steps=2", plugdirs);
+    no_loss_run(old, extra, b);
+    snprintf(cmd, sizeof cmd, "cmp -s %s %s", a, b);
+    CU_ASSERT_NOT_EQUAL(tu_run(cmd, out, sizeof out), 0);
+}
+
+/* 9. training_epoch_loop.reset (reset_on_run of the optimisation progress):
+ * the `current` optimizer-step and zero-grad counters count the epoch's. */
+static void test_conf_progress_current_per_epoch(void) {
+    char out[16384], cfg[4300], text[8192], cmd[16384], root[4200], ck[4400];
+    snprintf(root, sizeof root, "%s/current", g_dir);
+    snprintf(cfg, sizeof cfg, "%s/current.cfg", g_dir);
+    snprintf(text, sizeof text, "plugins = { dirs = [\"%s\"]; };\n%s", getenv("KILN_TRAIN_FIXTURES"), BASE);
+    CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
+    snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s\"' --set trainer.max_epochs=3 "
+             "--set data.n_train=4", tu_kiln(), cfg, root);
+    CU_ASSERT_EQUAL_FATAL(tu_run(cmd, out, sizeof out), 0);
+    snprintf(ck, sizeof ck, "%s/version_0/checkpoints/last.safetensors", root);
+    long long v[36];
+    CU_ASSERT_EQUAL_FATAL(progress_fields(ck, v, 36), 36);
+    CU_ASSERT_EQUAL(v[16 + 3], 12); /* opt_step.total.completed: global_step */
+    CU_ASSERT_EQUAL(v[20 + 3], 4);  /* opt_step.current.completed: this epoch's */
+    CU_ASSERT_EQUAL(v[24 + 3], 12); /* zero_grad.total.completed */
+    CU_ASSERT_EQUAL(v[28 + 3], 4);  /* zero_grad.current.completed */
+    /* it still resumes, and the global step continues from the total */
+    snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s\"' --set trainer.max_epochs=4 "
+             "--set data.n_train=4 --ckpt last", tu_kiln(), cfg, root);
+    CU_ASSERT_EQUAL_FATAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "steps: 16 "));
+}
+
 static int setup(void) { g_dir = tu_mkdtemp(); return g_dir ? 0 : 1; }
 static int teardown(void) {
     free_lines();
@@ -680,6 +976,16 @@ static void register_tests(void) {
     CU_add_test(s, "checkpoint weights: save, test --ckpt, refusals", test_checkpoint_weights);
     CU_add_test(s, "resume from an epoch-end checkpoint is bit-identical", test_resume_bit_identical);
     CU_add_test(s, "resume refuses out-of-range or inconsistent counters", test_resume_refuses_bad_counters);
+    CU_pSuite c = CU_add_suite("lightning conformance", setup, teardown);
+    CU_add_test(c, "1. -1 from on_train_batch_start updates the schedulers", test_conf_minus_one_schedulers);
+    CU_add_test(c, "2. min_steps alone implies min_epochs = 1", test_conf_min_steps_alone);
+    CU_add_test(c, "3. monitoring callbacks after the module at on_train_epoch_end", test_conf_monitoring_callbacks);
+    CU_add_test(c, "4. should_stop is live in on_validation_end", test_conf_should_stop_live);
+    CU_add_test(c, "5. post_backward only on stepping batches (kiln's rule)", test_conf_post_backward_rule);
+    CU_add_test(c, "6. sanity check again after an epoch-end checkpoint", test_conf_resume_sanity);
+    CU_add_test(c, "7. resume inside an epoch cut by max_steps", test_conf_resume_after_max_steps);
+    CU_add_test(c, "8. a step without a loss changes nothing", test_conf_no_loss_is_a_no_op);
+    CU_add_test(c, "9. per-epoch current optimizer/zero-grad counters", test_conf_progress_current_per_epoch);
 }
 
 #include "cunit_main.h"

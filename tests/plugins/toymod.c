@@ -3,8 +3,11 @@
  * classifier (features → 2 classes) written in plain C, with LightningModule
  * hooks that tests steer from the run file: return -1 from
  * on_train_batch_start at a given (epoch, batch), request a stop at the end
- * of a given epoch, or return no loss from a given batch. It records nothing
- * itself; tests read hook_trace's file.
+ * of a given epoch or of a batch of the first, or return no loss from a given batch; log a metric of
+ * its own in on_train_epoch_end (1 + epoch: it gets worse every epoch) for
+ * the monitoring callbacks; report (as a warning line) the should_stop it
+ * sees in on_validation_end. Otherwise it records nothing itself; tests read
+ * hook_trace's file.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -17,7 +20,7 @@ struct toy_mod {
     kiln_host_ctx *hctx;
     kiln_parameter *w, *b; /* w: (2, F), b: (2) */
     int64_t features;
-    int64_t m1_epoch, m1_batch, stop_epoch, noloss_batch;
+    int64_t m1_epoch, m1_batch, stop_epoch, stop_batch, noloss_batch, epoch_metric, report_stop;
     float *x;      /* (B, F) last inputs  */
     float *dlog;   /* (B, 2) softmax - onehot of the last step, / B */
     int64_t rows;
@@ -35,7 +38,10 @@ static int32_t tm_create(void *ctx, const kiln_host_services *svc, kiln_host_ctx
     m->m1_epoch = kiln_kv_int(cfg, "minus_one_epoch", -1);
     m->m1_batch = kiln_kv_int(cfg, "minus_one_batch", -1);
     m->stop_epoch = kiln_kv_int(cfg, "stop_at_epoch", -1);
+    m->stop_batch = kiln_kv_int(cfg, "stop_at_batch", -1);
     m->noloss_batch = kiln_kv_int(cfg, "no_loss_batch", -1);
+    m->epoch_metric = kiln_kv_int(cfg, "epoch_metric", 0);
+    m->report_stop = kiln_kv_int(cfg, "report_should_stop", 0);
     int64_t ws[2] = {2, m->features}, bs[1] = {2};
     int32_t rc = svc->param_register(h, "linear.weight", 2, ws, 0, &m->w);
     if (rc == KILN_OK) rc = svc->param_register(h, "linear.bias", 1, bs, KILN_PARAMF_NO_DECAY, &m->b);
@@ -163,6 +169,13 @@ static int32_t tm_event(kiln_instance *i, kiln_event *ev) {
     }
     if (ev->id == KILN_EV_ON_TRAIN_EPOCH_END && ev->trainer->current_epoch >= m->stop_epoch && m->stop_epoch >= 0)
         m->svc->request_stop(m->hctx, "toymod stop_at_epoch");
+    if (ev->id == KILN_EV_ON_TRAIN_BATCH_END && ev->trainer->current_epoch == 0 && ev->batch_idx == m->stop_batch)
+        m->svc->request_stop(m->hctx, "toymod stop_at_batch");
+    if (ev->id == KILN_EV_ON_TRAIN_EPOCH_END && m->epoch_metric)
+        m->svc->log_value(m->hctx, "epoch_metric", 1.0 + (double)ev->trainer->current_epoch, KILN_LOG_ON_EPOCH, 1.0);
+    if (ev->id == KILN_EV_ON_VALIDATION_END && m->report_stop)
+        kiln_logf(m->svc, m->hctx, KILN_LOG_WARN, "toymod: on_validation_end in epoch %lld sees should_stop=%d",
+                  (long long)ev->trainer->current_epoch, (int)ev->trainer->should_stop);
     return KILN_OK;
 }
 
@@ -173,7 +186,10 @@ static const kiln_param tm_params[] = {
     {"minus_one_epoch", KILN_TYPE_INT, 0, KILN_V_INT(-1), "epoch whose on_train_batch_start returns -1"},
     {"minus_one_batch", KILN_TYPE_INT, 0, KILN_V_INT(-1), "batch whose on_train_batch_start returns -1"},
     {"stop_at_epoch", KILN_TYPE_INT, 0, KILN_V_INT(-1), "request a stop at the end of this epoch"},
+    {"stop_at_batch", KILN_TYPE_INT, 0, KILN_V_INT(-1), "request a stop at the end of this batch of epoch 0"},
     {"no_loss_batch", KILN_TYPE_INT, 0, KILN_V_INT(-1), "training_step returns no loss for this batch"},
+    {"epoch_metric", KILN_TYPE_INT, 0, KILN_V_INT(0), "1: log epoch_metric = 1 + epoch in on_train_epoch_end"},
+    {"report_should_stop", KILN_TYPE_INT, 0, KILN_V_INT(0), "1: warn the should_stop seen in on_validation_end"},
     {NULL, 0, 0, KILN_V_NONE, NULL}};
 static const kiln_plugin_desc tm_desc = {sizeof(kiln_plugin_desc), KILN_KIND_MODULE, "toymod", "1.0.0",
                                          "linear classifier with steerable hooks", 0, NULL, tm_params, &tm_ops,

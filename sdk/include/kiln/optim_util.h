@@ -37,6 +37,30 @@ static inline size_t kiln_params_numel(kiln_parameter *const *params, uint32_t n
     return total;
 }
 
+/* Whether a parameter has a gradient this step: not when the host marked it
+ * KILN_PARAMF_NO_GRAD (1.5; torch's p.grad is None: zero_grad ran and no
+ * backward reached it since, e.g. after a training_step that returned no
+ * loss). An optimizer skips such a parameter entirely: no update, no weight
+ * decay, no change to its momenta or moments. A host before 1.5 never sets
+ * the bit, so every parameter has one there. */
+static inline int kiln_param_has_grad(const kiln_parameter *p) {
+#ifdef KILN_PARAMF_NO_GRAD
+    return !(p->flags & KILN_PARAMF_NO_GRAD);
+#else
+    (void)p;
+    return 1;
+#endif
+}
+
+/* Whether any of the parameters has a gradient this step; when none has,
+ * a step changes nothing at all (not even its step count), as a torch
+ * optimizer whose every p.grad is None. */
+static inline int kiln_params_any_grad(kiln_parameter *const *params, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++)
+        if (kiln_param_has_grad(params[i])) return 1;
+    return 0;
+}
+
 /* optimizer.zero_grad(): every gradient to 0 through the accelerator. */
 static inline int32_t kiln_params_zero_grad(const kiln_kernels *k, kiln_instance *acc, kiln_parameter *const *params,
                                             uint32_t n) {

@@ -55,7 +55,7 @@ extern "C" {
  * Versions */
 
 #define KILN_ABI_MAJOR 1
-#define KILN_ABI_MINOR 4
+#define KILN_ABI_MINOR 5
 
 #if defined(__GNUC__)
 #define KILN_EXPORT __attribute__((visibility("default")))
@@ -85,6 +85,14 @@ enum {
 #define KILN_CAP_NEEDS_CUDA (1ull << 2)           /* only usable with a CUDA device          */
 #define KILN_CAP_DETERMINISTIC (1ull << 3)        /* same inputs give bit-identical outputs  */
 #define KILN_CAP_KNOWN_1_0 (KILN_CAP_THREAD_SAFE_INSTANCE | KILN_CAP_STATEFUL | KILN_CAP_NEEDS_CUDA | KILN_CAP_DETERMINISTIC)
+/* 1.5: a callback that monitors logged metrics (early stopping, model
+ * checkpointing). At on_train_epoch_end the host calls the callbacks without
+ * this bit, then the precision plugin and the module, and only then the
+ * callbacks with it, so they can monitor a metric the module logs in its own
+ * on_train_epoch_end (Lightning's "monitoring callbacks"). A host before 1.5
+ * ignores the bit and calls every callback before the module. */
+#define KILN_CAP_MONITOR (1ull << 4)
+#define KILN_CAP_KNOWN_1_5 (KILN_CAP_KNOWN_1_0 | KILN_CAP_MONITOR)
 
 /* Log levels (int32). */
 enum {

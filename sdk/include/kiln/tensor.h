@@ -84,6 +84,13 @@ typedef struct kiln_batch {
 #define KILN_PARAMF_FROZEN (1u << 1)   /* 1.2, set by the host: requires_grad is
                                           False (toggle_optimizer); backward must
                                           not touch this parameter's grad      */
+#define KILN_PARAMF_NO_GRAD (1u << 2)  /* 1.5, set by the host: the gradient is
+                                          None (PyTorch's set_to_none): zero_grad
+                                          ran and no backward has reached this
+                                          parameter since. `grad` holds zeros; an
+                                          optimizer leaves the parameter, its
+                                          state and its decay untouched, as
+                                          torch optimizers skip p.grad is None */
 
 /* A parameter the host allocated for a module (ABI 1.1). The host owns the
  * memory; the pointers stay valid until the run ends. `data` and `grad` are
