@@ -426,7 +426,11 @@ typedef struct kiln_strategy_ops {
     int32_t (*setup)(kiln_instance *self, kiln_parameter *const *params, uint32_t n);
     int32_t (*world)(kiln_instance *self, int32_t *rank, int32_t *world_size, int32_t *local_rank);
     int32_t (*pre_backward)(kiln_instance *self);
-    /* gradient synchronisation; not called on accumulating batches */
+    /* Gradient synchronisation. An ABI rule (unlike Lightning, which calls
+     * it after every backward and suppresses the sync with no_sync): called
+     * only after the backward of a batch that steps, and after every
+     * manual_backward; never after an accumulating backward, so the
+     * gradients it sees are final for the step. */
     int32_t (*post_backward)(kiln_instance *self);
     int32_t (*barrier)(kiln_instance *self, const char *name);
     /* sum `n` doubles across ranks, in place */
