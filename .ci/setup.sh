@@ -20,8 +20,10 @@ jobs=$(nproc 2>/dev/null || echo 2)
 pkgs=(build-essential cmake pkg-config libconfig-dev libcunit1-dev libopenblas-dev libblis4-serial zlib1g-dev
       libopenmpi-dev openmpi-bin dataset-fashion-mnist python3 python3-numpy libpng-dev libxxhash-dev)
 # the tests also need: the fortunes texts (the GPT demo), Debian's PyTorch
-# (the gpt module is checked against it) and venv (transformers from PyPI)
-[ "$mode" = test ] && pkgs+=(fortunes python3-torch python3-venv)
+# (the gpt module is checked against it), venv (transformers from PyPI), and
+# clang with its libFuzzer runtime (a Recommends of clang-14, which
+# --no-install-recommends skips) for the fuzz step
+[ "$mode" = test ] && pkgs+=(fortunes python3-torch python3-venv clang libclang-rt-14-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -116,6 +118,9 @@ cmake --preset asan >/dev/null
 cmake --build --preset asan -j "$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --preset asan -j "$jobs"
+
+echo "== fuzz: each libFuzzer target for 25 s (tests/fuzz/run.sh; longer: --seconds N)"
+bash tests/fuzz/run.sh --seconds 25 --jobs 2
 
 echo "== SDK package: install, build examples/hello-plugin out of tree, load it"
 prefix=$(mktemp -d /tmp/kiln-prefix.XXXXXX)
