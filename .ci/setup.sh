@@ -18,12 +18,12 @@ jobs=$(nproc 2>/dev/null || echo 2)
 
 # ---------------------------------------------------------------- packages
 pkgs=(build-essential cmake pkg-config libconfig-dev libcunit1-dev libopenblas-dev libblis4-serial zlib1g-dev
-      libopenmpi-dev openmpi-bin dataset-fashion-mnist python3 python3-numpy libpng-dev libxxhash-dev)
+      libopenmpi-dev openmpi-bin dataset-fashion-mnist python3 python3-numpy libpng-dev libxxhash-dev libssl-dev)
 # the tests also need: the fortunes texts (the GPT demo), Debian's PyTorch
 # (the gpt module is checked against it), venv (transformers from PyPI), and
 # clang with its libFuzzer runtime (a Recommends of clang-14, which
 # --no-install-recommends skips) for the fuzz step
-[ "$mode" = test ] && pkgs+=(fortunes python3-torch python3-venv clang libclang-rt-14-dev)
+[ "$mode" = test ] && pkgs+=(fortunes python3-torch python3-venv clang libclang-rt-14-dev slurm-wlm munge)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -20,7 +20,11 @@
  * alive then fail with a message naming the collective instead of blocking
  * for ever, skip MPI_Finalize (which would wait for the hung rank too), and
  * the launcher takes the job down when they exit. Collectives and bytes are
- * counted and reported in one info line at destroy.
+ * counted and reported in one info line at destroy. Under Slurm, a task
+ * that no PMIx server serves (`srun --mpi=none`) is stopped before
+ * MPI_Init with one line saying how to launch instead of Open MPI's abort
+ * (ddp_slurm.c); a launch without MPI takes its rendezvous host and port
+ * from the job when MASTER_ADDR/MASTER_PORT are unset.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -32,6 +36,8 @@
 #include <time.h>
 
 #include "ddp_internal.h"
+#include "ddp_slurm.h"
+#include "ddp_tcp.h"
 
 /* ------------------------------------------------------------------------ */
 /* Errors */
@@ -117,6 +123,9 @@ static const ddp_source ddp_env_sources[] = {
     {"Slurm (SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID)", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"},
 };
 
+/* getenv with the const signature ddp_slurm.c takes. */
+static const char *ddp_getenv(const char *name) { return getenv(name); }
+
 /* Parse a whole-string non-negative decimal; -1 absent, -2 malformed. */
 static int64_t ddp_env_int(const char *name) {
     const char *s = getenv(name);
@@ -198,11 +207,40 @@ static int32_t ddp_create_tcp(kiln_instance *self, const char *source, int64_t r
                            "ddp: bootstrap \"tcp\" needs RANK and WORLD_SIZE (torchrun sets them) or "
                            "strategy.rank/world_size; none is set");
     const char *addr = getenv("MASTER_ADDR");
+    const char *addr_from = "MASTER_ADDR", *port_from = "MASTER_PORT";
+    /* Under Slurm the job itself names rank 0's host: task 0 runs on the
+     * first node of its step (srun's block and cyclic distributions both
+     * start there), and every task sees the same list. The step's list
+     * first: a step may run on part of the job's nodes. */
+    char slurm_host[256];
+    const char *list_var = getenv("SLURM_STEP_NODELIST") ? "SLURM_STEP_NODELIST" : "SLURM_JOB_NODELIST";
+    if ((!addr || !*addr) && getenv(list_var)) {
+        char why[300];
+        int r = ddp_slurm_hostlist_nth(getenv(list_var), 0, slurm_host, sizeof slurm_host, why, sizeof why);
+        if (r != 0)
+            return kiln_errorf(svc, hctx, KILN_E_CONFIG,
+                               "ddp: bootstrap \"tcp\": MASTER_ADDR is unset and %s '%s' gives no first host: %s",
+                               list_var, getenv(list_var), r < 0 ? why : "the list is empty");
+        addr = slurm_host;
+        addr_from = list_var;
+    }
     int64_t port = ddp_env_int("MASTER_PORT");
+    if (port == -1 && getenv("SLURM_JOB_ID")) {
+        port = ddp_slurm_port(getenv("SLURM_JOB_ID"));
+        port_from = "SLURM_JOB_ID (20000 + id % 20000)";
+    }
     if (port < 1 || port > 65535)
         return kiln_errorf(svc, hctx, KILN_E_CONFIG,
                            "ddp: bootstrap \"tcp\": MASTER_PORT: expected a TCP port 1..65535, found '%s'",
                            getenv("MASTER_PORT") ? getenv("MASTER_PORT") : "(unset)");
+    /* The rendezvous hands NCCL's id (the key to its bootstrap) only to
+     * ranks that prove they hold the job's secret. Unset, it runs
+     * unauthenticated as torchrun does, and rank 0 says so once. */
+    const char *secret = getenv("KILN_RDZV_SECRET");
+    if (secret && *secret && (strlen(secret) < DDP_TCP_MIN_SECRET || strlen(secret) >= sizeof self->rdzv_secret))
+        return kiln_errorf(svc, hctx, KILN_E_CONFIG,
+                           "ddp: KILN_RDZV_SECRET: expected %d to %zu characters, found %zu (e.g. `openssl rand "
+                           "-hex 32`)", DDP_TCP_MIN_SECRET, sizeof self->rdzv_secret - 1, strlen(secret));
     if (world > 1 && (!addr || !*addr || strlen(addr) >= sizeof self->master_addr))
         return kiln_errorf(svc, hctx, KILN_E_CONFIG,
                            "ddp: bootstrap \"tcp\": MASTER_ADDR: expected rank 0's host name or address, found "
@@ -214,6 +252,7 @@ static int32_t ddp_create_tcp(kiln_instance *self, const char *source, int64_t r
     self->tcp_boot = 1;
     snprintf(self->master_addr, sizeof self->master_addr, "%s", addr ? addr : "");
     self->master_port = (int)port;
+    snprintf(self->rdzv_secret, sizeof self->rdzv_secret, "%s", secret ? secret : "");
     self->rank = (int32_t)rank;
     self->world = (int32_t)world;
     self->local_rank = (int32_t)(local < 0 ? 0 : local);
@@ -221,6 +260,13 @@ static int32_t ddp_create_tcp(kiln_instance *self, const char *source, int64_t r
               "ddp: rank %d of %d (local rank %d) from %s; no MPI: rendezvous over TCP at %s:%d, collectives on NCCL",
               (int)self->rank, (int)self->world, (int)self->local_rank, source, self->master_addr[0] ? self->master_addr : "*",
               self->master_port);
+    if (strcmp(addr_from, "MASTER_ADDR") || strcmp(port_from, "MASTER_PORT"))
+        kiln_logf(svc, hctx, KILN_LOG_INFO, "ddp: rendezvous host from %s, port from %s", addr_from, port_from);
+    if (!self->rdzv_secret[0] && self->rank == 0 && self->world > 1)
+        kiln_logf(svc, hctx, KILN_LOG_WARN,
+                  "ddp: KILN_RDZV_SECRET is unset: the TCP rendezvous at %s:%d is unauthenticated, and anyone who "
+                  "reaches that port during it can obtain NCCL's id; have the launcher export the same secret to "
+                  "every rank (docs/distributed.md)", self->master_addr, self->master_port);
     return KILN_OK;
 #endif
 }
@@ -345,6 +391,36 @@ static int32_t ddp_create(void *plugin_ctx, const kiln_host_services *svc, kiln_
         return rc;
     }
     if (!inited) {
+        /* Open MPI aborts the whole process, with a page of text, when
+         * srun starts it without PMIx: say what to do instead, first. */
+#ifdef OPEN_MPI
+        const int pmi_counts = 0; /* Open MPI 4 direct-launches through PMIx only */
+#else
+        const int pmi_counts = 1; /* MPICH and others speak PMI-2 */
+#endif
+        char why[400];
+        int sc = ddp_slurm_mpi_check(ddp_getenv, pmi_counts, why, sizeof why);
+        if (sc < 0) {
+            rc = kiln_errorf(svc, hctx, KILN_E_CONFIG, "ddp: %s%s", why,
+#ifdef KILN_DDP_NCCL
+                             " (on GPUs, strategy.bootstrap = \"tcp\" needs no MPI)"
+#else
+                             ""
+#endif
+            );
+            free(self);
+            return rc;
+        }
+#ifdef OPEN_MPI
+        /* One task without PMIx: a singleton world is all it needs, but
+         * Open MPI takes SLURM_STEP_ID for a direct launch and aborts; out of
+         * its sight, it starts as a singleton. */
+        if (sc > 0 && getenv("SLURM_STEP_ID")) {
+            unsetenv("SLURM_STEP_ID");
+            kiln_logf(svc, hctx, KILN_LOG_DEBUG,
+                      "ddp: one Slurm task without PMIx: SLURM_STEP_ID hidden from MPI, which starts as a singleton");
+        }
+#endif
         int provided = 0;
         int err = MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided);
         if (err != MPI_SUCCESS) {

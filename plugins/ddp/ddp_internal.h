@@ -1,5 +1,5 @@
 /*
- * ddp_internal.h — what the two files of the "ddp" strategy share: the
+ * ddp_internal.h — what the files of the "ddp" strategy share: the
  * instance, the bucket plan's types, and the NCCL entry points ddp_nccl.c
  * provides when kiln is built with CUDA and NCCL (KILN_DDP_NCCL). ddp.c
  * owns rank discovery, MPI, the bucket plan and the host-memory path;
@@ -46,6 +46,8 @@ struct kiln_instance {
     int tcp_boot;
     char master_addr[256];
     int master_port;
+    char rdzv_secret[256];   /* KILN_RDZV_SECRET ("": unauthenticated), kept
+                              * only until the rendezvous, then wiped       */
     /* no collective may run any more (a timeout, NCCL's asynchronous error
      * or a failed communicator init): each later one fails at once with
      * one line saying why (dead_why) instead of waiting on dead peers */

@@ -154,8 +154,13 @@ static int32_t ddp_nccl_poll(kiln_instance *self, ddp_nccl *n, const char *what,
 static int32_t ddp_nccl_exchange(kiln_instance *self, ddp_nccl_boot *boot) {
     if (self->tcp_boot) {
         char err[512];
-        if (ddp_tcp_bcast(self->master_addr, self->master_port, (int)self->rank, (int)self->world, self->timeout_s,
-                          boot, sizeof *boot, err, sizeof err))
+        int trc = ddp_tcp_bcast(self->master_addr, self->master_port, (int)self->rank, (int)self->world,
+                                self->timeout_s, self->rdzv_secret[0] ? self->rdzv_secret : NULL, boot, sizeof *boot,
+                                err, sizeof err);
+        /* the secret served its one purpose: keep no copy for a core dump */
+        volatile char *sec = self->rdzv_secret;
+        for (size_t i = 0; i < sizeof self->rdzv_secret; i++) sec[i] = 0;
+        if (trc)
             return kiln_errorf(self->svc, self->hctx, KILN_E_COMM,
                                "ddp: rank %d of %d: TCP rendezvous at %s:%d (MASTER_ADDR:MASTER_PORT): %s",
                                (int)self->rank, (int)self->world, self->master_addr, self->master_port, err);

@@ -23,7 +23,9 @@
 # between the id exchange and NCCL's init: the others' init ends after
 # timeout_s with a line naming rank, world size and seconds; (k) rank 0's
 # ncclGetUniqueId fails: every rank stops at once, over MPI and over TCP.
-# The failures are injected into the fake NCCL (KILN_FAKE_NCCL_FAIL), and no
+# (g) also covers the rendezvous authenticated with KILN_RDZV_SECRET, rank
+# 0's warning when it is unset, and a Slurm launch without MPI (rendezvous
+# host and port from the job). The failures are injected into the fake NCCL (KILN_FAKE_NCCL_FAIL), and no
 # run may print one of its "contract violation" lines.
 # Exit 77 (skipped) without the dataset.
 #   ddp_nccl_fake.sh KILN MPIEXEC TRAIN_FIXTURES DDP_FIXTURES FAKE_PLUGIN_DIR
@@ -167,6 +169,49 @@ if WRAP="$tmp/as_torchrun" run tcp 2 cudafake:cuda '{ name = "ddpfake:ddp"; boot
   echo "  tcp: rendezvous at 127.0.0.1:$KILN_TEST_PORT, $n_all all-reduces ($n_avg avg), $n_bc broadcasts, $n_ag all-gathers on rank 1; weights = MPI bootstrap's"
 else
   cat "$tmp/tcp/log"; fail "(g) the 2-rank launch without MPI failed"
+fi
+
+# Without KILN_RDZV_SECRET rank 0 warns, once, that the rendezvous is
+# unauthenticated; with it on both ranks the same job trains to the same
+# weights, silently (the HMAC handshake of ddp_tcp.c, tests/ddp/test_ddp_tcp.c).
+n_warn=$(grep -c "KILN_RDZV_SECRET is unset: the TCP rendezvous at 127.0.0.1:$KILN_TEST_PORT is unauthenticated" "$tmp/tcp/log")
+[ "$n_warn" = 1 ] || fail "(g) without KILN_RDZV_SECRET: $n_warn warnings about the unauthenticated rendezvous, expected 1"
+export KILN_TEST_PORT=$((KILN_TEST_PORT + 1))
+if KILN_RDZV_SECRET=fake-nccl-test-secret-$RANDOM$RANDOM WRAP="$tmp/as_torchrun" run tcpauth 2 cudafake:cuda \
+     '{ name = "ddpfake:ddp"; bootstrap = "tcp"; }' 64 "limit_train_batches = 5;"; then
+  grep -q "unauthenticated" "$tmp/tcpauth/log" && fail "(g) with KILN_RDZV_SECRET: still warned about an unauthenticated rendezvous"
+  for r in 0 1; do
+    cmp -s "$tmp/nccl/w.$r" "$tmp/tcpauth/w.$r" || fail "(g) authenticated rendezvous: rank $r's weights differ from the MPI bootstrap's"
+  done
+  echo "  tcp with KILN_RDZV_SECRET: authenticated rendezvous, same weights"
+else
+  cat "$tmp/tcpauth/log"; fail "(g) the 2-rank launch without MPI with KILN_RDZV_SECRET failed"
+fi
+
+# Under Slurm without MPI (srun --mpi=none, bootstrap "tcp"): ranks from
+# SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID, the rendezvous at the first host
+# of SLURM_JOB_NODELIST, on port 20000 + SLURM_JOB_ID % 20000.
+cat > "$tmp/as_slurm" <<'SH'
+#!/usr/bin/env bash
+r=$OMPI_COMM_WORLD_RANK n=$OMPI_COMM_WORLD_SIZE l=$OMPI_COMM_WORLD_LOCAL_RANK
+unset OMPI_COMM_WORLD_RANK OMPI_COMM_WORLD_SIZE OMPI_COMM_WORLD_LOCAL_RANK
+export SLURM_PROCID=$r SLURM_NTASKS=$n SLURM_LOCALID=$l SLURM_JOB_NODELIST="localhost,nodeb[01-02]" SLURM_JOB_ID=$KILN_TEST_JOB
+exec "$@"
+SH
+chmod +x "$tmp/as_slurm"
+export KILN_TEST_JOB=$((100000 + RANDOM)) # port 20000 + id % 20000
+slurm_port=$((20000 + KILN_TEST_JOB % 20000))
+if WRAP="$tmp/as_slurm" run slurmtcp 2 cudafake:cuda '{ name = "ddpfake:ddp"; bootstrap = "tcp"; }' 64 "limit_train_batches = 5;"; then
+  for r in 0 1; do
+    grep -q "ddp: rank $r of 2 (local rank $r) from Slurm (SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID); no MPI: rendezvous over TCP at localhost:$slurm_port" "$tmp/slurmtcp/log" ||
+      fail "(g) Slurm without MPI: rank $r did not log the rendezvous at localhost:$slurm_port"
+    cmp -s "$tmp/nccl/w.$r" "$tmp/slurmtcp/w.$r" || fail "(g) Slurm without MPI: rank $r's weights differ from the MPI bootstrap's"
+  done
+  grep -q "rendezvous host from SLURM_JOB_NODELIST, port from SLURM_JOB_ID" "$tmp/slurmtcp/log" ||
+    fail "(g) Slurm without MPI: no line saying where the rendezvous host and port came from"
+  echo "  Slurm variables without MPI: rendezvous at localhost:$slurm_port (first host, 20000 + job id % 20000), same weights"
+else
+  cat "$tmp/slurmtcp/log"; fail "(g) the 2-rank Slurm launch without MPI failed"
 fi
 
 # The real ddp on the cpu accelerator cannot take a launch without MPI: one clear line.
