@@ -93,10 +93,26 @@ static void progress_text(const ht_trainer *t, char *buf, size_t n) {
  * reader of the metadata) and so far from INT64_MAX that the loops'
  * increments and sums (samples_seen += batch size) cannot overflow. */
 #define CKPT_COUNT_LIMIT ((long long)1 << 53)
+/* Room for the metrics text: HM_MAX * 4 entries of at most ~130 bytes. */
+#define HT_METRICS_TEXT_MAX (HM_MAX * 4 * 136 + 64)
 
 /* One integer of a metadata field: strtoll saturates out-of-range text,
  * which the range checks then report with the value seen. 1: read, 0: end
  * of the text, -1: something that is not an integer. */
+/* A metadata text as it may appear in a one-line message: control
+ * characters escaped (the text comes from the file, and a newline in it
+ * must not forge a log line), at most `max` characters shown. */
+static const char *meta_q(const char *s, size_t max, char *buf, size_t n) {
+    size_t o = 0, k = 0;
+    for (; s[k] && k < max && o + 5 < n; k++) {
+        unsigned char c = (unsigned char)s[k];
+        if (c < 0x20 || c == 0x7F) o += (size_t)snprintf(buf + o, n - o, "\\x%02x", c);
+        else buf[o++] = (char)c;
+    }
+    buf[o] = 0;
+    return buf;
+}
+
 static int read_ll(const char **p, long long *out) {
     const char *s = *p;
     while (*s == ' ') s++;
@@ -141,8 +157,9 @@ static int progress_parse(const char *text, const char *path, long long *v, char
     const char *p = text;
     int used = 0;
     if (sscanf(p, "kiln-progress-1%n", &used) != 0 || used == 0) {
-        hwhyf(why, whylen, "%s: expected __metadata__ progress to start with \"kiln-progress-1\", found \"%.40s\"", path,
-              text);
+        char q[200];
+        hwhyf(why, whylen, "%s: expected __metadata__ progress to start with \"kiln-progress-1\", found \"%s\"", path,
+              meta_q(text, 40, q, sizeof q));
         return KILN_E_DATA;
     }
     p += used;
@@ -240,10 +257,11 @@ static int loops_parse(const char *text, const char *path, long long *v, double 
         while (ok && *p == ' ') p++;
     }
     if (!ok || *p) {
+        char q[512];
         hwhyf(why, whylen,
               "%s: expected loop progress (__metadata__ loops = \"epochs step stepped batches [scheduler_steps "
               "lr_factor]\"), found %s%s%s",
-              path, text ? "\"" : "", text ? text : "none", text ? "\"" : "");
+              path, text ? "\"" : "", text ? meta_q(text, 120, q, sizeof q) : "none", text ? "\"" : "");
         return -1;
     }
     for (int i = 0; i < n; i++)
@@ -318,6 +336,16 @@ int ht_ckpt_save(ht_trainer *t, const char *path, char *why, size_t whylen) {
     char progress[1024];
     progress_text(t, progress, sizeof progress);
     if (rc == KILN_OK) rc = kst_add_metadata(w, "progress", progress, why, whylen);
+    /* what the end of the epoch reads (callback metrics, epoch sums) */
+    char *metrics = rc == KILN_OK ? malloc(HT_METRICS_TEXT_MAX) : NULL;
+    if (rc == KILN_OK && !metrics) rc = KILN_E_NOMEM;
+    if (rc == KILN_OK && hm_export(&t->metrics, metrics, HT_METRICS_TEXT_MAX) < 0) {
+        hwhyf(why, whylen, "%s: the logged metrics do not fit in %d bytes of checkpoint metadata", path,
+              HT_METRICS_TEXT_MAX);
+        rc = KILN_E_STATE;
+    }
+    if (rc == KILN_OK) rc = kst_add_metadata(w, "metrics", metrics, why, whylen);
+    free(metrics);
     /* Each plugin's own state (get_state), as a U8 tensor "__state__.<role>"
      * with "state.<role>" = "<plugin> <state_version>" in the metadata. */
     ckpt_slot cs[9 + HT_MAX_OPTIMIZERS + HT_MAX_CALLBACKS];
@@ -529,11 +557,29 @@ int ht_ckpt_resume(ht_trainer *t, const char *path, char *why, size_t whylen) {
         kst_close(f);
         return KILN_E_CONFIG;
     }
+    /* the metric store as saved (files before it have none: an empty store) */
+    ht_metrics *saved_metrics = NULL;
+    const char *mm = kst_metadata(f, "metrics");
+    if (mm) {
+        char mwhy[512];
+        saved_metrics = malloc(sizeof *saved_metrics);
+        const int bad = !saved_metrics ? KILN_E_NOMEM
+                        : hm_import(saved_metrics, mm, mwhy, sizeof mwhy) ? KILN_E_DATA
+                                                                          : KILN_OK;
+        if (bad) {
+            if (bad == KILN_E_DATA) hwhyf(why, whylen, "%s: __metadata__ metrics: %s", path, mwhy);
+            else hwhyf(why, whylen, "%s: out of memory reading the metrics", path);
+            free(saved_metrics);
+            kst_close(f);
+            return bad;
+        }
+    }
     long long pv[PROGRESS_FIELDS];
     const char *pm = kst_metadata(f, "progress");
     const int have_progress = pm != NULL;
     if (pm && (rc = progress_parse(pm, path, pv, why, whylen)) != KILN_OK) {
         kst_close(f);
+        free(saved_metrics);
         return rc;
     }
     if (have_progress) {
@@ -546,6 +592,7 @@ int ht_ckpt_resume(ht_trainer *t, const char *path, char *why, size_t whylen) {
             hwhyf(why, whylen, "%s: loops counter %s: expected %lld (progress counter %s), found %lld", path,
                   LOOPS_NAME[i], *pair[i][1], n, *pair[i][0]);
             kst_close(f);
+            free(saved_metrics);
             return KILN_E_DATA;
         }
     }
@@ -578,7 +625,14 @@ int ht_ckpt_resume(ht_trainer *t, const char *path, char *why, size_t whylen) {
         if (src) rc = ht_fail(t, sl, src, "set_state", why, whylen);
     }
     kst_close(f);
-    if (rc) return rc;
+    if (rc) {
+        free(saved_metrics);
+        return rc;
+    }
+    if (saved_metrics) {
+        t->metrics = *saved_metrics;
+        free(saved_metrics);
+    }
     /* A checkpoint written at an epoch's end: the next epoch starts fresh
      * (processed == completed: nothing to repair). */
     if (have_progress) {

@@ -51,4 +51,20 @@ void hm_peek_epoch(ht_metrics *M, int stage);
 void hm_reset_epoch(ht_metrics *M, int stage);
 void hm_clear_cb(ht_metrics *M);
 
+/* What a checkpoint keeps of the store, so a run resumed inside an epoch
+ * (up to its last batch) ends that epoch as the uninterrupted run would:
+ * callback_metrics (early stopping, a plateau schedule or the checkpoint
+ * callback read them at on_train_epoch_end) and the epoch accumulations
+ * (the epoch means cover every batch of the epoch). The text:
+ *   "kiln-metrics-1" then one line per entry,
+ *   "c <value> <name>"                          a callback metric
+ *   "e <stage> <flags> <sum> <weight> <name>"    an epoch accumulation
+ * values as %.17g (exact), names last (anything but control characters).
+ * hm_export returns the length written, or -1 when it does not fit. */
+int hm_export(const ht_metrics *M, char *buf, size_t n);
+/* Parses and checks a hm_export text into *out (a fresh store); on a
+ * malformed or out-of-range entry returns -1 with a message (no file
+ * name) in why. */
+int hm_import(ht_metrics *out, const char *text, char *why, size_t whylen);
+
 #endif

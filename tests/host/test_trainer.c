@@ -603,6 +603,13 @@ static void test_resume_refuses_bad_counters(void) {
                                      "found 9"},
         {"loops", -1, "1 2 2", "expected loop progress"},
         {"loops", -1, "1 2 2 2 3 1 extra", "expected loop progress"},
+        /* metrics: what the epoch end reads, checked the same way */
+        {"metrics", -1, "kiln-metrics-9\n", "__metadata__ metrics: expected metrics text \"kiln-metrics-1\""},
+        {"metrics", -1, "kiln-metrics-1\nx 1 val_loss\n", "metrics line 2: expected \"c <value> <name>\""},
+        {"metrics", -1, "kiln-metrics-1\nc 0.5 val_loss\ne 1 3 nan 2 train_loss\n",
+         "metrics line 3 (train_loss): expected a stage 0..16, flags, a finite sum and a weight > 0, found 1 3 nan 2"},
+        {"metrics", -1, "kiln-metrics-1\ne 1 3 0.5 0 train_loss\n", "a weight > 0"},
+        {"metrics", -1, "kiln-metrics-1\nc 0.5 \n", "a name of 1..71 printable bytes"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         if (cases[i].idx >= 0) progress_with(ck, cases[i].idx, cases[i].value, val, sizeof val);

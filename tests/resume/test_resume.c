@@ -109,6 +109,67 @@ static void test_sigterm(void) {
     kill_case("k5", "kill_at = \"batch_end\"; kill_epoch = 1; kill_batch = 2; signal = \"TERM\"; every = 0;", 143);
 }
 
+/* SIGTERM on the last batch of an epoch (issue: a checkpoint there lacked
+ * what the epoch end reads): early stopping checking val_loss at
+ * on_train_epoch_end (strict), a plateau schedule on val_loss and the
+ * checkpoint callback ranking by it all need the callback metrics of that
+ * epoch's validation, and the epoch means need the batches run before the
+ * stop. The resume must succeed and end with the uninterrupted run's
+ * weights and the same best checkpoint. */
+static const char *EPOCH_END_CBS =
+    "{ name = \"early_stopping\"; monitor = \"val_loss\"; patience = 50; strict = true; check_on_train_epoch_end = true; },\n"
+    "{ name = \"checkpoint\"; monitor = \"train_loss_epoch\"; save_top_k = 1; filename = \"best-{epoch}\"; },\n"
+    "{ name = \"killer\"; %s dump = \"%s\"; }";
+
+static int run_epoch_end(const char *root, const char *cue, const char *dump, const char *extra, char *out,
+                         size_t outlen) {
+    static int k;
+    char cfg[4300], text[16384], cmd[20000], cbs[8192];
+    snprintf(cfg, sizeof cfg, "%s/ee%d.cfg", g_dir, k++);
+    snprintf(cbs, sizeof cbs, EPOCH_END_CBS, cue, dump);
+    snprintf(text, sizeof text,
+             "plugins = { dirs = [\"%s\"]; };\n%s"
+             "scheduler = { name = \"plateau\"; interval = \"epoch\"; monitor = \"val_loss\"; patience = 0; factor = 0.5; };\n"
+             "callbacks = ( %s );\n",
+             getenv("KILN_TRAIN_FIXTURES"), JOB, cbs);
+    CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
+    snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s\"' --set trainer.val_check_interval=1.0 %s",
+             tu_kiln(), cfg, root, extra ? extra : "");
+    return tu_run(cmd, out, outlen);
+}
+
+static void test_sigterm_last_batch(void) {
+    char out[32768], full[4300], part[4300], wa[4300], wb[4300], cmd[20000], best_a[4400], best_b[4400];
+    snprintf(full, sizeof full, "%s/ee-full", g_dir);
+    snprintf(part, sizeof part, "%s/ee-part", g_dir);
+    snprintf(wa, sizeof wa, "%s/ee-full.bin", g_dir);
+    snprintf(wb, sizeof wb, "%s/ee-part.bin", g_dir);
+    int rc = run_epoch_end(full, "", wa, NULL, out, sizeof out);
+    if (rc) fprintf(stderr, "\n%s\n", out);
+    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    /* batch 5 is epoch 1's last: it finishes (validation included), the
+     * checkpoint is written, exit 143 */
+    rc = run_epoch_end(part, "kill_at = \"batch_end\"; kill_epoch = 1; kill_batch = 5; signal = \"TERM\"; every = 0;",
+                       wb, NULL, out, sizeof out);
+    CU_ASSERT_EQUAL(rc, 143);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "SIGTERM: stopped after epoch 1, batch 5"));
+    rc = run_epoch_end(part, "", wb, "--ckpt last", out, sizeof out);
+    if (rc) fprintf(stderr, "\n%s\n", out);
+    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "steps: 18 "));
+    snprintf(cmd, sizeof cmd, "cmp %s %s", wa, wb);
+    rc = tu_run(cmd, out, sizeof out);
+    if (rc) fprintf(stderr, "\nweights differ: %s\n", out);
+    CU_ASSERT_EQUAL(rc, 0);
+    /* the same best checkpoint: the train_loss_epoch ranking saw every batch */
+    snprintf(cmd, sizeof cmd, "cd %s && ls version_*/checkpoints | grep best | sort | tail -1", full);
+    tu_run(cmd, best_a, sizeof best_a);
+    snprintf(cmd, sizeof cmd, "cd %s && ls version_1/checkpoints | grep best | sort | tail -1", part);
+    tu_run(cmd, best_b, sizeof best_b);
+    CU_ASSERT_STRING_EQUAL(best_a, best_b);
+    CU_ASSERT_PTR_NOT_NULL(strstr(best_a, "best-2"));
+}
+
 /* --weights-only: a new run from the weights, with another optimizer and
  * precision; a resume of the same checkpoint with them is refused. */
 static void test_weights_only(void) {
@@ -185,6 +246,7 @@ static void register_tests(void) {
     CU_add_test(s, "SIGKILL during validation", test_kill_during_validation);
     CU_add_test(s, "SIGKILL at an epoch's end", test_kill_at_epoch_end);
     CU_add_test(s, "SIGTERM: checkpoint and clean exit", test_sigterm);
+    CU_add_test(s, "SIGTERM on an epoch's last batch: exact resume", test_sigterm_last_batch);
     CU_add_test(s, "--weights-only into another stack", test_weights_only);
     CU_add_test(s, "checkpoint callback: top-k files, resume from one", test_checkpoint_callback);
     CU_add_test(s, "nan_guard stops; the last checkpoint stays good", test_nan_guard_keeps_last_good);
