@@ -96,9 +96,6 @@ static void progress_text(const ht_trainer *t, char *buf, size_t n) {
 /* Room for the metrics text: HM_MAX * 4 entries of at most ~130 bytes. */
 #define HT_METRICS_TEXT_MAX (HM_MAX * 4 * 136 + 64)
 
-/* One integer of a metadata field: strtoll saturates out-of-range text,
- * which the range checks then report with the value seen. 1: read, 0: end
- * of the text, -1: something that is not an integer. */
 /* A metadata text as it may appear in a one-line message: control
  * characters escaped (the text comes from the file, and a newline in it
  * must not forge a log line), at most `max` characters shown. */
@@ -113,6 +110,9 @@ static const char *meta_q(const char *s, size_t max, char *buf, size_t n) {
     return buf;
 }
 
+/* One integer of a metadata field: strtoll saturates out-of-range text,
+ * which the range checks then report with the value seen. 1: read, 0: end
+ * of the text, -1: something that is not an integer. */
 static int read_ll(const char **p, long long *out) {
     const char *s = *p;
     while (*s == ' ') s++;
