@@ -609,8 +609,9 @@ int ht_ckpt_resume(ht_trainer *t, const char *path, char *why, size_t whylen) {
         char plugin[128] = "";
         unsigned ver = 0;
         if (sscanf(m, "%127s %u", plugin, &ver) != 2 || strcmp(plugin, sl->p->view.name) != 0) {
+            char q[512];
             hwhyf(why, whylen, "%s: the %s state was saved by '%s', this run uses %s '%s'; resume with the same stack",
-                  path, cs[i].role, m, hl_kind_name(sl->p->view.kind), sl->p->view.name);
+                  path, cs[i].role, meta_q(m, 120, q, sizeof q), hl_kind_name(sl->p->view.kind), sl->p->view.name);
             rc = KILN_E_STATE;
             break;
         }
