@@ -18,6 +18,7 @@ for the tokens plugin), then writes
   idx_raw/seeds, idx_gzip/seeds   heads of the real IDX files (count cut
                      to a few items so the header tells the truth)
   tokens/seeds       a shard written by kiln-text2tokens and raw text
+  ckpt_meta/seeds    the checkpoints' "progress" and "loops" texts
 The seeds are committed; rerun this only when a format changes. Hand-made
 hostile inputs live in <target>/regressions and are not touched here.
 """
@@ -99,6 +100,7 @@ for name, path in ckpts:
     n = struct.unpack("<Q", b[:8])[0]
     put("safetensors", f"{name}.header-only", b[:8 + n])
     meta = header.get("__metadata__", {})
+    put("ckpt_meta", name, meta["progress"].encode() + b"\0" + meta["loops"].encode())
     for key, tensor in header.items():
         if not key.startswith("__state__."):
             continue

@@ -6,6 +6,7 @@
 #   tests/fuzz/run.sh                      every target, 25 s each, 2 at a time
 #   tests/fuzz/run.sh --seconds 600 safetensors idx_raw
 #   tests/fuzz/run.sh --jobs 1 --build /tmp/bf
+#   tests/fuzz/run.sh --no-build --seconds 3600 config   (beside another run)
 #
 # Builds into build-fuzz/ (clang, -DKILN_FUZZ=ON; only the fuzz targets are
 # built). Each target starts from tests/fuzz/<t>/seeds and
@@ -24,18 +25,20 @@ root=$(cd "$here/../.." && pwd)
 seconds=25
 jobs=2
 build="$root/build-fuzz"
+do_build=1
 targets=()
 while (($#)); do
   case "$1" in
     --seconds) seconds=$2; shift 2 ;;
     --jobs) jobs=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    --no-build) do_build=0; shift ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     -*) echo "run.sh: unknown option $1" >&2; exit 2 ;;
     *) targets+=("$1"); shift ;;
   esac
 done
-all=(safetensors config idx_raw idx_gzip tokens state)
+all=(safetensors ckpt_meta config idx_raw idx_gzip tokens state)
 # the ddp rendezvous target exists once plugins/ddp exposes its hello parser
 [ -f "$here/fuzz_ddp_hello.c" ] && all+=(ddp_hello)
 ((${#targets[@]})) || targets=("${all[@]}")
@@ -55,12 +58,14 @@ if ! "$cc" -fsanitize=fuzzer,address,undefined "$probe/p.c" -o "$probe/p" 2>"$pr
   exit 1
 fi
 
-echo "== fuzz: building the targets with $cc ($build)"
 mkdir -p "$build/fuzz-logs"
+if ((do_build)); then
+echo "== fuzz: building the targets with $cc ($build)"
 cmake -S "$root" -B "$build" -DCMAKE_C_COMPILER="$cc" -DKILN_FUZZ=ON -DKILN_ENABLE_CUDA=OFF \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$build/fuzz-logs/configure.log" 2>&1 || { cat "$build/fuzz-logs/configure.log" >&2; exit 1; }
 cmake --build "$build" -j "$jobs" --target "${targets[@]/#/fuzz_}" >"$build/fuzz-logs/build.log" 2>&1 ||
   { tail -30 "$build/fuzz-logs/build.log" >&2; exit 1; }
+fi
 
 # one target: fuzz for $seconds, then report from libFuzzer's final stats
 fuzz_one() {
