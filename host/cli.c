@@ -4,18 +4,25 @@
  * every candidate file with its status and reason (--verbose) and every
  * plugin with its kind, version, ABI, aliases and properties; --json prints
  * the same as one JSON document. `plugins check` loads the file in a child
- * process so a plugin that crashes in a constructor cannot take the CLI down.
+ * process so a plugin that crashes, hangs or exits in a constructor or its
+ * init cannot take the CLI down: the verdict is what the child reports over
+ * a pipe when it has finished (never its exit status alone), within
+ * KILN_PLUGIN_PROBE_TIMEOUT seconds. Run commands discover plugins without
+ * loading them (host/loader.h) and load only those the run file names.
  */
 #define _GNU_SOURCE
 #include "cli.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "compat.h"
@@ -204,9 +211,19 @@ static void print_listing(FILE *f, const hl_loader *L, int verbose, int json) {
             }
         }
     } else {
+        /* each refused file by name, with the first line of its reason:
+         * a broken plugin must be visible without --verbose */
         int refused = 0;
         for (int i = 0; i < L->ncands; i++) refused += L->cands[i].status == HL_CAND_REFUSED;
-        if (refused) fprintf(f, "%d candidate(s) refused; --verbose shows why\n", refused);
+        if (refused) {
+            fprintf(f, "refused (%d; --verbose shows every candidate):\n", refused);
+            for (int i = 0; i < L->ncands; i++) {
+                const hl_candidate *c = &L->cands[i];
+                if (c->status != HL_CAND_REFUSED) continue;
+                const char *r = c->reason ? c->reason : c->path;
+                fprintf(f, "  %.*s\n", (int)strcspn(r, "\n"), r);
+            }
+        }
     }
     fprintf(f, "plugins:\n");
     for (uint32_t k = 1; k <= KILN_KIND_MAX_KNOWN; k++)
@@ -242,6 +259,12 @@ static int plugins_list(int argc, char **argv) {
             return 2;
         }
     }
+    double tmo;
+    if (hl_probe_timeout(&tmo, why, sizeof why)) {
+        fprintf(stderr, "kiln: error: %s\n", why);
+        hl_loader_free(&L);
+        return 2;
+    }
     if (cfgpath) {
         hc_config c;
         int rc = cli_open_run(cfgpath, NULL, 0, &c, &L, why, sizeof why);
@@ -249,8 +272,10 @@ static int plugins_list(int argc, char **argv) {
         if (rc) { fprintf(stderr, "kiln: error: %s\n", why); hl_loader_free(&L); return 1; }
     } else {
         hl_add_default_dirs(&L);
-        hl_scan(&L);
+        hl_discover(&L);
     }
+    /* a listing describes every plugin: load those whose probe passed */
+    hl_load_all(&L);
     print_listing(stdout, &L, verbose, json);
     hl_shutdown(&L);
     hl_loader_free(&L);
@@ -276,13 +301,26 @@ static int plugins_check(int argc, char **argv) {
         if (!getcwd(cwd, sizeof cwd)) { fprintf(stderr, "kiln: error: getcwd: %s\n", strerror(errno)); return 1; }
         snprintf(abs, sizeof abs, "%s/%s", cwd, file);
     }
+    double tmo;
+    char twhy[512];
+    if (hl_probe_timeout(&tmo, twhy, sizeof twhy)) { fprintf(stderr, "kiln: error: %s\n", twhy); return 2; }
+    int pfd[2];
+    if (pipe2(pfd, O_CLOEXEC) != 0) { fprintf(stderr, "kiln: error: pipe: %s\n", strerror(errno)); return 1; }
     fflush(stdout);
     fflush(stderr);
     pid_t pid = fork();
-    if (pid < 0) { fprintf(stderr, "kiln: error: fork: %s\n", strerror(errno)); return 1; }
+    if (pid < 0) {
+        fprintf(stderr, "kiln: error: fork: %s\n", strerror(errno));
+        close(pfd[0]);
+        close(pfd[1]);
+        return 1;
+    }
     if (pid == 0) {
         /* Child: vet the directory (as a scan would) and the file, load it,
-         * print what it offers. Exit status carries pass/fail. */
+         * print what it offers, then report "pass" or "fail" on the pipe.
+         * Only that report counts: a plugin that exit()s in its init leaves
+         * a child that exits without one. */
+        close(pfd[0]);
         hl_loader L;
         hl_loader_init(&L);
         char why[2048], dir[sizeof abs];
@@ -315,16 +353,58 @@ static int plugins_check(int argc, char **argv) {
         }
         hl_loader_free(&L);
         fflush(stdout);
+        fflush(stderr);
+        const char *verdict = rc ? "fail\n" : "pass\n";
+        ssize_t w;
+        do w = write(pfd[1], verdict, strlen(verdict)); while (w < 0 && errno == EINTR);
         _exit(rc);
     }
+    close(pfd[1]);
+    /* read the verdict within the time limit; EOF comes when the child (and
+     * anything it forked) is gone */
+    char rep[16] = "";
+    size_t rn = 0;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int timed_out = 0;
+    for (;;) {
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double left = tmo - ((double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9);
+        if (left <= 0) { timed_out = 1; break; }
+        struct pollfd pf = {.fd = pfd[0], .events = POLLIN};
+        int pr = poll(&pf, 1, (int)(left * 1000) + 1);
+        if (pr < 0 && errno == EINTR) continue;
+        if (pr <= 0) continue;
+        ssize_t r = read(pfd[0], rep + rn, sizeof rep - 1 - rn);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        rn += (size_t)r;
+        rep[rn] = 0;
+        if (strchr(rep, '\n') || rn == sizeof rep - 1) break;
+    }
+    close(pfd[0]);
     int st = 0;
+    if (timed_out) kill(pid, SIGKILL);
     while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
+    if (timed_out) {
+        fprintf(stderr,
+                "kiln: error: %s: did not finish loading and initialising within %g s (KILN_PLUGIN_PROBE_TIMEOUT), so "
+                "it was stopped; the plugin is broken\n",
+                abs, tmo);
+        return 1;
+    }
+    if (!strcmp(rep, "pass\n") && WIFEXITED(st) && WEXITSTATUS(st) == 0) return 0;
+    if (!strcmp(rep, "fail\n")) return 1; /* the child said why */
     if (WIFSIGNALED(st)) {
         fprintf(stderr, "kiln: error: %s: crashed while being loaded (signal %d, %s); the plugin is broken\n", abs,
                 WTERMSIG(st), strsignal(WTERMSIG(st)));
         return 1;
     }
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 1;
+    fprintf(stderr,
+            "kiln: error: %s: exited the process (status %d) while being loaded, before the check finished; a plugin "
+            "must never exit(); the plugin is broken\n",
+            abs, WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    return 1;
 }
 
 int cli_plugins(int argc, char **argv) {
@@ -347,11 +427,17 @@ int cli_open_run(const char *path, char **sets, int nsets, hc_config *c, hl_load
     int ndirs, allow;
     rc = hc_plugin_dirs(c, &dirs, &ndirs, &allow, why, whylen);
     if (rc) return rc;
+    double tmo;
+    if (hl_probe_timeout(&tmo, why, whylen)) {
+        free((void *)dirs);
+        return KILN_E_CONFIG;
+    }
     L->allow_symlinks = allow;
     for (int i = 0; i < ndirs; i++) hl_add_dir(L, dirs[i], HL_ORIGIN_CONFIG);
     free((void *)dirs);
     hl_add_default_dirs(L);
-    hl_scan(L);
+    /* probes only: each plugin is loaded when the run first looks it up */
+    hl_discover(L);
     return KILN_OK;
 }
 

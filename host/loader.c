@@ -8,6 +8,18 @@
  * dlopen(RTLD_NOW|RTLD_LOCAL|RTLD_NODELETE) and never dlclose(). Everything a
  * library returns is validated before use; each refusal is one line naming
  * the file, what was expected and what was found.
+ *
+ * A library's code (constructors, kiln_plugin_init) may crash, hang or call
+ * exit(), so discovery never runs it in this process: each vetted file is
+ * probed in a forked child (16 at a time, each within
+ * KILN_PLUGIN_PROBE_TIMEOUT seconds, 10 by default) that loads it, validates
+ * it and writes back over a pipe what it offers (kinds, names, aliases, the
+ * "default" property), ending with a marker; a child that dies, exits or
+ * runs out of time without the marker refuses its file with one line. The
+ * registry is built from those records; a library is loaded into this
+ * process only when hl_find() first resolves one of its plugins (or for
+ * `plugins list`, hl_load_all()). Probe results are cached per process by
+ * (path, device, inode, size, mtime).
  */
 #define _GNU_SOURCE
 #include "loader.h"
@@ -18,12 +30,16 @@
 #include <fcntl.h>
 #include <fnmatch.h>
 #include <limits.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/auxv.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -436,41 +452,57 @@ static const char *dlerror_hint(const char *msg) {
     return "";
 }
 
-int hl_load_file(hl_loader *L, const char *path, int origin, char *why, size_t whylen) {
-    if (hl_vet_file(path, L->allow_symlinks, why, whylen)) {
-        add_cand(L, path, 0, HL_CAND_REFUSED, why);
-        return -1;
-    }
-    char real[PATH_MAX];
+/* ---------------------------------------------------------------------------
+ * Opening and loading one library */
+
+/* The checks on a file before any of its code runs: vetting, the resolved
+ * path, and a descriptor-based re-check (the file may have been swapped
+ * between the two). 0 with real and st filled, or -1 with why. */
+static int vet_open(const hl_loader *L, const char *path, char *real, struct stat *st, char *why, size_t whylen) {
+    if (hl_vet_file(path, L->allow_symlinks, why, whylen)) return -1;
     if (!realpath(path, real)) {
         hwhyf(why, whylen, "%s: cannot resolve: %s", path, strerror(errno));
-        add_cand(L, path, 0, HL_CAND_REFUSED, why);
         return -1;
     }
     int fd = open(real, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-    struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0) {
+    if (fd < 0 || fstat(fd, st) != 0) {
         hwhyf(why, whylen, "%s: cannot open: %s", path, strerror(errno));
         if (fd >= 0) close(fd);
-        add_cand(L, path, 0, HL_CAND_REFUSED, why);
         return -1;
     }
-    /* Re-check on the descriptor: the file may have been swapped since. */
-    if (!S_ISREG(st.st_mode) || (st.st_mode & (S_ISUID | S_ISGID)) ||
-        vet_owner_mode(path, &st, "plugin file", why, whylen)) {
-        if (S_ISREG(st.st_mode) && !(st.st_mode & (S_ISUID | S_ISGID))) { /* why already set */ }
-        else hwhyf(why, whylen, "%s: changed while being checked", path);
-        close(fd);
-        add_cand(L, path, 0, HL_CAND_REFUSED, why);
+    close(fd);
+    if (!S_ISREG(st->st_mode) || (st->st_mode & (S_ISUID | S_ISGID))) {
+        hwhyf(why, whylen, "%s: changed while being checked", path);
         return -1;
     }
-    for (int i = 0; i < L->nlibs; i++)
-        if (L->libs[i]->dev == st.st_dev && L->libs[i]->ino == st.st_ino) {
-            hwhyf(why, whylen, "%s: same file as %s; loaded once", path, L->libs[i]->path);
-            close(fd);
-            add_cand(L, path, 0, HL_CAND_SKIPPED, why);
-            return 1;
-        }
+    return vet_owner_mode(path, st, "plugin file", why, whylen);
+}
+
+/* A note on one descriptor of a library (skipped or refused): appended to
+ * its candidate, and logged unless the library's probe logged it already.
+ * sev collects one severity letter per note ('I' info, 'W' warning) for a
+ * probe child to send back; NULL elsewhere. */
+typedef struct note_sink {
+    hl_candidate *c;
+    int quiet;
+    char sev[HL_MAX_PLUGINS_PER_LIB * 2 + 2];
+} note_sink;
+
+static void note(note_sink *ns, int info, const char *line) {
+    cand_append_reason(ns->c, line);
+    size_t n = strlen(ns->sev);
+    if (n + 1 < sizeof ns->sev) { ns->sev[n] = info ? 'I' : 'W'; ns->sev[n + 1] = 0; }
+    if (ns->quiet) return;
+    if (info) HLOG_INFO("%s", line);
+    else HLOG_WARN("%s", line);
+}
+
+/* dlopen the vetted file, run its entry point and validate everything it
+ * returns. The library's code runs here: in-process only for a file whose
+ * probe passed (or for `plugins check`, itself in a child). Returns the
+ * library (not yet in L->libs) or NULL with why. */
+static hl_library *load_lib(const char *path, const char *real, const struct stat *st, int origin, note_sink *ns,
+                            char *why, size_t whylen) {
     /* dlopen by the resolved absolute path (never a search), then make sure
      * the file mapped is the inode that was vetted through the descriptor.
      * (Not /proc/self/fd/N: glibc recognises loaded objects by name first, so
@@ -479,28 +511,24 @@ int hl_load_file(hl_loader *L, const char *path, int origin, char *why, size_t w
     dlerror();
     void *h = dlopen(real, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
     struct stat st2;
-    int swapped = h && (stat(real, &st2) != 0 || st2.st_dev != st.st_dev || st2.st_ino != st.st_ino);
-    close(fd);
+    int swapped = h && (stat(real, &st2) != 0 || st2.st_dev != st->st_dev || st2.st_ino != st->st_ino);
     if (!h) {
         const char *e = dlerror();
         e = e ? e : "unknown error";
         size_t rl = strlen(real);
         if (!strncmp(e, real, rl) && e[rl] == ':') e += rl + (e[rl + 1] == ' ' ? 2 : 1);
         hwhyf(why, whylen, "%s: cannot be loaded: %s%s", path, e, dlerror_hint(e));
-        add_cand(L, path, 0, HL_CAND_REFUSED, why);
-        return -1;
+        return NULL;
     }
     if (swapped) {
         hwhyf(why, whylen, "%s: was replaced while being loaded; refusing it", path);
-        add_cand(L, path, 0, HL_CAND_REFUSED, why);
-        return -1;
+        return NULL;
     }
     kiln_plugin_init_v1_fn init;
     *(void **)&init = dlsym(h, KILN_PLUGIN_ENTRY_V1);
     if (!init) {
         hwhyf(why, whylen, "%s: is not a kiln plugin: missing symbol %s", path, KILN_PLUGIN_ENTRY_V1);
-        add_cand(L, path, 0, HL_CAND_REFUSED, why); /* left mapped: never dlclose */
-        return -1;
+        return NULL; /* left mapped: never dlclose */
     }
     const kiln_library *desc = NULL;
     herr_clear();
@@ -508,21 +536,18 @@ int hl_load_file(hl_loader *L, const char *path, int origin, char *why, size_t w
     if (rc != KILN_OK) {
         hwhyf(why, whylen, "%s: failed to initialize: %s [%s]", path,
              *herr_msg() ? herr_msg() : kiln_strerror(rc), kiln_status_name(rc));
-        add_cand(L, path, 0, HL_CAND_REFUSED, why);
-        return -1;
+        return NULL;
     }
     if (!desc) {
         hwhyf(why, whylen, "%s: init returned success but no library descriptor", path);
-        add_cand(L, path, 0, HL_CAND_REFUSED, why);
-        return -1;
+        return NULL;
     }
     if (desc->struct_size < sizeof(kiln_library)) {
         hwhyf(why, whylen,
              "%s: library descriptor too small (struct_size %u < %zu required for ABI 1.0); built against a corrupt "
              "or mismatched header",
              path, desc->struct_size, sizeof(kiln_library));
-        add_cand(L, path, 0, HL_CAND_REFUSED, why);
-        return -1;
+        return NULL;
     }
     hl_library *lib = calloc(1, sizeof *lib);
     if (!lib) abort();
@@ -532,8 +557,8 @@ int hl_load_file(hl_loader *L, const char *path, int origin, char *why, size_t w
     lib_stem(path, stem, sizeof stem);
     lib->stem = xstrdup(stem);
     lib->origin = origin;
-    lib->dev = st.st_dev;
-    lib->ino = st.st_ino;
+    lib->dev = st->st_dev;
+    lib->ino = st->st_ino;
     lib->handle = h;
     const kiln_library *v = &lib->view;
     const char *lname = v->library_name ? v->library_name : "?";
@@ -566,13 +591,11 @@ int hl_load_file(hl_loader *L, const char *path, int origin, char *why, size_t w
         bad = 1;
     }
     if (bad) {
-        add_cand(L, path, 0, HL_CAND_REFUSED, why);
         free(lib->path);
         free(lib->stem);
         free(lib);
-        return -1;
+        return NULL;
     }
-    hl_candidate *c = add_cand(L, path, 0, HL_CAND_LOADED, NULL);
     lib->plugins = calloc(v->plugin_count, sizeof(hl_plugin));
     if (!lib->plugins) abort();
     char line[1024];
@@ -588,39 +611,532 @@ int hl_load_file(hl_loader *L, const char *path, int origin, char *why, size_t w
             if (dup) {
                 snprintf(line, sizeof line, "%s: %s '%s' listed twice in one library", path,
                          hl_kind_name(np->view.kind), np->view.name);
-                cand_append_reason(c, line);
-                HLOG_WARN("%s", line);
+                note(ns, 0, line);
                 continue;
             }
             lib->nplugins++;
-        } else {
-            cand_append_reason(c, line);
-            if (r > 0) HLOG_INFO("%s", line);
-            else HLOG_WARN("%s", line);
-        }
+        } else
+            note(ns, r > 0, line);
     }
     if (lib->nplugins == 0) {
-        c->status = HL_CAND_REFUSED;
-        hwhyf(why, whylen, "%s: no usable plugin in library '%s'%s%s", path, lname, c->reason ? ": " : "",
-             c->reason ? c->reason : "");
+        hwhyf(why, whylen, "%s: no usable plugin in library '%s'%s%s", path, lname, ns->c->reason ? ": " : "",
+             ns->c->reason ? ns->c->reason : "");
         free(lib->plugins);
         free(lib->path);
         free(lib->stem);
         free(lib);
-        return -1;
+        return NULL;
     }
-    c->lib = lib;
-    L->libs = xrealloc(L->libs, sizeof(hl_library *) * (size_t)(L->nlibs + 1));
-    L->libs[L->nlibs++] = lib;
     hlog_loader("loaded %s (%s %s, built ABI %u.%u, host %d.%d): %d plugin(s)", path, lname,
              v->library_version, v->abi_major, v->abi_minor, KILN_ABI_MAJOR, KILN_ABI_MINOR, lib->nplugins);
+    return lib;
+}
+
+/* ---------------------------------------------------------------------------
+ * Probe records: what a library offers, as the registry needs it, without
+ * its code in this process. */
+
+static void free_probe(hl_probe *p) {
+    if (!p) return;
+    for (int i = 0; i < p->nplugins; i++) {
+        free(p->plugins[i].name);
+        free(p->plugins[i].version);
+        for (uint32_t a = 0; a < p->plugins[i].naliases; a++) free(p->plugins[i].aliases[a]);
+        free(p->plugins[i].aliases);
+    }
+    free(p->plugins);
+    free(p->path);
+    free(p->stem);
+    free(p->libname);
+    free(p->libversion);
+    free(p);
+}
+
+static hl_probe *new_probe(const char *path, int origin, const struct stat *st) {
+    hl_probe *p = calloc(1, sizeof *p);
+    if (!p) abort();
+    p->path = xstrdup(path);
+    char stem[256];
+    lib_stem(path, stem, sizeof stem);
+    p->stem = xstrdup(stem);
+    p->origin = origin;
+    p->dev = st->st_dev;
+    p->ino = st->st_ino;
+    p->size = st->st_size;
+    p->mtime_ns = (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec;
+    p->cand = -1;
+    return p;
+}
+
+static hl_pmeta *probe_add_plugin(hl_probe *p) {
+    p->plugins = xrealloc(p->plugins, sizeof(hl_pmeta) * (size_t)(p->nplugins + 1));
+    hl_pmeta *m = &p->plugins[p->nplugins++];
+    memset(m, 0, sizeof *m);
+    return m;
+}
+
+static void pmeta_add_alias(hl_pmeta *m, const char *a) {
+    m->aliases = xrealloc(m->aliases, sizeof(char *) * (m->naliases + 1));
+    m->aliases[m->naliases++] = xstrdup(a);
+}
+
+/* The record of an in-process library (hl_load_file, and the child). */
+static void probe_fill_from_lib(hl_probe *p, const hl_library *lib) {
+    p->libname = xstrdup(lib->view.library_name);
+    p->libversion = xstrdup(lib->view.library_version);
+    p->abi_major = lib->view.abi_major;
+    p->abi_minor = lib->view.abi_minor;
+    for (int j = 0; j < lib->nplugins; j++) {
+        const hl_plugin *q = &lib->plugins[j];
+        hl_pmeta *m = probe_add_plugin(p);
+        m->kind = q->view.kind;
+        m->name = xstrdup(q->view.name);
+        m->version = xstrdup(q->view.version);
+        for (uint32_t a = 0; a < q->naliases; a++) pmeta_add_alias(m, q->aliases[a]);
+        const kiln_value *d = hl_prop(q, "default");
+        m->is_default = d && d->type == KILN_TYPE_BOOL && d->v.i;
+    }
+}
+
+/* The wire form, child to parent: fields "<tag><length>:<bytes>", ending
+ * with "K2:ok". The marker is what proves the probe finished: a child that
+ * exits (even with status 0) or dies before it sent nothing trustworthy. */
+typedef struct wbuf { char *p; size_t n, cap; } wbuf;
+
+static void wput(wbuf *b, char tag, const char *s, size_t len) {
+    char head[32];
+    int hn = snprintf(head, sizeof head, "%c%zu:", tag, len);
+    if (b->n + (size_t)hn + len > b->cap) {
+        b->cap = (b->n + (size_t)hn + len) * 2 + 256;
+        b->p = xrealloc(b->p, b->cap);
+    }
+    memcpy(b->p + b->n, head, (size_t)hn);
+    memcpy(b->p + b->n + hn, s, len);
+    b->n += (size_t)hn + len;
+}
+
+static void wputs(wbuf *b, char tag, const char *s) { wput(b, tag, s, strlen(s)); }
+
+static void wputu(wbuf *b, char tag, unsigned long long v) {
+    char t[32];
+    snprintf(t, sizeof t, "%llu", v);
+    wputs(b, tag, t);
+}
+
+/* Parse a record into p (ok) or a refusal reason (*reason, malloc'd).
+ * 0 when well formed and finished by the marker, else -1. */
+static int parse_record(const char *buf, size_t len, hl_probe *p, char **reason, char **notes, char **sevs) {
+    size_t i = 0;
+    hl_pmeta *m = NULL;
+    int done = 0;
+    *reason = *notes = *sevs = NULL;
+    while (i < len && !done) {
+        char tag = buf[i++];
+        size_t n = 0, digits = 0;
+        while (i < len && buf[i] >= '0' && buf[i] <= '9' && digits < 10) n = n * 10 + (size_t)(buf[i++] - '0'), digits++;
+        if (!digits || i >= len || buf[i] != ':' || n > len - i - 1) return -1;
+        i++;
+        char *s = malloc(n + 1);
+        if (!s) abort();
+        memcpy(s, buf + i, n);
+        s[n] = 0;
+        i += n;
+        if (strlen(s) != n) { free(s); return -1; } /* no NUL inside a field */
+        unsigned long long u = strtoull(s, NULL, 10);
+        switch (tag) {
+        case 'R': free(*reason); *reason = s; s = NULL; break;
+        case 'N': free(p->libname); p->libname = s; s = NULL; break;
+        case 'V': free(p->libversion); p->libversion = s; s = NULL; break;
+        case 'M': p->abi_major = (uint32_t)u; break;
+        case 'm': p->abi_minor = (uint32_t)u; break;
+        case 'P': m = probe_add_plugin(p); m->kind = (uint32_t)u; break;
+        case 'n': if (!m) { free(s); return -1; } free(m->name); m->name = s; s = NULL; break;
+        case 'v': if (!m) { free(s); return -1; } free(m->version); m->version = s; s = NULL; break;
+        case 'a': if (!m) { free(s); return -1; } pmeta_add_alias(m, s); break;
+        case 'd': if (!m) { free(s); return -1; } m->is_default = u != 0; break;
+        case 'T': free(*notes); *notes = s; s = NULL; break;
+        case 'S': free(*sevs); *sevs = s; s = NULL; break;
+        case 'K': done = !strcmp(s, "ok"); break;
+        default: free(s); return -1;
+        }
+        free(s);
+        if (tag == 'K' && !done) return -1;
+    }
+    if (!done || i != len) return -1;
+    if (*reason) return 0;
+    if (!p->libname || !p->libversion || p->nplugins == 0) return -1;
+    for (int k = 0; k < p->nplugins; k++)
+        if (!p->plugins[k].name || !p->plugins[k].version || !hl_valid_plugin_name(p->plugins[k].name) ||
+            !hl_kind_name(p->plugins[k].kind))
+            return -1;
     return 0;
 }
 
+/* In the child: load the library here and send what it offers. Never
+ * returns. Its output goes nowhere (the library runs again in the parent
+ * if used, and prints there) unless loader tracing is on. */
+static void __attribute__((noreturn)) probe_child(int wfd, const char *path, const char *real,
+                                                  const struct stat *st, int origin) {
+    if (!hlog_loader_debug()) {
+        int nul = open("/dev/null", O_WRONLY | O_CLOEXEC);
+        if (nul >= 0) { dup2(nul, 1); dup2(nul, 2); close(nul); }
+    }
+    hl_candidate c;
+    memset(&c, 0, sizeof c);
+    note_sink ns = {.c = &c, .quiet = 1};
+    char why[2048];
+    hl_library *lib = load_lib(path, real, st, origin, &ns, why, sizeof why);
+    wbuf b = {0};
+    if (!lib) wputs(&b, 'R', why);
+    else {
+        wputs(&b, 'N', lib->view.library_name);
+        wputs(&b, 'V', lib->view.library_version);
+        wputu(&b, 'M', lib->view.abi_major);
+        wputu(&b, 'm', lib->view.abi_minor);
+        for (int j = 0; j < lib->nplugins; j++) {
+            const hl_plugin *q = &lib->plugins[j];
+            wputu(&b, 'P', q->view.kind);
+            wputs(&b, 'n', q->view.name);
+            wputs(&b, 'v', q->view.version);
+            for (uint32_t a = 0; a < q->naliases; a++) wputs(&b, 'a', q->aliases[a]);
+            const kiln_value *d = hl_prop(q, "default");
+            wputu(&b, 'd', d && d->type == KILN_TYPE_BOOL && d->v.i);
+        }
+    }
+    if (c.reason) { wputs(&b, 'T', c.reason); wputs(&b, 'S', ns.sev); }
+    wputs(&b, 'K', "ok");
+    const char *p = b.p;
+    size_t n = b.n;
+    while (n) {
+        ssize_t w = write(wfd, p, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) break;
+        p += w;
+        n -= (size_t)w;
+    }
+    _exit(0);
+}
+
+/* ---------------------------------------------------------------------------
+ * Probing in child processes */
+
+#define HL_PROBE_DEFAULT_TIMEOUT 10.0
+#define HL_PROBE_MAX_PARALLEL 16
+#define HL_PROBE_MAX_RECORD (1u << 20)
+
+int hl_probe_timeout(double *seconds, char *why, size_t whylen) {
+    *seconds = HL_PROBE_DEFAULT_TIMEOUT;
+    const char *e = getenv("KILN_PLUGIN_PROBE_TIMEOUT");
+    if (!e || !*e) return 0;
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(e, &end);
+    if (errno || end == e || *end || !(v > 0) || v > 86400) {
+        hwhyf(why, whylen, "KILN_PLUGIN_PROBE_TIMEOUT: expected seconds > 0 and <= 86400 (e.g. 10 or 2.5), found '%s'",
+              e);
+        return -1;
+    }
+    *seconds = v;
+    return 0;
+}
+
+static double mono_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Per process, keyed by the file's identity and change time: a second scan
+ * (tests, `plugins list --config`) does not fork again for the same file. */
+typedef struct probe_cache_ent {
+    char *real;
+    dev_t dev;
+    ino_t ino;
+    off_t size;
+    int64_t mtime_ns;
+    int ok;       /* 1: data is a record; 0: data is a refusal text after "<path>: " */
+    char *data;
+    size_t len;
+} probe_cache_ent;
+static probe_cache_ent *g_cache;
+static int g_ncache;
+
+static probe_cache_ent *cache_find(const char *real, const struct stat *st) {
+    int64_t mt = (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec;
+    for (int i = 0; i < g_ncache; i++) {
+        probe_cache_ent *e = &g_cache[i];
+        if (e->dev == st->st_dev && e->ino == st->st_ino && e->size == st->st_size && e->mtime_ns == mt &&
+            !strcmp(e->real, real))
+            return e;
+    }
+    return NULL;
+}
+
+static void cache_put(const char *real, const struct stat *st, int ok, const char *data, size_t len) {
+    probe_cache_ent *e = cache_find(real, st);
+    if (!e) {
+        g_cache = xrealloc(g_cache, sizeof *g_cache * (size_t)(g_ncache + 1));
+        e = &g_cache[g_ncache++];
+        memset(e, 0, sizeof *e);
+        e->real = xstrdup(real);
+        e->dev = st->st_dev;
+        e->ino = st->st_ino;
+        e->size = st->st_size;
+        e->mtime_ns = (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec;
+    } else
+        free(e->data);
+    e->ok = ok;
+    e->data = xrealloc(NULL, len + 1);
+    memcpy(e->data, data, len);
+    e->data[len] = 0;
+    e->len = len;
+}
+
+typedef struct probe_job {
+    int cand;           /* index in L->cands */
+    int origin;
+    char real[PATH_MAX];
+    struct stat st;
+    pid_t pid;
+    int fd;             /* read end; -1 at EOF */
+    char *buf;
+    size_t len, cap;
+    int cached, started, finished, status, timed_out, overflow;
+    double deadline;
+} probe_job;
+
+/* Turn a finished job (or a cached result) into a probe or a refusal. */
+static void probe_settle(hl_loader *L, int cand, int origin, const struct stat *st, int ok, const char *data,
+                         size_t len) {
+    hl_candidate *c = &L->cands[cand];
+    if (!ok) {
+        char why[2048];
+        snprintf(why, sizeof why, "%s: %s", c->path, data);
+        c->status = HL_CAND_REFUSED;
+        free(c->reason);
+        c->reason = xstrdup(why);
+        HLOG_WARN("%s", why);
+        return;
+    }
+    hl_probe *p = new_probe(c->path, origin, st);
+    char *reason = NULL, *notes = NULL, *sevs = NULL;
+    if (parse_record(data, len, p, &reason, &notes, &sevs) != 0) {
+        /* cannot happen with our own child; never trust it anyway */
+        c->status = HL_CAND_REFUSED;
+        free(c->reason);
+        char why[PATH_MAX + 128];
+        snprintf(why, sizeof why, "%s: its probe sent an unreadable report; not used", c->path);
+        c->reason = xstrdup(why);
+        HLOG_WARN("%s", why);
+        free_probe(p);
+        free(reason);
+        free(notes);
+        free(sevs);
+        return;
+    }
+    /* the notes on single descriptors, logged once here as a load did */
+    if (notes) {
+        char *save = NULL;
+        int k = 0;
+        for (char *ln = strtok_r(notes, "\n", &save); ln; ln = strtok_r(NULL, "\n", &save), k++) {
+            if (!reason) cand_append_reason(c, ln);
+            if (sevs && sevs[k] == 'I') HLOG_INFO("%s", ln);
+            else HLOG_WARN("%s", ln);
+        }
+    }
+    if (reason) {
+        c->status = HL_CAND_REFUSED;
+        free(c->reason);
+        c->reason = reason;
+        reason = NULL;
+        HLOG_DEBUG("%s", c->reason);
+        free_probe(p);
+    } else {
+        c->status = HL_CAND_LOADED;
+        p->cand = cand;
+        L->probes = xrealloc(L->probes, sizeof(hl_probe *) * (size_t)(L->nprobes + 1));
+        L->probes[L->nprobes++] = p;
+        hlog_loader("probed %s (%s %s, ABI %u.%u): %d plugin(s)", c->path, p->libname, p->libversion, p->abi_major,
+                    p->abi_minor, p->nplugins);
+    }
+    free(reason);
+    free(notes);
+    free(sevs);
+}
+
+static void job_start(probe_job *j, const hl_loader *L) {
+    j->started = 1;
+    int pfd[2];
+    if (pipe2(pfd, O_CLOEXEC) != 0) {
+        j->finished = 1;
+        j->status = -errno;
+        j->fd = -1;
+        return;
+    }
+    pid_t pid = fork();
+    if (pid < 0) {
+        int e = errno;
+        close(pfd[0]);
+        close(pfd[1]);
+        j->finished = 1;
+        j->status = -e;
+        j->fd = -1;
+        return;
+    }
+    if (pid == 0) {
+        close(pfd[0]);
+        probe_child(pfd[1], L->cands[j->cand].path, j->real, &j->st, j->origin);
+    }
+    close(pfd[1]);
+    j->pid = pid;
+    j->fd = pfd[0];
+}
+
+/* Run every job, HL_PROBE_MAX_PARALLEL at a time, each within the timeout. */
+static void run_jobs(hl_loader *L, probe_job *jobs, int n, double timeout) {
+    /* buffered output must not be written twice by a child that exit()s */
+    fflush(NULL);
+    int next = 0, running = 0;
+    struct pollfd *pf = calloc((size_t)(n ? n : 1), sizeof *pf);
+    int *map = calloc((size_t)(n ? n : 1), sizeof *map);
+    if (!pf || !map) abort();
+    while (next < n || running) {
+        while (next < n && running < HL_PROBE_MAX_PARALLEL) {
+            probe_job *j = &jobs[next++];
+            if (j->cached) continue;
+            job_start(j, L);
+            if (!j->finished) {
+                j->deadline = mono_now() + timeout;
+                running++;
+            }
+        }
+        if (!running) continue;
+        int np = 0, reap_soon = 0;
+        double now = mono_now(), wait_s = timeout;
+        for (int i = 0; i < next; i++) {
+            probe_job *j = &jobs[i];
+            if (!j->started || j->finished) continue;
+            if (j->fd >= 0) {
+                pf[np].fd = j->fd;
+                pf[np].events = POLLIN;
+                map[np++] = i;
+            } else
+                reap_soon = 1; /* EOF seen: the child is exiting */
+            if (j->deadline - now < wait_s) wait_s = j->deadline - now;
+        }
+        int ms = wait_s <= 0 ? 0 : (int)(wait_s * 1000) + 1;
+        if (reap_soon && ms > 1) ms = 1;
+        if (ms > 100) ms = 100; /* also notices a child that exited but whose pipe a grandchild holds */
+        int pr = poll(pf, (nfds_t)np, ms);
+        for (int k = 0; pr > 0 && k < np; k++) {
+            if (!(pf[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+            probe_job *j = &jobs[map[k]];
+            if (j->cap - j->len < 4096) {
+                j->cap = j->cap ? j->cap * 2 : 8192;
+                j->buf = xrealloc(j->buf, j->cap);
+            }
+            ssize_t r = read(j->fd, j->buf + j->len, j->cap - j->len);
+            if (r > 0) {
+                j->len += (size_t)r;
+                if (j->len > HL_PROBE_MAX_RECORD) { j->overflow = 1; close(j->fd); j->fd = -1; }
+            } else if (r == 0 || (errno != EINTR && errno != EAGAIN)) {
+                close(j->fd);
+                j->fd = -1;
+            }
+        }
+        now = mono_now();
+        for (int i = 0; i < next; i++) {
+            probe_job *j = &jobs[i];
+            if (!j->started || j->finished) continue;
+            int st = 0;
+            pid_t w = waitpid(j->pid, &st, WNOHANG);
+            if (w == j->pid) {
+                /* exited: drain what is already in the pipe, without
+                 * waiting for an EOF a grandchild could withhold */
+                if (j->fd >= 0) {
+                    int fl = fcntl(j->fd, F_GETFL);
+                    if (fl >= 0) fcntl(j->fd, F_SETFL, fl | O_NONBLOCK);
+                    for (;;) {
+                        if (j->cap - j->len < 4096) {
+                            j->cap = j->cap ? j->cap * 2 : 8192;
+                            j->buf = xrealloc(j->buf, j->cap);
+                        }
+                        ssize_t r = read(j->fd, j->buf + j->len, j->cap - j->len);
+                        if (r <= 0 || (j->len += (size_t)r) > HL_PROBE_MAX_RECORD) break;
+                    }
+                    close(j->fd);
+                    j->fd = -1;
+                }
+                j->status = st;
+                j->finished = 1;
+                running--;
+            } else if (now >= j->deadline) {
+                kill(j->pid, SIGKILL);
+                while (waitpid(j->pid, &st, 0) < 0 && errno == EINTR) {}
+                if (j->fd >= 0) { close(j->fd); j->fd = -1; }
+                j->timed_out = 1;
+                j->finished = 1;
+                running--;
+            }
+        }
+    }
+    free(pf);
+    free(map);
+}
+
+/* What a finished job amounts to: a record (ok) or a refusal text. */
+static int job_verdict(const probe_job *j, double timeout, char *text, size_t textlen) {
+    if (j->timed_out) {
+        snprintf(text, textlen,
+                 "did not finish loading and initialising within %g s (KILN_PLUGIN_PROBE_TIMEOUT), so it was stopped; "
+                 "not used",
+                 timeout);
+        return 0;
+    }
+    if (!j->pid) {
+        snprintf(text, textlen, "cannot be probed: %s", strerror(-j->status));
+        return 0;
+    }
+    int marked = !j->overflow && j->len >= 5 && !memcmp(j->buf + j->len - 5, "K2:ok", 5);
+    if (marked) return 1;
+    if (WIFSIGNALED(j->status))
+        snprintf(text, textlen, "crashed while being loaded and initialised (signal %d, %s); not used",
+                 WTERMSIG(j->status), strsignal(WTERMSIG(j->status)));
+    else if (j->overflow)
+        snprintf(text, textlen, "its probe sent more than %u bytes; not used", HL_PROBE_MAX_RECORD);
+    else
+        snprintf(text, textlen,
+                 "exited the process (status %d) while being loaded and initialised, before it finished; a plugin "
+                 "must never exit(); not used",
+                 WIFEXITED(j->status) ? WEXITSTATUS(j->status) : -1);
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------
+ * Discovery */
+
 static int name_cmp(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
-void hl_scan(hl_loader *L) {
-    char why[1024];
+static int same_file_seen(hl_loader *L, const probe_job *jobs, int njobs, const struct stat *st, const char **other) {
+    for (int i = 0; i < L->nprobes; i++)
+        if (L->probes[i]->dev == st->st_dev && L->probes[i]->ino == st->st_ino) { *other = L->probes[i]->path; return 1; }
+    for (int i = 0; i < njobs; i++)
+        if (jobs[i].st.st_dev == st->st_dev && jobs[i].st.st_ino == st->st_ino) {
+            *other = L->cands[jobs[i].cand].path;
+            return 1;
+        }
+    return 0;
+}
+
+void hl_discover(hl_loader *L) {
+    char why[2048];
+    double timeout;
+    if (hl_probe_timeout(&timeout, why, sizeof why)) {
+        HLOG_WARN("%s; using %g s", why, HL_PROBE_DEFAULT_TIMEOUT);
+        timeout = HL_PROBE_DEFAULT_TIMEOUT;
+    }
+    probe_job *jobs = NULL;
+    int njobs = 0;
     for (int d = 0; d < L->ndirs; d++) {
         const char *dir = L->dirs[d];
         if (hl_vet_dir(dir, L->allow_symlinks, why, sizeof why)) {
@@ -644,17 +1160,171 @@ void hl_scan(hl_loader *L) {
             names[nn++] = xstrdup(e->d_name);
         }
         closedir(dh);
-        /* Sorted, so load order (and conflict resolution) is deterministic. */
+        /* Sorted, so search order (and conflict resolution) is deterministic. */
         if (nn > 1) qsort(names, (size_t)nn, sizeof(char *), name_cmp);
         for (int i = 0; i < nn; i++) {
             char path[PATH_MAX];
             snprintf(path, sizeof path, "%s/%s", dir, names[i]);
-            if (hl_load_file(L, path, L->dir_origin[d], why, sizeof why) < 0) HLOG_DEBUG("%s", why);
             free(names[i]);
+            char real[PATH_MAX];
+            struct stat st;
+            if (vet_open(L, path, real, &st, why, sizeof why)) {
+                add_cand(L, path, 0, HL_CAND_REFUSED, why);
+                HLOG_DEBUG("%s", why);
+                continue;
+            }
+            const char *other;
+            if (same_file_seen(L, jobs, njobs, &st, &other)) {
+                hwhyf(why, sizeof why, "%s: same file as %s; loaded once", path, other);
+                add_cand(L, path, 0, HL_CAND_SKIPPED, why);
+                continue;
+            }
+            add_cand(L, path, 0, HL_CAND_REFUSED, NULL); /* settled below */
+            jobs = xrealloc(jobs, sizeof *jobs * (size_t)(njobs + 1));
+            probe_job *j = &jobs[njobs++];
+            memset(j, 0, sizeof *j);
+            j->cand = L->ncands - 1;
+            j->origin = L->dir_origin[d];
+            snprintf(j->real, sizeof j->real, "%s", real);
+            j->st = st;
+            j->fd = -1;
         }
         free(names);
     }
+    /* cached results need no child */
+    for (int i = 0; i < njobs; i++)
+        if (cache_find(jobs[i].real, &jobs[i].st)) jobs[i].cached = 1;
+    run_jobs(L, jobs, njobs, timeout);
+    /* settled in search order: the order probes enter the registry */
+    for (int i = 0; i < njobs; i++) {
+        probe_job *j = &jobs[i];
+        if (!j->cached) {
+            char text[1024];
+            int ok = job_verdict(j, timeout, text, sizeof text);
+            if (ok) cache_put(j->real, &j->st, 1, j->buf, j->len);
+            else if (!j->timed_out && j->pid) cache_put(j->real, &j->st, 0, text, strlen(text));
+            else {
+                /* a timeout or a failed fork may not recur: not cached */
+                probe_settle(L, j->cand, j->origin, &j->st, 0, text, strlen(text));
+                free(j->buf);
+                continue;
+            }
+            free(j->buf);
+        }
+        probe_cache_ent *e = cache_find(j->real, &j->st);
+        probe_settle(L, j->cand, j->origin, &j->st, e->ok, e->data, e->len);
+    }
+    free(jobs);
     hl_registry_build(L);
+}
+
+/* Bring a probed library into this process. 0, or -1 with why (and the
+ * probe marked failed, its candidate refused). */
+static int probe_load(hl_loader *L, hl_probe *p, char *why, size_t whylen) {
+    if (p->lib) return 0;
+    if (p->failed) {
+        hwhyf(why, whylen, "%s", p->cand >= 0 && L->cands[p->cand].reason ? L->cands[p->cand].reason : p->path);
+        return -1;
+    }
+    char real[PATH_MAX];
+    struct stat st;
+    hl_candidate scratch;
+    memset(&scratch, 0, sizeof scratch);
+    note_sink ns = {.c = &scratch, .quiet = 1}; /* the probe logged the notes */
+    hl_library *lib = NULL;
+    if (vet_open(L, p->path, real, &st, why, whylen) == 0) {
+        int64_t mt = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+        if (st.st_dev != p->dev || st.st_ino != p->ino || st.st_size != p->size || mt != p->mtime_ns)
+            hwhyf(why, whylen, "%s: changed since it was probed; refusing it (run the command again)", p->path);
+        else
+            lib = load_lib(p->path, real, &st, p->origin, &ns, why, whylen);
+    }
+    free(scratch.reason);
+    if (lib) hlog_loader("loaded into this process: %s", p->path);
+    if (lib) {
+        /* what runs here must be what the probe saw */
+        int same = lib->nplugins == p->nplugins;
+        for (int i = 0; same && i < p->nplugins; i++)
+            same = lib->plugins[i].view.kind == p->plugins[i].kind && !strcmp(lib->plugins[i].view.name, p->plugins[i].name);
+        if (!same) {
+            hwhyf(why, whylen, "%s: offers other plugins in this process than in its probe; refusing it", p->path);
+            free(lib->plugins);
+            free(lib->path);
+            free(lib->stem);
+            free(lib);
+            lib = NULL;
+        }
+    }
+    if (!lib) {
+        p->failed = 1;
+        if (p->cand >= 0) {
+            hl_candidate *c = &L->cands[p->cand];
+            c->status = HL_CAND_REFUSED;
+            free(c->reason);
+            c->reason = xstrdup(why);
+        }
+        return -1;
+    }
+    p->lib = lib;
+    if (p->cand >= 0) L->cands[p->cand].lib = lib;
+    L->libs = xrealloc(L->libs, sizeof(hl_library *) * (size_t)(L->nlibs + 1));
+    L->libs[L->nlibs++] = lib;
+    return 0;
+}
+
+int hl_load_all(hl_loader *L) {
+    char why[2048];
+    int failed = 0;
+    for (int i = 0; i < L->nprobes; i++) {
+        hl_probe *p = L->probes[i];
+        if (p->lib || p->failed) continue;
+        if (probe_load(L, p, why, sizeof why)) {
+            HLOG_WARN("%s", why);
+            failed++;
+        }
+    }
+    if (failed) hl_registry_build(L);
+    return failed ? -1 : 0;
+}
+
+void hl_scan(hl_loader *L) {
+    hl_discover(L);
+    hl_load_all(L);
+}
+
+int hl_load_file(hl_loader *L, const char *path, int origin, char *why, size_t whylen) {
+    char real[PATH_MAX];
+    struct stat st;
+    if (vet_open(L, path, real, &st, why, whylen)) {
+        add_cand(L, path, 0, HL_CAND_REFUSED, why);
+        return -1;
+    }
+    for (int i = 0; i < L->nlibs; i++)
+        if (L->libs[i]->dev == st.st_dev && L->libs[i]->ino == st.st_ino) {
+            hwhyf(why, whylen, "%s: same file as %s; loaded once", path, L->libs[i]->path);
+            add_cand(L, path, 0, HL_CAND_SKIPPED, why);
+            return 1;
+        }
+    hl_candidate *c = add_cand(L, path, 0, HL_CAND_LOADED, NULL);
+    int ci = L->ncands - 1;
+    note_sink ns = {.c = c, .quiet = 0};
+    hl_library *lib = load_lib(path, real, &st, origin, &ns, why, whylen);
+    c = &L->cands[ci];
+    if (!lib) {
+        c->status = HL_CAND_REFUSED;
+        if (!c->reason) c->reason = xstrdup(why);
+        return -1;
+    }
+    c->lib = lib;
+    hl_probe *p = new_probe(path, origin, &st);
+    probe_fill_from_lib(p, lib);
+    p->lib = lib;
+    p->cand = ci;
+    L->probes = xrealloc(L->probes, sizeof(hl_probe *) * (size_t)(L->nprobes + 1));
+    L->probes[L->nprobes++] = p;
+    L->libs = xrealloc(L->libs, sizeof(hl_library *) * (size_t)(L->nlibs + 1));
+    L->libs[L->nlibs++] = lib;
+    return 0;
 }
 
 /* ---------------------------------------------------------------------------
@@ -669,36 +1339,38 @@ static void add_warning(hl_loader *L, const char *w) {
 /* Which of two plugins keeps a key: an exact name beats an alias; a built-in
  * beats a plugin from another directory (built-ins are replaced only by
  * explicit "stem:name" selection); otherwise the earlier in search order. */
-static int keeps(const struct hl_regent *old, const hl_plugin *p, int is_alias) {
+static int keeps(const struct hl_regent *old, const hl_probe *p, int is_alias) {
     if (old->is_alias != is_alias) return !old->is_alias;
-    int ob = old->p->lib->origin == HL_ORIGIN_BUILTIN, nb = p->lib->origin == HL_ORIGIN_BUILTIN;
+    int ob = old->pr->origin == HL_ORIGIN_BUILTIN, nb = p->origin == HL_ORIGIN_BUILTIN;
     if (ob != nb) return ob;
     return 1;
 }
 
-static void reg_put(hl_loader *L, hl_plugin *p, const char *key, int is_alias) {
+static void reg_put(hl_loader *L, hl_probe *p, int pi, const char *key, int is_alias) {
+    const hl_pmeta *m = &p->plugins[pi];
     for (int i = 0; i < L->nreg; i++) {
         struct hl_regent *r = &L->reg[i];
-        if (r->kind != p->view.kind || strcmp(r->key, key) != 0) continue;
-        if (r->p == p) return;
+        if (r->kind != m->kind || strcmp(r->key, key) != 0) continue;
+        if (r->pr == p && r->pi == pi) return;
         int old_wins = keeps(r, p, is_alias);
-        const hl_plugin *w = old_wins ? r->p : p, *lo = old_wins ? p : r->p;
+        const hl_probe *w = old_wins ? r->pr : p, *lo = old_wins ? p : r->pr;
+        const hl_pmeta *lom = old_wins ? m : &r->pr->plugins[r->pi];
         char msg[2048];
         snprintf(msg, sizeof msg,
                  "%s '%s' provided by both %s and %s; using %s (%s). Select the other explicitly with name = "
                  "\"%s:%s\"",
-                 hl_kind_name(p->view.kind), key, r->p->lib->path, p->lib->path, w->lib->path,
-                 w->lib->origin == HL_ORIGIN_BUILTIN && lo->lib->origin != HL_ORIGIN_BUILTIN ? "built-ins are not "
-                                                                                               "replaced implicitly"
+                 hl_kind_name(m->kind), key, r->pr->path, p->path, w->path,
+                 w->origin == HL_ORIGIN_BUILTIN && lo->origin != HL_ORIGIN_BUILTIN ? "built-ins are not "
+                                                                                   "replaced implicitly"
                  : (r->is_alias != is_alias) ? "a name beats an alias"
                                              : "search-path order",
-                 lo->lib->stem, lo->view.name);
+                 lo->stem, lom->name);
         add_warning(L, msg);
-        if (!old_wins) { r->p = p; r->is_alias = is_alias; }
+        if (!old_wins) { r->pr = p; r->pi = pi; r->is_alias = is_alias; }
         return;
     }
     L->reg = xrealloc(L->reg, sizeof(*L->reg) * (size_t)(L->nreg + 1));
-    L->reg[L->nreg++] = (struct hl_regent){p->view.kind, key, p, is_alias};
+    L->reg[L->nreg++] = (struct hl_regent){m->kind, key, p, pi, is_alias};
 }
 
 void hl_registry_build(hl_loader *L) {
@@ -707,13 +1379,16 @@ void hl_registry_build(hl_loader *L) {
     L->nreg = 0;
     /* Names first, then aliases, so an alias never shadows a real name. */
     for (int pass = 0; pass < 2; pass++)
-        for (int i = 0; i < L->nlibs; i++)
-            for (int j = 0; j < L->libs[i]->nplugins; j++) {
-                hl_plugin *p = &L->libs[i]->plugins[j];
-                if (pass == 0) reg_put(L, p, p->view.name, 0);
+        for (int i = 0; i < L->nprobes; i++) {
+            hl_probe *p = L->probes[i];
+            if (p->failed) continue;
+            for (int j = 0; j < p->nplugins; j++) {
+                hl_pmeta *m = &p->plugins[j];
+                if (pass == 0) reg_put(L, p, j, m->name, 0);
                 else
-                    for (uint32_t a = 0; a < p->naliases; a++) reg_put(L, p, p->aliases[a], 1);
+                    for (uint32_t a = 0; a < m->naliases; a++) reg_put(L, p, j, m->aliases[a], 1);
             }
+        }
 }
 
 const kiln_value *hl_prop(const hl_plugin *p, const char *key) {
@@ -724,15 +1399,15 @@ const kiln_value *hl_prop(const hl_plugin *p, const char *key) {
 
 /* The plugin a slot uses when the run file leaves it out: the first (in
  * search order) of its kind whose "default" property is true. The host
- * names no plugin itself: 32-true, cpu and single declare themselves. */
+ * names no plugin itself: 32-true, cpu and single declare themselves.
+ * Answered from the probes: no library is loaded to ask. */
 const char *hl_default_name(const hl_loader *L, const char *slot) {
     uint32_t kind;
     if (hl_kind_from_name(slot, &kind) != 0) return NULL;
     for (int i = 0; i < L->nreg; i++) {
         const struct hl_regent *e = &L->reg[i];
         if (e->kind != kind || e->is_alias) continue;
-        const kiln_value *v = hl_prop(e->p, "default");
-        if (v && v->type == KILN_TYPE_BOOL && v->v.i) return e->p->view.name;
+        if (e->pr->plugins[e->pi].is_default) return e->pr->plugins[e->pi].name;
     }
     return NULL;
 }
@@ -755,31 +1430,66 @@ static size_t edit_distance(const char *a, const char *b) {
     return prev[lb];
 }
 
-const hl_plugin *hl_find(const hl_loader *L, uint32_t kind, const char *query, char *why, size_t whylen) {
+/* The probe's plugin pi, loaded into this process on first use. */
+static const hl_plugin *resolve(hl_loader *L, hl_probe *p, int pi, char *why, size_t whylen) {
+    if (probe_load(L, p, why, whylen)) return NULL;
+    const hl_pmeta *m = &p->plugins[pi];
+    for (int j = 0; j < p->lib->nplugins; j++)
+        if (p->lib->plugins[j].view.kind == m->kind && !strcmp(p->lib->plugins[j].view.name, m->name))
+            return &p->lib->plugins[j];
+    hwhyf(why, whylen, "%s: %s '%s' is missing once loaded", p->path, hl_kind_name(m->kind), m->name);
+    return NULL;
+}
+
+/* A refused file that the query probably meant: libkiln-<query>.so (or the
+ * stem of "stem:name"). Its reason, which names the file, or NULL. */
+static const char *refused_namesake(const hl_loader *L, const char *stem, size_t sl) {
+    for (int i = 0; i < L->ncands; i++) {
+        const hl_candidate *c = &L->cands[i];
+        if (c->is_dir || c->status != HL_CAND_REFUSED || !c->reason) continue;
+        char s[256];
+        lib_stem(c->path, s, sizeof s);
+        if (strlen(s) == sl && !strncmp(s, stem, sl)) return c->reason;
+    }
+    return NULL;
+}
+
+const hl_plugin *hl_find(hl_loader *L, uint32_t kind, const char *query, char *why, size_t whylen) {
     const char *kn = hl_kind_name(kind);
     const char *colon = strchr(query, ':');
     if (colon) {
         size_t sl = (size_t)(colon - query);
         const char *name = colon + 1;
-        for (int i = 0; i < L->nlibs; i++) {
-            const hl_library *lib = L->libs[i];
-            if (strlen(lib->stem) != sl || strncmp(lib->stem, query, sl) != 0) continue;
-            for (int j = 0; j < lib->nplugins; j++) {
-                const hl_plugin *p = &lib->plugins[j];
-                if (p->view.kind != kind) continue;
-                if (!strcmp(p->view.name, name)) return p;
-                for (uint32_t a = 0; a < p->naliases; a++)
-                    if (!strcmp(p->aliases[a], name)) return p;
+        for (int i = 0; i < L->nprobes; i++) {
+            hl_probe *p = L->probes[i];
+            if (p->failed || strlen(p->stem) != sl || strncmp(p->stem, query, sl) != 0) continue;
+            for (int j = 0; j < p->nplugins; j++) {
+                const hl_pmeta *m = &p->plugins[j];
+                if (m->kind != kind) continue;
+                int hit = !strcmp(m->name, name);
+                for (uint32_t a = 0; !hit && a < m->naliases; a++) hit = !strcmp(m->aliases[a], name);
+                if (hit) return resolve(L, p, j, why, whylen);
             }
             hwhyf(why, whylen, "library libkiln-%.*s.so has no %s plugin answering to '%s'", (int)sl, query, kn, name);
+            return NULL;
+        }
+        const char *ref = refused_namesake(L, query, sl);
+        if (ref) {
+            hwhyf(why, whylen, "%s '%s' cannot be used: %.*s", kn, query, (int)strcspn(ref, "\n"), ref);
             return NULL;
         }
         hwhyf(why, whylen, "no loaded library libkiln-%.*s.so for %s '%s'", (int)sl, query, kn, query);
         return NULL;
     }
     for (int i = 0; i < L->nreg; i++)
-        if (L->reg[i].kind == kind && !strcmp(L->reg[i].key, query)) return L->reg[i].p;
-    /* Not found: list what exists and the closest match. */
+        if (L->reg[i].kind == kind && !strcmp(L->reg[i].key, query)) return resolve(L, L->reg[i].pr, L->reg[i].pi, why, whylen);
+    /* Not found: a refused file of that name is the likely reason. */
+    const char *ref = refused_namesake(L, query, strlen(query));
+    if (ref) {
+        hwhyf(why, whylen, "%s '%s' cannot be used: %.*s", kn, query, (int)strcspn(ref, "\n"), ref);
+        return NULL;
+    }
+    /* Otherwise list what exists and the closest match. */
     char known[512] = "";
     const char *best = NULL;
     size_t bestd = 99;
@@ -796,11 +1506,11 @@ const hl_plugin *hl_find(const hl_loader *L, uint32_t kind, const char *query, c
     for (int i = 0; i < L->ncands; i++) refused += !L->cands[i].is_dir && L->cands[i].status == HL_CAND_REFUSED;
     char hint[256] = "";
     if (best && bestd <= 2 + strlen(query) / 4) snprintf(hint, sizeof hint, "; did you mean '%s'?", best);
-    char ref[160] = "";
+    char ref2[160] = "";
     if (refused)
-        snprintf(ref, sizeof ref, " (%d plugin file(s) were refused; see `kiln plugins list --verbose`)", refused);
+        snprintf(ref2, sizeof ref2, " (%d plugin file(s) were refused; see `kiln plugins list --verbose`)", refused);
     hwhyf(why, whylen, "no %s plugin answers to '%s' (available: %s)%s%s", kn, query, *known ? known : "none", hint,
-         ref);
+         ref2);
     return NULL;
 }
 
@@ -825,6 +1535,7 @@ void hl_loader_free(hl_loader *L) {
         free(L->libs[i]->stem);
         free(L->libs[i]);
     }
+    for (int i = 0; i < L->nprobes; i++) free_probe(L->probes[i]);
     for (int i = 0; i < L->ndirs; i++) free(L->dirs[i]);
     for (int i = 0; i < L->nwarnings; i++) free(L->warnings[i]);
     free(L->warnings);
@@ -832,6 +1543,7 @@ void hl_loader_free(hl_loader *L) {
     free(L->dir_origin);
     free(L->cands);
     free(L->libs);
+    free(L->probes);
     free(L->reg);
     memset(L, 0, sizeof *L);
 }

@@ -9,6 +9,11 @@
  * examined directory and file becomes a candidate with a status and, when
  * refused or skipped, a one-line reason naming the file, what was expected and
  * what was found; `kiln plugins list --verbose` prints them all.
+ *
+ * Discovery (hl_discover) runs no plugin code in this process: each file is
+ * probed in a child process with a time limit, and the registry is built
+ * from what the probes report. A library is dlopen()ed here only when a
+ * lookup (hl_find) first answers with one of its plugins, or by hl_load_all.
  */
 #ifndef KILN_HOST_LOADER_H
 #define KILN_HOST_LOADER_H
@@ -45,6 +50,33 @@ struct hl_library {
     int nplugins;
 };
 
+/* One plugin as its library's probe reported it. */
+typedef struct hl_pmeta {
+    uint32_t kind;
+    char *name, *version;
+    char **aliases;
+    uint32_t naliases;
+    int is_default;      /* the "default" property is true                 */
+} hl_pmeta;
+
+/* A library whose probe passed: what it offers, and the library itself
+ * once loaded into this process. */
+typedef struct hl_probe {
+    char *path, *stem;
+    int origin;
+    dev_t dev;
+    ino_t ino;
+    off_t size;
+    int64_t mtime_ns;    /* must be unchanged when it is loaded here        */
+    char *libname, *libversion;
+    uint32_t abi_major, abi_minor;
+    hl_pmeta *plugins;
+    int nplugins;
+    hl_library *lib;     /* NULL until loaded                               */
+    int failed;          /* loading here failed after a good probe          */
+    int cand;            /* its index in cands                              */
+} hl_probe;
+
 /* A file or directory the loader looked at. */
 typedef struct hl_candidate {
     char *path;
@@ -61,10 +93,12 @@ typedef struct hl_loader {
     int ndirs;
     hl_candidate *cands;
     int ncands;
-    hl_library **libs;   /* in load order                                   */
+    hl_library **libs;   /* loaded into this process, in load order         */
     int nlibs;
-    /* registry: (kind, key) -> plugin, keys are names and aliases */
-    struct hl_regent { uint32_t kind; const char *key; hl_plugin *p; int is_alias; } *reg;
+    hl_probe **probes;   /* usable libraries, in search order               */
+    int nprobes;
+    /* registry: (kind, key) -> a probe's plugin, keys are names and aliases */
+    struct hl_regent { uint32_t kind; const char *key; hl_probe *pr; int pi; int is_alias; } *reg;
     int nreg;
     char **warnings;     /* registry conflicts, already logged              */
     int nwarnings;
@@ -81,17 +115,30 @@ void hl_add_default_dirs(hl_loader *L);
 /* The built-in plugin directory derived from /proc/self/exe ("" if unknown). */
 const char *hl_builtin_dir(void);
 
-/* Scan every directory, load what passes, then build the registry. */
+/* Scan every directory, probe every file in a child process, and build the
+ * registry from the probes. Loads nothing into this process. */
+void hl_discover(hl_loader *L);
+/* Load every library whose probe passed (what `plugins list` shows); -1 when
+ * one failed here (refused and logged, registry rebuilt without it). */
+int hl_load_all(hl_loader *L);
+/* hl_discover then hl_load_all. */
 void hl_scan(hl_loader *L);
-/* Vet and load one file (as `kiln plugins check` does). Returns 0 when the
- * library loaded with at least one plugin; otherwise -1 with `why` set. */
+/* Vet and load one file into this process, no probe (`kiln plugins check`
+ * does it in a child of its own). Returns 0 when the library loaded with at
+ * least one plugin; otherwise -1 with `why` set. */
 int hl_load_file(hl_loader *L, const char *path, int origin, char *why, size_t whylen);
-/* (Re)build the name/alias registry from the loaded libraries. */
+/* (Re)build the name/alias registry from the probes. */
 void hl_registry_build(hl_loader *L);
+/* The probe time limit: KILN_PLUGIN_PROBE_TIMEOUT seconds, 10 by default.
+ * -1 with a one-line reason when the variable is set to something else
+ * than a number of seconds in (0, 86400]. */
+int hl_probe_timeout(double *seconds, char *why, size_t whylen);
 
-/* Resolve "name", an alias, or "stem:name" for a kind. NULL with a one-line
- * reason in `why` when nothing answers. */
-const hl_plugin *hl_find(const hl_loader *L, uint32_t kind, const char *query, char *why, size_t whylen);
+/* Resolve "name", an alias, or "stem:name" for a kind, loading the library
+ * that answers into this process on first use. NULL with a one-line reason
+ * in `why` when nothing answers or that library fails to load here (a
+ * refused file named like the query is named in the reason). */
+const hl_plugin *hl_find(hl_loader *L, uint32_t kind, const char *query, char *why, size_t whylen);
 
 /* library_fini of every library, reverse load order. Instances must already
  * be destroyed. Idempotent. */
@@ -107,7 +154,8 @@ int hl_valid_plugin_name(const char *name);
 /* Property of a plugin by key, or NULL. */
 const kiln_value *hl_prop(const hl_plugin *p, const char *key);
 /* Name of the plugin a slot ("precision") defaults to: the first of its kind
- * whose "default" property is true; NULL when none says so. */
+ * whose "default" property is true; NULL when none says so. From the
+ * probes: loads nothing. */
 const char *hl_default_name(const hl_loader *L, const char *slot);
 
 /* The host's view of the bootstrap struct and services (host/services.c). */
