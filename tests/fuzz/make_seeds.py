@@ -19,6 +19,8 @@ for the tokens plugin), then writes
                      to a few items so the header tells the truth)
   tokens/seeds       a shard written by kiln-text2tokens and raw text
   ckpt_meta/seeds    the checkpoints' "progress" and "loops" texts
+  ddp_hello/seeds    rendezvous hellos as plugins/ddp builds them (with and
+                     without a secret), written by fuzz_replay_ddp_hello
 The seeds are committed; rerun this only when a format changes. Hand-made
 hostile inputs live in <target>/regressions and are not touched here.
 """
@@ -163,6 +165,15 @@ put("tokens", "llmc-two-shards", two)
 put("tokens", "text-one-file", bytes([0x19, 4, 0, 0, 0, 255, 3, 0, 0, 0]) + b"the quick brown fox jumps over it")
 put("tokens", "text-three-files", bytes([0x05, 2, 0, 0, 0, 200, 0, 0, 2, 2]) + b"\x05\x00hello\x03\x00abc" +
     b"and the rest")
+
+# hellos: the target writes them with the plugin's own ddp_tcp_build_hello
+replay = os.path.join(build, "tests", "fuzz", "fuzz_replay_ddp_hello")
+if os.path.exists(replay):
+    subprocess.run([replay], check=True, stdout=subprocess.DEVNULL,
+                   env=dict(os.environ, KILN_FUZZ_DDP_SEEDS=seeds("ddp_hello")))
+# state blobs as the harness's own instances write them
+subprocess.run([os.path.join(build, "tests", "fuzz", "fuzz_replay_state")], check=True, stdout=subprocess.DEVNULL,
+               env=dict(os.environ, KILN_FUZZ_STATE_SEEDS=seeds("state")))
 
 shutil.rmtree(tmp)
 print("seeds written under", here)

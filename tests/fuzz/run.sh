@@ -39,7 +39,7 @@ while (($#)); do
   esac
 done
 all=(safetensors ckpt_meta config idx_raw idx_gzip tokens state)
-# the ddp rendezvous target exists once plugins/ddp exposes its hello parser
+# the ddp rendezvous target is built where the plugin's libcrypto is found
 [ -f "$here/fuzz_ddp_hello.c" ] && all+=(ddp_hello)
 ((${#targets[@]})) || targets=("${all[@]}")
 
