@@ -193,9 +193,39 @@ int ht_slot_from_config(ht_trainer *t, ht_slot *s, const char *slot, int require
     return make_slot(t, s, kind, name, sec, slot, why, whylen);
 }
 
+/* Where the loops are, for messages: "(sanity check: epoch 0, batch 1,
+ * global step 0)"; empty outside the loops. */
+static void where_text(const ht_trainer *t, char *buf, size_t n) {
+    buf[0] = 0;
+    if (!t->in_loops) return;
+    const char *stage = t->stage == KILN_STAGE_SANITY     ? "sanity check"
+                        : t->stage == KILN_STAGE_VALIDATE ? "validation"
+                        : t->stage == KILN_STAGE_TEST     ? "test"
+                                                          : "train";
+    if (t->batch)
+        snprintf(buf, n, " (%s: epoch %lld, batch %lld, global step %lld)", stage,
+                 (long long)t->epoch_progress.current.completed, (long long)t->batch_idx,
+                 (long long)t->opt_step.total.completed);
+    else
+        snprintf(buf, n, " (%s: epoch %lld, global step %lld)", stage, (long long)t->epoch_progress.current.completed,
+                 (long long)t->opt_step.total.completed);
+}
+
 int ht_fail(ht_trainer *t, ht_slot *s, int32_t rc, const char *what, char *why, size_t whylen) {
-    (void)t;
+    if (rc > 0) {
+        /* not a status (kiln/status.h: 0 or negative); say so rather than
+         * pass on a code no one can look up */
+        char msg[160];
+        snprintf(msg, sizeof msg, "returned %d, which is not a kiln status (0 for success, a negative KILN_E_* code "
+                 "for failure)", (int)rc);
+        herr_set(KILN_E_INTERNAL, msg);
+        rc = KILN_E_INTERNAL;
+    }
     hs_format_error(&s->hctx, rc, what, why, whylen);
+    char where[160];
+    where_text(t, where, sizeof where);
+    size_t l = strlen(why);
+    if (where[0] && l + 1 < whylen) snprintf(why + l, whylen - l, "%s", where);
     return rc < 0 ? rc : KILN_E_INTERNAL;
 }
 
@@ -889,13 +919,13 @@ void ht_print_summary(ht_trainer *t, const char *verb) {
            t->accel.p->view.name, prec && prec->type == KILN_TYPE_STRING ? prec->v.s : t->precision.p->view.name,
            t->strategy.p->view.name, t->module.p->view.name, t->data.p->view.name, opts,
            t->manual ? " (manual optimization)" : "");
-    /* Everything said about precision is the plugin's own description. */
-    const char *pkeys[] = {"amp_backend", "amp_level", "param_dtype", "compute_dtype", "bits_per_weight"};
+    /* Everything said about precision is the plugin's own description: every
+     * property it reports, in its order, but its names (aliases, default) */
     printf("precision: %s", prec && prec->type == KILN_TYPE_STRING ? prec->v.s : t->precision.p->view.name);
-    for (size_t i = 0; i < sizeof pkeys / sizeof *pkeys; i++) {
-        const kiln_value *v = hl_prop(t->precision.p, pkeys[i]);
-        if (v && v->type == KILN_TYPE_STRING) printf(" %s=%s", pkeys[i], v->v.s);
-        else if (v && v->type == KILN_TYPE_FLOAT) printf(" %s=%g", pkeys[i], v->v.f);
+    for (const kiln_kv *kv = t->precision.p->view.properties; kv && kv->key; kv++) {
+        if (!strcmp(kv->key, "precision") || !strcmp(kv->key, "aliases") || !strcmp(kv->key, "default")) continue;
+        char text[256];
+        printf(" %s=%s", kv->key, kiln_value_format(&kv->value, text, sizeof text));
     }
     printf("\n");
     if (!strcmp(verb, "fit")) {
@@ -938,11 +968,50 @@ void ht_print_summary(ht_trainer *t, const char *verb) {
     fflush(stdout);
 }
 
+/* Lightning's _interrupt: a failed run (a plugin's error, a non-finite
+ * loss, a refused checkpoint) tells every callback, and the precision plugin
+ * that listens to hooks, with on_exception; `detail` is the error line. Their
+ * own errors here are only logged: the first failure is the one reported.
+ * The teardown hook does not follow (Lightning calls Callback.teardown only
+ * after a run that succeeded); every instance's destroy still runs when the
+ * run is closed. */
+static void on_exception(ht_trainer *t, int rc, const char *err) {
+    if (rc == KILN_OK || t->excepting) return;
+    t->excepting = 1;
+    ht_update_state(t);
+    kiln_event ev = {sizeof ev, KILN_EV_ON_EXCEPTION, t->stage, KILN_SRC_CALLBACK, -1, NULL, NULL, 0, &t->state, err,
+                     NULL, 0, 0, 0, 0, 0};
+    for (int i = 0; i < t->ncallbacks; i++) {
+        const kiln_callback_ops *ops = (const kiln_callback_ops *)t->callbacks[i].p->ops;
+        herr_clear();
+        int32_t crc = ops->on_event(t->callbacks[i].inst, &ev);
+        if (crc) {
+            char why[1024];
+            ht_fail(t, &t->callbacks[i], crc, "on_exception failed", why, sizeof why);
+            HLOG_WARN("%s", why);
+        }
+    }
+    const kiln_precision_ops *pops = t->precision_ops;
+    if (pops && t->precision.p->ops->struct_size >= KILN_PRECISION_OPS_SIZE_1_2 && pops->on_event) {
+        ev.source = KILN_SRC_PRECISION;
+        herr_clear();
+        int32_t crc = pops->on_event(t->precision.inst, &ev);
+        if (crc) {
+            char why[1024];
+            ht_fail(t, &t->precision, crc, "on_exception failed", why, sizeof why);
+            HLOG_WARN("%s", why);
+        }
+    }
+}
+
 int ht_fit(ht_trainer *t, char *why, size_t whylen) {
     t->stage = KILN_STAGE_FIT;
     double t0 = ht_now();
     t->fitting = 1;
+    t->in_loops = 1;
     int rc = ht_run_fit_loop(t, why, whylen);
+    t->in_loops = 0;
+    on_exception(t, rc, why);
     t->fitting = 0;
     t->time.total = ht_now() - t0;
     return rc;
@@ -950,5 +1019,9 @@ int ht_fit(ht_trainer *t, char *why, size_t whylen) {
 
 int ht_evaluate(ht_trainer *t, int stage, char *why, size_t whylen) {
     t->stage = stage;
-    return ht_run_eval_loop(t, stage, why, whylen);
+    t->in_loops = 1;
+    int rc = ht_run_eval_loop(t, stage, why, whylen);
+    t->in_loops = 0;
+    on_exception(t, rc, why);
+    return rc;
 }

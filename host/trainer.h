@@ -155,6 +155,9 @@ typedef struct ht_trainer {
     double closure_time;          /* seconds inside the closure this step     */
     char err[2048];               /* failure inside a closure (plugins call it) */
     int err_rc;
+    int excepting;                /* on_exception was sent (once per run)     */
+    int in_loops;                 /* inside ht_run_fit_loop/ht_run_eval_loop:
+                                     failures say stage, epoch, batch, step  */
 } ht_trainer;
 
 /* Report a failed plugin call: "<kind> '<name>' (<file>): <what>: <msg> [CODE]". */

@@ -7,11 +7,13 @@
  * keeps every row in memory and, whenever the column set grows, rewrites the
  * whole file into <file>.tmp, fsyncs it and renames it over the old one, so a
  * reader (or a crash) only ever sees a complete CSV. Otherwise the row is
- * appended. With `run_comment` (the default) the file opens with one
- * '#' line recording the run's precision as its plugin describes itself
- * (precision, amp_backend, amp_level, dtypes; ABI 1.2 trainer state), read
- * with pandas.read_csv(path, comment="#"); `run_comment = false` gives pure
- * CSV. Only rank 0 writes.
+ * appended. The file is plain CSV, header first (pandas.read_csv and
+ * spreadsheets read it as is). With `hparams` (the default) the run's
+ * description goes where Lightning's CSVLogger puts its hyperparameters:
+ * hparams.yaml beside the CSV, with every property the precision plugin
+ * reports about itself (precision, amp_backend, amp_level, dtypes, anything
+ * a third-party precision adds; ABI 1.2 trainer state). Only rank 0
+ * writes.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -43,8 +45,7 @@ struct kiln_instance {
     char *tmp_path;        /* path + ".tmp"                             */
     FILE *fp;              /* open for appending, NULL when closed      */
     int written;           /* the file holds the current header         */
-    int run_comment;       /* write the '#' precision line first         */
-    char comment[512];     /* that line, captured at the first row       */
+    int hparams;           /* write hparams.yaml beside the CSV          */
     int64_t unflushed;     /* rows appended since the last fflush       */
     char **cols;           /* (ncols) metric column names, owned        */
     uint32_t ncols, cap_cols;
@@ -87,7 +88,6 @@ static void csv_put_name(FILE *f, const char *s) {
 }
 
 static void csv_put_header(const kiln_instance *self, FILE *f) {
-    if (self->comment[0]) fprintf(f, "%s\n", self->comment);
     fputs("step", f);
     for (uint32_t c = 0; c < self->ncols; c++) {
         fputc(',', f);
@@ -234,25 +234,97 @@ static int32_t csv_add_row(kiln_instance *self, const kiln_event *ev, int *grew)
     return KILN_OK;
 }
 
-/* "# kiln run: precision=16-mixed amp_backend=native ..." from the
- * precision plugin's own properties (a host before 1.2 has none to give). */
-static void csv_capture_comment(kiln_instance *self, const kiln_trainer_state *ts) {
-    if (!self->run_comment || !ts || ts->struct_size < KILN_TRAINER_STATE_SIZE_1_2 || !ts->precision) return;
-    static const char *const keys[] = {"precision", "amp_backend", "amp_level", "param_dtype", "compute_dtype"};
-    size_t n = (size_t)snprintf(self->comment, sizeof self->comment, "# kiln run:");
-    for (size_t i = 0; i < sizeof keys / sizeof *keys && n < sizeof self->comment; i++) {
-        const kiln_value *v = kiln_kv_find(ts->precision, keys[i]);
-        if (v && v->type == KILN_TYPE_STRING && v->v.s)
-            n += (size_t)snprintf(self->comment + n, sizeof self->comment - n, " %s=%s", keys[i], v->v.s);
+/* A YAML scalar: strings double-quoted with \\ and \" escaped (control
+ * bytes as \\xNN), numbers and booleans bare, lists in flow style. */
+static void yaml_string(FILE *f, const char *s) {
+    fputc('"', f);
+    for (; s && *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+        else if (c < 0x20 || c == 0x7f) fprintf(f, "\\x%02x", c);
+        else fputc(c, f);
     }
+    fputc('"', f);
+}
+
+static void yaml_float(FILE *f, double x) {
+    if (x != x) fputs(".nan", f);
+    else if (x > 1.7976931348623157e308) fputs(".inf", f);
+    else if (x < -1.7976931348623157e308) fputs("-.inf", f);
+    else fprintf(f, "%.17g", x);
+}
+
+static void yaml_value(FILE *f, const kiln_value *v) {
+    switch (v->type) {
+    case KILN_TYPE_BOOL: fputs(v->v.i ? "true" : "false", f); break;
+    case KILN_TYPE_INT: fprintf(f, "%lld", (long long)v->v.i); break;
+    case KILN_TYPE_FLOAT: yaml_float(f, v->v.f); break;
+    case KILN_TYPE_STRING: yaml_string(f, v->v.s); break;
+    case KILN_TYPE_INT_LIST:
+    case KILN_TYPE_FLOAT_LIST:
+    case KILN_TYPE_STRING_LIST:
+        fputc('[', f);
+        for (uint32_t i = 0; i < v->count; i++) {
+            if (i) fputs(", ", f);
+            if (v->type == KILN_TYPE_INT_LIST) fprintf(f, "%lld", (long long)v->v.il[i]);
+            else if (v->type == KILN_TYPE_FLOAT_LIST) yaml_float(f, v->v.fl[i]);
+            else yaml_string(f, v->v.sl[i]);
+        }
+        fputc(']', f);
+        break;
+    default: fputs("null", f); break;
+    }
+}
+
+/* hparams.yaml beside the CSV (Lightning's CSVLogger.log_hyperparams): the
+ * run's precision as its plugin describes itself, every property it reports
+ * (a host before 1.2 has none to give: no file). Written to a temporary
+ * name and renamed, so a reader never sees half of it. */
+static int32_t csv_write_hparams(kiln_instance *self, const kiln_trainer_state *ts) {
+    if (!self->hparams || !ts || ts->struct_size < KILN_TRAINER_STATE_SIZE_1_2 || !ts->precision) return KILN_OK;
+    const char *slash = strrchr(self->path, '/');
+    size_t dl = slash ? (size_t)(slash - self->path) + 1 : 0;
+    size_t n = dl + sizeof "hparams.yaml.tmp";
+    char *path = malloc(n), *tmp = malloc(n);
+    if (!path || !tmp) {
+        free(path);
+        free(tmp);
+        return kiln_errorf(self->svc, self->hctx, KILN_E_NOMEM, "csv_logger: out of memory");
+    }
+    snprintf(path, n, "%.*shparams.yaml", (int)dl, self->path);
+    snprintf(tmp, n, "%s.tmp", path);
+    int32_t rc = KILN_OK;
+    FILE *f = fopen(tmp, "w");
+    if (!f) rc = csv_io_error(self, "create", tmp, errno);
+    if (f) {
+        fputs("# the run's description, written by kiln's csv_logger beside metrics.csv\n", f);
+        fputs("precision:\n", f);
+        for (const kiln_kv *kv = ts->precision; kv->key; kv++) {
+            fputs("  ", f);
+            yaml_string(f, kv->key);
+            fputs(": ", f);
+            yaml_value(f, &kv->value);
+            fputc('\n', f);
+        }
+        int err = ferror(f) ? (errno ? errno : EIO) : 0;
+        if (fclose(f) != 0 && !err) err = errno;
+        if (!err && rename(tmp, path) != 0) err = errno;
+        if (err) {
+            unlink(tmp);
+            rc = csv_io_error(self, "write", path, err);
+        }
+    }
+    free(path);
+    free(tmp);
+    return rc;
 }
 
 static int32_t csv_log_metrics(kiln_instance *self, const kiln_event *ev, const kiln_trainer_state *ts) {
     if (!self->path) {
-        csv_capture_comment(self, ts);
         int32_t rc = csv_resolve_path(self, ts);
         if (rc != KILN_OK) return rc;
         kiln_mkdir_parent(self->path);
+        if ((rc = csv_write_hparams(self, ts)) != KILN_OK) return rc;
     }
     int grew = 0;
     int32_t rc = csv_add_row(self, ev, &grew);
@@ -283,6 +355,7 @@ static int32_t csv_on_event(kiln_instance *self, kiln_event *ev) {
     case KILN_EV_LOG_METRICS:
         return csv_log_metrics(self, ev, ts);
     case KILN_EV_TEARDOWN:
+    case KILN_EV_ON_EXCEPTION: /* a failed run: what was logged reaches the disk */
         return csv_close(self);
     default:
         return KILN_OK;
@@ -320,8 +393,9 @@ static int32_t csv_create(void *plugin_ctx, const kiln_host_services *svc, kiln_
     self->hctx = hctx;
     self->filename = filename;
     self->flush_every = flush_every;
-    const kiln_value *rcv = kiln_kv_find(config, "run_comment");
-    self->run_comment = rcv && rcv->type == KILN_TYPE_BOOL ? rcv->v.i != 0 : 1;
+    /* run_comment: the key's name before hparams.yaml replaced the '#' line */
+    const kiln_value *hp = kiln_kv_find(config, "hparams"), *rcv = kiln_kv_find(config, "run_comment");
+    self->hparams = (!hp || hp->type != KILN_TYPE_BOOL || hp->v.i) && (!rcv || rcv->type != KILN_TYPE_BOOL || rcv->v.i);
     *out = self;
     return KILN_OK;
 }
@@ -334,8 +408,9 @@ static const kiln_callback_ops csv_ops = {
 static const kiln_param csv_params[] = {
     {"filename", KILN_TYPE_STRING, 0, KILN_V_STR("metrics.csv"), "metrics file, relative to the run directory unless absolute"},
     {"flush_every_n", KILN_TYPE_INT, 0, KILN_V_INT(1), "flush appended rows to the file every n rows"},
-    {"run_comment", KILN_TYPE_BOOL, 0, KILN_V_BOOL(1),
-     "first line '# kiln run: precision=... amp_backend=...' (read with comment='#'); false: pure CSV"},
+    {"hparams", KILN_TYPE_BOOL, 0, KILN_V_BOOL(1),
+     "write hparams.yaml beside the CSV: every property of the run's precision plugin"},
+    {"run_comment", KILN_TYPE_BOOL, 0, KILN_V_BOOL(1), "the old name of hparams (false: no hparams.yaml)"},
     {NULL, 0, 0, KILN_V_NONE, NULL},
 };
 

@@ -958,6 +958,46 @@ static void test_conf_progress_current_per_epoch(void) {
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "steps: 16 "));
 }
 
+/* A failed run: on_exception reaches every callback (the trace's last
+ * line; no teardown hook after it, as in Lightning), the csv logger's rows
+ * are on disk, and the message says where: stage, epoch, batch, step. A
+ * positive return is named as the misuse it is. */
+static void test_failure_on_exception(void) {
+    char out[16384], body[8192], csv[4400], cmd[9000];
+    snprintf(body, sizeof body,
+             "trainer = { max_epochs = 2; num_sanity_val_steps = 0; log_every_n_steps = 1; };\n"
+             "data = { name = \"toydata\"; n_train = 3; n_val = 1; };\n"
+             "module = { name = \"toymod\"; fail_at_batch = 2; };\n"
+             "optimizer = { name = \"sgd\"; lr = 0.1; };\n"
+             "callbacks = ( { name = \"hook_trace\"; path = \"%s/fail-trace.txt\"; },\n"
+             "  { name = \"csv_logger\"; filename = \"%s/fail-metrics.csv\"; flush_every_n = 100; } );\n",
+             g_dir, g_dir);
+    CU_ASSERT_EQUAL_FATAL(fit(body, NULL, out, sizeof out), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "training_step: toymod: failing at batch 2 [KILN_E_DATA] (train: epoch 0, "
+                                       "batch 2, global step 2)"));
+    char p[4400];
+    snprintf(p, sizeof p, "%s/fail-trace.txt", g_dir);
+    read_lines(p);
+    CU_ASSERT_FATAL(nlines > 0);
+    CU_ASSERT_STRING_EQUAL(lines[nlines - 1], "callback on_exception");
+    CU_ASSERT_EQUAL(count("callback teardown"), 0);
+    /* the rows logged before the failure were flushed at on_exception */
+    snprintf(csv, sizeof csv, "%s/fail-metrics.csv", g_dir);
+    snprintf(cmd, sizeof cmd, "cat %s", csv);
+    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT_EQUAL(strncmp(out, "step,", 5), 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "\n1,"));
+    /* a positive return code */
+    CU_ASSERT_EQUAL_FATAL(fit(body, "--set module.fail_code=7", out, sizeof out), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "training_step: returned 7, which is not a kiln status"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "[KILN_E_INTERNAL] (train: epoch 0, batch 2, global step 2)"));
+    /* a failing validation hook says so */
+    CU_ASSERT_EQUAL_FATAL(fit(body, "--set module.fail_at_batch=-1 --set trainer.num_sanity_val_steps=1 "
+                              "--set 'callbacks=({name=\"early_stopping\"; monitor=\"nope\"; check_on_train_epoch_end=false;})'",
+                              out, sizeof out), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "[KILN_E_CONFIG] (validation: epoch 0, global step 3)"));
+}
+
 static int setup(void) { g_dir = tu_mkdtemp(); return g_dir ? 0 : 1; }
 static int teardown(void) {
     free_lines();
@@ -980,6 +1020,7 @@ static void register_tests(void) {
     CU_add_test(s, "run directory numbers: no overflow, never shared", test_run_dir_numbers);
     CU_add_test(s, "kiln validate / kiln test", test_validate_and_test_commands);
     CU_add_test(s, "callback built against frozen ABI 1.1", test_frozen_abi_1_1_callback);
+    CU_add_test(s, "a failure: on_exception, flushed logs, where it happened", test_failure_on_exception);
     CU_add_test(s, "checkpoint weights: save, test --ckpt, refusals", test_checkpoint_weights);
     CU_add_test(s, "resume from an epoch-end checkpoint is bit-identical", test_resume_bit_identical);
     CU_add_test(s, "resume refuses out-of-range or inconsistent counters", test_resume_refuses_bad_counters);

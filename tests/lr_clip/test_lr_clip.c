@@ -215,7 +215,7 @@ static void clip_case(const char *algo, double val, const char *tag) {
         char cmd[9000];
         snprintf(cmd, sizeof cmd,
                  "f=$(ls -d %s/runs/version_* | sort -V | tail -1)/metrics.csv; "
-                 "awk -F, 'NR==2{for(i=1;i<=NF;i++) if($i==\"grad_norm\") c=i} NR==3{print $c}' $f",
+                 "awk -F, 'NR==1{for(i=1;i<=NF;i++) if($i==\"grad_norm\") c=i} NR==2{print $c}' $f",
                  g_dir);
         tu_run(cmd, out, sizeof out);
         CU_ASSERT_DOUBLE_EQUAL(atof(out), norm, 1e-6 * norm);

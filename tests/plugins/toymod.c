@@ -6,7 +6,8 @@
  * of a given epoch or of a batch of the first, or return no loss from a given batch; log a metric of
  * its own in on_train_epoch_end (1 + epoch: it gets worse every epoch) for
  * the monitoring callbacks; report (as a warning line) the should_stop it
- * sees in on_validation_end. Otherwise it records nothing itself; tests read
+ * sees in on_validation_end; fail training_step at a batch with a given
+ * code. Otherwise it records nothing itself; tests read
  * hook_trace's file.
  */
 #include <math.h>
@@ -20,7 +21,7 @@ struct toy_mod {
     kiln_host_ctx *hctx;
     kiln_parameter *w, *b; /* w: (2, F), b: (2) */
     int64_t features;
-    int64_t m1_epoch, m1_batch, stop_epoch, stop_batch, noloss_batch, epoch_metric, report_stop;
+    int64_t m1_epoch, m1_batch, stop_epoch, stop_batch, noloss_batch, epoch_metric, report_stop, fail_batch, fail_code;
     float *x;      /* (B, F) last inputs  */
     float *dlog;   /* (B, 2) softmax - onehot of the last step, / B */
     int64_t rows;
@@ -42,6 +43,8 @@ static int32_t tm_create(void *ctx, const kiln_host_services *svc, kiln_host_ctx
     m->noloss_batch = kiln_kv_int(cfg, "no_loss_batch", -1);
     m->epoch_metric = kiln_kv_int(cfg, "epoch_metric", 0);
     m->report_stop = kiln_kv_int(cfg, "report_should_stop", 0);
+    m->fail_batch = kiln_kv_int(cfg, "fail_at_batch", -1);
+    m->fail_code = kiln_kv_int(cfg, "fail_code", KILN_E_DATA);
     int64_t ws[2] = {2, m->features}, bs[1] = {2};
     int32_t rc = svc->param_register(h, "linear.weight", 2, ws, 0, &m->w);
     if (rc == KILN_OK) rc = svc->param_register(h, "linear.bias", 1, bs, KILN_PARAMF_NO_DECAY, &m->b);
@@ -102,6 +105,11 @@ static int32_t forward(struct toy_mod *m, const kiln_batch *b, double *loss, dou
 
 static int32_t tm_train(kiln_instance *i, const kiln_batch *b, int64_t idx, kiln_step_output *out) {
     struct toy_mod *m = (struct toy_mod *)i;
+    if (idx == m->fail_batch) {
+        if (m->fail_code < 0) return kiln_errorf(m->svc, m->hctx, (int32_t)m->fail_code, "toymod: failing at batch %lld",
+                                                 (long long)idx);
+        return (int32_t)m->fail_code; /* a positive "status", which is none */
+    }
     double loss, acc;
     int32_t rc = forward(m, b, &loss, &acc);
     if (rc) return rc;
@@ -188,6 +196,8 @@ static const kiln_param tm_params[] = {
     {"stop_at_epoch", KILN_TYPE_INT, 0, KILN_V_INT(-1), "request a stop at the end of this epoch"},
     {"stop_at_batch", KILN_TYPE_INT, 0, KILN_V_INT(-1), "request a stop at the end of this batch of epoch 0"},
     {"no_loss_batch", KILN_TYPE_INT, 0, KILN_V_INT(-1), "training_step returns no loss for this batch"},
+    {"fail_at_batch", KILN_TYPE_INT, 0, KILN_V_INT(-1), "training_step fails at this batch (every epoch)"},
+    {"fail_code", KILN_TYPE_INT, 0, KILN_V_INT(KILN_E_DATA), "what it returns then (a positive value tests misuse)"},
     {"epoch_metric", KILN_TYPE_INT, 0, KILN_V_INT(0), "1: log epoch_metric = 1 + epoch in on_train_epoch_end"},
     {"report_should_stop", KILN_TYPE_INT, 0, KILN_V_INT(0), "1: warn the should_stop seen in on_validation_end"},
     {NULL, 0, 0, KILN_V_NONE, NULL}};

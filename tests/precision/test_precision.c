@@ -403,14 +403,20 @@ static void test_hooks_see_scaled_values(void) {
         CU_ASSERT_EQUAL(be[i].b, i + 1); /* no skips at this scale: every step counted */
         CU_ASSERT_EQUAL(be[i].d, 1024.0);
     }
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "precision: 16-mixed amp_backend=native amp_level=none"));
-    /* metrics.csv opens with the precision as the plugin describes itself */
+    /* the summary prints every property the plugin reports, in its order */
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "precision: 16-mixed amp_backend=native amp_level=none param_dtype=float32 "
+                                       "compute_dtype=float16 grad_dtype=float32 needs_grad_scaler=true"));
+    /* metrics.csv is plain CSV, header first; the precision as the plugin
+     * describes itself is in hparams.yaml beside it */
     char cmd[9000];
-    snprintf(cmd, sizeof cmd, "head -2 \"$(ls -d %s/runs/version_* | sort -V | tail -1)/metrics.csv\"", g_dir);
+    snprintf(cmd, sizeof cmd, "d=\"$(ls -d %s/runs/version_* | sort -V | tail -1)\"; head -1 \"$d/metrics.csv\"; "
+             "cat \"$d/hparams.yaml\"", g_dir);
     CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "# kiln run: precision=16-mixed amp_backend=native amp_level=none "
-                                       "param_dtype=float32 compute_dtype=float16\nstep,"));
+    CU_ASSERT_EQUAL(strncmp(out, "step,", 5), 0);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "amp_scale"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "precision:\n  \"precision\": \"16-mixed\"\n  \"amp_backend\": \"native\"\n"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "  \"needs_grad_scaler\": true\n"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "  \"aliases\": ["));
 
     /* the same job in 32-true: scale 1, nothing to unscale */
     snprintf(body, sizeof body, MLP_JOB("\"32-true\"", "%s"), cb);

@@ -3,8 +3,11 @@
  * returns, defined once as an X-macro so the numbers, the names and
  * kiln_strerror() can never drift apart. 0 is success, negative is failure.
  * Codes <= -1000 are free for a plugin's private use; the host treats any
- * negative code it does not know as KILN_E_INTERNAL. Values are never
- * renumbered or reused within ABI major 1 (see docs/abi.md).
+ * negative code it does not know as KILN_E_INTERNAL. Positive values are not
+ * statuses: a plugin op or service never returns one (the host reports a
+ * positive return as KILN_E_INTERNAL, "returned N, which is not a kiln
+ * status"). Values are never renumbered or reused within ABI major 1 (see
+ * docs/abi.md).
  */
 #ifndef KILN_STATUS_H
 #define KILN_STATUS_H

@@ -12,6 +12,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 /* Value types. Fixed numbers; never renumbered. */
@@ -98,6 +99,40 @@ static inline double kiln_kv_float(const kiln_kv *kv, const char *key, double fa
 static inline const char *kiln_kv_str(const kiln_kv *kv, const char *key, const char *fallback) {
     const kiln_value *v = kiln_kv_find(kv, key);
     return v && v->type == KILN_TYPE_STRING ? v->v.s : fallback;
+}
+
+/* A value as short text: "16-mixed", "true", "42", "0.5", "[a,b]" (floats
+ * with %g, lists comma-separated in brackets). Writes at most n bytes
+ * including the NUL, truncating like snprintf; returns buf. What the run
+ * summary prints for each property of the precision plugin. */
+static inline char *kiln_value_format(const kiln_value *v, char *buf, size_t n) {
+    if (!buf || n == 0) return buf;
+    buf[0] = 0;
+    if (!v) return buf;
+    size_t l = 0;
+#define KILN__PUT(...) do { int w_ = snprintf(buf + l, n - l, __VA_ARGS__); if (w_ < 0) return buf; \
+                            l += (size_t)w_; if (l >= n) return buf; } while (0)
+    switch (v->type) {
+    case KILN_TYPE_BOOL: KILN__PUT("%s", v->v.i ? "true" : "false"); break;
+    case KILN_TYPE_INT: KILN__PUT("%lld", (long long)v->v.i); break;
+    case KILN_TYPE_FLOAT: KILN__PUT("%g", v->v.f); break;
+    case KILN_TYPE_STRING: KILN__PUT("%s", v->v.s ? v->v.s : ""); break;
+    case KILN_TYPE_INT_LIST:
+    case KILN_TYPE_FLOAT_LIST:
+    case KILN_TYPE_STRING_LIST:
+        KILN__PUT("[");
+        for (uint32_t i = 0; i < v->count; i++) {
+            if (i) KILN__PUT(",");
+            if (v->type == KILN_TYPE_INT_LIST) KILN__PUT("%lld", (long long)v->v.il[i]);
+            else if (v->type == KILN_TYPE_FLOAT_LIST) KILN__PUT("%g", v->v.fl[i]);
+            else KILN__PUT("%s", v->v.sl[i] ? v->v.sl[i] : "");
+        }
+        KILN__PUT("]");
+        break;
+    default: break;
+    }
+#undef KILN__PUT
+    return buf;
 }
 
 #endif /* KILN_VALUE_H */
