@@ -127,6 +127,8 @@ prefix=$(mktemp -d /tmp/kiln-prefix.XXXXXX)
 chmod 755 "$prefix"
 trap 'rm -rf "$prefix"' EXIT
 cmake --install build --prefix "$prefix" >/dev/null
+# every installed header alone under strict C11, and what they define runs
+bash tests/sdk_headers/check_headers.sh "$prefix/include" tests/sdk_headers/headers_run.c cc
 cmake -S examples/hello-plugin -B "$prefix/hello-build" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_INSTALL_PREFIX="$prefix" >/dev/null
 cmake --build "$prefix/hello-build"
 cmake --install "$prefix/hello-build" >/dev/null
