@@ -259,8 +259,7 @@ static int plugins_list(int argc, char **argv) {
             return 2;
         }
     }
-    double tmo;
-    if (hl_probe_timeout(&tmo, why, sizeof why)) {
+    if (hl_check_env(why, sizeof why)) {
         fprintf(stderr, "kiln: error: %s\n", why);
         hl_loader_free(&L);
         return 2;
@@ -427,8 +426,7 @@ int cli_open_run(const char *path, char **sets, int nsets, hc_config *c, hl_load
     int ndirs, allow;
     rc = hc_plugin_dirs(c, &dirs, &ndirs, &allow, why, whylen);
     if (rc) return rc;
-    double tmo;
-    if (hl_probe_timeout(&tmo, why, whylen)) {
+    if (hl_check_env(why, whylen)) {
         free((void *)dirs);
         return KILN_E_CONFIG;
     }

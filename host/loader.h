@@ -133,6 +133,11 @@ void hl_registry_build(hl_loader *L);
  * -1 with a one-line reason when the variable is set to something else
  * than a number of seconds in (0, 86400]. */
 int hl_probe_timeout(double *seconds, char *why, size_t whylen);
+/* Both variables discovery reads: KILN_PLUGIN_PROBE_TIMEOUT as above, and
+ * KILN_PLUGIN_CACHE (the probe cache file: an absolute path, or "off"; by
+ * default $XDG_CACHE_HOME/kiln/plugin-probes or ~/.cache/kiln/plugin-probes).
+ * -1 with a one-line reason when one is malformed. */
+int hl_check_env(char *why, size_t whylen);
 
 /* Resolve "name", an alias, or "stem:name" for a kind, loading the library
  * that answers into this process on first use. NULL with a one-line reason

@@ -13,7 +13,11 @@
 #  - `plugins check` fails on each (exit(0) included: the verdict is the
 #    child's report, not its exit status) within its time limit, and passes
 #    the good one;
-#  - a bad KILN_PLUGIN_PROBE_TIMEOUT is one error line and exit status 2.
+#  - the probe cache (KILN_PLUGIN_CACHE, here a private file): a warm
+#    command forks no probe for an unchanged file, a touched file is probed
+#    again, and cached crash verdicts still refuse their files;
+#  - a bad KILN_PLUGIN_PROBE_TIMEOUT or KILN_PLUGIN_CACHE is one error line
+#    and exit status 2.
 set -u
 KILN=$1 ISO=$2 TRAIN=$3 W=$4
 rm -rf "$W"
@@ -23,6 +27,7 @@ for n in ctorsegv initsegv initexit initloop goodcb; do cp "$ISO/libkiln-$n.so" 
 cp "$TRAIN/libkiln-toydata.so" "$TRAIN/libkiln-toymod.so" "$W/plugins/"
 export KILN_PLUGIN_PATH="$W/plugins"
 export KILN_PLUGIN_PROBE_TIMEOUT=2
+export KILN_PLUGIN_CACHE="$W/probe-cache"
 unset KILN_PLUGIN_DEBUG KILN_LOG
 HOSTILE="ctorsegv initsegv initexit initloop"
 fails=0
@@ -78,6 +83,18 @@ for n in $HOSTILE; do
   grep -qF "$W/plugins/libkiln-$n.so" "$W/fit.err" || fail "fit does not warn about $W/plugins/libkiln-$n.so"
 done
 
+# ---- the probe cache: written by the first commands, used by the next
+[ -f "$W/probe-cache" ] || fail "no probe cache written at $W/probe-cache"
+KILN_PLUGIN_DEBUG=1 "$KILN" fit "$W/run.cfg" > "$W/warm.out" 2> "$W/warm.err" || { fail "warm fit failed"; cat "$W/warm.err"; }
+grep -qF "probe of $W/plugins/libkiln-goodcb.so: from the cache" "$W/warm.err" || fail "warm fit probed goodcb again"
+grep -qF "probe of $W/plugins/libkiln-ctorsegv.so: from the cache" "$W/warm.err" || fail "warm fit probed ctorsegv again"
+grep -qF "$W/plugins/libkiln-ctorsegv.so: crashed" "$W/warm.err" || fail "warm fit does not warn about ctorsegv"
+touch "$W/plugins/libkiln-goodcb.so"
+KILN_PLUGIN_DEBUG=1 "$KILN" plugins list > /dev/null 2> "$W/touched.err"
+grep -qF "probed $W/plugins/libkiln-goodcb.so" "$W/touched.err" || fail "a touched file was not probed again"
+KILN_PLUGIN_CACHE=off KILN_PLUGIN_DEBUG=1 "$KILN" plugins list > /dev/null 2> "$W/off.err"
+grep -qF "probed $W/plugins/libkiln-toymod.so" "$W/off.err" || fail "KILN_PLUGIN_CACHE=off still used the cache"
+
 # ---- fit of a run that names a hostile plugin: one line naming the file
 for n in $HOSTILE; do
   sed "s/^optimizer = .*/&\ncallbacks = ( \"$n\" );/" "$W/run.cfg" > "$W/run-$n.cfg"
@@ -110,6 +127,10 @@ rc=$?
   { fail "KILN_PLUGIN_PROBE_TIMEOUT=soon: expected exit 2 and one line, got $rc:"; cat "$W/tmo.err"; }
 KILN_PLUGIN_PROBE_TIMEOUT=0 "$KILN" -q fit "$W/run.cfg" > /dev/null 2> "$W/tmo.err"
 [ $? -ne 0 ] && grep -qF "KILN_PLUGIN_PROBE_TIMEOUT" "$W/tmo.err" || fail "KILN_PLUGIN_PROBE_TIMEOUT=0 accepted by fit"
+KILN_PLUGIN_CACHE=relative/file "$KILN" plugins list > /dev/null 2> "$W/cache.err"
+rc=$?
+[ $rc -eq 2 ] && [ "$(wc -l < "$W/cache.err")" -eq 1 ] && grep -qF "KILN_PLUGIN_CACHE: expected an absolute file path or 'off'" "$W/cache.err" ||
+  { fail "KILN_PLUGIN_CACHE=relative/file: expected exit 2 and one line, got $rc:"; cat "$W/cache.err"; }
 
 [ $fails -eq 0 ] && echo "plugin_isolation: all checks passed"
 exit $fails
