@@ -79,12 +79,54 @@ const char *hc_did_you_mean(const char *word, const char *const *cands, int n) {
 /* ---------------------------------------------------------------------------
  * Loading */
 
+static int is_name_start(int ch);
+static int is_name_char(int ch);
+
+/* The setting name that starts line `line` of `path` ("lr" of "  lr = 0.1;"),
+ * for libconfig's "duplicate setting name", which does not say which. */
+static int name_on_line(const char *path, int line, char *name, size_t n) {
+    FILE *fp = path ? fopen(path, "r") : NULL;
+    if (!fp) return 0;
+    char buf[4096];
+    int ln = 0, found = 0;
+    while (fgets(buf, sizeof buf, fp))
+        if (++ln == line) {
+            /* the first "name =" or "name :" on the line: the duplicate ends
+             * the parse, so nothing after it on the line was read yet */
+            const char *p = buf;
+            for (const char *s = buf; *s && !found; s++) {
+                if (!is_name_start((unsigned char)*s) || (s > buf && is_name_char((unsigned char)s[-1]))) continue;
+                const char *e = s;
+                while (is_name_char((unsigned char)*e)) e++;
+                const char *a = e;
+                while (*a == ' ' || *a == '\t') a++;
+                if ((*a == '=' || *a == ':') && (size_t)(e - s) < n) {
+                    p = s;
+                    snprintf(name, n, "%.*s", (int)(e - s), p);
+                    found = 1;
+                }
+                s = e - 1;
+            }
+            break;
+        }
+    fclose(fp);
+    return found;
+}
+
 static int report_parse_error(hc_config *c, char *why, size_t whylen) {
     const char *f = config_error_file(&c->cfg);
+    const char *text = config_error_text(&c->cfg);
+    char name[128];
     if (config_error_type(&c->cfg) == CONFIG_ERR_FILE_IO)
         hwhyf(why, whylen, "%s: cannot read run file: %s", f ? f : c->path, errno ? strerror(errno) : "I/O error");
+    else if (text && strstr(text, "duplicate setting name") &&
+             name_on_line(f ? f : c->path, config_error_line(&c->cfg), name, sizeof name))
+        hwhyf(why, whylen,
+              "%s:%d: '%s' is set twice in the same group (also when the first is in an @include file: a run file "
+              "cannot override a key it includes); keep one, or change it with --set",
+              f ? f : c->path, config_error_line(&c->cfg), name);
     else
-        hwhyf(why, whylen, "%s:%d: %s", f ? f : c->path, config_error_line(&c->cfg), config_error_text(&c->cfg));
+        hwhyf(why, whylen, "%s:%d: %s", f ? f : c->path, config_error_line(&c->cfg), text);
     return KILN_E_CONFIG;
 }
 
@@ -487,7 +529,18 @@ int hc_override(hc_config *c, const char *assignment, char *why, size_t whylen) 
             config_setting_set_string(old, val);
         } else if (ot == CONFIG_TYPE_GROUP && is_slot(key) && is_scalar(nt)) {
             /* --set precision=bf16 over precision = { name = ...; ... }: another
-             * plugin, so the old plugin's keys go too */
+             * plugin, so the old plugin's keys go too; say which (--set
+             * precision.name=bf16 keeps them) */
+            char dropped[512] = "";
+            for (int k = 0; k < config_setting_length(old); k++) {
+                const char *mn = config_setting_name(config_setting_get_elem(old, (unsigned)k));
+                if (!mn || !strcmp(mn, "name")) continue;
+                size_t dl = strlen(dropped);
+                snprintf(dropped + dl, sizeof dropped - dl, "%s%s", dl ? ", " : "", mn);
+            }
+            if (dropped[0])
+                HLOG_INFO("--set %s=%s replaces the whole %s section, whose keys %s are dropped (--set %s.name=%s "
+                          "would keep them)", key, val, key, dropped, key, val);
             config_setting_t *root = config_root_setting(&c->cfg);
             config_setting_remove(root, key);
             config_setting_t *ns = config_setting_add(root, key, CONFIG_TYPE_STRING);
@@ -533,7 +586,15 @@ int hc_override(hc_config *c, const char *assignment, char *why, size_t whylen) 
                 continue;
             }
             config_setting_t *m = config_setting_get_member(parent, tok);
-            if (!next) {
+            if (!next && m) {
+                /* there now: the short form of a slot just became a group
+                 * holding `name` (--set precision.name=X over precision =
+                 * "32-true") */
+                if (!replace_setting(m, nv)) {
+                    hwhyf(why, whylen, "--set %s: cannot replace '%s'", key, tok);
+                    rc = KILN_E_CONFIG;
+                }
+            } else if (!next) {
                 if (!copy_setting(parent, tok, nv)) {
                     hwhyf(why, whylen, "--set %s: '%s' is not a valid setting name", key, tok);
                     rc = KILN_E_CONFIG;

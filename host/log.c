@@ -17,8 +17,12 @@ static int g_loader_debug = 0;
 static _Thread_local int t_err_code;
 static _Thread_local char t_err_msg[1024];
 
+static int g_quiet = 0;
+
 void hlog_set_level(int level) { g_level = level; }
 int hlog_level(void) { return g_level; }
+void hlog_set_quiet(int q) { g_quiet = q; }
+int hlog_quiet(void) { return g_quiet; }
 int hlog_loader_debug(void) { return g_loader_debug; }
 
 void hlog_init_from_env(void) {

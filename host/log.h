@@ -15,6 +15,10 @@
 
 void hlog_set_level(int level);
 int hlog_level(void);
+/* -q given n times: 1 silences progress bars and info/warning lines (the
+ * log level becomes ERROR), 2 also the end-of-run summary. */
+void hlog_set_quiet(int q);
+int hlog_quiet(void);
 void hlog(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void hlogv(int level, const char *fmt, va_list ap);
 

@@ -42,7 +42,8 @@ static void usage(FILE *f) {
             "\n"
             "global flags:\n"
             "  -v, --verbose       more log output (repeat for trace); KILN_LOG=debug does the same\n"
-            "  -q, --quiet         errors only\n"
+            "  -q, --quiet         no chatter: no progress bar, no info or warning lines; errors and\n"
+            "                      the end-of-run summary (the result) still print; -qq: errors only\n"
             "  -h, --help          this text\n"
             "      --version       kiln and plugin ABI versions\n"
             "\n"
@@ -70,7 +71,11 @@ int main(int argc, char **argv) {
             hlog_set_level(hlog_level() > KILN_LOG_TRACE ? hlog_level() - 1 : KILN_LOG_TRACE);
             continue;
         }
-        if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) { hlog_set_level(KILN_LOG_ERROR); continue; }
+        if (!strcmp(a, "-q") || !strcmp(a, "--quiet") || !strcmp(a, "-qq")) {
+            hlog_set_level(KILN_LOG_ERROR);
+            hlog_set_quiet(hlog_quiet() + (a[2] == 'q' ? 2 : 1));
+            continue;
+        }
         fprintf(stderr, "kiln: error: unknown flag '%s' (see kiln --help)\n", a);
         return 2;
     }

@@ -908,7 +908,7 @@ double ht_measure_gemm_flops(ht_trainer *t) {
 }
 
 void ht_print_summary(ht_trainer *t, const char *verb) {
-    if (t->state.rank != 0) return;
+    if (t->state.rank != 0 || hlog_quiet() >= 2) return; /* -qq: errors only */
     const kiln_value *prec = hl_prop(t->precision.p, "precision");
     printf("\n== kiln %s summary (%s)\n", verb, t->run_dir[0] ? t->run_dir : "no run directory");
     char opts[256] = "-";

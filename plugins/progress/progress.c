@@ -361,6 +361,8 @@ static int32_t pb_create(void *plugin_ctx, const kiln_host_services *svc, kiln_h
     if (!self) return kiln_errorf(svc, hctx, KILN_E_NOMEM, "progress: out of memory");
     self->svc = svc;
     self->hctx = hctx;
+    /* `kiln -q` lowers the log level below info: a quiet run draws nothing */
+    if (svc->log_enabled && !svc->log_enabled(hctx, KILN_LOG_INFO)) refresh = 0;
     self->refresh_rate = refresh;
     self->every = every;
     self->tty = is_tty;

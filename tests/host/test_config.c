@@ -372,6 +372,75 @@ static void test_cli_config(void) {
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "max_steps = 5000000000L"));
 }
 
+/* The quirks a plugin author met (each fixed or refused in one line):
+ * --set NAME.name over the short form, --set NAME=X over a section names
+ * the keys it drops, a new key in a list element, a key set twice (also
+ * across @include) names the key, -q silences progress and -qq the
+ * summary too. */
+static void test_set_quirks(void) {
+    hc_config c;
+    char why[1024];
+    CU_ASSERT_EQUAL_FATAL(hc_load_string(&c,
+                                         "precision = \"32-true\";\n"
+                                         "optimizer = { name = \"sgd\"; lr = 0.1; momentum = 0.9; };\n"
+                                         "callbacks = ( { name = \"a\"; }, { name = \"b\"; x = 1; } );\n",
+                                         "run.cfg", why, sizeof why),
+                          KILN_OK);
+    const char *s = NULL;
+    int ival = 0;
+    CU_ASSERT_EQUAL(hc_override(&c, "precision.name=bf16-mixed", why, sizeof why), KILN_OK);
+    CU_ASSERT(config_lookup_string(&c.cfg, "precision.name", &s) && !strcmp(s, "bf16-mixed"));
+    CU_ASSERT_EQUAL(hc_override(&c, "callbacks.[1].y=2", why, sizeof why), KILN_OK); /* a new key */
+    CU_ASSERT(config_lookup_int(&c.cfg, "callbacks.[1].y", &ival) && ival == 2);
+    CU_ASSERT_EQUAL(hc_override(&c, "callbacks.[1].x=3", why, sizeof why), KILN_OK); /* an existing one */
+    CU_ASSERT(config_lookup_int(&c.cfg, "callbacks.[1].x", &ival) && ival == 3);
+    CU_ASSERT_EQUAL(hc_override(&c, "optimizer=adamw", why, sizeof why), KILN_OK); /* another plugin */
+    CU_ASSERT(config_lookup_string(&c.cfg, "optimizer", &s) && !strcmp(s, "adamw"));
+    hc_free(&c);
+
+    /* the info line that says what --set NAME=X dropped, and -q */
+    const char *p = write_cfg("quirk.cfg", "optimizer = { name = \"sgd\"; lr = 0.1; momentum = 0.9; };\n");
+    char cmd[8192], out[16384];
+    snprintf(cmd, sizeof cmd, "%s config show %s --set optimizer=adamw", tu_kiln(), p);
+    tu_run(cmd, out, sizeof out); /* fails later (no data section): the line comes first */
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "--set optimizer=adamw replaces the whole optimizer section, whose keys lr, "
+                                       "momentum are dropped (--set optimizer.name=adamw would keep them)"));
+    /* a key set twice, also when the first is in an @include file */
+    write_cfg("inc-base.cfg", "trainer = { max_epochs = 1; };\n");
+    p = write_cfg("inc-dup.cfg", "@include \"inc-base.cfg\"\ntrainer = { max_epochs = 2; };\n");
+    CU_ASSERT_EQUAL(hc_load(&c, p, why, sizeof why), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "inc-dup.cfg:2: 'trainer' is set twice in the same group"));
+    hc_free(&c);
+    p = write_cfg("dup.cfg", "trainer = {\n  max_epochs = 1;\n  seed = 3;\n  max_epochs = 2;\n};\n");
+    CU_ASSERT_EQUAL(hc_load(&c, p, why, sizeof why), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "dup.cfg:4: 'max_epochs' is set twice in the same group"));
+    hc_free(&c);
+}
+
+static void test_quiet_levels(void) {
+    char text[8192], cmd[8192], out[16384];
+    snprintf(text, sizeof text,
+             "plugins = { dirs = [\"%s\"]; };\n"
+             "trainer = { max_epochs = 1; num_sanity_val_steps = 0; default_root_dir = \"%s/quiet-runs\"; };\n"
+             "data = { name = \"toydata\"; n_train = 2; n_val = 1; };\n"
+             "module = { name = \"toymod\"; };\n"
+             "optimizer = { name = \"sgd\"; lr = 0.1; };\n"
+             "callbacks = ( { name = \"progress\"; tty = \"never\"; print_every_n_batches = 1; } );\n",
+             getenv("KILN_TRAIN_FIXTURES"), g_dir);
+    const char *p = write_cfg("quiet.cfg", text);
+    snprintf(cmd, sizeof cmd, "%s fit %s", tu_kiln(), p);
+    CU_ASSERT_EQUAL_FATAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "epoch 1 batch 1/2")); /* the progress lines */
+    snprintf(cmd, sizeof cmd, "%s -q fit %s", tu_kiln(), p);
+    CU_ASSERT_EQUAL_FATAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT_PTR_NULL(strstr(out, "info:"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "== kiln fit summary")); /* the result */
+    CU_ASSERT_EQUAL(strncmp(out, "\n== kiln fit summary", 20), 0); /* nothing before it */
+    snprintf(cmd, sizeof cmd, "%s -qq fit %s", tu_kiln(), p);
+    CU_ASSERT_EQUAL_FATAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT_STRING_EQUAL(out, "");
+}
+
 static int setup(void) { g_dir = tu_mkdtemp(); return g_dir ? 0 : 1; }
 static int teardown(void) { tu_rmrf(g_dir); free(g_dir); return 0; }
 
@@ -387,6 +456,8 @@ static void register_tests(void) {
     CU_add_test(s, "int64 reaches a plugin", test_int64_to_plugin);
     CU_add_test(s, "--set list element", test_override_list_element);
     CU_add_test(s, "kiln config show/check", test_cli_config);
+    CU_add_test(s, "--set and run-file quirks", test_set_quirks);
+    CU_add_test(s, "-q and -qq", test_quiet_levels);
 }
 
 #include "cunit_main.h"
