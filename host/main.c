@@ -34,7 +34,8 @@ static void usage(FILE *f) {
             "                      every plugin file found, with status and reason, and every plugin\n"
             "                      with its kind, version, ABI, aliases and properties\n"
             "  plugins check FILE.so [--json]\n"
-            "                      vet and load one plugin file in a child process; exit 0 if it passes\n"
+            "                      vet and load one plugin file in a child process; exit 0 if it reports\n"
+            "                      success within KILN_PLUGIN_PROBE_TIMEOUT\n"
             "  config check RUN.cfg [--set KEY=VALUE]...\n"
             "                      parse a run file and check every key against the plugins it names\n"
             "  config show RUN.cfg [--set KEY=VALUE]...\n"
@@ -51,6 +52,10 @@ static void usage(FILE *f) {
             "  KILN_PLUGIN_PATH    colon-separated absolute plugin directories, searched after the run\n"
             "                      file's plugins.dirs and before the built-in directory\n"
             "  KILN_PLUGIN_DEBUG=1 trace plugin discovery and loading\n"
+            "  KILN_PLUGIN_PROBE_TIMEOUT  seconds each plugin file may take to load in its probe\n"
+            "                      (a child process) and in `plugins check` (default 10)\n"
+            "  KILN_PLUGIN_CACHE   the probe cache file (absolute), or off; default\n"
+            "                      ~/.cache/kiln/plugin-probes\n"
             "\n"
             "Documentation: docs/user-guide.md, docs/config.md, docs/plugin-guide.md, docs/abi.md\n",
             KILN_VERSION_STRING);
