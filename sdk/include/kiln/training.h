@@ -446,9 +446,13 @@ typedef struct kiln_strategy_ops {
 typedef struct kiln_optimizer_ops {
     kiln_ops_header base;
     /* -- 1.1 -- */
+    /* The parameters this optimizer updates; the array and the parameters
+     * stay valid until destroy. set_state (a resume) comes after setup. */
     int32_t (*setup)(kiln_instance *self, kiln_parameter *const *params, uint32_t n);
     /* optimizer.step(closure): call the closure (when not NULL) as often as
-     * the algorithm needs, then update the parameters. */
+     * the algorithm needs, then update the parameters that have a gradient:
+     * skip KILN_PARAMF_NO_GRAD ones (1.5), and change nothing when none has
+     * one (kiln/optim_util.h: kiln_param_has_grad). */
     int32_t (*step)(kiln_instance *self, const kiln_closure *closure);
     int32_t (*zero_grad)(kiln_instance *self);
     double (*get_lr)(kiln_instance *self);
@@ -481,10 +485,14 @@ enum { KILN_SPLIT_TRAIN = 0, KILN_SPLIT_VAL = 1, KILN_SPLIT_TEST = 2 };
 typedef struct kiln_data_ops {
     kiln_ops_header base;
     /* -- 1.1 -- */
-    /* load/validate the data for a stage (KILN_STAGE_*) */
+    /* load/validate the data for a stage (KILN_STAGE_*): once per stage a
+     * command runs (fit, then test again on the same instance under
+     * `fit --test`); set_state, on a resume, comes before it */
     int32_t (*setup)(kiln_instance *self, int32_t stage, int32_t rank, int32_t world_size);
     int32_t (*num_batches)(kiln_instance *self, int32_t split, int64_t *n);
-    /* start (or restart) an epoch of `split` at batch `start_batch` */
+    /* start (or restart) an epoch of `split` at batch `start_batch`: the
+     * training epoch (shuffle with it) and a non-zero start only on a
+     * resume inside an epoch; validation and test passes get 0, 0 */
     int32_t (*start_epoch)(kiln_instance *self, int32_t split, uint64_t epoch, int64_t start_batch);
     /* 1 and *out filled, 0 at the end of the epoch, negative on error. The
      * batch stays valid until the next call for the same split. */
