@@ -297,7 +297,7 @@ static int tcp_listen(const char *addr, const char *port, int *lfd, char *err, s
         return -1;
     }
     int n = 0, saved = 0, bound_any = 0;
-    char why[160] = "";
+    char why[NI_MAXHOST + 160] = ""; /* the failing address and why */
     for (struct addrinfo *ai = res; ai && n < TCP_MAX_LISTEN; ai = ai->ai_next) {
         int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
         if (fd < 0) {
