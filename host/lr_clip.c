@@ -14,7 +14,8 @@
  * Clipping: trainer.gradient_clip_val with algorithm "norm" (one total L2
  * norm over every gradient, PyTorch's clip_grad_norm_: scale by
  * max_norm / (norm + 1e-6) when that is below 1) or "value" (clamp each
- * element to [-v, v]). It runs inside the precision plugin's after-closure,
+ * element to [-v, v]: the kernel table's clamp entry from 1.5 on, so it
+ * works on device memory; a host loop over an older host-memory table). It runs inside the precision plugin's after-closure,
  * i.e. after unscaling and on_before_optimizer_step, and never on
  * accumulating batches; the total norm is logged as `grad_norm`.
  */
@@ -136,11 +137,24 @@ int ht_clip_gradients(ht_trainer *t, char *why, size_t whylen) {
     const kiln_kernels *K = t->K;
     const int f64 = t->param_dtype == KILN_DTYPE_F64;
     if (t->set.clip_by_value) {
-        /* no clamp kernel in the table: only where the gradients are host memory */
+        /* 1.5 tables clamp on the accelerator, in place (the same
+         * comparisons as the loop below, so the same bits) */
+        if (K->struct_size >= KILN_KERNELS_SIZE_1_5 && K->clamp) {
+            for (uint32_t i = 0; i < t->nparams; i++) {
+                kiln_parameter *p = t->params[i];
+                if (p->numel == 0) continue;
+                herr_clear();
+                int32_t rc = K->clamp(t->accel.inst, f64 ? KILN_DTYPE_F64 : KILN_DTYPE_F32, p->grad, p->grad, -v, v,
+                                      (size_t)p->numel);
+                if (rc) return ht_fail(t, &t->accel, rc, "clamp (gradient clipping by value)", why, whylen);
+            }
+            return KILN_OK;
+        }
+        /* an older table has no clamp: only where the gradients are host memory */
         if (!(K->flags & KILN_KERNELS_HOST_MEMORY)) {
             hwhyf(why, whylen,
-                  "trainer.gradient_clip_algorithm = \"value\" needs an accelerator whose memory is host memory; "
-                  "accelerator '%s' is not (use \"norm\")",
+                  "trainer.gradient_clip_algorithm = \"value\" needs a clamp entry (kernel table 1.5) or an "
+                  "accelerator whose memory is host memory; accelerator '%s' has neither (use \"norm\")",
                   t->accel.p->view.name);
             return KILN_E_UNSUPPORTED;
         }

@@ -288,6 +288,27 @@ void kc_round_f16(float *x, size_t n);
 /* x(n) = (float)(bf16)x, in place (same rounding as kc_f32_to_bf16). */
 void kc_round_bf16(float *x, size_t n);
 
+/* ------------------------------------------- elementwise building blocks */
+
+/*
+ * The ABI 1.5 elementwise entries (cpu_ew.c), one call for all of them, on
+ * dtype KC_F32 or KC_F64 data of n elements; formulas in
+ * kernels/common/km_ew.h (kiln/training.h states them):
+ *   KC_EW_LERP     y = lerp(a, b, weight = s0)        (torch.lerp)
+ *   KC_EW_SIGN     y = sign(a)                        (b unused)
+ *   KC_EW_MUL      y = a * b
+ *   KC_EW_ADDCMUL  y = y + (s0 * a) * b
+ *   KC_EW_ADDCDIV  y = y + (s0 * a) / b
+ *   KC_EW_SQRT     y = sqrt(a)                        (b unused)
+ *   KC_EW_CLAMP    y = a > s1 ? s1 : a < s0 ? s0 : a  (b unused)
+ * Scalars are rounded to float once for KC_F32. y may equal a or b (in
+ * place); no other overlap. IEEE subnormals (no flush). Returns 0, or -1
+ * for an unknown op or dtype (nothing written).
+ */
+enum { KC_EW_LERP = 0, KC_EW_SIGN = 1, KC_EW_MUL = 2, KC_EW_ADDCMUL = 3, KC_EW_ADDCDIV = 4, KC_EW_SQRT = 5,
+       KC_EW_CLAMP = 6 };
+int kc_ew(int op, int dtype, void *y, const void *a, const void *b, double s0, double s1, size_t n);
+
 /* ----------------------------------------------------- mixed-dtype GEMM */
 
 /*

@@ -123,6 +123,17 @@ cudaError_t kg_round_to(cudaStream_t s, float *x, int dtype, size_t n);
 cudaError_t kg_round_add(cudaStream_t s, float *c, int ldc, const float *p, int rows, int cols, int round_dtype,
                          float beta);
 
+/* The ABI 1.5 elementwise building blocks (kg_ew.cu), one launcher for all:
+ * y(n) = op(a, b) of fdt, op KG_EW_* with kernels/cpu's KC_EW_* numbers
+ * and formulas (kernels/common/km_ew.h): lerp (weight s0), sign (a), mul,
+ * addcmul / addcdiv (value s0; y read too), sqrt (a), clamp (a to
+ * [s0, s1]). Scalars rounded to float once for F32. y may equal a or b;
+ * b is NULL for the unary ops. */
+enum { KG_EW_LERP = 0, KG_EW_SIGN = 1, KG_EW_MUL = 2, KG_EW_ADDCMUL = 3, KG_EW_ADDCDIV = 4, KG_EW_SQRT = 5,
+       KG_EW_CLAMP = 6 };
+cudaError_t kg_ew(cudaStream_t s, int op, int fdt, void *y, const void *a, const void *b, double s0, double s1,
+                  size_t n);
+
 /* torch.optim.SGD on one tensor of fdt (PyTorch order, see
  * kernels/cpu/cpu_optim.c). momentum_buf may be NULL when momentum == 0.
  * compute(n), when not NULL, receives the updated p cast to compute_dtype

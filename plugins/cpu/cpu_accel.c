@@ -18,7 +18,9 @@
  * takes as doubles) or float64 (the kernels' *_f64 versions); any other dtype
  * is KILN_E_INVALID_ARG naming the entry, what it accepts and what it got.
  * act_forward/act_backward take every KILN_ACT_* (ReLU, GELU, and tanh,
- * sigmoid and leaky ReLU with slope 0.2 for GANs) in both dtypes.
+ * sigmoid and leaky ReLU with slope 0.2 for GANs) in both dtypes. The 1.5
+ * elementwise building blocks (lerp ... clamp) are kc_ew behind the same
+ * checks (dtype, NULL, partial overlap).
  */
 #define _GNU_SOURCE /* sched_getaffinity / CPU_COUNT */
 
@@ -721,6 +723,62 @@ static int32_t cpu_linear_forward(kiln_instance *acc, uint32_t dtype, const void
 }
 #endif /* KILN_ABI_MINOR >= 3 */
 
+#if KILN_ABI_MINOR >= 5
+/* ------------------------------------- 1.5: elementwise building blocks */
+
+static_assert((int)KC_F32 == (int)KILN_DTYPE_F32 && (int)KC_F64 == (int)KILN_DTYPE_F64, "kc_ew dtypes");
+
+/* What every 1.5 elementwise entry checks before kc_ew: the dtype, NULL
+ * pointers, and overlap: y may be an input's very pointer (in place), never
+ * a shifted view of it (an element would read a neighbour already
+ * written). an/bn name the inputs in messages; bn NULL: unary. */
+static int32_t cpu_ew(kiln_instance *acc, const char *fn, int op, uint32_t dtype, void *y, const void *a,
+                      const char *an, const void *b, const char *bn, double s0, double s1, size_t n) {
+    int32_t rc = cpu_check_dtype(acc, fn, dtype);
+    if (rc != KILN_OK) return rc;
+    if (n == 0) return KILN_OK;
+    if (!y || !a || (bn && !b))
+        return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s: %s is NULL for %zu elements", fn, !y ? "y" : !a ? an : bn, n);
+    if (n > SIZE_MAX / 8)
+        return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s: n=%zu elements is larger than the address space", fn, n);
+    const size_t bytes = n * kiln_dtype_size(dtype);
+    if (a != y && cpu_ranges_overlap(y, bytes, a, bytes))
+        return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s: y overlaps %s without being the same pointer (n=%zu)", fn, an, n);
+    if (bn && b != y && cpu_ranges_overlap(y, bytes, b, bytes))
+        return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s: y overlaps %s without being the same pointer (n=%zu)", fn, bn, n);
+    kc_ew(op, (int)dtype, y, a, bn ? b : NULL, s0, s1, n);
+    return KILN_OK;
+}
+
+static int32_t cpu_lerp(kiln_instance *acc, uint32_t dtype, void *y, const void *a, const void *b, double weight,
+                        size_t n) {
+    return cpu_ew(acc, "lerp", KC_EW_LERP, dtype, y, a, "a", b, "b", weight, 0.0, n);
+}
+static int32_t cpu_sign(kiln_instance *acc, uint32_t dtype, void *y, const void *x, size_t n) {
+    return cpu_ew(acc, "sign", KC_EW_SIGN, dtype, y, x, "x", NULL, NULL, 0.0, 0.0, n);
+}
+static int32_t cpu_mul(kiln_instance *acc, uint32_t dtype, void *y, const void *a, const void *b, size_t n) {
+    return cpu_ew(acc, "mul", KC_EW_MUL, dtype, y, a, "a", b, "b", 0.0, 0.0, n);
+}
+static int32_t cpu_addcmul(kiln_instance *acc, uint32_t dtype, void *y, double value, const void *a, const void *b,
+                           size_t n) {
+    return cpu_ew(acc, "addcmul", KC_EW_ADDCMUL, dtype, y, a, "a", b, "b", value, 0.0, n);
+}
+static int32_t cpu_addcdiv(kiln_instance *acc, uint32_t dtype, void *y, double value, const void *a, const void *b,
+                           size_t n) {
+    return cpu_ew(acc, "addcdiv", KC_EW_ADDCDIV, dtype, y, a, "a", b, "b", value, 0.0, n);
+}
+static int32_t cpu_sqrt_ex(kiln_instance *acc, uint32_t dtype, void *y, const void *x, size_t n) {
+    return cpu_ew(acc, "sqrt_ex", KC_EW_SQRT, dtype, y, x, "x", NULL, NULL, 0.0, 0.0, n);
+}
+static int32_t cpu_clamp(kiln_instance *acc, uint32_t dtype, void *y, const void *x, double lo, double hi,
+                         size_t n) {
+    if (!(lo <= hi))
+        return CPU_ERR(acc, KILN_E_INVALID_ARG, "clamp: expected lo <= hi (neither NaN), got lo=%g hi=%g", lo, hi);
+    return cpu_ew(acc, "clamp", KC_EW_CLAMP, dtype, y, x, "x", NULL, NULL, lo, hi, n);
+}
+#endif /* KILN_ABI_MINOR >= 5 */
+
 static const kiln_kernels cpu_kernel_table = {
     .struct_size = sizeof(kiln_kernels),
     .flags = KILN_KERNELS_HOST_MEMORY, /* cpu "device" memory is host memory */
@@ -776,11 +834,23 @@ static const kiln_kernels cpu_kernel_table = {
     .xent_fused = cpu_xent_fused,
     .add = cpu_add,
 #endif
+#if KILN_ABI_MINOR >= 5
+    /* 1.5: elementwise building blocks */
+    .lerp = cpu_lerp,
+    .sign = cpu_sign,
+    .mul = cpu_mul,
+    .addcmul = cpu_addcmul,
+    .addcdiv = cpu_addcdiv,
+    .sqrt_ex = cpu_sqrt_ex,
+    .clamp = cpu_clamp,
+#endif
 };
 /* The table is built with this header's size: every entry above is set, and
- * a caller checks struct_size against KILN_KERNELS_SIZE_1_4 (1_3 and 1_2 in
+ * a caller checks struct_size against KILN_KERNELS_SIZE_1_5 (1_3 and 1_2 in
  * the fixtures built against the frozen 1.3 and 1.2 headers). */
-#if KILN_ABI_MINOR >= 4
+#if KILN_ABI_MINOR >= 5
+static_assert(sizeof(kiln_kernels) == KILN_KERNELS_SIZE_1_5, "kiln_kernels is ABI 1.5's");
+#elif KILN_ABI_MINOR >= 4
 static_assert(sizeof(kiln_kernels) == KILN_KERNELS_SIZE_1_4, "kiln_kernels is ABI 1.4's");
 #elif KILN_ABI_MINOR >= 3
 static_assert(sizeof(kiln_kernels) == KILN_KERNELS_SIZE_1_3, "kiln_kernels is ABI 1.3's");

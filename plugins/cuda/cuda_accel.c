@@ -492,10 +492,72 @@ static int32_t cu_round_to(kiln_instance *acc, float *x, uint32_t dt, size_t n) 
     return KILN_OK;
 }
 
+/* ------------------------------------- 1.5: elementwise building blocks */
+
+static_assert(KILN_ABI_MINOR >= 5, "the cuda plugin's table carries the 1.5 entries");
+
+/* What every 1.5 elementwise entry checks before kg_ew (the cpu plugin's
+ * rules): the dtype, NULL pointers, and overlap: y may be an input's very
+ * pointer (in place), never a shifted view of it. an/bn name the inputs in
+ * messages; bn NULL: unary. */
+static int32_t cu_ew(kiln_instance *acc, const char *fn, int op, uint32_t dt, void *y, const void *a, const char *an,
+                     const void *b, const char *bn, double s0, double s1, size_t n) {
+    int32_t rc = cu_check_fdt(acc, fn, dt);
+    if (rc != KILN_OK) return rc;
+    if (n == 0) return KILN_OK;
+    if (!y || !a || (bn && !b))
+        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: %s is NULL for %zu elements", fn, !y ? "y" : !a ? an : bn,
+                      n);
+    if (n > SIZE_MAX / 8)
+        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: n=%zu elements is larger than the address space", fn, n);
+    const size_t bytes = n * kiln_dtype_size(dt);
+    const uintptr_t py = (uintptr_t)y, pa = (uintptr_t)a, pb = (uintptr_t)b;
+    if (a != y && py < pa + bytes && pa < py + bytes)
+        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: y overlaps %s without being the same pointer (n=%zu)", fn,
+                      an, n);
+    if (bn && b != y && py < pb + bytes && pb < py + bytes)
+        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: y overlaps %s without being the same pointer (n=%zu)", fn,
+                      bn, n);
+    CU_READY(acc, fn);
+    CU_LAUNCH(acc, fn, kg_ew(acc->stream, op, (int)dt, y, a, bn ? b : NULL, s0, s1, n));
+    return KILN_OK;
+}
+
+static int32_t cu_lerp(kiln_instance *acc, uint32_t dt, void *y, const void *a, const void *b, double weight,
+                       size_t n) {
+    return cu_ew(acc, "lerp", KG_EW_LERP, dt, y, a, "a", b, "b", weight, 0.0, n);
+}
+static int32_t cu_sign(kiln_instance *acc, uint32_t dt, void *y, const void *x, size_t n) {
+    return cu_ew(acc, "sign", KG_EW_SIGN, dt, y, x, "x", NULL, NULL, 0.0, 0.0, n);
+}
+static int32_t cu_mul(kiln_instance *acc, uint32_t dt, void *y, const void *a, const void *b, size_t n) {
+    return cu_ew(acc, "mul", KG_EW_MUL, dt, y, a, "a", b, "b", 0.0, 0.0, n);
+}
+static int32_t cu_addcmul(kiln_instance *acc, uint32_t dt, void *y, double value, const void *a, const void *b,
+                          size_t n) {
+    return cu_ew(acc, "addcmul", KG_EW_ADDCMUL, dt, y, a, "a", b, "b", value, 0.0, n);
+}
+static int32_t cu_addcdiv(kiln_instance *acc, uint32_t dt, void *y, double value, const void *a, const void *b,
+                          size_t n) {
+    return cu_ew(acc, "addcdiv", KG_EW_ADDCDIV, dt, y, a, "a", b, "b", value, 0.0, n);
+}
+static int32_t cu_sqrt_ex(kiln_instance *acc, uint32_t dt, void *y, const void *x, size_t n) {
+    return cu_ew(acc, "sqrt_ex", KG_EW_SQRT, dt, y, x, "x", NULL, NULL, 0.0, 0.0, n);
+}
+static int32_t cu_clamp(kiln_instance *acc, uint32_t dt, void *y, const void *x, double lo, double hi, size_t n) {
+    if (!(lo <= hi))
+        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: clamp: expected lo <= hi (neither NaN), got lo=%g hi=%g", lo,
+                      hi);
+    return cu_ew(acc, "clamp", KG_EW_CLAMP, dt, y, x, "x", NULL, NULL, lo, hi, n);
+}
+
 /* ------------------------------------------------------------- the table */
 
 static const kiln_kernels cu_kernel_table = {
-    .struct_size = KILN_KERNELS_SIZE_1_3, /* the 1.4 sequence entries are not on the GPU yet */
+    /* 1.5's size: the 1.4 sequence entries are not on the GPU yet and stay
+     * NULL (their callers check each pointer, as the ABI asks); the 1.5
+     * elementwise ones are */
+    .struct_size = KILN_KERNELS_SIZE_1_5,
     .flags = 0, /* device memory: callers copy host data in and out */
     .alloc = cu_alloc,
     .free = cu_free,
@@ -536,8 +598,16 @@ static const kiln_kernels cu_kernel_table = {
     /* 1.3 (cuda_fused.c) */
     .unscale_check = cu_unscale_check,
     .linear_forward = cu_linear_forward,
+    /* 1.5 */
+    .lerp = cu_lerp,
+    .sign = cu_sign,
+    .mul = cu_mul,
+    .addcmul = cu_addcmul,
+    .addcdiv = cu_addcdiv,
+    .sqrt_ex = cu_sqrt_ex,
+    .clamp = cu_clamp,
 };
-static_assert(sizeof(kiln_kernels) >= KILN_KERNELS_SIZE_1_3, "kiln_kernels covers ABI 1.3");
+static_assert(sizeof(kiln_kernels) >= KILN_KERNELS_SIZE_1_5, "kiln_kernels covers ABI 1.5");
 
 /* -------------------------------------------------------------- instance */
 

@@ -93,10 +93,11 @@ static void test_descriptor(void) {
         CU_ASSERT_PTR_NOT_NULL((void *)(uintptr_t)f);
     }
     /* alloc .. adamw_update (21 in ABI 1.1), cast .. adamw_update_ex (15
-     * appended in 1.2), unscale_check, linear_forward (1.3) and the 8
-     * sequence entries embedding_forward .. add (1.4) */
-    CU_ASSERT_EQUAL(n, 46);
-    CU_ASSERT_TRUE(g_k->struct_size >= KILN_KERNELS_SIZE_1_4);
+     * appended in 1.2), unscale_check, linear_forward (1.3), the 8
+     * sequence entries embedding_forward .. add (1.4) and the 7
+     * elementwise ones lerp .. clamp (1.5; tests/kernels_ew) */
+    CU_ASSERT_EQUAL(n, 53);
+    CU_ASSERT_TRUE(g_k->struct_size >= KILN_KERNELS_SIZE_1_5);
 }
 
 /* ---------------------------------------------------------------- memory */

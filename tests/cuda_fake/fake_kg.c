@@ -11,7 +11,8 @@
  * loops where kg_kernels.h specifies a contract of its own: the per-row
  * softmax outputs and bad_row, kg_reduce_rows' block order, kg_reduce's
  * partials, kg_unscale_check's list, kg_round_add, and the optimizers' optional
- * compute-dtype copy. Overlaps the CUDA kernels do not allow are reported
+ * compute-dtype copy. kg_ew (the 1.5 elementwise entries) runs kc_ew, whose
+ * formulas the CUDA kernel shares (kernels/common/km_ew.h). Overlaps the CUDA kernels do not allow are reported
  * as contract violations.
  */
 #include <math.h>
@@ -20,6 +21,12 @@
 #include "cpu_kernels.h"
 #include "fake_internal.h"
 #include "kg_kernels.h"
+
+_Static_assert((int)KG_EW_LERP == (int)KC_EW_LERP && (int)KG_EW_SIGN == (int)KC_EW_SIGN &&
+                   (int)KG_EW_MUL == (int)KC_EW_MUL && (int)KG_EW_ADDCMUL == (int)KC_EW_ADDCMUL &&
+                   (int)KG_EW_ADDCDIV == (int)KC_EW_ADDCDIV && (int)KG_EW_SQRT == (int)KC_EW_SQRT &&
+                   (int)KG_EW_CLAMP == (int)KC_EW_CLAMP,
+               "kg_ew and kc_ew op numbers");
 
 /* ------------------------------------------------------------- helpers */
 
@@ -369,6 +376,25 @@ cudaError_t kg_axpy(cudaStream_t s, int fdt, void *y, double a, const void *x, s
     fake_overlap(__func__, "y", y, bytes, "x", x, bytes);
     if (fdt == KG_F32) kc_axpy(y, (float)a, x, n);
     else kc_axpy_f64(y, a, x, n);
+    return cudaSuccess;
+}
+
+/* The 1.5 elementwise launcher: y may be a or b itself (the kernel reads
+ * each element before writing it) but must not partly overlap them. */
+cudaError_t kg_ew(cudaStream_t s, int op, int fdt, void *y, const void *a, const void *b, double s0, double s1,
+                  size_t n) {
+    if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
+    if (!fake_fdt(fdt) || op < KG_EW_LERP || op > KG_EW_CLAMP) return fake_error(cudaErrorInvalidValue);
+    if (n == 0) return cudaSuccess;
+    const int binary = op == KG_EW_LERP || op == KG_EW_MUL || op == KG_EW_ADDCMUL || op == KG_EW_ADDCDIV;
+    const size_t bytes = n * fake_dt_size(fdt);
+    const fake_buf bufs[] = {{"y", y, bytes}, {"a", a, bytes}, {"b", b, bytes}};
+    cudaError_t e = fake_launch(__func__, s, bufs, binary ? 3 : 2);
+    if (e != cudaSuccess) return e;
+    if (a != y) fake_overlap(__func__, "y", y, bytes, "a", a, bytes);
+    if (binary && b != y) fake_overlap(__func__, "y", y, bytes, "b", b, bytes);
+    /* KG_EW_* and KC_EW_* are the same numbers (kg_kernels.h) */
+    kc_ew(op, fdt, y, a, binary ? b : NULL, s0, s1, n);
     return cudaSuccess;
 }
 

@@ -7,7 +7,9 @@
  * on_train_epoch_end with the metric; the rate the trainer state reports
  * at each batch; resume continuing the schedule bit for bit. Clipping by
  * norm and by value is checked element by element against the gradients
- * on_before_optimizer_step saw and the SGD update that followed.
+ * on_before_optimizer_step saw and the SGD update that followed; value
+ * clipping through the 1.5 clamp entry equals the host loop of older tables
+ * bit for bit.
  */
 #include <math.h>
 #include <stdio.h>
@@ -243,6 +245,38 @@ static void test_clipping(void) {
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "automatic clipping is not available in manual optimization"));
 }
 
+/* Value clipping through the 1.5 table's clamp entry (the cpu
+ * accelerator) against the host loop it replaced, which still serves older
+ * host-memory tables (cpu13: the cpu accelerator built against the 1.3
+ * headers): the same weights bit for bit after two epochs that clip, in
+ * float32 and float64. */
+static void test_clip_value_clamp_entry(void) {
+    const char *abi13 = getenv("KILN_ABI13_FIXTURES");
+    if (!abi13) {
+        CU_FAIL("KILN_ABI13_FIXTURES is not set");
+        return;
+    }
+    static const char *const precs[2] = {"32-true", "64-true"};
+    for (int pi = 0; pi < 2; pi++) {
+        char w[2][4300], out[16384], body[32768], extra[9000], cmd[9000];
+        for (int side = 0; side < 2; side++) {
+            snprintf(w[side], sizeof w[side], "%s/clipv-%d-%d.bin", g_dir, pi, side);
+            job(body, sizeof body, "gradient_clip_val = 0.002; gradient_clip_algorithm = \"value\";", "", "", 3);
+            /* mlp (float32 and float64 masters) on toydata's 3 features */
+            snprintf(extra, sizeof extra,
+                     "--set 'plugins.dirs=[\"%s\", \"%s\"]' --set 'accelerator=\"%s\"' --set 'precision=\"%s\"' "
+                     "--set 'module={name=\"mlp\"; layers=[3, 8, 2];}' "
+                     "--set 'callbacks=({name=\"weightdump\"; path=\"%s\";})'",
+                     getenv("KILN_TRAIN_FIXTURES"), abi13, side ? "cpu13:cpu" : "cpu", precs[pi], w[side]);
+            int rc = kiln(body, extra, out, sizeof out);
+            if (rc) fprintf(stderr, "\n%s\n", out);
+            CU_ASSERT_EQUAL_FATAL(rc, 0);
+        }
+        snprintf(cmd, sizeof cmd, "cmp %s %s", w[0], w[1]);
+        CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
+    }
+}
+
 static void register_tests(void) {
     CU_pSuite s = CU_add_suite("lr_clip", suite_init, suite_clean);
     CU_add_test(s, "scheduler per step: timing and rates", test_step_interval);
@@ -250,6 +284,7 @@ static void register_tests(void) {
     CU_add_test(s, "monitored scheduler and its errors", test_monitored);
     CU_add_test(s, "resume continues the schedule", test_resume_schedule);
     CU_add_test(s, "clipping by norm and by value", test_clipping);
+    CU_add_test(s, "clipping by value: the clamp entry equals the host loop bit for bit", test_clip_value_clamp_entry);
 }
 
 #include "cunit_main.h"

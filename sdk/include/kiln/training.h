@@ -2,7 +2,8 @@
  * kiln/training.h — the training part of the ABI (added in 1.1; 1.2
  * appended other-dtype kernels and precision events, 1.3 fused kernels
  * for the unscale and a Linear layer's epilogue, 1.4 the sequence kernels
- * of transformers and the module's predict_step): the kernel
+ * of transformers and the module's predict_step, 1.5 elementwise building
+ * blocks for optimizers and clamping): the kernel
  * table an accelerator provides, the closure and optimizer handles the
  * trainer passes around, the events (hooks) callbacks and modules receive,
  * and the kind-specific ops tables that follow kiln_ops_header for every
@@ -219,6 +220,37 @@ typedef struct kiln_kernels {
                           int32_t V, int32_t Vp, double grad_scale, double *loss_sum);
     /* y(n) = a(n) + b(n); y may alias a or b (residual connections). */
     int32_t (*add)(kiln_instance *acc, uint32_t dtype, void *y, const void *a, const void *b, size_t n);
+
+    /* -- 1.5: elementwise building blocks, so that an optimizer plugin
+     * (Lion, Adafactor, ...) updates on the device through the table alone
+     * and the host clamps gradients without touching their memory. Check
+     * struct_size >= KILN_KERNELS_SIZE_1_5 (and the pointer) before
+     * calling. Every buffer is accelerator memory of `dtype`, F32 or F64,
+     * n elements; the double scalars are rounded to dtype once (as a
+     * Python float meets a float32 tensor). y may be the same pointer as
+     * any input (in place: m = lerp(m, g, w)); any other overlap is
+     * KILN_E_INVALID_ARG. No fused multiply-add: each line below is the
+     * order of the roundings, the same bits on every accelerator. -- */
+    /* torch.lerp: y = |w| < 0.5 ? a + w * (b - a) : b - (b - a) * (1 - w),
+     * w = weight (1 - w formed in dtype). Lion's c = lerp(m, g, 1 - beta1). */
+    int32_t (*lerp)(kiln_instance *acc, uint32_t dtype, void *y, const void *a, const void *b, double weight,
+                    size_t n);
+    /* y = +1 (x > 0), -1 (x < 0), +0 (x = +-0); NaN stays NaN. */
+    int32_t (*sign)(kiln_instance *acc, uint32_t dtype, void *y, const void *x, size_t n);
+    /* y = a * b */
+    int32_t (*mul)(kiln_instance *acc, uint32_t dtype, void *y, const void *a, const void *b, size_t n);
+    /* torch.addcmul_: y = y + (value * a) * b */
+    int32_t (*addcmul)(kiln_instance *acc, uint32_t dtype, void *y, double value, const void *a, const void *b,
+                       size_t n);
+    /* torch.addcdiv_: y = y + (value * a) / b */
+    int32_t (*addcdiv)(kiln_instance *acc, uint32_t dtype, void *y, double value, const void *a, const void *b,
+                       size_t n);
+    /* y = sqrt(x), IEEE (NaN for x < 0). Spelled sqrt_ex because <tgmath.h>
+     * makes sqrt a macro, which would rewrite k->sqrt(...). */
+    int32_t (*sqrt_ex)(kiln_instance *acc, uint32_t dtype, void *y, const void *x, size_t n);
+    /* y = x > hi ? hi : x < lo ? lo : x (torch.clamp; NaN stays NaN).
+     * lo <= hi, neither NaN; +-inf leaves that side open. */
+    int32_t (*clamp)(kiln_instance *acc, uint32_t dtype, void *y, const void *x, double lo, double hi, size_t n);
 } kiln_kernels;
 
 /* kiln_kernels.act_forward / act_backward */
@@ -552,6 +584,9 @@ typedef struct kiln_module_ops {
 #define KILN_KERNELS_SIZE_1_4 KILN__END(kiln_kernels, add)
 #define KILN_MODULE_OPS_SIZE_1_4 KILN__END(kiln_module_ops, predict_step)
 
+/* What 1.5 appended. */
+#define KILN_KERNELS_SIZE_1_5 KILN__END(kiln_kernels, clamp)
+
 /* Layout pins of the 1.1 tables (and what 1.2 appended). */
 #if UINTPTR_MAX == 0xFFFFFFFFFFFFFFFFu
 static_assert(offsetof(kiln_accelerator_ops, kernels) == 40, "kiln_accelerator_ops 1.1");
@@ -574,6 +609,7 @@ static_assert(offsetof(kiln_kernels, unscale_check) == 296 && offsetof(kiln_kern
 static_assert(offsetof(kiln_kernels, embedding_forward) == 312 && offsetof(kiln_kernels, add) == 368,
               "kiln_kernels 1.4");
 static_assert(offsetof(kiln_module_ops, predict_step) == 88, "kiln_module_ops 1.4");
+static_assert(offsetof(kiln_kernels, lerp) == 376 && offsetof(kiln_kernels, clamp) == 424, "kiln_kernels 1.5");
 static_assert(offsetof(kiln_step_output, tokens) == 24 && sizeof(kiln_step_output) == 40, "kiln_step_output 1.4");
 #endif
 
