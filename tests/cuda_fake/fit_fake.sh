@@ -9,7 +9,8 @@
 # Asserts for each: both runs succeed, the fake saw no contract violation,
 # the same number of skipped steps, and the final training loss agrees (the
 # fake multiplies in double where OpenBLAS uses fp32 FMAs: 1e-3 relative in
-# fp32, 2e-2 where 16-bit rounding can fall the other way).
+# fp32, 2e-2 where 16-bit rounding can fall the other way). And once more
+# in 32-true with gradient clipping by value (the 1.5 clamp entry).
 # Exit 77 (skipped) without the dataset.
 #   fit_fake.sh KILN TRAIN_FIXTURES FAKE_DIR
 set -u
@@ -22,12 +23,12 @@ export KILN_FAKE_CUDA_QUIET=0
 fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 
-run() { # TAG ACCEL PRECISION
+run() { # TAG ACCEL PRECISION [TRAINER_KEYS]
   mkdir -p "$tmp/$1"
   cat > "$tmp/$1/run.cfg" <<CFG
 plugins = { dirs = ["$train", "$fake"]; };
 trainer = { max_epochs = 1; seed = 7; default_root_dir = "$tmp/$1/runs"; limit_train_batches = 20;
-  limit_val_batches = 0; num_sanity_val_steps = 0; threads = 1; log_every_n_steps = 1; };
+  limit_val_batches = 0; num_sanity_val_steps = 0; threads = 1; log_every_n_steps = 1; ${4:-} };
 accelerator = "$2"; precision = $3;
 data = { name = "idx"; dir = "$data"; batch_size = 32; };
 module = { name = "mlp"; layers = [784, 64, 10]; activation = "gelu"; };
@@ -46,10 +47,10 @@ PY
 }
 skipped() { sed -n 's/.*skipped steps: \([0-9]*\).*/\1/p' "$tmp/$1/log" | head -1; }
 
-check() { # NAME PRECISION TOL
-  local name=$1 prec=$2 tol=$3
-  run "cpu_$name" cpu "$prec" || { tail -5 "$tmp/cpu_$name/log"; fail "$name: the cpu run failed"; return; }
-  run "fake_$name" cudafake:cuda "$prec" || { tail -20 "$tmp/fake_$name/log"; fail "$name: the fake cuda run failed"; return; }
+check() { # NAME PRECISION TOL [TRAINER_KEYS]
+  local name=$1 prec=$2 tol=$3 keys=${4:-}
+  run "cpu_$name" cpu "$prec" "$keys" || { tail -5 "$tmp/cpu_$name/log"; fail "$name: the cpu run failed"; return; }
+  run "fake_$name" cudafake:cuda "$prec" "$keys" || { tail -20 "$tmp/fake_$name/log"; fail "$name: the fake cuda run failed"; return; }
   grep -q "contract violation" "$tmp/fake_$name/log" && fail "$name: $(grep -m1 'contract violation' "$tmp/fake_$name/log")"
   local a b sa sb
   a=$(last_loss "cpu_$name") b=$(last_loss "fake_$name") sa=$(skipped "cpu_$name") sb=$(skipped "fake_$name")
@@ -62,5 +63,8 @@ check fp32 '"32-true"' 1e-3
 check bf16 '"bf16-mixed"' 2e-2
 check fp16 '{ name = "16-mixed"; init_scale = 16777216.0; }' 2e-2
 check fp64 '"64-true"' 1e-9
+# gradient clipping by value: the kernel table's clamp entry (ABI 1.5) on
+# device memory, which the host could not clip before
+check clipval '"32-true"' 1e-3 'gradient_clip_val = 0.001; gradient_clip_algorithm = "value";'
 grep -q "skipped steps: 0" "$tmp/fake_fp16/log" && fail "fp16: no step was skipped (the overflow path was not exercised)"
 [ "$fails" = 0 ] && echo "fit on the fake cuda accelerator: ok" || exit 1
