@@ -27,6 +27,7 @@
 
 #include "compat.h"
 #include "log.h"
+#include "param_checks.h"
 #include "version.h"
 
 /* ---------------------------------------------------------------------------
@@ -123,6 +124,9 @@ static void print_plugin_text(FILE *f, const hl_plugin *p, int verbose) {
         fprintf(f, "      key %-22s %-11s default ", q->key, type_word(q->type));
         if (q->flags & KILN_PARAM_REQUIRED) fputs("(required)", f);
         else text_value(f, &q->def);
+        char rules[512];
+        hp_rules_for(d->properties, q->key, rules, sizeof rules);
+        if (rules[0]) fprintf(f, "  (%s)", rules);
         if (q->help) fprintf(f, "  — %s", q->help);
         fputc('\n', f);
     }
@@ -157,6 +161,9 @@ static void print_plugin_json(FILE *f, const hl_plugin *p) {
         fprintf(f, ",\"required\":%s,\"default\":", (q->flags & KILN_PARAM_REQUIRED) ? "true" : "false");
         json_value(f, &q->def);
         fputs(",\"help\":", f); json_str(f, q->help);
+        char rules[512];
+        hp_rules_for(d->properties, q->key, rules, sizeof rules);
+        fputs(",\"allowed\":", f); json_str(f, rules[0] ? rules : NULL);
         fputc('}', f);
     }
     fputs("]}", f);
@@ -460,7 +467,10 @@ static int check_one(hc_config *c, hl_loader *L, uint32_t kind, const char *name
     snprintf(what, sizeof what, "%s '%s'", hl_kind_name(kind), p->view.name);
     hc_kvset kv;
     int rc = hc_resolve_host(c, sec, p->view.params, hc_host_keys(kind), what, &kv, why, whylen);
-    if (rc == KILN_OK) hc_kvset_free(&kv);
+    if (rc == KILN_OK) {
+        rc = hp_check_config(c, sec, p->view.properties, kv.kv, what, why, whylen);
+        hc_kvset_free(&kv);
+    }
     return rc;
 }
 

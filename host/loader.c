@@ -23,6 +23,7 @@
  */
 #define _GNU_SOURCE
 #include "loader.h"
+#include "param_checks.h"
 
 #include <dirent.h>
 #include <dlfcn.h>
@@ -299,6 +300,8 @@ static const struct { const char *key; uint32_t type; } known_props[] = {
     {"param_dtypes", KILN_TYPE_STRING_LIST}, {"repeated_closure", KILN_TYPE_BOOL},
     {"allows_repeated_closure", KILN_TYPE_BOOL}, {"automatic_optimization", KILN_TYPE_BOOL},
     {"default", KILN_TYPE_BOOL},
+    /* 1.5: allowed values of config keys (param_checks.h) */
+    {"config_checks", KILN_TYPE_STRING_LIST},
 };
 
 static int check_value_shape(const kiln_value *v) {
@@ -370,6 +373,21 @@ static int validate_desc(hl_library *lib, const kiln_plugin_desc *d, uint32_t id
         hwhyf(why, whylen, "%s: %s '%s' lacks mandatory op %s", path, kn, v->name, !ops->create ? "create" : "destroy");
         return -1;
     }
+    /* KILN_CAP_STATEFUL says get_state/set_state are there (1.5 makes it
+     * binding: a library built against 1.5 or later whose descriptor and ops
+     * disagree is refused; an older one is taken as it is) */
+    const int has_get = ops->get_state != NULL, has_set = ops->set_state != NULL;
+    const int says = (v->capabilities & KILN_CAP_STATEFUL) != 0;
+    if (lib->view.abi_minor >= 5 && (has_get != has_set || says != has_get)) {
+        hwhyf(why, whylen,
+              "%s: %s '%s' %s; a plugin with state declares KILN_CAP_STATEFUL and has both get_state and "
+              "set_state, one without has neither",
+              path, kn, v->name,
+              has_get != has_set ? (has_get ? "has get_state but no set_state" : "has set_state but no get_state")
+              : says              ? "declares KILN_CAP_STATEFUL but has no get_state/set_state"
+                                  : "has get_state/set_state but does not declare KILN_CAP_STATEFUL");
+        return -1;
+    }
     out->ops = ops;
     /* Properties: known keys have fixed types. */
     int np = 0;
@@ -430,6 +448,11 @@ static int validate_desc(hl_library *lib, const kiln_plugin_desc *d, uint32_t id
                 hwhyf(why, whylen, "%s: %s '%s' declares config key '%s' twice", path, kn, v->name, q->key);
                 return -1;
             }
+    }
+    char cwhy[512];
+    if (hp_validate_desc(v->properties, v->params, cwhy, sizeof cwhy)) {
+        hwhyf(why, whylen, "%s: %s '%s': %s", path, kn, v->name, cwhy);
+        return -1;
     }
     return 0;
 }

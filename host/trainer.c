@@ -25,6 +25,7 @@
 #include "compat.h"
 #include "kiln/rng.h"
 #include "log.h"
+#include "param_checks.h"
 
 
 double ht_now(void) {
@@ -157,7 +158,11 @@ static int make_slot(ht_trainer *t, ht_slot *s, uint32_t kind, const char *name,
     char what[160];
     snprintf(what, sizeof what, "%s '%s'", hl_kind_name(kind), p->view.name);
     int rc = hc_resolve_host(t->cfg, sec, p->view.params, hc_host_keys(kind), what, &s->cfg, why, whylen);
-    if (rc) return rc;
+    if (rc == KILN_OK) rc = hp_check_config(t->cfg, sec, p->view.properties, s->cfg.kv, what, why, whylen);
+    if (rc) {
+        hc_kvset_free(&s->cfg);
+        return rc;
+    }
     s->p = p;
     hs_ctx_init(&s->hctx, p, s->cfg.kv, t->trainer_kv.kv);
     s->hctx.trainer = t;

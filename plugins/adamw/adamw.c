@@ -347,8 +347,11 @@ static const kiln_param adamw_params[] = {
 
 /* Master dtypes this optimizer updates (host/compat.c reads it). */
 static const char *const adamw_param_dtypes[] = {"float32", "float64"};
+/* allowed values, enforced by the host before create() (ABI 1.5) */
+static const char *const adamw_checks[] = {"lr >= 0", "beta1 in [0, 1)", "beta2 in [0, 1)", "eps >= 0", "weight_decay >= 0"};
 static const kiln_kv adamw_props[] = {
     {"param_dtypes", KILN_V_STRS(adamw_param_dtypes)},
+    {"config_checks", KILN_V_STRS(adamw_checks)},
     {NULL, KILN_V_NONE},
 };
 

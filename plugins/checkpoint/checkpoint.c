@@ -1183,6 +1183,13 @@ static const kiln_param ck_params[] = {
     {NULL, 0, 0, KILN_V_NONE, NULL},
 };
 
+/* allowed values, enforced by the host before create() (ABI 1.5) */
+static const char *const ck_checks[] = {"mode in {min, max}", "save_top_k >= -1"};
+static const kiln_kv ck_props[] = {
+    {"config_checks", KILN_V_STRS(ck_checks)},
+    {NULL, KILN_V_NONE},
+};
+
 static const kiln_plugin_desc ck_desc = {
     .struct_size = sizeof(kiln_plugin_desc),
     .kind = KILN_KIND_CALLBACK,
@@ -1191,7 +1198,7 @@ static const kiln_plugin_desc ck_desc = {
     .description = "Lightning's ModelCheckpoint: top-k checkpoints by a metric or recency, save_last, step/epoch "
                    "triggers",
     .capabilities = KILN_CAP_STATEFUL | KILN_CAP_MONITOR, /* after the module at on_train_epoch_end */
-    .properties = NULL,
+    .properties = ck_props,
     .params = ck_params,
     .ops = &ck_ops,
 };

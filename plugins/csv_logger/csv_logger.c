@@ -414,13 +414,20 @@ static const kiln_param csv_params[] = {
     {NULL, 0, 0, KILN_V_NONE, NULL},
 };
 
+/* allowed values, enforced by the host before create() (ABI 1.5) */
+static const char *const csv_checks[] = {"flush_every_n >= 1"};
+static const kiln_kv csv_props[] = {
+    {"config_checks", KILN_V_STRS(csv_checks)},
+    {NULL, KILN_V_NONE},
+};
+
 static const kiln_plugin_desc csv_desc = {
     .struct_size = sizeof(kiln_plugin_desc),
     .kind = KILN_KIND_CALLBACK,
     .name = "csv_logger",
     .version = "1.0.0",
     .description = "Lightning's CSVLogger: logged metrics as rows of <run_dir>/metrics.csv (rank 0)",
-    .properties = NULL,
+    .properties = csv_props,
     .params = csv_params,
     .ops = &csv_ops,
 };

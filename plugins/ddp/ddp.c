@@ -878,8 +878,11 @@ static const kiln_strategy_ops ddp_ops = {
     .all_gather = ddp_all_gather,
 };
 
+/* allowed values, enforced by the host before create() (ABI 1.5) */
+static const char *const ddp_checks[] = {"bootstrap in {auto, mpi, tcp}", "bucket_mb > 0", "timeout_s >= 0"};
 static const kiln_kv ddp_props[] = {
     {"distributed", KILN_V_BOOL(1)},
+    {"config_checks", KILN_V_STRS(ddp_checks)},
     {NULL, KILN_V_NONE},
 };
 

@@ -455,6 +455,13 @@ static const kiln_param es_params[] = {
     {NULL, 0, 0, KILN_V_NONE, NULL},
 };
 
+/* allowed values, enforced by the host before create() (ABI 1.5) */
+static const char *const es_checks[] = {"mode in {min, max}", "patience >= 0"};
+static const kiln_kv es_props[] = {
+    {"config_checks", KILN_V_STRS(es_checks)},
+    {NULL, KILN_V_NONE},
+};
+
 static const kiln_plugin_desc es_desc = {
     .struct_size = sizeof(kiln_plugin_desc),
     .kind = KILN_KIND_CALLBACK,
@@ -462,7 +469,7 @@ static const kiln_plugin_desc es_desc = {
     .version = "1.0.0",
     .description = "Lightning's EarlyStopping: stop when a monitored metric stops improving",
     .capabilities = KILN_CAP_STATEFUL | KILN_CAP_MONITOR, /* after the module at on_train_epoch_end */
-    .properties = NULL,
+    .properties = es_props,
     .params = es_params,
     .ops = &es_ops,
 };

@@ -589,9 +589,12 @@ static const kiln_module_ops gan_ops = {
 /* Manual optimisation (the host checks the optimizers and hands out the 1.2
  * services), float32 masters only. */
 static const char *const gan_param_dtypes[] = {"float32"};
+/* allowed values, enforced by the host before create() (ABI 1.5) */
+static const char *const gan_checks[] = {"latent in [1, 1048576]", "hidden in [1, 1048576]", "image_size in [1, 1048576]", "g_every >= 1", "d_every >= 1", "grid_every >= 0", "max_batch in [1, 1048576]", "samples in [1, 1048576]"};
 static const kiln_kv gan_props[] = {
     {"automatic_optimization", KILN_V_BOOL(0)},
     {"param_dtypes", KILN_V_STRS(gan_param_dtypes)},
+    {"config_checks", KILN_V_STRS(gan_checks)},
     {NULL, KILN_V_NONE},
 };
 

@@ -553,7 +553,10 @@ static const kiln_param idxp_params[] = {
 };
 
 /* No properties: a data plugin has nothing the host needs before create(). */
+/* allowed values, enforced by the host before create() (ABI 1.5) */
+static const char *const idxp_checks[] = {"num_classes in [1, 256]", "batch_size in [1, 2147483647]", "val_batch_size in [0, 2147483647]", "val_split in [0, 4294967295]", "normalize_std > 0"};
 static const kiln_kv idxp_props[] = {
+    {"config_checks", KILN_V_STRS(idxp_checks)},
     {NULL, KILN_V_NONE},
 };
 

@@ -840,9 +840,12 @@ static const kiln_param lb_params[] = {
 /* Master dtypes this optimizer updates, and that it calls its closure
  * several times per step (host/compat.c reads both). */
 static const char *const lb_param_dtypes[] = {"float32", "float64"};
+/* allowed values, enforced by the host before create() (ABI 1.5) */
+static const char *const lb_checks[] = {"lr > 0", "max_iter >= 1", "max_eval >= 0", "tolerance_grad >= 0", "tolerance_change >= 0", "history_size >= 1", "line_search in {none, strong_wolfe}"};
 static const kiln_kv lb_props[] = {
     {"repeated_closure", KILN_V_BOOL(1)},
     {"param_dtypes", KILN_V_STRS(lb_param_dtypes)},
+    {"config_checks", KILN_V_STRS(lb_checks)},
     {NULL, KILN_V_NONE},
 };
 

@@ -106,6 +106,13 @@ static const kiln_param lrm_params[] = {
     {NULL, 0, 0, KILN_V_NONE, NULL},
 };
 
+/* allowed values, enforced by the host before create() (ABI 1.5) */
+static const char *const lrm_checks[] = {"logging_interval in {step, epoch}"};
+static const kiln_kv lrm_props[] = {
+    {"config_checks", KILN_V_STRS(lrm_checks)},
+    {NULL, KILN_V_NONE},
+};
+
 static const kiln_plugin_desc lrm_desc = {
     .struct_size = sizeof(kiln_plugin_desc),
     .kind = KILN_KIND_CALLBACK,
@@ -113,6 +120,7 @@ static const kiln_plugin_desc lrm_desc = {
     .version = "0.1.0",
     .description = "Lightning's LearningRateMonitor: logs each optimizer's learning rate (\"lr\", \"lr-0\", ...)",
     .capabilities = KILN_CAP_DETERMINISTIC,
+    .properties = lrm_props,
     .params = lrm_params,
     .ops = &lrm_ops,
 };

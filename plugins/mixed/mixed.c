@@ -347,6 +347,8 @@ static const kiln_param mx16_params[] = {
     {NULL, KILN_TYPE_NONE, 0, KILN_V_NONE, NULL},
 };
 
+/* allowed values, enforced by the host before create() (ABI 1.5) */
+static const char *const mx_checks[] = {"init_scale in (0, 3e38]", "growth_factor > 1", "backoff_factor in (0, 1)", "growth_interval >= 1"};
 static const char *const mx16_aliases[] = {"16", "fp16", "16-mixed"};
 static const kiln_kv mx16_props[] = {
     {"precision", KILN_V_STR("16-mixed")},
@@ -359,6 +361,7 @@ static const kiln_kv mx16_props[] = {
     {"allows_repeated_closure", KILN_V_BOOL(0)},
     {"bits_per_weight", KILN_V_FLOAT(16.0)},
     {"aliases", KILN_V_STRS(mx16_aliases)},
+    {"config_checks", KILN_V_STRS(mx_checks)},
     {NULL, KILN_V_NONE},
 };
 

@@ -630,8 +630,11 @@ static const kiln_module_ops mlp_ops = {
 
 /* Master dtypes this module handles (host/compat.c reads it). */
 static const char *const mlp_param_dtypes[] = {"float32", "float64"};
+/* allowed values, enforced by the host before create() (ABI 1.5) */
+static const char *const mlp_checks[] = {"layers in [1, 2147483647]", "activation in {relu, gelu}", "init in {kaiming_uniform, zeros}", "max_batch >= 1"};
 static const kiln_kv mlp_props[] = {
     {"param_dtypes", KILN_V_STRS(mlp_param_dtypes)},
+    {"config_checks", KILN_V_STRS(mlp_checks)},
     {NULL, KILN_V_NONE},
 };
 

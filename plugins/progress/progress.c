@@ -390,13 +390,20 @@ static const kiln_param pb_params[] = {
     {NULL, 0, 0, KILN_V_NONE, NULL},
 };
 
+/* allowed values, enforced by the host before create() (ABI 1.5) */
+static const char *const pb_checks[] = {"refresh_rate >= 0", "tty in {auto, always, never}", "print_every_n_batches >= 1"};
+static const kiln_kv pb_props[] = {
+    {"config_checks", KILN_V_STRS(pb_checks)},
+    {NULL, KILN_V_NONE},
+};
+
 static const kiln_plugin_desc pb_desc = {
     .struct_size = sizeof(kiln_plugin_desc),
     .kind = KILN_KIND_CALLBACK,
     .name = "progress",
     .version = "1.0.0",
     .description = "Lightning's progress bar: epochs, validation and speed on stdout (rank 0)",
-    .properties = NULL,
+    .properties = pb_props,
     .params = pb_params,
     .ops = &pb_ops,
 };

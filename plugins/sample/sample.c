@@ -292,6 +292,14 @@ static const kiln_param smp_params[] = {
     {NULL, 0, 0, KILN_V_NONE, NULL},
 };
 
+/* allowed values, enforced by the host before create() (ABI 1.5) */
+static const char *const smp_checks[] = {"every_n_steps >= 0", "num_tokens >= 1", "temperature >= 0", "top_k >= 0",
+                                         "context >= 0"};
+static const kiln_kv smp_props[] = {
+    {"config_checks", KILN_V_STRS(smp_checks)},
+    {NULL, KILN_V_NONE},
+};
+
 static const kiln_plugin_desc smp_desc = {
     .struct_size = sizeof(kiln_plugin_desc),
     .kind = KILN_KIND_CALLBACK,
@@ -299,6 +307,7 @@ static const kiln_plugin_desc smp_desc = {
     .version = SMP_VERSION,
     .description = "generates text from a language model every N steps and at the end of fit (samples.txt)",
     .capabilities = KILN_CAP_DETERMINISTIC,
+    .properties = smp_props,
     .params = smp_params,
     .ops = &smp_ops,
 };

@@ -513,25 +513,38 @@ static const kiln_param plateau_params[] = {
 /* Lightning's lr_scheduler_config["reduce_on_plateau"]: this schedule reads
  * a monitored metric, so the host should step it where Lightning steps
  * plateau schedulers and require `monitor`. Informational for other hosts. */
+static const char *const plateau_checks[] = {"mode in {min, max}",    "factor in [0, 1)", "patience >= 0",
+                                             "threshold >= 0",        "threshold_mode in {rel, abs}",
+                                             "cooldown >= 0",         "min_lr >= 0",      "eps >= 0"};
 static const kiln_kv plateau_props[] = {
     {"reduce_on_plateau", KILN_V_BOOL(1)},
+    {"config_checks", KILN_V_STRS(plateau_checks)},
     {NULL, KILN_V_NONE},
 };
+
+/* allowed values, enforced by the host before create() (ABI 1.5) */
+static const char *const constant_checks[] = {"factor in [0, 1]", "total_iters >= 0"};
+static const kiln_kv constant_props[] = {{"config_checks", KILN_V_STRS(constant_checks)}, {NULL, KILN_V_NONE}};
+static const char *const step_checks[] = {"step_size >= 1", "gamma > 0"};
+static const kiln_kv step_props[] = {{"config_checks", KILN_V_STRS(step_checks)}, {NULL, KILN_V_NONE}};
+static const char *const cosine_checks[] = {"warmup_steps >= 0", "warmup_start_factor in [0, 1]", "t_max >= 1",
+                                            "eta_min >= 0"};
+static const kiln_kv cosine_props[] = {{"config_checks", KILN_V_STRS(cosine_checks)}, {NULL, KILN_V_NONE}};
 
 static const kiln_plugin_desc constant_desc = {
     sizeof(kiln_plugin_desc), KILN_KIND_SCHEDULER, "constant", "0.1.0",
     "constant factor for the first total_iters steps, then the base rate (torch ConstantLR)",
-    KILN_CAP_DETERMINISTIC, NULL, constant_params, &constant_ops, NULL,
+    KILN_CAP_DETERMINISTIC, constant_props, constant_params, &constant_ops, NULL,
 };
 static const kiln_plugin_desc step_desc = {
     sizeof(kiln_plugin_desc), KILN_KIND_SCHEDULER, "step", "0.1.0",
     "decay by gamma every step_size steps (torch StepLR)",
-    KILN_CAP_DETERMINISTIC, NULL, step_params, &step_ops, NULL,
+    KILN_CAP_DETERMINISTIC, step_props, step_params, &step_ops, NULL,
 };
 static const kiln_plugin_desc cosine_desc = {
     sizeof(kiln_plugin_desc), KILN_KIND_SCHEDULER, "cosine", "0.1.0",
     "linear warmup, then cosine annealing to eta_min at t_max (CosineAnnealingLR with warmup)",
-    KILN_CAP_DETERMINISTIC, NULL, cosine_params, &cosine_ops, NULL,
+    KILN_CAP_DETERMINISTIC, cosine_props, cosine_params, &cosine_ops, NULL,
 };
 static const kiln_plugin_desc plateau_desc = {
     sizeof(kiln_plugin_desc), KILN_KIND_SCHEDULER, "plateau", "0.1.0",

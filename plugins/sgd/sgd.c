@@ -344,8 +344,11 @@ static const kiln_param sgd_params[] = {
 
 /* Master dtypes this optimizer updates (host/compat.c reads it). */
 static const char *const sgd_param_dtypes[] = {"float32", "float64"};
+/* allowed values, enforced by the host before create() (ABI 1.5) */
+static const char *const sgd_checks[] = {"lr >= 0", "momentum >= 0", "weight_decay >= 0"};
 static const kiln_kv sgd_props[] = {
     {"param_dtypes", KILN_V_STRS(sgd_param_dtypes)},
+    {"config_checks", KILN_V_STRS(sgd_checks)},
     {NULL, KILN_V_NONE},
 };
 

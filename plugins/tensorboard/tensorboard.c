@@ -339,13 +339,20 @@ static const kiln_param tb_params[] = {
     {NULL, 0, 0, KILN_V_NONE, NULL},
 };
 
+/* allowed values, enforced by the host before create() (ABI 1.5) */
+static const char *const tb_checks[] = {"flush_every_n >= 1"};
+static const kiln_kv tb_props[] = {
+    {"config_checks", KILN_V_STRS(tb_checks)},
+    {NULL, KILN_V_NONE},
+};
+
 static const kiln_plugin_desc tb_desc = {
     .struct_size = sizeof(kiln_plugin_desc),
     .kind = KILN_KIND_CALLBACK,
     .name = "tensorboard",
     .version = "1.0.0",
     .description = "Lightning's TensorBoardLogger: logged scalars as TensorBoard event files (rank 0)",
-    .properties = NULL,
+    .properties = tb_props,
     .params = tb_params,
     .ops = &tb_ops,
 };

@@ -604,7 +604,10 @@ static const kiln_param tokp_params[] = {
 };
 
 /* No properties: a data plugin has nothing the host needs before create(). */
+/* allowed values, enforced by the host before create() (ABI 1.5) */
+static const char *const tokp_checks[] = {"format in {llmc, text}", "val_fraction in [0, 1)", "batch_size >= 1", "val_batch_size >= 0", "block_size >= 1", "vocab_size >= 1"};
 static const kiln_kv tokp_props[] = {
+    {"config_checks", KILN_V_STRS(tokp_checks)},
     {NULL, KILN_V_NONE},
 };
 

@@ -367,6 +367,24 @@ static void test_cli_config(void) {
     snprintf(cmd, sizeof cmd, "%s -q config check %s --set trainer.max_steps=5000000000", tu_kiln(), p);
     CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 1);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "--set trainer.max_steps=5000000000: trainer.max_steps: expected an integer"));
+    /* 1.5 config_checks: values outside a plugin's rules, refused at check time */
+    snprintf(cmd, sizeof cmd, "%s -q config check %s --set optimizer.lr=-2", tu_kiln(), p);
+    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "cli.cfg:6: optimizer 'tsgd' key 'lr' must be > 0, found -2"));
+    snprintf(cmd, sizeof cmd, "%s -q config check %s --set 'optimizer.betas=[0.9, 1.0]'", tu_kiln(), p);
+    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "key 'betas' must be in [0, 1), found 1 (element 1)"));
+    snprintf(cmd, sizeof cmd, "%s -q config check %s --set module.name=tmlp --set 'module.activation=\"swish\"'", tu_kiln(), p);
+    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "module 'tmlp' key 'activation' must be one of \"relu\", \"gelu\", found "
+                                       "\"swish\""));
+    snprintf(cmd, sizeof cmd, "%s -q config check %s --set module.name=tmlp --set 'module.layers=[4, 0, 2]'", tu_kiln(), p);
+    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "key 'layers' must be >= 1, found 0 (element 1)"));
+    /* shown per key by plugins list --verbose */
+    snprintf(cmd, sizeof cmd, "%s -q plugins list --verbose --plugin-dir %s", tu_kiln(), pd);
+    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "key momentum               float       default 0  (in [0, 1))"));
     snprintf(cmd, sizeof cmd, "%s -q config show %s --set trainer.max_steps=5000000000L", tu_kiln(), p);
     CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "max_steps = 5000000000L"));

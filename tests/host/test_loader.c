@@ -155,9 +155,21 @@ static void test_bad_property_type(void) {
     const char *names[] = {"badprop"};
     char *d = scan_with(&L, names, 1, HL_ORIGIN_CONFIG);
     CU_ASSERT_EQUAL_FATAL(L.nlibs, 1);
-    CU_ASSERT_EQUAL(L.libs[0]->nplugins, 1);
+    CU_ASSERT_EQUAL(L.libs[0]->nplugins, 2); /* goodcb and chkok */
     const char *r = reason_for(&L, "libkiln-badprop.so", NULL);
     CU_ASSERT_PTR_NOT_NULL(strstr(r, "precision 'badprec' property 'precision' must be a string, found a int"));
+    /* 1.5 config_checks: each bad rule refuses its descriptor, in one line */
+    CU_ASSERT_PTR_NOT_NULL(strstr(r, "callback 'chkparse': config check \"lr ~ 3\": expected \"lr > N\""));
+    CU_ASSERT_PTR_NOT_NULL(strstr(r, "callback 'chkkey': config check \"rate > 0\": 'rate' is not one of its "
+                                     "declared config keys"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(r, "callback 'chktype': config check \"lr in {a, b}\": choices fit string keys"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(r, "callback 'chkdefault': config check \"lr > 0\": the default of 'lr', -1, is "
+                                     "not > 0"));
+    /* 1.5: the stateful capability and the state ops agree */
+    CU_ASSERT_PTR_NOT_NULL(strstr(r, "callback 'nocap' has get_state/set_state but does not declare "
+                                     "KILN_CAP_STATEFUL"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(r, "callback 'capnostate' declares KILN_CAP_STATEFUL but has no "
+                                     "get_state/set_state"));
     hl_loader_free(&L);
     tu_rmrf(d);
     free(d);

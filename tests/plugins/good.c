@@ -20,16 +20,21 @@ static const kiln_param opt_params[] = {
     {"nesterov", KILN_TYPE_BOOL, 0, KILN_V_BOOL(0), "Nesterov momentum"},
     {"betas", KILN_TYPE_FLOAT_LIST, 0, KILN_V_NONE, "two betas"},
     {NULL, 0, 0, KILN_V_NONE, NULL}};
+/* 1.5 rules: a bound, an interval over a list's elements */
+static const char *const opt_checks[] = {"lr > 0", "momentum in [0, 1)", "betas in [0, 1)"};
+static const kiln_kv opt_props[] = {{"config_checks", KILN_V_STRS(opt_checks)}, {NULL, KILN_V_NONE}};
 static const kiln_plugin_desc opt = {sizeof(kiln_plugin_desc), KILN_KIND_OPTIMIZER, "tsgd", "0.3.1",
-                                     "test optimizer", 0, NULL, opt_params, &fx_ops, NULL};
+                                     "test optimizer", 0, opt_props, opt_params, &fx_ops, NULL};
 
 static const int64_t def_layers[] = {4, 3, 2};
 static const kiln_param mod_params[] = {
     {"layers", KILN_TYPE_INT_LIST, 0, KILN_V_INTS(def_layers), "layer sizes"},
     {"activation", KILN_TYPE_STRING, 0, KILN_V_STR("relu"), "relu or gelu"},
     {NULL, 0, 0, KILN_V_NONE, NULL}};
+static const char *const mod_checks[] = {"layers >= 1", "activation in {relu, gelu}"};
+static const kiln_kv mod_props[] = {{"config_checks", KILN_V_STRS(mod_checks)}, {NULL, KILN_V_NONE}};
 static const kiln_plugin_desc mod = {sizeof(kiln_plugin_desc), KILN_KIND_MODULE, "tmlp", "0.1.0", "test module",
-                                     0, NULL, mod_params, &fx_ops, NULL};
+                                     0, mod_props, mod_params, &fx_ops, NULL};
 
 static const kiln_plugin_desc cb = {sizeof(kiln_plugin_desc), KILN_KIND_CALLBACK, "tcb", "0.1.0", "test callback",
                                     0, NULL, NULL, &fx_ops, NULL};
