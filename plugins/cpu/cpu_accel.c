@@ -1018,8 +1018,11 @@ static const kiln_param cpu_params[] = {
     {NULL, 0, 0, KILN_V_NONE, NULL},
 };
 
+/* allowed values, enforced by the host before create() (ABI 1.5) */
+static const char *const cpu_checks[] = {"blas in {auto, openblas, blis}"};
 static const kiln_kv cpu_props[] = {{"device_type", KILN_V_STR("cpu")},
                                     {"default", KILN_V_BOOL(1)}, /* the accelerator when none is named */
+                                    {"config_checks", KILN_V_STRS(cpu_checks)},
                                     {NULL, KILN_V_NONE}};
 
 /* Deterministic: the kernels give the same bits for any thread split, and

@@ -89,7 +89,10 @@ static const kiln_param cp_params[] = {
     {NULL, 0, 0, KILN_V_NONE, NULL},
 };
 
-static const kiln_kv cp_props[] = {{"device_type", KILN_V_STR("cuda")}, {NULL, KILN_V_NONE}};
+/* allowed values, enforced by the host before create() (ABI 1.5) */
+static const char *const cp_checks[] = {"device >= -1", "workspace_mib in [0, 4096]", "staging_mib in [1, 1024]"};
+static const kiln_kv cp_props[] = {
+    {"device_type", KILN_V_STR("cuda")}, {"config_checks", KILN_V_STRS(cp_checks)}, {NULL, KILN_V_NONE}};
 
 static const kiln_plugin_desc cp_desc = {
     sizeof(kiln_plugin_desc),
