@@ -550,7 +550,9 @@ static hl_library *load_lib(const char *path, const char *real, const struct sta
     kiln_plugin_init_v1_fn init;
     *(void **)&init = dlsym(h, KILN_PLUGIN_ENTRY_V1);
     if (!init) {
-        hwhyf(why, whylen, "%s: is not a kiln plugin: missing symbol %s", path, KILN_PLUGIN_ENTRY_V1);
+        char diag[512];
+        hl_entry_diagnosis(real, diag, sizeof diag);
+        hwhyf(why, whylen, "%s: is not a kiln plugin: %s", path, diag);
         return NULL; /* left mapped: never dlclose */
     }
     const kiln_library *desc = NULL;

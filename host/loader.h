@@ -167,4 +167,9 @@ const char *hl_default_name(const hl_loader *L, const char *slot);
 const kiln_host_base *hs_host_base(void);
 const kiln_host_services *hs_services(void);
 
+/* Why a library lacks kiln_plugin_init_v1, from its exported symbols
+ * (loader_elf.c; no code of it runs): another ABI major's entry, a misspelt
+ * one, or none. One line into buf, starting "missing symbol ...". */
+void hl_entry_diagnosis(const char *path, char *buf, size_t n);
+
 #endif

@@ -1,5 +1,5 @@
 # kiln_add_plugin(<name> SOURCES src... [LIBS lib...] [OUTPUT_DIRECTORY dir]
-#                 [INCLUDE_SDK dir] [NO_INSTALL])
+#                 [INCLUDE_SDK dir] [NO_INSTALL] [NO_ENTRY_CHECK])
 #
 # Builds libkiln-<name>.so the way every kiln plugin must be built: a MODULE
 # library (dlopen only, never linked), hidden visibility with only the
@@ -10,10 +10,15 @@
 # installed to KILN_PLUGIN_DIR unless NO_INSTALL is given.
 # INCLUDE_SDK builds against another copy of the headers (kiln's own tests use
 # it to build a plugin against the frozen ABI 1.0 headers).
+# The link fails when the library does not define kiln_plugin_init_v1
+# (--require-defined): a plugin without KILN_DEFINE_LIBRARY, or with a
+# misspelt entry, is caught at build time instead of at `kiln plugins check`.
+# NO_ENTRY_CHECK turns that off (kiln's tests build such broken libraries on
+# purpose).
 set(_KILN_HELPERS_DIR "${CMAKE_CURRENT_LIST_DIR}")
 
 function(kiln_add_plugin name)
-  cmake_parse_arguments(KP "NO_INSTALL" "OUTPUT_DIRECTORY;INCLUDE_SDK" "SOURCES;LIBS" ${ARGN})
+  cmake_parse_arguments(KP "NO_INSTALL;NO_ENTRY_CHECK" "OUTPUT_DIRECTORY;INCLUDE_SDK" "SOURCES;LIBS" ${ARGN})
   if(NOT KP_SOURCES)
     message(FATAL_ERROR "kiln_add_plugin(${name}): SOURCES is required")
   endif()
@@ -35,6 +40,9 @@ function(kiln_add_plugin name)
   target_link_options(${tgt} PRIVATE
     "LINKER:--version-script=${_KILN_HELPERS_DIR}/kiln-plugin.map"
     "LINKER:-z,defs" "LINKER:-z,now" "LINKER:-z,relro" "LINKER:--exclude-libs,ALL")
+  if(NOT KP_NO_ENTRY_CHECK)
+    target_link_options(${tgt} PRIVATE "LINKER:--require-defined=kiln_plugin_init_v1")
+  endif()
   if(KP_OUTPUT_DIRECTORY)
     set_target_properties(${tgt} PROPERTIES LIBRARY_OUTPUT_DIRECTORY "${KP_OUTPUT_DIRECTORY}")
   elseif(DEFINED KILN_PLUGIN_BUILD_DIR)

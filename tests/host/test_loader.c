@@ -65,7 +65,14 @@ static void expect_refused(const char *fixture, const char *needle) {
 }
 
 static void test_wrong_major(void) { expect_refused("raw1", "ABI major 2 not supported (host supports 1)"); }
-static void test_missing_entry(void) { expect_refused("nosym", "missing symbol kiln_plugin_init_v1"); }
+static void test_missing_entry(void) {
+    expect_refused("nosym", "missing symbol kiln_plugin_init_v1: it exports no kiln entry point");
+    expect_refused("nosym", "define it with KILN_DEFINE_LIBRARY");
+    /* another ABI major's entry, and a misspelt one, are named */
+    expect_refused("entryv2", "it exports kiln_plugin_init_v2, so it was built for plugin ABI 2; this kiln speaks "
+                              "ABI 1");
+    expect_refused("entrytypo", "it exports 'kiln_plugin_init_vl' instead");
+}
 static void test_short_library(void) { expect_refused("raw2", "library descriptor too small (struct_size 40 < 96"); }
 static void test_newer_host_minor(void) {
     char needle[128];
