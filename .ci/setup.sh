@@ -139,7 +139,7 @@ pcdir=$(pkg-config --variable=plugindir "$prefix/lib/pkgconfig/kiln.pc")
 [ "$(realpath "$pcdir")" = "$(realpath "$prefix/lib/kiln/plugins")" ] || { echo "kiln.pc plugindir is $pcdir" >&2; exit 1; }
 # the same plugin built with pkg-config alone, no CMake
 cc -shared -fPIC -fvisibility=hidden $(pkg-config --cflags "$prefix/lib/pkgconfig/kiln.pc") \
-  examples/hello-plugin/hello.c -o "$prefix/libkiln-hello-pc.so" -Wl,-z,defs
+  examples/hello-plugin/hello.c -o "$prefix/libkiln-hello-pc.so" -Wl,-z,defs -Wl,--require-defined=kiln_plugin_init_v1
 "$prefix/bin/kiln" plugins check "$prefix/libkiln-hello-pc.so" >/dev/null
 echo "installed SDK: ok"
 
