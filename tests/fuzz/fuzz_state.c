@@ -26,7 +26,9 @@
 
 #include "fuzz_util.h"
 #include "kiln/kiln.h"
-#include "mockhost.h"
+#include <kiln/testing.h>
+
+static kiln_test_host *g_th; /* the test host (kiln/testing.h) the plugins run under */
 
 /* the renamed library entries (tests/fuzz/CMakeLists.txt) */
 int32_t fz_init_adamw(const kiln_host_base *, const kiln_library **);
@@ -63,7 +65,7 @@ static fz_plugin fz_plugins[] = {
 
 static void fz_check(int ok, const char *what) {
     if (!ok) {
-        fprintf(stderr, "fuzz_state: invariant broken: %s (last error: %s)\n", what, mh.last_error);
+        fprintf(stderr, "fuzz_state: invariant broken: %s (last error: %s)\n", what, kiln_test_error(g_th));
         abort();
     }
 }
@@ -210,10 +212,10 @@ static const kiln_kv *fz_config(const fz_plugin *p) {
     return fz_kv;
 }
 
-/* The bootstrap struct a library's init receives: mockhost's own is
- * reached only through mh_load (a dlopen), so this one hands out the same
- * services table. */
-/* mockhost's services, but quiet: a warning per refused blob would flood the
+/* The bootstrap struct a library's init receives: the test host's own is
+ * reached only through kiln_test_load (a dlopen), so this one hands out the
+ * same services table. */
+/* the test host's services, but quiet: a warning per refused blob would flood the
  * fuzzer's output and slow it down (set KILN_FUZZ_VERBOSE=1 to see them) */
 static kiln_host_services fz_svc;
 
@@ -224,7 +226,7 @@ static void fz_log(kiln_host_ctx *h, int32_t level, const char *msg) {
 
 static const kiln_host_services *fz_services(void) {
     if (!fz_svc.struct_size) {
-        fz_svc = *mh_services();
+        fz_svc = *kiln_test_services(g_th);
         fz_svc.log = fz_log;
     }
     return &fz_svc;
@@ -244,7 +246,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc, (void)argv;
     static int done; /* libFuzzer calls it; so does the first input when it did not */
     if (done++) return 0;
-    mh_reset();
+    if (kiln_test_host_new(&g_th) != KILN_OK) return 1;
     /* every slot after flags is a function pointer (kiln/training.h):
      * fill them all with the aborting stub, then the five real ones */
     void (*stub)(void) = fz_not_here;
@@ -308,9 +310,8 @@ static void fz_write_seeds(const char *dir) {
         const fz_plugin *p = &fz_plugins[i];
         const kiln_ops_header *ops = p->desc->ops;
         kiln_instance *inst = NULL;
-        mh.acc = (kiln_instance *)&fz_acc_token;
-        mh.kernels = &fz_kernels;
-        if (ops->create(p->desc->plugin_ctx, fz_services(), mh_ctx(), fz_config(p), &inst) != KILN_OK) continue;
+        kiln_test_set_accelerator(g_th, (kiln_instance *)&fz_acc_token, &fz_kernels);
+        if (ops->create(p->desc->plugin_ctx, fz_services(), kiln_test_hctx(g_th), fz_config(p), &inst) != KILN_OK) continue;
         if (fz_setup(p, inst) == KILN_OK && p->kind == KILN_KIND_DATA) {
             /* a position inside an epoch: two batches into epoch 1 */
             const kiln_data_ops *o = p->desc->ops;
@@ -334,7 +335,7 @@ static void fz_write_seeds(const char *dir) {
                     fclose(f);
                 }
             }
-            fz_services()->free(mh_ctx(), blob);
+            fz_services()->free(kiln_test_hctx(g_th), blob);
         }
         ops->destroy(inst);
     }
@@ -349,23 +350,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     uint32_t version = fz_u32(&in);
     const kiln_ops_header *ops = p->desc->ops;
 
-    /* parameters a module registered last time (gan) go, as a new run's
-     * would; mh_reset would do it too but clears 400 KiB of log each time */
-    for (uint32_t i = 0; i < mh.nparams; i++) {
-        free((void *)mh.params[i].name);
-        free(mh.params[i].data);
-        free(mh.params[i].grad);
-    }
-    mh.nparams = 0;
-    mh.nlogged = 0;
-    /* what the mock host hands every instance */
-    mh.acc = (kiln_instance *)&fz_acc_token;
-    mh.kernels = &fz_kernels;
-    mh.config = NULL;
-    mh.last_error[0] = 0;
+    /* a fresh host: parameters a module registered last time (gan) go, as
+     * a new run's would, and the records with them */
+    kiln_test_reset(g_th);
+    /* what the test host hands every instance */
+    kiln_test_set_accelerator(g_th, (kiln_instance *)&fz_acc_token, &fz_kernels);
+    kiln_test_set_config(g_th, NULL);
+    kiln_test_clear_error(g_th);
     kiln_instance *inst = NULL;
-    if (ops->create(p->desc->plugin_ctx, fz_services(), mh_ctx(), fz_config(p), &inst) != KILN_OK || !inst) {
-        fprintf(stderr, "fuzz_state: %s: create failed: %s\n", p->name, mh.last_error);
+    if (ops->create(p->desc->plugin_ctx, fz_services(), kiln_test_hctx(g_th), fz_config(p), &inst) != KILN_OK || !inst) {
+        fprintf(stderr, "fuzz_state: %s: create failed: %s\n", p->name, kiln_test_error(g_th));
         abort();
     }
     int rc = fz_setup(p, inst);
@@ -376,7 +370,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         fz_check(rc == KILN_OK, "data setup failed");
         already = 1;
     }
-    /* an exact-size copy of the blob: a read past it is an ASan report */
+    /* the blob is the input itself: libFuzzer and replay_main.c hand over an
+     * exact-size heap copy, so a read past its end is an ASan report */
     rc = ops->set_state(inst, version, in.p, in.n);
     if (rc == KILN_OK) {
         uint32_t v2 = 0;
@@ -385,12 +380,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (ops->get_state && ops->get_state(inst, &v2, &blob, &n2) == KILN_OK) {
             rc = ops->set_state(inst, v2, blob, n2);
             fz_check(rc == KILN_OK, "the plugin refuses its own state after accepting a blob");
-            fz_services()->free(mh_ctx(), blob);
+            fz_services()->free(kiln_test_hctx(g_th), blob);
         }
         if (p->kind == KILN_KIND_DATA) fz_data_epoch(p, inst, already, in.p, in.n);
     } else {
         fz_check(rc < 0, "set_state refused with a non-negative status");
-        fz_check(strchr(mh.last_error, '\n') == NULL, "a refusal message spans lines");
+        fz_check(strchr(kiln_test_error(g_th), '\n') == NULL, "a refusal message spans lines");
     }
     ops->destroy(inst);
     return 0;
