@@ -72,41 +72,49 @@ static int32_t closure_zero_grad(ht_closure *c) {
     return KILN_OK;
 }
 
-/* backward_fn: S.backward → S.pre_backward → P.pre_backward (scale,
- * on_before_backward) → P.backward → LM.backward → P.post_backward
- * (on_after_backward) → S.post_backward (not while accumulating: no_sync) */
-static int32_t closure_backward(ht_closure *c, double loss) {
-    ht_trainer *t = c->t;
-    char *why = t->err;
-    size_t wl = sizeof t->err;
+/* The backward of automatic and of manual optimisation, one sequence:
+ * S.pre_backward → P.pre_backward(loss, &scale) → on_before_backward(loss ×
+ * scale) → LM.backward(scale ÷ divide) (gradients added) → on_after_backward
+ * → S.post_backward when `sync` (not while accumulating: the gradients are
+ * final for the step only then; docs/semantics.md). */
+int32_t ht_backward(ht_trainer *t, double loss, double divide, int sync, char *why, size_t whylen) {
     ht_trace(t, KILN_SRC_STRATEGY, "pre_backward", t->batch_idx);
     herr_clear();
     int32_t rc = t->strategy_ops->pre_backward(t->strategy.inst);
-    if (rc) { ht_fail(t, &t->strategy, rc, "pre_backward", why, wl); return keep_fail(t, rc); }
+    if (rc) return ht_fail(t, &t->strategy, rc, "pre_backward", why, whylen);
     ht_trace(t, KILN_SRC_PRECISION, "pre_backward", t->batch_idx);
     double scale = 1.0;
     herr_clear();
     rc = t->precision_ops->pre_backward(t->precision.inst, loss, &scale);
-    if (rc) { ht_fail(t, &t->precision, rc, "pre_backward", why, wl); return keep_fail(t, rc); }
+    if (rc) return ht_fail(t, &t->precision, rc, "pre_backward", why, whylen);
     t->loss_scale = scale;
-    rc = ht_hook(t, KILN_EV_ON_BEFORE_BACKWARD, t->batch_idx, t->batch, NULL, loss * scale, NULL, why, wl);
-    if (rc) return keep_fail(t, rc);
+    rc = ht_hook(t, KILN_EV_ON_BEFORE_BACKWARD, t->batch_idx, t->batch, NULL, loss * scale, NULL, why, whylen);
+    if (rc) return rc;
     ht_trace(t, KILN_SRC_MODULE, "backward", t->batch_idx);
     double t0 = ht_now();
     herr_clear();
-    rc = t->module_ops->backward(t->module.inst, scale / (double)t->set.accumulate_grad_batches);
+    rc = t->module_ops->backward(t->module.inst, scale / divide);
     t->time.backward += ht_now() - t0;
-    if (rc) { ht_fail(t, &t->module, rc, "backward", why, wl); return keep_fail(t, rc); }
+    if (rc) return ht_fail(t, &t->module, rc, "backward", why, whylen);
     ht_grads_present(t);
-    rc = ht_hook(t, KILN_EV_ON_AFTER_BACKWARD, t->batch_idx, t->batch, NULL, 0, NULL, why, wl);
-    if (rc) return keep_fail(t, rc);
-    if (!t->accumulating) {
+    rc = ht_hook(t, KILN_EV_ON_AFTER_BACKWARD, t->batch_idx, t->batch, NULL, 0, NULL, why, whylen);
+    if (rc) return rc;
+    if (sync) {
         ht_trace(t, KILN_SRC_STRATEGY, "post_backward", t->batch_idx);
         herr_clear();
         rc = t->strategy_ops->post_backward(t->strategy.inst);
-        if (rc) { ht_fail(t, &t->strategy, rc, "post_backward", why, wl); return keep_fail(t, rc); }
+        if (rc) return ht_fail(t, &t->strategy, rc, "post_backward", why, whylen);
     }
     return KILN_OK;
+}
+
+/* backward_fn: the loss was divided by accumulate_grad_batches, and so is
+ * the gradient: dloss = scale / accumulate */
+static int32_t closure_backward(ht_closure *c, double loss) {
+    ht_trainer *t = c->t;
+    int32_t rc = ht_backward(t, loss, (double)t->set.accumulate_grad_batches, !t->accumulating, t->err,
+                             sizeof t->err);
+    return rc ? keep_fail(t, rc) : KILN_OK;
 }
 
 /* Closure.__call__: step, zero_grad (even without a loss), backward (only

@@ -57,6 +57,11 @@ struct ht_closure {
  * t->accumulating): the closure directly while accumulating, else through
  * LM.optimizer_step → P.optimizer_step → O.step(closure). */
 int ht_automatic_step(ht_trainer *t, char *why, size_t whylen);
+/* The backward sequence both optimisation modes run (closure.c): strategy
+ * and precision pre_backward, on_before_backward, the module's backward with
+ * dloss = scale / divide, on_after_backward, and the strategy's
+ * post_backward when `sync`. */
+int32_t ht_backward(ht_trainer *t, double loss, double divide, int sync, char *why, size_t whylen);
 /* Manual optimisation (manual.c): one batch's training_step, inside which
  * the module drives backward and its optimizers through the services. */
 int ht_manual_step(ht_trainer *t, char *why, size_t whylen);

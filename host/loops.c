@@ -167,7 +167,7 @@ int ht_loop_run(ht_loop *L, char *why, size_t whylen) {
     return L->on_run_end(L, why, whylen);
 }
 
-static int nothing(ht_loop *L, char *why, size_t whylen) {
+static int no_step(ht_loop *L, char *why, size_t whylen) {
     (void)L; (void)why; (void)whylen;
     return KILN_OK;
 }
@@ -261,7 +261,7 @@ static int eval_on_run_end(ht_loop *L, char *why, size_t whylen) {
 }
 
 static int run_eval(ht_trainer *t, int stage, int32_t split, int64_t n, int64_t log_step, char *why, size_t whylen) {
-    eval_loop e = {{"evaluation", t, NULL, eval_reset, eval_on_run_start, eval_done, eval_advance, nothing,
+    eval_loop e = {{"evaluation", t, NULL, eval_reset, eval_on_run_start, eval_done, eval_advance, no_step,
                     eval_on_run_end},
                    stage, split, n, log_step, stage == KILN_STAGE_TEST ? &TEST_IDS : &VAL_IDS, {0}};
     int saved_stage = t->stage, saved_acc = t->accumulating;
@@ -438,8 +438,8 @@ static int epoch_on_advance_end(ht_loop *L, char *why, size_t whylen) {
 }
 
 static int run_epoch_loop(ht_trainer *t, char *why, size_t whylen) {
-    epoch_loop el = {{"training epoch", t, NULL, epoch_reset, nothing, epoch_done, epoch_advance,
-                      epoch_on_advance_end, nothing},
+    epoch_loop el = {{"training epoch", t, NULL, epoch_reset, no_step, epoch_done, epoch_advance,
+                      epoch_on_advance_end, no_step},
                      {0}};
     int rc = ht_loop_run(&el.L, why, whylen);
     t->accumulating = 0;
@@ -597,7 +597,7 @@ int ht_run_fit_loop(ht_trainer *t, char *why, size_t whylen) {
     }
 
     /* the fit loop; skipped when there are no training batches */
-    ht_loop fit = {"fit", t, fit_skip, nothing, fit_on_run_start, fit_done, fit_advance, fit_on_advance_end,
+    ht_loop fit = {"fit", t, fit_skip, no_step, fit_on_run_start, fit_done, fit_advance, fit_on_advance_end,
                    fit_on_run_end};
     if ((rc = ht_loop_run(&fit, why, whylen))) return rc;
     if ((rc = ht_hook(t, KILN_EV_ON_FIT_END, -1, NULL, NULL, 0, NULL, why, whylen))) return rc;

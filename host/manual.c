@@ -21,12 +21,12 @@
 
 #define INC(pr, field) ((pr).total.field++, (pr).current.field++)
 
-static ht_trainer *T(kiln_host_ctx *h) { return h ? h->trainer : NULL; }
+static ht_trainer *trainer_of(kiln_host_ctx *h) { return h ? h->trainer : NULL; }
 
 /* The services work for the module, inside its training_step, in a
  * manually optimising run; anything else is a bug in the caller. */
 static ht_trainer *manual_trainer(kiln_host_ctx *h, const char *what) {
-    ht_trainer *t = T(h);
+    ht_trainer *t = trainer_of(h);
     char msg[256];
     if (!t || !t->manual || !t->in_manual_step || h != &t->module.hctx) {
         snprintf(msg, sizeof msg,
@@ -60,7 +60,7 @@ static int32_t keep(ht_trainer *t, int32_t rc, const char *why) {
 }
 
 uint32_t ht_svc_optimizer_count(kiln_host_ctx *h) {
-    ht_trainer *t = T(h);
+    ht_trainer *t = trainer_of(h);
     return t ? (uint32_t)t->nopts : 0;
 }
 
@@ -77,32 +77,10 @@ int32_t ht_svc_manual_backward(kiln_host_ctx *h, double loss) {
                  (long long)t->epoch_progress.current.completed, (long long)t->batch_idx);
         return keep(t, KILN_E_NONFINITE, why);
     }
-    ht_trace(t, KILN_SRC_STRATEGY, "pre_backward", t->batch_idx);
-    herr_clear();
-    int32_t rc = t->strategy_ops->pre_backward(t->strategy.inst);
-    if (rc) return keep(t, ht_fail(t, &t->strategy, rc, "pre_backward", why, sizeof why), why);
-    ht_trace(t, KILN_SRC_PRECISION, "pre_backward", t->batch_idx);
-    double scale = 1.0;
-    herr_clear();
-    rc = t->precision_ops->pre_backward(t->precision.inst, loss, &scale);
-    if (rc) return keep(t, ht_fail(t, &t->precision, rc, "pre_backward", why, sizeof why), why);
-    t->loss_scale = scale;
-    if ((rc = ht_hook(t, KILN_EV_ON_BEFORE_BACKWARD, t->batch_idx, t->batch, NULL, loss * scale, NULL, why, sizeof why)))
-        return keep(t, rc, why);
-    ht_trace(t, KILN_SRC_MODULE, "backward", t->batch_idx);
-    double t0 = ht_now();
-    herr_clear();
-    rc = t->module_ops->backward(t->module.inst, scale);
-    t->time.backward += ht_now() - t0;
-    if (rc) return keep(t, ht_fail(t, &t->module, rc, "backward", why, sizeof why), why);
-    ht_grads_present(t);
-    if ((rc = ht_hook(t, KILN_EV_ON_AFTER_BACKWARD, t->batch_idx, t->batch, NULL, 0, NULL, why, sizeof why)))
-        return keep(t, rc, why);
-    ht_trace(t, KILN_SRC_STRATEGY, "post_backward", t->batch_idx);
-    herr_clear();
-    rc = t->strategy_ops->post_backward(t->strategy.inst);
-    if (rc) return keep(t, ht_fail(t, &t->strategy, rc, "post_backward", why, sizeof why), why);
-    return KILN_OK;
+    /* the same sequence as automatic optimisation's, dloss = scale, and the
+     * strategy synchronises after every manual backward */
+    int32_t rc = ht_backward(t, loss, 1.0, 1, why, sizeof why);
+    return rc ? keep(t, rc, why) : KILN_OK;
 }
 
 /* What the precision calls as `optimizer.step(wrapped)` and `after`. */

@@ -361,13 +361,13 @@ static int open_optimizers(ht_trainer *t, char *why, size_t whylen) {
 /* ---------------------------------------------------------------------------
  * Services that need the trainer */
 
-static ht_trainer *T(kiln_host_ctx *h) { return h ? h->trainer : NULL; }
+static ht_trainer *trainer_of(kiln_host_ctx *h) { return h ? h->trainer : NULL; }
 
 /* svc->predict (1.4): the module's predict_step on fresh compute weights.
  * Refused inside the optimisation of a batch, where it would overwrite the
  * activations the backward reads. */
 int32_t ht_svc_predict(kiln_host_ctx *h, const kiln_batch *batch, kiln_tensor *out) {
-    ht_trainer *t = T(h);
+    ht_trainer *t = trainer_of(h);
     if (!t || !t->module.inst || !t->module_ops || !t->precision_ops) {
         herr_set(KILN_E_STATE, "predict: no module is set up yet (call it from a hook during fit, validate or test)");
         return KILN_E_STATE;
@@ -395,7 +395,7 @@ int32_t ht_svc_predict(kiln_host_ctx *h, const kiln_batch *batch, kiln_tensor *o
 }
 
 int32_t ht_svc_accelerator(kiln_host_ctx *h, kiln_instance **acc, const struct kiln_kernels **k) {
-    ht_trainer *t = T(h);
+    ht_trainer *t = trainer_of(h);
     if (!t || !t->K) {
         herr_set(KILN_E_STATE, "no accelerator is set up for this instance");
         return KILN_E_STATE;
@@ -407,7 +407,7 @@ int32_t ht_svc_accelerator(kiln_host_ctx *h, kiln_instance **acc, const struct k
 
 int32_t ht_svc_param_register(kiln_host_ctx *h, const char *name, uint32_t ndim, const int64_t *shape,
                               uint32_t flags, kiln_parameter **out) {
-    ht_trainer *t = T(h);
+    ht_trainer *t = trainer_of(h);
     char msg[256];
     if (!t || !h->may_register) {
         herr_set(KILN_E_STATE, "param_register is only available to a module during create()");
@@ -454,7 +454,7 @@ int32_t ht_svc_param_register(kiln_host_ctx *h, const char *name, uint32_t ndim,
 }
 
 int32_t ht_svc_params(kiln_host_ctx *h, kiln_parameter *const **list, uint32_t *n) {
-    ht_trainer *t = T(h);
+    ht_trainer *t = trainer_of(h);
     if (!t) return KILN_E_STATE;
     *list = t->params;
     *n = t->nparams;
@@ -462,27 +462,27 @@ int32_t ht_svc_params(kiln_host_ctx *h, kiln_parameter *const **list, uint32_t *
 }
 
 const struct kiln_trainer_state *ht_svc_trainer_state(kiln_host_ctx *h) {
-    ht_trainer *t = T(h);
+    ht_trainer *t = trainer_of(h);
     if (!t) return NULL;
     ht_update_state(t);
     return &t->state;
 }
 
 void ht_svc_log_value(kiln_host_ctx *h, const char *name, double value, uint32_t flags, double weight) {
-    ht_trainer *t = T(h);
+    ht_trainer *t = trainer_of(h);
     if (!t || !name) return;
     /* Nothing logged during the sanity check is kept (Lightning). */
     hm_log(&t->metrics, t->stage, name, value, flags, weight);
 }
 
 int32_t ht_svc_get_metric(kiln_host_ctx *h, const char *name, double *out) {
-    ht_trainer *t = T(h);
+    ht_trainer *t = trainer_of(h);
     if (!t || !name || !out) return KILN_E_INVALID_ARG;
     return hm_get(&t->metrics, name, out) == 0 ? KILN_OK : KILN_E_NOT_FOUND;
 }
 
 void ht_svc_request_stop(kiln_host_ctx *h, const char *reason) {
-    ht_trainer *t = T(h);
+    ht_trainer *t = trainer_of(h);
     if (!t) return;
     if (!t->should_stop) HLOG_INFO("[%s] requested the run to stop%s%s", h->label, reason ? ": " : "", reason ? reason : "");
     t->should_stop = 1;
@@ -493,7 +493,7 @@ void ht_svc_request_stop(kiln_host_ctx *h, const char *reason) {
 }
 
 uint64_t ht_svc_seed(kiln_host_ctx *h, const char *stream) {
-    ht_trainer *t = T(h);
+    ht_trainer *t = trainer_of(h);
     uint64_t x = (uint64_t)(t ? t->set.seed : 0);
     uint64_t hsh = 1469598103934665603ull; /* FNV-1a of the stream name */
     for (const char *c = stream ? stream : ""; *c; c++) hsh = (hsh ^ (uint8_t)*c) * 1099511628211ull;

@@ -6,7 +6,7 @@
  * every way a job can be mis-launched (a missing rank, a different
  * WORLD_SIZE, a duplicated rank, no rank 0 at all, the port taken) ends
  * within the deadline with a message saying so, on every rank involved.
- * And the attacks of issue 19: rank 0 listens on MASTER_ADDR only (another
+ * And the attacks a hostile peer tries: rank 0 listens on MASTER_ADDR only (another
  * loopback address is refused); a hello claiming a rank that does not
  * exist, idle sockets (7 of them, also with no deadline), a peer with the
  * wrong secret or none, and a captured hello replayed on a new connection
@@ -204,7 +204,7 @@ static void test_port_taken_and_args(void) {
     CU_ASSERT_PTR_NOT_NULL(strstr(err, "cannot resolve MASTER_ADDR 'no-such-host.invalid'"));
 }
 
-/* ------------------------------------------------------ issue 19 defect 4 */
+/* ------------------------------------------------- hostile peers at the rendezvous */
 
 /* A TCP connection from the test to addr:port; -1 when refused. */
 static int dial(const char *addr, int port) {

@@ -3,8 +3,8 @@
  * (docs/semantics.md), through the real `kiln fit`
  * with the toy fixtures and the hook_trace callback:
  *  (a) the whole hook sequence of 1 epoch with 2 train + 2 val batches and
- *      the default 2-batch sanity check, written out from reference 1(e),
- *      1(a), 1(d);
+ *      the default 2-batch sanity check, written out from Lightning's
+ *      test_hooks.py (fit with validation), batch by batch;
  *  (b) accumulate_grad_batches = 2 over 5 batches, and the optimizer call
  *      pattern of test_train_loop_system with accumulate = 3;
  *  (c) -1 from on_train_batch_start ending the epoch without validation;
@@ -89,7 +89,7 @@ static void expect_sequence(const char *const *exp, int n) {
     CU_ASSERT(ok);
 }
 
-/* (a) reference 1(e) with 1(a) batches and 1(d) validation placement */
+/* (a) Lightning's fit hook order (test_hooks.py) with its batches and validation placement */
 static const char *const SEQ_A[] = {
     "callback setup", "module setup", "callback on_fit_start", "module on_fit_start",
     /* sanity check: min(num_sanity_val_steps=2, 2) batches */

@@ -108,7 +108,7 @@ static void test_hook_sequence(void) {
 #undef OPT
     if (strcmp(got, expect)) fprintf(stderr, "\n  got:    %s\n  expect: %s\n", got, expect);
     CU_ASSERT_STRING_EQUAL(got, expect);
-    /* never in manual mode (reference 1(c)) */
+    /* never in manual mode (Lightning runs no automatic step then) */
     const char *never[] = {"module optimizer_step", "module optimizer_zero_grad", "callback on_before_zero_grad",
                            "module on_before_zero_grad", "module configure_gradient_clipping"};
     for (size_t i = 0; i < sizeof never / sizeof never[0]; i++) CU_ASSERT_EQUAL(count_lines(trace, never[i]), 0);
