@@ -288,6 +288,21 @@ void kc_round_f16(float *x, size_t n);
 /* x(n) = (float)(bf16)x, in place (same rounding as kc_f32_to_bf16). */
 void kc_round_bf16(float *x, size_t n);
 
+/*
+ * The OCP 8-bit formats (cpu_fp8.c; numbers KILN_DTYPE_F8E4M3/F8E5M2):
+ * x(n) float32 rounded in place through KC_F8E4M3 or KC_F8E5M2 — round to
+ * nearest even, finite overflow saturating to +-max (448, 57344), NaN kept,
+ * +-inf kept in E5M2 and NaN in E4M3 (kernels/common/km_fp8.h says why).
+ * Returns 0, or -1 for another dtype (nothing written). The scalar codecs
+ * are for tests and the fake CUDA stack.
+ */
+enum { KC_F8E4M3 = 8, KC_F8E5M2 = 9 };
+int kc_round_fp8(float *x, int dtype, size_t n);
+uint8_t kc_f8e4m3_bits(float x);
+uint8_t kc_f8e5m2_bits(float x);
+float kc_f8e4m3_value(uint8_t c);
+float kc_f8e5m2_value(uint8_t c);
+
 /* ------------------------------------------- elementwise building blocks */
 
 /*

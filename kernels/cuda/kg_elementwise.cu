@@ -3,7 +3,8 @@
  * bias gradient, the five activations forward and backward, scale, axpy, the
  * fused unscale + finiteness check over a list of tensors, the Linear
  * layer's bias/rounding/activation epilogue, dtype casts, rounding through
- * the 16-bit formats and the rounded gemm_ex epilogue. Each kernel is a grid-stride
+ * the 16-bit formats and the two FP8 formats (kernels/common/km_fp8.h) and
+ * the rounded gemm_ex epilogue. Each kernel is a grid-stride
  * loop (size_t indices) over one element formula from kg_math.cuh,
  * instantiated per dtype (and activation, cast pair, rounding format) so no
  * dtype test runs per element. Kernels that need a row/column split of a
@@ -15,6 +16,8 @@
  */
 #include "kg_internal.cuh"
 #include "kg_kernels.h"
+
+#include "../common/km_fp8.h"
 
 /* ------------------------------------------------------------------- bias */
 
@@ -358,11 +361,20 @@ template <int RDT> __global__ void kg_round_to_kernel(float *__restrict__ x, siz
     KG_GRID_STRIDE(i, n) x[i] = kg_round_to_dtype(x[i], RDT);
 }
 
+/* x(n) float32 = round_through_FP8(x), in place: the shared integer codec
+ * (kernels/common/km_fp8.h), the cpu's bits. */
+template <int RDT> __global__ void kg_round_fp8_kernel(float *__restrict__ x, size_t n) {
+    KG_GRID_STRIDE(i, n) x[i] = RDT == KG_F8E4M3 ? km_round_f8e4m3(x[i]) : km_round_f8e5m2(x[i]);
+}
+
 extern "C" cudaError_t kg_round_to(cudaStream_t s, float *x, int dtype, size_t n) {
-    if (dtype != KG_F32 && dtype != KG_F16 && dtype != KG_BF16) return cudaErrorInvalidValue;
+    if (dtype != KG_F32 && dtype != KG_F16 && dtype != KG_BF16 && dtype != KG_F8E4M3 && dtype != KG_F8E5M2)
+        return cudaErrorInvalidValue;
     if (dtype == KG_F32 || n == 0) return cudaSuccess; /* float32 storage keeps everything */
     if (dtype == KG_F16) kg_round_to_kernel<KG_F16><<<kg_grid(n), KG_THREADS, 0, s>>>(x, n);
-    else kg_round_to_kernel<KG_BF16><<<kg_grid(n), KG_THREADS, 0, s>>>(x, n);
+    else if (dtype == KG_BF16) kg_round_to_kernel<KG_BF16><<<kg_grid(n), KG_THREADS, 0, s>>>(x, n);
+    else if (dtype == KG_F8E4M3) kg_round_fp8_kernel<KG_F8E4M3><<<kg_grid(n), KG_THREADS, 0, s>>>(x, n);
+    else kg_round_fp8_kernel<KG_F8E5M2><<<kg_grid(n), KG_THREADS, 0, s>>>(x, n);
     return cudaGetLastError();
 }
 

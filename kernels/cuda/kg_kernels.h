@@ -31,7 +31,7 @@ extern "C" {
 #endif
 
 /* Mirrors of the ABI's numbers (checked by static_assert in the plugin). */
-enum { KG_F32 = 1, KG_F64 = 2, KG_F16 = 3, KG_BF16 = 4 };
+enum { KG_F32 = 1, KG_F64 = 2, KG_F16 = 3, KG_BF16 = 4, KG_F8E4M3 = 8, KG_F8E5M2 = 9 };
 enum { KG_ACT_RELU = 0, KG_ACT_GELU = 1, KG_ACT_TANH = 2, KG_ACT_SIGMOID = 3, KG_ACT_LEAKY_RELU = 4 };
 
 /* Partials a reduction writes: the scratch it needs is KG_REDUCE_BLOCKS
@@ -116,7 +116,8 @@ cudaError_t kg_linear_epilogue(cudaStream_t s, int fdt, void *y, const void *b, 
  * even; overflow to inf). dst and src must not overlap unless equal dtypes
  * and equal pointers (then nothing happens). */
 cudaError_t kg_cast(cudaStream_t s, void *dst, int dst_dtype, const void *src, int src_dtype, size_t n);
-/* x(n) float32, rounded in place through F16 or BF16 (F32: nothing). */
+/* x(n) float32, rounded in place through F16, BF16, or the OCP FP8
+ * formats F8E4M3 / F8E5M2 (kernels/common/km_fp8.h) (F32: nothing). */
 cudaError_t kg_round_to(cudaStream_t s, float *x, int dtype, size_t n);
 /* The gemm_ex epilogue with rounding: c(rows, cols; ldc) = round_dtype(
  * p(rows, cols; packed)) + beta * c (c not read when beta == 0). F32 c. */

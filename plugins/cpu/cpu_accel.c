@@ -362,10 +362,13 @@ int32_t cpu_round_to(kiln_instance *acc, float *x, uint32_t dtype, size_t n) {
     case KILN_DTYPE_F32: return KILN_OK; /* storing fp32 as fp32 keeps everything */
     case KILN_DTYPE_F16: kc_round_f16(x, n); return KILN_OK;
     case KILN_DTYPE_BF16: kc_round_bf16(x, n); return KILN_OK;
+#if KILN_ABI_MINOR >= 5
+    case KILN_DTYPE_F8E4M3: case KILN_DTYPE_F8E5M2: kc_round_fp8(x, (int)dtype, n); return KILN_OK;
+#endif
     default:
         return CPU_ERR(acc, KILN_E_INVALID_ARG,
-                       "round_to: dtype must be float32 (no-op), float16 or bfloat16, got " CPU_DT_FMT
-                       " (x is float32 storage)",
+                       "round_to: dtype must be float32 (no-op), float16, bfloat16, float8_e4m3fn or float8_e5m2, "
+                       "got " CPU_DT_FMT " (x is float32 storage)",
                        CPU_DT_ARG(dtype));
     }
 }
@@ -727,6 +730,7 @@ static int32_t cpu_linear_forward(kiln_instance *acc, uint32_t dtype, const void
 /* ------------------------------------- 1.5: elementwise building blocks */
 
 static_assert((int)KC_F32 == (int)KILN_DTYPE_F32 && (int)KC_F64 == (int)KILN_DTYPE_F64, "kc_ew dtypes");
+static_assert((int)KC_F8E4M3 == (int)KILN_DTYPE_F8E4M3 && (int)KC_F8E5M2 == (int)KILN_DTYPE_F8E5M2, "fp8 dtypes");
 
 /* What every 1.5 elementwise entry checks before kc_ew: the dtype, NULL
  * pointers, and overlap: y may be an input's very pointer (in place), never

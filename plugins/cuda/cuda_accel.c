@@ -26,7 +26,8 @@
 #include "cuda_internal.h"
 
 static_assert((int)KG_F32 == (int)KILN_DTYPE_F32 && (int)KG_F64 == (int)KILN_DTYPE_F64 &&
-                  (int)KG_F16 == (int)KILN_DTYPE_F16 && (int)KG_BF16 == (int)KILN_DTYPE_BF16,
+                  (int)KG_F16 == (int)KILN_DTYPE_F16 && (int)KG_BF16 == (int)KILN_DTYPE_BF16 &&
+                  (int)KG_F8E4M3 == (int)KILN_DTYPE_F8E4M3 && (int)KG_F8E5M2 == (int)KILN_DTYPE_F8E5M2,
               "kernels/cuda dtype numbers must equal KILN_DTYPE_*");
 static_assert((int)KG_ACT_RELU == (int)KILN_ACT_RELU && (int)KG_ACT_GELU == (int)KILN_ACT_GELU &&
                   (int)KG_ACT_TANH == (int)KILN_ACT_TANH && (int)KG_ACT_SIGMOID == (int)KILN_ACT_SIGMOID &&
@@ -480,10 +481,11 @@ static int32_t cu_cast(kiln_instance *acc, void *dst, uint32_t ddt, const void *
 }
 
 static int32_t cu_round_to(kiln_instance *acc, float *x, uint32_t dt, size_t n) {
-    if (dt != KILN_DTYPE_F32 && dt != KILN_DTYPE_F16 && dt != KILN_DTYPE_BF16)
+    if (dt != KILN_DTYPE_F32 && dt != KILN_DTYPE_F16 && dt != KILN_DTYPE_BF16 && dt != KILN_DTYPE_F8E4M3 &&
+        dt != KILN_DTYPE_F8E5M2)
         return CU_ERR(acc, KILN_E_INVALID_ARG,
-                      "cuda: round_to: dtype must be float32 (no-op), float16 or bfloat16, got %s (x is float32 "
-                      "storage)",
+                      "cuda: round_to: dtype must be float32 (no-op), float16, bfloat16, float8_e4m3fn or "
+                      "float8_e5m2, got %s (x is float32 storage)",
                       kiln_dtype_name(dt));
     CU_NEED(acc, x, n, "round_to");
     if (n == 0 || dt == KILN_DTYPE_F32) return KILN_OK;

@@ -490,13 +490,15 @@ cudaError_t kg_cast(cudaStream_t s, void *dst, int dst_dtype, const void *src, i
 
 cudaError_t kg_round_to(cudaStream_t s, float *x, int dtype, size_t n) {
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
-    if (dtype != KG_F32 && dtype != KG_F16 && dtype != KG_BF16) return fake_error(cudaErrorInvalidValue);
+    if (dtype != KG_F32 && dtype != KG_F16 && dtype != KG_BF16 && dtype != KG_F8E4M3 && dtype != KG_F8E5M2)
+        return fake_error(cudaErrorInvalidValue);
     if (dtype == KG_F32 || n == 0) return cudaSuccess;
     const fake_buf bufs[] = {{"x", x, n * sizeof(float)}};
     cudaError_t e = fake_launch(__func__, s, bufs, 1);
     if (e != cudaSuccess) return e;
     if (dtype == KG_F16) kc_round_f16(x, n);
-    else kc_round_bf16(x, n);
+    else if (dtype == KG_BF16) kc_round_bf16(x, n);
+    else kc_round_fp8(x, dtype, n); /* KG_F8* are the KC_F8* numbers */
     return cudaSuccess;
 }
 

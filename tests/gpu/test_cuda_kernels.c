@@ -1355,6 +1355,36 @@ static void test_ew15(void) {
 }
 
 
+/* round_to through the 1.5 FP8 formats: the same bits on both sides (one
+ * integer codec, kernels/common/km_fp8.h), over the whole range, the
+ * saturation region, NaN and both infinities. */
+static void test_round_fp8(void) {
+    enum { N = 100003 };
+    float *x = xcalloc(N, sizeof *x);
+    seed(1508);
+    for (size_t i = 0; i < N; i++) x[i] = (float)(unif(-1, 1) * ldexp(1.0, (int)(next_u64() % 48) - 28));
+    const float special[6] = {NAN, INFINITY, -INFINITY, -0.0f, 1e9f, -464.0f};
+    for (int j = 0; j < 6; j++) x[(size_t)j * 13] = special[j];
+    static const uint32_t dts[2] = {KILN_DTYPE_F8E4M3, KILN_DTYPE_F8E5M2};
+    for (int d = 0; d < 2; d++) {
+        float *out[2] = {xcalloc(N, sizeof(float)), xcalloc(N, sizeof(float))};
+        int ran = 1;
+        for (int s = 0; s < 2; s++) {
+            side *X = begin(s);
+            float *dx = up(X, x, N * sizeof(float));
+            RUN(X, X->k->round_to(X->acc, dx, dts[d], N));
+            if (!X->failed) down(X, out[s], dx, N * sizeof(float));
+            ran &= end(X);
+        }
+        if (ran && memcmp(out[REF], out[DUT], N * sizeof(float)) != 0) {
+            fprintf(stderr, "  round_to %s differs from the cpu\n", kiln_dtype_name(dts[d]));
+            CU_FAIL("FP8 round_to differs from the cpu");
+        }
+        free(out[0]), free(out[1]);
+    }
+    free(x);
+}
+
 typedef struct sgd_variant {
     double lr, momentum, dampening, weight_decay;
     int nesterov, steps;
@@ -2039,6 +2069,7 @@ static void register_tests(void) {
     CU_add_test(s, "1.3 linear_forward: epilogues, 16-bit rounding, float64", test_linear_forward);
     CU_add_test(s, "cast, round_to", test_cast_round_to);
     CU_add_test(s, "1.5 lerp, sign, mul, addcmul, addcdiv, sqrt_ex, clamp: 2 dtypes, in place, edges", test_ew15);
+    CU_add_test(s, "1.5 round_to float8_e4m3fn, float8_e5m2 (saturation, NaN, inf)", test_round_fp8);
 }
 
 #include "cunit_main.h"

@@ -1,6 +1,7 @@
 /*
  * kiln/tensor.h — data types and the borrowed tensor views that cross the
- * boundary (ABI 1.1; 1.2 adds the master dtype and the dtype helpers):
+ * boundary (ABI 1.1; 1.2 adds the master dtype and the dtype helpers, 1.5
+ * the two FP8 formats):
  * batches from data plugins, and the parameters the host allocates for a
  * module. A view never transfers ownership; its lifetime is
  * stated where it is handed over. Shapes are row-major, outermost first.
@@ -22,6 +23,13 @@ enum {
     KILN_DTYPE_I32 = 5,
     KILN_DTYPE_I64 = 6,
     KILN_DTYPE_U8 = 7,
+    /* 1.5: the OCP 8-bit floating-point formats (OFP8), one byte each:
+     * E4M3 (bias 7, max 448, no infinities, NaN = S.1111.111; PyTorch's
+     * float8_e4m3fn) and E5M2 (bias 15, max 57344, IEEE-style infinities
+     * and NaNs). The kernel table's round_to rounds float32 data through
+     * them (docs/precision.md states the rounding and saturation). */
+    KILN_DTYPE_F8E4M3 = 8,
+    KILN_DTYPE_F8E5M2 = 9,
 };
 
 /* Bytes per element; 0 for an unknown dtype. */
@@ -30,7 +38,7 @@ static inline size_t kiln_dtype_size(uint32_t dt) {
     case KILN_DTYPE_F64: case KILN_DTYPE_I64: return 8;
     case KILN_DTYPE_F32: case KILN_DTYPE_I32: return 4;
     case KILN_DTYPE_F16: case KILN_DTYPE_BF16: return 2;
-    case KILN_DTYPE_U8: return 1;
+    case KILN_DTYPE_U8: case KILN_DTYPE_F8E4M3: case KILN_DTYPE_F8E5M2: return 1;
     default: return 0;
     }
 }
@@ -46,12 +54,14 @@ static inline const char *kiln_dtype_name(uint32_t dt) {
     case KILN_DTYPE_I32: return "int32";
     case KILN_DTYPE_I64: return "int64";
     case KILN_DTYPE_U8: return "uint8";
+    case KILN_DTYPE_F8E4M3: return "float8_e4m3fn";
+    case KILN_DTYPE_F8E5M2: return "float8_e5m2";
     default: return "invalid";
     }
 }
 
 static inline uint32_t kiln_dtype_from_name(const char *s) {
-    for (uint32_t dt = KILN_DTYPE_F32; dt <= KILN_DTYPE_U8; dt++)
+    for (uint32_t dt = KILN_DTYPE_F32; dt <= KILN_DTYPE_F8E5M2; dt++)
         if (s && !strcmp(s, kiln_dtype_name(dt))) return dt;
     return KILN_DTYPE_INVALID;
 }

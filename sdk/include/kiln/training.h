@@ -88,7 +88,11 @@ typedef struct kiln_kernels {
     int32_t (*cast)(kiln_instance *acc, void *dst, uint32_t dst_dtype, const void *src, uint32_t src_dtype,
                     size_t n);
     /* x(n), fp32 storage, rounded in place through `dtype` (F16 or BF16; F32
-     * is a no-op): what storing the values in that format would keep */
+     * is a no-op; from 1.5 also F8E4M3 and F8E5M2: round to nearest even,
+     * finite overflow saturating to +-max, NaN kept, inf kept in E5M2 and
+     * NaN in E4M3, which has no inf): what storing the values in that
+     * format would keep. A 1.5 caller passing an FP8 dtype to an older
+     * table gets KILN_E_INVALID_ARG. */
     int32_t (*round_to)(kiln_instance *acc, float *x, uint32_t dtype, size_t n);
     /* C(M,N) = round_dtype(alpha * op(A) * op(B)) + beta * C, accumulated in
      * fp32 (fp64 when C is F64). A and B are F32, F16 or BF16 when C is
