@@ -1,7 +1,7 @@
 /*
  * test_callbacks.c — CUnit suite for the callback plugins progress,
  * csv_logger and hook_trace. Each plugin is loaded from the build's plugin
- * directory through the mock host, created with a full config (as the host
+ * directory through the test host, created with a full config (as the host
  * would resolve it), and fed a synthetic, Lightning-ordered event sequence
  * with a trainer state whose run_dir is a fresh mkdtemp() folder. The tests
  * then read back what the plugin produced: the exact trace lines, the CSV
@@ -21,7 +21,9 @@
 
 #include <CUnit/CUnit.h>
 
-#include "mockhost.h"
+#include <kiln/testing.h>
+
+static kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
 
 /* ---------------------------------------------------------------------------
  * Fixtures */
@@ -37,7 +39,7 @@ static int rm_entry(const char *path, const struct stat *sb, int flag, struct FT
 }
 
 static void fixture_begin(void) {
-    mh_reset();
+    kiln_test_reset(g_th);
     snprintf(g_dir, sizeof g_dir, "/tmp/kiln-callbacks-XXXXXX");
     CU_ASSERT_PTR_NOT_NULL_FATAL(mkdtemp(g_dir));
     memset(&g_ts, 0, sizeof g_ts);
@@ -46,7 +48,7 @@ static void fixture_begin(void) {
     g_ts.run_dir = g_dir;
     g_ts.world_size = 1;
     g_ts.accumulate_grad_batches = 1;
-    mh.trainer = g_ts;
+    (*kiln_test_trainer(g_th)) = g_ts;
 }
 
 static void fixture_end(void) { nftw(g_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
@@ -56,7 +58,8 @@ static const kiln_callback_ops *load(const char *name) {
     CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
     char path[1024];
     snprintf(path, sizeof path, "%s/libkiln-%s.so", dir, name);
-    const kiln_plugin_desc *d = mh_load(path, KILN_KIND_CALLBACK, name);
+    const kiln_plugin_desc *d = NULL;
+    kiln_test_load(g_th, path, KILN_KIND_CALLBACK, name, &d);
     CU_ASSERT_PTR_NOT_NULL_FATAL(d);
     const kiln_callback_ops *ops = d->ops;
     CU_ASSERT_FATAL(ops->base.struct_size >= sizeof(kiln_callback_ops) && ops->on_event != NULL);
@@ -65,7 +68,7 @@ static const kiln_callback_ops *load(const char *name) {
 
 static kiln_instance *create(const kiln_callback_ops *ops, const kiln_kv *cfg, int32_t *rc) {
     kiln_instance *inst = NULL;
-    *rc = ops->base.create(NULL, mh_services(), mh_ctx(), cfg, &inst);
+    *rc = ops->base.create(NULL, kiln_test_services(g_th), kiln_test_hctx(g_th), cfg, &inst);
     if (*rc != KILN_OK) CU_ASSERT_PTR_NULL(inst);
     return inst;
 }
@@ -231,7 +234,7 @@ static void test_hook_trace_errors(void) {
     int32_t rc;
     create(ops, bad, &rc);
     CU_ASSERT_EQUAL(rc, KILN_E_CONFIG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "path"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "path"));
 
     /* run_dir is a regular file: the trace cannot be created under it. */
     char file[512];
@@ -244,8 +247,8 @@ static void test_hook_trace_errors(void) {
     CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
     kiln_event e = ev_make(KILN_EV_SETUP, KILN_STAGE_FIT, -1);
     CU_ASSERT_EQUAL(ops->on_event(inst, &e), KILN_E_IO);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "plainfile/hooks.txt"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, strerror(ENOTDIR)));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "plainfile/hooks.txt"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), strerror(ENOTDIR)));
     ops->base.destroy(inst);
     fixture_end();
 }
@@ -404,8 +407,8 @@ static void test_csv_logger_rank_and_errors(void) {
                            {NULL, KILN_V_NONE}};
     create(ops, bad, &rc);
     CU_ASSERT_EQUAL(rc, KILN_E_CONFIG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "flush_every_n"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "0"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "flush_every_n"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "0"));
 
     /* The file cannot be created: KILN_E_IO naming the path and the cause. */
     char file[512];
@@ -419,8 +422,8 @@ static void test_csv_logger_rank_and_errors(void) {
     kiln_event e = ev_make(KILN_EV_LOG_METRICS, KILN_STAGE_FIT, -1);
     e.metrics = m0;
     CU_ASSERT_EQUAL(ops->on_event(inst, &e), KILN_E_IO);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "plainfile/metrics.csv"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, strerror(ENOTDIR)));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "plainfile/metrics.csv"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), strerror(ENOTDIR)));
     ops->base.destroy(inst);
     fixture_end();
 }
@@ -447,7 +450,7 @@ static void capture_end(void) {
 }
 
 static void set_metric(const char *name, double v) {
-    mh_services()->log_value(mh_ctx(), name, v, KILN_LOG_PROG_BAR | KILN_LOG_ON_STEP, 1.0);
+    kiln_test_services(g_th)->log_value(kiln_test_hctx(g_th), name, v, KILN_LOG_PROG_BAR | KILN_LOG_ON_STEP, 1.0);
 }
 
 /* A fit run: sanity check (2 val batches), epoch 1 of 5 batches with a
@@ -537,7 +540,7 @@ static void test_progress_plain(void) {
     free(s);
 
     /* Rank 1 prints nothing at all. */
-    mh_reset();
+    kiln_test_reset(g_th);
     g_ts.rank = 1;
     g_ts.world_size = 2;
     inst = create(ops, cfg, &rc);
@@ -599,22 +602,22 @@ static void test_progress_bad_config(void) {
                                  {"print_every_n_batches", KILN_V_INT(0)}, {NULL, KILN_V_NONE}};
     create(ops, bad_every, &rc);
     CU_ASSERT_EQUAL(rc, KILN_E_CONFIG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "print_every_n_batches"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "got 0"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "print_every_n_batches"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "got 0"));
 
     const kiln_kv bad_tty[] = {{"refresh_rate", KILN_V_INT(1)}, {"tty", KILN_V_STR("maybe")},
                                {"print_every_n_batches", KILN_V_INT(50)}, {NULL, KILN_V_NONE}};
     create(ops, bad_tty, &rc);
     CU_ASSERT_EQUAL(rc, KILN_E_CONFIG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "tty"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "\"maybe\""));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "tty"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "\"maybe\""));
 
     const kiln_kv bad_refresh[] = {{"refresh_rate", KILN_V_INT(-1)}, {"tty", KILN_V_STR("auto")},
                                    {"print_every_n_batches", KILN_V_INT(50)}, {NULL, KILN_V_NONE}};
     create(ops, bad_refresh, &rc);
     CU_ASSERT_EQUAL(rc, KILN_E_CONFIG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "refresh_rate"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "-1"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "refresh_rate"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "-1"));
 
     /* refresh_rate 0 disables the bar: nothing is printed. */
     const kiln_kv off[] = {{"refresh_rate", KILN_V_INT(0)}, {"tty", KILN_V_STR("never")},
@@ -635,6 +638,7 @@ static void test_progress_bad_config(void) {
 }
 
 static void register_tests(void) {
+    if (kiln_test_host_new(&g_th) != KILN_OK) return; /* no suite: the runner fails */
     CU_pSuite s = CU_add_suite("callbacks", NULL, NULL);
     CU_add_test(s, "hook_trace writes the exact lines", test_hook_trace_lines);
     CU_add_test(s, "hook_trace include_trace=false, absolute path, rank file", test_hook_trace_no_trace_abs_path_and_rank);

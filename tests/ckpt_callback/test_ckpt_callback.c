@@ -1,7 +1,7 @@
 /*
  * test_ckpt_callback.c — CUnit suite for the `checkpoint` callback plugin
  * (Lightning's ModelCheckpoint), loaded from the build's plugin directory
- * through the mock host. The plugin gets a copy of the mock's services table
+ * through the test host. The plugin gets a copy of the test host's services table
  * whose save_checkpoint is a fake host: it records every requested path and,
  * only when the test calls host_flush() (the host's "next consistent point":
  * the end of the batch or epoch), creates those files, so the suite can
@@ -29,7 +29,9 @@
 
 #include <CUnit/CUnit.h>
 
-#include "mockhost.h"
+#include <kiln/testing.h>
+
+static kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
 
 /* ---------------------------------------------------------------------------
  * The fake host: recorded requests, deferred writes, recorded log lines */
@@ -38,7 +40,7 @@
 #define MAX_LOG 256
 #define PATHLEN 1024
 
-static kiln_host_services g_svc;    /* the mock's table with the fakes below   */
+static kiln_host_services g_svc;    /* the test host's table with the fakes below   */
 static char g_req[MAX_REQ][PATHLEN]; /* every save_checkpoint path, in order   */
 static int g_nreq;
 static int g_nwritten;               /* requests host_flush() has written      */
@@ -51,7 +53,7 @@ static char g_ck[600];               /* <run>/checkpoints                      *
 
 static int32_t fake_save(kiln_host_ctx *h, const char *path) {
     if (g_save_rc != KILN_OK) {
-        mh_services()->set_error(h, g_save_rc, "fake host: refused");
+        kiln_test_services(g_th)->set_error(h, g_save_rc, "fake host: refused");
         return g_save_rc;
     }
     CU_ASSERT_FATAL(g_nreq < MAX_REQ);
@@ -114,8 +116,8 @@ static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *
 }
 
 static void fixture_begin(void) {
-    mh_reset();
-    g_svc = *mh_services();
+    kiln_test_reset(g_th);
+    g_svc = *kiln_test_services(g_th);
     g_svc.save_checkpoint = fake_save;
     g_svc.log = rec_log;
     g_nreq = g_nwritten = g_nlog = 0;
@@ -123,9 +125,9 @@ static void fixture_begin(void) {
     snprintf(g_run, sizeof g_run, "/tmp/kiln-ckpt-XXXXXX");
     CU_ASSERT_PTR_NOT_NULL_FATAL(mkdtemp(g_run));
     snprintf(g_ck, sizeof g_ck, "%s/checkpoints", g_run);
-    mh.trainer.run_dir = g_run;
-    mh.trainer.stage = KILN_STAGE_FIT;
-    mh.trainer.num_val_batches = 4;
+    kiln_test_trainer(g_th)->run_dir = g_run;
+    kiln_test_trainer(g_th)->stage = KILN_STAGE_FIT;
+    kiln_test_trainer(g_th)->num_val_batches = 4;
 }
 
 static void *g_blob; /* the last get_state blob (host memory)                  */
@@ -145,7 +147,8 @@ static const kiln_plugin_desc *load_desc(void) {
     CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
     char path[1024];
     snprintf(path, sizeof path, "%s/libkiln-checkpoint.so", dir);
-    const kiln_plugin_desc *d = mh_load(path, KILN_KIND_CALLBACK, "checkpoint");
+    const kiln_plugin_desc *d = NULL;
+    kiln_test_load(g_th, path, KILN_KIND_CALLBACK, "checkpoint", &d);
     CU_ASSERT_PTR_NOT_NULL_FATAL(d);
     return d;
 }
@@ -194,7 +197,7 @@ static int32_t try_create(const ck_cfg *c, kiln_instance **inst) {
     g_ops = load_desc()->ops;
     CU_ASSERT_FATAL(g_ops->base.struct_size >= sizeof(kiln_callback_ops) && g_ops->on_event);
     *inst = NULL;
-    int32_t rc = g_ops->base.create(NULL, &g_svc, mh_ctx(), cfg_kv(c), inst);
+    int32_t rc = g_ops->base.create(NULL, &g_svc, kiln_test_hctx(g_th), cfg_kv(c), inst);
     if (rc != KILN_OK) CU_ASSERT_PTR_NULL(*inst);
     return rc;
 }
@@ -202,7 +205,7 @@ static int32_t try_create(const ck_cfg *c, kiln_instance **inst) {
 static kiln_instance *make(const ck_cfg *c) {
     kiln_instance *inst = NULL;
     int32_t rc = try_create(c, &inst);
-    if (rc != KILN_OK) fprintf(stderr, "create: %s\n", mh.last_error);
+    if (rc != KILN_OK) fprintf(stderr, "create: %s\n", kiln_test_error(g_th));
     CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
     return inst;
 }
@@ -214,7 +217,7 @@ static int32_t send(kiln_instance *inst, uint32_t id, int32_t stage) {
     e.id = id;
     e.stage = stage;
     e.batch_idx = -1;
-    e.trainer = &mh.trainer;
+    e.trainer = kiln_test_trainer(g_th);
     return g_ops->on_event(inst, &e);
 }
 
@@ -224,7 +227,7 @@ static void fit_start(kiln_instance *inst) {
 }
 
 static void log_metric(const char *name, double v) {
-    mh_services()->log_value(mh_ctx(), name, v, KILN_LOG_ON_EPOCH, 1.0);
+    kiln_test_services(g_th)->log_value(kiln_test_hctx(g_th), name, v, KILN_LOG_ON_EPOCH, 1.0);
 }
 
 /* One training epoch of 10 optimizer steps as the host runs it: the epoch
@@ -233,12 +236,12 @@ static void log_metric(const char *name, double v) {
  * requested (unless !flush) and the epoch counter advances. */
 static void epoch(kiln_instance *inst, double v, int flush) {
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_TRAIN_EPOCH_START, KILN_STAGE_FIT), KILN_OK);
-    mh.trainer.global_step += 10;
+    kiln_test_trainer(g_th)->global_step += 10;
     if (!isnan(v)) log_metric("val_loss", v);
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_VALIDATION_END, KILN_STAGE_VALIDATE), KILN_OK);
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_TRAIN_EPOCH_END, KILN_STAGE_FIT), KILN_OK);
     if (flush) host_flush();
-    mh.trainer.current_epoch++;
+    kiln_test_trainer(g_th)->current_epoch++;
 }
 
 /* "epoch=E-step=S" of the default template */
@@ -372,8 +375,8 @@ static const char *save_once(const char *filename, kiln_instance **keep) {
 
 static void test_filename_format(void) {
     fixture_begin();
-    mh.trainer.current_epoch = 3;
-    mh.trainer.global_step = 1224; /* 1234 after the epoch's steps */
+    kiln_test_trainer(g_th)->current_epoch = 3;
+    kiln_test_trainer(g_th)->global_step = 1224; /* 1234 after the epoch's steps */
     log_metric("val_loss", 0.123456789);
     log_metric("acc", 0.5);
     log_metric("two", 2.0);
@@ -381,22 +384,22 @@ static void test_filename_format(void) {
     log_metric("neg", -1.25);
     /* the default */
     CU_ASSERT_STRING_EQUAL(save_once("epoch={epoch}-step={step}", NULL), P("epoch=3-step=1234"));
-    mh.trainer.current_epoch = 3;
-    mh.trainer.global_step = 1224;
+    kiln_test_trainer(g_th)->current_epoch = 3;
+    kiln_test_trainer(g_th)->global_step = 1224;
     /* epoch(...) logs no val_loss for NaN, so the metrics above stay */
     CU_ASSERT_STRING_EQUAL(save_once("e{epoch:03d}-s{step:06}-{val_loss:.4f}-{acc}-{two}-{tiny}", NULL),
                            P("e003-s001234-0.1235-0.5-2.0-1e-05"));
-    mh.trainer.current_epoch = 3;
-    mh.trainer.global_step = 1224;
+    kiln_test_trainer(g_th)->current_epoch = 3;
+    kiln_test_trainer(g_th)->global_step = 1224;
     CU_ASSERT_STRING_EQUAL(save_once("{val_loss:.2e}_{val_loss:+08.3f}_{neg:.1f}_{acc:d}_{two:5}_{epoch:.1f}", NULL),
                            P("1.23e-01_+000.123_-1.2_0_  2.0_3.0"));
-    mh.trainer.current_epoch = 3;
-    mh.trainer.global_step = 1224;
+    kiln_test_trainer(g_th)->current_epoch = 3;
+    kiln_test_trainer(g_th)->global_step = 1224;
     /* a missing metric is 0 (Lightning), with one warning; braces escape */
     CU_ASSERT_STRING_EQUAL(save_once("{{x}}-{nope}-{nope:.2f}", NULL), P("{x}-0-0.00"));
     CU_ASSERT_EQUAL(count_log(KILN_LOG_WARN, "{nope}"), 1);
-    mh.trainer.current_epoch = 3;
-    mh.trainer.global_step = 1224;
+    kiln_test_trainer(g_th)->current_epoch = 3;
+    kiln_test_trainer(g_th)->global_step = 1224;
     /* the extension is not doubled, subfolders are allowed */
     CU_ASSERT_STRING_EQUAL(save_once("sub/best.safetensors", NULL), P("sub/best"));
     fixture_end();
@@ -411,8 +414,8 @@ static void test_filename_refusals(void) {
         c.filename = bad[i];
         kiln_instance *inst;
         CU_ASSERT_EQUAL(try_create(&c, &inst), KILN_E_CONFIG);
-        CU_ASSERT_EQUAL(mh.last_error_code, KILN_E_CONFIG);
-        CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "filename"));
+        CU_ASSERT_EQUAL(kiln_test_error_code(g_th), KILN_E_CONFIG);
+        CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "filename"));
         fixture_end();
     }
 }
@@ -481,7 +484,7 @@ static void test_dirpath(void) {
     char cwd[PATHLEN];
     CU_ASSERT_PTR_NOT_NULL_FATAL(getcwd(cwd, sizeof cwd));
     CU_ASSERT_EQUAL_FATAL(chdir(g_run), 0);
-    mh.trainer.run_dir = "version_0";
+    kiln_test_trainer(g_th)->run_dir = "version_0";
     c = cfg_defaults();
     c.dirpath = "ck";
     inst = make(&c);
@@ -662,7 +665,7 @@ static int32_t batch_end(kiln_instance *inst, int64_t idx) {
     e.id = KILN_EV_ON_TRAIN_BATCH_END;
     e.stage = KILN_STAGE_FIT;
     e.batch_idx = idx;
-    e.trainer = &mh.trainer;
+    e.trainer = kiln_test_trainer(g_th);
     return g_ops->on_event(inst, &e);
 }
 
@@ -677,7 +680,7 @@ static void test_every_n_train_steps(void) {
     /* accumulate 2: the global step advances every other batch, so a step
      * that is a multiple of 3 is seen at two batch ends; one save each */
     for (int64_t b = 0; b < 14; b++) {
-        mh.trainer.global_step = (b + 1) / 2;
+        kiln_test_trainer(g_th)->global_step = (b + 1) / 2;
         CU_ASSERT_EQUAL(batch_end(inst, b), KILN_OK);
         host_flush();
     }
@@ -690,17 +693,17 @@ static void test_every_n_train_steps(void) {
 
     /* not during the sanity check, not outside fit */
     inst = make(&c);
-    mh.trainer.global_step = 9;
+    kiln_test_trainer(g_th)->global_step = 9;
     CU_ASSERT_EQUAL(batch_end(inst, 0), KILN_OK); /* before on_fit_start */
     fit_start(inst);
-    mh.trainer.sanity_checking = 1;
+    kiln_test_trainer(g_th)->sanity_checking = 1;
     CU_ASSERT_EQUAL(batch_end(inst, 0), KILN_OK);
-    mh.trainer.sanity_checking = 0;
+    kiln_test_trainer(g_th)->sanity_checking = 0;
     CU_ASSERT_EQUAL(g_nreq, 2);
     CU_ASSERT_EQUAL(batch_end(inst, 0), KILN_OK);
     CU_ASSERT_EQUAL(g_nreq, 3);
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_FIT_END, KILN_STAGE_FIT), KILN_OK);
-    mh.trainer.global_step = 12;
+    kiln_test_trainer(g_th)->global_step = 12;
     CU_ASSERT_EQUAL(batch_end(inst, 0), KILN_OK); /* after on_fit_end */
     CU_ASSERT_EQUAL(g_nreq, 3);
     g_ops->base.destroy(inst);
@@ -721,9 +724,9 @@ static void test_every_n_epochs(void) {
     CU_ASSERT_STRING_EQUAL(g_req[1], ES(3, 40));
     CU_ASSERT_STRING_EQUAL(g_req[2], ES(5, 60));
     /* no step taken since the last save: nothing, even when due */
-    mh.trainer.current_epoch = 7;
+    kiln_test_trainer(g_th)->current_epoch = 7;
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_TRAIN_EPOCH_END, KILN_STAGE_FIT), KILN_OK);
-    mh.trainer.global_step = 61;
+    kiln_test_trainer(g_th)->global_step = 61;
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_TRAIN_EPOCH_END, KILN_STAGE_FIT), KILN_OK);
     CU_ASSERT_EQUAL(g_nreq, 4);
     g_ops->base.destroy(inst);
@@ -745,7 +748,7 @@ static void test_every_n_epochs(void) {
 static int saving_hook(const ck_cfg *c) {
     kiln_instance *inst = make(c);
     fit_start(inst);
-    mh.trainer.global_step += 10;
+    kiln_test_trainer(g_th)->global_step += 10;
     int before = g_nreq, hook = 0;
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_VALIDATION_END, KILN_STAGE_VALIDATE), KILN_OK);
     if (g_nreq > before) hook = 2;
@@ -753,7 +756,7 @@ static int saving_hook(const ck_cfg *c) {
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_TRAIN_EPOCH_END, KILN_STAGE_FIT), KILN_OK);
     if (g_nreq > before) hook = hook ? -1 : 1;
     host_flush();
-    mh.trainer.current_epoch++;
+    kiln_test_trainer(g_th)->current_epoch++;
     g_ops->base.destroy(inst);
     return hook;
 }
@@ -770,21 +773,21 @@ static void test_save_on_train_epoch_end(void) {
     c.on_train_epoch_end = -1;
     CU_ASSERT_EQUAL(saving_hook(&c), 1); /* validation once per epoch */
     static kiln_kv vci[] = {{"trainer.val_check_interval", KILN_V_FLOAT(0.5)}, {NULL, KILN_V_NONE}};
-    mh.config = vci;
+    kiln_test_set_config(g_th, vci);
     CU_ASSERT_EQUAL(saving_hook(&c), 2); /* validation twice per epoch */
-    mh.trainer.num_val_batches = 0;
+    kiln_test_trainer(g_th)->num_val_batches = 0;
     CU_ASSERT_EQUAL(saving_hook(&c), 1); /* no validation at all */
     static kiln_kv every[] = {{"trainer.check_val_every_n_epoch", KILN_V_INT(2)}, {NULL, KILN_V_NONE}};
-    mh.config = every;
+    kiln_test_set_config(g_th, every);
     CU_ASSERT_EQUAL(saving_hook(&c), 2); /* validation not every epoch */
-    mh.config = NULL;
-    mh.trainer.num_val_batches = 4;
+    kiln_test_set_config(g_th, NULL);
+    kiln_test_trainer(g_th)->num_val_batches = 4;
 
     /* mid-epoch validation at the same global step twice: one save */
     c.on_train_epoch_end = 0;
     kiln_instance *inst = make(&c);
     fit_start(inst);
-    mh.trainer.global_step += 5;
+    kiln_test_trainer(g_th)->global_step += 5;
     int before = g_nreq;
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_VALIDATION_END, KILN_STAGE_VALIDATE), KILN_OK);
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_VALIDATION_END, KILN_STAGE_VALIDATE), KILN_OK);
@@ -800,17 +803,17 @@ static void test_sanity_and_outside_fit(void) {
     c.on_train_epoch_end = 0;
     kiln_instance *inst = make(&c);
     /* a standalone validate (no on_fit_start) saves nothing */
-    mh.trainer.stage = KILN_STAGE_VALIDATE;
-    mh.trainer.global_step = 10;
+    kiln_test_trainer(g_th)->stage = KILN_STAGE_VALIDATE;
+    kiln_test_trainer(g_th)->global_step = 10;
     log_metric("val_loss", 1.0);
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_VALIDATION_END, KILN_STAGE_VALIDATE), KILN_OK);
     CU_ASSERT_EQUAL(g_nreq, 0);
     /* nor does the sanity check inside fit */
-    mh.trainer.stage = KILN_STAGE_FIT;
+    kiln_test_trainer(g_th)->stage = KILN_STAGE_FIT;
     fit_start(inst);
-    mh.trainer.sanity_checking = 1;
+    kiln_test_trainer(g_th)->sanity_checking = 1;
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_VALIDATION_END, KILN_STAGE_SANITY), KILN_OK);
-    mh.trainer.sanity_checking = 0;
+    kiln_test_trainer(g_th)->sanity_checking = 0;
     CU_ASSERT_EQUAL(g_nreq, 0);
     /* the first real validation end does */
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_VALIDATION_END, KILN_STAGE_VALIDATE), KILN_OK);
@@ -823,10 +826,10 @@ static void test_sanity_and_outside_fit(void) {
     c.on_train_epoch_end = 1;
     inst = make(&c);
     fit_start(inst);
-    mh.trainer.sanity_checking = 1;
+    kiln_test_trainer(g_th)->sanity_checking = 1;
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_VALIDATION_END, KILN_STAGE_SANITY), KILN_OK);
-    mh.trainer.sanity_checking = 0;
-    mh.trainer.global_step = 20;
+    kiln_test_trainer(g_th)->sanity_checking = 0;
+    kiln_test_trainer(g_th)->global_step = 20;
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_TRAIN_EPOCH_END, KILN_STAGE_FIT), KILN_OK);
     CU_ASSERT_EQUAL(g_nreq, 1);
     CU_ASSERT_EQUAL(count_log(KILN_LOG_WARN, "monitor `val_acc` is not logged yet"), 1);
@@ -843,19 +846,19 @@ static void test_missing_monitor(void) {
     kiln_instance *inst = make(&c);
     fit_start(inst);
     /* before any validation: a warning (once), no top-k save */
-    mh.trainer.global_step = 5;
+    kiln_test_trainer(g_th)->global_step = 5;
     CU_ASSERT_EQUAL(batch_end(inst, 4), KILN_OK);
-    mh.trainer.global_step = 10;
+    kiln_test_trainer(g_th)->global_step = 10;
     CU_ASSERT_EQUAL(batch_end(inst, 9), KILN_OK);
     CU_ASSERT_EQUAL(g_nreq, 0);
     CU_ASSERT_EQUAL(count_log(KILN_LOG_WARN, "monitor `val_loss` is not logged yet"), 1);
     /* after a validation run it is a configuration error naming the metric */
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_VALIDATION_END, KILN_STAGE_VALIDATE), KILN_OK);
-    mh.trainer.global_step = 15;
+    kiln_test_trainer(g_th)->global_step = 15;
     CU_ASSERT_EQUAL(batch_end(inst, 14), KILN_E_CONFIG);
-    CU_ASSERT_EQUAL(mh.last_error_code, KILN_E_CONFIG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "`val_loss`"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "on_train_batch_end"));
+    CU_ASSERT_EQUAL(kiln_test_error_code(g_th), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "`val_loss`"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "on_train_batch_end"));
     CU_ASSERT_EQUAL(g_nreq, 0);
     g_ops->base.destroy(inst);
 
@@ -864,10 +867,10 @@ static void test_missing_monitor(void) {
     c.monitor = "val_acc";
     inst = make(&c);
     fit_start(inst);
-    mh.trainer.global_step = 20;
+    kiln_test_trainer(g_th)->global_step = 20;
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_VALIDATION_END, KILN_STAGE_VALIDATE), KILN_OK);
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_TRAIN_EPOCH_END, KILN_STAGE_FIT), KILN_E_CONFIG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "`val_acc`"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "`val_acc`"));
     g_ops->base.destroy(inst);
     fixture_end();
 }
@@ -979,7 +982,7 @@ static void test_state_resume_new_run_dir(void) {
     snprintf(v1, sizeof v1, "%s/version_1", g_run);
     CU_ASSERT_EQUAL_FATAL(mkdir(v0, 0755), 0);
     CU_ASSERT_EQUAL_FATAL(mkdir(v1, 0755), 0);
-    mh.trainer.run_dir = v0;
+    kiln_test_trainer(g_th)->run_dir = v0;
     ck_cfg c = cfg_defaults();
     c.monitor = "val_loss";
     c.top_k = 2;
@@ -997,7 +1000,7 @@ static void test_state_resume_new_run_dir(void) {
     snprintf(old1, sizeof old1, "%s/checkpoints/epoch=1-step=20.safetensors", v0);
     snprintf(old2, sizeof old2, "%s/checkpoints/epoch=2-step=30.safetensors", v0);
 
-    mh.trainer.run_dir = v1;
+    kiln_test_trainer(g_th)->run_dir = v1;
     kiln_instance *b = make(&c);
     CU_ASSERT_EQUAL_FATAL(g_ops->base.set_state(b, 1, g_blob, g_blob_size), KILN_OK);
     fit_start(b);
@@ -1072,8 +1075,8 @@ static void test_state_hostile_paths(void) {
     kiln_instance *b = make(&c);
     g_nlog = 0;
     CU_ASSERT_EQUAL(g_ops->base.set_state(b, 1, g_blob, g_blob_size), KILN_E_DATA);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "pending deletion"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, hostile));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "pending deletion"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), hostile));
     fit_start(b);
     CU_ASSERT(exists(outside));
     g_ops->base.destroy(b);
@@ -1185,8 +1188,8 @@ static void test_state_mismatch_and_corrupt(void) {
 
 static void test_rank1(void) {
     fixture_begin();
-    mh.trainer.rank = 1;
-    mh.trainer.world_size = 2;
+    kiln_test_trainer(g_th)->rank = 1;
+    kiln_test_trainer(g_th)->world_size = 2;
     ck_cfg c = cfg_defaults();
     c.monitor = "val_loss";
     c.save_last = 1;
@@ -1221,16 +1224,16 @@ static void test_host_refuses(void) {
     kiln_instance *inst = make(&c);
     fit_start(inst);
     g_save_rc = KILN_E_STATE;
-    mh.trainer.global_step = 10;
+    kiln_test_trainer(g_th)->global_step = 10;
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_TRAIN_EPOCH_END, KILN_STAGE_FIT), KILN_E_STATE);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "save_checkpoint"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, ES(0, 10)));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "save_checkpoint"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), ES(0, 10)));
     g_ops->base.destroy(inst);
 
     /* a host without save_checkpoint is refused at create */
     g_svc.save_checkpoint = NULL;
     CU_ASSERT_EQUAL(try_create(&c, &inst), KILN_E_HOST_TOO_OLD);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "save_checkpoint"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "save_checkpoint"));
     g_svc.save_checkpoint = fake_save;
     g_svc.abi_minor = 1;
     CU_ASSERT_EQUAL(try_create(&c, &inst), KILN_E_HOST_TOO_OLD);
@@ -1239,10 +1242,10 @@ static void test_host_refuses(void) {
 
 static void refuse(ck_cfg c, const char *needle) {
     kiln_instance *inst;
-    mh.last_error[0] = '\0';
+    kiln_test_clear_error(g_th);
     CU_ASSERT_EQUAL(try_create(&c, &inst), KILN_E_CONFIG);
-    if (!strstr(mh.last_error, needle)) fprintf(stderr, "\nmessage \"%s\" lacks \"%s\"\n", mh.last_error, needle);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, needle));
+    if (!strstr(kiln_test_error(g_th), needle)) fprintf(stderr, "\nmessage \"%s\" lacks \"%s\"\n", kiln_test_error(g_th), needle);
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), needle));
 }
 
 static void test_refusals(void) {
@@ -1290,6 +1293,7 @@ static void test_refusals(void) {
 }
 
 static void register_tests(void) {
+    if (kiln_test_host_new(&g_th) != KILN_OK) return; /* no suite: the runner fails */
     CU_pSuite s = CU_add_suite("checkpoint", NULL, NULL);
     CU_add_test(s, "descriptor", test_descriptor);
     CU_add_test(s, "filename_format", test_filename_format);

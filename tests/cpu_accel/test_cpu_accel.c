@@ -1,6 +1,6 @@
 /*
  * test_cpu_accel.c — the "cpu" accelerator plugin (libkiln-cpu.so) loaded
- * through the mock host, as the real host would load it. Every entry of its
+ * through the test host, as the real host would load it. Every entry of its
  * kiln_kernels table is checked against a direct double-precision computation
  * written here (naive loops, not the kernels library), so the test sees the
  * plugin's wiring (argument order, transposes, leading dimensions) as well as
@@ -30,7 +30,9 @@
 
 #include <CUnit/Basic.h>
 
-#include "mockhost.h"
+#include <kiln/testing.h>
+
+static kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
 
 static const kiln_plugin_desc *g_desc;
 static const kiln_accelerator_ops *g_ops;
@@ -38,14 +40,14 @@ static kiln_instance *g_acc;
 static const kiln_kernels *g_k;
 
 static int suite_init(void) {
-    mh_reset();
+    kiln_test_reset(g_th);
     const char *dir = getenv("KILN_PLUGIN_DIR");
     char path[1024];
     snprintf(path, sizeof path, "%s/libkiln-cpu.so", dir ? dir : ".");
-    g_desc = mh_load(path, KILN_KIND_ACCELERATOR, "cpu");
+    kiln_test_load(g_th, path, KILN_KIND_ACCELERATOR, "cpu", &g_desc);
     if (!g_desc) return -1;
     g_ops = g_desc->ops;
-    if (g_ops->base.create(g_desc->plugin_ctx, mh_services(), mh_ctx(), NULL, &g_acc) != KILN_OK) return -1;
+    if (g_ops->base.create(g_desc->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), NULL, &g_acc) != KILN_OK) return -1;
     g_k = g_ops->kernels(g_acc);
     return g_k ? 0 : -1;
 }
@@ -53,7 +55,7 @@ static int suite_init(void) {
 static int suite_clean(void) {
     if (g_acc) g_ops->base.destroy(g_acc);
     g_acc = NULL;
-    mh_reset();
+    kiln_test_reset(g_th);
     return 0;
 }
 
@@ -129,12 +131,12 @@ static void test_alloc(void) {
     /* A size no allocator can satisfy: KILN_E_NOMEM naming the size. */
     void *p = (void *)&p;
     size_t huge = SIZE_MAX - 8;
-    mh.last_error[0] = 0;
+    kiln_test_clear_error(g_th);
     CU_ASSERT_EQUAL(g_k->alloc(g_acc, huge, &p), KILN_E_NOMEM);
     CU_ASSERT_PTR_NULL(p);
     char num[32];
     snprintf(num, sizeof num, "%zu", huge);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, num));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), num));
     g_k->free(g_acc, NULL); /* a no-op */
 }
 
@@ -157,7 +159,7 @@ static void test_copy_zero_sync(void) {
     CU_ASSERT_EQUAL(d2[8], host[8]);
     CU_ASSERT_EQUAL(g_k->copy(g_acc, NULL, NULL, 0, KILN_COPY_H2D), KILN_OK);
     CU_ASSERT_EQUAL(g_k->copy(g_acc, d1, host, 4, 7), KILN_E_INVALID_ARG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "kind"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "kind"));
 
     /* zero clears exactly the bytes asked for. */
     CU_ASSERT_EQUAL(g_k->zero(g_acc, d1 + 2, 10 * sizeof(float)), KILN_OK);
@@ -233,7 +235,7 @@ static void test_gemm(void) {
 
     /* Bad shapes are refused with a message, not handed to BLAS. */
     CU_ASSERT_EQUAL(g_k->gemm(g_acc, 0, 0, 2, 2, 3, 1.0f, A, 2, B, 2, 0.0f, C, 2), KILN_E_INVALID_ARG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "lda"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "lda"));
     CU_ASSERT_EQUAL(g_k->gemm(g_acc, 0, 0, -1, 2, 3, 1.0f, A, 3, B, 2, 0.0f, C, 2), KILN_E_INVALID_ARG);
 }
 
@@ -384,13 +386,13 @@ static void test_gan_activations(void) {
     for (int i = 0; i < 3; i++) {
         int32_t rc = g_k->act_forward(g_acc, KILN_DTYPE_F32, bad_acts[i], keep, src, 4);
         CU_ASSERT_EQUAL(rc, KILN_E_INVALID_ARG);
-        CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "act_forward: act must be"));
-        CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "KILN_ACT_LEAKY_RELU (4)"));
+        CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "act_forward: act must be"));
+        CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "KILN_ACT_LEAKY_RELU (4)"));
         rc = g_k->act_backward(g_acc, KILN_DTYPE_F32, bad_acts[i], keep, src, src, 4);
         CU_ASSERT_EQUAL(rc, KILN_E_INVALID_ARG);
-        CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "act_backward: act must be"));
-        mh.last_error[0] = 0;
-        mh.last_error_code = 0;
+        CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "act_backward: act must be"));
+        kiln_test_clear_error(g_th);
+        kiln_test_clear_error(g_th);
     }
     for (int i = 0; i < 4; i++) CU_ASSERT_EQUAL(keep[i], 7.0f);
 }
@@ -435,17 +437,17 @@ static void test_softmax_xent(void) {
 
     /* A label outside [0, C): KILN_E_DATA, naming the row and the value. */
     int32_t bad[B] = {0, 7, 1, 2};
-    mh.last_error[0] = 0;
+    kiln_test_clear_error(g_th);
     CU_ASSERT_EQUAL(g_k->softmax_xent_forward(g_acc, probs, logits, bad, B, C, &loss, &correct), KILN_E_DATA);
-    CU_ASSERT_EQUAL(mh.last_error_code, KILN_E_DATA);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "label 7"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "index 1"));
+    CU_ASSERT_EQUAL(kiln_test_error_code(g_th), KILN_E_DATA);
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "label 7"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "index 1"));
     int32_t neg[B] = {0, 1, -1, 2};
     CU_ASSERT_EQUAL(g_k->softmax_xent_forward(g_acc, probs, logits, neg, B, C, &loss, NULL), KILN_E_DATA);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "label -1"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "index 2"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "label -1"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "index 2"));
     CU_ASSERT_EQUAL(g_k->softmax_xent_backward(g_acc, dl, probs, bad, B, C, 1.0f), KILN_E_DATA);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "label 7"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "label 7"));
 
     /* A NaN logit with valid labels is a NaN loss, not a data error. */
     logits[2] = NAN;
@@ -565,12 +567,12 @@ static void test_table_1_2(void) {
 
 /* rc is KILN_E_INVALID_ARG and the message contains both fragments. */
 static int rejected(int32_t rc, const char *frag1, const char *frag2) {
-    int ok = rc == KILN_E_INVALID_ARG && mh.last_error_code == KILN_E_INVALID_ARG && strstr(mh.last_error, frag1) &&
-             (!frag2 || strstr(mh.last_error, frag2));
+    int ok = rc == KILN_E_INVALID_ARG && kiln_test_error_code(g_th) == KILN_E_INVALID_ARG && strstr(kiln_test_error(g_th), frag1) &&
+             (!frag2 || strstr(kiln_test_error(g_th), frag2));
     if (!ok) fprintf(stderr, "expected INVALID_ARG with '%s'/'%s', got rc %d: %s\n", frag1, frag2 ? frag2 : "",
-                     (int)rc, mh.last_error);
-    mh.last_error[0] = 0;
-    mh.last_error_code = 0;
+                     (int)rc, kiln_test_error(g_th));
+    kiln_test_clear_error(g_th);
+    kiln_test_clear_error(g_th);
     return ok;
 }
 
@@ -901,9 +903,9 @@ static void test_ex_loss(void) {
     /* Bad labels: KILN_E_DATA naming the entry, the row and the label. */
     int32_t bad[B] = {2, 9, 0};
     CU_ASSERT_EQUAL(g_k->softmax_xent_forward_ex(g_acc, KILN_DTYPE_F64, p, l, bad, B, C, &loss, NULL), KILN_E_DATA);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "softmax_xent_forward_ex: label 9 at batch index 1"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "softmax_xent_forward_ex: label 9 at batch index 1"));
     CU_ASSERT_EQUAL(g_k->softmax_xent_backward_ex(g_acc, KILN_DTYPE_F32, df, pf, bad, B, C, 1.0), KILN_E_DATA);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "softmax_xent_backward_ex: label 9"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "softmax_xent_backward_ex: label 9"));
     /* A NaN logit is a NaN loss, not a data error. */
     l[5] = NAN;
     CU_ASSERT_EQUAL(g_k->softmax_xent_forward_ex(g_acc, KILN_DTYPE_F64, p, l, labels, B, C, &loss, NULL), KILN_OK);
@@ -1174,7 +1176,7 @@ static void test_configure(void) {
     CU_ASSERT_EQUAL(g_k->gelu_forward(g_acc, yn, x, N), KILN_OK);
     CU_ASSERT_EQUAL(memcmp(y1, yn, N * sizeof *y1), 0);
     CU_ASSERT_EQUAL(g_ops->configure(g_acc, -1, 0), KILN_E_INVALID_ARG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "threads"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "threads"));
     CU_ASSERT_EQUAL(g_ops->configure(g_acc, 1, 0), KILN_OK);
     free(x);
     free(y1);
@@ -1187,14 +1189,14 @@ static void test_configure(void) {
 static void test_blas_key(void) {
     kiln_kv bad[] = {{"blas", KILN_V_STR("mkl")}, {NULL, KILN_V_NONE}};
     kiln_instance *acc = NULL;
-    CU_ASSERT_EQUAL(g_ops->base.create(g_desc->plugin_ctx, mh_services(), mh_ctx(), bad, &acc), KILN_E_CONFIG);
+    CU_ASSERT_EQUAL(g_ops->base.create(g_desc->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), bad, &acc), KILN_E_CONFIG);
     CU_ASSERT_PTR_NULL(acc);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "blas must be"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "blas must be"));
     kiln_kv blis[] = {{"blas", KILN_V_STR("blis")}, {NULL, KILN_V_NONE}};
-    int32_t rc = g_ops->base.create(g_desc->plugin_ctx, mh_services(), mh_ctx(), blis, &acc);
+    int32_t rc = g_ops->base.create(g_desc->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), blis, &acc);
     if (access("/usr/lib/x86_64-linux-gnu/blis-serial/libblis.so.4", R_OK) != 0 && rc != KILN_OK) {
         CU_ASSERT_EQUAL(rc, KILN_E_UNSUPPORTED);
-        CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "libblis4-serial"));
+        CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "libblis4-serial"));
         return;
     }
     CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
@@ -1216,6 +1218,7 @@ static void test_blas_key(void) {
 }
 
 static void register_tests(void) {
+    if (kiln_test_host_new(&g_th) != KILN_OK) return; /* no suite: the runner fails */
     CU_pSuite s = CU_add_suite("cpu_accel", suite_init, suite_clean);
     CU_add_test(s, "blas key: auto, openblas, blis", test_blas_key);
     CU_add_test(s, "descriptor and kernel table", test_descriptor);

@@ -38,7 +38,9 @@
 #include <CUnit/Basic.h>
 
 #include "fake_cuda.h"
-#include "mockhost.h"
+#include <kiln/testing.h>
+
+static kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
 
 static const kiln_plugin_desc *g_desc;
 static const kiln_accelerator_ops *g_ops;
@@ -69,11 +71,11 @@ static void env_set_size(const char *name, size_t v) {
 
 static int suite_init(void) {
     env_clear();
-    mh_reset();
+    kiln_test_reset(g_th);
     const char *dir = getenv("KILN_CUDA_FAKE_DIR");
     char path[1024];
     snprintf(path, sizeof path, "%s/libkiln-cuda.so", dir ? dir : ".");
-    g_desc = mh_load(path, KILN_KIND_ACCELERATOR, "cuda");
+    kiln_test_load(g_th, path, KILN_KIND_ACCELERATOR, "cuda", &g_desc);
     if (!g_desc) {
         fprintf(stderr, "test_cuda_fake: cannot load %s\n", path);
         return -1;
@@ -92,7 +94,7 @@ static int suite_init(void) {
 
 static int suite_clean(void) {
     env_clear();
-    mh_reset();
+    kiln_test_reset(g_th);
     return 0;
 }
 
@@ -101,7 +103,7 @@ static int suite_clean(void) {
 static unsigned long g_violations0;
 static void test_setup(void) {
     env_clear();
-    mh.last_error[0] = 0;
+    kiln_test_clear_error(g_th);
     g_violations0 = stats().violations;
 }
 static void test_teardown(void) { env_clear(); }
@@ -125,9 +127,9 @@ static void test_teardown(void) { env_clear(); }
 /* ------------------------------------------------------------- helpers */
 
 static int32_t make(const kiln_kv *cfg, kiln_instance **acc) {
-    mh.last_error[0] = 0;
+    kiln_test_clear_error(g_th);
     *acc = NULL;
-    return g_ops->base.create(g_desc->plugin_ctx, mh_services(), mh_ctx(), cfg, acc);
+    return g_ops->base.create(g_desc->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), cfg, acc);
 }
 
 /* A created and configured instance (device 0), or NULL after a failed
@@ -137,13 +139,13 @@ static kiln_instance *ready(const kiln_kv *cfg, const kiln_kernels **k) {
     int32_t rc = make(cfg, &acc);
     CU_ASSERT_EQUAL(rc, KILN_OK);
     if (rc != KILN_OK) {
-        fprintf(stderr, "  create: %s\n", mh.last_error);
+        fprintf(stderr, "  create: %s\n", kiln_test_error(g_th));
         return NULL;
     }
     rc = g_ops->configure(acc, 0, 0);
     CU_ASSERT_EQUAL(rc, KILN_OK);
     if (rc != KILN_OK) {
-        fprintf(stderr, "  configure: %s\n", mh.last_error);
+        fprintf(stderr, "  configure: %s\n", kiln_test_error(g_th));
         g_ops->base.destroy(acc);
         return NULL;
     }
@@ -155,11 +157,11 @@ static kiln_instance *ready(const kiln_kv *cfg, const kiln_kernels **k) {
 static void *up(const kiln_kernels *k, kiln_instance *acc, const void *host, size_t bytes) {
     void *p = NULL;
     if (k->alloc(acc, bytes, &p) != KILN_OK) {
-        fprintf(stderr, "  alloc(%zu): %s\n", bytes, mh.last_error);
+        fprintf(stderr, "  alloc(%zu): %s\n", bytes, kiln_test_error(g_th));
         return NULL;
     }
     if (host && k->copy(acc, p, host, bytes, KILN_COPY_H2D) != KILN_OK) {
-        fprintf(stderr, "  copy H2D: %s\n", mh.last_error);
+        fprintf(stderr, "  copy H2D: %s\n", kiln_test_error(g_th));
         k->free(acc, p);
         return NULL;
     }
@@ -169,7 +171,7 @@ static void *up(const kiln_kernels *k, kiln_instance *acc, const void *host, siz
 /* host(bytes) = dev(bytes) after everything queued has run. */
 static int down(const kiln_kernels *k, kiln_instance *acc, void *host, const void *dev, size_t bytes) {
     if (k->synchronize(acc) != KILN_OK || k->copy(acc, host, dev, bytes, KILN_COPY_D2H) != KILN_OK) {
-        fprintf(stderr, "  read back: %s\n", mh.last_error);
+        fprintf(stderr, "  read back: %s\n", kiln_test_error(g_th));
         return 0;
     }
     return 1;
@@ -222,8 +224,8 @@ static void test_create_no_driver(void) {
     kiln_instance *acc = NULL;
     CU_ASSERT_EQUAL(make(NULL, &acc), KILN_E_CUDA);
     CU_ASSERT_PTR_NULL(acc);
-    HAS(mh.last_error, "no NVIDIA driver");
-    HAS(mh.last_error, "13.0");
+    HAS(kiln_test_error(g_th), "no NVIDIA driver");
+    HAS(kiln_test_error(g_th), "13.0");
     NO_VIOLATIONS();
 }
 
@@ -232,8 +234,8 @@ static void test_create_old_driver(void) {
     kiln_instance *acc = NULL;
     CU_ASSERT_EQUAL(make(NULL, &acc), KILN_E_VERSION);
     CU_ASSERT_PTR_NULL(acc);
-    HAS(mh.last_error, "13.0"); /* the runtime it was built with */
-    HAS(mh.last_error, "12.4"); /* what the driver supports */
+    HAS(kiln_test_error(g_th), "13.0"); /* the runtime it was built with */
+    HAS(kiln_test_error(g_th), "12.4"); /* what the driver supports */
     NO_VIOLATIONS();
 }
 
@@ -243,8 +245,8 @@ static void test_create_no_device(void) {
     kiln_instance *acc = NULL;
     CU_ASSERT_EQUAL(make(NULL, &acc), KILN_E_CUDA);
     CU_ASSERT_PTR_NULL(acc);
-    HAS(mh.last_error, "no CUDA device visible");
-    HAS(mh.last_error, "CUDA_VISIBLE_DEVICES=7");
+    HAS(kiln_test_error(g_th), "no CUDA device visible");
+    HAS(kiln_test_error(g_th), "CUDA_VISIBLE_DEVICES=7");
     NO_VIOLATIONS();
 }
 
@@ -254,11 +256,11 @@ static void test_create_bad_settings(void) {
     static const kiln_kv ws_big[] = {{"workspace_mib", KILN_V_INT(5000)}, {NULL, KILN_V_NONE}};
     kiln_instance *acc = NULL;
     CU_ASSERT_EQUAL(make(st0, &acc), KILN_E_CONFIG);
-    HAS(mh.last_error, "staging_mib");
+    HAS(kiln_test_error(g_th), "staging_mib");
     CU_ASSERT_EQUAL(make(dev_neg, &acc), KILN_E_CONFIG);
-    HAS(mh.last_error, "device");
+    HAS(kiln_test_error(g_th), "device");
     CU_ASSERT_EQUAL(make(ws_big, &acc), KILN_E_CONFIG);
-    HAS(mh.last_error, "workspace_mib");
+    HAS(kiln_test_error(g_th), "workspace_mib");
     CU_ASSERT_PTR_NULL(acc);
     NO_VIOLATIONS();
 }
@@ -277,10 +279,10 @@ static void test_configure(void) {
     /* before configure(): refused, with the entry's name */
     void *p = NULL;
     CU_ASSERT_EQUAL(k->alloc(acc, 64, &p), KILN_E_STATE);
-    HAS(mh.last_error, "before configure");
+    HAS(kiln_test_error(g_th), "before configure");
     float x = 1.0f;
     CU_ASSERT_EQUAL(k->gemm(acc, 0, 0, 1, 1, 1, 1.0f, &x, 1, &x, 1, 0.0f, &x, 1), KILN_E_STATE);
-    HAS(mh.last_error, "gemm");
+    HAS(kiln_test_error(g_th), "gemm");
     CU_ASSERT_EQUAL(k->synchronize(acc), KILN_E_STATE);
     /* nothing reached the device yet */
     CU_ASSERT_EQUAL(stats().mallocs, before.mallocs);
@@ -296,13 +298,13 @@ static void test_configure(void) {
     /* local rank 1 of 2 devices asks for device 1: moving is refused */
     env_set("KILN_FAKE_CUDA_DEVICES", "2");
     CU_ASSERT_EQUAL(g_ops->configure(acc, 0, 1), KILN_E_STATE);
-    HAS(mh.last_error, "cannot move to device 1");
+    HAS(kiln_test_error(g_th), "cannot move to device 1");
     /* with one device, local rank 1 has no GPU of its own: refused (it
      * would share device 0 with local rank 0), naming both numbers */
     env_clear();
     CU_ASSERT_EQUAL(g_ops->configure(acc, 0, 1), KILN_E_CONFIG);
-    HAS(mh.last_error, "local_rank 1");
-    HAS(mh.last_error, "1 CUDA device is visible");
+    HAS(kiln_test_error(g_th), "local_rank 1");
+    HAS(kiln_test_error(g_th), "1 CUDA device is visible");
 
     CU_ASSERT_EQUAL(k->alloc(acc, 64, &p), KILN_OK);
     CU_ASSERT_EQUAL((uintptr_t)p % 256, 0);
@@ -319,14 +321,14 @@ static void test_configure_missing_device(void) {
     kiln_instance *acc = NULL;
     CU_ASSERT_EQUAL_FATAL(make(dev5, &acc), KILN_OK); /* the device is chosen in configure() */
     CU_ASSERT_EQUAL(g_ops->configure(acc, 0, 0), KILN_E_CONFIG);
-    HAS(mh.last_error, "device 5");
-    HAS(mh.last_error, "only 1 device is visible");
+    HAS(kiln_test_error(g_th), "device 5");
+    HAS(kiln_test_error(g_th), "only 1 device is visible");
     g_ops->base.destroy(acc);
     /* two devices: the message counts them */
     env_set("KILN_FAKE_CUDA_DEVICES", "2");
     CU_ASSERT_EQUAL_FATAL(make(dev5, &acc), KILN_OK);
     CU_ASSERT_EQUAL(g_ops->configure(acc, 0, 0), KILN_E_CONFIG);
-    HAS(mh.last_error, "only 2 devices are visible (0..1)");
+    HAS(kiln_test_error(g_th), "only 2 devices are visible (0..1)");
     g_ops->base.destroy(acc);
     check_released(&before);
     NO_VIOLATIONS();
@@ -340,8 +342,8 @@ static void test_configure_failure_releases(void) {
     CU_ASSERT_EQUAL_FATAL(make(NULL, &acc), KILN_OK);
     env_set("KILN_FAKE_CUDA_FAIL", "cudaHostAlloc");
     CU_ASSERT_EQUAL(g_ops->configure(acc, 0, 0), KILN_E_NOMEM);
-    HAS(mh.last_error, "cudaHostAlloc");
-    HAS(mh.last_error, "cudaErrorMemoryAllocation");
+    HAS(kiln_test_error(g_th), "cudaHostAlloc");
+    HAS(kiln_test_error(g_th), "cudaErrorMemoryAllocation");
     env_clear();
     g_ops->base.destroy(acc);
     check_released(&before);
@@ -427,13 +429,13 @@ static void test_alloc_oom(void) {
     CU_ASSERT_EQUAL(back, 1);
     /* nothing cached any more: a plain out-of-memory, with the numbers */
     void *d = NULL;
-    mh.last_error[0] = 0;
+    kiln_test_clear_error(g_th);
     CU_ASSERT_EQUAL(k->alloc(acc, 64 * mib, &d), KILN_E_NOMEM);
     CU_ASSERT_PTR_NULL(d);
-    HAS(mh.last_error, "cudaMalloc(67108864 bytes) failed on device 0");
-    HAS(mh.last_error, "out of memory");
-    HAS(mh.last_error, "MiB free of");
-    HAS(mh.last_error, "held by kiln");
+    HAS(kiln_test_error(g_th), "cudaMalloc(67108864 bytes) failed on device 0");
+    HAS(kiln_test_error(g_th), "out of memory");
+    HAS(kiln_test_error(g_th), "MiB free of");
+    HAS(kiln_test_error(g_th), "held by kiln");
     /* absurd sizes are refused without asking the driver */
     CU_ASSERT_EQUAL(k->alloc(acc, SIZE_MAX - 100, &d), KILN_E_NOMEM);
     env_clear();
@@ -555,7 +557,7 @@ static void test_gemm_mapping(void) {
                 CU_ASSERT_FATAL(dA && dB && dC);
                 int32_t rc = k->gemm(acc, ta, tb, M, N, K, 0.5f, dA, lda, dB, ldb, 0.25f, dC, ldc);
                 CU_ASSERT_EQUAL(rc, KILN_OK);
-                if (rc != KILN_OK) fprintf(stderr, "  gemm ta=%d tb=%d pad=%d: %s\n", ta, tb, pad, mh.last_error);
+                if (rc != KILN_OK) fprintf(stderr, "  gemm ta=%d tb=%d pad=%d: %s\n", ta, tb, pad, kiln_test_error(g_th));
                 CU_ASSERT_TRUE(down(k, acc, out, dC, nc * 4));
                 ref_gemm(ta, tb, M, N, K, 0.5, A, lda, B, ldb, 0.25, C, ldc, want);
                 int bad = 0;
@@ -574,11 +576,11 @@ static void test_gemm_mapping(void) {
     float *d = NULL;
     CU_ASSERT_EQUAL(k->alloc(acc, 4096, (void **)&d), KILN_OK);
     CU_ASSERT_EQUAL(k->gemm(acc, 0, 0, M, N, K, 1.0f, d, K - 1, d, N, 0.0f, d, N), KILN_E_INVALID_ARG);
-    HAS(mh.last_error, "lda");
+    HAS(kiln_test_error(g_th), "lda");
     CU_ASSERT_EQUAL(k->gemm(acc, 0, 1, M, N, K, 1.0f, d, K, d, K - 1, 0.0f, d, N), KILN_E_INVALID_ARG);
-    HAS(mh.last_error, "ldb");
+    HAS(kiln_test_error(g_th), "ldb");
     CU_ASSERT_EQUAL(k->gemm(acc, 0, 0, M, N, K, 1.0f, d, K, d, N, 0.0f, d, N - 1), KILN_E_INVALID_ARG);
-    HAS(mh.last_error, "ldc");
+    HAS(kiln_test_error(g_th), "ldc");
     CU_ASSERT_EQUAL(k->gemm(acc, 0, 0, -1, N, K, 1.0f, d, K, d, N, 0.0f, d, N), KILN_E_INVALID_ARG);
     CU_ASSERT_EQUAL(k->gemm(acc, 0, 0, 0, N, K, 1.0f, NULL, K, NULL, N, 0.0f, NULL, N), KILN_OK);
     k->free(acc, d);
@@ -761,7 +763,7 @@ static void test_gemm_ex_mixed_bf16(void) {
         int32_t rc = k->gemm_ex(acc, ta, tb, M, N, K, alpha, dA, at, lda, dB, bt, ldb, 1.0, dC, KILN_DTYPE_F32, ldc,
                                 KILN_DTYPE_BF16);
         CU_ASSERT_EQUAL(rc, KILN_OK);
-        if (rc != KILN_OK) fprintf(stderr, "  gemm_ex variant %d: %s\n", variant, mh.last_error);
+        if (rc != KILN_OK) fprintf(stderr, "  gemm_ex variant %d: %s\n", variant, kiln_test_error(g_th));
         CU_ASSERT_TRUE(down(k, acc, out, dC, nc * 4));
         int bad = 0;
         for (size_t i = 0; i < nc; i++) bad += out[i] != want[i];
@@ -910,7 +912,7 @@ static void test_loss_and_reductions(void) {
     int32_t bad_labels[B] = {0, 9, 1, -1, 3};
     CU_ASSERT_EQUAL(k->copy(acc, dy, bad_labels, sizeof bad_labels, KILN_COPY_H2D), KILN_OK);
     CU_ASSERT_EQUAL(k->softmax_xent_forward(acc, dp, dl, dy, B, C, &loss, &correct), KILN_E_DATA);
-    HAS(mh.last_error, "label 9 at batch index 1");
+    HAS(kiln_test_error(g_th), "label 9 at batch index 1");
     /* labels fixed again: the bad-row flag was reset */
     CU_ASSERT_EQUAL(k->copy(acc, dy, labels, sizeof labels, KILN_COPY_H2D), KILN_OK);
     CU_ASSERT_EQUAL(k->softmax_xent_forward(acc, dp, dl, dy, B, C, &loss, NULL), KILN_OK);
@@ -954,19 +956,19 @@ static void test_failing_calls(void) {
     CU_ASSERT_PTR_NOT_NULL_FATAL(d);
     env_set("KILN_FAKE_CUDA_FAIL", "cublasLtMatmul");
     CU_ASSERT_EQUAL(k->gemm(acc, 0, 0, 2, 3, 2, 1.0f, d, 2, d, 3, 0.0f, d + 8, 3), KILN_E_CUDA);
-    HAS(mh.last_error, "cublasLtMatmul");
-    HAS(mh.last_error, "2x3x2");
+    HAS(kiln_test_error(g_th), "cublasLtMatmul");
+    HAS(kiln_test_error(g_th), "2x3x2");
     env_set("KILN_FAKE_CUDA_FAIL", "kg_scale");
     CU_ASSERT_EQUAL(k->scale(acc, d, 2.0f, 16), KILN_E_CUDA);
-    HAS(mh.last_error, "kg_scale");
-    HAS(mh.last_error, "cudaErrorLaunchFailure");
+    HAS(kiln_test_error(g_th), "kg_scale");
+    HAS(kiln_test_error(g_th), "cudaErrorLaunchFailure");
     env_set("KILN_FAKE_CUDA_FAIL", "cudaStreamSynchronize");
     CU_ASSERT_EQUAL(k->synchronize(acc), KILN_E_CUDA);
-    HAS(mh.last_error, "unspecified launch failure");
+    HAS(kiln_test_error(g_th), "unspecified launch failure");
     env_set("KILN_FAKE_CUDA_FAIL", "cublasLtMatmulAlgoGetHeuristic");
     /* the heuristic's NOT_SUPPORTED: no algorithm, KILN_E_UNSUPPORTED */
     CU_ASSERT_EQUAL(k->gemm(acc, 0, 0, 3, 3, 1, 1.0f, d, 1, d, 3, 0.0f, d + 4, 3), KILN_E_UNSUPPORTED);
-    HAS(mh.last_error, "cuBLAS status 15");
+    HAS(kiln_test_error(g_th), "cuBLAS status 15");
     env_clear();
     /* the failed plan left nothing behind and the shape works now */
     CU_ASSERT_EQUAL(k->gemm(acc, 0, 0, 3, 3, 1, 1.0f, d, 1, d, 3, 0.0f, d + 4, 3), KILN_OK);
@@ -1128,7 +1130,7 @@ static void test_xent_backward_bad_label(void) {
     CU_ASSERT_FATAL(dp && dg && dy);
     CU_ASSERT_EQUAL(k->softmax_xent_backward(acc, dg, dp, dy, 2, 3, 1.0f), KILN_E_DATA);
     CU_ASSERT_EQUAL(k->softmax_xent_backward_ex(acc, KILN_DTYPE_F32, dg, dp, dy, 2, 3, 1.0), KILN_E_DATA);
-    HAS(mh.last_error, "label 7 at batch index 1");
+    HAS(kiln_test_error(g_th), "label 7 at batch index 1");
     k->free(acc, dp), k->free(acc, dg), k->free(acc, dy);
     g_ops->base.destroy(acc);
     NO_VIOLATIONS();
@@ -1157,12 +1159,12 @@ static void test_xent_backward_trusts_forward(void) {
     CU_ASSERT_EQUAL(s1.kernels - s0.kernels, 2);
     /* fewer classes than checked: checked again */
     CU_ASSERT_EQUAL(k->softmax_xent_backward(acc, dg, dp, dy, 2, 2, 1.0f), KILN_E_DATA);
-    HAS(mh.last_error, "label 2 at batch index 1");
+    HAS(kiln_test_error(g_th), "label 2 at batch index 1");
     /* a bad label copied over the checked ones */
     CU_ASSERT_EQUAL(k->softmax_xent_forward(acc, dp, dl, dy, 2, 3, &loss, NULL), KILN_OK);
     CU_ASSERT_EQUAL(k->copy(acc, dy, bad, sizeof bad, KILN_COPY_H2D), KILN_OK);
     CU_ASSERT_EQUAL(k->softmax_xent_backward(acc, dg, dp, dy, 2, 3, 1.0f), KILN_E_DATA);
-    HAS(mh.last_error, "label 7 at batch index 1");
+    HAS(kiln_test_error(g_th), "label 7 at batch index 1");
     /* zero() forgets them too; zeros are valid labels: checked, accepted */
     CU_ASSERT_EQUAL(k->copy(acc, dy, good, sizeof good, KILN_COPY_H2D), KILN_OK);
     CU_ASSERT_EQUAL(k->softmax_xent_forward(acc, dp, dl, dy, 2, 3, &loss, NULL), KILN_OK);
@@ -1209,7 +1211,7 @@ static void test_configure_retry_after_failure(void) {
         float *d = up(k, acc, h, sizeof h);
         CU_ASSERT_PTR_NOT_NULL_FATAL(d);
         const int32_t g = k->gemm(acc, 0, 0, 1, 1, 1, 1.0f, d, 1, d + 1, 1, 0.0f, d + 2, 1);
-        if (g != KILN_OK) fprintf(stderr, "  configure() said OK after a failed one, then gemm: %s\n", mh.last_error);
+        if (g != KILN_OK) fprintf(stderr, "  configure() said OK after a failed one, then gemm: %s\n", kiln_test_error(g_th));
         CU_ASSERT_EQUAL(g, KILN_OK);
         k->free(acc, d);
     }
@@ -1267,7 +1269,7 @@ static void test_device_made_current(void) {
     CU_ASSERT_PTR_NOT_NULL(d);
     if (d) {
         const int32_t rc = k->scale(a, d, 2.0f, 8);
-        if (rc != KILN_OK) fprintf(stderr, "  instance on device 0 after one on device 1: %s\n", mh.last_error);
+        if (rc != KILN_OK) fprintf(stderr, "  instance on device 0 after one on device 1: %s\n", kiln_test_error(g_th));
         CU_ASSERT_EQUAL(rc, KILN_OK);
         CU_ASSERT_TRUE(down(k, a, out, d, sizeof out));
         CU_ASSERT_EQUAL(out[7], 16.0f);
@@ -1348,6 +1350,7 @@ static void test_scratch_not_zeroed(void) {
 /* ============================================================ suites */
 
 static void register_tests(void) {
+    if (kiln_test_host_new(&g_th) != KILN_OK) return; /* no suite: the runner fails */
     CU_pSuite s = CU_add_suite_with_setup_and_teardown("cuda plugin on fake CUDA", suite_init, suite_clean,
                                                        test_setup, test_teardown);
     if (!s) return;

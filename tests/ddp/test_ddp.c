@@ -1,6 +1,6 @@
 /*
  * tests/ddp/test_ddp.c — the ddp strategy plugin through its ABI, loaded by
- * the mock host. The same program runs twice under CTest: as one plain
+ * the test host. The same program runs twice under CTest: as one plain
  * process (a singleton MPI world: config validation, where the rank comes
  * from — explicit config, OpenMPI, torchrun-style, Slurm variables, in that
  * order — and the refusal, with launch advice, of a rank that the MPI world
@@ -21,7 +21,9 @@
 
 #include <CUnit/CUnit.h>
 
-#include "mockhost.h"
+#include <kiln/testing.h>
+
+static kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
 
 static const kiln_plugin_desc *g_desc;
 static int g_rank, g_world;
@@ -41,9 +43,9 @@ static const kiln_kv *cfg(int64_t rank, int64_t world, int64_t local, double buc
 
 static int32_t create(const kiln_kv *c, kiln_instance **inst) {
     *inst = NULL;
-    mh.last_error[0] = 0;
-    mh.last_error_code = 0;
-    return ops()->base.create(g_desc->plugin_ctx, mh_services(), mh_ctx(), c, inst);
+    kiln_test_clear_error(g_th);
+    kiln_test_clear_error(g_th);
+    return ops()->base.create(g_desc->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), c, inst);
 }
 
 /* Destroy `inst` with stderr captured, and read its "ddp: rank R: B
@@ -107,20 +109,20 @@ static void test_config_errors(void) {
     kiln_instance *inst;
     CU_ASSERT_EQUAL(create(cfg(-1, -1, -1, 0.0), &inst), KILN_E_CONFIG);
     CU_ASSERT_PTR_NULL(inst);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "bucket_mb"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "bucket_mb"));
     CU_ASSERT_EQUAL(create(cfg(0, -1, -1, 25), &inst), KILN_E_CONFIG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "both rank and world_size"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "both rank and world_size"));
     CU_ASSERT_EQUAL(create(cfg(2, 2, -1, 25), &inst), KILN_E_CONFIG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "rank < world_size"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "rank < world_size"));
     CU_ASSERT_EQUAL(create(cfg(-1, 0, -1, 25), &inst), KILN_E_CONFIG);
     setenv("RANK", "one", 1);
     setenv("WORLD_SIZE", "2", 1);
     CU_ASSERT_EQUAL(create(cfg(-1, -1, -1, 25), &inst), KILN_E_CONFIG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "RANK: expected a non-negative integer, found 'one'"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "RANK: expected a non-negative integer, found 'one'"));
     unsetenv("WORLD_SIZE");
     setenv("RANK", "0", 1);
     CU_ASSERT_EQUAL(create(cfg(-1, -1, -1, 25), &inst), KILN_E_CONFIG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "both are needed"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "both are needed"));
     clear_env();
 }
 
@@ -142,17 +144,17 @@ static void test_singleton_world(void) {
     CU_ASSERT_EQUAL(ops()->barrier(inst, "test"), KILN_OK);
     kiln_parameter *p;
     int64_t shape[1] = {4};
-    CU_ASSERT_EQUAL_FATAL(mh_services()->param_register(mh_ctx(), "w", 1, shape, 0, &p), KILN_OK);
-    CU_ASSERT_EQUAL_FATAL(mh_alloc_params(), 0);
+    CU_ASSERT_EQUAL_FATAL(kiln_test_services(g_th)->param_register(kiln_test_hctx(g_th), "w", 1, shape, 0, &p), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(kiln_test_alloc_params(g_th), 0);
     for (int i = 0; i < 4; i++) p->grad[i] = (float)i + 0.5f;
-    CU_ASSERT_EQUAL(ops()->setup(inst, mh.param_ptrs, mh.nparams), KILN_OK);
+    CU_ASSERT_EQUAL(ops()->setup(inst, kiln_test_params(g_th), kiln_test_param_count(g_th)), KILN_OK);
     CU_ASSERT_EQUAL(ops()->post_backward(inst), KILN_OK);
     for (int i = 0; i < 4; i++) CU_ASSERT_EQUAL(p->grad[i], (float)i + 0.5f);
     unsigned long long b = 99, a = 99, n = 99;
     CU_ASSERT(destroy_counts(inst, &b, &a, &n));
     CU_ASSERT_EQUAL(b, 0);
     CU_ASSERT_EQUAL(a, 0);
-    mh_reset();
+    kiln_test_reset(g_th);
 }
 
 /* The sources in order; each refusal names the source that won and says how
@@ -175,14 +177,14 @@ static void test_rank_sources(void) {
         ops()->base.destroy(inst);
     }
     CU_ASSERT_EQUAL(create(cfg(1, 2, -1, 25), &inst), KILN_E_CONFIG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "explicit config"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "MPI world is rank 0 of 1"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "mpirun -n 2"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "srun"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "explicit config"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "MPI world is rank 0 of 1"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "mpirun -n 2"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "srun"));
     /* then OpenMPI's variables */
     CU_ASSERT_EQUAL(create(cfg(-1, -1, -1, 25), &inst), KILN_E_CONFIG);
     CU_ASSERT_PTR_NULL(inst);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "OMPI_COMM_WORLD_RANK"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "OMPI_COMM_WORLD_RANK"));
     /* then torchrun-style, whose LOCAL_RANK is taken as given */
     unsetenv("OMPI_COMM_WORLD_RANK");
     unsetenv("OMPI_COMM_WORLD_SIZE");
@@ -199,8 +201,8 @@ static void test_rank_sources(void) {
     setenv("RANK", "1", 1);
     setenv("WORLD_SIZE", "2", 1);
     CU_ASSERT_EQUAL(create(cfg(-1, -1, -1, 25), &inst), KILN_E_CONFIG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "torchrun-style"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "cannot form an MPI world"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "torchrun-style"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "cannot form an MPI world"));
     /* then Slurm */
     unsetenv("RANK");
     unsetenv("WORLD_SIZE");
@@ -208,7 +210,7 @@ static void test_rank_sources(void) {
     setenv("SLURM_PROCID", "1", 1);
     setenv("SLURM_NTASKS", "2", 1);
     CU_ASSERT_EQUAL(create(cfg(-1, -1, -1, 25), &inst), KILN_E_CONFIG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "SLURM_PROCID"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "SLURM_PROCID"));
     setenv("SLURM_PROCID", "0", 1);
     setenv("SLURM_NTASKS", "1", 1);
     CU_ASSERT_EQUAL(create(cfg(-1, -1, -1, 25), &inst), KILN_OK);
@@ -234,11 +236,11 @@ static void make_params(uint32_t dtype) {
         char name[16];
         snprintf(name, sizeof name, "p%u", k);
         int64_t shape[1] = {g_numel[k]};
-        CU_ASSERT_EQUAL_FATAL(mh_services()->param_register(mh_ctx(), name, 1, shape, 0, &p), KILN_OK);
+        CU_ASSERT_EQUAL_FATAL(kiln_test_services(g_th)->param_register(kiln_test_hctx(g_th), name, 1, shape, 0, &p), KILN_OK);
     }
-    CU_ASSERT_EQUAL_FATAL(mh_alloc_params(), 0);
+    CU_ASSERT_EQUAL_FATAL(kiln_test_alloc_params(g_th), 0);
     for (uint32_t k = 0; k < NP; k++) {
-        kiln_parameter *p = mh.param_ptrs[k];
+        kiln_parameter *p = kiln_test_params(g_th)[k];
         if (dtype == KILN_DTYPE_F64) { /* doubles behind the float pointers, as the host does */
             free(p->data);
             free(p->grad);
@@ -264,7 +266,7 @@ static void make_params(uint32_t dtype) {
 static void check_params(uint32_t dtype) {
     int bad_w = 0, bad_g = 0;
     for (uint32_t k = 0; k < NP; k++) {
-        const kiln_parameter *p = mh.param_ptrs[k];
+        const kiln_parameter *p = kiln_test_params(g_th)[k];
         for (int64_t i = 0; i < p->numel; i++) {
             if (dtype == KILN_DTYPE_F64) {
                 bad_w += ((double *)p->data)[i] != master0(k, i);
@@ -280,7 +282,7 @@ static void check_params(uint32_t dtype) {
 }
 
 static void run_two_rank(uint32_t dtype, unsigned expect_buckets) {
-    mh_reset();
+    kiln_test_reset(g_th);
     make_params(dtype);
     kiln_instance *inst;
     CU_ASSERT_EQUAL_FATAL(create(cfg(-1, -1, -1, 0.001), &inst), KILN_OK);
@@ -289,8 +291,8 @@ static void run_two_rank(uint32_t dtype, unsigned expect_buckets) {
     CU_ASSERT_EQUAL(r, g_rank);
     CU_ASSERT_EQUAL(w, 2);
     /* before setup, the ranks' weights differ */
-    CU_ASSERT(g_rank == 0 || mh.param_ptrs[0]->data[0] != (float)master0(0, 0));
-    CU_ASSERT_EQUAL_FATAL(ops()->setup(inst, mh.param_ptrs, mh.nparams), KILN_OK);
+    CU_ASSERT(g_rank == 0 || kiln_test_params(g_th)[0]->data[0] != (float)master0(0, 0));
+    CU_ASSERT_EQUAL_FATAL(ops()->setup(inst, kiln_test_params(g_th), kiln_test_param_count(g_th)), KILN_OK);
     CU_ASSERT_EQUAL(ops()->pre_backward(inst), KILN_OK);
     CU_ASSERT_EQUAL_FATAL(ops()->post_backward(inst), KILN_OK);
     check_params(dtype);
@@ -300,7 +302,7 @@ static void run_two_rank(uint32_t dtype, unsigned expect_buckets) {
     CU_ASSERT_EQUAL(b, expect_buckets);
     CU_ASSERT_EQUAL(a, expect_buckets);
     CU_ASSERT_EQUAL(n, 1018ull * kiln_dtype_size(dtype));
-    mh_reset();
+    kiln_test_reset(g_th);
 }
 
 /* 1018 floats in buckets of 262: 4 broadcasts, 4 all-reduces. */
@@ -322,7 +324,7 @@ static int32_t fake_copy(kiln_instance *acc, void *dst, const void *src, size_t 
 static int32_t fake_sync(kiln_instance *acc) { (void)acc; g_syncs++; return KILN_OK; }
 
 static void test_device_memory_staging(void) {
-    mh_reset();
+    kiln_test_reset(g_th);
     static kiln_kernels k;
     memset(&k, 0, sizeof k);
     k.struct_size = sizeof k;
@@ -332,10 +334,10 @@ static void test_device_memory_staging(void) {
     memset(g_copies, 0, sizeof g_copies);
     g_syncs = 0;
     make_params(KILN_DTYPE_F32);
-    mh.kernels = &k;
+    kiln_test_set_accelerator(g_th, kiln_test_acc(g_th), &k);
     kiln_instance *inst;
     CU_ASSERT_EQUAL_FATAL(create(cfg(-1, -1, -1, 0.001), &inst), KILN_OK);
-    CU_ASSERT_EQUAL_FATAL(ops()->setup(inst, mh.param_ptrs, mh.nparams), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(ops()->setup(inst, kiln_test_params(g_th), kiln_test_param_count(g_th)), KILN_OK);
     /* rank 0 reads its weights (D2H), the others write them (H2D) */
     CU_ASSERT(g_rank == 0 ? g_copies[KILN_COPY_D2H] > 0 && g_copies[KILN_COPY_H2D] == 0
                           : g_copies[KILN_COPY_H2D] > 0 && g_copies[KILN_COPY_D2H] == 0);
@@ -347,12 +349,12 @@ static void test_device_memory_staging(void) {
     CU_ASSERT(g_syncs > 0);
     check_params(KILN_DTYPE_F32);
     ops()->base.destroy(inst);
-    mh.kernels = NULL;
-    mh_reset();
+    kiln_test_set_accelerator(g_th, kiln_test_acc(g_th), NULL);
+    kiln_test_reset(g_th);
 }
 
 static void test_reduce_sum_two(void) {
-    mh_reset();
+    kiln_test_reset(g_th);
     kiln_instance *inst;
     CU_ASSERT_EQUAL_FATAL(create(cfg(-1, -1, -1, 25), &inst), KILN_OK);
     double v[3] = {(double)g_rank, 1.5, g_rank ? 0.25 : 1e10};
@@ -365,7 +367,7 @@ static void test_reduce_sum_two(void) {
     unsigned long long b = 9, a = 9, n = 9;
     CU_ASSERT(destroy_counts(inst, &b, &a, &n));
     CU_ASSERT_EQUAL(a, 0);
-    mh_reset();
+    kiln_test_reset(g_th);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -373,15 +375,16 @@ static void test_reduce_sum_two(void) {
 static int suite_clean(void) { return MPI_Finalize() == MPI_SUCCESS ? 0 : 1; }
 
 static void register_tests(void) {
-    setenv("MH_VERBOSE", "1", 1); /* the mock host prints info lines: the destroy counts */
+    if (kiln_test_host_new(&g_th) != KILN_OK) return; /* no suite: the runner fails */
+    setenv("KILN_TEST_VERBOSE", "1", 1); /* the test host prints info lines: the destroy counts */
     MPI_Init(NULL, NULL);
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &g_world);
-    mh_reset();
+    kiln_test_reset(g_th);
     const char *dir = getenv("KILN_PLUGIN_DIR");
     char so[4096];
     snprintf(so, sizeof so, "%s/libkiln-ddp.so", dir ? dir : ".");
-    g_desc = mh_load(so, KILN_KIND_STRATEGY, "ddp");
+    kiln_test_load(g_th, so, KILN_KIND_STRATEGY, "ddp", &g_desc);
     if (!g_desc) {
         fprintf(stderr, "cannot load %s\n", so);
         CU_add_suite("ddp (plugin missing)", NULL, suite_clean);

@@ -1,8 +1,8 @@
 /*
  * test_gan.c — CUnit suite for the "gan" module plugin (libkiln-gan.so),
- * loaded through the mock host together with the real cpu accelerator
+ * loaded through the test host together with the real cpu accelerator
  * (libkiln-cpu.so, whose kernel table is copied so allocations can be
- * counted). The test copies the mock host's services table and replaces the
+ * counted). The test copies the test host's services table and replaces the
  * ABI 1.2 members with its own fakes, which record every call, call the
  * module's backward op from manual_backward (with a settable loss scale, as
  * the host passes it), mark the other optimizer's parameters
@@ -24,7 +24,10 @@
  * seeds and different for different ones).
  */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
-#include "mockhost.h"
+#include <kiln/testing.h>
+
+static kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
+#define MAX_PARAMS 256         /* more than any config here registers */
 
 #include <CUnit/CUnit.h>
 #include <math.h>
@@ -44,7 +47,7 @@ static kiln_instance *g_acc;
 static kiln_kernels g_kt;                  /* cpu's table, alloc counted */
 static int32_t (*g_real_alloc)(kiln_instance *, size_t, void **);
 static int g_allocs;
-static kiln_host_services g_svc;           /* mock host + 1.2 fakes  */
+static kiln_host_services g_svc;           /* test host + 1.2 fakes  */
 static kiln_instance *g_inst;              /* the module under test  */
 static char g_dir[256];                    /* a temporary run directory */
 
@@ -68,7 +71,7 @@ static int g_steps[2], g_zeros[2];
 static int g_frozen_seen[2];   /* frozen params seen during each backward  */
 static int g_frozen_touched;   /* frozen grads that changed in a backward  */
 static int g_unfrozen_untouched; /* unfrozen grads a backward left alone   */
-static unsigned char g_toggle_set[MH_MAX_PARAMS];
+static unsigned char g_toggle_set[MAX_PARAMS];
 
 static void rec(const char *s) {
     size_t n = strlen(g_calls);
@@ -89,14 +92,14 @@ static int32_t f_manual_backward(kiln_host_ctx *h, double loss) {
     if (g_nlosses < 64) g_losses[g_nlosses++] = loss;
     if (!g_do_backward) return KILN_OK;
     /* snapshot every gradient, run the module's backward, compare */
-    static float before[MH_MAX_PARAMS][256]; /* the tiny configs' tensors fit */
-    for (uint32_t i = 0; i < mh.nparams; i++)
-        if (mh.params[i].numel <= 256) memcpy(before[i], mh.params[i].grad, (size_t)mh.params[i].numel * 4);
+    static float before[MAX_PARAMS][256]; /* the tiny configs' tensors fit */
+    for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++)
+        if (kiln_test_param(g_th, i)->numel <= 256) memcpy(before[i], kiln_test_param(g_th, i)->grad, (size_t)kiln_test_param(g_th, i)->numel * 4);
     int32_t rc = g_mod->backward(g_inst, g_scale);
     g_backward_rc = rc;
     int which = g_nlosses % 2 ? 0 : 1; /* first call of a step is G's */
-    for (uint32_t i = 0; i < mh.nparams; i++) {
-        const kiln_parameter *p = &mh.params[i];
+    for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++) {
+        const kiln_parameter *p = kiln_test_param(g_th, i);
         if (p->numel > 256) continue;
         const int same = memcmp(before[i], p->grad, (size_t)p->numel * 4) == 0;
         if (p->flags & KILN_PARAMF_FROZEN) {
@@ -126,8 +129,8 @@ static int32_t f_zero_grad(kiln_host_ctx *h, uint32_t index) {
     snprintf(s, sizeof s, "Z%u", index);
     rec(s);
     if (index < 2) g_zeros[index]++;
-    for (uint32_t i = 0; i < mh.nparams; i++)
-        if (owner(&mh.params[i]) == (int)index) memset(mh.params[i].grad, 0, (size_t)mh.params[i].numel * 4);
+    for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++)
+        if (owner(kiln_test_param(g_th, i)) == (int)index) memset(kiln_test_param(g_th, i)->grad, 0, (size_t)kiln_test_param(g_th, i)->numel * 4);
     return KILN_OK;
 }
 
@@ -137,8 +140,8 @@ static int32_t f_toggle(kiln_host_ctx *h, uint32_t index) {
     char s[8];
     snprintf(s, sizeof s, "T%u", index);
     rec(s);
-    for (uint32_t i = 0; i < mh.nparams; i++) {
-        kiln_parameter *p = &mh.params[i];
+    for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++) {
+        kiln_parameter *p = kiln_test_param(g_th, i);
         if (owner(p) != (int)index && !(p->flags & KILN_PARAMF_FROZEN)) {
             p->flags |= KILN_PARAMF_FROZEN;
             g_toggle_set[i] = 1;
@@ -152,8 +155,8 @@ static int32_t f_untoggle(kiln_host_ctx *h, uint32_t index) {
     char s[8];
     snprintf(s, sizeof s, "U%u", index);
     rec(s);
-    for (uint32_t i = 0; i < mh.nparams; i++)
-        if (g_toggle_set[i]) mh.params[i].flags &= ~KILN_PARAMF_FROZEN, g_toggle_set[i] = 0;
+    for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++)
+        if (g_toggle_set[i]) kiln_test_param(g_th, i)->flags &= ~KILN_PARAMF_FROZEN, g_toggle_set[i] = 0;
     return KILN_OK;
 }
 
@@ -195,20 +198,19 @@ static void destroy_module(void) {
     g_inst = NULL;
 }
 
-/* A fresh mock host (run seed `seed`) and a module with weights from
+/* A fresh test host (run seed `seed`) and a module with weights from
  * init_weights(1234); NULL (and the code in *rc) when create fails. */
 static kiln_instance *make(gcfg c, uint64_t seed, int32_t *rc_out) {
     destroy_module();
-    mh_reset();
+    kiln_test_reset(g_th);
     memset(g_toggle_set, 0, sizeof g_toggle_set);
-    mh.acc = g_acc;
-    mh.kernels = &g_kt;
-    mh.seed = seed;
+    kiln_test_set_accelerator(g_th, g_acc, &g_kt);
+    kiln_test_set_seed(g_th, seed);
     kiln_instance *inst = NULL;
-    int32_t rc = g_mod->base.create(g_desc->plugin_ctx, &g_svc, mh_ctx(), kv_of(c), &inst);
+    int32_t rc = g_mod->base.create(g_desc->plugin_ctx, &g_svc, kiln_test_hctx(g_th), kv_of(c), &inst);
     if (rc_out) *rc_out = rc;
     if (rc != KILN_OK) return NULL;
-    CU_ASSERT_FATAL(mh_alloc_params() == 0);
+    CU_ASSERT_FATAL(kiln_test_alloc_params(g_th) == 0);
     CU_ASSERT_FATAL(g_mod->init_weights(inst, 1234) == KILN_OK);
     g_inst = inst;
     reset_records();
@@ -216,13 +218,13 @@ static kiln_instance *make(gcfg c, uint64_t seed, int32_t *rc_out) {
 }
 
 static kiln_parameter *param(const char *name) {
-    for (uint32_t i = 0; i < mh.nparams; i++)
-        if (!strcmp(mh.params[i].name, name)) return &mh.params[i];
+    for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++)
+        if (!strcmp(kiln_test_param(g_th, i)->name, name)) return kiln_test_param(g_th, i);
     return NULL;
 }
 
 static void zero_all_grads(void) {
-    for (uint32_t i = 0; i < mh.nparams; i++) memset(mh.params[i].grad, 0, (size_t)mh.params[i].numel * 4);
+    for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++) memset(kiln_test_param(g_th, i)->grad, 0, (size_t)kiln_test_param(g_th, i)->numel * 4);
 }
 
 /* A batch of B images of `features` values in [-1, 1] (labels ignored). */
@@ -262,7 +264,7 @@ static size_t save_state(unsigned char *buf) {
     CU_ASSERT_FATAL(g_mod->base.get_state(g_inst, &ver, &blob, &size) == KILN_OK);
     CU_ASSERT_EQUAL(ver, 1);
     memcpy(buf, blob, size);
-    mh_services()->free(mh_ctx(), blob);
+    kiln_test_services(g_th)->free(kiln_test_hctx(g_th), blob);
     return size;
 }
 static void load_state(const unsigned char *buf, size_t size) {
@@ -278,22 +280,23 @@ static int suite_init(void) {
         return -1;
     }
     char path[4096];
-    mh_reset();
+    kiln_test_reset(g_th);
     snprintf(path, sizeof path, "%s/libkiln-cpu.so", dir);
-    const kiln_plugin_desc *cpu = mh_load(path, KILN_KIND_ACCELERATOR, "cpu");
+    const kiln_plugin_desc *cpu = NULL;
+    kiln_test_load(g_th, path, KILN_KIND_ACCELERATOR, "cpu", &cpu);
     if (!cpu) return -1;
     g_cpu = cpu->ops;
-    if (g_cpu->base.create(cpu->plugin_ctx, mh_services(), mh_ctx(), NULL, &g_acc) != KILN_OK) return -1;
+    if (g_cpu->base.create(cpu->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), NULL, &g_acc) != KILN_OK) return -1;
     const kiln_kernels *k = g_cpu->kernels(g_acc);
     if (!k || k->struct_size < sizeof g_kt) return -1;
     g_kt = *k;
     g_real_alloc = k->alloc;
     g_kt.alloc = count_alloc;
     snprintf(path, sizeof path, "%s/libkiln-gan.so", dir);
-    g_desc = mh_load(path, KILN_KIND_MODULE, "gan");
+    kiln_test_load(g_th, path, KILN_KIND_MODULE, "gan", &g_desc);
     if (!g_desc) return -1;
     g_mod = g_desc->ops;
-    g_svc = *mh_services();
+    g_svc = *kiln_test_services(g_th);
     g_svc.optimizer_count = f_optimizer_count;
     g_svc.manual_backward = f_manual_backward;
     g_svc.optimizer_step = f_optimizer_step;
@@ -308,7 +311,7 @@ static int suite_clean(void) {
     destroy_module();
     if (g_acc) g_cpu->base.destroy(g_acc);
     g_acc = NULL;
-    mh_reset();
+    kiln_test_reset(g_th);
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
     if (g_dir[0] && system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_dir);
@@ -351,9 +354,9 @@ static void test_descriptor_and_params(void) {
                              "discriminator.2.bias",   "discriminator.4.weight", "discriminator.4.bias"};
     const int64_t shapes[12][2] = {{5, 3}, {5, 0}, {5, 5}, {5, 0}, {4, 5}, {4, 0},
                                    {5, 4}, {5, 0}, {5, 5}, {5, 0}, {2, 5}, {2, 0}};
-    CU_ASSERT_EQUAL_FATAL(mh.nparams, 12);
+    CU_ASSERT_EQUAL_FATAL(kiln_test_param_count(g_th), 12);
     for (int i = 0; i < 12; i++) {
-        const kiln_parameter *p = &mh.params[i];
+        const kiln_parameter *p = kiln_test_param(g_th, i);
         CU_ASSERT_STRING_EQUAL(p->name, names[i]);
         const int is_bias = i % 2 == 1;
         CU_ASSERT_EQUAL(p->ndim, is_bias ? 1u : 2u);
@@ -361,7 +364,7 @@ static void test_descriptor_and_params(void) {
         if (!is_bias) CU_ASSERT_EQUAL(p->shape[1], shapes[i][1]);
         CU_ASSERT_EQUAL(!!(p->flags & KILN_PARAMF_NO_DECAY), is_bias);
         /* kaiming-uniform: |w| <= 1/sqrt(fan_in), and not all equal */
-        const double bound = 1.0 / sqrt((double)(is_bias ? mh.params[i - 1].shape[1] : p->shape[1]));
+        const double bound = 1.0 / sqrt((double)(is_bias ? kiln_test_param(g_th, i - 1)->shape[1] : p->shape[1]));
         int out = 0, distinct = 0;
         for (int64_t j = 0; j < p->numel; j++) {
             out += fabs(p->data[j]) > bound;
@@ -371,10 +374,10 @@ static void test_descriptor_and_params(void) {
         CU_ASSERT(distinct > 0 || p->numel == 1);
     }
     /* same init seed, same weights */
-    float w0 = mh.params[0].data[0], w11 = mh.params[11].data[1];
+    float w0 = kiln_test_param(g_th, 0)->data[0], w11 = kiln_test_param(g_th, 11)->data[1];
     CU_ASSERT_PTR_NOT_NULL_FATAL(make(TINY, 99, NULL));
-    CU_ASSERT_EQUAL(mh.params[0].data[0], w0);
-    CU_ASSERT_EQUAL(mh.params[11].data[1], w11);
+    CU_ASSERT_EQUAL(kiln_test_param(g_th, 0)->data[0], w0);
+    CU_ASSERT_EQUAL(kiln_test_param(g_th, 11)->data[1], w11);
     destroy_module();
 }
 
@@ -401,8 +404,8 @@ static void fd_case(int freeze) {
     CU_ASSERT_EQUAL(g_nlosses, 2);
     int nonzero = 0, total = 0;
     for (int i = 0; i < 12; i++)
-        for (int64_t j = 0; j < mh.params[i].numel; j++, total++) {
-            ana[i][j] = mh.params[i].grad[j];
+        for (int64_t j = 0; j < kiln_test_param(g_th, i)->numel; j++, total++) {
+            ana[i][j] = kiln_test_param(g_th, i)->grad[j];
             nonzero += ana[i][j] != 0.0f;
         }
     CU_ASSERT(nonzero > total * 9 / 10);
@@ -410,7 +413,7 @@ static void fd_case(int freeze) {
     g_do_backward = 0;
     int bad = 0;
     for (int i = 0; i < 12; i++) {
-        kiln_parameter *p = &mh.params[i];
+        kiln_parameter *p = kiln_test_param(g_th, i);
         for (int64_t j = 0; j < p->numel; j++) {
             const float orig = p->data[j];
             double L[2][2]; /* [+/-][g, d] */
@@ -482,9 +485,9 @@ static void test_call_order(void) {
 }
 
 static void fill_grads(unsigned salt) {
-    for (uint32_t i = 0; i < mh.nparams; i++)
-        for (int64_t j = 0; j < mh.params[i].numel; j++)
-            mh.params[i].grad[j] = (float)((double)((j * 7 + i * 13 + salt) % 17) / 17.0 - 0.5);
+    for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++)
+        for (int64_t j = 0; j < kiln_test_param(g_th, i)->numel; j++)
+            kiln_test_param(g_th, i)->grad[j] = (float)((double)((j * 7 + i * 13 + salt) % 17) / 17.0 - 0.5);
 }
 
 static void test_frozen_grads_untouched(void) {
@@ -498,7 +501,7 @@ static void test_frozen_grads_untouched(void) {
     CU_ASSERT_EQUAL(g_frozen_seen[1], 6); /* G's six during D's                */
     CU_ASSERT_EQUAL(g_frozen_touched, 0); /* none of their grads changed a bit */
     CU_ASSERT_EQUAL(g_unfrozen_untouched, 0); /* every trainable grad did      */
-    for (uint32_t i = 0; i < mh.nparams; i++) CU_ASSERT_EQUAL(mh.params[i].flags & KILN_PARAMF_FROZEN, 0u);
+    for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++) CU_ASSERT_EQUAL(kiln_test_param(g_th, i)->flags & KILN_PARAMF_FROZEN, 0u);
 
     /* One parameter frozen by itself: its grad stays, the rest of G still
      * trains, and gradients propagate THROUGH a frozen weight unchanged. */
@@ -544,19 +547,19 @@ static void test_step_every_n(void) {
     static float A0[12][32], A1[12][32];
     zero_all_grads();
     CU_ASSERT_EQUAL(train(batch_of(2, 4, 20), 0, NULL), KILN_OK);
-    for (int i = 0; i < 12; i++) memcpy(A0[i], mh.params[i].grad, (size_t)mh.params[i].numel * 4);
+    for (int i = 0; i < 12; i++) memcpy(A0[i], kiln_test_param(g_th, i)->grad, (size_t)kiln_test_param(g_th, i)->numel * 4);
     zero_all_grads(); /* batch 1 alone, with the noise that follows batch 0's */
     CU_ASSERT_EQUAL(train(batch_of(2, 4, 21), 1, NULL), KILN_OK);
-    for (int i = 0; i < 12; i++) memcpy(A1[i], mh.params[i].grad, (size_t)mh.params[i].numel * 4);
+    for (int i = 0; i < 12; i++) memcpy(A1[i], kiln_test_param(g_th, i)->grad, (size_t)kiln_test_param(g_th, i)->numel * 4);
     zero_all_grads();
     load_state(S0, ns);
     CU_ASSERT_EQUAL(train(batch_of(2, 4, 20), 0, NULL), KILN_OK);
     CU_ASSERT_EQUAL(train(batch_of(2, 4, 21), 1, NULL), KILN_OK);
     int bad = 0;
     for (int i = 0; i < 12; i++)
-        for (int64_t j = 0; j < mh.params[i].numel; j++) {
+        for (int64_t j = 0; j < kiln_test_param(g_th, i)->numel; j++) {
             const double want = (double)A0[i][j] + (double)A1[i][j];
-            bad += fabs(mh.params[i].grad[j] - want) > 1e-6 + 1e-5 * fabs(want);
+            bad += fabs(kiln_test_param(g_th, i)->grad[j] - want) > 1e-6 + 1e-5 * fabs(want);
         }
     CU_ASSERT_EQUAL(bad, 0);
 
@@ -568,17 +571,17 @@ static void test_step_every_n(void) {
     g_scale = 1.0;
     bad = 0;
     for (int i = 0; i < 12; i++)
-        for (int64_t j = 0; j < mh.params[i].numel; j++)
-            bad += fabs(mh.params[i].grad[j] - 0.5 * A0[i][j]) > 1e-7 * (1.0 + fabs(A0[i][j]));
+        for (int64_t j = 0; j < kiln_test_param(g_th, i)->numel; j++)
+            bad += fabs(kiln_test_param(g_th, i)->grad[j] - 0.5 * A0[i][j]) > 1e-7 * (1.0 + fabs(A0[i][j]));
     CU_ASSERT_EQUAL(bad, 0);
     destroy_module();
 }
 
 /* ---------------------------------------------- losses and logging */
 
-static const mh_logged *logged(const char *name) {
-    for (int i = mh.nlogged - 1; i >= 0; i--)
-        if (!strcmp(mh.logged[i].name, name)) return &mh.logged[i];
+static const kiln_test_value *logged(const char *name) {
+    for (int i = (int)kiln_test_logged_count(g_th) - 1; i >= 0; i--)
+        if (!strcmp(kiln_test_logged(g_th, i)->name, name)) return kiln_test_logged(g_th, i);
     return NULL;
 }
 
@@ -605,7 +608,7 @@ static void test_known_losses_and_logging(void) {
     CU_ASSERT(fabs(g_losses[0] - log(2.0)) < 1e-6); /* g_loss */
     CU_ASSERT_EQUAL(g_losses[1], out.loss);          /* d_loss is the step's loss */
     const uint32_t f = KILN_LOG_ON_STEP | KILN_LOG_ON_EPOCH | KILN_LOG_PROG_BAR;
-    const mh_logged *lg = logged("g_loss"), *ld = logged("d_loss"), *la = logged("d_real_acc");
+    const kiln_test_value *lg = logged("g_loss"), *ld = logged("d_loss"), *la = logged("d_real_acc");
     CU_ASSERT_PTR_NOT_NULL_FATAL(lg);
     CU_ASSERT_PTR_NOT_NULL_FATAL(ld);
     CU_ASSERT_PTR_NOT_NULL_FATAL(la);
@@ -639,7 +642,7 @@ static void test_eval_steps(void) {
     reset_records();
     CU_ASSERT_EQUAL(g_mod->validation_step(g_inst, b, 3, &out), KILN_OK);
     CU_ASSERT_STRING_EQUAL(g_calls, ""); /* no optimisation services */
-    const mh_logged *vg = logged("val_g_loss"), *vd = logged("val_d_loss");
+    const kiln_test_value *vg = logged("val_g_loss"), *vd = logged("val_d_loss");
     CU_ASSERT_PTR_NOT_NULL_FATAL(vg);
     CU_ASSERT_PTR_NOT_NULL_FATAL(vd);
     CU_ASSERT_EQUAL(vg->flags, KILN_LOG_ON_EPOCH | KILN_LOG_PROG_BAR);
@@ -667,8 +670,8 @@ static void test_eval_steps(void) {
 /* ------------------------------------------------------------ refusals */
 
 static int msg_has(const char *frag) {
-    const int ok = strstr(mh.last_error, frag) != NULL;
-    if (!ok) printf("\n  expected \"%s\" in: %s", frag, mh.last_error);
+    const int ok = strstr(kiln_test_error(g_th), frag) != NULL;
+    if (!ok) printf("\n  expected \"%s\" in: %s", frag, kiln_test_error(g_th));
     return ok;
 }
 
@@ -709,7 +712,7 @@ static void test_refusals(void) {
     CU_ASSERT_PTR_NULL(make(c, 1, &rc));
     CU_ASSERT_EQUAL(rc, KILN_E_CONFIG);
     CU_ASSERT(msg_has("square number"));
-    CU_ASSERT_EQUAL(mh.nparams, 0);
+    CU_ASSERT_EQUAL(kiln_test_param_count(g_th), 0);
     c = TINY;
     c.g_every = 0;
     CU_ASSERT_PTR_NULL(make(c, 1, &rc));
@@ -732,22 +735,21 @@ static void test_refusals(void) {
 
     /* a 1.1 host, and a 1.2 table missing a service */
     destroy_module();
-    mh_reset();
-    mh.acc = g_acc;
-    mh.kernels = &g_kt;
+    kiln_test_reset(g_th);
+    kiln_test_set_accelerator(g_th, g_acc, &g_kt);
     kiln_host_services old = g_svc;
     old.abi_minor = 1;
     kiln_instance *inst = NULL;
-    rc = g_mod->base.create(g_desc->plugin_ctx, &old, mh_ctx(), kv_of(TINY), &inst);
+    rc = g_mod->base.create(g_desc->plugin_ctx, &old, kiln_test_hctx(g_th), kv_of(TINY), &inst);
     CU_ASSERT_EQUAL(rc, KILN_E_HOST_TOO_OLD);
     CU_ASSERT_PTR_NULL(inst);
     CU_ASSERT(msg_has("manual_backward"));
     old = g_svc;
     old.untoggle_optimizer = NULL;
-    rc = g_mod->base.create(g_desc->plugin_ctx, &old, mh_ctx(), kv_of(TINY), &inst);
+    rc = g_mod->base.create(g_desc->plugin_ctx, &old, kiln_test_hctx(g_th), kv_of(TINY), &inst);
     CU_ASSERT_EQUAL(rc, KILN_E_HOST_TOO_OLD);
     CU_ASSERT_PTR_NULL(inst);
-    CU_ASSERT_EQUAL(mh.nparams, 0);
+    CU_ASSERT_EQUAL(kiln_test_param_count(g_th), 0);
 
     /* set_state refuses what it did not write */
     CU_ASSERT_PTR_NOT_NULL_FATAL(make(TINY, 1, NULL));
@@ -770,10 +772,10 @@ static void test_no_steady_state_alloc(void) {
     for (int64_t i = 0; i < 4; i++) CU_ASSERT_EQUAL(train(batch_of(2, 4, 30), i, NULL), KILN_OK);
     kiln_step_output out = {sizeof out, 0, 0, 0, 0, 0};
     CU_ASSERT_EQUAL(g_mod->validation_step(g_inst, batch_of(8, 4, 31), 0, &out), KILN_OK);
-    mh.trainer.run_dir = g_dir;
-    kiln_event ev = {sizeof ev, KILN_EV_ON_TRAIN_EPOCH_END, KILN_STAGE_FIT, 0, -1, NULL, NULL, 0, &mh.trainer,
+    kiln_test_trainer(g_th)->run_dir = g_dir;
+    kiln_event ev = {sizeof ev, KILN_EV_ON_TRAIN_EPOCH_END, KILN_STAGE_FIT, 0, -1, NULL, NULL, 0, kiln_test_trainer(g_th),
                      NULL, NULL, 0, 0, 0, 0, 0};
-    mh.trainer.current_epoch = 50;
+    kiln_test_trainer(g_th)->current_epoch = 50;
     CU_ASSERT_EQUAL(g_mod->on_event(g_inst, &ev), KILN_OK);
     CU_ASSERT_EQUAL(g_allocs, after_create);
     destroy_module();
@@ -814,16 +816,16 @@ static int read_png(const char *path, uint32_t *w, uint32_t *h, unsigned char **
 }
 
 static int32_t epoch_end(int64_t epoch, int32_t rank) {
-    mh.trainer.current_epoch = epoch;
-    mh.trainer.rank = rank;
-    kiln_event ev = {sizeof ev, KILN_EV_ON_TRAIN_EPOCH_END, KILN_STAGE_FIT, 0, -1, NULL, NULL, 0, &mh.trainer,
+    kiln_test_trainer(g_th)->current_epoch = epoch;
+    kiln_test_trainer(g_th)->rank = rank;
+    kiln_event ev = {sizeof ev, KILN_EV_ON_TRAIN_EPOCH_END, KILN_STAGE_FIT, 0, -1, NULL, NULL, 0, kiln_test_trainer(g_th),
                      NULL, NULL, 0, 0, 0, 0, 0};
     return g_mod->on_event(g_inst, &ev);
 }
 
 static void test_png_grid(void) {
     CU_ASSERT_PTR_NOT_NULL_FATAL(make(TINY, 1, NULL)); /* 4 samples of 2x2 */
-    mh.trainer.run_dir = g_dir;
+    kiln_test_trainer(g_th)->run_dir = g_dir;
     /* a generator whose output ignores the noise: tanh(bias) per pixel */
     kiln_parameter *w = param("generator.4.weight"), *bias = param("generator.4.bias");
     memset(w->data, 0, (size_t)w->numel * 4);
@@ -860,7 +862,7 @@ static void test_png_grid(void) {
     gcfg c = TINY;
     c.grid_every = 2;
     CU_ASSERT_PTR_NOT_NULL_FATAL(make(c, 1, NULL));
-    mh.trainer.run_dir = g_dir;
+    kiln_test_trainer(g_th)->run_dir = g_dir;
     CU_ASSERT_EQUAL(epoch_end(4, 0), KILN_OK); /* (4 + 1) % 2 != 0 */
     snprintf(path, sizeof path, "%s/samples_epoch_004.png", g_dir);
     CU_ASSERT(!file_exists(path));
@@ -869,27 +871,27 @@ static void test_png_grid(void) {
     CU_ASSERT(!file_exists(path));
     CU_ASSERT_EQUAL(epoch_end(5, 0), KILN_OK);
     CU_ASSERT(file_exists(path));
-    mh.trainer.run_dir = NULL;
+    kiln_test_trainer(g_th)->run_dir = NULL;
     CU_ASSERT_EQUAL(epoch_end(7, 0), KILN_OK);
     snprintf(path, sizeof path, "%s/samples_epoch_007.png", g_dir);
     CU_ASSERT(!file_exists(path));
     c.grid_every = 0;
     CU_ASSERT_PTR_NOT_NULL_FATAL(make(c, 1, NULL));
-    mh.trainer.run_dir = g_dir;
+    kiln_test_trainer(g_th)->run_dir = g_dir;
     CU_ASSERT_EQUAL(epoch_end(8, 0), KILN_OK);
     snprintf(path, sizeof path, "%s/samples_epoch_008.png", g_dir);
     CU_ASSERT(!file_exists(path));
     /* an unwritable run directory is an I/O error naming the file */
     c.grid_every = 1;
     CU_ASSERT_PTR_NOT_NULL_FATAL(make(c, 1, NULL));
-    mh.trainer.run_dir = "/nonexistent/kiln-gan";
+    kiln_test_trainer(g_th)->run_dir = "/nonexistent/kiln-gan";
     CU_ASSERT_EQUAL(epoch_end(0, 0), KILN_E_IO);
     CU_ASSERT(msg_has("/nonexistent/kiln-gan/samples_epoch_000.png.tmp"));
 
     /* Fashion-MNIST's size: 64 samples of 28x28 -> 8 * 28 + 9 * 2 = 242 */
     const gcfg fm = {8, 16, 784, 2, 4, 64, 1, 64};
     CU_ASSERT_PTR_NOT_NULL_FATAL(make(fm, 1, NULL));
-    mh.trainer.run_dir = g_dir;
+    kiln_test_trainer(g_th)->run_dir = g_dir;
     CU_ASSERT_EQUAL(epoch_end(0, 0), KILN_OK);
     snprintf(path, sizeof path, "%s/samples_epoch_000.png", g_dir);
     CU_ASSERT_EQUAL_FATAL(read_png(path, &W, &H, &px), 0);
@@ -919,7 +921,7 @@ static void test_determinism(void) {
     size_t sizes[3];
     for (int i = 0; i < 3; i++) {
         CU_ASSERT_PTR_NOT_NULL_FATAL(make(fm, seeds[i], NULL));
-        mh.trainer.run_dir = g_dir;
+        kiln_test_trainer(g_th)->run_dir = g_dir;
         CU_ASSERT_EQUAL(epoch_end(20 + i, 0), KILN_OK);
         char path[512];
         snprintf(path, sizeof path, "%s/samples_epoch_%03d.png", g_dir, 20 + i);
@@ -964,6 +966,7 @@ static void test_determinism(void) {
 /* ------------------------------------------------------------------ main */
 
 static void register_tests(void) {
+    if (kiln_test_host_new(&g_th) != KILN_OK) return; /* no suite: the runner fails */
     CU_pSuite s = CU_add_suite("gan", suite_init, suite_clean);
     CU_add_test(s, "descriptor, properties, parameters", test_descriptor_and_params);
     CU_add_test(s, "backward vs finite differences (toggled)", test_backward_fd_toggled);

@@ -1,6 +1,6 @@
 /*
  * gpt_dump.c — runs ONE training step of the "gpt" module plugin on the cpu
- * accelerator through the mock host (no trainer, no optimizer) and writes
+ * accelerator through the test host (no trainer, no optimizer) and writes
  * the loss, every parameter and every gradient to a safetensors file, so a
  * PyTorch script can rebuild the same model (transformers'
  * GPT2LMHeadModel, weights loaded by name), run the same batch and compare
@@ -44,7 +44,9 @@
  * module's message is printed).
  */
 #define _POSIX_C_SOURCE 200112L /* posix_memalign */
-#include "mockhost.h"
+#include <kiln/testing.h>
+
+static kiln_test_host *g_th; /* the test host (kiln/testing.h) the plugin runs under */
 
 #include <math.h>
 #include <stdint.h>
@@ -186,11 +188,13 @@ int main(int argc, char **argv) {
 
     /* the plugins */
     char path[4096];
-    mh_reset();
+    if (kiln_test_host_new(&g_th) != KILN_OK) return 1;
     snprintf(path, sizeof path, "%s/libkiln-gpt.so", plugin_dir);
-    const kiln_plugin_desc *gd = mh_load(path, KILN_KIND_MODULE, "gpt");
+    const kiln_plugin_desc *gd = NULL;
+    kiln_test_load(g_th, path, KILN_KIND_MODULE, "gpt", &gd);
     snprintf(path, sizeof path, "%s/libkiln-cpu.so", plugin_dir);
-    const kiln_plugin_desc *cd = mh_load(path, KILN_KIND_ACCELERATOR, "cpu");
+    const kiln_plugin_desc *cd = NULL;
+    kiln_test_load(g_th, path, KILN_KIND_ACCELERATOR, "cpu", &cd);
     if (!gd || !cd) {
         fprintf(stderr, "gpt_dump: cannot load libkiln-gpt.so and libkiln-cpu.so from %s\n", plugin_dir);
         return 2;
@@ -198,23 +202,22 @@ int main(int argc, char **argv) {
     const kiln_accelerator_ops *aops = cd->ops;
     const kiln_module_ops *mops = gd->ops;
     kiln_instance *acc = NULL, *m = NULL;
-    if (aops->base.create(cd->plugin_ctx, mh_services(), mh_ctx(), NULL, &acc) != KILN_OK) {
-        fprintf(stderr, "gpt_dump: cpu accelerator: %s\n", mh.last_error);
+    if (aops->base.create(cd->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), NULL, &acc) != KILN_OK) {
+        fprintf(stderr, "gpt_dump: cpu accelerator: %s\n", kiln_test_error(g_th));
         return 2;
     }
     const kiln_kernels *k = aops->kernels(acc);
-    mh.kernels = k;
-    mh.acc = acc;
-    if (mops->base.create(gd->plugin_ctx, mh_services(), mh_ctx(), kv, &m) != KILN_OK) {
-        fprintf(stderr, "gpt_dump: %s\n", mh.last_error);
+    kiln_test_set_accelerator(g_th, acc, k);
+    if (mops->base.create(gd->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), kv, &m) != KILN_OK) {
+        fprintf(stderr, "gpt_dump: %s\n", kiln_test_error(g_th));
         return 2;
     }
 
     /* masters (and compute copies) as the precision plugin would make them */
-    void **copies = calloc(mh.nparams, sizeof *copies);
+    void **copies = calloc(kiln_test_param_count(g_th), sizeof *copies);
     const size_t pes = f64 ? sizeof(double) : sizeof(float);
-    for (uint32_t i = 0; i < mh.nparams; i++) {
-        kiln_parameter *p = &mh.params[i];
+    for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++) {
+        kiln_parameter *p = kiln_test_param(g_th, i);
         const size_t bytes = ((size_t)p->numel * pes + 63) & ~(size_t)63;
         if (posix_memalign((void **)&p->data, 64, bytes) || posix_memalign((void **)&p->grad, 64, bytes)) return 2;
         memset(p->data, 0, bytes);
@@ -223,8 +226,8 @@ int main(int argc, char **argv) {
         p->compute = p->data;
     }
     int32_t rc = mops->init_weights(m, seed);
-    for (uint32_t i = 0; i < mh.nparams && rc == KILN_OK && reduced; i++) {
-        kiln_parameter *p = &mh.params[i];
+    for (uint32_t i = 0; i < kiln_test_param_count(g_th) && rc == KILN_OK && reduced; i++) {
+        kiln_parameter *p = kiln_test_param(g_th, i);
         if (p->ndim < 2) continue;
         copies[i] = malloc((size_t)p->numel * 2);
         rc = copies[i] ? k->cast(acc, copies[i], reduced, p->data, KILN_DTYPE_F32, (size_t)p->numel) : KILN_E_NOMEM;
@@ -239,16 +242,16 @@ int main(int argc, char **argv) {
     if (rc == KILN_OK) rc = mops->training_step(m, &batch, 0, &so);
     if (rc == KILN_OK) rc = mops->backward(m, dloss);
     if (rc != KILN_OK) {
-        fprintf(stderr, "gpt_dump: %s (%s)\n", mh.last_error, kiln_strerror(rc));
+        fprintf(stderr, "gpt_dump: %s (%s)\n", kiln_test_error(g_th), kiln_strerror(rc));
         return 2;
     }
 
     /* the file */
-    dump_tensor *t = calloc(2 * (size_t)mh.nparams + 3, sizeof *t);
+    dump_tensor *t = calloc(2 * (size_t)kiln_test_param_count(g_th) + 3, sizeof *t);
     size_t nt = 0;
     for (int pass = 0; pass < 2; pass++)
-        for (uint32_t i = 0; i < mh.nparams; i++) {
-            const kiln_parameter *p = &mh.params[i];
+        for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++) {
+            const kiln_parameter *p = kiln_test_param(g_th, i);
             dump_tensor *d = &t[nt++];
             snprintf(d->name, sizeof d->name, "%s%s", pass ? "grad." : "", p->name);
             d->dtype = f64 ? "F64" : "F32";
@@ -278,11 +281,11 @@ int main(int argc, char **argv) {
 
     mops->base.destroy(m);
     aops->base.destroy(acc);
-    for (uint32_t i = 0; i < mh.nparams; i++) free(copies[i]);
+    for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++) free(copies[i]);
     free(copies);
     free(t);
     free(x);
     free(y);
-    mh_reset();
+    kiln_test_host_free(g_th);
     return 0;
 }

@@ -1,6 +1,6 @@
 /*
  * test_gpt.c — CUnit suite for the "gpt" module plugin (GPT-2 over
- * kiln/nn.h), loaded through the mock host on the real cpu accelerator
+ * kiln/nn.h), loaded through the test host on the real cpu accelerator
  * plugin (the module needs the ABI 1.4 sequence kernels, which only an
  * accelerator provides). It checks the registered parameters against
  * Hugging Face GPT2LMHeadModel's state dict (names, shapes, order, no-decay
@@ -14,7 +14,10 @@
  * and that no step allocates.
  */
 #define _POSIX_C_SOURCE 200112L /* posix_memalign */
-#include "mockhost.h"
+#include <kiln/testing.h>
+
+static kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
+#define MAX_PARAMS 256         /* more than any config here registers */
 
 #include <CUnit/CUnit.h>
 #include <math.h>
@@ -47,14 +50,14 @@ static int load_plugins(void) {
         return -1;
     }
     char path[4096];
-    mh_reset();
+    kiln_test_reset(g_th);
     snprintf(path, sizeof path, "%s/libkiln-gpt.so", dir);
-    g_desc = mh_load(path, KILN_KIND_MODULE, "gpt");
+    kiln_test_load(g_th, path, KILN_KIND_MODULE, "gpt", &g_desc);
     snprintf(path, sizeof path, "%s/libkiln-cpu.so", dir);
-    g_cpu_desc = mh_load(path, KILN_KIND_ACCELERATOR, "cpu");
+    kiln_test_load(g_th, path, KILN_KIND_ACCELERATOR, "cpu", &g_cpu_desc);
     if (!g_desc || !g_cpu_desc) return -1;
     const kiln_accelerator_ops *aops = g_cpu_desc->ops;
-    if (aops->base.create(g_cpu_desc->plugin_ctx, mh_services(), mh_ctx(), NULL, &g_acc) != KILN_OK) return -1;
+    if (aops->base.create(g_cpu_desc->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), NULL, &g_acc) != KILN_OK) return -1;
     g_cpu = aops->kernels(g_acc);
     if (!g_cpu) return -1;
     g_table = *g_cpu;
@@ -97,10 +100,10 @@ static cfg tiny_cfg(void) {
 
 enum { P_F32 = 0, P_F64 = 1, P_BF16 = 2, P_F16 = 3 }; /* what the precision would set up */
 
-static void *g_compute[MH_MAX_PARAMS]; /* compute copies this file made */
+static void *g_compute[MAX_PARAMS]; /* compute copies this file made */
 
 static void free_compute(void) {
-    for (int i = 0; i < MH_MAX_PARAMS; i++) {
+    for (int i = 0; i < MAX_PARAMS; i++) {
         free(g_compute[i]);
         g_compute[i] = NULL;
     }
@@ -110,9 +113,9 @@ static size_t esz_of(const kiln_parameter *p) { return kiln_dtype_size(kiln_para
 
 /* Masters in fp32 or fp64, like the host allocates them (zeroed, aligned). */
 static int alloc_params(int f64) {
-    if (!f64) return mh_alloc_params();
-    for (uint32_t i = 0; i < mh.nparams; i++) {
-        kiln_parameter *p = &mh.params[i];
+    if (!f64) return kiln_test_alloc_params(g_th);
+    for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++) {
+        kiln_parameter *p = kiln_test_param(g_th, i);
         size_t bytes = ((size_t)p->numel * sizeof(double) + 63) & ~(size_t)63;
         if (posix_memalign((void **)&p->data, 64, bytes) || posix_memalign((void **)&p->grad, 64, bytes)) return -1;
         memset(p->data, 0, bytes);
@@ -129,8 +132,8 @@ static int alloc_params(int f64) {
 static void convert_params(int prec) {
     if (prec != P_BF16 && prec != P_F16) return;
     const uint32_t dt = prec == P_BF16 ? KILN_DTYPE_BF16 : KILN_DTYPE_F16;
-    for (uint32_t i = 0; i < mh.nparams; i++) {
-        kiln_parameter *p = &mh.params[i];
+    for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++) {
+        kiln_parameter *p = kiln_test_param(g_th, i);
         if (p->ndim < 2) continue;
         if (!g_compute[i]) g_compute[i] = malloc((size_t)p->numel * 2);
         CU_ASSERT_EQUAL(g_cpu->cast(g_acc, g_compute[i], dt, p->data, KILN_DTYPE_F32, (size_t)p->numel), KILN_OK);
@@ -139,23 +142,22 @@ static void convert_params(int prec) {
     }
 }
 
-/* Fresh mock host + gpt instance; parameters allocated and initialised. */
+/* Fresh test host + gpt instance; parameters allocated and initialised. */
 static kiln_instance *make_module(cfg *c, uint64_t seed, int prec) {
     free_compute();
-    mh_reset();
-    mh.kernels = &g_table;
-    mh.acc = g_acc;
+    kiln_test_reset(g_th);
+    kiln_test_set_accelerator(g_th, g_acc, &g_table);
     kiln_instance *inst = NULL;
-    int32_t rc = ops()->base.create(g_desc->plugin_ctx, mh_services(), mh_ctx(), cfg_build(c), &inst);
+    int32_t rc = ops()->base.create(g_desc->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), cfg_build(c), &inst);
     CU_ASSERT_EQUAL(rc, KILN_OK);
     if (rc != KILN_OK) {
-        printf("\n  create failed: %s", mh.last_error);
+        printf("\n  create failed: %s", kiln_test_error(g_th));
         return NULL;
     }
     CU_ASSERT_EQUAL_FATAL(alloc_params(prec == P_F64), 0);
     rc = ops()->init_weights(inst, seed);
     CU_ASSERT_EQUAL(rc, KILN_OK);
-    if (rc != KILN_OK) printf("\n  init_weights failed: %s", mh.last_error);
+    if (rc != KILN_OK) printf("\n  init_weights failed: %s", kiln_test_error(g_th));
     convert_params(prec);
     return inst;
 }
@@ -165,13 +167,12 @@ static void destroy_module(kiln_instance *inst) {
     free_compute();
 }
 
-/* Create with config c; the status, and mh.last_error holds the message. */
+/* Create with config c; the status, and kiln_test_error(g_th) holds the message. */
 static int32_t try_create(cfg *c) {
-    mh_reset();
-    mh.kernels = &g_table;
-    mh.acc = g_acc;
+    kiln_test_reset(g_th);
+    kiln_test_set_accelerator(g_th, g_acc, &g_table);
     kiln_instance *inst = NULL;
-    int32_t rc = ops()->base.create(g_desc->plugin_ctx, mh_services(), mh_ctx(), cfg_build(c), &inst);
+    int32_t rc = ops()->base.create(g_desc->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), cfg_build(c), &inst);
     if (rc == KILN_OK) ops()->base.destroy(inst);
     CU_ASSERT_PTR_NULL(rc == KILN_OK ? NULL : inst);
     return rc;
@@ -221,7 +222,7 @@ static double train_loss(kiln_instance *inst, const tbatch *tb) {
     kiln_step_output out = step_output();
     int32_t rc = ops()->training_step(inst, &tb->b, 0, &out);
     CU_ASSERT_EQUAL(rc, KILN_OK);
-    if (rc != KILN_OK) printf("\n  training_step failed: %s", mh.last_error);
+    if (rc != KILN_OK) printf("\n  training_step failed: %s", kiln_test_error(g_th));
     CU_ASSERT_EQUAL(out.has_loss, 1);
     return out.loss;
 }
@@ -241,7 +242,7 @@ static double gget(const kiln_parameter *p, int64_t i) {
     return kiln_param_dtype(p) == KILN_DTYPE_F64 ? ((const double *)p->grad)[i] : (double)p->grad[i];
 }
 static void zero_grads(void) {
-    for (uint32_t i = 0; i < mh.nparams; i++) memset(mh.params[i].grad, 0, (size_t)mh.params[i].numel * esz_of(&mh.params[i]));
+    for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++) memset(kiln_test_param(g_th, i)->grad, 0, (size_t)kiln_test_param(g_th, i)->numel * esz_of(kiln_test_param(g_th, i)));
 }
 static int contains(const char *hay, const char *needle) { return strstr(hay, needle) != NULL; }
 
@@ -281,16 +282,16 @@ static void ref_conv1d(double *y, const double *x, int N, int in, int out, const
  * `last_logits` (V) gets the logits of the last position of sequence B-1. */
 static double ref_forward(const cfg *c, const int32_t *x, const int32_t *y, int B, int T, double *last_logits) {
     const int C = (int)c->n_embd, NH = (int)c->n_head, D = C / NH, V = (int)c->vocab_size, N = B * T;
-    const kiln_parameter *P = mh.params;
+    kiln_parameter *const *P = kiln_test_params(g_th);
     double *h = calloc((size_t)N * C, sizeof *h), *ln = calloc((size_t)N * C, sizeof *ln);
     double *qkv = calloc((size_t)N * 3 * C, sizeof *qkv), *att = calloc((size_t)N * C, sizeof *att);
     double *t = calloc((size_t)N * 4 * C, sizeof *t), *o = calloc((size_t)N * C, sizeof *o);
     for (int r = 0; r < N; r++)
-        for (int j = 0; j < C; j++) h[r * C + j] = pget(&P[0], (int64_t)x[r] * C + j) + pget(&P[1], (r % T) * C + j);
+        for (int j = 0; j < C; j++) h[r * C + j] = pget(P[0], (int64_t)x[r] * C + j) + pget(P[1], (r % T) * C + j);
     for (int l = 0; l < c->n_layer; l++) {
-        const kiln_parameter *L = &P[2 + 12 * l];
-        ref_ln(ln, h, N, C, &L[0], &L[1], c->eps);
-        ref_conv1d(qkv, ln, N, C, 3 * C, &L[2], &L[3]);
+        kiln_parameter *const *L = &P[2 + 12 * l];
+        ref_ln(ln, h, N, C, L[0], L[1], c->eps);
+        ref_conv1d(qkv, ln, N, C, 3 * C, L[2], L[3]);
         for (int b = 0; b < B; b++)
             for (int hd = 0; hd < NH; hd++)
                 for (int i = 0; i < T; i++) {
@@ -310,16 +311,16 @@ static double ref_forward(const cfg *c, const int32_t *x, const int32_t *y, int 
                         att[(b * T + i) * C + hd * D + e] = a;
                     }
                 }
-        ref_conv1d(o, att, N, C, C, &L[4], &L[5]);
+        ref_conv1d(o, att, N, C, C, L[4], L[5]);
         for (int i = 0; i < N * C; i++) h[i] += o[i];
-        ref_ln(ln, h, N, C, &L[6], &L[7], c->eps);
-        ref_conv1d(t, ln, N, C, 4 * C, &L[8], &L[9]);
+        ref_ln(ln, h, N, C, L[6], L[7], c->eps);
+        ref_conv1d(t, ln, N, C, 4 * C, L[8], L[9]);
         for (int i = 0; i < N * 4 * C; i++) t[i] = ref_gelu(t[i]);
-        ref_conv1d(o, t, N, 4 * C, C, &L[10], &L[11]);
+        ref_conv1d(o, t, N, 4 * C, C, L[10], L[11]);
         for (int i = 0; i < N * C; i++) h[i] += o[i];
     }
     const int lf = 2 + 12 * (int)c->n_layer;
-    ref_ln(ln, h, N, C, &P[lf], &P[lf + 1], c->eps);
+    ref_ln(ln, h, N, C, P[lf], P[lf + 1], c->eps);
     double total = 0;
     int valid = 0;
     double *logit = calloc((size_t)V, sizeof *logit);
@@ -327,7 +328,7 @@ static double ref_forward(const cfg *c, const int32_t *x, const int32_t *y, int 
         double mx = -INFINITY, z = 0;
         for (int v = 0; v < V; v++) {
             double s = 0;
-            for (int j = 0; j < C; j++) s += ln[r * C + j] * pget(&P[0], (int64_t)v * C + j);
+            for (int j = 0; j < C; j++) s += ln[r * C + j] * pget(P[0], (int64_t)v * C + j);
             logit[v] = s;
             if (s > mx) mx = s;
         }
@@ -370,7 +371,7 @@ static void test_param_layout(void) {
     kiln_instance *inst = make_module(&c, 1, P_F32);
     CU_ASSERT_PTR_NOT_NULL_FATAL(inst);
     const int C = 8, L = 2;
-    CU_ASSERT_EQUAL_FATAL(mh.nparams, 2 + 12 * L + 2);
+    CU_ASSERT_EQUAL_FATAL(kiln_test_param_count(g_th), 2 + 12 * L + 2);
     struct { char name[64]; int64_t s0, s1; int nodecay; } want[64];
     int n = 0;
 #define W(nm, a, b, nd) (snprintf(want[n].name, 64, "%s", nm), want[n].s0 = a, want[n].s1 = b, want[n++].nodecay = nd)
@@ -392,7 +393,7 @@ static void test_param_layout(void) {
     W("transformer.ln_f.bias", C, 0, 1);
 #undef W
     for (int i = 0; i < n; i++) {
-        const kiln_parameter *p = &mh.params[i];
+        const kiln_parameter *p = kiln_test_param(g_th, i);
         CU_ASSERT_STRING_EQUAL(p->name, want[i].name);
         CU_ASSERT_EQUAL(p->ndim, want[i].s1 ? 2u : 1u);
         CU_ASSERT_EQUAL(p->shape[0], want[i].s0);
@@ -408,8 +409,8 @@ static void test_init(void) {
     cfg c = {3, 4, 64, 64, 500, 0, 1, 64, 1e-5, 0.02, {{0}}};
     kiln_instance *inst = make_module(&c, 7, P_F32);
     CU_ASSERT_PTR_NOT_NULL_FATAL(inst);
-    for (uint32_t i = 0; i < mh.nparams; i++) {
-        const kiln_parameter *p = &mh.params[i];
+    for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++) {
+        const kiln_parameter *p = kiln_test_param(g_th, i);
         double s = 0, ss = 0, mx = 0;
         for (int64_t j = 0; j < p->numel; j++) {
             s += p->data[j];
@@ -430,23 +431,23 @@ static void test_init(void) {
         }
     }
     /* same seed, same bits; another seed, other bits */
-    float *saved = malloc((size_t)mh.params[0].numel * sizeof *saved);
-    memcpy(saved, mh.params[0].data, (size_t)mh.params[0].numel * sizeof *saved);
+    float *saved = malloc((size_t)kiln_test_param(g_th, 0)->numel * sizeof *saved);
+    memcpy(saved, kiln_test_param(g_th, 0)->data, (size_t)kiln_test_param(g_th, 0)->numel * sizeof *saved);
     CU_ASSERT_EQUAL(ops()->init_weights(inst, 7), KILN_OK);
-    CU_ASSERT_EQUAL(memcmp(saved, mh.params[0].data, (size_t)mh.params[0].numel * sizeof *saved), 0);
+    CU_ASSERT_EQUAL(memcmp(saved, kiln_test_param(g_th, 0)->data, (size_t)kiln_test_param(g_th, 0)->numel * sizeof *saved), 0);
     CU_ASSERT_EQUAL(ops()->init_weights(inst, 8), KILN_OK);
-    CU_ASSERT_NOT_EQUAL(memcmp(saved, mh.params[0].data, (size_t)mh.params[0].numel * sizeof *saved), 0);
+    CU_ASSERT_NOT_EQUAL(memcmp(saved, kiln_test_param(g_th, 0)->data, (size_t)kiln_test_param(g_th, 0)->numel * sizeof *saved), 0);
     free(saved);
     destroy_module(inst);
 }
 
 static void expect_config_refusal(cfg *c, const char *a, const char *b) {
     CU_ASSERT_EQUAL(try_create(c), KILN_E_CONFIG);
-    CU_ASSERT(contains(mh.last_error, a));
-    if (b) CU_ASSERT(contains(mh.last_error, b));
-    CU_ASSERT_PTR_NULL(strchr(mh.last_error, '\n'));
-    if (!contains(mh.last_error, a) || (b && !contains(mh.last_error, b))) printf("\n  message: %s", mh.last_error);
-    CU_ASSERT_EQUAL(mh.nparams, 0); /* refused before any registration */
+    CU_ASSERT(contains(kiln_test_error(g_th), a));
+    if (b) CU_ASSERT(contains(kiln_test_error(g_th), b));
+    CU_ASSERT_PTR_NULL(strchr(kiln_test_error(g_th), '\n'));
+    if (!contains(kiln_test_error(g_th), a) || (b && !contains(kiln_test_error(g_th), b))) printf("\n  message: %s", kiln_test_error(g_th));
+    CU_ASSERT_EQUAL(kiln_test_param_count(g_th), 0); /* refused before any registration */
 }
 
 static void test_bad_config(void) {
@@ -478,26 +479,25 @@ static void test_bad_config(void) {
 static void test_old_kernel_table(void) {
     kiln_kernels old = *g_cpu;
     old.struct_size = KILN_KERNELS_SIZE_1_3;
-    mh_reset();
-    mh.kernels = &old;
-    mh.acc = g_acc;
+    kiln_test_reset(g_th);
+    kiln_test_set_accelerator(g_th, g_acc, &old);
     cfg c = tiny_cfg();
     kiln_instance *inst = NULL;
-    CU_ASSERT_EQUAL(ops()->base.create(g_desc->plugin_ctx, mh_services(), mh_ctx(), cfg_build(&c), &inst),
+    CU_ASSERT_EQUAL(ops()->base.create(g_desc->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), cfg_build(&c), &inst),
                     KILN_E_UNSUPPORTED);
     CU_ASSERT_PTR_NULL(inst);
-    CU_ASSERT(contains(mh.last_error, "1.4"));
-    CU_ASSERT_PTR_NULL(strchr(mh.last_error, '\n'));
+    CU_ASSERT(contains(kiln_test_error(g_th), "1.4"));
+    CU_ASSERT_PTR_NULL(strchr(kiln_test_error(g_th), '\n'));
 }
 
 static void expect_batch_refusal(kiln_instance *inst, const kiln_batch *b, const char *a, const char *b2) {
     kiln_step_output out = step_output();
-    mh.last_error[0] = 0;
+    kiln_test_clear_error(g_th);
     CU_ASSERT_EQUAL(ops()->training_step(inst, b, 0, &out), KILN_E_DATA);
-    CU_ASSERT(contains(mh.last_error, "gpt: training_step"));
-    CU_ASSERT(contains(mh.last_error, a));
-    if (b2) CU_ASSERT(contains(mh.last_error, b2));
-    if (!contains(mh.last_error, a) || (b2 && !contains(mh.last_error, b2))) printf("\n  message: %s", mh.last_error);
+    CU_ASSERT(contains(kiln_test_error(g_th), "gpt: training_step"));
+    CU_ASSERT(contains(kiln_test_error(g_th), a));
+    if (b2) CU_ASSERT(contains(kiln_test_error(g_th), b2));
+    if (!contains(kiln_test_error(g_th), a) || (b2 && !contains(kiln_test_error(g_th), b2))) printf("\n  message: %s", kiln_test_error(g_th));
     CU_ASSERT_EQUAL(ops()->backward(inst, 1.0), KILN_E_STATE); /* nothing to differentiate */
 }
 
@@ -599,11 +599,11 @@ static void test_gradcheck_f64(void) {
     /* Larger weights than GPT-2's init, so every path carries signal:
      * attention far from uniform, LayerNorm affine parts away from 1/0. */
     rng_state = 99;
-    for (uint32_t i = 0; i < mh.nparams; i++)
-        for (int64_t j = 0; j < mh.params[i].numel; j++) {
+    for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++)
+        for (int64_t j = 0; j < kiln_test_param(g_th, i)->numel; j++) {
             const double u = (double)rng_u32() / 4294967296.0 - 0.5;
-            const int is_ln_w = contains(mh.params[i].name, "ln_") && contains(mh.params[i].name, "weight");
-            pset(&mh.params[i], j, is_ln_w ? 1.0 + 0.6 * u : 0.8 * u);
+            const int is_ln_w = contains(kiln_test_param(g_th, i)->name, "ln_") && contains(kiln_test_param(g_th, i)->name, "weight");
+            pset(kiln_test_param(g_th, i), j, is_ln_w ? 1.0 + 0.6 * u : 0.8 * u);
         }
     tbatch tb;
     batch_random(&tb, 2, 5, 11, 9);
@@ -614,8 +614,8 @@ static void test_gradcheck_f64(void) {
     double worst = 0;
     const char *worst_name = "";
     int checked = 0, bad = 0;
-    for (uint32_t i = 0; i < mh.nparams; i++) {
-        kiln_parameter *p = &mh.params[i];
+    for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++) {
+        kiln_parameter *p = kiln_test_param(g_th, i);
         /* up to 7 entries of each tensor, spread over it */
         const int64_t n = p->numel, K = n < 7 ? n : 7;
         double tensor_worst = 0, gmax = 0;
@@ -640,7 +640,7 @@ static void test_gradcheck_f64(void) {
         /* every tensor really gets a gradient (wpe rows >= T do not) */
         CU_ASSERT(gmax > 0.0 || contains(p->name, "wpe"));
     }
-    printf("\n  gradcheck fp64: %d entries of %u tensors, worst relative error %.3g (%s)", checked, mh.nparams, worst,
+    printf("\n  gradcheck fp64: %d entries of %u tensors, worst relative error %.3g (%s)", checked, kiln_test_param_count(g_th), worst,
            worst_name);
     CU_ASSERT_EQUAL(bad, 0);
     destroy_module(inst);
@@ -664,21 +664,21 @@ static void test_backward_accumulates(void) {
     batch_random(&tb, 2, 5, 11, 2);
     (void)train_loss(inst, &tb);
     CU_ASSERT_EQUAL_FATAL(ops()->backward(inst, 1.0), KILN_OK);
-    float **one = calloc(mh.nparams, sizeof *one);
-    for (uint32_t i = 0; i < mh.nparams; i++) {
-        one[i] = malloc((size_t)mh.params[i].numel * sizeof(float));
-        memcpy(one[i], mh.params[i].grad, (size_t)mh.params[i].numel * sizeof(float));
+    float **one = calloc(kiln_test_param_count(g_th), sizeof *one);
+    for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++) {
+        one[i] = malloc((size_t)kiln_test_param(g_th, i)->numel * sizeof(float));
+        memcpy(one[i], kiln_test_param(g_th, i)->grad, (size_t)kiln_test_param(g_th, i)->numel * sizeof(float));
     }
     CU_ASSERT_EQUAL_FATAL(ops()->backward(inst, 1.0), KILN_OK);
     int bad = 0, nonzero = 0;
-    for (uint32_t i = 0; i < mh.nparams; i++) {
-        const double tol = grad_tol(one[i], mh.params[i].numel);
-        for (int64_t j = 0; j < mh.params[i].numel; j++) {
+    for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++) {
+        const double tol = grad_tol(one[i], kiln_test_param(g_th, i)->numel);
+        for (int64_t j = 0; j < kiln_test_param(g_th, i)->numel; j++) {
             nonzero += one[i][j] != 0.0f;
-            if (fabs(mh.params[i].grad[j] - 2.0 * one[i][j]) > tol) {
+            if (fabs(kiln_test_param(g_th, i)->grad[j] - 2.0 * one[i][j]) > tol) {
                 if (bad < 5)
-                    printf("\n  %s[%lld]: %.9g after two, %.9g after one", mh.params[i].name, (long long)j,
-                           mh.params[i].grad[j], one[i][j]);
+                    printf("\n  %s[%lld]: %.9g after two, %.9g after one", kiln_test_param(g_th, i)->name, (long long)j,
+                           kiln_test_param(g_th, i)->grad[j], one[i][j]);
                 bad++;
             }
         }
@@ -688,16 +688,16 @@ static void test_backward_accumulates(void) {
     zero_grads();
     CU_ASSERT_EQUAL_FATAL(ops()->backward(inst, 0.25), KILN_OK);
     bad = 0;
-    for (uint32_t i = 0; i < mh.nparams; i++) {
-        const double tol = 0.25 * grad_tol(one[i], mh.params[i].numel);
-        for (int64_t j = 0; j < mh.params[i].numel; j++)
-            if (fabs(mh.params[i].grad[j] - 0.25 * one[i][j]) > tol) {
-                if (bad < 5) printf("\n  %s[%lld]: %.9g vs 0.25 * %.9g", mh.params[i].name, (long long)j, mh.params[i].grad[j], one[i][j]);
+    for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++) {
+        const double tol = 0.25 * grad_tol(one[i], kiln_test_param(g_th, i)->numel);
+        for (int64_t j = 0; j < kiln_test_param(g_th, i)->numel; j++)
+            if (fabs(kiln_test_param(g_th, i)->grad[j] - 0.25 * one[i][j]) > tol) {
+                if (bad < 5) printf("\n  %s[%lld]: %.9g vs 0.25 * %.9g", kiln_test_param(g_th, i)->name, (long long)j, kiln_test_param(g_th, i)->grad[j], one[i][j]);
                 bad++;
             }
     }
     CU_ASSERT_EQUAL(bad, 0);
-    for (uint32_t i = 0; i < mh.nparams; i++) free(one[i]);
+    for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++) free(one[i]);
     free(one);
     destroy_module(inst);
 }
@@ -717,12 +717,12 @@ static void test_chunks(void) {
         loss[pass] = train_loss(inst, &tb);
         CU_ASSERT_EQUAL_FATAL(ops()->backward(inst, 1.0), KILN_OK);
         total = 0;
-        for (uint32_t i = 0; i < mh.nparams; i++) total += (size_t)mh.params[i].numel;
+        for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++) total += (size_t)kiln_test_param(g_th, i)->numel;
         grads[pass] = malloc(total * sizeof(float));
         size_t off = 0;
-        for (uint32_t i = 0; i < mh.nparams; i++) {
-            memcpy(grads[pass] + off, mh.params[i].grad, (size_t)mh.params[i].numel * sizeof(float));
-            off += (size_t)mh.params[i].numel;
+        for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++) {
+            memcpy(grads[pass] + off, kiln_test_param(g_th, i)->grad, (size_t)kiln_test_param(g_th, i)->numel * sizeof(float));
+            off += (size_t)kiln_test_param(g_th, i)->numel;
         }
         destroy_module(inst);
     }
@@ -749,8 +749,8 @@ static void test_precisions(void) {
         loss[k] = train_loss(inst, &tb);
         CU_ASSERT_EQUAL(ops()->backward(inst, 1024.0), KILN_OK);
         int finite = 1;
-        for (uint32_t i = 0; i < mh.nparams; i++)
-            for (int64_t j = 0; j < mh.params[i].numel; j++) finite &= isfinite(gget(&mh.params[i], j));
+        for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++)
+            for (int64_t j = 0; j < kiln_test_param(g_th, i)->numel; j++) finite &= isfinite(gget(kiln_test_param(g_th, i), j));
         CU_ASSERT(finite);
         destroy_module(inst);
     }
@@ -773,10 +773,10 @@ static void test_all_ignored(void) {
     CU_ASSERT_EQUAL(train_loss(inst, &tb), 0.0);
     CU_ASSERT_EQUAL(ops()->backward(inst, 1.0), KILN_OK);
     double s = 0;
-    for (uint32_t i = 0; i < mh.nparams; i++)
-        for (int64_t j = 0; j < mh.params[i].numel; j++) s += fabs(mh.params[i].grad[j]);
+    for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++)
+        for (int64_t j = 0; j < kiln_test_param(g_th, i)->numel; j++) s += fabs(kiln_test_param(g_th, i)->grad[j]);
     CU_ASSERT_EQUAL(s, 0.0);
-    CU_ASSERT(isnan(mh_last_logged("train_loss")));
+    CU_ASSERT(isnan(kiln_test_last_value(g_th, "train_loss")));
     destroy_module(inst);
 }
 
@@ -788,16 +788,16 @@ static void test_frozen(void) {
     tbatch tb;
     batch_random(&tb, 2, 5, 11, 3);
     (void)train_loss(inst, &tb);
-    const uint32_t frozen[3] = {0, 4, mh.nparams - 2}; /* wte, h.0.attn.c_attn.weight, ln_f.weight */
-    for (int i = 0; i < 3; i++) mh.params[frozen[i]].flags |= KILN_PARAMF_FROZEN;
+    const uint32_t frozen[3] = {0, 4, kiln_test_param_count(g_th) - 2}; /* wte, h.0.attn.c_attn.weight, ln_f.weight */
+    for (int i = 0; i < 3; i++) kiln_test_param(g_th, frozen[i])->flags |= KILN_PARAMF_FROZEN;
     CU_ASSERT_EQUAL(ops()->backward(inst, 1.0), KILN_OK);
     for (int i = 0; i < 3; i++) {
         double s = 0;
-        for (int64_t j = 0; j < mh.params[frozen[i]].numel; j++) s += fabs(mh.params[frozen[i]].grad[j]);
+        for (int64_t j = 0; j < kiln_test_param(g_th, frozen[i])->numel; j++) s += fabs(kiln_test_param(g_th, frozen[i])->grad[j]);
         CU_ASSERT_EQUAL(s, 0.0);
     }
     double s = 0;
-    for (int64_t j = 0; j < mh.params[1].numel; j++) s += fabs(mh.params[1].grad[j]);
+    for (int64_t j = 0; j < kiln_test_param(g_th, 1)->numel; j++) s += fabs(kiln_test_param(g_th, 1)->grad[j]);
     CU_ASSERT(s > 0.0);
     destroy_module(inst);
 }
@@ -811,9 +811,9 @@ static void test_logging(void) {
     tbatch tb;
     batch_random(&tb, 2, 5, 11, 3);
     const double l = train_loss(inst, &tb);
-    mh_logged *e = NULL;
-    for (int i = 0; i < mh.nlogged; i++)
-        if (!strcmp(mh.logged[i].name, "train_loss")) e = &mh.logged[i];
+    const kiln_test_value *e = NULL;
+    for (int i = 0; i < (int)kiln_test_logged_count(g_th); i++)
+        if (!strcmp(kiln_test_logged(g_th, i)->name, "train_loss")) e = kiln_test_logged(g_th, i);
     CU_ASSERT_PTR_NOT_NULL_FATAL(e);
     CU_ASSERT_EQUAL(e->value, l);
     CU_ASSERT_EQUAL(e->flags, KILN_LOG_ON_STEP | KILN_LOG_ON_EPOCH | KILN_LOG_PROG_BAR);
@@ -825,7 +825,7 @@ static void test_logging(void) {
     {
         /* 6 N + 12 L C T per token, N = every parameter (wte once) */
         double N = 0;
-        for (uint32_t i = 0; i < mh.nparams; i++) N += (double)mh.params[i].numel;
+        for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++) N += (double)kiln_test_param(g_th, i)->numel;
         const double want = 10.0 * (6.0 * N + 12.0 * 2 * 8 * 5);
         CU_ASSERT(fabs(so.flops - want) <= 1e-12 * want);
         if (!(fabs(so.flops - want) <= 1e-12 * want)) printf("\n  flops %.17g, want %.17g", so.flops, want);
@@ -847,11 +847,11 @@ static void test_logging(void) {
             for (int i = 0; i < 10; i++) valid += tb.y[i] >= 0;
             sum += out.loss * valid;
             n += valid;
-            CU_ASSERT_EQUAL(mh_last_logged(names[s][0]), out.loss);
+            CU_ASSERT_EQUAL(kiln_test_last_value(g_th, names[s][0]), out.loss);
         }
         ev.id = ids[s][1];
         CU_ASSERT_EQUAL(ops()->on_event(inst, &ev), KILN_OK);
-        CU_ASSERT(fabs(mh_last_logged(names[s][1]) - exp(sum / n)) < 1e-12 * exp(sum / n));
+        CU_ASSERT(fabs(kiln_test_last_value(g_th, names[s][1]) - exp(sum / n)) < 1e-12 * exp(sum / n));
     }
     CU_ASSERT_EQUAL(ops()->backward(inst, 1.0), KILN_E_STATE); /* after an eval step */
     destroy_module(inst);
@@ -878,13 +878,14 @@ static void test_no_step_allocations(void) {
 static int suite_init(void) { return load_plugins(); }
 static int suite_clean(void) {
     free_compute();
-    mh_reset();
+    kiln_test_reset(g_th);
     if (g_acc) ((const kiln_accelerator_ops *)g_cpu_desc->ops)->base.destroy(g_acc);
     g_acc = NULL;
     return 0;
 }
 
 static void register_tests(void) {
+    if (kiln_test_host_new(&g_th) != KILN_OK) return; /* no suite: the runner fails */
     CU_pSuite s = CU_add_suite("gpt", suite_init, suite_clean);
     CU_add_test(s, "descriptor and declared config", test_descriptor);
     CU_add_test(s, "parameters: HF GPT2LMHeadModel names, shapes, order, no-decay", test_param_layout);

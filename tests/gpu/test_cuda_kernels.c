@@ -1,7 +1,7 @@
 /*
  * test_cuda_kernels.c — the "cuda" accelerator plugin (libkiln-cuda.so)
  * checked against the "cpu" one (libkiln-cpu.so), the reference. Both are
- * loaded through the mock host as the real host loads them, and every entry
+ * loaded through the test host as the real host loads them, and every entry
  * of their kiln_kernels tables (ABI 1.1, 1.2 and 1.3) runs on the same seeded
  * random inputs (sizes that are not multiples of 32, ~1M elements for the
  * reductions and optimizers, GEMMs up to 512x1024x784, plus special values:
@@ -89,7 +89,9 @@
 
 #include <CUnit/Basic.h>
 
-#include "mockhost.h"
+#include <kiln/testing.h>
+
+static kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
 
 #define U32 0x1p-24
 #define U23 0x1p-23
@@ -156,7 +158,7 @@ static int end(side *S) {
 static int step_ok(side *S, int32_t rc, const char *expr, unsigned line) {
     if (rc != KILN_OK && !S->failed) {
         fprintf(stderr, "  [%s] line %u: %s\n    -> %s (%d): %s\n", S->name, line, expr, kiln_status_name(rc),
-                (int)rc, mh.last_error);
+                (int)rc, kiln_test_error(g_th));
         S->failed = 1;
     }
     CU_assertImplementation(rc == KILN_OK ? CU_TRUE : CU_FALSE, line, expr, __FILE__, "", CU_FALSE);
@@ -164,9 +166,9 @@ static int step_ok(side *S, int32_t rc, const char *expr, unsigned line) {
 }
 
 /* RUN(S, call): the kernel call, unless an earlier call of the block failed
- * (the mock host's last message is cleared first, so a report shows this
+ * (the test host's last message is cleared first, so a report shows this
  * call's message or none). */
-#define RUN(S, call) step_ok((S), (S)->failed ? KILN_OK : (mh.last_error[0] = 0, (call)), #call, __LINE__)
+#define RUN(S, call) step_ok((S), (S)->failed ? KILN_OK : (kiln_test_clear_error(g_th), (call)), #call, __LINE__)
 
 /* A copy of host(bytes) in S's memory, zero-filled when host is NULL; freed
  * by end(). NULL once the block has failed. */
@@ -1086,16 +1088,16 @@ static void test_softmax_errors(void) {
             int32_t nc = 0, rc[6];
             /* (the backward's dlogits and probs are distinct buffers: the ABI
              * does not promise that they may alias) */
-            mh.last_error[0] = 0;
+            kiln_test_clear_error(g_th);
             rc[0] = X->k->softmax_xent_forward(X->acc, p32, d32, lab, B, C, &lf, &nc);
-            const int msg0 = mh.last_error[0] != 0;
+            const int msg0 = kiln_test_error(g_th)[0] != 0;
             rc[1] = X->k->softmax_xent_backward(X->acc, p32, d32, lab, B, C, 1.0f);
             rc[2] = X->k->softmax_xent_forward_ex(X->acc, KILN_DTYPE_F32, p32, d32, lab, B, C, &ld, &nc);
             rc[3] = X->k->softmax_xent_backward_ex(X->acc, KILN_DTYPE_F32, p32, d32, lab, B, C, 1.0);
             rc[4] = X->k->softmax_xent_forward_ex(X->acc, KILN_DTYPE_F64, p64, d64, lab, B, C, &ld, NULL);
-            mh.last_error[0] = 0;
+            kiln_test_clear_error(g_th);
             rc[5] = X->k->softmax_xent_backward_ex(X->acc, KILN_DTYPE_F64, p64, d64, lab, B, C, 1.0);
-            const int msg5 = mh.last_error[0] != 0;
+            const int msg5 = kiln_test_error(g_th)[0] != 0;
             for (int i = 0; i < 6; i++) {
                 if (rc[i] != KILN_E_DATA)
                     fprintf(stderr, "  [%s] %s with label %d: %s, want KILN_E_DATA\n", X->name, what[i],
@@ -1988,29 +1990,29 @@ static void load_side(side *S, const char *dir, const char *name, int is_ref) {
             fail_setup("cannot load %s: %s", path, err ? err : "?");
         }
     }
-    mh.last_error[0] = 0;
-    S->desc = mh_load(path, KILN_KIND_ACCELERATOR, name);
+    kiln_test_clear_error(g_th);
+    kiln_test_load(g_th, path, KILN_KIND_ACCELERATOR, name, &S->desc);
     if (!S->desc)
         fail_setup("%s: no accelerator plugin \"%s\" (library init failed or descriptor missing) %s", path, name,
-                   mh.last_error);
+                   kiln_test_error(g_th));
     S->ops = S->desc->ops;
     if (S->ops->base.struct_size < KILN_ACCELERATOR_OPS_SIZE_1_1 || !S->ops->kernels || !S->ops->configure)
         fail_setup("%s: the accelerator ops table lacks kernels/configure", path);
-    mh.last_error[0] = 0;
-    int32_t rc = S->ops->base.create(S->desc->plugin_ctx, mh_services(), mh_ctx(),
+    kiln_test_clear_error(g_th);
+    int32_t rc = S->ops->base.create(S->desc->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th),
                                      default_config(S->desc, config[is_ref], 64), &S->acc);
     if (rc != KILN_OK) {
-        if (is_ref) fail_setup("%s: create failed: %s: %s", path, kiln_status_name(rc), mh.last_error);
-        skip("%s: create failed (no usable GPU?): %s: %s", name, kiln_status_name(rc), mh.last_error);
+        if (is_ref) fail_setup("%s: create failed: %s: %s", path, kiln_status_name(rc), kiln_test_error(g_th));
+        skip("%s: create failed (no usable GPU?): %s: %s", name, kiln_status_name(rc), kiln_test_error(g_th));
     }
-    mh.last_error[0] = 0;
+    kiln_test_clear_error(g_th);
     rc = S->ops->configure(S->acc, 0, 0); /* all CPU threads; device 0 */
     if (rc != KILN_OK) {
         S->ops->base.destroy(S->acc);
         S->acc = NULL;
-        if (is_ref) fail_setup("%s: configure failed: %s: %s", path, kiln_status_name(rc), mh.last_error);
+        if (is_ref) fail_setup("%s: configure failed: %s: %s", path, kiln_status_name(rc), kiln_test_error(g_th));
         skip("%s: configure(threads 0, local_rank 0) failed (no usable GPU?): %s: %s", name, kiln_status_name(rc),
-             mh.last_error);
+             kiln_test_error(g_th));
     }
     S->k = S->ops->kernels(S->acc);
     if (!S->k) fail_setup("%s: kernels() returned NULL", path);
@@ -2024,11 +2026,12 @@ static void load_side(side *S, const char *dir, const char *name, int is_ref) {
 static int suite_clean(void) {
     for (int s = 1; s >= 0; s--)
         if (g_side[s].acc) g_side[s].ops->base.destroy(g_side[s].acc), g_side[s].acc = NULL;
-    mh_reset();
+    kiln_test_reset(g_th);
     return 0;
 }
 
 static void register_tests(void) {
+    if (kiln_test_host_new(&g_th) != KILN_OK) return; /* no suite: the runner fails */
     /* line-buffered, so the summaries (stdout) and details (stderr) of a
      * failure stay in order in CTest's log */
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -2040,7 +2043,7 @@ static void register_tests(void) {
     if (!dut || !*dut) dut = "cuda";
     if (strspn(dut, "abcdefghijklmnopqrstuvwxyz0123456789._-") != strlen(dut) || strlen(dut) > 64)
         fail_setup("KILN_GPU_TEST_ACCEL=\"%s\" is not a plugin name", dut);
-    mh_reset();
+    kiln_test_reset(g_th);
     load_side(&g_side[REF], dir, "cpu", 1);
     load_side(&g_side[DUT], dir, dut, 0);
     printf("test_cuda_kernels: %s (%s) against cpu, plugins from %s\n", dut,

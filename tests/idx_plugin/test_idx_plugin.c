@@ -1,5 +1,5 @@
 /*
- * CUnit tests for the "idx" data plugin through its ABI, with the mock host.
+ * CUnit tests for the "idx" data plugin through its ABI, with the test host.
  * The suite writes small gzipped IDX files into a mkdtemp() folder: 100
  * training and 20 test images of 4x4 whose first pixel is the image's own
  * index and whose other pixels and labels are known functions of it, so every
@@ -23,7 +23,9 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "mockhost.h"
+#include <kiln/testing.h>
+
+static kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
 
 #define FMNIST_DIR "/usr/share/datasets/fashion-mnist"
 #define NTRAIN 100
@@ -120,7 +122,7 @@ static int suite_init(void) {
     }
     char so[1024];
     snprintf(so, sizeof so, "%s/libkiln-idx.so", pd);
-    g_desc = mh_load(so, KILN_KIND_DATA, "idx");
+    kiln_test_load(g_th, so, KILN_KIND_DATA, "idx", &g_desc);
     if (!g_desc) return -1;
     g_ops = g_desc->ops;
     return 0;
@@ -183,7 +185,7 @@ static const kiln_kv *kv_of(const cfg *c) {
 
 static int32_t create(const cfg *c, kiln_instance **inst) {
     *inst = NULL;
-    return g_ops->base.create(g_desc->plugin_ctx, mh_services(), mh_ctx(), kv_of(c), inst);
+    return g_ops->base.create(g_desc->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), kv_of(c), inst);
 }
 
 /* A created and set-up instance, or NULL (and a failed assertion). */
@@ -195,7 +197,7 @@ static kiln_instance *make(const cfg *c, int32_t stage, int32_t rank, int32_t wo
     rc = g_ops->setup(in, stage, rank, world);
     CU_ASSERT_EQUAL(rc, KILN_OK);
     if (rc != KILN_OK) {
-        fprintf(stderr, "setup: %s\n", mh.last_error);
+        fprintf(stderr, "setup: %s\n", kiln_test_error(g_th));
         g_ops->base.destroy(in);
         return NULL;
     }
@@ -289,7 +291,7 @@ static void test_descriptor(void) {
 }
 
 static void test_num_batches(void) {
-    mh_reset();
+    kiln_test_reset(g_th);
     cfg c = cfg_small();
     kiln_instance *in = make(&c, KILN_STAGE_FIT, 0, 1);
     CU_ASSERT_PTR_NOT_NULL_FATAL(in);
@@ -297,7 +299,7 @@ static void test_num_batches(void) {
     CU_ASSERT_EQUAL(nbatches(in, KILN_SPLIT_VAL), 3);   /* 20 = 8 + 8 + 4 */
     int64_t n = 7;
     CU_ASSERT_EQUAL(g_ops->num_batches(in, KILN_SPLIT_TEST, &n), KILN_E_STATE); /* not set up by FIT */
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "test"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "test"));
     CU_ASSERT_EQUAL(g_ops->num_batches(in, 3, &n), KILN_E_INVALID_ARG);
     int sizes[16], ni = 0;
     CU_ASSERT_EQUAL(run_pass(in, &c, KILN_SPLIT_TRAIN, 0, 0, NULL, &ni, sizes), 3);
@@ -333,7 +335,7 @@ static void test_num_batches(void) {
 }
 
 static void test_val_first_batch(void) {
-    mh_reset();
+    kiln_test_reset(g_th);
     cfg c = cfg_small();
     c.mean = 0.5;
     c.std = 0.25;
@@ -377,8 +379,8 @@ static void test_val_first_batch(void) {
 
 /* Train ids of `epochs` consecutive epochs of a fresh instance with run seed `seed`. */
 static int train_ids(uint64_t seed, bool shuffle, int epochs, int ids[][NTRAIN]) {
-    mh_reset();
-    mh.seed = seed;
+    kiln_test_reset(g_th);
+    kiln_test_set_seed(g_th, seed);
     cfg c = cfg_small();
     c.shuffle = shuffle;
     kiln_instance *in = make(&c, KILN_STAGE_FIT, 0, 1);
@@ -422,8 +424,8 @@ static void test_train_shuffle(void) {
 }
 
 static void test_start_epoch_mid(void) {
-    mh_reset();
-    mh.seed = 77;
+    kiln_test_reset(g_th);
+    kiln_test_set_seed(g_th, 77);
     cfg c = cfg_small();
     c.batch_size = 16; /* 5 batches of 16 */
     kiln_instance *in = make(&c, KILN_STAGE_FIT, 0, 1);
@@ -445,13 +447,13 @@ static void test_start_epoch_mid(void) {
     CU_ASSERT_EQUAL(g_ops->start_epoch(in, KILN_SPLIT_TRAIN, 3, 5), KILN_OK);
     CU_ASSERT_EQUAL(g_ops->next(in, KILN_SPLIT_TRAIN, &b), 0);
     CU_ASSERT_EQUAL(g_ops->start_epoch(in, KILN_SPLIT_TRAIN, 3, 6), KILN_E_INVALID_ARG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "6"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "6"));
     g_ops->base.destroy(in);
 }
 
 static void test_sharding(void) {
-    mh_reset();
-    mh.seed = 5;
+    kiln_test_reset(g_th);
+    kiln_test_set_seed(g_th, 5);
     cfg c = cfg_small();
     int tr[2][NTRAIN], va[2][NTRAIN], nt[2], nv[2];
     for (int r = 0; r < 2; r++) {
@@ -480,7 +482,7 @@ static void test_sharding(void) {
 }
 
 static void test_empty_val(void) {
-    mh_reset();
+    kiln_test_reset(g_th);
     cfg c = cfg_small();
     c.val_split = 0;
     kiln_instance *in = make(&c, KILN_STAGE_FIT, 0, 1);
@@ -508,8 +510,8 @@ static void blob_fields(const void *data, uint64_t *epoch, uint64_t *next, uint6
 }
 
 static void test_state(void) {
-    mh_reset();
-    mh.seed = 31337;
+    kiln_test_reset(g_th);
+    kiln_test_set_seed(g_th, 31337);
     cfg c = cfg_small();
     c.batch_size = 16;
     kiln_instance *a = make(&c, KILN_STAGE_FIT, 0, 1);
@@ -523,7 +525,7 @@ static void test_state(void) {
     CU_ASSERT(ver == 1 && size == 40 && blob);
     blob_fields(blob, &e, &nx, &nb);
     CU_ASSERT(e == 0 && nx == 0 && nb == 5);
-    mh_services()->free(mh_ctx(), blob);
+    kiln_test_services(g_th)->free(kiln_test_hctx(g_th), blob);
 
     /* a: epoch 1, two batches consumed -> (1, 2). */
     int full[NTRAIN], rest[NTRAIN], ni = 0;
@@ -546,13 +548,13 @@ static void test_state(void) {
     size_t size2 = 0;
     CU_ASSERT_EQUAL(g_ops->base.get_state(bi, &ver, &blob2, &size2), KILN_OK); /* restored, not yet applied */
     CU_ASSERT(size2 == size && memcmp(blob, blob2, size) == 0);
-    mh_services()->free(mh_ctx(), blob2);
+    kiln_test_services(g_th)->free(kiln_test_hctx(g_th), blob2);
     CU_ASSERT_EQUAL(run_pass(bi, &c, KILN_SPLIT_TRAIN, 1, -1, rest, &ni, NULL), 3);
     CU_ASSERT(ni == 48 && memcmp(rest, full + 32, 48 * sizeof(int)) == 0); /* batches 2..4 of epoch 1 */
     CU_ASSERT_EQUAL(g_ops->base.get_state(bi, &ver, &blob2, &size2), KILN_OK);
     blob_fields(blob2, &e, &nx, &nb);
     CU_ASSERT(e == 1 && nx == 5 && nb == 5); /* epoch finished */
-    mh_services()->free(mh_ctx(), blob2);
+    kiln_test_services(g_th)->free(kiln_test_hctx(g_th), blob2);
     /* The restored position was consumed: -1 now means batch 0. */
     CU_ASSERT_EQUAL(run_pass(bi, &c, KILN_SPLIT_TRAIN, 1, -1, rest, &ni, NULL), 5);
     CU_ASSERT(memcmp(rest, full, 80 * sizeof(int)) == 0);
@@ -566,15 +568,15 @@ static void test_state(void) {
     kiln_instance *d = make(&c, KILN_STAGE_FIT, 0, 1);
     CU_ASSERT_PTR_NOT_NULL_FATAL(d);
     CU_ASSERT_EQUAL(g_ops->base.set_state(d, 2, blob, size), KILN_E_STATE);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "version 2"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "version 2"));
     CU_ASSERT_EQUAL(g_ops->base.set_state(d, 1, blob, size - 1), KILN_E_STATE);
     uint8_t bad[40];
     memcpy(bad, blob, 40);
     bad[0] ^= 0xff;
     CU_ASSERT_EQUAL(g_ops->base.set_state(d, 1, bad, 40), KILN_E_STATE);
     CU_ASSERT_EQUAL(g_ops->base.set_state(d, 1, blob, size), KILN_E_STATE);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "5"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "3"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "5"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "3"));
     g_ops->base.destroy(d);
     /* Set before setup, the mismatch is caught when the position is applied. */
     CU_ASSERT_EQUAL_FATAL(create(&c, &d), KILN_OK);
@@ -582,11 +584,11 @@ static void test_state(void) {
     CU_ASSERT_EQUAL(g_ops->setup(d, KILN_STAGE_FIT, 0, 1), KILN_OK);
     CU_ASSERT_EQUAL(g_ops->start_epoch(d, KILN_SPLIT_TRAIN, 1, -1), KILN_E_STATE);
     g_ops->base.destroy(d);
-    mh_services()->free(mh_ctx(), blob);
+    kiln_test_services(g_th)->free(kiln_test_hctx(g_th), blob);
 }
 
 static void test_call_order_errors(void) {
-    mh_reset();
+    kiln_test_reset(g_th);
     cfg c = cfg_small();
     kiln_instance *in = NULL;
     CU_ASSERT_EQUAL_FATAL(create(&c, &in), KILN_OK);
@@ -600,7 +602,7 @@ static void test_call_order_errors(void) {
     CU_ASSERT_EQUAL(g_ops->setup(in, KILN_STAGE_FIT, 0, 0), KILN_E_INVALID_ARG);
     CU_ASSERT_EQUAL(g_ops->setup(in, KILN_STAGE_FIT, 0, 1), KILN_OK);
     CU_ASSERT_EQUAL(g_ops->next(in, KILN_SPLIT_TRAIN, &b), KILN_E_STATE); /* before start_epoch */
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "start_epoch"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "start_epoch"));
     CU_ASSERT_EQUAL(g_ops->next(in, -1, &b), KILN_E_INVALID_ARG);
     /* A val batch stays valid while the train split moves on (separate tensor arrays and buffers). */
     CU_ASSERT_EQUAL(g_ops->start_epoch(in, KILN_SPLIT_TRAIN, 0, 0), KILN_OK);
@@ -623,12 +625,12 @@ static void test_call_order_errors(void) {
 static void expect_setup_error(const cfg *c, int32_t stage, int32_t code, const char *needle, const char *needle2) {
     kiln_instance *in = NULL;
     CU_ASSERT_EQUAL_FATAL(create(c, &in), KILN_OK); /* create reads no file */
-    mh.last_error[0] = '\0';
+    kiln_test_clear_error(g_th);
     CU_ASSERT_EQUAL(g_ops->setup(in, stage, 0, 1), code);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, needle));
-    if (needle2) CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, needle2));
-    if (!strstr(mh.last_error, needle) || (needle2 && !strstr(mh.last_error, needle2)))
-        fprintf(stderr, "\n  unexpected message: %s\n", mh.last_error);
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), needle));
+    if (needle2) CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), needle2));
+    if (!strstr(kiln_test_error(g_th), needle) || (needle2 && !strstr(kiln_test_error(g_th), needle2)))
+        fprintf(stderr, "\n  unexpected message: %s\n", kiln_test_error(g_th));
     int64_t n;
     CU_ASSERT_EQUAL(g_ops->num_batches(in, stage == KILN_STAGE_TEST ? KILN_SPLIT_TEST : KILN_SPLIT_TRAIN, &n),
                     KILN_E_STATE);
@@ -636,7 +638,7 @@ static void expect_setup_error(const cfg *c, int32_t stage, int32_t code, const 
 }
 
 static void test_setup_errors(void) {
-    mh_reset();
+    kiln_test_reset(g_th);
     cfg c = cfg_small();
     c.train_images = "no-such-images.gz";
     expect_setup_error(&c, KILN_STAGE_FIT, KILN_E_IO, path_in("no-such-images.gz"), NULL);
@@ -667,7 +669,7 @@ static void test_setup_errors(void) {
 }
 
 static void test_paths(void) {
-    mh_reset();
+    kiln_test_reset(g_th);
     cfg c = cfg_small();
     char dir_slash[80];
     snprintf(dir_slash, sizeof dir_slash, "%s/", g_dir);
@@ -688,23 +690,23 @@ static void test_paths(void) {
     CU_ASSERT_EQUAL(nbatches(in, KILN_SPLIT_TRAIN), 3);
     /* ... while relative ones still resolve against it. */
     CU_ASSERT_EQUAL(g_ops->setup(in, KILN_STAGE_TEST, 0, 1), KILN_E_IO);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "/nonexistent-kiln-dir/t10k-images-idx3-ubyte.gz"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "/nonexistent-kiln-dir/t10k-images-idx3-ubyte.gz"));
     g_ops->base.destroy(in);
 }
 
 /* create must fail with KILN_E_CONFIG, leave *out NULL, and name `key`. */
 static void expect_bad(const cfg *c, const char *key) {
     kiln_instance *in = (kiln_instance *)&in; /* create must reset it */
-    mh.last_error[0] = '\0';
-    int32_t rc = g_ops->base.create(g_desc->plugin_ctx, mh_services(), mh_ctx(), kv_of(c), &in);
+    kiln_test_clear_error(g_th);
+    int32_t rc = g_ops->base.create(g_desc->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), kv_of(c), &in);
     CU_ASSERT_EQUAL(rc, KILN_E_CONFIG);
     CU_ASSERT_PTR_NULL(in);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, key));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), key));
     if (rc == KILN_OK && in) g_ops->base.destroy(in);
 }
 
 static void test_bad_config(void) {
-    mh_reset();
+    kiln_test_reset(g_th);
     cfg c;
 #define BAD(field, value, key) (c = cfg_small(), c.field = (value), expect_bad(&c, key))
     BAD(batch_size, 0, "batch_size");
@@ -737,7 +739,7 @@ static void test_fashion_mnist(void) {
         fprintf(stderr, "\n  skipped: %s is not installed (Debian package dataset-fashion-mnist)\n", FMNIST_DIR);
         return;
     }
-    mh_reset();
+    kiln_test_reset(g_th);
     cfg c = cfg_defaults();
     kiln_instance *in = make(&c, KILN_STAGE_TEST, 0, 1);
     CU_ASSERT_PTR_NOT_NULL_FATAL(in);
@@ -784,6 +786,7 @@ static void test_fashion_mnist(void) {
 }
 
 static void register_tests(void) {
+    if (kiln_test_host_new(&g_th) != KILN_OK) return; /* no suite: the runner fails */
     CU_pSuite s = CU_add_suite("idx_plugin", suite_init, suite_clean);
     CU_add_test(s, "descriptor and declared keys", test_descriptor);
     CU_add_test(s, "num_batches with and without drop_last", test_num_batches);

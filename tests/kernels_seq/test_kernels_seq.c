@@ -1,7 +1,7 @@
 /*
  * test_kernels_seq.c — the cpu accelerator's ABI 1.4 sequence entries other
  * than attention (embedding_forward/backward, layernorm_forward/backward,
- * xent_fused, add), loaded through the mock host as the real host loads the
+ * xent_fused, add), loaded through the test host as the real host loads the
  * plugin. Each entry is checked in float32 and float64 against naive
  * double-precision loops written here, and its gradient against central
  * finite differences of the forward in float64; the embedding's scatter-add
@@ -24,7 +24,9 @@
 
 #include <CUnit/Basic.h>
 
-#include "mockhost.h"
+#include <kiln/testing.h>
+
+static kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
 
 static const kiln_plugin_desc *g_desc;
 static const kiln_accelerator_ops *g_ops;
@@ -34,14 +36,14 @@ static const kiln_kernels *g_k;
 static const uint32_t F32 = KILN_DTYPE_F32, F64 = KILN_DTYPE_F64;
 
 static int suite_init(void) {
-    mh_reset();
+    kiln_test_reset(g_th);
     const char *dir = getenv("KILN_PLUGIN_DIR");
     char path[1024];
     snprintf(path, sizeof path, "%s/libkiln-cpu.so", dir ? dir : ".");
-    g_desc = mh_load(path, KILN_KIND_ACCELERATOR, "cpu");
+    kiln_test_load(g_th, path, KILN_KIND_ACCELERATOR, "cpu", &g_desc);
     if (!g_desc) return -1;
     g_ops = g_desc->ops;
-    if (g_ops->base.create(g_desc->plugin_ctx, mh_services(), mh_ctx(), NULL, &g_acc) != KILN_OK) return -1;
+    if (g_ops->base.create(g_desc->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), NULL, &g_acc) != KILN_OK) return -1;
     g_k = g_ops->kernels(g_acc);
     if (!g_k || g_k->struct_size < KILN_KERNELS_SIZE_1_4) return -1;
     return 0;
@@ -50,7 +52,7 @@ static int suite_init(void) {
 static int suite_clean(void) {
     if (g_acc) g_ops->base.destroy(g_acc);
     g_acc = NULL;
-    mh_reset();
+    kiln_test_reset(g_th);
     return 0;
 }
 
@@ -120,8 +122,8 @@ static int32_t *tokens_new(size_t n, int32_t V, unsigned salt) {
 }
 
 static int has(const char *needle) {
-    if (strstr(mh.last_error, needle)) return 1;
-    fprintf(stderr, "  message \"%s\" lacks \"%s\"\n", mh.last_error, needle);
+    if (strstr(kiln_test_error(g_th), needle)) return 1;
+    fprintf(stderr, "  message \"%s\" lacks \"%s\"\n", kiln_test_error(g_th), needle);
     return 0;
 }
 
@@ -443,7 +445,7 @@ static void test_layernorm_rounding(void) {
     CU_ASSERT_EQUAL(g_k->layernorm_forward(g_acc, F64, yd2, md, rd, xd, NULL, NULL, N, C, 1e-5, KILN_DTYPE_F64),
                     KILN_OK);
     CU_ASSERT_EQUAL(memcmp(yd, yd2, nx * sizeof *yd), 0);
-    mh.last_error[0] = 0;
+    kiln_test_clear_error(g_th);
     CU_ASSERT_EQUAL(g_k->layernorm_forward(g_acc, F64, yd, md, rd, xd, NULL, NULL, N, C, 1e-5, KILN_DTYPE_BF16),
                     KILN_E_INVALID_ARG);
     CU_ASSERT_TRUE(has("layernorm_forward") && has("round_dtype"));
@@ -655,7 +657,7 @@ static void test_errors(void) {
 
     /* a bad token: KILN_E_DATA naming index, value and range; nothing written */
     tok[7] = 57;
-    mh.last_error[0] = 0;
+    kiln_test_clear_error(g_th);
     CU_ASSERT_EQUAL(g_k->embedding_forward(g_acc, F32, out, tok, wte, NULL, B, T, C, V), KILN_E_DATA);
     CU_ASSERT_TRUE(has("embedding_forward") && has("token 57") && has("index 7") && has("[0, 11)"));
     CU_ASSERT_EQUAL(memcmp(out, out0, (size_t)n * C * sizeof *out0), 0);
@@ -672,7 +674,7 @@ static void test_errors(void) {
     /* bad dtype, each entry names itself */
     const uint32_t bad = KILN_DTYPE_F16;
     double loss = 0;
-    mh.last_error[0] = 0;
+    kiln_test_clear_error(g_th);
     CU_ASSERT_EQUAL(g_k->embedding_forward(g_acc, bad, out, tok, wte, NULL, B, T, C, V), KILN_E_INVALID_ARG);
     CU_ASSERT_TRUE(has("embedding_forward") && has("float16"));
     CU_ASSERT_EQUAL(g_k->embedding_backward(g_acc, bad, g, NULL, out, tok, B, T, C, V), KILN_E_INVALID_ARG);
@@ -711,7 +713,7 @@ static void test_errors(void) {
     CU_ASSERT_EQUAL(loss, 0.0);
 
     /* overlaps */
-    mh.last_error[0] = 0;
+    kiln_test_clear_error(g_th);
     CU_ASSERT_EQUAL(g_k->layernorm_forward(g_acc, F32, out, g, g + 4, out, NULL, NULL, 2, 3, 1e-5, F32),
                     KILN_E_INVALID_ARG);
     CU_ASSERT_TRUE(has("layernorm_forward") && has("y overlaps x"));
@@ -737,7 +739,7 @@ static void test_errors(void) {
     float before[24];
     memcpy(before, lg, sizeof before);
     tg[2] = -2;
-    mh.last_error[0] = 0;
+    kiln_test_clear_error(g_th);
     CU_ASSERT_EQUAL(g_k->xent_fused(g_acc, F32, lg, tg, 4, 5, 6, 1.0, &loss), KILN_E_DATA);
     CU_ASSERT_TRUE(has("xent_fused") && has("target -2") && has("row 2") && has("[-1, 5)"));
     tg[2] = 5;
@@ -784,6 +786,7 @@ static void test_xent_speed(void) {
 }
 
 static void register_tests(void) {
+    if (kiln_test_host_new(&g_th) != KILN_OK) return; /* no suite: the runner fails */
     CU_pSuite s = CU_add_suite("kernels_seq", suite_init, suite_clean);
     CU_add_test(s, "1.4 table entries present", test_table);
     CU_add_test(s, "embedding forward/backward vs naive, += and serial bits (f32, f64)", test_embedding);

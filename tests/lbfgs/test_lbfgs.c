@@ -1,7 +1,7 @@
 /*
- * test_lbfgs.c — the "lbfgs" optimizer plugin, loaded through the mock host
+ * test_lbfgs.c — the "lbfgs" optimizer plugin, loaded through the test host
  * and run on the "cpu" accelerator plugin (handed to the optimizer through
- * the mock host's accelerator service, as the real host does). The closure
+ * the test host's accelerator service, as the real host does). The closure
  * stands in for the host's (training_step, zero_grad, backward): it reads
  * the parameters, evaluates a known objective in double precision, writes
  * its gradient into every p->grad and returns the loss, counting its calls.
@@ -26,7 +26,9 @@
 
 #include <CUnit/Basic.h>
 
-#include "mockhost.h"
+#include <kiln/testing.h>
+
+static kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
 
 #define MAXN 16
 
@@ -38,7 +40,9 @@ static const kiln_plugin_desc *load(const char *lib, uint32_t kind, const char *
     const char *dir = getenv("KILN_PLUGIN_DIR");
     char path[1024];
     snprintf(path, sizeof path, "%s/libkiln-%s.so", dir ? dir : ".", lib);
-    return mh_load(path, kind, name);
+    const kiln_plugin_desc *d_ = NULL;
+    kiln_test_load(g_th, path, kind, name, &d_);
+    return d_;
 }
 
 static int suite_init(void) {
@@ -128,24 +132,24 @@ typedef struct {
 static const pspec QUAD_PARAMS[] = {{"weight", 2, {2, 2}}, {"bias", 1, {3, 1}}};
 static const pspec PAIR_PARAMS[] = {{"xy", 1, {2, 1}}};
 
-/* Fresh mock host with the given parameters (fp64 masters when f64, which
- * the test allocates itself: the mock host allocates floats), the cpu
+/* Fresh test host with the given parameters (fp64 masters when f64, which
+ * the test allocates itself: the test host allocates floats), the cpu
  * accelerator, and the objective. */
 static void env_begin(const pspec *ps, int np, int f64, objective_fn obj) {
-    mh_reset();
+    kiln_test_reset(g_th);
     g_n = 0;
     for (int i = 0; i < np; i++) {
         kiln_parameter *p;
-        CU_ASSERT_EQUAL_FATAL(mh_services()->param_register(mh_ctx(), ps[i].name, ps[i].ndim, ps[i].shape, 0, &p),
+        CU_ASSERT_EQUAL_FATAL(kiln_test_services(g_th)->param_register(kiln_test_hctx(g_th), ps[i].name, ps[i].ndim, ps[i].shape, 0, &p),
                               KILN_OK);
         g_n += (int)p->numel;
     }
     CU_ASSERT_FATAL(g_n <= MAXN);
-    CU_ASSERT_EQUAL_FATAL(mh_alloc_params(), 0);
+    CU_ASSERT_EQUAL_FATAL(kiln_test_alloc_params(g_th), 0);
     g_f64 = f64;
     if (f64) {
-        for (uint32_t i = 0; i < mh.nparams; i++) {
-            kiln_parameter *p = mh.param_ptrs[i];
+        for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++) {
+            kiln_parameter *p = kiln_test_params(g_th)[i];
             free(p->data);
             free(p->grad);
             void *d = NULL, *g = NULL;
@@ -153,16 +157,15 @@ static void env_begin(const pspec *ps, int np, int f64, objective_fn obj) {
             CU_ASSERT_EQUAL_FATAL(posix_memalign(&g, 64, (size_t)p->numel * sizeof(double)), 0);
             memset(d, 0, (size_t)p->numel * sizeof(double));
             memset(g, 0, (size_t)p->numel * sizeof(double));
-            p->data = d; /* mh_reset() frees them */
+            p->data = d; /* kiln_test_reset(g_th) frees them */
             p->grad = g;
             p->compute = d;
             p->param_dtype = KILN_DTYPE_F64;
         }
     }
     const kiln_accelerator_ops *aops = g_cpu->ops;
-    CU_ASSERT_EQUAL_FATAL(aops->base.create(g_cpu->plugin_ctx, mh_services(), mh_ctx(), NULL, &g_acc), KILN_OK);
-    mh.acc = g_acc;
-    mh.kernels = aops->kernels(g_acc);
+    CU_ASSERT_EQUAL_FATAL(aops->base.create(g_cpu->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), NULL, &g_acc), KILN_OK);
+    kiln_test_set_accelerator(g_th, g_acc, aops->kernels(g_acc));
     g_obj = obj;
     quad_init();
 }
@@ -171,14 +174,14 @@ static void env_end(void) {
     const kiln_accelerator_ops *aops = g_cpu->ops;
     aops->base.destroy(g_acc);
     g_acc = NULL;
-    mh_reset();
+    kiln_test_reset(g_th);
 }
 
 /* The parameters as one flat vector (n), in registration order. */
 static void read_x(double *x) {
     int off = 0;
-    for (uint32_t i = 0; i < mh.nparams; i++) {
-        const kiln_parameter *p = mh.param_ptrs[i];
+    for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++) {
+        const kiln_parameter *p = kiln_test_params(g_th)[i];
         for (int64_t j = 0; j < p->numel; j++)
             x[off++] = g_f64 ? ((const double *)(const void *)p->data)[j] : (double)p->data[j];
     }
@@ -186,8 +189,8 @@ static void read_x(double *x) {
 
 static void write_vec(const double *v, int grads) {
     int off = 0;
-    for (uint32_t i = 0; i < mh.nparams; i++) {
-        kiln_parameter *p = mh.param_ptrs[i];
+    for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++) {
+        kiln_parameter *p = kiln_test_params(g_th)[i];
         void *dst = grads ? (void *)p->grad : (void *)p->data;
         for (int64_t j = 0; j < p->numel; j++, off++) {
             if (g_f64)
@@ -210,7 +213,7 @@ static int32_t closure_call(void *vctx, double *loss) {
     closure_ctx *c = vctx;
     c->calls++;
     if (c->calls == c->fail_at) {
-        mh_services()->set_error(mh_ctx(), KILN_E_NONFINITE, "closure: forced failure");
+        kiln_test_services(g_th)->set_error(kiln_test_hctx(g_th), KILN_E_NONFINITE, "closure: forced failure");
         return KILN_E_NONFINITE;
     }
     double x[MAXN], g[MAXN];
@@ -245,12 +248,12 @@ static config cfg(double lr, int64_t max_iter, int64_t max_eval, double tol_grad
 
 static kiln_instance *make(const config *c) {
     kiln_instance *inst = NULL;
-    int32_t rc = ops()->base.create(g_lb->plugin_ctx, mh_services(), mh_ctx(), c->kv, &inst);
-    if (rc != KILN_OK) fprintf(stderr, "create lbfgs: %s\n", mh.last_error);
+    int32_t rc = ops()->base.create(g_lb->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), c->kv, &inst);
+    if (rc != KILN_OK) fprintf(stderr, "create lbfgs: %s\n", kiln_test_error(g_th));
     CU_ASSERT_EQUAL(rc, KILN_OK);
     if (inst) {
-        rc = ops()->setup(inst, mh.param_ptrs, mh.nparams);
-        if (rc != KILN_OK) fprintf(stderr, "setup lbfgs: %s\n", mh.last_error);
+        rc = ops()->setup(inst, kiln_test_params(g_th), kiln_test_param_count(g_th));
+        if (rc != KILN_OK) fprintf(stderr, "setup lbfgs: %s\n", kiln_test_error(g_th));
         CU_ASSERT_EQUAL(rc, KILN_OK);
     }
     return inst;
@@ -274,7 +277,7 @@ static lb_header header_of(kiln_instance *inst) {
     CU_ASSERT_EQUAL(ver, 1);
     if (blob && size >= sizeof h) memcpy(&h, blob, sizeof h);
     CU_ASSERT_EQUAL(memcmp(h.magic, "kiln-lbfgs-state", 16), 0);
-    mh_services()->free(mh_ctx(), blob);
+    kiln_test_services(g_th)->free(kiln_test_hctx(g_th), blob);
     return h;
 }
 
@@ -568,9 +571,9 @@ static void test_first_iteration_f32(void) {
     CU_ASSERT_EQUAL(ops()->step(opt, CLOSURE(cc)), KILN_OK);
     CU_ASSERT_EQUAL(cc.calls, 1);
     int off = 0;
-    for (uint32_t p = 0; p < mh.nparams; p++)
-        for (int64_t j = 0; j < mh.param_ptrs[p]->numel; j++, off++)
-            CU_ASSERT_EQUAL(mh.param_ptrs[p]->data[j], (float)(x0[off] + t * -g0[off]));
+    for (uint32_t p = 0; p < kiln_test_param_count(g_th); p++)
+        for (int64_t j = 0; j < kiln_test_params(g_th)[p]->numel; j++, off++)
+            CU_ASSERT_EQUAL(kiln_test_params(g_th)[p]->data[j], (float)(x0[off] + t * -g0[off]));
     ops()->base.destroy(opt);
     env_end();
 }
@@ -808,15 +811,15 @@ static void test_optimal_start(void) {
         QB[i] = ax;
     }
     float w[4], b[3];
-    memcpy(w, mh.param_ptrs[0]->data, sizeof w);
-    memcpy(b, mh.param_ptrs[1]->data, sizeof b);
+    memcpy(w, kiln_test_params(g_th)[0]->data, sizeof w);
+    memcpy(b, kiln_test_params(g_th)[1]->data, sizeof b);
     config c = cfg(1.0, 20, 0, 1e-7, 1e-9, 100, "strong_wolfe");
     kiln_instance *opt = make(&c);
     CU_ASSERT_PTR_NOT_NULL_FATAL(opt);
     CU_ASSERT_EQUAL(count_calls(opt), 1);
     CU_ASSERT_EQUAL(count_calls(opt), 1);
-    CU_ASSERT_EQUAL(memcmp(w, mh.param_ptrs[0]->data, sizeof w), 0);
-    CU_ASSERT_EQUAL(memcmp(b, mh.param_ptrs[1]->data, sizeof b), 0);
+    CU_ASSERT_EQUAL(memcmp(w, kiln_test_params(g_th)[0]->data, sizeof w), 0);
+    CU_ASSERT_EQUAL(memcmp(b, kiln_test_params(g_th)[1]->data, sizeof b), 0);
     lb_header h = header_of(opt);
     CU_ASSERT_EQUAL(h.n_iter, 0);
     CU_ASSERT_EQUAL(h.func_evals, 2);
@@ -827,7 +830,7 @@ static void test_optimal_start(void) {
     opt = make(&big);
     CU_ASSERT_PTR_NOT_NULL_FATAL(opt);
     CU_ASSERT_EQUAL(count_calls(opt), 1);
-    CU_ASSERT_EQUAL(memcmp(w, mh.param_ptrs[0]->data, sizeof w), 0);
+    CU_ASSERT_EQUAL(memcmp(w, kiln_test_params(g_th)[0]->data, sizeof w), 0);
     ops()->base.destroy(opt);
     env_end();
 }
@@ -848,8 +851,8 @@ static void test_history_persists(void) {
     kiln_instance *one = make(&c10);
     CU_ASSERT_PTR_NOT_NULL_FATAL(one);
     CU_ASSERT_EQUAL(count_calls(one), 10);
-    memcpy(w_one, mh.param_ptrs[0]->data, sizeof w_one);
-    memcpy(b_one, mh.param_ptrs[1]->data, sizeof b_one);
+    memcpy(w_one, kiln_test_params(g_th)[0]->data, sizeof w_one);
+    memcpy(b_one, kiln_test_params(g_th)[1]->data, sizeof b_one);
     lb_header h_one = header_of(one);
 
     write_vec(QX0, 0);
@@ -857,23 +860,23 @@ static void test_history_persists(void) {
     kiln_instance *two = make(&c5);
     CU_ASSERT_PTR_NOT_NULL_FATAL(two);
     CU_ASSERT_EQUAL(count_calls(two), 5);
-    memcpy(w_mid, mh.param_ptrs[0]->data, sizeof w_mid);
-    memcpy(b_mid, mh.param_ptrs[1]->data, sizeof b_mid);
+    memcpy(w_mid, kiln_test_params(g_th)[0]->data, sizeof w_mid);
+    memcpy(b_mid, kiln_test_params(g_th)[1]->data, sizeof b_mid);
     CU_ASSERT_EQUAL(count_calls(two), 5);
-    CU_ASSERT_EQUAL(memcmp(w_one, mh.param_ptrs[0]->data, sizeof w_one), 0);
-    CU_ASSERT_EQUAL(memcmp(b_one, mh.param_ptrs[1]->data, sizeof b_one), 0);
+    CU_ASSERT_EQUAL(memcmp(w_one, kiln_test_params(g_th)[0]->data, sizeof w_one), 0);
+    CU_ASSERT_EQUAL(memcmp(b_one, kiln_test_params(g_th)[1]->data, sizeof b_one), 0);
     lb_header h_two = header_of(two);
     CU_ASSERT_EQUAL(h_two.n_iter, 10);
     CU_ASSERT_EQUAL(h_one.n_iter, 10);
     CU_ASSERT_EQUAL(h_two.hist_len, h_one.hist_len);
     CU_ASSERT_TRUE(h_one.hist_len >= 5);
 
-    memcpy(mh.param_ptrs[0]->data, w_mid, sizeof w_mid);
-    memcpy(mh.param_ptrs[1]->data, b_mid, sizeof b_mid);
+    memcpy(kiln_test_params(g_th)[0]->data, w_mid, sizeof w_mid);
+    memcpy(kiln_test_params(g_th)[1]->data, b_mid, sizeof b_mid);
     kiln_instance *fresh = make(&c5);
     CU_ASSERT_PTR_NOT_NULL_FATAL(fresh);
     CU_ASSERT_EQUAL(count_calls(fresh), 5);
-    CU_ASSERT_NOT_EQUAL(memcmp(w_one, mh.param_ptrs[0]->data, sizeof w_one), 0);
+    CU_ASSERT_NOT_EQUAL(memcmp(w_one, kiln_test_params(g_th)[0]->data, sizeof w_one), 0);
     ops()->base.destroy(fresh);
     ops()->base.destroy(two);
     ops()->base.destroy(one);
@@ -934,7 +937,7 @@ static void check_roundtrip(const pspec *ps, int np, int f64, objective_fn obj, 
     CU_ASSERT_EQUAL_FATAL(ops()->base.get_state(b, &ver_b, &blob_b, &size_b), KILN_OK);
     CU_ASSERT_EQUAL(size_b, size);
     CU_ASSERT_TRUE(size_b == size && memcmp(blob, blob_b, size) == 0);
-    mh_services()->free(mh_ctx(), blob_b);
+    kiln_test_services(g_th)->free(kiln_test_hctx(g_th), blob_b);
 
     double mid[MAXN], xa[MAXN], xb[MAXN], xf[MAXN];
     read_x(mid);
@@ -955,7 +958,7 @@ static void check_roundtrip(const pspec *ps, int np, int f64, objective_fn obj, 
     read_x(xf);
     CU_ASSERT_NOT_EQUAL(memcmp(xa, xf, (size_t)g_n * sizeof(double)), 0);
 
-    mh_services()->free(mh_ctx(), blob);
+    kiln_test_services(g_th)->free(kiln_test_hctx(g_th), blob);
     ops()->base.destroy(fresh);
     ops()->base.destroy(b);
     ops()->base.destroy(a);
@@ -993,44 +996,44 @@ static void test_state_refused(void) {
     CU_ASSERT_PTR_NOT_NULL_FATAL(b);
     count_calls(b); /* b has a state of its own that a refusal must keep */
     lb_header before = header_of(b);
-    mh.last_error[0] = 0;
+    kiln_test_clear_error(g_th);
     CU_ASSERT_EQUAL(ops()->base.set_state(b, ver, blob, size - 8), KILN_E_STATE);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "bytes"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "bytes"));
     unsigned char *bigger = calloc(1, size + 8);
     CU_ASSERT_PTR_NOT_NULL_FATAL(bigger);
     memcpy(bigger, blob, size);
     CU_ASSERT_EQUAL(ops()->base.set_state(b, ver, bigger, size + 8), KILN_E_STATE);
     bigger[0] ^= 1;
-    mh.last_error[0] = 0;
+    kiln_test_clear_error(g_th);
     CU_ASSERT_EQUAL(ops()->base.set_state(b, ver, bigger, size), KILN_E_STATE);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "magic"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "magic"));
     free(bigger);
     CU_ASSERT_EQUAL(ops()->base.set_state(b, ver, blob, 10), KILN_E_STATE);
-    mh.last_error[0] = 0;
+    kiln_test_clear_error(g_th);
     CU_ASSERT_EQUAL(ops()->base.set_state(b, 2, blob, size), KILN_E_STATE);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "version"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "version"));
     lb_header after = header_of(b);
     CU_ASSERT_EQUAL(memcmp(&before, &after, sizeof before), 0);
 
     /* another parameter count */
     kiln_instance *one = NULL;
-    CU_ASSERT_EQUAL_FATAL(ops()->base.create(g_lb->plugin_ctx, mh_services(), mh_ctx(), c.kv, &one), KILN_OK);
-    CU_ASSERT_EQUAL(ops()->setup(one, mh.param_ptrs, 1), KILN_OK); /* the weight only */
-    mh.last_error[0] = 0;
+    CU_ASSERT_EQUAL_FATAL(ops()->base.create(g_lb->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), c.kv, &one), KILN_OK);
+    CU_ASSERT_EQUAL(ops()->setup(one, kiln_test_params(g_th), 1), KILN_OK); /* the weight only */
+    kiln_test_clear_error(g_th);
     CU_ASSERT_EQUAL(ops()->base.set_state(one, ver, blob, size), KILN_E_STATE);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "2 parameters"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "2 parameters"));
 
     /* same count, other sizes: the bias as (2) instead of (3) */
-    kiln_parameter fake_bias = *mh.param_ptrs[1];
+    kiln_parameter fake_bias = *kiln_test_params(g_th)[1];
     fake_bias.numel = 2;
     fake_bias.shape[0] = 2;
-    kiln_parameter *swapped[2] = {mh.param_ptrs[0], &fake_bias};
+    kiln_parameter *swapped[2] = {kiln_test_params(g_th)[0], &fake_bias};
     kiln_instance *other = NULL;
-    CU_ASSERT_EQUAL_FATAL(ops()->base.create(g_lb->plugin_ctx, mh_services(), mh_ctx(), c.kv, &other), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(ops()->base.create(g_lb->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), c.kv, &other), KILN_OK);
     CU_ASSERT_EQUAL(ops()->setup(other, swapped, 2), KILN_OK);
-    mh.last_error[0] = 0;
+    kiln_test_clear_error(g_th);
     CU_ASSERT_EQUAL(ops()->base.set_state(other, ver, blob, size), KILN_E_STATE);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "bias"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "bias"));
 
     /* history_size 2 < the 3 saved pairs: accepted, the newest 2 kept */
     config c2 = cfg(0.1, 4, 0, 1e-7, 1e-9, 2, "none");
@@ -1042,7 +1045,7 @@ static void test_state_refused(void) {
     CU_ASSERT_EQUAL(hs.n_iter, 4);
     CU_ASSERT_EQUAL(count_calls(small), 4);
 
-    mh_services()->free(mh_ctx(), blob);
+    kiln_test_services(g_th)->free(kiln_test_hctx(g_th), blob);
     ops()->base.destroy(small);
     ops()->base.destroy(other);
     ops()->base.destroy(one);
@@ -1118,11 +1121,11 @@ static void test_state_bounds(void) {
         default: memcpy(bad + vecs + cases[i].at * sizeof(double), &cases[i].v, sizeof(double)); break;
         }
         memcpy(bad, &h, sizeof h);
-        mh.last_error[0] = 0;
+        kiln_test_clear_error(g_th);
         CU_ASSERT_EQUAL(ops()->base.set_state(b, ver, bad, size), KILN_E_DATA);
-        if (!strstr(mh.last_error, cases[i].needle)) fprintf(stderr, "\ncase %zu: %s\n", i, mh.last_error);
-        CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, cases[i].needle));
-        CU_ASSERT_PTR_NULL(strchr(mh.last_error, '\n'));
+        if (!strstr(kiln_test_error(g_th), cases[i].needle)) fprintf(stderr, "\ncase %zu: %s\n", i, kiln_test_error(g_th));
+        CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), cases[i].needle));
+        CU_ASSERT_PTR_NULL(strchr(kiln_test_error(g_th), '\n'));
         lb_header after = header_of(b);
         CU_ASSERT_EQUAL(memcmp(&before, &after, sizeof before), 0);
     }
@@ -1132,9 +1135,9 @@ static void test_state_bounds(void) {
     size_t size2 = 0;
     CU_ASSERT_EQUAL_FATAL(ops()->base.get_state(b, &ver, &again, &size2), KILN_OK);
     CU_ASSERT_TRUE(size2 == size && memcmp(again, blob, size) == 0);
-    mh_services()->free(mh_ctx(), again);
+    kiln_test_services(g_th)->free(kiln_test_hctx(g_th), again);
     free(bad);
-    mh_services()->free(mh_ctx(), blob);
+    kiln_test_services(g_th)->free(kiln_test_hctx(g_th), blob);
     ops()->base.destroy(b);
     ops()->base.destroy(a);
     env_end();
@@ -1147,38 +1150,38 @@ static void test_closure_errors(void) {
     const double x0[2] = {-1.5, 2.0};
     write_vec(x0, 0);
     float start[2];
-    memcpy(start, mh.param_ptrs[0]->data, sizeof start);
+    memcpy(start, kiln_test_params(g_th)[0]->data, sizeof start);
     config c = cfg(1.0, 20, 0, 1e-7, 1e-9, 100, "strong_wolfe");
     kiln_instance *opt = make(&c);
     CU_ASSERT_PTR_NOT_NULL_FATAL(opt);
 
     /* no closure */
-    mh.last_error[0] = 0;
+    kiln_test_clear_error(g_th);
     CU_ASSERT_EQUAL(ops()->step(opt, NULL), KILN_E_INVALID_ARG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "closure"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "closure"));
     kiln_closure empty = {sizeof empty, 0, NULL, NULL};
     CU_ASSERT_EQUAL(ops()->step(opt, &empty), KILN_E_INVALID_ARG);
 
     /* a NaN loss (the step returned no loss) on the first call, and inside
      * the line search (call 3): KILN_E_STATE, parameters back at the start */
     closure_ctx nan1 = {0, 0, 1, 0.0};
-    mh.last_error[0] = 0;
+    kiln_test_clear_error(g_th);
     CU_ASSERT_EQUAL(ops()->step(opt, CLOSURE(nan1)), KILN_E_STATE);
     CU_ASSERT_EQUAL(nan1.calls, 1);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "loss"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "loss"));
     closure_ctx nan3 = {0, 0, 3, 0.0};
     CU_ASSERT_EQUAL(ops()->step(opt, CLOSURE(nan3)), KILN_E_STATE);
     CU_ASSERT_EQUAL(nan3.calls, 3);
-    CU_ASSERT_EQUAL(memcmp(start, mh.param_ptrs[0]->data, sizeof start), 0);
+    CU_ASSERT_EQUAL(memcmp(start, kiln_test_params(g_th)[0]->data, sizeof start), 0);
 
     /* a failing closure during the first line search: its status comes
      * back and the probe's parameters are put back */
     closure_ctx fail2 = {0, 2, 0, 0.0};
-    mh.last_error[0] = 0;
+    kiln_test_clear_error(g_th);
     CU_ASSERT_EQUAL(ops()->step(opt, CLOSURE(fail2)), KILN_E_NONFINITE);
     CU_ASSERT_EQUAL(fail2.calls, 2);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "forced"));
-    CU_ASSERT_EQUAL(memcmp(start, mh.param_ptrs[0]->data, sizeof start), 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "forced"));
+    CU_ASSERT_EQUAL(memcmp(start, kiln_test_params(g_th)[0]->data, sizeof start), 0);
     ops()->base.destroy(opt);
 
     /* line_search none: a NaN loss after the first iteration */
@@ -1191,7 +1194,7 @@ static void test_closure_errors(void) {
 
     /* before setup */
     kiln_instance *bare = NULL;
-    CU_ASSERT_EQUAL_FATAL(ops()->base.create(g_lb->plugin_ctx, mh_services(), mh_ctx(), c.kv, &bare), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(ops()->base.create(g_lb->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), c.kv, &bare), KILN_OK);
     closure_ctx cc = {0};
     CU_ASSERT_EQUAL(ops()->step(bare, CLOSURE(cc)), KILN_E_STATE);
     CU_ASSERT_EQUAL(cc.calls, 0);
@@ -1213,17 +1216,17 @@ static void test_zero_grad_lr(void) {
         const double g[QN] = {1, -2, 3, -4, 5, -6, 7};
         write_vec(g, 1);
         CU_ASSERT_EQUAL(ops()->zero_grad(opt), KILN_OK);
-        for (uint32_t p = 0; p < mh.nparams; p++) {
-            const unsigned char *bytes = (const unsigned char *)mh.param_ptrs[p]->grad;
-            size_t nb = (size_t)mh.param_ptrs[p]->numel * (f64 ? 8 : 4);
+        for (uint32_t p = 0; p < kiln_test_param_count(g_th); p++) {
+            const unsigned char *bytes = (const unsigned char *)kiln_test_params(g_th)[p]->grad;
+            size_t nb = (size_t)kiln_test_params(g_th)[p]->numel * (f64 ? 8 : 4);
             for (size_t i = 0; i < nb; i++) CU_ASSERT_EQUAL(bytes[i], 0);
         }
         CU_ASSERT_DOUBLE_EQUAL(ops()->get_lr(opt), 1.0, 0.0);
         CU_ASSERT_EQUAL(ops()->set_lr(opt, 0.25), KILN_OK);
         CU_ASSERT_DOUBLE_EQUAL(ops()->get_lr(opt), 0.25, 0.0);
-        mh.last_error[0] = 0;
+        kiln_test_clear_error(g_th);
         CU_ASSERT_EQUAL(ops()->set_lr(opt, 0.0), KILN_E_INVALID_ARG);
-        CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "lr"));
+        CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "lr"));
         CU_ASSERT_EQUAL(ops()->set_lr(opt, -1.0), KILN_E_INVALID_ARG);
         CU_ASSERT_EQUAL(ops()->set_lr(opt, NAN), KILN_E_INVALID_ARG);
         CU_ASSERT_DOUBLE_EQUAL(ops()->get_lr(opt), 0.25, 0.0);
@@ -1237,20 +1240,20 @@ static void test_setup_refusals(void) {
     env_begin(QUAD_PARAMS, 2, 0, quad_f);
     config c = cfg(1.0, 20, 0, 1e-7, 1e-9, 100, "none");
     kiln_instance *opt = NULL;
-    CU_ASSERT_EQUAL_FATAL(ops()->base.create(g_lb->plugin_ctx, mh_services(), mh_ctx(), c.kv, &opt), KILN_OK);
-    const kiln_kernels *k = mh.kernels;
-    mh.kernels = NULL;
-    mh.last_error[0] = 0;
-    CU_ASSERT_NOT_EQUAL(ops()->setup(opt, mh.param_ptrs, mh.nparams), KILN_OK);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "accelerator"));
-    mh.kernels = k;
-    mh.param_ptrs[1]->param_dtype = KILN_DTYPE_F16;
-    mh.last_error[0] = 0;
-    CU_ASSERT_EQUAL(ops()->setup(opt, mh.param_ptrs, mh.nparams), KILN_E_UNSUPPORTED);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "float16"));
-    mh.param_ptrs[1]->param_dtype = KILN_DTYPE_F32;
-    CU_ASSERT_EQUAL(ops()->setup(opt, mh.param_ptrs, 0), KILN_E_INVALID_ARG);
-    CU_ASSERT_EQUAL(ops()->setup(opt, mh.param_ptrs, mh.nparams), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(ops()->base.create(g_lb->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), c.kv, &opt), KILN_OK);
+    const kiln_kernels *k = kiln_test_kernels(g_th);
+    kiln_test_set_accelerator(g_th, kiln_test_acc(g_th), NULL);
+    kiln_test_clear_error(g_th);
+    CU_ASSERT_NOT_EQUAL(ops()->setup(opt, kiln_test_params(g_th), kiln_test_param_count(g_th)), KILN_OK);
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "accelerator"));
+    kiln_test_set_accelerator(g_th, kiln_test_acc(g_th), k);
+    kiln_test_params(g_th)[1]->param_dtype = KILN_DTYPE_F16;
+    kiln_test_clear_error(g_th);
+    CU_ASSERT_EQUAL(ops()->setup(opt, kiln_test_params(g_th), kiln_test_param_count(g_th)), KILN_E_UNSUPPORTED);
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "float16"));
+    kiln_test_params(g_th)[1]->param_dtype = KILN_DTYPE_F32;
+    CU_ASSERT_EQUAL(ops()->setup(opt, kiln_test_params(g_th), 0), KILN_E_INVALID_ARG);
+    CU_ASSERT_EQUAL(ops()->setup(opt, kiln_test_params(g_th), kiln_test_param_count(g_th)), KILN_OK);
     ops()->base.destroy(opt);
     env_end();
 }
@@ -1259,15 +1262,15 @@ static void test_setup_refusals(void) {
  * instance. */
 static void expect_refused(config c, const char *key) {
     kiln_instance *inst = (kiln_instance *)&inst;
-    mh.last_error[0] = 0;
-    CU_ASSERT_EQUAL(ops()->base.create(g_lb->plugin_ctx, mh_services(), mh_ctx(), c.kv, &inst), KILN_E_CONFIG);
+    kiln_test_clear_error(g_th);
+    CU_ASSERT_EQUAL(ops()->base.create(g_lb->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), c.kv, &inst), KILN_E_CONFIG);
     CU_ASSERT_PTR_NULL(inst);
-    if (!strstr(mh.last_error, key)) fprintf(stderr, "message for %s: \"%s\"\n", key, mh.last_error);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, key));
+    if (!strstr(kiln_test_error(g_th), key)) fprintf(stderr, "message for %s: \"%s\"\n", key, kiln_test_error(g_th));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), key));
 }
 
 static void test_bad_config(void) {
-    mh_reset();
+    kiln_test_reset(g_th);
     expect_refused(cfg(0.0, 20, 0, 1e-7, 1e-9, 100, "none"), "lr");
     expect_refused(cfg(-1.0, 20, 0, 1e-7, 1e-9, 100, "none"), "lr");
     expect_refused(cfg(NAN, 20, 0, 1e-7, 1e-9, 100, "none"), "lr");
@@ -1284,11 +1287,12 @@ static void test_bad_config(void) {
     /* accepted boundaries: tolerances 0, history_size 1, max_eval 1 */
     kiln_instance *inst = NULL;
     config ok = cfg(1e-3, 1, 1, 0.0, 0.0, 1, "strong_wolfe");
-    CU_ASSERT_EQUAL(ops()->base.create(g_lb->plugin_ctx, mh_services(), mh_ctx(), ok.kv, &inst), KILN_OK);
+    CU_ASSERT_EQUAL(ops()->base.create(g_lb->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), ok.kv, &inst), KILN_OK);
     ops()->base.destroy(inst);
 }
 
 static void register_tests(void) {
+    if (kiln_test_host_new(&g_th) != KILN_OK) return; /* no suite: the runner fails */
     CU_pSuite s = CU_add_suite("lbfgs", suite_init, suite_clean);
     CU_add_test(s, "descriptor: keys, defaults, properties", test_descriptor);
     CU_add_test(s, "quadratic to A^-1 b, none, float32", test_quadratic_none);

@@ -1,6 +1,6 @@
 /*
  * test_mlp.c — CUnit suite for the "mlp" module plugin, loaded through the
- * mock host. The test builds its own kiln_kernels table around the CPU
+ * test host. The test builds its own kiln_kernels table around the CPU
  * kernels (kc_*), so the module is exercised exactly as an accelerator would
  * drive it, without depending on the cpu accelerator plugin. It checks the
  * registered parameters (names, shapes, order, NO_DECAY), deterministic
@@ -13,7 +13,9 @@
  */
 #define _POSIX_C_SOURCE 200112L /* posix_memalign */
 #include "cpu_kernels.h"
-#include "mockhost.h"
+#include <kiln/testing.h>
+
+static kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
 
 #include <CUnit/CUnit.h>
 #include <math.h>
@@ -194,8 +196,8 @@ static int load_plugin(void) {
     }
     char path[4096];
     snprintf(path, sizeof path, "%s/libkiln-mlp.so", dir);
-    mh_reset();
-    g_desc = mh_load(path, KILN_KIND_MODULE, "mlp");
+    kiln_test_reset(g_th);
+    kiln_test_load(g_th, path, KILN_KIND_MODULE, "mlp", &g_desc);
     return g_desc ? 0 : -1;
 }
 
@@ -223,19 +225,18 @@ static cfg small_cfg(const char *activation) {
     return c;
 }
 
-/* Fresh mock host + module instance; parameters allocated and initialised. */
+/* Fresh test host + module instance; parameters allocated and initialised. */
 static kiln_instance *make_module(cfg *c, uint64_t seed) {
-    mh_reset();
-    mh.kernels = g_create_table ? g_create_table : &g_table;
-    mh.acc = g_create_acc ? g_create_acc : TEST_ACC;
+    kiln_test_reset(g_th);
+    kiln_test_set_accelerator(g_th, g_create_acc ? g_create_acc : TEST_ACC, g_create_table ? g_create_table : &g_table);
     kiln_instance *inst = NULL;
-    int32_t rc = ops()->base.create(g_desc->plugin_ctx, mh_services(), mh_ctx(), cfg_build(c), &inst);
+    int32_t rc = ops()->base.create(g_desc->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), cfg_build(c), &inst);
     CU_ASSERT_EQUAL(rc, KILN_OK);
     if (rc != KILN_OK) {
-        printf("\n  create failed: %s", mh.last_error);
+        printf("\n  create failed: %s", kiln_test_error(g_th));
         return NULL;
     }
-    CU_ASSERT_EQUAL_FATAL(mh_alloc_params(), 0);
+    CU_ASSERT_EQUAL_FATAL(kiln_test_alloc_params(g_th), 0);
     CU_ASSERT_EQUAL(ops()->init_weights(inst, seed), KILN_OK);
     return inst;
 }
@@ -274,18 +275,18 @@ static double train_loss(kiln_instance *inst, const tbatch *tb) {
 }
 
 static void zero_grads(void) {
-    for (uint32_t i = 0; i < mh.nparams; i++) memset(mh.params[i].grad, 0, (size_t)mh.params[i].numel * sizeof(float));
+    for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++) memset(kiln_test_param(g_th, i)->grad, 0, (size_t)kiln_test_param(g_th, i)->numel * sizeof(float));
 }
 
 static int contains(const char *hay, const char *needle) { return strstr(hay, needle) != NULL; }
 
 /* Number of entries of `name` logged, and the last one. */
-static int find_logged(const char *name, mh_logged *last) {
+static int find_logged(const char *name, kiln_test_value *last) {
     int n = 0;
-    for (int i = 0; i < mh.nlogged; i++)
-        if (!strcmp(mh.logged[i].name, name)) {
+    for (int i = 0; i < (int)kiln_test_logged_count(g_th); i++)
+        if (!strcmp(kiln_test_logged(g_th, i)->name, name)) {
             n++;
-            if (last) *last = mh.logged[i];
+            if (last) *last = (*kiln_test_logged(g_th, i));
         }
     return n;
 }
@@ -306,7 +307,7 @@ static void ref_forward(const cfg *c, const tbatch *tb, int B, double *loss, dou
         for (int j = 0; j < c->layers[0]; j++) a[r][j] = tb->x[r * c->layers[0] + j];
     for (int l = 0; l < L; l++) {
         const int in = (int)c->layers[l], out = (int)c->layers[l + 1];
-        const float *W = mh.params[2 * l].data, *b = mh.params[2 * l + 1].data;
+        const float *W = kiln_test_param(g_th, 2 * l)->data, *b = kiln_test_param(g_th, 2 * l + 1)->data;
         for (int r = 0; r < B; r++)
             for (int o = 0; o < out; o++) {
                 double s = b[o];
@@ -369,12 +370,12 @@ static void test_param_layout(void) {
     cfg c = small_cfg("relu");
     kiln_instance *inst = make_module(&c, 1);
     CU_ASSERT_PTR_NOT_NULL_FATAL(inst);
-    CU_ASSERT_EQUAL_FATAL(mh.nparams, 6);
+    CU_ASSERT_EQUAL_FATAL(kiln_test_param_count(g_th), 6);
     for (int l = 0; l < 3; l++) {
         char wn[32], bn[32];
         snprintf(wn, sizeof wn, "layers.%d.weight", l);
         snprintf(bn, sizeof bn, "layers.%d.bias", l);
-        const kiln_parameter *w = &mh.params[2 * l], *b = &mh.params[2 * l + 1];
+        const kiln_parameter *w = kiln_test_param(g_th, 2 * l), *b = kiln_test_param(g_th, 2 * l + 1);
         CU_ASSERT_STRING_EQUAL(w->name, wn);
         CU_ASSERT_STRING_EQUAL(b->name, bn);
         CU_ASSERT_EQUAL(w->ndim, 2);
@@ -396,7 +397,7 @@ static void test_init_deterministic(void) {
     kiln_instance *inst = make_module(&c, 42);
     CU_ASSERT_PTR_NOT_NULL_FATAL(inst);
     for (uint32_t i = 0; i < 6; i++) {
-        const kiln_parameter *p = &mh.params[i];
+        const kiln_parameter *p = kiln_test_param(g_th, i);
         CU_ASSERT_FATAL(p->numel <= MAXN);
         memcpy(saved[i], p->data, (size_t)p->numel * sizeof(float));
         /* PyTorch's nn.Linear bound 1/sqrt(fan_in) for weight and bias. */
@@ -413,11 +414,11 @@ static void test_init_deterministic(void) {
     }
     /* Dirty the grads: init_weights must zero them. */
     for (uint32_t i = 0; i < 6; i++)
-        for (int64_t j = 0; j < mh.params[i].numel; j++) mh.params[i].grad[j] = 1.0f;
+        for (int64_t j = 0; j < kiln_test_param(g_th, i)->numel; j++) kiln_test_param(g_th, i)->grad[j] = 1.0f;
     CU_ASSERT_EQUAL(ops()->init_weights(inst, 42), KILN_OK);
     for (uint32_t i = 0; i < 6; i++) {
-        CU_ASSERT_EQUAL(memcmp(saved[i], mh.params[i].data, (size_t)mh.params[i].numel * sizeof(float)), 0);
-        for (int64_t j = 0; j < mh.params[i].numel; j++) CU_ASSERT_EQUAL(mh.params[i].grad[j], 0.0f);
+        CU_ASSERT_EQUAL(memcmp(saved[i], kiln_test_param(g_th, i)->data, (size_t)kiln_test_param(g_th, i)->numel * sizeof(float)), 0);
+        for (int64_t j = 0; j < kiln_test_param(g_th, i)->numel; j++) CU_ASSERT_EQUAL(kiln_test_param(g_th, i)->grad[j], 0.0f);
     }
     destroy_module(inst);
 
@@ -425,11 +426,11 @@ static void test_init_deterministic(void) {
     inst = make_module(&c, 42);
     CU_ASSERT_PTR_NOT_NULL_FATAL(inst);
     for (uint32_t i = 0; i < 6; i++)
-        CU_ASSERT_EQUAL(memcmp(saved[i], mh.params[i].data, (size_t)mh.params[i].numel * sizeof(float)), 0);
+        CU_ASSERT_EQUAL(memcmp(saved[i], kiln_test_param(g_th, i)->data, (size_t)kiln_test_param(g_th, i)->numel * sizeof(float)), 0);
     /* Another seed: every tensor differs. */
     CU_ASSERT_EQUAL(ops()->init_weights(inst, 43), KILN_OK);
     for (uint32_t i = 0; i < 6; i++)
-        CU_ASSERT_NOT_EQUAL(memcmp(saved[i], mh.params[i].data, (size_t)mh.params[i].numel * sizeof(float)), 0);
+        CU_ASSERT_NOT_EQUAL(memcmp(saved[i], kiln_test_param(g_th, i)->data, (size_t)kiln_test_param(g_th, i)->numel * sizeof(float)), 0);
     destroy_module(inst);
 
     /* init = zeros */
@@ -437,7 +438,7 @@ static void test_init_deterministic(void) {
     inst = make_module(&c, 42);
     CU_ASSERT_PTR_NOT_NULL_FATAL(inst);
     for (uint32_t i = 0; i < 6; i++)
-        for (int64_t j = 0; j < mh.params[i].numel; j++) CU_ASSERT_EQUAL(mh.params[i].data[j], 0.0f);
+        for (int64_t j = 0; j < kiln_test_param(g_th, i)->numel; j++) CU_ASSERT_EQUAL(kiln_test_param(g_th, i)->data[j], 0.0f);
     destroy_module(inst);
 }
 
@@ -452,8 +453,8 @@ static void forward_case(const char *activation) {
     batch_random(&tb, B, 5, 3, 99);
     /* Larger weights than the default init so the accuracy is not trivial
      * and the activations matter. */
-    for (uint32_t i = 0; i < mh.nparams; i++)
-        for (int64_t j = 0; j < mh.params[i].numel; j++) mh.params[i].data[j] *= 3.0f;
+    for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++)
+        for (int64_t j = 0; j < kiln_test_param(g_th, i)->numel; j++) kiln_test_param(g_th, i)->data[j] *= 3.0f;
 
     kiln_step_output out = {sizeof out, 0, 0, 0, 0, 0};
     CU_ASSERT_EQUAL_FATAL(ops()->training_step(inst, &tb.b, 3, &out), KILN_OK);
@@ -465,7 +466,7 @@ static void forward_case(const char *activation) {
     if (fabs(out.loss - want_loss) > 1e-5 * fabs(want_loss))
         printf("\n  %s loss %.9g want %.9g", activation, out.loss, want_loss);
 
-    mh_logged l = {0};
+    kiln_test_value l = {0};
     CU_ASSERT_EQUAL(find_logged("train_loss", &l), 1);
     CU_ASSERT_EQUAL(l.value, out.loss);
     CU_ASSERT_EQUAL(l.flags, KILN_LOG_ON_STEP | KILN_LOG_ON_EPOCH | KILN_LOG_PROG_BAR);
@@ -493,7 +494,7 @@ static void forward_case(const char *activation) {
     }
     /* Eval steps leave nothing for backward. */
     CU_ASSERT_EQUAL(ops()->backward(inst, 1.0), KILN_E_STATE);
-    CU_ASSERT(contains(mh.last_error, "training_step"));
+    CU_ASSERT(contains(kiln_test_error(g_th), "training_step"));
     destroy_module(inst);
 }
 static void test_forward_relu(void) { forward_case("relu"); }
@@ -512,7 +513,7 @@ static void test_forward_zeros(void) {
     for (int i = 0; i < 10; i++) zeros += tb.y[i] == 0;
     const double loss = train_loss(inst, &tb);
     CU_ASSERT(fabs(loss - log(3.0)) < 1e-6);
-    CU_ASSERT(fabs(mh_last_logged("train_acc") - zeros / 10.0) < 1e-12);
+    CU_ASSERT(fabs(kiln_test_last_value(g_th, "train_acc") - zeros / 10.0) < 1e-12);
     destroy_module(inst);
 }
 
@@ -527,16 +528,16 @@ static void gradcheck_case(const char *activation, uint64_t seed) {
     batch_random(&tb, 4, 5, 3, seed * 31 + 1);
     /* Scale the weights up so every layer carries a gradient well above
      * the float noise of the loss. */
-    for (uint32_t i = 0; i < mh.nparams; i++)
-        for (int64_t j = 0; j < mh.params[i].numel; j++) mh.params[i].data[j] *= 2.0f;
+    for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++)
+        for (int64_t j = 0; j < kiln_test_param(g_th, i)->numel; j++) kiln_test_param(g_th, i)->data[j] *= 2.0f;
 
     (void)train_loss(inst, &tb);
     CU_ASSERT_EQUAL_FATAL(ops()->backward(inst, 1.0), KILN_OK);
     const double eps = 1e-3;
     int bad = 0, checked = 0;
     double worst = 0;
-    for (uint32_t pi = 0; pi < mh.nparams; pi++) {
-        kiln_parameter *p = &mh.params[pi];
+    for (uint32_t pi = 0; pi < kiln_test_param_count(g_th); pi++) {
+        kiln_parameter *p = kiln_test_param(g_th, pi);
         for (int64_t j = 0; j < p->numel; j++) {
             const float orig = p->data[j];
             const float up = (float)(orig + eps), dn = (float)(orig - eps);
@@ -587,7 +588,7 @@ static void test_host_memory_in_place(void) {
         copies[pass] = g_copies - before;
         CU_ASSERT_EQUAL_FATAL(ops()->backward(inst, 1.0), KILN_OK);
         for (uint32_t i = 0; i < 6; i++)
-            memcpy(grads[pass][i], mh.params[i].grad, (size_t)mh.params[i].numel * sizeof(float));
+            memcpy(grads[pass][i], kiln_test_param(g_th, i)->grad, (size_t)kiln_test_param(g_th, i)->numel * sizeof(float));
         destroy_module(inst);
     }
     CU_ASSERT_EQUAL(copies[0], 2); /* inputs and targets copied */
@@ -613,11 +614,12 @@ static void test_linear_forward_vs_1_2(void) {
     const char *dir = getenv("KILN_PLUGIN_DIR");
     char path[1024];
     snprintf(path, sizeof path, "%s/libkiln-cpu.so", dir ? dir : ".");
-    const kiln_plugin_desc *cpu = mh_load(path, KILN_KIND_ACCELERATOR, "cpu");
+    const kiln_plugin_desc *cpu = NULL;
+    kiln_test_load(g_th, path, KILN_KIND_ACCELERATOR, "cpu", &cpu);
     CU_ASSERT_PTR_NOT_NULL_FATAL(cpu);
     const kiln_accelerator_ops *aops = cpu->ops;
     kiln_instance *acc = NULL;
-    CU_ASSERT_EQUAL_FATAL(aops->base.create(cpu->plugin_ctx, mh_services(), mh_ctx(), NULL, &acc), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(aops->base.create(cpu->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), NULL, &acc), KILN_OK);
     g_cpu_k = aops->kernels(acc);
     CU_ASSERT_FATAL(g_cpu_k->struct_size >= KILN_KERNELS_SIZE_1_3);
     kiln_kernels tables[2] = {*g_cpu_k, *g_cpu_k};
@@ -638,7 +640,7 @@ static void test_linear_forward_vs_1_2(void) {
             CU_ASSERT_PTR_NOT_NULL_FATAL(inst);
             if (bf16) /* what bf16-mixed's convert_params does */
                 for (uint32_t l = 0; l < 3; l++) {
-                    kiln_parameter *W = &mh.params[2 * l];
+                    kiln_parameter *W = kiln_test_param(g_th, 2 * l);
                     CU_ASSERT_EQUAL(g_cpu_k->cast(acc, copies[l], KILN_DTYPE_BF16, W->data, KILN_DTYPE_F32,
                                                   (size_t)W->numel),
                                     KILN_OK);
@@ -652,7 +654,7 @@ static void test_linear_forward_vs_1_2(void) {
             calls[pass] = g_n_linear;
             CU_ASSERT_EQUAL(ops()->backward(inst, 1.0), KILN_OK);
             for (uint32_t i = 0; i < 6; i++)
-                memcpy(grads[pass][i], mh.params[i].grad, (size_t)mh.params[i].numel * sizeof(float));
+                memcpy(grads[pass][i], kiln_test_param(g_th, i)->grad, (size_t)kiln_test_param(g_th, i)->numel * sizeof(float));
             destroy_module(inst);
             g_create_table = NULL;
             g_create_acc = NULL;
@@ -676,14 +678,14 @@ static void test_grad_accumulation(void) {
     (void)train_loss(inst, &tb);
     static float full[6][64];
     CU_ASSERT_EQUAL_FATAL(ops()->backward(inst, 1.0), KILN_OK);
-    for (uint32_t i = 0; i < 6; i++) memcpy(full[i], mh.params[i].grad, (size_t)mh.params[i].numel * sizeof(float));
+    for (uint32_t i = 0; i < 6; i++) memcpy(full[i], kiln_test_param(g_th, i)->grad, (size_t)kiln_test_param(g_th, i)->numel * sizeof(float));
     zero_grads();
     CU_ASSERT_EQUAL_FATAL(ops()->backward(inst, 0.5), KILN_OK);
     CU_ASSERT_EQUAL_FATAL(ops()->backward(inst, 0.5), KILN_OK);
     int bad = 0, nonzero = 0;
     for (uint32_t i = 0; i < 6; i++)
-        for (int64_t j = 0; j < mh.params[i].numel; j++) {
-            const double a = full[i][j], b = mh.params[i].grad[j];
+        for (int64_t j = 0; j < kiln_test_param(g_th, i)->numel; j++) {
+            const double a = full[i][j], b = kiln_test_param(g_th, i)->grad[j];
             nonzero += a != 0.0;
             bad += fabs(a - b) > 1e-6 * fabs(a) + 1e-12;
         }
@@ -693,8 +695,8 @@ static void test_grad_accumulation(void) {
     CU_ASSERT_EQUAL_FATAL(ops()->backward(inst, 0.5), KILN_OK);
     bad = 0;
     for (uint32_t i = 0; i < 6; i++)
-        for (int64_t j = 0; j < mh.params[i].numel; j++)
-            bad += fabs(1.5 * full[i][j] - mh.params[i].grad[j]) > 1e-6 * fabs(full[i][j]) + 1e-12;
+        for (int64_t j = 0; j < kiln_test_param(g_th, i)->numel; j++)
+            bad += fabs(1.5 * full[i][j] - kiln_test_param(g_th, i)->grad[j]) > 1e-6 * fabs(full[i][j]) + 1e-12;
     CU_ASSERT_EQUAL(bad, 0);
     destroy_module(inst);
 }
@@ -704,19 +706,19 @@ static void test_backward_needs_forward(void) {
     kiln_instance *inst = make_module(&c, 3);
     CU_ASSERT_PTR_NOT_NULL_FATAL(inst);
     CU_ASSERT_EQUAL(ops()->backward(inst, 1.0), KILN_E_STATE);
-    CU_ASSERT(contains(mh.last_error, "training_step"));
+    CU_ASSERT(contains(kiln_test_error(g_th), "training_step"));
     destroy_module(inst);
 }
 
 static void expect_batch_error(kiln_instance *inst, const kiln_batch *b, const char *a, const char *b2) {
     kiln_step_output out = {sizeof out, 0, 0, 0, 0, 0};
-    mh.last_error[0] = 0;
+    kiln_test_clear_error(g_th);
     int32_t rc = ops()->training_step(inst, b, 0, &out);
     CU_ASSERT_EQUAL(rc, KILN_E_DATA);
-    CU_ASSERT(contains(mh.last_error, a));
-    if (b2) CU_ASSERT(contains(mh.last_error, b2));
-    if (!contains(mh.last_error, a) || (b2 && !contains(mh.last_error, b2)))
-        printf("\n  message: %s", mh.last_error);
+    CU_ASSERT(contains(kiln_test_error(g_th), a));
+    if (b2) CU_ASSERT(contains(kiln_test_error(g_th), b2));
+    if (!contains(kiln_test_error(g_th), a) || (b2 && !contains(kiln_test_error(g_th), b2)))
+        printf("\n  message: %s", kiln_test_error(g_th));
     CU_ASSERT_EQUAL(out.has_loss, 0);
 }
 
@@ -754,9 +756,9 @@ static void test_bad_batch(void) {
     batch_random(&tb, 9, 5, 3, 1);
     kiln_step_output out = {sizeof out, 0, 0, 0, 0, 0};
     CU_ASSERT_EQUAL(ops()->validation_step(inst, &tb.b, 0, &out), KILN_E_DATA);
-    CU_ASSERT(contains(mh.last_error, "validation_step"));
+    CU_ASSERT(contains(kiln_test_error(g_th), "validation_step"));
     CU_ASSERT_EQUAL(ops()->test_step(inst, &tb.b, 0, &out), KILN_E_DATA);
-    CU_ASSERT(contains(mh.last_error, "test_step"));
+    CU_ASSERT(contains(kiln_test_error(g_th), "test_step"));
 
     /* A rejected batch leaves no forward for backward, and a good batch of
      * exactly max_batch rows (fed as (B, 1, 5) images) still works. */
@@ -771,17 +773,16 @@ static void test_bad_batch(void) {
 }
 
 static void expect_config_error(cfg *c, const char *key) {
-    mh_reset();
-    mh.kernels = g_create_table ? g_create_table : &g_table;
-    mh.acc = TEST_ACC;
+    kiln_test_reset(g_th);
+    kiln_test_set_accelerator(g_th, TEST_ACC, g_create_table ? g_create_table : &g_table);
     const int allocs = g_allocs, frees = g_frees;
     kiln_instance *inst = (kiln_instance *)&g_acc_token; /* must be reset to NULL */
-    int32_t rc = ops()->base.create(g_desc->plugin_ctx, mh_services(), mh_ctx(), cfg_build(c), &inst);
+    int32_t rc = ops()->base.create(g_desc->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), cfg_build(c), &inst);
     CU_ASSERT_EQUAL(rc, KILN_E_CONFIG);
     CU_ASSERT_PTR_NULL(inst);
-    CU_ASSERT(contains(mh.last_error, key));
-    if (!contains(mh.last_error, key)) printf("\n  message: %s", mh.last_error);
-    CU_ASSERT_EQUAL(mh.nparams, 0);                     /* nothing registered */
+    CU_ASSERT(contains(kiln_test_error(g_th), key));
+    if (!contains(kiln_test_error(g_th), key)) printf("\n  message: %s", kiln_test_error(g_th));
+    CU_ASSERT_EQUAL(kiln_test_param_count(g_th), 0);                     /* nothing registered */
     CU_ASSERT_EQUAL(g_allocs - allocs, g_frees - frees); /* nothing leaked     */
     if (rc == KILN_OK && inst) ops()->base.destroy(inst);
 }
@@ -795,7 +796,7 @@ static void test_bad_config(void) {
     expect_config_error(&c, "'layers'");
     c = small_cfg("tanh");
     expect_config_error(&c, "'activation'");
-    CU_ASSERT(contains(mh.last_error, "tanh"));
+    CU_ASSERT(contains(kiln_test_error(g_th), "tanh"));
     c = small_cfg("relu");
     c.init = "xavier";
     expect_config_error(&c, "'init'");
@@ -804,13 +805,13 @@ static void test_bad_config(void) {
     expect_config_error(&c, "'max_batch'");
 
     /* No accelerator: create fails cleanly too. */
-    mh_reset();
+    kiln_test_reset(g_th);
     c = small_cfg("relu");
     kiln_instance *inst = NULL;
-    CU_ASSERT_NOT_EQUAL(ops()->base.create(g_desc->plugin_ctx, mh_services(), mh_ctx(), cfg_build(&c), &inst),
+    CU_ASSERT_NOT_EQUAL(ops()->base.create(g_desc->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), cfg_build(&c), &inst),
                         KILN_OK);
     CU_ASSERT_PTR_NULL(inst);
-    CU_ASSERT(contains(mh.last_error, "accelerator"));
+    CU_ASSERT(contains(kiln_test_error(g_th), "accelerator"));
 }
 
 /* The arena is allocated once in create() and freed in destroy(); steps
@@ -856,8 +857,8 @@ static void test_learns_toy_problem(void) {
     for (int step = 0; step < 200; step++) {
         last = train_loss(inst, &tb);
         CU_ASSERT_EQUAL_FATAL(ops()->backward(inst, 1.0), KILN_OK);
-        for (uint32_t i = 0; i < mh.nparams; i++) {
-            kiln_parameter *p = &mh.params[i];
+        for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++) {
+            kiln_parameter *p = kiln_test_param(g_th, i);
             for (int64_t j = 0; j < p->numel; j++) p->data[j] -= 0.1f * p->grad[j];
         }
         zero_grads();
@@ -865,17 +866,18 @@ static void test_learns_toy_problem(void) {
     last = train_loss(inst, &tb);
     CU_ASSERT(last < first / 5.0);
     if (!(last < first / 5.0)) printf("\n  loss %.5g -> %.5g", first, last);
-    CU_ASSERT(fabs(mh_last_logged("train_acc") - 1.0) < 1e-12);
+    CU_ASSERT(fabs(kiln_test_last_value(g_th, "train_acc") - 1.0) < 1e-12);
     destroy_module(inst);
 }
 
 static int suite_init(void) { return load_plugin(); }
 static int suite_clean(void) {
-    mh_reset();
+    kiln_test_reset(g_th);
     return 0;
 }
 
 static void register_tests(void) {
+    if (kiln_test_host_new(&g_th) != KILN_OK) return; /* no suite: the runner fails */
     CU_pSuite s = CU_add_suite("mlp", suite_init, suite_clean);
     CU_add_test(s, "descriptor and declared config", test_descriptor);
     CU_add_test(s, "parameter names, shapes, order, flags", test_param_layout);

@@ -1,7 +1,7 @@
 /*
  * test_optim.c — the "sgd" and "adamw" optimizer plugins, loaded through the
- * mock host and run on the "cpu" accelerator plugin (also loaded, and handed
- * to the optimizers through the mock host's accelerator service, as the real
+ * test host and run on the "cpu" accelerator plugin (also loaded, and handed
+ * to the optimizers through the test host's accelerator service, as the real
  * host does). Two parameters are registered: "weight" (2, 3) with no flags
  * and "bias" (3) flagged KILN_PARAMF_NO_DECAY. Each step's gradients are
  * written by the closure, like a backward pass, so the tests also see that
@@ -23,7 +23,9 @@
 
 #include <CUnit/Basic.h>
 
-#include "mockhost.h"
+#include <kiln/testing.h>
+
+static kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
 
 /* ----------------------------------------------------------- environment */
 
@@ -39,7 +41,9 @@ static const kiln_plugin_desc *load(const char *lib, uint32_t kind, const char *
     const char *dir = getenv("KILN_PLUGIN_DIR");
     char path[1024];
     snprintf(path, sizeof path, "%s/libkiln-%s.so", dir ? dir : ".", lib);
-    return mh_load(path, kind, name);
+    const kiln_plugin_desc *d_ = NULL;
+    kiln_test_load(g_th, path, kind, name, &d_);
+    return d_;
 }
 
 static int suite_init(void) {
@@ -64,30 +68,29 @@ static const float GRADS[NSTEPS][NW + NB] = {
     {0.25f, 0.35f, -0.45f, 0.15f, 0.05f, -0.55f, 0.4f, -0.35f, -0.1f},
 };
 
-/* Fresh mock host with the two parameters and the cpu accelerator. */
+/* Fresh test host with the two parameters and the cpu accelerator. */
 static void env_begin(void) {
-    mh_reset();
+    kiln_test_reset(g_th);
     kiln_parameter *p;
     const int64_t wshape[2] = {2, 3}, bshape[1] = {3};
-    CU_ASSERT_EQUAL_FATAL(mh_services()->param_register(mh_ctx(), "weight", 2, wshape, 0, &p), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(kiln_test_services(g_th)->param_register(kiln_test_hctx(g_th), "weight", 2, wshape, 0, &p), KILN_OK);
     g_w = p;
     CU_ASSERT_EQUAL_FATAL(
-        mh_services()->param_register(mh_ctx(), "bias", 1, bshape, KILN_PARAMF_NO_DECAY, &p), KILN_OK);
+        kiln_test_services(g_th)->param_register(kiln_test_hctx(g_th), "bias", 1, bshape, KILN_PARAMF_NO_DECAY, &p), KILN_OK);
     g_b = p;
-    CU_ASSERT_EQUAL_FATAL(mh_alloc_params(), 0);
+    CU_ASSERT_EQUAL_FATAL(kiln_test_alloc_params(g_th), 0);
     memcpy(g_w->data, W0, sizeof W0);
     memcpy(g_b->data, B0, sizeof B0);
     const kiln_accelerator_ops *aops = g_cpu->ops;
-    CU_ASSERT_EQUAL_FATAL(aops->base.create(g_cpu->plugin_ctx, mh_services(), mh_ctx(), NULL, &g_acc), KILN_OK);
-    mh.acc = g_acc;
-    mh.kernels = aops->kernels(g_acc);
+    CU_ASSERT_EQUAL_FATAL(aops->base.create(g_cpu->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), NULL, &g_acc), KILN_OK);
+    kiln_test_set_accelerator(g_th, g_acc, aops->kernels(g_acc));
 }
 
 static void env_end(void) {
     const kiln_accelerator_ops *aops = g_cpu->ops;
     aops->base.destroy(g_acc);
     g_acc = NULL;
-    mh_reset();
+    kiln_test_reset(g_th);
 }
 
 /* The closure: counts calls, writes the gradients of step `calls` (like
@@ -106,7 +109,7 @@ static int32_t closure_call(void *vctx, double *loss) {
     closure_ctx *c = vctx;
     if (c->fail) {
         c->calls++;
-        mh_services()->set_error(mh_ctx(), KILN_E_NONFINITE, "closure: the loss is NaN");
+        kiln_test_services(g_th)->set_error(kiln_test_hctx(g_th), KILN_E_NONFINITE, "closure: the loss is NaN");
         return KILN_E_NONFINITE;
     }
     set_grads(c->calls % NSTEPS);
@@ -117,10 +120,10 @@ static int32_t closure_call(void *vctx, double *loss) {
 
 static kiln_instance *make(const kiln_plugin_desc *d, const kiln_kv *cfg) {
     kiln_instance *inst = NULL;
-    int32_t rc = ops_of(d)->base.create(d->plugin_ctx, mh_services(), mh_ctx(), cfg, &inst);
-    if (rc != KILN_OK) fprintf(stderr, "create %s: %s\n", d->name, mh.last_error);
+    int32_t rc = ops_of(d)->base.create(d->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), cfg, &inst);
+    if (rc != KILN_OK) fprintf(stderr, "create %s: %s\n", d->name, kiln_test_error(g_th));
     CU_ASSERT_EQUAL(rc, KILN_OK);
-    if (inst) CU_ASSERT_EQUAL(ops_of(d)->setup(inst, mh.param_ptrs, mh.nparams), KILN_OK);
+    if (inst) CU_ASSERT_EQUAL(ops_of(d)->setup(inst, kiln_test_params(g_th), kiln_test_param_count(g_th)), KILN_OK);
     return inst;
 }
 
@@ -347,7 +350,7 @@ static void check_closure(const kiln_plugin_desc *d, const kiln_kv *cfg) {
     CU_ASSERT_EQUAL(ops_of(d)->set_lr(opt, 0.125), KILN_OK);
     CU_ASSERT_DOUBLE_EQUAL(ops_of(d)->get_lr(opt), 0.125, 0.0);
     CU_ASSERT_EQUAL(ops_of(d)->set_lr(opt, -1.0), KILN_E_INVALID_ARG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "lr"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "lr"));
     CU_ASSERT_DOUBLE_EQUAL(ops_of(d)->get_lr(opt), 0.125, 0.0);
     ops_of(d)->base.destroy(opt);
     env_end();
@@ -359,21 +362,21 @@ static void test_closure_zero_grad_lr_adamw(void) { check_closure(g_adamw, ADAMW
 /* Without an accelerator, setup is refused with a message. */
 static void test_setup_needs_accelerator(void) {
     env_begin();
-    const kiln_kernels *k = mh.kernels;
-    mh.kernels = NULL;
+    const kiln_kernels *k = kiln_test_kernels(g_th);
+    kiln_test_set_accelerator(g_th, kiln_test_acc(g_th), NULL);
     const kiln_plugin_desc *ds[2] = {g_sgd, g_adamw};
     const kiln_kv *cfgs[2] = {SGD_MOM_CFG, ADAMW_CFG};
     for (int i = 0; i < 2; i++) {
         kiln_instance *opt = NULL;
         CU_ASSERT_EQUAL_FATAL(
-            ops_of(ds[i])->base.create(ds[i]->plugin_ctx, mh_services(), mh_ctx(), cfgs[i], &opt), KILN_OK);
-        mh.last_error[0] = 0;
-        CU_ASSERT_NOT_EQUAL(ops_of(ds[i])->setup(opt, mh.param_ptrs, mh.nparams), KILN_OK);
-        CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "accelerator"));
+            ops_of(ds[i])->base.create(ds[i]->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), cfgs[i], &opt), KILN_OK);
+        kiln_test_clear_error(g_th);
+        CU_ASSERT_NOT_EQUAL(ops_of(ds[i])->setup(opt, kiln_test_params(g_th), kiln_test_param_count(g_th)), KILN_OK);
+        CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "accelerator"));
         CU_ASSERT_EQUAL(ops_of(ds[i])->step(opt, NULL), KILN_E_STATE);
         ops_of(ds[i])->base.destroy(opt);
     }
-    mh.kernels = k;
+    kiln_test_set_accelerator(g_th, kiln_test_acc(g_th), k);
     env_end();
 }
 
@@ -431,23 +434,23 @@ static void check_state_roundtrip(const kiln_plugin_desc *d, const kiln_kv *cfg)
     CU_ASSERT_NOT_EQUAL(memcmp(wa, g_w->data, sizeof wa), 0);
 
     /* Refusals: a truncated or padded blob, another version, another model. */
-    mh.last_error[0] = 0;
+    kiln_test_clear_error(g_th);
     CU_ASSERT_EQUAL(o->base.set_state(fresh, ver, blob, size - 4), KILN_E_STATE);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "bytes"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "bytes"));
     unsigned char *bigger = calloc(1, size + 4);
     memcpy(bigger, blob, size);
     CU_ASSERT_EQUAL(o->base.set_state(fresh, ver, bigger, size + 4), KILN_E_STATE);
     free(bigger);
     CU_ASSERT_EQUAL(o->base.set_state(fresh, ver, blob, 10), KILN_E_STATE);
     CU_ASSERT_EQUAL(o->base.set_state(fresh, 2, blob, size), KILN_E_STATE);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "version"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "version"));
 
     kiln_instance *one = NULL;
-    CU_ASSERT_EQUAL_FATAL(o->base.create(d->plugin_ctx, mh_services(), mh_ctx(), cfg, &one), KILN_OK);
-    CU_ASSERT_EQUAL(o->setup(one, mh.param_ptrs, 1), KILN_OK); /* the weight only */
-    mh.last_error[0] = 0;
+    CU_ASSERT_EQUAL_FATAL(o->base.create(d->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), cfg, &one), KILN_OK);
+    CU_ASSERT_EQUAL(o->setup(one, kiln_test_params(g_th), 1), KILN_OK); /* the weight only */
+    kiln_test_clear_error(g_th);
     CU_ASSERT_EQUAL(o->base.set_state(one, ver, blob, size), KILN_E_STATE);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "2 parameters"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "2 parameters"));
 
     /* Same count, other sizes: the bias registered as (2) instead of (3). */
     kiln_parameter *swapped[2] = {g_w, g_b};
@@ -456,13 +459,13 @@ static void check_state_roundtrip(const kiln_plugin_desc *d, const kiln_kv *cfg)
     fake_bias.shape[0] = 2;
     swapped[1] = &fake_bias;
     kiln_instance *other = NULL;
-    CU_ASSERT_EQUAL_FATAL(o->base.create(d->plugin_ctx, mh_services(), mh_ctx(), cfg, &other), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(o->base.create(d->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), cfg, &other), KILN_OK);
     CU_ASSERT_EQUAL(o->setup(other, swapped, 2), KILN_OK);
-    mh.last_error[0] = 0;
+    kiln_test_clear_error(g_th);
     CU_ASSERT_EQUAL(o->base.set_state(other, ver, blob, size), KILN_E_STATE);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "bias"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "bias"));
 
-    mh_services()->free(mh_ctx(), blob);
+    kiln_test_services(g_th)->free(kiln_test_hctx(g_th), blob);
     o->base.destroy(other);
     o->base.destroy(one);
     o->base.destroy(fresh);
@@ -480,15 +483,15 @@ static void test_state_adamw(void) { check_state_roundtrip(g_adamw, ADAMW_CFG); 
  * no instance. */
 static void expect_refused(const kiln_plugin_desc *d, const kiln_kv *cfg, const char *key) {
     kiln_instance *inst = (kiln_instance *)&inst;
-    mh.last_error[0] = 0;
-    CU_ASSERT_EQUAL(ops_of(d)->base.create(d->plugin_ctx, mh_services(), mh_ctx(), cfg, &inst), KILN_E_CONFIG);
+    kiln_test_clear_error(g_th);
+    CU_ASSERT_EQUAL(ops_of(d)->base.create(d->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), cfg, &inst), KILN_E_CONFIG);
     CU_ASSERT_PTR_NULL(inst);
-    if (!strstr(mh.last_error, key)) fprintf(stderr, "message for %s: \"%s\"\n", key, mh.last_error);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, key));
+    if (!strstr(kiln_test_error(g_th), key)) fprintf(stderr, "message for %s: \"%s\"\n", key, kiln_test_error(g_th));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), key));
 }
 
 static void test_bad_config(void) {
-    mh_reset();
+    kiln_test_reset(g_th);
 #define SGD_CFG(lr, mom, damp, nest, wd)                                                                     \
     (const kiln_kv[]) {                                                                                      \
         FKV("lr", lr), FKV("momentum", mom), FKV("dampening", damp), BKV("nesterov", nest),                  \
@@ -514,12 +517,12 @@ static void test_bad_config(void) {
 
     /* Boundary values PyTorch accepts are accepted. */
     kiln_instance *inst = NULL;
-    CU_ASSERT_EQUAL(ops_of(g_sgd)->base.create(g_sgd->plugin_ctx, mh_services(), mh_ctx(),
+    CU_ASSERT_EQUAL(ops_of(g_sgd)->base.create(g_sgd->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th),
                                                SGD_CFG(0.0, 0.9, 0.0, 1, 0.0), &inst),
                     KILN_OK);
     ops_of(g_sgd)->base.destroy(inst);
     inst = NULL;
-    CU_ASSERT_EQUAL(ops_of(g_adamw)->base.create(g_adamw->plugin_ctx, mh_services(), mh_ctx(),
+    CU_ASSERT_EQUAL(ops_of(g_adamw)->base.create(g_adamw->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th),
                                                  ADAMW_CFG_(0.0, 0.0, 0.0, 0.0, 0.0), &inst),
                     KILN_OK);
     ops_of(g_adamw)->base.destroy(inst);
@@ -558,6 +561,7 @@ static void test_declared_keys(void) {
 }
 
 static void register_tests(void) {
+    if (kiln_test_host_new(&g_th) != KILN_OK) return; /* no suite: the runner fails */
     CU_pSuite s = CU_add_suite("optim", suite_init, suite_clean);
     CU_add_test(s, "declared keys and defaults", test_declared_keys);
     CU_add_test(s, "sgd plain", test_sgd_plain);

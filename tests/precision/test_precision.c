@@ -20,7 +20,9 @@
 
 #include <CUnit/Basic.h>
 
-#include "mockhost.h"
+#include <kiln/testing.h>
+
+static kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
 #include "testutil.h"
 
 /* ---------------------------------------------------------------- mock env */
@@ -34,7 +36,9 @@ static const kiln_plugin_desc *load(const char *lib, uint32_t kind, const char *
     const char *dir = getenv("KILN_PLUGIN_DIR");
     char path[1024];
     snprintf(path, sizeof path, "%s/libkiln-%s.so", dir ? dir : ".", lib);
-    return mh_load(path, kind, name);
+    const kiln_plugin_desc *d_ = NULL;
+    kiln_test_load(g_th, path, kind, name, &d_);
+    return d_;
 }
 
 static int suite_init(void) {
@@ -52,25 +56,24 @@ static int suite_clean(void) {
 }
 
 static void env_begin(void) {
-    mh_reset();
+    kiln_test_reset(g_th);
     kiln_parameter *p;
     const int64_t wshape[2] = {2, 4}, bshape[1] = {2};
-    CU_ASSERT_EQUAL_FATAL(mh_services()->param_register(mh_ctx(), "w", 2, wshape, 0, &p), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(kiln_test_services(g_th)->param_register(kiln_test_hctx(g_th), "w", 2, wshape, 0, &p), KILN_OK);
     g_w = p;
-    CU_ASSERT_EQUAL_FATAL(mh_services()->param_register(mh_ctx(), "b", 1, bshape, KILN_PARAMF_NO_DECAY, &p), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(kiln_test_services(g_th)->param_register(kiln_test_hctx(g_th), "b", 1, bshape, KILN_PARAMF_NO_DECAY, &p), KILN_OK);
     g_b = p;
-    CU_ASSERT_EQUAL_FATAL(mh_alloc_params(), 0);
+    CU_ASSERT_EQUAL_FATAL(kiln_test_alloc_params(g_th), 0);
     const kiln_accelerator_ops *aops = g_cpu->ops;
-    CU_ASSERT_EQUAL_FATAL(aops->base.create(g_cpu->plugin_ctx, mh_services(), mh_ctx(), NULL, &g_acc), KILN_OK);
-    mh.acc = g_acc;
-    mh.kernels = aops->kernels(g_acc);
+    CU_ASSERT_EQUAL_FATAL(aops->base.create(g_cpu->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), NULL, &g_acc), KILN_OK);
+    kiln_test_set_accelerator(g_th, g_acc, aops->kernels(g_acc));
 }
 
 static void env_end(void) {
     const kiln_accelerator_ops *aops = g_cpu->ops;
     aops->base.destroy(g_acc);
     g_acc = NULL;
-    mh_reset();
+    kiln_test_reset(g_th);
 }
 
 static const kiln_precision_ops *pops(const kiln_plugin_desc *d) { return d->ops; }
@@ -82,7 +85,7 @@ static kiln_instance *make16(double init_scale, int64_t growth_interval) {
                            {"growth_interval", KILN_V_INT(growth_interval)},
                            {NULL, KILN_V_NONE}};
     kiln_instance *inst = NULL;
-    CU_ASSERT_EQUAL(pops(g_m16)->base.create(g_m16->plugin_ctx, mh_services(), mh_ctx(), cfg, &inst), KILN_OK);
+    CU_ASSERT_EQUAL(pops(g_m16)->base.create(g_m16->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), cfg, &inst), KILN_OK);
     return inst;
 }
 
@@ -109,7 +112,7 @@ static void test_fp16_compute_copy(void) {
     const double expect[8] = {1.0, 1.0, INFINITY, 0.0, -2.5, 65504.0, 503 * 0x1p-24, 0.0999755859375};
     memcpy(g_w->data, masters, sizeof masters);
     kiln_instance *p = make16(65536.0, 2000);
-    CU_ASSERT_EQUAL_FATAL(pops(g_m16)->setup(p, mh.param_ptrs, mh.nparams), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(pops(g_m16)->setup(p, kiln_test_params(g_th), kiln_test_param_count(g_th)), KILN_OK);
     CU_ASSERT_EQUAL(g_w->compute_dtype, KILN_DTYPE_F16);
     CU_ASSERT_PTR_NOT_EQUAL(g_w->compute, g_w->data);
     CU_ASSERT_EQUAL(g_b->compute_dtype, KILN_DTYPE_F32); /* biases stay fp32 */
@@ -132,8 +135,8 @@ static void test_bf16_compute_copy(void) {
     const double expect[8] = {1.0, 1.0 + 0x1p-6, 70144.0, 0.10009765625, -3.0, 226 * 0x1p120, 0, 0.0};
     memcpy(g_w->data, masters, sizeof masters);
     kiln_instance *p = NULL;
-    CU_ASSERT_EQUAL_FATAL(pops(g_mbf)->base.create(g_mbf->plugin_ctx, mh_services(), mh_ctx(), NULL, &p), KILN_OK);
-    CU_ASSERT_EQUAL_FATAL(pops(g_mbf)->setup(p, mh.param_ptrs, mh.nparams), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(pops(g_mbf)->base.create(g_mbf->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), NULL, &p), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(pops(g_mbf)->setup(p, kiln_test_params(g_th), kiln_test_param_count(g_th)), KILN_OK);
     CU_ASSERT_EQUAL(g_w->compute_dtype, KILN_DTYPE_BF16);
     CU_ASSERT_EQUAL_FATAL(pops(g_mbf)->convert_params(p), KILN_OK);
     const uint16_t *h = g_w->compute;
@@ -171,8 +174,8 @@ static int32_t fake_closure(void *vctx, double *loss) {
     CU_ASSERT_EQUAL(pops(g_m16)->pre_backward(c->prec, 0.7, &scale), KILN_OK);
     for (int i = 0; i < 8; i++) g_w->grad[i] = (float)(scale * c->grad_value);
     for (int i = 0; i < 2; i++) g_b->grad[i] = (float)(scale * 0.5);
-    CU_ASSERT_EQUAL(mh.kernels->round_to(g_acc, g_w->grad, KILN_DTYPE_F16, 8), KILN_OK);
-    CU_ASSERT_EQUAL(mh.kernels->round_to(g_acc, g_b->grad, KILN_DTYPE_F16, 2), KILN_OK);
+    CU_ASSERT_EQUAL(kiln_test_kernels(g_th)->round_to(g_acc, g_w->grad, KILN_DTYPE_F16, 8), KILN_OK);
+    CU_ASSERT_EQUAL(kiln_test_kernels(g_th)->round_to(g_acc, g_b->grad, KILN_DTYPE_F16, 2), KILN_OK);
     *loss = 0.7;
     return KILN_OK;
 }
@@ -226,17 +229,17 @@ static int32_t count_unscale_check(kiln_instance *acc, uint32_t dt, void *const 
  * per step, 1.2 through scale + all_finite per parameter; the same results. */
 static void scaler_sequence(int minor) {
     env_begin();
-    kiln_kernels counted = *mh.kernels;
-    g_real_k = mh.kernels;
+    kiln_kernels counted = *kiln_test_kernels(g_th);
+    g_real_k = kiln_test_kernels(g_th);
     counted.scale = count_scale;
     counted.unscale_check = count_unscale_check;
     counted.struct_size = minor >= 3 ? (uint32_t)sizeof counted : (uint32_t)KILN_KERNELS_SIZE_1_2;
-    mh.kernels = &counted;
+    kiln_test_set_accelerator(g_th, kiln_test_acc(g_th), &counted);
     g_n_scale = g_n_unscale_check = 0;
     scaler_ctx c = {0};
     c.prec = make16(0x1p20, 3);
     c.grad_value = 1.0;
-    CU_ASSERT_EQUAL_FATAL(pops(g_m16)->setup(c.prec, mh.param_ptrs, mh.nparams), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(pops(g_m16)->setup(c.prec, kiln_test_params(g_th), kiln_test_param_count(g_th)), KILN_OK);
     /* scale*1.0 overflows fp16 (> 65504) at 2^20 .. 2^16: five skips, each
      * halving the scale; at 2^15 the gradients are finite. */
     const double scale_before[9] = {0x1p20, 0x1p19, 0x1p18, 0x1p17, 0x1p16, 0x1p15, 0x1p15, 0x1p15, 0x1p16};
@@ -261,7 +264,7 @@ static void scaler_sequence(int minor) {
     CU_ASSERT_EQUAL(current_scale(c.prec), 0x1p15);
     CU_ASSERT_EQUAL(c.opt_steps, 3);
     CU_ASSERT_EQUAL(c.closure_calls, 9);
-    CU_ASSERT_DOUBLE_EQUAL(mh_last_logged("amp_scale"), 0x1p15, 0);
+    CU_ASSERT_DOUBLE_EQUAL(kiln_test_last_value(g_th, "amp_scale"), 0x1p15, 0);
     CU_ASSERT_EQUAL(g_b->grad[0], 0.5f); /* last step unscaled exactly */
 
     /* the scaler state round-trips into a fresh instance */
@@ -276,14 +279,14 @@ static void scaler_sequence(int minor) {
     CU_ASSERT_EQUAL(pops(g_m16)->base.set_state(q, ver, blob, size - 1), KILN_E_STATE);
     ((unsigned char *)blob)[0] ^= 0xFF;
     CU_ASSERT_EQUAL(pops(g_m16)->base.set_state(q, ver, blob, size), KILN_E_STATE);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "corrupt"));
-    mh_services()->free(mh_ctx(), blob);
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "corrupt"));
+    kiln_test_services(g_th)->free(kiln_test_hctx(g_th), blob);
     pops(g_m16)->base.destroy(q);
     pops(g_m16)->base.destroy(c.prec);
     /* 9 unscales: one unscale_check each (1.3), or one scale per parameter */
     CU_ASSERT_EQUAL(g_n_unscale_check, minor >= 3 ? 9 : 0);
-    CU_ASSERT_EQUAL(g_n_scale, minor >= 3 ? 0 : 9 * (int)mh.nparams);
-    mh.kernels = g_real_k;
+    CU_ASSERT_EQUAL(g_n_scale, minor >= 3 ? 0 : 9 * (int)kiln_test_param_count(g_th));
+    kiln_test_set_accelerator(g_th, kiln_test_acc(g_th), g_real_k);
     env_end();
 }
 
@@ -297,13 +300,13 @@ static void test_scaler_no_loss(void) {
     scaler_ctx c = {0};
     c.prec = make16(1024.0, 1);
     c.return_no_loss = 1;
-    CU_ASSERT_EQUAL_FATAL(pops(g_m16)->setup(c.prec, mh.param_ptrs, mh.nparams), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(pops(g_m16)->setup(c.prec, kiln_test_params(g_th), kiln_test_param_count(g_th)), KILN_OK);
     CU_ASSERT_EQUAL(scaler_step(&c), 0);
     CU_ASSERT_EQUAL(c.opt_steps, 0);
     CU_ASSERT_EQUAL(c.after_calls, 1); /* on_before_optimizer_step still runs */
     CU_ASSERT_EQUAL(current_scale(c.prec), 1024.0); /* growth_interval 1 would have doubled it */
     /* manual optimisation: the module's closure may have no loss, it steps */
-    mh.trainer.automatic_optimization = 0;
+    kiln_test_trainer(g_th)->automatic_optimization = 0;
     CU_ASSERT_EQUAL(scaler_step(&c), 0);
     CU_ASSERT_EQUAL(c.opt_steps, 1);
     CU_ASSERT_EQUAL(current_scale(c.prec), 2048.0);
@@ -314,14 +317,14 @@ static void test_scaler_no_loss(void) {
 static void test_refusals(void) {
     env_begin();
     /* a 1.1 kernel table has no cast/round_to/gemm_ex */
-    kiln_kernels old = *mh.kernels;
+    kiln_kernels old = *kiln_test_kernels(g_th);
     old.struct_size = KILN_KERNELS_SIZE_1_1;
-    const kiln_kernels *real = mh.kernels;
-    mh.kernels = &old;
+    const kiln_kernels *real = kiln_test_kernels(g_th);
+    kiln_test_set_accelerator(g_th, kiln_test_acc(g_th), &old);
     kiln_instance *p = make16(1024.0, 10);
-    CU_ASSERT_EQUAL(pops(g_m16)->setup(p, mh.param_ptrs, mh.nparams), KILN_E_UNSUPPORTED);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "ABI 1.2"));
-    mh.kernels = real;
+    CU_ASSERT_EQUAL(pops(g_m16)->setup(p, kiln_test_params(g_th), kiln_test_param_count(g_th)), KILN_E_UNSUPPORTED);
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "ABI 1.2"));
+    kiln_test_set_accelerator(g_th, kiln_test_acc(g_th), real);
     pops(g_m16)->base.destroy(p);
     /* bad scaler settings */
     const kiln_kv bad[] = {{"init_scale", KILN_V_FLOAT(1024.0)},
@@ -330,8 +333,8 @@ static void test_refusals(void) {
                            {"growth_interval", KILN_V_INT(10)},
                            {NULL, KILN_V_NONE}};
     p = NULL;
-    CU_ASSERT_EQUAL(pops(g_m16)->base.create(g_m16->plugin_ctx, mh_services(), mh_ctx(), bad, &p), KILN_E_CONFIG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "growth_factor must be > 1, got 0.5"));
+    CU_ASSERT_EQUAL(pops(g_m16)->base.create(g_m16->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), bad, &p), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "growth_factor must be > 1, got 0.5"));
     CU_ASSERT_PTR_NULL(p);
     env_end();
 }
@@ -703,6 +706,7 @@ static void test_config_check_refusals(void) {
 }
 
 static void register_tests(void) {
+    if (kiln_test_host_new(&g_th) != KILN_OK) return; /* no suite: the runner fails */
     CU_pSuite s = CU_add_suite("precision", suite_init, suite_clean);
     CU_add_test(s, "fp16 compute copies round to nearest even", test_fp16_compute_copy);
     CU_add_test(s, "bf16 compute copies round to nearest even", test_bf16_compute_copy);

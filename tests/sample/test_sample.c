@@ -1,6 +1,6 @@
 /*
  * test_sample.c — CUnit suite for the `sample` callback plugin, loaded from
- * the build's plugin directory through the mock host. The mock's predict
+ * the build's plugin directory through the test host. The mock's predict
  * service stands in for a language model whose logits the test chooses:
  * "the next token is the last one plus one" makes greedy decoding write a
  * known text, and a row with a few large logits checks that top_k draws only
@@ -19,7 +19,9 @@
 
 #include <CUnit/CUnit.h>
 
-#include "mockhost.h"
+#include <kiln/testing.h>
+
+static kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
 
 static const kiln_callback_ops *g_ops;
 static char g_run[256];
@@ -29,7 +31,8 @@ static int64_t g_max_seen_t;    /* the longest context predict was given      */
 static int g_calls;
 static float g_logits[70000];
 
-static int32_t fake_predict(const kiln_batch *batch, kiln_tensor *out) {
+static int32_t fake_predict(void *ctx, const kiln_batch *batch, kiln_tensor *out) {
+    (void)ctx;
     const kiln_tensor *x = &batch->tensors[0];
     CU_ASSERT_EQUAL_FATAL(x->dtype, KILN_DTYPE_I32);
     CU_ASSERT_EQUAL_FATAL(x->ndim, 2);
@@ -47,20 +50,21 @@ static int32_t fake_predict(const kiln_batch *batch, kiln_tensor *out) {
     return KILN_OK;
 }
 
-static int32_t no_predict(const kiln_batch *batch, kiln_tensor *out) {
+static int32_t no_predict(void *ctx, const kiln_batch *batch, kiln_tensor *out) {
+    (void)ctx;
     (void)batch, (void)out;
-    mh_services()->set_error(mh_ctx(), KILN_E_UNSUPPORTED, "predict: module 'mlp' has no predict_step");
+    kiln_test_services(g_th)->set_error(kiln_test_hctx(g_th), KILN_E_UNSUPPORTED, "predict: module 'mlp' has no predict_step");
     return KILN_E_UNSUPPORTED;
 }
 
 static void setup_run(void) {
-    mh_reset();
+    kiln_test_reset(g_th);
     snprintf(g_run, sizeof g_run, "/tmp/kiln-sample-XXXXXX");
     CU_ASSERT_PTR_NOT_NULL_FATAL(mkdtemp(g_run));
-    mh.trainer.struct_size = sizeof mh.trainer;
-    mh.trainer.run_dir = g_run;
-    mh.trainer.world_size = 1;
-    mh.predict = fake_predict;
+    kiln_test_trainer(g_th)->struct_size = sizeof(kiln_trainer_state);
+    kiln_test_trainer(g_th)->run_dir = g_run;
+    kiln_test_trainer(g_th)->world_size = 1;
+    kiln_test_set_trainer_hooks(g_th, &(kiln_test_trainer_hooks){.predict = fake_predict});
     g_vocab = 256;
     g_mode = 0;
     g_max_seen_t = 0;
@@ -92,15 +96,15 @@ static kiln_instance *make(int32_t want, int n, const char *const *names, const 
     for (int i = 0; i < n; i++) g_kv[i] = (kiln_kv){names[i], vals[i]};
     g_kv[n] = (kiln_kv){NULL, KILN_V_NONE};
     kiln_instance *inst = NULL;
-    int32_t rc = g_ops->base.create(NULL, mh_services(), mh_ctx(), g_kv, &inst);
+    int32_t rc = g_ops->base.create(NULL, kiln_test_services(g_th), kiln_test_hctx(g_th), g_kv, &inst);
     CU_ASSERT_EQUAL(rc, want);
     if (want != KILN_OK) CU_ASSERT_PTR_NULL(inst);
     return inst;
 }
 
 static int32_t send(kiln_instance *inst, uint32_t id, int64_t step) {
-    mh.trainer.global_step = step;
-    kiln_event ev = {sizeof ev, id, KILN_STAGE_FIT, 0, step, NULL, NULL, 0, &mh.trainer, NULL, NULL, 0, 0, 0, 0, 0};
+    kiln_test_trainer(g_th)->global_step = step;
+    kiln_event ev = {sizeof ev, id, KILN_STAGE_FIT, 0, step, NULL, NULL, 0, kiln_test_trainer(g_th), NULL, NULL, 0, 0, 0, 0, 0};
     return g_ops->on_event(inst, &ev);
 }
 
@@ -133,9 +137,9 @@ static void test_when(void) {
     for (int64_t step = 1; step <= 5; step++) CU_ASSERT_EQUAL(send(s, KILN_EV_ON_TRAIN_BATCH_END, step), KILN_OK);
     /* accumulating batches end at the same global step: no second sample */
     CU_ASSERT_EQUAL(send(s, KILN_EV_ON_TRAIN_BATCH_END, 4), KILN_OK);
-    mh.trainer.sanity_checking = 1;
+    kiln_test_trainer(g_th)->sanity_checking = 1;
     CU_ASSERT_EQUAL(send(s, KILN_EV_ON_TRAIN_BATCH_END, 6), KILN_OK);
-    mh.trainer.sanity_checking = 0;
+    kiln_test_trainer(g_th)->sanity_checking = 0;
     CU_ASSERT_EQUAL(send(s, KILN_EV_ON_FIT_END, 5), KILN_OK);
     const char *txt = read_samples();
     CU_ASSERT_PTR_NOT_NULL_FATAL(txt);
@@ -153,7 +157,7 @@ static void test_when(void) {
 
     /* rank 1 never samples */
     setup_run();
-    mh.trainer.rank = 1;
+    kiln_test_trainer(g_th)->rank = 1;
     s = make(KILN_OK, 2, k, v);
     CU_ASSERT_EQUAL(send(s, KILN_EV_ON_TRAIN_BATCH_END, 2), KILN_OK);
     CU_ASSERT_EQUAL(send(s, KILN_EV_ON_FIT_END, 2), KILN_OK);
@@ -228,26 +232,26 @@ static void test_refusals(void) {
     const char *k1[] = {"num_tokens"};
     const kiln_value bad_n[] = {KILN_V_INT(0)};
     make(KILN_E_CONFIG, 1, k1, bad_n);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "num_tokens"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "num_tokens"));
     const char *k2[] = {"temperature"};
     const kiln_value bad_t[] = {KILN_V_FLOAT(-0.5)};
     make(KILN_E_CONFIG, 1, k2, bad_t);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "temperature"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "temperature"));
     const char *k3[] = {"prompt"};
     const kiln_value empty[] = {KILN_V_STR("")};
     make(KILN_E_CONFIG, 1, k3, empty);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "prompt is empty"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "prompt is empty"));
     const int64_t neg[] = {3, -2};
     const char *k4[] = {"prompt_tokens"};
     const kiln_value bad_ids[] = {KILN_V_INTS(neg)};
     make(KILN_E_CONFIG, 1, k4, bad_ids);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "prompt_tokens[1]"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "prompt_tokens[1]"));
 
     /* a module without predict_step fails the run with the host's line */
-    mh.predict = no_predict;
+    kiln_test_set_trainer_hooks(g_th, &(kiln_test_trainer_hooks){.predict = no_predict});
     kiln_instance *s = make(KILN_OK, 0, NULL, NULL);
     CU_ASSERT_EQUAL(send(s, KILN_EV_ON_FIT_END, 1), KILN_E_UNSUPPORTED);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "no predict_step"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "no predict_step"));
     g_ops->base.destroy(s);
     cleanup_run();
 }
@@ -257,13 +261,15 @@ static int suite_init(void) {
     if (!dir) return 1;
     char path[1024];
     snprintf(path, sizeof path, "%s/libkiln-sample.so", dir);
-    const kiln_plugin_desc *d = mh_load(path, KILN_KIND_CALLBACK, "sample");
+    const kiln_plugin_desc *d = NULL;
+    kiln_test_load(g_th, path, KILN_KIND_CALLBACK, "sample", &d);
     if (!d) return 1;
     g_ops = d->ops;
     return 0;
 }
 
 static void register_tests(void) {
+    if (kiln_test_host_new(&g_th) != KILN_OK) return; /* no suite: the runner fails */
     CU_pSuite s = CU_add_suite("sample", suite_init, NULL);
     CU_add_test(s, "greedy text", test_greedy_text);
     CU_add_test(s, "when samples are taken", test_when);

@@ -1,7 +1,7 @@
 /*
  * test_schedulers.c — CUnit suite for the scheduler plugins constant, step,
  * cosine and plateau (libkiln-schedulers.so) and the lr_monitor callback,
- * each loaded from the build's plugin directory through the mock host and
+ * each loaded from the build's plugin directory through the test host and
  * created with the config the host would resolve (every declared key, its
  * declared default unless the test overrides it). The closed-form
  * schedules are checked against values the test derives another way: hand
@@ -20,7 +20,9 @@
 
 #include <CUnit/CUnit.h>
 
-#include "mockhost.h"
+#include <kiln/testing.h>
+
+static kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
 
 /* ---------------------------------------------------------------------------
  * Loading, configs and comparisons */
@@ -32,7 +34,8 @@ static const kiln_plugin_desc *load_desc(const char *lib, uint32_t kind, const c
     CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
     char path[1024];
     snprintf(path, sizeof path, "%s/libkiln-%s.so", dir, lib);
-    const kiln_plugin_desc *d = mh_load(path, kind, name);
+    const kiln_plugin_desc *d = NULL;
+    kiln_test_load(g_th, path, kind, name, &d);
     CU_ASSERT_PTR_NOT_NULL_FATAL(d);
     return d;
 }
@@ -79,8 +82,8 @@ static kiln_instance *sched_new(const char *name, const kiln_kv *over, const kil
     kiln_kv cfg[MAX_CFG];
     make_cfg(d, over, cfg);
     kiln_instance *inst = NULL;
-    int32_t rc = ops->base.create(d->plugin_ctx, svc ? svc : mh_services(), mh_ctx(), cfg, &inst);
-    if (rc != KILN_OK) fprintf(stderr, "\ncreate %s: %s\n", name, mh.last_error);
+    int32_t rc = ops->base.create(d->plugin_ctx, svc ? svc : kiln_test_services(g_th), kiln_test_hctx(g_th), cfg, &inst);
+    if (rc != KILN_OK) fprintf(stderr, "\ncreate %s: %s\n", name, kiln_test_error(g_th));
     CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
     CU_ASSERT_PTR_NOT_NULL_FATAL(inst);
     return inst;
@@ -92,7 +95,7 @@ static void sched_free(const char *name, kiln_instance *inst) { sched_ops(name, 
 static double lr_at(const char *name, kiln_instance *inst, double base, int64_t step, double metric) {
     double lr = -1.0;
     int32_t rc = sched_ops(name, NULL)->lr_at(inst, base, step, 0, metric, &lr);
-    if (rc != KILN_OK) fprintf(stderr, "\n%s lr_at(step %lld): %s\n", name, (long long)step, mh.last_error);
+    if (rc != KILN_OK) fprintf(stderr, "\n%s lr_at(step %lld): %s\n", name, (long long)step, kiln_test_error(g_th));
     CU_ASSERT_EQUAL(rc, KILN_OK);
     return lr;
 }
@@ -112,7 +115,7 @@ static int close_to(double got, double want, double rel) {
         CU_ASSERT(close_to(g_, w_, (rel)));                                                                \
     } while (0)
 
-/* Services whose log() counts warnings (the mock's own log prints only). */
+/* Services whose log() counts warnings (the test host's own log prints only). */
 static kiln_host_services g_counting;
 static int g_warnings;
 static char g_last_warning[512];
@@ -124,7 +127,7 @@ static void counting_log(kiln_host_ctx *h, int32_t level, const char *msg) {
     }
 }
 static const kiln_host_services *counting_services(void) {
-    g_counting = *mh_services();
+    g_counting = *kiln_test_services(g_th);
     g_counting.log = counting_log;
     g_warnings = 0;
     g_last_warning[0] = '\0';
@@ -135,7 +138,7 @@ static const kiln_host_services *counting_services(void) {
  * Descriptors */
 
 static void test_descriptors(void) {
-    mh_reset();
+    kiln_test_reset(g_th);
     const char *names[] = {"constant", "step", "cosine", "plateau"};
     for (int i = 0; i < 4; i++) {
         const kiln_plugin_desc *d;
@@ -192,7 +195,7 @@ static void test_descriptors(void) {
  * Closed-form schedules */
 
 static void test_constant(void) {
-    mh_reset();
+    kiln_test_reset(g_th);
     /* defaults: factor 1/3 for 5 steps; 0.3 / 3 = 0.1 by hand */
     kiln_instance *s = sched_new("constant", NULL, NULL);
     for (int64_t k = 0; k < 5; k++) ASSERT_CLOSE(lr_at("constant", s, 0.3, k, NAN), 0.1, 1e-15, "constant", k);
@@ -221,7 +224,7 @@ static void test_constant(void) {
 }
 
 static void test_step(void) {
-    mh_reset();
+    kiln_test_reset(g_th);
     const kiln_kv over[] = {{"step_size", KILN_V_INT(3)}, {"gamma", KILN_V_FLOAT(0.5)}, {NULL, KILN_V_NONE}};
     kiln_instance *s = sched_new("step", over, NULL);
     /* hand values for base 0.8 */
@@ -257,7 +260,7 @@ static double cosine_chain(double prev, int64_t e, int64_t t, double eta_min) {
 }
 
 static void test_cosine(void) {
-    mh_reset();
+    kiln_test_reset(g_th);
     const double base = 0.1, f0 = 0.1, eta = 0.001;
     const int64_t w = 10, t_max = 110;
     const kiln_kv over[] = {{"warmup_steps", KILN_V_INT(10)},
@@ -318,7 +321,7 @@ static void test_cosine(void) {
 
 /* Bad arguments to lr_at, for every schedule. */
 static void test_lr_at_arguments(void) {
-    mh_reset();
+    kiln_test_reset(g_th);
     const char *names[] = {"constant", "step", "cosine", "plateau"};
     for (int i = 0; i < 4; i++) {
         kiln_instance *s = sched_new(names[i], NULL, NULL);
@@ -327,10 +330,10 @@ static void test_lr_at_arguments(void) {
         const struct { double base; int64_t step; const char *needle; } bad[] = {
             {0.1, -1, "step"}, {NAN, 0, "base_lr"}, {INFINITY, 1, "base_lr"}, {-0.1, 1, "base_lr"}};
         for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
-            mh.last_error[0] = '\0';
+            kiln_test_clear_error(g_th);
             CU_ASSERT_EQUAL(ops->lr_at(s, bad[k].base, bad[k].step, 0, 1.0, &lr), KILN_E_INVALID_ARG);
-            CU_ASSERT_EQUAL(mh.last_error_code, KILN_E_INVALID_ARG);
-            CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, bad[k].needle));
+            CU_ASSERT_EQUAL(kiln_test_error_code(g_th), KILN_E_INVALID_ARG);
+            CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), bad[k].needle));
             CU_ASSERT_EQUAL(lr, 123.0); /* untouched */
         }
         CU_ASSERT_EQUAL(ops->lr_at(s, 0.1, 0, 0, 1.0, NULL), KILN_E_INVALID_ARG);
@@ -351,7 +354,7 @@ typedef struct bad_cfg {
 } bad_cfg;
 
 static void test_bad_configs(void) {
-    mh_reset();
+    kiln_test_reset(g_th);
     const bad_cfg cases[] = {
         {"constant", {{"factor", KILN_V_FLOAT(1.5)}, {NULL, KILN_V_NONE}}, "factor"},
         {"constant", {{"factor", KILN_V_FLOAT(-0.1)}, {NULL, KILN_V_NONE}}, "factor"},
@@ -382,17 +385,17 @@ static void test_bad_configs(void) {
         const kiln_scheduler_ops *ops = sched_ops(cases[i].plugin, &d);
         kiln_kv cfg[MAX_CFG];
         make_cfg(d, cases[i].over, cfg);
-        kiln_instance *inst = (kiln_instance *)&mh; /* must be reset to NULL */
-        mh.last_error[0] = '\0';
-        mh.last_error_code = 0;
-        int32_t rc = ops->base.create(d->plugin_ctx, mh_services(), mh_ctx(), cfg, &inst);
-        if (rc != KILN_E_CONFIG || !strstr(mh.last_error, cases[i].needle))
+        kiln_instance *inst = (kiln_instance *)g_th; /* must be reset to NULL */
+        kiln_test_clear_error(g_th);
+        kiln_test_clear_error(g_th);
+        int32_t rc = ops->base.create(d->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), cfg, &inst);
+        if (rc != KILN_E_CONFIG || !strstr(kiln_test_error(g_th), cases[i].needle))
             fprintf(stderr, "\ncase %zu (%s %s): rc %d, error \"%s\"\n", i, cases[i].plugin, cases[i].over[0].key,
-                    (int)rc, mh.last_error);
+                    (int)rc, kiln_test_error(g_th));
         CU_ASSERT_EQUAL(rc, KILN_E_CONFIG);
         CU_ASSERT_PTR_NULL(inst);
-        CU_ASSERT_EQUAL(mh.last_error_code, KILN_E_CONFIG);
-        CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, cases[i].needle));
+        CU_ASSERT_EQUAL(kiln_test_error_code(g_th), KILN_E_CONFIG);
+        CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), cases[i].needle));
         if (rc == KILN_OK && inst) ops->base.destroy(inst);
     }
     /* the message says what was found */
@@ -402,8 +405,8 @@ static void test_bad_configs(void) {
     const kiln_kv over[] = {{"mode", KILN_V_STR("maximum")}, {NULL, KILN_V_NONE}};
     make_cfg(d, over, cfg);
     kiln_instance *inst = NULL;
-    CU_ASSERT_EQUAL(ops->base.create(NULL, mh_services(), mh_ctx(), cfg, &inst), KILN_E_CONFIG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "\"maximum\""));
+    CU_ASSERT_EQUAL(ops->base.create(NULL, kiln_test_services(g_th), kiln_test_hctx(g_th), cfg, &inst), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "\"maximum\""));
 }
 
 /* ---------------------------------------------------------------------------
@@ -428,7 +431,7 @@ static void plateau_expect(const char *label, const kiln_kv *over, double base, 
 #define N_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
 static void test_plateau_patience(void) {
-    mh_reset();
+    kiln_test_reset(g_th);
     /* improve, improve, then flat: patience 2 tolerates two bad steps and
      * reduces on the third; the counter restarts after a reduction */
     const kiln_kv over[] = {{"patience", KILN_V_INT(2)}, {"factor", KILN_V_FLOAT(0.5)}, {NULL, KILN_V_NONE}};
@@ -447,7 +450,7 @@ static void test_plateau_patience(void) {
 }
 
 static void test_plateau_cooldown(void) {
-    mh_reset();
+    kiln_test_reset(g_th);
     /* patience 0, cooldown 2: a reduction, then two steps whose badness is
      * forgotten, then a reduction on the next bad step */
     const kiln_kv over[] = {{"patience", KILN_V_INT(0)},
@@ -465,7 +468,7 @@ static void test_plateau_cooldown(void) {
 }
 
 static void test_plateau_min_lr_eps(void) {
-    mh_reset();
+    kiln_test_reset(g_th);
     /* the rate stops at min_lr */
     const kiln_kv over[] = {{"patience", KILN_V_INT(0)}, {"min_lr", KILN_V_FLOAT(0.05)}, {NULL, KILN_V_NONE}};
     const double m[] = {1, 1, 1, 1, 1};
@@ -486,7 +489,7 @@ static void test_plateau_min_lr_eps(void) {
 }
 
 static void test_plateau_thresholds(void) {
-    mh_reset();
+    kiln_test_reset(g_th);
     /* 10 -> 9.5: rel 0.1 asks for < 9.0 (bad); abs 0.1 asks for < 9.9 (better) */
     const double m[] = {10, 9.5, 8.0, 7.95};
     const kiln_kv rel[] = {{"patience", KILN_V_INT(0)},
@@ -512,7 +515,7 @@ static void test_plateau_thresholds(void) {
 }
 
 static void test_plateau_max_mode(void) {
-    mh_reset();
+    kiln_test_reset(g_th);
     const double m[] = {0.5, 0.6, 0.6, 0.7};
     const kiln_kv max_rel[] = {{"mode", KILN_V_STR("max")},
                                {"patience", KILN_V_INT(0)},
@@ -536,7 +539,7 @@ static void test_plateau_max_mode(void) {
 }
 
 static void test_plateau_missing_metric(void) {
-    mh_reset();
+    kiln_test_reset(g_th);
     /* NaN: no metric; the rate stays and nothing is counted. Counted, the
      * two NaNs would have reduced the rate at step 3. */
     const kiln_kv over[] = {{"patience", KILN_V_INT(1)}, {"factor", KILN_V_FLOAT(0.5)}, {NULL, KILN_V_NONE}};
@@ -564,7 +567,7 @@ static void test_plateau_missing_metric(void) {
 }
 
 static void test_plateau_order(void) {
-    mh_reset();
+    kiln_test_reset(g_th);
     const kiln_kv p0[] = {{"patience", KILN_V_INT(0)}, {"factor", KILN_V_FLOAT(0.5)}, {NULL, KILN_V_NONE}};
     kiln_instance *s = sched_new("plateau", p0, NULL);
     const kiln_scheduler_ops *ops = sched_ops("plateau", NULL);
@@ -578,9 +581,9 @@ static void test_plateau_order(void) {
     CU_ASSERT_EQUAL(lr_at("plateau", s, 7.0, 4, 0.5), 0.25);
     /* going back is refused, and changes nothing */
     double lr = -1;
-    mh.last_error[0] = '\0';
+    kiln_test_clear_error(g_th);
     CU_ASSERT_EQUAL(ops->lr_at(s, 1.0, 1, 0, 1.0, &lr), KILN_E_INVALID_ARG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "order"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "order"));
     CU_ASSERT_EQUAL(lr_at("plateau", s, 1.0, 5, 0.5), 0.125);
     /* step 0 constructs afresh */
     CU_ASSERT_EQUAL(lr_at("plateau", s, 2.0, 0, NAN), 2.0);
@@ -612,7 +615,7 @@ static void plateau_roundtrip(const kiln_kv *over, double base, const double *m,
     kiln_instance *c = sched_new("plateau", over, NULL);
     CU_ASSERT_EQUAL(lr_at("plateau", c, base, 0, NAN), base);
     CU_ASSERT_EQUAL_FATAL(ops->base.set_state(c, ver, blob, size), KILN_OK);
-    mh_services()->free(mh_ctx(), blob);
+    kiln_test_services(g_th)->free(kiln_test_hctx(g_th), blob);
     for (int k = split + 1; k <= n; k++) {
         double la = lr_at("plateau", a, base, k, m[k - 1]), lc = lr_at("plateau", c, base, k, m[k - 1]);
         if (la != lc) fprintf(stderr, "\nround trip split %d, step %d: %.17g vs %.17g\n", split, k, la, lc);
@@ -625,7 +628,7 @@ static void plateau_roundtrip(const kiln_kv *over, double base, const double *m,
 /* get_state -> set_state into a fresh instance mid-sequence: both continue
  * exactly like an uninterrupted run; refused blobs change nothing. */
 static void test_plateau_state(void) {
-    mh_reset();
+    kiln_test_reset(g_th);
     const kiln_scheduler_ops *ops = sched_ops("plateau", NULL);
     const kiln_kv over[] = {{"patience", KILN_V_INT(2)},
                             {"cooldown", KILN_V_INT(1)},
@@ -662,7 +665,7 @@ static void test_plateau_state(void) {
     unsigned char *bad = malloc(size + 8);
     CU_ASSERT_PTR_NOT_NULL_FATAL(bad);
     CU_ASSERT_EQUAL(ops->base.set_state(c, ver + 1, blob, size), KILN_E_STATE);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "version"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "version"));
     CU_ASSERT_EQUAL(ops->base.set_state(c, ver, blob, size - 1), KILN_E_STATE);
     memcpy(bad, blob, size);
     memset(bad + size, 0, 8);
@@ -670,23 +673,23 @@ static void test_plateau_state(void) {
     CU_ASSERT_EQUAL(ops->base.set_state(c, ver, NULL, size), KILN_E_STATE);
     bad[0] ^= 0x20;
     CU_ASSERT_EQUAL(ops->base.set_state(c, ver, bad, size), KILN_E_STATE);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "magic"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "magic"));
     /* a negative counter (int64 after the 8-byte magic and two uint32) */
     memcpy(bad, blob, size);
     int64_t neg = -5;
     memcpy(bad + 8 + 4 + 4 + 8, &neg, sizeof neg);
     CU_ASSERT_EQUAL(ops->base.set_state(c, ver, bad, size), KILN_E_DATA);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "corrupt"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "corrupt"));
     /* a min-mode state is not a max-mode one */
     const kiln_kv max_over[] = {{"mode", KILN_V_STR("max")}, {NULL, KILN_V_NONE}};
     kiln_instance *mx = sched_new("plateau", max_over, NULL);
     CU_ASSERT_EQUAL(ops->base.set_state(mx, ver, blob, size), KILN_E_STATE);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "mode"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "mode"));
     sched_free("plateau", mx);
     free(bad);
 
     CU_ASSERT_EQUAL_FATAL(ops->base.set_state(c, ver, blob, size), KILN_OK);
-    mh_services()->free(mh_ctx(), blob);
+    kiln_test_services(g_th)->free(kiln_test_hctx(g_th), blob);
     /* both continue as the reference; a repeat of the split step (the host
      * re-applying the rate after the restore) reads no metric */
     CU_ASSERT_EQUAL(lr_at("plateau", c, base, split, 1e9), ref[split]);
@@ -714,7 +717,7 @@ static void test_plateau_state(void) {
     kiln_instance *g = sched_new("plateau", over, NULL);
     CU_ASSERT_EQUAL_FATAL(ops->base.get_state(g, &ver, &blob, &size), KILN_OK);
     CU_ASSERT_EQUAL(ops->base.set_state(c, ver, blob, size), KILN_OK);
-    mh_services()->free(mh_ctx(), blob);
+    kiln_test_services(g_th)->free(kiln_test_hctx(g_th), blob);
     CU_ASSERT_EQUAL(lr_at("plateau", c, 0.3, 1, 2.0), 0.3);
     sched_free("plateau", g);
     sched_free("plateau", c);
@@ -757,7 +760,7 @@ static kiln_instance *lrm_new(const char *interval, const kiln_host_services *sv
     const kiln_kv over[] = {{"logging_interval", KILN_V_STR(interval)}, {NULL, KILN_V_NONE}};
     make_cfg(d, interval ? over : NULL, cfg);
     kiln_instance *inst = NULL;
-    CU_ASSERT_EQUAL_FATAL(ops->base.create(d->plugin_ctx, svc ? svc : mh_services(), mh_ctx(), cfg, &inst), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(ops->base.create(d->plugin_ctx, svc ? svc : kiln_test_services(g_th), kiln_test_hctx(g_th), cfg, &inst), KILN_OK);
     CU_ASSERT_PTR_NOT_NULL_FATAL(inst);
     return inst;
 }
@@ -773,7 +776,7 @@ static void trainer_with(uint32_t n, const double *lr) {
     g_ts.automatic_optimization = 1;
     g_ts.num_optimizers = n;
     g_ts.lr = lr;
-    mh.trainer = g_ts;
+    (*kiln_test_trainer(g_th)) = g_ts;
 }
 
 /* Send one event; returns how many values it logged. */
@@ -785,17 +788,17 @@ static int lrm_send(kiln_instance *inst, uint32_t id, int32_t stage) {
     e.stage = stage;
     e.batch_idx = -1;
     e.trainer = &g_ts;
-    const int before = mh.nlogged;
+    const int before = (int)kiln_test_logged_count(g_th);
     CU_ASSERT_EQUAL(lrm_ops(NULL)->on_event(inst, &e), KILN_OK);
-    return mh.nlogged - before;
+    return (int)kiln_test_logged_count(g_th) - before;
 }
 
 static void assert_logged(int idx, const char *name, double value, uint32_t flags) {
-    CU_ASSERT_FATAL(idx < mh.nlogged);
-    CU_ASSERT_STRING_EQUAL(mh.logged[idx].name, name);
-    CU_ASSERT_EQUAL(mh.logged[idx].value, value);
-    CU_ASSERT_EQUAL(mh.logged[idx].flags, flags);
-    CU_ASSERT_EQUAL(mh.logged[idx].weight, 1.0);
+    CU_ASSERT_FATAL(idx < (int)kiln_test_logged_count(g_th));
+    CU_ASSERT_STRING_EQUAL(kiln_test_logged(g_th, idx)->name, name);
+    CU_ASSERT_EQUAL(kiln_test_logged(g_th, idx)->value, value);
+    CU_ASSERT_EQUAL(kiln_test_logged(g_th, idx)->flags, flags);
+    CU_ASSERT_EQUAL(kiln_test_logged(g_th, idx)->weight, 1.0);
 }
 
 /* Every event other than the one the interval logs at. */
@@ -807,7 +810,7 @@ static int lrm_send_all_but(kiln_instance *inst, uint32_t keep) {
 }
 
 static void test_lr_monitor_step(void) {
-    mh_reset();
+    kiln_test_reset(g_th);
     double lr[1] = {0.05};
     trainer_with(1, lr);
     kiln_instance *m = lrm_new(NULL, NULL); /* the default: "step" */
@@ -827,7 +830,7 @@ static void test_lr_monitor_step(void) {
 }
 
 static void test_lr_monitor_epoch_and_many(void) {
-    mh_reset();
+    kiln_test_reset(g_th);
     double lr[3] = {0.1, 0.02, 0.003};
     trainer_with(3, lr);
     kiln_instance *m = lrm_new("epoch", NULL);
@@ -836,11 +839,11 @@ static void test_lr_monitor_epoch_and_many(void) {
     assert_logged(0, "lr-0", 0.1, KILN_LOG_ON_EPOCH);
     assert_logged(1, "lr-1", 0.02, KILN_LOG_ON_EPOCH);
     assert_logged(2, "lr-2", 0.003, KILN_LOG_ON_EPOCH);
-    CU_ASSERT(isnan(mh_last_logged("lr"))); /* no plain "lr" with several optimizers */
+    CU_ASSERT(isnan(kiln_test_last_value(g_th, "lr"))); /* no plain "lr" with several optimizers */
     lrm_ops(NULL)->base.destroy(m);
 
     /* two optimizers, per step */
-    mh.nlogged = 0;
+    kiln_test_clear_logged(g_th);
     trainer_with(2, lr);
     m = lrm_new("step", NULL);
     CU_ASSERT_EQUAL(lrm_send(m, KILN_EV_ON_TRAIN_EPOCH_START, KILN_STAGE_FIT), 0);
@@ -850,7 +853,7 @@ static void test_lr_monitor_epoch_and_many(void) {
     lrm_ops(NULL)->base.destroy(m);
 
     /* an event without a trainer pointer: the trainer_state service */
-    mh.nlogged = 0;
+    kiln_test_clear_logged(g_th);
     trainer_with(1, lr);
     m = lrm_new("step", NULL);
     kiln_event e;
@@ -859,13 +862,13 @@ static void test_lr_monitor_epoch_and_many(void) {
     e.id = KILN_EV_ON_TRAIN_BATCH_START;
     e.stage = KILN_STAGE_FIT;
     CU_ASSERT_EQUAL(lrm_ops(NULL)->on_event(m, &e), KILN_OK);
-    CU_ASSERT_EQUAL(mh.nlogged, 1);
+    CU_ASSERT_EQUAL((int)kiln_test_logged_count(g_th), 1);
     assert_logged(0, "lr", 0.1, KILN_LOG_ON_STEP);
     lrm_ops(NULL)->base.destroy(m);
 }
 
 static void test_lr_monitor_old_host(void) {
-    mh_reset();
+    kiln_test_reset(g_th);
     double lr[1] = {0.05};
     trainer_with(1, lr);
     /* a 1.1 trainer state ends before `precision` */
@@ -883,12 +886,12 @@ static void test_lr_monitor_old_host(void) {
     m = lrm_new("epoch", svc);
     for (int k = 0; k < 3; k++) CU_ASSERT_EQUAL(lrm_send(m, KILN_EV_ON_TRAIN_EPOCH_START, KILN_STAGE_FIT), 0);
     CU_ASSERT_EQUAL(g_warnings, 1);
-    CU_ASSERT_EQUAL(mh.nlogged, 0);
+    CU_ASSERT_EQUAL((int)kiln_test_logged_count(g_th), 0);
     lrm_ops(NULL)->base.destroy(m);
 }
 
 static void test_lr_monitor_config(void) {
-    mh_reset();
+    kiln_test_reset(g_th);
     const kiln_plugin_desc *d;
     const kiln_callback_ops *ops = lrm_ops(&d);
     CU_ASSERT_EQUAL(d->kind, KILN_KIND_CALLBACK);
@@ -897,11 +900,11 @@ static void test_lr_monitor_config(void) {
     CU_ASSERT_STRING_EQUAL(kiln_kv_str(cfg, "logging_interval", ""), "step");
     const kiln_kv over[] = {{"logging_interval", KILN_V_STR("batch")}, {NULL, KILN_V_NONE}};
     make_cfg(d, over, cfg);
-    kiln_instance *inst = (kiln_instance *)&mh;
-    CU_ASSERT_EQUAL(ops->base.create(d->plugin_ctx, mh_services(), mh_ctx(), cfg, &inst), KILN_E_CONFIG);
+    kiln_instance *inst = (kiln_instance *)g_th;
+    CU_ASSERT_EQUAL(ops->base.create(d->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), cfg, &inst), KILN_E_CONFIG);
     CU_ASSERT_PTR_NULL(inst);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "logging_interval"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "\"batch\""));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "logging_interval"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "\"batch\""));
 }
 
 /* ---------------------------------------------------------------------------
@@ -913,7 +916,7 @@ static void test_lr_monitor_config(void) {
  * counter stops every reduction; the counters cannot exceed the steps
  * taken. The blob they were cut from still restores and continues. */
 static void test_plateau_state_bounds(void) {
-    mh_reset();
+    kiln_test_reset(g_th);
     const kiln_scheduler_ops *ops = sched_ops("plateau", NULL);
     const kiln_kv over[] = {{"patience", KILN_V_INT(1)}, {"factor", KILN_V_FLOAT(0.5)}, {NULL, KILN_V_NONE}};
     const double m[] = {5, 4, 4, 4, 3, 3, 3, 3};
@@ -959,11 +962,11 @@ static void test_plateau_state_bounds(void) {
         } else {
             memcpy(bad + cases[i].off, &cases[i].i, sizeof(int64_t));
         }
-        mh.last_error[0] = 0;
+        kiln_test_clear_error(g_th);
         CU_ASSERT_EQUAL(ops->base.set_state(c, ver, bad, size), KILN_E_DATA);
-        if (!strstr(mh.last_error, cases[i].needle)) fprintf(stderr, "\ncase %zu: %s\n", i, mh.last_error);
-        CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, cases[i].needle));
-        CU_ASSERT_PTR_NULL(strchr(mh.last_error, '\n'));
+        if (!strstr(kiln_test_error(g_th), cases[i].needle)) fprintf(stderr, "\ncase %zu: %s\n", i, kiln_test_error(g_th));
+        CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), cases[i].needle));
+        CU_ASSERT_PTR_NULL(strchr(kiln_test_error(g_th), '\n'));
     }
     /* nothing changed: c is still the fresh schedule of step 0 */
     kiln_instance *f = sched_new("plateau", over, NULL);
@@ -973,8 +976,8 @@ static void test_plateau_state_bounds(void) {
     CU_ASSERT_EQUAL_FATAL(ops->base.get_state(f, &ver, &fb, &fs), KILN_OK);
     CU_ASSERT_EQUAL_FATAL(ops->base.get_state(c, &ver, &cb, &cs), KILN_OK);
     CU_ASSERT_TRUE(fs == cs && memcmp(fb, cb, fs) == 0);
-    mh_services()->free(mh_ctx(), fb);
-    mh_services()->free(mh_ctx(), cb);
+    kiln_test_services(g_th)->free(kiln_test_hctx(g_th), fb);
+    kiln_test_services(g_th)->free(kiln_test_hctx(g_th), cb);
     sched_free("plateau", f);
     /* the good blob restores, and both continue alike */
     CU_ASSERT_EQUAL_FATAL(ops->base.set_state(c, ver, blob, size), KILN_OK);
@@ -982,12 +985,13 @@ static void test_plateau_state_bounds(void) {
         CU_ASSERT_EQUAL(lr_at("plateau", c, 1.0, k, m[k - 1]), lr_at("plateau", a, 1.0, k, m[k - 1]));
     CU_ASSERT(lr_at("plateau", c, 1.0, N_OF(m), NAN) < 1.0); /* it did reduce */
     free(bad);
-    mh_services()->free(mh_ctx(), blob);
+    kiln_test_services(g_th)->free(kiln_test_hctx(g_th), blob);
     sched_free("plateau", c);
     sched_free("plateau", a);
 }
 
 static void register_tests(void) {
+    if (kiln_test_host_new(&g_th) != KILN_OK) return; /* no suite: the runner fails */
     CU_pSuite s = CU_add_suite("schedulers", NULL, NULL);
     CU_add_test(s, "descriptors and defaults", test_descriptors);
     CU_add_test(s, "constant (ConstantLR)", test_constant);

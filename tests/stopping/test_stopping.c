@@ -1,7 +1,7 @@
 /*
  * test_stopping.c — CUnit suite for the callback plugins early_stopping and
  * nan_guard, each loaded from the build's plugin directory through the mock
- * host. The plugins get the mock's services table with request_stop and log
+ * host. The plugins get the test host's services table with request_stop and log
  * replaced by recorders, so a test can assert exactly when a stop was
  * requested and with which reason. early_stopping is fed Lightning-ordered
  * fit events (setup, on_fit_start, then per epoch a logged metric,
@@ -10,7 +10,7 @@
  * thresholds, check_finite, strict and non-strict missing metrics, the
  * sanity-check and outside-fit skips, both check timings (explicit and
  * derived from the trainer keys) and the checkpointed state. nan_guard gets
- * parameters registered with the mock host (float32, and float64 masters
+ * parameters registered with the test host (float32, and float64 masters
  * allocated here) holding planted nan/inf values, and is checked for the
  * status, the exact message, the gradient-scaler exemption, frozen
  * parameters, device memory read back through a fake accelerator, and
@@ -25,19 +25,21 @@
 
 #include <CUnit/CUnit.h>
 
-#include "mockhost.h"
+#include <kiln/testing.h>
+
+static kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
 
 /* ---------------------------------------------------------------------------
  * A services table that records stop requests and log lines */
 
-static kiln_host_services g_svc;   /* the mock's table with two recorders     */
+static kiln_host_services g_svc;   /* the test host's table with two recorders     */
 static int g_stops;                /* request_stop calls since fixture_begin  */
 static char g_stop_reason[1024];   /* the last reason                          */
 static char g_log[16][1024];       /* log lines, oldest first                  */
 static int g_nlog;
 
 static void rec_request_stop(kiln_host_ctx *h, const char *reason) {
-    mh_services()->request_stop(h, reason);
+    kiln_test_services(g_th)->request_stop(h, reason);
     g_stops++;
     snprintf(g_stop_reason, sizeof g_stop_reason, "%s", reason ? reason : "");
 }
@@ -55,14 +57,14 @@ static int logged_line(const char *needle) {
 }
 
 static void fixture_begin(void) {
-    mh_reset();
-    g_svc = *mh_services();
+    kiln_test_reset(g_th);
+    g_svc = *kiln_test_services(g_th);
     g_svc.request_stop = rec_request_stop;
     g_svc.log = rec_log;
     g_stops = 0;
     g_stop_reason[0] = '\0';
     g_nlog = 0;
-    mh.trainer.stage = KILN_STAGE_FIT;
+    kiln_test_trainer(g_th)->stage = KILN_STAGE_FIT;
 }
 
 static const kiln_plugin_desc *load_desc(const char *name) {
@@ -70,7 +72,8 @@ static const kiln_plugin_desc *load_desc(const char *name) {
     CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
     char path[1024];
     snprintf(path, sizeof path, "%s/libkiln-%s.so", dir, name);
-    const kiln_plugin_desc *d = mh_load(path, KILN_KIND_CALLBACK, name);
+    const kiln_plugin_desc *d = NULL;
+    kiln_test_load(g_th, path, KILN_KIND_CALLBACK, name, &d);
     CU_ASSERT_PTR_NOT_NULL_FATAL(d);
     return d;
 }
@@ -83,7 +86,7 @@ static const kiln_callback_ops *load(const char *name) {
 
 static kiln_instance *create(const kiln_callback_ops *ops, const kiln_kv *cfg, int32_t *rc) {
     kiln_instance *inst = NULL;
-    *rc = ops->base.create(NULL, &g_svc, mh_ctx(), cfg, &inst);
+    *rc = ops->base.create(NULL, &g_svc, kiln_test_hctx(g_th), cfg, &inst);
     if (*rc != KILN_OK) CU_ASSERT_PTR_NULL(inst);
     return inst;
 }
@@ -95,7 +98,7 @@ static kiln_event ev_make(uint32_t id, int32_t stage, int64_t batch) {
     e.id = id;
     e.stage = stage;
     e.batch_idx = batch;
-    e.trainer = &mh.trainer;
+    e.trainer = kiln_test_trainer(g_th);
     return e;
 }
 
@@ -160,7 +163,7 @@ static void es_fit_start(kiln_instance *inst) {
 }
 
 static void log_metric(const char *name, double v) {
-    mh_services()->log_value(mh_ctx(), name, v, KILN_LOG_ON_EPOCH, 1.0);
+    kiln_test_services(g_th)->log_value(kiln_test_hctx(g_th), name, v, KILN_LOG_ON_EPOCH, 1.0);
 }
 
 /* One epoch as the host runs it: validation (which logs `v`) ends inside the
@@ -170,7 +173,7 @@ static void es_epoch(kiln_instance *inst, double v) {
     log_metric("val_loss", v);
     CU_ASSERT_EQUAL(send(g_es, inst, KILN_EV_ON_VALIDATION_END, KILN_STAGE_VALIDATE), KILN_OK);
     CU_ASSERT_EQUAL(send(g_es, inst, KILN_EV_ON_TRAIN_EPOCH_END, KILN_STAGE_FIT), KILN_OK);
-    mh.trainer.current_epoch++;
+    kiln_test_trainer(g_th)->current_epoch++;
 }
 
 /* The decoded version-1 state blob. */
@@ -211,7 +214,7 @@ static es_state es_read_state(kiln_instance *inst) {
     uint32_t ml = le32(b + 44);
     CU_ASSERT_EQUAL(size, 48 + (size_t)ml);
     snprintf(s.monitor, sizeof s.monitor, "%.*s", (int)ml, (const char *)b + 48);
-    mh_services()->free(mh_ctx(), blob);
+    kiln_test_services(g_th)->free(kiln_test_hctx(g_th), blob);
     return s;
 }
 
@@ -228,14 +231,14 @@ static void test_es_patience(void) {
     es_epoch(inst, 0.95); /* wait 1 */
     es_epoch(inst, 0.9);  /* equal is no improvement: wait 2 */
     CU_ASSERT_EQUAL(g_stops, 0);
-    CU_ASSERT_EQUAL(mh.stop_requested, 0);
+    CU_ASSERT_EQUAL(kiln_test_stop_count(g_th), 0);
     es_state s = es_read_state(inst);
     CU_ASSERT_EQUAL(s.wait, 2);
     CU_ASSERT_EQUAL(s.best, 0.9);
     CU_ASSERT_EQUAL(s.reason, 0u);
     es_epoch(inst, 1.5); /* wait 3 = patience: stop, at epoch 4 */
     CU_ASSERT_EQUAL(g_stops, 1);
-    CU_ASSERT_EQUAL(mh.stop_requested, 1);
+    CU_ASSERT_EQUAL(kiln_test_stop_count(g_th), 1);
     CU_ASSERT_STRING_EQUAL(g_stop_reason,
                            "Monitored metric val_loss did not improve in the last 3 records. Best score: 0.900. "
                            "Signaling Trainer to stop.");
@@ -459,11 +462,11 @@ static void test_es_strict_missing(void) {
     kiln_instance *inst = es_new(&c);
     es_fit_start(inst);
     log_metric("val_loss", 0.5); /* something else is logged */
-    mh.last_error_code = 0;
+    kiln_test_clear_error(g_th);
     CU_ASSERT_EQUAL(send(g_es, inst, KILN_EV_ON_TRAIN_EPOCH_END, KILN_STAGE_FIT), KILN_E_CONFIG);
-    CU_ASSERT_EQUAL(mh.last_error_code, KILN_E_CONFIG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "metric `val_f1` which is not available"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "on_train_epoch_end"));
+    CU_ASSERT_EQUAL(kiln_test_error_code(g_th), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "metric `val_f1` which is not available"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "on_train_epoch_end"));
     CU_ASSERT_EQUAL(g_stops, 0);
     g_es->base.destroy(inst);
 }
@@ -500,8 +503,8 @@ static void test_es_sanity_and_outside_fit_skipped(void) {
     CU_ASSERT_EQUAL(send(g_es, inst, KILN_EV_ON_VALIDATION_END, KILN_STAGE_VALIDATE), KILN_OK);
     es_fit_start(inst);
     /* the sanity check: missing metric and bad values are ignored */
-    mh.trainer.stage = KILN_STAGE_SANITY;
-    mh.trainer.sanity_checking = 1;
+    kiln_test_trainer(g_th)->stage = KILN_STAGE_SANITY;
+    kiln_test_trainer(g_th)->sanity_checking = 1;
     CU_ASSERT_EQUAL(send(g_es, inst, KILN_EV_ON_VALIDATION_END, KILN_STAGE_SANITY), KILN_OK);
     log_metric("val_loss", NAN);
     CU_ASSERT_EQUAL(send(g_es, inst, KILN_EV_ON_VALIDATION_END, KILN_STAGE_SANITY), KILN_OK);
@@ -509,8 +512,8 @@ static void test_es_sanity_and_outside_fit_skipped(void) {
     /* the sanity flag alone is enough */
     CU_ASSERT_EQUAL(send(g_es, inst, KILN_EV_ON_VALIDATION_END, KILN_STAGE_VALIDATE), KILN_OK);
     CU_ASSERT_EQUAL(g_stops, 0);
-    mh.trainer.stage = KILN_STAGE_FIT;
-    mh.trainer.sanity_checking = 0;
+    kiln_test_trainer(g_th)->stage = KILN_STAGE_FIT;
+    kiln_test_trainer(g_th)->sanity_checking = 0;
     es_state s = es_read_state(inst);
     CU_ASSERT_EQUAL(s.wait, 0);
     /* in fit the same value stops at once */
@@ -527,7 +530,7 @@ static void test_es_sanity_and_outside_fit_skipped(void) {
  * strict callback; the checking hook fails, the other passes. */
 static void expect_timing(const es_cfg *c, const kiln_kv *trainer_keys, int on_train_epoch_end) {
     fixture_begin();
-    mh.config = trainer_keys;
+    kiln_test_set_config(g_th, trainer_keys);
     kiln_instance *inst = es_new(c);
     es_fit_start(inst);
     int32_t val = send(g_es, inst, KILN_EV_ON_VALIDATION_END, KILN_STAGE_VALIDATE);
@@ -562,7 +565,7 @@ static void test_es_timing(void) {
     /* at on_validation_end every validation run is a check, several per
      * epoch with val_check_interval 0.5; the stop lands inside the epoch */
     fixture_begin();
-    mh.config = tk_half_epoch;
+    kiln_test_set_config(g_th, tk_half_epoch);
     c.patience = 2;
     kiln_instance *inst = es_new(&c);
     es_fit_start(inst);
@@ -634,7 +637,7 @@ static void test_es_state_round_trip(void) {
     CU_ASSERT_EQUAL(s.best, 0.3);
     CU_ASSERT_EQUAL(s.patience, 3);
     es_fit_start(b);
-    mh.trainer.current_epoch = 3;
+    kiln_test_trainer(g_th)->current_epoch = 3;
     es_epoch(b, 0.31); /* wait 3: stop */
     CU_ASSERT_EQUAL(g_stops, 1);
     CU_ASSERT_PTR_NOT_NULL(strstr(g_stop_reason, "last 3 records. Best score: 0.300"));
@@ -642,7 +645,7 @@ static void test_es_state_round_trip(void) {
 
     /* refusals: another version, a foreign blob, a truncated one */
     CU_ASSERT_EQUAL(g_es->base.set_state(b, 2, blob, size), KILN_E_STATE);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "version 2"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "version 2"));
     unsigned char junk[64] = "not an early stopping state at all, sorry....";
     CU_ASSERT_EQUAL(g_es->base.set_state(b, 1, junk, sizeof junk), KILN_E_DATA);
     CU_ASSERT_EQUAL(g_es->base.set_state(b, 1, blob, size - 1), KILN_E_DATA);
@@ -661,7 +664,7 @@ static void test_es_state_round_trip(void) {
     CU_ASSERT(isinf(s.best));
     CU_ASSERT(logged_line("starting fresh"));
     g_es->base.destroy(d);
-    mh_services()->free(mh_ctx(), blob);
+    kiln_test_services(g_th)->free(kiln_test_hctx(g_th), blob);
 }
 
 /* A blob with an out-of-range counter or a best score the callback could
@@ -713,11 +716,11 @@ static void test_es_state_bounds(void) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         memcpy(bad, blob, size);
         put64(bad + cases[i].off, cases[i].v);
-        mh.last_error[0] = 0;
+        kiln_test_clear_error(g_th);
         CU_ASSERT_EQUAL(g_es->base.set_state(b, ver, bad, size), KILN_E_DATA);
-        if (!strstr(mh.last_error, cases[i].needle)) fprintf(stderr, "\ncase %zu: %s\n", i, mh.last_error);
-        CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, cases[i].needle));
-        CU_ASSERT_PTR_NULL(strchr(mh.last_error, '\n'));
+        if (!strstr(kiln_test_error(g_th), cases[i].needle)) fprintf(stderr, "\ncase %zu: %s\n", i, kiln_test_error(g_th));
+        CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), cases[i].needle));
+        CU_ASSERT_PTR_NULL(strchr(kiln_test_error(g_th), '\n'));
         es_state s = es_read_state(b); /* unchanged: as created */
         CU_ASSERT_EQUAL(s.wait, 0);
         CU_ASSERT_EQUAL(s.patience, 3);
@@ -734,7 +737,7 @@ static void test_es_state_bounds(void) {
     CU_ASSERT_EQUAL(g_stops, 1);
     g_es->base.destroy(b);
     free(bad);
-    mh_services()->free(mh_ctx(), blob);
+    kiln_test_services(g_th)->free(kiln_test_hctx(g_th), blob);
 }
 
 static void test_es_config_errors(void) {
@@ -759,11 +762,11 @@ static void test_es_config_errors(void) {
     for (int i = 0; i < 5; i++) {
         kiln_kv kv[16];
         int32_t rc;
-        mh.last_error[0] = '\0';
+        kiln_test_clear_error(g_th);
         kiln_instance *inst = create(ops, es_kv(kv, &bad[i].c), &rc);
         CU_ASSERT_EQUAL(rc, KILN_E_CONFIG);
         CU_ASSERT_PTR_NULL(inst);
-        CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, bad[i].needle));
+        CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), bad[i].needle));
     }
     /* the declared keys: monitor required, the thresholds and the timing
      * without a default (unset means off / Lightning's rule) */
@@ -797,30 +800,30 @@ static kiln_instance *ng_new(const kiln_kv *cfg) {
     return inst;
 }
 
-/* The mock host's parameters: layers.0.weight (16, 8), layers.0.bias (16),
+/* The test host's parameters: layers.0.weight (16, 8), layers.0.bias (16),
  * layers.1.weight (64, 16) in float32, zero-filled. Trainer at epoch 2,
  * global step 877. */
 static void reg(const char *name, int64_t rows, int64_t cols, uint32_t flags) {
     kiln_parameter *p;
     int64_t shape[2] = {rows, cols};
     uint32_t ndim = cols > 0 ? 2 : 1;
-    CU_ASSERT_EQUAL_FATAL(mh_services()->param_register(mh_ctx(), name, ndim, shape, flags, &p), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(kiln_test_services(g_th)->param_register(kiln_test_hctx(g_th), name, ndim, shape, flags, &p), KILN_OK);
 }
 
 static void ng_params_f32(void) {
     reg("layers.0.weight", 16, 8, 0);
     reg("layers.0.bias", 16, 0, KILN_PARAMF_NO_DECAY);
     reg("layers.1.weight", 64, 16, 0);
-    CU_ASSERT_EQUAL_FATAL(mh_alloc_params(), 0);
-    mh.trainer.current_epoch = 2;
-    mh.trainer.global_step = 877;
+    CU_ASSERT_EQUAL_FATAL(kiln_test_alloc_params(g_th), 0);
+    kiln_test_trainer(g_th)->current_epoch = 2;
+    kiln_test_trainer(g_th)->global_step = 877;
 }
 
 /* Turn every parameter into float64 masters (the 64-true layout): fresh
  * zeroed double buffers the mock frees at reset. */
 static void ng_params_to_f64(void) {
-    for (uint32_t i = 0; i < mh.nparams; i++) {
-        kiln_parameter *p = &mh.params[i];
+    for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++) {
+        kiln_parameter *p = kiln_test_param(g_th, i);
         free(p->data);
         free(p->grad);
         p->data = calloc((size_t)p->numel, sizeof(double));
@@ -848,9 +851,9 @@ static void ng_batch_ok(kiln_instance *inst, int64_t batch) {
 
 static void assert_error(int32_t rc, const char *want) {
     CU_ASSERT_EQUAL(rc, KILN_E_NONFINITE);
-    CU_ASSERT_EQUAL(mh.last_error_code, KILN_E_NONFINITE);
-    CU_ASSERT_STRING_EQUAL(mh.last_error, want);
-    if (strcmp(mh.last_error, want)) fprintf(stderr, "\n got: %s\nwant: %s\n", mh.last_error, want);
+    CU_ASSERT_EQUAL(kiln_test_error_code(g_th), KILN_E_NONFINITE);
+    CU_ASSERT_STRING_EQUAL(kiln_test_error(g_th), want);
+    if (strcmp(kiln_test_error(g_th), want)) fprintf(stderr, "\n got: %s\nwant: %s\n", kiln_test_error(g_th), want);
 }
 
 /* ---------------------------------------------------------------------------
@@ -859,12 +862,12 @@ static void assert_error(int32_t rc, const char *want) {
 static void test_ng_finite_passes(void) {
     fixture_begin();
     ng_params_f32();
-    float *w = mh.params[2].data, *g = mh.params[2].grad;
-    for (int64_t i = 0; i < mh.params[2].numel; i++) {
+    float *w = kiln_test_param(g_th, 2)->data, *g = kiln_test_param(g_th, 2)->grad;
+    for (int64_t i = 0; i < kiln_test_param(g_th, 2)->numel; i++) {
         w[i] = (float)i * 0.5f - 100.0f;
         g[i] = i % 2 ? FLT_MAX : -FLT_MAX; /* huge, still finite */
     }
-    mh.params[0].data[3] = FLT_MIN / 4; /* a subnormal */
+    kiln_test_param(g_th, 0)->data[3] = FLT_MIN / 4; /* a subnormal */
     kiln_instance *inst = ng_new(ng_cfg_all);
     for (int64_t b = 0; b < 5; b++) ng_batch_ok(inst, b);
     /* events it does not watch pass whatever they carry */
@@ -881,8 +884,8 @@ static void test_ng_finite_passes(void) {
     uint64_t bits = 0x7FC0000000000000ull;
     memcpy(&trap, &bits, sizeof trap);
     CU_ASSERT(isfinite(trap));
-    double *wd = (double *)mh.params[1].data;
-    for (int64_t i = 0; i < mh.params[1].numel; i++) wd[i] = trap;
+    double *wd = (double *)kiln_test_param(g_th, 1)->data;
+    for (int64_t i = 0; i < kiln_test_param(g_th, 1)->numel; i++) wd[i] = trap;
     inst = ng_new(ng_cfg_all);
     ng_batch_ok(inst, 0);
     g_ng->base.destroy(inst);
@@ -897,7 +900,7 @@ static void test_ng_nan_loss(void) {
                  "training_step loss times the loss scale); expected a finite loss (lower the learning rate, or "
                  "check the data)");
     CU_ASSERT_EQUAL(ng_send(inst, KILN_EV_ON_BEFORE_BACKWARD, 18, INFINITY), KILN_E_NONFINITE);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "the loss is inf before backward at epoch 2, batch 18"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "the loss is inf before backward at epoch 2, batch 18"));
     CU_ASSERT_EQUAL(ng_send(inst, KILN_EV_ON_BEFORE_BACKWARD, 19, 1e300), KILN_OK);
     g_ng->base.destroy(inst);
 
@@ -910,7 +913,7 @@ static void test_ng_nan_loss(void) {
 static void test_ng_inf_grad(void) {
     fixture_begin();
     ng_params_f32();
-    mh.params[2].grad[523] = INFINITY;
+    kiln_test_param(g_th, 2)->grad[523] = INFINITY;
     kiln_instance *inst = ng_new(ng_cfg_all);
     CU_ASSERT_EQUAL(ng_send(inst, KILN_EV_ON_BEFORE_BACKWARD, 17, 2.5), KILN_OK);
     assert_error(ng_send(inst, KILN_EV_ON_AFTER_BACKWARD, 17, 0),
@@ -918,22 +921,22 @@ static void test_ng_inf_grad(void) {
                  "global step 877 (1 of 1024 float32 values not finite); expected finite gradients (lower the "
                  "learning rate, clip gradients, or check the data)");
     /* the first bad element is reported, all of them counted */
-    mh.params[2].grad[100] = -INFINITY;
-    mh.params[2].grad[900] = NAN;
+    kiln_test_param(g_th, 2)->grad[100] = -INFINITY;
+    kiln_test_param(g_th, 2)->grad[900] = NAN;
     CU_ASSERT_EQUAL(ng_send(inst, KILN_EV_ON_AFTER_BACKWARD, 18, 0), KILN_E_NONFINITE);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "layers.1.weight[100] is -inf after backward"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "(3 of 1024 float32 values not finite)"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "layers.1.weight[100] is -inf after backward"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "(3 of 1024 float32 values not finite)"));
     /* weights are fine: the batch end passes */
     CU_ASSERT_EQUAL(ng_send(inst, KILN_EV_ON_TRAIN_BATCH_END, 18, 0), KILN_OK);
     g_ng->base.destroy(inst);
 
     /* a frozen parameter (toggle_optimizer) got no gradient: not checked */
-    mh.params[2].flags |= KILN_PARAMF_FROZEN;
+    kiln_test_param(g_th, 2)->flags |= KILN_PARAMF_FROZEN;
     inst = ng_new(ng_cfg_all);
     CU_ASSERT_EQUAL(ng_send(inst, KILN_EV_ON_AFTER_BACKWARD, 19, 0), KILN_OK);
-    mh.params[0].grad[0] = NAN; /* an unfrozen one still is */
+    kiln_test_param(g_th, 0)->grad[0] = NAN; /* an unfrozen one still is */
     CU_ASSERT_EQUAL(ng_send(inst, KILN_EV_ON_AFTER_BACKWARD, 19, 0), KILN_E_NONFINITE);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "layers.0.weight[0] is nan"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "layers.0.weight[0] is nan"));
     g_ng->base.destroy(inst);
 
     static const kiln_kv no_grads[] = NG_CFG(1, 0, 1);
@@ -945,7 +948,7 @@ static void test_ng_inf_grad(void) {
 static void test_ng_nan_param_f32(void) {
     fixture_begin();
     ng_params_f32();
-    mh.params[1].data[3] = NAN;
+    kiln_test_param(g_th, 1)->data[3] = NAN;
     kiln_instance *inst = ng_new(ng_cfg_all);
     CU_ASSERT_EQUAL(ng_send(inst, KILN_EV_ON_AFTER_BACKWARD, 4, 0), KILN_OK); /* grads are fine */
     assert_error(ng_send(inst, KILN_EV_ON_TRAIN_BATCH_END, 4, 0),
@@ -967,7 +970,7 @@ static void test_ng_nan_param_f64(void) {
     double trap;
     uint64_t bits = 0x7FC0000000000000ull; /* finite; NaN if read as float32 */
     memcpy(&trap, &bits, sizeof trap);
-    double *w = (double *)mh.params[2].data;
+    double *w = (double *)kiln_test_param(g_th, 2)->data;
     for (int64_t i = 0; i < 10; i++) w[i] = trap;
     w[700] = NAN;
     kiln_instance *inst = ng_new(ng_cfg_all);
@@ -976,12 +979,12 @@ static void test_ng_nan_param_f64(void) {
                  "global step 877 (1 of 1024 float64 values not finite); expected finite weights (lower the "
                  "learning rate, clip gradients, or check the data)");
     w[700] = 0.0;
-    ((double *)mh.params[0].grad)[127] = -INFINITY; /* the last element */
+    ((double *)kiln_test_param(g_th, 0)->grad)[127] = -INFINITY; /* the last element */
     CU_ASSERT_EQUAL(ng_send(inst, KILN_EV_ON_TRAIN_BATCH_END, 18, 0), KILN_OK);
     CU_ASSERT_EQUAL(ng_send(inst, KILN_EV_ON_AFTER_BACKWARD, 19, 0), KILN_E_NONFINITE);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "gradient of parameter layers.0.weight[127] is -inf after backward "
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "gradient of parameter layers.0.weight[127] is -inf after backward "
                                                  "at epoch 2, batch 19"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "(1 of 128 float64 values not finite)"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "(1 of 128 float64 values not finite)"));
     g_ng->base.destroy(inst);
 }
 
@@ -994,8 +997,8 @@ static const kiln_kv prec_bf16_mixed[] = {
 static void test_ng_scaler_exemption(void) {
     fixture_begin();
     ng_params_f32();
-    mh.trainer.precision = prec_16_mixed;
-    mh.params[2].grad[5] = INFINITY; /* a scaled overflow: the scaler skips the step */
+    kiln_test_trainer(g_th)->precision = prec_16_mixed;
+    kiln_test_param(g_th, 2)->grad[5] = INFINITY; /* a scaled overflow: the scaler skips the step */
     kiln_instance *inst = ng_new(ng_cfg_all);
     CU_ASSERT_EQUAL(ng_send(inst, KILN_EV_ON_AFTER_BACKWARD, 3, 0), KILN_OK);
     CU_ASSERT_EQUAL(ng_send(inst, KILN_EV_ON_AFTER_BACKWARD, 4, 0), KILN_OK);
@@ -1004,25 +1007,25 @@ static void test_ng_scaler_exemption(void) {
     /* the loss and the weights are still checked */
     CU_ASSERT_EQUAL(ng_send(inst, KILN_EV_ON_TRAIN_BATCH_END, 4, 0), KILN_OK);
     CU_ASSERT_EQUAL(ng_send(inst, KILN_EV_ON_BEFORE_BACKWARD, 5, NAN), KILN_E_NONFINITE);
-    mh.params[2].data[9] = NAN;
+    kiln_test_param(g_th, 2)->data[9] = NAN;
     CU_ASSERT_EQUAL(ng_send(inst, KILN_EV_ON_TRAIN_BATCH_END, 5, 0), KILN_E_NONFINITE);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "parameter layers.1.weight[9] is nan at the end of the batch"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "parameter layers.1.weight[9] is nan at the end of the batch"));
     g_ng->base.destroy(inst);
 
     /* a precision without a scaler: gradients are checked */
-    mh.trainer.precision = prec_bf16_mixed;
+    kiln_test_trainer(g_th)->precision = prec_bf16_mixed;
     inst = ng_new(ng_cfg_all);
     CU_ASSERT_EQUAL(ng_send(inst, KILN_EV_ON_AFTER_BACKWARD, 6, 0), KILN_E_NONFINITE);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "gradient of parameter layers.1.weight[5] is inf"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "gradient of parameter layers.1.weight[5] is inf"));
     g_ng->base.destroy(inst);
 
     /* a 1.1 trainer state has no precision properties: no exemption */
-    mh.trainer.precision = prec_16_mixed;
-    mh.trainer.struct_size = (uint32_t)offsetof(kiln_trainer_state, precision);
+    kiln_test_trainer(g_th)->precision = prec_16_mixed;
+    kiln_test_trainer(g_th)->struct_size = (uint32_t)offsetof(kiln_trainer_state, precision);
     inst = ng_new(ng_cfg_all);
     CU_ASSERT_EQUAL(ng_send(inst, KILN_EV_ON_AFTER_BACKWARD, 6, 0), KILN_E_NONFINITE);
     g_ng->base.destroy(inst);
-    mh.trainer.struct_size = sizeof mh.trainer;
+    kiln_test_trainer(g_th)->struct_size = sizeof(kiln_trainer_state);
 }
 
 /* A fake accelerator whose memory the plugin must not read directly: copy
@@ -1060,31 +1063,31 @@ static void test_ng_device_memory(void) {
     k.copy = fk_copy;
     k.all_finite = fk_all_finite;
     k.all_finite_ex = fk_all_finite_ex;
-    mh.kernels = &k;
+    kiln_test_set_accelerator(g_th, kiln_test_acc(g_th), &k);
     reg("emb.weight", 1000, 200, 0);
-    CU_ASSERT_EQUAL_FATAL(mh_alloc_params(), 0);
+    CU_ASSERT_EQUAL_FATAL(kiln_test_alloc_params(g_th), 0);
     g_copies = g_finite_calls = 0;
     kiln_instance *inst = ng_new(ng_cfg_all);
     ng_batch_ok(inst, 0);
     CU_ASSERT_EQUAL(g_finite_calls, 2); /* grad and data, by the kernel */
     CU_ASSERT_EQUAL(g_copies, 0);       /* nothing read back when finite */
-    mh.params[0].grad[150001] = NAN;   /* in the third 65536-element chunk */
+    kiln_test_param(g_th, 0)->grad[150001] = NAN;   /* in the third 65536-element chunk */
     CU_ASSERT_EQUAL(ng_send(inst, KILN_EV_ON_AFTER_BACKWARD, 1, 0), KILN_E_NONFINITE);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "gradient of parameter emb.weight[150001] is nan"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "(1 of 200000 float32 values not finite)"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "gradient of parameter emb.weight[150001] is nan"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "(1 of 200000 float32 values not finite)"));
     CU_ASSERT_EQUAL(g_copies, 4); /* 200000 elements in 65536-element chunks */
     g_ng->base.destroy(inst);
 
     /* a 1.1 kernel table (no _ex): float32 still uses all_finite */
     k.struct_size = KILN_KERNELS_SIZE_1_1;
-    mh.params[0].grad[150001] = 0.0f;
+    kiln_test_param(g_th, 0)->grad[150001] = 0.0f;
     g_copies = g_finite_calls = 0;
     inst = ng_new(ng_cfg_all);
     ng_batch_ok(inst, 1);
     CU_ASSERT_EQUAL(g_finite_calls, 2);
     CU_ASSERT_EQUAL(g_copies, 0);
     g_ng->base.destroy(inst);
-    mh.kernels = NULL;
+    kiln_test_set_accelerator(g_th, kiln_test_acc(g_th), NULL);
 }
 
 static void test_ng_declared_keys(void) {
@@ -1102,6 +1105,7 @@ static void test_ng_declared_keys(void) {
 }
 
 static void register_tests(void) {
+    if (kiln_test_host_new(&g_th) != KILN_OK) return; /* no suite: the runner fails */
     CU_pSuite es = CU_add_suite("early_stopping", NULL, NULL);
     CU_add_test(es, "patience counts checks without improvement", test_es_patience);
     CU_add_test(es, "an improvement resets the count; patience 0", test_es_patience_reset_and_zero);

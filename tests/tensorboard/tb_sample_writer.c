@@ -3,7 +3,7 @@
  * tensorboard callback plugin, for tb_tensorboard_reader.py to read back
  * with TensorBoard's own Python reader. Usage:
  *     tb_sample_writer <plugin_dir> <run_dir>
- * It loads <plugin_dir>/libkiln-tensorboard.so through the mock host, runs
+ * It loads <plugin_dir>/libkiln-tensorboard.so through the test host, runs
  * a short Lightning-ordered sequence (setup, fit start, a few epochs of train
  * metrics, validation metrics at the epoch ends, fit end, teardown) with
  * <run_dir> as the trainer's run directory, and prints on stdout what it
@@ -17,7 +17,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "mockhost.h"
+#include <kiln/testing.h>
+
+static kiln_test_host *g_th; /* the test host (kiln/testing.h) the plugin runs under */
 
 /* The event sequence's shape: a tiny fit of EPOCHS epochs of BATCHES
  * steps each, logging every step. */
@@ -40,7 +42,7 @@ static int send(uint32_t id, const kiln_kv *metrics, int64_t step) {
     e.step = step;
     int32_t rc = g_ops->on_event(g_inst, &e);
     if (rc != KILN_OK) {
-        fprintf(stderr, "tb_sample_writer: %s on %s: %s\n", kiln_status_name(rc), kiln_event_name(id), mh.last_error);
+        fprintf(stderr, "tb_sample_writer: %s on %s: %s\n", kiln_status_name(rc), kiln_event_name(id), kiln_test_error(g_th));
         return 1;
     }
     for (const kiln_kv *kv = metrics; kv && kv->key; kv++)
@@ -55,8 +57,9 @@ int main(int argc, char **argv) {
     }
     char path[4096];
     snprintf(path, sizeof path, "%s/libkiln-tensorboard.so", argv[1]);
-    mh_reset();
-    const kiln_plugin_desc *d = mh_load(path, KILN_KIND_CALLBACK, "tensorboard");
+    if (kiln_test_host_new(&g_th) != KILN_OK) return 1;
+    const kiln_plugin_desc *d = NULL;
+    kiln_test_load(g_th, path, KILN_KIND_CALLBACK, "tensorboard", &d);
     if (!d) {
         fprintf(stderr, "tb_sample_writer: cannot load the tensorboard plugin from %s\n", path);
         return 1;
@@ -68,8 +71,8 @@ int main(int argc, char **argv) {
         {"filename_suffix", KILN_V_STR("")},
         {NULL, KILN_V_NONE},
     };
-    if (g_ops->base.create(d->plugin_ctx, mh_services(), mh_ctx(), cfg, &g_inst) != KILN_OK) {
-        fprintf(stderr, "tb_sample_writer: create failed: %s\n", mh.last_error);
+    if (g_ops->base.create(d->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), cfg, &g_inst) != KILN_OK) {
+        fprintf(stderr, "tb_sample_writer: create failed: %s\n", kiln_test_error(g_th));
         return 1;
     }
     memset(&g_ts, 0, sizeof g_ts);
@@ -78,7 +81,7 @@ int main(int argc, char **argv) {
     g_ts.run_dir = argv[2];
     g_ts.world_size = 1;
     g_ts.accumulate_grad_batches = 1;
-    mh.trainer = g_ts;
+    (*kiln_test_trainer(g_th)) = g_ts;
 
     int bad = send(KILN_EV_SETUP, NULL, 0) || send(KILN_EV_ON_FIT_START, NULL, 0);
     int64_t step = 0;

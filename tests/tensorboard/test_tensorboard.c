@@ -1,6 +1,6 @@
 /*
  * test_tensorboard.c — CUnit suite for the tensorboard callback plugin. The
- * plugin is loaded from the build's plugin directory through the mock host,
+ * plugin is loaded from the build's plugin directory through the test host,
  * created with a full config (as the host would resolve it) and driven with
  * LOG_METRICS and lifecycle events whose trainer state points at a fresh
  * mkdtemp() run directory. The event file it writes is then parsed back by an
@@ -29,7 +29,9 @@
 
 #include <CUnit/CUnit.h>
 
-#include "mockhost.h"
+#include <kiln/testing.h>
+
+static kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
 #include "tb_record.h" /* the plugin's tb_crc32c / tb_mask_crc, built from plugins/tensorboard/tb_record.c */
 
 /* ---------------------------------------------------------------------------
@@ -255,7 +257,7 @@ static int rm_entry(const char *path, const struct stat *sb, int flag, struct FT
 }
 
 static void fixture_begin(void) {
-    mh_reset();
+    kiln_test_reset(g_th);
     snprintf(g_dir, sizeof g_dir, "/tmp/kiln-tensorboard-XXXXXX");
     CU_ASSERT_PTR_NOT_NULL_FATAL(mkdtemp(g_dir));
     memset(&g_ts, 0, sizeof g_ts);
@@ -264,7 +266,7 @@ static void fixture_begin(void) {
     g_ts.run_dir = g_dir;
     g_ts.world_size = 1;
     g_ts.accumulate_grad_batches = 1;
-    mh.trainer = g_ts;
+    (*kiln_test_trainer(g_th)) = g_ts;
     g_t0 = now_s();
 }
 
@@ -275,7 +277,8 @@ static const kiln_plugin_desc *load_desc(void) {
     CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
     char path[1024];
     snprintf(path, sizeof path, "%s/libkiln-tensorboard.so", dir);
-    const kiln_plugin_desc *d = mh_load(path, KILN_KIND_CALLBACK, "tensorboard");
+    const kiln_plugin_desc *d = NULL;
+    kiln_test_load(g_th, path, KILN_KIND_CALLBACK, "tensorboard", &d);
     CU_ASSERT_PTR_NOT_NULL_FATAL(d);
     return d;
 }
@@ -288,7 +291,7 @@ static const kiln_callback_ops *load(void) {
 
 static kiln_instance *create(const kiln_callback_ops *ops, const kiln_kv *cfg, int32_t *rc) {
     kiln_instance *inst = NULL;
-    *rc = ops->base.create(NULL, mh_services(), mh_ctx(), cfg, &inst);
+    *rc = ops->base.create(NULL, kiln_test_services(g_th), kiln_test_hctx(g_th), cfg, &inst);
     if (*rc != KILN_OK) CU_ASSERT_PTR_NULL(inst);
     return inst;
 }
@@ -424,7 +427,7 @@ static void test_crc32c_check_values(void) {
  * The descriptor */
 
 static void test_descriptor(void) {
-    mh_reset();
+    kiln_test_reset(g_th);
     const kiln_plugin_desc *d = load_desc();
     CU_ASSERT_EQUAL(d->kind, KILN_KIND_CALLBACK);
     CU_ASSERT_STRING_EQUAL(d->name, "tensorboard");
@@ -671,7 +674,7 @@ static void test_rank_nonzero_writes_nothing(void) {
     CU_ASSERT_EQUAL(send(ops, inst, KILN_EV_SETUP), KILN_OK);
     CU_ASSERT_EQUAL(send_metrics(ops, inst, m, 0), KILN_OK);
     /* an event without a trainer pointer falls back to the service */
-    mh.trainer = g_ts;
+    (*kiln_test_trainer(g_th)) = g_ts;
     kiln_event e = ev_make(KILN_EV_LOG_METRICS);
     e.trainer = NULL;
     e.metrics = m;
@@ -697,15 +700,15 @@ static void test_config_and_io_errors(void) {
                                  {NULL, KILN_V_NONE}};
     CU_ASSERT_PTR_NULL(create(ops, bad_flush, &rc));
     CU_ASSERT_EQUAL(rc, KILN_E_CONFIG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "flush_every_n must be >= 1, got 0"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "flush_every_n must be >= 1, got 0"));
     const kiln_kv bad_suffix[] = {{"subdir", KILN_V_STR("tensorboard")},
                                   {"flush_every_n", KILN_V_INT(1)},
                                   {"filename_suffix", KILN_V_STR("x/y")},
                                   {NULL, KILN_V_NONE}};
     CU_ASSERT_PTR_NULL(create(ops, bad_suffix, &rc));
     CU_ASSERT_EQUAL(rc, KILN_E_CONFIG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "filename_suffix"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "\"x/y\""));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "filename_suffix"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "\"x/y\""));
 
     /* The event folder cannot be made: a plain file stands where it goes. */
     char blocker[512];
@@ -716,11 +719,11 @@ static void test_config_and_io_errors(void) {
     kiln_instance *inst = create(ops, default_cfg, &rc);
     CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
     const kiln_kv m[] = {{"loss", KILN_V_FLOAT(1)}, {NULL, KILN_V_NONE}};
-    mh.last_error[0] = '\0';
+    kiln_test_clear_error(g_th);
     CU_ASSERT_EQUAL(send_metrics(ops, inst, m, 0), KILN_E_IO);
-    CU_ASSERT_EQUAL(mh.last_error_code, KILN_E_IO);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "tensorboard: cannot create"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, blocker));
+    CU_ASSERT_EQUAL(kiln_test_error_code(g_th), KILN_E_IO);
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "tensorboard: cannot create"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), blocker));
     /* Once the obstacle is gone, the next metrics create a proper file with
      * its version record first. */
     CU_ASSERT_EQUAL(remove(blocker), 0);
@@ -734,6 +737,7 @@ static void test_config_and_io_errors(void) {
 }
 
 static void register_tests(void) {
+    if (kiln_test_host_new(&g_th) != KILN_OK) return; /* no suite: the runner fails */
     CU_pSuite s = CU_add_suite("tensorboard", NULL, NULL);
     CU_add_test(s, "CRC-32C check values, plugin vs bitwise reference", test_crc32c_check_values);
     CU_add_test(s, "descriptor declares subdir, flush_every_n, filename_suffix", test_descriptor);

@@ -26,7 +26,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "mockhost.h"
+#include <kiln/testing.h>
+
+static kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
 
 #define T 16               /* block_size of most tests */
 #define B 5                /* batch_size of most tests */
@@ -121,7 +123,7 @@ static int suite_init(void) {
     }
     char so[1024];
     snprintf(so, sizeof so, "%s/libkiln-tokens.so", pd);
-    g_desc = mh_load(so, KILN_KIND_DATA, "tokens");
+    kiln_test_load(g_th, so, KILN_KIND_DATA, "tokens", &g_desc);
     if (!g_desc) return -1;
     g_ops = g_desc->ops;
     return 0;
@@ -183,18 +185,18 @@ static const kiln_kv *kv_of(const cfg *c) {
 
 static int32_t create(const cfg *c, kiln_instance **out) {
     *out = NULL;
-    return g_ops->base.create(g_desc->plugin_ctx, mh_services(), mh_ctx(), kv_of(c), out);
+    return g_ops->base.create(g_desc->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), kv_of(c), out);
 }
 
 /* A created instance set up for `stage`, or NULL (the error is printed). */
 static kiln_instance *make(const cfg *c, int32_t stage, int32_t rank, int32_t world) {
     kiln_instance *in = NULL;
     if (create(c, &in) != KILN_OK) {
-        fprintf(stderr, "\n  create: %s\n", mh.last_error);
+        fprintf(stderr, "\n  create: %s\n", kiln_test_error(g_th));
         return NULL;
     }
     if (g_ops->setup(in, stage, rank, world) != KILN_OK) {
-        fprintf(stderr, "\n  setup: %s\n", mh.last_error);
+        fprintf(stderr, "\n  setup: %s\n", kiln_test_error(g_th));
         g_ops->base.destroy(in);
         return NULL;
     }
@@ -282,7 +284,7 @@ static void test_descriptor(void) {
 }
 
 static void test_windows_sequential(void) {
-    mh_reset();
+    kiln_test_reset(g_th);
     cfg c = cfg_small();
     kiln_instance *in = make(&c, KILN_STAGE_FIT, 0, 1);
     CU_ASSERT_PTR_NOT_NULL_FATAL(in);
@@ -314,8 +316,8 @@ static void test_windows_sequential(void) {
 
 /* Train ids of `epochs` epochs of a fresh instance (host seed `seed`, key seed `kseed`). */
 static int train_ids(uint64_t seed, int64_t kseed, int epochs, int ids[][NWIN]) {
-    mh_reset();
-    mh.seed = seed;
+    kiln_test_reset(g_th);
+    kiln_test_set_seed(g_th, seed);
     cfg c = cfg_small();
     c.shuffle = true;
     c.seed = kseed;
@@ -351,8 +353,8 @@ static void test_shuffle(void) {
 }
 
 static void test_ddp(void) {
-    mh_reset();
-    mh.seed = 5;
+    kiln_test_reset(g_th);
+    kiln_test_set_seed(g_th, 5);
     cfg c = cfg_small();
     c.shuffle = true;
     static int tr[2][MAXW], va[2][MAXW];
@@ -374,8 +376,8 @@ static void test_ddp(void) {
     /* Rank r holds positions r, r+2, ... of the one-process order of the same epoch. */
     static int one[1][NWIN];
     int single[NWIN], ni = 0;
-    mh_reset();
-    mh.seed = 5;
+    kiln_test_reset(g_th);
+    kiln_test_set_seed(g_th, 5);
     kiln_instance *in = make(&c, KILN_STAGE_FIT, 0, 1);
     CU_ASSERT_PTR_NOT_NULL_FATAL(in);
     CU_ASSERT_EQUAL(run_pass(in, KILN_SPLIT_TRAIN, 1, 0, single, &ni, NULL), NWIN / B);
@@ -410,8 +412,8 @@ static void test_ddp(void) {
 }
 
 static void test_resume_mid_epoch(void) {
-    mh_reset();
-    mh.seed = 77;
+    kiln_test_reset(g_th);
+    kiln_test_set_seed(g_th, 77);
     cfg c = cfg_small();
     c.shuffle = true;
     kiln_instance *in = make(&c, KILN_STAGE_FIT, 0, 1);
@@ -447,8 +449,8 @@ static uint64_t blob_get(const void *data, int off) {
 }
 
 static void test_state(void) {
-    mh_reset();
-    mh.seed = 31337;
+    kiln_test_reset(g_th);
+    kiln_test_set_seed(g_th, 31337);
     cfg c = cfg_small();
     c.shuffle = true;
     kiln_instance *a = make(&c, KILN_STAGE_FIT, 0, 1);
@@ -469,7 +471,7 @@ static void test_state(void) {
     g_ops->base.destroy(a);
 
     /* Restore before setup, as the host does, in a run whose own seed differs: the checkpoint's seed wins. */
-    mh.seed = 4242;
+    kiln_test_set_seed(g_th, 4242);
     kiln_instance *bi = NULL;
     CU_ASSERT_EQUAL_FATAL(create(&c, &bi), KILN_OK);
     CU_ASSERT_EQUAL(g_ops->base.set_state(bi, ver, blob, size), KILN_OK);
@@ -478,7 +480,7 @@ static void test_state(void) {
     size_t size2 = 0;
     CU_ASSERT_EQUAL(g_ops->base.get_state(bi, &ver, &blob2, &size2), KILN_OK); /* restored, not yet applied */
     CU_ASSERT(size2 == size && memcmp(blob, blob2, size) == 0);
-    mh_services()->free(mh_ctx(), blob2);
+    kiln_test_services(g_th)->free(kiln_test_hctx(g_th), blob2);
     CU_ASSERT_EQUAL(run_pass(bi, KILN_SPLIT_TRAIN, 2, -1, rest, &ni, NULL), 7); /* start_batch -1: the saved one */
     CU_ASSERT(ni == 35 && memcmp(rest, full + 15, 35 * sizeof(int)) == 0);
     /* The host's way: the batch index given explicitly. */
@@ -491,7 +493,7 @@ static void test_state(void) {
     CU_ASSERT_PTR_NOT_NULL_FATAL(d);
     uint8_t bad[56];
     CU_ASSERT_EQUAL(g_ops->base.set_state(d, 2, blob, size), KILN_E_STATE);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "version 2"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "version 2"));
     CU_ASSERT_EQUAL(g_ops->base.set_state(d, 1, blob, size - 1), KILN_E_STATE);
     CU_ASSERT_EQUAL(g_ops->base.set_state(d, 1, NULL, 56), KILN_E_STATE);
     memcpy(bad, blob, 56);
@@ -503,7 +505,7 @@ static void test_state(void) {
     memcpy(bad, blob, 56);
     blob_u64(bad, 16, 11); /* next batch beyond the epoch */
     CU_ASSERT_EQUAL(g_ops->base.set_state(d, 1, bad, 56), KILN_E_STATE);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "corrupt"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "corrupt"));
     memcpy(bad, blob, 56);
     blob_u64(bad, 24, UINT64_MAX); /* batches no window count can give */
     blob_u64(bad, 16, UINT64_MAX - 1);
@@ -512,7 +514,7 @@ static void test_state(void) {
     blob_u64(bad, 40, 60); /* other data: 60 windows, 12 batches */
     blob_u64(bad, 24, 12);
     CU_ASSERT_EQUAL(g_ops->base.set_state(d, 1, bad, 56), KILN_E_STATE);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "60"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "60"));
     CU_ASSERT_EQUAL(g_ops->base.set_state(d, 1, blob, size), KILN_OK); /* the good one still works */
     g_ops->base.destroy(d);
     /* Restored before setup, a mismatch (batch size 10 instead of 5) fails setup. */
@@ -520,13 +522,13 @@ static void test_state(void) {
     CU_ASSERT_EQUAL_FATAL(create(&c, &d), KILN_OK);
     CU_ASSERT_EQUAL(g_ops->base.set_state(d, 1, blob, size), KILN_OK);
     CU_ASSERT_EQUAL(g_ops->setup(d, KILN_STAGE_FIT, 0, 1), KILN_E_STATE);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "batch_size"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "batch_size"));
     g_ops->base.destroy(d);
-    mh_services()->free(mh_ctx(), blob);
+    kiln_test_services(g_th)->free(kiln_test_hctx(g_th), blob);
 }
 
 static void test_text(void) {
-    mh_reset();
+    kiln_test_reset(g_th);
     char glob[256];
     snprintf(glob, sizeof glob, "%s/[ab].txt", g_dir);
     /* The stream is a.txt then b.txt: 97 bytes; val_fraction 0.25 keeps the last 24 for validation. */
@@ -570,13 +572,13 @@ static void test_text(void) {
     kiln_instance *x = (kiln_instance *)&x;
     CU_ASSERT_EQUAL(create(&c, &x), KILN_E_CONFIG);
     CU_ASSERT_PTR_NULL(x);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "vocab_size"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "vocab_size"));
     /* A val_fraction leaving less than one window is refused. */
     c.vocab_size = 256;
     c.val_fraction = 0.05; /* 4 bytes */
     CU_ASSERT_EQUAL(create(&c, &x), KILN_OK);
     CU_ASSERT_EQUAL(g_ops->setup(x, KILN_STAGE_FIT, 0, 1), KILN_E_CONFIG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "val_fraction"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "val_fraction"));
     g_ops->base.destroy(x);
     /* exclude drops files by name: "[ab].txt" without "b*" is a.txt alone,
      * and excluding everything is refused naming both patterns. */
@@ -589,7 +591,7 @@ static void test_text(void) {
     c.exclude = "*.txt";
     CU_ASSERT_EQUAL(create(&c, &x), KILN_OK);
     CU_ASSERT_NOT_EQUAL(g_ops->setup(x, KILN_STAGE_FIT, 0, 1), KILN_OK);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "excluded by '*.txt'"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "excluded by '*.txt'"));
     g_ops->base.destroy(x);
     c.exclude = NULL;
     /* Text too short for one window. */
@@ -597,7 +599,7 @@ static void test_text(void) {
     c.val_fraction = 0;
     CU_ASSERT_EQUAL(create(&c, &x), KILN_OK);
     CU_ASSERT_NOT_EQUAL(g_ops->setup(x, KILN_STAGE_FIT, 0, 1), KILN_OK);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "window"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "window"));
     g_ops->base.destroy(x);
 }
 
@@ -610,12 +612,12 @@ static void expect_shard_error(const char *name, int64_t vocab, int32_t code, co
     c.train = path;
     kiln_instance *in = NULL;
     CU_ASSERT_EQUAL_FATAL(create(&c, &in), KILN_OK);
-    mh.last_error[0] = '\0';
+    kiln_test_clear_error(g_th);
     CU_ASSERT_EQUAL(g_ops->setup(in, KILN_STAGE_FIT, 0, 1), code);
-    int ok = strstr(mh.last_error, path) && strstr(mh.last_error, needle) && (!needle2 || strstr(mh.last_error, needle2)) &&
-             !strchr(mh.last_error, '\n');
+    int ok = strstr(kiln_test_error(g_th), path) && strstr(kiln_test_error(g_th), needle) && (!needle2 || strstr(kiln_test_error(g_th), needle2)) &&
+             !strchr(kiln_test_error(g_th), '\n');
     CU_ASSERT(ok);
-    if (!ok) fprintf(stderr, "\n  unexpected message for %s: %s\n", name, mh.last_error);
+    if (!ok) fprintf(stderr, "\n  unexpected message for %s: %s\n", name, kiln_test_error(g_th));
     int64_t n;
     CU_ASSERT_EQUAL(g_ops->num_batches(in, KILN_SPLIT_TRAIN, &n), KILN_E_STATE);
     g_ops->base.destroy(in);
@@ -630,7 +632,7 @@ static void on_alarm(int sig) {
 }
 
 static void test_malformed(void) {
-    mh_reset();
+    kiln_test_reset(g_th);
     signal(SIGALRM, on_alarm);
     alarm(20); /* a FIFO read would block for ever: fail the run instead */
     expect_shard_error("bad_magic.bin", 65536, KILN_E_DATA, "magic", "20240521");
@@ -653,8 +655,8 @@ static void test_malformed(void) {
     c.vocab_size = 8000; /* shard 2 holds 8192.. */
     CU_ASSERT_EQUAL_FATAL(create(&c, &in), KILN_OK);
     CU_ASSERT_EQUAL(g_ops->setup(in, KILN_STAGE_FIT, 0, 1), KILN_E_DATA);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "train_02.bin"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "token 0"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "train_02.bin"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "token 0"));
     g_ops->base.destroy(in);
     /* A directory is not a shard; a bad val shard names itself too. */
     c = cfg_small();
@@ -663,29 +665,29 @@ static void test_malformed(void) {
     c.val = dirpat;
     CU_ASSERT_EQUAL_FATAL(create(&c, &in), KILN_OK);
     CU_ASSERT_EQUAL(g_ops->setup(in, KILN_STAGE_VALIDATE, 0, 1), KILN_E_IO);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "directory"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "directory"));
     g_ops->base.destroy(in);
     /* Too few windows for one full train batch on each rank. */
     c = cfg_small();
     c.batch_size = 26;
     CU_ASSERT_EQUAL_FATAL(create(&c, &in), KILN_OK);
     CU_ASSERT_EQUAL(g_ops->setup(in, KILN_STAGE_FIT, 0, 2), KILN_E_CONFIG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "batch_size 26"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "batch_size 26"));
     g_ops->base.destroy(in);
 }
 
 static void expect_bad(const cfg *c, const char *key) {
     kiln_instance *in = (kiln_instance *)&in;
-    mh.last_error[0] = '\0';
+    kiln_test_clear_error(g_th);
     int32_t rc = create(c, &in);
     CU_ASSERT_EQUAL(rc, KILN_E_CONFIG);
     CU_ASSERT_PTR_NULL(in);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, key));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), key));
     if (rc == KILN_OK && in) g_ops->base.destroy(in);
 }
 
 static void test_bad_config(void) {
-    mh_reset();
+    kiln_test_reset(g_th);
     cfg c;
 #define BAD(field, value, key) (c = cfg_small(), c.field = (value), expect_bad(&c, key))
     BAD(batch_size, 0, "batch_size");
@@ -705,7 +707,7 @@ static void test_bad_config(void) {
     kiln_instance *in = NULL;
     CU_ASSERT_EQUAL(create(&c, &in), KILN_OK);
     CU_ASSERT_EQUAL(g_ops->setup(in, KILN_STAGE_FIT, 0, 1), KILN_E_IO);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "/nonexistent-kiln-dir/*.bin"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "/nonexistent-kiln-dir/*.bin"));
     /* Calls out of order. */
     int64_t n;
     kiln_batch b;
@@ -717,7 +719,7 @@ static void test_bad_config(void) {
     in = make(&c, KILN_STAGE_FIT, 0, 1);
     CU_ASSERT_PTR_NOT_NULL_FATAL(in);
     CU_ASSERT_EQUAL(g_ops->next(in, KILN_SPLIT_TRAIN, &b), KILN_E_STATE);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mh.last_error, "start_epoch"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "start_epoch"));
     /* No val and no val_fraction: an empty val split; test falls back to val. */
     g_ops->base.destroy(in);
     c.val = "";
@@ -784,7 +786,7 @@ static void test_converter(void) {
     }
     CU_ASSERT_EQUAL(bad, 0);
     /* The plugin reads it back: format llmc, byte vocabulary. */
-    mh_reset();
+    kiln_test_reset(g_th);
     cfg c = cfg_small();
     c.train = out;
     c.val = "";
@@ -820,6 +822,7 @@ static void test_converter(void) {
 }
 
 static void register_tests(void) {
+    if (kiln_test_host_new(&g_th) != KILN_OK) return; /* no suite: the runner fails */
     CU_pSuite s = CU_add_suite("tokens", suite_init, suite_clean);
     CU_add_test(s, "descriptor and declared keys", test_descriptor);
     CU_add_test(s, "windows, the one-token shift, sequential order", test_windows_sequential);
