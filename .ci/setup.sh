@@ -131,6 +131,8 @@ cmake --install build --prefix "$prefix" >/dev/null
 bash tests/sdk_headers/check_headers.sh "$prefix/include" tests/sdk_headers/headers_run.c cc
 cmake -S examples/hello-plugin -B "$prefix/hello-build" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_INSTALL_PREFIX="$prefix" >/dev/null
 cmake --build "$prefix/hello-build"
+# its test, under the installed test host (kiln/testing.h, Kiln::testing)
+ctest --test-dir "$prefix/hello-build" --output-on-failure
 cmake --install "$prefix/hello-build" >/dev/null
 "$prefix/bin/kiln" plugins check "$prefix/hello-build/libkiln-hello.so"
 "$prefix/bin/kiln" plugins list | tee "$prefix/list.txt"
@@ -141,6 +143,12 @@ pcdir=$(pkg-config --variable=plugindir "$prefix/lib/pkgconfig/kiln.pc")
 cc -shared -fPIC -fvisibility=hidden $(pkg-config --cflags "$prefix/lib/pkgconfig/kiln.pc") \
   examples/hello-plugin/hello.c -o "$prefix/libkiln-hello-pc.so" -Wl,-z,defs -Wl,--require-defined=kiln_plugin_init_v1
 "$prefix/bin/kiln" plugins check "$prefix/libkiln-hello-pc.so" >/dev/null
+# ... and its test, built against the installed test host with pkg-config alone
+tpc="$prefix/lib/pkgconfig"
+cc -std=c11 -Wall -Wextra -Werror $(PKG_CONFIG_PATH="$tpc" pkg-config --cflags kiln-testing) \
+  -DHELLO_PLUGIN_PATH="\"$prefix/libkiln-hello-pc.so\"" examples/hello-plugin/tests/test_hello.c \
+  -o "$prefix/test_hello_pc" $(PKG_CONFIG_PATH="$tpc" pkg-config --libs kiln-testing)
+"$prefix/test_hello_pc" >/dev/null
 echo "installed SDK: ok"
 
 echo "== examples/plugins/nf4: a 4-bit precision built from the installed SDK alone, its tests, a short run"

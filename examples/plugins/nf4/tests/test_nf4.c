@@ -5,17 +5,17 @@
  * (QLoRA's create_normal_map), the nearest code of every element by brute
  * force, the int4 grid, the nibble order, and an export file read back with
  * a small JSON parser (names, dtypes, shapes, contiguous offsets, bytes).
- * The built plugin is then dlopen()ed under a minimal host written here
- * (services, an accelerator with host or "device" memory and a bf16 cast,
- * a trainer state) to check the protocol: config validation, setup,
- * convert_params, the closure order, and the export at on_fit_end.
+ * The built plugin is then loaded under kiln's test host (kiln/testing.h,
+ * the installed Kiln::testing), with an accelerator of the test's own (host
+ * or "device" memory and a bf16 cast), to check the protocol: config
+ * validation, setup, convert_params, the closure order, and the export at
+ * on_fit_end.
  * Exits non-zero on any failure (counts read before CU_cleanup_registry).
  */
 #define _POSIX_C_SOURCE 200809L
 
 #include <CUnit/Basic.h>
 #include <dirent.h>
-#include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include <kiln/kiln.h>
+#include <kiln/testing.h>
 
 #include "nf4_export.h"
 #include "nf4_quant.h"
@@ -668,55 +669,26 @@ static void test_export_f32(void) { export_case(0); }
 static void test_export_f16(void) { export_case(1); }
 
 /* ---------------------------------------------------------------------------
- * A minimal host for the plugin itself */
+ * The plugin under kiln's test host, on an accelerator of the test's own */
+
+static kiln_test_host *th; /* made by the plugin suite's init */
 
 static struct {
-    char last_error[1024];
-    int32_t last_error_code;
-    char last_info[1024];
-    char last_warn[1024];
-    int nlog;
     int host_mem;          /* the accelerator's KILN_KERNELS_HOST_MEMORY      */
     uint8_t key;           /* "device" memory: bytes XOR key (0: host memory) */
     int d2h, h2d, casts;   /* kernel calls seen                               */
     int outstanding;       /* accelerator allocations not yet freed           */
-    kiln_trainer_state trainer;
     int order[8], norder;  /* closure call order                              */
 } H;
 
-static int accel_token; /* the accelerator "instance" */
+/* The newest log line at exactly `level` ("" when none). */
+static const char *last_line(int32_t level) {
+    for (size_t i = kiln_test_log_count(th); i-- > 0;)
+        if (kiln_test_log(th, i)->level == level) return kiln_test_log(th, i)->text;
+    return "";
+}
 
-static void svc_log(kiln_host_ctx *hctx, int32_t level, const char *msg) {
-    (void)hctx;
-    if (level == KILN_LOG_INFO) snprintf(H.last_info, sizeof H.last_info, "%s", msg);
-    if (level == KILN_LOG_WARN) snprintf(H.last_warn, sizeof H.last_warn, "%s", msg);
-    H.nlog++;
-}
-static int32_t svc_log_enabled(kiln_host_ctx *hctx, int32_t level) {
-    (void)hctx;
-    (void)level;
-    return 1;
-}
-static void svc_set_error(kiln_host_ctx *hctx, int32_t code, const char *msg) {
-    (void)hctx;
-    H.last_error_code = code;
-    snprintf(H.last_error, sizeof H.last_error, "%s", msg);
-}
-static void *svc_alloc(kiln_host_ctx *hctx, size_t size, size_t align) {
-    (void)hctx;
-    (void)align;
-    return malloc(size ? size : 1);
-}
-static void svc_free(kiln_host_ctx *hctx, void *p) {
-    (void)hctx;
-    free(p);
-}
-static int32_t svc_config_get(kiln_host_ctx *hctx, const char *key, kiln_value *out) {
-    (void)hctx;
-    (void)key;
-    (void)out;
-    return KILN_E_NOT_FOUND;
-}
+static int accel_token; /* the accelerator "instance" */
 
 /* the kernels the plugin may use: alloc/free/copy and cast */
 static int32_t k_alloc(kiln_instance *acc, size_t bytes, void **out) {
@@ -771,36 +743,7 @@ static kiln_kernels kernels;
 static void set_memory(int host_mem) {
     H.host_mem = host_mem;
     H.key = host_mem ? 0 : 0x5A;
-}
-
-static int32_t svc_accelerator(kiln_host_ctx *hctx, kiln_instance **acc, const kiln_kernels **k) {
-    (void)hctx;
-    kernels.flags = H.host_mem ? KILN_KERNELS_HOST_MEMORY : 0;
-    *acc = (kiln_instance *)&accel_token;
-    *k = &kernels;
-    return KILN_OK;
-}
-static const kiln_trainer_state *svc_trainer_state(kiln_host_ctx *hctx) {
-    (void)hctx;
-    return &H.trainer;
-}
-
-static kiln_host_services services = {
-    .struct_size = sizeof(kiln_host_services),
-    .abi_major = KILN_ABI_MAJOR,
-    .abi_minor = KILN_ABI_MINOR,
-    .log = svc_log,
-    .log_enabled = svc_log_enabled,
-    .set_error = svc_set_error,
-    .alloc = svc_alloc,
-    .free = svc_free,
-    .config_get = svc_config_get,
-    .accelerator = svc_accelerator,
-    .trainer_state = svc_trainer_state,
-};
-
-static const kiln_host_services *get_services(uint16_t major, uint16_t min_minor) {
-    return major == KILN_ABI_MAJOR && min_minor <= KILN_ABI_MINOR ? &services : NULL;
+    kernels.flags = host_mem ? KILN_KERNELS_HOST_MEMORY : 0;
 }
 
 static const kiln_library *lib;
@@ -813,20 +756,18 @@ static const kiln_plugin_desc *find_plugin(const char *name) {
 }
 
 static int load_plugin(void) {
-    void *h = dlopen(NF4_PLUGIN_PATH, RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        fprintf(stderr, "dlopen %s: %s\n", NF4_PLUGIN_PATH, dlerror());
-        return -1;
-    }
-    kiln_plugin_init_v1_fn init;
-    void *sym = dlsym(h, KILN_PLUGIN_ENTRY_V1);
-    memcpy(&init, &sym, sizeof init);
-    if (!init) return -1;
-    static const kiln_host_base base = {sizeof(kiln_host_base), KILN_ABI_MAJOR, KILN_ABI_MINOR, "test",
-                                        get_services, KILN_CAP_KNOWN_1_0};
+    if (kiln_test_host_new(&th) != KILN_OK) return -1;
+    kiln_test_set_log_level(th, KILN_LOG_DEBUG); /* every level enabled */
     kernels = (kiln_kernels){.struct_size = sizeof(kiln_kernels), .alloc = k_alloc, .free = k_free,
                              .copy = k_copy, .cast = k_cast};
-    return init(&base, &lib) == KILN_OK ? 0 : -1; /* the handle stays open, as in the host */
+    kiln_test_set_accelerator(th, (kiln_instance *)&accel_token, &kernels);
+    return kiln_test_open(th, NF4_PLUGIN_PATH, &lib) == KILN_OK ? 0 : -1;
+}
+
+static int plugin_suite_clean(void) {
+    kiln_test_host_free(th);
+    th = NULL;
+    return 0;
 }
 
 /* The resolved config the host would pass: every declared key. */
@@ -850,8 +791,8 @@ static kiln_instance *create_ok(const char *name, const cfg_t *c) {
     const kiln_plugin_desc *d = find_plugin(name);
     CU_ASSERT_PTR_NOT_NULL_FATAL(d);
     kiln_instance *inst = NULL;
-    int32_t rc = pops(d)->base.create(d->plugin_ctx, &services, NULL, c->kv, &inst);
-    if (rc) printf("\n  create: %s\n", H.last_error);
+    int32_t rc = kiln_test_create(th, d, c->kv, &inst);
+    if (rc) printf("\n  create: %s\n", kiln_test_error(th));
     CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
     CU_ASSERT_PTR_NOT_NULL_FATAL(inst);
     return inst;
@@ -960,15 +901,15 @@ static void test_plugin_bad_config(void) {
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         kiln_instance *inst = NULL;
-        H.last_error[0] = 0;
-        int32_t rc = pops(d)->base.create(d->plugin_ctx, &services, NULL, bad[i].c.kv, &inst);
+        kiln_test_clear_error(th);
+        int32_t rc = kiln_test_create(th, d, bad[i].c.kv, &inst);
         CU_ASSERT_EQUAL(rc, KILN_E_CONFIG);
         CU_ASSERT_PTR_NULL(inst);
-        CU_ASSERT_PTR_NOT_NULL(strstr(H.last_error, bad[i].needle));
+        CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(th), bad[i].needle));
     }
     cfg_t ok = make_cfg(2, "float32", "float16", 0, "w.safetensors");
     kiln_instance *inst = create_ok("int4", &ok);
-    pops(d)->base.destroy(inst);
+    kiln_test_destroy(th, inst);
 }
 
 static void convert_case(const char *name, int kind, int host_mem, int bf16) {
@@ -980,7 +921,7 @@ static void convert_case(const char *name, int kind, int host_mem, int bf16) {
     model_t m;
     make_model(&m);
     int32_t rc = ops->setup(inst, m.ptrs, 3);
-    if (rc) printf("\n  setup: %s\n", H.last_error);
+    if (rc) printf("\n  setup: %s\n", kiln_test_error(th));
     CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
     /* weights get an accelerator copy in the compute dtype, the bias
      * computes from its masters */
@@ -991,7 +932,7 @@ static void convert_case(const char *name, int kind, int host_mem, int bf16) {
     CU_ASSERT_EQUAL(m.p[1].compute_dtype, KILN_DTYPE_F32);
     CU_ASSERT_EQUAL(H.outstanding, 2 + bf16); /* two compute copies (+ the bf16 fp32 scratch) */
     for (int step = 0; step < 2; step++) {
-        CU_ASSERT_EQUAL_FATAL(ops->convert_params(inst), KILN_OK);
+        CU_ASSERT_EQUAL_FATAL(kiln_test_convert_params(th, inst), KILN_OK);
         expect_dequant(kind, m.data0, &m.p[0], 64, bf16);
         expect_dequant(kind, m.data2, &m.p[2], 64, bf16);
         for (int i = 0; i < 200; i++) m.data0[i] += 0.01f * nrand(); /* an "optimizer step" */
@@ -1004,9 +945,9 @@ static void convert_case(const char *name, int kind, int host_mem, int bf16) {
     }
     CU_ASSERT_EQUAL(H.casts, bf16 ? 4 : 0);
     double scale = 0;
-    CU_ASSERT_EQUAL(ops->pre_backward(inst, 2.5, &scale), KILN_OK);
+    CU_ASSERT_EQUAL(kiln_test_pre_backward(th, inst, 2.5, &scale), KILN_OK);
     CU_ASSERT_EQUAL(scale, 1.0);
-    ops->base.destroy(inst);
+    kiln_test_destroy(th, inst);
     CU_ASSERT_EQUAL(H.outstanding, 0); /* every accelerator buffer freed */
 }
 
@@ -1025,33 +966,33 @@ static void test_plugin_setup_refusals(void) {
     model_t m;
     make_model(&m);
     m.p[1].param_dtype = KILN_DTYPE_F64;
-    H.last_error[0] = 0;
+    kiln_test_clear_error(th);
     CU_ASSERT_EQUAL(ops->setup(inst, m.ptrs, 3), KILN_E_CONFIG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(H.last_error, "layers.0.bias"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(H.last_error, "float64"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(th), "layers.0.bias"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(th), "float64"));
     CU_ASSERT_EQUAL(H.outstanding, 0);
-    ops->base.destroy(inst);
+    kiln_test_destroy(th, inst);
     /* bf16 compute with a 1.1 kernel table (no cast) */
     c = make_cfg(64, "bfloat16", "float32", 1, "q.safetensors");
     inst = create_ok("nf4", &c);
     make_model(&m);
     kernels.struct_size = (uint32_t)KILN_KERNELS_SIZE_1_1;
-    H.last_error[0] = 0;
+    kiln_test_clear_error(th);
     CU_ASSERT_EQUAL(ops->setup(inst, m.ptrs, 3), KILN_E_UNSUPPORTED);
-    CU_ASSERT_PTR_NOT_NULL(strstr(H.last_error, "cast"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(H.last_error, "1.1"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(th), "cast"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(th), "1.1"));
     kernels.struct_size = sizeof(kiln_kernels);
     /* ... and with a 1.2 table whose cast is NULL */
     kernels.cast = NULL;
-    H.last_error[0] = 0;
+    kiln_test_clear_error(th);
     CU_ASSERT_EQUAL(ops->setup(inst, m.ptrs, 3), KILN_E_UNSUPPORTED);
-    CU_ASSERT_PTR_NOT_NULL(strstr(H.last_error, "NULL"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(th), "NULL"));
     kernels.cast = k_cast;
     CU_ASSERT_EQUAL(H.outstanding, 0);
     /* the same instance still sets up once the accelerator can cast */
     CU_ASSERT_EQUAL(ops->setup(inst, m.ptrs, 3), KILN_OK);
     CU_ASSERT_EQUAL(m.p[0].compute_dtype, KILN_DTYPE_BF16);
-    ops->base.destroy(inst);
+    kiln_test_destroy(th, inst);
     CU_ASSERT_EQUAL(H.outstanding, 0);
 }
 
@@ -1088,63 +1029,65 @@ static void test_plugin_optimizer_step(void) {
     CU_ASSERT_EQUAL(skipped, 0);
     CU_ASSERT_EQUAL(H.norder, 3); /* training step + backward, then after_closure, then the update */
     CU_ASSERT(H.order[0] == 1 && H.order[1] == 2 && H.order[2] == 3);
-    ops->base.destroy(inst);
+    /* the same through the test host's own closure and optimizer handle */
+    CU_ASSERT_EQUAL(kiln_test_precision_step(th, inst, NULL, cl_main, NULL, &skipped), KILN_OK);
+    CU_ASSERT_EQUAL(skipped, 0);
+    CU_ASSERT_EQUAL(kiln_test_counters(th)->closure_calls, 1);
+    CU_ASSERT_EQUAL(kiln_test_counters(th)->after_closure, 1);
+    CU_ASSERT_EQUAL(kiln_test_counters(th)->updates, 1);
+    CU_ASSERT_EQUAL(kiln_test_counters(th)->last_loss, 0.5);
+    kiln_test_destroy(th, inst);
 }
 
-static void fit_end(const kiln_precision_ops *ops, kiln_instance *inst, int32_t *rc) {
-    kiln_event ev;
-    memset(&ev, 0, sizeof ev);
-    ev.struct_size = sizeof ev;
-    ev.id = KILN_EV_ON_FIT_END;
-    ev.stage = KILN_STAGE_FIT;
-    ev.batch_idx = -1;
-    ev.trainer = &H.trainer;
-    *rc = ops->on_event(inst, &ev);
+static void fit_end(kiln_instance *inst, int32_t *rc) {
+    /* the trainer state is the test host's; the stage is given */
+    kiln_event ev = {.id = KILN_EV_ON_FIT_END, .stage = KILN_STAGE_FIT, .batch_idx = -1};
+    *rc = kiln_test_event(th, inst, &ev);
 }
 
 static void export_plugin_case(const char *name, int kind, int f16, int host_mem) {
     set_memory(host_mem);
     CU_ASSERT_EQUAL_FATAL(make_tmpdir(), 0);
-    memset(&H.trainer, 0, sizeof H.trainer);
-    H.trainer.struct_size = sizeof H.trainer;
-    H.trainer.run_dir = tmpdir_path;
+    memset(kiln_test_trainer(th), 0, sizeof(kiln_trainer_state));
+    kiln_test_trainer(th)->struct_size = sizeof(kiln_trainer_state);
+    kiln_test_trainer(th)->run_dir = tmpdir_path;
     cfg_t c = make_cfg(64, "float32", f16 ? "float16" : "float32", 1, "w4.safetensors");
     kiln_instance *inst = create_ok(name, &c);
     const kiln_precision_ops *ops = pops(find_plugin(name));
     model_t m;
     make_model(&m);
     CU_ASSERT_EQUAL_FATAL(ops->setup(inst, m.ptrs, 3), KILN_OK);
-    CU_ASSERT_EQUAL_FATAL(ops->convert_params(inst), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(kiln_test_convert_params(th, inst), KILN_OK);
     /* the masters move after the last forward: the export has the final ones */
     for (int i = 0; i < 200; i++) m.data0[i] = -m.data0[i] * 3.0f;
     if (f16) m.data2[5] = 1e5f; /* a scale fp16 cannot hold: inf, with a warning */
     upload(&m);
     int32_t rc;
     /* other events are ignored; ranks other than 0 write nothing */
-    kiln_event other = {.struct_size = sizeof other, .id = KILN_EV_ON_TRAIN_END, .trainer = &H.trainer};
+    kiln_event other = {.struct_size = sizeof other, .id = KILN_EV_ON_TRAIN_END, .trainer = kiln_test_trainer(th)};
     CU_ASSERT_EQUAL(ops->on_event(inst, &other), KILN_OK);
-    H.trainer.rank = 1;
-    fit_end(ops, inst, &rc);
+    kiln_test_trainer(th)->rank = 1;
+    fit_end(inst, &rc);
     CU_ASSERT_EQUAL(rc, KILN_OK);
     CU_ASSERT_EQUAL(count_files(tmpdir_path), 0);
-    H.trainer.rank = 0;
-    H.last_info[0] = H.last_warn[0] = 0;
-    fit_end(ops, inst, &rc);
-    if (rc) printf("\n  on_fit_end: %s\n", H.last_error);
+    kiln_test_trainer(th)->rank = 0;
+    kiln_test_clear_log(th);
+    fit_end(inst, &rc);
+    if (rc) printf("\n  on_fit_end: %s\n", kiln_test_error(th));
     CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
     CU_ASSERT_EQUAL(count_files(tmpdir_path), 1);
     if (f16) {
-        CU_ASSERT_PTR_NOT_NULL(strstr(H.last_warn, "1 block scales"));
+        CU_ASSERT_PTR_NOT_NULL(strstr(last_line(KILN_LOG_WARN), "1 block scales"));
     } else {
-        CU_ASSERT_EQUAL(H.last_warn[0], 0);
+        CU_ASSERT_PTR_NULL(kiln_test_log_find(th, KILN_LOG_WARN, NULL));
     }
     /* the memory line: 227 weights, 114 bytes of codes, 4 + 1 scales */
     char want[256];
     size_t sbytes = 5 * (f16 ? 2u : 4u);
     snprintf(want, sizeof want, "%s: 227 weights in 4-bit: %.2f MiB codes + %.2f MiB scales = %.2f MiB vs %.2f MiB fp32",
              name, 114 / 1048576.0, sbytes / 1048576.0, (114 + sbytes) / 1048576.0, 908 / 1048576.0);
-    CU_ASSERT_PTR_NOT_NULL(strstr(H.last_info, want));
-    if (!strstr(H.last_info, want)) printf("\n  got \"%s\"\n  want \"%s\"\n", H.last_info, want);
+    CU_ASSERT_PTR_NOT_NULL(strstr(last_line(KILN_LOG_INFO), want));
+    if (!strstr(last_line(KILN_LOG_INFO), want)) printf("\n  got \"%s\"\n  want \"%s\"\n", last_line(KILN_LOG_INFO), want);
 
     char path[160];
     snprintf(path, sizeof path, "%s/w4.safetensors", tmpdir_path);
@@ -1166,8 +1109,8 @@ static void export_plugin_case(const char *name, int kind, int f16, int host_mem
     unlink(path);
 
     /* no run directory: skipped with an info line, not an error */
-    H.trainer.run_dir = "";
-    fit_end(ops, inst, &rc);
+    kiln_test_trainer(th)->run_dir = "";
+    fit_end(inst, &rc);
     CU_ASSERT_EQUAL(rc, KILN_OK);
     CU_ASSERT_EQUAL(count_files(tmpdir_path), 0);
     /* no trainer state at all */
@@ -1176,24 +1119,24 @@ static void export_plugin_case(const char *name, int kind, int f16, int host_mem
     /* a run directory that does not exist: KILN_E_IO with the path */
     char missing[128];
     snprintf(missing, sizeof missing, "%s/gone", tmpdir_path);
-    H.trainer.run_dir = missing;
-    H.last_error[0] = 0;
-    fit_end(ops, inst, &rc);
+    kiln_test_trainer(th)->run_dir = missing;
+    kiln_test_clear_error(th);
+    fit_end(inst, &rc);
     CU_ASSERT_EQUAL(rc, KILN_E_IO);
-    CU_ASSERT_PTR_NOT_NULL(strstr(H.last_error, "gone"));
-    ops->base.destroy(inst);
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(th), "gone"));
+    kiln_test_destroy(th, inst);
 
     /* export = false: nothing written */
-    H.trainer.run_dir = tmpdir_path;
+    kiln_test_trainer(th)->run_dir = tmpdir_path;
     c = make_cfg(64, "float32", "float32", 0, "w4.safetensors");
     inst = create_ok(name, &c);
     make_model(&m);
     CU_ASSERT_EQUAL_FATAL(ops->setup(inst, m.ptrs, 3), KILN_OK);
-    fit_end(ops, inst, &rc);
+    fit_end(inst, &rc);
     CU_ASSERT_EQUAL(rc, KILN_OK);
     CU_ASSERT_EQUAL(count_files(tmpdir_path), 0);
-    ops->base.destroy(inst);
-    memset(&H.trainer, 0, sizeof H.trainer);
+    kiln_test_destroy(th, inst);
+    memset(kiln_test_trainer(th), 0, sizeof(kiln_trainer_state));
     rm_dir(tmpdir_path);
 }
 
@@ -1219,7 +1162,7 @@ static void register_tests(void) {
     CU_add_test(x, "float16 conversion", test_f16_soft);
     CU_add_test(x, "safetensors export (F32 scales) parses", test_export_f32);
     CU_add_test(x, "safetensors export (F16 scales) parses", test_export_f16);
-    CU_pSuite p = CU_add_suite("nf4_plugin", plugin_suite_init, NULL);
+    CU_pSuite p = CU_add_suite("nf4_plugin", plugin_suite_init, plugin_suite_clean);
     CU_add_test(p, "descriptors and properties", test_plugin_descriptors);
     CU_add_test(p, "bad config is refused", test_plugin_bad_config);
     CU_add_test(p, "nf4 convert_params", test_plugin_convert_nf4);
