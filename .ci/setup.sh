@@ -18,7 +18,7 @@ jobs=$(nproc 2>/dev/null || echo 2)
 
 # ---------------------------------------------------------------- packages
 pkgs=(build-essential cmake pkg-config libconfig-dev libcunit1-dev libopenblas-dev libblis4-serial zlib1g-dev
-      libopenmpi-dev openmpi-bin dataset-fashion-mnist python3 python3-numpy libpng-dev libxxhash-dev libssl-dev)
+      libopenmpi-dev openmpi-bin dataset-fashion-mnist python3 python3-numpy libpng-dev libxxhash-dev libssl-dev libjansson-dev)
 # the tests also need: the fortunes texts (the GPT demo), Debian's PyTorch
 # (the gpt module is checked against it), venv (transformers from PyPI), and
 # clang with its libFuzzer runtime (a Recommends of clang-14, which

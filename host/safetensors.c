@@ -4,12 +4,13 @@
  * — compact JSON, "__metadata__" first, then each tensor's dtype, shape and
  * data_offsets, padded with spaces to a multiple of 8 — so files compare
  * byte for byte with other writers' output and load anywhere. The reader
- * trusts nothing in the file: a small strict JSON parser covering just what
- * a header may hold (objects, arrays, strings with every escape, non-negative
- * integers) checks the syntax, then every tensor's dtype, shape, offsets and
- * size, and finally that the offsets tile the data with no gap, overlap or
- * trailing byte, mirroring the checks of the reference reader. Each failure
- * is one line naming the file and the broken rule.
+ * trusts nothing in the file: jansson parses the header (strict JSON, UTF-8
+ * checked, duplicate keys refused, 64-bit integers), then every tensor's
+ * dtype, shape, offsets and size is checked, and finally that the offsets
+ * tile the data with no gap, overlap or trailing byte, mirroring the checks
+ * of the reference reader. Each failure is one line naming the file and the
+ * broken rule. The writer stays our own: jansson's encoder neither orders
+ * keys as serde_json does nor pads, and the bytes must match.
  *
  * Checksums: the writer adds one "__metadata__" entry per tensor,
  * "kiln.xxh3.<tensor name>" = the 16 lowercase hex digits of XXH3-64 (seed 0)
@@ -33,6 +34,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <jansson.h>
 #include <xxhash.h>
 
 #include "log.h"
@@ -792,277 +794,195 @@ static int st_read_file(const char *path, unsigned char **out, size_t *outlen, c
     return KILN_OK;
 }
 
-/* The header parser: a cursor over the N header bytes. */
+/* The header parse: jansson reads the JSON (strict RFC 8259, UTF-8 checked,
+ * duplicate keys refused, \u0000 refused so every name and value is a C
+ * string); the rules of the format are then checked on the parsed tree, in
+ * header order, so the first broken rule is the one reported. */
 typedef struct st_ps {
     const char *path;
-    const unsigned char *beg, *p, *end;
+    const unsigned char *beg; /* the header bytes */
+    size_t n;
     uint64_t datalen; /* bytes after the header */
     kst_file *f;
     char *why;
     size_t whylen;
 } st_ps;
 
-static void st_ws(st_ps *ps) {
-    while (ps->p < ps->end && (*ps->p == ' ' || *ps->p == '\t' || *ps->p == '\n' || *ps->p == '\r')) ps->p++;
-}
-
-/* What the cursor is at, for "found ..." in a message. */
-static const char *st_found(const st_ps *ps, char *buf, size_t len) {
-    if (ps->p >= ps->end) return "the end of the header";
-    unsigned c = *ps->p;
+/* A byte of the header as "found ..." in a message. */
+static const char *st_found_at(const st_ps *ps, size_t at, char *buf, size_t len) {
+    if (at >= ps->n) return "the end of the header";
+    unsigned c = ps->beg[at];
     if (c >= 0x20 && c < 0x7F) snprintf(buf, len, "'%c'", (char)c);
     else snprintf(buf, len, "byte 0x%02x", c);
     return buf;
 }
 
-/* A syntax error: where in the header, what was expected, what was found. */
-static int st_jfail(st_ps *ps, const char *expected) {
-    char fb[16];
-    return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path,
-                   "invalid header JSON at byte %zu of %zu: expected %s, found %s", (size_t)(ps->p - ps->beg),
-                   (size_t)(ps->end - ps->beg), expected, st_found(ps, fb, sizeof fb));
-}
+static int st_is_ws(unsigned c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
-/* The kind of JSON value starting at the cursor, for "is a number, expected
- * a string"; NULL when no value can start here. */
-static const char *st_kind(const st_ps *ps) {
-    if (ps->p >= ps->end) return NULL;
-    switch (*ps->p) {
-    case '{': return "an object";
-    case '[': return "an array";
-    case '"': return "a string";
-    case 't': case 'f': return "a boolean";
-    case 'n': return "null";
-    case '-': return "a number";
-    default: return *ps->p >= '0' && *ps->p <= '9' ? "a number" : NULL;
-    }
-}
+/* Where a byte offset of a header lies, found by walking its tokens: jansson
+ * reports an error's offset but not the path to it, and "duplicate tensor
+ * name 'a'" or "tensor 'a' shape[2] is too large" needs the path. The bytes
+ * before the offset have passed jansson's lexer, so only strings (which may
+ * hold any bracket) need real tokenizing. Levels deeper than 3 are counted,
+ * not recorded: no rule of the format looks there. */
+#define ST_WHERE_LEVELS 4
+typedef struct st_where {
+    int depth;                               /* open containers (1: the header object) */
+    char kind[ST_WHERE_LEVELS];              /* '{' or '[' of levels 1..3 */
+    const unsigned char *key[ST_WHERE_LEVELS]; /* the raw key token (quotes included) at object levels */
+    size_t keylen[ST_WHERE_LEVELS];
+    int index[ST_WHERE_LEVELS];              /* the element index at array levels */
+    const unsigned char *last;               /* the last string token before the offset */
+    size_t lastlen;
+    size_t root_end;                         /* offset just past the header object; 0 before it closed */
+} st_where;
 
-static int st_expect(st_ps *ps, char c, const char *what) {
-    st_ws(ps);
-    if (ps->p >= ps->end || *ps->p != (unsigned char)c) return st_jfail(ps, what);
-    ps->p++;
-    return KILN_OK;
-}
-
-static int st_hex4(const unsigned char *p, unsigned *out) {
-    unsigned v = 0;
-    for (int i = 0; i < 4; i++) {
-        unsigned c = p[i], d;
-        if (c >= '0' && c <= '9') d = c - '0';
-        else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
-        else if (c >= 'A' && c <= 'F') d = c - 'A' + 10;
-        else return -1;
-        v = v << 4 | d;
-    }
-    *out = v;
-    return 0;
-}
-
-static size_t st_utf8_put(unsigned cp, char *o) {
-    if (cp < 0x80) { o[0] = (char)cp; return 1; }
-    if (cp < 0x800) {
-        o[0] = (char)(0xC0 | cp >> 6);
-        o[1] = (char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        o[0] = (char)(0xE0 | cp >> 12);
-        o[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        o[2] = (char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    o[0] = (char)(0xF0 | cp >> 18);
-    o[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    o[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    o[3] = (char)(0x80 | (cp & 0x3F));
-    return 4;
-}
-
-/* A JSON string at the cursor, decoded to UTF-8 in a new NUL-terminated
- * buffer. Strings holding U+0000 are refused: every name and value is
- * handed out as a C string, and a NUL would silently cut it short. */
-static int st_jstring(st_ps *ps, char **out) {
-    *out = NULL;
-    st_ws(ps);
-    if (ps->p >= ps->end || *ps->p != '"') return st_jfail(ps, "a string");
-    const unsigned char *start = ps->p;
-    ps->p++;
-    /* escapes only shrink, so the raw length bounds the decoded one */
-    const unsigned char *q = ps->p;
-    while (q < ps->end && *q != '"') q += (*q == '\\' && ps->end - q > 1) ? 2 : 1;
-    if (q >= ps->end) {
-        ps->p = start;
-        return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path,
-                       "invalid header JSON at byte %zu of %zu: unterminated string", (size_t)(start - ps->beg),
-                       (size_t)(ps->end - ps->beg));
-    }
-    char *s = malloc((size_t)(q - ps->p) + 1);
-    if (!s) return st_fail(KILN_E_NOMEM, ps->why, ps->whylen, ps->path, "out of memory parsing the header");
-    size_t o = 0;
-    for (;;) {
-        unsigned c = *ps->p;
+static void st_where_at(const unsigned char *s, size_t pos, st_where *w) {
+    memset(w, 0, sizeof *w);
+    for (size_t i = 0; i < pos; i++) {
+        unsigned c = s[i];
         if (c == '"') {
-            ps->p++;
-            break;
+            size_t j = i + 1;
+            while (j < pos && s[j] != '"') j += s[j] == '\\' ? 2 : 1;
+            if (j >= pos) return; /* the offset is inside this string */
+            w->last = s + i;
+            w->lastlen = j + 1 - i;
+            i = j;
+        } else if (c == '{' || c == '[') {
+            if (++w->depth < ST_WHERE_LEVELS) {
+                w->kind[w->depth] = (char)c;
+                w->index[w->depth] = 0;
+                w->key[w->depth] = NULL;
+            }
+        } else if (c == '}' || c == ']') {
+            if (--w->depth == 0) {
+                w->root_end = i + 1;
+                return;
+            }
+        } else if (c == ',' && w->depth < ST_WHERE_LEVELS && w->kind[w->depth] == '[') {
+            w->index[w->depth]++;
+        } else if (c == ':' && w->depth < ST_WHERE_LEVELS) {
+            w->key[w->depth] = w->last;
+            w->keylen[w->depth] = w->lastlen;
         }
-        if (c < 0x20) {
-            free(s);
-            return st_jfail(ps, "no control character in a string (it must be escaped)");
-        }
-        if (c == '\\') {
-            ps->p++;
-            unsigned e = *ps->p, cp;
-            switch (e) {
-            case '"': s[o++] = '"'; ps->p++; continue;
-            case '\\': s[o++] = '\\'; ps->p++; continue;
-            case '/': s[o++] = '/'; ps->p++; continue;
-            case 'b': s[o++] = '\b'; ps->p++; continue;
-            case 'f': s[o++] = '\f'; ps->p++; continue;
-            case 'n': s[o++] = '\n'; ps->p++; continue;
-            case 'r': s[o++] = '\r'; ps->p++; continue;
-            case 't': s[o++] = '\t'; ps->p++; continue;
-            case 'u': break;
-            default: free(s); return st_jfail(ps, "an escape (one of \\\" \\\\ \\/ \\b \\f \\n \\r \\t \\uXXXX)");
-            }
-            if (ps->end - ps->p < 5 || st_hex4(ps->p + 1, &cp) != 0) {
-                free(s);
-                return st_jfail(ps, "4 hex digits after \\u");
-            }
-            if (cp >= 0xDC00 && cp <= 0xDFFF) {
-                free(s);
-                return st_jfail(ps, "a high surrogate before the low surrogate \\u escape");
-            }
-            if (cp >= 0xD800 && cp <= 0xDBFF) {
-                /* a code point past U+FFFF: must be a pair \uD8xx\uDCxx */
-                unsigned lo;
-                if (ps->end - ps->p < 11 || ps->p[5] != '\\' || ps->p[6] != 'u' || st_hex4(ps->p + 7, &lo) != 0 ||
-                    lo < 0xDC00 || lo > 0xDFFF) {
-                    ps->p += 5;
-                    free(s);
-                    return st_jfail(ps, "a \\u low surrogate after a high surrogate");
-                }
-                cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-                ps->p += 6;
-            }
-            if (cp == 0) {
-                free(s);
-                return st_jfail(ps, "no U+0000 in a string (names and values are C strings)");
-            }
-            ps->p += 5;
-            o += st_utf8_put(cp, s + o);
-            continue;
-        }
-        if (c >= 0x80) {
-            size_t len = ps->end - ps->p > 4 ? 4 : (size_t)(ps->end - ps->p);
-            /* 0 only when the sequence at the cursor itself is invalid; a
-             * later one cut by the 4-byte window gives a larger offset */
-            size_t seq = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : 2;
-            if (st_utf8_check(ps->p, len) == 0) {
-                free(s);
-                return st_jfail(ps, "valid UTF-8");
-            }
-            memcpy(s + o, ps->p, seq);
-            o += seq;
-            ps->p += seq;
-            continue;
-        }
-        s[o++] = (char)c;
-        ps->p++;
     }
-    s[o] = 0;
-    *out = s;
-    return KILN_OK;
 }
 
-/* A JSON number at the cursor. Syntax errors fail here; otherwise *kind
- * says what the value is: 0 a non-negative integer in *v, 1 negative, 2 not
- * an integer (fraction or exponent), 3 too large for 64 bits. */
-static int st_jnumber(st_ps *ps, uint64_t *v, int *kind) {
-    st_ws(ps);
-    int neg = 0, big = 0, frac = 0;
-    uint64_t x = 0;
-    if (ps->p < ps->end && *ps->p == '-') { neg = 1; ps->p++; }
-    if (ps->p >= ps->end || *ps->p < '0' || *ps->p > '9') return st_jfail(ps, "a digit");
-    if (*ps->p == '0') {
-        ps->p++;
-        if (ps->p < ps->end && *ps->p >= '0' && *ps->p <= '9') return st_jfail(ps, "no leading zero in a number");
-    } else {
-        while (ps->p < ps->end && *ps->p >= '0' && *ps->p <= '9') {
-            unsigned d = *ps->p++ - '0';
-            if (x > (UINT64_MAX - d) / 10) big = 1;
-            else x = x * 10 + d;
+/* A raw key token decoded (jansson again: the token is a JSON string) and
+ * quoted for a message; "?" when there is none. */
+static const char *st_key_q(const unsigned char *raw, size_t len, char *buf, size_t n) {
+    json_t *k = raw ? json_loadb((const char *)raw, len, JSON_DECODE_ANY, NULL) : NULL;
+    if (json_is_string(k)) st_q(json_string_value(k), buf, n);
+    else snprintf(buf, n, "?");
+    json_decref(k);
+    return buf;
+}
+
+static int st_key_is(const unsigned char *raw, size_t len, const char *name) {
+    size_t l = strlen(name);
+    return raw && len == l + 2 && memcmp(raw + 1, name, l) == 0;
+}
+
+/* jansson's refusal as one line. Duplicate keys and integers past 64 bits
+ * are rules of the format too, so those name the tensor or the metadata
+ * key the way the checks on the parsed tree do; anything else is a syntax
+ * error, reported with jansson's words and the offset. */
+static int st_json_error(st_ps *ps, const json_error_t *e) {
+    char q[128], q2[128], t[256];
+    const size_t pos = e->position > 0 ? (size_t)e->position : 0;
+    st_where w;
+    st_where_at(ps->beg, pos < ps->n ? pos : ps->n, &w);
+    switch (json_error_code(e)) {
+    case json_error_duplicate_key:
+        if (w.depth == 1 && st_key_is(w.last, w.lastlen, "__metadata__"))
+            return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path, "duplicate __metadata__ object");
+        if (w.depth == 1)
+            return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path, "duplicate tensor name '%s'",
+                           st_key_q(w.last, w.lastlen, q, sizeof q));
+        if (w.depth == 2 && st_key_is(w.key[1], w.keylen[1], "__metadata__"))
+            return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path, "duplicate __metadata__ key '%s'",
+                           st_key_q(w.last, w.lastlen, q, sizeof q));
+        if (w.depth == 2)
+            return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path, "tensor '%s' has a duplicate key '%s'",
+                           st_key_q(w.key[1], w.keylen[1], q, sizeof q), st_key_q(w.last, w.lastlen, q2, sizeof q2));
+        break;
+    case json_error_numeric_overflow:
+        if (w.depth == 3 && w.kind[3] == '[' && !st_key_is(w.key[1], w.keylen[1], "__metadata__") &&
+            (st_key_is(w.key[2], w.keylen[2], "shape") || st_key_is(w.key[2], w.keylen[2], "data_offsets")))
+            return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path,
+                           "tensor '%s' %s[%d] is %s, expected a non-negative integer",
+                           st_key_q(w.key[1], w.keylen[1], q, sizeof q),
+                           st_key_is(w.key[2], w.keylen[2], "shape") ? "shape" : "data_offsets", w.index[3],
+                           strstr(e->text, "negative") ? "negative" : "too large");
+        break;
+    case json_error_end_of_input_expected:
+        /* after the header object: what the padding may not hold */
+        if (w.root_end || pos >= ps->n) {
+            size_t at = w.root_end;
+            while (at < ps->n && st_is_ws(ps->beg[at])) at++;
+            return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path,
+                           "invalid header JSON at byte %zu of %zu: expected only padding spaces after the header "
+                           "object, found %s",
+                           at, ps->n, st_found_at(ps, at, q, sizeof q));
         }
+        break;
+    default:
+        break;
     }
-    if (ps->p < ps->end && *ps->p == '.') {
-        frac = 1;
-        ps->p++;
-        if (ps->p >= ps->end || *ps->p < '0' || *ps->p > '9') return st_jfail(ps, "a digit after '.'");
-        while (ps->p < ps->end && *ps->p >= '0' && *ps->p <= '9') ps->p++;
+    return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path, "invalid header JSON at byte %zu of %zu: %s", pos, ps->n,
+                   st_q(e->text, t, sizeof t));
+}
+
+/* What a JSON value is, for "is a number, expected a string". */
+static const char *st_kind(const json_t *v) {
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_TRUE: case JSON_FALSE: return "a boolean";
+    case JSON_NULL: return "null";
+    default: return "a number";
     }
-    if (ps->p < ps->end && (*ps->p == 'e' || *ps->p == 'E')) {
-        frac = 1;
-        ps->p++;
-        if (ps->p < ps->end && (*ps->p == '+' || *ps->p == '-')) ps->p++;
-        if (ps->p >= ps->end || *ps->p < '0' || *ps->p > '9') return st_jfail(ps, "a digit in the exponent");
-        while (ps->p < ps->end && *ps->p >= '0' && *ps->p <= '9') ps->p++;
-    }
-    *v = x;
-    *kind = neg ? 1 : frac ? 2 : big ? 3 : 0;
-    return KILN_OK;
 }
 
 /* An array of non-negative integers (a shape or data_offsets) for tensor
- * q's field; at most max elements, each at most lim. */
-static int st_juint_array(st_ps *ps, const char *q, const char *field, uint64_t *vals, int max, uint64_t lim,
-                          int *n) {
-    static const char *const why_bad[] = {"", "negative", "not an integer", "too large"};
-    st_ws(ps);
-    const char *k = st_kind(ps);
-    if (!k) return st_jfail(ps, "a value");
-    if (*ps->p != '[')
+ * q's field; at most max elements, each at most lim. An element is checked
+ * before the count, as the file is read front to back. */
+static int st_uint_array(st_ps *ps, const json_t *a, const char *q, const char *field, uint64_t *vals, int max,
+                         uint64_t lim, int *n) {
+    if (!json_is_array(a))
         return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path, "tensor '%s' %s is %s, expected an array", q,
-                       field, k);
-    ps->p++;
+                       field, st_kind(a));
     *n = 0;
-    st_ws(ps);
-    if (ps->p < ps->end && *ps->p == ']') {
-        ps->p++;
-        return KILN_OK;
-    }
-    for (;;) {
-        st_ws(ps);
-        k = st_kind(ps);
-        if (!k) return st_jfail(ps, "a value");
-        if (strcmp(k, "a number") != 0)
+    for (size_t i = 0; i < json_array_size(a); i++) {
+        const json_t *x = json_array_get(a, i);
+        const char *bad = NULL;
+        if (json_is_integer(x)) {
+            json_int_t v = json_integer_value(x);
+            bad = v < 0 ? "negative" : (uint64_t)v > lim ? "too large" : NULL;
+        } else if (json_is_real(x)) {
+            bad = json_real_value(x) < 0 ? "negative" : "not an integer";
+        } else {
+            bad = st_kind(x);
+        }
+        if (bad)
             return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path,
-                           "tensor '%s' %s[%d] is %s, expected a non-negative integer", q, field, *n, k);
-        uint64_t v = 0;
-        int kind = 0, rc = st_jnumber(ps, &v, &kind);
-        if (rc) return rc;
-        if (kind == 0 && v > lim) kind = 3;
-        if (kind)
-            return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path,
-                           "tensor '%s' %s[%d] is %s, expected a non-negative integer", q, field, *n, why_bad[kind]);
-        if (*n == max)
+                           "tensor '%s' %s[%zu] is %s, expected a non-negative integer", q, field, i, bad);
+        if ((int)i == max)
             return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path, "tensor '%s' %s has more than %d elements", q,
                            field, max);
-        vals[(*n)++] = v;
-        st_ws(ps);
-        if (ps->p < ps->end && *ps->p == ',') { ps->p++; continue; }
-        if (ps->p < ps->end && *ps->p == ']') { ps->p++; return KILN_OK; }
-        return st_jfail(ps, "',' or ']' in an array");
+        vals[(*n)++] = (uint64_t)json_integer_value(x);
     }
+    return KILN_OK;
 }
 
-/* One tensor entry {"dtype":..,"shape":[..],"data_offsets":[b,e]}; takes
- * ownership of name. */
-static int st_jtensor(st_ps *ps, char *name) {
+/* One tensor entry {"dtype":..,"shape":[..],"data_offsets":[b,e]}. */
+static int st_tensor(st_ps *ps, const char *key, const json_t *v) {
     kst_file *f = ps->f;
     char q[128], sh[256];
-    st_q(name, q, sizeof q);
-    int rc = st_grow((void **)&f->t, &f->capt, f->nt, sizeof *f->t);
-    if (rc) {
+    st_q(key, q, sizeof q);
+    char *name = strdup(key);
+    if (!name || st_grow((void **)&f->t, &f->capt, f->nt, sizeof *f->t) != 0) {
         free(name);
         return st_fail(KILN_E_NOMEM, ps->why, ps->whylen, ps->path, "out of memory parsing the header");
     }
@@ -1070,76 +990,46 @@ static int st_jtensor(st_ps *ps, char *name) {
     st_rtensor *t = &f->t[f->nt++];
     memset(t, 0, sizeof *t);
     t->pub.name = name;
-
-    st_ws(ps);
-    const char *k = st_kind(ps);
-    if (!k) return st_jfail(ps, "a value");
-    if (*ps->p != '{')
-        return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path, "tensor '%s' is %s, expected an object", q, k);
-    ps->p++;
+    if (!json_is_object(v))
+        return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path, "tensor '%s' is %s, expected an object", q,
+                       st_kind(v));
     enum { HAVE_DTYPE = 1, HAVE_SHAPE = 2, HAVE_OFFSETS = 4 };
-    int have = 0;
+    int have = 0, rc;
     const st_dtype *dt = NULL;
     uint64_t shape[KST_MAX_DIMS] = {0}, offs[2] = {0, 0};
     int ndim = 0, noffs = 0;
-    st_ws(ps);
-    if (ps->p < ps->end && *ps->p == '}') ps->p++;
-    else {
-        for (;;) {
-            char *key;
-            if ((rc = st_jstring(ps, &key)) != 0) return rc;
-            if ((rc = st_expect(ps, ':', "':' after an object key")) != 0) { free(key); return rc; }
-            int bit = !strcmp(key, "dtype") ? HAVE_DTYPE : !strcmp(key, "shape") ? HAVE_SHAPE
-                      : !strcmp(key, "data_offsets") ? HAVE_OFFSETS : 0;
-            if (!bit) {
-                char kq[128];
-                rc = st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path,
-                             "tensor '%s' has an unknown key '%s' (expected dtype, shape, data_offsets)", q,
-                             st_q(key, kq, sizeof kq));
-                free(key);
+    const char *fk;
+    const json_t *fv;
+    json_object_foreach((json_t *)v, fk, fv) {
+        int bit = !strcmp(fk, "dtype") ? HAVE_DTYPE : !strcmp(fk, "shape") ? HAVE_SHAPE
+                  : !strcmp(fk, "data_offsets") ? HAVE_OFFSETS : 0;
+        if (!bit) {
+            char kq[128];
+            return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path,
+                           "tensor '%s' has an unknown key '%s' (expected dtype, shape, data_offsets)", q,
+                           st_q(fk, kq, sizeof kq));
+        }
+        have |= bit;
+        if (bit == HAVE_DTYPE) {
+            if (!json_is_string(fv))
+                return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path, "tensor '%s' dtype is %s, expected a string",
+                               q, st_kind(fv));
+            dt = st_dtype_find(json_string_value(fv));
+            if (!dt) {
+                char dq[64];
+                return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path,
+                               "tensor '%s' has unknown dtype '%s' (expected one of BOOL, U8, I8, F8_E5M2, F8_E4M3, "
+                               "F8_E8M0, I16, U16, F16, BF16, I32, U32, F32, I64, U64, F64)",
+                               q, st_q(json_string_value(fv), dq, sizeof dq));
+            }
+        } else if (bit == HAVE_SHAPE) {
+            if ((rc = st_uint_array(ps, fv, q, "shape", shape, KST_MAX_DIMS, (uint64_t)INT64_MAX, &ndim)) != 0)
                 return rc;
-            }
-            if (have & bit) {
-                rc = st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path, "tensor '%s' has a duplicate key '%s'", q,
-                             key);
-                free(key);
-                return rc;
-            }
-            free(key);
-            have |= bit;
-            if (bit == HAVE_DTYPE) {
-                st_ws(ps);
-                k = st_kind(ps);
-                if (!k) return st_jfail(ps, "a value");
-                if (*ps->p != '"')
-                    return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path,
-                                   "tensor '%s' dtype is %s, expected a string", q, k);
-                char *d;
-                if ((rc = st_jstring(ps, &d)) != 0) return rc;
-                dt = st_dtype_find(d);
-                if (!dt) {
-                    char dq[64];
-                    rc = st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path,
-                                 "tensor '%s' has unknown dtype '%s' (expected one of BOOL, U8, I8, F8_E5M2, F8_E4M3, "
-                                 "F8_E8M0, I16, U16, F16, BF16, I32, U32, F32, I64, U64, F64)",
-                                 q, st_q(d, dq, sizeof dq));
-                    free(d);
-                    return rc;
-                }
-                free(d);
-            } else if (bit == HAVE_SHAPE) {
-                if ((rc = st_juint_array(ps, q, "shape", shape, KST_MAX_DIMS, (uint64_t)INT64_MAX, &ndim)) != 0)
-                    return rc;
-            } else {
-                if ((rc = st_juint_array(ps, q, "data_offsets", offs, 2, UINT64_MAX, &noffs)) != 0) return rc;
-                if (noffs != 2)
-                    return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path,
-                                   "tensor '%s' data_offsets has %d elements, expected 2 [begin, end]", q, noffs);
-            }
-            st_ws(ps);
-            if (ps->p < ps->end && *ps->p == ',') { ps->p++; continue; }
-            if (ps->p < ps->end && *ps->p == '}') { ps->p++; break; }
-            return st_jfail(ps, "',' or '}' in an object");
+        } else {
+            if ((rc = st_uint_array(ps, fv, q, "data_offsets", offs, 2, UINT64_MAX, &noffs)) != 0) return rc;
+            if (noffs != 2)
+                return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path,
+                               "tensor '%s' data_offsets has %d elements, expected 2 [begin, end]", q, noffs);
         }
     }
     static const char *const names[] = {"dtype", "shape", "", "data_offsets"};
@@ -1178,97 +1068,64 @@ static int st_jtensor(st_ps *ps, char *name) {
 }
 
 /* "__metadata__": an object of string values. */
-static int st_jmetadata(st_ps *ps) {
+static int st_metadata(st_ps *ps, const json_t *v) {
     kst_file *f = ps->f;
-    int rc;
-    st_ws(ps);
-    const char *k = st_kind(ps);
-    if (!k) return st_jfail(ps, "a value");
-    if (*ps->p != '{')
+    if (!json_is_object(v))
         return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path, "__metadata__ is %s, expected an object of strings",
-                       k);
-    ps->p++;
-    st_ws(ps);
-    if (ps->p < ps->end && *ps->p == '}') {
-        ps->p++;
-        return KILN_OK;
-    }
-    for (;;) {
-        char *key, *val, q[128];
-        if ((rc = st_jstring(ps, &key)) != 0) return rc;
-        st_q(key, q, sizeof q);
-        if ((rc = st_expect(ps, ':', "':' after an object key")) != 0) { free(key); return rc; }
-        st_ws(ps);
-        k = st_kind(ps);
-        if (!k) { free(key); return st_jfail(ps, "a value"); }
-        if (*ps->p != '"') {
-            free(key);
+                       st_kind(v));
+    const char *key;
+    const json_t *val;
+    json_object_foreach((json_t *)v, key, val) {
+        char q[128];
+        if (!json_is_string(val))
             return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path,
-                           "__metadata__ value for key '%s' is %s, expected a string", q, k);
-        }
-        if ((rc = st_jstring(ps, &val)) != 0) { free(key); return rc; }
-        /* checksums go to their own table, keyed by the tensor name */
+                           "__metadata__ value for key '%s' is %s, expected a string", st_q(key, q, sizeof q),
+                           st_kind(val));
+        /* checksums go to their own table, keyed by the tensor name (the
+         * keys are distinct: jansson refused duplicates) */
         int ck = st_is_ck_key(key);
         st_kv **arr = ck ? &f->ck : &f->m;
         int *n = ck ? &f->nck : &f->nm, *cap = ck ? &f->capck : &f->capm;
         st_index *ix = ck ? &f->cix : &f->mix;
-        const char *ixkey = ck ? key + ST_CK_PREFIX_LEN : key;
-        if (st_index_get(ix, ixkey) >= 0) {
-            free(key);
-            free(val);
-            return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path, "duplicate __metadata__ key '%s'", q);
-        }
-        if (st_grow((void **)arr, cap, *n, sizeof **arr) != 0 || st_index_put(ix, ixkey, *n) != 0) {
-            free(key);
-            free(val);
+        char *k = strdup(key), *s = strdup(json_string_value(val));
+        if (!k || !s || st_grow((void **)arr, cap, *n, sizeof **arr) != 0 ||
+            st_index_put(ix, ck ? k + ST_CK_PREFIX_LEN : k, *n) != 0) {
+            free(k);
+            free(s);
             return st_fail(KILN_E_NOMEM, ps->why, ps->whylen, ps->path, "out of memory parsing the header");
         }
-        (*arr)[*n].key = key;
-        (*arr)[*n].value = val;
+        (*arr)[*n].key = k;
+        (*arr)[*n].value = s;
         (*n)++;
-        st_ws(ps);
-        if (ps->p < ps->end && *ps->p == ',') { ps->p++; continue; }
-        if (ps->p < ps->end && *ps->p == '}') { ps->p++; return KILN_OK; }
-        return st_jfail(ps, "',' or '}' in an object");
     }
+    return KILN_OK;
 }
 
 /* The whole header: one object of tensors and at most one __metadata__,
  * then nothing but whitespace (the padding). */
-static int st_jheader(st_ps *ps) {
-    int rc, seen_meta = 0;
-    if ((rc = st_expect(ps, '{', "'{' opening the header object")) != 0) return rc;
-    st_ws(ps);
-    if (ps->p < ps->end && *ps->p == '}') ps->p++;
-    else {
-        for (;;) {
-            char *key, q[128];
-            if ((rc = st_jstring(ps, &key)) != 0) return rc;
-            if ((rc = st_expect(ps, ':', "':' after an object key")) != 0) { free(key); return rc; }
-            if (!strcmp(key, "__metadata__")) {
-                free(key);
-                if (seen_meta)
-                    return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path, "duplicate __metadata__ object");
-                seen_meta = 1;
-                if ((rc = st_jmetadata(ps)) != 0) return rc;
-            } else {
-                if (st_index_get(&ps->f->tix, key) >= 0) {
-                    rc = st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path, "duplicate tensor name '%s'",
-                                 st_q(key, q, sizeof q));
-                    free(key);
-                    return rc;
-                }
-                if ((rc = st_jtensor(ps, key)) != 0) return rc;
-            }
-            st_ws(ps);
-            if (ps->p < ps->end && *ps->p == ',') { ps->p++; continue; }
-            if (ps->p < ps->end && *ps->p == '}') { ps->p++; break; }
-            return st_jfail(ps, "',' or '}' in an object");
-        }
+static int st_header(st_ps *ps) {
+    /* a header that is not an object at all: said in the format's terms,
+     * before jansson's more general words */
+    size_t at = 0;
+    while (at < ps->n && st_is_ws(ps->beg[at])) at++;
+    if (at >= ps->n || ps->beg[at] != '{') {
+        char fb[16];
+        return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path,
+                       "invalid header JSON at byte %zu of %zu: expected '{' opening the header object, found %s", at,
+                       ps->n, st_found_at(ps, at, fb, sizeof fb));
     }
-    st_ws(ps);
-    if (ps->p != ps->end) return st_jfail(ps, "only padding spaces after the header object");
-    return KILN_OK;
+    json_error_t e;
+    json_t *root = json_loadb((const char *)ps->beg, ps->n, JSON_REJECT_DUPLICATES, &e);
+    if (!root) return st_json_error(ps, &e);
+    int rc = KILN_OK;
+    const char *key;
+    json_t *v;
+    json_object_foreach(root, key, v) {
+        rc = !strcmp(key, "__metadata__") ? st_metadata(ps, v) : st_tensor(ps, key, v);
+        if (rc) break;
+    }
+    json_decref(root);
+    return rc;
 }
 
 static int st_cmp_offsets(const void *a, const void *b) {
@@ -1400,13 +1257,12 @@ int kst_open(const char *path, kst_file **out, char *why, size_t whylen) {
     }
     st_ps ps = {.path = path,
                 .beg = f->buf + 8,
-                .p = f->buf + 8,
-                .end = f->buf + 8 + n,
+                .n = (size_t)n,
                 .datalen = f->size - 8 - n,
                 .f = f,
                 .why = why,
                 .whylen = whylen};
-    if ((rc = st_jheader(&ps)) != 0) goto fail;
+    if ((rc = st_header(&ps)) != 0) goto fail;
     if ((rc = st_check_coverage(f, path, ps.datalen, why, whylen)) != 0) goto fail;
     const unsigned char *data = f->buf + 8 + n;
     for (int i = 0; i < f->nt; i++) f->t[i].pub.data = data + f->t[i].begin;
