@@ -107,6 +107,7 @@ static const kiln_host_services g_services = {
     .broadcast = ht_svc_broadcast,
     .all_gather = ht_svc_all_gather,
     .predict = ht_svc_predict,
+    .round_activation = ht_svc_round_activation,
 };
 
 static const kiln_host_services *get_services(uint16_t major, uint16_t min_minor) {

@@ -55,6 +55,7 @@ int32_t ht_svc_reduce(kiln_host_ctx *h, double *values, uint32_t n, int32_t op);
 int32_t ht_svc_broadcast(kiln_host_ctx *h, void *buf, size_t bytes, int32_t root);
 int32_t ht_svc_all_gather(kiln_host_ctx *h, const void *send, size_t bytes, void *recv);
 int32_t ht_svc_predict(kiln_host_ctx *h, const kiln_batch *batch, kiln_tensor *out);
+int32_t ht_svc_round_activation(kiln_host_ctx *h, const char *site, uint32_t dtype, void *x, size_t n);
 
 void hs_ctx_init(kiln_host_ctx *h, const hl_plugin *p, const kiln_kv *config, const kiln_kv *trainer);
 

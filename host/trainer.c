@@ -394,6 +394,25 @@ int32_t ht_svc_predict(kiln_host_ctx *h, const kiln_batch *batch, kiln_tensor *o
     return t->module_ops->predict_step(t->module.inst, batch, out);
 }
 
+/* svc->round_activation (1.5): the precision's round_activation, when its
+ * library is 1.5 or newer and the op is set; otherwise nothing to do. A
+ * failure is logged with the precision's own message (the module that
+ * called reports only the status and the site). */
+int32_t ht_svc_round_activation(kiln_host_ctx *h, const char *site, uint32_t dtype, void *x, size_t n) {
+    ht_trainer *t = trainer_of(h);
+    if (!t || !t->precision_ops || !t->precision.inst || n == 0) return KILN_OK;
+    const hl_plugin *p = t->precision.p;
+    if (p->lib->view.abi_minor < 5 || p->ops->struct_size < KILN_PRECISION_OPS_SIZE_1_5 ||
+        !t->precision_ops->round_activation)
+        return KILN_OK;
+    herr_clear();
+    int32_t rc = t->precision_ops->round_activation(t->precision.inst, site ? site : "", dtype, x, n);
+    if (rc != KILN_OK)
+        hlog(KILN_LOG_ERROR, "precision '%s' (%s): round_activation on %s: %s", p->view.name, p->lib->path,
+             site ? site : "?", herr_msg()[0] ? herr_msg() : kiln_status_name(rc));
+    return rc;
+}
+
 int32_t ht_svc_accelerator(kiln_host_ctx *h, kiln_instance **acc, const struct kiln_kernels **k) {
     ht_trainer *t = trainer_of(h);
     if (!t || !t->K) {

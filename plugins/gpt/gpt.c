@@ -355,6 +355,10 @@ static int32_t gpt_create(void *plugin_ctx, const kiln_host_services *svc, kiln_
     }
     g->ctx.acc = g->acc;
     g->ctx.k = g->k;
+    /* 1.5: Linear and attention outputs through the precision's
+     * round_activation (a no-op for the built-in precisions) */
+    g->ctx.svc = g->svc;
+    g->ctx.hctx = g->hctx;
 
     const uint32_t np = 2 + 12 * (uint32_t)g->n_layer + 2; /* wte, wpe, 12 per block, ln_f */
     g->h = calloc((size_t)g->n_layer, sizeof *g->h);

@@ -270,6 +270,10 @@ static int32_t mlp_create(void *plugin_ctx, const kiln_host_services *svc, kiln_
     }
     m->nn.acc = m->acc;
     m->nn.k = m->k;
+    /* 1.5: every Linear output goes through the precision's
+     * round_activation (a no-op for the built-in precisions) */
+    m->nn.svc = svc;
+    m->nn.hctx = hctx;
     rc = mlp_alloc_arena(m, KILN_DTYPE_F32);
     if (rc != KILN_OK) goto fail;
 

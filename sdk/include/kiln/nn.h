@@ -41,6 +41,14 @@
  * (GPT); a bidirectional encoder needs a non-causal kernel the ABI does not
  * have yet.
  *
+ * Activations a precision rounds itself (ABI 1.5, e.g. FP8): when the
+ * module sets kiln_nn_ctx.svc and .hctx, every Linear's output (what the
+ * next layer reads: the activation's output, or y without one) and every
+ * attention output go through svc->round_activation after the rounding
+ * above, named by the Linear's weight ("<c_attn weight>:attention"); the
+ * precision decides the format and scale. Without svc, or with a precision
+ * that has no round_activation (every built-in one), nothing changes.
+ *
  * Errors: every function returns a kiln_status; on failure ctx->msg names
  * the kernel and the parameter or layer ("gemm_ex (input grad) on
  * transformer.h.3.mlp.c_fc.weight: ..."), for the module to pass to
@@ -71,6 +79,10 @@ typedef struct kiln_nn_ctx {
     uint32_t adt;           /* activation = master = gradient dtype: F32, F64  */
     uint32_t rdt;           /* rounding dtype: F32 (none), F16 or BF16 (adt F32) */
     char msg[256];          /* detail of the last failure                      */
+    /* 1.5: the host, for svc->round_activation (the precision's rounding
+     * of activations); both NULL (a zeroed ctx): no such call */
+    const kiln_host_services *svc;
+    kiln_host_ctx *hctx;
 } kiln_nn_ctx;
 
 /* Reports a failed kernel call in ctx->msg and returns its status. */
@@ -157,6 +169,23 @@ static inline int32_t kiln_nn_ctx_setup(kiln_nn_ctx *c, kiln_parameter *const *p
 static inline int32_t kiln_nn_round(kiln_nn_ctx *c, void *x, size_t n, const char *on) {
     if (c->rdt == KILN_DTYPE_F32 || c->adt != KILN_DTYPE_F32) return KILN_OK;
     KILN_NN__K(c, c->k->round_to(c->acc, (float *)x, c->rdt, n), "round_to", on);
+    return KILN_OK;
+}
+
+/* Lets the run's precision round an activation the layers produced
+ * (svc->round_activation, ABI 1.5) when the module set ctx->svc; `site`
+ * names the tensor, `on` the layer in a failure message. Nothing to do
+ * without svc or on an older host. */
+static inline int32_t kiln_nn_round_activation(kiln_nn_ctx *c, void *x, size_t n, const char *site, const char *on) {
+#if KILN_ABI_MINOR >= 5
+    const kiln_host_services *svc = c->svc;
+    if (!svc || svc->abi_minor < 5 || svc->struct_size < offsetof(kiln_host_services, round_activation) +
+                                                             sizeof svc->round_activation || !svc->round_activation)
+        return KILN_OK;
+    KILN_NN__K(c, svc->round_activation(c->hctx, site, c->adt, x, n), "round_activation (precision)", on);
+#else
+    (void)c, (void)x, (void)n, (void)site, (void)on;
+#endif
     return KILN_OK;
 }
 
@@ -306,14 +335,14 @@ static inline int32_t kiln_nn_linear_forward(kiln_nn_ctx *c, kiln_nn_linear *L, 
         if (L->b) KILN_NN__K(c, k->bias_add(c->acc, y, (const float *)L->b->compute, rows, L->out), "bias_add", on);
         if (L->act == KILN_ACT_RELU) KILN_NN__K(c, k->relu_forward(c->acc, (float *)L->post, y, n), "relu_forward", on);
         if (L->act == KILN_ACT_GELU) KILN_NN__K(c, k->gelu_forward(c->acc, (float *)L->post, y, n), "gelu_forward", on);
-        return KILN_OK;
+        return kiln_nn_round_activation(c, kiln_nn_linear_output(L), n, on, on);
     }
     if (L->layout == KILN_NN_OUT_IN && k->struct_size >= KILN_KERNELS_SIZE_1_3 && k->linear_forward) {
         KILN_NN__K(c,
                    k->linear_forward(c->acc, c->adt, x, W->compute, W->compute_dtype, kiln_nn_vec(c, L->b), rows,
                                      L->in, L->out, L->act, L->y, L->post, c->rdt),
                    "linear_forward", on);
-        return KILN_OK;
+        return kiln_nn_round_activation(c, kiln_nn_linear_output(L), n, on, on);
     }
     /* The unfused sequence linear_forward stands for. */
     if (L->layout == KILN_NN_OUT_IN) /* y(rows, out) = x(rows, in) . W(out, in)^T */
@@ -328,9 +357,11 @@ static inline int32_t kiln_nn_linear_forward(kiln_nn_ctx *c, kiln_nn_linear *L, 
                    "gemm_ex (forward)", on);
     if (L->b) KILN_NN__K(c, k->bias_add_ex(c->acc, c->adt, L->y, kiln_nn_vec(c, L->b), rows, L->out), "bias_add_ex", on);
     int32_t rc = kiln_nn_round(c, L->y, n, on);
-    if (rc != KILN_OK || L->act < 0) return rc;
-    KILN_NN__K(c, k->act_forward(c->acc, c->adt, L->act, L->post, L->y, n), "act_forward", on);
-    return kiln_nn_round(c, L->post, n, on);
+    if (rc == KILN_OK && L->act >= 0) {
+        KILN_NN__K(c, k->act_forward(c->acc, c->adt, L->act, L->post, L->y, n), "act_forward", on);
+        rc = kiln_nn_round(c, L->post, n, on);
+    }
+    return rc == KILN_OK ? kiln_nn_round_activation(c, kiln_nn_linear_output(L), n, on, on) : rc;
 }
 
 /* dy (rows, out): the gradient at the layer's output; with an activation
@@ -581,6 +612,12 @@ static inline int32_t kiln_nn_attention_forward(kiln_nn_ctx *c, kiln_nn_attentio
     if (rc != KILN_OK) return rc;
     KILN_NN__K(c, c->k->attention_forward(c->acc, c->adt, at->att, at->lse, at->c_attn.y, B, T, at->C, at->NH, c->rdt),
                "attention_forward", at->c_attn.w->name);
+    /* the attention output as the precision stores it (the backward reads
+     * att, so it sees what c_proj saw) */
+    char site[300];
+    snprintf(site, sizeof site, "%s:attention", at->c_attn.w->name);
+    rc = kiln_nn_round_activation(c, at->att, (size_t)rows * (size_t)at->C, site, at->c_attn.w->name);
+    if (rc != KILN_OK) return rc;
     return kiln_nn_linear_forward(c, &at->c_proj, at->att, rows);
 }
 

@@ -223,6 +223,19 @@ typedef struct kiln_host_services {
      * it from hooks outside a training step (on_train_batch_end,
      * on_validation_end, on_fit_end, ...). *out as predict_step's. */
     int32_t (*predict)(kiln_host_ctx *hctx, const kiln_batch *batch, kiln_tensor *out);
+    /* -- 1.5 (check svc->abi_minor >= 5 and the pointer) -- */
+    /* The run's precision plugin rounds an activation the module has just
+     * produced (kiln_precision_ops.round_activation): x(n) of `dtype` (F32
+     * or F64) in accelerator memory, in place, as that precision stores
+     * activations (FP8 with a per-tensor scale, say). `site` names the
+     * tensor with the same string every step (kiln/nn.h: the producing
+     * Linear's weight name, "<c_attn weight>:attention" for an attention
+     * output). Returns KILN_OK without touching x when the precision has no
+     * such op (every built-in one) or no run is set up. Modules call it in
+     * every forward (training, validation, test, predict) on each Linear
+     * layer's output and each attention output, after their own
+     * compute-dtype rounding and before anything reads the tensor. */
+    int32_t (*round_activation)(kiln_host_ctx *hctx, const char *site, uint32_t dtype, void *x, size_t n);
 } kiln_host_services;
 
 /* kiln_host_services.reduce ops (1.2) */
@@ -341,6 +354,7 @@ static_assert(offsetof(kiln_host_services, save_checkpoint) == 176 &&
                   offsetof(kiln_host_services, all_gather) == 208,
               "kiln_host_services 1.2");
 static_assert(offsetof(kiln_host_services, predict) == 216, "kiln_host_services 1.4");
+static_assert(offsetof(kiln_host_services, round_activation) == 224, "kiln_host_services 1.5");
 static_assert(offsetof(kiln_ops_header, create) == 8 && offsetof(kiln_ops_header, set_state) == 32 &&
                   sizeof(kiln_ops_header) == 40, "kiln_ops_header 1.0");
 static_assert(offsetof(kiln_plugin_desc, kind) == 4 && offsetof(kiln_plugin_desc, name) == 8 &&

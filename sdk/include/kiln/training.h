@@ -454,6 +454,17 @@ typedef struct kiln_precision_ops {
      * before the module (setup, on_fit_end, teardown ...), so a precision can
      * export or report at the end of a run. */
     int32_t (*on_event)(kiln_instance *self, kiln_event *ev);
+    /* -- 1.5 (may be NULL; the host calls it only for a library of ABI
+     * >= 1.5 whose table reaches KILN_PRECISION_OPS_SIZE_1_5) -- */
+    /* How this precision stores activations: x(n) of dtype (F32 or F64),
+     * accelerator memory, rounded in place (round_to through FP8 after a
+     * per-tensor scale, for instance). Reached from the module's forward
+     * through svc->round_activation, on every Linear and attention output
+     * (`site` names it, stable across steps, so per-tensor state such as
+     * an amax history can be kept per site; state that must survive a
+     * resume goes through get_state). NULL: activations stay as the module
+     * rounds them (the compute dtype), which is every 1.4 precision. */
+    int32_t (*round_activation)(kiln_instance *self, const char *site, uint32_t dtype, void *x, size_t n);
 } kiln_precision_ops;
 
 typedef struct kiln_strategy_ops {
@@ -590,6 +601,7 @@ typedef struct kiln_module_ops {
 
 /* What 1.5 appended. */
 #define KILN_KERNELS_SIZE_1_5 KILN__END(kiln_kernels, clamp)
+#define KILN_PRECISION_OPS_SIZE_1_5 KILN__END(kiln_precision_ops, round_activation)
 
 /* Layout pins of the 1.1 tables (and what 1.2 appended). */
 #if UINTPTR_MAX == 0xFFFFFFFFFFFFFFFFu
@@ -614,6 +626,7 @@ static_assert(offsetof(kiln_kernels, embedding_forward) == 312 && offsetof(kiln_
               "kiln_kernels 1.4");
 static_assert(offsetof(kiln_module_ops, predict_step) == 88, "kiln_module_ops 1.4");
 static_assert(offsetof(kiln_kernels, lerp) == 376 && offsetof(kiln_kernels, clamp) == 424, "kiln_kernels 1.5");
+static_assert(offsetof(kiln_precision_ops, round_activation) == 80, "kiln_precision_ops 1.5");
 static_assert(offsetof(kiln_step_output, tokens) == 24 && sizeof(kiln_step_output) == 40, "kiln_step_output 1.4");
 #endif
 
