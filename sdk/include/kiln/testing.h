@@ -18,8 +18,9 @@
  * accessors return their value. Nothing here exits. One kiln_test_host is
  * one plugin-facing host context, for one thread; several may coexist.
  * Pointers returned by accessors stay valid until kiln_test_reset() or
- * kiln_test_host_free(), except where noted. Loaded libraries stay loaded
- * for the life of the process, as in kiln.
+ * kiln_test_host_free(), except where noted (a log line's or logged
+ * value's record moves when the plugin logs again; its text does not).
+ * Loaded libraries stay loaded for the life of the process, as in kiln.
  *
  *   kiln_test_host *th;
  *   const kiln_plugin_desc *d;
@@ -243,6 +244,7 @@ typedef struct kiln_test_log_line {
 } kiln_test_log_line;
 int32_t kiln_test_set_log_level(kiln_test_host *th, int32_t level);
 size_t kiln_test_log_count(const kiln_test_host *th);
+/* Line i (NULL past the end); the record is valid until the next line. */
 const kiln_test_log_line *kiln_test_log(const kiln_test_host *th, size_t i);
 /* The newest line at `min_level` or above containing `needle` (NULL: none). */
 const char *kiln_test_log_find(const kiln_test_host *th, int32_t min_level, const char *needle);
@@ -260,6 +262,7 @@ typedef struct kiln_test_value {
     int32_t source;  /* KILN_TEST_LOG_VALUE or KILN_TEST_LOG_METRIC      */
 } kiln_test_value;
 size_t kiln_test_logged_count(const kiln_test_host *th);
+/* Value i (NULL past the end); the record is valid until the next value. */
 const kiln_test_value *kiln_test_logged(const kiln_test_host *th, size_t i);
 /* The newest value logged under `name`, NaN when none. */
 double kiln_test_last_value(const kiln_test_host *th, const char *name);
