@@ -2,7 +2,9 @@
  * host/checkpoint.c — saving and loading the weights checkpoint described in
  * checkpoint.h. Parameters live on the accelerator, so they are copied to
  * host buffers (one allocation per save, freed after the atomic write) and
- * back through the kernel table's copy entry.
+ * back through the kernel table's copy entry. The trainer's counters and
+ * the plugin-state entries are JSON objects in the metadata, written and
+ * read with jansson and checked before anything is restored.
  */
 #define _GNU_SOURCE
 #include "checkpoint.h"
@@ -14,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <jansson.h>
 
 #include "log.h"
 #include "safetensors.h"
@@ -57,44 +60,77 @@ static int state_slots(ht_trainer *t, ckpt_slot *out) {
     return n;
 }
 
-/* Loop progress: "<epochs completed> <global step> <batches that stepped>
- * <total batch idx> <scheduler steps> <lr factor>" (the last two since 1.2;
- * older files have four fields and no scheduler). */
-static void loops_text(const ht_trainer *t, char *buf, size_t n) {
-    snprintf(buf, n, "%lld %lld %lld %lld %lld %.17g", (long long)t->epoch_progress.total.completed,
-             (long long)t->opt_step.total.completed, (long long)t->batches_that_stepped,
-             (long long)t->total_batch_idx, (long long)t->sched_steps, t->lr_factor);
-}
-
-/* Every progress counter (docs/semantics.md), for mid-epoch resume:
- * "kiln-progress-1" then epoch, batch, optimizer-step and zero-grad
- * progress, each total then current as ready started processed completed,
- * then batches_that_stepped, total_batch_idx, skipped_steps, samples_seen.
+/* ---------------------------------------------------------------------------
+ * The trainer's counters in the metadata, as JSON objects (jansson), each
+ * with its own "format" so a reader knows what it holds (docs/checkpoints.md):
+ *
+ *   progress  every loop counter (docs/semantics.md), for mid-epoch resume:
+ *             {"format":"kiln-progress-2",
+ *              "epoch_progress":{"total":{"ready":..,"started":..,
+ *                "processed":..,"completed":..},"current":{..}},
+ *              "batch_progress":{..},"opt_step":{..},"zero_grad":{..},
+ *              "batches_that_stepped":..,"total_batch_idx":..,
+ *              "skipped_steps":..,"samples_seen":..}
+ *   loops     {"format":"kiln-loops-2","epochs":..,"global_step":..,
+ *              "batches_that_stepped":..,"total_batch_idx":..,
+ *              "scheduler_steps":..,"lr_factor":..}
+ *   state.<role>  {"plugin":"adamw","version":1}
+ *
  * Written at a consistent point (end of a batch or of an epoch), so a
  * resume needs no counter repairs. */
+#define PROGRESS_FORMAT "kiln-progress-2"
+#define LOOPS_FORMAT "kiln-loops-2"
 #define PROGRESS_FIELDS 36
-static void counts_text(const ht_counts *c, char *buf, size_t n) {
-    size_t l = strlen(buf);
-    snprintf(buf + l, n - l, " %lld %lld %lld %lld", (long long)c->ready, (long long)c->started,
-             (long long)c->processed, (long long)c->completed);
+static const char *const PROG_NAME[4] = {"epoch_progress", "batch_progress", "opt_step", "zero_grad"};
+static const char *const PROG_PART[2] = {"total", "current"};
+static const char *const PROG_FIELD[4] = {"ready", "started", "processed", "completed"};
+static const char *const PROG_TAIL[4] = {"batches_that_stepped", "total_batch_idx", "skipped_steps", "samples_seen"};
+static const char *const LOOPS_NAME[5] = {"epochs", "global_step", "batches_that_stepped", "total_batch_idx",
+                                          "scheduler_steps"};
+
+/* A JSON value as compact text (caller frees), consuming the reference;
+ * NULL when out of memory. */
+static char *json_text(json_t *v) {
+    char *s = v ? json_dumps(v, JSON_COMPACT) : NULL;
+    json_decref(v);
+    return s;
 }
-static void progress_text(const ht_trainer *t, char *buf, size_t n) {
-    snprintf(buf, n, "kiln-progress-1");
+
+static json_t *counts_json(const ht_counts *c) {
+    return json_pack("{sI sI sI sI}", PROG_FIELD[0], (json_int_t)c->ready, PROG_FIELD[1], (json_int_t)c->started,
+                     PROG_FIELD[2], (json_int_t)c->processed, PROG_FIELD[3], (json_int_t)c->completed);
+}
+
+static char *progress_text(const ht_trainer *t) {
     const ht_progress *ps[4] = {&t->epoch_progress, &t->batch_progress, &t->opt_step, &t->zero_grad};
-    for (int i = 0; i < 4; i++) {
-        counts_text(&ps[i]->total, buf, n);
-        counts_text(&ps[i]->current, buf, n);
-    }
-    size_t l = strlen(buf);
-    snprintf(buf + l, n - l, " %lld %lld %lld %lld", (long long)t->batches_that_stepped, (long long)t->total_batch_idx,
-             (long long)t->skipped_steps, (long long)t->samples_seen);
+    json_t *o = json_pack("{ss}", "format", PROGRESS_FORMAT);
+    for (int i = 0; o && i < 4; i++)
+        if (json_object_set_new(o, PROG_NAME[i], json_pack("{so so}", PROG_PART[0], counts_json(&ps[i]->total),
+                                                           PROG_PART[1], counts_json(&ps[i]->current))) != 0) {
+            json_decref(o);
+            o = NULL;
+        }
+    const int64_t tail[4] = {t->batches_that_stepped, t->total_batch_idx, t->skipped_steps, t->samples_seen};
+    for (int i = 0; o && i < 4; i++)
+        if (json_object_set_new(o, PROG_TAIL[i], json_integer((json_int_t)tail[i])) != 0) {
+            json_decref(o);
+            o = NULL;
+        }
+    return json_text(o);
 }
+
+static char *loops_text(const ht_trainer *t) {
+    return json_text(json_pack("{ss sI sI sI sI sI so}", "format", LOOPS_FORMAT, LOOPS_NAME[0],
+                               (json_int_t)t->epoch_progress.total.completed, LOOPS_NAME[1],
+                               (json_int_t)t->opt_step.total.completed, LOOPS_NAME[2],
+                               (json_int_t)t->batches_that_stepped, LOOPS_NAME[3], (json_int_t)t->total_batch_idx,
+                               LOOPS_NAME[4], (json_int_t)t->sched_steps, "lr_factor", hm_json_real(t->lr_factor)));
+}
+
 /* Restored counters stay below 2^53: exact as doubles (loggers, the JSON
  * reader of the metadata) and so far from INT64_MAX that the loops'
  * increments and sums (samples_seen += batch size) cannot overflow. */
 #define CKPT_COUNT_LIMIT ((long long)1 << 53)
-/* Room for the metrics text: HM_MAX * 4 entries of at most ~130 bytes. */
-#define HT_METRICS_TEXT_MAX (HM_MAX * 4 * 136 + 64)
 
 /* A metadata text as it may appear in a one-line message: control
  * characters escaped (the text comes from the file, and a newline in it
@@ -110,31 +146,58 @@ static const char *meta_q(const char *s, size_t max, char *buf, size_t n) {
     return buf;
 }
 
-/* One integer of a metadata field: strtoll saturates out-of-range text,
- * which the range checks then report with the value seen. 1: read, 0: end
- * of the text, -1: something that is not an integer. */
-static int read_ll(const char **p, long long *out) {
-    const char *s = *p;
-    while (*s == ' ') s++;
-    if (!*s) return 0;
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (end == s || (*end && *end != ' ')) return -1;
-    *out = v;
-    *p = end;
-    return 1;
+/* What a JSON value is, for "found ..." in a message. */
+static const char *json_kind(const json_t *v) {
+    switch (v ? json_typeof(v) : JSON_NULL) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a number with a fraction";
+    case JSON_TRUE: case JSON_FALSE: return "a boolean";
+    default: return v ? "null" : "nothing";
+    }
 }
 
-static const char *const PROG_NAME[4] = {"epoch_progress", "batch_progress", "opt_step", "zero_grad"};
-static const char *const PROG_PART[2] = {"total", "current"};
-static const char *const PROG_FIELD[4] = {"ready", "started", "processed", "completed"};
-static const char *const PROG_TAIL[4] = {"batches_that_stepped", "total_batch_idx", "skipped_steps", "samples_seen"};
+/* A metadata entry parsed as a JSON object (duplicate keys refused); NULL
+ * with jansson's words in `found` when it is not one. */
+static json_t *meta_object(const char *text, char *found, size_t n) {
+    json_error_t e;
+    json_t *o = json_loads(text, JSON_REJECT_DUPLICATES, &e);
+    if (!o) {
+        char q[200];
+        snprintf(found, n, "invalid JSON (%s at byte %d)", meta_q(e.text, 120, q, sizeof q), e.position);
+    } else if (!json_is_object(o)) {
+        snprintf(found, n, "%s", json_kind(o));
+        json_decref(o);
+        o = NULL;
+    }
+    return o;
+}
 
-/* The name of field i of the progress text ("batch_progress.total.ready"). */
+/* The first key of object o that is not among the n in keys, or NULL. */
+static const char *json_other_key(json_t *o, const char *const *keys, int n) {
+    const char *k;
+    json_t *v;
+    json_object_foreach(o, k, v) {
+        int known = 0;
+        for (int i = 0; i < n && !known; i++) known = !strcmp(k, keys[i]);
+        if (!known) return k;
+    }
+    return NULL;
+}
+
+/* The name of field i of the progress object ("batch_progress.total.ready"). */
 static void progress_name(int i, char *buf, size_t n) {
     if (i >= 32) snprintf(buf, n, "%s", PROG_TAIL[i - 32]);
     else snprintf(buf, n, "%s.%s.%s", PROG_NAME[i / 8], PROG_PART[(i / 4) % 2], PROG_FIELD[i % 4]);
+}
+
+/* The JSON value of field i of the progress object, NULL when absent. */
+static json_t *progress_get(json_t *o, int i) {
+    if (i >= 32) return json_object_get(o, PROG_TAIL[i - 32]);
+    return json_object_get(json_object_get(json_object_get(o, PROG_NAME[i / 8]), PROG_PART[(i / 4) % 2]),
+                           PROG_FIELD[i % 4]);
 }
 
 /* Refuses v[a] unless v[a] <= v[b] + slack. */
@@ -148,36 +211,76 @@ static int progress_le(const long long *v, int a, int b, long long slack, const 
     return -1;
 }
 
-/* Parses and checks the progress text into v[PROGRESS_FIELDS]. A crafted or
- * damaged file must not steer the loops: counters out of range overflow
+/* Only the keys the format defines, at every level: a key this kiln does
+ * not know is data it would silently drop. */
+static int progress_keys(json_t *o, const char *path, char *why, size_t whylen) {
+    static const char *const top[9] = {"format", "epoch_progress", "batch_progress", "opt_step", "zero_grad",
+                                       "batches_that_stepped", "total_batch_idx", "skipped_steps", "samples_seen"};
+    const char *k = json_other_key(o, top, 9);
+    char where[64] = "";
+    for (int i = 0; !k && i < 4; i++) {
+        json_t *p = json_object_get(o, PROG_NAME[i]);
+        if (!json_is_object(p)) continue; /* a wrong type is the field checks' to report */
+        if ((k = json_other_key(p, PROG_PART, 2))) snprintf(where, sizeof where, " in %s", PROG_NAME[i]);
+        for (int j = 0; !k && j < 2; j++) {
+            json_t *c = json_object_get(p, PROG_PART[j]);
+            if (json_is_object(c) && (k = json_other_key(c, PROG_FIELD, 4)))
+                snprintf(where, sizeof where, " in %s.%s", PROG_NAME[i], PROG_PART[j]);
+        }
+    }
+    if (!k) return 0;
+    char q[200];
+    hwhyf(why, whylen, "%s: __metadata__ progress: expected the %d counters of \"" PROGRESS_FORMAT "\", found an "
+          "unknown key \"%s\"%s", path, PROGRESS_FIELDS, meta_q(k, 60, q, sizeof q), where);
+    return -1;
+}
+
+/* Parses and checks the progress object into v[PROGRESS_FIELDS]. A crafted
+ * or damaged file must not steer the loops: counters out of range overflow
  * later, and inconsistent ones can end the fit loop at once (a processed
  * epoch count beyond max_epochs) or restart an epoch at a batch that never
  * ran. Every relation checked here holds at every point where kiln saves. */
 static int progress_parse(const char *text, const char *path, long long *v, char *why, size_t whylen) {
-    const char *p = text;
-    int used = 0;
-    if (sscanf(p, "kiln-progress-1%n", &used) != 0 || used == 0) {
-        char q[200];
-        hwhyf(why, whylen, "%s: expected __metadata__ progress to start with \"kiln-progress-1\", found \"%s\"", path,
-              meta_q(text, 40, q, sizeof q));
+    char q[200], found[300];
+    if (!text) {
+        /* before "progress" existed, a checkpoint held end-of-epoch loops
+         * only; such a file is no longer resumed */
+        hwhyf(why, whylen, "%s: no __metadata__ progress: a checkpoint of an older kiln, which cannot resume (its "
+              "weights load with --weights-only)", path);
         return KILN_E_DATA;
     }
-    p += used;
+    json_t *o = meta_object(text, found, sizeof found);
+    if (!o && !strncmp(text, "kiln-progress-1", 15)) {
+        hwhyf(why, whylen, "%s: __metadata__ progress is \"kiln-progress-1\" text, an older kiln's format, which "
+              "cannot resume (expected a JSON object with \"format\": \"" PROGRESS_FORMAT "\"; the weights load "
+              "with --weights-only)", path);
+        return KILN_E_DATA;
+    }
+    const char *fmt = json_string_value(json_object_get(o, "format"));
+    if (!o || !fmt || strcmp(fmt, PROGRESS_FORMAT) != 0) {
+        if (o && fmt) snprintf(found, sizeof found, "\"%s\"", meta_q(fmt, 40, q, sizeof q));
+        else if (o) snprintf(found, sizeof found, "%s", json_kind(json_object_get(o, "format")));
+        hwhyf(why, whylen, "%s: expected __metadata__ progress to be a JSON object with \"format\": \""
+              PROGRESS_FORMAT "\", found %s", path, found);
+        json_decref(o);
+        return KILN_E_DATA;
+    }
+    if (progress_keys(o, path, why, whylen)) {
+        json_decref(o);
+        return KILN_E_DATA;
+    }
     for (int i = 0; i < PROGRESS_FIELDS; i++) {
-        int r = read_ll(&p, &v[i]);
-        if (r != 1) {
+        json_t *x = progress_get(o, i);
+        if (!json_is_integer(x)) {
             char n[64];
             progress_name(i, n, sizeof n);
-            hwhyf(why, whylen, "%s: progress counter %s: expected an integer (field %d of %d), found %s", path, n,
-                  i + 1, PROGRESS_FIELDS, r == 0 ? "the end of the text" : "something else");
+            hwhyf(why, whylen, "%s: progress counter %s: expected an integer, found %s", path, n, json_kind(x));
+            json_decref(o);
             return KILN_E_DATA;
         }
+        v[i] = (long long)json_integer_value(x);
     }
-    long long extra;
-    if (read_ll(&p, &extra) != 0) {
-        hwhyf(why, whylen, "%s: __metadata__ progress: expected %d counters, found more", path, PROGRESS_FIELDS);
-        return KILN_E_DATA;
-    }
+    json_decref(o);
     for (int i = 0; i < PROGRESS_FIELDS; i++) {
         if (v[i] >= 0 && v[i] < CKPT_COUNT_LIMIT) continue;
         char n[64];
@@ -237,34 +340,43 @@ static void progress_apply(ht_trainer *t, const long long *v) {
     t->samples_seen = v[35];
 }
 
-/* The loops text (loops_text): four counters, then the scheduler's step
- * count and rate factor in files since 1.2. Returns the fields read (4 or
- * 6) or refuses with a message. */
-static const char *const LOOPS_NAME[5] = {"epochs", "global_step", "batches_that_stepped", "total_batch_idx",
-                                          "scheduler_steps"};
+/* The loops object (loops_text): the epoch count, global step, batches that
+ * stepped and total batch index (the same counters as progress, checked
+ * against it by the caller), the scheduler's step count and rate factor.
+ * 0, or -1 with a message. */
 static int loops_parse(const char *text, const char *path, long long *v, double *lr_factor, char *why,
                        size_t whylen) {
-    const char *p = text ? text : "";
-    int n = 0, r = 1;
-    while (n < 5 && (r = read_ll(&p, &v[n])) == 1) n++;
-    int ok = r >= 0 && (n == 4 || n == 5);
-    if (ok && n == 5) { /* the factor follows the scheduler steps */
-        while (*p == ' ') p++;
-        char *end;
-        *lr_factor = strtod(p, &end);
-        ok = end != p;
-        p = end;
-        while (ok && *p == ' ') p++;
+    static const char *const keys[7] = {"format", "epochs", "global_step", "batches_that_stepped",
+                                        "total_batch_idx", "scheduler_steps", "lr_factor"};
+    char q[200], found[300] = "none";
+    json_t *o = text ? meta_object(text, found, sizeof found) : NULL;
+    const char *fmt = json_string_value(json_object_get(o, "format"));
+    const char *other = o ? json_other_key(o, keys, 7) : NULL;
+    int bad = !o;
+    if (o && (!fmt || strcmp(fmt, LOOPS_FORMAT) != 0)) {
+        snprintf(found, sizeof found, "format %s%s%s", fmt ? "\"" : "", fmt ? meta_q(fmt, 40, q, sizeof q) : "none",
+                 fmt ? "\"" : "");
+        bad = 1;
+    } else if (other) {
+        snprintf(found, sizeof found, "an unknown key \"%s\"", meta_q(other, 60, q, sizeof q));
+        bad = 1;
     }
-    if (!ok || *p) {
-        char q[512];
+    for (int i = 0; !bad && i < 5; i++) {
+        json_t *x = json_object_get(o, LOOPS_NAME[i]);
+        if (json_is_integer(x)) v[i] = (long long)json_integer_value(x);
+        else snprintf(found, sizeof found, "%s = %s", LOOPS_NAME[i], json_kind(x)), bad = 1;
+    }
+    if (!bad && hm_json_real_value(json_object_get(o, "lr_factor"), lr_factor) != 0)
+        snprintf(found, sizeof found, "lr_factor = %s", json_kind(json_object_get(o, "lr_factor"))), bad = 1;
+    json_decref(o);
+    if (bad) {
         hwhyf(why, whylen,
-              "%s: expected loop progress (__metadata__ loops = \"epochs step stepped batches [scheduler_steps "
-              "lr_factor]\"), found %s%s%s",
-              path, text ? "\"" : "", text ? meta_q(text, 120, q, sizeof q) : "none", text ? "\"" : "");
+              "%s: expected loop progress (__metadata__ loops = {\"format\": \"" LOOPS_FORMAT "\", \"epochs\", "
+              "\"global_step\", \"batches_that_stepped\", \"total_batch_idx\", \"scheduler_steps\": integers, "
+              "\"lr_factor\": a number}), found %s", path, found);
         return -1;
     }
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < 5; i++)
         if (v[i] < 0 || v[i] >= CKPT_COUNT_LIMIT) {
             hwhyf(why, whylen, "%s: loops counter %s: expected 0 <= value < 2^53, found %lld", path, LOOPS_NAME[i],
                   v[i]);
@@ -275,22 +387,40 @@ static int loops_parse(const char *text, const char *path, long long *v, double 
               path, v[3], v[2]);
         return -1;
     }
-    if (n == 5) {
-        /* step 0 is construction; then one step per stepping batch
-         * (interval "step") or per epoch (interval "epoch", whose last
-         * batch may step before the epoch completes) */
-        if (v[4] > v[3] + v[0] + 2) {
-            hwhyf(why, whylen,
-                  "%s: loops counter scheduler_steps: expected <= total_batch_idx + epochs + 2 (%lld), found %lld",
-                  path, v[3] + v[0] + 2, v[4]);
-            return -1;
-        }
-        if (!isfinite(*lr_factor) || *lr_factor < 0) {
-            hwhyf(why, whylen, "%s: loops lr_factor: expected a finite factor >= 0, found %g", path, *lr_factor);
-            return -1;
-        }
+    /* step 0 is construction; then one step per stepping batch (interval
+     * "step") or per epoch (interval "epoch", whose last batch may step
+     * before the epoch completes) */
+    if (v[4] > v[3] + v[0] + 2) {
+        hwhyf(why, whylen,
+              "%s: loops counter scheduler_steps: expected <= total_batch_idx + epochs + 2 (%lld), found %lld", path,
+              v[3] + v[0] + 2, v[4]);
+        return -1;
     }
-    return n == 5 ? 6 : 4;
+    if (!isfinite(*lr_factor) || *lr_factor < 0) {
+        hwhyf(why, whylen, "%s: loops lr_factor: expected a finite factor >= 0, found %g", path, *lr_factor);
+        return -1;
+    }
+    return 0;
+}
+
+/* state.<role>: {"plugin": the plugin that saved it, "version": its state
+ * version}. 0, or -1 with the entry as found in `found`. */
+static int state_parse(const char *text, char *plugin, size_t plen, uint32_t *version, char *found, size_t n) {
+    json_t *o = meta_object(text, found, n);
+    static const char *const keys[2] = {"plugin", "version"};
+    const char *p = json_string_value(json_object_get(o, "plugin"));
+    json_t *ver = json_object_get(o, "version");
+    int ok = o && p && *p && strlen(p) < plen && json_is_integer(ver) && json_integer_value(ver) >= 0 &&
+             json_integer_value(ver) <= UINT32_MAX && !json_other_key(o, keys, 2);
+    if (ok) {
+        snprintf(plugin, plen, "%s", p);
+        *version = (uint32_t)json_integer_value(ver);
+    } else if (o) {
+        char q[200];
+        snprintf(found, n, "\"%s\"", meta_q(text, 120, q, sizeof q));
+    }
+    json_decref(o);
+    return ok ? 0 : -1;
 }
 
 int ht_ckpt_save(ht_trainer *t, const char *path, char *why, size_t whylen) {
@@ -330,24 +460,23 @@ int ht_ckpt_save(ht_trainer *t, const char *path, char *why, size_t whylen) {
     snprintf(num, sizeof num, "%lld", (long long)t->opt_step.total.completed);
     if (rc == KILN_OK) rc = kst_add_metadata(w, "global_step", num, why, whylen);
     if (rc == KILN_OK) rc = kst_add_metadata(w, "config", cfgtext, why, whylen);
-    char loops[160];
-    loops_text(t, loops, sizeof loops);
-    if (rc == KILN_OK) rc = kst_add_metadata(w, "loops", loops, why, whylen);
-    char progress[1024];
-    progress_text(t, progress, sizeof progress);
-    if (rc == KILN_OK) rc = kst_add_metadata(w, "progress", progress, why, whylen);
-    /* what the end of the epoch reads (callback metrics, epoch sums) */
-    char *metrics = rc == KILN_OK ? malloc(HT_METRICS_TEXT_MAX) : NULL;
-    if (rc == KILN_OK && !metrics) rc = KILN_E_NOMEM;
-    if (rc == KILN_OK && hm_export(&t->metrics, metrics, HT_METRICS_TEXT_MAX) < 0) {
-        hwhyf(why, whylen, "%s: the logged metrics do not fit in %d bytes of checkpoint metadata", path,
-              HT_METRICS_TEXT_MAX);
+    /* the counters, and what the end of the epoch reads (callback metrics,
+     * epoch sums), as JSON */
+    char *loops = rc == KILN_OK ? loops_text(t) : NULL, *progress = rc == KILN_OK ? progress_text(t) : NULL;
+    char *metrics = rc == KILN_OK ? hm_export(&t->metrics) : NULL;
+    if (rc == KILN_OK && (!loops || !progress || !metrics)) {
+        hwhyf(why, whylen, "%s: cannot write the loop counters or the logged metrics as JSON (out of memory, or a "
+              "metric name that is not UTF-8)", path);
         rc = KILN_E_STATE;
     }
+    if (rc == KILN_OK) rc = kst_add_metadata(w, "loops", loops, why, whylen);
+    if (rc == KILN_OK) rc = kst_add_metadata(w, "progress", progress, why, whylen);
     if (rc == KILN_OK) rc = kst_add_metadata(w, "metrics", metrics, why, whylen);
+    free(loops);
+    free(progress);
     free(metrics);
     /* Each plugin's own state (get_state), as a U8 tensor "__state__.<role>"
-     * with "state.<role>" = "<plugin> <state_version>" in the metadata. */
+     * with "state.<role>" = {"plugin":..,"version":..} in the metadata. */
     ckpt_slot cs[9 + HT_MAX_OPTIMIZERS + HT_MAX_CALLBACKS];
     void *blobs[9 + HT_MAX_OPTIMIZERS + HT_MAX_CALLBACKS] = {0};
     int ns = state_slots(t, cs);
@@ -362,11 +491,12 @@ int ht_ckpt_save(ht_trainer *t, const char *path, char *why, size_t whylen) {
         char name[64], meta[160];
         snprintf(name, sizeof name, "__state__.%s", cs[i].role);
         snprintf(meta, sizeof meta, "state.%s", cs[i].role);
-        char val[160];
-        snprintf(val, sizeof val, "%s %u", sl->p->view.name, ver);
+        char *val = json_text(json_pack("{ss sI}", "plugin", sl->p->view.name, "version", (json_int_t)ver));
         int64_t shape[1] = {(int64_t)size};
-        rc = kst_add_tensor(w, name, "U8", shape, 1, blobs[i], size, why, whylen);
+        rc = val ? kst_add_tensor(w, name, "U8", shape, 1, blobs[i], size, why, whylen) : KILN_E_NOMEM;
+        if (!val) hwhyf(why, whylen, "%s: out of memory writing the %s state entry", path, cs[i].role);
         if (rc == KILN_OK) rc = kst_add_metadata(w, meta, val, why, whylen);
+        free(val);
     }
     if (rc == KILN_OK) rc = kst_write_atomic(w, path, why, whylen);
     for (int i = 0; i < ns; i++)
@@ -542,11 +672,16 @@ int ht_ckpt_resume(ht_trainer *t, const char *path, char *why, size_t whylen) {
         return rc;
     }
     /* Every counter is checked before any plugin state is touched: a
-     * refused file leaves nothing half-restored. */
-    long long lv[5] = {0, 0, 0, 0, -1};
+     * refused file leaves nothing half-restored. The progress first: an
+     * older kiln's file is told apart by it. */
+    long long pv[PROGRESS_FIELDS];
+    if ((rc = progress_parse(kst_metadata(f, "progress"), path, pv, why, whylen)) != KILN_OK) {
+        kst_close(f);
+        return rc;
+    }
+    long long lv[5] = {0, 0, 0, 0, 0};
     double lr_factor = 1.0;
-    const int nf = loops_parse(kst_metadata(f, "loops"), path, lv, &lr_factor, why, whylen);
-    if (nf < 0) {
+    if (loops_parse(kst_metadata(f, "loops"), path, lv, &lr_factor, why, whylen) != 0) {
         kst_close(f);
         return KILN_E_DATA;
     }
@@ -557,44 +692,30 @@ int ht_ckpt_resume(ht_trainer *t, const char *path, char *why, size_t whylen) {
         kst_close(f);
         return KILN_E_CONFIG;
     }
-    /* the metric store as saved (files before it have none: an empty store) */
-    ht_metrics *saved_metrics = NULL;
-    const char *mm = kst_metadata(f, "metrics");
-    if (mm) {
-        char mwhy[512];
-        saved_metrics = malloc(sizeof *saved_metrics);
-        const int bad = !saved_metrics ? KILN_E_NOMEM
-                        : hm_import(saved_metrics, mm, mwhy, sizeof mwhy) ? KILN_E_DATA
-                                                                          : KILN_OK;
-        if (bad) {
-            if (bad == KILN_E_DATA) hwhyf(why, whylen, "%s: __metadata__ metrics: %s", path, mwhy);
-            else hwhyf(why, whylen, "%s: out of memory reading the metrics", path);
-            free(saved_metrics);
-            kst_close(f);
-            return bad;
-        }
-    }
-    long long pv[PROGRESS_FIELDS];
-    const char *pm = kst_metadata(f, "progress");
-    const int have_progress = pm != NULL;
-    if (pm && (rc = progress_parse(pm, path, pv, why, whylen)) != KILN_OK) {
+    /* both objects are written from the same counters at the same point */
+    const long long *pair[4][2] = {{&ep, &pv[3]}, {&step, &pv[16 + 3]}, {&stepped, &pv[32]}, {&tbi, &pv[33]}};
+    for (int i = 0; i < 4; i++) {
+        if (*pair[i][0] == *pair[i][1]) continue;
+        char n[64];
+        progress_name((int)(pair[i][1] - pv), n, sizeof n);
+        hwhyf(why, whylen, "%s: loops counter %s: expected %lld (progress counter %s), found %lld", path,
+              LOOPS_NAME[i], *pair[i][1], n, *pair[i][0]);
         kst_close(f);
-        free(saved_metrics);
-        return rc;
+        return KILN_E_DATA;
     }
-    if (have_progress) {
-        /* both texts are written from the same counters at the same point */
-        const long long *pair[4][2] = {{&ep, &pv[3]}, {&step, &pv[16 + 3]}, {&stepped, &pv[32]}, {&tbi, &pv[33]}};
-        for (int i = 0; i < 4; i++) {
-            if (*pair[i][0] == *pair[i][1]) continue;
-            char n[64];
-            progress_name((int)(pair[i][1] - pv), n, sizeof n);
-            hwhyf(why, whylen, "%s: loops counter %s: expected %lld (progress counter %s), found %lld", path,
-                  LOOPS_NAME[i], *pair[i][1], n, *pair[i][0]);
-            kst_close(f);
-            free(saved_metrics);
-            return KILN_E_DATA;
-        }
+    /* the metric store as saved */
+    const char *mm = kst_metadata(f, "metrics");
+    char mwhy[512] = "expected a metrics object, found none";
+    ht_metrics *saved_metrics = malloc(sizeof *saved_metrics);
+    const int bad = !saved_metrics ? KILN_E_NOMEM
+                    : !mm || hm_import(saved_metrics, mm, mwhy, sizeof mwhy) ? KILN_E_DATA
+                                                                             : KILN_OK;
+    if (bad) {
+        if (bad == KILN_E_DATA) hwhyf(why, whylen, "%s: __metadata__ metrics: %s", path, mwhy);
+        else hwhyf(why, whylen, "%s: out of memory reading the metrics", path);
+        free(saved_metrics);
+        kst_close(f);
+        return bad;
     }
     ckpt_slot cs[9 + HT_MAX_OPTIMIZERS + HT_MAX_CALLBACKS];
     int ns = state_slots(t, cs);
@@ -606,12 +727,19 @@ int ht_ckpt_resume(ht_trainer *t, const char *path, char *why, size_t whylen) {
         const kst_tensor *x = kst_find(f, name);
         const char *m = kst_metadata(f, meta);
         if (!x || !m) continue; /* nothing saved for this role: it starts fresh */
-        char plugin[128] = "";
-        unsigned ver = 0;
-        if (sscanf(m, "%127s %u", plugin, &ver) != 2 || strcmp(plugin, sl->p->view.name) != 0) {
+        char plugin[128] = "", found[300];
+        uint32_t ver = 0;
+        if (state_parse(m, plugin, sizeof plugin, &ver, found, sizeof found) != 0) {
+            hwhyf(why, whylen, "%s: __metadata__ %s: expected {\"plugin\": a name, \"version\": an integer "
+                  "0..4294967295}, found %s", path, meta, found);
+            rc = KILN_E_DATA;
+            break;
+        }
+        if (strcmp(plugin, sl->p->view.name) != 0) {
             char q[512];
             hwhyf(why, whylen, "%s: the %s state was saved by '%s', this run uses %s '%s'; resume with the same stack",
-                  path, cs[i].role, meta_q(m, 120, q, sizeof q), hl_kind_name(sl->p->view.kind), sl->p->view.name);
+                  path, cs[i].role, meta_q(plugin, 120, q, sizeof q), hl_kind_name(sl->p->view.kind),
+                  sl->p->view.name);
             rc = KILN_E_STATE;
             break;
         }
@@ -630,33 +758,21 @@ int ht_ckpt_resume(ht_trainer *t, const char *path, char *why, size_t whylen) {
         free(saved_metrics);
         return rc;
     }
-    if (saved_metrics) {
-        t->metrics = *saved_metrics;
-        free(saved_metrics);
-    }
-    /* A checkpoint written at an epoch's end: the next epoch starts fresh
-     * (processed == completed: nothing to repair). */
-    if (have_progress) {
-        progress_apply(t, pv);
-        /* Every counter as saved. Inside an epoch (its start hooks ran,
-         * it has not been processed) the epoch loop picks up at the next
-         * batch: reset_on_restart of the batch progress is a no-op here,
-         * because the save happened after the batch completed. */
-        t->restart_mid_epoch = t->epoch_progress.current.started > t->epoch_progress.current.processed;
-        ht_counts *bc = &t->batch_progress.current;
-        bc->ready = bc->started = bc->processed = bc->completed;
-    } else {
-        /* an end-of-epoch checkpoint from before "progress" existed */
-        ht_counts done = {ep, ep, ep, ep};
-        t->epoch_progress.total = t->epoch_progress.current = done;
-        t->opt_step.total.ready = t->opt_step.total.completed = step;
-        t->batches_that_stepped = stepped;
-        t->total_batch_idx = tbi;
-    }
+    t->metrics = *saved_metrics;
+    free(saved_metrics);
+    progress_apply(t, pv);
+    /* Every counter as saved. Inside an epoch (its start hooks ran, it has
+     * not been processed) the epoch loop picks up at the next batch:
+     * reset_on_restart of the batch progress is a no-op here, because the
+     * save happened after the batch completed. A checkpoint written at an
+     * epoch's end: the next epoch starts fresh (processed == completed). */
+    t->restart_mid_epoch = t->epoch_progress.current.started > t->epoch_progress.current.processed;
+    ht_counts *bc = &t->batch_progress.current;
+    bc->ready = bc->started = bc->processed = bc->completed;
     t->resumed = 1;
     /* the schedule continues where it was (its plugin restored its own
      * state above); without a scheduler the factor is 1 */
-    if (t->scheduler.p && sched_steps >= 0) {
+    if (t->scheduler.p) {
         t->sched_steps = sched_steps;
         for (int i = 0; i < t->nopts; i++) {
             double lr = t->base_lr[i] * lr_factor;

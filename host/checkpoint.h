@@ -8,14 +8,15 @@
  * atomically, as Lightning's default ModelCheckpoint saves each epoch.
  * Every plugin with get_state adds its state as a U8 tensor
  * "__state__.<role>" ("optimizer", "data", "callbacks.0", ...) with
- * "state.<role>" = "<plugin> <state_version>", and "loops" holds the loop
- * progress. `kiln validate|test --ckpt PATH|last` load the weights into the
+ * "state.<role>" = {"plugin":..,"version":..}, and "loops" and "progress"
+ * hold the loop counters as JSON objects (docs/checkpoints.md). `kiln validate|test --ckpt PATH|last` load the weights into the
  * stack the run file describes (names and shapes must match); `kiln fit
  * --ckpt` resumes: weights, plugin states and progress, then training goes on
  * where it stopped, bit-identical to a run that never stopped. Besides the
  * end-of-epoch file, callbacks request checkpoints (save_checkpoint) that
  * are written at the end of the current batch; "progress" holds every loop
- * counter, so such a file resumes inside its epoch.
+ * counter, so such a file resumes inside its epoch. A file without it (an
+ * older kiln's) is refused for resuming; its weights still load.
  */
 #ifndef KILN_HOST_CHECKPOINT_H
 #define KILN_HOST_CHECKPOINT_H

@@ -1,16 +1,19 @@
 /*
  * host/metrics.c — the metric store behind log_value()/get_metric(): see
  * metrics.h. Fixed-size tables (a run logs a handful of names), no
- * allocation on the training path.
+ * allocation on the training path. The checkpoint's copy of the store is
+ * JSON written and read with jansson.
  */
 #include "metrics.h"
 
-#include <ctype.h>
-#include <errno.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* The "format" of the checkpoint text (metrics.h). */
+#define HM_FORMAT "kiln-metrics-2"
 
 static ht_metric *find_or_add(ht_metrics *M, const char *name) {
     for (int i = 0; i < M->n; i++)
@@ -119,93 +122,130 @@ void hm_reset_epoch(ht_metrics *M, int stage) {
 }
 
 /* ---------------------------------------------------------------------------
- * Checkpoint text (metrics.h) */
+ * Checkpoint text (metrics.h), in JSON through jansson */
 
-int hm_export(const ht_metrics *M, char *buf, size_t n) {
-    size_t l = (size_t)snprintf(buf, n, "kiln-metrics-1\n");
-    for (int i = 0; i < M->ncb && l < n; i++)
-        l += (size_t)snprintf(buf + l, n - l, "c %.17g %s\n", M->cb_value[i], M->cb_name[i]);
-    for (int i = 0; i < M->n && l < n; i++) {
-        const ht_metric *m = &M->m[i];
-        if (!m->in_epoch) continue;
-        l += (size_t)snprintf(buf + l, n - l, "e %d %u %.17g %.17g %s\n", m->stage, (unsigned)m->flags, m->sum,
-                              m->weight, m->name);
-    }
-    return l < n ? (int)l : -1;
+json_t *hm_json_real(double v) {
+    if (isnan(v)) return json_string("nan");
+    if (isinf(v)) return json_string(v > 0 ? "inf" : "-inf");
+    return json_real(v);
 }
 
-/* One number of an entry; advances *p past it and one space. */
-static int read_num(const char **p, double *out) {
-    char *end;
-    errno = 0;
-    *out = strtod(*p, &end);
-    if (end == *p || *end != ' ') return -1;
-    *p = end + 1;
+int hm_json_real_value(const json_t *j, double *out) {
+    if (json_is_number(j)) {
+        *out = json_number_value(j);
+        return 0;
+    }
+    const char *s = json_string_value(j);
+    if (!s) return -1;
+    if (!strcmp(s, "nan")) *out = NAN;
+    else if (!strcmp(s, "inf")) *out = INFINITY;
+    else if (!strcmp(s, "-inf")) *out = -INFINITY;
+    else return -1;
     return 0;
 }
 
-/* The rest of the line as a name: 1..cap-1 printable bytes. */
-static int read_name(const char **p, char *name, size_t cap) {
-    size_t k = 0;
-    const char *s = *p;
-    while (*s && *s != '\n') {
-        if ((unsigned char)*s < 0x20 || *s == 0x7f || k + 1 >= cap) return -1;
-        name[k++] = *s++;
+char *hm_export(const ht_metrics *M) {
+    json_t *cb = json_array(), *ep = json_array();
+    json_t *o = json_pack("{ss so so}", "format", HM_FORMAT, "callback", cb, "epoch", ep);
+    int bad = !o;
+    for (int i = 0; !bad && i < M->ncb; i++)
+        bad = json_array_append_new(cb, json_pack("{ss so}", "name", M->cb_name[i], "value",
+                                                  hm_json_real(M->cb_value[i]))) != 0;
+    for (int i = 0; !bad && i < M->n; i++) {
+        const ht_metric *m = &M->m[i];
+        if (!m->in_epoch) continue;
+        bad = json_array_append_new(ep, json_pack("{ss si sI so so}", "name", m->name, "stage", m->stage, "flags",
+                                                  (json_int_t)m->flags, "sum", hm_json_real(m->sum), "weight",
+                                                  hm_json_real(m->weight))) != 0;
     }
-    name[k] = 0;
-    if (*s == '\n') s++;
-    *p = s;
-    return k ? 0 : -1;
+    char *text = bad ? NULL : json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    return text;
+}
+
+/* A name as stored: 1..cap-1 bytes, no control character. */
+static int name_ok(const char *s, size_t cap) {
+    size_t k = 0;
+    for (; s && s[k]; k++)
+        if ((unsigned char)s[k] < 0x20 || s[k] == 0x7f || k + 1 >= cap) return 0;
+    return k > 0;
+}
+
+/* Every key of object o is one of the n in keys; else the first other. */
+static const char *other_key(json_t *o, const char *const *keys, int n) {
+    const char *k;
+    json_t *v;
+    json_object_foreach(o, k, v) {
+        int known = 0;
+        for (int i = 0; i < n && !known; i++) known = !strcmp(k, keys[i]);
+        if (!known) return k;
+    }
+    return NULL;
 }
 
 int hm_import(ht_metrics *out, const char *text, char *why, size_t whylen) {
     memset(out, 0, sizeof *out);
-    const char *p = text;
-    if (strncmp(p, "kiln-metrics-1\n", 15) != 0) {
-        int k = (int)strcspn(text, "\n");
-        snprintf(why, whylen, "expected metrics text \"kiln-metrics-1\", found \"%.*s\"", k < 20 ? k : 20, text);
+    json_error_t e;
+    json_t *o = json_loads(text, JSON_REJECT_DUPLICATES, &e);
+    static const char *const top[] = {"format", "callback", "epoch"};
+    const char *fmt = json_string_value(json_object_get(o, "format"));
+    json_t *cb = json_object_get(o, "callback"), *ep = json_object_get(o, "epoch");
+    if (!json_is_object(o) || !fmt || strcmp(fmt, HM_FORMAT) != 0 || !json_is_array(cb) || !json_is_array(ep) ||
+        other_key(o, top, 3)) {
+        char found[96];
+        if (!o) snprintf(found, sizeof found, "invalid JSON (%.60s)", e.text);
+        else if (!json_is_object(o)) snprintf(found, sizeof found, "a JSON value that is not an object");
+        else if (!fmt) snprintf(found, sizeof found, "no format");
+        else if (strcmp(fmt, HM_FORMAT) != 0) snprintf(found, sizeof found, "format \"%.40s\"", fmt);
+        else if (other_key(o, top, 3)) snprintf(found, sizeof found, "an unknown key \"%.40s\"", other_key(o, top, 3));
+        else snprintf(found, sizeof found, "%s that is not an array", json_is_array(cb) ? "\"epoch\"" : "\"callback\"");
+        for (char *c = found; *c; c++)
+            if ((unsigned char)*c < 0x20) *c = ' '; /* one line */
+        snprintf(why, whylen, "expected a metrics object {\"format\": \"" HM_FORMAT "\", \"callback\": [...], "
+                 "\"epoch\": [...]}, found %s", found);
+        json_decref(o);
         return -1;
     }
-    p += 15;
-    for (int line = 2; *p; line++) {
-        const char kind = *p;
-        if ((kind != 'c' && kind != 'e') || p[1] != ' ') {
-            snprintf(why, whylen, "metrics line %d: expected \"c <value> <name>\" or \"e <stage> <flags> <sum> "
-                     "<weight> <name>\"", line);
-            return -1;
-        }
-        p += 2;
-        if (kind == 'c') {
-            double v;
-            char name[sizeof out->cb_name[0]];
-            if (read_num(&p, &v) || read_name(&p, name, sizeof name)) {
-                snprintf(why, whylen, "metrics line %d: expected \"c <value> <name>\" (a name of 1..%zu printable "
-                         "bytes)", line, sizeof name - 1);
-                return -1;
-            }
-            if (out->ncb >= HM_MAX * 3) {
-                snprintf(why, whylen, "metrics line %d: more than %d callback metrics", line, HM_MAX * 3);
-                return -1;
-            }
-            hm_set_cb(out, name, v);
+    int rc = 0;
+    static const char *const cbkeys[] = {"name", "value"};
+    for (size_t i = 0; !rc && i < json_array_size(cb); i++) {
+        json_t *x = json_array_get(cb, i);
+        const char *name = json_string_value(json_object_get(x, "name"));
+        double v;
+        if (!json_is_object(x) || other_key(x, cbkeys, 2) || !name_ok(name, sizeof out->cb_name[0]) ||
+            hm_json_real_value(json_object_get(x, "value"), &v)) {
+            snprintf(why, whylen, "metrics callback[%zu]: expected {\"name\": a name of 1..%zu printable bytes, "
+                     "\"value\": a number}", i, sizeof out->cb_name[0] - 1);
+            rc = -1;
+        } else if (out->ncb >= HM_MAX * 3) {
+            snprintf(why, whylen, "metrics callback[%zu]: more than %d callback metrics", i, HM_MAX * 3);
+            rc = -1;
         } else {
-            double stage, flags, sum, weight;
-            char name[sizeof out->m[0].name];
-            if (read_num(&p, &stage) || read_num(&p, &flags) || read_num(&p, &sum) || read_num(&p, &weight) ||
-                read_name(&p, name, sizeof name)) {
-                snprintf(why, whylen, "metrics line %d: expected \"e <stage> <flags> <sum> <weight> <name>\"", line);
-                return -1;
-            }
-            if (stage != floor(stage) || stage < 0 || stage > 16 || flags != floor(flags) || flags < 0 ||
-                flags > 0xffff || !isfinite(sum) || !isfinite(weight) || !(weight > 0)) {
-                snprintf(why, whylen, "metrics line %d (%s): expected a stage 0..16, flags, a finite sum and a "
-                         "weight > 0, found %g %g %g %g", line, name, stage, flags, sum, weight);
-                return -1;
-            }
-            if (out->n >= HM_MAX) {
-                snprintf(why, whylen, "metrics line %d: more than %d epoch metrics", line, HM_MAX);
-                return -1;
-            }
+            hm_set_cb(out, name, v);
+        }
+    }
+    static const char *const epkeys[] = {"name", "stage", "flags", "sum", "weight"};
+    for (size_t i = 0; !rc && i < json_array_size(ep); i++) {
+        json_t *x = json_array_get(ep, i);
+        const char *name = json_string_value(json_object_get(x, "name"));
+        double stage, flags, sum, weight;
+        if (!json_is_object(x) || other_key(x, epkeys, 5) || !name_ok(name, sizeof out->m[0].name) ||
+            hm_json_real_value(json_object_get(x, "stage"), &stage) ||
+            hm_json_real_value(json_object_get(x, "flags"), &flags) ||
+            hm_json_real_value(json_object_get(x, "sum"), &sum) ||
+            hm_json_real_value(json_object_get(x, "weight"), &weight)) {
+            snprintf(why, whylen, "metrics epoch[%zu]: expected {\"name\": a name of 1..%zu printable bytes, "
+                     "\"stage\", \"flags\", \"sum\", \"weight\": numbers}", i, sizeof out->m[0].name - 1);
+            rc = -1;
+        } else if (stage != floor(stage) || stage < 0 || stage > 16 || flags != floor(flags) || flags < 0 ||
+                   flags > 0xffff || !isfinite(sum) || !isfinite(weight) || !(weight > 0)) {
+            snprintf(why, whylen, "metrics epoch[%zu] (%s): expected a stage 0..16, flags, a finite sum and a "
+                     "weight > 0, found %g %g %g %g", i, name, stage, flags, sum, weight);
+            rc = -1;
+        } else if (out->n >= HM_MAX) {
+            snprintf(why, whylen, "metrics epoch[%zu]: more than %d epoch metrics", i, HM_MAX);
+            rc = -1;
+        } else {
             ht_metric *m = find_or_add(out, name);
             m->stage = (int)stage;
             m->flags = (uint32_t)flags;
@@ -214,5 +254,6 @@ int hm_import(ht_metrics *out, const char *text, char *why, size_t whylen) {
             m->in_epoch = 1;
         }
     }
-    return 0;
+    json_decref(o);
+    return rc;
 }

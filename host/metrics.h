@@ -55,16 +55,26 @@ void hm_clear_cb(ht_metrics *M);
  * (up to its last batch) ends that epoch as the uninterrupted run would:
  * callback_metrics (early stopping, a plateau schedule or the checkpoint
  * callback read them at on_train_epoch_end) and the epoch accumulations
- * (the epoch means cover every batch of the epoch). The text:
- *   "kiln-metrics-1" then one line per entry,
- *   "c <value> <name>"                          a callback metric
- *   "e <stage> <flags> <sum> <weight> <name>"    an epoch accumulation
- * values as %.17g (exact), names last (anything but control characters).
- * hm_export returns the length written, or -1 when it does not fit. */
-int hm_export(const ht_metrics *M, char *buf, size_t n);
+ * (the epoch means cover every batch of the epoch). The text is one JSON
+ * object (docs/checkpoints.md):
+ *   {"format":"kiln-metrics-2",
+ *    "callback":[{"name":N,"value":V},...],
+ *    "epoch":[{"name":N,"stage":S,"flags":F,"sum":X,"weight":W},...]}
+ * numbers exact (17 significant digits), a non-finite one as the string
+ * "nan", "inf" or "-inf". hm_export returns the text (caller frees), NULL
+ * when out of memory. */
+char *hm_export(const ht_metrics *M);
 /* Parses and checks a hm_export text into *out (a fresh store); on a
  * malformed or out-of-range entry returns -1 with a message (no file
  * name) in why. */
 int hm_import(ht_metrics *out, const char *text, char *why, size_t whylen);
+
+/* The checkpoint metadata's numbers (metrics, the loops' rate factor): a
+ * JSON number, or for a value JSON cannot hold the string "nan", "inf" or
+ * "-inf". hm_json_real returns a new reference (NULL when out of memory);
+ * hm_json_real_value returns 0 and the value, or -1 for anything else. */
+struct json_t;
+struct json_t *hm_json_real(double v);
+int hm_json_real_value(const struct json_t *j, double *out);
 
 #endif

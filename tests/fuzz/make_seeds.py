@@ -18,7 +18,8 @@ for the tokens plugin), then writes
   idx_raw/seeds, idx_gzip/seeds   heads of the real IDX files (count cut
                      to a few items so the header tells the truth)
   tokens/seeds       a shard written by kiln-text2tokens and raw text
-  ckpt_meta/seeds    the checkpoints' "progress" and "loops" texts
+  ckpt_meta/seeds    the checkpoints' "progress", "loops", "metrics" and
+                     "state.optimizer" JSON texts, NUL-separated
   ddp_hello/seeds    rendezvous hellos as plugins/ddp builds them (with and
                      without a secret), written by fuzz_replay_ddp_hello
 The seeds are committed; rerun this only when a format changes. Hand-made
@@ -102,12 +103,13 @@ for name, path in ckpts:
     n = struct.unpack("<Q", b[:8])[0]
     put("safetensors", f"{name}.header-only", b[:8 + n])
     meta = header.get("__metadata__", {})
-    put("ckpt_meta", name, meta["progress"].encode() + b"\0" + meta["loops"].encode())
+    put("ckpt_meta", name, b"\0".join(meta[k].encode() for k in ("progress", "loops", "metrics", "state.optimizer")))
     for key, tensor in header.items():
         if not key.startswith("__state__."):
             continue
         role = key[len("__state__."):]
-        plugin, version = meta["state." + role].rsplit(" ", 1)
+        entry = json.loads(meta["state." + role])
+        plugin, version = entry["plugin"], entry["version"]
         if plugin not in state_index:
             continue
         a, e = tensor["data_offsets"]

@@ -510,8 +510,8 @@ static void test_resume_bit_identical(void) {
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "beyond trainer.max_epochs = 1"));
 }
 
-/* A copy of checkpoint `src` at `dst` with metadata `key` set to `value`
- * (every tensor and other entry as it was). */
+/* A copy of checkpoint `src` at `dst` with metadata `key` set to `value`,
+ * or left out when `value` is NULL (every tensor and other entry as it was). */
 static int rewrite_meta(const char *src, const char *dst, const char *key, const char *value) {
     char why[512];
     kst_file *f = NULL;
@@ -525,7 +525,8 @@ static int rewrite_meta(const char *src, const char *dst, const char *key, const
     for (int i = 0; rc == 0 && i < kst_metadata_count(f); i++) {
         const char *k, *v;
         kst_metadata_get(f, i, &k, &v);
-        rc = kst_add_metadata(w, k, strcmp(k, key) ? v : value, why, sizeof why);
+        if (strcmp(k, key) != 0) rc = kst_add_metadata(w, k, v, why, sizeof why);
+        else if (value) rc = kst_add_metadata(w, k, value, why, sizeof why);
     }
     if (rc == 0) rc = kst_write_atomic(w, dst, why, sizeof why);
     if (rc) fprintf(stderr, "\nrewrite_meta: %s\n", why);
@@ -534,18 +535,41 @@ static int rewrite_meta(const char *src, const char *dst, const char *key, const
     return rc;
 }
 
-/* `progress` of `ck` with field `idx` (0-based after "kiln-progress-1") set
- * to `value`. */
+/* The integers of a JSON text in order, as (offset, length) spans outside
+ * its strings: the progress object holds its 36 counters in the order of
+ * docs/checkpoints.md, so counter i is span i (read without a JSON library,
+ * as an independent reader could). Returns the count. */
+static int json_int_spans(const char *t, size_t (*span)[2], int max) {
+    int n = 0;
+    for (size_t i = 0; t[i] && n < max;) {
+        if (t[i] == '"') {
+            for (i++; t[i] && t[i] != '"'; i += t[i] == '\\' ? 2 : 1) {}
+            if (t[i]) i++;
+        } else if (t[i] == '-' || (t[i] >= '0' && t[i] <= '9')) {
+            size_t j = i + 1;
+            while (t[j] >= '0' && t[j] <= '9') j++;
+            span[n][0] = i;
+            span[n][1] = j - i;
+            n++;
+            i = j;
+        } else {
+            i++;
+        }
+    }
+    return n;
+}
+
+/* `progress` of `ck` with counter `idx` (0-based, in the order of the
+ * object) set to the JSON text `value`. */
 static void progress_with(const char *ck, int idx, const char *value, char *out, size_t n) {
-    char why[512], text[1024];
+    char why[512], text[2048];
+    size_t span[36][2];
     kst_file *f = NULL;
     CU_ASSERT_EQUAL_FATAL(kst_open(ck, &f, why, sizeof why), 0);
     snprintf(text, sizeof text, "%s", kst_metadata(f, "progress"));
     kst_close(f);
-    char *save = NULL, *tok = strtok_r(text, " ", &save);
-    snprintf(out, n, "%s", tok);
-    for (int i = 0; (tok = strtok_r(NULL, " ", &save)); i++)
-        snprintf(out + strlen(out), n - strlen(out), " %s", i == idx ? value : tok);
+    CU_ASSERT_EQUAL_FATAL(json_int_spans(text, span, 36), 36);
+    snprintf(out, n, "%.*s%s%s", (int)span[idx][0], text, value, text + span[idx][0] + span[idx][1]);
 }
 
 /* The counters of a checkpoint are checked before it resumes: out of range,
@@ -553,7 +577,7 @@ static void progress_with(const char *ck, int idx, const char *value, char *out,
  * one line naming the file, the counter, what was expected and what was
  * found; the same file unaltered still resumes. */
 static void test_resume_refuses_bad_counters(void) {
-    char out[16384], cfg[4300], text[8192], cmd[16384], root[4200], ck[4400], bad[4400], val[1100];
+    char out[16384], cfg[4300], text[8192], cmd[16384], root[4200], ck[4400], bad[4400], val[2048];
     snprintf(root, sizeof root, "%s/counters", g_dir);
     snprintf(cfg, sizeof cfg, "%s/counters.cfg", g_dir);
     snprintf(bad, sizeof bad, "%s/counters-bad.safetensors", g_dir);
@@ -562,10 +586,13 @@ static void test_resume_refuses_bad_counters(void) {
     CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
     snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s\"'", tu_kiln(), cfg, root);
     CU_ASSERT_EQUAL_FATAL(tu_run(cmd, out, sizeof out), 0);
-    /* epoch 1 done, 2 batches, 2 steps; progress fields: epoch (0-7),
-     * batch (8-15), opt_step (16-23), zero_grad (24-31), each total then
-     * current as ready started processed completed; then stepped, total
-     * batch idx, skipped steps, samples seen */
+    /* epoch 1 done, 2 batches, 2 steps; progress counters in the order of
+     * the object: epoch (0-7), batch (8-15), opt_step (16-23), zero_grad
+     * (24-31), each total then current as ready started processed
+     * completed; then stepped, total batch idx, skipped steps, samples seen */
+#define LOOPS(e, s, st, b, ss, f)                                                                                  \
+    "{\"format\":\"kiln-loops-2\",\"epochs\":" e ",\"global_step\":" s ",\"batches_that_stepped\":" st           \
+    ",\"total_batch_idx\":" b ",\"scheduler_steps\":" ss ",\"lr_factor\":" f "}"
     struct {
         const char *key;
         int idx;          /* progress field, or -1: `value` is the whole text */
@@ -578,7 +605,8 @@ static void test_resume_refuses_bad_counters(void) {
          "1000000"},
         {"progress", 35, "9223372036854775807",
          "progress counter samples_seen: expected 0 <= value < 2^53, found 9223372036854775807"},
-        {"progress", 35, "99999999999999999999", "samples_seen: expected 0 <= value < 2^53, found 9223372036854775807"},
+        /* past 64 bits: jansson refuses the text before any range check */
+        {"progress", 35, "99999999999999999999", "found invalid JSON (too big integer near '99999999999999999999'"},
         {"progress", 9, "-1", "progress counter batch_progress.total.started: expected 0 <= value < 2^53, found -1"},
         {"progress", 11, "5",
          "progress counter batch_progress.total.completed: expected <= batch_progress.total.ready (2), found 5"},
@@ -591,30 +619,58 @@ static void test_resume_refuses_bad_counters(void) {
         {"progress", 7, "0",
          "progress counter epoch_progress.current.processed: expected <= epoch_progress.current.completed (0), "
          "found 1"},
-        {"progress", -1, "kiln-progress-1 1 1 1 1", "progress counter epoch_progress.current.ready: expected an integer"},
-        {"progress", -1, "kiln-progress-9", "expected __metadata__ progress to start with \"kiln-progress-1\""},
+        {"progress", -1,
+         "{\"format\":\"kiln-progress-2\",\"epoch_progress\":{\"total\":{\"ready\":1,\"started\":1,\"processed\":1,"
+         "\"completed\":1},\"current\":{}}}",
+         "progress counter epoch_progress.current.ready: expected an integer, found nothing"},
+        {"progress", -1, "{\"format\":\"kiln-progress-9\"}",
+         "expected __metadata__ progress to be a JSON object with \"format\": \"kiln-progress-2\", found "
+         "\"kiln-progress-9\""},
+        {"progress", -1, "{\"format\":\"kiln-progress-2\",\"bogus\":1}",
+         "__metadata__ progress: expected the 36 counters of \"kiln-progress-2\", found an unknown key \"bogus\""},
+        /* the older formats: text counters, or no progress at all */
+        {"progress", -1, "kiln-progress-1 1 1 1 1 1 1 1 1 2 2 2 2 2 2 2 2 2 0 0 2 2 0 0 2 2 2 2 0 2 2 2 0 2 2 2 0 8",
+         "__metadata__ progress is \"kiln-progress-1\" text, an older kiln's format"},
+        {"progress", -1, NULL, "no __metadata__ progress: a checkpoint of an older kiln"},
         /* loops: the same counters as progress, in range */
-        {"loops", -1, "1 7 2 2 3 1", "loops counter global_step: expected 2 (progress counter opt_step.total.completed), "
-                                     "found 7"},
-        {"loops", -1, "4611686018427387904 2 2 2 3 1", "loops counter epochs: expected 0 <= value < 2^53, found "
-                                                       "4611686018427387904"},
-        {"loops", -1, "1 2 2 2 3 nan", "loops lr_factor: expected a finite factor >= 0, found nan"},
-        {"loops", -1, "1 2 2 2 9 1", "loops counter scheduler_steps: expected <= total_batch_idx + epochs + 2 (5), "
-                                     "found 9"},
-        {"loops", -1, "1 2 2", "expected loop progress"},
-        {"loops", -1, "1 2 2 2 3 1 extra", "expected loop progress"},
+        {"loops", -1, LOOPS("1", "7", "2", "2", "3", "1.0"),
+         "loops counter global_step: expected 2 (progress counter opt_step.total.completed), found 7"},
+        {"loops", -1, LOOPS("4611686018427387904", "2", "2", "2", "3", "1.0"),
+         "loops counter epochs: expected 0 <= value < 2^53, found 4611686018427387904"},
+        {"loops", -1, LOOPS("1", "2", "2", "2", "3", "\"nan\""), "loops lr_factor: expected a finite factor >= 0, found nan"},
+        {"loops", -1, LOOPS("1", "2", "2", "2", "9", "1.0"),
+         "loops counter scheduler_steps: expected <= total_batch_idx + epochs + 2 (5), found 9"},
+        {"loops", -1, "{\"format\":\"kiln-loops-2\",\"epochs\":1,\"global_step\":2,\"batches_that_stepped\":2}",
+         "expected loop progress"},
+        {"loops", -1,
+         "{\"format\":\"kiln-loops-2\",\"epochs\":1,\"global_step\":2,\"batches_that_stepped\":2,\"total_batch_idx\":2,"
+         "\"scheduler_steps\":3,\"lr_factor\":1.0,\"extra\":0}",
+         "expected loop progress"},
+        {"loops", -1, "1 2 2 2 3 1", "expected loop progress"},
         /* metrics: what the epoch end reads, checked the same way */
-        {"metrics", -1, "kiln-metrics-9\n", "__metadata__ metrics: expected metrics text \"kiln-metrics-1\""},
-        {"metrics", -1, "kiln-metrics-1\nx 1 val_loss\n", "metrics line 2: expected \"c <value> <name>\""},
-        {"metrics", -1, "kiln-metrics-1\nc 0.5 val_loss\ne 1 3 nan 2 train_loss\n",
-         "metrics line 3 (train_loss): expected a stage 0..16, flags, a finite sum and a weight > 0, found 1 3 nan 2"},
-        {"metrics", -1, "kiln-metrics-1\ne 1 3 0.5 0 train_loss\n", "a weight > 0"},
-        {"metrics", -1, "kiln-metrics-1\nc 0.5 \n", "a name of 1..71 printable bytes"},
+        {"metrics", -1, "{\"format\":\"kiln-metrics-9\",\"callback\":[],\"epoch\":[]}",
+         "__metadata__ metrics: expected a metrics object {\"format\": \"kiln-metrics-2\""},
+        {"metrics", -1, "{\"format\":\"kiln-metrics-2\",\"callback\":[{\"kind\":\"x\",\"value\":1,\"name\":\"val_loss\"}],"
+                        "\"epoch\":[]}",
+         "metrics callback[0]: expected {\"name\": a name of 1..71 printable bytes, \"value\": a number}"},
+        {"metrics", -1,
+         "{\"format\":\"kiln-metrics-2\",\"callback\":[{\"name\":\"val_loss\",\"value\":0.5}],\"epoch\":[{\"name\":"
+         "\"train_loss\",\"stage\":1,\"flags\":3,\"sum\":\"nan\",\"weight\":2}]}",
+         "metrics epoch[0] (train_loss): expected a stage 0..16, flags, a finite sum and a weight > 0, found 1 3 nan 2"},
+        {"metrics", -1,
+         "{\"format\":\"kiln-metrics-2\",\"callback\":[],\"epoch\":[{\"name\":\"train_loss\",\"stage\":1,\"flags\":3,"
+         "\"sum\":0.5,\"weight\":0}]}",
+         "a weight > 0"},
+        {"metrics", -1, "{\"format\":\"kiln-metrics-2\",\"callback\":[{\"name\":\"\",\"value\":0.5}],\"epoch\":[]}",
+         "a name of 1..71 printable bytes"},
+        /* a plugin's state entry: the plugin and its state version */
+        {"state.optimizer", -1, "adamw 1",
+         "__metadata__ state.optimizer: expected {\"plugin\": a name, \"version\": an integer 0..4294967295}"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         if (cases[i].idx >= 0) progress_with(ck, cases[i].idx, cases[i].value, val, sizeof val);
-        else snprintf(val, sizeof val, "%s", cases[i].value);
-        CU_ASSERT_EQUAL_FATAL(rewrite_meta(ck, bad, cases[i].key, val), 0);
+        else snprintf(val, sizeof val, "%s", cases[i].value ? cases[i].value : "(none)");
+        CU_ASSERT_EQUAL_FATAL(rewrite_meta(ck, bad, cases[i].key, cases[i].idx < 0 && !cases[i].value ? NULL : val), 0);
         snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s\"' --set trainer.max_epochs=3 "
                  "--ckpt %s", tu_kiln(), cfg, root, bad);
         int rc = tu_run(cmd, out, sizeof out);
@@ -630,7 +686,7 @@ static void test_resume_refuses_bad_counters(void) {
     /* the file rewritten unchanged still resumes, to the same counters */
     kst_file *f = NULL;
     CU_ASSERT_EQUAL_FATAL(kst_open(ck, &f, val, sizeof val), 0);
-    char progress[1024];
+    char progress[2048];
     snprintf(progress, sizeof progress, "%s", kst_metadata(f, "progress"));
     kst_close(f);
     CU_ASSERT_EQUAL_FATAL(rewrite_meta(ck, bad, "progress", progress), 0);
@@ -641,6 +697,7 @@ static void test_resume_refuses_bad_counters(void) {
     CU_ASSERT_EQUAL(rc, 0);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "epochs: 3 "));
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "steps: 6 "));
+#undef LOOPS
 }
 
 /* A callback built against the frozen 1.1 headers trains in this host. */
@@ -666,22 +723,17 @@ static void test_frozen_abi_1_1_callback(void) {
 /* ---------------------------------------------------------------------------
  * Lightning 2.6 conformance (each test names the Lightning code it encodes) */
 
-/* The progress text of checkpoint `ck` as numbers (after "kiln-progress-1"). */
+/* The progress counters of checkpoint `ck` as numbers, in order. */
 static int progress_fields(const char *ck, long long *v, int n) {
     char why[512];
+    size_t span[36][2];
     kst_file *f = NULL;
     if (kst_open(ck, &f, why, sizeof why)) return -1;
     const char *p = kst_metadata(f, "progress");
     int k = 0;
-    if (p && !strncmp(p, "kiln-progress-1", 15)) {
-        p += 15;
-        char *end;
-        while (k < n && *p) {
-            v[k] = strtoll(p, &end, 10);
-            if (end == p) break;
-            p = end;
-            k++;
-        }
+    if (p && strstr(p, "\"format\":\"kiln-progress-2\"")) {
+        k = json_int_spans(p, span, n < 36 ? n : 36);
+        for (int i = 0; i < k; i++) v[i] = strtoll(p + span[i][0], NULL, 10);
     }
     kst_close(f);
     return k;
