@@ -177,6 +177,60 @@ if [ -d /usr/share/datasets/fashion-mnist ]; then
 fi
 echo "nf4 example: ok"
 
+echo "== examples/plugins/lion: an optimizer made of kernel-table entries only, from the installed SDK alone"
+cmake -S examples/plugins/lion -B "$prefix/lion-build" -DCMAKE_PREFIX_PATH="$prefix" -DLION_WERROR=ON >/dev/null
+cmake --build "$prefix/lion-build"
+# test_lion, and test_lion_resume (fit 4 = fit 2 + --ckpt last, bit for bit; skipped without the data)
+ctest --test-dir "$prefix/lion-build" --output-on-failure
+"$prefix/bin/kiln" plugins check "$prefix/lion-build/libkiln-lion.so"
+KILN_PLUGIN_PATH="$prefix/lion-build" "$prefix/bin/kiln" plugins list | grep -E "optimizer +lion"
+if [ -d /usr/share/datasets/fashion-mnist ]; then
+  KILN_PLUGIN_PATH="$prefix/lion-build" "$prefix/bin/kiln" -q fit examples/plugins/lion/fashion_mnist_lion.cfg \
+    --set trainer.max_epochs=1 --set trainer.limit_train_batches=20 --set trainer.limit_val_batches=2 \
+    --set "trainer.default_root_dir=\"$prefix/lion-runs\"" | tee "$prefix/lion.txt"
+  grep -q "optimizer=lion" "$prefix/lion.txt"
+  # on the fake cuda accelerator the update runs through the cuda table
+  # (device pointers the fake checks), with value clipping through its clamp
+  fake=$PWD/build/tests/cuda-fit-fake-plugins
+  if [ -f "$fake/libkiln-cudafake.so" ]; then
+    KILN_FAKE_CUDA_QUIET=0 KILN_PLUGIN_PATH="$prefix/lion-build:$fake" "$prefix/bin/kiln" fit \
+      examples/plugins/lion/fashion_mnist_lion.cfg --set 'accelerator="cudafake:cuda"' --set trainer.max_epochs=1 \
+      --set trainer.limit_train_batches=10 --set trainer.limit_val_batches=0 --set trainer.gradient_clip_val=0.01 \
+      --set 'trainer.gradient_clip_algorithm="value"' --set "trainer.default_root_dir=\"$prefix/lion-fake-runs\"" \
+      > "$prefix/lion-fake.txt" 2>&1 || { tail -20 "$prefix/lion-fake.txt"; exit 1; }
+    if grep -q "contract violation" "$prefix/lion-fake.txt"; then grep -m3 "contract violation" "$prefix/lion-fake.txt"; exit 1; fi
+    grep -q "optimizer=lion" "$prefix/lion-fake.txt"
+  fi
+fi
+echo "lion example: ok"
+
+echo "== examples/plugins/fp8-sim: simulated FP8 (round_to's FP8 dtypes, round_activation) from the installed SDK alone"
+cmake -S examples/plugins/fp8-sim -B "$prefix/fp8-build" -DCMAKE_PREFIX_PATH="$prefix" -DFP8SIM_WERROR=ON >/dev/null
+cmake --build "$prefix/fp8-build"
+# test_fp8sim, and test_fp8sim_fit (60 steps must learn; skipped without the data)
+ctest --test-dir "$prefix/fp8-build" --output-on-failure
+"$prefix/bin/kiln" plugins check "$prefix/fp8-build/libkiln-fp8-sim.so"
+KILN_PLUGIN_PATH="$prefix/fp8-build" "$prefix/bin/kiln" plugins list | grep -E "precision +fp8-sim"
+if [ -d /usr/share/datasets/fashion-mnist ]; then
+  KILN_PLUGIN_PATH="$prefix/fp8-build" "$prefix/bin/kiln" fit examples/plugins/fp8-sim/fashion_mnist_fp8.cfg \
+    --set trainer.max_epochs=1 --set trainer.limit_train_batches=20 --set trainer.limit_val_batches=2 \
+    --set "trainer.default_root_dir=\"$prefix/fp8-runs\"" 2>&1 | tee "$prefix/fp8.txt"
+  grep -q "precision: fp8-sim" "$prefix/fp8.txt"
+  grep -q "fp8-sim: [0-9]* tensors rounded" "$prefix/fp8.txt"
+  # on the fake cuda accelerator: the rounding through the cuda table's round_to
+  fake=$PWD/build/tests/cuda-fit-fake-plugins
+  if [ -f "$fake/libkiln-cudafake.so" ]; then
+    KILN_FAKE_CUDA_QUIET=0 KILN_PLUGIN_PATH="$prefix/fp8-build:$fake" "$prefix/bin/kiln" fit \
+      examples/plugins/fp8-sim/fashion_mnist_fp8.cfg --set 'accelerator="cudafake:cuda"' --set trainer.max_epochs=1 \
+      --set trainer.limit_train_batches=10 --set trainer.limit_val_batches=0 \
+      --set "trainer.default_root_dir=\"$prefix/fp8-fake-runs\"" > "$prefix/fp8-fake.txt" 2>&1 ||
+      { tail -20 "$prefix/fp8-fake.txt"; exit 1; }
+    if grep -q "contract violation" "$prefix/fp8-fake.txt"; then grep -m3 "contract violation" "$prefix/fp8-fake.txt"; exit 1; fi
+    grep -q "fp8-sim: [0-9]* tensors rounded" "$prefix/fp8-fake.txt"
+  fi
+fi
+echo "fp8-sim example: ok"
+
 echo "== examples/gan_fashion_mnist.cfg: manual optimization, two optimizers, a sample grid per epoch (short run)"
 if [ -d /usr/share/datasets/fashion-mnist ]; then
   ./build/bin/kiln -q fit examples/gan_fashion_mnist.cfg --set trainer.max_epochs=2 --set trainer.limit_train_batches=30 \
