@@ -289,9 +289,11 @@ static void idle_sockets(double timeout_s) {
     nap_ms(100);
     pid_t a = spawn(port, 1, 3, timeout_s, 0, 1, NULL);
     pid_t b = spawn(port, 2, 3, timeout_s, 0, 1, NULL);
-    CU_ASSERT_EQUAL(reap(a, 3.0), 0);
-    CU_ASSERT_EQUAL(reap(b, 3.0), 0);
-    CU_ASSERT_EQUAL(reap(z, 3.0), 0);
+    /* 6 s of slack for a loaded machine: still far below the 35 s the
+     * idle sockets used to cost without a deadline */
+    CU_ASSERT_EQUAL(reap(a, 6.0), 0);
+    CU_ASSERT_EQUAL(reap(b, 6.0), 0);
+    CU_ASSERT_EQUAL(reap(z, 6.0), 0);
     for (int i = 0; i < 7; i++)
         if (idle[i] >= 0) close(idle[i]);
 }
