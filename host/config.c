@@ -44,31 +44,11 @@ void hc_where(const hc_config *c, const config_setting_t *s, char *buf, size_t n
 /* ---------------------------------------------------------------------------
  * Did-you-mean */
 
-static size_t edit_distance(const char *a, const char *b) {
-    size_t la = strlen(a), lb = strlen(b);
-    if (la > 63 || lb > 63) return 99;
-    size_t prev[64], cur[64];
-    for (size_t j = 0; j <= lb; j++) prev[j] = j;
-    for (size_t i = 1; i <= la; i++) {
-        cur[0] = i;
-        for (size_t j = 1; j <= lb; j++) {
-            size_t x = prev[j - 1] + (a[i - 1] != b[j - 1]);
-            if (prev[j] + 1 < x) x = prev[j] + 1;
-            if (cur[j - 1] + 1 < x) x = cur[j - 1] + 1;
-            /* adjacent transposition counts as one edit */
-            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && prev[j - 1] < x) x = prev[j - 1];
-            cur[j] = x;
-        }
-        memcpy(prev, cur, sizeof(size_t) * (lb + 1));
-    }
-    return prev[lb];
-}
-
 const char *hc_did_you_mean(const char *word, const char *const *cands, int n) {
     const char *best = NULL;
-    size_t bestd = 99;
+    size_t bestd = HEDIT_FAR;
     for (int i = 0; i < n; i++) {
-        size_t d = edit_distance(word, cands[i]);
+        size_t d = hedit_distance(word, cands[i]);
         if (d < bestd) { bestd = d; best = cands[i]; }
     }
     size_t limit = 1 + strlen(word) / 3;

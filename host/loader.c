@@ -1633,24 +1633,6 @@ const char *hl_default_name(const hl_loader *L, const char *slot) {
     return NULL;
 }
 
-static size_t edit_distance(const char *a, const char *b) {
-    size_t la = strlen(a), lb = strlen(b);
-    if (la > 64 || lb > 64) return 99;
-    size_t prev[65], cur[65];
-    for (size_t j = 0; j <= lb; j++) prev[j] = j;
-    for (size_t i = 1; i <= la; i++) {
-        cur[0] = i;
-        for (size_t j = 1; j <= lb; j++) {
-            size_t c = prev[j - 1] + (a[i - 1] != b[j - 1]);
-            if (prev[j] + 1 < c) c = prev[j] + 1;
-            if (cur[j - 1] + 1 < c) c = cur[j - 1] + 1;
-            cur[j] = c;
-        }
-        memcpy(prev, cur, sizeof(size_t) * (lb + 1));
-    }
-    return prev[lb];
-}
-
 /* The probe's plugin pi, loaded into this process on first use. */
 static const hl_plugin *resolve(hl_loader *L, hl_probe *p, int pi, char *why, size_t whylen) {
     if (probe_load(L, p, why, whylen)) return NULL;
@@ -1713,14 +1695,14 @@ const hl_plugin *hl_find(hl_loader *L, uint32_t kind, const char *query, char *w
     /* Otherwise list what exists and the closest match. */
     char known[512] = "";
     const char *best = NULL;
-    size_t bestd = 99;
+    size_t bestd = HEDIT_FAR;
     for (int i = 0; i < L->nreg; i++) {
         if (L->reg[i].kind != kind) continue;
         if (!L->reg[i].is_alias) {
             size_t n = strlen(known);
             snprintf(known + n, sizeof known - n, "%s%s", n ? ", " : "", L->reg[i].key);
         }
-        size_t d = edit_distance(query, L->reg[i].key);
+        size_t d = hedit_distance(query, L->reg[i].key);
         if (d < bestd) { bestd = d; best = L->reg[i].key; }
     }
     int refused = 0;

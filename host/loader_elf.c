@@ -19,23 +19,7 @@
 #include <unistd.h>
 
 #include "loader.h"
-
-/* Levenshtein distance, capped inputs (symbol names are short). */
-static size_t elf_edit_distance(const char *a, const char *b) {
-    size_t la = strlen(a), lb = strlen(b);
-    if (la > 63 || lb > 63) return 64;
-    size_t d[64][64];
-    for (size_t i = 0; i <= la; i++) d[i][0] = i;
-    for (size_t j = 0; j <= lb; j++) d[0][j] = j;
-    for (size_t i = 1; i <= la; i++)
-        for (size_t j = 1; j <= lb; j++) {
-            size_t c = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
-            if (d[i - 1][j] + 1 < c) c = d[i - 1][j] + 1;
-            if (d[i][j - 1] + 1 < c) c = d[i][j - 1] + 1;
-            d[i][j] = c;
-        }
-    return d[la][lb];
-}
+#include "log.h"
 
 /* Calls fn for every defined global or weak symbol in .dynsym; 0, or -1
  * when the file is not a 64-bit ELF we can read. */
@@ -97,7 +81,7 @@ static void look(const char *name, void *vctx) {
         return;
     }
     if (!s->near[0] && (strstr(name, "kiln_plugin_init") || strstr(name, "plugin_init") ||
-                        elf_edit_distance(name, KILN_PLUGIN_ENTRY_V1) <= 3))
+                        hedit_distance(name, KILN_PLUGIN_ENTRY_V1) <= 3))
         snprintf(s->near, sizeof s->near, "%s", name);
 }
 

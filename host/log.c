@@ -94,3 +94,27 @@ void herr_set(int code, const char *msg) {
 
 const char *herr_msg(void) { return t_err_msg; }
 int herr_code(void) { return t_err_code; }
+
+size_t hedit_distance(const char *a, const char *b) {
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 64 || lb > 64) return HEDIT_FAR;
+    /* three rows: a transposition looks two rows back */
+    size_t rows[3][65], *pp = rows[0], *prev = rows[1], *cur = rows[2];
+    for (size_t j = 0; j <= lb; j++) prev[j] = j;
+    for (size_t i = 1; i <= la; i++) {
+        cur[0] = i;
+        for (size_t j = 1; j <= lb; j++) {
+            size_t x = prev[j - 1] + (a[i - 1] != b[j - 1]);
+            if (prev[j] + 1 < x) x = prev[j] + 1;
+            if (cur[j - 1] + 1 < x) x = cur[j - 1] + 1;
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && pp[j - 2] + 1 < x)
+                x = pp[j - 2] + 1;
+            cur[j] = x;
+        }
+        size_t *t = pp;
+        pp = prev;
+        prev = cur;
+        cur = t;
+    }
+    return prev[lb];
+}

@@ -4,6 +4,9 @@
  * KILN_LOG=debug|trace or -v lowers the threshold, KILN_PLUGIN_DEBUG=1 turns
  * on loader tracing). The error slot carries the detail a plugin passes to
  * set_error() back to the host code that prefixes it with kind, name and file.
+ * Also the helpers every one-line message uses: hwhyf, and the one edit
+ * distance behind each did-you-mean (run-file keys, plugin names, the
+ * plugin entry point).
  */
 #ifndef KILN_HOST_LOG_H
 #define KILN_HOST_LOG_H
@@ -36,6 +39,13 @@ int herr_code(void);
 /* snprintf into a caller's one-line message buffer (why, whylen); no-op
  * when why is NULL. */
 void hwhyf(char *why, size_t whylen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* Damerau-Levenshtein distance (optimal string alignment: insertions,
+ * deletions, substitutions and adjacent transpositions each count one), the
+ * measure of every did-you-mean; HEDIT_FAR when either string is longer
+ * than 64 bytes (names that long are never suggested). */
+#define HEDIT_FAR 99
+size_t hedit_distance(const char *a, const char *b);
 
 #define HLOG_ERROR(...) hlog(KILN_LOG_ERROR, __VA_ARGS__)
 #define HLOG_WARN(...) hlog(KILN_LOG_WARN, __VA_ARGS__)

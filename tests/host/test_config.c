@@ -18,6 +18,7 @@
 
 #include "config.h"
 #include "loader.h"
+#include "log.h"
 #include "testutil.h"
 
 static char *g_dir;
@@ -332,6 +333,26 @@ static void test_override_list_element(void) {
     hc_free(&c);
 }
 
+/* The one edit distance behind every did-you-mean (run-file keys, plugin
+ * names, the plugin entry point): an adjacent transposition is one edit. */
+static void test_edit_distance(void) {
+    CU_ASSERT_EQUAL(hedit_distance("", ""), 0);
+    CU_ASSERT_EQUAL(hedit_distance("", "abc"), 3);
+    CU_ASSERT_EQUAL(hedit_distance("ab", "ba"), 1);
+    CU_ASSERT_EQUAL(hedit_distance("tsdg", "tsgd"), 1);
+    CU_ASSERT_EQUAL(hedit_distance("optimiser", "optimizer"), 1);
+    CU_ASSERT_EQUAL(hedit_distance("kitten", "sitting"), 3);
+    /* optimal string alignment: a transposed pair is not edited again */
+    CU_ASSERT_EQUAL(hedit_distance("ca", "abc"), 3);
+    CU_ASSERT_EQUAL(hedit_distance("kiln_plugin_init_v1", "kiln_plugin_inti_v1"), 1);
+    char longer[80];
+    memset(longer, 'a', sizeof longer - 1);
+    longer[sizeof longer - 1] = 0;
+    CU_ASSERT_EQUAL(hedit_distance(longer, "a"), HEDIT_FAR);
+    longer[64] = 0; /* 64 bytes: still measured */
+    CU_ASSERT_EQUAL(hedit_distance(longer, longer), 0);
+}
+
 static void test_cli_config(void) {
     char text[8192];
     snprintf(text, sizeof text,
@@ -473,6 +494,7 @@ static void register_tests(void) {
     CU_add_test(s, "int literals past int32", test_int_range);
     CU_add_test(s, "int64 reaches a plugin", test_int64_to_plugin);
     CU_add_test(s, "--set list element", test_override_list_element);
+    CU_add_test(s, "one edit distance for every did-you-mean", test_edit_distance);
     CU_add_test(s, "kiln config show/check", test_cli_config);
     CU_add_test(s, "--set and run-file quirks", test_set_quirks);
     CU_add_test(s, "-q and -qq", test_quiet_levels);
