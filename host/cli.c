@@ -15,6 +15,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <getopt.h>
 #include <limits.h>
 #include <poll.h>
 #include <signal.h>
@@ -244,28 +245,29 @@ static void print_listing(FILE *f, const hl_loader *L, int verbose, int json) {
 }
 
 static int plugins_list(int argc, char **argv) {
-    int verbose = 0, json = 0;
-    const char *cfgpath = NULL;
+    cli_args a;
+    int prc = cli_parse("plugins list", argc, argv, CLI_O_VERBOSE | CLI_O_JSON | CLI_O_CONFIG | CLI_O_PLUGIN_DIR, &a);
+    if (prc) return prc;
+    if (a.noperands) {
+        fprintf(stderr, "kiln: error: plugins list: unknown argument '%s'\n", a.operands[0]);
+        cli_args_free(&a);
+        return 2;
+    }
+    const int verbose = a.verbose, json = a.json;
+    const char *cfgpath = a.config;
     hl_loader L;
     hl_loader_init(&L);
     char why[2048];
-    for (int i = 0; i < argc; i++) {
-        if (!strcmp(argv[i], "--verbose") || !strcmp(argv[i], "-v")) verbose = 1;
-        else if (!strcmp(argv[i], "--json")) json = 1;
-        else if (!strcmp(argv[i], "--config") && i + 1 < argc) cfgpath = argv[++i];
-        else if (!strcmp(argv[i], "--plugin-dir") && i + 1 < argc) {
-            if (argv[i + 1][0] != '/') {
-                fprintf(stderr, "kiln: error: --plugin-dir %s: expected an absolute path, found a relative one\n", argv[i + 1]);
-                hl_loader_free(&L);
-                return 2;
-            }
-            hl_add_dir(&L, argv[++i], HL_ORIGIN_EXPLICIT);
-        } else {
-            fprintf(stderr, "kiln: error: plugins list: unknown argument '%s'\n", argv[i]);
+    for (int i = 0; i < a.ndirs; i++) {
+        if (a.dirs[i][0] != '/') {
+            fprintf(stderr, "kiln: error: --plugin-dir %s: expected an absolute path, found a relative one\n", a.dirs[i]);
             hl_loader_free(&L);
+            cli_args_free(&a);
             return 2;
         }
+        hl_add_dir(&L, a.dirs[i], HL_ORIGIN_EXPLICIT);
     }
+    cli_args_free(&a);
     if (hl_check_env(why, sizeof why)) {
         fprintf(stderr, "kiln: error: %s\n", why);
         hl_loader_free(&L);
@@ -292,13 +294,14 @@ static int plugins_list(int argc, char **argv) {
  * plugins check */
 
 static int plugins_check(int argc, char **argv) {
-    const char *file = NULL;
-    int json = 0;
-    for (int i = 0; i < argc; i++) {
-        if (!strcmp(argv[i], "--json")) json = 1;
-        else if (!file) file = argv[i];
-        else { fprintf(stderr, "kiln: error: plugins check: unexpected argument '%s'\n", argv[i]); return 2; }
-    }
+    cli_args a;
+    int prc = cli_parse("plugins check", argc, argv, CLI_O_JSON, &a);
+    if (prc) return prc;
+    const char *file = a.noperands ? a.operands[0] : NULL;
+    const int json = a.json, extra = a.noperands > 1;
+    if (extra) fprintf(stderr, "kiln: error: plugins check: unexpected argument '%s'\n", a.operands[1]);
+    cli_args_free(&a); /* file still points into argv */
+    if (extra) return 2;
     if (!file) { fprintf(stderr, "kiln: error: plugins check needs a FILE.so\n"); return 2; }
     char abs[2 * PATH_MAX + 2];
     if (file[0] == '/') snprintf(abs, sizeof abs, "%s", file);
@@ -415,10 +418,89 @@ static int plugins_check(int argc, char **argv) {
 
 int cli_plugins(int argc, char **argv) {
     if (argc < 1) { fprintf(stderr, "kiln: error: usage: kiln plugins list|check ...\n"); return 2; }
-    if (!strcmp(argv[0], "list")) return plugins_list(argc - 1, argv + 1);
-    if (!strcmp(argv[0], "check")) return plugins_check(argc - 1, argv + 1);
+    if (!strcmp(argv[0], "list")) return plugins_list(argc, argv);
+    if (!strcmp(argv[0], "check")) return plugins_check(argc, argv);
     fprintf(stderr, "kiln: error: unknown 'plugins %s' (expected list or check)\n", argv[0]);
     return 2;
+}
+
+/* ---------------------------------------------------------------------------
+ * Options (cli.h) */
+
+/* getopt_long's codes for the long-only options, past every character. */
+enum { CLI_SET = 256, CLI_CKPT, CLI_WEIGHTS_ONLY, CLI_TEST, CLI_JSON, CLI_CONFIG, CLI_PLUGIN_DIR };
+
+void cli_args_free(cli_args *a) {
+    free(a->sets);
+    free(a->dirs);
+    free(a->operands);
+    memset(a, 0, sizeof *a);
+}
+
+int cli_parse(const char *cmd, int argc, char **argv, unsigned accepted, cli_args *a) {
+    static const struct {
+        unsigned bit;
+        struct option opt;
+    } all[] = {
+        {CLI_O_SET, {"set", required_argument, NULL, CLI_SET}},
+        {CLI_O_CKPT, {"ckpt", required_argument, NULL, CLI_CKPT}},
+        {CLI_O_WEIGHTS_ONLY, {"weights-only", no_argument, NULL, CLI_WEIGHTS_ONLY}},
+        {CLI_O_TEST, {"test", no_argument, NULL, CLI_TEST}},
+        {CLI_O_VERBOSE, {"verbose", no_argument, NULL, 'v'}},
+        {CLI_O_JSON, {"json", no_argument, NULL, CLI_JSON}},
+        {CLI_O_CONFIG, {"config", required_argument, NULL, CLI_CONFIG}},
+        {CLI_O_PLUGIN_DIR, {"plugin-dir", required_argument, NULL, CLI_PLUGIN_DIR}},
+    };
+    struct option longopts[sizeof all / sizeof all[0] + 1];
+    int n = 0;
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (accepted & all[i].bit) longopts[n++] = all[i].opt;
+    memset(&longopts[n], 0, sizeof longopts[n]);
+    memset(a, 0, sizeof *a);
+    a->sets = calloc((size_t)argc + 1, sizeof *a->sets);
+    a->dirs = calloc((size_t)argc + 1, sizeof *a->dirs);
+    a->operands = calloc((size_t)argc + 1, sizeof *a->operands);
+    if (!a->sets || !a->dirs || !a->operands) {
+        fprintf(stderr, "kiln: error: %s: out of memory reading the arguments\n", cmd);
+        cli_args_free(a);
+        return 2;
+    }
+    /* "-": operands come back in order (code 1) wherever they stand; ":":
+     * a missing value is told apart from an unknown option. optind = 0
+     * makes glibc start over on this new argv. */
+    const char *shortopts = accepted & CLI_O_VERBOSE ? "-:v" : "-:";
+    opterr = 0;
+    optind = 0;
+    int c;
+    while ((c = getopt_long(argc, argv, shortopts, longopts, NULL)) != -1) {
+        switch (c) {
+        case 1: a->operands[a->noperands++] = optarg; break;
+        case CLI_SET: a->sets[a->nsets++] = optarg; break;
+        case CLI_CKPT: a->ckpt = optarg; break;
+        case CLI_WEIGHTS_ONLY: a->weights_only = 1; break;
+        case CLI_TEST: a->run_test = 1; break;
+        case 'v': a->verbose = 1; break;
+        case CLI_JSON: a->json = 1; break;
+        case CLI_CONFIG: a->config = optarg; break;
+        case CLI_PLUGIN_DIR: a->dirs[a->ndirs++] = optarg; break;
+        case ':':
+            fprintf(stderr, "kiln: error: %s: option '%s' expects a value (see kiln --help)\n", cmd, argv[optind - 1]);
+            cli_args_free(a);
+            return 2;
+        default: {
+            /* an unknown short option is one letter of its word; a long one
+             * is the whole word getopt just passed */
+            char shortname[3] = {'-', (char)optopt, 0};
+            fprintf(stderr, "kiln: error: %s: unexpected argument '%s' (see kiln --help)\n", cmd,
+                    optopt ? shortname : argv[optind - 1]);
+            cli_args_free(a);
+            return 2;
+        }
+        }
+    }
+    /* after "--", everything is an operand */
+    for (; optind < argc; optind++) a->operands[a->noperands++] = argv[optind];
+    return 0;
 }
 
 /* ---------------------------------------------------------------------------
@@ -558,13 +640,20 @@ int cli_config(int argc, char **argv) {
         fprintf(stderr, "kiln: error: unknown 'config %s' (expected check or show)\n", verb);
         return 2;
     }
-    char **sets = calloc((size_t)argc, sizeof(char *));
-    int nsets = 0;
-    for (int i = 2; i < argc; i++) {
-        if (!strcmp(argv[i], "--set") && i + 1 < argc) sets[nsets++] = argv[++i];
-        else if (!strncmp(argv[i], "--set=", 6)) sets[nsets++] = argv[i] + 6;
-        else { fprintf(stderr, "kiln: error: config %s: unexpected argument '%s'\n", verb, argv[i]); free(sets); return 2; }
+    char cmd[32];
+    snprintf(cmd, sizeof cmd, "config %s", verb);
+    cli_args a;
+    int prc = cli_parse(cmd, argc, argv, CLI_O_SET, &a);
+    if (prc) return prc;
+    if (a.noperands != 1) {
+        if (a.noperands) fprintf(stderr, "kiln: error: %s: unexpected argument '%s'\n", cmd, a.operands[1]);
+        else fprintf(stderr, "kiln: error: usage: kiln config check|show RUN.cfg [--set KEY=VALUE]...\n");
+        cli_args_free(&a);
+        return 2;
     }
+    path = a.operands[0];
+    char **sets = a.sets;
+    const int nsets = a.nsets;
     hc_config c;
     hl_loader L;
     hl_loader_init(&L);
@@ -578,6 +667,6 @@ int cli_config(int argc, char **argv) {
     hc_free(&c);
     hl_shutdown(&L);
     hl_loader_free(&L);
-    free(sets);
+    cli_args_free(&a);
     return rc == KILN_OK ? 0 : 1;
 }

@@ -4,7 +4,8 @@
  * run directory (fit), run the loops and print the summary. `fit --test` runs
  * the test loop on the final weights in the same process. `validate` and
  * `test` take --ckpt PATH|last to evaluate saved weights; `fit --ckpt`
- * resumes from an end-of-epoch checkpoint.
+ * resumes from an end-of-epoch checkpoint. Options are read by cli_parse
+ * (cli.c), the parser every command shares.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <signal.h>
@@ -19,28 +20,24 @@
 
 static void on_signal(int sig) { ht_signal = sig; }
 
-int cli_run(const char *verb, int argc, char **argv) {
-    if (argc < 1 || argv[0][0] == '-') {
-        fprintf(stderr, "kiln: error: usage: kiln %s RUN.cfg [--set KEY=VALUE]...%s\n", verb,
-                strcmp(verb, "fit") == 0 ? " [--ckpt PATH|last [--weights-only]] [--test]" : " [--ckpt PATH|last]");
+int cli_run(int argc, char **argv) {
+    const char *verb = argv[0];
+    const int fit = !strcmp(verb, "fit");
+    cli_args a;
+    int prc = cli_parse(verb, argc, argv, CLI_O_SET | CLI_O_CKPT | (fit ? CLI_O_WEIGHTS_ONLY | CLI_O_TEST : 0u), &a);
+    if (prc) return prc;
+    if (a.noperands != 1) {
+        if (a.noperands) fprintf(stderr, "kiln: error: %s: unexpected argument '%s' (see kiln --help)\n", verb, a.operands[1]);
+        else
+            fprintf(stderr, "kiln: error: usage: kiln %s RUN.cfg [--set KEY=VALUE]...%s\n", verb,
+                    fit ? " [--ckpt PATH|last [--weights-only]] [--test]" : " [--ckpt PATH|last]");
+        cli_args_free(&a);
         return 2;
     }
-    const char *path = argv[0];
-    char **sets = calloc((size_t)argc, sizeof(char *));
-    int nsets = 0, run_test = 0, weights_only = 0;
-    const char *ckpt = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--set") && i + 1 < argc) sets[nsets++] = argv[++i];
-        else if (!strncmp(argv[i], "--set=", 6)) sets[nsets++] = argv[i] + 6;
-        else if (!strcmp(argv[i], "--test") && !strcmp(verb, "fit")) run_test = 1;
-        else if (!strcmp(argv[i], "--ckpt") && i + 1 < argc) ckpt = argv[++i];
-        else if (!strcmp(argv[i], "--weights-only") && !strcmp(verb, "fit")) weights_only = 1;
-        else {
-            fprintf(stderr, "kiln: error: %s: unexpected argument '%s' (see kiln --help)\n", verb, argv[i]);
-            free(sets);
-            return 2;
-        }
-    }
+    const char *path = a.operands[0], *ckpt = a.ckpt;
+    char **sets = a.sets;
+    const int nsets = a.nsets, weights_only = a.weights_only;
+    int run_test = a.run_test;
     int stage = !strcmp(verb, "fit") ? KILN_STAGE_FIT : !strcmp(verb, "validate") ? KILN_STAGE_VALIDATE : KILN_STAGE_TEST;
     hc_config c;
     hl_loader L;
@@ -111,7 +108,7 @@ int cli_run(const char *verb, int argc, char **argv) {
     hc_free(&c);
     hl_shutdown(&L);
     hl_loader_free(&L);
-    free(sets);
+    cli_args_free(&a);
     if (rc == KILN_OK && interrupted) return 128 + interrupted; /* as a shell reports the signal */
     return rc == KILN_OK ? 0 : 1;
 }

@@ -2,7 +2,9 @@
  * host/main.c — the `kiln` executable's entry: global flags, help, version,
  * and dispatch to the subcommands in cli_*.c. This is the only place in kiln
  * that decides to stop the process; everything below returns status codes.
+ * Flags are read with getopt_long, here and in each command (cli_parse).
  */
+#include <getopt.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -63,33 +65,39 @@ static void usage(FILE *f) {
 
 int main(int argc, char **argv) {
     hlog_init_from_env();
-    int i = 1;
-    for (; i < argc && argv[i][0] == '-'; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
-        if (!strcmp(a, "--version")) {
+    /* the global flags, up to the command ("+": getopt stops at the first
+     * word that is not an option; the command parses the rest) */
+    static const struct option globals[] = {
+        {"verbose", no_argument, NULL, 'v'}, {"quiet", no_argument, NULL, 'q'}, {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, 'V'}, {NULL, 0, NULL, 0},
+    };
+    opterr = 0;
+    int c;
+    while ((c = getopt_long(argc, argv, "+vqh", globals, NULL)) != -1) {
+        switch (c) {
+        case 'h': usage(stdout); return 0;
+        case 'V':
             printf("kiln %s\nplugin ABI %d.%d\nbuild: %s\n", KILN_VERSION_STRING, KILN_ABI_MAJOR, KILN_ABI_MINOR,
                    KILN_BUILD_DESCRIPTION);
             return 0;
-        }
-        if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
-            hlog_set_level(hlog_level() > KILN_LOG_TRACE ? hlog_level() - 1 : KILN_LOG_TRACE);
-            continue;
-        }
-        if (!strcmp(a, "-q") || !strcmp(a, "--quiet") || !strcmp(a, "-qq")) {
+        case 'v': hlog_set_level(hlog_level() > KILN_LOG_TRACE ? hlog_level() - 1 : KILN_LOG_TRACE); break;
+        case 'q': /* -qq is two of these */
             hlog_set_level(KILN_LOG_ERROR);
-            hlog_set_quiet(hlog_quiet() + (a[2] == 'q' ? 2 : 1));
-            continue;
+            hlog_set_quiet(hlog_quiet() + 1);
+            break;
+        default: {
+            char shortname[3] = {'-', (char)optopt, 0};
+            fprintf(stderr, "kiln: error: unknown flag '%s' (see kiln --help)\n", optopt ? shortname : argv[optind - 1]);
+            return 2;
         }
-        fprintf(stderr, "kiln: error: unknown flag '%s' (see kiln --help)\n", a);
-        return 2;
+        }
     }
+    int i = optind;
     if (i >= argc) { usage(stderr); return 2; }
     const char *cmd = argv[i];
     if (!strcmp(cmd, "plugins")) return cli_plugins(argc - i - 1, argv + i + 1);
     if (!strcmp(cmd, "config")) return cli_config(argc - i - 1, argv + i + 1);
-    if (!strcmp(cmd, "fit") || !strcmp(cmd, "validate") || !strcmp(cmd, "test"))
-        return cli_run(cmd, argc - i - 1, argv + i + 1);
+    if (!strcmp(cmd, "fit") || !strcmp(cmd, "validate") || !strcmp(cmd, "test")) return cli_run(argc - i, argv + i);
     if (!strcmp(cmd, "help")) { usage(stdout); return 0; }
     fprintf(stderr, "kiln: error: unknown command '%s' (see kiln --help)\n", cmd);
     return 2;

@@ -333,6 +333,65 @@ static void test_override_list_element(void) {
     hc_free(&c);
 }
 
+/* One line and exit status 2 for a command line kiln cannot read; `out`
+ * must hold `needle`. */
+static void expect_usage_error(const char *args, const char *needle) {
+    char cmd[8192], out[4096];
+    snprintf(cmd, sizeof cmd, "%s %s", tu_kiln(), args);
+    int rc = tu_run(cmd, out, sizeof out);
+    int nl = 0;
+    for (const char *c = out; *c; c++) nl += *c == '\n';
+    if (rc != 2 || !strstr(out, needle) || nl != 1) fprintf(stderr, "\n  kiln %s: exit %d: %s\n", args, rc, out);
+    CU_ASSERT_EQUAL(rc, 2);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, needle));
+    CU_ASSERT_EQUAL(nl, 1);
+}
+
+/* The command line, read by getopt_long once per command: every command's
+ * options, both spellings of a value (--set K=V, --set=K=V), and one line
+ * with exit status 2 for anything else. */
+static void test_command_line(void) {
+    expect_usage_error("--bogus fit x.cfg", "unknown flag '--bogus'");
+    expect_usage_error("-x fit x.cfg", "unknown flag '-x'");
+    expect_usage_error("fit", "usage: kiln fit RUN.cfg");
+    expect_usage_error("fit x.cfg y.cfg", "fit: unexpected argument 'y.cfg'");
+    expect_usage_error("fit x.cfg --frobnicate", "fit: unexpected argument '--frobnicate'");
+    expect_usage_error("fit x.cfg --ckpt", "fit: option '--ckpt' expects a value");
+    expect_usage_error("fit x.cfg --set", "fit: option '--set' expects a value");
+    expect_usage_error("validate x.cfg --test", "validate: unexpected argument '--test'");
+    expect_usage_error("test x.cfg --weights-only", "test: unexpected argument '--weights-only'");
+    expect_usage_error("config check", "usage: kiln config check|show RUN.cfg");
+    expect_usage_error("config show x.cfg --ckpt last", "config show: unexpected argument '--ckpt'");
+    expect_usage_error("plugins list --json extra", "plugins list: unknown argument 'extra'");
+    expect_usage_error("plugins list --config", "plugins list: option '--config' expects a value");
+    expect_usage_error("plugins list --plugin-dir rel", "--plugin-dir rel: expected an absolute path");
+    expect_usage_error("plugins check --verbose x.so", "plugins check: unexpected argument '--verbose'");
+    expect_usage_error("plugins check a.so b.so", "plugins check: unexpected argument 'b.so'");
+    expect_usage_error("nonsense", "unknown command 'nonsense'");
+    /* --set with the value joined or apart, repeated, in order */
+    char text[8192], cmd[8192], out[16384];
+    snprintf(text, sizeof text,
+             "plugins = { dirs = [\"%s\"]; };\n"
+             "trainer = { max_epochs = 2; };\n"
+             "data = { name = \"toydata\"; };\n"
+             "module = { name = \"toymod\"; };\n"
+             "optimizer = { name = \"sgd\"; lr = 0.1; };\n",
+             getenv("KILN_TRAIN_FIXTURES"));
+    const char *p = write_cfg("cmdline.cfg", text);
+    snprintf(cmd, sizeof cmd, "%s -qq config show %s --set=trainer.max_epochs=7 --set optimizer.lr=0.5 "
+             "--set trainer.max_epochs=8", tu_kiln(), p);
+    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "max_epochs = 8"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "lr = 0.5"));
+    /* global flags repeat and combine; --version answers before any command */
+    snprintf(cmd, sizeof cmd, "%s -v -q --quiet -qq --version", tu_kiln());
+    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "plugin ABI"));
+    snprintf(cmd, sizeof cmd, "%s -h", tu_kiln());
+    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "global flags:"));
+}
+
 /* The one edit distance behind every did-you-mean (run-file keys, plugin
  * names, the plugin entry point): an adjacent transposition is one edit. */
 static void test_edit_distance(void) {
@@ -495,6 +554,7 @@ static void register_tests(void) {
     CU_add_test(s, "int64 reaches a plugin", test_int64_to_plugin);
     CU_add_test(s, "--set list element", test_override_list_element);
     CU_add_test(s, "one edit distance for every did-you-mean", test_edit_distance);
+    CU_add_test(s, "the command line (getopt_long)", test_command_line);
     CU_add_test(s, "kiln config show/check", test_cli_config);
     CU_add_test(s, "--set and run-file quirks", test_set_quirks);
     CU_add_test(s, "-q and -qq", test_quiet_levels);
