@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <libgen.h>
 #include <limits.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -111,15 +112,15 @@ static int report_parse_error(hc_config *c, char *why, size_t whylen) {
 }
 
 /* ---------------------------------------------------------------------------
- * Integer literals past int32
+ * Integer literals past int32, float literals past double
  *
  * libconfig 1.5 reads an integer literal without an L suffix into a 32-bit int
  * and wraps it silently (max_steps = 5000000000 becomes 705032704, a layer of
- * 4294967299 units becomes 3), and clamps one with L past int64. The parse
- * leaves no trace of that, so the source text is scanned for such literals:
+ * 4294967299 units becomes 3), clamps one with L past int64, and turns a
+ * float past double's range into an infinity (lr = 1e400). The parse leaves
+ * no trace of that, so the source text is scanned for such literals:
  * strings and comments are skipped, setting names are consumed whole (a digit
- * in `layer2` is no literal), floats are skipped, @include files are scanned
- * too. */
+ * in `layer2` is no literal), @include files are scanned too. */
 
 static int is_scalar(int t);
 
@@ -128,6 +129,7 @@ typedef struct {
     unsigned line;
     char lit[64];
     int is64;         /* the literal had an L suffix */
+    int is_float;     /* a float literal past double's range (libconfig: inf) */
     long long parsed; /* what libconfig made of it, to find its setting */
 } bad_int;
 
@@ -174,9 +176,27 @@ static int int_literal_bad(const char *s, const char *e, int hex, int is64, cons
     memcpy(bad->lit, s, l);
     bad->lit[l] = 0;
     bad->is64 = is64;
+    bad->is_float = 0;
     uint32_t u = (uint32_t)m;
     if (neg) u = 0u - u;
     bad->parsed = is64 ? (neg ? INT64_MIN : INT64_MAX) : (long long)(int32_t)u;
+    return 1;
+}
+
+/* A float literal [s, e) past double's range: libconfig's strtod makes it
+ * an infinity without a word (lr = 1e400 would train with lr = inf, and the
+ * effective config, written back as "inf", would not load again). 1 when
+ * it does not fit. */
+static int float_literal_bad(const char *s, const char *e, const char *file, unsigned line, bad_int *bad) {
+    if (!isinf(strtod(s, NULL))) return 0;
+    snprintf(bad->file, sizeof bad->file, "%s", file ? file : "");
+    bad->line = line;
+    size_t l = (size_t)(e - s) < sizeof bad->lit - 1 ? (size_t)(e - s) : sizeof bad->lit - 1;
+    memcpy(bad->lit, s, l);
+    bad->lit[l] = 0;
+    bad->is64 = 0;
+    bad->is_float = 1;
+    bad->parsed = 0;
     return 1;
 }
 
@@ -238,6 +258,7 @@ static int scan_ints(const char *text, const char *file, const char *incdir, int
                     if (*p == '-' || *p == '+') p++;
                     while (is_digit(*p)) p++;
                 }
+                if (float_literal_bad(s, p, file, line, bad)) return 1;
                 continue;
             }
             const char *e = p;
@@ -267,11 +288,14 @@ static int same_file(const char *a, const char *b) {
     return realpath(a, ra) && realpath(b, rb) && !strcmp(ra, rb);
 }
 
-/* The int setting the bad literal became: same file and line, same value. */
+/* The setting the bad literal became: same file and line, same value (an
+ * infinity for a float). */
 static const config_setting_t *find_bad(const config_setting_t *s, const bad_int *b, const char *file, int anyfile) {
     int t = config_setting_type(s);
-    if ((t == CONFIG_TYPE_INT || t == CONFIG_TYPE_INT64) && config_setting_source_line(s) == b->line &&
-        config_setting_get_int64(s) == b->parsed && (anyfile || same_file(config_setting_source_file(s), file)))
+    int same = b->is_float ? t == CONFIG_TYPE_FLOAT && isinf(config_setting_get_float(s))
+                           : (t == CONFIG_TYPE_INT || t == CONFIG_TYPE_INT64) && config_setting_get_int64(s) == b->parsed;
+    if (same && config_setting_source_line(s) == b->line &&
+        (anyfile || same_file(config_setting_source_file(s), file)))
         return s;
     if (is_scalar(t)) return NULL;
     for (int i = 0; i < config_setting_length(s); i++) {
@@ -282,7 +306,9 @@ static const config_setting_t *find_bad(const config_setting_t *s, const bad_int
 }
 
 static void explain_bad(const bad_int *b, char *what, size_t n) {
-    if (b->is64)
+    if (b->is_float)
+        snprintf(what, n, "expected a float of magnitude below 1.8e308 (a double), found %s", b->lit);
+    else if (b->is64)
         snprintf(what, n, "expected an integer in -9223372036854775808..9223372036854775807, found %s", b->lit);
     else
         snprintf(what, n, "expected an integer in -2147483648..2147483647 (write %sL for a 64-bit int), found %s",
