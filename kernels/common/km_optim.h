@@ -1,6 +1,6 @@
 /*
  * km_optim.h — the scalar coefficients of one torch.optim.SGD and one
- * torch.optim.AdamW step, formed once for both kernel sets: kernels/cpu (cpu_optim.c, cpu_f64.c) and
+ * torch.optim.AdamW step, formed once for both kernel sets: kernels/cpu (cpu_train.inc) and
  * kernels/cuda (kg_math.cuh, which passes them to its kernels by value).
  * Each scalar is a Python float in PyTorch, formed in double and rounded to
  * the parameter's type once where it meets the tensor; the bias corrections

@@ -1,10 +1,10 @@
 /*
- * cpu_gemm.c: the dense-layer kernels: GEMM through OpenBLAS's cblas_sgemm
- * (row-major, all four transpose combinations), a naive double-accumulating
- * reference GEMM the tests compare against, and the bias broadcast-add and its
- * gradient (column sums). A linear layer y = x W^T + b runs as kc_gemm then
- * kc_bias_add; its backward is two more kc_gemm calls (dx = dy W,
- * dW = dy^T x) plus kc_bias_grad.
+ * cpu_gemm.c: the dense-layer GEMMs: cblas_sgemm through OpenBLAS
+ * (row-major, all four transpose combinations) and a naive
+ * double-accumulating reference GEMM the tests compare against. A linear
+ * layer y = x W^T + b runs as kc_gemm then kc_bias_add; its backward is two
+ * more kc_gemm calls (dx = dy W, dW = dy^T x) plus kc_bias_grad (the bias
+ * kernels are cpu_train.inc's, in both dtypes).
  *
  * Large GEMMs are split across kiln's own pool, OpenBLAS itself running one
  * thread per call: each thread computes a block of C's columns (or rows) with
@@ -14,11 +14,6 @@
  * optimizer kernels, the spinning threads compete with ours for the cores
  * (on 2 cores the non-GEMM part of a step took ~10x longer that way). Our
  * pool sleeps between jobs.
- *
- * The bias kernels are single loops over a
- * contiguous row that the compiler vectorizes; when the matrix is large they
- * split across the pool (bias_add by rows, bias_grad by columns, so every
- * output element is still produced by one thread with the serial arithmetic).
  */
 #include "cpu_internal.h"
 #include "cpu_kernels.h"
@@ -111,68 +106,4 @@ void kc_gemm_ref(int trans_a, int trans_b, int M, int N, int K, float alpha,
             *c = (float)r;
         }
     }
-}
-
-/* ------------------------------------------------------------- bias add */
-
-typedef struct {
-    float *y;       /* (rows, cols) */
-    const float *b; /* (cols) */
-    size_t cols;
-} kc_bias_add_ctx;
-
-/* Rows [r0, r1). */
-static KC_ALWAYS_INLINE void kc_bias_add_range_impl(void *vctx, size_t r0, size_t r1) {
-    const kc_bias_add_ctx *c = vctx;
-    const size_t cols = c->cols;
-    const float *restrict b = c->b;
-    for (size_t r = r0; r < r1; r++) {
-        float *restrict y = c->y + r * cols;
-        for (size_t j = 0; j < cols; j++) y[j] += b[j];
-    }
-}
-KC_DISPATCHED_RANGE(kc_bias_add_range)
-
-void kc_bias_add(float *y, const float *b, int rows, int cols) {
-    if (rows <= 0 || cols <= 0) return;
-    kc_bias_add_ctx c = {y, b, (size_t)cols};
-    size_t grain = KC_GRAIN_STREAM / (size_t)cols;
-    kc_parallel_for((size_t)rows, grain ? grain : 1, 1, kc_bias_add_range_pick(), &c);
-}
-
-/* ------------------------------------------------------------ bias grad */
-
-typedef struct {
-    float *db;       /* (cols) */
-    const float *dy; /* (rows, cols) */
-    size_t rows, cols;
-    int accumulate;
-} kc_bias_grad_ctx;
-
-/* Columns [j0, j1): db[j] accumulates rows in order 0..rows-1, the same
- * order whichever thread owns column j. */
-static KC_ALWAYS_INLINE void kc_bias_grad_range_impl(void *vctx, size_t j0, size_t j1) {
-    const kc_bias_grad_ctx *c = vctx;
-    float *restrict db = c->db + j0;
-    const size_t w = j1 - j0;
-    if (!c->accumulate) {
-        for (size_t j = 0; j < w; j++) db[j] = 0.0f;
-    }
-    for (size_t r = 0; r < c->rows; r++) {
-        const float *restrict dy = c->dy + r * c->cols + j0;
-        for (size_t j = 0; j < w; j++) db[j] += dy[j];
-    }
-}
-KC_DISPATCHED_RANGE(kc_bias_grad_range)
-
-void kc_bias_grad(float *db, const float *dy, int rows, int cols, int accumulate) {
-    if (cols <= 0) return;
-    if (rows < 0) rows = 0;
-    kc_bias_grad_ctx c = {db, dy, (size_t)rows, (size_t)cols, accumulate};
-    /* Split columns only when each thread gets a full grain of elements and
-     * a column strip of at least 64 floats (shorter strips waste the rows'
-     * cache lines). */
-    size_t grain = rows ? KC_GRAIN_STREAM / (size_t)rows : (size_t)cols;
-    if (grain < 64) grain = 64;
-    kc_parallel_for((size_t)cols, grain, KC_ALIGN_FLOATS, kc_bias_grad_range_pick(), &c);
 }

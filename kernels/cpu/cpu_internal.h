@@ -145,7 +145,7 @@ static inline int kc_cpu_has_avx2(void) {
  * half an ulp of any parameter larger than ~1e-25 in magnitude). Every
  * other kernel keeps IEEE gradual underflow. No-op off x86-64.
  */
-/* kc_set_flush_denormal (cpu_optim.c); 1 unless a caller turned it off */
+/* kc_set_flush_denormal (cpu_train_f32.c); 1 unless a caller turned it off */
 extern int kc_flush_denormal_on;
 #if defined(__x86_64__) || defined(__SSE2__)
 #include <xmmintrin.h>

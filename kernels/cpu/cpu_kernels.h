@@ -118,7 +118,7 @@ void kc_gelu_forward(float *y, const float *x, size_t n);
 void kc_gelu_backward(float *dx, const float *dy, const float *x, size_t n);
 
 /*
- * The GAN activations (cpu_act.c). Each backward takes the forward INPUT x:
+ * The GAN activations (cpu_train.inc). Each backward takes the forward INPUT x:
  * dx = dy * f'(x). All stay finite for any finite or infinite x and
  * propagate NaN; accurate to a few float ulps, including the tails (sigmoid
  * of very negative x comes out as the tiny, possibly subnormal, true value,

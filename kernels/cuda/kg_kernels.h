@@ -136,7 +136,7 @@ cudaError_t kg_ew(cudaStream_t s, int op, int fdt, void *y, const void *a, const
                   size_t n);
 
 /* torch.optim.SGD on one tensor of fdt (PyTorch order, see
- * kernels/cpu/cpu_optim.c). momentum_buf may be NULL when momentum == 0.
+ * kernels/cpu/cpu_train.inc). momentum_buf may be NULL when momentum == 0.
  * compute(n), when not NULL, receives the updated p cast to compute_dtype
  * (F16/BF16/F32) in the same pass. */
 cudaError_t kg_sgd_update(cudaStream_t s, int fdt, void *p, const void *g, void *momentum_buf, size_t n, double lr,

@@ -274,7 +274,7 @@ template <int DT> __host__ __device__ __forceinline__ int kg_nonfinite(typename 
 
 /* ------------------------------------------------ activation constants */
 
-/* GELU tanh-approximation constants in double (cpu_f64.c; float32's are
+/* GELU tanh-approximation constants in double (cpu_train_f64.c; float32's are
  * km_act.h's). */
 #define KG_GELU64_BETA 0.79788456080286535588
 #define KG_GELU64_KAPPA 0.044715

@@ -1,6 +1,6 @@
 /*
  * test_kernels_act.c: the third suite of test_kernels_cpu, for the GAN
- * activations of cpu_act.c (tanh, sigmoid, leaky ReLU with slope 0.2) in
+ * activations of cpu_train.inc (tanh, sigmoid, leaky ReLU with slope 0.2) in
  * float32 and float64. It checks known values (Python's math module, quoted
  * as literals), a dense sweep against double formulas written here (libm's
  * tanh/exp, not the kernels' code), every backward against central finite
