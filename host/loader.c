@@ -1,6 +1,7 @@
 /*
- * host/loader.c — finds, vets, dlopen()s and validates plugin libraries, and
- * builds the registry. The checks follow docs/abi.md: directories and files
+ * host/loader.c — finds, vets, dlopen()s and validates plugin libraries
+ * (the registry built from them is registry.c; the probe cache
+ * probe_cache.c). The checks follow docs/abi.md: directories and files
  * must be owned by root or the effective user and not group/world-writable
  * (ancestors too, except a root-owned sticky directory such as /tmp); symlinks
  * and setuid files are refused; the file is opened O_NOFOLLOW, re-checked on
@@ -18,11 +19,12 @@
  * runs out of time without the marker refuses its file with one line. The
  * registry is built from those records; a library is loaded into this
  * process only when hl_find() first resolves one of its plugins (or for
- * `plugins list`, hl_load_all()). Probe results are cached per process by
- * (path, device, inode, size, mtime).
+ * `plugins list`, hl_load_all()). Probe results are cached in memory and on
+ * disk (probe_cache.c).
  */
 #define _GNU_SOURCE
 #include "loader.h"
+#include "probe_cache.h"
 #include "param_checks.h"
 
 #include <dirent.h>
@@ -52,13 +54,13 @@
 /* ---------------------------------------------------------------------------
  * Small helpers */
 
-static char *xstrdup(const char *s) {
+char *hl_xstrdup(const char *s) {
     char *d = strdup(s ? s : "");
     if (!d) { HLOG_ERROR("out of memory"); abort(); }
     return d;
 }
 
-static void *xrealloc(void *p, size_t n) {
+void *hl_xrealloc(void *p, size_t n) {
     void *q = realloc(p, n);
     if (!q && n) { HLOG_ERROR("out of memory"); abort(); }
     return q;
@@ -107,19 +109,19 @@ static const char *type_name(uint32_t t) {
  * Candidates */
 
 static hl_candidate *add_cand(hl_loader *L, const char *path, int is_dir, int status, const char *reason) {
-    L->cands = xrealloc(L->cands, sizeof(*L->cands) * (size_t)(L->ncands + 1));
+    L->cands = hl_xrealloc(L->cands, sizeof(*L->cands) * (size_t)(L->ncands + 1));
     hl_candidate *c = &L->cands[L->ncands++];
     memset(c, 0, sizeof *c);
-    c->path = xstrdup(path);
+    c->path = hl_xstrdup(path);
     c->is_dir = is_dir;
     c->status = status;
-    c->reason = reason ? xstrdup(reason) : NULL;
+    c->reason = reason ? hl_xstrdup(reason) : NULL;
     return c;
 }
 
 static void cand_append_reason(hl_candidate *c, const char *line) {
     size_t a = c->reason ? strlen(c->reason) : 0, b = strlen(line);
-    c->reason = xrealloc(c->reason, a + b + 2);
+    c->reason = hl_xrealloc(c->reason, a + b + 2);
     if (a) c->reason[a++] = '\n';
     memcpy(c->reason + a, line, b + 1);
 }
@@ -251,9 +253,9 @@ void hl_loader_init(hl_loader *L) { memset(L, 0, sizeof *L); }
 void hl_add_dir(hl_loader *L, const char *dir, int origin) {
     for (int i = 0; i < L->ndirs; i++)
         if (strcmp(L->dirs[i], dir) == 0) return;
-    L->dirs = xrealloc(L->dirs, sizeof(char *) * (size_t)(L->ndirs + 1));
-    L->dir_origin = xrealloc(L->dir_origin, sizeof(int) * (size_t)(L->ndirs + 1));
-    L->dirs[L->ndirs] = xstrdup(dir);
+    L->dirs = hl_xrealloc(L->dirs, sizeof(char *) * (size_t)(L->ndirs + 1));
+    L->dir_origin = hl_xrealloc(L->dir_origin, sizeof(int) * (size_t)(L->ndirs + 1));
+    L->dirs[L->ndirs] = hl_xstrdup(dir);
     L->dir_origin[L->ndirs] = origin;
     L->ndirs++;
 }
@@ -279,7 +281,7 @@ void hl_add_default_dirs(hl_loader *L) {
     /* secure_getenv returns NULL in setuid/setgid (AT_SECURE) processes. */
     const char *env = secure_getenv("KILN_PLUGIN_PATH");
     if (env && *env) {
-        char *copy = xstrdup(env), *save = NULL;
+        char *copy = hl_xstrdup(env), *save = NULL;
         for (char *tok = strtok_r(copy, ":", &save); tok; tok = strtok_r(NULL, ":", &save))
             if (*tok) hl_add_dir(L, tok, HL_ORIGIN_ENV);
         free(copy);
@@ -457,7 +459,7 @@ static int validate_desc(hl_library *lib, const kiln_plugin_desc *d, uint32_t id
     return 0;
 }
 
-static void lib_stem(const char *path, char *out, size_t n) {
+void hl_lib_stem(const char *path, char *out, size_t n) {
     const char *base = strrchr(path, '/');
     base = base ? base + 1 : path;
     if (strncmp(base, "libkiln-", 8) == 0) base += 8;
@@ -577,10 +579,10 @@ static hl_library *load_lib(const char *path, const char *real, const struct sta
     hl_library *lib = calloc(1, sizeof *lib);
     if (!lib) abort();
     memcpy(&lib->view, desc, sizeof(kiln_library));
-    lib->path = xstrdup(path);
+    lib->path = hl_xstrdup(path);
     char stem[256];
-    lib_stem(path, stem, sizeof stem);
-    lib->stem = xstrdup(stem);
+    hl_lib_stem(path, stem, sizeof stem);
+    lib->stem = hl_xstrdup(stem);
     lib->origin = origin;
     lib->dev = st->st_dev;
     lib->ino = st->st_ino;
@@ -680,10 +682,10 @@ static void free_probe(hl_probe *p) {
 static hl_probe *new_probe(const char *path, int origin, const struct stat *st) {
     hl_probe *p = calloc(1, sizeof *p);
     if (!p) abort();
-    p->path = xstrdup(path);
+    p->path = hl_xstrdup(path);
     char stem[256];
-    lib_stem(path, stem, sizeof stem);
-    p->stem = xstrdup(stem);
+    hl_lib_stem(path, stem, sizeof stem);
+    p->stem = hl_xstrdup(stem);
     p->origin = origin;
     p->dev = st->st_dev;
     p->ino = st->st_ino;
@@ -694,29 +696,29 @@ static hl_probe *new_probe(const char *path, int origin, const struct stat *st) 
 }
 
 static hl_pmeta *probe_add_plugin(hl_probe *p) {
-    p->plugins = xrealloc(p->plugins, sizeof(hl_pmeta) * (size_t)(p->nplugins + 1));
+    p->plugins = hl_xrealloc(p->plugins, sizeof(hl_pmeta) * (size_t)(p->nplugins + 1));
     hl_pmeta *m = &p->plugins[p->nplugins++];
     memset(m, 0, sizeof *m);
     return m;
 }
 
 static void pmeta_add_alias(hl_pmeta *m, const char *a) {
-    m->aliases = xrealloc(m->aliases, sizeof(char *) * (m->naliases + 1));
-    m->aliases[m->naliases++] = xstrdup(a);
+    m->aliases = hl_xrealloc(m->aliases, sizeof(char *) * (m->naliases + 1));
+    m->aliases[m->naliases++] = hl_xstrdup(a);
 }
 
 /* The record of an in-process library (hl_load_file, and the child). */
 static void probe_fill_from_lib(hl_probe *p, const hl_library *lib) {
-    p->libname = xstrdup(lib->view.library_name);
-    p->libversion = xstrdup(lib->view.library_version);
+    p->libname = hl_xstrdup(lib->view.library_name);
+    p->libversion = hl_xstrdup(lib->view.library_version);
     p->abi_major = lib->view.abi_major;
     p->abi_minor = lib->view.abi_minor;
     for (int j = 0; j < lib->nplugins; j++) {
         const hl_plugin *q = &lib->plugins[j];
         hl_pmeta *m = probe_add_plugin(p);
         m->kind = q->view.kind;
-        m->name = xstrdup(q->view.name);
-        m->version = xstrdup(q->view.version);
+        m->name = hl_xstrdup(q->view.name);
+        m->version = hl_xstrdup(q->view.version);
         for (uint32_t a = 0; a < q->naliases; a++) pmeta_add_alias(m, q->aliases[a]);
         const kiln_value *d = hl_prop(q, "default");
         m->is_default = d && d->type == KILN_TYPE_BOOL && d->v.i;
@@ -733,7 +735,7 @@ static void wput(wbuf *b, char tag, const char *s, size_t len) {
     int hn = snprintf(head, sizeof head, "%c%zu:", tag, len);
     if (b->n + (size_t)hn + len > b->cap) {
         b->cap = (b->n + (size_t)hn + len) * 2 + 256;
-        b->p = xrealloc(b->p, b->cap);
+        b->p = hl_xrealloc(b->p, b->cap);
     }
     memcpy(b->p + b->n, head, (size_t)hn);
     memcpy(b->p + b->n + hn, s, len);
@@ -847,7 +849,6 @@ static void __attribute__((noreturn)) probe_child(int wfd, const char *path, con
 
 #define HL_PROBE_DEFAULT_TIMEOUT 10.0
 #define HL_PROBE_MAX_PARALLEL 16
-#define HL_PROBE_MAX_RECORD (1u << 20)
 
 int hl_probe_timeout(double *seconds, char *why, size_t whylen) {
     *seconds = HL_PROBE_DEFAULT_TIMEOUT;
@@ -869,233 +870,6 @@ static double mono_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/* Probe results are cached in memory for this process and on disk for the
- * next ones, keyed by the file's path, device, inode, size, mtime and ctime
- * (ctime cannot be set back by the file's owner) and by the identity of the
- * kiln executable (another build may judge a library differently). A warm
- * command forks no child at all. Timeouts are never cached: they may not
- * recur. The cache only spares a probe: every file is still vetted, and a
- * library loaded into this process must offer what its record says. */
-typedef struct file_key {
-    dev_t dev;
-    ino_t ino;
-    off_t size;
-    int64_t mtime_ns, ctime_ns;
-} file_key;
-
-typedef struct probe_cache_ent {
-    char *real;
-    file_key k;
-    file_key exe;
-    int ok;       /* 1: data is a record; 0: data is a refusal text after "<path>: " */
-    char *data;
-    size_t len;
-} probe_cache_ent;
-static probe_cache_ent *g_cache;
-static int g_ncache, g_cache_loaded, g_cache_dirty;
-
-static file_key key_of(const struct stat *st) {
-    file_key k;
-    memset(&k, 0, sizeof k);
-    k.dev = st->st_dev;
-    k.ino = st->st_ino;
-    k.size = st->st_size;
-    k.mtime_ns = (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec;
-    k.ctime_ns = (int64_t)st->st_ctim.tv_sec * 1000000000 + st->st_ctim.tv_nsec;
-    return k;
-}
-
-static int key_eq(const file_key *a, const file_key *b) {
-    return a->dev == b->dev && a->ino == b->ino && a->size == b->size && a->mtime_ns == b->mtime_ns &&
-           a->ctime_ns == b->ctime_ns;
-}
-
-static const file_key *exe_key(void) {
-    static file_key k;
-    static int done;
-    if (!done) {
-        struct stat st;
-        if (stat("/proc/self/exe", &st) == 0) k = key_of(&st);
-        done = 1;
-    }
-    return &k;
-}
-
-static probe_cache_ent *cache_find_in(const char *real, const file_key *k) {
-    for (int i = 0; i < g_ncache; i++) {
-        probe_cache_ent *e = &g_cache[i];
-        if (key_eq(&e->k, k) && key_eq(&e->exe, exe_key()) && !strcmp(e->real, real)) return e;
-    }
-    return NULL;
-}
-
-static void cache_add(const char *real, const file_key *k, const file_key *exe, int ok, const char *data, size_t len) {
-    g_cache = xrealloc(g_cache, sizeof *g_cache * (size_t)(g_ncache + 1));
-    probe_cache_ent *e = &g_cache[g_ncache++];
-    memset(e, 0, sizeof *e);
-    e->real = xstrdup(real);
-    e->k = *k;
-    e->exe = *exe;
-    e->ok = ok;
-    e->data = xrealloc(NULL, len + 1);
-    memcpy(e->data, data, len);
-    e->data[len] = 0;
-    e->len = len;
-}
-
-/* The cache file: KILN_PLUGIN_CACHE (an absolute path, or "off"), else
- * $XDG_CACHE_HOME/kiln/plugin-probes, else ~/.cache/kiln/plugin-probes.
- * NULL when off or there is no such place. */
-static const char *cache_file(void) {
-    static char path[PATH_MAX];
-    const char *e = secure_getenv("KILN_PLUGIN_CACHE");
-    if (e && *e) {
-        if (!strcmp(e, "off") || e[0] != '/') return NULL; /* hl_check_env refuses the latter */
-        snprintf(path, sizeof path, "%s", e);
-        return path;
-    }
-    const char *x = secure_getenv("XDG_CACHE_HOME"), *h = secure_getenv("HOME");
-    if (x && x[0] == '/') snprintf(path, sizeof path, "%s/kiln/plugin-probes", x);
-    else if (h && h[0] == '/') snprintf(path, sizeof path, "%s/.cache/kiln/plugin-probes", h);
-    else return NULL;
-    return path;
-}
-
-#define HL_CACHE_MAGIC "kiln-plugin-probes 1\n"
-#define HL_CACHE_MAX_BYTES (16u << 20)
-#define HL_CACHE_MAX_ENTRIES 4096
-
-/* Read the cache file once per process. Only a regular file of ours that
- * nobody else can write is trusted; anything malformed ends the reading. */
-static void cache_load(void) {
-    if (g_cache_loaded) return;
-    g_cache_loaded = 1;
-    const char *path = cache_file();
-    if (!path) return;
-    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0) return;
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & (S_IWGRP | S_IWOTH)) ||
-        st.st_size > (off_t)HL_CACHE_MAX_BYTES) {
-        hlog_loader("probe cache %s: not a private regular file of ours; ignored", path);
-        close(fd);
-        return;
-    }
-    size_t n = (size_t)st.st_size, got = 0;
-    char *buf = malloc(n + 1);
-    if (!buf) abort();
-    while (got < n) {
-        ssize_t r = read(fd, buf + got, n - got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) break;
-        got += (size_t)r;
-    }
-    close(fd);
-    buf[got] = 0;
-    size_t ml = strlen(HL_CACHE_MAGIC), i = ml;
-    if (got < ml || memcmp(buf, HL_CACHE_MAGIC, ml) != 0) { free(buf); return; }
-    while (i < got && g_ncache < HL_CACHE_MAX_ENTRIES) {
-        /* E ok dev ino size mtime ctime | exe: dev ino size mtime ctime | pathlen datalen\n path data\n */
-        char *nl = memchr(buf + i, '\n', got - i);
-        if (!nl) break;
-        *nl = 0;
-        unsigned long long v[14];
-        int ok;
-        if (sscanf(buf + i, "E %d %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu", &ok, &v[0], &v[1],
-                   &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9], &v[10], &v[11]) != 13)
-            break;
-        size_t pl = (size_t)v[10], dl = (size_t)v[11];
-        i = (size_t)(nl - buf) + 1;
-        if (pl == 0 || pl >= PATH_MAX || dl > HL_PROBE_MAX_RECORD || got - i < pl + dl + 1 || buf[i + pl + dl] != '\n')
-            break;
-        char real[PATH_MAX];
-        memcpy(real, buf + i, pl);
-        real[pl] = 0;
-        if (strlen(real) != pl) break;
-        file_key k = {(dev_t)v[0], (ino_t)v[1], (off_t)v[2], (int64_t)v[3], (int64_t)v[4]};
-        file_key x = {(dev_t)v[5], (ino_t)v[6], (off_t)v[7], (int64_t)v[8], (int64_t)v[9]};
-        cache_add(real, &k, &x, ok != 0, buf + i + pl, dl);
-        i += pl + dl + 1;
-    }
-    free(buf);
-}
-
-/* Write the cache back (temp file and rename, so concurrent commands, e.g.
- * the ranks of one job, never see a torn file), keeping only entries whose
- * file is still the one probed. Failures only cost the next command its
- * probes. */
-static void cache_save(void) {
-    const char *path = cache_file();
-    if (!path || !g_cache_dirty) return;
-    g_cache_dirty = 0;
-    char dir[PATH_MAX], tmp[PATH_MAX + 32];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (!slash || slash == dir) return;
-    *slash = 0;
-    if (mkdir(dir, 0700) != 0 && errno == ENOENT) {
-        /* ~/.cache itself may be missing */
-        char *up = strrchr(dir, '/');
-        if (up && up != dir) {
-            *up = 0;
-            mkdir(dir, 0700);
-            *up = '/';
-        }
-        mkdir(dir, 0700);
-    }
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (fd < 0) {
-        hlog_loader("probe cache %s: cannot write: %s", tmp, strerror(errno));
-        return;
-    }
-    FILE *f = fdopen(fd, "w");
-    if (!f) { close(fd); unlink(tmp); return; }
-    fputs(HL_CACHE_MAGIC, f);
-    int kept = 0;
-    for (int i = g_ncache - 1; i >= 0 && kept < HL_CACHE_MAX_ENTRIES; i--) { /* newest first */
-        const probe_cache_ent *e = &g_cache[i];
-        struct stat st;
-        if (stat(e->real, &st) != 0) continue;
-        file_key now = key_of(&st);
-        if (!key_eq(&now, &e->k)) continue;
-        fprintf(f, "E %d %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu %zu %zu\n", e->ok,
-                (unsigned long long)e->k.dev, (unsigned long long)e->k.ino, (unsigned long long)e->k.size,
-                (unsigned long long)e->k.mtime_ns, (unsigned long long)e->k.ctime_ns, (unsigned long long)e->exe.dev,
-                (unsigned long long)e->exe.ino, (unsigned long long)e->exe.size,
-                (unsigned long long)e->exe.mtime_ns, (unsigned long long)e->exe.ctime_ns, strlen(e->real), e->len);
-        fputs(e->real, f);
-        fwrite(e->data, 1, e->len, f);
-        fputc('\n', f);
-        kept++;
-    }
-    if (fclose(f) != 0 || rename(tmp, path) != 0) {
-        hlog_loader("probe cache %s: cannot write: %s", path, strerror(errno));
-        unlink(tmp);
-    }
-}
-
-static probe_cache_ent *cache_find(const char *real, const struct stat *st) {
-    cache_load();
-    file_key k = key_of(st);
-    return cache_find_in(real, &k);
-}
-
-static void cache_put(const char *real, const struct stat *st, int ok, const char *data, size_t len) {
-    file_key k = key_of(st);
-    probe_cache_ent *e = cache_find_in(real, &k);
-    if (e) {
-        free(e->data);
-        e->ok = ok;
-        e->data = xrealloc(NULL, len + 1);
-        memcpy(e->data, data, len);
-        e->data[len] = 0;
-        e->len = len;
-    } else
-        cache_add(real, &k, exe_key(), ok, data, len);
-    g_cache_dirty = 1;
 }
 
 int hl_check_env(char *why, size_t whylen) {
@@ -1131,7 +905,7 @@ static void probe_settle(hl_loader *L, int cand, int origin, const struct stat *
         snprintf(why, sizeof why, "%s: %s", c->path, data);
         c->status = HL_CAND_REFUSED;
         free(c->reason);
-        c->reason = xstrdup(why);
+        c->reason = hl_xstrdup(why);
         HLOG_WARN("%s", why);
         return;
     }
@@ -1143,7 +917,7 @@ static void probe_settle(hl_loader *L, int cand, int origin, const struct stat *
         free(c->reason);
         char why[PATH_MAX + 128];
         snprintf(why, sizeof why, "%s: its probe sent an unreadable report; not used", c->path);
-        c->reason = xstrdup(why);
+        c->reason = hl_xstrdup(why);
         HLOG_WARN("%s", why);
         free_probe(p);
         free(reason);
@@ -1171,7 +945,7 @@ static void probe_settle(hl_loader *L, int cand, int origin, const struct stat *
     } else {
         c->status = HL_CAND_LOADED;
         p->cand = cand;
-        L->probes = xrealloc(L->probes, sizeof(hl_probe *) * (size_t)(L->nprobes + 1));
+        L->probes = hl_xrealloc(L->probes, sizeof(hl_probe *) * (size_t)(L->nprobes + 1));
         L->probes[L->nprobes++] = p;
         hlog_loader("probed %s (%s %s, ABI %u.%u): %d plugin(s)", c->path, p->libname, p->libversion, p->abi_major,
                     p->abi_minor, p->nplugins);
@@ -1250,7 +1024,7 @@ static void run_jobs(hl_loader *L, probe_job *jobs, int n, double timeout) {
             probe_job *j = &jobs[map[k]];
             if (j->cap - j->len < 4096) {
                 j->cap = j->cap ? j->cap * 2 : 8192;
-                j->buf = xrealloc(j->buf, j->cap);
+                j->buf = hl_xrealloc(j->buf, j->cap);
             }
             ssize_t r = read(j->fd, j->buf + j->len, j->cap - j->len);
             if (r > 0) {
@@ -1276,7 +1050,7 @@ static void run_jobs(hl_loader *L, probe_job *jobs, int n, double timeout) {
                     for (;;) {
                         if (j->cap - j->len < 4096) {
                             j->cap = j->cap ? j->cap * 2 : 8192;
-                            j->buf = xrealloc(j->buf, j->cap);
+                            j->buf = hl_xrealloc(j->buf, j->cap);
                         }
                         ssize_t r = read(j->fd, j->buf + j->len, j->cap - j->len);
                         if (r <= 0 || (j->len += (size_t)r) > HL_PROBE_MAX_RECORD) break;
@@ -1373,8 +1147,8 @@ void hl_discover(hl_loader *L) {
         while ((e = readdir(dh))) {
             if (e->d_name[0] == '.') continue;
             if (fnmatch("libkiln-*.so", e->d_name, 0) != 0) continue;
-            names = xrealloc(names, sizeof(char *) * (size_t)(nn + 1));
-            names[nn++] = xstrdup(e->d_name);
+            names = hl_xrealloc(names, sizeof(char *) * (size_t)(nn + 1));
+            names[nn++] = hl_xstrdup(e->d_name);
         }
         closedir(dh);
         /* Sorted, so search order (and conflict resolution) is deterministic. */
@@ -1397,7 +1171,7 @@ void hl_discover(hl_loader *L) {
                 continue;
             }
             add_cand(L, path, 0, HL_CAND_REFUSED, NULL); /* settled below */
-            jobs = xrealloc(jobs, sizeof *jobs * (size_t)(njobs + 1));
+            jobs = hl_xrealloc(jobs, sizeof *jobs * (size_t)(njobs + 1));
             probe_job *j = &jobs[njobs++];
             memset(j, 0, sizeof *j);
             j->cand = L->ncands - 1;
@@ -1410,7 +1184,7 @@ void hl_discover(hl_loader *L) {
     }
     /* cached results need no child */
     for (int i = 0; i < njobs; i++)
-        if (cache_find(jobs[i].real, &jobs[i].st)) {
+        if (hl_cache_find(jobs[i].real, &jobs[i].st)) {
             jobs[i].cached = 1;
             hlog_loader("probe of %s: from the cache", L->cands[jobs[i].cand].path);
         }
@@ -1421,8 +1195,8 @@ void hl_discover(hl_loader *L) {
         if (!j->cached) {
             char text[1024];
             int ok = job_verdict(j, timeout, text, sizeof text);
-            if (ok) cache_put(j->real, &j->st, 1, j->buf, j->len);
-            else if (!j->timed_out && j->pid) cache_put(j->real, &j->st, 0, text, strlen(text));
+            if (ok) hl_cache_put(j->real, &j->st, 1, j->buf, j->len);
+            else if (!j->timed_out && j->pid) hl_cache_put(j->real, &j->st, 0, text, strlen(text));
             else {
                 /* a timeout or a failed fork may not recur: not cached */
                 probe_settle(L, j->cand, j->origin, &j->st, 0, text, strlen(text));
@@ -1431,17 +1205,17 @@ void hl_discover(hl_loader *L) {
             }
             free(j->buf);
         }
-        probe_cache_ent *e = cache_find(j->real, &j->st);
+        hl_cache_ent *e = hl_cache_find(j->real, &j->st);
         probe_settle(L, j->cand, j->origin, &j->st, e->ok, e->data, e->len);
     }
     free(jobs);
-    cache_save();
+    hl_cache_save();
     hl_registry_build(L);
 }
 
 /* Bring a probed library into this process. 0, or -1 with why (and the
  * probe marked failed, its candidate refused). */
-static int probe_load(hl_loader *L, hl_probe *p, char *why, size_t whylen) {
+int hl_probe_load(hl_loader *L, hl_probe *p, char *why, size_t whylen) {
     if (p->lib) return 0;
     if (p->failed) {
         hwhyf(why, whylen, "%s", p->cand >= 0 && L->cands[p->cand].reason ? L->cands[p->cand].reason : p->path);
@@ -1482,13 +1256,13 @@ static int probe_load(hl_loader *L, hl_probe *p, char *why, size_t whylen) {
             hl_candidate *c = &L->cands[p->cand];
             c->status = HL_CAND_REFUSED;
             free(c->reason);
-            c->reason = xstrdup(why);
+            c->reason = hl_xstrdup(why);
         }
         return -1;
     }
     p->lib = lib;
     if (p->cand >= 0) L->cands[p->cand].lib = lib;
-    L->libs = xrealloc(L->libs, sizeof(hl_library *) * (size_t)(L->nlibs + 1));
+    L->libs = hl_xrealloc(L->libs, sizeof(hl_library *) * (size_t)(L->nlibs + 1));
     L->libs[L->nlibs++] = lib;
     return 0;
 }
@@ -1499,7 +1273,7 @@ int hl_load_all(hl_loader *L) {
     for (int i = 0; i < L->nprobes; i++) {
         hl_probe *p = L->probes[i];
         if (p->lib || p->failed) continue;
-        if (probe_load(L, p, why, sizeof why)) {
+        if (hl_probe_load(L, p, why, sizeof why)) {
             HLOG_WARN("%s", why);
             failed++;
         }
@@ -1533,7 +1307,7 @@ int hl_load_file(hl_loader *L, const char *path, int origin, char *why, size_t w
     c = &L->cands[ci];
     if (!lib) {
         c->status = HL_CAND_REFUSED;
-        if (!c->reason) c->reason = xstrdup(why);
+        if (!c->reason) c->reason = hl_xstrdup(why);
         return -1;
     }
     c->lib = lib;
@@ -1541,180 +1315,11 @@ int hl_load_file(hl_loader *L, const char *path, int origin, char *why, size_t w
     probe_fill_from_lib(p, lib);
     p->lib = lib;
     p->cand = ci;
-    L->probes = xrealloc(L->probes, sizeof(hl_probe *) * (size_t)(L->nprobes + 1));
+    L->probes = hl_xrealloc(L->probes, sizeof(hl_probe *) * (size_t)(L->nprobes + 1));
     L->probes[L->nprobes++] = p;
-    L->libs = xrealloc(L->libs, sizeof(hl_library *) * (size_t)(L->nlibs + 1));
+    L->libs = hl_xrealloc(L->libs, sizeof(hl_library *) * (size_t)(L->nlibs + 1));
     L->libs[L->nlibs++] = lib;
     return 0;
-}
-
-/* ---------------------------------------------------------------------------
- * Registry */
-
-static void add_warning(hl_loader *L, const char *w) {
-    L->warnings = xrealloc(L->warnings, sizeof(char *) * (size_t)(L->nwarnings + 1));
-    L->warnings[L->nwarnings++] = xstrdup(w);
-    HLOG_WARN("%s", w);
-}
-
-/* Which of two plugins keeps a key: an exact name beats an alias; a built-in
- * beats a plugin from another directory (built-ins are replaced only by
- * explicit "stem:name" selection); otherwise the earlier in search order. */
-static int keeps(const struct hl_regent *old, const hl_probe *p, int is_alias) {
-    if (old->is_alias != is_alias) return !old->is_alias;
-    int ob = old->pr->origin == HL_ORIGIN_BUILTIN, nb = p->origin == HL_ORIGIN_BUILTIN;
-    if (ob != nb) return ob;
-    return 1;
-}
-
-static void reg_put(hl_loader *L, hl_probe *p, int pi, const char *key, int is_alias) {
-    const hl_pmeta *m = &p->plugins[pi];
-    for (int i = 0; i < L->nreg; i++) {
-        struct hl_regent *r = &L->reg[i];
-        if (r->kind != m->kind || strcmp(r->key, key) != 0) continue;
-        if (r->pr == p && r->pi == pi) return;
-        int old_wins = keeps(r, p, is_alias);
-        const hl_probe *w = old_wins ? r->pr : p, *lo = old_wins ? p : r->pr;
-        const hl_pmeta *lom = old_wins ? m : &r->pr->plugins[r->pi];
-        char msg[2048];
-        snprintf(msg, sizeof msg,
-                 "%s '%s' provided by both %s and %s; using %s (%s). Select the other explicitly with name = "
-                 "\"%s:%s\"",
-                 hl_kind_name(m->kind), key, r->pr->path, p->path, w->path,
-                 w->origin == HL_ORIGIN_BUILTIN && lo->origin != HL_ORIGIN_BUILTIN ? "built-ins are not "
-                                                                                   "replaced implicitly"
-                 : (r->is_alias != is_alias) ? "a name beats an alias"
-                                             : "search-path order",
-                 lo->stem, lom->name);
-        add_warning(L, msg);
-        if (!old_wins) { r->pr = p; r->pi = pi; r->is_alias = is_alias; }
-        return;
-    }
-    L->reg = xrealloc(L->reg, sizeof(*L->reg) * (size_t)(L->nreg + 1));
-    L->reg[L->nreg++] = (struct hl_regent){m->kind, key, p, pi, is_alias};
-}
-
-void hl_registry_build(hl_loader *L) {
-    free(L->reg);
-    L->reg = NULL;
-    L->nreg = 0;
-    /* Names first, then aliases, so an alias never shadows a real name. */
-    for (int pass = 0; pass < 2; pass++)
-        for (int i = 0; i < L->nprobes; i++) {
-            hl_probe *p = L->probes[i];
-            if (p->failed) continue;
-            for (int j = 0; j < p->nplugins; j++) {
-                hl_pmeta *m = &p->plugins[j];
-                if (pass == 0) reg_put(L, p, j, m->name, 0);
-                else
-                    for (uint32_t a = 0; a < m->naliases; a++) reg_put(L, p, j, m->aliases[a], 1);
-            }
-        }
-}
-
-const kiln_value *hl_prop(const hl_plugin *p, const char *key) {
-    for (const kiln_kv *kv = p->view.properties; kv && kv->key; kv++)
-        if (strcmp(kv->key, key) == 0) return &kv->value;
-    return NULL;
-}
-
-/* The plugin a slot uses when the run file leaves it out: the first (in
- * search order) of its kind whose "default" property is true. The host
- * names no plugin itself: 32-true, cpu and single declare themselves.
- * Answered from the probes: no library is loaded to ask. */
-const char *hl_default_name(const hl_loader *L, const char *slot) {
-    uint32_t kind;
-    if (hl_kind_from_name(slot, &kind) != 0) return NULL;
-    for (int i = 0; i < L->nreg; i++) {
-        const struct hl_regent *e = &L->reg[i];
-        if (e->kind != kind || e->is_alias) continue;
-        if (e->pr->plugins[e->pi].is_default) return e->pr->plugins[e->pi].name;
-    }
-    return NULL;
-}
-
-/* The probe's plugin pi, loaded into this process on first use. */
-static const hl_plugin *resolve(hl_loader *L, hl_probe *p, int pi, char *why, size_t whylen) {
-    if (probe_load(L, p, why, whylen)) return NULL;
-    const hl_pmeta *m = &p->plugins[pi];
-    for (int j = 0; j < p->lib->nplugins; j++)
-        if (p->lib->plugins[j].view.kind == m->kind && !strcmp(p->lib->plugins[j].view.name, m->name))
-            return &p->lib->plugins[j];
-    hwhyf(why, whylen, "%s: %s '%s' is missing once loaded", p->path, hl_kind_name(m->kind), m->name);
-    return NULL;
-}
-
-/* A refused file that the query probably meant: libkiln-<query>.so (or the
- * stem of "stem:name"). Its reason, which names the file, or NULL. */
-static const char *refused_namesake(const hl_loader *L, const char *stem, size_t sl) {
-    for (int i = 0; i < L->ncands; i++) {
-        const hl_candidate *c = &L->cands[i];
-        if (c->is_dir || c->status != HL_CAND_REFUSED || !c->reason) continue;
-        char s[256];
-        lib_stem(c->path, s, sizeof s);
-        if (strlen(s) == sl && !strncmp(s, stem, sl)) return c->reason;
-    }
-    return NULL;
-}
-
-const hl_plugin *hl_find(hl_loader *L, uint32_t kind, const char *query, char *why, size_t whylen) {
-    const char *kn = hl_kind_name(kind);
-    const char *colon = strchr(query, ':');
-    if (colon) {
-        size_t sl = (size_t)(colon - query);
-        const char *name = colon + 1;
-        for (int i = 0; i < L->nprobes; i++) {
-            hl_probe *p = L->probes[i];
-            if (p->failed || strlen(p->stem) != sl || strncmp(p->stem, query, sl) != 0) continue;
-            for (int j = 0; j < p->nplugins; j++) {
-                const hl_pmeta *m = &p->plugins[j];
-                if (m->kind != kind) continue;
-                int hit = !strcmp(m->name, name);
-                for (uint32_t a = 0; !hit && a < m->naliases; a++) hit = !strcmp(m->aliases[a], name);
-                if (hit) return resolve(L, p, j, why, whylen);
-            }
-            hwhyf(why, whylen, "library libkiln-%.*s.so has no %s plugin answering to '%s'", (int)sl, query, kn, name);
-            return NULL;
-        }
-        const char *ref = refused_namesake(L, query, sl);
-        if (ref) {
-            hwhyf(why, whylen, "%s '%s' cannot be used: %.*s", kn, query, (int)strcspn(ref, "\n"), ref);
-            return NULL;
-        }
-        hwhyf(why, whylen, "no loaded library libkiln-%.*s.so for %s '%s'", (int)sl, query, kn, query);
-        return NULL;
-    }
-    for (int i = 0; i < L->nreg; i++)
-        if (L->reg[i].kind == kind && !strcmp(L->reg[i].key, query)) return resolve(L, L->reg[i].pr, L->reg[i].pi, why, whylen);
-    /* Not found: a refused file of that name is the likely reason. */
-    const char *ref = refused_namesake(L, query, strlen(query));
-    if (ref) {
-        hwhyf(why, whylen, "%s '%s' cannot be used: %.*s", kn, query, (int)strcspn(ref, "\n"), ref);
-        return NULL;
-    }
-    /* Otherwise list what exists and the closest match. */
-    char known[512] = "";
-    const char *best = NULL;
-    size_t bestd = HEDIT_FAR;
-    for (int i = 0; i < L->nreg; i++) {
-        if (L->reg[i].kind != kind) continue;
-        if (!L->reg[i].is_alias) {
-            size_t n = strlen(known);
-            snprintf(known + n, sizeof known - n, "%s%s", n ? ", " : "", L->reg[i].key);
-        }
-        size_t d = hedit_distance(query, L->reg[i].key);
-        if (d < bestd) { bestd = d; best = L->reg[i].key; }
-    }
-    int refused = 0;
-    for (int i = 0; i < L->ncands; i++) refused += !L->cands[i].is_dir && L->cands[i].status == HL_CAND_REFUSED;
-    char hint[256] = "";
-    if (best && bestd <= 2 + strlen(query) / 4) snprintf(hint, sizeof hint, "; did you mean '%s'?", best);
-    char ref2[160] = "";
-    if (refused)
-        snprintf(ref2, sizeof ref2, " (%d plugin file(s) were refused; see `kiln plugins list --verbose`)", refused);
-    hwhyf(why, whylen, "no %s plugin answers to '%s' (available: %s)%s%s", kn, query, *known ? known : "none", hint,
-         ref2);
-    return NULL;
 }
 
 void hl_shutdown(hl_loader *L) {

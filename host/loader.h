@@ -172,4 +172,12 @@ const kiln_host_services *hs_services(void);
  * one, or none. One line into buf, starting "missing symbol ...". */
 void hl_entry_diagnosis(const char *path, char *buf, size_t n);
 
+/* Shared by loader.c and registry.c only. */
+char *hl_xstrdup(const char *s);           /* aborts on out of memory       */
+void *hl_xrealloc(void *p, size_t n);      /* aborts on out of memory       */
+void hl_lib_stem(const char *path, char *out, size_t n); /* "libkiln-x.so" → "x" */
+/* Load the library a probe describes into this process (once); 0, or -1
+ * with one line in why. */
+int hl_probe_load(hl_loader *L, hl_probe *p, char *why, size_t whylen);
+
 #endif
