@@ -166,6 +166,20 @@ static int ck_rel_ok(const char *rel) {
     }
 }
 
+/* A string from a restored state as it may appear in a message: control
+ * characters escaped (a newline in a crafted path or monitor name must not
+ * forge a log line), cut to what fits in buf. */
+static const char *ck_q(const char *s, char *buf, size_t n) {
+    size_t o = 0;
+    for (; s && *s && o + 5 < n; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c < 0x20 || c == 0x7F) o += (size_t)snprintf(buf + o, n - o, "\\x%02x", c);
+        else buf[o++] = (char)c;
+    }
+    buf[o] = 0;
+    return buf;
+}
+
 /* An absolute path in normal form: "/" then a safe relative name. */
 static int ck_abs_ok(const char *path) { return path && path[0] == '/' && ck_rel_ok(path + 1); }
 
@@ -986,10 +1000,11 @@ static int32_t ck_set_state(kiln_instance *self, uint32_t state_version, const v
         }
     }
     if (bad_path) {
+        char q[600];
         rc = kiln_errorf(self->svc, self->hctx, KILN_E_DATA,
-                         "checkpoint: corrupt state: the %s \"%.512s\" is not an absolute path without \".\", "
+                         "checkpoint: corrupt state: the %s \"%s\" is not an absolute path without \".\", "
                          "\"..\" or empty components; refusing to restore it",
-                         bad_what, bad_path);
+                         bad_what, ck_q(bad_path, q, sizeof q));
         goto out;
     }
     if (r.bad || r.off != r.n || mode > CK_MODE_MAX || (nbest && !best_k) || (npend && !pend)) {
@@ -1002,20 +1017,22 @@ static int32_t ck_set_state(kiln_instance *self, uint32_t state_version, const v
     /* Lightning keys the state by monitor and mode: another checkpoint
      * callback's bookkeeping is not this one's, so it starts fresh. */
     if ((int)mode != self->mode || strcmp(monitor ? monitor : "", mine) != 0) {
+        char q[300];
         kiln_logf(self->svc, self->hctx, KILN_LOG_WARN,
                   "checkpoint: the checkpoint's state is for monitor `%s` mode %s, this callback monitors `%s` mode "
                   "%s; starting fresh",
-                  monitor ? monitor : "", ck_mode_name((int)mode), mine, ck_mode_name(self->mode));
+                  ck_q(monitor, q, sizeof q), ck_mode_name((int)mode), mine, ck_mode_name(self->mode));
         goto out;
     }
     self->last_step_saved = last_step;
     self->last_epoch_saved = last_epoch;
     ck_set(&self->best_path, best_path);
     if (strcmp(dir_cfg ? dir_cfg : "", self->dirpath_cfg) != 0) {
+        char q1[600], q2[600];
         kiln_logf(self->svc, self->hctx, KILN_LOG_WARN,
                   "checkpoint: dirpath changed from \"%s\" to \"%s\": only best_model_path (%s) is restored, the top-k "
                   "bookkeeping starts fresh",
-                  dir_cfg ? dir_cfg : "", self->dirpath_cfg, best_path ? best_path : "none");
+                  ck_q(dir_cfg, q1, sizeof q1), self->dirpath_cfg, best_path ? ck_q(best_path, q2, sizeof q2) : "none");
         goto out;
     }
     self->has_best_score = (flags & 1u) != 0;

@@ -317,10 +317,20 @@ static int32_t es_set_state(kiln_instance *self, uint32_t state_version, const v
     /* Lightning keys the state by monitor and mode: another early stopping
      * callback's state is simply not this one's, so it starts fresh. */
     if ((int)mode != self->mode || strlen(self->monitor) != mlen || memcmp(saved, self->monitor, mlen) != 0) {
+        /* the saved name comes from the file: control characters escaped,
+         * so a newline in it cannot forge a log line */
+        char q[300];
+        size_t o = 0;
+        for (uint32_t i = 0; i < mlen && o + 5 < sizeof q; i++) {
+            unsigned char c = (unsigned char)saved[i];
+            if (c < 0x20 || c == 0x7F) o += (size_t)snprintf(q + o, sizeof q - o, "\\x%02x", c);
+            else q[o++] = (char)c;
+        }
+        q[o] = 0;
         kiln_logf(self->svc, self->hctx, KILN_LOG_WARN,
-                  "early_stopping: the checkpoint's state is for monitor `%.*s` mode %s, this callback monitors `%s` "
+                  "early_stopping: the checkpoint's state is for monitor `%s` mode %s, this callback monitors `%s` "
                   "mode %s; starting fresh",
-                  (int)mlen, saved, es_mode_name((int)mode), self->monitor, es_mode_name(self->mode));
+                  q, es_mode_name((int)mode), self->monitor, es_mode_name(self->mode));
         return KILN_OK;
     }
     int64_t patience = (int64_t)es_get_u64(b + 24);

@@ -218,10 +218,16 @@ static const kiln_kv *fz_config(const fz_plugin *p) {
 /* the test host's services, but quiet: a warning per refused blob would flood the
  * fuzzer's output and slow it down (set KILN_FUZZ_VERBOSE=1 to see them) */
 static kiln_host_services fz_svc;
+static int fz_restoring; /* inside set_state: what it logs comes from the blob */
 
 static void fz_log(kiln_host_ctx *h, int32_t level, const char *msg) {
     (void)h;
     if (getenv("KILN_FUZZ_VERBOSE")) fprintf(stderr, "fuzz_state: log %d: %s\n", level, msg);
+    /* a newline from a blob in a log line forges the next one */
+    if (fz_restoring && strchr(msg, '\n')) {
+        fprintf(stderr, "fuzz_state: invariant broken: set_state logged more than one line: %s\n", msg);
+        abort();
+    }
 }
 
 static const kiln_host_services *fz_services(void) {
@@ -372,7 +378,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     /* the blob is the input itself: libFuzzer and replay_main.c hand over an
      * exact-size heap copy, so a read past its end is an ASan report */
+    fz_restoring = 1;
     rc = ops->set_state(inst, version, in.p, in.n);
+    fz_restoring = 0;
     if (rc == KILN_OK) {
         uint32_t v2 = 0;
         void *blob = NULL;
