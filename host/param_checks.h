@@ -22,27 +22,9 @@
 #include <stddef.h>
 
 #include "config.h"
+#include "kiln/config_checks.h"
 #include "kiln/value.h"
 
-#define HP_MAX_CHOICES 32
-
-typedef struct hp_check {
-    char key[64];
-    int choices;                 /* 1: choice[] holds the allowed strings     */
-    int has_lo, has_hi;          /* bounds present                            */
-    int lo_open, hi_open;        /* > rather than >=, < rather than <=        */
-    double lo, hi;
-    int nchoice;
-    char choice[HP_MAX_CHOICES][64];
-} hp_check;
-
-/* Parse one rule; 0, or -1 with "expected ..., found ..." in why. */
-int hp_parse(const char *text, hp_check *out, char *why, size_t whylen);
-/* "> 0", "in [0, 1)", "one of \"min\", \"max\"" — for messages and listings. */
-void hp_describe(const hp_check *c, char *buf, size_t n);
-/* Whether v (a value of the key's declared type) satisfies the rule; on a
- * miss the offending value (or list element) as text in `found`. */
-int hp_value_ok(const hp_check *c, const kiln_value *v, char *found, size_t n);
 /* The rules of a descriptor, checked against its declared params: 0, or -1
  * with a message (no file name) in why. */
 int hp_validate_desc(const kiln_kv *properties, const kiln_param *params, char *why, size_t whylen);

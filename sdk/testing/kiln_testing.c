@@ -10,6 +10,7 @@
  */
 #define _GNU_SOURCE
 #include "kiln/testing.h"
+#include "kiln/config_checks.h"
 
 #include <dlfcn.h>
 #include <limits.h>
@@ -812,6 +813,12 @@ int32_t kiln_test_create(kiln_test_host *th, const kiln_plugin_desc *d, const ki
     if (!ops || !ops->create || !ops->destroy)
         return th_fail(th, KILN_E_INVALID_ARG, "plugin %s: no create/destroy in its ops", d->name);
     static const kiln_kv empty[1] = {{NULL, KILN_V_NONE}};
+    /* the plugin's config_checks (1.5), as kiln applies them before create */
+    char rule_why[1024];
+    if (kiln_config_rules_validate(d->properties, d->params, rule_why, sizeof rule_why))
+        return th_fail(th, KILN_E_CONFIG, "plugin %s: %s", d->name, rule_why);
+    if (kiln_config_rules_check(d->properties, config ? config : empty, rule_why, sizeof rule_why))
+        return th_fail(th, KILN_E_CONFIG, "plugin %s: config %s", d->name, rule_why);
     kiln_instance *inst = NULL;
     int32_t rc = ops->create(d->plugin_ctx, &g_services, &th->hctx, config ? config : empty, &inst);
     if (rc != KILN_OK) {

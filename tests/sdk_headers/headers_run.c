@@ -7,6 +7,7 @@
  * default optimizer step, with small fakes where a host would be. Exits
  * non-zero, naming the check, on the first difference.
  */
+#include <kiln/config_checks.h>
 #include <kiln/fs_util.h>
 #include <kiln/kiln.h>
 #include <kiln/nn.h>
@@ -87,6 +88,20 @@ int main(void) {
     CHECK(!strcmp(kiln_value_format(kiln_kv_find(kv, "l"), text, sizeof text), "[a,b]"));
     CHECK(!strcmp(kiln_value_format(kiln_kv_find(kv, "i"), text, sizeof text), "[1,-2,3]"));
     CHECK(!strcmp(kiln_value_format(kiln_kv_find(kv, "i"), text, 4), "[1,")); /* truncates, terminated */
+
+    /* config_checks.h: the rules kiln applies before create() */
+    kiln_config_rule rule;
+    char why[512], found[128];
+    CHECK(kiln_config_rule_parse("lr in (0, 1]", &rule, why, sizeof why) == 0);
+    kiln_value lr_ok = KILN_V_FLOAT(1.0), lr_bad = KILN_V_FLOAT(0.0);
+    CHECK(kiln_config_rule_ok(&rule, &lr_ok, found, sizeof found));
+    CHECK(!kiln_config_rule_ok(&rule, &lr_bad, found, sizeof found) && !strcmp(found, "0"));
+    CHECK(kiln_config_rule_parse("lr ~ 1", &rule, why, sizeof why) == -1);
+    static const char *const rules[] = {"lr > 0", "mode in {min, max}"};
+    const kiln_kv props[] = {{"config_checks", KILN_V_STRS(rules)}, {NULL, KILN_V_NONE}};
+    const kiln_kv cfg_bad[] = {{"lr", KILN_V_FLOAT(0.1)}, {"mode", KILN_V_STR("mid")}, {NULL, KILN_V_NONE}};
+    CHECK(kiln_config_rules_check(props, cfg_bad, why, sizeof why) == -1);
+    CHECK(!strcmp(why, "key 'mode' must be one of \"min\", \"max\", found \"mid\""));
 
     /* status.h */
     CHECK(!strcmp(kiln_status_name(KILN_E_CONFIG), "KILN_E_CONFIG"));

@@ -88,12 +88,17 @@ static void test_harness_errors(void) {
     int token;
     CU_ASSERT_EQUAL(kiln_test_zero_grad(g_th, (kiln_instance *)&token), KILN_E_INVALID_ARG);
     CU_ASSERT_EQUAL(kiln_test_destroy(g_th, (kiln_instance *)&token), KILN_E_INVALID_ARG);
-    /* the plugin's own refusal: its status, its message */
+    /* the plugin's config_checks (1.5), applied as kiln applies them: refused
+     * before create, in one line naming the rule */
     kiln_instance *bad = NULL;
     CU_ASSERT_EQUAL(kiln_test_create_text(g_th, sgd, "lr = -1", &bad), KILN_E_CONFIG);
     CU_ASSERT_PTR_NULL(bad);
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_message(g_th), "plugin sgd: config key 'lr' must be >= 0, found -1"));
+    /* the plugin's own refusal: its status, its message */
+    CU_ASSERT_EQUAL(kiln_test_create_text(g_th, sgd, "lr = 0.1; nesterov = true", &bad), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NULL(bad);
     CU_ASSERT_EQUAL(kiln_test_error_code(g_th), KILN_E_CONFIG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "lr"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "nesterov"));
     kiln_test_clear_error(g_th);
     CU_ASSERT_EQUAL(kiln_test_error(g_th)[0], 0);
     CU_ASSERT_EQUAL(kiln_test_error_code(g_th), 0);
