@@ -175,18 +175,6 @@ static json_t *meta_object(const char *text, char *found, size_t n) {
     return o;
 }
 
-/* The first key of object o that is not among the n in keys, or NULL. */
-static const char *json_other_key(json_t *o, const char *const *keys, int n) {
-    const char *k;
-    json_t *v;
-    json_object_foreach(o, k, v) {
-        int known = 0;
-        for (int i = 0; i < n && !known; i++) known = !strcmp(k, keys[i]);
-        if (!known) return k;
-    }
-    return NULL;
-}
-
 /* The name of field i of the progress object ("batch_progress.total.ready"). */
 static void progress_name(int i, char *buf, size_t n) {
     if (i >= 32) snprintf(buf, n, "%s", PROG_TAIL[i - 32]);
@@ -216,15 +204,15 @@ static int progress_le(const long long *v, int a, int b, long long slack, const 
 static int progress_keys(json_t *o, const char *path, char *why, size_t whylen) {
     static const char *const top[9] = {"format", "epoch_progress", "batch_progress", "opt_step", "zero_grad",
                                        "batches_that_stepped", "total_batch_idx", "skipped_steps", "samples_seen"};
-    const char *k = json_other_key(o, top, 9);
+    const char *k = hm_json_other_key(o, top, 9);
     char where[64] = "";
     for (int i = 0; !k && i < 4; i++) {
         json_t *p = json_object_get(o, PROG_NAME[i]);
         if (!json_is_object(p)) continue; /* a wrong type is the field checks' to report */
-        if ((k = json_other_key(p, PROG_PART, 2))) snprintf(where, sizeof where, " in %s", PROG_NAME[i]);
+        if ((k = hm_json_other_key(p, PROG_PART, 2))) snprintf(where, sizeof where, " in %s", PROG_NAME[i]);
         for (int j = 0; !k && j < 2; j++) {
             json_t *c = json_object_get(p, PROG_PART[j]);
-            if (json_is_object(c) && (k = json_other_key(c, PROG_FIELD, 4)))
+            if (json_is_object(c) && (k = hm_json_other_key(c, PROG_FIELD, 4)))
                 snprintf(where, sizeof where, " in %s.%s", PROG_NAME[i], PROG_PART[j]);
         }
     }
@@ -351,7 +339,7 @@ static int loops_parse(const char *text, const char *path, long long *v, double 
     char q[200], found[300] = "none";
     json_t *o = text ? meta_object(text, found, sizeof found) : NULL;
     const char *fmt = json_string_value(json_object_get(o, "format"));
-    const char *other = o ? json_other_key(o, keys, 7) : NULL;
+    const char *other = o ? hm_json_other_key(o, keys, 7) : NULL;
     int bad = !o;
     if (o && (!fmt || strcmp(fmt, LOOPS_FORMAT) != 0)) {
         snprintf(found, sizeof found, "format %s%s%s", fmt ? "\"" : "", fmt ? meta_q(fmt, 40, q, sizeof q) : "none",
@@ -411,7 +399,7 @@ static int state_parse(const char *text, char *plugin, size_t plen, uint32_t *ve
     const char *p = json_string_value(json_object_get(o, "plugin"));
     json_t *ver = json_object_get(o, "version");
     int ok = o && p && *p && strlen(p) < plen && json_is_integer(ver) && json_integer_value(ver) >= 0 &&
-             json_integer_value(ver) <= UINT32_MAX && !json_other_key(o, keys, 2);
+             json_integer_value(ver) <= UINT32_MAX && !hm_json_other_key(o, keys, 2);
     if (ok) {
         snprintf(plugin, plen, "%s", p);
         *version = (uint32_t)json_integer_value(ver);

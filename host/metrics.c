@@ -171,8 +171,7 @@ static int name_ok(const char *s, size_t cap) {
     return k > 0;
 }
 
-/* Every key of object o is one of the n in keys; else the first other. */
-static const char *other_key(json_t *o, const char *const *keys, int n) {
+const char *hm_json_other_key(json_t *o, const char *const *keys, int n) {
     const char *k;
     json_t *v;
     json_object_foreach(o, k, v) {
@@ -191,13 +190,13 @@ int hm_import(ht_metrics *out, const char *text, char *why, size_t whylen) {
     const char *fmt = json_string_value(json_object_get(o, "format"));
     json_t *cb = json_object_get(o, "callback"), *ep = json_object_get(o, "epoch");
     if (!json_is_object(o) || !fmt || strcmp(fmt, HM_FORMAT) != 0 || !json_is_array(cb) || !json_is_array(ep) ||
-        other_key(o, top, 3)) {
+        hm_json_other_key(o, top, 3)) {
         char found[96];
         if (!o) snprintf(found, sizeof found, "invalid JSON (%.60s)", e.text);
         else if (!json_is_object(o)) snprintf(found, sizeof found, "a JSON value that is not an object");
         else if (!fmt) snprintf(found, sizeof found, "no format");
         else if (strcmp(fmt, HM_FORMAT) != 0) snprintf(found, sizeof found, "format \"%.40s\"", fmt);
-        else if (other_key(o, top, 3)) snprintf(found, sizeof found, "an unknown key \"%.40s\"", other_key(o, top, 3));
+        else if (hm_json_other_key(o, top, 3)) snprintf(found, sizeof found, "an unknown key \"%.40s\"", hm_json_other_key(o, top, 3));
         else snprintf(found, sizeof found, "%s that is not an array", json_is_array(cb) ? "\"epoch\"" : "\"callback\"");
         for (char *c = found; *c; c++)
             if ((unsigned char)*c < 0x20) *c = ' '; /* one line */
@@ -212,7 +211,7 @@ int hm_import(ht_metrics *out, const char *text, char *why, size_t whylen) {
         json_t *x = json_array_get(cb, i);
         const char *name = json_string_value(json_object_get(x, "name"));
         double v;
-        if (!json_is_object(x) || other_key(x, cbkeys, 2) || !name_ok(name, sizeof out->cb_name[0]) ||
+        if (!json_is_object(x) || hm_json_other_key(x, cbkeys, 2) || !name_ok(name, sizeof out->cb_name[0]) ||
             hm_json_real_value(json_object_get(x, "value"), &v)) {
             snprintf(why, whylen, "metrics callback[%zu]: expected {\"name\": a name of 1..%zu printable bytes, "
                      "\"value\": a number}", i, sizeof out->cb_name[0] - 1);
@@ -229,7 +228,7 @@ int hm_import(ht_metrics *out, const char *text, char *why, size_t whylen) {
         json_t *x = json_array_get(ep, i);
         const char *name = json_string_value(json_object_get(x, "name"));
         double stage, flags, sum, weight;
-        if (!json_is_object(x) || other_key(x, epkeys, 5) || !name_ok(name, sizeof out->m[0].name) ||
+        if (!json_is_object(x) || hm_json_other_key(x, epkeys, 5) || !name_ok(name, sizeof out->m[0].name) ||
             hm_json_real_value(json_object_get(x, "stage"), &stage) ||
             hm_json_real_value(json_object_get(x, "flags"), &flags) ||
             hm_json_real_value(json_object_get(x, "sum"), &sum) ||

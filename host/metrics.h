@@ -9,6 +9,7 @@
 #ifndef KILN_HOST_METRICS_H
 #define KILN_HOST_METRICS_H
 
+#include <jansson.h>
 #include <stdint.h>
 
 #include "kiln/plugin.h"
@@ -76,5 +77,10 @@ int hm_import(ht_metrics *out, const char *text, char *why, size_t whylen);
 struct json_t;
 struct json_t *hm_json_real(double v);
 int hm_json_real_value(const struct json_t *j, double *out);
+
+/* The first key of JSON object o that is not among the n in keys, or NULL:
+ * the checkpoint's JSON readers (metrics here, progress and loops in
+ * checkpoint.c) refuse unknown keys with it. */
+const char *hm_json_other_key(json_t *o, const char *const *keys, int n);
 
 #endif
