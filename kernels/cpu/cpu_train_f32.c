@@ -50,7 +50,8 @@ static KC_ALWAYS_INLINE void kc_t_xent_normalize(float *restrict p, size_t C, do
 
 #include "cpu_train.inc"
 
-/* x: (n), summed in double (float32 only: the float64 host never sums). */
+/* x: (n), summed in double. float32 only: the kernel table's sum entry has no
+ * float64 form (the reduction itself is cpu_train.inc's, for both types). */
 double kc_sum(const float *x, size_t n) { return kc_reduce(x, n, KC_RED_SUM); }
 
 void kc_adamw_update(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1, float beta2,
