@@ -505,6 +505,14 @@ int hc_override(hc_config *c, const char *assignment, char *why, size_t whylen) 
     }
 
     config_setting_t *old = config_lookup(&c->cfg, key);
+    /* libconfig's lookup of a key made of dots alone ("." or "..") is the
+     * root: replacing that would leave the config without one */
+    if (old && !config_setting_parent(old)) {
+        hwhyf(why, whylen, "--set %s=%s: expected a key naming a setting (e.g. --set optimizer.lr=0.05), found '%s'", key,
+              val, key);
+        config_destroy(&tmp);
+        return KILN_E_CONFIG;
+    }
     if (old) {
         int ot = config_setting_type(old), nt = config_setting_type(nv);
         int o_num = ot == CONFIG_TYPE_INT || ot == CONFIG_TYPE_INT64, n_num = nt == CONFIG_TYPE_INT || nt == CONFIG_TYPE_INT64;
