@@ -97,8 +97,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         fz_check(kst_metadata(f, k) == v, "metadata key does not find its own value");
         sum += (unsigned)strlen(v);
     }
-    /* the round trip writes a file: only for inputs of a sane size */
-    if (size < (1u << 16)) fz_roundtrip(f);
+    /* the round trip writes a file: only for inputs of a sane size, and
+     * without an empty tensor name, which the format allows (the reader
+     * accepts it) but no kiln tensor has (the writer refuses it) */
+    int empty_name = 0;
+    for (int i = 0; i < n; i++) empty_name |= kst_get(f, i)->name[0] == 0;
+    if (size < (1u << 16) && !empty_name) fz_roundtrip(f);
     kst_close(f);
     return (int)(sum & 0);
 }
