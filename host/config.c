@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "log.h"
 
@@ -600,6 +601,14 @@ int hc_override(hc_config *c, const char *assignment, char *why, size_t whylen) 
                 continue;
             }
             config_setting_t *m = config_setting_get_member(parent, tok);
+            /* libconfig creates a setting named true or false, but its own
+             * parser reads those words as booleans: the effective config
+             * written with one would not load again */
+            if (!m && (!strcasecmp(tok, "true") || !strcasecmp(tok, "false"))) {
+                hwhyf(why, whylen, "--set %s: '%s' is not a valid setting name (a boolean literal)", key, tok);
+                rc = KILN_E_CONFIG;
+                break;
+            }
             if (!next && m) {
                 /* there now: the short form of a slot just became a group
                  * holding `name` (--set precision.name=X over precision =
