@@ -24,6 +24,7 @@
 
 #include "cpu_internal.h"
 #include "cpu_kernels.h"
+#include "../common/km_seq.h"
 
 #include <math.h>
 #include <string.h>
@@ -38,17 +39,10 @@
 #define KC_PICK(name) KC_SEQ_CAT(KC_N(name), _pick)
 #define KC_SEQ_DISPATCH(name) KC_DISPATCHED_RANGE(name)
 
-/* Rows per block of the layer norm backward's dw/db partial sums: from N
- * only (so the bits never depend on the threads), at least 8 rows so a
- * block's partial row is amortised over several data rows, and at most
- * KC_LN_MAX_BLOCKS blocks so the workspace stays at a few MB for C = 768. */
-#define KC_LN_MIN_ROWS ((size_t)8)
-#define KC_LN_MAX_BLOCKS ((size_t)128)
-
-static size_t kc_ln_rows_per_block(size_t N) {
-    size_t r = (N + KC_LN_MAX_BLOCKS - 1) / KC_LN_MAX_BLOCKS;
-    return r < KC_LN_MIN_ROWS ? KC_LN_MIN_ROWS : r;
-}
+/* The row blocks of the layer norm backward's dw/db partials and of the
+ * cross-entropy's loss sum: kernels/common/km_seq.h, shared with the CUDA
+ * kernels so that both sum in the same order. */
+static size_t kc_ln_rows_per_block(size_t N) { return km_ln_rows_per_block(N); }
 
 size_t kc_layernorm_backward_workspace(int N, int C, int has_dw, int has_db) {
     if (N <= 0 || C <= 0 || (!has_dw && !has_db)) return 0;
@@ -78,9 +72,8 @@ static void kc_sort_by_token(int32_t *restrict end, int32_t *restrict order, con
     for (size_t i = 0; i < n; i++) order[end[tokens[i]]++] = (int32_t)i;
 }
 
-/* Rows per block of the cross-entropy's loss partials: from N only, at most
- * KC_RED_MAX_BLOCKS blocks (kept on the stack). */
-static size_t kc_xent_rows_per_block(size_t N) { return (N + KC_RED_MAX_BLOCKS - 1) / KC_RED_MAX_BLOCKS; }
+static size_t kc_xent_rows_per_block(size_t N) { return km_xent_rows_per_block(N); }
+_Static_assert(KM_XENT_MAX_BLOCKS <= KC_RED_MAX_BLOCKS, "the cross-entropy's partials live in a KC_RED_MAX_BLOCKS array");
 
 /* Units per part so that one part holds at least `grain` elements of work,
  * when one unit is `per_unit` elements. */

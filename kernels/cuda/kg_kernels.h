@@ -26,6 +26,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "../common/km_seq.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -147,6 +149,85 @@ cudaError_t kg_sgd_update(cudaStream_t s, int fdt, void *p, const void *g, void 
 cudaError_t kg_adamw_update(cudaStream_t s, int fdt, void *p, const void *g, void *m, void *v, size_t n, double lr,
                             double beta1, double beta2, double eps, double weight_decay, int64_t step, void *compute,
                             int compute_dtype);
+
+/* ---- The ABI 1.4 sequence kernels (kg_seq.cu, kg_attn.cu) ----
+ * fdt F32 or F64 for every floating-point buffer of a call; round_dtype
+ * (F32 data only) KG_F32 for none, KG_F16 / KG_BF16 to round the named
+ * output once. Index buffers (tokens, targets, the embedding's buckets) are
+ * device int32. The caller has checked sizes, indices and overlaps (the
+ * plugin's entries do, as the cpu accelerator does); each launcher only
+ * refuses a dtype or size it cannot run with cudaErrorInvalidValue. */
+
+/* out(B*T, C) = wte[tokens[i]] + wpe[i % T] (wpe NULL: wte's row alone). */
+cudaError_t kg_embedding_forward(cudaStream_t s, int fdt, void *out, const int32_t *tokens, const void *wte,
+                                 const void *wpe, int B, int T, int C);
+/* dwpe(T, C)[t] += dout[b*T + t] for b = 0, 1, ..., B-1 in that order. */
+cudaError_t kg_embedding_backward_pos(cudaStream_t s, int fdt, void *dwpe, const void *dout, int B, int T, int C);
+/* The token table's scatter-add by buckets, built by the caller from the
+ * tokens (a stable counting sort): index = [token(nb) | start(nb + 1) |
+ * order(n)], bucket k's positions order[start[k] .. start[k+1]) in
+ * increasing order. dwte[token[k]] += dout[p] for each p of bucket k in
+ * that order, one column per thread: each row sees its contributions one
+ * at a time in increasing position, the serial loop's bits. */
+cudaError_t kg_embedding_backward_tok(cudaStream_t s, int fdt, void *dwte, const void *dout, const int32_t *index,
+                                      int nb, int C);
+
+/* Layer norm, one warp per row: mean(N), rstd(N) from statistics summed in
+ * double (two passes: the mean, then the squared deviations), stored in
+ * fdt; y(N, C) = ((x - mean) * rstd) * w + b from the stored values (w, b
+ * NULL: 1, 0), rounded through round_dtype. */
+cudaError_t kg_layernorm_forward(cudaStream_t s, int fdt, void *y, void *mean, void *rstd, const void *x,
+                                 const void *w, const void *b, int N, int C, double eps, int round_dtype);
+/* Its backward. dx(N, C) = (accumulate ? dx : 0) + rstd * ((g - mean_C(g))
+ * - xhat * mean_C(g * xhat)), g = dy * w (dy without w), row sums in double.
+ * dw(C) += sum_n dy * xhat, db(C) += sum_n dy (each skipped when NULL):
+ * partial sums in double over the row blocks of kernels/common/km_seq.h,
+ * added in block order and rounded once (the cpu's bits). work: at least
+ * kg_layernorm_backward_work_bytes() bytes (NULL when 0). */
+static inline size_t kg_layernorm_backward_work_bytes(int N, int C, int has_dw, int has_db) {
+    if (N <= 0 || C <= 0 || (!has_dw && !has_db)) return 0;
+    return km_ln_blocks((size_t)N) * (size_t)C * sizeof(double) * (size_t)((has_dw != 0) + (has_db != 0));
+}
+cudaError_t kg_layernorm_backward(cudaStream_t s, int fdt, void *dx, void *dw, void *db, const void *dy,
+                                  const void *x, const void *w, const void *mean, const void *rstd, int N, int C,
+                                  int accumulate, void *work);
+
+/* Softmax cross-entropy fused with its gradient, one block per row of
+ * logits(N, Vp) (columns [V, Vp) padding), targets(N) in [-1, V):
+ * row_loss(N) (double) = logsumexp(logits[i, :V]) - logits[i, t] (0 for
+ * t = -1); with grad_scale != 0 the row is overwritten with grad_scale *
+ * (softmax - onehot), 0 in the padding and on ignored rows. A row whose
+ * target is outside [-1, V) is left alone and lowers *bad_row (device int,
+ * the caller sets it to -1) to the smallest such row. Then *loss_sum =
+ * the row losses added in kernels/common/km_seq.h's block order. */
+cudaError_t kg_xent_fused(cudaStream_t s, int fdt, void *logits, const int32_t *targets, int N, int V, int Vp,
+                          double grad_scale, double *row_loss, int32_t *bad_row, double *loss_sum);
+
+/* y(n) = a(n) + b(n); y may equal a or b. */
+cudaError_t kg_add(cudaStream_t s, int fdt, void *y, const void *a, const void *b, size_t n);
+
+/* Causal self-attention on qkv(B, T, 3C) (kiln/training.h's layout; D =
+ * C / NH), one warp per (batch, head, row): the row's scores (scaled by
+ * 1 / sqrt(D) rounded to fdt) kept in shared memory, the softmax with the
+ * row max subtracted and its sum in double, lse(B, NH, T) = max +
+ * log(sum), out(B, T, C) = sum_j p_j v_j / sum (accumulated in double),
+ * rounded through round_dtype. T may be at most kg_attention_max_T(fdt):
+ * the backward keeps two rows of T values per warp in the 48 KiB of shared
+ * memory a block has without opting in. */
+#define KG_ATTN_SMEM 49152
+static inline int kg_attention_max_T(int fdt) {
+    return (int)(KG_ATTN_SMEM / (2 * (fdt == KG_F64 ? sizeof(double) : sizeof(float))));
+}
+cudaError_t kg_attention_forward(cudaStream_t s, int fdt, void *out, void *lse, const void *qkv, int B, int T,
+                                 int C, int NH, int round_dtype);
+/* Its backward into dqkv(B, T, 3C) (overwritten), recomputing each P row
+ * from lse: dQ by rows (one warp per query row), dK and dV by columns (one
+ * warp per key row), so no two threads add into one element and the bits
+ * never depend on timing. work: B * NH * T doubles (Delta = rowsum(dout *
+ * out)). */
+cudaError_t kg_attention_backward(cudaStream_t s, int fdt, void *dqkv, const void *dout, const void *qkv,
+                                  const void *out, const void *lse, int B, int T, int C, int NH, int round_dtype,
+                                  double *work);
 
 #ifdef __cplusplus
 }

@@ -556,9 +556,7 @@ static int32_t cu_clamp(kiln_instance *acc, uint32_t dt, void *y, const void *x,
 /* ------------------------------------------------------------- the table */
 
 static const kiln_kernels cu_kernel_table = {
-    /* 1.5's size: the 1.4 sequence entries are not on the GPU yet and stay
-     * NULL (their callers check each pointer, as the ABI asks); the 1.5
-     * elementwise ones are */
+    /* 1.5's size: every entry through the 1.5 elementwise ones */
     .struct_size = KILN_KERNELS_SIZE_1_5,
     .flags = 0, /* device memory: callers copy host data in and out */
     .alloc = cu_alloc,
@@ -600,6 +598,15 @@ static const kiln_kernels cu_kernel_table = {
     /* 1.3 (cuda_fused.c) */
     .unscale_check = cu_unscale_check,
     .linear_forward = cu_linear_forward,
+    /* 1.4 (cuda_seq.c) */
+    .embedding_forward = cu_embedding_forward,
+    .embedding_backward = cu_embedding_backward,
+    .layernorm_forward = cu_layernorm_forward,
+    .layernorm_backward = cu_layernorm_backward,
+    .attention_forward = cu_attention_forward,
+    .attention_backward = cu_attention_backward,
+    .xent_fused = cu_xent_fused,
+    .add = cu_add,
     /* 1.5 */
     .lerp = cu_lerp,
     .sign = cu_sign,
@@ -684,6 +691,9 @@ static int32_t cu_create(void *plugin_ctx, const kiln_host_services *svc, kiln_h
 static void cu_destroy(kiln_instance *acc) {
     if (!acc) return;
     free(acc->host_labels);
+    free(acc->tok_host);
+    free(acc->emb_count);
+    free(acc->emb_index);
     if (acc->setup_started) {
         int prev = -1;
         const int had_prev = cudaGetDevice(&prev) == cudaSuccess;

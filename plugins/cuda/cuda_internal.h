@@ -5,7 +5,8 @@
  * or cuBLAS call into a kiln_status and a message naming the call, and the
  * functions each file provides to the others. cuda_mem.c owns memory and
  * copies, cuda_blas.c the GEMMs (with their cuBLASLt epilogues),
- * cuda_fused.c the fused ABI 1.3 entries, cuda_accel.c the kernel table,
+ * cuda_fused.c the fused ABI 1.3 entries, cuda_seq.c the ABI 1.4 sequence
+ * entries, cuda_accel.c the kernel table,
  * the instance's life cycle and the descriptor. Nothing here is visible outside
  * the library (hidden visibility, version script).
  */
@@ -109,6 +110,29 @@ struct kiln_instance {
     /* host copy of the labels the loss backward checks, grow-only */
     int32_t *host_labels;
     size_t host_labels_cap;
+    /* The tokens the last embedding entry read back and found in [0,
+     * tok_V): (tok_n) ints at tok_dev, their host copy in tok_host
+     * (grow-only). The backward over the same tokens builds its buckets
+     * from that copy without a read-back; copy(), zero() and free() over
+     * those bytes forget them (cu_labels_touched). */
+    const void *tok_dev;
+    size_t tok_n;
+    int32_t tok_V;
+    int32_t *tok_host;
+    size_t tok_host_cap;
+    /* embedding_backward's bucket index: host counts (V + 1) and index
+     * (2 * buckets + 1 + B*T), grow-only, and the device copy */
+    int32_t *emb_count, *emb_index;
+    size_t emb_count_cap, emb_index_cap;
+    void *emb_index_dev;    /* int32 */
+    size_t emb_index_dev_bytes;
+    /* grow-only device scratch of the sequence entries: the layer norm's
+     * dw/db partials or attention's Delta (seq_work), the cross-entropy's
+     * row losses, sum and bad row (seq_rows) */
+    void *seq_work;
+    size_t seq_work_bytes;
+    void *seq_rows;
+    size_t seq_rows_bytes;
 };
 
 #define CU_ERR(acc, code, ...) kiln_errorf((acc)->svc, (acc)->hctx, (code), __VA_ARGS__)
@@ -165,12 +189,20 @@ int32_t cu_enter(kiln_instance *acc, const char *fn);
         if (cu_rc_ != KILN_OK) return cu_rc_;     \
     } while (0)
 
-/* Forgets the checked labels when [p, p + bytes) overlaps them. */
+/* Forgets the checked labels and tokens when [p, p + bytes) overlaps
+ * them: nothing else in the table writes int32 data. */
 static inline void cu_labels_touched(kiln_instance *acc, const void *p, size_t bytes) {
-    if (!acc->checked_labels) return;
-    const uintptr_t a = (uintptr_t)p, l = (uintptr_t)acc->checked_labels;
-    const size_t lb = (size_t)acc->checked_B * sizeof(int32_t);
-    if (a < l + lb && l < a + bytes) acc->checked_labels = NULL;
+    const uintptr_t a = (uintptr_t)p;
+    if (acc->checked_labels) {
+        const uintptr_t l = (uintptr_t)acc->checked_labels;
+        const size_t lb = (size_t)acc->checked_B * sizeof(int32_t);
+        if (a < l + lb && l < a + bytes) acc->checked_labels = NULL;
+    }
+    if (acc->tok_dev) {
+        const uintptr_t t = (uintptr_t)acc->tok_dev;
+        const size_t tb = acc->tok_n * sizeof(int32_t);
+        if (a < t + tb && t < a + bytes) acc->tok_dev = NULL;
+    }
 }
 
 /* cuda_mem.c */
@@ -233,5 +265,24 @@ int32_t cu_unscale_check(kiln_instance *acc, uint32_t dtype, void *const *x, con
 int32_t cu_linear_forward(kiln_instance *acc, uint32_t dtype, const void *x, const void *w, uint32_t w_dtype,
                           const void *b, int32_t rows, int32_t in, int32_t out, int32_t act, void *y, void *post,
                           uint32_t round_dtype);
+
+/* cuda_seq.c: the ABI 1.4 sequence entries */
+int32_t cu_embedding_forward(kiln_instance *acc, uint32_t dtype, void *out, const int32_t *tokens, const void *wte,
+                             const void *wpe, int32_t B, int32_t T, int32_t C, int32_t V);
+int32_t cu_embedding_backward(kiln_instance *acc, uint32_t dtype, void *dwte, void *dwpe, const void *dout,
+                              const int32_t *tokens, int32_t B, int32_t T, int32_t C, int32_t V);
+int32_t cu_layernorm_forward(kiln_instance *acc, uint32_t dtype, void *y, void *mean, void *rstd, const void *x,
+                             const void *w, const void *b, int32_t N, int32_t C, double eps, uint32_t round_dtype);
+int32_t cu_layernorm_backward(kiln_instance *acc, uint32_t dtype, void *dx, void *dw, void *db, const void *dy,
+                              const void *x, const void *w, const void *mean, const void *rstd, int32_t N, int32_t C,
+                              int32_t accumulate);
+int32_t cu_attention_forward(kiln_instance *acc, uint32_t dtype, void *out, void *lse, const void *qkv, int32_t B,
+                             int32_t T, int32_t C, int32_t NH, uint32_t round_dtype);
+int32_t cu_attention_backward(kiln_instance *acc, uint32_t dtype, void *dqkv, const void *dout, const void *qkv,
+                              const void *out, const void *lse, int32_t B, int32_t T, int32_t C, int32_t NH,
+                              uint32_t round_dtype);
+int32_t cu_xent_fused(kiln_instance *acc, uint32_t dtype, void *logits, const int32_t *targets, int32_t N, int32_t V,
+                      int32_t Vp, double grad_scale, double *loss_sum);
+int32_t cu_add(kiln_instance *acc, uint32_t dtype, void *y, const void *a, const void *b, size_t n);
 
 #endif /* KILN_PLUGIN_CUDA_INTERNAL_H */

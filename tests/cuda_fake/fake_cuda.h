@@ -56,6 +56,7 @@ typedef struct fake_cuda_stats {
     unsigned long injected;         /* failures injected by KILN_FAKE_CUDA_FAIL */
     unsigned long memsets;          /* cudaMemset*(Async) calls on device memory */
     size_t memset_bytes;            /* bytes they set                          */
+    unsigned long d2h_copies;       /* device-to-host copies (read-backs)      */
     char last_violation[256];
 } fake_cuda_stats;
 

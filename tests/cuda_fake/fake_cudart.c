@@ -830,6 +830,7 @@ static cudaError_t fake_memcpy(const char *fn, void *dst, const void *src, size_
             now = 0;
         }
     } else if (kind == cudaMemcpyDeviceToHost) {
+        fake_stats.d2h_copies++;
         now |= !fake_is_pinned_range(dst, count);
     } else if (kind == cudaMemcpyHostToHost) {
         now = 1;

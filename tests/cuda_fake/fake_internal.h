@@ -1,6 +1,6 @@
 /*
  * fake_internal.h — the services fake_cudart.c gives the other two fakes
- * (fake_cublaslt.c, fake_kg.c): the statistics, failure injection, the
+ * (fake_cublaslt.c, fake_kg.c, fake_kg_seq.c): the statistics, failure injection, the
  * device-memory registry's range checks, contract-violation reports and
  * draining a stream's queued work before a "kernel" runs on it. All hidden
  * inside the fake plugin library. Single-threaded, like the plugin (one
@@ -48,5 +48,20 @@ cudaError_t fake_stream_drain(cudaStream_t s, const char *fn);
  * stream lets its work finish). cuBLASLt's fake compares two readings to
  * tell whether a GEMM it queued has been waited for. */
 unsigned long fake_stream_syncs(cudaStream_t s);
+
+/* The prologue every fake launcher with work runs (fake_kg.c): each of up
+ * to 8 buffers must be device memory (a violation otherwise, answered with
+ * cudaErrorIllegalAddress), then the stream's queued work runs, since a
+ * kernel runs after what was queued before it; counts the kernel. */
+typedef struct fake_buf {
+    const char *what;
+    const void *p;
+    size_t bytes;
+} fake_buf;
+cudaError_t fake_launch(const char *fn, cudaStream_t s, const fake_buf *bufs, int nbufs);
+
+/* A violation (returning 1) when [a, +na) and [b, +nb) overlap: the
+ * kernels mark these operands __restrict__, or kg_kernels.h forbids it. */
+int fake_overlap(const char *fn, const char *wa, const void *a, size_t na, const char *wb, const void *b, size_t nb);
 
 #endif /* KILN_TESTS_FAKE_INTERNAL_H */

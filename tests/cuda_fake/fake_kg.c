@@ -42,15 +42,7 @@ static size_t fake_dt_size(int dt) {
 
 static int fake_fdt(int dt) { return dt == KG_F32 || dt == KG_F64; }
 
-/* Device checks of up to 8 buffers, then the stream drain: the common
- * prologue of every launch that has work to do. */
-typedef struct fake_buf {
-    const char *what;
-    const void *p;
-    size_t bytes;
-} fake_buf;
-
-static cudaError_t fake_launch(const char *fn, cudaStream_t s, const fake_buf *bufs, int nbufs) {
+cudaError_t fake_launch(const char *fn, cudaStream_t s, const fake_buf *bufs, int nbufs) {
     for (int i = 0; i < nbufs; i++) {
         cudaError_t e = fake_need_device(fn, bufs[i].what, bufs[i].p, bufs[i].bytes);
         if (e != cudaSuccess) return e;
@@ -61,9 +53,7 @@ static cudaError_t fake_launch(const char *fn, cudaStream_t s, const fake_buf *b
     return cudaSuccess;
 }
 
-/* A violation when [a, +na) and [b, +nb) overlap (the kernels mark these
- * operands __restrict__, or kg_kernels.h forbids the overlap). */
-static int fake_overlap(const char *fn, const char *wa, const void *a, size_t na, const char *wb, const void *b,
+int fake_overlap(const char *fn, const char *wa, const void *a, size_t na, const char *wb, const void *b,
                         size_t nb) {
     const uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
     if (na == 0 || nb == 0 || !(x < y + nb && y < x + na)) return 0;

@@ -1182,6 +1182,98 @@ static void test_xent_backward_trusts_forward(void) {
     NO_VIOLATIONS();
 }
 
+/* ======================================================= 1.4 sequence */
+
+/* embedding_forward reads the tokens back once (its range check); the
+ * backward over the same, unwritten tokens uses that copy without waiting,
+ * and uploads its bucket index through the staging ring; a copy or zero
+ * over the tokens makes the backward read them again. xent_fused waits
+ * once per call; attention past its length limit is refused in one line. */
+static void test_seq_tokens_memo(void) {
+    enum { B = 2, T = 5, C = 8, V = 7 };
+    const kiln_kernels *k = NULL;
+    kiln_instance *acc = ready(NULL, &k);
+    if (!acc) return;
+    CU_ASSERT_TRUE_FATAL(k->struct_size >= KILN_KERNELS_SIZE_1_4 && k->embedding_forward && k->xent_fused);
+    int32_t tok[B * T] = {1, 2, 1, 6, 0, 3, 3, 3, 5, 1}, tok2[B * T] = {0, 0, 0, 0, 0, 6, 6, 6, 6, 6};
+    int32_t bad[B * T] = {1, 2, 1, 6, 0, 3, 7, 3, 5, 1};
+    float wte[V * C], wpe[T * C], dout[B * T * C];
+    for (unsigned i = 0; i < V * C; i++) wte[i] = val(i, 1);
+    for (unsigned i = 0; i < T * C; i++) wpe[i] = val(i, 2);
+    for (unsigned i = 0; i < B * T * C; i++) dout[i] = val(i, 3);
+    int32_t *dt = up(k, acc, tok, sizeof tok);
+    float *dwte = up(k, acc, wte, sizeof wte), *dwpe = up(k, acc, wpe, sizeof wpe), *dd = up(k, acc, dout, sizeof dout);
+    float *dy = up(k, acc, NULL, sizeof dout), *gte = up(k, acc, NULL, sizeof wte), *gpe = up(k, acc, NULL, sizeof wpe);
+    CU_ASSERT_FATAL(dt && dwte && dwpe && dd && dy && gte && gpe);
+    fake_cuda_stats s0 = stats();
+    CU_ASSERT_EQUAL(k->embedding_forward(acc, KILN_DTYPE_F32, dy, dt, dwte, dwpe, B, T, C, V), KILN_OK);
+    fake_cuda_stats s1 = stats();
+    CU_ASSERT_EQUAL(s1.d2h_copies - s0.d2h_copies, 1);
+    CU_ASSERT_EQUAL(s1.kernels - s0.kernels, 1);
+    CU_ASSERT_EQUAL(k->embedding_backward(acc, KILN_DTYPE_F32, gte, gpe, dd, dt, B, T, C, V), KILN_OK);
+    fake_cuda_stats s2 = stats();
+    CU_ASSERT_EQUAL(s2.d2h_copies - s1.d2h_copies, 0);
+    CU_ASSERT_EQUAL(s2.kernels - s1.kernels, 2); /* positions, then the token buckets */
+    CU_ASSERT(s2.h2d_async_pinned > s1.h2d_async_pinned);
+    /* the gradient of token 3 (positions 5, 6, 7) is their rows added in order */
+    float g[V * C];
+    CU_ASSERT_TRUE(down(k, acc, g, gte, sizeof g));
+    CU_ASSERT_EQUAL(g[3 * C + 2], (dout[5 * C + 2] + dout[6 * C + 2]) + dout[7 * C + 2]);
+    CU_ASSERT_EQUAL(g[4 * C + 2], 0.0f); /* token 4 does not occur */
+    /* rewritten tokens: read again, and used */
+    CU_ASSERT_EQUAL(k->copy(acc, dt, tok2, sizeof tok2, KILN_COPY_H2D), KILN_OK);
+    CU_ASSERT_EQUAL(k->zero(acc, gte, sizeof wte), KILN_OK);
+    s1 = stats();
+    CU_ASSERT_EQUAL(k->embedding_backward(acc, KILN_DTYPE_F32, gte, NULL, dd, dt, B, T, C, V), KILN_OK);
+    s2 = stats();
+    CU_ASSERT_EQUAL(s2.d2h_copies - s1.d2h_copies, 1);
+    CU_ASSERT_TRUE(down(k, acc, g, gte, sizeof g));
+    CU_ASSERT_EQUAL(g[1 * C], 0.0f);
+    CU_ASSERT_EQUAL(g[6 * C + 1], (((dout[5 * C + 1] + dout[6 * C + 1]) + dout[7 * C + 1]) + dout[8 * C + 1]) + dout[9 * C + 1]);
+    /* zero() over the tokens forgets them too */
+    CU_ASSERT_EQUAL(k->embedding_forward(acc, KILN_DTYPE_F32, dy, dt, dwte, NULL, B, T, C, V), KILN_OK);
+    CU_ASSERT_EQUAL(k->zero(acc, dt, sizeof tok), KILN_OK);
+    s1 = stats();
+    CU_ASSERT_EQUAL(k->embedding_backward(acc, KILN_DTYPE_F32, gte, NULL, dd, dt, B, T, C, V), KILN_OK);
+    CU_ASSERT_EQUAL(stats().d2h_copies - s1.d2h_copies, 1);
+    /* a bad token: refused by the forward before anything runs, and by a backward after it */
+    CU_ASSERT_EQUAL(k->copy(acc, dt, bad, sizeof bad, KILN_COPY_H2D), KILN_OK);
+    s1 = stats();
+    CU_ASSERT_EQUAL(k->embedding_forward(acc, KILN_DTYPE_F32, dy, dt, dwte, dwpe, B, T, C, V), KILN_E_DATA);
+    HAS(kiln_test_error(g_th), "token 7 at index 6 (batch 1, position 1)");
+    CU_ASSERT_EQUAL(stats().kernels - s1.kernels, 0);
+    CU_ASSERT_EQUAL(k->embedding_backward(acc, KILN_DTYPE_F32, gte, gpe, dd, dt, B, T, C, V), KILN_E_DATA);
+    /* xent_fused: one wait per call, the loss and the bad row in one read-back */
+    float logits[4 * 9];
+    for (unsigned i = 0; i < 4 * 9; i++) logits[i] = val(i, 4);
+    int32_t targets[4] = {0, -1, 6, 2};
+    float *dl = up(k, acc, logits, sizeof logits);
+    int32_t *dtg = up(k, acc, targets, sizeof targets);
+    CU_ASSERT_FATAL(dl && dtg);
+    double loss = 0;
+    s1 = stats();
+    CU_ASSERT_EQUAL(k->xent_fused(acc, KILN_DTYPE_F32, dl, dtg, 4, 7, 9, 0.25, &loss), KILN_OK);
+    s2 = stats();
+    CU_ASSERT_EQUAL(s2.syncs - s1.syncs, 1);
+    CU_ASSERT_EQUAL(s2.d2h_copies - s1.d2h_copies, 1);
+    CU_ASSERT_TRUE(loss > 0);
+    targets[3] = 7;
+    CU_ASSERT_EQUAL(k->copy(acc, dtg, targets, sizeof targets, KILN_COPY_H2D), KILN_OK);
+    CU_ASSERT_EQUAL(k->xent_fused(acc, KILN_DTYPE_F32, dl, dtg, 4, 7, 9, 0.25, &loss), KILN_E_DATA);
+    HAS(kiln_test_error(g_th), "target 7 at row 3 is outside [-1, 7)");
+    /* attention longer than the kernel holds: one line, nothing launched */
+    const int32_t Tbig = 1 << 20; /* far past the 48 KiB of shared memory per block */
+    s1 = stats();
+    CU_ASSERT_EQUAL(k->attention_forward(acc, KILN_DTYPE_F32, dy, dy, dd, 1, Tbig, 4, 1, KILN_DTYPE_F32),
+                    KILN_E_UNSUPPORTED);
+    HAS(kiln_test_error(g_th), "attention_forward: T=");
+    CU_ASSERT_EQUAL(stats().kernels - s1.kernels, 0);
+    k->free(acc, dt), k->free(acc, dwte), k->free(acc, dwpe), k->free(acc, dd), k->free(acc, dy);
+    k->free(acc, gte), k->free(acc, gpe), k->free(acc, dl), k->free(acc, dtg);
+    g_ops->base.destroy(acc);
+    NO_VIOLATIONS();
+}
+
 /* ============================== regressions: bugs this fake found */
 
 /* (A float32 operand beside a 16-bit one in gemm_ex must hold values
@@ -1383,6 +1475,7 @@ static void register_tests(void) {
     CU_add_test(s, "entries make the instance's device current", test_device_made_current);
     CU_add_test(s, "destroy waits for queued GEMMs before the cuBLASLt handle", test_destroy_after_unwaited_gemm);
     CU_add_test(s, "scratch grown inside entries is not zero-filled", test_scratch_not_zeroed);
+    CU_add_test(s, "1.4: tokens read back once, buckets uploaded, xent_fused waits once", test_seq_tokens_memo);
 }
 
 #include "cunit_main.h"

@@ -2,7 +2,7 @@
  * test_cuda_kernels.c — the "cuda" accelerator plugin (libkiln-cuda.so)
  * checked against the "cpu" one (libkiln-cpu.so), the reference. Both are
  * loaded through the test host as the real host loads them, and every entry
- * of their kiln_kernels tables (ABI 1.1, 1.2 and 1.3) runs on the same seeded
+ * of their kiln_kernels tables (ABI 1.1 to 1.5) runs on the same seeded
  * random inputs (sizes that are not multiples of 32, ~1M elements for the
  * reductions and optimizers, GEMMs up to 512x1024x784, plus special values:
  * NaN, infinities, subnormals, rounding ties, fp16 overflow). Inputs go in
@@ -422,22 +422,17 @@ static void test_table(void) {
     for (int s = 0; s < 2; s++) {
         const side *S = &g_side[s];
         CU_ASSERT_TRUE(S->k->struct_size >= KILN_KERNELS_SIZE_1_3);
-        /* every function pointer from alloc up to struct_size is set,
-         * except the cuda plugin's 1.4 sequence entries (not on the GPU
-         * yet; a table may leave an entry NULL when its callers check the
-         * pointer, as 1.4's do) */
+        /* every function pointer from alloc up to struct_size is set */
         typedef void (*any_fn)(void);
         int n = 0, null = 0;
-        const int cuda = !strcmp(S->name, "cuda");
         for (size_t off = offsetof(kiln_kernels, alloc); off + sizeof(any_fn) <= S->k->struct_size;
              off += sizeof(any_fn), n++) {
-            if (cuda && off >= offsetof(kiln_kernels, embedding_forward) && off < KILN_KERNELS_SIZE_1_4) continue;
             any_fn f;
             memcpy(&f, (const char *)S->k + off, sizeof f);
             if (!f) fprintf(stderr, "  [%s] kernel table entry at offset %zu is NULL\n", S->name, off), null++;
         }
         CU_ASSERT_EQUAL(null, 0);
-        CU_ASSERT_TRUE(n >= 38); /* 21 entries of 1.1 + 15 of 1.2 + 2 of 1.3 */
+        CU_ASSERT_TRUE(n >= 46); /* 21 entries of 1.1 + 15 of 1.2 + 2 of 1.3 + 8 of 1.4 */
     }
     /* The cuda plugin's memory is device memory; a plugin named "cuda" says
      * so in its properties. */
@@ -1932,6 +1927,10 @@ static void test_linear_forward(void) {
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) run_linear(&cases[c]);
 }
 
+/* ====================================================== 1.4 sequence */
+
+#include "cuda_seq_cases.inc"
+
 /* ============================================================== setup */
 
 /* Without the plugin or a GPU: one line, then exit 77 (CTest: skipped), or
@@ -2073,6 +2072,11 @@ static void register_tests(void) {
     CU_add_test(s, "cast, round_to", test_cast_round_to);
     CU_add_test(s, "1.5 lerp, sign, mul, addcmul, addcdiv, sqrt_ex, clamp: 2 dtypes, in place, edges", test_ew15);
     CU_add_test(s, "1.5 round_to float8_e4m3fn, float8_e5m2 (saturation, NaN, inf)", test_round_fp8);
+    CU_add_test(s, "1.4 embedding forward/backward: tables, rewritten tokens, bad token", test_seq_embedding);
+    CU_add_test(s, "1.4 layernorm forward/backward: affine or not, 16-bit outputs, accumulate", test_seq_layernorm);
+    CU_add_test(s, "1.4 xent_fused: ignored rows, masked classes, padding, bad targets", test_seq_xent);
+    CU_add_test(s, "1.4 add: apart and in place", test_seq_add);
+    CU_add_test(s, "1.4 attention forward/backward: 3 shapes, bfloat16 outputs", test_seq_attention);
 }
 
 #include "cunit_main.h"

@@ -1,0 +1,438 @@
+/*
+ * kg_seq.cu: the ABI 1.4 sequence kernels other than attention: token and
+ * position embedding (forward, and a scatter-add backward that never uses
+ * float atomics), layer norm forward and backward, the softmax
+ * cross-entropy over a vocabulary fused with its gradient, and the residual
+ * add. Every result is deterministic: sums inside a row use a fixed warp or
+ * block tree, sums over rows go through the row blocks of
+ * kernels/common/km_seq.h (the cpu kernels' blocks) added in block order,
+ * and each embedding gradient row receives its contributions one at a time
+ * in increasing position, as the cpu does. Where the cpu sums a row
+ * sequentially (a layer norm's statistics, a softmax's denominator) the
+ * tree gives a double that may differ in its last bits, so a float result
+ * agrees with the cpu's to an ulp or two; the embedding, dw, db, add and
+ * every elementwise formula are the cpu's operations in the cpu's order
+ * (built with --fmad=false), bit for bit.
+ */
+#include "../common/km_seq.h"
+#include "kg_internal.cuh"
+#include "kg_kernels.h"
+
+#define KG_WARPS (KG_THREADS / 32)
+
+/* Butterfly sum over the 32 lanes of a warp: every lane ends with the same
+ * bits (each level adds the same two group sums, in either order), and the
+ * tree depends on nothing but the lane numbers. */
+template <typename A> static __device__ __forceinline__ A kg_warp_sum(A v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+template <typename T> static __device__ __forceinline__ T kg_seq_round(T v, int round_dtype) {
+    if constexpr (sizeof(T) == sizeof(float)) return kg_round_to_dtype(v, round_dtype);
+    else return v;
+}
+
+/* ------------------------------------------------------------- embedding */
+
+template <typename T>
+__global__ void kg_emb_fwd_kernel(T *out, const int32_t *tokens, const T *wte, const T *wpe, size_t n, size_t T_,
+                                  size_t C) {
+    KG_GRID_STRIDE(e, n * C) {
+        const size_t i = e / C, j = e % C;
+        const T w = wte[(size_t)tokens[i] * C + j];
+        out[e] = wpe ? w + wpe[(i % T_) * C + j] : w;
+    }
+}
+
+/* One thread per element of dwpe: its B contributions in increasing b. */
+template <typename T>
+__global__ void kg_emb_bwd_pos_kernel(T *dwpe, const T *dout, size_t B, size_t T_, size_t C) {
+    KG_GRID_STRIDE(e, T_ * C) {
+        const size_t t = e / C, j = e % C;
+        T g = dwpe[e];
+        for (size_t b = 0; b < B; b++) g += dout[(b * T_ + t) * C + j];
+        dwpe[e] = g;
+    }
+}
+
+/* blockIdx.x: the bucket (one token); blockIdx.y * KG_THREADS + threadIdx.x:
+ * the column. */
+template <typename T>
+__global__ void __launch_bounds__(KG_THREADS)
+    kg_emb_bwd_tok_kernel(T *dwte, const T *dout, const int32_t *index, int nb, int C) {
+    const int k = (int)blockIdx.x;
+    const size_t j = (size_t)blockIdx.y * KG_THREADS + threadIdx.x;
+    if (j >= (size_t)C) return;
+    const int32_t *token = index, *start = index + nb, *order = start + nb + 1;
+    T *g = dwte + (size_t)token[k] * (size_t)C + j;
+    T acc = *g;
+    for (int32_t p = start[k]; p < start[k + 1]; p++) acc += dout[(size_t)order[p] * (size_t)C + j];
+    *g = acc;
+}
+
+template <typename T>
+static cudaError_t kg_emb_fwd_t(cudaStream_t s, void *out, const int32_t *tokens, const void *wte, const void *wpe,
+                                int B, int T_, int C) {
+    const size_t n = (size_t)B * (size_t)T_;
+    kg_emb_fwd_kernel<T><<<kg_grid(n * (size_t)C), KG_THREADS, 0, s>>>((T *)out, tokens, (const T *)wte,
+                                                                       (const T *)wpe, n, (size_t)T_, (size_t)C);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t kg_embedding_forward(cudaStream_t s, int fdt, void *out, const int32_t *tokens,
+                                            const void *wte, const void *wpe, int B, int T, int C) {
+    if ((fdt != KG_F32 && fdt != KG_F64) || B < 0 || T < 0 || C < 0) return cudaErrorInvalidValue;
+    if (B == 0 || T == 0 || C == 0) return cudaSuccess;
+    return fdt == KG_F32 ? kg_emb_fwd_t<float>(s, out, tokens, wte, wpe, B, T, C)
+                         : kg_emb_fwd_t<double>(s, out, tokens, wte, wpe, B, T, C);
+}
+
+extern "C" cudaError_t kg_embedding_backward_pos(cudaStream_t s, int fdt, void *dwpe, const void *dout, int B, int T,
+                                                 int C) {
+    if ((fdt != KG_F32 && fdt != KG_F64) || B < 0 || T < 0 || C < 0) return cudaErrorInvalidValue;
+    if (B == 0 || T == 0 || C == 0) return cudaSuccess;
+    const size_t n = (size_t)T * (size_t)C;
+    if (fdt == KG_F32)
+        kg_emb_bwd_pos_kernel<float><<<kg_grid(n), KG_THREADS, 0, s>>>((float *)dwpe, (const float *)dout, (size_t)B,
+                                                                       (size_t)T, (size_t)C);
+    else
+        kg_emb_bwd_pos_kernel<double><<<kg_grid(n), KG_THREADS, 0, s>>>((double *)dwpe, (const double *)dout,
+                                                                        (size_t)B, (size_t)T, (size_t)C);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t kg_embedding_backward_tok(cudaStream_t s, int fdt, void *dwte, const void *dout,
+                                                 const int32_t *index, int nb, int C) {
+    if ((fdt != KG_F32 && fdt != KG_F64) || nb < 0 || C < 0) return cudaErrorInvalidValue;
+    if (nb == 0 || C == 0) return cudaSuccess;
+    const dim3 grid((unsigned)nb, (unsigned)(((size_t)C + KG_THREADS - 1) / KG_THREADS));
+    if (grid.y > 65535u) return cudaErrorInvalidValue;
+    if (fdt == KG_F32)
+        kg_emb_bwd_tok_kernel<float><<<grid, KG_THREADS, 0, s>>>((float *)dwte, (const float *)dout, index, nb, C);
+    else
+        kg_emb_bwd_tok_kernel<double><<<grid, KG_THREADS, 0, s>>>((double *)dwte, (const double *)dout, index, nb, C);
+    return cudaGetLastError();
+}
+
+/* ------------------------------------------------------------ layer norm */
+
+/* One warp per row (KG_WARPS rows per block). */
+template <typename T>
+__global__ void __launch_bounds__(KG_THREADS)
+    kg_ln_fwd_kernel(T *y, T *mean, T *rstd, const T *x, const T *w, const T *b, int N, int C, double eps,
+                     int round_dtype) {
+    const int lane = (int)(threadIdx.x & 31u);
+    const int row = (int)blockIdx.x * KG_WARPS + (int)(threadIdx.x >> 5);
+    if (row >= N) return;
+    const T *xr = x + (size_t)row * (size_t)C;
+    T *yr = y + (size_t)row * (size_t)C;
+    double s = 0.0;
+    for (int j = lane; j < C; j += 32) s += (double)xr[j];
+    const double mean_d = kg_warp_sum(s) / (double)C;
+    double q = 0.0;
+    for (int j = lane; j < C; j += 32) {
+        const double d = (double)xr[j] - mean_d;
+        q += d * d;
+    }
+    const double rstd_d = 1.0 / sqrt(kg_warp_sum(q) / (double)C + eps);
+    const T m = (T)mean_d, r = (T)rstd_d;
+    if (lane == 0) {
+        mean[row] = m;
+        rstd[row] = r;
+    }
+    for (int j = lane; j < C; j += 32) {
+        T v = (xr[j] - m) * r;
+        if (w) v = v * w[j];
+        if (b) v = v + b[j];
+        yr[j] = kg_seq_round(v, round_dtype);
+    }
+}
+
+/* dx, one warp per row. */
+template <typename T>
+__global__ void __launch_bounds__(KG_THREADS)
+    kg_ln_bwd_dx_kernel(T *dx, const T *dy, const T *x, const T *w, const T *mean, const T *rstd, int N, int C,
+                        int accumulate) {
+    const int lane = (int)(threadIdx.x & 31u);
+    const int row = (int)blockIdx.x * KG_WARPS + (int)(threadIdx.x >> 5);
+    if (row >= N) return;
+    const size_t off = (size_t)row * (size_t)C;
+    const T *xr = x + off, *dyr = dy + off;
+    T *dxr = dx + off;
+    const T m = mean[row], r = rstd[row];
+    double sa = 0.0, sb = 0.0;
+    for (int j = lane; j < C; j += 32) {
+        const T h = (xr[j] - m) * r, g = w ? dyr[j] * w[j] : dyr[j];
+        sa += (double)g;
+        sb += (double)g * (double)h;
+    }
+    const T am = (T)(kg_warp_sum(sa) / (double)C), bm = (T)(kg_warp_sum(sb) / (double)C);
+    for (int j = lane; j < C; j += 32) {
+        const T g = w ? dyr[j] * w[j] : dyr[j];
+        const T v = r * ((g - am) - ((xr[j] - m) * r) * bm);
+        dxr[j] = accumulate ? dxr[j] + v : v;
+    }
+}
+
+/* dw/db partials: blockIdx.x the row block, one column per thread, the
+ * block's rows in order (the cpu's loop per column). */
+template <typename T>
+__global__ void __launch_bounds__(KG_THREADS)
+    kg_ln_bwd_part_kernel(double *pw, double *pb, const T *dy, const T *x, const T *mean, const T *rstd, int N,
+                          int C, int rpb) {
+    const size_t j = (size_t)blockIdx.y * KG_THREADS + threadIdx.x;
+    if (j >= (size_t)C) return;
+    const int blk = (int)blockIdx.x, r0 = blk * rpb, r1 = r0 + rpb < N ? r0 + rpb : N;
+    double aw = 0.0, ab = 0.0;
+    for (int i = r0; i < r1; i++) {
+        const size_t e = (size_t)i * (size_t)C + j;
+        if (pw) aw += (double)dy[e] * (double)((x[e] - mean[i]) * rstd[i]);
+        if (pb) ab += (double)dy[e];
+    }
+    if (pw) pw[(size_t)blk * (size_t)C + j] = aw;
+    if (pb) pb[(size_t)blk * (size_t)C + j] = ab;
+}
+
+/* g(C) = round(g + the partials of every block, in block order). */
+template <typename T> __global__ void kg_ln_combine_kernel(T *g, const double *p, int nblocks, int C) {
+    KG_GRID_STRIDE(j, (size_t)C) {
+        double s = p[j];
+        for (int blk = 1; blk < nblocks; blk++) s += p[(size_t)blk * (size_t)C + j];
+        g[j] = (T)((double)g[j] + s);
+    }
+}
+
+template <typename T>
+static cudaError_t kg_ln_fwd_t(cudaStream_t s, void *y, void *mean, void *rstd, const void *x, const void *w,
+                               const void *b, int N, int C, double eps, int round_dtype) {
+    const unsigned grid = (unsigned)(((size_t)N + KG_WARPS - 1) / KG_WARPS);
+    kg_ln_fwd_kernel<T><<<grid, KG_THREADS, 0, s>>>((T *)y, (T *)mean, (T *)rstd, (const T *)x, (const T *)w,
+                                                    (const T *)b, N, C, eps, round_dtype);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t kg_layernorm_forward(cudaStream_t s, int fdt, void *y, void *mean, void *rstd, const void *x,
+                                            const void *w, const void *b, int N, int C, double eps,
+                                            int round_dtype) {
+    if ((fdt != KG_F32 && fdt != KG_F64) || N < 0 || C < 0) return cudaErrorInvalidValue;
+    if (round_dtype != KG_F32 && !(fdt == KG_F32 && (round_dtype == KG_F16 || round_dtype == KG_BF16)) &&
+        !(fdt == KG_F64 && round_dtype == KG_F64))
+        return cudaErrorInvalidValue;
+    if (N == 0 || C == 0) return cudaSuccess;
+    return fdt == KG_F32 ? kg_ln_fwd_t<float>(s, y, mean, rstd, x, w, b, N, C, eps, round_dtype)
+                         : kg_ln_fwd_t<double>(s, y, mean, rstd, x, w, b, N, C, eps, KG_F32);
+}
+
+template <typename T>
+static cudaError_t kg_ln_bwd_t(cudaStream_t s, void *dx, void *dw, void *db, const void *dy, const void *x,
+                               const void *w, const void *mean, const void *rstd, int N, int C, int accumulate,
+                               void *work) {
+    const unsigned grid = (unsigned)(((size_t)N + KG_WARPS - 1) / KG_WARPS);
+    kg_ln_bwd_dx_kernel<T><<<grid, KG_THREADS, 0, s>>>((T *)dx, (const T *)dy, (const T *)x, (const T *)w,
+                                                       (const T *)mean, (const T *)rstd, N, C, accumulate != 0);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess || (!dw && !db)) return e;
+    const size_t rpb = km_ln_rows_per_block((size_t)N), nblocks = km_ln_blocks((size_t)N);
+    double *pw = dw ? (double *)work : NULL;
+    double *pb = db ? (double *)work + (dw ? nblocks * (size_t)C : 0) : NULL;
+    const dim3 pgrid((unsigned)nblocks, (unsigned)(((size_t)C + KG_THREADS - 1) / KG_THREADS));
+    kg_ln_bwd_part_kernel<T><<<pgrid, KG_THREADS, 0, s>>>(pw, pb, (const T *)dy, (const T *)x, (const T *)mean,
+                                                          (const T *)rstd, N, C, (int)rpb);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    if (dw) kg_ln_combine_kernel<T><<<kg_grid((size_t)C), KG_THREADS, 0, s>>>((T *)dw, pw, (int)nblocks, C);
+    if (db) kg_ln_combine_kernel<T><<<kg_grid((size_t)C), KG_THREADS, 0, s>>>((T *)db, pb, (int)nblocks, C);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t kg_layernorm_backward(cudaStream_t s, int fdt, void *dx, void *dw, void *db, const void *dy,
+                                             const void *x, const void *w, const void *mean, const void *rstd, int N,
+                                             int C, int accumulate, void *work) {
+    if ((fdt != KG_F32 && fdt != KG_F64) || N < 0 || C < 0) return cudaErrorInvalidValue;
+    if (N == 0 || C == 0) return cudaSuccess;
+    if ((dw || db) && !work) return cudaErrorInvalidValue;
+    if (((size_t)C + KG_THREADS - 1) / KG_THREADS > 65535u) return cudaErrorInvalidValue;
+    return fdt == KG_F32 ? kg_ln_bwd_t<float>(s, dx, dw, db, dy, x, w, mean, rstd, N, C, accumulate, work)
+                         : kg_ln_bwd_t<double>(s, dx, dw, db, dy, x, w, mean, rstd, N, C, accumulate, work);
+}
+
+/* --------------------------------------------------- fused cross-entropy */
+
+/* exp of a value <= 0: float32 the cpu's branch-free km_exp_nonpos (exact
+ * range reduction into the subnormals), float64 CUDA's exp. */
+static __device__ __forceinline__ float kg_exp_nonpos(float x) { return km_exp_nonpos(x); }
+static __device__ __forceinline__ double kg_exp_nonpos(double x) { return exp(x); }
+static __device__ __forceinline__ float kg_exp_any(float x) { return expf(x); }
+static __device__ __forceinline__ double kg_exp_any(double x) { return exp(x); }
+
+/* Lowers *bad_row to row unless a smaller row is there already. */
+static __device__ void kg_seq_note_bad(int32_t *bad_row, int32_t row) {
+    int32_t old = *(volatile int32_t *)bad_row;
+    while (old < 0 || row < old) {
+        const int32_t prev = atomicCAS(bad_row, old, row);
+        if (prev == old) break;
+        old = prev;
+    }
+}
+
+/* Order-preserving integer key of a float (the cpu's kc_xent_rowmax key):
+ * the max of keys maps back to the max value, with no NaN semantics to
+ * worry about (the row holds no NaN when the key is used). */
+template <typename T> struct kg_key;
+template <> struct kg_key<float> {
+    typedef int32_t K;
+    static __device__ __forceinline__ K of(float v) {
+        const int32_t s = __float_as_int(v);
+        return s ^ ((s >> 31) & 0x7fffffff);
+    }
+    static __device__ __forceinline__ float value(K k) { return __int_as_float(k ^ ((k >> 31) & 0x7fffffff)); }
+    static __device__ __forceinline__ bool nonfinite(float v) { return (__float_as_int(v) & 0x7f800000) == 0x7f800000; }
+};
+template <> struct kg_key<double> {
+    typedef long long K;
+    static __device__ __forceinline__ K of(double v) {
+        const long long s = __double_as_longlong(v);
+        return s ^ ((s >> 63) & 0x7fffffffffffffffLL);
+    }
+    static __device__ __forceinline__ double value(K k) {
+        return __longlong_as_double(k ^ ((k >> 63) & 0x7fffffffffffffffLL));
+    }
+    static __device__ __forceinline__ bool nonfinite(double v) {
+        return (__double_as_longlong(v) & 0x7ff0000000000000LL) == 0x7ff0000000000000LL;
+    }
+};
+
+/* One block per row. */
+template <typename T>
+__global__ void __launch_bounds__(KG_THREADS)
+    kg_xent_fused_kernel(T *logits, const int32_t *targets, int V, int Vp, double gs, double *row_loss,
+                         int32_t *bad_row) {
+    typedef typename kg_key<T>::K K;
+    __shared__ K s_key[KG_THREADS];
+    __shared__ int s_bad[KG_THREADS];
+    __shared__ double s_sum[KG_THREADS];
+    const unsigned tid = threadIdx.x;
+    const int32_t row = (int32_t)blockIdx.x, t = targets[row];
+    T *l = logits + (size_t)row * (size_t)Vp;
+    if (t < -1 || t >= V) {
+        if (tid == 0) {
+            kg_seq_note_bad(bad_row, row);
+            row_loss[row] = 0.0;
+        }
+        return;
+    }
+    if (t == -1) {
+        if (gs != 0.0)
+            for (int j = (int)tid; j < Vp; j += KG_THREADS) l[j] = (T)0;
+        if (tid == 0) row_loss[row] = 0.0;
+        return;
+    }
+    /* pass 1: the max (as integer keys) and whether anything is inf/NaN */
+    K km = kg_key<T>::of((T)-INFINITY);
+    int bad = 0;
+    for (int j = (int)tid; j < V; j += KG_THREADS) {
+        const K k = kg_key<T>::of(l[j]);
+        km = k > km ? k : km;
+        bad |= kg_key<T>::nonfinite(l[j]);
+    }
+    s_key[tid] = km;
+    s_bad[tid] = bad;
+    __syncthreads();
+    for (unsigned h = KG_THREADS / 2; h > 0; h >>= 1) {
+        if (tid < h) {
+            s_key[tid] = s_key[tid + h] > s_key[tid] ? s_key[tid + h] : s_key[tid];
+            s_bad[tid] |= s_bad[tid + h];
+        }
+        __syncthreads();
+    }
+    const bool nonfinite = s_bad[0] != 0;
+    T m = kg_key<T>::value(s_key[0]);
+    const T lt = l[t];
+    if (nonfinite) {
+        /* the cpu's scalar path: the max of the values that compare (NaN
+         * never wins), libm-style exp, NaN propagating into the sum */
+        T mx = (T)-INFINITY;
+        for (int j = (int)tid; j < V; j += KG_THREADS)
+            if (l[j] > mx) mx = l[j];
+        __syncthreads();
+        s_key[tid] = kg_key<T>::of(mx); /* no NaN among these */
+        __syncthreads();
+        for (unsigned h = KG_THREADS / 2; h > 0; h >>= 1) {
+            if (tid < h) s_key[tid] = s_key[tid + h] > s_key[tid] ? s_key[tid + h] : s_key[tid];
+            __syncthreads();
+        }
+        m = kg_key<T>::value(s_key[0]);
+    }
+    double sum = 0.0;
+    for (int j = (int)tid; j < V; j += KG_THREADS)
+        sum += (double)(nonfinite ? kg_exp_any(l[j] - m) : kg_exp_nonpos(l[j] - m));
+    s_sum[tid] = sum;
+    kg_block_tree_sum(s_sum);
+    sum = s_sum[0];
+    if (tid == 0) row_loss[row] = log(sum) + (double)m - (double)lt;
+    if (gs == 0.0) return;
+    if (nonfinite) {
+        for (int j = (int)tid; j < V; j += KG_THREADS) {
+            const double p = (double)kg_exp_any(l[j] - m) / sum;
+            l[j] = (T)(gs * (j == t ? p - 1.0 : p));
+        }
+    } else {
+        const T sc = (T)(gs / sum);
+        for (int j = (int)tid; j < V; j += KG_THREADS) {
+            const T e = kg_exp_nonpos(l[j] - m);
+            /* the target's entry in double from its own exponential, so
+             * p - 1 does not cancel in the data type */
+            l[j] = j == t ? (T)(gs * ((double)e / sum - 1.0)) : e * sc;
+        }
+    }
+    for (int j = V + (int)tid; j < Vp; j += KG_THREADS) l[j] = (T)0;
+}
+
+/* *loss_sum: row losses in km_seq.h's blocks, each block's rows in order,
+ * then the blocks in order (one thread: N is a few thousand rows). */
+__global__ void kg_xent_sum_kernel(const double *row_loss, int N, double *loss_sum) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    const size_t rpb = km_xent_rows_per_block((size_t)N);
+    double total = 0.0;
+    for (size_t r0 = 0; r0 < (size_t)N; r0 += rpb) {
+        const size_t r1 = r0 + rpb < (size_t)N ? r0 + rpb : (size_t)N;
+        double s = 0.0;
+        for (size_t i = r0; i < r1; i++) s += row_loss[i];
+        total += s;
+    }
+    *loss_sum = total;
+}
+
+extern "C" cudaError_t kg_xent_fused(cudaStream_t s, int fdt, void *logits, const int32_t *targets, int N, int V,
+                                     int Vp, double grad_scale, double *row_loss, int32_t *bad_row,
+                                     double *loss_sum) {
+    if ((fdt != KG_F32 && fdt != KG_F64) || N < 0 || V < 1 || Vp < V) return cudaErrorInvalidValue;
+    if (N > 0) {
+        if (fdt == KG_F32)
+            kg_xent_fused_kernel<float><<<(unsigned)N, KG_THREADS, 0, s>>>((float *)logits, targets, V, Vp,
+                                                                           grad_scale, row_loss, bad_row);
+        else
+            kg_xent_fused_kernel<double><<<(unsigned)N, KG_THREADS, 0, s>>>((double *)logits, targets, V, Vp,
+                                                                            grad_scale, row_loss, bad_row);
+        const cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess) return e;
+    }
+    kg_xent_sum_kernel<<<1, 32, 0, s>>>(row_loss, N, loss_sum);
+    return cudaGetLastError();
+}
+
+/* ------------------------------------------------------------------- add */
+
+template <typename T> __global__ void kg_add_kernel(T *y, const T *a, const T *b, size_t n) {
+    KG_GRID_STRIDE(i, n) y[i] = a[i] + b[i];
+}
+
+extern "C" cudaError_t kg_add(cudaStream_t s, int fdt, void *y, const void *a, const void *b, size_t n) {
+    if (fdt != KG_F32 && fdt != KG_F64) return cudaErrorInvalidValue;
+    if (n == 0) return cudaSuccess;
+    if (fdt == KG_F32)
+        kg_add_kernel<float><<<kg_grid(n), KG_THREADS, 0, s>>>((float *)y, (const float *)a, (const float *)b, n);
+    else
+        kg_add_kernel<double><<<kg_grid(n), KG_THREADS, 0, s>>>((double *)y, (const double *)a, (const double *)b, n);
+    return cudaGetLastError();
+}

@@ -1,0 +1,271 @@
+/*
+ * fake_kg_seq.c — the ABI 1.4 sequence launchers of kernels/cuda/kg_kernels.h
+ * (embedding, layer norm, fused cross-entropy, add, attention), run on the
+ * host for the fake CUDA build of the cuda accelerator plugin. Each does
+ * what its CUDA counterpart does before launching (the same refusals with
+ * cudaErrorInvalidValue, the same "nothing to do" cases, the attention
+ * length limit), checks that every buffer it would touch is device memory
+ * (the plugin's scratch carving and the embedding's uploaded bucket index
+ * are what this catches) and that the outputs kg_kernels.h forbids to
+ * overlap do not, drains the stream, and computes with the cpu kernels of
+ * kernels/cpu, which define the results: kc_embedding_*, kc_layernorm_*,
+ * kc_xent_fused row by row, kc_add, kc_attn_*. Where kg_kernels.h states a
+ * contract of its own — the bucket scatter in the index's order, a bad
+ * target row left alone and the smallest one reported, the row losses'
+ * block order — the fake follows it in plain loops.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_attn.h"
+#include "cpu_kernels.h"
+#include "cpu_seq.h"
+#include "fake_internal.h"
+#include "kg_kernels.h"
+
+static int fake_seq_fdt(int dt) { return dt == KG_F32 || dt == KG_F64; }
+static size_t fake_seq_esz(int dt) { return dt == KG_F64 ? sizeof(double) : sizeof(float); }
+static int fake_seq_round_ok(int fdt, int rd) {
+    return rd == KG_F32 || (fdt == KG_F32 && (rd == KG_F16 || rd == KG_BF16)) || (fdt == KG_F64 && rd == KG_F64);
+}
+
+/* ------------------------------------------------------------- embedding */
+
+cudaError_t kg_embedding_forward(cudaStream_t s, int fdt, void *out, const int32_t *tokens, const void *wte,
+                                 const void *wpe, int B, int T, int C) {
+    if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
+    if (!fake_seq_fdt(fdt) || B < 0 || T < 0 || C < 0) return fake_error(cudaErrorInvalidValue);
+    if (B == 0 || T == 0 || C == 0) return cudaSuccess;
+    const size_t n = (size_t)B * (size_t)T, esz = fake_seq_esz(fdt), row = (size_t)C * esz;
+    const fake_buf bufs[] = {{"out", out, n * row}, {"tokens", tokens, n * sizeof *tokens}, {"wpe", wpe, wpe ? (size_t)T * row : 0}};
+    cudaError_t e = fake_launch(__func__, s, bufs, 3);
+    if (e != cudaSuccess) return e;
+    /* the table's size is not an argument: each row read must be device memory */
+    for (size_t i = 0; i < n; i++) {
+        if (tokens[i] < 0) {
+            fake_violation("%s: token %d at %zu was not checked by the caller", __func__, (int)tokens[i], i);
+            return fake_error(cudaErrorIllegalAddress);
+        }
+        if ((e = fake_need_device(__func__, "wte row", (const char *)wte + (size_t)tokens[i] * row, row)) != cudaSuccess)
+            return e;
+    }
+    if (fake_overlap(__func__, "out", out, n * row, "tokens", tokens, n * sizeof *tokens)) return fake_error(cudaErrorInvalidValue);
+    if (fdt == KG_F32) kc_embedding_forward(out, tokens, wte, wpe, B, T, C);
+    else kc_embedding_forward_f64(out, tokens, wte, wpe, B, T, C);
+    return cudaSuccess;
+}
+
+cudaError_t kg_embedding_backward_pos(cudaStream_t s, int fdt, void *dwpe, const void *dout, int B, int T, int C) {
+    if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
+    if (!fake_seq_fdt(fdt) || B < 0 || T < 0 || C < 0) return fake_error(cudaErrorInvalidValue);
+    if (B == 0 || T == 0 || C == 0) return cudaSuccess;
+    const size_t esz = fake_seq_esz(fdt), tc = (size_t)T * (size_t)C;
+    const fake_buf bufs[] = {{"dwpe", dwpe, tc * esz}, {"dout", dout, (size_t)B * tc * esz}};
+    cudaError_t e = fake_launch(__func__, s, bufs, 2);
+    if (e != cudaSuccess) return e;
+    if (fake_overlap(__func__, "dwpe", dwpe, tc * esz, "dout", dout, (size_t)B * tc * esz)) return fake_error(cudaErrorInvalidValue);
+    if (fdt == KG_F32) kc_embedding_backward(NULL, dwpe, dout, NULL, B, T, C, 0, NULL);
+    else kc_embedding_backward_f64(NULL, dwpe, dout, NULL, B, T, C, 0, NULL);
+    return cudaSuccess;
+}
+
+/* The bucket scatter in the index's order, as the kernel runs it. */
+#define FAKE_EMB_TOK(TY)                                                                               \
+    do {                                                                                               \
+        TY *g = (TY *)dwte + (size_t)token[k] * (size_t)C;                                             \
+        for (int32_t p = start[k]; p < start[k + 1]; p++) {                                            \
+            const TY *d = (const TY *)dout + (size_t)order[p] * (size_t)C;                             \
+            for (size_t j = 0; j < (size_t)C; j++) g[j] += d[j];                                       \
+        }                                                                                              \
+    } while (0)
+
+cudaError_t kg_embedding_backward_tok(cudaStream_t s, int fdt, void *dwte, const void *dout, const int32_t *index,
+                                      int nb, int C) {
+    if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
+    if (!fake_seq_fdt(fdt) || nb < 0 || C < 0) return fake_error(cudaErrorInvalidValue);
+    if (nb == 0 || C == 0) return cudaSuccess;
+    const fake_buf head[] = {{"index (tokens and starts)", index, (2 * (size_t)nb + 1) * sizeof *index}};
+    cudaError_t e = fake_launch(__func__, s, head, 1);
+    if (e != cudaSuccess) return e;
+    const int32_t *token = index, *start = index + nb, *order = start + nb + 1;
+    const size_t n = (size_t)start[nb], row = (size_t)C * fake_seq_esz(fdt);
+    if (start[0] != 0 || start[nb] < 0) {
+        fake_violation("%s: bucket starts run from %d to %d, not from 0", __func__, (int)start[0], (int)start[nb]);
+        return fake_error(cudaErrorIllegalAddress);
+    }
+    if ((e = fake_need_device(__func__, "index (order)", order, n * sizeof *order)) != cudaSuccess) return e;
+    for (int k = 0; k < nb; k++) {
+        if (start[k + 1] <= start[k] || token[k] < 0 || (k > 0 && token[k] <= token[k - 1])) {
+            fake_violation("%s: bucket %d (token %d, positions %d..%d) is empty, negative or out of order", __func__,
+                           k, (int)token[k], (int)start[k], (int)start[k + 1]);
+            return fake_error(cudaErrorIllegalAddress);
+        }
+        if ((e = fake_need_device(__func__, "dwte row", (const char *)dwte + (size_t)token[k] * row, row)) != cudaSuccess)
+            return e;
+        for (int32_t p = start[k]; p < start[k + 1]; p++)
+            if ((p > start[k] && order[p] <= order[p - 1]) || order[p] < 0 ||
+                (e = fake_need_device(__func__, "dout row", (const char *)dout + (size_t)order[p] * row, row)) !=
+                    cudaSuccess) {
+                if (e == cudaSuccess) {
+                    fake_violation("%s: bucket %d's positions are not increasing at %d", __func__, k, (int)p);
+                    return fake_error(cudaErrorIllegalAddress);
+                }
+                return e;
+            }
+    }
+    for (int k = 0; k < nb; k++) {
+        if (fdt == KG_F32) FAKE_EMB_TOK(float);
+        else FAKE_EMB_TOK(double);
+    }
+    return cudaSuccess;
+}
+
+/* ------------------------------------------------------------ layer norm */
+
+cudaError_t kg_layernorm_forward(cudaStream_t s, int fdt, void *y, void *mean, void *rstd, const void *x,
+                                 const void *w, const void *b, int N, int C, double eps, int round_dtype) {
+    if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
+    if (!fake_seq_fdt(fdt) || N < 0 || C < 0 || !fake_seq_round_ok(fdt, round_dtype))
+        return fake_error(cudaErrorInvalidValue);
+    if (N == 0 || C == 0) return cudaSuccess;
+    const size_t esz = fake_seq_esz(fdt), xb = (size_t)N * (size_t)C * esz, rb = (size_t)N * esz,
+                 cb = (size_t)C * esz;
+    const fake_buf bufs[] = {{"y", y, xb}, {"mean", mean, rb}, {"rstd", rstd, rb}, {"x", x, xb},
+                             {"w", w, w ? cb : 0}, {"b", b, b ? cb : 0}};
+    cudaError_t e = fake_launch(__func__, s, bufs, 6);
+    if (e != cudaSuccess) return e;
+    if (fake_overlap(__func__, "y", y, xb, "x", x, xb) || fake_overlap(__func__, "mean", mean, rb, "rstd", rstd, rb))
+        return fake_error(cudaErrorInvalidValue);
+    if (fdt == KG_F32)
+        kc_layernorm_forward(y, mean, rstd, x, w, b, N, C, eps, round_dtype == KG_F32 ? KC_F32 : round_dtype);
+    else
+        kc_layernorm_forward_f64(y, mean, rstd, x, w, b, N, C, eps);
+    return cudaSuccess;
+}
+
+cudaError_t kg_layernorm_backward(cudaStream_t s, int fdt, void *dx, void *dw, void *db, const void *dy,
+                                  const void *x, const void *w, const void *mean, const void *rstd, int N, int C,
+                                  int accumulate, void *work) {
+    if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
+    if (!fake_seq_fdt(fdt) || N < 0 || C < 0) return fake_error(cudaErrorInvalidValue);
+    if (N == 0 || C == 0) return cudaSuccess;
+    if ((dw || db) && !work) return fake_error(cudaErrorInvalidValue);
+    const size_t esz = fake_seq_esz(fdt), xb = (size_t)N * (size_t)C * esz, rb = (size_t)N * esz,
+                 cb = (size_t)C * esz, wb = kg_layernorm_backward_work_bytes(N, C, dw != NULL, db != NULL);
+    const fake_buf bufs[] = {{"dx", dx, xb},         {"dw", dw, dw ? cb : 0},     {"db", db, db ? cb : 0},
+                             {"dy", dy, xb},         {"x", x, xb},                {"w", w, w ? cb : 0},
+                             {"mean/rstd", mean, rb}, {"work", work, wb}};
+    cudaError_t e = fake_launch(__func__, s, bufs, 8);
+    if (e == cudaSuccess) e = fake_need_device(__func__, "rstd", rstd, rb);
+    if (e != cudaSuccess) return e;
+    if (fake_overlap(__func__, "dx", dx, xb, "dy", dy, xb) || fake_overlap(__func__, "work", work, wb, "dx", dx, xb))
+        return fake_error(cudaErrorInvalidValue);
+    if (fdt == KG_F32) kc_layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, N, C, accumulate != 0, work);
+    else kc_layernorm_backward_f64(dx, dw, db, dy, x, w, mean, rstd, N, C, accumulate != 0, work);
+    return cudaSuccess;
+}
+
+/* --------------------------------------------------- fused cross-entropy */
+
+cudaError_t kg_xent_fused(cudaStream_t s, int fdt, void *logits, const int32_t *targets, int N, int V, int Vp,
+                          double grad_scale, double *row_loss, int32_t *bad_row, double *loss_sum) {
+    if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
+    if (!fake_seq_fdt(fdt) || N < 0 || V < 1 || Vp < V) return fake_error(cudaErrorInvalidValue);
+    const size_t esz = fake_seq_esz(fdt), lb = (size_t)N * (size_t)Vp * esz;
+    const fake_buf bufs[] = {{"logits", logits, lb},
+                             {"targets", targets, (size_t)N * sizeof *targets},
+                             {"row_loss", row_loss, (size_t)N * sizeof *row_loss},
+                             {"bad_row", bad_row, N ? sizeof *bad_row : 0},
+                             {"loss_sum", loss_sum, sizeof *loss_sum}};
+    cudaError_t e = fake_launch(__func__, s, bufs, 5);
+    if (e != cudaSuccess) return e;
+    if (fake_overlap(__func__, "logits", logits, lb, "row_loss", row_loss, (size_t)N * sizeof *row_loss))
+        return fake_error(cudaErrorInvalidValue);
+    for (int i = 0; i < N; i++) {
+        const int32_t t = targets[i];
+        if (t < -1 || t >= V) {
+            if (*bad_row < 0 || i < *bad_row) *bad_row = i;
+            row_loss[i] = 0.0;
+            continue;
+        }
+        void *row = (char *)logits + (size_t)i * (size_t)Vp * esz;
+        row_loss[i] = fdt == KG_F32 ? kc_xent_fused(row, &targets[i], 1, V, Vp, grad_scale)
+                                    : kc_xent_fused_f64(row, &targets[i], 1, V, Vp, grad_scale);
+    }
+    const size_t rpb = km_xent_rows_per_block((size_t)N);
+    double total = 0.0;
+    for (size_t r0 = 0; r0 < (size_t)N; r0 += rpb) {
+        double part = 0.0;
+        for (size_t i = r0; i < r0 + rpb && i < (size_t)N; i++) part += row_loss[i];
+        total += part;
+    }
+    *loss_sum = total;
+    return cudaSuccess;
+}
+
+/* ------------------------------------------------------------------- add */
+
+cudaError_t kg_add(cudaStream_t s, int fdt, void *y, const void *a, const void *b, size_t n) {
+    if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
+    if (!fake_seq_fdt(fdt)) return fake_error(cudaErrorInvalidValue);
+    if (n == 0) return cudaSuccess;
+    const size_t nb = n * fake_seq_esz(fdt);
+    const fake_buf bufs[] = {{"y", y, nb}, {"a", a, nb}, {"b", b, nb}};
+    cudaError_t e = fake_launch(__func__, s, bufs, 3);
+    if (e != cudaSuccess) return e;
+    if ((y != a && fake_overlap(__func__, "y", y, nb, "a", a, nb)) || (y != b && fake_overlap(__func__, "y", y, nb, "b", b, nb)))
+        return fake_error(cudaErrorInvalidValue);
+    if (fdt == KG_F32) kc_add(y, a, b, n);
+    else kc_add_f64(y, a, b, n);
+    return cudaSuccess;
+}
+
+/* ------------------------------------------------------------- attention */
+
+static int fake_attn_args(int fdt, int B, int T, int C, int NH, int round_dtype) {
+    return fake_seq_fdt(fdt) && B > 0 && T > 0 && C > 0 && NH > 0 && C % NH == 0 && T <= kg_attention_max_T(fdt) &&
+           fake_seq_round_ok(fdt, round_dtype);
+}
+
+cudaError_t kg_attention_forward(cudaStream_t s, int fdt, void *out, void *lse, const void *qkv, int B, int T, int C,
+                                 int NH, int round_dtype) {
+    if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
+    if (!fake_attn_args(fdt, B, T, C, NH, round_dtype)) return fake_error(cudaErrorInvalidValue);
+    const size_t esz = fake_seq_esz(fdt), rows = (size_t)B * (size_t)T;
+    const size_t ob = rows * (size_t)C * esz, qb = 3 * ob, lb = rows * (size_t)NH * esz;
+    const fake_buf bufs[] = {{"out", out, ob}, {"lse", lse, lb}, {"qkv", qkv, qb}};
+    cudaError_t e = fake_launch(__func__, s, bufs, 3);
+    if (e != cudaSuccess) return e;
+    if (fake_overlap(__func__, "out", out, ob, "qkv", qkv, qb) || fake_overlap(__func__, "lse", lse, lb, "qkv", qkv, qb))
+        return fake_error(cudaErrorInvalidValue);
+    const size_t wsb = kc_attn_workspace_bytes_for(0, esz, B, T, NH);
+    void *ws = aligned_alloc(64, (wsb + 63) & ~(size_t)63);
+    if (!ws) return fake_error(cudaErrorMemoryAllocation);
+    const int k = fdt == KG_F32 ? kc_attn_forward(out, lse, qkv, B, T, C, NH, round_dtype == KG_F32 ? KC_F32 : round_dtype, ws, wsb)
+                                : kc_attn_forward_f64(out, lse, qkv, B, T, C, NH, ws, wsb);
+    free(ws);
+    return k == 0 ? cudaSuccess : fake_error(cudaErrorInvalidValue);
+}
+
+cudaError_t kg_attention_backward(cudaStream_t s, int fdt, void *dqkv, const void *dout, const void *qkv,
+                                  const void *out, const void *lse, int B, int T, int C, int NH, int round_dtype,
+                                  double *work) {
+    if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
+    if (!fake_attn_args(fdt, B, T, C, NH, round_dtype) || !work) return fake_error(cudaErrorInvalidValue);
+    const size_t esz = fake_seq_esz(fdt), rows = (size_t)B * (size_t)T;
+    const size_t ob = rows * (size_t)C * esz, qb = 3 * ob, lb = rows * (size_t)NH * esz;
+    const fake_buf bufs[] = {{"dqkv", dqkv, qb}, {"dout", dout, ob}, {"qkv", qkv, qb},
+                             {"out", out, ob},   {"lse", lse, lb},   {"work", work, rows * (size_t)NH * sizeof(double)}};
+    cudaError_t e = fake_launch(__func__, s, bufs, 6);
+    if (e != cudaSuccess) return e;
+    if (fake_overlap(__func__, "dqkv", dqkv, qb, "qkv", qkv, qb) || fake_overlap(__func__, "dqkv", dqkv, qb, "dout", dout, ob))
+        return fake_error(cudaErrorInvalidValue);
+    const size_t wsb = kc_attn_workspace_bytes_for(1, esz, B, T, NH);
+    void *ws = aligned_alloc(64, (wsb + 63) & ~(size_t)63);
+    if (!ws) return fake_error(cudaErrorMemoryAllocation);
+    const int k = fdt == KG_F32 ? kc_attn_backward(dqkv, dout, qkv, out, lse, B, T, C, NH,
+                                                   round_dtype == KG_F32 ? KC_F32 : round_dtype, ws, wsb)
+                                : kc_attn_backward_f64(dqkv, dout, qkv, out, lse, B, T, C, NH, ws, wsb);
+    free(ws);
+    return k == 0 ? cudaSuccess : fake_error(cudaErrorInvalidValue);
+}
