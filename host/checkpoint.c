@@ -22,17 +22,6 @@
 #include "safetensors.h"
 #include "version.h"
 
-/* The effective run file as text, for the metadata (caller frees). */
-static char *config_text(ht_trainer *t) {
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    if (!f) return NULL;
-    config_write(&t->cfg->cfg, f);
-    fclose(f);
-    return buf;
-}
-
 /* The slots whose state a checkpoint carries, with their names in it. */
 typedef struct ckpt_slot { ht_slot *s; char role[40]; } ckpt_slot;
 
@@ -418,7 +407,7 @@ int ht_ckpt_save(ht_trainer *t, const char *path, char *why, size_t whylen) {
     const char *st_dtype = t->param_dtype == KILN_DTYPE_F64 ? "F64" : "F32";
     char *host = malloc((total ? total : 1) * esz);
     kst_writer *w = kst_writer_new();
-    char *cfgtext = config_text(t);
+    char *cfgtext = hc_text(t->cfg);
     int rc = host && w && cfgtext ? KILN_OK : KILN_E_NOMEM;
     if (rc) hwhyf(why, whylen, "%s: out of memory preparing a checkpoint of %zu parameters", path, total);
     size_t off = 0;
@@ -488,7 +477,7 @@ int ht_ckpt_save(ht_trainer *t, const char *path, char *why, size_t whylen) {
     }
     if (rc == KILN_OK) rc = kst_write_atomic(w, path, why, whylen);
     for (int i = 0; i < ns; i++)
-        if (blobs[i]) hs_services()->free(&cs[i].s->hctx, blobs[i]);
+        if (blobs[i]) hs_svc_free(&cs[i].s->hctx, blobs[i]);
     kst_writer_free(w);
     free(cfgtext);
     free(host);

@@ -23,7 +23,7 @@
 
 #include <stddef.h>
 
-#include "trainer.h"
+#include "run.h"
 
 #define HT_CKPT_FORMAT "kiln-checkpoint-1"
 
@@ -43,5 +43,8 @@ int ht_ckpt_flush(ht_trainer *t, char *why, size_t whylen);
 /* "last": the newest <default_root_dir>/version_N/checkpoints/last.safetensors;
  * anything else is a path. */
 int ht_ckpt_resolve(const ht_trainer *t, const char *arg, char *out, size_t outlen, char *why, size_t whylen);
+/* The save_checkpoint service (1.2): a request written at the next
+ * consistent point. */
+int32_t ht_svc_save_checkpoint(kiln_host_ctx *h, const char *path);
 
 #endif

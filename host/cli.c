@@ -28,6 +28,7 @@
 
 #include "compat.h"
 #include "log.h"
+#include "plugin_api.h"
 #include "param_checks.h"
 #include "version.h"
 
@@ -256,7 +257,7 @@ static int plugins_list(int argc, char **argv) {
     const int verbose = a.verbose, json = a.json;
     const char *cfgpath = a.config;
     hl_loader L;
-    hl_loader_init(&L);
+    hl_loader_init(&L, hs_host_base());
     char why[2048];
     for (int i = 0; i < a.ndirs; i++) {
         if (a.dirs[i][0] != '/') {
@@ -331,7 +332,7 @@ static int plugins_check(int argc, char **argv) {
          * a child that exits without one. */
         close(pfd[0]);
         hl_loader L;
-        hl_loader_init(&L);
+        hl_loader_init(&L, hs_host_base());
         char why[2048], dir[sizeof abs];
         snprintf(dir, sizeof dir, "%s", abs);
         char *slash = strrchr(dir, '/');
@@ -656,7 +657,7 @@ int cli_config(int argc, char **argv) {
     const int nsets = a.nsets;
     hc_config c;
     hl_loader L;
-    hl_loader_init(&L);
+    hl_loader_init(&L, hs_host_base());
     char why[2048] = "";
     int rc = cli_open_run(path, sets, nsets, &c, &L, why, sizeof why);
     if (rc == KILN_OK) rc = cli_check_run(&c, &L, 0, why, sizeof why);

@@ -15,6 +15,7 @@
 
 #include "cli.h"
 #include "log.h"
+#include "plugin_api.h"
 #include "checkpoint.h"
 #include "trainer.h"
 
@@ -41,7 +42,7 @@ int cli_run(int argc, char **argv) {
     int stage = !strcmp(verb, "fit") ? KILN_STAGE_FIT : !strcmp(verb, "validate") ? KILN_STAGE_VALIDATE : KILN_STAGE_TEST;
     hc_config c;
     hl_loader L;
-    hl_loader_init(&L);
+    hl_loader_init(&L, hs_host_base());
     char why[4096] = "";
     ht_trainer *t = calloc(1, sizeof *t);
     int opened = 0, interrupted = 0;

@@ -12,10 +12,28 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "log.h"
-#include "loop.h"
+#include "closure.h"
 
-#define INC(pr, field) ((pr).total.field++, (pr).current.field++)
+#include "log.h"
+#include "lr_clip.h"
+
+/* ---------------------------------------------------------------------------
+ * The closure (loops/optimization/closure.py): three functions called in
+ * order — step (training_step), zero_grad, backward — the result cached and
+ * consumed once per batch. zero_grad_fn / backward_fn are NULL when the batch
+ * does not zero gradients (mid accumulation window) or skips backward. */
+typedef struct ht_closure ht_closure;
+struct ht_closure {
+    ht_trainer *t;
+    int32_t (*step_fn)(ht_closure *c, kiln_step_output *out);
+    int32_t (*zero_grad_fn)(ht_closure *c);
+    int32_t (*backward_fn)(ht_closure *c, double loss);
+    kiln_step_output result;   /* cached: the loss divided by accumulate */
+    int has_result;
+    int calls;                 /* how often the optimizer called it     */
+    kiln_closure abi;          /* what plugins receive                  */
+};
+
 
 static int32_t keep_fail(ht_trainer *t, int32_t rc) {
     if (!t->err_rc) t->err_rc = rc;
@@ -55,10 +73,10 @@ static int32_t closure_zero_grad(ht_closure *c) {
     ht_trainer *t = c->t;
     char *why = t->err;
     size_t wl = sizeof t->err;
-    INC(t->zero_grad, ready);
+    HT_INC(t->zero_grad, ready);
     int rc = ht_hook(t, KILN_EV_ON_BEFORE_ZERO_GRAD, t->batch_idx, t->batch, NULL, 0, NULL, why, wl);
     if (rc) return keep_fail(t, rc);
-    INC(t->zero_grad, started);
+    HT_INC(t->zero_grad, started);
     rc = ht_hook(t, KILN_EV_OPTIMIZER_ZERO_GRAD, t->batch_idx, t->batch, NULL, 0, NULL, why, wl);
     if (rc) return keep_fail(t, rc);
     double t0 = ht_now();
@@ -68,7 +86,7 @@ static int32_t closure_zero_grad(ht_closure *c) {
     t->time.zero_grad += ht_now() - t0;
     if (rc) { ht_fail(t, &t->opts[0], rc, "zero_grad", why, wl); return keep_fail(t, rc); }
     ht_grads_none(t, 0); /* zero_grad(set_to_none=True) */
-    INC(t->zero_grad, completed);
+    HT_INC(t->zero_grad, completed);
     return KILN_OK;
 }
 
@@ -182,7 +200,7 @@ int ht_automatic_step(ht_trainer *t, char *why, size_t whylen) {
     if (t->accumulating) {
         rc = closure_call(&c, NULL);
     } else {
-        INC(t->opt_step, ready);
+        HT_INC(t->opt_step, ready);
         rc = ht_hook(t, KILN_EV_OPTIMIZER_STEP, t->batch_idx, t->batch, NULL, 0, NULL, why, whylen);
         if (rc) return rc;
         kiln_closure after = {sizeof after, 0, t, after_closure_call};
@@ -194,7 +212,7 @@ int ht_automatic_step(ht_trainer *t, char *why, size_t whylen) {
         rc = t->precision_ops->optimizer_step(t->precision.inst, &opt, &c.abi, &after, &skipped);
         t->time.optimizer += (ht_now() - t0) - t->closure_time;
         if (rc == KILN_OK) {
-            INC(t->opt_step, completed); /* counted even when the update was skipped */
+            HT_INC(t->opt_step, completed); /* counted even when the update was skipped */
             t->skipped_steps += skipped != 0;
         }
     }

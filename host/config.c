@@ -846,6 +846,59 @@ config_setting_t *hc_optimizer(hc_config *c, int i) {
 }
 
 /* ---------------------------------------------------------------------------
+ * Reading settings for the trainer (config.h's hc_node API): the trainer
+ * and the schedule read the run file through these, never libconfig. */
+
+hc_node *hc_lookup(const hc_config *c, const char *path) { return config_lookup(&c->cfg, path); }
+
+int hc_is_int(const hc_node *s) {
+    return s && (config_setting_type(s) == CONFIG_TYPE_INT || config_setting_type(s) == CONFIG_TYPE_INT64);
+}
+
+hc_node *hc_member(const hc_node *s, const char *key) { return s ? config_setting_get_member(s, key) : NULL; }
+
+const char *hc_member_string(const hc_node *s, const char *key) {
+    const char *v = NULL;
+    if (s) config_setting_lookup_string(s, key, &v);
+    return v;
+}
+
+int hc_member_int64(const hc_node *s, const char *key, int64_t *out) {
+    if (!s) return 0;
+    long long v;
+    int i;
+    int found = config_setting_lookup_int64(s, key, &v) == CONFIG_TRUE;
+    if (config_setting_lookup_int(s, key, &i) == CONFIG_TRUE) v = i, found = 1;
+    if (found) *out = (int64_t)v;
+    return found;
+}
+
+int hc_list_length(const hc_node *s) { return s ? config_setting_length(s) : 0; }
+
+const char *hc_list_string(const hc_node *s, int i) { return config_setting_get_string_elem(s, i); }
+
+const char *hc_entry_name(hc_node *entry, hc_node **section) {
+    *section = NULL;
+    if (!entry) return NULL;
+    if (config_setting_type(entry) == CONFIG_TYPE_STRING) return config_setting_get_string(entry);
+    const char *name = NULL;
+    if (config_setting_type(entry) != CONFIG_TYPE_GROUP || !config_setting_lookup_string(entry, "name", &name))
+        return NULL;
+    *section = entry;
+    return name;
+}
+
+char *hc_text(const hc_config *c) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f) return NULL;
+    config_write(&c->cfg, f);
+    fclose(f);
+    return buf;
+}
+
+/* ---------------------------------------------------------------------------
  * Resolution against declared keys */
 
 static void *own(hc_kvset *s, void *p) {

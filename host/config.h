@@ -14,13 +14,16 @@
 #include <stddef.h>
 
 #include "kiln/plugin.h"
-#include "loader.h"
 
 typedef struct hc_config {
     config_t cfg;
     char *path;  /* as given                                                  */
     int loaded;
 } hc_config;
+
+/* A setting of the run file. Outside config.c only the hc_* functions read
+ * one, so the trainer and the schedule never touch libconfig. */
+typedef config_setting_t hc_node;
 
 /* A resolved section: a NULL-terminated kiln_kv array and the memory behind it. */
 typedef struct hc_kvset {
@@ -51,24 +54,24 @@ int hc_plugin_dirs(hc_config *c, const char ***dirs, int *ndirs, int *allow_syml
 /* The plugin name a slot asks for: `slot = "name"` or `slot = { name = ... }`.
  * Returns the name or `fallback` when the slot is absent; NULL with `why`
  * when the slot is malformed. *section receives the group (or NULL). */
-const char *hc_slot_name(hc_config *c, const char *slot, const char *fallback, config_setting_t **section, char *why,
+const char *hc_slot_name(hc_config *c, const char *slot, const char *fallback, hc_node **section, char *why,
                          size_t whylen);
 /* Number of entries in the callbacks list (0 when absent). */
 int hc_callback_count(hc_config *c);
-config_setting_t *hc_callback(hc_config *c, int i);
+hc_node *hc_callback(hc_config *c, int i);
 /* Entries of the `optimizers` list (0 when absent; then `optimizer` is the
  * one optimizer). Each is a group with `name` and an optional `params`
  * list of parameter-name patterns (fnmatch) the optimizer owns. */
 int hc_optimizer_count(hc_config *c);
-config_setting_t *hc_optimizer(hc_config *c, int i);
+hc_node *hc_optimizer(hc_config *c, int i);
 
 /* Resolve `section` (may be NULL: all defaults) against `params`. `what` names
  * the owner for messages ("optimizer 'sgd'"). */
-int hc_resolve(const hc_config *c, config_setting_t *section, const kiln_param *params, const char *what,
+int hc_resolve(const hc_config *c, hc_node *section, const kiln_param *params, const char *what,
                hc_kvset *out, char *why, size_t whylen);
 /* The same, with `host_keys` (NULL-terminated; NULL: just "name") left to the
  * host instead of the plugin. */
-int hc_resolve_host(const hc_config *c, config_setting_t *section, const kiln_param *params,
+int hc_resolve_host(const hc_config *c, hc_node *section, const kiln_param *params,
                     const char *const *host_keys, const char *what, hc_kvset *out, char *why, size_t whylen);
 /* The host keys of a plugin section of `kind` (KILN_KIND_*): "name", plus an
  * optimizer's `params` and a scheduler's `interval`, `frequency`, `monitor`. */
@@ -82,7 +85,26 @@ extern const kiln_param hc_trainer_params[];
 int hc_write(hc_config *c, const char *path, char *why, size_t whylen);
 
 /* "file:line" of a setting, or "--set" for one created by an override. */
-void hc_where(const hc_config *c, const config_setting_t *s, char *buf, size_t n);
+void hc_where(const hc_config *c, const hc_node *s, char *buf, size_t n);
+
+/* The setting at `path` ("trainer.min_epochs"), or NULL when absent. */
+hc_node *hc_lookup(const hc_config *c, const char *path);
+/* Whether a setting was written as an int (int or int64); 0 for NULL. */
+int hc_is_int(const hc_node *s);
+/* A member of a group (NULL when absent or s is NULL); a string member
+ * (NULL when absent or not a string); an int member (1 when it is an int
+ * or int64, then *out holds it). */
+hc_node *hc_member(const hc_node *s, const char *key);
+const char *hc_member_string(const hc_node *s, const char *key);
+int hc_member_int64(const hc_node *s, const char *key, int64_t *out);
+/* Entries of a list (0 for NULL) and a string entry (NULL if not one). */
+int hc_list_length(const hc_node *s);
+const char *hc_list_string(const hc_node *s, int i);
+/* A list entry naming a plugin: `"name"` (section NULL) or a group with
+ * name = "..." (section = the group); NULL for anything else. */
+const char *hc_entry_name(hc_node *entry, hc_node **section);
+/* The effective run file as text (malloc'd; NULL when out of memory). */
+char *hc_text(const hc_config *c);
 
 /* Closest of `cands` to `word` if reasonably close, else NULL. */
 const char *hc_did_you_mean(const char *word, const char *const *cands, int n);

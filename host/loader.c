@@ -54,19 +54,6 @@
 /* ---------------------------------------------------------------------------
  * Small helpers */
 
-char *hl_xstrdup(const char *s) {
-    char *d = strdup(s ? s : "");
-    if (!d) { HLOG_ERROR("out of memory"); abort(); }
-    return d;
-}
-
-void *hl_xrealloc(void *p, size_t n) {
-    void *q = realloc(p, n);
-    if (!q && n) { HLOG_ERROR("out of memory"); abort(); }
-    return q;
-}
-
-
 static const char *const kind_names[] = {NULL, "accelerator", "precision", "strategy", "optimizer",
                                          "scheduler", "callback", "module", "data"};
 
@@ -109,19 +96,19 @@ static const char *type_name(uint32_t t) {
  * Candidates */
 
 static hl_candidate *add_cand(hl_loader *L, const char *path, int is_dir, int status, const char *reason) {
-    L->cands = hl_xrealloc(L->cands, sizeof(*L->cands) * (size_t)(L->ncands + 1));
+    L->cands = hmem_realloc(L->cands, sizeof(*L->cands) * (size_t)(L->ncands + 1));
     hl_candidate *c = &L->cands[L->ncands++];
     memset(c, 0, sizeof *c);
-    c->path = hl_xstrdup(path);
+    c->path = hmem_strdup(path);
     c->is_dir = is_dir;
     c->status = status;
-    c->reason = reason ? hl_xstrdup(reason) : NULL;
+    c->reason = reason ? hmem_strdup(reason) : NULL;
     return c;
 }
 
 static void cand_append_reason(hl_candidate *c, const char *line) {
     size_t a = c->reason ? strlen(c->reason) : 0, b = strlen(line);
-    c->reason = hl_xrealloc(c->reason, a + b + 2);
+    c->reason = hmem_realloc(c->reason, a + b + 2);
     if (a) c->reason[a++] = '\n';
     memcpy(c->reason + a, line, b + 1);
 }
@@ -248,14 +235,17 @@ int hl_vet_file(const char *path, int allow_symlinks, char *why, size_t whylen) 
 /* ---------------------------------------------------------------------------
  * Directories */
 
-void hl_loader_init(hl_loader *L) { memset(L, 0, sizeof *L); }
+void hl_loader_init(hl_loader *L, const kiln_host_base *host) {
+    memset(L, 0, sizeof *L);
+    L->host = host;
+}
 
 void hl_add_dir(hl_loader *L, const char *dir, int origin) {
     for (int i = 0; i < L->ndirs; i++)
         if (strcmp(L->dirs[i], dir) == 0) return;
-    L->dirs = hl_xrealloc(L->dirs, sizeof(char *) * (size_t)(L->ndirs + 1));
-    L->dir_origin = hl_xrealloc(L->dir_origin, sizeof(int) * (size_t)(L->ndirs + 1));
-    L->dirs[L->ndirs] = hl_xstrdup(dir);
+    L->dirs = hmem_realloc(L->dirs, sizeof(char *) * (size_t)(L->ndirs + 1));
+    L->dir_origin = hmem_realloc(L->dir_origin, sizeof(int) * (size_t)(L->ndirs + 1));
+    L->dirs[L->ndirs] = hmem_strdup(dir);
     L->dir_origin[L->ndirs] = origin;
     L->ndirs++;
 }
@@ -281,7 +271,7 @@ void hl_add_default_dirs(hl_loader *L) {
     /* secure_getenv returns NULL in setuid/setgid (AT_SECURE) processes. */
     const char *env = secure_getenv("KILN_PLUGIN_PATH");
     if (env && *env) {
-        char *copy = hl_xstrdup(env), *save = NULL;
+        char *copy = hmem_strdup(env), *save = NULL;
         for (char *tok = strtok_r(copy, ":", &save); tok; tok = strtok_r(NULL, ":", &save))
             if (*tok) hl_add_dir(L, tok, HL_ORIGIN_ENV);
         free(copy);
@@ -526,8 +516,8 @@ static void note(note_sink *ns, int info, const char *line) {
  * returns. The library's code runs here: in-process only for a file whose
  * probe passed (or for `plugins check`, itself in a child). Returns the
  * library (not yet in L->libs) or NULL with why. */
-static hl_library *load_lib(const char *path, const char *real, const struct stat *st, int origin, note_sink *ns,
-                            char *why, size_t whylen) {
+static hl_library *load_lib(const kiln_host_base *host, const char *path, const char *real, const struct stat *st,
+                            int origin, note_sink *ns, char *why, size_t whylen) {
     /* dlopen by the resolved absolute path (never a search), then make sure
      * the file mapped is the inode that was vetted through the descriptor.
      * (Not /proc/self/fd/N: glibc recognises loaded objects by name first, so
@@ -559,7 +549,7 @@ static hl_library *load_lib(const char *path, const char *real, const struct sta
     }
     const kiln_library *desc = NULL;
     herr_clear();
-    int32_t rc = init(hs_host_base(), &desc);
+    int32_t rc = init(host, &desc);
     if (rc != KILN_OK) {
         hwhyf(why, whylen, "%s: failed to initialize: %s [%s]", path,
              *herr_msg() ? herr_msg() : kiln_strerror(rc), kiln_status_name(rc));
@@ -579,10 +569,10 @@ static hl_library *load_lib(const char *path, const char *real, const struct sta
     hl_library *lib = calloc(1, sizeof *lib);
     if (!lib) abort();
     memcpy(&lib->view, desc, sizeof(kiln_library));
-    lib->path = hl_xstrdup(path);
+    lib->path = hmem_strdup(path);
     char stem[256];
     hl_lib_stem(path, stem, sizeof stem);
-    lib->stem = hl_xstrdup(stem);
+    lib->stem = hmem_strdup(stem);
     lib->origin = origin;
     lib->dev = st->st_dev;
     lib->ino = st->st_ino;
@@ -599,7 +589,7 @@ static hl_library *load_lib(const char *path, const char *real, const struct sta
              "%s (%s %s) requires host ABI >= %d.%u; this host provides %d.%d (kiln %s); upgrade kiln or use a "
              "build of the plugin for ABI <= %d.%d",
              path, lname, v->library_version ? v->library_version : "?", KILN_ABI_MAJOR, v->min_host_minor,
-             KILN_ABI_MAJOR, KILN_ABI_MINOR, hs_host_base()->host_version, KILN_ABI_MAJOR, KILN_ABI_MINOR);
+             KILN_ABI_MAJOR, KILN_ABI_MINOR, host->host_version, KILN_ABI_MAJOR, KILN_ABI_MINOR);
         bad = 1;
     } else if (v->min_host_minor > v->abi_minor) {
         hwhyf(why, whylen, "%s: min_host_minor %u is newer than the ABI minor %u it was built with", path,
@@ -682,10 +672,10 @@ static void free_probe(hl_probe *p) {
 static hl_probe *new_probe(const char *path, int origin, const struct stat *st) {
     hl_probe *p = calloc(1, sizeof *p);
     if (!p) abort();
-    p->path = hl_xstrdup(path);
+    p->path = hmem_strdup(path);
     char stem[256];
     hl_lib_stem(path, stem, sizeof stem);
-    p->stem = hl_xstrdup(stem);
+    p->stem = hmem_strdup(stem);
     p->origin = origin;
     p->dev = st->st_dev;
     p->ino = st->st_ino;
@@ -696,29 +686,29 @@ static hl_probe *new_probe(const char *path, int origin, const struct stat *st) 
 }
 
 static hl_pmeta *probe_add_plugin(hl_probe *p) {
-    p->plugins = hl_xrealloc(p->plugins, sizeof(hl_pmeta) * (size_t)(p->nplugins + 1));
+    p->plugins = hmem_realloc(p->plugins, sizeof(hl_pmeta) * (size_t)(p->nplugins + 1));
     hl_pmeta *m = &p->plugins[p->nplugins++];
     memset(m, 0, sizeof *m);
     return m;
 }
 
 static void pmeta_add_alias(hl_pmeta *m, const char *a) {
-    m->aliases = hl_xrealloc(m->aliases, sizeof(char *) * (m->naliases + 1));
-    m->aliases[m->naliases++] = hl_xstrdup(a);
+    m->aliases = hmem_realloc(m->aliases, sizeof(char *) * (m->naliases + 1));
+    m->aliases[m->naliases++] = hmem_strdup(a);
 }
 
 /* The record of an in-process library (hl_load_file, and the child). */
 static void probe_fill_from_lib(hl_probe *p, const hl_library *lib) {
-    p->libname = hl_xstrdup(lib->view.library_name);
-    p->libversion = hl_xstrdup(lib->view.library_version);
+    p->libname = hmem_strdup(lib->view.library_name);
+    p->libversion = hmem_strdup(lib->view.library_version);
     p->abi_major = lib->view.abi_major;
     p->abi_minor = lib->view.abi_minor;
     for (int j = 0; j < lib->nplugins; j++) {
         const hl_plugin *q = &lib->plugins[j];
         hl_pmeta *m = probe_add_plugin(p);
         m->kind = q->view.kind;
-        m->name = hl_xstrdup(q->view.name);
-        m->version = hl_xstrdup(q->view.version);
+        m->name = hmem_strdup(q->view.name);
+        m->version = hmem_strdup(q->view.version);
         for (uint32_t a = 0; a < q->naliases; a++) pmeta_add_alias(m, q->aliases[a]);
         const kiln_value *d = hl_prop(q, "default");
         m->is_default = d && d->type == KILN_TYPE_BOOL && d->v.i;
@@ -735,7 +725,7 @@ static void wput(wbuf *b, char tag, const char *s, size_t len) {
     int hn = snprintf(head, sizeof head, "%c%zu:", tag, len);
     if (b->n + (size_t)hn + len > b->cap) {
         b->cap = (b->n + (size_t)hn + len) * 2 + 256;
-        b->p = hl_xrealloc(b->p, b->cap);
+        b->p = hmem_realloc(b->p, b->cap);
     }
     memcpy(b->p + b->n, head, (size_t)hn);
     memcpy(b->p + b->n + hn, s, len);
@@ -802,8 +792,8 @@ static int parse_record(const char *buf, size_t len, hl_probe *p, char **reason,
 /* In the child: load the library here and send what it offers. Never
  * returns. Its output goes nowhere (the library runs again in the parent
  * if used, and prints there) unless loader tracing is on. */
-static void __attribute__((noreturn)) probe_child(int wfd, const char *path, const char *real,
-                                                  const struct stat *st, int origin) {
+static void __attribute__((noreturn)) probe_child(const kiln_host_base *host, int wfd, const char *path,
+                                                  const char *real, const struct stat *st, int origin) {
     if (!hlog_loader_debug()) {
         int nul = open("/dev/null", O_WRONLY | O_CLOEXEC);
         if (nul >= 0) { dup2(nul, 1); dup2(nul, 2); close(nul); }
@@ -812,7 +802,7 @@ static void __attribute__((noreturn)) probe_child(int wfd, const char *path, con
     memset(&c, 0, sizeof c);
     note_sink ns = {.c = &c, .quiet = 1};
     char why[2048];
-    hl_library *lib = load_lib(path, real, st, origin, &ns, why, sizeof why);
+    hl_library *lib = load_lib(host, path, real, st, origin, &ns, why, sizeof why);
     wbuf b = {0};
     if (!lib) wputs(&b, 'R', why);
     else {
@@ -905,7 +895,7 @@ static void probe_settle(hl_loader *L, int cand, int origin, const struct stat *
         snprintf(why, sizeof why, "%s: %s", c->path, data);
         c->status = HL_CAND_REFUSED;
         free(c->reason);
-        c->reason = hl_xstrdup(why);
+        c->reason = hmem_strdup(why);
         HLOG_WARN("%s", why);
         return;
     }
@@ -917,7 +907,7 @@ static void probe_settle(hl_loader *L, int cand, int origin, const struct stat *
         free(c->reason);
         char why[PATH_MAX + 128];
         snprintf(why, sizeof why, "%s: its probe sent an unreadable report; not used", c->path);
-        c->reason = hl_xstrdup(why);
+        c->reason = hmem_strdup(why);
         HLOG_WARN("%s", why);
         free_probe(p);
         free(reason);
@@ -945,7 +935,7 @@ static void probe_settle(hl_loader *L, int cand, int origin, const struct stat *
     } else {
         c->status = HL_CAND_LOADED;
         p->cand = cand;
-        L->probes = hl_xrealloc(L->probes, sizeof(hl_probe *) * (size_t)(L->nprobes + 1));
+        L->probes = hmem_realloc(L->probes, sizeof(hl_probe *) * (size_t)(L->nprobes + 1));
         L->probes[L->nprobes++] = p;
         hlog_loader("probed %s (%s %s, ABI %u.%u): %d plugin(s)", c->path, p->libname, p->libversion, p->abi_major,
                     p->abi_minor, p->nplugins);
@@ -976,7 +966,7 @@ static void job_start(probe_job *j, const hl_loader *L) {
     }
     if (pid == 0) {
         close(pfd[0]);
-        probe_child(pfd[1], L->cands[j->cand].path, j->real, &j->st, j->origin);
+        probe_child(L->host, pfd[1], L->cands[j->cand].path, j->real, &j->st, j->origin);
     }
     close(pfd[1]);
     j->pid = pid;
@@ -1024,7 +1014,7 @@ static void run_jobs(hl_loader *L, probe_job *jobs, int n, double timeout) {
             probe_job *j = &jobs[map[k]];
             if (j->cap - j->len < 4096) {
                 j->cap = j->cap ? j->cap * 2 : 8192;
-                j->buf = hl_xrealloc(j->buf, j->cap);
+                j->buf = hmem_realloc(j->buf, j->cap);
             }
             ssize_t r = read(j->fd, j->buf + j->len, j->cap - j->len);
             if (r > 0) {
@@ -1050,7 +1040,7 @@ static void run_jobs(hl_loader *L, probe_job *jobs, int n, double timeout) {
                     for (;;) {
                         if (j->cap - j->len < 4096) {
                             j->cap = j->cap ? j->cap * 2 : 8192;
-                            j->buf = hl_xrealloc(j->buf, j->cap);
+                            j->buf = hmem_realloc(j->buf, j->cap);
                         }
                         ssize_t r = read(j->fd, j->buf + j->len, j->cap - j->len);
                         if (r <= 0 || (j->len += (size_t)r) > HL_PROBE_MAX_RECORD) break;
@@ -1147,8 +1137,8 @@ void hl_discover(hl_loader *L) {
         while ((e = readdir(dh))) {
             if (e->d_name[0] == '.') continue;
             if (fnmatch("libkiln-*.so", e->d_name, 0) != 0) continue;
-            names = hl_xrealloc(names, sizeof(char *) * (size_t)(nn + 1));
-            names[nn++] = hl_xstrdup(e->d_name);
+            names = hmem_realloc(names, sizeof(char *) * (size_t)(nn + 1));
+            names[nn++] = hmem_strdup(e->d_name);
         }
         closedir(dh);
         /* Sorted, so search order (and conflict resolution) is deterministic. */
@@ -1171,7 +1161,7 @@ void hl_discover(hl_loader *L) {
                 continue;
             }
             add_cand(L, path, 0, HL_CAND_REFUSED, NULL); /* settled below */
-            jobs = hl_xrealloc(jobs, sizeof *jobs * (size_t)(njobs + 1));
+            jobs = hmem_realloc(jobs, sizeof *jobs * (size_t)(njobs + 1));
             probe_job *j = &jobs[njobs++];
             memset(j, 0, sizeof *j);
             j->cand = L->ncands - 1;
@@ -1232,7 +1222,7 @@ int hl_probe_load(hl_loader *L, hl_probe *p, char *why, size_t whylen) {
         if (st.st_dev != p->dev || st.st_ino != p->ino || st.st_size != p->size || mt != p->mtime_ns)
             hwhyf(why, whylen, "%s: changed since it was probed; refusing it (run the command again)", p->path);
         else
-            lib = load_lib(p->path, real, &st, p->origin, &ns, why, whylen);
+            lib = load_lib(L->host, p->path, real, &st, p->origin, &ns, why, whylen);
     }
     free(scratch.reason);
     if (lib) hlog_loader("loaded into this process: %s", p->path);
@@ -1256,13 +1246,13 @@ int hl_probe_load(hl_loader *L, hl_probe *p, char *why, size_t whylen) {
             hl_candidate *c = &L->cands[p->cand];
             c->status = HL_CAND_REFUSED;
             free(c->reason);
-            c->reason = hl_xstrdup(why);
+            c->reason = hmem_strdup(why);
         }
         return -1;
     }
     p->lib = lib;
     if (p->cand >= 0) L->cands[p->cand].lib = lib;
-    L->libs = hl_xrealloc(L->libs, sizeof(hl_library *) * (size_t)(L->nlibs + 1));
+    L->libs = hmem_realloc(L->libs, sizeof(hl_library *) * (size_t)(L->nlibs + 1));
     L->libs[L->nlibs++] = lib;
     return 0;
 }
@@ -1303,11 +1293,11 @@ int hl_load_file(hl_loader *L, const char *path, int origin, char *why, size_t w
     hl_candidate *c = add_cand(L, path, 0, HL_CAND_LOADED, NULL);
     int ci = L->ncands - 1;
     note_sink ns = {.c = c, .quiet = 0};
-    hl_library *lib = load_lib(path, real, &st, origin, &ns, why, whylen);
+    hl_library *lib = load_lib(L->host, path, real, &st, origin, &ns, why, whylen);
     c = &L->cands[ci];
     if (!lib) {
         c->status = HL_CAND_REFUSED;
-        if (!c->reason) c->reason = hl_xstrdup(why);
+        if (!c->reason) c->reason = hmem_strdup(why);
         return -1;
     }
     c->lib = lib;
@@ -1315,9 +1305,9 @@ int hl_load_file(hl_loader *L, const char *path, int origin, char *why, size_t w
     probe_fill_from_lib(p, lib);
     p->lib = lib;
     p->cand = ci;
-    L->probes = hl_xrealloc(L->probes, sizeof(hl_probe *) * (size_t)(L->nprobes + 1));
+    L->probes = hmem_realloc(L->probes, sizeof(hl_probe *) * (size_t)(L->nprobes + 1));
     L->probes[L->nprobes++] = p;
-    L->libs = hl_xrealloc(L->libs, sizeof(hl_library *) * (size_t)(L->nlibs + 1));
+    L->libs = hmem_realloc(L->libs, sizeof(hl_library *) * (size_t)(L->nlibs + 1));
     L->libs[L->nlibs++] = lib;
     return 0;
 }

@@ -87,6 +87,7 @@ typedef struct hl_candidate {
 } hl_candidate;
 
 typedef struct hl_loader {
+    const kiln_host_base *host; /* what each library's kiln_plugin_init_v1 gets */
     int allow_symlinks;
     char **dirs;         /* search path in order                            */
     int *dir_origin;
@@ -104,7 +105,9 @@ typedef struct hl_loader {
     int nwarnings;
 } hl_loader;
 
-void hl_loader_init(hl_loader *L);
+/* `host` is the bootstrap struct every loaded library is initialised with
+ * (plugin_api.c's ht_host_base()). */
+void hl_loader_init(hl_loader *L, const kiln_host_base *host);
 void hl_loader_free(hl_loader *L); /* frees host memory; libraries stay mapped */
 
 /* Add a search directory (origin HL_ORIGIN_*). Relative paths are recorded as
@@ -163,18 +166,12 @@ const kiln_value *hl_prop(const hl_plugin *p, const char *key);
  * probes: loads nothing. */
 const char *hl_default_name(const hl_loader *L, const char *slot);
 
-/* The host's view of the bootstrap struct and services (host/services.c). */
-const kiln_host_base *hs_host_base(void);
-const kiln_host_services *hs_services(void);
-
 /* Why a library lacks kiln_plugin_init_v1, from its exported symbols
  * (loader_elf.c; no code of it runs): another ABI major's entry, a misspelt
  * one, or none. One line into buf, starting "missing symbol ...". */
 void hl_entry_diagnosis(const char *path, char *buf, size_t n);
 
 /* Shared by loader.c and registry.c only. */
-char *hl_xstrdup(const char *s);           /* aborts on out of memory       */
-void *hl_xrealloc(void *p, size_t n);      /* aborts on out of memory       */
 void hl_lib_stem(const char *path, char *out, size_t n); /* "libkiln-x.so" → "x" */
 /* Load the library a probe describes into this process (once); 0, or -1
  * with one line in why. */

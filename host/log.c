@@ -118,3 +118,17 @@ size_t hedit_distance(const char *a, const char *b) {
     }
     return prev[lb];
 }
+
+/* The loader's bookkeeping has no way to go on without its lists: out of
+ * memory there ends the process with one line. */
+char *hmem_strdup(const char *s) {
+    char *d = strdup(s ? s : "");
+    if (!d) { HLOG_ERROR("out of memory"); abort(); }
+    return d;
+}
+
+void *hmem_realloc(void *p, size_t n) {
+    void *q = realloc(p, n);
+    if (!q && n) { HLOG_ERROR("out of memory"); abort(); }
+    return q;
+}

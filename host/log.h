@@ -52,4 +52,9 @@ size_t hedit_distance(const char *a, const char *b);
 #define HLOG_INFO(...) hlog(KILN_LOG_INFO, __VA_ARGS__)
 #define HLOG_DEBUG(...) hlog(KILN_LOG_DEBUG, __VA_ARGS__)
 
+/* strdup (NULL reads as "") and realloc that end the process with one
+ * line when out of memory. */
+char *hmem_strdup(const char *s);
+void *hmem_realloc(void *p, size_t n);
+
 #endif

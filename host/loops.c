@@ -13,14 +13,16 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "log.h"
+#include "loops.h"
+
 #include "checkpoint.h"
-#include "loop.h"
+#include "closure.h"
+#include "log.h"
+#include "lr_clip.h"
+#include "manual.h"
 
 /* ---------------------------------------------------------------------------
  * Progress (loops/progress.py) */
-
-#define INC(pr, field) ((pr).total.field++, (pr).current.field++)
 
 static void reset_current(ht_progress *p) { memset(&p->current, 0, sizeof p->current); }
 
@@ -151,9 +153,31 @@ static int log_epoch_metrics(ht_trainer *t, int stage, int64_t step, char *why, 
 }
 
 /* ---------------------------------------------------------------------------
- * The loop driver (loops/loop.py: _Loop.run) */
+ * The loop driver (loops/loop.py: _Loop.run). A loop is a table of
+ * functions over its own state; ht_loop_run() drives it:
+ *
+ *   if skip: return
+ *   reset → on_run_start → while !done: advance → on_advance_end → on_run_end
+ *
+ * advance may return HT_LOOP_STOP (Lightning's StopIteration): the loop
+ * breaks at once, skipping that iteration's on_advance_end. */
 
-int ht_loop_run(ht_loop *L, char *why, size_t whylen) {
+#define HT_LOOP_STOP 1
+
+typedef struct ht_loop ht_loop;
+struct ht_loop {
+    const char *name;
+    ht_trainer *t;
+    int (*skip)(ht_loop *L);                                    /* may be NULL */
+    int (*reset)(ht_loop *L, char *why, size_t whylen);
+    int (*on_run_start)(ht_loop *L, char *why, size_t whylen);
+    int (*done)(ht_loop *L);
+    int (*advance)(ht_loop *L, char *why, size_t whylen);        /* HT_LOOP_STOP breaks */
+    int (*on_advance_end)(ht_loop *L, char *why, size_t whylen);
+    int (*on_run_end)(ht_loop *L, char *why, size_t whylen);
+};
+
+static int ht_loop_run(ht_loop *L, char *why, size_t whylen) {
     if (L->skip && L->skip(L)) return KILN_OK;
     int rc;
     if ((rc = L->reset(L, why, whylen))) return rc;
@@ -228,9 +252,9 @@ static int eval_advance(ht_loop *L, char *why, size_t whylen) {
     if (rc == 0) return HT_LOOP_STOP; /* the data ran out early */
     t->batch = bp;
     t->batch_idx = i;
-    INC(t->val_batch_progress, ready);
+    HT_INC(t->val_batch_progress, ready);
     if ((rc = ht_hook(t, e->E->batch_start, i, bp, NULL, 0, NULL, why, whylen))) return rc;
-    INC(t->val_batch_progress, started);
+    HT_INC(t->val_batch_progress, started);
     ht_trace(t, KILN_SRC_MODULE, e->E->step_name, i);
     herr_clear();
     int32_t prc = t->precision_ops->convert_params(t->precision.inst);
@@ -240,9 +264,9 @@ static int eval_advance(ht_loop *L, char *why, size_t whylen) {
     prc = e->stage == KILN_STAGE_TEST ? t->module_ops->test_step(t->module.inst, bp, i, &o)
                                       : t->module_ops->validation_step(t->module.inst, bp, i, &o);
     if (prc) return ht_fail(t, &t->module, prc, e->E->step_name, why, whylen);
-    INC(t->val_batch_progress, processed);
+    HT_INC(t->val_batch_progress, processed);
     if ((rc = ht_hook(t, e->E->batch_end, i, bp, &o, 0, NULL, why, whylen))) return rc;
-    INC(t->val_batch_progress, completed);
+    HT_INC(t->val_batch_progress, completed);
     t->batch = NULL;
     return KILN_OK;
 }
@@ -370,7 +394,7 @@ static int epoch_advance(ht_loop *L, char *why, size_t whylen) {
     kiln_batch *b = &el->batch;
     t->batch = b;
     t->batch_idx = i;
-    INC(t->batch_progress, ready);
+    HT_INC(t->batch_progress, ready);
     t->is_last_batch = i + 1 >= t->num_training_batches;
     /* _should_accumulate: the last batch of an epoch always steps */
     t->accumulating = (t->batch_progress.current.ready % t->set.accumulate_grad_batches != 0) && !t->is_last_batch;
@@ -386,18 +410,18 @@ static int epoch_advance(ht_loop *L, char *why, size_t whylen) {
          * schedule steps, and an epoch schedule steps for this epoch. */
         t->is_last_batch = 1;
         t->accumulating = 0;
-        INC(t->batch_progress, processed);
+        HT_INC(t->batch_progress, processed);
         if ((rc = ht_update_lr(t, 0, 0, why, whylen))) return rc;
         if ((rc = ht_update_lr(t, 1, 0, why, whylen))) return rc;
         t->batch = NULL;
         return HT_LOOP_STOP;
     }
-    INC(t->batch_progress, started);
+    HT_INC(t->batch_progress, started);
     t->in_train_step = 1;
     rc = t->manual ? ht_manual_step(t, why, whylen) : ht_automatic_step(t, why, whylen);
     t->in_train_step = 0;
     if (rc) return rc;
-    INC(t->batch_progress, processed);
+    HT_INC(t->batch_progress, processed);
     t->samples_seen += b->size;
     if (t->last_output.struct_size >= KILN_STEP_OUTPUT_SIZE_1_4) {
         /* throughput for the summary; the closure may have run more than
@@ -410,7 +434,7 @@ static int epoch_advance(ht_loop *L, char *why, size_t whylen) {
     if ((rc = ht_update_lr(t, 0, 0, why, whylen))) return rc;
     if (t->is_last_batch && (rc = ht_update_lr(t, 1, 0, why, whylen))) return rc;
     if ((rc = ht_hook(t, KILN_EV_ON_TRAIN_BATCH_END, i, b, &t->last_output, 0, NULL, why, whylen))) return rc;
-    INC(t->batch_progress, completed);
+    HT_INC(t->batch_progress, completed);
     t->batch = NULL;
     /* update_train_step_metrics: on stepping batches every log_every_n_steps
      * (or when a stop was requested) */
@@ -475,9 +499,9 @@ static int fit_advance(ht_loop *L, char *why, size_t whylen) {
     ht_trainer *t = L->t;
     int rc;
     if (!t->restart_mid_epoch) { /* resumed inside it: these ran before the checkpoint */
-        INC(t->epoch_progress, ready);
+        HT_INC(t->epoch_progress, ready);
         if ((rc = ht_hook(t, KILN_EV_ON_TRAIN_EPOCH_START, -1, NULL, NULL, 0, NULL, why, whylen))) return rc;
-        INC(t->epoch_progress, started);
+        HT_INC(t->epoch_progress, started);
     }
     if ((rc = run_epoch_loop(t, why, whylen))) return rc;
     /* interrupted inside the epoch: it is not processed (no on_train_epoch_end) */
@@ -504,7 +528,7 @@ static int fit_on_advance_end(ht_loop *L, char *why, size_t whylen) {
      * (taken in on_train_epoch_end) resumes inside it (RESTARTED_ON_EPOCH_END:
      * no on_train_epoch_start, the next batch, the same current_epoch) */
     const int cut = !ran_out && max_steps_reached(t) && !t->interrupted;
-    INC(t->epoch_progress, processed);
+    HT_INC(t->epoch_progress, processed);
     /* on_train_epoch_end: the callbacks that monitor no metric, then the
      * module, then the monitoring callbacks (early stopping, checkpoints),
      * which read the epoch's means, reduced over the ranks, including what
@@ -521,7 +545,7 @@ static int fit_on_advance_end(ht_loop *L, char *why, size_t whylen) {
     if (ran_out && (rc = ht_update_lr(t, 1, 1, why, whylen))) return rc;
     int64_t step = t->batches_that_stepped > 0 ? t->batches_that_stepped - 1 : 0;
     if ((rc = log_epoch_metrics_reduced(t, KILN_STAGE_FIT, step, 1, why, whylen))) return rc;
-    INC(t->epoch_progress, completed);
+    HT_INC(t->epoch_progress, completed);
     /* Lightning's default ModelCheckpoint: the weights after every epoch;
      * a cut epoch is written as still in flight, and so is any checkpoint
      * a callback asked for at its end */

@@ -23,8 +23,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "lr_clip.h"
+
 #include "log.h"
-#include "loop.h"
 
 /* ------------------------------------------------------------- schedule */
 
@@ -65,23 +66,13 @@ static int sched_step(ht_trainer *t, char *why, size_t whylen) {
     return apply_factor(t, lr, why, whylen);
 }
 
-int ht_open_scheduler(ht_trainer *t, char *why, size_t whylen) {
+int ht_start_schedule(ht_trainer *t, const ht_schedule_keys *keys, char *why, size_t whylen) {
     for (int i = 0; i < t->nopts; i++) t->lr[i] = t->base_lr[i] = t->opt_ops[i]->get_lr(t->opts[i].inst);
     t->lr_factor = 1.0;
-    int rc = ht_slot_from_config(t, &t->scheduler, "scheduler", 0, why, whylen);
-    if (rc || !t->scheduler.p) return rc;
+    if (!t->scheduler.p) return KILN_OK;
     t->sched_ops = (const kiln_scheduler_ops *)t->scheduler.p->ops;
-    config_setting_t *sec = NULL;
-    hc_slot_name(t->cfg, "scheduler", NULL, &sec, why, whylen);
-    const char *interval = "step", *monitor = NULL;
-    long long freq = 1;
-    if (sec) {
-        config_setting_lookup_string(sec, "interval", &interval);
-        config_setting_lookup_string(sec, "monitor", &monitor);
-        config_setting_lookup_int64(sec, "frequency", &freq);
-        int ifreq;
-        if (config_setting_lookup_int(sec, "frequency", &ifreq)) freq = ifreq;
-    }
+    const char *interval = keys->interval, *monitor = keys->monitor;
+    const long long freq = (long long)keys->frequency;
     char where[4200];
     snprintf(where, sizeof where, "%s", t->cfg->path);
     if (strcmp(interval, "step") && strcmp(interval, "epoch")) {

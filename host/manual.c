@@ -16,10 +16,10 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "log.h"
-#include "loop.h"
+#include "manual.h"
 
-#define INC(pr, field) ((pr).total.field++, (pr).current.field++)
+#include "closure.h"
+#include "log.h"
 
 static ht_trainer *trainer_of(kiln_host_ctx *h) { return h ? h->trainer : NULL; }
 
@@ -135,7 +135,7 @@ int32_t ht_svc_optimizer_step(kiln_host_ctx *h, uint32_t index, const struct kil
     kiln_closure noop = {sizeof noop, 0, NULL, noop_closure};
     kiln_closure after = {sizeof after, 0, &m, manual_after};
     kiln_optimizer_ref opt = {sizeof opt, 0, &m, manual_opt_step};
-    INC(t->opt_step, ready); /* _on_before_step */
+    HT_INC(t->opt_step, ready); /* _on_before_step */
     int32_t sk = 0;
     char why[2048];
     ht_trace(t, KILN_SRC_PRECISION, "optimizer_step", t->batch_idx);
@@ -148,7 +148,7 @@ int32_t ht_svc_optimizer_step(kiln_host_ctx *h, uint32_t index, const struct kil
         herr_set(rc, t->err);
         return rc;
     }
-    INC(t->opt_step, completed); /* _on_after_step: every call is a global step */
+    HT_INC(t->opt_step, completed); /* _on_after_step: every call is a global step */
     t->skipped_steps += sk != 0;
     if (skipped) *skipped = sk;
     /* The masters just changed: a forward later in this training_step

@@ -14,7 +14,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "loader.h"
 #include "log.h"
 
 /* Probe results are cached in memory for this process and on disk for the
@@ -64,14 +63,14 @@ static hl_cache_ent *cache_find_in(const char *real, const hl_file_key *k) {
 }
 
 static void cache_add(const char *real, const hl_file_key *k, const hl_file_key *exe, int ok, const char *data, size_t len) {
-    g_cache = hl_xrealloc(g_cache, sizeof *g_cache * (size_t)(g_ncache + 1));
+    g_cache = hmem_realloc(g_cache, sizeof *g_cache * (size_t)(g_ncache + 1));
     hl_cache_ent *e = &g_cache[g_ncache++];
     memset(e, 0, sizeof *e);
-    e->real = hl_xstrdup(real);
+    e->real = hmem_strdup(real);
     e->k = *k;
     e->exe = *exe;
     e->ok = ok;
-    e->data = hl_xrealloc(NULL, len + 1);
+    e->data = hmem_realloc(NULL, len + 1);
     memcpy(e->data, data, len);
     e->data[len] = 0;
     e->len = len;
@@ -221,7 +220,7 @@ void hl_cache_put(const char *real, const struct stat *st, int ok, const char *d
     if (e) {
         free(e->data);
         e->ok = ok;
-        e->data = hl_xrealloc(NULL, len + 1);
+        e->data = hmem_realloc(NULL, len + 1);
         memcpy(e->data, data, len);
         e->data[len] = 0;
         e->len = len;

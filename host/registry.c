@@ -16,8 +16,8 @@
 #include "log.h"
 
 static void add_warning(hl_loader *L, const char *w) {
-    L->warnings = hl_xrealloc(L->warnings, sizeof(char *) * (size_t)(L->nwarnings + 1));
-    L->warnings[L->nwarnings++] = hl_xstrdup(w);
+    L->warnings = hmem_realloc(L->warnings, sizeof(char *) * (size_t)(L->nwarnings + 1));
+    L->warnings[L->nwarnings++] = hmem_strdup(w);
     HLOG_WARN("%s", w);
 }
 
@@ -54,7 +54,7 @@ static void reg_put(hl_loader *L, hl_probe *p, int pi, const char *key, int is_a
         if (!old_wins) { r->pr = p; r->pi = pi; r->is_alias = is_alias; }
         return;
     }
-    L->reg = hl_xrealloc(L->reg, sizeof(*L->reg) * (size_t)(L->nreg + 1));
+    L->reg = hmem_realloc(L->reg, sizeof(*L->reg) * (size_t)(L->nreg + 1));
     L->reg[L->nreg++] = (struct hl_regent){m->kind, key, p, pi, is_alias};
 }
 

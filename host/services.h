@@ -1,7 +1,7 @@
 /*
- * host/services.h — the host side of the ABI: the frozen bootstrap struct,
- * the append-only services table, and kiln_host_ctx, the per-instance handle
- * every service call carries. A host context knows which plugin it belongs to
+ * host/services.h — plugin instances: kiln_host_ctx, the per-instance handle
+ * every service call carries, creating and destroying an instance, and the
+ * services that need no run. A host context knows which plugin it belongs to
  * (for log prefixes and error attribution), the plugin's resolved config and
  * the trainer's (for config_get), and how much host memory the instance holds
  * (leaks are reported when the instance is destroyed).
@@ -30,38 +30,23 @@ struct kiln_host_ctx {
     int may_register;            /* param_register allowed (module create)     */
 };
 
-/* The 1.1 services are implemented by the trainer (trainer.c). */
-int32_t ht_svc_accelerator(kiln_host_ctx *h, kiln_instance **acc, const struct kiln_kernels **k);
-int32_t ht_svc_param_register(kiln_host_ctx *h, const char *name, uint32_t ndim, const int64_t *shape,
-                              uint32_t flags, kiln_parameter **out);
-int32_t ht_svc_params(kiln_host_ctx *h, kiln_parameter *const **list, uint32_t *n);
-const struct kiln_trainer_state *ht_svc_trainer_state(kiln_host_ctx *h);
-void ht_svc_log_value(kiln_host_ctx *h, const char *name, double value, uint32_t flags, double weight);
-int32_t ht_svc_get_metric(kiln_host_ctx *h, const char *name, double *out);
-void ht_svc_request_stop(kiln_host_ctx *h, const char *reason);
-uint64_t ht_svc_seed(kiln_host_ctx *h, const char *stream);
-/* The 1.2 manual-optimisation services (manual.c). */
-uint32_t ht_svc_optimizer_count(kiln_host_ctx *h);
-int32_t ht_svc_manual_backward(kiln_host_ctx *h, double loss);
-int32_t ht_svc_optimizer_step(kiln_host_ctx *h, uint32_t index, const struct kiln_closure *closure, int32_t *skipped);
-int32_t ht_svc_optimizer_zero_grad(kiln_host_ctx *h, uint32_t index);
-int32_t ht_svc_toggle_optimizer(kiln_host_ctx *h, uint32_t index);
-int32_t ht_svc_untoggle_optimizer(kiln_host_ctx *h, uint32_t index);
-/* checkpoint.c */
-int32_t ht_svc_save_checkpoint(kiln_host_ctx *h, const char *path);
-/* collectives.c */
-int32_t ht_svc_barrier(kiln_host_ctx *h, const char *name);
-int32_t ht_svc_reduce(kiln_host_ctx *h, double *values, uint32_t n, int32_t op);
-int32_t ht_svc_broadcast(kiln_host_ctx *h, void *buf, size_t bytes, int32_t root);
-int32_t ht_svc_all_gather(kiln_host_ctx *h, const void *send, size_t bytes, void *recv);
-int32_t ht_svc_predict(kiln_host_ctx *h, const kiln_batch *batch, kiln_tensor *out);
-int32_t ht_svc_round_activation(kiln_host_ctx *h, const char *site, uint32_t dtype, void *x, size_t n);
+/* The services that need no run (services.c); plugin_api.c lists them in
+ * the services table with the others. */
+void hs_svc_log(kiln_host_ctx *h, int32_t level, const char *msg);
+int32_t hs_svc_log_enabled(kiln_host_ctx *h, int32_t level);
+void hs_svc_set_error(kiln_host_ctx *h, int32_t code, const char *msg);
+void *hs_svc_alloc(kiln_host_ctx *h, size_t size, size_t align);
+void hs_svc_free(kiln_host_ctx *h, void *ptr);
+int32_t hs_svc_config_get(kiln_host_ctx *h, const char *key, kiln_value *out);
+void hs_svc_log_metric(kiln_host_ctx *h, const char *name, double value, int64_t step);
 
 void hs_ctx_init(kiln_host_ctx *h, const hl_plugin *p, const kiln_kv *config, const kiln_kv *trainer);
 
-/* Create an instance of `p` with `config`; on failure returns the status and
- * writes "kind 'name' (file): message [CODE]" into why. */
-int hs_create(kiln_host_ctx *h, const hl_plugin *p, kiln_instance **out, char *why, size_t whylen);
+/* Create an instance of `p` with the context's config, handing it
+ * `services` (plugin_api.c's hs_services()); on failure returns the status
+ * and writes "kind 'name' (file): message [CODE]" into why. */
+int hs_create(kiln_host_ctx *h, const kiln_host_services *services, const hl_plugin *p, kiln_instance **out,
+              char *why, size_t whylen);
 /* Destroy and report leaked host memory. */
 void hs_destroy(kiln_host_ctx *h, kiln_instance *inst);
 

@@ -23,26 +23,20 @@
 #include <time.h>
 
 #include "compat.h"
-#include "kiln/rng.h"
 #include "log.h"
+#include "loops.h"
+#include "lr_clip.h"
 #include "param_checks.h"
+#include "plugin_api.h"
+#include "run_services.h"
 
-
-double ht_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* ---------------------------------------------------------------------------
  * Settings */
 
 /* limit_*_batches and val_check_interval: an int is a count, a float a
  * fraction (Lightning); the resolved kv lost that distinction, the file has it. */
-static int is_int_setting(hc_config *c, const char *key) {
-    config_setting_t *s = config_lookup(&c->cfg, key);
-    return s && (config_setting_type(s) == CONFIG_TYPE_INT || config_setting_type(s) == CONFIG_TYPE_INT64);
-}
+static int is_int_setting(hc_config *c, const char *key) { return hc_is_int(hc_lookup(c, key)); }
 
 static int read_settings(ht_trainer *t, char *why, size_t whylen) {
     const kiln_kv *kv = t->trainer_kv.kv;
@@ -110,11 +104,9 @@ static int read_settings(ht_trainer *t, char *why, size_t whylen) {
     }
     /* _parse_loop_limits: min_steps without min_epochs means min_epochs = 1,
      * so a stop requested in the first epoch still finishes that epoch */
-    if (s->min_steps != -1 && !config_lookup(&t->cfg->cfg, "trainer.min_epochs")) s->min_epochs = 1;
+    if (s->min_steps != -1 && !hc_lookup(t->cfg, "trainer.min_epochs")) s->min_epochs = 1;
     return KILN_OK;
 }
-
-volatile sig_atomic_t ht_signal;
 
 /* ---------------------------------------------------------------------------
  * Slots */
@@ -134,14 +126,14 @@ static size_t ops_size_for(uint32_t kind) {
     }
 }
 
-static int make_slot(ht_trainer *t, ht_slot *s, uint32_t kind, const char *name, config_setting_t *sec,
+static int make_slot(ht_trainer *t, ht_slot *s, uint32_t kind, const char *name, hc_node *sec,
                      const char *role, char *why, size_t whylen) {
     char inner[1024], where[PATH_MAX + 32];
     memset(s, 0, sizeof *s);
     s->role = role;
-    const hl_plugin *p = hl_find(t->L, kind, name, inner, sizeof inner);
+    const hl_plugin *p = hl_find(t->loader, kind, name, inner, sizeof inner);
     if (!p) {
-        config_setting_t *at = sec ? config_setting_get_member(sec, "name") : config_lookup(&t->cfg->cfg, role);
+        hc_node *at = sec ? hc_member(sec, "name") : hc_lookup(t->cfg, role);
         if (at) hc_where(t->cfg, at, where, sizeof where);
         else snprintf(where, sizeof where, "%s", t->cfg->path);
         hwhyf(why, whylen, "%s: %s: %s", where, role, inner);
@@ -167,7 +159,7 @@ static int make_slot(ht_trainer *t, ht_slot *s, uint32_t kind, const char *name,
     hs_ctx_init(&s->hctx, p, s->cfg.kv, t->trainer_kv.kv);
     s->hctx.trainer = t;
     s->hctx.may_register = kind == KILN_KIND_MODULE;
-    rc = hs_create(&s->hctx, p, &s->inst, why, whylen);
+    rc = hs_create(&s->hctx, hs_services(), p, &s->inst, why, whylen);
     s->hctx.may_register = 0;
     if (rc) {
         hc_kvset_free(&s->cfg);
@@ -183,10 +175,12 @@ static void drop_slot(ht_slot *s) {
     memset(s, 0, sizeof *s);
 }
 
-int ht_slot_from_config(ht_trainer *t, ht_slot *s, const char *slot, int required, char *why, size_t whylen) {
-    config_setting_t *sec = NULL;
+/* Instantiate the plugin a slot of the run file names (or its default);
+ * with required = 0 an absent slot leaves s->p NULL. */
+static int slot_from_config(ht_trainer *t, ht_slot *s, const char *slot, int required, char *why, size_t whylen) {
+    hc_node *sec = NULL;
     why[0] = 0;
-    const char *name = hc_slot_name(t->cfg, slot, hl_default_name(t->L, slot), &sec, why, whylen);
+    const char *name = hc_slot_name(t->cfg, slot, hl_default_name(t->loader, slot), &sec, why, whylen);
     if (!name) {
         if (why[0]) return KILN_E_CONFIG;
         if (!required) return KILN_OK;
@@ -196,42 +190,6 @@ int ht_slot_from_config(ht_trainer *t, ht_slot *s, const char *slot, int require
     uint32_t kind;
     hl_kind_from_name(slot, &kind);
     return make_slot(t, s, kind, name, sec, slot, why, whylen);
-}
-
-/* Where the loops are, for messages: "(sanity check: epoch 0, batch 1,
- * global step 0)"; empty outside the loops. */
-static void where_text(const ht_trainer *t, char *buf, size_t n) {
-    buf[0] = 0;
-    if (!t->in_loops) return;
-    const char *stage = t->stage == KILN_STAGE_SANITY     ? "sanity check"
-                        : t->stage == KILN_STAGE_VALIDATE ? "validation"
-                        : t->stage == KILN_STAGE_TEST     ? "test"
-                                                          : "train";
-    if (t->batch)
-        snprintf(buf, n, " (%s: epoch %lld, batch %lld, global step %lld)", stage,
-                 (long long)t->epoch_progress.current.completed, (long long)t->batch_idx,
-                 (long long)t->opt_step.total.completed);
-    else
-        snprintf(buf, n, " (%s: epoch %lld, global step %lld)", stage, (long long)t->epoch_progress.current.completed,
-                 (long long)t->opt_step.total.completed);
-}
-
-int ht_fail(ht_trainer *t, ht_slot *s, int32_t rc, const char *what, char *why, size_t whylen) {
-    if (rc > 0) {
-        /* not a status (kiln/status.h: 0 or negative); say so rather than
-         * pass on a code no one can look up */
-        char msg[160];
-        snprintf(msg, sizeof msg, "returned %d, which is not a kiln status (0 for success, a negative KILN_E_* code "
-                 "for failure)", (int)rc);
-        herr_set(KILN_E_INTERNAL, msg);
-        rc = KILN_E_INTERNAL;
-    }
-    hs_format_error(&s->hctx, rc, what, why, whylen);
-    char where[160];
-    where_text(t, where, sizeof where);
-    size_t l = strlen(why);
-    if (where[0] && l + 1 < whylen) snprintf(why + l, whylen - l, "%s", where);
-    return rc < 0 ? rc : KILN_E_INTERNAL;
 }
 
 /* ---------------------------------------------------------------------------
@@ -272,16 +230,6 @@ static int alloc_params(ht_trainer *t, char *why, size_t whylen) {
     return KILN_OK;
 }
 
-void ht_grads_none(ht_trainer *t, int opt) {
-    const uint32_t n = opt < 0 ? t->nparams : t->opt_nparams[opt];
-    for (uint32_t k = 0; k < n; k++) (opt < 0 ? t->params[k] : t->opt_params[opt][k])->flags |= KILN_PARAMF_NO_GRAD;
-}
-
-void ht_grads_present(ht_trainer *t) {
-    for (uint32_t k = 0; k < t->nparams; k++)
-        if (!(t->params[k]->flags & KILN_PARAMF_FROZEN)) t->params[k]->flags &= ~KILN_PARAMF_NO_GRAD;
-}
-
 /* ---------------------------------------------------------------------------
  * Optimizers: `optimizer = ...` (one, every parameter) or `optimizers = (
  * { name = ...; params = ["pattern", ...]; ... }, ... )`, each owning the
@@ -290,13 +238,13 @@ void ht_grads_present(ht_trainer *t) {
  * refuses them in automatic mode). */
 
 /* Marks the parameters optimizer i owns; an entry without `params` owns all. */
-static int assign_params(ht_trainer *t, int i, config_setting_t *entry, char *why, size_t whylen) {
-    config_setting_t *pats = entry ? config_setting_get_member(entry, "params") : NULL;
+static int assign_params(ht_trainer *t, int i, hc_node *entry, char *why, size_t whylen) {
+    hc_node *pats = hc_member(entry, "params");
     uint32_t n = 0;
     for (uint32_t k = 0; k < t->nparams; k++) {
         int own = !pats;
-        for (int j = 0; pats && !own && j < config_setting_length(pats); j++)
-            own = fnmatch(config_setting_get_string_elem(pats, j), t->params[k]->name, 0) == 0;
+        for (int j = 0; pats && !own && j < hc_list_length(pats); j++)
+            own = fnmatch(hc_list_string(pats, j), t->params[k]->name, 0) == 0;
         t->owns[i][k] = (unsigned char)own;
         if (own) t->opt_params[i][n++] = t->params[k];
     }
@@ -327,13 +275,12 @@ static int open_optimizers(ht_trainer *t, char *why, size_t whylen) {
         return rc;
     }
     for (int i = 0; i < (n ? n : 1); i++) {
-        config_setting_t *entry = NULL;
+        hc_node *entry = NULL;
         if (n == 0) {
-            rc = ht_slot_from_config(t, &t->opts[0], "optimizer", 1, why, whylen);
+            rc = slot_from_config(t, &t->opts[0], "optimizer", 1, why, whylen);
         } else {
             entry = hc_optimizer(t->cfg, i);
-            const char *name = NULL;
-            config_setting_lookup_string(entry, "name", &name);
+            const char *name = hc_member_string(entry, "name");
             snprintf(roles[i], sizeof roles[i], "optimizers.[%d]", i);
             rc = make_slot(t, &t->opts[i], KILN_KIND_OPTIMIZER, name, entry, roles[i], why, whylen);
         }
@@ -358,312 +305,33 @@ static int open_optimizers(ht_trainer *t, char *why, size_t whylen) {
     return KILN_OK;
 }
 
-/* ---------------------------------------------------------------------------
- * Services that need the trainer */
-
-static ht_trainer *trainer_of(kiln_host_ctx *h) { return h ? h->trainer : NULL; }
-
-/* svc->predict (1.4): the module's predict_step on fresh compute weights.
- * Refused inside the optimisation of a batch, where it would overwrite the
- * activations the backward reads. */
-int32_t ht_svc_predict(kiln_host_ctx *h, const kiln_batch *batch, kiln_tensor *out) {
-    ht_trainer *t = trainer_of(h);
-    if (!t || !t->module.inst || !t->module_ops || !t->precision_ops) {
-        herr_set(KILN_E_STATE, "predict: no module is set up yet (call it from a hook during fit, validate or test)");
-        return KILN_E_STATE;
+/* The optional `scheduler`, after the optimizers (it scales their rates);
+ * lr_clip.c checks its host keys and sets the first rate. */
+static int open_scheduler(ht_trainer *t, char *why, size_t whylen) {
+    int rc = slot_from_config(t, &t->scheduler, "scheduler", 0, why, whylen);
+    if (rc) return rc;
+    ht_schedule_keys keys = {"step", NULL, 1};
+    hc_node *sec = NULL;
+    if (t->scheduler.p) hc_slot_name(t->cfg, "scheduler", NULL, &sec, why, whylen);
+    if (sec) {
+        const char *interval = hc_member_string(sec, "interval");
+        if (interval) keys.interval = interval;
+        keys.monitor = hc_member_string(sec, "monitor");
+        hc_member_int64(sec, "frequency", &keys.frequency);
     }
-    if (!batch || !out) {
-        herr_set(KILN_E_INVALID_ARG, "predict: expected a batch and an output tensor, found NULL");
-        return KILN_E_INVALID_ARG;
-    }
-    if (t->module_ops->base.struct_size < KILN_MODULE_OPS_SIZE_1_4 || !t->module_ops->predict_step) {
-        char msg[512];
-        snprintf(msg, sizeof msg, "predict: module '%s' (%s) has no predict_step (ABI 1.4)", t->module.p->view.name,
-                 t->module.p->lib->path);
-        herr_set(KILN_E_UNSUPPORTED, msg);
-        return KILN_E_UNSUPPORTED;
-    }
-    if (t->in_train_step) {
-        herr_set(KILN_E_STATE, "predict: not available while a batch is being optimised (it would overwrite what "
-                               "backward needs); call it from on_train_batch_end, on_validation_end or on_fit_end");
-        return KILN_E_STATE;
-    }
-    int32_t rc = t->precision_ops->convert_params(t->precision.inst);
-    if (rc != KILN_OK) return rc;
-    memset(out, 0, sizeof *out);
-    return t->module_ops->predict_step(t->module.inst, batch, out);
-}
-
-/* svc->round_activation (1.5): the precision's round_activation, when its
- * library is 1.5 or newer and the op is set; otherwise nothing to do. A
- * failure is logged with the precision's own message (the module that
- * called reports only the status and the site). */
-int32_t ht_svc_round_activation(kiln_host_ctx *h, const char *site, uint32_t dtype, void *x, size_t n) {
-    ht_trainer *t = trainer_of(h);
-    if (!t || !t->precision_ops || !t->precision.inst || n == 0) return KILN_OK;
-    const hl_plugin *p = t->precision.p;
-    if (p->lib->view.abi_minor < 5 || p->ops->struct_size < KILN_PRECISION_OPS_SIZE_1_5 ||
-        !t->precision_ops->round_activation)
-        return KILN_OK;
-    herr_clear();
-    int32_t rc = t->precision_ops->round_activation(t->precision.inst, site ? site : "", dtype, x, n);
-    if (rc != KILN_OK)
-        hlog(KILN_LOG_ERROR, "precision '%s' (%s): round_activation on %s: %s", p->view.name, p->lib->path,
-             site ? site : "?", herr_msg()[0] ? herr_msg() : kiln_status_name(rc));
-    return rc;
-}
-
-int32_t ht_svc_accelerator(kiln_host_ctx *h, kiln_instance **acc, const struct kiln_kernels **k) {
-    ht_trainer *t = trainer_of(h);
-    if (!t || !t->K) {
-        herr_set(KILN_E_STATE, "no accelerator is set up for this instance");
-        return KILN_E_STATE;
-    }
-    *acc = t->accel.inst;
-    *k = t->K;
-    return KILN_OK;
-}
-
-int32_t ht_svc_param_register(kiln_host_ctx *h, const char *name, uint32_t ndim, const int64_t *shape,
-                              uint32_t flags, kiln_parameter **out) {
-    ht_trainer *t = trainer_of(h);
-    char msg[256];
-    if (!t || !h->may_register) {
-        herr_set(KILN_E_STATE, "param_register is only available to a module during create()");
-        return KILN_E_STATE;
-    }
-    if (!name || !*name || ndim == 0 || ndim > KILN_MAX_DIMS || !shape || !out) {
-        snprintf(msg, sizeof msg, "param_register('%s'): expected a name and 1..%d dimensions, found %u",
-                 name ? name : "(null)", KILN_MAX_DIMS, ndim);
-        herr_set(KILN_E_INVALID_ARG, msg);
-        return KILN_E_INVALID_ARG;
-    }
-    if (t->nparams >= sizeof t->params / sizeof t->params[0]) {
-        herr_set(KILN_E_INVALID_ARG, "param_register: more than 256 parameters");
-        return KILN_E_INVALID_ARG;
-    }
-    for (uint32_t i = 0; i < t->nparams; i++)
-        if (!strcmp(t->params[i]->name, name)) {
-            snprintf(msg, sizeof msg, "param_register: parameter '%s' registered twice", name);
-            herr_set(KILN_E_INVALID_ARG, msg);
-            return KILN_E_INVALID_ARG;
-        }
-    kiln_parameter *p = calloc(1, sizeof *p);
-    if (!p) return KILN_E_NOMEM;
-    p->struct_size = sizeof *p;
-    p->flags = flags;
-    p->name = strdup(name);
-    p->ndim = ndim;
-    p->numel = 1;
-    for (uint32_t i = 0; i < KILN_MAX_DIMS; i++) p->shape[i] = i < ndim ? shape[i] : 1;
-    for (uint32_t i = 0; i < ndim; i++) {
-        if (shape[i] <= 0 || shape[i] > ((int64_t)1 << 40)) {
-            snprintf(msg, sizeof msg, "param_register('%s'): dimension %u is %lld, expected > 0", name, i,
-                     (long long)shape[i]);
-            free((void *)p->name);
-            free(p);
-            herr_set(KILN_E_INVALID_ARG, msg);
-            return KILN_E_INVALID_ARG;
-        }
-        p->numel *= shape[i];
-    }
-    t->params[t->nparams++] = p;
-    *out = p;
-    return KILN_OK;
-}
-
-int32_t ht_svc_params(kiln_host_ctx *h, kiln_parameter *const **list, uint32_t *n) {
-    ht_trainer *t = trainer_of(h);
-    if (!t) return KILN_E_STATE;
-    *list = t->params;
-    *n = t->nparams;
-    return KILN_OK;
-}
-
-const struct kiln_trainer_state *ht_svc_trainer_state(kiln_host_ctx *h) {
-    ht_trainer *t = trainer_of(h);
-    if (!t) return NULL;
-    ht_update_state(t);
-    return &t->state;
-}
-
-void ht_svc_log_value(kiln_host_ctx *h, const char *name, double value, uint32_t flags, double weight) {
-    ht_trainer *t = trainer_of(h);
-    if (!t || !name) return;
-    /* Nothing logged during the sanity check is kept (Lightning). */
-    hm_log(&t->metrics, t->stage, name, value, flags, weight);
-}
-
-int32_t ht_svc_get_metric(kiln_host_ctx *h, const char *name, double *out) {
-    ht_trainer *t = trainer_of(h);
-    if (!t || !name || !out) return KILN_E_INVALID_ARG;
-    return hm_get(&t->metrics, name, out) == 0 ? KILN_OK : KILN_E_NOT_FOUND;
-}
-
-void ht_svc_request_stop(kiln_host_ctx *h, const char *reason) {
-    ht_trainer *t = trainer_of(h);
-    if (!t) return;
-    if (!t->should_stop) HLOG_INFO("[%s] requested the run to stop%s%s", h->label, reason ? ": " : "", reason ? reason : "");
-    t->should_stop = 1;
-    /* live, as Lightning's trainer.should_stop: the plugins called after
-     * this one in the same hook (the module's on_validation_end after early
-     * stopping's) already read it from the state they were handed */
-    t->state.should_stop = 1;
-}
-
-uint64_t ht_svc_seed(kiln_host_ctx *h, const char *stream) {
-    ht_trainer *t = trainer_of(h);
-    uint64_t x = (uint64_t)(t ? t->set.seed : 0);
-    uint64_t hsh = 1469598103934665603ull; /* FNV-1a of the stream name */
-    for (const char *c = stream ? stream : ""; *c; c++) hsh = (hsh ^ (uint8_t)*c) * 1099511628211ull;
-    x ^= hsh;
-    return kiln_splitmix64(&x);
-}
-
-/* ---------------------------------------------------------------------------
- * Hooks */
-
-static char g_lower[64][48];
-
-static const char *lower_name(uint32_t id) {
-    if (id >= 64) return "unknown";
-    if (!g_lower[id][0]) {
-        const char *n = kiln_event_name(id);
-        size_t i = 0;
-        for (; n[i] && i < sizeof g_lower[0] - 1; i++) g_lower[id][i] = (char)tolower((unsigned char)n[i]);
-        g_lower[id][i] = 0;
-    }
-    return g_lower[id];
-}
-
-void ht_update_state(ht_trainer *t) {
-    kiln_trainer_state *s = &t->state;
-    s->struct_size = sizeof *s;
-    s->stage = t->stage;
-    s->current_epoch = t->epoch_progress.current.completed;
-    s->global_step = t->opt_step.total.completed;
-    s->max_epochs = t->set.max_epochs;
-    s->max_steps = t->set.max_steps;
-    s->num_training_batches = t->num_training_batches;
-    s->num_val_batches = t->num_val_batches;
-    s->batches_that_stepped = t->batches_that_stepped;
-    s->sanity_checking = t->stage == KILN_STAGE_SANITY;
-    s->should_stop = t->should_stop;
-    s->run_dir = t->run_dir;
-    s->accumulate_grad_batches = (int32_t)t->set.accumulate_grad_batches;
-    s->precision = t->precision.p ? t->precision.p->view.properties : NULL;
-    s->automatic_optimization = !t->manual;
-    s->num_optimizers = (uint32_t)t->nopts;
-    s->lr = t->lr;
-}
-
-/* Which callbacks a dispatch reaches: all, or (at on_train_epoch_end) those
- * without / with KILN_CAP_MONITOR. */
-enum { CB_ALL, CB_PLAIN, CB_MONITORING };
-
-static int callback_selected(const ht_slot *s, int which) {
-    if (which == CB_ALL) return 1;
-    const int monitors = (s->p->view.capabilities & KILN_CAP_MONITOR) != 0;
-    return which == CB_MONITORING ? monitors : !monitors;
-}
-
-static int send_to_some_callbacks(ht_trainer *t, kiln_event *ev, int which, char *why, size_t whylen) {
-    for (int i = 0; i < t->ncallbacks; i++) {
-        if (!callback_selected(&t->callbacks[i], which)) continue;
-        const kiln_callback_ops *ops = (const kiln_callback_ops *)t->callbacks[i].p->ops;
-        herr_clear();
-        int32_t rc = ops->on_event(t->callbacks[i].inst, ev);
-        if (rc != KILN_OK) {
-            char what[96];
-            snprintf(what, sizeof what, "%s failed", ev->id == KILN_EV_TRACE ? "trace" : lower_name(ev->id));
-            return ht_fail(t, &t->callbacks[i], rc, what, why, whylen);
-        }
-    }
-    return KILN_OK;
-}
-
-static int send_to_callbacks(ht_trainer *t, kiln_event *ev, char *why, size_t whylen) {
-    return send_to_some_callbacks(t, ev, CB_ALL, why, whylen);
-}
-
-void ht_trace(ht_trainer *t, int32_t source, const char *what, int64_t batch_idx) {
-    if (!t->ncallbacks) return;
-    kiln_event ev = {sizeof ev, KILN_EV_TRACE, t->stage, source, batch_idx, t->batch, NULL, 0, &t->state, what,
-                     NULL, 0, t->accumulating, 0, 0, 0};
-    char why[256];
-    if (send_to_callbacks(t, &ev, why, sizeof why) != KILN_OK) HLOG_WARN("%s", why);
-}
-
-/* Hooks that only callbacks have, and those that only the module has. */
-static int callback_hook(uint32_t id) {
-    return id != KILN_EV_ON_VALIDATION_MODEL_ZERO_GRAD && id != KILN_EV_OPTIMIZER_STEP &&
-           id != KILN_EV_OPTIMIZER_ZERO_GRAD;
-}
-static int module_hook(uint32_t id) {
-    return id != KILN_EV_ON_SANITY_CHECK_START && id != KILN_EV_ON_SANITY_CHECK_END && id != KILN_EV_LOG_METRICS;
-}
-
-int ht_hook(ht_trainer *t, uint32_t id, int64_t batch_idx, const kiln_batch *batch, const kiln_step_output *out,
-            double loss, int *result, char *why, size_t whylen) {
-    return ht_hook_to(t, HT_TO_ALL, id, batch_idx, batch, out, loss, result, why, whylen);
-}
-
-int ht_hook_to(ht_trainer *t, int parts, uint32_t id, int64_t batch_idx, const kiln_batch *batch,
-               const kiln_step_output *out, double loss, int *result, char *why, size_t whylen) {
-    ht_update_state(t);
-    kiln_event ev = {sizeof ev, id, t->stage, KILN_SRC_CALLBACK, batch_idx, batch, out, loss, &t->state, NULL,
-                     NULL, 0, t->accumulating, 0, 0, 0};
-    if (result) *result = 0;
-    const int cbs = parts & (HT_TO_PLAIN_CALLBACKS | HT_TO_MONITORS);
-    if (callback_hook(id) && cbs) {
-        int which = cbs == (HT_TO_PLAIN_CALLBACKS | HT_TO_MONITORS) ? CB_ALL
-                    : cbs == HT_TO_MONITORS                          ? CB_MONITORING
-                                                                     : CB_PLAIN;
-        int rc = send_to_some_callbacks(t, &ev, which, why, whylen);
-        if (rc) return rc;
-    }
-    /* 1.2: a precision plugin may listen too (after the callbacks, before
-     * the module), e.g. to export quantised weights at on_fit_end. */
-    const kiln_precision_ops *pops = t->precision_ops;
-    if ((parts & HT_TO_PRECISION) && callback_hook(id) && pops &&
-        t->precision.p->ops->struct_size >= KILN_PRECISION_OPS_SIZE_1_2 && pops->on_event) {
-        ht_trace(t, KILN_SRC_PRECISION, lower_name(id), batch_idx);
-        ev.source = KILN_SRC_PRECISION;
-        herr_clear();
-        int32_t rc = pops->on_event(t->precision.inst, &ev);
-        if (rc != KILN_OK) {
-            char what[96];
-            snprintf(what, sizeof what, "%s failed", lower_name(id));
-            return ht_fail(t, &t->precision, rc, what, why, whylen);
-        }
-    }
-    const int to_module = (parts & HT_TO_MODULE) && module_hook(id) && t->module.p;
-    if (to_module) ht_trace(t, KILN_SRC_MODULE, lower_name(id), batch_idx);
-    if (to_module && t->module_ops->on_event) {
-        ev.source = KILN_SRC_MODULE;
-        ev.result = 0;
-        herr_clear();
-        int32_t rc = t->module_ops->on_event(t->module.inst, &ev);
-        if (rc != KILN_OK) {
-            char what[96];
-            snprintf(what, sizeof what, "%s failed", lower_name(id));
-            return ht_fail(t, &t->module, rc, what, why, whylen);
-        }
-        if (result) *result = ev.result;
-    }
-    return KILN_OK;
+    return ht_start_schedule(t, &keys, why, whylen);
 }
 
 /* ---------------------------------------------------------------------------
  * Open / close */
 
-int ht_open(ht_trainer *t, hc_config *cfg, hl_loader *L, int stage, char *why, size_t whylen) {
+int ht_open(ht_trainer *t, hc_config *cfg, hl_loader *loader, int stage, char *why, size_t whylen) {
     memset(t, 0, sizeof *t);
     t->cfg = cfg;
-    t->L = L;
+    t->loader = loader;
     t->stage = stage;
     t->loss_scale = 1.0;
-    int rc = hc_resolve(cfg, config_lookup(&cfg->cfg, "trainer"), hc_trainer_params, "trainer", &t->trainer_kv, why,
+    int rc = hc_resolve(cfg, hc_lookup(cfg, "trainer"), hc_trainer_params, "trainer", &t->trainer_kv, why,
                         whylen);
     if (rc) return rc;
     rc = read_settings(t, why, whylen);
@@ -672,11 +340,11 @@ int ht_open(ht_trainer *t, hc_config *cfg, hl_loader *L, int stage, char *why, s
     /* accelerator and strategy first, everything else allocates through
      * them; the strategy's world comes before configure() because the
      * accelerator picks its device by local rank (one process per GPU) */
-    rc = ht_slot_from_config(t, &t->accel, "accelerator", 1, why, whylen);
+    rc = slot_from_config(t, &t->accel, "accelerator", 1, why, whylen);
     if (rc) goto fail;
     t->accel_ops = (const kiln_accelerator_ops *)t->accel.p->ops;
 
-    rc = ht_slot_from_config(t, &t->strategy, "strategy", 1, why, whylen);
+    rc = slot_from_config(t, &t->strategy, "strategy", 1, why, whylen);
     if (rc) goto fail;
     t->strategy_ops = (const kiln_strategy_ops *)t->strategy.p->ops;
     int32_t rank = 0, world = 1, local = 0;
@@ -696,15 +364,15 @@ int ht_open(ht_trainer *t, hc_config *cfg, hl_loader *L, int stage, char *why, s
         goto fail;
     }
 
-    rc = ht_slot_from_config(t, &t->precision, "precision", 1, why, whylen);
+    rc = slot_from_config(t, &t->precision, "precision", 1, why, whylen);
     if (rc) goto fail;
     t->precision_ops = (const kiln_precision_ops *)t->precision.p->ops;
 
-    rc = ht_slot_from_config(t, &t->data, "data", 1, why, whylen);
+    rc = slot_from_config(t, &t->data, "data", 1, why, whylen);
     if (rc) goto fail;
     t->data_ops = (const kiln_data_ops *)t->data.p->ops;
 
-    rc = ht_slot_from_config(t, &t->module, "module", 1, why, whylen);
+    rc = slot_from_config(t, &t->module, "module", 1, why, whylen);
     if (rc) goto fail;
     t->module_ops = (const kiln_module_ops *)t->module.p->ops;
     rc = hx_check_stack(t->precision.p, t->module.p, NULL, why, whylen);
@@ -720,7 +388,7 @@ int ht_open(ht_trainer *t, hc_config *cfg, hl_loader *L, int stage, char *why, s
     if (rc) { rc = ht_fail(t, &t->strategy, rc, "setup", why, whylen); goto fail; }
 
     if (stage == KILN_STAGE_FIT && (rc = open_optimizers(t, why, whylen))) goto fail;
-    if (stage == KILN_STAGE_FIT && (rc = ht_open_scheduler(t, why, whylen))) goto fail;
+    if (stage == KILN_STAGE_FIT && (rc = open_scheduler(t, why, whylen))) goto fail;
 
     int ncb = hc_callback_count(cfg);
     if (ncb > HT_MAX_CALLBACKS) {
@@ -730,12 +398,10 @@ int ht_open(ht_trainer *t, hc_config *cfg, hl_loader *L, int stage, char *why, s
     }
     static char roles[HT_MAX_CALLBACKS][24];
     for (int i = 0; i < ncb; i++) {
-        config_setting_t *cb = hc_callback(cfg, i);
+        hc_node *cb = hc_callback(cfg, i), *sec = NULL;
         snprintf(roles[i], sizeof roles[i], "callbacks.[%d]", i);
-        const char *name = NULL;
-        config_setting_t *sec = cb;
-        if (config_setting_type(cb) == CONFIG_TYPE_STRING) { name = config_setting_get_string(cb); sec = NULL; }
-        else if (config_setting_type(cb) != CONFIG_TYPE_GROUP || !config_setting_lookup_string(cb, "name", &name)) {
+        const char *name = hc_entry_name(cb, &sec);
+        if (!name) {
             char where[PATH_MAX + 32];
             hc_where(cfg, cb, where, sizeof where);
             hwhyf(why, whylen, "%s: %s must be a group with name = \"...\"", where, roles[i]);
@@ -780,18 +446,6 @@ void ht_close(ht_trainer *t) {
 
 /* ---------------------------------------------------------------------------
  * Run directory */
-
-int ht_mkdirs(const char *dir, const char *what, char *why, size_t whylen) {
-    char p[4200];
-    snprintf(p, sizeof p, "%s", dir);
-    for (char *s = p + 1; *s; s++)
-        if (*s == '/') { *s = 0; mkdir(p, 0755); *s = '/'; } /* the last mkdir reports */
-    if (mkdir(p, 0755) != 0 && errno != EEXIST) {
-        hwhyf(why, whylen, "%s: cannot create %s: %s", dir, what, strerror(errno));
-        return KILN_E_IO;
-    }
-    return KILN_OK;
-}
 
 /* Several ranks: rank 0 creates version_N and the others learn N through
  * the strategy's reduce_sum (they add 0; -1 from rank 0 means it failed). */
@@ -905,7 +559,7 @@ static int make_run_dir_rank0(ht_trainer *t, char *why, size_t whylen) {
  * the run file names none: the median of 5 square products through the
  * kernel table itself, sized for ~10-50 ms on a CPU. 0 when it cannot be
  * measured. Run after fit, so it costs the training nothing. */
-double ht_measure_gemm_flops(ht_trainer *t) {
+static double measure_gemm_flops(ht_trainer *t) {
     const kiln_kernels *k = t->K;
     if (!k || !k->gemm || !k->alloc || !k->synchronize) return 0;
     const int n = 768;
@@ -968,7 +622,7 @@ void ht_print_summary(ht_trainer *t, const char *verb) {
                 /* MFU per process: this rank's FLOP/s against one device's peak */
                 const char *how = "trainer.peak_flops";
                 double peak = t->set.peak_flops;
-                if (peak <= 0) peak = ht_measure_gemm_flops(t), how = "measured float32 GEMM";
+                if (peak <= 0) peak = measure_gemm_flops(t), how = "measured float32 GEMM";
                 if (peak > 0)
                     printf("  MFU %.1f%% (%.2f of %.2f TFLOP/s, %s)", 100 * t->flops_seen / tt / peak,
                            t->flops_seen / tt / 1e12, peak / 1e12, how);

@@ -18,6 +18,7 @@
 
 #include "config.h"
 #include "loader.h"
+#include "plugin_api.h"
 #include "log.h"
 #include "testutil.h"
 
@@ -143,7 +144,7 @@ static void test_plugin_section(void) {
     char *d = tu_mkdtemp();
     CU_ASSERT_EQUAL_FATAL(tu_copy_fixture("testgood", d), 0);
     hl_loader L;
-    hl_loader_init(&L);
+    hl_loader_init(&L, hs_host_base());
     hl_add_dir(&L, d, HL_ORIGIN_CONFIG);
     hl_scan(&L);
     char why[1024];
@@ -249,7 +250,7 @@ static void test_int64_to_plugin(void) {
     char *d = tu_mkdtemp();
     CU_ASSERT_EQUAL_FATAL(tu_copy_fixture("testgood", d), 0);
     hl_loader L;
-    hl_loader_init(&L);
+    hl_loader_init(&L, hs_host_base());
     hl_add_dir(&L, d, HL_ORIGIN_CONFIG);
     hl_scan(&L);
     char why[1024];

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "loader.h"
+#include "plugin_api.h"
 #include "services.h"
 #include "testutil.h"
 
@@ -26,7 +27,7 @@ static char *scan_with(hl_loader *L, const char *const *names, int n, int origin
     char *d = tu_mkdtemp();
     CU_ASSERT_PTR_NOT_NULL_FATAL(d);
     for (int i = 0; i < n; i++) CU_ASSERT_EQUAL_FATAL(tu_copy_fixture(names[i], d), 0);
-    hl_loader_init(L);
+    hl_loader_init(L, hs_host_base());
     hl_add_dir(L, d, origin);
     hl_scan(L);
     return d;
@@ -114,7 +115,7 @@ static void test_good_several_plugins(void) {
     kiln_host_ctx h;
     hs_ctx_init(&h, p, NULL, NULL);
     kiln_instance *inst = NULL;
-    CU_ASSERT_EQUAL(hs_create(&h, p, &inst, why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(hs_create(&h, hs_services(), p, &inst, why, sizeof why), KILN_OK);
     CU_ASSERT_PTR_NOT_NULL(inst);
     hs_destroy(&h, inst);
     hl_shutdown(&L);
@@ -209,7 +210,7 @@ static void test_builtin_not_replaced_implicitly(void) {
     CU_ASSERT_EQUAL_FATAL(tu_copy_fixture("dupb", user), 0);
     CU_ASSERT_EQUAL_FATAL(tu_copy_fixture("dupa", builtin), 0);
     hl_loader L;
-    hl_loader_init(&L);
+    hl_loader_init(&L, hs_host_base());
     hl_add_dir(&L, user, HL_ORIGIN_CONFIG);
     hl_add_dir(&L, builtin, HL_ORIGIN_BUILTIN);
     hl_scan(&L);
@@ -232,7 +233,7 @@ static void test_world_writable_dir(void) {
     CU_ASSERT_EQUAL_FATAL(tu_copy_fixture("testgood", d), 0);
     chmod(d, 0777);
     hl_loader L;
-    hl_loader_init(&L);
+    hl_loader_init(&L, hs_host_base());
     hl_add_dir(&L, d, HL_ORIGIN_CONFIG);
     hl_scan(&L);
     CU_ASSERT_EQUAL(L.nlibs, 0);
@@ -270,7 +271,7 @@ static void file_refusal(mode_t mode, uid_t owner, const char *needle) {
     if (owner != (uid_t)-1) CU_ASSERT_EQUAL_FATAL(chown(f, owner, (gid_t)-1), 0);
     chmod(f, mode);
     hl_loader L;
-    hl_loader_init(&L);
+    hl_loader_init(&L, hs_host_base());
     hl_add_dir(&L, d, HL_ORIGIN_CONFIG);
     hl_scan(&L);
     CU_ASSERT_EQUAL(L.nlibs, 0);
@@ -301,7 +302,7 @@ static void test_symlink(void) {
     snprintf(link, sizeof link, "%s/libkiln-testgood.so", d);
     CU_ASSERT_EQUAL_FATAL(symlink(target, link), 0);
     hl_loader L;
-    hl_loader_init(&L);
+    hl_loader_init(&L, hs_host_base());
     hl_add_dir(&L, d, HL_ORIGIN_CONFIG);
     hl_scan(&L);
     CU_ASSERT_EQUAL(L.nlibs, 0);
@@ -309,7 +310,7 @@ static void test_symlink(void) {
     CU_ASSERT_PTR_NOT_NULL(r && strstr(r, "is a symlink, expected a regular file (set plugins.allow_symlinks = true"));
     hl_loader_free(&L);
     /* allowed explicitly: the target and its directory are vetted instead */
-    hl_loader_init(&L);
+    hl_loader_init(&L, hs_host_base());
     L.allow_symlinks = 1;
     hl_add_dir(&L, d, HL_ORIGIN_CONFIG);
     hl_scan(&L);
@@ -323,7 +324,7 @@ static void test_symlink(void) {
 
 static void test_relative_dir(void) {
     hl_loader L;
-    hl_loader_init(&L);
+    hl_loader_init(&L, hs_host_base());
     hl_add_dir(&L, "relative/plugins", HL_ORIGIN_CONFIG);
     hl_scan(&L);
     const char *r = reason_for(&L, "relative/plugins", NULL);
@@ -339,7 +340,7 @@ static void test_other_names_ignored(void) {
     snprintf(p, sizeof p, "%s/.libkiln-hidden.so", d);
     CU_ASSERT_EQUAL_FATAL(tu_copy(tu_fixture("testgood"), p, 0755), 0);
     hl_loader L;
-    hl_loader_init(&L);
+    hl_loader_init(&L, hs_host_base());
     hl_add_dir(&L, d, HL_ORIGIN_CONFIG);
     hl_scan(&L);
     CU_ASSERT_EQUAL(L.nlibs, 0);
