@@ -220,8 +220,8 @@ static int progress_keys(json_t *o, const char *path, char *why, size_t whylen) 
 static int progress_parse(const char *text, const char *path, long long *v, char *why, size_t whylen) {
     char q[200], found[300];
     if (!text) {
-        /* before "progress" existed, a checkpoint held end-of-epoch loops
-         * only; such a file is no longer resumed */
+        /* without "progress" a file holds the end-of-epoch loops at most,
+         * too little to resume at the batch where it was written */
         hwhyf(why, whylen, "%s: no __metadata__ progress: a checkpoint of an older kiln, which cannot resume (its "
               "weights load with --weights-only)", path);
         return KILN_E_DATA;
@@ -406,7 +406,7 @@ int ht_ckpt_save(ht_trainer *t, const char *path, char *why, size_t whylen) {
     size_t esz = kiln_dtype_size(t->param_dtype);
     const char *st_dtype = t->param_dtype == KILN_DTYPE_F64 ? "F64" : "F32";
     char *host = malloc((total ? total : 1) * esz);
-    kst_writer *w = kst_writer_new();
+    safetensors_writer *w = safetensors_writer_new();
     char *cfgtext = hc_text(t->cfg);
     int rc = host && w && cfgtext ? KILN_OK : KILN_E_NOMEM;
     if (rc) hwhyf(why, whylen, "%s: out of memory preparing a checkpoint of %zu parameters", path, total);
@@ -415,9 +415,9 @@ int ht_ckpt_save(ht_trainer *t, const char *path, char *why, size_t whylen) {
         kiln_parameter *p = t->params[i];
         size_t nbytes = (size_t)p->numel * esz;
         herr_clear();
-        int32_t crc = t->K->copy(t->accel.inst, host + off, p->data, nbytes, KILN_COPY_D2H);
+        int32_t crc = t->kernels->copy(t->accel.inst, host + off, p->data, nbytes, KILN_COPY_D2H);
         if (crc) { rc = ht_fail(t, &t->accel, crc, "copy of a parameter for the checkpoint", why, whylen); break; }
-        rc = kst_add_tensor(w, p->name, st_dtype, p->shape, (int)p->ndim, host + off, nbytes, why, whylen);
+        rc = safetensors_add_tensor(w, p->name, st_dtype, p->shape, (int)p->ndim, host + off, nbytes, why, whylen);
         off += nbytes;
     }
     char num[64], stack[768], abi[16], opts[256] = "-";
@@ -428,15 +428,15 @@ int ht_ckpt_save(ht_trainer *t, const char *path, char *why, size_t whylen) {
              t->accel.p->view.name, t->precision.p->view.name, t->strategy.p->view.name, t->module.p->view.name,
              t->data.p->view.name, opts);
     snprintf(abi, sizeof abi, "%d.%d", KILN_ABI_MAJOR, KILN_ABI_MINOR);
-    if (rc == KILN_OK) rc = kst_add_metadata(w, "format", HT_CKPT_FORMAT, why, whylen);
-    if (rc == KILN_OK) rc = kst_add_metadata(w, "kiln_version", KILN_VERSION_STRING, why, whylen);
-    if (rc == KILN_OK) rc = kst_add_metadata(w, "abi", abi, why, whylen);
-    if (rc == KILN_OK) rc = kst_add_metadata(w, "stack", stack, why, whylen);
+    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "format", HT_CKPT_FORMAT, why, whylen);
+    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "kiln_version", KILN_VERSION_STRING, why, whylen);
+    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "abi", abi, why, whylen);
+    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "stack", stack, why, whylen);
     snprintf(num, sizeof num, "%lld", (long long)t->epoch_progress.current.completed);
-    if (rc == KILN_OK) rc = kst_add_metadata(w, "epoch", num, why, whylen);
+    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "epoch", num, why, whylen);
     snprintf(num, sizeof num, "%lld", (long long)t->opt_step.total.completed);
-    if (rc == KILN_OK) rc = kst_add_metadata(w, "global_step", num, why, whylen);
-    if (rc == KILN_OK) rc = kst_add_metadata(w, "config", cfgtext, why, whylen);
+    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "global_step", num, why, whylen);
+    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "config", cfgtext, why, whylen);
     /* the counters, and what the end of the epoch reads (callback metrics,
      * epoch sums), as JSON */
     char *loops = rc == KILN_OK ? loops_text(t) : NULL, *progress = rc == KILN_OK ? progress_text(t) : NULL;
@@ -446,9 +446,9 @@ int ht_ckpt_save(ht_trainer *t, const char *path, char *why, size_t whylen) {
               "metric name that is not UTF-8)", path);
         rc = KILN_E_STATE;
     }
-    if (rc == KILN_OK) rc = kst_add_metadata(w, "loops", loops, why, whylen);
-    if (rc == KILN_OK) rc = kst_add_metadata(w, "progress", progress, why, whylen);
-    if (rc == KILN_OK) rc = kst_add_metadata(w, "metrics", metrics, why, whylen);
+    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "loops", loops, why, whylen);
+    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "progress", progress, why, whylen);
+    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "metrics", metrics, why, whylen);
     free(loops);
     free(progress);
     free(metrics);
@@ -470,15 +470,15 @@ int ht_ckpt_save(ht_trainer *t, const char *path, char *why, size_t whylen) {
         snprintf(meta, sizeof meta, "state.%s", cs[i].role);
         char *val = json_text(json_pack("{ss sI}", "plugin", sl->p->view.name, "version", (json_int_t)ver));
         int64_t shape[1] = {(int64_t)size};
-        rc = val ? kst_add_tensor(w, name, "U8", shape, 1, blobs[i], size, why, whylen) : KILN_E_NOMEM;
+        rc = val ? safetensors_add_tensor(w, name, "U8", shape, 1, blobs[i], size, why, whylen) : KILN_E_NOMEM;
         if (!val) hwhyf(why, whylen, "%s: out of memory writing the %s state entry", path, cs[i].role);
-        if (rc == KILN_OK) rc = kst_add_metadata(w, meta, val, why, whylen);
+        if (rc == KILN_OK) rc = safetensors_add_metadata(w, meta, val, why, whylen);
         free(val);
     }
-    if (rc == KILN_OK) rc = kst_write_atomic(w, path, why, whylen);
+    if (rc == KILN_OK) rc = safetensors_write_atomic(w, path, why, whylen);
     for (int i = 0; i < ns; i++)
         if (blobs[i]) hs_svc_free(&cs[i].s->hctx, blobs[i]);
-    kst_writer_free(w);
+    safetensors_writer_free(w);
     free(cfgtext);
     free(host);
     return rc;
@@ -544,19 +544,19 @@ int32_t ht_svc_save_checkpoint(kiln_host_ctx *h, const char *path) {
  * which is how a model saved from its inner part names it (Hugging Face's
  * published GPT-2 weights say "h.0.ln_1.weight" for GPT2LMHeadModel's
  * "transformer.h.0.ln_1.weight"). */
-static const kst_tensor *find_weight(kst_file *f, const char *name, int plain) {
-    const kst_tensor *x = kst_find(f, name);
+static const safetensors_tensor *find_weight(safetensors_file *f, const char *name, int plain) {
+    const safetensors_tensor *x = safetensors_find(f, name);
     const char *dot = strchr(name, '.');
-    if (!x && plain && dot && dot[1]) x = kst_find(f, dot + 1);
+    if (!x && plain && dot && dot[1]) x = safetensors_find(f, dot + 1);
     return x;
 }
 
 /* Copy the weights of an open checkpoint into the parameters. With
  * `plain_ok` (--weights-only, test/validate --ckpt) a safetensors file that
  * kiln did not write is accepted too: its tensors are matched by name. */
-static int load_weights_from(ht_trainer *t, kst_file *f, const char *path, int plain_ok, char *why, size_t whylen) {
+static int load_weights_from(ht_trainer *t, safetensors_file *f, const char *path, int plain_ok, char *why, size_t whylen) {
     int rc = KILN_OK;
-    const char *fmt = kst_metadata(f, "format");
+    const char *fmt = safetensors_metadata(f, "format");
     const int plain = plain_ok && (!fmt || strcmp(fmt, HT_CKPT_FORMAT) != 0);
     if (plain)
         HLOG_INFO("%s: not a kiln checkpoint (format %s); loading the module's weights from it by name", path,
@@ -568,13 +568,13 @@ static int load_weights_from(ht_trainer *t, kst_file *f, const char *path, int p
     }
     for (uint32_t i = 0; rc == KILN_OK && i < t->nparams; i++) {
         kiln_parameter *p = t->params[i];
-        const kst_tensor *x = find_weight(f, p->name, plain);
+        const safetensors_tensor *x = find_weight(f, p->name, plain);
         char want[96] = "", got[96] = "";
         for (uint32_t d = 0; d < p->ndim; d++)
             snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", d ? ", " : "", (long long)p->shape[d]);
         if (!x) {
             hwhyf(why, whylen, "%s: has no tensor '%s' (%s) that module '%s' expects (stack in the file: %s)", path,
-                  p->name, want, t->module.p->view.name, kst_metadata(f, "stack") ? kst_metadata(f, "stack") : "?");
+                  p->name, want, t->module.p->view.name, safetensors_metadata(f, "stack") ? safetensors_metadata(f, "stack") : "?");
             rc = KILN_E_STATE;
             break;
         }
@@ -583,8 +583,8 @@ static int load_weights_from(ht_trainer *t, kst_file *f, const char *path, int p
         /* float32 <-> float64 masters convert (a 64-true checkpoint tested
          * under 32-true, or the reverse) where the kernels can cast in
          * place; anything else is refused. */
-        int castable = file_dt && file_dt != t->param_dtype && t->K->struct_size >= KILN_KERNELS_SIZE_1_2 &&
-                       t->K->cast && (t->K->flags & KILN_KERNELS_HOST_MEMORY);
+        int castable = file_dt && file_dt != t->param_dtype && t->kernels->struct_size >= KILN_KERNELS_SIZE_1_2 &&
+                       t->kernels->cast && (t->kernels->flags & KILN_KERNELS_HOST_MEMORY);
         int same = x->ndim == (int)p->ndim && (file_dt == t->param_dtype || castable);
         for (int d = 0; d < x->ndim; d++) {
             snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? ", " : "", (long long)x->shape[d]);
@@ -599,10 +599,10 @@ static int load_weights_from(ht_trainer *t, kst_file *f, const char *path, int p
         herr_clear();
         int32_t crc;
         if (file_dt == t->param_dtype) {
-            crc = t->K->copy(t->accel.inst, p->data, x->data, x->nbytes, KILN_COPY_H2D);
+            crc = t->kernels->copy(t->accel.inst, p->data, x->data, x->nbytes, KILN_COPY_H2D);
         } else {
             if (i == 0) HLOG_INFO("%s: converting %s weights to %s", path, x->dtype, want_dt);
-            crc = t->K->cast(t->accel.inst, p->data, t->param_dtype, x->data, file_dt, (size_t)p->numel);
+            crc = t->kernels->cast(t->accel.inst, p->data, t->param_dtype, x->data, file_dt, (size_t)p->numel);
         }
         if (crc) rc = ht_fail(t, &t->accel, crc, "copy of a checkpoint tensor", why, whylen);
     }
@@ -611,11 +611,11 @@ static int load_weights_from(ht_trainer *t, kst_file *f, const char *path, int p
          * extra tensors (buffers, a tied output head) only warn */
         int nextra = 0;
         char names[256] = "";
-        for (int i = 0; i < kst_count(f); i++) {
-            const char *n = kst_get(f, i)->name;
+        for (int i = 0; i < safetensors_count(f); i++) {
+            const char *n = safetensors_get(f, i)->name;
             if (!strncmp(n, "__state__.", 10)) continue;
             int used = 0;
-            for (uint32_t j = 0; j < t->nparams && !used; j++) used = find_weight(f, t->params[j]->name, plain) == kst_get(f, i);
+            for (uint32_t j = 0; j < t->nparams && !used; j++) used = find_weight(f, t->params[j]->name, plain) == safetensors_get(f, i);
             if (used) continue;
             if (nextra++ < 3)
                 snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", nextra > 1 ? ", " : "", n);
@@ -625,48 +625,48 @@ static int load_weights_from(ht_trainer *t, kst_file *f, const char *path, int p
                       nextra, t->module.p->view.name, names, nextra > 3 ? ", ..." : "");
     }
     if (rc == KILN_OK) {
-        const char *e = kst_metadata(f, "epoch"), *s = kst_metadata(f, "global_step");
+        const char *e = safetensors_metadata(f, "epoch"), *s = safetensors_metadata(f, "global_step");
         HLOG_INFO("loaded weights from %s (epoch %s, global step %s)", path, e ? e : "?", s ? s : "?");
     }
     return rc;
 }
 
 int ht_ckpt_load_weights(ht_trainer *t, const char *path, char *why, size_t whylen) {
-    kst_file *f = NULL;
-    int rc = kst_open(path, &f, why, whylen);
+    safetensors_file *f = NULL;
+    int rc = safetensors_open(path, &f, why, whylen);
     if (rc) return rc;
     rc = load_weights_from(t, f, path, 1, why, whylen);
-    kst_close(f);
+    safetensors_close(f);
     return rc;
 }
 
 int ht_ckpt_resume(ht_trainer *t, const char *path, char *why, size_t whylen) {
-    kst_file *f = NULL;
-    int rc = kst_open(path, &f, why, whylen);
+    safetensors_file *f = NULL;
+    int rc = safetensors_open(path, &f, why, whylen);
     if (rc) return rc;
     if ((rc = load_weights_from(t, f, path, 0, why, whylen))) {
-        kst_close(f);
+        safetensors_close(f);
         return rc;
     }
     /* Every counter is checked before any plugin state is touched: a
      * refused file leaves nothing half-restored. The progress first: an
      * older kiln's file is told apart by it. */
     long long pv[PROGRESS_FIELDS];
-    if ((rc = progress_parse(kst_metadata(f, "progress"), path, pv, why, whylen)) != KILN_OK) {
-        kst_close(f);
+    if ((rc = progress_parse(safetensors_metadata(f, "progress"), path, pv, why, whylen)) != KILN_OK) {
+        safetensors_close(f);
         return rc;
     }
     long long lv[5] = {0, 0, 0, 0, 0};
     double lr_factor = 1.0;
-    if (loops_parse(kst_metadata(f, "loops"), path, lv, &lr_factor, why, whylen) != 0) {
-        kst_close(f);
+    if (loops_parse(safetensors_metadata(f, "loops"), path, lv, &lr_factor, why, whylen) != 0) {
+        safetensors_close(f);
         return KILN_E_DATA;
     }
     const long long ep = lv[0], step = lv[1], stepped = lv[2], tbi = lv[3], sched_steps = lv[4];
     if (t->set.max_epochs != -1 && ep > t->set.max_epochs) {
         hwhyf(why, whylen, "%s: the checkpoint is after epoch %lld, beyond trainer.max_epochs = %lld", path, ep,
               (long long)t->set.max_epochs);
-        kst_close(f);
+        safetensors_close(f);
         return KILN_E_CONFIG;
     }
     /* both objects are written from the same counters at the same point */
@@ -677,11 +677,11 @@ int ht_ckpt_resume(ht_trainer *t, const char *path, char *why, size_t whylen) {
         progress_name((int)(pair[i][1] - pv), n, sizeof n);
         hwhyf(why, whylen, "%s: loops counter %s: expected %lld (progress counter %s), found %lld", path,
               LOOPS_NAME[i], *pair[i][1], n, *pair[i][0]);
-        kst_close(f);
+        safetensors_close(f);
         return KILN_E_DATA;
     }
     /* the metric store as saved */
-    const char *mm = kst_metadata(f, "metrics");
+    const char *mm = safetensors_metadata(f, "metrics");
     char mwhy[512] = "expected a metrics object, found none";
     ht_metrics *saved_metrics = malloc(sizeof *saved_metrics);
     const int bad = !saved_metrics ? KILN_E_NOMEM
@@ -691,7 +691,7 @@ int ht_ckpt_resume(ht_trainer *t, const char *path, char *why, size_t whylen) {
         if (bad == KILN_E_DATA) hwhyf(why, whylen, "%s: __metadata__ metrics: %s", path, mwhy);
         else hwhyf(why, whylen, "%s: out of memory reading the metrics", path);
         free(saved_metrics);
-        kst_close(f);
+        safetensors_close(f);
         return bad;
     }
     ckpt_slot cs[9 + HT_MAX_OPTIMIZERS + HT_MAX_CALLBACKS];
@@ -701,8 +701,8 @@ int ht_ckpt_resume(ht_trainer *t, const char *path, char *why, size_t whylen) {
         char name[64], meta[64];
         snprintf(name, sizeof name, "__state__.%s", cs[i].role);
         snprintf(meta, sizeof meta, "state.%s", cs[i].role);
-        const kst_tensor *x = kst_find(f, name);
-        const char *m = kst_metadata(f, meta);
+        const safetensors_tensor *x = safetensors_find(f, name);
+        const char *m = safetensors_metadata(f, meta);
         if (!x || !m) continue; /* nothing saved for this role: it starts fresh */
         char plugin[128] = "", found[300];
         uint32_t ver = 0;
@@ -730,7 +730,7 @@ int ht_ckpt_resume(ht_trainer *t, const char *path, char *why, size_t whylen) {
         int32_t src = sl->p->ops->set_state(sl->inst, ver, x->data, x->nbytes);
         if (src) rc = ht_fail(t, sl, src, "set_state", why, whylen);
     }
-    kst_close(f);
+    safetensors_close(f);
     if (rc) {
         free(saved_metrics);
         return rc;

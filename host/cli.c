@@ -26,7 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "compat.h"
+#include "stack_checks.h"
 #include "log.h"
 #include "plugin_api.h"
 #include "param_checks.h"
@@ -592,7 +592,7 @@ int cli_check_run(hc_config *c, hl_loader *L, int need_training, char *why, size
         const hl_plugin *op = NULL;
         rc = check_one(c, L, KILN_KIND_OPTIMIZER, name, e, label, &op, why, whylen);
         if (rc) return rc; /* names its place in the file already */
-        rc = hx_check_stack(chosen[KILN_KIND_PRECISION], NULL, op, why, whylen);
+        rc = stack_check(chosen[KILN_KIND_PRECISION], NULL, op, why, whylen);
     }
     if (rc == KILN_OK) {
         /* the trainer's values before they are resolved: the file's, or the defaults */
@@ -600,11 +600,11 @@ int cli_check_run(hc_config *c, hl_loader *L, int need_training, char *why, size
         config_setting_t *g = config_lookup(&c->cfg, "trainer.gradient_clip_val");
         double clip = !g ? 0 : config_setting_type(g) == CONFIG_TYPE_FLOAT ? config_setting_get_float(g)
                                                                           : (double)config_setting_get_int64(g);
-        rc = hx_check_optimization(chosen[KILN_KIND_MODULE], nopt, a ? config_setting_get_int64(a) : 1, clip, why,
+        rc = stack_check_optimization(chosen[KILN_KIND_MODULE], nopt, a ? config_setting_get_int64(a) : 1, clip, why,
                                    whylen);
     }
     if (rc == KILN_OK)
-        rc = hx_check_stack(chosen[KILN_KIND_PRECISION], chosen[KILN_KIND_MODULE], chosen[KILN_KIND_OPTIMIZER], why,
+        rc = stack_check(chosen[KILN_KIND_PRECISION], chosen[KILN_KIND_MODULE], chosen[KILN_KIND_OPTIMIZER], why,
                             whylen);
     if (rc) {
         char inner[2048];

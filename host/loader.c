@@ -288,7 +288,7 @@ static const struct { const char *key; uint32_t type; } known_props[] = {
     {"amp_level", KILN_TYPE_STRING},    {"param_dtype", KILN_TYPE_STRING}, {"compute_dtype", KILN_TYPE_STRING},
     {"grad_dtype", KILN_TYPE_STRING},   {"needs_grad_scaler", KILN_TYPE_BOOL},
     {"bits_per_weight", KILN_TYPE_FLOAT}, {"device_type", KILN_TYPE_STRING}, {"distributed", KILN_TYPE_BOOL},
-    /* 1.2: compatibility (host/compat.c) */
+    /* 1.2: compatibility (host/stack_checks.c) */
     {"param_dtypes", KILN_TYPE_STRING_LIST}, {"repeated_closure", KILN_TYPE_BOOL},
     {"allows_repeated_closure", KILN_TYPE_BOOL}, {"automatic_optimization", KILN_TYPE_BOOL},
     {"default", KILN_TYPE_BOOL},

@@ -125,7 +125,7 @@ int ht_update_lr(ht_trainer *t, int per_epoch, int plateau, char *why, size_t wh
 int ht_clip_gradients(ht_trainer *t, char *why, size_t whylen) {
     const double v = t->set.gradient_clip_val;
     if (!(v > 0)) return KILN_OK;
-    const kiln_kernels *K = t->K;
+    const kiln_kernels *K = t->kernels;
     const int f64 = t->param_dtype == KILN_DTYPE_F64;
     if (t->set.clip_by_value) {
         /* 1.5 tables clamp on the accelerator, in place (the same

@@ -96,7 +96,7 @@ typedef struct ht_trainer {
     int64_t sched_steps;          /* scheduler steps taken (PyTorch last_epoch) */
     double lr_factor;             /* current lr / base lr                     */
     double base_lr[HT_MAX_OPTIMIZERS], lr[HT_MAX_OPTIMIZERS];
-    const kiln_kernels *K;
+    const kiln_kernels *kernels;  /* the accelerator's kernel table            */
 
     /* parameters registered by the module; data/grad carved from two arenas */
     kiln_parameter *params[HT_MAX_PARAMS];
@@ -106,7 +106,7 @@ typedef struct ht_trainer {
     kiln_parameter *opt_params[HT_MAX_OPTIMIZERS][HT_MAX_PARAMS]; /* (opt_nparams[i]) */
     uint32_t opt_nparams[HT_MAX_OPTIMIZERS];
     unsigned char toggle_froze[HT_MAX_PARAMS]; /* FROZEN set by toggle_optimizer */
-    int manual;                   /* the module optimises manually (1(c))     */
+    int manual;                   /* the module optimises manually            */
     int opt_repeats;              /* optimizer 0 repeats its closure (LBFGS)  */
     int in_manual_step;           /* inside its training_step: services open  */
     void *param_arena, *grad_arena; /* masters and gradients, in param_dtype */

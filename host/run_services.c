@@ -76,12 +76,12 @@ int32_t ht_svc_round_activation(kiln_host_ctx *h, const char *site, uint32_t dty
 
 int32_t ht_svc_accelerator(kiln_host_ctx *h, kiln_instance **acc, const struct kiln_kernels **k) {
     ht_trainer *t = trainer_of(h);
-    if (!t || !t->K) {
+    if (!t || !t->kernels) {
         herr_set(KILN_E_STATE, "no accelerator is set up for this instance");
         return KILN_E_STATE;
     }
     *acc = t->accel.inst;
-    *k = t->K;
+    *k = t->kernels;
     return KILN_OK;
 }
 

@@ -70,7 +70,7 @@ static const st_dtype *st_dtype_find(const char *name) {
     return NULL;
 }
 
-size_t kst_dtype_size(const char *dtype) {
+size_t safetensors_dtype_size(const char *dtype) {
     const st_dtype *d = st_dtype_find(dtype);
     return d ? d->size : 0;
 }
@@ -161,7 +161,7 @@ static size_t st_utf8_check(const unsigned char *s, size_t n) {
 }
 
 /* ---------------------------------------------------------------------------
- * A string -> index hash, so duplicate names are caught and kst_find answers
+ * A string -> index hash, so duplicate names are caught and safetensors_find answers
  * in constant time even for checkpoints with thousands of tensors. Keys are
  * borrowed: they point at strings owned by the writer or the file. */
 
@@ -250,19 +250,19 @@ typedef struct st_wtensor {
     size_t nbytes;
 } st_wtensor;
 
-struct kst_writer {
+struct safetensors_writer {
     st_wtensor *t;
     int nt, capt;
     st_kv *m;
     int nm, capm;
     st_index tix, mix;
     uint64_t total; /* bytes of data so far: guards the offsets against overflow */
-    int no_checksums; /* kst_writer_checksums(w, 0): the reference layout, byte for byte */
+    int no_checksums; /* safetensors_writer_checksums(w, 0): the reference layout, byte for byte */
 };
 
-kst_writer *kst_writer_new(void) { return calloc(1, sizeof(kst_writer)); }
+safetensors_writer *safetensors_writer_new(void) { return calloc(1, sizeof(safetensors_writer)); }
 
-void kst_writer_checksums(kst_writer *w, int on) {
+void safetensors_writer_checksums(safetensors_writer *w, int on) {
     if (w) w->no_checksums = !on;
 }
 
@@ -277,7 +277,7 @@ static void st_ck_hex(const void *data, size_t n, char out[17]) {
     snprintf(out, 17, "%016llx", (unsigned long long)XXH3_64bits(data, n));
 }
 
-void kst_writer_free(kst_writer *w) {
+void safetensors_writer_free(safetensors_writer *w) {
     if (!w) return;
     for (int i = 0; i < w->nt; i++) free(w->t[i].name);
     for (int i = 0; i < w->nm; i++) {
@@ -291,12 +291,12 @@ void kst_writer_free(kst_writer *w) {
     free(w);
 }
 
-int kst_add_tensor(kst_writer *w, const char *name, const char *dtype, const int64_t *shape, int ndim,
+int safetensors_add_tensor(safetensors_writer *w, const char *name, const char *dtype, const int64_t *shape, int ndim,
                    const void *data, size_t nbytes, char *why, size_t whylen) {
     char q[128], sh[256];
-    if (!w || !name) return st_fail(KILN_E_INVALID_ARG, why, whylen, NULL, "kst_add_tensor: no writer or no name");
+    if (!w || !name) return st_fail(KILN_E_INVALID_ARG, why, whylen, NULL, "safetensors_add_tensor: no writer or no name");
     st_q(name, q, sizeof q);
-    if (!*name) return st_fail(KILN_E_INVALID_ARG, why, whylen, NULL, "kst_add_tensor: empty tensor name");
+    if (!*name) return st_fail(KILN_E_INVALID_ARG, why, whylen, NULL, "safetensors_add_tensor: empty tensor name");
     if (st_utf8_check((const unsigned char *)name, strlen(name)) != strlen(name))
         return st_fail(KILN_E_INVALID_ARG, why, whylen, NULL, "tensor name '%s' is not valid UTF-8", q);
     /* the reserved key would turn the tensor into (broken) metadata */
@@ -351,10 +351,10 @@ nomem:
     return st_fail(KILN_E_NOMEM, why, whylen, NULL, "tensor '%s': out of memory", q);
 }
 
-int kst_add_metadata(kst_writer *w, const char *key, const char *value, char *why, size_t whylen) {
+int safetensors_add_metadata(safetensors_writer *w, const char *key, const char *value, char *why, size_t whylen) {
     char q[128];
     if (!w || !key || !value)
-        return st_fail(KILN_E_INVALID_ARG, why, whylen, NULL, "kst_add_metadata: no writer, key or value");
+        return st_fail(KILN_E_INVALID_ARG, why, whylen, NULL, "safetensors_add_metadata: no writer, key or value");
     st_q(key, q, sizeof q);
     if (st_utf8_check((const unsigned char *)key, strlen(key)) != strlen(key))
         return st_fail(KILN_E_INVALID_ARG, why, whylen, NULL, "metadata key '%s' is not valid UTF-8", q);
@@ -440,7 +440,7 @@ static void st_put_jstr(st_buf *b, const char *s) {
 }
 
 /* The 8-byte length word followed by the padded header JSON. */
-static void st_build_header(const kst_writer *w, st_buf *b) {
+static void st_build_header(const safetensors_writer *w, st_buf *b) {
     st_put(b, "\0\0\0\0\0\0\0\0", 8); /* filled in below */
     st_put(b, "{", 1);
     int first = 1;
@@ -575,9 +575,9 @@ static void st_clean_stale_tmp(const char *dir, const char *base) {
     closedir(d);
 }
 
-int kst_write_atomic(kst_writer *w, const char *path, char *why, size_t whylen) {
+int safetensors_write_atomic(safetensors_writer *w, const char *path, char *why, size_t whylen) {
     if (!w || !path || !*path)
-        return st_fail(KILN_E_INVALID_ARG, why, whylen, NULL, "kst_write_atomic: no writer or no path");
+        return st_fail(KILN_E_INVALID_ARG, why, whylen, NULL, "safetensors_write_atomic: no writer or no path");
     st_buf h = {0};
     st_build_header(w, &h);
     if (h.oom) {
@@ -661,11 +661,11 @@ out:
  * Reader */
 
 typedef struct st_rtensor {
-    kst_tensor pub;
+    safetensors_tensor pub;
     uint64_t begin, end;
 } st_rtensor;
 
-struct kst_file {
+struct safetensors_file {
     unsigned char *buf; /* the whole file */
     size_t size;
     st_rtensor *t;
@@ -678,7 +678,7 @@ struct kst_file {
     st_index cix;
 };
 
-void kst_close(kst_file *f) {
+void safetensors_close(safetensors_file *f) {
     if (!f) return;
     for (int i = 0; i < f->nt; i++) free((char *)f->t[i].pub.name);
     for (int i = 0; i < f->nm; i++) {
@@ -699,29 +699,29 @@ void kst_close(kst_file *f) {
     free(f);
 }
 
-int kst_count(const kst_file *f) { return f ? f->nt : 0; }
+int safetensors_count(const safetensors_file *f) { return f ? f->nt : 0; }
 
-const kst_tensor *kst_get(const kst_file *f, int i) {
+const safetensors_tensor *safetensors_get(const safetensors_file *f, int i) {
     return f && i >= 0 && i < f->nt ? &f->t[i].pub : NULL;
 }
 
-const kst_tensor *kst_find(const kst_file *f, const char *name) {
+const safetensors_tensor *safetensors_find(const safetensors_file *f, const char *name) {
     if (!f || !name) return NULL;
     int i = st_index_get(&f->tix, name);
     return i >= 0 ? &f->t[i].pub : NULL;
 }
 
-const char *kst_metadata(const kst_file *f, const char *key) {
+const char *safetensors_metadata(const safetensors_file *f, const char *key) {
     if (!f || !key) return NULL;
     int i = st_index_get(&f->mix, key);
     return i >= 0 ? f->m[i].value : NULL;
 }
 
-int kst_metadata_count(const kst_file *f) { return f ? f->nm : 0; }
+int safetensors_metadata_count(const safetensors_file *f) { return f ? f->nm : 0; }
 
-int kst_checksum_count(const kst_file *f) { return f ? f->nck : 0; }
+int safetensors_checksum_count(const safetensors_file *f) { return f ? f->nck : 0; }
 
-int kst_metadata_get(const kst_file *f, int i, const char **key, const char **value) {
+int safetensors_metadata_get(const safetensors_file *f, int i, const char **key, const char **value) {
     if (!f || i < 0 || i >= f->nm) return -1;
     if (key) *key = f->m[i].key;
     if (value) *value = f->m[i].value;
@@ -803,7 +803,7 @@ typedef struct st_ps {
     const unsigned char *beg; /* the header bytes */
     size_t n;
     uint64_t datalen; /* bytes after the header */
-    kst_file *f;
+    safetensors_file *f;
     char *why;
     size_t whylen;
 } st_ps;
@@ -978,7 +978,7 @@ static int st_uint_array(st_ps *ps, const json_t *a, const char *q, const char *
 
 /* One tensor entry {"dtype":..,"shape":[..],"data_offsets":[b,e]}. */
 static int st_tensor(st_ps *ps, const char *key, const json_t *v) {
-    kst_file *f = ps->f;
+    safetensors_file *f = ps->f;
     char q[128], sh[256];
     st_q(key, q, sizeof q);
     char *name = strdup(key);
@@ -986,7 +986,7 @@ static int st_tensor(st_ps *ps, const char *key, const json_t *v) {
         free(name);
         return st_fail(KILN_E_NOMEM, ps->why, ps->whylen, ps->path, "out of memory parsing the header");
     }
-    /* owned by f from here on, so kst_close frees it on any failure */
+    /* owned by f from here on, so safetensors_close frees it on any failure */
     st_rtensor *t = &f->t[f->nt++];
     memset(t, 0, sizeof *t);
     t->pub.name = name;
@@ -1069,7 +1069,7 @@ static int st_tensor(st_ps *ps, const char *key, const json_t *v) {
 
 /* "__metadata__": an object of string values. */
 static int st_metadata(st_ps *ps, const json_t *v) {
-    kst_file *f = ps->f;
+    safetensors_file *f = ps->f;
     if (!json_is_object(v))
         return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path, "__metadata__ is %s, expected an object of strings",
                        st_kind(v));
@@ -1137,7 +1137,7 @@ static int st_cmp_offsets(const void *a, const void *b) {
 
 /* The tensors, sorted by offset, must tile [0, datalen) exactly, as the
  * reference reader demands: each one starts where the previous ended. */
-static int st_check_coverage(kst_file *f, const char *path, uint64_t datalen, char *why, size_t whylen) {
+static int st_check_coverage(safetensors_file *f, const char *path, uint64_t datalen, char *why, size_t whylen) {
     if (f->nt == 0) {
         if (datalen)
             return st_fail(KILN_E_DATA, why, whylen, path,
@@ -1194,7 +1194,7 @@ static int st_parse_hex64(const char *s, uint64_t *v) {
 /* Every checksum names a tensor of the file and matches its bytes; and once
  * a file has checksums, every tensor has one (a damaged header could
  * otherwise drop a tensor's entry and with it the check). */
-static int st_verify_checksums(kst_file *f, const char *path, char *why, size_t whylen) {
+static int st_verify_checksums(safetensors_file *f, const char *path, char *why, size_t whylen) {
     if (f->nck == 0) return KILN_OK;
     char q[128];
     for (int i = 0; i < f->nck; i++) {
@@ -1212,7 +1212,7 @@ static int st_verify_checksums(kst_file *f, const char *path, char *why, size_t 
                            "tensor '%s': checksum '%s' is not 16 hex digits (XXH3-64): the header is damaged",
                            st_q(name, q, sizeof q), st_q(f->ck[i].value, qv, sizeof qv));
         }
-        const kst_tensor *t = &f->t[ti].pub;
+        const safetensors_tensor *t = &f->t[ti].pub;
         uint64_t got = XXH3_64bits(t->data, t->nbytes);
         if (got != stored)
             return st_fail(KILN_E_DATA, why, whylen, path,
@@ -1228,10 +1228,10 @@ static int st_verify_checksums(kst_file *f, const char *path, char *why, size_t 
     return KILN_OK;
 }
 
-int kst_open(const char *path, kst_file **out, char *why, size_t whylen) {
+int safetensors_open(const char *path, safetensors_file **out, char *why, size_t whylen) {
     if (out) *out = NULL;
-    if (!path || !out) return st_fail(KILN_E_INVALID_ARG, why, whylen, NULL, "kst_open: no path or no out pointer");
-    kst_file *f = calloc(1, sizeof *f);
+    if (!path || !out) return st_fail(KILN_E_INVALID_ARG, why, whylen, NULL, "safetensors_open: no path or no out pointer");
+    safetensors_file *f = calloc(1, sizeof *f);
     if (!f) return st_fail(KILN_E_NOMEM, why, whylen, path, "out of memory");
     int rc = st_read_file(path, &f->buf, &f->size, why, whylen);
     if (rc) goto fail;
@@ -1270,6 +1270,6 @@ int kst_open(const char *path, kst_file **out, char *why, size_t whylen) {
     *out = f;
     return KILN_OK;
 fail:
-    kst_close(f);
+    safetensors_close(f);
     return rc;
 }

@@ -22,7 +22,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#include "compat.h"
+#include "stack_checks.h"
 #include "log.h"
 #include "loops.h"
 #include "lr_clip.h"
@@ -200,7 +200,7 @@ static int slot_from_config(ht_trainer *t, ht_slot *s, const char *slot, int req
  * starts on a 16-element boundary, i.e. 64 bytes for fp32. */
 static int alloc_params(ht_trainer *t, char *why, size_t whylen) {
     uint32_t dt;
-    int prc = hx_param_dtype(t->precision.p, &dt, why, whylen);
+    int prc = stack_param_dtype(t->precision.p, &dt, why, whylen);
     if (prc) return prc;
     size_t esz = kiln_dtype_size(dt);
     t->param_dtype = dt;
@@ -211,8 +211,8 @@ static int alloc_params(ht_trainer *t, char *why, size_t whylen) {
         return KILN_E_STATE;
     }
     void *a = NULL, *g = NULL;
-    int32_t rc = t->K->alloc(t->accel.inst, total * esz, &a);
-    if (rc == KILN_OK) rc = t->K->alloc(t->accel.inst, total * esz, &g);
+    int32_t rc = t->kernels->alloc(t->accel.inst, total * esz, &a);
+    if (rc == KILN_OK) rc = t->kernels->alloc(t->accel.inst, total * esz, &g);
     if (rc != KILN_OK) return ht_fail(t, &t->accel, rc, "allocating parameters", why, whylen);
     t->param_arena = a;
     t->grad_arena = g;
@@ -263,13 +263,13 @@ static int open_optimizers(ht_trainer *t, char *why, size_t whylen) {
     static char roles[HT_MAX_OPTIMIZERS][24];
     int n = hc_optimizer_count(t->cfg);
     int rc;
-    t->manual = hx_is_manual(t->module.p);
+    t->manual = stack_is_manual(t->module.p);
     if (n > HT_MAX_OPTIMIZERS) {
         hwhyf(why, whylen, "%s: %d optimizers configured, at most %d supported", t->cfg->path, n, HT_MAX_OPTIMIZERS);
         return KILN_E_CONFIG;
     }
     char inner[1024];
-    if ((rc = hx_check_optimization(t->module.p, n, t->set.accumulate_grad_batches, t->set.gradient_clip_val, inner,
+    if ((rc = stack_check_optimization(t->module.p, n, t->set.accumulate_grad_batches, t->set.gradient_clip_val, inner,
                                     sizeof inner))) {
         hwhyf(why, whylen, "%s: %s", t->cfg->path, inner);
         return rc;
@@ -291,7 +291,7 @@ static int open_optimizers(ht_trainer *t, char *why, size_t whylen) {
             const kiln_value *rep = hl_prop(t->opts[0].p, "repeated_closure");
             t->opt_repeats = rep && rep->type == KILN_TYPE_BOOL && rep->v.i;
         }
-        if ((rc = hx_check_stack(t->precision.p, NULL, t->opts[i].p, why, whylen))) return rc;
+        if ((rc = stack_check(t->precision.p, NULL, t->opts[i].p, why, whylen))) return rc;
         if ((rc = assign_params(t, i, entry, why, whylen))) return rc;
         rc = t->opt_ops[i]->setup(t->opts[i].inst, t->opt_params[i], t->opt_nparams[i]);
         if (rc) return ht_fail(t, &t->opts[i], rc, "setup", why, whylen);
@@ -355,10 +355,10 @@ int ht_open(ht_trainer *t, hc_config *cfg, hl_loader *loader, int stage, char *w
 
     rc = t->accel_ops->configure(t->accel.inst, (int32_t)t->set.threads, local < 0 ? 0 : local);
     if (rc) { rc = ht_fail(t, &t->accel, rc, "configure", why, whylen); goto fail; }
-    t->K = t->accel_ops->kernels(t->accel.inst);
-    if (!t->K || t->K->struct_size < KILN_KERNELS_SIZE_1_1) {
+    t->kernels = t->accel_ops->kernels(t->accel.inst);
+    if (!t->kernels || t->kernels->struct_size < KILN_KERNELS_SIZE_1_1) {
         hwhyf(why, whylen, "accelerator '%s' (%s): kernel table missing or too small (%u < %zu bytes)",
-             t->accel.p->view.name, t->accel.p->lib->path, t->K ? t->K->struct_size : 0,
+             t->accel.p->view.name, t->accel.p->lib->path, t->kernels ? t->kernels->struct_size : 0,
              (size_t)KILN_KERNELS_SIZE_1_1);
         rc = KILN_E_VERSION;
         goto fail;
@@ -375,7 +375,7 @@ int ht_open(ht_trainer *t, hc_config *cfg, hl_loader *loader, int stage, char *w
     rc = slot_from_config(t, &t->module, "module", 1, why, whylen);
     if (rc) goto fail;
     t->module_ops = (const kiln_module_ops *)t->module.p->ops;
-    rc = hx_check_stack(t->precision.p, t->module.p, NULL, why, whylen);
+    rc = stack_check(t->precision.p, t->module.p, NULL, why, whylen);
     if (rc) goto fail;
     rc = alloc_params(t, why, whylen);
     if (rc) goto fail;
@@ -430,9 +430,9 @@ void ht_close(ht_trainer *t) {
     drop_slot(&t->data);
     drop_slot(&t->precision);
     drop_slot(&t->strategy);
-    if (t->K && t->accel.inst) {
-        t->K->free(t->accel.inst, t->param_arena);
-        t->K->free(t->accel.inst, t->grad_arena);
+    if (t->kernels && t->accel.inst) {
+        t->kernels->free(t->accel.inst, t->param_arena);
+        t->kernels->free(t->accel.inst, t->grad_arena);
     }
     t->param_arena = t->grad_arena = NULL;
     drop_slot(&t->accel);
@@ -560,7 +560,7 @@ static int make_run_dir_rank0(ht_trainer *t, char *why, size_t whylen) {
  * kernel table itself, sized for ~10-50 ms on a CPU. 0 when it cannot be
  * measured. Run after fit, so it costs the training nothing. */
 static double measure_gemm_flops(ht_trainer *t) {
-    const kiln_kernels *k = t->K;
+    const kiln_kernels *k = t->kernels;
     if (!k || !k->gemm || !k->alloc || !k->synchronize) return 0;
     const int n = 768;
     void *buf = NULL;

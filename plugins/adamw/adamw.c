@@ -345,7 +345,7 @@ static const kiln_param adamw_params[] = {
     {NULL, 0, 0, KILN_V_NONE, NULL},
 };
 
-/* Master dtypes this optimizer updates (host/compat.c reads it). */
+/* Master dtypes this optimizer updates (host/stack_checks.c reads it). */
 static const char *const adamw_param_dtypes[] = {"float32", "float64"};
 /* allowed values, enforced by the host before create() (ABI 1.5) */
 static const char *const adamw_checks[] = {"lr >= 0", "beta1 in [0, 1)", "beta2 in [0, 1)", "eps >= 0", "weight_decay >= 0"};

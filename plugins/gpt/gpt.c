@@ -804,7 +804,7 @@ static const kiln_module_ops gpt_ops = {
     .predict_step = gpt_predict_step,
 };
 
-/* Master dtypes this module handles (host/compat.c reads it). */
+/* Master dtypes this module handles (host/stack_checks.c reads it). */
 static const char *const gpt_param_dtypes[] = {"float32", "float64"};
 /* allowed values, enforced by the host before create() (ABI 1.5) */
 static const char *const gpt_checks[] = {"n_layer in [1, 2147483647]", "n_head in [1, 2147483647]", "n_embd in [1, 2147483647]", "block_size in [1, 2147483647]", "vocab_size in [1, 2147483647]", "padded_vocab_size >= 0", "max_batch in [1, 2147483647]", "classifier_chunk in [1, 2147483647]", "layer_norm_epsilon > 0", "initializer_range >= 0"};

@@ -838,7 +838,7 @@ static const kiln_param lb_params[] = {
 };
 
 /* Master dtypes this optimizer updates, and that it calls its closure
- * several times per step (host/compat.c reads both). */
+ * several times per step (host/stack_checks.c reads both). */
 static const char *const lb_param_dtypes[] = {"float32", "float64"};
 /* allowed values, enforced by the host before create() (ABI 1.5) */
 static const char *const lb_checks[] = {"lr > 0", "max_iter >= 1", "max_eval >= 0", "tolerance_grad >= 0", "tolerance_change >= 0", "history_size >= 1", "line_search in {none, strong_wolfe}"};

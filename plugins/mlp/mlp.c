@@ -632,7 +632,7 @@ static const kiln_module_ops mlp_ops = {
     .on_event = NULL, /* no LightningModule hooks of its own */
 };
 
-/* Master dtypes this module handles (host/compat.c reads it). */
+/* Master dtypes this module handles (host/stack_checks.c reads it). */
 static const char *const mlp_param_dtypes[] = {"float32", "float64"};
 /* allowed values, enforced by the host before create() (ABI 1.5) */
 static const char *const mlp_checks[] = {"layers in [1, 2147483647]", "activation in {relu, gelu}", "init in {kaiming_uniform, zeros}", "max_batch >= 1"};

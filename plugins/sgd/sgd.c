@@ -342,7 +342,7 @@ static const kiln_param sgd_params[] = {
     {NULL, 0, 0, KILN_V_NONE, NULL},
 };
 
-/* Master dtypes this optimizer updates (host/compat.c reads it). */
+/* Master dtypes this optimizer updates (host/stack_checks.c reads it). */
 static const char *const sgd_param_dtypes[] = {"float32", "float64"};
 /* allowed values, enforced by the host before create() (ABI 1.5) */
 static const char *const sgd_checks[] = {"lr >= 0", "momentum >= 0", "weight_decay >= 0"};

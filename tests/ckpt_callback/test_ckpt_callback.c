@@ -102,7 +102,7 @@ static void host_flush(void) {
 static int exists(const char *path) { return access(path, F_OK) == 0; }
 
 /* <run>/checkpoints/<name>.safetensors, in one of 8 rotating buffers */
-static const char *P(const char *name) {
+static const char *ckpt_path(const char *name) {
     static char buf[8][PATHLEN];
     static int i;
     char *b = buf[i++ & 7];
@@ -245,12 +245,12 @@ static void epoch(kiln_instance *inst, double v, int flush) {
 }
 
 /* "epoch=E-step=S" of the default template */
-static const char *ES(int64_t e, int64_t s) {
+static const char *ckpt_path_epoch_step(int64_t e, int64_t s) {
     static char buf[8][64];
     static int i;
     char *b = buf[i++ & 7];
     snprintf(b, 64, "epoch=%lld-step=%lld", (long long)e, (long long)s);
-    return P(b);
+    return ckpt_path(b);
 }
 
 /* ---------------------------------------------------------------------------
@@ -383,25 +383,25 @@ static void test_filename_format(void) {
     log_metric("tiny", 1e-5);
     log_metric("neg", -1.25);
     /* the default */
-    CU_ASSERT_STRING_EQUAL(save_once("epoch={epoch}-step={step}", NULL), P("epoch=3-step=1234"));
+    CU_ASSERT_STRING_EQUAL(save_once("epoch={epoch}-step={step}", NULL), ckpt_path("epoch=3-step=1234"));
     kiln_test_trainer(g_th)->current_epoch = 3;
     kiln_test_trainer(g_th)->global_step = 1224;
     /* epoch(...) logs no val_loss for NaN, so the metrics above stay */
     CU_ASSERT_STRING_EQUAL(save_once("e{epoch:03d}-s{step:06}-{val_loss:.4f}-{acc}-{two}-{tiny}", NULL),
-                           P("e003-s001234-0.1235-0.5-2.0-1e-05"));
+                           ckpt_path("e003-s001234-0.1235-0.5-2.0-1e-05"));
     kiln_test_trainer(g_th)->current_epoch = 3;
     kiln_test_trainer(g_th)->global_step = 1224;
     CU_ASSERT_STRING_EQUAL(save_once("{val_loss:.2e}_{val_loss:+08.3f}_{neg:.1f}_{acc:d}_{two:5}_{epoch:.1f}", NULL),
-                           P("1.23e-01_+000.123_-1.2_0_  2.0_3.0"));
+                           ckpt_path("1.23e-01_+000.123_-1.2_0_  2.0_3.0"));
     kiln_test_trainer(g_th)->current_epoch = 3;
     kiln_test_trainer(g_th)->global_step = 1224;
     /* a missing metric is 0 (Lightning), with one warning; braces escape */
-    CU_ASSERT_STRING_EQUAL(save_once("{{x}}-{nope}-{nope:.2f}", NULL), P("{x}-0-0.00"));
+    CU_ASSERT_STRING_EQUAL(save_once("{{x}}-{nope}-{nope:.2f}", NULL), ckpt_path("{x}-0-0.00"));
     CU_ASSERT_EQUAL(count_log(KILN_LOG_WARN, "{nope}"), 1);
     kiln_test_trainer(g_th)->current_epoch = 3;
     kiln_test_trainer(g_th)->global_step = 1224;
     /* the extension is not doubled, subfolders are allowed */
-    CU_ASSERT_STRING_EQUAL(save_once("sub/best.safetensors", NULL), P("sub/best"));
+    CU_ASSERT_STRING_EQUAL(save_once("sub/best.safetensors", NULL), ckpt_path("sub/best"));
     fixture_end();
 }
 
@@ -432,9 +432,9 @@ static void test_version_counter(void) {
     epoch(inst, NAN, 1);
     epoch(inst, NAN, 1);
     CU_ASSERT_EQUAL_FATAL(g_nreq, 3);
-    CU_ASSERT_STRING_EQUAL(g_req[0], P("fixed"));
-    CU_ASSERT_STRING_EQUAL(g_req[1], P("fixed-v1"));
-    CU_ASSERT_STRING_EQUAL(g_req[2], P("fixed-v2"));
+    CU_ASSERT_STRING_EQUAL(g_req[0], ckpt_path("fixed"));
+    CU_ASSERT_STRING_EQUAL(g_req[1], ckpt_path("fixed-v1"));
+    CU_ASSERT_STRING_EQUAL(g_req[2], ckpt_path("fixed-v2"));
     g_ops->base.destroy(inst);
     fixture_end();
 
@@ -446,8 +446,8 @@ static void test_version_counter(void) {
     epoch(inst, NAN, 1);
     epoch(inst, NAN, 1);
     CU_ASSERT_EQUAL_FATAL(g_nreq, 2);
-    CU_ASSERT_STRING_EQUAL(g_req[1], P("fixed"));
-    CU_ASSERT(exists(P("fixed")));
+    CU_ASSERT_STRING_EQUAL(g_req[1], ckpt_path("fixed"));
+    CU_ASSERT(exists(ckpt_path("fixed")));
     g_ops->base.destroy(inst);
     fixture_end();
 
@@ -460,7 +460,7 @@ static void test_version_counter(void) {
     epoch(inst, NAN, 1);
     epoch(inst, NAN, 1);
     CU_ASSERT_EQUAL_FATAL(g_nreq, 2);
-    CU_ASSERT_STRING_EQUAL(g_req[1], P("fixed"));
+    CU_ASSERT_STRING_EQUAL(g_req[1], ckpt_path("fixed"));
     g_ops->base.destroy(inst);
     fixture_end();
 }
@@ -513,40 +513,40 @@ static void test_topk_min(void) {
     epoch(inst, 0.4, 1); /* e1: kept {e0, e1}, kth e0 */
     epoch(inst, 0.6, 1); /* e2: worse than the kth: nothing */
     CU_ASSERT_EQUAL_FATAL(g_nreq, 2);
-    CU_ASSERT_STRING_EQUAL(g_req[0], ES(0, 10));
-    CU_ASSERT_STRING_EQUAL(g_req[1], ES(1, 20));
+    CU_ASSERT_STRING_EQUAL(g_req[0], ckpt_path_epoch_step(0, 10));
+    CU_ASSERT_STRING_EQUAL(g_req[1], ckpt_path_epoch_step(1, 20));
 
     /* e3 = 0.3 evicts e0, but the host has not written e3 yet */
     epoch(inst, 0.3, 0);
     CU_ASSERT_EQUAL_FATAL(g_nreq, 3);
-    CU_ASSERT_STRING_EQUAL(g_req[2], ES(3, 40));
+    CU_ASSERT_STRING_EQUAL(g_req[2], ckpt_path_epoch_step(3, 40));
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_TRAIN_EPOCH_START, KILN_STAGE_FIT), KILN_OK);
-    CU_ASSERT(exists(ES(0, 10))); /* kept until its replacement exists */
+    CU_ASSERT(exists(ckpt_path_epoch_step(0, 10))); /* kept until its replacement exists */
     host_flush();
-    CU_ASSERT(exists(ES(0, 10)));
+    CU_ASSERT(exists(ckpt_path_epoch_step(0, 10)));
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_TRAIN_BATCH_START, KILN_STAGE_FIT), KILN_OK);
-    CU_ASSERT(!exists(ES(0, 10))); /* the next hook after the write */
-    CU_ASSERT(exists(ES(1, 20)) && exists(ES(3, 40)));
+    CU_ASSERT(!exists(ckpt_path_epoch_step(0, 10))); /* the next hook after the write */
+    CU_ASSERT(exists(ckpt_path_epoch_step(1, 20)) && exists(ckpt_path_epoch_step(3, 40)));
 
     epoch(inst, 0.4, 1);  /* e4: equal to the kth (0.4): not better */
     epoch(inst, 0.35, 1); /* e5: evicts e1 */
     epoch(inst, NAN, 1);  /* e6: val_loss is still e5's 0.35, equal to the kth */
     CU_ASSERT_EQUAL_FATAL(g_nreq, 4);
-    CU_ASSERT_STRING_EQUAL(g_req[3], ES(5, 60));
+    CU_ASSERT_STRING_EQUAL(g_req[3], ckpt_path_epoch_step(5, 60));
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_TRAIN_EPOCH_START, KILN_STAGE_FIT), KILN_OK);
-    CU_ASSERT(!exists(ES(1, 20)));
+    CU_ASSERT(!exists(ckpt_path_epoch_step(1, 20)));
 
     st_view s;
     read_state(inst, &s);
     CU_ASSERT_EQUAL(s.mode, 0u);
     CU_ASSERT_STRING_EQUAL(s.monitor, "val_loss");
-    CU_ASSERT_STRING_EQUAL(s.best, ES(3, 40));
+    CU_ASSERT_STRING_EQUAL(s.best, ckpt_path_epoch_step(3, 40));
     CU_ASSERT_DOUBLE_EQUAL(s.best_score, 0.3, 0);
-    CU_ASSERT_STRING_EQUAL(s.kth, ES(5, 60));
+    CU_ASSERT_STRING_EQUAL(s.kth, ckpt_path_epoch_step(5, 60));
     CU_ASSERT_DOUBLE_EQUAL(s.kth_value, 0.35, 0);
     CU_ASSERT_EQUAL(s.nbest, 2u);
-    CU_ASSERT_STRING_EQUAL(s.bk_path[0], ES(3, 40));
-    CU_ASSERT_STRING_EQUAL(s.bk_path[1], ES(5, 60));
+    CU_ASSERT_STRING_EQUAL(s.bk_path[0], ckpt_path_epoch_step(3, 40));
+    CU_ASSERT_STRING_EQUAL(s.bk_path[1], ckpt_path_epoch_step(5, 60));
     CU_ASSERT_EQUAL(s.npend, 0u);
     CU_ASSERT_EQUAL(s.last_step, 60);
     CU_ASSERT_STRING_EQUAL(s.dir, g_ck);
@@ -554,7 +554,7 @@ static void test_topk_min(void) {
     /* one info line per requested checkpoint, with its score */
     CU_ASSERT_EQUAL(count_log(KILN_LOG_INFO, "saving"), 4);
     char needle[PATHLEN + 64];
-    snprintf(needle, sizeof needle, "saving %s (val_loss = 0.35000, best 0.30000, top 2)", ES(5, 60));
+    snprintf(needle, sizeof needle, "saving %s (val_loss = 0.35000, best 0.30000, top 2)", ckpt_path_epoch_step(5, 60));
     CU_ASSERT_EQUAL(count_log(KILN_LOG_INFO, needle), 1);
     g_ops->base.destroy(inst);
     fixture_end();
@@ -577,10 +577,10 @@ static void test_topk_max_and_nan(void) {
     /* 0.1, then 0.3 replaces it; 0.2 and the equal 0.3 do not; 0.5 does; NaN
      * is never better */
     CU_ASSERT_EQUAL_FATAL(g_nreq, 3);
-    CU_ASSERT_STRING_EQUAL(g_req[0], P("0-0.10"));
-    CU_ASSERT_STRING_EQUAL(g_req[1], P("1-0.30"));
-    CU_ASSERT_STRING_EQUAL(g_req[2], P("4-0.50"));
-    CU_ASSERT(!exists(P("0-0.10")) && !exists(P("1-0.30")) && exists(P("4-0.50")));
+    CU_ASSERT_STRING_EQUAL(g_req[0], ckpt_path("0-0.10"));
+    CU_ASSERT_STRING_EQUAL(g_req[1], ckpt_path("1-0.30"));
+    CU_ASSERT_STRING_EQUAL(g_req[2], ckpt_path("4-0.50"));
+    CU_ASSERT(!exists(ckpt_path("0-0.10")) && !exists(ckpt_path("1-0.30")) && exists(ckpt_path("4-0.50")));
     g_ops->base.destroy(inst);
     fixture_end();
 
@@ -596,14 +596,14 @@ static void test_topk_max_and_nan(void) {
     log_metric("acc", 0.1);
     epoch(inst, NAN, 1); /* better than the NaN (-inf): evicts it */
     CU_ASSERT_EQUAL_FATAL(g_nreq, 3);
-    CU_ASSERT_STRING_EQUAL(g_req[0], P("0-nan"));
-    CU_ASSERT_STRING_EQUAL(g_req[2], P("2-0.10"));
+    CU_ASSERT_STRING_EQUAL(g_req[0], ckpt_path("0-nan"));
+    CU_ASSERT_STRING_EQUAL(g_req[2], ckpt_path("2-0.10"));
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_TRAIN_EPOCH_START, KILN_STAGE_FIT), KILN_OK);
-    CU_ASSERT(!exists(P("0-nan")));
+    CU_ASSERT(!exists(ckpt_path("0-nan")));
     st_view s;
     read_state(inst, &s);
-    CU_ASSERT_STRING_EQUAL(s.best, P("1-0.20"));
-    CU_ASSERT_STRING_EQUAL(s.kth, P("2-0.10"));
+    CU_ASSERT_STRING_EQUAL(s.best, ckpt_path("1-0.20"));
+    CU_ASSERT_STRING_EQUAL(s.kth, ckpt_path("2-0.10"));
     g_ops->base.destroy(inst);
     fixture_end();
 }
@@ -617,16 +617,16 @@ static void test_no_monitor(void) {
     epoch(inst, NAN, 1);
     epoch(inst, NAN, 0);
     CU_ASSERT_EQUAL_FATAL(g_nreq, 2);
-    CU_ASSERT_STRING_EQUAL(g_req[1], ES(1, 20));
+    CU_ASSERT_STRING_EQUAL(g_req[1], ckpt_path_epoch_step(1, 20));
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_TRAIN_EPOCH_START, KILN_STAGE_FIT), KILN_OK);
-    CU_ASSERT(exists(ES(0, 10)));
+    CU_ASSERT(exists(ckpt_path_epoch_step(0, 10)));
     host_flush();
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_TRAIN_EPOCH_START, KILN_STAGE_FIT), KILN_OK);
-    CU_ASSERT(!exists(ES(0, 10)) && exists(ES(1, 20)));
+    CU_ASSERT(!exists(ckpt_path_epoch_step(0, 10)) && exists(ckpt_path_epoch_step(1, 20)));
     /* the last replacement is never written: at on_fit_end the old file stays */
     epoch(inst, NAN, 0);
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_FIT_END, KILN_STAGE_FIT), KILN_OK);
-    CU_ASSERT(exists(ES(1, 20)));
+    CU_ASSERT(exists(ckpt_path_epoch_step(1, 20)));
     CU_ASSERT_EQUAL(count_log(KILN_LOG_WARN, "was never written"), 1);
     g_ops->base.destroy(inst);
     fixture_end();
@@ -639,7 +639,7 @@ static void test_no_monitor(void) {
     for (int e = 0; e < 3; e++) epoch(inst, NAN, 1);
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_FIT_END, KILN_STAGE_FIT), KILN_OK);
     CU_ASSERT_EQUAL(g_nreq, 3);
-    CU_ASSERT(exists(ES(0, 10)) && exists(ES(1, 20)) && exists(ES(2, 30)));
+    CU_ASSERT(exists(ckpt_path_epoch_step(0, 10)) && exists(ckpt_path_epoch_step(1, 20)) && exists(ckpt_path_epoch_step(2, 30)));
     g_ops->base.destroy(inst);
     fixture_end();
 
@@ -687,8 +687,8 @@ static void test_every_n_train_steps(void) {
     /* the epoch end saves nothing: every_n_epochs is off once steps is set */
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_TRAIN_EPOCH_END, KILN_STAGE_FIT), KILN_OK);
     CU_ASSERT_EQUAL_FATAL(g_nreq, 2);
-    CU_ASSERT_STRING_EQUAL(g_req[0], ES(0, 3));
-    CU_ASSERT_STRING_EQUAL(g_req[1], ES(0, 6));
+    CU_ASSERT_STRING_EQUAL(g_req[0], ckpt_path_epoch_step(0, 3));
+    CU_ASSERT_STRING_EQUAL(g_req[1], ckpt_path_epoch_step(0, 6));
     g_ops->base.destroy(inst);
 
     /* not during the sanity check, not outside fit */
@@ -720,9 +720,9 @@ static void test_every_n_epochs(void) {
     fit_start(inst);
     for (int e = 0; e < 6; e++) epoch(inst, NAN, 1);
     CU_ASSERT_EQUAL_FATAL(g_nreq, 3); /* (epoch + 1) % 2 == 0: epochs 1, 3, 5 */
-    CU_ASSERT_STRING_EQUAL(g_req[0], ES(1, 20));
-    CU_ASSERT_STRING_EQUAL(g_req[1], ES(3, 40));
-    CU_ASSERT_STRING_EQUAL(g_req[2], ES(5, 60));
+    CU_ASSERT_STRING_EQUAL(g_req[0], ckpt_path_epoch_step(1, 20));
+    CU_ASSERT_STRING_EQUAL(g_req[1], ckpt_path_epoch_step(3, 40));
+    CU_ASSERT_STRING_EQUAL(g_req[2], ckpt_path_epoch_step(5, 60));
     /* no step taken since the last save: nothing, even when due */
     kiln_test_trainer(g_th)->current_epoch = 7;
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_TRAIN_EPOCH_END, KILN_STAGE_FIT), KILN_OK);
@@ -887,17 +887,17 @@ static void test_save_last(void) {
     epoch(inst, 0.2, 1); /* both; e0 evicted */
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_TRAIN_EPOCH_START, KILN_STAGE_FIT), KILN_OK);
     CU_ASSERT_EQUAL_FATAL(g_nreq, 5);
-    CU_ASSERT_STRING_EQUAL(g_req[0], ES(0, 10));
-    CU_ASSERT_STRING_EQUAL(g_req[1], P("last"));
-    CU_ASSERT_STRING_EQUAL(g_req[2], P("last"));
-    CU_ASSERT_STRING_EQUAL(g_req[3], ES(2, 30));
-    CU_ASSERT_STRING_EQUAL(g_req[4], P("last"));
-    CU_ASSERT(!exists(ES(0, 10)) && exists(ES(2, 30)) && exists(P("last")));
+    CU_ASSERT_STRING_EQUAL(g_req[0], ckpt_path_epoch_step(0, 10));
+    CU_ASSERT_STRING_EQUAL(g_req[1], ckpt_path("last"));
+    CU_ASSERT_STRING_EQUAL(g_req[2], ckpt_path("last"));
+    CU_ASSERT_STRING_EQUAL(g_req[3], ckpt_path_epoch_step(2, 30));
+    CU_ASSERT_STRING_EQUAL(g_req[4], ckpt_path("last"));
+    CU_ASSERT(!exists(ckpt_path_epoch_step(0, 10)) && exists(ckpt_path_epoch_step(2, 30)) && exists(ckpt_path("last")));
     CU_ASSERT_EQUAL(count_log(KILN_LOG_INFO, "(save_last)"), 3);
     st_view s;
     read_state(inst, &s);
-    CU_ASSERT_STRING_EQUAL(s.last, P("last"));
-    CU_ASSERT_STRING_EQUAL(s.topk, ES(2, 30));
+    CU_ASSERT_STRING_EQUAL(s.last, ckpt_path("last"));
+    CU_ASSERT_STRING_EQUAL(s.topk, ckpt_path_epoch_step(2, 30));
     g_ops->base.destroy(inst);
     fixture_end();
 
@@ -911,8 +911,8 @@ static void test_save_last(void) {
     epoch(inst, NAN, 1);
     epoch(inst, NAN, 1);
     CU_ASSERT_EQUAL_FATAL(g_nreq, 2);
-    CU_ASSERT_STRING_EQUAL(g_req[0], P("last"));
-    CU_ASSERT_STRING_EQUAL(g_req[1], P("last"));
+    CU_ASSERT_STRING_EQUAL(g_req[0], ckpt_path("last"));
+    CU_ASSERT_STRING_EQUAL(g_req[1], ckpt_path("last"));
     g_ops->base.destroy(inst);
     fixture_end();
 }
@@ -933,41 +933,41 @@ static void test_state_resume(void) {
     st_view s;
     read_state(a, &s);
     CU_ASSERT_EQUAL(s.npend, 1u);
-    CU_ASSERT_STRING_EQUAL(s.victim[0], ES(0, 10));
-    CU_ASSERT_STRING_EQUAL(s.repl[0], ES(2, 30));
-    CU_ASSERT_STRING_EQUAL(s.topk, ES(2, 30));
+    CU_ASSERT_STRING_EQUAL(s.victim[0], ckpt_path_epoch_step(0, 10));
+    CU_ASSERT_STRING_EQUAL(s.repl[0], ckpt_path_epoch_step(2, 30));
+    CU_ASSERT_STRING_EQUAL(s.topk, ckpt_path_epoch_step(2, 30));
     CU_ASSERT_EQUAL(s.flags & 3u, 3u);
     CU_ASSERT_DOUBLE_EQUAL(s.current, 0.3, 0);
     host_flush();
     g_ops->base.destroy(a); /* the run stops before any later hook */
-    CU_ASSERT(exists(ES(0, 10)));
+    CU_ASSERT(exists(ckpt_path_epoch_step(0, 10)));
 
     /* a resumed run: same configuration, state from the file */
     kiln_instance *b = make(&c);
     CU_ASSERT_EQUAL_FATAL(g_ops->base.set_state(b, 1, g_blob, g_blob_size), KILN_OK);
     fit_start(b);
-    CU_ASSERT(!exists(ES(0, 10))); /* the restored deletion, e2 exists */
+    CU_ASSERT(!exists(ckpt_path_epoch_step(0, 10))); /* the restored deletion, e2 exists */
     epoch(b, 0.45, 1);             /* e3: worse than the kth (0.4): nothing */
     CU_ASSERT_EQUAL(g_nreq, 3);
     epoch(b, 0.35, 1);             /* e4: evicts e1 */
     CU_ASSERT_EQUAL(send(b, KILN_EV_ON_TRAIN_EPOCH_START, KILN_STAGE_FIT), KILN_OK);
     CU_ASSERT_EQUAL_FATAL(g_nreq, 4);
-    CU_ASSERT_STRING_EQUAL(g_req[3], ES(4, 50));
-    CU_ASSERT(!exists(ES(1, 20)));
+    CU_ASSERT_STRING_EQUAL(g_req[3], ckpt_path_epoch_step(4, 50));
+    CU_ASSERT(!exists(ckpt_path_epoch_step(1, 20)));
     epoch(b, 0.2, 1); /* e5: evicts e4 (0.35 is now the kth) */
     CU_ASSERT_EQUAL(send(b, KILN_EV_ON_TRAIN_EPOCH_START, KILN_STAGE_FIT), KILN_OK);
-    CU_ASSERT(!exists(ES(4, 50)));
+    CU_ASSERT(!exists(ckpt_path_epoch_step(4, 50)));
     epoch(b, 0.1, 1); /* e6: evicts e2, the file the run resumed from: kept */
     CU_ASSERT_EQUAL(send(b, KILN_EV_ON_TRAIN_EPOCH_START, KILN_STAGE_FIT), KILN_OK);
     CU_ASSERT_EQUAL_FATAL(g_nreq, 6);
-    CU_ASSERT(exists(ES(2, 30)));
+    CU_ASSERT(exists(ckpt_path_epoch_step(2, 30)));
     read_state(b, &s);
-    CU_ASSERT_STRING_EQUAL(s.best, ES(6, 70));
+    CU_ASSERT_STRING_EQUAL(s.best, ckpt_path_epoch_step(6, 70));
     CU_ASSERT_DOUBLE_EQUAL(s.best_score, 0.1, 0);
     CU_ASSERT_EQUAL(s.nbest, 2u);
-    CU_ASSERT_STRING_EQUAL(s.bk_path[0], ES(5, 60));
-    CU_ASSERT_STRING_EQUAL(s.bk_path[1], ES(6, 70));
-    CU_ASSERT_STRING_EQUAL(s.kth, ES(5, 60));
+    CU_ASSERT_STRING_EQUAL(s.bk_path[0], ckpt_path_epoch_step(5, 60));
+    CU_ASSERT_STRING_EQUAL(s.bk_path[1], ckpt_path_epoch_step(6, 70));
+    CU_ASSERT_STRING_EQUAL(s.kth, ckpt_path_epoch_step(5, 60));
     g_ops->base.destroy(b);
     fixture_end();
 }
@@ -1022,7 +1022,7 @@ static void test_state_resume_new_run_dir(void) {
     fixture_end();
 }
 
-/* A run whose state waits to delete ES(0, 10) once ES(2, 30) exists; the
+/* A run whose state waits to delete ckpt_path_epoch_step(0, 10) once ckpt_path_epoch_step(2, 30) exists; the
  * blob is in g_blob. */
 static void make_pending_blob(const ck_cfg *c) {
     kiln_instance *a = make(c);
@@ -1059,7 +1059,7 @@ static void test_state_hostile_paths(void) {
     c.monitor = "val_loss";
     c.top_k = 2;
     make_pending_blob(&c);
-    const char *victim = ES(0, 10); /* <run>/checkpoints/epoch=0-step=10.safetensors */
+    const char *victim = ckpt_path_epoch_step(0, 10); /* <run>/checkpoints/epoch=0-step=10.safetensors */
     const size_t rest = strlen("epoch=0-step=10.safetensors");
 
     /* 1. "../": a file beside the checkpoint folder */
@@ -1126,7 +1126,7 @@ static void test_verbose(void) {
     epoch(inst, 0.2, 1);
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_TRAIN_EPOCH_START, KILN_STAGE_FIT), KILN_OK);
     char needle[2 * PATHLEN + 64];
-    snprintf(needle, sizeof needle, "removed %s (replaced by %s)", ES(0, 10), ES(2, 30));
+    snprintf(needle, sizeof needle, "removed %s (replaced by %s)", ckpt_path_epoch_step(0, 10), ckpt_path_epoch_step(2, 30));
     CU_ASSERT_EQUAL(count_log(KILN_LOG_INFO, needle), 1);
     CU_ASSERT_EQUAL(count_log(KILN_LOG_INFO, "saving"), 2);
     g_ops->base.destroy(inst);
@@ -1164,7 +1164,7 @@ static void test_state_mismatch_and_corrupt(void) {
     CU_ASSERT_EQUAL(g_ops->base.set_state(b, 1, keep, keep_size), KILN_OK);
     CU_ASSERT_EQUAL(count_log(KILN_LOG_WARN, "dirpath changed"), 1);
     read_state(b, &s);
-    CU_ASSERT_STRING_EQUAL(s.best, ES(0, 10));
+    CU_ASSERT_STRING_EQUAL(s.best, ckpt_path_epoch_step(0, 10));
     CU_ASSERT_EQUAL(s.nbest, 0u);
 
     /* other versions and damaged blobs are refused */
@@ -1197,20 +1197,20 @@ static void test_rank1(void) {
     fit_start(inst);
     /* a file rank 0 would delete stays: rank 1 deletes nothing */
     epoch(inst, 0.5, 1);
-    mkdir_parent(ES(0, 10));
-    FILE *f = fopen(ES(0, 10), "w");
+    mkdir_parent(ckpt_path_epoch_step(0, 10));
+    FILE *f = fopen(ckpt_path_epoch_step(0, 10), "w");
     CU_ASSERT_PTR_NOT_NULL_FATAL(f);
     fclose(f);
     epoch(inst, 0.4, 1);
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_TRAIN_EPOCH_START, KILN_STAGE_FIT), KILN_OK);
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_FIT_END, KILN_STAGE_FIT), KILN_OK);
     CU_ASSERT_EQUAL(g_nreq, 0);
-    CU_ASSERT(exists(ES(0, 10)));
+    CU_ASSERT(exists(ckpt_path_epoch_step(0, 10)));
     CU_ASSERT_EQUAL(count_log(KILN_LOG_INFO, "saving"), 0);
     /* the same bookkeeping as rank 0 */
     st_view s;
     read_state(inst, &s);
-    CU_ASSERT_STRING_EQUAL(s.best, ES(1, 20));
+    CU_ASSERT_STRING_EQUAL(s.best, ckpt_path_epoch_step(1, 20));
     CU_ASSERT_EQUAL(s.nbest, 1u);
     CU_ASSERT_EQUAL(s.npend, 0u);
     CU_ASSERT_EQUAL(s.last_step, 20);
@@ -1227,7 +1227,7 @@ static void test_host_refuses(void) {
     kiln_test_trainer(g_th)->global_step = 10;
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_TRAIN_EPOCH_END, KILN_STAGE_FIT), KILN_E_STATE);
     CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "save_checkpoint"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), ES(0, 10)));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), ckpt_path_epoch_step(0, 10)));
     g_ops->base.destroy(inst);
 
     /* a host without save_checkpoint is refused at create */

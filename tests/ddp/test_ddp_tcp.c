@@ -255,7 +255,7 @@ static void test_bound_to_master_addr(void) {
 
 /* A well-formed hello of this protocol version claiming rank 7 of 2 (no
  * such rank), sent without waiting for anything: dropped, and the real
- * ranks carry on. (It used to end the rendezvous for every rank.) */
+ * ranks carry on. */
 static void test_bad_hello_ignored(void) {
     int port = free_port();
     pid_t z = spawn(port, 0, 2, 10.0, 0, 1, NULL);
@@ -276,9 +276,9 @@ static void test_bad_hello_ignored(void) {
 }
 
 /* Seven silent sockets connect before the real ranks; they must cost
- * nothing: with a 4 s deadline (they used to take 5 s each, one after the
- * other) and with none at all (timeout_s = 0: they used to hold the
- * rendezvous 35 s). */
+ * nothing: with a 4 s deadline (served one after the other, each would
+ * take 5 s) and with none at all (timeout_s = 0: waited out in turn, they
+ * would hold the rendezvous 35 s). */
 static void idle_sockets(double timeout_s) {
     int port = free_port();
     pid_t z = spawn(port, 0, 3, timeout_s, 0, 1, NULL);
@@ -289,8 +289,8 @@ static void idle_sockets(double timeout_s) {
     nap_ms(100);
     pid_t a = spawn(port, 1, 3, timeout_s, 0, 1, NULL);
     pid_t b = spawn(port, 2, 3, timeout_s, 0, 1, NULL);
-    /* 6 s of slack for a loaded machine: still far below the 35 s the
-     * idle sockets used to cost without a deadline */
+    /* 6 s of slack for a loaded machine: still far below the 35 s seven
+     * idle sockets waited out in turn would cost */
     CU_ASSERT_EQUAL(reap(a, 6.0), 0);
     CU_ASSERT_EQUAL(reap(b, 6.0), 0);
     CU_ASSERT_EQUAL(reap(z, 6.0), 0);

@@ -97,19 +97,19 @@ static void write_raw(const char *path, const char *header, const void *data, si
     write_raw_n(path, strlen(header), header, strlen(header), data, dlen);
 }
 
-/* kst_open must refuse path with KILN_E_DATA and a one-line message that
+/* safetensors_open must refuse path with KILN_E_DATA and a one-line message that
  * names the file and contains fragment. */
 static void expect_corrupt_at(const char *path, const char *fragment, int line) {
-    kst_file *f = (kst_file *)1;
+    safetensors_file *f = (safetensors_file *)1;
     char why[1024] = "";
-    int rc = kst_open(path, &f, why, sizeof why);
+    int rc = safetensors_open(path, &f, why, sizeof why);
     int ok = rc == KILN_E_DATA && f == NULL && strncmp(why, path, strlen(path)) == 0 && strstr(why, fragment) &&
              !strchr(why, '\n');
     if (!ok)
         fprintf(stderr, "\n  line %d: rc %d (%s), want KILN_E_DATA with '%s'; why: %s\n", line, rc,
                 kiln_status_name(rc), fragment, why);
     CU_ASSERT_TRUE(ok);
-    if (rc == KILN_OK) kst_close(f);
+    if (rc == KILN_OK) safetensors_close(f);
 }
 #define expect_corrupt(path, fragment) expect_corrupt_at(path, fragment, __LINE__)
 
@@ -177,28 +177,28 @@ static void test_round_trip(void) {
     };
     const int nm = (int)(sizeof M / sizeof M[0]);
     char why[1024];
-    kst_writer *w = kst_writer_new();
+    safetensors_writer *w = safetensors_writer_new();
     CU_ASSERT_PTR_NOT_NULL_FATAL(w);
     for (int i = 0; i < nt; i++)
-        CU_ASSERT_EQUAL(kst_add_tensor(w, T[i].name, T[i].dtype, T[i].shape, T[i].ndim, T[i].data, T[i].nbytes, why,
+        CU_ASSERT_EQUAL(safetensors_add_tensor(w, T[i].name, T[i].dtype, T[i].shape, T[i].ndim, T[i].data, T[i].nbytes, why,
                                        sizeof why),
                         KILN_OK);
-    for (int i = 0; i < nm; i++) CU_ASSERT_EQUAL(kst_add_metadata(w, M[i][0], M[i][1], why, sizeof why), KILN_OK);
+    for (int i = 0; i < nm; i++) CU_ASSERT_EQUAL(safetensors_add_metadata(w, M[i][0], M[i][1], why, sizeof why), KILN_OK);
     const char *p = pth("round.safetensors");
-    CU_ASSERT_EQUAL_FATAL(kst_write_atomic(w, p, why, sizeof why), KILN_OK);
-    kst_writer_free(w);
+    CU_ASSERT_EQUAL_FATAL(safetensors_write_atomic(w, p, why, sizeof why), KILN_OK);
+    safetensors_writer_free(w);
     CU_ASSERT_EQUAL(count_tmp(), 0);
 
-    kst_file *f = NULL;
-    int rc = kst_open(p, &f, why, sizeof why);
+    safetensors_file *f = NULL;
+    int rc = safetensors_open(p, &f, why, sizeof why);
     if (rc) fprintf(stderr, "\n  %s\n", why);
     CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
-    CU_ASSERT_EQUAL(kst_count(f), nt);
+    CU_ASSERT_EQUAL(safetensors_count(f), nt);
     for (int i = 0; i < nt; i++) {
-        const kst_tensor *t = kst_get(f, i);
+        const safetensors_tensor *t = safetensors_get(f, i);
         CU_ASSERT_PTR_NOT_NULL_FATAL(t);
         CU_ASSERT_STRING_EQUAL(t->name, T[i].name); /* header order is the order added */
-        CU_ASSERT_PTR_EQUAL(kst_find(f, T[i].name), t);
+        CU_ASSERT_PTR_EQUAL(safetensors_find(f, T[i].name), t);
         CU_ASSERT_STRING_EQUAL(t->dtype, T[i].dtype);
         CU_ASSERT_EQUAL(t->ndim, T[i].ndim);
         for (int d = 0; d < T[i].ndim; d++) CU_ASSERT_EQUAL(t->shape[d], T[i].shape[d]);
@@ -207,25 +207,25 @@ static void test_round_trip(void) {
     }
     /* read elements through memcpy: no alignment is promised */
     float x;
-    memcpy(&x, (const char *)kst_find(f, "w.f32")->data + 4 * sizeof(float), sizeof x);
+    memcpy(&x, (const char *)safetensors_find(f, "w.f32")->data + 4 * sizeof(float), sizeof x);
     CU_ASSERT_EQUAL(x, 1e30f);
     int64_t s;
-    memcpy(&s, kst_find(f, "step")->data, sizeof s);
+    memcpy(&s, safetensors_find(f, "step")->data, sizeof s);
     CU_ASSERT_EQUAL(s, step);
-    CU_ASSERT_PTR_NULL(kst_get(f, nt));
-    CU_ASSERT_PTR_NULL(kst_get(f, -1));
-    CU_ASSERT_PTR_NULL(kst_find(f, "absent"));
-    CU_ASSERT_EQUAL(kst_metadata_count(f), nm);
+    CU_ASSERT_PTR_NULL(safetensors_get(f, nt));
+    CU_ASSERT_PTR_NULL(safetensors_get(f, -1));
+    CU_ASSERT_PTR_NULL(safetensors_find(f, "absent"));
+    CU_ASSERT_EQUAL(safetensors_metadata_count(f), nm);
     for (int i = 0; i < nm; i++) {
-        const char *v = kst_metadata(f, M[i][0]), *k = NULL;
+        const char *v = safetensors_metadata(f, M[i][0]), *k = NULL;
         CU_ASSERT_PTR_NOT_NULL_FATAL(v);
         CU_ASSERT_STRING_EQUAL(v, M[i][1]);
-        CU_ASSERT_EQUAL(kst_metadata_get(f, i, &k, &v), 0);
+        CU_ASSERT_EQUAL(safetensors_metadata_get(f, i, &k, &v), 0);
         CU_ASSERT_STRING_EQUAL(k, M[i][0]);
     }
-    CU_ASSERT_PTR_NULL(kst_metadata(f, "absent"));
-    CU_ASSERT_EQUAL(kst_metadata_get(f, nm, NULL, NULL), -1);
-    kst_close(f);
+    CU_ASSERT_PTR_NULL(safetensors_metadata(f, "absent"));
+    CU_ASSERT_EQUAL(safetensors_metadata_get(f, nm, NULL, NULL), -1);
+    safetensors_close(f);
 
     /* the header padding puts the data 8-aligned in the file */
     size_t n;
@@ -256,13 +256,13 @@ static void test_exact_layout(void) {
     const float a[2] = {1.0f, -2.0f};
     const int64_t sv = 7, two = 2;
     char why[1024];
-    kst_writer *w = kst_writer_new();
-    kst_writer_checksums(w, 0); /* the reference writer's bytes */
-    CU_ASSERT_EQUAL(kst_add_metadata(w, "k", "v", why, sizeof why), KILN_OK);
-    CU_ASSERT_EQUAL(kst_add_tensor(w, "a", "F32", &two, 1, a, sizeof a, why, sizeof why), KILN_OK);
-    CU_ASSERT_EQUAL(kst_add_tensor(w, "s", "I64", NULL, 0, &sv, sizeof sv, why, sizeof why), KILN_OK);
+    safetensors_writer *w = safetensors_writer_new();
+    safetensors_writer_checksums(w, 0); /* the reference writer's bytes */
+    CU_ASSERT_EQUAL(safetensors_add_metadata(w, "k", "v", why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(safetensors_add_tensor(w, "a", "F32", &two, 1, a, sizeof a, why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(safetensors_add_tensor(w, "s", "I64", NULL, 0, &sv, sizeof sv, why, sizeof why), KILN_OK);
     const char *p = pth("tiny.safetensors");
-    CU_ASSERT_EQUAL_FATAL(kst_write_atomic(w, p, why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(safetensors_write_atomic(w, p, why, sizeof why), KILN_OK);
     size_t n;
     unsigned char *b = read_bytes(p, &n);
     CU_ASSERT_PTR_NOT_NULL_FATAL(b);
@@ -280,9 +280,9 @@ static void test_exact_layout(void) {
         "\"s\":{\"dtype\":\"I64\",\"shape\":[],\"data_offsets\":[8,16]}}"
         "  "
         "\x00\x00\x80\x3f\x00\x00\x00\xc0\x07\0\0\0\0\0\0\0";
-    kst_writer_checksums(w, 1);
-    CU_ASSERT_EQUAL_FATAL(kst_write_atomic(w, p, why, sizeof why), KILN_OK);
-    kst_writer_free(w);
+    safetensors_writer_checksums(w, 1);
+    CU_ASSERT_EQUAL_FATAL(safetensors_write_atomic(w, p, why, sizeof why), KILN_OK);
+    safetensors_writer_free(w);
     b = read_bytes(p, &n);
     CU_ASSERT_PTR_NOT_NULL_FATAL(b);
     CU_ASSERT_EQUAL(n, sizeof expect_ck - 1);
@@ -292,18 +292,18 @@ static void test_exact_layout(void) {
 
     /* no tensor, no metadata: "{}" padded with 6 spaces, N = 8, no data */
     static const unsigned char empty[] = "\x08\0\0\0\0\0\0\0{}      ";
-    w = kst_writer_new();
+    w = safetensors_writer_new();
     p = pth("empty.safetensors");
-    CU_ASSERT_EQUAL_FATAL(kst_write_atomic(w, p, why, sizeof why), KILN_OK);
-    kst_writer_free(w);
+    CU_ASSERT_EQUAL_FATAL(safetensors_write_atomic(w, p, why, sizeof why), KILN_OK);
+    safetensors_writer_free(w);
     b = read_bytes(p, &n);
     CU_ASSERT_PTR_NOT_NULL_FATAL(b);
     CU_ASSERT(n == sizeof empty - 1 && memcmp(b, empty, n) == 0);
     free(b);
-    kst_file *f = NULL;
-    CU_ASSERT_EQUAL(kst_open(p, &f, why, sizeof why), KILN_OK);
-    CU_ASSERT_EQUAL(kst_count(f), 0);
-    kst_close(f);
+    safetensors_file *f = NULL;
+    CU_ASSERT_EQUAL(safetensors_open(p, &f, why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(safetensors_count(f), 0);
+    safetensors_close(f);
 
     /* a control character in metadata is written as \u00XX, a quote and a
      * backslash with a backslash, UTF-8 verbatim */
@@ -311,11 +311,11 @@ static void test_exact_layout(void) {
         "\x28\0\0\0\0\0\0\0"
         "{\"__metadata__\":{\"q\\\"\":\"\\u0001\\\\\xc3\xa9\\n\"}}" /* 39 bytes */
         " ";
-    w = kst_writer_new();
-    CU_ASSERT_EQUAL(kst_add_metadata(w, "q\"", "\x01\\\xc3\xa9\n", why, sizeof why), KILN_OK);
+    w = safetensors_writer_new();
+    CU_ASSERT_EQUAL(safetensors_add_metadata(w, "q\"", "\x01\\\xc3\xa9\n", why, sizeof why), KILN_OK);
     p = pth("esc.safetensors");
-    CU_ASSERT_EQUAL_FATAL(kst_write_atomic(w, p, why, sizeof why), KILN_OK);
-    kst_writer_free(w);
+    CU_ASSERT_EQUAL_FATAL(safetensors_write_atomic(w, p, why, sizeof why), KILN_OK);
+    safetensors_writer_free(w);
     b = read_bytes(p, &n);
     CU_ASSERT_PTR_NOT_NULL_FATAL(b);
     CU_ASSERT_EQUAL(sizeof esc - 1, 8 + 40);
@@ -334,85 +334,85 @@ static void test_writer_args(void) {
     const float d[6] = {0};
     const int64_t s23[2] = {2, 3}, neg[1] = {-1}, nine[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
     const int64_t huge[3] = {INT64_MAX, INT64_MAX, 2};
-    kst_writer *w = kst_writer_new();
-    CU_ASSERT_EQUAL(kst_add_tensor(w, "a", "F32", s23, 2, d, sizeof d, why, sizeof why), KILN_OK);
-    expect_arg_error(kst_add_tensor(w, "a", "F32", s23, 2, d, sizeof d, why, sizeof why), why,
+    safetensors_writer *w = safetensors_writer_new();
+    CU_ASSERT_EQUAL(safetensors_add_tensor(w, "a", "F32", s23, 2, d, sizeof d, why, sizeof why), KILN_OK);
+    expect_arg_error(safetensors_add_tensor(w, "a", "F32", s23, 2, d, sizeof d, why, sizeof why), why,
                      "duplicate tensor name 'a'");
-    expect_arg_error(kst_add_tensor(w, "b", "F32", s23, 2, d, 20, why, sizeof why), why,
+    expect_arg_error(safetensors_add_tensor(w, "b", "F32", s23, 2, d, 20, why, sizeof why), why,
                      "tensor 'b': 20 bytes given, but shape [2, 3] of F32 needs 24");
-    expect_arg_error(kst_add_tensor(w, "b", "F31", s23, 2, d, sizeof d, why, sizeof why), why, "unknown dtype 'F31'");
-    expect_arg_error(kst_add_tensor(w, "b", "F32", neg, 1, d, 0, why, sizeof why), why, "shape[0] is -1");
-    expect_arg_error(kst_add_tensor(w, "b", "U8", nine, 9, d, 1, why, sizeof why), why, "9 dimensions");
-    expect_arg_error(kst_add_tensor(w, "b", "F32", huge, 3, d, 0, why, sizeof why), why, "overflows");
-    expect_arg_error(kst_add_tensor(w, "b", "F32", s23, 2, NULL, sizeof d, why, sizeof why), why, "no data");
-    expect_arg_error(kst_add_tensor(w, "__metadata__", "F32", s23, 2, d, sizeof d, why, sizeof why), why, "reserved");
-    expect_arg_error(kst_add_tensor(w, "", "F32", s23, 2, d, sizeof d, why, sizeof why), why, "empty tensor name");
-    expect_arg_error(kst_add_tensor(w, "bad\xff", "F32", s23, 2, d, sizeof d, why, sizeof why), why,
+    expect_arg_error(safetensors_add_tensor(w, "b", "F31", s23, 2, d, sizeof d, why, sizeof why), why, "unknown dtype 'F31'");
+    expect_arg_error(safetensors_add_tensor(w, "b", "F32", neg, 1, d, 0, why, sizeof why), why, "shape[0] is -1");
+    expect_arg_error(safetensors_add_tensor(w, "b", "U8", nine, 9, d, 1, why, sizeof why), why, "9 dimensions");
+    expect_arg_error(safetensors_add_tensor(w, "b", "F32", huge, 3, d, 0, why, sizeof why), why, "overflows");
+    expect_arg_error(safetensors_add_tensor(w, "b", "F32", s23, 2, NULL, sizeof d, why, sizeof why), why, "no data");
+    expect_arg_error(safetensors_add_tensor(w, "__metadata__", "F32", s23, 2, d, sizeof d, why, sizeof why), why, "reserved");
+    expect_arg_error(safetensors_add_tensor(w, "", "F32", s23, 2, d, sizeof d, why, sizeof why), why, "empty tensor name");
+    expect_arg_error(safetensors_add_tensor(w, "bad\xff", "F32", s23, 2, d, sizeof d, why, sizeof why), why,
                      "not valid UTF-8");
     /* a newline in a name is escaped in the one-line message */
-    CU_ASSERT_EQUAL(kst_add_tensor(w, "x\ny", "U8", NULL, 0, d, 1, why, sizeof why), KILN_OK);
-    expect_arg_error(kst_add_tensor(w, "x\ny", "U8", NULL, 0, d, 1, why, sizeof why), why,
+    CU_ASSERT_EQUAL(safetensors_add_tensor(w, "x\ny", "U8", NULL, 0, d, 1, why, sizeof why), KILN_OK);
+    expect_arg_error(safetensors_add_tensor(w, "x\ny", "U8", NULL, 0, d, 1, why, sizeof why), why,
                      "duplicate tensor name 'x\\x0ay'");
-    CU_ASSERT_EQUAL(kst_add_metadata(w, "k", "v", why, sizeof why), KILN_OK);
-    expect_arg_error(kst_add_metadata(w, "k", "w", why, sizeof why), why, "duplicate metadata key 'k'");
-    expect_arg_error(kst_add_metadata(w, "k2", "\xc0\xaf", why, sizeof why), why, "not valid UTF-8");
-    expect_arg_error(kst_add_metadata(w, "\xed\xa0\x80", "v", why, sizeof why), why, "not valid UTF-8");
-    expect_arg_error(kst_write_atomic(w, "", why, sizeof why), why, "no path");
+    CU_ASSERT_EQUAL(safetensors_add_metadata(w, "k", "v", why, sizeof why), KILN_OK);
+    expect_arg_error(safetensors_add_metadata(w, "k", "w", why, sizeof why), why, "duplicate metadata key 'k'");
+    expect_arg_error(safetensors_add_metadata(w, "k2", "\xc0\xaf", why, sizeof why), why, "not valid UTF-8");
+    expect_arg_error(safetensors_add_metadata(w, "\xed\xa0\x80", "v", why, sizeof why), why, "not valid UTF-8");
+    expect_arg_error(safetensors_write_atomic(w, "", why, sizeof why), why, "no path");
     /* the refused calls left the writer as it was */
     const char *p = pth("args.safetensors");
-    CU_ASSERT_EQUAL_FATAL(kst_write_atomic(w, p, why, sizeof why), KILN_OK);
-    kst_writer_free(w);
-    kst_file *f = NULL;
-    CU_ASSERT_EQUAL_FATAL(kst_open(p, &f, why, sizeof why), KILN_OK);
-    CU_ASSERT_EQUAL(kst_count(f), 2);
-    CU_ASSERT_EQUAL(kst_metadata_count(f), 1);
-    CU_ASSERT_PTR_NOT_NULL(kst_find(f, "x\ny"));
-    kst_close(f);
-    kst_writer_free(NULL);
-    kst_close(NULL);
+    CU_ASSERT_EQUAL_FATAL(safetensors_write_atomic(w, p, why, sizeof why), KILN_OK);
+    safetensors_writer_free(w);
+    safetensors_file *f = NULL;
+    CU_ASSERT_EQUAL_FATAL(safetensors_open(p, &f, why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(safetensors_count(f), 2);
+    CU_ASSERT_EQUAL(safetensors_metadata_count(f), 1);
+    CU_ASSERT_PTR_NOT_NULL(safetensors_find(f, "x\ny"));
+    safetensors_close(f);
+    safetensors_writer_free(NULL);
+    safetensors_close(NULL);
 }
 
 /* A writer holding one U8 tensor of n bytes, all of value v. */
-static kst_writer *writer_of(size_t n, unsigned char v, unsigned char **buf) {
+static safetensors_writer *writer_of(size_t n, unsigned char v, unsigned char **buf) {
     char why[256];
     *buf = malloc(n ? n : 1);
     memset(*buf, v, n);
     int64_t shape = (int64_t)n;
-    kst_writer *w = kst_writer_new();
-    CU_ASSERT_EQUAL(kst_add_tensor(w, "x", "U8", &shape, 1, *buf, n, why, sizeof why), KILN_OK);
+    safetensors_writer *w = safetensors_writer_new();
+    CU_ASSERT_EQUAL(safetensors_add_tensor(w, "x", "U8", &shape, 1, *buf, n, why, sizeof why), KILN_OK);
     return w;
 }
 
 /* path must hold the one-tensor file writer_of(n, v) wrote. */
 static void expect_content(const char *path, size_t n, unsigned char v) {
     char why[1024];
-    kst_file *f = NULL;
-    int rc = kst_open(path, &f, why, sizeof why);
+    safetensors_file *f = NULL;
+    int rc = safetensors_open(path, &f, why, sizeof why);
     if (rc) fprintf(stderr, "\n  %s\n", why);
     CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
-    const kst_tensor *t = kst_find(f, "x");
+    const safetensors_tensor *t = safetensors_find(f, "x");
     CU_ASSERT_PTR_NOT_NULL_FATAL(t);
     CU_ASSERT_EQUAL(t->nbytes, n);
     int same = 1;
     for (size_t i = 0; i < t->nbytes; i++) same &= ((const unsigned char *)t->data)[i] == v;
     CU_ASSERT_TRUE(same);
-    kst_close(f);
+    safetensors_close(f);
 }
 
 static void test_atomic_replace(void) {
     char why[1024];
     unsigned char *b1, *b2;
     const char *p = pth("ckpt.safetensors");
-    kst_writer *w = writer_of(100, 0x11, &b1);
-    CU_ASSERT_EQUAL_FATAL(kst_write_atomic(w, p, why, sizeof why), KILN_OK);
-    kst_writer_free(w);
+    safetensors_writer *w = writer_of(100, 0x11, &b1);
+    CU_ASSERT_EQUAL_FATAL(safetensors_write_atomic(w, p, why, sizeof why), KILN_OK);
+    safetensors_writer_free(w);
     free(b1);
     expect_content(p, 100, 0x11);
     w = writer_of(3000, 0x22, &b2);
-    CU_ASSERT_EQUAL_FATAL(kst_write_atomic(w, p, why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(safetensors_write_atomic(w, p, why, sizeof why), KILN_OK);
     /* the writer is not consumed: writing it again gives the same file */
-    CU_ASSERT_EQUAL_FATAL(kst_write_atomic(w, p, why, sizeof why), KILN_OK);
-    kst_writer_free(w);
+    CU_ASSERT_EQUAL_FATAL(safetensors_write_atomic(w, p, why, sizeof why), KILN_OK);
+    safetensors_writer_free(w);
     free(b2);
     expect_content(p, 3000, 0x22);
     CU_ASSERT_EQUAL(count_tmp(), 0);
@@ -421,8 +421,8 @@ static void test_atomic_replace(void) {
     CU_ASSERT_PTR_NOT_NULL_FATAL(getcwd(cwd, sizeof cwd));
     CU_ASSERT_EQUAL_FATAL(chdir(g_dir), 0);
     w = writer_of(5, 0x33, &b1);
-    CU_ASSERT_EQUAL(kst_write_atomic(w, "rel.safetensors", why, sizeof why), KILN_OK);
-    kst_writer_free(w);
+    CU_ASSERT_EQUAL(safetensors_write_atomic(w, "rel.safetensors", why, sizeof why), KILN_OK);
+    safetensors_writer_free(w);
     free(b1);
     CU_ASSERT_EQUAL_FATAL(chdir(cwd), 0);
     expect_content(pth("rel.safetensors"), 5, 0x33);
@@ -431,12 +431,12 @@ static void test_atomic_replace(void) {
 static void test_atomic_failures(void) {
     char why[1024];
     unsigned char *b;
-    kst_writer *w = writer_of(64, 0x44, &b);
+    safetensors_writer *w = writer_of(64, 0x44, &b);
 
     /* the target is a directory: rename fails, the directory stays, no temp */
     const char *d = pth("isdir.safetensors");
     CU_ASSERT_EQUAL_FATAL(mkdir(d, 0755), 0);
-    CU_ASSERT_EQUAL(kst_write_atomic(w, d, why, sizeof why), KILN_E_IO);
+    CU_ASSERT_EQUAL(safetensors_write_atomic(w, d, why, sizeof why), KILN_E_IO);
     CU_ASSERT_PTR_NOT_NULL(strstr(why, d));
     CU_ASSERT_PTR_NOT_NULL(strstr(why, "cannot rename"));
     struct stat st;
@@ -445,18 +445,18 @@ static void test_atomic_failures(void) {
 
     /* the parent directory does not exist: nothing is created */
     const char *np = pth("missing/ckpt.safetensors");
-    CU_ASSERT_EQUAL(kst_write_atomic(w, np, why, sizeof why), KILN_E_IO);
+    CU_ASSERT_EQUAL(safetensors_write_atomic(w, np, why, sizeof why), KILN_E_IO);
     CU_ASSERT_PTR_NOT_NULL(strstr(why, np));
     CU_ASSERT_PTR_NOT_NULL(strstr(why, "cannot create the temporary file"));
     CU_ASSERT_NOT_EQUAL(stat(pth("missing"), &st), 0);
-    kst_writer_free(w);
+    safetensors_writer_free(w);
     free(b);
 
     /* reading them fails with KILN_E_IO, not KILN_E_DATA */
-    kst_file *f = (kst_file *)1;
-    CU_ASSERT_EQUAL(kst_open(d, &f, why, sizeof why), KILN_E_IO);
+    safetensors_file *f = (safetensors_file *)1;
+    CU_ASSERT_EQUAL(safetensors_open(d, &f, why, sizeof why), KILN_E_IO);
     CU_ASSERT_PTR_NULL(f);
-    CU_ASSERT_EQUAL(kst_open(np, &f, why, sizeof why), KILN_E_IO);
+    CU_ASSERT_EQUAL(safetensors_open(np, &f, why, sizeof why), KILN_E_IO);
     CU_ASSERT_PTR_NOT_NULL(strstr(why, np));
 }
 
@@ -468,9 +468,9 @@ static void test_atomic_midway(void) {
     char why[1024];
     unsigned char *b;
     const char *p = pth("midway.safetensors");
-    kst_writer *w = writer_of(200, 0x55, &b);
-    CU_ASSERT_EQUAL_FATAL(kst_write_atomic(w, p, why, sizeof why), KILN_OK);
-    kst_writer_free(w);
+    safetensors_writer *w = writer_of(200, 0x55, &b);
+    CU_ASSERT_EQUAL_FATAL(safetensors_write_atomic(w, p, why, sizeof why), KILN_OK);
+    safetensors_writer_free(w);
     free(b);
     size_t n0;
     unsigned char *before = read_bytes(p, &n0);
@@ -486,13 +486,13 @@ static void test_atomic_midway(void) {
             signal(SIGXFSZ, crash ? SIG_DFL : SIG_IGN);
             if (setrlimit(RLIMIT_FSIZE, &fl) != 0) _exit(10);
             unsigned char *cb;
-            kst_writer *cw = writer_of(1 << 20, 0x66, &cb);
+            safetensors_writer *cw = writer_of(1 << 20, 0x66, &cb);
             char cwhy[1024];
-            int rc = kst_write_atomic(cw, p, cwhy, sizeof cwhy);
+            int rc = safetensors_write_atomic(cw, p, cwhy, sizeof cwhy);
             /* only reached without the crash */
             int ok = rc == KILN_E_IO && strstr(cwhy, p) && strstr(cwhy, "cannot write the temporary file");
             if (!ok) fprintf(stderr, "\n  child: rc %d: %s\n", rc, cwhy);
-            kst_writer_free(cw);
+            safetensors_writer_free(cw);
             free(cb);
             _exit(ok ? 0 : 11);
         }
@@ -528,9 +528,9 @@ static void test_fifo_refused(void) {
     unlink(p);
     CU_ASSERT_EQUAL_FATAL(mkfifo(p, 0600), 0);
     alarm(10);
-    kst_file *f = (kst_file *)1;
+    safetensors_file *f = (safetensors_file *)1;
     char why[1024] = "";
-    CU_ASSERT_EQUAL(kst_open(p, &f, why, sizeof why), KILN_E_IO);
+    CU_ASSERT_EQUAL(safetensors_open(p, &f, why, sizeof why), KILN_E_IO);
     alarm(0);
     CU_ASSERT_PTR_NULL(f);
     CU_ASSERT_EQUAL(strncmp(why, p, strlen(p)), 0);
@@ -590,9 +590,9 @@ static void test_stale_tmp_cleanup(void) {
     CU_ASSERT_EQUAL_FATAL(symlink("notes.txt", stale_link), 0);
 
     unsigned char *b;
-    kst_writer *w = writer_of(32, 0x77, &b);
-    CU_ASSERT_EQUAL_FATAL(kst_write_atomic(w, ck, why, sizeof why), KILN_OK);
-    kst_writer_free(w);
+    safetensors_writer *w = writer_of(32, 0x77, &b);
+    CU_ASSERT_EQUAL_FATAL(safetensors_write_atomic(w, ck, why, sizeof why), KILN_OK);
+    safetensors_writer_free(w);
     free(b);
     expect_content(ck, 32, 0x77);
 
@@ -620,13 +620,13 @@ static unsigned char *valid_file(size_t *n, uint64_t *hlen) {
     for (int i = 0; i < 16; i++) wt[i] = (float)i;
     const int64_t s44[2] = {4, 4}, s3 = 3;
     const uint8_t u[3] = {1, 2, 3};
-    kst_writer *w = kst_writer_new();
-    kst_add_tensor(w, "layers.0.weight", "F32", s44, 2, wt, sizeof wt, why, sizeof why);
-    kst_add_tensor(w, "b", "U8", &s3, 1, u, sizeof u, why, sizeof why);
-    kst_add_metadata(w, "epoch", "3", why, sizeof why);
+    safetensors_writer *w = safetensors_writer_new();
+    safetensors_add_tensor(w, "layers.0.weight", "F32", s44, 2, wt, sizeof wt, why, sizeof why);
+    safetensors_add_tensor(w, "b", "U8", &s3, 1, u, sizeof u, why, sizeof why);
+    safetensors_add_metadata(w, "epoch", "3", why, sizeof why);
     const char *p = pth("valid.safetensors");
-    CU_ASSERT_EQUAL(kst_write_atomic(w, p, why, sizeof why), KILN_OK);
-    kst_writer_free(w);
+    CU_ASSERT_EQUAL(safetensors_write_atomic(w, p, why, sizeof why), KILN_OK);
+    safetensors_writer_free(w);
     unsigned char *b = read_bytes(p, n);
     *hlen = 0;
     for (int i = 7; i >= 0; i--) *hlen = *hlen << 8 | b[i];
@@ -658,10 +658,10 @@ static void test_truncated(void) {
     }
     /* the whole file is fine */
     CU_ASSERT_EQUAL_FATAL(write_bytes(p, b, n), 0);
-    kst_file *f = NULL;
+    safetensors_file *f = NULL;
     char why[1024];
-    CU_ASSERT_EQUAL(kst_open(p, &f, why, sizeof why), KILN_OK);
-    kst_close(f);
+    CU_ASSERT_EQUAL(safetensors_open(p, &f, why, sizeof why), KILN_OK);
+    safetensors_close(f);
     /* one byte too many */
     unsigned char *b2 = malloc(n + 1);
     memcpy(b2, b, n);
@@ -732,27 +732,27 @@ static void test_invalid_json(void) {
 
 static void test_bad_entries(void) {
     static const unsigned char d[16] = {0};
-#define T(dt, shape, offs) "{\"dtype\":\"" dt "\",\"shape\":" shape ",\"data_offsets\":" offs "}"
+#define TENSOR_JSON(dt, shape, offs) "{\"dtype\":\"" dt "\",\"shape\":" shape ",\"data_offsets\":" offs "}"
     struct {
         const char *h;
         size_t dlen;
         const char *fragment;
     } bad[] = {
-        {"{\"a\":" T("F7", "[1]", "[0,4]") "}", 4,
+        {"{\"a\":" TENSOR_JSON("F7", "[1]", "[0,4]") "}", 4,
          "tensor 'a' has unknown dtype 'F7' (expected one of BOOL, U8"},
-        {"{\"a\":" T("F4", "[2]", "[0,1]") "}", 1, "unknown dtype 'F4'"},
-        {"{\"a\":" T("F32", "[2]", "[0,4]") "}", 4,
+        {"{\"a\":" TENSOR_JSON("F4", "[2]", "[0,1]") "}", 1, "unknown dtype 'F4'"},
+        {"{\"a\":" TENSOR_JSON("F32", "[2]", "[0,4]") "}", 4,
          "tensor 'a' data_offsets [0, 4] hold 4 bytes, but shape [2] of F32 needs 8"},
-        {"{\"a\":" T("F32", "[]", "[0,0]") "}", 0, "hold 0 bytes, but shape [] of F32 needs 4"},
-        {"{\"a\":" T("F32", "[2]", "[0,8]") ",\"b\":" T("F32", "[2]", "[4,12]") "}", 12,
+        {"{\"a\":" TENSOR_JSON("F32", "[]", "[0,0]") "}", 0, "hold 0 bytes, but shape [] of F32 needs 4"},
+        {"{\"a\":" TENSOR_JSON("F32", "[2]", "[0,8]") ",\"b\":" TENSOR_JSON("F32", "[2]", "[4,12]") "}", 12,
          "tensor 'b' data_offsets [4, 12] overlap tensor 'a' data_offsets [0, 8]"},
-        {"{\"a\":" T("F32", "[2]", "[0,8]") ",\"e\":" T("F32", "[0]", "[4,4]") "}", 8, "overlap"},
-        {"{\"a\":" T("F32", "[1]", "[0,4]") ",\"b\":" T("F32", "[1]", "[8,12]") "}", 12,
+        {"{\"a\":" TENSOR_JSON("F32", "[2]", "[0,8]") ",\"e\":" TENSOR_JSON("F32", "[0]", "[4,4]") "}", 8, "overlap"},
+        {"{\"a\":" TENSOR_JSON("F32", "[1]", "[0,4]") ",\"b\":" TENSOR_JSON("F32", "[1]", "[8,12]") "}", 12,
          "gap in the data: no tensor covers bytes [4, 8) before tensor 'b'"},
-        {"{\"b\":" T("F32", "[1]", "[4,8]") "}", 8, "gap in the data: no tensor covers bytes [0, 4)"},
-        {"{\"a\":" T("F32", "[1]", "[0,4]") "}", 8, "4 trailing bytes after the last tensor"},
+        {"{\"b\":" TENSOR_JSON("F32", "[1]", "[4,8]") "}", 8, "gap in the data: no tensor covers bytes [0, 4)"},
+        {"{\"a\":" TENSOR_JSON("F32", "[1]", "[0,4]") "}", 8, "4 trailing bytes after the last tensor"},
         {"{}", 3, "3 trailing bytes after the header, but the header lists no tensor"},
-        {"{\"a\":" T("F32", "[1]", "[0,4]") ",\"a\":" T("F32", "[1]", "[4,8]") "}", 8,
+        {"{\"a\":" TENSOR_JSON("F32", "[1]", "[0,4]") ",\"a\":" TENSOR_JSON("F32", "[1]", "[4,8]") "}", 8,
          "duplicate tensor name 'a'"},
         {"{\"__metadata__\":{\"epoch\":3}}", 0, "__metadata__ value for key 'epoch' is a number, expected a string"},
         {"{\"__metadata__\":{\"ok\":\"x\",\"n\":null}}", 0, "value for key 'n' is null"},
@@ -762,22 +762,22 @@ static void test_bad_entries(void) {
         {"{\"__metadata__\":{\"k\":\"1\",\"k\":\"2\"}}", 0, "duplicate __metadata__ key 'k'"},
         {"{\"__metadata__\":{},\"__metadata__\":{}}", 0, "duplicate __metadata__ object"},
         {"{\"__metadata__\":[]}", 0, "__metadata__ is an array, expected an object of strings"},
-        {"{\"a\":" T("F32", "[-1]", "[0,0]") "}", 0, "tensor 'a' shape[0] is negative"},
-        {"{\"a\":" T("F32", "[1,2.0]", "[0,8]") "}", 8, "tensor 'a' shape[1] is not an integer"},
-        {"{\"a\":" T("F32", "[1e0]", "[0,4]") "}", 4, "shape[0] is not an integer"},
-        {"{\"a\":" T("F32", "[\"2\"]", "[0,8]") "}", 8, "tensor 'a' shape[0] is a string"},
-        {"{\"a\":" T("F32", "[9223372036854775808]", "[0,0]") "}", 0, "shape[0] is too large"},
-        {"{\"a\":" T("F32", "[99999999999999999999999]", "[0,0]") "}", 0, "shape[0] is too large"},
-        {"{\"a\":" T("F32", "[4294967296,4294967296,16]", "[0,0]") "}", 0, "overflows"},
-        {"{\"a\":" T("U8", "[1,1,1,1,1,1,1,1,1]", "[0,1]") "}", 1, "shape has more than 8 elements"},
-        {"{\"a\":" T("F32", "[1]", "[8,4]") "}", 8, "tensor 'a' data_offsets [8, 4] end before they begin"},
-        {"{\"a\":" T("F32", "[1]", "[0,4,8]") "}", 8, "data_offsets has more than 2 elements"},
-        {"{\"a\":" T("F32", "[1]", "[4]") "}", 8, "data_offsets has 1 elements, expected 2"},
-        {"{\"a\":" T("F32", "[1]", "[0,-4]") "}", 8, "data_offsets[1] is negative"},
-        {"{\"a\":" T("F32", "[1]", "[0,18446744073709551616]") "}", 8, "data_offsets[1] is too large"},
+        {"{\"a\":" TENSOR_JSON("F32", "[-1]", "[0,0]") "}", 0, "tensor 'a' shape[0] is negative"},
+        {"{\"a\":" TENSOR_JSON("F32", "[1,2.0]", "[0,8]") "}", 8, "tensor 'a' shape[1] is not an integer"},
+        {"{\"a\":" TENSOR_JSON("F32", "[1e0]", "[0,4]") "}", 4, "shape[0] is not an integer"},
+        {"{\"a\":" TENSOR_JSON("F32", "[\"2\"]", "[0,8]") "}", 8, "tensor 'a' shape[0] is a string"},
+        {"{\"a\":" TENSOR_JSON("F32", "[9223372036854775808]", "[0,0]") "}", 0, "shape[0] is too large"},
+        {"{\"a\":" TENSOR_JSON("F32", "[99999999999999999999999]", "[0,0]") "}", 0, "shape[0] is too large"},
+        {"{\"a\":" TENSOR_JSON("F32", "[4294967296,4294967296,16]", "[0,0]") "}", 0, "overflows"},
+        {"{\"a\":" TENSOR_JSON("U8", "[1,1,1,1,1,1,1,1,1]", "[0,1]") "}", 1, "shape has more than 8 elements"},
+        {"{\"a\":" TENSOR_JSON("F32", "[1]", "[8,4]") "}", 8, "tensor 'a' data_offsets [8, 4] end before they begin"},
+        {"{\"a\":" TENSOR_JSON("F32", "[1]", "[0,4,8]") "}", 8, "data_offsets has more than 2 elements"},
+        {"{\"a\":" TENSOR_JSON("F32", "[1]", "[4]") "}", 8, "data_offsets has 1 elements, expected 2"},
+        {"{\"a\":" TENSOR_JSON("F32", "[1]", "[0,-4]") "}", 8, "data_offsets[1] is negative"},
+        {"{\"a\":" TENSOR_JSON("F32", "[1]", "[0,18446744073709551616]") "}", 8, "data_offsets[1] is too large"},
         /* past 2^63 - 1, the reader's 64-bit integers: no file is that large */
-        {"{\"a\":" T("F32", "[1]", "[0,18446744073709551615]") "}", 8, "tensor 'a' data_offsets[1] is too large"},
-        {"{\"a\":" T("F32", "[1]", "{}") "}", 4, "tensor 'a' data_offsets is an object, expected an array"},
+        {"{\"a\":" TENSOR_JSON("F32", "[1]", "[0,18446744073709551615]") "}", 8, "tensor 'a' data_offsets[1] is too large"},
+        {"{\"a\":" TENSOR_JSON("F32", "[1]", "{}") "}", 4, "tensor 'a' data_offsets is an object, expected an array"},
         {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1]}}", 4, "tensor 'a' has no data_offsets"},
         {"{\"a\":{\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "tensor 'a' has no dtype"},
         {"{\"a\":{\"dtype\":\"F32\",\"data_offsets\":[0,4]}}", 4, "tensor 'a' has no shape"},
@@ -800,7 +800,7 @@ static void test_accepts(void) {
     char why[1024];
     static const unsigned char d[8] = {1, 2, 3, 4, 5, 6, 7, 8};
     const char *p = pth("ok.safetensors");
-    kst_file *f = NULL;
+    safetensors_file *f = NULL;
     /* JSON whitespace everywhere, unpadded header, keys in any order, two
      * empty tensors at one offset, escapes \/ and a surrogate pair, an empty
      * tensor name, \u escapes for ASCII, trailing newline before the data */
@@ -811,30 +811,30 @@ static void test_accepts(void) {
               "\"e2\":{\"dtype\":\"F64\",\"shape\":[3,0],\"data_offsets\":[4,4]},"
               "\"\":{\"dtype\":\"I32\",\"shape\":[],\"data_offsets\":[0,4]}}\n",
               d, sizeof d);
-    int rc = kst_open(p, &f, why, sizeof why);
+    int rc = safetensors_open(p, &f, why, sizeof why);
     if (rc) fprintf(stderr, "\n  %s\n", why);
     CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
-    CU_ASSERT_EQUAL(kst_count(f), 4);
-    CU_ASSERT_STRING_EQUAL(kst_metadata(f, "a/b"), "\xf0\x9f\x99\x82\xc3\xa9"
+    CU_ASSERT_EQUAL(safetensors_count(f), 4);
+    CU_ASSERT_STRING_EQUAL(safetensors_metadata(f, "a/b"), "\xf0\x9f\x99\x82\xc3\xa9"
                                                    "A");
-    const kst_tensor *t = kst_find(f, "z");
+    const safetensors_tensor *t = safetensors_find(f, "z");
     CU_ASSERT_PTR_NOT_NULL_FATAL(t);
     CU_ASSERT_EQUAL(t->nbytes, 4);
     CU_ASSERT_EQUAL(((const unsigned char *)t->data)[0], 5);
-    t = kst_find(f, "");
+    t = safetensors_find(f, "");
     CU_ASSERT_PTR_NOT_NULL_FATAL(t);
     CU_ASSERT_EQUAL(t->ndim, 0);
     CU_ASSERT_EQUAL(memcmp(t->data, d, 4), 0);
-    CU_ASSERT_EQUAL(kst_find(f, "e2")->nbytes, 0);
-    CU_ASSERT_EQUAL(kst_find(f, "e2")->shape[1], 0);
-    kst_close(f);
+    CU_ASSERT_EQUAL(safetensors_find(f, "e2")->nbytes, 0);
+    CU_ASSERT_EQUAL(safetensors_find(f, "e2")->shape[1], 0);
+    safetensors_close(f);
     /* every byte-sized dtype is known */
     const char *dts[] = {"BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0", "I16", "U16",
                          "F16",  "BF16", "I32", "U32", "F32", "I64", "U64", "F64"};
     const size_t sz[] = {1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 4, 4, 4, 8, 8, 8};
-    for (int i = 0; i < 16; i++) CU_ASSERT_EQUAL(kst_dtype_size(dts[i]), sz[i]);
-    CU_ASSERT_EQUAL(kst_dtype_size("f32"), 0);
-    CU_ASSERT_EQUAL(kst_dtype_size(NULL), 0);
+    for (int i = 0; i < 16; i++) CU_ASSERT_EQUAL(safetensors_dtype_size(dts[i]), sz[i]);
+    CU_ASSERT_EQUAL(safetensors_dtype_size("f32"), 0);
+    CU_ASSERT_EQUAL(safetensors_dtype_size(NULL), 0);
 }
 
 /* ---------------------------------------------------------------------------
@@ -895,56 +895,56 @@ static void test_python_written(void) {
     CU_ASSERT_EQUAL_FATAL(rc, 0);
 
     char why[1024];
-    kst_file *f = NULL;
-    rc = kst_open(p, &f, why, sizeof why);
+    safetensors_file *f = NULL;
+    rc = safetensors_open(p, &f, why, sizeof why);
     if (rc) fprintf(stderr, "\n  %s\n", why);
     CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
-    CU_ASSERT_EQUAL(kst_count(f), 8);
-    CU_ASSERT_STRING_EQUAL(kst_get(f, 0)->name, "embed.weight");
-    CU_ASSERT_STRING_EQUAL(kst_metadata(f, "format"), "pt");
-    CU_ASSERT_STRING_EQUAL(kst_metadata(f, "note"), "quote \" backslash \\ newline \n tab \t");
-    CU_ASSERT_STRING_EQUAL(kst_metadata(f, "utf"), "caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac \xf0\x9f\x99\x82");
+    CU_ASSERT_EQUAL(safetensors_count(f), 8);
+    CU_ASSERT_STRING_EQUAL(safetensors_get(f, 0)->name, "embed.weight");
+    CU_ASSERT_STRING_EQUAL(safetensors_metadata(f, "format"), "pt");
+    CU_ASSERT_STRING_EQUAL(safetensors_metadata(f, "note"), "quote \" backslash \\ newline \n tab \t");
+    CU_ASSERT_STRING_EQUAL(safetensors_metadata(f, "utf"), "caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac \xf0\x9f\x99\x82");
 
-    const kst_tensor *t = kst_find(f, "embed.weight");
+    const safetensors_tensor *t = safetensors_find(f, "embed.weight");
     CU_ASSERT_PTR_NOT_NULL_FATAL(t);
     CU_ASSERT_STRING_EQUAL(t->dtype, "F32");
     CU_ASSERT(t->ndim == 2 && t->shape[0] == 2 && t->shape[1] == 3 && t->nbytes == 24);
     const float ef[6] = {1.0f, -2.5f, 3.0f, 0.125f, -0.0f, 1e-3f};
     CU_ASSERT_EQUAL(memcmp(t->data, ef, sizeof ef), 0);
 
-    t = kst_find(f, "count");
+    t = safetensors_find(f, "count");
     CU_ASSERT_PTR_NOT_NULL_FATAL(t);
     int64_t c;
     memcpy(&c, t->data, sizeof c);
     CU_ASSERT(t->ndim == 0 && t->nbytes == 8 && c == -42 && !strcmp(t->dtype, "I64"));
 
-    t = kst_find(f, "mask");
+    t = safetensors_find(f, "mask");
     CU_ASSERT_PTR_NOT_NULL_FATAL(t);
     CU_ASSERT(t->nbytes == 4 && memcmp(t->data, "\x01\x00\xff\x07", 4) == 0);
 
-    t = kst_find(f, "bf");
+    t = safetensors_find(f, "bf");
     CU_ASSERT_PTR_NOT_NULL_FATAL(t);
     const uint16_t ebf[2] = {0x3fc0, 0xc000};
     CU_ASSERT(!strcmp(t->dtype, "BF16") && t->nbytes == 4 && memcmp(t->data, ebf, 4) == 0);
 
-    t = kst_find(f, "empty");
+    t = safetensors_find(f, "empty");
     CU_ASSERT_PTR_NOT_NULL_FATAL(t);
     CU_ASSERT(t->ndim == 2 && t->shape[0] == 0 && t->shape[1] == 3 && t->nbytes == 0);
 
-    t = kst_find(f, "i32");
+    t = safetensors_find(f, "i32");
     CU_ASSERT_PTR_NOT_NULL_FATAL(t);
     const int32_t ei[3] = {1, -2, 2147483647};
     CU_ASSERT(t->shape[0] == 3 && t->shape[1] == 1 && memcmp(t->data, ei, sizeof ei) == 0);
 
-    t = kst_find(f, "d");
+    t = safetensors_find(f, "d");
     CU_ASSERT_PTR_NOT_NULL_FATAL(t);
     const double ed[2] = {3.141592653589793, -1e300};
     CU_ASSERT(t->nbytes == 16 && memcmp(t->data, ed, sizeof ed) == 0);
 
-    t = kst_find(f, "smile\xf0\x9f\x99\x82");
+    t = safetensors_find(f, "smile\xf0\x9f\x99\x82");
     CU_ASSERT_PTR_NOT_NULL_FATAL(t);
     CU_ASSERT_EQUAL(((const unsigned char *)t->data)[0], 42);
-    kst_close(f);
+    safetensors_close(f);
 }
 
 /* The reader checks the layout rules itself and the values with
@@ -1006,19 +1006,19 @@ static void test_python_reads(void) {
     const int32_t i2[2] = {-1, 2147483647};
     const int64_t s23[2] = {2, 3}, s3 = 3, s02[2] = {0, 2}, s31[2] = {3, 1}, s2 = 2;
     char why[1024];
-    kst_writer *w = kst_writer_new();
-    CU_ASSERT_EQUAL(kst_add_tensor(w, "w", "F32", s23, 2, w6, sizeof w6, why, sizeof why), KILN_OK);
-    CU_ASSERT_EQUAL(kst_add_tensor(w, "step", "I64", NULL, 0, &step, sizeof step, why, sizeof why), KILN_OK);
-    CU_ASSERT_EQUAL(kst_add_tensor(w, "h", "F16", &s3, 1, h, sizeof h, why, sizeof why), KILN_OK);
-    CU_ASSERT_EQUAL(kst_add_tensor(w, "empty", "F64", s02, 2, NULL, 0, why, sizeof why), KILN_OK);
-    CU_ASSERT_EQUAL(kst_add_tensor(w, "u8", "U8", s31, 2, u8, sizeof u8, why, sizeof why), KILN_OK);
-    CU_ASSERT_EQUAL(kst_add_tensor(w, "caf\xc3\xa9", "I32", &s2, 1, i2, sizeof i2, why, sizeof why), KILN_OK);
-    CU_ASSERT_EQUAL(kst_add_metadata(w, "note", "a\"b\\c\nd", why, sizeof why), KILN_OK);
-    CU_ASSERT_EQUAL(kst_add_metadata(w, "utf", "\xc3\xa9\xf0\x9f\x99\x82", why, sizeof why), KILN_OK);
-    CU_ASSERT_EQUAL(kst_add_metadata(w, "epoch", "12", why, sizeof why), KILN_OK);
+    safetensors_writer *w = safetensors_writer_new();
+    CU_ASSERT_EQUAL(safetensors_add_tensor(w, "w", "F32", s23, 2, w6, sizeof w6, why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(safetensors_add_tensor(w, "step", "I64", NULL, 0, &step, sizeof step, why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(safetensors_add_tensor(w, "h", "F16", &s3, 1, h, sizeof h, why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(safetensors_add_tensor(w, "empty", "F64", s02, 2, NULL, 0, why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(safetensors_add_tensor(w, "u8", "U8", s31, 2, u8, sizeof u8, why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(safetensors_add_tensor(w, "caf\xc3\xa9", "I32", &s2, 1, i2, sizeof i2, why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(safetensors_add_metadata(w, "note", "a\"b\\c\nd", why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(safetensors_add_metadata(w, "utf", "\xc3\xa9\xf0\x9f\x99\x82", why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(safetensors_add_metadata(w, "epoch", "12", why, sizeof why), KILN_OK);
     const char *p = pth("for-python.safetensors"), *script = pth("pyread.py");
-    CU_ASSERT_EQUAL_FATAL(kst_write_atomic(w, p, why, sizeof why), KILN_OK);
-    kst_writer_free(w);
+    CU_ASSERT_EQUAL_FATAL(safetensors_write_atomic(w, p, why, sizeof why), KILN_OK);
+    safetensors_writer_free(w);
     CU_ASSERT_EQUAL_FATAL(tu_write(script, py_reader), 0);
     char cmd[9000], out[8192];
     snprintf(cmd, sizeof cmd, "%s '%s' '%s'", py, script, p);
@@ -1036,20 +1036,20 @@ static void test_checksum_bitflip(void) {
     unsigned char blob[5] = {1, 2, 3, 4, 5};
     const int64_t s4 = 4, s5 = 5;
     char why[1024];
-    kst_writer *w = kst_writer_new();
-    CU_ASSERT_EQUAL(kst_add_tensor(w, "layers.0.weight", "F32", &s4, 1, wv, sizeof wv, why, sizeof why), KILN_OK);
-    CU_ASSERT_EQUAL(kst_add_tensor(w, "__state__.optimizer", "U8", &s5, 1, blob, sizeof blob, why, sizeof why),
+    safetensors_writer *w = safetensors_writer_new();
+    CU_ASSERT_EQUAL(safetensors_add_tensor(w, "layers.0.weight", "F32", &s4, 1, wv, sizeof wv, why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(safetensors_add_tensor(w, "__state__.optimizer", "U8", &s5, 1, blob, sizeof blob, why, sizeof why),
                     KILN_OK);
-    CU_ASSERT_EQUAL(kst_add_metadata(w, "format", "x", why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(safetensors_add_metadata(w, "format", "x", why, sizeof why), KILN_OK);
     const char *p = pth("ck.safetensors");
-    CU_ASSERT_EQUAL_FATAL(kst_write_atomic(w, p, why, sizeof why), KILN_OK);
-    kst_writer_free(w);
-    kst_file *f = NULL;
-    CU_ASSERT_EQUAL_FATAL(kst_open(p, &f, why, sizeof why), KILN_OK);
-    CU_ASSERT_EQUAL(kst_checksum_count(f), 2);
-    CU_ASSERT_EQUAL(kst_metadata_count(f), 1); /* the checksums are not metadata to the caller */
-    CU_ASSERT_PTR_NULL(kst_metadata(f, "kiln.xxh3.layers.0.weight"));
-    kst_close(f);
+    CU_ASSERT_EQUAL_FATAL(safetensors_write_atomic(w, p, why, sizeof why), KILN_OK);
+    safetensors_writer_free(w);
+    safetensors_file *f = NULL;
+    CU_ASSERT_EQUAL_FATAL(safetensors_open(p, &f, why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(safetensors_checksum_count(f), 2);
+    CU_ASSERT_EQUAL(safetensors_metadata_count(f), 1); /* the checksums are not metadata to the caller */
+    CU_ASSERT_PTR_NULL(safetensors_metadata(f, "kiln.xxh3.layers.0.weight"));
+    safetensors_close(f);
     size_t n;
     unsigned char *b = read_bytes(p, &n);
     CU_ASSERT_PTR_NOT_NULL_FATAL(b);
@@ -1062,7 +1062,7 @@ static void test_checksum_bitflip(void) {
         b[flips[i].at] ^= 0x10;
         f = NULL;
         why[0] = 0;
-        CU_ASSERT_EQUAL(kst_open(q, &f, why, sizeof why), KILN_E_DATA);
+        CU_ASSERT_EQUAL(safetensors_open(q, &f, why, sizeof why), KILN_E_DATA);
         CU_ASSERT_PTR_NULL(f);
         char want[256];
         snprintf(want, sizeof want, "%s: tensor '%s': checksum mismatch (stored ", q, flips[i].tensor);
@@ -1080,23 +1080,23 @@ static void test_checksum_absent_or_damaged(void) {
     char why[1024];
     const float a[2] = {1.0f, -2.0f};
     const int64_t two = 2;
-    kst_writer *w = kst_writer_new();
-    kst_writer_checksums(w, 0);
-    CU_ASSERT_EQUAL(kst_add_tensor(w, "a", "F32", &two, 1, a, sizeof a, why, sizeof why), KILN_OK);
+    safetensors_writer *w = safetensors_writer_new();
+    safetensors_writer_checksums(w, 0);
+    CU_ASSERT_EQUAL(safetensors_add_tensor(w, "a", "F32", &two, 1, a, sizeof a, why, sizeof why), KILN_OK);
     const char *p = pth("nock.safetensors");
-    CU_ASSERT_EQUAL_FATAL(kst_write_atomic(w, p, why, sizeof why), KILN_OK);
-    kst_writer_free(w);
-    kst_file *f = NULL;
-    CU_ASSERT_EQUAL_FATAL(kst_open(p, &f, why, sizeof why), KILN_OK);
-    CU_ASSERT_EQUAL(kst_checksum_count(f), 0);
-    CU_ASSERT_EQUAL(kst_count(f), 1);
-    kst_close(f);
+    CU_ASSERT_EQUAL_FATAL(safetensors_write_atomic(w, p, why, sizeof why), KILN_OK);
+    safetensors_writer_free(w);
+    safetensors_file *f = NULL;
+    CU_ASSERT_EQUAL_FATAL(safetensors_open(p, &f, why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(safetensors_checksum_count(f), 0);
+    CU_ASSERT_EQUAL(safetensors_count(f), 1);
+    safetensors_close(f);
 
     /* the reserved prefix is not the caller's to write */
-    w = kst_writer_new();
-    CU_ASSERT_EQUAL(kst_add_metadata(w, "kiln.xxh3.a", "0000000000000000", why, sizeof why), KILN_E_INVALID_ARG);
+    w = safetensors_writer_new();
+    CU_ASSERT_EQUAL(safetensors_add_metadata(w, "kiln.xxh3.a", "0000000000000000", why, sizeof why), KILN_E_INVALID_ARG);
     CU_ASSERT_PTR_NOT_NULL(strstr(why, "reserved"));
-    kst_writer_free(w);
+    safetensors_writer_free(w);
 
     static const struct { const char *hdr; const char *err; } bad[] = {
         {"{\"__metadata__\":{\"kiln.xxh3.a\":\"28a0ba9c345d372\"},"
@@ -1124,17 +1124,17 @@ static void test_checksum_absent_or_damaged(void) {
         CU_ASSERT_EQUAL_FATAL(write_bytes(q, buf, tot), 0);
         f = NULL;
         why[0] = 0;
-        int rc = kst_open(q, &f, why, sizeof why);
+        int rc = safetensors_open(q, &f, why, sizeof why);
         if (!bad[i].err) {
             CU_ASSERT_EQUAL(rc, KILN_OK);
-            CU_ASSERT_EQUAL(kst_checksum_count(f), 1);
+            CU_ASSERT_EQUAL(safetensors_checksum_count(f), 1);
         } else {
             CU_ASSERT_EQUAL(rc, KILN_E_DATA);
             CU_ASSERT_PTR_NOT_NULL(strstr(why, bad[i].err));
             CU_ASSERT_PTR_NOT_NULL(strstr(why, q));
             if (!strstr(why, bad[i].err)) fprintf(stderr, "\n  case %zu got: %s\n", i, why);
         }
-        kst_close(f);
+        safetensors_close(f);
     }
 }
 

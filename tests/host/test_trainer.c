@@ -514,24 +514,24 @@ static void test_resume_bit_identical(void) {
  * or left out when `value` is NULL (every tensor and other entry as it was). */
 static int rewrite_meta(const char *src, const char *dst, const char *key, const char *value) {
     char why[512];
-    kst_file *f = NULL;
-    if (kst_open(src, &f, why, sizeof why)) return -1;
-    kst_writer *w = kst_writer_new();
+    safetensors_file *f = NULL;
+    if (safetensors_open(src, &f, why, sizeof why)) return -1;
+    safetensors_writer *w = safetensors_writer_new();
     int rc = w ? 0 : -1;
-    for (int i = 0; rc == 0 && i < kst_count(f); i++) {
-        const kst_tensor *x = kst_get(f, i);
-        rc = kst_add_tensor(w, x->name, x->dtype, x->shape, x->ndim, x->data, x->nbytes, why, sizeof why);
+    for (int i = 0; rc == 0 && i < safetensors_count(f); i++) {
+        const safetensors_tensor *x = safetensors_get(f, i);
+        rc = safetensors_add_tensor(w, x->name, x->dtype, x->shape, x->ndim, x->data, x->nbytes, why, sizeof why);
     }
-    for (int i = 0; rc == 0 && i < kst_metadata_count(f); i++) {
+    for (int i = 0; rc == 0 && i < safetensors_metadata_count(f); i++) {
         const char *k, *v;
-        kst_metadata_get(f, i, &k, &v);
-        if (strcmp(k, key) != 0) rc = kst_add_metadata(w, k, v, why, sizeof why);
-        else if (value) rc = kst_add_metadata(w, k, value, why, sizeof why);
+        safetensors_metadata_get(f, i, &k, &v);
+        if (strcmp(k, key) != 0) rc = safetensors_add_metadata(w, k, v, why, sizeof why);
+        else if (value) rc = safetensors_add_metadata(w, k, value, why, sizeof why);
     }
-    if (rc == 0) rc = kst_write_atomic(w, dst, why, sizeof why);
+    if (rc == 0) rc = safetensors_write_atomic(w, dst, why, sizeof why);
     if (rc) fprintf(stderr, "\nrewrite_meta: %s\n", why);
-    kst_writer_free(w);
-    kst_close(f);
+    safetensors_writer_free(w);
+    safetensors_close(f);
     return rc;
 }
 
@@ -564,10 +564,10 @@ static int json_int_spans(const char *t, size_t (*span)[2], int max) {
 static void progress_with(const char *ck, int idx, const char *value, char *out, size_t n) {
     char why[512], text[2048];
     size_t span[36][2];
-    kst_file *f = NULL;
-    CU_ASSERT_EQUAL_FATAL(kst_open(ck, &f, why, sizeof why), 0);
-    snprintf(text, sizeof text, "%s", kst_metadata(f, "progress"));
-    kst_close(f);
+    safetensors_file *f = NULL;
+    CU_ASSERT_EQUAL_FATAL(safetensors_open(ck, &f, why, sizeof why), 0);
+    snprintf(text, sizeof text, "%s", safetensors_metadata(f, "progress"));
+    safetensors_close(f);
     CU_ASSERT_EQUAL_FATAL(json_int_spans(text, span, 36), 36);
     snprintf(out, n, "%.*s%s%s", (int)span[idx][0], text, value, text + span[idx][0] + span[idx][1]);
 }
@@ -684,11 +684,11 @@ static void test_resume_refuses_bad_counters(void) {
         CU_ASSERT_EQUAL(nl, 1); /* one line */
     }
     /* the file rewritten unchanged still resumes, to the same counters */
-    kst_file *f = NULL;
-    CU_ASSERT_EQUAL_FATAL(kst_open(ck, &f, val, sizeof val), 0);
+    safetensors_file *f = NULL;
+    CU_ASSERT_EQUAL_FATAL(safetensors_open(ck, &f, val, sizeof val), 0);
     char progress[2048];
-    snprintf(progress, sizeof progress, "%s", kst_metadata(f, "progress"));
-    kst_close(f);
+    snprintf(progress, sizeof progress, "%s", safetensors_metadata(f, "progress"));
+    safetensors_close(f);
     CU_ASSERT_EQUAL_FATAL(rewrite_meta(ck, bad, "progress", progress), 0);
     snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s\"' --set trainer.max_epochs=3 "
              "--ckpt %s", tu_kiln(), cfg, root, bad);
@@ -727,15 +727,15 @@ static void test_frozen_abi_1_1_callback(void) {
 static int progress_fields(const char *ck, long long *v, int n) {
     char why[512];
     size_t span[36][2];
-    kst_file *f = NULL;
-    if (kst_open(ck, &f, why, sizeof why)) return -1;
-    const char *p = kst_metadata(f, "progress");
+    safetensors_file *f = NULL;
+    if (safetensors_open(ck, &f, why, sizeof why)) return -1;
+    const char *p = safetensors_metadata(f, "progress");
     int k = 0;
     if (p && strstr(p, "\"format\":\"kiln-progress-2\"")) {
         k = json_int_spans(p, span, n < 36 ? n : 36);
         for (int i = 0; i < k; i++) v[i] = strtoll(p + span[i][0], NULL, 10);
     }
-    kst_close(f);
+    safetensors_close(f);
     return k;
 }
 
@@ -916,11 +916,11 @@ static void test_conf_resume_after_max_steps(void) {
     CU_ASSERT_EQUAL_FATAL(tu_run(cmd, out, sizeof out), 0);
     snprintf(ck, sizeof ck, "%s/part/version_0/checkpoints/last.safetensors", root);
     char why[512];
-    kst_file *f = NULL;
-    CU_ASSERT_EQUAL_FATAL(kst_open(ck, &f, why, sizeof why), 0);
-    CU_ASSERT_STRING_EQUAL(kst_metadata(f, "epoch"), "0"); /* loaded_ckpt "epoch": 0 */
-    CU_ASSERT_STRING_EQUAL(kst_metadata(f, "global_step"), "1");
-    kst_close(f);
+    safetensors_file *f = NULL;
+    CU_ASSERT_EQUAL_FATAL(safetensors_open(ck, &f, why, sizeof why), 0);
+    CU_ASSERT_STRING_EQUAL(safetensors_metadata(f, "epoch"), "0"); /* loaded_ckpt "epoch": 0 */
+    CU_ASSERT_STRING_EQUAL(safetensors_metadata(f, "global_step"), "1");
+    safetensors_close(f);
     snprintf(cmd, sizeof cmd, "%s fit %s --set 'trainer.default_root_dir=\"%s/part\"' --ckpt last --set trainer.max_steps=3 %s",
              tu_kiln(), cfg, root, d2);
     int rc = tu_run(cmd, out, sizeof out);

@@ -9,7 +9,7 @@
 #  - `fit` of a run that uses none of them succeeds, and loads into the
 #    process only the plugins it uses (KILN_PLUGIN_DEBUG trace);
 #  - `fit` of a run naming one fails non-zero with one error line naming the
-#    file (exit(0) in init included: it used to end `fit` with status 0);
+#    file (exit(0) in init included: it must not end `fit` with status 0);
 #  - `plugins check` fails on each (exit(0) included: the verdict is the
 #    child's report, not its exit status) within its time limit, and passes
 #    the good one;

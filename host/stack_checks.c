@@ -1,13 +1,13 @@
 /*
- * host/compat.c — property-based compatibility rules between the precision,
- * module and optimizer of a run (see compat.h). Each rule names both plugins
- * and their files, what one requires and what the other declares, so the
+ * host/stack_checks.c — property-based compatibility rules between the
+ * precision, module and optimizer of a run (see stack_checks.h). Each rule
+ * names both plugins and their files, what one requires and what the other declares, so the
  * fix (another plugin, or a property its author forgot) is in the message.
  */
 #include <stdio.h>
 #include <string.h>
 
-#include "compat.h"
+#include "stack_checks.h"
 #include "log.h"
 
 static int prop_bool(const hl_plugin *p, const char *key, int dflt) {
@@ -15,7 +15,7 @@ static int prop_bool(const hl_plugin *p, const char *key, int dflt) {
     return v && v->type == KILN_TYPE_BOOL ? v->v.i != 0 : dflt;
 }
 
-int hx_param_dtype(const hl_plugin *precision, uint32_t *dtype, char *why, size_t whylen) {
+int stack_param_dtype(const hl_plugin *precision, uint32_t *dtype, char *why, size_t whylen) {
     *dtype = KILN_DTYPE_F32;
     const kiln_value *v = hl_prop(precision, "param_dtype");
     if (!v || v->type != KILN_TYPE_STRING) return KILN_OK;
@@ -53,11 +53,11 @@ static int check_dtype(const hl_plugin *precision, const hl_plugin *p, uint32_t 
     return KILN_E_CONFIG;
 }
 
-int hx_check_stack(const hl_plugin *precision, const hl_plugin *module, const hl_plugin *optimizer, char *why,
+int stack_check(const hl_plugin *precision, const hl_plugin *module, const hl_plugin *optimizer, char *why,
                    size_t whylen) {
     if (!precision) return KILN_OK;
     uint32_t dt;
-    int rc = hx_param_dtype(precision, &dt, why, whylen);
+    int rc = stack_param_dtype(precision, &dt, why, whylen);
     if (rc) return rc;
     if ((rc = check_dtype(precision, module, dt, why, whylen))) return rc;
     if ((rc = check_dtype(precision, optimizer, dt, why, whylen))) return rc;
@@ -77,14 +77,14 @@ int hx_check_stack(const hl_plugin *precision, const hl_plugin *module, const hl
     return KILN_OK;
 }
 
-int hx_is_manual(const hl_plugin *module) {
+int stack_is_manual(const hl_plugin *module) {
     return module && !prop_bool(module, "automatic_optimization", 1);
 }
 
-int hx_check_optimization(const hl_plugin *module, int nopts, int64_t accumulate, double clip, char *why,
+int stack_check_optimization(const hl_plugin *module, int nopts, int64_t accumulate, double clip, char *why,
                           size_t whylen) {
     if (!module) return KILN_OK;
-    if (nopts > 1 && !hx_is_manual(module)) {
+    if (nopts > 1 && !stack_is_manual(module)) {
         hwhyf(why, whylen,
               "%d optimizers configured, but module '%s' uses automatic optimization, which drives exactly one (as in "
               "Lightning); a module with several optimizers must optimise manually (its automatic_optimization "
@@ -92,7 +92,7 @@ int hx_check_optimization(const hl_plugin *module, int nopts, int64_t accumulate
               nopts, module->view.name, module->lib->path);
         return KILN_E_CONFIG;
     }
-    if (!hx_is_manual(module)) return KILN_OK;
+    if (!stack_is_manual(module)) return KILN_OK;
     if (clip > 0) {
         hwhyf(why, whylen,
               "trainer.gradient_clip_val = %g, but module '%s' optimises manually: automatic clipping is not "
