@@ -4,7 +4,9 @@
  * header once, which supplies main(). main() reads the failure counts *before*
  * CU_cleanup_registry() (which zeroes them) and exits non-zero on any failed
  * test or suite; CU_get_error() alone reports framework errors only, so a
- * runner returning it would let CI pass with failing tests.
+ * runner returning it would let CI pass with failing tests. A file that
+ * includes cunit_skip.h first exits 77 (skipped) when a case was skipped
+ * and none failed.
  */
 #ifndef KILN_TESTS_CUNIT_MAIN_H
 #define KILN_TESTS_CUNIT_MAIN_H
@@ -34,6 +36,9 @@ int main(void) {
     if (failed) return 1;
     if (err) return 2;
     if (ran == 0) { fprintf(stderr, "CUnit: no test ran\n"); return 3; }
+#ifdef KILN_TESTS_CUNIT_SKIP_H
+    if (cunit_skipped_cases) return 77;
+#endif
     return 0;
 }
 

@@ -11,7 +11,6 @@
 #define _XOPEN_SOURCE 700
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +22,8 @@
 
 #include <kiln/testing.h>
 
+#include "plugin_fixture.h"
+
 static kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
 
 /* ---------------------------------------------------------------------------
@@ -31,57 +32,25 @@ static kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here 
 static char g_dir[256];          /* the test's run_dir (mkdtemp)            */
 static kiln_trainer_state g_ts;  /* what every event's trainer points at    */
 
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    return remove(path);
-}
-
 static void fixture_begin(void) {
     kiln_test_reset(g_th);
-    snprintf(g_dir, sizeof g_dir, "/tmp/kiln-callbacks-XXXXXX");
-    CU_ASSERT_PTR_NOT_NULL_FATAL(mkdtemp(g_dir));
-    memset(&g_ts, 0, sizeof g_ts);
-    g_ts.struct_size = sizeof g_ts;
-    g_ts.stage = KILN_STAGE_FIT;
-    g_ts.run_dir = g_dir;
-    g_ts.world_size = 1;
-    g_ts.accumulate_grad_batches = 1;
+    fixture_tmpdir(g_dir, sizeof g_dir, "callbacks");
+    fixture_fit_state(&g_ts, g_dir);
     (*kiln_test_trainer(g_th)) = g_ts;
 }
 
-static void fixture_end(void) { nftw(g_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
+static void fixture_end(void) { fixture_rmtree(g_dir); }
 
 static const kiln_callback_ops *load(const char *name) {
-    const char *dir = getenv("KILN_PLUGIN_DIR");
-    CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
-    char path[1024];
-    snprintf(path, sizeof path, "%s/libkiln-%s.so", dir, name);
-    const kiln_plugin_desc *d = NULL;
-    kiln_test_load(g_th, path, KILN_KIND_CALLBACK, name, &d);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(d);
-    const kiln_callback_ops *ops = d->ops;
-    CU_ASSERT_FATAL(ops->base.struct_size >= sizeof(kiln_callback_ops) && ops->on_event != NULL);
-    return ops;
+    return fixture_callback_ops(fixture_load_callback_desc(g_th, name));
 }
 
 static kiln_instance *create(const kiln_callback_ops *ops, const kiln_kv *cfg, int32_t *rc) {
-    kiln_instance *inst = NULL;
-    *rc = ops->base.create(NULL, kiln_test_services(g_th), kiln_test_hctx(g_th), cfg, &inst);
-    if (*rc != KILN_OK) CU_ASSERT_PTR_NULL(inst);
-    return inst;
+    return fixture_create(&ops->base, kiln_test_services(g_th), g_th, cfg, rc);
 }
 
 static kiln_event ev_make(uint32_t id, int32_t stage, int64_t batch) {
-    kiln_event e;
-    memset(&e, 0, sizeof e);
-    e.struct_size = sizeof e;
-    e.id = id;
-    e.stage = stage;
-    e.batch_idx = batch;
-    e.trainer = &g_ts;
-    return e;
+    return fixture_event(id, stage, batch, &g_ts);
 }
 
 /* Send one event; every plugin answers KILN_OK to well-formed events. */
@@ -100,24 +69,8 @@ static void send_trace(const kiln_callback_ops *ops, kiln_instance *inst, int32_
     CU_ASSERT_EQUAL(ops->on_event(inst, &e), KILN_OK);
 }
 
-/* The whole file as a string (caller frees), NULL when it does not exist. */
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    size_t got = fread(s, 1, (size_t)n, f);
-    s[got] = '\0';
-    fclose(f);
-    return s;
-}
-
-static int file_exists(const char *path) { return access(path, F_OK) == 0; }
-
 static void assert_file_is(const char *path, const char *want) {
-    char *got = slurp(path);
+    char *got = fixture_slurp(path);
     CU_ASSERT_PTR_NOT_NULL_FATAL(got);
     CU_ASSERT_STRING_EQUAL(got, want);
     if (strcmp(got, want)) fprintf(stderr, "\n%s:\n--- got ---\n%s--- want ---\n%s", path, got, want);
@@ -222,7 +175,7 @@ static void test_hook_trace_no_trace_abs_path_and_rank(void) {
     snprintf(rel_path, sizeof rel_path, "%s/hooks.rank1.txt", g_dir);
     assert_file_is(rel_path, "callback on_fit_start\n");
     snprintf(rel_path, sizeof rel_path, "%s/hooks.txt", g_dir);
-    CU_ASSERT_FALSE(file_exists(rel_path));
+    CU_ASSERT_FALSE(fixture_file_exists(rel_path));
     ops->base.destroy(inst);
     fixture_end();
 }
@@ -274,13 +227,13 @@ static void csv_expect(const char *path, const char *want) {
     assert_file_is(path, want);
     char tmp[600];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    CU_ASSERT_FALSE(file_exists(tmp));
+    CU_ASSERT_FALSE(fixture_file_exists(tmp));
 }
 
 /* Cell `col` of data row `row` (0-based, header excluded) parsed with
  * strtod; NAN for an empty cell. */
 static double csv_cell(const char *path, int row, int col) {
-    char *s = slurp(path);
+    char *s = fixture_slurp(path);
     if (!s) return NAN;
     char *line = strchr(s, '\n');
     for (int r = 0; line && r < row; r++) line = strchr(line + 1, '\n');
@@ -310,7 +263,7 @@ static void test_csv_logger_columns_grow(void) {
     snprintf(path, sizeof path, "%s/metrics.csv", g_dir);
 
     send(ops, inst, KILN_EV_SETUP, KILN_STAGE_FIT, -1);
-    CU_ASSERT_FALSE(file_exists(path)); /* nothing logged yet */
+    CU_ASSERT_FALSE(fixture_file_exists(path)); /* nothing logged yet */
 
     const double third = 1.0 / 3.0;
     const kiln_kv m0[] = {{"train_loss", KILN_V_FLOAT(0.5)}, {NULL, KILN_V_NONE}};
@@ -398,7 +351,7 @@ static void test_csv_logger_rank_and_errors(void) {
     kiln_instance *inst = create(ops, csv_cfg, &rc);
     CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
     log_metrics(ops, inst, 0, m0);
-    CU_ASSERT_FALSE(file_exists(path));
+    CU_ASSERT_FALSE(fixture_file_exists(path));
     ops->base.destroy(inst);
     g_ts.rank = 0;
 
@@ -516,7 +469,7 @@ static void test_progress_plain(void) {
     capture_end();
     ops->base.destroy(inst);
 
-    char *s = slurp(out);
+    char *s = fixture_slurp(out);
     CU_ASSERT_PTR_NOT_NULL_FATAL(s);
     const char *want[] = {
         "sanity check 2/2",
@@ -549,7 +502,7 @@ static void test_progress_plain(void) {
     progress_fit(ops, inst);
     capture_end();
     ops->base.destroy(inst);
-    s = slurp(out);
+    s = fixture_slurp(out);
     CU_ASSERT_PTR_NOT_NULL_FATAL(s);
     CU_ASSERT_STRING_EQUAL(s, "");
     free(s);
@@ -570,7 +523,7 @@ static void test_progress_tty(void) {
     progress_fit(ops, inst);
     capture_end();
     ops->base.destroy(inst);
-    char *s = slurp(out);
+    char *s = fixture_slurp(out);
     CU_ASSERT_PTR_NOT_NULL_FATAL(s);
     /* Bars are redrawn in place with '\r'; every bar ends on its own line. */
     CU_ASSERT_PTR_NOT_NULL(strstr(s, "\rSanity check  1/2 [==========>         ] 50.0%"));
@@ -630,7 +583,7 @@ static void test_progress_bad_config(void) {
     progress_fit(ops, inst);
     capture_end();
     ops->base.destroy(inst);
-    char *s = slurp(out);
+    char *s = fixture_slurp(out);
     CU_ASSERT_PTR_NOT_NULL_FATAL(s);
     CU_ASSERT_STRING_EQUAL(s, "");
     free(s);

@@ -17,9 +17,8 @@
  * independently) and a resumed run continuing the bookkeeping, rank 1, and
  * every create-time refusal.
  */
-#define _XOPEN_SOURCE 700 /* nftw, mkdtemp */
+#define _XOPEN_SOURCE 700 /* POSIX: access, mkdir */
 #include <errno.h>
-#include <ftw.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +29,8 @@
 #include <CUnit/CUnit.h>
 
 #include <kiln/testing.h>
+
+#include "plugin_fixture.h"
 
 static kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
 
@@ -99,8 +100,6 @@ static void host_flush(void) {
     }
 }
 
-static int exists(const char *path) { return access(path, F_OK) == 0; }
-
 /* <run>/checkpoints/<name>.safetensors, in one of 8 rotating buffers */
 static const char *ckpt_path(const char *name) {
     static char buf[8][PATHLEN];
@@ -110,11 +109,6 @@ static const char *ckpt_path(const char *name) {
     return b;
 }
 
-static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb, (void)flag, (void)ftw;
-    return remove(p);
-}
-
 static void fixture_begin(void) {
     kiln_test_reset(g_th);
     g_svc = *kiln_test_services(g_th);
@@ -122,8 +116,7 @@ static void fixture_begin(void) {
     g_svc.log = rec_log;
     g_nreq = g_nwritten = g_nlog = 0;
     g_save_rc = KILN_OK;
-    snprintf(g_run, sizeof g_run, "/tmp/kiln-ckpt-XXXXXX");
-    CU_ASSERT_PTR_NOT_NULL_FATAL(mkdtemp(g_run));
+    fixture_tmpdir(g_run, sizeof g_run, "ckpt");
     snprintf(g_ck, sizeof g_ck, "%s/checkpoints", g_run);
     kiln_test_trainer(g_th)->run_dir = g_run;
     kiln_test_trainer(g_th)->stage = KILN_STAGE_FIT;
@@ -134,7 +127,7 @@ static void *g_blob; /* the last get_state blob (host memory)                  *
 static size_t g_blob_size;
 
 static void fixture_end(void) {
-    nftw(g_run, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    fixture_rmtree(g_run);
     free(g_blob);
     g_blob = NULL;
 }
@@ -142,16 +135,7 @@ static void fixture_end(void) {
 /* ---------------------------------------------------------------------------
  * The plugin */
 
-static const kiln_plugin_desc *load_desc(void) {
-    const char *dir = getenv("KILN_PLUGIN_DIR");
-    CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
-    char path[1024];
-    snprintf(path, sizeof path, "%s/libkiln-checkpoint.so", dir);
-    const kiln_plugin_desc *d = NULL;
-    kiln_test_load(g_th, path, KILN_KIND_CALLBACK, "checkpoint", &d);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(d);
-    return d;
-}
+static const kiln_plugin_desc *load_desc(void) { return fixture_load_callback_desc(g_th, "checkpoint"); }
 
 static const kiln_callback_ops *g_ops;
 
@@ -194,11 +178,9 @@ static const kiln_kv *cfg_kv(const ck_cfg *c) {
 }
 
 static int32_t try_create(const ck_cfg *c, kiln_instance **inst) {
-    g_ops = load_desc()->ops;
-    CU_ASSERT_FATAL(g_ops->base.struct_size >= sizeof(kiln_callback_ops) && g_ops->on_event);
-    *inst = NULL;
-    int32_t rc = g_ops->base.create(NULL, &g_svc, kiln_test_hctx(g_th), cfg_kv(c), inst);
-    if (rc != KILN_OK) CU_ASSERT_PTR_NULL(*inst);
+    g_ops = fixture_callback_ops(load_desc());
+    int32_t rc;
+    *inst = fixture_create(&g_ops->base, &g_svc, g_th, cfg_kv(c), &rc);
     return rc;
 }
 
@@ -211,13 +193,7 @@ static kiln_instance *make(const ck_cfg *c) {
 }
 
 static int32_t send(kiln_instance *inst, uint32_t id, int32_t stage) {
-    kiln_event e;
-    memset(&e, 0, sizeof e);
-    e.struct_size = sizeof e;
-    e.id = id;
-    e.stage = stage;
-    e.batch_idx = -1;
-    e.trainer = kiln_test_trainer(g_th);
+    kiln_event e = fixture_event(id, stage, -1, kiln_test_trainer(g_th));
     return g_ops->on_event(inst, &e);
 }
 
@@ -447,7 +423,7 @@ static void test_version_counter(void) {
     epoch(inst, NAN, 1);
     CU_ASSERT_EQUAL_FATAL(g_nreq, 2);
     CU_ASSERT_STRING_EQUAL(g_req[1], ckpt_path("fixed"));
-    CU_ASSERT(exists(ckpt_path("fixed")));
+    CU_ASSERT(fixture_file_exists(ckpt_path("fixed")));
     g_ops->base.destroy(inst);
     fixture_end();
 
@@ -493,7 +469,7 @@ static void test_dirpath(void) {
     snprintf(want, sizeof want, "%s/version_0/ck/epoch=1-step=20.safetensors", g_run);
     CU_ASSERT_EQUAL_FATAL(g_nreq, 2);
     CU_ASSERT_STRING_EQUAL(g_req[1], want);
-    CU_ASSERT(exists(want));
+    CU_ASSERT(fixture_file_exists(want));
     g_ops->base.destroy(inst);
     CU_ASSERT_EQUAL(chdir(cwd), 0);
     fixture_end();
@@ -521,12 +497,12 @@ static void test_topk_min(void) {
     CU_ASSERT_EQUAL_FATAL(g_nreq, 3);
     CU_ASSERT_STRING_EQUAL(g_req[2], ckpt_path_epoch_step(3, 40));
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_TRAIN_EPOCH_START, KILN_STAGE_FIT), KILN_OK);
-    CU_ASSERT(exists(ckpt_path_epoch_step(0, 10))); /* kept until its replacement exists */
+    CU_ASSERT(fixture_file_exists(ckpt_path_epoch_step(0, 10))); /* kept until its replacement exists */
     host_flush();
-    CU_ASSERT(exists(ckpt_path_epoch_step(0, 10)));
+    CU_ASSERT(fixture_file_exists(ckpt_path_epoch_step(0, 10)));
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_TRAIN_BATCH_START, KILN_STAGE_FIT), KILN_OK);
-    CU_ASSERT(!exists(ckpt_path_epoch_step(0, 10))); /* the next hook after the write */
-    CU_ASSERT(exists(ckpt_path_epoch_step(1, 20)) && exists(ckpt_path_epoch_step(3, 40)));
+    CU_ASSERT(!fixture_file_exists(ckpt_path_epoch_step(0, 10))); /* the next hook after the write */
+    CU_ASSERT(fixture_file_exists(ckpt_path_epoch_step(1, 20)) && fixture_file_exists(ckpt_path_epoch_step(3, 40)));
 
     epoch(inst, 0.4, 1);  /* e4: equal to the kth (0.4): not better */
     epoch(inst, 0.35, 1); /* e5: evicts e1 */
@@ -534,7 +510,7 @@ static void test_topk_min(void) {
     CU_ASSERT_EQUAL_FATAL(g_nreq, 4);
     CU_ASSERT_STRING_EQUAL(g_req[3], ckpt_path_epoch_step(5, 60));
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_TRAIN_EPOCH_START, KILN_STAGE_FIT), KILN_OK);
-    CU_ASSERT(!exists(ckpt_path_epoch_step(1, 20)));
+    CU_ASSERT(!fixture_file_exists(ckpt_path_epoch_step(1, 20)));
 
     st_view s;
     read_state(inst, &s);
@@ -580,7 +556,7 @@ static void test_topk_max_and_nan(void) {
     CU_ASSERT_STRING_EQUAL(g_req[0], ckpt_path("0-0.10"));
     CU_ASSERT_STRING_EQUAL(g_req[1], ckpt_path("1-0.30"));
     CU_ASSERT_STRING_EQUAL(g_req[2], ckpt_path("4-0.50"));
-    CU_ASSERT(!exists(ckpt_path("0-0.10")) && !exists(ckpt_path("1-0.30")) && exists(ckpt_path("4-0.50")));
+    CU_ASSERT(!fixture_file_exists(ckpt_path("0-0.10")) && !fixture_file_exists(ckpt_path("1-0.30")) && fixture_file_exists(ckpt_path("4-0.50")));
     g_ops->base.destroy(inst);
     fixture_end();
 
@@ -599,7 +575,7 @@ static void test_topk_max_and_nan(void) {
     CU_ASSERT_STRING_EQUAL(g_req[0], ckpt_path("0-nan"));
     CU_ASSERT_STRING_EQUAL(g_req[2], ckpt_path("2-0.10"));
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_TRAIN_EPOCH_START, KILN_STAGE_FIT), KILN_OK);
-    CU_ASSERT(!exists(ckpt_path("0-nan")));
+    CU_ASSERT(!fixture_file_exists(ckpt_path("0-nan")));
     st_view s;
     read_state(inst, &s);
     CU_ASSERT_STRING_EQUAL(s.best, ckpt_path("1-0.20"));
@@ -619,14 +595,14 @@ static void test_no_monitor(void) {
     CU_ASSERT_EQUAL_FATAL(g_nreq, 2);
     CU_ASSERT_STRING_EQUAL(g_req[1], ckpt_path_epoch_step(1, 20));
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_TRAIN_EPOCH_START, KILN_STAGE_FIT), KILN_OK);
-    CU_ASSERT(exists(ckpt_path_epoch_step(0, 10)));
+    CU_ASSERT(fixture_file_exists(ckpt_path_epoch_step(0, 10)));
     host_flush();
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_TRAIN_EPOCH_START, KILN_STAGE_FIT), KILN_OK);
-    CU_ASSERT(!exists(ckpt_path_epoch_step(0, 10)) && exists(ckpt_path_epoch_step(1, 20)));
+    CU_ASSERT(!fixture_file_exists(ckpt_path_epoch_step(0, 10)) && fixture_file_exists(ckpt_path_epoch_step(1, 20)));
     /* the last replacement is never written: at on_fit_end the old file stays */
     epoch(inst, NAN, 0);
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_FIT_END, KILN_STAGE_FIT), KILN_OK);
-    CU_ASSERT(exists(ckpt_path_epoch_step(1, 20)));
+    CU_ASSERT(fixture_file_exists(ckpt_path_epoch_step(1, 20)));
     CU_ASSERT_EQUAL(count_log(KILN_LOG_WARN, "was never written"), 1);
     g_ops->base.destroy(inst);
     fixture_end();
@@ -639,7 +615,7 @@ static void test_no_monitor(void) {
     for (int e = 0; e < 3; e++) epoch(inst, NAN, 1);
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_FIT_END, KILN_STAGE_FIT), KILN_OK);
     CU_ASSERT_EQUAL(g_nreq, 3);
-    CU_ASSERT(exists(ckpt_path_epoch_step(0, 10)) && exists(ckpt_path_epoch_step(1, 20)) && exists(ckpt_path_epoch_step(2, 30)));
+    CU_ASSERT(fixture_file_exists(ckpt_path_epoch_step(0, 10)) && fixture_file_exists(ckpt_path_epoch_step(1, 20)) && fixture_file_exists(ckpt_path_epoch_step(2, 30)));
     g_ops->base.destroy(inst);
     fixture_end();
 
@@ -892,7 +868,7 @@ static void test_save_last(void) {
     CU_ASSERT_STRING_EQUAL(g_req[2], ckpt_path("last"));
     CU_ASSERT_STRING_EQUAL(g_req[3], ckpt_path_epoch_step(2, 30));
     CU_ASSERT_STRING_EQUAL(g_req[4], ckpt_path("last"));
-    CU_ASSERT(!exists(ckpt_path_epoch_step(0, 10)) && exists(ckpt_path_epoch_step(2, 30)) && exists(ckpt_path("last")));
+    CU_ASSERT(!fixture_file_exists(ckpt_path_epoch_step(0, 10)) && fixture_file_exists(ckpt_path_epoch_step(2, 30)) && fixture_file_exists(ckpt_path("last")));
     CU_ASSERT_EQUAL(count_log(KILN_LOG_INFO, "(save_last)"), 3);
     st_view s;
     read_state(inst, &s);
@@ -940,27 +916,27 @@ static void test_state_resume(void) {
     CU_ASSERT_DOUBLE_EQUAL(s.current, 0.3, 0);
     host_flush();
     g_ops->base.destroy(a); /* the run stops before any later hook */
-    CU_ASSERT(exists(ckpt_path_epoch_step(0, 10)));
+    CU_ASSERT(fixture_file_exists(ckpt_path_epoch_step(0, 10)));
 
     /* a resumed run: same configuration, state from the file */
     kiln_instance *b = make(&c);
     CU_ASSERT_EQUAL_FATAL(g_ops->base.set_state(b, 1, g_blob, g_blob_size), KILN_OK);
     fit_start(b);
-    CU_ASSERT(!exists(ckpt_path_epoch_step(0, 10))); /* the restored deletion, e2 exists */
+    CU_ASSERT(!fixture_file_exists(ckpt_path_epoch_step(0, 10))); /* the restored deletion, e2 exists */
     epoch(b, 0.45, 1);             /* e3: worse than the kth (0.4): nothing */
     CU_ASSERT_EQUAL(g_nreq, 3);
     epoch(b, 0.35, 1);             /* e4: evicts e1 */
     CU_ASSERT_EQUAL(send(b, KILN_EV_ON_TRAIN_EPOCH_START, KILN_STAGE_FIT), KILN_OK);
     CU_ASSERT_EQUAL_FATAL(g_nreq, 4);
     CU_ASSERT_STRING_EQUAL(g_req[3], ckpt_path_epoch_step(4, 50));
-    CU_ASSERT(!exists(ckpt_path_epoch_step(1, 20)));
+    CU_ASSERT(!fixture_file_exists(ckpt_path_epoch_step(1, 20)));
     epoch(b, 0.2, 1); /* e5: evicts e4 (0.35 is now the kth) */
     CU_ASSERT_EQUAL(send(b, KILN_EV_ON_TRAIN_EPOCH_START, KILN_STAGE_FIT), KILN_OK);
-    CU_ASSERT(!exists(ckpt_path_epoch_step(4, 50)));
+    CU_ASSERT(!fixture_file_exists(ckpt_path_epoch_step(4, 50)));
     epoch(b, 0.1, 1); /* e6: evicts e2, the file the run resumed from: kept */
     CU_ASSERT_EQUAL(send(b, KILN_EV_ON_TRAIN_EPOCH_START, KILN_STAGE_FIT), KILN_OK);
     CU_ASSERT_EQUAL_FATAL(g_nreq, 6);
-    CU_ASSERT(exists(ckpt_path_epoch_step(2, 30)));
+    CU_ASSERT(fixture_file_exists(ckpt_path_epoch_step(2, 30)));
     read_state(b, &s);
     CU_ASSERT_STRING_EQUAL(s.best, ckpt_path_epoch_step(6, 70));
     CU_ASSERT_DOUBLE_EQUAL(s.best_score, 0.1, 0);
@@ -1004,7 +980,7 @@ static void test_state_resume_new_run_dir(void) {
     kiln_instance *b = make(&c);
     CU_ASSERT_EQUAL_FATAL(g_ops->base.set_state(b, 1, g_blob, g_blob_size), KILN_OK);
     fit_start(b);
-    CU_ASSERT(exists(old0)); /* outside version_1/checkpoints: kept */
+    CU_ASSERT(fixture_file_exists(old0)); /* outside version_1/checkpoints: kept */
     epoch(b, 0.45, 1);       /* worse than the restored kth (0.4): nothing */
     CU_ASSERT_EQUAL(g_nreq, 3);
     epoch(b, 0.35, 1);       /* better: saved in the new folder, e1 evicted but kept */
@@ -1012,7 +988,7 @@ static void test_state_resume_new_run_dir(void) {
     CU_ASSERT_EQUAL_FATAL(g_nreq, 4);
     snprintf(new4, sizeof new4, "%s/checkpoints/epoch=4-step=50.safetensors", v1);
     CU_ASSERT_STRING_EQUAL(g_req[3], new4);
-    CU_ASSERT(exists(old1) && exists(old2) && exists(new4));
+    CU_ASSERT(fixture_file_exists(old1) && fixture_file_exists(old2) && fixture_file_exists(new4));
     read_state(b, &s);
     CU_ASSERT_STRING_EQUAL(s.best, old2); /* the best is still the old run's */
     CU_ASSERT_EQUAL(s.nbest, 2u);
@@ -1078,7 +1054,7 @@ static void test_state_hostile_paths(void) {
     CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "pending deletion"));
     CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), hostile));
     fit_start(b);
-    CU_ASSERT(exists(outside));
+    CU_ASSERT(fixture_file_exists(outside));
     g_ops->base.destroy(b);
 
     /* 2. a sub-folder of dirpath that links elsewhere */
@@ -1098,8 +1074,8 @@ static void test_state_hostile_paths(void) {
     b = make(&c);
     CU_ASSERT_EQUAL_FATAL(g_ops->base.set_state(b, 1, g_blob, g_blob_size), KILN_OK);
     fit_start(b); /* the replacement exists: the deletion is processed */
-    CU_ASSERT(exists(real_file));
-    CU_ASSERT(exists(victim)); /* the original victim was never named */
+    CU_ASSERT(fixture_file_exists(real_file));
+    CU_ASSERT(fixture_file_exists(victim)); /* the original victim was never named */
     g_ops->base.destroy(b);
     CU_ASSERT_EQUAL(unlink(linkdir), 0);
 
@@ -1108,7 +1084,7 @@ static void test_state_hostile_paths(void) {
     b = make(&c);
     CU_ASSERT_EQUAL_FATAL(g_ops->base.set_state(b, 1, g_blob, g_blob_size), KILN_OK);
     fit_start(b);
-    CU_ASSERT(!exists(victim));
+    CU_ASSERT(!fixture_file_exists(victim));
     g_ops->base.destroy(b);
     fixture_end();
 }
@@ -1205,7 +1181,7 @@ static void test_rank1(void) {
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_TRAIN_EPOCH_START, KILN_STAGE_FIT), KILN_OK);
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_FIT_END, KILN_STAGE_FIT), KILN_OK);
     CU_ASSERT_EQUAL(g_nreq, 0);
-    CU_ASSERT(exists(ckpt_path_epoch_step(0, 10)));
+    CU_ASSERT(fixture_file_exists(ckpt_path_epoch_step(0, 10)));
     CU_ASSERT_EQUAL(count_log(KILN_LOG_INFO, "saving"), 0);
     /* the same bookkeeping as rank 0 */
     st_view s;

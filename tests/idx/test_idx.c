@@ -22,6 +22,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "cunit_skip.h"
 #include "idx_loader.h"
 #include "idx_reader.h"
 
@@ -1192,7 +1193,7 @@ static void test_fashion_mnist_t10k(void) {
     const char *ipath = FMNIST_DIR "/t10k-images-idx3-ubyte.gz";
     const char *lpath = FMNIST_DIR "/t10k-labels-idx1-ubyte.gz";
     if (access(ipath, R_OK) != 0 || access(lpath, R_OK) != 0) {
-        printf("\n    SKIPPED: %s not found (install dataset-fashion-mnist); real-data test not run\n", ipath);
+        cunit_skip_case(FMNIST_DIR " not found (install dataset-fashion-mnist); the real-data test did not run");
         return;
     }
     idx_dataset ds;

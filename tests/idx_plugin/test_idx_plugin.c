@@ -25,6 +25,8 @@
 
 #include <kiln/testing.h>
 
+#include "cunit_skip.h"
+
 static kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
 
 #define FMNIST_DIR "/usr/share/datasets/fashion-mnist"
@@ -736,7 +738,7 @@ static void test_bad_config(void) {
 static void test_fashion_mnist(void) {
     struct stat st;
     if (stat(FMNIST_DIR "/t10k-images-idx3-ubyte.gz", &st) != 0) {
-        fprintf(stderr, "\n  skipped: %s is not installed (Debian package dataset-fashion-mnist)\n", FMNIST_DIR);
+        cunit_skip_case(FMNIST_DIR " is not installed (Debian package dataset-fashion-mnist)");
         return;
     }
     kiln_test_reset(g_th);

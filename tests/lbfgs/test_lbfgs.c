@@ -28,6 +28,8 @@
 
 #include <kiln/testing.h>
 
+#include "plugin_fixture.h"
+
 static kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
 
 #define MAXN 16
@@ -37,12 +39,7 @@ static kiln_instance *g_acc;
 static int g_f64; /* the parameters hold doubles (param_dtype F64) */
 
 static const kiln_plugin_desc *load(const char *lib, uint32_t kind, const char *name) {
-    const char *dir = getenv("KILN_PLUGIN_DIR");
-    char path[1024];
-    snprintf(path, sizeof path, "%s/libkiln-%s.so", dir ? dir : ".", lib);
-    const kiln_plugin_desc *d_ = NULL;
-    kiln_test_load(g_th, path, kind, name, &d_);
-    return d_;
+    return fixture_load_plugin(g_th, lib, kind, name);
 }
 
 static int suite_init(void) {

@@ -25,6 +25,8 @@
 
 #include <kiln/testing.h>
 
+#include "plugin_fixture.h"
+
 static kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
 
 /* ----------------------------------------------------------- environment */
@@ -38,12 +40,7 @@ static kiln_instance *g_acc;
 static kiln_parameter *g_w, *g_b;
 
 static const kiln_plugin_desc *load(const char *lib, uint32_t kind, const char *name) {
-    const char *dir = getenv("KILN_PLUGIN_DIR");
-    char path[1024];
-    snprintf(path, sizeof path, "%s/libkiln-%s.so", dir ? dir : ".", lib);
-    const kiln_plugin_desc *d_ = NULL;
-    kiln_test_load(g_th, path, kind, name, &d_);
-    return d_;
+    return fixture_load_plugin(g_th, lib, kind, name);
 }
 
 static int suite_init(void) {

@@ -27,6 +27,8 @@
 
 #include <kiln/testing.h>
 
+#include "plugin_fixture.h"
+
 static kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
 
 /* ---------------------------------------------------------------------------
@@ -67,39 +69,16 @@ static void fixture_begin(void) {
     kiln_test_trainer(g_th)->stage = KILN_STAGE_FIT;
 }
 
-static const kiln_plugin_desc *load_desc(const char *name) {
-    const char *dir = getenv("KILN_PLUGIN_DIR");
-    CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
-    char path[1024];
-    snprintf(path, sizeof path, "%s/libkiln-%s.so", dir, name);
-    const kiln_plugin_desc *d = NULL;
-    kiln_test_load(g_th, path, KILN_KIND_CALLBACK, name, &d);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(d);
-    return d;
-}
+static const kiln_plugin_desc *load_desc(const char *name) { return fixture_load_callback_desc(g_th, name); }
 
-static const kiln_callback_ops *load(const char *name) {
-    const kiln_callback_ops *ops = load_desc(name)->ops;
-    CU_ASSERT_FATAL(ops->base.struct_size >= sizeof(kiln_callback_ops) && ops->on_event != NULL);
-    return ops;
-}
+static const kiln_callback_ops *load(const char *name) { return fixture_callback_ops(load_desc(name)); }
 
 static kiln_instance *create(const kiln_callback_ops *ops, const kiln_kv *cfg, int32_t *rc) {
-    kiln_instance *inst = NULL;
-    *rc = ops->base.create(NULL, &g_svc, kiln_test_hctx(g_th), cfg, &inst);
-    if (*rc != KILN_OK) CU_ASSERT_PTR_NULL(inst);
-    return inst;
+    return fixture_create(&ops->base, &g_svc, g_th, cfg, rc);
 }
 
 static kiln_event ev_make(uint32_t id, int32_t stage, int64_t batch) {
-    kiln_event e;
-    memset(&e, 0, sizeof e);
-    e.struct_size = sizeof e;
-    e.id = id;
-    e.stage = stage;
-    e.batch_idx = batch;
-    e.trainer = kiln_test_trainer(g_th);
-    return e;
+    return fixture_event(id, stage, batch, kiln_test_trainer(g_th));
 }
 
 static int32_t send(const kiln_callback_ops *ops, kiln_instance *inst, uint32_t id, int32_t stage) {

@@ -17,7 +17,6 @@
 #define _XOPEN_SOURCE 700
 #include <dirent.h>
 #include <errno.h>
-#include <ftw.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -30,6 +29,8 @@
 #include <CUnit/CUnit.h>
 
 #include <kiln/testing.h>
+
+#include "plugin_fixture.h"
 
 static kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
 #include "tb_record.h" /* the plugin's tb_crc32c / tb_mask_crc, built from plugins/tensorboard/tb_record.c */
@@ -249,63 +250,25 @@ static double now_s(void) {
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    return remove(path);
-}
-
 static void fixture_begin(void) {
     kiln_test_reset(g_th);
-    snprintf(g_dir, sizeof g_dir, "/tmp/kiln-tensorboard-XXXXXX");
-    CU_ASSERT_PTR_NOT_NULL_FATAL(mkdtemp(g_dir));
-    memset(&g_ts, 0, sizeof g_ts);
-    g_ts.struct_size = sizeof g_ts;
-    g_ts.stage = KILN_STAGE_FIT;
-    g_ts.run_dir = g_dir;
-    g_ts.world_size = 1;
-    g_ts.accumulate_grad_batches = 1;
+    fixture_tmpdir(g_dir, sizeof g_dir, "tensorboard");
+    fixture_fit_state(&g_ts, g_dir);
     (*kiln_test_trainer(g_th)) = g_ts;
     g_t0 = now_s();
 }
 
-static void fixture_end(void) { nftw(g_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
+static void fixture_end(void) { fixture_rmtree(g_dir); }
 
-static const kiln_plugin_desc *load_desc(void) {
-    const char *dir = getenv("KILN_PLUGIN_DIR");
-    CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
-    char path[1024];
-    snprintf(path, sizeof path, "%s/libkiln-tensorboard.so", dir);
-    const kiln_plugin_desc *d = NULL;
-    kiln_test_load(g_th, path, KILN_KIND_CALLBACK, "tensorboard", &d);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(d);
-    return d;
-}
+static const kiln_plugin_desc *load_desc(void) { return fixture_load_callback_desc(g_th, "tensorboard"); }
 
-static const kiln_callback_ops *load(void) {
-    const kiln_callback_ops *ops = load_desc()->ops;
-    CU_ASSERT_FATAL(ops->base.struct_size >= sizeof(kiln_callback_ops) && ops->on_event != NULL);
-    return ops;
-}
+static const kiln_callback_ops *load(void) { return fixture_callback_ops(load_desc()); }
 
 static kiln_instance *create(const kiln_callback_ops *ops, const kiln_kv *cfg, int32_t *rc) {
-    kiln_instance *inst = NULL;
-    *rc = ops->base.create(NULL, kiln_test_services(g_th), kiln_test_hctx(g_th), cfg, &inst);
-    if (*rc != KILN_OK) CU_ASSERT_PTR_NULL(inst);
-    return inst;
+    return fixture_create(&ops->base, kiln_test_services(g_th), g_th, cfg, rc);
 }
 
-static kiln_event ev_make(uint32_t id) {
-    kiln_event e;
-    memset(&e, 0, sizeof e);
-    e.struct_size = sizeof e;
-    e.id = id;
-    e.stage = KILN_STAGE_FIT;
-    e.batch_idx = -1;
-    e.trainer = &g_ts;
-    return e;
-}
+static kiln_event ev_make(uint32_t id) { return fixture_event(id, KILN_STAGE_FIT, -1, &g_ts); }
 
 static int32_t send(const kiln_callback_ops *ops, kiln_instance *inst, uint32_t id) {
     kiln_event e = ev_make(id);

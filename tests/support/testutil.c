@@ -1,5 +1,5 @@
 /*
- * tests/host/testutil.c — see testutil.h.
+ * tests/support/testutil.c — see testutil.h.
  */
 #define _GNU_SOURCE
 #include "testutil.h"

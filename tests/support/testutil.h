@@ -1,5 +1,5 @@
 /*
- * tests/host/testutil.h — helpers for the host suites: private temporary
+ * tests/support/testutil.h — helpers for the end-to-end suites: private temporary
  * plugin directories, copying fixtures into them, and running the kiln
  * executable with its output captured.
  */

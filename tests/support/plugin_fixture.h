@@ -1,0 +1,47 @@
+/*
+ * tests/support/plugin_fixture.h — the scaffolding the plugin suites share
+ * (callbacks, stopping, tensorboard, ckpt_callback, optim, precision,
+ * lbfgs): loading a built plugin into the test host (kiln/testing.h),
+ * creating an instance, a temporary run directory, the trainer state of a
+ * fit, events, and reading a file back. Failures that leave a case nothing
+ * to test are fatal CUnit assertions, as they were in each suite.
+ */
+#ifndef KILN_TESTS_PLUGIN_FIXTURE_H
+#define KILN_TESTS_PLUGIN_FIXTURE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <kiln/testing.h>
+
+/* $KILN_PLUGIN_DIR/libkiln-<lib>.so (the current directory without the
+ * variable) loaded into `th`, and its plugin `name` of `kind`; NULL when
+ * either is missing. */
+const kiln_plugin_desc *fixture_load_plugin(kiln_test_host *th, const char *lib, uint32_t kind, const char *name);
+/* The callback plugin `name` from libkiln-<name>.so; KILN_PLUGIN_DIR, the
+ * library and the plugin must exist (fatal assertions). */
+const kiln_plugin_desc *fixture_load_callback_desc(kiln_test_host *th, const char *name);
+/* Its ops, which must hold on_event (fatal assertion). */
+const kiln_callback_ops *fixture_callback_ops(const kiln_plugin_desc *d);
+
+/* create() of a plugin with `services` and the test host's context; on
+ * failure *rc holds the status and no instance may come back. */
+kiln_instance *fixture_create(const kiln_ops_header *ops, const kiln_host_services *services, kiln_test_host *th,
+                              const kiln_kv *cfg, int32_t *rc);
+
+/* mkdtemp of /tmp/kiln-<tag>-XXXXXX into dir (fatal assertion), and the
+ * removal of such a directory with everything in it. */
+void fixture_tmpdir(char *dir, size_t n, const char *tag);
+void fixture_rmtree(const char *dir);
+
+/* The trainer state of a one-process fit writing into run_dir. */
+void fixture_fit_state(kiln_trainer_state *ts, const char *run_dir);
+
+/* An event of `id` at `stage` and `batch` (-1: none) for `trainer`. */
+kiln_event fixture_event(uint32_t id, int32_t stage, int64_t batch, const kiln_trainer_state *trainer);
+
+/* The whole file as a string (caller frees), NULL when it does not exist. */
+char *fixture_slurp(const char *path);
+int fixture_file_exists(const char *path);
+
+#endif
