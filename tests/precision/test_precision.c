@@ -339,16 +339,13 @@ static void test_refusals(void) {
 
 static int run_kiln(const char *verb, const char *body, const char *extra, char *out, size_t outlen) {
     static int k;
-    char cfg[4200], text[20000], cmd[16384];
+    char cfg[4200], text[20000], root_set[4400];
     snprintf(cfg, sizeof cfg, "%s/p%d.cfg", g_dir, k++);
     snprintf(text, sizeof text, "plugins = { dirs = [\"%s\"]; };\n%s", getenv("KILN_TRAIN_FIXTURES"), body);
     CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
-    if (!strcmp(verb, "check"))
-        snprintf(cmd, sizeof cmd, "%s config check %s %s", tu_kiln(), cfg, extra ? extra : "");
-    else
-        snprintf(cmd, sizeof cmd, "%s -q fit %s --set trainer.default_root_dir=\\\"%s/runs\\\" %s", tu_kiln(), cfg,
-                 g_dir, extra ? extra : "");
-    return tu_run(cmd, out, outlen);
+    snprintf(root_set, sizeof root_set, "trainer.default_root_dir=\"%s/runs\"", g_dir);
+    const char *check[] = {"config", "check", cfg, NULL}, *fit[] = {"-q", "fit", cfg, "--set", root_set, NULL};
+    return tu_run_kiln(!strcmp(verb, "check") ? check : fit, extra, out, outlen);
 }
 
 #define MLP_JOB(prec, extra_cb)                                                                   \
@@ -407,10 +404,19 @@ static void test_hooks_see_scaled_values(void) {
                                        "compute_dtype=float16 grad_dtype=float32 needs_grad_scaler=true"));
     /* metrics.csv is plain CSV, header first; the precision as the plugin
      * describes itself is in hparams.yaml beside it */
-    char cmd[9000];
-    snprintf(cmd, sizeof cmd, "d=\"$(ls -d %s/runs/version_* | sort -V | tail -1)\"; head -1 \"$d/metrics.csv\"; "
-             "cat \"$d/hparams.yaml\"", g_dir);
-    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
+    char runs[4300], run_dir[4400], path[4500];
+    snprintf(runs, sizeof runs, "%s/runs", g_dir);
+    CU_ASSERT_EQUAL_FATAL(tu_latest_run_dir(runs, run_dir, sizeof run_dir), 0);
+    snprintf(path, sizeof path, "%s/metrics.csv", run_dir);
+    char *csv = fixture_slurp(path);
+    snprintf(path, sizeof path, "%s/hparams.yaml", run_dir);
+    char *hparams = fixture_slurp(path);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(csv);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(hparams);
+    size_t header = strcspn(csv, "\n") + (csv[strcspn(csv, "\n")] == '\n'); /* head -1 */
+    snprintf(out, sizeof out, "%.*s%s", (int)header, csv, hparams);
+    free(csv);
+    free(hparams);
     CU_ASSERT_EQUAL(strncmp(out, "step,", 5), 0);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "amp_scale"));
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "precision:\n  \"precision\": \"16-mixed\"\n  \"amp_backend\": \"native\"\n"));
@@ -515,7 +521,7 @@ static void test_same_weights_on_older_accelerators(void) {
             snprintf(body, sizeof body, MLP_JOB("%s", "%s"), precs[p], cb);
             /* an older build is found through KILN_PLUGIN_PATH, by explicit name */
             if (env[v]) setenv("KILN_PLUGIN_PATH", getenv(env[v]), 1);
-            snprintf(extra, sizeof extra, "--set accelerator=\\\"%s\\\"", accel[v]);
+            snprintf(extra, sizeof extra, "--set accelerator=\"%s\"", accel[v]);
             int rc = run_kiln("fit", body, extra, out, sizeof out);
             unsetenv("KILN_PLUGIN_PATH");
             if (rc) fprintf(stderr, "\n%s\n", out);

@@ -11,6 +11,7 @@
  * is mlp + AdamW (stateful) under 16-mixed (a stateful scaler) with
  * mid-epoch validation.
  */
+#include <glob.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,14 +38,14 @@ static const char *JOB =
 /* fit with the killer callback; returns the exit status */
 static int run(const char *root, const char *killer, const char *extra, char *out, size_t outlen) {
     static int k;
-    char cfg[4300], text[16384], cmd[20000];
+    char cfg[4300], text[16384], root_set[4400];
     snprintf(cfg, sizeof cfg, "%s/r%d.cfg", g_dir, k++);
     snprintf(text, sizeof text, "plugins = { dirs = [\"%s\"]; };\n%scallbacks = ( { name = \"killer\"; %s } );\n",
              getenv("KILN_TRAIN_FIXTURES"), JOB, killer);
     CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
-    snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s\"' %s", tu_kiln(), cfg, root,
-             extra ? extra : "");
-    return tu_run(cmd, out, outlen);
+    snprintf(root_set, sizeof root_set, "trainer.default_root_dir=\"%s\"", root);
+    const char *args[] = {"-q", "fit", cfg, "--set", root_set, NULL};
+    return tu_run_kiln(args, extra, out, outlen);
 }
 
 static char g_full[4300];
@@ -124,7 +125,7 @@ static const char *EPOCH_END_CBS =
 static int run_epoch_end(const char *root, const char *cue, const char *dump, const char *extra, char *out,
                          size_t outlen) {
     static int k;
-    char cfg[4300], text[16384], cmd[20000], cbs[8192];
+    char cfg[4300], text[16384], root_set[4400], cbs[8192];
     snprintf(cfg, sizeof cfg, "%s/ee%d.cfg", g_dir, k++);
     snprintf(cbs, sizeof cbs, EPOCH_END_CBS, cue, dump);
     snprintf(text, sizeof text,
@@ -133,9 +134,9 @@ static int run_epoch_end(const char *root, const char *cue, const char *dump, co
              "callbacks = ( %s );\n",
              getenv("KILN_TRAIN_FIXTURES"), JOB, cbs);
     CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
-    snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s\"' --set trainer.val_check_interval=1.0 %s",
-             tu_kiln(), cfg, root, extra ? extra : "");
-    return tu_run(cmd, out, outlen);
+    snprintf(root_set, sizeof root_set, "trainer.default_root_dir=\"%s\"", root);
+    const char *args[] = {"-q", "fit", cfg, "--set", root_set, "--set", "trainer.val_check_interval=1.0", NULL};
+    return tu_run_kiln(args, extra, out, outlen);
 }
 
 static void test_sigterm_last_batch(void) {
@@ -191,7 +192,7 @@ static void test_weights_only(void) {
 /* The checkpoint callback end to end: top-2 by val_loss over 3 epochs
  * keeps exactly two files, named from the template; one of them resumes. */
 static void test_checkpoint_callback(void) {
-    char out[32768], root[4300], cfg[4300], text[16384], cmd[20000];
+    char out[32768], root[4300], cfg[4300], text[16384], cmd[20000], root_set[4400];
     snprintf(root, sizeof root, "%s/topk", g_dir);
     snprintf(cfg, sizeof cfg, "%s/topk.cfg", g_dir);
     snprintf(text, sizeof text,
@@ -199,16 +200,24 @@ static void test_checkpoint_callback(void) {
              "save_top_k = 2; filename = \"epoch={epoch}-{val_loss:.4f}\"; } );\n",
              getenv("KILN_TRAIN_FIXTURES"), JOB);
     CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
-    snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s\"'", tu_kiln(), cfg, root);
-    int rc = tu_run(cmd, out, sizeof out);
+    snprintf(root_set, sizeof root_set, "trainer.default_root_dir=\"%s\"", root);
+    const char *fit[] = {"-q", "fit", cfg, "--set", root_set, NULL};
+    int rc = tu_run_kiln(fit, NULL, out, sizeof out);
     if (rc) fprintf(stderr, "\n%s\n", out);
     CU_ASSERT_EQUAL_FATAL(rc, 0);
     snprintf(cmd, sizeof cmd, "ls %s/version_0/checkpoints | grep -c '^epoch=[0-9]*-[0-9.]*\\.safetensors$'", root);
     tu_run(cmd, out, sizeof out);
     CU_ASSERT_EQUAL(atoi(out), 2);
-    snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s\"' --set trainer.max_epochs=4 "
-             "--ckpt \"$(ls %s/version_0/checkpoints/epoch=* | head -1)\"", tu_kiln(), cfg, root, root);
-    rc = tu_run(cmd, out, sizeof out);
+    /* the first of the top-k files, in name order */
+    char pattern[4400], first[4400] = "";
+    glob_t g;
+    snprintf(pattern, sizeof pattern, "%s/version_0/checkpoints/epoch=*", root);
+    if (glob(pattern, 0, NULL, &g) == 0) {
+        snprintf(first, sizeof first, "%s", g.gl_pathv[0]);
+        globfree(&g);
+    }
+    const char *resume[] = {"-q", "fit", cfg, "--set", root_set, "--set", "trainer.max_epochs=4", "--ckpt", first, NULL};
+    rc = tu_run_kiln(resume, NULL, out, sizeof out);
     if (rc) fprintf(stderr, "\n%s\n", out);
     CU_ASSERT_EQUAL(rc, 0);
 }
@@ -216,7 +225,7 @@ static void test_checkpoint_callback(void) {
 /* nan_guard stops the run at a NaN weight, naming it; the last checkpoint
  * written before it stays loadable and finite. */
 static void test_nan_guard_keeps_last_good(void) {
-    char out[32768], root[4300], cfg[4300], text[16384], cmd[20000];
+    char out[32768], root[4300], cfg[4300], text[16384], root_set[4400];
     snprintf(root, sizeof root, "%s/nan", g_dir);
     snprintf(cfg, sizeof cfg, "%s/nan.cfg", g_dir);
     snprintf(text, sizeof text,
@@ -224,13 +233,13 @@ static void test_nan_guard_keeps_last_good(void) {
              "kill_epoch = 1; kill_batch = 2; signal = \"POISON\"; }, { name = \"nan_guard\"; } );\n",
              getenv("KILN_TRAIN_FIXTURES"), JOB);
     CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
-    snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s\"'", tu_kiln(), cfg, root);
-    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 1);
+    snprintf(root_set, sizeof root_set, "trainer.default_root_dir=\"%s\"", root);
+    const char *fit[] = {"-q", "fit", cfg, "--set", root_set, NULL};
+    CU_ASSERT_EQUAL(tu_run_kiln(fit, NULL, out, sizeof out), 1);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "nan_guard: parameter layers.0.weight[0] is nan"));
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "epoch 1, batch 2"));
-    snprintf(cmd, sizeof cmd, "%s validate %s --set 'trainer.default_root_dir=\"%s\"' --ckpt last", tu_kiln(), cfg,
-             root);
-    int rc = tu_run(cmd, out, sizeof out);
+    const char *validate[] = {"validate", cfg, "--set", root_set, "--ckpt", "last", NULL};
+    int rc = tu_run_kiln(validate, NULL, out, sizeof out);
     if (rc) fprintf(stderr, "\n%s\n", out);
     CU_ASSERT_EQUAL(rc, 0);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "global step 8)")); /* the checkpoint after epoch 1, batch 1 */
