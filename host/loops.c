@@ -1,8 +1,11 @@
 /*
- * host/loops.c — Lightning's loops re-done in C, each an ht_loop of the one
- * shape in loop.h: the fit loop (epochs), the training epoch loop (batches,
- * with automatic optimisation from closure.c) and the evaluation loop
- * (sanity check, validation inside fit, `kiln validate`, `kiln test`).
+ * host/loops.c — Lightning's loops re-done in C: the fit loop (epochs), the
+ * training epoch loop (batches, with automatic optimisation from closure.c
+ * or manual optimisation from manual.c, and validation where it is due) and
+ * the evaluation loop (sanity check, validation inside fit, `kiln
+ * validate`, `kiln test`). Each run_*_loop function writes out Lightning's
+ * _Loop.run with its steps named as Lightning names them (reset,
+ * on_run_start, advance, on_advance_end, on_run_end).
  * Hook order, progress counters, accumulation, validation placement and the
  * stopping rules follow docs/semantics.md (Lightning 2.x's loops); the
  * comments name the Lightning code each piece mirrors.
@@ -153,48 +156,15 @@ static int log_epoch_metrics(ht_trainer *t, int stage, int64_t step, char *why, 
 }
 
 /* ---------------------------------------------------------------------------
- * The loop driver (loops/loop.py: _Loop.run). A loop is a table of
- * functions over its own state; ht_loop_run() drives it:
+ * The shape of every loop (loops/loop.py: _Loop.run), written out in each
+ * run_*_loop function below rather than driven through a table:
  *
- *   if skip: return
  *   reset → on_run_start → while !done: advance → on_advance_end → on_run_end
  *
- * advance may return HT_LOOP_STOP (Lightning's StopIteration): the loop
- * breaks at once, skipping that iteration's on_advance_end. */
+ * advance may return LOOP_STOP (Lightning's StopIteration): the loop breaks
+ * at once, skipping that iteration's on_advance_end. */
 
-#define HT_LOOP_STOP 1
-
-typedef struct ht_loop ht_loop;
-struct ht_loop {
-    const char *name;
-    ht_trainer *t;
-    int (*skip)(ht_loop *L);                                    /* may be NULL */
-    int (*reset)(ht_loop *L, char *why, size_t whylen);
-    int (*on_run_start)(ht_loop *L, char *why, size_t whylen);
-    int (*done)(ht_loop *L);
-    int (*advance)(ht_loop *L, char *why, size_t whylen);        /* HT_LOOP_STOP breaks */
-    int (*on_advance_end)(ht_loop *L, char *why, size_t whylen);
-    int (*on_run_end)(ht_loop *L, char *why, size_t whylen);
-};
-
-static int ht_loop_run(ht_loop *L, char *why, size_t whylen) {
-    if (L->skip && L->skip(L)) return KILN_OK;
-    int rc;
-    if ((rc = L->reset(L, why, whylen))) return rc;
-    if ((rc = L->on_run_start(L, why, whylen))) return rc;
-    while (!L->done(L)) {
-        rc = L->advance(L, why, whylen);
-        if (rc == HT_LOOP_STOP) break; /* StopIteration: no on_advance_end */
-        if (rc) return rc;
-        if ((rc = L->on_advance_end(L, why, whylen))) return rc;
-    }
-    return L->on_run_end(L, why, whylen);
-}
-
-static int no_step(ht_loop *L, char *why, size_t whylen) {
-    (void)L; (void)why; (void)whylen;
-    return KILN_OK;
-}
+#define LOOP_STOP 1
 
 /* ---------------------------------------------------------------------------
  * Evaluation loop (loops/evaluation_loop.py): one pass over `n` batches of
@@ -215,47 +185,44 @@ static const eval_ids TEST_IDS = {KILN_EV_ON_TEST_START, KILN_EV_ON_TEST_END, KI
                                   "test_step", "on_test_model_eval", "on_test_model_train"};
 
 typedef struct eval_loop {
-    ht_loop L;
+    ht_trainer *t;
     int stage;
     int32_t split;
     int64_t n, log_step;
-    const eval_ids *E;
+    const eval_ids *ids;
     kiln_batch batch; /* the current batch, valid until the next fetch */
 } eval_loop;
 
-static int eval_reset(ht_loop *L, char *why, size_t whylen) {
-    eval_loop *e = (eval_loop *)L;
-    ht_trainer *t = L->t;
+static int eval_reset(eval_loop *e, char *why, size_t whylen) {
+    ht_trainer *t = e->t;
     reset_current(&t->val_batch_progress);
     herr_clear();
     int32_t rc = t->data_ops->start_epoch(t->data.inst, e->split, 0, 0);
     return rc ? data_fail(t, rc, "start_epoch", why, whylen) : KILN_OK;
 }
 
-static int eval_on_run_start(ht_loop *L, char *why, size_t whylen) {
-    eval_loop *e = (eval_loop *)L;
-    ht_trainer *t = L->t;
-    ht_trace(t, KILN_SRC_MODULE, e->E->model_eval, -1);
-    int rc = ht_hook(t, e->E->start, -1, NULL, NULL, 0, NULL, why, whylen);
-    return rc ? rc : ht_hook(t, e->E->epoch_start, -1, NULL, NULL, 0, NULL, why, whylen);
+static int eval_on_run_start(eval_loop *e, char *why, size_t whylen) {
+    ht_trainer *t = e->t;
+    ht_trace(t, KILN_SRC_MODULE, e->ids->model_eval, -1);
+    int rc = ht_hook(t, e->ids->start, -1, NULL, NULL, 0, NULL, why, whylen);
+    return rc ? rc : ht_hook(t, e->ids->epoch_start, -1, NULL, NULL, 0, NULL, why, whylen);
 }
 
-static int eval_done(ht_loop *L) { return L->t->val_batch_progress.current.ready >= ((eval_loop *)L)->n; }
+static int eval_done(const eval_loop *e) { return e->t->val_batch_progress.current.ready >= e->n; }
 
-static int eval_advance(ht_loop *L, char *why, size_t whylen) {
-    eval_loop *e = (eval_loop *)L;
-    ht_trainer *t = L->t;
+static int eval_advance(eval_loop *e, char *why, size_t whylen) {
+    ht_trainer *t = e->t;
     const int64_t i = t->val_batch_progress.current.ready;
     kiln_batch *bp = &e->batch;
     int rc = fetch(t, e->split, bp, why, whylen);
     if (rc < 0) return rc;
-    if (rc == 0) return HT_LOOP_STOP; /* the data ran out early */
+    if (rc == 0) return LOOP_STOP; /* the data ran out early */
     t->batch = bp;
     t->batch_idx = i;
     HT_INC(t->val_batch_progress, ready);
-    if ((rc = ht_hook(t, e->E->batch_start, i, bp, NULL, 0, NULL, why, whylen))) return rc;
+    if ((rc = ht_hook(t, e->ids->batch_start, i, bp, NULL, 0, NULL, why, whylen))) return rc;
     HT_INC(t->val_batch_progress, started);
-    ht_trace(t, KILN_SRC_MODULE, e->E->step_name, i);
+    ht_trace(t, KILN_SRC_MODULE, e->ids->step_name, i);
     herr_clear();
     int32_t prc = t->precision_ops->convert_params(t->precision.inst);
     if (prc) return ht_fail(t, &t->precision, prc, "convert_params", why, whylen);
@@ -263,38 +230,40 @@ static int eval_advance(ht_loop *L, char *why, size_t whylen) {
     herr_clear();
     prc = e->stage == KILN_STAGE_TEST ? t->module_ops->test_step(t->module.inst, bp, i, &o)
                                       : t->module_ops->validation_step(t->module.inst, bp, i, &o);
-    if (prc) return ht_fail(t, &t->module, prc, e->E->step_name, why, whylen);
+    if (prc) return ht_fail(t, &t->module, prc, e->ids->step_name, why, whylen);
     HT_INC(t->val_batch_progress, processed);
-    if ((rc = ht_hook(t, e->E->batch_end, i, bp, &o, 0, NULL, why, whylen))) return rc;
+    if ((rc = ht_hook(t, e->ids->batch_end, i, bp, &o, 0, NULL, why, whylen))) return rc;
     HT_INC(t->val_batch_progress, completed);
     t->batch = NULL;
     return KILN_OK;
 }
 
-static int eval_on_run_end(ht_loop *L, char *why, size_t whylen) {
-    eval_loop *e = (eval_loop *)L;
-    ht_trainer *t = L->t;
+static int eval_on_run_end(eval_loop *e, char *why, size_t whylen) {
+    ht_trainer *t = e->t;
     t->batch = NULL;
-    int rc = ht_hook(t, e->E->epoch_end, -1, NULL, NULL, 0, NULL, why, whylen);
+    int rc = ht_hook(t, e->ids->epoch_end, -1, NULL, NULL, 0, NULL, why, whylen);
     if (rc) return rc;
     if (e->stage == KILN_STAGE_SANITY) hm_reset_epoch(&t->metrics, e->stage); /* sanity results are discarded */
     else if ((rc = log_epoch_metrics(t, e->stage, e->log_step, why, whylen))) return rc;
-    if ((rc = ht_hook(t, e->E->end, -1, NULL, NULL, 0, NULL, why, whylen))) return rc;
-    ht_trace(t, KILN_SRC_MODULE, e->E->model_train, -1);
+    if ((rc = ht_hook(t, e->ids->end, -1, NULL, NULL, 0, NULL, why, whylen))) return rc;
+    ht_trace(t, KILN_SRC_MODULE, e->ids->model_train, -1);
     return KILN_OK;
 }
 
 static int run_eval(ht_trainer *t, int stage, int32_t split, int64_t n, int64_t log_step, char *why, size_t whylen) {
-    eval_loop e = {{"evaluation", t, NULL, eval_reset, eval_on_run_start, eval_done, eval_advance, no_step,
-                    eval_on_run_end},
-                   stage, split, n, log_step, stage == KILN_STAGE_TEST ? &TEST_IDS : &VAL_IDS, {0}};
+    eval_loop e = {t, stage, split, n, log_step, stage == KILN_STAGE_TEST ? &TEST_IDS : &VAL_IDS, {0}};
     int saved_stage = t->stage, saved_acc = t->accumulating;
     int64_t saved_nval = t->num_val_batches;
     t->stage = stage;
     t->accumulating = 0;
     if (stage == KILN_STAGE_SANITY) t->num_val_batches = n; /* what progress bars show as the total */
     double t0 = ht_now();
-    int rc = ht_loop_run(&e.L, why, whylen);
+    /* the evaluation loop: one batch per advance, nothing at on_advance_end */
+    int rc = eval_reset(&e, why, whylen);
+    if (rc == KILN_OK) rc = eval_on_run_start(&e, why, whylen);
+    while (rc == KILN_OK && !eval_done(&e)) rc = eval_advance(&e, why, whylen);
+    if (rc == LOOP_STOP) rc = KILN_OK; /* the data ran out early */
+    if (rc == KILN_OK) rc = eval_on_run_end(&e, why, whylen);
     t->time.validation += ht_now() - t0;
     t->batch = NULL;
     t->stage = saved_stage;
@@ -320,13 +289,7 @@ static int should_check_val(ht_trainer *t, int64_t batch_idx) {
 /* ---------------------------------------------------------------------------
  * Training epoch loop (loops/training_epoch_loop.py): one batch per advance */
 
-typedef struct epoch_loop {
-    ht_loop L;
-    kiln_batch batch; /* the current batch, valid until the next fetch */
-} epoch_loop;
-
-static int epoch_reset(ht_loop *L, char *why, size_t whylen) {
-    ht_trainer *t = L->t;
+static int epoch_reset(ht_trainer *t, char *why, size_t whylen) {
     int64_t start = 0;
     if (t->restart_mid_epoch) {
         /* resumed inside this epoch: keep the batch progress, the data
@@ -374,8 +337,7 @@ static int consistent_point(ht_trainer *t, char *why, size_t whylen) {
 }
 
 /* epoch_loop.done: max_steps, an allowed stop request, or the batches are done */
-static int epoch_done(ht_loop *L) {
-    ht_trainer *t = L->t;
+static int epoch_done(ht_trainer *t) {
     if (t->interrupted || max_steps_reached(t)) return 1;
     if (t->should_stop) {
         if (can_stop_early(t)) return 1;
@@ -384,14 +346,14 @@ static int epoch_done(ht_loop *L) {
     return t->batch_progress.current.ready >= t->num_training_batches;
 }
 
-static int epoch_advance(ht_loop *L, char *why, size_t whylen) {
-    epoch_loop *el = (epoch_loop *)L;
-    ht_trainer *t = L->t;
+/* One batch: fetch, on_train_batch_start, its optimisation (automatic or
+ * manual), the schedulers, on_train_batch_end, the step's logged metrics.
+ * `b` holds the batch until the next fetch. */
+static int epoch_advance(ht_trainer *t, kiln_batch *b, char *why, size_t whylen) {
     const int64_t i = t->batch_progress.current.ready; /* batch_idx */
-    int rc = fetch(t, KILN_SPLIT_TRAIN, &el->batch, why, whylen);
+    int rc = fetch(t, KILN_SPLIT_TRAIN, b, why, whylen);
     if (rc < 0) return rc;
-    if (rc == 0) return HT_LOOP_STOP; /* the data ran out before num_training_batches */
-    kiln_batch *b = &el->batch;
+    if (rc == 0) return LOOP_STOP; /* the data ran out before num_training_batches */
     t->batch = b;
     t->batch_idx = i;
     HT_INC(t->batch_progress, ready);
@@ -414,7 +376,7 @@ static int epoch_advance(ht_loop *L, char *why, size_t whylen) {
         if ((rc = ht_update_lr(t, 0, 0, why, whylen))) return rc;
         if ((rc = ht_update_lr(t, 1, 0, why, whylen))) return rc;
         t->batch = NULL;
-        return HT_LOOP_STOP;
+        return LOOP_STOP;
     }
     HT_INC(t->batch_progress, started);
     t->in_train_step = 1;
@@ -443,29 +405,40 @@ static int epoch_advance(ht_loop *L, char *why, size_t whylen) {
     return KILN_OK;
 }
 
-/* on_advance_end: validation when due, then the logger step */
-static int epoch_on_advance_end(ht_loop *L, char *why, size_t whylen) {
-    ht_trainer *t = L->t;
+/* Validation inside the epoch (training_epoch_loop.on_advance_end's
+ * _run_validation): on_validation_model_zero_grad after a stepping batch,
+ * then the evaluation loop over the validation split. */
+static int run_validation(ht_trainer *t, char *why, size_t whylen) {
     int rc;
-    if (should_check_val(t, t->batch_idx)) {
-        if (!t->accumulating &&
-            (rc = ht_hook(t, KILN_EV_ON_VALIDATION_MODEL_ZERO_GRAD, -1, NULL, NULL, 0, NULL, why, whylen)))
-            return rc;
-        if ((rc = run_eval(t, KILN_STAGE_VALIDATE, KILN_SPLIT_VAL, t->num_val_batches, t->batches_that_stepped, why,
-                           whylen)))
-            return rc;
-    }
+    if (!t->accumulating && (rc = ht_hook(t, KILN_EV_ON_VALIDATION_MODEL_ZERO_GRAD, -1, NULL, NULL, 0, NULL, why, whylen)))
+        return rc;
+    return run_eval(t, KILN_STAGE_VALIDATE, KILN_SPLIT_VAL, t->num_val_batches, t->batches_that_stepped, why, whylen);
+}
+
+/* The rest of on_advance_end, after validation: the step counters, then
+ * the consistent point (requested checkpoints, a signal's stop). */
+static int epoch_on_advance_end(ht_trainer *t, char *why, size_t whylen) {
     if (!t->accumulating) t->batches_that_stepped++;
     t->total_batch_idx++;
     t->accumulating = 0;
     return consistent_point(t, why, whylen);
 }
 
+/* training_epoch_loop.run: one batch per advance; at on_advance_end the
+ * validation when it is due (val_check_interval, check_val_every_n_epoch,
+ * a stop request), then the counters and the consistent point. */
 static int run_epoch_loop(ht_trainer *t, char *why, size_t whylen) {
-    epoch_loop el = {{"training epoch", t, NULL, epoch_reset, no_step, epoch_done, epoch_advance,
-                      epoch_on_advance_end, no_step},
-                     {0}};
-    int rc = ht_loop_run(&el.L, why, whylen);
+    kiln_batch batch; /* the current batch, valid until the next fetch */
+    int rc = epoch_reset(t, why, whylen);
+    while (rc == KILN_OK && !epoch_done(t)) {
+        rc = epoch_advance(t, &batch, why, whylen);
+        if (rc == LOOP_STOP) { /* StopIteration: no on_advance_end */
+            rc = KILN_OK;
+            break;
+        }
+        if (rc == KILN_OK && should_check_val(t, t->batch_idx)) rc = run_validation(t, why, whylen);
+        if (rc == KILN_OK) rc = epoch_on_advance_end(t, why, whylen);
+    }
     t->accumulating = 0;
     return rc;
 }
@@ -473,18 +446,14 @@ static int run_epoch_loop(ht_trainer *t, char *why, size_t whylen) {
 /* ---------------------------------------------------------------------------
  * Fit loop (loops/fit_loop.py): one epoch per advance */
 
-static int fit_skip(ht_loop *L) { return L->t->num_training_batches == 0; }
-
-static int fit_on_run_start(ht_loop *L, char *why, size_t whylen) {
-    ht_trainer *t = L->t;
+static int fit_on_run_start(ht_trainer *t, char *why, size_t whylen) {
     int rc = ht_hook(t, KILN_EV_ON_TRAIN_START, -1, NULL, NULL, 0, NULL, why, whylen);
     if (rc) return rc;
     ht_trace(t, KILN_SRC_STRATEGY, "on_train_start", -1);
     return KILN_OK;
 }
 
-static int fit_done(ht_loop *L) {
-    ht_trainer *t = L->t;
+static int fit_done(ht_trainer *t) {
     if (t->interrupted || max_steps_reached(t)) return 1;
     if (t->set.max_epochs != -1 && t->epoch_progress.current.processed >= t->set.max_epochs) return 1;
     if (t->should_stop) {
@@ -494,18 +463,21 @@ static int fit_done(ht_loop *L) {
     return 0;
 }
 
-/* on_advance_start + advance: epoch start hooks, then the epoch loop */
-static int fit_advance(ht_loop *L, char *why, size_t whylen) {
-    ht_trainer *t = L->t;
+/* on_advance_start: the epoch's start hooks */
+static int fit_on_advance_start(ht_trainer *t, char *why, size_t whylen) {
+    if (t->restart_mid_epoch) return KILN_OK; /* resumed inside it: these ran before the checkpoint */
+    HT_INC(t->epoch_progress, ready);
+    int rc = ht_hook(t, KILN_EV_ON_TRAIN_EPOCH_START, -1, NULL, NULL, 0, NULL, why, whylen);
+    if (rc == KILN_OK) HT_INC(t->epoch_progress, started);
+    return rc;
+}
+
+/* advance: one epoch, the training epoch loop */
+static int fit_advance(ht_trainer *t, char *why, size_t whylen) {
     int rc;
-    if (!t->restart_mid_epoch) { /* resumed inside it: these ran before the checkpoint */
-        HT_INC(t->epoch_progress, ready);
-        if ((rc = ht_hook(t, KILN_EV_ON_TRAIN_EPOCH_START, -1, NULL, NULL, 0, NULL, why, whylen))) return rc;
-        HT_INC(t->epoch_progress, started);
-    }
     if ((rc = run_epoch_loop(t, why, whylen))) return rc;
     /* interrupted inside the epoch: it is not processed (no on_train_epoch_end) */
-    return t->interrupted ? HT_LOOP_STOP : KILN_OK;
+    return t->interrupted ? LOOP_STOP : KILN_OK;
 }
 
 /* Move the epoch counters by d in processed and completed: -1 describes an
@@ -518,8 +490,7 @@ static void epoch_processed_by(ht_trainer *t, int64_t d) {
 }
 
 /* on_advance_end: on_train_epoch_end, epoch metrics, completed++ */
-static int fit_on_advance_end(ht_loop *L, char *why, size_t whylen) {
-    ht_trainer *t = L->t;
+static int fit_on_advance_end(ht_trainer *t, char *why, size_t whylen) {
     /* all the epoch's batches ran, or -1 made the last one last
      * (_num_ready_batches_reached); not when max_steps or a stop request
      * ended it early */
@@ -556,8 +527,25 @@ static int fit_on_advance_end(ht_loop *L, char *why, size_t whylen) {
     return rc;
 }
 
-static int fit_on_run_end(ht_loop *L, char *why, size_t whylen) {
-    return ht_hook(L->t, KILN_EV_ON_TRAIN_END, -1, NULL, NULL, 0, NULL, why, whylen);
+static int fit_on_run_end(ht_trainer *t, char *why, size_t whylen) {
+    return ht_hook(t, KILN_EV_ON_TRAIN_END, -1, NULL, NULL, 0, NULL, why, whylen);
+}
+
+/* fit_loop.run: one epoch per advance; skipped when there are no
+ * training batches */
+static int run_fit_epochs(ht_trainer *t, char *why, size_t whylen) {
+    if (t->num_training_batches == 0) return KILN_OK;
+    int rc = fit_on_run_start(t, why, whylen);
+    while (rc == KILN_OK && !fit_done(t)) {
+        rc = fit_on_advance_start(t, why, whylen);
+        if (rc == KILN_OK) rc = fit_advance(t, why, whylen);
+        if (rc == LOOP_STOP) { /* interrupted inside the epoch: no on_advance_end */
+            rc = KILN_OK;
+            break;
+        }
+        if (rc == KILN_OK) rc = fit_on_advance_end(t, why, whylen);
+    }
+    return rc == KILN_OK ? fit_on_run_end(t, why, whylen) : rc;
 }
 
 /* ---------------------------------------------------------------------------
@@ -620,10 +608,7 @@ int ht_run_fit_loop(ht_trainer *t, char *why, size_t whylen) {
         reset_current(&t->val_batch_progress);
     }
 
-    /* the fit loop; skipped when there are no training batches */
-    ht_loop fit = {"fit", t, fit_skip, no_step, fit_on_run_start, fit_done, fit_advance, fit_on_advance_end,
-                   fit_on_run_end};
-    if ((rc = ht_loop_run(&fit, why, whylen))) return rc;
+    if ((rc = run_fit_epochs(t, why, whylen))) return rc;
     if ((rc = ht_hook(t, KILN_EV_ON_FIT_END, -1, NULL, NULL, 0, NULL, why, whylen))) return rc;
     return ht_hook(t, KILN_EV_TEARDOWN, -1, NULL, NULL, 0, NULL, why, whylen);
 }
