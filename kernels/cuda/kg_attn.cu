@@ -239,3 +239,168 @@ extern "C" cudaError_t kg_attention_backward(cudaStream_t s, int fdt, void *dqkv
     return fdt == KG_F32 ? kg_attn_bwd_t<float>(s, dqkv, dout, qkv, out, lse, B, T, C, NH, round_dtype, work)
                          : kg_attn_bwd_t<double>(s, dqkv, dout, qkv, out, lse, B, T, C, NH, KG_F32, work);
 }
+
+/* ====================================================== the GEMM path ===
+ * The steps between cuda_seq.c's cuBLASLt products (see kg_kernels.h):
+ * heads split out of the packed layouts into head-major operands of the
+ * products' dtype and merged back, the causal softmax of each score row,
+ * the probabilities recomputed from lse, and dS = P * (dP - Delta). One warp
+ * per score row; the sums in double over a fixed warp tree. */
+
+template <typename T, int OP>
+__global__ void kg_heads_split_kernel(const T *src, size_t ld, int T_, int NH, int D, size_t n,
+                                      typename kg_storage<OP>::type *dst, size_t hs) {
+    KG_GRID_STRIDE(e, n) {
+        const size_t td = e % ((size_t)D * (size_t)T_), bh = e / ((size_t)D * (size_t)T_);
+        const size_t d = td % (size_t)D, t = td / (size_t)D, b = bh / (size_t)NH, h = bh % (size_t)NH;
+        dst[bh * hs + td] = kg_convert<OP, kg_dtype_of<T>::value>(src[(b * (size_t)T_ + t) * ld + h * (size_t)D + d]);
+    }
+}
+
+template <typename T>
+__global__ void kg_heads_merge_kernel(T *dst, size_t ld, int T_, int NH, int D, size_t n, const T *src, size_t hs,
+                                      int round_dtype) {
+    KG_GRID_STRIDE(e, n) {
+        const size_t td = e % ((size_t)D * (size_t)T_), bh = e / ((size_t)D * (size_t)T_);
+        const size_t d = td % (size_t)D, t = td / (size_t)D, b = bh / (size_t)NH, h = bh % (size_t)NH;
+        dst[(b * (size_t)T_ + t) * ld + h * (size_t)D + d] = kg_attn_round(src[bh * hs + td], round_dtype);
+    }
+}
+
+/* MODE 0: softmax (lse written, P = exp(s - max) / sum); 1: P = exp(s -
+ * lse); 2: dS = P * (dP - delta). Above the diagonal: 0. */
+template <typename T, int OP, int MODE>
+__global__ void kg_attn_rows_kernel(const T *S, const T *dP, T *lse, const double *delta, int T_, size_t rows,
+                                    size_t ts, typename kg_storage<OP>::type *out) {
+    const int lane = (int)(threadIdx.x & 31u);
+    const size_t r = (size_t)blockIdx.x * (KG_THREADS / 32) + (threadIdx.x >> 5);
+    if (r >= rows) return;
+    const int i = (int)(r % (size_t)T_);
+    const size_t off = (r / (size_t)T_) * ts + (size_t)i * (size_t)T_; /* the row in its head's (T, T) */
+    const T *s = S + off;
+    typename kg_storage<OP>::type *o = out + off;
+    const typename kg_storage<OP>::type zero = kg_convert<OP, kg_dtype_of<T>::value>((T)0);
+    if constexpr (MODE == 0) {
+        T mx = (T)-INFINITY;
+        for (int j = lane; j <= i; j += 32) mx = s[j] > mx ? s[j] : mx;
+        mx = kg_attn_warp_max(mx);
+        double sum = 0.0;
+        for (int j = lane; j <= i; j += 32) sum += (double)kg_attn_exp(s[j] - mx);
+        sum = kg_attn_warp_sum(sum);
+        if (lane == 0) lse[r] = (T)((double)mx + log(sum));
+        const T inv = (T)(1.0 / sum);
+        for (int j = lane; j < T_; j += 32)
+            o[j] = j <= i ? kg_convert<OP, kg_dtype_of<T>::value>(kg_attn_exp(s[j] - mx) * inv) : zero;
+    } else {
+        const T l = lse[r];
+        for (int j = lane; j < T_; j += 32) {
+            if (j > i) {
+                o[j] = zero;
+                continue;
+            }
+            const T p = kg_attn_exp(s[j] - l);
+            if constexpr (MODE == 1) o[j] = kg_convert<OP, kg_dtype_of<T>::value>(p);
+            else o[j] = kg_convert<OP, kg_dtype_of<T>::value>((T)((double)p * ((double)dP[off + (size_t)j] - delta[r])));
+        }
+    }
+}
+
+#define KG_ATTN_OP_DISPATCH(op, CALL)                 \
+    switch (op) {                                     \
+    case KG_F32: CALL(KG_F32); break;                 \
+    case KG_F64: CALL(KG_F64); break;                 \
+    case KG_F16: CALL(KG_F16); break;                 \
+    case KG_BF16: CALL(KG_BF16); break;               \
+    default: return cudaErrorInvalidValue;            \
+    }
+
+/* the operand dtype a score type may feed: its own, or a 16-bit one beside float32 */
+static bool kg_attn_op_ok(int fdt, int op) {
+    return op == fdt || (fdt == KG_F32 && (op == KG_F16 || op == KG_BF16));
+}
+
+extern "C" cudaError_t kg_heads_split(cudaStream_t s, int fdt, const void *src, int ld, int B, int T, int NH, int D,
+                                      void *dst, size_t hs, int op) {
+    if ((fdt != KG_F32 && fdt != KG_F64) || !kg_attn_op_ok(fdt, op) || B < 0 || T < 0 || NH < 0 || D < 0 ||
+        hs < (size_t)T * (size_t)D)
+        return cudaErrorInvalidValue;
+    const size_t n = (size_t)B * (size_t)NH * (size_t)T * (size_t)D;
+    if (n == 0) return cudaSuccess;
+#define KG_SPLIT(OPV)                                                                                       \
+    if (fdt == KG_F32)                                                                                      \
+        kg_heads_split_kernel<float, OPV><<<kg_grid(n), KG_THREADS, 0, s>>>(                                \
+            (const float *)src, (size_t)ld, T, NH, D, n, (typename kg_storage<OPV>::type *)dst, hs);        \
+    else                                                                                                    \
+        kg_heads_split_kernel<double, OPV><<<kg_grid(n), KG_THREADS, 0, s>>>(                               \
+            (const double *)src, (size_t)ld, T, NH, D, n, (typename kg_storage<OPV>::type *)dst, hs)
+    KG_ATTN_OP_DISPATCH(op, KG_SPLIT)
+#undef KG_SPLIT
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t kg_heads_merge(cudaStream_t s, int fdt, void *dst, int ld, int B, int T, int NH, int D,
+                                      const void *src, size_t hs, int round_dtype) {
+    if ((fdt != KG_F32 && fdt != KG_F64) || B < 0 || T < 0 || NH < 0 || D < 0 || hs < (size_t)T * (size_t)D)
+        return cudaErrorInvalidValue;
+    const size_t n = (size_t)B * (size_t)NH * (size_t)T * (size_t)D;
+    if (n == 0) return cudaSuccess;
+    if (fdt == KG_F32)
+        kg_heads_merge_kernel<float><<<kg_grid(n), KG_THREADS, 0, s>>>((float *)dst, (size_t)ld, T, NH, D, n,
+                                                                      (const float *)src, hs, round_dtype);
+    else
+        kg_heads_merge_kernel<double><<<kg_grid(n), KG_THREADS, 0, s>>>((double *)dst, (size_t)ld, T, NH, D, n,
+                                                                       (const double *)src, hs, KG_F32);
+    return cudaGetLastError();
+}
+
+template <int MODE>
+static cudaError_t kg_attn_rows(cudaStream_t s, int fdt, const void *S, const void *dP, void *lse,
+                                const double *delta, int T, size_t rows, size_t ts, void *out, int op) {
+    if ((fdt != KG_F32 && fdt != KG_F64) || !kg_attn_op_ok(fdt, op) || T <= 0 || ts < (size_t)T * (size_t)T ||
+        rows % (size_t)T)
+        return cudaErrorInvalidValue;
+    if (rows == 0) return cudaSuccess;
+    const size_t grid = (rows + KG_THREADS / 32 - 1) / (KG_THREADS / 32);
+    if (grid > 0x7fffffffu) return cudaErrorInvalidValue;
+#define KG_ROWS(OPV)                                                                                              \
+    if (fdt == KG_F32)                                                                                            \
+        kg_attn_rows_kernel<float, OPV, MODE><<<(unsigned)grid, KG_THREADS, 0, s>>>(                              \
+            (const float *)S, (const float *)dP, (float *)lse, delta, T, rows, ts,                                \
+            (typename kg_storage<OPV>::type *)out);                                                               \
+    else                                                                                                          \
+        kg_attn_rows_kernel<double, OPV, MODE><<<(unsigned)grid, KG_THREADS, 0, s>>>(                             \
+            (const double *)S, (const double *)dP, (double *)lse, delta, T, rows, ts,                             \
+            (typename kg_storage<OPV>::type *)out)
+    KG_ATTN_OP_DISPATCH(op, KG_ROWS)
+#undef KG_ROWS
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t kg_attn_softmax(cudaStream_t s, int fdt, const void *S, int T, size_t rows, size_t ts,
+                                       void *lse, void *P, int op) {
+    return kg_attn_rows<0>(s, fdt, S, NULL, lse, NULL, T, rows, ts, P, op);
+}
+
+extern "C" cudaError_t kg_attn_probs(cudaStream_t s, int fdt, const void *S, const void *lse, int T, size_t rows,
+                                     size_t ts, void *P, int op) {
+    return kg_attn_rows<1>(s, fdt, S, NULL, (void *)lse, NULL, T, rows, ts, P, op);
+}
+
+extern "C" cudaError_t kg_attn_dscores(cudaStream_t s, int fdt, const void *S, const void *dP, const void *lse,
+                                       const double *delta, int T, size_t rows, size_t ts, void *dS, int op) {
+    return kg_attn_rows<2>(s, fdt, S, dP, (void *)lse, delta, T, rows, ts, dS, op);
+}
+
+extern "C" cudaError_t kg_attn_delta(cudaStream_t s, int fdt, const void *dout, const void *out, int B, int T, int C,
+                                     int NH, double *delta) {
+    if ((fdt != KG_F32 && fdt != KG_F64) || B < 0 || T < 0 || C <= 0 || NH <= 0 || C % NH) return cudaErrorInvalidValue;
+    const size_t rows = (size_t)B * (size_t)NH * (size_t)T;
+    if (rows == 0) return cudaSuccess;
+    if (fdt == KG_F32)
+        kg_attn_delta_kernel<float><<<kg_grid(rows), KG_THREADS, 0, s>>>(delta, (const float *)dout, (const float *)out,
+                                                                        B, T, C, NH);
+    else
+        kg_attn_delta_kernel<double><<<kg_grid(rows), KG_THREADS, 0, s>>>(delta, (const double *)dout,
+                                                                         (const double *)out, B, T, C, NH);
+    return cudaGetLastError();
+}

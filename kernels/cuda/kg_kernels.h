@@ -207,7 +207,9 @@ cudaError_t kg_xent_fused(cudaStream_t s, int fdt, void *logits, const int32_t *
 cudaError_t kg_add(cudaStream_t s, int fdt, void *y, const void *a, const void *b, size_t n);
 
 /* Causal self-attention on qkv(B, T, 3C) (kiln/training.h's layout; D =
- * C / NH), one warp per (batch, head, row): the row's scores (scaled by
+ * C / NH), the row-wise kernels (the accelerator's `attention = "rowwise"`;
+ * the default runs the products on cuBLASLt, see below), one warp per
+ * (batch, head, row): the row's scores (scaled by
  * 1 / sqrt(D) rounded to fdt) kept in shared memory, the softmax with the
  * row max subtracted and its sum in double, lse(B, NH, T) = max +
  * log(sum), out(B, T, C) = sum_j p_j v_j / sum (accumulated in double),
@@ -228,6 +230,37 @@ cudaError_t kg_attention_forward(cudaStream_t s, int fdt, void *out, void *lse, 
 cudaError_t kg_attention_backward(cudaStream_t s, int fdt, void *dqkv, const void *dout, const void *qkv,
                                   const void *out, const void *lse, int B, int T, int C, int NH, int round_dtype,
                                   double *work);
+
+/* The GEMM path of attention (plugins/cuda/cuda_seq.c runs the products
+ * with cuBLASLt strided batches; these are the steps between them). BH =
+ * B * NH; head-major buffers hold head bh's (T, D) at bh * hs and score
+ * buffers head bh's (T, T) at bh * ts (strides in elements, at least T * D
+ * and T * T: padded, each head's matrix starts aligned for the tensor
+ * cores); the scores, lse and every fdt buffer are F32 or F64; `op` is
+ * the dtype of the products' operands: fdt, or F16 / BF16 beside F32 (the
+ * tensor cores; conversions round to nearest even).
+ *   kg_heads_split: dst[bh*hs + t*D + d] (op) = src[(b*T + t)*ld + h*D + d]
+ *   kg_heads_merge: dst[(b*T + t)*ld + h*D + d] = round_dtype(src[bh*hs + t*D + d])
+ *   kg_attn_softmax: per row i of S (already scaled), over keys j <= i:
+ *       lse = max + log(sum exp(s - max)) (the sum in double), P = exp(s -
+ *       max) / sum; P = 0 above the diagonal. rows = BH * T.
+ *   kg_attn_probs: P = exp(S - lse) below the diagonal, 0 above.
+ *   kg_attn_dscores: dS = P * (dP - delta[row]), P recomputed as in
+ *       kg_attn_probs, 0 above the diagonal.
+ *   kg_attn_delta: delta(B, NH, T) = sum over the head's columns of dout *
+ *       out (B, T, C), in double. */
+cudaError_t kg_heads_split(cudaStream_t s, int fdt, const void *src, int ld, int B, int T, int NH, int D, void *dst,
+                           size_t hs, int op);
+cudaError_t kg_heads_merge(cudaStream_t s, int fdt, void *dst, int ld, int B, int T, int NH, int D, const void *src,
+                           size_t hs, int round_dtype);
+cudaError_t kg_attn_softmax(cudaStream_t s, int fdt, const void *S, int T, size_t rows, size_t ts, void *lse, void *P,
+                            int op);
+cudaError_t kg_attn_probs(cudaStream_t s, int fdt, const void *S, const void *lse, int T, size_t rows, size_t ts,
+                          void *P, int op);
+cudaError_t kg_attn_dscores(cudaStream_t s, int fdt, const void *S, const void *dP, const void *lse,
+                            const double *delta, int T, size_t rows, size_t ts, void *dS, int op);
+cudaError_t kg_attn_delta(cudaStream_t s, int fdt, const void *dout, const void *out, int B, int T, int C, int NH,
+                          double *delta);
 
 #ifdef __cplusplus
 }

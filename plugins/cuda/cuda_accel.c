@@ -669,6 +669,8 @@ static int32_t cu_create(void *plugin_ctx, const kiln_host_services *svc, kiln_h
     acc->tf32 = kiln_kv_int(config, "tf32", 0) != 0;
     const int64_t ws_mib = kiln_kv_int(config, "workspace_mib", 32);
     const int64_t st_mib = kiln_kv_int(config, "staging_mib", 16);
+    const char *attn = kiln_kv_str(config, "attention", "gemm");
+    const int64_t attn_mib = kiln_kv_int(config, "attention_workspace_mib", 2048);
     int32_t rc = KILN_OK;
     if (acc->device_cfg < -1)
         rc = CU_ERR(acc, KILN_E_CONFIG, "cuda: device must be >= 0, or -1 for the local rank's device; got %d",
@@ -677,6 +679,11 @@ static int32_t cu_create(void *plugin_ctx, const kiln_host_services *svc, kiln_h
         rc = CU_ERR(acc, KILN_E_CONFIG, "cuda: workspace_mib must be in 0..4096, got %lld", (long long)ws_mib);
     else if (st_mib < 1 || st_mib > 1024)
         rc = CU_ERR(acc, KILN_E_CONFIG, "cuda: staging_mib must be in 1..1024, got %lld", (long long)st_mib);
+    else if (strcmp(attn, "gemm") != 0 && strcmp(attn, "rowwise") != 0)
+        rc = CU_ERR(acc, KILN_E_CONFIG, "cuda: attention must be \"gemm\" or \"rowwise\", got \"%s\"", attn);
+    else if (attn_mib < 16 || attn_mib > 1048576)
+        rc = CU_ERR(acc, KILN_E_CONFIG, "cuda: attention_workspace_mib must be in 16..1048576, got %lld",
+                    (long long)attn_mib);
     if (rc == KILN_OK) rc = cu_check_driver(acc);
     if (rc != KILN_OK) {
         free(acc);
@@ -684,6 +691,8 @@ static int32_t cu_create(void *plugin_ctx, const kiln_host_services *svc, kiln_h
     }
     acc->workspace_bytes = (size_t)ws_mib << 20;
     acc->stage_bytes = (size_t)st_mib << 20;
+    acc->attn_rowwise = strcmp(attn, "rowwise") == 0;
+    acc->attn_cap = (size_t)attn_mib << 20;
     *out = acc;
     return KILN_OK;
 }

@@ -7,7 +7,8 @@
  * chosen by its heuristic; building those costs far more than a small GEMM,
  * so they are cached per shape, transposes, leading dimensions, dtypes,
  * pointer alignment, whether beta is zero and the epilogue (a training
- * step repeats the same few shapes), least-recently-used out. The bias
+ * step repeats the same few shapes), least-recently-used out. Attention's
+ * products run as strided batches (one cuBLASLt call for every head). The bias
  * epilogue serves linear_forward (cuda_fused.c); GELU_AUX_BIAS is supported
  * here but not used, its GELU not being kiln's. fp32 GEMMs run in full fp32
  * unless the run asks for TF32 (`tf32 = true`); fp16/bf16 operands
@@ -71,6 +72,8 @@ void cu_blas_release(kiln_instance *acc) {
 typedef struct {
     int ta, tb, m, n, k, lda, ldb, ldc, atype, btype, ctype, compute, beta_zero, align, epilogue;
     int bias_align, aux_align;
+    int batch;
+    int64_t sa, sb, sc; /* column-major view: sa is the caller's B's stride */
 } cu_key;
 
 static int cu_key_eq(const cu_plan *p, const cu_key *k) {
@@ -78,7 +81,18 @@ static int cu_key_eq(const cu_plan *p, const cu_key *k) {
            p->lda == k->lda && p->ldb == k->ldb && p->ldc == k->ldc && p->atype == k->atype &&
            p->btype == k->btype && p->ctype == k->ctype && p->compute == k->compute &&
            p->beta_zero == k->beta_zero && p->align == k->align && p->epilogue == k->epilogue &&
-           p->bias_align == k->bias_align && p->aux_align == k->aux_align;
+           p->bias_align == k->bias_align && p->aux_align == k->aux_align && p->batch == k->batch &&
+           p->sa == k->sa && p->sb == k->sb && p->sc == k->sc;
+}
+
+/* A strided batch on a layout: its count and its stride in elements. */
+static cublasStatus_t cu_layout_batch(cublasLtMatrixLayout_t l, int batch, int64_t stride) {
+    if (batch <= 1) return CUBLAS_STATUS_SUCCESS;
+    const int32_t n = batch;
+    cublasStatus_t s = cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &n, sizeof n);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride);
+    return s;
 }
 
 /* Points the descriptor's epilogue at this call's bias and aux buffers (the
@@ -125,6 +139,9 @@ static int32_t cu_plan_build(kiln_instance *acc, cu_plan *p, const cu_key *k, co
                                        (uint64_t)(k->tb ? k->k : k->n), k->ldb);
     if (s == CUBLAS_STATUS_SUCCESS)
         s = cublasLtMatrixLayoutCreate(&p->lc, (cudaDataType_t)k->ctype, (uint64_t)k->m, (uint64_t)k->n, k->ldc);
+    if (s == CUBLAS_STATUS_SUCCESS) s = cu_layout_batch(p->la, k->batch, k->sa);
+    if (s == CUBLAS_STATUS_SUCCESS) s = cu_layout_batch(p->lb, k->batch, k->sb);
+    if (s == CUBLAS_STATUS_SUCCESS) s = cu_layout_batch(p->lc, k->batch, k->sc);
     cublasLtMatmulPreference_t pref = NULL;
     if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulPreferenceCreate(&pref);
     if (s == CUBLAS_STATUS_SUCCESS) {
@@ -177,6 +194,8 @@ static int32_t cu_plan_build(kiln_instance *acc, cu_plan *p, const cu_key *k, co
     p->epilogue = k->epilogue;
     p->bias_align = k->bias_align;
     p->aux_align = k->aux_align;
+    p->batch = k->batch;
+    p->sa = k->sa, p->sb = k->sb, p->sc = k->sc;
     p->valid = 1;
     return KILN_OK;
 }
@@ -247,9 +266,11 @@ int32_t cu_gemm_operands(kiln_instance *acc, const char *fn, uint32_t op, const 
     return KILN_OK;
 }
 
-int32_t cu_matmul_ep(kiln_instance *acc, const char *fn, int ta, int tb, int M, int N, int K, double alpha,
-                     const void *A, uint32_t at, int lda, const void *B, uint32_t bt, int ldb, double beta, void *C,
-                     uint32_t ct, int ldc, const cu_ep *ep) {
+/* One GEMM, or a strided batch of them (batch > 1: no epilogue, K > 0). */
+static int32_t cu_matmul_any(kiln_instance *acc, const char *fn, int ta, int tb, int M, int N, int K, double alpha,
+                             const void *A, uint32_t at, int lda, int64_t sa, const void *B, uint32_t bt, int ldb,
+                             int64_t sb, double beta, void *C, uint32_t ct, int ldc, int64_t sc, int batch,
+                             const cu_ep *ep) {
     const int epilogue = ep ? ep->kind : CUBLASLT_EPILOGUE_DEFAULT;
     if (M == 0 || N == 0) return KILN_OK;
     if (K == 0 && epilogue != CUBLASLT_EPILOGUE_DEFAULT)
@@ -267,6 +288,8 @@ int32_t cu_matmul_ep(kiln_instance *acc, const char *fn, int ta, int tb, int M, 
                                                       : (int)CUBLAS_COMPUTE_32F;
     k.beta_zero = beta == 0.0;
     k.epilogue = epilogue;
+    k.batch = batch > 1 ? batch : 1;
+    if (k.batch > 1) k.sa = sb, k.sb = sa, k.sc = sc;
     /* A, B and C reach the heuristic as the preference's minimum alignment
      * (their smallest); the epilogue's bias and aux reach it as the pointers
      * themselves (cu_plan_build sets them on the descriptor), so the key
@@ -276,6 +299,14 @@ int32_t cu_matmul_ep(kiln_instance *acc, const char *fn, int ta, int tb, int M, 
     int al = cu_align(A);
     if (cu_align(B) < al) al = cu_align(B);
     if (cu_align(C) < al) al = cu_align(C);
+    if (k.batch > 1) {
+        /* every product's operands start where the strides put them */
+        const void *firsts[3] = {(const char *)A + (size_t)sa * kiln_dtype_size(at),
+                                 (const char *)B + (size_t)sb * kiln_dtype_size(bt),
+                                 (const char *)C + (size_t)sc * kiln_dtype_size(ct)};
+        for (int i = 0; i < 3; i++)
+            if (cu_align(firsts[i]) < al) al = cu_align(firsts[i]);
+    }
     k.align = al;
     if (epilogue != CUBLASLT_EPILOGUE_DEFAULT) k.bias_align = cu_align(ep->bias);
     if (epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) k.aux_align = cu_align(ep->aux);
@@ -297,8 +328,23 @@ int32_t cu_matmul_ep(kiln_instance *acc, const char *fn, int ta, int tb, int M, 
     return KILN_OK;
 }
 
+int32_t cu_matmul_ep(kiln_instance *acc, const char *fn, int ta, int tb, int M, int N, int K, double alpha,
+                     const void *A, uint32_t at, int lda, const void *B, uint32_t bt, int ldb, double beta, void *C,
+                     uint32_t ct, int ldc, const cu_ep *ep) {
+    return cu_matmul_any(acc, fn, ta, tb, M, N, K, alpha, A, at, lda, 0, B, bt, ldb, 0, beta, C, ct, ldc, 0, 1, ep);
+}
+
 int32_t cu_matmul(kiln_instance *acc, const char *fn, int ta, int tb, int M, int N, int K, double alpha,
                   const void *A, uint32_t at, int lda, const void *B, uint32_t bt, int ldb, double beta, void *C,
                   uint32_t ct, int ldc) {
     return cu_matmul_ep(acc, fn, ta, tb, M, N, K, alpha, A, at, lda, B, bt, ldb, beta, C, ct, ldc, NULL);
+}
+
+int32_t cu_matmul_strided(kiln_instance *acc, const char *fn, int ta, int tb, int M, int N, int K, double alpha,
+                          const void *A, uint32_t at, int lda, int64_t sa, const void *B, uint32_t bt, int ldb,
+                          int64_t sb, double beta, void *C, uint32_t ct, int ldc, int64_t sc, int batch) {
+    if (batch <= 0 || M == 0 || N == 0) return KILN_OK;
+    if (K == 0) return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: a batched GEMM needs K > 0", fn);
+    return cu_matmul_any(acc, fn, ta, tb, M, N, K, alpha, A, at, lda, sa, B, bt, ldb, sb, beta, C, ct, ldc, sc, batch,
+                         NULL);
 }

@@ -54,6 +54,8 @@ typedef struct cu_plan {
     int epilogue;       /* cublasLtEpilogue_t; CUBLASLT_EPILOGUE_DEFAULT: none */
     int bias_align;     /* the bias pointer's alignment (0: no epilogue) */
     int aux_align;      /* the aux pointer's alignment (0: not GELU_AUX_BIAS) */
+    int batch;          /* strided batch count (1: one GEMM)                 */
+    int64_t sa, sb, sc; /* batch strides of A, B, C in elements              */
     /* value */
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, lc;
@@ -69,6 +71,8 @@ struct kiln_instance {
     int32_t tf32;           /* config `tf32`: fp32 GEMMs on TF32 tensor cores */
     size_t workspace_bytes; /* config `workspace_mib`: cuBLASLt workspace */
     size_t stage_bytes;     /* config `staging_mib`: each pinned staging slot */
+    int attn_rowwise;       /* config `attention` = "rowwise"                 */
+    size_t attn_cap;        /* config `attention_workspace_mib`, bytes        */
     /* after configure() */
     int configured;         /* device chosen and every resource set up     */
     int setup_started;      /* configure() began creating resources (so
@@ -133,6 +137,9 @@ struct kiln_instance {
     size_t seq_work_bytes;
     void *seq_rows;
     size_t seq_rows_bytes;
+    /* the gemm attention's operands, scores and products (grow-only) */
+    void *attn_ws;
+    size_t attn_ws_bytes;
 };
 
 #define CU_ERR(acc, code, ...) kiln_errorf((acc)->svc, (acc)->hctx, (code), __VA_ARGS__)
@@ -258,6 +265,12 @@ typedef struct cu_ep {
 int32_t cu_matmul_ep(kiln_instance *acc, const char *fn, int ta, int tb, int M, int N, int K, double alpha,
                      const void *A, uint32_t at, int lda, const void *B, uint32_t bt, int ldb, double beta, void *C,
                      uint32_t ct, int ldc, const cu_ep *ep);
+/* `batch` products at once (cuBLASLt's strided batch): product i takes A +
+ * i * sa, B + i * sb and C + i * sc (strides in elements); otherwise as
+ * cu_matmul. K > 0, no epilogue. */
+int32_t cu_matmul_strided(kiln_instance *acc, const char *fn, int ta, int tb, int M, int N, int K, double alpha,
+                          const void *A, uint32_t at, int lda, int64_t sa, const void *B, uint32_t bt, int ldb,
+                          int64_t sb, double beta, void *C, uint32_t ct, int ldc, int64_t sc, int batch);
 
 /* cuda_fused.c: the ABI 1.3 entries */
 int32_t cu_unscale_check(kiln_instance *acc, uint32_t dtype, void *const *x, const size_t *n, uint32_t count,

@@ -86,11 +86,17 @@ static const kiln_param cp_params[] = {
     {"tf32", KILN_TYPE_BOOL, 0, KILN_V_BOOL(0), "run float32 GEMMs on TF32 tensor cores (faster, ~1e-3 relative)"},
     {"workspace_mib", KILN_TYPE_INT, 0, KILN_V_INT(32), "cuBLASLt workspace, MiB (0..4096)"},
     {"staging_mib", KILN_TYPE_INT, 0, KILN_V_INT(16), "each of the 4 pinned host-to-device staging buffers, MiB"},
+    {"attention", KILN_TYPE_STRING, 0, KILN_V_STR("gemm"),
+     "attention kernels: gemm (cuBLASLt batched products, tensor cores in 16-bit precisions) or rowwise (one warp per "
+     "row, no T x T buffers)"},
+    {"attention_workspace_mib", KILN_TYPE_INT, 0, KILN_V_INT(2048),
+     "gemm attention: the most score memory a call takes at once, MiB (the batch is split to fit)"},
     {NULL, 0, 0, KILN_V_NONE, NULL},
 };
 
 /* allowed values, enforced by the host before create() (ABI 1.5) */
-static const char *const cp_checks[] = {"device >= -1", "workspace_mib in [0, 4096]", "staging_mib in [1, 1024]"};
+static const char *const cp_checks[] = {"device >= -1", "workspace_mib in [0, 4096]", "staging_mib in [1, 1024]",
+                                        "attention in {gemm, rowwise}", "attention_workspace_mib in [16, 1048576]"};
 static const kiln_kv cp_props[] = {
     {"device_type", KILN_V_STR("cuda")}, {"config_checks", KILN_V_STRS(cp_checks)}, {NULL, KILN_V_NONE}};
 

@@ -19,8 +19,12 @@
  *   - xent_fused must return the loss sum, so it waits once anyway: the
  *     kernel leaves rows with a bad target alone and reports the smallest,
  *     and the entry turns that into KILN_E_DATA naming the row and target.
+ * Attention runs its products on cuBLASLt (below, "the gemm path") unless
+ * the accelerator is configured with attention = "rowwise", which takes
+ * kg_attn.cu's one-warp-per-row kernels (no T x T buffers, CUDA cores).
  */
 #include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -301,12 +305,150 @@ static int32_t cu_attn_args(kiln_instance *acc, const char *fn, uint32_t dtype, 
                       (int)B, (int)T, (int)C);
     if ((rc = cu_seq_round_ok(acc, fn, dtype, round_dtype)) != KILN_OK) return rc;
     const int max_t = kg_attention_max_T((int)dtype);
-    if (T > max_t)
-        return CU_ERR(acc, KILN_E_UNSUPPORTED, "cuda: %s: T=%d is above the %d positions this kernel holds for %s", fn,
-                      (int)T, max_t, kiln_dtype_name(dtype));
+    if (acc->attn_rowwise && T > max_t)
+        return CU_ERR(acc, KILN_E_UNSUPPORTED,
+                      "cuda: %s: T=%d is above the %d positions the rowwise kernel holds for %s (attention = \"gemm\" "
+                      "has no such limit)",
+                      fn, (int)T, max_t, kiln_dtype_name(dtype));
     *n_qkv = rows * 3 * (size_t)C;
     *n_out = rows * (size_t)C;
     *n_lse = rows * (size_t)NH;
+    return KILN_OK;
+}
+
+/* The gemm path: per chunk of batch elements, every head at once through
+ * cuBLASLt strided batches, with the scores (and in the backward their
+ * gradient) materialised in attn_ws. Forward: S = scale Q K^T, the causal
+ * softmax (lse kept), O = P V. Backward: S again, P from lse, dV = P^T dO,
+ * dP = dO V^T, dS = P (dP - Delta), dQ = scale dS K, dK = scale dS^T Q. The
+ * products' operands are 16-bit (tensor cores, fp32 accumulation) when the
+ * call rounds its output to a 16-bit format, as a mixed-precision step's
+ * attention would run; otherwise the data's dtype (fp32 on TF32 tensor
+ * cores only with `tf32 = true`). */
+typedef struct cu_attn_plan {
+    uint32_t fdt, op;       /* data and operand dtypes */
+    size_t esz, osz;
+    int B, T, C, NH, D, nb; /* nb: batch elements per chunk */
+    size_t hd, tt;          /* strides of one head's (T, D) and (T, T) in the
+                               head-major buffers: T * D and T * T rounded up
+                               to 128 elements, so every head's matrix starts
+                               256-byte aligned in any dtype (cuBLASLt's
+                               fast algorithms need it for each batch) */
+} cu_attn_plan;
+
+/* Bytes one batch element needs, forward or backward, each buffer rounded
+ * up to 256 bytes as carved. */
+static size_t cu_attn_bytes(const cu_attn_plan *p, int nb, int backward) {
+    const size_t bh = (size_t)nb * (size_t)p->NH;
+    const size_t ops = cu_up256(bh * p->hd * p->osz), scores = cu_up256(bh * p->tt * p->esz);
+    const size_t probs = cu_up256(bh * p->tt * p->osz), outs = cu_up256(bh * p->hd * p->esz);
+    if (!backward) return 3 * ops + scores + probs + outs;
+    return 4 * ops + 2 * scores + probs + 3 * outs + cu_up256(bh * (size_t)p->T * sizeof(double));
+}
+
+static int32_t cu_attn_plan_make(kiln_instance *acc, const char *fn, uint32_t dtype, int32_t B, int32_t T, int32_t C,
+                                 int32_t NH, uint32_t round_dtype, int backward, cu_attn_plan *p) {
+    p->fdt = dtype;
+    p->op = dtype == KILN_DTYPE_F32 && cu_is16(round_dtype) ? round_dtype : dtype;
+    p->esz = kiln_dtype_size(dtype), p->osz = kiln_dtype_size(p->op);
+    p->B = B, p->T = T, p->C = C, p->NH = NH, p->D = C / NH;
+    p->hd = ((size_t)T * (size_t)p->D + 127) & ~(size_t)127, p->tt = ((size_t)T * (size_t)T + 127) & ~(size_t)127;
+    int nb = B;
+    while (nb > 1 && cu_attn_bytes(p, nb, backward) > acc->attn_cap) nb = (nb + 1) / 2;
+    p->nb = nb;
+    return cu_reserve(acc, &acc->attn_ws, &acc->attn_ws_bytes, cu_attn_bytes(p, nb, backward), fn);
+}
+
+/* The next carve of `bytes` (256-aligned) from *at. */
+static void *cu_carve(char **at, size_t bytes) {
+    void *p = *at;
+    *at += cu_up256(bytes);
+    return p;
+}
+
+#define CU_BATCHED(acc, fn, ta, tb, M, N, K, alpha, A, at, lda, sa, Bm, bt, ldb, sb, Cm, ct, ldc, sc, n)                  do {                                                                                                               int32_t rc_ = cu_matmul_strided(acc, fn, ta, tb, M, N, K, alpha, A, at, lda, sa, Bm, bt, ldb, sb, 0.0, Cm, ct,                                         ldc, sc, n);                                                                   if (rc_ != KILN_OK) return rc_;                                                                            } while (0)
+
+static int32_t cu_attn_gemm_forward(kiln_instance *acc, uint32_t dtype, void *out, void *lse, const void *qkv,
+                                    int32_t B, int32_t T, int32_t C, int32_t NH, uint32_t round_dtype) {
+    const char *fn = "attention_forward";
+    cu_attn_plan p;
+    int32_t rc = cu_attn_plan_make(acc, fn, dtype, B, T, C, NH, round_dtype, 0, &p);
+    if (rc != KILN_OK) return rc;
+    const int fdt = (int)dtype, op = (int)p.op, D = p.D;
+    const double scale = dtype == KILN_DTYPE_F32 ? (double)(float)(1.0 / sqrt((double)D)) : 1.0 / sqrt((double)D);
+    const int rd = dtype == KILN_DTYPE_F32 ? (int)round_dtype : KG_F32;
+    for (int b0 = 0; b0 < B; b0 += p.nb) {
+        const int nb = B - b0 < p.nb ? B - b0 : p.nb, bh = nb * NH;
+        char *at = acc->attn_ws;
+        void *q = cu_carve(&at, (size_t)bh * p.hd * p.osz), *k = cu_carve(&at, (size_t)bh * p.hd * p.osz);
+        void *v = cu_carve(&at, (size_t)bh * p.hd * p.osz), *S = cu_carve(&at, (size_t)bh * p.tt * p.esz);
+        void *P = cu_carve(&at, (size_t)bh * p.tt * p.osz), *O = cu_carve(&at, (size_t)bh * p.hd * p.esz);
+        const char *src = (const char *)qkv + (size_t)b0 * (size_t)T * 3 * (size_t)C * p.esz;
+        CU_LAUNCH(acc, fn, kg_heads_split(acc->stream, fdt, src, 3 * C, nb, T, NH, D, q, p.hd, op));
+        CU_LAUNCH(acc, fn, kg_heads_split(acc->stream, fdt, src + (size_t)C * p.esz, 3 * C, nb, T, NH, D, k, p.hd, op));
+        CU_LAUNCH(acc, fn, kg_heads_split(acc->stream, fdt, src + 2 * (size_t)C * p.esz, 3 * C, nb, T, NH, D, v, p.hd, op));
+        CU_BATCHED(acc, fn, 0, 1, T, T, D, scale, q, p.op, D, (int64_t)p.hd, k, p.op, D, (int64_t)p.hd, S, dtype, T,
+                   (int64_t)p.tt, bh);
+        void *l = (char *)lse + (size_t)b0 * (size_t)NH * (size_t)T * p.esz;
+        CU_LAUNCH(acc, fn, kg_attn_softmax(acc->stream, fdt, S, T, (size_t)bh * (size_t)T, p.tt, l, P, op));
+        CU_BATCHED(acc, fn, 0, 0, T, D, T, 1.0, P, p.op, T, (int64_t)p.tt, v, p.op, D, (int64_t)p.hd, O, dtype, D,
+                   (int64_t)p.hd, bh);
+        char *dst = (char *)out + (size_t)b0 * (size_t)T * (size_t)C * p.esz;
+        CU_LAUNCH(acc, fn, kg_heads_merge(acc->stream, fdt, dst, C, nb, T, NH, D, O, p.hd, rd));
+    }
+    return KILN_OK;
+}
+
+static int32_t cu_attn_gemm_backward(kiln_instance *acc, uint32_t dtype, void *dqkv, const void *dout,
+                                     const void *qkv, const void *out, const void *lse, int32_t B, int32_t T,
+                                     int32_t C, int32_t NH, uint32_t round_dtype) {
+    const char *fn = "attention_backward";
+    cu_attn_plan p;
+    int32_t rc = cu_attn_plan_make(acc, fn, dtype, B, T, C, NH, round_dtype, 1, &p);
+    if (rc != KILN_OK) return rc;
+    const int fdt = (int)dtype, op = (int)p.op, D = p.D;
+    const double scale = dtype == KILN_DTYPE_F32 ? (double)(float)(1.0 / sqrt((double)D)) : 1.0 / sqrt((double)D);
+    const int rd = dtype == KILN_DTYPE_F32 ? (int)round_dtype : KG_F32;
+    for (int b0 = 0; b0 < B; b0 += p.nb) {
+        const int nb = B - b0 < p.nb ? B - b0 : p.nb, bh = nb * NH;
+        const size_t rows = (size_t)bh * (size_t)T;
+        char *at = acc->attn_ws;
+        void *q = cu_carve(&at, (size_t)bh * p.hd * p.osz), *k = cu_carve(&at, (size_t)bh * p.hd * p.osz);
+        void *v = cu_carve(&at, (size_t)bh * p.hd * p.osz), *dO = cu_carve(&at, (size_t)bh * p.hd * p.osz);
+        void *S = cu_carve(&at, (size_t)bh * p.tt * p.esz), *dP = cu_carve(&at, (size_t)bh * p.tt * p.esz);
+        void *P = cu_carve(&at, (size_t)bh * p.tt * p.osz);
+        void *dQ = cu_carve(&at, (size_t)bh * p.hd * p.esz), *dK = cu_carve(&at, (size_t)bh * p.hd * p.esz);
+        void *dV = cu_carve(&at, (size_t)bh * p.hd * p.esz);
+        double *delta = cu_carve(&at, rows * sizeof(double));
+        const size_t row3 = 3 * (size_t)C * p.esz, row1 = (size_t)C * p.esz;
+        const char *src = (const char *)qkv + (size_t)b0 * (size_t)T * row3;
+        const char *go = (const char *)dout + (size_t)b0 * (size_t)T * row1;
+        const char *fo = (const char *)out + (size_t)b0 * (size_t)T * row1;
+        const void *l = (const char *)lse + (size_t)b0 * (size_t)NH * (size_t)T * p.esz;
+        CU_LAUNCH(acc, fn, kg_heads_split(acc->stream, fdt, src, 3 * C, nb, T, NH, D, q, p.hd, op));
+        CU_LAUNCH(acc, fn, kg_heads_split(acc->stream, fdt, src + row1, 3 * C, nb, T, NH, D, k, p.hd, op));
+        CU_LAUNCH(acc, fn, kg_heads_split(acc->stream, fdt, src + 2 * row1, 3 * C, nb, T, NH, D, v, p.hd, op));
+        CU_LAUNCH(acc, fn, kg_heads_split(acc->stream, fdt, go, C, nb, T, NH, D, dO, p.hd, op));
+        CU_LAUNCH(acc, fn, kg_attn_delta(acc->stream, fdt, go, fo, nb, T, C, NH, delta));
+        CU_BATCHED(acc, fn, 0, 1, T, T, D, scale, q, p.op, D, (int64_t)p.hd, k, p.op, D, (int64_t)p.hd, S, dtype, T,
+                   (int64_t)p.tt, bh);
+        CU_LAUNCH(acc, fn, kg_attn_probs(acc->stream, fdt, S, l, T, rows, p.tt, P, op));
+        /* dV = P^T dO, dP = dO V^T; then P's buffer takes dS (stream order:
+         * after dV has read P) */
+        CU_BATCHED(acc, fn, 1, 0, T, D, T, 1.0, P, p.op, T, (int64_t)p.tt, dO, p.op, D, (int64_t)p.hd, dV, dtype, D,
+                   (int64_t)p.hd, bh);
+        CU_BATCHED(acc, fn, 0, 1, T, T, D, 1.0, dO, p.op, D, (int64_t)p.hd, v, p.op, D, (int64_t)p.hd, dP, dtype, T,
+                   (int64_t)p.tt, bh);
+        CU_LAUNCH(acc, fn, kg_attn_dscores(acc->stream, fdt, S, dP, l, delta, T, rows, p.tt, P, op));
+        CU_BATCHED(acc, fn, 0, 0, T, D, T, scale, P, p.op, T, (int64_t)p.tt, k, p.op, D, (int64_t)p.hd, dQ, dtype, D,
+                   (int64_t)p.hd, bh);
+        CU_BATCHED(acc, fn, 1, 0, T, D, T, scale, P, p.op, T, (int64_t)p.tt, q, p.op, D, (int64_t)p.hd, dK, dtype, D,
+                   (int64_t)p.hd, bh);
+        char *dst = (char *)dqkv + (size_t)b0 * (size_t)T * row3;
+        CU_LAUNCH(acc, fn, kg_heads_merge(acc->stream, fdt, dst, 3 * C, nb, T, NH, D, dQ, p.hd, rd));
+        CU_LAUNCH(acc, fn, kg_heads_merge(acc->stream, fdt, dst + row1, 3 * C, nb, T, NH, D, dK, p.hd, rd));
+        CU_LAUNCH(acc, fn, kg_heads_merge(acc->stream, fdt, dst + 2 * row1, 3 * C, nb, T, NH, D, dV, p.hd, rd));
+    }
     return KILN_OK;
 }
 
@@ -325,6 +467,7 @@ int32_t cu_attention_forward(kiln_instance *acc, uint32_t dtype, void *out, void
         return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: out, lse and qkv must not overlap (B=%d T=%d C=%d NH=%d, %s)",
                       fn, (int)B, (int)T, (int)C, (int)NH, kiln_dtype_name(dtype));
     CU_READY(acc, fn);
+    if (!acc->attn_rowwise) return cu_attn_gemm_forward(acc, dtype, out, lse, qkv, B, T, C, NH, round_dtype);
     CU_LAUNCH(acc, fn,
               kg_attention_forward(acc->stream, (int)dtype, out, lse, qkv, B, T, C, NH,
                                    dtype == KILN_DTYPE_F32 ? (int)round_dtype : KG_F32));
@@ -350,6 +493,8 @@ int32_t cu_attention_backward(kiln_instance *acc, uint32_t dtype, void *dqkv, co
                       "cuda: %s: dqkv must not overlap dout, qkv, out or lse (B=%d T=%d C=%d NH=%d, %s)", fn, (int)B,
                       (int)T, (int)C, (int)NH, kiln_dtype_name(dtype));
     CU_READY(acc, fn);
+    if (!acc->attn_rowwise)
+        return cu_attn_gemm_backward(acc, dtype, dqkv, dout, qkv, out, lse, B, T, C, NH, round_dtype);
     if ((rc = cu_reserve(acc, &acc->seq_work, &acc->seq_work_bytes, n_lse * sizeof(double), fn)) != KILN_OK)
         return rc;
     CU_LAUNCH(acc, fn,

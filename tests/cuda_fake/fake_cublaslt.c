@@ -6,7 +6,8 @@
  * alignment the preference allowed and the workspace it needs; and
  * cublasLtMatmul computes D = alpha * op(A) * op(B) + beta * C in
  * COLUMN-MAJOR exactly as cuBLASLt defines it (op(A) is m x k, op(B) k x n,
- * C and D m x n; a layout gives the STORED rows, cols and ld of its matrix),
+ * C and D m x n; a layout gives the STORED rows, cols and ld of its matrix,
+ * and for a strided batch its count and stride, each batch one GEMM),
  * accumulating in double from exactly decoded inputs (fp16/bf16 widen
  * exactly; TF32 compute rounds fp32 inputs to 10 mantissa bits first, as
  * the tensor cores do). beta == 0 does not read C, so NaN there cannot
@@ -66,6 +67,8 @@ typedef struct fake_layout {
     int32_t type;
     uint64_t rows, cols;
     int64_t ld;
+    int32_t batch;  /* CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT (1 unless set)        */
+    int64_t stride; /* CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, elements */
     struct fake_layout *next;
 } fake_layout;
 
@@ -266,6 +269,7 @@ cublasStatus_t CUBLASWINAPI cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *m
     l->rows = rows;
     l->cols = cols;
     l->ld = ld;
+    l->batch = 1;
     l->next = fake_layouts;
     fake_layouts = l;
     fake_stats.lt_objects_live++;
@@ -283,6 +287,32 @@ cublasStatus_t CUBLASWINAPI cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t m
     free(l);
     fake_stats.lt_objects_live--;
     return CUBLAS_STATUS_SUCCESS;
+}
+
+/* The two attributes a strided batched GEMM sets; any other is reported,
+ * since the fake would ignore what it means. */
+cublasStatus_t CUBLASWINAPI cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t matLayout,
+                                                             cublasLtMatrixLayoutAttribute_t attr, const void *buf,
+                                                             size_t sizeInBytes) {
+    fake_layout *l = fake_layout_of(matLayout);
+    if (!l || !buf) {
+        fake_violation("cublasLtMatrixLayoutSetAttribute(%p): not a live layout, or no value", (void *)matLayout);
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    if (attr == CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT && sizeInBytes == sizeof(int32_t)) {
+        memcpy(&l->batch, buf, sizeof l->batch);
+        if (l->batch < 1) {
+            fake_violation("cublasLtMatrixLayoutSetAttribute: batch count %d", (int)l->batch);
+            return CUBLAS_STATUS_INVALID_VALUE;
+        }
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    if (attr == CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET && sizeInBytes == sizeof(int64_t)) {
+        memcpy(&l->stride, buf, sizeof l->stride);
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    fake_violation("cublasLtMatrixLayoutSetAttribute: attribute %d (%zu bytes) is not modelled", (int)attr, sizeInBytes);
+    return CUBLAS_STATUS_NOT_SUPPORTED;
 }
 
 cublasStatus_t CUBLASWINAPI cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *pref) {
@@ -345,7 +375,7 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulP
 typedef struct fake_cfg {
     const fake_desc *d;
     const fake_layout *a, *b, *c, *dd;
-    uint64_t m, n, k;
+    uint64_t m, n, k, batch;
     size_t ab_size, cd_size; /* element bytes */
 } fake_cfg;
 
@@ -434,9 +464,28 @@ static cublasStatus_t fake_resolve(const char *fn, cublasLtMatmulDesc_t desc, cu
                            (long long)all[i]->ld, (unsigned long long)all[i]->rows);
             return CUBLAS_STATUS_INVALID_VALUE;
         }
+    /* a batch: every layout the same count; a stride of 0 repeats one
+     * matrix (allowed for A and B, not for the output) */
+    for (int i = 0; i < 4; i++)
+        if (all[i]->batch != a->batch || all[i]->stride < 0 || (i >= 2 && a->batch > 1 && all[i]->stride == 0)) {
+            fake_violation("%s: layout %c: batch %d stride %lld against A's batch %d", fn, "ABCD"[i],
+                           (int)all[i]->batch, (long long)all[i]->stride, (int)a->batch);
+            return CUBLAS_STATUS_INVALID_VALUE;
+        }
+    if (a->batch > 1 && d->epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+        fake_violation("%s: the fake models epilogues for single GEMMs only (batch %d)", fn, (int)a->batch);
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    if (a->batch > 1 && (uint64_t)dd->stride < (dd->cols - 1) * (uint64_t)dd->ld + dd->rows) {
+        fake_violation("%s: D's batch stride %lld is shorter than one matrix (%llu x %llu, ld %lld): batches overlap",
+                       fn, (long long)dd->stride, (unsigned long long)dd->rows, (unsigned long long)dd->cols,
+                       (long long)dd->ld);
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
     cfg->m = m;
     cfg->n = n;
     cfg->k = k;
+    cfg->batch = (uint64_t)a->batch;
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -445,7 +494,8 @@ static uint64_t fake_cfg_hash(const fake_cfg *c) {
     const int64_t v[] = {c->d->compute, c->d->scale, c->d->transa, c->d->transb, c->d->epilogue, c->a->type,
                          (int64_t)c->a->rows,
                          (int64_t)c->a->cols, c->a->ld, c->b->type, (int64_t)c->b->rows, (int64_t)c->b->cols,
-                         c->b->ld, c->c->type, (int64_t)c->c->rows, (int64_t)c->c->cols, c->c->ld};
+                         c->b->ld, c->c->type, (int64_t)c->c->rows, (int64_t)c->c->cols, c->c->ld,
+                         c->a->batch, c->a->stride, c->b->stride, c->c->stride};
     uint64_t h = 1469598103934665603ull;
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) h = (h ^ (uint64_t)v[i]) * 1099511628211ull;
     return h;
@@ -552,9 +602,10 @@ static uint64_t fake_align_of(const void *p) {
     return al;
 }
 
-/* Bytes a stored layout spans. */
+/* Bytes a stored layout spans, every batch included. */
 static size_t fake_span(const fake_layout *l, size_t esz) {
-    return ((size_t)(l->cols - 1) * (size_t)l->ld + (size_t)l->rows) * esz;
+    return ((size_t)(l->batch - 1) * (size_t)l->stride + (size_t)(l->cols - 1) * (size_t)l->ld + (size_t)l->rows) *
+           esz;
 }
 
 cublasStatus_t CUBLASWINAPI cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t computeDesc,
@@ -644,55 +695,63 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmul(cublasLtHandle_t lightHandle, cublasL
 
     const uint64_t m = cfg.m, n = cfg.n, k = cfg.k;
     const int tf32 = cfg.d->compute == CUBLAS_COMPUTE_32F_FAST_TF32;
-    /* op(A) as opa(m, k) and op(B)^T as opbt(n, k), row-major doubles, so
-     * each output is a dot product of two contiguous rows */
-    double *opa = malloc((size_t)(m * k) * sizeof *opa);
-    double *opbt = malloc((size_t)(n * k) * sizeof *opbt);
-    double *out = malloc((size_t)(m * n) * sizeof *out);
-    if (!opa || !opbt || !out) {
-        free(opa), free(opbt), free(out);
-        return CUBLAS_STATUS_ALLOC_FAILED;
-    }
-    for (uint64_t i = 0; i < m; i++)
-        for (uint64_t p = 0; p < k; p++)
-            opa[i * k + p] = cfg.d->transa == CUBLAS_OP_N ? fake_load(A, cfg.a->type, i, p, cfg.a->ld, tf32)
-                                                          : fake_load(A, cfg.a->type, p, i, cfg.a->ld, tf32);
-    for (uint64_t j = 0; j < n; j++)
-        for (uint64_t p = 0; p < k; p++)
-            opbt[j * k + p] = cfg.d->transb == CUBLAS_OP_N ? fake_load(B, cfg.b->type, p, j, cfg.b->ld, tf32)
-                                                           : fake_load(B, cfg.b->type, j, p, cfg.b->ld, tf32);
-    for (uint64_t j = 0; j < n; j++)
-        for (uint64_t i = 0; i < m; i++) {
-            const double *x = opa + i * k, *y = opbt + j * k;
-            double acc = 0.0;
-            for (uint64_t p = 0; p < k; p++) acc += x[p] * y[p];
-            out[i + j * m] = acc;
+    const void *A0 = A, *B0 = B, *C0 = C;
+    void *D0 = D;
+    for (uint64_t bi = 0; bi < cfg.batch; bi++) {
+        A = (const char *)A0 + (size_t)bi * (size_t)cfg.a->stride * cfg.ab_size;
+        B = (const char *)B0 + (size_t)bi * (size_t)cfg.b->stride * cfg.ab_size;
+        C = (const char *)C0 + (size_t)bi * (size_t)cfg.c->stride * cfg.cd_size;
+        D = (char *)D0 + (size_t)bi * (size_t)cfg.dd->stride * cfg.cd_size;
+        /* op(A) as opa(m, k) and op(B)^T as opbt(n, k), row-major doubles, so
+         * each output is a dot product of two contiguous rows */
+        double *opa = malloc((size_t)(m * k) * sizeof *opa);
+        double *opbt = malloc((size_t)(n * k) * sizeof *opbt);
+        double *out = malloc((size_t)(m * n) * sizeof *out);
+        if (!opa || !opbt || !out) {
+            free(opa), free(opbt), free(out);
+            return CUBLAS_STATUS_ALLOC_FAILED;
         }
-    /* D = alpha * acc + beta * C: all of C is read before D is written, so
-     * C == D (in place) is fine */
-    for (uint64_t j = 0; j < n; j++)
-        for (uint64_t i = 0; i < m; i++) {
-            const size_t ci = (size_t)(i + j * (uint64_t)cfg.c->ld), di = (size_t)(i + j * (uint64_t)cfg.dd->ld);
-            const double acc = out[i + j * m];
-            if (cfg.c->type == CUDA_R_64F) {
-                const double r = b_ == 0.0 ? a_ * acc : a_ * acc + b_ * ((const double *)C)[ci];
-                ((double *)D)[di] = r;
-            } else {
-                const double r = b_ == 0.0 ? a_ * acc : a_ * acc + b_ * (double)((const float *)C)[ci];
-                float v = (float)r;
-                if (epi != CUBLASLT_EPILOGUE_DEFAULT) v = v + ((const float *)cfg.d->bias)[i];
-                if (epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
-                    ((float *)cfg.d->aux)[i + j * (uint64_t)cfg.d->aux_ld] = v;
-                    /* cuBLASLt's GELU is its own tanh approximation, not
-                     * kiln's km_gelu; libm's tanhf in float stands for it,
-                     * so a caller that promises the cpu's GELU bits and
-                     * uses this epilogue shows the difference */
-                    v = 0.5f * v * (1.0f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v)));
-                }
-                ((float *)D)[di] = v;
+        for (uint64_t i = 0; i < m; i++)
+            for (uint64_t p = 0; p < k; p++)
+                opa[i * k + p] = cfg.d->transa == CUBLAS_OP_N ? fake_load(A, cfg.a->type, i, p, cfg.a->ld, tf32)
+                                                              : fake_load(A, cfg.a->type, p, i, cfg.a->ld, tf32);
+        for (uint64_t j = 0; j < n; j++)
+            for (uint64_t p = 0; p < k; p++)
+                opbt[j * k + p] = cfg.d->transb == CUBLAS_OP_N ? fake_load(B, cfg.b->type, p, j, cfg.b->ld, tf32)
+                                                               : fake_load(B, cfg.b->type, j, p, cfg.b->ld, tf32);
+        for (uint64_t j = 0; j < n; j++)
+            for (uint64_t i = 0; i < m; i++) {
+                const double *x = opa + i * k, *y = opbt + j * k;
+                double acc = 0.0;
+                for (uint64_t p = 0; p < k; p++) acc += x[p] * y[p];
+                out[i + j * m] = acc;
             }
-        }
-    free(opa), free(opbt), free(out);
+        /* D = alpha * acc + beta * C: all of C is read before D is written, so
+         * C == D (in place) is fine */
+        for (uint64_t j = 0; j < n; j++)
+            for (uint64_t i = 0; i < m; i++) {
+                const size_t ci = (size_t)(i + j * (uint64_t)cfg.c->ld), di = (size_t)(i + j * (uint64_t)cfg.dd->ld);
+                const double acc = out[i + j * m];
+                if (cfg.c->type == CUDA_R_64F) {
+                    const double r = b_ == 0.0 ? a_ * acc : a_ * acc + b_ * ((const double *)C)[ci];
+                    ((double *)D)[di] = r;
+                } else {
+                    const double r = b_ == 0.0 ? a_ * acc : a_ * acc + b_ * (double)((const float *)C)[ci];
+                    float v = (float)r;
+                    if (epi != CUBLASLT_EPILOGUE_DEFAULT) v = v + ((const float *)cfg.d->bias)[i];
+                    if (epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
+                        ((float *)cfg.d->aux)[i + j * (uint64_t)cfg.d->aux_ld] = v;
+                        /* cuBLASLt's GELU is its own tanh approximation, not
+                         * kiln's km_gelu; libm's tanhf in float stands for it,
+                         * so a caller that promises the cpu's GELU bits and
+                         * uses this epilogue shows the difference */
+                        v = 0.5f * v * (1.0f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v)));
+                    }
+                    ((float *)D)[di] = v;
+                }
+            }
+        free(opa), free(opbt), free(out);
+    }
     fake_stats.matmuls++;
     lightHandle->last_stream = stream;
     lightHandle->last_syncs = fake_stream_syncs(stream);

@@ -269,3 +269,146 @@ cudaError_t kg_attention_backward(cudaStream_t s, int fdt, void *dqkv, const voi
     free(ws);
     return k == 0 ? cudaSuccess : fake_error(cudaErrorInvalidValue);
 }
+
+/* -------------------------------------------------- attention, gemm path */
+
+static int fake_attn_op_ok(int fdt, int op) {
+    return op == fdt || (fdt == KG_F32 && (op == KG_F16 || op == KG_BF16));
+}
+static size_t fake_op_size(int op) { return op == KG_F64 ? 8 : op == KG_F32 ? 4 : 2; }
+
+/* Bytes of a head-major buffer of bh heads at stride hs holding td each. */
+static size_t fake_heads_bytes(size_t bh, size_t hs, size_t td, size_t esz) { return ((bh - 1) * hs + td) * esz; }
+
+cudaError_t kg_heads_split(cudaStream_t s, int fdt, const void *src, int ld, int B, int T, int NH, int D, void *dst,
+                           size_t hs, int op) {
+    if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
+    if (!fake_seq_fdt(fdt) || !fake_attn_op_ok(fdt, op) || B < 0 || T < 0 || NH < 0 || D < 0 ||
+        hs < (size_t)T * (size_t)D)
+        return fake_error(cudaErrorInvalidValue);
+    const size_t n = (size_t)B * (size_t)NH * (size_t)T * (size_t)D, esz = fake_seq_esz(fdt), td = (size_t)T * (size_t)D;
+    if (n == 0) return cudaSuccess;
+    const size_t span = (((size_t)B * (size_t)T - 1) * (size_t)ld + (size_t)NH * (size_t)D) * esz;
+    const fake_buf bufs[] = {{"src", src, span}, {"dst", dst, fake_heads_bytes(n / td, hs, td, fake_op_size(op))}};
+    cudaError_t e = fake_launch(__func__, s, bufs, 2);
+    if (e != cudaSuccess) return e;
+    for (size_t i = 0; i < n; i++) {
+        const size_t d = i % (size_t)D, t = (i / (size_t)D) % (size_t)T, bh = i / ((size_t)D * (size_t)T);
+        const size_t b = bh / (size_t)NH, h = bh % (size_t)NH;
+        const char *x = (const char *)src + ((b * (size_t)T + t) * (size_t)ld + h * (size_t)D + d) * esz;
+        kc_cast((char *)dst + (bh * hs + i % td) * fake_op_size(op), op, x, fdt, 1);
+    }
+    return cudaSuccess;
+}
+
+cudaError_t kg_heads_merge(cudaStream_t s, int fdt, void *dst, int ld, int B, int T, int NH, int D, const void *src,
+                           size_t hs, int round_dtype) {
+    if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
+    if (!fake_seq_fdt(fdt) || B < 0 || T < 0 || NH < 0 || D < 0 || hs < (size_t)T * (size_t)D)
+        return fake_error(cudaErrorInvalidValue);
+    const size_t n = (size_t)B * (size_t)NH * (size_t)T * (size_t)D, esz = fake_seq_esz(fdt), td = (size_t)T * (size_t)D;
+    if (n == 0) return cudaSuccess;
+    const size_t span = (((size_t)B * (size_t)T - 1) * (size_t)ld + (size_t)NH * (size_t)D) * esz;
+    const fake_buf bufs[] = {{"dst", dst, span}, {"src", src, fake_heads_bytes(n / td, hs, td, esz)}};
+    cudaError_t e = fake_launch(__func__, s, bufs, 2);
+    if (e != cudaSuccess) return e;
+    for (size_t i = 0; i < n; i++) {
+        const size_t d = i % (size_t)D, t = (i / (size_t)D) % (size_t)T, bh = i / ((size_t)D * (size_t)T);
+        const size_t b = bh / (size_t)NH, h = bh % (size_t)NH;
+        char *y = (char *)dst + ((b * (size_t)T + t) * (size_t)ld + h * (size_t)D + d) * esz;
+        memcpy(y, (const char *)src + ((i / td) * hs + i % td) * esz, esz);
+        if (fdt == KG_F32 && round_dtype == KG_BF16) kc_round_bf16((float *)y, 1);
+        else if (fdt == KG_F32 && round_dtype == KG_F16) kc_round_f16((float *)y, 1);
+    }
+    return cudaSuccess;
+}
+
+/* The three row steps, as kg_kernels.h states them, in the data type TY
+ * with the kernel's exponential (km_exp_nonpos in float32). */
+#define FAKE_ATTN_ROWS(TY, EXP)                                                                                  \
+    do {                                                                                                         \
+        for (size_t r = 0; r < rows; r++) {                                                                      \
+            const size_t i = r % (size_t)T, off = (r / (size_t)T) * ts + i * (size_t)T;                          \
+            const TY *srow = (const TY *)S + off;                                                                \
+            char *orow = (char *)out + off * osz;                                                                \
+            TY mx = (TY)-INFINITY, l = 0;                                                                        \
+            double sum = 0.0;                                                                                    \
+            if (mode == 0) {                                                                                     \
+                for (size_t j = 0; j <= i; j++) mx = srow[j] > mx ? srow[j] : mx;                                \
+                for (size_t j = 0; j <= i; j++) sum += (double)EXP(srow[j] - mx);                                \
+                ((TY *)lse)[r] = (TY)((double)mx + log(sum));                                                    \
+            } else {                                                                                             \
+                l = ((const TY *)lse)[r];                                                                        \
+            }                                                                                                    \
+            const TY inv = mode == 0 ? (TY)(1.0 / sum) : (TY)0;                                                  \
+            for (size_t j = 0; j < (size_t)T; j++) {                                                             \
+                TY v = 0;                                                                                        \
+                if (j <= i) {                                                                                    \
+                    if (mode == 0) v = EXP(srow[j] - mx) * inv;                                                  \
+                    else {                                                                                       \
+                        const TY p = EXP(srow[j] - l);                                                           \
+                        v = mode == 1 ? p                                                                        \
+                                      : (TY)((double)p * ((double)((const TY *)dP)[off + j] - delta[r]));         \
+                    }                                                                                            \
+                }                                                                                                \
+                kc_cast(orow + j * osz, op, &v, fdt, 1);                                                         \
+            }                                                                                                    \
+        }                                                                                                        \
+    } while (0)
+
+static cudaError_t fake_attn_rows(const char *fn, int mode, cudaStream_t s, int fdt, const void *S, const void *dP,
+                                  void *lse, const double *delta, int T, size_t rows, size_t ts, void *out, int op) {
+    if (fake_inject(fn)) return fake_error(cudaErrorLaunchFailure);
+    if (!fake_seq_fdt(fdt) || !fake_attn_op_ok(fdt, op) || T <= 0 || ts < (size_t)T * (size_t)T || rows % (size_t)T)
+        return fake_error(cudaErrorInvalidValue);
+    if (rows == 0) return cudaSuccess;
+    const size_t esz = fake_seq_esz(fdt), osz = fake_op_size(op);
+    const size_t tt = (rows / (size_t)T - 1) * ts + (size_t)T * (size_t)T; /* elements the score buffers span */
+    const fake_buf bufs[] = {{"S", S, tt * esz},
+                             {"lse", lse, rows * esz},
+                             {"out", out, tt * osz},
+                             {"dP", dP, mode == 2 ? tt * esz : 0},
+                             {"delta", delta, mode == 2 ? rows * sizeof *delta : 0}};
+    cudaError_t e = fake_launch(fn, s, bufs, 5);
+    if (e != cudaSuccess) return e;
+    if (fake_overlap(fn, "out", out, tt * osz, "S", S, tt * esz) || (mode == 2 && fake_overlap(fn, "out", out, tt * osz, "dP", dP, tt * esz)))
+        return fake_error(cudaErrorInvalidValue);
+    if (fdt == KG_F32) FAKE_ATTN_ROWS(float, km_exp_nonpos);
+    else FAKE_ATTN_ROWS(double, exp);
+    return cudaSuccess;
+}
+
+cudaError_t kg_attn_softmax(cudaStream_t s, int fdt, const void *S, int T, size_t rows, size_t ts, void *lse, void *P,
+                            int op) {
+    return fake_attn_rows(__func__, 0, s, fdt, S, NULL, lse, NULL, T, rows, ts, P, op);
+}
+cudaError_t kg_attn_probs(cudaStream_t s, int fdt, const void *S, const void *lse, int T, size_t rows, size_t ts,
+                          void *P, int op) {
+    return fake_attn_rows(__func__, 1, s, fdt, S, NULL, (void *)lse, NULL, T, rows, ts, P, op);
+}
+cudaError_t kg_attn_dscores(cudaStream_t s, int fdt, const void *S, const void *dP, const void *lse,
+                            const double *delta, int T, size_t rows, size_t ts, void *dS, int op) {
+    return fake_attn_rows(__func__, 2, s, fdt, S, dP, (void *)lse, delta, T, rows, ts, dS, op);
+}
+
+cudaError_t kg_attn_delta(cudaStream_t s, int fdt, const void *dout, const void *out, int B, int T, int C, int NH,
+                          double *delta) {
+    if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
+    if (!fake_seq_fdt(fdt) || B < 0 || T < 0 || C <= 0 || NH <= 0 || C % NH) return fake_error(cudaErrorInvalidValue);
+    const size_t rows = (size_t)B * (size_t)NH * (size_t)T, esz = fake_seq_esz(fdt), nb = (size_t)B * (size_t)T * (size_t)C * esz;
+    if (rows == 0) return cudaSuccess;
+    const fake_buf bufs[] = {{"dout", dout, nb}, {"out", out, nb}, {"delta", delta, rows * sizeof *delta}};
+    cudaError_t e = fake_launch(__func__, s, bufs, 3);
+    if (e != cudaSuccess) return e;
+    const size_t D = (size_t)(C / NH);
+    for (size_t r = 0; r < rows; r++) {
+        const size_t i = r % (size_t)T, h = (r / (size_t)T) % (size_t)NH, b = r / ((size_t)T * (size_t)NH);
+        const size_t off = (b * (size_t)T + i) * (size_t)C + h * D;
+        double acc = 0.0;
+        for (size_t d = 0; d < D; d++)
+            acc += fdt == KG_F32 ? (double)((const float *)dout)[off + d] * (double)((const float *)out)[off + d]
+                                 : ((const double *)dout)[off + d] * ((const double *)out)[off + d];
+        delta[r] = acc;
+    }
+    return cudaSuccess;
+}

@@ -1261,13 +1261,25 @@ static void test_seq_tokens_memo(void) {
     CU_ASSERT_EQUAL(k->copy(acc, dtg, targets, sizeof targets, KILN_COPY_H2D), KILN_OK);
     CU_ASSERT_EQUAL(k->xent_fused(acc, KILN_DTYPE_F32, dl, dtg, 4, 7, 9, 0.25, &loss), KILN_E_DATA);
     HAS(kiln_test_error(g_th), "target 7 at row 3 is outside [-1, 7)");
-    /* attention longer than the kernel holds: one line, nothing launched */
-    const int32_t Tbig = 1 << 20; /* far past the 48 KiB of shared memory per block */
-    s1 = stats();
-    CU_ASSERT_EQUAL(k->attention_forward(acc, KILN_DTYPE_F32, dy, dy, dd, 1, Tbig, 4, 1, KILN_DTYPE_F32),
-                    KILN_E_UNSUPPORTED);
-    HAS(kiln_test_error(g_th), "attention_forward: T=");
-    CU_ASSERT_EQUAL(stats().kernels - s1.kernels, 0);
+    /* attention = "rowwise" and a T longer than its kernel holds: one line,
+     * nothing launched (the gemm path has no such limit) */
+    const kiln_kv rowwise[] = {{"attention", KILN_V_STR("rowwise")}, {NULL, KILN_V_NONE}};
+    const kiln_kernels *k2 = NULL;
+    kiln_instance *acc2 = ready(rowwise, &k2);
+    if (acc2) {
+        const int32_t Tbig = 1 << 20; /* far past the 48 KiB of shared memory per block */
+        s1 = stats();
+        CU_ASSERT_EQUAL(k2->attention_forward(acc2, KILN_DTYPE_F32, dy, dy, dd, 1, Tbig, 4, 1, KILN_DTYPE_F32),
+                        KILN_E_UNSUPPORTED);
+        HAS(kiln_test_error(g_th), "attention_forward: T=");
+        CU_ASSERT_EQUAL(stats().kernels - s1.kernels, 0);
+        g_ops->base.destroy(acc2);
+    }
+    /* a bad attention setting */
+    const kiln_kv bad_attn[] = {{"attention", KILN_V_STR("flash")}, {NULL, KILN_V_NONE}};
+    kiln_instance *acc3 = NULL;
+    CU_ASSERT_EQUAL(make(bad_attn, &acc3), KILN_E_CONFIG);
+    HAS(kiln_test_error(g_th), "attention must be \"gemm\" or \"rowwise\", got \"flash\"");
     k->free(acc, dt), k->free(acc, dwte), k->free(acc, dwpe), k->free(acc, dd), k->free(acc, dy);
     k->free(acc, gte), k->free(acc, gpe), k->free(acc, dl), k->free(acc, dtg);
     g_ops->base.destroy(acc);

@@ -32,6 +32,8 @@
  *   KILN_GPU_TEST_REQUIRE=1  a missing plugin or GPU fails (exit 1) instead
  *                            of skipping, for GPU runs that must not pass
  *                            vacuously.
+ *   KILN_GPU_TEST_ATTENTION=rowwise  the device under test's `attention`
+ *                            key (default: the plugin's default, gemm).
  *   KILN_GPU_TEST_VERBOSE=1  one line per comparison: its worst error as a
  *                            fraction of the tolerance (the margin).
  *
@@ -1964,10 +1966,19 @@ static void fail_setup(const char *fmt, ...) {
  * every declared key with its default (the cuda plugin reads `tf32`,
  * `device` and its buffer sizes from it in create()). NULL-terminated, in
  * out[cap]; valid until destroy, hence static storage at the caller. */
+/* Each declared key at its default; KILN_GPU_TEST_ATTENTION=MODE sets the
+ * device under test's `attention` key (the cuda plugin's two attention
+ * paths are compared with the cpu one by separate runs). */
 static const kiln_kv *default_config(const kiln_plugin_desc *d, kiln_kv *out, size_t cap) {
     size_t k = 0;
+    const char *attn = getenv("KILN_GPU_TEST_ATTENTION");
     for (const kiln_param *p = d->params; p && p->key && k + 1 < cap; p++)
-        if (p->def.type != KILN_TYPE_NONE) out[k].key = p->key, out[k].value = p->def, k++;
+        if (p->def.type != KILN_TYPE_NONE) {
+            out[k].key = p->key, out[k].value = p->def;
+            if (attn && *attn && !strcmp(p->key, "attention") && p->def.type == KILN_TYPE_STRING)
+                out[k].value.v.s = attn;
+            k++;
+        }
     out[k].key = NULL;
     out[k].value.type = KILN_TYPE_NONE;
     return out;
