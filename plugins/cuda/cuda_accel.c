@@ -692,6 +692,7 @@ static int32_t cu_create(void *plugin_ctx, const kiln_host_services *svc, kiln_h
     acc->workspace_bytes = (size_t)ws_mib << 20;
     acc->stage_bytes = (size_t)st_mib << 20;
     acc->attn_rowwise = strcmp(attn, "rowwise") == 0;
+    acc->profile = kiln_kv_int(config, "profile", 0) != 0;
     acc->attn_cap = (size_t)attn_mib << 20;
     *out = acc;
     return KILN_OK;
@@ -714,6 +715,8 @@ static void cu_destroy(kiln_instance *acc) {
          * them before the handle goes (cu_mem_release would wait too, but
          * only after the handle was destroyed) */
         if (acc->stream) (void)cudaStreamSynchronize(acc->stream);
+        if (acc->stream) cu_prof_report(acc);
+        cu_prof_release(acc);
         cu_blas_release(acc);
         cu_mem_release(acc);
         if (acc->stream) (void)cudaStreamDestroy(acc->stream);
@@ -729,6 +732,7 @@ int32_t cu_enter(kiln_instance *acc, const char *fn) {
                       acc->setup_started ? " (configure() failed)" : "");
     int cur = -1;
     if (cudaGetDevice(&cur) != cudaSuccess || cur != acc->device) CU_CHECK(acc, fn, cudaSetDevice(acc->device));
+    if (acc->prof) cu_prof_mark(acc, fn);
     return KILN_OK;
 }
 
@@ -786,6 +790,7 @@ static int32_t cu_configure(kiln_instance *acc, int32_t threads, int32_t local_r
     acc->configured = 1;
     int32_t rc = cu_mem_init(acc);
     if (rc == KILN_OK) rc = cu_blas_init(acc);
+    if (rc == KILN_OK && acc->profile && !acc->prof) rc = cu_prof_init(acc);
     if (rc != KILN_OK) {
         acc->configured = 0;
         return rc;

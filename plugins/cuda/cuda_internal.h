@@ -22,6 +22,9 @@
 
 #include "kg_kernels.h"
 
+/* `profile = true`'s event ring and totals (cuda_prof.c). */
+typedef struct cu_prof cu_prof;
+
 /* One block of device memory the caching allocator knows about. */
 typedef struct cu_block {
     void *ptr;
@@ -72,6 +75,7 @@ struct kiln_instance {
     size_t workspace_bytes; /* config `workspace_mib`: cuBLASLt workspace */
     size_t stage_bytes;     /* config `staging_mib`: each pinned staging slot */
     int attn_rowwise;       /* config `attention` = "rowwise"                 */
+    int profile;            /* config `profile`: GPU time per entry (log)    */
     size_t attn_cap;        /* config `attention_workspace_mib`, bytes        */
     /* after configure() */
     int configured;         /* device chosen and every resource set up     */
@@ -140,6 +144,7 @@ struct kiln_instance {
     /* the gemm attention's operands, scores and products (grow-only) */
     void *attn_ws;
     size_t attn_ws_bytes;
+    cu_prof *prof; /* NULL unless profile = true */
 };
 
 #define CU_ERR(acc, code, ...) kiln_errorf((acc)->svc, (acc)->hctx, (code), __VA_ARGS__)
@@ -278,6 +283,13 @@ int32_t cu_unscale_check(kiln_instance *acc, uint32_t dtype, void *const *x, con
 int32_t cu_linear_forward(kiln_instance *acc, uint32_t dtype, const void *x, const void *w, uint32_t w_dtype,
                           const void *b, int32_t rows, int32_t in, int32_t out, int32_t act, void *y, void *post,
                           uint32_t round_dtype);
+
+/* cuda_prof.c: profile = true. init at configure; mark at every cu_enter;
+ * report (to the log) and release at destroy, while the stream lives. */
+int32_t cu_prof_init(kiln_instance *acc);
+void cu_prof_mark(kiln_instance *acc, const char *entry);
+void cu_prof_report(kiln_instance *acc);
+void cu_prof_release(kiln_instance *acc);
 
 /* cuda_seq.c: the ABI 1.4 sequence entries */
 int32_t cu_embedding_forward(kiln_instance *acc, uint32_t dtype, void *out, const int32_t *tokens, const void *wte,

@@ -89,6 +89,9 @@ static const kiln_param cp_params[] = {
     {"attention", KILN_TYPE_STRING, 0, KILN_V_STR("gemm"),
      "attention kernels: gemm (cuBLASLt batched products, tensor cores in 16-bit precisions) or rowwise (one warp per "
      "row, no T x T buffers)"},
+    {"profile", KILN_TYPE_BOOL, 0, KILN_V_BOOL(0),
+     "log the GPU time of each kernel-table entry and category at the end of the run (CUDA events; a few us per "
+     "entry)"},
     {"attention_workspace_mib", KILN_TYPE_INT, 0, KILN_V_INT(2048),
      "gemm attention: the most score memory a call takes at once, MiB (the batch is split to fit)"},
     {NULL, 0, 0, KILN_V_NONE, NULL},

@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "fake_internal.h"
 
@@ -453,6 +454,7 @@ struct CUevent_st {
     unsigned flags;
     unsigned long recorded; /* records issued */
     unsigned long done;     /* records that have run */
+    double when;            /* host time (s) when the latest record ran  */
     cudaStream_t stream;    /* stream of the latest record */
     struct CUevent_st *next;
 };
@@ -495,7 +497,12 @@ static void fake_run_op(const fake_op *op) {
         for (size_t r = 0; r < op->height; r++) memset(op->dst + r * op->pitch, op->value, op->width);
         break;
     case FAKE_OP_EVENT:
-        if (op->ev->done < op->rec) op->ev->done = op->rec;
+        if (op->ev->done < op->rec) {
+            struct timespec ts;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            op->ev->done = op->rec;
+            op->ev->when = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+        }
         break;
     }
     free(op->owned);
@@ -710,13 +717,22 @@ cudaError_t CUDARTAPI cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
     return fake_submit(stream, &op, 0);
 }
 
-/* Not modelled: the fake runs every launch when it is made, so it can
- * neither time events nor record a stream into a graph. Callers get
- * cudaErrorNotSupported (kiln-gpu-step-fake runs --eager-only). */
+/* The host time between the moments the two records ran (the fake's
+ * "GPU" is the host, which runs each launch when it is made): what the
+ * work queued between them took here. Both must have completed
+ * (cudaErrorNotReady otherwise) and be timing events. */
 cudaError_t CUDARTAPI cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
-    (void)ms, (void)start, (void)end;
-    return fake_error(cudaErrorNotSupported);
+    if (!ms || !fake_event_live(start) || !fake_event_live(end)) return fake_error(cudaErrorInvalidResourceHandle);
+    if ((start->flags | end->flags) & cudaEventDisableTiming) return fake_error(cudaErrorInvalidResourceHandle);
+    if (!start->recorded || !end->recorded || start->done < start->recorded || end->done < end->recorded)
+        return fake_error(cudaErrorNotReady);
+    *ms = (float)((end->when - start->when) * 1e3);
+    return cudaSuccess;
 }
+
+/* Not modelled: the fake runs every launch when it is made, so it cannot
+ * record a stream into a graph. Callers get cudaErrorNotSupported
+ * (kiln-gpu-step-fake runs --eager-only). */
 cudaError_t CUDARTAPI cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode) {
     (void)stream, (void)mode;
     return fake_error(cudaErrorNotSupported);

@@ -11,7 +11,8 @@
 # pointer, size and overlap. Asserts for each precision: both runs
 # succeed, no contract violation, and the final training and validation
 # losses agree (the fake multiplies in double where OpenBLAS uses fp32:
-# 1e-3 relative in fp32, 2e-2 in bf16-mixed, 1e-9 in fp64).
+# 1e-3 relative in fp32, 2e-2 in bf16-mixed, 1e-9 in fp64). Then a run with
+# the accelerator's profile = true must log the GPU time per category.
 #   gpt_fit_fake.sh KILN TEXT2TOKENS FAKE_DIR WORK
 set -u
 kiln=$1 t2t=$2 fake=$3 work=$4
@@ -27,8 +28,9 @@ run() { # TAG ACCEL PRECISION
   cat > "$work/$1/run.cfg" <<CFG
 plugins = { dirs = ["$fake"]; };
 trainer = { max_steps = 12; seed = 5; default_root_dir = "$work/$1/runs"; num_sanity_val_steps = 0;
-  limit_val_batches = 4; val_check_interval = 12; gradient_clip_val = 1.0; threads = 1; log_every_n_steps = 1; };
-accelerator = "$2"; precision = "$3";
+  limit_val_batches = 4; val_check_interval = 12; gradient_clip_val = 1.0; threads = 1; log_every_n_steps = 1;
+  peak_flops = 1e12; };  # (no GEMM-rate measurement after fit: slow on the fake)
+accelerator = $2; precision = "$3";
 data = { name = "tokens"; train = "$work/shard.bin"; val_fraction = 0.1; vocab_size = 256; batch_size = 4;
   block_size = 32; };
 module = { name = "gpt"; n_layer = 2; n_head = 2; n_embd = 32; block_size = 32; vocab_size = 256; max_batch = 4; };
@@ -52,8 +54,8 @@ close() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { d = a - b; if (d < 0) d = -
 for spec in "32-true 1e-3" "bf16-mixed 2e-2" "64-true 1e-9"; do
   set -- $spec
   prec=$1 tol=$2
-  run "cpu_$prec" cpu "$prec" || { tail -5 "$work/cpu_$prec/log"; fail "$prec: the cpu run failed"; continue; }
-  run "fake_$prec" cudafake:cuda "$prec" || { tail -20 "$work/fake_$prec/log"; fail "$prec: the fake cuda run failed"; continue; }
+  run "cpu_$prec" '"cpu"' "$prec" || { tail -5 "$work/cpu_$prec/log"; fail "$prec: the cpu run failed"; continue; }
+  run "fake_$prec" '"cudafake:cuda"' "$prec" || { tail -20 "$work/fake_$prec/log"; fail "$prec: the fake cuda run failed"; continue; }
   grep -q "contract violation" "$work/fake_$prec/log" && fail "$prec: $(grep -m1 'contract violation' "$work/fake_$prec/log")"
   for col in train_loss_step val_loss; do
     a=$(last "cpu_$prec" $col) b=$(last "fake_$prec" $col)
@@ -63,4 +65,14 @@ for spec in "32-true 1e-3" "bf16-mixed 2e-2" "64-true 1e-9"; do
   grep -q "sample" "$work/fake_$prec/log" || [ -s "$work/fake_$prec/runs/version_0/samples.txt" ] ||
     fail "$prec: no sample written on the fake"
 done
+# profile = true: the GPU time per entry and per category in the log at the end
+if run fake_profile '{ name = "cudafake:cuda"; profile = true; }' bf16-mixed; then
+  for cat in GEMMs attention classifier "layer norm" embedding optimizer; do
+    grep -q "cuda: profile: category $cat " "$work/fake_profile/log" || fail "profile: no line for the category $cat"
+  done
+  grep -q "cuda: profile: entry attention_backward " "$work/fake_profile/log" || fail "profile: no line for attention_backward"
+  grep "cuda: profile: category" "$work/fake_profile/log" | head -3 | sed 's/^/  /'
+else
+  tail -5 "$work/fake_profile/log"; fail "the profiled run failed"
+fi
 [ "$fails" = 0 ] && echo "gpt on the fake cuda accelerator: ok" || exit 1
