@@ -14,6 +14,8 @@
 #                       machine may lack (unpacked there to /tmp, never /)
 #   .gpu/fashion-mnist/ the first 20000 training images (headers rewritten;
 #                       the idx plugin checks them) and the full test set
+#   .gpu/fortunes/      the fortunes package's texts (its .dat indexes and
+#                       .u8 links left out), for the transformer checks
 #
 # Both folders are git-ignored; name them in the device tool's `carry`:
 #   carry = ["build-gpu", ".gpu"], command = "bash tests/gpu/run.sh $OUT"
@@ -77,6 +79,14 @@ subset("train-labels-idx1-ubyte.gz", 1)
 for t in ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"):
     shutil.copy(os.path.join(src, t), os.path.join(dst, t))
 PY
+# 4. the fortunes texts (Debian's fortunes package; 2.8 MB)
+fsrc=${KILN_FORTUNES_DIR:-/usr/share/games/fortunes}
+if [ -f "$fsrc/fortunes" ]; then
+  rm -rf .gpu/fortunes && mkdir -p .gpu/fortunes
+  find "$fsrc" -maxdepth 1 -type f ! -name '*.dat' ! -name '*.u8' -exec cp {} .gpu/fortunes/ \;
+else
+  echo "prepare.sh: no fortunes texts at $fsrc (apt-get install fortunes): the GPU run skips the fortunes check"
+fi
 # objects and static archives: run.sh never rebuilds a carried build (it
 # only runs what was linked here), and with sm_80 and sm_90 code they are
 # ~10 MiB of the 64 the device tool carries

@@ -18,12 +18,24 @@
 #      (torchrun-style variables, bootstrap tcp) and, where Open MPI is
 #      installed (ompi_info), as a singleton MPI process (which needs Open
 #      MPI's plugins and orted, not carried from the build machine);
+#   4b. the transformer checks (tests/gpu/gpt_checks.sh): a small GPT step by
+#      step on the cpu and the GPU (both attention paths), 200 steps of the
+#      fortunes demo in fp32 and bf16-mixed, GPT-2 124M under ddp over NCCL;
 #   5. runs the GPU benchmark (bench/gpu/run.sh);
+#   5b. GPT-2 124M's throughput, MFU, step breakdown and memory against
+#      PyTorch eager and torch.compile (bench/gpu/gpt2.sh);
 # and writes OUT/gpu.log (everything printed) and OUT/results.json (each
 # step's status and figures). Exit status: 0 when every check passed.
-#   bash tests/gpu/run.sh "$OUT"
+#   bash tests/gpu/run.sh "$OUT" [all|core|transformer]
+# `core` runs steps 3-5 and `transformer` 4b and 5b (each fits one call of a
+# device tool that limits a command to 10 minutes); `all`, the default, both.
 set -uo pipefail
-out=${1:?usage: tests/gpu/run.sh OUTDIR}
+out=${1:?usage: tests/gpu/run.sh OUTDIR [all|core|transformer]}
+part=${2:-all}
+case "$part" in all | core | transformer) ;; *) echo "run.sh: part must be all, core or transformer, got $part" >&2; exit 2 ;; esac
+core=0 transformer=0
+[ "$part" != transformer ] && core=1
+[ "$part" != core ] && transformer=1
 mkdir -p "$out"
 root=$(cd "$(dirname "$0")/../.." && pwd)
 exec > >(tee -a "$out/gpu.log") 2>&1
@@ -140,6 +152,7 @@ else
   cat "$out/plugins.txt"; record plugins_list fail
 fi
 
+if [ "$core" = 1 ]; then
 # ---- 3. GPU tests ---------------------------------------------------------------
 note "GPU tests"
 if KILN_GPU_TEST_REQUIRE=1 timeout 240 ctest --test-dir "$build" -L gpu --output-on-failure &&
@@ -238,6 +251,26 @@ if [ -n "$fm" ]; then
   fi
   cat "$out/bench.jsonl" >>"$results" 2>/dev/null
 fi
+fi # core
+
+if [ "$transformer" = 1 ]; then
+# ---- 4b. the transformer on the GPU -----------------------------------------------
+note "transformer checks"
+if timeout 420 bash "$root/tests/gpu/gpt_checks.sh" "$build" "$out"; then
+  record gpt_checks pass
+else
+  record gpt_checks fail
+fi
+cat "$out/gpt.jsonl" >>"$results" 2>/dev/null
+# ---- 5b. GPT-2 124M benchmark -----------------------------------------------------
+note "GPT-2 124M benchmark"
+if timeout 300 bash "$root/bench/gpu/gpt2.sh" "$build" "$out"; then
+  record bench_gpt2_run pass
+else
+  record bench_gpt2_run fail
+fi
+cat "$out/bench_gpt2.jsonl" >>"$results" 2>/dev/null
+fi # transformer
 
 # ---- results ----------------------------------------------------------------------
 python3 - "$results" "$out/results.json" "$failures" "$(($(date +%s) - t_start))" <<'PY'

@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# bench/gpu/gpt2.sh BUILD OUT — GPT-2 124M on one GPU, the figures of
+# docs/benchmarks.md's transformer table:
+#   - kiln: examples/gpt2_124m.cfg on the cuda accelerator in bf16-mixed, T =
+#     1024, one batch per step (no accumulation), on a synthetic llm.c shard,
+#     at the largest batch of 32, 16, 8 that fits; the benchprobe callback's
+#     steady-state window (after 10 steps) gives the step time, so tokens/s =
+#     B * T / step and MFU = tokens/s * FLOPs per token / the GPU's dense
+#     bf16 peak (FLOPs per token: 6 N + 6 L C T, N = 124,475,904: llm.c's
+#     count); the memory high-water mark is nvidia-smi's, polled during the
+#     run;
+#   - the step's breakdown: a second, short run with the accelerator's
+#     profile = true (GPU time per category: GEMMs, attention, classifier,
+#     layer norm, embedding, optimizer, elementwise, copies, reductions, and
+#     the GPU idle after a synchronize, which is host time);
+#   - the peer: bench/gpu/torch_gpt2.py, the same model and step in PyTorch on
+#     the same GPU (eager with its fused attention, and torch.compile), at the
+#     same batch; kiln's tokens/s as a ratio to each.
+# Writes OUT/bench_gpt2.jsonl and prints a table. PEAK_TFLOPS overrides the
+# peak (default: 989.5, the H100/H200 SXM dense bf16 figure).
+set -uo pipefail
+build=$(cd "${1:?usage: bench/gpu/gpt2.sh BUILD OUT}" && pwd)
+out=${2:?usage: bench/gpu/gpt2.sh BUILD OUT}
+root=$(cd "$(dirname "$0")/../.." && pwd)
+peak=${PEAK_TFLOPS:-989.5}
+work=$(mktemp -d /tmp/kiln-gpt2-bench-XXXXXX)
+jsonl="$out/bench_gpt2.jsonl"
+: >"$jsonl"
+
+python3 - "$work/shard.bin" 4000000 <<'PY'
+import array, random, sys
+path, n = sys.argv[1], int(sys.argv[2])
+rng = random.Random(124)
+base = [rng.randrange(50257) for _ in range(8192)]
+toks = array.array("H", (base[i % len(base)] if rng.random() > 0.05 else rng.randrange(50257) for i in range(n)))
+hdr = array.array("i", [20240520, 1, n] + [0] * 253)
+with open(path, "wb") as f:
+    hdr.tofile(f)
+    toks.tofile(f)
+PY
+
+# kiln fit of GPT-2 124M: TAG BATCH STEPS ACCEL [extra --set ...]
+fit() {
+  local tag=$1 B=$2 steps=$3 acc=$4
+  shift 4
+  "$build/bin/kiln" fit "$root/examples/gpt2_124m.cfg" --set "plugins.dirs=[\"$build/bench/plugins\"]" \
+    --set "accelerator=$acc" --set "data.train=\"$work/shard.bin\"" --set "data.val=\"$work/shard.bin\"" \
+    --set "data.batch_size=$B" --set "module.max_batch=$B" --set trainer.accumulate_grad_batches=1 \
+    --set "trainer.max_steps=$steps" --set trainer.limit_val_batches=0 --set trainer.num_sanity_val_steps=0 \
+    --set trainer.val_check_interval=1000000 --set "trainer.default_root_dir=\"$work/runs-$tag\"" \
+    --set "trainer.peak_flops=${peak}e12" \
+    --set "callbacks=({name=\"benchprobe\"; path=\"$work/probe-$tag.txt\"; warmup=10;})" "$@" >"$work/$tag.log" 2>&1
+}
+
+batch=0
+for B in 32 16 8; do
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 250 >"$work/mem-$B.txt" 2>/dev/null &
+  smi=$!
+  if fit "b$B" "$B" 40 '"cuda"'; then
+    kill "$smi" 2>/dev/null; wait "$smi" 2>/dev/null
+    batch=$B
+    break
+  fi
+  kill "$smi" 2>/dev/null; wait "$smi" 2>/dev/null
+  echo "bench/gpt2: batch $B did not run: $(grep -m1 -E 'error|out of memory' "$work/b$B.log")"
+done
+if [ "$batch" = 0 ]; then
+  echo "bench/gpt2: no batch size ran"; tail -20 "$work/b8.log"
+  echo '{"check": "bench_gpt2", "status": "fail"}' >>"$jsonl"
+  exit 1
+fi
+fit profile "$batch" 12 '{ name = "cuda"; profile = true; }' || echo "bench/gpt2: the profiled run failed"
+python3 "$root/bench/gpu/torch_gpt2.py" --batch "$batch" >"$work/torch.jsonl" 2>"$work/torch.err" ||
+  echo "bench/gpt2: the PyTorch peer did not run ($(tail -1 "$work/torch.err"))"
+
+python3 - "$work" "$batch" "$peak" "$jsonl" <<'PY'
+import json, os, re, statistics, sys
+work, B, peak, jsonl = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]) * 1e12, sys.argv[4]
+T, L, C, N = 1024, 12, 768, 124475904
+fpt = 6 * N + 6 * L * C * T
+steps = []
+for line in open(os.path.join(work, f"probe-b{B}.txt")):
+    kv = dict(p.split("=") for p in line.split())
+    if int(kv["steady_steps"]) > 0:
+        steps.append(float(kv["steady_s"]) / int(kv["steady_steps"]))
+step = statistics.median(steps)
+tps = B * T / step
+mem = [int(x) for x in open(os.path.join(work, f"mem-{B}.txt")).read().split() if x.isdigit()]
+row = {"check": "bench_gpt2", "status": "pass", "batch": B, "seq": T, "precision": "bf16-mixed",
+       "step_ms": round(step * 1e3, 2), "tokens_per_s": round(tps), "tflops": round(tps * fpt / 1e12, 1),
+       "mfu": round(tps * fpt / peak, 4), "peak_tflops": peak / 1e12, "mem_high_water_mib": max(mem) if mem else None}
+prof = {}
+for line in open(os.path.join(work, "profile.log"), errors="replace"):
+    m = re.search(r"cuda: profile: category (.+?)\s+([0-9.]+) ms\s+([0-9.]+)%", line)
+    if m:
+        prof[m.group(1).strip()] = {"ms": float(m.group(2)), "percent": float(m.group(3))}
+row["breakdown"] = prof
+peers = {}
+try:
+    for line in open(os.path.join(work, "torch.jsonl")):
+        r = json.loads(line)
+        if "tokens_per_s" in r:
+            peers[r["check"]] = r
+            row["ratio_to_" + r["check"]] = round(tps / r["tokens_per_s"], 3)
+except OSError:
+    pass
+with open(jsonl, "a") as f:
+    f.write(json.dumps(row) + "\n")
+    for r in peers.values():
+        r["status"] = "pass"
+        f.write(json.dumps(r) + "\n")
+print(f"| GPT-2 124M | batch | step ms | tokens/s | TFLOP/s | MFU | memory MiB |")
+print(f"|---|---|---|---|---|---|---|")
+print(f"| kiln bf16-mixed | {B} | {row['step_ms']} | {row['tokens_per_s']} | {row['tflops']} | {100 * row['mfu']:.1f}% | {row['mem_high_water_mib']} |")
+for k, r in peers.items():
+    print(f"| {k} | {r['batch']} | {r['step_ms']} | {r['tokens_per_s']} | {r['tokens_per_s'] * fpt / 1e12:.1f} | "
+          f"{100 * r['tokens_per_s'] * fpt / peak:.1f}% | {r['peak_mem_gib'] * 1024:.0f} (allocated) |")
+print()
+print("| category | GPU ms | share |")
+print("|---|---|---|")
+for k, v in sorted(prof.items(), key=lambda kv: -kv[1]["ms"]):
+    print(f"| {k} | {v['ms']:.1f} | {v['percent']:.1f}% |")
+PY
+rm -rf "$work"
