@@ -88,6 +88,7 @@ static size_t kc_seq_grain(size_t grain, size_t per_unit) {
  * inf or NaN, and y rounded through float16 / bfloat16 on request. */
 #define KC_SEQ_T float
 #define KC_SEQ_SUF
+#define KC_SEQ_KM_SUF _f32
 #define KC_SEQ_EXP_NONPOS(x) km_exp_nonpos(x)
 #define KC_SEQ_EXP(x) expf(x)
 #define KC_SEQ_IS_F32 1
@@ -99,6 +100,7 @@ static size_t kc_seq_grain(size_t grain, size_t per_unit) {
 #include "cpu_seq.c"
 #undef KC_SEQ_T
 #undef KC_SEQ_SUF
+#undef KC_SEQ_KM_SUF
 #undef KC_SEQ_EXP_NONPOS
 #undef KC_SEQ_EXP
 #undef KC_SEQ_IS_F32
@@ -112,6 +114,7 @@ static size_t kc_seq_grain(size_t grain, size_t per_unit) {
  * path; accuracy matters more than speed). */
 #define KC_SEQ_T double
 #define KC_SEQ_SUF _f64
+#define KC_SEQ_KM_SUF _f64
 #define KC_SEQ_EXP_NONPOS(x) exp(x)
 #define KC_SEQ_EXP(x) exp(x)
 #define KC_SEQ_IS_F32 0
@@ -126,6 +129,8 @@ static size_t kc_seq_grain(size_t grain, size_t per_unit) {
 
 typedef KC_SEQ_T KC_N(kc_seq_t);
 #define T_ KC_N(kc_seq_t)
+/* kernels/common/km_seq.h's formula of this element type */
+#define KM_(name) KC_SEQ_CAT(name, KC_SEQ_KM_SUF)
 
 /* ------------------------------------------------------------- embedding */
 
@@ -263,14 +268,15 @@ static KC_ALWAYS_INLINE void KC_IMPL(kc_ln_fwd_range)(void *vc, size_t r0, size_
         const T_ m = (T_)mean_d, r = (T_)rstd_d;
         c->mean[i] = m;
         c->rstd[i] = r;
+        /* one loop per case, so each vectorizes with its flags constant */
         if (w && b)
-            for (j = 0; j < C; j++) y[j] = ((x[j] - m) * r) * w[j] + b[j];
+            for (j = 0; j < C; j++) y[j] = KM_(km_ln_y)(x[j], m, r, w[j], b[j], 1, 1);
         else if (w)
-            for (j = 0; j < C; j++) y[j] = ((x[j] - m) * r) * w[j];
+            for (j = 0; j < C; j++) y[j] = KM_(km_ln_y)(x[j], m, r, w[j], 0, 1, 0);
         else if (b)
-            for (j = 0; j < C; j++) y[j] = (x[j] - m) * r + b[j];
+            for (j = 0; j < C; j++) y[j] = KM_(km_ln_y)(x[j], m, r, 0, b[j], 0, 1);
         else
-            for (j = 0; j < C; j++) y[j] = (x[j] - m) * r;
+            for (j = 0; j < C; j++) y[j] = KM_(km_ln_y)(x[j], m, r, 0, 0, 0, 0);
 #if KC_SEQ_IS_F32
         /* while the row is in cache; C is below any split grain, so this
          * runs serially inside the range body */
@@ -349,14 +355,14 @@ static KC_ALWAYS_INLINE void KC_IMPL(kc_ln_bwd_range)(void *vc, size_t b0, size_
             const T_ am = (T_)(A / (double)C), bm = (T_)(Bs / (double)C);
             if (w) {
                 if (c->accumulate)
-                    for (j = 0; j < C; j++) dx[j] += r * ((dy[j] * w[j] - am) - ((x[j] - m) * r) * bm);
+                    for (j = 0; j < C; j++) dx[j] += KM_(km_ln_dx)(dy[j] * w[j], x[j], m, r, am, bm);
                 else
-                    for (j = 0; j < C; j++) dx[j] = r * ((dy[j] * w[j] - am) - ((x[j] - m) * r) * bm);
+                    for (j = 0; j < C; j++) dx[j] = KM_(km_ln_dx)(dy[j] * w[j], x[j], m, r, am, bm);
             } else {
                 if (c->accumulate)
-                    for (j = 0; j < C; j++) dx[j] += r * ((dy[j] - am) - ((x[j] - m) * r) * bm);
+                    for (j = 0; j < C; j++) dx[j] += KM_(km_ln_dx)(dy[j], x[j], m, r, am, bm);
                 else
-                    for (j = 0; j < C; j++) dx[j] = r * ((dy[j] - am) - ((x[j] - m) * r) * bm);
+                    for (j = 0; j < C; j++) dx[j] = KM_(km_ln_dx)(dy[j], x[j], m, r, am, bm);
             }
             if (pw)
                 for (j = 0; j < C; j++) pw[j] += (double)dy[j] * (double)((x[j] - m) * r);
@@ -479,7 +485,7 @@ static KC_ALWAYS_INLINE double KC_N(kc_xent_row)(T_ *restrict l, size_t t, size_
     const T_ et = l[t];
     const T_ sc = (T_)(gs / sum);
     for (j = 0; j < V; j++) l[j] *= sc;
-    l[t] = (T_)(gs * ((double)et / sum - 1.0));
+    l[t] = KM_(km_xent_target)(et, sum, gs);
     for (j = V; j < Vp; j++) l[j] = 0;
     return log(sum) + (double)m - (double)lt;
 }
@@ -567,4 +573,5 @@ void KC_N(kc_add)(T_ *y, const T_ *a, const T_ *b, size_t n) {
 }
 
 #undef T_
+#undef KM_
 #endif /* KC_SEQ_T */

@@ -12,7 +12,9 @@
  * tree gives a double that may differ in its last bits, so a float result
  * agrees with the cpu's to an ulp or two; the embedding, dw, db, add and
  * every elementwise formula are the cpu's operations in the cpu's order
- * (built with --fmad=false), bit for bit.
+ * (built with --fmad=false), bit for bit: the layer norm's output and input
+ * gradient and the cross-entropy's target gradient are km_seq.h's functions,
+ * which the cpu kernels call too.
  */
 #include "../common/km_seq.h"
 #include "kg_internal.cuh"
@@ -26,6 +28,26 @@
 template <typename A> static __device__ __forceinline__ A kg_warp_sum(A v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
+}
+
+/* kernels/common/km_seq.h's formulas, by element type */
+static __device__ __forceinline__ float kg_ln_y(float x, float m, float r, float w, float b, int hw, int hb) {
+    return km_ln_y_f32(x, m, r, w, b, hw, hb);
+}
+static __device__ __forceinline__ double kg_ln_y(double x, double m, double r, double w, double b, int hw, int hb) {
+    return km_ln_y_f64(x, m, r, w, b, hw, hb);
+}
+static __device__ __forceinline__ float kg_ln_dx(float g, float x, float m, float r, float am, float bm) {
+    return km_ln_dx_f32(g, x, m, r, am, bm);
+}
+static __device__ __forceinline__ double kg_ln_dx(double g, double x, double m, double r, double am, double bm) {
+    return km_ln_dx_f64(g, x, m, r, am, bm);
+}
+static __device__ __forceinline__ float kg_xent_target(float e, double sum, double gs) {
+    return km_xent_target_f32(e, sum, gs);
+}
+static __device__ __forceinline__ double kg_xent_target(double e, double sum, double gs) {
+    return km_xent_target_f64(e, sum, gs);
 }
 
 template <typename T> static __device__ __forceinline__ T kg_seq_round(T v, int round_dtype) {
@@ -141,12 +163,9 @@ __global__ void __launch_bounds__(KG_THREADS)
         mean[row] = m;
         rstd[row] = r;
     }
-    for (int j = lane; j < C; j += 32) {
-        T v = (xr[j] - m) * r;
-        if (w) v = v * w[j];
-        if (b) v = v + b[j];
-        yr[j] = kg_seq_round(v, round_dtype);
-    }
+    for (int j = lane; j < C; j += 32)
+        yr[j] = kg_seq_round(kg_ln_y(xr[j], m, r, w ? w[j] : (T)0, b ? b[j] : (T)0, w != NULL, b != NULL),
+                             round_dtype);
 }
 
 /* dx, one warp per row. */
@@ -169,8 +188,7 @@ __global__ void __launch_bounds__(KG_THREADS)
     }
     const T am = (T)(kg_warp_sum(sa) / (double)C), bm = (T)(kg_warp_sum(sb) / (double)C);
     for (int j = lane; j < C; j += 32) {
-        const T g = w ? dyr[j] * w[j] : dyr[j];
-        const T v = r * ((g - am) - ((xr[j] - m) * r) * bm);
+        const T v = kg_ln_dx(w ? dyr[j] * w[j] : dyr[j], xr[j], m, r, am, bm);
         dxr[j] = accumulate ? dxr[j] + v : v;
     }
 }
@@ -382,7 +400,7 @@ __global__ void __launch_bounds__(KG_THREADS)
             const T e = kg_exp_nonpos(l[j] - m);
             /* the target's entry in double from its own exponential, so
              * p - 1 does not cancel in the data type */
-            l[j] = j == t ? (T)(gs * ((double)e / sum - 1.0)) : e * sc;
+            l[j] = j == t ? kg_xent_target(e, sum, gs) : e * sc;
         }
     }
     for (int j = V + (int)tid; j < Vp; j += KG_THREADS) l[j] = (T)0;
