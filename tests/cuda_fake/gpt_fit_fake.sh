@@ -12,7 +12,8 @@
 # succeed, no contract violation, and the final training and validation
 # losses agree (the fake multiplies in double where OpenBLAS uses fp32:
 # 1e-3 relative in fp32, 2e-2 in bf16-mixed, 1e-9 in fp64). Then a run with
-# the accelerator's profile = true must log the GPU time per category.
+# the accelerator's profile = true must log the GPU time per category, and
+# a run of 9 steps must call cudaMalloc no more often than one of 3.
 #   gpt_fit_fake.sh KILN TEXT2TOKENS FAKE_DIR WORK
 set -u
 kiln=$1 t2t=$2 fake=$3 work=$4
@@ -75,4 +76,17 @@ if run fake_profile '{ name = "cudafake:cuda"; profile = true; }' bf16-mixed; th
 else
   tail -5 "$work/fake_profile/log"; fail "the profiled run failed"
 fi
+# no allocation in the steady-state step: 3 steps and 9 steps make the same
+# number of cudaMalloc calls (the accelerator's debug line at exit)
+mallocs() { # STEPS -> cudaMalloc calls of a run that long
+  mkdir -p "$work/steady_$1"
+  sed -e "s|max_steps = 12;|max_steps = $1;|" -e "s|limit_val_batches = 4; val_check_interval = 12;|limit_val_batches = 0;|" \
+      -e "s|$work/fake_32-true/runs|$work/steady_$1/runs|" -e '/name = "sample"/d' -e 's|{ name = "csv_logger"; },|{ name = "csv_logger"; } );|' \
+      "$work/fake_32-true/run.cfg" >"$work/steady_$1/run.cfg"
+  timeout -s KILL 300 "$kiln" -v fit "$work/steady_$1/run.cfg" >"$work/steady_$1/log" 2>&1 || { tail -5 "$work/steady_$1/log"; return 1; }
+  sed -n 's/.*cuda: device [0-9]*: \([0-9]*\) cudaMalloc calls.*/\1/p' "$work/steady_$1/log" | tail -1
+}
+m3=$(mallocs 3) m9=$(mallocs 9)
+echo "  cudaMalloc calls: $m3 in 3 steps, $m9 in 9 steps"
+[ -n "$m3" ] && [ "$m3" = "$m9" ] || fail "the steady-state step allocates ($m3 cudaMalloc calls in 3 steps, $m9 in 9)"
 [ "$fails" = 0 ] && echo "gpt on the fake cuda accelerator: ok" || exit 1
