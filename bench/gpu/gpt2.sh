@@ -27,17 +27,7 @@ work=$(mktemp -d /tmp/kiln-gpt2-bench-XXXXXX)
 jsonl="$out/bench_gpt2.jsonl"
 : >"$jsonl"
 
-python3 - "$work/shard.bin" 4000000 <<'PY'
-import array, random, sys
-path, n = sys.argv[1], int(sys.argv[2])
-rng = random.Random(124)
-base = [rng.randrange(50257) for _ in range(8192)]
-toks = array.array("H", (base[i % len(base)] if rng.random() > 0.05 else rng.randrange(50257) for i in range(n)))
-hdr = array.array("i", [20240520, 1, n] + [0] * 253)
-with open(path, "wb") as f:
-    hdr.tofile(f)
-    toks.tofile(f)
-PY
+python3 "$root/tests/gpu/synthetic_shard.py" "$work/shard.bin" 4000000
 
 # kiln fit of GPT-2 124M: TAG BATCH STEPS ACCEL [extra --set ...]
 fit() {

@@ -3,8 +3,9 @@
  * arithmetic: the launch geometry (a fixed block size and a capped grid for
  * grid-stride loops, so a launch never has 0 blocks and never more than the
  * hardware's limit), the grid-stride loop macro with size_t indices (tensors
- * may exceed 2^31 elements), and the deterministic shared-memory tree sum
- * the reductions and the loss use. Private to kernels/cuda.
+ * may exceed 2^31 elements), the deterministic shared-memory tree sum the
+ * reductions and the loss use, and the smallest-bad-row record of the two
+ * cross-entropy kernels. Private to kernels/cuda.
  */
 #ifndef KILN_KERNELS_CUDA_KG_INTERNAL_CUH
 #define KILN_KERNELS_CUDA_KG_INTERNAL_CUH
@@ -47,6 +48,18 @@ template <typename T> __device__ __forceinline__ void kg_block_tree_sum(T *s) {
     for (unsigned h = KG_THREADS / 2; h > 0; h >>= 1) {
         if (threadIdx.x < h) s[threadIdx.x] = s[threadIdx.x] + s[threadIdx.x + h];
         __syncthreads();
+    }
+}
+
+/* Records row as a bad row (a label or target out of range) when it is
+ * below the current one (or none is recorded yet: -1), so the smallest bad
+ * row wins whatever order the blocks run in. */
+static __device__ __forceinline__ void kg_note_bad_row(int32_t *bad_row, int32_t row) {
+    int32_t old = *(volatile int32_t *)bad_row;
+    while (old < 0 || row < old) {
+        const int32_t prev = atomicCAS(bad_row, old, row);
+        if (prev == old) break;
+        old = prev;
     }
 }
 

@@ -18,17 +18,6 @@
 
 /* ---------------------------------------------------------------- forward */
 
-/* Records row as a bad-label row when it is below the current one (or none
- * is recorded yet: -1), so the smallest bad row wins whatever the order. */
-static __device__ void kg_note_bad_row(int32_t *bad_row, int32_t row) {
-    int32_t old = *(volatile int32_t *)bad_row;
-    while (old < 0 || row < old) {
-        const int32_t prev = atomicCAS(bad_row, old, row);
-        if (prev == old) break;
-        old = prev;
-    }
-}
-
 /*
  * One block per row (blockIdx.x). probs(B, C) = softmax(logits(B, C)),
  * not overlapping; row_loss(B) = -log p[label] (NaN for a label outside

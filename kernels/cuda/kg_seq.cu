@@ -283,16 +283,6 @@ static __device__ __forceinline__ double kg_exp_nonpos(double x) { return exp(x)
 static __device__ __forceinline__ float kg_exp_any(float x) { return expf(x); }
 static __device__ __forceinline__ double kg_exp_any(double x) { return exp(x); }
 
-/* Lowers *bad_row to row unless a smaller row is there already. */
-static __device__ void kg_seq_note_bad(int32_t *bad_row, int32_t row) {
-    int32_t old = *(volatile int32_t *)bad_row;
-    while (old < 0 || row < old) {
-        const int32_t prev = atomicCAS(bad_row, old, row);
-        if (prev == old) break;
-        old = prev;
-    }
-}
-
 /* Order-preserving integer key of a float (the cpu's kc_xent_rowmax key):
  * the max of keys maps back to the max value, with no NaN semantics to
  * worry about (the row holds no NaN when the key is used). */
@@ -334,7 +324,7 @@ __global__ void __launch_bounds__(KG_THREADS)
     T *l = logits + (size_t)row * (size_t)Vp;
     if (t < -1 || t >= V) {
         if (tid == 0) {
-            kg_seq_note_bad(bad_row, row);
+            kg_note_bad_row(bad_row, row);
             row_loss[row] = 0.0;
         }
         return;

@@ -366,6 +366,19 @@ static void *cu_carve(char **at, size_t bytes) {
     return p;
 }
 
+/* q, k and v of batch elements [b0, b0 + nb) out of qkv(B, T, 3C) into
+ * head-major operands of the plan's dtype. */
+static int32_t cu_attn_split_qkv(kiln_instance *acc, const char *fn, const cu_attn_plan *p, const void *qkv, int b0,
+                                 int nb, void *q, void *k, void *v) {
+    const size_t row1 = (size_t)p->C * p->esz;
+    const char *src = (const char *)qkv + (size_t)b0 * (size_t)p->T * 3 * row1;
+    void *dst[3] = {q, k, v};
+    for (int i = 0; i < 3; i++)
+        CU_LAUNCH(acc, fn, kg_heads_split(acc->stream, (int)p->fdt, src + (size_t)i * row1, 3 * p->C, nb, p->T, p->NH,
+                                          p->D, dst[i], p->hd, (int)p->op));
+    return KILN_OK;
+}
+
 #define CU_BATCHED(acc, fn, ta, tb, M, N, K, alpha, A, at, lda, sa, Bm, bt, ldb, sb, Cm, ct, ldc, sc, n)                  do {                                                                                                               int32_t rc_ = cu_matmul_strided(acc, fn, ta, tb, M, N, K, alpha, A, at, lda, sa, Bm, bt, ldb, sb, 0.0, Cm, ct,                                         ldc, sc, n);                                                                   if (rc_ != KILN_OK) return rc_;                                                                            } while (0)
 
 static int32_t cu_attn_gemm_forward(kiln_instance *acc, uint32_t dtype, void *out, void *lse, const void *qkv,
@@ -383,10 +396,7 @@ static int32_t cu_attn_gemm_forward(kiln_instance *acc, uint32_t dtype, void *ou
         void *q = cu_carve(&at, (size_t)bh * p.hd * p.osz), *k = cu_carve(&at, (size_t)bh * p.hd * p.osz);
         void *v = cu_carve(&at, (size_t)bh * p.hd * p.osz), *S = cu_carve(&at, (size_t)bh * p.tt * p.esz);
         void *P = cu_carve(&at, (size_t)bh * p.tt * p.osz), *O = cu_carve(&at, (size_t)bh * p.hd * p.esz);
-        const char *src = (const char *)qkv + (size_t)b0 * (size_t)T * 3 * (size_t)C * p.esz;
-        CU_LAUNCH(acc, fn, kg_heads_split(acc->stream, fdt, src, 3 * C, nb, T, NH, D, q, p.hd, op));
-        CU_LAUNCH(acc, fn, kg_heads_split(acc->stream, fdt, src + (size_t)C * p.esz, 3 * C, nb, T, NH, D, k, p.hd, op));
-        CU_LAUNCH(acc, fn, kg_heads_split(acc->stream, fdt, src + 2 * (size_t)C * p.esz, 3 * C, nb, T, NH, D, v, p.hd, op));
+        if ((rc = cu_attn_split_qkv(acc, fn, &p, qkv, b0, nb, q, k, v)) != KILN_OK) return rc;
         CU_BATCHED(acc, fn, 0, 1, T, T, D, scale, q, p.op, D, (int64_t)p.hd, k, p.op, D, (int64_t)p.hd, S, dtype, T,
                    (int64_t)p.tt, bh);
         void *l = (char *)lse + (size_t)b0 * (size_t)NH * (size_t)T * p.esz;
@@ -421,13 +431,10 @@ static int32_t cu_attn_gemm_backward(kiln_instance *acc, uint32_t dtype, void *d
         void *dV = cu_carve(&at, (size_t)bh * p.hd * p.esz);
         double *delta = cu_carve(&at, rows * sizeof(double));
         const size_t row3 = 3 * (size_t)C * p.esz, row1 = (size_t)C * p.esz;
-        const char *src = (const char *)qkv + (size_t)b0 * (size_t)T * row3;
         const char *go = (const char *)dout + (size_t)b0 * (size_t)T * row1;
         const char *fo = (const char *)out + (size_t)b0 * (size_t)T * row1;
         const void *l = (const char *)lse + (size_t)b0 * (size_t)NH * (size_t)T * p.esz;
-        CU_LAUNCH(acc, fn, kg_heads_split(acc->stream, fdt, src, 3 * C, nb, T, NH, D, q, p.hd, op));
-        CU_LAUNCH(acc, fn, kg_heads_split(acc->stream, fdt, src + row1, 3 * C, nb, T, NH, D, k, p.hd, op));
-        CU_LAUNCH(acc, fn, kg_heads_split(acc->stream, fdt, src + 2 * row1, 3 * C, nb, T, NH, D, v, p.hd, op));
+        if ((rc = cu_attn_split_qkv(acc, fn, &p, qkv, b0, nb, q, k, v)) != KILN_OK) return rc;
         CU_LAUNCH(acc, fn, kg_heads_split(acc->stream, fdt, go, C, nb, T, NH, D, dO, p.hd, op));
         CU_LAUNCH(acc, fn, kg_attn_delta(acc->stream, fdt, go, fo, nb, T, C, NH, delta));
         CU_BATCHED(acc, fn, 0, 1, T, T, D, scale, q, p.op, D, (int64_t)p.hd, k, p.op, D, (int64_t)p.hd, S, dtype, T,

@@ -128,19 +128,7 @@ fi
 if [ -f "$build/lib/kiln/plugins/libkiln-ddp.so" ]; then
   d="$work/gpt2"
   mkdir -p "$d"
-  # a synthetic llm.c shard: a fixed random "text" of GPT-2 token ids, repeated
-  # with 5 % of its tokens replaced, so that the loss has something to learn
-  python3 - "$d/shard.bin" 2000000 <<'PY'
-import array, random, sys
-path, n = sys.argv[1], int(sys.argv[2])
-rng = random.Random(124)
-base = [rng.randrange(50257) for _ in range(8192)]
-toks = array.array("H", (base[i % len(base)] if rng.random() > 0.05 else rng.randrange(50257) for i in range(n)))
-hdr = array.array("i", [20240520, 1, n] + [0] * 253)
-with open(path, "wb") as f:
-    hdr.tofile(f)
-    toks.tofile(f)
-PY
+  python3 "$root/tests/gpu/synthetic_shard.py" "$d/shard.bin" 2000000 # tests/gpu/synthetic_shard.py says what
   set_q=()
   [ "$quick" = 1 ] && set_q=(--set trainer.accumulate_grad_batches=1 --set data.batch_size=1 --set data.block_size=64
                              --set module.block_size=64 --set module.max_batch=1 --set module.n_layer=2)
