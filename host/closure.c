@@ -3,9 +3,11 @@
  * and closure.py): the closure object with its step, zero_grad and backward
  * functions, the wrapper that precision plugins call after the closure
  * (on_before_optimizer_step, clipping), the optimizer handle they step, and
- * the per-batch driver. Every part is timed for the run summary. Plugins call
- * the closure through the ABI's kiln_closure, so a failure inside it is kept
- * in t->err and reported by the driver with the plugin that caused it.
+ * the per-batch driver. Every part is timed for the run summary. Everything
+ * here works on the step loops.c hands down (ht_step: the batch, whether it
+ * steps, the result); plugins call the closure through the ABI's
+ * kiln_closure and see only a status, so a failure inside it is kept in the
+ * step's error and reported by the driver with the plugin that caused it.
  */
 #define _GNU_SOURCE
 #include <math.h>
@@ -25,6 +27,7 @@
 typedef struct ht_closure ht_closure;
 struct ht_closure {
     ht_trainer *t;
+    ht_step *s;
     int32_t (*step_fn)(ht_closure *c, kiln_step_output *out);
     int32_t (*zero_grad_fn)(ht_closure *c);
     int32_t (*backward_fn)(ht_closure *c, double loss);
@@ -35,35 +38,32 @@ struct ht_closure {
 };
 
 
-static int32_t keep_fail(ht_trainer *t, int32_t rc) {
-    if (!t->err_rc) t->err_rc = rc;
-    return rc;
-}
-
 /* step_fn: S.training_step → LM.training_step under P.convert_params */
 static int32_t closure_step(ht_closure *c, kiln_step_output *out) {
     ht_trainer *t = c->t;
-    ht_trace(t, KILN_SRC_MODULE, "training_step", t->batch_idx);
+    ht_step *s = c->s;
+    ht_trace(t, KILN_SRC_MODULE, "training_step", s->batch_idx);
     double t0 = ht_now();
     herr_clear();
     int32_t rc = t->precision_ops->convert_params(t->precision.inst);
-    if (rc) { ht_fail(t, &t->precision, rc, "convert_params", t->err, sizeof t->err); return keep_fail(t, rc); }
+    if (rc) return ht_step_fail(t, s, &t->precision, rc, "convert_params");
     *out = (kiln_step_output){sizeof *out, 0, 0, 0, 0, 0};
     herr_clear();
-    rc = t->module_ops->training_step(t->module.inst, t->batch, t->batch_idx, out);
+    rc = t->module_ops->training_step(t->module.inst, s->batch, s->batch_idx, out);
     t->time.forward += ht_now() - t0;
-    if (rc) { ht_fail(t, &t->module, rc, "training_step", t->err, sizeof t->err); return keep_fail(t, rc); }
+    if (rc) return ht_step_fail(t, s, &t->module, rc, "training_step");
     /* A line search (LBFGS strong-Wolfe) probes with trial steps and backs
      * off from an overshoot whose loss is +inf, as PyTorch does: +inf is
      * passed to an optimizer that repeats its closure; NaN never is. */
     if (out->has_loss && !isfinite(out->loss) && !(t->opt_repeats && out->loss == INFINITY)) {
-        snprintf(t->err, sizeof t->err,
+        char why[512];
+        snprintf(why, sizeof why,
                  "module '%s' (%s): training_step returned a non-finite loss (%g) at epoch %lld, batch %lld, global "
                  "step %lld; expected a finite value (lower the learning rate, or check the data)",
                  t->module.p->view.name, t->module.p->lib->path, out->loss,
-                 (long long)t->epoch_progress.current.completed, (long long)t->batch_idx,
+                 (long long)t->epoch_progress.current.completed, (long long)s->batch_idx,
                  (long long)t->opt_step.total.completed);
-        return keep_fail(t, KILN_E_NONFINITE);
+        return ht_step_error(s, KILN_E_NONFINITE, why);
     }
     return KILN_OK;
 }
@@ -71,20 +71,20 @@ static int32_t closure_step(ht_closure *c, kiln_step_output *out) {
 /* zero_grad_fn: on_before_zero_grad hooks, LM.optimizer_zero_grad → O.zero_grad */
 static int32_t closure_zero_grad(ht_closure *c) {
     ht_trainer *t = c->t;
-    char *why = t->err;
-    size_t wl = sizeof t->err;
+    ht_step *s = c->s;
+    char why[sizeof s->err.msg];
     HT_INC(t->zero_grad, ready);
-    int rc = ht_hook(t, KILN_EV_ON_BEFORE_ZERO_GRAD, t->batch_idx, t->batch, NULL, 0, NULL, why, wl);
-    if (rc) return keep_fail(t, rc);
+    int rc = ht_hook(t, KILN_EV_ON_BEFORE_ZERO_GRAD, s->batch_idx, s->batch, NULL, 0, NULL, why, sizeof why);
+    if (rc) return ht_step_error(s, rc, why);
     HT_INC(t->zero_grad, started);
-    rc = ht_hook(t, KILN_EV_OPTIMIZER_ZERO_GRAD, t->batch_idx, t->batch, NULL, 0, NULL, why, wl);
-    if (rc) return keep_fail(t, rc);
+    rc = ht_hook(t, KILN_EV_OPTIMIZER_ZERO_GRAD, s->batch_idx, s->batch, NULL, 0, NULL, why, sizeof why);
+    if (rc) return ht_step_error(s, rc, why);
     double t0 = ht_now();
-    ht_trace(t, KILN_SRC_OPTIMIZER, "zero_grad", t->batch_idx);
+    ht_trace(t, KILN_SRC_OPTIMIZER, "zero_grad", s->batch_idx);
     herr_clear();
     rc = t->opt_ops[0]->zero_grad(t->opts[0].inst);
     t->time.zero_grad += ht_now() - t0;
-    if (rc) { ht_fail(t, &t->opts[0], rc, "zero_grad", why, wl); return keep_fail(t, rc); }
+    if (rc) return ht_step_fail(t, s, &t->opts[0], rc, "zero_grad");
     ht_grads_none(t, 0); /* zero_grad(set_to_none=True) */
     HT_INC(t->zero_grad, completed);
     return KILN_OK;
@@ -95,33 +95,33 @@ static int32_t closure_zero_grad(ht_closure *c) {
  * scale) → LM.backward(scale ÷ divide) (gradients added) → on_after_backward
  * → S.post_backward when `sync` (not while accumulating: the gradients are
  * final for the step only then; docs/semantics.md). */
-int32_t ht_backward(ht_trainer *t, double loss, double divide, int sync, char *why, size_t whylen) {
-    ht_trace(t, KILN_SRC_STRATEGY, "pre_backward", t->batch_idx);
+int32_t ht_backward(ht_trainer *t, ht_step *s, double loss, double divide, int sync) {
+    char why[sizeof s->err.msg];
+    ht_trace(t, KILN_SRC_STRATEGY, "pre_backward", s->batch_idx);
     herr_clear();
     int32_t rc = t->strategy_ops->pre_backward(t->strategy.inst);
-    if (rc) return ht_fail(t, &t->strategy, rc, "pre_backward", why, whylen);
-    ht_trace(t, KILN_SRC_PRECISION, "pre_backward", t->batch_idx);
+    if (rc) return ht_step_fail(t, s, &t->strategy, rc, "pre_backward");
+    ht_trace(t, KILN_SRC_PRECISION, "pre_backward", s->batch_idx);
     double scale = 1.0;
     herr_clear();
     rc = t->precision_ops->pre_backward(t->precision.inst, loss, &scale);
-    if (rc) return ht_fail(t, &t->precision, rc, "pre_backward", why, whylen);
-    t->loss_scale = scale;
-    rc = ht_hook(t, KILN_EV_ON_BEFORE_BACKWARD, t->batch_idx, t->batch, NULL, loss * scale, NULL, why, whylen);
-    if (rc) return rc;
-    ht_trace(t, KILN_SRC_MODULE, "backward", t->batch_idx);
+    if (rc) return ht_step_fail(t, s, &t->precision, rc, "pre_backward");
+    rc = ht_hook(t, KILN_EV_ON_BEFORE_BACKWARD, s->batch_idx, s->batch, NULL, loss * scale, NULL, why, sizeof why);
+    if (rc) return ht_step_error(s, rc, why);
+    ht_trace(t, KILN_SRC_MODULE, "backward", s->batch_idx);
     double t0 = ht_now();
     herr_clear();
     rc = t->module_ops->backward(t->module.inst, scale / divide);
     t->time.backward += ht_now() - t0;
-    if (rc) return ht_fail(t, &t->module, rc, "backward", why, whylen);
+    if (rc) return ht_step_fail(t, s, &t->module, rc, "backward");
     ht_grads_present(t);
-    rc = ht_hook(t, KILN_EV_ON_AFTER_BACKWARD, t->batch_idx, t->batch, NULL, 0, NULL, why, whylen);
-    if (rc) return rc;
+    rc = ht_hook(t, KILN_EV_ON_AFTER_BACKWARD, s->batch_idx, s->batch, NULL, 0, NULL, why, sizeof why);
+    if (rc) return ht_step_error(s, rc, why);
     if (sync) {
-        ht_trace(t, KILN_SRC_STRATEGY, "post_backward", t->batch_idx);
+        ht_trace(t, KILN_SRC_STRATEGY, "post_backward", s->batch_idx);
         herr_clear();
         rc = t->strategy_ops->post_backward(t->strategy.inst);
-        if (rc) return ht_fail(t, &t->strategy, rc, "post_backward", why, whylen);
+        if (rc) return ht_step_fail(t, s, &t->strategy, rc, "post_backward");
     }
     return KILN_OK;
 }
@@ -129,10 +129,7 @@ int32_t ht_backward(ht_trainer *t, double loss, double divide, int sync, char *w
 /* backward_fn: the loss was divided by accumulate_grad_batches, and so is
  * the gradient: dloss = scale / accumulate */
 static int32_t closure_backward(ht_closure *c, double loss) {
-    ht_trainer *t = c->t;
-    int32_t rc = ht_backward(t, loss, (double)t->set.accumulate_grad_batches, !t->accumulating, t->err,
-                             sizeof t->err);
-    return rc ? keep_fail(t, rc) : KILN_OK;
+    return ht_backward(c->t, c->s, loss, (double)c->t->set.accumulate_grad_batches, !c->s->accumulating);
 }
 
 /* Closure.__call__: step, zero_grad (even without a loss), backward (only
@@ -151,85 +148,83 @@ static int32_t closure_call(void *vc, double *loss_out) {
     if (c->zero_grad_fn && (rc = c->zero_grad_fn(c))) return rc;
     if (c->backward_fn && out.has_loss && (rc = c->backward_fn(c, out.loss))) return rc;
     if (loss_out) *loss_out = out.has_loss ? out.loss : NAN;
-    t->closure_time += ht_now() - t_enter;
+    c->s->closure_time += ht_now() - t_enter;
     return KILN_OK;
 }
 
-static void closure_init(ht_closure *c, ht_trainer *t) {
+static void closure_init(ht_closure *c, ht_trainer *t, ht_step *s) {
     memset(c, 0, sizeof *c);
     c->t = t;
+    c->s = s;
     c->step_fn = closure_step;
     /* zero_grad only at the start of an accumulation window */
-    c->zero_grad_fn = t->batch_idx % t->set.accumulate_grad_batches == 0 ? closure_zero_grad : NULL;
+    c->zero_grad_fn = s->batch_idx % t->set.accumulate_grad_batches == 0 ? closure_zero_grad : NULL;
     c->backward_fn = closure_backward;
     c->abi = (kiln_closure){sizeof(kiln_closure), 0, c, closure_call};
 }
 
 /* P._after_closure: on_before_optimizer_step, then gradient clipping */
-static int32_t after_closure_call(void *vt, double *loss_out) {
-    ht_trainer *t = vt;
+static int32_t after_closure_call(void *vc, double *loss_out) {
+    ht_closure *c = vc;
+    ht_trainer *t = c->t;
+    ht_step *s = c->s;
     (void)loss_out;
-    int rc = ht_hook(t, KILN_EV_ON_BEFORE_OPTIMIZER_STEP, t->batch_idx, t->batch, NULL, 0, NULL, t->err,
-                     sizeof t->err);
-    if (rc) return keep_fail(t, rc);
-    ht_trace(t, KILN_SRC_MODULE, "configure_gradient_clipping", t->batch_idx);
-    if ((rc = ht_clip_gradients(t, t->err, sizeof t->err))) return keep_fail(t, rc);
+    char why[sizeof s->err.msg];
+    int rc = ht_hook(t, KILN_EV_ON_BEFORE_OPTIMIZER_STEP, s->batch_idx, s->batch, NULL, 0, NULL, why, sizeof why);
+    if (rc) return ht_step_error(s, rc, why);
+    ht_trace(t, KILN_SRC_MODULE, "configure_gradient_clipping", s->batch_idx);
+    if ((rc = ht_clip_gradients(t, why, sizeof why))) return ht_step_error(s, rc, why);
     return KILN_OK;
 }
 
 /* optimizer.step(closure), as the precision plugin sees it */
-static int32_t opt_ref_step(void *vt, const kiln_closure *closure) {
-    ht_trainer *t = vt;
-    ht_trace(t, KILN_SRC_OPTIMIZER, "step", t->batch_idx);
+static int32_t opt_ref_step(void *vc, const kiln_closure *closure) {
+    ht_closure *c = vc;
+    ht_trainer *t = c->t;
+    ht_trace(t, KILN_SRC_OPTIMIZER, "step", c->s->batch_idx);
     herr_clear();
     int32_t rc = t->opt_ops[0]->step(t->opts[0].inst, closure);
-    if (rc && !t->err_rc) {
-        ht_fail(t, &t->opts[0], rc, "step", t->err, sizeof t->err);
-        t->err_rc = rc;
-    }
+    if (rc) ht_step_fail(t, c->s, &t->opts[0], rc, "step");
     return rc;
 }
 
-int ht_automatic_step(ht_trainer *t, char *why, size_t whylen) {
+int ht_automatic_step(ht_trainer *t, ht_step *s) {
     ht_closure c;
-    closure_init(&c, t);
-    t->closure_time = 0;
-    t->err[0] = 0;
-    t->err_rc = 0;
+    closure_init(&c, t, s);
+    s->closure_time = 0;
     int32_t rc;
-    if (t->accumulating) {
+    if (s->accumulating) {
         rc = closure_call(&c, NULL);
     } else {
+        char why[sizeof s->err.msg];
         HT_INC(t->opt_step, ready);
-        rc = ht_hook(t, KILN_EV_OPTIMIZER_STEP, t->batch_idx, t->batch, NULL, 0, NULL, why, whylen);
-        if (rc) return rc;
-        kiln_closure after = {sizeof after, 0, t, after_closure_call};
-        kiln_optimizer_ref opt = {sizeof opt, 0, t, opt_ref_step};
+        rc = ht_hook(t, KILN_EV_OPTIMIZER_STEP, s->batch_idx, s->batch, NULL, 0, NULL, why, sizeof why);
+        if (rc) return ht_step_error(s, rc, why);
+        kiln_closure after = {sizeof after, 0, &c, after_closure_call};
+        kiln_optimizer_ref opt = {sizeof opt, 0, &c, opt_ref_step};
         int32_t skipped = 0;
         double t0 = ht_now();
-        ht_trace(t, KILN_SRC_PRECISION, "optimizer_step", t->batch_idx);
+        ht_trace(t, KILN_SRC_PRECISION, "optimizer_step", s->batch_idx);
         herr_clear();
         rc = t->precision_ops->optimizer_step(t->precision.inst, &opt, &c.abi, &after, &skipped);
-        t->time.optimizer += (ht_now() - t0) - t->closure_time;
+        t->time.optimizer += (ht_now() - t0) - s->closure_time;
         if (rc == KILN_OK) {
             HT_INC(t->opt_step, completed); /* counted even when the update was skipped */
             t->skipped_steps += skipped != 0;
         }
     }
-    if (rc) {
-        if (t->err[0]) snprintf(why, whylen, "%s", t->err);
-        else ht_fail(t, &t->precision, rc, "optimizer_step", why, whylen);
-        return rc;
-    }
+    /* a failure inside the closure or the optimizer is already the step's
+     * error; otherwise the precision plugin's own */
+    if (rc) return ht_step_fail(t, s, &t->precision, rc, "optimizer_step");
     /* consume_result: an optimizer step that never ran the closure is a bug */
     if (!c.has_result) {
-        snprintf(why, whylen,
+        char why[512];
+        snprintf(why, sizeof why,
                  "precision '%s' / optimizer '%s': the optimizer step never called the closure, so training_step did "
                  "not run (an optimizer_step must call the closure it is given)",
                  t->precision.p->view.name, t->opts[0].p->view.name);
-        return KILN_E_STATE;
+        return ht_step_error(s, KILN_E_STATE, why);
     }
-    t->last_output = c.result;
-    t->closure_calls = c.calls;
+    s->output = c.result;
     return KILN_OK;
 }

@@ -9,14 +9,15 @@
 
 #include "run.h"
 
-/* Run automatic optimisation for the current batch (t->batch, t->batch_idx,
- * t->accumulating): the closure directly while accumulating, else through
- * LM.optimizer_step → P.optimizer_step → O.step(closure). */
-int ht_automatic_step(ht_trainer *t, char *why, size_t whylen);
+/* Run automatic optimisation for the step's batch: the closure directly
+ * while accumulating, else through LM.optimizer_step → P.optimizer_step →
+ * O.step(closure). The result lands in step->output; a failure in
+ * step->err (the returned status is step->err.rc's). */
+int ht_automatic_step(ht_trainer *t, ht_step *step);
 /* The backward sequence both optimisation modes run: strategy and
  * precision pre_backward, on_before_backward, the module's backward with
  * dloss = scale / divide, on_after_backward, and the strategy's
  * post_backward when `sync`. */
-int32_t ht_backward(ht_trainer *t, double loss, double divide, int sync, char *why, size_t whylen);
+int32_t ht_backward(ht_trainer *t, ht_step *step, double loss, double divide, int sync);
 
 #endif

@@ -191,6 +191,7 @@ typedef struct eval_loop {
     int64_t n, log_step;
     const eval_ids *ids;
     kiln_batch batch; /* the current batch, valid until the next fetch */
+    ht_step step;     /* the batch in flight: never accumulating          */
 } eval_loop;
 
 static int eval_reset(eval_loop *e, char *why, size_t whylen) {
@@ -217,8 +218,8 @@ static int eval_advance(eval_loop *e, char *why, size_t whylen) {
     int rc = fetch(t, e->split, bp, why, whylen);
     if (rc < 0) return rc;
     if (rc == 0) return LOOP_STOP; /* the data ran out early */
-    t->batch = bp;
-    t->batch_idx = i;
+    e->step.batch = bp;
+    e->step.batch_idx = t->last_batch_idx = i;
     HT_INC(t->val_batch_progress, ready);
     if ((rc = ht_hook(t, e->ids->batch_start, i, bp, NULL, 0, NULL, why, whylen))) return rc;
     HT_INC(t->val_batch_progress, started);
@@ -234,13 +235,13 @@ static int eval_advance(eval_loop *e, char *why, size_t whylen) {
     HT_INC(t->val_batch_progress, processed);
     if ((rc = ht_hook(t, e->ids->batch_end, i, bp, &o, 0, NULL, why, whylen))) return rc;
     HT_INC(t->val_batch_progress, completed);
-    t->batch = NULL;
+    e->step.batch = NULL;
     return KILN_OK;
 }
 
 static int eval_on_run_end(eval_loop *e, char *why, size_t whylen) {
     ht_trainer *t = e->t;
-    t->batch = NULL;
+    e->step.batch = NULL;
     int rc = ht_hook(t, e->ids->epoch_end, -1, NULL, NULL, 0, NULL, why, whylen);
     if (rc) return rc;
     if (e->stage == KILN_STAGE_SANITY) hm_reset_epoch(&t->metrics, e->stage); /* sanity results are discarded */
@@ -251,11 +252,12 @@ static int eval_on_run_end(eval_loop *e, char *why, size_t whylen) {
 }
 
 static int run_eval(ht_trainer *t, int stage, int32_t split, int64_t n, int64_t log_step, char *why, size_t whylen) {
-    eval_loop e = {t, stage, split, n, log_step, stage == KILN_STAGE_TEST ? &TEST_IDS : &VAL_IDS, {0}};
-    int saved_stage = t->stage, saved_acc = t->accumulating;
+    eval_loop e = {t, stage, split, n, log_step, stage == KILN_STAGE_TEST ? &TEST_IDS : &VAL_IDS, {0}, {0}};
+    int saved_stage = t->stage;
+    ht_step *saved_step = t->step; /* validation inside a training batch's on_advance_end */
     int64_t saved_nval = t->num_val_batches;
     t->stage = stage;
-    t->accumulating = 0;
+    t->step = &e.step;
     if (stage == KILN_STAGE_SANITY) t->num_val_batches = n; /* what progress bars show as the total */
     double t0 = ht_now();
     /* the evaluation loop: one batch per advance, nothing at on_advance_end */
@@ -265,9 +267,8 @@ static int run_eval(ht_trainer *t, int stage, int32_t split, int64_t n, int64_t 
     if (rc == LOOP_STOP) rc = KILN_OK; /* the data ran out early */
     if (rc == KILN_OK) rc = eval_on_run_end(&e, why, whylen);
     t->time.validation += ht_now() - t0;
-    t->batch = NULL;
     t->stage = saved_stage;
-    t->accumulating = saved_acc;
+    t->step = saved_step;
     t->num_val_batches = saved_nval;
     return rc;
 }
@@ -348,18 +349,20 @@ static int epoch_done(ht_trainer *t) {
 
 /* One batch: fetch, on_train_batch_start, its optimisation (automatic or
  * manual), the schedulers, on_train_batch_end, the step's logged metrics.
- * `b` holds the batch until the next fetch. */
-static int epoch_advance(ht_trainer *t, kiln_batch *b, char *why, size_t whylen) {
+ * `b` holds the batch until the next fetch; `s` carries it down the step
+ * (t->step points at it until epoch_on_advance_end). */
+static int epoch_advance(ht_trainer *t, ht_step *s, kiln_batch *b, char *why, size_t whylen) {
     const int64_t i = t->batch_progress.current.ready; /* batch_idx */
     int rc = fetch(t, KILN_SPLIT_TRAIN, b, why, whylen);
     if (rc < 0) return rc;
     if (rc == 0) return LOOP_STOP; /* the data ran out before num_training_batches */
-    t->batch = b;
-    t->batch_idx = i;
     HT_INC(t->batch_progress, ready);
     t->is_last_batch = i + 1 >= t->num_training_batches;
+    *s = (ht_step){.batch = b, .batch_idx = i};
     /* _should_accumulate: the last batch of an epoch always steps */
-    t->accumulating = (t->batch_progress.current.ready % t->set.accumulate_grad_batches != 0) && !t->is_last_batch;
+    s->accumulating = (t->batch_progress.current.ready % t->set.accumulate_grad_batches != 0) && !t->is_last_batch;
+    t->step = s;
+    t->last_batch_idx = i;
 
     int result = 0;
     if ((rc = ht_hook(t, KILN_EV_ON_TRAIN_BATCH_START, i, b, NULL, 0, &result, why, whylen))) return rc;
@@ -371,36 +374,39 @@ static int epoch_advance(ht_trainer *t, kiln_batch *b, char *why, size_t whylen)
          * (training_epoch_loop.advance, should_skip_rest_of_epoch): a step
          * schedule steps, and an epoch schedule steps for this epoch. */
         t->is_last_batch = 1;
-        t->accumulating = 0;
+        s->accumulating = 0;
         HT_INC(t->batch_progress, processed);
-        if ((rc = ht_update_lr(t, 0, 0, why, whylen))) return rc;
-        if ((rc = ht_update_lr(t, 1, 0, why, whylen))) return rc;
-        t->batch = NULL;
+        if ((rc = ht_update_lr(t, s, 0, 0, why, whylen))) return rc;
+        if ((rc = ht_update_lr(t, s, 1, 0, why, whylen))) return rc;
+        s->batch = NULL;
         return LOOP_STOP;
     }
     HT_INC(t->batch_progress, started);
     t->in_train_step = 1;
-    rc = t->manual ? ht_manual_step(t, why, whylen) : ht_automatic_step(t, why, whylen);
+    rc = t->manual ? ht_manual_step(t, s) : ht_automatic_step(t, s);
     t->in_train_step = 0;
-    if (rc) return rc;
+    if (rc) {
+        snprintf(why, whylen, "%s", s->err.msg);
+        return rc;
+    }
     HT_INC(t->batch_progress, processed);
     t->samples_seen += b->size;
-    if (t->last_output.struct_size >= KILN_STEP_OUTPUT_SIZE_1_4) {
+    if (s->output.struct_size >= KILN_STEP_OUTPUT_SIZE_1_4) {
         /* throughput for the summary; the closure may have run more than
          * once (LBFGS), the last result stands for the batch */
-        if (t->last_output.tokens > 0) t->tokens_seen += t->last_output.tokens;
-        if (t->last_output.flops > 0 && isfinite(t->last_output.flops)) t->flops_seen += t->last_output.flops;
+        if (s->output.tokens > 0) t->tokens_seen += s->output.tokens;
+        if (s->output.flops > 0 && isfinite(s->output.flops)) t->flops_seen += s->output.flops;
     }
     /* schedulers: per step, and per epoch at its last batch (before
      * on_train_batch_end, as Lightning); a monitored one at the epoch's end */
-    if ((rc = ht_update_lr(t, 0, 0, why, whylen))) return rc;
-    if (t->is_last_batch && (rc = ht_update_lr(t, 1, 0, why, whylen))) return rc;
-    if ((rc = ht_hook(t, KILN_EV_ON_TRAIN_BATCH_END, i, b, &t->last_output, 0, NULL, why, whylen))) return rc;
+    if ((rc = ht_update_lr(t, s, 0, 0, why, whylen))) return rc;
+    if (t->is_last_batch && (rc = ht_update_lr(t, s, 1, 0, why, whylen))) return rc;
+    if ((rc = ht_hook(t, KILN_EV_ON_TRAIN_BATCH_END, i, b, &s->output, 0, NULL, why, whylen))) return rc;
     HT_INC(t->batch_progress, completed);
-    t->batch = NULL;
+    s->batch = NULL; /* failures from here on name no batch */
     /* update_train_step_metrics: on stepping batches every log_every_n_steps
      * (or when a stop was requested) */
-    if (!t->accumulating && ((t->batches_that_stepped + 1) % t->set.log_every_n_steps == 0 || t->should_stop))
+    if (!s->accumulating && ((t->batches_that_stepped + 1) % t->set.log_every_n_steps == 0 || t->should_stop))
         return log_step_metrics(t, why, whylen);
     return KILN_OK;
 }
@@ -408,19 +414,19 @@ static int epoch_advance(ht_trainer *t, kiln_batch *b, char *why, size_t whylen)
 /* Validation inside the epoch (training_epoch_loop.on_advance_end's
  * _run_validation): on_validation_model_zero_grad after a stepping batch,
  * then the evaluation loop over the validation split. */
-static int run_validation(ht_trainer *t, char *why, size_t whylen) {
+static int run_validation(ht_trainer *t, const ht_step *s, char *why, size_t whylen) {
     int rc;
-    if (!t->accumulating && (rc = ht_hook(t, KILN_EV_ON_VALIDATION_MODEL_ZERO_GRAD, -1, NULL, NULL, 0, NULL, why, whylen)))
+    if (!s->accumulating && (rc = ht_hook(t, KILN_EV_ON_VALIDATION_MODEL_ZERO_GRAD, -1, NULL, NULL, 0, NULL, why, whylen)))
         return rc;
     return run_eval(t, KILN_STAGE_VALIDATE, KILN_SPLIT_VAL, t->num_val_batches, t->batches_that_stepped, why, whylen);
 }
 
 /* The rest of on_advance_end, after validation: the step counters, then
  * the consistent point (requested checkpoints, a signal's stop). */
-static int epoch_on_advance_end(ht_trainer *t, char *why, size_t whylen) {
-    if (!t->accumulating) t->batches_that_stepped++;
+static int epoch_on_advance_end(ht_trainer *t, const ht_step *s, char *why, size_t whylen) {
+    if (!s->accumulating) t->batches_that_stepped++;
     t->total_batch_idx++;
-    t->accumulating = 0;
+    t->step = NULL; /* the batch is done */
     return consistent_point(t, why, whylen);
 }
 
@@ -429,17 +435,18 @@ static int epoch_on_advance_end(ht_trainer *t, char *why, size_t whylen) {
  * a stop request), then the counters and the consistent point. */
 static int run_epoch_loop(ht_trainer *t, char *why, size_t whylen) {
     kiln_batch batch; /* the current batch, valid until the next fetch */
+    ht_step step;     /* the batch on its way down the step               */
     int rc = epoch_reset(t, why, whylen);
     while (rc == KILN_OK && !epoch_done(t)) {
-        rc = epoch_advance(t, &batch, why, whylen);
+        rc = epoch_advance(t, &step, &batch, why, whylen);
         if (rc == LOOP_STOP) { /* StopIteration: no on_advance_end */
             rc = KILN_OK;
             break;
         }
-        if (rc == KILN_OK && should_check_val(t, t->batch_idx)) rc = run_validation(t, why, whylen);
-        if (rc == KILN_OK) rc = epoch_on_advance_end(t, why, whylen);
+        if (rc == KILN_OK && should_check_val(t, step.batch_idx)) rc = run_validation(t, &step, why, whylen);
+        if (rc == KILN_OK) rc = epoch_on_advance_end(t, &step, why, whylen);
     }
-    t->accumulating = 0;
+    t->step = NULL;
     return rc;
 }
 
@@ -513,7 +520,7 @@ static int fit_on_advance_end(ht_trainer *t, char *why, size_t whylen) {
     if (rc) return rc;
     /* a monitored (plateau) schedule, only for an epoch that ran out
      * (fit_loop.on_advance_end) */
-    if (ran_out && (rc = ht_update_lr(t, 1, 1, why, whylen))) return rc;
+    if (ran_out && (rc = ht_update_lr(t, NULL, 1, 1, why, whylen))) return rc;
     int64_t step = t->batches_that_stepped > 0 ? t->batches_that_stepped - 1 : 0;
     if ((rc = log_epoch_metrics_reduced(t, KILN_STAGE_FIT, step, 1, why, whylen))) return rc;
     HT_INC(t->epoch_progress, completed);

@@ -57,7 +57,7 @@ static int sched_step(ht_trainer *t, char *why, size_t whylen) {
         return KILN_E_CONFIG;
     }
     double lr = 0;
-    ht_trace(t, KILN_SRC_HOST, "lr_scheduler_step", t->batch_idx);
+    ht_trace(t, KILN_SRC_HOST, "lr_scheduler_step", t->last_batch_idx);
     herr_clear();
     int32_t rc = t->sched_ops->lr_at(t->scheduler.inst, t->base_lr[0], t->sched_steps,
                                      t->epoch_progress.current.completed, metric, &lr);
@@ -110,12 +110,12 @@ int ht_start_schedule(ht_trainer *t, const ht_schedule_keys *keys, char *why, si
     return apply_factor(t, lr, why, whylen);
 }
 
-int ht_update_lr(ht_trainer *t, int per_epoch, int plateau, char *why, size_t whylen) {
+int ht_update_lr(ht_trainer *t, const ht_step *step, int per_epoch, int plateau, char *why, size_t whylen) {
     if (!t->scheduler.p || per_epoch != t->sched_per_epoch) return KILN_OK;
     if ((t->sched_monitor != NULL) != plateau) return KILN_OK; /* plateau ones only at the epoch's end */
-    if (!per_epoch && t->accumulating) return KILN_OK;
+    if (!per_epoch && step->accumulating) return KILN_OK;
     /* batch and epoch indices start at 0 and the step comes after them */
-    int64_t idx = (per_epoch ? t->epoch_progress.current.completed : t->batch_idx) + 1;
+    int64_t idx = (per_epoch ? t->epoch_progress.current.completed : step->batch_idx) + 1;
     if (idx % t->sched_frequency != 0) return KILN_OK;
     return sched_step(t, why, whylen);
 }

@@ -48,15 +48,20 @@ static int bad_index(ht_trainer *t, uint32_t index, const char *what) {
     return 1;
 }
 
-/* A failure inside a service: keep the full message for the batch driver
- * (the module only passes the code back) and hand the module a short one. */
-static int32_t keep(ht_trainer *t, int32_t rc, const char *why) {
-    if (!t->err_rc) {
-        t->err_rc = rc;
-        snprintf(t->err, sizeof t->err, "%s", why);
-    }
+/* A failure inside a service: the step keeps the full message for the
+ * batch driver (the module only passes the code back), and the module is
+ * handed it too, through the error slot plugins read. */
+static int32_t keep(ht_step *s, int32_t rc, const char *why) {
+    ht_step_error(s, rc, why);
     herr_set(rc, why);
     return rc;
+}
+
+/* keep() for a failed plugin call */
+static int32_t keep_fail(ht_trainer *t, ht_slot *slot, int32_t rc, const char *what) {
+    char why[sizeof t->step->err.msg];
+    rc = ht_fail(t, slot, rc, what, why, sizeof why);
+    return keep(t->step, rc, why);
 }
 
 uint32_t ht_svc_optimizer_count(kiln_host_ctx *h) {
@@ -74,13 +79,15 @@ int32_t ht_svc_manual_backward(kiln_host_ctx *h, double loss) {
                  "module '%s' (%s): manual_backward got a non-finite loss (%g) at epoch %lld, batch %lld; expected a "
                  "finite value",
                  t->module.p->view.name, t->module.p->lib->path, loss,
-                 (long long)t->epoch_progress.current.completed, (long long)t->batch_idx);
-        return keep(t, KILN_E_NONFINITE, why);
+                 (long long)t->epoch_progress.current.completed, (long long)t->step->batch_idx);
+        return keep(t->step, KILN_E_NONFINITE, why);
     }
     /* the same sequence as automatic optimisation's, dloss = scale, and the
-     * strategy synchronises after every manual backward */
-    int32_t rc = ht_backward(t, loss, 1.0, 1, why, sizeof why);
-    return rc ? keep(t, rc, why) : KILN_OK;
+     * strategy synchronises after every manual backward; the module gets
+     * the step's error when it fails */
+    int32_t rc = ht_backward(t, t->step, loss, 1.0, 1);
+    if (rc) herr_set(rc, t->step->err.msg);
+    return rc;
 }
 
 /* What the precision calls as `optimizer.step(wrapped)` and `after`. */
@@ -98,22 +105,22 @@ static const char *step_name(ht_trainer *t, uint32_t index, const char *what, ch
 static int32_t manual_opt_step(void *vctx, const kiln_closure *closure) {
     manual_opt *m = vctx;
     ht_trainer *t = m->t;
-    char nm[32], why[2048];
-    ht_trace(t, KILN_SRC_OPTIMIZER, step_name(t, m->index, "step", nm, sizeof nm), t->batch_idx);
+    char nm[32];
+    ht_trace(t, KILN_SRC_OPTIMIZER, step_name(t, m->index, "step", nm, sizeof nm), t->step->batch_idx);
     herr_clear();
     int32_t rc = t->opt_ops[m->index]->step(t->opts[m->index].inst, closure);
-    if (rc && !t->err_rc) keep(t, ht_fail(t, &t->opts[m->index], rc, "step", why, sizeof why), why);
+    if (rc && !t->step->err.rc) keep_fail(t, &t->opts[m->index], rc, "step");
     return rc;
 }
 
 /* _after_closure in manual mode: on_before_optimizer_step, no clipping */
 static int32_t manual_after(void *vctx, double *loss) {
     manual_opt *m = vctx;
+    ht_step *s = m->t->step;
     (void)loss;
-    char why[2048];
-    int rc = ht_hook(m->t, KILN_EV_ON_BEFORE_OPTIMIZER_STEP, m->t->batch_idx, m->t->batch, NULL, 0, NULL, why,
-                     sizeof why);
-    return rc ? keep(m->t, rc, why) : KILN_OK;
+    char why[sizeof s->err.msg];
+    int rc = ht_hook(m->t, KILN_EV_ON_BEFORE_OPTIMIZER_STEP, s->batch_idx, s->batch, NULL, 0, NULL, why, sizeof why);
+    return rc ? keep(s, rc, why) : KILN_OK;
 }
 
 /* The closure a step without one gets: nothing to recompute. */
@@ -137,15 +144,14 @@ int32_t ht_svc_optimizer_step(kiln_host_ctx *h, uint32_t index, const struct kil
     kiln_optimizer_ref opt = {sizeof opt, 0, &m, manual_opt_step};
     HT_INC(t->opt_step, ready); /* _on_before_step */
     int32_t sk = 0;
-    char why[2048];
-    ht_trace(t, KILN_SRC_PRECISION, "optimizer_step", t->batch_idx);
+    ht_trace(t, KILN_SRC_PRECISION, "optimizer_step", t->step->batch_idx);
     double t0 = ht_now();
     herr_clear();
     int32_t rc = t->precision_ops->optimizer_step(t->precision.inst, &opt, closure ? closure : &noop, &after, &sk);
     t->time.optimizer += ht_now() - t0;
     if (rc) {
-        if (!t->err_rc) keep(t, ht_fail(t, &t->precision, rc, "optimizer_step", why, sizeof why), why);
-        herr_set(rc, t->err);
+        if (!t->step->err.rc) keep_fail(t, &t->precision, rc, "optimizer_step");
+        herr_set(rc, t->step->err.msg);
         return rc;
     }
     HT_INC(t->opt_step, completed); /* _on_after_step: every call is a global step */
@@ -155,7 +161,7 @@ int32_t ht_svc_optimizer_step(kiln_host_ctx *h, uint32_t index, const struct kil
      * must see them (compute copies: fp16, bf16, quantised). */
     herr_clear();
     rc = t->precision_ops->convert_params(t->precision.inst);
-    if (rc) return keep(t, ht_fail(t, &t->precision, rc, "convert_params", why, sizeof why), why);
+    if (rc) return keep_fail(t, &t->precision, rc, "convert_params");
     return KILN_OK;
 }
 
@@ -163,13 +169,13 @@ int32_t ht_svc_optimizer_zero_grad(kiln_host_ctx *h, uint32_t index) {
     ht_trainer *t = manual_trainer(h, "optimizer_zero_grad");
     if (!t) return KILN_E_STATE;
     if (bad_index(t, index, "optimizer_zero_grad")) return KILN_E_INVALID_ARG;
-    char nm[32], why[2048];
-    ht_trace(t, KILN_SRC_OPTIMIZER, step_name(t, index, "zero_grad", nm, sizeof nm), t->batch_idx);
+    char nm[32];
+    ht_trace(t, KILN_SRC_OPTIMIZER, step_name(t, index, "zero_grad", nm, sizeof nm), t->step->batch_idx);
     double t0 = ht_now();
     herr_clear();
     int32_t rc = t->opt_ops[index]->zero_grad(t->opts[index].inst);
     t->time.zero_grad += ht_now() - t0;
-    if (rc) return keep(t, ht_fail(t, &t->opts[index], rc, "zero_grad", why, sizeof why), why);
+    if (rc) return keep_fail(t, &t->opts[index], rc, "zero_grad");
     ht_grads_none(t, (int)index); /* zero_grad(set_to_none=True) */
     return KILN_OK;
 }
@@ -181,7 +187,7 @@ int32_t ht_svc_toggle_optimizer(kiln_host_ctx *h, uint32_t index) {
     if (!t) return KILN_E_STATE;
     if (bad_index(t, index, "toggle_optimizer")) return KILN_E_INVALID_ARG;
     char nm[32];
-    ht_trace(t, KILN_SRC_HOST, step_name(t, index, "toggle_optimizer", nm, sizeof nm), t->batch_idx);
+    ht_trace(t, KILN_SRC_HOST, step_name(t, index, "toggle_optimizer", nm, sizeof nm), t->step->batch_idx);
     for (uint32_t k = 0; k < t->nparams; k++) {
         int other = 0;
         for (int i = 0; i < t->nopts; i++) other |= i != (int)index && t->owns[i][k];
@@ -208,42 +214,40 @@ int32_t ht_svc_untoggle_optimizer(kiln_host_ctx *h, uint32_t index) {
     if (!t) return KILN_E_STATE;
     if (bad_index(t, index, "untoggle_optimizer")) return KILN_E_INVALID_ARG;
     char nm[32];
-    ht_trace(t, KILN_SRC_HOST, step_name(t, index, "untoggle_optimizer", nm, sizeof nm), t->batch_idx);
+    ht_trace(t, KILN_SRC_HOST, step_name(t, index, "untoggle_optimizer", nm, sizeof nm), t->step->batch_idx);
     untoggle_all(t);
     return KILN_OK;
 }
 
 /* _manual_train_batch between on_train_batch_start and on_train_batch_end:
  * S.training_step -> LM.training_step, which drives the services above. */
-int ht_manual_step(ht_trainer *t, char *why, size_t whylen) {
-    t->err[0] = 0;
-    t->err_rc = 0;
-    ht_trace(t, KILN_SRC_MODULE, "training_step", t->batch_idx);
+int ht_manual_step(ht_trainer *t, ht_step *s) {
+    ht_trace(t, KILN_SRC_MODULE, "training_step", s->batch_idx);
     double t0 = ht_now(), b0 = t->time.backward, o0 = t->time.optimizer, z0 = t->time.zero_grad;
     herr_clear();
     int32_t rc = t->precision_ops->convert_params(t->precision.inst);
-    if (rc) return ht_fail(t, &t->precision, rc, "convert_params", why, whylen);
+    if (rc) return ht_step_fail(t, s, &t->precision, rc, "convert_params");
     kiln_step_output out = {sizeof out, 0, 0, 0, 0, 0};
     t->in_manual_step = 1;
     herr_clear();
-    rc = t->module_ops->training_step(t->module.inst, t->batch, t->batch_idx, &out);
+    rc = t->module_ops->training_step(t->module.inst, s->batch, s->batch_idx, &out);
     t->in_manual_step = 0;
     /* forward = the step minus what the services measured inside it */
     t->time.forward += (ht_now() - t0) - (t->time.backward - b0) - (t->time.optimizer - o0) - (t->time.zero_grad - z0);
     untoggle_all(t); /* a toggle left on by a failing step must not outlive it */
-    if (rc) {
-        if (t->err_rc) snprintf(why, whylen, "%s", t->err);
-        else ht_fail(t, &t->module, rc, "training_step", why, whylen);
+    if (rc) { /* a service's failure is already the step's error */
+        ht_step_fail(t, s, &t->module, rc, "training_step");
         return rc < 0 ? rc : KILN_E_INTERNAL;
     }
     if (out.has_loss && !isfinite(out.loss)) {
-        snprintf(why, whylen,
+        char why[512];
+        snprintf(why, sizeof why,
                  "module '%s' (%s): training_step returned a non-finite loss (%g) at epoch %lld, batch %lld; "
                  "expected a finite value",
                  t->module.p->view.name, t->module.p->lib->path, out.loss,
-                 (long long)t->epoch_progress.current.completed, (long long)t->batch_idx);
-        return KILN_E_NONFINITE;
+                 (long long)t->epoch_progress.current.completed, (long long)s->batch_idx);
+        return ht_step_error(s, KILN_E_NONFINITE, why);
     }
-    t->last_output = out;
+    s->output = out;
     return KILN_OK;
 }

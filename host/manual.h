@@ -11,7 +11,10 @@
 
 #include "run.h"
 
-int ht_manual_step(ht_trainer *t, char *why, size_t whylen);
+/* One batch's training_step in manual mode; a failure lands in step->err
+ * (the returned status is its rc). The services below reach the step
+ * through t->step. */
+int ht_manual_step(ht_trainer *t, ht_step *step);
 
 uint32_t ht_svc_optimizer_count(kiln_host_ctx *h);
 int32_t ht_svc_manual_backward(kiln_host_ctx *h, double loss);

@@ -39,9 +39,9 @@ static void where_text(const ht_trainer *t, char *buf, size_t n) {
                         : t->stage == KILN_STAGE_VALIDATE ? "validation"
                         : t->stage == KILN_STAGE_TEST     ? "test"
                                                           : "train";
-    if (t->batch)
+    if (t->step && t->step->batch)
         snprintf(buf, n, " (%s: epoch %lld, batch %lld, global step %lld)", stage,
-                 (long long)t->epoch_progress.current.completed, (long long)t->batch_idx,
+                 (long long)t->epoch_progress.current.completed, (long long)t->step->batch_idx,
                  (long long)t->opt_step.total.completed);
     else
         snprintf(buf, n, " (%s: epoch %lld, global step %lld)", stage, (long long)t->epoch_progress.current.completed,
@@ -64,6 +64,20 @@ int ht_fail(ht_trainer *t, ht_slot *s, int32_t rc, const char *what, char *why, 
     size_t l = strlen(why);
     if (where[0] && l + 1 < whylen) snprintf(why + l, whylen - l, "%s", where);
     return rc < 0 ? rc : KILN_E_INTERNAL;
+}
+
+int32_t ht_step_error(ht_step *step, int32_t rc, const char *msg) {
+    if (!step->err.rc) {
+        step->err.rc = rc;
+        snprintf(step->err.msg, sizeof step->err.msg, "%s", msg);
+    }
+    return rc;
+}
+
+int32_t ht_step_fail(ht_trainer *t, ht_step *step, ht_slot *s, int32_t rc, const char *what) {
+    char why[sizeof step->err.msg];
+    rc = ht_fail(t, s, rc, what, why, sizeof why);
+    return ht_step_error(step, rc, why);
 }
 
 void ht_grads_none(ht_trainer *t, int opt) {
@@ -157,8 +171,8 @@ static int send_to_callbacks(ht_trainer *t, kiln_event *ev, char *why, size_t wh
 
 void ht_trace(ht_trainer *t, int32_t source, const char *what, int64_t batch_idx) {
     if (!t->ncallbacks) return;
-    kiln_event ev = {sizeof ev, KILN_EV_TRACE, t->stage, source, batch_idx, t->batch, NULL, 0, &t->state, what,
-                     NULL, 0, t->accumulating, 0, 0, 0};
+    kiln_event ev = {sizeof ev, KILN_EV_TRACE, t->stage, source, batch_idx, t->step ? t->step->batch : NULL, NULL,
+                     0, &t->state, what, NULL, 0, t->step ? t->step->accumulating : 0, 0, 0, 0};
     char why[256];
     if (send_to_callbacks(t, &ev, why, sizeof why) != KILN_OK) HLOG_WARN("%s", why);
 }
@@ -181,7 +195,7 @@ int ht_hook_to(ht_trainer *t, int parts, uint32_t id, int64_t batch_idx, const k
                const kiln_step_output *out, double loss, int *result, char *why, size_t whylen) {
     ht_update_state(t);
     kiln_event ev = {sizeof ev, id, t->stage, KILN_SRC_CALLBACK, batch_idx, batch, out, loss, &t->state, NULL,
-                     NULL, 0, t->accumulating, 0, 0, 0};
+                     NULL, 0, t->step ? t->step->accumulating : 0, 0, 0, 0};
     if (result) *result = 0;
     const int cbs = parts & (HT_TO_PLAIN_CALLBACKS | HT_TO_MONITORS);
     if (callback_hook(id) && cbs) {

@@ -69,6 +69,27 @@ typedef struct ht_timing {
     double data, forward, backward, zero_grad, optimizer, validation, total;
 } ht_timing;
 
+/* A failure below the loops, on its way up: the status and the message
+ * that explains it. The first failure is kept: what a plugin does after a
+ * call it was handed failed cannot hide the cause. */
+typedef struct ht_error {
+    int32_t rc;
+    char msg[2048];
+} ht_error;
+
+/* One batch as it travels down the step (loops.c → closure.c or manual.c →
+ * ht_backward): the batch and its index, whether it steps the optimizers,
+ * what the module's training_step returned, and the step's failure. It
+ * lives on the loop's stack for one batch. */
+typedef struct ht_step {
+    const kiln_batch *batch;      /* NULL once on_train_batch_end has run    */
+    int64_t batch_idx;
+    int accumulating;             /* the batch does not step (accumulation)  */
+    kiln_step_output output;      /* the closure's consumed result            */
+    double closure_time;          /* seconds inside the closure               */
+    ht_error err;
+} ht_step;
+
 typedef struct ht_trainer {
     hc_config *cfg;
     hl_loader *loader;
@@ -150,15 +171,14 @@ typedef struct ht_trainer {
     int in_train_step;            /* inside the optimisation of one batch:
                                      svc->predict is refused (it would
                                      overwrite what backward needs)           */
-    int accumulating;           /* the batch being run does not step         */
-    int64_t batch_idx;
-    const kiln_batch *batch;
-    kiln_step_output last_output; /* the closure's consumed result             */
-    int closure_calls;            /* how often the optimizer called it         */
-    double loss_scale;
-    double closure_time;          /* seconds inside the closure this step     */
-    char err[2048];               /* failure inside a closure (plugins call it) */
-    int err_rc;
+    ht_step *step;                /* the batch in flight (loops.c sets it for
+                                     the batch's hooks and clears it after):
+                                     for failure messages, trace events and
+                                     the services a plugin calls back into
+                                     during the step; NULL between batches   */
+    int64_t last_batch_idx;       /* the index of the latest batch, training
+                                     or evaluation: an epoch-end scheduler
+                                     step's trace event carries it            */
     int excepting;                /* on_exception was sent (once per run)     */
     int in_loops;                 /* inside ht_run_fit_loop/ht_run_eval_loop:
                                      failures say stage, epoch, batch, step  */
@@ -173,6 +193,10 @@ typedef struct ht_trainer {
  * status to pass on (a positive rc, which no plugin may return, becomes
  * KILN_E_INTERNAL). */
 int ht_fail(ht_trainer *t, ht_slot *s, int32_t rc, const char *what, char *why, size_t whylen);
+/* The same report kept in the step's error (when it is the first). */
+int32_t ht_step_fail(ht_trainer *t, ht_step *step, ht_slot *s, int32_t rc, const char *what);
+/* Keep `rc` and `msg` as the step's error when it is the first; returns rc. */
+int32_t ht_step_error(ht_step *step, int32_t rc, const char *msg);
 
 /* Events: callbacks in list order, then the module (docs/semantics.md ordering),
  * with a TRACE copy of the module call for tracing callbacks. Returns the

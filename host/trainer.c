@@ -330,7 +330,6 @@ int ht_open(ht_trainer *t, hc_config *cfg, hl_loader *loader, int stage, char *w
     t->cfg = cfg;
     t->loader = loader;
     t->stage = stage;
-    t->loss_scale = 1.0;
     int rc = hc_resolve(cfg, hc_lookup(cfg, "trainer"), hc_trainer_params, "trainer", &t->trainer_kv, why,
                         whylen);
     if (rc) return rc;
