@@ -337,9 +337,8 @@ static void test_override_list_element(void) {
 /* One line and exit status 2 for a command line kiln cannot read; `out`
  * must hold `needle`. */
 static void expect_usage_error(const char *args, const char *needle) {
-    char cmd[8192], out[4096];
-    snprintf(cmd, sizeof cmd, "%s %s", tu_kiln(), args);
-    int rc = tu_run(cmd, out, sizeof out);
+    char out[4096];
+    int rc = tu_run_kiln(NULL, args, out, sizeof out); /* the words of args, no shell */
     int nl = 0;
     for (const char *c = out; *c; c++) nl += *c == '\n';
     if (rc != 2 || !strstr(out, needle) || nl != 1) fprintf(stderr, "\n  kiln %s: exit %d: %s\n", args, rc, out);
@@ -381,15 +380,15 @@ static void test_command_line(void) {
     const char *p = write_cfg("cmdline.cfg", text);
     snprintf(cmd, sizeof cmd, "%s -qq config show %s --set=trainer.max_epochs=7 --set optimizer.lr=0.5 "
              "--set trainer.max_epochs=8", tu_kiln(), p);
-    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT_EQUAL(tu_run_words(cmd, out, sizeof out), 0);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "max_epochs = 8"));
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "lr = 0.5"));
     /* global flags repeat and combine; --version answers before any command */
     snprintf(cmd, sizeof cmd, "%s -v -q --quiet -qq --version", tu_kiln());
-    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT_EQUAL(tu_run_words(cmd, out, sizeof out), 0);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "plugin ABI"));
     snprintf(cmd, sizeof cmd, "%s -h", tu_kiln());
-    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT_EQUAL(tu_run_words(cmd, out, sizeof out), 0);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "global flags:"));
 }
 
@@ -430,44 +429,46 @@ static void test_cli_config(void) {
     const char *p = write_cfg("cli.cfg", text);
     char cmd[8192], out[16384];
     snprintf(cmd, sizeof cmd, "%s -q config show %s --set trainer.max_epochs=9 --set optimizer.lr=0.25", tu_kiln(), p);
-    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT_EQUAL(tu_run_words(cmd, out, sizeof out), 0);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "max_epochs = 9"));
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "lr = 0.25"));
     snprintf(cmd, sizeof cmd, "%s -q config check %s", tu_kiln(), p);
-    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT_EQUAL(tu_run_words(cmd, out, sizeof out), 0);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "cli.cfg: ok"));
     snprintf(cmd, sizeof cmd, "%s -q config check %s --set optimizer.lrr=1", tu_kiln(), p);
-    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 1);
+    CU_ASSERT_EQUAL(tu_run_words(cmd, out, sizeof out), 1);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "unknown key 'lrr' for optimizer 'tsgd' (did you mean 'lr'?)"));
     snprintf(cmd, sizeof cmd, "%s -q config check %s --set trainer.max_epochs=x", tu_kiln(), p);
-    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 1);
+    CU_ASSERT_EQUAL(tu_run_words(cmd, out, sizeof out), 1);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "expected a int"));
     snprintf(cmd, sizeof cmd, "%s -q config check %s --set precision=fp8", tu_kiln(), p);
-    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 1);
+    CU_ASSERT_EQUAL(tu_run_words(cmd, out, sizeof out), 1);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "no precision plugin answers to 'fp8'"));
     snprintf(cmd, sizeof cmd, "%s -q config check %s --set trainer.max_steps=5000000000", tu_kiln(), p);
-    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 1);
+    CU_ASSERT_EQUAL(tu_run_words(cmd, out, sizeof out), 1);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "--set trainer.max_steps=5000000000: trainer.max_steps: expected an integer"));
     /* 1.5 config_checks: values outside a plugin's rules, refused at check time */
     snprintf(cmd, sizeof cmd, "%s -q config check %s --set optimizer.lr=-2", tu_kiln(), p);
-    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 1);
+    CU_ASSERT_EQUAL(tu_run_words(cmd, out, sizeof out), 1);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "cli.cfg:6: optimizer 'tsgd' key 'lr' must be > 0, found -2"));
-    snprintf(cmd, sizeof cmd, "%s -q config check %s --set 'optimizer.betas=[0.9, 1.0]'", tu_kiln(), p);
-    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 1);
+    CU_ASSERT_EQUAL(tu_run_kiln_l(out, sizeof out, "-q", "config", "check", p, "--set", "optimizer.betas=[0.9, 1.0]", NULL),
+                    1);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "key 'betas' must be in [0, 1), found 1 (element 1)"));
-    snprintf(cmd, sizeof cmd, "%s -q config check %s --set module.name=tmlp --set 'module.activation=\"swish\"'", tu_kiln(), p);
-    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 1);
+    CU_ASSERT_EQUAL(tu_run_kiln_l(out, sizeof out, "-q", "config", "check", p, "--set", "module.name=tmlp", "--set",
+                                  "module.activation=\"swish\"", NULL),
+                    1);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "module 'tmlp' key 'activation' must be one of \"relu\", \"gelu\", found "
                                        "\"swish\""));
-    snprintf(cmd, sizeof cmd, "%s -q config check %s --set module.name=tmlp --set 'module.layers=[4, 0, 2]'", tu_kiln(), p);
-    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 1);
+    CU_ASSERT_EQUAL(tu_run_kiln_l(out, sizeof out, "-q", "config", "check", p, "--set", "module.name=tmlp", "--set",
+                                  "module.layers=[4, 0, 2]", NULL),
+                    1);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "key 'layers' must be >= 1, found 0 (element 1)"));
     /* shown per key by plugins list --verbose */
     snprintf(cmd, sizeof cmd, "%s -q plugins list --verbose --plugin-dir %s", tu_kiln(), pd);
-    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT_EQUAL(tu_run_words(cmd, out, sizeof out), 0);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "key momentum               float       default 0  (in [0, 1))"));
     snprintf(cmd, sizeof cmd, "%s -q config show %s --set trainer.max_steps=5000000000L", tu_kiln(), p);
-    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT_EQUAL(tu_run_words(cmd, out, sizeof out), 0);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "max_steps = 5000000000L"));
 }
 
@@ -501,7 +502,7 @@ static void test_set_quirks(void) {
     const char *p = write_cfg("quirk.cfg", "optimizer = { name = \"sgd\"; lr = 0.1; momentum = 0.9; };\n");
     char cmd[8192], out[16384];
     snprintf(cmd, sizeof cmd, "%s config show %s --set optimizer=adamw", tu_kiln(), p);
-    tu_run(cmd, out, sizeof out); /* fails later (no data section): the line comes first */
+    tu_run_words(cmd, out, sizeof out); /* fails later (no data section): the line comes first */
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "--set optimizer=adamw replaces the whole optimizer section, whose keys lr, "
                                        "momentum are dropped (--set optimizer.name=adamw would keep them)"));
     /* a key set twice, also when the first is in an @include file */
@@ -528,15 +529,15 @@ static void test_quiet_levels(void) {
              getenv("KILN_TRAIN_FIXTURES"), g_dir);
     const char *p = write_cfg("quiet.cfg", text);
     snprintf(cmd, sizeof cmd, "%s fit %s", tu_kiln(), p);
-    CU_ASSERT_EQUAL_FATAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT_EQUAL_FATAL(tu_run_words(cmd, out, sizeof out), 0);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "epoch 1 batch 1/2")); /* the progress lines */
     snprintf(cmd, sizeof cmd, "%s -q fit %s", tu_kiln(), p);
-    CU_ASSERT_EQUAL_FATAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT_EQUAL_FATAL(tu_run_words(cmd, out, sizeof out), 0);
     CU_ASSERT_PTR_NULL(strstr(out, "info:"));
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "== kiln fit summary")); /* the result */
     CU_ASSERT_EQUAL(strncmp(out, "\n== kiln fit summary", 20), 0); /* nothing before it */
     snprintf(cmd, sizeof cmd, "%s -qq fit %s", tu_kiln(), p);
-    CU_ASSERT_EQUAL_FATAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT_EQUAL_FATAL(tu_run_words(cmd, out, sizeof out), 0);
     CU_ASSERT_STRING_EQUAL(out, "");
 }
 

@@ -47,9 +47,9 @@ static void read_lines(const char *path) {
 }
 
 /* Write a run file from `body` (plus plugin dirs and the trace callback),
- * run `kiln fit` with `extra` arguments, load the trace. Returns the exit
- * status; the output is in `out`. */
-static int fit(const char *body, const char *extra, char *out, size_t outlen) {
+ * run `kiln fit` with the `extra` arguments (NULL-terminated, or NULL),
+ * load the trace. Returns the exit status; the output is in `out`. */
+static int fit_argv(const char *body, const char *const extra[], char *out, size_t outlen) {
     static int k;
     char cfg[4200], trace[4200], text[16384];
     snprintf(cfg, sizeof cfg, "%s/run%d.cfg", g_dir, k);
@@ -63,12 +63,22 @@ static int fit(const char *body, const char *extra, char *out, size_t outlen) {
         snprintf(text + strlen(text), sizeof text - strlen(text), "callbacks = ( { name = \"hook_trace\"; path = \"%s\"; } );\n",
                  trace);
     CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
-    char cmd[16384];
-    snprintf(cmd, sizeof cmd, "%s %sfit %s --set trainer.default_root_dir=\\\"%s/runs\\\" %s", tu_kiln(),
-             g_loud ? "" : "-q ", cfg, g_dir, extra ? extra : "");
-    int rc = tu_run(cmd, out, outlen);
+    char root[4200];
+    snprintf(root, sizeof root, "trainer.default_root_dir=\"%s/runs\"", g_dir);
+    const char *quiet[] = {"-q", "fit", cfg, "--set", root, NULL};
+    int rc = tu_run_kiln_a(g_loud ? quiet + 1 : quiet, extra, out, outlen);
     read_lines(trace);
     return rc;
+}
+
+/* fit_argv with `extra` as words split at spaces (none holds a space). */
+static int fit(const char *body, const char *extra, char *out, size_t outlen) {
+    char words[4096], *argv[32];
+    int n = 0;
+    snprintf(words, sizeof words, "%s", extra ? extra : "");
+    for (char *save = NULL, *w = strtok_r(words, " ", &save); w && n < 31; w = strtok_r(NULL, " ", &save)) argv[n++] = w;
+    argv[n] = NULL;
+    return fit_argv(body, (const char *const *)argv, out, outlen);
 }
 
 static const char *BASE =
@@ -328,11 +338,8 @@ static void test_determinism(void) {
                  i == 2 ? 8 : 7, paths[i]);
         CU_ASSERT_EQUAL_FATAL(fit(body, NULL, out, sizeof out), 0);
     }
-    char cmd[16384];
-    snprintf(cmd, sizeof cmd, "cmp %s %s", a, b);
-    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0); /* same seed: bit-identical */
-    snprintf(cmd, sizeof cmd, "cmp %s %s", a, c);
-    CU_ASSERT_NOT_EQUAL(tu_run(cmd, out, sizeof out), 0); /* another seed differs */
+    CU_ASSERT_EQUAL(tu_same_file(a, b), 1);     /* same seed: bit-identical */
+    CU_ASSERT_NOT_EQUAL(tu_same_file(a, c), 1); /* another seed differs */
 }
 
 static void test_run_dir_and_errors(void) {
@@ -359,15 +366,17 @@ static void test_run_dir_and_errors(void) {
  * same for a number past 2^53 - 2, the largest the ranks can share. A
  * plain gap still numbers after the largest. */
 static void test_run_dir_numbers(void) {
-    char out[16384], root[4300], p[4400], cmd[20000], set[4400];
+    char out[16384], root[4300], p[4400], set[4400];
     struct stat st;
     const char *full[] = {"9223372036854775807", "99999999999999999999999", "9007199254740990"};
     for (int i = 0; i < 3; i++) {
         snprintf(root, sizeof root, "%s/numbers%d", g_dir, i);
         snprintf(p, sizeof p, "%s/version_%s", root, full[i]);
-        snprintf(cmd, sizeof cmd, "mkdir -p %s && touch %s/marker", p, p);
-        CU_ASSERT_EQUAL_FATAL(tu_run(cmd, out, sizeof out), 0);
-        snprintf(set, sizeof set, "--set trainer.default_root_dir=\\\"%s\\\"", root);
+        CU_ASSERT_EQUAL_FATAL(tu_mkdirs(p), 0);
+        char marker[4500];
+        snprintf(marker, sizeof marker, "%s/marker", p);
+        CU_ASSERT_EQUAL_FATAL(tu_write(marker, ""), 0);
+        snprintf(set, sizeof set, "--set trainer.default_root_dir=\"%s\"", root);
         for (int run = 0; run < 2; run++) { /* the second run would have shared the first's */
             CU_ASSERT_EQUAL(fit(BASE, set, out, sizeof out), 1);
             CU_ASSERT_PTR_NOT_NULL(strstr(out, "cannot number a new run: expected the largest version_N below "
@@ -379,15 +388,15 @@ static void test_run_dir_numbers(void) {
             CU_ASSERT_EQUAL(nl, 1);
         }
         /* nothing written: the root holds the one directory, untouched */
-        snprintf(cmd, sizeof cmd, "ls -A %s | wc -l; ls -A %s | wc -l", root, p);
-        CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
-        CU_ASSERT_STRING_EQUAL(out, "1\n1\n");
+        CU_ASSERT_EQUAL(tu_count_entries(root), 1);
+        CU_ASSERT_EQUAL(tu_count_entries(p), 1);
     }
     snprintf(root, sizeof root, "%s/numbers_gap", g_dir);
-    snprintf(cmd, sizeof cmd, "mkdir -p %s/version_3 %s/version_9007199254740989 %s/version_x %s/version_-7", root, root,
-             root, root);
-    CU_ASSERT_EQUAL_FATAL(tu_run(cmd, out, sizeof out), 0);
-    snprintf(set, sizeof set, "--set trainer.default_root_dir=\\\"%s\\\"", root);
+    for (const char *const *v = (const char *const[]){"3", "9007199254740989", "x", "-7", NULL}; *v; v++) {
+        snprintf(p, sizeof p, "%s/version_%s", root, *v);
+        CU_ASSERT_EQUAL_FATAL(tu_mkdirs(p), 0);
+    }
+    snprintf(set, sizeof set, "--set trainer.default_root_dir=\"%s\"", root);
     CU_ASSERT_EQUAL(fit(BASE, set, out, sizeof out), 0);
     snprintf(p, sizeof p, "%s/version_9007199254740990/config.cfg", root);
     CU_ASSERT_EQUAL(stat(p, &st), 0); /* the largest number a run may take */
@@ -396,15 +405,13 @@ static void test_run_dir_numbers(void) {
 }
 
 static void test_validate_and_test_commands(void) {
-    char cfg[4200], text[8192], cmd[16384], out[16384];
+    char cfg[4200], text[8192], out[16384];
     snprintf(cfg, sizeof cfg, "%s/eval.cfg", g_dir);
     snprintf(text, sizeof text, "plugins = { dirs = [\"%s\"]; };\n%s", getenv("KILN_TRAIN_FIXTURES"), BASE);
     CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
-    snprintf(cmd, sizeof cmd, "%s -q validate %s", tu_kiln(), cfg);
-    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT_EQUAL(tu_run_kiln_l(out, sizeof out, "-q", "validate", cfg, NULL), 0);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "val_loss="));
-    snprintf(cmd, sizeof cmd, "%s -q test %s", tu_kiln(), cfg);
-    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT_EQUAL(tu_run_kiln_l(out, sizeof out, "-q", "test", cfg, NULL), 0);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "test_loss="));
 }
 
@@ -419,55 +426,57 @@ static int summary_value(const char *out, const char *key, char *val, size_t n) 
     return 0;
 }
 
+/* The --set value that points a run at `root`, as kiln receives it. */
+static const char *root_set(char *buf, size_t n, const char *root) {
+    snprintf(buf, n, "trainer.default_root_dir=\"%s\"", root);
+    return buf;
+}
+
 /* fit writes checkpoints/last.safetensors after every epoch; test --ckpt
  * evaluates exactly those weights; mismatched stacks and corrupt files are
  * refused with the file named. */
 static void test_checkpoint_weights(void) {
-    char root[4200], cfg[4300], text[8192], cmd[16384], out[16384], a[64] = "", b[64] = "", c[64] = "";
+    char root[4200], cfg[4300], text[8192], out[16384], a[64] = "", b[64] = "", c[64] = "", rs[4300];
     snprintf(root, sizeof root, "%s/ckptruns", g_dir);
     snprintf(cfg, sizeof cfg, "%s/ckpt.cfg", g_dir);
     snprintf(text, sizeof text, "plugins = { dirs = [\"%s\"]; };\n%s", getenv("KILN_TRAIN_FIXTURES"), BASE);
     CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
+    root_set(rs, sizeof rs, root);
     /* no run yet: last finds nothing */
-    snprintf(cmd, sizeof cmd, "%s -q test %s --set 'trainer.default_root_dir=\"%s\"' --ckpt last", tu_kiln(), cfg, root);
-    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 1);
+    CU_ASSERT_EQUAL(tu_run_kiln_l(out, sizeof out, "-q", "test", cfg, "--set", rs, "--ckpt", "last", NULL), 1);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "--ckpt last: no"));
-    snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s\"' --set trainer.max_epochs=3 --test",
-             tu_kiln(), cfg, root);
-    CU_ASSERT_EQUAL_FATAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT_EQUAL_FATAL(
+        tu_run_kiln_l(out, sizeof out, "-q", "fit", cfg, "--set", rs, "--set", "trainer.max_epochs=3", "--test", NULL),
+        0);
     CU_ASSERT_EQUAL_FATAL(summary_value(out, "test_loss=", a, sizeof a), 0);
     char ck[4400];
     snprintf(ck, sizeof ck, "%s/version_0/checkpoints/last.safetensors", root);
     struct stat st;
     CU_ASSERT_EQUAL_FATAL(stat(ck, &st), 0);
     /* the same weights evaluated later, by "last" and by path */
-    snprintf(cmd, sizeof cmd, "%s -q test %s --set 'trainer.default_root_dir=\"%s\"' --ckpt last", tu_kiln(), cfg, root);
-    CU_ASSERT_EQUAL_FATAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT_EQUAL_FATAL(tu_run_kiln_l(out, sizeof out, "-q", "test", cfg, "--set", rs, "--ckpt", "last", NULL), 0);
     CU_ASSERT_EQUAL(summary_value(out, "test_loss=", b, sizeof b), 0);
     CU_ASSERT_STRING_EQUAL(a, b);
-    snprintf(cmd, sizeof cmd, "%s -q test %s", tu_kiln(), cfg);
-    CU_ASSERT_EQUAL_FATAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT_EQUAL_FATAL(tu_run_kiln_l(out, sizeof out, "-q", "test", cfg, NULL), 0);
     CU_ASSERT_EQUAL(summary_value(out, "test_loss=", c, sizeof c), 0);
     CU_ASSERT_STRING_NOT_EQUAL(a, c); /* initial weights differ */
     /* another module shape: refused, naming the tensor and both shapes */
-    snprintf(cmd, sizeof cmd, "%s -q validate %s --set module.features=4 --set data.features=4 --ckpt %s", tu_kiln(), cfg,
-             ck);
-    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 1);
+    CU_ASSERT_EQUAL(tu_run_kiln_l(out, sizeof out, "-q", "validate", cfg, "--set", "module.features=4", "--set",
+                                  "data.features=4", "--ckpt", ck, NULL),
+                    1);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "tensor 'linear.weight' is F32 [2, 3], module 'toymod' expects F32 [2, 4]"));
     /* a truncated file: refused by the reader, naming the file */
     char bad[4400];
     snprintf(bad, sizeof bad, "%s/bad.safetensors", g_dir);
-    snprintf(cmd, sizeof cmd, "head -c 100 %s > %s", ck, bad);
-    CU_ASSERT_EQUAL_FATAL(tu_run(cmd, out, sizeof out), 0);
-    snprintf(cmd, sizeof cmd, "%s -q test %s --ckpt %s", tu_kiln(), cfg, bad);
-    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 1);
+    CU_ASSERT_EQUAL_FATAL(tu_copy_head(ck, bad, 100), 0);
+    CU_ASSERT_EQUAL(tu_run_kiln_l(out, sizeof out, "-q", "test", cfg, "--ckpt", bad, NULL), 1);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, bad));
 }
 
 /* fit 4 epochs == fit 2 epochs, then fit --ckpt last to 4: bit-identical
  * weights (AdamW: its moments and step count travel in the checkpoint). */
 static void test_resume_bit_identical(void) {
-    char out[16384], cfg[4300], text[8192], cmd[16384], root[4200], wa[4300], wb[4300];
+    char out[16384], cfg[4300], text[8192], root[4200], wa[4300], wb[4300], full[4400], part[4400], ck[4400];
     snprintf(root, sizeof root, "%s/resume", g_dir);
     snprintf(cfg, sizeof cfg, "%s/resume.cfg", g_dir);
     snprintf(wa, sizeof wa, "%s/w_full.bin", g_dir);
@@ -480,33 +489,31 @@ static void test_resume_bit_identical(void) {
              "optimizer = { name = \"adamw\"; lr = 0.05; };\n",
              getenv("KILN_TRAIN_FIXTURES"));
     CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
-    const char *dump = "--set 'callbacks=({name=\"weightdump\"; path=\"%s\";})'";
+    const char *dump = "callbacks=({name=\"weightdump\"; path=\"%s\";})";
     char d1[4600], d2[4600];
     snprintf(d1, sizeof d1, dump, wa);
     snprintf(d2, sizeof d2, dump, wb);
-    snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s/full\"' %s", tu_kiln(), cfg, root, d1);
-    CU_ASSERT_EQUAL_FATAL(tu_run(cmd, out, sizeof out), 0);
-    snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s/part\"' --set trainer.max_epochs=2",
-             tu_kiln(), cfg, root);
-    CU_ASSERT_EQUAL_FATAL(tu_run(cmd, out, sizeof out), 0);
-    snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s/part\"' --ckpt last %s", tu_kiln(), cfg,
-             root, d2);
-    int rc = tu_run(cmd, out, sizeof out);
+    snprintf(full, sizeof full, "trainer.default_root_dir=\"%s/full\"", root);
+    snprintf(part, sizeof part, "trainer.default_root_dir=\"%s/part\"", root);
+    CU_ASSERT_EQUAL_FATAL(tu_run_kiln_l(out, sizeof out, "-q", "fit", cfg, "--set", full, "--set", d1, NULL), 0);
+    CU_ASSERT_EQUAL_FATAL(
+        tu_run_kiln_l(out, sizeof out, "-q", "fit", cfg, "--set", part, "--set", "trainer.max_epochs=2", NULL), 0);
+    int rc = tu_run_kiln_l(out, sizeof out, "-q", "fit", cfg, "--set", part, "--ckpt", "last", "--set", d2, NULL);
     if (rc) fprintf(stderr, "\n%s\n", out);
     CU_ASSERT_EQUAL_FATAL(rc, 0);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "epochs: 4 ")); /* epoch counter restored */
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "steps: 12 ")); /* 3 steps an epoch, 4 epochs */
-    snprintf(cmd, sizeof cmd, "cmp %s %s", wa, wb);
-    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT_EQUAL(tu_same_file(wa, wb), 1);
     /* another optimizer cannot take AdamW's state */
-    snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s/part\"' --ckpt %s/part/version_0/checkpoints/last.safetensors --set optimizer.name=sgd --set optimizer.lr=0.1",
-             tu_kiln(), cfg, root, root);
-    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 1);
+    snprintf(ck, sizeof ck, "%s/part/version_0/checkpoints/last.safetensors", root);
+    CU_ASSERT_EQUAL(tu_run_kiln_l(out, sizeof out, "-q", "fit", cfg, "--set", part, "--ckpt", ck, "--set",
+                                  "optimizer.name=sgd", "--set", "optimizer.lr=0.1", NULL),
+                    1);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "the optimizer state was saved by 'adamw"));
     /* a checkpoint beyond max_epochs is refused */
-    snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s/part\"' --ckpt last --set trainer.max_epochs=1",
-             tu_kiln(), cfg, root);
-    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 1);
+    CU_ASSERT_EQUAL(tu_run_kiln_l(out, sizeof out, "-q", "fit", cfg, "--set", part, "--ckpt", "last", "--set",
+                                  "trainer.max_epochs=1", NULL),
+                    1);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "beyond trainer.max_epochs = 1"));
 }
 
@@ -577,15 +584,15 @@ static void progress_with(const char *ck, int idx, const char *value, char *out,
  * one line naming the file, the counter, what was expected and what was
  * found; the same file unaltered still resumes. */
 static void test_resume_refuses_bad_counters(void) {
-    char out[16384], cfg[4300], text[8192], cmd[16384], root[4200], ck[4400], bad[4400], val[2048];
+    char out[16384], cfg[4300], text[8192], rs[4300], root[4200], ck[4400], bad[4400], val[2048];
     snprintf(root, sizeof root, "%s/counters", g_dir);
     snprintf(cfg, sizeof cfg, "%s/counters.cfg", g_dir);
     snprintf(bad, sizeof bad, "%s/counters-bad.safetensors", g_dir);
     snprintf(ck, sizeof ck, "%s/version_0/checkpoints/last.safetensors", root);
     snprintf(text, sizeof text, "plugins = { dirs = [\"%s\"]; };\n%s", getenv("KILN_TRAIN_FIXTURES"), BASE);
     CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
-    snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s\"'", tu_kiln(), cfg, root);
-    CU_ASSERT_EQUAL_FATAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT_EQUAL_FATAL(tu_run_kiln_l(out, sizeof out, "-q", "fit", cfg, "--set", root_set(rs, sizeof rs, root), NULL),
+                          0);
     /* epoch 1 done, 2 batches, 2 steps; progress counters in the order of
      * the object: epoch (0-7), batch (8-15), opt_step (16-23), zero_grad
      * (24-31), each total then current as ready started processed
@@ -671,9 +678,8 @@ static void test_resume_refuses_bad_counters(void) {
         if (cases[i].idx >= 0) progress_with(ck, cases[i].idx, cases[i].value, val, sizeof val);
         else snprintf(val, sizeof val, "%s", cases[i].value ? cases[i].value : "(none)");
         CU_ASSERT_EQUAL_FATAL(rewrite_meta(ck, bad, cases[i].key, cases[i].idx < 0 && !cases[i].value ? NULL : val), 0);
-        snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s\"' --set trainer.max_epochs=3 "
-                 "--ckpt %s", tu_kiln(), cfg, root, bad);
-        int rc = tu_run(cmd, out, sizeof out);
+        int rc = tu_run_kiln_l(out, sizeof out, "-q", "fit", cfg, "--set", rs, "--set", "trainer.max_epochs=3", "--ckpt",
+                               bad, NULL);
         int nl = 0;
         for (const char *c = out; *c; c++) nl += *c == '\n';
         int ok = rc == 1 && strstr(out, cases[i].needle) && strstr(out, bad) && nl == 1;
@@ -690,9 +696,8 @@ static void test_resume_refuses_bad_counters(void) {
     snprintf(progress, sizeof progress, "%s", safetensors_metadata(f, "progress"));
     safetensors_close(f);
     CU_ASSERT_EQUAL_FATAL(rewrite_meta(ck, bad, "progress", progress), 0);
-    snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s\"' --set trainer.max_epochs=3 "
-             "--ckpt %s", tu_kiln(), cfg, root, bad);
-    int rc = tu_run(cmd, out, sizeof out);
+    int rc = tu_run_kiln_l(out, sizeof out, "-q", "fit", cfg, "--set", rs, "--set", "trainer.max_epochs=3", "--ckpt", bad,
+                           NULL);
     if (rc) fprintf(stderr, "\n%s\n", out);
     CU_ASSERT_EQUAL(rc, 0);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "epochs: 3 "));
@@ -754,7 +759,7 @@ static void test_conf_minus_one_schedulers(void) {
     /* epoch 0: after batch 0 and for the skipped batch 1; epoch 1: 4 */
     CU_ASSERT_EQUAL(count_prefix("host lr_scheduler_step"), 6);
     CU_ASSERT_EQUAL(count("host lr_scheduler_step batch=1"), 2);
-    CU_ASSERT_EQUAL_FATAL(fit(body, "--set scheduler.interval=\\\"epoch\\\"", out, sizeof out), 0);
+    CU_ASSERT_EQUAL_FATAL(fit(body, "--set scheduler.interval=\"epoch\"", out, sizeof out), 0);
     /* one epoch step per epoch, the first at the skipped batch */
     CU_ASSERT_EQUAL(count_prefix("host lr_scheduler_step"), 2);
     CU_ASSERT_EQUAL(count("host lr_scheduler_step batch=1"), 1);
@@ -852,7 +857,7 @@ static void test_conf_post_backward_rule(void) {
  * is not a restart, so the sanity check runs again; with max_steps set it
  * is (_iteration_based_training) and the check is skipped. */
 static void test_conf_resume_sanity(void) {
-    char out[16384], cfg[4300], text[8192], cmd[16384], root[4200];
+    char out[16384], cfg[4300], text[8192], root[4200];
     snprintf(root, sizeof root, "%s/sanity", g_dir);
     snprintf(cfg, sizeof cfg, "%s/sanity.cfg", g_dir);
     snprintf(text, sizeof text,
@@ -864,22 +869,23 @@ static void test_conf_resume_sanity(void) {
              "callbacks = ( { name = \"hook_trace\"; path = \"%s/sanity-trace.txt\"; } );\n",
              getenv("KILN_TRAIN_FIXTURES"), g_dir);
     CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
-    snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s\"'", tu_kiln(), cfg, root);
-    CU_ASSERT_EQUAL_FATAL(tu_run(cmd, out, sizeof out), 0);
+    char rs[4300];
+    root_set(rs, sizeof rs, root);
+    CU_ASSERT_EQUAL_FATAL(tu_run_kiln_l(out, sizeof out, "-q", "fit", cfg, "--set", rs, NULL), 0);
     char trace[4400];
     snprintf(trace, sizeof trace, "%s/sanity-trace.txt", g_dir);
-    snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s\"' --ckpt last --set trainer.max_epochs=2",
-             tu_kiln(), cfg, root);
-    CU_ASSERT_EQUAL_FATAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT_EQUAL_FATAL(tu_run_kiln_l(out, sizeof out, "-q", "fit", cfg, "--set", rs, "--ckpt", "last", "--set",
+                                        "trainer.max_epochs=2", NULL),
+                          0);
     read_lines(trace);
     CU_ASSERT_EQUAL(count("callback on_sanity_check_start stage=sanity"), 1);
     CU_ASSERT_EQUAL(count("callback on_train_epoch_start"), 1);
     /* the same resume of a step-limited run: no sanity check */
-    snprintf(cmd, sizeof cmd,
-             "%s -q fit %s --set 'trainer.default_root_dir=\"%s\"' --ckpt %s/version_0/checkpoints/last.safetensors "
-             "--set trainer.max_epochs=2 --set trainer.max_steps=4",
-             tu_kiln(), cfg, root, root);
-    CU_ASSERT_EQUAL_FATAL(tu_run(cmd, out, sizeof out), 0);
+    char ck[4400];
+    snprintf(ck, sizeof ck, "%s/version_0/checkpoints/last.safetensors", root);
+    CU_ASSERT_EQUAL_FATAL(tu_run_kiln_l(out, sizeof out, "-q", "fit", cfg, "--set", rs, "--ckpt", ck, "--set",
+                                        "trainer.max_epochs=2", "--set", "trainer.max_steps=4", NULL),
+                          0);
     read_lines(trace);
     CU_ASSERT_EQUAL(count("callback on_sanity_check_start stage=sanity"), 0);
     CU_ASSERT_EQUAL(count("callback on_train_epoch_start"), 1);
@@ -890,7 +896,8 @@ static void test_conf_resume_sanity(void) {
  * epoch resumes inside it: no on_train_epoch_start, the next batch, the
  * same current_epoch; and the weights equal an uninterrupted run's. */
 static void test_conf_resume_after_max_steps(void) {
-    char out[16384], cfg[4300], text[8192], cmd[32768], root[4200], wa[4300], wb[4300], trace[4400], ck[4400];
+    char out[16384], cfg[4300], text[8192], root[4200], wa[4300], wb[4300], trace[4400], ck[4400], full[4400],
+        part[4400];
     snprintf(root, sizeof root, "%s/maxsteps", g_dir);
     snprintf(cfg, sizeof cfg, "%s/maxsteps.cfg", g_dir);
     snprintf(wa, sizeof wa, "%s/ms_full.bin", g_dir);
@@ -904,16 +911,17 @@ static void test_conf_resume_after_max_steps(void) {
              "optimizer = { name = \"adamw\"; lr = 0.05; };\n",
              getenv("KILN_TRAIN_FIXTURES"));
     CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
-    const char *cbs = "--set 'callbacks=({name=\"weightdump\"; path=\"%s\";}, {name=\"hook_trace\"; path=\"%s\";})'";
+    const char *cbs = "callbacks=({name=\"weightdump\"; path=\"%s\";}, {name=\"hook_trace\"; path=\"%s\";})";
     char d1[9000], d2[9000];
     snprintf(d1, sizeof d1, cbs, wa, trace);
     snprintf(d2, sizeof d2, cbs, wb, trace);
-    snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s/full\"' --set trainer.max_steps=3 %s",
-             tu_kiln(), cfg, root, d1);
-    CU_ASSERT_EQUAL_FATAL(tu_run(cmd, out, sizeof out), 0);
-    snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s/part\"' --set trainer.max_steps=1",
-             tu_kiln(), cfg, root);
-    CU_ASSERT_EQUAL_FATAL(tu_run(cmd, out, sizeof out), 0);
+    snprintf(full, sizeof full, "trainer.default_root_dir=\"%s/full\"", root);
+    snprintf(part, sizeof part, "trainer.default_root_dir=\"%s/part\"", root);
+    CU_ASSERT_EQUAL_FATAL(tu_run_kiln_l(out, sizeof out, "-q", "fit", cfg, "--set", full, "--set", "trainer.max_steps=3",
+                                        "--set", d1, NULL),
+                          0);
+    CU_ASSERT_EQUAL_FATAL(
+        tu_run_kiln_l(out, sizeof out, "-q", "fit", cfg, "--set", part, "--set", "trainer.max_steps=1", NULL), 0);
     snprintf(ck, sizeof ck, "%s/part/version_0/checkpoints/last.safetensors", root);
     char why[512];
     safetensors_file *f = NULL;
@@ -921,9 +929,8 @@ static void test_conf_resume_after_max_steps(void) {
     CU_ASSERT_STRING_EQUAL(safetensors_metadata(f, "epoch"), "0"); /* loaded_ckpt "epoch": 0 */
     CU_ASSERT_STRING_EQUAL(safetensors_metadata(f, "global_step"), "1");
     safetensors_close(f);
-    snprintf(cmd, sizeof cmd, "%s fit %s --set 'trainer.default_root_dir=\"%s/part\"' --ckpt last --set trainer.max_steps=3 %s",
-             tu_kiln(), cfg, root, d2);
-    int rc = tu_run(cmd, out, sizeof out);
+    int rc = tu_run_kiln_l(out, sizeof out, "fit", cfg, "--set", part, "--ckpt", "last", "--set", "trainer.max_steps=3",
+                           "--set", d2, NULL);
     if (rc) fprintf(stderr, "\n%s\n", out);
     CU_ASSERT_EQUAL_FATAL(rc, 0);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "resuming inside epoch 0 after batch 0"));
@@ -934,8 +941,7 @@ static void test_conf_resume_after_max_steps(void) {
     CU_ASSERT_EQUAL(count("callback on_train_batch_start batch=2"), 1);
     CU_ASSERT_EQUAL(count("callback on_train_batch_start batch=3"), 0);
     CU_ASSERT_EQUAL(count("callback on_train_epoch_end"), 1);
-    snprintf(cmd, sizeof cmd, "cmp %s %s", wa, wb);
-    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT_EQUAL(tu_same_file(wa, wb), 1);
 }
 
 /* 8. loops/optimization/automatic.py with torch's zero_grad(set_to_none=True):
@@ -961,18 +967,17 @@ static void test_conf_no_loss_is_a_no_op(void) {
     const char *opts[] = {"{ name = \"sgd\"; lr = 0.1; momentum = 0.9; weight_decay = 0.1; }",
                           "{ name = \"adamw\"; lr = 0.05; weight_decay = 0.1; }",
                           "{ name = \"lbfgs\"; lr = 0.5; max_iter = 3; }"};
-    char a[4300], b[4300], cmd[16384], out[16384];
+    char a[4300], b[4300];
     for (int i = 0; i < 3; i++) {
         snprintf(a, sizeof a, "%s/noloss%d_a.bin", g_dir, i);
         snprintf(b, sizeof b, "%s/noloss%d_b.bin", g_dir, i);
         no_loss_run(opts[i], NULL, a);                          /* batches 0, 1, and 2 without a loss */
         no_loss_run(opts[i], "--set trainer.max_steps=2", b);    /* batches 0 and 1 only */
-        snprintf(cmd, sizeof cmd, "cmp %s %s", a, b);
-        CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
+        CU_ASSERT_EQUAL(tu_same_file(a, b), 1);
     }
     /* the same sgd built against the frozen 1.4 headers: the old behaviour */
     char plugdirs[9000];
-    snprintf(plugdirs, sizeof plugdirs, "--set 'plugins.dirs=[\"%s\", \"%s\"]'", getenv("KILN_TRAIN_FIXTURES"),
+    snprintf(plugdirs, sizeof plugdirs, "--set plugins.dirs=[\"%s\",\"%s\"]", getenv("KILN_TRAIN_FIXTURES"),
              getenv("KILN_ABI14_FIXTURES"));
     const char *old = "{ name = \"sgd14:sgd\"; lr = 0.1; momentum = 0.9; weight_decay = 0.1; }";
     snprintf(a, sizeof a, "%s/noloss14_a.bin", g_dir);
@@ -981,21 +986,21 @@ static void test_conf_no_loss_is_a_no_op(void) {
     char extra[9100];
     snprintf(extra, sizeof extra, "%s --set trainer.max_steps=2", plugdirs);
     no_loss_run(old, extra, b);
-    snprintf(cmd, sizeof cmd, "cmp -s %s %s", a, b);
-    CU_ASSERT_NOT_EQUAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT_NOT_EQUAL(tu_same_file(a, b), 1);
 }
 
 /* 9. training_epoch_loop.reset (reset_on_run of the optimisation progress):
  * the `current` optimizer-step and zero-grad counters count the epoch's. */
 static void test_conf_progress_current_per_epoch(void) {
-    char out[16384], cfg[4300], text[8192], cmd[16384], root[4200], ck[4400];
+    char out[16384], cfg[4300], text[8192], root[4200], ck[4400], rs[4300];
     snprintf(root, sizeof root, "%s/current", g_dir);
     snprintf(cfg, sizeof cfg, "%s/current.cfg", g_dir);
     snprintf(text, sizeof text, "plugins = { dirs = [\"%s\"]; };\n%s", getenv("KILN_TRAIN_FIXTURES"), BASE);
     CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
-    snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s\"' --set trainer.max_epochs=3 "
-             "--set data.n_train=4", tu_kiln(), cfg, root);
-    CU_ASSERT_EQUAL_FATAL(tu_run(cmd, out, sizeof out), 0);
+    root_set(rs, sizeof rs, root);
+    CU_ASSERT_EQUAL_FATAL(tu_run_kiln_l(out, sizeof out, "-q", "fit", cfg, "--set", rs, "--set", "trainer.max_epochs=3",
+                                        "--set", "data.n_train=4", NULL),
+                          0);
     snprintf(ck, sizeof ck, "%s/version_0/checkpoints/last.safetensors", root);
     long long v[36];
     CU_ASSERT_EQUAL_FATAL(progress_fields(ck, v, 36), 36);
@@ -1004,9 +1009,9 @@ static void test_conf_progress_current_per_epoch(void) {
     CU_ASSERT_EQUAL(v[24 + 3], 12); /* zero_grad.total.completed */
     CU_ASSERT_EQUAL(v[28 + 3], 4);  /* zero_grad.current.completed */
     /* it still resumes, and the global step continues from the total */
-    snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s\"' --set trainer.max_epochs=4 "
-             "--set data.n_train=4 --ckpt last", tu_kiln(), cfg, root);
-    CU_ASSERT_EQUAL_FATAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT_EQUAL_FATAL(tu_run_kiln_l(out, sizeof out, "-q", "fit", cfg, "--set", rs, "--set", "trainer.max_epochs=4",
+                                        "--set", "data.n_train=4", "--ckpt", "last", NULL),
+                          0);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "steps: 16 "));
 }
 
@@ -1015,7 +1020,7 @@ static void test_conf_progress_current_per_epoch(void) {
  * are on disk, and the message says where: stage, epoch, batch, step. A
  * positive return is named as the misuse it is. */
 static void test_failure_on_exception(void) {
-    char out[16384], body[8192], csv[4400], cmd[9000];
+    char out[16384], body[8192], csv[4400];
     snprintf(body, sizeof body,
              "trainer = { max_epochs = 2; num_sanity_val_steps = 0; log_every_n_steps = 1; };\n"
              "data = { name = \"toydata\"; n_train = 3; n_val = 1; };\n"
@@ -1035,18 +1040,22 @@ static void test_failure_on_exception(void) {
     CU_ASSERT_EQUAL(count("callback teardown"), 0);
     /* the rows logged before the failure were flushed at on_exception */
     snprintf(csv, sizeof csv, "%s/fail-metrics.csv", g_dir);
-    snprintf(cmd, sizeof cmd, "cat %s", csv);
-    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
-    CU_ASSERT_EQUAL(strncmp(out, "step,", 5), 0);
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "\n1,"));
+    char rows[16384];
+    CU_ASSERT_FATAL(tu_join_fields(csv, NULL, NULL, 0, 0, '\n', rows, sizeof rows) >= 0); /* cat */
+    CU_ASSERT_EQUAL(strncmp(rows, "step,", 5), 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(rows, "\n1,"));
     /* a positive return code */
     CU_ASSERT_EQUAL_FATAL(fit(body, "--set module.fail_code=7", out, sizeof out), 1);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "training_step: returned 7, which is not a kiln status"));
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "[KILN_E_INTERNAL] (train: epoch 0, batch 2, global step 2)"));
     /* a failing validation hook says so */
-    CU_ASSERT_EQUAL_FATAL(fit(body, "--set module.fail_at_batch=-1 --set trainer.num_sanity_val_steps=1 "
-                              "--set 'callbacks=({name=\"early_stopping\"; monitor=\"nope\"; check_on_train_epoch_end=false;})'",
-                              out, sizeof out), 1);
+    CU_ASSERT_EQUAL_FATAL(fit_argv(body,
+                                   TU_ARGS("--set", "module.fail_at_batch=-1", "--set", "trainer.num_sanity_val_steps=1",
+                                           "--set",
+                                           "callbacks=({name=\"early_stopping\"; monitor=\"nope\"; "
+                                           "check_on_train_epoch_end=false;})"),
+                                   out, sizeof out),
+                          1);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "[KILN_E_CONFIG] (validation: epoch 0, global step 3)"));
 }
 

@@ -11,6 +11,7 @@
  * clipping through the 1.5 clamp entry equals the host loop of older tables
  * bit for bit.
  */
+#define _GNU_SOURCE
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,23 +29,47 @@ static int suite_clean(void) {
     return 0;
 }
 
-static int kiln(const char *body, const char *extra, char *out, size_t outlen) {
+#define ARGS TU_ARGS
+
+/* kiln -q fit on a run file of `body`, into <g_dir>/runs, then `extra`
+ * (NULL-terminated; NULL for none). */
+static int kiln(const char *body, const char *const extra[], char *out, size_t outlen) {
     static int k;
-    char cfg[4200], text[40000], cmd[50000];
+    char cfg[4200], text[40000], root[4300];
     snprintf(cfg, sizeof cfg, "%s/l%d.cfg", g_dir, k++);
     snprintf(text, sizeof text, "plugins = { dirs = [\"%s\"]; };\n%s", getenv("KILN_TRAIN_FIXTURES"), body);
     CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
-    snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s/runs\"' %s", tu_kiln(), cfg, g_dir,
-             extra ? extra : "");
-    return tu_run(cmd, out, outlen);
+    snprintf(root, sizeof root, "trainer.default_root_dir=\"%s/runs\"", g_dir);
+    return tu_run_kiln_a(ARGS("-q", "fit", cfg, "--set", root), extra, out, outlen);
 }
 
 /* The schedfix record as one string "step epoch|..." (metric dropped). */
 static void sched_calls(const char *path, char *out, size_t n, int with_metric) {
-    char cmd[9000];
-    if (with_metric) snprintf(cmd, sizeof cmd, "tr '\\n' '|' < %s", path);
-    else snprintf(cmd, sizeof cmd, "grep -v restored %s | cut -d' ' -f1,2 | tr '\\n' '|'", path);
-    tu_run(cmd, out, n);
+    if (with_metric) tu_join_fields(path, NULL, NULL, 0, 0, '|', out, n);
+    else tu_join_fields(path, NULL, "restored", 1, 2, '|', out, n);
+}
+
+/* The first `max` lines of `path` that equal one of `lines`, each followed
+ * by '|' (grep -x -E 'a|b|c' | head -max | tr '\\n' '|'). */
+static void first_of(const char *path, const char *const lines[], int max, char *out, size_t n) {
+    out[0] = 0;
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    char buf[4096];
+    for (int taken = 0; taken < max && fgets(buf, sizeof buf, f);) {
+        buf[strcspn(buf, "\n")] = 0;
+        for (int i = 0; lines[i]; i++)
+            if (!strcmp(buf, lines[i])) {
+                size_t l = strlen(out), k = strlen(buf);
+                if (l + k + 2 <= n) {
+                    memcpy(out + l, buf, k);
+                    memcpy(out + l + k, "|", 2);
+                }
+                taken++;
+                break;
+            }
+    }
+    fclose(f);
 }
 
 static void job(char *buf, size_t n, const char *trainer_extra, const char *sched, const char *cb, int n_train) {
@@ -72,15 +97,14 @@ static void test_step_interval(void) {
     sched_calls(rec, got, sizeof got, 0);
     CU_ASSERT_STRING_EQUAL(got, "0 0|1 0|2 0|3 0|4 1|5 1|6 1|"); /* construction, then after every step */
     /* the rate each batch trains with */
-    char cmd[9000];
-    snprintf(cmd, sizeof cmd, "grep '^lr ' %s | cut -d' ' -f3 | tr '\\n' ' '", probe);
-    tu_run(cmd, got, sizeof got);
+    tu_join_fields(probe, "lr ", NULL, 3, 3, ' ', got, sizeof got);
     double lr[6];
     CU_ASSERT_EQUAL_FATAL(sscanf(got, "%lf %lf %lf %lf %lf %lf", &lr[0], &lr[1], &lr[2], &lr[3], &lr[4], &lr[5]), 6);
     for (int i = 0; i < 6; i++) CU_ASSERT_DOUBLE_EQUAL(lr[i], 0.1 / (1 + i), 1e-15);
     /* stepped after the optimizer step, before on_train_batch_end (Lightning) */
-    snprintf(cmd, sizeof cmd, "grep -n -E '^(optimizer step|host lr_scheduler_step|callback on_train_batch_end) batch=1$' %s | head -3 | cut -d: -f2 | tr '\\n' '|'", trace);
-    tu_run(cmd, got, sizeof got);
+    first_of(trace, (const char *const[]){"optimizer step batch=1", "host lr_scheduler_step batch=1",
+                                          "callback on_train_batch_end batch=1", NULL},
+             3, got, sizeof got);
     CU_ASSERT_STRING_EQUAL(got, "optimizer step batch=1|host lr_scheduler_step batch=1|callback on_train_batch_end batch=1|");
 }
 
@@ -125,38 +149,36 @@ static void test_monitored(void) {
     CU_ASSERT(s1 == 1 && e1 == 0 && isfinite(m1) && m1 > 0);
     CU_ASSERT(s2 == 2 && e2 == 1 && isfinite(m2));
     /* a metric nobody logs, and a monitored schedule per step */
-    char bad[9000];
-    snprintf(bad, sizeof bad, "--set 'scheduler.monitor=\"nope\"'");
-    CU_ASSERT_EQUAL(kiln(body, bad, out, sizeof out), 1);
+    CU_ASSERT_EQUAL(kiln(body, ARGS("--set", "scheduler.monitor=\"nope\""), out, sizeof out), 1);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "conditioned on metric 'nope', which is not available"));
-    CU_ASSERT_EQUAL(kiln(body, "--set 'scheduler.interval=\"step\"'", out, sizeof out), 1);
+    CU_ASSERT_EQUAL(kiln(body, ARGS("--set", "scheduler.interval=\"step\""), out, sizeof out), 1);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "updated once per epoch"));
-    CU_ASSERT_EQUAL(kiln(body, "--set 'scheduler.interval=\"hour\"'", out, sizeof out), 1);
+    CU_ASSERT_EQUAL(kiln(body, ARGS("--set", "scheduler.interval=\"hour\""), out, sizeof out), 1);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "scheduler.interval must be"));
 }
 
 static void test_resume_schedule(void) {
-    char out[32768], rec[4300], body[32768], sched[9000], extra[9000], wa[4300], wb[4300], cmd[9000];
+    char out[32768], rec[4300], body[32768], sched[9000], root[4400], cbs[4400], wa[4300], wb[4300];
     snprintf(rec, sizeof rec, "%s/s4.txt", g_dir);
     snprintf(wa, sizeof wa, "%s/ws-full.bin", g_dir);
     snprintf(wb, sizeof wb, "%s/ws-res.bin", g_dir);
     snprintf(sched, sizeof sched, "scheduler = { name = \"schedfix\"; path = \"%s\"; };\n", rec);
     job(body, sizeof body, "", sched, "", 3);
-    snprintf(extra, sizeof extra, "--set 'trainer.default_root_dir=\"%s/sfull\"' --set 'callbacks=({name=\"weightdump\"; path=\"%s\";})'", g_dir, wa);
-    CU_ASSERT_EQUAL_FATAL(kiln(body, extra, out, sizeof out), 0);
-    snprintf(extra, sizeof extra, "--set 'trainer.default_root_dir=\"%s/spart\"' --set trainer.max_epochs=1", g_dir);
-    CU_ASSERT_EQUAL_FATAL(kiln(body, extra, out, sizeof out), 0);
+    snprintf(root, sizeof root, "trainer.default_root_dir=\"%s/sfull\"", g_dir);
+    snprintf(cbs, sizeof cbs, "callbacks=({name=\"weightdump\"; path=\"%s\";})", wa);
+    CU_ASSERT_EQUAL_FATAL(kiln(body, ARGS("--set", root, "--set", cbs), out, sizeof out), 0);
+    snprintf(root, sizeof root, "trainer.default_root_dir=\"%s/spart\"", g_dir);
+    CU_ASSERT_EQUAL_FATAL(kiln(body, ARGS("--set", root, "--set", "trainer.max_epochs=1"), out, sizeof out), 0);
     remove(rec);
-    snprintf(extra, sizeof extra, "--set 'trainer.default_root_dir=\"%s/spart\"' --ckpt last --set 'callbacks=({name=\"weightdump\"; path=\"%s\";})'", g_dir, wb);
-    int rc = kiln(body, extra, out, sizeof out);
+    snprintf(cbs, sizeof cbs, "callbacks=({name=\"weightdump\"; path=\"%s\";})", wb);
+    int rc = kiln(body, ARGS("--set", root, "--ckpt", "last", "--set", cbs), out, sizeof out);
     if (rc) fprintf(stderr, "\n%s\n", out);
     CU_ASSERT_EQUAL_FATAL(rc, 0);
     char got[4096];
     sched_calls(rec, got, sizeof got, 1);
     /* constructed (step 0), state restored, then steps 4..6 of epoch 1 */
     CU_ASSERT_PTR_NOT_NULL(strstr(got, "restored 4|4 1 nan|5 1 nan|6 1 nan|"));
-    snprintf(cmd, sizeof cmd, "cmp %s %s", wa, wb);
-    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT_EQUAL(tu_same_file(wa, wb), 1);
 }
 
 /* reads "<tag> <batch> v v v ..." (the first line with that tag and batch) */
@@ -180,6 +202,30 @@ static int read_vec(const char *path, const char *tag, int batch, double *v, int
     }
     fclose(f);
     return n;
+}
+
+/* The value in column `name` of the first row of the newest run's
+ * metrics.csv (0 when there is none). */
+static double first_csv_value(const char *name) {
+    char dir[4400], path[4500];
+    snprintf(dir, sizeof dir, "%s/runs", g_dir);
+    if (tu_latest_run_dir(dir, path, sizeof path - 16) != 0) return 0;
+    strcat(path, "/metrics.csv");
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    char head[4096], row[4096];
+    double v = 0;
+    if (fgets(head, sizeof head, f) && fgets(row, sizeof row, f)) {
+        int col = -1, i = 0;
+        for (char *save = NULL, *c = strtok_r(head, ",\n", &save); c; c = strtok_r(NULL, ",\n", &save), i++)
+            if (!strcmp(c, name)) col = i;
+        /* the row's fields may be empty: walk the commas */
+        const char *p = row;
+        for (i = 0; col >= 0 && i < col && p; i++) p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL;
+        if (col >= 0 && p) v = atof(p);
+    }
+    fclose(f);
+    return v;
 }
 
 static void clip_case(const char *algo, double val, const char *tag) {
@@ -214,13 +260,7 @@ static void clip_case(const char *algo, double val, const char *tag) {
     }
     CU_ASSERT(clipped); /* the case really clips */
     if (!strcmp(algo, "norm")) { /* the pre-clip total norm is logged */
-        char cmd[9000];
-        snprintf(cmd, sizeof cmd,
-                 "f=$(ls -d %s/runs/version_* | sort -V | tail -1)/metrics.csv; "
-                 "awk -F, 'NR==1{for(i=1;i<=NF;i++) if($i==\"grad_norm\") c=i} NR==2{print $c}' $f",
-                 g_dir);
-        tu_run(cmd, out, sizeof out);
-        CU_ASSERT_DOUBLE_EQUAL(atof(out), norm, 1e-6 * norm);
+        CU_ASSERT_DOUBLE_EQUAL(first_csv_value("grad_norm"), norm, 1e-6 * norm);
     }
 }
 
@@ -236,12 +276,11 @@ static void test_clipping(void) {
     CU_ASSERT_EQUAL(kiln(manual, NULL, out, sizeof out), 1);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "automatic clipping is not available in manual optimization"));
     /* and at config check, before anything runs */
-    char cfg[4300], cmd[9000];
+    char cfg[4300], text[9000];
     snprintf(cfg, sizeof cfg, "%s/manual-clip.cfg", g_dir);
-    snprintf(cmd, sizeof cmd, "plugins = { dirs = [\"%s\"]; };\n%s", getenv("KILN_TRAIN_FIXTURES"), manual);
-    CU_ASSERT_EQUAL_FATAL(tu_write(cfg, cmd), 0);
-    snprintf(cmd, sizeof cmd, "%s config check %s", tu_kiln(), cfg);
-    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 1);
+    snprintf(text, sizeof text, "plugins = { dirs = [\"%s\"]; };\n%s", getenv("KILN_TRAIN_FIXTURES"), manual);
+    CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
+    CU_ASSERT_EQUAL(tu_run_kiln_l(out, sizeof out, "config", "check", cfg, NULL), 1);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "automatic clipping is not available in manual optimization"));
 }
 
@@ -258,22 +297,23 @@ static void test_clip_value_clamp_entry(void) {
     }
     static const char *const precs[2] = {"32-true", "64-true"};
     for (int pi = 0; pi < 2; pi++) {
-        char w[2][4300], out[16384], body[32768], extra[9000], cmd[9000];
+        char w[2][4300], out[16384], body[32768], dirs[9000], accel[64], prec[64], cbs[9000];
         for (int side = 0; side < 2; side++) {
             snprintf(w[side], sizeof w[side], "%s/clipv-%d-%d.bin", g_dir, pi, side);
             job(body, sizeof body, "gradient_clip_val = 0.002; gradient_clip_algorithm = \"value\";", "", "", 3);
             /* mlp (float32 and float64 masters) on toydata's 3 features */
-            snprintf(extra, sizeof extra,
-                     "--set 'plugins.dirs=[\"%s\", \"%s\"]' --set 'accelerator=\"%s\"' --set 'precision=\"%s\"' "
-                     "--set 'module={name=\"mlp\"; layers=[3, 8, 2];}' "
-                     "--set 'callbacks=({name=\"weightdump\"; path=\"%s\";})'",
-                     getenv("KILN_TRAIN_FIXTURES"), abi13, side ? "cpu13:cpu" : "cpu", precs[pi], w[side]);
-            int rc = kiln(body, extra, out, sizeof out);
+            snprintf(dirs, sizeof dirs, "plugins.dirs=[\"%s\", \"%s\"]", getenv("KILN_TRAIN_FIXTURES"), abi13);
+            snprintf(accel, sizeof accel, "accelerator=\"%s\"", side ? "cpu13:cpu" : "cpu");
+            snprintf(prec, sizeof prec, "precision=\"%s\"", precs[pi]);
+            snprintf(cbs, sizeof cbs, "callbacks=({name=\"weightdump\"; path=\"%s\";})", w[side]);
+            int rc = kiln(body,
+                          ARGS("--set", dirs, "--set", accel, "--set", prec, "--set",
+                               "module={name=\"mlp\"; layers=[3, 8, 2];}", "--set", cbs),
+                          out, sizeof out);
             if (rc) fprintf(stderr, "\n%s\n", out);
             CU_ASSERT_EQUAL_FATAL(rc, 0);
         }
-        snprintf(cmd, sizeof cmd, "cmp %s %s", w[0], w[1]);
-        CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
+        CU_ASSERT_EQUAL(tu_same_file(w[0], w[1]), 1);
     }
 }
 

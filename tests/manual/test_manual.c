@@ -11,6 +11,7 @@
  * automatic mode, accumulation in manual mode, patterns matching nothing,
  * both optimizer and optimizers).
  */
+#define _GNU_SOURCE
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,18 +31,16 @@ static int suite_clean(void) {
 }
 
 /* `kiln fit` (or `config check`) of fixtures dir + body; returns the exit status. */
-static int kiln(const char *verb, const char *body, const char *extra, char *out, size_t outlen) {
+/* `extra`: the arguments after the run file, NULL-terminated (TU_ARGS), or NULL. */
+static int kiln(const char *verb, const char *body, const char *const extra[], char *out, size_t outlen) {
     static int k;
-    char cfg[4200], text[16384], cmd[20000];
+    char cfg[4200], text[16384], root[4300];
     snprintf(cfg, sizeof cfg, "%s/m%d.cfg", g_dir, k++);
     snprintf(text, sizeof text, "plugins = { dirs = [\"%s\"]; };\n%s", getenv("KILN_TRAIN_FIXTURES"), body);
     CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
-    if (!strcmp(verb, "check"))
-        snprintf(cmd, sizeof cmd, "%s config check %s %s", tu_kiln(), cfg, extra ? extra : "");
-    else
-        snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s/runs\"' %s", tu_kiln(), cfg, g_dir,
-                 extra ? extra : "");
-    return tu_run(cmd, out, outlen);
+    if (!strcmp(verb, "check")) return tu_run_kiln_a(TU_ARGS("config", "check", cfg), extra, out, outlen);
+    snprintf(root, sizeof root, "trainer.default_root_dir=\"%s/runs\"", g_dir);
+    return tu_run_kiln_a(TU_ARGS("-q", "fit", cfg, "--set", root), extra, out, outlen);
 }
 
 /* A two-optimizer manual job; `module_extra` goes into the module section. */
@@ -148,24 +147,23 @@ static void test_toggle(void) {
 }
 
 static void test_step_every_n(void) {
-    char out[16384], rec[4300], body[16384], cmd[9000];
+    char out[16384], rec[4300], body[16384];
     snprintf(rec, sizeof rec, "%s/every.txt", g_dir);
     job(body, sizeof body, "every_0 = 2; every_1 = 4;", rec, NULL, 8, "32-true");
     CU_ASSERT_EQUAL_FATAL(kiln("fit", body, NULL, out, sizeof out), 0);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "steps: 6 ")); /* 4 + 2: every optimizer step counts */
-    snprintf(cmd, sizeof cmd, "grep '^s ' %s | cut -d' ' -f2,3 | tr '\\n' '|'", rec);
-    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT(tu_join_fields(rec, "s ", NULL, 2, 3, '|', out, sizeof out) >= 0);
     CU_ASSERT_STRING_EQUAL(out, "1 0|3 0|3 1|5 0|7 0|7 1|");
 }
 
 static void test_closure_and_scaler(void) {
-    char out[16384], rec[4300], body[16384], cmd[9000];
+    char out[16384], rec[4300], body[16384];
     snprintf(rec, sizeof rec, "%s/closure.txt", g_dir);
     job(body, sizeof body, "pass_closure = 1;", rec, NULL, 3, "32-true");
     CU_ASSERT_EQUAL_FATAL(kiln("fit", body, NULL, out, sizeof out), 0);
-    snprintf(cmd, sizeof cmd, "grep '^c ' %s | cut -d' ' -f4 | sort | uniq -c | tr -s ' '", rec);
-    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
-    CU_ASSERT_STRING_EQUAL(out, " 6 1\n"); /* sgd calls the module's closure once per step */
+    /* grep '^c ' | cut -d' ' -f4 | sort | uniq -c: every step's closure count */
+    CU_ASSERT(tu_join_fields(rec, "c ", NULL, 4, 4, '\n', out, sizeof out) >= 0);
+    CU_ASSERT_STRING_EQUAL(out, "1\n1\n1\n1\n1\n1\n"); /* sgd calls the module's closure once per step */
     /* 16-mixed in manual mode: the no-op closure has no loss, yet it steps */
     job(body, sizeof body, "", rec, NULL, 3, "16-mixed");
     int rc = kiln("fit", body, NULL, out, sizeof out);
@@ -173,31 +171,32 @@ static void test_closure_and_scaler(void) {
     CU_ASSERT_EQUAL_FATAL(rc, 0);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "steps: 6  skipped steps: 0"));
     CU_ASSERT_EQUAL(count_lines(rec, "s "), 6);
-    snprintf(cmd, sizeof cmd, "grep -c '^s .* 0$' %s", rec);
-    tu_run(cmd, out, sizeof out);
-    CU_ASSERT_EQUAL(atoi(out), 6);
+    CU_ASSERT(tu_join_fields(rec, "s ", NULL, 0, 0, '\n', out, sizeof out) >= 0);
+    int ends_0 = 0; /* grep -c '^s .* 0$' */
+    for (char *save = NULL, *l = strtok_r(out, "\n", &save); l; l = strtok_r(NULL, "\n", &save))
+        ends_0 += strlen(l) >= 3 && !strcmp(l + strlen(l) - 2, " 0");
+    CU_ASSERT_EQUAL(ends_0, 6);
 }
 
 static void test_resume_two_optimizers(void) {
-    char out[32768], rec[4300], body[16384], extra[9000], wa[4300], wb[4300];
+    char out[32768], rec[4300], body[16384], root[4400], cbs[4400], wa[4300], wb[4300];
     snprintf(rec, sizeof rec, "%s/resume.txt", g_dir);
     snprintf(wa, sizeof wa, "%s/wm-full.bin", g_dir);
     snprintf(wb, sizeof wb, "%s/wm-resumed.bin", g_dir);
     job(body, sizeof body, "every_1 = 2;", rec, NULL, 4, "32-true");
     char *p = strstr(body, "max_epochs = 1");
     p[13] = '2';
-    snprintf(extra, sizeof extra, "--set 'trainer.default_root_dir=\"%s/rfull\"' --set 'callbacks=({name=\"weightdump\"; path=\"%s\";})'", g_dir, wa);
-    CU_ASSERT_EQUAL_FATAL(kiln("fit", body, extra, out, sizeof out), 0);
-    snprintf(extra, sizeof extra, "--set 'trainer.default_root_dir=\"%s/rpart\"' --set trainer.max_epochs=1", g_dir);
-    CU_ASSERT_EQUAL_FATAL(kiln("fit", body, extra, out, sizeof out), 0);
-    snprintf(extra, sizeof extra, "--set 'trainer.default_root_dir=\"%s/rpart\"' --ckpt last --set 'callbacks=({name=\"weightdump\"; path=\"%s\";})'", g_dir, wb);
-    int rc = kiln("fit", body, extra, out, sizeof out);
+    snprintf(root, sizeof root, "trainer.default_root_dir=\"%s/rfull\"", g_dir);
+    snprintf(cbs, sizeof cbs, "callbacks=({name=\"weightdump\"; path=\"%s\";})", wa);
+    CU_ASSERT_EQUAL_FATAL(kiln("fit", body, TU_ARGS("--set", root, "--set", cbs), out, sizeof out), 0);
+    snprintf(root, sizeof root, "trainer.default_root_dir=\"%s/rpart\"", g_dir);
+    CU_ASSERT_EQUAL_FATAL(kiln("fit", body, TU_ARGS("--set", root, "--set", "trainer.max_epochs=1"), out, sizeof out), 0);
+    snprintf(cbs, sizeof cbs, "callbacks=({name=\"weightdump\"; path=\"%s\";})", wb);
+    int rc = kiln("fit", body, TU_ARGS("--set", root, "--ckpt", "last", "--set", cbs), out, sizeof out);
     if (rc) fprintf(stderr, "\n%s\n", out);
     CU_ASSERT_EQUAL_FATAL(rc, 0);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "steps: 12 ")); /* 2 epochs x (4 + 2) */
-    char cmd[9000];
-    snprintf(cmd, sizeof cmd, "cmp %s %s", wa, wb);
-    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0); /* momentum buffer of optimizers.1 restored too */
+    CU_ASSERT_EQUAL(tu_same_file(wa, wb), 1); /* momentum buffer of optimizers.1 restored too */
 }
 
 static void test_refusals(void) {
@@ -213,9 +212,9 @@ static void test_refusals(void) {
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "must optimise manually"));
     /* accumulation in manual mode */
     job(body, sizeof body, "", rec, NULL, 2, "32-true");
-    CU_ASSERT_EQUAL(kiln("check", body, "--set trainer.accumulate_grad_batches=2", out, sizeof out), 1);
+    CU_ASSERT_EQUAL(kiln("check", body, TU_ARGS("--set", "trainer.accumulate_grad_batches=2"), out, sizeof out), 1);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "not available in manual optimization"));
-    CU_ASSERT_EQUAL(kiln("fit", body, "--set trainer.accumulate_grad_batches=2", out, sizeof out), 1);
+    CU_ASSERT_EQUAL(kiln("fit", body, TU_ARGS("--set", "trainer.accumulate_grad_batches=2"), out, sizeof out), 1);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "not available in manual optimization"));
     /* a pattern that matches nothing names the parameters there are */
     char *p = strstr(body, "\"b.*\"");
@@ -229,7 +228,7 @@ static void test_refusals(void) {
     CU_ASSERT_EQUAL(kiln("check", body, NULL, out, sizeof out), 1);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "both 'optimizer' and 'optimizers' are set"));
     job(body, sizeof body, "", rec, NULL, 2, "32-true");
-    CU_ASSERT_EQUAL(kiln("check", body, "--set 'optimizers.[0].lrr=0.1'", out, sizeof out), 1);
+    CU_ASSERT_EQUAL(kiln("check", body, TU_ARGS("--set", "optimizers.[0].lrr=0.1"), out, sizeof out), 1);
     /* a service called outside training_step is refused (the fixture checks) */
     job(body, sizeof body, "bad_call = 1;", rec, NULL, 2, "32-true");
     CU_ASSERT_EQUAL(kiln("fit", body, NULL, out, sizeof out), 0);
@@ -239,7 +238,7 @@ static void test_refusals(void) {
  * training_step, zero_grad, backward and on_before_optimizer_step; the
  * optimizer steps once per batch. */
 static void test_lbfgs_automatic(void) {
-    char out[16384], trace[4300], body[8192], cmd[9000];
+    char out[16384], trace[4300], body[8192];
     snprintf(trace, sizeof trace, "%s/lbfgs-trace.txt", g_dir);
     snprintf(body, sizeof body,
              "trainer = { max_epochs = 1; num_sanity_val_steps = 0; };\n"
@@ -257,19 +256,20 @@ static void test_lbfgs_automatic(void) {
                               "module configure_gradient_clipping"};
     for (int b = 0; b < 2; b++) {
         for (size_t i = 0; i < sizeof per_call / sizeof per_call[0]; i++) {
-            snprintf(cmd, sizeof cmd, "grep -c -x '%s batch=%d' %s", per_call[i], b, trace);
-            tu_run(cmd, out, sizeof out);
-            if (atoi(out) != 5) fprintf(stderr, "\n  '%s batch=%d': %s", per_call[i], b, out);
-            CU_ASSERT_EQUAL(atoi(out), 5); /* max_iter closure calls */
+            char line[256];
+            snprintf(line, sizeof line, "%s batch=%d", per_call[i], b);
+            int n = tu_count_lines(trace, line);
+            if (n != 5) fprintf(stderr, "\n  '%s': %d", line, n);
+            CU_ASSERT_EQUAL(n, 5); /* max_iter closure calls */
         }
-        snprintf(cmd, sizeof cmd, "grep -c -x 'optimizer step batch=%d' %s", b, trace);
-        tu_run(cmd, out, sizeof out);
-        CU_ASSERT_EQUAL(atoi(out), 1);
+        char line[256];
+        snprintf(line, sizeof line, "optimizer step batch=%d", b);
+        CU_ASSERT_EQUAL(tu_count_lines(trace, line), 1);
     }
     /* a loss-scaling precision refuses it, by properties, at config check */
-    CU_ASSERT_EQUAL(kiln("check", body, "--set precision=16-mixed", out, sizeof out), 1);
+    CU_ASSERT_EQUAL(kiln("check", body, TU_ARGS("--set", "precision=16-mixed"), out, sizeof out), 1);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "cannot drive optimizer 'lbfgs'"));
-    CU_ASSERT_EQUAL(kiln("check", body, "--set precision=bf16-mixed", out, sizeof out), 0);
+    CU_ASSERT_EQUAL(kiln("check", body, TU_ARGS("--set", "precision=bf16-mixed"), out, sizeof out), 0);
 }
 
 static void register_tests(void) {

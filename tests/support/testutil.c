@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <spawn.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -121,14 +122,27 @@ int tu_run_argv(char *const argv[], char *out, size_t outlen) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
 }
 
+/* argv[n..] = the words of `text`, copied into `words`; returns the new n. */
+static int split_words(const char *text, char *words, size_t wn, char *argv[], int n, int max) {
+    snprintf(words, wn, "%s", text ? text : "");
+    for (char *save = NULL, *w = strtok_r(words, " ", &save); w && n < max; w = strtok_r(NULL, " ", &save))
+        argv[n++] = w;
+    return n;
+}
+
+int tu_run_words(const char *cmd, char *out, size_t outlen) {
+    char *argv[128], words[8192];
+    int n = split_words(cmd, words, sizeof words, argv, 0, 127);
+    argv[n] = NULL;
+    return n ? tu_run_argv(argv, out, outlen) : -1;
+}
+
 int tu_run_kiln(const char *const args[], const char *extra, char *out, size_t outlen) {
     char *argv[128], words[8192];
     int n = 0;
     argv[n++] = (char *)tu_kiln();
     for (int i = 0; args && args[i] && n < 100; i++) argv[n++] = (char *)args[i];
-    snprintf(words, sizeof words, "%s", extra ? extra : "");
-    for (char *save = NULL, *w = strtok_r(words, " ", &save); w && n < 127; w = strtok_r(NULL, " ", &save))
-        argv[n++] = w;
+    n = split_words(extra, words, sizeof words, argv, n, 127);
     argv[n] = NULL;
     return tu_run_argv(argv, out, outlen);
 }
@@ -148,4 +162,126 @@ int tu_latest_run_dir(const char *root, char *buf, size_t n) {
     if (best < 0) return -1;
     snprintf(buf, n, "%s/version_%ld", root, best);
     return 0;
+}
+
+int tu_run_kiln_a(const char *const args[], const char *const more[], char *out, size_t outlen) {
+    char *argv[128];
+    int n = 0;
+    argv[n++] = (char *)tu_kiln();
+    for (int i = 0; args && args[i] && n < 64; i++) argv[n++] = (char *)args[i];
+    for (int i = 0; more && more[i] && n < 127; i++) argv[n++] = (char *)more[i];
+    argv[n] = NULL;
+    return tu_run_argv(argv, out, outlen);
+}
+
+int tu_run_kiln_l(char *out, size_t outlen, const char *arg, ...) {
+    char *argv[128];
+    int n = 0;
+    argv[n++] = (char *)tu_kiln();
+    va_list ap;
+    va_start(ap, arg);
+    for (const char *a = arg; a && n < 127; a = va_arg(ap, const char *)) argv[n++] = (char *)a;
+    va_end(ap);
+    argv[n] = NULL;
+    return tu_run_argv(argv, out, outlen);
+}
+
+int tu_same_file(const char *a, const char *b) {
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    int same = fa && fb ? 1 : -1;
+    while (same == 1) {
+        int ca = getc(fa), cb = getc(fb);
+        if (ca != cb) same = 0;
+        else if (ca == EOF) break;
+    }
+    if (fa) fclose(fa);
+    if (fb) fclose(fb);
+    return same;
+}
+
+int tu_mkdirs(const char *path) {
+    char p[4096];
+    snprintf(p, sizeof p, "%s", path);
+    for (char *s = p + 1; *s; s++)
+        if (*s == '/') {
+            *s = 0;
+            mkdir(p, 0755); /* exists already, or the last mkdir reports */
+            *s = '/';
+        }
+    return mkdir(p, 0755) == 0 || errno == EEXIST ? 0 : -1;
+}
+
+int tu_count_entries(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    return n;
+}
+
+int tu_copy_head(const char *src, const char *dst, size_t n) {
+    FILE *in = fopen(src, "rb");
+    if (!in) return -1;
+    FILE *out = fopen(dst, "wb");
+    if (!out) {
+        fclose(in);
+        return -1;
+    }
+    int rc = 0;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        int c = getc(in);
+        if (c == EOF) break;
+        if (putc(c, out) == EOF) rc = -1;
+    }
+    fclose(in);
+    return fclose(out) == 0 ? rc : -1;
+}
+
+int tu_count_lines(const char *path, const char *line) {
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    char buf[8192];
+    int n = 0;
+    while (fgets(buf, sizeof buf, f)) {
+        buf[strcspn(buf, "\n")] = 0;
+        n += !strcmp(buf, line);
+    }
+    fclose(f);
+    return n;
+}
+
+int tu_join_fields(const char *path, const char *prefix, const char *skip, int f1, int f2, char sep, char *out,
+                   size_t n) {
+    FILE *f = fopen(path, "r");
+    if (n) out[0] = 0;
+    if (!f) return -1;
+    char buf[8192];
+    size_t used = 0;
+    int taken = 0;
+    while (fgets(buf, sizeof buf, f)) {
+        buf[strcspn(buf, "\n")] = 0;
+        if ((prefix && strncmp(buf, prefix, strlen(prefix))) || (skip && strstr(buf, skip))) continue;
+        taken++;
+        char *field[256], line[8192] = "";
+        int nf = 0;
+        field[nf++] = buf;
+        for (char *p = buf; *p && nf < 256; p++)
+            if (*p == ' ') {
+                *p = 0;
+                field[nf++] = p + 1;
+            }
+        if (f1 > 0 && nf > 1) { /* cut: a line without the delimiter is kept whole */
+            for (int k = f1; k <= f2 && k <= nf; k++)
+                snprintf(line + strlen(line), sizeof line - strlen(line), "%s%s", k > f1 ? " " : "", field[k - 1]);
+        } else {
+            for (int k = 0; k < nf; k++)
+                snprintf(line + strlen(line), sizeof line - strlen(line), "%s%s", k ? " " : "", field[k]);
+        }
+        if (used + strlen(line) + 2 <= n) {
+            used += (size_t)snprintf(out + used, n - used, "%s%c", line, sep);
+        }
+    }
+    fclose(f);
+    return taken;
 }

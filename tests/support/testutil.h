@@ -22,9 +22,38 @@ int tu_run(const char *cmd, char *out, size_t outlen);
  * into out (truncated to outlen - 1 bytes, NUL-terminated); returns the exit
  * status, 128 + the signal that ended it, or -1 when it could not start. */
 int tu_run_argv(char *const argv[], char *out, size_t outlen);
+/* The words of `cmd` (split at spaces, no quoting: for commands whose
+ * words hold no spaces) as an argument vector, as tu_run_argv. */
+int tu_run_words(const char *cmd, char *out, size_t outlen);
 /* kiln with `args` (NULL-terminated), then the words of `extra` (split at
  * spaces; NULL for none), as tu_run_argv. */
 int tu_run_kiln(const char *const args[], const char *extra, char *out, size_t outlen);
+/* kiln with `args`, then `more` (each NULL-terminated, or NULL for none),
+ * as tu_run_argv; TU_ARGS("--set", "k=v") writes such a list in place. */
+int tu_run_kiln_a(const char *const args[], const char *const more[], char *out, size_t outlen);
+#define TU_ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
+/* kiln with each argument given on its own, up to a NULL (no shell, no
+ * splitting: a value with quotes or spaces is passed as written), as
+ * tu_run_argv. */
+int tu_run_kiln_l(char *out, size_t outlen, const char *arg, ...) __attribute__((sentinel));
+/* What the suites asked the shell for, as C: 1 when the two files hold the
+ * same bytes, 0 when they differ, -1 when one cannot be read (cmp); mkdir -p;
+ * the number of entries in a directory, -1 when it cannot be read (ls -A |
+ * wc -l); the first n bytes of src as dst (head -c). */
+int tu_same_file(const char *a, const char *b);
+int tu_mkdirs(const char *path);
+int tu_count_entries(const char *dir);
+int tu_copy_head(const char *src, const char *dst, size_t n);
+/* Reading a text file the suites' shell pipelines read: the number of
+ * lines equal to `line` (grep -c -x), -1 when the file cannot be read; and
+ * fields f1..f2 (1-based, space-separated; 0 and 0 for the whole line) of
+ * every line that starts with `prefix` (NULL: any) and does not contain
+ * `skip` (NULL: none), each followed by `sep`, into out (grep | cut -d' ' |
+ * tr '\n' sep); returns the number of lines taken, -1 when the file cannot
+ * be read. */
+int tu_count_lines(const char *path, const char *line);
+int tu_join_fields(const char *path, const char *prefix, const char *skip, int f1, int f2, char sep, char *out,
+                   size_t n);
 /* <root>/version_N with the largest N into buf; -1 when there is none. */
 int tu_latest_run_dir(const char *root, char *buf, size_t n);
 const char *tu_kiln(void);                              /* path of kiln      */
