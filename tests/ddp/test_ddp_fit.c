@@ -27,6 +27,8 @@
 
 #include <CUnit/CUnit.h>
 
+#include "testutil.h"
+
 #define DATA_DIR "/usr/share/datasets/fashion-mnist"
 #define NWEIGHTS (784 * 64 + 64 + 64 * 10 + 10) /* mlp [784, 64, 10] */
 
@@ -63,23 +65,34 @@ static void write_cfg(const char *tag, const char *strategy, int batch, const ch
  * <dir of cfg>/log. Returns the exit status (128+sig when signalled, -1 when
  * it could not run) and the wall time in *secs. */
 static int run_kiln(int np, const char *cfg, double *secs) {
-    char log[600], cmd[4096];
+    char log[600], words[2][1024];
     snprintf(log, sizeof log, "%s", cfg);
     strcpy(strrchr(log, '/'), "/log");
-    if (np == 0)
-        snprintf(cmd, sizeof cmd, "'%s' fit '%s' > '%s' 2>&1", env_or("KILN_EXE", "kiln"), cfg, log);
-    else
-        snprintf(cmd, sizeof cmd, "'%s' %s %d %s '%s' %s fit '%s' > '%s' 2>&1", env_or("KILN_MPIEXEC", "mpiexec"),
-                 env_or("KILN_MPIEXEC_NUMPROC_FLAG", "-n"), np, env_or("KILN_MPIEXEC_PREFLAGS", ""),
-                 env_or("KILN_EXE", "kiln"), env_or("KILN_MPIEXEC_POSTFLAGS", ""), cfg, log);
+    /* kiln fit CFG, or mpiexec -n NP [preflags] kiln [postflags] fit CFG;
+     * no shell: the flags are words, the paths one argument each */
+    char *argv[64], np_s[16];
+    int n = 0;
+    snprintf(np_s, sizeof np_s, "%d", np);
+    if (np) {
+        argv[n++] = (char *)env_or("KILN_MPIEXEC", "mpiexec");
+        argv[n++] = (char *)env_or("KILN_MPIEXEC_NUMPROC_FLAG", "-n");
+        argv[n++] = np_s;
+        n = tu_split_words(env_or("KILN_MPIEXEC_PREFLAGS", ""), words[0], sizeof words[0], argv, n, 40);
+    }
+    argv[n++] = (char *)env_or("KILN_EXE", "kiln");
+    if (np) n = tu_split_words(env_or("KILN_MPIEXEC_POSTFLAGS", ""), words[1], sizeof words[1], argv, n, 60);
+    argv[n++] = "fit";
+    argv[n++] = (char *)cfg;
+    argv[n] = NULL;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    int st = system(cmd);
+    int rc = tu_run_argv_log(argv, log);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     if (secs) *secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
-    int rc = st == -1 ? -1 : WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : -1;
     if (rc != 0) { /* show what happened */
-        fprintf(stderr, "\n$ %s  -> %d\n", cmd, rc);
+        fprintf(stderr, "\n$");
+        for (int i = 0; argv[i]; i++) fprintf(stderr, " %s", argv[i]);
+        fprintf(stderr, " > %s  -> %d\n", log, rc);
         FILE *f = fopen(log, "r");
         char line[1024];
         while (f && fgets(line, sizeof line, f)) fputs(line, stderr);
@@ -282,9 +295,7 @@ static void test_killed_rank(void) {
 /* Keep the working directory only when something failed, for a post-mortem. */
 static int suite_clean(void) {
     if (CU_get_number_of_failures() == 0 && g_tmp[0]) {
-        char cmd[400];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmp);
-        if (system(cmd) != 0) fprintf(stderr, "test_ddp_fit: could not remove %s\n", g_tmp);
+        tu_rmrf(g_tmp);
     }
     return 0;
 }
@@ -295,7 +306,7 @@ static void register_tests(void) {
         fprintf(stderr, "test_ddp_fit: %s not installed; skipped\n", DATA_DIR);
         exit(77);
     }
-    snprintf(g_tmp, sizeof g_tmp, "/tmp/kiln-ddp-fit-XXXXXX");
+    snprintf(g_tmp, sizeof g_tmp, "/tmp/kiln-test-ddp-fit-XXXXXX");
     if (!mkdtemp(g_tmp)) {
         fprintf(stderr, "test_ddp_fit: mkdtemp failed\n");
         return;

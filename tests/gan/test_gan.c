@@ -38,6 +38,8 @@ static kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here 
 #include <string.h>
 #include <unistd.h>
 
+#include "testutil.h"
+
 /* ------------------------------------------------------------ fixtures */
 
 static const kiln_plugin_desc *g_desc;     /* the gan module         */
@@ -312,9 +314,7 @@ static int suite_clean(void) {
     if (g_acc) g_cpu->base.destroy(g_acc);
     g_acc = NULL;
     kiln_test_reset(g_th);
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    if (g_dir[0] && system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_dir);
+    if (g_dir[0]) tu_rmrf(g_dir);
     return 0;
 }
 

@@ -74,10 +74,7 @@ static int fit_argv(const char *body, const char *const extra[], char *out, size
 /* fit_argv with `extra` as words split at spaces (none holds a space). */
 static int fit(const char *body, const char *extra, char *out, size_t outlen) {
     char words[4096], *argv[32];
-    int n = 0;
-    snprintf(words, sizeof words, "%s", extra ? extra : "");
-    for (char *save = NULL, *w = strtok_r(words, " ", &save); w && n < 31; w = strtok_r(NULL, " ", &save)) argv[n++] = w;
-    argv[n] = NULL;
+    argv[tu_split_words(extra, words, sizeof words, argv, 0, 31)] = NULL;
     return fit_argv(body, (const char *const *)argv, out, outlen);
 }
 

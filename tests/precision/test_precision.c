@@ -348,6 +348,45 @@ static int run_kiln(const char *verb, const char *body, const char *extra, char 
     return tu_run_kiln(!strcmp(verb, "check") ? check : fit, extra, out, outlen);
 }
 
+/* The trace lines of one batch (ending in `batch`, e.g. "batch=0") that
+ * belong to the optimizer step (optimizer step, training_step,
+ * on_before_optimizer_step, clipping), each followed by '|' (grep -E
+ * 'batch=0$' | grep -E '...' | tr '\\n' '|'); -1 when the trace cannot be
+ * read. */
+static int step_calls(const char *trace, const char *batch, char *out, size_t n) {
+    static const char *const parts[] = {"optimizer step", "training_step", "on_before_optimizer_step", "clipping"};
+    FILE *f = fopen(trace, "r");
+    out[0] = 0;
+    if (!f) return -1;
+    char line[1024];
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        const size_t l = strlen(line), b = strlen(batch);
+        if (l < b || strcmp(line + l - b, batch)) continue;
+        for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
+            if (strstr(line, parts[i])) {
+                if (strlen(out) + l + 2 <= n) strcat(strcat(out, line), "|");
+                break;
+            }
+    }
+    fclose(f);
+    return 0;
+}
+
+/* The lines of `text` that end with `suffix`, each followed by a newline,
+ * into out (grep 'suffix$'); returns how many. `text` is cut up. */
+static int lines_ending(char *text, const char *suffix, char *out, size_t n) {
+    int found = 0;
+    out[0] = 0;
+    for (char *save = NULL, *l = strtok_r(text, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+        const size_t len = strlen(l), k = strlen(suffix);
+        if (len < k || strcmp(l + len - k, suffix)) continue;
+        found++;
+        if (strlen(out) + len + 2 <= n) strcat(strcat(out, l), "\n");
+    }
+    return found;
+}
+
 #define MLP_JOB(prec, extra_cb)                                                                   \
     "trainer = { max_epochs = 1; seed = 3; num_sanity_val_steps = 0; log_every_n_steps = 5; };\n" \
     "data = { name = \"toydata\"; n_train = 20; n_val = 1; features = 3; };\n"                    \
@@ -482,17 +521,10 @@ static void test_overflow_skips_steps(void) {
 
     /* trace: the scaler runs the closure itself, then on_before_optimizer_step,
      * then the optimizer only on a clean step */
-    char cmd[9000];
-    snprintf(cmd, sizeof cmd,
-             "grep -E 'batch=0$' %s | grep -E 'optimizer step|training_step|on_before_optimizer_step|clipping' | tr '\\n' '|'",
-             trace);
-    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT_EQUAL(step_calls(trace, "batch=0", out, sizeof out), 0);
     CU_ASSERT_STRING_EQUAL(out, "module training_step batch=0|callback on_before_optimizer_step batch=0|"
                                 "module on_before_optimizer_step batch=0|module configure_gradient_clipping batch=0|");
-    snprintf(cmd, sizeof cmd,
-             "grep -E 'batch=19$' %s | grep -E 'optimizer step|training_step|on_before_optimizer_step|clipping' | tr '\\n' '|'",
-             trace);
-    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT_EQUAL(step_calls(trace, "batch=19", out, sizeof out), 0);
     CU_ASSERT_STRING_EQUAL(out, "module training_step batch=19|callback on_before_optimizer_step batch=19|"
                                 "module on_before_optimizer_step batch=19|module configure_gradient_clipping batch=19|"
                                 "optimizer step batch=19|");
@@ -538,11 +570,15 @@ static void test_same_weights_on_older_accelerators(void) {
         CU_ASSERT(len[0] > 100);
         if (p == 0) { /* the fixtures are 1.2 and 1.3 libraries */
             for (int v = 1; v < 3; v++) {
-                char cmd[4400];
-                snprintf(cmd, sizeof cmd, "KILN_PLUGIN_PATH='%s' %s plugins list --verbose 2>&1 | grep 'libkiln-cpu1%d.so$'",
-                         getenv(env[v]), tu_kiln(), v + 1);
-                CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
-                CU_ASSERT_PTR_NOT_NULL(strstr(out, v == 1 ? "ABI 1.2" : "ABI 1.3"));
+                /* KILN_PLUGIN_PATH=<dir> kiln plugins list --verbose: the library's line */
+                char lib[64];
+                snprintf(lib, sizeof lib, "libkiln-cpu1%d.so", v + 1);
+                setenv("KILN_PLUGIN_PATH", getenv(env[v]), 1);
+                tu_run_kiln_l(out, sizeof out, "plugins", "list", "--verbose", NULL);
+                unsetenv("KILN_PLUGIN_PATH");
+                char lines[8192];
+                CU_ASSERT(lines_ending(out, lib, lines, sizeof lines) > 0);
+                CU_ASSERT_PTR_NOT_NULL(strstr(lines, v == 1 ? "ABI 1.2" : "ABI 1.3"));
             }
         }
         for (int v = 1; v < 3; v++) {
@@ -603,7 +639,7 @@ static void test_64_true(void) {
  * the first steps (a resumed run that restarted from init_scale would skip
  * again and differ). The same for 64-true's fp64 weights. */
 static void resume_case(const char *prec, const char *tag) {
-    char out[32768], cfg[4300], text[8192], cmd[16384], wa[4300], wb[4300];
+    char out[32768], cfg[4300], text[8192], root[4400], wa[4300], wb[4300];
     snprintf(cfg, sizeof cfg, "%s/resume-%s.cfg", g_dir, tag);
     snprintf(wa, sizeof wa, "%s/w-full-%s.bin", g_dir, tag);
     snprintf(wb, sizeof wb, "%s/w-resumed-%s.bin", g_dir, tag);
@@ -616,23 +652,20 @@ static void resume_case(const char *prec, const char *tag) {
              "precision = %s;\n",
              getenv("KILN_TRAIN_FIXTURES"), prec);
     CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
-    const char *dump = "--set 'callbacks=({name=\"weightdump\"; path=\"%s\";})'";
+    const char *dump = "callbacks=({name=\"weightdump\"; path=\"%s\";})";
     char d1[4600], d2[4600];
     snprintf(d1, sizeof d1, dump, wa);
     snprintf(d2, sizeof d2, dump, wb);
-    snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s/res-%s-full\"' %s", tu_kiln(), cfg,
-             g_dir, tag, d1);
-    CU_ASSERT_EQUAL_FATAL(tu_run(cmd, out, sizeof out), 0);
+    snprintf(root, sizeof root, "trainer.default_root_dir=\"%s/res-%s-full\"", g_dir, tag);
+    CU_ASSERT_EQUAL_FATAL(tu_run_kiln_l(out, sizeof out, "-q", "fit", cfg, "--set", root, "--set", d1, NULL), 0);
     char *sk = strstr(out, "skipped steps: ");
     int skipped_full = sk ? atoi(sk + 15) : -1;
-    snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s/res-%s-part\"' --set trainer.max_epochs=1",
-             tu_kiln(), cfg, g_dir, tag);
-    CU_ASSERT_EQUAL_FATAL(tu_run(cmd, out, sizeof out), 0);
+    snprintf(root, sizeof root, "trainer.default_root_dir=\"%s/res-%s-part\"", g_dir, tag);
+    CU_ASSERT_EQUAL_FATAL(
+        tu_run_kiln_l(out, sizeof out, "-q", "fit", cfg, "--set", root, "--set", "trainer.max_epochs=1", NULL), 0);
     sk = strstr(out, "skipped steps: ");
     int skipped_part = sk ? atoi(sk + 15) : -1;
-    snprintf(cmd, sizeof cmd, "%s -q fit %s --set 'trainer.default_root_dir=\"%s/res-%s-part\"' --ckpt last %s",
-             tu_kiln(), cfg, g_dir, tag, d2);
-    int rc = tu_run(cmd, out, sizeof out);
+    int rc = tu_run_kiln_l(out, sizeof out, "-q", "fit", cfg, "--set", root, "--ckpt", "last", "--set", d2, NULL);
     if (rc) fprintf(stderr, "\n%s\n", out);
     CU_ASSERT_EQUAL_FATAL(rc, 0);
     sk = strstr(out, "skipped steps: ");
@@ -642,8 +675,7 @@ static void resume_case(const char *prec, const char *tag) {
         /* ... epoch 2 did not start over, and the count carries over */
         CU_ASSERT_EQUAL(skipped_resumed, skipped_full);
     }
-    snprintf(cmd, sizeof cmd, "cmp %s %s", wa, wb);
-    CU_ASSERT_EQUAL(tu_run(cmd, out, sizeof out), 0);
+    CU_ASSERT_EQUAL(tu_same_file(wa, wb), 1);
 }
 
 static void test_resume_keeps_precision_state(void) {
@@ -656,7 +688,7 @@ static void test_resume_keeps_precision_state(void) {
  * a scaler takes no optimizer step, yet the step is counted and the hooks
  * around it still run. */
 static void test_no_loss_step_counted(void) {
-    char out[16384], trace[4300], body[8192], cmd[9000];
+    char out[16384], trace[4300], body[8192];
     snprintf(trace, sizeof trace, "%s/noloss-trace.txt", g_dir);
     snprintf(body, sizeof body,
              "trainer = { max_epochs = 1; num_sanity_val_steps = 0; };\n"
@@ -674,10 +706,9 @@ static void test_no_loss_step_counted(void) {
                                {"optimizer step batch=2", "1"}, {"callback on_before_optimizer_step batch=1", "1"},
                                {"module backward batch=1", "0"}};
     for (size_t i = 0; i < sizeof expect / sizeof expect[0]; i++) {
-        snprintf(cmd, sizeof cmd, "grep -c -x '%s' %s", expect[i][0], trace);
-        tu_run(cmd, out, sizeof out);
-        if (atoi(out) != atoi(expect[i][1])) fprintf(stderr, "\n  '%s': %s", expect[i][0], out);
-        CU_ASSERT_EQUAL(atoi(out), atoi(expect[i][1]));
+        const int n = tu_count_lines(trace, expect[i][0]);
+        if (n != atoi(expect[i][1])) fprintf(stderr, "\n  '%s': %d", expect[i][0], n);
+        CU_ASSERT_EQUAL(n, atoi(expect[i][1]));
     }
 }
 

@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <spawn.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -24,11 +25,23 @@ char *tu_mkdtemp(void) {
     return strdup(d);
 }
 
+static int make_writable(const char *path, const struct stat *st, int type, struct FTW *ftw) {
+    (void)ftw;
+    if (type == FTW_D) chmod(path, st->st_mode | S_IWUSR); /* a read-only folder: its entries can go */
+    return 0;
+}
+
+static int remove_path(const char *path, const struct stat *st, int type, struct FTW *ftw) {
+    (void)st, (void)type, (void)ftw;
+    remove(path);
+    return 0;
+}
+
 void tu_rmrf(const char *dir) {
     if (!dir || strncmp(dir, "/tmp/kiln-test-", 15) != 0) return;
-    char cmd[4200];
-    snprintf(cmd, sizeof cmd, "chmod -R u+w '%s' 2>/dev/null; rm -rf '%s'", dir, dir);
-    if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", dir);
+    nftw(dir, make_writable, 16, FTW_PHYS);
+    nftw(dir, remove_path, 16, FTW_DEPTH | FTW_PHYS);
+    if (access(dir, F_OK) == 0) fprintf(stderr, "warning: could not remove %s\n", dir);
 }
 
 const char *tu_fixture(const char *name) {
@@ -87,19 +100,33 @@ const char *tu_kiln(void) {
     return k ? k : "kiln";
 }
 
-int tu_run_argv(char *const argv[], char *out, size_t outlen) {
+/* posix_spawnp of argv with stdout and stderr on fd; the pid in *pid. */
+static int spawn_to(char *const argv[], int fd, int close_fd, pid_t *pid) {
     extern char **environ;
-    int fd[2];
-    if (pipe(fd) != 0) return -1;
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, fd[1], STDOUT_FILENO);
-    posix_spawn_file_actions_adddup2(&fa, fd[1], STDERR_FILENO);
-    posix_spawn_file_actions_addclose(&fa, fd[0]);
-    posix_spawn_file_actions_addclose(&fa, fd[1]);
-    pid_t pid;
-    int rc = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
+    posix_spawn_file_actions_adddup2(&fa, fd, STDOUT_FILENO);
+    posix_spawn_file_actions_adddup2(&fa, fd, STDERR_FILENO);
+    if (close_fd >= 0) posix_spawn_file_actions_addclose(&fa, close_fd);
+    posix_spawn_file_actions_addclose(&fa, fd);
+    int rc = posix_spawnp(pid, argv[0], &fa, NULL, argv, environ);
     posix_spawn_file_actions_destroy(&fa);
+    return rc;
+}
+
+/* The exit status of pid: its code, 128 + the signal that ended it, -1. */
+static int wait_status(pid_t pid) {
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0)
+        if (errno != EINTR) return -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+}
+
+int tu_run_argv(char *const argv[], char *out, size_t outlen) {
+    int fd[2];
+    if (pipe(fd) != 0) return -1;
+    pid_t pid;
+    int rc = spawn_to(argv, fd[1], fd[0], &pid);
     close(fd[1]);
     if (rc != 0) {
         close(fd[0]);
@@ -116,23 +143,28 @@ int tu_run_argv(char *const argv[], char *out, size_t outlen) {
     }
     if (outlen) out[n] = 0;
     close(fd[0]);
-    int st = 0;
-    while (waitpid(pid, &st, 0) < 0)
-        if (errno != EINTR) return -1;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+    return wait_status(pid);
 }
 
-/* argv[n..] = the words of `text`, copied into `words`; returns the new n. */
-static int split_words(const char *text, char *words, size_t wn, char *argv[], int n, int max) {
-    snprintf(words, wn, "%s", text ? text : "");
-    for (char *save = NULL, *w = strtok_r(words, " ", &save); w && n < max; w = strtok_r(NULL, " ", &save))
-        argv[n++] = w;
-    return n;
+int tu_run_argv_log(char *const argv[], const char *log) {
+    int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) return -1;
+    pid_t pid;
+    int rc = spawn_to(argv, fd, -1, &pid);
+    close(fd);
+    return rc != 0 ? -1 : wait_status(pid);
+}
+
+int tu_split_words(const char *text, char *buf, size_t n, char *argv[], int at, int max) {
+    snprintf(buf, n, "%s", text ? text : "");
+    for (char *save = NULL, *w = strtok_r(buf, " ", &save); w && at < max; w = strtok_r(NULL, " ", &save))
+        argv[at++] = w;
+    return at;
 }
 
 int tu_run_words(const char *cmd, char *out, size_t outlen) {
     char *argv[128], words[8192];
-    int n = split_words(cmd, words, sizeof words, argv, 0, 127);
+    int n = tu_split_words(cmd, words, sizeof words, argv, 0, 127);
     argv[n] = NULL;
     return n ? tu_run_argv(argv, out, outlen) : -1;
 }
@@ -142,7 +174,7 @@ int tu_run_kiln(const char *const args[], const char *extra, char *out, size_t o
     int n = 0;
     argv[n++] = (char *)tu_kiln();
     for (int i = 0; args && args[i] && n < 100; i++) argv[n++] = (char *)args[i];
-    n = split_words(extra, words, sizeof words, argv, n, 127);
+    n = tu_split_words(extra, words, sizeof words, argv, n, 127);
     argv[n] = NULL;
     return tu_run_argv(argv, out, outlen);
 }

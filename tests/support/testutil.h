@@ -22,6 +22,12 @@ int tu_run(const char *cmd, char *out, size_t outlen);
  * into out (truncated to outlen - 1 bytes, NUL-terminated); returns the exit
  * status, 128 + the signal that ended it, or -1 when it could not start. */
 int tu_run_argv(char *const argv[], char *out, size_t outlen);
+/* Run argv[0] (searched in PATH) with argv, no shell, its stdout and stderr
+ * written to the file `log`; the exit status as tu_run_argv. */
+int tu_run_argv_log(char *const argv[], const char *log);
+/* argv[at..] = the words of `text` (split at spaces; NULL for none), copied
+ * into buf; returns the index after the last (at most max). */
+int tu_split_words(const char *text, char *buf, size_t n, char *argv[], int at, int max);
 /* The words of `cmd` (split at spaces, no quoting: for commands whose
  * words hold no spaces) as an argument vector, as tu_run_argv. */
 int tu_run_words(const char *cmd, char *out, size_t outlen);
