@@ -845,9 +845,10 @@ static void test_accepts(void) {
 static const char *find_python(const char *modules) {
     static const char *const cands[] = {"python3", "/usr/bin/python3"};
     for (size_t i = 0; i < sizeof cands / sizeof cands[0]; i++) {
-        char cmd[512];
-        snprintf(cmd, sizeof cmd, "%s -c 'import %s' >/dev/null 2>&1", cands[i], modules);
-        if (system(cmd) == 0) return cands[i];
+        char import[256], out[1024];
+        snprintf(import, sizeof import, "import %s", modules);
+        char *argv[] = {(char *)cands[i], "-c", import, NULL};
+        if (tu_run_argv(argv, out, sizeof out) == 0) return cands[i];
     }
     return NULL;
 }
@@ -888,9 +889,8 @@ static void test_python_written(void) {
     }
     const char *script = pth("pywrite.py"), *p = pth("py.safetensors");
     CU_ASSERT_EQUAL_FATAL(tu_write(script, py_writer), 0);
-    char cmd[9000], out[4096];
-    snprintf(cmd, sizeof cmd, "%s '%s' '%s'", py, script, p);
-    int rc = tu_run(cmd, out, sizeof out);
+    char out[4096];
+    int rc = tu_run_argv((char *[]){(char *)py, (char *)script, (char *)p, NULL}, out, sizeof out);
     if (rc) fprintf(stderr, "\n  %s\n", out);
     CU_ASSERT_EQUAL_FATAL(rc, 0);
 
@@ -1020,9 +1020,8 @@ static void test_python_reads(void) {
     CU_ASSERT_EQUAL_FATAL(safetensors_write_atomic(w, p, why, sizeof why), KILN_OK);
     safetensors_writer_free(w);
     CU_ASSERT_EQUAL_FATAL(tu_write(script, py_reader), 0);
-    char cmd[9000], out[8192];
-    snprintf(cmd, sizeof cmd, "%s '%s' '%s'", py, script, p);
-    int rc = tu_run(cmd, out, sizeof out);
+    char out[8192];
+    int rc = tu_run_argv((char *[]){(char *)py, (char *)script, (char *)p, NULL}, out, sizeof out);
     if (rc || strcmp(out, "OK\n") != 0) fprintf(stderr, "\n  python reader: %s\n", out);
     CU_ASSERT_EQUAL(rc, 0);
     CU_ASSERT_STRING_EQUAL(out, "OK\n");

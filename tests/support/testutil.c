@@ -83,18 +83,6 @@ int tu_write(const char *path, const char *text) {
     return fclose(f);
 }
 
-int tu_run(const char *cmd, char *out, size_t outlen) {
-    char full[8192];
-    snprintf(full, sizeof full, "%s 2>&1", cmd);
-    FILE *p = popen(full, "r");
-    if (!p) return -1;
-    size_t n = fread(out, 1, outlen - 1, p);
-    out[n] = 0;
-    while (fread(full, 1, sizeof full, p) > 0) {}
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
-}
-
 const char *tu_kiln(void) {
     const char *k = getenv("KILN_EXE");
     return k ? k : "kiln";

@@ -1,9 +1,11 @@
 /*
  * tests/support/testutil.h — helpers for the end-to-end suites: private
- * temporary plugin directories, copying fixtures into them, and running the
- * kiln executable with its output captured. kiln runs from an argument
- * vector (no shell), so a run-file value such as a quoted path is written
- * once, as libconfig reads it, never escaped again for a shell.
+ * temporary plugin directories, copying fixtures into them, running the
+ * kiln executable (or another program) with its output captured, and
+ * reading the files a run leaves. Nothing goes through a shell: programs
+ * run from an argument vector, so a run-file value such as a quoted path
+ * is written once, as libconfig reads it, never escaped again; what the
+ * suites once piped through grep, cut, cmp or ls is done here in C.
  */
 #ifndef KILN_TESTUTIL_H
 #define KILN_TESTUTIL_H
@@ -16,8 +18,6 @@ const char *tu_fixture(const char *name);               /* libkiln-NAME.so   */
 int tu_copy(const char *src, const char *dst, mode_t mode);
 int tu_copy_fixture(const char *name, const char *dir); /* keeps the name    */
 int tu_write(const char *path, const char *text);
-/* Run a shell command; stdout+stderr into out; returns the exit status. */
-int tu_run(const char *cmd, char *out, size_t outlen);
 /* Run argv[0] (searched in PATH) with argv, no shell; stdout and stderr
  * into out (truncated to outlen - 1 bytes, NUL-terminated); returns the exit
  * status, 128 + the signal that ended it, or -1 when it could not start. */
