@@ -400,7 +400,7 @@ static int state_parse(const char *text, char *plugin, size_t plen, uint32_t *ve
     return ok ? 0 : -1;
 }
 
-int ht_ckpt_save(ht_trainer *t, const char *path, char *why, size_t whylen) {
+int ht_ckpt_save(ht_trainer *t, const char *path, ht_error *err) {
     size_t total = 0;
     for (uint32_t i = 0; i < t->nparams; i++) total += (size_t)t->params[i]->numel;
     size_t esz = kiln_dtype_size(t->param_dtype);
@@ -409,15 +409,16 @@ int ht_ckpt_save(ht_trainer *t, const char *path, char *why, size_t whylen) {
     safetensors_writer *w = safetensors_writer_new();
     char *cfgtext = hc_text(t->cfg);
     int rc = host && w && cfgtext ? KILN_OK : KILN_E_NOMEM;
-    if (rc) hwhyf(why, whylen, "%s: out of memory preparing a checkpoint of %zu parameters", path, total);
+    if (rc) ht_errorf(err, "%s: out of memory preparing a checkpoint of %zu parameters", path, total);
     size_t off = 0;
     for (uint32_t i = 0; rc == KILN_OK && i < t->nparams; i++) {
         kiln_parameter *p = t->params[i];
         size_t nbytes = (size_t)p->numel * esz;
         herr_clear();
         int32_t crc = t->kernels->copy(t->accel.inst, host + off, p->data, nbytes, KILN_COPY_D2H);
-        if (crc) { rc = ht_fail(t, &t->accel, crc, "copy of a parameter for the checkpoint", why, whylen); break; }
-        rc = safetensors_add_tensor(w, p->name, st_dtype, p->shape, (int)p->ndim, host + off, nbytes, why, whylen);
+        if (crc) { rc = ht_fail(t, &t->accel, crc, "copy of a parameter for the checkpoint", err); break; }
+        rc = safetensors_add_tensor(w, p->name, st_dtype, p->shape, (int)p->ndim, host + off, nbytes,
+                err->msg, sizeof err->msg);
         off += nbytes;
     }
     char num[64], stack[768], abi[16], opts[256] = "-";
@@ -428,27 +429,27 @@ int ht_ckpt_save(ht_trainer *t, const char *path, char *why, size_t whylen) {
              t->accel.p->view.name, t->precision.p->view.name, t->strategy.p->view.name, t->module.p->view.name,
              t->data.p->view.name, opts);
     snprintf(abi, sizeof abi, "%d.%d", KILN_ABI_MAJOR, KILN_ABI_MINOR);
-    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "format", HT_CKPT_FORMAT, why, whylen);
-    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "kiln_version", KILN_VERSION_STRING, why, whylen);
-    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "abi", abi, why, whylen);
-    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "stack", stack, why, whylen);
+    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "format", HT_CKPT_FORMAT, err->msg, sizeof err->msg);
+    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "kiln_version", KILN_VERSION_STRING, err->msg, sizeof err->msg);
+    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "abi", abi, err->msg, sizeof err->msg);
+    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "stack", stack, err->msg, sizeof err->msg);
     snprintf(num, sizeof num, "%lld", (long long)t->epoch_progress.current.completed);
-    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "epoch", num, why, whylen);
+    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "epoch", num, err->msg, sizeof err->msg);
     snprintf(num, sizeof num, "%lld", (long long)t->opt_step.total.completed);
-    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "global_step", num, why, whylen);
-    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "config", cfgtext, why, whylen);
+    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "global_step", num, err->msg, sizeof err->msg);
+    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "config", cfgtext, err->msg, sizeof err->msg);
     /* the counters, and what the end of the epoch reads (callback metrics,
      * epoch sums), as JSON */
     char *loops = rc == KILN_OK ? loops_text(t) : NULL, *progress = rc == KILN_OK ? progress_text(t) : NULL;
     char *metrics = rc == KILN_OK ? hm_export(&t->metrics) : NULL;
     if (rc == KILN_OK && (!loops || !progress || !metrics)) {
-        hwhyf(why, whylen, "%s: cannot write the loop counters or the logged metrics as JSON (out of memory, or a "
+        ht_errorf(err, "%s: cannot write the loop counters or the logged metrics as JSON (out of memory, or a "
               "metric name that is not UTF-8)", path);
         rc = KILN_E_STATE;
     }
-    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "loops", loops, why, whylen);
-    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "progress", progress, why, whylen);
-    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "metrics", metrics, why, whylen);
+    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "loops", loops, err->msg, sizeof err->msg);
+    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "progress", progress, err->msg, sizeof err->msg);
+    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "metrics", metrics, err->msg, sizeof err->msg);
     free(loops);
     free(progress);
     free(metrics);
@@ -464,18 +465,19 @@ int ht_ckpt_save(ht_trainer *t, const char *path, char *why, size_t whylen) {
         size_t size = 0;
         herr_clear();
         int32_t src = sl->p->ops->get_state(sl->inst, &ver, &blobs[i], &size);
-        if (src) { rc = ht_fail(t, sl, src, "get_state", why, whylen); break; }
+        if (src) { rc = ht_fail(t, sl, src, "get_state", err); break; }
         char name[64], meta[160];
         snprintf(name, sizeof name, "__state__.%s", cs[i].role);
         snprintf(meta, sizeof meta, "state.%s", cs[i].role);
         char *val = json_text(json_pack("{ss sI}", "plugin", sl->p->view.name, "version", (json_int_t)ver));
         int64_t shape[1] = {(int64_t)size};
-        rc = val ? safetensors_add_tensor(w, name, "U8", shape, 1, blobs[i], size, why, whylen) : KILN_E_NOMEM;
-        if (!val) hwhyf(why, whylen, "%s: out of memory writing the %s state entry", path, cs[i].role);
-        if (rc == KILN_OK) rc = safetensors_add_metadata(w, meta, val, why, whylen);
+        rc = val ? safetensors_add_tensor(w, name, "U8", shape, 1, blobs[i], size,
+                err->msg, sizeof err->msg) : KILN_E_NOMEM;
+        if (!val) ht_errorf(err, "%s: out of memory writing the %s state entry", path, cs[i].role);
+        if (rc == KILN_OK) rc = safetensors_add_metadata(w, meta, val, err->msg, sizeof err->msg);
         free(val);
     }
-    if (rc == KILN_OK) rc = safetensors_write_atomic(w, path, why, whylen);
+    if (rc == KILN_OK) rc = safetensors_write_atomic(w, path, err->msg, sizeof err->msg);
     for (int i = 0; i < ns; i++)
         if (blobs[i]) hs_svc_free(&cs[i].s->hctx, blobs[i]);
     safetensors_writer_free(w);
@@ -484,19 +486,19 @@ int ht_ckpt_save(ht_trainer *t, const char *path, char *why, size_t whylen) {
     return rc;
 }
 
-int ht_ckpt_save_last(ht_trainer *t, char *why, size_t whylen) {
+int ht_ckpt_save_last(ht_trainer *t, ht_error *err) {
     if (t->state.rank != 0 || !t->run_dir[0]) return KILN_OK; /* rank 0 writes */
     char dir[sizeof t->run_dir + 16], path[sizeof dir + 32];
     snprintf(dir, sizeof dir, "%s/checkpoints", t->run_dir);
-    int rc = ht_mkdirs(dir, "the checkpoint directory", why, whylen);
+    int rc = ht_mkdirs(dir, "the checkpoint directory", err);
     if (rc) return rc;
     snprintf(path, sizeof path, "%s/last.safetensors", dir);
-    return ht_ckpt_save(t, path, why, whylen);
+    return ht_ckpt_save(t, path, err);
 }
 
 /* The checkpoints callbacks asked for (save_checkpoint), written now that
  * the loops are consistent. Rank 0 writes; parent folders are created. */
-int ht_ckpt_flush(ht_trainer *t, char *why, size_t whylen) {
+int ht_ckpt_flush(ht_trainer *t, ht_error *err) {
     int rc = KILN_OK;
     for (int i = 0; i < t->nckpt_pending && rc == KILN_OK; i++) {
         const char *path = t->ckpt_pending[i];
@@ -506,9 +508,9 @@ int ht_ckpt_flush(ht_trainer *t, char *why, size_t whylen) {
         char *slash = strrchr(parent, '/');
         if (slash && slash != parent) {
             *slash = 0;
-            rc = ht_mkdirs(parent, "the checkpoint directory", why, whylen);
+            rc = ht_mkdirs(parent, "the checkpoint directory", err);
         }
-        if (rc == KILN_OK) rc = ht_ckpt_save(t, path, why, whylen);
+        if (rc == KILN_OK) rc = ht_ckpt_save(t, path, err);
     }
     t->nckpt_pending = 0;
     return rc;
@@ -554,7 +556,7 @@ static const safetensors_tensor *find_weight(safetensors_file *f, const char *na
 /* Copy the weights of an open checkpoint into the parameters. With
  * `plain_ok` (--weights-only, test/validate --ckpt) a safetensors file that
  * kiln did not write is accepted too: its tensors are matched by name. */
-static int load_weights_from(ht_trainer *t, safetensors_file *f, const char *path, int plain_ok, char *why, size_t whylen) {
+static int load_weights_from(ht_trainer *t, safetensors_file *f, const char *path, int plain_ok, ht_error *err) {
     int rc = KILN_OK;
     const char *fmt = safetensors_metadata(f, "format");
     const int plain = plain_ok && (!fmt || strcmp(fmt, HT_CKPT_FORMAT) != 0);
@@ -562,7 +564,7 @@ static int load_weights_from(ht_trainer *t, safetensors_file *f, const char *pat
         HLOG_INFO("%s: not a kiln checkpoint (format %s); loading the module's weights from it by name", path,
                   fmt ? fmt : "not given");
     if (!plain && (!fmt || strcmp(fmt, HT_CKPT_FORMAT) != 0)) {
-        hwhyf(why, whylen, "%s: expected a kiln checkpoint (__metadata__ format = \"%s\"), found %s%s%s", path,
+        ht_errorf(err, "%s: expected a kiln checkpoint (__metadata__ format = \"%s\"), found %s%s%s", path,
               HT_CKPT_FORMAT, fmt ? "\"" : "", fmt ? fmt : "no format entry", fmt ? "\"" : "");
         return KILN_E_DATA;
     }
@@ -573,7 +575,7 @@ static int load_weights_from(ht_trainer *t, safetensors_file *f, const char *pat
         for (uint32_t d = 0; d < p->ndim; d++)
             snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", d ? ", " : "", (long long)p->shape[d]);
         if (!x) {
-            hwhyf(why, whylen, "%s: has no tensor '%s' (%s) that module '%s' expects (stack in the file: %s)", path,
+            ht_errorf(err, "%s: has no tensor '%s' (%s) that module '%s' expects (stack in the file: %s)", path,
                   p->name, want, t->module.p->view.name, safetensors_metadata(f, "stack") ? safetensors_metadata(f, "stack") : "?");
             rc = KILN_E_STATE;
             break;
@@ -591,7 +593,7 @@ static int load_weights_from(ht_trainer *t, safetensors_file *f, const char *pat
             if (same && x->shape[d] != p->shape[d]) same = 0;
         }
         if (!same) {
-            hwhyf(why, whylen, "%s: tensor '%s' is %s [%s], module '%s' expects %s [%s]", path, p->name, x->dtype, got,
+            ht_errorf(err, "%s: tensor '%s' is %s [%s], module '%s' expects %s [%s]", path, p->name, x->dtype, got,
                   t->module.p->view.name, want_dt, want);
             rc = KILN_E_STATE;
             break;
@@ -604,7 +606,7 @@ static int load_weights_from(ht_trainer *t, safetensors_file *f, const char *pat
             if (i == 0) HLOG_INFO("%s: converting %s weights to %s", path, x->dtype, want_dt);
             crc = t->kernels->cast(t->accel.inst, p->data, t->param_dtype, x->data, file_dt, (size_t)p->numel);
         }
-        if (crc) rc = ht_fail(t, &t->accel, crc, "copy of a checkpoint tensor", why, whylen);
+        if (crc) rc = ht_fail(t, &t->accel, crc, "copy of a checkpoint tensor", err);
     }
     if (rc == KILN_OK) {
         /* name what is ignored: another model's file fails loudly above,
@@ -631,20 +633,20 @@ static int load_weights_from(ht_trainer *t, safetensors_file *f, const char *pat
     return rc;
 }
 
-int ht_ckpt_load_weights(ht_trainer *t, const char *path, char *why, size_t whylen) {
+int ht_ckpt_load_weights(ht_trainer *t, const char *path, ht_error *err) {
     safetensors_file *f = NULL;
-    int rc = safetensors_open(path, &f, why, whylen);
+    int rc = safetensors_open(path, &f, err->msg, sizeof err->msg);
     if (rc) return rc;
-    rc = load_weights_from(t, f, path, 1, why, whylen);
+    rc = load_weights_from(t, f, path, 1, err);
     safetensors_close(f);
     return rc;
 }
 
-int ht_ckpt_resume(ht_trainer *t, const char *path, char *why, size_t whylen) {
+int ht_ckpt_resume(ht_trainer *t, const char *path, ht_error *err) {
     safetensors_file *f = NULL;
-    int rc = safetensors_open(path, &f, why, whylen);
+    int rc = safetensors_open(path, &f, err->msg, sizeof err->msg);
     if (rc) return rc;
-    if ((rc = load_weights_from(t, f, path, 0, why, whylen))) {
+    if ((rc = load_weights_from(t, f, path, 0, err))) {
         safetensors_close(f);
         return rc;
     }
@@ -652,19 +654,19 @@ int ht_ckpt_resume(ht_trainer *t, const char *path, char *why, size_t whylen) {
      * refused file leaves nothing half-restored. The progress first: an
      * older kiln's file is told apart by it. */
     long long pv[PROGRESS_FIELDS];
-    if ((rc = progress_parse(safetensors_metadata(f, "progress"), path, pv, why, whylen)) != KILN_OK) {
+    if ((rc = progress_parse(safetensors_metadata(f, "progress"), path, pv, err->msg, sizeof err->msg)) != KILN_OK) {
         safetensors_close(f);
         return rc;
     }
     long long lv[5] = {0, 0, 0, 0, 0};
     double lr_factor = 1.0;
-    if (loops_parse(safetensors_metadata(f, "loops"), path, lv, &lr_factor, why, whylen) != 0) {
+    if (loops_parse(safetensors_metadata(f, "loops"), path, lv, &lr_factor, err->msg, sizeof err->msg) != 0) {
         safetensors_close(f);
         return KILN_E_DATA;
     }
     const long long ep = lv[0], step = lv[1], stepped = lv[2], tbi = lv[3], sched_steps = lv[4];
     if (t->set.max_epochs != -1 && ep > t->set.max_epochs) {
-        hwhyf(why, whylen, "%s: the checkpoint is after epoch %lld, beyond trainer.max_epochs = %lld", path, ep,
+        ht_errorf(err, "%s: the checkpoint is after epoch %lld, beyond trainer.max_epochs = %lld", path, ep,
               (long long)t->set.max_epochs);
         safetensors_close(f);
         return KILN_E_CONFIG;
@@ -675,7 +677,7 @@ int ht_ckpt_resume(ht_trainer *t, const char *path, char *why, size_t whylen) {
         if (*pair[i][0] == *pair[i][1]) continue;
         char n[64];
         progress_name((int)(pair[i][1] - pv), n, sizeof n);
-        hwhyf(why, whylen, "%s: loops counter %s: expected %lld (progress counter %s), found %lld", path,
+        ht_errorf(err, "%s: loops counter %s: expected %lld (progress counter %s), found %lld", path,
               LOOPS_NAME[i], *pair[i][1], n, *pair[i][0]);
         safetensors_close(f);
         return KILN_E_DATA;
@@ -688,8 +690,8 @@ int ht_ckpt_resume(ht_trainer *t, const char *path, char *why, size_t whylen) {
                     : !mm || hm_import(saved_metrics, mm, mwhy, sizeof mwhy) ? KILN_E_DATA
                                                                              : KILN_OK;
     if (bad) {
-        if (bad == KILN_E_DATA) hwhyf(why, whylen, "%s: __metadata__ metrics: %s", path, mwhy);
-        else hwhyf(why, whylen, "%s: out of memory reading the metrics", path);
+        if (bad == KILN_E_DATA) ht_errorf(err, "%s: __metadata__ metrics: %s", path, mwhy);
+        else ht_errorf(err, "%s: out of memory reading the metrics", path);
         free(saved_metrics);
         safetensors_close(f);
         return bad;
@@ -707,28 +709,28 @@ int ht_ckpt_resume(ht_trainer *t, const char *path, char *why, size_t whylen) {
         char plugin[128] = "", found[300];
         uint32_t ver = 0;
         if (state_parse(m, plugin, sizeof plugin, &ver, found, sizeof found) != 0) {
-            hwhyf(why, whylen, "%s: __metadata__ %s: expected {\"plugin\": a name, \"version\": an integer "
+            ht_errorf(err, "%s: __metadata__ %s: expected {\"plugin\": a name, \"version\": an integer "
                   "0..4294967295}, found %s", path, meta, found);
             rc = KILN_E_DATA;
             break;
         }
         if (strcmp(plugin, sl->p->view.name) != 0) {
             char q[512];
-            hwhyf(why, whylen, "%s: the %s state was saved by '%s', this run uses %s '%s'; resume with the same stack",
+            ht_errorf(err, "%s: the %s state was saved by '%s', this run uses %s '%s'; resume with the same stack",
                   path, cs[i].role, meta_q(plugin, 120, q, sizeof q), hl_kind_name(sl->p->view.kind),
                   sl->p->view.name);
             rc = KILN_E_STATE;
             break;
         }
         if (!sl->p->ops->set_state) {
-            hwhyf(why, whylen, "%s: has a %s state but %s '%s' cannot restore state", path, cs[i].role,
+            ht_errorf(err, "%s: has a %s state but %s '%s' cannot restore state", path, cs[i].role,
                   hl_kind_name(sl->p->view.kind), sl->p->view.name);
             rc = KILN_E_STATE;
             break;
         }
         herr_clear();
         int32_t src = sl->p->ops->set_state(sl->inst, ver, x->data, x->nbytes);
-        if (src) rc = ht_fail(t, sl, src, "set_state", why, whylen);
+        if (src) rc = ht_fail(t, sl, src, "set_state", err);
     }
     safetensors_close(f);
     if (rc) {
@@ -755,7 +757,7 @@ int ht_ckpt_resume(ht_trainer *t, const char *path, char *why, size_t whylen) {
             double lr = t->base_lr[i] * lr_factor;
             herr_clear();
             int32_t src = t->opt_ops[i]->set_lr(t->opts[i].inst, lr);
-            if (src) return ht_fail(t, &t->opts[i], src, "set_lr", why, whylen);
+            if (src) return ht_fail(t, &t->opts[i], src, "set_lr", err);
             t->lr[i] = lr;
         }
         t->lr_factor = lr_factor;
@@ -769,7 +771,7 @@ int ht_ckpt_resume(ht_trainer *t, const char *path, char *why, size_t whylen) {
     return KILN_OK;
 }
 
-int ht_ckpt_resolve(const ht_trainer *t, const char *arg, char *out, size_t outlen, char *why, size_t whylen) {
+int ht_ckpt_resolve(const ht_trainer *t, const char *arg, char *out, size_t outlen, ht_error *err) {
     if (strcmp(arg, "last") != 0) {
         snprintf(out, outlen, "%s", arg);
         return KILN_OK;
@@ -792,7 +794,7 @@ int ht_ckpt_resolve(const ht_trainer *t, const char *arg, char *out, size_t outl
         closedir(d);
     }
     if (best < 0) {
-        hwhyf(why, whylen, "--ckpt last: no %s/version_N/checkpoints/last.safetensors found (trainer.default_root_dir = "
+        ht_errorf(err, "--ckpt last: no %s/version_N/checkpoints/last.safetensors found (trainer.default_root_dir = "
               "\"%s\"); train first or give a path", root, root);
         return KILN_E_NOT_FOUND;
     }

@@ -28,21 +28,21 @@
 #define HT_CKPT_FORMAT "kiln-checkpoint-1"
 
 /* Write the parameters and trainer metadata to `path` atomically. */
-int ht_ckpt_save(ht_trainer *t, const char *path, char *why, size_t whylen);
+int ht_ckpt_save(ht_trainer *t, const char *path, ht_error *err);
 /* <run_dir>/checkpoints/last.safetensors (the directory is created). */
-int ht_ckpt_save_last(ht_trainer *t, char *why, size_t whylen);
+int ht_ckpt_save_last(ht_trainer *t, ht_error *err);
 /* Load parameters from `path` into the open stack: every parameter must be
  * present with the same shape and dtype F32. */
-int ht_ckpt_load_weights(ht_trainer *t, const char *path, char *why, size_t whylen);
+int ht_ckpt_load_weights(ht_trainer *t, const char *path, ht_error *err);
 /* Resume a fit from an end-of-epoch checkpoint: weights, plugin states
  * (the plugin writing each must be the one restoring it), loop progress. */
-int ht_ckpt_resume(ht_trainer *t, const char *path, char *why, size_t whylen);
+int ht_ckpt_resume(ht_trainer *t, const char *path, ht_error *err);
 /* Write the checkpoints requested through save_checkpoint (consistent
  * points of the loops only: end of a batch, end of an epoch). */
-int ht_ckpt_flush(ht_trainer *t, char *why, size_t whylen);
+int ht_ckpt_flush(ht_trainer *t, ht_error *err);
 /* "last": the newest <default_root_dir>/version_N/checkpoints/last.safetensors;
  * anything else is a path. */
-int ht_ckpt_resolve(const ht_trainer *t, const char *arg, char *out, size_t outlen, char *why, size_t whylen);
+int ht_ckpt_resolve(const ht_trainer *t, const char *arg, char *out, size_t outlen, ht_error *err);
 /* The save_checkpoint service (1.2): a request written at the next
  * consistent point. */
 int32_t ht_svc_save_checkpoint(kiln_host_ctx *h, const char *path);

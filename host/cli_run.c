@@ -43,32 +43,32 @@ int cli_run(int argc, char **argv) {
     hc_config c;
     hl_loader L;
     hl_loader_init(&L, hs_host_base());
-    char why[4096] = "";
+    ht_error err = {0}; /* the run's failure, printed once at the end */
     ht_trainer *t = calloc(1, sizeof *t);
     int opened = 0, interrupted = 0;
-    int rc = cli_open_run(path, sets, nsets, &c, &L, why, sizeof why);
-    if (rc == KILN_OK) rc = cli_check_run(&c, &L, stage == KILN_STAGE_FIT, why, sizeof why);
-    if (rc == KILN_OK) { rc = ht_open(t, &c, &L, stage, why, sizeof why); opened = rc == KILN_OK; }
+    int rc = cli_open_run(path, sets, nsets, &c, &L, err.msg, sizeof err.msg);
+    if (rc == KILN_OK) rc = cli_check_run(&c, &L, stage == KILN_STAGE_FIT, err.msg, sizeof err.msg);
+    if (rc == KILN_OK) { rc = ht_open(t, &c, &L, stage, &err); opened = rc == KILN_OK; }
     char ckpt_path[4096] = "";
     /* resolve "last" before this run's own directory exists */
     if (rc == KILN_OK && ckpt) {
-        rc = ht_ckpt_resolve(t, ckpt, ckpt_path, sizeof ckpt_path, why, sizeof why);
+        rc = ht_ckpt_resolve(t, ckpt, ckpt_path, sizeof ckpt_path, &err);
         if (rc == KILN_E_NOT_FOUND && stage == KILN_STAGE_FIT && !strcmp(ckpt, "last")) {
             /* Lightning: ckpt_path="last" without one warns and starts fresh */
-            HLOG_WARN("%s; starting from scratch", why);
+            HLOG_WARN("%s; starting from scratch", err.msg);
             ckpt = NULL;
             rc = KILN_OK;
         }
     }
-    if (rc == KILN_OK && stage == KILN_STAGE_FIT) rc = ht_make_run_dir(t, why, sizeof why);
+    if (rc == KILN_OK && stage == KILN_STAGE_FIT) rc = ht_make_run_dir(t, &err);
     if (rc == KILN_OK && ckpt)
         /* --weights-only: a new run from the checkpoint's weights (any
          * optimizer, precision or data; the module's names and shapes must
          * match); otherwise resume everything exactly */
-        rc = stage == KILN_STAGE_FIT && !weights_only ? ht_ckpt_resume(t, ckpt_path, why, sizeof why)
-                                                      : ht_ckpt_load_weights(t, ckpt_path, why, sizeof why);
+        rc = stage == KILN_STAGE_FIT && !weights_only ? ht_ckpt_resume(t, ckpt_path, &err)
+                                                      : ht_ckpt_load_weights(t, ckpt_path, &err);
     if (rc == KILN_OK && weights_only && !ckpt) {
-        snprintf(why, sizeof why, "fit --weights-only needs --ckpt PATH|last");
+        snprintf(err.msg, sizeof err.msg, "fit --weights-only needs --ckpt PATH|last");
         rc = KILN_E_CONFIG;
     }
     if (rc == KILN_OK) {
@@ -82,7 +82,7 @@ int cli_run(int argc, char **argv) {
             sa.sa_flags = (int)SA_RESETHAND;
             sigaction(SIGINT, &sa, NULL);
             sigaction(SIGTERM, &sa, NULL);
-            rc = ht_fit(t, why, sizeof why);
+            rc = ht_fit(t, &err);
             if (rc == KILN_OK) ht_print_summary(t, "fit");
             if (rc == KILN_OK && t->interrupted) {
                 /* always said, also under -q: the run did not finish */
@@ -95,15 +95,15 @@ int cli_run(int argc, char **argv) {
                         (long long)t->interrupted_batch, (long long)t->opt_step.total.completed, t->run_dir, path);
             }
             if (rc == KILN_OK && run_test) {
-                rc = ht_evaluate(t, KILN_STAGE_TEST, why, sizeof why);
+                rc = ht_evaluate(t, KILN_STAGE_TEST, &err);
                 if (rc == KILN_OK) ht_print_summary(t, "test");
             }
         } else {
-            rc = ht_evaluate(t, stage, why, sizeof why);
+            rc = ht_evaluate(t, stage, &err);
             if (rc == KILN_OK) ht_print_summary(t, verb);
         }
     }
-    if (rc != KILN_OK) fprintf(stderr, "kiln: error: %s\n", why);
+    if (rc != KILN_OK) fprintf(stderr, "kiln: error: %s\n", err.msg);
     if (opened) ht_close(t);
     free(t);
     hc_free(&c);

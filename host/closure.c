@@ -56,14 +56,14 @@ static int32_t closure_step(ht_closure *c, kiln_step_output *out) {
      * off from an overshoot whose loss is +inf, as PyTorch does: +inf is
      * passed to an optimizer that repeats its closure; NaN never is. */
     if (out->has_loss && !isfinite(out->loss) && !(t->opt_repeats && out->loss == INFINITY)) {
-        char why[512];
-        snprintf(why, sizeof why,
+        char msg[sizeof s->err.msg];
+        snprintf(msg, sizeof msg,
                  "module '%s' (%s): training_step returned a non-finite loss (%g) at epoch %lld, batch %lld, global "
                  "step %lld; expected a finite value (lower the learning rate, or check the data)",
                  t->module.p->view.name, t->module.p->lib->path, out->loss,
                  (long long)t->epoch_progress.current.completed, (long long)s->batch_idx,
                  (long long)t->opt_step.total.completed);
-        return ht_step_error(s, KILN_E_NONFINITE, why);
+        return ht_step_error(s, KILN_E_NONFINITE, msg);
     }
     return KILN_OK;
 }
@@ -72,13 +72,13 @@ static int32_t closure_step(ht_closure *c, kiln_step_output *out) {
 static int32_t closure_zero_grad(ht_closure *c) {
     ht_trainer *t = c->t;
     ht_step *s = c->s;
-    char why[sizeof s->err.msg];
+    ht_error e;
     HT_INC(t->zero_grad, ready);
-    int rc = ht_hook(t, KILN_EV_ON_BEFORE_ZERO_GRAD, s->batch_idx, s->batch, NULL, 0, NULL, why, sizeof why);
-    if (rc) return ht_step_error(s, rc, why);
+    int rc = ht_hook(t, KILN_EV_ON_BEFORE_ZERO_GRAD, s->batch_idx, s->batch, NULL, 0, NULL, &e);
+    if (rc) return ht_step_error(s, rc, e.msg);
     HT_INC(t->zero_grad, started);
-    rc = ht_hook(t, KILN_EV_OPTIMIZER_ZERO_GRAD, s->batch_idx, s->batch, NULL, 0, NULL, why, sizeof why);
-    if (rc) return ht_step_error(s, rc, why);
+    rc = ht_hook(t, KILN_EV_OPTIMIZER_ZERO_GRAD, s->batch_idx, s->batch, NULL, 0, NULL, &e);
+    if (rc) return ht_step_error(s, rc, e.msg);
     double t0 = ht_now();
     ht_trace(t, KILN_SRC_OPTIMIZER, "zero_grad", s->batch_idx);
     herr_clear();
@@ -96,7 +96,7 @@ static int32_t closure_zero_grad(ht_closure *c) {
  * → S.post_backward when `sync` (not while accumulating: the gradients are
  * final for the step only then; docs/semantics.md). */
 int32_t ht_backward(ht_trainer *t, ht_step *s, double loss, double divide, int sync) {
-    char why[sizeof s->err.msg];
+    ht_error e;
     ht_trace(t, KILN_SRC_STRATEGY, "pre_backward", s->batch_idx);
     herr_clear();
     int32_t rc = t->strategy_ops->pre_backward(t->strategy.inst);
@@ -106,8 +106,8 @@ int32_t ht_backward(ht_trainer *t, ht_step *s, double loss, double divide, int s
     herr_clear();
     rc = t->precision_ops->pre_backward(t->precision.inst, loss, &scale);
     if (rc) return ht_step_fail(t, s, &t->precision, rc, "pre_backward");
-    rc = ht_hook(t, KILN_EV_ON_BEFORE_BACKWARD, s->batch_idx, s->batch, NULL, loss * scale, NULL, why, sizeof why);
-    if (rc) return ht_step_error(s, rc, why);
+    rc = ht_hook(t, KILN_EV_ON_BEFORE_BACKWARD, s->batch_idx, s->batch, NULL, loss * scale, NULL, &e);
+    if (rc) return ht_step_error(s, rc, e.msg);
     ht_trace(t, KILN_SRC_MODULE, "backward", s->batch_idx);
     double t0 = ht_now();
     herr_clear();
@@ -115,8 +115,8 @@ int32_t ht_backward(ht_trainer *t, ht_step *s, double loss, double divide, int s
     t->time.backward += ht_now() - t0;
     if (rc) return ht_step_fail(t, s, &t->module, rc, "backward");
     ht_grads_present(t);
-    rc = ht_hook(t, KILN_EV_ON_AFTER_BACKWARD, s->batch_idx, s->batch, NULL, 0, NULL, why, sizeof why);
-    if (rc) return ht_step_error(s, rc, why);
+    rc = ht_hook(t, KILN_EV_ON_AFTER_BACKWARD, s->batch_idx, s->batch, NULL, 0, NULL, &e);
+    if (rc) return ht_step_error(s, rc, e.msg);
     if (sync) {
         ht_trace(t, KILN_SRC_STRATEGY, "post_backward", s->batch_idx);
         herr_clear();
@@ -169,11 +169,11 @@ static int32_t after_closure_call(void *vc, double *loss_out) {
     ht_trainer *t = c->t;
     ht_step *s = c->s;
     (void)loss_out;
-    char why[sizeof s->err.msg];
-    int rc = ht_hook(t, KILN_EV_ON_BEFORE_OPTIMIZER_STEP, s->batch_idx, s->batch, NULL, 0, NULL, why, sizeof why);
-    if (rc) return ht_step_error(s, rc, why);
+    ht_error e;
+    int rc = ht_hook(t, KILN_EV_ON_BEFORE_OPTIMIZER_STEP, s->batch_idx, s->batch, NULL, 0, NULL, &e);
+    if (rc) return ht_step_error(s, rc, e.msg);
     ht_trace(t, KILN_SRC_MODULE, "configure_gradient_clipping", s->batch_idx);
-    if ((rc = ht_clip_gradients(t, why, sizeof why))) return ht_step_error(s, rc, why);
+    if ((rc = ht_clip_gradients(t, &e))) return ht_step_error(s, rc, e.msg);
     return KILN_OK;
 }
 
@@ -196,10 +196,10 @@ int ht_automatic_step(ht_trainer *t, ht_step *s) {
     if (s->accumulating) {
         rc = closure_call(&c, NULL);
     } else {
-        char why[sizeof s->err.msg];
+        ht_error e;
         HT_INC(t->opt_step, ready);
-        rc = ht_hook(t, KILN_EV_OPTIMIZER_STEP, s->batch_idx, s->batch, NULL, 0, NULL, why, sizeof why);
-        if (rc) return ht_step_error(s, rc, why);
+        rc = ht_hook(t, KILN_EV_OPTIMIZER_STEP, s->batch_idx, s->batch, NULL, 0, NULL, &e);
+        if (rc) return ht_step_error(s, rc, e.msg);
         kiln_closure after = {sizeof after, 0, &c, after_closure_call};
         kiln_optimizer_ref opt = {sizeof opt, 0, &c, opt_ref_step};
         int32_t skipped = 0;
@@ -218,12 +218,12 @@ int ht_automatic_step(ht_trainer *t, ht_step *s) {
     if (rc) return ht_step_fail(t, s, &t->precision, rc, "optimizer_step");
     /* consume_result: an optimizer step that never ran the closure is a bug */
     if (!c.has_result) {
-        char why[512];
-        snprintf(why, sizeof why,
+        char msg[sizeof s->err.msg];
+        snprintf(msg, sizeof msg,
                  "precision '%s' / optimizer '%s': the optimizer step never called the closure, so training_step did "
                  "not run (an optimizer_step must call the closure it is given)",
                  t->precision.p->view.name, t->opts[0].p->view.name);
-        return ht_step_error(s, KILN_E_STATE, why);
+        return ht_step_error(s, KILN_E_STATE, msg);
     }
     s->output = c.result;
     return KILN_OK;

@@ -10,7 +10,7 @@
 
 #include "run.h"
 
-int ht_run_fit_loop(ht_trainer *t, char *why, size_t whylen);
-int ht_run_eval_loop(ht_trainer *t, int stage, char *why, size_t whylen);
+int ht_run_fit_loop(ht_trainer *t, ht_error *err);
+int ht_run_eval_loop(ht_trainer *t, int stage, ht_error *err);
 
 #endif

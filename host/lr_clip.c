@@ -29,9 +29,9 @@
 
 /* ------------------------------------------------------------- schedule */
 
-static int apply_factor(ht_trainer *t, double lr0, char *why, size_t whylen) {
+static int apply_factor(ht_trainer *t, double lr0, ht_error *err) {
     if (!isfinite(lr0) || lr0 < 0) {
-        hwhyf(why, whylen, "scheduler '%s' (%s): lr_at returned %g at scheduler step %lld; expected a finite rate >= 0",
+        ht_errorf(err, "scheduler '%s' (%s): lr_at returned %g at scheduler step %lld; expected a finite rate >= 0",
               t->scheduler.p->view.name, t->scheduler.p->lib->path, lr0, (long long)t->sched_steps);
         return KILN_E_NONFINITE;
     }
@@ -40,18 +40,18 @@ static int apply_factor(ht_trainer *t, double lr0, char *why, size_t whylen) {
         double lr = i == 0 ? lr0 : t->base_lr[i] * t->lr_factor;
         herr_clear();
         int32_t rc = t->opt_ops[i]->set_lr(t->opts[i].inst, lr);
-        if (rc) return ht_fail(t, &t->opts[i], rc, "set_lr", why, whylen);
+        if (rc) return ht_fail(t, &t->opts[i], rc, "set_lr", err);
         t->lr[i] = lr;
     }
     return KILN_OK;
 }
 
 /* scheduler.step(): the rate after sched_steps steps */
-static int sched_step(ht_trainer *t, char *why, size_t whylen) {
+static int sched_step(ht_trainer *t, ht_error *err) {
     double metric = NAN;
     if (t->sched_monitor && hm_get(&t->metrics, t->sched_monitor, &metric) != 0) {
-        hwhyf(why, whylen,
-              "scheduler '%s' is conditioned on metric '%s', which is not available (log it from the module, e.g. "
+        ht_errorf(err,
+                  "scheduler '%s' is conditioned on metric '%s', which is not available (log it from the module, e.g. "
               "val_loss, or fix scheduler.monitor)",
               t->scheduler.p->view.name, t->sched_monitor);
         return KILN_E_CONFIG;
@@ -61,12 +61,12 @@ static int sched_step(ht_trainer *t, char *why, size_t whylen) {
     herr_clear();
     int32_t rc = t->sched_ops->lr_at(t->scheduler.inst, t->base_lr[0], t->sched_steps,
                                      t->epoch_progress.current.completed, metric, &lr);
-    if (rc) return ht_fail(t, &t->scheduler, rc, "lr_at", why, whylen);
+    if (rc) return ht_fail(t, &t->scheduler, rc, "lr_at", err);
     t->sched_steps++;
-    return apply_factor(t, lr, why, whylen);
+    return apply_factor(t, lr, err);
 }
 
-int ht_start_schedule(ht_trainer *t, const ht_schedule_keys *keys, char *why, size_t whylen) {
+int ht_start_schedule(ht_trainer *t, const ht_schedule_keys *keys, ht_error *err) {
     for (int i = 0; i < t->nopts; i++) t->lr[i] = t->base_lr[i] = t->opt_ops[i]->get_lr(t->opts[i].inst);
     t->lr_factor = 1.0;
     if (!t->scheduler.p) return KILN_OK;
@@ -76,23 +76,22 @@ int ht_start_schedule(ht_trainer *t, const ht_schedule_keys *keys, char *why, si
     char where[4200];
     snprintf(where, sizeof where, "%s", t->cfg->path);
     if (strcmp(interval, "step") && strcmp(interval, "epoch")) {
-        hwhyf(why, whylen, "%s: scheduler.interval must be \"step\" or \"epoch\", found \"%s\"", where, interval);
+        ht_errorf(err, "%s: scheduler.interval must be \"step\" or \"epoch\", found \"%s\"", where, interval);
         return KILN_E_CONFIG;
     }
     if (freq < 1) {
-        hwhyf(why, whylen, "%s: scheduler.frequency must be >= 1, found %lld", where, freq);
+        ht_errorf(err, "%s: scheduler.frequency must be >= 1, found %lld", where, freq);
         return KILN_E_CONFIG;
     }
     if (monitor && !strcmp(interval, "step")) {
-        hwhyf(why, whylen,
-              "%s: scheduler.monitor = \"%s\" with interval \"step\": a monitored (plateau) schedule is updated once "
+        ht_errorf(err,
+                  "%s: scheduler.monitor = \"%s\" with interval \"step\": a monitored (plateau) schedule is updated once "
               "per epoch (as in Lightning); set interval = \"epoch\"",
               where, monitor);
         return KILN_E_CONFIG;
     }
     if (t->manual) {
-        hwhyf(why, whylen,
-              "%s: module '%s' optimises manually, so the trainer does not step schedulers (as in Lightning); "
+        ht_errorf(err, "%s: module '%s' optimises manually, so the trainer does not step schedulers (as in Lightning); "
               "remove the scheduler section",
               where, t->module.p->view.name);
         return KILN_E_CONFIG;
@@ -105,24 +104,24 @@ int ht_start_schedule(ht_trainer *t, const ht_schedule_keys *keys, char *why, si
     double lr = 0;
     herr_clear();
     int32_t src = t->sched_ops->lr_at(t->scheduler.inst, t->base_lr[0], 0, 0, NAN, &lr);
-    if (src) return ht_fail(t, &t->scheduler, src, "lr_at", why, whylen);
+    if (src) return ht_fail(t, &t->scheduler, src, "lr_at", err);
     t->sched_steps = 1;
-    return apply_factor(t, lr, why, whylen);
+    return apply_factor(t, lr, err);
 }
 
-int ht_update_lr(ht_trainer *t, const ht_step *step, int per_epoch, int plateau, char *why, size_t whylen) {
+int ht_update_lr(ht_trainer *t, const ht_step *step, int per_epoch, int plateau, ht_error *err) {
     if (!t->scheduler.p || per_epoch != t->sched_per_epoch) return KILN_OK;
     if ((t->sched_monitor != NULL) != plateau) return KILN_OK; /* plateau ones only at the epoch's end */
     if (!per_epoch && step->accumulating) return KILN_OK;
     /* batch and epoch indices start at 0 and the step comes after them */
     int64_t idx = (per_epoch ? t->epoch_progress.current.completed : step->batch_idx) + 1;
     if (idx % t->sched_frequency != 0) return KILN_OK;
-    return sched_step(t, why, whylen);
+    return sched_step(t, err);
 }
 
 /* ------------------------------------------------------------- clipping */
 
-int ht_clip_gradients(ht_trainer *t, char *why, size_t whylen) {
+int ht_clip_gradients(ht_trainer *t, ht_error *err) {
     const double v = t->set.gradient_clip_val;
     if (!(v > 0)) return KILN_OK;
     const kiln_kernels *K = t->kernels;
@@ -137,14 +136,13 @@ int ht_clip_gradients(ht_trainer *t, char *why, size_t whylen) {
                 herr_clear();
                 int32_t rc = K->clamp(t->accel.inst, f64 ? KILN_DTYPE_F64 : KILN_DTYPE_F32, p->grad, p->grad, -v, v,
                                       (size_t)p->numel);
-                if (rc) return ht_fail(t, &t->accel, rc, "clamp (gradient clipping by value)", why, whylen);
+                if (rc) return ht_fail(t, &t->accel, rc, "clamp (gradient clipping by value)", err);
             }
             return KILN_OK;
         }
         /* an older table has no clamp: only where the gradients are host memory */
         if (!(K->flags & KILN_KERNELS_HOST_MEMORY)) {
-            hwhyf(why, whylen,
-                  "trainer.gradient_clip_algorithm = \"value\" needs a clamp entry (kernel table 1.5) or an "
+            ht_errorf(err, "trainer.gradient_clip_algorithm = \"value\" needs a clamp entry (kernel table 1.5) or an "
                   "accelerator whose memory is host memory; accelerator '%s' has neither (use \"norm\")",
                   t->accel.p->view.name);
             return KILN_E_UNSUPPORTED;
@@ -171,7 +169,7 @@ int ht_clip_gradients(ht_trainer *t, char *why, size_t whylen) {
                                                                                  p->grad, (size_t)p->numel, &s)
                                                                     : KILN_E_UNSUPPORTED)
                          : K->sumsq(t->accel.inst, p->grad, (size_t)p->numel, &s);
-        if (rc) return ht_fail(t, &t->accel, rc, "sumsq (gradient clipping)", why, whylen);
+        if (rc) return ht_fail(t, &t->accel, rc, "sumsq (gradient clipping)", err);
         total += s;
     }
     const double norm = sqrt(total);
@@ -182,7 +180,7 @@ int ht_clip_gradients(ht_trainer *t, char *why, size_t whylen) {
         kiln_parameter *p = t->params[i];
         int32_t rc = f64 ? K->scale_ex(t->accel.inst, KILN_DTYPE_F64, p->grad, coef, (size_t)p->numel)
                          : K->scale(t->accel.inst, p->grad, (float)coef, (size_t)p->numel);
-        if (rc) return ht_fail(t, &t->accel, rc, "scale (gradient clipping)", why, whylen);
+        if (rc) return ht_fail(t, &t->accel, rc, "scale (gradient clipping)", err);
     }
     return KILN_OK;
 }

@@ -21,15 +21,15 @@ typedef struct ht_schedule_keys {
  * t->scheduler (trainer.c opens it after the optimizers), check `keys`
  * and set the rate of scheduler step 0, as PyTorch schedulers do when they
  * are constructed. */
-int ht_start_schedule(ht_trainer *t, const ht_schedule_keys *keys, char *why, size_t whylen);
+int ht_start_schedule(ht_trainer *t, const ht_schedule_keys *keys, ht_error *err);
 /* Lightning's update_lr_schedulers(interval, update_plateau_schedulers):
  * per_epoch 0 after a stepping batch, 1 at the epoch's last batch
  * (plateau 0) or after on_train_epoch_end (plateau 1, monitored ones).
  * `step` is the batch that just ran (NULL after the epoch): a per-step
  * schedule steps after a batch that is not accumulating. */
-int ht_update_lr(ht_trainer *t, const ht_step *step, int per_epoch, int plateau, char *why, size_t whylen);
+int ht_update_lr(ht_trainer *t, const ht_step *step, int per_epoch, int plateau, ht_error *err);
 /* Clip the gradients of every parameter (trainer.gradient_clip_val), log
  * the total norm; called after unscale and on_before_optimizer_step. */
-int ht_clip_gradients(ht_trainer *t, char *why, size_t whylen);
+int ht_clip_gradients(ht_trainer *t, ht_error *err);
 
 #endif

@@ -59,9 +59,9 @@ static int32_t keep(ht_step *s, int32_t rc, const char *why) {
 
 /* keep() for a failed plugin call */
 static int32_t keep_fail(ht_trainer *t, ht_slot *slot, int32_t rc, const char *what) {
-    char why[sizeof t->step->err.msg];
-    rc = ht_fail(t, slot, rc, what, why, sizeof why);
-    return keep(t->step, rc, why);
+    ht_error e;
+    rc = ht_fail(t, slot, rc, what, &e);
+    return keep(t->step, rc, e.msg);
 }
 
 uint32_t ht_svc_optimizer_count(kiln_host_ctx *h) {
@@ -118,9 +118,9 @@ static int32_t manual_after(void *vctx, double *loss) {
     manual_opt *m = vctx;
     ht_step *s = m->t->step;
     (void)loss;
-    char why[sizeof s->err.msg];
-    int rc = ht_hook(m->t, KILN_EV_ON_BEFORE_OPTIMIZER_STEP, s->batch_idx, s->batch, NULL, 0, NULL, why, sizeof why);
-    return rc ? keep(s, rc, why) : KILN_OK;
+    ht_error e;
+    int rc = ht_hook(m->t, KILN_EV_ON_BEFORE_OPTIMIZER_STEP, s->batch_idx, s->batch, NULL, 0, NULL, &e);
+    return rc ? keep(s, rc, e.msg) : KILN_OK;
 }
 
 /* The closure a step without one gets: nothing to recompute. */
@@ -240,7 +240,7 @@ int ht_manual_step(ht_trainer *t, ht_step *s) {
         return rc < 0 ? rc : KILN_E_INTERNAL;
     }
     if (out.has_loss && !isfinite(out.loss)) {
-        char why[512];
+        char why[sizeof s->err.msg];
         snprintf(why, sizeof why,
                  "module '%s' (%s): training_step returned a non-finite loss (%g) at epoch %lld, batch %lld; "
                  "expected a finite value",

@@ -11,6 +11,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -48,7 +49,7 @@ static void where_text(const ht_trainer *t, char *buf, size_t n) {
                  (long long)t->opt_step.total.completed);
 }
 
-int ht_fail(ht_trainer *t, ht_slot *s, int32_t rc, const char *what, char *why, size_t whylen) {
+int ht_fail(ht_trainer *t, ht_slot *s, int32_t rc, const char *what, ht_error *err) {
     if (rc > 0) {
         /* not a status (kiln/status.h: 0 or negative); say so rather than
          * pass on a code no one can look up */
@@ -58,12 +59,19 @@ int ht_fail(ht_trainer *t, ht_slot *s, int32_t rc, const char *what, char *why, 
         herr_set(KILN_E_INTERNAL, msg);
         rc = KILN_E_INTERNAL;
     }
-    hs_format_error(&s->hctx, rc, what, why, whylen);
+    hs_format_error(&s->hctx, rc, what, err->msg, sizeof err->msg);
     char where[160];
     where_text(t, where, sizeof where);
-    size_t l = strlen(why);
-    if (where[0] && l + 1 < whylen) snprintf(why + l, whylen - l, "%s", where);
+    size_t l = strlen(err->msg);
+    if (where[0] && l + 1 < sizeof err->msg) snprintf(err->msg + l, sizeof err->msg - l, "%s", where);
     return rc < 0 ? rc : KILN_E_INTERNAL;
+}
+
+void ht_errorf(ht_error *err, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    va_end(ap);
 }
 
 int32_t ht_step_error(ht_step *step, int32_t rc, const char *msg) {
@@ -75,9 +83,9 @@ int32_t ht_step_error(ht_step *step, int32_t rc, const char *msg) {
 }
 
 int32_t ht_step_fail(ht_trainer *t, ht_step *step, ht_slot *s, int32_t rc, const char *what) {
-    char why[sizeof step->err.msg];
-    rc = ht_fail(t, s, rc, what, why, sizeof why);
-    return ht_step_error(step, rc, why);
+    ht_error e;
+    rc = ht_fail(t, s, rc, what, &e);
+    return ht_step_error(step, rc, e.msg);
 }
 
 void ht_grads_none(ht_trainer *t, int opt) {
@@ -90,13 +98,13 @@ void ht_grads_present(ht_trainer *t) {
         if (!(t->params[k]->flags & KILN_PARAMF_FROZEN)) t->params[k]->flags &= ~KILN_PARAMF_NO_GRAD;
 }
 
-int ht_mkdirs(const char *dir, const char *what, char *why, size_t whylen) {
+int ht_mkdirs(const char *dir, const char *what, ht_error *err) {
     char p[4200];
     snprintf(p, sizeof p, "%s", dir);
     for (char *s = p + 1; *s; s++)
         if (*s == '/') { *s = 0; mkdir(p, 0755); *s = '/'; } /* the last mkdir reports */
     if (mkdir(p, 0755) != 0 && errno != EEXIST) {
-        hwhyf(why, whylen, "%s: cannot create %s: %s", dir, what, strerror(errno));
+        ht_errorf(err, "%s: cannot create %s: %s", dir, what, strerror(errno));
         return KILN_E_IO;
     }
     return KILN_OK;
@@ -150,7 +158,7 @@ static int callback_selected(const ht_slot *s, int which) {
     return which == CB_MONITORING ? monitors : !monitors;
 }
 
-static int send_to_some_callbacks(ht_trainer *t, kiln_event *ev, int which, char *why, size_t whylen) {
+static int send_to_some_callbacks(ht_trainer *t, kiln_event *ev, int which, ht_error *err) {
     for (int i = 0; i < t->ncallbacks; i++) {
         if (!callback_selected(&t->callbacks[i], which)) continue;
         const kiln_callback_ops *ops = (const kiln_callback_ops *)t->callbacks[i].p->ops;
@@ -159,22 +167,22 @@ static int send_to_some_callbacks(ht_trainer *t, kiln_event *ev, int which, char
         if (rc != KILN_OK) {
             char what[96];
             snprintf(what, sizeof what, "%s failed", ev->id == KILN_EV_TRACE ? "trace" : lower_name(ev->id));
-            return ht_fail(t, &t->callbacks[i], rc, what, why, whylen);
+            return ht_fail(t, &t->callbacks[i], rc, what, err);
         }
     }
     return KILN_OK;
 }
 
-static int send_to_callbacks(ht_trainer *t, kiln_event *ev, char *why, size_t whylen) {
-    return send_to_some_callbacks(t, ev, CB_ALL, why, whylen);
+static int send_to_callbacks(ht_trainer *t, kiln_event *ev, ht_error *err) {
+    return send_to_some_callbacks(t, ev, CB_ALL, err);
 }
 
 void ht_trace(ht_trainer *t, int32_t source, const char *what, int64_t batch_idx) {
     if (!t->ncallbacks) return;
     kiln_event ev = {sizeof ev, KILN_EV_TRACE, t->stage, source, batch_idx, t->step ? t->step->batch : NULL, NULL,
                      0, &t->state, what, NULL, 0, t->step ? t->step->accumulating : 0, 0, 0, 0};
-    char why[256];
-    if (send_to_callbacks(t, &ev, why, sizeof why) != KILN_OK) HLOG_WARN("%s", why);
+    ht_error e;
+    if (send_to_callbacks(t, &ev, &e) != KILN_OK) HLOG_WARN("%.255s", e.msg); /* one short line per trace */
 }
 
 /* Hooks that only callbacks have, and those that only the module has. */
@@ -187,12 +195,12 @@ static int module_hook(uint32_t id) {
 }
 
 int ht_hook(ht_trainer *t, uint32_t id, int64_t batch_idx, const kiln_batch *batch, const kiln_step_output *out,
-            double loss, int *result, char *why, size_t whylen) {
-    return ht_hook_to(t, HT_TO_ALL, id, batch_idx, batch, out, loss, result, why, whylen);
+            double loss, int *result, ht_error *err) {
+    return ht_hook_to(t, HT_TO_ALL, id, batch_idx, batch, out, loss, result, err);
 }
 
 int ht_hook_to(ht_trainer *t, int parts, uint32_t id, int64_t batch_idx, const kiln_batch *batch,
-               const kiln_step_output *out, double loss, int *result, char *why, size_t whylen) {
+               const kiln_step_output *out, double loss, int *result, ht_error *err) {
     ht_update_state(t);
     kiln_event ev = {sizeof ev, id, t->stage, KILN_SRC_CALLBACK, batch_idx, batch, out, loss, &t->state, NULL,
                      NULL, 0, t->step ? t->step->accumulating : 0, 0, 0, 0};
@@ -202,7 +210,7 @@ int ht_hook_to(ht_trainer *t, int parts, uint32_t id, int64_t batch_idx, const k
         int which = cbs == (HT_TO_PLAIN_CALLBACKS | HT_TO_MONITORS) ? CB_ALL
                     : cbs == HT_TO_MONITORS                          ? CB_MONITORING
                                                                      : CB_PLAIN;
-        int rc = send_to_some_callbacks(t, &ev, which, why, whylen);
+        int rc = send_to_some_callbacks(t, &ev, which, err);
         if (rc) return rc;
     }
     /* 1.2: a precision plugin may listen too (after the callbacks, before
@@ -217,7 +225,7 @@ int ht_hook_to(ht_trainer *t, int parts, uint32_t id, int64_t batch_idx, const k
         if (rc != KILN_OK) {
             char what[96];
             snprintf(what, sizeof what, "%s failed", lower_name(id));
-            return ht_fail(t, &t->precision, rc, what, why, whylen);
+            return ht_fail(t, &t->precision, rc, what, err);
         }
     }
     const int to_module = (parts & HT_TO_MODULE) && module_hook(id) && t->module.p;
@@ -230,7 +238,7 @@ int ht_hook_to(ht_trainer *t, int parts, uint32_t id, int64_t batch_idx, const k
         if (rc != KILN_OK) {
             char what[96];
             snprintf(what, sizeof what, "%s failed", lower_name(id));
-            return ht_fail(t, &t->module, rc, what, why, whylen);
+            return ht_fail(t, &t->module, rc, what, err);
         }
         if (result) *result = ev.result;
     }

@@ -22,6 +22,20 @@
 #include "metrics.h"
 #include "services.h"
 
+/* A failure on its way up the training layers: the message that explains
+ * it (one line, for `kiln: error:`), and its status where the failure must
+ * outlive the call that found it (inside a step, whose plugins pass only a
+ * status back; see ht_step). Every function from run.c up to trainer.c
+ * takes the run's ht_error, writes the message where the failure is found
+ * and returns the status; the stores below (run files, loader,
+ * safetensors) write into err->msg as a plain buffer. Plugins report their
+ * own message through the set_error service (herr_set in log.c), which
+ * ht_fail reads right after the call. */
+typedef struct ht_error {
+    int32_t rc;
+    char msg[4096];
+} ht_error;
+
 /* Lightning's progress trackers (loops/progress.py): each counter moves at a
  * fixed point of the loop; `current` resets per run, `total` never. */
 typedef struct ht_counts {
@@ -68,14 +82,6 @@ typedef struct ht_settings {
 typedef struct ht_timing {
     double data, forward, backward, zero_grad, optimizer, validation, total;
 } ht_timing;
-
-/* A failure below the loops, on its way up: the status and the message
- * that explains it. The first failure is kept: what a plugin does after a
- * call it was handed failed cannot hide the cause. */
-typedef struct ht_error {
-    int32_t rc;
-    char msg[2048];
-} ht_error;
 
 /* One batch as it travels down the step (loops.c → closure.c or manual.c →
  * ht_backward): the batch and its index, whether it steps the optimizers,
@@ -192,8 +198,11 @@ typedef struct ht_trainer {
  * [CODE]", followed by where the loops are when inside them. Returns the
  * status to pass on (a positive rc, which no plugin may return, becomes
  * KILN_E_INTERNAL). */
-int ht_fail(ht_trainer *t, ht_slot *s, int32_t rc, const char *what, char *why, size_t whylen);
-/* The same report kept in the step's error (when it is the first). */
+int ht_fail(ht_trainer *t, ht_slot *s, int32_t rc, const char *what, ht_error *err);
+/* printf into err->msg (a failure found here, not by a plugin). */
+void ht_errorf(ht_error *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The same report kept in the step's error (when it is the first: what a
+ * plugin does after a call it was handed failed cannot hide the cause). */
 int32_t ht_step_fail(ht_trainer *t, ht_step *step, ht_slot *s, int32_t rc, const char *what);
 /* Keep `rc` and `msg` as the step's error when it is the first; returns rc. */
 int32_t ht_step_error(ht_step *step, int32_t rc, const char *msg);
@@ -202,7 +211,7 @@ int32_t ht_step_error(ht_step *step, int32_t rc, const char *msg);
  * with a TRACE copy of the module call for tracing callbacks. Returns the
  * module's ev->result (for on_train_batch_start) in *result if non-NULL. */
 int ht_hook(ht_trainer *t, uint32_t id, int64_t batch_idx, const kiln_batch *batch, const kiln_step_output *out,
-            double loss, int *result, char *why, size_t whylen);
+            double loss, int *result, ht_error *err);
 /* ht_hook to some of the listeners only, in the same order: callbacks
  * without KILN_CAP_MONITOR, those with it, the precision plugin, the module.
  * on_train_epoch_end goes to the monitoring callbacks last, after the
@@ -215,7 +224,7 @@ enum {
     HT_TO_ALL = 15,
 };
 int ht_hook_to(ht_trainer *t, int parts, uint32_t id, int64_t batch_idx, const kiln_batch *batch,
-               const kiln_step_output *out, double loss, int *result, char *why, size_t whylen);
+               const kiln_step_output *out, double loss, int *result, ht_error *err);
 /* Record a call into a plugin for tracing callbacks (hook_trace). */
 void ht_trace(ht_trainer *t, int32_t source, const char *what, int64_t batch_idx);
 
@@ -235,7 +244,7 @@ double ht_now(void);
 
 /* mkdir -p of `dir`; `what` names it in the message ("the checkpoint
  * directory"). */
-int ht_mkdirs(const char *dir, const char *what, char *why, size_t whylen);
+int ht_mkdirs(const char *dir, const char *what, ht_error *err);
 
 /* Set by the SIGINT/SIGTERM handler (cli_run.c); the loops finish the
  * current batch, save checkpoints/last.safetensors and stop. */

@@ -196,9 +196,10 @@ static ht_trainer *run_of(kiln_host_ctx *h, const char *what) {
 }
 
 static int32_t strategy_fail(ht_trainer *t, int32_t rc, const char *what) {
-    char why[1024];
-    ht_fail(t, &t->strategy, rc, what, why, sizeof why);
-    herr_set(rc, why);
+    ht_error e;
+    ht_fail(t, &t->strategy, rc, what, &e);
+    e.msg[1023] = 0; /* the module gets one short line */
+    herr_set(rc, e.msg);
     return rc;
 }
 

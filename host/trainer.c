@@ -38,7 +38,7 @@
  * fraction (Lightning); the resolved kv lost that distinction, the file has it. */
 static int is_int_setting(hc_config *c, const char *key) { return hc_is_int(hc_lookup(c, key)); }
 
-static int read_settings(ht_trainer *t, char *why, size_t whylen) {
+static int read_settings(ht_trainer *t, ht_error *err) {
     const kiln_kv *kv = t->trainer_kv.kv;
     ht_settings *s = &t->set;
     s->max_epochs = kiln_kv_int(kv, "max_epochs", -1);
@@ -65,7 +65,7 @@ static int read_settings(ht_trainer *t, char *why, size_t whylen) {
     const char *algo = kiln_kv_str(kv, "gradient_clip_algorithm", "norm");
     s->clip_by_value = !strcmp(algo, "value");
     const char *f = t->cfg->path;
-#define BAD(cond, ...) do { if (cond) { hwhyf(why, whylen, __VA_ARGS__); return KILN_E_CONFIG; } } while (0)
+#define BAD(cond, ...) do { if (cond) { ht_errorf(err, __VA_ARGS__); return KILN_E_CONFIG; } } while (0)
     BAD(s->max_epochs < -1, "%s: trainer.max_epochs must be >= -1, found %lld", f, (long long)s->max_epochs);
     BAD(s->max_steps < -1, "%s: trainer.max_steps must be >= -1, found %lld", f, (long long)s->max_steps);
     BAD(s->min_epochs < 0, "%s: trainer.min_epochs must be >= 0, found %lld", f, (long long)s->min_epochs);
@@ -127,7 +127,7 @@ static size_t ops_size_for(uint32_t kind) {
 }
 
 static int make_slot(ht_trainer *t, ht_slot *s, uint32_t kind, const char *name, hc_node *sec,
-                     const char *role, char *why, size_t whylen) {
+                     const char *role, ht_error *err) {
     char inner[1024], where[PATH_MAX + 32];
     memset(s, 0, sizeof *s);
     s->role = role;
@@ -136,21 +136,22 @@ static int make_slot(ht_trainer *t, ht_slot *s, uint32_t kind, const char *name,
         hc_node *at = sec ? hc_member(sec, "name") : hc_lookup(t->cfg, role);
         if (at) hc_where(t->cfg, at, where, sizeof where);
         else snprintf(where, sizeof where, "%s", t->cfg->path);
-        hwhyf(why, whylen, "%s: %s: %s", where, role, inner);
+        ht_errorf(err, "%s: %s: %s", where, role, inner);
         return KILN_E_NOT_FOUND;
     }
     size_t need = ops_size_for(kind);
     if (p->lib->view.abi_minor < 1 || p->ops->struct_size < need) {
-        hwhyf(why, whylen,
-             "%s '%s' (%s) was built against ABI 1.%u with a %u-byte ops table; training needs ABI >= 1.1 and %zu "
+        ht_errorf(err,
+                  "%s '%s' (%s) was built against ABI 1.%u with a %u-byte ops table; training needs ABI >= 1.1 and %zu "
              "bytes (rebuild it against the current SDK)",
              hl_kind_name(kind), p->view.name, p->lib->path, p->lib->view.abi_minor, p->ops->struct_size, need);
         return KILN_E_VERSION;
     }
     char what[160];
     snprintf(what, sizeof what, "%s '%s'", hl_kind_name(kind), p->view.name);
-    int rc = hc_resolve_host(t->cfg, sec, p->view.params, hc_host_keys(kind), what, &s->cfg, why, whylen);
-    if (rc == KILN_OK) rc = hp_check_config(t->cfg, sec, p->view.properties, s->cfg.kv, what, why, whylen);
+    int rc = hc_resolve_host(t->cfg, sec, p->view.params, hc_host_keys(kind), what, &s->cfg, err->msg, sizeof err->msg);
+    if (rc == KILN_OK) rc = hp_check_config(t->cfg, sec, p->view.properties, s->cfg.kv, what,
+            err->msg, sizeof err->msg);
     if (rc) {
         hc_kvset_free(&s->cfg);
         return rc;
@@ -159,7 +160,7 @@ static int make_slot(ht_trainer *t, ht_slot *s, uint32_t kind, const char *name,
     hs_ctx_init(&s->hctx, p, s->cfg.kv, t->trainer_kv.kv);
     s->hctx.trainer = t;
     s->hctx.may_register = kind == KILN_KIND_MODULE;
-    rc = hs_create(&s->hctx, hs_services(), p, &s->inst, why, whylen);
+    rc = hs_create(&s->hctx, hs_services(), p, &s->inst, err->msg, sizeof err->msg);
     s->hctx.may_register = 0;
     if (rc) {
         hc_kvset_free(&s->cfg);
@@ -177,19 +178,19 @@ static void drop_slot(ht_slot *s) {
 
 /* Instantiate the plugin a slot of the run file names (or its default);
  * with required = 0 an absent slot leaves s->p NULL. */
-static int slot_from_config(ht_trainer *t, ht_slot *s, const char *slot, int required, char *why, size_t whylen) {
+static int slot_from_config(ht_trainer *t, ht_slot *s, const char *slot, int required, ht_error *err) {
     hc_node *sec = NULL;
-    why[0] = 0;
-    const char *name = hc_slot_name(t->cfg, slot, hl_default_name(t->loader, slot), &sec, why, whylen);
+    err->msg[0] = 0;
+    const char *name = hc_slot_name(t->cfg, slot, hl_default_name(t->loader, slot), &sec, err->msg, sizeof err->msg);
     if (!name) {
-        if (why[0]) return KILN_E_CONFIG;
+        if (err->msg[0]) return KILN_E_CONFIG;
         if (!required) return KILN_OK;
-        hwhyf(why, whylen, "%s: missing the '%s' section (e.g. %s = { name = \"...\"; ... })", t->cfg->path, slot, slot);
+        ht_errorf(err, "%s: missing the '%s' section (e.g. %s = { name = \"...\"; ... })", t->cfg->path, slot, slot);
         return KILN_E_CONFIG;
     }
     uint32_t kind;
     hl_kind_from_name(slot, &kind);
-    return make_slot(t, s, kind, name, sec, slot, why, whylen);
+    return make_slot(t, s, kind, name, sec, slot, err);
 }
 
 /* ---------------------------------------------------------------------------
@@ -198,22 +199,22 @@ static int slot_from_config(ht_trainer *t, ht_slot *s, const char *slot, int req
 /* One arena for the masters and one for the gradients, in the dtype the
  * precision plugin asked for (float32 unless it said float64). Every tensor
  * starts on a 16-element boundary, i.e. 64 bytes for fp32. */
-static int alloc_params(ht_trainer *t, char *why, size_t whylen) {
+static int alloc_params(ht_trainer *t, ht_error *err) {
     uint32_t dt;
-    int prc = stack_param_dtype(t->precision.p, &dt, why, whylen);
+    int prc = stack_param_dtype(t->precision.p, &dt, err->msg, sizeof err->msg);
     if (prc) return prc;
     size_t esz = kiln_dtype_size(dt);
     t->param_dtype = dt;
     size_t total = 0;
     for (uint32_t i = 0; i < t->nparams; i++) total += ((size_t)t->params[i]->numel + 15) & ~(size_t)15;
     if (total == 0) {
-        hwhyf(why, whylen, "module '%s' registered no parameters", t->module.p->view.name);
+        ht_errorf(err, "module '%s' registered no parameters", t->module.p->view.name);
         return KILN_E_STATE;
     }
     void *a = NULL, *g = NULL;
     int32_t rc = t->kernels->alloc(t->accel.inst, total * esz, &a);
     if (rc == KILN_OK) rc = t->kernels->alloc(t->accel.inst, total * esz, &g);
-    if (rc != KILN_OK) return ht_fail(t, &t->accel, rc, "allocating parameters", why, whylen);
+    if (rc != KILN_OK) return ht_fail(t, &t->accel, rc, "allocating parameters", err);
     t->param_arena = a;
     t->grad_arena = g;
     size_t off = 0;
@@ -238,7 +239,7 @@ static int alloc_params(ht_trainer *t, char *why, size_t whylen) {
  * refuses them in automatic mode). */
 
 /* Marks the parameters optimizer i owns; an entry without `params` owns all. */
-static int assign_params(ht_trainer *t, int i, hc_node *entry, char *why, size_t whylen) {
+static int assign_params(ht_trainer *t, int i, hc_node *entry, ht_error *err) {
     hc_node *pats = hc_member(entry, "params");
     uint32_t n = 0;
     for (uint32_t k = 0; k < t->nparams; k++) {
@@ -254,35 +255,35 @@ static int assign_params(ht_trainer *t, int i, hc_node *entry, char *why, size_t
     hc_where(t->cfg, pats, where, sizeof where);
     for (uint32_t k = 0; k < t->nparams && strlen(names) < sizeof names - 40; k++)
         snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", k ? ", " : "", t->params[k]->name);
-    hwhyf(why, whylen, "%s: optimizers.[%d].params matches no parameter of module '%s' (its parameters: %s%s)", where, i,
+    ht_errorf(err, "%s: optimizers.[%d].params matches no parameter of module '%s' (its parameters: %s%s)", where, i,
           t->module.p->view.name, names, strlen(names) >= sizeof names - 40 ? ", ..." : "");
     return KILN_E_CONFIG;
 }
 
-static int open_optimizers(ht_trainer *t, char *why, size_t whylen) {
+static int open_optimizers(ht_trainer *t, ht_error *err) {
     static char roles[HT_MAX_OPTIMIZERS][24];
     int n = hc_optimizer_count(t->cfg);
     int rc;
     t->manual = stack_is_manual(t->module.p);
     if (n > HT_MAX_OPTIMIZERS) {
-        hwhyf(why, whylen, "%s: %d optimizers configured, at most %d supported", t->cfg->path, n, HT_MAX_OPTIMIZERS);
+        ht_errorf(err, "%s: %d optimizers configured, at most %d supported", t->cfg->path, n, HT_MAX_OPTIMIZERS);
         return KILN_E_CONFIG;
     }
     char inner[1024];
     if ((rc = stack_check_optimization(t->module.p, n, t->set.accumulate_grad_batches, t->set.gradient_clip_val, inner,
                                     sizeof inner))) {
-        hwhyf(why, whylen, "%s: %s", t->cfg->path, inner);
+        ht_errorf(err, "%s: %s", t->cfg->path, inner);
         return rc;
     }
     for (int i = 0; i < (n ? n : 1); i++) {
         hc_node *entry = NULL;
         if (n == 0) {
-            rc = slot_from_config(t, &t->opts[0], "optimizer", 1, why, whylen);
+            rc = slot_from_config(t, &t->opts[0], "optimizer", 1, err);
         } else {
             entry = hc_optimizer(t->cfg, i);
             const char *name = hc_member_string(entry, "name");
             snprintf(roles[i], sizeof roles[i], "optimizers.[%d]", i);
-            rc = make_slot(t, &t->opts[i], KILN_KIND_OPTIMIZER, name, entry, roles[i], why, whylen);
+            rc = make_slot(t, &t->opts[i], KILN_KIND_OPTIMIZER, name, entry, roles[i], err);
         }
         if (rc) return rc;
         t->nopts = i + 1;
@@ -291,10 +292,10 @@ static int open_optimizers(ht_trainer *t, char *why, size_t whylen) {
             const kiln_value *rep = hl_prop(t->opts[0].p, "repeated_closure");
             t->opt_repeats = rep && rep->type == KILN_TYPE_BOOL && rep->v.i;
         }
-        if ((rc = stack_check(t->precision.p, NULL, t->opts[i].p, why, whylen))) return rc;
-        if ((rc = assign_params(t, i, entry, why, whylen))) return rc;
+        if ((rc = stack_check(t->precision.p, NULL, t->opts[i].p, err->msg, sizeof err->msg))) return rc;
+        if ((rc = assign_params(t, i, entry, err))) return rc;
         rc = t->opt_ops[i]->setup(t->opts[i].inst, t->opt_params[i], t->opt_nparams[i]);
-        if (rc) return ht_fail(t, &t->opts[i], rc, "setup", why, whylen);
+        if (rc) return ht_fail(t, &t->opts[i], rc, "setup", err);
     }
     for (uint32_t k = 0; k < t->nparams; k++) {
         int any = 0;
@@ -307,91 +308,91 @@ static int open_optimizers(ht_trainer *t, char *why, size_t whylen) {
 
 /* The optional `scheduler`, after the optimizers (it scales their rates);
  * lr_clip.c checks its host keys and sets the first rate. */
-static int open_scheduler(ht_trainer *t, char *why, size_t whylen) {
-    int rc = slot_from_config(t, &t->scheduler, "scheduler", 0, why, whylen);
+static int open_scheduler(ht_trainer *t, ht_error *err) {
+    int rc = slot_from_config(t, &t->scheduler, "scheduler", 0, err);
     if (rc) return rc;
     ht_schedule_keys keys = {"step", NULL, 1};
     hc_node *sec = NULL;
-    if (t->scheduler.p) hc_slot_name(t->cfg, "scheduler", NULL, &sec, why, whylen);
+    if (t->scheduler.p) hc_slot_name(t->cfg, "scheduler", NULL, &sec, err->msg, sizeof err->msg);
     if (sec) {
         const char *interval = hc_member_string(sec, "interval");
         if (interval) keys.interval = interval;
         keys.monitor = hc_member_string(sec, "monitor");
         hc_member_int64(sec, "frequency", &keys.frequency);
     }
-    return ht_start_schedule(t, &keys, why, whylen);
+    return ht_start_schedule(t, &keys, err);
 }
 
 /* ---------------------------------------------------------------------------
  * Open / close */
 
-int ht_open(ht_trainer *t, hc_config *cfg, hl_loader *loader, int stage, char *why, size_t whylen) {
+int ht_open(ht_trainer *t, hc_config *cfg, hl_loader *loader, int stage, ht_error *err) {
     memset(t, 0, sizeof *t);
     t->cfg = cfg;
     t->loader = loader;
     t->stage = stage;
-    int rc = hc_resolve(cfg, hc_lookup(cfg, "trainer"), hc_trainer_params, "trainer", &t->trainer_kv, why,
-                        whylen);
+    int rc = hc_resolve(cfg, hc_lookup(cfg, "trainer"), hc_trainer_params, "trainer", &t->trainer_kv,
+            err->msg, sizeof err->msg);
     if (rc) return rc;
-    rc = read_settings(t, why, whylen);
+    rc = read_settings(t, err);
     if (rc) goto fail;
 
     /* accelerator and strategy first, everything else allocates through
      * them; the strategy's world comes before configure() because the
      * accelerator picks its device by local rank (one process per GPU) */
-    rc = slot_from_config(t, &t->accel, "accelerator", 1, why, whylen);
+    rc = slot_from_config(t, &t->accel, "accelerator", 1, err);
     if (rc) goto fail;
     t->accel_ops = (const kiln_accelerator_ops *)t->accel.p->ops;
 
-    rc = slot_from_config(t, &t->strategy, "strategy", 1, why, whylen);
+    rc = slot_from_config(t, &t->strategy, "strategy", 1, err);
     if (rc) goto fail;
     t->strategy_ops = (const kiln_strategy_ops *)t->strategy.p->ops;
     int32_t rank = 0, world = 1, local = 0;
     rc = t->strategy_ops->world(t->strategy.inst, &rank, &world, &local);
-    if (rc) { rc = ht_fail(t, &t->strategy, rc, "world", why, whylen); goto fail; }
+    if (rc) { rc = ht_fail(t, &t->strategy, rc, "world", err); goto fail; }
     t->state.rank = rank;
     t->state.world_size = world;
 
     rc = t->accel_ops->configure(t->accel.inst, (int32_t)t->set.threads, local < 0 ? 0 : local);
-    if (rc) { rc = ht_fail(t, &t->accel, rc, "configure", why, whylen); goto fail; }
+    if (rc) { rc = ht_fail(t, &t->accel, rc, "configure", err); goto fail; }
     t->kernels = t->accel_ops->kernels(t->accel.inst);
     if (!t->kernels || t->kernels->struct_size < KILN_KERNELS_SIZE_1_1) {
-        hwhyf(why, whylen, "accelerator '%s' (%s): kernel table missing or too small (%u < %zu bytes)",
+        ht_errorf(err, "accelerator '%s' (%s): kernel table missing or too small (%u < %zu bytes)",
              t->accel.p->view.name, t->accel.p->lib->path, t->kernels ? t->kernels->struct_size : 0,
              (size_t)KILN_KERNELS_SIZE_1_1);
         rc = KILN_E_VERSION;
         goto fail;
     }
 
-    rc = slot_from_config(t, &t->precision, "precision", 1, why, whylen);
+    rc = slot_from_config(t, &t->precision, "precision", 1, err);
     if (rc) goto fail;
     t->precision_ops = (const kiln_precision_ops *)t->precision.p->ops;
 
-    rc = slot_from_config(t, &t->data, "data", 1, why, whylen);
+    rc = slot_from_config(t, &t->data, "data", 1, err);
     if (rc) goto fail;
     t->data_ops = (const kiln_data_ops *)t->data.p->ops;
 
-    rc = slot_from_config(t, &t->module, "module", 1, why, whylen);
+    rc = slot_from_config(t, &t->module, "module", 1, err);
     if (rc) goto fail;
     t->module_ops = (const kiln_module_ops *)t->module.p->ops;
-    rc = stack_check(t->precision.p, t->module.p, NULL, why, whylen);
+    rc = stack_check(t->precision.p, t->module.p, NULL, err->msg, sizeof err->msg);
     if (rc) goto fail;
-    rc = alloc_params(t, why, whylen);
+    rc = alloc_params(t, err);
     if (rc) goto fail;
     kiln_host_ctx *mh = &t->module.hctx;
     rc = t->module_ops->init_weights(t->module.inst, ht_svc_seed(mh, "module.init"));
-    if (rc) { rc = ht_fail(t, &t->module, rc, "init_weights", why, whylen); goto fail; }
+    if (rc) { rc = ht_fail(t, &t->module, rc, "init_weights", err); goto fail; }
     rc = t->precision_ops->setup(t->precision.inst, t->params, t->nparams);
-    if (rc) { rc = ht_fail(t, &t->precision, rc, "setup", why, whylen); goto fail; }
+    if (rc) { rc = ht_fail(t, &t->precision, rc, "setup", err); goto fail; }
     rc = t->strategy_ops->setup(t->strategy.inst, t->params, t->nparams);
-    if (rc) { rc = ht_fail(t, &t->strategy, rc, "setup", why, whylen); goto fail; }
+    if (rc) { rc = ht_fail(t, &t->strategy, rc, "setup", err); goto fail; }
 
-    if (stage == KILN_STAGE_FIT && (rc = open_optimizers(t, why, whylen))) goto fail;
-    if (stage == KILN_STAGE_FIT && (rc = open_scheduler(t, why, whylen))) goto fail;
+    if (stage == KILN_STAGE_FIT && (rc = open_optimizers(t, err))) goto fail;
+    if (stage == KILN_STAGE_FIT && (rc = open_scheduler(t, err))) goto fail;
 
     int ncb = hc_callback_count(cfg);
     if (ncb > HT_MAX_CALLBACKS) {
-        hwhyf(why, whylen, "%s: %d callbacks configured, at most %d supported", cfg->path, ncb, HT_MAX_CALLBACKS);
+        ht_errorf(err, "%s: %d callbacks configured, at most %d supported", cfg->path, ncb, HT_MAX_CALLBACKS);
         rc = KILN_E_CONFIG;
         goto fail;
     }
@@ -403,11 +404,11 @@ int ht_open(ht_trainer *t, hc_config *cfg, hl_loader *loader, int stage, char *w
         if (!name) {
             char where[PATH_MAX + 32];
             hc_where(cfg, cb, where, sizeof where);
-            hwhyf(why, whylen, "%s: %s must be a group with name = \"...\"", where, roles[i]);
+            ht_errorf(err, "%s: %s must be a group with name = \"...\"", where, roles[i]);
             rc = KILN_E_CONFIG;
             goto fail;
         }
-        rc = make_slot(t, &t->callbacks[i], KILN_KIND_CALLBACK, name, sec, roles[i], why, whylen);
+        rc = make_slot(t, &t->callbacks[i], KILN_KIND_CALLBACK, name, sec, roles[i], err);
         if (rc) goto fail;
         t->ncallbacks++;
     }
@@ -448,7 +449,7 @@ void ht_close(ht_trainer *t) {
 
 /* Several ranks: rank 0 creates version_N and the others learn N through
  * the strategy's reduce_sum (they add 0; -1 from rank 0 means it failed). */
-static int share_run_dir(ht_trainer *t, int rc0, char *why, size_t whylen) {
+static int share_run_dir(ht_trainer *t, int rc0, ht_error *err) {
     if (t->state.world_size <= 1) return rc0;
     double v = -1;
     if (t->state.rank == 0 && rc0 == KILN_OK) {
@@ -459,10 +460,10 @@ static int share_run_dir(ht_trainer *t, int rc0, char *why, size_t whylen) {
     else v += 1; /* others add 0: the sum is rank 0's value + 1, 0 when it failed */
     herr_clear();
     int32_t rc = t->strategy_ops->reduce_sum(t->strategy.inst, &v, 1);
-    if (rc) return ht_fail(t, &t->strategy, rc, "reduce_sum (sharing the run directory)", why, whylen);
+    if (rc) return ht_fail(t, &t->strategy, rc, "reduce_sum (sharing the run directory)", err);
     if (t->state.rank == 0) return rc0;
     if (v < 1) {
-        hwhyf(why, whylen, "rank %d: rank 0 could not create the run directory under %s", t->state.rank,
+        ht_errorf(err, "rank %d: rank 0 could not create the run directory under %s", t->state.rank,
               t->set.default_root_dir);
         return KILN_E_IO;
     }
@@ -470,11 +471,11 @@ static int share_run_dir(ht_trainer *t, int rc0, char *why, size_t whylen) {
     return KILN_OK;
 }
 
-static int make_run_dir_rank0(ht_trainer *t, char *why, size_t whylen);
+static int make_run_dir_rank0(ht_trainer *t, ht_error *err);
 
-int ht_make_run_dir(ht_trainer *t, char *why, size_t whylen) {
-    int rc = t->state.rank == 0 ? make_run_dir_rank0(t, why, whylen) : KILN_OK;
-    return share_run_dir(t, rc, why, whylen);
+int ht_make_run_dir(ht_trainer *t, ht_error *err) {
+    int rc = t->state.rank == 0 ? make_run_dir_rank0(t, err) : KILN_OK;
+    return share_run_dir(t, rc, err);
 }
 
 /* Run numbers stay below 2^53: several ranks learn rank 0's number through
@@ -484,10 +485,10 @@ int ht_make_run_dir(ht_trainer *t, char *why, size_t whylen) {
 /* The largest N of the version_N entries in `dir` (-1 when none), read as
  * digits only, and that entry's name; a number beyond RUN_NUMBER_MAX (or
  * beyond int64) reads as RUN_NUMBER_MAX + 1. */
-static int largest_version(const char *dir, int64_t *out, char *name, size_t namelen, char *why, size_t whylen) {
+static int largest_version(const char *dir, int64_t *out, char *name, size_t namelen, ht_error *err) {
     DIR *d = opendir(dir);
     if (!d) {
-        hwhyf(why, whylen, "%s: cannot read: %s", dir, strerror(errno));
+        ht_errorf(err, "%s: cannot read: %s", dir, strerror(errno));
         return KILN_E_IO;
     }
     int64_t best = -1;
@@ -511,11 +512,11 @@ static int largest_version(const char *dir, int64_t *out, char *name, size_t nam
     return KILN_OK;
 }
 
-static int make_run_dir_rank0(ht_trainer *t, char *why, size_t whylen) {
+static int make_run_dir_rank0(ht_trainer *t, ht_error *err) {
     const char *root = t->set.default_root_dir;
     char path[sizeof t->run_dir - 32];
     snprintf(path, sizeof path, "%s", root);
-    int rc = ht_mkdirs(path, "trainer.default_root_dir", why, whylen);
+    int rc = ht_mkdirs(path, "trainer.default_root_dir", err);
     if (rc) return rc;
     /* version_<largest + 1>, created here: an existing directory is never
      * taken over, since two runs sharing one would overwrite each other's
@@ -524,11 +525,11 @@ static int make_run_dir_rank0(ht_trainer *t, char *why, size_t whylen) {
     for (int attempt = 0; attempt < 100; attempt++) {
         int64_t best = -1;
         char name[300] = "";
-        if ((rc = largest_version(path, &best, name, sizeof name, why, whylen))) return rc;
+        if ((rc = largest_version(path, &best, name, sizeof name, err))) return rc;
         if (best >= RUN_NUMBER_MAX) {
             t->run_dir[0] = 0;
-            hwhyf(why, whylen,
-                  "%s: cannot number a new run: expected the largest version_N below %lld, found %s; move the old "
+            ht_errorf(err,
+                      "%s: cannot number a new run: expected the largest version_N below %lld, found %s; move the old "
                   "runs away or choose another trainer.default_root_dir",
                   path, (long long)RUN_NUMBER_MAX, name);
             return KILN_E_IO;
@@ -537,15 +538,15 @@ static int make_run_dir_rank0(ht_trainer *t, char *why, size_t whylen) {
         if (mkdir(t->run_dir, 0755) == 0) {
             char cfgpath[4200];
             snprintf(cfgpath, sizeof cfgpath, "%s/config.cfg", t->run_dir);
-            return hc_write(t->cfg, cfgpath, why, whylen);
+            return hc_write(t->cfg, cfgpath, err->msg, sizeof err->msg);
         }
         if (errno != EEXIST) {
-            hwhyf(why, whylen, "%s: cannot create the run directory: %s", t->run_dir, strerror(errno));
+            ht_errorf(err, "%s: cannot create the run directory: %s", t->run_dir, strerror(errno));
             t->run_dir[0] = 0;
             return KILN_E_IO;
         }
     }
-    hwhyf(why, whylen, "%s: cannot create a new run directory: expected a free version_N, found each one taken in 100 "
+    ht_errorf(err, "%s: cannot create a new run directory: expected a free version_N, found each one taken in 100 "
           "attempts (other runs are starting there)", path);
     t->run_dir[0] = 0;
     return KILN_E_IO;
@@ -663,9 +664,9 @@ static void on_exception(ht_trainer *t, int rc, const char *err) {
         herr_clear();
         int32_t crc = ops->on_event(t->callbacks[i].inst, &ev);
         if (crc) {
-            char why[1024];
-            ht_fail(t, &t->callbacks[i], crc, "on_exception failed", why, sizeof why);
-            HLOG_WARN("%s", why);
+            ht_error e;
+            ht_fail(t, &t->callbacks[i], crc, "on_exception failed", &e);
+            HLOG_WARN("%.1023s", e.msg);
         }
     }
     const kiln_precision_ops *pops = t->precision_ops;
@@ -674,31 +675,31 @@ static void on_exception(ht_trainer *t, int rc, const char *err) {
         herr_clear();
         int32_t crc = pops->on_event(t->precision.inst, &ev);
         if (crc) {
-            char why[1024];
-            ht_fail(t, &t->precision, crc, "on_exception failed", why, sizeof why);
-            HLOG_WARN("%s", why);
+            ht_error e;
+            ht_fail(t, &t->precision, crc, "on_exception failed", &e);
+            HLOG_WARN("%.1023s", e.msg);
         }
     }
 }
 
-int ht_fit(ht_trainer *t, char *why, size_t whylen) {
+int ht_fit(ht_trainer *t, ht_error *err) {
     t->stage = KILN_STAGE_FIT;
     double t0 = ht_now();
     t->fitting = 1;
     t->in_loops = 1;
-    int rc = ht_run_fit_loop(t, why, whylen);
+    int rc = ht_run_fit_loop(t, err);
     t->in_loops = 0;
-    on_exception(t, rc, why);
+    on_exception(t, rc, err->msg);
     t->fitting = 0;
     t->time.total = ht_now() - t0;
     return rc;
 }
 
-int ht_evaluate(ht_trainer *t, int stage, char *why, size_t whylen) {
+int ht_evaluate(ht_trainer *t, int stage, ht_error *err) {
     t->stage = stage;
     t->in_loops = 1;
-    int rc = ht_run_eval_loop(t, stage, why, whylen);
+    int rc = ht_run_eval_loop(t, stage, err);
     t->in_loops = 0;
-    on_exception(t, rc, why);
+    on_exception(t, rc, err->msg);
     return rc;
 }
