@@ -48,6 +48,27 @@ static int bad_index(ht_trainer *t, uint32_t index, const char *what) {
     return 1;
 }
 
+static const char *step_name(ht_trainer *t, uint32_t index, const char *what, char *buf, size_t n) {
+    if (t->nopts == 1) return what;
+    snprintf(buf, n, "%s[%u]", what, index);
+    return buf;
+}
+
+/* The trainer for a service that names an optimizer by index, the call
+ * traced as `traced` (with "[index]" when there are several optimizers;
+ * NULL: not here) from `source`; NULL with the status in *rc (and the
+ * module's message set) when the call is misplaced or the index is out of
+ * range. */
+static ht_trainer *indexed_service(kiln_host_ctx *h, uint32_t index, const char *what, int32_t source,
+                                   const char *traced, int32_t *rc) {
+    ht_trainer *t = manual_trainer(h, what);
+    *rc = !t ? KILN_E_STATE : bad_index(t, index, what) ? KILN_E_INVALID_ARG : KILN_OK;
+    if (*rc) return NULL;
+    char nm[48];
+    if (traced) ht_trace(t, source, step_name(t, index, traced, nm, sizeof nm), t->step->batch_idx);
+    return t;
+}
+
 /* A failure inside a service: the step keeps the full message for the
  * batch driver (the module only passes the code back), and the module is
  * handed it too, through the error slot plugins read. */
@@ -96,12 +117,6 @@ typedef struct {
     uint32_t index;
 } manual_opt;
 
-static const char *step_name(ht_trainer *t, uint32_t index, const char *what, char *buf, size_t n) {
-    if (t->nopts == 1) return what;
-    snprintf(buf, n, "%s[%u]", what, index);
-    return buf;
-}
-
 static int32_t manual_opt_step(void *vctx, const kiln_closure *closure) {
     manual_opt *m = vctx;
     ht_trainer *t = m->t;
@@ -131,9 +146,9 @@ static int32_t noop_closure(void *ctx, double *loss) {
 }
 
 int32_t ht_svc_optimizer_step(kiln_host_ctx *h, uint32_t index, const struct kiln_closure *closure, int32_t *skipped) {
-    ht_trainer *t = manual_trainer(h, "optimizer_step");
-    if (!t) return KILN_E_STATE;
-    if (bad_index(t, index, "optimizer_step")) return KILN_E_INVALID_ARG;
+    int32_t rc;
+    ht_trainer *t = indexed_service(h, index, "optimizer_step", KILN_SRC_HOST, NULL, &rc);
+    if (!t) return rc;
     if (closure && (closure->struct_size < sizeof(kiln_closure) || !closure->call)) {
         herr_set(KILN_E_INVALID_ARG, "optimizer_step: the closure has no call function (pass NULL for none)");
         return KILN_E_INVALID_ARG;
@@ -147,7 +162,7 @@ int32_t ht_svc_optimizer_step(kiln_host_ctx *h, uint32_t index, const struct kil
     ht_trace(t, KILN_SRC_PRECISION, "optimizer_step", t->step->batch_idx);
     double t0 = ht_now();
     herr_clear();
-    int32_t rc = t->precision_ops->optimizer_step(t->precision.inst, &opt, closure ? closure : &noop, &after, &sk);
+    rc = t->precision_ops->optimizer_step(t->precision.inst, &opt, closure ? closure : &noop, &after, &sk);
     t->time.optimizer += ht_now() - t0;
     if (rc) {
         if (!t->step->err.rc) keep_fail(t, &t->precision, rc, "optimizer_step");
@@ -166,14 +181,12 @@ int32_t ht_svc_optimizer_step(kiln_host_ctx *h, uint32_t index, const struct kil
 }
 
 int32_t ht_svc_optimizer_zero_grad(kiln_host_ctx *h, uint32_t index) {
-    ht_trainer *t = manual_trainer(h, "optimizer_zero_grad");
-    if (!t) return KILN_E_STATE;
-    if (bad_index(t, index, "optimizer_zero_grad")) return KILN_E_INVALID_ARG;
-    char nm[32];
-    ht_trace(t, KILN_SRC_OPTIMIZER, step_name(t, index, "zero_grad", nm, sizeof nm), t->step->batch_idx);
+    int32_t rc;
+    ht_trainer *t = indexed_service(h, index, "optimizer_zero_grad", KILN_SRC_OPTIMIZER, "zero_grad", &rc);
+    if (!t) return rc;
     double t0 = ht_now();
     herr_clear();
-    int32_t rc = t->opt_ops[index]->zero_grad(t->opts[index].inst);
+    rc = t->opt_ops[index]->zero_grad(t->opts[index].inst);
     t->time.zero_grad += ht_now() - t0;
     if (rc) return keep_fail(t, &t->opts[index], rc, "zero_grad");
     ht_grads_none(t, (int)index); /* zero_grad(set_to_none=True) */
@@ -183,11 +196,9 @@ int32_t ht_svc_optimizer_zero_grad(kiln_host_ctx *h, uint32_t index) {
 /* LightningModule.toggle_optimizer: parameters of the other optimizers stop
  * requiring gradients, except those this optimizer owns too. */
 int32_t ht_svc_toggle_optimizer(kiln_host_ctx *h, uint32_t index) {
-    ht_trainer *t = manual_trainer(h, "toggle_optimizer");
-    if (!t) return KILN_E_STATE;
-    if (bad_index(t, index, "toggle_optimizer")) return KILN_E_INVALID_ARG;
-    char nm[32];
-    ht_trace(t, KILN_SRC_HOST, step_name(t, index, "toggle_optimizer", nm, sizeof nm), t->step->batch_idx);
+    int32_t rc;
+    ht_trainer *t = indexed_service(h, index, "toggle_optimizer", KILN_SRC_HOST, "toggle_optimizer", &rc);
+    if (!t) return rc;
     for (uint32_t k = 0; k < t->nparams; k++) {
         int other = 0;
         for (int i = 0; i < t->nopts; i++) other |= i != (int)index && t->owns[i][k];
@@ -210,11 +221,9 @@ static void untoggle_all(ht_trainer *t) {
 }
 
 int32_t ht_svc_untoggle_optimizer(kiln_host_ctx *h, uint32_t index) {
-    ht_trainer *t = manual_trainer(h, "untoggle_optimizer");
-    if (!t) return KILN_E_STATE;
-    if (bad_index(t, index, "untoggle_optimizer")) return KILN_E_INVALID_ARG;
-    char nm[32];
-    ht_trace(t, KILN_SRC_HOST, step_name(t, index, "untoggle_optimizer", nm, sizeof nm), t->step->batch_idx);
+    int32_t rc;
+    ht_trainer *t = indexed_service(h, index, "untoggle_optimizer", KILN_SRC_HOST, "untoggle_optimizer", &rc);
+    if (!t) return rc;
     untoggle_all(t);
     return KILN_OK;
 }
