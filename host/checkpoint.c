@@ -177,6 +177,11 @@ static json_t *progress_get(json_t *o, int i) {
                            PROG_FIELD[i % 4]);
 }
 
+/* The metadata parsers (progress_le to loops_parse) write into a plain
+ * (why, whylen) buffer, as the stores below do, not the run's ht_error:
+ * tests/fuzz/fuzz_ckpt_meta.c includes this file and calls them with no
+ * run. Their callers pass err->msg. */
+
 /* Refuses v[a] unless v[a] <= v[b] + slack. */
 static int progress_le(const long long *v, int a, int b, long long slack, const char *path, char *why, size_t whylen) {
     if (v[a] <= v[b] + slack) return 0;
