@@ -140,9 +140,9 @@ if [ -f "$build/lib/kiln/plugins/libkiln-ddp.so" ]; then
       "${set_q[@]}" >"$d/log" 2>&1 && grep -q "strategy=ddp" "$d/log"; then
     loss=$(csv_col "$d/runs/version_0/metrics.csv" train_loss_step | tail -1)
     first=$(csv_col "$d/runs/version_0/metrics.csv" train_loss_step | head -1)
-    tps=$(grep -o '([0-9]* tokens/s)' "$d/log" | grep -o '[0-9]*' | head -1)
+    rate=$(grep -o '([0-9]* tokens/s)' "$d/log" | grep -o '[0-9]*' | head -1)
     if awk -v l="$loss" 'BEGIN { exit !(l == l && l > 0 && l < 20) }'; then
-      record gpt2_124m_ddp pass "\"first_loss\": $first, \"last_loss\": $loss, \"tokens_per_s\": ${tps:-0}"
+      record gpt2_124m_ddp pass "\"first_loss\": $first, \"last_loss\": $loss, \"tokens_per_s\": ${rate:-0}"
     else
       record gpt2_124m_ddp fail "\"last_loss\": \"$loss\""
     fi
