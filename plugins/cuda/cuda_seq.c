@@ -202,17 +202,22 @@ int32_t cu_embedding_backward(kiln_instance *acc, uint32_t dtype, void *dwte, vo
 
 /* ------------------------------------------------------------ layer norm */
 
+/* The layer norm's sizes: N >= 0, C >= 1 (unless N = 0), and *nx = N * C. */
+static int32_t cu_ln_elems(kiln_instance *acc, const char *fn, int32_t N, int32_t C, size_t *nx) {
+    if (N < 0 || C < 0 || (N > 0 && C == 0))
+        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: N must be >= 0 and C >= 1, got N=%d C=%d", fn, (int)N,
+                      (int)C);
+    return cu_seq_elems(acc, fn, (size_t)N, (size_t)C, 1, nx);
+}
+
 int32_t cu_layernorm_forward(kiln_instance *acc, uint32_t dtype, void *y, void *mean, void *rstd, const void *x,
                              const void *w, const void *b, int32_t N, int32_t C, double eps, uint32_t round_dtype) {
     const char *fn = "layernorm_forward";
     int32_t rc = cu_check_fdt(acc, fn, dtype);
     if (rc != KILN_OK || (rc = cu_seq_round_ok(acc, fn, dtype, round_dtype)) != KILN_OK) return rc;
-    if (N < 0 || C < 0 || (N > 0 && C == 0))
-        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: N must be >= 0 and C >= 1, got N=%d C=%d", fn, (int)N,
-                      (int)C);
     if (!(eps >= 0.0)) return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: eps must be >= 0, got %g", fn, eps);
     size_t nx = 0;
-    if ((rc = cu_seq_elems(acc, fn, (size_t)N, (size_t)C, 1, &nx)) != KILN_OK) return rc;
+    if ((rc = cu_ln_elems(acc, fn, N, C, &nx)) != KILN_OK) return rc;
     if (nx == 0) return KILN_OK;
     CU_NEED(acc, y, nx, "layernorm_forward");
     CU_NEED(acc, x, nx, "layernorm_forward");
@@ -240,11 +245,8 @@ int32_t cu_layernorm_backward(kiln_instance *acc, uint32_t dtype, void *dx, void
     const char *fn = "layernorm_backward";
     int32_t rc = cu_check_fdt(acc, fn, dtype);
     if (rc != KILN_OK) return rc;
-    if (N < 0 || C < 0 || (N > 0 && C == 0))
-        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: N must be >= 0 and C >= 1, got N=%d C=%d", fn, (int)N,
-                      (int)C);
     size_t nx = 0;
-    if ((rc = cu_seq_elems(acc, fn, (size_t)N, (size_t)C, 1, &nx)) != KILN_OK) return rc;
+    if ((rc = cu_ln_elems(acc, fn, N, C, &nx)) != KILN_OK) return rc;
     if (nx == 0) return KILN_OK;
     CU_NEED(acc, dx, nx, "layernorm_backward");
     CU_NEED(acc, dy, nx, "layernorm_backward");
