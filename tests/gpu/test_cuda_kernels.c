@@ -34,6 +34,9 @@
  *                            vacuously.
  *   KILN_GPU_TEST_ATTENTION=rowwise  the device under test's `attention`
  *                            key (default: the plugin's default, gemm).
+ *   KILN_GPU_TEST_ONLY=TEXT only the cases whose name contains TEXT (the
+ *                            rowwise runs take the attention case alone: the
+ *                            `attention` key changes nothing else).
  *   KILN_GPU_TEST_VERBOSE=1  one line per comparison: its worst error as a
  *                            fraction of the tolerance (the margin).
  *
@@ -2040,6 +2043,39 @@ static int suite_clean(void) {
     return 0;
 }
 
+/* Every case, in order; KILN_GPU_TEST_ONLY keeps those whose name holds it. */
+static const struct {
+    const char *name;
+    CU_TestFunc fn;
+} g_cases[] = {
+    {"kernel table", test_table},
+    {"memory: alloc zero-filled, copy, zero, free(NULL)", test_memory},
+    {"tolerances reject TF32-class error", test_tolerances_bite},
+    {"gemm float32 (and gemm_ex float32)", test_gemm_f32},
+    {"gemm_ex float16/bfloat16", test_gemm_ex_16bit},
+    {"gemm_ex float64", test_gemm_ex_f64},
+    {"bias_add, bias_grad (and _ex)", test_bias},
+    {"relu/gelu forward, backward (1.1)", test_act_11},
+    {"act_forward, act_backward: 5 activations x 2 dtypes", test_act_ex},
+    {"softmax_xent forward, backward (and _ex)", test_softmax},
+    {"softmax_xent: bad labels, NaN logits", test_softmax_errors},
+    {"sum, sumsq (and _ex)", test_sum_sumsq},
+    {"all_finite (and _ex)", test_all_finite},
+    {"scale, axpy (and _ex)", test_scale_axpy},
+    {"sgd_update (and _ex)", test_sgd},
+    {"adamw_update (and _ex)", test_adamw},
+    {"1.3 unscale_check: 60 tensors, inf, overflow, float64", test_unscale_check},
+    {"1.3 linear_forward: epilogues, 16-bit rounding, float64", test_linear_forward},
+    {"cast, round_to", test_cast_round_to},
+    {"1.5 lerp, sign, mul, addcmul, addcdiv, sqrt_ex, clamp: 2 dtypes, in place, edges", test_ew15},
+    {"1.5 round_to float8_e4m3fn, float8_e5m2 (saturation, NaN, inf)", test_round_fp8},
+    {"1.4 embedding forward/backward: tables, rewritten tokens, bad token", test_seq_embedding},
+    {"1.4 layernorm forward/backward: affine or not, 16-bit outputs, accumulate", test_seq_layernorm},
+    {"1.4 xent_fused: ignored rows, masked classes, padding, bad targets", test_seq_xent},
+    {"1.4 add: apart and in place", test_seq_add},
+    {"1.4 attention forward/backward: 3 shapes, bfloat16 outputs", test_seq_attention},
+};
+
 static void register_tests(void) {
     if (kiln_test_host_new(&g_th) != KILN_OK) return; /* no suite: the runner fails */
     /* line-buffered, so the summaries (stdout) and details (stderr) of a
@@ -2060,34 +2096,16 @@ static void register_tests(void) {
            g_side[DUT].desc->description ? g_side[DUT].desc->description : "", dir);
     fflush(stdout);
 
+    const char *only = getenv("KILN_GPU_TEST_ONLY");
     CU_pSuite s = CU_add_suite(dut, NULL, suite_clean);
     if (!s) return;
-    CU_add_test(s, "kernel table", test_table);
-    CU_add_test(s, "memory: alloc zero-filled, copy, zero, free(NULL)", test_memory);
-    CU_add_test(s, "tolerances reject TF32-class error", test_tolerances_bite);
-    CU_add_test(s, "gemm float32 (and gemm_ex float32)", test_gemm_f32);
-    CU_add_test(s, "gemm_ex float16/bfloat16", test_gemm_ex_16bit);
-    CU_add_test(s, "gemm_ex float64", test_gemm_ex_f64);
-    CU_add_test(s, "bias_add, bias_grad (and _ex)", test_bias);
-    CU_add_test(s, "relu/gelu forward, backward (1.1)", test_act_11);
-    CU_add_test(s, "act_forward, act_backward: 5 activations x 2 dtypes", test_act_ex);
-    CU_add_test(s, "softmax_xent forward, backward (and _ex)", test_softmax);
-    CU_add_test(s, "softmax_xent: bad labels, NaN logits", test_softmax_errors);
-    CU_add_test(s, "sum, sumsq (and _ex)", test_sum_sumsq);
-    CU_add_test(s, "all_finite (and _ex)", test_all_finite);
-    CU_add_test(s, "scale, axpy (and _ex)", test_scale_axpy);
-    CU_add_test(s, "sgd_update (and _ex)", test_sgd);
-    CU_add_test(s, "adamw_update (and _ex)", test_adamw);
-    CU_add_test(s, "1.3 unscale_check: 60 tensors, inf, overflow, float64", test_unscale_check);
-    CU_add_test(s, "1.3 linear_forward: epilogues, 16-bit rounding, float64", test_linear_forward);
-    CU_add_test(s, "cast, round_to", test_cast_round_to);
-    CU_add_test(s, "1.5 lerp, sign, mul, addcmul, addcdiv, sqrt_ex, clamp: 2 dtypes, in place, edges", test_ew15);
-    CU_add_test(s, "1.5 round_to float8_e4m3fn, float8_e5m2 (saturation, NaN, inf)", test_round_fp8);
-    CU_add_test(s, "1.4 embedding forward/backward: tables, rewritten tokens, bad token", test_seq_embedding);
-    CU_add_test(s, "1.4 layernorm forward/backward: affine or not, 16-bit outputs, accumulate", test_seq_layernorm);
-    CU_add_test(s, "1.4 xent_fused: ignored rows, masked classes, padding, bad targets", test_seq_xent);
-    CU_add_test(s, "1.4 add: apart and in place", test_seq_add);
-    CU_add_test(s, "1.4 attention forward/backward: 3 shapes, bfloat16 outputs", test_seq_attention);
+    size_t added = 0;
+    for (size_t i = 0; i < sizeof g_cases / sizeof g_cases[0]; i++) {
+        if (only && *only && !strstr(g_cases[i].name, only)) continue;
+        CU_add_test(s, g_cases[i].name, g_cases[i].fn);
+        added++;
+    }
+    if (!added) fail_setup("KILN_GPU_TEST_ONLY=\"%s\" matches no case", only);
 }
 
 #include "cunit_main.h"
