@@ -1,7 +1,9 @@
 /*
- * host/log.c — stderr logging with a level threshold, and the thread-local
- * error slot behind the set_error() host service. One fprintf per line so
- * lines from several threads do not interleave mid-line.
+ * host/log.c — stderr logging with a level threshold, the thread-local
+ * error slot behind the set_error() host service, and the writers of the
+ * host's own ht_error (error.h: every host file links this one, the fuzz
+ * harnesses' parsers included). One fprintf per line so lines from several
+ * threads do not interleave mid-line.
  */
 #define _GNU_SOURCE
 #include "log.h"
@@ -10,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+
+#include "error.h"
 
 static int g_level = KILN_LOG_INFO;
 static int g_loader_debug = 0;
@@ -80,6 +84,24 @@ void hwhyf(char *why, size_t whylen, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(why, whylen, fmt, ap);
     va_end(ap);
+}
+
+void ht_errorf(ht_error *err, const char *fmt, ...) {
+    if (!err) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    va_end(ap);
+}
+
+int32_t ht_errorc(ht_error *err, int32_t rc, const char *fmt, ...) {
+    if (!err) return rc;
+    err->rc = rc;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    va_end(ap);
+    return rc;
 }
 
 void herr_clear(void) {

@@ -11,7 +11,6 @@
 
 #include <ctype.h>
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -65,13 +64,6 @@ int ht_fail(ht_trainer *t, ht_slot *s, int32_t rc, const char *what, ht_error *e
     size_t l = strlen(err->msg);
     if (where[0] && l + 1 < sizeof err->msg) snprintf(err->msg + l, sizeof err->msg - l, "%s", where);
     return rc < 0 ? rc : KILN_E_INTERNAL;
-}
-
-void ht_errorf(ht_error *err, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
-    va_end(ap);
 }
 
 int32_t ht_step_error(ht_step *step, int32_t rc, const char *msg) {

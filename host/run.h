@@ -17,24 +17,11 @@
 #include <stdint.h>
 
 #include "config.h"
+#include "error.h"
 #include "kiln/training.h"
 #include "loader.h"
 #include "metrics.h"
 #include "services.h"
-
-/* A failure on its way up the training layers: the message that explains
- * it (one line, for `kiln: error:`), and its status where the failure must
- * outlive the call that found it (inside a step, whose plugins pass only a
- * status back; see ht_step). Every function from run.c up to trainer.c
- * takes the run's ht_error, writes the message where the failure is found
- * and returns the status; the stores below (run files, loader,
- * safetensors) write into err->msg as a plain buffer. Plugins report their
- * own message through the set_error service (herr_set in log.c), which
- * ht_fail reads right after the call. */
-typedef struct ht_error {
-    int32_t rc;
-    char msg[4096];
-} ht_error;
 
 /* Lightning's progress trackers (loops/progress.py): each counter moves at a
  * fixed point of the loop; `current` resets per run, `total` never. */
@@ -199,8 +186,6 @@ typedef struct ht_trainer {
  * status to pass on (a positive rc, which no plugin may return, becomes
  * KILN_E_INTERNAL). */
 int ht_fail(ht_trainer *t, ht_slot *s, int32_t rc, const char *what, ht_error *err);
-/* printf into err->msg (a failure found here, not by a plugin). */
-void ht_errorf(ht_error *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* The same report kept in the step's error (when it is the first: what a
  * plugin does after a call it was handed failed cannot hide the cause). */
 int32_t ht_step_fail(ht_trainer *t, ht_step *step, ht_slot *s, int32_t rc, const char *what);

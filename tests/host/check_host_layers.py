@@ -9,6 +9,8 @@ This check fails when:
   - a module depends on a layer above its own (the LAYERS table below);
   - trainer.c or lr_clip.c reads the run file with libconfig instead of
     through config.c.
+  - error.h (the ht_error every layer reports through) includes another
+    host header: it must stay below every store.
 Usage: check_host_layers.py HOST_DIR
 """
 import os
@@ -16,8 +18,10 @@ import re
 import sys
 
 # Training, bottom to top; a module may use only modules of a lower rank.
-# Modules not listed (log, config, loader, metrics, services, safetensors,
-# compat, param_checks, probe_cache) are the stores below rank 0.
+# Modules not listed (error, log, config, loader, metrics, services,
+# safetensors, compat, param_checks, probe_cache) are the stores below rank 0;
+# error.h (ht_error, written by log.c) includes no other host header, so every
+# store reports failures the way the layers above do.
 LAYERS = {
     "run": 0,
     "run_services": 1, "lr_clip": 1, "checkpoint": 1,
@@ -57,6 +61,8 @@ def main(host):
             for line_no, line in enumerate(text.splitlines(), 1):
                 if LIBCONFIG.search(line.split("//")[0]):
                     errors.append(f"{f}:{line_no}: reads libconfig directly; use config.h's hc_* functions")
+    for d in sorted(deps.get("error", ())):
+        errors.append(f"error.h includes {d}.h: the error type must stay below every store")
     # cycles, by depth-first search
     state = {}
 
