@@ -177,25 +177,25 @@ static json_t *progress_get(json_t *o, int i) {
                            PROG_FIELD[i % 4]);
 }
 
-/* The metadata parsers (progress_le to loops_parse) write into a plain
- * (why, whylen) buffer, as the stores below do, not the run's ht_error:
- * tests/fuzz/fuzz_ckpt_meta.c includes this file and calls them with no
- * run. Their callers pass err->msg. */
+/* The metadata parsers (progress_le to loops_parse) report through an
+ * ht_error as the rest of the host does, and need no run:
+ * tests/fuzz/fuzz_ckpt_meta.c includes this file and calls them with an
+ * ht_error of its own. */
 
 /* Refuses v[a] unless v[a] <= v[b] + slack. */
-static int progress_le(const long long *v, int a, int b, long long slack, const char *path, char *why, size_t whylen) {
+static int progress_le(const long long *v, int a, int b, long long slack, const char *path, ht_error *err) {
     if (v[a] <= v[b] + slack) return 0;
     char na[64], nb[64];
     progress_name(a, na, sizeof na);
     progress_name(b, nb, sizeof nb);
-    hwhyf(why, whylen, "%s: progress counter %s: expected <= %s%s (%lld), found %lld", path, na, nb,
-          slack ? " + 1" : "", v[b] + slack, v[a]);
+    ht_errorf(err, "%s: progress counter %s: expected <= %s%s (%lld), found %lld", path, na, nb,
+              slack ? " + 1" : "", v[b] + slack, v[a]);
     return -1;
 }
 
 /* Only the keys the format defines, at every level: a key this kiln does
  * not know is data it would silently drop. */
-static int progress_keys(json_t *o, const char *path, char *why, size_t whylen) {
+static int progress_keys(json_t *o, const char *path, ht_error *err) {
     static const char *const top[9] = {"format", "epoch_progress", "batch_progress", "opt_step", "zero_grad",
                                        "batches_that_stepped", "total_batch_idx", "skipped_steps", "samples_seen"};
     const char *k = hm_json_other_key(o, top, 9);
@@ -212,8 +212,8 @@ static int progress_keys(json_t *o, const char *path, char *why, size_t whylen) 
     }
     if (!k) return 0;
     char q[200];
-    hwhyf(why, whylen, "%s: __metadata__ progress: expected the %d counters of \"" PROGRESS_FORMAT "\", found an "
-          "unknown key \"%s\"%s", path, PROGRESS_FIELDS, meta_q(k, 60, q, sizeof q), where);
+    ht_errorf(err, "%s: __metadata__ progress: expected the %d counters of \"" PROGRESS_FORMAT "\", found an "
+              "unknown key \"%s\"%s", path, PROGRESS_FIELDS, meta_q(k, 60, q, sizeof q), where);
     return -1;
 }
 
@@ -222,32 +222,32 @@ static int progress_keys(json_t *o, const char *path, char *why, size_t whylen) 
  * later, and inconsistent ones can end the fit loop at once (a processed
  * epoch count beyond max_epochs) or restart an epoch at a batch that never
  * ran. Every relation checked here holds at every point where kiln saves. */
-static int progress_parse(const char *text, const char *path, long long *v, char *why, size_t whylen) {
+static int progress_parse(const char *text, const char *path, long long *v, ht_error *err) {
     char q[200], found[300];
     if (!text) {
         /* without "progress" a file holds the end-of-epoch loops at most,
          * too little to resume at the batch where it was written */
-        hwhyf(why, whylen, "%s: no __metadata__ progress: a checkpoint of an older kiln, which cannot resume (its "
-              "weights load with --weights-only)", path);
-        return KILN_E_DATA;
+        return ht_errorc(err, KILN_E_DATA,
+                         "%s: no __metadata__ progress: a checkpoint of an older kiln, which cannot resume (its "
+                         "weights load with --weights-only)", path);
     }
     json_t *o = meta_object(text, found, sizeof found);
     if (!o && !strncmp(text, "kiln-progress-1", 15)) {
-        hwhyf(why, whylen, "%s: __metadata__ progress is \"kiln-progress-1\" text, an older kiln's format, which "
-              "cannot resume (expected a JSON object with \"format\": \"" PROGRESS_FORMAT "\"; the weights load "
-              "with --weights-only)", path);
-        return KILN_E_DATA;
+        return ht_errorc(err, KILN_E_DATA,
+                         "%s: __metadata__ progress is \"kiln-progress-1\" text, an older kiln's format, which "
+                         "cannot resume (expected a JSON object with \"format\": \"" PROGRESS_FORMAT "\"; the weights load "
+                         "with --weights-only)", path);
     }
     const char *fmt = json_string_value(json_object_get(o, "format"));
     if (!o || !fmt || strcmp(fmt, PROGRESS_FORMAT) != 0) {
         if (o && fmt) snprintf(found, sizeof found, "\"%s\"", meta_q(fmt, 40, q, sizeof q));
         else if (o) snprintf(found, sizeof found, "%s", json_kind(json_object_get(o, "format")));
-        hwhyf(why, whylen, "%s: expected __metadata__ progress to be a JSON object with \"format\": \""
-              PROGRESS_FORMAT "\", found %s", path, found);
+        ht_errorf(err, "%s: expected __metadata__ progress to be a JSON object with \"format\": \""
+                  PROGRESS_FORMAT "\", found %s", path, found);
         json_decref(o);
         return KILN_E_DATA;
     }
-    if (progress_keys(o, path, why, whylen)) {
+    if (progress_keys(o, path, err)) {
         json_decref(o);
         return KILN_E_DATA;
     }
@@ -256,7 +256,7 @@ static int progress_parse(const char *text, const char *path, long long *v, char
         if (!json_is_integer(x)) {
             char n[64];
             progress_name(i, n, sizeof n);
-            hwhyf(why, whylen, "%s: progress counter %s: expected an integer, found %s", path, n, json_kind(x));
+            ht_errorf(err, "%s: progress counter %s: expected an integer, found %s", path, n, json_kind(x));
             json_decref(o);
             return KILN_E_DATA;
         }
@@ -267,8 +267,8 @@ static int progress_parse(const char *text, const char *path, long long *v, char
         if (v[i] >= 0 && v[i] < CKPT_COUNT_LIMIT) continue;
         char n[64];
         progress_name(i, n, sizeof n);
-        hwhyf(why, whylen, "%s: progress counter %s: expected 0 <= value < 2^53, found %lld", path, n, v[i]);
-        return KILN_E_DATA;
+        return ht_errorc(err, KILN_E_DATA,
+                         "%s: progress counter %s: expected 0 <= value < 2^53, found %lld", path, n, v[i]);
     }
     enum { READY, STARTED, PROCESSED, COMPLETED };
     int bad = 0;
@@ -277,33 +277,33 @@ static int progress_parse(const char *text, const char *path, long long *v, char
             const int b = 8 * i + 4 * j;
             /* nothing starts, is processed or completes before it is ready
              * (an optimizer step has no started/processed: those stay 0) */
-            bad = progress_le(v, b + STARTED, b + READY, 0, path, why, whylen) ||
-                  progress_le(v, b + PROCESSED, b + READY, 0, path, why, whylen) ||
-                  progress_le(v, b + COMPLETED, b + READY, 0, path, why, whylen);
+            bad = progress_le(v, b + STARTED, b + READY, 0, path, err) ||
+                  progress_le(v, b + PROCESSED, b + READY, 0, path, err) ||
+                  progress_le(v, b + COMPLETED, b + READY, 0, path, err);
             /* epochs: kiln saves after an epoch's start hooks and after its
              * end hooks, never between, so ready == started and processed
              * == completed; one epoch at most is in flight */
             if (!bad && i == 0)
-                bad = progress_le(v, b + READY, b + STARTED, 0, path, why, whylen) ||
-                      progress_le(v, b + COMPLETED, b + PROCESSED, 0, path, why, whylen) ||
-                      progress_le(v, b + PROCESSED, b + COMPLETED, 0, path, why, whylen) ||
-                      progress_le(v, b + READY, b + COMPLETED, 1, path, why, whylen);
+                bad = progress_le(v, b + READY, b + STARTED, 0, path, err) ||
+                      progress_le(v, b + COMPLETED, b + PROCESSED, 0, path, err) ||
+                      progress_le(v, b + PROCESSED, b + COMPLETED, 0, path, err) ||
+                      progress_le(v, b + READY, b + COMPLETED, 1, path, err);
             /* a batch completes after its step started and ran; -1 from
              * on_train_batch_start processes a batch that never started */
             if (!bad && i == 1)
-                bad = progress_le(v, b + COMPLETED, b + PROCESSED, 0, path, why, whylen) ||
-                      progress_le(v, b + COMPLETED, b + STARTED, 0, path, why, whylen);
-            if (!bad && i == 3) bad = progress_le(v, b + COMPLETED, b + STARTED, 0, path, why, whylen);
+                bad = progress_le(v, b + COMPLETED, b + PROCESSED, 0, path, err) ||
+                      progress_le(v, b + COMPLETED, b + STARTED, 0, path, err);
+            if (!bad && i == 3) bad = progress_le(v, b + COMPLETED, b + STARTED, 0, path, err);
         }
         /* `current` is this run's share of `total` */
-        for (int k = 0; k < 4 && !bad; k++) bad = progress_le(v, 8 * i + 4 + k, 8 * i + k, 0, path, why, whylen);
+        for (int k = 0; k < 4 && !bad; k++) bad = progress_le(v, 8 * i + 4 + k, 8 * i + k, 0, path, err);
     }
     /* batches that stepped are among the batches run, which all completed
      * (a run resumed from a file older than this text counts its earlier
      * batches in total_batch_idx only); skipped steps are counted steps */
     if (!bad)
-        bad = progress_le(v, 32, 33, 0, path, why, whylen) || progress_le(v, 8 + COMPLETED, 33, 0, path, why, whylen) ||
-              progress_le(v, 34, 16 + COMPLETED, 0, path, why, whylen);
+        bad = progress_le(v, 32, 33, 0, path, err) || progress_le(v, 8 + COMPLETED, 33, 0, path, err) ||
+              progress_le(v, 34, 16 + COMPLETED, 0, path, err);
     return bad ? KILN_E_DATA : KILN_OK;
 }
 
@@ -326,8 +326,7 @@ static void progress_apply(ht_trainer *t, const long long *v) {
  * stepped and total batch index (the same counters as progress, checked
  * against it by the caller), the scheduler's step count and rate factor.
  * 0, or -1 with a message. */
-static int loops_parse(const char *text, const char *path, long long *v, double *lr_factor, char *why,
-                       size_t whylen) {
+static int loops_parse(const char *text, const char *path, long long *v, double *lr_factor, ht_error *err) {
     static const char *const keys[7] = {"format", "epochs", "global_step", "batches_that_stepped",
                                         "total_batch_idx", "scheduler_steps", "lr_factor"};
     char q[200], found[300] = "none";
@@ -352,7 +351,7 @@ static int loops_parse(const char *text, const char *path, long long *v, double 
         snprintf(found, sizeof found, "lr_factor = %s", json_kind(json_object_get(o, "lr_factor"))), bad = 1;
     json_decref(o);
     if (bad) {
-        hwhyf(why, whylen,
+        ht_errorf(err,
               "%s: expected loop progress (__metadata__ loops = {\"format\": \"" LOOPS_FORMAT "\", \"epochs\", "
               "\"global_step\", \"batches_that_stepped\", \"total_batch_idx\", \"scheduler_steps\": integers, "
               "\"lr_factor\": a number}), found %s", path, found);
@@ -360,26 +359,26 @@ static int loops_parse(const char *text, const char *path, long long *v, double 
     }
     for (int i = 0; i < 5; i++)
         if (v[i] < 0 || v[i] >= CKPT_COUNT_LIMIT) {
-            hwhyf(why, whylen, "%s: loops counter %s: expected 0 <= value < 2^53, found %lld", path, LOOPS_NAME[i],
-                  v[i]);
+            ht_errorf(err, "%s: loops counter %s: expected 0 <= value < 2^53, found %lld", path, LOOPS_NAME[i],
+                      v[i]);
             return -1;
         }
     if (v[2] > v[3]) {
-        hwhyf(why, whylen, "%s: loops counter batches_that_stepped: expected <= total_batch_idx (%lld), found %lld",
-              path, v[3], v[2]);
+        ht_errorf(err, "%s: loops counter batches_that_stepped: expected <= total_batch_idx (%lld), found %lld",
+                  path, v[3], v[2]);
         return -1;
     }
     /* step 0 is construction; then one step per stepping batch (interval
      * "step") or per epoch (interval "epoch", whose last batch may step
      * before the epoch completes) */
     if (v[4] > v[3] + v[0] + 2) {
-        hwhyf(why, whylen,
+        ht_errorf(err,
               "%s: loops counter scheduler_steps: expected <= total_batch_idx + epochs + 2 (%lld), found %lld", path,
               v[3] + v[0] + 2, v[4]);
         return -1;
     }
     if (!isfinite(*lr_factor) || *lr_factor < 0) {
-        hwhyf(why, whylen, "%s: loops lr_factor: expected a finite factor >= 0, found %g", path, *lr_factor);
+        ht_errorf(err, "%s: loops lr_factor: expected a finite factor >= 0, found %g", path, *lr_factor);
         return -1;
     }
     return 0;
@@ -423,7 +422,7 @@ int ht_ckpt_save(ht_trainer *t, const char *path, ht_error *err) {
         int32_t crc = t->kernels->copy(t->accel.inst, host + off, p->data, nbytes, KILN_COPY_D2H);
         if (crc) { rc = ht_fail(t, &t->accel, crc, "copy of a parameter for the checkpoint", err); break; }
         rc = safetensors_add_tensor(w, p->name, st_dtype, p->shape, (int)p->ndim, host + off, nbytes,
-                err->msg, sizeof err->msg);
+                err);
         off += nbytes;
     }
     char num[64], stack[768], abi[16], opts[256] = "-";
@@ -434,15 +433,15 @@ int ht_ckpt_save(ht_trainer *t, const char *path, ht_error *err) {
              t->accel.p->view.name, t->precision.p->view.name, t->strategy.p->view.name, t->module.p->view.name,
              t->data.p->view.name, opts);
     snprintf(abi, sizeof abi, "%d.%d", KILN_ABI_MAJOR, KILN_ABI_MINOR);
-    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "format", HT_CKPT_FORMAT, err->msg, sizeof err->msg);
-    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "kiln_version", KILN_VERSION_STRING, err->msg, sizeof err->msg);
-    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "abi", abi, err->msg, sizeof err->msg);
-    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "stack", stack, err->msg, sizeof err->msg);
+    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "format", HT_CKPT_FORMAT, err);
+    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "kiln_version", KILN_VERSION_STRING, err);
+    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "abi", abi, err);
+    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "stack", stack, err);
     snprintf(num, sizeof num, "%lld", (long long)t->epoch_progress.current.completed);
-    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "epoch", num, err->msg, sizeof err->msg);
+    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "epoch", num, err);
     snprintf(num, sizeof num, "%lld", (long long)t->opt_step.total.completed);
-    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "global_step", num, err->msg, sizeof err->msg);
-    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "config", cfgtext, err->msg, sizeof err->msg);
+    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "global_step", num, err);
+    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "config", cfgtext, err);
     /* the counters, and what the end of the epoch reads (callback metrics,
      * epoch sums), as JSON */
     char *loops = rc == KILN_OK ? loops_text(t) : NULL, *progress = rc == KILN_OK ? progress_text(t) : NULL;
@@ -452,9 +451,9 @@ int ht_ckpt_save(ht_trainer *t, const char *path, ht_error *err) {
               "metric name that is not UTF-8)", path);
         rc = KILN_E_STATE;
     }
-    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "loops", loops, err->msg, sizeof err->msg);
-    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "progress", progress, err->msg, sizeof err->msg);
-    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "metrics", metrics, err->msg, sizeof err->msg);
+    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "loops", loops, err);
+    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "progress", progress, err);
+    if (rc == KILN_OK) rc = safetensors_add_metadata(w, "metrics", metrics, err);
     free(loops);
     free(progress);
     free(metrics);
@@ -477,12 +476,12 @@ int ht_ckpt_save(ht_trainer *t, const char *path, ht_error *err) {
         char *val = json_text(json_pack("{ss sI}", "plugin", sl->p->view.name, "version", (json_int_t)ver));
         int64_t shape[1] = {(int64_t)size};
         rc = val ? safetensors_add_tensor(w, name, "U8", shape, 1, blobs[i], size,
-                err->msg, sizeof err->msg) : KILN_E_NOMEM;
+                err) : KILN_E_NOMEM;
         if (!val) ht_errorf(err, "%s: out of memory writing the %s state entry", path, cs[i].role);
-        if (rc == KILN_OK) rc = safetensors_add_metadata(w, meta, val, err->msg, sizeof err->msg);
+        if (rc == KILN_OK) rc = safetensors_add_metadata(w, meta, val, err);
         free(val);
     }
-    if (rc == KILN_OK) rc = safetensors_write_atomic(w, path, err->msg, sizeof err->msg);
+    if (rc == KILN_OK) rc = safetensors_write_atomic(w, path, err);
     for (int i = 0; i < ns; i++)
         if (blobs[i]) hs_svc_free(&cs[i].s->hctx, blobs[i]);
     safetensors_writer_free(w);
@@ -640,7 +639,7 @@ static int load_weights_from(ht_trainer *t, safetensors_file *f, const char *pat
 
 int ht_ckpt_load_weights(ht_trainer *t, const char *path, ht_error *err) {
     safetensors_file *f = NULL;
-    int rc = safetensors_open(path, &f, err->msg, sizeof err->msg);
+    int rc = safetensors_open(path, &f, err);
     if (rc) return rc;
     rc = load_weights_from(t, f, path, 1, err);
     safetensors_close(f);
@@ -649,7 +648,7 @@ int ht_ckpt_load_weights(ht_trainer *t, const char *path, ht_error *err) {
 
 int ht_ckpt_resume(ht_trainer *t, const char *path, ht_error *err) {
     safetensors_file *f = NULL;
-    int rc = safetensors_open(path, &f, err->msg, sizeof err->msg);
+    int rc = safetensors_open(path, &f, err);
     if (rc) return rc;
     if ((rc = load_weights_from(t, f, path, 0, err))) {
         safetensors_close(f);
@@ -659,13 +658,13 @@ int ht_ckpt_resume(ht_trainer *t, const char *path, ht_error *err) {
      * refused file leaves nothing half-restored. The progress first: an
      * older kiln's file is told apart by it. */
     long long pv[PROGRESS_FIELDS];
-    if ((rc = progress_parse(safetensors_metadata(f, "progress"), path, pv, err->msg, sizeof err->msg)) != KILN_OK) {
+    if ((rc = progress_parse(safetensors_metadata(f, "progress"), path, pv, err)) != KILN_OK) {
         safetensors_close(f);
         return rc;
     }
     long long lv[5] = {0, 0, 0, 0, 0};
     double lr_factor = 1.0;
-    if (loops_parse(safetensors_metadata(f, "loops"), path, lv, &lr_factor, err->msg, sizeof err->msg) != 0) {
+    if (loops_parse(safetensors_metadata(f, "loops"), path, lv, &lr_factor, err) != 0) {
         safetensors_close(f);
         return KILN_E_DATA;
     }
@@ -689,13 +688,13 @@ int ht_ckpt_resume(ht_trainer *t, const char *path, ht_error *err) {
     }
     /* the metric store as saved */
     const char *mm = safetensors_metadata(f, "metrics");
-    char mwhy[512] = "expected a metrics object, found none";
+    ht_error mwhy = {.msg = "expected a metrics object, found none"};
     ht_metrics *saved_metrics = malloc(sizeof *saved_metrics);
     const int bad = !saved_metrics ? KILN_E_NOMEM
-                    : !mm || hm_import(saved_metrics, mm, mwhy, sizeof mwhy) ? KILN_E_DATA
+                    : !mm || hm_import(saved_metrics, mm, &mwhy) ? KILN_E_DATA
                                                                              : KILN_OK;
     if (bad) {
-        if (bad == KILN_E_DATA) ht_errorf(err, "%s: __metadata__ metrics: %s", path, mwhy);
+        if (bad == KILN_E_DATA) ht_errorf(err, "%s: __metadata__ metrics: %s", path, mwhy.msg);
         else ht_errorf(err, "%s: out of memory reading the metrics", path);
         free(saved_metrics);
         safetensors_close(f);

@@ -258,7 +258,7 @@ static int plugins_list(int argc, char **argv) {
     const char *cfgpath = a.config;
     hl_loader L;
     hl_loader_init(&L, hs_host_base());
-    char why[2048];
+    ht_error err = {0};
     for (int i = 0; i < a.ndirs; i++) {
         if (a.dirs[i][0] != '/') {
             fprintf(stderr, "kiln: error: --plugin-dir %s: expected an absolute path, found a relative one\n", a.dirs[i]);
@@ -269,16 +269,16 @@ static int plugins_list(int argc, char **argv) {
         hl_add_dir(&L, a.dirs[i], HL_ORIGIN_EXPLICIT);
     }
     cli_args_free(&a);
-    if (hl_check_env(why, sizeof why)) {
-        fprintf(stderr, "kiln: error: %s\n", why);
+    if (hl_check_env(&err)) {
+        fprintf(stderr, "kiln: error: %s\n", err.msg);
         hl_loader_free(&L);
         return 2;
     }
     if (cfgpath) {
         hc_config c;
-        int rc = cli_open_run(cfgpath, NULL, 0, &c, &L, why, sizeof why);
+        int rc = cli_open_run(cfgpath, NULL, 0, &c, &L, &err);
         hc_free(&c);
-        if (rc) { fprintf(stderr, "kiln: error: %s\n", why); hl_loader_free(&L); return 1; }
+        if (rc) { fprintf(stderr, "kiln: error: %s\n", err.msg); hl_loader_free(&L); return 1; }
     } else {
         hl_add_default_dirs(&L);
         hl_discover(&L);
@@ -312,8 +312,8 @@ static int plugins_check(int argc, char **argv) {
         snprintf(abs, sizeof abs, "%s/%s", cwd, file);
     }
     double tmo;
-    char twhy[512];
-    if (hl_probe_timeout(&tmo, twhy, sizeof twhy)) { fprintf(stderr, "kiln: error: %s\n", twhy); return 2; }
+    ht_error terr = {0};
+    if (hl_probe_timeout(&tmo, &terr)) { fprintf(stderr, "kiln: error: %s\n", terr.msg); return 2; }
     int pfd[2];
     if (pipe2(pfd, O_CLOEXEC) != 0) { fprintf(stderr, "kiln: error: pipe: %s\n", strerror(errno)); return 1; }
     fflush(stdout);
@@ -333,7 +333,8 @@ static int plugins_check(int argc, char **argv) {
         close(pfd[0]);
         hl_loader L;
         hl_loader_init(&L, hs_host_base());
-        char why[2048], dir[sizeof abs];
+        ht_error err = {0};
+        char dir[sizeof abs];
         snprintf(dir, sizeof dir, "%s", abs);
         char *slash = strrchr(dir, '/');
         if (slash && slash != dir) *slash = 0;
@@ -342,11 +343,11 @@ static int plugins_check(int argc, char **argv) {
         if (strncmp(base, "libkiln-", 8) != 0 || strlen(base) < 12 || strcmp(base + strlen(base) - 3, ".so") != 0) {
             fprintf(stderr, "kiln: error: %s: expected a file named libkiln-<name>.so, found '%s'\n", abs, base);
             rc = 1;
-        } else if (hl_vet_dir(dir, 0, why, sizeof why)) {
-            fprintf(stderr, "kiln: error: %s\n", why);
+        } else if (hl_vet_dir(dir, 0, &err)) {
+            fprintf(stderr, "kiln: error: %s\n", err.msg);
             rc = 1;
-        } else if (hl_load_file(&L, abs, HL_ORIGIN_EXPLICIT, why, sizeof why) != 0) {
-            fprintf(stderr, "kiln: error: %s\n", why);
+        } else if (hl_load_file(&L, abs, HL_ORIGIN_EXPLICIT, &err) != 0) {
+            fprintf(stderr, "kiln: error: %s\n", err.msg);
             rc = 1;
         } else {
             hl_registry_build(&L);
@@ -507,16 +508,16 @@ int cli_parse(const char *cmd, int argc, char **argv, unsigned accepted, cli_arg
 /* ---------------------------------------------------------------------------
  * Run files */
 
-int cli_open_run(const char *path, char **sets, int nsets, hc_config *c, hl_loader *L, char *why, size_t whylen) {
-    int rc = hc_load(c, path, why, whylen);
-    for (int i = 0; rc == KILN_OK && i < nsets; i++) rc = hc_override(c, sets[i], why, whylen);
-    if (rc == KILN_OK) rc = hc_check_structure(c, why, whylen);
+int cli_open_run(const char *path, char **sets, int nsets, hc_config *c, hl_loader *L, ht_error *err) {
+    int rc = hc_load(c, path, err);
+    for (int i = 0; rc == KILN_OK && i < nsets; i++) rc = hc_override(c, sets[i], err);
+    if (rc == KILN_OK) rc = hc_check_structure(c, err);
     if (rc) return rc;
     const char **dirs;
     int ndirs, allow;
-    rc = hc_plugin_dirs(c, &dirs, &ndirs, &allow, why, whylen);
+    rc = hc_plugin_dirs(c, &dirs, &ndirs, &allow, err);
     if (rc) return rc;
-    if (hl_check_env(why, whylen)) {
+    if (hl_check_env(err)) {
         free((void *)dirs);
         return KILN_E_CONFIG;
     }
@@ -530,9 +531,10 @@ int cli_open_run(const char *path, char **sets, int nsets, hc_config *c, hl_load
 }
 
 static int check_one(hc_config *c, hl_loader *L, uint32_t kind, const char *name, config_setting_t *sec,
-                     const char *slotdesc, const hl_plugin **found, char *why, size_t whylen) {
-    char inner[1024], where[PATH_MAX + 32];
-    const hl_plugin *p = hl_find(L, kind, name, inner, sizeof inner);
+                     const char *slotdesc, const hl_plugin **found, ht_error *err) {
+    ht_error inner = {0};
+    char where[PATH_MAX + 32];
+    const hl_plugin *p = hl_find(L, kind, name, &inner);
     if (found) *found = p;
     if (!p) {
         if (sec) {
@@ -543,41 +545,39 @@ static int check_one(hc_config *c, hl_loader *L, uint32_t kind, const char *name
             if (s) hc_where(c, s, where, sizeof where);
             else snprintf(where, sizeof where, "%s", c->path);
         }
-        snprintf(why, whylen, "%s: %s: %s", where, slotdesc, inner);
-        return KILN_E_NOT_FOUND;
+        return ht_errorc(err, KILN_E_NOT_FOUND, "%s: %s: %s", where, slotdesc, inner.msg);
     }
     char what[160];
     snprintf(what, sizeof what, "%s '%s'", hl_kind_name(kind), p->view.name);
     hc_kvset kv;
-    int rc = hc_resolve_host(c, sec, p->view.params, hc_host_keys(kind), what, &kv, why, whylen);
+    int rc = hc_resolve_host(c, sec, p->view.params, hc_host_keys(kind), what, &kv, err);
     if (rc == KILN_OK) {
-        rc = hp_check_config(c, sec, p->view.properties, kv.kv, what, why, whylen);
+        rc = hp_check_config(c, sec, p->view.properties, kv.kv, what, err);
         hc_kvset_free(&kv);
     }
     return rc;
 }
 
-int cli_check_run(hc_config *c, hl_loader *L, int need_training, char *why, size_t whylen) {
+int cli_check_run(hc_config *c, hl_loader *L, int need_training, ht_error *err) {
     const hl_plugin *chosen[KILN_KIND_MAX_KNOWN + 1] = {0};
     for (int s = 0; s < hc_nslots; s++) {
         const char *slot = hc_slots[s];
         config_setting_t *sec;
-        const char *name = hc_slot_name(c, slot, hl_default_name(L, slot), &sec, why, whylen);
+        const char *name = hc_slot_name(c, slot, hl_default_name(L, slot), &sec, err);
         if (!name) {
-            if (*why) return KILN_E_CONFIG;
+            if (err->msg[0]) return KILN_E_CONFIG;
             int required = !strcmp(slot, "module") || !strcmp(slot, "data") ||
                            (need_training && !strcmp(slot, "optimizer") && hc_optimizer_count(c) == 0);
             if (required) {
-                snprintf(why, whylen, "%s: missing the '%s' section (e.g. %s = { name = \"...\"; ... })", c->path,
-                         slot, slot);
-                return KILN_E_CONFIG;
+                return ht_errorc(err, KILN_E_CONFIG,
+                                 "%s: missing the '%s' section (e.g. %s = { name = \"...\"; ... })", c->path,
+                                 slot, slot);
             }
             continue;
         }
         uint32_t kind;
         hl_kind_from_name(slot, &kind);
-        int rc = check_one(c, L, kind, name, sec, slot, &chosen[kind <= KILN_KIND_MAX_KNOWN ? kind : 0], why,
-                           whylen);
+        int rc = check_one(c, L, kind, name, sec, slot, &chosen[kind <= KILN_KIND_MAX_KNOWN ? kind : 0], err);
         if (rc) return rc;
     }
     /* optimizers = ( ... ): each entry a plugin, each checked against the stack */
@@ -590,9 +590,9 @@ int cli_check_run(hc_config *c, hl_loader *L, int need_training, char *why, size
         char label[64];
         snprintf(label, sizeof label, "optimizers.[%d]", i);
         const hl_plugin *op = NULL;
-        rc = check_one(c, L, KILN_KIND_OPTIMIZER, name, e, label, &op, why, whylen);
+        rc = check_one(c, L, KILN_KIND_OPTIMIZER, name, e, label, &op, err);
         if (rc) return rc; /* names its place in the file already */
-        rc = stack_check(chosen[KILN_KIND_PRECISION], NULL, op, why, whylen);
+        rc = stack_check(chosen[KILN_KIND_PRECISION], NULL, op, err);
     }
     if (rc == KILN_OK) {
         /* the trainer's values before they are resolved: the file's, or the defaults */
@@ -600,16 +600,14 @@ int cli_check_run(hc_config *c, hl_loader *L, int need_training, char *why, size
         config_setting_t *g = config_lookup(&c->cfg, "trainer.gradient_clip_val");
         double clip = !g ? 0 : config_setting_type(g) == CONFIG_TYPE_FLOAT ? config_setting_get_float(g)
                                                                           : (double)config_setting_get_int64(g);
-        rc = stack_check_optimization(chosen[KILN_KIND_MODULE], nopt, a ? config_setting_get_int64(a) : 1, clip, why,
-                                   whylen);
+        rc = stack_check_optimization(chosen[KILN_KIND_MODULE], nopt, a ? config_setting_get_int64(a) : 1, clip, err);
     }
     if (rc == KILN_OK)
-        rc = stack_check(chosen[KILN_KIND_PRECISION], chosen[KILN_KIND_MODULE], chosen[KILN_KIND_OPTIMIZER], why,
-                            whylen);
+        rc = stack_check(chosen[KILN_KIND_PRECISION], chosen[KILN_KIND_MODULE], chosen[KILN_KIND_OPTIMIZER], err);
     if (rc) {
-        char inner[2048];
-        snprintf(inner, sizeof inner, "%s", why);
-        snprintf(why, whylen, "%s: %s", c->path, inner);
+        char inner[sizeof err->msg];
+        snprintf(inner, sizeof inner, "%s", err->msg);
+        ht_errorf(err, "%s: %s", c->path, inner);
         return rc;
     }
     int n = hc_callback_count(c);
@@ -621,10 +619,9 @@ int cli_check_run(hc_config *c, hl_loader *L, int need_training, char *why, size
         const char *name = NULL;
         if (config_setting_type(cb) == CONFIG_TYPE_STRING) name = config_setting_get_string(cb), cb = NULL;
         else if (config_setting_type(cb) != CONFIG_TYPE_GROUP || !config_setting_lookup_string(cb, "name", &name)) {
-            snprintf(why, whylen, "%s: %s must be a group with name = \"...\"", where, label);
-            return KILN_E_CONFIG;
+            return ht_errorc(err, KILN_E_CONFIG, "%s: %s must be a group with name = \"...\"", where, label);
         }
-        rc = check_one(c, L, KILN_KIND_CALLBACK, name, cb, label, NULL, why, whylen);
+        rc = check_one(c, L, KILN_KIND_CALLBACK, name, cb, label, NULL, err);
         if (rc) return rc;
     }
     return KILN_OK;
@@ -658,13 +655,13 @@ int cli_config(int argc, char **argv) {
     hc_config c;
     hl_loader L;
     hl_loader_init(&L, hs_host_base());
-    char why[2048] = "";
-    int rc = cli_open_run(path, sets, nsets, &c, &L, why, sizeof why);
-    if (rc == KILN_OK) rc = cli_check_run(&c, &L, 0, why, sizeof why);
+    ht_error err = {0};
+    int rc = cli_open_run(path, sets, nsets, &c, &L, &err);
+    if (rc == KILN_OK) rc = cli_check_run(&c, &L, 0, &err);
     if (rc == KILN_OK) {
         if (show) config_write(&c.cfg, stdout);
         else printf("%s: ok\n", path);
-    } else fprintf(stderr, "kiln: error: %s\n", why);
+    } else fprintf(stderr, "kiln: error: %s\n", err.msg);
     hc_free(&c);
     hl_shutdown(&L);
     hl_loader_free(&L);

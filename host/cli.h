@@ -6,6 +6,7 @@
 #define KILN_HOST_CLI_H
 
 #include "config.h"
+#include "error.h"
 #include "loader.h"
 
 /* Each gets its own arguments with argv[0] the name it is called by
@@ -50,10 +51,10 @@ void cli_args_free(cli_args *a);
 /* Shared by every command that reads a run file: load it, apply --set
  * overrides, check its structure, and scan the plugin directories it names
  * (plus KILN_PLUGIN_PATH and the built-ins). */
-int cli_open_run(const char *path, char **sets, int nsets, hc_config *c, hl_loader *L, char *why, size_t whylen);
+int cli_open_run(const char *path, char **sets, int nsets, hc_config *c, hl_loader *L, ht_error *err);
 /* Resolve every slot and callback of a run file against the loaded plugins:
  * each named plugin must exist and its section must match its declared keys.
  * `need_training` also requires module, data and optimizer. */
-int cli_check_run(hc_config *c, hl_loader *L, int need_training, char *why, size_t whylen);
+int cli_check_run(hc_config *c, hl_loader *L, int need_training, ht_error *err);
 
 #endif

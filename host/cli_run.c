@@ -46,8 +46,8 @@ int cli_run(int argc, char **argv) {
     ht_error err = {0}; /* the run's failure, printed once at the end */
     ht_trainer *t = calloc(1, sizeof *t);
     int opened = 0, interrupted = 0;
-    int rc = cli_open_run(path, sets, nsets, &c, &L, err.msg, sizeof err.msg);
-    if (rc == KILN_OK) rc = cli_check_run(&c, &L, stage == KILN_STAGE_FIT, err.msg, sizeof err.msg);
+    int rc = cli_open_run(path, sets, nsets, &c, &L, &err);
+    if (rc == KILN_OK) rc = cli_check_run(&c, &L, stage == KILN_STAGE_FIT, &err);
     if (rc == KILN_OK) { rc = ht_open(t, &c, &L, stage, &err); opened = rc == KILN_OK; }
     char ckpt_path[4096] = "";
     /* resolve "last" before this run's own directory exists */
@@ -68,7 +68,7 @@ int cli_run(int argc, char **argv) {
         rc = stage == KILN_STAGE_FIT && !weights_only ? ht_ckpt_resume(t, ckpt_path, &err)
                                                       : ht_ckpt_load_weights(t, ckpt_path, &err);
     if (rc == KILN_OK && weights_only && !ckpt) {
-        snprintf(err.msg, sizeof err.msg, "fit --weights-only needs --ckpt PATH|last");
+        ht_errorf(&err, "fit --weights-only needs --ckpt PATH|last");
         rc = KILN_E_CONFIG;
     }
     if (rc == KILN_OK) {

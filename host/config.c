@@ -95,20 +95,20 @@ static int name_on_line(const char *path, int line, char *name, size_t n) {
     return found;
 }
 
-static int report_parse_error(hc_config *c, char *why, size_t whylen) {
+static int report_parse_error(hc_config *c, ht_error *err) {
     const char *f = config_error_file(&c->cfg);
     const char *text = config_error_text(&c->cfg);
     char name[128];
     if (config_error_type(&c->cfg) == CONFIG_ERR_FILE_IO)
-        hwhyf(why, whylen, "%s: cannot read run file: %s", f ? f : c->path, errno ? strerror(errno) : "I/O error");
+        ht_errorf(err, "%s: cannot read run file: %s", f ? f : c->path, errno ? strerror(errno) : "I/O error");
     else if (text && strstr(text, "duplicate setting name") &&
              name_on_line(f ? f : c->path, config_error_line(&c->cfg), name, sizeof name))
-        hwhyf(why, whylen,
+        ht_errorf(err,
               "%s:%d: '%s' is set twice in the same group (also when the first is in an @include file: a run file "
               "cannot override a key it includes); keep one, or change it with --set",
               f ? f : c->path, config_error_line(&c->cfg), name);
     else
-        hwhyf(why, whylen, "%s:%d: %s", f ? f : c->path, config_error_line(&c->cfg), text);
+        ht_errorf(err, "%s:%d: %s", f ? f : c->path, config_error_line(&c->cfg), text);
     return KILN_E_CONFIG;
 }
 
@@ -318,7 +318,7 @@ static void explain_bad(const bad_int *b, char *what, size_t n) {
 
 /* After a successful parse of `text`: refuse a literal libconfig wrapped. */
 static int check_ints(hc_config *c, const char *text, const char *file, const char *label, const char *incdir,
-                      char *why, size_t whylen) {
+                      ht_error *err) {
     bad_int b;
     if (!scan_ints(text, file, incdir, 0, &b)) return KILN_OK;
     const char *shown = b.file[0] ? b.file : label;
@@ -329,11 +329,10 @@ static int check_ints(hc_config *c, const char *text, const char *file, const ch
     char key[512] = "a value", what[256];
     if (s) setting_path(s, key, sizeof key);
     explain_bad(&b, what, sizeof what);
-    hwhyf(why, whylen, "%s:%u: %s: %s", shown, b.line, key, what);
-    return KILN_E_CONFIG;
+    return ht_errorc(err, KILN_E_CONFIG, "%s:%u: %s: %s", shown, b.line, key, what);
 }
 
-int hc_load(hc_config *c, const char *path, char *why, size_t whylen) {
+int hc_load(hc_config *c, const char *path, ht_error *err) {
     memset(c, 0, sizeof *c);
     config_init(&c->cfg);
     c->loaded = 1;
@@ -344,28 +343,27 @@ int hc_load(hc_config *c, const char *path, char *why, size_t whylen) {
     snprintf(tmp, sizeof tmp, "%s", path);
     config_set_include_dir(&c->cfg, dirname(tmp));
     errno = 0;
-    if (config_read_file(&c->cfg, path) != CONFIG_TRUE) return report_parse_error(c, why, whylen);
+    if (config_read_file(&c->cfg, path) != CONFIG_TRUE) return report_parse_error(c, err);
     char *text = slurp(path);
     if (!text) {
-        hwhyf(why, whylen, "%s: cannot read run file: %s", path, strerror(errno));
-        return KILN_E_CONFIG;
+        return ht_errorc(err, KILN_E_CONFIG, "%s: cannot read run file: %s", path, strerror(errno));
     }
     snprintf(tmp, sizeof tmp, "%s", path);
-    int rc = check_ints(c, text, path, path, dirname(tmp), why, whylen);
+    int rc = check_ints(c, text, path, path, dirname(tmp), err);
     free(text);
     return rc;
 }
 
-int hc_load_string(hc_config *c, const char *text, const char *label, char *why, size_t whylen) {
+int hc_load_string(hc_config *c, const char *text, const char *label, ht_error *err) {
     memset(c, 0, sizeof *c);
     config_init(&c->cfg);
     c->loaded = 1;
     c->path = strdup(label);
     if (config_read_string(&c->cfg, text) != CONFIG_TRUE) {
-        hwhyf(why, whylen, "%s:%d: %s", label, config_error_line(&c->cfg), config_error_text(&c->cfg));
-        return KILN_E_CONFIG;
+        return ht_errorc(err, KILN_E_CONFIG, "%s:%d: %s", label, config_error_line(&c->cfg),
+                         config_error_text(&c->cfg));
     }
-    return check_ints(c, text, NULL, label, NULL, why, whylen);
+    return check_ints(c, text, NULL, label, NULL, err);
 }
 
 void hc_free(hc_config *c) {
@@ -374,10 +372,9 @@ void hc_free(hc_config *c) {
     memset(c, 0, sizeof *c);
 }
 
-int hc_write(hc_config *c, const char *path, char *why, size_t whylen) {
+int hc_write(hc_config *c, const char *path, ht_error *err) {
     if (config_write_file(&c->cfg, path) != CONFIG_TRUE) {
-        hwhyf(why, whylen, "%s: cannot write the effective config: %s", path, strerror(errno));
-        return KILN_E_IO;
+        return ht_errorc(err, KILN_E_IO, "%s: cannot write the effective config: %s", path, strerror(errno));
     }
     return KILN_OK;
 }
@@ -466,15 +463,14 @@ static int replace_setting(config_setting_t *old, const config_setting_t *nv) {
     return copy_setting(p, nmc, nv) != NULL;
 }
 
-int hc_override(hc_config *c, const char *assignment, char *why, size_t whylen) {
+int hc_override(hc_config *c, const char *assignment, ht_error *err) {
     const char *eq = strchr(assignment, '=');
     if (!eq || eq == assignment) {
-        hwhyf(why, whylen, "--set %s: expected KEY=VALUE (e.g. --set optimizer.lr=0.05)", assignment);
-        return KILN_E_CONFIG;
+        return ht_errorc(err, KILN_E_CONFIG, "--set %s: expected KEY=VALUE (e.g. --set optimizer.lr=0.05)", assignment);
     }
     char key[256];
     size_t kl = (size_t)(eq - assignment);
-    if (kl >= sizeof key) { hwhyf(why, whylen, "--set: key too long"); return KILN_E_CONFIG; }
+    if (kl >= sizeof key) return ht_errorc(err, KILN_E_CONFIG, "--set: key too long");
     memcpy(key, assignment, kl);
     key[kl] = 0;
     const char *val = eq + 1;
@@ -500,7 +496,7 @@ int hc_override(hc_config *c, const char *assignment, char *why, size_t whylen) 
     if (parsed && scan_ints(val, NULL, NULL, 0, &b)) {
         char what[256];
         explain_bad(&b, what, sizeof what);
-        hwhyf(why, whylen, "--set %s=%s: %s: %s", key, val, key, what);
+        ht_errorf(err, "--set %s=%s: %s: %s", key, val, key, what);
         config_destroy(&tmp);
         return KILN_E_CONFIG;
     }
@@ -509,8 +505,8 @@ int hc_override(hc_config *c, const char *assignment, char *why, size_t whylen) 
     /* libconfig's lookup of a key made of dots alone ("." or "..") is the
      * root: replacing that would leave the config without one */
     if (old && !config_setting_parent(old)) {
-        hwhyf(why, whylen, "--set %s=%s: expected a key naming a setting (e.g. --set optimizer.lr=0.05), found '%s'", key,
-              val, key);
+        ht_errorf(err, "--set %s=%s: expected a key naming a setting (e.g. --set optimizer.lr=0.05), found '%s'", key,
+                  val, key);
         config_destroy(&tmp);
         return KILN_E_CONFIG;
     }
@@ -534,8 +530,8 @@ int hc_override(hc_config *c, const char *assignment, char *why, size_t whylen) 
                 ok = replace_setting(old, nv);
             }
             if (!ok) {
-                hwhyf(why, whylen, "--set %s=%s: cannot replace the %s (as at %s)", key, val, cfg_type_name(ot), where);
-                rc = KILN_E_CONFIG;
+                rc = ht_errorc(err, KILN_E_CONFIG,
+                               "--set %s=%s: cannot replace the %s (as at %s)", key, val, cfg_type_name(ot), where);
             }
         } else if (ot == CONFIG_TYPE_FLOAT && n_num) {
             config_setting_set_float(old, (double)config_setting_get_int64(nv));
@@ -560,13 +556,12 @@ int hc_override(hc_config *c, const char *assignment, char *why, size_t whylen) 
             config_setting_remove(root, key);
             config_setting_t *ns = config_setting_add(root, key, CONFIG_TYPE_STRING);
             if (!ns || !config_setting_set_string(ns, val)) {
-                hwhyf(why, whylen, "--set %s=%s: cannot replace the group", key, val);
-                rc = KILN_E_CONFIG;
+                rc = ht_errorc(err, KILN_E_CONFIG, "--set %s=%s: cannot replace the group", key, val);
             }
         } else {
-            hwhyf(why, whylen, "--set %s=%s: expected a %s (as at %s), found a %s", key, val, cfg_type_name(ot), where,
-                 cfg_type_name(nt));
-            rc = KILN_E_CONFIG;
+            rc = ht_errorc(err, KILN_E_CONFIG,
+                           "--set %s=%s: expected a %s (as at %s), found a %s", key, val, cfg_type_name(ot), where,
+                           cfg_type_name(nt));
         }
     } else {
         /* Create missing groups along the path. */
@@ -583,19 +578,17 @@ int hc_override(hc_config *c, const char *assignment, char *why, size_t whylen) 
                 char *end = NULL;
                 long i = strtol(tok + 1, &end, 10);
                 if (pt != CONFIG_TYPE_ARRAY && pt != CONFIG_TYPE_LIST) {
-                    hwhyf(why, whylen, "--set %s: %s is not a list", key, tok);
-                    rc = KILN_E_CONFIG;
+                    rc = ht_errorc(err, KILN_E_CONFIG, "--set %s: %s is not a list", key, tok);
                 } else if (!end || end == tok + 1 || strcmp(end, "]") || i < 0 || i >= n) {
                     char where[PATH_MAX + 32], pp[512];
                     hc_where(c, parent, where, sizeof where);
                     setting_path(parent, pp, sizeof pp);
-                    hwhyf(why, whylen, "--set %s: expected an index in [0..%d] (%s has %d element%s, at %s), found %s",
-                          key, n - 1, pp, n, n == 1 ? "" : "s", where, tok);
-                    rc = KILN_E_CONFIG;
+                    rc = ht_errorc(err, KILN_E_CONFIG,
+                                   "--set %s: expected an index in [0..%d] (%s has %d element%s, at %s), found %s",
+                                   key, n - 1, pp, n, n == 1 ? "" : "s", where, tok);
                 } else if (!next || config_setting_type(config_setting_get_elem(parent, (unsigned)i)) != CONFIG_TYPE_GROUP) {
-                    hwhyf(why, whylen, "--set %s: element %s is a %s, not a group", key, tok,
-                          cfg_type_name(config_setting_type(config_setting_get_elem(parent, (unsigned)i))));
-                    rc = KILN_E_CONFIG;
+                    rc = ht_errorc(err, KILN_E_CONFIG, "--set %s: element %s is a %s, not a group", key, tok,
+                                   cfg_type_name(config_setting_type(config_setting_get_elem(parent, (unsigned)i))));
                 } else parent = config_setting_get_elem(parent, (unsigned)i);
                 tok = next;
                 continue;
@@ -605,8 +598,8 @@ int hc_override(hc_config *c, const char *assignment, char *why, size_t whylen) 
              * parser reads those words as booleans: the effective config
              * written with one would not load again */
             if (!m && (!strcasecmp(tok, "true") || !strcasecmp(tok, "false"))) {
-                hwhyf(why, whylen, "--set %s: '%s' is not a valid setting name (a boolean literal)", key, tok);
-                rc = KILN_E_CONFIG;
+                rc = ht_errorc(err, KILN_E_CONFIG,
+                               "--set %s: '%s' is not a valid setting name (a boolean literal)", key, tok);
                 break;
             }
             if (!next && m) {
@@ -614,13 +607,11 @@ int hc_override(hc_config *c, const char *assignment, char *why, size_t whylen) 
                  * holding `name` (--set precision.name=X over precision =
                  * "32-true") */
                 if (!replace_setting(m, nv)) {
-                    hwhyf(why, whylen, "--set %s: cannot replace '%s'", key, tok);
-                    rc = KILN_E_CONFIG;
+                    rc = ht_errorc(err, KILN_E_CONFIG, "--set %s: cannot replace '%s'", key, tok);
                 }
             } else if (!next) {
                 if (!copy_setting(parent, tok, nv)) {
-                    hwhyf(why, whylen, "--set %s: '%s' is not a valid setting name", key, tok);
-                    rc = KILN_E_CONFIG;
+                    rc = ht_errorc(err, KILN_E_CONFIG, "--set %s: '%s' is not a valid setting name", key, tok);
                 }
             } else if (m && parent == config_root_setting(&c->cfg) && config_setting_type(m) == CONFIG_TYPE_STRING &&
                        is_slot(tok)) {
@@ -632,19 +623,18 @@ int hc_override(hc_config *c, const char *assignment, char *why, size_t whylen) 
                 parent = config_setting_add(parent, tok, CONFIG_TYPE_GROUP);
                 config_setting_t *n = parent ? config_setting_add(parent, "name", CONFIG_TYPE_STRING) : NULL;
                 if (!n || !config_setting_set_string(n, nm)) {
-                    hwhyf(why, whylen, "--set %s: cannot turn '%s' into a group", key, tok);
-                    rc = KILN_E_CONFIG;
+                    rc = ht_errorc(err, KILN_E_CONFIG, "--set %s: cannot turn '%s' into a group", key, tok);
                 }
             } else if (m) {
                 int mt = config_setting_type(m);
                 if (mt != CONFIG_TYPE_GROUP && !((mt == CONFIG_TYPE_ARRAY || mt == CONFIG_TYPE_LIST) && next[0] == '[')) {
-                    hwhyf(why, whylen, "--set %s: '%s' is a %s, not a group", key, tok, cfg_type_name(config_setting_type(m)));
-                    rc = KILN_E_CONFIG;
+                    rc = ht_errorc(err, KILN_E_CONFIG, "--set %s: '%s' is a %s, not a group", key, tok,
+                                   cfg_type_name(config_setting_type(m)));
                 }
                 parent = m;
             } else {
                 parent = config_setting_add(parent, tok, CONFIG_TYPE_GROUP);
-                if (!parent) { hwhyf(why, whylen, "--set %s: '%s' is not a valid setting name", key, tok); rc = KILN_E_CONFIG; }
+                if (!parent) rc = ht_errorc(err, KILN_E_CONFIG, "--set %s: '%s' is not a valid setting name", key, tok);
             }
             tok = next;
         }
@@ -657,7 +647,7 @@ int hc_override(hc_config *c, const char *assignment, char *why, size_t whylen) 
  * Structure */
 
 static int check_members(hc_config *c, config_setting_t *grp, const char *const *allowed, int nallowed,
-                         const char *what, char *why, size_t whylen) {
+                         const char *what, ht_error *err) {
     int n = config_setting_length(grp);
     for (int i = 0; i < n; i++) {
         config_setting_t *m = config_setting_get_elem(grp, (unsigned)i);
@@ -670,49 +660,47 @@ static int check_members(hc_config *c, config_setting_t *grp, const char *const 
             const char *dym = hc_did_you_mean(nm, allowed, nallowed);
             char hint[96] = "";
             if (dym) snprintf(hint, sizeof hint, " (did you mean '%s'?)", dym);
-            hwhyf(why, whylen, "%s: unknown key '%s' in %s%s", where, nm, what, hint);
-            return KILN_E_CONFIG;
+            return ht_errorc(err, KILN_E_CONFIG, "%s: unknown key '%s' in %s%s", where, nm, what, hint);
         }
     }
     return KILN_OK;
 }
 
-int hc_check_structure(hc_config *c, char *why, size_t whylen) {
+int hc_check_structure(hc_config *c, ht_error *err) {
     config_setting_t *root = config_root_setting(&c->cfg);
-    int rc = check_members(c, root, top_keys, (int)(sizeof top_keys / sizeof top_keys[0]), "the run file", why, whylen);
+    int rc = check_members(c, root, top_keys, (int)(sizeof top_keys / sizeof top_keys[0]), "the run file", err);
     if (rc) return rc;
     config_setting_t *pl = config_setting_get_member(root, "plugins");
     if (pl) {
         char where[PATH_MAX + 32];
         hc_where(c, pl, where, sizeof where);
         if (config_setting_type(pl) != CONFIG_TYPE_GROUP) {
-            hwhyf(why, whylen, "%s: 'plugins' must be a group { dirs = [...]; }, found a %s", where,
-                 cfg_type_name(config_setting_type(pl)));
-            return KILN_E_CONFIG;
+            return ht_errorc(err, KILN_E_CONFIG, "%s: 'plugins' must be a group { dirs = [...]; }, found a %s", where,
+                            cfg_type_name(config_setting_type(pl)));
         }
-        rc = check_members(c, pl, plugins_keys, 2, "plugins", why, whylen);
+        rc = check_members(c, pl, plugins_keys, 2, "plugins", err);
         if (rc) return rc;
     }
     config_setting_t *cb = config_setting_get_member(root, "callbacks");
     if (cb && config_setting_type(cb) != CONFIG_TYPE_LIST) {
         char where[PATH_MAX + 32];
         hc_where(c, cb, where, sizeof where);
-        hwhyf(why, whylen, "%s: 'callbacks' must be a list ( { name = \"...\"; }, ... ), found a %s", where,
-             cfg_type_name(config_setting_type(cb)));
-        return KILN_E_CONFIG;
+        return ht_errorc(err, KILN_E_CONFIG,
+                         "%s: 'callbacks' must be a list ( { name = \"...\"; }, ... ), found a %s", where,
+                         cfg_type_name(config_setting_type(cb)));
     }
     config_setting_t *ol = config_setting_get_member(root, "optimizers");
     if (ol) {
         char where[PATH_MAX + 32];
         hc_where(c, ol, where, sizeof where);
         if (config_setting_type(ol) != CONFIG_TYPE_LIST || config_setting_length(ol) < 1) {
-            hwhyf(why, whylen, "%s: 'optimizers' must be a non-empty list ( { name = \"...\"; params = [\"...\"]; }, ... )",
-                  where);
-            return KILN_E_CONFIG;
+            return ht_errorc(err, KILN_E_CONFIG,
+                             "%s: 'optimizers' must be a non-empty list ( { name = \"...\"; params = [\"...\"]; }, ... )",
+                             where);
         }
         if (config_setting_get_member(root, "optimizer")) {
-            hwhyf(why, whylen, "%s: both 'optimizer' and 'optimizers' are set; use one (optimizers for several)", where);
-            return KILN_E_CONFIG;
+            return ht_errorc(err, KILN_E_CONFIG,
+                             "%s: both 'optimizer' and 'optimizers' are set; use one (optimizers for several)", where);
         }
         for (int i = 0; i < config_setting_length(ol); i++) {
             config_setting_t *e = config_setting_get_elem(ol, (unsigned)i);
@@ -721,17 +709,17 @@ int hc_check_structure(hc_config *c, char *why, size_t whylen) {
             const char *nm;
             hc_where(c, e, where, sizeof where);
             if (config_setting_type(e) != CONFIG_TYPE_GROUP || !config_setting_lookup_string(e, "name", &nm)) {
-                hwhyf(why, whylen, "%s: optimizers.[%d] must be a group with name = \"...\"", where, i);
-                return KILN_E_CONFIG;
+                return ht_errorc(err, KILN_E_CONFIG,
+                                 "%s: optimizers.[%d] must be a group with name = \"...\"", where, i);
             }
             int ok = !pr || config_setting_type(pr) == CONFIG_TYPE_ARRAY || config_setting_type(pr) == CONFIG_TYPE_LIST;
             for (int k = 0; ok && pr && k < config_setting_length(pr); k++)
                 ok = config_setting_type(config_setting_get_elem(pr, (unsigned)k)) == CONFIG_TYPE_STRING;
             if (!ok) {
                 hc_where(c, pr, where, sizeof where);
-                hwhyf(why, whylen, "%s: optimizers.[%d].params must be a list of parameter-name patterns "
-                                   "([\"generator.*\"]), found a %s", where, i, cfg_type_name(config_setting_type(pr)));
-                return KILN_E_CONFIG;
+                return ht_errorc(err, KILN_E_CONFIG,
+                                 "%s: optimizers.[%d].params must be a list of parameter-name patterns "
+                                 "([\"generator.*\"]), found a %s", where, i, cfg_type_name(config_setting_type(pr)));
             }
         }
     }
@@ -739,16 +727,16 @@ int hc_check_structure(hc_config *c, char *why, size_t whylen) {
     if (tr && config_setting_type(tr) != CONFIG_TYPE_GROUP) {
         char where[PATH_MAX + 32];
         hc_where(c, tr, where, sizeof where);
-        hwhyf(why, whylen, "%s: 'trainer' must be a group, found a %s", where, cfg_type_name(config_setting_type(tr)));
-        return KILN_E_CONFIG;
+        return ht_errorc(err, KILN_E_CONFIG,
+                         "%s: 'trainer' must be a group, found a %s", where, cfg_type_name(config_setting_type(tr)));
     }
     hc_kvset tmp;
-    rc = hc_resolve(c, tr, hc_trainer_params, "trainer", &tmp, why, whylen);
+    rc = hc_resolve(c, tr, hc_trainer_params, "trainer", &tmp, err);
     if (rc == KILN_OK) hc_kvset_free(&tmp);
     return rc;
 }
 
-int hc_plugin_dirs(hc_config *c, const char ***dirs, int *ndirs, int *allow_symlinks, char *why, size_t whylen) {
+int hc_plugin_dirs(hc_config *c, const char ***dirs, int *ndirs, int *allow_symlinks, ht_error *err) {
     *dirs = NULL;
     *ndirs = 0;
     *allow_symlinks = 0;
@@ -758,9 +746,8 @@ int hc_plugin_dirs(hc_config *c, const char ***dirs, int *ndirs, int *allow_syml
     if (a) {
         if (config_setting_type(a) != CONFIG_TYPE_BOOL) {
             hc_where(c, a, where, sizeof where);
-            hwhyf(why, whylen, "%s: plugins.allow_symlinks must be true or false, found a %s", where,
-                 cfg_type_name(config_setting_type(a)));
-            return KILN_E_CONFIG;
+            return ht_errorc(err, KILN_E_CONFIG, "%s: plugins.allow_symlinks must be true or false, found a %s", where,
+                            cfg_type_name(config_setting_type(a)));
         }
         *allow_symlinks = config_setting_get_bool(a);
     }
@@ -779,21 +766,21 @@ int hc_plugin_dirs(hc_config *c, const char ***dirs, int *ndirs, int *allow_syml
             const char *s = config_setting_get_string_elem(d, i);
             if (!s) {
                 free(out);
-                hwhyf(why, whylen, "%s: plugins.dirs must hold strings, element %d is not one", where, i);
-                return KILN_E_CONFIG;
+                return ht_errorc(err, KILN_E_CONFIG,
+                                 "%s: plugins.dirs must hold strings, element %d is not one", where, i);
             }
             out[i] = s;
         }
         *dirs = out; /* the caller frees the array (not the strings) */
         *ndirs = n;
     } else {
-        hwhyf(why, whylen, "%s: plugins.dirs must be an array of absolute paths, found a %s", where, cfg_type_name(t));
-        return KILN_E_CONFIG;
+        return ht_errorc(err, KILN_E_CONFIG,
+                         "%s: plugins.dirs must be an array of absolute paths, found a %s", where, cfg_type_name(t));
     }
     for (int i = 0; i < *ndirs; i++)
         if ((*dirs)[i][0] != '/') {
-            hwhyf(why, whylen, "%s: plugin directory '%s' must be an absolute path, found a relative one", where,
-                 (*dirs)[i]);
+            ht_errorf(err, "%s: plugin directory '%s' must be an absolute path, found a relative one", where,
+                     (*dirs)[i]);
             free((void *)*dirs);
             *dirs = NULL;
             *ndirs = 0;
@@ -802,8 +789,8 @@ int hc_plugin_dirs(hc_config *c, const char ***dirs, int *ndirs, int *allow_syml
     return KILN_OK;
 }
 
-const char *hc_slot_name(hc_config *c, const char *slot, const char *fallback, config_setting_t **section, char *why,
-                         size_t whylen) {
+const char *hc_slot_name(hc_config *c, const char *slot, const char *fallback, config_setting_t **section,
+                         ht_error *err) {
     *section = NULL;
     config_setting_t *s = config_setting_get_member(config_root_setting(&c->cfg), slot);
     if (!s) return fallback;
@@ -811,15 +798,15 @@ const char *hc_slot_name(hc_config *c, const char *slot, const char *fallback, c
     hc_where(c, s, where, sizeof where);
     if (config_setting_type(s) == CONFIG_TYPE_STRING) return config_setting_get_string(s);
     if (config_setting_type(s) != CONFIG_TYPE_GROUP) {
-        hwhyf(why, whylen, "%s: '%s' must be a plugin name or a group { name = \"...\"; ... }, found a %s", where, slot,
-             cfg_type_name(config_setting_type(s)));
+        ht_errorf(err, "%s: '%s' must be a plugin name or a group { name = \"...\"; ... }, found a %s", where, slot,
+                 cfg_type_name(config_setting_type(s)));
         return NULL;
     }
     *section = s;
     const char *name = NULL;
     if (!config_setting_lookup_string(s, "name", &name)) {
         if (fallback) return fallback;
-        hwhyf(why, whylen, "%s: the %s section needs name = \"...\" naming its plugin", where, slot);
+        ht_errorf(err, "%s: the %s section needs name = \"...\" naming its plugin", where, slot);
         return NULL;
     }
     return name;
@@ -998,12 +985,12 @@ const char *const *hc_host_keys(uint32_t kind) {
 }
 
 int hc_resolve(const hc_config *c, config_setting_t *section, const kiln_param *params, const char *what,
-               hc_kvset *out, char *why, size_t whylen) {
-    return hc_resolve_host(c, section, params, NULL, what, out, why, whylen);
+               hc_kvset *out, ht_error *err) {
+    return hc_resolve_host(c, section, params, NULL, what, out, err);
 }
 
 int hc_resolve_host(const hc_config *c, config_setting_t *section, const kiln_param *params,
-                    const char *const *host_keys, const char *what, hc_kvset *out, char *why, size_t whylen) {
+                    const char *const *host_keys, const char *what, hc_kvset *out, ht_error *err) {
     static const char *const name_only[] = {"name", NULL};
     if (!host_keys) host_keys = name_only;
     memset(out, 0, sizeof *out);
@@ -1031,8 +1018,8 @@ int hc_resolve_host(const hc_config *c, config_setting_t *section, const kiln_pa
                 size_t l = strlen(list);
                 snprintf(list + l, sizeof list - l, "%s%s", k ? ", " : "", keys[k]);
             }
-            if (dym) hwhyf(why, whylen, "%s: unknown key '%s' for %s (did you mean '%s'?)", where, nmk, what, dym);
-            else hwhyf(why, whylen, "%s: unknown key '%s' for %s (accepted: %s)", where, nmk, what, np ? list : "none");
+            if (dym) ht_errorf(err, "%s: unknown key '%s' for %s (did you mean '%s'?)", where, nmk, what, dym);
+            else ht_errorf(err, "%s: unknown key '%s' for %s (accepted: %s)", where, nmk, what, np ? list : "none");
             rc = KILN_E_CONFIG;
         }
     }
@@ -1046,16 +1033,16 @@ int hc_resolve_host(const hc_config *c, config_setting_t *section, const kiln_pa
             const char *found;
             if (convert(out, m, p->type, &kv->value, &found)) {
                 hc_where(c, m, where, sizeof where);
-                hwhyf(why, whylen, "%s: %s.%s must be a %s, found a %s", where, what, p->key, ktype_name(p->type), found);
-                rc = KILN_E_CONFIG;
+                rc = ht_errorc(err, KILN_E_CONFIG,
+                               "%s: %s.%s must be a %s, found a %s", where, what, p->key, ktype_name(p->type), found);
                 break;
             }
         } else if (p->flags & KILN_PARAM_REQUIRED || p->def.type == KILN_TYPE_NONE) {
             if (p->flags & KILN_PARAM_REQUIRED) {
                 hc_where(c, section, where, sizeof where);
-                hwhyf(why, whylen, "%s: %s requires key '%s' (%s: %s)", section ? where : c->path, what, p->key,
-                     ktype_name(p->type), p->help ? p->help : "");
-                rc = KILN_E_CONFIG;
+                rc = ht_errorc(err, KILN_E_CONFIG,
+                               "%s: %s requires key '%s' (%s: %s)", section ? where : c->path, what, p->key,
+                               ktype_name(p->type), p->help ? p->help : "");
                 break;
             }
             kv->key = NULL;

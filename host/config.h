@@ -13,6 +13,7 @@
 #include <libconfig.h>
 #include <stddef.h>
 
+#include "error.h"
 #include "kiln/plugin.h"
 
 typedef struct hc_config {
@@ -37,25 +38,24 @@ typedef struct hc_kvset {
 extern const char *const hc_slots[];
 extern const int hc_nslots;
 
-int hc_load(hc_config *c, const char *path, char *why, size_t whylen);
-int hc_load_string(hc_config *c, const char *text, const char *label, char *why, size_t whylen);
+int hc_load(hc_config *c, const char *path, ht_error *err);
+int hc_load_string(hc_config *c, const char *text, const char *label, ht_error *err);
 void hc_free(hc_config *c);
 
 /* Apply "a.b.c=VALUE". */
-int hc_override(hc_config *c, const char *assignment, char *why, size_t whylen);
+int hc_override(hc_config *c, const char *assignment, ht_error *err);
 
 /* Top-level keys, the plugins group and the trainer section. */
-int hc_check_structure(hc_config *c, char *why, size_t whylen);
+int hc_check_structure(hc_config *c, ht_error *err);
 
 /* plugins.dirs and plugins.allow_symlinks. *dirs is an array the caller
  * frees (its strings point into the config). */
-int hc_plugin_dirs(hc_config *c, const char ***dirs, int *ndirs, int *allow_symlinks, char *why, size_t whylen);
+int hc_plugin_dirs(hc_config *c, const char ***dirs, int *ndirs, int *allow_symlinks, ht_error *err);
 
 /* The plugin name a slot asks for: `slot = "name"` or `slot = { name = ... }`.
- * Returns the name or `fallback` when the slot is absent; NULL with `why`
+ * Returns the name or `fallback` when the slot is absent; NULL with the reason in err
  * when the slot is malformed. *section receives the group (or NULL). */
-const char *hc_slot_name(hc_config *c, const char *slot, const char *fallback, hc_node **section, char *why,
-                         size_t whylen);
+const char *hc_slot_name(hc_config *c, const char *slot, const char *fallback, hc_node **section, ht_error *err);
 /* Number of entries in the callbacks list (0 when absent). */
 int hc_callback_count(hc_config *c);
 hc_node *hc_callback(hc_config *c, int i);
@@ -68,11 +68,11 @@ hc_node *hc_optimizer(hc_config *c, int i);
 /* Resolve `section` (may be NULL: all defaults) against `params`. `what` names
  * the owner for messages ("optimizer 'sgd'"). */
 int hc_resolve(const hc_config *c, hc_node *section, const kiln_param *params, const char *what,
-               hc_kvset *out, char *why, size_t whylen);
+               hc_kvset *out, ht_error *err);
 /* The same, with `host_keys` (NULL-terminated; NULL: just "name") left to the
  * host instead of the plugin. */
 int hc_resolve_host(const hc_config *c, hc_node *section, const kiln_param *params,
-                    const char *const *host_keys, const char *what, hc_kvset *out, char *why, size_t whylen);
+                    const char *const *host_keys, const char *what, hc_kvset *out, ht_error *err);
 /* The host keys of a plugin section of `kind` (KILN_KIND_*): "name", plus an
  * optimizer's `params` and a scheduler's `interval`, `frequency`, `monitor`. */
 const char *const *hc_host_keys(uint32_t kind);
@@ -82,7 +82,7 @@ void hc_kvset_free(hc_kvset *s);
 extern const kiln_param hc_trainer_params[];
 
 /* Write the effective config (after includes and overrides). */
-int hc_write(hc_config *c, const char *path, char *why, size_t whylen);
+int hc_write(hc_config *c, const char *path, ht_error *err);
 
 /* "file:line" of a setting, or "--set" for one created by an override. */
 void hc_where(const hc_config *c, const hc_node *s, char *buf, size_t n);

@@ -117,16 +117,16 @@ static void cand_append_reason(hl_candidate *c, const char *line) {
  * Vetting */
 
 /* Owner and mode rules shared by files and directories. */
-static int vet_owner_mode(const char *path, const struct stat *st, const char *what, char *why, size_t whylen) {
+static int vet_owner_mode(const char *path, const struct stat *st, const char *what, ht_error *err) {
     uid_t me = geteuid();
     if (st->st_uid != 0 && st->st_uid != me) {
-        hwhyf(why, whylen, "%s: %s owned by uid %u, expected root or uid %u", path, what, (unsigned)st->st_uid,
-             (unsigned)me);
+        ht_errorf(err, "%s: %s owned by uid %u, expected root or uid %u", path, what, (unsigned)st->st_uid,
+                 (unsigned)me);
         return -1;
     }
     if (st->st_mode & (S_IWGRP | S_IWOTH)) {
-        hwhyf(why, whylen, "%s: %s is %s-writable (mode %04o), expected writable by its owner only", path, what,
-             (st->st_mode & S_IWOTH) ? "world" : "group", (unsigned)(st->st_mode & 07777));
+        ht_errorf(err, "%s: %s is %s-writable (mode %04o), expected writable by its owner only", path, what,
+                 (st->st_mode & S_IWOTH) ? "world" : "group", (unsigned)(st->st_mode & 07777));
         return -1;
     }
     return 0;
@@ -135,7 +135,7 @@ static int vet_owner_mode(const char *path, const struct stat *st, const char *w
 /* Every ancestor of `real` (an absolute, resolved path) must not be writable
  * by others, except a root-owned sticky directory like /tmp, where nobody but
  * the owner can rename or replace what is inside. */
-static int vet_ancestors(const char *real, char *why, size_t whylen) {
+static int vet_ancestors(const char *real, ht_error *err) {
     char buf[PATH_MAX];
     snprintf(buf, sizeof buf, "%s", real);
     for (;;) {
@@ -144,18 +144,18 @@ static int vet_ancestors(const char *real, char *why, size_t whylen) {
         if (slash == buf) slash[1] = 0; else *slash = 0;
         struct stat st;
         if (stat(buf, &st) != 0) {
-            hwhyf(why, whylen, "%s: cannot stat ancestor directory %s: %s", real, buf, strerror(errno));
+            ht_errorf(err, "%s: cannot stat ancestor directory %s: %s", real, buf, strerror(errno));
             return -1;
         }
         int sticky_root = (st.st_mode & S_ISVTX) && st.st_uid == 0;
         if ((st.st_mode & (S_IWGRP | S_IWOTH)) && !sticky_root) {
-            hwhyf(why, whylen, "%s: ancestor directory %s is %s-writable (mode %04o), expected not writable by others",
-                 real, buf, (st.st_mode & S_IWOTH) ? "world" : "group", (unsigned)(st.st_mode & 07777));
+            ht_errorf(err, "%s: ancestor directory %s is %s-writable (mode %04o), expected not writable by others",
+                     real, buf, (st.st_mode & S_IWOTH) ? "world" : "group", (unsigned)(st.st_mode & 07777));
             return -1;
         }
         if (st.st_uid != 0 && st.st_uid != geteuid()) {
-            hwhyf(why, whylen, "%s: ancestor directory %s owned by uid %u, expected root or uid %u", real, buf,
-                 (unsigned)st.st_uid, (unsigned)geteuid());
+            ht_errorf(err, "%s: ancestor directory %s owned by uid %u, expected root or uid %u", real, buf,
+                     (unsigned)st.st_uid, (unsigned)geteuid());
             return -1;
         }
         if (strcmp(buf, "/") == 0) break;
@@ -163,73 +163,73 @@ static int vet_ancestors(const char *real, char *why, size_t whylen) {
     return 0;
 }
 
-int hl_vet_dir(const char *dir, int allow_symlinks, char *why, size_t whylen) {
+int hl_vet_dir(const char *dir, int allow_symlinks, ht_error *err) {
     if (!dir || dir[0] != '/') {
-        hwhyf(why, whylen, "%s: plugin directory must be an absolute path, found a relative one", dir ? dir : "(null)");
+        ht_errorf(err, "%s: plugin directory must be an absolute path, found a relative one", dir ? dir : "(null)");
         return -1;
     }
     struct stat st;
     if (lstat(dir, &st) != 0) {
-        hwhyf(why, whylen, "%s: cannot access plugin directory: %s", dir, strerror(errno));
+        ht_errorf(err, "%s: cannot access plugin directory: %s", dir, strerror(errno));
         return -1;
     }
     if (S_ISLNK(st.st_mode) && !allow_symlinks) {
-        hwhyf(why, whylen, "%s: plugin directory is a symlink (set plugins.allow_symlinks = true to follow)", dir);
+        ht_errorf(err, "%s: plugin directory is a symlink (set plugins.allow_symlinks = true to follow)", dir);
         return -1;
     }
     char real[PATH_MAX];
     if (!realpath(dir, real) || stat(real, &st) != 0) {
-        hwhyf(why, whylen, "%s: cannot resolve plugin directory: %s", dir, strerror(errno));
+        ht_errorf(err, "%s: cannot resolve plugin directory: %s", dir, strerror(errno));
         return -1;
     }
     if (!S_ISDIR(st.st_mode)) {
-        hwhyf(why, whylen, "%s: expected a directory, found another kind of file", dir);
+        ht_errorf(err, "%s: expected a directory, found another kind of file", dir);
         return -1;
     }
-    if (vet_owner_mode(dir, &st, "plugin directory", why, whylen)) return -1;
-    return vet_ancestors(real, why, whylen);
+    if (vet_owner_mode(dir, &st, "plugin directory", err)) return -1;
+    return vet_ancestors(real, err);
 }
 
-int hl_vet_file(const char *path, int allow_symlinks, char *why, size_t whylen) {
+int hl_vet_file(const char *path, int allow_symlinks, ht_error *err) {
     if (!path || path[0] != '/') {
-        hwhyf(why, whylen, "%s: plugin path must be absolute", path ? path : "(null)");
+        ht_errorf(err, "%s: plugin path must be absolute", path ? path : "(null)");
         return -1;
     }
     struct stat st;
     if (lstat(path, &st) != 0) {
-        hwhyf(why, whylen, "%s: cannot access: %s", path, strerror(errno));
+        ht_errorf(err, "%s: cannot access: %s", path, strerror(errno));
         return -1;
     }
     if (S_ISLNK(st.st_mode)) {
         if (!allow_symlinks) {
-            hwhyf(why, whylen, "%s: is a symlink, expected a regular file (set plugins.allow_symlinks = true to follow)",
-                 path);
+            ht_errorf(err, "%s: is a symlink, expected a regular file (set plugins.allow_symlinks = true to follow)",
+                     path);
             return -1;
         }
         /* Following: every check applies to the target and its directory. */
         char real[PATH_MAX];
         if (!realpath(path, real)) {
-            hwhyf(why, whylen, "%s: dangling symlink: %s", path, strerror(errno));
+            ht_errorf(err, "%s: dangling symlink: %s", path, strerror(errno));
             return -1;
         }
         char dir[PATH_MAX];
         snprintf(dir, sizeof dir, "%s", real);
         char *slash = strrchr(dir, '/');
         if (slash && slash != dir) *slash = 0;
-        if (hl_vet_dir(dir, 0, why, whylen)) return -1;
-        return hl_vet_file(real, 0, why, whylen);
+        if (hl_vet_dir(dir, 0, err)) return -1;
+        return hl_vet_file(real, 0, err);
     }
     if (!S_ISREG(st.st_mode)) {
-        hwhyf(why, whylen, "%s: expected a regular file, found a %s", path,
-             S_ISDIR(st.st_mode) ? "directory" : S_ISFIFO(st.st_mode) ? "FIFO" : "special file");
+        ht_errorf(err, "%s: expected a regular file, found a %s", path,
+                 S_ISDIR(st.st_mode) ? "directory" : S_ISFIFO(st.st_mode) ? "FIFO" : "special file");
         return -1;
     }
     if (st.st_mode & (S_ISUID | S_ISGID)) {
-        hwhyf(why, whylen, "%s: has the set%s bit (mode %04o), expected none", path,
-             (st.st_mode & S_ISUID) ? "uid" : "gid", (unsigned)(st.st_mode & 07777));
+        ht_errorf(err, "%s: has the set%s bit (mode %04o), expected none", path,
+                 (st.st_mode & S_ISUID) ? "uid" : "gid", (unsigned)(st.st_mode & 07777));
         return -1;
     }
-    return vet_owner_mode(path, &st, "plugin file", why, whylen);
+    return vet_owner_mode(path, &st, "plugin file", err);
 }
 
 /* ---------------------------------------------------------------------------
@@ -312,15 +312,14 @@ static int check_value_shape(const kiln_value *v) {
 }
 
 /* Validate one descriptor; 0 and a filled hl_plugin, -1 refused, 1 skipped. */
-static int validate_desc(hl_library *lib, const kiln_plugin_desc *d, uint32_t idx, hl_plugin *out, char *why,
-                         size_t whylen) {
+static int validate_desc(hl_library *lib, const kiln_plugin_desc *d, uint32_t idx, hl_plugin *out, ht_error *err) {
     const char *path = lib->path;
     if (!d) {
-        hwhyf(why, whylen, "%s: plugin descriptor %u is NULL, expected a descriptor", path, idx);
+        ht_errorf(err, "%s: plugin descriptor %u is NULL, expected a descriptor", path, idx);
         return -1;
     }
     if (d->struct_size < sizeof(kiln_plugin_desc)) {
-        hwhyf(why, whylen,
+        ht_errorf(err,
              "%s: plugin descriptor %u too small (struct_size %u < %zu required for ABI 1.0); built against a "
              "corrupt or mismatched header",
              path, idx, d->struct_size, sizeof(kiln_plugin_desc));
@@ -331,38 +330,38 @@ static int validate_desc(hl_library *lib, const kiln_plugin_desc *d, uint32_t id
     out->lib = lib;
     const kiln_plugin_desc *v = &out->view;
     if (v->kind == 0) {
-        hwhyf(why, whylen, "%s: plugin descriptor %u has kind 0, expected a KILN_KIND_* value", path, idx);
+        ht_errorf(err, "%s: plugin descriptor %u has kind 0, expected a KILN_KIND_* value", path, idx);
         return -1;
     }
     if (v->kind > KILN_KIND_MAX_KNOWN) {
-        hwhyf(why, whylen, "%s: plugin '%s' has kind %u, unknown to host ABI %d.%d; skipped", path,
-             v->name ? v->name : "?", v->kind, KILN_ABI_MAJOR, KILN_ABI_MINOR);
+        ht_errorf(err, "%s: plugin '%s' has kind %u, unknown to host ABI %d.%d; skipped", path,
+                 v->name ? v->name : "?", v->kind, KILN_ABI_MAJOR, KILN_ABI_MINOR);
         return 1;
     }
     const char *kn = hl_kind_name(v->kind);
     if (!hl_valid_plugin_name(v->name)) {
-        hwhyf(why, whylen, "%s: %s plugin %u has name '%s', expected [a-z0-9][a-z0-9._-]{0,63}", path, kn, idx,
-             v->name ? v->name : "(null)");
+        ht_errorf(err, "%s: %s plugin %u has name '%s', expected [a-z0-9][a-z0-9._-]{0,63}", path, kn, idx,
+                 v->name ? v->name : "(null)");
         return -1;
     }
     if (!v->version || !*v->version) {
-        hwhyf(why, whylen, "%s: %s '%s' has no version string", path, kn, v->name);
+        ht_errorf(err, "%s: %s '%s' has no version string", path, kn, v->name);
         return -1;
     }
     const kiln_ops_header *ops = v->ops;
     if (!ops) {
-        hwhyf(why, whylen, "%s: %s '%s' has no ops table, expected one", path, kn, v->name);
+        ht_errorf(err, "%s: %s '%s' has no ops table, expected one", path, kn, v->name);
         return -1;
     }
     if (ops->struct_size < sizeof(kiln_ops_header)) {
-        hwhyf(why, whylen,
+        ht_errorf(err,
              "%s: %s '%s' ops table too small (struct_size %u < %zu required for ABI 1.0); built against a corrupt "
              "or mismatched header",
              path, kn, v->name, ops->struct_size, sizeof(kiln_ops_header));
         return -1;
     }
     if (!ops->create || !ops->destroy) {
-        hwhyf(why, whylen, "%s: %s '%s' lacks mandatory op %s", path, kn, v->name, !ops->create ? "create" : "destroy");
+        ht_errorf(err, "%s: %s '%s' lacks mandatory op %s", path, kn, v->name, !ops->create ? "create" : "destroy");
         return -1;
     }
     /* KILN_CAP_STATEFUL says get_state/set_state are there (1.5 makes it
@@ -371,7 +370,7 @@ static int validate_desc(hl_library *lib, const kiln_plugin_desc *d, uint32_t id
     const int has_get = ops->get_state != NULL, has_set = ops->set_state != NULL;
     const int says = (v->capabilities & KILN_CAP_STATEFUL) != 0;
     if (lib->view.abi_minor >= 5 && (has_get != has_set || says != has_get)) {
-        hwhyf(why, whylen,
+        ht_errorf(err,
               "%s: %s '%s' %s; a plugin with state declares KILN_CAP_STATEFUL and has both get_state and "
               "set_state, one without has neither",
               path, kn, v->name,
@@ -385,26 +384,26 @@ static int validate_desc(hl_library *lib, const kiln_plugin_desc *d, uint32_t id
     int np = 0;
     for (const kiln_kv *p = v->properties; p && p->key; p++, np++) {
         if (np >= 256) {
-            hwhyf(why, whylen, "%s: %s '%s' has more than 256 properties (unterminated list?)", path, kn, v->name);
+            ht_errorf(err, "%s: %s '%s' has more than 256 properties (unterminated list?)", path, kn, v->name);
             return -1;
         }
         if (!check_value_shape(&p->value)) {
-            hwhyf(why, whylen, "%s: %s '%s' property '%s' is malformed (type %u, count %u)", path, kn, v->name, p->key,
-                 p->value.type, p->value.count);
+            ht_errorf(err, "%s: %s '%s' property '%s' is malformed (type %u, count %u)", path, kn, v->name, p->key,
+                     p->value.type, p->value.count);
             return -1;
         }
         for (size_t k = 0; k < sizeof known_props / sizeof known_props[0]; k++) {
             if (strcmp(known_props[k].key, p->key) == 0 && known_props[k].type != p->value.type) {
-                hwhyf(why, whylen, "%s: %s '%s' property '%s' must be a %s, found a %s", path, kn, v->name, p->key,
-                     type_name(known_props[k].type), type_name(p->value.type));
+                ht_errorf(err, "%s: %s '%s' property '%s' must be a %s, found a %s", path, kn, v->name, p->key,
+                         type_name(known_props[k].type), type_name(p->value.type));
                 return -1;
             }
         }
         if (strcmp(p->key, "aliases") == 0) {
             for (uint32_t a = 0; a < p->value.count; a++)
                 if (!hl_valid_plugin_name(p->value.v.sl[a])) {
-                    hwhyf(why, whylen, "%s: %s '%s' alias '%s' is not a valid name", path, kn, v->name,
-                         p->value.v.sl[a]);
+                    ht_errorf(err, "%s: %s '%s' alias '%s' is not a valid name", path, kn, v->name,
+                             p->value.v.sl[a]);
                     return -1;
                 }
             out->aliases = p->value.v.sl;
@@ -415,35 +414,35 @@ static int validate_desc(hl_library *lib, const kiln_plugin_desc *d, uint32_t id
     int nk = 0;
     for (const kiln_param *q = v->params; q && q->key; q++, nk++) {
         if (nk >= HL_MAX_PARAMS) {
-            hwhyf(why, whylen, "%s: %s '%s' declares more than %d config keys (unterminated list?)", path, kn, v->name,
-                 HL_MAX_PARAMS);
+            ht_errorf(err, "%s: %s '%s' declares more than %d config keys (unterminated list?)", path, kn, v->name,
+                     HL_MAX_PARAMS);
             return -1;
         }
         if (!valid_param_key(q->key) || strcmp(q->key, "name") == 0) {
-            hwhyf(why, whylen, "%s: %s '%s' declares config key '%s', expected [a-z][a-z0-9_]* other than 'name'",
-                 path, kn, v->name, q->key);
+            ht_errorf(err, "%s: %s '%s' declares config key '%s', expected [a-z][a-z0-9_]* other than 'name'",
+                     path, kn, v->name, q->key);
             return -1;
         }
         if (q->type < KILN_TYPE_BOOL || q->type > KILN_TYPE_STRING_LIST) {
-            hwhyf(why, whylen, "%s: %s '%s' config key '%s' has invalid type %u", path, kn, v->name, q->key, q->type);
+            ht_errorf(err, "%s: %s '%s' config key '%s' has invalid type %u", path, kn, v->name, q->key, q->type);
             return -1;
         }
         int def_ok = q->def.type == KILN_TYPE_NONE || q->def.type == q->type ||
                      (q->type == KILN_TYPE_FLOAT && q->def.type == KILN_TYPE_INT);
         if (!def_ok || !check_value_shape(&q->def)) {
-            hwhyf(why, whylen, "%s: %s '%s' config key '%s' is a %s but its default is a %s", path, kn, v->name,
-                 q->key, type_name(q->type), type_name(q->def.type));
+            ht_errorf(err, "%s: %s '%s' config key '%s' is a %s but its default is a %s", path, kn, v->name,
+                     q->key, type_name(q->type), type_name(q->def.type));
             return -1;
         }
         for (const kiln_param *r = v->params; r != q; r++)
             if (strcmp(r->key, q->key) == 0) {
-                hwhyf(why, whylen, "%s: %s '%s' declares config key '%s' twice", path, kn, v->name, q->key);
+                ht_errorf(err, "%s: %s '%s' declares config key '%s' twice", path, kn, v->name, q->key);
                 return -1;
             }
     }
-    char cwhy[512];
-    if (hp_validate_desc(v->properties, v->params, cwhy, sizeof cwhy)) {
-        hwhyf(why, whylen, "%s: %s '%s': %s", path, kn, v->name, cwhy);
+    ht_error cerr = {0};
+    if (hp_validate_desc(v->properties, v->params, &cerr)) {
+        ht_errorf(err, "%s: %s '%s': %s", path, kn, v->name, cerr.msg);
         return -1;
     }
     return 0;
@@ -472,25 +471,25 @@ static const char *dlerror_hint(const char *msg) {
 
 /* The checks on a file before any of its code runs: vetting, the resolved
  * path, and a descriptor-based re-check (the file may have been swapped
- * between the two). 0 with real and st filled, or -1 with why. */
-static int vet_open(const hl_loader *L, const char *path, char *real, struct stat *st, char *why, size_t whylen) {
-    if (hl_vet_file(path, L->allow_symlinks, why, whylen)) return -1;
+ * between the two). 0 with real and st filled, or -1 with the reason in err. */
+static int vet_open(const hl_loader *L, const char *path, char *real, struct stat *st, ht_error *err) {
+    if (hl_vet_file(path, L->allow_symlinks, err)) return -1;
     if (!realpath(path, real)) {
-        hwhyf(why, whylen, "%s: cannot resolve: %s", path, strerror(errno));
+        ht_errorf(err, "%s: cannot resolve: %s", path, strerror(errno));
         return -1;
     }
     int fd = open(real, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0 || fstat(fd, st) != 0) {
-        hwhyf(why, whylen, "%s: cannot open: %s", path, strerror(errno));
+        ht_errorf(err, "%s: cannot open: %s", path, strerror(errno));
         if (fd >= 0) close(fd);
         return -1;
     }
     close(fd);
     if (!S_ISREG(st->st_mode) || (st->st_mode & (S_ISUID | S_ISGID))) {
-        hwhyf(why, whylen, "%s: changed while being checked", path);
+        ht_errorf(err, "%s: changed while being checked", path);
         return -1;
     }
-    return vet_owner_mode(path, st, "plugin file", why, whylen);
+    return vet_owner_mode(path, st, "plugin file", err);
 }
 
 /* A note on one descriptor of a library (skipped or refused): appended to
@@ -515,9 +514,9 @@ static void note(note_sink *ns, int info, const char *line) {
 /* dlopen the vetted file, run its entry point and validate everything it
  * returns. The library's code runs here: in-process only for a file whose
  * probe passed (or for `plugins check`, itself in a child). Returns the
- * library (not yet in L->libs) or NULL with why. */
+ * library (not yet in L->libs) or NULL with the reason in err. */
 static hl_library *load_lib(const kiln_host_base *host, const char *path, const char *real, const struct stat *st,
-                            int origin, note_sink *ns, char *why, size_t whylen) {
+                            int origin, note_sink *ns, ht_error *err) {
     /* dlopen by the resolved absolute path (never a search), then make sure
      * the file mapped is the inode that was vetted through the descriptor.
      * (Not /proc/self/fd/N: glibc recognises loaded objects by name first, so
@@ -532,11 +531,11 @@ static hl_library *load_lib(const kiln_host_base *host, const char *path, const 
         e = e ? e : "unknown error";
         size_t rl = strlen(real);
         if (!strncmp(e, real, rl) && e[rl] == ':') e += rl + (e[rl + 1] == ' ' ? 2 : 1);
-        hwhyf(why, whylen, "%s: cannot be loaded: %s%s", path, e, dlerror_hint(e));
+        ht_errorf(err, "%s: cannot be loaded: %s%s", path, e, dlerror_hint(e));
         return NULL;
     }
     if (swapped) {
-        hwhyf(why, whylen, "%s: was replaced while being loaded; refusing it", path);
+        ht_errorf(err, "%s: was replaced while being loaded; refusing it", path);
         return NULL;
     }
     kiln_plugin_init_v1_fn init;
@@ -544,23 +543,23 @@ static hl_library *load_lib(const kiln_host_base *host, const char *path, const 
     if (!init) {
         char diag[512];
         hl_entry_diagnosis(real, diag, sizeof diag);
-        hwhyf(why, whylen, "%s: is not a kiln plugin: %s", path, diag);
+        ht_errorf(err, "%s: is not a kiln plugin: %s", path, diag);
         return NULL; /* left mapped: never dlclose */
     }
     const kiln_library *desc = NULL;
     herr_clear();
     int32_t rc = init(host, &desc);
     if (rc != KILN_OK) {
-        hwhyf(why, whylen, "%s: failed to initialize: %s [%s]", path,
-             *herr_msg() ? herr_msg() : kiln_strerror(rc), kiln_status_name(rc));
+        ht_errorf(err, "%s: failed to initialize: %s [%s]", path,
+                 *herr_msg() ? herr_msg() : kiln_strerror(rc), kiln_status_name(rc));
         return NULL;
     }
     if (!desc) {
-        hwhyf(why, whylen, "%s: init returned success but no library descriptor", path);
+        ht_errorf(err, "%s: init returned success but no library descriptor", path);
         return NULL;
     }
     if (desc->struct_size < sizeof(kiln_library)) {
-        hwhyf(why, whylen,
+        ht_errorf(err,
              "%s: library descriptor too small (struct_size %u < %zu required for ABI 1.0); built against a corrupt "
              "or mismatched header",
              path, desc->struct_size, sizeof(kiln_library));
@@ -581,30 +580,30 @@ static hl_library *load_lib(const kiln_host_base *host, const char *path, const 
     const char *lname = v->library_name ? v->library_name : "?";
     int bad = 0;
     if (v->abi_major != KILN_ABI_MAJOR) {
-        hwhyf(why, whylen, "%s: ABI major %u not supported (host supports %d); rebuild against the kiln SDK %d.x",
-             path, v->abi_major, KILN_ABI_MAJOR, KILN_ABI_MAJOR);
+        ht_errorf(err, "%s: ABI major %u not supported (host supports %d); rebuild against the kiln SDK %d.x",
+                 path, v->abi_major, KILN_ABI_MAJOR, KILN_ABI_MAJOR);
         bad = 1;
     } else if (v->min_host_minor > KILN_ABI_MINOR) {
-        hwhyf(why, whylen,
+        ht_errorf(err,
              "%s (%s %s) requires host ABI >= %d.%u; this host provides %d.%d (kiln %s); upgrade kiln or use a "
              "build of the plugin for ABI <= %d.%d",
              path, lname, v->library_version ? v->library_version : "?", KILN_ABI_MAJOR, v->min_host_minor,
              KILN_ABI_MAJOR, KILN_ABI_MINOR, host->host_version, KILN_ABI_MAJOR, KILN_ABI_MINOR);
         bad = 1;
     } else if (v->min_host_minor > v->abi_minor) {
-        hwhyf(why, whylen, "%s: min_host_minor %u is newer than the ABI minor %u it was built with", path,
-             v->min_host_minor, v->abi_minor);
+        ht_errorf(err, "%s: min_host_minor %u is newer than the ABI minor %u it was built with", path,
+                 v->min_host_minor, v->abi_minor);
         bad = 1;
     } else if (!v->library_name || !hl_valid_plugin_name(v->library_name)) {
-        hwhyf(why, whylen, "%s: library name '%s' invalid, expected [a-z0-9][a-z0-9._-]{0,63}", path,
-             v->library_name ? v->library_name : "(null)");
+        ht_errorf(err, "%s: library name '%s' invalid, expected [a-z0-9][a-z0-9._-]{0,63}", path,
+                 v->library_name ? v->library_name : "(null)");
         bad = 1;
     } else if (!v->library_version || !*v->library_version) {
-        hwhyf(why, whylen, "%s: library '%s' has no version", path, lname);
+        ht_errorf(err, "%s: library '%s' has no version", path, lname);
         bad = 1;
     } else if (v->plugin_count == 0 || v->plugin_count > HL_MAX_PLUGINS_PER_LIB || !v->plugins) {
-        hwhyf(why, whylen, "%s: library '%s' lists %u plugins, expected 1 to %d", path, lname, v->plugin_count,
-             HL_MAX_PLUGINS_PER_LIB);
+        ht_errorf(err, "%s: library '%s' lists %u plugins, expected 1 to %d", path, lname, v->plugin_count,
+                 HL_MAX_PLUGINS_PER_LIB);
         bad = 1;
     }
     if (bad) {
@@ -615,9 +614,9 @@ static hl_library *load_lib(const kiln_host_base *host, const char *path, const 
     }
     lib->plugins = calloc(v->plugin_count, sizeof(hl_plugin));
     if (!lib->plugins) abort();
-    char line[1024];
+    ht_error line = {0}; /* a plugin refused: a note, the library may go on */
     for (uint32_t i = 0; i < v->plugin_count; i++) {
-        int r = validate_desc(lib, v->plugins[i], i, &lib->plugins[lib->nplugins], line, sizeof line);
+        int r = validate_desc(lib, v->plugins[i], i, &lib->plugins[lib->nplugins], &line);
         if (r == 0) {
             /* The same kind+name twice inside one library is a build mistake. */
             hl_plugin *np = &lib->plugins[lib->nplugins];
@@ -626,18 +625,18 @@ static hl_library *load_lib(const kiln_host_base *host, const char *path, const 
                 if (lib->plugins[j].view.kind == np->view.kind && !strcmp(lib->plugins[j].view.name, np->view.name))
                     dup = 1;
             if (dup) {
-                snprintf(line, sizeof line, "%s: %s '%s' listed twice in one library", path,
-                         hl_kind_name(np->view.kind), np->view.name);
-                note(ns, 0, line);
+                ht_errorf(&line, "%s: %s '%s' listed twice in one library", path, hl_kind_name(np->view.kind),
+                          np->view.name);
+                note(ns, 0, line.msg);
                 continue;
             }
             lib->nplugins++;
         } else
-            note(ns, r > 0, line);
+            note(ns, r > 0, line.msg);
     }
     if (lib->nplugins == 0) {
-        hwhyf(why, whylen, "%s: no usable plugin in library '%s'%s%s", path, lname, ns->c->reason ? ": " : "",
-             ns->c->reason ? ns->c->reason : "");
+        ht_errorf(err, "%s: no usable plugin in library '%s'%s%s", path, lname, ns->c->reason ? ": " : "",
+                 ns->c->reason ? ns->c->reason : "");
         free(lib->plugins);
         free(lib->path);
         free(lib->stem);
@@ -801,10 +800,10 @@ static void __attribute__((noreturn)) probe_child(const kiln_host_base *host, in
     hl_candidate c;
     memset(&c, 0, sizeof c);
     note_sink ns = {.c = &c, .quiet = 1};
-    char why[2048];
-    hl_library *lib = load_lib(host, path, real, st, origin, &ns, why, sizeof why);
+    ht_error err = {0};
+    hl_library *lib = load_lib(host, path, real, st, origin, &ns, &err);
     wbuf b = {0};
-    if (!lib) wputs(&b, 'R', why);
+    if (!lib) wputs(&b, 'R', err.msg);
     else {
         wputs(&b, 'N', lib->view.library_name);
         wputs(&b, 'V', lib->view.library_version);
@@ -840,7 +839,7 @@ static void __attribute__((noreturn)) probe_child(const kiln_host_base *host, in
 #define HL_PROBE_DEFAULT_TIMEOUT 10.0
 #define HL_PROBE_MAX_PARALLEL 16
 
-int hl_probe_timeout(double *seconds, char *why, size_t whylen) {
+int hl_probe_timeout(double *seconds, ht_error *err) {
     *seconds = HL_PROBE_DEFAULT_TIMEOUT;
     const char *e = getenv("KILN_PLUGIN_PROBE_TIMEOUT");
     if (!e || !*e) return 0;
@@ -848,8 +847,8 @@ int hl_probe_timeout(double *seconds, char *why, size_t whylen) {
     errno = 0;
     double v = strtod(e, &end);
     if (errno || end == e || *end || !(v > 0) || v > 86400) {
-        hwhyf(why, whylen, "KILN_PLUGIN_PROBE_TIMEOUT: expected seconds > 0 and <= 86400 (e.g. 10 or 2.5), found '%s'",
-              e);
+        ht_errorf(err, "KILN_PLUGIN_PROBE_TIMEOUT: expected seconds > 0 and <= 86400 (e.g. 10 or 2.5), found '%s'",
+                  e);
         return -1;
     }
     *seconds = v;
@@ -862,12 +861,12 @@ static double mono_now(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-int hl_check_env(char *why, size_t whylen) {
+int hl_check_env(ht_error *err) {
     double t;
-    if (hl_probe_timeout(&t, why, whylen)) return -1;
+    if (hl_probe_timeout(&t, err)) return -1;
     const char *e = getenv("KILN_PLUGIN_CACHE");
     if (e && *e && strcmp(e, "off") != 0 && e[0] != '/') {
-        hwhyf(why, whylen, "KILN_PLUGIN_CACHE: expected an absolute file path or 'off', found '%s'", e);
+        ht_errorf(err, "KILN_PLUGIN_CACHE: expected an absolute file path or 'off', found '%s'", e);
         return -1;
     }
     return 0;
@@ -1110,22 +1109,22 @@ static int same_file_seen(hl_loader *L, const probe_job *jobs, int njobs, const 
 }
 
 void hl_discover(hl_loader *L) {
-    char why[2048];
+    ht_error err = {0};
     double timeout;
-    if (hl_probe_timeout(&timeout, why, sizeof why)) {
-        HLOG_WARN("%s; using %g s", why, HL_PROBE_DEFAULT_TIMEOUT);
+    if (hl_probe_timeout(&timeout, &err)) {
+        HLOG_WARN("%s; using %g s", err.msg, HL_PROBE_DEFAULT_TIMEOUT);
         timeout = HL_PROBE_DEFAULT_TIMEOUT;
     }
     probe_job *jobs = NULL;
     int njobs = 0;
     for (int d = 0; d < L->ndirs; d++) {
         const char *dir = L->dirs[d];
-        if (hl_vet_dir(dir, L->allow_symlinks, why, sizeof why)) {
+        if (hl_vet_dir(dir, L->allow_symlinks, &err)) {
             /* A missing built-in or env directory is not worth a warning. */
             struct stat st;
             int missing = dir[0] == '/' && lstat(dir, &st) != 0 && errno == ENOENT;
-            add_cand(L, dir, 1, missing ? HL_CAND_SKIPPED : HL_CAND_REFUSED, why);
-            if (!missing) HLOG_WARN("refusing plugin directory %s", why);
+            add_cand(L, dir, 1, missing ? HL_CAND_SKIPPED : HL_CAND_REFUSED, err.msg);
+            if (!missing) HLOG_WARN("refusing plugin directory %s", err.msg);
             continue;
         }
         add_cand(L, dir, 1, HL_CAND_LOADED, NULL);
@@ -1149,15 +1148,15 @@ void hl_discover(hl_loader *L) {
             free(names[i]);
             char real[PATH_MAX];
             struct stat st;
-            if (vet_open(L, path, real, &st, why, sizeof why)) {
-                add_cand(L, path, 0, HL_CAND_REFUSED, why);
-                HLOG_DEBUG("%s", why);
+            if (vet_open(L, path, real, &st, &err)) {
+                add_cand(L, path, 0, HL_CAND_REFUSED, err.msg);
+                HLOG_DEBUG("%s", err.msg);
                 continue;
             }
             const char *other;
             if (same_file_seen(L, jobs, njobs, &st, &other)) {
-                hwhyf(why, sizeof why, "%s: same file as %s; loaded once", path, other);
-                add_cand(L, path, 0, HL_CAND_SKIPPED, why);
+                ht_errorf(&err, "%s: same file as %s; loaded once", path, other);
+                add_cand(L, path, 0, HL_CAND_SKIPPED, err.msg);
                 continue;
             }
             add_cand(L, path, 0, HL_CAND_REFUSED, NULL); /* settled below */
@@ -1203,12 +1202,12 @@ void hl_discover(hl_loader *L) {
     hl_registry_build(L);
 }
 
-/* Bring a probed library into this process. 0, or -1 with why (and the
+/* Bring a probed library into this process. 0, or -1 with err (and the
  * probe marked failed, its candidate refused). */
-int hl_probe_load(hl_loader *L, hl_probe *p, char *why, size_t whylen) {
+int hl_probe_load(hl_loader *L, hl_probe *p, ht_error *err) {
     if (p->lib) return 0;
     if (p->failed) {
-        hwhyf(why, whylen, "%s", p->cand >= 0 && L->cands[p->cand].reason ? L->cands[p->cand].reason : p->path);
+        ht_errorf(err, "%s", p->cand >= 0 && L->cands[p->cand].reason ? L->cands[p->cand].reason : p->path);
         return -1;
     }
     char real[PATH_MAX];
@@ -1217,12 +1216,12 @@ int hl_probe_load(hl_loader *L, hl_probe *p, char *why, size_t whylen) {
     memset(&scratch, 0, sizeof scratch);
     note_sink ns = {.c = &scratch, .quiet = 1}; /* the probe logged the notes */
     hl_library *lib = NULL;
-    if (vet_open(L, p->path, real, &st, why, whylen) == 0) {
+    if (vet_open(L, p->path, real, &st, err) == 0) {
         int64_t mt = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
         if (st.st_dev != p->dev || st.st_ino != p->ino || st.st_size != p->size || mt != p->mtime_ns)
-            hwhyf(why, whylen, "%s: changed since it was probed; refusing it (run the command again)", p->path);
+            ht_errorf(err, "%s: changed since it was probed; refusing it (run the command again)", p->path);
         else
-            lib = load_lib(L->host, p->path, real, &st, p->origin, &ns, why, whylen);
+            lib = load_lib(L->host, p->path, real, &st, p->origin, &ns, err);
     }
     free(scratch.reason);
     if (lib) hlog_loader("loaded into this process: %s", p->path);
@@ -1232,7 +1231,7 @@ int hl_probe_load(hl_loader *L, hl_probe *p, char *why, size_t whylen) {
         for (int i = 0; same && i < p->nplugins; i++)
             same = lib->plugins[i].view.kind == p->plugins[i].kind && !strcmp(lib->plugins[i].view.name, p->plugins[i].name);
         if (!same) {
-            hwhyf(why, whylen, "%s: offers other plugins in this process than in its probe; refusing it", p->path);
+            ht_errorf(err, "%s: offers other plugins in this process than in its probe; refusing it", p->path);
             free(lib->plugins);
             free(lib->path);
             free(lib->stem);
@@ -1246,7 +1245,7 @@ int hl_probe_load(hl_loader *L, hl_probe *p, char *why, size_t whylen) {
             hl_candidate *c = &L->cands[p->cand];
             c->status = HL_CAND_REFUSED;
             free(c->reason);
-            c->reason = hmem_strdup(why);
+            c->reason = hmem_strdup(err->msg);
         }
         return -1;
     }
@@ -1258,13 +1257,13 @@ int hl_probe_load(hl_loader *L, hl_probe *p, char *why, size_t whylen) {
 }
 
 int hl_load_all(hl_loader *L) {
-    char why[2048];
+    ht_error err = {0};
     int failed = 0;
     for (int i = 0; i < L->nprobes; i++) {
         hl_probe *p = L->probes[i];
         if (p->lib || p->failed) continue;
-        if (hl_probe_load(L, p, why, sizeof why)) {
-            HLOG_WARN("%s", why);
+        if (hl_probe_load(L, p, &err)) {
+            HLOG_WARN("%s", err.msg);
             failed++;
         }
     }
@@ -1277,27 +1276,27 @@ void hl_scan(hl_loader *L) {
     hl_load_all(L);
 }
 
-int hl_load_file(hl_loader *L, const char *path, int origin, char *why, size_t whylen) {
+int hl_load_file(hl_loader *L, const char *path, int origin, ht_error *err) {
     char real[PATH_MAX];
     struct stat st;
-    if (vet_open(L, path, real, &st, why, whylen)) {
-        add_cand(L, path, 0, HL_CAND_REFUSED, why);
+    if (vet_open(L, path, real, &st, err)) {
+        add_cand(L, path, 0, HL_CAND_REFUSED, err->msg);
         return -1;
     }
     for (int i = 0; i < L->nlibs; i++)
         if (L->libs[i]->dev == st.st_dev && L->libs[i]->ino == st.st_ino) {
-            hwhyf(why, whylen, "%s: same file as %s; loaded once", path, L->libs[i]->path);
-            add_cand(L, path, 0, HL_CAND_SKIPPED, why);
+            ht_errorf(err, "%s: same file as %s; loaded once", path, L->libs[i]->path);
+            add_cand(L, path, 0, HL_CAND_SKIPPED, err->msg);
             return 1;
         }
     hl_candidate *c = add_cand(L, path, 0, HL_CAND_LOADED, NULL);
     int ci = L->ncands - 1;
     note_sink ns = {.c = c, .quiet = 0};
-    hl_library *lib = load_lib(L->host, path, real, &st, origin, &ns, why, whylen);
+    hl_library *lib = load_lib(L->host, path, real, &st, origin, &ns, err);
     c = &L->cands[ci];
     if (!lib) {
         c->status = HL_CAND_REFUSED;
-        if (!c->reason) c->reason = hmem_strdup(why);
+        if (!c->reason) c->reason = hmem_strdup(err->msg);
         return -1;
     }
     c->lib = lib;

@@ -22,6 +22,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "error.h"
 #include "kiln/plugin.h"
 
 enum { HL_ORIGIN_CONFIG = 0, HL_ORIGIN_ENV = 1, HL_ORIGIN_BUILTIN = 2, HL_ORIGIN_EXPLICIT = 3 };
@@ -128,33 +129,33 @@ int hl_load_all(hl_loader *L);
 void hl_scan(hl_loader *L);
 /* Vet and load one file into this process, no probe (`kiln plugins check`
  * does it in a child of its own). Returns 0 when the library loaded with at
- * least one plugin; otherwise -1 with `why` set. */
-int hl_load_file(hl_loader *L, const char *path, int origin, char *why, size_t whylen);
+ * least one plugin; otherwise -1 with the reason in err. */
+int hl_load_file(hl_loader *L, const char *path, int origin, ht_error *err);
 /* (Re)build the name/alias registry from the probes. */
 void hl_registry_build(hl_loader *L);
 /* The probe time limit: KILN_PLUGIN_PROBE_TIMEOUT seconds, 10 by default.
  * -1 with a one-line reason when the variable is set to something else
  * than a number of seconds in (0, 86400]. */
-int hl_probe_timeout(double *seconds, char *why, size_t whylen);
+int hl_probe_timeout(double *seconds, ht_error *err);
 /* Both variables discovery reads: KILN_PLUGIN_PROBE_TIMEOUT as above, and
  * KILN_PLUGIN_CACHE (the probe cache file: an absolute path, or "off"; by
  * default $XDG_CACHE_HOME/kiln/plugin-probes or ~/.cache/kiln/plugin-probes).
  * -1 with a one-line reason when one is malformed. */
-int hl_check_env(char *why, size_t whylen);
+int hl_check_env(ht_error *err);
 
 /* Resolve "name", an alias, or "stem:name" for a kind, loading the library
  * that answers into this process on first use. NULL with a one-line reason
- * in `why` when nothing answers or that library fails to load here (a
+ * in err when nothing answers or that library fails to load here (a
  * refused file named like the query is named in the reason). */
-const hl_plugin *hl_find(hl_loader *L, uint32_t kind, const char *query, char *why, size_t whylen);
+const hl_plugin *hl_find(hl_loader *L, uint32_t kind, const char *query, ht_error *err);
 
 /* library_fini of every library, reverse load order. Instances must already
  * be destroyed. Idempotent. */
 void hl_shutdown(hl_loader *L);
 
 /* Vetting, exposed for tests: 0 if acceptable, else -1 and a reason. */
-int hl_vet_dir(const char *dir, int allow_symlinks, char *why, size_t whylen);
-int hl_vet_file(const char *path, int allow_symlinks, char *why, size_t whylen);
+int hl_vet_dir(const char *dir, int allow_symlinks, ht_error *err);
+int hl_vet_file(const char *path, int allow_symlinks, ht_error *err);
 
 const char *hl_kind_name(uint32_t kind);            /* "precision", or NULL   */
 int hl_kind_from_name(const char *name, uint32_t *kind);
@@ -174,7 +175,7 @@ void hl_entry_diagnosis(const char *path, char *buf, size_t n);
 /* Shared by loader.c and registry.c only. */
 void hl_lib_stem(const char *path, char *out, size_t n); /* "libkiln-x.so" → "x" */
 /* Load the library a probe describes into this process (once); 0, or -1
- * with one line in why. */
-int hl_probe_load(hl_loader *L, hl_probe *p, char *why, size_t whylen);
+ * with one line in err. */
+int hl_probe_load(hl_loader *L, hl_probe *p, ht_error *err);
 
 #endif

@@ -78,14 +78,6 @@ void hlog_loader(const char *fmt, ...) {
     fprintf(stderr, "kiln: loader: %s\n", line);
 }
 
-void hwhyf(char *why, size_t whylen, const char *fmt, ...) {
-    if (!why || !whylen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, whylen, fmt, ap);
-    va_end(ap);
-}
-
 void ht_errorf(ht_error *err, const char *fmt, ...) {
     if (!err) return;
     va_list ap;

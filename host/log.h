@@ -4,9 +4,9 @@
  * KILN_LOG=debug|trace or -v lowers the threshold, KILN_PLUGIN_DEBUG=1 turns
  * on loader tracing). The error slot carries the detail a plugin passes to
  * set_error() back to the host code that prefixes it with kind, name and file.
- * Also the helpers every one-line message uses: hwhyf, and the one edit
- * distance behind each did-you-mean (run-file keys, plugin names, the
- * plugin entry point).
+ * Also the one edit distance behind each did-you-mean (run-file keys,
+ * plugin names, the plugin entry point); the host's own failures travel in
+ * an ht_error (error.h), whose writers ht_errorf and ht_errorc log.c holds.
  */
 #ifndef KILN_HOST_LOG_H
 #define KILN_HOST_LOG_H
@@ -35,10 +35,6 @@ void herr_clear(void);
 void herr_set(int code, const char *msg);
 const char *herr_msg(void); /* "" when none */
 int herr_code(void);
-
-/* snprintf into a caller's one-line message buffer (why, whylen); no-op
- * when why is NULL. */
-void hwhyf(char *why, size_t whylen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* Damerau-Levenshtein distance (optimal string alignment: insertions,
  * deletions, substitutions and adjacent transpositions each count one), the

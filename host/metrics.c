@@ -182,7 +182,7 @@ const char *hm_json_other_key(json_t *o, const char *const *keys, int n) {
     return NULL;
 }
 
-int hm_import(ht_metrics *out, const char *text, char *why, size_t whylen) {
+int hm_import(ht_metrics *out, const char *text, ht_error *err) {
     memset(out, 0, sizeof *out);
     json_error_t e;
     json_t *o = json_loads(text, JSON_REJECT_DUPLICATES, &e);
@@ -200,8 +200,8 @@ int hm_import(ht_metrics *out, const char *text, char *why, size_t whylen) {
         else snprintf(found, sizeof found, "%s that is not an array", json_is_array(cb) ? "\"epoch\"" : "\"callback\"");
         for (char *c = found; *c; c++)
             if ((unsigned char)*c < 0x20) *c = ' '; /* one line */
-        snprintf(why, whylen, "expected a metrics object {\"format\": \"" HM_FORMAT "\", \"callback\": [...], "
-                 "\"epoch\": [...]}, found %s", found);
+        ht_errorf(err, "expected a metrics object {\"format\": \"" HM_FORMAT "\", \"callback\": [...], "
+                  "\"epoch\": [...]}, found %s", found);
         json_decref(o);
         return -1;
     }
@@ -213,11 +213,11 @@ int hm_import(ht_metrics *out, const char *text, char *why, size_t whylen) {
         double v;
         if (!json_is_object(x) || hm_json_other_key(x, cbkeys, 2) || !name_ok(name, sizeof out->cb_name[0]) ||
             hm_json_real_value(json_object_get(x, "value"), &v)) {
-            snprintf(why, whylen, "metrics callback[%zu]: expected {\"name\": a name of 1..%zu printable bytes, "
-                     "\"value\": a number}", i, sizeof out->cb_name[0] - 1);
+            ht_errorf(err, "metrics callback[%zu]: expected {\"name\": a name of 1..%zu printable bytes, "
+                      "\"value\": a number}", i, sizeof out->cb_name[0] - 1);
             rc = -1;
         } else if (out->ncb >= HM_MAX * 3) {
-            snprintf(why, whylen, "metrics callback[%zu]: more than %d callback metrics", i, HM_MAX * 3);
+            ht_errorf(err, "metrics callback[%zu]: more than %d callback metrics", i, HM_MAX * 3);
             rc = -1;
         } else {
             hm_set_cb(out, name, v);
@@ -233,16 +233,16 @@ int hm_import(ht_metrics *out, const char *text, char *why, size_t whylen) {
             hm_json_real_value(json_object_get(x, "flags"), &flags) ||
             hm_json_real_value(json_object_get(x, "sum"), &sum) ||
             hm_json_real_value(json_object_get(x, "weight"), &weight)) {
-            snprintf(why, whylen, "metrics epoch[%zu]: expected {\"name\": a name of 1..%zu printable bytes, "
-                     "\"stage\", \"flags\", \"sum\", \"weight\": numbers}", i, sizeof out->m[0].name - 1);
+            ht_errorf(err, "metrics epoch[%zu]: expected {\"name\": a name of 1..%zu printable bytes, "
+                      "\"stage\", \"flags\", \"sum\", \"weight\": numbers}", i, sizeof out->m[0].name - 1);
             rc = -1;
         } else if (stage != floor(stage) || stage < 0 || stage > 16 || flags != floor(flags) || flags < 0 ||
                    flags > 0xffff || !isfinite(sum) || !isfinite(weight) || !(weight > 0)) {
-            snprintf(why, whylen, "metrics epoch[%zu] (%s): expected a stage 0..16, flags, a finite sum and a "
-                     "weight > 0, found %g %g %g %g", i, name, stage, flags, sum, weight);
+            ht_errorf(err, "metrics epoch[%zu] (%s): expected a stage 0..16, flags, a finite sum and a "
+                      "weight > 0, found %g %g %g %g", i, name, stage, flags, sum, weight);
             rc = -1;
         } else if (out->n >= HM_MAX) {
-            snprintf(why, whylen, "metrics epoch[%zu]: more than %d epoch metrics", i, HM_MAX);
+            ht_errorf(err, "metrics epoch[%zu]: more than %d epoch metrics", i, HM_MAX);
             rc = -1;
         } else {
             ht_metric *m = find_or_add(out, name);

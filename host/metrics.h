@@ -12,6 +12,7 @@
 #include <jansson.h>
 #include <stdint.h>
 
+#include "error.h"
 #include "kiln/plugin.h"
 
 #define HM_MAX 64
@@ -67,8 +68,8 @@ void hm_clear_cb(ht_metrics *M);
 char *hm_export(const ht_metrics *M);
 /* Parses and checks a hm_export text into *out (a fresh store); on a
  * malformed or out-of-range entry returns -1 with a message (no file
- * name) in why. */
-int hm_import(ht_metrics *out, const char *text, char *why, size_t whylen);
+ * name) in err. */
+int hm_import(ht_metrics *out, const char *text, ht_error *err);
 
 /* The checkpoint metadata's numbers (metrics, the loops' rate factor): a
  * JSON number, or for a value JSON cannot hold the string "nan", "inf" or

@@ -16,17 +16,19 @@
 
 #include "log.h"
 
-int hp_validate_desc(const kiln_kv *properties, const kiln_param *params, char *why, size_t whylen) {
-    return kiln_config_rules_validate(properties, params, why, whylen);
+int hp_validate_desc(const kiln_kv *properties, const kiln_param *params, ht_error *err) {
+    /* the SDK's rules (kiln/config_checks.h, shared with test hosts) write
+     * into a plain buffer: the plugin ABI's headers know no ht_error */
+    return kiln_config_rules_validate(properties, params, err->msg, sizeof err->msg);
 }
 
 int hp_check_config(const hc_config *c, config_setting_t *sec, const kiln_kv *properties, const kiln_kv *kv,
-                    const char *what, char *why, size_t whylen) {
+                    const char *what, ht_error *err) {
     const kiln_value *rules = kiln_config_rules_of(properties);
     for (uint32_t r = 0; rules && r < rules->count; r++) {
         kiln_config_rule ck;
-        char err[256];
-        if (kiln_config_rule_parse(rules->v.sl[r], &ck, err, sizeof err)) continue; /* refused at load; cannot happen */
+        char bad[256];
+        if (kiln_config_rule_parse(rules->v.sl[r], &ck, bad, sizeof bad)) continue; /* refused at load; cannot happen */
         const kiln_value *v = kiln_kv_find(kv, ck.key);
         char found[128];
         if (!v || kiln_config_rule_ok(&ck, v, found, sizeof found)) continue;
@@ -35,9 +37,8 @@ int hp_check_config(const hc_config *c, config_setting_t *sec, const kiln_kv *pr
         config_setting_t *m = sec ? config_setting_get_member(sec, ck.key) : NULL;
         if (m || sec) hc_where(c, m ? m : sec, where, sizeof where);
         else snprintf(where, sizeof where, "%s", c->path);
-        hwhyf(why, whylen, "%s: %s key '%s' must be %s, found %s%s", where, what, ck.key, rule, found,
-              m ? "" : " (its default)");
-        return KILN_E_CONFIG;
+        return ht_errorc(err, KILN_E_CONFIG, "%s: %s key '%s' must be %s, found %s%s", where, what, ck.key, rule,
+                         found, m ? "" : " (its default)");
     }
     return KILN_OK;
 }

@@ -22,17 +22,18 @@
 #include <stddef.h>
 
 #include "config.h"
+#include "error.h"
 #include "kiln/config_checks.h"
 #include "kiln/value.h"
 
 /* The rules of a descriptor, checked against its declared params: 0, or -1
- * with a message (no file name) in why. */
-int hp_validate_desc(const kiln_kv *properties, const kiln_param *params, char *why, size_t whylen);
+ * with a message (no file name) in err. */
+int hp_validate_desc(const kiln_kv *properties, const kiln_param *params, ht_error *err);
 /* Every rule of `properties` against the resolved config `kv` of the run
  * file section `sec` (NULL: all defaults): 0, or KILN_E_CONFIG with
- * "<file>:<line>: <what> key 'k' must be ..., found ..." in why. */
+ * "<file>:<line>: <what> key 'k' must be ..., found ..." in err. */
 int hp_check_config(const hc_config *c, config_setting_t *sec, const kiln_kv *properties, const kiln_kv *kv,
-                    const char *what, char *why, size_t whylen);
+                    const char *what, ht_error *err);
 /* The rules for `key` as one text ("> 0, < 1"), empty when none. */
 void hp_rules_for(const kiln_kv *properties, const char *key, char *buf, size_t n);
 

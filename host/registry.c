@@ -98,13 +98,13 @@ const char *hl_default_name(const hl_loader *L, const char *slot) {
 }
 
 /* The probe's plugin pi, loaded into this process on first use. */
-static const hl_plugin *resolve(hl_loader *L, hl_probe *p, int pi, char *why, size_t whylen) {
-    if (hl_probe_load(L, p, why, whylen)) return NULL;
+static const hl_plugin *resolve(hl_loader *L, hl_probe *p, int pi, ht_error *err) {
+    if (hl_probe_load(L, p, err)) return NULL;
     const hl_pmeta *m = &p->plugins[pi];
     for (int j = 0; j < p->lib->nplugins; j++)
         if (p->lib->plugins[j].view.kind == m->kind && !strcmp(p->lib->plugins[j].view.name, m->name))
             return &p->lib->plugins[j];
-    hwhyf(why, whylen, "%s: %s '%s' is missing once loaded", p->path, hl_kind_name(m->kind), m->name);
+    ht_errorf(err, "%s: %s '%s' is missing once loaded", p->path, hl_kind_name(m->kind), m->name);
     return NULL;
 }
 
@@ -121,7 +121,7 @@ static const char *refused_namesake(const hl_loader *L, const char *stem, size_t
     return NULL;
 }
 
-const hl_plugin *hl_find(hl_loader *L, uint32_t kind, const char *query, char *why, size_t whylen) {
+const hl_plugin *hl_find(hl_loader *L, uint32_t kind, const char *query, ht_error *err) {
     const char *kn = hl_kind_name(kind);
     const char *colon = strchr(query, ':');
     if (colon) {
@@ -135,25 +135,26 @@ const hl_plugin *hl_find(hl_loader *L, uint32_t kind, const char *query, char *w
                 if (m->kind != kind) continue;
                 int hit = !strcmp(m->name, name);
                 for (uint32_t a = 0; !hit && a < m->naliases; a++) hit = !strcmp(m->aliases[a], name);
-                if (hit) return resolve(L, p, j, why, whylen);
+                if (hit) return resolve(L, p, j, err);
             }
-            hwhyf(why, whylen, "library libkiln-%.*s.so has no %s plugin answering to '%s'", (int)sl, query, kn, name);
+            ht_errorf(err, "library libkiln-%.*s.so has no %s plugin answering to '%s'", (int)sl, query, kn, name);
             return NULL;
         }
         const char *ref = refused_namesake(L, query, sl);
         if (ref) {
-            hwhyf(why, whylen, "%s '%s' cannot be used: %.*s", kn, query, (int)strcspn(ref, "\n"), ref);
+            ht_errorf(err, "%s '%s' cannot be used: %.*s", kn, query, (int)strcspn(ref, "\n"), ref);
             return NULL;
         }
-        hwhyf(why, whylen, "no loaded library libkiln-%.*s.so for %s '%s'", (int)sl, query, kn, query);
+        ht_errorf(err, "no loaded library libkiln-%.*s.so for %s '%s'", (int)sl, query, kn, query);
         return NULL;
     }
     for (int i = 0; i < L->nreg; i++)
-        if (L->reg[i].kind == kind && !strcmp(L->reg[i].key, query)) return resolve(L, L->reg[i].pr, L->reg[i].pi, why, whylen);
+        if (L->reg[i].kind == kind && !strcmp(L->reg[i].key, query))
+            return resolve(L, L->reg[i].pr, L->reg[i].pi, err);
     /* Not found: a refused file of that name is the likely reason. */
     const char *ref = refused_namesake(L, query, strlen(query));
     if (ref) {
-        hwhyf(why, whylen, "%s '%s' cannot be used: %.*s", kn, query, (int)strcspn(ref, "\n"), ref);
+        ht_errorf(err, "%s '%s' cannot be used: %.*s", kn, query, (int)strcspn(ref, "\n"), ref);
         return NULL;
     }
     /* Otherwise list what exists and the closest match. */
@@ -176,8 +177,8 @@ const hl_plugin *hl_find(hl_loader *L, uint32_t kind, const char *query, char *w
     char ref2[160] = "";
     if (refused)
         snprintf(ref2, sizeof ref2, " (%d plugin file(s) were refused; see `kiln plugins list --verbose`)", refused);
-    hwhyf(why, whylen, "no %s plugin answers to '%s' (available: %s)%s%s", kn, query, *known ? known : "none", hint,
-         ref2);
+    ht_errorf(err, "no %s plugin answers to '%s' (available: %s)%s%s", kn, query, *known ? known : "none", hint,
+             ref2);
     return NULL;
 }
 

@@ -58,7 +58,7 @@ int ht_fail(ht_trainer *t, ht_slot *s, int32_t rc, const char *what, ht_error *e
         herr_set(KILN_E_INTERNAL, msg);
         rc = KILN_E_INTERNAL;
     }
-    hs_format_error(&s->hctx, rc, what, err->msg, sizeof err->msg);
+    hs_format_error(&s->hctx, rc, what, err);
     char where[160];
     where_text(t, where, sizeof where);
     size_t l = strlen(err->msg);

@@ -98,17 +98,17 @@ static const char *st_q(const char *s, char *buf, size_t len) {
     return buf;
 }
 
-/* "<path>: <message>" into why; returns code so callers can `return`. */
-__attribute__((format(printf, 5, 6))) static int st_fail(int code, char *why, size_t whylen, const char *path,
-                                                        const char *fmt, ...) {
+/* "<path>: <message>" and `code` into err; returns code so callers can
+ * `return`. */
+__attribute__((format(printf, 4, 5))) static int st_fail(int code, ht_error *err, const char *path, const char *fmt,
+                                                        ...) {
     char msg[1024];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    if (path) hwhyf(why, whylen, "%s: %s", path, msg);
-    else hwhyf(why, whylen, "%s", msg);
-    return code;
+    if (path) return ht_errorc(err, code, "%s: %s", path, msg);
+    return ht_errorc(err, code, "%s", msg);
 }
 
 static void st_fmt_shape(const int64_t *shape, int ndim, char *buf, size_t len) {
@@ -292,44 +292,44 @@ void safetensors_writer_free(safetensors_writer *w) {
 }
 
 int safetensors_add_tensor(safetensors_writer *w, const char *name, const char *dtype, const int64_t *shape, int ndim,
-                   const void *data, size_t nbytes, char *why, size_t whylen) {
+                   const void *data, size_t nbytes, ht_error *err) {
     char q[128], sh[256];
-    if (!w || !name) return st_fail(KILN_E_INVALID_ARG, why, whylen, NULL, "safetensors_add_tensor: no writer or no name");
+    if (!w || !name) return st_fail(KILN_E_INVALID_ARG, err, NULL, "safetensors_add_tensor: no writer or no name");
     st_q(name, q, sizeof q);
-    if (!*name) return st_fail(KILN_E_INVALID_ARG, why, whylen, NULL, "safetensors_add_tensor: empty tensor name");
+    if (!*name) return st_fail(KILN_E_INVALID_ARG, err, NULL, "safetensors_add_tensor: empty tensor name");
     if (st_utf8_check((const unsigned char *)name, strlen(name)) != strlen(name))
-        return st_fail(KILN_E_INVALID_ARG, why, whylen, NULL, "tensor name '%s' is not valid UTF-8", q);
+        return st_fail(KILN_E_INVALID_ARG, err, NULL, "tensor name '%s' is not valid UTF-8", q);
     /* the reserved key would turn the tensor into (broken) metadata */
     if (!strcmp(name, "__metadata__"))
-        return st_fail(KILN_E_INVALID_ARG, why, whylen, NULL, "tensor name '__metadata__' is reserved by the format");
+        return st_fail(KILN_E_INVALID_ARG, err, NULL, "tensor name '__metadata__' is reserved by the format");
     const st_dtype *dt = st_dtype_find(dtype);
     if (!dt)
-        return st_fail(KILN_E_INVALID_ARG, why, whylen, NULL, "tensor '%s': unknown dtype '%s'", q,
+        return st_fail(KILN_E_INVALID_ARG, err, NULL, "tensor '%s': unknown dtype '%s'", q,
                        dtype ? dtype : "(null)");
     if (ndim < 0 || ndim > KST_MAX_DIMS)
-        return st_fail(KILN_E_INVALID_ARG, why, whylen, NULL, "tensor '%s': %d dimensions, expected 0 to %d", q, ndim,
+        return st_fail(KILN_E_INVALID_ARG, err, NULL, "tensor '%s': %d dimensions, expected 0 to %d", q, ndim,
                        KST_MAX_DIMS);
     if (ndim > 0 && !shape)
-        return st_fail(KILN_E_INVALID_ARG, why, whylen, NULL, "tensor '%s': no shape for %d dimensions", q, ndim);
+        return st_fail(KILN_E_INVALID_ARG, err, NULL, "tensor '%s': no shape for %d dimensions", q, ndim);
     for (int i = 0; i < ndim; i++)
         if (shape[i] < 0)
-            return st_fail(KILN_E_INVALID_ARG, why, whylen, NULL, "tensor '%s': shape[%d] is %lld, expected >= 0", q,
+            return st_fail(KILN_E_INVALID_ARG, err, NULL, "tensor '%s': shape[%d] is %lld, expected >= 0", q,
                            i, (long long)shape[i]);
     st_fmt_shape(shape, ndim, sh, sizeof sh);
     uint64_t need;
     if (st_nbytes(shape, ndim, dt->size, &need) != 0)
-        return st_fail(KILN_E_INVALID_ARG, why, whylen, NULL, "tensor '%s': shape %s of %s overflows", q, sh,
+        return st_fail(KILN_E_INVALID_ARG, err, NULL, "tensor '%s': shape %s of %s overflows", q, sh,
                        dt->name);
     if (need != nbytes)
-        return st_fail(KILN_E_INVALID_ARG, why, whylen, NULL,
+        return st_fail(KILN_E_INVALID_ARG, err, NULL,
                        "tensor '%s': %zu bytes given, but shape %s of %s needs %llu", q, nbytes, sh, dt->name,
                        (unsigned long long)need);
     if (nbytes && !data)
-        return st_fail(KILN_E_INVALID_ARG, why, whylen, NULL, "tensor '%s': no data for %zu bytes", q, nbytes);
+        return st_fail(KILN_E_INVALID_ARG, err, NULL, "tensor '%s': no data for %zu bytes", q, nbytes);
     if (w->total > UINT64_MAX - nbytes)
-        return st_fail(KILN_E_INVALID_ARG, why, whylen, NULL, "tensor '%s': total data size overflows", q);
+        return st_fail(KILN_E_INVALID_ARG, err, NULL, "tensor '%s': total data size overflows", q);
     if (st_index_get(&w->tix, name) >= 0)
-        return st_fail(KILN_E_INVALID_ARG, why, whylen, NULL, "duplicate tensor name '%s'", q);
+        return st_fail(KILN_E_INVALID_ARG, err, NULL, "duplicate tensor name '%s'", q);
 
     if (st_grow((void **)&w->t, &w->capt, w->nt, sizeof *w->t) != 0) goto nomem;
     st_wtensor *t = &w->t[w->nt];
@@ -348,22 +348,22 @@ int safetensors_add_tensor(safetensors_writer *w, const char *name, const char *
     w->nt++;
     return KILN_OK;
 nomem:
-    return st_fail(KILN_E_NOMEM, why, whylen, NULL, "tensor '%s': out of memory", q);
+    return st_fail(KILN_E_NOMEM, err, NULL, "tensor '%s': out of memory", q);
 }
 
-int safetensors_add_metadata(safetensors_writer *w, const char *key, const char *value, char *why, size_t whylen) {
+int safetensors_add_metadata(safetensors_writer *w, const char *key, const char *value, ht_error *err) {
     char q[128];
     if (!w || !key || !value)
-        return st_fail(KILN_E_INVALID_ARG, why, whylen, NULL, "safetensors_add_metadata: no writer, key or value");
+        return st_fail(KILN_E_INVALID_ARG, err, NULL, "safetensors_add_metadata: no writer, key or value");
     st_q(key, q, sizeof q);
     if (st_utf8_check((const unsigned char *)key, strlen(key)) != strlen(key))
-        return st_fail(KILN_E_INVALID_ARG, why, whylen, NULL, "metadata key '%s' is not valid UTF-8", q);
+        return st_fail(KILN_E_INVALID_ARG, err, NULL, "metadata key '%s' is not valid UTF-8", q);
     if (st_utf8_check((const unsigned char *)value, strlen(value)) != strlen(value))
-        return st_fail(KILN_E_INVALID_ARG, why, whylen, NULL, "metadata value for key '%s' is not valid UTF-8", q);
+        return st_fail(KILN_E_INVALID_ARG, err, NULL, "metadata value for key '%s' is not valid UTF-8", q);
     if (st_index_get(&w->mix, key) >= 0)
-        return st_fail(KILN_E_INVALID_ARG, why, whylen, NULL, "duplicate metadata key '%s'", q);
+        return st_fail(KILN_E_INVALID_ARG, err, NULL, "duplicate metadata key '%s'", q);
     if (st_is_ck_key(key))
-        return st_fail(KILN_E_INVALID_ARG, why, whylen, NULL,
+        return st_fail(KILN_E_INVALID_ARG, err, NULL,
                        "metadata key '%s': the prefix '" ST_CK_PREFIX "' is reserved for the tensors' checksums", q);
     if (st_grow((void **)&w->m, &w->capm, w->nm, sizeof *w->m) != 0) goto nomem;
     st_kv *kv = &w->m[w->nm];
@@ -377,7 +377,7 @@ int safetensors_add_metadata(safetensors_writer *w, const char *key, const char 
     w->nm++;
     return KILN_OK;
 nomem:
-    return st_fail(KILN_E_NOMEM, why, whylen, NULL, "metadata key '%s': out of memory", q);
+    return st_fail(KILN_E_NOMEM, err, NULL, "metadata key '%s': out of memory", q);
 }
 
 /* A growable byte buffer; oom is sticky so the header can be built without
@@ -575,14 +575,14 @@ static void st_clean_stale_tmp(const char *dir, const char *base) {
     closedir(d);
 }
 
-int safetensors_write_atomic(safetensors_writer *w, const char *path, char *why, size_t whylen) {
+int safetensors_write_atomic(safetensors_writer *w, const char *path, ht_error *err) {
     if (!w || !path || !*path)
-        return st_fail(KILN_E_INVALID_ARG, why, whylen, NULL, "safetensors_write_atomic: no writer or no path");
+        return st_fail(KILN_E_INVALID_ARG, err, NULL, "safetensors_write_atomic: no writer or no path");
     st_buf h = {0};
     st_build_header(w, &h);
     if (h.oom) {
         free(h.p);
-        return st_fail(KILN_E_NOMEM, why, whylen, path, "out of memory building the header");
+        return st_fail(KILN_E_NOMEM, err, path, "out of memory building the header");
     }
     size_t plen = strlen(path);
     char *tmp = malloc(plen + 32);
@@ -591,7 +591,7 @@ int safetensors_write_atomic(safetensors_writer *w, const char *path, char *why,
         free(h.p);
         free(tmp);
         free(dir);
-        return st_fail(KILN_E_NOMEM, why, whylen, path, "out of memory");
+        return st_fail(KILN_E_NOMEM, err, path, "out of memory");
     }
     /* same directory as path, so rename() is atomic (never across devices) */
     snprintf(tmp, plen + 32, "%s.tmp.%ld", path, (long)getpid());
@@ -605,21 +605,21 @@ int safetensors_write_atomic(safetensors_writer *w, const char *path, char *why,
      * this one needs */
     st_clean_stale_tmp(dir, base);
 
-    int rc = KILN_OK, err = 0, fd;
+    int rc = KILN_OK, werr = 0, fd;
     /* O_EXCL|O_NOFOLLOW: never write through a planted link. A leftover of
      * our pid (a crashed earlier process) is ours to replace. */
     fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd < 0 && errno == EEXIST && unlink(tmp) == 0)
         fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd < 0) {
-        rc = st_fail(KILN_E_IO, why, whylen, path, "cannot create the temporary file %s: %s", tmp, strerror(errno));
+        rc = st_fail(KILN_E_IO, err, path, "cannot create the temporary file %s: %s", tmp, strerror(errno));
         goto out;
     }
-    err = st_write_all(fd, h.p, h.n);
-    for (int i = 0; !err && i < w->nt; i++)
-        if (w->t[i].nbytes) err = st_write_all(fd, w->t[i].data, w->t[i].nbytes);
-    if (err) {
-        rc = st_fail(KILN_E_IO, why, whylen, path, "cannot write the temporary file %s: %s", tmp, strerror(err));
+    werr = st_write_all(fd, h.p, h.n);
+    for (int i = 0; !werr && i < w->nt; i++)
+        if (w->t[i].nbytes) werr = st_write_all(fd, w->t[i].data, w->t[i].nbytes);
+    if (werr) {
+        rc = st_fail(KILN_E_IO, err, path, "cannot write the temporary file %s: %s", tmp, strerror(werr));
         close(fd);
         unlink(tmp);
         goto out;
@@ -627,18 +627,18 @@ int safetensors_write_atomic(safetensors_writer *w, const char *path, char *why,
     /* the data must be on disk before the rename makes it the checkpoint,
      * or a crash could leave a renamed but empty file */
     if (fsync(fd) != 0) {
-        rc = st_fail(KILN_E_IO, why, whylen, path, "cannot sync the temporary file %s: %s", tmp, strerror(errno));
+        rc = st_fail(KILN_E_IO, err, path, "cannot sync the temporary file %s: %s", tmp, strerror(errno));
         close(fd);
         unlink(tmp);
         goto out;
     }
     if (close(fd) != 0) {
-        rc = st_fail(KILN_E_IO, why, whylen, path, "cannot close the temporary file %s: %s", tmp, strerror(errno));
+        rc = st_fail(KILN_E_IO, err, path, "cannot close the temporary file %s: %s", tmp, strerror(errno));
         unlink(tmp);
         goto out;
     }
     if (rename(tmp, path) != 0) {
-        rc = st_fail(KILN_E_IO, why, whylen, path, "cannot rename %s over it: %s", tmp, strerror(errno));
+        rc = st_fail(KILN_E_IO, err, path, "cannot rename %s over it: %s", tmp, strerror(errno));
         unlink(tmp);
         goto out;
     }
@@ -646,7 +646,7 @@ int safetensors_write_atomic(safetensors_writer *w, const char *path, char *why,
      * survives a crash. EINVAL: a filesystem that cannot sync directories. */
     int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd < 0 || (fsync(dfd) != 0 && errno != EINVAL))
-        rc = st_fail(KILN_E_IO, why, whylen, path,
+        rc = st_fail(KILN_E_IO, err, path,
                      "written, but syncing the directory %s failed: %s (the new file may not survive a crash)", dir,
                      strerror(errno));
     if (dfd >= 0) close(dfd);
@@ -730,33 +730,33 @@ int safetensors_metadata_get(const safetensors_file *f, int i, const char **key,
 
 /* The whole file with read() (not mmap: a checkpoint rewritten under us
  * must not change the bytes we validated). */
-static int st_read_file(const char *path, unsigned char **out, size_t *outlen, char *why, size_t whylen) {
+static int st_read_file(const char *path, unsigned char **out, size_t *outlen, ht_error *err) {
     *out = NULL;
     *outlen = 0;
     /* O_NONBLOCK: a plain open() of a FIFO waits for a writer forever,
      * before fstat() could tell us what the path is. */
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) return st_fail(KILN_E_IO, why, whylen, path, "cannot open: %s", strerror(errno));
+    if (fd < 0) return st_fail(KILN_E_IO, err, path, "cannot open: %s", strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
         int e = errno;
         close(fd);
-        return st_fail(KILN_E_IO, why, whylen, path, "cannot stat: %s", strerror(e));
+        return st_fail(KILN_E_IO, err, path, "cannot stat: %s", strerror(e));
     }
     if (!S_ISREG(st.st_mode)) {
         close(fd);
-        return st_fail(KILN_E_IO, why, whylen, path, "expected a regular file, found %s", st_file_kind(st.st_mode));
+        return st_fail(KILN_E_IO, err, path, "expected a regular file, found %s", st_file_kind(st.st_mode));
     }
     /* ordinary blocking reads from here on */
     int fl = fcntl(fd, F_GETFL);
     if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
         int e = errno;
         close(fd);
-        return st_fail(KILN_E_IO, why, whylen, path, "cannot clear O_NONBLOCK: %s", strerror(e));
+        return st_fail(KILN_E_IO, err, path, "cannot clear O_NONBLOCK: %s", strerror(e));
     }
     if ((uint64_t)st.st_size >= SIZE_MAX) {
         close(fd);
-        return st_fail(KILN_E_NOMEM, why, whylen, path, "file too large to read (%lld bytes)", (long long)st.st_size);
+        return st_fail(KILN_E_NOMEM, err, path, "file too large to read (%lld bytes)", (long long)st.st_size);
     }
     /* one spare byte, so EOF is seen without a second allocation when the
      * size did not change */
@@ -764,7 +764,7 @@ static int st_read_file(const char *path, unsigned char **out, size_t *outlen, c
     unsigned char *buf = malloc(cap);
     if (!buf) {
         close(fd);
-        return st_fail(KILN_E_NOMEM, why, whylen, path, "out of memory reading %zu bytes", cap - 1);
+        return st_fail(KILN_E_NOMEM, err, path, "out of memory reading %zu bytes", cap - 1);
     }
     for (;;) {
         if (n == cap) {
@@ -772,7 +772,7 @@ static int st_read_file(const char *path, unsigned char **out, size_t *outlen, c
             if (!nb) {
                 free(buf);
                 close(fd);
-                return st_fail(KILN_E_NOMEM, why, whylen, path, "out of memory reading the file");
+                return st_fail(KILN_E_NOMEM, err, path, "out of memory reading the file");
             }
             buf = nb;
             cap *= 2;
@@ -783,7 +783,7 @@ static int st_read_file(const char *path, unsigned char **out, size_t *outlen, c
             int e = errno;
             free(buf);
             close(fd);
-            return st_fail(KILN_E_IO, why, whylen, path, "cannot read: %s", strerror(e));
+            return st_fail(KILN_E_IO, err, path, "cannot read: %s", strerror(e));
         }
         if (k == 0) break;
         n += (size_t)k;
@@ -804,8 +804,7 @@ typedef struct st_ps {
     size_t n;
     uint64_t datalen; /* bytes after the header */
     safetensors_file *f;
-    char *why;
-    size_t whylen;
+    ht_error *err;
 } st_ps;
 
 /* A byte of the header as "found ..." in a message. */
@@ -895,21 +894,21 @@ static int st_json_error(st_ps *ps, const json_error_t *e) {
     switch (json_error_code(e)) {
     case json_error_duplicate_key:
         if (w.depth == 1 && st_key_is(w.last, w.lastlen, "__metadata__"))
-            return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path, "duplicate __metadata__ object");
+            return st_fail(KILN_E_DATA, ps->err, ps->path, "duplicate __metadata__ object");
         if (w.depth == 1)
-            return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path, "duplicate tensor name '%s'",
+            return st_fail(KILN_E_DATA, ps->err, ps->path, "duplicate tensor name '%s'",
                            st_key_q(w.last, w.lastlen, q, sizeof q));
         if (w.depth == 2 && st_key_is(w.key[1], w.keylen[1], "__metadata__"))
-            return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path, "duplicate __metadata__ key '%s'",
+            return st_fail(KILN_E_DATA, ps->err, ps->path, "duplicate __metadata__ key '%s'",
                            st_key_q(w.last, w.lastlen, q, sizeof q));
         if (w.depth == 2)
-            return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path, "tensor '%s' has a duplicate key '%s'",
+            return st_fail(KILN_E_DATA, ps->err, ps->path, "tensor '%s' has a duplicate key '%s'",
                            st_key_q(w.key[1], w.keylen[1], q, sizeof q), st_key_q(w.last, w.lastlen, q2, sizeof q2));
         break;
     case json_error_numeric_overflow:
         if (w.depth == 3 && w.kind[3] == '[' && !st_key_is(w.key[1], w.keylen[1], "__metadata__") &&
             (st_key_is(w.key[2], w.keylen[2], "shape") || st_key_is(w.key[2], w.keylen[2], "data_offsets")))
-            return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path,
+            return st_fail(KILN_E_DATA, ps->err, ps->path,
                            "tensor '%s' %s[%d] is %s, expected a non-negative integer",
                            st_key_q(w.key[1], w.keylen[1], q, sizeof q),
                            st_key_is(w.key[2], w.keylen[2], "shape") ? "shape" : "data_offsets", w.index[3],
@@ -920,7 +919,7 @@ static int st_json_error(st_ps *ps, const json_error_t *e) {
         if (w.root_end || pos >= ps->n) {
             size_t at = w.root_end;
             while (at < ps->n && st_is_ws(ps->beg[at])) at++;
-            return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path,
+            return st_fail(KILN_E_DATA, ps->err, ps->path,
                            "invalid header JSON at byte %zu of %zu: expected only padding spaces after the header "
                            "object, found %s",
                            at, ps->n, st_found_at(ps, at, q, sizeof q));
@@ -929,7 +928,7 @@ static int st_json_error(st_ps *ps, const json_error_t *e) {
     default:
         break;
     }
-    return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path, "invalid header JSON at byte %zu of %zu: %s", pos, ps->n,
+    return st_fail(KILN_E_DATA, ps->err, ps->path, "invalid header JSON at byte %zu of %zu: %s", pos, ps->n,
                    st_q(e->text, t, sizeof t));
 }
 
@@ -951,7 +950,7 @@ static const char *st_kind(const json_t *v) {
 static int st_uint_array(st_ps *ps, const json_t *a, const char *q, const char *field, uint64_t *vals, int max,
                          uint64_t lim, int *n) {
     if (!json_is_array(a))
-        return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path, "tensor '%s' %s is %s, expected an array", q,
+        return st_fail(KILN_E_DATA, ps->err, ps->path, "tensor '%s' %s is %s, expected an array", q,
                        field, st_kind(a));
     *n = 0;
     for (size_t i = 0; i < json_array_size(a); i++) {
@@ -966,10 +965,10 @@ static int st_uint_array(st_ps *ps, const json_t *a, const char *q, const char *
             bad = st_kind(x);
         }
         if (bad)
-            return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path,
+            return st_fail(KILN_E_DATA, ps->err, ps->path,
                            "tensor '%s' %s[%zu] is %s, expected a non-negative integer", q, field, i, bad);
         if ((int)i == max)
-            return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path, "tensor '%s' %s has more than %d elements", q,
+            return st_fail(KILN_E_DATA, ps->err, ps->path, "tensor '%s' %s has more than %d elements", q,
                            field, max);
         vals[(*n)++] = (uint64_t)json_integer_value(x);
     }
@@ -984,14 +983,14 @@ static int st_tensor(st_ps *ps, const char *key, const json_t *v) {
     char *name = strdup(key);
     if (!name || st_grow((void **)&f->t, &f->capt, f->nt, sizeof *f->t) != 0) {
         free(name);
-        return st_fail(KILN_E_NOMEM, ps->why, ps->whylen, ps->path, "out of memory parsing the header");
+        return st_fail(KILN_E_NOMEM, ps->err, ps->path, "out of memory parsing the header");
     }
     /* owned by f from here on, so safetensors_close frees it on any failure */
     st_rtensor *t = &f->t[f->nt++];
     memset(t, 0, sizeof *t);
     t->pub.name = name;
     if (!json_is_object(v))
-        return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path, "tensor '%s' is %s, expected an object", q,
+        return st_fail(KILN_E_DATA, ps->err, ps->path, "tensor '%s' is %s, expected an object", q,
                        st_kind(v));
     enum { HAVE_DTYPE = 1, HAVE_SHAPE = 2, HAVE_OFFSETS = 4 };
     int have = 0, rc;
@@ -1005,19 +1004,19 @@ static int st_tensor(st_ps *ps, const char *key, const json_t *v) {
                   : !strcmp(fk, "data_offsets") ? HAVE_OFFSETS : 0;
         if (!bit) {
             char kq[128];
-            return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path,
+            return st_fail(KILN_E_DATA, ps->err, ps->path,
                            "tensor '%s' has an unknown key '%s' (expected dtype, shape, data_offsets)", q,
                            st_q(fk, kq, sizeof kq));
         }
         have |= bit;
         if (bit == HAVE_DTYPE) {
             if (!json_is_string(fv))
-                return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path, "tensor '%s' dtype is %s, expected a string",
+                return st_fail(KILN_E_DATA, ps->err, ps->path, "tensor '%s' dtype is %s, expected a string",
                                q, st_kind(fv));
             dt = st_dtype_find(json_string_value(fv));
             if (!dt) {
                 char dq[64];
-                return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path,
+                return st_fail(KILN_E_DATA, ps->err, ps->path,
                                "tensor '%s' has unknown dtype '%s' (expected one of BOOL, U8, I8, F8_E5M2, F8_E4M3, "
                                "F8_E8M0, I16, U16, F16, BF16, I32, U32, F32, I64, U64, F64)",
                                q, st_q(json_string_value(fv), dq, sizeof dq));
@@ -1028,14 +1027,14 @@ static int st_tensor(st_ps *ps, const char *key, const json_t *v) {
         } else {
             if ((rc = st_uint_array(ps, fv, q, "data_offsets", offs, 2, UINT64_MAX, &noffs)) != 0) return rc;
             if (noffs != 2)
-                return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path,
+                return st_fail(KILN_E_DATA, ps->err, ps->path,
                                "tensor '%s' data_offsets has %d elements, expected 2 [begin, end]", q, noffs);
         }
     }
     static const char *const names[] = {"dtype", "shape", "", "data_offsets"};
     for (int bit = 1; bit <= 4; bit <<= 1)
         if (!(have & bit))
-            return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path, "tensor '%s' has no %s", q, names[bit - 1]);
+            return st_fail(KILN_E_DATA, ps->err, ps->path, "tensor '%s' has no %s", q, names[bit - 1]);
 
     t->pub.dtype = dt->name;
     t->pub.ndim = ndim;
@@ -1045,25 +1044,25 @@ static int st_tensor(st_ps *ps, const char *key, const json_t *v) {
     t->end = offs[1];
     uint64_t need;
     if (st_nbytes(t->pub.shape, ndim, dt->size, &need) != 0)
-        return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path, "tensor '%s' shape %s of %s overflows", q, sh,
+        return st_fail(KILN_E_DATA, ps->err, ps->path, "tensor '%s' shape %s of %s overflows", q, sh,
                        dt->name);
     if (t->end < t->begin)
-        return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path,
+        return st_fail(KILN_E_DATA, ps->err, ps->path,
                        "tensor '%s' data_offsets [%llu, %llu] end before they begin", q,
                        (unsigned long long)t->begin, (unsigned long long)t->end);
     if (t->end > ps->datalen)
-        return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path,
+        return st_fail(KILN_E_DATA, ps->err, ps->path,
                        "tensor '%s' data_offsets [%llu, %llu] exceed the data (%llu bytes): truncated or corrupt file",
                        q, (unsigned long long)t->begin, (unsigned long long)t->end,
                        (unsigned long long)ps->datalen);
     if (t->end - t->begin != need)
-        return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path,
+        return st_fail(KILN_E_DATA, ps->err, ps->path,
                        "tensor '%s' data_offsets [%llu, %llu] hold %llu bytes, but shape %s of %s needs %llu", q,
                        (unsigned long long)t->begin, (unsigned long long)t->end,
                        (unsigned long long)(t->end - t->begin), sh, dt->name, (unsigned long long)need);
     t->pub.nbytes = (size_t)need;
     if (st_index_put(&f->tix, t->pub.name, f->nt - 1) != 0)
-        return st_fail(KILN_E_NOMEM, ps->why, ps->whylen, ps->path, "out of memory parsing the header");
+        return st_fail(KILN_E_NOMEM, ps->err, ps->path, "out of memory parsing the header");
     return KILN_OK;
 }
 
@@ -1071,14 +1070,14 @@ static int st_tensor(st_ps *ps, const char *key, const json_t *v) {
 static int st_metadata(st_ps *ps, const json_t *v) {
     safetensors_file *f = ps->f;
     if (!json_is_object(v))
-        return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path, "__metadata__ is %s, expected an object of strings",
+        return st_fail(KILN_E_DATA, ps->err, ps->path, "__metadata__ is %s, expected an object of strings",
                        st_kind(v));
     const char *key;
     const json_t *val;
     json_object_foreach((json_t *)v, key, val) {
         char q[128];
         if (!json_is_string(val))
-            return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path,
+            return st_fail(KILN_E_DATA, ps->err, ps->path,
                            "__metadata__ value for key '%s' is %s, expected a string", st_q(key, q, sizeof q),
                            st_kind(val));
         /* checksums go to their own table, keyed by the tensor name (the
@@ -1092,7 +1091,7 @@ static int st_metadata(st_ps *ps, const json_t *v) {
             st_index_put(ix, ck ? k + ST_CK_PREFIX_LEN : k, *n) != 0) {
             free(k);
             free(s);
-            return st_fail(KILN_E_NOMEM, ps->why, ps->whylen, ps->path, "out of memory parsing the header");
+            return st_fail(KILN_E_NOMEM, ps->err, ps->path, "out of memory parsing the header");
         }
         (*arr)[*n].key = k;
         (*arr)[*n].value = s;
@@ -1110,7 +1109,7 @@ static int st_header(st_ps *ps) {
     while (at < ps->n && st_is_ws(ps->beg[at])) at++;
     if (at >= ps->n || ps->beg[at] != '{') {
         char fb[16];
-        return st_fail(KILN_E_DATA, ps->why, ps->whylen, ps->path,
+        return st_fail(KILN_E_DATA, ps->err, ps->path,
                        "invalid header JSON at byte %zu of %zu: expected '{' opening the header object, found %s", at,
                        ps->n, st_found_at(ps, at, fb, sizeof fb));
     }
@@ -1137,16 +1136,16 @@ static int st_cmp_offsets(const void *a, const void *b) {
 
 /* The tensors, sorted by offset, must tile [0, datalen) exactly, as the
  * reference reader demands: each one starts where the previous ended. */
-static int st_check_coverage(safetensors_file *f, const char *path, uint64_t datalen, char *why, size_t whylen) {
+static int st_check_coverage(safetensors_file *f, const char *path, uint64_t datalen, ht_error *err) {
     if (f->nt == 0) {
         if (datalen)
-            return st_fail(KILN_E_DATA, why, whylen, path,
+            return st_fail(KILN_E_DATA, err, path,
                            "%llu trailing bytes after the header, but the header lists no tensor",
                            (unsigned long long)datalen);
         return KILN_OK;
     }
     st_rtensor **ord = malloc((size_t)f->nt * sizeof *ord);
-    if (!ord) return st_fail(KILN_E_NOMEM, why, whylen, path, "out of memory");
+    if (!ord) return st_fail(KILN_E_NOMEM, err, path, "out of memory");
     for (int i = 0; i < f->nt; i++) ord[i] = &f->t[i];
     qsort(ord, (size_t)f->nt, sizeof *ord, st_cmp_offsets);
     uint64_t at = 0;
@@ -1156,11 +1155,11 @@ static int st_check_coverage(safetensors_file *f, const char *path, uint64_t dat
     for (int i = 0; i < f->nt && !rc; i++) {
         const st_rtensor *t = ord[i];
         if (t->begin > at)
-            rc = st_fail(KILN_E_DATA, why, whylen, path,
+            rc = st_fail(KILN_E_DATA, err, path,
                          "gap in the data: no tensor covers bytes [%llu, %llu) before tensor '%s'",
                          (unsigned long long)at, (unsigned long long)t->begin, st_q(t->pub.name, q1, sizeof q1));
         else if (t->begin < at)
-            rc = st_fail(KILN_E_DATA, why, whylen, path,
+            rc = st_fail(KILN_E_DATA, err, path,
                          "tensor '%s' data_offsets [%llu, %llu] overlap tensor '%s' data_offsets [%llu, %llu]",
                          st_q(t->pub.name, q1, sizeof q1), (unsigned long long)t->begin, (unsigned long long)t->end,
                          st_q(prev->pub.name, q2, sizeof q2), (unsigned long long)prev->begin,
@@ -1169,7 +1168,7 @@ static int st_check_coverage(safetensors_file *f, const char *path, uint64_t dat
         prev = t;
     }
     if (!rc && at < datalen)
-        rc = st_fail(KILN_E_DATA, why, whylen, path,
+        rc = st_fail(KILN_E_DATA, err, path,
                      "%llu trailing bytes after the last tensor: the data is %llu bytes, the tensors cover %llu",
                      (unsigned long long)(datalen - at), (unsigned long long)datalen, (unsigned long long)at);
     free(ord);
@@ -1194,49 +1193,49 @@ static int st_parse_hex64(const char *s, uint64_t *v) {
 /* Every checksum names a tensor of the file and matches its bytes; and once
  * a file has checksums, every tensor has one (a damaged header could
  * otherwise drop a tensor's entry and with it the check). */
-static int st_verify_checksums(safetensors_file *f, const char *path, char *why, size_t whylen) {
+static int st_verify_checksums(safetensors_file *f, const char *path, ht_error *err) {
     if (f->nck == 0) return KILN_OK;
     char q[128];
     for (int i = 0; i < f->nck; i++) {
         const char *name = f->ck[i].key + ST_CK_PREFIX_LEN;
         int ti = st_index_get(&f->tix, name);
         if (ti < 0)
-            return st_fail(KILN_E_DATA, why, whylen, path,
+            return st_fail(KILN_E_DATA, err, path,
                            "__metadata__ has a checksum for tensor '%s', which the file does not hold: the header is "
                            "damaged",
                            st_q(name, q, sizeof q));
         uint64_t stored;
         if (st_parse_hex64(f->ck[i].value, &stored) != 0) {
             char qv[64];
-            return st_fail(KILN_E_DATA, why, whylen, path,
+            return st_fail(KILN_E_DATA, err, path,
                            "tensor '%s': checksum '%s' is not 16 hex digits (XXH3-64): the header is damaged",
                            st_q(name, q, sizeof q), st_q(f->ck[i].value, qv, sizeof qv));
         }
         const safetensors_tensor *t = &f->t[ti].pub;
         uint64_t got = XXH3_64bits(t->data, t->nbytes);
         if (got != stored)
-            return st_fail(KILN_E_DATA, why, whylen, path,
+            return st_fail(KILN_E_DATA, err, path,
                            "tensor '%s': checksum mismatch (stored %016llx, computed %016llx): the file is damaged",
                            st_q(name, q, sizeof q), (unsigned long long)stored, (unsigned long long)got);
     }
     if (f->nck != f->nt)
         for (int i = 0; i < f->nt; i++)
             if (st_index_get(&f->cix, f->t[i].pub.name) < 0)
-                return st_fail(KILN_E_DATA, why, whylen, path,
+                return st_fail(KILN_E_DATA, err, path,
                                "tensor '%s' has no checksum while %d other tensor(s) have one: the header is damaged",
                                st_q(f->t[i].pub.name, q, sizeof q), f->nck);
     return KILN_OK;
 }
 
-int safetensors_open(const char *path, safetensors_file **out, char *why, size_t whylen) {
+int safetensors_open(const char *path, safetensors_file **out, ht_error *err) {
     if (out) *out = NULL;
-    if (!path || !out) return st_fail(KILN_E_INVALID_ARG, why, whylen, NULL, "safetensors_open: no path or no out pointer");
+    if (!path || !out) return st_fail(KILN_E_INVALID_ARG, err, NULL, "safetensors_open: no path or no out pointer");
     safetensors_file *f = calloc(1, sizeof *f);
-    if (!f) return st_fail(KILN_E_NOMEM, why, whylen, path, "out of memory");
-    int rc = st_read_file(path, &f->buf, &f->size, why, whylen);
+    if (!f) return st_fail(KILN_E_NOMEM, err, path, "out of memory");
+    int rc = st_read_file(path, &f->buf, &f->size, err);
     if (rc) goto fail;
     if (f->size < 8) {
-        rc = st_fail(KILN_E_DATA, why, whylen, path,
+        rc = st_fail(KILN_E_DATA, err, path,
                      "file is %zu bytes, shorter than the 8-byte header length: truncated or not a safetensors file",
                      f->size);
         goto fail;
@@ -1244,13 +1243,13 @@ int safetensors_open(const char *path, safetensors_file **out, char *why, size_t
     uint64_t n = 0;
     for (int i = 7; i >= 0; i--) n = n << 8 | f->buf[i];
     if (n > KST_MAX_HEADER_BYTES) {
-        rc = st_fail(KILN_E_DATA, why, whylen, path,
+        rc = st_fail(KILN_E_DATA, err, path,
                      "header length %llu exceeds the %llu-byte limit: corrupt or not a safetensors file",
                      (unsigned long long)n, (unsigned long long)KST_MAX_HEADER_BYTES);
         goto fail;
     }
     if (n > f->size - 8) {
-        rc = st_fail(KILN_E_DATA, why, whylen, path,
+        rc = st_fail(KILN_E_DATA, err, path,
                      "header length %llu exceeds the %zu bytes after the length word: truncated or corrupt file",
                      (unsigned long long)n, f->size - 8);
         goto fail;
@@ -1260,13 +1259,12 @@ int safetensors_open(const char *path, safetensors_file **out, char *why, size_t
                 .n = (size_t)n,
                 .datalen = f->size - 8 - n,
                 .f = f,
-                .why = why,
-                .whylen = whylen};
+                .err = err};
     if ((rc = st_header(&ps)) != 0) goto fail;
-    if ((rc = st_check_coverage(f, path, ps.datalen, why, whylen)) != 0) goto fail;
+    if ((rc = st_check_coverage(f, path, ps.datalen, err)) != 0) goto fail;
     const unsigned char *data = f->buf + 8 + n;
     for (int i = 0; i < f->nt; i++) f->t[i].pub.data = data + f->t[i].begin;
-    if ((rc = st_verify_checksums(f, path, why, whylen)) != 0) goto fail;
+    if ((rc = st_verify_checksums(f, path, err)) != 0) goto fail;
     *out = f;
     return KILN_OK;
 fail:

@@ -12,7 +12,8 @@
  * rather than read as garbage. Every tensor's XXH3-64 is stored in the
  * metadata as "kiln.xxh3.<name>" = 16 lowercase hex digits and verified on
  * every read (a file without these entries loads unverified). Every function returns a kiln_status code and,
- * on failure, writes a message into the caller's (why, whylen) buffer.
+ * on failure, writes the status and a one-line message into the caller's
+ * ht_error (error.h).
  */
 #ifndef KILN_HOST_SAFETENSORS_H
 #define KILN_HOST_SAFETENSORS_H
@@ -20,6 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "error.h"
 #include "kiln/status.h"
 
 /* Most dimensions a tensor may have; enough for every tensor kiln trains. */
@@ -52,12 +54,12 @@ safetensors_writer *safetensors_writer_new(void);
  * unknown dtype, a bad shape, a size mismatch, an empty name, a name that is
  * not valid UTF-8, the reserved name "__metadata__", a duplicate name. */
 int safetensors_add_tensor(safetensors_writer *w, const char *name, const char *dtype, const int64_t *shape, int ndim,
-                   const void *data, size_t nbytes, char *why, size_t whylen);
+                   const void *data, size_t nbytes, ht_error *err);
 
 /* Add one "__metadata__" entry. Key and value are copied; both must be valid
  * UTF-8 (any characters, quotes, backslashes and newlines included: they are
  * escaped in the JSON). Duplicate keys are refused (KILN_E_INVALID_ARG). */
-int safetensors_add_metadata(safetensors_writer *w, const char *key, const char *value, char *why, size_t whylen);
+int safetensors_add_metadata(safetensors_writer *w, const char *key, const char *value, ht_error *err);
 
 /* Write everything added so far to path: the file is built as
  * "<path>.tmp.<pid>" in the same directory, fsynced, renamed over path, and
@@ -65,7 +67,7 @@ int safetensors_add_metadata(safetensors_writer *w, const char *key, const char 
  * as it was (KILN_E_IO, or KILN_E_NOMEM); the one exception is a failing
  * fsync of the directory after the rename, reported as KILN_E_IO with the new
  * file already in place. The writer is not consumed: it may be written again. */
-int safetensors_write_atomic(safetensors_writer *w, const char *path, char *why, size_t whylen);
+int safetensors_write_atomic(safetensors_writer *w, const char *path, ht_error *err);
 
 /* Checksums are on by default; off writes exactly the reference writer's
  * bytes (tests that compare layouts). */
@@ -91,7 +93,7 @@ typedef struct safetensors_file safetensors_file;
  * KILN_E_NOMEM, KILN_E_DATA when it breaks any rule of the format or a
  * tensor's bytes do not match its stored checksum (the message names the
  * file, the rule or the tensor). *out is NULL on failure. */
-int safetensors_open(const char *path, safetensors_file **out, char *why, size_t whylen);
+int safetensors_open(const char *path, safetensors_file **out, ht_error *err);
 
 int safetensors_count(const safetensors_file *f);
 /* Tensors in the order of the header; NULL when i is out of range. */

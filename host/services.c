@@ -88,22 +88,22 @@ void hs_ctx_init(kiln_host_ctx *h, const hl_plugin *p, const kiln_kv *config, co
     if (p) snprintf(h->label, sizeof h->label, "%s:%s", hl_kind_name(p->view.kind), p->view.name);
 }
 
-void hs_format_error(const kiln_host_ctx *h, int32_t rc, const char *what, char *why, size_t whylen) {
+void hs_format_error(const kiln_host_ctx *h, int32_t rc, const char *what, ht_error *err) {
     const char *msg = *herr_msg() ? herr_msg() : kiln_strerror(rc);
     if (h->plugin)
-        snprintf(why, whylen, "%s '%s' (%s): %s%s%s [%s]", hl_kind_name(h->plugin->view.kind), h->plugin->view.name,
-                 h->plugin->lib->path, what ? what : "", what ? ": " : "", msg, kiln_status_name(rc));
-    else snprintf(why, whylen, "%s%s%s [%s]", what ? what : "", what ? ": " : "", msg, kiln_status_name(rc));
+        ht_errorf(err, "%s '%s' (%s): %s%s%s [%s]", hl_kind_name(h->plugin->view.kind), h->plugin->view.name,
+                  h->plugin->lib->path, what ? what : "", what ? ": " : "", msg, kiln_status_name(rc));
+    else ht_errorf(err, "%s%s%s [%s]", what ? what : "", what ? ": " : "", msg, kiln_status_name(rc));
 }
 
 int hs_create(kiln_host_ctx *h, const kiln_host_services *services, const hl_plugin *p, kiln_instance **out,
-              char *why, size_t whylen) {
+              ht_error *err) {
     *out = NULL;
     herr_clear();
     int32_t rc = p->ops->create(p->view.plugin_ctx, services, h, h->config, out);
     if (rc != KILN_OK || !*out) {
         if (rc == KILN_OK) { rc = KILN_E_INTERNAL; herr_set(rc, "create returned success but no instance"); }
-        hs_format_error(h, rc, "create failed", why, whylen);
+        hs_format_error(h, rc, "create failed", err);
         *out = NULL;
         return rc;
     }

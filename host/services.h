@@ -11,6 +11,7 @@
 
 #include <stddef.h>
 
+#include "error.h"
 #include "kiln/plugin.h"
 #include "loader.h"
 
@@ -44,13 +45,13 @@ void hs_ctx_init(kiln_host_ctx *h, const hl_plugin *p, const kiln_kv *config, co
 
 /* Create an instance of `p` with the context's config, handing it
  * `services` (plugin_api.c's hs_services()); on failure returns the status
- * and writes "kind 'name' (file): message [CODE]" into why. */
+ * and writes "kind 'name' (file): message [CODE]" into err. */
 int hs_create(kiln_host_ctx *h, const kiln_host_services *services, const hl_plugin *p, kiln_instance **out,
-              char *why, size_t whylen);
+              ht_error *err);
 /* Destroy and report leaked host memory. */
 void hs_destroy(kiln_host_ctx *h, kiln_instance *inst);
 
 /* Format the error of a failed plugin call: prefix + herr_msg() + status. */
-void hs_format_error(const kiln_host_ctx *h, int32_t rc, const char *what, char *why, size_t whylen);
+void hs_format_error(const kiln_host_ctx *h, int32_t rc, const char *what, ht_error *err);
 
 #endif

@@ -15,17 +15,16 @@ static int prop_bool(const hl_plugin *p, const char *key, int dflt) {
     return v && v->type == KILN_TYPE_BOOL ? v->v.i != 0 : dflt;
 }
 
-int stack_param_dtype(const hl_plugin *precision, uint32_t *dtype, char *why, size_t whylen) {
+int stack_param_dtype(const hl_plugin *precision, uint32_t *dtype, ht_error *err) {
     *dtype = KILN_DTYPE_F32;
     const kiln_value *v = hl_prop(precision, "param_dtype");
     if (!v || v->type != KILN_TYPE_STRING) return KILN_OK;
     uint32_t dt = kiln_dtype_from_name(v->v.s);
     if (dt != KILN_DTYPE_F32 && dt != KILN_DTYPE_F64) {
-        hwhyf(why, whylen,
+        return ht_errorc(err, KILN_E_CONFIG,
               "precision '%s' (%s): property param_dtype is \"%s\"; the host keeps master weights in \"float32\" "
               "or \"float64\" (reduced-precision copies belong in the plugin's compute weights)",
               precision->view.name, precision->lib->path, v->v.s);
-        return KILN_E_CONFIG;
     }
     *dtype = dt;
     return KILN_OK;
@@ -41,38 +40,35 @@ static int handles_dtype(const hl_plugin *p, uint32_t dtype) {
     return 0;
 }
 
-static int check_dtype(const hl_plugin *precision, const hl_plugin *p, uint32_t dtype, char *why, size_t whylen) {
+static int check_dtype(const hl_plugin *precision, const hl_plugin *p, uint32_t dtype, ht_error *err) {
     if (!p || handles_dtype(p, dtype)) return KILN_OK;
-    hwhyf(why, whylen,
+    return ht_errorc(err, KILN_E_CONFIG,
           "precision '%s' (%s) keeps master weights in %s, but %s '%s' (%s) does not list \"%s\" in its "
           "param_dtypes property (it handles float32 only); use a precision with float32 masters or a %s that "
           "supports %s",
           precision->view.name, precision->lib->path, kiln_dtype_name(dtype), hl_kind_name(p->view.kind),
           p->view.name, p->lib->path, kiln_dtype_name(dtype), hl_kind_name(p->view.kind),
           kiln_dtype_name(dtype));
-    return KILN_E_CONFIG;
 }
 
-int stack_check(const hl_plugin *precision, const hl_plugin *module, const hl_plugin *optimizer, char *why,
-                   size_t whylen) {
+int stack_check(const hl_plugin *precision, const hl_plugin *module, const hl_plugin *optimizer, ht_error *err) {
     if (!precision) return KILN_OK;
     uint32_t dt;
-    int rc = stack_param_dtype(precision, &dt, why, whylen);
+    int rc = stack_param_dtype(precision, &dt, err);
     if (rc) return rc;
-    if ((rc = check_dtype(precision, module, dt, why, whylen))) return rc;
-    if ((rc = check_dtype(precision, optimizer, dt, why, whylen))) return rc;
+    if ((rc = check_dtype(precision, module, dt, err))) return rc;
+    if ((rc = check_dtype(precision, optimizer, dt, err))) return rc;
     /* Lightning refuses LBFGS under native AMP: the scaler unscales and
      * checks the gradients once per optimizer step, but a repeating
      * optimizer would run backward (with the scaled loss) several times. */
     if (optimizer && prop_bool(optimizer, "repeated_closure", 0) &&
         !prop_bool(precision, "allows_repeated_closure", 1)) {
-        hwhyf(why, whylen,
+        return ht_errorc(err, KILN_E_CONFIG,
               "precision '%s' (%s) cannot drive optimizer '%s' (%s): the optimizer calls its closure several times "
               "per step (repeated_closure = true) and this precision unscales and checks the gradients once per "
               "step (allows_repeated_closure = false); use a precision without loss scaling (e.g. one whose "
               "needs_grad_scaler is false) or another optimizer",
               precision->view.name, precision->lib->path, optimizer->view.name, optimizer->lib->path);
-        return KILN_E_CONFIG;
     }
     return KILN_OK;
 }
@@ -81,31 +77,27 @@ int stack_is_manual(const hl_plugin *module) {
     return module && !prop_bool(module, "automatic_optimization", 1);
 }
 
-int stack_check_optimization(const hl_plugin *module, int nopts, int64_t accumulate, double clip, char *why,
-                          size_t whylen) {
+int stack_check_optimization(const hl_plugin *module, int nopts, int64_t accumulate, double clip, ht_error *err) {
     if (!module) return KILN_OK;
     if (nopts > 1 && !stack_is_manual(module)) {
-        hwhyf(why, whylen,
+        return ht_errorc(err, KILN_E_CONFIG,
               "%d optimizers configured, but module '%s' uses automatic optimization, which drives exactly one (as in "
               "Lightning); a module with several optimizers must optimise manually (its automatic_optimization "
               "property false; %s)",
               nopts, module->view.name, module->lib->path);
-        return KILN_E_CONFIG;
     }
     if (!stack_is_manual(module)) return KILN_OK;
     if (clip > 0) {
-        hwhyf(why, whylen,
+        return ht_errorc(err, KILN_E_CONFIG,
               "trainer.gradient_clip_val = %g, but module '%s' optimises manually: automatic clipping is not "
               "available in manual optimization (as in Lightning); clip in the module",
               clip, module->view.name);
-        return KILN_E_CONFIG;
     }
     if (accumulate != 1) {
-        hwhyf(why, whylen,
+        return ht_errorc(err, KILN_E_CONFIG,
               "trainer.accumulate_grad_batches = %lld, but module '%s' optimises manually: automatic "
               "accumulation is not available in manual optimization (as in Lightning); accumulate in the module",
               (long long)accumulate, module->view.name);
-        return KILN_E_CONFIG;
     }
     return KILN_OK;
 }

@@ -128,15 +128,16 @@ static size_t ops_size_for(uint32_t kind) {
 
 static int make_slot(ht_trainer *t, ht_slot *s, uint32_t kind, const char *name, hc_node *sec,
                      const char *role, ht_error *err) {
-    char inner[1024], where[PATH_MAX + 32];
+    ht_error inner = {0};
+    char where[PATH_MAX + 32];
     memset(s, 0, sizeof *s);
     s->role = role;
-    const hl_plugin *p = hl_find(t->loader, kind, name, inner, sizeof inner);
+    const hl_plugin *p = hl_find(t->loader, kind, name, &inner);
     if (!p) {
         hc_node *at = sec ? hc_member(sec, "name") : hc_lookup(t->cfg, role);
         if (at) hc_where(t->cfg, at, where, sizeof where);
         else snprintf(where, sizeof where, "%s", t->cfg->path);
-        ht_errorf(err, "%s: %s: %s", where, role, inner);
+        ht_errorf(err, "%s: %s: %s", where, role, inner.msg);
         return KILN_E_NOT_FOUND;
     }
     size_t need = ops_size_for(kind);
@@ -149,9 +150,9 @@ static int make_slot(ht_trainer *t, ht_slot *s, uint32_t kind, const char *name,
     }
     char what[160];
     snprintf(what, sizeof what, "%s '%s'", hl_kind_name(kind), p->view.name);
-    int rc = hc_resolve_host(t->cfg, sec, p->view.params, hc_host_keys(kind), what, &s->cfg, err->msg, sizeof err->msg);
+    int rc = hc_resolve_host(t->cfg, sec, p->view.params, hc_host_keys(kind), what, &s->cfg, err);
     if (rc == KILN_OK) rc = hp_check_config(t->cfg, sec, p->view.properties, s->cfg.kv, what,
-            err->msg, sizeof err->msg);
+            err);
     if (rc) {
         hc_kvset_free(&s->cfg);
         return rc;
@@ -160,7 +161,7 @@ static int make_slot(ht_trainer *t, ht_slot *s, uint32_t kind, const char *name,
     hs_ctx_init(&s->hctx, p, s->cfg.kv, t->trainer_kv.kv);
     s->hctx.trainer = t;
     s->hctx.may_register = kind == KILN_KIND_MODULE;
-    rc = hs_create(&s->hctx, hs_services(), p, &s->inst, err->msg, sizeof err->msg);
+    rc = hs_create(&s->hctx, hs_services(), p, &s->inst, err);
     s->hctx.may_register = 0;
     if (rc) {
         hc_kvset_free(&s->cfg);
@@ -181,7 +182,7 @@ static void drop_slot(ht_slot *s) {
 static int slot_from_config(ht_trainer *t, ht_slot *s, const char *slot, int required, ht_error *err) {
     hc_node *sec = NULL;
     err->msg[0] = 0;
-    const char *name = hc_slot_name(t->cfg, slot, hl_default_name(t->loader, slot), &sec, err->msg, sizeof err->msg);
+    const char *name = hc_slot_name(t->cfg, slot, hl_default_name(t->loader, slot), &sec, err);
     if (!name) {
         if (err->msg[0]) return KILN_E_CONFIG;
         if (!required) return KILN_OK;
@@ -201,7 +202,7 @@ static int slot_from_config(ht_trainer *t, ht_slot *s, const char *slot, int req
  * starts on a 16-element boundary, i.e. 64 bytes for fp32. */
 static int alloc_params(ht_trainer *t, ht_error *err) {
     uint32_t dt;
-    int prc = stack_param_dtype(t->precision.p, &dt, err->msg, sizeof err->msg);
+    int prc = stack_param_dtype(t->precision.p, &dt, err);
     if (prc) return prc;
     size_t esz = kiln_dtype_size(dt);
     t->param_dtype = dt;
@@ -269,10 +270,10 @@ static int open_optimizers(ht_trainer *t, ht_error *err) {
         ht_errorf(err, "%s: %d optimizers configured, at most %d supported", t->cfg->path, n, HT_MAX_OPTIMIZERS);
         return KILN_E_CONFIG;
     }
-    char inner[1024];
-    if ((rc = stack_check_optimization(t->module.p, n, t->set.accumulate_grad_batches, t->set.gradient_clip_val, inner,
-                                    sizeof inner))) {
-        ht_errorf(err, "%s: %s", t->cfg->path, inner);
+    ht_error inner = {0};
+    if ((rc = stack_check_optimization(t->module.p, n, t->set.accumulate_grad_batches, t->set.gradient_clip_val,
+                                       &inner))) {
+        ht_errorf(err, "%s: %s", t->cfg->path, inner.msg);
         return rc;
     }
     for (int i = 0; i < (n ? n : 1); i++) {
@@ -292,7 +293,7 @@ static int open_optimizers(ht_trainer *t, ht_error *err) {
             const kiln_value *rep = hl_prop(t->opts[0].p, "repeated_closure");
             t->opt_repeats = rep && rep->type == KILN_TYPE_BOOL && rep->v.i;
         }
-        if ((rc = stack_check(t->precision.p, NULL, t->opts[i].p, err->msg, sizeof err->msg))) return rc;
+        if ((rc = stack_check(t->precision.p, NULL, t->opts[i].p, err))) return rc;
         if ((rc = assign_params(t, i, entry, err))) return rc;
         rc = t->opt_ops[i]->setup(t->opts[i].inst, t->opt_params[i], t->opt_nparams[i]);
         if (rc) return ht_fail(t, &t->opts[i], rc, "setup", err);
@@ -313,7 +314,7 @@ static int open_scheduler(ht_trainer *t, ht_error *err) {
     if (rc) return rc;
     ht_schedule_keys keys = {"step", NULL, 1};
     hc_node *sec = NULL;
-    if (t->scheduler.p) hc_slot_name(t->cfg, "scheduler", NULL, &sec, err->msg, sizeof err->msg);
+    if (t->scheduler.p) hc_slot_name(t->cfg, "scheduler", NULL, &sec, err);
     if (sec) {
         const char *interval = hc_member_string(sec, "interval");
         if (interval) keys.interval = interval;
@@ -332,7 +333,7 @@ int ht_open(ht_trainer *t, hc_config *cfg, hl_loader *loader, int stage, ht_erro
     t->loader = loader;
     t->stage = stage;
     int rc = hc_resolve(cfg, hc_lookup(cfg, "trainer"), hc_trainer_params, "trainer", &t->trainer_kv,
-            err->msg, sizeof err->msg);
+            err);
     if (rc) return rc;
     rc = read_settings(t, err);
     if (rc) goto fail;
@@ -375,7 +376,7 @@ int ht_open(ht_trainer *t, hc_config *cfg, hl_loader *loader, int stage, ht_erro
     rc = slot_from_config(t, &t->module, "module", 1, err);
     if (rc) goto fail;
     t->module_ops = (const kiln_module_ops *)t->module.p->ops;
-    rc = stack_check(t->precision.p, t->module.p, NULL, err->msg, sizeof err->msg);
+    rc = stack_check(t->precision.p, t->module.p, NULL, err);
     if (rc) goto fail;
     rc = alloc_params(t, err);
     if (rc) goto fail;
@@ -538,7 +539,7 @@ static int make_run_dir_rank0(ht_trainer *t, ht_error *err) {
         if (mkdir(t->run_dir, 0755) == 0) {
             char cfgpath[4200];
             snprintf(cfgpath, sizeof cfgpath, "%s/config.cfg", t->run_dir);
-            return hc_write(t->cfg, cfgpath, err->msg, sizeof err->msg);
+            return hc_write(t->cfg, cfgpath, err);
         }
         if (errno != EEXIST) {
             ht_errorf(err, "%s: cannot create the run directory: %s", t->run_dir, strerror(errno));

@@ -44,26 +44,26 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *loops = next_text(progress, text, size);
     const char *metrics = next_text(loops, text, size);
     const char *state = next_text(metrics, text, size);
-    char why[512];
+    ht_error err = {0};
     long long pv[PROGRESS_FIELDS];
-    if (progress_parse(progress, "ckpt", pv, why, sizeof why) == KILN_OK) {
+    if (progress_parse(progress, "ckpt", pv, &err) == KILN_OK) {
         for (int i = 0; i < PROGRESS_FIELDS; i++)
             fz_check(pv[i] >= 0 && pv[i] < CKPT_COUNT_LIMIT, "a progress counter out of range", NULL);
     } else {
-        fz_check(strchr(why, '\n') == NULL, "a progress refusal spans lines", why);
+        fz_check(strchr(err.msg, '\n') == NULL, "a progress refusal spans lines", err.msg);
     }
     long long lv[5] = {0, 0, 0, 0, 0};
     double f = 1.0;
-    if (loops_parse(loops, "ckpt", lv, &f, why, sizeof why) == 0) {
+    if (loops_parse(loops, "ckpt", lv, &f, &err) == 0) {
         for (int i = 0; i < 5; i++)
             fz_check(lv[i] >= 0 && lv[i] < CKPT_COUNT_LIMIT, "a loops counter out of range", NULL);
         fz_check(isfinite(f) && f >= 0, "a bad rate factor accepted", NULL);
     } else {
-        fz_check(strchr(why, '\n') == NULL, "a loops refusal spans lines", why);
+        fz_check(strchr(err.msg, '\n') == NULL, "a loops refusal spans lines", err.msg);
     }
     if (metrics) {
         ht_metrics *m = malloc(sizeof *m);
-        if (m && hm_import(m, metrics, why, sizeof why) == 0) {
+        if (m && hm_import(m, metrics, &err) == 0) {
             fz_check(m->n <= HM_MAX && m->ncb <= HM_MAX * 3, "more metrics than the store holds", NULL);
             for (int i = 0; i < m->n; i++)
                 fz_check(isfinite(m->m[i].sum) && m->m[i].weight > 0, "a bad epoch sum accepted", m->m[i].name);
@@ -71,13 +71,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             char *again = hm_export(m);
             ht_metrics *m2 = malloc(sizeof *m2);
             if (again && m2) {
-                fz_check(hm_import(m2, again, why, sizeof why) == 0, "an exported store is refused", why);
+                fz_check(hm_import(m2, again, &err) == 0, "an exported store is refused", err.msg);
                 fz_check(m2->n == m->n && m2->ncb == m->ncb, "the store changed in a round trip", NULL);
             }
             free(m2);
             free(again);
         } else if (m) {
-            fz_check(strchr(why, '\n') == NULL, "a metrics refusal spans lines", why);
+            fz_check(strchr(err.msg, '\n') == NULL, "a metrics refusal spans lines", err.msg);
         }
         free(m);
     }

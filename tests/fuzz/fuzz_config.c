@@ -68,12 +68,12 @@ static unsigned fz_walk(const hc_kvset *s) {
 }
 
 static void fz_questions(hc_config *c) {
-    char why[1024];
+    ht_error err = {0};
     unsigned h = 0;
-    hc_check_structure(c, why, sizeof why);
+    hc_check_structure(c, &err);
     const char **dirs = NULL;
     int nd = 0, sym = 0;
-    if (hc_plugin_dirs(c, &dirs, &nd, &sym, why, sizeof why) == KILN_OK) {
+    if (hc_plugin_dirs(c, &dirs, &nd, &sym, &err) == KILN_OK) {
         for (int i = 0; i < nd; i++) {
             fz_check(dirs[i] && dirs[i][0] == '/', "a relative plugin dir was accepted", dirs[i]);
             h += (unsigned)strlen(dirs[i]);
@@ -82,10 +82,10 @@ static void fz_questions(hc_config *c) {
     }
     for (int i = 0; i < hc_nslots; i++) {
         config_setting_t *sec = NULL;
-        const char *name = hc_slot_name(c, hc_slots[i], NULL, &sec, why, sizeof why);
+        const char *name = hc_slot_name(c, hc_slots[i], NULL, &sec, &err);
         if (name) h += (unsigned)strlen(name);
         hc_kvset kv;
-        if (hc_resolve_host(c, sec, fz_params, hc_host_keys((uint32_t)(i + 1)), "fuzz", &kv, why, sizeof why) ==
+        if (hc_resolve_host(c, sec, fz_params, hc_host_keys((uint32_t)(i + 1)), "fuzz", &kv, &err) ==
             KILN_OK) {
             h += fz_walk(&kv);
             hc_kvset_free(&kv);
@@ -96,7 +96,7 @@ static void fz_questions(hc_config *c) {
         config_setting_t *cb = hc_callback(c, i);
         hc_kvset kv;
         if (cb && config_setting_is_group(cb) &&
-            hc_resolve(c, cb, fz_params, "callback", &kv, why, sizeof why) == KILN_OK) {
+            hc_resolve(c, cb, fz_params, "callback", &kv, &err) == KILN_OK) {
             h += fz_walk(&kv);
             hc_kvset_free(&kv);
         }
@@ -110,8 +110,8 @@ static void fz_questions(hc_config *c) {
     }
     config_setting_t *tr = config_lookup(&c->cfg, "trainer");
     hc_kvset kv;
-    if (hc_resolve(c, tr && config_setting_is_group(tr) ? tr : NULL, hc_trainer_params, "trainer", &kv, why,
-                   sizeof why) == KILN_OK) {
+    if (hc_resolve(c, tr && config_setting_is_group(tr) ? tr : NULL, hc_trainer_params, "trainer", &kv, &err) ==
+        KILN_OK) {
         h += fz_walk(&kv);
         hc_kvset_free(&kv);
     }
@@ -129,11 +129,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         free(text);
         return 0;
     }
-    char why[1024];
+    ht_error err = {0};
     hc_config c;
-    int rc = hc_load_string(&c, text, "fuzz.cfg", why, sizeof why);
+    int rc = hc_load_string(&c, text, "fuzz.cfg", &err);
     if (rc != KILN_OK) {
-        fz_check(memchr(why, '\n', strnlen(why, sizeof why)) == NULL, "multi-line load message", why);
+        fz_check(memchr(err.msg, '\n', strnlen(err.msg, sizeof err.msg)) == NULL, "multi-line load message", err.msg);
         hc_free(&c);
         free(text);
         return 0;
@@ -143,16 +143,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         const char *a = text + off;
         /* no one-line check here: a refusal echoes the assignment, and a
          * newline the user typed into it stays theirs */
-        hc_override(&c, a, why, sizeof why);
+        hc_override(&c, a, &err);
     }
     fz_questions(&c);
     /* the effective config kiln writes must load again */
     char path[512];
     snprintf(path, sizeof path, "%s/effective.cfg", fz_tmpdir());
-    if (hc_write(&c, path, why, sizeof why) == KILN_OK) {
+    if (hc_write(&c, path, &err) == KILN_OK) {
         hc_config back;
-        rc = hc_load(&back, path, why, sizeof why);
-        fz_check(rc == KILN_OK, "the effective config does not load again", why);
+        rc = hc_load(&back, path, &err);
+        fz_check(rc == KILN_OK, "the effective config does not load again", err.msg);
         hc_free(&back);
     }
     hc_free(&c);

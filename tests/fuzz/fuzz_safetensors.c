@@ -28,29 +28,29 @@ static void fz_check(int ok, const char *what) {
 
 /* The writer's output must read back as the same tensors and metadata. */
 static void fz_roundtrip(const safetensors_file *f) {
-    char why[512];
+    ht_error err = {0};
     safetensors_writer *w = safetensors_writer_new();
     if (!w) return;
     int n = safetensors_count(f);
     for (int i = 0; i < n; i++) {
         const safetensors_tensor *t = safetensors_get(f, i);
-        int rc = safetensors_add_tensor(w, t->name, t->dtype, t->shape, t->ndim, t->data, t->nbytes, why, sizeof why);
-        fz_check(rc == KILN_OK, why);
+        int rc = safetensors_add_tensor(w, t->name, t->dtype, t->shape, t->ndim, t->data, t->nbytes, &err);
+        fz_check(rc == KILN_OK, err.msg);
     }
     for (int i = 0; i < safetensors_metadata_count(f); i++) {
         const char *k, *v;
         safetensors_metadata_get(f, i, &k, &v);
-        int rc = safetensors_add_metadata(w, k, v, why, sizeof why);
-        fz_check(rc == KILN_OK, why);
+        int rc = safetensors_add_metadata(w, k, v, &err);
+        fz_check(rc == KILN_OK, err.msg);
     }
     /* written to the temporary directory: the writer renames into place */
     char path[512];
     snprintf(path, sizeof path, "%s/rt.safetensors", fz_tmpdir());
-    int rc = safetensors_write_atomic(w, path, why, sizeof why);
-    fz_check(rc == KILN_OK, why);
+    int rc = safetensors_write_atomic(w, path, &err);
+    fz_check(rc == KILN_OK, err.msg);
     safetensors_file *g = NULL;
-    rc = safetensors_open(path, &g, why, sizeof why);
-    fz_check(rc == KILN_OK, why);
+    rc = safetensors_open(path, &g, &err);
+    fz_check(rc == KILN_OK, err.msg);
     fz_check(safetensors_count(g) == n && safetensors_metadata_count(g) == safetensors_metadata_count(f), "round trip changed the counts");
     for (int i = 0; i < n; i++) {
         const safetensors_tensor *a = safetensors_get(f, i), *b = safetensors_find(g, a->name);
@@ -71,12 +71,12 @@ static void fz_roundtrip(const safetensors_file *f) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *path = fz_memfile("ckpt", data, size);
-    char why[1024];
+    ht_error err = {0};
     safetensors_file *f = NULL;
-    int rc = safetensors_open(path, &f, why, sizeof why);
+    int rc = safetensors_open(path, &f, &err);
     if (rc != KILN_OK) {
         fz_check(f == NULL, "a refused file still returned a handle");
-        fz_check(memchr(why, '\n', strnlen(why, sizeof why)) == NULL, "a refusal message spans lines");
+        fz_check(memchr(err.msg, '\n', strnlen(err.msg, sizeof err.msg)) == NULL, "a refusal message spans lines");
         return 0;
     }
     int n = safetensors_count(f);

@@ -36,19 +36,19 @@ static const char *write_cfg(const char *name, const char *text) {
 static void test_parse_error_line(void) {
     const char *p = write_cfg("bad.cfg", "trainer = {\n  max_epochs = 3;\n  seed = ;\n};\n");
     hc_config c;
-    char why[1024];
-    CU_ASSERT_EQUAL(hc_load(&c, p, why, sizeof why), KILN_E_CONFIG);
+    ht_error err = {0};
+    CU_ASSERT_EQUAL(hc_load(&c, p, &err), KILN_E_CONFIG);
     char expect[4300];
     snprintf(expect, sizeof expect, "%s:3: ", p);
-    CU_ASSERT_PTR_NOT_NULL(strstr(why, expect));
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, expect));
     hc_free(&c);
 }
 
 static void test_missing_file(void) {
     hc_config c;
-    char why[1024];
-    CU_ASSERT_EQUAL(hc_load(&c, "/nonexistent/run.cfg", why, sizeof why), KILN_E_CONFIG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(why, "/nonexistent/run.cfg: cannot read run file"));
+    ht_error err = {0};
+    CU_ASSERT_EQUAL(hc_load(&c, "/nonexistent/run.cfg", &err), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "/nonexistent/run.cfg: cannot read run file"));
     hc_free(&c);
 }
 
@@ -63,8 +63,8 @@ static void test_include_relative(void) {
     CU_ASSERT_PTR_NOT_NULL_FATAL(getcwd(cwd, sizeof cwd));
     CU_ASSERT_EQUAL_FATAL(chdir("/"), 0);
     hc_config c;
-    char why[1024];
-    int rc = hc_load(&c, p, why, sizeof why);
+    ht_error err = {0};
+    int rc = hc_load(&c, p, &err);
     CU_ASSERT_EQUAL_FATAL(chdir(cwd), 0);
     CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
     double lr = 0;
@@ -75,21 +75,21 @@ static void test_include_relative(void) {
 
 static void test_overrides_typed(void) {
     hc_config c;
-    char why[1024];
+    ht_error err = {0};
     CU_ASSERT_EQUAL_FATAL(hc_load_string(&c,
                                          "trainer = { max_epochs = 3; };\n"
                                          "optimizer = { name = \"tsgd\"; lr = 0.1; nesterov = false; };\n"
                                          "precision = { name = \"t16-mixed\"; };\n"
                                          "module = { name = \"tmlp\"; layers = [1, 2]; };\n",
-                                         "run.cfg", why, sizeof why),
+                                         "run.cfg", &err),
                           KILN_OK);
-    CU_ASSERT_EQUAL(hc_override(&c, "trainer.max_epochs=7", why, sizeof why), KILN_OK);
-    CU_ASSERT_EQUAL(hc_override(&c, "optimizer.lr=1", why, sizeof why), KILN_OK); /* int into a float */
-    CU_ASSERT_EQUAL(hc_override(&c, "optimizer.nesterov=true", why, sizeof why), KILN_OK);
-    CU_ASSERT_EQUAL(hc_override(&c, "precision.name=16", why, sizeof why), KILN_OK); /* "16" the string */
-    CU_ASSERT_EQUAL(hc_override(&c, "module.layers=[784, 128, 10]", why, sizeof why), KILN_OK);
-    CU_ASSERT_EQUAL(hc_override(&c, "data.batch_size=64", why, sizeof why), KILN_OK); /* creates the group */
-    CU_ASSERT_EQUAL(hc_override(&c, "data.path=/usr/share/x", why, sizeof why), KILN_OK); /* bare word */
+    CU_ASSERT_EQUAL(hc_override(&c, "trainer.max_epochs=7", &err), KILN_OK);
+    CU_ASSERT_EQUAL(hc_override(&c, "optimizer.lr=1", &err), KILN_OK); /* int into a float */
+    CU_ASSERT_EQUAL(hc_override(&c, "optimizer.nesterov=true", &err), KILN_OK);
+    CU_ASSERT_EQUAL(hc_override(&c, "precision.name=16", &err), KILN_OK); /* "16" the string */
+    CU_ASSERT_EQUAL(hc_override(&c, "module.layers=[784, 128, 10]", &err), KILN_OK);
+    CU_ASSERT_EQUAL(hc_override(&c, "data.batch_size=64", &err), KILN_OK); /* creates the group */
+    CU_ASSERT_EQUAL(hc_override(&c, "data.path=/usr/share/x", &err), KILN_OK); /* bare word */
     int ival = 0, b = 0;
     double f = 0;
     const char *s = NULL;
@@ -103,39 +103,39 @@ static void test_overrides_typed(void) {
     CU_ASSERT_EQUAL(config_setting_length(l), 3);
     CU_ASSERT_EQUAL(config_setting_get_int_elem(l, 2), 10);
     /* a float into an int is refused, naming where the int came from */
-    CU_ASSERT_EQUAL(hc_override(&c, "trainer.max_epochs=1.5", why, sizeof why), KILN_E_CONFIG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(why, "--set trainer.max_epochs=1.5: expected a int (as at run.cfg:1), found a float"));
-    CU_ASSERT_EQUAL(hc_override(&c, "novalue", why, sizeof why), KILN_E_CONFIG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(why, "expected KEY=VALUE"));
-    CU_ASSERT_EQUAL(hc_override(&c, "trainer.max_epochs.x=1", why, sizeof why), KILN_E_CONFIG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(why, "is a int, not a group"));
+    CU_ASSERT_EQUAL(hc_override(&c, "trainer.max_epochs=1.5", &err), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "--set trainer.max_epochs=1.5: expected a int (as at run.cfg:1), found a float"));
+    CU_ASSERT_EQUAL(hc_override(&c, "novalue", &err), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "expected KEY=VALUE"));
+    CU_ASSERT_EQUAL(hc_override(&c, "trainer.max_epochs.x=1", &err), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "is a int, not a group"));
     hc_free(&c);
 }
 
 static void test_unknown_top_and_trainer(void) {
     hc_config c;
-    char why[1024];
+    ht_error err = {0};
     CU_ASSERT_EQUAL_FATAL(hc_load_string(&c, "trainer = { max_epochs = 1; };\noptimiser = { name = \"x\"; };\n",
-                                         "run.cfg", why, sizeof why), KILN_OK);
-    CU_ASSERT_EQUAL(hc_check_structure(&c, why, sizeof why), KILN_E_CONFIG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(why, "run.cfg:2: unknown key 'optimiser' in the run file (did you mean 'optimizer'?)"));
+                                         "run.cfg", &err), KILN_OK);
+    CU_ASSERT_EQUAL(hc_check_structure(&c, &err), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "run.cfg:2: unknown key 'optimiser' in the run file (did you mean 'optimizer'?)"));
     hc_free(&c);
-    CU_ASSERT_EQUAL_FATAL(hc_load_string(&c, "trainer = {\n  max_epoch = 1;\n};\n", "run.cfg", why, sizeof why),
+    CU_ASSERT_EQUAL_FATAL(hc_load_string(&c, "trainer = {\n  max_epoch = 1;\n};\n", "run.cfg", &err),
                           KILN_OK);
-    CU_ASSERT_EQUAL(hc_check_structure(&c, why, sizeof why), KILN_E_CONFIG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(why, "run.cfg:2: unknown key 'max_epoch' for trainer (did you mean 'max_epochs'?)"));
+    CU_ASSERT_EQUAL(hc_check_structure(&c, &err), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "run.cfg:2: unknown key 'max_epoch' for trainer (did you mean 'max_epochs'?)"));
     hc_free(&c);
-    CU_ASSERT_EQUAL_FATAL(hc_load_string(&c, "trainer = {\n  seed = \"x\";\n};\n", "run.cfg", why, sizeof why),
+    CU_ASSERT_EQUAL_FATAL(hc_load_string(&c, "trainer = {\n  seed = \"x\";\n};\n", "run.cfg", &err),
                           KILN_OK);
-    CU_ASSERT_EQUAL(hc_check_structure(&c, why, sizeof why), KILN_E_CONFIG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(why, "run.cfg:2: trainer.seed must be a int, found a string"));
+    CU_ASSERT_EQUAL(hc_check_structure(&c, &err), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "run.cfg:2: trainer.seed must be a int, found a string"));
     hc_free(&c);
-    CU_ASSERT_EQUAL_FATAL(hc_load_string(&c, "plugins = { dirs = [\"rel/dir\"]; };\n", "run.cfg", why, sizeof why),
+    CU_ASSERT_EQUAL_FATAL(hc_load_string(&c, "plugins = { dirs = [\"rel/dir\"]; };\n", "run.cfg", &err),
                           KILN_OK);
     const char **dirs;
     int nd, allow;
-    CU_ASSERT_EQUAL(hc_plugin_dirs(&c, &dirs, &nd, &allow, why, sizeof why), KILN_E_CONFIG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(why, "plugin directory 'rel/dir' must be an absolute path"));
+    CU_ASSERT_EQUAL(hc_plugin_dirs(&c, &dirs, &nd, &allow, &err), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "plugin directory 'rel/dir' must be an absolute path"));
     hc_free(&c);
 }
 
@@ -147,9 +147,9 @@ static void test_plugin_section(void) {
     hl_loader_init(&L, hs_host_base());
     hl_add_dir(&L, d, HL_ORIGIN_CONFIG);
     hl_scan(&L);
-    char why[1024];
-    const hl_plugin *opt = hl_find(&L, KILN_KIND_OPTIMIZER, "tsgd", why, sizeof why);
-    const hl_plugin *mod = hl_find(&L, KILN_KIND_MODULE, "tmlp", why, sizeof why);
+    ht_error err = {0};
+    const hl_plugin *opt = hl_find(&L, KILN_KIND_OPTIMIZER, "tsgd", &err);
+    const hl_plugin *mod = hl_find(&L, KILN_KIND_MODULE, "tmlp", &err);
     CU_ASSERT_PTR_NOT_NULL_FATAL(opt);
     CU_ASSERT_PTR_NOT_NULL_FATAL(mod);
     hc_config c;
@@ -157,21 +157,20 @@ static void test_plugin_section(void) {
     CU_ASSERT_EQUAL_FATAL(hc_load_string(&c,
                                          "optimizer = {\n  name = \"tsgd\";\n  lr = 0.1;\n  momentun = 0.9;\n};\n"
                                          "module = { name = \"tmlp\"; layers = [784, 1024, 10]; };\n",
-                                         "run.cfg", why, sizeof why), KILN_OK);
+                                         "run.cfg", &err), KILN_OK);
     config_setting_t *sec = config_lookup(&c.cfg, "optimizer");
-    CU_ASSERT_EQUAL(hc_resolve(&c, sec, opt->view.params, "optimizer 'tsgd'", &kv, why, sizeof why), KILN_E_CONFIG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(why, "run.cfg:4: unknown key 'momentun' for optimizer 'tsgd' (did you mean 'momentum'?)"));
+    CU_ASSERT_EQUAL(hc_resolve(&c, sec, opt->view.params, "optimizer 'tsgd'", &kv, &err), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "run.cfg:4: unknown key 'momentun' for optimizer 'tsgd' (did you mean 'momentum'?)"));
     /* fixed: defaults filled in, types converted */
     config_setting_remove(sec, "momentun");
-    CU_ASSERT_EQUAL_FATAL(hc_resolve(&c, sec, opt->view.params, "optimizer 'tsgd'", &kv, why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(hc_resolve(&c, sec, opt->view.params, "optimizer 'tsgd'", &kv, &err), KILN_OK);
     CU_ASSERT_DOUBLE_EQUAL(kiln_kv_float(kv.kv, "lr", -1), 0.1, 1e-12);
     CU_ASSERT_DOUBLE_EQUAL(kiln_kv_float(kv.kv, "momentum", -1), 0.0, 0);
     CU_ASSERT_EQUAL(kiln_kv_int(kv.kv, "nesterov", -1), 0);
     CU_ASSERT_PTR_NULL(kiln_kv_find(kv.kv, "betas")); /* optional, no default */
     hc_kvset_free(&kv);
     /* int list */
-    CU_ASSERT_EQUAL_FATAL(hc_resolve(&c, config_lookup(&c.cfg, "module"), mod->view.params, "module 'tmlp'", &kv, why,
-                                     sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(hc_resolve(&c, config_lookup(&c.cfg, "module"), mod->view.params, "module 'tmlp'", &kv, &err), KILN_OK);
     const kiln_value *layers = kiln_kv_find(kv.kv, "layers");
     CU_ASSERT_EQUAL_FATAL(layers->type, KILN_TYPE_INT_LIST);
     CU_ASSERT_EQUAL(layers->count, 3);
@@ -180,11 +179,11 @@ static void test_plugin_section(void) {
     hc_kvset_free(&kv);
     /* required key missing; wrong type */
     config_setting_remove(sec, "lr");
-    CU_ASSERT_EQUAL(hc_resolve(&c, sec, opt->view.params, "optimizer 'tsgd'", &kv, why, sizeof why), KILN_E_CONFIG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(why, "run.cfg:1: optimizer 'tsgd' requires key 'lr'"));
-    CU_ASSERT_EQUAL(hc_override(&c, "optimizer.lr=\"fast\"", why, sizeof why), KILN_OK);
-    CU_ASSERT_EQUAL(hc_resolve(&c, sec, opt->view.params, "optimizer 'tsgd'", &kv, why, sizeof why), KILN_E_CONFIG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(why, "optimizer 'tsgd'.lr must be a float, found a string"));
+    CU_ASSERT_EQUAL(hc_resolve(&c, sec, opt->view.params, "optimizer 'tsgd'", &kv, &err), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "run.cfg:1: optimizer 'tsgd' requires key 'lr'"));
+    CU_ASSERT_EQUAL(hc_override(&c, "optimizer.lr=\"fast\"", &err), KILN_OK);
+    CU_ASSERT_EQUAL(hc_resolve(&c, sec, opt->view.params, "optimizer 'tsgd'", &kv, &err), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "optimizer 'tsgd'.lr must be a float, found a string"));
     hc_free(&c);
     hl_loader_free(&L);
     tu_rmrf(d);
@@ -195,52 +194,52 @@ static void test_plugin_section(void) {
  * with the file:line and key, and takes the L suffix end to end. */
 static void test_int_range(void) {
     hc_config c;
-    char why[1024];
+    ht_error err = {0};
     const char *p = write_cfg("big.cfg", "# 9999999999 in a comment\ntrainer = {\n  name = \"x 8888888888\";\n"
                                          "  max_steps = 5000000000;\n};\n");
-    CU_ASSERT_EQUAL(hc_load(&c, p, why, sizeof why), KILN_E_CONFIG);
+    CU_ASSERT_EQUAL(hc_load(&c, p, &err), KILN_E_CONFIG);
     char expect[4400];
     snprintf(expect, sizeof expect,
              "%s:4: trainer.max_steps: expected an integer in -2147483648..2147483647 (write 5000000000L for a "
              "64-bit int), found 5000000000", p);
-    CU_ASSERT_PTR_NOT_NULL(strstr(why, expect));
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, expect));
     hc_free(&c);
     /* an included file is scanned too, and an array element is named */
     write_cfg("inc.cfg", "module = {\n  name = \"tmlp\";\n  layers = [784, 4294967299, 10];\n};\n");
     p = write_cfg("inc_run.cfg", "@include \"inc.cfg\"\n");
-    CU_ASSERT_EQUAL(hc_load(&c, p, why, sizeof why), KILN_E_CONFIG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(why, "inc.cfg:3: module.layers.[1]: expected an integer"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(why, "found 4294967299"));
+    CU_ASSERT_EQUAL(hc_load(&c, p, &err), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "inc.cfg:3: module.layers.[1]: expected an integer"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "found 4294967299"));
     hc_free(&c);
     /* hex is a bit pattern libconfig would make negative; negatives; L past int64 */
-    CU_ASSERT_EQUAL(hc_load_string(&c, "a = 1;\nb = 0xFFFFFFFF;\n", "run.cfg", why, sizeof why), KILN_E_CONFIG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(why, "run.cfg:2: b: expected an integer"));
+    CU_ASSERT_EQUAL(hc_load_string(&c, "a = 1;\nb = 0xFFFFFFFF;\n", "run.cfg", &err), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "run.cfg:2: b: expected an integer"));
     hc_free(&c);
-    CU_ASSERT_EQUAL(hc_load_string(&c, "a = -2147483649;\n", "run.cfg", why, sizeof why), KILN_E_CONFIG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(why, "run.cfg:1: a: expected an integer in -2147483648..2147483647"));
+    CU_ASSERT_EQUAL(hc_load_string(&c, "a = -2147483649;\n", "run.cfg", &err), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "run.cfg:1: a: expected an integer in -2147483648..2147483647"));
     hc_free(&c);
-    CU_ASSERT_EQUAL(hc_load_string(&c, "a = 99999999999999999999L;\n", "run.cfg", why, sizeof why), KILN_E_CONFIG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(why, "run.cfg:1: a: expected an integer in -9223372036854775808..9223372036854775807"));
+    CU_ASSERT_EQUAL(hc_load_string(&c, "a = 99999999999999999999L;\n", "run.cfg", &err), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "run.cfg:1: a: expected an integer in -9223372036854775808..9223372036854775807"));
     hc_free(&c);
     /* what fits is fine: limits, floats, hex, names with digits, L values */
     CU_ASSERT_EQUAL_FATAL(hc_load_string(&c,
                                          "a = -2147483648; b = 2147483647; c = 1e10; d = 2.5e-4; e = .5; f = 5.;\n"
                                          "g = 0x7FFFFFFF; h2h = 5000000000L; i = [1L, 4294967299L]; j = 0x100000000L;\n"
                                          "k = \"\\\"4294967299\"; /* 4294967299 */ l = 1; // 4294967299\n",
-                                         "run.cfg", why, sizeof why), KILN_OK);
+                                         "run.cfg", &err), KILN_OK);
     long long v = 0;
     CU_ASSERT(config_lookup_int64(&c.cfg, "h2h", &v) && v == 5000000000LL);
     CU_ASSERT(config_lookup_int64(&c.cfg, "j", &v) && v == 4294967296LL);
     CU_ASSERT_EQUAL(config_setting_get_int64_elem(config_lookup(&c.cfg, "i"), 1), 4294967299LL);
     /* --set: the same rule, and a 64-bit value replaces an int key */
-    CU_ASSERT_EQUAL(hc_override(&c, "a=5000000000", why, sizeof why), KILN_E_CONFIG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(why, "--set a=5000000000: a: expected an integer in -2147483648..2147483647 "
+    CU_ASSERT_EQUAL(hc_override(&c, "a=5000000000", &err), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "--set a=5000000000: a: expected an integer in -2147483648..2147483647 "
                                        "(write 5000000000L for a 64-bit int), found 5000000000"));
-    CU_ASSERT_EQUAL(hc_override(&c, "m.n=[1, 4294967299]", why, sizeof why), KILN_E_CONFIG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(why, "found 4294967299"));
-    CU_ASSERT_EQUAL(hc_override(&c, "a=5000000000L", why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(hc_override(&c, "m.n=[1, 4294967299]", &err), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "found 4294967299"));
+    CU_ASSERT_EQUAL(hc_override(&c, "a=5000000000L", &err), KILN_OK);
     CU_ASSERT(config_lookup_int64(&c.cfg, "a", &v) && v == 5000000000LL);
-    CU_ASSERT_EQUAL(hc_override(&c, "h2h=7", why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(hc_override(&c, "h2h=7", &err), KILN_OK);
     CU_ASSERT(config_lookup_int64(&c.cfg, "h2h", &v) && v == 7);
     hc_free(&c);
 }
@@ -253,17 +252,16 @@ static void test_int64_to_plugin(void) {
     hl_loader_init(&L, hs_host_base());
     hl_add_dir(&L, d, HL_ORIGIN_CONFIG);
     hl_scan(&L);
-    char why[1024];
-    const hl_plugin *mod = hl_find(&L, KILN_KIND_MODULE, "tmlp", why, sizeof why);
+    ht_error err = {0};
+    const hl_plugin *mod = hl_find(&L, KILN_KIND_MODULE, "tmlp", &err);
     CU_ASSERT_PTR_NOT_NULL_FATAL(mod);
     hc_config c;
     hc_kvset kv;
     CU_ASSERT_EQUAL_FATAL(hc_load_string(&c, "module = { name = \"tmlp\"; layers = [784, 1024, 10]; };\n", "run.cfg",
-                                         why, sizeof why), KILN_OK);
+                                         &err), KILN_OK);
     /* an int array element taking a 64-bit value: the array widens to int64 */
-    CU_ASSERT_EQUAL(hc_override(&c, "module.layers.[1]=4294967299L", why, sizeof why), KILN_OK);
-    CU_ASSERT_EQUAL_FATAL(hc_resolve(&c, config_lookup(&c.cfg, "module"), mod->view.params, "module 'tmlp'", &kv, why,
-                                     sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(hc_override(&c, "module.layers.[1]=4294967299L", &err), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(hc_resolve(&c, config_lookup(&c.cfg, "module"), mod->view.params, "module 'tmlp'", &kv, &err), KILN_OK);
     const kiln_value *layers = kiln_kv_find(kv.kv, "layers");
     CU_ASSERT_EQUAL_FATAL(layers->count, 3);
     CU_ASSERT_EQUAL(layers->v.il[0], 784);
@@ -273,9 +271,9 @@ static void test_int64_to_plugin(void) {
     /* the effective file reads back (libconfig refuses a mixed array) */
     char out[4200];
     snprintf(out, sizeof out, "%s/eff64.cfg", g_dir);
-    CU_ASSERT_EQUAL_FATAL(hc_write(&c, out, why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(hc_write(&c, out, &err), KILN_OK);
     hc_free(&c);
-    CU_ASSERT_EQUAL(hc_load(&c, out, why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(hc_load(&c, out, &err), KILN_OK);
     CU_ASSERT_EQUAL(config_setting_get_int64_elem(config_lookup(&c.cfg, "module.layers"), 1), 4294967299LL);
     hc_free(&c);
     hl_loader_free(&L);
@@ -287,21 +285,21 @@ static void test_int64_to_plugin(void) {
  * range is refused. */
 static void test_override_list_element(void) {
     hc_config c;
-    char why[1024];
+    ht_error err = {0};
     CU_ASSERT_EQUAL_FATAL(hc_load_string(&c,
                                          "a = [1, 2, 3];\nf = [0.5, 1.5];\ns = [\"x\", \"y\"];\n"
                                          "l = (1, \"two\", [3], { k = 4; });\nw = [1L, 2L];\n",
-                                         "run.cfg", why, sizeof why), KILN_OK);
-    CU_ASSERT_EQUAL(hc_override(&c, "a.[1]=20", why, sizeof why), KILN_OK);
-    CU_ASSERT_EQUAL(hc_override(&c, "a.[2]=5000000000L", why, sizeof why), KILN_OK);
-    CU_ASSERT_EQUAL(hc_override(&c, "f.[0]=2.5", why, sizeof why), KILN_OK);
-    CU_ASSERT_EQUAL(hc_override(&c, "f.[1]=3", why, sizeof why), KILN_OK);
-    CU_ASSERT_EQUAL(hc_override(&c, "s.[0]=\"z\"", why, sizeof why), KILN_OK);
-    CU_ASSERT_EQUAL(hc_override(&c, "l.[0]=6000000000L", why, sizeof why), KILN_OK);
-    CU_ASSERT_EQUAL(hc_override(&c, "l.[2]=[7, 8]", why, sizeof why), KILN_OK);
-    CU_ASSERT_EQUAL(hc_override(&c, "l.[3]={ k = 9; }", why, sizeof why), KILN_OK);
-    CU_ASSERT_EQUAL(hc_override(&c, "l.[3].m=10", why, sizeof why), KILN_OK); /* new key in a group element */
-    CU_ASSERT_EQUAL(hc_override(&c, "w.[0]=3", why, sizeof why), KILN_OK);
+                                         "run.cfg", &err), KILN_OK);
+    CU_ASSERT_EQUAL(hc_override(&c, "a.[1]=20", &err), KILN_OK);
+    CU_ASSERT_EQUAL(hc_override(&c, "a.[2]=5000000000L", &err), KILN_OK);
+    CU_ASSERT_EQUAL(hc_override(&c, "f.[0]=2.5", &err), KILN_OK);
+    CU_ASSERT_EQUAL(hc_override(&c, "f.[1]=3", &err), KILN_OK);
+    CU_ASSERT_EQUAL(hc_override(&c, "s.[0]=\"z\"", &err), KILN_OK);
+    CU_ASSERT_EQUAL(hc_override(&c, "l.[0]=6000000000L", &err), KILN_OK);
+    CU_ASSERT_EQUAL(hc_override(&c, "l.[2]=[7, 8]", &err), KILN_OK);
+    CU_ASSERT_EQUAL(hc_override(&c, "l.[3]={ k = 9; }", &err), KILN_OK);
+    CU_ASSERT_EQUAL(hc_override(&c, "l.[3].m=10", &err), KILN_OK); /* new key in a group element */
+    CU_ASSERT_EQUAL(hc_override(&c, "w.[0]=3", &err), KILN_OK);
     config_setting_t *a = config_lookup(&c.cfg, "a"), *f = config_lookup(&c.cfg, "f"), *s = config_lookup(&c.cfg, "s"),
                      *l = config_lookup(&c.cfg, "l"), *w = config_lookup(&c.cfg, "w");
     CU_ASSERT_EQUAL_FATAL(config_setting_length(a), 3);
@@ -323,13 +321,13 @@ static void test_override_list_element(void) {
     CU_ASSERT_EQUAL_FATAL(config_setting_length(w), 2);
     CU_ASSERT_EQUAL(config_setting_get_int64_elem(w, 0), 3);
     /* out of range, and a type mismatch, change nothing */
-    CU_ASSERT_EQUAL(hc_override(&c, "a.[3]=1", why, sizeof why), KILN_E_CONFIG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(why, "--set a.[3]: expected an index in [0..2] (a has 3 elements, at run.cfg:1), "
+    CU_ASSERT_EQUAL(hc_override(&c, "a.[3]=1", &err), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "--set a.[3]: expected an index in [0..2] (a has 3 elements, at run.cfg:1), "
                                        "found [3]"));
-    CU_ASSERT_EQUAL(hc_override(&c, "l.[9].k=1", why, sizeof why), KILN_E_CONFIG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(why, "expected an index in [0..3]"));
-    CU_ASSERT_EQUAL(hc_override(&c, "a.[0]=\"x\"", why, sizeof why), KILN_E_CONFIG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(why, "expected a int"));
+    CU_ASSERT_EQUAL(hc_override(&c, "l.[9].k=1", &err), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "expected an index in [0..3]"));
+    CU_ASSERT_EQUAL(hc_override(&c, "a.[0]=\"x\"", &err), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "expected a int"));
     CU_ASSERT_EQUAL(config_setting_length(a), 3);
     hc_free(&c);
 }
@@ -479,22 +477,22 @@ static void test_cli_config(void) {
  * summary too. */
 static void test_set_quirks(void) {
     hc_config c;
-    char why[1024];
+    ht_error err = {0};
     CU_ASSERT_EQUAL_FATAL(hc_load_string(&c,
                                          "precision = \"32-true\";\n"
                                          "optimizer = { name = \"sgd\"; lr = 0.1; momentum = 0.9; };\n"
                                          "callbacks = ( { name = \"a\"; }, { name = \"b\"; x = 1; } );\n",
-                                         "run.cfg", why, sizeof why),
+                                         "run.cfg", &err),
                           KILN_OK);
     const char *s = NULL;
     int ival = 0;
-    CU_ASSERT_EQUAL(hc_override(&c, "precision.name=bf16-mixed", why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(hc_override(&c, "precision.name=bf16-mixed", &err), KILN_OK);
     CU_ASSERT(config_lookup_string(&c.cfg, "precision.name", &s) && !strcmp(s, "bf16-mixed"));
-    CU_ASSERT_EQUAL(hc_override(&c, "callbacks.[1].y=2", why, sizeof why), KILN_OK); /* a new key */
+    CU_ASSERT_EQUAL(hc_override(&c, "callbacks.[1].y=2", &err), KILN_OK); /* a new key */
     CU_ASSERT(config_lookup_int(&c.cfg, "callbacks.[1].y", &ival) && ival == 2);
-    CU_ASSERT_EQUAL(hc_override(&c, "callbacks.[1].x=3", why, sizeof why), KILN_OK); /* an existing one */
+    CU_ASSERT_EQUAL(hc_override(&c, "callbacks.[1].x=3", &err), KILN_OK); /* an existing one */
     CU_ASSERT(config_lookup_int(&c.cfg, "callbacks.[1].x", &ival) && ival == 3);
-    CU_ASSERT_EQUAL(hc_override(&c, "optimizer=adamw", why, sizeof why), KILN_OK); /* another plugin */
+    CU_ASSERT_EQUAL(hc_override(&c, "optimizer=adamw", &err), KILN_OK); /* another plugin */
     CU_ASSERT(config_lookup_string(&c.cfg, "optimizer", &s) && !strcmp(s, "adamw"));
     hc_free(&c);
 
@@ -508,12 +506,12 @@ static void test_set_quirks(void) {
     /* a key set twice, also when the first is in an @include file */
     write_cfg("inc-base.cfg", "trainer = { max_epochs = 1; };\n");
     p = write_cfg("inc-dup.cfg", "@include \"inc-base.cfg\"\ntrainer = { max_epochs = 2; };\n");
-    CU_ASSERT_EQUAL(hc_load(&c, p, why, sizeof why), KILN_E_CONFIG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(why, "inc-dup.cfg:2: 'trainer' is set twice in the same group"));
+    CU_ASSERT_EQUAL(hc_load(&c, p, &err), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "inc-dup.cfg:2: 'trainer' is set twice in the same group"));
     hc_free(&c);
     p = write_cfg("dup.cfg", "trainer = {\n  max_epochs = 1;\n  seed = 3;\n  max_epochs = 2;\n};\n");
-    CU_ASSERT_EQUAL(hc_load(&c, p, why, sizeof why), KILN_E_CONFIG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(why, "dup.cfg:4: 'max_epochs' is set twice in the same group"));
+    CU_ASSERT_EQUAL(hc_load(&c, p, &err), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "dup.cfg:4: 'max_epochs' is set twice in the same group"));
     hc_free(&c);
 }
 

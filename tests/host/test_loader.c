@@ -93,15 +93,15 @@ static void test_good_several_plugins(void) {
     char *d = scan_with(&L, names, 1, HL_ORIGIN_CONFIG);
     CU_ASSERT_EQUAL_FATAL(L.nlibs, 1);
     CU_ASSERT_EQUAL(L.libs[0]->nplugins, 4);
-    char why[1024];
-    const hl_plugin *p = hl_find(&L, KILN_KIND_PRECISION, "t16-mixed", why, sizeof why);
+    ht_error err = {0};
+    const hl_plugin *p = hl_find(&L, KILN_KIND_PRECISION, "t16-mixed", &err);
     CU_ASSERT_PTR_NOT_NULL_FATAL(p);
     /* aliases and explicit selection resolve to the same plugin */
-    CU_ASSERT_PTR_EQUAL(hl_find(&L, KILN_KIND_PRECISION, "t16", why, sizeof why), p);
-    CU_ASSERT_PTR_EQUAL(hl_find(&L, KILN_KIND_PRECISION, "tfp16", why, sizeof why), p);
-    CU_ASSERT_PTR_EQUAL(hl_find(&L, KILN_KIND_PRECISION, "testgood:t16", why, sizeof why), p);
+    CU_ASSERT_PTR_EQUAL(hl_find(&L, KILN_KIND_PRECISION, "t16", &err), p);
+    CU_ASSERT_PTR_EQUAL(hl_find(&L, KILN_KIND_PRECISION, "tfp16", &err), p);
+    CU_ASSERT_PTR_EQUAL(hl_find(&L, KILN_KIND_PRECISION, "testgood:t16", &err), p);
     /* an alias is per kind */
-    CU_ASSERT_PTR_NULL(hl_find(&L, KILN_KIND_OPTIMIZER, "t16", why, sizeof why));
+    CU_ASSERT_PTR_NULL(hl_find(&L, KILN_KIND_OPTIMIZER, "t16", &err));
     /* properties read without an instance */
     const kiln_value *v = hl_prop(p, "precision");
     CU_ASSERT_PTR_NOT_NULL_FATAL(v);
@@ -109,13 +109,13 @@ static void test_good_several_plugins(void) {
     CU_ASSERT_STRING_EQUAL(hl_prop(p, "amp_backend")->v.s, "native");
     CU_ASSERT_STRING_EQUAL(hl_prop(p, "amp_level")->v.s, "O1");
     /* unknown names: a did-you-mean and the list of what exists */
-    CU_ASSERT_PTR_NULL(hl_find(&L, KILN_KIND_OPTIMIZER, "tsdg", why, sizeof why));
-    CU_ASSERT_PTR_NOT_NULL(strstr(why, "did you mean 'tsgd'?"));
+    CU_ASSERT_PTR_NULL(hl_find(&L, KILN_KIND_OPTIMIZER, "tsdg", &err));
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "did you mean 'tsgd'?"));
     /* create and destroy through the host services */
     kiln_host_ctx h;
     hs_ctx_init(&h, p, NULL, NULL);
     kiln_instance *inst = NULL;
-    CU_ASSERT_EQUAL(hs_create(&h, hs_services(), p, &inst, why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(hs_create(&h, hs_services(), p, &inst, &err), KILN_OK);
     CU_ASSERT_PTR_NOT_NULL(inst);
     hs_destroy(&h, inst);
     hl_shutdown(&L);
@@ -130,8 +130,8 @@ static void test_old_abi_plugin_loads(void) {
     char *d = scan_with(&L, names, 1, HL_ORIGIN_CONFIG);
     CU_ASSERT_EQUAL_FATAL(L.nlibs, 1);
     CU_ASSERT_EQUAL(L.libs[0]->view.abi_minor, 0);
-    char why[512];
-    const hl_plugin *p = hl_find(&L, KILN_KIND_OPTIMIZER, "legacy", why, sizeof why);
+    ht_error err = {0};
+    const hl_plugin *p = hl_find(&L, KILN_KIND_OPTIMIZER, "legacy", &err);
     CU_ASSERT_PTR_NOT_NULL_FATAL(p);
     CU_ASSERT_STRING_EQUAL(p->view.name, "oldopt");
     hl_loader_free(&L);
@@ -151,8 +151,8 @@ static void test_unknown_kind_skipped(void) {
     char needle[128];
     snprintf(needle, sizeof needle, "kind 42, unknown to host ABI 1.%d; skipped", KILN_ABI_MINOR);
     CU_ASSERT_PTR_NOT_NULL(strstr(r, needle));
-    char why[512];
-    CU_ASSERT_PTR_NOT_NULL(hl_find(&L, KILN_KIND_CALLBACK, "presentday", why, sizeof why));
+    ht_error err = {0};
+    CU_ASSERT_PTR_NOT_NULL(hl_find(&L, KILN_KIND_CALLBACK, "presentday", &err));
     hl_loader_free(&L);
     tu_rmrf(d);
     free(d);
@@ -192,10 +192,10 @@ static void test_duplicate_names(void) {
     CU_ASSERT_PTR_NOT_NULL(strstr(L.warnings[0], "libkiln-dupa.so"));
     CU_ASSERT_PTR_NOT_NULL(strstr(L.warnings[0], "libkiln-dupb.so"));
     CU_ASSERT_PTR_NOT_NULL(strstr(L.warnings[0], "search-path order"));
-    char why[512];
-    const hl_plugin *p = hl_find(&L, KILN_KIND_OPTIMIZER, "dupopt", why, sizeof why);
+    ht_error err = {0};
+    const hl_plugin *p = hl_find(&L, KILN_KIND_OPTIMIZER, "dupopt", &err);
     CU_ASSERT_STRING_EQUAL(p->lib->stem, "dupa"); /* first in (sorted) search order */
-    p = hl_find(&L, KILN_KIND_OPTIMIZER, "dupb:dupopt", why, sizeof why);
+    p = hl_find(&L, KILN_KIND_OPTIMIZER, "dupb:dupopt", &err);
     CU_ASSERT_PTR_NOT_NULL_FATAL(p);
     CU_ASSERT_STRING_EQUAL(p->lib->stem, "dupb");
     hl_loader_free(&L);
@@ -214,13 +214,13 @@ static void test_builtin_not_replaced_implicitly(void) {
     hl_add_dir(&L, user, HL_ORIGIN_CONFIG);
     hl_add_dir(&L, builtin, HL_ORIGIN_BUILTIN);
     hl_scan(&L);
-    char why[512];
-    const hl_plugin *p = hl_find(&L, KILN_KIND_OPTIMIZER, "dupopt", why, sizeof why);
+    ht_error err = {0};
+    const hl_plugin *p = hl_find(&L, KILN_KIND_OPTIMIZER, "dupopt", &err);
     CU_ASSERT_PTR_NOT_NULL_FATAL(p);
     CU_ASSERT_STRING_EQUAL(p->lib->stem, "dupa");
     CU_ASSERT_EQUAL_FATAL(L.nwarnings, 1);
     CU_ASSERT_PTR_NOT_NULL(strstr(L.warnings[0], "built-ins are not replaced implicitly"));
-    CU_ASSERT_STRING_EQUAL(hl_find(&L, KILN_KIND_OPTIMIZER, "dupb:dupopt", why, sizeof why)->lib->stem, "dupb");
+    CU_ASSERT_STRING_EQUAL(hl_find(&L, KILN_KIND_OPTIMIZER, "dupb:dupopt", &err)->lib->stem, "dupb");
     hl_loader_free(&L);
     tu_rmrf(user);
     tu_rmrf(builtin);
@@ -253,12 +253,12 @@ static void test_group_writable_ancestor(void) {
     mkdir(sub, 0755);
     CU_ASSERT_EQUAL_FATAL(tu_copy_fixture("testgood", sub), 0);
     chmod(d, 0775);
-    char why[1024];
-    CU_ASSERT_EQUAL(hl_vet_dir(sub, 0, why, sizeof why), -1);
-    CU_ASSERT_PTR_NOT_NULL(strstr(why, "ancestor directory"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(why, "group-writable (mode 0775)"));
+    ht_error err = {0};
+    CU_ASSERT_EQUAL(hl_vet_dir(sub, 0, &err), -1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "ancestor directory"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "group-writable (mode 0775)"));
     chmod(d, 0755);
-    CU_ASSERT_EQUAL(hl_vet_dir(sub, 0, why, sizeof why), 0);
+    CU_ASSERT_EQUAL(hl_vet_dir(sub, 0, &err), 0);
     tu_rmrf(d);
     free(d);
 }

@@ -101,13 +101,13 @@ static void write_raw(const char *path, const char *header, const void *data, si
  * names the file and contains fragment. */
 static void expect_corrupt_at(const char *path, const char *fragment, int line) {
     safetensors_file *f = (safetensors_file *)1;
-    char why[1024] = "";
-    int rc = safetensors_open(path, &f, why, sizeof why);
-    int ok = rc == KILN_E_DATA && f == NULL && strncmp(why, path, strlen(path)) == 0 && strstr(why, fragment) &&
-             !strchr(why, '\n');
+    ht_error err = {0};
+    int rc = safetensors_open(path, &f, &err);
+    int ok = rc == KILN_E_DATA && f == NULL && strncmp(err.msg, path, strlen(path)) == 0 && strstr(err.msg, fragment) &&
+             !strchr(err.msg, '\n');
     if (!ok)
         fprintf(stderr, "\n  line %d: rc %d (%s), want KILN_E_DATA with '%s'; why: %s\n", line, rc,
-                kiln_status_name(rc), fragment, why);
+                kiln_status_name(rc), fragment, err.msg);
     CU_ASSERT_TRUE(ok);
     if (rc == KILN_OK) safetensors_close(f);
 }
@@ -176,22 +176,21 @@ static void test_round_trip(void) {
         {"/slash", "a/b"},
     };
     const int nm = (int)(sizeof M / sizeof M[0]);
-    char why[1024];
+    ht_error err = {0};
     safetensors_writer *w = safetensors_writer_new();
     CU_ASSERT_PTR_NOT_NULL_FATAL(w);
     for (int i = 0; i < nt; i++)
-        CU_ASSERT_EQUAL(safetensors_add_tensor(w, T[i].name, T[i].dtype, T[i].shape, T[i].ndim, T[i].data, T[i].nbytes, why,
-                                       sizeof why),
+        CU_ASSERT_EQUAL(safetensors_add_tensor(w, T[i].name, T[i].dtype, T[i].shape, T[i].ndim, T[i].data, T[i].nbytes, &err),
                         KILN_OK);
-    for (int i = 0; i < nm; i++) CU_ASSERT_EQUAL(safetensors_add_metadata(w, M[i][0], M[i][1], why, sizeof why), KILN_OK);
+    for (int i = 0; i < nm; i++) CU_ASSERT_EQUAL(safetensors_add_metadata(w, M[i][0], M[i][1], &err), KILN_OK);
     const char *p = pth("round.safetensors");
-    CU_ASSERT_EQUAL_FATAL(safetensors_write_atomic(w, p, why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(safetensors_write_atomic(w, p, &err), KILN_OK);
     safetensors_writer_free(w);
     CU_ASSERT_EQUAL(count_tmp(), 0);
 
     safetensors_file *f = NULL;
-    int rc = safetensors_open(p, &f, why, sizeof why);
-    if (rc) fprintf(stderr, "\n  %s\n", why);
+    int rc = safetensors_open(p, &f, &err);
+    if (rc) fprintf(stderr, "\n  %s\n", err.msg);
     CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
     CU_ASSERT_EQUAL(safetensors_count(f), nt);
     for (int i = 0; i < nt; i++) {
@@ -255,14 +254,14 @@ static void test_exact_layout(void) {
     CU_ASSERT_EQUAL_FATAL(sizeof expect - 1, 8 + 136 + 16);
     const float a[2] = {1.0f, -2.0f};
     const int64_t sv = 7, two = 2;
-    char why[1024];
+    ht_error err = {0};
     safetensors_writer *w = safetensors_writer_new();
     safetensors_writer_checksums(w, 0); /* the reference writer's bytes */
-    CU_ASSERT_EQUAL(safetensors_add_metadata(w, "k", "v", why, sizeof why), KILN_OK);
-    CU_ASSERT_EQUAL(safetensors_add_tensor(w, "a", "F32", &two, 1, a, sizeof a, why, sizeof why), KILN_OK);
-    CU_ASSERT_EQUAL(safetensors_add_tensor(w, "s", "I64", NULL, 0, &sv, sizeof sv, why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(safetensors_add_metadata(w, "k", "v", &err), KILN_OK);
+    CU_ASSERT_EQUAL(safetensors_add_tensor(w, "a", "F32", &two, 1, a, sizeof a, &err), KILN_OK);
+    CU_ASSERT_EQUAL(safetensors_add_tensor(w, "s", "I64", NULL, 0, &sv, sizeof sv, &err), KILN_OK);
     const char *p = pth("tiny.safetensors");
-    CU_ASSERT_EQUAL_FATAL(safetensors_write_atomic(w, p, why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(safetensors_write_atomic(w, p, &err), KILN_OK);
     size_t n;
     unsigned char *b = read_bytes(p, &n);
     CU_ASSERT_PTR_NOT_NULL_FATAL(b);
@@ -281,7 +280,7 @@ static void test_exact_layout(void) {
         "  "
         "\x00\x00\x80\x3f\x00\x00\x00\xc0\x07\0\0\0\0\0\0\0";
     safetensors_writer_checksums(w, 1);
-    CU_ASSERT_EQUAL_FATAL(safetensors_write_atomic(w, p, why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(safetensors_write_atomic(w, p, &err), KILN_OK);
     safetensors_writer_free(w);
     b = read_bytes(p, &n);
     CU_ASSERT_PTR_NOT_NULL_FATAL(b);
@@ -294,14 +293,14 @@ static void test_exact_layout(void) {
     static const unsigned char empty[] = "\x08\0\0\0\0\0\0\0{}      ";
     w = safetensors_writer_new();
     p = pth("empty.safetensors");
-    CU_ASSERT_EQUAL_FATAL(safetensors_write_atomic(w, p, why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(safetensors_write_atomic(w, p, &err), KILN_OK);
     safetensors_writer_free(w);
     b = read_bytes(p, &n);
     CU_ASSERT_PTR_NOT_NULL_FATAL(b);
     CU_ASSERT(n == sizeof empty - 1 && memcmp(b, empty, n) == 0);
     free(b);
     safetensors_file *f = NULL;
-    CU_ASSERT_EQUAL(safetensors_open(p, &f, why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(safetensors_open(p, &f, &err), KILN_OK);
     CU_ASSERT_EQUAL(safetensors_count(f), 0);
     safetensors_close(f);
 
@@ -312,9 +311,9 @@ static void test_exact_layout(void) {
         "{\"__metadata__\":{\"q\\\"\":\"\\u0001\\\\\xc3\xa9\\n\"}}" /* 39 bytes */
         " ";
     w = safetensors_writer_new();
-    CU_ASSERT_EQUAL(safetensors_add_metadata(w, "q\"", "\x01\\\xc3\xa9\n", why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(safetensors_add_metadata(w, "q\"", "\x01\\\xc3\xa9\n", &err), KILN_OK);
     p = pth("esc.safetensors");
-    CU_ASSERT_EQUAL_FATAL(safetensors_write_atomic(w, p, why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(safetensors_write_atomic(w, p, &err), KILN_OK);
     safetensors_writer_free(w);
     b = read_bytes(p, &n);
     CU_ASSERT_PTR_NOT_NULL_FATAL(b);
@@ -330,40 +329,40 @@ static void expect_arg_error(int rc, const char *why, const char *fragment) {
 }
 
 static void test_writer_args(void) {
-    char why[1024];
+    ht_error err = {0};
     const float d[6] = {0};
     const int64_t s23[2] = {2, 3}, neg[1] = {-1}, nine[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
     const int64_t huge[3] = {INT64_MAX, INT64_MAX, 2};
     safetensors_writer *w = safetensors_writer_new();
-    CU_ASSERT_EQUAL(safetensors_add_tensor(w, "a", "F32", s23, 2, d, sizeof d, why, sizeof why), KILN_OK);
-    expect_arg_error(safetensors_add_tensor(w, "a", "F32", s23, 2, d, sizeof d, why, sizeof why), why,
+    CU_ASSERT_EQUAL(safetensors_add_tensor(w, "a", "F32", s23, 2, d, sizeof d, &err), KILN_OK);
+    expect_arg_error(safetensors_add_tensor(w, "a", "F32", s23, 2, d, sizeof d, &err), err.msg,
                      "duplicate tensor name 'a'");
-    expect_arg_error(safetensors_add_tensor(w, "b", "F32", s23, 2, d, 20, why, sizeof why), why,
+    expect_arg_error(safetensors_add_tensor(w, "b", "F32", s23, 2, d, 20, &err), err.msg,
                      "tensor 'b': 20 bytes given, but shape [2, 3] of F32 needs 24");
-    expect_arg_error(safetensors_add_tensor(w, "b", "F31", s23, 2, d, sizeof d, why, sizeof why), why, "unknown dtype 'F31'");
-    expect_arg_error(safetensors_add_tensor(w, "b", "F32", neg, 1, d, 0, why, sizeof why), why, "shape[0] is -1");
-    expect_arg_error(safetensors_add_tensor(w, "b", "U8", nine, 9, d, 1, why, sizeof why), why, "9 dimensions");
-    expect_arg_error(safetensors_add_tensor(w, "b", "F32", huge, 3, d, 0, why, sizeof why), why, "overflows");
-    expect_arg_error(safetensors_add_tensor(w, "b", "F32", s23, 2, NULL, sizeof d, why, sizeof why), why, "no data");
-    expect_arg_error(safetensors_add_tensor(w, "__metadata__", "F32", s23, 2, d, sizeof d, why, sizeof why), why, "reserved");
-    expect_arg_error(safetensors_add_tensor(w, "", "F32", s23, 2, d, sizeof d, why, sizeof why), why, "empty tensor name");
-    expect_arg_error(safetensors_add_tensor(w, "bad\xff", "F32", s23, 2, d, sizeof d, why, sizeof why), why,
+    expect_arg_error(safetensors_add_tensor(w, "b", "F31", s23, 2, d, sizeof d, &err), err.msg, "unknown dtype 'F31'");
+    expect_arg_error(safetensors_add_tensor(w, "b", "F32", neg, 1, d, 0, &err), err.msg, "shape[0] is -1");
+    expect_arg_error(safetensors_add_tensor(w, "b", "U8", nine, 9, d, 1, &err), err.msg, "9 dimensions");
+    expect_arg_error(safetensors_add_tensor(w, "b", "F32", huge, 3, d, 0, &err), err.msg, "overflows");
+    expect_arg_error(safetensors_add_tensor(w, "b", "F32", s23, 2, NULL, sizeof d, &err), err.msg, "no data");
+    expect_arg_error(safetensors_add_tensor(w, "__metadata__", "F32", s23, 2, d, sizeof d, &err), err.msg, "reserved");
+    expect_arg_error(safetensors_add_tensor(w, "", "F32", s23, 2, d, sizeof d, &err), err.msg, "empty tensor name");
+    expect_arg_error(safetensors_add_tensor(w, "bad\xff", "F32", s23, 2, d, sizeof d, &err), err.msg,
                      "not valid UTF-8");
     /* a newline in a name is escaped in the one-line message */
-    CU_ASSERT_EQUAL(safetensors_add_tensor(w, "x\ny", "U8", NULL, 0, d, 1, why, sizeof why), KILN_OK);
-    expect_arg_error(safetensors_add_tensor(w, "x\ny", "U8", NULL, 0, d, 1, why, sizeof why), why,
+    CU_ASSERT_EQUAL(safetensors_add_tensor(w, "x\ny", "U8", NULL, 0, d, 1, &err), KILN_OK);
+    expect_arg_error(safetensors_add_tensor(w, "x\ny", "U8", NULL, 0, d, 1, &err), err.msg,
                      "duplicate tensor name 'x\\x0ay'");
-    CU_ASSERT_EQUAL(safetensors_add_metadata(w, "k", "v", why, sizeof why), KILN_OK);
-    expect_arg_error(safetensors_add_metadata(w, "k", "w", why, sizeof why), why, "duplicate metadata key 'k'");
-    expect_arg_error(safetensors_add_metadata(w, "k2", "\xc0\xaf", why, sizeof why), why, "not valid UTF-8");
-    expect_arg_error(safetensors_add_metadata(w, "\xed\xa0\x80", "v", why, sizeof why), why, "not valid UTF-8");
-    expect_arg_error(safetensors_write_atomic(w, "", why, sizeof why), why, "no path");
+    CU_ASSERT_EQUAL(safetensors_add_metadata(w, "k", "v", &err), KILN_OK);
+    expect_arg_error(safetensors_add_metadata(w, "k", "w", &err), err.msg, "duplicate metadata key 'k'");
+    expect_arg_error(safetensors_add_metadata(w, "k2", "\xc0\xaf", &err), err.msg, "not valid UTF-8");
+    expect_arg_error(safetensors_add_metadata(w, "\xed\xa0\x80", "v", &err), err.msg, "not valid UTF-8");
+    expect_arg_error(safetensors_write_atomic(w, "", &err), err.msg, "no path");
     /* the refused calls left the writer as it was */
     const char *p = pth("args.safetensors");
-    CU_ASSERT_EQUAL_FATAL(safetensors_write_atomic(w, p, why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(safetensors_write_atomic(w, p, &err), KILN_OK);
     safetensors_writer_free(w);
     safetensors_file *f = NULL;
-    CU_ASSERT_EQUAL_FATAL(safetensors_open(p, &f, why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(safetensors_open(p, &f, &err), KILN_OK);
     CU_ASSERT_EQUAL(safetensors_count(f), 2);
     CU_ASSERT_EQUAL(safetensors_metadata_count(f), 1);
     CU_ASSERT_PTR_NOT_NULL(safetensors_find(f, "x\ny"));
@@ -374,21 +373,21 @@ static void test_writer_args(void) {
 
 /* A writer holding one U8 tensor of n bytes, all of value v. */
 static safetensors_writer *writer_of(size_t n, unsigned char v, unsigned char **buf) {
-    char why[256];
+    ht_error err = {0};
     *buf = malloc(n ? n : 1);
     memset(*buf, v, n);
     int64_t shape = (int64_t)n;
     safetensors_writer *w = safetensors_writer_new();
-    CU_ASSERT_EQUAL(safetensors_add_tensor(w, "x", "U8", &shape, 1, *buf, n, why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(safetensors_add_tensor(w, "x", "U8", &shape, 1, *buf, n, &err), KILN_OK);
     return w;
 }
 
 /* path must hold the one-tensor file writer_of(n, v) wrote. */
 static void expect_content(const char *path, size_t n, unsigned char v) {
-    char why[1024];
+    ht_error err = {0};
     safetensors_file *f = NULL;
-    int rc = safetensors_open(path, &f, why, sizeof why);
-    if (rc) fprintf(stderr, "\n  %s\n", why);
+    int rc = safetensors_open(path, &f, &err);
+    if (rc) fprintf(stderr, "\n  %s\n", err.msg);
     CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
     const safetensors_tensor *t = safetensors_find(f, "x");
     CU_ASSERT_PTR_NOT_NULL_FATAL(t);
@@ -400,18 +399,18 @@ static void expect_content(const char *path, size_t n, unsigned char v) {
 }
 
 static void test_atomic_replace(void) {
-    char why[1024];
+    ht_error err = {0};
     unsigned char *b1, *b2;
     const char *p = pth("ckpt.safetensors");
     safetensors_writer *w = writer_of(100, 0x11, &b1);
-    CU_ASSERT_EQUAL_FATAL(safetensors_write_atomic(w, p, why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(safetensors_write_atomic(w, p, &err), KILN_OK);
     safetensors_writer_free(w);
     free(b1);
     expect_content(p, 100, 0x11);
     w = writer_of(3000, 0x22, &b2);
-    CU_ASSERT_EQUAL_FATAL(safetensors_write_atomic(w, p, why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(safetensors_write_atomic(w, p, &err), KILN_OK);
     /* the writer is not consumed: writing it again gives the same file */
-    CU_ASSERT_EQUAL_FATAL(safetensors_write_atomic(w, p, why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(safetensors_write_atomic(w, p, &err), KILN_OK);
     safetensors_writer_free(w);
     free(b2);
     expect_content(p, 3000, 0x22);
@@ -421,7 +420,7 @@ static void test_atomic_replace(void) {
     CU_ASSERT_PTR_NOT_NULL_FATAL(getcwd(cwd, sizeof cwd));
     CU_ASSERT_EQUAL_FATAL(chdir(g_dir), 0);
     w = writer_of(5, 0x33, &b1);
-    CU_ASSERT_EQUAL(safetensors_write_atomic(w, "rel.safetensors", why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(safetensors_write_atomic(w, "rel.safetensors", &err), KILN_OK);
     safetensors_writer_free(w);
     free(b1);
     CU_ASSERT_EQUAL_FATAL(chdir(cwd), 0);
@@ -429,35 +428,35 @@ static void test_atomic_replace(void) {
 }
 
 static void test_atomic_failures(void) {
-    char why[1024];
+    ht_error err = {0};
     unsigned char *b;
     safetensors_writer *w = writer_of(64, 0x44, &b);
 
     /* the target is a directory: rename fails, the directory stays, no temp */
     const char *d = pth("isdir.safetensors");
     CU_ASSERT_EQUAL_FATAL(mkdir(d, 0755), 0);
-    CU_ASSERT_EQUAL(safetensors_write_atomic(w, d, why, sizeof why), KILN_E_IO);
-    CU_ASSERT_PTR_NOT_NULL(strstr(why, d));
-    CU_ASSERT_PTR_NOT_NULL(strstr(why, "cannot rename"));
+    CU_ASSERT_EQUAL(safetensors_write_atomic(w, d, &err), KILN_E_IO);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, d));
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "cannot rename"));
     struct stat st;
     CU_ASSERT(stat(d, &st) == 0 && S_ISDIR(st.st_mode));
     CU_ASSERT_EQUAL(count_tmp(), 0);
 
     /* the parent directory does not exist: nothing is created */
     const char *np = pth("missing/ckpt.safetensors");
-    CU_ASSERT_EQUAL(safetensors_write_atomic(w, np, why, sizeof why), KILN_E_IO);
-    CU_ASSERT_PTR_NOT_NULL(strstr(why, np));
-    CU_ASSERT_PTR_NOT_NULL(strstr(why, "cannot create the temporary file"));
+    CU_ASSERT_EQUAL(safetensors_write_atomic(w, np, &err), KILN_E_IO);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, np));
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "cannot create the temporary file"));
     CU_ASSERT_NOT_EQUAL(stat(pth("missing"), &st), 0);
     safetensors_writer_free(w);
     free(b);
 
     /* reading them fails with KILN_E_IO, not KILN_E_DATA */
     safetensors_file *f = (safetensors_file *)1;
-    CU_ASSERT_EQUAL(safetensors_open(d, &f, why, sizeof why), KILN_E_IO);
+    CU_ASSERT_EQUAL(safetensors_open(d, &f, &err), KILN_E_IO);
     CU_ASSERT_PTR_NULL(f);
-    CU_ASSERT_EQUAL(safetensors_open(np, &f, why, sizeof why), KILN_E_IO);
-    CU_ASSERT_PTR_NOT_NULL(strstr(why, np));
+    CU_ASSERT_EQUAL(safetensors_open(np, &f, &err), KILN_E_IO);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, np));
 }
 
 /* A write that fails midway (the file size limit stands in for a full
@@ -465,11 +464,11 @@ static void test_atomic_failures(void) {
  * dies midway (killed by SIGXFSZ at the same point) both leave the old file
  * intact at path. Forked so the limit and the death stay in the child. */
 static void test_atomic_midway(void) {
-    char why[1024];
+    ht_error err = {0};
     unsigned char *b;
     const char *p = pth("midway.safetensors");
     safetensors_writer *w = writer_of(200, 0x55, &b);
-    CU_ASSERT_EQUAL_FATAL(safetensors_write_atomic(w, p, why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(safetensors_write_atomic(w, p, &err), KILN_OK);
     safetensors_writer_free(w);
     free(b);
     size_t n0;
@@ -487,11 +486,11 @@ static void test_atomic_midway(void) {
             if (setrlimit(RLIMIT_FSIZE, &fl) != 0) _exit(10);
             unsigned char *cb;
             safetensors_writer *cw = writer_of(1 << 20, 0x66, &cb);
-            char cwhy[1024];
-            int rc = safetensors_write_atomic(cw, p, cwhy, sizeof cwhy);
+            ht_error cerr = {0};
+            int rc = safetensors_write_atomic(cw, p, &cerr);
             /* only reached without the crash */
-            int ok = rc == KILN_E_IO && strstr(cwhy, p) && strstr(cwhy, "cannot write the temporary file");
-            if (!ok) fprintf(stderr, "\n  child: rc %d: %s\n", rc, cwhy);
+            int ok = rc == KILN_E_IO && strstr(cerr.msg, p) && strstr(cerr.msg, "cannot write the temporary file");
+            if (!ok) fprintf(stderr, "\n  child: rc %d: %s\n", rc, cerr.msg);
             safetensors_writer_free(cw);
             free(cb);
             _exit(ok ? 0 : 11);
@@ -529,13 +528,13 @@ static void test_fifo_refused(void) {
     CU_ASSERT_EQUAL_FATAL(mkfifo(p, 0600), 0);
     alarm(10);
     safetensors_file *f = (safetensors_file *)1;
-    char why[1024] = "";
-    CU_ASSERT_EQUAL(safetensors_open(p, &f, why, sizeof why), KILN_E_IO);
+    ht_error err = {0};
+    CU_ASSERT_EQUAL(safetensors_open(p, &f, &err), KILN_E_IO);
     alarm(0);
     CU_ASSERT_PTR_NULL(f);
-    CU_ASSERT_EQUAL(strncmp(why, p, strlen(p)), 0);
-    CU_ASSERT_PTR_NOT_NULL(strstr(why, "expected a regular file, found a FIFO"));
-    CU_ASSERT_PTR_NULL(strchr(why, '\n'));
+    CU_ASSERT_EQUAL(strncmp(err.msg, p, strlen(p)), 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "expected a regular file, found a FIFO"));
+    CU_ASSERT_PTR_NULL(strchr(err.msg, '\n'));
     unlink(p);
 }
 
@@ -559,7 +558,8 @@ static pid_t dead_pid(void) {
  * being saved or any *.safetensors. A live process's temp file (a save in
  * progress), names that merely look alike, other files and links stay. */
 static void test_stale_tmp_cleanup(void) {
-    char why[1024], name[4300];
+    ht_error err = {0};
+    char name[4300];
     const char *ck = pth("last.safetensors");
     pid_t dead = dead_pid(), live = getppid();
     CU_ASSERT_FATAL(dead > 0 && kill(dead, 0) != 0 && errno == ESRCH);
@@ -591,7 +591,7 @@ static void test_stale_tmp_cleanup(void) {
 
     unsigned char *b;
     safetensors_writer *w = writer_of(32, 0x77, &b);
-    CU_ASSERT_EQUAL_FATAL(safetensors_write_atomic(w, ck, why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(safetensors_write_atomic(w, ck, &err), KILN_OK);
     safetensors_writer_free(w);
     free(b);
     expect_content(ck, 32, 0x77);
@@ -615,17 +615,17 @@ static void test_stale_tmp_cleanup(void) {
 
 /* A valid file to cut short. */
 static unsigned char *valid_file(size_t *n, uint64_t *hlen) {
-    char why[1024];
+    ht_error err = {0};
     float wt[16];
     for (int i = 0; i < 16; i++) wt[i] = (float)i;
     const int64_t s44[2] = {4, 4}, s3 = 3;
     const uint8_t u[3] = {1, 2, 3};
     safetensors_writer *w = safetensors_writer_new();
-    safetensors_add_tensor(w, "layers.0.weight", "F32", s44, 2, wt, sizeof wt, why, sizeof why);
-    safetensors_add_tensor(w, "b", "U8", &s3, 1, u, sizeof u, why, sizeof why);
-    safetensors_add_metadata(w, "epoch", "3", why, sizeof why);
+    safetensors_add_tensor(w, "layers.0.weight", "F32", s44, 2, wt, sizeof wt, &err);
+    safetensors_add_tensor(w, "b", "U8", &s3, 1, u, sizeof u, &err);
+    safetensors_add_metadata(w, "epoch", "3", &err);
     const char *p = pth("valid.safetensors");
-    CU_ASSERT_EQUAL(safetensors_write_atomic(w, p, why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(safetensors_write_atomic(w, p, &err), KILN_OK);
     safetensors_writer_free(w);
     unsigned char *b = read_bytes(p, n);
     *hlen = 0;
@@ -659,8 +659,8 @@ static void test_truncated(void) {
     /* the whole file is fine */
     CU_ASSERT_EQUAL_FATAL(write_bytes(p, b, n), 0);
     safetensors_file *f = NULL;
-    char why[1024];
-    CU_ASSERT_EQUAL(safetensors_open(p, &f, why, sizeof why), KILN_OK);
+    ht_error err = {0};
+    CU_ASSERT_EQUAL(safetensors_open(p, &f, &err), KILN_OK);
     safetensors_close(f);
     /* one byte too many */
     unsigned char *b2 = malloc(n + 1);
@@ -797,7 +797,7 @@ static void test_bad_entries(void) {
 
 /* What the reader must accept although kst's writer never produces it. */
 static void test_accepts(void) {
-    char why[1024];
+    ht_error err = {0};
     static const unsigned char d[8] = {1, 2, 3, 4, 5, 6, 7, 8};
     const char *p = pth("ok.safetensors");
     safetensors_file *f = NULL;
@@ -811,8 +811,8 @@ static void test_accepts(void) {
               "\"e2\":{\"dtype\":\"F64\",\"shape\":[3,0],\"data_offsets\":[4,4]},"
               "\"\":{\"dtype\":\"I32\",\"shape\":[],\"data_offsets\":[0,4]}}\n",
               d, sizeof d);
-    int rc = safetensors_open(p, &f, why, sizeof why);
-    if (rc) fprintf(stderr, "\n  %s\n", why);
+    int rc = safetensors_open(p, &f, &err);
+    if (rc) fprintf(stderr, "\n  %s\n", err.msg);
     CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
     CU_ASSERT_EQUAL(safetensors_count(f), 4);
     CU_ASSERT_STRING_EQUAL(safetensors_metadata(f, "a/b"), "\xf0\x9f\x99\x82\xc3\xa9"
@@ -894,10 +894,10 @@ static void test_python_written(void) {
     if (rc) fprintf(stderr, "\n  %s\n", out);
     CU_ASSERT_EQUAL_FATAL(rc, 0);
 
-    char why[1024];
+    ht_error err = {0};
     safetensors_file *f = NULL;
-    rc = safetensors_open(p, &f, why, sizeof why);
-    if (rc) fprintf(stderr, "\n  %s\n", why);
+    rc = safetensors_open(p, &f, &err);
+    if (rc) fprintf(stderr, "\n  %s\n", err.msg);
     CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
     CU_ASSERT_EQUAL(safetensors_count(f), 8);
     CU_ASSERT_STRING_EQUAL(safetensors_get(f, 0)->name, "embed.weight");
@@ -1005,19 +1005,19 @@ static void test_python_reads(void) {
     const uint8_t u8[3] = {7, 8, 255};
     const int32_t i2[2] = {-1, 2147483647};
     const int64_t s23[2] = {2, 3}, s3 = 3, s02[2] = {0, 2}, s31[2] = {3, 1}, s2 = 2;
-    char why[1024];
+    ht_error err = {0};
     safetensors_writer *w = safetensors_writer_new();
-    CU_ASSERT_EQUAL(safetensors_add_tensor(w, "w", "F32", s23, 2, w6, sizeof w6, why, sizeof why), KILN_OK);
-    CU_ASSERT_EQUAL(safetensors_add_tensor(w, "step", "I64", NULL, 0, &step, sizeof step, why, sizeof why), KILN_OK);
-    CU_ASSERT_EQUAL(safetensors_add_tensor(w, "h", "F16", &s3, 1, h, sizeof h, why, sizeof why), KILN_OK);
-    CU_ASSERT_EQUAL(safetensors_add_tensor(w, "empty", "F64", s02, 2, NULL, 0, why, sizeof why), KILN_OK);
-    CU_ASSERT_EQUAL(safetensors_add_tensor(w, "u8", "U8", s31, 2, u8, sizeof u8, why, sizeof why), KILN_OK);
-    CU_ASSERT_EQUAL(safetensors_add_tensor(w, "caf\xc3\xa9", "I32", &s2, 1, i2, sizeof i2, why, sizeof why), KILN_OK);
-    CU_ASSERT_EQUAL(safetensors_add_metadata(w, "note", "a\"b\\c\nd", why, sizeof why), KILN_OK);
-    CU_ASSERT_EQUAL(safetensors_add_metadata(w, "utf", "\xc3\xa9\xf0\x9f\x99\x82", why, sizeof why), KILN_OK);
-    CU_ASSERT_EQUAL(safetensors_add_metadata(w, "epoch", "12", why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(safetensors_add_tensor(w, "w", "F32", s23, 2, w6, sizeof w6, &err), KILN_OK);
+    CU_ASSERT_EQUAL(safetensors_add_tensor(w, "step", "I64", NULL, 0, &step, sizeof step, &err), KILN_OK);
+    CU_ASSERT_EQUAL(safetensors_add_tensor(w, "h", "F16", &s3, 1, h, sizeof h, &err), KILN_OK);
+    CU_ASSERT_EQUAL(safetensors_add_tensor(w, "empty", "F64", s02, 2, NULL, 0, &err), KILN_OK);
+    CU_ASSERT_EQUAL(safetensors_add_tensor(w, "u8", "U8", s31, 2, u8, sizeof u8, &err), KILN_OK);
+    CU_ASSERT_EQUAL(safetensors_add_tensor(w, "caf\xc3\xa9", "I32", &s2, 1, i2, sizeof i2, &err), KILN_OK);
+    CU_ASSERT_EQUAL(safetensors_add_metadata(w, "note", "a\"b\\c\nd", &err), KILN_OK);
+    CU_ASSERT_EQUAL(safetensors_add_metadata(w, "utf", "\xc3\xa9\xf0\x9f\x99\x82", &err), KILN_OK);
+    CU_ASSERT_EQUAL(safetensors_add_metadata(w, "epoch", "12", &err), KILN_OK);
     const char *p = pth("for-python.safetensors"), *script = pth("pyread.py");
-    CU_ASSERT_EQUAL_FATAL(safetensors_write_atomic(w, p, why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(safetensors_write_atomic(w, p, &err), KILN_OK);
     safetensors_writer_free(w);
     CU_ASSERT_EQUAL_FATAL(tu_write(script, py_reader), 0);
     char out[8192];
@@ -1034,17 +1034,17 @@ static void test_checksum_bitflip(void) {
     float wv[4] = {0.25f, -1.0f, 3.5f, 7.0f};
     unsigned char blob[5] = {1, 2, 3, 4, 5};
     const int64_t s4 = 4, s5 = 5;
-    char why[1024];
+    ht_error err = {0};
     safetensors_writer *w = safetensors_writer_new();
-    CU_ASSERT_EQUAL(safetensors_add_tensor(w, "layers.0.weight", "F32", &s4, 1, wv, sizeof wv, why, sizeof why), KILN_OK);
-    CU_ASSERT_EQUAL(safetensors_add_tensor(w, "__state__.optimizer", "U8", &s5, 1, blob, sizeof blob, why, sizeof why),
+    CU_ASSERT_EQUAL(safetensors_add_tensor(w, "layers.0.weight", "F32", &s4, 1, wv, sizeof wv, &err), KILN_OK);
+    CU_ASSERT_EQUAL(safetensors_add_tensor(w, "__state__.optimizer", "U8", &s5, 1, blob, sizeof blob, &err),
                     KILN_OK);
-    CU_ASSERT_EQUAL(safetensors_add_metadata(w, "format", "x", why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(safetensors_add_metadata(w, "format", "x", &err), KILN_OK);
     const char *p = pth("ck.safetensors");
-    CU_ASSERT_EQUAL_FATAL(safetensors_write_atomic(w, p, why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(safetensors_write_atomic(w, p, &err), KILN_OK);
     safetensors_writer_free(w);
     safetensors_file *f = NULL;
-    CU_ASSERT_EQUAL_FATAL(safetensors_open(p, &f, why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(safetensors_open(p, &f, &err), KILN_OK);
     CU_ASSERT_EQUAL(safetensors_checksum_count(f), 2);
     CU_ASSERT_EQUAL(safetensors_metadata_count(f), 1); /* the checksums are not metadata to the caller */
     CU_ASSERT_PTR_NULL(safetensors_metadata(f, "kiln.xxh3.layers.0.weight"));
@@ -1060,15 +1060,15 @@ static void test_checksum_bitflip(void) {
         CU_ASSERT_EQUAL_FATAL(write_bytes(q, b, n), 0);
         b[flips[i].at] ^= 0x10;
         f = NULL;
-        why[0] = 0;
-        CU_ASSERT_EQUAL(safetensors_open(q, &f, why, sizeof why), KILN_E_DATA);
+        err.msg[0] = 0;
+        CU_ASSERT_EQUAL(safetensors_open(q, &f, &err), KILN_E_DATA);
         CU_ASSERT_PTR_NULL(f);
         char want[256];
         snprintf(want, sizeof want, "%s: tensor '%s': checksum mismatch (stored ", q, flips[i].tensor);
-        CU_ASSERT_PTR_NOT_NULL(strstr(why, want));
-        CU_ASSERT_PTR_NOT_NULL(strstr(why, "): the file is damaged"));
-        CU_ASSERT_PTR_NULL(strchr(why, '\n'));
-        if (!strstr(why, want)) fprintf(stderr, "\n  got: %s\n", why);
+        CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, want));
+        CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "): the file is damaged"));
+        CU_ASSERT_PTR_NULL(strchr(err.msg, '\n'));
+        if (!strstr(err.msg, want)) fprintf(stderr, "\n  got: %s\n", err.msg);
     }
     free(b);
 }
@@ -1076,25 +1076,25 @@ static void test_checksum_bitflip(void) {
 /* Files without checksums (other tools', older kiln's) load unverified;
  * a damaged checksum entry and a tensor left without one are refused. */
 static void test_checksum_absent_or_damaged(void) {
-    char why[1024];
+    ht_error err = {0};
     const float a[2] = {1.0f, -2.0f};
     const int64_t two = 2;
     safetensors_writer *w = safetensors_writer_new();
     safetensors_writer_checksums(w, 0);
-    CU_ASSERT_EQUAL(safetensors_add_tensor(w, "a", "F32", &two, 1, a, sizeof a, why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL(safetensors_add_tensor(w, "a", "F32", &two, 1, a, sizeof a, &err), KILN_OK);
     const char *p = pth("nock.safetensors");
-    CU_ASSERT_EQUAL_FATAL(safetensors_write_atomic(w, p, why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(safetensors_write_atomic(w, p, &err), KILN_OK);
     safetensors_writer_free(w);
     safetensors_file *f = NULL;
-    CU_ASSERT_EQUAL_FATAL(safetensors_open(p, &f, why, sizeof why), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(safetensors_open(p, &f, &err), KILN_OK);
     CU_ASSERT_EQUAL(safetensors_checksum_count(f), 0);
     CU_ASSERT_EQUAL(safetensors_count(f), 1);
     safetensors_close(f);
 
     /* the reserved prefix is not the caller's to write */
     w = safetensors_writer_new();
-    CU_ASSERT_EQUAL(safetensors_add_metadata(w, "kiln.xxh3.a", "0000000000000000", why, sizeof why), KILN_E_INVALID_ARG);
-    CU_ASSERT_PTR_NOT_NULL(strstr(why, "reserved"));
+    CU_ASSERT_EQUAL(safetensors_add_metadata(w, "kiln.xxh3.a", "0000000000000000", &err), KILN_E_INVALID_ARG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "reserved"));
     safetensors_writer_free(w);
 
     static const struct { const char *hdr; const char *err; } bad[] = {
@@ -1122,16 +1122,16 @@ static void test_checksum_absent_or_damaged(void) {
         const char *q = pth("ckbad.safetensors");
         CU_ASSERT_EQUAL_FATAL(write_bytes(q, buf, tot), 0);
         f = NULL;
-        why[0] = 0;
-        int rc = safetensors_open(q, &f, why, sizeof why);
+        err.msg[0] = 0;
+        int rc = safetensors_open(q, &f, &err);
         if (!bad[i].err) {
             CU_ASSERT_EQUAL(rc, KILN_OK);
             CU_ASSERT_EQUAL(safetensors_checksum_count(f), 1);
         } else {
             CU_ASSERT_EQUAL(rc, KILN_E_DATA);
-            CU_ASSERT_PTR_NOT_NULL(strstr(why, bad[i].err));
-            CU_ASSERT_PTR_NOT_NULL(strstr(why, q));
-            if (!strstr(why, bad[i].err)) fprintf(stderr, "\n  case %zu got: %s\n", i, why);
+            CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, bad[i].err));
+            CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, q));
+            if (!strstr(err.msg, bad[i].err)) fprintf(stderr, "\n  case %zu got: %s\n", i, err.msg);
         }
         safetensors_close(f);
     }

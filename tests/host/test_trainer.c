@@ -517,23 +517,23 @@ static void test_resume_bit_identical(void) {
 /* A copy of checkpoint `src` at `dst` with metadata `key` set to `value`,
  * or left out when `value` is NULL (every tensor and other entry as it was). */
 static int rewrite_meta(const char *src, const char *dst, const char *key, const char *value) {
-    char why[512];
+    ht_error err = {0};
     safetensors_file *f = NULL;
-    if (safetensors_open(src, &f, why, sizeof why)) return -1;
+    if (safetensors_open(src, &f, &err)) return -1;
     safetensors_writer *w = safetensors_writer_new();
     int rc = w ? 0 : -1;
     for (int i = 0; rc == 0 && i < safetensors_count(f); i++) {
         const safetensors_tensor *x = safetensors_get(f, i);
-        rc = safetensors_add_tensor(w, x->name, x->dtype, x->shape, x->ndim, x->data, x->nbytes, why, sizeof why);
+        rc = safetensors_add_tensor(w, x->name, x->dtype, x->shape, x->ndim, x->data, x->nbytes, &err);
     }
     for (int i = 0; rc == 0 && i < safetensors_metadata_count(f); i++) {
         const char *k, *v;
         safetensors_metadata_get(f, i, &k, &v);
-        if (strcmp(k, key) != 0) rc = safetensors_add_metadata(w, k, v, why, sizeof why);
-        else if (value) rc = safetensors_add_metadata(w, k, value, why, sizeof why);
+        if (strcmp(k, key) != 0) rc = safetensors_add_metadata(w, k, v, &err);
+        else if (value) rc = safetensors_add_metadata(w, k, value, &err);
     }
-    if (rc == 0) rc = safetensors_write_atomic(w, dst, why, sizeof why);
-    if (rc) fprintf(stderr, "\nrewrite_meta: %s\n", why);
+    if (rc == 0) rc = safetensors_write_atomic(w, dst, &err);
+    if (rc) fprintf(stderr, "\nrewrite_meta: %s\n", err.msg);
     safetensors_writer_free(w);
     safetensors_close(f);
     return rc;
@@ -566,10 +566,11 @@ static int json_int_spans(const char *t, size_t (*span)[2], int max) {
 /* `progress` of `ck` with counter `idx` (0-based, in the order of the
  * object) set to the JSON text `value`. */
 static void progress_with(const char *ck, int idx, const char *value, char *out, size_t n) {
-    char why[512], text[2048];
+    ht_error err = {0};
+    char text[2048];
     size_t span[36][2];
     safetensors_file *f = NULL;
-    CU_ASSERT_EQUAL_FATAL(safetensors_open(ck, &f, why, sizeof why), 0);
+    CU_ASSERT_EQUAL_FATAL(safetensors_open(ck, &f, &err), 0);
     snprintf(text, sizeof text, "%s", safetensors_metadata(f, "progress"));
     safetensors_close(f);
     CU_ASSERT_EQUAL_FATAL(json_int_spans(text, span, 36), 36);
@@ -688,7 +689,8 @@ static void test_resume_refuses_bad_counters(void) {
     }
     /* the file rewritten unchanged still resumes, to the same counters */
     safetensors_file *f = NULL;
-    CU_ASSERT_EQUAL_FATAL(safetensors_open(ck, &f, val, sizeof val), 0);
+    ht_error err = {0};
+    CU_ASSERT_EQUAL_FATAL(safetensors_open(ck, &f, &err), 0);
     char progress[2048];
     snprintf(progress, sizeof progress, "%s", safetensors_metadata(f, "progress"));
     safetensors_close(f);
@@ -727,10 +729,10 @@ static void test_frozen_abi_1_1_callback(void) {
 
 /* The progress counters of checkpoint `ck` as numbers, in order. */
 static int progress_fields(const char *ck, long long *v, int n) {
-    char why[512];
+    ht_error err = {0};
     size_t span[36][2];
     safetensors_file *f = NULL;
-    if (safetensors_open(ck, &f, why, sizeof why)) return -1;
+    if (safetensors_open(ck, &f, &err)) return -1;
     const char *p = safetensors_metadata(f, "progress");
     int k = 0;
     if (p && strstr(p, "\"format\":\"kiln-progress-2\"")) {
@@ -920,9 +922,9 @@ static void test_conf_resume_after_max_steps(void) {
     CU_ASSERT_EQUAL_FATAL(
         tu_run_kiln_l(out, sizeof out, "-q", "fit", cfg, "--set", part, "--set", "trainer.max_steps=1", NULL), 0);
     snprintf(ck, sizeof ck, "%s/part/version_0/checkpoints/last.safetensors", root);
-    char why[512];
+    ht_error err = {0};
     safetensors_file *f = NULL;
-    CU_ASSERT_EQUAL_FATAL(safetensors_open(ck, &f, why, sizeof why), 0);
+    CU_ASSERT_EQUAL_FATAL(safetensors_open(ck, &f, &err), 0);
     CU_ASSERT_STRING_EQUAL(safetensors_metadata(f, "epoch"), "0"); /* loaded_ckpt "epoch": 0 */
     CU_ASSERT_STRING_EQUAL(safetensors_metadata(f, "global_step"), "1");
     safetensors_close(f);
