@@ -33,6 +33,32 @@ static const char *write_cfg(const char *name, const char *text) {
     return p;
 }
 
+/* A loader that scanned a fresh copy of the testgood fixture, whose
+ * plugins declare the keys a section is resolved against; 0, or -1 when
+ * the copy fails. testgood_free undoes it. */
+static int testgood_open(hl_loader *L, char **dir) {
+    *dir = tu_mkdtemp();
+    if (!*dir || tu_copy_fixture("testgood", *dir) != 0) return -1;
+    hl_loader_init(L, hs_host_base());
+    hl_add_dir(L, *dir, HL_ORIGIN_CONFIG);
+    hl_scan(L);
+    return 0;
+}
+
+static void testgood_free(hl_loader *L, char *dir) {
+    hl_loader_free(L);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* Resolve the run file's module section against module `mod`'s keys into
+ * *kv; its "layers" list, or NULL when the section does not resolve. */
+static const kiln_value *resolved_layers(hc_config *c, const hl_plugin *mod, hc_kvset *kv, ht_error *err) {
+    if (hc_resolve(c, config_lookup(&c->cfg, "module"), mod->view.params, "module 'tmlp'", kv, err) != KILN_OK)
+        return NULL;
+    return kiln_kv_find(kv->kv, "layers");
+}
+
 static void test_parse_error_line(void) {
     const char *p = write_cfg("bad.cfg", "trainer = {\n  max_epochs = 3;\n  seed = ;\n};\n");
     hc_config c;
@@ -141,12 +167,9 @@ static void test_unknown_top_and_trainer(void) {
 
 /* A plugin section against the keys the plugin declares. */
 static void test_plugin_section(void) {
-    char *d = tu_mkdtemp();
-    CU_ASSERT_EQUAL_FATAL(tu_copy_fixture("testgood", d), 0);
+    char *d;
     hl_loader L;
-    hl_loader_init(&L, hs_host_base());
-    hl_add_dir(&L, d, HL_ORIGIN_CONFIG);
-    hl_scan(&L);
+    CU_ASSERT_EQUAL_FATAL(testgood_open(&L, &d), 0);
     ht_error err = {0};
     const hl_plugin *opt = hl_find(&L, KILN_KIND_OPTIMIZER, "tsgd", &err);
     const hl_plugin *mod = hl_find(&L, KILN_KIND_MODULE, "tmlp", &err);
@@ -170,8 +193,8 @@ static void test_plugin_section(void) {
     CU_ASSERT_PTR_NULL(kiln_kv_find(kv.kv, "betas")); /* optional, no default */
     hc_kvset_free(&kv);
     /* int list */
-    CU_ASSERT_EQUAL_FATAL(hc_resolve(&c, config_lookup(&c.cfg, "module"), mod->view.params, "module 'tmlp'", &kv, &err), KILN_OK);
-    const kiln_value *layers = kiln_kv_find(kv.kv, "layers");
+    const kiln_value *layers = resolved_layers(&c, mod, &kv, &err);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(layers);
     CU_ASSERT_EQUAL_FATAL(layers->type, KILN_TYPE_INT_LIST);
     CU_ASSERT_EQUAL(layers->count, 3);
     CU_ASSERT_EQUAL(layers->v.il[1], 1024);
@@ -185,9 +208,7 @@ static void test_plugin_section(void) {
     CU_ASSERT_EQUAL(hc_resolve(&c, sec, opt->view.params, "optimizer 'tsgd'", &kv, &err), KILN_E_CONFIG);
     CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "optimizer 'tsgd'.lr must be a float, found a string"));
     hc_free(&c);
-    hl_loader_free(&L);
-    tu_rmrf(d);
-    free(d);
+    testgood_free(&L, d);
 }
 
 /* libconfig 1.5 wraps an int literal past int32 silently; kiln refuses it
@@ -246,12 +267,9 @@ static void test_int_range(void) {
 
 /* A 64-bit value written with L reaches a plugin's int list as int64. */
 static void test_int64_to_plugin(void) {
-    char *d = tu_mkdtemp();
-    CU_ASSERT_EQUAL_FATAL(tu_copy_fixture("testgood", d), 0);
+    char *d;
     hl_loader L;
-    hl_loader_init(&L, hs_host_base());
-    hl_add_dir(&L, d, HL_ORIGIN_CONFIG);
-    hl_scan(&L);
+    CU_ASSERT_EQUAL_FATAL(testgood_open(&L, &d), 0);
     ht_error err = {0};
     const hl_plugin *mod = hl_find(&L, KILN_KIND_MODULE, "tmlp", &err);
     CU_ASSERT_PTR_NOT_NULL_FATAL(mod);
@@ -261,8 +279,8 @@ static void test_int64_to_plugin(void) {
                                          &err), KILN_OK);
     /* an int array element taking a 64-bit value: the array widens to int64 */
     CU_ASSERT_EQUAL(hc_override(&c, "module.layers.[1]=4294967299L", &err), KILN_OK);
-    CU_ASSERT_EQUAL_FATAL(hc_resolve(&c, config_lookup(&c.cfg, "module"), mod->view.params, "module 'tmlp'", &kv, &err), KILN_OK);
-    const kiln_value *layers = kiln_kv_find(kv.kv, "layers");
+    const kiln_value *layers = resolved_layers(&c, mod, &kv, &err);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(layers);
     CU_ASSERT_EQUAL_FATAL(layers->count, 3);
     CU_ASSERT_EQUAL(layers->v.il[0], 784);
     CU_ASSERT_EQUAL(layers->v.il[1], 4294967299LL);
@@ -276,9 +294,7 @@ static void test_int64_to_plugin(void) {
     CU_ASSERT_EQUAL(hc_load(&c, out, &err), KILN_OK);
     CU_ASSERT_EQUAL(config_setting_get_int64_elem(config_lookup(&c.cfg, "module.layers"), 1), 4294967299LL);
     hc_free(&c);
-    hl_loader_free(&L);
-    tu_rmrf(d);
-    free(d);
+    testgood_free(&L, d);
 }
 
 /* --set LIST.[i]=VALUE replaces element i whatever its type; an index out of
@@ -425,49 +441,40 @@ static void test_cli_config(void) {
     mkdir(pd, 0755);
     CU_ASSERT_EQUAL_FATAL(tu_copy_fixture("testgood", pd), 0);
     const char *p = write_cfg("cli.cfg", text);
-    char cmd[8192], out[16384];
-    snprintf(cmd, sizeof cmd, "%s -q config show %s --set trainer.max_epochs=9 --set optimizer.lr=0.25", tu_kiln(), p);
-    CU_ASSERT_EQUAL(tu_run_words(cmd, out, sizeof out), 0);
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "max_epochs = 9"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "lr = 0.25"));
-    snprintf(cmd, sizeof cmd, "%s -q config check %s", tu_kiln(), p);
-    CU_ASSERT_EQUAL(tu_run_words(cmd, out, sizeof out), 0);
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "cli.cfg: ok"));
-    snprintf(cmd, sizeof cmd, "%s -q config check %s --set optimizer.lrr=1", tu_kiln(), p);
-    CU_ASSERT_EQUAL(tu_run_words(cmd, out, sizeof out), 1);
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "unknown key 'lrr' for optimizer 'tsgd' (did you mean 'lr'?)"));
-    snprintf(cmd, sizeof cmd, "%s -q config check %s --set trainer.max_epochs=x", tu_kiln(), p);
-    CU_ASSERT_EQUAL(tu_run_words(cmd, out, sizeof out), 1);
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "expected a int"));
-    snprintf(cmd, sizeof cmd, "%s -q config check %s --set precision=fp8", tu_kiln(), p);
-    CU_ASSERT_EQUAL(tu_run_words(cmd, out, sizeof out), 1);
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "no precision plugin answers to 'fp8'"));
-    snprintf(cmd, sizeof cmd, "%s -q config check %s --set trainer.max_steps=5000000000", tu_kiln(), p);
-    CU_ASSERT_EQUAL(tu_run_words(cmd, out, sizeof out), 1);
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "--set trainer.max_steps=5000000000: trainer.max_steps: expected an integer"));
-    /* 1.5 config_checks: values outside a plugin's rules, refused at check time */
-    snprintf(cmd, sizeof cmd, "%s -q config check %s --set optimizer.lr=-2", tu_kiln(), p);
-    CU_ASSERT_EQUAL(tu_run_words(cmd, out, sizeof out), 1);
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "cli.cfg:6: optimizer 'tsgd' key 'lr' must be > 0, found -2"));
-    CU_ASSERT_EQUAL(tu_run_kiln_l(out, sizeof out, "-q", "config", "check", p, "--set", "optimizer.betas=[0.9, 1.0]", NULL),
-                    1);
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "key 'betas' must be in [0, 1), found 1 (element 1)"));
-    CU_ASSERT_EQUAL(tu_run_kiln_l(out, sizeof out, "-q", "config", "check", p, "--set", "module.name=tmlp", "--set",
-                                  "module.activation=\"swish\"", NULL),
-                    1);
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "module 'tmlp' key 'activation' must be one of \"relu\", \"gelu\", found "
-                                       "\"swish\""));
-    CU_ASSERT_EQUAL(tu_run_kiln_l(out, sizeof out, "-q", "config", "check", p, "--set", "module.name=tmlp", "--set",
-                                  "module.layers=[4, 0, 2]", NULL),
-                    1);
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "key 'layers' must be >= 1, found 0 (element 1)"));
+    /* kiln -q config VERB cli.cfg MORE...: the exit status and what the
+     * output holds (also: a second line it holds, or NULL) */
+    static const struct {
+        const char *verb, *more[5];
+        int rc;
+        const char *needle, *also;
+    } cases[] = {
+        {"show", {"--set", "trainer.max_epochs=9", "--set", "optimizer.lr=0.25"}, 0, "max_epochs = 9", "lr = 0.25"},
+        {"check", {NULL}, 0, "cli.cfg: ok", NULL},
+        {"check", {"--set", "optimizer.lrr=1"}, 1, "unknown key 'lrr' for optimizer 'tsgd' (did you mean 'lr'?)", NULL},
+        {"check", {"--set", "trainer.max_epochs=x"}, 1, "expected a int", NULL},
+        {"check", {"--set", "precision=fp8"}, 1, "no precision plugin answers to 'fp8'", NULL},
+        {"check", {"--set", "trainer.max_steps=5000000000"}, 1,
+         "--set trainer.max_steps=5000000000: trainer.max_steps: expected an integer", NULL},
+        /* 1.5 config_checks: values outside a plugin's rules, refused at check time */
+        {"check", {"--set", "optimizer.lr=-2"}, 1, "cli.cfg:6: optimizer 'tsgd' key 'lr' must be > 0, found -2", NULL},
+        {"check", {"--set", "optimizer.betas=[0.9, 1.0]"}, 1, "key 'betas' must be in [0, 1), found 1 (element 1)", NULL},
+        {"check", {"--set", "module.name=tmlp", "--set", "module.activation=\"swish\""}, 1,
+         "module 'tmlp' key 'activation' must be one of \"relu\", \"gelu\", found \"swish\"", NULL},
+        {"check", {"--set", "module.name=tmlp", "--set", "module.layers=[4, 0, 2]"}, 1,
+         "key 'layers' must be >= 1, found 0 (element 1)", NULL},
+        {"show", {"--set", "trainer.max_steps=5000000000L"}, 0, "max_steps = 5000000000L", NULL},
+    };
+    char out[16384];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int rc = tu_run_kiln_a(TU_ARGS("-q", "config", cases[i].verb, p), cases[i].more, out, sizeof out);
+        if (rc != cases[i].rc || !strstr(out, cases[i].needle)) fprintf(stderr, "\n  case %zu: %d: %s\n", i, rc, out);
+        CU_ASSERT_EQUAL(rc, cases[i].rc);
+        CU_ASSERT_PTR_NOT_NULL(strstr(out, cases[i].needle));
+        if (cases[i].also) CU_ASSERT_PTR_NOT_NULL(strstr(out, cases[i].also));
+    }
     /* shown per key by plugins list --verbose */
-    snprintf(cmd, sizeof cmd, "%s -q plugins list --verbose --plugin-dir %s", tu_kiln(), pd);
-    CU_ASSERT_EQUAL(tu_run_words(cmd, out, sizeof out), 0);
+    CU_ASSERT_EQUAL(tu_run_kiln_l(out, sizeof out, "-q", "plugins", "list", "--verbose", "--plugin-dir", pd, NULL), 0);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "key momentum               float       default 0  (in [0, 1))"));
-    snprintf(cmd, sizeof cmd, "%s -q config show %s --set trainer.max_steps=5000000000L", tu_kiln(), p);
-    CU_ASSERT_EQUAL(tu_run_words(cmd, out, sizeof out), 0);
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "max_steps = 5000000000L"));
 }
 
 /* The quirks a plugin author met (each fixed or refused in one line):

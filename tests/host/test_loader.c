@@ -22,15 +22,27 @@
 #include "services.h"
 #include "testutil.h"
 
+/* A fresh loader that scanned `dir` as a run file's plugin directory. */
+static void scan_dir(hl_loader *L, const char *dir) {
+    hl_loader_init(L, hs_host_base());
+    hl_add_dir(L, dir, HL_ORIGIN_CONFIG);
+    hl_scan(L);
+}
+
 /* Scan a fresh directory holding the named fixtures; returns the dir. */
-static char *scan_with(hl_loader *L, const char *const *names, int n, int origin) {
+static char *scan_with(hl_loader *L, const char *const *names, int n) {
     char *d = tu_mkdtemp();
     CU_ASSERT_PTR_NOT_NULL_FATAL(d);
     for (int i = 0; i < n; i++) CU_ASSERT_EQUAL_FATAL(tu_copy_fixture(names[i], d), 0);
-    hl_loader_init(L, hs_host_base());
-    hl_add_dir(L, d, origin);
-    hl_scan(L);
+    scan_dir(L, d);
     return d;
+}
+
+/* Undo scan_with. */
+static void scan_free(hl_loader *L, char *dir) {
+    hl_loader_free(L);
+    tu_rmrf(dir);
+    free(dir);
 }
 
 /* The reason recorded for the candidate whose path ends with `suffix`. */
@@ -48,8 +60,7 @@ static const char *reason_for(const hl_loader *L, const char *suffix, int *statu
 
 static void expect_refused(const char *fixture, const char *needle) {
     hl_loader L;
-    const char *names[] = {fixture};
-    char *d = scan_with(&L, names, 1, HL_ORIGIN_CONFIG);
+    char *d = scan_with(&L, (const char *const[]){fixture}, 1);
     char suffix[128];
     snprintf(suffix, sizeof suffix, "libkiln-%s.so", fixture);
     int st;
@@ -60,9 +71,7 @@ static void expect_refused(const char *fixture, const char *needle) {
     CU_ASSERT_PTR_NOT_NULL(strstr(r, needle));
     CU_ASSERT_PTR_NOT_NULL(strstr(r, d)); /* names the file */
     CU_ASSERT_EQUAL(L.nlibs, 0);
-    hl_loader_free(&L);
-    tu_rmrf(d);
-    free(d);
+    scan_free(&L, d);
 }
 
 static void test_wrong_major(void) { expect_refused("raw1", "ABI major 2 not supported (host supports 1)"); }
@@ -89,8 +98,7 @@ static void test_short_desc(void) { expect_refused("raw6", "plugin descriptor 0 
 
 static void test_good_several_plugins(void) {
     hl_loader L;
-    const char *names[] = {"testgood"};
-    char *d = scan_with(&L, names, 1, HL_ORIGIN_CONFIG);
+    char *d = scan_with(&L, (const char *const[]){"testgood"}, 1);
     CU_ASSERT_EQUAL_FATAL(L.nlibs, 1);
     CU_ASSERT_EQUAL(L.libs[0]->nplugins, 4);
     ht_error err = {0};
@@ -119,30 +127,24 @@ static void test_good_several_plugins(void) {
     CU_ASSERT_PTR_NOT_NULL(inst);
     hs_destroy(&h, inst);
     hl_shutdown(&L);
-    hl_loader_free(&L);
-    tu_rmrf(d);
-    free(d);
+    scan_free(&L, d);
 }
 
 static void test_old_abi_plugin_loads(void) {
     hl_loader L;
-    const char *names[] = {"old10"};
-    char *d = scan_with(&L, names, 1, HL_ORIGIN_CONFIG);
+    char *d = scan_with(&L, (const char *const[]){"old10"}, 1);
     CU_ASSERT_EQUAL_FATAL(L.nlibs, 1);
     CU_ASSERT_EQUAL(L.libs[0]->view.abi_minor, 0);
     ht_error err = {0};
     const hl_plugin *p = hl_find(&L, KILN_KIND_OPTIMIZER, "legacy", &err);
     CU_ASSERT_PTR_NOT_NULL_FATAL(p);
     CU_ASSERT_STRING_EQUAL(p->view.name, "oldopt");
-    hl_loader_free(&L);
-    tu_rmrf(d);
-    free(d);
+    scan_free(&L, d);
 }
 
 static void test_unknown_kind_skipped(void) {
     hl_loader L;
-    const char *names[] = {"unknownkind"};
-    char *d = scan_with(&L, names, 1, HL_ORIGIN_CONFIG);
+    char *d = scan_with(&L, (const char *const[]){"unknownkind"}, 1);
     CU_ASSERT_EQUAL_FATAL(L.nlibs, 1);
     CU_ASSERT_EQUAL(L.libs[0]->nplugins, 1);
     int st;
@@ -153,15 +155,12 @@ static void test_unknown_kind_skipped(void) {
     CU_ASSERT_PTR_NOT_NULL(strstr(r, needle));
     ht_error err = {0};
     CU_ASSERT_PTR_NOT_NULL(hl_find(&L, KILN_KIND_CALLBACK, "presentday", &err));
-    hl_loader_free(&L);
-    tu_rmrf(d);
-    free(d);
+    scan_free(&L, d);
 }
 
 static void test_bad_property_type(void) {
     hl_loader L;
-    const char *names[] = {"badprop"};
-    char *d = scan_with(&L, names, 1, HL_ORIGIN_CONFIG);
+    char *d = scan_with(&L, (const char *const[]){"badprop"}, 1);
     CU_ASSERT_EQUAL_FATAL(L.nlibs, 1);
     CU_ASSERT_EQUAL(L.libs[0]->nplugins, 2); /* goodcb and chkok */
     const char *r = reason_for(&L, "libkiln-badprop.so", NULL);
@@ -178,15 +177,13 @@ static void test_bad_property_type(void) {
                                      "KILN_CAP_STATEFUL"));
     CU_ASSERT_PTR_NOT_NULL(strstr(r, "callback 'capnostate' declares KILN_CAP_STATEFUL but has no "
                                      "get_state/set_state"));
-    hl_loader_free(&L);
-    tu_rmrf(d);
-    free(d);
+    scan_free(&L, d);
 }
 
 static void test_duplicate_names(void) {
     hl_loader L;
     const char *names[] = {"dupa", "dupb"};
-    char *d = scan_with(&L, names, 2, HL_ORIGIN_CONFIG);
+    char *d = scan_with(&L, names, 2);
     CU_ASSERT_EQUAL_FATAL(L.nlibs, 2);
     CU_ASSERT_EQUAL_FATAL(L.nwarnings, 1);
     CU_ASSERT_PTR_NOT_NULL(strstr(L.warnings[0], "libkiln-dupa.so"));
@@ -198,9 +195,7 @@ static void test_duplicate_names(void) {
     p = hl_find(&L, KILN_KIND_OPTIMIZER, "dupb:dupopt", &err);
     CU_ASSERT_PTR_NOT_NULL_FATAL(p);
     CU_ASSERT_STRING_EQUAL(p->lib->stem, "dupb");
-    hl_loader_free(&L);
-    tu_rmrf(d);
-    free(d);
+    scan_free(&L, d);
 }
 
 static void test_builtin_not_replaced_implicitly(void) {
@@ -233,17 +228,13 @@ static void test_world_writable_dir(void) {
     CU_ASSERT_EQUAL_FATAL(tu_copy_fixture("testgood", d), 0);
     chmod(d, 0777);
     hl_loader L;
-    hl_loader_init(&L, hs_host_base());
-    hl_add_dir(&L, d, HL_ORIGIN_CONFIG);
-    hl_scan(&L);
+    scan_dir(&L, d);
     CU_ASSERT_EQUAL(L.nlibs, 0);
     int st;
     const char *r = reason_for(&L, d, &st);
     CU_ASSERT_EQUAL(st, HL_CAND_REFUSED);
     CU_ASSERT_PTR_NOT_NULL(r && strstr(r, "plugin directory is world-writable (mode 0777)"));
-    hl_loader_free(&L);
-    tu_rmrf(d);
-    free(d);
+    scan_free(&L, d);
 }
 
 static void test_group_writable_ancestor(void) {
@@ -271,18 +262,14 @@ static void file_refusal(mode_t mode, uid_t owner, const char *needle) {
     if (owner != (uid_t)-1) CU_ASSERT_EQUAL_FATAL(chown(f, owner, (gid_t)-1), 0);
     chmod(f, mode);
     hl_loader L;
-    hl_loader_init(&L, hs_host_base());
-    hl_add_dir(&L, d, HL_ORIGIN_CONFIG);
-    hl_scan(&L);
+    scan_dir(&L, d);
     CU_ASSERT_EQUAL(L.nlibs, 0);
     int st;
     const char *r = reason_for(&L, "libkiln-testgood.so", &st);
     CU_ASSERT_EQUAL(st, HL_CAND_REFUSED);
     if (r && !strstr(r, needle)) fprintf(stderr, "\n  reason was: %s\n", r);
     CU_ASSERT_PTR_NOT_NULL(r && strstr(r, needle));
-    hl_loader_free(&L);
-    tu_rmrf(d);
-    free(d);
+    scan_free(&L, d);
 }
 
 static void test_group_writable_file(void) { file_refusal(0775, (uid_t)-1, "plugin file is group-writable (mode 0775)"); }
@@ -302,9 +289,7 @@ static void test_symlink(void) {
     snprintf(link, sizeof link, "%s/libkiln-testgood.so", d);
     CU_ASSERT_EQUAL_FATAL(symlink(target, link), 0);
     hl_loader L;
-    hl_loader_init(&L, hs_host_base());
-    hl_add_dir(&L, d, HL_ORIGIN_CONFIG);
-    hl_scan(&L);
+    scan_dir(&L, d);
     CU_ASSERT_EQUAL(L.nlibs, 0);
     const char *r = reason_for(&L, "libkiln-testgood.so", NULL);
     CU_ASSERT_PTR_NOT_NULL(r && strstr(r, "is a symlink, expected a regular file (set plugins.allow_symlinks = true"));
@@ -340,39 +325,41 @@ static void test_other_names_ignored(void) {
     snprintf(p, sizeof p, "%s/.libkiln-hidden.so", d);
     CU_ASSERT_EQUAL_FATAL(tu_copy(tu_fixture("testgood"), p, 0755), 0);
     hl_loader L;
-    hl_loader_init(&L, hs_host_base());
-    hl_add_dir(&L, d, HL_ORIGIN_CONFIG);
-    hl_scan(&L);
+    scan_dir(&L, d);
     CU_ASSERT_EQUAL(L.nlibs, 0);
     CU_ASSERT_EQUAL(L.ncands, 1); /* the directory only */
-    hl_loader_free(&L);
-    tu_rmrf(d);
-    free(d);
+    scan_free(&L, d);
 }
 
 static void test_cli_check(void) {
     char *d = tu_mkdtemp();
-    const char *names[] = {"testgood", "crash", "raw1"};
-    for (int i = 0; i < 3; i++) CU_ASSERT_EQUAL_FATAL(tu_copy_fixture(names[i], d), 0);
-    char cmd[8192], out[16384];
-    snprintf(cmd, sizeof cmd, "%s plugins check %s/libkiln-testgood.so", tu_kiln(), d);
-    CU_ASSERT_EQUAL(tu_run_words(cmd, out, sizeof out), 0);
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "ok — library testgood 1.0.0"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "precision = \"t16-mixed\""));
-    snprintf(cmd, sizeof cmd, "%s plugins check %s/libkiln-crash.so", tu_kiln(), d);
-    CU_ASSERT_EQUAL(tu_run_words(cmd, out, sizeof out), 1);
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "crashed while being loaded (signal 6"));
-    snprintf(cmd, sizeof cmd, "%s plugins check %s/libkiln-raw1.so", tu_kiln(), d);
-    CU_ASSERT_EQUAL(tu_run_words(cmd, out, sizeof out), 1);
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "ABI major 2 not supported"));
+    /* kiln plugins check DIR/libkiln-<fixture>.so: the exit status and
+     * what the output holds (also: a second line it holds, or NULL) */
+    static const struct {
+        const char *fixture;
+        int rc;
+        const char *needle, *also;
+    } cases[] = {
+        {"testgood", 0, "ok — library testgood 1.0.0", "precision = \"t16-mixed\""},
+        {"crash", 1, "crashed while being loaded (signal 6", NULL},
+        {"raw1", 1, "ABI major 2 not supported", NULL},
+    };
+    const size_t n = sizeof cases / sizeof cases[0];
+    for (size_t i = 0; i < n; i++) CU_ASSERT_EQUAL_FATAL(tu_copy_fixture(cases[i].fixture, d), 0);
+    char file[8192], out[16384];
+    for (size_t i = 0; i < n; i++) {
+        snprintf(file, sizeof file, "%s/libkiln-%s.so", d, cases[i].fixture);
+        CU_ASSERT_EQUAL(tu_run_kiln_l(out, sizeof out, "plugins", "check", file, NULL), cases[i].rc);
+        CU_ASSERT_PTR_NOT_NULL(strstr(out, cases[i].needle));
+        if (cases[i].also) CU_ASSERT_PTR_NOT_NULL(strstr(out, cases[i].also));
+    }
     /* list --json with the crashing file absent */
-    snprintf(cmd, sizeof cmd, "%s/libkiln-crash.so", d);
-    CU_ASSERT_EQUAL(unlink(cmd), 0);
+    snprintf(file, sizeof file, "%s/libkiln-crash.so", d);
+    CU_ASSERT_EQUAL(unlink(file), 0);
     CU_ASSERT_EQUAL(tu_run_kiln_l(out, sizeof out, "plugins", "list", "--json", "--plugin-dir", d, NULL), 0);
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "\"precision\":\"t16-mixed\""));
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "\"amp_backend\":\"native\""));
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "\"aliases\":[\"t16\",\"tfp16\"]"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "\"status\":\"refused\""));
+    static const char *const listed[] = {"\"precision\":\"t16-mixed\"", "\"amp_backend\":\"native\"",
+                                         "\"aliases\":[\"t16\",\"tfp16\"]", "\"status\":\"refused\""};
+    for (size_t i = 0; i < sizeof listed / sizeof listed[0]; i++) CU_ASSERT_PTR_NOT_NULL(strstr(out, listed[i]));
     tu_rmrf(d);
     free(d);
 }
