@@ -812,25 +812,22 @@ const char *hc_slot_name(hc_config *c, const char *slot, const char *fallback, c
     return name;
 }
 
-int hc_callback_count(hc_config *c) {
-    config_setting_t *cb = config_lookup(&c->cfg, "callbacks");
-    return cb ? config_setting_length(cb) : 0;
+/* The callbacks and optimizers lists: entries of a top-level list (0 and
+ * NULL when the run file has none). */
+static int list_count(hc_config *c, const char *key) {
+    config_setting_t *l = config_lookup(&c->cfg, key);
+    return l ? config_setting_length(l) : 0;
 }
 
-config_setting_t *hc_callback(hc_config *c, int i) {
-    config_setting_t *cb = config_lookup(&c->cfg, "callbacks");
-    return cb ? config_setting_get_elem(cb, (unsigned)i) : NULL;
+static config_setting_t *list_entry(hc_config *c, const char *key, int i) {
+    config_setting_t *l = config_lookup(&c->cfg, key);
+    return l ? config_setting_get_elem(l, (unsigned)i) : NULL;
 }
 
-int hc_optimizer_count(hc_config *c) {
-    config_setting_t *o = config_lookup(&c->cfg, "optimizers");
-    return o ? config_setting_length(o) : 0;
-}
-
-config_setting_t *hc_optimizer(hc_config *c, int i) {
-    config_setting_t *o = config_lookup(&c->cfg, "optimizers");
-    return o ? config_setting_get_elem(o, (unsigned)i) : NULL;
-}
+int hc_callback_count(hc_config *c) { return list_count(c, "callbacks"); }
+config_setting_t *hc_callback(hc_config *c, int i) { return list_entry(c, "callbacks", i); }
+int hc_optimizer_count(hc_config *c) { return list_count(c, "optimizers"); }
+config_setting_t *hc_optimizer(hc_config *c, int i) { return list_entry(c, "optimizers", i); }
 
 /* ---------------------------------------------------------------------------
  * Reading settings for the trainer (config.h's hc_node API): the trainer
