@@ -29,6 +29,16 @@ static int g_loud; /* fit() without -q: warnings reach `out` */
 static char *lines[8192];
 static int nlines;
 
+/* The pieces of a run file most tests share: the toy data with its
+ * batch counts, the toy module with extra keys ("" for none, else each
+ * "k = v; "), plain SGD, the resume tests' AdamW. */
+#define TOY_DATA(n_train, n_val) "data = { name = \"toydata\"; n_train = " #n_train "; n_val = " #n_val "; };\n"
+#define TOY_MODULE(keys) "module = { name = \"toymod\"; " keys "};\n"
+#define SGD "optimizer = { name = \"sgd\"; lr = 0.1; };\n"
+#define ADAMW "optimizer = { name = \"adamw\"; lr = 0.05; };\n"
+/* One callback with a path, given as the format's %s. */
+#define CALLBACK_AT(name) "callbacks = ( { name = \"" name "\"; path = \"%s\"; } );\n"
+
 static void free_lines(void) {
     for (int i = 0; i < nlines; i++) free(lines[i]);
     nlines = 0;
@@ -60,8 +70,7 @@ static int fit_argv(const char *body, const char *const extra[], char *out, size
              "%s\n",
              getenv("KILN_TRAIN_FIXTURES"), body);
     if (!strstr(body, "callbacks"))
-        snprintf(text + strlen(text), sizeof text - strlen(text), "callbacks = ( { name = \"hook_trace\"; path = \"%s\"; } );\n",
-                 trace);
+        snprintf(text + strlen(text), sizeof text - strlen(text), CALLBACK_AT("hook_trace"), trace);
     CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
     char root[4200];
     snprintf(root, sizeof root, "trainer.default_root_dir=\"%s/runs\"", g_dir);
@@ -80,9 +89,24 @@ static int fit(const char *body, const char *extra, char *out, size_t outlen) {
 
 static const char *BASE =
     "trainer = { max_epochs = 1; seed = 7; };\n"
-    "data = { name = \"toydata\"; n_train = 2; n_val = 2; };\n"
-    "module = { name = \"toymod\"; };\n"
-    "optimizer = { name = \"sgd\"; lr = 0.1; };\n";
+    TOY_DATA(2, 2) TOY_MODULE("") SGD;
+
+/* The run file <g_dir>/<name>.cfg: the fixtures' plugin directory, then
+ * `body`, for the tests that run kiln themselves (checkpoints, resumes).
+ * Its path in cfg; 0, or -1 when it cannot be written. */
+static int write_run(char *cfg, size_t n, const char *name, const char *body) {
+    char text[16384];
+    snprintf(cfg, n, "%s/%s.cfg", g_dir, name);
+    snprintf(text, sizeof text, "plugins = { dirs = [\"%s\"]; };\n%s", getenv("KILN_TRAIN_FIXTURES"), body);
+    return tu_write(cfg, text);
+}
+
+/* rc, after printing `out` when it is not 0 (what kiln said is the first
+ * thing to read when a run that should pass fails). */
+static int shown(int rc, const char *out) {
+    if (rc) fprintf(stderr, "\n%s\n", out);
+    return rc;
+}
 
 static void expect_sequence(const char *const *exp, int n) {
     int ok = nlines == n;
@@ -146,9 +170,7 @@ static const char *const SEQ_A[] = {
 
 static void test_a_full_sequence(void) {
     char out[16384];
-    int rc = fit(BASE, NULL, out, sizeof out);
-    if (rc) fprintf(stderr, "\n%s\n", out);
-    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    CU_ASSERT_EQUAL_FATAL(shown(fit(BASE, NULL, out, sizeof out), out), 0);
     expect_sequence(SEQ_A, (int)(sizeof SEQ_A / sizeof SEQ_A[0]));
 }
 
@@ -173,23 +195,30 @@ static void pattern(char *buf, size_t n) {
     }
 }
 
-static int count(const char *line) {
-    int c = 0;
-    for (int i = 0; i < nlines; i++) c += !strcmp(lines[i], line);
-    return c;
+/* A trace line and how many times the trace holds it; a line ending in
+ * '*' counts the lines that start with what comes before the '*'. */
+typedef struct line_count {
+    const char *line;
+    int n;
+} line_count;
+
+static void expect_counts(const line_count *c, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        size_t l = strlen(c[i].line);
+        int got = 0;
+        for (int k = 0; k < nlines; k++)
+            got += l && c[i].line[l - 1] == '*' ? !strncmp(lines[k], c[i].line, l - 1) : !strcmp(lines[k], c[i].line);
+        if (got != c[i].n) fprintf(stderr, "\n  '%s': %d in the trace, expected %d\n", c[i].line, got, c[i].n);
+        CU_ASSERT_EQUAL(got, c[i].n);
+    }
 }
-static int count_prefix(const char *p) {
-    int c = 0;
-    for (int i = 0; i < nlines; i++) c += !strncmp(lines[i], p, strlen(p));
-    return c;
-}
+#define EXPECT_COUNTS(...)                                                                                          \
+    expect_counts((const line_count[]){__VA_ARGS__}, sizeof((const line_count[]){__VA_ARGS__}) / sizeof(line_count))
 
 static void test_b_accumulation(void) {
     char out[16384], pat[4096];
     const char *body = "trainer = { max_epochs = 1; num_sanity_val_steps = 0; accumulate_grad_batches = 2; };\n"
-                       "data = { name = \"toydata\"; n_train = 5; n_val = 1; };\n"
-                       "module = { name = \"toymod\"; };\n"
-                       "optimizer = { name = \"sgd\"; lr = 0.1; };\n";
+                       TOY_DATA(5, 1) TOY_MODULE("") SGD;
     CU_ASSERT_EQUAL_FATAL(fit(body, NULL, out, sizeof out), 0);
     pattern(pat, sizeof pat);
     /* b0 accumulates (zero-grad: 0 % 2 == 0), b1 steps, b2 accumulates,
@@ -199,14 +228,12 @@ static void test_b_accumulation(void) {
                                 "b4:step,training_step,zero_grad,backward");
     /* no optimizer hooks, clipping or gradient sync on accumulating batches;
      * on_after_backward always */
-    CU_ASSERT_EQUAL(count("callback on_before_optimizer_step batch=0 acc=1"), 0);
-    CU_ASSERT_EQUAL(count("callback on_before_optimizer_step batch=1"), 1);
-    CU_ASSERT_EQUAL(count("strategy post_backward batch=0 acc=1"), 0);
-    CU_ASSERT_EQUAL(count("callback on_after_backward batch=0 acc=1"), 1);
-    CU_ASSERT_EQUAL(count("callback on_after_backward batch=2 acc=1"), 1);
-    CU_ASSERT_EQUAL(count_prefix("callback on_before_optimizer_step"), 3);
+    EXPECT_COUNTS({"callback on_before_optimizer_step batch=0 acc=1", 0},
+                  {"callback on_before_optimizer_step batch=1", 1}, {"strategy post_backward batch=0 acc=1", 0},
+                  {"callback on_after_backward batch=0 acc=1", 1}, {"callback on_after_backward batch=2 acc=1", 1},
+                  {"callback on_before_optimizer_step*", 3});
     /* the last-batch flush is a stepping batch (no acc=1) */
-    CU_ASSERT_EQUAL(count("callback on_train_batch_end batch=4"), 1);
+    EXPECT_COUNTS({"callback on_train_batch_end batch=4", 1});
 
     /* test_train_loop_system: 5 batches, accumulate = 3 */
     CU_ASSERT_EQUAL_FATAL(fit(body, "--set trainer.accumulate_grad_batches=3", out, sizeof out), 0);
@@ -221,79 +248,63 @@ static void test_b_accumulation(void) {
 static void test_c_minus_one(void) {
     char out[16384];
     const char *body = "trainer = { max_epochs = 1; num_sanity_val_steps = 0; };\n"
-                       "data = { name = \"toydata\"; n_train = 4; n_val = 2; };\n"
-                       "module = { name = \"toymod\"; minus_one_epoch = 0; minus_one_batch = 1; };\n"
-                       "optimizer = { name = \"sgd\"; lr = 0.1; };\n";
+                       TOY_DATA(4, 2) TOY_MODULE("minus_one_epoch = 0; minus_one_batch = 1; ") SGD;
     CU_ASSERT_EQUAL_FATAL(fit(body, NULL, out, sizeof out), 0);
-    CU_ASSERT_EQUAL(count("module on_train_batch_start batch=1"), 1);
-    CU_ASSERT_EQUAL(count("module training_step batch=1"), 0);
-    CU_ASSERT_EQUAL(count("callback on_train_batch_end batch=1"), 0);
-    CU_ASSERT_EQUAL(count("callback on_train_batch_start batch=2"), 0);
-    CU_ASSERT_EQUAL(count_prefix("callback on_validation_start"), 0); /* no validation for that epoch */
-    CU_ASSERT_EQUAL(count("callback on_train_epoch_end"), 1);         /* but the epoch still ends */
+    EXPECT_COUNTS({"module on_train_batch_start batch=1", 1}, {"module training_step batch=1", 0},
+                  {"callback on_train_batch_end batch=1", 0}, {"callback on_train_batch_start batch=2", 0},
+                  {"callback on_validation_start*", 0}, /* no validation for that epoch */
+                  {"callback on_train_epoch_end", 1}); /* but the epoch still ends */
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "steps: 1 "));
 }
 
 static void test_d_max_steps(void) {
     char out[16384];
     const char *body = "trainer = { max_epochs = 5; max_steps = 3; num_sanity_val_steps = 0; };\n"
-                       "data = { name = \"toydata\"; n_train = 4; n_val = 2; };\n"
-                       "module = { name = \"toymod\"; };\n"
-                       "optimizer = { name = \"sgd\"; lr = 0.1; };\n";
+                       TOY_DATA(4, 2) TOY_MODULE("") SGD;
     CU_ASSERT_EQUAL_FATAL(fit(body, NULL, out, sizeof out), 0);
-    CU_ASSERT_EQUAL(count_prefix("optimizer step "), 3);
-    CU_ASSERT_EQUAL(count("callback on_train_epoch_start"), 1);
-    CU_ASSERT_EQUAL(count("callback on_train_epoch_end"), 1);
-    CU_ASSERT_EQUAL(count("callback on_train_batch_start batch=3"), 0);
-    CU_ASSERT_EQUAL(count_prefix("callback on_validation_start"), 0); /* the val-check batch was never reached */
+    EXPECT_COUNTS({"optimizer step *", 3}, {"callback on_train_epoch_start", 1}, {"callback on_train_epoch_end", 1},
+                  {"callback on_train_batch_start batch=3", 0},
+                  {"callback on_validation_start*", 0}); /* the val-check batch was never reached */
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "steps: 3 "));
     /* across an epoch boundary: 6 steps = one full epoch + 2 batches */
     CU_ASSERT_EQUAL_FATAL(fit(body, "--set trainer.max_steps=6", out, sizeof out), 0);
-    CU_ASSERT_EQUAL(count("callback on_train_epoch_start"), 2);
-    CU_ASSERT_EQUAL(count_prefix("callback on_validation_start"), 1);
+    EXPECT_COUNTS({"callback on_train_epoch_start", 2}, {"callback on_validation_start*", 1});
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "epochs: 2 "));
 }
 
 static void test_e_min_epochs(void) {
     char out[16384];
     const char *body = "trainer = { max_epochs = 10; min_epochs = 3; num_sanity_val_steps = 0; };\n"
-                       "data = { name = \"toydata\"; n_train = 2; n_val = 1; };\n"
-                       "module = { name = \"toymod\"; stop_at_epoch = 0; };\n"
-                       "optimizer = { name = \"sgd\"; lr = 0.1; };\n";
+                       TOY_DATA(2, 1) TOY_MODULE("stop_at_epoch = 0; ") SGD;
     CU_ASSERT_EQUAL_FATAL(fit(body, NULL, out, sizeof out), 0);
-    CU_ASSERT_EQUAL(count("callback on_train_epoch_start"), 3); /* held back until min_epochs */
+    EXPECT_COUNTS({"callback on_train_epoch_start", 3}); /* held back until min_epochs */
     CU_ASSERT_EQUAL_FATAL(fit(body, "--set trainer.min_epochs=0", out, sizeof out), 0);
-    CU_ASSERT_EQUAL(count("callback on_train_epoch_start"), 1); /* stops at once */
+    EXPECT_COUNTS({"callback on_train_epoch_start", 1}); /* stops at once */
     /* min_steps holds a stop too: 2 batches per epoch, min_steps 5 → 3 epochs */
     CU_ASSERT_EQUAL_FATAL(fit(body, "--set trainer.min_epochs=0 --set trainer.min_steps=5", out, sizeof out), 0);
-    CU_ASSERT_EQUAL(count("callback on_train_epoch_start"), 3);
+    EXPECT_COUNTS({"callback on_train_epoch_start", 3});
 }
 
 static void test_closure_no_loss(void) {
     char out[16384];
     const char *body = "trainer = { max_epochs = 1; num_sanity_val_steps = 0; };\n"
-                       "data = { name = \"toydata\"; n_train = 3; n_val = 1; };\n"
-                       "module = { name = \"toymod\"; no_loss_batch = 1; };\n"
-                       "optimizer = { name = \"sgd\"; lr = 0.1; };\n";
+                       TOY_DATA(3, 1) TOY_MODULE("no_loss_batch = 1; ") SGD;
     CU_ASSERT_EQUAL_FATAL(fit(body, NULL, out, sizeof out), 0);
     /* zero_grad runs even when the loss is None; backward does not */
-    CU_ASSERT_EQUAL(count("optimizer zero_grad batch=1"), 1);
-    CU_ASSERT_EQUAL(count("module backward batch=1"), 0);
-    CU_ASSERT_EQUAL(count("callback on_before_backward batch=1"), 0);
+    EXPECT_COUNTS({"optimizer zero_grad batch=1", 1}, {"module backward batch=1", 0},
+                  {"callback on_before_backward batch=1", 0});
     /* the step is still taken and counted */
-    CU_ASSERT_EQUAL(count("optimizer step batch=1"), 1);
+    EXPECT_COUNTS({"optimizer step batch=1", 1});
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "steps: 3 "));
 }
 
 static void test_val_placement(void) {
     char out[16384];
     const char *body = "trainer = { max_epochs = 2; num_sanity_val_steps = 0; val_check_interval = 0.3; };\n"
-                       "data = { name = \"toydata\"; n_train = 10; n_val = 1; };\n"
-                       "module = { name = \"toymod\"; };\n"
-                       "optimizer = { name = \"sgd\"; lr = 0.1; };\n";
+                       TOY_DATA(10, 1) TOY_MODULE("") SGD;
     CU_ASSERT_EQUAL_FATAL(fit(body, NULL, out, sizeof out), 0);
     /* 0.3 of 10 → every 3 batches: after batches 2, 5, 8, and no end-of-epoch run */
-    CU_ASSERT_EQUAL(count_prefix("callback on_validation_start"), 6);
+    EXPECT_COUNTS({"callback on_validation_start*", 6});
     int after = 0;
     for (int i = 1; i < nlines; i++)
         if (!strcmp(lines[i], "module on_validation_model_zero_grad")) after += !strcmp(lines[i - 1], "module on_train_batch_end batch=2") ||
@@ -303,20 +314,19 @@ static void test_val_placement(void) {
     /* check_val_every_n_epoch = 2: only the second epoch validates */
     CU_ASSERT_EQUAL_FATAL(fit(body, "--set trainer.val_check_interval=1.0 --set trainer.check_val_every_n_epoch=2", out,
                               sizeof out), 0);
-    CU_ASSERT_EQUAL(count_prefix("callback on_validation_start"), 1);
+    EXPECT_COUNTS({"callback on_validation_start*", 1});
     /* limits: int counts and fractions */
     CU_ASSERT_EQUAL_FATAL(fit(body, "--set trainer.val_check_interval=1.0 --set trainer.limit_train_batches=4", out,
                               sizeof out), 0);
-    CU_ASSERT_EQUAL(count_prefix("callback on_train_batch_start"), 8);
+    EXPECT_COUNTS({"callback on_train_batch_start*", 8});
     CU_ASSERT_EQUAL_FATAL(fit(body, "--set trainer.val_check_interval=1.0 --set trainer.limit_train_batches=0.5", out,
                               sizeof out), 0);
-    CU_ASSERT_EQUAL(count_prefix("callback on_train_batch_start"), 10);
+    EXPECT_COUNTS({"callback on_train_batch_start*", 10});
     CU_ASSERT_EQUAL(fit(body, "--set trainer.limit_train_batches=0.01", out, sizeof out), 1);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "limit_train_batches = 0.01 of 10 batches gives 0 batches"));
     /* limit_train_batches = 0: training is skipped, no train hooks at all */
     CU_ASSERT_EQUAL_FATAL(fit(body, "--set trainer.limit_train_batches=0", out, sizeof out), 0);
-    CU_ASSERT_EQUAL(count("callback on_train_start"), 0);
-    CU_ASSERT_EQUAL(count("callback on_fit_end"), 1);
+    EXPECT_COUNTS({"callback on_train_start", 0}, {"callback on_fit_end", 1});
 }
 
 static void test_determinism(void) {
@@ -328,11 +338,9 @@ static void test_determinism(void) {
     for (int i = 0; i < 3; i++) {
         snprintf(body, sizeof body,
                  "trainer = { max_epochs = 2; seed = %d; };\n"
-                 "data = { name = \"toydata\"; n_train = 6; n_val = 2; };\n"
-                 "module = { name = \"toymod\"; };\n"
+                 TOY_DATA(6, 2) TOY_MODULE("")
                  "optimizer = { name = \"adamw\"; lr = 0.01; };\n"
-                 "callbacks = ( { name = \"weightdump\"; path = \"%s\"; } );\n",
-                 i == 2 ? 8 : 7, paths[i]);
+                 CALLBACK_AT("weightdump"), i == 2 ? 8 : 7, paths[i]);
         CU_ASSERT_EQUAL_FATAL(fit(body, NULL, out, sizeof out), 0);
     }
     CU_ASSERT_EQUAL(tu_same_file(a, b), 1);     /* same seed: bit-identical */
@@ -402,10 +410,8 @@ static void test_run_dir_numbers(void) {
 }
 
 static void test_validate_and_test_commands(void) {
-    char cfg[4200], text[8192], out[16384];
-    snprintf(cfg, sizeof cfg, "%s/eval.cfg", g_dir);
-    snprintf(text, sizeof text, "plugins = { dirs = [\"%s\"]; };\n%s", getenv("KILN_TRAIN_FIXTURES"), BASE);
-    CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
+    char cfg[4200], out[16384];
+    CU_ASSERT_EQUAL_FATAL(write_run(cfg, sizeof cfg, "eval", BASE), 0);
     CU_ASSERT_EQUAL(tu_run_kiln_l(out, sizeof out, "-q", "validate", cfg, NULL), 0);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "val_loss="));
     CU_ASSERT_EQUAL(tu_run_kiln_l(out, sizeof out, "-q", "test", cfg, NULL), 0);
@@ -433,11 +439,9 @@ static const char *root_set(char *buf, size_t n, const char *root) {
  * evaluates exactly those weights; mismatched stacks and corrupt files are
  * refused with the file named. */
 static void test_checkpoint_weights(void) {
-    char root[4200], cfg[4300], text[8192], out[16384], a[64] = "", b[64] = "", c[64] = "", rs[4300];
+    char root[4200], cfg[4300], out[16384], a[64] = "", b[64] = "", c[64] = "", rs[4300];
     snprintf(root, sizeof root, "%s/ckptruns", g_dir);
-    snprintf(cfg, sizeof cfg, "%s/ckpt.cfg", g_dir);
-    snprintf(text, sizeof text, "plugins = { dirs = [\"%s\"]; };\n%s", getenv("KILN_TRAIN_FIXTURES"), BASE);
-    CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
+    CU_ASSERT_EQUAL_FATAL(write_run(cfg, sizeof cfg, "ckpt", BASE), 0);
     root_set(rs, sizeof rs, root);
     /* no run yet: last finds nothing */
     CU_ASSERT_EQUAL(tu_run_kiln_l(out, sizeof out, "-q", "test", cfg, "--set", rs, "--ckpt", "last", NULL), 1);
@@ -470,45 +474,54 @@ static void test_checkpoint_weights(void) {
     CU_ASSERT_PTR_NOT_NULL(strstr(out, bad));
 }
 
+/* A resume test's two runs of the run file `name` (write_run with
+ * `body`): the uninterrupted one (its root <root>/full, the --set value
+ * d1 = cbs with its weight file wa) and the one stopped and resumed
+ * (<root>/part, d2 = cbs with wb). The %s of `cbs` are the weight file,
+ * then `trace` (cbs may leave it out). 0, or -1 when the run file cannot
+ * be written. */
+typedef struct resume_pair {
+    char cfg[4300], root[4200], wa[4300], wb[4300], full[4400], part[4400], d1[9000], d2[9000];
+} resume_pair;
+
+static int resume_pair_init(resume_pair *r, const char *name, const char *body, const char *cbs, const char *trace) {
+    snprintf(r->root, sizeof r->root, "%s/%s", g_dir, name);
+    snprintf(r->wa, sizeof r->wa, "%s/%s_full.bin", g_dir, name);
+    snprintf(r->wb, sizeof r->wb, "%s/%s_resumed.bin", g_dir, name);
+    snprintf(r->d1, sizeof r->d1, cbs, r->wa, trace);
+    snprintf(r->d2, sizeof r->d2, cbs, r->wb, trace);
+    snprintf(r->full, sizeof r->full, "trainer.default_root_dir=\"%s/full\"", r->root);
+    snprintf(r->part, sizeof r->part, "trainer.default_root_dir=\"%s/part\"", r->root);
+    return write_run(r->cfg, sizeof r->cfg, name, body);
+}
+
 /* fit 4 epochs == fit 2 epochs, then fit --ckpt last to 4: bit-identical
  * weights (AdamW: its moments and step count travel in the checkpoint). */
 static void test_resume_bit_identical(void) {
-    char out[16384], cfg[4300], text[8192], root[4200], wa[4300], wb[4300], full[4400], part[4400], ck[4400];
-    snprintf(root, sizeof root, "%s/resume", g_dir);
-    snprintf(cfg, sizeof cfg, "%s/resume.cfg", g_dir);
-    snprintf(wa, sizeof wa, "%s/w_full.bin", g_dir);
-    snprintf(wb, sizeof wb, "%s/w_resumed.bin", g_dir);
-    snprintf(text, sizeof text,
-             "plugins = { dirs = [\"%s\"]; };\n"
-             "trainer = { max_epochs = 4; seed = 11; num_sanity_val_steps = 0; accumulate_grad_batches = 2; };\n"
-             "data = { name = \"toydata\"; n_train = 5; n_val = 1; };\n"
-             "module = { name = \"toymod\"; };\n"
-             "optimizer = { name = \"adamw\"; lr = 0.05; };\n",
-             getenv("KILN_TRAIN_FIXTURES"));
-    CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
-    const char *dump = "callbacks=({name=\"weightdump\"; path=\"%s\";})";
-    char d1[4600], d2[4600];
-    snprintf(d1, sizeof d1, dump, wa);
-    snprintf(d2, sizeof d2, dump, wb);
-    snprintf(full, sizeof full, "trainer.default_root_dir=\"%s/full\"", root);
-    snprintf(part, sizeof part, "trainer.default_root_dir=\"%s/part\"", root);
-    CU_ASSERT_EQUAL_FATAL(tu_run_kiln_l(out, sizeof out, "-q", "fit", cfg, "--set", full, "--set", d1, NULL), 0);
+    char out[16384], ck[4400];
+    resume_pair r;
+    CU_ASSERT_EQUAL_FATAL(resume_pair_init(&r, "resume",
+                                           "trainer = { max_epochs = 4; seed = 11; num_sanity_val_steps = 0; "
+                                           "accumulate_grad_batches = 2; };\n" TOY_DATA(5, 1) TOY_MODULE("") ADAMW,
+                                           "callbacks=({name=\"weightdump\"; path=\"%s\";})", NULL),
+                          0);
+    const char *cfg = r.cfg;
+    CU_ASSERT_EQUAL_FATAL(tu_run_kiln_l(out, sizeof out, "-q", "fit", cfg, "--set", r.full, "--set", r.d1, NULL), 0);
     CU_ASSERT_EQUAL_FATAL(
-        tu_run_kiln_l(out, sizeof out, "-q", "fit", cfg, "--set", part, "--set", "trainer.max_epochs=2", NULL), 0);
-    int rc = tu_run_kiln_l(out, sizeof out, "-q", "fit", cfg, "--set", part, "--ckpt", "last", "--set", d2, NULL);
-    if (rc) fprintf(stderr, "\n%s\n", out);
-    CU_ASSERT_EQUAL_FATAL(rc, 0);
+        tu_run_kiln_l(out, sizeof out, "-q", "fit", cfg, "--set", r.part, "--set", "trainer.max_epochs=2", NULL), 0);
+    int rc = tu_run_kiln_l(out, sizeof out, "-q", "fit", cfg, "--set", r.part, "--ckpt", "last", "--set", r.d2, NULL);
+    CU_ASSERT_EQUAL_FATAL(shown(rc, out), 0);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "epochs: 4 ")); /* epoch counter restored */
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "steps: 12 ")); /* 3 steps an epoch, 4 epochs */
-    CU_ASSERT_EQUAL(tu_same_file(wa, wb), 1);
+    CU_ASSERT_EQUAL(tu_same_file(r.wa, r.wb), 1);
     /* another optimizer cannot take AdamW's state */
-    snprintf(ck, sizeof ck, "%s/part/version_0/checkpoints/last.safetensors", root);
-    CU_ASSERT_EQUAL(tu_run_kiln_l(out, sizeof out, "-q", "fit", cfg, "--set", part, "--ckpt", ck, "--set",
+    snprintf(ck, sizeof ck, "%s/part/version_0/checkpoints/last.safetensors", r.root);
+    CU_ASSERT_EQUAL(tu_run_kiln_l(out, sizeof out, "-q", "fit", cfg, "--set", r.part, "--ckpt", ck, "--set",
                                   "optimizer.name=sgd", "--set", "optimizer.lr=0.1", NULL),
                     1);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "the optimizer state was saved by 'adamw"));
     /* a checkpoint beyond max_epochs is refused */
-    CU_ASSERT_EQUAL(tu_run_kiln_l(out, sizeof out, "-q", "fit", cfg, "--set", part, "--ckpt", "last", "--set",
+    CU_ASSERT_EQUAL(tu_run_kiln_l(out, sizeof out, "-q", "fit", cfg, "--set", r.part, "--ckpt", "last", "--set",
                                   "trainer.max_epochs=1", NULL),
                     1);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "beyond trainer.max_epochs = 1"));
@@ -582,13 +595,11 @@ static void progress_with(const char *ck, int idx, const char *value, char *out,
  * one line naming the file, the counter, what was expected and what was
  * found; the same file unaltered still resumes. */
 static void test_resume_refuses_bad_counters(void) {
-    char out[16384], cfg[4300], text[8192], rs[4300], root[4200], ck[4400], bad[4400], val[2048];
+    char out[16384], cfg[4300], rs[4300], root[4200], ck[4400], bad[4400], val[2048];
     snprintf(root, sizeof root, "%s/counters", g_dir);
-    snprintf(cfg, sizeof cfg, "%s/counters.cfg", g_dir);
     snprintf(bad, sizeof bad, "%s/counters-bad.safetensors", g_dir);
     snprintf(ck, sizeof ck, "%s/version_0/checkpoints/last.safetensors", root);
-    snprintf(text, sizeof text, "plugins = { dirs = [\"%s\"]; };\n%s", getenv("KILN_TRAIN_FIXTURES"), BASE);
-    CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
+    CU_ASSERT_EQUAL_FATAL(write_run(cfg, sizeof cfg, "counters", BASE), 0);
     CU_ASSERT_EQUAL_FATAL(tu_run_kiln_l(out, sizeof out, "-q", "fit", cfg, "--set", root_set(rs, sizeof rs, root), NULL),
                           0);
     /* epoch 1 done, 2 batches, 2 steps; progress counters in the order of
@@ -697,8 +708,7 @@ static void test_resume_refuses_bad_counters(void) {
     CU_ASSERT_EQUAL_FATAL(rewrite_meta(ck, bad, "progress", progress), 0);
     int rc = tu_run_kiln_l(out, sizeof out, "-q", "fit", cfg, "--set", rs, "--set", "trainer.max_epochs=3", "--ckpt", bad,
                            NULL);
-    if (rc) fprintf(stderr, "\n%s\n", out);
-    CU_ASSERT_EQUAL(rc, 0);
+    CU_ASSERT_EQUAL(shown(rc, out), 0);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "epochs: 3 "));
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "steps: 6 "));
 #undef LOOPS
@@ -710,11 +720,7 @@ static void test_frozen_abi_1_1_callback(void) {
     snprintf(path, sizeof path, "%s/old11.txt", g_dir);
     snprintf(body, sizeof body,
              "trainer = { max_epochs = 2; num_sanity_val_steps = 0; accumulate_grad_batches = 2; };\n"
-             "data = { name = \"toydata\"; n_train = 3; n_val = 1; };\n"
-             "module = { name = \"toymod\"; };\n"
-             "optimizer = { name = \"sgd\"; lr = 0.1; };\n"
-             "callbacks = ( { name = \"old11cb\"; path = \"%s\"; } );\n",
-             path);
+             TOY_DATA(3, 1) TOY_MODULE("") SGD CALLBACK_AT("old11cb"), path);
     CU_ASSERT_EQUAL_FATAL(fit(body, NULL, out, sizeof out), 0);
     FILE *f = fopen(path, "r");
     CU_ASSERT_PTR_NOT_NULL_FATAL(f);
@@ -750,19 +756,15 @@ static int progress_fields(const char *ck, long long *v, int n) {
 static void test_conf_minus_one_schedulers(void) {
     char out[16384];
     const char *body = "trainer = { max_epochs = 2; num_sanity_val_steps = 0; };\n"
-                       "data = { name = \"toydata\"; n_train = 4; n_val = 1; };\n"
-                       "module = { name = \"toymod\"; minus_one_epoch = 0; minus_one_batch = 1; };\n"
-                       "optimizer = { name = \"sgd\"; lr = 0.1; };\n"
+                       TOY_DATA(4, 1) TOY_MODULE("minus_one_epoch = 0; minus_one_batch = 1; ") SGD
                        "scheduler = { name = \"step\"; step_size = 1; gamma = 0.5; };\n";
     CU_ASSERT_EQUAL_FATAL(fit(body, NULL, out, sizeof out), 0);
     /* epoch 0: after batch 0 and for the skipped batch 1; epoch 1: 4 */
-    CU_ASSERT_EQUAL(count_prefix("host lr_scheduler_step"), 6);
-    CU_ASSERT_EQUAL(count("host lr_scheduler_step batch=1"), 2);
+    EXPECT_COUNTS({"host lr_scheduler_step*", 6}, {"host lr_scheduler_step batch=1", 2});
     CU_ASSERT_EQUAL_FATAL(fit(body, "--set scheduler.interval=\"epoch\"", out, sizeof out), 0);
     /* one epoch step per epoch, the first at the skipped batch */
-    CU_ASSERT_EQUAL(count_prefix("host lr_scheduler_step"), 2);
-    CU_ASSERT_EQUAL(count("host lr_scheduler_step batch=1"), 1);
-    CU_ASSERT_EQUAL(count("host lr_scheduler_step batch=3"), 1);
+    EXPECT_COUNTS({"host lr_scheduler_step*", 2}, {"host lr_scheduler_step batch=1", 1},
+                  {"host lr_scheduler_step batch=3", 1});
 }
 
 /* 2. loops/utilities._parse_loop_limits: min_steps without min_epochs sets
@@ -770,15 +772,13 @@ static void test_conf_minus_one_schedulers(void) {
 static void test_conf_min_steps_alone(void) {
     char out[16384];
     const char *body = "trainer = { max_epochs = 5; num_sanity_val_steps = 0; min_steps = 1; };\n"
-                       "data = { name = \"toydata\"; n_train = 4; n_val = 1; };\n"
-                       "module = { name = \"toymod\"; stop_at_batch = 0; };\n"
-                       "optimizer = { name = \"sgd\"; lr = 0.1; };\n";
+                       TOY_DATA(4, 1) TOY_MODULE("stop_at_batch = 0; ") SGD;
     CU_ASSERT_EQUAL_FATAL(fit(body, NULL, out, sizeof out), 0);
-    CU_ASSERT_EQUAL(count_prefix("callback on_train_batch_end"), 4); /* the first epoch, whole */
-    CU_ASSERT_EQUAL(count("callback on_train_epoch_start"), 1);
+    EXPECT_COUNTS({"callback on_train_batch_end*", 4}, /* the first epoch, whole */
+                  {"callback on_train_epoch_start", 1});
     /* min_epochs = 0 written out: the stop takes effect at once */
     CU_ASSERT_EQUAL_FATAL(fit(body, "--set trainer.min_epochs=0", out, sizeof out), 0);
-    CU_ASSERT_EQUAL(count_prefix("callback on_train_batch_end"), 1);
+    EXPECT_COUNTS({"callback on_train_batch_end*", 1});
 }
 
 /* 3. fit_loop.on_advance_end with call._call_callback_hooks(...,
@@ -790,22 +790,18 @@ static void test_conf_monitoring_callbacks(void) {
     snprintf(dir, sizeof dir, "%s/monitor-ck", g_dir);
     snprintf(body, sizeof body,
              "trainer = { max_epochs = 5; num_sanity_val_steps = 0; limit_val_batches = 0; };\n"
-             "data = { name = \"toydata\"; n_train = 2; n_val = 1; };\n"
-             "module = { name = \"toymod\"; epoch_metric = 1; };\n"
-             "optimizer = { name = \"sgd\"; lr = 0.1; };\n"
+             TOY_DATA(2, 1) TOY_MODULE("epoch_metric = 1; ") SGD
              "callbacks = ( { name = \"hook_trace\"; path = \"%s/monitor-trace.txt\"; },\n"
              "  { name = \"early_stopping\"; monitor = \"epoch_metric\"; patience = 0; strict = true;\n"
              "    check_on_train_epoch_end = true; },\n"
              "  { name = \"checkpoint\"; dirpath = \"%s\"; monitor = \"epoch_metric\"; save_top_k = 1;\n"
              "    filename = \"best-{epoch}\"; } );\n",
              g_dir, dir);
-    int rc = fit(body, NULL, out, sizeof out);
-    if (rc) fprintf(stderr, "\n%s\n", out);
-    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    CU_ASSERT_EQUAL_FATAL(shown(fit(body, NULL, out, sizeof out), out), 0);
     snprintf(p, sizeof p, "%s/monitor-trace.txt", g_dir);
     read_lines(p);
     /* epoch_metric = 1 + epoch never improves after epoch 0: patience 0 stops after epoch 1 */
-    CU_ASSERT_EQUAL(count("callback on_train_epoch_start"), 2);
+    EXPECT_COUNTS({"callback on_train_epoch_start", 2});
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "epochs: 2 "));
     /* the checkpoint callback ranked by it: epoch 0 is the best */
     struct stat st;
@@ -820,16 +816,13 @@ static void test_conf_monitoring_callbacks(void) {
 static void test_conf_should_stop_live(void) {
     char out[16384];
     const char *body = "trainer = { max_epochs = 3; num_sanity_val_steps = 0; };\n"
-                       "data = { name = \"toydata\"; n_train = 2; n_val = 1; };\n"
-                       "module = { name = \"toymod\"; report_should_stop = 1; };\n"
-                       "optimizer = { name = \"sgd\"; lr = 0.1; };\n"
+                       TOY_DATA(2, 1) TOY_MODULE("report_should_stop = 1; ") SGD
                        "callbacks = ( { name = \"early_stopping\"; monitor = \"val_loss\"; stopping_threshold = 1000.0;\n"
                        "                check_on_train_epoch_end = false; } );\n";
     g_loud = 1;
     int rc = fit(body, NULL, out, sizeof out);
     g_loud = 0;
-    if (rc) fprintf(stderr, "\n%s\n", out);
-    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    CU_ASSERT_EQUAL_FATAL(shown(rc, out), 0);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "on_validation_end in epoch 0 sees should_stop=1"));
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "epochs: 1 "));
 }
@@ -841,14 +834,10 @@ static void test_conf_should_stop_live(void) {
 static void test_conf_post_backward_rule(void) {
     char out[16384];
     const char *body = "trainer = { max_epochs = 1; num_sanity_val_steps = 0; accumulate_grad_batches = 2; };\n"
-                       "data = { name = \"toydata\"; n_train = 5; n_val = 1; };\n"
-                       "module = { name = \"toymod\"; };\n"
-                       "optimizer = { name = \"sgd\"; lr = 0.1; };\n";
+                       TOY_DATA(5, 1) TOY_MODULE("") SGD;
     CU_ASSERT_EQUAL_FATAL(fit(body, NULL, out, sizeof out), 0);
-    CU_ASSERT_EQUAL(count_prefix("module backward"), 5);
-    CU_ASSERT_EQUAL(count_prefix("strategy post_backward"), 3); /* batches 1, 3 and the last, 4 */
-    CU_ASSERT_EQUAL(count("strategy post_backward batch=0"), 0);
-    CU_ASSERT_EQUAL(count("strategy post_backward batch=4"), 1);
+    EXPECT_COUNTS({"module backward*", 5}, {"strategy post_backward*", 3}, /* batches 1, 3 and the last, 4 */
+                  {"strategy post_backward batch=0", 0}, {"strategy post_backward batch=4", 1});
 }
 
 /* 6. trainer._run_sanity_check (not val_loop.restarting) with
@@ -856,29 +845,20 @@ static void test_conf_post_backward_rule(void) {
  * is not a restart, so the sanity check runs again; with max_steps set it
  * is (_iteration_based_training) and the check is skipped. */
 static void test_conf_resume_sanity(void) {
-    char out[16384], cfg[4300], text[8192], root[4200];
+    char out[16384], cfg[4300], body[8192], root[4200], trace[4400];
     snprintf(root, sizeof root, "%s/sanity", g_dir);
-    snprintf(cfg, sizeof cfg, "%s/sanity.cfg", g_dir);
-    snprintf(text, sizeof text,
-             "plugins = { dirs = [\"%s\"]; };\n"
-             "trainer = { max_epochs = 1; seed = 3; };\n"
-             "data = { name = \"toydata\"; n_train = 2; n_val = 2; };\n"
-             "module = { name = \"toymod\"; };\n"
-             "optimizer = { name = \"sgd\"; lr = 0.1; };\n"
-             "callbacks = ( { name = \"hook_trace\"; path = \"%s/sanity-trace.txt\"; } );\n",
-             getenv("KILN_TRAIN_FIXTURES"), g_dir);
-    CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
+    snprintf(trace, sizeof trace, "%s/sanity-trace.txt", g_dir);
+    snprintf(body, sizeof body, "trainer = { max_epochs = 1; seed = 3; };\n" TOY_DATA(2, 2) TOY_MODULE("") SGD
+             CALLBACK_AT("hook_trace"), trace);
+    CU_ASSERT_EQUAL_FATAL(write_run(cfg, sizeof cfg, "sanity", body), 0);
     char rs[4300];
     root_set(rs, sizeof rs, root);
     CU_ASSERT_EQUAL_FATAL(tu_run_kiln_l(out, sizeof out, "-q", "fit", cfg, "--set", rs, NULL), 0);
-    char trace[4400];
-    snprintf(trace, sizeof trace, "%s/sanity-trace.txt", g_dir);
     CU_ASSERT_EQUAL_FATAL(tu_run_kiln_l(out, sizeof out, "-q", "fit", cfg, "--set", rs, "--ckpt", "last", "--set",
                                         "trainer.max_epochs=2", NULL),
                           0);
     read_lines(trace);
-    CU_ASSERT_EQUAL(count("callback on_sanity_check_start stage=sanity"), 1);
-    CU_ASSERT_EQUAL(count("callback on_train_epoch_start"), 1);
+    EXPECT_COUNTS({"callback on_sanity_check_start stage=sanity", 1}, {"callback on_train_epoch_start", 1});
     /* the same resume of a step-limited run: no sanity check */
     char ck[4400];
     snprintf(ck, sizeof ck, "%s/version_0/checkpoints/last.safetensors", root);
@@ -886,8 +866,7 @@ static void test_conf_resume_sanity(void) {
                                         "trainer.max_epochs=2", "--set", "trainer.max_steps=4", NULL),
                           0);
     read_lines(trace);
-    CU_ASSERT_EQUAL(count("callback on_sanity_check_start stage=sanity"), 0);
-    CU_ASSERT_EQUAL(count("callback on_train_epoch_start"), 1);
+    EXPECT_COUNTS({"callback on_sanity_check_start stage=sanity", 0}, {"callback on_train_epoch_start", 1});
 }
 
 /* 7. test_hooks.py, test_trainer_model_hook_system_fit_no_val_and_resume_max_steps
@@ -895,52 +874,37 @@ static void test_conf_resume_sanity(void) {
  * epoch resumes inside it: no on_train_epoch_start, the next batch, the
  * same current_epoch; and the weights equal an uninterrupted run's. */
 static void test_conf_resume_after_max_steps(void) {
-    char out[16384], cfg[4300], text[8192], root[4200], wa[4300], wb[4300], trace[4400], ck[4400], full[4400],
-        part[4400];
-    snprintf(root, sizeof root, "%s/maxsteps", g_dir);
-    snprintf(cfg, sizeof cfg, "%s/maxsteps.cfg", g_dir);
-    snprintf(wa, sizeof wa, "%s/ms_full.bin", g_dir);
-    snprintf(wb, sizeof wb, "%s/ms_resumed.bin", g_dir);
+    char out[16384], trace[4400], ck[4400];
     snprintf(trace, sizeof trace, "%s/maxsteps-trace.txt", g_dir);
-    snprintf(text, sizeof text,
-             "plugins = { dirs = [\"%s\"]; };\n"
-             "trainer = { max_epochs = 2; seed = 5; num_sanity_val_steps = 0; limit_val_batches = 0; };\n"
-             "data = { name = \"toydata\"; n_train = 4; n_val = 1; };\n"
-             "module = { name = \"toymod\"; };\n"
-             "optimizer = { name = \"adamw\"; lr = 0.05; };\n",
-             getenv("KILN_TRAIN_FIXTURES"));
-    CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
-    const char *cbs = "callbacks=({name=\"weightdump\"; path=\"%s\";}, {name=\"hook_trace\"; path=\"%s\";})";
-    char d1[9000], d2[9000];
-    snprintf(d1, sizeof d1, cbs, wa, trace);
-    snprintf(d2, sizeof d2, cbs, wb, trace);
-    snprintf(full, sizeof full, "trainer.default_root_dir=\"%s/full\"", root);
-    snprintf(part, sizeof part, "trainer.default_root_dir=\"%s/part\"", root);
-    CU_ASSERT_EQUAL_FATAL(tu_run_kiln_l(out, sizeof out, "-q", "fit", cfg, "--set", full, "--set", "trainer.max_steps=3",
-                                        "--set", d1, NULL),
+    resume_pair r;
+    CU_ASSERT_EQUAL_FATAL(
+        resume_pair_init(&r, "maxsteps",
+                         "trainer = { max_epochs = 2; seed = 5; num_sanity_val_steps = 0; limit_val_batches = 0; };\n"
+                         TOY_DATA(4, 1) TOY_MODULE("") ADAMW,
+                         "callbacks=({name=\"weightdump\"; path=\"%s\";}, {name=\"hook_trace\"; path=\"%s\";})", trace),
+        0);
+    const char *cfg = r.cfg;
+    CU_ASSERT_EQUAL_FATAL(tu_run_kiln_l(out, sizeof out, "-q", "fit", cfg, "--set", r.full, "--set", "trainer.max_steps=3",
+                                        "--set", r.d1, NULL),
                           0);
     CU_ASSERT_EQUAL_FATAL(
-        tu_run_kiln_l(out, sizeof out, "-q", "fit", cfg, "--set", part, "--set", "trainer.max_steps=1", NULL), 0);
-    snprintf(ck, sizeof ck, "%s/part/version_0/checkpoints/last.safetensors", root);
+        tu_run_kiln_l(out, sizeof out, "-q", "fit", cfg, "--set", r.part, "--set", "trainer.max_steps=1", NULL), 0);
+    snprintf(ck, sizeof ck, "%s/part/version_0/checkpoints/last.safetensors", r.root);
     ht_error err = {0};
     safetensors_file *f = NULL;
     CU_ASSERT_EQUAL_FATAL(safetensors_open(ck, &f, &err), 0);
     CU_ASSERT_STRING_EQUAL(safetensors_metadata(f, "epoch"), "0"); /* loaded_ckpt "epoch": 0 */
     CU_ASSERT_STRING_EQUAL(safetensors_metadata(f, "global_step"), "1");
     safetensors_close(f);
-    int rc = tu_run_kiln_l(out, sizeof out, "fit", cfg, "--set", part, "--ckpt", "last", "--set", "trainer.max_steps=3",
-                           "--set", d2, NULL);
-    if (rc) fprintf(stderr, "\n%s\n", out);
-    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    int rc = tu_run_kiln_l(out, sizeof out, "fit", cfg, "--set", r.part, "--ckpt", "last", "--set", "trainer.max_steps=3",
+                           "--set", r.d2, NULL);
+    CU_ASSERT_EQUAL_FATAL(shown(rc, out), 0);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "resuming inside epoch 0 after batch 0"));
     read_lines(trace);
-    CU_ASSERT_EQUAL(count("callback on_train_epoch_start"), 0);
-    CU_ASSERT_EQUAL(count("callback on_train_batch_start batch=0"), 0);
-    CU_ASSERT_EQUAL(count("callback on_train_batch_start batch=1"), 1);
-    CU_ASSERT_EQUAL(count("callback on_train_batch_start batch=2"), 1);
-    CU_ASSERT_EQUAL(count("callback on_train_batch_start batch=3"), 0);
-    CU_ASSERT_EQUAL(count("callback on_train_epoch_end"), 1);
-    CU_ASSERT_EQUAL(tu_same_file(wa, wb), 1);
+    EXPECT_COUNTS({"callback on_train_epoch_start", 0}, {"callback on_train_batch_start batch=0", 0},
+                  {"callback on_train_batch_start batch=1", 1}, {"callback on_train_batch_start batch=2", 1},
+                  {"callback on_train_batch_start batch=3", 0}, {"callback on_train_epoch_end", 1});
+    CU_ASSERT_EQUAL(tu_same_file(r.wa, r.wb), 1);
 }
 
 /* 8. loops/optimization/automatic.py with torch's zero_grad(set_to_none=True):
@@ -952,14 +916,10 @@ static void no_loss_run(const char *opt, const char *extra, const char *dump) {
     char out[16384], body[8192];
     snprintf(body, sizeof body,
              "trainer = { max_epochs = 1; seed = 9; num_sanity_val_steps = 0; };\n"
-             "data = { name = \"toydata\"; n_train = 3; n_val = 1; };\n"
-             "module = { name = \"toymod\"; no_loss_batch = 2; };\n"
+             TOY_DATA(3, 1) TOY_MODULE("no_loss_batch = 2; ")
              "optimizer = %s;\n"
-             "callbacks = ( { name = \"weightdump\"; path = \"%s\"; } );\n",
-             opt, dump);
-    int rc = fit(body, extra, out, sizeof out);
-    if (rc) fprintf(stderr, "\n%s\n", out);
-    CU_ASSERT_EQUAL(rc, 0);
+             CALLBACK_AT("weightdump"), opt, dump);
+    CU_ASSERT_EQUAL(shown(fit(body, extra, out, sizeof out), out), 0);
 }
 
 static void test_conf_no_loss_is_a_no_op(void) {
@@ -991,11 +951,9 @@ static void test_conf_no_loss_is_a_no_op(void) {
 /* 9. training_epoch_loop.reset (reset_on_run of the optimisation progress):
  * the `current` optimizer-step and zero-grad counters count the epoch's. */
 static void test_conf_progress_current_per_epoch(void) {
-    char out[16384], cfg[4300], text[8192], root[4200], ck[4400], rs[4300];
+    char out[16384], cfg[4300], root[4200], ck[4400], rs[4300];
     snprintf(root, sizeof root, "%s/current", g_dir);
-    snprintf(cfg, sizeof cfg, "%s/current.cfg", g_dir);
-    snprintf(text, sizeof text, "plugins = { dirs = [\"%s\"]; };\n%s", getenv("KILN_TRAIN_FIXTURES"), BASE);
-    CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
+    CU_ASSERT_EQUAL_FATAL(write_run(cfg, sizeof cfg, "current", BASE), 0);
     root_set(rs, sizeof rs, root);
     CU_ASSERT_EQUAL_FATAL(tu_run_kiln_l(out, sizeof out, "-q", "fit", cfg, "--set", rs, "--set", "trainer.max_epochs=3",
                                         "--set", "data.n_train=4", NULL),
@@ -1022,9 +980,7 @@ static void test_failure_on_exception(void) {
     char out[16384], body[8192], csv[4400];
     snprintf(body, sizeof body,
              "trainer = { max_epochs = 2; num_sanity_val_steps = 0; log_every_n_steps = 1; };\n"
-             "data = { name = \"toydata\"; n_train = 3; n_val = 1; };\n"
-             "module = { name = \"toymod\"; fail_at_batch = 2; };\n"
-             "optimizer = { name = \"sgd\"; lr = 0.1; };\n"
+             TOY_DATA(3, 1) TOY_MODULE("fail_at_batch = 2; ") SGD
              "callbacks = ( { name = \"hook_trace\"; path = \"%s/fail-trace.txt\"; },\n"
              "  { name = \"csv_logger\"; filename = \"%s/fail-metrics.csv\"; flush_every_n = 100; } );\n",
              g_dir, g_dir);
@@ -1036,7 +992,7 @@ static void test_failure_on_exception(void) {
     read_lines(p);
     CU_ASSERT_FATAL(nlines > 0);
     CU_ASSERT_STRING_EQUAL(lines[nlines - 1], "callback on_exception");
-    CU_ASSERT_EQUAL(count("callback teardown"), 0);
+    EXPECT_COUNTS({"callback teardown", 0});
     /* the rows logged before the failure were flushed at on_exception */
     snprintf(csv, sizeof csv, "%s/fail-metrics.csv", g_dir);
     char rows[16384];
