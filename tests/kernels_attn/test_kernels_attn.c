@@ -24,6 +24,8 @@
 #include "cpu_attn.h"
 #include <kiln/testing.h>
 
+#include "plugin_fixture.h"
+
 static kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
 
 static const kiln_plugin_desc *g_desc;
@@ -32,35 +34,19 @@ static kiln_instance *g_acc;
 static const kiln_kernels *g_k;
 
 static int suite_init(void) {
-    kiln_test_reset(g_th);
-    const char *dir = getenv("KILN_PLUGIN_DIR");
-    char path[1024];
-    snprintf(path, sizeof path, "%s/libkiln-cpu.so", dir ? dir : ".");
-    kiln_test_load(g_th, path, KILN_KIND_ACCELERATOR, "cpu", &g_desc);
-    if (!g_desc) return -1;
-    g_ops = g_desc->ops;
-    if (g_ops->base.create(g_desc->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), NULL, &g_acc) != KILN_OK) return -1;
-    g_k = g_ops->kernels(g_acc);
-    if (!g_k || g_k->struct_size < KILN_KERNELS_SIZE_1_4 || !g_k->attention_forward || !g_k->attention_backward)
+    if (fixture_accel_open(g_th, "cpu", "cpu", &g_desc, &g_ops, &g_acc, &g_k) != 0) return -1;
+    if (g_k->struct_size < KILN_KERNELS_SIZE_1_4 || !g_k->attention_forward || !g_k->attention_backward)
         return -1;
     return g_ops->configure(g_acc, 1, 0) == KILN_OK ? 0 : -1;
 }
 
 static int suite_clean(void) {
-    if (g_acc) g_ops->base.destroy(g_acc);
-    g_acc = NULL;
-    kiln_test_reset(g_th);
+    fixture_accel_close(g_th, g_ops, &g_acc);
     return 0;
 }
 
-/* Deterministic values in [-1, 1). */
-static double val(unsigned i, unsigned salt) {
-    uint32_t x = (i + 1u) * 2654435761u ^ (salt * 40503u + 0x9E37u);
-    x ^= x >> 13;
-    x *= 0x5bd1e995u;
-    x ^= x >> 15;
-    return (double)(x & 0xFFFFFF) / (double)0x800000 - 1.0;
-}
+/* Deterministic values in [-1, 1) (tests/support). */
+static double val(unsigned i, unsigned salt) { return fixture_val(i, salt); }
 
 typedef struct {
     int B, T, C, NH;

@@ -26,6 +26,8 @@
 
 #include <kiln/testing.h>
 
+#include "plugin_fixture.h"
+
 static kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
 
 static const kiln_plugin_desc *g_desc;
@@ -36,23 +38,12 @@ static const kiln_kernels *g_k;
 static const uint32_t F32 = KILN_DTYPE_F32, F64 = KILN_DTYPE_F64;
 
 static int suite_init(void) {
-    kiln_test_reset(g_th);
-    const char *dir = getenv("KILN_PLUGIN_DIR");
-    char path[1024];
-    snprintf(path, sizeof path, "%s/libkiln-cpu.so", dir ? dir : ".");
-    kiln_test_load(g_th, path, KILN_KIND_ACCELERATOR, "cpu", &g_desc);
-    if (!g_desc) return -1;
-    g_ops = g_desc->ops;
-    if (g_ops->base.create(g_desc->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), NULL, &g_acc) != KILN_OK) return -1;
-    g_k = g_ops->kernels(g_acc);
-    if (!g_k || g_k->struct_size < KILN_KERNELS_SIZE_1_4) return -1;
-    return 0;
+    if (fixture_accel_open(g_th, "cpu", "cpu", &g_desc, &g_ops, &g_acc, &g_k) != 0) return -1;
+    return g_k->struct_size >= KILN_KERNELS_SIZE_1_4 ? 0 : -1;
 }
 
 static int suite_clean(void) {
-    if (g_acc) g_ops->base.destroy(g_acc);
-    g_acc = NULL;
-    kiln_test_reset(g_th);
+    fixture_accel_close(g_th, g_ops, &g_acc);
     return 0;
 }
 
@@ -61,14 +52,8 @@ static int suite_clean(void) {
 /* |got - want| <= tol * (1 + |want|) */
 static int close_to(double got, double want, double tol) { return fabs(got - want) <= tol * (1.0 + fabs(want)); }
 
-/* Deterministic values in [-1, 1). */
-static double val(unsigned i, unsigned salt) {
-    uint32_t x = (i + 1u) * 2654435761u ^ (salt * 40503u + 0x9E37u);
-    x ^= x >> 13;
-    x *= 0x5bd1e995u;
-    x ^= x >> 15;
-    return (double)(x & 0xFFFFFF) / (double)0x800000 - 1.0;
-}
+/* Deterministic values in [-1, 1) (tests/support). */
+static double val(unsigned i, unsigned salt) { return fixture_val(i, salt); }
 
 static size_t esz(uint32_t dt) { return dt == F32 ? sizeof(float) : sizeof(double); }
 

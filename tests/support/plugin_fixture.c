@@ -22,6 +22,32 @@ const kiln_plugin_desc *fixture_load_plugin(kiln_test_host *th, const char *lib,
     return d;
 }
 
+int fixture_accel_open(kiln_test_host *th, const char *lib, const char *name, const kiln_plugin_desc **desc,
+                       const kiln_accelerator_ops **ops, kiln_instance **acc, const kiln_kernels **k) {
+    kiln_test_reset(th);
+    *desc = fixture_load_plugin(th, lib, KILN_KIND_ACCELERATOR, name);
+    if (!*desc) return -1;
+    *ops = (*desc)->ops;
+    if ((*ops)->base.create((*desc)->plugin_ctx, kiln_test_services(th), kiln_test_hctx(th), NULL, acc) != KILN_OK)
+        return -1;
+    *k = (*ops)->kernels(*acc);
+    return *k ? 0 : -1;
+}
+
+void fixture_accel_close(kiln_test_host *th, const kiln_accelerator_ops *ops, kiln_instance **acc) {
+    if (*acc) ops->base.destroy(*acc);
+    *acc = NULL;
+    kiln_test_reset(th);
+}
+
+double fixture_val(unsigned i, unsigned salt) {
+    uint32_t x = (i + 1u) * 2654435761u ^ (salt * 40503u + 0x9E37u);
+    x ^= x >> 13;
+    x *= 0x5bd1e995u;
+    x ^= x >> 15;
+    return (double)(x & 0xFFFFFF) / (double)0x800000 - 1.0;
+}
+
 const kiln_plugin_desc *fixture_load_callback_desc(kiln_test_host *th, const char *name) {
     CU_ASSERT_PTR_NOT_NULL_FATAL(getenv("KILN_PLUGIN_DIR"));
     const kiln_plugin_desc *d = fixture_load_plugin(th, name, KILN_KIND_CALLBACK, name);

@@ -1,9 +1,10 @@
 /*
  * tests/support/plugin_fixture.h — the scaffolding the plugin suites share
  * (callbacks, stopping, tensorboard, ckpt_callback, optim, precision,
- * lbfgs): loading a built plugin into the test host (kiln/testing.h),
- * creating an instance, a temporary run directory, the trainer state of a
- * fit, events, and reading a file back. Failures that leave a case nothing
+ * lbfgs, and the accelerator suites cpu_accel, kernels_seq, kernels_attn):
+ * loading a built plugin into the test host (kiln/testing.h), creating an
+ * instance, a temporary run directory, the trainer state of a fit, events,
+ * reading a file back, and the deterministic inputs the kernel suites feed. Failures that leave a case nothing
  * to test are fatal CUnit assertions, as they were in each suite.
  */
 #ifndef KILN_TESTS_PLUGIN_FIXTURE_H
@@ -23,6 +24,20 @@ const kiln_plugin_desc *fixture_load_plugin(kiln_test_host *th, const char *lib,
 const kiln_plugin_desc *fixture_load_callback_desc(kiln_test_host *th, const char *name);
 /* Its ops, which must hold on_event (fatal assertion). */
 const kiln_callback_ops *fixture_callback_ops(const kiln_plugin_desc *d);
+
+/* The accelerator plugin `name` from libkiln-<lib>.so after a
+ * kiln_test_reset(th), one instance of it with no config, and its kernel
+ * table; -1 when any is missing (a suite init's failure: every case of the
+ * suite needs all four). fixture_accel_close destroys the instance (when
+ * there is one) and resets the host: a suite's cleanup. */
+int fixture_accel_open(kiln_test_host *th, const char *lib, const char *name, const kiln_plugin_desc **desc,
+                       const kiln_accelerator_ops **ops, kiln_instance **acc, const kiln_kernels **k);
+void fixture_accel_close(kiln_test_host *th, const kiln_accelerator_ops *ops, kiln_instance **acc);
+
+/* Deterministic values in [-1, 1) for input i of the stream `salt`: the
+ * same numbers on every machine, so a kernel's result can be compared
+ * bit for bit between runs and implementations. */
+double fixture_val(unsigned i, unsigned salt);
 
 /* create() of a plugin with `services` and the test host's context; on
  * failure *rc holds the status and no instance may come back. */
