@@ -300,6 +300,16 @@ static int suite_clean(void) {
     return 0;
 }
 
+static CU_TestInfo cases_ddp_fit_under_mpirun[] = {
+    {"2x64 ddp == 1x128 single (weights, loss)", test_equivalence},
+    {"timeout_s = 0: blocking collectives, same weights", test_blocking_collectives},
+    {"rank 0 is the only writer", test_one_writer},
+    {"accumulation: all-reduce on stepping batches only", test_accumulation},
+    {"accumulation with two buckets", test_accumulation_buckets},
+    {"a killed rank ends the job", test_killed_rank},
+    CU_TEST_INFO_NULL,
+};
+
 static void register_tests(void) {
     struct stat st;
     if (stat(DATA_DIR "/train-images-idx3-ubyte.gz", &st) != 0) {
@@ -312,13 +322,11 @@ static void register_tests(void) {
         return;
     }
     fprintf(stderr, "test_ddp_fit: working in %s\n", g_tmp);
-    CU_pSuite s = CU_add_suite("ddp fit under mpirun", NULL, suite_clean);
-    CU_add_test(s, "2x64 ddp == 1x128 single (weights, loss)", test_equivalence);
-    CU_add_test(s, "timeout_s = 0: blocking collectives, same weights", test_blocking_collectives);
-    CU_add_test(s, "rank 0 is the only writer", test_one_writer);
-    CU_add_test(s, "accumulation: all-reduce on stepping batches only", test_accumulation);
-    CU_add_test(s, "accumulation with two buckets", test_accumulation_buckets);
-    CU_add_test(s, "a killed rank ends the job", test_killed_rank);
+    CU_SuiteInfo suites[] = {
+        {.pName = "ddp fit under mpirun", .pCleanupFunc = suite_clean, .pTests = cases_ddp_fit_under_mpirun},
+        CU_SUITE_INFO_NULL,
+    };
+    CU_register_suites(suites);
 }
 
 #include "cunit_main.h"

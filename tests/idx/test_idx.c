@@ -1249,41 +1249,55 @@ static void test_fashion_mnist_t10k(void) {
 
 /* ------------------------------------------------------------------------ */
 
+static CU_TestInfo cases_idx_reader[] = {
+    {"read_images_raw", test_read_images_raw},
+    {"read_images_gz", test_read_images_gz},
+    {"read_labels_raw_and_gz", test_read_labels_raw_and_gz},
+    {"gzip_detected_by_magic_not_name", test_gzip_detected_by_magic_not_name},
+    {"wrong_magic", test_wrong_magic},
+    {"truncated_raw", test_truncated_raw},
+    {"truncated_gz", test_truncated_gz},
+    {"truncated_gzip_stream", test_truncated_gzip_stream},
+    {"trailing_data", test_trailing_data},
+    {"corrupt_gzip", test_corrupt_gzip},
+    {"bad_dimensions", test_bad_dimensions},
+    {"gzip_bomb", test_gzip_bomb},
+    {"fifo_refused", test_fifo_refused},
+    {"missing_file", test_missing_file},
+    {"label_out_of_range", test_label_out_of_range},
+    {"open_dataset_and_count_mismatch", test_open_dataset_and_count_mismatch},
+    CU_TEST_INFO_NULL,
+};
+
+static CU_TestInfo cases_idx_loader[] = {
+    {"sequential", test_loader_sequential},
+    {"shuffle", test_loader_shuffle},
+    {"distributed", test_loader_distributed},
+    {"drop_last", test_loader_drop_last},
+    {"resume_from_batch", test_loader_resume_from_batch},
+    {"position", test_loader_position},
+    {"bit_identical", test_loader_bit_identical},
+    {"restart_mid_epoch", test_loader_restart_mid_epoch},
+    {"producer_sleeps", test_loader_producer_sleeps},
+    {"auto_prefetch_wakes", test_loader_auto_prefetch_wakes},
+    {"normalisation", test_loader_normalisation},
+    {"config_errors", test_loader_config_errors},
+    CU_TEST_INFO_NULL,
+};
+
+static CU_TestInfo cases_idx_fashion_mnist[] = {
+    {"t10k", test_fashion_mnist_t10k},
+    CU_TEST_INFO_NULL,
+};
+
 static void register_tests(void) {
-    CU_pSuite r = CU_add_suite("idx_reader", suite_init, suite_clean);
-    CU_add_test(r, "read_images_raw", test_read_images_raw);
-    CU_add_test(r, "read_images_gz", test_read_images_gz);
-    CU_add_test(r, "read_labels_raw_and_gz", test_read_labels_raw_and_gz);
-    CU_add_test(r, "gzip_detected_by_magic_not_name", test_gzip_detected_by_magic_not_name);
-    CU_add_test(r, "wrong_magic", test_wrong_magic);
-    CU_add_test(r, "truncated_raw", test_truncated_raw);
-    CU_add_test(r, "truncated_gz", test_truncated_gz);
-    CU_add_test(r, "truncated_gzip_stream", test_truncated_gzip_stream);
-    CU_add_test(r, "trailing_data", test_trailing_data);
-    CU_add_test(r, "corrupt_gzip", test_corrupt_gzip);
-    CU_add_test(r, "bad_dimensions", test_bad_dimensions);
-    CU_add_test(r, "gzip_bomb", test_gzip_bomb);
-    CU_add_test(r, "fifo_refused", test_fifo_refused);
-    CU_add_test(r, "missing_file", test_missing_file);
-    CU_add_test(r, "label_out_of_range", test_label_out_of_range);
-    CU_add_test(r, "open_dataset_and_count_mismatch", test_open_dataset_and_count_mismatch);
-
-    CU_pSuite l = CU_add_suite("idx_loader", NULL, NULL);
-    CU_add_test(l, "sequential", test_loader_sequential);
-    CU_add_test(l, "shuffle", test_loader_shuffle);
-    CU_add_test(l, "distributed", test_loader_distributed);
-    CU_add_test(l, "drop_last", test_loader_drop_last);
-    CU_add_test(l, "resume_from_batch", test_loader_resume_from_batch);
-    CU_add_test(l, "position", test_loader_position);
-    CU_add_test(l, "bit_identical", test_loader_bit_identical);
-    CU_add_test(l, "restart_mid_epoch", test_loader_restart_mid_epoch);
-    CU_add_test(l, "producer_sleeps", test_loader_producer_sleeps);
-    CU_add_test(l, "auto_prefetch_wakes", test_loader_auto_prefetch_wakes);
-    CU_add_test(l, "normalisation", test_loader_normalisation);
-    CU_add_test(l, "config_errors", test_loader_config_errors);
-
-    CU_pSuite d = CU_add_suite("idx_fashion_mnist", NULL, NULL);
-    CU_add_test(d, "t10k", test_fashion_mnist_t10k);
+    CU_SuiteInfo suites[] = {
+        {.pName = "idx_reader", .pInitFunc = suite_init, .pCleanupFunc = suite_clean, .pTests = cases_idx_reader},
+        {.pName = "idx_loader", .pTests = cases_idx_loader},
+        {.pName = "idx_fashion_mnist", .pTests = cases_idx_fashion_mnist},
+        CU_SUITE_INFO_NULL,
+    };
+    CU_register_suites(suites);
 }
 
 #include "cunit_main.h"

@@ -990,30 +990,46 @@ static void test_plateau_state_bounds(void) {
     sched_free("plateau", a);
 }
 
+static CU_TestInfo cases_schedulers[] = {
+    {"descriptors and defaults", test_descriptors},
+    {"constant (ConstantLR)", test_constant},
+    {"step (StepLR)", test_step},
+    {"cosine with warmup", test_cosine},
+    {"lr_at argument checks", test_lr_at_arguments},
+    {"bad configs refused", test_bad_configs},
+    CU_TEST_INFO_NULL,
+};
+
+static CU_TestInfo cases_plateau[] = {
+    {"improvement and patience", test_plateau_patience},
+    {"cooldown", test_plateau_cooldown},
+    {"min_lr and eps", test_plateau_min_lr_eps},
+    {"rel and abs thresholds", test_plateau_thresholds},
+    {"max mode", test_plateau_max_mode},
+    {"missing metric and step 0", test_plateau_missing_metric},
+    {"step order", test_plateau_order},
+    {"state round trip", test_plateau_state},
+    {"state values bounded; a bad blob refused", test_plateau_state_bounds},
+    CU_TEST_INFO_NULL,
+};
+
+static CU_TestInfo cases_lr_monitor[] = {
+    {"per step", test_lr_monitor_step},
+    {"per epoch, several optimizers", test_lr_monitor_epoch_and_many},
+    {"old host: one warning", test_lr_monitor_old_host},
+    {"config", test_lr_monitor_config},
+    CU_TEST_INFO_NULL,
+};
+
 static void register_tests(void) {
     if (kiln_test_host_new(&g_th) != KILN_OK) return; /* no suite: the runner fails */
-    CU_pSuite s = CU_add_suite("schedulers", NULL, NULL);
-    CU_add_test(s, "descriptors and defaults", test_descriptors);
-    CU_add_test(s, "constant (ConstantLR)", test_constant);
-    CU_add_test(s, "step (StepLR)", test_step);
-    CU_add_test(s, "cosine with warmup", test_cosine);
-    CU_add_test(s, "lr_at argument checks", test_lr_at_arguments);
-    CU_add_test(s, "bad configs refused", test_bad_configs);
-    CU_pSuite p = CU_add_suite("plateau", NULL, NULL);
-    CU_add_test(p, "improvement and patience", test_plateau_patience);
-    CU_add_test(p, "cooldown", test_plateau_cooldown);
-    CU_add_test(p, "min_lr and eps", test_plateau_min_lr_eps);
-    CU_add_test(p, "rel and abs thresholds", test_plateau_thresholds);
-    CU_add_test(p, "max mode", test_plateau_max_mode);
-    CU_add_test(p, "missing metric and step 0", test_plateau_missing_metric);
-    CU_add_test(p, "step order", test_plateau_order);
-    CU_add_test(p, "state round trip", test_plateau_state);
-    CU_add_test(p, "state values bounded; a bad blob refused", test_plateau_state_bounds);
-    CU_pSuite m = CU_add_suite("lr_monitor", NULL, NULL);
-    CU_add_test(m, "per step", test_lr_monitor_step);
-    CU_add_test(m, "per epoch, several optimizers", test_lr_monitor_epoch_and_many);
-    CU_add_test(m, "old host: one warning", test_lr_monitor_old_host);
-    CU_add_test(m, "config", test_lr_monitor_config);
+    CU_SuiteInfo suites[] = {
+        {.pName = "schedulers", .pTests = cases_schedulers},
+        {.pName = "plateau", .pTests = cases_plateau},
+        {.pName = "lr_monitor", .pTests = cases_lr_monitor},
+        CU_SUITE_INFO_NULL,
+    };
+    CU_register_suites(suites);
 }
 
 #include "cunit_main.h"

@@ -1083,33 +1083,45 @@ static void test_ng_declared_keys(void) {
     CU_ASSERT_EQUAL(n, 3);
 }
 
+static CU_TestInfo cases_early_stopping[] = {
+    {"patience counts checks without improvement", test_es_patience},
+    {"an improvement resets the count; patience 0", test_es_patience_reset_and_zero},
+    {"min_delta in min mode", test_es_min_delta_min},
+    {"min_delta in max mode", test_es_min_delta_max},
+    {"stopping_threshold stops at once", test_es_stopping_threshold},
+    {"divergence_threshold stops at once", test_es_divergence_threshold},
+    {"check_finite: nan and -inf stop, or count as no improvement", test_es_check_finite},
+    {"strict: a missing metric is KILN_E_CONFIG", test_es_strict_missing},
+    {"non-strict: a missing metric skips the check", test_es_nonstrict_missing},
+    {"sanity check and outside fit are skipped", test_es_sanity_and_outside_fit_skipped},
+    {"check_on_train_epoch_end timing", test_es_timing},
+    {"verbose messages", test_es_verbose_messages},
+    {"state round trip and refusals", test_es_state_round_trip},
+    {"state values bounded; a bad blob refused", test_es_state_bounds},
+    {"config errors and declared keys", test_es_config_errors},
+    CU_TEST_INFO_NULL,
+};
+
+static CU_TestInfo cases_nan_guard[] = {
+    {"finite values pass (float32, float64)", test_ng_finite_passes},
+    {"nan loss before backward", test_ng_nan_loss},
+    {"inf gradient after backward", test_ng_inf_grad},
+    {"nan float32 weight at batch end", test_ng_nan_param_f32},
+    {"nan float64 weight and gradient", test_ng_nan_param_f64},
+    {"gradient scaler exemption", test_ng_scaler_exemption},
+    {"device memory is read back only when not finite", test_ng_device_memory},
+    {"declared keys", test_ng_declared_keys},
+    CU_TEST_INFO_NULL,
+};
+
 static void register_tests(void) {
     if (kiln_test_host_new(&g_th) != KILN_OK) return; /* no suite: the runner fails */
-    CU_pSuite es = CU_add_suite("early_stopping", NULL, NULL);
-    CU_add_test(es, "patience counts checks without improvement", test_es_patience);
-    CU_add_test(es, "an improvement resets the count; patience 0", test_es_patience_reset_and_zero);
-    CU_add_test(es, "min_delta in min mode", test_es_min_delta_min);
-    CU_add_test(es, "min_delta in max mode", test_es_min_delta_max);
-    CU_add_test(es, "stopping_threshold stops at once", test_es_stopping_threshold);
-    CU_add_test(es, "divergence_threshold stops at once", test_es_divergence_threshold);
-    CU_add_test(es, "check_finite: nan and -inf stop, or count as no improvement", test_es_check_finite);
-    CU_add_test(es, "strict: a missing metric is KILN_E_CONFIG", test_es_strict_missing);
-    CU_add_test(es, "non-strict: a missing metric skips the check", test_es_nonstrict_missing);
-    CU_add_test(es, "sanity check and outside fit are skipped", test_es_sanity_and_outside_fit_skipped);
-    CU_add_test(es, "check_on_train_epoch_end timing", test_es_timing);
-    CU_add_test(es, "verbose messages", test_es_verbose_messages);
-    CU_add_test(es, "state round trip and refusals", test_es_state_round_trip);
-    CU_add_test(es, "state values bounded; a bad blob refused", test_es_state_bounds);
-    CU_add_test(es, "config errors and declared keys", test_es_config_errors);
-    CU_pSuite ng = CU_add_suite("nan_guard", NULL, NULL);
-    CU_add_test(ng, "finite values pass (float32, float64)", test_ng_finite_passes);
-    CU_add_test(ng, "nan loss before backward", test_ng_nan_loss);
-    CU_add_test(ng, "inf gradient after backward", test_ng_inf_grad);
-    CU_add_test(ng, "nan float32 weight at batch end", test_ng_nan_param_f32);
-    CU_add_test(ng, "nan float64 weight and gradient", test_ng_nan_param_f64);
-    CU_add_test(ng, "gradient scaler exemption", test_ng_scaler_exemption);
-    CU_add_test(ng, "device memory is read back only when not finite", test_ng_device_memory);
-    CU_add_test(ng, "declared keys", test_ng_declared_keys);
+    CU_SuiteInfo suites[] = {
+        {.pName = "early_stopping", .pTests = cases_early_stopping},
+        {.pName = "nan_guard", .pTests = cases_nan_guard},
+        CU_SUITE_INFO_NULL,
+    };
+    CU_register_suites(suites);
 }
 
 #include "cunit_main.h"
