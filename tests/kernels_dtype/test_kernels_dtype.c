@@ -64,26 +64,23 @@ static const double spec_tiny_f64[] = {1e-310, -1e-315, 0.0, -0.0};
 /* x: (n) uniform in [lo, hi) from seed; every 1009th element from index 5 a
  * special value (spec), so they land in every thread's range. The float and
  * double fills with the same seed draw the same doubles. */
-static void fill_f32(float *x, size_t n, double lo, double hi, uint64_t seed, int spec) {
-    uint64_t s = seed | 1;
-    for (size_t i = 0; i < n; i++) {
-        x[i] = (float)(lo + (hi - lo) * rng_unit(&s));
-        if (spec != SPEC_NONE && i % 1009 == 5) {
-            const size_t k = i / 1009;
-            x[i] = spec == SPEC_ALL ? spec_all_f32[k % 10] : spec_tiny_f32[k % 4];
-        }
+/* One source for each pair of cases below: T the element type, SFX the
+ * kernels' suffix (empty for float32, _f64); every (T) conversion is a no-op
+ * for double and the float32 code's own cast, so the digests stay those of
+ * the two hand-written copies this replaced. */
+#define DEFINE_FILL(T, SFX)                                                                                  \
+    static void fill##SFX(T *x, size_t n, double lo, double hi, uint64_t seed, int spec) {                     \
+        uint64_t s = seed | 1;                                                                                \
+        for (size_t i = 0; i < n; i++) {                                                                      \
+            x[i] = (T)(lo + (hi - lo) * rng_unit(&s));                                                        \
+            if (spec != SPEC_NONE && i % 1009 == 5) {                                                         \
+                const size_t k = i / 1009;                                                                    \
+                x[i] = spec == SPEC_ALL ? spec_all##SFX[k % 10] : spec_tiny##SFX[k % 4];                      \
+            }                                                                                                 \
+        }                                                                                                     \
     }
-}
-static void fill_f64(double *x, size_t n, double lo, double hi, uint64_t seed, int spec) {
-    uint64_t s = seed | 1;
-    for (size_t i = 0; i < n; i++) {
-        x[i] = lo + (hi - lo) * rng_unit(&s);
-        if (spec != SPEC_NONE && i % 1009 == 5) {
-            const size_t k = i / 1009;
-            x[i] = spec == SPEC_ALL ? spec_all_f64[k % 10] : spec_tiny_f64[k % 4];
-        }
-    }
-}
+DEFINE_FILL(float, _f32)
+DEFINE_FILL(double, _f64)
 
 static void *xalloc(size_t bytes) {
     void *p = malloc(bytes ? bytes : 1);
@@ -118,47 +115,29 @@ static const bwd64 act_b64[A_N] = {kc_relu_backward_f64, kc_gelu_backward_f64, k
 
 /* y = f(x), f(z) in place, dx = f'(dy, x), and in place on dy; x in
  * [-12, 12) with specials, dy in [-2, 2). */
-static uint64_t act_case_f32(int a) {
-    uint64_t h = FNV_OFFSET;
-    for (size_t k = 0; k < N_EW; k++) {
-        const size_t n = ew_sizes[k];
-        float *x = xalloc(n * sizeof *x), *y = xalloc(n * sizeof *y), *dy = xalloc(n * sizeof *dy);
-        fill_f32(x, n, -12.0, 12.0, 101 + k, SPEC_ALL);
-        fill_f32(dy, n, -2.0, 2.0, 202 + k, SPEC_NONE);
-        act_f32[a](y, x, n);
-        dg_bytes(&h, y, n * sizeof *y);
-        memcpy(y, x, n * sizeof *y);
-        act_f32[a](y, y, n);
-        dg_bytes(&h, y, n * sizeof *y);
-        act_b32[a](y, dy, x, n);
-        dg_bytes(&h, y, n * sizeof *y);
-        act_b32[a](dy, dy, x, n);
-        dg_bytes(&h, dy, n * sizeof *dy);
-        free(x), free(y), free(dy);
+#define DEFINE_ACT_CASE(T, SFX, FWD, BWD)                                                                    \
+    static uint64_t act_case##SFX(int a) {                                                                    \
+        uint64_t h = FNV_OFFSET;                                                                              \
+        for (size_t k = 0; k < N_EW; k++) {                                                                   \
+            const size_t n = ew_sizes[k];                                                                     \
+            T *x = xalloc(n * sizeof *x), *y = xalloc(n * sizeof *y), *dy = xalloc(n * sizeof *dy);           \
+            fill##SFX(x, n, -12.0, 12.0, 101 + k, SPEC_ALL);                                                  \
+            fill##SFX(dy, n, -2.0, 2.0, 202 + k, SPEC_NONE);                                                  \
+            FWD[a](y, x, n);                                                                                  \
+            dg_bytes(&h, y, n * sizeof *y);                                                                   \
+            memcpy(y, x, n * sizeof *y);                                                                      \
+            FWD[a](y, y, n);                                                                                  \
+            dg_bytes(&h, y, n * sizeof *y);                                                                   \
+            BWD[a](y, dy, x, n);                                                                              \
+            dg_bytes(&h, y, n * sizeof *y);                                                                   \
+            BWD[a](dy, dy, x, n);                                                                             \
+            dg_bytes(&h, dy, n * sizeof *dy);                                                                 \
+            free(x), free(y), free(dy);                                                                       \
+        }                                                                                                     \
+        return h;                                                                                             \
     }
-    return h;
-}
-
-static uint64_t act_case_f64(int a) {
-    uint64_t h = FNV_OFFSET;
-    for (size_t k = 0; k < N_EW; k++) {
-        const size_t n = ew_sizes[k];
-        double *x = xalloc(n * sizeof *x), *y = xalloc(n * sizeof *y), *dy = xalloc(n * sizeof *dy);
-        fill_f64(x, n, -12.0, 12.0, 101 + k, SPEC_ALL);
-        fill_f64(dy, n, -2.0, 2.0, 202 + k, SPEC_NONE);
-        act_f64[a](y, x, n);
-        dg_bytes(&h, y, n * sizeof *y);
-        memcpy(y, x, n * sizeof *y);
-        act_f64[a](y, y, n);
-        dg_bytes(&h, y, n * sizeof *y);
-        act_b64[a](y, dy, x, n);
-        dg_bytes(&h, y, n * sizeof *y);
-        act_b64[a](dy, dy, x, n);
-        dg_bytes(&h, dy, n * sizeof *dy);
-        free(x), free(y), free(dy);
-    }
-    return h;
-}
+DEFINE_ACT_CASE(float, _f32, act_f32, act_b32)
+DEFINE_ACT_CASE(double, _f64, act_f64, act_b64)
 
 static uint64_t relu_f32(void) { return act_case_f32(A_RELU); }
 static uint64_t relu_f64(void) { return act_case_f64(A_RELU); }
@@ -179,45 +158,29 @@ static uint64_t leaky_f64(void) { return act_case_f64(A_LEAKY); }
 static const int bias_shapes[][2] = {{1, 1}, {3, 5}, {0, 9}, {613, 1031}};
 #define N_BIAS (sizeof bias_shapes / sizeof bias_shapes[0])
 
-static uint64_t bias_f32(void) {
-    uint64_t h = FNV_OFFSET;
-    for (size_t k = 0; k < N_BIAS; k++) {
-        const int R = bias_shapes[k][0], C = bias_shapes[k][1];
-        const size_t n = (size_t)R * (size_t)C;
-        float *y = xalloc(n * sizeof *y), *b = xalloc((size_t)C * sizeof *b), *db = xalloc((size_t)C * sizeof *db);
-        fill_f32(y, n, -1.0, 1.0, 301 + k, SPEC_NONE);
-        fill_f32(b, (size_t)C, -1.0, 1.0, 302 + k, SPEC_NONE);
-        kc_bias_add(y, b, R, C);
-        dg_bytes(&h, y, n * sizeof *y);
-        kc_bias_grad(db, y, R, C, 0);
-        dg_bytes(&h, db, (size_t)C * sizeof *db);
-        fill_f32(db, (size_t)C, -5.0, 5.0, 303 + k, SPEC_NONE);
-        kc_bias_grad(db, y, R, C, 1);
-        dg_bytes(&h, db, (size_t)C * sizeof *db);
-        free(y), free(b), free(db);
+/* KSFX: the kernels' suffix (empty for float32). */
+#define DEFINE_BIAS(T, SFX, KSFX)                                                                            \
+    static uint64_t bias##SFX(void) {                                                                         \
+        uint64_t h = FNV_OFFSET;                                                                              \
+        for (size_t k = 0; k < N_BIAS; k++) {                                                                 \
+            const int R = bias_shapes[k][0], C = bias_shapes[k][1];                                           \
+            const size_t n = (size_t)R * (size_t)C;                                                           \
+            T *y = xalloc(n * sizeof *y), *b = xalloc((size_t)C * sizeof *b), *db = xalloc((size_t)C * sizeof *db); \
+            fill##SFX(y, n, -1.0, 1.0, 301 + k, SPEC_NONE);                                                   \
+            fill##SFX(b, (size_t)C, -1.0, 1.0, 302 + k, SPEC_NONE);                                           \
+            kc_bias_add##KSFX(y, b, R, C);                                                                    \
+            dg_bytes(&h, y, n * sizeof *y);                                                                   \
+            kc_bias_grad##KSFX(db, y, R, C, 0);                                                               \
+            dg_bytes(&h, db, (size_t)C * sizeof *db);                                                         \
+            fill##SFX(db, (size_t)C, -5.0, 5.0, 303 + k, SPEC_NONE);                                          \
+            kc_bias_grad##KSFX(db, y, R, C, 1);                                                               \
+            dg_bytes(&h, db, (size_t)C * sizeof *db);                                                         \
+            free(y), free(b), free(db);                                                                       \
+        }                                                                                                     \
+        return h;                                                                                             \
     }
-    return h;
-}
-
-static uint64_t bias_f64(void) {
-    uint64_t h = FNV_OFFSET;
-    for (size_t k = 0; k < N_BIAS; k++) {
-        const int R = bias_shapes[k][0], C = bias_shapes[k][1];
-        const size_t n = (size_t)R * (size_t)C;
-        double *y = xalloc(n * sizeof *y), *b = xalloc((size_t)C * sizeof *b), *db = xalloc((size_t)C * sizeof *db);
-        fill_f64(y, n, -1.0, 1.0, 301 + k, SPEC_NONE);
-        fill_f64(b, (size_t)C, -1.0, 1.0, 302 + k, SPEC_NONE);
-        kc_bias_add_f64(y, b, R, C);
-        dg_bytes(&h, y, n * sizeof *y);
-        kc_bias_grad_f64(db, y, R, C, 0);
-        dg_bytes(&h, db, (size_t)C * sizeof *db);
-        fill_f64(db, (size_t)C, -5.0, 5.0, 303 + k, SPEC_NONE);
-        kc_bias_grad_f64(db, y, R, C, 1);
-        dg_bytes(&h, db, (size_t)C * sizeof *db);
-        free(y), free(b), free(db);
-    }
-    return h;
-}
+DEFINE_BIAS(float, _f32, )
+DEFINE_BIAS(double, _f64, _f64)
 
 /* ------------------------------------------------------------------ loss */
 
@@ -240,53 +203,32 @@ static void xent_labels(int32_t *labels, int B, int C, uint64_t seed) {
 /* Forward (probs, loss, n_correct), backward into a separate buffer at
  * dloss 0.75, then in place on probs at dloss -1.5. Logits in [-8, 8) with
  * one huge logit (1e4) when C > 7, so the max subtraction matters. */
-static uint64_t xent_f32(void) {
-    uint64_t h = FNV_OFFSET;
-    for (size_t k = 0; k < N_XENT; k++) {
-        const int B = xent_shapes[k][0], C = xent_shapes[k][1];
-        const size_t n = (size_t)B * (size_t)C;
-        float *l = xalloc(n * sizeof *l), *p = xalloc(n * sizeof *p), *d = xalloc(n * sizeof *d);
-        int32_t *lab = xalloc((size_t)B * sizeof *lab);
-        fill_f32(l, n, -8.0, 8.0, 401 + k, SPEC_NONE);
-        if (C > 7 && B > 2) l[2 * (size_t)C + 7] = 1e4f;
-        xent_labels(lab, B, C, 402 + k);
-        int correct = -7;
-        const float loss = kc_softmax_xent_forward(p, l, lab, B, C, &correct);
-        dg_bytes(&h, &loss, sizeof loss);
-        dg_bytes(&h, &correct, sizeof correct);
-        dg_bytes(&h, p, n * sizeof *p);
-        kc_softmax_xent_backward(d, p, lab, B, C, 0.75f);
-        dg_bytes(&h, d, n * sizeof *d);
-        kc_softmax_xent_backward(p, p, lab, B, C, -1.5f);
-        dg_bytes(&h, p, n * sizeof *p);
-        free(l), free(p), free(d), free(lab);
+#define DEFINE_XENT(T, SFX, KSFX)                                                                            \
+    static uint64_t xent##SFX(void) {                                                                         \
+        uint64_t h = FNV_OFFSET;                                                                              \
+        for (size_t k = 0; k < N_XENT; k++) {                                                                 \
+            const int B = xent_shapes[k][0], C = xent_shapes[k][1];                                           \
+            const size_t n = (size_t)B * (size_t)C;                                                           \
+            T *l = xalloc(n * sizeof *l), *p = xalloc(n * sizeof *p), *d = xalloc(n * sizeof *d);             \
+            int32_t *lab = xalloc((size_t)B * sizeof *lab);                                                   \
+            fill##SFX(l, n, -8.0, 8.0, 401 + k, SPEC_NONE);                                                   \
+            if (C > 7 && B > 2) l[2 * (size_t)C + 7] = (T)1e4;                                                \
+            xent_labels(lab, B, C, 402 + k);                                                                  \
+            int correct = -7;                                                                                 \
+            const T loss = kc_softmax_xent_forward##KSFX(p, l, lab, B, C, &correct);                          \
+            dg_bytes(&h, &loss, sizeof loss);                                                                 \
+            dg_bytes(&h, &correct, sizeof correct);                                                           \
+            dg_bytes(&h, p, n * sizeof *p);                                                                   \
+            kc_softmax_xent_backward##KSFX(d, p, lab, B, C, (T)0.75);                                         \
+            dg_bytes(&h, d, n * sizeof *d);                                                                   \
+            kc_softmax_xent_backward##KSFX(p, p, lab, B, C, (T)-1.5);                                         \
+            dg_bytes(&h, p, n * sizeof *p);                                                                   \
+            free(l), free(p), free(d), free(lab);                                                             \
+        }                                                                                                     \
+        return h;                                                                                             \
     }
-    return h;
-}
-
-static uint64_t xent_f64(void) {
-    uint64_t h = FNV_OFFSET;
-    for (size_t k = 0; k < N_XENT; k++) {
-        const int B = xent_shapes[k][0], C = xent_shapes[k][1];
-        const size_t n = (size_t)B * (size_t)C;
-        double *l = xalloc(n * sizeof *l), *p = xalloc(n * sizeof *p), *d = xalloc(n * sizeof *d);
-        int32_t *lab = xalloc((size_t)B * sizeof *lab);
-        fill_f64(l, n, -8.0, 8.0, 401 + k, SPEC_NONE);
-        if (C > 7 && B > 2) l[2 * (size_t)C + 7] = 1e4;
-        xent_labels(lab, B, C, 402 + k);
-        int correct = -7;
-        const double loss = kc_softmax_xent_forward_f64(p, l, lab, B, C, &correct);
-        dg_bytes(&h, &loss, sizeof loss);
-        dg_bytes(&h, &correct, sizeof correct);
-        dg_bytes(&h, p, n * sizeof *p);
-        kc_softmax_xent_backward_f64(d, p, lab, B, C, 0.75);
-        dg_bytes(&h, d, n * sizeof *d);
-        kc_softmax_xent_backward_f64(p, p, lab, B, C, -1.5);
-        dg_bytes(&h, p, n * sizeof *p);
-        free(l), free(p), free(d), free(lab);
-    }
-    return h;
-}
+DEFINE_XENT(float, _f32, )
+DEFINE_XENT(double, _f64, _f64)
 
 /* ------------------------------------------------------------ reductions */
 
@@ -297,80 +239,60 @@ static const size_t red_sizes[] = {0, 1, 17, 600011, 4194319};
 
 /* sum (float32 only), sum of squares, and finiteness of a finite array,
  * with an inf near the end, and with a NaN in the middle. */
-static uint64_t reduce_f32(void) {
-    uint64_t h = FNV_OFFSET;
-    for (size_t k = 0; k < N_RED; k++) {
-        const size_t n = red_sizes[k];
-        float *x = xalloc(n * sizeof *x);
-        fill_f32(x, n, -3.0, 3.0, 501 + k, SPEC_NONE);
-        const double s = kc_sum(x, n), s2 = kc_sumsq(x, n);
-        int fin[3];
-        fin[0] = kc_all_finite(x, n);
-        if (n > 1) x[n - 2] = INFINITY;
-        fin[1] = kc_all_finite(x, n);
-        if (n > 1) x[n / 2] = NAN, x[n - 2] = 0.0f;
-        fin[2] = kc_all_finite(x, n);
-        dg_bytes(&h, &s, sizeof s);
-        dg_bytes(&h, &s2, sizeof s2);
-        dg_bytes(&h, fin, sizeof fin);
-        free(x);
-    }
-    return h;
+/* The plain sum exists for float32 only: its digest goes first, as the
+ * float32 case always hashed it ahead of the sum of squares. */
+static void sum_first_f32(uint64_t *h, const float *x, size_t n) {
+    const double s = kc_sum(x, n);
+    dg_bytes(h, &s, sizeof s);
 }
+static void sum_first_f64(uint64_t *h, const double *x, size_t n) { (void)h, (void)x, (void)n; }
 
-static uint64_t reduce_f64(void) {
-    uint64_t h = FNV_OFFSET;
-    for (size_t k = 0; k < N_RED; k++) {
-        const size_t n = red_sizes[k];
-        double *x = xalloc(n * sizeof *x);
-        fill_f64(x, n, -3.0, 3.0, 501 + k, SPEC_NONE);
-        const double s2 = kc_sumsq_f64(x, n);
-        int fin[3];
-        fin[0] = kc_all_finite_f64(x, n);
-        if (n > 1) x[n - 2] = INFINITY;
-        fin[1] = kc_all_finite_f64(x, n);
-        if (n > 1) x[n / 2] = NAN, x[n - 2] = 0.0;
-        fin[2] = kc_all_finite_f64(x, n);
-        dg_bytes(&h, &s2, sizeof s2);
-        dg_bytes(&h, fin, sizeof fin);
-        free(x);
+#define DEFINE_REDUCE(T, SFX, KSFX)                                                                          \
+    static uint64_t reduce##SFX(void) {                                                                       \
+        uint64_t h = FNV_OFFSET;                                                                              \
+        for (size_t k = 0; k < N_RED; k++) {                                                                  \
+            const size_t n = red_sizes[k];                                                                    \
+            T *x = xalloc(n * sizeof *x);                                                                     \
+            fill##SFX(x, n, -3.0, 3.0, 501 + k, SPEC_NONE);                                                   \
+            sum_first##SFX(&h, x, n);                                                                         \
+            const double s2 = kc_sumsq##KSFX(x, n);                                                           \
+            int fin[3];                                                                                       \
+            fin[0] = kc_all_finite##KSFX(x, n);                                                               \
+            if (n > 1) x[n - 2] = INFINITY;                                                                   \
+            fin[1] = kc_all_finite##KSFX(x, n);                                                               \
+            if (n > 1) x[n / 2] = NAN, x[n - 2] = 0;                                                          \
+            fin[2] = kc_all_finite##KSFX(x, n);                                                               \
+            dg_bytes(&h, &s2, sizeof s2);                                                                     \
+            dg_bytes(&h, fin, sizeof fin);                                                                    \
+            free(x);                                                                                          \
+        }                                                                                                     \
+        return h;                                                                                             \
     }
-    return h;
-}
+DEFINE_REDUCE(float, _f32, )
+DEFINE_REDUCE(double, _f64, _f64)
 
 /* --------------------------------------------------------- scale, axpy */
 
-static uint64_t blas1_f32(void) {
-    uint64_t h = FNV_OFFSET;
-    for (size_t k = 0; k < N_EW; k++) {
-        const size_t n = ew_sizes[k];
-        float *x = xalloc(n * sizeof *x), *y = xalloc(n * sizeof *y);
-        fill_f32(x, n, -4.0, 4.0, 601 + k, SPEC_ALL);
-        fill_f32(y, n, -4.0, 4.0, 602 + k, SPEC_NONE);
-        kc_scale(x, -0.37f, n);
-        dg_bytes(&h, x, n * sizeof *x);
-        kc_axpy(y, 1.3f, x, n);
-        dg_bytes(&h, y, n * sizeof *y);
-        free(x), free(y);
+/* The scalars are written as float32 literals were: -0.37f and 1.3f are
+ * the float nearest the decimal, as (float)-0.37 and (float)1.3 are. */
+#define DEFINE_BLAS1(T, SFX, KSFX)                                                                           \
+    static uint64_t blas1##SFX(void) {                                                                        \
+        uint64_t h = FNV_OFFSET;                                                                              \
+        for (size_t k = 0; k < N_EW; k++) {                                                                   \
+            const size_t n = ew_sizes[k];                                                                     \
+            T *x = xalloc(n * sizeof *x), *y = xalloc(n * sizeof *y);                                         \
+            fill##SFX(x, n, -4.0, 4.0, 601 + k, SPEC_ALL);                                                    \
+            fill##SFX(y, n, -4.0, 4.0, 602 + k, SPEC_NONE);                                                   \
+            kc_scale##KSFX(x, (T)-0.37, n);                                                                   \
+            dg_bytes(&h, x, n * sizeof *x);                                                                   \
+            kc_axpy##KSFX(y, (T)1.3, x, n);                                                                   \
+            dg_bytes(&h, y, n * sizeof *y);                                                                   \
+            free(x), free(y);                                                                                 \
+        }                                                                                                     \
+        return h;                                                                                             \
     }
-    return h;
-}
-
-static uint64_t blas1_f64(void) {
-    uint64_t h = FNV_OFFSET;
-    for (size_t k = 0; k < N_EW; k++) {
-        const size_t n = ew_sizes[k];
-        double *x = xalloc(n * sizeof *x), *y = xalloc(n * sizeof *y);
-        fill_f64(x, n, -4.0, 4.0, 601 + k, SPEC_ALL);
-        fill_f64(y, n, -4.0, 4.0, 602 + k, SPEC_NONE);
-        kc_scale_f64(x, -0.37, n);
-        dg_bytes(&h, x, n * sizeof *x);
-        kc_axpy_f64(y, 1.3, x, n);
-        dg_bytes(&h, y, n * sizeof *y);
-        free(x), free(y);
-    }
-    return h;
-}
+DEFINE_BLAS1(float, _f32, )
+DEFINE_BLAS1(double, _f64, _f64)
 
 /* ------------------------------------------------------------ optimizers */
 
@@ -389,46 +311,29 @@ static const struct {
 static const size_t opt_sizes[] = {1, 1031, 600011};
 #define N_OPT (sizeof opt_sizes / sizeof opt_sizes[0])
 
-static uint64_t sgd_f32(void) {
-    uint64_t h = FNV_OFFSET;
-    for (size_t c = 0; c < N_SGD; c++)
-        for (size_t k = 0; k < N_OPT; k++) {
-            const size_t n = opt_sizes[k];
-            float *p = xalloc(n * sizeof *p), *g = xalloc(n * sizeof *g), *buf = xalloc(n * sizeof *buf);
-            fill_f32(p, n, -1.0, 1.0, 701 + k, SPEC_TINY);
-            memset(buf, 0, n * sizeof *buf);
-            for (int step = 0; step < 3; step++) {
-                fill_f32(g, n, -1.0, 1.0, 710 + 3 * k + (size_t)step, SPEC_TINY);
-                kc_sgd_update(p, g, sgd_cfg[c].use_buf ? buf : NULL, n, (float)sgd_cfg[c].lr,
-                              (float)sgd_cfg[c].momentum, (float)sgd_cfg[c].dampening, sgd_cfg[c].nesterov,
-                              (float)sgd_cfg[c].wd, step == 0);
-                dg_bytes(&h, p, n * sizeof *p);
-                dg_bytes(&h, buf, n * sizeof *buf);
-            }
-            free(p), free(g), free(buf);
-        }
-    return h;
-}
-
-static uint64_t sgd_f64(void) {
-    uint64_t h = FNV_OFFSET;
-    for (size_t c = 0; c < N_SGD; c++)
-        for (size_t k = 0; k < N_OPT; k++) {
-            const size_t n = opt_sizes[k];
-            double *p = xalloc(n * sizeof *p), *g = xalloc(n * sizeof *g), *buf = xalloc(n * sizeof *buf);
-            fill_f64(p, n, -1.0, 1.0, 701 + k, SPEC_TINY);
-            memset(buf, 0, n * sizeof *buf);
-            for (int step = 0; step < 3; step++) {
-                fill_f64(g, n, -1.0, 1.0, 710 + 3 * k + (size_t)step, SPEC_TINY);
-                kc_sgd_update_f64(p, g, sgd_cfg[c].use_buf ? buf : NULL, n, sgd_cfg[c].lr, sgd_cfg[c].momentum,
-                                  sgd_cfg[c].dampening, sgd_cfg[c].nesterov, sgd_cfg[c].wd, step == 0);
-                dg_bytes(&h, p, n * sizeof *p);
-                dg_bytes(&h, buf, n * sizeof *buf);
-            }
-            free(p), free(g), free(buf);
-        }
-    return h;
-}
+#define DEFINE_SGD(T, SFX, KSFX)                                                                             \
+    static uint64_t sgd##SFX(void) {                                                                          \
+        uint64_t h = FNV_OFFSET;                                                                              \
+        for (size_t c = 0; c < N_SGD; c++)                                                                    \
+            for (size_t k = 0; k < N_OPT; k++) {                                                              \
+                const size_t n = opt_sizes[k];                                                                \
+                T *p = xalloc(n * sizeof *p), *g = xalloc(n * sizeof *g), *buf = xalloc(n * sizeof *buf);     \
+                fill##SFX(p, n, -1.0, 1.0, 701 + k, SPEC_TINY);                                               \
+                memset(buf, 0, n * sizeof *buf);                                                              \
+                for (int step = 0; step < 3; step++) {                                                        \
+                    fill##SFX(g, n, -1.0, 1.0, 710 + 3 * k + (size_t)step, SPEC_TINY);                        \
+                    kc_sgd_update##KSFX(p, g, sgd_cfg[c].use_buf ? buf : NULL, n, (T)sgd_cfg[c].lr,           \
+                                        (T)sgd_cfg[c].momentum, (T)sgd_cfg[c].dampening, sgd_cfg[c].nesterov, \
+                                        (T)sgd_cfg[c].wd, step == 0);                                         \
+                    dg_bytes(&h, p, n * sizeof *p);                                                           \
+                    dg_bytes(&h, buf, n * sizeof *buf);                                                       \
+                }                                                                                             \
+                free(p), free(g), free(buf);                                                                  \
+            }                                                                                                 \
+        return h;                                                                                             \
+    }
+DEFINE_SGD(float, _f32, )
+DEFINE_SGD(double, _f64, _f64)
 
 /* AdamW: PyTorch's defaults with weight decay, lerp's large-weight form
  * (beta1 0.3, so 1 - beta1 >= 0.5), and a GPT-like set; steps 1, 2, 1000
@@ -439,60 +344,51 @@ static const struct {
 #define N_ADAMW (sizeof adamw_cfg / sizeof adamw_cfg[0])
 static const int64_t adamw_steps[] = {1, 2, 1000};
 
-/* use_float_args: through kc_adamw_update (float scalars) instead of
- * kc_adamw_update_d. */
-static uint64_t adamw_f32_impl(int use_float_args) {
-    uint64_t h = FNV_OFFSET;
-    for (size_t c = 0; c < N_ADAMW; c++)
-        for (size_t k = 0; k < N_OPT; k++) {
-            const size_t n = opt_sizes[k];
-            float *p = xalloc(n * sizeof *p), *g = xalloc(n * sizeof *g), *m = xalloc(n * sizeof *m),
-                  *v = xalloc(n * sizeof *v);
-            fill_f32(p, n, -1.0, 1.0, 801 + k, SPEC_TINY);
-            fill_f32(m, n, -1e-3, 1e-3, 802 + k, SPEC_TINY);
-            fill_f32(v, n, 0.0, 1e-3, 803 + k, SPEC_TINY);
-            for (int s = 0; s < 3; s++) {
-                fill_f32(g, n, -1.0, 1.0, 810 + 3 * k + (size_t)s, SPEC_TINY);
-                if (use_float_args)
-                    kc_adamw_update(p, g, m, v, n, (float)adamw_cfg[c].lr, (float)adamw_cfg[c].beta1,
-                                    (float)adamw_cfg[c].beta2, (float)adamw_cfg[c].eps, (float)adamw_cfg[c].wd,
-                                    adamw_steps[s]);
-                else
-                    kc_adamw_update_d(p, g, m, v, n, adamw_cfg[c].lr, adamw_cfg[c].beta1, adamw_cfg[c].beta2,
-                                      adamw_cfg[c].eps, adamw_cfg[c].wd, adamw_steps[s]);
-                dg_bytes(&h, p, n * sizeof *p);
-                dg_bytes(&h, m, n * sizeof *m);
-                dg_bytes(&h, v, n * sizeof *v);
-            }
-            free(p), free(g), free(m), free(v);
-        }
-    return h;
+/* One step of case c at step index s. use_float_args (float32 only):
+ * through kc_adamw_update (float scalars) instead of kc_adamw_update_d. */
+static void adamw_step_f32(float *p, const float *g, float *m, float *v, size_t n, size_t c, int s,
+                           int use_float_args) {
+    if (use_float_args)
+        kc_adamw_update(p, g, m, v, n, (float)adamw_cfg[c].lr, (float)adamw_cfg[c].beta1, (float)adamw_cfg[c].beta2,
+                        (float)adamw_cfg[c].eps, (float)adamw_cfg[c].wd, adamw_steps[s]);
+    else
+        kc_adamw_update_d(p, g, m, v, n, adamw_cfg[c].lr, adamw_cfg[c].beta1, adamw_cfg[c].beta2, adamw_cfg[c].eps,
+                          adamw_cfg[c].wd, adamw_steps[s]);
 }
+static void adamw_step_f64(double *p, const double *g, double *m, double *v, size_t n, size_t c, int s,
+                           int use_float_args) {
+    (void)use_float_args;
+    kc_adamw_update_f64(p, g, m, v, n, adamw_cfg[c].lr, adamw_cfg[c].beta1, adamw_cfg[c].beta2, adamw_cfg[c].eps,
+                        adamw_cfg[c].wd, adamw_steps[s]);
+}
+
+#define DEFINE_ADAMW(T, SFX)                                                                                 \
+    static uint64_t adamw##SFX##_impl(int use_float_args) {                                                   \
+        uint64_t h = FNV_OFFSET;                                                                              \
+        for (size_t c = 0; c < N_ADAMW; c++)                                                                  \
+            for (size_t k = 0; k < N_OPT; k++) {                                                              \
+                const size_t n = opt_sizes[k];                                                                \
+                T *p = xalloc(n * sizeof *p), *g = xalloc(n * sizeof *g), *m = xalloc(n * sizeof *m),         \
+                  *v = xalloc(n * sizeof *v);                                                                 \
+                fill##SFX(p, n, -1.0, 1.0, 801 + k, SPEC_TINY);                                               \
+                fill##SFX(m, n, -1e-3, 1e-3, 802 + k, SPEC_TINY);                                             \
+                fill##SFX(v, n, 0.0, 1e-3, 803 + k, SPEC_TINY);                                               \
+                for (int s = 0; s < 3; s++) {                                                                 \
+                    fill##SFX(g, n, -1.0, 1.0, 810 + 3 * k + (size_t)s, SPEC_TINY);                           \
+                    adamw_step##SFX(p, g, m, v, n, c, s, use_float_args);                                     \
+                    dg_bytes(&h, p, n * sizeof *p);                                                           \
+                    dg_bytes(&h, m, n * sizeof *m);                                                           \
+                    dg_bytes(&h, v, n * sizeof *v);                                                           \
+                }                                                                                             \
+                free(p), free(g), free(m), free(v);                                                           \
+            }                                                                                                 \
+        return h;                                                                                             \
+    }
+DEFINE_ADAMW(float, _f32)
+DEFINE_ADAMW(double, _f64)
 static uint64_t adamw_f32(void) { return adamw_f32_impl(0); }
 static uint64_t adamw_f32_float_args(void) { return adamw_f32_impl(1); }
-
-static uint64_t adamw_f64(void) {
-    uint64_t h = FNV_OFFSET;
-    for (size_t c = 0; c < N_ADAMW; c++)
-        for (size_t k = 0; k < N_OPT; k++) {
-            const size_t n = opt_sizes[k];
-            double *p = xalloc(n * sizeof *p), *g = xalloc(n * sizeof *g), *m = xalloc(n * sizeof *m),
-                   *v = xalloc(n * sizeof *v);
-            fill_f64(p, n, -1.0, 1.0, 801 + k, SPEC_TINY);
-            fill_f64(m, n, -1e-3, 1e-3, 802 + k, SPEC_TINY);
-            fill_f64(v, n, 0.0, 1e-3, 803 + k, SPEC_TINY);
-            for (int s = 0; s < 3; s++) {
-                fill_f64(g, n, -1.0, 1.0, 810 + 3 * k + (size_t)s, SPEC_TINY);
-                kc_adamw_update_f64(p, g, m, v, n, adamw_cfg[c].lr, adamw_cfg[c].beta1, adamw_cfg[c].beta2,
-                                    adamw_cfg[c].eps, adamw_cfg[c].wd, adamw_steps[s]);
-                dg_bytes(&h, p, n * sizeof *p);
-                dg_bytes(&h, m, n * sizeof *m);
-                dg_bytes(&h, v, n * sizeof *v);
-            }
-            free(p), free(g), free(m), free(v);
-        }
-    return h;
-}
+static uint64_t adamw_f64(void) { return adamw_f64_impl(0); }
 
 /* -------------------------------------------------------- golden table */
 
