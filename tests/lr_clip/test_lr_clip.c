@@ -21,25 +21,14 @@
 
 #include "testutil.h"
 
-static char *g_dir;
-static int suite_init(void) { return (g_dir = tu_mkdtemp()) ? 0 : -1; }
-static int suite_clean(void) {
-    if (g_dir) tu_rmrf(g_dir);
-    free(g_dir);
-    return 0;
-}
-
 #define ARGS TU_ARGS
 
-/* kiln -q fit on a run file of `body`, into <g_dir>/runs, then `extra`
+/* kiln -q fit on a run file of `body`, into <tu_suite_dir>/runs, then `extra`
  * (NULL-terminated; NULL for none). */
 static int kiln(const char *body, const char *const extra[], char *out, size_t outlen) {
-    static int k;
-    char cfg[4200], text[40000], root[4300];
-    snprintf(cfg, sizeof cfg, "%s/l%d.cfg", g_dir, k++);
-    snprintf(text, sizeof text, "plugins = { dirs = [\"%s\"]; };\n%s", getenv("KILN_TRAIN_FIXTURES"), body);
-    CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
-    snprintf(root, sizeof root, "trainer.default_root_dir=\"%s/runs\"", g_dir);
+    char cfg[4200], root[4400];
+    tu_write_job(tu_job_path(cfg, sizeof cfg, tu_suite_dir, "l"), body);
+    tu_root_set(root, sizeof root, "%s/runs", tu_suite_dir);
     return tu_run_kiln_a(ARGS("-q", "fit", cfg, "--set", root), extra, out, outlen);
 }
 
@@ -83,9 +72,9 @@ static void job(char *buf, size_t n, const char *trainer_extra, const char *sche
 
 static void test_step_interval(void) {
     char out[16384], rec[4300], probe[4300], trace[4300], body[32768], sched[9000], cb[9000], got[4096];
-    snprintf(rec, sizeof rec, "%s/s1.txt", g_dir);
-    snprintf(probe, sizeof probe, "%s/p1.txt", g_dir);
-    snprintf(trace, sizeof trace, "%s/t1.txt", g_dir);
+    snprintf(rec, sizeof rec, "%s/s1.txt", tu_suite_dir);
+    snprintf(probe, sizeof probe, "%s/p1.txt", tu_suite_dir);
+    snprintf(trace, sizeof trace, "%s/t1.txt", tu_suite_dir);
     snprintf(sched, sizeof sched, "scheduler = { name = \"schedfix\"; path = \"%s\"; };\n", rec);
     snprintf(cb, sizeof cb,
              "callbacks = ( { name = \"ampprobe\"; path = \"%s\"; }, { name = \"hook_trace\"; path = \"%s\"; } );\n",
@@ -110,7 +99,7 @@ static void test_step_interval(void) {
 
 static void test_accumulate_frequency_epoch(void) {
     char out[16384], rec[4300], body[32768], sched[9000], got[4096];
-    snprintf(rec, sizeof rec, "%s/s2.txt", g_dir);
+    snprintf(rec, sizeof rec, "%s/s2.txt", tu_suite_dir);
     snprintf(sched, sizeof sched, "scheduler = { name = \"schedfix\"; path = \"%s\"; };\n", rec);
     job(body, sizeof body, "accumulate_grad_batches = 2;", sched, "", 4);
     CU_ASSERT_EQUAL_FATAL(kiln(body, NULL, out, sizeof out), 0);
@@ -132,7 +121,7 @@ static void test_accumulate_frequency_epoch(void) {
 
 static void test_monitored(void) {
     char out[16384], rec[4300], body[32768], sched[9000], got[4096];
-    snprintf(rec, sizeof rec, "%s/s3.txt", g_dir);
+    snprintf(rec, sizeof rec, "%s/s3.txt", tu_suite_dir);
     snprintf(sched, sizeof sched,
              "scheduler = { name = \"schedfix\"; path = \"%s\"; interval = \"epoch\"; monitor = \"val_loss\"; };\n",
              rec);
@@ -159,15 +148,15 @@ static void test_monitored(void) {
 
 static void test_resume_schedule(void) {
     char out[32768], rec[4300], body[32768], sched[9000], root[4400], cbs[4400], wa[4300], wb[4300];
-    snprintf(rec, sizeof rec, "%s/s4.txt", g_dir);
-    snprintf(wa, sizeof wa, "%s/ws-full.bin", g_dir);
-    snprintf(wb, sizeof wb, "%s/ws-res.bin", g_dir);
+    snprintf(rec, sizeof rec, "%s/s4.txt", tu_suite_dir);
+    snprintf(wa, sizeof wa, "%s/ws-full.bin", tu_suite_dir);
+    snprintf(wb, sizeof wb, "%s/ws-res.bin", tu_suite_dir);
     snprintf(sched, sizeof sched, "scheduler = { name = \"schedfix\"; path = \"%s\"; };\n", rec);
     job(body, sizeof body, "", sched, "", 3);
-    snprintf(root, sizeof root, "trainer.default_root_dir=\"%s/sfull\"", g_dir);
+    snprintf(root, sizeof root, "trainer.default_root_dir=\"%s/sfull\"", tu_suite_dir);
     snprintf(cbs, sizeof cbs, "callbacks=({name=\"weightdump\"; path=\"%s\";})", wa);
     CU_ASSERT_EQUAL_FATAL(kiln(body, ARGS("--set", root, "--set", cbs), out, sizeof out), 0);
-    snprintf(root, sizeof root, "trainer.default_root_dir=\"%s/spart\"", g_dir);
+    snprintf(root, sizeof root, "trainer.default_root_dir=\"%s/spart\"", tu_suite_dir);
     CU_ASSERT_EQUAL_FATAL(kiln(body, ARGS("--set", root, "--set", "trainer.max_epochs=1"), out, sizeof out), 0);
     remove(rec);
     snprintf(cbs, sizeof cbs, "callbacks=({name=\"weightdump\"; path=\"%s\";})", wb);
@@ -208,7 +197,7 @@ static int read_vec(const char *path, const char *tag, int batch, double *v, int
  * metrics.csv (0 when there is none). */
 static double first_csv_value(const char *name) {
     char dir[4400], path[4500];
-    snprintf(dir, sizeof dir, "%s/runs", g_dir);
+    snprintf(dir, sizeof dir, "%s/runs", tu_suite_dir);
     if (tu_latest_run_dir(dir, path, sizeof path - 16) != 0) return 0;
     strcat(path, "/metrics.csv");
     FILE *f = fopen(path, "r");
@@ -230,7 +219,7 @@ static double first_csv_value(const char *name) {
 
 static void clip_case(const char *algo, double val, const char *tag) {
     char out[16384], probe[4300], body[32768], cb[9000], tr[256];
-    snprintf(probe, sizeof probe, "%s/clip-%s.txt", g_dir, tag);
+    snprintf(probe, sizeof probe, "%s/clip-%s.txt", tu_suite_dir, tag);
     snprintf(cb, sizeof cb, "callbacks = ( { name = \"ampprobe\"; path = \"%s\"; dump = 1; }, { name = \"csv_logger\"; } );\n",
              probe);
     snprintf(tr, sizeof tr, "gradient_clip_val = %.17g; gradient_clip_algorithm = \"%s\"; max_epochs = 1;", val, algo);
@@ -276,10 +265,9 @@ static void test_clipping(void) {
     CU_ASSERT_EQUAL(kiln(manual, NULL, out, sizeof out), 1);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "automatic clipping is not available in manual optimization"));
     /* and at config check, before anything runs */
-    char cfg[4300], text[9000];
-    snprintf(cfg, sizeof cfg, "%s/manual-clip.cfg", g_dir);
-    snprintf(text, sizeof text, "plugins = { dirs = [\"%s\"]; };\n%s", getenv("KILN_TRAIN_FIXTURES"), manual);
-    CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
+    char cfg[4300];
+    snprintf(cfg, sizeof cfg, "%s/manual-clip.cfg", tu_suite_dir);
+    tu_write_job(cfg, manual);
     CU_ASSERT_EQUAL(tu_run_kiln_l(out, sizeof out, "config", "check", cfg, NULL), 1);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "automatic clipping is not available in manual optimization"));
 }
@@ -299,7 +287,7 @@ static void test_clip_value_clamp_entry(void) {
     for (int pi = 0; pi < 2; pi++) {
         char w[2][4300], out[16384], body[32768], dirs[9000], accel[64], prec[64], cbs[9000];
         for (int side = 0; side < 2; side++) {
-            snprintf(w[side], sizeof w[side], "%s/clipv-%d-%d.bin", g_dir, pi, side);
+            snprintf(w[side], sizeof w[side], "%s/clipv-%d-%d.bin", tu_suite_dir, pi, side);
             job(body, sizeof body, "gradient_clip_val = 0.002; gradient_clip_algorithm = \"value\";", "", "", 3);
             /* mlp (float32 and float64 masters) on toydata's 3 features */
             snprintf(dirs, sizeof dirs, "plugins.dirs=[\"%s\", \"%s\"]", getenv("KILN_TRAIN_FIXTURES"), abi13);
@@ -318,7 +306,7 @@ static void test_clip_value_clamp_entry(void) {
 }
 
 static void register_tests(void) {
-    CU_pSuite s = CU_add_suite("lr_clip", suite_init, suite_clean);
+    CU_pSuite s = CU_add_suite("lr_clip", tu_suite_dir_init, tu_suite_dir_clean);
     CU_add_test(s, "scheduler per step: timing and rates", test_step_interval);
     CU_add_test(s, "scheduler: accumulation, frequency, per epoch", test_accumulate_frequency_epoch);
     CU_add_test(s, "monitored scheduler and its errors", test_monitored);

@@ -21,25 +21,13 @@
 
 #include "testutil.h"
 
-static char *g_dir;
-
-static int suite_init(void) { return (g_dir = tu_mkdtemp()) ? 0 : -1; }
-static int suite_clean(void) {
-    if (g_dir) tu_rmrf(g_dir);
-    free(g_dir);
-    return 0;
-}
-
 /* `kiln fit` (or `config check`) of fixtures dir + body; returns the exit status. */
 /* `extra`: the arguments after the run file, NULL-terminated (TU_ARGS), or NULL. */
 static int kiln(const char *verb, const char *body, const char *const extra[], char *out, size_t outlen) {
-    static int k;
-    char cfg[4200], text[16384], root[4300];
-    snprintf(cfg, sizeof cfg, "%s/m%d.cfg", g_dir, k++);
-    snprintf(text, sizeof text, "plugins = { dirs = [\"%s\"]; };\n%s", getenv("KILN_TRAIN_FIXTURES"), body);
-    CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
+    char cfg[4200], root[4400];
+    tu_write_job(tu_job_path(cfg, sizeof cfg, tu_suite_dir, "m"), body);
     if (!strcmp(verb, "check")) return tu_run_kiln_a(TU_ARGS("config", "check", cfg), extra, out, outlen);
-    snprintf(root, sizeof root, "trainer.default_root_dir=\"%s/runs\"", g_dir);
+    tu_root_set(root, sizeof root, "%s/runs", tu_suite_dir);
     return tu_run_kiln_a(TU_ARGS("-q", "fit", cfg, "--set", root), extra, out, outlen);
 }
 
@@ -87,8 +75,8 @@ static void slice(const char *path, const char *from, const char *to, char *out,
 
 static void test_hook_sequence(void) {
     char out[16384], rec[4300], trace[4300], body[16384], got[16384];
-    snprintf(rec, sizeof rec, "%s/seq.txt", g_dir);
-    snprintf(trace, sizeof trace, "%s/seq-trace.txt", g_dir);
+    snprintf(rec, sizeof rec, "%s/seq.txt", tu_suite_dir);
+    snprintf(trace, sizeof trace, "%s/seq-trace.txt", tu_suite_dir);
     job(body, sizeof body, "", rec, trace, 2, "32-true");
     int rc = kiln("fit", body, NULL, out, sizeof out);
     if (rc) fprintf(stderr, "\n%s\n", out);
@@ -134,7 +122,7 @@ static int other_grads_untouched(const char *rec, int *nlines) {
 
 static void test_toggle(void) {
     char out[16384], rec[4300], body[16384];
-    snprintf(rec, sizeof rec, "%s/toggle.txt", g_dir);
+    snprintf(rec, sizeof rec, "%s/toggle.txt", tu_suite_dir);
     job(body, sizeof body, "every_0 = 2; every_1 = 2;", rec, NULL, 4, "32-true");
     CU_ASSERT_EQUAL_FATAL(kiln("fit", body, NULL, out, sizeof out), 0);
     int n = 0;
@@ -148,7 +136,7 @@ static void test_toggle(void) {
 
 static void test_step_every_n(void) {
     char out[16384], rec[4300], body[16384];
-    snprintf(rec, sizeof rec, "%s/every.txt", g_dir);
+    snprintf(rec, sizeof rec, "%s/every.txt", tu_suite_dir);
     job(body, sizeof body, "every_0 = 2; every_1 = 4;", rec, NULL, 8, "32-true");
     CU_ASSERT_EQUAL_FATAL(kiln("fit", body, NULL, out, sizeof out), 0);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "steps: 6 ")); /* 4 + 2: every optimizer step counts */
@@ -158,7 +146,7 @@ static void test_step_every_n(void) {
 
 static void test_closure_and_scaler(void) {
     char out[16384], rec[4300], body[16384];
-    snprintf(rec, sizeof rec, "%s/closure.txt", g_dir);
+    snprintf(rec, sizeof rec, "%s/closure.txt", tu_suite_dir);
     job(body, sizeof body, "pass_closure = 1;", rec, NULL, 3, "32-true");
     CU_ASSERT_EQUAL_FATAL(kiln("fit", body, NULL, out, sizeof out), 0);
     /* grep '^c ' | cut -d' ' -f4 | sort | uniq -c: every step's closure count */
@@ -180,16 +168,16 @@ static void test_closure_and_scaler(void) {
 
 static void test_resume_two_optimizers(void) {
     char out[32768], rec[4300], body[16384], root[4400], cbs[4400], wa[4300], wb[4300];
-    snprintf(rec, sizeof rec, "%s/resume.txt", g_dir);
-    snprintf(wa, sizeof wa, "%s/wm-full.bin", g_dir);
-    snprintf(wb, sizeof wb, "%s/wm-resumed.bin", g_dir);
+    snprintf(rec, sizeof rec, "%s/resume.txt", tu_suite_dir);
+    snprintf(wa, sizeof wa, "%s/wm-full.bin", tu_suite_dir);
+    snprintf(wb, sizeof wb, "%s/wm-resumed.bin", tu_suite_dir);
     job(body, sizeof body, "every_1 = 2;", rec, NULL, 4, "32-true");
     char *p = strstr(body, "max_epochs = 1");
     p[13] = '2';
-    snprintf(root, sizeof root, "trainer.default_root_dir=\"%s/rfull\"", g_dir);
+    snprintf(root, sizeof root, "trainer.default_root_dir=\"%s/rfull\"", tu_suite_dir);
     snprintf(cbs, sizeof cbs, "callbacks=({name=\"weightdump\"; path=\"%s\";})", wa);
     CU_ASSERT_EQUAL_FATAL(kiln("fit", body, TU_ARGS("--set", root, "--set", cbs), out, sizeof out), 0);
-    snprintf(root, sizeof root, "trainer.default_root_dir=\"%s/rpart\"", g_dir);
+    snprintf(root, sizeof root, "trainer.default_root_dir=\"%s/rpart\"", tu_suite_dir);
     CU_ASSERT_EQUAL_FATAL(kiln("fit", body, TU_ARGS("--set", root, "--set", "trainer.max_epochs=1"), out, sizeof out), 0);
     snprintf(cbs, sizeof cbs, "callbacks=({name=\"weightdump\"; path=\"%s\";})", wb);
     int rc = kiln("fit", body, TU_ARGS("--set", root, "--ckpt", "last", "--set", cbs), out, sizeof out);
@@ -201,7 +189,7 @@ static void test_resume_two_optimizers(void) {
 
 static void test_refusals(void) {
     char out[16384], rec[4300], body[16384];
-    snprintf(rec, sizeof rec, "%s/refuse.txt", g_dir);
+    snprintf(rec, sizeof rec, "%s/refuse.txt", tu_suite_dir);
     /* several optimizers with an automatic module */
     const char *auto2 = "data = { name = \"toydata\"; };\nmodule = { name = \"toymod\"; };\n"
                         "optimizers = ( { name = \"sgd\"; params = [\"linear.weight\"]; },"
@@ -239,7 +227,7 @@ static void test_refusals(void) {
  * optimizer steps once per batch. */
 static void test_lbfgs_automatic(void) {
     char out[16384], trace[4300], body[8192];
-    snprintf(trace, sizeof trace, "%s/lbfgs-trace.txt", g_dir);
+    snprintf(trace, sizeof trace, "%s/lbfgs-trace.txt", tu_suite_dir);
     snprintf(body, sizeof body,
              "trainer = { max_epochs = 1; num_sanity_val_steps = 0; };\n"
              "data = { name = \"toydata\"; n_train = 2; n_val = 1; };\n"
@@ -273,7 +261,7 @@ static void test_lbfgs_automatic(void) {
 }
 
 static void register_tests(void) {
-    CU_pSuite s = CU_add_suite("manual", suite_init, suite_clean);
+    CU_pSuite s = CU_add_suite("manual", tu_suite_dir_init, tu_suite_dir_clean);
     CU_add_test(s, "hook sequence of one manual batch", test_hook_sequence);
     CU_add_test(s, "toggle leaves the other optimizer's gradients", test_toggle);
     CU_add_test(s, "step every N, global_step counts every step", test_step_every_n);

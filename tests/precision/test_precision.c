@@ -338,12 +338,9 @@ static void test_refusals(void) {
 /* ------------------------------------------------------ through kiln fit */
 
 static int run_kiln(const char *verb, const char *body, const char *extra, char *out, size_t outlen) {
-    static int k;
-    char cfg[4200], text[20000], root_set[4400];
-    snprintf(cfg, sizeof cfg, "%s/p%d.cfg", g_dir, k++);
-    snprintf(text, sizeof text, "plugins = { dirs = [\"%s\"]; };\n%s", getenv("KILN_TRAIN_FIXTURES"), body);
-    CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
-    snprintf(root_set, sizeof root_set, "trainer.default_root_dir=\"%s/runs\"", g_dir);
+    char cfg[4200], root_set[4400];
+    tu_write_job(tu_job_path(cfg, sizeof cfg, g_dir, "p"), body);
+    tu_root_set(root_set, sizeof root_set, "%s/runs", g_dir);
     const char *check[] = {"config", "check", cfg, NULL}, *fit[] = {"-q", "fit", cfg, "--set", root_set, NULL};
     return tu_run_kiln(!strcmp(verb, "check") ? check : fit, extra, out, outlen);
 }
@@ -639,19 +636,17 @@ static void test_64_true(void) {
  * the first steps (a resumed run that restarted from init_scale would skip
  * again and differ). The same for 64-true's fp64 weights. */
 static void resume_case(const char *prec, const char *tag) {
-    char out[32768], cfg[4300], text[8192], root[4400], wa[4300], wb[4300];
+    char out[32768], cfg[4300], root[4400], wa[4300], wb[4300];
     snprintf(cfg, sizeof cfg, "%s/resume-%s.cfg", g_dir, tag);
     snprintf(wa, sizeof wa, "%s/w-full-%s.bin", g_dir, tag);
     snprintf(wb, sizeof wb, "%s/w-resumed-%s.bin", g_dir, tag);
-    snprintf(text, sizeof text,
-             "plugins = { dirs = [\"%s\"]; };\n"
-             "trainer = { max_epochs = 2; seed = 5; num_sanity_val_steps = 0; };\n"
-             "data = { name = \"toydata\"; n_train = 12; n_val = 1; features = 3; };\n"
-             "module = { name = \"mlp\"; layers = [3, 8, 2]; max_batch = 4; };\n"
-             "optimizer = { name = \"adamw\"; lr = 0.01; };\n"
-             "precision = %s;\n",
-             getenv("KILN_TRAIN_FIXTURES"), prec);
-    CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
+    tu_write_jobf(cfg,
+                  "trainer = { max_epochs = 2; seed = 5; num_sanity_val_steps = 0; };\n"
+                  "data = { name = \"toydata\"; n_train = 12; n_val = 1; features = 3; };\n"
+                  "module = { name = \"mlp\"; layers = [3, 8, 2]; max_batch = 4; };\n"
+                  "optimizer = { name = \"adamw\"; lr = 0.01; };\n"
+                  "precision = %s;\n",
+                  prec);
     const char *dump = "callbacks=({name=\"weightdump\"; path=\"%s\";})";
     char d1[4600], d2[4600];
     snprintf(d1, sizeof d1, dump, wa);

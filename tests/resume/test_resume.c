@@ -23,14 +23,6 @@
 
 #include "testutil.h"
 
-static char *g_dir;
-static int suite_init(void) { return (g_dir = tu_mkdtemp()) ? 0 : -1; }
-static int suite_clean(void) {
-    if (g_dir) tu_rmrf(g_dir);
-    free(g_dir);
-    return 0;
-}
-
 static const char *JOB =
     "trainer = { max_epochs = 3; seed = 9; num_sanity_val_steps = 1; val_check_interval = 0.5; };\n"
     "data = { name = \"toydata\"; n_train = 6; n_val = 2; features = 3; };\n"
@@ -40,13 +32,10 @@ static const char *JOB =
 
 /* fit with the killer callback; returns the exit status */
 static int run(const char *root, const char *killer, const char *extra, char *out, size_t outlen) {
-    static int k;
-    char cfg[4300], text[16384], root_set[4400];
-    snprintf(cfg, sizeof cfg, "%s/r%d.cfg", g_dir, k++);
-    snprintf(text, sizeof text, "plugins = { dirs = [\"%s\"]; };\n%scallbacks = ( { name = \"killer\"; %s } );\n",
-             getenv("KILN_TRAIN_FIXTURES"), JOB, killer);
-    CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
-    snprintf(root_set, sizeof root_set, "trainer.default_root_dir=\"%s\"", root);
+    char cfg[4300], root_set[4400];
+    tu_write_jobf(tu_job_path(cfg, sizeof cfg, tu_suite_dir, "r"), "%scallbacks = ( { name = \"killer\"; %s } );\n", JOB,
+                  killer);
+    tu_root_set(root_set, sizeof root_set, "%s", root);
     const char *args[] = {"-q", "fit", cfg, "--set", root_set, NULL};
     return tu_run_kiln(args, extra, out, outlen);
 }
@@ -55,8 +44,8 @@ static char g_full[4300];
 
 static void test_uninterrupted(void) {
     char out[16384], root[4300], killer[4600];
-    snprintf(g_full, sizeof g_full, "%s/full.bin", g_dir);
-    snprintf(root, sizeof root, "%s/full", g_dir);
+    snprintf(g_full, sizeof g_full, "%s/full.bin", tu_suite_dir);
+    snprintf(root, sizeof root, "%s/full", tu_suite_dir);
     snprintf(killer, sizeof killer, "dump = \"%s\";", g_full);
     int rc = run(root, killer, NULL, out, sizeof out);
     if (rc) fprintf(stderr, "\n%s\n", out);
@@ -67,8 +56,8 @@ static void test_uninterrupted(void) {
 /* kill on cue, resume from last, compare */
 static void kill_case(const char *tag, const char *cue, int expect_status) {
     char out[32768], root[4300], killer[4600], dump[4300];
-    snprintf(root, sizeof root, "%s/%s", g_dir, tag);
-    snprintf(dump, sizeof dump, "%s/%s.bin", g_dir, tag);
+    snprintf(root, sizeof root, "%s/%s", tu_suite_dir, tag);
+    snprintf(dump, sizeof dump, "%s/%s.bin", tu_suite_dir, tag);
     snprintf(killer, sizeof killer, "%s dump = \"%s\";", cue, dump);
     int rc = run(root, killer, NULL, out, sizeof out);
     if (expect_status >= 0) {
@@ -125,17 +114,14 @@ static const char *EPOCH_END_CBS =
 
 static int run_epoch_end(const char *root, const char *cue, const char *dump, const char *extra, char *out,
                          size_t outlen) {
-    static int k;
-    char cfg[4300], text[16384], root_set[4400], cbs[8192];
-    snprintf(cfg, sizeof cfg, "%s/ee%d.cfg", g_dir, k++);
+    char cfg[4300], root_set[4400], cbs[8192];
     snprintf(cbs, sizeof cbs, EPOCH_END_CBS, cue, dump);
-    snprintf(text, sizeof text,
-             "plugins = { dirs = [\"%s\"]; };\n%s"
-             "scheduler = { name = \"plateau\"; interval = \"epoch\"; monitor = \"val_loss\"; patience = 0; factor = 0.5; };\n"
-             "callbacks = ( %s );\n",
-             getenv("KILN_TRAIN_FIXTURES"), JOB, cbs);
-    CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
-    snprintf(root_set, sizeof root_set, "trainer.default_root_dir=\"%s\"", root);
+    tu_write_jobf(tu_job_path(cfg, sizeof cfg, tu_suite_dir, "ee"),
+                  "%s"
+                  "scheduler = { name = \"plateau\"; interval = \"epoch\"; monitor = \"val_loss\"; patience = 0; factor = 0.5; };\n"
+                  "callbacks = ( %s );\n",
+                  JOB, cbs);
+    tu_root_set(root_set, sizeof root_set, "%s", root);
     const char *args[] = {"-q", "fit", cfg, "--set", root_set, "--set", "trainer.val_check_interval=1.0", NULL};
     return tu_run_kiln(args, extra, out, outlen);
 }
@@ -171,10 +157,10 @@ static int count_matching(const char *dir, const char *re) {
 
 static void test_sigterm_last_batch(void) {
     char out[32768], full[4300], part[4300], wa[4300], wb[4300], best_a[4400], best_b[4400];
-    snprintf(full, sizeof full, "%s/ee-full", g_dir);
-    snprintf(part, sizeof part, "%s/ee-part", g_dir);
-    snprintf(wa, sizeof wa, "%s/ee-full.bin", g_dir);
-    snprintf(wb, sizeof wb, "%s/ee-part.bin", g_dir);
+    snprintf(full, sizeof full, "%s/ee-full", tu_suite_dir);
+    snprintf(part, sizeof part, "%s/ee-part", tu_suite_dir);
+    snprintf(wa, sizeof wa, "%s/ee-full.bin", tu_suite_dir);
+    snprintf(wb, sizeof wb, "%s/ee-part.bin", tu_suite_dir);
     int rc = run_epoch_end(full, "", wa, NULL, out, sizeof out);
     if (rc) fprintf(stderr, "\n%s\n", out);
     CU_ASSERT_EQUAL_FATAL(rc, 0);
@@ -202,7 +188,7 @@ static void test_sigterm_last_batch(void) {
  * precision; a resume of the same checkpoint with them is refused. */
 static void test_weights_only(void) {
     char out[32768], root[4300], cfg_extra[9000];
-    snprintf(root, sizeof root, "%s/full", g_dir); /* the reference run's checkpoints */
+    snprintf(root, sizeof root, "%s/full", tu_suite_dir); /* the reference run's checkpoints */
     snprintf(cfg_extra, sizeof cfg_extra, "--ckpt last --set optimizer.name=sgd --set precision=32-true");
     CU_ASSERT_EQUAL(run(root, "", cfg_extra, out, sizeof out), 1);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "resume with the same stack"));
@@ -219,15 +205,14 @@ static void test_weights_only(void) {
 /* The checkpoint callback end to end: top-2 by val_loss over 3 epochs
  * keeps exactly two files, named from the template; one of them resumes. */
 static void test_checkpoint_callback(void) {
-    char out[32768], root[4300], cfg[4300], text[16384], dir[4400], root_set[4400];
-    snprintf(root, sizeof root, "%s/topk", g_dir);
-    snprintf(cfg, sizeof cfg, "%s/topk.cfg", g_dir);
-    snprintf(text, sizeof text,
-             "plugins = { dirs = [\"%s\"]; };\n%scallbacks = ( { name = \"checkpoint\"; monitor = \"val_loss\"; "
-             "save_top_k = 2; filename = \"epoch={epoch}-{val_loss:.4f}\"; } );\n",
-             getenv("KILN_TRAIN_FIXTURES"), JOB);
-    CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
-    snprintf(root_set, sizeof root_set, "trainer.default_root_dir=\"%s\"", root);
+    char out[32768], root[4300], cfg[4300], dir[4400], root_set[4400];
+    snprintf(root, sizeof root, "%s/topk", tu_suite_dir);
+    snprintf(cfg, sizeof cfg, "%s/topk.cfg", tu_suite_dir);
+    tu_write_jobf(cfg,
+                  "%scallbacks = ( { name = \"checkpoint\"; monitor = \"val_loss\"; "
+                  "save_top_k = 2; filename = \"epoch={epoch}-{val_loss:.4f}\"; } );\n",
+                  JOB);
+    tu_root_set(root_set, sizeof root_set, "%s", root);
     const char *fit[] = {"-q", "fit", cfg, "--set", root_set, NULL};
     int rc = tu_run_kiln(fit, NULL, out, sizeof out);
     if (rc) fprintf(stderr, "\n%s\n", out);
@@ -251,15 +236,14 @@ static void test_checkpoint_callback(void) {
 /* nan_guard stops the run at a NaN weight, naming it; the last checkpoint
  * written before it stays loadable and finite. */
 static void test_nan_guard_keeps_last_good(void) {
-    char out[32768], root[4300], cfg[4300], text[16384], root_set[4400];
-    snprintf(root, sizeof root, "%s/nan", g_dir);
-    snprintf(cfg, sizeof cfg, "%s/nan.cfg", g_dir);
-    snprintf(text, sizeof text,
-             "plugins = { dirs = [\"%s\"]; };\n%scallbacks = ( { name = \"killer\"; kill_at = \"batch_end\"; "
-             "kill_epoch = 1; kill_batch = 2; signal = \"POISON\"; }, { name = \"nan_guard\"; } );\n",
-             getenv("KILN_TRAIN_FIXTURES"), JOB);
-    CU_ASSERT_EQUAL_FATAL(tu_write(cfg, text), 0);
-    snprintf(root_set, sizeof root_set, "trainer.default_root_dir=\"%s\"", root);
+    char out[32768], root[4300], cfg[4300], root_set[4400];
+    snprintf(root, sizeof root, "%s/nan", tu_suite_dir);
+    snprintf(cfg, sizeof cfg, "%s/nan.cfg", tu_suite_dir);
+    tu_write_jobf(cfg,
+                  "%scallbacks = ( { name = \"killer\"; kill_at = \"batch_end\"; "
+                  "kill_epoch = 1; kill_batch = 2; signal = \"POISON\"; }, { name = \"nan_guard\"; } );\n",
+                  JOB);
+    tu_root_set(root_set, sizeof root_set, "%s", root);
     const char *fit[] = {"-q", "fit", cfg, "--set", root_set, NULL};
     CU_ASSERT_EQUAL(tu_run_kiln(fit, NULL, out, sizeof out), 1);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "nan_guard: parameter layers.0.weight[0] is nan"));
@@ -274,7 +258,7 @@ static void test_nan_guard_keeps_last_good(void) {
 }
 
 static void register_tests(void) {
-    CU_pSuite s = CU_add_suite("resume", suite_init, suite_clean);
+    CU_pSuite s = CU_add_suite("resume", tu_suite_dir_init, tu_suite_dir_clean);
     CU_add_test(s, "uninterrupted reference run", test_uninterrupted);
     CU_add_test(s, "SIGKILL before the first checkpoint", test_kill_before_first_checkpoint);
     CU_add_test(s, "SIGKILL mid-epoch", test_kill_mid_epoch);

@@ -4,6 +4,8 @@
 #define _GNU_SOURCE
 #include "testutil.h"
 
+#include <CUnit/CUnit.h>
+
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -23,6 +25,15 @@ char *tu_mkdtemp(void) {
     if (!d) return NULL;
     chmod(d, 0755);
     return strdup(d);
+}
+
+char *tu_suite_dir;
+int tu_suite_dir_init(void) { return (tu_suite_dir = tu_mkdtemp()) ? 0 : -1; }
+int tu_suite_dir_clean(void) {
+    if (tu_suite_dir) tu_rmrf(tu_suite_dir);
+    free(tu_suite_dir);
+    tu_suite_dir = NULL;
+    return 0;
 }
 
 static int make_writable(const char *path, const struct stat *st, int type, struct FTW *ftw) {
@@ -165,6 +176,49 @@ int tu_run_kiln(const char *const args[], const char *extra, char *out, size_t o
     n = tu_split_words(extra, words, sizeof words, argv, n, 127);
     argv[n] = NULL;
     return tu_run_argv(argv, out, outlen);
+}
+
+const char *tu_job_path(char *buf, size_t n, const char *dir, const char *tag) {
+    static int k;
+    snprintf(buf, n, "%s/%s%d.cfg", dir, tag, k++);
+    return buf;
+}
+
+/* The run file's text written to cfg: tu_write's status. */
+static int write_job(const char *cfg, const char *body) {
+    char *text = NULL;
+    if (asprintf(&text, "plugins = { dirs = [\"%s\"]; };\n%s", getenv("KILN_TRAIN_FIXTURES"), body) < 0) abort();
+    const int rc = tu_write(cfg, text);
+    free(text);
+    return rc;
+}
+
+const char *tu_write_job(const char *cfg, const char *body) {
+    CU_ASSERT_EQUAL_FATAL(write_job(cfg, body), 0);
+    return cfg;
+}
+
+const char *tu_write_jobf(const char *cfg, const char *fmt, ...) {
+    char *body = NULL;
+    va_list ap;
+    va_start(ap, fmt);
+    const int len = vasprintf(&body, fmt, ap);
+    va_end(ap);
+    if (len < 0) abort();
+    const int rc = write_job(cfg, body);
+    free(body); /* before the assertion, which leaves the case when it fails */
+    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    return cfg;
+}
+
+const char *tu_root_set(char *buf, size_t n, const char *fmt, ...) {
+    char root[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(root, sizeof root, fmt, ap);
+    va_end(ap);
+    snprintf(buf, n, "trainer.default_root_dir=\"%s\"", root);
+    return buf;
 }
 
 int tu_latest_run_dir(const char *root, char *buf, size_t n) {

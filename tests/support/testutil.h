@@ -14,6 +14,12 @@
 
 char *tu_mkdtemp(void);                                 /* 0755, under /tmp  */
 void tu_rmrf(const char *dir);
+/* The one private directory of a suite that keeps its runs in a single
+ * place: tu_suite_dir_init makes it (a CUnit suite init: 0, or -1 when it
+ * cannot), tu_suite_dir_clean removes it with everything in it. */
+extern char *tu_suite_dir;
+int tu_suite_dir_init(void);
+int tu_suite_dir_clean(void);
 const char *tu_fixture(const char *name);               /* libkiln-NAME.so   */
 int tu_copy(const char *src, const char *dst, mode_t mode);
 int tu_copy_fixture(const char *name, const char *dir); /* keeps the name    */
@@ -60,6 +66,17 @@ int tu_copy_head(const char *src, const char *dst, size_t n);
 int tu_count_lines(const char *path, const char *line);
 int tu_join_fields(const char *path, const char *prefix, const char *skip, int f1, int f2, char sep, char *out,
                    size_t n);
+/* The run files of the suites that train on the fixtures: <dir>/<tag>N.cfg
+ * into buf, N counting up in the process, so each run has a file of its
+ * own; the file `cfg` holding the plugin directory $KILN_TRAIN_FIXTURES and
+ * then `body` (tu_write_jobf: a printf format and its arguments), a fatal
+ * assertion when it cannot be written; and into buf the --set value that
+ * puts a run's output under the directory the format names
+ * (trainer.default_root_dir="..."). The last two return buf or cfg. */
+const char *tu_job_path(char *buf, size_t n, const char *dir, const char *tag);
+const char *tu_write_job(const char *cfg, const char *body);
+const char *tu_write_jobf(const char *cfg, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+const char *tu_root_set(char *buf, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* <root>/version_N with the largest N into buf; -1 when there is none. */
 int tu_latest_run_dir(const char *root, char *buf, size_t n);
 const char *tu_kiln(void);                              /* path of kiln      */
