@@ -38,6 +38,7 @@ static kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here 
 #include <string.h>
 #include <unistd.h>
 
+#include "plugin_fixture.h"
 #include "testutil.h"
 
 /* ------------------------------------------------------------ fixtures */
@@ -276,26 +277,14 @@ static void load_state(const unsigned char *buf, size_t size) {
 /* ------------------------------------------------------------- suite */
 
 static int suite_init(void) {
-    const char *dir = getenv("KILN_PLUGIN_DIR");
-    if (!dir) {
-        fprintf(stderr, "KILN_PLUGIN_DIR is not set\n");
-        return -1;
-    }
-    char path[4096];
-    kiln_test_reset(g_th);
-    snprintf(path, sizeof path, "%s/libkiln-cpu.so", dir);
     const kiln_plugin_desc *cpu = NULL;
-    kiln_test_load(g_th, path, KILN_KIND_ACCELERATOR, "cpu", &cpu);
-    if (!cpu) return -1;
-    g_cpu = cpu->ops;
-    if (g_cpu->base.create(cpu->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), NULL, &g_acc) != KILN_OK) return -1;
-    const kiln_kernels *k = g_cpu->kernels(g_acc);
-    if (!k || k->struct_size < sizeof g_kt) return -1;
+    const kiln_kernels *k = NULL;
+    if (fixture_need_plugin_dir() || fixture_accel_open(g_th, "cpu", "cpu", &cpu, &g_cpu, &g_acc, &k) != 0) return -1;
+    if (k->struct_size < sizeof g_kt) return -1;
     g_kt = *k;
     g_real_alloc = k->alloc;
     g_kt.alloc = count_alloc;
-    snprintf(path, sizeof path, "%s/libkiln-gan.so", dir);
-    kiln_test_load(g_th, path, KILN_KIND_MODULE, "gan", &g_desc);
+    g_desc = fixture_load_plugin(g_th, "gan", KILN_KIND_MODULE, "gan");
     if (!g_desc) return -1;
     g_mod = g_desc->ops;
     g_svc = *kiln_test_services(g_th);
@@ -311,9 +300,7 @@ static int suite_init(void) {
 
 static int suite_clean(void) {
     destroy_module();
-    if (g_acc) g_cpu->base.destroy(g_acc);
-    g_acc = NULL;
-    kiln_test_reset(g_th);
+    fixture_accel_close(g_th, g_cpu, &g_acc);
     if (g_dir[0]) tu_rmrf(g_dir);
     return 0;
 }

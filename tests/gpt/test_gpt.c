@@ -16,6 +16,8 @@
 #define _POSIX_C_SOURCE 200112L /* posix_memalign */
 #include <kiln/testing.h>
 
+#include "plugin_fixture.h"
+
 static kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
 #define MAX_PARAMS 256         /* more than any config here registers */
 
@@ -30,6 +32,7 @@ static kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here 
 
 static const kiln_plugin_desc *g_desc;      /* gpt                              */
 static const kiln_plugin_desc *g_cpu_desc;  /* cpu accelerator                  */
+static const kiln_accelerator_ops *g_cpu_ops; /* and its ops                    */
 static kiln_instance *g_acc;                /* one cpu accelerator for the suite */
 static const kiln_kernels *g_cpu;           /* its table                        */
 static kiln_kernels g_table;                /* the table the module gets: cpu's,
@@ -44,22 +47,10 @@ static int32_t count_alloc(kiln_instance *acc, size_t bytes, void **out) {
 }
 
 static int load_plugins(void) {
-    const char *dir = getenv("KILN_PLUGIN_DIR");
-    if (!dir) {
-        fprintf(stderr, "KILN_PLUGIN_DIR is not set\n");
+    if (fixture_need_plugin_dir() || fixture_accel_open(g_th, "cpu", "cpu", &g_cpu_desc, &g_cpu_ops, &g_acc, &g_cpu) != 0)
         return -1;
-    }
-    char path[4096];
-    kiln_test_reset(g_th);
-    snprintf(path, sizeof path, "%s/libkiln-gpt.so", dir);
-    kiln_test_load(g_th, path, KILN_KIND_MODULE, "gpt", &g_desc);
-    snprintf(path, sizeof path, "%s/libkiln-cpu.so", dir);
-    kiln_test_load(g_th, path, KILN_KIND_ACCELERATOR, "cpu", &g_cpu_desc);
-    if (!g_desc || !g_cpu_desc) return -1;
-    const kiln_accelerator_ops *aops = g_cpu_desc->ops;
-    if (aops->base.create(g_cpu_desc->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), NULL, &g_acc) != KILN_OK) return -1;
-    g_cpu = aops->kernels(g_acc);
-    if (!g_cpu) return -1;
+    g_desc = fixture_load_plugin(g_th, "gpt", KILN_KIND_MODULE, "gpt");
+    if (!g_desc) return -1;
     g_table = *g_cpu;
     g_table.alloc = count_alloc;
     return 0;
@@ -878,9 +869,7 @@ static void test_no_step_allocations(void) {
 static int suite_init(void) { return load_plugins(); }
 static int suite_clean(void) {
     free_compute();
-    kiln_test_reset(g_th);
-    if (g_acc) ((const kiln_accelerator_ops *)g_cpu_desc->ops)->base.destroy(g_acc);
-    g_acc = NULL;
+    fixture_accel_close(g_th, g_cpu_ops, &g_acc);
     return 0;
 }
 

@@ -15,6 +15,7 @@
 #include <CUnit/CUnit.h>
 #include <math.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +25,8 @@
 #include <zlib.h>
 
 #include <kiln/testing.h>
+
+#include "plugin_fixture.h"
 
 #include "cunit_skip.h"
 
@@ -117,14 +120,8 @@ static int suite_init(void) {
         write_images(g_names[2], NTEST, NTEST, test_px, true) || write_labels(g_names[3], NTEST, test_label) ||
         write_images(g_names[4], 50, NTRAIN, train_px, false)) /* header says 100, holds 50 */
         return -1;
-    const char *pd = getenv("KILN_PLUGIN_DIR");
-    if (!pd) {
-        fprintf(stderr, "KILN_PLUGIN_DIR is not set\n");
-        return -1;
-    }
-    char so[1024];
-    snprintf(so, sizeof so, "%s/libkiln-idx.so", pd);
-    kiln_test_load(g_th, so, KILN_KIND_DATA, "idx", &g_desc);
+    if (fixture_need_plugin_dir()) return -1;
+    g_desc = fixture_load_plugin(g_th, "idx", KILN_KIND_DATA, "idx");
     if (!g_desc) return -1;
     g_ops = g_desc->ops;
     return 0;
@@ -158,32 +155,28 @@ static cfg cfg_defaults(void) {
     return c;
 }
 
-static kiln_kv g_kv[16];
+/* Every declared key, typed, in the order the host passes them. */
+static const fixture_key g_keys[] = {
+    {"dir", KILN_TYPE_STRING, offsetof(cfg, dir), 0},
+    {"train_images", KILN_TYPE_STRING, offsetof(cfg, train_images), 0},
+    {"train_labels", KILN_TYPE_STRING, offsetof(cfg, train_labels), 0},
+    {"test_images", KILN_TYPE_STRING, offsetof(cfg, test_images), 0},
+    {"test_labels", KILN_TYPE_STRING, offsetof(cfg, test_labels), 0},
+    {"num_classes", KILN_TYPE_INT, offsetof(cfg, num_classes), 0},
+    {"batch_size", KILN_TYPE_INT, offsetof(cfg, batch_size), 0},
+    {"val_batch_size", KILN_TYPE_INT, offsetof(cfg, val_batch_size), 0},
+    {"val_split", KILN_TYPE_INT, offsetof(cfg, val_split), 0},
+    {"shuffle", KILN_TYPE_BOOL, offsetof(cfg, shuffle), 0},
+    {"drop_last", KILN_TYPE_BOOL, offsetof(cfg, drop_last), 0},
+    {"normalize_mean", KILN_TYPE_FLOAT, offsetof(cfg, mean), 0},
+    {"normalize_std", KILN_TYPE_FLOAT, offsetof(cfg, std), 0},
+    {"prefetch", KILN_TYPE_INT, offsetof(cfg, prefetch), 0},
+};
+#define N_KEYS (sizeof g_keys / sizeof g_keys[0])
+static kiln_kv g_kv[N_KEYS + 1];
 
 /* The resolved config the host would pass: every declared key, typed. */
-static const kiln_kv *kv_of(const cfg *c) {
-    int n = 0;
-#define KV_S(k, x) g_kv[n++] = (kiln_kv){k, {KILN_TYPE_STRING, 0, {.s = (x)}}}
-#define KV_I(k, x) g_kv[n++] = (kiln_kv){k, {KILN_TYPE_INT, 0, {.i = (x)}}}
-#define KV_B(k, x) g_kv[n++] = (kiln_kv){k, {KILN_TYPE_BOOL, 0, {.i = (x)}}}
-#define KV_F(k, x) g_kv[n++] = (kiln_kv){k, {KILN_TYPE_FLOAT, 0, {.f = (x)}}}
-    KV_S("dir", c->dir);
-    KV_S("train_images", c->train_images);
-    KV_S("train_labels", c->train_labels);
-    KV_S("test_images", c->test_images);
-    KV_S("test_labels", c->test_labels);
-    KV_I("num_classes", c->num_classes);
-    KV_I("batch_size", c->batch_size);
-    KV_I("val_batch_size", c->val_batch_size);
-    KV_I("val_split", c->val_split);
-    KV_B("shuffle", c->shuffle);
-    KV_B("drop_last", c->drop_last);
-    KV_F("normalize_mean", c->mean);
-    KV_F("normalize_std", c->std);
-    KV_I("prefetch", c->prefetch);
-    g_kv[n] = (kiln_kv){NULL, KILN_V_NONE};
-    return g_kv;
-}
+static const kiln_kv *kv_of(const cfg *c) { return fixture_kv_of(g_keys, N_KEYS, c, g_kv); }
 
 static int32_t create(const cfg *c, kiln_instance **inst) {
     *inst = NULL;

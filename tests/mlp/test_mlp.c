@@ -15,6 +15,8 @@
 #include "cpu_kernels.h"
 #include <kiln/testing.h>
 
+#include "plugin_fixture.h"
+
 static kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
 
 #include <CUnit/CUnit.h>
@@ -189,15 +191,9 @@ static const kiln_plugin_desc *g_desc;
 static const kiln_module_ops *ops(void) { return (const kiln_module_ops *)g_desc->ops; }
 
 static int load_plugin(void) {
-    const char *dir = getenv("KILN_PLUGIN_DIR");
-    if (!dir) {
-        fprintf(stderr, "KILN_PLUGIN_DIR is not set\n");
-        return -1;
-    }
-    char path[4096];
-    snprintf(path, sizeof path, "%s/libkiln-mlp.so", dir);
+    if (fixture_need_plugin_dir()) return -1;
     kiln_test_reset(g_th);
-    kiln_test_load(g_th, path, KILN_KIND_MODULE, "mlp", &g_desc);
+    g_desc = fixture_load_plugin(g_th, "mlp", KILN_KIND_MODULE, "mlp");
     return g_desc ? 0 : -1;
 }
 

@@ -22,6 +22,32 @@ const kiln_plugin_desc *fixture_load_plugin(kiln_test_host *th, const char *lib,
     return d;
 }
 
+int fixture_need_plugin_dir(void) {
+    if (getenv("KILN_PLUGIN_DIR")) return 0;
+    fprintf(stderr, "KILN_PLUGIN_DIR is not set\n");
+    return -1;
+}
+
+const kiln_kv *fixture_kv_of(const fixture_key *keys, size_t nkeys, const void *cfg, kiln_kv *kv) {
+    const char *base = cfg;
+    size_t n = 0;
+    for (size_t i = 0; i < nkeys; i++) {
+        const void *field = base + keys[i].offset;
+        kiln_value v = {keys[i].type, 0, {.i = 0}};
+        switch (keys[i].type) {
+        case KILN_TYPE_STRING: v.v.s = *(const char *const *)field; break;
+        case KILN_TYPE_INT: v.v.i = *(const int64_t *)field; break;
+        case KILN_TYPE_BOOL: v.v.i = *(const bool *)field; break;
+        case KILN_TYPE_FLOAT: v.v.f = *(const double *)field; break;
+        default: abort(); /* a key type this table does not read */
+        }
+        if (keys[i].optional && keys[i].type == KILN_TYPE_STRING && !v.v.s) continue;
+        kv[n++] = (kiln_kv){keys[i].key, v};
+    }
+    kv[n] = (kiln_kv){NULL, KILN_V_NONE};
+    return kv;
+}
+
 int fixture_accel_open(kiln_test_host *th, const char *lib, const char *name, const kiln_plugin_desc **desc,
                        const kiln_accelerator_ops **ops, kiln_instance **acc, const kiln_kernels **k) {
     kiln_test_reset(th);

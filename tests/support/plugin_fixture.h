@@ -10,6 +10,7 @@
 #ifndef KILN_TESTS_PLUGIN_FIXTURE_H
 #define KILN_TESTS_PLUGIN_FIXTURE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -19,6 +20,9 @@
  * variable) loaded into `th`, and its plugin `name` of `kind`; NULL when
  * either is missing. */
 const kiln_plugin_desc *fixture_load_plugin(kiln_test_host *th, const char *lib, uint32_t kind, const char *name);
+/* A suite init's first check where the plugins must come from the build:
+ * 0 when KILN_PLUGIN_DIR is set, else -1 and a line on stderr saying so. */
+int fixture_need_plugin_dir(void);
 /* The callback plugin `name` from libkiln-<name>.so; KILN_PLUGIN_DIR, the
  * library and the plugin must exist (fatal assertions). */
 const kiln_plugin_desc *fixture_load_callback_desc(kiln_test_host *th, const char *name);
@@ -38,6 +42,20 @@ void fixture_accel_close(kiln_test_host *th, const kiln_accelerator_ops *ops, ki
  * same numbers on every machine, so a kernel's result can be compared
  * bit for bit between runs and implementations. */
 double fixture_val(unsigned i, unsigned salt);
+
+/* The resolved config a host passes to create(), built from a suite's own
+ * config struct by a table of its keys: each key's type (KILN_TYPE_STRING
+ * from a const char *, INT from an int64_t, BOOL from a bool, FLOAT from a
+ * double) and the offset of its field. An `optional` string key whose
+ * field is NULL is left out (the key not given); every other key is passed
+ * as it is. kv needs room for nkeys + 1 entries (the end). */
+typedef struct fixture_key {
+    const char *key;
+    uint32_t type;
+    size_t offset;
+    int optional;
+} fixture_key;
+const kiln_kv *fixture_kv_of(const fixture_key *keys, size_t nkeys, const void *cfg, kiln_kv *kv);
 
 /* create() of a plugin with `services` and the test host's context; on
  * failure *rc holds the status and no instance may come back. */

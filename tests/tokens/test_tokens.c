@@ -19,6 +19,7 @@
 #include <glob.h>
 #include <signal.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +29,8 @@
 #include <unistd.h>
 
 #include <kiln/testing.h>
+
+#include "plugin_fixture.h"
 
 static kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
 
@@ -117,14 +120,8 @@ static int suite_init(void) {
     bad |= write_bytes("b.txt", g_text_b, strlen(g_text_b));
     bad |= write_bytes("small.txt", "tiny", 4);
     if (bad) return -1;
-    const char *pd = getenv("KILN_PLUGIN_DIR");
-    if (!pd) {
-        fprintf(stderr, "KILN_PLUGIN_DIR is not set\n");
-        return -1;
-    }
-    char so[1024];
-    snprintf(so, sizeof so, "%s/libkiln-tokens.so", pd);
-    kiln_test_load(g_th, so, KILN_KIND_DATA, "tokens", &g_desc);
+    if (fixture_need_plugin_dir()) return -1;
+    g_desc = fixture_load_plugin(g_th, "tokens", KILN_KIND_DATA, "tokens");
     if (!g_desc) return -1;
     g_ops = g_desc->ops;
     return 0;
@@ -156,33 +153,26 @@ static cfg cfg_small(void) {
     return c;
 }
 
-static kiln_kv g_kv[16];
+/* The declared keys, typed, in the order the host passes them; exclude
+ * only when the case gives it. */
+static const fixture_key g_keys[] = {
+    {"format", KILN_TYPE_STRING, offsetof(cfg, format), 0},
+    {"train", KILN_TYPE_STRING, offsetof(cfg, train), 0},
+    {"val", KILN_TYPE_STRING, offsetof(cfg, val), 0},
+    {"test", KILN_TYPE_STRING, offsetof(cfg, test), 0},
+    {"val_fraction", KILN_TYPE_FLOAT, offsetof(cfg, val_fraction), 0},
+    {"batch_size", KILN_TYPE_INT, offsetof(cfg, batch_size), 0},
+    {"val_batch_size", KILN_TYPE_INT, offsetof(cfg, val_batch_size), 0},
+    {"block_size", KILN_TYPE_INT, offsetof(cfg, block_size), 0},
+    {"vocab_size", KILN_TYPE_INT, offsetof(cfg, vocab_size), 0},
+    {"shuffle", KILN_TYPE_BOOL, offsetof(cfg, shuffle), 0},
+    {"seed", KILN_TYPE_INT, offsetof(cfg, seed), 0},
+    {"exclude", KILN_TYPE_STRING, offsetof(cfg, exclude), 1},
+};
+#define N_KEYS (sizeof g_keys / sizeof g_keys[0])
+static kiln_kv g_kv[N_KEYS + 1];
 
-static const kiln_kv *kv_of(const cfg *c) {
-    int n = 0;
-#define KV_S(k, x) g_kv[n++] = (kiln_kv){k, {KILN_TYPE_STRING, 0, {.s = (x)}}}
-#define KV_I(k, x) g_kv[n++] = (kiln_kv){k, {KILN_TYPE_INT, 0, {.i = (x)}}}
-#define KV_B(k, x) g_kv[n++] = (kiln_kv){k, {KILN_TYPE_BOOL, 0, {.i = (x)}}}
-#define KV_F(k, x) g_kv[n++] = (kiln_kv){k, {KILN_TYPE_FLOAT, 0, {.f = (x)}}}
-    KV_S("format", c->format);
-    KV_S("train", c->train);
-    KV_S("val", c->val);
-    KV_S("test", c->test);
-    KV_F("val_fraction", c->val_fraction);
-    KV_I("batch_size", c->batch_size);
-    KV_I("val_batch_size", c->val_batch_size);
-    KV_I("block_size", c->block_size);
-    KV_I("vocab_size", c->vocab_size);
-    KV_B("shuffle", c->shuffle);
-    KV_I("seed", c->seed);
-    if (c->exclude) KV_S("exclude", c->exclude);
-#undef KV_S
-#undef KV_I
-#undef KV_B
-#undef KV_F
-    g_kv[n] = (kiln_kv){NULL, KILN_V_NONE};
-    return g_kv;
-}
+static const kiln_kv *kv_of(const cfg *c) { return fixture_kv_of(g_keys, N_KEYS, c, g_kv); }
 
 static int32_t create(const cfg *c, kiln_instance **out) {
     *out = NULL;
