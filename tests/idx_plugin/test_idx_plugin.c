@@ -178,10 +178,7 @@ static kiln_kv g_kv[N_KEYS + 1];
 /* The resolved config the host would pass: every declared key, typed. */
 static const kiln_kv *kv_of(const cfg *c) { return fixture_kv_of(g_keys, N_KEYS, c, g_kv); }
 
-static int32_t create(const cfg *c, kiln_instance **inst) {
-    *inst = NULL;
-    return g_ops->base.create(g_desc->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), kv_of(c), inst);
-}
+static int32_t create(const cfg *c, kiln_instance **inst) { return fixture_create_desc(g_desc, g_th, kv_of(c), inst); }
 
 /* A created and set-up instance, or NULL (and a failed assertion). */
 static kiln_instance *make(const cfg *c, int32_t stage, int32_t rank, int32_t world) {
@@ -537,13 +534,9 @@ static void test_state(void) {
     /* b: restore before setup (as a host restoring a checkpoint would), then resume with start_batch -1. */
     kiln_instance *bi = NULL;
     CU_ASSERT_EQUAL_FATAL(create(&c, &bi), KILN_OK);
-    CU_ASSERT_EQUAL(g_ops->base.set_state(bi, ver, blob, size), KILN_OK);
-    CU_ASSERT_EQUAL(g_ops->setup(bi, KILN_STAGE_FIT, 0, 1), KILN_OK);
+    fixture_data_restore(g_th, g_ops, bi, ver, blob, size);
     void *blob2 = NULL;
     size_t size2 = 0;
-    CU_ASSERT_EQUAL(g_ops->base.get_state(bi, &ver, &blob2, &size2), KILN_OK); /* restored, not yet applied */
-    CU_ASSERT(size2 == size && memcmp(blob, blob2, size) == 0);
-    kiln_test_services(g_th)->free(kiln_test_hctx(g_th), blob2);
     CU_ASSERT_EQUAL(run_pass(bi, &c, KILN_SPLIT_TRAIN, 1, -1, rest, &ni, NULL), 3);
     CU_ASSERT(ni == 48 && memcmp(rest, full + 32, 48 * sizeof(int)) == 0); /* batches 2..4 of epoch 1 */
     CU_ASSERT_EQUAL(g_ops->base.get_state(bi, &ver, &blob2, &size2), KILN_OK);
@@ -689,38 +682,22 @@ static void test_paths(void) {
     g_ops->base.destroy(in);
 }
 
-/* create must fail with KILN_E_CONFIG, leave *out NULL, and name `key`. */
-static void expect_bad(const cfg *c, const char *key) {
-    kiln_instance *in = (kiln_instance *)&in; /* create must reset it */
-    kiln_test_clear_error(g_th);
-    int32_t rc = g_ops->base.create(g_desc->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), kv_of(c), &in);
-    CU_ASSERT_EQUAL(rc, KILN_E_CONFIG);
-    CU_ASSERT_PTR_NULL(in);
-    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), key));
-    if (rc == KILN_OK && in) g_ops->base.destroy(in);
-}
+/* Each refused alone in the usual config. */
+static const fixture_bad_value g_bad[] = {
+    {"batch_size", KILN_V_INT(0)},          {"batch_size", KILN_V_INT(-4)},
+    {"val_batch_size", KILN_V_INT(-1)},     {"val_split", KILN_V_INT(-1)},
+    {"num_classes", KILN_V_INT(0)},         {"num_classes", KILN_V_INT(257)},
+    {"prefetch", KILN_V_INT(-1)},           {"prefetch", KILN_V_INT(17)},
+    {"normalize_std", KILN_V_FLOAT(0.0)},   {"normalize_std", KILN_V_FLOAT(-0.5)},
+    {"normalize_std", KILN_V_FLOAT(NAN)},   {"normalize_mean", KILN_V_FLOAT(INFINITY)},
+    {"train_images", KILN_V_STR("")},       {"test_labels", KILN_V_STR("")},
+};
 
 static void test_bad_config(void) {
     kiln_test_reset(g_th);
-    cfg c;
-#define BAD(field, value, key) (c = cfg_small(), c.field = (value), expect_bad(&c, key))
-    BAD(batch_size, 0, "batch_size");
-    BAD(batch_size, -4, "batch_size");
-    BAD(val_batch_size, -1, "val_batch_size");
-    BAD(val_split, -1, "val_split");
-    BAD(num_classes, 0, "num_classes");
-    BAD(num_classes, 257, "num_classes");
-    BAD(prefetch, -1, "prefetch");
-    BAD(prefetch, 17, "prefetch");
-    BAD(std, 0.0, "normalize_std");
-    BAD(std, -0.5, "normalize_std");
-    BAD(std, NAN, "normalize_std");
-    BAD(mean, INFINITY, "normalize_mean");
-    BAD(train_images, "", "train_images");
-    BAD(test_labels, "", "test_labels");
-#undef BAD
+    cfg c = cfg_small();
+    fixture_expect_refused_each(g_desc, g_th, kv_of(&c), g_bad, sizeof g_bad / sizeof g_bad[0]);
     /* And a good one reads no file: create succeeds even when dir does not exist. */
-    c = cfg_small();
     c.dir = "/nonexistent-kiln-dir";
     kiln_instance *in = NULL;
     CU_ASSERT_EQUAL(create(&c, &in), KILN_OK);

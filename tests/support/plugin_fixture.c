@@ -87,6 +87,55 @@ const kiln_callback_ops *fixture_callback_ops(const kiln_plugin_desc *d) {
     return ops;
 }
 
+int32_t fixture_create_desc(const kiln_plugin_desc *d, kiln_test_host *th, const kiln_kv *cfg, kiln_instance **out) {
+    *out = NULL;
+    const kiln_ops_header *ops = d->ops;
+    return ops->create(d->plugin_ctx, kiln_test_services(th), kiln_test_hctx(th), cfg, out);
+}
+
+void fixture_expect_refused(const kiln_plugin_desc *d, kiln_test_host *th, const kiln_kv *cfg, const char *key) {
+    const kiln_ops_header *ops = d->ops;
+    kiln_instance *in = (kiln_instance *)&in; /* create must reset it */
+    kiln_test_clear_error(th);
+    int32_t rc = ops->create(d->plugin_ctx, kiln_test_services(th), kiln_test_hctx(th), cfg, &in);
+    CU_ASSERT_EQUAL(rc, KILN_E_CONFIG);
+    CU_ASSERT_PTR_NULL(in);
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(th), key));
+    if (rc == KILN_OK && in) ops->destroy(in);
+}
+
+void fixture_expect_refused_each(const kiln_plugin_desc *d, kiln_test_host *th, const kiln_kv *base,
+                                 const fixture_bad_value *bad, size_t n) {
+    size_t len = 0;
+    while (base[len].key) len++;
+    kiln_kv *kv = malloc((len + 1) * sizeof *kv);
+    if (!kv) abort();
+    for (size_t i = 0; i < n; i++) {
+        memcpy(kv, base, (len + 1) * sizeof *kv);
+        size_t k = 0;
+        while (k < len && strcmp(kv[k].key, bad[i].key) != 0) k++;
+        if (k == len) {
+            fprintf(stderr, "\n  %s: not a key of the config\n", bad[i].key);
+            CU_FAIL("a refused value names a key the config does not have");
+            continue;
+        }
+        kv[k].value = bad[i].value;
+        fixture_expect_refused(d, th, kv, bad[i].key);
+    }
+    free(kv);
+}
+
+void fixture_data_restore(kiln_test_host *th, const kiln_data_ops *ops, kiln_instance *in, uint32_t ver,
+                          const void *blob, size_t size) {
+    CU_ASSERT_EQUAL(ops->base.set_state(in, ver, blob, size), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(ops->setup(in, KILN_STAGE_FIT, 0, 1), KILN_OK);
+    void *blob2 = NULL;
+    size_t size2 = 0;
+    CU_ASSERT_EQUAL(ops->base.get_state(in, &ver, &blob2, &size2), KILN_OK);
+    CU_ASSERT(size2 == size && memcmp(blob, blob2, size) == 0);
+    kiln_test_services(th)->free(kiln_test_hctx(th), blob2);
+}
+
 kiln_instance *fixture_create(const kiln_ops_header *ops, const kiln_host_services *services, kiln_test_host *th,
                               const kiln_kv *cfg, int32_t *rc) {
     kiln_instance *inst = NULL;

@@ -57,6 +57,33 @@ typedef struct fixture_key {
 } fixture_key;
 const kiln_kv *fixture_kv_of(const fixture_key *keys, size_t nkeys, const void *cfg, kiln_kv *kv);
 
+/* create() of the plugin `d` (its plugin_ctx) with the test host's
+ * services and context and the resolved config `cfg`; *out is NULL first,
+ * so a refusal leaves it NULL unless the plugin wrote it. */
+int32_t fixture_create_desc(const kiln_plugin_desc *d, kiln_test_host *th, const kiln_kv *cfg, kiln_instance **out);
+
+/* A refused config: create() of `d` with `cfg` answers KILN_E_CONFIG,
+ * leaves no instance (the pointer it gets is not NULL before: create
+ * must reset it) and the test host's error names `key`. */
+void fixture_expect_refused(const kiln_plugin_desc *d, kiln_test_host *th, const kiln_kv *cfg, const char *key);
+
+/* Refused values, each tried alone: the resolved config `base` with the
+ * entry `key` holding `value` instead must be refused naming `key`
+ * (fixture_expect_refused). A key that base lacks fails the case. */
+typedef struct fixture_bad_value {
+    const char *key;
+    kiln_value value;
+} fixture_bad_value;
+void fixture_expect_refused_each(const kiln_plugin_desc *d, kiln_test_host *th, const kiln_kv *base,
+                                 const fixture_bad_value *bad, size_t n);
+
+/* A data plugin's position restored as a host restores a checkpoint: on
+ * `in`, created and not yet set up, set_state(ver, blob), setup for fit as
+ * rank 0 of 1 (fatal when it fails), and get_state giving back the same
+ * bytes (restored, not yet applied). */
+void fixture_data_restore(kiln_test_host *th, const kiln_data_ops *ops, kiln_instance *in, uint32_t ver,
+                          const void *blob, size_t size);
+
 /* create() of a plugin with `services` and the test host's context; on
  * failure *rc holds the status and no instance may come back. */
 kiln_instance *fixture_create(const kiln_ops_header *ops, const kiln_host_services *services, kiln_test_host *th,

@@ -174,10 +174,7 @@ static kiln_kv g_kv[N_KEYS + 1];
 
 static const kiln_kv *kv_of(const cfg *c) { return fixture_kv_of(g_keys, N_KEYS, c, g_kv); }
 
-static int32_t create(const cfg *c, kiln_instance **out) {
-    *out = NULL;
-    return g_ops->base.create(g_desc->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), kv_of(c), out);
-}
+static int32_t create(const cfg *c, kiln_instance **out) { return fixture_create_desc(g_desc, g_th, kv_of(c), out); }
 
 /* A created instance set up for `stage`, or NULL (the error is printed). */
 static kiln_instance *make(const cfg *c, int32_t stage, int32_t rank, int32_t world) {
@@ -465,13 +462,7 @@ static void test_state(void) {
     kiln_test_set_seed(g_th, 4242);
     kiln_instance *bi = NULL;
     CU_ASSERT_EQUAL_FATAL(create(&c, &bi), KILN_OK);
-    CU_ASSERT_EQUAL(g_ops->base.set_state(bi, ver, blob, size), KILN_OK);
-    CU_ASSERT_EQUAL_FATAL(g_ops->setup(bi, KILN_STAGE_FIT, 0, 1), KILN_OK);
-    void *blob2 = NULL;
-    size_t size2 = 0;
-    CU_ASSERT_EQUAL(g_ops->base.get_state(bi, &ver, &blob2, &size2), KILN_OK); /* restored, not yet applied */
-    CU_ASSERT(size2 == size && memcmp(blob, blob2, size) == 0);
-    kiln_test_services(g_th)->free(kiln_test_hctx(g_th), blob2);
+    fixture_data_restore(g_th, g_ops, bi, ver, blob, size);
     CU_ASSERT_EQUAL(run_pass(bi, KILN_SPLIT_TRAIN, 2, -1, rest, &ni, NULL), 7); /* start_batch -1: the saved one */
     CU_ASSERT(ni == 35 && memcmp(rest, full + 15, 35 * sizeof(int)) == 0);
     /* The host's way: the batch index given explicitly. */
@@ -667,33 +658,19 @@ static void test_malformed(void) {
     g_ops->base.destroy(in);
 }
 
-static void expect_bad(const cfg *c, const char *key) {
-    kiln_instance *in = (kiln_instance *)&in;
-    kiln_test_clear_error(g_th);
-    int32_t rc = create(c, &in);
-    CU_ASSERT_EQUAL(rc, KILN_E_CONFIG);
-    CU_ASSERT_PTR_NULL(in);
-    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), key));
-    if (rc == KILN_OK && in) g_ops->base.destroy(in);
-}
+/* Each refused alone in the usual config (val_fraction 0.1: with val set). */
+static const fixture_bad_value g_bad[] = {
+    {"batch_size", KILN_V_INT(0)},        {"val_batch_size", KILN_V_INT(-1)},  {"block_size", KILN_V_INT(0)},
+    {"vocab_size", KILN_V_INT(0)},        {"seed", KILN_V_INT(-2)},            {"format", KILN_V_STR("bpe")},
+    {"train", KILN_V_STR("")},            {"val_fraction", KILN_V_FLOAT(1.0)}, {"val_fraction", KILN_V_FLOAT(-0.1)},
+    {"val_fraction", KILN_V_FLOAT(0.1)},
+};
 
 static void test_bad_config(void) {
     kiln_test_reset(g_th);
-    cfg c;
-#define BAD(field, value, key) (c = cfg_small(), c.field = (value), expect_bad(&c, key))
-    BAD(batch_size, 0, "batch_size");
-    BAD(val_batch_size, -1, "val_batch_size");
-    BAD(block_size, 0, "block_size");
-    BAD(vocab_size, 0, "vocab_size");
-    BAD(seed, -2, "seed");
-    BAD(format, "bpe", "format");
-    BAD(train, "", "train");
-    BAD(val_fraction, 1.0, "val_fraction");
-    BAD(val_fraction, -0.1, "val_fraction");
-    BAD(val_fraction, 0.1, "val_fraction"); /* with val set */
-#undef BAD
+    cfg c = cfg_small();
+    fixture_expect_refused_each(g_desc, g_th, kv_of(&c), g_bad, sizeof g_bad / sizeof g_bad[0]);
     /* create reads no file. */
-    c = cfg_small();
     c.train = "/nonexistent-kiln-dir/*.bin";
     kiln_instance *in = NULL;
     CU_ASSERT_EQUAL(create(&c, &in), KILN_OK);
