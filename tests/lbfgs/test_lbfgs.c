@@ -243,9 +243,11 @@ static config cfg(double lr, int64_t max_iter, int64_t max_eval, double tol_grad
     return c;
 }
 
-static kiln_instance *make(const config *c) {
+/* A created and set-up optimizer; fatal when there is none (no case has
+ * anything to test without it). */
+static kiln_instance *make(config c) {
     kiln_instance *inst = NULL;
-    int32_t rc = ops()->base.create(g_lb->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), c->kv, &inst);
+    int32_t rc = ops()->base.create(g_lb->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), c.kv, &inst);
     if (rc != KILN_OK) fprintf(stderr, "create lbfgs: %s\n", kiln_test_error(g_th));
     CU_ASSERT_EQUAL(rc, KILN_OK);
     if (inst) {
@@ -253,7 +255,14 @@ static kiln_instance *make(const config *c) {
         if (rc != KILN_OK) fprintf(stderr, "setup lbfgs: %s\n", kiln_test_error(g_th));
         CU_ASSERT_EQUAL(rc, KILN_OK);
     }
+    CU_ASSERT_PTR_NOT_NULL_FATAL(inst);
     return inst;
+}
+
+/* make() on parameters set to x0 first. */
+static kiln_instance *start(const double *x0, config c) {
+    write_vec(x0, 0);
+    return make(c);
 }
 
 /* The version-1 state header (plugins/lbfgs/lbfgs.c, lb_state_header). */
@@ -276,6 +285,58 @@ static lb_header header_of(kiln_instance *inst) {
     CU_ASSERT_EQUAL(memcmp(h.magic, "kiln-lbfgs-state", 16), 0);
     kiln_test_services(g_th)->free(kiln_test_hctx(g_th), blob);
     return h;
+}
+
+/* One step() that succeeds, after which the closure has been called
+ * `calls` times in all (cc counts across steps). */
+static void step_expect(kiln_instance *opt, closure_ctx *cc, int calls) {
+    CU_ASSERT_EQUAL(ops()->step(opt, &(kiln_closure){sizeof(kiln_closure), 0, cc, closure_call}), KILN_OK);
+    CU_ASSERT_EQUAL(cc->calls, calls);
+}
+
+/* The quadratic's float32 parameters (weight 4, bias 3), bit for bit. */
+typedef struct {
+    float w[4], b[3];
+} quad_x;
+
+static quad_x quad_save(void) {
+    quad_x q;
+    memcpy(q.w, kiln_test_params(g_th)[0]->data, sizeof q.w);
+    memcpy(q.b, kiln_test_params(g_th)[1]->data, sizeof q.b);
+    return q;
+}
+
+static void quad_restore(const quad_x *q) {
+    memcpy(kiln_test_params(g_th)[0]->data, q->w, sizeof q->w);
+    memcpy(kiln_test_params(g_th)[1]->data, q->b, sizeof q->b);
+}
+
+/* The parameters are q's, weight and bias each bit for bit. */
+static void expect_quad(const quad_x *q) {
+    CU_ASSERT_EQUAL(memcmp(q->w, kiln_test_params(g_th)[0]->data, sizeof q->w), 0);
+    CU_ASSERT_EQUAL(memcmp(q->b, kiln_test_params(g_th)[1]->data, sizeof q->b), 0);
+}
+
+/* A created optimizer, not set up (fatal when create refuses). */
+static kiln_instance *create_only(config c) {
+    kiln_instance *inst = NULL;
+    CU_ASSERT_EQUAL_FATAL(ops()->base.create(g_lb->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), c.kv, &inst),
+                          KILN_OK);
+    return inst;
+}
+
+/* step_expect counting from 0. */
+static void step_fresh(kiln_instance *opt, closure_ctx *cc, int calls) {
+    cc->calls = 0;
+    step_expect(opt, cc, calls);
+}
+
+/* The two parameters of PAIR_PARAMS are `want` within 1e-12. */
+static void expect_xy(const double want[2]) {
+    double x[2];
+    read_x(x);
+    CU_ASSERT_DOUBLE_EQUAL(x[0], want[0], 1e-12);
+    CU_ASSERT_DOUBLE_EQUAL(x[1], want[1], 1e-12);
 }
 
 static double max_err(const double *x, const double *want, int n) {
@@ -353,6 +414,18 @@ static int step_until(kiln_instance *opt, const double *want, double tol, int ma
     return s;
 }
 
+/* step_until within tol, which must be reached, saying how it went when it
+ * was not (or LBFGS_TEST_VERBOSE is set); the steps taken, and the closure
+ * calls in *calls. */
+static int converge(kiln_instance *opt, const double *want, double tol, int max_steps, const char *what, int *calls) {
+    double err;
+    int steps = step_until(opt, want, tol, max_steps, calls, &err);
+    if (verbose() || err >= tol)
+        fprintf(stderr, "\n  %s: %d step() calls, %d closure calls, max |x - x*| = %.3g\n", what, steps, *calls, err);
+    CU_ASSERT_TRUE(err < tol);
+    return steps;
+}
+
 static const double QX0[QN] = {0.5, -1.0, 2.0, 0.0, -0.75, 1.25, 3.0};
 
 /* The quadratic from QX0 to A^-1 b within 1e-6. Tolerances are tightened
@@ -365,17 +438,10 @@ static void run_quadratic(int f64, const char *ls, int max_steps, const char *wh
     double g[QN];
     (void)quad_f(xs, g);
     for (int i = 0; i < QN; i++) CU_ASSERT_TRUE(fabs(g[i]) < 1e-12); /* the reference solves A x = b */
-    write_vec(QX0, 0);
     config c = cfg(1.0, 20, 0, 1e-12, 1e-15, 100, ls);
-    kiln_instance *opt = make(&c);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(opt);
+    kiln_instance *opt = start(QX0, c);
     int calls;
-    double err;
-    int steps = step_until(opt, xs, 1e-6, max_steps, &calls, &err);
-    if (verbose() || err >= 1e-6)
-        fprintf(stderr, "\n  %s: %d step() calls, %d closure calls, max |x - x*| = %.3g\n", what, steps, calls, err);
-    CU_ASSERT_TRUE(err < 1e-6);
-    CU_ASSERT_TRUE(steps >= 1);
+    CU_ASSERT_TRUE(converge(opt, xs, 1e-6, max_steps, what, &calls) >= 1);
     /* a further step stays at the minimum */
     closure_ctx cc = {0};
     CU_ASSERT_EQUAL(ops()->step(opt, CLOSURE(cc)), KILN_OK);
@@ -402,16 +468,10 @@ static void test_quadratic_wolfe_f64(void) { run_quadratic(1, "strong_wolfe", 1,
 static void run_rosenbrock(int f64, int max_steps, const char *what) {
     env_begin(PAIR_PARAMS, 1, f64, rosen_f);
     const double x0[2] = {-1.5, 2.0}, xs[2] = {1.0, 1.0};
-    write_vec(x0, 0);
     config c = cfg(1.0, 20, 0, 1e-7, 1e-9, 100, "strong_wolfe");
-    kiln_instance *opt = make(&c);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(opt);
+    kiln_instance *opt = start(x0, c);
     int calls;
-    double err;
-    int steps = step_until(opt, xs, 1e-5, max_steps, &calls, &err);
-    if (verbose() || err >= 1e-5)
-        fprintf(stderr, "\n  %s: %d step() calls, %d closure calls, max |x - x*| = %.3g\n", what, steps, calls, err);
-    CU_ASSERT_TRUE(err < 1e-5);
+    converge(opt, xs, 1e-5, max_steps, what, &calls);
     lb_header h = header_of(opt);
     CU_ASSERT_EQUAL(h.func_evals, calls);
     ops()->base.destroy(opt);
@@ -449,31 +509,19 @@ static void test_reference_2d(void) {
     /* max_iter 2 with the default max_eval 2 * 5 / 4 = 2: after iteration
      * 1 two evaluations are done, so the step ends at x1 */
     env_begin(PAIR_PARAMS, 1, 1, diag_f);
-    write_vec(x0, 0);
-    config c2d = cfg(1.0, 2, 0, 1e-7, 1e-9, 100, "none");
-    kiln_instance *opt = make(&c2d);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(opt);
+    kiln_instance *opt = start(x0, cfg(1.0, 2, 0, 1e-7, 1e-9, 100, "none"));
     closure_ctx cc = {0};
-    CU_ASSERT_EQUAL(ops()->step(opt, CLOSURE(cc)), KILN_OK);
-    CU_ASSERT_EQUAL(cc.calls, 2);
+    step_fresh(opt, &cc, 2);
     CU_ASSERT_EQUAL(header_of(opt).n_iter, 1);
-    read_x(x);
-    CU_ASSERT_DOUBLE_EQUAL(x[0], x1[0], 1e-12);
-    CU_ASSERT_DOUBLE_EQUAL(x[1], x1[1], 1e-12);
+    expect_xy(x1);
     ops()->base.destroy(opt);
 
     /* max_iter 2, max_eval 10: two closure calls (before iteration 1, after
      * iteration 1; none after the last) */
-    write_vec(x0, 0);
     config c2 = cfg(1.0, 2, 10, 1e-7, 1e-9, 100, "none");
-    opt = make(&c2);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(opt);
-    cc.calls = 0;
-    CU_ASSERT_EQUAL(ops()->step(opt, CLOSURE(cc)), KILN_OK);
-    CU_ASSERT_EQUAL(cc.calls, 2);
-    read_x(x);
-    CU_ASSERT_DOUBLE_EQUAL(x[0], x2[0], 1e-12);
-    CU_ASSERT_DOUBLE_EQUAL(x[1], x2[1], 1e-12);
+    opt = start(x0, c2);
+    step_fresh(opt, &cc, 2);
+    expect_xy(x2);
     lb_header h = header_of(opt);
     CU_ASSERT_EQUAL(h.n_iter, 2);
     CU_ASSERT_EQUAL(h.hist_len, 1);
@@ -482,36 +530,22 @@ static void test_reference_2d(void) {
     ops()->base.destroy(opt);
 
     /* the same iterates one iteration per step(): the history carries over */
-    write_vec(x0, 0);
     config c1 = cfg(1.0, 1, 0, 1e-7, 1e-9, 100, "none");
-    opt = make(&c1);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(opt);
-    cc.calls = 0;
-    CU_ASSERT_EQUAL(ops()->step(opt, CLOSURE(cc)), KILN_OK);
-    CU_ASSERT_EQUAL(cc.calls, 1);
-    read_x(x);
-    CU_ASSERT_DOUBLE_EQUAL(x[0], x1[0], 1e-12);
-    CU_ASSERT_DOUBLE_EQUAL(x[1], x1[1], 1e-12);
+    opt = start(x0, c1);
+    step_fresh(opt, &cc, 1);
+    expect_xy(x1);
     h = header_of(opt);
     CU_ASSERT_DOUBLE_EQUAL(h.t, 0.125, 0.0);
     CU_ASSERT_EQUAL(h.hist_len, 0);
-    CU_ASSERT_EQUAL(ops()->step(opt, CLOSURE(cc)), KILN_OK);
-    CU_ASSERT_EQUAL(cc.calls, 2);
-    read_x(x);
-    CU_ASSERT_DOUBLE_EQUAL(x[0], x2[0], 1e-12);
-    CU_ASSERT_DOUBLE_EQUAL(x[1], x2[1], 1e-12);
+    step_expect(opt, &cc, 2);
+    expect_xy(x2);
     ops()->base.destroy(opt);
 
     /* tolerance_change 100 > -g0.d = 32: iteration 1 stops at the
      * directional-derivative check, before any update (1 call), yet it
      * counts and leaves d and t = 1/8 in the state, as PyTorch does */
-    write_vec(x0, 0);
-    config cg = cfg(1.0, 20, 0, 1e-7, 100.0, 100, "none");
-    opt = make(&cg);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(opt);
-    cc.calls = 0;
-    CU_ASSERT_EQUAL(ops()->step(opt, CLOSURE(cc)), KILN_OK);
-    CU_ASSERT_EQUAL(cc.calls, 1);
+    opt = start(x0, cfg(1.0, 20, 0, 1e-7, 100.0, 100, "none"));
+    step_fresh(opt, &cc, 1);
     read_x(x);
     CU_ASSERT_EQUAL(memcmp(x, x0, sizeof x), 0);
     h = header_of(opt);
@@ -522,29 +556,18 @@ static void test_reference_2d(void) {
     /* tolerance_change 0.6: g.d = -32 passes, x1 is taken and evaluated
      * (2 calls), then max |t d| = 0.5 <= 0.6 ends the step (the loss change
      * 5 - 1.75 = 3.25 would not) */
-    write_vec(x0, 0);
-    config ct = cfg(1.0, 20, 0, 1e-7, 0.6, 100, "none");
-    opt = make(&ct);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(opt);
-    cc.calls = 0;
-    CU_ASSERT_EQUAL(ops()->step(opt, CLOSURE(cc)), KILN_OK);
-    CU_ASSERT_EQUAL(cc.calls, 2);
+    opt = start(x0, cfg(1.0, 20, 0, 1e-7, 0.6, 100, "none"));
+    step_fresh(opt, &cc, 2);
     CU_ASSERT_EQUAL(header_of(opt).n_iter, 1);
-    read_x(x);
-    CU_ASSERT_DOUBLE_EQUAL(x[0], x1[0], 1e-12);
-    CU_ASSERT_DOUBLE_EQUAL(x[1], x1[1], 1e-12);
+    expect_xy(x1);
     ops()->base.destroy(opt);
 
     /* set_lr between the steps scales the second iteration's step */
-    write_vec(x0, 0);
-    opt = make(&c1);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(opt);
+    opt = start(x0, c1);
     CU_ASSERT_EQUAL(ops()->step(opt, CLOSURE(cc)), KILN_OK);
     CU_ASSERT_EQUAL(ops()->set_lr(opt, 0.5), KILN_OK);
     CU_ASSERT_EQUAL(ops()->step(opt, CLOSURE(cc)), KILN_OK);
-    read_x(x);
-    CU_ASSERT_DOUBLE_EQUAL(x[0], x2_half[0], 1e-12);
-    CU_ASSERT_DOUBLE_EQUAL(x[1], x2_half[1], 1e-12);
+    expect_xy(x2_half);
     ops()->base.destroy(opt);
     env_end();
 }
@@ -562,11 +585,9 @@ static void test_first_iteration_f32(void) {
     CU_ASSERT_TRUE(l1 > 1.0); /* so min(1, 1/|g|_1) is the second */
     const double lr = 0.75, t = fmin(1.0, 1.0 / l1) * lr;
     config c = cfg(lr, 1, 0, 1e-7, 1e-9, 100, "none");
-    kiln_instance *opt = make(&c);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(opt);
+    kiln_instance *opt = make(c);
     closure_ctx cc = {0};
-    CU_ASSERT_EQUAL(ops()->step(opt, CLOSURE(cc)), KILN_OK);
-    CU_ASSERT_EQUAL(cc.calls, 1);
+    step_expect(opt, &cc, 1);
     int off = 0;
     for (uint32_t p = 0; p < kiln_test_param_count(g_th); p++)
         for (int64_t j = 0; j < kiln_test_params(g_th)[p]->numel; j++, off++)
@@ -634,9 +655,7 @@ typedef struct {
 static void check_trajectory(const char *what, objective_fn obj, const double *x0, const config *c,
                              const traj_point *want, int steps) {
     env_begin(PAIR_PARAMS, 1, 1, obj);
-    write_vec(x0, 0);
-    kiln_instance *opt = make(c);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(opt);
+    kiln_instance *opt = start(x0, *c);
     closure_ctx cc = {0};
     for (int k = 0; k < steps; k++) {
         CU_ASSERT_EQUAL(ops()->step(opt, CLOSURE(cc)), KILN_OK);
@@ -684,18 +703,24 @@ static void test_reference_trajectories(void) {
     };
     static const traj_point f[1] = {{27, 1, {1915.4306823915515, 1915.4306823915515}}};
     const double ra[2] = {-1.5, 2.0}, rb[2] = {2.0, 2.0}, bc[2] = {-1.2, 1.0}, rd[2] = {-2.0, 2.0}, zero[2] = {0, 0};
-    config ca = cfg(1.0, 9, 12, 1e-7, 1e-9, 3, "strong_wolfe");
-    config cb = cfg(0.5, 20, 0, 1e-7, 1e-9, 5, "strong_wolfe");
-    config cc_ = cfg(10.0, 20, 0, 1e-7, 1e-9, 5, "strong_wolfe");
-    check_trajectory("A", rosen_f, ra, &ca, a, 4);
-    check_trajectory("B", rosen_f, rb, &cb, b, 3);
-    check_trajectory("C", beale_f, bc, &cc_, cc, 3);
-    config cd = cfg(2.0, 20, 0, 1e-7, 1e-9, 5, "strong_wolfe");
-    config ce = cfg(1.0, 20, 0, 1e-7, 1e-9, 5, "strong_wolfe");
-    config cf = cfg(1.0, 20, 0, 1e-7, 1e-9, 100, "strong_wolfe");
-    check_trajectory("D", rosen_f, rd, &cd, d, 4);
-    check_trajectory("E", abs_f, bc, &ce, e, 3);
-    check_trajectory("F", concave_f, zero, &cf, f, 1);
+    /* strong_wolfe, tolerances 1e-7 and 1e-9 in every case */
+    const struct {
+        const char *what;
+        objective_fn obj;
+        const double *x0;
+        double lr;
+        int64_t max_iter, max_eval, history;
+        const traj_point *want;
+        int steps;
+    } cases[] = {
+        {"A", rosen_f, ra, 1.0, 9, 12, 3, a, 4},  {"B", rosen_f, rb, 0.5, 20, 0, 5, b, 3},
+        {"C", beale_f, bc, 10.0, 20, 0, 5, cc, 3}, {"D", rosen_f, rd, 2.0, 20, 0, 5, d, 4},
+        {"E", abs_f, bc, 1.0, 20, 0, 5, e, 3},    {"F", concave_f, zero, 1.0, 20, 0, 100, f, 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        config c = cfg(cases[i].lr, cases[i].max_iter, cases[i].max_eval, 1e-7, 1e-9, cases[i].history, "strong_wolfe");
+        check_trajectory(cases[i].what, cases[i].obj, cases[i].x0, &c, cases[i].want, cases[i].steps);
+    }
 }
 
 /* ---------------------------------------------------------- call counts */
@@ -706,6 +731,16 @@ static int count_calls(kiln_instance *opt) {
     closure_ctx cc = {0};
     CU_ASSERT_EQUAL(ops()->step(opt, CLOSURE(cc)), KILN_OK);
     return cc.calls;
+}
+
+/* One step() with `calls` closure calls, then the state's n_iter and
+ * func_evals (each when >= 0; n_iter < 0: the state is not read). */
+static void expect_counts(kiln_instance *opt, int calls, int64_t n_iter, int64_t func_evals) {
+    CU_ASSERT_EQUAL(count_calls(opt), calls);
+    if (n_iter < 0) return;
+    lb_header h = header_of(opt);
+    CU_ASSERT_EQUAL(h.n_iter, n_iter);
+    if (func_evals >= 0) CU_ASSERT_EQUAL(h.func_evals, func_evals);
 }
 
 /*
@@ -719,45 +754,22 @@ static int count_calls(kiln_instance *opt) {
  */
 static void test_counts_none(void) {
     env_begin(QUAD_PARAMS, 2, 0, quad_f);
-    write_vec(QX0, 0);
-    config c7 = cfg(0.1, 7, 0, 0.0, 0.0, 100, "none");
-    kiln_instance *opt = make(&c7);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(opt);
-    CU_ASSERT_EQUAL(count_calls(opt), 7);
-    lb_header h = header_of(opt);
-    CU_ASSERT_EQUAL(h.n_iter, 7);
-    CU_ASSERT_EQUAL(h.func_evals, 7);
-    /* the counters continue across steps */
-    CU_ASSERT_EQUAL(count_calls(opt), 7);
-    h = header_of(opt);
-    CU_ASSERT_EQUAL(h.n_iter, 14);
-    CU_ASSERT_EQUAL(h.func_evals, 14);
+    kiln_instance *opt = start(QX0, cfg(0.1, 7, 0, 0.0, 0.0, 100, "none"));
+    expect_counts(opt, 7, 7, 7);
+    expect_counts(opt, 7, 14, 14); /* the counters continue across steps */
     ops()->base.destroy(opt);
 
-    write_vec(QX0, 0);
-    config c5 = cfg(0.1, 20, 5, 0.0, 0.0, 100, "none");
-    opt = make(&c5);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(opt);
-    CU_ASSERT_EQUAL(count_calls(opt), 5);
-    h = header_of(opt);
-    CU_ASSERT_EQUAL(h.n_iter, 4);
-    CU_ASSERT_EQUAL(h.func_evals, 5);
+    opt = start(QX0, cfg(0.1, 20, 5, 0.0, 0.0, 100, "none"));
+    expect_counts(opt, 5, 4, 5);
     ops()->base.destroy(opt);
 
-    write_vec(QX0, 0);
-    config c1 = cfg(0.1, 20, 1, 0.0, 0.0, 100, "none");
-    opt = make(&c1);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(opt);
-    CU_ASSERT_EQUAL(count_calls(opt), 2);
-    CU_ASSERT_EQUAL(header_of(opt).n_iter, 1);
+    opt = start(QX0, cfg(0.1, 20, 1, 0.0, 0.0, 100, "none"));
+    expect_counts(opt, 2, 1, -1);
     ops()->base.destroy(opt);
 
     /* default max_iter 20: 20 calls */
-    write_vec(QX0, 0);
-    config cd = cfg(0.1, 20, 0, 0.0, 0.0, 100, "none");
-    opt = make(&cd);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(opt);
-    CU_ASSERT_EQUAL(count_calls(opt), 20);
+    opt = start(QX0, cfg(0.1, 20, 0, 0.0, 0.0, 100, "none"));
+    expect_counts(opt, 20, -1, -1);
     ops()->base.destroy(opt);
     env_end();
 }
@@ -775,10 +787,8 @@ static void test_counts_default_max_eval(void) {
     double xs[3][2];
     env_begin(PAIR_PARAMS, 1, 1, rosen_f);
     for (int i = 0; i < 3; i++) {
-        write_vec(x0, 0);
         config c = cfg(1.0, 4, max_evals[i], 1e-7, 1e-9, 100, "strong_wolfe");
-        kiln_instance *opt = make(&c);
-        CU_ASSERT_PTR_NOT_NULL_FATAL(opt);
+        kiln_instance *opt = start(x0, c);
         calls[i] = count_calls(opt);
         iters[i] = header_of(opt).n_iter;
         read_x(xs[i]);
@@ -807,27 +817,20 @@ static void test_optimal_start(void) {
         for (int j = 0; j < QN; j++) ax += QA[i][j] * x0[j];
         QB[i] = ax;
     }
-    float w[4], b[3];
-    memcpy(w, kiln_test_params(g_th)[0]->data, sizeof w);
-    memcpy(b, kiln_test_params(g_th)[1]->data, sizeof b);
-    config c = cfg(1.0, 20, 0, 1e-7, 1e-9, 100, "strong_wolfe");
-    kiln_instance *opt = make(&c);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(opt);
+    const quad_x q0 = quad_save();
+    kiln_instance *opt = make(cfg(1.0, 20, 0, 1e-7, 1e-9, 100, "strong_wolfe"));
     CU_ASSERT_EQUAL(count_calls(opt), 1);
     CU_ASSERT_EQUAL(count_calls(opt), 1);
-    CU_ASSERT_EQUAL(memcmp(w, kiln_test_params(g_th)[0]->data, sizeof w), 0);
-    CU_ASSERT_EQUAL(memcmp(b, kiln_test_params(g_th)[1]->data, sizeof b), 0);
+    expect_quad(&q0);
     lb_header h = header_of(opt);
     CU_ASSERT_EQUAL(h.n_iter, 0);
     CU_ASSERT_EQUAL(h.func_evals, 2);
     ops()->base.destroy(opt);
 
     quad_init(); /* the real b: max |g| at QX0 is about 12 */
-    config big = cfg(1.0, 20, 0, 100.0, 1e-9, 100, "none");
-    opt = make(&big);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(opt);
+    opt = make(cfg(1.0, 20, 0, 100.0, 1e-9, 100, "none"));
     CU_ASSERT_EQUAL(count_calls(opt), 1);
-    CU_ASSERT_EQUAL(memcmp(w, kiln_test_params(g_th)[0]->data, sizeof w), 0);
+    CU_ASSERT_EQUAL(memcmp(q0.w, kiln_test_params(g_th)[0]->data, sizeof q0.w), 0);
     ops()->base.destroy(opt);
     env_end();
 }
@@ -842,38 +845,27 @@ static void test_optimal_start(void) {
 static void test_history_persists(void) {
     /* none, quadratic, float32 */
     env_begin(QUAD_PARAMS, 2, 0, quad_f);
-    float w_one[4], b_one[3], w_mid[4], b_mid[3];
-    write_vec(QX0, 0);
-    config c10 = cfg(0.1, 10, 0, 0.0, 0.0, 100, "none");
-    kiln_instance *one = make(&c10);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(one);
+    kiln_instance *one = start(QX0, cfg(0.1, 10, 0, 0.0, 0.0, 100, "none"));
     CU_ASSERT_EQUAL(count_calls(one), 10);
-    memcpy(w_one, kiln_test_params(g_th)[0]->data, sizeof w_one);
-    memcpy(b_one, kiln_test_params(g_th)[1]->data, sizeof b_one);
+    const quad_x q_one = quad_save();
     lb_header h_one = header_of(one);
 
-    write_vec(QX0, 0);
-    config c5 = cfg(0.1, 5, 0, 0.0, 0.0, 100, "none");
-    kiln_instance *two = make(&c5);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(two);
+    const config c5 = cfg(0.1, 5, 0, 0.0, 0.0, 100, "none");
+    kiln_instance *two = start(QX0, c5);
     CU_ASSERT_EQUAL(count_calls(two), 5);
-    memcpy(w_mid, kiln_test_params(g_th)[0]->data, sizeof w_mid);
-    memcpy(b_mid, kiln_test_params(g_th)[1]->data, sizeof b_mid);
+    const quad_x q_mid = quad_save();
     CU_ASSERT_EQUAL(count_calls(two), 5);
-    CU_ASSERT_EQUAL(memcmp(w_one, kiln_test_params(g_th)[0]->data, sizeof w_one), 0);
-    CU_ASSERT_EQUAL(memcmp(b_one, kiln_test_params(g_th)[1]->data, sizeof b_one), 0);
+    expect_quad(&q_one);
     lb_header h_two = header_of(two);
     CU_ASSERT_EQUAL(h_two.n_iter, 10);
     CU_ASSERT_EQUAL(h_one.n_iter, 10);
     CU_ASSERT_EQUAL(h_two.hist_len, h_one.hist_len);
     CU_ASSERT_TRUE(h_one.hist_len >= 5);
 
-    memcpy(kiln_test_params(g_th)[0]->data, w_mid, sizeof w_mid);
-    memcpy(kiln_test_params(g_th)[1]->data, b_mid, sizeof b_mid);
-    kiln_instance *fresh = make(&c5);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(fresh);
+    quad_restore(&q_mid);
+    kiln_instance *fresh = make(c5);
     CU_ASSERT_EQUAL(count_calls(fresh), 5);
-    CU_ASSERT_NOT_EQUAL(memcmp(w_one, kiln_test_params(g_th)[0]->data, sizeof w_one), 0);
+    CU_ASSERT_NOT_EQUAL(memcmp(q_one.w, kiln_test_params(g_th)[0]->data, sizeof q_one.w), 0);
     ops()->base.destroy(fresh);
     ops()->base.destroy(two);
     ops()->base.destroy(one);
@@ -883,17 +875,11 @@ static void test_history_persists(void) {
     env_begin(PAIR_PARAMS, 1, 1, rosen_f);
     const double x0[2] = {-1.5, 2.0};
     double x_one[2], x_two[2];
-    write_vec(x0, 0);
-    config w6 = cfg(1.0, 6, 1000, 1e-7, 1e-9, 100, "strong_wolfe");
-    one = make(&w6);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(one);
+    one = start(x0, cfg(1.0, 6, 1000, 1e-7, 1e-9, 100, "strong_wolfe"));
     int calls_one = count_calls(one);
     read_x(x_one);
     CU_ASSERT_EQUAL(header_of(one).n_iter, 6);
-    write_vec(x0, 0);
-    config w3 = cfg(1.0, 3, 1000, 1e-7, 1e-9, 100, "strong_wolfe");
-    two = make(&w3);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(two);
+    two = start(x0, cfg(1.0, 3, 1000, 1e-7, 1e-9, 100, "strong_wolfe"));
     int calls_two = count_calls(two);
     calls_two += count_calls(two);
     read_x(x_two);
@@ -912,9 +898,7 @@ static void test_history_persists(void) {
  * both from the same parameters: bit-identical parameters and calls. */
 static void check_roundtrip(const pspec *ps, int np, int f64, objective_fn obj, const double *x0, const config *c) {
     env_begin(ps, np, f64, obj);
-    write_vec(x0, 0);
-    kiln_instance *a = make(c);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(a);
+    kiln_instance *a = start(x0, *c);
     count_calls(a);
     count_calls(a);
     uint32_t ver = 0;
@@ -923,8 +907,7 @@ static void check_roundtrip(const pspec *ps, int np, int f64, objective_fn obj, 
     CU_ASSERT_EQUAL_FATAL(ops()->base.get_state(a, &ver, &blob, &size), KILN_OK);
     CU_ASSERT_EQUAL(ver, 1);
 
-    kiln_instance *b = make(c);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(b);
+    kiln_instance *b = make(*c);
     CU_ASSERT_EQUAL(ops()->base.set_state(b, ver, blob, size), KILN_OK);
     /* B now saves exactly what A saved (the history in logical order even
      * when A's ring has wrapped) */
@@ -948,8 +931,7 @@ static void check_roundtrip(const pspec *ps, int np, int f64, objective_fn obj, 
     CU_ASSERT_NOT_EQUAL(memcmp(xa, mid, (size_t)g_n * sizeof(double)), 0);
 
     /* without the state the third step differs */
-    kiln_instance *fresh = make(c);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(fresh);
+    kiln_instance *fresh = make(*c);
     write_vec(mid, 0);
     count_calls(fresh);
     read_x(xf);
@@ -974,23 +956,31 @@ static void test_state_roundtrip(void) {
     check_roundtrip(PAIR_PARAMS, 1, 1, rosen_f, r0, &cw);
 }
 
+/* The config of the state refusals: 4 iterations a step, 3 pairs kept. */
+static config state_cfg(void) { return cfg(0.1, 4, 0, 1e-7, 1e-9, 100, "none"); }
+
+/* What the state refusals cut up: on the quadratic (float32), an optimizer
+ * of state_cfg() after one step and the state it saves (the caller frees
+ * the blob through the host). */
+static kiln_instance *stepped_state(uint32_t *ver, void **blob, size_t *size) {
+    env_begin(QUAD_PARAMS, 2, 0, quad_f);
+    kiln_instance *a = start(QX0, state_cfg());
+    count_calls(a);
+    CU_ASSERT_EQUAL_FATAL(ops()->base.get_state(a, ver, blob, size), KILN_OK);
+    return a;
+}
+
 /* Blobs that do not fit are refused with a message, leaving the state as
  * it was; a smaller history_size keeps the newest pairs. */
 static void test_state_refused(void) {
-    env_begin(QUAD_PARAMS, 2, 0, quad_f);
-    write_vec(QX0, 0);
-    config c = cfg(0.1, 4, 0, 1e-7, 1e-9, 100, "none");
-    kiln_instance *a = make(&c);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(a);
-    count_calls(a);
     uint32_t ver = 0;
     void *blob = NULL;
     size_t size = 0;
-    CU_ASSERT_EQUAL_FATAL(ops()->base.get_state(a, &ver, &blob, &size), KILN_OK);
+    kiln_instance *a = stepped_state(&ver, &blob, &size);
     CU_ASSERT_EQUAL(header_of(a).hist_len, 3);
 
-    kiln_instance *b = make(&c);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(b);
+    const config c = state_cfg();
+    kiln_instance *b = make(c);
     count_calls(b); /* b has a state of its own that a refusal must keep */
     lb_header before = header_of(b);
     kiln_test_clear_error(g_th);
@@ -1013,8 +1003,7 @@ static void test_state_refused(void) {
     CU_ASSERT_EQUAL(memcmp(&before, &after, sizeof before), 0);
 
     /* another parameter count */
-    kiln_instance *one = NULL;
-    CU_ASSERT_EQUAL_FATAL(ops()->base.create(g_lb->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), c.kv, &one), KILN_OK);
+    kiln_instance *one = create_only(c);
     CU_ASSERT_EQUAL(ops()->setup(one, kiln_test_params(g_th), 1), KILN_OK); /* the weight only */
     kiln_test_clear_error(g_th);
     CU_ASSERT_EQUAL(ops()->base.set_state(one, ver, blob, size), KILN_E_STATE);
@@ -1025,8 +1014,7 @@ static void test_state_refused(void) {
     fake_bias.numel = 2;
     fake_bias.shape[0] = 2;
     kiln_parameter *swapped[2] = {kiln_test_params(g_th)[0], &fake_bias};
-    kiln_instance *other = NULL;
-    CU_ASSERT_EQUAL_FATAL(ops()->base.create(g_lb->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), c.kv, &other), KILN_OK);
+    kiln_instance *other = create_only(c);
     CU_ASSERT_EQUAL(ops()->setup(other, swapped, 2), KILN_OK);
     kiln_test_clear_error(g_th);
     CU_ASSERT_EQUAL(ops()->base.set_state(other, ver, blob, size), KILN_E_STATE);
@@ -1034,8 +1022,7 @@ static void test_state_refused(void) {
 
     /* history_size 2 < the 3 saved pairs: accepted, the newest 2 kept */
     config c2 = cfg(0.1, 4, 0, 1e-7, 1e-9, 2, "none");
-    kiln_instance *small = make(&c2);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(small);
+    kiln_instance *small = make(c2);
     CU_ASSERT_EQUAL(ops()->base.set_state(small, ver, blob, size), KILN_OK);
     lb_header hs = header_of(small);
     CU_ASSERT_EQUAL(hs.hist_len, 2);
@@ -1058,16 +1045,10 @@ static void test_state_refused(void) {
  * into NaN weights and a checkpoint set_state itself refuses). The blob
  * they were cut from still restores. */
 static void test_state_bounds(void) {
-    env_begin(QUAD_PARAMS, 2, 0, quad_f);
-    write_vec(QX0, 0);
-    config c = cfg(0.1, 4, 0, 1e-7, 1e-9, 100, "none");
-    kiln_instance *a = make(&c);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(a);
-    count_calls(a);
     uint32_t ver = 0;
     void *blob = NULL;
     size_t size = 0;
-    CU_ASSERT_EQUAL_FATAL(ops()->base.get_state(a, &ver, &blob, &size), KILN_OK);
+    kiln_instance *a = stepped_state(&ver, &blob, &size);
     lb_header h0;
     memcpy(&h0, blob, sizeof h0);
     CU_ASSERT_EQUAL_FATAL(h0.n_iter, 4);
@@ -1075,8 +1056,7 @@ static void test_state_bounds(void) {
     /* header, 2 sizes, d[7], prev_flat_grad[7], ro[3], 3 x (y[7], s[7]) */
     const size_t vecs = sizeof(lb_header) + 2 * sizeof(int64_t), n = 7;
     CU_ASSERT_EQUAL_FATAL(size, vecs + (2 * n + 3 + 3 * 2 * n) * sizeof(double));
-    kiln_instance *b = make(&c);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(b);
+    kiln_instance *b = make(state_cfg());
     count_calls(b);
     lb_header before = header_of(b);
     unsigned char *bad = malloc(size);
@@ -1149,8 +1129,7 @@ static void test_closure_errors(void) {
     float start[2];
     memcpy(start, kiln_test_params(g_th)[0]->data, sizeof start);
     config c = cfg(1.0, 20, 0, 1e-7, 1e-9, 100, "strong_wolfe");
-    kiln_instance *opt = make(&c);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(opt);
+    kiln_instance *opt = make(c);
 
     /* no closure */
     kiln_test_clear_error(g_th);
@@ -1183,15 +1162,13 @@ static void test_closure_errors(void) {
 
     /* line_search none: a NaN loss after the first iteration */
     config cn = cfg(1.0, 20, 0, 1e-7, 1e-9, 100, "none");
-    opt = make(&cn);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(opt);
+    opt = make(cn);
     closure_ctx nan2 = {0, 0, 2, 0.0};
     CU_ASSERT_EQUAL(ops()->step(opt, CLOSURE(nan2)), KILN_E_STATE);
     ops()->base.destroy(opt);
 
     /* before setup */
-    kiln_instance *bare = NULL;
-    CU_ASSERT_EQUAL_FATAL(ops()->base.create(g_lb->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), c.kv, &bare), KILN_OK);
+    kiln_instance *bare = create_only(c);
     closure_ctx cc = {0};
     CU_ASSERT_EQUAL(ops()->step(bare, CLOSURE(cc)), KILN_E_STATE);
     CU_ASSERT_EQUAL(cc.calls, 0);
@@ -1208,8 +1185,7 @@ static void test_zero_grad_lr(void) {
     for (int f64 = 0; f64 <= 1; f64++) {
         env_begin(QUAD_PARAMS, 2, f64, quad_f);
         config c = cfg(1.0, 20, 0, 1e-7, 1e-9, 100, "none");
-        kiln_instance *opt = make(&c);
-        CU_ASSERT_PTR_NOT_NULL_FATAL(opt);
+        kiln_instance *opt = make(c);
         const double g[QN] = {1, -2, 3, -4, 5, -6, 7};
         write_vec(g, 1);
         CU_ASSERT_EQUAL(ops()->zero_grad(opt), KILN_OK);
@@ -1236,8 +1212,7 @@ static void test_zero_grad_lr(void) {
 static void test_setup_refusals(void) {
     env_begin(QUAD_PARAMS, 2, 0, quad_f);
     config c = cfg(1.0, 20, 0, 1e-7, 1e-9, 100, "none");
-    kiln_instance *opt = NULL;
-    CU_ASSERT_EQUAL_FATAL(ops()->base.create(g_lb->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), c.kv, &opt), KILN_OK);
+    kiln_instance *opt = create_only(c);
     const kiln_kernels *k = kiln_test_kernels(g_th);
     kiln_test_set_accelerator(g_th, kiln_test_acc(g_th), NULL);
     kiln_test_clear_error(g_th);
