@@ -20,6 +20,7 @@
 #define _XOPEN_SOURCE 700 /* POSIX: access, mkdir */
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -229,6 +230,51 @@ static const char *ckpt_path_epoch_step(int64_t e, int64_t s) {
     return ckpt_path(b);
 }
 
+/* A fresh fixture and an instance of c past on_fit_start; end() destroys
+ * it and the fixture. */
+static kiln_instance *begin(const ck_cfg *c) {
+    fixture_begin();
+    kiln_instance *inst = make(c);
+    fit_start(inst);
+    return inst;
+}
+
+static void end(kiln_instance *inst) {
+    g_ops->base.destroy(inst);
+    fixture_end();
+}
+
+/* The defaults watching val_loss, keeping the best top_k. */
+static ck_cfg cfg_monitor(int64_t top_k) {
+    ck_cfg c = cfg_defaults();
+    c.monitor = "val_loss";
+    c.top_k = top_k;
+    return c;
+}
+
+/* Exactly n checkpoints requested (fatal: the paths are read next), the
+ * i-th at the i-th path given; a NULL path is not checked. */
+static void expect_reqs(int n, ...) {
+    CU_ASSERT_EQUAL_FATAL(g_nreq, n);
+    va_list ap;
+    va_start(ap, n);
+    for (int i = 0; i < n; i++) {
+        const char *p = va_arg(ap, const char *);
+        if (p) CU_ASSERT_STRING_EQUAL(g_req[i], p);
+    }
+    va_end(ap);
+}
+
+/* n epochs without a val_loss, each written by the host. */
+static void epochs(kiln_instance *inst, int n) {
+    for (int e = 0; e < n; e++) epoch(inst, NAN, 1);
+}
+
+/* The next training epoch starts (pending deletions are processed). */
+static void epoch_start(kiln_instance *inst) {
+    CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_TRAIN_EPOCH_START, KILN_STAGE_FIT), KILN_OK);
+}
+
 /* ---------------------------------------------------------------------------
  * An independent reader of the version-1 state blob */
 
@@ -398,47 +444,29 @@ static void test_filename_refusals(void) {
 
 /* Lightning's version counter, and overwriting the file being replaced */
 static void test_version_counter(void) {
-    fixture_begin();
     ck_cfg c = cfg_defaults();
     c.filename = "fixed";
     c.top_k = -1;
-    kiln_instance *inst = make(&c);
-    fit_start(inst);
-    epoch(inst, NAN, 1);
-    epoch(inst, NAN, 1);
-    epoch(inst, NAN, 1);
-    CU_ASSERT_EQUAL_FATAL(g_nreq, 3);
-    CU_ASSERT_STRING_EQUAL(g_req[0], ckpt_path("fixed"));
-    CU_ASSERT_STRING_EQUAL(g_req[1], ckpt_path("fixed-v1"));
-    CU_ASSERT_STRING_EQUAL(g_req[2], ckpt_path("fixed-v2"));
-    g_ops->base.destroy(inst);
-    fixture_end();
+    kiln_instance *inst = begin(&c);
+    epochs(inst, 3);
+    expect_reqs(3, ckpt_path("fixed"), ckpt_path("fixed-v1"), ckpt_path("fixed-v2"));
+    end(inst);
 
     /* top 1: the name of the file it replaces is reused, nothing deleted */
-    fixture_begin();
     c.top_k = 1;
-    inst = make(&c);
-    fit_start(inst);
-    epoch(inst, NAN, 1);
-    epoch(inst, NAN, 1);
-    CU_ASSERT_EQUAL_FATAL(g_nreq, 2);
-    CU_ASSERT_STRING_EQUAL(g_req[1], ckpt_path("fixed"));
+    inst = begin(&c);
+    epochs(inst, 2);
+    expect_reqs(2, NULL, ckpt_path("fixed"));
     CU_ASSERT(fixture_file_exists(ckpt_path("fixed")));
-    g_ops->base.destroy(inst);
-    fixture_end();
+    end(inst);
 
     /* counter off: the same name again */
-    fixture_begin();
     c.top_k = -1;
     c.version_counter = 0;
-    inst = make(&c);
-    fit_start(inst);
-    epoch(inst, NAN, 1);
-    epoch(inst, NAN, 1);
-    CU_ASSERT_EQUAL_FATAL(g_nreq, 2);
-    CU_ASSERT_STRING_EQUAL(g_req[1], ckpt_path("fixed"));
-    g_ops->base.destroy(inst);
-    fixture_end();
+    inst = begin(&c);
+    epochs(inst, 2);
+    expect_reqs(2, NULL, ckpt_path("fixed"));
+    end(inst);
 }
 
 /* dirpath: absolute as given; relative to a relative run_dir through cwd */
@@ -453,8 +481,7 @@ static void test_dirpath(void) {
     epoch(inst, NAN, 1);
     char want[800];
     snprintf(want, sizeof want, "%s/elsewhere/epoch=0-step=10.safetensors", g_run);
-    CU_ASSERT_EQUAL_FATAL(g_nreq, 1);
-    CU_ASSERT_STRING_EQUAL(g_req[0], want);
+    expect_reqs(1, want);
     g_ops->base.destroy(inst);
 
     char cwd[PATHLEN];
@@ -467,8 +494,7 @@ static void test_dirpath(void) {
     fit_start(inst);
     epoch(inst, NAN, 1);
     snprintf(want, sizeof want, "%s/version_0/ck/epoch=1-step=20.safetensors", g_run);
-    CU_ASSERT_EQUAL_FATAL(g_nreq, 2);
-    CU_ASSERT_STRING_EQUAL(g_req[1], want);
+    expect_reqs(2, NULL, want);
     CU_ASSERT(fixture_file_exists(want));
     g_ops->base.destroy(inst);
     CU_ASSERT_EQUAL(chdir(cwd), 0);
@@ -479,24 +505,17 @@ static void test_dirpath(void) {
  * Top-k */
 
 static void test_topk_min(void) {
-    fixture_begin();
-    ck_cfg c = cfg_defaults();
-    c.monitor = "val_loss";
-    c.top_k = 2;
-    kiln_instance *inst = make(&c);
-    fit_start(inst);
+    ck_cfg c = cfg_monitor(2);
+    kiln_instance *inst = begin(&c);
     epoch(inst, 0.5, 1); /* e0: kept {e0} */
     epoch(inst, 0.4, 1); /* e1: kept {e0, e1}, kth e0 */
     epoch(inst, 0.6, 1); /* e2: worse than the kth: nothing */
-    CU_ASSERT_EQUAL_FATAL(g_nreq, 2);
-    CU_ASSERT_STRING_EQUAL(g_req[0], ckpt_path_epoch_step(0, 10));
-    CU_ASSERT_STRING_EQUAL(g_req[1], ckpt_path_epoch_step(1, 20));
+    expect_reqs(2, ckpt_path_epoch_step(0, 10), ckpt_path_epoch_step(1, 20));
 
     /* e3 = 0.3 evicts e0, but the host has not written e3 yet */
     epoch(inst, 0.3, 0);
-    CU_ASSERT_EQUAL_FATAL(g_nreq, 3);
-    CU_ASSERT_STRING_EQUAL(g_req[2], ckpt_path_epoch_step(3, 40));
-    CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_TRAIN_EPOCH_START, KILN_STAGE_FIT), KILN_OK);
+    expect_reqs(3, NULL, NULL, ckpt_path_epoch_step(3, 40));
+    epoch_start(inst);
     CU_ASSERT(fixture_file_exists(ckpt_path_epoch_step(0, 10))); /* kept until its replacement exists */
     host_flush();
     CU_ASSERT(fixture_file_exists(ckpt_path_epoch_step(0, 10)));
@@ -507,9 +526,8 @@ static void test_topk_min(void) {
     epoch(inst, 0.4, 1);  /* e4: equal to the kth (0.4): not better */
     epoch(inst, 0.35, 1); /* e5: evicts e1 */
     epoch(inst, NAN, 1);  /* e6: val_loss is still e5's 0.35, equal to the kth */
-    CU_ASSERT_EQUAL_FATAL(g_nreq, 4);
-    CU_ASSERT_STRING_EQUAL(g_req[3], ckpt_path_epoch_step(5, 60));
-    CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_TRAIN_EPOCH_START, KILN_STAGE_FIT), KILN_OK);
+    expect_reqs(4, NULL, NULL, NULL, ckpt_path_epoch_step(5, 60));
+    epoch_start(inst);
     CU_ASSERT(!fixture_file_exists(ckpt_path_epoch_step(1, 20)));
 
     st_view s;
@@ -532,103 +550,81 @@ static void test_topk_min(void) {
     char needle[PATHLEN + 64];
     snprintf(needle, sizeof needle, "saving %s (val_loss = 0.35000, best 0.30000, top 2)", ckpt_path_epoch_step(5, 60));
     CU_ASSERT_EQUAL(count_log(KILN_LOG_INFO, needle), 1);
-    g_ops->base.destroy(inst);
-    fixture_end();
+    end(inst);
 }
 
 static void test_topk_max_and_nan(void) {
-    fixture_begin();
     ck_cfg c = cfg_defaults();
     c.monitor = "acc";
     c.mode = "max";
     c.filename = "{epoch}-{acc:.2f}";
-    kiln_instance *inst = make(&c);
-    fit_start(inst);
+    kiln_instance *inst = begin(&c);
     const double acc[] = {0.1, 0.3, 0.2, 0.3, 0.5, NAN};
     for (int e = 0; e < 6; e++) {
         log_metric("acc", acc[e]);
         epoch(inst, NAN, 1);
-        CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_TRAIN_EPOCH_START, KILN_STAGE_FIT), KILN_OK);
+        epoch_start(inst);
     }
     /* 0.1, then 0.3 replaces it; 0.2 and the equal 0.3 do not; 0.5 does; NaN
      * is never better */
-    CU_ASSERT_EQUAL_FATAL(g_nreq, 3);
-    CU_ASSERT_STRING_EQUAL(g_req[0], ckpt_path("0-0.10"));
-    CU_ASSERT_STRING_EQUAL(g_req[1], ckpt_path("1-0.30"));
-    CU_ASSERT_STRING_EQUAL(g_req[2], ckpt_path("4-0.50"));
+    expect_reqs(3, ckpt_path("0-0.10"), ckpt_path("1-0.30"), ckpt_path("4-0.50"));
     CU_ASSERT(!fixture_file_exists(ckpt_path("0-0.10")) && !fixture_file_exists(ckpt_path("1-0.30")) && fixture_file_exists(ckpt_path("4-0.50")));
-    g_ops->base.destroy(inst);
-    fixture_end();
+    end(inst);
 
     /* a NaN while fewer than k are kept is saved, stored as the worst */
-    fixture_begin();
     c.top_k = 2;
-    inst = make(&c);
-    fit_start(inst);
+    inst = begin(&c);
     log_metric("acc", NAN);
     epoch(inst, NAN, 1);
     log_metric("acc", 0.2);
     epoch(inst, NAN, 1);
     log_metric("acc", 0.1);
     epoch(inst, NAN, 1); /* better than the NaN (-inf): evicts it */
-    CU_ASSERT_EQUAL_FATAL(g_nreq, 3);
-    CU_ASSERT_STRING_EQUAL(g_req[0], ckpt_path("0-nan"));
-    CU_ASSERT_STRING_EQUAL(g_req[2], ckpt_path("2-0.10"));
-    CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_TRAIN_EPOCH_START, KILN_STAGE_FIT), KILN_OK);
+    expect_reqs(3, ckpt_path("0-nan"), NULL, ckpt_path("2-0.10"));
+    epoch_start(inst);
     CU_ASSERT(!fixture_file_exists(ckpt_path("0-nan")));
     st_view s;
     read_state(inst, &s);
     CU_ASSERT_STRING_EQUAL(s.best, ckpt_path("1-0.20"));
     CU_ASSERT_STRING_EQUAL(s.kth, ckpt_path("2-0.10"));
-    g_ops->base.destroy(inst);
-    fixture_end();
+    end(inst);
 }
 
 static void test_no_monitor(void) {
     /* top 1: the newest only, the previous deleted once the new one exists */
-    fixture_begin();
     ck_cfg c = cfg_defaults();
-    kiln_instance *inst = make(&c);
-    fit_start(inst);
+    kiln_instance *inst = begin(&c);
     epoch(inst, NAN, 1);
     epoch(inst, NAN, 0);
-    CU_ASSERT_EQUAL_FATAL(g_nreq, 2);
-    CU_ASSERT_STRING_EQUAL(g_req[1], ckpt_path_epoch_step(1, 20));
-    CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_TRAIN_EPOCH_START, KILN_STAGE_FIT), KILN_OK);
+    expect_reqs(2, NULL, ckpt_path_epoch_step(1, 20));
+    epoch_start(inst);
     CU_ASSERT(fixture_file_exists(ckpt_path_epoch_step(0, 10)));
     host_flush();
-    CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_TRAIN_EPOCH_START, KILN_STAGE_FIT), KILN_OK);
+    epoch_start(inst);
     CU_ASSERT(!fixture_file_exists(ckpt_path_epoch_step(0, 10)) && fixture_file_exists(ckpt_path_epoch_step(1, 20)));
     /* the last replacement is never written: at on_fit_end the old file stays */
     epoch(inst, NAN, 0);
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_FIT_END, KILN_STAGE_FIT), KILN_OK);
     CU_ASSERT(fixture_file_exists(ckpt_path_epoch_step(1, 20)));
     CU_ASSERT_EQUAL(count_log(KILN_LOG_WARN, "was never written"), 1);
-    g_ops->base.destroy(inst);
-    fixture_end();
+    end(inst);
 
     /* -1: every one kept */
-    fixture_begin();
     c.top_k = -1;
-    inst = make(&c);
-    fit_start(inst);
-    for (int e = 0; e < 3; e++) epoch(inst, NAN, 1);
+    inst = begin(&c);
+    epochs(inst, 3);
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_FIT_END, KILN_STAGE_FIT), KILN_OK);
     CU_ASSERT_EQUAL(g_nreq, 3);
     CU_ASSERT(fixture_file_exists(ckpt_path_epoch_step(0, 10)) && fixture_file_exists(ckpt_path_epoch_step(1, 20)) && fixture_file_exists(ckpt_path_epoch_step(2, 30)));
-    g_ops->base.destroy(inst);
-    fixture_end();
+    end(inst);
 
     /* 0: nothing */
-    fixture_begin();
     c.top_k = 0;
-    inst = make(&c);
-    fit_start(inst);
-    for (int e = 0; e < 3; e++) epoch(inst, NAN, 1);
+    inst = begin(&c);
+    epochs(inst, 3);
     CU_ASSERT_EQUAL(g_nreq, 0);
     CU_ASSERT_EQUAL(count_log(KILN_LOG_INFO, "saving"), 0);
-    g_ops->base.destroy(inst);
-    fixture_end();
+    end(inst);
 }
 
 /* ---------------------------------------------------------------------------
@@ -646,13 +642,11 @@ static int32_t batch_end(kiln_instance *inst, int64_t idx) {
 }
 
 static void test_every_n_train_steps(void) {
-    fixture_begin();
     ck_cfg c = cfg_defaults();
     c.has_steps = 1;
     c.steps = 3;
     c.top_k = -1;
-    kiln_instance *inst = make(&c);
-    fit_start(inst);
+    kiln_instance *inst = begin(&c);
     /* accumulate 2: the global step advances every other batch, so a step
      * that is a multiple of 3 is seen at two batch ends; one save each */
     for (int64_t b = 0; b < 14; b++) {
@@ -662,9 +656,7 @@ static void test_every_n_train_steps(void) {
     }
     /* the epoch end saves nothing: every_n_epochs is off once steps is set */
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_TRAIN_EPOCH_END, KILN_STAGE_FIT), KILN_OK);
-    CU_ASSERT_EQUAL_FATAL(g_nreq, 2);
-    CU_ASSERT_STRING_EQUAL(g_req[0], ckpt_path_epoch_step(0, 3));
-    CU_ASSERT_STRING_EQUAL(g_req[1], ckpt_path_epoch_step(0, 6));
+    expect_reqs(2, ckpt_path_epoch_step(0, 3), ckpt_path_epoch_step(0, 6));
     g_ops->base.destroy(inst);
 
     /* not during the sanity check, not outside fit */
@@ -682,41 +674,32 @@ static void test_every_n_train_steps(void) {
     kiln_test_trainer(g_th)->global_step = 12;
     CU_ASSERT_EQUAL(batch_end(inst, 0), KILN_OK); /* after on_fit_end */
     CU_ASSERT_EQUAL(g_nreq, 3);
-    g_ops->base.destroy(inst);
-    fixture_end();
+    end(inst);
 }
 
 static void test_every_n_epochs(void) {
-    fixture_begin();
     ck_cfg c = cfg_defaults();
     c.has_epochs = 1;
     c.epochs = 2;
     c.top_k = -1;
-    kiln_instance *inst = make(&c);
-    fit_start(inst);
-    for (int e = 0; e < 6; e++) epoch(inst, NAN, 1);
-    CU_ASSERT_EQUAL_FATAL(g_nreq, 3); /* (epoch + 1) % 2 == 0: epochs 1, 3, 5 */
-    CU_ASSERT_STRING_EQUAL(g_req[0], ckpt_path_epoch_step(1, 20));
-    CU_ASSERT_STRING_EQUAL(g_req[1], ckpt_path_epoch_step(3, 40));
-    CU_ASSERT_STRING_EQUAL(g_req[2], ckpt_path_epoch_step(5, 60));
+    kiln_instance *inst = begin(&c);
+    epochs(inst, 6);
+    /* (epoch + 1) % 2 == 0: epochs 1, 3, 5 */
+    expect_reqs(3, ckpt_path_epoch_step(1, 20), ckpt_path_epoch_step(3, 40), ckpt_path_epoch_step(5, 60));
     /* no step taken since the last save: nothing, even when due */
     kiln_test_trainer(g_th)->current_epoch = 7;
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_TRAIN_EPOCH_END, KILN_STAGE_FIT), KILN_OK);
     kiln_test_trainer(g_th)->global_step = 61;
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_TRAIN_EPOCH_END, KILN_STAGE_FIT), KILN_OK);
     CU_ASSERT_EQUAL(g_nreq, 4);
-    g_ops->base.destroy(inst);
-    fixture_end();
+    end(inst);
 
     /* global step 0 (no optimizer step yet) is never saved */
-    fixture_begin();
     c = cfg_defaults();
-    inst = make(&c);
-    fit_start(inst);
+    inst = begin(&c);
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_TRAIN_EPOCH_END, KILN_STAGE_FIT), KILN_OK);
     CU_ASSERT_EQUAL(g_nreq, 0);
-    g_ops->base.destroy(inst);
-    fixture_end();
+    end(inst);
 }
 
 /* Which hook saves: returns 1 for on_train_epoch_end, 2 for
@@ -768,14 +751,12 @@ static void test_save_on_train_epoch_end(void) {
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_VALIDATION_END, KILN_STAGE_VALIDATE), KILN_OK);
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_VALIDATION_END, KILN_STAGE_VALIDATE), KILN_OK);
     CU_ASSERT_EQUAL(g_nreq, before + 1);
-    g_ops->base.destroy(inst);
-    fixture_end();
+    end(inst);
 }
 
 static void test_sanity_and_outside_fit(void) {
     fixture_begin();
-    ck_cfg c = cfg_defaults();
-    c.monitor = "val_loss";
+    ck_cfg c = cfg_monitor(1);
     c.on_train_epoch_end = 0;
     kiln_instance *inst = make(&c);
     /* a standalone validate (no on_fit_start) saves nothing */
@@ -809,18 +790,14 @@ static void test_sanity_and_outside_fit(void) {
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_TRAIN_EPOCH_END, KILN_STAGE_FIT), KILN_OK);
     CU_ASSERT_EQUAL(g_nreq, 1);
     CU_ASSERT_EQUAL(count_log(KILN_LOG_WARN, "monitor `val_acc` is not logged yet"), 1);
-    g_ops->base.destroy(inst);
-    fixture_end();
+    end(inst);
 }
 
 static void test_missing_monitor(void) {
-    fixture_begin();
-    ck_cfg c = cfg_defaults();
-    c.monitor = "val_loss";
+    ck_cfg c = cfg_monitor(1);
     c.has_steps = 1;
     c.steps = 5;
-    kiln_instance *inst = make(&c);
-    fit_start(inst);
+    kiln_instance *inst = begin(&c);
     /* before any validation: a warning (once), no top-k save */
     kiln_test_trainer(g_th)->global_step = 5;
     CU_ASSERT_EQUAL(batch_end(inst, 4), KILN_OK);
@@ -847,62 +824,42 @@ static void test_missing_monitor(void) {
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_VALIDATION_END, KILN_STAGE_VALIDATE), KILN_OK);
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_TRAIN_EPOCH_END, KILN_STAGE_FIT), KILN_E_CONFIG);
     CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "`val_acc`"));
-    g_ops->base.destroy(inst);
-    fixture_end();
+    end(inst);
 }
 
 static void test_save_last(void) {
-    fixture_begin();
-    ck_cfg c = cfg_defaults();
-    c.monitor = "val_loss";
+    ck_cfg c = cfg_monitor(1);
     c.save_last = 1;
-    kiln_instance *inst = make(&c);
-    fit_start(inst);
+    kiln_instance *inst = begin(&c);
     epoch(inst, 0.5, 1); /* top-k and last */
     epoch(inst, 0.7, 1); /* not in the top 1: last only */
     epoch(inst, 0.2, 1); /* both; e0 evicted */
-    CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_TRAIN_EPOCH_START, KILN_STAGE_FIT), KILN_OK);
-    CU_ASSERT_EQUAL_FATAL(g_nreq, 5);
-    CU_ASSERT_STRING_EQUAL(g_req[0], ckpt_path_epoch_step(0, 10));
-    CU_ASSERT_STRING_EQUAL(g_req[1], ckpt_path("last"));
-    CU_ASSERT_STRING_EQUAL(g_req[2], ckpt_path("last"));
-    CU_ASSERT_STRING_EQUAL(g_req[3], ckpt_path_epoch_step(2, 30));
-    CU_ASSERT_STRING_EQUAL(g_req[4], ckpt_path("last"));
+    epoch_start(inst);
+    expect_reqs(5, ckpt_path_epoch_step(0, 10), ckpt_path("last"), ckpt_path("last"), ckpt_path_epoch_step(2, 30), ckpt_path("last"));
     CU_ASSERT(!fixture_file_exists(ckpt_path_epoch_step(0, 10)) && fixture_file_exists(ckpt_path_epoch_step(2, 30)) && fixture_file_exists(ckpt_path("last")));
     CU_ASSERT_EQUAL(count_log(KILN_LOG_INFO, "(save_last)"), 3);
     st_view s;
     read_state(inst, &s);
     CU_ASSERT_STRING_EQUAL(s.last, ckpt_path("last"));
     CU_ASSERT_STRING_EQUAL(s.topk, ckpt_path_epoch_step(2, 30));
-    g_ops->base.destroy(inst);
-    fixture_end();
+    end(inst);
 
     /* save_top_k 0 with save_last: only last */
-    fixture_begin();
     c = cfg_defaults();
     c.top_k = 0;
     c.save_last = 1;
-    inst = make(&c);
-    fit_start(inst);
-    epoch(inst, NAN, 1);
-    epoch(inst, NAN, 1);
-    CU_ASSERT_EQUAL_FATAL(g_nreq, 2);
-    CU_ASSERT_STRING_EQUAL(g_req[0], ckpt_path("last"));
-    CU_ASSERT_STRING_EQUAL(g_req[1], ckpt_path("last"));
-    g_ops->base.destroy(inst);
-    fixture_end();
+    inst = begin(&c);
+    epochs(inst, 2);
+    expect_reqs(2, ckpt_path("last"), ckpt_path("last"));
+    end(inst);
 }
 
 /* ---------------------------------------------------------------------------
  * State */
 
 static void test_state_resume(void) {
-    fixture_begin();
-    ck_cfg c = cfg_defaults();
-    c.monitor = "val_loss";
-    c.top_k = 2;
-    kiln_instance *a = make(&c);
-    fit_start(a);
+    ck_cfg c = cfg_monitor(2);
+    kiln_instance *a = begin(&c);
     epoch(a, 0.5, 1);
     epoch(a, 0.4, 1);
     epoch(a, 0.3, 0); /* e2 evicts e0; the host writes e2 with this state */
@@ -926,15 +883,14 @@ static void test_state_resume(void) {
     epoch(b, 0.45, 1);             /* e3: worse than the kth (0.4): nothing */
     CU_ASSERT_EQUAL(g_nreq, 3);
     epoch(b, 0.35, 1);             /* e4: evicts e1 */
-    CU_ASSERT_EQUAL(send(b, KILN_EV_ON_TRAIN_EPOCH_START, KILN_STAGE_FIT), KILN_OK);
-    CU_ASSERT_EQUAL_FATAL(g_nreq, 4);
-    CU_ASSERT_STRING_EQUAL(g_req[3], ckpt_path_epoch_step(4, 50));
+    epoch_start(b);
+    expect_reqs(4, NULL, NULL, NULL, ckpt_path_epoch_step(4, 50));
     CU_ASSERT(!fixture_file_exists(ckpt_path_epoch_step(1, 20)));
     epoch(b, 0.2, 1); /* e5: evicts e4 (0.35 is now the kth) */
-    CU_ASSERT_EQUAL(send(b, KILN_EV_ON_TRAIN_EPOCH_START, KILN_STAGE_FIT), KILN_OK);
+    epoch_start(b);
     CU_ASSERT(!fixture_file_exists(ckpt_path_epoch_step(4, 50)));
     epoch(b, 0.1, 1); /* e6: evicts e2, the file the run resumed from: kept */
-    CU_ASSERT_EQUAL(send(b, KILN_EV_ON_TRAIN_EPOCH_START, KILN_STAGE_FIT), KILN_OK);
+    epoch_start(b);
     CU_ASSERT_EQUAL_FATAL(g_nreq, 6);
     CU_ASSERT(fixture_file_exists(ckpt_path_epoch_step(2, 30)));
     read_state(b, &s);
@@ -944,8 +900,7 @@ static void test_state_resume(void) {
     CU_ASSERT_STRING_EQUAL(s.bk_path[0], ckpt_path_epoch_step(5, 60));
     CU_ASSERT_STRING_EQUAL(s.bk_path[1], ckpt_path_epoch_step(6, 70));
     CU_ASSERT_STRING_EQUAL(s.kth, ckpt_path_epoch_step(5, 60));
-    g_ops->base.destroy(b);
-    fixture_end();
+    end(b);
 }
 
 /* kiln resumes into a new version_N: with the same configured dirpath the
@@ -959,9 +914,7 @@ static void test_state_resume_new_run_dir(void) {
     CU_ASSERT_EQUAL_FATAL(mkdir(v0, 0755), 0);
     CU_ASSERT_EQUAL_FATAL(mkdir(v1, 0755), 0);
     kiln_test_trainer(g_th)->run_dir = v0;
-    ck_cfg c = cfg_defaults();
-    c.monitor = "val_loss";
-    c.top_k = 2;
+    ck_cfg c = cfg_monitor(2);
     kiln_instance *a = make(&c);
     fit_start(a);
     epoch(a, 0.5, 1);
@@ -984,7 +937,7 @@ static void test_state_resume_new_run_dir(void) {
     epoch(b, 0.45, 1);       /* worse than the restored kth (0.4): nothing */
     CU_ASSERT_EQUAL(g_nreq, 3);
     epoch(b, 0.35, 1);       /* better: saved in the new folder, e1 evicted but kept */
-    CU_ASSERT_EQUAL(send(b, KILN_EV_ON_TRAIN_EPOCH_START, KILN_STAGE_FIT), KILN_OK);
+    epoch_start(b);
     CU_ASSERT_EQUAL_FATAL(g_nreq, 4);
     snprintf(new4, sizeof new4, "%s/checkpoints/epoch=4-step=50.safetensors", v1);
     CU_ASSERT_STRING_EQUAL(g_req[3], new4);
@@ -994,8 +947,7 @@ static void test_state_resume_new_run_dir(void) {
     CU_ASSERT_EQUAL(s.nbest, 2u);
     CU_ASSERT_STRING_EQUAL(s.bk_path[0], old2);
     CU_ASSERT_STRING_EQUAL(s.bk_path[1], new4);
-    g_ops->base.destroy(b);
-    fixture_end();
+    end(b);
 }
 
 /* A run whose state waits to delete ckpt_path_epoch_step(0, 10) once ckpt_path_epoch_step(2, 30) exists; the
@@ -1031,9 +983,7 @@ static void patch_blob(const char *from, const char *to) {
  * elsewhere is never deleted. */
 static void test_state_hostile_paths(void) {
     fixture_begin();
-    ck_cfg c = cfg_defaults();
-    c.monitor = "val_loss";
-    c.top_k = 2;
+    ck_cfg c = cfg_monitor(2);
     make_pending_blob(&c);
     const char *victim = ckpt_path_epoch_step(0, 10); /* <run>/checkpoints/epoch=0-step=10.safetensors */
     const size_t rest = strlen("epoch=0-step=10.safetensors");
@@ -1085,36 +1035,28 @@ static void test_state_hostile_paths(void) {
     CU_ASSERT_EQUAL_FATAL(g_ops->base.set_state(b, 1, g_blob, g_blob_size), KILN_OK);
     fit_start(b);
     CU_ASSERT(!fixture_file_exists(victim));
-    g_ops->base.destroy(b);
-    fixture_end();
+    end(b);
 }
 
 static void test_verbose(void) {
-    fixture_begin();
-    ck_cfg c = cfg_defaults();
-    c.monitor = "val_loss";
+    ck_cfg c = cfg_monitor(1);
     c.verbose = 1;
-    kiln_instance *inst = make(&c);
-    fit_start(inst);
+    kiln_instance *inst = begin(&c);
     epoch(inst, 0.5, 1);
     epoch(inst, 0.7, 1);
     CU_ASSERT_EQUAL(count_log(KILN_LOG_INFO, "val_loss = 0.7 was not in top 1"), 1);
     epoch(inst, 0.2, 1);
-    CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_TRAIN_EPOCH_START, KILN_STAGE_FIT), KILN_OK);
+    epoch_start(inst);
     char needle[2 * PATHLEN + 64];
     snprintf(needle, sizeof needle, "removed %s (replaced by %s)", ckpt_path_epoch_step(0, 10), ckpt_path_epoch_step(2, 30));
     CU_ASSERT_EQUAL(count_log(KILN_LOG_INFO, needle), 1);
     CU_ASSERT_EQUAL(count_log(KILN_LOG_INFO, "saving"), 2);
-    g_ops->base.destroy(inst);
-    fixture_end();
+    end(inst);
 }
 
 static void test_state_mismatch_and_corrupt(void) {
-    fixture_begin();
-    ck_cfg c = cfg_defaults();
-    c.monitor = "val_loss";
-    kiln_instance *a = make(&c);
-    fit_start(a);
+    ck_cfg c = cfg_monitor(1);
+    kiln_instance *a = begin(&c);
     epoch(a, 0.5, 1);
     st_view s;
     read_state(a, &s);
@@ -1155,8 +1097,7 @@ static void test_state_mismatch_and_corrupt(void) {
     CU_ASSERT_EQUAL(g_ops->base.set_state(b, 1, bad, keep_size), KILN_E_DATA);
     free(bad);
     free(keep);
-    g_ops->base.destroy(b);
-    fixture_end();
+    end(b);
 }
 
 /* ---------------------------------------------------------------------------
@@ -1166,8 +1107,7 @@ static void test_rank1(void) {
     fixture_begin();
     kiln_test_trainer(g_th)->rank = 1;
     kiln_test_trainer(g_th)->world_size = 2;
-    ck_cfg c = cfg_defaults();
-    c.monitor = "val_loss";
+    ck_cfg c = cfg_monitor(1);
     c.save_last = 1;
     kiln_instance *inst = make(&c);
     fit_start(inst);
@@ -1178,7 +1118,7 @@ static void test_rank1(void) {
     CU_ASSERT_PTR_NOT_NULL_FATAL(f);
     fclose(f);
     epoch(inst, 0.4, 1);
-    CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_TRAIN_EPOCH_START, KILN_STAGE_FIT), KILN_OK);
+    epoch_start(inst);
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_FIT_END, KILN_STAGE_FIT), KILN_OK);
     CU_ASSERT_EQUAL(g_nreq, 0);
     CU_ASSERT(fixture_file_exists(ckpt_path_epoch_step(0, 10)));
@@ -1190,15 +1130,12 @@ static void test_rank1(void) {
     CU_ASSERT_EQUAL(s.nbest, 1u);
     CU_ASSERT_EQUAL(s.npend, 0u);
     CU_ASSERT_EQUAL(s.last_step, 20);
-    g_ops->base.destroy(inst);
-    fixture_end();
+    end(inst);
 }
 
 static void test_host_refuses(void) {
-    fixture_begin();
     ck_cfg c = cfg_defaults();
-    kiln_instance *inst = make(&c);
-    fit_start(inst);
+    kiln_instance *inst = begin(&c);
     g_save_rc = KILN_E_STATE;
     kiln_test_trainer(g_th)->global_step = 10;
     CU_ASSERT_EQUAL(send(inst, KILN_EV_ON_TRAIN_EPOCH_END, KILN_STAGE_FIT), KILN_E_STATE);
@@ -1264,8 +1201,7 @@ static void test_refusals(void) {
     c.has_steps = c.has_epochs = 1;
     c.steps = c.epochs = 0;
     CU_ASSERT_EQUAL(try_create(&c, &inst), KILN_OK);
-    g_ops->base.destroy(inst);
-    fixture_end();
+    end(inst);
 }
 
 static void register_tests(void) {
