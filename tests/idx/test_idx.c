@@ -559,6 +559,25 @@ static idx_dataset make_syn(uint32_t n) {
     return ds;
 }
 
+/* The loader defaults over ds with batch_size; seed != 0: shuffled with
+ * that seed (the defaults keep the order, seed 0). */
+static idx_loader_config loader_cfg(const idx_dataset *ds, uint32_t batch_size, uint64_t seed) {
+    idx_loader_config cfg;
+    idx_loader_config_defaults(&cfg, ds);
+    cfg.batch_size = batch_size;
+    cfg.shuffle = seed != 0;
+    cfg.seed = seed;
+    return cfg;
+}
+
+/* idx_loader_init that must succeed (fatal: the case reads from it). */
+static void loader_open(idx_loader *L, const idx_loader_config *cfg) {
+    char err[256] = "";
+    const int rc = idx_loader_init(L, cfg, err, sizeof err);
+    if (rc) fprintf(stderr, "\n    idx_loader_init: %s\n", err);
+    CU_ASSERT_EQUAL_FATAL(rc, 0);
+}
+
 /* Sample id of row x (D) under the default normalisation (x = p/255). */
 static long decode_id(const float *x) {
     return lround(x[0] * 255.0f) + 256 * lround(x[1] * 255.0f);
@@ -607,8 +626,7 @@ static void test_loader_sequential(void) {
     idx_loader_config_defaults(&cfg, &ds);
     cfg.batch_size = 4;
     idx_loader L;
-    char err[256] = "";
-    CU_ASSERT_EQUAL_FATAL(idx_loader_init(&L, &cfg, err, sizeof err), 0);
+    loader_open(&L, &cfg);
     CU_ASSERT_EQUAL(idx_loader_num_batches(&L), 3);
     CU_ASSERT_EQUAL(idx_loader_start_epoch(&L, 0, 0), 0);
     const float *x;
@@ -633,7 +651,7 @@ static void test_loader_sequential(void) {
     /* A sub-range [3, 8) as for a validation split. */
     cfg.begin = 3;
     cfg.end = 8;
-    CU_ASSERT_EQUAL_FATAL(idx_loader_init(&L, &cfg, err, sizeof err), 0);
+    loader_open(&L, &cfg);
     long ids[8];
     CU_ASSERT_EQUAL(run_epoch(&L, &ds, 0, 0, ids, 8, NULL, NULL), 5);
     for (int i = 0; i < 5; i++) CU_ASSERT_EQUAL(ids[i], 3 + i);
@@ -656,17 +674,12 @@ static int is_permutation_of_range(const long *ids, long n, long begin) {
 static void test_loader_shuffle(void) {
     enum { N = 1000, BEGIN = 100 };
     idx_dataset ds = make_syn(1200);
-    idx_loader_config cfg;
-    idx_loader_config_defaults(&cfg, &ds);
+    idx_loader_config cfg = loader_cfg(&ds, 32, 42);
     cfg.begin = BEGIN;
     cfg.end = BEGIN + N;
-    cfg.batch_size = 32;
-    cfg.shuffle = true;
-    cfg.seed = 42;
     idx_loader A, B;
-    char err[256] = "";
-    CU_ASSERT_EQUAL_FATAL(idx_loader_init(&A, &cfg, err, sizeof err), 0);
-    CU_ASSERT_EQUAL_FATAL(idx_loader_init(&B, &cfg, err, sizeof err), 0);
+    loader_open(&A, &cfg);
+    loader_open(&B, &cfg);
     static long e0[N], e1[N], e1b[N], e0again[N], other[N];
     CU_ASSERT_EQUAL(run_epoch(&A, &ds, 0, 0, e0, N, NULL, NULL), N);
     CU_ASSERT_EQUAL(run_epoch(&A, &ds, 1, 0, e1, N, NULL, NULL), N);
@@ -685,7 +698,7 @@ static void test_loader_shuffle(void) {
     idx_loader_free(&B);
 
     cfg.seed = 43;
-    CU_ASSERT_EQUAL_FATAL(idx_loader_init(&B, &cfg, err, sizeof err), 0);
+    loader_open(&B, &cfg);
     CU_ASSERT_EQUAL(run_epoch(&B, &ds, 0, 0, other, N, NULL, NULL), N);
     CU_ASSERT(memcmp(e0, other, sizeof e0) != 0); /* another seed, another order */
     idx_loader_free(&A);
@@ -696,17 +709,12 @@ static void test_loader_shuffle(void) {
 /* Shards of W ranks vs. the single-rank order with the same seed (PyTorch DistributedSampler). */
 static void check_distributed(uint32_t N, uint32_t W, int drop_last, uint32_t B) {
     idx_dataset ds = make_syn(N + 3);
-    idx_loader_config cfg;
-    idx_loader_config_defaults(&cfg, &ds);
+    idx_loader_config cfg = loader_cfg(&ds, B, 7);
     cfg.begin = 2;
     cfg.end = 2 + N;
-    cfg.batch_size = B;
-    cfg.shuffle = true;
-    cfg.seed = 7;
     cfg.drop_last = false;
-    char err[256] = "";
     idx_loader full;
-    CU_ASSERT_EQUAL_FATAL(idx_loader_init(&full, &cfg, err, sizeof err), 0);
+    loader_open(&full, &cfg);
     long *order = calloc(N, sizeof *order);
     CU_ASSERT_EQUAL(run_epoch(&full, &ds, 3, 0, order, N, NULL, NULL), (long)N);
     idx_loader_free(&full);
@@ -720,7 +728,7 @@ static void check_distributed(uint32_t N, uint32_t W, int drop_last, uint32_t B)
     for (uint32_t rank = 0; rank < W; rank++) {
         cfg.rank = rank;
         idx_loader L;
-        CU_ASSERT_EQUAL_FATAL(idx_loader_init(&L, &cfg, err, sizeof err), 0);
+        loader_open(&L, &cfg);
         CU_ASSERT_EQUAL(idx_loader_num_samples(&L), per);
         long got = run_epoch(&L, &ds, 3, 0, shard, (long)per + 1, NULL, NULL);
         /* with drop_last, whole batches only */
@@ -751,19 +759,14 @@ static void test_loader_distributed(void) {
 
     /* Explicit: W=2, N=11, padded set = order + order[0]; rank shards are disjoint positions. */
     idx_dataset ds = make_syn(11);
-    idx_loader_config cfg;
-    idx_loader_config_defaults(&cfg, &ds);
-    cfg.shuffle = true;
-    cfg.seed = 99;
-    cfg.batch_size = 5;
+    idx_loader_config cfg = loader_cfg(&ds, 5, 99);
     cfg.world_size = 2;
     long ids[2][8];
     int count[11] = {0};
-    char err[256] = "";
     for (uint32_t r = 0; r < 2; r++) {
         cfg.rank = r;
         idx_loader L;
-        CU_ASSERT_EQUAL_FATAL(idx_loader_init(&L, &cfg, err, sizeof err), 0);
+        loader_open(&L, &cfg);
         CU_ASSERT_EQUAL(idx_loader_num_batches(&L), 2); /* 6 samples: 5 + 1 */
         CU_ASSERT_EQUAL(run_epoch(&L, &ds, 0, 0, ids[r], 8, NULL, NULL), 6);
         for (int i = 0; i < 6; i++) count[ids[r][i]]++;
@@ -781,18 +784,14 @@ static void test_loader_distributed(void) {
 
 static void test_loader_drop_last(void) {
     idx_dataset ds = make_syn(10);
-    idx_loader_config cfg;
-    idx_loader_config_defaults(&cfg, &ds);
-    cfg.batch_size = 3;
-    cfg.shuffle = true;
-    cfg.seed = 5;
+    idx_loader_config cfg = loader_cfg(&ds, 3, 5);
     char err[256] = "";
     idx_loader L;
     int lens[8];
     int nb = 0;
     long ids[16];
     cfg.drop_last = true;
-    CU_ASSERT_EQUAL_FATAL(idx_loader_init(&L, &cfg, err, sizeof err), 0);
+    loader_open(&L, &cfg);
     CU_ASSERT_EQUAL(idx_loader_num_batches(&L), 3);
     CU_ASSERT_EQUAL(run_epoch(&L, &ds, 0, 0, ids, 16, lens, &nb), 9);
     CU_ASSERT_EQUAL(nb, 3);
@@ -800,7 +799,7 @@ static void test_loader_drop_last(void) {
     idx_loader_free(&L);
 
     cfg.drop_last = false;
-    CU_ASSERT_EQUAL_FATAL(idx_loader_init(&L, &cfg, err, sizeof err), 0);
+    loader_open(&L, &cfg);
     CU_ASSERT_EQUAL(idx_loader_num_batches(&L), 4);
     CU_ASSERT_EQUAL(run_epoch(&L, &ds, 0, 0, ids, 16, lens, &nb), 10);
     CU_ASSERT_EQUAL(nb, 4);
@@ -853,14 +852,9 @@ static int same_batch(const pass *a, int ia, const pass *b, int ib) {
 
 static void test_loader_resume_from_batch(void) {
     idx_dataset ds = make_syn(45);
-    idx_loader_config cfg;
-    idx_loader_config_defaults(&cfg, &ds);
-    cfg.batch_size = 8;
-    cfg.shuffle = true;
-    cfg.seed = 1234;
-    char err[256] = "";
+    idx_loader_config cfg = loader_cfg(&ds, 8, 1234);
     idx_loader L;
-    CU_ASSERT_EQUAL_FATAL(idx_loader_init(&L, &cfg, err, sizeof err), 0);
+    loader_open(&L, &cfg);
     static pass full, part;
     CU_ASSERT_EQUAL_FATAL(record_pass(&L, 2, 0, &full, 0), 0);
     CU_ASSERT_EQUAL(full.nb, 6);
@@ -876,15 +870,10 @@ static void test_loader_resume_from_batch(void) {
 
 static void test_loader_position(void) {
     idx_dataset ds = make_syn(45);
-    idx_loader_config cfg;
-    idx_loader_config_defaults(&cfg, &ds);
-    cfg.batch_size = 8;
-    cfg.shuffle = true;
-    cfg.seed = 77;
+    idx_loader_config cfg = loader_cfg(&ds, 8, 77);
     cfg.prefetch = 4;
-    char err[256] = "";
     idx_loader L;
-    CU_ASSERT_EQUAL_FATAL(idx_loader_init(&L, &cfg, err, sizeof err), 0);
+    loader_open(&L, &cfg);
     static pass full;
     CU_ASSERT_EQUAL_FATAL(record_pass(&L, 3, 0, &full, 0), 0);
 
@@ -913,7 +902,7 @@ static void test_loader_position(void) {
     idx_loader_free(&L);
 
     /* Resume in a fresh loader from the checkpoint: batch 3 onwards, identical data. */
-    CU_ASSERT_EQUAL_FATAL(idx_loader_init(&L, &cfg, err, sizeof err), 0);
+    loader_open(&L, &cfg);
     static pass rest;
     CU_ASSERT_EQUAL_FATAL(record_pass(&L, saved_e, saved_b, &rest, 0), 0);
     CU_ASSERT_EQUAL(saved_b, 3);
@@ -925,23 +914,18 @@ static void test_loader_position(void) {
 
 static void test_loader_bit_identical(void) {
     idx_dataset ds = make_syn(300);
-    idx_loader_config cfg;
-    idx_loader_config_defaults(&cfg, &ds);
-    cfg.batch_size = 7;
-    cfg.shuffle = true;
-    cfg.seed = 0xDEADBEEFull;
+    idx_loader_config cfg = loader_cfg(&ds, 7, 0xDEADBEEFull);
     cfg.mean = 0.2860f;
     cfg.std = 0.3530f;
     cfg.begin = 10;
     cfg.end = 290;
     cfg.world_size = 3;
     cfg.rank = 1;
-    char err[256] = "";
     idx_loader A, B;
     cfg.prefetch = 1;
-    CU_ASSERT_EQUAL_FATAL(idx_loader_init(&A, &cfg, err, sizeof err), 0);
+    loader_open(&A, &cfg);
     cfg.prefetch = IDX_LOADER_MAX_PREFETCH;
-    CU_ASSERT_EQUAL_FATAL(idx_loader_init(&B, &cfg, err, sizeof err), 0);
+    loader_open(&B, &cfg);
     static pass pa, pb;
     for (uint64_t epoch = 0; epoch < 3; epoch++) {
         /* A consumes fast, B slowly so its producer is always ahead: same bytes anyway. */
@@ -959,14 +943,9 @@ static void test_loader_bit_identical(void) {
 /* start_epoch while batches are prefetched or held, repeatedly; free with a full ring. */
 static void test_loader_restart_mid_epoch(void) {
     idx_dataset ds = make_syn(200);
-    idx_loader_config cfg;
-    idx_loader_config_defaults(&cfg, &ds);
-    cfg.batch_size = 4;
-    cfg.shuffle = true;
-    cfg.seed = 3;
-    char err[256] = "";
+    idx_loader_config cfg = loader_cfg(&ds, 4, 3);
     idx_loader L;
-    CU_ASSERT_EQUAL_FATAL(idx_loader_init(&L, &cfg, err, sizeof err), 0);
+    loader_open(&L, &cfg);
     static pass ref[3], got;
     for (int e = 0; e < 3; e++) CU_ASSERT_EQUAL_FATAL(record_pass(&L, (uint64_t)e, 0, &ref[e], 0), 0);
     const float *x;
@@ -991,7 +970,7 @@ static void test_loader_restart_mid_epoch(void) {
     nanosleep(&ts, NULL);
     idx_loader_free(&L);
     /* Free right after start_epoch, producer busy. */
-    CU_ASSERT_EQUAL_FATAL(idx_loader_init(&L, &cfg, err, sizeof err), 0);
+    loader_open(&L, &cfg);
     CU_ASSERT_EQUAL(idx_loader_start_epoch(&L, 0, 0), 0);
     idx_loader_free(&L);
     idx_loader_free(&L); /* twice is fine */
@@ -1010,9 +989,8 @@ static void test_loader_producer_sleeps(void) {
     idx_loader_config cfg;
     idx_loader_config_defaults(&cfg, &ds);
     cfg.batch_size = 4;
-    char err[256] = "";
     idx_loader L;
-    CU_ASSERT_EQUAL_FATAL(idx_loader_init(&L, &cfg, err, sizeof err), 0);
+    loader_open(&L, &cfg);
     struct timespec settle = {0, 20000000}, wait = {0, 300000000};
     /* Idle before the first epoch, then with a full ring mid-epoch. */
     for (int phase = 0; phase < 2; phase++) {
@@ -1038,7 +1016,7 @@ static void test_loader_auto_prefetch_wakes(void) {
     cfg.batch_size = 4;
     char err[256] = "";
     idx_loader L;
-    CU_ASSERT_EQUAL_FATAL(idx_loader_init(&L, &cfg, err, sizeof err), 0);
+    loader_open(&L, &cfg);
     CU_ASSERT_EQUAL(L.nslots, IDX_LOADER_AUTO_MAX + 1);
     CU_ASSERT_EQUAL(L.wake_free, (IDX_LOADER_AUTO_MAX + 2) / 2);
     CU_ASSERT_EQUAL_FATAL(idx_loader_start_epoch(&L, 0, 0), 0);
@@ -1072,7 +1050,7 @@ static void test_loader_auto_prefetch_wakes(void) {
     ds.n = 1;
     idx_loader_config_defaults(&cfg, &ds);
     cfg.batch_size = 1;
-    CU_ASSERT_EQUAL_FATAL(idx_loader_init(&L, &cfg, err, sizeof err), 0);
+    loader_open(&L, &cfg);
     CU_ASSERT_EQUAL(L.nslots, 7 + 1);
     idx_loader_free(&L);
     cfg.batch_size = 5; /* more than n is allowed: the batch pads */
@@ -1097,13 +1075,12 @@ static void test_loader_normalisation(void) {
     ds.cols = 2;
     idx_loader_config cfg;
     idx_loader_config_defaults(&cfg, &ds);
-    char err[256] = "";
     idx_loader L;
     const float *x;
     const int32_t *y;
     int len;
     /* Defaults: mean 0, std 1 -> p/255. */
-    CU_ASSERT_EQUAL_FATAL(idx_loader_init(&L, &cfg, err, sizeof err), 0);
+    loader_open(&L, &cfg);
     CU_ASSERT_EQUAL(idx_loader_start_epoch(&L, 0, 0), 0);
     CU_ASSERT_EQUAL_FATAL(idx_loader_next(&L, &x, &y, &len), 1);
     CU_ASSERT_EQUAL(len, 1);
@@ -1116,7 +1093,7 @@ static void test_loader_normalisation(void) {
     /* mean 0.5, std 0.25: (p/255 - 0.5)/0.25 -> -2, -1.2, 0.00784.., 2 */
     cfg.mean = 0.5f;
     cfg.std = 0.25f;
-    CU_ASSERT_EQUAL_FATAL(idx_loader_init(&L, &cfg, err, sizeof err), 0);
+    loader_open(&L, &cfg);
     CU_ASSERT_EQUAL(idx_loader_start_epoch(&L, 0, 0), 0);
     CU_ASSERT_EQUAL_FATAL(idx_loader_next(&L, &x, &y, &len), 1);
     CU_ASSERT_DOUBLE_EQUAL(x[0], -2.0, 1e-6);
@@ -1170,7 +1147,7 @@ static void test_loader_config_errors(void) {
 
     /* next before start_epoch */
     idx_loader_config_defaults(&cfg, &ds);
-    CU_ASSERT_EQUAL_FATAL(idx_loader_init(&L, &cfg, err, sizeof err), 0);
+    loader_open(&L, &cfg);
     const float *x;
     const int32_t *y;
     int len;
@@ -1214,15 +1191,11 @@ static void test_fashion_mnist_t10k(void) {
     CU_ASSERT_EQUAL(sum0, 33456); /* first image, checked with zcat | od */
 
     /* One shuffled epoch through the loader sees every image once: class counts are exact. */
-    idx_loader_config cfg;
-    idx_loader_config_defaults(&cfg, &ds);
-    cfg.batch_size = 128;
-    cfg.shuffle = true;
-    cfg.seed = 1;
+    idx_loader_config cfg = loader_cfg(&ds, 128, 1);
     cfg.mean = 0.2860f;
     cfg.std = 0.3530f;
     idx_loader L;
-    CU_ASSERT_EQUAL_FATAL(idx_loader_init(&L, &cfg, err, sizeof err), 0);
+    loader_open(&L, &cfg);
     CU_ASSERT_EQUAL(idx_loader_num_batches(&L), 79);
     CU_ASSERT_EQUAL(idx_loader_start_epoch(&L, 0, 0), 0);
     int seen[10] = {0};
