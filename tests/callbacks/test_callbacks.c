@@ -49,6 +49,32 @@ static kiln_instance *create(const kiln_callback_ops *ops, const kiln_kv *cfg, i
     return fixture_create(&ops->base, kiln_test_services(g_th), g_th, cfg, rc);
 }
 
+/* create() that must succeed (fatal: the case drives the instance). */
+static kiln_instance *create_ok(const kiln_callback_ops *ops, const kiln_kv *cfg) {
+    int32_t rc;
+    kiln_instance *inst = create(ops, cfg, &rc);
+    CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
+    return inst;
+}
+
+/* The run directory made a regular file (its path into file): nothing can
+ * be created under it. */
+static void run_dir_is_a_file(char *file, size_t n) {
+    snprintf(file, n, "%s/plainfile", g_dir);
+    FILE *f = fopen(file, "w");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    fclose(f);
+    g_ts.run_dir = file;
+}
+
+/* Event e fails with KILN_E_IO naming `what` and the cause (ENOTDIR: see
+ * run_dir_is_a_file). */
+static void expect_io_error(const kiln_callback_ops *ops, kiln_instance *inst, kiln_event *e, const char *what) {
+    CU_ASSERT_EQUAL(ops->on_event(inst, e), KILN_E_IO);
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), what));
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), strerror(ENOTDIR)));
+}
+
 static kiln_event ev_make(uint32_t id, int32_t stage, int64_t batch) {
     return fixture_event(id, stage, batch, &g_ts);
 }
@@ -89,9 +115,7 @@ static const kiln_kv ht_cfg[] = {
 static void test_hook_trace_lines(void) {
     fixture_begin();
     const kiln_callback_ops *ops = load("hook_trace");
-    int32_t rc;
-    kiln_instance *inst = create(ops, ht_cfg, &rc);
-    CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
+    kiln_instance *inst = create_ok(ops, ht_cfg);
     char path[512];
     snprintf(path, sizeof path, "%s/hooks.txt", g_dir);
 
@@ -154,9 +178,7 @@ static void test_hook_trace_no_trace_abs_path_and_rank(void) {
     char abs_path[512], rel_path[512];
     snprintf(abs_path, sizeof abs_path, "%s/sub/trace.log", g_dir);
     const kiln_kv cfg[] = {{"path", KILN_V_STR(abs_path)}, {"include_trace", KILN_V_BOOL(0)}, {NULL, KILN_V_NONE}};
-    int32_t rc;
-    kiln_instance *inst = create(ops, cfg, &rc);
-    CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
+    kiln_instance *inst = create_ok(ops, cfg);
     /* An absolute path ignores run_dir (pointed elsewhere here). */
     g_ts.run_dir = "/nonexistent-run-dir";
     send(ops, inst, KILN_EV_ON_TRAIN_BATCH_START, KILN_STAGE_FIT, 3);
@@ -169,8 +191,7 @@ static void test_hook_trace_no_trace_abs_path_and_rank(void) {
     /* Rank 1 writes beside rank 0's file instead of into it. */
     g_ts.rank = 1;
     g_ts.world_size = 2;
-    inst = create(ops, ht_cfg, &rc);
-    CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
+    inst = create_ok(ops, ht_cfg);
     send(ops, inst, KILN_EV_ON_FIT_START, KILN_STAGE_FIT, -1);
     snprintf(rel_path, sizeof rel_path, "%s/hooks.rank1.txt", g_dir);
     assert_file_is(rel_path, "callback on_fit_start\n");
@@ -191,17 +212,10 @@ static void test_hook_trace_errors(void) {
 
     /* run_dir is a regular file: the trace cannot be created under it. */
     char file[512];
-    snprintf(file, sizeof file, "%s/plainfile", g_dir);
-    FILE *f = fopen(file, "w");
-    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
-    fclose(f);
-    g_ts.run_dir = file;
-    kiln_instance *inst = create(ops, ht_cfg, &rc);
-    CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
+    run_dir_is_a_file(file, sizeof file);
+    kiln_instance *inst = create_ok(ops, ht_cfg);
     kiln_event e = ev_make(KILN_EV_SETUP, KILN_STAGE_FIT, -1);
-    CU_ASSERT_EQUAL(ops->on_event(inst, &e), KILN_E_IO);
-    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "plainfile/hooks.txt"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), strerror(ENOTDIR)));
+    expect_io_error(ops, inst, &e, "plainfile/hooks.txt");
     ops->base.destroy(inst);
     fixture_end();
 }
@@ -256,9 +270,7 @@ static int close_rel(double got, double want) { return fabs(got - want) <= 1e-8 
 static void test_csv_logger_columns_grow(void) {
     fixture_begin();
     const kiln_callback_ops *ops = load("csv_logger");
-    int32_t rc;
-    kiln_instance *inst = create(ops, csv_cfg, &rc);
-    CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
+    kiln_instance *inst = create_ok(ops, csv_cfg);
     char path[512];
     snprintf(path, sizeof path, "%s/metrics.csv", g_dir);
 
@@ -315,9 +327,7 @@ static void test_csv_logger_buffered_and_quoted(void) {
     const kiln_callback_ops *ops = load("csv_logger");
     const kiln_kv cfg[] = {{"filename", KILN_V_STR("logs/m.csv")}, {"flush_every_n", KILN_V_INT(3)},
                            {NULL, KILN_V_NONE}};
-    int32_t rc;
-    kiln_instance *inst = create(ops, cfg, &rc);
-    CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
+    kiln_instance *inst = create_ok(ops, cfg);
     char path[512];
     snprintf(path, sizeof path, "%s/logs/m.csv", g_dir);
     /* A name that needs CSV quoting, in a subfolder the logger creates. */
@@ -348,8 +358,7 @@ static void test_csv_logger_rank_and_errors(void) {
     /* Rank 1 writes nothing. */
     g_ts.rank = 1;
     g_ts.world_size = 2;
-    kiln_instance *inst = create(ops, csv_cfg, &rc);
-    CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
+    kiln_instance *inst = create_ok(ops, csv_cfg);
     log_metrics(ops, inst, 0, m0);
     CU_ASSERT_FALSE(fixture_file_exists(path));
     ops->base.destroy(inst);
@@ -365,18 +374,11 @@ static void test_csv_logger_rank_and_errors(void) {
 
     /* The file cannot be created: KILN_E_IO naming the path and the cause. */
     char file[512];
-    snprintf(file, sizeof file, "%s/plainfile", g_dir);
-    FILE *f = fopen(file, "w");
-    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
-    fclose(f);
-    g_ts.run_dir = file;
-    inst = create(ops, csv_cfg, &rc);
-    CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
+    run_dir_is_a_file(file, sizeof file);
+    inst = create_ok(ops, csv_cfg);
     kiln_event e = ev_make(KILN_EV_LOG_METRICS, KILN_STAGE_FIT, -1);
     e.metrics = m0;
-    CU_ASSERT_EQUAL(ops->on_event(inst, &e), KILN_E_IO);
-    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "plainfile/metrics.csv"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), strerror(ENOTDIR)));
+    expect_io_error(ops, inst, &e, "plainfile/metrics.csv");
     ops->base.destroy(inst);
     fixture_end();
 }
@@ -454,23 +456,28 @@ static int is_rate_line(const char *line, const char *prefix) {
     return rate >= 0 && line[n + (size_t)end] == '\0';
 }
 
-static void test_progress_plain(void) {
-    fixture_begin();
-    const kiln_callback_ops *ops = load("progress");
-    const kiln_kv cfg[] = {{"refresh_rate", KILN_V_INT(1)}, {"tty", KILN_V_STR("never")},
-                           {"print_every_n_batches", KILN_V_INT(2)}, {NULL, KILN_V_NONE}};
-    int32_t rc;
-    kiln_instance *inst = create(ops, cfg, &rc);
-    CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
+/* What a progress bar of `cfg` prints over progress_fit (created and
+ * destroyed here; fatal when create refuses or nothing can be read back).
+ * The caller frees the text. */
+static char *progress_output(const kiln_callback_ops *ops, const kiln_kv *cfg) {
+    kiln_instance *inst = create_ok(ops, cfg);
     char out[512];
     snprintf(out, sizeof out, "%s/stdout.txt", g_dir);
     capture_begin(out);
     progress_fit(ops, inst);
     capture_end();
     ops->base.destroy(inst);
-
     char *s = fixture_slurp(out);
     CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+    return s;
+}
+
+static void test_progress_plain(void) {
+    fixture_begin();
+    const kiln_callback_ops *ops = load("progress");
+    const kiln_kv cfg[] = {{"refresh_rate", KILN_V_INT(1)}, {"tty", KILN_V_STR("never")},
+                           {"print_every_n_batches", KILN_V_INT(2)}, {NULL, KILN_V_NONE}};
+    char *s = progress_output(ops, cfg);
     const char *want[] = {
         "sanity check 2/2",
         "epoch 1 batch 2/5 loss 0.5000 ",
@@ -496,14 +503,7 @@ static void test_progress_plain(void) {
     kiln_test_reset(g_th);
     g_ts.rank = 1;
     g_ts.world_size = 2;
-    inst = create(ops, cfg, &rc);
-    CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
-    capture_begin(out);
-    progress_fit(ops, inst);
-    capture_end();
-    ops->base.destroy(inst);
-    s = fixture_slurp(out);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+    s = progress_output(ops, cfg);
     CU_ASSERT_STRING_EQUAL(s, "");
     free(s);
     fixture_end();
@@ -514,17 +514,7 @@ static void test_progress_tty(void) {
     const kiln_callback_ops *ops = load("progress");
     const kiln_kv cfg[] = {{"refresh_rate", KILN_V_INT(1)}, {"tty", KILN_V_STR("always")},
                            {"print_every_n_batches", KILN_V_INT(50)}, {NULL, KILN_V_NONE}};
-    int32_t rc;
-    kiln_instance *inst = create(ops, cfg, &rc);
-    CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
-    char out[512];
-    snprintf(out, sizeof out, "%s/stdout.txt", g_dir);
-    capture_begin(out);
-    progress_fit(ops, inst);
-    capture_end();
-    ops->base.destroy(inst);
-    char *s = fixture_slurp(out);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+    char *s = progress_output(ops, cfg);
     /* Bars are redrawn in place with '\r'; every bar ends on its own line. */
     CU_ASSERT_PTR_NOT_NULL(strstr(s, "\rSanity check  1/2 [==========>         ] 50.0%"));
     CU_ASSERT_PTR_NOT_NULL(strstr(s, "\rSanity check  2/2 [====================] 100.0%"));
@@ -575,16 +565,7 @@ static void test_progress_bad_config(void) {
     /* refresh_rate 0 disables the bar: nothing is printed. */
     const kiln_kv off[] = {{"refresh_rate", KILN_V_INT(0)}, {"tty", KILN_V_STR("never")},
                            {"print_every_n_batches", KILN_V_INT(1)}, {NULL, KILN_V_NONE}};
-    kiln_instance *inst = create(ops, off, &rc);
-    CU_ASSERT_EQUAL_FATAL(rc, KILN_OK);
-    char out[512];
-    snprintf(out, sizeof out, "%s/stdout.txt", g_dir);
-    capture_begin(out);
-    progress_fit(ops, inst);
-    capture_end();
-    ops->base.destroy(inst);
-    char *s = fixture_slurp(out);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+    char *s = progress_output(ops, off);
     CU_ASSERT_STRING_EQUAL(s, "");
     free(s);
     fixture_end();

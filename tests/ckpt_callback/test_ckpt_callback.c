@@ -631,13 +631,7 @@ static void test_no_monitor(void) {
  * Triggers and timing */
 
 static int32_t batch_end(kiln_instance *inst, int64_t idx) {
-    kiln_event e;
-    memset(&e, 0, sizeof e);
-    e.struct_size = sizeof e;
-    e.id = KILN_EV_ON_TRAIN_BATCH_END;
-    e.stage = KILN_STAGE_FIT;
-    e.batch_idx = idx;
-    e.trainer = kiln_test_trainer(g_th);
+    kiln_event e = fixture_event(KILN_EV_ON_TRAIN_BATCH_END, KILN_STAGE_FIT, idx, kiln_test_trainer(g_th));
     return g_ops->on_event(inst, &e);
 }
 
