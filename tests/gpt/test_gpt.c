@@ -153,6 +153,13 @@ static kiln_instance *make_module(cfg *c, uint64_t seed, int prec) {
     return inst;
 }
 
+/* make_module that must succeed (fatal: the case uses the module). */
+static kiln_instance *make_ok(cfg *c, uint64_t seed, int prec) {
+    kiln_instance *inst = make_module(c, seed, prec);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(inst);
+    return inst;
+}
+
 static void destroy_module(kiln_instance *inst) {
     if (inst) ops()->base.destroy(inst);
     free_compute();
@@ -359,8 +366,7 @@ static void test_descriptor(void) {
 /* Hugging Face GPT2LMHeadModel.state_dict() order, names and shapes. */
 static void test_param_layout(void) {
     cfg c = tiny_cfg();
-    kiln_instance *inst = make_module(&c, 1, P_F32);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(inst);
+    kiln_instance *inst = make_ok(&c, 1, P_F32);
     const int C = 8, L = 2;
     CU_ASSERT_EQUAL_FATAL(kiln_test_param_count(g_th), 2 + 12 * L + 2);
     struct { char name[64]; int64_t s0, s1; int nodecay; } want[64];
@@ -398,8 +404,7 @@ static void test_param_layout(void) {
  * LayerNorm weights 1; the same seed gives the same bits. */
 static void test_init(void) {
     cfg c = {3, 4, 64, 64, 500, 0, 1, 64, 1e-5, 0.02, {{0}}};
-    kiln_instance *inst = make_module(&c, 7, P_F32);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(inst);
+    kiln_instance *inst = make_ok(&c, 7, P_F32);
     for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++) {
         const kiln_parameter *p = kiln_test_param(g_th, i);
         double s = 0, ss = 0, mx = 0;
@@ -494,40 +499,41 @@ static void expect_batch_refusal(kiln_instance *inst, const kiln_batch *b, const
 
 static void test_bad_batch(void) {
     cfg c = tiny_cfg();
-    kiln_instance *inst = make_module(&c, 3, P_F32);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(inst);
+    kiln_instance *inst = make_ok(&c, 3, P_F32);
     tbatch tb;
     batch_random(&tb, 2, 6, 11, 1); /* T = 6 > block_size = 5 */
     expect_batch_refusal(inst, &tb.b, "T = 6", "block_size = 5");
     batch_random(&tb, 3, 5, 11, 1); /* B = 3 > max_batch = 2 */
     expect_batch_refusal(inst, &tb.b, "batch of 3", "max_batch is 2");
-    batch_random(&tb, 2, 5, 11, 1);
-    tb.x[7] = 11;
-    expect_batch_refusal(inst, &tb.b, "inputs[1][2] = 11", "vocab_size is 11");
-    batch_random(&tb, 2, 5, 11, 1);
-    tb.x[0] = -3;
-    expect_batch_refusal(inst, &tb.b, "inputs[0][0] = -3", "vocab_size");
-    batch_random(&tb, 2, 5, 11, 1);
-    tb.y[9] = 12;
-    expect_batch_refusal(inst, &tb.b, "targets[1][4] = 12", "vocab_size = 11");
-    batch_random(&tb, 2, 5, 11, 1);
-    tb.y[1] = -2;
-    expect_batch_refusal(inst, &tb.b, "targets[0][1] = -2", NULL);
-    batch_random(&tb, 2, 5, 11, 1);
-    tb.t[0].dtype = KILN_DTYPE_F32;
-    expect_batch_refusal(inst, &tb.b, "inputs as an int32 tensor (B, T)", "float32");
-    batch_random(&tb, 2, 5, 11, 1);
-    tb.t[1].ndim = 1;
-    expect_batch_refusal(inst, &tb.b, "targets as an int32 tensor (B, T)", "1 dims");
-    batch_random(&tb, 2, 5, 11, 1);
-    tb.t[1].shape[1] = 4;
-    expect_batch_refusal(inst, &tb.b, "T = 5", "targets have 4");
-    batch_random(&tb, 2, 5, 11, 1);
-    tb.b.ntensors = 1;
-    expect_batch_refusal(inst, &tb.b, "2 tensors", NULL);
-    batch_random(&tb, 2, 5, 11, 1);
-    tb.b.size = 0;
-    expect_batch_refusal(inst, &tb.b, "empty batch", NULL);
+    /* one change each to a good batch */
+    enum { X, Y, DTYPE0, NDIM1, SHAPE1_1, NTENSORS, SIZE };
+    static const struct {
+        int what, at, value;
+        const char *a, *b;
+    } bad[] = {
+        {X, 7, 11, "inputs[1][2] = 11", "vocab_size is 11"},
+        {X, 0, -3, "inputs[0][0] = -3", "vocab_size"},
+        {Y, 9, 12, "targets[1][4] = 12", "vocab_size = 11"},
+        {Y, 1, -2, "targets[0][1] = -2", NULL},
+        {DTYPE0, 0, KILN_DTYPE_F32, "inputs as an int32 tensor (B, T)", "float32"},
+        {NDIM1, 0, 1, "targets as an int32 tensor (B, T)", "1 dims"},
+        {SHAPE1_1, 0, 4, "T = 5", "targets have 4"},
+        {NTENSORS, 0, 1, "2 tensors", NULL},
+        {SIZE, 0, 0, "empty batch", NULL},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        batch_random(&tb, 2, 5, 11, 1);
+        switch (bad[k].what) {
+        case X: tb.x[bad[k].at] = bad[k].value; break;
+        case Y: tb.y[bad[k].at] = bad[k].value; break;
+        case DTYPE0: tb.t[0].dtype = (uint32_t)bad[k].value; break;
+        case NDIM1: tb.t[1].ndim = (uint32_t)bad[k].value; break;
+        case SHAPE1_1: tb.t[1].shape[1] = bad[k].value; break;
+        case NTENSORS: tb.b.ntensors = (uint32_t)bad[k].value; break;
+        default: tb.b.size = bad[k].value; break;
+        }
+        expect_batch_refusal(inst, &tb.b, bad[k].a, bad[k].b);
+    }
     /* a good batch still works afterwards */
     batch_random(&tb, 2, 5, 11, 1);
     CU_ASSERT(isfinite(train_loss(inst, &tb)));
@@ -538,8 +544,7 @@ static void test_bad_batch(void) {
  * fp32 (float tolerance). */
 static void check_vs_reference(int prec, double tol) {
     cfg c = tiny_cfg();
-    kiln_instance *inst = make_module(&c, 11, prec);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(inst);
+    kiln_instance *inst = make_ok(&c, 11, prec);
     tbatch tb;
     batch_random(&tb, 2, 5, 11, 5);
     double ref_last[11];
@@ -585,8 +590,7 @@ static void test_forward_f32(void) { check_vs_reference(P_F32, 2e-6); }
 /* The central-difference check of every parameter tensor in fp64. */
 static void test_gradcheck_f64(void) {
     cfg c = tiny_cfg();
-    kiln_instance *inst = make_module(&c, 21, P_F64);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(inst);
+    kiln_instance *inst = make_ok(&c, 21, P_F64);
     /* Larger weights than GPT-2's init, so every path carries signal:
      * attention far from uniform, LayerNorm affine parts away from 1/0. */
     rng_state = 99;
@@ -637,6 +641,15 @@ static void test_gradcheck_f64(void) {
     destroy_module(inst);
 }
 
+/* The tiny config's module (make_ok) and a random batch of 2 x 5 tokens
+ * (vocabulary 11) from batch_seed into tb. */
+static kiln_instance *tiny_module(uint64_t seed, int prec, tbatch *tb, uint64_t batch_seed) {
+    cfg c = tiny_cfg();
+    kiln_instance *inst = make_ok(&c, seed, prec);
+    batch_random(tb, 2, 5, 11, batch_seed);
+    return inst;
+}
+
 /* backward adds: two calls give twice one; dloss scales linearly (up to
  * float32 rounding: a bias gradient is summed into the grad row by row, so
  * the error is relative to the tensor's gradients, not to one entry, which
@@ -647,12 +660,25 @@ static double grad_tol(const float *g, int64_t n) {
     return 1e-5 * m + 1e-10;
 }
 
+/* The entries whose gradient is not k times one's within tol_scale times
+ * grad_tol of the tensor; the first five are printed. */
+static int grads_off(float *const *one, double k, double tol_scale) {
+    int bad = 0;
+    for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++) {
+        const kiln_parameter *p = kiln_test_param(g_th, i);
+        const double tol = tol_scale * grad_tol(one[i], p->numel);
+        for (int64_t j = 0; j < p->numel; j++)
+            if (fabs(p->grad[j] - k * one[i][j]) > tol) {
+                if (bad < 5) printf("\n  %s[%lld]: %.9g, want %g * %.9g", p->name, (long long)j, p->grad[j], k, one[i][j]);
+                bad++;
+            }
+    }
+    return bad;
+}
+
 static void test_backward_accumulates(void) {
-    cfg c = tiny_cfg();
-    kiln_instance *inst = make_module(&c, 5, P_F32);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(inst);
     tbatch tb;
-    batch_random(&tb, 2, 5, 11, 2);
+    kiln_instance *inst = tiny_module(5, P_F32, &tb, 2);
     (void)train_loss(inst, &tb);
     CU_ASSERT_EQUAL_FATAL(ops()->backward(inst, 1.0), KILN_OK);
     float **one = calloc(kiln_test_param_count(g_th), sizeof *one);
@@ -661,33 +687,14 @@ static void test_backward_accumulates(void) {
         memcpy(one[i], kiln_test_param(g_th, i)->grad, (size_t)kiln_test_param(g_th, i)->numel * sizeof(float));
     }
     CU_ASSERT_EQUAL_FATAL(ops()->backward(inst, 1.0), KILN_OK);
-    int bad = 0, nonzero = 0;
-    for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++) {
-        const double tol = grad_tol(one[i], kiln_test_param(g_th, i)->numel);
-        for (int64_t j = 0; j < kiln_test_param(g_th, i)->numel; j++) {
-            nonzero += one[i][j] != 0.0f;
-            if (fabs(kiln_test_param(g_th, i)->grad[j] - 2.0 * one[i][j]) > tol) {
-                if (bad < 5)
-                    printf("\n  %s[%lld]: %.9g after two, %.9g after one", kiln_test_param(g_th, i)->name, (long long)j,
-                           kiln_test_param(g_th, i)->grad[j], one[i][j]);
-                bad++;
-            }
-        }
-    }
-    CU_ASSERT_EQUAL(bad, 0);
+    int nonzero = 0;
+    for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++)
+        for (int64_t j = 0; j < kiln_test_param(g_th, i)->numel; j++) nonzero += one[i][j] != 0.0f;
+    CU_ASSERT_EQUAL(grads_off(one, 2.0, 1.0), 0);
     CU_ASSERT(nonzero > 1000);
     zero_grads();
     CU_ASSERT_EQUAL_FATAL(ops()->backward(inst, 0.25), KILN_OK);
-    bad = 0;
-    for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++) {
-        const double tol = 0.25 * grad_tol(one[i], kiln_test_param(g_th, i)->numel);
-        for (int64_t j = 0; j < kiln_test_param(g_th, i)->numel; j++)
-            if (fabs(kiln_test_param(g_th, i)->grad[j] - 0.25 * one[i][j]) > tol) {
-                if (bad < 5) printf("\n  %s[%lld]: %.9g vs 0.25 * %.9g", kiln_test_param(g_th, i)->name, (long long)j, kiln_test_param(g_th, i)->grad[j], one[i][j]);
-                bad++;
-            }
-    }
-    CU_ASSERT_EQUAL(bad, 0);
+    CU_ASSERT_EQUAL(grads_off(one, 0.25, 0.25), 0);
     for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++) free(one[i]);
     free(one);
     destroy_module(inst);
@@ -701,8 +708,7 @@ static void test_chunks(void) {
     for (int pass = 0; pass < 2; pass++) {
         cfg c = tiny_cfg();
         c.chunk = pass ? 1000 : 3; /* 1000 is clamped to the 10 rows */
-        kiln_instance *inst = make_module(&c, 17, P_F32);
-        CU_ASSERT_PTR_NOT_NULL_FATAL(inst);
+        kiln_instance *inst = make_ok(&c, 17, P_F32);
         tbatch tb;
         batch_random(&tb, 2, 5, 11, 4);
         loss[pass] = train_loss(inst, &tb);
@@ -733,8 +739,7 @@ static void test_precisions(void) {
     double loss[4];
     for (int k = 0; k < 4; k++) {
         cfg c = {2, 2, 16, 8, 37, 0, 2, 5, 1e-5, 0.02, {{0}}};
-        kiln_instance *inst = make_module(&c, 23, precs[k]);
-        CU_ASSERT_PTR_NOT_NULL_FATAL(inst);
+        kiln_instance *inst = make_ok(&c, 23, precs[k]);
         tbatch tb;
         batch_random(&tb, 2, 8, 37, 8);
         loss[k] = train_loss(inst, &tb);
@@ -755,11 +760,8 @@ static void test_precisions(void) {
 
 /* All targets ignored: loss 0, no gradient, nothing logged. */
 static void test_all_ignored(void) {
-    cfg c = tiny_cfg();
-    kiln_instance *inst = make_module(&c, 2, P_F32);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(inst);
     tbatch tb;
-    batch_random(&tb, 2, 5, 11, 3);
+    kiln_instance *inst = tiny_module(2, P_F32, &tb, 3);
     for (int i = 0; i < 10; i++) tb.y[i] = -1;
     CU_ASSERT_EQUAL(train_loss(inst, &tb), 0.0);
     CU_ASSERT_EQUAL(ops()->backward(inst, 1.0), KILN_OK);
@@ -773,11 +775,8 @@ static void test_all_ignored(void) {
 
 /* A frozen parameter's grad stays untouched; the others still get theirs. */
 static void test_frozen(void) {
-    cfg c = tiny_cfg();
-    kiln_instance *inst = make_module(&c, 2, P_F32);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(inst);
     tbatch tb;
-    batch_random(&tb, 2, 5, 11, 3);
+    kiln_instance *inst = tiny_module(2, P_F32, &tb, 3);
     (void)train_loss(inst, &tb);
     const uint32_t frozen[3] = {0, 4, kiln_test_param_count(g_th) - 2}; /* wte, h.0.attn.c_attn.weight, ln_f.weight */
     for (int i = 0; i < 3; i++) kiln_test_param(g_th, frozen[i])->flags |= KILN_PARAMF_FROZEN;
@@ -796,11 +795,8 @@ static void test_frozen(void) {
 /* train_loss on step and epoch; val_loss and, at the epoch's end,
  * val_ppl = exp(token-weighted mean val_loss); test likewise. */
 static void test_logging(void) {
-    cfg c = tiny_cfg();
-    kiln_instance *inst = make_module(&c, 2, P_F32);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(inst);
     tbatch tb;
-    batch_random(&tb, 2, 5, 11, 3);
+    kiln_instance *inst = tiny_module(2, P_F32, &tb, 3);
     const double l = train_loss(inst, &tb);
     const kiln_test_value *e = NULL;
     for (int i = 0; i < (int)kiln_test_logged_count(g_th); i++)
@@ -850,11 +846,8 @@ static void test_logging(void) {
 
 /* After create, no step allocates accelerator memory. */
 static void test_no_step_allocations(void) {
-    cfg c = tiny_cfg();
-    kiln_instance *inst = make_module(&c, 2, P_F32);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(inst);
     tbatch tb;
-    batch_random(&tb, 2, 5, 11, 3);
+    kiln_instance *inst = tiny_module(2, P_F32, &tb, 3);
     (void)train_loss(inst, &tb); /* first call: kernels may size their scratch */
     CU_ASSERT_EQUAL(ops()->backward(inst, 1.0), KILN_OK);
     const int before = g_allocs;
