@@ -81,6 +81,13 @@ static void rec(const char *s) {
     snprintf(g_calls + n, sizeof g_calls - n, "%s%s", n ? " " : "", s);
 }
 
+/* The record of a service call: its letter and the optimizer index. */
+static void rec_call(char what, uint32_t index) {
+    char s[16];
+    snprintf(s, sizeof s, "%c%u", what, index);
+    rec(s);
+}
+
 /* Optimizer 0 owns "generator.*", optimizer 1 "discriminator.*". */
 static int owner(const kiln_parameter *p) { return strncmp(p->name, "generator.", 10) == 0 ? 0 : 1; }
 
@@ -117,9 +124,7 @@ static int32_t f_manual_backward(kiln_host_ctx *h, double loss) {
 
 static int32_t f_optimizer_step(kiln_host_ctx *h, uint32_t index, const kiln_closure *closure, int32_t *skipped) {
     (void)h;
-    char s[8];
-    snprintf(s, sizeof s, "S%u", index);
-    rec(s);
+    rec_call('S', index);
     if (closure) return KILN_E_INVALID_ARG; /* the module passes none */
     if (index < 2) g_steps[index]++;
     if (skipped) *skipped = 0;
@@ -128,9 +133,7 @@ static int32_t f_optimizer_step(kiln_host_ctx *h, uint32_t index, const kiln_clo
 
 static int32_t f_zero_grad(kiln_host_ctx *h, uint32_t index) {
     (void)h;
-    char s[8];
-    snprintf(s, sizeof s, "Z%u", index);
-    rec(s);
+    rec_call('Z', index);
     if (index < 2) g_zeros[index]++;
     for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++)
         if (owner(kiln_test_param(g_th, i)) == (int)index) memset(kiln_test_param(g_th, i)->grad, 0, (size_t)kiln_test_param(g_th, i)->numel * 4);
@@ -140,9 +143,7 @@ static int32_t f_zero_grad(kiln_host_ctx *h, uint32_t index) {
 /* As the host: freeze what only the other optimizer owns; remember it. */
 static int32_t f_toggle(kiln_host_ctx *h, uint32_t index) {
     (void)h;
-    char s[8];
-    snprintf(s, sizeof s, "T%u", index);
-    rec(s);
+    rec_call('T', index);
     for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++) {
         kiln_parameter *p = kiln_test_param(g_th, i);
         if (owner(p) != (int)index && !(p->flags & KILN_PARAMF_FROZEN)) {
@@ -155,9 +156,7 @@ static int32_t f_toggle(kiln_host_ctx *h, uint32_t index) {
 
 static int32_t f_untoggle(kiln_host_ctx *h, uint32_t index) {
     (void)h;
-    char s[8];
-    snprintf(s, sizeof s, "U%u", index);
-    rec(s);
+    rec_call('U', index);
     for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++)
         if (g_toggle_set[i]) kiln_test_param(g_th, i)->flags &= ~KILN_PARAMF_FROZEN, g_toggle_set[i] = 0;
     return KILN_OK;
@@ -432,9 +431,7 @@ static void fd_case(int freeze) {
 
 static int32_t f_toggle_nofreeze(kiln_host_ctx *h, uint32_t index) {
     (void)h;
-    char s[8];
-    snprintf(s, sizeof s, "T%u", index);
-    rec(s);
+    rec_call('T', index);
     return KILN_OK;
 }
 
@@ -810,6 +807,15 @@ static int32_t epoch_end(int64_t epoch, int32_t rank) {
     return g_mod->on_event(g_inst, &ev);
 }
 
+/* The end of `epoch` on `rank` succeeds and writes that epoch's grid or
+ * not, as `written` says. */
+static void expect_grid(int64_t epoch, int32_t rank, int written) {
+    CU_ASSERT_EQUAL(epoch_end(epoch, rank), KILN_OK);
+    char path[512];
+    snprintf(path, sizeof path, "%s/samples_epoch_%03lld.png", g_dir, (long long)epoch);
+    CU_ASSERT(file_exists(path) == written);
+}
+
 static void test_png_grid(void) {
     CU_ASSERT_PTR_NOT_NULL_FATAL(make(TINY, 1, NULL)); /* 4 samples of 2x2 */
     kiln_test_trainer(g_th)->run_dir = g_dir;
@@ -850,24 +856,15 @@ static void test_png_grid(void) {
     c.grid_every = 2;
     CU_ASSERT_PTR_NOT_NULL_FATAL(make(c, 1, NULL));
     kiln_test_trainer(g_th)->run_dir = g_dir;
-    CU_ASSERT_EQUAL(epoch_end(4, 0), KILN_OK); /* (4 + 1) % 2 != 0 */
-    snprintf(path, sizeof path, "%s/samples_epoch_004.png", g_dir);
-    CU_ASSERT(!file_exists(path));
-    CU_ASSERT_EQUAL(epoch_end(5, 1), KILN_OK); /* rank 1 */
-    snprintf(path, sizeof path, "%s/samples_epoch_005.png", g_dir);
-    CU_ASSERT(!file_exists(path));
-    CU_ASSERT_EQUAL(epoch_end(5, 0), KILN_OK);
-    CU_ASSERT(file_exists(path));
+    expect_grid(4, 0, 0); /* (4 + 1) % 2 != 0 */
+    expect_grid(5, 1, 0); /* rank 1 */
+    expect_grid(5, 0, 1);
     kiln_test_trainer(g_th)->run_dir = NULL;
-    CU_ASSERT_EQUAL(epoch_end(7, 0), KILN_OK);
-    snprintf(path, sizeof path, "%s/samples_epoch_007.png", g_dir);
-    CU_ASSERT(!file_exists(path));
+    expect_grid(7, 0, 0);
     c.grid_every = 0;
     CU_ASSERT_PTR_NOT_NULL_FATAL(make(c, 1, NULL));
     kiln_test_trainer(g_th)->run_dir = g_dir;
-    CU_ASSERT_EQUAL(epoch_end(8, 0), KILN_OK);
-    snprintf(path, sizeof path, "%s/samples_epoch_008.png", g_dir);
-    CU_ASSERT(!file_exists(path));
+    expect_grid(8, 0, 0);
     /* an unwritable run directory is an I/O error naming the file */
     c.grid_every = 1;
     CU_ASSERT_PTR_NOT_NULL_FATAL(make(c, 1, NULL));
@@ -952,21 +949,29 @@ static void test_determinism(void) {
 
 /* ------------------------------------------------------------------ main */
 
+static CU_TestInfo cases_gan[] = {
+    {"descriptor, properties, parameters", test_descriptor_and_params},
+    {"backward vs finite differences (toggled)", test_backward_fd_toggled},
+    {"backward vs finite differences (nothing frozen)", test_backward_fd_unfrozen},
+    {"service call order in training_step", test_call_order},
+    {"frozen parameters' grads bit-identical", test_frozen_grads_untouched},
+    {"step every N, accumulation, loss scale", test_step_every_n},
+    {"known losses and logged metrics", test_known_losses_and_logging},
+    {"validation and test steps", test_eval_steps},
+    {"refusals", test_refusals},
+    {"no allocation after create", test_no_steady_state_alloc},
+    {"PNG sample grid", test_png_grid},
+    {"determinism per seed", test_determinism},
+    CU_TEST_INFO_NULL,
+};
+
 static void register_tests(void) {
     if (kiln_test_host_new(&g_th) != KILN_OK) return; /* no suite: the runner fails */
-    CU_pSuite s = CU_add_suite("gan", suite_init, suite_clean);
-    CU_add_test(s, "descriptor, properties, parameters", test_descriptor_and_params);
-    CU_add_test(s, "backward vs finite differences (toggled)", test_backward_fd_toggled);
-    CU_add_test(s, "backward vs finite differences (nothing frozen)", test_backward_fd_unfrozen);
-    CU_add_test(s, "service call order in training_step", test_call_order);
-    CU_add_test(s, "frozen parameters' grads bit-identical", test_frozen_grads_untouched);
-    CU_add_test(s, "step every N, accumulation, loss scale", test_step_every_n);
-    CU_add_test(s, "known losses and logged metrics", test_known_losses_and_logging);
-    CU_add_test(s, "validation and test steps", test_eval_steps);
-    CU_add_test(s, "refusals", test_refusals);
-    CU_add_test(s, "no allocation after create", test_no_steady_state_alloc);
-    CU_add_test(s, "PNG sample grid", test_png_grid);
-    CU_add_test(s, "determinism per seed", test_determinism);
+    CU_SuiteInfo suites[] = {
+        {.pName = "gan", .pInitFunc = suite_init, .pCleanupFunc = suite_clean, .pTests = cases_gan},
+        CU_SUITE_INFO_NULL,
+    };
+    CU_register_suites(suites);
 }
 
 #include "cunit_main.h"
