@@ -136,9 +136,7 @@ static void env_begin(const pspec *ps, int np, int f64, objective_fn obj) {
     kiln_test_reset(g_th);
     g_n = 0;
     for (int i = 0; i < np; i++) {
-        kiln_parameter *p;
-        CU_ASSERT_EQUAL_FATAL(kiln_test_services(g_th)->param_register(kiln_test_hctx(g_th), ps[i].name, ps[i].ndim, ps[i].shape, 0, &p),
-                              KILN_OK);
+        kiln_parameter *p = fixture_param(g_th, ps[i].name, ps[i].ndim, ps[i].shape, 0);
         g_n += (int)p->numel;
     }
     CU_ASSERT_FATAL(g_n <= MAXN);
@@ -160,19 +158,12 @@ static void env_begin(const pspec *ps, int np, int f64, objective_fn obj) {
             p->param_dtype = KILN_DTYPE_F64;
         }
     }
-    const kiln_accelerator_ops *aops = g_cpu->ops;
-    CU_ASSERT_EQUAL_FATAL(aops->base.create(g_cpu->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), NULL, &g_acc), KILN_OK);
-    kiln_test_set_accelerator(g_th, g_acc, aops->kernels(g_acc));
+    g_acc = fixture_accel_install(g_th, g_cpu);
     g_obj = obj;
     quad_init();
 }
 
-static void env_end(void) {
-    const kiln_accelerator_ops *aops = g_cpu->ops;
-    aops->base.destroy(g_acc);
-    g_acc = NULL;
-    kiln_test_reset(g_th);
-}
+static void env_end(void) { fixture_accel_remove(g_th, g_cpu, &g_acc); }
 
 /* The parameters as one flat vector (n), in registration order. */
 static void read_x(double *x) {

@@ -68,27 +68,16 @@ static const float GRADS[NSTEPS][NW + NB] = {
 /* Fresh test host with the two parameters and the cpu accelerator. */
 static void env_begin(void) {
     kiln_test_reset(g_th);
-    kiln_parameter *p;
     const int64_t wshape[2] = {2, 3}, bshape[1] = {3};
-    CU_ASSERT_EQUAL_FATAL(kiln_test_services(g_th)->param_register(kiln_test_hctx(g_th), "weight", 2, wshape, 0, &p), KILN_OK);
-    g_w = p;
-    CU_ASSERT_EQUAL_FATAL(
-        kiln_test_services(g_th)->param_register(kiln_test_hctx(g_th), "bias", 1, bshape, KILN_PARAMF_NO_DECAY, &p), KILN_OK);
-    g_b = p;
+    g_w = fixture_param(g_th, "weight", 2, wshape, 0);
+    g_b = fixture_param(g_th, "bias", 1, bshape, KILN_PARAMF_NO_DECAY);
     CU_ASSERT_EQUAL_FATAL(kiln_test_alloc_params(g_th), 0);
     memcpy(g_w->data, W0, sizeof W0);
     memcpy(g_b->data, B0, sizeof B0);
-    const kiln_accelerator_ops *aops = g_cpu->ops;
-    CU_ASSERT_EQUAL_FATAL(aops->base.create(g_cpu->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), NULL, &g_acc), KILN_OK);
-    kiln_test_set_accelerator(g_th, g_acc, aops->kernels(g_acc));
+    g_acc = fixture_accel_install(g_th, g_cpu);
 }
 
-static void env_end(void) {
-    const kiln_accelerator_ops *aops = g_cpu->ops;
-    aops->base.destroy(g_acc);
-    g_acc = NULL;
-    kiln_test_reset(g_th);
-}
+static void env_end(void) { fixture_accel_remove(g_th, g_cpu, &g_acc); }
 
 /* The closure: counts calls, writes the gradients of step `calls` (like
  * zero_grad + backward), and fails on request. */

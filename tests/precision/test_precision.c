@@ -53,24 +53,14 @@ static int suite_clean(void) {
 
 static void env_begin(void) {
     kiln_test_reset(g_th);
-    kiln_parameter *p;
     const int64_t wshape[2] = {2, 4}, bshape[1] = {2};
-    CU_ASSERT_EQUAL_FATAL(kiln_test_services(g_th)->param_register(kiln_test_hctx(g_th), "w", 2, wshape, 0, &p), KILN_OK);
-    g_w = p;
-    CU_ASSERT_EQUAL_FATAL(kiln_test_services(g_th)->param_register(kiln_test_hctx(g_th), "b", 1, bshape, KILN_PARAMF_NO_DECAY, &p), KILN_OK);
-    g_b = p;
+    g_w = fixture_param(g_th, "w", 2, wshape, 0);
+    g_b = fixture_param(g_th, "b", 1, bshape, KILN_PARAMF_NO_DECAY);
     CU_ASSERT_EQUAL_FATAL(kiln_test_alloc_params(g_th), 0);
-    const kiln_accelerator_ops *aops = g_cpu->ops;
-    CU_ASSERT_EQUAL_FATAL(aops->base.create(g_cpu->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), NULL, &g_acc), KILN_OK);
-    kiln_test_set_accelerator(g_th, g_acc, aops->kernels(g_acc));
+    g_acc = fixture_accel_install(g_th, g_cpu);
 }
 
-static void env_end(void) {
-    const kiln_accelerator_ops *aops = g_cpu->ops;
-    aops->base.destroy(g_acc);
-    g_acc = NULL;
-    kiln_test_reset(g_th);
-}
+static void env_end(void) { fixture_accel_remove(g_th, g_cpu, &g_acc); }
 
 static const kiln_precision_ops *pops(const kiln_plugin_desc *d) { return d->ops; }
 

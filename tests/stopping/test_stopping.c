@@ -783,10 +783,8 @@ static kiln_instance *ng_new(const kiln_kv *cfg) {
  * layers.1.weight (64, 16) in float32, zero-filled. Trainer at epoch 2,
  * global step 877. */
 static void reg(const char *name, int64_t rows, int64_t cols, uint32_t flags) {
-    kiln_parameter *p;
     int64_t shape[2] = {rows, cols};
-    uint32_t ndim = cols > 0 ? 2 : 1;
-    CU_ASSERT_EQUAL_FATAL(kiln_test_services(g_th)->param_register(kiln_test_hctx(g_th), name, ndim, shape, flags, &p), KILN_OK);
+    fixture_param(g_th, name, cols > 0 ? 2 : 1, shape, flags);
 }
 
 static void ng_params_f32(void) {

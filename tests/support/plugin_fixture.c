@@ -136,6 +136,27 @@ void fixture_data_restore(kiln_test_host *th, const kiln_data_ops *ops, kiln_ins
     kiln_test_services(th)->free(kiln_test_hctx(th), blob2);
 }
 
+kiln_parameter *fixture_param(kiln_test_host *th, const char *name, uint32_t ndim, const int64_t *shape,
+                              uint32_t flags) {
+    kiln_parameter *p = NULL;
+    CU_ASSERT_EQUAL_FATAL(kiln_test_services(th)->param_register(kiln_test_hctx(th), name, ndim, shape, flags, &p),
+                          KILN_OK);
+    return p;
+}
+
+kiln_instance *fixture_accel_install(kiln_test_host *th, const kiln_plugin_desc *desc) {
+    const kiln_accelerator_ops *aops = desc->ops;
+    kiln_instance *acc = NULL;
+    CU_ASSERT_EQUAL_FATAL(aops->base.create(desc->plugin_ctx, kiln_test_services(th), kiln_test_hctx(th), NULL, &acc),
+                          KILN_OK);
+    kiln_test_set_accelerator(th, acc, aops->kernels(acc));
+    return acc;
+}
+
+void fixture_accel_remove(kiln_test_host *th, const kiln_plugin_desc *desc, kiln_instance **acc) {
+    fixture_accel_close(th, desc->ops, acc);
+}
+
 kiln_instance *fixture_create(const kiln_ops_header *ops, const kiln_host_services *services, kiln_test_host *th,
                               const kiln_kv *cfg, int32_t *rc) {
     kiln_instance *inst = NULL;

@@ -84,6 +84,16 @@ void fixture_expect_refused_each(const kiln_plugin_desc *d, kiln_test_host *th, 
 void fixture_data_restore(kiln_test_host *th, const kiln_data_ops *ops, kiln_instance *in, uint32_t ver,
                           const void *blob, size_t size);
 
+/* A parameter registered in th's host (fatal when it is refused). */
+kiln_parameter *fixture_param(kiln_test_host *th, const char *name, uint32_t ndim, const int64_t *shape,
+                              uint32_t flags);
+
+/* An instance of the accelerator `desc` (fatal when create refuses), set
+ * as th's accelerator with its kernel table; fixture_accel_remove destroys
+ * it and resets the host. */
+kiln_instance *fixture_accel_install(kiln_test_host *th, const kiln_plugin_desc *desc);
+void fixture_accel_remove(kiln_test_host *th, const kiln_plugin_desc *desc, kiln_instance **acc);
+
 /* create() of a plugin with `services` and the test host's context; on
  * failure *rc holds the status and no instance may come back. */
 kiln_instance *fixture_create(const kiln_ops_header *ops, const kiln_host_services *services, kiln_test_host *th,
