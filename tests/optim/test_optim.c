@@ -126,6 +126,21 @@ static void expect_params(const double *rw, const double *rb, const char *what) 
     CU_ASSERT_EQUAL(bad, 0);
 }
 
+/* NSTEPS steps of the optimizer `d` with `cfg`, one closure call each, on
+ * the fresh environment (which it ends), then the parameters against the
+ * reference theta (weight, then bias). */
+static void run_steps(const kiln_plugin_desc *d, const kiln_kv *cfg, const double *theta, const char *what) {
+    kiln_instance *opt = make(d, cfg);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(opt);
+    closure_ctx c = {0, 0};
+    kiln_closure cl = {sizeof cl, 0, &c, closure_call};
+    for (int s = 0; s < NSTEPS; s++) CU_ASSERT_EQUAL(ops_of(d)->step(opt, &cl), KILN_OK);
+    CU_ASSERT_EQUAL(c.calls, NSTEPS);
+    expect_params(theta, theta + NW, what);
+    ops_of(d)->base.destroy(opt);
+    env_end();
+}
+
 #define FKV(k, x) {(k), {KILN_TYPE_FLOAT, 0, {.f = (x)}}}
 #define BKV(k, x) {(k), {KILN_TYPE_BOOL, 0, {.i = (x)}}}
 #define END_KV {NULL, KILN_V_NONE}
@@ -169,17 +184,9 @@ static void run_sgd_case(const sgd_hp *h, const char *what) {
     env_begin();
     const kiln_kv cfg[] = {FKV("lr", h->lr), FKV("momentum", h->momentum), FKV("dampening", h->dampening),
                            BKV("nesterov", h->nesterov), FKV("weight_decay", h->weight_decay), END_KV};
-    kiln_instance *opt = make(g_sgd, cfg);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(opt);
-    closure_ctx c = {0, 0};
-    kiln_closure cl = {sizeof cl, 0, &c, closure_call};
-    for (int s = 0; s < NSTEPS; s++) CU_ASSERT_EQUAL(ops_of(g_sgd)->step(opt, &cl), KILN_OK);
-    CU_ASSERT_EQUAL(c.calls, NSTEPS);
     double theta[NW + NB];
     ref_sgd(h, NSTEPS, theta);
-    expect_params(theta, theta + NW, what);
-    ops_of(g_sgd)->base.destroy(opt);
-    env_end();
+    run_steps(g_sgd, cfg, theta, what);
 }
 
 static void test_sgd_plain(void) {
@@ -256,17 +263,9 @@ static void run_adamw_case(const adamw_hp *h, const char *what) {
                            FKV("weight_decay", h->weight_decay),
                            BKV("decay_bias", h->decay_bias),
                            END_KV};
-    kiln_instance *opt = make(g_adamw, cfg);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(opt);
-    closure_ctx c = {0, 0};
-    kiln_closure cl = {sizeof cl, 0, &c, closure_call};
-    for (int s = 0; s < NSTEPS; s++) CU_ASSERT_EQUAL(ops_of(g_adamw)->step(opt, &cl), KILN_OK);
-    CU_ASSERT_EQUAL(c.calls, NSTEPS);
     double theta[NW + NB];
     ref_adamw(h, NSTEPS, theta);
-    expect_params(theta, theta + NW, what);
-    ops_of(g_adamw)->base.destroy(opt);
-    env_end();
+    run_steps(g_adamw, cfg, theta, what);
 }
 
 static void test_adamw_default_no_bias_decay(void) {
