@@ -70,19 +70,23 @@ static void job(char *buf, size_t n, const char *trainer_extra, const char *sche
              trainer_extra, n_train, sched, cb);
 }
 
+/* The scheduler section of the schedfix fixture recording to
+ * <suite dir>/<name> (its path into rec). */
+static void schedfix_line(char *sched, size_t n, char *rec, size_t rn, const char *name) {
+    snprintf(rec, rn, "%s/%s", tu_suite_dir, name);
+    snprintf(sched, n, "scheduler = { name = \"schedfix\"; path = \"%s\"; };\n", rec);
+}
+
 static void test_step_interval(void) {
     char out[16384], rec[4300], probe[4300], trace[4300], body[32768], sched[9000], cb[9000], got[4096];
-    snprintf(rec, sizeof rec, "%s/s1.txt", tu_suite_dir);
+    schedfix_line(sched, sizeof sched, rec, sizeof rec, "s1.txt");
     snprintf(probe, sizeof probe, "%s/p1.txt", tu_suite_dir);
     snprintf(trace, sizeof trace, "%s/t1.txt", tu_suite_dir);
-    snprintf(sched, sizeof sched, "scheduler = { name = \"schedfix\"; path = \"%s\"; };\n", rec);
     snprintf(cb, sizeof cb,
              "callbacks = ( { name = \"ampprobe\"; path = \"%s\"; }, { name = \"hook_trace\"; path = \"%s\"; } );\n",
              probe, trace);
     job(body, sizeof body, "", sched, cb, 3);
-    int rc = kiln(body, NULL, out, sizeof out);
-    if (rc) fprintf(stderr, "\n%s\n", out);
-    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    tu_require_ok(kiln(body, NULL, out, sizeof out), out);
     sched_calls(rec, got, sizeof got, 0);
     CU_ASSERT_STRING_EQUAL(got, "0 0|1 0|2 0|3 0|4 1|5 1|6 1|"); /* construction, then after every step */
     /* the rate each batch trains with */
@@ -99,8 +103,7 @@ static void test_step_interval(void) {
 
 static void test_accumulate_frequency_epoch(void) {
     char out[16384], rec[4300], body[32768], sched[9000], got[4096];
-    snprintf(rec, sizeof rec, "%s/s2.txt", tu_suite_dir);
-    snprintf(sched, sizeof sched, "scheduler = { name = \"schedfix\"; path = \"%s\"; };\n", rec);
+    schedfix_line(sched, sizeof sched, rec, sizeof rec, "s2.txt");
     job(body, sizeof body, "accumulate_grad_batches = 2;", sched, "", 4);
     CU_ASSERT_EQUAL_FATAL(kiln(body, NULL, out, sizeof out), 0);
     sched_calls(rec, got, sizeof got, 0);
@@ -126,9 +129,7 @@ static void test_monitored(void) {
              "scheduler = { name = \"schedfix\"; path = \"%s\"; interval = \"epoch\"; monitor = \"val_loss\"; };\n",
              rec);
     job(body, sizeof body, "", sched, "", 3);
-    int rc = kiln(body, NULL, out, sizeof out);
-    if (rc) fprintf(stderr, "\n%s\n", out);
-    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    tu_require_ok(kiln(body, NULL, out, sizeof out), out);
     sched_calls(rec, got, sizeof got, 1);
     /* construction without a metric, then once per epoch with val_loss */
     int s0, e0, s1, e1, s2, e2;
@@ -148,10 +149,9 @@ static void test_monitored(void) {
 
 static void test_resume_schedule(void) {
     char out[32768], rec[4300], body[32768], sched[9000], root[4400], cbs[4400], wa[4300], wb[4300];
-    snprintf(rec, sizeof rec, "%s/s4.txt", tu_suite_dir);
+    schedfix_line(sched, sizeof sched, rec, sizeof rec, "s4.txt");
     snprintf(wa, sizeof wa, "%s/ws-full.bin", tu_suite_dir);
     snprintf(wb, sizeof wb, "%s/ws-res.bin", tu_suite_dir);
-    snprintf(sched, sizeof sched, "scheduler = { name = \"schedfix\"; path = \"%s\"; };\n", rec);
     job(body, sizeof body, "", sched, "", 3);
     snprintf(root, sizeof root, "trainer.default_root_dir=\"%s/sfull\"", tu_suite_dir);
     snprintf(cbs, sizeof cbs, "callbacks=({name=\"weightdump\"; path=\"%s\";})", wa);
@@ -160,9 +160,7 @@ static void test_resume_schedule(void) {
     CU_ASSERT_EQUAL_FATAL(kiln(body, ARGS("--set", root, "--set", "trainer.max_epochs=1"), out, sizeof out), 0);
     remove(rec);
     snprintf(cbs, sizeof cbs, "callbacks=({name=\"weightdump\"; path=\"%s\";})", wb);
-    int rc = kiln(body, ARGS("--set", root, "--ckpt", "last", "--set", cbs), out, sizeof out);
-    if (rc) fprintf(stderr, "\n%s\n", out);
-    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    tu_require_ok(kiln(body, ARGS("--set", root, "--ckpt", "last", "--set", cbs), out, sizeof out), out);
     char got[4096];
     sched_calls(rec, got, sizeof got, 1);
     /* constructed (step 0), state restored, then steps 4..6 of epoch 1 */
@@ -228,9 +226,7 @@ static void clip_case(const char *algo, double val, const char *tag) {
     memcpy(p, "               ", 15); /* the trainer_extra sets it */
     p = strstr(body, "lr = 0.1");
     memcpy(p, "lr = 1.0", 8);
-    int rc = kiln(body, NULL, out, sizeof out);
-    if (rc) fprintf(stderr, "\n%s\n", out);
-    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    tu_require_ok(kiln(body, NULL, out, sizeof out), out);
     double g[64], w0[64], w1[64];
     int n = read_vec(probe, "bosg", 0, g, 64);
     CU_ASSERT_FATAL(n > 0);
@@ -298,8 +294,7 @@ static void test_clip_value_clamp_entry(void) {
                           ARGS("--set", dirs, "--set", accel, "--set", prec, "--set",
                                "module={name=\"mlp\"; layers=[3, 8, 2];}", "--set", cbs),
                           out, sizeof out);
-            if (rc) fprintf(stderr, "\n%s\n", out);
-            CU_ASSERT_EQUAL_FATAL(rc, 0);
+            tu_require_ok(rc, out);
         }
         CU_ASSERT_EQUAL(tu_same_file(w[0], w[1]), 1);
     }

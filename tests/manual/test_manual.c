@@ -78,9 +78,7 @@ static void test_hook_sequence(void) {
     snprintf(rec, sizeof rec, "%s/seq.txt", tu_suite_dir);
     snprintf(trace, sizeof trace, "%s/seq-trace.txt", tu_suite_dir);
     job(body, sizeof body, "", rec, trace, 2, "32-true");
-    int rc = kiln("fit", body, NULL, out, sizeof out);
-    if (rc) fprintf(stderr, "\n%s\n", out);
-    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    tu_require_ok(kiln("fit", body, NULL, out, sizeof out), out);
     slice(trace, "callback on_train_batch_start batch=0", "module on_train_batch_end batch=0", got, sizeof got);
 #define OPT(i)                                                                                                     \
     "host toggle_optimizer[" #i "] batch=0|strategy pre_backward batch=0|precision pre_backward batch=0|"           \
@@ -154,9 +152,7 @@ static void test_closure_and_scaler(void) {
     CU_ASSERT_STRING_EQUAL(out, "1\n1\n1\n1\n1\n1\n"); /* sgd calls the module's closure once per step */
     /* 16-mixed in manual mode: the no-op closure has no loss, yet it steps */
     job(body, sizeof body, "", rec, NULL, 3, "16-mixed");
-    int rc = kiln("fit", body, NULL, out, sizeof out);
-    if (rc) fprintf(stderr, "\n%s\n", out);
-    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    tu_require_ok(kiln("fit", body, NULL, out, sizeof out), out);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "steps: 6  skipped steps: 0"));
     CU_ASSERT_EQUAL(count_lines(rec, "s "), 6);
     CU_ASSERT(tu_join_fields(rec, "s ", NULL, 0, 0, '\n', out, sizeof out) >= 0);
@@ -180,9 +176,7 @@ static void test_resume_two_optimizers(void) {
     snprintf(root, sizeof root, "trainer.default_root_dir=\"%s/rpart\"", tu_suite_dir);
     CU_ASSERT_EQUAL_FATAL(kiln("fit", body, TU_ARGS("--set", root, "--set", "trainer.max_epochs=1"), out, sizeof out), 0);
     snprintf(cbs, sizeof cbs, "callbacks=({name=\"weightdump\"; path=\"%s\";})", wb);
-    int rc = kiln("fit", body, TU_ARGS("--set", root, "--ckpt", "last", "--set", cbs), out, sizeof out);
-    if (rc) fprintf(stderr, "\n%s\n", out);
-    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    tu_require_ok(kiln("fit", body, TU_ARGS("--set", root, "--ckpt", "last", "--set", cbs), out, sizeof out), out);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "steps: 12 ")); /* 2 epochs x (4 + 2) */
     CU_ASSERT_EQUAL(tu_same_file(wa, wb), 1); /* momentum buffer of optimizers.1 restored too */
 }
@@ -227,17 +221,12 @@ static void test_refusals(void) {
  * optimizer steps once per batch. */
 static void test_lbfgs_automatic(void) {
     char out[16384], trace[4300], body[8192];
-    snprintf(trace, sizeof trace, "%s/lbfgs-trace.txt", tu_suite_dir);
-    snprintf(body, sizeof body,
-             "trainer = { max_epochs = 1; num_sanity_val_steps = 0; };\n"
-             "data = { name = \"toydata\"; n_train = 2; n_val = 1; };\n"
-             "module = { name = \"toymod\"; };\n"
-             "optimizer = { name = \"lbfgs\"; lr = 0.1; max_iter = 5; tolerance_grad = 0.0; tolerance_change = 0.0; };\n"
-             "callbacks = ( { name = \"hook_trace\"; path = \"%s\"; } );\n",
-             trace);
-    int rc = kiln("fit", body, NULL, out, sizeof out);
-    if (rc) fprintf(stderr, "\n%s\n", out);
-    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    tu_traced_job(body, sizeof body, trace, sizeof trace, tu_suite_dir, "lbfgs-trace.txt",
+                  "trainer = { max_epochs = 1; num_sanity_val_steps = 0; };\n"
+                  "data = { name = \"toydata\"; n_train = 2; n_val = 1; };\n"
+                  "module = { name = \"toymod\"; };\n"
+                  "optimizer = { name = \"lbfgs\"; lr = 0.1; max_iter = 5; tolerance_grad = 0.0; tolerance_change = 0.0; };\n");
+    tu_require_ok(kiln("fit", body, NULL, out, sizeof out), out);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "steps: 2 "));
     const char *per_call[] = {"module training_step", "optimizer zero_grad", "module optimizer_zero_grad",
                               "callback on_before_zero_grad", "module backward", "callback on_before_optimizer_step",
@@ -246,9 +235,7 @@ static void test_lbfgs_automatic(void) {
         for (size_t i = 0; i < sizeof per_call / sizeof per_call[0]; i++) {
             char line[256];
             snprintf(line, sizeof line, "%s batch=%d", per_call[i], b);
-            int n = tu_count_lines(trace, line);
-            if (n != 5) fprintf(stderr, "\n  '%s': %d", line, n);
-            CU_ASSERT_EQUAL(n, 5); /* max_iter closure calls */
+            tu_expect_lines(trace, line, 5); /* max_iter closure calls */
         }
         char line[256];
         snprintf(line, sizeof line, "optimizer step batch=%d", b);

@@ -409,9 +409,7 @@ static void test_hooks_see_scaled_values(void) {
     snprintf(cb, sizeof cb, "{ name = \"ampprobe\"; path = \"%s\"; }, { name = \"csv_logger\"; }", probe);
     snprintf(body, sizeof body,
              MLP_JOB("{ name = \"16-mixed\"; init_scale = 1024.0; growth_interval = 1000; }", "%s"), cb);
-    int rc = run_kiln("fit", body, NULL, out, sizeof out);
-    if (rc) fprintf(stderr, "\n%s\n", out);
-    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    tu_require_ok(run_kiln("fit", body, NULL, out, sizeof out), out);
     probe_line bb[64], ab[64], bos[64], be[64];
     int n = read_probe(probe, "bb", bb, 64);
     CU_ASSERT_EQUAL_FATAL(n, 20);
@@ -474,9 +472,7 @@ static void test_overflow_skips_steps(void) {
              trace);
     snprintf(body, sizeof body,
              MLP_JOB("{ name = \"16-mixed\"; init_scale = 16777216.0; growth_interval = 1000; }", "%s"), cb);
-    int rc = run_kiln("fit", body, NULL, out, sizeof out);
-    if (rc) fprintf(stderr, "\n%s\n", out);
-    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    tu_require_ok(run_kiln("fit", body, NULL, out, sizeof out), out);
     probe_line ws[2], be[64];
     CU_ASSERT_EQUAL_FATAL(read_probe(probe, "ws", ws, 2), 1);
     int n = read_probe(probe, "be", be, 64);
@@ -543,8 +539,7 @@ static void test_same_weights_on_older_accelerators(void) {
             snprintf(extra, sizeof extra, "--set accelerator=\"%s\"", accel[v]);
             int rc = run_kiln("fit", body, extra, out, sizeof out);
             unsetenv("KILN_PLUGIN_PATH");
-            if (rc) fprintf(stderr, "\n%s\n", out);
-            CU_ASSERT_EQUAL_FATAL(rc, 0);
+            tu_require_ok(rc, out);
             FILE *f = fopen(wpath, "rb");
             CU_ASSERT_PTR_NOT_NULL_FATAL(f);
             fseek(f, 0, SEEK_END);
@@ -587,9 +582,7 @@ static void test_64_true(void) {
     snprintf(w32, sizeof w32, "%s/w32.bin", g_dir);
     snprintf(cb, sizeof cb, "{ name = \"weightdump\"; path = \"%s\"; }", w64);
     snprintf(body, sizeof body, MLP_JOB("\"64-true\"", "%s"), cb);
-    int rc = run_kiln("fit", body, NULL, out, sizeof out);
-    if (rc) fprintf(stderr, "\n%s\n", out);
-    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    tu_require_ok(run_kiln("fit", body, NULL, out, sizeof out), out);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "param_dtype=float64"));
     snprintf(cb, sizeof cb, "{ name = \"weightdump\"; path = \"%s\"; }", w32);
     snprintf(body, sizeof body, MLP_JOB("\"32\"", "%s"), cb);
@@ -650,9 +643,7 @@ static void resume_case(const char *prec, const char *tag) {
         tu_run_kiln_l(out, sizeof out, "-q", "fit", cfg, "--set", root, "--set", "trainer.max_epochs=1", NULL), 0);
     sk = strstr(out, "skipped steps: ");
     int skipped_part = sk ? atoi(sk + 15) : -1;
-    int rc = tu_run_kiln_l(out, sizeof out, "-q", "fit", cfg, "--set", root, "--ckpt", "last", "--set", d2, NULL);
-    if (rc) fprintf(stderr, "\n%s\n", out);
-    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    tu_require_ok(tu_run_kiln_l(out, sizeof out, "-q", "fit", cfg, "--set", root, "--ckpt", "last", "--set", d2, NULL), out);
     sk = strstr(out, "skipped steps: ");
     int skipped_resumed = sk ? atoi(sk + 15) : -1;
     if (!strcmp(tag, "fp16")) {
@@ -674,27 +665,18 @@ static void test_resume_keeps_precision_state(void) {
  * around it still run. */
 static void test_no_loss_step_counted(void) {
     char out[16384], trace[4300], body[8192];
-    snprintf(trace, sizeof trace, "%s/noloss-trace.txt", g_dir);
-    snprintf(body, sizeof body,
-             "trainer = { max_epochs = 1; num_sanity_val_steps = 0; };\n"
-             "data = { name = \"toydata\"; n_train = 3; n_val = 1; };\n"
-             "module = { name = \"toymod\"; no_loss_batch = 1; };\n"
-             "optimizer = { name = \"sgd\"; lr = 0.1; };\n"
-             "precision = \"16-mixed\";\n"
-             "callbacks = ( { name = \"hook_trace\"; path = \"%s\"; } );\n",
-             trace);
-    int rc = run_kiln("fit", body, NULL, out, sizeof out);
-    if (rc) fprintf(stderr, "\n%s\n", out);
-    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    tu_traced_job(body, sizeof body, trace, sizeof trace, g_dir, "noloss-trace.txt",
+                  "trainer = { max_epochs = 1; num_sanity_val_steps = 0; };\n"
+                  "data = { name = \"toydata\"; n_train = 3; n_val = 1; };\n"
+                  "module = { name = \"toymod\"; no_loss_batch = 1; };\n"
+                  "optimizer = { name = \"sgd\"; lr = 0.1; };\n"
+                  "precision = \"16-mixed\";\n");
+    tu_require_ok(run_kiln("fit", body, NULL, out, sizeof out), out);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "steps: 3  skipped steps: 0"));
     const char *expect[][2] = {{"optimizer step batch=0", "1"}, {"optimizer step batch=1", "0"},
                                {"optimizer step batch=2", "1"}, {"callback on_before_optimizer_step batch=1", "1"},
                                {"module backward batch=1", "0"}};
-    for (size_t i = 0; i < sizeof expect / sizeof expect[0]; i++) {
-        const int n = tu_count_lines(trace, expect[i][0]);
-        if (n != atoi(expect[i][1])) fprintf(stderr, "\n  '%s': %d", expect[i][0], n);
-        CU_ASSERT_EQUAL(n, atoi(expect[i][1]));
-    }
+    for (size_t i = 0; i < sizeof expect / sizeof expect[0]; i++) tu_expect_lines(trace, expect[i][0], atoi(expect[i][1]));
 }
 
 /* Refusals come from properties alone, at config check. */

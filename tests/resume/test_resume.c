@@ -47,9 +47,7 @@ static void test_uninterrupted(void) {
     snprintf(g_full, sizeof g_full, "%s/full.bin", tu_suite_dir);
     snprintf(root, sizeof root, "%s/full", tu_suite_dir);
     snprintf(killer, sizeof killer, "dump = \"%s\";", g_full);
-    int rc = run(root, killer, NULL, out, sizeof out);
-    if (rc) fprintf(stderr, "\n%s\n", out);
-    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    tu_require_ok(run(root, killer, NULL, out, sizeof out), out);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "steps: 18 "));
 }
 
@@ -162,8 +160,7 @@ static void test_sigterm_last_batch(void) {
     snprintf(wa, sizeof wa, "%s/ee-full.bin", tu_suite_dir);
     snprintf(wb, sizeof wb, "%s/ee-part.bin", tu_suite_dir);
     int rc = run_epoch_end(full, "", wa, NULL, out, sizeof out);
-    if (rc) fprintf(stderr, "\n%s\n", out);
-    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    tu_require_ok(rc, out);
     /* batch 5 is epoch 1's last: it finishes (validation included), the
      * checkpoint is written, exit 143 */
     rc = run_epoch_end(part, "kill_at = \"batch_end\"; kill_epoch = 1; kill_batch = 5; signal = \"TERM\"; every = 0;",
@@ -171,8 +168,7 @@ static void test_sigterm_last_batch(void) {
     CU_ASSERT_EQUAL(rc, 143);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "SIGTERM: stopped after epoch 1, batch 5"));
     rc = run_epoch_end(part, "", wb, "--ckpt last", out, sizeof out);
-    if (rc) fprintf(stderr, "\n%s\n", out);
-    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    tu_require_ok(rc, out);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "steps: 18 "));
     rc = tu_same_file(wa, wb);
     if (rc != 1) fprintf(stderr, "\nweights differ: %s, %s\n", wa, wb);
@@ -194,29 +190,32 @@ static void test_weights_only(void) {
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "resume with the same stack"));
     snprintf(cfg_extra, sizeof cfg_extra,
              "--ckpt last --weights-only --set optimizer.name=sgd --set precision=32-true --set trainer.max_epochs=1");
-    int rc = run(root, "", cfg_extra, out, sizeof out);
-    if (rc) fprintf(stderr, "\n%s\n", out);
-    CU_ASSERT_EQUAL(rc, 0);
+    tu_check_ok(run(root, "", cfg_extra, out, sizeof out), out);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "steps: 6 ")); /* a new run: epoch 0 again */
     CU_ASSERT_EQUAL(run(root, "", "--weights-only", out, sizeof out), 1);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "--weights-only needs --ckpt"));
+}
+
+/* JOB with `callbacks` in <suite dir>/<name>.cfg, its runs under
+ * <suite dir>/<name>: the root (4300 bytes), the run file (4300) and the
+ * --set value for the root (4400). */
+static void named_job(const char *name, const char *callbacks, char *root, char *cfg, char *root_set) {
+    snprintf(root, 4300, "%s/%s", tu_suite_dir, name);
+    snprintf(cfg, 4300, "%s/%s.cfg", tu_suite_dir, name);
+    tu_write_jobf(cfg, "%scallbacks = ( %s );\n", JOB, callbacks);
+    tu_root_set(root_set, 4400, "%s", root);
 }
 
 /* The checkpoint callback end to end: top-2 by val_loss over 3 epochs
  * keeps exactly two files, named from the template; one of them resumes. */
 static void test_checkpoint_callback(void) {
     char out[32768], root[4300], cfg[4300], dir[4400], root_set[4400];
-    snprintf(root, sizeof root, "%s/topk", tu_suite_dir);
-    snprintf(cfg, sizeof cfg, "%s/topk.cfg", tu_suite_dir);
-    tu_write_jobf(cfg,
-                  "%scallbacks = ( { name = \"checkpoint\"; monitor = \"val_loss\"; "
-                  "save_top_k = 2; filename = \"epoch={epoch}-{val_loss:.4f}\"; } );\n",
-                  JOB);
-    tu_root_set(root_set, sizeof root_set, "%s", root);
+    named_job("topk",
+              "{ name = \"checkpoint\"; monitor = \"val_loss\"; save_top_k = 2; filename = \"epoch={epoch}-{val_loss:.4f}\"; }",
+              root, cfg, root_set);
     const char *fit[] = {"-q", "fit", cfg, "--set", root_set, NULL};
     int rc = tu_run_kiln(fit, NULL, out, sizeof out);
-    if (rc) fprintf(stderr, "\n%s\n", out);
-    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    tu_require_ok(rc, out);
     snprintf(dir, sizeof dir, "%s/version_0/checkpoints", root);
     CU_ASSERT_EQUAL(count_matching(dir, "^epoch=[0-9]*-[0-9.]*\\.safetensors$"), 2);
     /* the first of the top-k files, in name order */
@@ -229,29 +228,23 @@ static void test_checkpoint_callback(void) {
     }
     const char *resume[] = {"-q", "fit", cfg, "--set", root_set, "--set", "trainer.max_epochs=4", "--ckpt", first, NULL};
     rc = tu_run_kiln(resume, NULL, out, sizeof out);
-    if (rc) fprintf(stderr, "\n%s\n", out);
-    CU_ASSERT_EQUAL(rc, 0);
+    tu_check_ok(rc, out);
 }
 
 /* nan_guard stops the run at a NaN weight, naming it; the last checkpoint
  * written before it stays loadable and finite. */
 static void test_nan_guard_keeps_last_good(void) {
     char out[32768], root[4300], cfg[4300], root_set[4400];
-    snprintf(root, sizeof root, "%s/nan", tu_suite_dir);
-    snprintf(cfg, sizeof cfg, "%s/nan.cfg", tu_suite_dir);
-    tu_write_jobf(cfg,
-                  "%scallbacks = ( { name = \"killer\"; kill_at = \"batch_end\"; "
-                  "kill_epoch = 1; kill_batch = 2; signal = \"POISON\"; }, { name = \"nan_guard\"; } );\n",
-                  JOB);
-    tu_root_set(root_set, sizeof root_set, "%s", root);
+    named_job("nan",
+              "{ name = \"killer\"; kill_at = \"batch_end\"; kill_epoch = 1; kill_batch = 2; signal = \"POISON\"; }, "
+              "{ name = \"nan_guard\"; }",
+              root, cfg, root_set);
     const char *fit[] = {"-q", "fit", cfg, "--set", root_set, NULL};
     CU_ASSERT_EQUAL(tu_run_kiln(fit, NULL, out, sizeof out), 1);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "nan_guard: parameter layers.0.weight[0] is nan"));
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "epoch 1, batch 2"));
     const char *validate[] = {"validate", cfg, "--set", root_set, "--ckpt", "last", NULL};
-    int rc = tu_run_kiln(validate, NULL, out, sizeof out);
-    if (rc) fprintf(stderr, "\n%s\n", out);
-    CU_ASSERT_EQUAL(rc, 0);
+    tu_check_ok(tu_run_kiln(validate, NULL, out, sizeof out), out);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "global step 8)")); /* the checkpoint after epoch 1, batch 1 */
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "val_loss="));
     CU_ASSERT_PTR_NULL(strstr(out, "=nan")); /* finite metrics from the last good weights */

@@ -221,6 +221,27 @@ const char *tu_root_set(char *buf, size_t n, const char *fmt, ...) {
     return buf;
 }
 
+void tu_expect_lines(const char *path, const char *line, int want) {
+    const int n = tu_count_lines(path, line);
+    if (n != want) fprintf(stderr, "\n  '%s': %d", line, n);
+    CU_ASSERT_EQUAL(n, want);
+}
+
+void tu_traced_job(char *body, size_t n, char *trace, size_t tn, const char *dir, const char *name, const char *job) {
+    snprintf(trace, tn, "%s/%s", dir, name);
+    snprintf(body, n, "%scallbacks = ( { name = \"hook_trace\"; path = \"%s\"; } );\n", job, trace);
+}
+
+void tu_require_ok(int rc, const char *out) {
+    if (rc) fprintf(stderr, "\n%s\n", out);
+    CU_ASSERT_EQUAL_FATAL(rc, 0);
+}
+
+void tu_check_ok(int rc, const char *out) {
+    if (rc) fprintf(stderr, "\n%s\n", out);
+    CU_ASSERT_EQUAL(rc, 0);
+}
+
 int tu_latest_run_dir(const char *root, char *buf, size_t n) {
     DIR *d = opendir(root);
     if (!d) return -1;

@@ -77,6 +77,17 @@ const char *tu_job_path(char *buf, size_t n, const char *dir, const char *tag);
 const char *tu_write_job(const char *cfg, const char *body);
 const char *tu_write_jobf(const char *cfg, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 const char *tu_root_set(char *buf, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* The number of lines of the file equal to `line` (tu_count_lines) is
+ * `want`; the line and the count go to stderr when it is not. */
+void tu_expect_lines(const char *path, const char *line, int want);
+/* A run file body: `job`, then the hook_trace fixture writing every hook
+ * to <dir>/<name>, whose path goes into trace. */
+void tu_traced_job(char *body, size_t n, char *trace, size_t tn, const char *dir, const char *name, const char *job);
+/* The status `rc` of a run whose output is `out` must be 0; when it is
+ * not the output goes to stderr first. tu_require_ok's assertion is fatal
+ * (the case goes on to read what the run wrote), tu_check_ok's is not. */
+void tu_require_ok(int rc, const char *out);
+void tu_check_ok(int rc, const char *out);
 /* <root>/version_N with the largest N into buf; -1 when there is none. */
 int tu_latest_run_dir(const char *root, char *buf, size_t n);
 const char *tu_kiln(void);                              /* path of kiln      */
