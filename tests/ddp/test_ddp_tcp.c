@@ -50,12 +50,19 @@
 
 #define BLOB 128
 
+/* An IPv4 socket address: `host` (host byte order) and `port` (0: any). */
+static struct sockaddr_in inet_addr_of(uint32_t host, int port) {
+    struct sockaddr_in a = {0};
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
+    a.sin_addr.s_addr = htonl(host);
+    return a;
+}
+
 /* A port the kernel just handed out, closed again for the test to reuse. */
 static int free_port(void) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {0};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    struct sockaddr_in a = inet_addr_of(INADDR_LOOPBACK, 0);
     socklen_t len = sizeof a;
     if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) || getsockname(fd, (struct sockaddr *)&a, &len)) {
         if (fd >= 0) close(fd);
@@ -116,19 +123,37 @@ static int reap(pid_t pid, double limit_s) {
     return -1;
 }
 
-static void test_blob_reaches_every_rank(void) {
+/* One process of a rendezvous (spawn_s's arguments). */
+typedef struct {
+    int rank, world;
+    double timeout_s;
+    long delay_ms;
+    const char *secret;
+    int want_ok;
+    const char *want_err;
+} rank_run;
+
+/* The processes of `runs` on one free port, started in order; each must
+ * end as it expects within reap_s (reaped in the same order). */
+static void run_world(const rank_run *runs, int n, double reap_s) {
     int port = free_port();
-    pid_t p[4];
-    for (int r = 0; r < 4; r++) p[r] = spawn(port, r, 4, 20.0, 0, 1, NULL);
-    for (int r = 0; r < 4; r++) CU_ASSERT_EQUAL(reap(p[r], 20.0), 0);
+    pid_t pid[8];
+    for (int i = 0; i < n; i++)
+        pid[i] = spawn_s(port, runs[i].rank, runs[i].world, runs[i].timeout_s, runs[i].delay_ms, runs[i].secret,
+                         runs[i].want_ok, runs[i].want_err);
+    for (int i = 0; i < n; i++) CU_ASSERT_EQUAL(reap(pid[i], reap_s), 0);
+}
+
+static void test_blob_reaches_every_rank(void) {
+    rank_run runs[4];
+    for (int r = 0; r < 4; r++) runs[r] = (rank_run){r, 4, 20.0, 0, NULL, 1, NULL};
+    run_world(runs, 4, 20.0);
 }
 
 static void test_peer_before_rank0(void) {
-    int port = free_port();
-    pid_t a = spawn(port, 1, 2, 20.0, 0, 1, NULL);
-    pid_t b = spawn(port, 0, 2, 20.0, 500, 1, NULL); /* rank 0 half a second late: rank 1 retries */
-    CU_ASSERT_EQUAL(reap(a, 20.0), 0);
-    CU_ASSERT_EQUAL(reap(b, 20.0), 0);
+    /* rank 0 half a second late: rank 1 retries */
+    const rank_run runs[] = {{1, 2, 20.0, 0, NULL, 1, NULL}, {0, 2, 20.0, 500, NULL, 1, NULL}};
+    run_world(runs, 2, 20.0);
 }
 
 static void test_stranger_ignored(void) {
@@ -137,10 +162,7 @@ static void test_stranger_ignored(void) {
     nap_ms(200);
     /* something that is not kiln connects first and talks nonsense */
     int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {0};
-    a.sin_family = AF_INET;
-    a.sin_port = htons((uint16_t)port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    struct sockaddr_in a = inet_addr_of(INADDR_LOOPBACK, port);
     CU_ASSERT_EQUAL(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
     CU_ASSERT_EQUAL(send(fd, "GET / HTTP/1.0\r\n\r\n", 18, 0), 18);
     pid_t one = spawn(port, 1, 2, 20.0, 100, 1, NULL);
@@ -150,42 +172,32 @@ static void test_stranger_ignored(void) {
 }
 
 static void test_missing_rank(void) {
-    int port = free_port();
-    pid_t z = spawn(port, 0, 3, 2.0, 0, 0, "missing: 2");
-    pid_t one = spawn(port, 1, 3, 6.0, 0, 0, "rank 0 gave up waiting");
-    CU_ASSERT_EQUAL(reap(z, 10.0), 0);
-    CU_ASSERT_EQUAL(reap(one, 10.0), 0);
+    const rank_run runs[] = {{0, 3, 2.0, 0, NULL, 0, "missing: 2"}, {1, 3, 6.0, 0, NULL, 0, "rank 0 gave up waiting"}};
+    run_world(runs, 2, 10.0);
 }
 
 static void test_world_mismatch(void) {
-    int port = free_port();
-    pid_t z = spawn(port, 0, 2, 5.0, 0, 0, "rank 1 says WORLD_SIZE 3, rank 0 says 2");
-    pid_t one = spawn(port, 1, 3, 5.0, 0, 0, "rank 0 refused: rank 1 says WORLD_SIZE 3");
-    CU_ASSERT_EQUAL(reap(z, 10.0), 0);
-    CU_ASSERT_EQUAL(reap(one, 10.0), 0);
+    const rank_run runs[] = {{0, 2, 5.0, 0, NULL, 0, "rank 1 says WORLD_SIZE 3, rank 0 says 2"},
+                             {1, 3, 5.0, 0, NULL, 0, "rank 0 refused: rank 1 says WORLD_SIZE 3"}};
+    run_world(runs, 2, 10.0);
 }
 
 static void test_duplicate_rank(void) {
-    int port = free_port();
-    pid_t z = spawn(port, 0, 3, 5.0, 0, 0, "two processes say they are rank 1");
-    pid_t a = spawn(port, 1, 3, 5.0, 0, 0, "");     /* one of the two is told why, the other that rank 0 gave up */
-    pid_t b = spawn(port, 1, 3, 5.0, 200, 0, "");
-    CU_ASSERT_EQUAL(reap(z, 10.0), 0);
-    CU_ASSERT_EQUAL(reap(a, 10.0), 0);
-    CU_ASSERT_EQUAL(reap(b, 10.0), 0);
+    /* one of the two rank 1s is told why, the other that rank 0 gave up */
+    const rank_run runs[] = {{0, 3, 5.0, 0, NULL, 0, "two processes say they are rank 1"},
+                             {1, 3, 5.0, 0, NULL, 0, ""},
+                             {1, 3, 5.0, 200, NULL, 0, ""}};
+    run_world(runs, 3, 10.0);
 }
 
 static void test_no_rank0(void) {
-    int port = free_port();
-    pid_t one = spawn(port, 1, 2, 0.5, 0, 0, "cannot connect to rank 0 at 127.0.0.1:");
-    CU_ASSERT_EQUAL(reap(one, 10.0), 0);
+    const rank_run runs[] = {{1, 2, 0.5, 0, NULL, 0, "cannot connect to rank 0 at 127.0.0.1:"}};
+    run_world(runs, 1, 10.0);
 }
 
 static void test_port_taken_and_args(void) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {0};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    struct sockaddr_in a = inet_addr_of(INADDR_ANY, 0);
     socklen_t len = sizeof a;
     CU_ASSERT_FATAL(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && listen(fd, 1) == 0 &&
                     getsockname(fd, (struct sockaddr *)&a, &len) == 0);
@@ -302,10 +314,9 @@ static void test_idle_sockets_no_deadline(void) { idle_sockets(0.0); }
 
 #ifdef DDP_TCP_VERSION
 static void test_authenticated(void) {
-    int port = free_port();
-    pid_t p[4];
-    for (int r = 0; r < 4; r++) p[r] = spawn_s(port, r, 4, 20.0, 0, SECRET, 1, NULL);
-    for (int r = 0; r < 4; r++) CU_ASSERT_EQUAL(reap(p[r], 20.0), 0);
+    rank_run runs[4];
+    for (int r = 0; r < 4; r++) runs[r] = (rank_run){r, 4, 20.0, 0, SECRET, 1, NULL};
+    run_world(runs, 4, 20.0);
 }
 
 /* A process with another secret claims rank 1 first: it is refused (and
@@ -376,9 +387,7 @@ static void test_replayed_hello(void) {
  * take the blob. */
 static void test_fake_rank0(void) {
     int lfd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {0};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    struct sockaddr_in a = inet_addr_of(INADDR_LOOPBACK, 0);
     socklen_t alen = sizeof a;
     CU_ASSERT_FATAL(lfd >= 0 && bind(lfd, (struct sockaddr *)&a, sizeof a) == 0 && listen(lfd, 4) == 0 &&
                     getsockname(lfd, (struct sockaddr *)&a, &alen) == 0);
@@ -406,11 +415,9 @@ static void test_fake_rank0(void) {
 /* With a secret, a mis-launched job still ends at once on every rank: an
  * authenticated peer's WORLD_SIZE is believed. */
 static void test_world_mismatch_authenticated(void) {
-    int port = free_port();
-    pid_t z = spawn_s(port, 0, 2, 30.0, 0, SECRET, 0, "rank 1 says WORLD_SIZE 3, rank 0 says 2");
-    pid_t one = spawn_s(port, 1, 3, 30.0, 0, SECRET, 0, "rank 0 refused: rank 1 says WORLD_SIZE 3");
-    CU_ASSERT_EQUAL(reap(z, 5.0), 0); /* long before the 30 s deadline */
-    CU_ASSERT_EQUAL(reap(one, 5.0), 0);
+    const rank_run runs[] = {{0, 2, 30.0, 0, SECRET, 0, "rank 1 says WORLD_SIZE 3, rank 0 says 2"},
+                             {1, 3, 30.0, 0, SECRET, 0, "rank 0 refused: rank 1 says WORLD_SIZE 3"}};
+    run_world(runs, 2, 5.0); /* long before the 30 s deadline */
 }
 
 static void test_short_secret(void) {
