@@ -93,6 +93,16 @@ int32_t fixture_create_desc(const kiln_plugin_desc *d, kiln_test_host *th, const
     return ops->create(d->plugin_ctx, kiln_test_services(th), kiln_test_hctx(th), cfg, out);
 }
 
+kiln_instance *fixture_config_error(const kiln_ops_header *ops, const kiln_host_services *services,
+                                    kiln_test_host *th, const kiln_kv *cfg, const char *needle, const char *needle2) {
+    int32_t rc;
+    kiln_instance *inst = fixture_create(ops, services, th, cfg, &rc);
+    CU_ASSERT_EQUAL(rc, KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(th), needle));
+    if (needle2) CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(th), needle2));
+    return inst;
+}
+
 void fixture_expect_refused(const kiln_plugin_desc *d, kiln_test_host *th, const kiln_kv *cfg, const char *key) {
     const kiln_ops_header *ops = d->ops;
     kiln_instance *in = (kiln_instance *)&in; /* create must reset it */

@@ -62,6 +62,12 @@ const kiln_kv *fixture_kv_of(const fixture_key *keys, size_t nkeys, const void *
  * so a refusal leaves it NULL unless the plugin wrote it. */
 int32_t fixture_create_desc(const kiln_plugin_desc *d, kiln_test_host *th, const kiln_kv *cfg, kiln_instance **out);
 
+/* A config create() refuses (fixture_create with the test host's
+ * context): KILN_E_CONFIG, and the error holds needle and, unless NULL,
+ * needle2. Returns what create left in the instance (NULL). */
+kiln_instance *fixture_config_error(const kiln_ops_header *ops, const kiln_host_services *services,
+                                    kiln_test_host *th, const kiln_kv *cfg, const char *needle, const char *needle2);
+
 /* A refused config: create() of `d` with `cfg` answers KILN_E_CONFIG,
  * leaves no instance (the pointer it gets is not NULL before: create
  * must reset it) and the test host's error names `key`. */
