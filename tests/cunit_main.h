@@ -1,7 +1,9 @@
 /*
  * The one CUnit runner every kiln test executable uses. A test file defines
- * `static void register_tests(void)` (adding its suites), then includes this
- * header once, which supplies main(). main() reads the failure counts *before*
+ * `static void register_tests(void)` (adding its suites, as a rule from
+ * CUnit's own tables: CU_TestInfo per suite, CU_SuiteInfo, then
+ * CU_register_suites), then includes this header once, which supplies
+ * main(). main() reads the failure counts *before*
  * CU_cleanup_registry() (which zeroes them) and exits non-zero on any failed
  * test or suite; CU_get_error() alone reports framework errors only, so a
  * runner returning it would let CI pass with failing tests. A file that

@@ -559,18 +559,26 @@ static void test_progress_bad_config(void) {
     fixture_end();
 }
 
+static CU_TestInfo cases_callbacks[] = {
+    {"hook_trace writes the exact lines", test_hook_trace_lines},
+    {"hook_trace include_trace=false, absolute path, rank file", test_hook_trace_no_trace_abs_path_and_rank},
+    {"hook_trace config and I/O errors", test_hook_trace_errors},
+    {"csv_logger grows columns and rewrites atomically", test_csv_logger_columns_grow},
+    {"csv_logger flush_every_n and quoted names", test_csv_logger_buffered_and_quoted},
+    {"csv_logger rank 1, config and I/O errors", test_csv_logger_rank_and_errors},
+    {"progress plain lines and rank 1 silence", test_progress_plain},
+    {"progress terminal bars", test_progress_tty},
+    {"progress bad config", test_progress_bad_config},
+    CU_TEST_INFO_NULL,
+};
+
 static void register_tests(void) {
     if (kiln_test_host_new(&g_th) != KILN_OK) return; /* no suite: the runner fails */
-    CU_pSuite s = CU_add_suite("callbacks", NULL, NULL);
-    CU_add_test(s, "hook_trace writes the exact lines", test_hook_trace_lines);
-    CU_add_test(s, "hook_trace include_trace=false, absolute path, rank file", test_hook_trace_no_trace_abs_path_and_rank);
-    CU_add_test(s, "hook_trace config and I/O errors", test_hook_trace_errors);
-    CU_add_test(s, "csv_logger grows columns and rewrites atomically", test_csv_logger_columns_grow);
-    CU_add_test(s, "csv_logger flush_every_n and quoted names", test_csv_logger_buffered_and_quoted);
-    CU_add_test(s, "csv_logger rank 1, config and I/O errors", test_csv_logger_rank_and_errors);
-    CU_add_test(s, "progress plain lines and rank 1 silence", test_progress_plain);
-    CU_add_test(s, "progress terminal bars", test_progress_tty);
-    CU_add_test(s, "progress bad config", test_progress_bad_config);
+    CU_SuiteInfo suites[] = {
+        {.pName = "callbacks", .pTests = cases_callbacks},
+        CU_SUITE_INFO_NULL,
+    };
+    CU_register_suites(suites);
 }
 
 #include "cunit_main.h"

@@ -1198,31 +1198,39 @@ static void test_refusals(void) {
     end(inst);
 }
 
+static CU_TestInfo cases_checkpoint[] = {
+    {"descriptor", test_descriptor},
+    {"filename_format", test_filename_format},
+    {"filename_refusals", test_filename_refusals},
+    {"version_counter", test_version_counter},
+    {"dirpath", test_dirpath},
+    {"topk_min", test_topk_min},
+    {"topk_max_and_nan", test_topk_max_and_nan},
+    {"no_monitor", test_no_monitor},
+    {"every_n_train_steps", test_every_n_train_steps},
+    {"every_n_epochs", test_every_n_epochs},
+    {"save_on_train_epoch_end", test_save_on_train_epoch_end},
+    {"sanity_and_outside_fit", test_sanity_and_outside_fit},
+    {"missing_monitor", test_missing_monitor},
+    {"save_last", test_save_last},
+    {"state_resume", test_state_resume},
+    {"state_resume_new_run_dir", test_state_resume_new_run_dir},
+    {"state_mismatch_and_corrupt", test_state_mismatch_and_corrupt},
+    {"state_hostile_paths", test_state_hostile_paths},
+    {"verbose", test_verbose},
+    {"rank1", test_rank1},
+    {"host_refuses", test_host_refuses},
+    {"refusals", test_refusals},
+    CU_TEST_INFO_NULL,
+};
+
 static void register_tests(void) {
     if (kiln_test_host_new(&g_th) != KILN_OK) return; /* no suite: the runner fails */
-    CU_pSuite s = CU_add_suite("checkpoint", NULL, NULL);
-    CU_add_test(s, "descriptor", test_descriptor);
-    CU_add_test(s, "filename_format", test_filename_format);
-    CU_add_test(s, "filename_refusals", test_filename_refusals);
-    CU_add_test(s, "version_counter", test_version_counter);
-    CU_add_test(s, "dirpath", test_dirpath);
-    CU_add_test(s, "topk_min", test_topk_min);
-    CU_add_test(s, "topk_max_and_nan", test_topk_max_and_nan);
-    CU_add_test(s, "no_monitor", test_no_monitor);
-    CU_add_test(s, "every_n_train_steps", test_every_n_train_steps);
-    CU_add_test(s, "every_n_epochs", test_every_n_epochs);
-    CU_add_test(s, "save_on_train_epoch_end", test_save_on_train_epoch_end);
-    CU_add_test(s, "sanity_and_outside_fit", test_sanity_and_outside_fit);
-    CU_add_test(s, "missing_monitor", test_missing_monitor);
-    CU_add_test(s, "save_last", test_save_last);
-    CU_add_test(s, "state_resume", test_state_resume);
-    CU_add_test(s, "state_resume_new_run_dir", test_state_resume_new_run_dir);
-    CU_add_test(s, "state_mismatch_and_corrupt", test_state_mismatch_and_corrupt);
-    CU_add_test(s, "state_hostile_paths", test_state_hostile_paths);
-    CU_add_test(s, "verbose", test_verbose);
-    CU_add_test(s, "rank1", test_rank1);
-    CU_add_test(s, "host_refuses", test_host_refuses);
-    CU_add_test(s, "refusals", test_refusals);
+    CU_SuiteInfo suites[] = {
+        {.pName = "checkpoint", .pTests = cases_checkpoint},
+        CU_SUITE_INFO_NULL,
+    };
+    CU_register_suites(suites);
 }
 
 #include "cunit_main.h"

@@ -1200,30 +1200,38 @@ static void test_blas_key(void) {
     g_ops->base.destroy(acc);
 }
 
+static CU_TestInfo cases_cpu_accel[] = {
+    {"blas key: auto, openblas, blis", test_blas_key},
+    {"descriptor and kernel table", test_descriptor},
+    {"alloc: aligned, zeroed, NOMEM", test_alloc},
+    {"copy, zero, synchronize", test_copy_zero_sync},
+    {"gemm: four transposes vs naive", test_gemm},
+    {"bias_add, bias_grad", test_bias},
+    {"relu, gelu forward/backward", test_activations},
+    {"softmax_xent and bad labels", test_softmax_xent},
+    {"sum, sumsq, scale, axpy, all_finite", test_reductions},
+    {"sgd_update, adamw_update", test_optimizer_kernels},
+    {"1.2 entries present", test_table_1_2},
+    {"1.2: bad dtypes and arguments rejected", test_ex_bad_dtypes},
+    {"1.2: cast, round_to", test_cast_round_to},
+    {"1.2: gemm_ex (f16 B, rounding, f64, workspace)", test_gemm_ex},
+    {"1.2: _ex bias, act, reductions (f32 = 1.1, f64 vs double)", test_ex_entries},
+    {"1.2: act tanh, sigmoid, leaky_relu (f32, f64, limits, bad ids)", test_gan_activations},
+    {"1.2: _ex softmax_xent and bad labels", test_ex_loss},
+    {"1.2: _ex sgd, adamw", test_ex_optimizers},
+    {"1.3: unscale_check over a list (f32, f64, inf, NaN, refusals)", test_unscale_check},
+    {"1.3: linear_forward (f32, bf16 rounding, f64, = unfused, refusals)", test_linear_forward},
+    {"configure threads", test_configure},
+    CU_TEST_INFO_NULL,
+};
+
 static void register_tests(void) {
     if (kiln_test_host_new(&g_th) != KILN_OK) return; /* no suite: the runner fails */
-    CU_pSuite s = CU_add_suite("cpu_accel", suite_init, suite_clean);
-    CU_add_test(s, "blas key: auto, openblas, blis", test_blas_key);
-    CU_add_test(s, "descriptor and kernel table", test_descriptor);
-    CU_add_test(s, "alloc: aligned, zeroed, NOMEM", test_alloc);
-    CU_add_test(s, "copy, zero, synchronize", test_copy_zero_sync);
-    CU_add_test(s, "gemm: four transposes vs naive", test_gemm);
-    CU_add_test(s, "bias_add, bias_grad", test_bias);
-    CU_add_test(s, "relu, gelu forward/backward", test_activations);
-    CU_add_test(s, "softmax_xent and bad labels", test_softmax_xent);
-    CU_add_test(s, "sum, sumsq, scale, axpy, all_finite", test_reductions);
-    CU_add_test(s, "sgd_update, adamw_update", test_optimizer_kernels);
-    CU_add_test(s, "1.2 entries present", test_table_1_2);
-    CU_add_test(s, "1.2: bad dtypes and arguments rejected", test_ex_bad_dtypes);
-    CU_add_test(s, "1.2: cast, round_to", test_cast_round_to);
-    CU_add_test(s, "1.2: gemm_ex (f16 B, rounding, f64, workspace)", test_gemm_ex);
-    CU_add_test(s, "1.2: _ex bias, act, reductions (f32 = 1.1, f64 vs double)", test_ex_entries);
-    CU_add_test(s, "1.2: act tanh, sigmoid, leaky_relu (f32, f64, limits, bad ids)", test_gan_activations);
-    CU_add_test(s, "1.2: _ex softmax_xent and bad labels", test_ex_loss);
-    CU_add_test(s, "1.2: _ex sgd, adamw", test_ex_optimizers);
-    CU_add_test(s, "1.3: unscale_check over a list (f32, f64, inf, NaN, refusals)", test_unscale_check);
-    CU_add_test(s, "1.3: linear_forward (f32, bf16 rounding, f64, = unfused, refusals)", test_linear_forward);
-    CU_add_test(s, "configure threads", test_configure);
+    CU_SuiteInfo suites[] = {
+        {.pName = "cpu_accel", .pInitFunc = suite_init, .pCleanupFunc = suite_clean, .pTests = cases_cpu_accel},
+        CU_SUITE_INFO_NULL,
+    };
+    CU_register_suites(suites);
 }
 
 #include "cunit_main.h"

@@ -155,13 +155,21 @@ static void test_mpi_check(void) {
     CU_ASSERT_EQUAL(decide(half, 0, msg, sizeof msg), 0);
 }
 
+static CU_TestInfo cases_ddp_slurm[] = {
+    {"host lists as scontrol expands them", test_scontrol_forms},
+    {"first and n-th host, bounds", test_first_host},
+    {"malformed lists refused", test_malformed},
+    {"rendezvous port from the job id", test_port},
+    {"MPI check before MPI_Init", test_mpi_check},
+    CU_TEST_INFO_NULL,
+};
+
 static void register_tests(void) {
-    CU_pSuite s = CU_add_suite("ddp_slurm", NULL, NULL);
-    CU_add_test(s, "host lists as scontrol expands them", test_scontrol_forms);
-    CU_add_test(s, "first and n-th host, bounds", test_first_host);
-    CU_add_test(s, "malformed lists refused", test_malformed);
-    CU_add_test(s, "rendezvous port from the job id", test_port);
-    CU_add_test(s, "MPI check before MPI_Init", test_mpi_check);
+    CU_SuiteInfo suites[] = {
+        {.pName = "ddp_slurm", .pTests = cases_ddp_slurm},
+        CU_SUITE_INFO_NULL,
+    };
+    CU_register_suites(suites);
 }
 
 #include "../cunit_main.h"

@@ -260,14 +260,22 @@ static void test_dtype_helpers(void) {
     CU_ASSERT_EQUAL(KILN_DTYPE_F8E5M2, 9);
 }
 
+static CU_TestInfo cases_fp8[] = {
+    {"all 256 codes of each format decode as the spec says, finite ones re-encode", test_decode_all_codes},
+    {"midpoints round to the even code, one ulp off to the nearer", test_ties_and_neighbours},
+    {"saturation, NaN, inf, zeros, subnormals", test_saturation_and_specials},
+    {"200000 random floats = the reference", test_random},
+    {"the cpu accelerator's round_to = the reference", test_round_to_entry},
+    {"dtype helpers", test_dtype_helpers},
+    CU_TEST_INFO_NULL,
+};
+
 static void register_tests(void) {
-    CU_pSuite s = CU_add_suite("fp8", NULL, NULL);
-    CU_add_test(s, "all 256 codes of each format decode as the spec says, finite ones re-encode", test_decode_all_codes);
-    CU_add_test(s, "midpoints round to the even code, one ulp off to the nearer", test_ties_and_neighbours);
-    CU_add_test(s, "saturation, NaN, inf, zeros, subnormals", test_saturation_and_specials);
-    CU_add_test(s, "200000 random floats = the reference", test_random);
-    CU_add_test(s, "the cpu accelerator's round_to = the reference", test_round_to_entry);
-    CU_add_test(s, "dtype helpers", test_dtype_helpers);
+    CU_SuiteInfo suites[] = {
+        {.pName = "fp8", .pTests = cases_fp8},
+        CU_SUITE_INFO_NULL,
+    };
+    CU_register_suites(suites);
 }
 
 #include "cunit_main.h"

@@ -866,25 +866,33 @@ static int suite_clean(void) {
     return 0;
 }
 
+static CU_TestInfo cases_gpt[] = {
+    {"descriptor and declared config", test_descriptor},
+    {"parameters: HF GPT2LMHeadModel names, shapes, order, no-decay", test_param_layout},
+    {"init: GPT-2 statistics, deterministic per seed", test_init},
+    {"bad configs are refused naming the keys", test_bad_config},
+    {"a pre-1.4 kernel table is refused in one line", test_old_kernel_table},
+    {"bad batches are refused with a message", test_bad_batch},
+    {"fp64: loss and predict_step = a double GPT-2 forward", test_forward_f64},
+    {"fp32: loss and predict_step = a double GPT-2 forward", test_forward_f32},
+    {"fp64: backward vs central differences, every tensor", test_gradcheck_f64},
+    {"backward adds, linear in dloss", test_backward_accumulates},
+    {"classifier chunk size changes nothing", test_chunks},
+    {"fp32 vs fp64; bf16 and f16 compute copies", test_precisions},
+    {"all targets ignored: loss 0, no gradient", test_all_ignored},
+    {"frozen parameters keep their grads", test_frozen},
+    {"train/val/test losses and perplexities are logged", test_logging},
+    {"no allocation per step", test_no_step_allocations},
+    CU_TEST_INFO_NULL,
+};
+
 static void register_tests(void) {
     if (kiln_test_host_new(&g_th) != KILN_OK) return; /* no suite: the runner fails */
-    CU_pSuite s = CU_add_suite("gpt", suite_init, suite_clean);
-    CU_add_test(s, "descriptor and declared config", test_descriptor);
-    CU_add_test(s, "parameters: HF GPT2LMHeadModel names, shapes, order, no-decay", test_param_layout);
-    CU_add_test(s, "init: GPT-2 statistics, deterministic per seed", test_init);
-    CU_add_test(s, "bad configs are refused naming the keys", test_bad_config);
-    CU_add_test(s, "a pre-1.4 kernel table is refused in one line", test_old_kernel_table);
-    CU_add_test(s, "bad batches are refused with a message", test_bad_batch);
-    CU_add_test(s, "fp64: loss and predict_step = a double GPT-2 forward", test_forward_f64);
-    CU_add_test(s, "fp32: loss and predict_step = a double GPT-2 forward", test_forward_f32);
-    CU_add_test(s, "fp64: backward vs central differences, every tensor", test_gradcheck_f64);
-    CU_add_test(s, "backward adds, linear in dloss", test_backward_accumulates);
-    CU_add_test(s, "classifier chunk size changes nothing", test_chunks);
-    CU_add_test(s, "fp32 vs fp64; bf16 and f16 compute copies", test_precisions);
-    CU_add_test(s, "all targets ignored: loss 0, no gradient", test_all_ignored);
-    CU_add_test(s, "frozen parameters keep their grads", test_frozen);
-    CU_add_test(s, "train/val/test losses and perplexities are logged", test_logging);
-    CU_add_test(s, "no allocation per step", test_no_step_allocations);
+    CU_SuiteInfo suites[] = {
+        {.pName = "gpt", .pInitFunc = suite_init, .pCleanupFunc = suite_clean, .pTests = cases_gpt},
+        CU_SUITE_INFO_NULL,
+    };
+    CU_register_suites(suites);
 }
 
 #include "cunit_main.h"

@@ -757,22 +757,30 @@ static void test_fashion_mnist(void) {
     g_ops->base.destroy(in);
 }
 
+static CU_TestInfo cases_idx_plugin[] = {
+    {"descriptor and declared keys", test_descriptor},
+    {"num_batches with and without drop_last", test_num_batches},
+    {"first val batch equals the file, normalised", test_val_first_batch},
+    {"train shuffle: per epoch, deterministic per seed", test_train_shuffle},
+    {"start_epoch(k) equals batch k of a full pass", test_start_epoch_mid},
+    {"sharding over two ranks", test_sharding},
+    {"val_split 0 gives an empty val split", test_empty_val},
+    {"get_state / set_state resume", test_state},
+    {"calls out of order", test_call_order_errors},
+    {"setup errors name the file and numbers", test_setup_errors},
+    {"relative and absolute file names", test_paths},
+    {"bad config fails create naming the key", test_bad_config},
+    {"real Fashion-MNIST test split", test_fashion_mnist},
+    CU_TEST_INFO_NULL,
+};
+
 static void register_tests(void) {
     if (kiln_test_host_new(&g_th) != KILN_OK) return; /* no suite: the runner fails */
-    CU_pSuite s = CU_add_suite("idx_plugin", suite_init, suite_clean);
-    CU_add_test(s, "descriptor and declared keys", test_descriptor);
-    CU_add_test(s, "num_batches with and without drop_last", test_num_batches);
-    CU_add_test(s, "first val batch equals the file, normalised", test_val_first_batch);
-    CU_add_test(s, "train shuffle: per epoch, deterministic per seed", test_train_shuffle);
-    CU_add_test(s, "start_epoch(k) equals batch k of a full pass", test_start_epoch_mid);
-    CU_add_test(s, "sharding over two ranks", test_sharding);
-    CU_add_test(s, "val_split 0 gives an empty val split", test_empty_val);
-    CU_add_test(s, "get_state / set_state resume", test_state);
-    CU_add_test(s, "calls out of order", test_call_order_errors);
-    CU_add_test(s, "setup errors name the file and numbers", test_setup_errors);
-    CU_add_test(s, "relative and absolute file names", test_paths);
-    CU_add_test(s, "bad config fails create naming the key", test_bad_config);
-    CU_add_test(s, "real Fashion-MNIST test split", test_fashion_mnist);
+    CU_SuiteInfo suites[] = {
+        {.pName = "idx_plugin", .pInitFunc = suite_init, .pCleanupFunc = suite_clean, .pTests = cases_idx_plugin},
+        CU_SUITE_INFO_NULL,
+    };
+    CU_register_suites(suites);
 }
 
 #include "cunit_main.h"

@@ -445,16 +445,24 @@ static void test_errors(void) {
     free(qkv), free(out), free(lse), free(dout), free(dq);
 }
 
+static CU_TestInfo cases_cpu_attention[] = {
+    {"forward vs reference (f32, f64, shapes)", test_forward_vs_reference},
+    {"backward vs finite differences (f64)", test_backward_finite_differences},
+    {"backward vs reference (f64), f32 vs f64", test_backward_vs_reference},
+    {"causality", test_causality},
+    {"same bits at 1, 2, 3 threads", test_threads_bit_identical},
+    {"f16 / bf16 rounding", test_rounding},
+    {"argument errors", test_errors},
+    CU_TEST_INFO_NULL,
+};
+
 static void register_tests(void) {
     if (kiln_test_host_new(&g_th) != KILN_OK) return; /* no suite: the runner fails */
-    CU_pSuite s = CU_add_suite("cpu attention", suite_init, suite_clean);
-    CU_add_test(s, "forward vs reference (f32, f64, shapes)", test_forward_vs_reference);
-    CU_add_test(s, "backward vs finite differences (f64)", test_backward_finite_differences);
-    CU_add_test(s, "backward vs reference (f64), f32 vs f64", test_backward_vs_reference);
-    CU_add_test(s, "causality", test_causality);
-    CU_add_test(s, "same bits at 1, 2, 3 threads", test_threads_bit_identical);
-    CU_add_test(s, "f16 / bf16 rounding", test_rounding);
-    CU_add_test(s, "argument errors", test_errors);
+    CU_SuiteInfo suites[] = {
+        {.pName = "cpu attention", .pInitFunc = suite_init, .pCleanupFunc = suite_clean, .pTests = cases_cpu_attention},
+        CU_SUITE_INFO_NULL,
+    };
+    CU_register_suites(suites);
 }
 
 #include "cunit_main.h"

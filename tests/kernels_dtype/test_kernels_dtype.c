@@ -525,10 +525,18 @@ static void test_golden(void) {
     }
 }
 
+static CU_TestInfo cases_kernels_dtype[] = {
+    {"float32/float64 kernels: same digest at 1, 2, 3, 5 threads", test_threads_agree},
+    {"float32/float64 kernels: digests equal the recorded ones", test_golden},
+    CU_TEST_INFO_NULL,
+};
+
 static void register_tests(void) {
-    CU_pSuite s = CU_add_suite("kernels_dtype", NULL, NULL);
-    CU_add_test(s, "float32/float64 kernels: same digest at 1, 2, 3, 5 threads", test_threads_agree);
-    CU_add_test(s, "float32/float64 kernels: digests equal the recorded ones", test_golden);
+    CU_SuiteInfo suites[] = {
+        {.pName = "kernels_dtype", .pTests = cases_kernels_dtype},
+        CU_SUITE_INFO_NULL,
+    };
+    CU_register_suites(suites);
 }
 
 #include "cunit_main.h"

@@ -226,11 +226,19 @@ static void test_refusals(void) {
     CU_ASSERT_EQUAL(g_k->addcmul(g_acc, KILN_DTYPE_F32, buf, 1.0, buf, buf, 8), KILN_OK);
 }
 
+static CU_TestInfo cases_kernels_ew[] = {
+    {"7 entries x 2 dtypes x 4 lengths, in place, against reference loops", test_against_reference},
+    {"edges: NaN, -0, infinities, subnormals, lerp's ends, n = 0", test_edges},
+    {"refusals: dtype, NULL, partial overlap, clamp bounds", test_refusals},
+    CU_TEST_INFO_NULL,
+};
+
 static void register_tests(void) {
-    CU_pSuite s = CU_add_suite("kernels_ew", suite_init, suite_clean);
-    CU_add_test(s, "7 entries x 2 dtypes x 4 lengths, in place, against reference loops", test_against_reference);
-    CU_add_test(s, "edges: NaN, -0, infinities, subnormals, lerp's ends, n = 0", test_edges);
-    CU_add_test(s, "refusals: dtype, NULL, partial overlap, clamp bounds", test_refusals);
+    CU_SuiteInfo suites[] = {
+        {.pName = "kernels_ew", .pInitFunc = suite_init, .pCleanupFunc = suite_clean, .pTests = cases_kernels_ew},
+        CU_SUITE_INFO_NULL,
+    };
+    CU_register_suites(suites);
 }
 
 #include "cunit_main.h"

@@ -770,22 +770,30 @@ static void test_xent_speed(void) {
     dfree(l), dfree(tg);
 }
 
+static CU_TestInfo cases_kernels_seq[] = {
+    {"1.4 table entries present", test_table},
+    {"embedding forward/backward vs naive, += and serial bits (f32, f64)", test_embedding},
+    {"embedding backward vs finite differences (f64)", test_embedding_gradcheck},
+    {"layernorm forward/backward vs naive, accumulate, NULL w/b/dw/db (f32, f64)", test_layernorm},
+    {"layernorm backward vs finite differences (f64)", test_layernorm_gradcheck},
+    {"layernorm round_dtype bf16/f16, refused for f64", test_layernorm_rounding},
+    {"xent_fused vs naive, ignored rows, padding, grad_scale 0 (f32, f64)", test_xent},
+    {"xent_fused -inf and NaN logits", test_xent_nonfinite},
+    {"xent_fused gradient vs finite differences (f64)", test_xent_gradcheck},
+    {"add, in place on a, b, both (f32, f64)", test_add},
+    {"same bits at 1, 2, 3 threads (f32, f64)", test_threads_bitwise},
+    {"refusals: bad token/target, dtype, sizes, NULL, overlap", test_errors},
+    {"xent_fused speed at V=50304 (printed)", test_xent_speed},
+    CU_TEST_INFO_NULL,
+};
+
 static void register_tests(void) {
     if (kiln_test_host_new(&g_th) != KILN_OK) return; /* no suite: the runner fails */
-    CU_pSuite s = CU_add_suite("kernels_seq", suite_init, suite_clean);
-    CU_add_test(s, "1.4 table entries present", test_table);
-    CU_add_test(s, "embedding forward/backward vs naive, += and serial bits (f32, f64)", test_embedding);
-    CU_add_test(s, "embedding backward vs finite differences (f64)", test_embedding_gradcheck);
-    CU_add_test(s, "layernorm forward/backward vs naive, accumulate, NULL w/b/dw/db (f32, f64)", test_layernorm);
-    CU_add_test(s, "layernorm backward vs finite differences (f64)", test_layernorm_gradcheck);
-    CU_add_test(s, "layernorm round_dtype bf16/f16, refused for f64", test_layernorm_rounding);
-    CU_add_test(s, "xent_fused vs naive, ignored rows, padding, grad_scale 0 (f32, f64)", test_xent);
-    CU_add_test(s, "xent_fused -inf and NaN logits", test_xent_nonfinite);
-    CU_add_test(s, "xent_fused gradient vs finite differences (f64)", test_xent_gradcheck);
-    CU_add_test(s, "add, in place on a, b, both (f32, f64)", test_add);
-    CU_add_test(s, "same bits at 1, 2, 3 threads (f32, f64)", test_threads_bitwise);
-    CU_add_test(s, "refusals: bad token/target, dtype, sizes, NULL, overlap", test_errors);
-    CU_add_test(s, "xent_fused speed at V=50304 (printed)", test_xent_speed);
+    CU_SuiteInfo suites[] = {
+        {.pName = "kernels_seq", .pInitFunc = suite_init, .pCleanupFunc = suite_clean, .pTests = cases_kernels_seq},
+        CU_SUITE_INFO_NULL,
+    };
+    CU_register_suites(suites);
 }
 
 #include "cunit_main.h"

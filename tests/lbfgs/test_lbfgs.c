@@ -1254,30 +1254,38 @@ static void test_bad_config(void) {
     ops()->base.destroy(inst);
 }
 
+static CU_TestInfo cases_lbfgs[] = {
+    {"descriptor: keys, defaults, properties", test_descriptor},
+    {"quadratic to A^-1 b, none, float32", test_quadratic_none},
+    {"quadratic to A^-1 b, strong_wolfe, float32", test_quadratic_wolfe},
+    {"quadratic to A^-1 b, none, float64 masters", test_quadratic_none_f64},
+    {"quadratic to A^-1 b, strong_wolfe, float64 masters", test_quadratic_wolfe_f64},
+    {"rosenbrock to (1, 1), strong_wolfe, float32", test_rosenbrock},
+    {"rosenbrock to (1, 1), strong_wolfe, float64 masters", test_rosenbrock_f64},
+    {"hand-derived 2-D iterates", test_reference_2d},
+    {"first iteration bit for bit, float32", test_first_iteration_f32},
+    {"reference trajectories (every line-search branch)", test_reference_trajectories},
+    {"closure calls, line_search none", test_counts_none},
+    {"closure calls, default max_eval", test_counts_default_max_eval},
+    {"optimal start: one call, no change", test_optimal_start},
+    {"history persists across step() calls", test_history_persists},
+    {"state round trip, bit-identical third step", test_state_roundtrip},
+    {"state refusals", test_state_refused},
+    {"state values bounded; a bad blob refused", test_state_bounds},
+    {"closure errors and misuse", test_closure_errors},
+    {"zero_grad and lr", test_zero_grad_lr},
+    {"setup refusals", test_setup_refusals},
+    {"bad config refused", test_bad_config},
+    CU_TEST_INFO_NULL,
+};
+
 static void register_tests(void) {
     if (kiln_test_host_new(&g_th) != KILN_OK) return; /* no suite: the runner fails */
-    CU_pSuite s = CU_add_suite("lbfgs", suite_init, suite_clean);
-    CU_add_test(s, "descriptor: keys, defaults, properties", test_descriptor);
-    CU_add_test(s, "quadratic to A^-1 b, none, float32", test_quadratic_none);
-    CU_add_test(s, "quadratic to A^-1 b, strong_wolfe, float32", test_quadratic_wolfe);
-    CU_add_test(s, "quadratic to A^-1 b, none, float64 masters", test_quadratic_none_f64);
-    CU_add_test(s, "quadratic to A^-1 b, strong_wolfe, float64 masters", test_quadratic_wolfe_f64);
-    CU_add_test(s, "rosenbrock to (1, 1), strong_wolfe, float32", test_rosenbrock);
-    CU_add_test(s, "rosenbrock to (1, 1), strong_wolfe, float64 masters", test_rosenbrock_f64);
-    CU_add_test(s, "hand-derived 2-D iterates", test_reference_2d);
-    CU_add_test(s, "first iteration bit for bit, float32", test_first_iteration_f32);
-    CU_add_test(s, "reference trajectories (every line-search branch)", test_reference_trajectories);
-    CU_add_test(s, "closure calls, line_search none", test_counts_none);
-    CU_add_test(s, "closure calls, default max_eval", test_counts_default_max_eval);
-    CU_add_test(s, "optimal start: one call, no change", test_optimal_start);
-    CU_add_test(s, "history persists across step() calls", test_history_persists);
-    CU_add_test(s, "state round trip, bit-identical third step", test_state_roundtrip);
-    CU_add_test(s, "state refusals", test_state_refused);
-    CU_add_test(s, "state values bounded; a bad blob refused", test_state_bounds);
-    CU_add_test(s, "closure errors and misuse", test_closure_errors);
-    CU_add_test(s, "zero_grad and lr", test_zero_grad_lr);
-    CU_add_test(s, "setup refusals", test_setup_refusals);
-    CU_add_test(s, "bad config refused", test_bad_config);
+    CU_SuiteInfo suites[] = {
+        {.pName = "lbfgs", .pInitFunc = suite_init, .pCleanupFunc = suite_clean, .pTests = cases_lbfgs},
+        CU_SUITE_INFO_NULL,
+    };
+    CU_register_suites(suites);
 }
 
 #include "cunit_main.h"

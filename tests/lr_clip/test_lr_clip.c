@@ -300,14 +300,22 @@ static void test_clip_value_clamp_entry(void) {
     }
 }
 
+static CU_TestInfo cases_lr_clip[] = {
+    {"scheduler per step: timing and rates", test_step_interval},
+    {"scheduler: accumulation, frequency, per epoch", test_accumulate_frequency_epoch},
+    {"monitored scheduler and its errors", test_monitored},
+    {"resume continues the schedule", test_resume_schedule},
+    {"clipping by norm and by value", test_clipping},
+    {"clipping by value: the clamp entry equals the host loop bit for bit", test_clip_value_clamp_entry},
+    CU_TEST_INFO_NULL,
+};
+
 static void register_tests(void) {
-    CU_pSuite s = CU_add_suite("lr_clip", tu_suite_dir_init, tu_suite_dir_clean);
-    CU_add_test(s, "scheduler per step: timing and rates", test_step_interval);
-    CU_add_test(s, "scheduler: accumulation, frequency, per epoch", test_accumulate_frequency_epoch);
-    CU_add_test(s, "monitored scheduler and its errors", test_monitored);
-    CU_add_test(s, "resume continues the schedule", test_resume_schedule);
-    CU_add_test(s, "clipping by norm and by value", test_clipping);
-    CU_add_test(s, "clipping by value: the clamp entry equals the host loop bit for bit", test_clip_value_clamp_entry);
+    CU_SuiteInfo suites[] = {
+        {.pName = "lr_clip", .pInitFunc = tu_suite_dir_init, .pCleanupFunc = tu_suite_dir_clean, .pTests = cases_lr_clip},
+        CU_SUITE_INFO_NULL,
+    };
+    CU_register_suites(suites);
 }
 
 #include "cunit_main.h"

@@ -247,15 +247,23 @@ static void test_lbfgs_automatic(void) {
     CU_ASSERT_EQUAL(kiln("check", body, TU_ARGS("--set", "precision=bf16-mixed"), out, sizeof out), 0);
 }
 
+static CU_TestInfo cases_manual[] = {
+    {"hook sequence of one manual batch", test_hook_sequence},
+    {"toggle leaves the other optimizer's gradients", test_toggle},
+    {"step every N, global_step counts every step", test_step_every_n},
+    {"closures and a scaler in manual mode", test_closure_and_scaler},
+    {"resume restores both optimizers", test_resume_two_optimizers},
+    {"refusals", test_refusals},
+    {"lbfgs in automatic mode: hooks per closure call", test_lbfgs_automatic},
+    CU_TEST_INFO_NULL,
+};
+
 static void register_tests(void) {
-    CU_pSuite s = CU_add_suite("manual", tu_suite_dir_init, tu_suite_dir_clean);
-    CU_add_test(s, "hook sequence of one manual batch", test_hook_sequence);
-    CU_add_test(s, "toggle leaves the other optimizer's gradients", test_toggle);
-    CU_add_test(s, "step every N, global_step counts every step", test_step_every_n);
-    CU_add_test(s, "closures and a scaler in manual mode", test_closure_and_scaler);
-    CU_add_test(s, "resume restores both optimizers", test_resume_two_optimizers);
-    CU_add_test(s, "refusals", test_refusals);
-    CU_add_test(s, "lbfgs in automatic mode: hooks per closure call", test_lbfgs_automatic);
+    CU_SuiteInfo suites[] = {
+        {.pName = "manual", .pInitFunc = tu_suite_dir_init, .pCleanupFunc = tu_suite_dir_clean, .pTests = cases_manual},
+        CU_SUITE_INFO_NULL,
+    };
+    CU_register_suites(suites);
 }
 
 #include "cunit_main.h"

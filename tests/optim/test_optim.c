@@ -545,24 +545,32 @@ static void test_declared_keys(void) {
     CU_ASSERT_TRUE(g_adamw->capabilities & KILN_CAP_STATEFUL);
 }
 
+static CU_TestInfo cases_optim[] = {
+    {"declared keys and defaults", test_declared_keys},
+    {"sgd plain", test_sgd_plain},
+    {"sgd momentum 0.9, 3 steps", test_sgd_momentum},
+    {"sgd nesterov", test_sgd_nesterov},
+    {"sgd dampening", test_sgd_dampening},
+    {"sgd weight decay (bias too)", test_sgd_weight_decay},
+    {"adamw 3 steps, bias not decayed", test_adamw_default_no_bias_decay},
+    {"adamw decay_bias = true", test_adamw_decay_bias},
+    {"adamw beta1 0.5, eps 1e-3", test_adamw_other_betas},
+    {"sgd closure, zero_grad, lr", test_closure_zero_grad_lr_sgd},
+    {"adamw closure, zero_grad, lr", test_closure_zero_grad_lr_adamw},
+    {"setup without accelerator", test_setup_needs_accelerator},
+    {"sgd state round trip and refusals", test_state_sgd},
+    {"adamw state round trip and refusals", test_state_adamw},
+    {"bad config refused", test_bad_config},
+    CU_TEST_INFO_NULL,
+};
+
 static void register_tests(void) {
     if (kiln_test_host_new(&g_th) != KILN_OK) return; /* no suite: the runner fails */
-    CU_pSuite s = CU_add_suite("optim", suite_init, suite_clean);
-    CU_add_test(s, "declared keys and defaults", test_declared_keys);
-    CU_add_test(s, "sgd plain", test_sgd_plain);
-    CU_add_test(s, "sgd momentum 0.9, 3 steps", test_sgd_momentum);
-    CU_add_test(s, "sgd nesterov", test_sgd_nesterov);
-    CU_add_test(s, "sgd dampening", test_sgd_dampening);
-    CU_add_test(s, "sgd weight decay (bias too)", test_sgd_weight_decay);
-    CU_add_test(s, "adamw 3 steps, bias not decayed", test_adamw_default_no_bias_decay);
-    CU_add_test(s, "adamw decay_bias = true", test_adamw_decay_bias);
-    CU_add_test(s, "adamw beta1 0.5, eps 1e-3", test_adamw_other_betas);
-    CU_add_test(s, "sgd closure, zero_grad, lr", test_closure_zero_grad_lr_sgd);
-    CU_add_test(s, "adamw closure, zero_grad, lr", test_closure_zero_grad_lr_adamw);
-    CU_add_test(s, "setup without accelerator", test_setup_needs_accelerator);
-    CU_add_test(s, "sgd state round trip and refusals", test_state_sgd);
-    CU_add_test(s, "adamw state round trip and refusals", test_state_adamw);
-    CU_add_test(s, "bad config refused", test_bad_config);
+    CU_SuiteInfo suites[] = {
+        {.pName = "optim", .pInitFunc = suite_init, .pCleanupFunc = suite_clean, .pTests = cases_optim},
+        CU_SUITE_INFO_NULL,
+    };
+    CU_register_suites(suites);
 }
 
 #include "cunit_main.h"

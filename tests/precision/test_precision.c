@@ -705,22 +705,30 @@ static void test_config_check_refusals(void) {
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "does not list \"float64\""));
 }
 
+static CU_TestInfo cases_precision[] = {
+    {"fp16 compute copies round to nearest even", test_fp16_compute_copy},
+    {"bf16 compute copies round to nearest even", test_bf16_compute_copy},
+    {"scaler: skip, back off, grow, state", test_scaler_skip_backoff_growth},
+    {"scaler: the same with a 1.2 kernel table (scale + all_finite)", test_scaler_table_1_2},
+    {"fit: the same weights on 1.2- and 1.3-built cpu accelerators", test_same_weights_on_older_accelerators},
+    {"scaler: no loss, no step, no update", test_scaler_no_loss},
+    {"refusals: 1.1 kernel table, bad settings", test_refusals},
+    {"hooks see scaled loss and gradients", test_hooks_see_scaled_values},
+    {"fp16 overflow skips steps, global_step advances", test_overflow_skips_steps},
+    {"64-true trains in fp64 close to 32-true", test_64_true},
+    {"resume restores the scaler; fp64 and bf16 resume exactly", test_resume_keeps_precision_state},
+    {"no loss: no step under the scaler, still counted", test_no_loss_step_counted},
+    {"config check refuses incompatible stacks", test_config_check_refusals},
+    CU_TEST_INFO_NULL,
+};
+
 static void register_tests(void) {
     if (kiln_test_host_new(&g_th) != KILN_OK) return; /* no suite: the runner fails */
-    CU_pSuite s = CU_add_suite("precision", suite_init, suite_clean);
-    CU_add_test(s, "fp16 compute copies round to nearest even", test_fp16_compute_copy);
-    CU_add_test(s, "bf16 compute copies round to nearest even", test_bf16_compute_copy);
-    CU_add_test(s, "scaler: skip, back off, grow, state", test_scaler_skip_backoff_growth);
-    CU_add_test(s, "scaler: the same with a 1.2 kernel table (scale + all_finite)", test_scaler_table_1_2);
-    CU_add_test(s, "fit: the same weights on 1.2- and 1.3-built cpu accelerators", test_same_weights_on_older_accelerators);
-    CU_add_test(s, "scaler: no loss, no step, no update", test_scaler_no_loss);
-    CU_add_test(s, "refusals: 1.1 kernel table, bad settings", test_refusals);
-    CU_add_test(s, "hooks see scaled loss and gradients", test_hooks_see_scaled_values);
-    CU_add_test(s, "fp16 overflow skips steps, global_step advances", test_overflow_skips_steps);
-    CU_add_test(s, "64-true trains in fp64 close to 32-true", test_64_true);
-    CU_add_test(s, "resume restores the scaler; fp64 and bf16 resume exactly", test_resume_keeps_precision_state);
-    CU_add_test(s, "no loss: no step under the scaler, still counted", test_no_loss_step_counted);
-    CU_add_test(s, "config check refuses incompatible stacks", test_config_check_refusals);
+    CU_SuiteInfo suites[] = {
+        {.pName = "precision", .pInitFunc = suite_init, .pCleanupFunc = suite_clean, .pTests = cases_precision},
+        CU_SUITE_INFO_NULL,
+    };
+    CU_register_suites(suites);
 }
 
 #include "cunit_main.h"

@@ -250,18 +250,26 @@ static void test_nan_guard_keeps_last_good(void) {
     CU_ASSERT_PTR_NULL(strstr(out, "=nan")); /* finite metrics from the last good weights */
 }
 
+static CU_TestInfo cases_resume[] = {
+    {"uninterrupted reference run", test_uninterrupted},
+    {"SIGKILL before the first checkpoint", test_kill_before_first_checkpoint},
+    {"SIGKILL mid-epoch", test_kill_mid_epoch},
+    {"SIGKILL during validation", test_kill_during_validation},
+    {"SIGKILL at an epoch's end", test_kill_at_epoch_end},
+    {"SIGTERM: checkpoint and clean exit", test_sigterm},
+    {"SIGTERM on an epoch's last batch: exact resume", test_sigterm_last_batch},
+    {"--weights-only into another stack", test_weights_only},
+    {"checkpoint callback: top-k files, resume from one", test_checkpoint_callback},
+    {"nan_guard stops; the last checkpoint stays good", test_nan_guard_keeps_last_good},
+    CU_TEST_INFO_NULL,
+};
+
 static void register_tests(void) {
-    CU_pSuite s = CU_add_suite("resume", tu_suite_dir_init, tu_suite_dir_clean);
-    CU_add_test(s, "uninterrupted reference run", test_uninterrupted);
-    CU_add_test(s, "SIGKILL before the first checkpoint", test_kill_before_first_checkpoint);
-    CU_add_test(s, "SIGKILL mid-epoch", test_kill_mid_epoch);
-    CU_add_test(s, "SIGKILL during validation", test_kill_during_validation);
-    CU_add_test(s, "SIGKILL at an epoch's end", test_kill_at_epoch_end);
-    CU_add_test(s, "SIGTERM: checkpoint and clean exit", test_sigterm);
-    CU_add_test(s, "SIGTERM on an epoch's last batch: exact resume", test_sigterm_last_batch);
-    CU_add_test(s, "--weights-only into another stack", test_weights_only);
-    CU_add_test(s, "checkpoint callback: top-k files, resume from one", test_checkpoint_callback);
-    CU_add_test(s, "nan_guard stops; the last checkpoint stays good", test_nan_guard_keeps_last_good);
+    CU_SuiteInfo suites[] = {
+        {.pName = "resume", .pInitFunc = tu_suite_dir_init, .pCleanupFunc = tu_suite_dir_clean, .pTests = cases_resume},
+        CU_SUITE_INFO_NULL,
+    };
+    CU_register_suites(suites);
 }
 
 #include "cunit_main.h"

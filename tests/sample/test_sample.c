@@ -268,14 +268,22 @@ static int suite_init(void) {
     return 0;
 }
 
+static CU_TestInfo cases_sample[] = {
+    {"greedy text", test_greedy_text},
+    {"when samples are taken", test_when},
+    {"seeded draws, top_k", test_seeded_topk},
+    {"token ids, context crop", test_ids_and_context},
+    {"refusals", test_refusals},
+    CU_TEST_INFO_NULL,
+};
+
 static void register_tests(void) {
     if (kiln_test_host_new(&g_th) != KILN_OK) return; /* no suite: the runner fails */
-    CU_pSuite s = CU_add_suite("sample", suite_init, NULL);
-    CU_add_test(s, "greedy text", test_greedy_text);
-    CU_add_test(s, "when samples are taken", test_when);
-    CU_add_test(s, "seeded draws, top_k", test_seeded_topk);
-    CU_add_test(s, "token ids, context crop", test_ids_and_context);
-    CU_add_test(s, "refusals", test_refusals);
+    CU_SuiteInfo suites[] = {
+        {.pName = "sample", .pInitFunc = suite_init, .pTests = cases_sample},
+        CU_SUITE_INFO_NULL,
+    };
+    CU_register_suites(suites);
 }
 
 #include "cunit_main.h"

@@ -694,17 +694,25 @@ static void test_config_and_io_errors(void) {
     fixture_end();
 }
 
+static CU_TestInfo cases_tensorboard[] = {
+    {"CRC-32C check values, plugin vs bitwise reference", test_crc32c_check_values},
+    {"descriptor declares subdir, flush_every_n, filename_suffix", test_descriptor},
+    {"scalars round-trip through an independent reader", test_scalars_round_trip},
+    {"flush_every_n buffers, epoch end and destroy flush", test_flush_every_n},
+    {"two loggers, nested subdir, filename_suffix", test_two_files_suffix_and_subdir},
+    {"empty and absolute subdir", test_subdir_empty_and_absolute},
+    {"rank != 0 writes nothing", test_rank_nonzero_writes_nothing},
+    {"config and I/O errors", test_config_and_io_errors},
+    CU_TEST_INFO_NULL,
+};
+
 static void register_tests(void) {
     if (kiln_test_host_new(&g_th) != KILN_OK) return; /* no suite: the runner fails */
-    CU_pSuite s = CU_add_suite("tensorboard", NULL, NULL);
-    CU_add_test(s, "CRC-32C check values, plugin vs bitwise reference", test_crc32c_check_values);
-    CU_add_test(s, "descriptor declares subdir, flush_every_n, filename_suffix", test_descriptor);
-    CU_add_test(s, "scalars round-trip through an independent reader", test_scalars_round_trip);
-    CU_add_test(s, "flush_every_n buffers, epoch end and destroy flush", test_flush_every_n);
-    CU_add_test(s, "two loggers, nested subdir, filename_suffix", test_two_files_suffix_and_subdir);
-    CU_add_test(s, "empty and absolute subdir", test_subdir_empty_and_absolute);
-    CU_add_test(s, "rank != 0 writes nothing", test_rank_nonzero_writes_nothing);
-    CU_add_test(s, "config and I/O errors", test_config_and_io_errors);
+    CU_SuiteInfo suites[] = {
+        {.pName = "tensorboard", .pTests = cases_tensorboard},
+        CU_SUITE_INFO_NULL,
+    };
+    CU_register_suites(suites);
 }
 
 #include "cunit_main.h"

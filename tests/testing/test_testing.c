@@ -299,14 +299,22 @@ static int suite_clean(void) {
     return 0;
 }
 
+static CU_TestInfo cases_testing[] = {
+    {"config text against declared keys", test_config_text},
+    {"harness failures: a status and one line", test_harness_errors},
+    {"services record what the plugin does", test_records},
+    {"every kind through its wrappers", test_every_kind},
+    {"parameters: f32, f64, independent hosts", test_params_f64},
+    CU_TEST_INFO_NULL,
+};
+
 static void register_tests(void) {
     if (kiln_test_host_new(&g_th) != KILN_OK) return; /* no suite: the runner fails */
-    CU_pSuite s = CU_add_suite("testing", NULL, suite_clean);
-    CU_add_test(s, "config text against declared keys", test_config_text);
-    CU_add_test(s, "harness failures: a status and one line", test_harness_errors);
-    CU_add_test(s, "services record what the plugin does", test_records);
-    CU_add_test(s, "every kind through its wrappers", test_every_kind);
-    CU_add_test(s, "parameters: f32, f64, independent hosts", test_params_f64);
+    CU_SuiteInfo suites[] = {
+        {.pName = "testing", .pCleanupFunc = suite_clean, .pTests = cases_testing},
+        CU_SUITE_INFO_NULL,
+    };
+    CU_register_suites(suites);
 }
 
 #include "cunit_main.h"

@@ -791,19 +791,27 @@ static void test_converter(void) {
     globfree(&g);
 }
 
+static CU_TestInfo cases_tokens[] = {
+    {"descriptor and declared keys", test_descriptor},
+    {"windows, the one-token shift, sequential order", test_windows_sequential},
+    {"seeded shuffle: reproducible, new every epoch", test_shuffle},
+    {"ddp: disjoint ranks, equal batch counts", test_ddp},
+    {"start_epoch(k) equals batch k of a full pass", test_resume_mid_epoch},
+    {"get_state / set_state, hostile blobs", test_state},
+    {"text format and val_fraction", test_text},
+    {"malformed shards name the file; FIFO refused", test_malformed},
+    {"bad config and call order", test_bad_config},
+    {"kiln-text2tokens round trip", test_converter},
+    CU_TEST_INFO_NULL,
+};
+
 static void register_tests(void) {
     if (kiln_test_host_new(&g_th) != KILN_OK) return; /* no suite: the runner fails */
-    CU_pSuite s = CU_add_suite("tokens", suite_init, suite_clean);
-    CU_add_test(s, "descriptor and declared keys", test_descriptor);
-    CU_add_test(s, "windows, the one-token shift, sequential order", test_windows_sequential);
-    CU_add_test(s, "seeded shuffle: reproducible, new every epoch", test_shuffle);
-    CU_add_test(s, "ddp: disjoint ranks, equal batch counts", test_ddp);
-    CU_add_test(s, "start_epoch(k) equals batch k of a full pass", test_resume_mid_epoch);
-    CU_add_test(s, "get_state / set_state, hostile blobs", test_state);
-    CU_add_test(s, "text format and val_fraction", test_text);
-    CU_add_test(s, "malformed shards name the file; FIFO refused", test_malformed);
-    CU_add_test(s, "bad config and call order", test_bad_config);
-    CU_add_test(s, "kiln-text2tokens round trip", test_converter);
+    CU_SuiteInfo suites[] = {
+        {.pName = "tokens", .pInitFunc = suite_init, .pCleanupFunc = suite_clean, .pTests = cases_tokens},
+        CU_SUITE_INFO_NULL,
+    };
+    CU_register_suites(suites);
 }
 
 #include "cunit_main.h"
