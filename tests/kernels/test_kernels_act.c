@@ -10,6 +10,7 @@
  * registers it.
  */
 #include "cpu_kernels.h"
+#include "kt_common.h"
 
 #include <CUnit/CUnit.h>
 #include <float.h>
@@ -60,30 +61,15 @@ static double ref_df(int act, double x) {
     }
 }
 
-static uint64_t ka_rng = 0x51D2C0FFEEull;
-static double ka_unit(void) { /* xorshift64*, [0, 1) */
-    ka_rng ^= ka_rng >> 12;
-    ka_rng ^= ka_rng << 25;
-    ka_rng ^= ka_rng >> 27;
-    return (double)((ka_rng * 0x2545F4914F6CDD1Dull) >> 11) * (1.0 / 9007199254740992.0);
-}
-
-static void *ka_alloc(size_t bytes) {
-    void *p = malloc(bytes ? bytes : 1);
-    CU_ASSERT_FATAL(p != NULL);
-    return p;
-}
-
-static int ka_close(double got, double want, double rtol, double atol) {
-    return fabs(got - want) <= atol + rtol * fmax(fabs(got), fabs(want));
-}
+static test_rng ka_rng = {0x51D2C0FFEEull};
+static double ka_unit(void) { return test_rng_unit(&ka_rng); } /* [0, 1) */
 
 /* Counts (and prints the first few) elements outside tolerance. */
 static int ka_far(const char *what, int act, const double *x, const double *got, const double *want, size_t n,
                   double rtol, double atol) {
     int bad = 0;
     for (size_t i = 0; i < n; i++)
-        if (!ka_close(got[i], want[i], rtol, atol) && bad++ < 5)
+        if (!kt_close(got[i], want[i], rtol, atol) && bad++ < 5)
             printf("\n  %s %s(%.9g): got %.17g want %.17g", what, ka_names[act], x[i], got[i], want[i]);
     return bad;
 }
@@ -161,9 +147,9 @@ static void test_act_known_values(void) {
  * (relative, tails included: sigmoid(-40) ~ 4e-18 must be right, not 0). */
 static void test_act_sweep(void) {
     const size_t n = 20001;
-    float *x = ka_alloc(n * sizeof *x), *y = ka_alloc(n * sizeof *y), *one = ka_alloc(n * sizeof *one);
-    double *xd = ka_alloc(n * sizeof *xd), *got = ka_alloc(n * sizeof *got), *want = ka_alloc(n * sizeof *want);
-    double *yd = ka_alloc(n * sizeof *yd), *oned = ka_alloc(n * sizeof *oned);
+    float *x = kt_alloc(n * sizeof *x), *y = kt_alloc(n * sizeof *y), *one = kt_alloc(n * sizeof *one);
+    double *xd = kt_alloc(n * sizeof *xd), *got = kt_alloc(n * sizeof *got), *want = kt_alloc(n * sizeof *want);
+    double *yd = kt_alloc(n * sizeof *yd), *oned = kt_alloc(n * sizeof *oned);
     for (size_t i = 0; i < n; i++) {
         x[i] = -40.0f + 80.0f * (float)i / (float)(n - 1);
         xd[i] = x[i];
@@ -267,10 +253,10 @@ static void test_act_extremes(void) {
         CU_ASSERT(g[i] >= 0.0f && isfinite(g[i]));
     }
     /* the tails are the true tiny values, not 0 and not a clamp */
-    CU_ASSERT(ka_close(y[5], exp(-40.0), 1e-6, 0));
-    CU_ASSERT(ka_close(g[4], exp(-40.0), 1e-6, 0));
-    CU_ASSERT(ka_close(y[11], exp(-87.0), 1e-6, 0)); /* 1.6e-38: near FLT_MIN */
-    CU_ASSERT(y[3] > 0.0f && ka_close(y[3], 3.7200759760208356e-44, 0.05, 0)); /* subnormal */
+    CU_ASSERT(kt_close(y[5], exp(-40.0), 1e-6, 0));
+    CU_ASSERT(kt_close(g[4], exp(-40.0), 1e-6, 0));
+    CU_ASSERT(kt_close(y[11], exp(-87.0), 1e-6, 0)); /* 1.6e-38: near FLT_MIN */
+    CU_ASSERT(y[3] > 0.0f && kt_close(y[3], 3.7200759760208356e-44, 0.05, 0)); /* subnormal */
     CU_ASSERT(isnan(y[10]) && isnan(g[10]));
 
     kc_leaky_relu_forward(y, x, N);
@@ -289,8 +275,8 @@ static void test_act_extremes(void) {
     kc_sigmoid_forward_f64(yd, xd, N);
     kc_sigmoid_backward_f64(gd, dyd, xd, N);
     CU_ASSERT_EQUAL(yd[0], 1.0);
-    CU_ASSERT(ka_close(yd[3], exp(-100.0), 1e-14, 0));
-    CU_ASSERT(ka_close(yd[5], exp(-40.0) / (1.0 + exp(-40.0)), 1e-14, 0));
+    CU_ASSERT(kt_close(yd[3], exp(-100.0), 1e-14, 0));
+    CU_ASSERT(kt_close(yd[5], exp(-40.0) / (1.0 + exp(-40.0)), 1e-14, 0));
     CU_ASSERT_EQUAL(yd[9], 0.0);
     CU_ASSERT_EQUAL(gd[8], 0.0);
     CU_ASSERT(isnan(yd[10]) && isnan(gd[10]));
@@ -302,10 +288,10 @@ static void test_act_extremes(void) {
 static void test_act_in_place_and_threads(void) {
     /* Big enough that 2 threads split it (> 2 * KC_GRAIN_STREAM floats). */
     const size_t n = 3 * ((size_t)1 << 18) + 77;
-    float *x = ka_alloc(n * sizeof *x), *dy = ka_alloc(n * sizeof *dy), *a = ka_alloc(n * sizeof *a);
-    float *b = ka_alloc(n * sizeof *b);
-    double *xd = ka_alloc(n * sizeof *xd), *dyd = ka_alloc(n * sizeof *dyd), *ad = ka_alloc(n * sizeof *ad);
-    double *bd = ka_alloc(n * sizeof *bd);
+    float *x = kt_alloc(n * sizeof *x), *dy = kt_alloc(n * sizeof *dy), *a = kt_alloc(n * sizeof *a);
+    float *b = kt_alloc(n * sizeof *b);
+    double *xd = kt_alloc(n * sizeof *xd), *dyd = kt_alloc(n * sizeof *dyd), *ad = kt_alloc(n * sizeof *ad);
+    double *bd = kt_alloc(n * sizeof *bd);
     for (size_t i = 0; i < n; i++) {
         xd[i] = x[i] = (float)(16.0 * ka_unit() - 8.0);
         dyd[i] = dy[i] = (float)(2.0 * ka_unit() - 1.0);

@@ -12,6 +12,7 @@
  * in test_kernels_act.c, both registered from here (one executable).
  */
 #include "cpu_kernels.h"
+#include "kt_common.h"
 
 #include <CUnit/CUnit.h>
 #if defined(__x86_64__) || defined(__SSE2__)
@@ -30,35 +31,22 @@
 /* ------------------------------------------------------------- helpers */
 
 /* Deterministic xorshift64* so failures reproduce. */
-static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static void rng_seed(uint64_t s) { rng_state = s ? s : 1; }
-static double rng_unit(void) { /* [0, 1) */
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return (double)((rng_state * 0x2545F4914F6CDD1Dull) >> 11) * (1.0 / 9007199254740992.0);
-}
+static test_rng g_rng = {0x9E3779B97F4A7C15ull};
+static void rng_seed(uint64_t s) { test_rng_seed(&g_rng, s); }
+static double rng_unit(void) { return test_rng_unit(&g_rng); } /* [0, 1) */
 static float rng_uniform(float lo, float hi) { return lo + (hi - lo) * (float)rng_unit(); }
 static void fill_uniform(float *x, size_t n, float lo, float hi) {
     for (size_t i = 0; i < n; i++) x[i] = rng_uniform(lo, hi);
 }
 
-static float *falloc(size_t n) {
-    float *p = malloc((n ? n : 1) * sizeof *p);
-    CU_ASSERT_FATAL(p != NULL);
-    return p;
-}
-
-static int close_to(double got, double want, double rtol, double atol) {
-    return fabs(got - want) <= atol + rtol * fmax(fabs(got), fabs(want));
-}
+static float *falloc(size_t n) { return kt_alloc((n ? n : 1) * sizeof(float)); }
 
 /* Counts elements outside tolerance, printing the first few for diagnosis. */
 static int count_far(const char *what, const float *got, const double *want, size_t n,
                      double rtol, double atol) {
     int bad = 0;
     for (size_t i = 0; i < n; i++) {
-        if (!close_to(got[i], want[i], rtol, atol)) {
+        if (!kt_close(got[i], want[i], rtol, atol)) {
             if (bad < 5)
                 printf("\n  %s[%zu]: got %.9g want %.9g", what, i, (double)got[i], want[i]);
             bad++;
@@ -90,7 +78,7 @@ static void gemm_case(int ta, int tb, int M, int N, int K, float alpha, float be
         for (int j = 0; j < ldc; j++) {
             float got = C[(size_t)i * ldc + j], want = R[(size_t)i * ldc + j];
             /* float GEMM error grows ~ K * eps * |terms|; terms are <= 1 */
-            if (j >= N ? got != 12345.0f : !close_to(got, want, 1e-5, 1e-6 * (K + 1))) {
+            if (j >= N ? got != 12345.0f : !kt_close(got, want, 1e-5, 1e-6 * (K + 1))) {
                 if (bad < 3)
                     printf("\n  gemm ta=%d tb=%d %dx%dx%d C[%d,%d]: %.9g vs ref %.9g", ta, tb, M,
                            N, K, i, j, (double)got, (double)want);
@@ -361,7 +349,7 @@ static void test_gelu_values(void) {
     int bad = 0;
     for (size_t i = 0; i < n; i++) {
         const double cond = wy[i] != 0.0 ? fabs(xs[i] * wg[i] / wy[i]) : 0.0;
-        if (!close_to(ys[i], wy[i], 1.2e-7 * (8.0 + cond), 1e-30)) {
+        if (!kt_close(ys[i], wy[i], 1.2e-7 * (8.0 + cond), 1e-30)) {
             if (bad++ < 5)
                 printf("\n  gelu(%.9g): got %.9g want %.9g", (double)xs[i], (double)ys[i], wy[i]);
         }
@@ -584,11 +572,11 @@ static void sgd3(float momentum, float dampening, int nesterov, float wd, const 
     for (int t = 0; t < 3; t++) {
         kc_sgd_update(&p, &g, momentum != 0.0f ? &buf : NULL, 1, 0.1f, momentum, dampening,
                       nesterov, wd, t == 0);
-        if (!close_to(p, want[t], 1e-6, 1e-7))
+        if (!kt_close(p, want[t], 1e-6, 1e-7))
             printf("\n  sgd mom=%g damp=%g nest=%d wd=%g step %d: p=%.9g want %.9g",
                    (double)momentum, (double)dampening, nesterov, (double)wd, t + 1, (double)p,
                    want[t]);
-        CU_ASSERT(close_to(p, want[t], 1e-6, 1e-7));
+        CU_ASSERT(kt_close(p, want[t], 1e-6, 1e-7));
     }
 }
 

@@ -11,6 +11,7 @@
  * thread-count independence of all of them. test_kernels_cpu.c registers it.
  */
 #include "cpu_kernels.h"
+#include "kt_common.h"
 
 #include <CUnit/CUnit.h>
 #include <float.h>
@@ -24,32 +25,18 @@ void kt_register_ex_tests(void);
 
 /* ------------------------------------------------------------- helpers */
 
-static uint64_t ex_rng = 0x2545F4914F6CDD1Dull;
-static void ex_seed(uint64_t s) { ex_rng = s ? s : 1; }
-static uint64_t ex_next(void) { /* xorshift64* */
-    ex_rng ^= ex_rng >> 12;
-    ex_rng ^= ex_rng << 25;
-    ex_rng ^= ex_rng >> 27;
-    return ex_rng * 0x2545F4914F6CDD1Dull;
-}
+static test_rng ex_rng = {0x2545F4914F6CDD1Dull};
+static void ex_seed(uint64_t s) { test_rng_seed(&ex_rng, s); }
+static uint64_t ex_next(void) { return test_rng_next(&ex_rng); }
 static double ex_unit(void) { return (double)(ex_next() >> 11) * (1.0 / 9007199254740992.0); }
 static double ex_uniform(double lo, double hi) { return lo + (hi - lo) * ex_unit(); }
 
-static void *ex_alloc(size_t bytes) {
-    void *p = malloc(bytes ? bytes : 1);
-    CU_ASSERT_FATAL(p != NULL);
-    return p;
-}
-
-static int ex_close(double got, double want, double rtol, double atol) {
-    return fabs(got - want) <= atol + rtol * fmax(fabs(got), fabs(want));
-}
 
 /* Counts (and prints the first few) elements outside tolerance. */
 static int ex_count_far(const char *what, const double *got, const double *want, size_t n, double rtol, double atol) {
     int bad = 0;
     for (size_t i = 0; i < n; i++)
-        if (!ex_close(got[i], want[i], rtol, atol)) {
+        if (!kt_close(got[i], want[i], rtol, atol)) {
             if (bad++ < 5) printf("\n  %s[%zu]: got %.17g want %.17g", what, i, got[i], want[i]);
         }
     return bad;
@@ -305,7 +292,7 @@ static void test_cast_all_pairs(void) {
     ex_seed(21);
     const int dts[4] = {KC_F32, KC_F64, KC_F16, KC_BF16};
     const size_t n = 70001; /* > 65536: every 16-bit pattern */
-    void *src = ex_alloc(n * 8), *dst = ex_alloc(n * 8);
+    void *src = kt_alloc(n * 8), *dst = kt_alloc(n * 8);
     for (int s = 0; s < 4; s++) {
         fill_source(dts[s], src, n);
         for (int d = 0; d < 4; d++) {
@@ -358,7 +345,7 @@ static void test_cast_all_pairs(void) {
 static void test_round_in_place(void) {
     ex_seed(22);
     const size_t n = 50000;
-    float *x = ex_alloc(n * sizeof *x), *r16 = ex_alloc(n * sizeof *x), *rbf = ex_alloc(n * sizeof *x);
+    float *x = kt_alloc(n * sizeof *x), *r16 = kt_alloc(n * sizeof *x), *rbf = kt_alloc(n * sizeof *x);
     fill_source(KC_F32, x, n);
     memcpy(r16, x, n * sizeof *x);
     memcpy(rbf, x, n * sizeof *x);
@@ -419,9 +406,9 @@ static void gemm_ex_case(int ta, int tb, int a_dt, int b_dt, int round_dt, float
     const int a_rows = ta ? K : M, a_cols = ta ? M : K, b_rows = tb ? N : K, b_cols = tb ? K : N;
     const int lda = a_cols + pad, ldb = b_cols + pad, ldc = N + pad;
     const size_t na = (size_t)a_rows * lda, nb = (size_t)b_rows * ldb, nc = (size_t)M * ldc;
-    void *A = ex_alloc(na * 4), *B = ex_alloc(nb * 4);
-    float *Af = ex_alloc(na * 4), *Bf = ex_alloc(nb * 4), *C = ex_alloc(nc * 4), *C0 = ex_alloc(nc * 4);
-    float *P = ex_alloc((size_t)M * N * 4);
+    void *A = kt_alloc(na * 4), *B = kt_alloc(nb * 4);
+    float *Af = kt_alloc(na * 4), *Bf = kt_alloc(nb * 4), *C = kt_alloc(nc * 4), *C0 = kt_alloc(nc * 4);
+    float *P = kt_alloc((size_t)M * N * 4);
     for (size_t i = 0; i < na; i++)
         Af[i] = store_as(a_dt, A, i, exact ? (float)((int)(ex_next() % 33) - 16) / 8.0f : (float)ex_uniform(-3, 3));
     for (size_t i = 0; i < nb; i++)
@@ -434,7 +421,7 @@ static void gemm_ex_case(int ta, int tb, int a_dt, int b_dt, int round_dt, float
     kc_gemm_ref(ta, tb, M, N, K, alpha, Af, lda, Bf, ldb, 0.0f, P, N);
 
     const size_t wsb = kc_gemm_ex_workspace(M, N, K, a_dt, b_dt, KC_F32, round_dt, beta);
-    void *ws = wsb ? ex_alloc(wsb) : NULL;
+    void *ws = wsb ? kt_alloc(wsb) : NULL;
     CU_ASSERT_EQUAL_FATAL(kc_gemm_ex(ta, tb, M, N, K, alpha, A, a_dt, lda, B, b_dt, ldb, beta, C, KC_F32, ldc,
                                      round_dt, ws, wsb), 0);
     const double unit = round_dt == KC_F16 ? 0x1p-10 : round_dt == KC_BF16 ? 0x1p-7 : 1e-5;
@@ -448,7 +435,7 @@ static void gemm_ex_case(int ta, int tb, int a_dt, int b_dt, int round_dt, float
             }
             const float p = round_as(round_dt, P[(size_t)i * N + j]);
             const float want = beta == 0.0f ? p : p + beta * C0[(size_t)i * ldc + j];
-            int ok = exact ? f32_bits(got) == f32_bits(want) : ex_close(got, want, unit, 1e-5 * (K + 1));
+            int ok = exact ? f32_bits(got) == f32_bits(want) : kt_close(got, want, unit, 1e-5 * (K + 1));
             /* with beta == 0, C holds the rounded product: representable */
             if (beta == 0.0f) ok &= round_as(round_dt, got) == got;
             if (!ok && bad++ < 3)
@@ -556,8 +543,8 @@ static void test_gemm_ex_f64(void) {
                 const double beta = bi ? 1.0 : 0.0, alpha = -0.7;
                 const int a_rows = ta ? K : M, a_cols = ta ? M : K, b_rows = tb ? N : K, b_cols = tb ? K : N;
                 const int lda = a_cols + pad, ldb = b_cols + pad, ldc = N + pad;
-                double *A = ex_alloc((size_t)a_rows * lda * 8), *B = ex_alloc((size_t)b_rows * ldb * 8);
-                double *C = ex_alloc((size_t)M * ldc * 8), *C0 = ex_alloc((size_t)M * ldc * 8);
+                double *A = kt_alloc((size_t)a_rows * lda * 8), *B = kt_alloc((size_t)b_rows * ldb * 8);
+                double *C = kt_alloc((size_t)M * ldc * 8), *C0 = kt_alloc((size_t)M * ldc * 8);
                 for (int i = 0; i < a_rows * lda; i++) A[i] = ex_uniform(-1, 1);
                 for (int i = 0; i < b_rows * ldb; i++) B[i] = ex_uniform(-1, 1);
                 for (int i = 0; i < M * ldc; i++) C0[i] = (i % ldc) >= N ? -999.0 : bi ? ex_uniform(-1, 1) : NAN;
@@ -576,7 +563,7 @@ static void test_gemm_ex_f64(void) {
                                      (tb ? B[(size_t)j * ldb + k] : B[(size_t)k * ldb + j]);
                             want = alpha * s + (bi ? beta * C0[(size_t)i * ldc + j] : 0.0);
                         }
-                        bad += !ex_close(C[(size_t)i * ldc + j], want, 1e-13, 1e-14);
+                        bad += !kt_close(C[(size_t)i * ldc + j], want, 1e-13, 1e-14);
                     }
                 CU_ASSERT_EQUAL(bad, 0);
                 free(A), free(B), free(C), free(C0);
@@ -653,8 +640,8 @@ static void test_f64_gelu(void) {
     CU_ASSERT_EQUAL(ex_count_far("gelu64 literals", y5, w5, 5, 1e-14, 0), 0);
 
     enum { N = 1301 };
-    double *x = ex_alloc(N * 8), *y = ex_alloc(N * 8), *g = ex_alloc(N * 8), *one = ex_alloc(N * 8);
-    double *wy = ex_alloc(N * 8), *wg = ex_alloc(N * 8);
+    double *x = kt_alloc(N * 8), *y = kt_alloc(N * 8), *g = kt_alloc(N * 8), *one = kt_alloc(N * 8);
+    double *wy = kt_alloc(N * 8), *wg = kt_alloc(N * 8);
     for (int i = 0; i < N; i++) {
         x[i] = -3.0 + 13.0 * i / (N - 1);
         one[i] = 1.0;
@@ -724,11 +711,11 @@ static void test_f64_softmax_xent(void) {
     wloss /= B;
     int nc = -1;
     const double loss = kc_softmax_xent_forward_f64(p, l, y, B, C, &nc);
-    CU_ASSERT(ex_close(loss, wloss, 1e-14, 0));
+    CU_ASSERT(kt_close(loss, wloss, 1e-14, 0));
     CU_ASSERT_EQUAL(nc, wcorrect);
     CU_ASSERT(wcorrect >= 1);
     CU_ASSERT_EQUAL(ex_count_far("probs64", p, wp, B * C, 1e-14, 1e-17), 0);
-    CU_ASSERT(ex_close(kc_softmax_xent_forward_f64(p, l, y, B, C, NULL), wloss, 1e-14, 0));
+    CU_ASSERT(kt_close(kc_softmax_xent_forward_f64(p, l, y, B, C, NULL), wloss, 1e-14, 0));
 
     /* Gradient vs central differences of the loss (double: eps 1e-6). */
     const double eps = 1e-6;
@@ -754,7 +741,7 @@ static void test_f64_softmax_xent(void) {
     const double big[6] = {1000, 0, -1000, 1000, 0, -1000};
     const int32_t yb[2] = {0, 2};
     double pb[6];
-    CU_ASSERT(ex_close(kc_softmax_xent_forward_f64(pb, big, yb, 2, 3, &nc), 1000.0, 1e-15, 0));
+    CU_ASSERT(kt_close(kc_softmax_xent_forward_f64(pb, big, yb, 2, 3, &nc), 1000.0, 1e-15, 0));
     CU_ASSERT_EQUAL(pb[0], 1.0);
     CU_ASSERT_EQUAL(nc, 1);
 
@@ -765,7 +752,7 @@ static void test_f64_softmax_xent(void) {
     for (int i = 0; i < 6; i++) pb[i] = -1.0;
     CU_ASSERT(isnan(kc_softmax_xent_forward_f64(pb, l2, bad, 2, 3, &nc)));
     CU_ASSERT_EQUAL(nc, 1);
-    CU_ASSERT(ex_close(pb[3] + pb[4] + pb[5], 1.0, 1e-15, 0));
+    CU_ASSERT(kt_close(pb[3] + pb[4] + pb[5], 1.0, 1e-15, 0));
     bad[1] = -1;
     CU_ASSERT(isnan(kc_softmax_xent_forward_f64(pb, l2, bad, 2, 3, &nc)));
     double db[6];
@@ -782,13 +769,13 @@ static void test_f64_reductions_blas1(void) {
     CU_ASSERT_EQUAL(kc_sumsq_f64(x, 0), 0.0);
     ex_seed(28);
     const size_t n = 100003; /* several reduction blocks */
-    double *big = ex_alloc(n * 8);
+    double *big = kt_alloc(n * 8);
     double want = 0;
     for (size_t i = 0; i < n; i++) {
         big[i] = ex_uniform(-3, 3);
         want += big[i] * big[i];
     }
-    CU_ASSERT(ex_close(kc_sumsq_f64(big, n), want, 1e-13, 0));
+    CU_ASSERT(kt_close(kc_sumsq_f64(big, n), want, 1e-13, 0));
 
     double y[5] = {1, 1, 1, 1, 1};
     kc_axpy_f64(y, 2.0, x, 5);
@@ -839,9 +826,9 @@ static void test_f64_sgd_hand(void) {
         for (int s = 0; s < 3; s++) {
             kc_sgd_update_f64(&p, &g, t[c].mom != 0.0 ? &buf : NULL, 1, 0.1, t[c].mom, t[c].damp, t[c].nest,
                               t[c].wd, s == 0);
-            if (!ex_close(p, t[c].want[s], 1e-14, 1e-15))
+            if (!kt_close(p, t[c].want[s], 1e-14, 1e-15))
                 printf("\n  sgd64 case %zu step %d: %.17g want %.17g", c, s + 1, p, t[c].want[s]);
-            CU_ASSERT(ex_close(p, t[c].want[s], 1e-14, 1e-15));
+            CU_ASSERT(kt_close(p, t[c].want[s], 1e-14, 1e-15));
         }
     }
 }
@@ -1015,8 +1002,8 @@ static size_t run_ex_kernels(const double *x, const double *g, const int32_t *la
 static void test_ex_threads_bit_identical(void) {
     const size_t n = XN;
     const size_t out_bytes = 24 * n + 12 * (size_t)XG * XG + 8 * (11 * n + (size_t)XR * XC + XC + 4 + 2 * (size_t)XB * XK);
-    double *x = ex_alloc(8 * n), *g = ex_alloc(8 * n);
-    unsigned char *ref = ex_alloc(out_bytes), *got = ex_alloc(out_bytes);
+    double *x = kt_alloc(8 * n), *g = kt_alloc(8 * n);
+    unsigned char *ref = kt_alloc(out_bytes), *got = kt_alloc(out_bytes);
     int32_t labels[XB];
     ex_seed(31);
     for (size_t i = 0; i < n; i++) {

@@ -16,6 +16,7 @@
 #include <kiln/testing.h>
 
 #include "plugin_fixture.h"
+#include "test_rng.h"
 
 static kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
 
@@ -85,26 +86,21 @@ static int32_t t_bias_grad(kiln_instance *acc, float *db, const float *dy, int32
     kc_bias_grad(db, dy, rows, cols, a);
     return KILN_OK;
 }
-static int32_t t_relu_f(kiln_instance *acc, float *y, const float *x, size_t n) {
-    chk(acc);
-    kc_relu_forward(y, x, n);
-    return KILN_OK;
-}
-static int32_t t_relu_b(kiln_instance *acc, float *dx, const float *dy, const float *x, size_t n) {
-    chk(acc);
-    kc_relu_backward(dx, dy, x, n);
-    return KILN_OK;
-}
-static int32_t t_gelu_f(kiln_instance *acc, float *y, const float *x, size_t n) {
-    chk(acc);
-    kc_gelu_forward(y, x, n);
-    return KILN_OK;
-}
-static int32_t t_gelu_b(kiln_instance *acc, float *dx, const float *dy, const float *x, size_t n) {
-    chk(acc);
-    kc_gelu_backward(dx, dy, x, n);
-    return KILN_OK;
-}
+/* An activation's two entries, t_<name>_f (y = f(x)) and t_<name>_b
+ * (dx = f'(dy, x)), over the kernels fwd and bwd. */
+#define ACT_ENTRIES(name, fwd, bwd)                                                                      \
+    static int32_t t_##name##_f(kiln_instance *acc, float *y, const float *x, size_t n) {               \
+        chk(acc);                                                                                        \
+        fwd(y, x, n);                                                                                    \
+        return KILN_OK;                                                                                  \
+    }                                                                                                    \
+    static int32_t t_##name##_b(kiln_instance *acc, float *dx, const float *dy, const float *x, size_t n) { \
+        chk(acc);                                                                                        \
+        bwd(dx, dy, x, n);                                                                               \
+        return KILN_OK;                                                                                  \
+    }
+ACT_ENTRIES(relu, kc_relu_forward, kc_relu_backward)
+ACT_ENTRIES(gelu, kc_gelu_forward, kc_gelu_backward)
 /* The table's contract: a label outside [0, C) is KILN_E_DATA. */
 static int32_t t_xent_f(kiln_instance *acc, float *probs, const float *logits, const int32_t *labels, int32_t B,
                         int32_t C, float *loss, int32_t *n_correct) {
@@ -177,14 +173,9 @@ static kiln_kernels g_table_host;
 static const kiln_kernels *g_create_table; /* table make_module installs (NULL: g_table) */
 static kiln_instance *g_create_acc;        /* and its accelerator (NULL: TEST_ACC)    */
 
-static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static void rng_seed(uint64_t s) { rng_state = s ? s : 1; }
-static double rng_unit(void) { /* [0, 1) */
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return (double)((rng_state * 0x2545F4914F6CDD1Dull) >> 11) * (1.0 / 9007199254740992.0);
-}
+static test_rng g_rng = {0x9E3779B97F4A7C15ull};
+static void rng_seed(uint64_t s) { test_rng_seed(&g_rng, s); }
+static double rng_unit(void) { return test_rng_unit(&g_rng); } /* [0, 1) */
 static float rng_uniform(float lo, float hi) { return lo + (hi - lo) * (float)rng_unit(); }
 
 static const kiln_plugin_desc *g_desc;
@@ -872,25 +863,33 @@ static int suite_clean(void) {
     return 0;
 }
 
+static CU_TestInfo cases_mlp[] = {
+    {"descriptor and declared config", test_descriptor},
+    {"parameter names, shapes, order, flags", test_param_layout},
+    {"init_weights is deterministic per seed", test_init_deterministic},
+    {"forward matches a double reference (relu)", test_forward_relu},
+    {"forward matches a double reference (gelu)", test_forward_gelu},
+    {"zero weights give ln(C) and first-class argmax", test_forward_zeros},
+    {"backward vs finite differences (relu)", test_gradcheck_relu},
+    {"backward vs finite differences (gelu)", test_gradcheck_gelu},
+    {"backward accumulates", test_grad_accumulation},
+    {"host-memory accelerator: batch read in place", test_host_memory_in_place},
+    {"cpu: linear_forward (1.3) = the 1.2 sequence, fp32 and bf16", test_linear_forward_vs_1_2},
+    {"backward without training_step fails", test_backward_needs_forward},
+    {"bad batches are refused with a message", test_bad_batch},
+    {"bad configs are refused naming the key", test_bad_config},
+    {"no allocation per step", test_no_step_allocations},
+    {"SGD learns a separable toy problem", test_learns_toy_problem},
+    CU_TEST_INFO_NULL,
+};
+
 static void register_tests(void) {
     if (kiln_test_host_new(&g_th) != KILN_OK) return; /* no suite: the runner fails */
-    CU_pSuite s = CU_add_suite("mlp", suite_init, suite_clean);
-    CU_add_test(s, "descriptor and declared config", test_descriptor);
-    CU_add_test(s, "parameter names, shapes, order, flags", test_param_layout);
-    CU_add_test(s, "init_weights is deterministic per seed", test_init_deterministic);
-    CU_add_test(s, "forward matches a double reference (relu)", test_forward_relu);
-    CU_add_test(s, "forward matches a double reference (gelu)", test_forward_gelu);
-    CU_add_test(s, "zero weights give ln(C) and first-class argmax", test_forward_zeros);
-    CU_add_test(s, "backward vs finite differences (relu)", test_gradcheck_relu);
-    CU_add_test(s, "backward vs finite differences (gelu)", test_gradcheck_gelu);
-    CU_add_test(s, "backward accumulates", test_grad_accumulation);
-    CU_add_test(s, "host-memory accelerator: batch read in place", test_host_memory_in_place);
-    CU_add_test(s, "cpu: linear_forward (1.3) = the 1.2 sequence, fp32 and bf16", test_linear_forward_vs_1_2);
-    CU_add_test(s, "backward without training_step fails", test_backward_needs_forward);
-    CU_add_test(s, "bad batches are refused with a message", test_bad_batch);
-    CU_add_test(s, "bad configs are refused naming the key", test_bad_config);
-    CU_add_test(s, "no allocation per step", test_no_step_allocations);
-    CU_add_test(s, "SGD learns a separable toy problem", test_learns_toy_problem);
+    CU_SuiteInfo suites[] = {
+        {.pName = "mlp", .pInitFunc = suite_init, .pCleanupFunc = suite_clean, .pTests = cases_mlp},
+        CU_SUITE_INFO_NULL,
+    };
+    CU_register_suites(suites);
 }
 
 #include "cunit_main.h"
