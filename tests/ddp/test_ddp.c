@@ -325,12 +325,9 @@ static int32_t fake_sync(kiln_instance *acc) { (void)acc; g_syncs++; return KILN
 
 static void test_device_memory_staging(void) {
     kiln_test_reset(g_th);
+    /* device memory (flags 0): the plugin must stage through copy */
     static kiln_kernels k;
-    memset(&k, 0, sizeof k);
-    k.struct_size = sizeof k;
-    k.flags = 0; /* device memory */
-    k.copy = fake_copy;
-    k.synchronize = fake_sync;
+    k = (kiln_kernels){.struct_size = sizeof k, .flags = 0, .copy = fake_copy, .synchronize = fake_sync};
     memset(g_copies, 0, sizeof g_copies);
     g_syncs = 0;
     make_params(KILN_DTYPE_F32);

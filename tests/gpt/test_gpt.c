@@ -859,7 +859,6 @@ static void test_no_step_allocations(void) {
     destroy_module(inst);
 }
 
-static int suite_init(void) { return load_plugins(); }
 static int suite_clean(void) {
     free_compute();
     fixture_accel_close(g_th, g_cpu_ops, &g_acc);
@@ -889,7 +888,7 @@ static CU_TestInfo cases_gpt[] = {
 static void register_tests(void) {
     if (kiln_test_host_new(&g_th) != KILN_OK) return; /* no suite: the runner fails */
     CU_SuiteInfo suites[] = {
-        {.pName = "gpt", .pInitFunc = suite_init, .pCleanupFunc = suite_clean, .pTests = cases_gpt},
+        {.pName = "gpt", .pInitFunc = load_plugins, .pCleanupFunc = suite_clean, .pTests = cases_gpt},
         CU_SUITE_INFO_NULL,
     };
     CU_register_suites(suites);

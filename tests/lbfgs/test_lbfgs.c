@@ -38,13 +38,9 @@ static const kiln_plugin_desc *g_cpu, *g_lb;
 static kiln_instance *g_acc;
 static int g_f64; /* the parameters hold doubles (param_dtype F64) */
 
-static const kiln_plugin_desc *load(const char *lib, uint32_t kind, const char *name) {
-    return fixture_load_plugin(g_th, lib, kind, name);
-}
-
 static int suite_init(void) {
-    g_cpu = load("cpu", KILN_KIND_ACCELERATOR, "cpu");
-    g_lb = load("lbfgs", KILN_KIND_OPTIMIZER, "lbfgs");
+    g_cpu = fixture_load_plugin(g_th, "cpu", KILN_KIND_ACCELERATOR, "cpu");
+    g_lb = fixture_load_plugin(g_th, "lbfgs", KILN_KIND_OPTIMIZER, "lbfgs");
     return g_cpu && g_lb ? 0 : -1;
 }
 
@@ -265,8 +261,7 @@ typedef struct {
 } lb_header;
 
 static lb_header header_of(kiln_instance *inst) {
-    lb_header h;
-    memset(&h, 0, sizeof h);
+    lb_header h = {0};
     uint32_t ver = 0;
     void *blob = NULL;
     size_t size = 0;

@@ -857,7 +857,6 @@ static void test_learns_toy_problem(void) {
     destroy_module(inst);
 }
 
-static int suite_init(void) { return load_plugin(); }
 static int suite_clean(void) {
     kiln_test_reset(g_th);
     return 0;
@@ -886,7 +885,7 @@ static CU_TestInfo cases_mlp[] = {
 static void register_tests(void) {
     if (kiln_test_host_new(&g_th) != KILN_OK) return; /* no suite: the runner fails */
     CU_SuiteInfo suites[] = {
-        {.pName = "mlp", .pInitFunc = suite_init, .pCleanupFunc = suite_clean, .pTests = cases_mlp},
+        {.pName = "mlp", .pInitFunc = load_plugin, .pCleanupFunc = suite_clean, .pTests = cases_mlp},
         CU_SUITE_INFO_NULL,
     };
     CU_register_suites(suites);

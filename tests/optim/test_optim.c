@@ -39,14 +39,10 @@ static const kiln_plugin_desc *g_cpu, *g_sgd, *g_adamw;
 static kiln_instance *g_acc;
 static kiln_parameter *g_w, *g_b;
 
-static const kiln_plugin_desc *load(const char *lib, uint32_t kind, const char *name) {
-    return fixture_load_plugin(g_th, lib, kind, name);
-}
-
 static int suite_init(void) {
-    g_cpu = load("cpu", KILN_KIND_ACCELERATOR, "cpu");
-    g_sgd = load("sgd", KILN_KIND_OPTIMIZER, "sgd");
-    g_adamw = load("adamw", KILN_KIND_OPTIMIZER, "adamw");
+    g_cpu = fixture_load_plugin(g_th, "cpu", KILN_KIND_ACCELERATOR, "cpu");
+    g_sgd = fixture_load_plugin(g_th, "sgd", KILN_KIND_OPTIMIZER, "sgd");
+    g_adamw = fixture_load_plugin(g_th, "adamw", KILN_KIND_OPTIMIZER, "adamw");
     return g_cpu && g_sgd && g_adamw ? 0 : -1;
 }
 

@@ -33,14 +33,10 @@ static kiln_instance *g_acc;
 static kiln_parameter *g_w, *g_b; /* weight (2, 4), bias (2) */
 static char *g_dir;
 
-static const kiln_plugin_desc *load(const char *lib, uint32_t kind, const char *name) {
-    return fixture_load_plugin(g_th, lib, kind, name);
-}
-
 static int suite_init(void) {
-    g_cpu = load("cpu", KILN_KIND_ACCELERATOR, "cpu");
-    g_m16 = load("mixed", KILN_KIND_PRECISION, "16-mixed");
-    g_mbf = load("mixed", KILN_KIND_PRECISION, "bf16-mixed");
+    g_cpu = fixture_load_plugin(g_th, "cpu", KILN_KIND_ACCELERATOR, "cpu");
+    g_m16 = fixture_load_plugin(g_th, "mixed", KILN_KIND_PRECISION, "16-mixed");
+    g_mbf = fixture_load_plugin(g_th, "mixed", KILN_KIND_PRECISION, "bf16-mixed");
     g_dir = tu_mkdtemp();
     return g_cpu && g_m16 && g_mbf && g_dir ? 0 : -1;
 }

@@ -22,6 +22,8 @@
 
 #include <kiln/testing.h>
 
+#include "plugin_fixture.h"
+
 static kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
 
 /* ---------------------------------------------------------------------------
@@ -781,13 +783,7 @@ static void trainer_with(uint32_t n, const double *lr) {
 
 /* Send one event; returns how many values it logged. */
 static int lrm_send(kiln_instance *inst, uint32_t id, int32_t stage) {
-    kiln_event e;
-    memset(&e, 0, sizeof e);
-    e.struct_size = sizeof e;
-    e.id = id;
-    e.stage = stage;
-    e.batch_idx = -1;
-    e.trainer = &g_ts;
+    kiln_event e = fixture_event(id, stage, -1, &g_ts);
     const int before = (int)kiln_test_logged_count(g_th);
     CU_ASSERT_EQUAL(lrm_ops(NULL)->on_event(inst, &e), KILN_OK);
     return (int)kiln_test_logged_count(g_th) - before;

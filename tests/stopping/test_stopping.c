@@ -1033,13 +1033,13 @@ static int32_t fk_all_finite(kiln_instance *acc, const float *x, size_t n, int32
 
 static void test_ng_device_memory(void) {
     fixture_begin();
+    /* device memory (flags 0): values are read back through copy */
     static kiln_kernels k;
-    memset(&k, 0, sizeof k);
-    k.struct_size = sizeof k;
-    k.flags = 0; /* device memory */
-    k.copy = fk_copy;
-    k.all_finite = fk_all_finite;
-    k.all_finite_ex = fk_all_finite_ex;
+    k = (kiln_kernels){.struct_size = sizeof k,
+                       .flags = 0,
+                       .copy = fk_copy,
+                       .all_finite = fk_all_finite,
+                       .all_finite_ex = fk_all_finite_ex};
     kiln_test_set_accelerator(g_th, kiln_test_acc(g_th), &k);
     reg("emb.weight", 1000, 200, 0);
     CU_ASSERT_EQUAL_FATAL(kiln_test_alloc_params(g_th), 0);
