@@ -138,15 +138,10 @@ static kiln_instance *make_module(cfg *c, uint64_t seed, int prec) {
     free_compute();
     kiln_test_reset(g_th);
     kiln_test_set_accelerator(g_th, g_acc, &g_table);
-    kiln_instance *inst = NULL;
-    int32_t rc = ops()->base.create(g_desc->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), cfg_build(c), &inst);
-    CU_ASSERT_EQUAL(rc, KILN_OK);
-    if (rc != KILN_OK) {
-        printf("\n  create failed: %s", kiln_test_error(g_th));
-        return NULL;
-    }
+    kiln_instance *inst = fixture_create_checked(g_desc, g_th, cfg_build(c));
+    if (!inst) return NULL;
     CU_ASSERT_EQUAL_FATAL(alloc_params(prec == P_F64), 0);
-    rc = ops()->init_weights(inst, seed);
+    const int32_t rc = ops()->init_weights(inst, seed);
     CU_ASSERT_EQUAL(rc, KILN_OK);
     if (rc != KILN_OK) printf("\n  init_weights failed: %s", kiln_test_error(g_th));
     convert_params(prec);

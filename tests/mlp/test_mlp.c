@@ -216,13 +216,8 @@ static cfg small_cfg(const char *activation) {
 static kiln_instance *make_module(cfg *c, uint64_t seed) {
     kiln_test_reset(g_th);
     kiln_test_set_accelerator(g_th, g_create_acc ? g_create_acc : TEST_ACC, g_create_table ? g_create_table : &g_table);
-    kiln_instance *inst = NULL;
-    int32_t rc = ops()->base.create(g_desc->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), cfg_build(c), &inst);
-    CU_ASSERT_EQUAL(rc, KILN_OK);
-    if (rc != KILN_OK) {
-        printf("\n  create failed: %s", kiln_test_error(g_th));
-        return NULL;
-    }
+    kiln_instance *inst = fixture_create_checked(g_desc, g_th, cfg_build(c));
+    if (!inst) return NULL;
     CU_ASSERT_EQUAL_FATAL(kiln_test_alloc_params(g_th), 0);
     CU_ASSERT_EQUAL(ops()->init_weights(inst, seed), KILN_OK);
     return inst;

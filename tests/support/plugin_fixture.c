@@ -93,6 +93,15 @@ int32_t fixture_create_desc(const kiln_plugin_desc *d, kiln_test_host *th, const
     return ops->create(d->plugin_ctx, kiln_test_services(th), kiln_test_hctx(th), cfg, out);
 }
 
+kiln_instance *fixture_create_checked(const kiln_plugin_desc *d, kiln_test_host *th, const kiln_kv *cfg) {
+    kiln_instance *inst;
+    const int32_t rc = fixture_create_desc(d, th, cfg, &inst);
+    CU_ASSERT_EQUAL(rc, KILN_OK);
+    if (rc == KILN_OK) return inst;
+    printf("\n  create failed: %s", kiln_test_error(th));
+    return NULL;
+}
+
 kiln_instance *fixture_config_error(const kiln_ops_header *ops, const kiln_host_services *services,
                                     kiln_test_host *th, const kiln_kv *cfg, const char *needle, const char *needle2) {
     int32_t rc;

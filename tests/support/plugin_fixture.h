@@ -62,6 +62,10 @@ const kiln_kv *fixture_kv_of(const fixture_key *keys, size_t nkeys, const void *
  * so a refusal leaves it NULL unless the plugin wrote it. */
 int32_t fixture_create_desc(const kiln_plugin_desc *d, kiln_test_host *th, const kiln_kv *cfg, kiln_instance **out);
 
+/* fixture_create_desc that should succeed: when it does not, a failed
+ * assertion, the host's message on stdout, and NULL. */
+kiln_instance *fixture_create_checked(const kiln_plugin_desc *d, kiln_test_host *th, const kiln_kv *cfg);
+
 /* A config create() refuses (fixture_create with the test host's
  * context): KILN_E_CONFIG, and the error holds needle and, unless NULL,
  * needle2. Returns what create left in the instance (NULL). */
