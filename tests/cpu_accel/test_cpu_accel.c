@@ -299,6 +299,27 @@ static double gan_act_grad_ref(int32_t act, double x) {
     return x > 0 ? 1.0 : 0.2;
 }
 
+/* Element i of a float32 or float64 array. */
+static double elem(uint32_t dt, const void *p, int i) {
+    return dt == KILN_DTYPE_F64 ? ((const double *)p)[i] : (double)((const float *)p)[i];
+}
+
+/* act_forward of x into y and act_backward of dy into dx, in dtype dt,
+ * against the references (tolerances tol_f and tol_b): each call succeeds
+ * and no element is off. */
+static void check_act(int32_t act, uint32_t dt, void *y, void *dx, const void *x, const void *dy, int n, double tol_f,
+                      double tol_b) {
+    int bad = 0;
+    CU_ASSERT_EQUAL(g_k->act_forward(g_acc, dt, act, y, x, (size_t)n), KILN_OK);
+    for (int i = 0; i < n; i++) bad += !close_to(elem(dt, y, i), gan_act_ref(act, elem(dt, x, i)), tol_f);
+    CU_ASSERT_EQUAL(bad, 0);
+    CU_ASSERT_EQUAL(g_k->act_backward(g_acc, dt, act, dx, dy, x, (size_t)n), KILN_OK);
+    bad = 0;
+    for (int i = 0; i < n; i++)
+        bad += !close_to(elem(dt, dx, i), elem(dt, dy, i) * gan_act_grad_ref(act, elem(dt, x, i)), tol_b);
+    CU_ASSERT_EQUAL(bad, 0);
+}
+
 static void test_gan_activations(void) {
     enum { N = 121 };
     float xf[N], yf[N], dyf[N], dxf[N], inpl[N];
@@ -310,26 +331,11 @@ static void test_gan_activations(void) {
     const int32_t acts[3] = {KILN_ACT_TANH, KILN_ACT_SIGMOID, KILN_ACT_LEAKY_RELU};
     for (int a = 0; a < 3; a++) {
         const int32_t act = acts[a];
-        int bad = 0;
-        CU_ASSERT_EQUAL(g_k->act_forward(g_acc, KILN_DTYPE_F32, act, yf, xf, N), KILN_OK);
-        for (int i = 0; i < N; i++) bad += !close_to(yf[i], gan_act_ref(act, xf[i]), 1e-6);
-        CU_ASSERT_EQUAL(bad, 0);
-        CU_ASSERT_EQUAL(g_k->act_backward(g_acc, KILN_DTYPE_F32, act, dxf, dyf, xf, N), KILN_OK);
-        bad = 0;
-        for (int i = 0; i < N; i++) bad += !close_to(dxf[i], dyf[i] * gan_act_grad_ref(act, xf[i]), 1e-6);
-        CU_ASSERT_EQUAL(bad, 0);
+        check_act(act, KILN_DTYPE_F32, yf, dxf, xf, dyf, N, 1e-6, 1e-6);
         memcpy(inpl, dyf, sizeof inpl); /* dx may alias dy */
         CU_ASSERT_EQUAL(g_k->act_backward(g_acc, KILN_DTYPE_F32, act, inpl, inpl, xf, N), KILN_OK);
         CU_ASSERT_EQUAL(memcmp(inpl, dxf, sizeof inpl), 0);
-
-        CU_ASSERT_EQUAL(g_k->act_forward(g_acc, KILN_DTYPE_F64, act, yd, xd, N), KILN_OK);
-        bad = 0;
-        for (int i = 0; i < N; i++) bad += !close_to(yd[i], gan_act_ref(act, xd[i]), 1e-14);
-        CU_ASSERT_EQUAL(bad, 0);
-        CU_ASSERT_EQUAL(g_k->act_backward(g_acc, KILN_DTYPE_F64, act, dxd, dyd, xd, N), KILN_OK);
-        bad = 0;
-        for (int i = 0; i < N; i++) bad += !close_to(dxd[i], dyd[i] * gan_act_grad_ref(act, xd[i]), 1e-13);
-        CU_ASSERT_EQUAL(bad, 0);
+        check_act(act, KILN_DTYPE_F64, yd, dxd, xd, dyd, N, 1e-14, 1e-13);
     }
     /* exact leaky values: 0.2 as float in F32, as double in F64 */
     CU_ASSERT_EQUAL(g_k->act_forward(g_acc, KILN_DTYPE_F32, KILN_ACT_LEAKY_RELU, yf, xf, N), KILN_OK);
@@ -598,31 +604,32 @@ static void test_ex_bad_dtypes(void) {
     /* gemm_ex's combinations */
     double d[4] = {0};
     uint16_t h[4] = {0};
-    CU_ASSERT(rejected(g_k->gemm_ex(g_acc, 0, 0, 2, 2, 2, 1.0, h, KILN_DTYPE_F16, 2, d, KILN_DTYPE_F64, 2, 0.0, d,
-                                    KILN_DTYPE_F64, 2, KILN_DTYPE_F32),
-                       "gemm_ex: c_dtype float64 needs float64 A and B, got a_dtype float16", NULL));
-    CU_ASSERT(rejected(g_k->gemm_ex(g_acc, 0, 0, 2, 2, 2, 1.0, d, KILN_DTYPE_F64, 2, f, KILN_DTYPE_F32, 2, 0.0, d,
-                                    KILN_DTYPE_F64, 2, KILN_DTYPE_F32),
-                       "gemm_ex: c_dtype float64 needs float64 A and B, got b_dtype float32", NULL));
-    CU_ASSERT(rejected(g_k->gemm_ex(g_acc, 0, 0, 2, 2, 2, 1.0, d, KILN_DTYPE_F64, 2, f, KILN_DTYPE_F32, 2, 0.0, f,
-                                    KILN_DTYPE_F32, 2, KILN_DTYPE_F32),
-                       "gemm_ex: c_dtype float32 needs float32, float16 or bfloat16 A and B, got a_dtype float64",
-                       NULL));
-    CU_ASSERT(rejected(g_k->gemm_ex(g_acc, 0, 0, 2, 2, 2, 1.0, f, KILN_DTYPE_F32, 2, f2, KILN_DTYPE_F32, 2, 0.0, h,
-                                    KILN_DTYPE_F16, 2, KILN_DTYPE_F32),
-                       "gemm_ex: c_dtype must be float32 or float64", "float16"));
-    CU_ASSERT(rejected(g_k->gemm_ex(g_acc, 0, 0, 2, 2, 2, 1.0, f, KILN_DTYPE_F32, 2, f2, KILN_DTYPE_F32, 2, 0.0, f,
-                                    KILN_DTYPE_F32, 2, KILN_DTYPE_F64),
-                       "gemm_ex: round_dtype", "float64"));
-    CU_ASSERT(rejected(g_k->gemm_ex(g_acc, 0, 0, 2, 2, 2, 1.0, d, KILN_DTYPE_F64, 2, d, KILN_DTYPE_F64, 2, 0.0, d,
-                                    KILN_DTYPE_F64, 2, KILN_DTYPE_BF16),
-                       "gemm_ex: c_dtype float64 takes round_dtype", "bfloat16"));
-    CU_ASSERT(rejected(g_k->gemm_ex(g_acc, 0, 0, 2, 2, 3, 1.0, f, KILN_DTYPE_F32, 2, h, KILN_DTYPE_F16, 2, 0.0, f,
-                                    KILN_DTYPE_F32, 2, KILN_DTYPE_F32),
-                       "gemm_ex: lda=2", NULL));
-    CU_ASSERT(rejected(g_k->gemm_ex(g_acc, 0, 0, 2, 2, 2, 1.0, f, KILN_DTYPE_F32, 2, NULL, KILN_DTYPE_F16, 2, 0.0, f,
-                                    KILN_DTYPE_F32, 2, KILN_DTYPE_F32),
-                       "gemm_ex: NULL B", NULL));
+    /* (K, A, its dtype, B, its dtype, C, its dtype, round_dtype) with M = N = 2
+     * and every leading dimension 2, and the message's two parts */
+    const struct {
+        int32_t K;
+        const void *a;
+        uint32_t at;
+        const void *b;
+        uint32_t bt;
+        void *c;
+        uint32_t ct, rt;
+        const char *what, *detail;
+    } bad_gemm[] = {
+        {2, h, KILN_DTYPE_F16, d, KILN_DTYPE_F64, d, KILN_DTYPE_F64, KILN_DTYPE_F32, "gemm_ex: c_dtype float64 needs float64 A and B, got a_dtype float16", NULL},
+        {2, d, KILN_DTYPE_F64, f, KILN_DTYPE_F32, d, KILN_DTYPE_F64, KILN_DTYPE_F32, "gemm_ex: c_dtype float64 needs float64 A and B, got b_dtype float32", NULL},
+        {2, d, KILN_DTYPE_F64, f, KILN_DTYPE_F32, f, KILN_DTYPE_F32, KILN_DTYPE_F32, "gemm_ex: c_dtype float32 needs float32, float16 or bfloat16 A and B, got a_dtype float64", NULL},
+        {2, f, KILN_DTYPE_F32, f2, KILN_DTYPE_F32, h, KILN_DTYPE_F16, KILN_DTYPE_F32, "gemm_ex: c_dtype must be float32 or float64", "float16"},
+        {2, f, KILN_DTYPE_F32, f2, KILN_DTYPE_F32, f, KILN_DTYPE_F32, KILN_DTYPE_F64, "gemm_ex: round_dtype", "float64"},
+        {2, d, KILN_DTYPE_F64, d, KILN_DTYPE_F64, d, KILN_DTYPE_F64, KILN_DTYPE_BF16, "gemm_ex: c_dtype float64 takes round_dtype", "bfloat16"},
+        {3, f, KILN_DTYPE_F32, h, KILN_DTYPE_F16, f, KILN_DTYPE_F32, KILN_DTYPE_F32, "gemm_ex: lda=2", NULL},
+        {2, f, KILN_DTYPE_F32, NULL, KILN_DTYPE_F16, f, KILN_DTYPE_F32, KILN_DTYPE_F32, "gemm_ex: NULL B", NULL},
+    };
+    for (size_t i = 0; i < sizeof bad_gemm / sizeof bad_gemm[0]; i++)
+        CU_ASSERT(rejected(g_k->gemm_ex(g_acc, 0, 0, 2, 2, bad_gemm[i].K, 1.0, bad_gemm[i].a, bad_gemm[i].at, 2,
+                                        bad_gemm[i].b, bad_gemm[i].bt, 2, 0.0, bad_gemm[i].c, bad_gemm[i].ct, 2,
+                                        bad_gemm[i].rt),
+                           bad_gemm[i].what, bad_gemm[i].detail));
     /* other argument errors of the _ex entries */
     CU_ASSERT(rejected(g_k->act_forward(g_acc, KILN_DTYPE_F64, 7, d, d, 4), "act_forward: act must be", "got 7"));
     CU_ASSERT(rejected(g_k->act_backward(g_acc, KILN_DTYPE_F32, -1, f, f, f, 4), "act_backward: act", NULL));

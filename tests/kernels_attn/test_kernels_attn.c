@@ -52,6 +52,15 @@ typedef struct {
     int B, T, C, NH;
 } shape;
 
+/* attention_forward of qkv into out and lse (rounding rf), then
+ * attention_backward of dout into dq from qkv, out_b and that lse
+ * (rounding rb), in dtype dt; both must succeed. */
+static void attn_pass(uint32_t dt, shape s, const void *qkv, const void *dout, void *out, void *lse, void *dq,
+                      const void *out_b, uint32_t rf, uint32_t rb) {
+    CU_ASSERT_EQUAL(g_k->attention_forward(g_acc, dt, out, lse, qkv, s.B, s.T, s.C, s.NH, rf), KILN_OK);
+    CU_ASSERT_EQUAL(g_k->attention_backward(g_acc, dt, dq, dout, qkv, out_b, lse, s.B, s.T, s.C, s.NH, rb), KILN_OK);
+}
+
 static size_t n_qkv(shape s) { return (size_t)s.B * (size_t)s.T * 3 * (size_t)s.C; }
 static size_t n_out(shape s) { return (size_t)s.B * (size_t)s.T * (size_t)s.C; }
 static size_t n_lse(shape s) { return (size_t)s.B * (size_t)s.NH * (size_t)s.T; }
@@ -278,24 +287,11 @@ static void test_threads_bit_identical(void) {
         dqr[n] = malloc(n_qkv(s) * sizeof(float));
         out64[n] = malloc(n_out(s) * sizeof(double)), lse64[n] = malloc(n_lse(s) * sizeof(double));
         dq64[n] = malloc(n_qkv(s) * sizeof(double));
-        CU_ASSERT_EQUAL(g_k->attention_forward(g_acc, KILN_DTYPE_F32, out[n], lse[n], qkv, s.B, s.T, s.C, s.NH,
-                                               KILN_DTYPE_F32),
-                        KILN_OK);
-        CU_ASSERT_EQUAL(g_k->attention_backward(g_acc, KILN_DTYPE_F32, dq[n], dout, qkv, out[n], lse[n], s.B, s.T,
-                                                s.C, s.NH, KILN_DTYPE_F32),
-                        KILN_OK);
-        CU_ASSERT_EQUAL(g_k->attention_forward(g_acc, KILN_DTYPE_F32, outr[n], lse[n], qkv, s.B, s.T, s.C, s.NH,
-                                               KILN_DTYPE_BF16),
-                        KILN_OK);
-        CU_ASSERT_EQUAL(g_k->attention_backward(g_acc, KILN_DTYPE_F32, dqr[n], dout, qkv, out[n], lse[n], s.B, s.T,
-                                                s.C, s.NH, KILN_DTYPE_F16),
-                        KILN_OK);
-        CU_ASSERT_EQUAL(g_k->attention_forward(g_acc, KILN_DTYPE_F64, out64[n], lse64[n], qkv64, s.B, s.T, s.C,
-                                               s.NH, KILN_DTYPE_F32),
-                        KILN_OK);
-        CU_ASSERT_EQUAL(g_k->attention_backward(g_acc, KILN_DTYPE_F64, dq64[n], dout64, qkv64, out64[n], lse64[n],
-                                                s.B, s.T, s.C, s.NH, KILN_DTYPE_F32),
-                        KILN_OK);
+        attn_pass(KILN_DTYPE_F32, s, qkv, dout, out[n], lse[n], dq[n], out[n], KILN_DTYPE_F32, KILN_DTYPE_F32);
+        /* rounded: the backward reads the unrounded forward's out and the rounded one's lse */
+        attn_pass(KILN_DTYPE_F32, s, qkv, dout, outr[n], lse[n], dqr[n], out[n], KILN_DTYPE_BF16, KILN_DTYPE_F16);
+        attn_pass(KILN_DTYPE_F64, s, qkv64, dout64, out64[n], lse64[n], dq64[n], out64[n], KILN_DTYPE_F32,
+                  KILN_DTYPE_F32);
     }
     for (int n = 1; n < NT; n++) {
         CU_ASSERT_EQUAL(memcmp(out[0], out[n], n_out(s) * sizeof(float)), 0);
