@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-void kt_register_act_tests(void);
+extern CU_TestInfo kt_act_cases[];
 
 /* ------------------------------------------------------------- helpers */
 
@@ -285,6 +285,28 @@ static void test_act_extremes(void) {
 
 /* ------------------------------------------------ in place and threads */
 
+/* Activation act's forward (out = f(in)) or backward (out = f'(x) * in,
+ * in = dy), in float32 or float64. */
+static void act_call(int act, int f64, int bwd, void *out, const void *in, const void *x, size_t n) {
+    if (!f64 && !bwd) ka_f32[act](out, in, n);
+    else if (!f64) ka_b32[act](out, in, x, n);
+    else if (!bwd) ka_f64[act](out, in, n);
+    else ka_b64[act](out, in, x, n);
+}
+
+/* act_call at 1 thread into a, then in place on b (a copy of in) at
+ * `threads`, maybe split: the same bytes. */
+static void check_in_place(int act, int f64, int bwd, int threads, void *a, void *b, const void *in, const void *x,
+                           size_t n) {
+    const size_t bytes = n * (f64 ? sizeof(double) : sizeof(float));
+    kc_set_num_threads(1);
+    act_call(act, f64, bwd, a, in, x, n);
+    kc_set_num_threads(threads);
+    memcpy(b, in, bytes);
+    act_call(act, f64, bwd, b, b, x, n);
+    CU_ASSERT(memcmp(a, b, bytes) == 0);
+}
+
 static void test_act_in_place_and_threads(void) {
     /* Big enough that 2 threads split it (> 2 * KC_GRAIN_STREAM floats). */
     const size_t n = 3 * ((size_t)1 << 18) + 77;
@@ -298,31 +320,11 @@ static void test_act_in_place_and_threads(void) {
     }
     for (int act = 0; act < KA_NACT; act++) {
         for (int threads = 1; threads <= 2; threads++) {
-            kc_set_num_threads(1);
-            ka_f32[act](a, x, n);
-            kc_set_num_threads(threads);
-            memcpy(b, x, n * sizeof *b);
-            ka_f32[act](b, b, n); /* in place, maybe threaded */
-            CU_ASSERT(memcmp(a, b, n * sizeof *a) == 0);
-            kc_set_num_threads(1);
-            ka_b32[act](a, dy, x, n);
-            kc_set_num_threads(threads);
-            memcpy(b, dy, n * sizeof *b);
-            ka_b32[act](b, b, x, n);
-            CU_ASSERT(memcmp(a, b, n * sizeof *a) == 0);
-
-            kc_set_num_threads(1);
-            ka_f64[act](ad, xd, n);
-            kc_set_num_threads(threads);
-            memcpy(bd, xd, n * sizeof *bd);
-            ka_f64[act](bd, bd, n);
-            CU_ASSERT(memcmp(ad, bd, n * sizeof *ad) == 0);
-            kc_set_num_threads(1);
-            ka_b64[act](ad, dyd, xd, n);
-            kc_set_num_threads(threads);
-            memcpy(bd, dyd, n * sizeof *bd);
-            ka_b64[act](bd, bd, xd, n);
-            CU_ASSERT(memcmp(ad, bd, n * sizeof *ad) == 0);
+            /* float32 forward, backward, then float64 forward, backward */
+            check_in_place(act, 0, 0, threads, a, b, x, x, n);
+            check_in_place(act, 0, 1, threads, a, b, dy, x, n);
+            check_in_place(act, 1, 0, threads, ad, bd, xd, xd, n);
+            check_in_place(act, 1, 1, threads, ad, bd, dyd, xd, n);
         }
     }
     CU_ASSERT_EQUAL(kc_set_num_threads(1), 1);
@@ -331,11 +333,12 @@ static void test_act_in_place_and_threads(void) {
 
 /* ------------------------------------------------------------------ main */
 
-void kt_register_act_tests(void) {
-    CU_pSuite s = CU_add_suite("kernels_cpu_gan_activations", NULL, NULL);
-    CU_add_test(s, "act_known_values", test_act_known_values);
-    CU_add_test(s, "act_sweep_vs_double", test_act_sweep);
-    CU_add_test(s, "act_backward_fd", test_act_fd);
-    CU_add_test(s, "act_large_x_and_nan", test_act_extremes);
-    CU_add_test(s, "act_in_place_and_threads", test_act_in_place_and_threads);
-}
+/* The cases of this suite; test_kernels_cpu.c registers them. */
+CU_TestInfo kt_act_cases[] = {
+    {"act_known_values", test_act_known_values},
+    {"act_sweep_vs_double", test_act_sweep},
+    {"act_backward_fd", test_act_fd},
+    {"act_large_x_and_nan", test_act_extremes},
+    {"act_in_place_and_threads", test_act_in_place_and_threads},
+    CU_TEST_INFO_NULL,
+};

@@ -141,6 +141,24 @@ static double weighted_sum(const float *W, const float *C, size_t n) {
  * the weight (dA = dC B, dB = dC^T A). L is linear in A and B, so the central
  * difference is exact up to float rounding for any step; eps = 0.25.
  */
+/* d(sum W * C)/dp at the element p of A or B by central differences of
+ * half-width eps, C = A op(B) (M x K times K x N; B is (N, K) when tb);
+ * p is left as it was. */
+static double gemm_fd(float *p, float eps, int tb, int M, int N, int K, const float *A, const float *B, float *C,
+                      const float *W) {
+    const int ldb = tb ? K : N;
+    const size_t nC = (size_t)M * N;
+    const float keep = *p;
+    *p = keep + eps;
+    kc_gemm(0, tb, M, N, K, 1.0f, A, K, B, ldb, 0.0f, C, N);
+    const double lp = weighted_sum(W, C, nC);
+    *p = keep - eps;
+    kc_gemm(0, tb, M, N, K, 1.0f, A, K, B, ldb, 0.0f, C, N);
+    const double lm = weighted_sum(W, C, nC);
+    *p = keep;
+    return (lp - lm) / (2.0 * eps);
+}
+
 static void gemm_grad_case(int tb) {
     const int M = 5, K = 7, N = 4;
     const size_t nA = (size_t)M * K, nB = (size_t)K * N, nC = (size_t)M * N;
@@ -151,30 +169,9 @@ static void gemm_grad_case(int tb) {
     fill_uniform(A, nA, -1, 1);
     fill_uniform(B, nB, -1, 1);
     fill_uniform(W, nC, -1, 1);
-    const int ldb = tb ? K : N; /* B is (N, K) when transposed */
     const float eps = 0.25f;
-    for (size_t i = 0; i < nA; i++) {
-        const float keep = A[i];
-        A[i] = keep + eps;
-        kc_gemm(0, tb, M, N, K, 1.0f, A, K, B, ldb, 0.0f, C, N);
-        const double lp = weighted_sum(W, C, nC);
-        A[i] = keep - eps;
-        kc_gemm(0, tb, M, N, K, 1.0f, A, K, B, ldb, 0.0f, C, N);
-        const double lm = weighted_sum(W, C, nC);
-        A[i] = keep;
-        numA[i] = (lp - lm) / (2.0 * eps);
-    }
-    for (size_t i = 0; i < nB; i++) {
-        const float keep = B[i];
-        B[i] = keep + eps;
-        kc_gemm(0, tb, M, N, K, 1.0f, A, K, B, ldb, 0.0f, C, N);
-        const double lp = weighted_sum(W, C, nC);
-        B[i] = keep - eps;
-        kc_gemm(0, tb, M, N, K, 1.0f, A, K, B, ldb, 0.0f, C, N);
-        const double lm = weighted_sum(W, C, nC);
-        B[i] = keep;
-        numB[i] = (lp - lm) / (2.0 * eps);
-    }
+    for (size_t i = 0; i < nA; i++) numA[i] = gemm_fd(A + i, eps, tb, M, N, K, A, B, C, W);
+    for (size_t i = 0; i < nB; i++) numB[i] = gemm_fd(B + i, eps, tb, M, N, K, A, B, C, W);
     if (!tb) {
         /* dA (M, K) = W (M, N) * B^T;  B (K, N) read transposed */
         kc_gemm(0, 1, M, K, N, 1.0f, W, N, B, N, 0.0f, dA, K);
@@ -874,33 +871,41 @@ static void test_zero_split(void) {
 
 /* ------------------------------------------------------------------ main */
 
-void kt_register_ex_tests(void);  /* test_kernels_ex.c */
-void kt_register_act_tests(void); /* test_kernels_act.c */
+extern CU_TestInfo kt_ex_cases[];  /* test_kernels_ex.c */
+extern CU_TestInfo kt_act_cases[]; /* test_kernels_act.c */
+
+static CU_TestInfo cases_kernels_cpu[] = {
+    {"gemm_vs_ref_all_transposes", test_gemm_vs_ref},
+    {"gemm_beta_zero_and_k0", test_gemm_beta_zero_and_k0},
+    {"gemm_backward_fd", test_gemm_backward_fd},
+    {"bias_add_values", test_bias_add_values},
+    {"bias_grad_fd", test_bias_grad_fd},
+    {"relu_values_and_fd", test_relu_values_and_fd},
+    {"gelu_values", test_gelu_values},
+    {"gelu_fd", test_gelu_fd},
+    {"elementwise_in_place", test_elementwise_in_place},
+    {"softmax_xent_known", test_softmax_xent_known},
+    {"softmax_xent_extremes", test_softmax_xent_extremes},
+    {"softmax_xent_backward_fd", test_softmax_xent_backward_fd},
+    {"reductions_and_blas1", test_reductions_and_blas1},
+    {"zero_split", test_zero_split},
+    {"sgd_hand", test_sgd_hand},
+    {"sgd_vs_double", test_sgd_vs_double},
+    {"adamw_literals", test_adamw_literals},
+    {"adamw_vs_double", test_adamw_vs_double},
+    {"optim_flush_subnormals", test_optim_flush_subnormals},
+    {"threads_bit_identical", test_threads_bit_identical},
+    CU_TEST_INFO_NULL,
+};
 
 static void register_tests(void) {
-    CU_pSuite s = CU_add_suite("kernels_cpu", NULL, NULL);
-    CU_add_test(s, "gemm_vs_ref_all_transposes", test_gemm_vs_ref);
-    CU_add_test(s, "gemm_beta_zero_and_k0", test_gemm_beta_zero_and_k0);
-    CU_add_test(s, "gemm_backward_fd", test_gemm_backward_fd);
-    CU_add_test(s, "bias_add_values", test_bias_add_values);
-    CU_add_test(s, "bias_grad_fd", test_bias_grad_fd);
-    CU_add_test(s, "relu_values_and_fd", test_relu_values_and_fd);
-    CU_add_test(s, "gelu_values", test_gelu_values);
-    CU_add_test(s, "gelu_fd", test_gelu_fd);
-    CU_add_test(s, "elementwise_in_place", test_elementwise_in_place);
-    CU_add_test(s, "softmax_xent_known", test_softmax_xent_known);
-    CU_add_test(s, "softmax_xent_extremes", test_softmax_xent_extremes);
-    CU_add_test(s, "softmax_xent_backward_fd", test_softmax_xent_backward_fd);
-    CU_add_test(s, "reductions_and_blas1", test_reductions_and_blas1);
-    CU_add_test(s, "zero_split", test_zero_split);
-    CU_add_test(s, "sgd_hand", test_sgd_hand);
-    CU_add_test(s, "sgd_vs_double", test_sgd_vs_double);
-    CU_add_test(s, "adamw_literals", test_adamw_literals);
-    CU_add_test(s, "adamw_vs_double", test_adamw_vs_double);
-    CU_add_test(s, "optim_flush_subnormals", test_optim_flush_subnormals);
-    CU_add_test(s, "threads_bit_identical", test_threads_bit_identical);
-    kt_register_ex_tests();
-    kt_register_act_tests();
+    CU_SuiteInfo suites[] = {
+        {.pName = "kernels_cpu", .pTests = cases_kernels_cpu},
+        {.pName = "kernels_cpu_dtypes_f64", .pTests = kt_ex_cases},
+        {.pName = "kernels_cpu_gan_activations", .pTests = kt_act_cases},
+        CU_SUITE_INFO_NULL,
+    };
+    CU_register_suites(suites);
 }
 
 #include "cunit_main.h"

@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-void kt_register_ex_tests(void);
+extern CU_TestInfo kt_ex_cases[];
 
 /* ------------------------------------------------------------- helpers */
 
@@ -1035,23 +1035,24 @@ static void test_ex_threads_bit_identical(void) {
 
 /* ------------------------------------------------------------------ main */
 
-void kt_register_ex_tests(void) {
-    CU_pSuite s = CU_add_suite("kernels_cpu_dtypes_f64", NULL, NULL);
-    CU_add_test(s, "f16_known_values", test_f16_known_values);
-    CU_add_test(s, "bf16_known_values", test_bf16_known_values);
-    CU_add_test(s, "cast_all_pairs_vs_reference", test_cast_all_pairs);
-    CU_add_test(s, "round_in_place", test_round_in_place);
-    CU_add_test(s, "gemm_ex_vs_ref", test_gemm_ex_vs_ref);
-    CU_add_test(s, "gemm_ex_overflow", test_gemm_ex_overflow);
-    CU_add_test(s, "gemm_ex_workspace_and_errors", test_gemm_ex_workspace_and_errors);
-    CU_add_test(s, "gemm_ex_f64", test_gemm_ex_f64);
-    CU_add_test(s, "f64_bias_relu", test_f64_bias_relu);
-    CU_add_test(s, "f64_gelu", test_f64_gelu);
-    CU_add_test(s, "f64_softmax_xent", test_f64_softmax_xent);
-    CU_add_test(s, "f64_reductions_blas1", test_f64_reductions_blas1);
-    CU_add_test(s, "f64_sgd_hand", test_f64_sgd_hand);
-    CU_add_test(s, "f64_sgd_vs_float", test_f64_sgd_vs_float);
-    CU_add_test(s, "f64_adamw_literals", test_f64_adamw_literals);
-    CU_add_test(s, "f64_adamw_vs_float", test_f64_adamw_vs_float);
-    CU_add_test(s, "ex_threads_bit_identical", test_ex_threads_bit_identical);
-}
+/* The cases of this suite; test_kernels_cpu.c registers them. */
+CU_TestInfo kt_ex_cases[] = {
+    {"f16_known_values", test_f16_known_values},
+    {"bf16_known_values", test_bf16_known_values},
+    {"cast_all_pairs_vs_reference", test_cast_all_pairs},
+    {"round_in_place", test_round_in_place},
+    {"gemm_ex_vs_ref", test_gemm_ex_vs_ref},
+    {"gemm_ex_overflow", test_gemm_ex_overflow},
+    {"gemm_ex_workspace_and_errors", test_gemm_ex_workspace_and_errors},
+    {"gemm_ex_f64", test_gemm_ex_f64},
+    {"f64_bias_relu", test_f64_bias_relu},
+    {"f64_gelu", test_f64_gelu},
+    {"f64_softmax_xent", test_f64_softmax_xent},
+    {"f64_reductions_blas1", test_f64_reductions_blas1},
+    {"f64_sgd_hand", test_f64_sgd_hand},
+    {"f64_sgd_vs_float", test_f64_sgd_vs_float},
+    {"f64_adamw_literals", test_f64_adamw_literals},
+    {"f64_adamw_vs_float", test_f64_adamw_vs_float},
+    {"ex_threads_bit_identical", test_ex_threads_bit_identical},
+    CU_TEST_INFO_NULL,
+};
