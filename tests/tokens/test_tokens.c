@@ -156,25 +156,22 @@ static cfg cfg_small(void) {
 /* The declared keys, typed, in the order the host passes them; exclude
  * only when the case gives it. */
 static const fixture_key g_keys[] = {
-    {"format", KILN_TYPE_STRING, offsetof(cfg, format), 0},
-    {"train", KILN_TYPE_STRING, offsetof(cfg, train), 0},
-    {"val", KILN_TYPE_STRING, offsetof(cfg, val), 0},
-    {"test", KILN_TYPE_STRING, offsetof(cfg, test), 0},
+    {"format", KILN_TYPE_STRING, offsetof(cfg, format), 0},   {"train", KILN_TYPE_STRING, offsetof(cfg, train), 0},
+    {"val", KILN_TYPE_STRING, offsetof(cfg, val), 0},         {"test", KILN_TYPE_STRING, offsetof(cfg, test), 0},
     {"val_fraction", KILN_TYPE_FLOAT, offsetof(cfg, val_fraction), 0},
     {"batch_size", KILN_TYPE_INT, offsetof(cfg, batch_size), 0},
     {"val_batch_size", KILN_TYPE_INT, offsetof(cfg, val_batch_size), 0},
     {"block_size", KILN_TYPE_INT, offsetof(cfg, block_size), 0},
     {"vocab_size", KILN_TYPE_INT, offsetof(cfg, vocab_size), 0},
-    {"shuffle", KILN_TYPE_BOOL, offsetof(cfg, shuffle), 0},
-    {"seed", KILN_TYPE_INT, offsetof(cfg, seed), 0},
+    {"shuffle", KILN_TYPE_BOOL, offsetof(cfg, shuffle), 0},   {"seed", KILN_TYPE_INT, offsetof(cfg, seed), 0},
     {"exclude", KILN_TYPE_STRING, offsetof(cfg, exclude), 1},
 };
 #define N_KEYS (sizeof g_keys / sizeof g_keys[0])
 static kiln_kv g_kv[N_KEYS + 1];
 
-static const kiln_kv *kv_of(const cfg *c) { return fixture_kv_of(g_keys, N_KEYS, c, g_kv); }
-
-static int32_t create(const cfg *c, kiln_instance **out) { return fixture_create_desc(g_desc, g_th, kv_of(c), out); }
+static int32_t create(const cfg *c, kiln_instance **out) {
+    return fixture_create_desc(g_desc, g_th, fixture_kv_of(g_keys, N_KEYS, c, g_kv), out);
+}
 
 /* A created instance set up for `stage`, or NULL (the error is printed). */
 static kiln_instance *make(const cfg *c, int32_t stage, int32_t rank, int32_t world) {
@@ -669,7 +666,8 @@ static const fixture_bad_value g_bad[] = {
 static void test_bad_config(void) {
     kiln_test_reset(g_th);
     cfg c = cfg_small();
-    fixture_expect_refused_each(g_desc, g_th, kv_of(&c), g_bad, sizeof g_bad / sizeof g_bad[0]);
+    const kiln_kv *usual = fixture_kv_of(g_keys, N_KEYS, &c, g_kv);
+    fixture_expect_refused_each(g_desc, g_th, usual, g_bad, sizeof g_bad / sizeof g_bad[0]);
     /* create reads no file. */
     c.train = "/nonexistent-kiln-dir/*.bin";
     kiln_instance *in = NULL;
