@@ -161,34 +161,39 @@ static int32_t cpu_bias_grad(kiln_instance *acc, float *db, const float *dy, int
     return KILN_OK;
 }
 
+/* The buffers of an activation's forward (y, x) and backward (dx, dy, x),
+ * checked for NULL as every activation entry checks them. */
+static int32_t cpu_act_need_fwd(kiln_instance *acc, const char *fn, const void *y, const void *x, size_t n) {
+    int32_t rc = ack_need(CPU_SINK(acc), fn, "y", y, n);
+    return rc != KILN_OK ? rc : ack_need(CPU_SINK(acc), fn, "x", x, n);
+}
+
+static int32_t cpu_act_need_bwd(kiln_instance *acc, const char *fn, const void *dx, const void *dy, const void *x,
+                                size_t n) {
+    int32_t rc = ack_need(CPU_SINK(acc), fn, "dx", dx, n);
+    if (rc == KILN_OK) rc = ack_need(CPU_SINK(acc), fn, "dy", dy, n);
+    return rc != KILN_OK ? rc : ack_need(CPU_SINK(acc), fn, "x", x, n);
+}
+
 static int32_t cpu_relu_forward(kiln_instance *acc, float *y, const float *x, size_t n) {
-    CPU_NEED(acc, y, n, "relu_forward");
-    CPU_NEED(acc, x, n, "relu_forward");
-    kc_relu_forward(y, x, n);
-    return KILN_OK;
+    int32_t rc = cpu_act_need_fwd(acc, "relu_forward", y, x, n);
+    if (rc == KILN_OK) kc_relu_forward(y, x, n);
+    return rc;
 }
-
 static int32_t cpu_relu_backward(kiln_instance *acc, float *dx, const float *dy, const float *x, size_t n) {
-    CPU_NEED(acc, dx, n, "relu_backward");
-    CPU_NEED(acc, dy, n, "relu_backward");
-    CPU_NEED(acc, x, n, "relu_backward");
-    kc_relu_backward(dx, dy, x, n);
-    return KILN_OK;
+    int32_t rc = cpu_act_need_bwd(acc, "relu_backward", dx, dy, x, n);
+    if (rc == KILN_OK) kc_relu_backward(dx, dy, x, n);
+    return rc;
 }
-
 static int32_t cpu_gelu_forward(kiln_instance *acc, float *y, const float *x, size_t n) {
-    CPU_NEED(acc, y, n, "gelu_forward");
-    CPU_NEED(acc, x, n, "gelu_forward");
-    kc_gelu_forward(y, x, n);
-    return KILN_OK;
+    int32_t rc = cpu_act_need_fwd(acc, "gelu_forward", y, x, n);
+    if (rc == KILN_OK) kc_gelu_forward(y, x, n);
+    return rc;
 }
-
 static int32_t cpu_gelu_backward(kiln_instance *acc, float *dx, const float *dy, const float *x, size_t n) {
-    CPU_NEED(acc, dx, n, "gelu_backward");
-    CPU_NEED(acc, dy, n, "gelu_backward");
-    CPU_NEED(acc, x, n, "gelu_backward");
-    kc_gelu_backward(dx, dy, x, n);
-    return KILN_OK;
+    int32_t rc = cpu_act_need_bwd(acc, "gelu_backward", dx, dy, x, n);
+    if (rc == KILN_OK) kc_gelu_backward(dx, dy, x, n);
+    return rc;
 }
 
 /* -------------------------------------------------------------------- loss */
@@ -319,14 +324,7 @@ static int cpu_is_float_dtype(uint32_t dt) {
 
 /* The `_ex` training entries take float32 or float64 data. */
 int32_t cpu_check_dtype(kiln_instance *acc, const char *fn, uint32_t dtype) {
-    if (dtype == KILN_DTYPE_F32 || dtype == KILN_DTYPE_F64) return KILN_OK;
-    return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s: dtype must be float32 or float64, got " CPU_DT_FMT, fn,
-                   CPU_DT_ARG(dtype));
-}
-
-int cpu_ranges_overlap(const void *a, size_t a_bytes, const void *b, size_t b_bytes) {
-    const uintptr_t pa = (uintptr_t)a, pb = (uintptr_t)b;
-    return pa < pb + b_bytes && pb < pa + a_bytes;
+    return ack_float_dtype(CPU_SINK(acc), fn, dtype);
 }
 
 /* dst(n) = src(n) converted; dst may equal src only with equal dtypes (a
@@ -348,7 +346,7 @@ static int32_t cpu_cast(kiln_instance *acc, void *dst, uint32_t dst_dtype, const
     const size_t dsz = kiln_dtype_size(dst_dtype), ssz = kiln_dtype_size(src_dtype);
     if (n > SIZE_MAX / 8)
         return CPU_ERR(acc, KILN_E_INVALID_ARG, "cast: n=%zu elements is larger than the address space", n);
-    if (!(dst == src && dst_dtype == src_dtype) && cpu_ranges_overlap(dst, n * dsz, src, n * ssz))
+    if (!(dst == src && dst_dtype == src_dtype) && ack_ranges_overlap(dst, n * dsz, src, n * ssz))
         return CPU_ERR(acc, KILN_E_INVALID_ARG,
                        "cast: dst (%s) and src (%s) overlap; only dst == src with equal dtypes may alias (n=%zu)",
                        kiln_dtype_name(dst_dtype), kiln_dtype_name(src_dtype), n);
@@ -509,8 +507,7 @@ static_assert(KILN_ACT_RELU == 0 && KILN_ACT_GELU == 1 && KILN_ACT_TANH == 2 && 
 static int32_t cpu_act_forward(kiln_instance *acc, uint32_t dtype, int32_t act, void *y, const void *x, size_t n) {
     int32_t rc = cpu_check_dtype(acc, "act_forward", dtype);
     if (rc != KILN_OK || (rc = cpu_check_act(acc, "act_forward", act)) != KILN_OK) return rc;
-    CPU_NEED(acc, y, n, "act_forward");
-    CPU_NEED(acc, x, n, "act_forward");
+    if ((rc = cpu_act_need_fwd(acc, "act_forward", y, x, n)) != KILN_OK) return rc;
     if (dtype == KILN_DTYPE_F32) cpu_act_f32[act](y, x, n);
     else cpu_act_f64[act](y, x, n);
     return KILN_OK;
@@ -520,9 +517,7 @@ static int32_t cpu_act_backward(kiln_instance *acc, uint32_t dtype, int32_t act,
                                 const void *x, size_t n) {
     int32_t rc = cpu_check_dtype(acc, "act_backward", dtype);
     if (rc != KILN_OK || (rc = cpu_check_act(acc, "act_backward", act)) != KILN_OK) return rc;
-    CPU_NEED(acc, dx, n, "act_backward");
-    CPU_NEED(acc, dy, n, "act_backward");
-    CPU_NEED(acc, x, n, "act_backward");
+    if ((rc = cpu_act_need_bwd(acc, "act_backward", dx, dy, x, n)) != KILN_OK) return rc;
     if (dtype == KILN_DTYPE_F32) cpu_act_b32[act](dx, dy, x, n);
     else cpu_act_b64[act](dx, dy, x, n);
     return KILN_OK;
@@ -707,9 +702,9 @@ static int32_t cpu_linear_forward(kiln_instance *acc, uint32_t dtype, const void
     CPU_NEED(acc, y, ny, "linear_forward");
     if (act >= 0) CPU_NEED(acc, post, ny, "linear_forward (act >= 0)");
     const size_t esz = kiln_dtype_size(dtype);
-    if (act >= 0 && cpu_ranges_overlap(y, ny * esz, post, ny * esz))
+    if (act >= 0 && ack_ranges_overlap(y, ny * esz, post, ny * esz))
         return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s: y and post overlap (the backward needs both)", fn);
-    if (x && in > 0 && cpu_ranges_overlap(y, ny * esz, x, (size_t)rows * (size_t)in * esz))
+    if (x && in > 0 && ack_ranges_overlap(y, ny * esz, x, (size_t)rows * (size_t)in * esz))
         return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s: y overlaps the input x", fn);
     const int32_t ld = in > 0 ? in : 1; /* in == 0: y = b, and gemm wants ld >= 1 */
     if (dtype == KILN_DTYPE_F32 && w_dtype == KILN_DTYPE_F32)
@@ -732,55 +727,20 @@ static int32_t cpu_linear_forward(kiln_instance *acc, uint32_t dtype, const void
 static_assert((int)KC_F32 == (int)KILN_DTYPE_F32 && (int)KC_F64 == (int)KILN_DTYPE_F64, "kc_ew dtypes");
 static_assert((int)KC_F8E4M3 == (int)KILN_DTYPE_F8E4M3 && (int)KC_F8E5M2 == (int)KILN_DTYPE_F8E5M2, "fp8 dtypes");
 
-/* What every 1.5 elementwise entry checks before kc_ew: the dtype, NULL
- * pointers, and overlap: y may be an input's very pointer (in place), never
- * a shifted view of it (an element would read a neighbour already
- * written). an/bn name the inputs in messages; bn NULL: unary. */
+/* Every 1.5 elementwise entry: the checks the cuda plugin makes too
+ * (ack_ew: dtype, NULL pointers, y an input's very pointer or apart from
+ * it), then kc_ew. an/bn name the inputs in messages; bn NULL: unary. */
 static int32_t cpu_ew(kiln_instance *acc, const char *fn, int op, uint32_t dtype, void *y, const void *a,
                       const char *an, const void *b, const char *bn, double s0, double s1, size_t n) {
-    int32_t rc = cpu_check_dtype(acc, fn, dtype);
-    if (rc != KILN_OK) return rc;
-    if (n == 0) return KILN_OK;
-    if (!y || !a || (bn && !b))
-        return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s: %s is NULL for %zu elements", fn, !y ? "y" : !a ? an : bn, n);
-    if (n > SIZE_MAX / 8)
-        return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s: n=%zu elements is larger than the address space", fn, n);
-    const size_t bytes = n * kiln_dtype_size(dtype);
-    if (a != y && cpu_ranges_overlap(y, bytes, a, bytes))
-        return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s: y overlaps %s without being the same pointer (n=%zu)", fn, an, n);
-    if (bn && b != y && cpu_ranges_overlap(y, bytes, b, bytes))
-        return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s: y overlaps %s without being the same pointer (n=%zu)", fn, bn, n);
+    int go = 0;
+    int32_t rc = ack_ew(CPU_SINK(acc), fn, dtype, y, a, an, b, bn, n, &go);
+    if (rc != KILN_OK || !go) return rc;
     kc_ew(op, (int)dtype, y, a, bn ? b : NULL, s0, s1, n);
     return KILN_OK;
 }
 
-static int32_t cpu_lerp(kiln_instance *acc, uint32_t dtype, void *y, const void *a, const void *b, double weight,
-                        size_t n) {
-    return cpu_ew(acc, "lerp", KC_EW_LERP, dtype, y, a, "a", b, "b", weight, 0.0, n);
-}
-static int32_t cpu_sign(kiln_instance *acc, uint32_t dtype, void *y, const void *x, size_t n) {
-    return cpu_ew(acc, "sign", KC_EW_SIGN, dtype, y, x, "x", NULL, NULL, 0.0, 0.0, n);
-}
-static int32_t cpu_mul(kiln_instance *acc, uint32_t dtype, void *y, const void *a, const void *b, size_t n) {
-    return cpu_ew(acc, "mul", KC_EW_MUL, dtype, y, a, "a", b, "b", 0.0, 0.0, n);
-}
-static int32_t cpu_addcmul(kiln_instance *acc, uint32_t dtype, void *y, double value, const void *a, const void *b,
-                           size_t n) {
-    return cpu_ew(acc, "addcmul", KC_EW_ADDCMUL, dtype, y, a, "a", b, "b", value, 0.0, n);
-}
-static int32_t cpu_addcdiv(kiln_instance *acc, uint32_t dtype, void *y, double value, const void *a, const void *b,
-                           size_t n) {
-    return cpu_ew(acc, "addcdiv", KC_EW_ADDCDIV, dtype, y, a, "a", b, "b", value, 0.0, n);
-}
-static int32_t cpu_sqrt_ex(kiln_instance *acc, uint32_t dtype, void *y, const void *x, size_t n) {
-    return cpu_ew(acc, "sqrt_ex", KC_EW_SQRT, dtype, y, x, "x", NULL, NULL, 0.0, 0.0, n);
-}
-static int32_t cpu_clamp(kiln_instance *acc, uint32_t dtype, void *y, const void *x, double lo, double hi,
-                         size_t n) {
-    if (!(lo <= hi))
-        return CPU_ERR(acc, KILN_E_INVALID_ARG, "clamp: expected lo <= hi (neither NaN), got lo=%g hi=%g", lo, hi);
-    return cpu_ew(acc, "clamp", KC_EW_CLAMP, dtype, y, x, "x", NULL, NULL, lo, hi, n);
-}
+/* lerp, sign, mul, addcmul, addcdiv, sqrt_ex, clamp */
+ACK_DEFINE_EW_ENTRIES(cpu_, cpu_ew, KC_EW_, CPU_SINK)
 #endif /* KILN_ABI_MINOR >= 5 */
 
 static const kiln_kernels cpu_kernel_table = {
@@ -828,7 +788,7 @@ static const kiln_kernels cpu_kernel_table = {
     .linear_forward = cpu_linear_forward,
 #endif
 #if KILN_ABI_MINOR >= 4
-    /* 1.4: cpu_accel_seq.c and cpu_accel_attn.c */
+    /* 1.4: cpu_accel_seq.c */
     .embedding_forward = cpu_embedding_forward,
     .embedding_backward = cpu_embedding_backward,
     .layernorm_forward = cpu_layernorm_forward,

@@ -2,15 +2,18 @@
  * cpu_accel.h — what the files of the "cpu" accelerator plugin share: the
  * instance (host memory needs no more than a thread count and one scratch
  * workspace), the error macros every entry uses to turn a caller's mistake
- * into KILN_E_INVALID_ARG with a one-line message, the argument helpers, and
+ * into KILN_E_INVALID_ARG with a one-line message, the argument helpers (the
+ * checks the cuda plugin makes too live in ../common/accel_checks.h), and
  * the kernel-table entries defined outside cpu_accel.c (the ABI 1.4 sequence
- * entries: cpu_accel_seq.c, cpu_accel_attn.c). Internal to the plugin; never
+ * entries: cpu_accel_seq.c). Internal to the plugin; never
  * installed.
  */
 #ifndef KILN_PLUGINS_CPU_ACCEL_H
 #define KILN_PLUGINS_CPU_ACCEL_H
 
 #include <kiln/kiln.h>
+
+#include "../common/accel_checks.h"
 
 /* One instance may be used from one thread at a time (the plugin does not
  * report KILN_CAP_THREAD_SAFE_INSTANCE): gemm_ex's workspace below is
@@ -29,6 +32,10 @@ struct kiln_instance {
 
 #define CPU_ERR(acc, code, ...) kiln_errorf((acc)->svc, (acc)->hctx, (code), __VA_ARGS__)
 
+/* The checks shared with the cuda plugin (accel_checks.h) report through
+ * this sink; the cpu's messages carry no prefix. */
+#define CPU_SINK(acc) ACK_SINK(acc, "")
+
 /* A NULL pointer is only acceptable when nothing would be read or written. */
 #define CPU_NEED(acc, ptr, n, fn)                                                                   \
     do {                                                                                            \
@@ -43,7 +50,6 @@ struct kiln_instance {
 #define CPU_DT_ARG(dt) kiln_dtype_name(dt), (unsigned)(dt)
 
 int32_t cpu_check_dtype(kiln_instance *acc, const char *fn, uint32_t dtype);
-int cpu_ranges_overlap(const void *a, size_t a_bytes, const void *b, size_t b_bytes);
 int32_t cpu_round_to(kiln_instance *acc, float *x, uint32_t dtype, size_t n);
 /* Makes acc->ws at least `bytes` long (grow-only; the one scratch buffer of
  * an instance: valid until the next entry that reserves it). */
@@ -63,7 +69,6 @@ int32_t cpu_layernorm_backward(kiln_instance *acc, uint32_t dtype, void *dx, voi
 int32_t cpu_xent_fused(kiln_instance *acc, uint32_t dtype, void *logits, const int32_t *targets, int32_t N, int32_t V,
                        int32_t Vp, double grad_scale, double *loss_sum);
 int32_t cpu_add(kiln_instance *acc, uint32_t dtype, void *y, const void *a, const void *b, size_t n);
-/* cpu_accel_attn.c */
 int32_t cpu_attention_forward(kiln_instance *acc, uint32_t dtype, void *out, void *lse, const void *qkv, int32_t B,
                               int32_t T, int32_t C, int32_t NH, uint32_t round_dtype);
 int32_t cpu_attention_backward(kiln_instance *acc, uint32_t dtype, void *dqkv, const void *dout, const void *qkv,

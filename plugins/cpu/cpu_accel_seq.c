@@ -1,9 +1,10 @@
 /*
- * cpu_accel_seq.c — the cpu accelerator's ABI 1.4 sequence entries other
- * than attention (embedding forward/backward, layer norm forward/backward,
- * the fused cross-entropy, add): thin wrappers over the kc_* kernels of
- * kernels/cpu/cpu_seq.h. As in cpu_accel.c, the wrappers do what the
- * kernels leave out: a dtype other than float32/float64, a negative size, a
+ * cpu_accel_seq.c — the cpu accelerator's ABI 1.4 sequence entries
+ * (embedding forward/backward, layer norm forward/backward, the fused
+ * cross-entropy, add, causal attention forward/backward): thin wrappers over
+ * the kc_* kernels of kernels/cpu/cpu_seq.h and cpu_attn.h. As in cpu_accel.c, the wrappers do what the
+ * kernels leave out, with the checks the cuda plugin makes too
+ * (../common/accel_checks.h): a dtype other than float32/float64, a negative size, a
  * NULL buffer that would be touched, a size past the address space or a
  * forbidden overlap is KILN_E_INVALID_ARG naming the entry; a token or a
  * target outside its range is KILN_E_DATA naming the index, the value and
@@ -19,68 +20,22 @@
 
 #include <math.h>
 
+#include "cpu_attn.h"
 #include "cpu_kernels.h"
 #include "cpu_seq.h"
-
-/* *out = a * b * c elements, refused when the bytes of it in float64 would
- * not fit in a size_t (so every later `elements * size` is exact). */
-static int32_t cpu_seq_elems(kiln_instance *acc, const char *fn, size_t a, size_t b, size_t c, size_t *out) {
-    size_t ab, abc;
-    if (__builtin_mul_overflow(a, b, &ab) || __builtin_mul_overflow(ab, c, &abc) || abc > SIZE_MAX / 8)
-        return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s: %zu x %zu x %zu elements is larger than the address space", fn,
-                       a, b, c);
-    *out = abc;
-    return KILN_OK;
-}
-
-/* Overlap of two buffers, either of which may be absent (NULL or empty). */
-static int cpu_seq_overlap(const void *a, size_t a_bytes, const void *b, size_t b_bytes) {
-    return a && b && a_bytes && b_bytes && cpu_ranges_overlap(a, a_bytes, b, b_bytes);
-}
-
-#define CPU_NO_OVERLAP(acc, fn, p, pbytes, q, qbytes)                                                             \
-    do {                                                                                                        \
-        if (cpu_seq_overlap(p, pbytes, q, qbytes))                                                              \
-            return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s: " #p " overlaps " #q, fn);                              \
-    } while (0)
-
-/* tokens(B*T) all in [0, V), else KILN_E_DATA naming the first bad one. */
-static int32_t cpu_check_tokens(kiln_instance *acc, const char *fn, const int32_t *tokens, int32_t B, int32_t T,
-                                int32_t V) {
-    const size_t n = (size_t)B * (size_t)T;
-    for (size_t i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= V)
-            return CPU_ERR(acc, KILN_E_DATA,
-                           "%s: token %d at index %zu (batch %zu, position %zu) is outside [0, %d) (vocabulary "
-                           "size V=%d)",
-                           fn, (int)tokens[i], i, i / (size_t)T, i % (size_t)T, (int)V, (int)V);
-    return KILN_OK;
-}
 
 /* ------------------------------------------------------------- embedding */
 
 int32_t cpu_embedding_forward(kiln_instance *acc, uint32_t dtype, void *out, const int32_t *tokens, const void *wte,
                               const void *wpe, int32_t B, int32_t T, int32_t C, int32_t V) {
     const char *fn = "embedding_forward";
-    int32_t rc = cpu_check_dtype(acc, fn, dtype);
-    if (rc != KILN_OK) return rc;
-    if (B < 0 || T < 0 || C < 0 || V < 0)
-        return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s: B, T, C, V must be >= 0, got %d, %d, %d, %d", fn, (int)B,
-                       (int)T, (int)C, (int)V);
-    size_t nout = 0, nwte = 0, nwpe = 0;
-    if ((rc = cpu_seq_elems(acc, fn, (size_t)B, (size_t)T, (size_t)C, &nout)) != KILN_OK ||
-        (rc = cpu_seq_elems(acc, fn, (size_t)V, (size_t)C, 1, &nwte)) != KILN_OK ||
-        (rc = cpu_seq_elems(acc, fn, (size_t)T, (size_t)C, 1, &nwpe)) != KILN_OK)
-        return rc;
-    const size_t n = (size_t)B * (size_t)T, esz = kiln_dtype_size(dtype);
-    CPU_NEED(acc, tokens, n, "embedding_forward");
-    CPU_NEED(acc, out, nout, "embedding_forward");
-    CPU_NEED(acc, wte, nout, "embedding_forward");
-    if (nout == 0) return cpu_check_tokens(acc, fn, tokens, B, T, V);
-    CPU_NO_OVERLAP(acc, fn, out, nout * esz, wte, nwte * esz);
-    CPU_NO_OVERLAP(acc, fn, out, nout * esz, wpe, nwpe * esz);
-    CPU_NO_OVERLAP(acc, fn, out, nout * esz, tokens, n * sizeof *tokens);
-    if ((rc = cpu_check_tokens(acc, fn, tokens, B, T, V)) != KILN_OK) return rc;
+    const ack_sink s = CPU_SINK(acc);
+    size_t nout = 0;
+    int go = 0;
+    int32_t rc = ack_emb_forward(s, fn, dtype, out, tokens, wte, wpe, B, T, C, V, &nout, &go);
+    if (rc != KILN_OK || !go) return rc;
+    /* every token is checked even when C = 0 leaves nothing to write */
+    if ((rc = ack_tokens_in_range(s, fn, tokens, B, T, V)) != KILN_OK || nout == 0) return rc;
     if (dtype == KILN_DTYPE_F32) kc_embedding_forward(out, tokens, wte, wpe, B, T, C);
     else kc_embedding_forward_f64(out, tokens, wte, wpe, B, T, C);
     return KILN_OK;
@@ -89,32 +44,14 @@ int32_t cpu_embedding_forward(kiln_instance *acc, uint32_t dtype, void *out, con
 int32_t cpu_embedding_backward(kiln_instance *acc, uint32_t dtype, void *dwte, void *dwpe, const void *dout,
                                const int32_t *tokens, int32_t B, int32_t T, int32_t C, int32_t V) {
     const char *fn = "embedding_backward";
-    int32_t rc = cpu_check_dtype(acc, fn, dtype);
-    if (rc != KILN_OK) return rc;
-    if (B < 0 || T < 0 || C < 0 || V < 0)
-        return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s: B, T, C, V must be >= 0, got %d, %d, %d, %d", fn, (int)B,
-                       (int)T, (int)C, (int)V);
-    size_t ndout = 0, nwte = 0, nwpe = 0;
-    if ((rc = cpu_seq_elems(acc, fn, (size_t)B, (size_t)T, (size_t)C, &ndout)) != KILN_OK ||
-        (rc = cpu_seq_elems(acc, fn, (size_t)V, (size_t)C, 1, &nwte)) != KILN_OK ||
-        (rc = cpu_seq_elems(acc, fn, (size_t)T, (size_t)C, 1, &nwpe)) != KILN_OK)
-        return rc;
-    if (!dwte && !dwpe) return KILN_OK; /* both tables frozen */
-    const size_t n = (size_t)B * (size_t)T, esz = kiln_dtype_size(dtype);
-    CPU_NEED(acc, dout, ndout, "embedding_backward");
-    if (dwte) CPU_NEED(acc, tokens, n, "embedding_backward");
+    const ack_sink s = CPU_SINK(acc);
+    size_t ndout = 0;
+    int go = 0;
     /* the sort's offsets are int32 */
-    if (dwte && n > (size_t)INT32_MAX)
-        return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s: B*T = %zu positions is above %d", fn, n, (int)INT32_MAX);
-    if (ndout == 0) return dwte ? cpu_check_tokens(acc, fn, tokens, B, T, V) : KILN_OK;
-    CPU_NO_OVERLAP(acc, fn, dwte, nwte * esz, dout, ndout * esz);
-    CPU_NO_OVERLAP(acc, fn, dwpe, nwpe * esz, dout, ndout * esz);
-    CPU_NO_OVERLAP(acc, fn, dwte, nwte * esz, dwpe, nwpe * esz);
-    if (tokens) {
-        CPU_NO_OVERLAP(acc, fn, dwte, nwte * esz, tokens, n * sizeof *tokens);
-        CPU_NO_OVERLAP(acc, fn, dwpe, nwpe * esz, tokens, n * sizeof *tokens);
-    }
-    if (dwte && (rc = cpu_check_tokens(acc, fn, tokens, B, T, V)) != KILN_OK) return rc;
+    int32_t rc = ack_emb_backward(s, fn, dtype, dwte, dwpe, dout, tokens, B, T, C, V, (size_t)INT32_MAX, &ndout, &go);
+    if (rc != KILN_OK || !go) return rc;
+    if (dwte && (rc = ack_tokens_in_range(s, fn, tokens, B, T, V)) != KILN_OK) return rc;
+    if (ndout == 0) return KILN_OK;
     const size_t ws = kc_embedding_backward_workspace(B, T, V, dwte != NULL);
     if (ws && (rc = cpu_reserve_workspace(acc, ws)) != KILN_OK) return rc;
     if (dtype == KILN_DTYPE_F32) kc_embedding_backward(dwte, dwpe, dout, tokens, B, T, C, V, acc->ws);
@@ -126,38 +63,11 @@ int32_t cpu_embedding_backward(kiln_instance *acc, uint32_t dtype, void *dwte, v
 
 int32_t cpu_layernorm_forward(kiln_instance *acc, uint32_t dtype, void *y, void *mean, void *rstd, const void *x,
                               const void *w, const void *b, int32_t N, int32_t C, double eps, uint32_t round_dtype) {
-    const char *fn = "layernorm_forward";
-    int32_t rc = cpu_check_dtype(acc, fn, dtype);
-    if (rc != KILN_OK) return rc;
-    /* round_dtype as linear_forward takes it: float32 is "none"; the 16-bit
-     * formats round float32 data; float64 data accepts float64 (none) too */
+    int go = 0;
+    int32_t rc = ack_ln_forward(CPU_SINK(acc), "layernorm_forward", dtype, y, mean, rstd, x, w, b, N, C, eps,
+                                round_dtype, 0, &go);
+    if (rc != KILN_OK || !go) return rc;
     const int r16 = round_dtype == KILN_DTYPE_F16 || round_dtype == KILN_DTYPE_BF16;
-    if (!(round_dtype == KILN_DTYPE_F32 || (dtype == KILN_DTYPE_F32 && r16) ||
-          (dtype == KILN_DTYPE_F64 && round_dtype == KILN_DTYPE_F64)))
-        return CPU_ERR(acc, KILN_E_INVALID_ARG,
-                       "%s: round_dtype must be float32 (none)%s for dtype %s, got " CPU_DT_FMT, fn,
-                       dtype == KILN_DTYPE_F32 ? ", float16 or bfloat16" : " or float64", kiln_dtype_name(dtype),
-                       CPU_DT_ARG(round_dtype));
-    if (N < 0 || C < 0 || (N > 0 && C == 0))
-        return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s: N must be >= 0 and C >= 1, got N=%d C=%d", fn, (int)N, (int)C);
-    if (!(eps >= 0.0))
-        return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s: eps must be >= 0, got %g", fn, eps);
-    size_t nx = 0;
-    if ((rc = cpu_seq_elems(acc, fn, (size_t)N, (size_t)C, 1, &nx)) != KILN_OK) return rc;
-    if (nx == 0) return KILN_OK;
-    CPU_NEED(acc, y, nx, "layernorm_forward");
-    CPU_NEED(acc, x, nx, "layernorm_forward");
-    CPU_NEED(acc, mean, (size_t)N, "layernorm_forward");
-    CPU_NEED(acc, rstd, (size_t)N, "layernorm_forward");
-    const size_t esz = kiln_dtype_size(dtype), xb = nx * esz, rb = (size_t)N * esz, cb = (size_t)C * esz;
-    CPU_NO_OVERLAP(acc, fn, y, xb, x, xb);
-    CPU_NO_OVERLAP(acc, fn, y, xb, w, cb);
-    CPU_NO_OVERLAP(acc, fn, y, xb, b, cb);
-    CPU_NO_OVERLAP(acc, fn, mean, rb, rstd, rb);
-    CPU_NO_OVERLAP(acc, fn, mean, rb, y, xb);
-    CPU_NO_OVERLAP(acc, fn, mean, rb, x, xb);
-    CPU_NO_OVERLAP(acc, fn, rstd, rb, y, xb);
-    CPU_NO_OVERLAP(acc, fn, rstd, rb, x, xb);
     if (dtype == KILN_DTYPE_F32)
         kc_layernorm_forward(y, mean, rstd, x, w, b, N, C, eps, r16 ? (int)round_dtype : KC_F32);
     else
@@ -165,45 +75,13 @@ int32_t cpu_layernorm_forward(kiln_instance *acc, uint32_t dtype, void *y, void 
     return KILN_OK;
 }
 
-/* The contract forbids only dx over dy; dx over the other inputs (x, w, mean,
- * rstd) or dw/db over anything would have a row's output overwrite what a
- * later element or row still reads, so those are refused too. */
 int32_t cpu_layernorm_backward(kiln_instance *acc, uint32_t dtype, void *dx, void *dw, void *db, const void *dy,
                                const void *x, const void *w, const void *mean, const void *rstd, int32_t N, int32_t C,
                                int32_t accumulate) {
-    const char *fn = "layernorm_backward";
-    int32_t rc = cpu_check_dtype(acc, fn, dtype);
-    if (rc != KILN_OK) return rc;
-    if (N < 0 || C < 0 || (N > 0 && C == 0))
-        return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s: N must be >= 0 and C >= 1, got N=%d C=%d", fn, (int)N, (int)C);
-    size_t nx = 0;
-    if ((rc = cpu_seq_elems(acc, fn, (size_t)N, (size_t)C, 1, &nx)) != KILN_OK) return rc;
-    if (nx == 0) return KILN_OK;
-    CPU_NEED(acc, dx, nx, "layernorm_backward");
-    CPU_NEED(acc, dy, nx, "layernorm_backward");
-    CPU_NEED(acc, x, nx, "layernorm_backward");
-    CPU_NEED(acc, mean, (size_t)N, "layernorm_backward");
-    CPU_NEED(acc, rstd, (size_t)N, "layernorm_backward");
-    const size_t esz = kiln_dtype_size(dtype), xb = nx * esz, rb = (size_t)N * esz, cb = (size_t)C * esz;
-    CPU_NO_OVERLAP(acc, fn, dx, xb, dy, xb);
-    CPU_NO_OVERLAP(acc, fn, dx, xb, x, xb);
-    CPU_NO_OVERLAP(acc, fn, dx, xb, w, cb);
-    CPU_NO_OVERLAP(acc, fn, dx, xb, mean, rb);
-    CPU_NO_OVERLAP(acc, fn, dx, xb, rstd, rb);
-    CPU_NO_OVERLAP(acc, fn, dw, cb, db, cb);
-    const void *outs[3] = {dx, dw, db};
-    const size_t out_bytes[3] = {xb, cb, cb};
-    static const char *const in_names[5] = {"dy", "x", "w", "mean", "rstd"};
-    const void *ins[5] = {dy, x, w, mean, rstd};
-    const size_t in_bytes[5] = {xb, xb, cb, rb, rb};
-    for (int o = 1; o < 3; o++) {
-        if (cpu_seq_overlap(outs[o], out_bytes[o], dx, xb))
-            return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s: %s overlaps dx", fn, o == 1 ? "dw" : "db");
-        for (int i = 0; i < 5; i++)
-            if (cpu_seq_overlap(outs[o], out_bytes[o], ins[i], in_bytes[i]))
-                return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s: %s overlaps the input %s", fn, o == 1 ? "dw" : "db",
-                               in_names[i]);
-    }
+    int go = 0;
+    int32_t rc = ack_ln_backward(CPU_SINK(acc), "layernorm_backward", dtype, dx, dw, db, dy, x, w, mean, rstd, N, C,
+                                 &go);
+    if (rc != KILN_OK || !go) return rc;
     const size_t ws = kc_layernorm_backward_workspace(N, C, dw != NULL, db != NULL);
     if (ws && (rc = cpu_reserve_workspace(acc, ws)) != KILN_OK) return rc;
     if (dtype == KILN_DTYPE_F32)
@@ -218,23 +96,16 @@ int32_t cpu_layernorm_backward(kiln_instance *acc, uint32_t dtype, void *dx, voi
 int32_t cpu_xent_fused(kiln_instance *acc, uint32_t dtype, void *logits, const int32_t *targets, int32_t N, int32_t V,
                        int32_t Vp, double grad_scale, double *loss_sum) {
     const char *fn = "xent_fused";
-    int32_t rc = cpu_check_dtype(acc, fn, dtype);
-    if (rc != KILN_OK) return rc;
-    if (N < 0 || V < 1 || Vp < V)
-        return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s: need N >= 0, V >= 1 and Vp >= V, got N=%d V=%d Vp=%d", fn,
-                       (int)N, (int)V, (int)Vp);
-    if (!loss_sum) return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s: loss_sum is NULL", fn);
+    const ack_sink s = CPU_SINK(acc);
     size_t nl = 0;
-    if ((rc = cpu_seq_elems(acc, fn, (size_t)N, (size_t)Vp, 1, &nl)) != KILN_OK) return rc;
-    CPU_NEED(acc, logits, nl, "xent_fused");
-    CPU_NEED(acc, targets, (size_t)N, "xent_fused");
-    const size_t esz = kiln_dtype_size(dtype);
-    CPU_NO_OVERLAP(acc, fn, logits, nl * esz, targets, (size_t)N * sizeof *targets);
-    CPU_NO_OVERLAP(acc, fn, logits, nl * esz, loss_sum, sizeof *loss_sum);
+    int32_t rc = ack_xent(s, fn, dtype, logits, targets, N, V, Vp, loss_sum, &nl);
+    if (rc != KILN_OK) return rc;
+    /* the loss lands in host memory here, so it must not be in the logits */
+    if ((rc = ack_apart(s, fn, "logits", logits, nl * kiln_dtype_size(dtype), "loss_sum", loss_sum,
+                        sizeof *loss_sum)) != KILN_OK)
+        return rc;
     for (int32_t i = 0; i < N; i++)
-        if (targets[i] < -1 || targets[i] >= V)
-            return CPU_ERR(acc, KILN_E_DATA, "%s: target %d at row %d is outside [-1, %d) (-1 ignores the row; V=%d)",
-                           fn, (int)targets[i], (int)i, (int)V, (int)V);
+        if (targets[i] < -1 || targets[i] >= V) return ack_bad_target(s, fn, targets[i], i, V);
     *loss_sum = dtype == KILN_DTYPE_F32 ? kc_xent_fused(logits, targets, N, V, Vp, grad_scale)
                                         : kc_xent_fused_f64(logits, targets, N, V, Vp, grad_scale);
     return KILN_OK;
@@ -243,25 +114,79 @@ int32_t cpu_xent_fused(kiln_instance *acc, uint32_t dtype, void *logits, const i
 /* ------------------------------------------------------------------- add */
 
 int32_t cpu_add(kiln_instance *acc, uint32_t dtype, void *y, const void *a, const void *b, size_t n) {
-    const char *fn = "add";
-    int32_t rc = cpu_check_dtype(acc, fn, dtype);
-    if (rc != KILN_OK) return rc;
-    if (n > SIZE_MAX / 8)
-        return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s: n=%zu elements is larger than the address space", fn, n);
-    CPU_NEED(acc, y, n, "add");
-    CPU_NEED(acc, a, n, "add");
-    CPU_NEED(acc, b, n, "add");
-    if (n == 0) return KILN_OK;
-    /* y == a or y == b is the in-place residual add; a shifted overlap would
-     * overwrite inputs not yet read */
-    const size_t nb = n * kiln_dtype_size(dtype);
-    if (y != a && cpu_ranges_overlap(y, nb, a, nb))
-        return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s: y partially overlaps a (only y == a may alias)", fn);
-    if (y != b && cpu_ranges_overlap(y, nb, b, nb))
-        return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s: y partially overlaps b (only y == b may alias)", fn);
+    int go = 0;
+    int32_t rc = ack_add(CPU_SINK(acc), "add", dtype, y, a, b, n, &go);
+    if (rc != KILN_OK || !go) return rc;
     if (dtype == KILN_DTYPE_F32) kc_add(y, a, b, n);
     else kc_add_f64(y, a, b, n);
     return KILN_OK;
 }
 
+/* ------------------------------------------------------------- attention */
+
+/* attention_forward, attention_backward: the checks (accel_checks.h), the
+ * instance workspace reserved for the kernels' per-thread query-tile
+ * scratch, then the kc_attn_* kernels of kernels/cpu/cpu_attn.c. */
+
+/* A kernel's refusal after the checks passed is a bug here, not the caller's. */
+static int32_t cpu_attn_ran(kiln_instance *acc, const char *fn, int k, size_t need) {
+    if (k == 0) return KILN_OK;
+    return CPU_ERR(acc, KILN_E_INTERNAL, "%s: the kernel refused a call the checks accepted (workspace %zu of %zu)", fn,
+                   acc->ws_bytes, need);
+}
+
+int32_t cpu_attention_forward(kiln_instance *acc, uint32_t dtype, void *out, void *lse, const void *qkv, int32_t B,
+                              int32_t T, int32_t C, int32_t NH, uint32_t round_dtype) {
+    static const char fn[] = "attention_forward";
+    static const char *const names[3] = {"out", "lse", "qkv"};
+    static const int kinds[3] = {ACK_OUT, ACK_LSE, ACK_QKV};
+    const void *const bufs[3] = {out, lse, qkv};
+    size_t n[3];
+    /* the cpu words round_dtype's message "with dtype" */
+    int32_t rc = ack_attn_args(CPU_SINK(acc), fn, dtype, B, T, C, NH, round_dtype, "with", n);
+    if (rc != KILN_OK || (rc = ack_attn_need(CPU_SINK(acc), fn, 3, names, bufs, kinds, n)) != KILN_OK) return rc;
+    const size_t need = kc_attn_workspace_bytes_for(0, kiln_dtype_size(dtype), B, T, NH);
+    const size_t elem = kiln_dtype_size(dtype), n_qkv = n[ACK_QKV], n_out = n[ACK_OUT],
+                 n_lse = n[ACK_LSE];
+    if (ack_ranges_overlap(out, n_out * elem, qkv, n_qkv * elem) ||
+        ack_ranges_overlap(lse, n_lse * elem, qkv, n_qkv * elem) ||
+        ack_ranges_overlap(lse, n_lse * elem, out, n_out * elem))
+        return CPU_ERR(acc, KILN_E_INVALID_ARG,
+                       "%s: out, lse and qkv must not overlap (B=%d T=%d C=%d NH=%d, %s)", fn, (int)B, (int)T, (int)C,
+                       (int)NH, kiln_dtype_name(dtype));
+    if ((rc = cpu_reserve_workspace(acc, need)) != KILN_OK) return rc;
+    return cpu_attn_ran(acc, fn,
+                        dtype == KILN_DTYPE_F32
+                            ? kc_attn_forward(out, lse, qkv, B, T, C, NH, (int)round_dtype, acc->ws, acc->ws_bytes)
+                            : kc_attn_forward_f64(out, lse, qkv, B, T, C, NH, acc->ws, acc->ws_bytes),
+                        need);
+}
+
+int32_t cpu_attention_backward(kiln_instance *acc, uint32_t dtype, void *dqkv, const void *dout, const void *qkv,
+                               const void *out, const void *lse, int32_t B, int32_t T, int32_t C, int32_t NH,
+                               uint32_t round_dtype) {
+    static const char fn[] = "attention_backward";
+    static const char *const names[5] = {"dqkv", "dout", "qkv", "out", "lse"};
+    static const int kinds[5] = {ACK_QKV, ACK_OUT, ACK_QKV, ACK_OUT, ACK_LSE};
+    const void *const bufs[5] = {dqkv, dout, qkv, out, lse};
+    size_t n[3];
+    int32_t rc = ack_attn_args(CPU_SINK(acc), fn, dtype, B, T, C, NH, round_dtype, "with", n);
+    if (rc != KILN_OK || (rc = ack_attn_need(CPU_SINK(acc), fn, 5, names, bufs, kinds, n)) != KILN_OK) return rc;
+    const size_t need = kc_attn_workspace_bytes_for(1, kiln_dtype_size(dtype), B, T, NH);
+    /* dqkv over any input would change what a later query tile reads */
+    const size_t elem = kiln_dtype_size(dtype), dq_bytes = n[ACK_QKV] * elem;
+    const char *hit = NULL;
+    for (int i = 1; i < 5 && !hit; i++)
+        if (ack_ranges_overlap(dqkv, dq_bytes, bufs[i], n[kinds[i]] * elem)) hit = names[i];
+    if (hit)
+        return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s: dqkv overlaps %s (B=%d T=%d C=%d NH=%d, %s)", fn, hit, (int)B,
+                       (int)T, (int)C, (int)NH, kiln_dtype_name(dtype));
+    if ((rc = cpu_reserve_workspace(acc, need)) != KILN_OK) return rc;
+    return cpu_attn_ran(acc, fn,
+                        dtype == KILN_DTYPE_F32 ? kc_attn_backward(dqkv, dout, qkv, out, lse, B, T, C, NH,
+                                                                   (int)round_dtype, acc->ws, acc->ws_bytes)
+                                                : kc_attn_backward_f64(dqkv, dout, qkv, out, lse, B, T, C, NH,
+                                                                       acc->ws, acc->ws_bytes),
+                        need);
+}
 #endif /* KILN_ABI_MINOR >= 4 */

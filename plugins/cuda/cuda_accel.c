@@ -149,12 +149,28 @@ static int32_t cu_gemm_ex(kiln_instance *acc, int32_t ta, int32_t tb, int32_t M,
 
 /* --------------------------------------------------- bias and activations */
 
-static int32_t cu_bias_add_ex(kiln_instance *acc, uint32_t dt, void *y, const void *b, int32_t rows, int32_t cols) {
-    int32_t rc = cu_check_fdt(acc, "bias_add", dt);
+/* The bias entries' first checks: the dtype, then rows, cols >= 0. */
+static int32_t cu_bias_dims(kiln_instance *acc, const char *fn, uint32_t dt, int32_t rows, int32_t cols) {
+    int32_t rc = cu_check_fdt(acc, fn, dt);
     if (rc != KILN_OK) return rc;
     if (rows < 0 || cols < 0)
-        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: bias_add: rows and cols must be >= 0, got %d and %d", (int)rows,
+        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: rows and cols must be >= 0, got %d and %d", fn, (int)rows,
                       (int)cols);
+    return KILN_OK;
+}
+
+/* The activation entries' first checks: the dtype, then act a KILN_ACT_*. */
+static int32_t cu_act_kind(kiln_instance *acc, const char *fn, uint32_t dt, int32_t act) {
+    int32_t rc = cu_check_fdt(acc, fn, dt);
+    if (rc != KILN_OK) return rc;
+    if (act < KILN_ACT_RELU || act > KILN_ACT_LEAKY_RELU)
+        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: act must be a KILN_ACT_* (0..4), got %d", fn, (int)act);
+    return KILN_OK;
+}
+
+static int32_t cu_bias_add_ex(kiln_instance *acc, uint32_t dt, void *y, const void *b, int32_t rows, int32_t cols) {
+    int32_t rc = cu_bias_dims(acc, "bias_add", dt, rows, cols);
+    if (rc != KILN_OK) return rc;
     const size_t n = (size_t)rows * (size_t)cols;
     CU_NEED(acc, y, n, "bias_add");
     CU_NEED(acc, b, cols, "bias_add");
@@ -169,11 +185,8 @@ static int32_t cu_bias_add(kiln_instance *acc, float *y, const float *b, int32_t
 
 static int32_t cu_bias_grad_ex(kiln_instance *acc, uint32_t dt, void *db, const void *dy, int32_t rows, int32_t cols,
                                int32_t accumulate) {
-    int32_t rc = cu_check_fdt(acc, "bias_grad", dt);
+    int32_t rc = cu_bias_dims(acc, "bias_grad", dt, rows, cols);
     if (rc != KILN_OK) return rc;
-    if (rows < 0 || cols < 0)
-        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: bias_grad: rows and cols must be >= 0, got %d and %d",
-                      (int)rows, (int)cols);
     CU_NEED(acc, db, cols, "bias_grad");
     CU_NEED(acc, dy, (size_t)rows * (size_t)cols, "bias_grad");
     if (cols == 0) return KILN_OK;
@@ -193,10 +206,8 @@ static int32_t cu_bias_grad(kiln_instance *acc, float *db, const float *dy, int3
 }
 
 static int32_t cu_act_forward(kiln_instance *acc, uint32_t dt, int32_t act, void *y, const void *x, size_t n) {
-    int32_t rc = cu_check_fdt(acc, "act_forward", dt);
+    int32_t rc = cu_act_kind(acc, "act_forward", dt, act);
     if (rc != KILN_OK) return rc;
-    if (act < KILN_ACT_RELU || act > KILN_ACT_LEAKY_RELU)
-        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: act_forward: act must be a KILN_ACT_* (0..4), got %d", (int)act);
     CU_NEED(acc, y, n, "act_forward");
     CU_NEED(acc, x, n, "act_forward");
     if (n == 0) return KILN_OK;
@@ -206,11 +217,8 @@ static int32_t cu_act_forward(kiln_instance *acc, uint32_t dt, int32_t act, void
 }
 static int32_t cu_act_backward(kiln_instance *acc, uint32_t dt, int32_t act, void *dx, const void *dy, const void *x,
                                size_t n) {
-    int32_t rc = cu_check_fdt(acc, "act_backward", dt);
+    int32_t rc = cu_act_kind(acc, "act_backward", dt, act);
     if (rc != KILN_OK) return rc;
-    if (act < KILN_ACT_RELU || act > KILN_ACT_LEAKY_RELU)
-        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: act_backward: act must be a KILN_ACT_* (0..4), got %d",
-                      (int)act);
     CU_NEED(acc, dx, n, "act_backward");
     CU_NEED(acc, dy, n, "act_backward");
     CU_NEED(acc, x, n, "act_backward");
@@ -498,60 +506,21 @@ static int32_t cu_round_to(kiln_instance *acc, float *x, uint32_t dt, size_t n) 
 
 static_assert(KILN_ABI_MINOR >= 5, "the cuda plugin's table carries the 1.5 entries");
 
-/* What every 1.5 elementwise entry checks before kg_ew (the cpu plugin's
- * rules): the dtype, NULL pointers, and overlap: y may be an input's very
- * pointer (in place), never a shifted view of it. an/bn name the inputs in
- * messages; bn NULL: unary. */
+/* Every 1.5 elementwise entry: the cpu plugin's checks (ack_ew: dtype,
+ * NULL pointers, y an input's very pointer or apart from it), then kg_ew.
+ * an/bn name the inputs in messages; bn NULL: unary. */
 static int32_t cu_ew(kiln_instance *acc, const char *fn, int op, uint32_t dt, void *y, const void *a, const char *an,
                      const void *b, const char *bn, double s0, double s1, size_t n) {
-    int32_t rc = cu_check_fdt(acc, fn, dt);
-    if (rc != KILN_OK) return rc;
-    if (n == 0) return KILN_OK;
-    if (!y || !a || (bn && !b))
-        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: %s is NULL for %zu elements", fn, !y ? "y" : !a ? an : bn,
-                      n);
-    if (n > SIZE_MAX / 8)
-        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: n=%zu elements is larger than the address space", fn, n);
-    const size_t bytes = n * kiln_dtype_size(dt);
-    const uintptr_t py = (uintptr_t)y, pa = (uintptr_t)a, pb = (uintptr_t)b;
-    if (a != y && py < pa + bytes && pa < py + bytes)
-        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: y overlaps %s without being the same pointer (n=%zu)", fn,
-                      an, n);
-    if (bn && b != y && py < pb + bytes && pb < py + bytes)
-        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: y overlaps %s without being the same pointer (n=%zu)", fn,
-                      bn, n);
+    int go = 0;
+    int32_t rc = ack_ew(CU_SINK(acc), fn, dt, y, a, an, b, bn, n, &go);
+    if (rc != KILN_OK || !go) return rc;
     CU_READY(acc, fn);
     CU_LAUNCH(acc, fn, kg_ew(acc->stream, op, (int)dt, y, a, bn ? b : NULL, s0, s1, n));
     return KILN_OK;
 }
 
-static int32_t cu_lerp(kiln_instance *acc, uint32_t dt, void *y, const void *a, const void *b, double weight,
-                       size_t n) {
-    return cu_ew(acc, "lerp", KG_EW_LERP, dt, y, a, "a", b, "b", weight, 0.0, n);
-}
-static int32_t cu_sign(kiln_instance *acc, uint32_t dt, void *y, const void *x, size_t n) {
-    return cu_ew(acc, "sign", KG_EW_SIGN, dt, y, x, "x", NULL, NULL, 0.0, 0.0, n);
-}
-static int32_t cu_mul(kiln_instance *acc, uint32_t dt, void *y, const void *a, const void *b, size_t n) {
-    return cu_ew(acc, "mul", KG_EW_MUL, dt, y, a, "a", b, "b", 0.0, 0.0, n);
-}
-static int32_t cu_addcmul(kiln_instance *acc, uint32_t dt, void *y, double value, const void *a, const void *b,
-                          size_t n) {
-    return cu_ew(acc, "addcmul", KG_EW_ADDCMUL, dt, y, a, "a", b, "b", value, 0.0, n);
-}
-static int32_t cu_addcdiv(kiln_instance *acc, uint32_t dt, void *y, double value, const void *a, const void *b,
-                          size_t n) {
-    return cu_ew(acc, "addcdiv", KG_EW_ADDCDIV, dt, y, a, "a", b, "b", value, 0.0, n);
-}
-static int32_t cu_sqrt_ex(kiln_instance *acc, uint32_t dt, void *y, const void *x, size_t n) {
-    return cu_ew(acc, "sqrt_ex", KG_EW_SQRT, dt, y, x, "x", NULL, NULL, 0.0, 0.0, n);
-}
-static int32_t cu_clamp(kiln_instance *acc, uint32_t dt, void *y, const void *x, double lo, double hi, size_t n) {
-    if (!(lo <= hi))
-        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: clamp: expected lo <= hi (neither NaN), got lo=%g hi=%g", lo,
-                      hi);
-    return cu_ew(acc, "clamp", KG_EW_CLAMP, dt, y, x, "x", NULL, NULL, lo, hi, n);
-}
+/* lerp, sign, mul, addcmul, addcdiv, sqrt_ex, clamp */
+ACK_DEFINE_EW_ENTRIES(cu_, cu_ew, KG_EW_, CU_SINK)
 
 /* ------------------------------------------------------------- the table */
 

@@ -20,6 +20,7 @@
 #include <cuda_runtime_api.h>
 #include <kiln/kiln.h>
 
+#include "../common/accel_checks.h"
 #include "kg_kernels.h"
 
 /* `profile = true`'s event ring and totals (cuda_prof.c). */
@@ -149,6 +150,10 @@ struct kiln_instance {
 
 #define CU_ERR(acc, code, ...) kiln_errorf((acc)->svc, (acc)->hctx, (code), __VA_ARGS__)
 
+/* The checks shared with the cpu plugin (../common/accel_checks.h) report
+ * through this sink: the same messages, "cuda: " in front. */
+#define CU_SINK(acc) ACK_SINK(acc, "cuda: ")
+
 /* Checks a CUDA runtime call; on failure returns KILN_E_CUDA (KILN_E_NOMEM
  * for cudaErrorMemoryAllocation) with "cuda: <what>: <call> failed: <error
  * name> (<error string>)". Clears the runtime's sticky last error for
@@ -182,9 +187,7 @@ static inline int cu_fdt(uint32_t dt) { return dt == KILN_DTYPE_F32 || dt == KIL
 static inline int cu_is16(uint32_t dt) { return dt == KILN_DTYPE_F16 || dt == KILN_DTYPE_BF16; }
 
 static inline int32_t cu_check_fdt(kiln_instance *acc, const char *fn, uint32_t dt) {
-    if (cu_fdt(dt)) return KILN_OK;
-    return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: dtype must be float32 or float64, got %s (%u)", fn,
-                  kiln_dtype_name(dt), (unsigned)dt);
+    return ack_float_dtype(CU_SINK(acc), fn, dt);
 }
 
 /* Scratch carve-outs start on 256-byte boundaries (cuBLASLt's alignment). */

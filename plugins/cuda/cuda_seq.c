@@ -2,10 +2,10 @@
  * cuda_seq.c — the cuda accelerator's ABI 1.4 sequence entries: embedding
  * forward and backward, layer norm forward and backward, causal attention
  * forward and backward, the fused cross-entropy and add, over the kernels
- * of kernels/cuda (kg_seq.cu, kg_attn.cu). Each entry first checks what the
- * cpu accelerator checks, with the same messages (dtype, sizes, NULL
- * buffers, round_dtype, forbidden overlaps: KILN_E_INVALID_ARG), so a
- * module that runs on one runs on the other.
+ * of kernels/cuda (kg_seq.cu, kg_attn.cu). Each entry first makes the cpu
+ * accelerator's checks, through the same code (../common/accel_checks.h:
+ * dtype, sizes, NULL buffers, round_dtype, forbidden overlaps:
+ * KILN_E_INVALID_ARG), so a module that runs on one runs on the other.
  *
  * Indices live in device memory, so their range checks cost a read-back:
  *   - embedding_forward copies the B*T tokens to the host and waits once
@@ -30,41 +30,6 @@
 
 #include "cuda_internal.h"
 
-/* *out = a * b * c elements, refused when their bytes in float64 would
- * not fit in a size_t (so every later `elements * size` is exact). */
-static int32_t cu_seq_elems(kiln_instance *acc, const char *fn, size_t a, size_t b, size_t c, size_t *out) {
-    size_t ab, abc;
-    if (__builtin_mul_overflow(a, b, &ab) || __builtin_mul_overflow(ab, c, &abc) || abc > SIZE_MAX / 8)
-        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: %zu x %zu x %zu elements is larger than the address space",
-                      fn, a, b, c);
-    *out = abc;
-    return KILN_OK;
-}
-
-/* Overlap of two device ranges, either of which may be absent. */
-static int cu_seq_overlap(const void *a, size_t a_bytes, const void *b, size_t b_bytes) {
-    if (!a || !b || !a_bytes || !b_bytes) return 0;
-    const uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
-    return x < y + b_bytes && y < x + a_bytes;
-}
-
-#define CU_NO_OVERLAP(acc, fn, p, pbytes, q, qbytes)                                                          \
-    do {                                                                                                      \
-        if (cu_seq_overlap(p, pbytes, q, qbytes))                                                             \
-            return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: " #p " overlaps " #q, fn);                       \
-    } while (0)
-
-/* round_dtype as the cpu takes it: float32 is "none"; the 16-bit formats
- * round float32 data; float64 data accepts float64 (none) too. */
-static int32_t cu_seq_round_ok(kiln_instance *acc, const char *fn, uint32_t dt, uint32_t rd) {
-    if (rd == KILN_DTYPE_F32 || (dt == KILN_DTYPE_F32 && cu_is16(rd)) ||
-        (dt == KILN_DTYPE_F64 && rd == KILN_DTYPE_F64))
-        return KILN_OK;
-    return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: round_dtype must be %s for dtype %s, got %s (%u)", fn,
-                  dt == KILN_DTYPE_F32 ? "float32 (none), float16 or bfloat16" : "float32 (none) or float64",
-                  kiln_dtype_name(dt), kiln_dtype_name(rd), (unsigned)rd);
-}
-
 /* A grow-only host buffer of int32. */
 static int32_t cu_host_ints(kiln_instance *acc, const char *fn, int32_t **buf, size_t *cap, size_t n) {
     if (n <= *cap) return KILN_OK;
@@ -87,12 +52,7 @@ static int32_t cu_tokens_checked(kiln_instance *acc, const char *fn, const int32
     if (rc != KILN_OK) return rc;
     CU_CHECK(acc, fn, cudaMemcpyAsync(acc->tok_host, tokens, n * sizeof(int32_t), cudaMemcpyDeviceToHost, acc->stream));
     CU_CHECK(acc, fn, cudaStreamSynchronize(acc->stream));
-    for (size_t i = 0; i < n; i++)
-        if (acc->tok_host[i] < 0 || acc->tok_host[i] >= V)
-            return CU_ERR(acc, KILN_E_DATA,
-                          "cuda: %s: token %d at index %zu (batch %zu, position %zu) is outside [0, %d) (vocabulary "
-                          "size V=%d)",
-                          fn, (int)acc->tok_host[i], i, i / (size_t)T, i % (size_t)T, (int)V, (int)V);
+    if ((rc = ack_tokens_in_range(CU_SINK(acc), fn, acc->tok_host, B, T, V)) != KILN_OK) return rc;
     acc->tok_dev = tokens, acc->tok_n = n, acc->tok_V = V;
     return KILN_OK;
 }
@@ -102,24 +62,10 @@ static int32_t cu_tokens_checked(kiln_instance *acc, const char *fn, const int32
 int32_t cu_embedding_forward(kiln_instance *acc, uint32_t dtype, void *out, const int32_t *tokens, const void *wte,
                              const void *wpe, int32_t B, int32_t T, int32_t C, int32_t V) {
     const char *fn = "embedding_forward";
-    int32_t rc = cu_check_fdt(acc, fn, dtype);
-    if (rc != KILN_OK) return rc;
-    if (B < 0 || T < 0 || C < 0 || V < 0)
-        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: B, T, C, V must be >= 0, got %d, %d, %d, %d", fn, (int)B,
-                      (int)T, (int)C, (int)V);
-    size_t nout = 0, nwte = 0, nwpe = 0;
-    if ((rc = cu_seq_elems(acc, fn, (size_t)B, (size_t)T, (size_t)C, &nout)) != KILN_OK ||
-        (rc = cu_seq_elems(acc, fn, (size_t)V, (size_t)C, 1, &nwte)) != KILN_OK ||
-        (rc = cu_seq_elems(acc, fn, (size_t)T, (size_t)C, 1, &nwpe)) != KILN_OK)
-        return rc;
-    const size_t n = (size_t)B * (size_t)T, esz = kiln_dtype_size(dtype);
-    CU_NEED(acc, tokens, n, "embedding_forward");
-    CU_NEED(acc, out, nout, "embedding_forward");
-    CU_NEED(acc, wte, nout, "embedding_forward");
-    if (n == 0) return KILN_OK;
-    CU_NO_OVERLAP(acc, fn, out, nout * esz, wte, nwte * esz);
-    CU_NO_OVERLAP(acc, fn, out, nout * esz, wpe, nwpe * esz);
-    CU_NO_OVERLAP(acc, fn, out, nout * esz, tokens, n * sizeof *tokens);
+    size_t nout = 0;
+    int go = 0;
+    int32_t rc = ack_emb_forward(CU_SINK(acc), fn, dtype, out, tokens, wte, wpe, B, T, C, V, &nout, &go);
+    if (rc != KILN_OK || !go) return rc;
     CU_READY(acc, fn);
     if ((rc = cu_tokens_checked(acc, fn, tokens, B, T, V)) != KILN_OK) return rc;
     if (nout == 0) return KILN_OK;
@@ -159,32 +105,13 @@ static int32_t cu_emb_buckets(kiln_instance *acc, const char *fn, int32_t V, int
 int32_t cu_embedding_backward(kiln_instance *acc, uint32_t dtype, void *dwte, void *dwpe, const void *dout,
                               const int32_t *tokens, int32_t B, int32_t T, int32_t C, int32_t V) {
     const char *fn = "embedding_backward";
-    int32_t rc = cu_check_fdt(acc, fn, dtype);
-    if (rc != KILN_OK) return rc;
-    if (B < 0 || T < 0 || C < 0 || V < 0)
-        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: B, T, C, V must be >= 0, got %d, %d, %d, %d", fn, (int)B,
-                      (int)T, (int)C, (int)V);
-    size_t ndout = 0, nwte = 0, nwpe = 0;
-    if ((rc = cu_seq_elems(acc, fn, (size_t)B, (size_t)T, (size_t)C, &ndout)) != KILN_OK ||
-        (rc = cu_seq_elems(acc, fn, (size_t)V, (size_t)C, 1, &nwte)) != KILN_OK ||
-        (rc = cu_seq_elems(acc, fn, (size_t)T, (size_t)C, 1, &nwpe)) != KILN_OK)
-        return rc;
-    if (!dwte && !dwpe) return KILN_OK; /* both tables frozen */
-    const size_t n = (size_t)B * (size_t)T, esz = kiln_dtype_size(dtype);
-    CU_NEED(acc, dout, ndout, "embedding_backward");
-    if (dwte) CU_NEED(acc, tokens, n, "embedding_backward");
+    size_t ndout = 0;
+    int go = 0;
     /* the bucket index is int32 */
-    if (dwte && n > (size_t)INT32_MAX / 3)
-        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: B*T = %zu positions is above %d", fn, n,
-                      (int)(INT32_MAX / 3));
-    if (n == 0) return KILN_OK;
-    CU_NO_OVERLAP(acc, fn, dwte, nwte * esz, dout, ndout * esz);
-    CU_NO_OVERLAP(acc, fn, dwpe, nwpe * esz, dout, ndout * esz);
-    CU_NO_OVERLAP(acc, fn, dwte, nwte * esz, dwpe, nwpe * esz);
-    if (tokens) {
-        CU_NO_OVERLAP(acc, fn, dwte, nwte * esz, tokens, n * sizeof *tokens);
-        CU_NO_OVERLAP(acc, fn, dwpe, nwpe * esz, tokens, n * sizeof *tokens);
-    }
+    int32_t rc = ack_emb_backward(CU_SINK(acc), fn, dtype, dwte, dwpe, dout, tokens, B, T, C, V,
+                                  (size_t)(INT32_MAX / 3), &ndout, &go);
+    if (rc != KILN_OK || !go) return rc;
+    const size_t n = (size_t)B * (size_t)T;
     CU_READY(acc, fn);
     if (dwte && (rc = cu_tokens_checked(acc, fn, tokens, B, T, V)) != KILN_OK) return rc;
     if (ndout == 0) return KILN_OK;
@@ -202,36 +129,12 @@ int32_t cu_embedding_backward(kiln_instance *acc, uint32_t dtype, void *dwte, vo
 
 /* ------------------------------------------------------------ layer norm */
 
-/* The layer norm's sizes: N >= 0, C >= 1 (unless N = 0), and *nx = N * C. */
-static int32_t cu_ln_elems(kiln_instance *acc, const char *fn, int32_t N, int32_t C, size_t *nx) {
-    if (N < 0 || C < 0 || (N > 0 && C == 0))
-        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: N must be >= 0 and C >= 1, got N=%d C=%d", fn, (int)N,
-                      (int)C);
-    return cu_seq_elems(acc, fn, (size_t)N, (size_t)C, 1, nx);
-}
-
 int32_t cu_layernorm_forward(kiln_instance *acc, uint32_t dtype, void *y, void *mean, void *rstd, const void *x,
                              const void *w, const void *b, int32_t N, int32_t C, double eps, uint32_t round_dtype) {
     const char *fn = "layernorm_forward";
-    int32_t rc = cu_check_fdt(acc, fn, dtype);
-    if (rc != KILN_OK || (rc = cu_seq_round_ok(acc, fn, dtype, round_dtype)) != KILN_OK) return rc;
-    if (!(eps >= 0.0)) return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: eps must be >= 0, got %g", fn, eps);
-    size_t nx = 0;
-    if ((rc = cu_ln_elems(acc, fn, N, C, &nx)) != KILN_OK) return rc;
-    if (nx == 0) return KILN_OK;
-    CU_NEED(acc, y, nx, "layernorm_forward");
-    CU_NEED(acc, x, nx, "layernorm_forward");
-    CU_NEED(acc, mean, (size_t)N, "layernorm_forward");
-    CU_NEED(acc, rstd, (size_t)N, "layernorm_forward");
-    const size_t esz = kiln_dtype_size(dtype), xb = nx * esz, rb = (size_t)N * esz, cb = (size_t)C * esz;
-    CU_NO_OVERLAP(acc, fn, y, xb, x, xb);
-    CU_NO_OVERLAP(acc, fn, y, xb, w, cb);
-    CU_NO_OVERLAP(acc, fn, y, xb, b, cb);
-    CU_NO_OVERLAP(acc, fn, mean, rb, rstd, rb);
-    CU_NO_OVERLAP(acc, fn, mean, rb, y, xb);
-    CU_NO_OVERLAP(acc, fn, mean, rb, x, xb);
-    CU_NO_OVERLAP(acc, fn, rstd, rb, y, xb);
-    CU_NO_OVERLAP(acc, fn, rstd, rb, x, xb);
+    int go = 0;
+    int32_t rc = ack_ln_forward(CU_SINK(acc), fn, dtype, y, mean, rstd, x, w, b, N, C, eps, round_dtype, 1, &go);
+    if (rc != KILN_OK || !go) return rc;
     CU_READY(acc, fn);
     CU_LAUNCH(acc, fn,
               kg_layernorm_forward(acc->stream, (int)dtype, y, mean, rstd, x, w, b, N, C, eps,
@@ -243,36 +146,9 @@ int32_t cu_layernorm_backward(kiln_instance *acc, uint32_t dtype, void *dx, void
                               const void *x, const void *w, const void *mean, const void *rstd, int32_t N, int32_t C,
                               int32_t accumulate) {
     const char *fn = "layernorm_backward";
-    int32_t rc = cu_check_fdt(acc, fn, dtype);
-    if (rc != KILN_OK) return rc;
-    size_t nx = 0;
-    if ((rc = cu_ln_elems(acc, fn, N, C, &nx)) != KILN_OK) return rc;
-    if (nx == 0) return KILN_OK;
-    CU_NEED(acc, dx, nx, "layernorm_backward");
-    CU_NEED(acc, dy, nx, "layernorm_backward");
-    CU_NEED(acc, x, nx, "layernorm_backward");
-    CU_NEED(acc, mean, (size_t)N, "layernorm_backward");
-    CU_NEED(acc, rstd, (size_t)N, "layernorm_backward");
-    const size_t esz = kiln_dtype_size(dtype), xb = nx * esz, rb = (size_t)N * esz, cb = (size_t)C * esz;
-    CU_NO_OVERLAP(acc, fn, dx, xb, dy, xb);
-    CU_NO_OVERLAP(acc, fn, dx, xb, x, xb);
-    CU_NO_OVERLAP(acc, fn, dx, xb, w, cb);
-    CU_NO_OVERLAP(acc, fn, dx, xb, mean, rb);
-    CU_NO_OVERLAP(acc, fn, dx, xb, rstd, rb);
-    CU_NO_OVERLAP(acc, fn, dw, cb, db, cb);
-    /* dw/db over an input would change what a later row reads */
-    const void *ins[5] = {dy, x, w, mean, rstd};
-    const size_t in_bytes[5] = {xb, xb, cb, rb, rb};
-    static const char *const in_names[5] = {"dy", "x", "w", "mean", "rstd"};
-    for (int o = 0; o < 2; o++) {
-        const void *g = o == 0 ? dw : db;
-        if (cu_seq_overlap(g, cb, dx, xb))
-            return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: %s overlaps dx", fn, o == 0 ? "dw" : "db");
-        for (int i = 0; i < 5; i++)
-            if (cu_seq_overlap(g, cb, ins[i], in_bytes[i]))
-                return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: %s overlaps the input %s", fn, o == 0 ? "dw" : "db",
-                              in_names[i]);
-    }
+    int go = 0;
+    int32_t rc = ack_ln_backward(CU_SINK(acc), fn, dtype, dx, dw, db, dy, x, w, mean, rstd, N, C, &go);
+    if (rc != KILN_OK || !go) return rc;
     if ((((size_t)C + 255) / 256) > 65535u)
         return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: C=%d is above the %d columns one launch covers", fn, (int)C,
                       65535 * 256);
@@ -287,35 +163,21 @@ int32_t cu_layernorm_backward(kiln_instance *acc, uint32_t dtype, void *dx, void
 
 /* ------------------------------------------------------------- attention */
 
-/* Sizes, round_dtype and the element counts of qkv (B, T, 3C), out (B, T,
- * C) and lse (B, NH, T). */
+/* The checks before either pass (accel_checks.h: sizes, round_dtype, the
+ * element counts n[], indexed by ACK_QKV, ACK_OUT, ACK_LSE), the rowwise
+ * kernel's limit on T, then the NULL checks of the nbuf buffers. */
 static int32_t cu_attn_args(kiln_instance *acc, const char *fn, uint32_t dtype, int32_t B, int32_t T, int32_t C,
-                            int32_t NH, uint32_t round_dtype, size_t *n_qkv, size_t *n_out, size_t *n_lse) {
-    int32_t rc = cu_check_fdt(acc, fn, dtype);
+                            int32_t NH, uint32_t round_dtype, int nbuf, const char *const names[],
+                            const void *const bufs[], const int kinds[], size_t n[3]) {
+    int32_t rc = ack_attn_args(CU_SINK(acc), fn, dtype, B, T, C, NH, round_dtype, "for", n);
     if (rc != KILN_OK) return rc;
-    if (B <= 0 || T <= 0 || C <= 0 || NH <= 0)
-        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: B, T, C and NH must be > 0, got B=%d T=%d C=%d NH=%d", fn,
-                      (int)B, (int)T, (int)C, (int)NH);
-    if (C % NH != 0)
-        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: C=%d is not a multiple of NH=%d (head size C/NH)", fn,
-                      (int)C, (int)NH);
-    if (C > INT_MAX / 3)
-        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: C=%d is too large (3C must fit in an int)", fn, (int)C);
-    const size_t rows = (size_t)B * (size_t)T, elem = kiln_dtype_size(dtype);
-    if (rows > SIZE_MAX / (3 * (size_t)C) / elem)
-        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: B=%d T=%d C=%d is larger than the address space", fn,
-                      (int)B, (int)T, (int)C);
-    if ((rc = cu_seq_round_ok(acc, fn, dtype, round_dtype)) != KILN_OK) return rc;
     const int max_t = kg_attention_max_T((int)dtype);
     if (acc->attn_rowwise && T > max_t)
         return CU_ERR(acc, KILN_E_UNSUPPORTED,
                       "cuda: %s: T=%d is above the %d positions the rowwise kernel holds for %s (attention = \"gemm\" "
                       "has no such limit)",
                       fn, (int)T, max_t, kiln_dtype_name(dtype));
-    *n_qkv = rows * 3 * (size_t)C;
-    *n_out = rows * (size_t)C;
-    *n_lse = rows * (size_t)NH;
-    return KILN_OK;
+    return ack_attn_need(CU_SINK(acc), fn, nbuf, names, bufs, kinds, n);
 }
 
 /* The gemm path: per chunk of batch elements, every head at once through
@@ -331,6 +193,8 @@ typedef struct cu_attn_plan {
     uint32_t fdt, op;       /* data and operand dtypes */
     size_t esz, osz;
     int B, T, C, NH, D, nb; /* nb: batch elements per chunk */
+    double scale;           /* 1/sqrt(D), in float32 for float32 data */
+    int rd;                 /* the outputs' rounding (KG_F32: none) */
     size_t hd, tt;          /* strides of one head's (T, D) and (T, T) in the
                                head-major buffers: T * D and T * T rounded up
                                to 128 elements, so every head's matrix starts
@@ -354,6 +218,9 @@ static int32_t cu_attn_plan_make(kiln_instance *acc, const char *fn, uint32_t dt
     p->op = dtype == KILN_DTYPE_F32 && cu_is16(round_dtype) ? round_dtype : dtype;
     p->esz = kiln_dtype_size(dtype), p->osz = kiln_dtype_size(p->op);
     p->B = B, p->T = T, p->C = C, p->NH = NH, p->D = C / NH;
+    const double scale = 1.0 / sqrt((double)p->D);
+    p->scale = dtype == KILN_DTYPE_F32 ? (double)(float)scale : scale;
+    p->rd = dtype == KILN_DTYPE_F32 ? (int)round_dtype : KG_F32;
     p->hd = ((size_t)T * (size_t)p->D + 127) & ~(size_t)127, p->tt = ((size_t)T * (size_t)T + 127) & ~(size_t)127;
     int nb = B;
     while (nb > 1 && cu_attn_bytes(p, nb, backward) > acc->attn_cap) nb = (nb + 1) / 2;
@@ -368,16 +235,20 @@ static void *cu_carve(char **at, size_t bytes) {
     return p;
 }
 
-/* q, k and v of batch elements [b0, b0 + nb) out of qkv(B, T, 3C) into
- * head-major operands of the plan's dtype. */
-static int32_t cu_attn_split_qkv(kiln_instance *acc, const char *fn, const cu_attn_plan *p, const void *qkv, int b0,
-                                 int nb, void *q, void *k, void *v) {
+/* The chunk of batch elements from b0: *nb of them; carves its q, k and v
+ * (head-major operands of the plan's dtype) first from attn_ws, leaving *at
+ * past them, and fills them out of qkv(B, T, 3C). */
+static int32_t cu_attn_chunk_qkv(kiln_instance *acc, const char *fn, const cu_attn_plan *p, const void *qkv, int b0,
+                                 int *nb, char **at, void *qkv_ops[3]) {
+    *nb = p->B - b0 < p->nb ? p->B - b0 : p->nb;
+    *at = acc->attn_ws;
+    const size_t bytes = (size_t)*nb * (size_t)p->NH * p->hd * p->osz;
+    for (int i = 0; i < 3; i++) qkv_ops[i] = cu_carve(at, bytes);
     const size_t row1 = (size_t)p->C * p->esz;
     const char *src = (const char *)qkv + (size_t)b0 * (size_t)p->T * 3 * row1;
-    void *dst[3] = {q, k, v};
     for (int i = 0; i < 3; i++)
-        CU_LAUNCH(acc, fn, kg_heads_split(acc->stream, (int)p->fdt, src + (size_t)i * row1, 3 * p->C, nb, p->T, p->NH,
-                                          p->D, dst[i], p->hd, (int)p->op));
+        CU_LAUNCH(acc, fn, kg_heads_split(acc->stream, (int)p->fdt, src + (size_t)i * row1, 3 * p->C, *nb, p->T,
+                                          p->NH, p->D, qkv_ops[i], p->hd, (int)p->op));
     return KILN_OK;
 }
 
@@ -389,16 +260,17 @@ static int32_t cu_attn_gemm_forward(kiln_instance *acc, uint32_t dtype, void *ou
     cu_attn_plan p;
     int32_t rc = cu_attn_plan_make(acc, fn, dtype, B, T, C, NH, round_dtype, 0, &p);
     if (rc != KILN_OK) return rc;
-    const int fdt = (int)dtype, op = (int)p.op, D = p.D;
-    const double scale = dtype == KILN_DTYPE_F32 ? (double)(float)(1.0 / sqrt((double)D)) : 1.0 / sqrt((double)D);
-    const int rd = dtype == KILN_DTYPE_F32 ? (int)round_dtype : KG_F32;
+    const int fdt = (int)dtype, op = (int)p.op, D = p.D, rd = p.rd;
+    const double scale = p.scale;
     for (int b0 = 0; b0 < B; b0 += p.nb) {
-        const int nb = B - b0 < p.nb ? B - b0 : p.nb, bh = nb * NH;
-        char *at = acc->attn_ws;
-        void *q = cu_carve(&at, (size_t)bh * p.hd * p.osz), *k = cu_carve(&at, (size_t)bh * p.hd * p.osz);
-        void *v = cu_carve(&at, (size_t)bh * p.hd * p.osz), *S = cu_carve(&at, (size_t)bh * p.tt * p.esz);
+        int nb;
+        char *at;
+        void *h[3];
+        if ((rc = cu_attn_chunk_qkv(acc, fn, &p, qkv, b0, &nb, &at, h)) != KILN_OK) return rc;
+        void *q = h[0], *k = h[1], *v = h[2];
+        const int bh = nb * NH;
+        void *S = cu_carve(&at, (size_t)bh * p.tt * p.esz);
         void *P = cu_carve(&at, (size_t)bh * p.tt * p.osz), *O = cu_carve(&at, (size_t)bh * p.hd * p.esz);
-        if ((rc = cu_attn_split_qkv(acc, fn, &p, qkv, b0, nb, q, k, v)) != KILN_OK) return rc;
         CU_BATCHED(acc, fn, 0, 1, T, T, D, scale, q, p.op, D, (int64_t)p.hd, k, p.op, D, (int64_t)p.hd, S, dtype, T,
                    (int64_t)p.tt, bh);
         void *l = (char *)lse + (size_t)b0 * (size_t)NH * (size_t)T * p.esz;
@@ -418,15 +290,17 @@ static int32_t cu_attn_gemm_backward(kiln_instance *acc, uint32_t dtype, void *d
     cu_attn_plan p;
     int32_t rc = cu_attn_plan_make(acc, fn, dtype, B, T, C, NH, round_dtype, 1, &p);
     if (rc != KILN_OK) return rc;
-    const int fdt = (int)dtype, op = (int)p.op, D = p.D;
-    const double scale = dtype == KILN_DTYPE_F32 ? (double)(float)(1.0 / sqrt((double)D)) : 1.0 / sqrt((double)D);
-    const int rd = dtype == KILN_DTYPE_F32 ? (int)round_dtype : KG_F32;
+    const int fdt = (int)dtype, op = (int)p.op, D = p.D, rd = p.rd;
+    const double scale = p.scale;
     for (int b0 = 0; b0 < B; b0 += p.nb) {
-        const int nb = B - b0 < p.nb ? B - b0 : p.nb, bh = nb * NH;
+        int nb;
+        char *at;
+        void *h[3];
+        if ((rc = cu_attn_chunk_qkv(acc, fn, &p, qkv, b0, &nb, &at, h)) != KILN_OK) return rc;
+        void *q = h[0], *k = h[1], *v = h[2];
+        const int bh = nb * NH;
         const size_t rows = (size_t)bh * (size_t)T;
-        char *at = acc->attn_ws;
-        void *q = cu_carve(&at, (size_t)bh * p.hd * p.osz), *k = cu_carve(&at, (size_t)bh * p.hd * p.osz);
-        void *v = cu_carve(&at, (size_t)bh * p.hd * p.osz), *dO = cu_carve(&at, (size_t)bh * p.hd * p.osz);
+        void *dO = cu_carve(&at, (size_t)bh * p.hd * p.osz);
         void *S = cu_carve(&at, (size_t)bh * p.tt * p.esz), *dP = cu_carve(&at, (size_t)bh * p.tt * p.esz);
         void *P = cu_carve(&at, (size_t)bh * p.tt * p.osz);
         void *dQ = cu_carve(&at, (size_t)bh * p.hd * p.esz), *dK = cu_carve(&at, (size_t)bh * p.hd * p.esz);
@@ -436,7 +310,6 @@ static int32_t cu_attn_gemm_backward(kiln_instance *acc, uint32_t dtype, void *d
         const char *go = (const char *)dout + (size_t)b0 * (size_t)T * row1;
         const char *fo = (const char *)out + (size_t)b0 * (size_t)T * row1;
         const void *l = (const char *)lse + (size_t)b0 * (size_t)NH * (size_t)T * p.esz;
-        if ((rc = cu_attn_split_qkv(acc, fn, &p, qkv, b0, nb, q, k, v)) != KILN_OK) return rc;
         CU_LAUNCH(acc, fn, kg_heads_split(acc->stream, fdt, go, C, nb, T, NH, D, dO, p.hd, op));
         CU_LAUNCH(acc, fn, kg_attn_delta(acc->stream, fdt, go, fo, nb, T, C, NH, delta));
         CU_BATCHED(acc, fn, 0, 1, T, T, D, scale, q, p.op, D, (int64_t)p.hd, k, p.op, D, (int64_t)p.hd, S, dtype, T,
@@ -464,15 +337,16 @@ static int32_t cu_attn_gemm_backward(kiln_instance *acc, uint32_t dtype, void *d
 int32_t cu_attention_forward(kiln_instance *acc, uint32_t dtype, void *out, void *lse, const void *qkv, int32_t B,
                              int32_t T, int32_t C, int32_t NH, uint32_t round_dtype) {
     const char *fn = "attention_forward";
-    size_t n_qkv, n_out, n_lse;
-    int32_t rc = cu_attn_args(acc, fn, dtype, B, T, C, NH, round_dtype, &n_qkv, &n_out, &n_lse);
+    static const char *const names[3] = {"out", "lse", "qkv"};
+    static const int kinds[3] = {ACK_OUT, ACK_LSE, ACK_QKV};
+    const void *const bufs[3] = {out, lse, qkv};
+    size_t n[3];
+    int32_t rc = cu_attn_args(acc, fn, dtype, B, T, C, NH, round_dtype, 3, names, bufs, kinds, n);
     if (rc != KILN_OK) return rc;
-    CU_NEED(acc, out, n_out, "attention_forward");
-    CU_NEED(acc, lse, n_lse, "attention_forward");
-    CU_NEED(acc, qkv, n_qkv, "attention_forward");
+    const size_t n_qkv = n[ACK_QKV], n_out = n[ACK_OUT], n_lse = n[ACK_LSE];
     const size_t e = kiln_dtype_size(dtype);
-    if (cu_seq_overlap(out, n_out * e, qkv, n_qkv * e) || cu_seq_overlap(lse, n_lse * e, qkv, n_qkv * e) ||
-        cu_seq_overlap(lse, n_lse * e, out, n_out * e))
+    if (ack_overlap(out, n_out * e, qkv, n_qkv * e) || ack_overlap(lse, n_lse * e, qkv, n_qkv * e) ||
+        ack_overlap(lse, n_lse * e, out, n_out * e))
         return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: out, lse and qkv must not overlap (B=%d T=%d C=%d NH=%d, %s)",
                       fn, (int)B, (int)T, (int)C, (int)NH, kiln_dtype_name(dtype));
     CU_READY(acc, fn);
@@ -487,17 +361,16 @@ int32_t cu_attention_backward(kiln_instance *acc, uint32_t dtype, void *dqkv, co
                               const void *out, const void *lse, int32_t B, int32_t T, int32_t C, int32_t NH,
                               uint32_t round_dtype) {
     const char *fn = "attention_backward";
-    size_t n_qkv, n_out, n_lse;
-    int32_t rc = cu_attn_args(acc, fn, dtype, B, T, C, NH, round_dtype, &n_qkv, &n_out, &n_lse);
+    static const char *const names[5] = {"dqkv", "dout", "qkv", "out", "lse"};
+    static const int kinds[5] = {ACK_QKV, ACK_OUT, ACK_QKV, ACK_OUT, ACK_LSE};
+    const void *const bufs[5] = {dqkv, dout, qkv, out, lse};
+    size_t n[3];
+    int32_t rc = cu_attn_args(acc, fn, dtype, B, T, C, NH, round_dtype, 5, names, bufs, kinds, n);
     if (rc != KILN_OK) return rc;
-    CU_NEED(acc, dqkv, n_qkv, "attention_backward");
-    CU_NEED(acc, dout, n_out, "attention_backward");
-    CU_NEED(acc, qkv, n_qkv, "attention_backward");
-    CU_NEED(acc, out, n_out, "attention_backward");
-    CU_NEED(acc, lse, n_lse, "attention_backward");
+    const size_t n_qkv = n[ACK_QKV], n_out = n[ACK_OUT], n_lse = n[ACK_LSE];
     const size_t e = kiln_dtype_size(dtype);
-    if (cu_seq_overlap(dqkv, n_qkv * e, dout, n_out * e) || cu_seq_overlap(dqkv, n_qkv * e, qkv, n_qkv * e) ||
-        cu_seq_overlap(dqkv, n_qkv * e, out, n_out * e) || cu_seq_overlap(dqkv, n_qkv * e, lse, n_lse * e))
+    if (ack_overlap(dqkv, n_qkv * e, dout, n_out * e) || ack_overlap(dqkv, n_qkv * e, qkv, n_qkv * e) ||
+        ack_overlap(dqkv, n_qkv * e, out, n_out * e) || ack_overlap(dqkv, n_qkv * e, lse, n_lse * e))
         return CU_ERR(acc, KILN_E_INVALID_ARG,
                       "cuda: %s: dqkv must not overlap dout, qkv, out or lse (B=%d T=%d C=%d NH=%d, %s)", fn, (int)B,
                       (int)T, (int)C, (int)NH, kiln_dtype_name(dtype));
@@ -517,18 +390,9 @@ int32_t cu_attention_backward(kiln_instance *acc, uint32_t dtype, void *dqkv, co
 int32_t cu_xent_fused(kiln_instance *acc, uint32_t dtype, void *logits, const int32_t *targets, int32_t N, int32_t V,
                       int32_t Vp, double grad_scale, double *loss_sum) {
     const char *fn = "xent_fused";
-    int32_t rc = cu_check_fdt(acc, fn, dtype);
-    if (rc != KILN_OK) return rc;
-    if (N < 0 || V < 1 || Vp < V)
-        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: need N >= 0, V >= 1 and Vp >= V, got N=%d V=%d Vp=%d", fn,
-                      (int)N, (int)V, (int)Vp);
-    if (!loss_sum) return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: loss_sum is NULL", fn);
     size_t nl = 0;
-    if ((rc = cu_seq_elems(acc, fn, (size_t)N, (size_t)Vp, 1, &nl)) != KILN_OK) return rc;
-    CU_NEED(acc, logits, nl, "xent_fused");
-    CU_NEED(acc, targets, (size_t)N, "xent_fused");
-    const size_t esz = kiln_dtype_size(dtype);
-    CU_NO_OVERLAP(acc, fn, logits, nl * esz, targets, (size_t)N * sizeof *targets);
+    int32_t rc = ack_xent(CU_SINK(acc), fn, dtype, logits, targets, N, V, Vp, loss_sum, &nl);
+    if (rc != KILN_OK) return rc;
     if (N == 0) {
         *loss_sum = 0.0;
         return KILN_OK;
@@ -549,8 +413,7 @@ int32_t cu_xent_fused(kiln_instance *acc, uint32_t dtype, void *logits, const in
     if (bad_row >= 0) {
         int32_t t = 0;
         CU_CHECK(acc, fn, cudaMemcpy(&t, targets + bad_row, sizeof t, cudaMemcpyDeviceToHost));
-        return CU_ERR(acc, KILN_E_DATA, "cuda: %s: target %d at row %d is outside [-1, %d) (-1 ignores the row; V=%d)",
-                      fn, (int)t, (int)bad_row, (int)V, (int)V);
+        return ack_bad_target(CU_SINK(acc), fn, t, bad_row, V);
     }
     *loss_sum = acc->host_scalars[4];
     return KILN_OK;
@@ -560,19 +423,9 @@ int32_t cu_xent_fused(kiln_instance *acc, uint32_t dtype, void *logits, const in
 
 int32_t cu_add(kiln_instance *acc, uint32_t dtype, void *y, const void *a, const void *b, size_t n) {
     const char *fn = "add";
-    int32_t rc = cu_check_fdt(acc, fn, dtype);
-    if (rc != KILN_OK) return rc;
-    if (n > SIZE_MAX / 8)
-        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: n=%zu elements is larger than the address space", fn, n);
-    CU_NEED(acc, y, n, "add");
-    CU_NEED(acc, a, n, "add");
-    CU_NEED(acc, b, n, "add");
-    if (n == 0) return KILN_OK;
-    const size_t nb = n * kiln_dtype_size(dtype);
-    if (y != a && cu_seq_overlap(y, nb, a, nb))
-        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: y partially overlaps a (only y == a may alias)", fn);
-    if (y != b && cu_seq_overlap(y, nb, b, nb))
-        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: y partially overlaps b (only y == b may alias)", fn);
+    int go = 0;
+    int32_t rc = ack_add(CU_SINK(acc), fn, dtype, y, a, b, n, &go);
+    if (rc != KILN_OK || !go) return rc;
     CU_READY(acc, fn);
     CU_LAUNCH(acc, fn, kg_add(acc->stream, (int)dtype, y, a, b, n));
     return KILN_OK;
