@@ -24,6 +24,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "idx_loader.h"
+#include "../common/data_common.h"
 
 #include <kiln/rng.h>
 #include <limits.h>
@@ -33,14 +34,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-static void idx_errf(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || errlen == 0) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 /* ------------------------------------------------------------------------ */
 /* Deterministic shuffling: our own PRNG so the order is the same on every libc. */
@@ -58,26 +51,11 @@ static void idx_rng_seed(kiln_rng *r, uint64_t seed, uint64_t epoch) {
     for (int i = 0; i < 4; i++) r->s[i] = kiln_splitmix64(&sm);
 }
 
-/* Uniform in [0, n), n >= 1, without modulo bias: reject the 2^64 mod n lowest values. */
-static uint64_t idx_rng_below(kiln_rng *r, uint64_t n) {
-    const uint64_t threshold = (0 - n) % n;
-    for (;;) {
-        uint64_t v = kiln_rng_next(r);
-        if (v >= threshold) return v % n;
-    }
-}
-
 /* perm (n) := a uniformly random permutation of 0..n-1 for (seed, epoch), by Fisher–Yates. */
 static void idx_epoch_perm(uint32_t *perm, uint64_t n, uint64_t seed, uint64_t epoch) {
-    for (uint64_t i = 0; i < n; i++) perm[i] = (uint32_t)i;
     kiln_rng r;
     idx_rng_seed(&r, seed, epoch);
-    for (uint64_t i = n - 1; i > 0; i--) {
-        uint64_t j = idx_rng_below(&r, i + 1);
-        uint32_t t = perm[i];
-        perm[i] = perm[j];
-        perm[j] = t;
-    }
+    dc_shuffle(perm, n, &r);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -203,31 +181,31 @@ void idx_loader_config_defaults(idx_loader_config *cfg, const idx_dataset *ds) {
 static int idx_check_config(const idx_loader_config *c, char *err, size_t errlen) {
     const idx_dataset *ds = c->dataset;
     if (!ds || !ds->pixels || !ds->labels || ds->n == 0 || ds->rows == 0 || ds->cols == 0) {
-        idx_errf(err, errlen, "idx loader: expected an opened, non-empty dataset, found %s",
+        dc_errf(err, errlen, "idx loader: expected an opened, non-empty dataset, found %s",
                  ds ? "an empty or freed one" : "NULL");
         return IDX_EINVAL;
     }
     if (c->begin >= c->end || c->end > ds->n) {
-        idx_errf(err, errlen, "idx loader: expected a range 0 <= begin < end <= %u, found [%u, %u)", ds->n,
+        dc_errf(err, errlen, "idx loader: expected a range 0 <= begin < end <= %u, found [%u, %u)", ds->n,
                  c->begin, c->end);
         return IDX_EINVAL;
     }
     if (c->batch_size == 0) {
-        idx_errf(err, errlen, "idx loader: expected batch_size > 0, found 0");
+        dc_errf(err, errlen, "idx loader: expected batch_size > 0, found 0");
         return IDX_EINVAL;
     }
     if (c->world_size == 0 || c->rank >= c->world_size) {
-        idx_errf(err, errlen, "idx loader: expected 0 <= rank < world_size, found rank %u, world_size %u",
+        dc_errf(err, errlen, "idx loader: expected 0 <= rank < world_size, found rank %u, world_size %u",
                  c->rank, c->world_size);
         return IDX_EINVAL;
     }
     if (!isfinite(c->mean) || !isfinite(c->std) || !(c->std > 0.0f)) {
-        idx_errf(err, errlen, "idx loader: expected a finite mean and std > 0, found mean %g, std %g",
+        dc_errf(err, errlen, "idx loader: expected a finite mean and std > 0, found mean %g, std %g",
                  (double)c->mean, (double)c->std);
         return IDX_EINVAL;
     }
     if (c->prefetch < 0 || c->prefetch > IDX_LOADER_MAX_PREFETCH) {
-        idx_errf(err, errlen, "idx loader: expected prefetch in 0..%d (0 = automatic), found %d",
+        dc_errf(err, errlen, "idx loader: expected prefetch in 0..%d (0 = automatic), found %d",
                  IDX_LOADER_MAX_PREFETCH, c->prefetch);
         return IDX_EINVAL;
     }
@@ -236,7 +214,7 @@ static int idx_check_config(const idx_loader_config *c, char *err, size_t errlen
 
 int idx_loader_init(idx_loader *L, const idx_loader_config *cfg, char *err, size_t errlen) {
     if (!L || !cfg) {
-        idx_errf(err, errlen, "idx loader: NULL loader or config");
+        dc_errf(err, errlen, "idx loader: NULL loader or config");
         return IDX_EINVAL;
     }
     memset(L, 0, sizeof *L);
@@ -252,7 +230,7 @@ int idx_loader_init(idx_loader *L, const idx_loader_config *cfg, char *err, size
     if (c->drop_last) {
         L->num_samples = L->n_range / W;
         if (L->num_samples == 0) {
-            idx_errf(err, errlen, "idx loader: range [%u, %u) has %llu samples, fewer than world_size %u "
+            dc_errf(err, errlen, "idx loader: range [%u, %u) has %llu samples, fewer than world_size %u "
                      "(drop_last leaves this rank nothing)", c->begin, c->end,
                      (unsigned long long)L->n_range, c->world_size);
             return IDX_EINVAL;
@@ -263,12 +241,12 @@ int idx_loader_init(idx_loader *L, const idx_loader_config *cfg, char *err, size
     L->total = L->num_samples * W;
     L->num_batches = c->drop_last ? L->num_samples / B : (L->num_samples + B - 1) / B;
     if (L->num_batches == 0) {
-        idx_errf(err, errlen, "idx loader: rank %u gets %llu samples per epoch, fewer than batch_size %u "
+        dc_errf(err, errlen, "idx loader: rank %u gets %llu samples per epoch, fewer than batch_size %u "
                  "(drop_last leaves no batch)", c->rank, (unsigned long long)L->num_samples, c->batch_size);
         return IDX_EINVAL;
     }
     if (L->num_batches > INT_MAX) {
-        idx_errf(err, errlen, "idx loader: %llu batches per epoch, more than %d",
+        dc_errf(err, errlen, "idx loader: %llu batches per epoch, more than %d",
                  (unsigned long long)L->num_batches, INT_MAX);
         return IDX_EINVAL;
     }
@@ -278,7 +256,7 @@ int idx_loader_init(idx_loader *L, const idx_loader_config *cfg, char *err, size
     /* B <= 2^32 and dim <= 2^20: the float count fits in 52 bits; check bytes against size_t. */
     const uint64_t xfloats = B * L->dim;
     if (xfloats > SIZE_MAX / sizeof(float) || B > SIZE_MAX / sizeof(int32_t)) {
-        idx_errf(err, errlen, "idx loader: batch of %u x %u floats does not fit in memory", c->batch_size, L->dim);
+        dc_errf(err, errlen, "idx loader: batch of %u x %u floats does not fit in memory", c->batch_size, L->dim);
         return IDX_ENOMEM;
     }
     int prefetch = c->prefetch;
@@ -324,7 +302,7 @@ int idx_loader_init(idx_loader *L, const idx_loader_config *cfg, char *err, size
     L->sync_inited = true;
     rc = pthread_create(&L->thread, NULL, idx_producer, L);
     if (rc != 0) {
-        idx_errf(err, errlen, "idx loader: cannot start the prefetch thread: %s", strerror(rc));
+        dc_errf(err, errlen, "idx loader: cannot start the prefetch thread: %s", strerror(rc));
         idx_loader_free(L);
         return IDX_ENOMEM;
     }
@@ -332,12 +310,12 @@ int idx_loader_init(idx_loader *L, const idx_loader_config *cfg, char *err, size
     return IDX_OK;
 
 nomem:
-    idx_errf(err, errlen, "idx loader: out of memory for %d batch buffers of %u x %u floats", L->nslots,
+    dc_errf(err, errlen, "idx loader: out of memory for %d batch buffers of %u x %u floats", L->nslots,
              c->batch_size, L->dim);
     idx_loader_free(L);
     return IDX_ENOMEM;
 nosync:
-    idx_errf(err, errlen, "idx loader: cannot create the mutex / condition variables");
+    dc_errf(err, errlen, "idx loader: cannot create the mutex / condition variables");
     idx_loader_free(L);
     return IDX_ENOMEM;
 }

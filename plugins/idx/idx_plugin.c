@@ -23,6 +23,7 @@
 
 #include <kiln/kiln.h>
 
+#include "../common/data_common.h"
 #include "idx_loader.h"
 #include "idx_reader.h"
 
@@ -32,10 +33,9 @@
 #define IDXP_STATE_VERSION 1u
 #define IDXP_STATE_MAGIC 0x5844494Bu /* "KIDX" read as a little-endian u32 */
 #define IDXP_STATE_SIZE 40u
-#define IDXP_STATE_HAS_TRAIN 1u      /* flags: num_batches and seed were known at save time */
+/* flags: DC_STATE_HAS_TRAIN, num_batches and seed were known at save time */
 
-enum { IDXP_NSPLITS = 3 };
-static const char *const idxp_split_names[IDXP_NSPLITS] = {"train", "val", "test"};
+enum { IDXP_NSPLITS = DC_NSPLITS };
 
 /* One split's loader and the view of its current batch. */
 typedef struct idxp_split {
@@ -65,10 +65,11 @@ struct kiln_instance {
     idxp_split split[IDXP_NSPLITS];
     /* A position restored by set_state, applied by the next
      * start_epoch(TRAIN, epoch, start_batch < 0); any train start_epoch clears it. */
-    bool restored;
-    uint32_t restored_flags;
-    uint64_t restored_epoch, restored_next, restored_nb, restored_seed;
+    dc_resume res;
 };
+
+/* Reports go out as "idx: ..." */
+#define IDXP_SINK(self) ((dc_sink){(self)->svc, (self)->hctx, "idx"})
 
 /* ------------------------------------------------------------------------ */
 /* Helpers */
@@ -99,23 +100,6 @@ static char *idxp_resolve(const char *dir, const char *name) {
     return p;
 }
 
-static void idxp_put_u32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void idxp_put_u64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t idxp_get_u32(const uint8_t *p) {
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
-    return v;
-}
-static uint64_t idxp_get_u64(const uint8_t *p) {
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
-
 static void idxp_free_split(idxp_split *s) {
     idx_loader_free(&s->loader); /* joins the producer; safe on a zeroed loader */
     memset(s, 0, sizeof *s);
@@ -136,17 +120,6 @@ static void idxp_free(kiln_instance *self) {
 /* ------------------------------------------------------------------------ */
 /* create / destroy */
 
-/* Reads an integer key and checks lo <= v <= hi; the message names the key. */
-static int32_t idxp_int_key(const kiln_host_services *svc, kiln_host_ctx *hctx, const kiln_kv *config,
-                            const char *key, int64_t def, int64_t lo, int64_t hi, const char *why, int64_t *out) {
-    int64_t v = kiln_kv_int(config, key, def);
-    if (v < lo || v > hi)
-        return kiln_errorf(svc, hctx, KILN_E_CONFIG, "idx: %s must be in %" PRId64 "..%" PRId64 " (%s), got %" PRId64,
-                           key, lo, hi, why, v);
-    *out = v;
-    return KILN_OK;
-}
-
 static int32_t idxp_create(void *plugin_ctx, const kiln_host_services *svc, kiln_host_ctx *hctx,
                            const kiln_kv *config, kiln_instance **out) {
     (void)plugin_ctx;
@@ -155,15 +128,13 @@ static int32_t idxp_create(void *plugin_ctx, const kiln_host_services *svc, kiln
 
     int64_t num_classes = 0, batch_size = 0, val_batch_size = 0, val_split = 0, prefetch = 0;
     int32_t rc;
-    if ((rc = idxp_int_key(svc, hctx, config, "num_classes", 10, 1, 256, "uint8 labels", &num_classes)) ||
-        (rc = idxp_int_key(svc, hctx, config, "batch_size", 128, 1, INT32_MAX, "samples per train batch",
-                           &batch_size)) ||
-        (rc = idxp_int_key(svc, hctx, config, "val_batch_size", 0, 0, INT32_MAX, "0 means batch_size",
-                           &val_batch_size)) ||
-        (rc = idxp_int_key(svc, hctx, config, "val_split", 5000, 0, UINT32_MAX, "training images held out",
-                           &val_split)) ||
-        (rc = idxp_int_key(svc, hctx, config, "prefetch", 0, 0, IDX_LOADER_MAX_PREFETCH,
-                           "batches prepared ahead, 0 = automatic", &prefetch)))
+    const dc_sink sk = {svc, hctx, "idx"};
+    if ((rc = dc_int_key(sk, config, "num_classes", 10, 1, 256, "uint8 labels", &num_classes)) ||
+        (rc = dc_int_key(sk, config, "batch_size", 128, 1, INT32_MAX, "samples per train batch", &batch_size)) ||
+        (rc = dc_int_key(sk, config, "val_batch_size", 0, 0, INT32_MAX, "0 means batch_size", &val_batch_size)) ||
+        (rc = dc_int_key(sk, config, "val_split", 5000, 0, UINT32_MAX, "training images held out", &val_split)) ||
+        (rc = dc_int_key(sk, config, "prefetch", 0, 0, IDX_LOADER_MAX_PREFETCH, "batches prepared ahead, 0 = automatic",
+                         &prefetch)))
         return rc;
     double mean = kiln_kv_float(config, "normalize_mean", 0.2860);
     double std = kiln_kv_float(config, "normalize_std", 0.3530);
@@ -272,12 +243,12 @@ static int32_t idxp_build(kiln_instance *self, int which, const idx_dataset *ds,
     if (rc != IDX_OK) {
         idxp_free_split(s);
         return kiln_errorf(self->svc, self->hctx, idxp_status(rc, false), "idx: %s split: %s",
-                           idxp_split_names[which], err);
+                           dc_split_name(which), err);
     }
     s->has_loader = true;
     s->ready = true;
     kiln_logf(self->svc, self->hctx, KILN_LOG_DEBUG,
-              "idx: %s split: images [%u, %u), rank %d of %d: %d batches of %u%s", idxp_split_names[which], begin,
+              "idx: %s split: images [%u, %u), rank %d of %d: %d batches of %u%s", dc_split_name(which), begin,
               end, rank, world_size, idx_loader_num_batches(&s->loader), batch, shuffle ? ", shuffled" : "");
     return KILN_OK;
 }
@@ -296,9 +267,7 @@ static int32_t idxp_setup(kiln_instance *self, int32_t stage, int32_t rank, int3
                             "train")) ||
             (rc = idxp_check_val_split(self)))
             return rc;
-        /* The host's stream seed is rank-independent, so every rank draws the same permutation and
-         * the DistributedSampler-style shards are disjoint. */
-        self->seed = (self->svc->abi_minor >= 1 && self->svc->seed) ? self->svc->seed(self->hctx, "data.shuffle") : 0;
+        self->seed = dc_host_seed(IDXP_SINK(self)); /* the same on every rank */
         uint32_t n_train = self->train_ds.n - self->val_split;
         if ((rc = idxp_build(self, KILN_SPLIT_TRAIN, &self->train_ds, 0, n_train, self->batch_size, self->shuffle,
                              self->drop_last, rank, world_size)))
@@ -333,20 +302,8 @@ static int32_t idxp_setup(kiln_instance *self, int32_t stage, int32_t rank, int3
 
 /* The split, when its id is valid and it was set up; else an error is reported and NULL returned. */
 static idxp_split *idxp_get_split(kiln_instance *self, int32_t split, const char *op, int32_t *rc) {
-    if (split < 0 || split >= IDXP_NSPLITS) {
-        *rc = kiln_errorf(self->svc, self->hctx, KILN_E_INVALID_ARG,
-                          "idx: %s expects split TRAIN (0), VAL (1) or TEST (2), got %d", op, split);
-        return NULL;
-    }
-    idxp_split *s = &self->split[split];
-    if (!s->ready) {
-        static const char *const stage_for[IDXP_NSPLITS] = {"FIT", "FIT or VALIDATE", "TEST"};
-        *rc = kiln_errorf(self->svc, self->hctx, KILN_E_STATE, "idx: %s(%s): that split was not set up; call "
-                          "setup(%s) first", op, idxp_split_names[split], stage_for[split]);
-        return NULL;
-    }
-    *rc = KILN_OK;
-    return s;
+    *rc = dc_check_split(IDXP_SINK(self), split, split >= 0 && split < IDXP_NSPLITS && self->split[split].ready, op);
+    return *rc == KILN_OK ? &self->split[split] : NULL;
 }
 
 static int32_t idxp_num_batches(kiln_instance *self, int32_t split, int64_t *n) {
@@ -359,39 +316,26 @@ static int32_t idxp_num_batches(kiln_instance *self, int32_t split, int64_t *n) 
     return KILN_OK;
 }
 
-/*
- * start_batch >= 0 starts there. start_batch < 0 means "resume": for TRAIN,
- * the position restored by set_state when its epoch equals `epoch` (else 0);
- * for VAL/TEST, 0. Every TRAIN start_epoch consumes the restored position.
- */
+/* The first batch as dc_first_batch says (a restored train position, or start_batch). */
 static int32_t idxp_start_epoch(kiln_instance *self, int32_t split, uint64_t epoch, int64_t start_batch) {
     int32_t rc;
     idxp_split *s = idxp_get_split(self, split, "start_epoch", &rc);
     if (!s) return rc;
     int64_t nb = s->has_loader ? idx_loader_num_batches(&s->loader) : 0;
-    uint64_t first = start_batch < 0 ? 0 : (uint64_t)start_batch;
-    if (split == KILN_SPLIT_TRAIN && start_batch < 0 && self->restored && self->restored_epoch == epoch) {
-        if ((self->restored_flags & IDXP_STATE_HAS_TRAIN) && self->restored_nb != (uint64_t)nb)
-            return kiln_errorf(self->svc, self->hctx, KILN_E_STATE,
-                               "idx: the restored train position was saved with %" PRIu64 " batches per epoch, this "
-                               "run has %" PRId64 " (batch_size, val_split, drop_last or world size changed)",
-                               self->restored_nb, nb);
-        if ((self->restored_flags & IDXP_STATE_HAS_TRAIN) && self->restored_seed != self->seed)
-            kiln_logf(self->svc, self->hctx, KILN_LOG_WARN,
-                      "idx: resuming with a different shuffle seed than the checkpoint's: epoch %" PRIu64
-                      " will not repeat the saved order", epoch);
-        first = self->restored_next;
-    }
-    if (first > (uint64_t)nb)
-        return kiln_errorf(self->svc, self->hctx, KILN_E_INVALID_ARG,
-                           "idx: start_epoch(%s) at batch %" PRIu64 ", but an epoch has %" PRId64 " batches",
-                           idxp_split_names[split], first, nb);
-    if (split == KILN_SPLIT_TRAIN) self->restored = false;
+    uint64_t first = 0;
+    bool resumed = false;
+    if ((rc = dc_first_batch(IDXP_SINK(self), &self->res, split, epoch, start_batch, (uint64_t)nb,
+                             " (batch_size, val_split, drop_last or world size changed)", &first, &resumed)))
+        return rc;
+    if (resumed && (self->res.flags & DC_STATE_HAS_TRAIN) && self->res.seed != self->seed)
+        kiln_logf(self->svc, self->hctx, KILN_LOG_WARN,
+                  "idx: resuming with a different shuffle seed than the checkpoint's: epoch %" PRIu64
+                  " will not repeat the saved order", epoch);
     if (!s->has_loader) return KILN_OK; /* empty split: nothing to start */
     int r = idx_loader_start_epoch(&s->loader, epoch, first);
     if (r != IDX_OK)
         return kiln_errorf(self->svc, self->hctx, idxp_status(r, false), "idx: start_epoch(%s): %s",
-                           idxp_split_names[split], idx_loader_strerror(r));
+                           dc_split_name(split), idx_loader_strerror(r));
     return KILN_OK;
 }
 
@@ -407,30 +351,17 @@ static int32_t idxp_next(kiln_instance *self, int32_t split, kiln_batch *out) {
     int r = idx_loader_next(&s->loader, &x, &y, &len);
     if (r == IDX_ESTATE)
         return kiln_errorf(self->svc, self->hctx, KILN_E_STATE, "idx: next(%s) before start_epoch(%s)",
-                           idxp_split_names[split], idxp_split_names[split]);
+                           dc_split_name(split), dc_split_name(split));
     if (r < 0)
-        return kiln_errorf(self->svc, self->hctx, idxp_status(r, false), "idx: next(%s): %s",
-                           idxp_split_names[split], idx_loader_strerror(r));
+        return kiln_errorf(self->svc, self->hctx, idxp_status(r, false), "idx: next(%s): %s", dc_split_name(split),
+                           idx_loader_strerror(r));
     if (r == 0) return 0;
-    /* Views of the loader's slot; the consumer reads them only (the cast drops const for kiln_tensor). */
+    /* Views of the loader's slot, (len, D) inputs and (len) labels. */
     kiln_tensor *t = s->tensors;
     memset(t, 0, 2 * sizeof *t);
-    t[0].data = (void *)x;
-    t[0].dtype = KILN_DTYPE_F32;
-    t[0].ndim = 2;
-    t[0].shape[0] = len;
-    t[0].shape[1] = s->loader.dim;
-    t[0].shape[2] = t[0].shape[3] = 1;
-    t[1].data = (void *)y;
-    t[1].dtype = KILN_DTYPE_I32;
-    t[1].ndim = 1;
-    t[1].shape[0] = len;
-    t[1].shape[1] = t[1].shape[2] = t[1].shape[3] = 1;
-    out->struct_size = sizeof *out;
-    out->ntensors = 2;
-    out->tensors = t;
-    out->size = len;
-    return 1;
+    dc_view(&t[0], x, KILN_DTYPE_F32, len, s->loader.dim);
+    dc_view(&t[1], y, KILN_DTYPE_I32, len, 0);
+    return dc_batch(out, t, len);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -438,37 +369,32 @@ static int32_t idxp_next(kiln_instance *self, int32_t split, kiln_batch *out) {
 
 /*
  * Version 1 layout (little-endian, 40 bytes):
- *   u32 magic "KIDX"   u32 flags (IDXP_STATE_HAS_TRAIN)
+ *   u32 magic "KIDX"   u32 flags (DC_STATE_HAS_TRAIN)
  *   u64 epoch          u64 next_batch (the next train batch the host would receive)
  *   u64 num_batches    u64 seed (train batches per epoch and shuffle seed; 0 without HAS_TRAIN)
  * A position restored but not yet applied is saved as it was restored.
  */
 static int32_t idxp_get_state(kiln_instance *self, uint32_t *state_version, void **data, size_t *size) {
-    if (!state_version || !data || !size)
-        return kiln_errorf(self->svc, self->hctx, KILN_E_INVALID_ARG, "idx: get_state needs output pointers");
-    uint32_t flags = 0;
-    uint64_t epoch = 0, next = 0, nb = 0, seed = 0;
+    int32_t rc;
+    uint8_t *p = dc_state_blob(IDXP_SINK(self), state_version, data, size, IDXP_STATE_SIZE, &rc);
+    if (!p) return rc;
+    dc_resume pos = self->res; /* a position restored but not applied: as restored */
     const idxp_split *tr = &self->split[KILN_SPLIT_TRAIN];
-    if (self->restored) {
-        flags = self->restored_flags;
-        epoch = self->restored_epoch;
-        next = self->restored_next;
-        nb = self->restored_nb;
-        seed = self->restored_seed;
-    } else if (tr->has_loader) {
-        flags = IDXP_STATE_HAS_TRAIN;
-        idx_loader_position(&tr->loader, &epoch, &next);
-        nb = (uint64_t)idx_loader_num_batches(&tr->loader);
-        seed = self->seed;
+    if (!pos.restored) {
+        pos = (dc_resume){0};
+        if (tr->has_loader) {
+            pos.flags = DC_STATE_HAS_TRAIN;
+            idx_loader_position(&tr->loader, &pos.epoch, &pos.next);
+            pos.nb = (uint64_t)idx_loader_num_batches(&tr->loader);
+            pos.seed = self->seed;
+        }
     }
-    uint8_t *p = self->svc->alloc(self->hctx, IDXP_STATE_SIZE, 0);
-    if (!p) return kiln_errorf(self->svc, self->hctx, KILN_E_NOMEM, "idx: out of memory for the state blob");
-    idxp_put_u32(p, IDXP_STATE_MAGIC);
-    idxp_put_u32(p + 4, flags);
-    idxp_put_u64(p + 8, epoch);
-    idxp_put_u64(p + 16, next);
-    idxp_put_u64(p + 24, nb);
-    idxp_put_u64(p + 32, seed);
+    dc_put_le32(p, IDXP_STATE_MAGIC);
+    dc_put_le32(p + 4, pos.flags);
+    dc_put_le64(p + 8, pos.epoch);
+    dc_put_le64(p + 16, pos.next);
+    dc_put_le64(p + 24, pos.nb);
+    dc_put_le64(p + 32, pos.seed);
     *state_version = IDXP_STATE_VERSION;
     *data = p;
     *size = IDXP_STATE_SIZE;
@@ -476,36 +402,23 @@ static int32_t idxp_get_state(kiln_instance *self, uint32_t *state_version, void
 }
 
 static int32_t idxp_set_state(kiln_instance *self, uint32_t state_version, const void *data, size_t size) {
-    if (state_version != IDXP_STATE_VERSION)
-        return kiln_errorf(self->svc, self->hctx, KILN_E_STATE,
-                           "idx: state version %u is not readable; this plugin reads version %u", state_version,
-                           IDXP_STATE_VERSION);
-    if (!data || size != IDXP_STATE_SIZE)
-        return kiln_errorf(self->svc, self->hctx, KILN_E_STATE, "idx: state version 1 is %u bytes, got %zu",
-                           IDXP_STATE_SIZE, data ? size : (size_t)0);
+    uint32_t flags = 0;
+    int32_t rc = dc_state_header(IDXP_SINK(self), state_version, data, size, IDXP_STATE_SIZE, IDXP_STATE_MAGIC,
+                                 "an idx", &flags);
+    if (rc) return rc;
     const uint8_t *p = data;
-    uint32_t magic = idxp_get_u32(p), flags = idxp_get_u32(p + 4);
-    uint64_t epoch = idxp_get_u64(p + 8), next = idxp_get_u64(p + 16);
-    uint64_t nb = idxp_get_u64(p + 24), seed = idxp_get_u64(p + 32);
-    if (magic != IDXP_STATE_MAGIC || (flags & ~IDXP_STATE_HAS_TRAIN))
-        return kiln_errorf(self->svc, self->hctx, KILN_E_STATE,
-                           "idx: expected an idx state blob (magic 0x%08X, flags <= 1), found magic 0x%08X, flags %u",
-                           IDXP_STATE_MAGIC, magic, flags);
-    if ((flags & IDXP_STATE_HAS_TRAIN) ? next > nb : (next != 0 || nb != 0))
+    uint64_t epoch = dc_get_le64(p + 8), next = dc_get_le64(p + 16);
+    uint64_t nb = dc_get_le64(p + 24), seed = dc_get_le64(p + 32);
+    if ((flags & DC_STATE_HAS_TRAIN) ? next > nb : (next != 0 || nb != 0))
         return kiln_errorf(self->svc, self->hctx, KILN_E_STATE,
                            "idx: corrupt state: next batch %" PRIu64 " of an epoch of %" PRIu64 " batches", next, nb);
     const idxp_split *tr = &self->split[KILN_SPLIT_TRAIN];
-    if ((flags & IDXP_STATE_HAS_TRAIN) && tr->has_loader && nb != (uint64_t)idx_loader_num_batches(&tr->loader))
+    if ((flags & DC_STATE_HAS_TRAIN) && tr->has_loader && nb != (uint64_t)idx_loader_num_batches(&tr->loader))
         return kiln_errorf(self->svc, self->hctx, KILN_E_STATE,
                            "idx: the state was saved with %" PRIu64 " train batches per epoch, this run has %d "
                            "(batch_size, val_split, drop_last or world size changed)",
                            nb, idx_loader_num_batches(&tr->loader));
-    self->restored = true;
-    self->restored_flags = flags;
-    self->restored_epoch = epoch;
-    self->restored_next = next;
-    self->restored_nb = nb;
-    self->restored_seed = seed;
+    self->res = (dc_resume){true, flags, epoch, next, nb, seed};
     return KILN_OK;
 }
 

@@ -15,6 +15,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "idx_reader.h"
+#include "../common/data_common.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -32,13 +33,6 @@
 /* gzread takes an unsigned and returns an int: read in chunks well below INT_MAX. */
 #define IDX_READ_CHUNK ((size_t)1 << 30)
 
-static void idx_errf(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || errlen == 0) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 static const char *idx_magic_name(uint32_t magic) {
     switch (magic) {
@@ -80,33 +74,33 @@ static int idx_src_open(idx_src *s, const char *path, char *err, size_t errlen) 
     s->path = path;
     s->fd = -1;
     if (!path) {
-        idx_errf(err, errlen, "(null): no file path given");
+        dc_errf(err, errlen, "(null): no file path given");
         return IDX_EINVAL;
     }
     /* O_NONBLOCK: a plain open() of a FIFO waits for a writer forever,
      * before fstat() could tell us what the path is. */
     s->fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (s->fd < 0) {
-        idx_errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        dc_errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
         return IDX_EIO;
     }
     struct stat st;
     if (fstat(s->fd, &st) != 0) {
-        idx_errf(err, errlen, "%s: cannot stat: %s", path, strerror(errno));
+        dc_errf(err, errlen, "%s: cannot stat: %s", path, strerror(errno));
         close(s->fd);
         s->fd = -1;
         return IDX_EIO;
     }
     /* Only regular files: a FIFO or device could block a read or never end. */
     if (!S_ISREG(st.st_mode)) {
-        idx_errf(err, errlen, "%s: expected a regular file, found %s", path, idx_file_kind(st.st_mode));
+        dc_errf(err, errlen, "%s: expected a regular file, found %s", path, idx_file_kind(st.st_mode));
         close(s->fd);
         s->fd = -1;
         return IDX_EIO;
     }
     int fl = fcntl(s->fd, F_GETFL);
     if (fl < 0 || fcntl(s->fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
-        idx_errf(err, errlen, "%s: cannot clear O_NONBLOCK: %s", path, strerror(errno));
+        dc_errf(err, errlen, "%s: cannot clear O_NONBLOCK: %s", path, strerror(errno));
         close(s->fd);
         s->fd = -1;
         return IDX_EIO;
@@ -116,7 +110,7 @@ static int idx_src_open(idx_src *s, const char *path, char *err, size_t errlen) 
     do got = pread(s->fd, magic, 2, 0);
     while (got < 0 && errno == EINTR);
     if (got < 0) {
-        idx_errf(err, errlen, "%s: cannot read: %s", path, strerror(errno));
+        dc_errf(err, errlen, "%s: cannot read: %s", path, strerror(errno));
         close(s->fd);
         s->fd = -1;
         return IDX_EIO;
@@ -124,7 +118,7 @@ static int idx_src_open(idx_src *s, const char *path, char *err, size_t errlen) 
     if (got == 2 && magic[0] == 0x1f && magic[1] == 0x8b) {
         s->gz = gzdopen(s->fd, "rb");
         if (!s->gz) {
-            idx_errf(err, errlen, "%s: cannot start gzip decompression (out of memory)", path);
+            dc_errf(err, errlen, "%s: cannot start gzip decompression (out of memory)", path);
             close(s->fd);
             s->fd = -1;
             return IDX_ENOMEM;
@@ -181,9 +175,9 @@ static int idx_src_read(idx_src *s, void *buf, size_t n, size_t *got, char *err,
                 int zerr = Z_OK;
                 const char *msg = idx_gz_msg(s->gz, &zerr);
                 if (zerr == Z_ERRNO)
-                    idx_errf(err, errlen, "%s: cannot read: %s", s->path, strerror(errno));
+                    dc_errf(err, errlen, "%s: cannot read: %s", s->path, strerror(errno));
                 else
-                    idx_errf(err, errlen, "%s: corrupt gzip stream: %s", s->path, msg);
+                    dc_errf(err, errlen, "%s: corrupt gzip stream: %s", s->path, msg);
                 return zerr == Z_ERRNO ? IDX_EIO : IDX_EFORMAT;
             }
             *got += (size_t)r;
@@ -192,7 +186,7 @@ static int idx_src_read(idx_src *s, void *buf, size_t n, size_t *got, char *err,
             ssize_t r = read(s->fd, p + *got, want);
             if (r < 0) {
                 if (errno == EINTR) continue;
-                idx_errf(err, errlen, "%s: cannot read: %s", s->path, strerror(errno));
+                dc_errf(err, errlen, "%s: cannot read: %s", s->path, strerror(errno));
                 return IDX_EIO;
             }
             if (r == 0) return IDX_SRC_EOF;
@@ -204,11 +198,11 @@ static int idx_src_read(idx_src *s, void *buf, size_t n, size_t *got, char *err,
         const char *msg = idx_gz_msg(s->gz, &zerr);
         if (zerr == Z_BUF_ERROR) return IDX_SRC_GZ_TRUNC; /* "unexpected end of file" */
         if (zerr == Z_ERRNO) {
-            idx_errf(err, errlen, "%s: cannot read: %s", s->path, strerror(errno));
+            dc_errf(err, errlen, "%s: cannot read: %s", s->path, strerror(errno));
             return IDX_EIO;
         }
         if (zerr != Z_OK) {
-            idx_errf(err, errlen, "%s: corrupt gzip stream: %s", s->path, msg);
+            dc_errf(err, errlen, "%s: corrupt gzip stream: %s", s->path, msg);
             return IDX_EFORMAT;
         }
     }
@@ -233,12 +227,12 @@ static int idx_read_header(idx_src *s, uint8_t *hdr, size_t hdr_len, uint32_t wa
     if (how < 0) return how;
     if (got >= 4 && idx_be32(hdr) != want_magic) {
         uint32_t magic = idx_be32(hdr);
-        idx_errf(err, errlen, "%s: expected magic 0x%08X (%s), found 0x%08X%s", s->path, want_magic, kind,
+        dc_errf(err, errlen, "%s: expected magic 0x%08X (%s), found 0x%08X%s", s->path, want_magic, kind,
                  magic, idx_magic_name(magic));
         return IDX_EFORMAT;
     }
     if (got < hdr_len) {
-        idx_errf(err, errlen, "%s: truncated: expected a %zu-byte IDX header but file has %zu bytes%s",
+        dc_errf(err, errlen, "%s: truncated: expected a %zu-byte IDX header but file has %zu bytes%s",
                  s->path, hdr_len, got, idx_trunc_note(how));
         return IDX_EFORMAT;
     }
@@ -254,7 +248,7 @@ static int idx_read_header(idx_src *s, uint8_t *hdr, size_t hdr_len, uint32_t wa
 static int idx_read_payload(idx_src *s, size_t hdr_len, uint64_t need, const char *what,
                             const char *kind, uint8_t **out, char *err, size_t errlen) {
     if (need > SIZE_MAX) {
-        idx_errf(err, errlen, "%s: header says %s (%llu bytes), more than this machine can address",
+        dc_errf(err, errlen, "%s: header says %s (%llu bytes), more than this machine can address",
                  s->path, what, (unsigned long long)need);
         return IDX_EFORMAT;
     }
@@ -263,12 +257,12 @@ static int idx_read_payload(idx_src *s, size_t hdr_len, uint64_t need, const cha
         /* The header was read in full, so only a file shrinking under us makes this < hdr_len. */
         uint64_t have = s->file_size > hdr_len ? s->file_size - hdr_len : 0;
         if (have < need) {
-            idx_errf(err, errlen, "%s: truncated: header says %s (%llu bytes) but file has %llu bytes of %s data",
+            dc_errf(err, errlen, "%s: truncated: header says %s (%llu bytes) but file has %llu bytes of %s data",
                      s->path, what, (unsigned long long)need, (unsigned long long)have, kind);
             return IDX_EFORMAT;
         }
         if (have > need) {
-            idx_errf(err, errlen, "%s: trailing data: header says %s (%llu bytes) but file has %llu bytes of %s data",
+            dc_errf(err, errlen, "%s: trailing data: header says %s (%llu bytes) but file has %llu bytes of %s data",
                      s->path, what, (unsigned long long)need, (unsigned long long)have, kind);
             return IDX_EFORMAT;
         }
@@ -276,7 +270,7 @@ static int idx_read_payload(idx_src *s, size_t hdr_len, uint64_t need, const cha
     uint64_t cap = s->size_known || need < IDX_GZ_INITIAL_CAP ? need : IDX_GZ_INITIAL_CAP;
     uint8_t *buf = malloc((size_t)cap);
     if (!buf) {
-        idx_errf(err, errlen, "%s: out of memory allocating %llu bytes of %s data", s->path,
+        dc_errf(err, errlen, "%s: out of memory allocating %llu bytes of %s data", s->path,
                  (unsigned long long)cap, kind);
         return IDX_ENOMEM;
     }
@@ -290,7 +284,7 @@ static int idx_read_payload(idx_src *s, size_t hdr_len, uint64_t need, const cha
         }
         have += got;
         if (have < cap) {
-            idx_errf(err, errlen, "%s: truncated: header says %s (%llu bytes) but file has %llu bytes of %s data%s",
+            dc_errf(err, errlen, "%s: truncated: header says %s (%llu bytes) but file has %llu bytes of %s data%s",
                      s->path, what, (unsigned long long)need, (unsigned long long)have, kind,
                      idx_trunc_note(how));
             free(buf);
@@ -301,7 +295,7 @@ static int idx_read_payload(idx_src *s, size_t hdr_len, uint64_t need, const cha
         uint64_t ncap = cap * 2 < need ? cap * 2 : need;
         uint8_t *nbuf = realloc(buf, (size_t)ncap);
         if (!nbuf) {
-            idx_errf(err, errlen, "%s: out of memory allocating %llu bytes of %s data", s->path,
+            dc_errf(err, errlen, "%s: out of memory allocating %llu bytes of %s data", s->path,
                      (unsigned long long)ncap, kind);
             free(buf);
             return IDX_ENOMEM;
@@ -327,19 +321,19 @@ static int idx_read_payload(idx_src *s, size_t hdr_len, uint64_t need, const cha
         bool more = got == sizeof extra;
         uint64_t expect = hdr_len + need, found = expect + got - (more ? 1 : 0);
         if (s->gz)
-            idx_errf(err, errlen, "%s: trailing data: header says %s (%llu bytes) but the gzip stream decompresses "
+            dc_errf(err, errlen, "%s: trailing data: header says %s (%llu bytes) but the gzip stream decompresses "
                      "to more: expected %llu bytes with the header, found %s%llu; refused without reading further",
                      s->path, what, (unsigned long long)need, (unsigned long long)expect, more ? "more than " : "",
                      (unsigned long long)found);
         else
-            idx_errf(err, errlen, "%s: trailing data: header says %s (%llu bytes) but file has more %s data",
+            dc_errf(err, errlen, "%s: trailing data: header says %s (%llu bytes) but file has more %s data",
                      s->path, what, (unsigned long long)need, kind);
         free(buf);
         return IDX_EFORMAT;
     }
     if (how == IDX_SRC_GZ_TRUNC) {
         /* All data present but the gzip trailer (CRC, size) is missing. */
-        idx_errf(err, errlen, "%s: truncated: gzip stream ends before its trailer (unexpected end of file) "
+        dc_errf(err, errlen, "%s: truncated: gzip stream ends before its trailer (unexpected end of file) "
                  "after all %llu bytes of %s data", s->path, (unsigned long long)need, kind);
         free(buf);
         return IDX_EFORMAT;
@@ -351,7 +345,7 @@ static int idx_read_payload(idx_src *s, size_t hdr_len, uint64_t need, const cha
 int idx_read_images(const char *path, uint8_t **pixels, uint32_t *count, uint32_t *rows,
                     uint32_t *cols, char *err, size_t errlen) {
     if (!pixels || !count || !rows || !cols) {
-        idx_errf(err, errlen, "%s: idx_read_images: NULL output pointer", path ? path : "(null)");
+        dc_errf(err, errlen, "%s: idx_read_images: NULL output pointer", path ? path : "(null)");
         return IDX_EINVAL;
     }
     idx_src s;
@@ -363,7 +357,7 @@ int idx_read_images(const char *path, uint8_t **pixels, uint32_t *count, uint32_
     uint32_t n = idx_be32(hdr + 4), r = idx_be32(hdr + 8), c = idx_be32(hdr + 12);
     uint64_t per = (uint64_t)r * c; /* both < 2^32: no overflow in 64 bits */
     if (n == 0 || r == 0 || c == 0 || per > IDX_MAX_IMAGE_PIXELS) {
-        idx_errf(err, errlen, "%s: expected count > 0 and 0 < rows*cols <= %u, found %u images of %ux%u",
+        dc_errf(err, errlen, "%s: expected count > 0 and 0 < rows*cols <= %u, found %u images of %ux%u",
                  path, IDX_MAX_IMAGE_PIXELS, n, r, c);
         rc = IDX_EFORMAT;
         goto done;
@@ -385,7 +379,7 @@ done:
 
 int idx_read_labels(const char *path, uint8_t **labels, uint32_t *count, char *err, size_t errlen) {
     if (!labels || !count) {
-        idx_errf(err, errlen, "%s: idx_read_labels: NULL output pointer", path ? path : "(null)");
+        dc_errf(err, errlen, "%s: idx_read_labels: NULL output pointer", path ? path : "(null)");
         return IDX_EINVAL;
     }
     idx_src s;
@@ -396,7 +390,7 @@ int idx_read_labels(const char *path, uint8_t **labels, uint32_t *count, char *e
     if (rc) goto done;
     uint32_t n = idx_be32(hdr + 4);
     if (n == 0) {
-        idx_errf(err, errlen, "%s: expected a label count > 0, found 0", path);
+        dc_errf(err, errlen, "%s: expected a label count > 0, found 0", path);
         rc = IDX_EFORMAT;
         goto done;
     }
@@ -418,16 +412,16 @@ int idx_check_labels(const uint8_t *labels, uint32_t n, int num_classes, const c
                      char *err, size_t errlen) {
     const char *name = path ? path : "(labels)";
     if (num_classes < 1 || num_classes > 256) {
-        idx_errf(err, errlen, "%s: num_classes must be in 1..256 for uint8 labels, got %d", name, num_classes);
+        dc_errf(err, errlen, "%s: num_classes must be in 1..256 for uint8 labels, got %d", name, num_classes);
         return IDX_EINVAL;
     }
     if (n > 0 && !labels) {
-        idx_errf(err, errlen, "%s: no label array given", name);
+        dc_errf(err, errlen, "%s: no label array given", name);
         return IDX_EINVAL;
     }
     for (uint32_t i = 0; i < n; i++) {
         if (labels[i] >= num_classes) {
-            idx_errf(err, errlen, "%s: label at index %u is %u, expected 0..%d (num_classes %d)", name, i,
+            dc_errf(err, errlen, "%s: label at index %u is %u, expected 0..%d (num_classes %d)", name, i,
                      (unsigned)labels[i], num_classes - 1, num_classes);
             return IDX_EINVAL;
         }
@@ -438,7 +432,7 @@ int idx_check_labels(const uint8_t *labels, uint32_t n, int num_classes, const c
 int idx_open_dataset(const char *images_path, const char *labels_path, int num_classes,
                      idx_dataset *out, char *err, size_t errlen) {
     if (!out) {
-        idx_errf(err, errlen, "idx_open_dataset: NULL output dataset");
+        dc_errf(err, errlen, "idx_open_dataset: NULL output dataset");
         return IDX_EINVAL;
     }
     memset(out, 0, sizeof *out);
@@ -449,7 +443,7 @@ int idx_open_dataset(const char *images_path, const char *labels_path, int num_c
     rc = idx_read_labels(labels_path, &ds.labels, &nlab, err, errlen);
     if (rc) goto fail;
     if (nlab != ds.n) {
-        idx_errf(err, errlen, "count mismatch: %s has %u images but %s has %u labels", images_path, ds.n,
+        dc_errf(err, errlen, "count mismatch: %s has %u images but %s has %u labels", images_path, ds.n,
                  labels_path, nlab);
         rc = IDX_EFORMAT;
         goto fail;

@@ -169,9 +169,9 @@ int main(int argc, char **argv) {
         ok = false;
     }
     if (ok) {
-        tok_put_le32(header, (uint32_t)TOK_LLMC_MAGIC);
-        tok_put_le32(header + 4, (uint32_t)TOK_LLMC_VERSION);
-        tok_put_le32(header + 8, (uint32_t)count);
+        dc_put_le32(header, (uint32_t)TOK_LLMC_MAGIC);
+        dc_put_le32(header + 4, (uint32_t)TOK_LLMC_VERSION);
+        dc_put_le32(header + 8, (uint32_t)count);
         if (lseek(out, 0, SEEK_SET) != 0 || !write_all(out, header, sizeof header) || fsync(out) != 0) {
             fprintf(stderr, PROG ": cannot write %s: %s\n", tmp, strerror(errno));
             ok = false;

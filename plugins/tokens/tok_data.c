@@ -25,14 +25,6 @@
 
 #include "tok_format.h"
 
-static void tok_err(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 /* What a non-regular file is, for the message. */
 static const char *tok_file_kind(mode_t m) {
     if (S_ISDIR(m)) return "a directory";
@@ -53,47 +45,47 @@ static int tok_check_llmc(tok_file *f, const char *what, uint64_t min_tokens, ui
     const uint8_t *p = f->map;
     size_t size = f->map_len;
     if (size < TOK_LLMC_HEADER_BYTES) {
-        tok_err(err, errlen,
+        dc_errf(err, errlen,
                 "%s shard %s: expected an llm.c token shard (a %d-byte header, then uint16 tokens), found a "
                 "file of %zu bytes",
                 what, f->path, TOK_LLMC_HEADER_BYTES, size);
         return TOK_EFORMAT;
     }
-    int32_t magic = (int32_t)tok_get_le32(p), version = (int32_t)tok_get_le32(p + 4);
-    int32_t count = (int32_t)tok_get_le32(p + 8);
+    int32_t magic = (int32_t)dc_get_le32(p), version = (int32_t)dc_get_le32(p + 4);
+    int32_t count = (int32_t)dc_get_le32(p + 8);
     if (magic != TOK_LLMC_MAGIC) {
-        tok_err(err, errlen, "%s shard %s: expected the llm.c magic %d in header[0], found %" PRId32, what, f->path,
+        dc_errf(err, errlen, "%s shard %s: expected the llm.c magic %d in header[0], found %" PRId32, what, f->path,
                 TOK_LLMC_MAGIC, magic);
         return TOK_EFORMAT;
     }
     if (version != TOK_LLMC_VERSION) {
-        tok_err(err, errlen,
+        dc_errf(err, errlen,
                 "%s shard %s: expected version %d (uint16 tokens) in header[1], found %" PRId32 "%s", what,
                 f->path, TOK_LLMC_VERSION, version, version == 2 ? " (llm.c's uint32 shards are not supported)" : "");
         return TOK_EFORMAT;
     }
     if (count < 0) {
-        tok_err(err, errlen, "%s shard %s: expected a token count >= 0 in header[2], found %" PRId32, what, f->path,
+        dc_errf(err, errlen, "%s shard %s: expected a token count >= 0 in header[2], found %" PRId32, what, f->path,
                 count);
         return TOK_EFORMAT;
     }
     uint64_t body = (uint64_t)(size - TOK_LLMC_HEADER_BYTES), want = (uint64_t)count * TOK_LLMC_TOKEN_BYTES;
     if (body < want) {
-        tok_err(err, errlen,
+        dc_errf(err, errlen,
                 "%s shard %s: the header says %" PRId32 " tokens (%" PRIu64 " bytes after the header) but the "
                 "file holds only %" PRIu64 " bytes after it (truncated?)",
                 what, f->path, count, want, body);
         return TOK_EFORMAT;
     }
     if (body > want) {
-        tok_err(err, errlen,
+        dc_errf(err, errlen,
                 "%s shard %s: the header says %" PRId32 " tokens (%" PRIu64 " bytes after the header) but the "
                 "file is longer: %" PRIu64 " extra bytes after the last token",
                 what, f->path, count, want, body - want);
         return TOK_EFORMAT;
     }
     if ((uint64_t)count < min_tokens) {
-        tok_err(err, errlen,
+        dc_errf(err, errlen,
                 "%s shard %s: expected at least one window of block_size + 1 = %" PRIu64 " tokens, found %" PRId32
                 " tokens",
                 what, f->path, min_tokens, count);
@@ -104,7 +96,7 @@ static int tok_check_llmc(tok_file *f, const char *what, uint64_t min_tokens, ui
         for (uint64_t i = 0; i < (uint64_t)count; i++) {
             uint32_t v = (uint32_t)t[2 * i] | (uint32_t)t[2 * i + 1] << 8;
             if (v >= vocab) {
-                tok_err(err, errlen,
+                dc_errf(err, errlen,
                         "%s shard %s: token %" PRIu64 " (of %" PRId32 ") is %" PRIu32
                         ", expected every token below vocab_size %" PRIu64,
                         what, f->path, i, count, v, vocab);
@@ -123,22 +115,22 @@ static int tok_open_file(tok_file *f, const char *what, int format, uint64_t min
     /* O_NONBLOCK: opening a FIFO without a writer would otherwise wait for one. */
     int fd = open(f->path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
     if (fd < 0) {
-        tok_err(err, errlen, "%s: cannot open %s: %s", what, f->path, strerror(errno));
+        dc_errf(err, errlen, "%s: cannot open %s: %s", what, f->path, strerror(errno));
         return TOK_EIO;
     }
     struct stat st;
     if (fstat(fd, &st) != 0) {
-        tok_err(err, errlen, "%s: cannot stat %s: %s", what, f->path, strerror(errno));
+        dc_errf(err, errlen, "%s: cannot stat %s: %s", what, f->path, strerror(errno));
         close(fd);
         return TOK_EIO;
     }
     if (!S_ISREG(st.st_mode)) {
-        tok_err(err, errlen, "%s: %s: expected a regular file, found %s", what, f->path, tok_file_kind(st.st_mode));
+        dc_errf(err, errlen, "%s: %s: expected a regular file, found %s", what, f->path, tok_file_kind(st.st_mode));
         close(fd);
         return TOK_EIO;
     }
     if ((uint64_t)st.st_size > (uint64_t)SIZE_MAX) {
-        tok_err(err, errlen, "%s: %s: %" PRIu64 " bytes do not fit this address space", what, f->path,
+        dc_errf(err, errlen, "%s: %s: %" PRIu64 " bytes do not fit this address space", what, f->path,
                 (uint64_t)st.st_size);
         close(fd);
         return TOK_EIO;
@@ -156,7 +148,7 @@ static int tok_open_file(tok_file *f, const char *what, int format, uint64_t min
 #endif
         void *m = mmap(NULL, f->map_len, PROT_READ, MAP_PRIVATE | populate, fd, 0);
         if (m == MAP_FAILED) {
-            tok_err(err, errlen, "%s: cannot map %s (%zu bytes): %s", what, f->path, f->map_len, strerror(errno));
+            dc_errf(err, errlen, "%s: cannot map %s (%zu bytes): %s", what, f->path, f->map_len, strerror(errno));
             close(fd);
             f->map_len = 0;
             return TOK_EIO;
@@ -181,18 +173,18 @@ int tok_fileset_open(tok_fileset *fs, const char *pattern, const char *exclude, 
     int grc = glob(pattern, GLOB_NOSORT, NULL, &g);
     if (grc == GLOB_NOMATCH || (grc == 0 && g.gl_pathc == 0)) {
         globfree(&g);
-        tok_err(err, errlen, "%s: no file matches '%s'", what, pattern);
+        dc_errf(err, errlen, "%s: no file matches '%s'", what, pattern);
         return TOK_EIO;
     }
     if (grc != 0) {
         globfree(&g);
-        tok_err(err, errlen, "%s: cannot expand '%s' (%s)", what, pattern,
+        dc_errf(err, errlen, "%s: cannot expand '%s' (%s)", what, pattern,
                 grc == GLOB_NOSPACE ? "out of memory" : "read error");
         return grc == GLOB_NOSPACE ? TOK_ENOMEM : TOK_EIO;
     }
     if (g.gl_pathc > UINT32_MAX / 2) {
         globfree(&g);
-        tok_err(err, errlen, "%s: '%s' matches too many files", what, pattern);
+        dc_errf(err, errlen, "%s: '%s' matches too many files", what, pattern);
         return TOK_EINVAL;
     }
     /* `exclude` drops matches by file name (fnmatch on the last path
@@ -210,7 +202,7 @@ int tok_fileset_open(tok_fileset *fs, const char *pattern, const char *exclude, 
         }
         if (kept == 0) {
             globfree(&g);
-            tok_err(err, errlen, "%s: every file '%s' matches is excluded by '%s'", what, pattern, exclude);
+            dc_errf(err, errlen, "%s: every file '%s' matches is excluded by '%s'", what, pattern, exclude);
             return TOK_EIO;
         }
     }
@@ -218,7 +210,7 @@ int tok_fileset_open(tok_fileset *fs, const char *pattern, const char *exclude, 
     fs->files = calloc(kept, sizeof *fs->files);
     if (!fs->files) {
         globfree(&g);
-        tok_err(err, errlen, "%s: out of memory", what);
+        dc_errf(err, errlen, "%s: out of memory", what);
         return TOK_ENOMEM;
     }
     fs->nfiles = (uint32_t)kept;
@@ -226,7 +218,7 @@ int tok_fileset_open(tok_fileset *fs, const char *pattern, const char *exclude, 
     for (uint32_t i = 0; i < fs->nfiles && rc == TOK_OK; i++) {
         fs->files[i].path = strdup(g.gl_pathv[i]);
         if (!fs->files[i].path) {
-            tok_err(err, errlen, "%s: out of memory", what);
+            dc_errf(err, errlen, "%s: out of memory", what);
             rc = TOK_ENOMEM;
             break;
         }
@@ -257,7 +249,7 @@ int tok_view_init(tok_view *v, const tok_fileset *fs, uint64_t lo, uint64_t hi, 
     v->width = fs->width;
     v->T = T;
     if (T == 0 || lo > hi || hi > fs->total) {
-        tok_err(err, errlen, "internal: bad view [%" PRIu64 ", %" PRIu64 ") of %" PRIu64 " tokens, T %u", lo, hi,
+        dc_errf(err, errlen, "internal: bad view [%" PRIu64 ", %" PRIu64 ") of %" PRIu64 " tokens, T %u", lo, hi,
                 fs->total, T);
         return TOK_EINVAL;
     }
@@ -266,7 +258,7 @@ int tok_view_init(tok_view *v, const tok_fileset *fs, uint64_t lo, uint64_t hi, 
     v->streams = calloc(fs->nfiles ? fs->nfiles : 1, sizeof *v->streams);
     if (!v->pieces || !v->streams) {
         tok_view_free(v);
-        tok_err(err, errlen, "out of memory");
+        dc_errf(err, errlen, "out of memory");
         return TOK_ENOMEM;
     }
     const bool per_file = fs->format == TOK_FMT_LLMC;

@@ -6,6 +6,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "tok_sampler.h"
+#include "../common/data_common.h"
 
 #include <inttypes.h>
 #include <stdarg.h>
@@ -18,54 +19,32 @@
 /* The largest B*T a batch may have: its int32 buffers stay far below 2 GiB. */
 #define TOK_MAX_BATCH_TOKENS ((uint64_t)1 << 28)
 
-static void tok_serr(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
-/* An unbiased draw in [0, n), n >= 1: values below 2^64 mod n are redrawn. */
-static uint64_t tok_below(kiln_rng *r, uint64_t n) {
-    const uint64_t reject = (0 - n) % n;
-    for (;;) {
-        uint64_t x = kiln_rng_next(r);
-        if (x >= reject) return x % n;
-    }
-}
 
 /* perm (n) := the permutation of 0..n-1 for (seed, epoch): Fisher-Yates from a
  * generator whose seed mixes the epoch into one splitmix64 output of seed, so
  * neighbouring epochs (and seeds) give unrelated orders. */
 static void tok_make_perm(uint32_t *perm, uint64_t n, uint64_t seed, uint64_t epoch) {
-    for (uint64_t i = 0; i < n; i++) perm[i] = (uint32_t)i;
     uint64_t sm = seed;
     kiln_rng r;
     kiln_rng_seed(&r, kiln_splitmix64(&sm) ^ (epoch * 0xD1B54A32D192ED03ull + 1));
-    for (uint64_t i = n; i > 1; i--) {
-        uint64_t j = tok_below(&r, i);
-        uint32_t t = perm[i - 1];
-        perm[i - 1] = perm[j];
-        perm[j] = t;
-    }
+    dc_shuffle(perm, n, &r);
 }
 
 int tok_sampler_init(tok_sampler *S, const tok_sampler_config *cfg, char *err, size_t errlen) {
     memset(S, 0, sizeof *S);
     const tok_view *v = cfg->view;
     if (!v || cfg->batch_size == 0 || cfg->world_size == 0 || cfg->rank >= cfg->world_size) {
-        tok_serr(err, errlen, "internal: bad sampler configuration");
+        dc_errf(err, errlen, "internal: bad sampler configuration");
         return TOK_EINVAL;
     }
     const uint64_t B = cfg->batch_size, T = v->T, W = cfg->world_size, n = v->nwin;
     if (B * T > TOK_MAX_BATCH_TOKENS) {
-        tok_serr(err, errlen, "batch of %" PRIu64 " x %" PRIu64 " tokens is larger than the limit of %" PRIu64, B, T,
+        dc_errf(err, errlen, "batch of %" PRIu64 " x %" PRIu64 " tokens is larger than the limit of %" PRIu64, B, T,
                  TOK_MAX_BATCH_TOKENS);
         return TOK_EINVAL;
     }
     if (n > UINT32_MAX) {
-        tok_serr(err, errlen, "%" PRIu64 " windows exceed the limit of %" PRIu32 " (raise block_size)", n,
+        dc_errf(err, errlen, "%" PRIu64 " windows exceed the limit of %" PRIu32 " (raise block_size)", n,
                  UINT32_MAX);
         return TOK_EINVAL;
     }
@@ -74,7 +53,7 @@ int tok_sampler_init(tok_sampler *S, const tok_sampler_config *cfg, char *err, s
         S->per_rank = n / W;
         S->num_batches = S->per_rank / B;
         if (S->num_batches == 0) {
-            tok_serr(err, errlen,
+            dc_errf(err, errlen,
                      "%" PRIu64 " windows of block_size + 1 = %" PRIu64 " tokens give no full batch of batch_size %" PRIu64
                      " on each of %" PRIu64 " rank(s) (at least %" PRIu64 " windows are needed)",
                      n, T + 1, B, W, B * W);
@@ -89,7 +68,7 @@ int tok_sampler_init(tok_sampler *S, const tok_sampler_config *cfg, char *err, s
     if (cfg->shuffle && n > 0) S->perm = malloc((size_t)n * sizeof *S->perm);
     if (!S->inputs || !S->targets || (cfg->shuffle && n > 0 && !S->perm)) {
         tok_sampler_free(S);
-        tok_serr(err, errlen, "out of memory for the batch buffers (%" PRIu64 " x %" PRIu64 " tokens) or the order of %" PRIu64
+        dc_errf(err, errlen, "out of memory for the batch buffers (%" PRIu64 " x %" PRIu64 " tokens) or the order of %" PRIu64
                  " windows", B, T, n);
         return TOK_ENOMEM;
     }

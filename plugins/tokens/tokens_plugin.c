@@ -29,6 +29,7 @@
 
 #include <kiln/kiln.h>
 
+#include "../common/data_common.h"
 #include "tok_data.h"
 #include "tok_format.h"
 #include "tok_sampler.h"
@@ -37,14 +38,13 @@
 #define TOKP_STATE_VERSION 1u
 #define TOKP_STATE_MAGIC 0x4B4F544Bu /* "KTOK" read as a little-endian u32 */
 #define TOKP_STATE_SIZE 56u
-#define TOKP_STATE_HAS_TRAIN 1u     /* flags: the train fields were known at save time */
+/* flags: DC_STATE_HAS_TRAIN, the train fields were known at save time */
 
 #define TOKP_DEFAULT_VOCAB 50257
 #define TOKP_MAX_BLOCK (1 << 20)
 #define TOKP_MAX_BATCH (1 << 20)
 
-enum { TOKP_NSPLITS = 3 };
-static const char *const tokp_split_names[TOKP_NSPLITS] = {"train", "val", "test"};
+enum { TOKP_NSPLITS = DC_NSPLITS };
 
 typedef struct tokp_split {
     bool ready;             /* set up (possibly empty): num_batches/start_epoch/next are valid */
@@ -75,11 +75,13 @@ struct kiln_instance {
     /* A state restored by set_state: its seed replaces the configured one and
      * its shape is checked at setup(FIT); its position is applied by the next
      * start_epoch(TRAIN, epoch, start_batch < 0) and consumed by any train start_epoch. */
-    bool restored;
-    uint32_t restored_flags;
-    uint64_t restored_epoch, restored_next, restored_nb, restored_seed, restored_nwin;
+    dc_resume res;
+    uint64_t restored_nwin;
     uint32_t restored_batch, restored_world;
 };
+
+/* Reports go out as "tokens: ..." */
+#define TOKP_SINK(self) ((dc_sink){(self)->svc, (self)->hctx, "tokens"})
 
 /* ------------------------------------------------------------------------ */
 /* Helpers */
@@ -117,16 +119,6 @@ static void tokp_free(kiln_instance *self) {
 /* ------------------------------------------------------------------------ */
 /* create / destroy */
 
-static int32_t tokp_int_key(const kiln_host_services *svc, kiln_host_ctx *hctx, const kiln_kv *config,
-                            const char *key, int64_t def, int64_t lo, int64_t hi, const char *why, int64_t *out) {
-    int64_t v = kiln_kv_int(config, key, def);
-    if (v < lo || v > hi)
-        return kiln_errorf(svc, hctx, KILN_E_CONFIG,
-                           "tokens: %s must be in %" PRId64 "..%" PRId64 " (%s), got %" PRId64, key, lo, hi, why, v);
-    *out = v;
-    return KILN_OK;
-}
-
 static int32_t tokp_create(void *plugin_ctx, const kiln_host_services *svc, kiln_host_ctx *hctx,
                            const kiln_kv *config, kiln_instance **out) {
     (void)plugin_ctx;
@@ -142,15 +134,14 @@ static int32_t tokp_create(void *plugin_ctx, const kiln_host_services *svc, kiln
                            format);
     int64_t batch = 0, eval_batch = 0, block = 0, vocab = 0, seed = 0;
     int32_t rc;
-    if ((rc = tokp_int_key(svc, hctx, config, "batch_size", 4, 1, TOKP_MAX_BATCH, "windows per train batch",
-                           &batch)) ||
-        (rc = tokp_int_key(svc, hctx, config, "val_batch_size", 0, 0, TOKP_MAX_BATCH,
-                           "windows per val/test batch, 0 = batch_size", &eval_batch)) ||
-        (rc = tokp_int_key(svc, hctx, config, "block_size", 1024, 1, TOKP_MAX_BLOCK, "tokens per sample T",
-                           &block)) ||
-        (rc = tokp_int_key(svc, hctx, config, "vocab_size", TOKP_DEFAULT_VOCAB, 1, INT32_MAX,
-                           "every token must be below it", &vocab)) ||
-        (rc = tokp_int_key(svc, hctx, config, "seed", -1, -1, INT64_MAX, "-1 = the run's seed", &seed)))
+    const dc_sink sk = {svc, hctx, "tokens"};
+    if ((rc = dc_int_key(sk, config, "batch_size", 4, 1, TOKP_MAX_BATCH, "windows per train batch", &batch)) ||
+        (rc = dc_int_key(sk, config, "val_batch_size", 0, 0, TOKP_MAX_BATCH,
+                         "windows per val/test batch, 0 = batch_size", &eval_batch)) ||
+        (rc = dc_int_key(sk, config, "block_size", 1024, 1, TOKP_MAX_BLOCK, "tokens per sample T", &block)) ||
+        (rc = dc_int_key(sk, config, "vocab_size", TOKP_DEFAULT_VOCAB, 1, INT32_MAX, "every token must be below it",
+                         &vocab)) ||
+        (rc = dc_int_key(sk, config, "seed", -1, -1, INT64_MAX, "-1 = the run's seed", &seed)))
         return rc;
     if (fmt == TOK_FMT_TEXT && vocab < 256)
         return kiln_errorf(svc, hctx, KILN_E_CONFIG,
@@ -265,14 +256,14 @@ static int32_t tokp_build(kiln_instance *self, int which, const tok_fileset *fs,
     }
     if (rc != TOK_OK) {
         tokp_free_split(s);
-        return kiln_errorf(self->svc, self->hctx, tokp_status(rc), "tokens: %s split (%s): %s", tokp_split_names[which], what, err);
+        return kiln_errorf(self->svc, self->hctx, tokp_status(rc), "tokens: %s split (%s): %s", dc_split_name(which), what, err);
     }
     s->has_data = true;
     s->ready = true;
     kiln_logf(self->svc, self->hctx, KILN_LOG_DEBUG,
               "tokens: %s split: %" PRIu64 " tokens, %" PRIu64 " windows; rank %d of %d: %" PRIu64
               " batches of %u x %u%s",
-              tokp_split_names[which], s->view.ntok, s->view.nwin, rank, world_size, s->sampler.num_batches,
+              dc_split_name(which), s->view.ntok, s->view.nwin, rank, world_size, s->sampler.num_batches,
               s->sampler.cfg.batch_size, self->block_size, s->sampler.cfg.shuffle ? ", shuffled" : "");
     return KILN_OK;
 }
@@ -296,21 +287,26 @@ static int32_t tokp_setup_val(kiln_instance *self, int which, int32_t rank, int3
                       world_size);
 }
 
-/* A restored state must describe this run's train split: the same windows, batches, batch size and world size. */
-static int32_t tokp_check_restored(kiln_instance *self) {
-    if (!self->restored || !(self->restored_flags & TOKP_STATE_HAS_TRAIN)) return KILN_OK;
+/* A saved train shape (windows, batches per epoch, batch size, world size)
+ * must be this run's, once the train split exists. */
+static int32_t tokp_same_shape(kiln_instance *self, uint64_t nwin, uint64_t nb, uint32_t batch, uint32_t world) {
     const tokp_split *tr = &self->split[KILN_SPLIT_TRAIN];
     if (!tr->has_data) return KILN_OK;
     const tok_sampler *S = &tr->sampler;
-    if (self->restored_nwin != tr->view.nwin || self->restored_nb != S->num_batches ||
-        self->restored_batch != S->cfg.batch_size || self->restored_world != S->cfg.world_size)
+    if (nwin != tr->view.nwin || nb != S->num_batches || batch != S->cfg.batch_size || world != S->cfg.world_size)
         return kiln_errorf(self->svc, self->hctx, KILN_E_STATE,
                            "tokens: the state was saved with %" PRIu64 " train windows, %" PRIu64
                            " batches per epoch, batch_size %u and world size %u; this run has %" PRIu64 ", %" PRIu64
                            ", %u and %u (the data, block_size, batch_size, val_fraction or world size changed)",
-                           self->restored_nwin, self->restored_nb, self->restored_batch, self->restored_world,
-                           tr->view.nwin, S->num_batches, S->cfg.batch_size, S->cfg.world_size);
+                           nwin, nb, batch, world, tr->view.nwin, S->num_batches, S->cfg.batch_size,
+                           S->cfg.world_size);
     return KILN_OK;
+}
+
+/* A restored state must describe this run's train split. */
+static int32_t tokp_check_restored(kiln_instance *self) {
+    if (!self->res.restored || !(self->res.flags & DC_STATE_HAS_TRAIN)) return KILN_OK;
+    return tokp_same_shape(self, self->restored_nwin, self->res.nb, self->restored_batch, self->restored_world);
 }
 
 static int32_t tokp_setup(kiln_instance *self, int32_t stage, int32_t rank, int32_t world_size) {
@@ -326,10 +322,9 @@ static int32_t tokp_setup(kiln_instance *self, int32_t stage, int32_t rank, int3
         tokp_free_split(&self->split[KILN_SPLIT_VAL]);
         if ((rc = tokp_load(self, &self->fs_train, &self->loaded_train, self->train_pat, "train"))) return rc;
         /* Every rank must draw the same permutation: the host's stream seed is rank-independent. */
-        if (self->restored && (self->restored_flags & TOKP_STATE_HAS_TRAIN)) self->seed = self->restored_seed;
+        if (self->res.restored && (self->res.flags & DC_STATE_HAS_TRAIN)) self->seed = self->res.seed;
         else if (self->seed_from_key) self->seed = self->seed_key;
-        else self->seed = (self->svc->abi_minor >= 1 && self->svc->seed) ? self->svc->seed(self->hctx, "data.shuffle")
-                                                                          : 0;
+        else self->seed = dc_host_seed(TOKP_SINK(self));
         self->world_size = world_size;
         uint64_t total = self->fs_train.total, nval = tokp_val_tokens(self);
         if ((rc = tokp_build(self, KILN_SPLIT_TRAIN, &self->fs_train, 0, total - nval, self->train_pat, rank,
@@ -361,21 +356,8 @@ static int32_t tokp_setup(kiln_instance *self, int32_t stage, int32_t rank, int3
 /* batches */
 
 static tokp_split *tokp_get_split(kiln_instance *self, int32_t split, const char *op, int32_t *rc) {
-    if (split < 0 || split >= TOKP_NSPLITS) {
-        *rc = kiln_errorf(self->svc, self->hctx, KILN_E_INVALID_ARG,
-                          "tokens: %s expects split TRAIN (0), VAL (1) or TEST (2), got %d", op, split);
-        return NULL;
-    }
-    tokp_split *s = &self->split[split];
-    if (!s->ready) {
-        static const char *const stage_for[TOKP_NSPLITS] = {"FIT", "FIT or VALIDATE", "TEST"};
-        *rc = kiln_errorf(self->svc, self->hctx, KILN_E_STATE,
-                          "tokens: %s(%s): that split was not set up; call setup(%s) first", op,
-                          tokp_split_names[split], stage_for[split]);
-        return NULL;
-    }
-    *rc = KILN_OK;
-    return s;
+    *rc = dc_check_split(TOKP_SINK(self), split, split >= 0 && split < TOKP_NSPLITS && self->split[split].ready, op);
+    return *rc == KILN_OK ? &self->split[split] : NULL;
 }
 
 static int32_t tokp_num_batches(kiln_instance *self, int32_t split, int64_t *n) {
@@ -388,34 +370,20 @@ static int32_t tokp_num_batches(kiln_instance *self, int32_t split, int64_t *n) 
     return KILN_OK;
 }
 
-/*
- * start_batch >= 0 starts there. start_batch < 0 means "resume": for TRAIN the
- * position restored by set_state when its epoch equals `epoch` (else 0); for
- * VAL/TEST 0. Every TRAIN start_epoch consumes the restored position.
- */
+/* The first batch as dc_first_batch says (a restored train position, or start_batch). */
 static int32_t tokp_start_epoch(kiln_instance *self, int32_t split, uint64_t epoch, int64_t start_batch) {
     int32_t rc;
     tokp_split *s = tokp_get_split(self, split, "start_epoch", &rc);
     if (!s) return rc;
     uint64_t nb = s->has_data ? s->sampler.num_batches : 0;
-    uint64_t first = start_batch < 0 ? 0 : (uint64_t)start_batch;
-    if (split == KILN_SPLIT_TRAIN && start_batch < 0 && self->restored && self->restored_epoch == epoch) {
-        if ((self->restored_flags & TOKP_STATE_HAS_TRAIN) && self->restored_nb != nb)
-            return kiln_errorf(self->svc, self->hctx, KILN_E_STATE,
-                               "tokens: the restored train position was saved with %" PRIu64
-                               " batches per epoch, this run has %" PRIu64,
-                               self->restored_nb, nb);
-        first = self->restored_next; /* <= restored_nb == nb, checked by set_state and above */
-    }
-    if (first > nb)
-        return kiln_errorf(self->svc, self->hctx, KILN_E_INVALID_ARG,
-                           "tokens: start_epoch(%s) at batch %" PRIu64 ", but an epoch has %" PRIu64 " batches",
-                           tokp_split_names[split], first, nb);
-    if (split == KILN_SPLIT_TRAIN) self->restored = false;
+    uint64_t first = 0;
+    bool resumed = false;
+    if ((rc = dc_first_batch(TOKP_SINK(self), &self->res, split, epoch, start_batch, nb, "", &first, &resumed)))
+        return rc;
     if (!s->has_data) return KILN_OK;
     if (tok_sampler_start_epoch(&s->sampler, epoch, first) != TOK_OK)
         return kiln_errorf(self->svc, self->hctx, KILN_E_INTERNAL, "tokens: start_epoch(%s) refused batch %" PRIu64,
-                           tokp_split_names[split], first);
+                           dc_split_name(split), first);
     return KILN_OK;
 }
 
@@ -429,25 +397,14 @@ static int32_t tokp_next(kiln_instance *self, int32_t split, kiln_batch *out) {
     int r = tok_sampler_next(&s->sampler, &len);
     if (r == TOK_EINVAL)
         return kiln_errorf(self->svc, self->hctx, KILN_E_STATE, "tokens: next(%s) before start_epoch(%s)",
-                           tokp_split_names[split], tokp_split_names[split]);
+                           dc_split_name(split), dc_split_name(split));
     if (r == 0) return 0;
-    /* Views of the split's buffers; the consumer only reads them. */
+    /* Views of the split's buffers, (len, T) inputs and targets. */
     kiln_tensor *t = s->tensors;
     memset(t, 0, 2 * sizeof *t);
-    t[0].data = s->sampler.inputs;
-    t[1].data = s->sampler.targets;
-    for (int i = 0; i < 2; i++) {
-        t[i].dtype = KILN_DTYPE_I32;
-        t[i].ndim = 2;
-        t[i].shape[0] = len;
-        t[i].shape[1] = self->block_size;
-        t[i].shape[2] = t[i].shape[3] = 1;
-    }
-    out->struct_size = sizeof *out;
-    out->ntensors = 2;
-    out->tensors = t;
-    out->size = len;
-    return 1;
+    dc_view(&t[0], s->sampler.inputs, KILN_DTYPE_I32, len, self->block_size);
+    dc_view(&t[1], s->sampler.targets, KILN_DTYPE_I32, len, self->block_size);
+    return dc_batch(out, t, len);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -455,7 +412,7 @@ static int32_t tokp_next(kiln_instance *self, int32_t split, kiln_batch *out) {
 
 /*
  * Version 1 layout (little-endian, 56 bytes):
- *   u32 magic "KTOK"    u32 flags (TOKP_STATE_HAS_TRAIN)
+ *   u32 magic "KTOK"    u32 flags (DC_STATE_HAS_TRAIN)
  *   u64 epoch           u64 next_batch (the next train batch the host would receive)
  *   u64 num_batches     u64 seed (train batches per rank per epoch; the shuffle seed)
  *   u64 windows         (train windows over all ranks)
@@ -464,41 +421,37 @@ static int32_t tokp_next(kiln_instance *self, int32_t split, kiln_batch *out) {
  * yet applied is saved as it was restored.
  */
 static int32_t tokp_get_state(kiln_instance *self, uint32_t *state_version, void **data, size_t *size) {
-    if (!state_version || !data || !size)
-        return kiln_errorf(self->svc, self->hctx, KILN_E_INVALID_ARG, "tokens: get_state needs output pointers");
-    uint32_t flags = 0, batch = 0, world = 0;
-    uint64_t epoch = 0, next = 0, nb = 0, seed = 0, nwin = 0;
+    int32_t rc;
+    uint8_t *p = dc_state_blob(TOKP_SINK(self), state_version, data, size, TOKP_STATE_SIZE, &rc);
+    if (!p) return rc;
+    dc_resume pos = self->res; /* a state restored but not applied: as restored */
+    uint32_t batch = self->restored_batch, world = self->restored_world;
+    uint64_t nwin = self->restored_nwin;
     const tokp_split *tr = &self->split[KILN_SPLIT_TRAIN];
-    if (self->restored) {
-        flags = self->restored_flags;
-        epoch = self->restored_epoch;
-        next = self->restored_next;
-        nb = self->restored_nb;
-        seed = self->restored_seed;
-        nwin = self->restored_nwin;
-        batch = self->restored_batch;
-        world = self->restored_world;
-    } else if (tr->has_data) {
-        flags = TOKP_STATE_HAS_TRAIN;
-        epoch = tr->sampler.epoch;
-        next = tr->sampler.started ? tr->sampler.next : 0;
-        nb = tr->sampler.num_batches;
-        seed = self->seed;
-        nwin = tr->view.nwin;
-        batch = tr->sampler.cfg.batch_size;
-        world = tr->sampler.cfg.world_size;
+    if (!pos.restored) {
+        pos = (dc_resume){0};
+        batch = world = 0;
+        nwin = 0;
+        if (tr->has_data) {
+            pos.flags = DC_STATE_HAS_TRAIN;
+            pos.epoch = tr->sampler.epoch;
+            pos.next = tr->sampler.started ? tr->sampler.next : 0;
+            pos.nb = tr->sampler.num_batches;
+            pos.seed = self->seed;
+            nwin = tr->view.nwin;
+            batch = tr->sampler.cfg.batch_size;
+            world = tr->sampler.cfg.world_size;
+        }
     }
-    uint8_t *p = self->svc->alloc(self->hctx, TOKP_STATE_SIZE, 0);
-    if (!p) return kiln_errorf(self->svc, self->hctx, KILN_E_NOMEM, "tokens: out of memory for the state blob");
-    tok_put_le32(p, TOKP_STATE_MAGIC);
-    tok_put_le32(p + 4, flags);
-    tok_put_le64(p + 8, epoch);
-    tok_put_le64(p + 16, next);
-    tok_put_le64(p + 24, nb);
-    tok_put_le64(p + 32, seed);
-    tok_put_le64(p + 40, nwin);
-    tok_put_le32(p + 48, batch);
-    tok_put_le32(p + 52, world);
+    dc_put_le32(p, TOKP_STATE_MAGIC);
+    dc_put_le32(p + 4, pos.flags);
+    dc_put_le64(p + 8, pos.epoch);
+    dc_put_le64(p + 16, pos.next);
+    dc_put_le64(p + 24, pos.nb);
+    dc_put_le64(p + 32, pos.seed);
+    dc_put_le64(p + 40, nwin);
+    dc_put_le32(p + 48, batch);
+    dc_put_le32(p + 52, world);
     *state_version = TOKP_STATE_VERSION;
     *data = p;
     *size = TOKP_STATE_SIZE;
@@ -506,24 +459,15 @@ static int32_t tokp_get_state(kiln_instance *self, uint32_t *state_version, void
 }
 
 static int32_t tokp_set_state(kiln_instance *self, uint32_t state_version, const void *data, size_t size) {
-    if (state_version != TOKP_STATE_VERSION)
-        return kiln_errorf(self->svc, self->hctx, KILN_E_STATE,
-                           "tokens: state version %u is not readable; this plugin reads version %u", state_version,
-                           TOKP_STATE_VERSION);
-    if (!data || size != TOKP_STATE_SIZE)
-        return kiln_errorf(self->svc, self->hctx, KILN_E_STATE, "tokens: state version 1 is %u bytes, got %zu",
-                           TOKP_STATE_SIZE, data ? size : (size_t)0);
+    uint32_t flags = 0;
+    int32_t rc = dc_state_header(TOKP_SINK(self), state_version, data, size, TOKP_STATE_SIZE, TOKP_STATE_MAGIC,
+                                 "a tokens", &flags);
+    if (rc) return rc;
     const uint8_t *p = data;
-    uint32_t magic = tok_get_le32(p), flags = tok_get_le32(p + 4);
-    uint64_t epoch = tok_get_le64(p + 8), next = tok_get_le64(p + 16), nb = tok_get_le64(p + 24);
-    uint64_t seed = tok_get_le64(p + 32), nwin = tok_get_le64(p + 40);
-    uint32_t batch = tok_get_le32(p + 48), world = tok_get_le32(p + 52);
-    if (magic != TOKP_STATE_MAGIC || (flags & ~TOKP_STATE_HAS_TRAIN))
-        return kiln_errorf(self->svc, self->hctx, KILN_E_STATE,
-                           "tokens: expected a tokens state blob (magic 0x%08X, flags <= 1), found magic 0x%08X, "
-                           "flags %u",
-                           TOKP_STATE_MAGIC, magic, flags);
-    bool has = flags & TOKP_STATE_HAS_TRAIN;
+    uint64_t epoch = dc_get_le64(p + 8), next = dc_get_le64(p + 16), nb = dc_get_le64(p + 24);
+    uint64_t seed = dc_get_le64(p + 32), nwin = dc_get_le64(p + 40);
+    uint32_t batch = dc_get_le32(p + 48), world = dc_get_le32(p + 52);
+    bool has = flags & DC_STATE_HAS_TRAIN;
     /* Every field bounded so nothing derived from it can index outside the data: the position lies in its
      * epoch, the epoch's batches fit the windows, and the sizes are ones create() could have accepted. */
     bool ok = has ? (nb >= 1 && next <= nb && batch >= 1 && batch <= TOKP_MAX_BATCH && world >= 1 &&
@@ -535,21 +479,8 @@ static int32_t tokp_set_state(kiln_instance *self, uint32_t state_version, const
                            " windows, batch_size %u, world size %u%s",
                            next, nb, nwin, batch, world, has ? "" : " (expected all 0 without train data)");
     const tokp_split *tr = &self->split[KILN_SPLIT_TRAIN];
-    if (has && tr->has_data &&
-        (nwin != tr->view.nwin || nb != tr->sampler.num_batches || batch != tr->sampler.cfg.batch_size ||
-         world != tr->sampler.cfg.world_size))
-        return kiln_errorf(self->svc, self->hctx, KILN_E_STATE,
-                           "tokens: the state was saved with %" PRIu64 " train windows, %" PRIu64
-                           " batches per epoch, batch_size %u and world size %u; this run has %" PRIu64 ", %" PRIu64
-                           ", %u and %u (the data, block_size, batch_size, val_fraction or world size changed)",
-                           nwin, nb, batch, world, tr->view.nwin, tr->sampler.num_batches,
-                           tr->sampler.cfg.batch_size, tr->sampler.cfg.world_size);
-    self->restored = true;
-    self->restored_flags = flags;
-    self->restored_epoch = epoch;
-    self->restored_next = next;
-    self->restored_nb = nb;
-    self->restored_seed = seed;
+    if (has && (rc = tokp_same_shape(self, nwin, nb, batch, world))) return rc;
+    self->res = (dc_resume){true, flags, epoch, next, nb, seed};
     self->restored_nwin = nwin;
     self->restored_batch = batch;
     self->restored_world = world;
