@@ -21,6 +21,7 @@
 #include <CUnit/Basic.h>
 #include <kiln/kiln.h>
 #include <kiln/testing.h>
+#include <kiln/testing_cunit.h>
 
 #include "fp8sim_scale.h"
 
@@ -227,13 +228,4 @@ static void register_tests(void) {
     CU_add_test(s, "refusals: fp64 masters, a 1.4 table, a format name", test_refusals);
 }
 
-int main(void) {
-    if (CU_initialize_registry() != CUE_SUCCESS) return 2;
-    register_tests();
-    CU_basic_set_mode(CU_BRM_VERBOSE);
-    CU_basic_run_tests();
-    const unsigned failed = CU_get_number_of_tests_failed() + CU_get_number_of_suites_failed();
-    const unsigned ran = CU_get_number_of_tests_run();
-    CU_cleanup_registry();
-    return failed ? 1 : ran ? 0 : 3;
-}
+int main(void) { return kiln_testing_run_cunit(register_tests); }

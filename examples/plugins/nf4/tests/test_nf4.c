@@ -25,6 +25,7 @@
 
 #include <kiln/kiln.h>
 #include <kiln/testing.h>
+#include <kiln/testing_cunit.h>
 
 #include "nf4_export.h"
 #include "nf4_quant.h"
@@ -1176,29 +1177,4 @@ static void register_tests(void) {
     CU_add_test(p, "int4 export with fp16 scales, device memory", test_plugin_export_int4_f16);
 }
 
-int main(void) {
-    if (CU_initialize_registry() != CUE_SUCCESS) {
-        fprintf(stderr, "CUnit: cannot initialise the registry: %s\n", CU_get_error_msg());
-        return 2;
-    }
-    register_tests();
-    if (CU_get_error() != CUE_SUCCESS) {
-        fprintf(stderr, "CUnit: cannot register tests: %s\n", CU_get_error_msg());
-        CU_cleanup_registry();
-        return 2;
-    }
-    CU_basic_set_mode(CU_BRM_VERBOSE);
-    CU_basic_run_tests();
-    /* read the counts before CU_cleanup_registry, which zeroes them */
-    unsigned failed = CU_get_number_of_tests_failed() + CU_get_number_of_suites_failed();
-    unsigned ran = CU_get_number_of_tests_run();
-    int err = CU_get_error();
-    CU_cleanup_registry();
-    if (failed) return 1;
-    if (err) return 2;
-    if (ran == 0) {
-        fprintf(stderr, "CUnit: no test ran\n");
-        return 3;
-    }
-    return 0;
-}
+int main(void) { return kiln_testing_run_cunit(register_tests); }
