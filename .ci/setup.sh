@@ -151,12 +151,33 @@ cc -std=c11 -Wall -Wextra -Werror $(PKG_CONFIG_PATH="$tpc" pkg-config --cflags k
 "$prefix/test_hello_pc" >/dev/null
 echo "installed SDK: ok"
 
+# example_plugin DIR BUILD WERROR_OPTION LIBRARY LIST_PATTERN: examples/plugins/DIR built out of tree
+# in $prefix/BUILD-build against the installed SDK alone, warnings as errors, its tests run (ctest),
+# LIBRARY checked by the installed kiln, and the installed kiln lists it (LIST_PATTERN)
+example_plugin() {
+  local out="$prefix/$2-build"
+  cmake -S "examples/plugins/$1" -B "$out" -DCMAKE_PREFIX_PATH="$prefix" "-D$3=ON" >/dev/null
+  cmake --build "$out"
+  ctest --test-dir "$out" --output-on-failure
+  "$prefix/bin/kiln" plugins check "$out/$4"
+  KILN_PLUGIN_PATH="$out" "$prefix/bin/kiln" plugins list | grep -E "$5"
+}
+
+# fake_cuda_fit BUILD CONFIG OUT [--set ...]: a short fit of CONFIG with the plugin in $prefix/BUILD-build on
+# the fake cuda accelerator (device pointers the fake checks), its output in $prefix/OUT.txt; a contract
+# violation the fake reports fails it
+fake_cuda_fit() {
+  local build="$prefix/$1-build" cfg=$2 out="$prefix/$3.txt"
+  shift 3
+  KILN_FAKE_CUDA_QUIET=0 KILN_PLUGIN_PATH="$build:$fake" "$prefix/bin/kiln" fit "$cfg" \
+    --set 'accelerator="cudafake:cuda"' --set trainer.max_epochs=1 --set trainer.limit_train_batches=10 \
+    --set trainer.limit_val_batches=0 "$@" --set "trainer.default_root_dir=\"${out%.txt}-runs\"" > "$out" 2>&1 ||
+    { tail -20 "$out"; exit 1; }
+  if grep -q "contract violation" "$out"; then grep -m3 "contract violation" "$out"; exit 1; fi
+}
+
 echo "== examples/plugins/nf4: a 4-bit precision built from the installed SDK alone, its tests, a short run"
-cmake -S examples/plugins/nf4 -B "$prefix/nf4-build" -DCMAKE_PREFIX_PATH="$prefix" -DNF4_WERROR=ON >/dev/null
-cmake --build "$prefix/nf4-build"
-ctest --test-dir "$prefix/nf4-build" --output-on-failure
-"$prefix/bin/kiln" plugins check "$prefix/nf4-build/libkiln-nf4.so"
-KILN_PLUGIN_PATH="$prefix/nf4-build" "$prefix/bin/kiln" plugins list | grep -E "precision +(nf4|int4)"
+example_plugin nf4 nf4 NF4_WERROR libkiln-nf4.so "precision +(nf4|int4)"
 if [ -d /usr/share/datasets/fashion-mnist ]; then
   KILN_PLUGIN_PATH="$prefix/nf4-build" "$prefix/bin/kiln" -q fit examples/plugins/nf4/fashion_mnist_nf4.cfg \
     --set trainer.max_epochs=1 --set trainer.limit_train_batches=20 --set trainer.limit_val_batches=2 \
@@ -178,12 +199,8 @@ fi
 echo "nf4 example: ok"
 
 echo "== examples/plugins/lion: an optimizer made of kernel-table entries only, from the installed SDK alone"
-cmake -S examples/plugins/lion -B "$prefix/lion-build" -DCMAKE_PREFIX_PATH="$prefix" -DLION_WERROR=ON >/dev/null
-cmake --build "$prefix/lion-build"
 # test_lion, and test_lion_resume (fit 4 = fit 2 + --ckpt last, bit for bit; skipped without the data)
-ctest --test-dir "$prefix/lion-build" --output-on-failure
-"$prefix/bin/kiln" plugins check "$prefix/lion-build/libkiln-lion.so"
-KILN_PLUGIN_PATH="$prefix/lion-build" "$prefix/bin/kiln" plugins list | grep -E "optimizer +lion"
+example_plugin lion lion LION_WERROR libkiln-lion.so "optimizer +lion"
 if [ -d /usr/share/datasets/fashion-mnist ]; then
   KILN_PLUGIN_PATH="$prefix/lion-build" "$prefix/bin/kiln" -q fit examples/plugins/lion/fashion_mnist_lion.cfg \
     --set trainer.max_epochs=1 --set trainer.limit_train_batches=20 --set trainer.limit_val_batches=2 \
@@ -193,24 +210,16 @@ if [ -d /usr/share/datasets/fashion-mnist ]; then
   # (device pointers the fake checks), with value clipping through its clamp
   fake=$PWD/build/tests/cuda-fit-fake-plugins
   if [ -f "$fake/libkiln-cudafake.so" ]; then
-    KILN_FAKE_CUDA_QUIET=0 KILN_PLUGIN_PATH="$prefix/lion-build:$fake" "$prefix/bin/kiln" fit \
-      examples/plugins/lion/fashion_mnist_lion.cfg --set 'accelerator="cudafake:cuda"' --set trainer.max_epochs=1 \
-      --set trainer.limit_train_batches=10 --set trainer.limit_val_batches=0 --set trainer.gradient_clip_val=0.01 \
-      --set 'trainer.gradient_clip_algorithm="value"' --set "trainer.default_root_dir=\"$prefix/lion-fake-runs\"" \
-      > "$prefix/lion-fake.txt" 2>&1 || { tail -20 "$prefix/lion-fake.txt"; exit 1; }
-    if grep -q "contract violation" "$prefix/lion-fake.txt"; then grep -m3 "contract violation" "$prefix/lion-fake.txt"; exit 1; fi
+    fake_cuda_fit lion examples/plugins/lion/fashion_mnist_lion.cfg lion-fake --set trainer.gradient_clip_val=0.01 \
+      --set 'trainer.gradient_clip_algorithm="value"'
     grep -q "optimizer=lion" "$prefix/lion-fake.txt"
   fi
 fi
 echo "lion example: ok"
 
 echo "== examples/plugins/fp8-sim: simulated FP8 (round_to's FP8 dtypes, round_activation) from the installed SDK alone"
-cmake -S examples/plugins/fp8-sim -B "$prefix/fp8-build" -DCMAKE_PREFIX_PATH="$prefix" -DFP8SIM_WERROR=ON >/dev/null
-cmake --build "$prefix/fp8-build"
 # test_fp8sim, and test_fp8sim_fit (60 steps must learn; skipped without the data)
-ctest --test-dir "$prefix/fp8-build" --output-on-failure
-"$prefix/bin/kiln" plugins check "$prefix/fp8-build/libkiln-fp8-sim.so"
-KILN_PLUGIN_PATH="$prefix/fp8-build" "$prefix/bin/kiln" plugins list | grep -E "precision +fp8-sim"
+example_plugin fp8-sim fp8 FP8SIM_WERROR libkiln-fp8-sim.so "precision +fp8-sim"
 if [ -d /usr/share/datasets/fashion-mnist ]; then
   KILN_PLUGIN_PATH="$prefix/fp8-build" "$prefix/bin/kiln" fit examples/plugins/fp8-sim/fashion_mnist_fp8.cfg \
     --set trainer.max_epochs=1 --set trainer.limit_train_batches=20 --set trainer.limit_val_batches=2 \
@@ -220,12 +229,7 @@ if [ -d /usr/share/datasets/fashion-mnist ]; then
   # on the fake cuda accelerator: the rounding through the cuda table's round_to
   fake=$PWD/build/tests/cuda-fit-fake-plugins
   if [ -f "$fake/libkiln-cudafake.so" ]; then
-    KILN_FAKE_CUDA_QUIET=0 KILN_PLUGIN_PATH="$prefix/fp8-build:$fake" "$prefix/bin/kiln" fit \
-      examples/plugins/fp8-sim/fashion_mnist_fp8.cfg --set 'accelerator="cudafake:cuda"' --set trainer.max_epochs=1 \
-      --set trainer.limit_train_batches=10 --set trainer.limit_val_batches=0 \
-      --set "trainer.default_root_dir=\"$prefix/fp8-fake-runs\"" > "$prefix/fp8-fake.txt" 2>&1 ||
-      { tail -20 "$prefix/fp8-fake.txt"; exit 1; }
-    if grep -q "contract violation" "$prefix/fp8-fake.txt"; then grep -m3 "contract violation" "$prefix/fp8-fake.txt"; exit 1; fi
+    fake_cuda_fit fp8 examples/plugins/fp8-sim/fashion_mnist_fp8.cfg fp8-fake
     grep -q "fp8-sim: [0-9]* tensors rounded" "$prefix/fp8-fake.txt"
   fi
 fi
