@@ -38,20 +38,23 @@ typedef struct sched_plateau_state {
                                optimizer's param_group; here it lives here)  */
 } sched_plateau_state;
 
+/* Each kind's settings, read and checked by its create. */
+typedef union sched_cfg {
+    struct { double factor; int64_t total_iters; } constant;
+    struct { int64_t step_size; double gamma; } step;
+    struct { int64_t warmup_steps, t_max; double warmup_start_factor, eta_min; } cosine;
+    struct {
+        int mode_max, threshold_abs;
+        double factor, threshold, min_lr, eps;
+        int64_t patience, cooldown;
+    } plateau;
+} sched_cfg;
+
 struct kiln_instance {
     const kiln_host_services *svc;
     kiln_host_ctx *hctx;
     int kind; /* SCHED_* */
-    union {
-        struct { double factor; int64_t total_iters; } constant;
-        struct { int64_t step_size; double gamma; } step;
-        struct { int64_t warmup_steps, t_max; double warmup_start_factor, eta_min; } cosine;
-        struct {
-            int mode_max, threshold_abs;
-            double factor, threshold, min_lr, eps;
-            int64_t patience, cooldown;
-        } plateau;
-    } cfg;
+    sched_cfg cfg;
     sched_plateau_state st; /* plateau only */
 };
 
@@ -68,16 +71,21 @@ static const char *sched_kind_name(int kind) {
     }
 }
 
-static kiln_instance *sched_new(const kiln_host_services *svc, kiln_host_ctx *hctx, int kind) {
+/* The end of every create: the instance of `kind` with the checked
+ * settings, in *out. */
+static int32_t sched_new(const kiln_host_services *svc, kiln_host_ctx *hctx, int kind, const sched_cfg *cfg,
+                         kiln_instance **out) {
     kiln_instance *self = calloc(1, sizeof *self);
     if (!self) {
         kiln_errorf(svc, hctx, KILN_E_NOMEM, "cannot allocate the %s scheduler instance", sched_kind_name(kind));
-        return NULL;
+        return KILN_E_NOMEM;
     }
     self->svc = svc;
     self->hctx = hctx;
     self->kind = kind;
-    return self;
+    self->cfg = *cfg;
+    *out = self;
+    return KILN_OK;
 }
 
 static void sched_destroy(kiln_instance *self) { free(self); }
@@ -113,22 +121,12 @@ static int32_t constant_create(void *plugin_ctx, const kiln_host_services *svc, 
         return kiln_errorf(svc, hctx, KILN_E_CONFIG, "factor must be in [0, 1], got %g", factor);
     if (total_iters < 0)
         return kiln_errorf(svc, hctx, KILN_E_CONFIG, "total_iters must be >= 0, got %lld", (long long)total_iters);
-    kiln_instance *self = sched_new(svc, hctx, SCHED_CONSTANT);
-    if (!self) return KILN_E_NOMEM;
-    self->cfg.constant.factor = factor;
-    self->cfg.constant.total_iters = total_iters;
-    *out = self;
-    return KILN_OK;
+    const sched_cfg c = {.constant = {.factor = factor, .total_iters = total_iters}};
+    return sched_new(svc, hctx, SCHED_CONSTANT, &c, out);
 }
 
-static int32_t constant_lr_at(kiln_instance *self, double base_lr, int64_t step, int64_t epoch, double metric,
-                              double *lr) {
-    (void)epoch;
-    (void)metric;
-    int32_t rc = sched_check_args(self, base_lr, step, lr);
-    if (rc != KILN_OK) return rc;
-    *lr = step < self->cfg.constant.total_iters ? base_lr * self->cfg.constant.factor : base_lr;
-    return KILN_OK;
+static double constant_lr(const kiln_instance *self, double base_lr, int64_t step) {
+    return step < self->cfg.constant.total_iters ? base_lr * self->cfg.constant.factor : base_lr;
 }
 
 /* -------------------------------------------------------------- step */
@@ -145,25 +143,15 @@ static int32_t step_create(void *plugin_ctx, const kiln_host_services *svc, kiln
                            "step_size must be >= 1 (scheduler steps per decay), got %lld", (long long)step_size);
     if (!(gamma > 0.0) || !isfinite(gamma))
         return kiln_errorf(svc, hctx, KILN_E_CONFIG, "gamma must be a finite number > 0, got %g", gamma);
-    kiln_instance *self = sched_new(svc, hctx, SCHED_STEP);
-    if (!self) return KILN_E_NOMEM;
-    self->cfg.step.step_size = step_size;
-    self->cfg.step.gamma = gamma;
-    *out = self;
-    return KILN_OK;
+    const sched_cfg c = {.step = {.step_size = step_size, .gamma = gamma}};
+    return sched_new(svc, hctx, SCHED_STEP, &c, out);
 }
 
-static int32_t step_lr_at(kiln_instance *self, double base_lr, int64_t step, int64_t epoch, double metric,
-                          double *lr) {
-    (void)epoch;
-    (void)metric;
-    int32_t rc = sched_check_args(self, base_lr, step, lr);
-    if (rc != KILN_OK) return rc;
+static double step_lr(const kiln_instance *self, double base_lr, int64_t step) {
     /* integer division is floor() for step >= 0; pow() underflows to 0 (or
      * overflows to inf for gamma > 1) gracefully for huge exponents */
     const int64_t decays = step / self->cfg.step.step_size;
-    *lr = base_lr * pow(self->cfg.step.gamma, (double)decays);
-    return KILN_OK;
+    return base_lr * pow(self->cfg.step.gamma, (double)decays);
 }
 
 /* ------------------------------------------------------------ cosine */
@@ -195,33 +183,23 @@ static int32_t cosine_create(void *plugin_ctx, const kiln_host_services *svc, ki
                            (long long)t_max, (long long)warmup_steps);
     if (!(eta_min >= 0.0) || !isfinite(eta_min))
         return kiln_errorf(svc, hctx, KILN_E_CONFIG, "eta_min must be a finite number >= 0, got %g", eta_min);
-    kiln_instance *self = sched_new(svc, hctx, SCHED_COSINE);
-    if (!self) return KILN_E_NOMEM;
-    self->cfg.cosine.warmup_steps = warmup_steps;
-    self->cfg.cosine.warmup_start_factor = warmup_start_factor;
-    self->cfg.cosine.t_max = t_max;
-    self->cfg.cosine.eta_min = eta_min;
-    *out = self;
-    return KILN_OK;
+    const sched_cfg c = {.cosine = {.warmup_steps = warmup_steps,
+                                    .t_max = t_max,
+                                    .warmup_start_factor = warmup_start_factor,
+                                    .eta_min = eta_min}};
+    return sched_new(svc, hctx, SCHED_COSINE, &c, out);
 }
 
-static int32_t cosine_lr_at(kiln_instance *self, double base_lr, int64_t step, int64_t epoch, double metric,
-                            double *lr) {
-    (void)epoch;
-    (void)metric;
-    int32_t rc = sched_check_args(self, base_lr, step, lr);
-    if (rc != KILN_OK) return rc;
+static double cosine_lr(const kiln_instance *self, double base_lr, int64_t step) {
     const int64_t w = self->cfg.cosine.warmup_steps, t_max = self->cfg.cosine.t_max;
     const double f0 = self->cfg.cosine.warmup_start_factor, eta_min = self->cfg.cosine.eta_min;
-    if (step < w) { /* w > 0 here */
-        *lr = base_lr * (f0 + (1.0 - f0) * (double)step / (double)w);
-    } else if (step <= t_max) {
+    if (step < w) /* w > 0 here */
+        return base_lr * (f0 + (1.0 - f0) * (double)step / (double)w);
+    if (step <= t_max) {
         const double progress = (double)(step - w) / (double)(t_max - w); /* 0 .. 1 */
-        *lr = eta_min + (base_lr - eta_min) * (1.0 + cos(SCHED_PI * progress)) / 2.0;
-    } else {
-        *lr = eta_min;
+        return eta_min + (base_lr - eta_min) * (1.0 + cos(SCHED_PI * progress)) / 2.0;
     }
-    return KILN_OK;
+    return eta_min;
 }
 
 /* ----------------------------------------------------------- plateau */
@@ -276,18 +254,15 @@ static int32_t plateau_create(void *plugin_ctx, const kiln_host_services *svc, k
         return kiln_errorf(svc, hctx, KILN_E_CONFIG, "min_lr must be a finite number >= 0, got %g", min_lr);
     if (!(eps >= 0.0) || !isfinite(eps))
         return kiln_errorf(svc, hctx, KILN_E_CONFIG, "eps must be a finite number >= 0, got %g", eps);
-    kiln_instance *self = sched_new(svc, hctx, SCHED_PLATEAU);
-    if (!self) return KILN_E_NOMEM;
-    self->cfg.plateau.mode_max = strcmp(mode, "max") == 0;
-    self->cfg.plateau.threshold_abs = strcmp(threshold_mode, "abs") == 0;
-    self->cfg.plateau.factor = factor;
-    self->cfg.plateau.patience = patience;
-    self->cfg.plateau.threshold = threshold;
-    self->cfg.plateau.cooldown = cooldown;
-    self->cfg.plateau.min_lr = min_lr;
-    self->cfg.plateau.eps = eps;
-    *out = self;
-    return KILN_OK;
+    const sched_cfg c = {.plateau = {.mode_max = strcmp(mode, "max") == 0,
+                                     .threshold_abs = strcmp(threshold_mode, "abs") == 0,
+                                     .factor = factor,
+                                     .threshold = threshold,
+                                     .min_lr = min_lr,
+                                     .eps = eps,
+                                     .patience = patience,
+                                     .cooldown = cooldown}};
+    return sched_new(svc, hctx, SCHED_PLATEAU, &c, out);
 }
 
 /* PyTorch's _reset(): the worst possible best, no counters, rate = base. */
@@ -339,11 +314,7 @@ static void plateau_consume(kiln_instance *self, double metric) {
  * nothing. A repeated step (the host re-applying the rate, e.g. after a
  * resume) returns the current rate without reading the metric again; a step
  * before the last one is refused, since the history cannot be rewound. */
-static int32_t plateau_lr_at(kiln_instance *self, double base_lr, int64_t step, int64_t epoch, double metric,
-                             double *lr) {
-    (void)epoch;
-    int32_t rc = sched_check_args(self, base_lr, step, lr);
-    if (rc != KILN_OK) return rc;
+static int32_t plateau_lr(kiln_instance *self, double base_lr, int64_t step, double metric, double *lr) {
     sched_plateau_state *s = &self->st;
     if (step == 0) {
         plateau_reset(self, base_lr, 0);
@@ -371,6 +342,24 @@ static int32_t plateau_lr_at(kiln_instance *self, double base_lr, int64_t step, 
     }
     *lr = s->lr;
     return KILN_OK;
+}
+
+/* ------------------------------------------------------------ lr_at */
+
+/* Every kind's lr_at: the arguments checked (sched_check_args), then the
+ * kind's closed form, or plateau's history. The epoch is not used: every
+ * schedule here counts scheduler steps. */
+static int32_t sched_lr_at(kiln_instance *self, double base_lr, int64_t step, int64_t epoch, double metric,
+                           double *lr) {
+    (void)epoch;
+    int32_t rc = sched_check_args(self, base_lr, step, lr);
+    if (rc != KILN_OK) return rc;
+    switch (self->kind) {
+    case SCHED_CONSTANT: *lr = constant_lr(self, base_lr, step); return KILN_OK;
+    case SCHED_STEP: *lr = step_lr(self, base_lr, step); return KILN_OK;
+    case SCHED_COSINE: *lr = cosine_lr(self, base_lr, step); return KILN_OK;
+    default: return plateau_lr(self, base_lr, step, metric, lr);
+    }
 }
 
 static int32_t plateau_get_state(kiln_instance *self, uint32_t *state_version, void **data, size_t *size) {
@@ -462,19 +451,19 @@ static int32_t plateau_set_state(kiln_instance *self, uint32_t state_version, co
 
 static const kiln_scheduler_ops constant_ops = {
     .base = {sizeof(kiln_scheduler_ops), 0, constant_create, sched_destroy, NULL, NULL},
-    .lr_at = constant_lr_at,
+    .lr_at = sched_lr_at,
 };
 static const kiln_scheduler_ops step_ops = {
     .base = {sizeof(kiln_scheduler_ops), 0, step_create, sched_destroy, NULL, NULL},
-    .lr_at = step_lr_at,
+    .lr_at = sched_lr_at,
 };
 static const kiln_scheduler_ops cosine_ops = {
     .base = {sizeof(kiln_scheduler_ops), 0, cosine_create, sched_destroy, NULL, NULL},
-    .lr_at = cosine_lr_at,
+    .lr_at = sched_lr_at,
 };
 static const kiln_scheduler_ops plateau_ops = {
     .base = {sizeof(kiln_scheduler_ops), 0, plateau_create, sched_destroy, plateau_get_state, plateau_set_state},
-    .lr_at = plateau_lr_at,
+    .lr_at = sched_lr_at,
 };
 
 static const kiln_param constant_params[] = {
