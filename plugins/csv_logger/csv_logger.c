@@ -26,6 +26,8 @@
 #include <kiln/fs_util.h>
 #include <kiln/kiln.h>
 
+#include "../common/callback_common.h"
+
 /* One logged row. Cells are indexed by column (0 is the first metric column,
  * the step is kept apart); a row only has cells for the columns that existed
  * when it was logged, later columns are empty for it. */
@@ -106,7 +108,7 @@ static void csv_put_row(const kiln_instance *self, FILE *f, const csv_row *r) {
 }
 
 static int32_t csv_io_error(kiln_instance *self, const char *what, const char *path, int err) {
-    return kiln_errorf(self->svc, self->hctx, KILN_E_IO, "csv_logger: cannot %s %s: %s", what, path, strerror(err));
+    return cbc_io_error(self->svc, self->hctx, "csv_logger", what, path, err);
 }
 
 /* Write header and every row to <file>.tmp, make it durable, rename it over
@@ -336,11 +338,9 @@ static int32_t csv_log_metrics(kiln_instance *self, const kiln_event *ev, const 
 
 static int32_t csv_close(kiln_instance *self) {
     if (!self->fp) return KILN_OK;
-    int32_t rc = KILN_OK;
-    if (fclose(self->fp) != 0) rc = csv_io_error(self, "close", self->path, errno);
-    self->fp = NULL;
+    const int err = cbc_fclose(&self->fp);
     self->unflushed = 0;
-    return rc;
+    return err ? csv_io_error(self, "close", self->path, err) : KILN_OK;
 }
 
 /* ---------------------------------------------------------------------------
@@ -348,9 +348,8 @@ static int32_t csv_close(kiln_instance *self) {
 
 static int32_t csv_on_event(kiln_instance *self, kiln_event *ev) {
     if (!self || !ev) return KILN_E_INVALID_ARG;
-    const kiln_trainer_state *ts = ev->trainer;
-    if (!ts && self->svc->abi_minor >= 1 && self->svc->trainer_state) ts = self->svc->trainer_state(self->hctx);
-    if (ts && ts->rank != 0) return KILN_OK;
+    const kiln_trainer_state *ts;
+    if (!cbc_rank0(self->svc, self->hctx, ev, &ts)) return KILN_OK;
     switch (ev->id) {
     case KILN_EV_LOG_METRICS:
         return csv_log_metrics(self, ev, ts);

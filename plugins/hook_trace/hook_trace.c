@@ -18,6 +18,8 @@
 #include <kiln/fs_util.h>
 #include <kiln/kiln.h>
 
+#include "../common/callback_common.h"
+
 struct kiln_instance {
     const kiln_host_services *svc;
     kiln_host_ctx *hctx;
@@ -115,9 +117,7 @@ static int32_t ht_on_event(kiln_instance *self, kiln_event *ev) {
     if (ev->id == KILN_EV_LOG_METRICS) return KILN_OK;
     if (ev->id == KILN_EV_TRACE && !self->include_trace) return KILN_OK;
     if (!self->fp) {
-        const kiln_trainer_state *ts = ev->trainer;
-        if (!ts && self->svc->abi_minor >= 1 && self->svc->trainer_state) ts = self->svc->trainer_state(self->hctx);
-        int32_t rc = ht_open(self, ts);
+        int32_t rc = ht_open(self, cbc_trainer(self->svc, self->hctx, ev));
         if (rc != KILN_OK) return rc;
     }
 

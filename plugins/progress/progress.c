@@ -19,6 +19,8 @@
 
 #include <kiln/kiln.h>
 
+#include "../common/callback_common.h"
+
 #define PB_BAR_WIDTH 20   /* characters between the brackets               */
 #define PB_LINE_MAX 512   /* one rendered line; metrics are few and short  */
 #define PB_SMOOTHING 0.3  /* weight of the newest batch time (tqdm's value) */
@@ -106,9 +108,7 @@ static int pb_put_metrics(kiln_instance *self, size_t *len, const pb_metric_name
 }
 
 static const kiln_trainer_state *pb_trainer(kiln_instance *self, const kiln_event *ev) {
-    if (ev->trainer) return ev->trainer;
-    if (self->svc->abi_minor >= 1 && self->svc->trainer_state) return self->svc->trainer_state(self->hctx);
-    return NULL;
+    return cbc_trainer(self->svc, self->hctx, ev);
 }
 
 static void pb_loop_start(pb_loop *l, int64_t total) {

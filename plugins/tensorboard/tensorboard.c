@@ -29,6 +29,8 @@
 #include <kiln/fs_util.h>
 #include <kiln/kiln.h>
 
+#include "../common/callback_common.h"
+
 #include "tb_record.h" /* defines: tb_append_version_record, tb_append_scalars_record, tb_buf */
 
 /* How many ".<n>" names to try when the plain name already exists. */
@@ -93,7 +95,7 @@ static double tb_wall_time(kiln_instance *self) {
 }
 
 static int32_t tb_io_error(kiln_instance *self, const char *what, const char *path, int err) {
-    return kiln_errorf(self->svc, self->hctx, KILN_E_IO, "tensorboard: cannot %s %s: %s", what, path, strerror(err));
+    return cbc_io_error(self->svc, self->hctx, "tensorboard", what, path, err);
 }
 
 /* ---------------------------------------------------------------------------
@@ -256,14 +258,11 @@ static int32_t tb_flush(kiln_instance *self) {
 
 static int32_t tb_close(kiln_instance *self) {
     if (!self->fp) return KILN_OK;
-    int32_t rc = KILN_OK;
-    if (fclose(self->fp) != 0) {
-        self->failed = 1;
-        rc = tb_io_error(self, "close", self->path, errno);
-    }
-    self->fp = NULL;
+    const int err = cbc_fclose(&self->fp);
     self->unflushed = 0;
-    return rc;
+    if (!err) return KILN_OK;
+    self->failed = 1;
+    return tb_io_error(self, "close", self->path, err);
 }
 
 /* ---------------------------------------------------------------------------
@@ -271,9 +270,8 @@ static int32_t tb_close(kiln_instance *self) {
 
 static int32_t tb_on_event(kiln_instance *self, kiln_event *ev) {
     if (!self || !ev) return KILN_E_INVALID_ARG;
-    const kiln_trainer_state *ts = ev->trainer;
-    if (!ts && self->svc->abi_minor >= 1 && self->svc->trainer_state) ts = self->svc->trainer_state(self->hctx);
-    if (ts && ts->rank != 0) return KILN_OK;
+    const kiln_trainer_state *ts;
+    if (!cbc_rank0(self->svc, self->hctx, ev, &ts)) return KILN_OK;
     switch (ev->id) {
     case KILN_EV_LOG_METRICS:
         return tb_log_metrics(self, ev, ts);
