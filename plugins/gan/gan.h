@@ -12,6 +12,8 @@
 #define KILN_PLUGIN_GAN_H
 
 #include <kiln/kiln.h>
+
+#include "../common/plugin_fail.h"
 #include <kiln/rng.h>
 
 #include <stddef.h>
@@ -100,7 +102,7 @@ typedef struct gan {
 } gan;
 
 /* Errors: set_error with a printf message, returns code. */
-int32_t gan_fail(const gan *g, int32_t code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+#define gan_fail(g, code, ...) PLUGIN_FAIL((g)->svc, (g)->hctx, (code), __VA_ARGS__)
 
 /* gan_net.c */
 /* Registers the six parameters of `net` (weight then bias per layer). */

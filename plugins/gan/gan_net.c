@@ -29,16 +29,6 @@
                             (int)(layer), kiln_strerror(rc_));                                            \
     } while (0)
 
-int32_t gan_fail(const gan *g, int32_t code, const char *fmt, ...) {
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    if (g->svc && g->svc->set_error) g->svc->set_error(g->hctx, code, msg);
-    return code;
-}
-
 /* ---------------------------------------------------------------------------
  * Normal noise over kiln/rng.h's generator. */
 

@@ -21,6 +21,8 @@
  * masters); a step allocates nothing.
  */
 #include <kiln/kiln.h>
+
+#include "../common/plugin_fail.h"
 #include <kiln/nn.h>
 #include <kiln/rng.h>
 
@@ -90,16 +92,8 @@ typedef struct gpt {
 /* ---------------------------------------------------------------------------
  * Errors */
 
-static int32_t gpt_fail(const gpt *g, int32_t code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int32_t gpt_fail(const gpt *g, int32_t code, const char *fmt, ...) {
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    if (g->svc && g->svc->set_error) g->svc->set_error(g->hctx, code, msg);
-    return code;
-}
+/* kiln_errorf through the instance's services, the format checked */
+#define gpt_fail(g, code, ...) PLUGIN_FAIL((g)->svc, (g)->hctx, (code), __VA_ARGS__)
 
 /* An nn.h layer or a kernel failed: ctx.msg names the kernel and layer. */
 static int32_t gpt_nn_fail(const gpt *g, int32_t rc, const char *step) {

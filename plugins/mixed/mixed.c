@@ -23,6 +23,8 @@
 #include <string.h>
 
 #include <kiln/kiln.h>
+
+#include "../common/plugin_fail.h"
 #include <kiln/precision_util.h>
 
 #define MX_VERSION "1.0.0"
@@ -53,16 +55,8 @@ struct kiln_instance {
     size_t *grad_n;             /* (n) p->numel                                  */
 };
 
-static int32_t mx_err(kiln_instance *self, int32_t code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int32_t mx_err(kiln_instance *self, int32_t code, const char *fmt, ...) {
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    if (self->svc && self->svc->set_error) self->svc->set_error(self->hctx, code, msg);
-    return code;
-}
+/* kiln_errorf through the instance's services, the format checked */
+#define mx_err(self, code, ...) PLUGIN_FAIL((self)->svc, (self)->hctx, (code), __VA_ARGS__)
 
 /* ------------------------------------------------------------- lifecycle */
 

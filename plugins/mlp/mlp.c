@@ -17,6 +17,8 @@
  * precision handling are written once, there.
  */
 #include <kiln/kiln.h>
+
+#include "../common/plugin_fail.h"
 #include <kiln/nn.h>
 #include <kiln/rng.h>
 
@@ -87,16 +89,8 @@ typedef struct mlp {
 /* ---------------------------------------------------------------------------
  * Errors */
 
-static int32_t mlp_fail(const mlp *m, int32_t code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int32_t mlp_fail(const mlp *m, int32_t code, const char *fmt, ...) {
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    if (m->svc && m->svc->set_error) m->svc->set_error(m->hctx, code, msg);
-    return code;
-}
+/* kiln_errorf through the instance's services, the format checked */
+#define mlp_fail(m, code, ...) PLUGIN_FAIL((m)->svc, (m)->hctx, (code), __VA_ARGS__)
 
 /* A kernel call failed: name the kernel and where, so a failure deep inside
  * the backward pass is traceable from the message alone. */
