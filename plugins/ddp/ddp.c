@@ -274,9 +274,11 @@ static int32_t ddp_create_tcp(kiln_instance *self, const char *source, int64_t r
 /* ------------------------------------------------------------------------ */
 /* create / destroy */
 
-static void ddp_release(kiln_instance *self) {
+/* The gradient buckets and their staging buffers (the device one under
+ * NCCL), freed and forgotten: at release, and at every setup (the sizes
+ * change; NCCL use is decided again, the communicator is kept). */
+static void ddp_drop_buffers(kiln_instance *self) {
 #ifdef KILN_DDP_NCCL
-    ddp_nccl_release(self);
     if (self->dbuf && self->K && self->K->free) self->K->free(self->acc, self->dbuf);
     self->dbuf = NULL;
     self->use_nccl = 0;
@@ -287,6 +289,13 @@ static void ddp_release(kiln_instance *self) {
     self->buf = NULL;
     self->segs = NULL;
     self->buckets = NULL;
+}
+
+static void ddp_release(kiln_instance *self) {
+#ifdef KILN_DDP_NCCL
+    ddp_nccl_release(self);
+#endif
+    ddp_drop_buffers(self);
     self->nseg = self->nbuckets = 0;
     self->buf_bytes = 0;
     /* after a timeout or NCCL's report of a failed peer, a peer may never
@@ -624,17 +633,7 @@ static int32_t ddp_setup_nccl(kiln_instance *self, kiln_parameter *const *params
 /* Strategy ops */
 
 static int32_t ddp_setup(kiln_instance *self, kiln_parameter *const *params, uint32_t n) {
-#ifdef KILN_DDP_NCCL
-    if (self->dbuf && self->K && self->K->free) self->K->free(self->acc, self->dbuf); /* sizes change */
-    self->dbuf = NULL;
-    self->use_nccl = 0; /* decided again below; the communicator is kept */
-#endif
-    free(self->buf);
-    free(self->segs);
-    free(self->buckets);
-    self->buf = NULL;
-    self->segs = NULL;
-    self->buckets = NULL;
+    ddp_drop_buffers(self);
     self->params = params;
     self->nparams = n;
 
