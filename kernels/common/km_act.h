@@ -31,16 +31,25 @@
  * and (1 - e) / (1 + e) would cancel. */
 #define KM_TANH_SMALL 0.4f
 
-/* The float whose bits are u (a power of two built in the exponent field). */
-KM_FN float km_f32_from_bits(uint32_t u) {
+/* The body of a bit cast: v's bits as a `To` of the same size, by the CUDA
+ * intrinsic on the device and by memcpy on the host (the one cast C allows
+ * without aliasing trouble). Every km_ and kg_ bit cast is one line of it. */
 #ifdef __CUDA_ARCH__
-    return __uint_as_float(u);
+#define KM_BITCAST(To, v, cuda_intrinsic) return (To)cuda_intrinsic(v)
 #else
-    float x;
-    memcpy(&x, &u, sizeof x);
-    return x;
+#define KM_BITCAST(To, v, cuda_intrinsic) \
+    do {                                    \
+        To km_to_;                          \
+        memcpy(&km_to_, &(v), sizeof km_to_); \
+        return km_to_;                      \
+    } while (0)
 #endif
-}
+
+/* The float whose bits are u (a power of two built in the exponent field). */
+KM_FN float km_f32_from_bits(uint32_t u) { KM_BITCAST(float, u, __uint_as_float); }
+
+/* float32 bits of x */
+KM_FN uint32_t km_f32_bits(float x) { KM_BITCAST(uint32_t, x, __float_as_uint); }
 
 /*
  * exp(x) with |x| clamped to 80 (NaN becomes +-80): Cody-Waite reduction,

@@ -30,18 +30,8 @@
 
 #include <stdint.h>
 
-#include "km_act.h" /* KM_FN, km_f32_from_bits */
+#include "km_act.h" /* KM_FN, km_f32_bits, km_f32_from_bits */
 
-/* float32 bits of x (km_act.h has the other direction) */
-KM_FN uint32_t km_f32_bits(float x) {
-#ifdef __CUDA_ARCH__
-    return __float_as_uint(x);
-#else
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    return u;
-#endif
-}
 
 /*
  * The shared encoder: M mantissa bits, exponent bias BIAS, largest finite

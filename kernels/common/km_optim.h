@@ -81,6 +81,16 @@ typedef struct km_sgd_coef_f64 {
 } km_sgd_coef_f64;
 
 /* have_buf: whether a momentum buffer was passed. */
+/* The step's switches, alike for both types: weight decay on, momentum on
+ * (with a buffer to keep it), the first momentum step, Nesterov. */
+#define KM_SGD_SWITCHES(c, weight_decay, momentum, nesterov, first_step, have_buf) \
+    do {                                                                         \
+        (c).has_wd = (weight_decay) != 0;                                        \
+        (c).has_mom = (momentum) != 0 && (have_buf);                             \
+        (c).first = (c).has_mom && (first_step);                                 \
+        (c).nesterov = (c).has_mom && (nesterov);                                \
+    } while (0)
+
 static inline km_sgd_coef_f32 km_sgd_coef_f32_make(float lr, float momentum, float dampening, int nesterov,
                                                    float weight_decay, int first_step, int have_buf) {
     km_sgd_coef_f32 c;
@@ -88,10 +98,7 @@ static inline km_sgd_coef_f32 km_sgd_coef_f32_make(float lr, float momentum, flo
     c.momentum = momentum;
     c.one_minus_damp = (float)(1.0 - (double)dampening);
     c.wd = weight_decay;
-    c.has_wd = weight_decay != 0.0f;
-    c.has_mom = momentum != 0.0f && have_buf;
-    c.first = c.has_mom && first_step;
-    c.nesterov = c.has_mom && nesterov;
+    KM_SGD_SWITCHES(c, weight_decay, momentum, nesterov, first_step, have_buf);
     return c;
 }
 
@@ -102,10 +109,7 @@ static inline km_sgd_coef_f64 km_sgd_coef_f64_make(double lr, double momentum, d
     c.momentum = momentum;
     c.one_minus_damp = 1.0 - dampening;
     c.wd = weight_decay;
-    c.has_wd = weight_decay != 0.0;
-    c.has_mom = momentum != 0.0 && have_buf;
-    c.first = c.has_mom && first_step;
-    c.nesterov = c.has_mom && nesterov;
+    KM_SGD_SWITCHES(c, weight_decay, momentum, nesterov, first_step, have_buf);
     return c;
 }
 

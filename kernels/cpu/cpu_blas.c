@@ -85,30 +85,21 @@ const char *kc_blas_name(void) { return kc_blas_desc; }
 
 /* Row-major op(A)(M, K): stored (M, K) with leading dimension lda, or (K, M)
  * when transposed; BLIS takes the stored matrix with its strides and a
- * transpose flag, as cblas does. */
-void kc_blas_sgemm(const enum CBLAS_ORDER order, const enum CBLAS_TRANSPOSE ta, const enum CBLAS_TRANSPOSE tb,
-                   const blasint M, const blasint N, const blasint K, const float alpha, const float *A,
-                   const blasint lda, const float *B, const blasint ldb, const float beta, float *C,
-                   const blasint ldc) {
-    if (!kc_bli_sgemm) {
-        cblas_sgemm(order, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-        return;
+ * transpose flag, as cblas does. One body for both precisions: NAME over
+ * the element type T, cblas' CBLAS_FN or (when loaded) BLIS' BLI_FN. kiln
+ * only calls row-major, so `order` goes to cblas alone. */
+#define KC_BLAS_GEMM(NAME, T, CBLAS_FN, BLI_FN)                                                                 \
+    void NAME(const enum CBLAS_ORDER order, const enum CBLAS_TRANSPOSE ta, const enum CBLAS_TRANSPOSE tb,         \
+              const blasint M, const blasint N, const blasint K, const T alpha, const T *A, const blasint lda,    \
+              const T *B, const blasint ldb, const T beta, T *C, const blasint ldc) {                             \
+        if (!BLI_FN) {                                                                                          \
+            CBLAS_FN(order, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);                              \
+            return;                                                                                             \
+        }                                                                                                       \
+        BLI_FN(ta == CblasTrans ? KC_BLI_TRANSPOSE : KC_BLI_NO_TRANSPOSE,                                       \
+               tb == CblasTrans ? KC_BLI_TRANSPOSE : KC_BLI_NO_TRANSPOSE, M, N, K, &alpha, A, lda, 1, B, ldb, 1,  \
+               &beta, C, ldc, 1);                                                                               \
     }
-    /* kiln only calls row-major */
-    kc_bli_sgemm(ta == CblasTrans ? KC_BLI_TRANSPOSE : KC_BLI_NO_TRANSPOSE,
-                 tb == CblasTrans ? KC_BLI_TRANSPOSE : KC_BLI_NO_TRANSPOSE, M, N, K, &alpha, A, lda, 1, B, ldb, 1,
-                 &beta, C, ldc, 1);
-}
 
-void kc_blas_dgemm(const enum CBLAS_ORDER order, const enum CBLAS_TRANSPOSE ta, const enum CBLAS_TRANSPOSE tb,
-                   const blasint M, const blasint N, const blasint K, const double alpha, const double *A,
-                   const blasint lda, const double *B, const blasint ldb, const double beta, double *C,
-                   const blasint ldc) {
-    if (!kc_bli_dgemm) {
-        cblas_dgemm(order, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-        return;
-    }
-    kc_bli_dgemm(ta == CblasTrans ? KC_BLI_TRANSPOSE : KC_BLI_NO_TRANSPOSE,
-                 tb == CblasTrans ? KC_BLI_TRANSPOSE : KC_BLI_NO_TRANSPOSE, M, N, K, &alpha, A, lda, 1, B, ldb, 1,
-                 &beta, C, ldc, 1);
-}
+KC_BLAS_GEMM(kc_blas_sgemm, float, cblas_sgemm, kc_bli_sgemm)
+KC_BLAS_GEMM(kc_blas_dgemm, double, cblas_dgemm, kc_bli_dgemm)

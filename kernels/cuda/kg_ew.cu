@@ -16,34 +16,21 @@
 
 /* The element formulas by type: float -> *_f32, double -> *_f64. */
 template <typename T> struct kg_ew_of;
-template <> struct kg_ew_of<float> {
-    typedef km_ew_scalars_f32 S;
-    static __device__ __forceinline__ float lerp(float a, float b, const S *s) { return km_lerp_f32(a, b, s); }
-    static __device__ __forceinline__ float sign(float x) { return km_sign_f32(x); }
-    static __device__ __forceinline__ float addcmul(float y, float v, float a, float b) {
-        return km_addcmul_f32(y, v, a, b);
-    }
-    static __device__ __forceinline__ float addcdiv(float y, float v, float a, float b) {
-        return km_addcdiv_f32(y, v, a, b);
-    }
-    static __device__ __forceinline__ float sqrt_(float x) { return km_sqrt_f32(x); }
-    static __device__ __forceinline__ float clamp(float x, float lo, float hi) { return km_clamp_f32(x, lo, hi); }
-    static S make(double w, double s0, double s1) { return km_ew_scalars_f32_make(w, s0, s1); }
-};
-template <> struct kg_ew_of<double> {
-    typedef km_ew_scalars_f64 S;
-    static __device__ __forceinline__ double lerp(double a, double b, const S *s) { return km_lerp_f64(a, b, s); }
-    static __device__ __forceinline__ double sign(double x) { return km_sign_f64(x); }
-    static __device__ __forceinline__ double addcmul(double y, double v, double a, double b) {
-        return km_addcmul_f64(y, v, a, b);
-    }
-    static __device__ __forceinline__ double addcdiv(double y, double v, double a, double b) {
-        return km_addcdiv_f64(y, v, a, b);
-    }
-    static __device__ __forceinline__ double sqrt_(double x) { return km_sqrt_f64(x); }
-    static __device__ __forceinline__ double clamp(double x, double lo, double hi) { return km_clamp_f64(x, lo, hi); }
-    static S make(double w, double s0, double s1) { return km_ew_scalars_f64_make(w, s0, s1); }
-};
+/* One specialization per type T whose km_ew.h functions end in _SFX. */
+#define KG_EW_OF(T, SFX)                                                                                         \
+    template <> struct kg_ew_of<T> {                                                                             \
+        typedef km_ew_scalars_##SFX S;                                                                            \
+        static __device__ __forceinline__ T lerp(T a, T b, const S *s) { return km_lerp_##SFX(a, b, s); }         \
+        static __device__ __forceinline__ T sign(T x) { return km_sign_##SFX(x); }                                \
+        static __device__ __forceinline__ T addcmul(T y, T v, T a, T b) { return km_addcmul_##SFX(y, v, a, b); }  \
+        static __device__ __forceinline__ T addcdiv(T y, T v, T a, T b) { return km_addcdiv_##SFX(y, v, a, b); }  \
+        static __device__ __forceinline__ T sqrt_(T x) { return km_sqrt_##SFX(x); }                               \
+        static __device__ __forceinline__ T clamp(T x, T lo, T hi) { return km_clamp_##SFX(x, lo, hi); }          \
+        static S make(double w, double s0, double s1) { return km_ew_scalars_##SFX##_make(w, s0, s1); }           \
+    };
+KG_EW_OF(float, f32)
+KG_EW_OF(double, f64)
+#undef KG_EW_OF
 
 /* y(n) = OP(a, b); the scalars by value (a few bytes of kernel parameters). */
 template <int OP, typename T>

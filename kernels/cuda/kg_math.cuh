@@ -34,38 +34,12 @@
 
 /* ----------------------------------------------------------- bit casts */
 
-KG_HD uint32_t kg_f32_bits(float x) {
-#ifdef __CUDA_ARCH__
-    return __float_as_uint(x);
-#else
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    return u;
-#endif
-}
-
-/* km_act.h has it already (its polynomial exps build 2^k with it) */
+/* km_act.h has the float32 ones already (its polynomial exps build 2^k
+ * with them); the double ones are the same one-line KM_BITCAST */
+KG_HD uint32_t kg_f32_bits(float x) { return km_f32_bits(x); }
 KG_HD float kg_f32_from_bits(uint32_t u) { return km_f32_from_bits(u); }
-
-KG_HD uint64_t kg_f64_bits(double x) {
-#ifdef __CUDA_ARCH__
-    return (uint64_t)__double_as_longlong(x);
-#else
-    uint64_t u;
-    memcpy(&u, &x, sizeof u);
-    return u;
-#endif
-}
-
-KG_HD double kg_f64_from_bits(uint64_t u) {
-#ifdef __CUDA_ARCH__
-    return __longlong_as_double((long long)u);
-#else
-    double x;
-    memcpy(&x, &u, sizeof x);
-    return x;
-#endif
-}
+KG_HD uint64_t kg_f64_bits(double x) { KM_BITCAST(uint64_t, x, __double_as_longlong); }
+KG_HD double kg_f64_from_bits(uint64_t u) { KM_BITCAST(double, u, __longlong_as_double); }
 
 /* The NaN the CPU's NAN macro gives (positive quiet NaN), in each type. */
 KG_HD float kg_nan_f32(void) { return kg_f32_from_bits(0x7fc00000u); }
