@@ -993,6 +993,16 @@ static int32_t th_ops(kiln_test_host *th, kiln_instance *inst, uint32_t kind, si
 }
 
 #define TH_END(type, member) (offsetof(type, member) + sizeof(((type *)0)->member))
+/* The opening of an op wrapper: d, the instance's descriptor, and ops, its
+ * ops table as `type`, once th_ops has found the instance of that kind with
+ * a table that has the op (else th_ops's status is returned). Declares d
+ * and ops in the wrapper's scope, so it is no do-while. */
+#define TH_OPS(type, th, inst, kind, end, op)                                  \
+    const kiln_plugin_desc *d;                                                 \
+    const int32_t th_rc_ = th_ops((th), (inst), (kind), (end), (op), &d);      \
+    if (th_rc_) return th_rc_;                                                 \
+    const type *ops = d->ops
+
 #define TH_NOOP(th, d, op) th_fail((th), KILN_E_UNSUPPORTED, "%s: plugin %s has no such op (NULL)", (op), (d)->name)
 
 int32_t kiln_test_event(kiln_test_host *th, kiln_instance *inst, kiln_event *ev) {
@@ -1070,10 +1080,7 @@ static int32_t th_closure_call(void *c, double *loss) {
 }
 
 int32_t kiln_test_optimizer_step(kiln_test_host *th, kiln_instance *opt, kiln_test_closure_fn fn, void *ctx) {
-    const kiln_plugin_desc *d;
-    int32_t rc_ = th_ops(th, opt, KILN_KIND_OPTIMIZER, KILN_OPTIMIZER_OPS_SIZE_1_1, "optimizer step", &d);
-    if (rc_) return rc_;
-    const kiln_optimizer_ops *ops = d->ops;
+    TH_OPS(kiln_optimizer_ops, th, opt, KILN_KIND_OPTIMIZER, KILN_OPTIMIZER_OPS_SIZE_1_1, "optimizer step");
     if (!ops->step) return TH_NOOP(th, d, "step");
     th_closure cl = {th, fn, ctx};
     kiln_closure c = {sizeof c, 0, &cl, th_closure_call};
@@ -1081,46 +1088,31 @@ int32_t kiln_test_optimizer_step(kiln_test_host *th, kiln_instance *opt, kiln_te
 }
 
 int32_t kiln_test_zero_grad(kiln_test_host *th, kiln_instance *opt) {
-    const kiln_plugin_desc *d;
-    int32_t rc_ = th_ops(th, opt, KILN_KIND_OPTIMIZER, KILN_OPTIMIZER_OPS_SIZE_1_1, "zero_grad", &d);
-    if (rc_) return rc_;
-    const kiln_optimizer_ops *ops = d->ops;
+    TH_OPS(kiln_optimizer_ops, th, opt, KILN_KIND_OPTIMIZER, KILN_OPTIMIZER_OPS_SIZE_1_1, "zero_grad");
     return ops->zero_grad ? ops->zero_grad(opt) : TH_NOOP(th, d, "zero_grad");
 }
 
 int32_t kiln_test_get_lr(kiln_test_host *th, kiln_instance *opt, double *lr) {
-    const kiln_plugin_desc *d;
-    int32_t rc_ = th_ops(th, opt, KILN_KIND_OPTIMIZER, KILN_OPTIMIZER_OPS_SIZE_1_1, "get_lr", &d);
-    if (rc_) return rc_;
+    TH_OPS(kiln_optimizer_ops, th, opt, KILN_KIND_OPTIMIZER, KILN_OPTIMIZER_OPS_SIZE_1_1, "get_lr");
     if (!lr) return th_fail(th, KILN_E_INVALID_ARG, "get_lr: lr is NULL");
-    const kiln_optimizer_ops *ops = d->ops;
     if (!ops->get_lr) return TH_NOOP(th, d, "get_lr");
     *lr = ops->get_lr(opt);
     return KILN_OK;
 }
 
 int32_t kiln_test_set_lr(kiln_test_host *th, kiln_instance *opt, double lr) {
-    const kiln_plugin_desc *d;
-    int32_t rc_ = th_ops(th, opt, KILN_KIND_OPTIMIZER, KILN_OPTIMIZER_OPS_SIZE_1_1, "set_lr", &d);
-    if (rc_) return rc_;
-    const kiln_optimizer_ops *ops = d->ops;
+    TH_OPS(kiln_optimizer_ops, th, opt, KILN_KIND_OPTIMIZER, KILN_OPTIMIZER_OPS_SIZE_1_1, "set_lr");
     return ops->set_lr ? ops->set_lr(opt, lr) : TH_NOOP(th, d, "set_lr");
 }
 
 int32_t kiln_test_convert_params(kiln_test_host *th, kiln_instance *prec) {
-    const kiln_plugin_desc *d;
-    int32_t rc_ = th_ops(th, prec, KILN_KIND_PRECISION, KILN_PRECISION_OPS_SIZE_1_1, "convert_params", &d);
-    if (rc_) return rc_;
-    const kiln_precision_ops *ops = d->ops;
+    TH_OPS(kiln_precision_ops, th, prec, KILN_KIND_PRECISION, KILN_PRECISION_OPS_SIZE_1_1, "convert_params");
     return ops->convert_params ? ops->convert_params(prec) : TH_NOOP(th, d, "convert_params");
 }
 
 int32_t kiln_test_pre_backward(kiln_test_host *th, kiln_instance *prec, double loss, double *scale) {
-    const kiln_plugin_desc *d;
-    int32_t rc_ = th_ops(th, prec, KILN_KIND_PRECISION, KILN_PRECISION_OPS_SIZE_1_1, "pre_backward", &d);
-    if (rc_) return rc_;
+    TH_OPS(kiln_precision_ops, th, prec, KILN_KIND_PRECISION, KILN_PRECISION_OPS_SIZE_1_1, "pre_backward");
     if (!scale) return th_fail(th, KILN_E_INVALID_ARG, "pre_backward: scale is NULL");
-    const kiln_precision_ops *ops = d->ops;
     return ops->pre_backward ? ops->pre_backward(prec, loss, scale) : TH_NOOP(th, d, "pre_backward");
 }
 
@@ -1149,14 +1141,12 @@ static int32_t th_after_closure(void *c, double *loss) {
 
 int32_t kiln_test_precision_step(kiln_test_host *th, kiln_instance *prec, kiln_instance *opt,
                                  kiln_test_closure_fn fn, void *ctx, int32_t *skipped) {
-    const kiln_plugin_desc *d;
-    int32_t rc_ = th_ops(th, prec, KILN_KIND_PRECISION, KILN_PRECISION_OPS_SIZE_1_1, "optimizer_step", &d);
-    if (rc_) return rc_;
+    TH_OPS(kiln_precision_ops, th, prec, KILN_KIND_PRECISION, KILN_PRECISION_OPS_SIZE_1_1, "optimizer_step");
     const kiln_plugin_desc *od;
+    int32_t rc_;
     if (opt && (rc_ = th_ops(th, opt, KILN_KIND_OPTIMIZER, KILN_OPTIMIZER_OPS_SIZE_1_1, "optimizer_step (optimizer)",
                              &od)))
         return rc_;
-    const kiln_precision_ops *ops = d->ops;
     if (!ops->optimizer_step) return TH_NOOP(th, d, "optimizer_step");
     th_closure cl = {th, fn, ctx};
     kiln_closure c = {sizeof c, 0, &cl, th_closure_call};
@@ -1170,22 +1160,16 @@ int32_t kiln_test_precision_step(kiln_test_host *th, kiln_instance *prec, kiln_i
 }
 
 int32_t kiln_test_init_weights(kiln_test_host *th, kiln_instance *module, uint64_t seed) {
-    const kiln_plugin_desc *d;
-    int32_t rc_ = th_ops(th, module, KILN_KIND_MODULE, KILN_MODULE_OPS_SIZE_1_1, "init_weights", &d);
-    if (rc_) return rc_;
+    TH_OPS(kiln_module_ops, th, module, KILN_KIND_MODULE, KILN_MODULE_OPS_SIZE_1_1, "init_weights");
     int32_t rc = kiln_test_alloc_params(th);
     if (rc) return rc;
-    const kiln_module_ops *ops = d->ops;
     return ops->init_weights ? ops->init_weights(module, seed) : TH_NOOP(th, d, "init_weights");
 }
 
 int32_t kiln_test_step(kiln_test_host *th, kiln_instance *module, int32_t split, const kiln_batch *batch,
                        int64_t batch_idx, kiln_step_output *out) {
-    const kiln_plugin_desc *d;
-    int32_t rc_ = th_ops(th, module, KILN_KIND_MODULE, KILN_MODULE_OPS_SIZE_1_1, "step", &d);
-    if (rc_) return rc_;
+    TH_OPS(kiln_module_ops, th, module, KILN_KIND_MODULE, KILN_MODULE_OPS_SIZE_1_1, "step");
     if (!out) return th_fail(th, KILN_E_INVALID_ARG, "step: out is NULL");
-    const kiln_module_ops *ops = d->ops;
     int32_t (*fn)(kiln_instance *, const kiln_batch *, int64_t, kiln_step_output *) =
         split == KILN_SPLIT_TRAIN ? ops->training_step : split == KILN_SPLIT_VAL ? ops->validation_step
         : split == KILN_SPLIT_TEST ? ops->test_step : NULL;
@@ -1198,54 +1182,36 @@ int32_t kiln_test_step(kiln_test_host *th, kiln_instance *module, int32_t split,
 }
 
 int32_t kiln_test_backward(kiln_test_host *th, kiln_instance *module, double dloss) {
-    const kiln_plugin_desc *d;
-    int32_t rc_ = th_ops(th, module, KILN_KIND_MODULE, KILN_MODULE_OPS_SIZE_1_1, "backward", &d);
-    if (rc_) return rc_;
-    const kiln_module_ops *ops = d->ops;
+    TH_OPS(kiln_module_ops, th, module, KILN_KIND_MODULE, KILN_MODULE_OPS_SIZE_1_1, "backward");
     return ops->backward ? ops->backward(module, dloss) : TH_NOOP(th, d, "backward");
 }
 
 int32_t kiln_test_predict_step(kiln_test_host *th, kiln_instance *module, const kiln_batch *batch, kiln_tensor *out) {
-    const kiln_plugin_desc *d;
-    int32_t rc_ = th_ops(th, module, KILN_KIND_MODULE, KILN_MODULE_OPS_SIZE_1_4, "predict_step", &d);
-    if (rc_) return rc_;
-    const kiln_module_ops *ops = d->ops;
+    TH_OPS(kiln_module_ops, th, module, KILN_KIND_MODULE, KILN_MODULE_OPS_SIZE_1_4, "predict_step");
     return ops->predict_step ? ops->predict_step(module, batch, out) : TH_NOOP(th, d, "predict_step");
 }
 
 int32_t kiln_test_data_setup(kiln_test_host *th, kiln_instance *data, int32_t stage, int32_t rank,
                              int32_t world_size) {
-    const kiln_plugin_desc *d;
-    int32_t rc_ = th_ops(th, data, KILN_KIND_DATA, KILN_DATA_OPS_SIZE_1_1, "data setup", &d);
-    if (rc_) return rc_;
-    const kiln_data_ops *ops = d->ops;
+    TH_OPS(kiln_data_ops, th, data, KILN_KIND_DATA, KILN_DATA_OPS_SIZE_1_1, "data setup");
     return ops->setup ? ops->setup(data, stage, rank, world_size) : TH_NOOP(th, d, "setup");
 }
 
 int32_t kiln_test_num_batches(kiln_test_host *th, kiln_instance *data, int32_t split, int64_t *n) {
-    const kiln_plugin_desc *d;
-    int32_t rc_ = th_ops(th, data, KILN_KIND_DATA, KILN_DATA_OPS_SIZE_1_1, "num_batches", &d);
-    if (rc_) return rc_;
+    TH_OPS(kiln_data_ops, th, data, KILN_KIND_DATA, KILN_DATA_OPS_SIZE_1_1, "num_batches");
     if (!n) return th_fail(th, KILN_E_INVALID_ARG, "num_batches: n is NULL");
-    const kiln_data_ops *ops = d->ops;
     return ops->num_batches ? ops->num_batches(data, split, n) : TH_NOOP(th, d, "num_batches");
 }
 
 int32_t kiln_test_start_epoch(kiln_test_host *th, kiln_instance *data, int32_t split, uint64_t epoch,
                               int64_t start_batch) {
-    const kiln_plugin_desc *d;
-    int32_t rc_ = th_ops(th, data, KILN_KIND_DATA, KILN_DATA_OPS_SIZE_1_1, "start_epoch", &d);
-    if (rc_) return rc_;
-    const kiln_data_ops *ops = d->ops;
+    TH_OPS(kiln_data_ops, th, data, KILN_KIND_DATA, KILN_DATA_OPS_SIZE_1_1, "start_epoch");
     return ops->start_epoch ? ops->start_epoch(data, split, epoch, start_batch) : TH_NOOP(th, d, "start_epoch");
 }
 
 int32_t kiln_test_data_next(kiln_test_host *th, kiln_instance *data, int32_t split, kiln_batch *out) {
-    const kiln_plugin_desc *d;
-    int32_t rc_ = th_ops(th, data, KILN_KIND_DATA, KILN_DATA_OPS_SIZE_1_1, "next", &d);
-    if (rc_) return rc_;
+    TH_OPS(kiln_data_ops, th, data, KILN_KIND_DATA, KILN_DATA_OPS_SIZE_1_1, "next");
     if (!out) return th_fail(th, KILN_E_INVALID_ARG, "next: out is NULL");
-    const kiln_data_ops *ops = d->ops;
     if (!ops->next) return TH_NOOP(th, d, "next");
     if (!out->struct_size) out->struct_size = sizeof *out;
     return ops->next(data, split, out);
@@ -1253,30 +1219,21 @@ int32_t kiln_test_data_next(kiln_test_host *th, kiln_instance *data, int32_t spl
 
 int32_t kiln_test_lr_at(kiln_test_host *th, kiln_instance *sched, double base_lr, int64_t step, int64_t epoch,
                         double metric, double *lr) {
-    const kiln_plugin_desc *d;
-    int32_t rc_ = th_ops(th, sched, KILN_KIND_SCHEDULER, KILN_SCHEDULER_OPS_SIZE_1_1, "lr_at", &d);
-    if (rc_) return rc_;
+    TH_OPS(kiln_scheduler_ops, th, sched, KILN_KIND_SCHEDULER, KILN_SCHEDULER_OPS_SIZE_1_1, "lr_at");
     if (!lr) return th_fail(th, KILN_E_INVALID_ARG, "lr_at: lr is NULL");
-    const kiln_scheduler_ops *ops = d->ops;
     return ops->lr_at ? ops->lr_at(sched, base_lr, step, epoch, metric, lr) : TH_NOOP(th, d, "lr_at");
 }
 
 int32_t kiln_test_get_state(kiln_test_host *th, kiln_instance *inst, uint32_t *version, void **data, size_t *size) {
-    const kiln_plugin_desc *d;
-    int32_t rc_ = th_ops(th, inst, 0, sizeof(kiln_ops_header), "get_state", &d);
-    if (rc_) return rc_;
+    TH_OPS(kiln_ops_header, th, inst, 0, sizeof(kiln_ops_header), "get_state");
     if (!version || !data || !size) return th_fail(th, KILN_E_INVALID_ARG, "get_state: NULL argument");
     *data = NULL;
     *size = 0;
-    const kiln_ops_header *ops = d->ops;
     return ops->get_state ? ops->get_state(inst, version, data, size) : TH_NOOP(th, d, "get_state");
 }
 
 int32_t kiln_test_set_state(kiln_test_host *th, kiln_instance *inst, uint32_t version, const void *data, size_t size) {
-    const kiln_plugin_desc *d;
-    int32_t rc_ = th_ops(th, inst, 0, sizeof(kiln_ops_header), "set_state", &d);
-    if (rc_) return rc_;
-    const kiln_ops_header *ops = d->ops;
+    TH_OPS(kiln_ops_header, th, inst, 0, sizeof(kiln_ops_header), "set_state");
     return ops->set_state ? ops->set_state(inst, version, data, size) : TH_NOOP(th, d, "set_state");
 }
 
