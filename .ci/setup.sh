@@ -176,18 +176,29 @@ fake_cuda_fit() {
   if grep -q "contract violation" "$out"; then grep -m3 "contract violation" "$out"; exit 1; fi
 }
 
+# example_fit BUILD CONFIG OUT [KILN_OPTION...]: a short fit (one epoch of 20 train and 2 validation batches)
+# of CONFIG with the plugin in $prefix/BUILD-build, shown and kept (stderr too) in $prefix/OUT.txt, its runs in
+# $prefix/OUT-runs
+example_fit() {
+  local build="$prefix/$1-build" cfg=$2 out=$3
+  shift 3
+  KILN_PLUGIN_PATH="$build" "$prefix/bin/kiln" "$@" fit "$cfg" --set trainer.max_epochs=1 \
+    --set trainer.limit_train_batches=20 --set trainer.limit_val_batches=2 \
+    --set "trainer.default_root_dir=\"$prefix/$out-runs\"" 2>&1 | tee "$prefix/$out.txt"
+}
+
+# the fake cuda accelerator's plugins, where the build has them (absolute: the loader ignores relative entries)
+fake=$PWD/build/tests/cuda-fit-fake-plugins
+
 echo "== examples/plugins/nf4: a 4-bit precision built from the installed SDK alone, its tests, a short run"
 example_plugin nf4 nf4 NF4_WERROR libkiln-nf4.so "precision +(nf4|int4)"
 if [ -d /usr/share/datasets/fashion-mnist ]; then
-  KILN_PLUGIN_PATH="$prefix/nf4-build" "$prefix/bin/kiln" -q fit examples/plugins/nf4/fashion_mnist_nf4.cfg \
-    --set trainer.max_epochs=1 --set trainer.limit_train_batches=20 --set trainer.limit_val_batches=2 \
-    --set "trainer.default_root_dir=\"$prefix/nf4-runs\"" | tee "$prefix/nf4.txt"
+  example_fit nf4 examples/plugins/nf4/fashion_mnist_nf4.cfg nf4 -q
   grep -q "precision: nf4" "$prefix/nf4.txt"
   [ -s "$prefix/nf4-runs/version_0/nf4_weights.safetensors" ] || { echo "nf4 export missing" >&2; exit 1; }
   # built with its CUDA quantizer where nvcc exists: on the fake cuda
   # accelerator (device pointers that CUDA does not know, no driver) it
   # must take the host path and train
-  fake=$PWD/build/tests/cuda-fit-fake-plugins # absolute: the loader ignores relative entries
   if [ -f "$fake/libkiln-cudafake.so" ]; then
     KILN_PLUGIN_PATH="$prefix/nf4-build:$fake" "$prefix/bin/kiln" -v fit examples/plugins/nf4/fashion_mnist_nf4.cfg \
       --set 'accelerator="cudafake:cuda"' --set trainer.max_epochs=1 --set trainer.limit_train_batches=5 \
@@ -202,13 +213,10 @@ echo "== examples/plugins/lion: an optimizer made of kernel-table entries only, 
 # test_lion, and test_lion_resume (fit 4 = fit 2 + --ckpt last, bit for bit; skipped without the data)
 example_plugin lion lion LION_WERROR libkiln-lion.so "optimizer +lion"
 if [ -d /usr/share/datasets/fashion-mnist ]; then
-  KILN_PLUGIN_PATH="$prefix/lion-build" "$prefix/bin/kiln" -q fit examples/plugins/lion/fashion_mnist_lion.cfg \
-    --set trainer.max_epochs=1 --set trainer.limit_train_batches=20 --set trainer.limit_val_batches=2 \
-    --set "trainer.default_root_dir=\"$prefix/lion-runs\"" | tee "$prefix/lion.txt"
+  example_fit lion examples/plugins/lion/fashion_mnist_lion.cfg lion -q
   grep -q "optimizer=lion" "$prefix/lion.txt"
   # on the fake cuda accelerator the update runs through the cuda table
   # (device pointers the fake checks), with value clipping through its clamp
-  fake=$PWD/build/tests/cuda-fit-fake-plugins
   if [ -f "$fake/libkiln-cudafake.so" ]; then
     fake_cuda_fit lion examples/plugins/lion/fashion_mnist_lion.cfg lion-fake --set trainer.gradient_clip_val=0.01 \
       --set 'trainer.gradient_clip_algorithm="value"'
@@ -221,13 +229,10 @@ echo "== examples/plugins/fp8-sim: simulated FP8 (round_to's FP8 dtypes, round_a
 # test_fp8sim, and test_fp8sim_fit (60 steps must learn; skipped without the data)
 example_plugin fp8-sim fp8 FP8SIM_WERROR libkiln-fp8-sim.so "precision +fp8-sim"
 if [ -d /usr/share/datasets/fashion-mnist ]; then
-  KILN_PLUGIN_PATH="$prefix/fp8-build" "$prefix/bin/kiln" fit examples/plugins/fp8-sim/fashion_mnist_fp8.cfg \
-    --set trainer.max_epochs=1 --set trainer.limit_train_batches=20 --set trainer.limit_val_batches=2 \
-    --set "trainer.default_root_dir=\"$prefix/fp8-runs\"" 2>&1 | tee "$prefix/fp8.txt"
+  example_fit fp8 examples/plugins/fp8-sim/fashion_mnist_fp8.cfg fp8
   grep -q "precision: fp8-sim" "$prefix/fp8.txt"
   grep -q "fp8-sim: [0-9]* tensors rounded" "$prefix/fp8.txt"
   # on the fake cuda accelerator: the rounding through the cuda table's round_to
-  fake=$PWD/build/tests/cuda-fit-fake-plugins
   if [ -f "$fake/libkiln-cudafake.so" ]; then
     fake_cuda_fit fp8 examples/plugins/fp8-sim/fashion_mnist_fp8.cfg fp8-fake
     grep -q "fp8-sim: [0-9]* tensors rounded" "$prefix/fp8-fake.txt"
