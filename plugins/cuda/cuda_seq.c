@@ -235,103 +235,114 @@ static void *cu_carve(char **at, size_t bytes) {
     return p;
 }
 
-/* The chunk of batch elements from b0: *nb of them; carves its q, k and v
- * (head-major operands of the plan's dtype) first from attn_ws, leaving *at
- * past them, and fills them out of qkv(B, T, 3C). */
+/* One chunk of batch elements: [b0, b0 + nb), bh = nb * NH head
+ * matrices, its q, k and v (head-major operands of the plan's dtype,
+ * carved first from attn_ws), and `at`, where the next carve starts. */
+typedef struct cu_attn_chunk {
+    int b0, nb, bh;
+    void *q, *k, *v;
+    char *at;
+} cu_attn_chunk;
+
+/* The chunk from b0, its q, k and v filled out of qkv(B, T, 3C). */
 static int32_t cu_attn_chunk_qkv(kiln_instance *acc, const char *fn, const cu_attn_plan *p, const void *qkv, int b0,
-                                 int *nb, char **at, void *qkv_ops[3]) {
-    *nb = p->B - b0 < p->nb ? p->B - b0 : p->nb;
-    *at = acc->attn_ws;
-    const size_t bytes = (size_t)*nb * (size_t)p->NH * p->hd * p->osz;
-    for (int i = 0; i < 3; i++) qkv_ops[i] = cu_carve(at, bytes);
+                                 cu_attn_chunk *c) {
+    c->b0 = b0;
+    c->nb = p->B - b0 < p->nb ? p->B - b0 : p->nb;
+    c->bh = c->nb * p->NH;
+    c->at = acc->attn_ws;
+    const size_t bytes = (size_t)c->bh * p->hd * p->osz;
+    void **ops[3] = {&c->q, &c->k, &c->v};
+    for (int i = 0; i < 3; i++) *ops[i] = cu_carve(&c->at, bytes);
     const size_t row1 = (size_t)p->C * p->esz;
     const char *src = (const char *)qkv + (size_t)b0 * (size_t)p->T * 3 * row1;
     for (int i = 0; i < 3; i++)
-        CU_LAUNCH(acc, fn, kg_heads_split(acc->stream, (int)p->fdt, src + (size_t)i * row1, 3 * p->C, *nb, p->T,
-                                          p->NH, p->D, qkv_ops[i], p->hd, (int)p->op));
+        CU_LAUNCH(acc, fn, kg_heads_split(acc->stream, (int)p->fdt, src + (size_t)i * row1, 3 * p->C, c->nb, p->T,
+                                          p->NH, p->D, *ops[i], p->hd, (int)p->op));
     return KILN_OK;
 }
 
 #define CU_BATCHED(acc, fn, ta, tb, M, N, K, alpha, A, at, lda, sa, Bm, bt, ldb, sb, Cm, ct, ldc, sc, n)                  do {                                                                                                               int32_t rc_ = cu_matmul_strided(acc, fn, ta, tb, M, N, K, alpha, A, at, lda, sa, Bm, bt, ldb, sb, 0.0, Cm, ct,                                         ldc, sc, n);                                                                   if (rc_ != KILN_OK) return rc_;                                                                            } while (0)
 
-static int32_t cu_attn_gemm_forward(kiln_instance *acc, uint32_t dtype, void *out, void *lse, const void *qkv,
-                                    int32_t B, int32_t T, int32_t C, int32_t NH, uint32_t round_dtype) {
-    const char *fn = "attention_forward";
-    cu_attn_plan p;
-    int32_t rc = cu_attn_plan_make(acc, fn, dtype, B, T, C, NH, round_dtype, 0, &p);
-    if (rc != KILN_OK) return rc;
-    const int fdt = (int)dtype, op = (int)p.op, D = p.D, rd = p.rd;
-    const double scale = p.scale;
-    for (int b0 = 0; b0 < B; b0 += p.nb) {
-        int nb;
-        char *at;
-        void *h[3];
-        if ((rc = cu_attn_chunk_qkv(acc, fn, &p, qkv, b0, &nb, &at, h)) != KILN_OK) return rc;
-        void *q = h[0], *k = h[1], *v = h[2];
-        const int bh = nb * NH;
-        void *S = cu_carve(&at, (size_t)bh * p.tt * p.esz);
-        void *P = cu_carve(&at, (size_t)bh * p.tt * p.osz), *O = cu_carve(&at, (size_t)bh * p.hd * p.esz);
-        CU_BATCHED(acc, fn, 0, 1, T, T, D, scale, q, p.op, D, (int64_t)p.hd, k, p.op, D, (int64_t)p.hd, S, dtype, T,
-                   (int64_t)p.tt, bh);
-        void *l = (char *)lse + (size_t)b0 * (size_t)NH * (size_t)T * p.esz;
-        CU_LAUNCH(acc, fn, kg_attn_softmax(acc->stream, fdt, S, T, (size_t)bh * (size_t)T, p.tt, l, P, op));
-        CU_BATCHED(acc, fn, 0, 0, T, D, T, 1.0, P, p.op, T, (int64_t)p.tt, v, p.op, D, (int64_t)p.hd, O, dtype, D,
-                   (int64_t)p.hd, bh);
-        char *dst = (char *)out + (size_t)b0 * (size_t)T * (size_t)C * p.esz;
-        CU_LAUNCH(acc, fn, kg_heads_merge(acc->stream, fdt, dst, C, nb, T, NH, D, O, p.hd, rd));
-    }
+/* The buffers of a pass: forward writes out and lse; backward reads dout,
+ * out and lse and writes dqkv. */
+typedef struct cu_attn_io {
+    void *out, *lse, *dqkv;
+    const void *qkv, *dout, *fout, *flse;
+} cu_attn_io;
+
+/* Forward over one chunk: S = scale Q K^T, the causal softmax (P, lse),
+ * O = P V, O merged into out. */
+static int32_t cu_attn_gemm_fwd_chunk(kiln_instance *acc, const char *fn, const cu_attn_plan *p, cu_attn_chunk *c,
+                                      const cu_attn_io *io) {
+    const uint32_t dtype = p->fdt;
+    const int fdt = (int)dtype, op = (int)p->op, T = p->T, C = p->C, NH = p->NH, D = p->D, nb = c->nb, bh = c->bh;
+    void *S = cu_carve(&c->at, (size_t)bh * p->tt * p->esz);
+    void *P = cu_carve(&c->at, (size_t)bh * p->tt * p->osz), *O = cu_carve(&c->at, (size_t)bh * p->hd * p->esz);
+    CU_BATCHED(acc, fn, 0, 1, T, T, D, p->scale, c->q, p->op, D, (int64_t)p->hd, c->k, p->op, D, (int64_t)p->hd, S,
+               dtype, T, (int64_t)p->tt, bh);
+    void *l = (char *)io->lse + (size_t)c->b0 * (size_t)NH * (size_t)T * p->esz;
+    CU_LAUNCH(acc, fn, kg_attn_softmax(acc->stream, fdt, S, T, (size_t)bh * (size_t)T, p->tt, l, P, op));
+    CU_BATCHED(acc, fn, 0, 0, T, D, T, 1.0, P, p->op, T, (int64_t)p->tt, c->v, p->op, D, (int64_t)p->hd, O, dtype, D,
+               (int64_t)p->hd, bh);
+    char *dst = (char *)io->out + (size_t)c->b0 * (size_t)T * (size_t)C * p->esz;
+    CU_LAUNCH(acc, fn, kg_heads_merge(acc->stream, fdt, dst, C, nb, T, NH, D, O, p->hd, p->rd));
     return KILN_OK;
 }
 
-static int32_t cu_attn_gemm_backward(kiln_instance *acc, uint32_t dtype, void *dqkv, const void *dout,
-                                     const void *qkv, const void *out, const void *lse, int32_t B, int32_t T,
-                                     int32_t C, int32_t NH, uint32_t round_dtype) {
-    const char *fn = "attention_backward";
-    cu_attn_plan p;
-    int32_t rc = cu_attn_plan_make(acc, fn, dtype, B, T, C, NH, round_dtype, 1, &p);
-    if (rc != KILN_OK) return rc;
-    const int fdt = (int)dtype, op = (int)p.op, D = p.D, rd = p.rd;
-    const double scale = p.scale;
-    for (int b0 = 0; b0 < B; b0 += p.nb) {
-        int nb;
-        char *at;
-        void *h[3];
-        if ((rc = cu_attn_chunk_qkv(acc, fn, &p, qkv, b0, &nb, &at, h)) != KILN_OK) return rc;
-        void *q = h[0], *k = h[1], *v = h[2];
-        const int bh = nb * NH;
-        const size_t rows = (size_t)bh * (size_t)T;
-        void *dO = cu_carve(&at, (size_t)bh * p.hd * p.osz);
-        void *S = cu_carve(&at, (size_t)bh * p.tt * p.esz), *dP = cu_carve(&at, (size_t)bh * p.tt * p.esz);
-        void *P = cu_carve(&at, (size_t)bh * p.tt * p.osz);
-        void *dQ = cu_carve(&at, (size_t)bh * p.hd * p.esz), *dK = cu_carve(&at, (size_t)bh * p.hd * p.esz);
-        void *dV = cu_carve(&at, (size_t)bh * p.hd * p.esz);
-        double *delta = cu_carve(&at, rows * sizeof(double));
-        const size_t row3 = 3 * (size_t)C * p.esz, row1 = (size_t)C * p.esz;
-        const char *go = (const char *)dout + (size_t)b0 * (size_t)T * row1;
-        const char *fo = (const char *)out + (size_t)b0 * (size_t)T * row1;
-        const void *l = (const char *)lse + (size_t)b0 * (size_t)NH * (size_t)T * p.esz;
-        CU_LAUNCH(acc, fn, kg_heads_split(acc->stream, fdt, go, C, nb, T, NH, D, dO, p.hd, op));
-        CU_LAUNCH(acc, fn, kg_attn_delta(acc->stream, fdt, go, fo, nb, T, C, NH, delta));
-        CU_BATCHED(acc, fn, 0, 1, T, T, D, scale, q, p.op, D, (int64_t)p.hd, k, p.op, D, (int64_t)p.hd, S, dtype, T,
-                   (int64_t)p.tt, bh);
-        CU_LAUNCH(acc, fn, kg_attn_probs(acc->stream, fdt, S, l, T, rows, p.tt, P, op));
-        /* dV = P^T dO, dP = dO V^T; then P's buffer takes dS (stream order:
-         * after dV has read P) */
-        CU_BATCHED(acc, fn, 1, 0, T, D, T, 1.0, P, p.op, T, (int64_t)p.tt, dO, p.op, D, (int64_t)p.hd, dV, dtype, D,
-                   (int64_t)p.hd, bh);
-        CU_BATCHED(acc, fn, 0, 1, T, T, D, 1.0, dO, p.op, D, (int64_t)p.hd, v, p.op, D, (int64_t)p.hd, dP, dtype, T,
-                   (int64_t)p.tt, bh);
-        CU_LAUNCH(acc, fn, kg_attn_dscores(acc->stream, fdt, S, dP, l, delta, T, rows, p.tt, P, op));
-        CU_BATCHED(acc, fn, 0, 0, T, D, T, scale, P, p.op, T, (int64_t)p.tt, k, p.op, D, (int64_t)p.hd, dQ, dtype, D,
-                   (int64_t)p.hd, bh);
-        CU_BATCHED(acc, fn, 1, 0, T, D, T, scale, P, p.op, T, (int64_t)p.tt, q, p.op, D, (int64_t)p.hd, dK, dtype, D,
-                   (int64_t)p.hd, bh);
-        char *dst = (char *)dqkv + (size_t)b0 * (size_t)T * row3;
-        CU_LAUNCH(acc, fn, kg_heads_merge(acc->stream, fdt, dst, 3 * C, nb, T, NH, D, dQ, p.hd, rd));
-        CU_LAUNCH(acc, fn, kg_heads_merge(acc->stream, fdt, dst + row1, 3 * C, nb, T, NH, D, dK, p.hd, rd));
-        CU_LAUNCH(acc, fn, kg_heads_merge(acc->stream, fdt, dst + 2 * row1, 3 * C, nb, T, NH, D, dV, p.hd, rd));
-    }
+/* Backward over one chunk: S again, P from lse, dV = P^T dO, dP = dO V^T,
+ * dS = P (dP - Delta), dQ = scale dS K, dK = scale dS^T Q, merged into dqkv. */
+static int32_t cu_attn_gemm_bwd_chunk(kiln_instance *acc, const char *fn, const cu_attn_plan *p, cu_attn_chunk *c,
+                                      const cu_attn_io *io) {
+    const uint32_t dtype = p->fdt;
+    const int fdt = (int)dtype, op = (int)p->op, T = p->T, C = p->C, NH = p->NH, D = p->D, nb = c->nb, bh = c->bh;
+    const double scale = p->scale;
+    const size_t rows = (size_t)bh * (size_t)T;
+    void *dO = cu_carve(&c->at, (size_t)bh * p->hd * p->osz);
+    void *S = cu_carve(&c->at, (size_t)bh * p->tt * p->esz), *dP = cu_carve(&c->at, (size_t)bh * p->tt * p->esz);
+    void *P = cu_carve(&c->at, (size_t)bh * p->tt * p->osz);
+    void *dQ = cu_carve(&c->at, (size_t)bh * p->hd * p->esz), *dK = cu_carve(&c->at, (size_t)bh * p->hd * p->esz);
+    void *dV = cu_carve(&c->at, (size_t)bh * p->hd * p->esz);
+    double *delta = cu_carve(&c->at, rows * sizeof(double));
+    const size_t row3 = 3 * (size_t)C * p->esz, row1 = (size_t)C * p->esz;
+    const char *go = (const char *)io->dout + (size_t)c->b0 * (size_t)T * row1;
+    const char *fo = (const char *)io->fout + (size_t)c->b0 * (size_t)T * row1;
+    const void *l = (const char *)io->flse + (size_t)c->b0 * (size_t)NH * (size_t)T * p->esz;
+    CU_LAUNCH(acc, fn, kg_heads_split(acc->stream, fdt, go, C, nb, T, NH, D, dO, p->hd, op));
+    CU_LAUNCH(acc, fn, kg_attn_delta(acc->stream, fdt, go, fo, nb, T, C, NH, delta));
+    CU_BATCHED(acc, fn, 0, 1, T, T, D, scale, c->q, p->op, D, (int64_t)p->hd, c->k, p->op, D, (int64_t)p->hd, S, dtype,
+               T, (int64_t)p->tt, bh);
+    CU_LAUNCH(acc, fn, kg_attn_probs(acc->stream, fdt, S, l, T, rows, p->tt, P, op));
+    /* dV = P^T dO, dP = dO V^T; then P's buffer takes dS (stream order:
+     * after dV has read P) */
+    CU_BATCHED(acc, fn, 1, 0, T, D, T, 1.0, P, p->op, T, (int64_t)p->tt, dO, p->op, D, (int64_t)p->hd, dV, dtype, D,
+               (int64_t)p->hd, bh);
+    CU_BATCHED(acc, fn, 0, 1, T, T, D, 1.0, dO, p->op, D, (int64_t)p->hd, c->v, p->op, D, (int64_t)p->hd, dP, dtype, T,
+               (int64_t)p->tt, bh);
+    CU_LAUNCH(acc, fn, kg_attn_dscores(acc->stream, fdt, S, dP, l, delta, T, rows, p->tt, P, op));
+    CU_BATCHED(acc, fn, 0, 0, T, D, T, scale, P, p->op, T, (int64_t)p->tt, c->k, p->op, D, (int64_t)p->hd, dQ, dtype,
+               D, (int64_t)p->hd, bh);
+    CU_BATCHED(acc, fn, 1, 0, T, D, T, scale, P, p->op, T, (int64_t)p->tt, c->q, p->op, D, (int64_t)p->hd, dK, dtype,
+               D, (int64_t)p->hd, bh);
+    char *dst = (char *)io->dqkv + (size_t)c->b0 * (size_t)T * row3;
+    CU_LAUNCH(acc, fn, kg_heads_merge(acc->stream, fdt, dst, 3 * C, nb, T, NH, D, dQ, p->hd, p->rd));
+    CU_LAUNCH(acc, fn, kg_heads_merge(acc->stream, fdt, dst + row1, 3 * C, nb, T, NH, D, dK, p->hd, p->rd));
+    CU_LAUNCH(acc, fn, kg_heads_merge(acc->stream, fdt, dst + 2 * row1, 3 * C, nb, T, NH, D, dV, p->hd, p->rd));
     return KILN_OK;
+}
+
+/* The gemm path of either pass: the plan (how many batch elements a chunk
+ * holds in attn_ws), then chunk by chunk: q, k, v split, the pass. */
+static int32_t cu_attn_gemm(kiln_instance *acc, const char *fn, int backward, uint32_t dtype, const cu_attn_io *io,
+                            int32_t B, int32_t T, int32_t C, int32_t NH, uint32_t round_dtype) {
+    cu_attn_plan p;
+    int32_t rc = cu_attn_plan_make(acc, fn, dtype, B, T, C, NH, round_dtype, backward, &p);
+    for (int b0 = 0; rc == KILN_OK && b0 < B; b0 += p.nb) {
+        cu_attn_chunk c;
+        if ((rc = cu_attn_chunk_qkv(acc, fn, &p, io->qkv, b0, &c)) != KILN_OK) break;
+        rc = backward ? cu_attn_gemm_bwd_chunk(acc, fn, &p, &c, io) : cu_attn_gemm_fwd_chunk(acc, fn, &p, &c, io);
+    }
+    return rc;
 }
 
 int32_t cu_attention_forward(kiln_instance *acc, uint32_t dtype, void *out, void *lse, const void *qkv, int32_t B,
@@ -350,7 +361,10 @@ int32_t cu_attention_forward(kiln_instance *acc, uint32_t dtype, void *out, void
         return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: out, lse and qkv must not overlap (B=%d T=%d C=%d NH=%d, %s)",
                       fn, (int)B, (int)T, (int)C, (int)NH, kiln_dtype_name(dtype));
     CU_READY(acc, fn);
-    if (!acc->attn_rowwise) return cu_attn_gemm_forward(acc, dtype, out, lse, qkv, B, T, C, NH, round_dtype);
+    if (!acc->attn_rowwise) {
+        const cu_attn_io io = {.out = out, .lse = lse, .qkv = qkv};
+        return cu_attn_gemm(acc, fn, 0, dtype, &io, B, T, C, NH, round_dtype);
+    }
     CU_LAUNCH(acc, fn,
               kg_attention_forward(acc->stream, (int)dtype, out, lse, qkv, B, T, C, NH,
                                    dtype == KILN_DTYPE_F32 ? (int)round_dtype : KG_F32));
@@ -375,8 +389,10 @@ int32_t cu_attention_backward(kiln_instance *acc, uint32_t dtype, void *dqkv, co
                       "cuda: %s: dqkv must not overlap dout, qkv, out or lse (B=%d T=%d C=%d NH=%d, %s)", fn, (int)B,
                       (int)T, (int)C, (int)NH, kiln_dtype_name(dtype));
     CU_READY(acc, fn);
-    if (!acc->attn_rowwise)
-        return cu_attn_gemm_backward(acc, dtype, dqkv, dout, qkv, out, lse, B, T, C, NH, round_dtype);
+    if (!acc->attn_rowwise) {
+        const cu_attn_io io = {.dqkv = dqkv, .qkv = qkv, .dout = dout, .fout = out, .flse = lse};
+        return cu_attn_gemm(acc, fn, 1, dtype, &io, B, T, C, NH, round_dtype);
+    }
     if ((rc = cu_reserve(acc, &acc->seq_work, &acc->seq_work_bytes, n_lse * sizeof(double), fn)) != KILN_OK)
         return rc;
     CU_LAUNCH(acc, fn,
