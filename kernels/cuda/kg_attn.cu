@@ -55,22 +55,47 @@ static int kg_attn_warps(size_t per_row_bytes) {
     return w > KG_ATTN_WARPS ? KG_ATTN_WARPS : (int)w;
 }
 
+/* The (B, NH, T) row a warp owns: r = block * warps + warp, its position
+ * t, head h and batch element b, the head size D, qkv's leading dimension
+ * ld = 3C and `base`, where its batch element's head columns start in qkv;
+ * the warp's lane, and its slice of the block's dynamic shared memory
+ * (`per_row` elements of T). false for a warp past the last row. */
+template <typename T> struct kg_attn_row {
+    size_t r, ld;
+    int warp, lane, t, h, b, D;
+    const T *base;
+    T *smem;
+};
+
+extern __shared__ unsigned char kg_attn_smem[];
+
+template <typename T>
+static __device__ __forceinline__ bool kg_attn_row_of(const T *qkv, int B, int T_, int C, int NH, int warps,
+                                                      size_t per_row, kg_attn_row<T> *w) {
+    w->warp = (int)(threadIdx.x >> 5), w->lane = (int)(threadIdx.x & 31u);
+    w->r = (size_t)blockIdx.x * (size_t)warps + (size_t)w->warp;
+    if (w->warp >= warps || w->r >= (size_t)B * (size_t)NH * (size_t)T_) return false;
+    w->t = (int)(w->r % (size_t)T_), w->h = (int)((w->r / (size_t)T_) % (size_t)NH);
+    w->b = (int)(w->r / ((size_t)T_ * NH));
+    w->D = C / NH;
+    w->ld = 3 * (size_t)C;
+    w->base = qkv + (size_t)w->b * (size_t)T_ * w->ld + (size_t)w->h * (size_t)w->D;
+    w->smem = (T *)kg_attn_smem + (size_t)w->warp * per_row;
+    return true;
+}
+
 /* --------------------------------------------------------------- forward */
 
 /* Warp w of block b: row r = b * warps + w of the (B, NH, T) rows. */
 template <typename T>
 __global__ void kg_attn_fwd_kernel(T *out, T *lse, const T *qkv, int B, int T_, int C, int NH, T scale,
                                    int round_dtype, int warps) {
-    extern __shared__ unsigned char kg_attn_smem[];
-    const int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u);
-    const size_t r = (size_t)blockIdx.x * (size_t)warps + (size_t)warp;
-    if (warp >= warps || r >= (size_t)B * (size_t)NH * (size_t)T_) return;
-    const int i = (int)(r % (size_t)T_), h = (int)((r / (size_t)T_) % (size_t)NH), b = (int)(r / ((size_t)T_ * NH));
-    const int D = C / NH;
-    const size_t ld = 3 * (size_t)C;
-    const T *base = qkv + (size_t)b * (size_t)T_ * ld + (size_t)h * (size_t)D;
-    const T *q = base + (size_t)i * ld;
-    T *s = (T *)kg_attn_smem + (size_t)warp * (size_t)T_;
+    kg_attn_row<T> w;
+    if (!kg_attn_row_of(qkv, B, T_, C, NH, warps, (size_t)T_, &w)) return;
+    const int lane = w.lane, i = w.t, h = w.h, b = w.b, D = w.D;
+    const size_t r = w.r, ld = w.ld;
+    const T *base = w.base, *q = base + (size_t)i * ld;
+    T *s = w.smem;
     T mx = (T)-INFINITY;
     for (int j = lane; j <= i; j += 32) {
         const T v = scale * kg_attn_dot(q, base + (size_t)j * ld + C, D);
@@ -142,19 +167,15 @@ __global__ void kg_attn_delta_kernel(double *delta, const T *dout, const T *out,
 template <typename T>
 __global__ void kg_attn_dq_kernel(T *dqkv, const T *dout, const T *qkv, const T *lse, const double *delta, int B,
                                   int T_, int C, int NH, T scale, int round_dtype, int warps) {
-    extern __shared__ unsigned char kg_attn_smem[];
-    const int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u);
-    const size_t r = (size_t)blockIdx.x * (size_t)warps + (size_t)warp;
-    if (warp >= warps || r >= (size_t)B * (size_t)NH * (size_t)T_) return;
-    const int i = (int)(r % (size_t)T_), h = (int)((r / (size_t)T_) % (size_t)NH), b = (int)(r / ((size_t)T_ * NH));
-    const int D = C / NH;
-    const size_t ld = 3 * (size_t)C;
-    const T *base = qkv + (size_t)b * (size_t)T_ * ld + (size_t)h * (size_t)D;
-    const T *q = base + (size_t)i * ld;
+    kg_attn_row<T> w;
+    if (!kg_attn_row_of(qkv, B, T_, C, NH, warps, (size_t)T_, &w)) return;
+    const int lane = w.lane, i = w.t, h = w.h, b = w.b, D = w.D;
+    const size_t r = w.r, ld = w.ld;
+    const T *base = w.base, *q = base + (size_t)i * ld;
     const T *dO = dout + ((size_t)b * (size_t)T_ + (size_t)i) * (size_t)C + (size_t)h * (size_t)D;
     const T l = lse[r];
     const double dl = delta[r];
-    T *ds = (T *)kg_attn_smem + (size_t)warp * (size_t)T_;
+    T *ds = w.smem;
     for (int j = lane; j <= i; j += 32) {
         const T p = kg_attn_exp(scale * kg_attn_dot(q, base + (size_t)j * ld + C, D) - l);
         const T dp = kg_attn_dot(dO, base + (size_t)j * ld + 2 * (size_t)C, D);
@@ -173,18 +194,14 @@ __global__ void kg_attn_dq_kernel(T *dqkv, const T *dout, const T *qkv, const T 
 template <typename T>
 __global__ void kg_attn_dkv_kernel(T *dqkv, const T *dout, const T *qkv, const T *lse, const double *delta, int B,
                                    int T_, int C, int NH, T scale, int round_dtype, int warps) {
-    extern __shared__ unsigned char kg_attn_smem[];
-    const int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u);
-    const size_t r = (size_t)blockIdx.x * (size_t)warps + (size_t)warp;
-    if (warp >= warps || r >= (size_t)B * (size_t)NH * (size_t)T_) return;
-    const int j = (int)(r % (size_t)T_), h = (int)((r / (size_t)T_) % (size_t)NH), b = (int)(r / ((size_t)T_ * NH));
-    const int D = C / NH;
-    const size_t ld = 3 * (size_t)C;
-    const size_t bh = (size_t)b * (size_t)NH + (size_t)h;
-    const T *base = qkv + (size_t)b * (size_t)T_ * ld + (size_t)h * (size_t)D;
+    kg_attn_row<T> w;
+    if (!kg_attn_row_of(qkv, B, T_, C, NH, warps, 2 * (size_t)T_, &w)) return;
+    const int lane = w.lane, j = w.t, h = w.h, b = w.b, D = w.D;
+    const size_t ld = w.ld, bh = (size_t)b * (size_t)NH + (size_t)h;
+    const T *base = w.base;
     const T *k = base + (size_t)j * ld + C, *v = base + (size_t)j * ld + 2 * (size_t)C;
     const T *dObase = dout + (size_t)b * (size_t)T_ * (size_t)C + (size_t)h * (size_t)D;
-    T *P = (T *)kg_attn_smem + (size_t)warp * 2 * (size_t)T_;
+    T *P = w.smem;
     T *dS = P + T_;
     for (int i = j + lane; i < T_; i += 32) {
         const size_t ri = bh * (size_t)T_ + (size_t)i;

@@ -410,6 +410,14 @@ template <typename T> KG_HD T kg_xent_scale(double dloss, int B) {
 KG_HD float kg_xent_grad(float scale, float p, bool is_label) { return is_label ? scale * (p - 1.0f) : scale * p; }
 KG_HD double kg_xent_grad(double scale, double p, bool is_label) { return is_label ? scale * (p - 1.0) : scale * p; }
 
+/* kg_<what>_coef<T>: km_optim.h's struct of one step's scalars for the
+ * element type T (km_<what>_coef_f32 or _f64). */
+#define KG_COEF_OF(what)                                                                     \
+    template <typename T> struct kg_##what##_coef_of;                                        \
+    template <> struct kg_##what##_coef_of<float> { typedef km_##what##_coef_f32 type; };    \
+    template <> struct kg_##what##_coef_of<double> { typedef km_##what##_coef_f64 type; };   \
+    template <typename T> using kg_##what##_coef = typename kg_##what##_coef_of<T>::type
+
 /* ------------------------------------------------------------- SGD */
 
 /* IEEE square root in T (sqrtf for float: never the double one). */
@@ -422,10 +430,7 @@ KG_HD double kg_sqrt(double x) { return sqrt(x); }
  * weight_decay rounded to float first, as the plugin passes them to
  * kc_sgd_update; float64: the doubles as they are. have_buf: whether a
  * momentum buffer was passed. */
-template <typename T> struct kg_sgd_coef_of;
-template <> struct kg_sgd_coef_of<float> { typedef km_sgd_coef_f32 type; };
-template <> struct kg_sgd_coef_of<double> { typedef km_sgd_coef_f64 type; };
-template <typename T> using kg_sgd_coef = typename kg_sgd_coef_of<T>::type;
+KG_COEF_OF(sgd);
 
 template <typename T>
 static inline __host__ kg_sgd_coef<T> kg_sgd_make_coef(double lr, double momentum, double dampening, int nesterov,
@@ -457,10 +462,7 @@ template <typename T> KG_HD void kg_sgd_elem(const kg_sgd_coef<T> &c, T *p, T g,
 /* The scalars of one torch.optim.AdamW step in the element type T: the
  * CPU's own structs and functions (kernels/common/km_optim.h), so both
  * form them the same way. Host only: pow is then libm's, the CPU's. */
-template <typename T> struct kg_adamw_coef_of;
-template <> struct kg_adamw_coef_of<float> { typedef km_adamw_coef_f32 type; };
-template <> struct kg_adamw_coef_of<double> { typedef km_adamw_coef_f64 type; };
-template <typename T> using kg_adamw_coef = typename kg_adamw_coef_of<T>::type;
+KG_COEF_OF(adamw);
 
 template <typename T>
 static inline __host__ kg_adamw_coef<T> kg_adamw_make_coef(double lr, double beta1, double beta2, double eps,
