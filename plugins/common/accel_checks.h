@@ -379,6 +379,29 @@ static inline int32_t ack_ew(ack_sink s, const char *fn, uint32_t dtype, const v
     return KILN_OK;
 }
 
+/* The prototypes of the ABI 1.4 sequence entries (kiln_kernels' signatures)
+ * under the plugin's prefix P: P##embedding_forward ... P##attention_backward,
+ * defined in the plugin's sequence source. */
+#define ACK_DECLARE_SEQ_ENTRIES(P)                                                                                  \
+    int32_t P##embedding_forward(kiln_instance *acc, uint32_t dtype, void *out, const int32_t *tokens,             \
+                                 const void *wte, const void *wpe, int32_t B, int32_t T, int32_t C, int32_t V);   \
+    int32_t P##embedding_backward(kiln_instance *acc, uint32_t dtype, void *dwte, void *dwpe, const void *dout,    \
+                                  const int32_t *tokens, int32_t B, int32_t T, int32_t C, int32_t V);             \
+    int32_t P##layernorm_forward(kiln_instance *acc, uint32_t dtype, void *y, void *mean, void *rstd, const void *x, \
+                                 const void *w, const void *b, int32_t N, int32_t C, double eps,                  \
+                                 uint32_t round_dtype);                                                           \
+    int32_t P##layernorm_backward(kiln_instance *acc, uint32_t dtype, void *dx, void *dw, void *db, const void *dy, \
+                                  const void *x, const void *w, const void *mean, const void *rstd, int32_t N,    \
+                                  int32_t C, int32_t accumulate);                                                 \
+    int32_t P##xent_fused(kiln_instance *acc, uint32_t dtype, void *logits, const int32_t *targets, int32_t N,     \
+                          int32_t V, int32_t Vp, double grad_scale, double *loss_sum);                            \
+    int32_t P##add(kiln_instance *acc, uint32_t dtype, void *y, const void *a, const void *b, size_t n);          \
+    int32_t P##attention_forward(kiln_instance *acc, uint32_t dtype, void *out, void *lse, const void *qkv,        \
+                                 int32_t B, int32_t T, int32_t C, int32_t NH, uint32_t round_dtype);              \
+    int32_t P##attention_backward(kiln_instance *acc, uint32_t dtype, void *dqkv, const void *dout, const void *qkv, \
+                                  const void *out, const void *lse, int32_t B, int32_t T, int32_t C, int32_t NH,  \
+                                  uint32_t round_dtype);
+
 /* The seven ABI 1.5 elementwise entries of the kernel table, each one call
  * of the plugin's checked elementwise function EW(acc, fn, op, dtype, y, a,
  * an, b, bn, s0, s1, n) (which runs ack_ew, then its kernel), defined as

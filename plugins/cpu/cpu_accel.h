@@ -56,24 +56,8 @@ int32_t cpu_round_to(kiln_instance *acc, float *x, uint32_t dtype, size_t n);
 int32_t cpu_reserve_workspace(kiln_instance *acc, size_t bytes);
 
 #if KILN_ABI_MINOR >= 4
-/* cpu_accel_seq.c */
-int32_t cpu_embedding_forward(kiln_instance *acc, uint32_t dtype, void *out, const int32_t *tokens, const void *wte,
-                              const void *wpe, int32_t B, int32_t T, int32_t C, int32_t V);
-int32_t cpu_embedding_backward(kiln_instance *acc, uint32_t dtype, void *dwte, void *dwpe, const void *dout,
-                               const int32_t *tokens, int32_t B, int32_t T, int32_t C, int32_t V);
-int32_t cpu_layernorm_forward(kiln_instance *acc, uint32_t dtype, void *y, void *mean, void *rstd, const void *x,
-                              const void *w, const void *b, int32_t N, int32_t C, double eps, uint32_t round_dtype);
-int32_t cpu_layernorm_backward(kiln_instance *acc, uint32_t dtype, void *dx, void *dw, void *db, const void *dy,
-                               const void *x, const void *w, const void *mean, const void *rstd, int32_t N, int32_t C,
-                               int32_t accumulate);
-int32_t cpu_xent_fused(kiln_instance *acc, uint32_t dtype, void *logits, const int32_t *targets, int32_t N, int32_t V,
-                       int32_t Vp, double grad_scale, double *loss_sum);
-int32_t cpu_add(kiln_instance *acc, uint32_t dtype, void *y, const void *a, const void *b, size_t n);
-int32_t cpu_attention_forward(kiln_instance *acc, uint32_t dtype, void *out, void *lse, const void *qkv, int32_t B,
-                              int32_t T, int32_t C, int32_t NH, uint32_t round_dtype);
-int32_t cpu_attention_backward(kiln_instance *acc, uint32_t dtype, void *dqkv, const void *dout, const void *qkv,
-                               const void *out, const void *lse, int32_t B, int32_t T, int32_t C, int32_t NH,
-                               uint32_t round_dtype);
+/* cpu_accel_seq.c: cpu_embedding_forward ... cpu_attention_backward */
+ACK_DECLARE_SEQ_ENTRIES(cpu_)
 #endif
 
 #endif /* KILN_PLUGINS_CPU_ACCEL_H */

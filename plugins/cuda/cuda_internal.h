@@ -294,23 +294,8 @@ void cu_prof_mark(kiln_instance *acc, const char *entry);
 void cu_prof_report(kiln_instance *acc);
 void cu_prof_release(kiln_instance *acc);
 
-/* cuda_seq.c: the ABI 1.4 sequence entries */
-int32_t cu_embedding_forward(kiln_instance *acc, uint32_t dtype, void *out, const int32_t *tokens, const void *wte,
-                             const void *wpe, int32_t B, int32_t T, int32_t C, int32_t V);
-int32_t cu_embedding_backward(kiln_instance *acc, uint32_t dtype, void *dwte, void *dwpe, const void *dout,
-                              const int32_t *tokens, int32_t B, int32_t T, int32_t C, int32_t V);
-int32_t cu_layernorm_forward(kiln_instance *acc, uint32_t dtype, void *y, void *mean, void *rstd, const void *x,
-                             const void *w, const void *b, int32_t N, int32_t C, double eps, uint32_t round_dtype);
-int32_t cu_layernorm_backward(kiln_instance *acc, uint32_t dtype, void *dx, void *dw, void *db, const void *dy,
-                              const void *x, const void *w, const void *mean, const void *rstd, int32_t N, int32_t C,
-                              int32_t accumulate);
-int32_t cu_attention_forward(kiln_instance *acc, uint32_t dtype, void *out, void *lse, const void *qkv, int32_t B,
-                             int32_t T, int32_t C, int32_t NH, uint32_t round_dtype);
-int32_t cu_attention_backward(kiln_instance *acc, uint32_t dtype, void *dqkv, const void *dout, const void *qkv,
-                              const void *out, const void *lse, int32_t B, int32_t T, int32_t C, int32_t NH,
-                              uint32_t round_dtype);
-int32_t cu_xent_fused(kiln_instance *acc, uint32_t dtype, void *logits, const int32_t *targets, int32_t N, int32_t V,
-                      int32_t Vp, double grad_scale, double *loss_sum);
-int32_t cu_add(kiln_instance *acc, uint32_t dtype, void *y, const void *a, const void *b, size_t n);
+/* cuda_seq.c: the ABI 1.4 sequence entries, cu_embedding_forward ...
+ * cu_attention_backward */
+ACK_DECLARE_SEQ_ENTRIES(cu_)
 
 #endif /* KILN_PLUGIN_CUDA_INTERNAL_H */
