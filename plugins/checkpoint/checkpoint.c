@@ -52,6 +52,8 @@
 
 #include <kiln/kiln.h>
 
+#include "../common/callback_common.h"
+
 #define CK_EXT ".safetensors"
 #define CK_LAST_NAME "last" CK_EXT
 #define CK_PATH_MAX 4096
@@ -1120,12 +1122,10 @@ static int32_t ck_create(void *plugin_ctx, const kiln_host_services *svc, kiln_h
     int has_steps, has_epochs;
     int64_t steps = ck_opt_int(config, "every_n_train_steps", &has_steps);
     int64_t epochs = ck_opt_int(config, "every_n_epochs", &has_epochs);
-    if (steps < 0)
-        return kiln_errorf(svc, hctx, KILN_E_CONFIG, "checkpoint: every_n_train_steps must be >= 0 (0: off), got %lld",
-                           (long long)steps);
-    if (epochs < 0)
-        return kiln_errorf(svc, hctx, KILN_E_CONFIG, "checkpoint: every_n_epochs must be >= 0 (0: off), got %lld",
-                           (long long)epochs);
+    int32_t rc;
+    if ((rc = cbc_at_least(svc, hctx, "checkpoint: ", "every_n_train_steps", steps, 0, " (0: off)")) != KILN_OK ||
+        (rc = cbc_at_least(svc, hctx, "checkpoint: ", "every_n_epochs", epochs, 0, " (0: off)")) != KILN_OK)
+        return rc;
     /* Lightning: neither trigger set means every epoch; setting one leaves
      * the other off */
     if (!has_steps && !has_epochs) epochs = 1;
@@ -1160,7 +1160,7 @@ static int32_t ck_create(void *plugin_ctx, const kiln_host_services *svc, kiln_h
     self->kth_value = self->mode == CK_MODE_MIN ? INFINITY : -INFINITY;
     self->best_score = NAN;
     self->current_score = NAN;
-    int32_t rc = ck_parse_template(self, kiln_kv_str(config, "filename", "epoch={epoch}-step={step}"));
+    rc = ck_parse_template(self, kiln_kv_str(config, "filename", "epoch={epoch}-step={step}"));
     if (rc != KILN_OK) {
         ck_destroy(self);
         return rc;

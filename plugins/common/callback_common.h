@@ -2,7 +2,7 @@
  * callback_common.h — small pieces the callback plugins that write files or
  * speak for one rank (csv_logger, tensorboard, hook_trace, progress) had
  * each written out: the trainer state an event is about, the rank-0 gate
- * of the loggers, and closing and reporting a file the way every logger
+ * of the loggers, a config integer's lower bound, and closing and reporting a file the way every logger
  * reports I/O failures ("<plugin>: cannot <what> <path>: <strerror>").
  *
  * Header only, every function static inline: each plugin compiles its own
@@ -32,6 +32,16 @@ static inline int cbc_rank0(const kiln_host_services *svc, kiln_host_ctx *hctx, 
                             const kiln_trainer_state **ts) {
     *ts = cbc_trainer(svc, hctx, ev);
     return !*ts || (*ts)->rank == 0;
+}
+
+/* A config integer's lower bound: KILN_OK, or KILN_E_CONFIG with
+ * "<prefix><key> must be >= <min><why>, got <v>" (prefix "checkpoint: " or
+ * "", why " (0: off)" or ""). */
+static inline int32_t cbc_at_least(const kiln_host_services *svc, kiln_host_ctx *hctx, const char *prefix,
+                                   const char *key, int64_t v, int64_t min, const char *why) {
+    if (v >= min) return KILN_OK;
+    return kiln_errorf(svc, hctx, KILN_E_CONFIG, "%s%s must be >= %lld%s, got %lld", prefix, key, (long long)min, why,
+                       (long long)v);
 }
 
 /* "<plugin>: cannot <what> <path>: <strerror(err)>" as KILN_E_IO. */

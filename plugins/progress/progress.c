@@ -341,12 +341,10 @@ static int32_t pb_create(void *plugin_ctx, const kiln_host_services *svc, kiln_h
     int64_t refresh = kiln_kv_int(config, "refresh_rate", 1);
     int64_t every = kiln_kv_int(config, "print_every_n_batches", 50);
     const char *tty = kiln_kv_str(config, "tty", "auto");
-    if (refresh < 0)
-        return kiln_errorf(svc, hctx, KILN_E_CONFIG, "refresh_rate must be >= 0 (0 disables the bar), got %lld",
-                           (long long)refresh);
-    if (every < 1)
-        return kiln_errorf(svc, hctx, KILN_E_CONFIG, "print_every_n_batches must be >= 1, got %lld",
-                           (long long)every);
+    int32_t rc;
+    if ((rc = cbc_at_least(svc, hctx, "", "refresh_rate", refresh, 0, " (0 disables the bar)")) != KILN_OK ||
+        (rc = cbc_at_least(svc, hctx, "", "print_every_n_batches", every, 1, "")) != KILN_OK)
+        return rc;
     int is_tty;
     if (!strcmp(tty, "auto"))
         is_tty = isatty(STDOUT_FILENO);
