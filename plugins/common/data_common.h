@@ -191,6 +191,29 @@ static inline int32_t dc_first_batch(dc_sink s, dc_resume *r, int32_t split, uin
     return KILN_OK;
 }
 
+/* The first 40 bytes of a state blob, the same in both plugins: u32
+ * magic, u32 flags, u64 epoch, u64 next batch, u64 batches per epoch, u64
+ * seed (little-endian). dc_get_position reads all but the magic (checked by
+ * dc_state_header); `restored` is left false. */
+static inline void dc_put_position(uint8_t *p, uint32_t magic, const dc_resume *pos) {
+    dc_put_le32(p, magic);
+    dc_put_le32(p + 4, pos->flags);
+    dc_put_le64(p + 8, pos->epoch);
+    dc_put_le64(p + 16, pos->next);
+    dc_put_le64(p + 24, pos->nb);
+    dc_put_le64(p + 32, pos->seed);
+}
+
+static inline dc_resume dc_get_position(const uint8_t *p) {
+    dc_resume pos = {0};
+    pos.flags = dc_get_le32(p + 4);
+    pos.epoch = dc_get_le64(p + 8);
+    pos.next = dc_get_le64(p + 16);
+    pos.nb = dc_get_le64(p + 24);
+    pos.seed = dc_get_le64(p + 32);
+    return pos;
+}
+
 /* get_state's output pointers, and a blob of `size` bytes from the host
  * (NULL after reporting). */
 static inline uint8_t *dc_state_blob(dc_sink s, uint32_t *state_version, void **data, size_t *size, size_t bytes,

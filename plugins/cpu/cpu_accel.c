@@ -175,25 +175,31 @@ static int32_t cpu_act_need_bwd(kiln_instance *acc, const char *fn, const void *
     return rc != KILN_OK ? rc : ack_need(CPU_SINK(acc), fn, "x", x, n);
 }
 
-static int32_t cpu_relu_forward(kiln_instance *acc, float *y, const float *x, size_t n) {
-    int32_t rc = cpu_act_need_fwd(acc, "relu_forward", y, x, n);
-    if (rc == KILN_OK) kc_relu_forward(y, x, n);
+/* The float32 relu and gelu entries: the checks, then the kernel passed. */
+static int32_t cpu_act32_fwd(kiln_instance *acc, const char *fn, void (*kernel)(float *, const float *, size_t),
+                             float *y, const float *x, size_t n) {
+    int32_t rc = cpu_act_need_fwd(acc, fn, y, x, n);
+    if (rc == KILN_OK) kernel(y, x, n);
     return rc;
+}
+static int32_t cpu_act32_bwd(kiln_instance *acc, const char *fn,
+                             void (*kernel)(float *, const float *, const float *, size_t), float *dx,
+                             const float *dy, const float *x, size_t n) {
+    int32_t rc = cpu_act_need_bwd(acc, fn, dx, dy, x, n);
+    if (rc == KILN_OK) kernel(dx, dy, x, n);
+    return rc;
+}
+static int32_t cpu_relu_forward(kiln_instance *acc, float *y, const float *x, size_t n) {
+    return cpu_act32_fwd(acc, "relu_forward", kc_relu_forward, y, x, n);
 }
 static int32_t cpu_relu_backward(kiln_instance *acc, float *dx, const float *dy, const float *x, size_t n) {
-    int32_t rc = cpu_act_need_bwd(acc, "relu_backward", dx, dy, x, n);
-    if (rc == KILN_OK) kc_relu_backward(dx, dy, x, n);
-    return rc;
+    return cpu_act32_bwd(acc, "relu_backward", kc_relu_backward, dx, dy, x, n);
 }
 static int32_t cpu_gelu_forward(kiln_instance *acc, float *y, const float *x, size_t n) {
-    int32_t rc = cpu_act_need_fwd(acc, "gelu_forward", y, x, n);
-    if (rc == KILN_OK) kc_gelu_forward(y, x, n);
-    return rc;
+    return cpu_act32_fwd(acc, "gelu_forward", kc_gelu_forward, y, x, n);
 }
 static int32_t cpu_gelu_backward(kiln_instance *acc, float *dx, const float *dy, const float *x, size_t n) {
-    int32_t rc = cpu_act_need_bwd(acc, "gelu_backward", dx, dy, x, n);
-    if (rc == KILN_OK) kc_gelu_backward(dx, dy, x, n);
-    return rc;
+    return cpu_act32_bwd(acc, "gelu_backward", kc_gelu_backward, dx, dy, x, n);
 }
 
 /* -------------------------------------------------------------------- loss */

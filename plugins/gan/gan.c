@@ -369,16 +369,6 @@ static int32_t gan_d_loss(gan *g, const float *xin, int32_t B, int recompute_fak
     return rc;
 }
 
-/* A step's output, when the host asked for one: the discriminator's loss
- * (what the progress bar and the monitors read) over B samples. */
-static void gan_loss_output(kiln_step_output *out, double loss, int32_t B) {
-    if (!out) return;
-    out->struct_size = sizeof *out;
-    out->has_loss = 1;
-    out->loss = loss;
-    out->batch_size = B;
-}
-
 static int32_t gan_training_step(kiln_instance *self, const kiln_batch *batch, int64_t batch_idx,
                                  kiln_step_output *out) {
     gan *g = (gan *)self;
@@ -420,7 +410,7 @@ static int32_t gan_training_step(kiln_instance *self, const kiln_batch *batch, i
     if (rc == KILN_OK) rc = svc->untoggle_optimizer(h, 1);
     if (rc != KILN_OK) return rc;
 
-    gan_loss_output(out, d_loss, B);
+    module_step_loss(out, d_loss, B); /* the discriminator's loss */
     if (svc->log_value) {
         const uint32_t f = KILN_LOG_ON_STEP | KILN_LOG_ON_EPOCH | KILN_LOG_PROG_BAR;
         svc->log_value(h, "g_loss", g_loss, f, (double)B);
@@ -488,7 +478,7 @@ static int32_t gan_eval_step(gan *g, const kiln_batch *batch, int64_t batch_idx,
     if (rc == KILN_OK) rc = gan_xent(g, &g->df, g->labels_real, B, &g_loss, NULL);
     if (rc == KILN_OK) rc = gan_d_loss(g, xin, B, 0, &d_loss, NULL);
     if (rc != KILN_OK) return rc;
-    gan_loss_output(out, d_loss, B);
+    module_step_loss(out, d_loss, B); /* the discriminator's loss */
     if (g->svc->log_value) {
         const uint32_t f = KILN_LOG_ON_EPOCH | KILN_LOG_PROG_BAR;
         g->svc->log_value(g->hctx, g_name, g_loss, f, (double)B);

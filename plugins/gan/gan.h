@@ -13,7 +13,7 @@
 
 #include <kiln/kiln.h>
 
-#include "../common/plugin_fail.h"
+#include "../common/module_common.h"
 #include <kiln/rng.h>
 
 #include <stddef.h>

@@ -389,12 +389,7 @@ static int32_t idxp_get_state(kiln_instance *self, uint32_t *state_version, void
             pos.seed = self->seed;
         }
     }
-    dc_put_le32(p, IDXP_STATE_MAGIC);
-    dc_put_le32(p + 4, pos.flags);
-    dc_put_le64(p + 8, pos.epoch);
-    dc_put_le64(p + 16, pos.next);
-    dc_put_le64(p + 24, pos.nb);
-    dc_put_le64(p + 32, pos.seed);
+    dc_put_position(p, IDXP_STATE_MAGIC, &pos);
     *state_version = IDXP_STATE_VERSION;
     *data = p;
     *size = IDXP_STATE_SIZE;
@@ -406,9 +401,8 @@ static int32_t idxp_set_state(kiln_instance *self, uint32_t state_version, const
     int32_t rc = dc_state_header(IDXP_SINK(self), state_version, data, size, IDXP_STATE_SIZE, IDXP_STATE_MAGIC,
                                  "an idx", &flags);
     if (rc) return rc;
-    const uint8_t *p = data;
-    uint64_t epoch = dc_get_le64(p + 8), next = dc_get_le64(p + 16);
-    uint64_t nb = dc_get_le64(p + 24), seed = dc_get_le64(p + 32);
+    dc_resume pos = dc_get_position(data);
+    const uint64_t next = pos.next, nb = pos.nb;
     if ((flags & DC_STATE_HAS_TRAIN) ? next > nb : (next != 0 || nb != 0))
         return kiln_errorf(self->svc, self->hctx, KILN_E_STATE,
                            "idx: corrupt state: next batch %" PRIu64 " of an epoch of %" PRIu64 " batches", next, nb);
@@ -418,7 +412,8 @@ static int32_t idxp_set_state(kiln_instance *self, uint32_t state_version, const
                            "idx: the state was saved with %" PRIu64 " train batches per epoch, this run has %d "
                            "(batch_size, val_split, drop_last or world size changed)",
                            nb, idx_loader_num_batches(&tr->loader));
-    self->res = (dc_resume){true, flags, epoch, next, nb, seed};
+    pos.restored = true;
+    self->res = pos;
     return KILN_OK;
 }
 

@@ -18,7 +18,7 @@
  */
 #include <kiln/kiln.h>
 
-#include "../common/plugin_fail.h"
+#include "../common/module_common.h"
 #include <kiln/nn.h>
 #include <kiln/rng.h>
 
@@ -518,14 +518,6 @@ static int32_t mlp_forward(mlp *m, const kiln_batch *batch, const char *step, in
     return KILN_OK;
 }
 
-static void mlp_fill_output(kiln_step_output *out, double loss, int32_t B) {
-    if (!out) return;
-    out->struct_size = sizeof *out;
-    out->has_loss = 1;
-    out->loss = loss;
-    out->batch_size = B;
-}
-
 static int32_t mlp_training_step(kiln_instance *self, const kiln_batch *batch, int64_t batch_idx,
                                  kiln_step_output *out) {
     mlp *m = (mlp *)self;
@@ -537,7 +529,7 @@ static int32_t mlp_training_step(kiln_instance *self, const kiln_batch *batch, i
     if (rc != KILN_OK) return rc;
     m->have_train_forward = 1;
     m->last_batch = B;
-    mlp_fill_output(out, loss, B);
+    module_step_loss(out, loss, B);
     if (m->svc->log_value) {
         const uint32_t f = KILN_LOG_ON_STEP | KILN_LOG_ON_EPOCH | KILN_LOG_PROG_BAR;
         m->svc->log_value(m->hctx, "train_loss", loss, f, (double)B);
@@ -555,7 +547,7 @@ static int32_t mlp_eval_step(mlp *m, const kiln_batch *batch, kiln_step_output *
     int32_t B = 0, n_correct = 0;
     int32_t rc = mlp_forward(m, batch, step, &B, &loss, &n_correct);
     if (rc != KILN_OK) return rc;
-    mlp_fill_output(out, loss, B);
+    module_step_loss(out, loss, B);
     if (m->svc->log_value) {
         const uint32_t f = KILN_LOG_ON_EPOCH | KILN_LOG_PROG_BAR;
         m->svc->log_value(m->hctx, loss_name, loss, f, (double)B);

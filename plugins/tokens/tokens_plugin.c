@@ -443,12 +443,7 @@ static int32_t tokp_get_state(kiln_instance *self, uint32_t *state_version, void
             world = tr->sampler.cfg.world_size;
         }
     }
-    dc_put_le32(p, TOKP_STATE_MAGIC);
-    dc_put_le32(p + 4, pos.flags);
-    dc_put_le64(p + 8, pos.epoch);
-    dc_put_le64(p + 16, pos.next);
-    dc_put_le64(p + 24, pos.nb);
-    dc_put_le64(p + 32, pos.seed);
+    dc_put_position(p, TOKP_STATE_MAGIC, &pos);
     dc_put_le64(p + 40, nwin);
     dc_put_le32(p + 48, batch);
     dc_put_le32(p + 52, world);
@@ -464,8 +459,8 @@ static int32_t tokp_set_state(kiln_instance *self, uint32_t state_version, const
                                  "a tokens", &flags);
     if (rc) return rc;
     const uint8_t *p = data;
-    uint64_t epoch = dc_get_le64(p + 8), next = dc_get_le64(p + 16), nb = dc_get_le64(p + 24);
-    uint64_t seed = dc_get_le64(p + 32), nwin = dc_get_le64(p + 40);
+    dc_resume pos = dc_get_position(p);
+    const uint64_t epoch = pos.epoch, next = pos.next, nb = pos.nb, seed = pos.seed, nwin = dc_get_le64(p + 40);
     uint32_t batch = dc_get_le32(p + 48), world = dc_get_le32(p + 52);
     bool has = flags & DC_STATE_HAS_TRAIN;
     /* Every field bounded so nothing derived from it can index outside the data: the position lies in its
@@ -480,7 +475,8 @@ static int32_t tokp_set_state(kiln_instance *self, uint32_t state_version, const
                            next, nb, nwin, batch, world, has ? "" : " (expected all 0 without train data)");
     const tokp_split *tr = &self->split[KILN_SPLIT_TRAIN];
     if (has && (rc = tokp_same_shape(self, nwin, nb, batch, world))) return rc;
-    self->res = (dc_resume){true, flags, epoch, next, nb, seed};
+    pos.restored = true;
+    self->res = pos;
     self->restored_nwin = nwin;
     self->restored_batch = batch;
     self->restored_world = world;
