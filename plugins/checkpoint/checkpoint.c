@@ -52,7 +52,7 @@
 
 #include <kiln/kiln.h>
 
-#include "../common/callback_common.h"
+#include "../common/plugin_common.h"
 
 #define CK_EXT ".safetensors"
 #define CK_LAST_NAME "last" CK_EXT

@@ -26,7 +26,7 @@
 #include <kiln/fs_util.h>
 #include <kiln/kiln.h>
 
-#include "../common/callback_common.h"
+#include "../common/plugin_common.h"
 
 /* One logged row. Cells are indexed by column (0 is the first metric column,
  * the step is kept apart); a row only has cells for the columns that existed

@@ -13,7 +13,7 @@
 
 #include <kiln/kiln.h>
 
-#include "../common/module_common.h"
+#include "../common/plugin_common.h"
 #include <kiln/rng.h>
 
 #include <stddef.h>

@@ -18,7 +18,7 @@
 #include <kiln/fs_util.h>
 #include <kiln/kiln.h>
 
-#include "../common/callback_common.h"
+#include "../common/plugin_common.h"
 
 struct kiln_instance {
     const kiln_host_services *svc;

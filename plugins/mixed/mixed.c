@@ -24,7 +24,7 @@
 
 #include <kiln/kiln.h>
 
-#include "../common/module_common.h"
+#include "../common/plugin_common.h"
 #include <kiln/precision_util.h>
 
 #define MX_VERSION "1.0.0"

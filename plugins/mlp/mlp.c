@@ -18,7 +18,7 @@
  */
 #include <kiln/kiln.h>
 
-#include "../common/module_common.h"
+#include "../common/plugin_common.h"
 #include <kiln/nn.h>
 #include <kiln/rng.h>
 

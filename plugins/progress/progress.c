@@ -19,7 +19,7 @@
 
 #include <kiln/kiln.h>
 
-#include "../common/callback_common.h"
+#include "../common/plugin_common.h"
 
 #define PB_BAR_WIDTH 20   /* characters between the brackets               */
 #define PB_LINE_MAX 512   /* one rendered line; metrics are few and short  */

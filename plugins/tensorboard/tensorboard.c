@@ -29,7 +29,7 @@
 #include <kiln/fs_util.h>
 #include <kiln/kiln.h>
 
-#include "../common/callback_common.h"
+#include "../common/plugin_common.h"
 
 #include "tb_record.h" /* defines: tb_append_version_record, tb_append_scalars_record, tb_buf */
 
