@@ -108,6 +108,16 @@ static int shown(int rc, const char *out) {
     return rc;
 }
 
+/* What the last fit_ok run printed: most tests run a config that must
+ * pass and then read its summary, so one buffer serves them all. */
+static char g_out[16384];
+
+/* fit() that must exit 0, into g_out (printed when it does not); a
+ * failure ends the test, as the run's trace would be meaningless. */
+static void fit_ok(const char *body, const char *extra) {
+    CU_ASSERT_EQUAL_FATAL(shown(fit(body, extra, g_out, sizeof g_out), g_out), 0);
+}
+
 static void expect_sequence(const char *const *exp, int n) {
     int ok = nlines == n;
     for (int i = 0; ok && i < n; i++) ok = !strcmp(lines[i], exp[i]);
@@ -169,8 +179,7 @@ static const char *const SEQ_A[] = {
 };
 
 static void test_a_full_sequence(void) {
-    char out[16384];
-    CU_ASSERT_EQUAL_FATAL(shown(fit(BASE, NULL, out, sizeof out), out), 0);
+    fit_ok(BASE, NULL);
     expect_sequence(SEQ_A, (int)(sizeof SEQ_A / sizeof SEQ_A[0]));
 }
 
@@ -216,10 +225,10 @@ static void expect_counts(const line_count *c, size_t n) {
     expect_counts((const line_count[]){__VA_ARGS__}, sizeof((const line_count[]){__VA_ARGS__}) / sizeof(line_count))
 
 static void test_b_accumulation(void) {
-    char out[16384], pat[4096];
+    char pat[4096];
     const char *body = "trainer = { max_epochs = 1; num_sanity_val_steps = 0; accumulate_grad_batches = 2; };\n"
                        TOY_DATA(5, 1) TOY_MODULE("") SGD;
-    CU_ASSERT_EQUAL_FATAL(fit(body, NULL, out, sizeof out), 0);
+    fit_ok(body, NULL);
     pattern(pat, sizeof pat);
     /* b0 accumulates (zero-grad: 0 % 2 == 0), b1 steps, b2 accumulates,
      * b3 steps, b4 is the last batch of the epoch and always steps */
@@ -236,73 +245,68 @@ static void test_b_accumulation(void) {
     EXPECT_COUNTS({"callback on_train_batch_end batch=4", 1});
 
     /* test_train_loop_system: 5 batches, accumulate = 3 */
-    CU_ASSERT_EQUAL_FATAL(fit(body, "--set trainer.accumulate_grad_batches=3", out, sizeof out), 0);
+    fit_ok(body, "--set trainer.accumulate_grad_batches=3");
     pattern(pat, sizeof pat);
     CU_ASSERT_STRING_EQUAL(pat, "b0:training_step,zero_grad,backward b1:training_step,backward "
                                 "b2:step,training_step,backward b3:training_step,zero_grad,backward "
                                 "b4:step,training_step,backward");
     /* summary: 2 optimizer steps */
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "steps: 2 "));
+    CU_ASSERT_PTR_NOT_NULL(strstr(g_out, "steps: 2 "));
 }
 
 static void test_c_minus_one(void) {
-    char out[16384];
     const char *body = "trainer = { max_epochs = 1; num_sanity_val_steps = 0; };\n"
                        TOY_DATA(4, 2) TOY_MODULE("minus_one_epoch = 0; minus_one_batch = 1; ") SGD;
-    CU_ASSERT_EQUAL_FATAL(fit(body, NULL, out, sizeof out), 0);
+    fit_ok(body, NULL);
     EXPECT_COUNTS({"module on_train_batch_start batch=1", 1}, {"module training_step batch=1", 0},
                   {"callback on_train_batch_end batch=1", 0}, {"callback on_train_batch_start batch=2", 0},
                   {"callback on_validation_start*", 0}, /* no validation for that epoch */
                   {"callback on_train_epoch_end", 1}); /* but the epoch still ends */
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "steps: 1 "));
+    CU_ASSERT_PTR_NOT_NULL(strstr(g_out, "steps: 1 "));
 }
 
 static void test_d_max_steps(void) {
-    char out[16384];
     const char *body = "trainer = { max_epochs = 5; max_steps = 3; num_sanity_val_steps = 0; };\n"
                        TOY_DATA(4, 2) TOY_MODULE("") SGD;
-    CU_ASSERT_EQUAL_FATAL(fit(body, NULL, out, sizeof out), 0);
+    fit_ok(body, NULL);
     EXPECT_COUNTS({"optimizer step *", 3}, {"callback on_train_epoch_start", 1}, {"callback on_train_epoch_end", 1},
                   {"callback on_train_batch_start batch=3", 0},
                   {"callback on_validation_start*", 0}); /* the val-check batch was never reached */
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "steps: 3 "));
+    CU_ASSERT_PTR_NOT_NULL(strstr(g_out, "steps: 3 "));
     /* across an epoch boundary: 6 steps = one full epoch + 2 batches */
-    CU_ASSERT_EQUAL_FATAL(fit(body, "--set trainer.max_steps=6", out, sizeof out), 0);
+    fit_ok(body, "--set trainer.max_steps=6");
     EXPECT_COUNTS({"callback on_train_epoch_start", 2}, {"callback on_validation_start*", 1});
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "epochs: 2 "));
+    CU_ASSERT_PTR_NOT_NULL(strstr(g_out, "epochs: 2 "));
 }
 
 static void test_e_min_epochs(void) {
-    char out[16384];
     const char *body = "trainer = { max_epochs = 10; min_epochs = 3; num_sanity_val_steps = 0; };\n"
                        TOY_DATA(2, 1) TOY_MODULE("stop_at_epoch = 0; ") SGD;
-    CU_ASSERT_EQUAL_FATAL(fit(body, NULL, out, sizeof out), 0);
+    fit_ok(body, NULL);
     EXPECT_COUNTS({"callback on_train_epoch_start", 3}); /* held back until min_epochs */
-    CU_ASSERT_EQUAL_FATAL(fit(body, "--set trainer.min_epochs=0", out, sizeof out), 0);
+    fit_ok(body, "--set trainer.min_epochs=0");
     EXPECT_COUNTS({"callback on_train_epoch_start", 1}); /* stops at once */
     /* min_steps holds a stop too: 2 batches per epoch, min_steps 5 → 3 epochs */
-    CU_ASSERT_EQUAL_FATAL(fit(body, "--set trainer.min_epochs=0 --set trainer.min_steps=5", out, sizeof out), 0);
+    fit_ok(body, "--set trainer.min_epochs=0 --set trainer.min_steps=5");
     EXPECT_COUNTS({"callback on_train_epoch_start", 3});
 }
 
 static void test_closure_no_loss(void) {
-    char out[16384];
     const char *body = "trainer = { max_epochs = 1; num_sanity_val_steps = 0; };\n"
                        TOY_DATA(3, 1) TOY_MODULE("no_loss_batch = 1; ") SGD;
-    CU_ASSERT_EQUAL_FATAL(fit(body, NULL, out, sizeof out), 0);
+    fit_ok(body, NULL);
     /* zero_grad runs even when the loss is None; backward does not */
     EXPECT_COUNTS({"optimizer zero_grad batch=1", 1}, {"module backward batch=1", 0},
                   {"callback on_before_backward batch=1", 0});
     /* the step is still taken and counted */
     EXPECT_COUNTS({"optimizer step batch=1", 1});
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "steps: 3 "));
+    CU_ASSERT_PTR_NOT_NULL(strstr(g_out, "steps: 3 "));
 }
 
 static void test_val_placement(void) {
-    char out[16384];
     const char *body = "trainer = { max_epochs = 2; num_sanity_val_steps = 0; val_check_interval = 0.3; };\n"
                        TOY_DATA(10, 1) TOY_MODULE("") SGD;
-    CU_ASSERT_EQUAL_FATAL(fit(body, NULL, out, sizeof out), 0);
+    fit_ok(body, NULL);
     /* 0.3 of 10 → every 3 batches: after batches 2, 5, 8, and no end-of-epoch run */
     EXPECT_COUNTS({"callback on_validation_start*", 6});
     int after = 0;
@@ -312,25 +316,22 @@ static void test_val_placement(void) {
                                                                         !strcmp(lines[i - 1], "module on_train_batch_end batch=8");
     CU_ASSERT_EQUAL(after, 6);
     /* check_val_every_n_epoch = 2: only the second epoch validates */
-    CU_ASSERT_EQUAL_FATAL(fit(body, "--set trainer.val_check_interval=1.0 --set trainer.check_val_every_n_epoch=2", out,
-                              sizeof out), 0);
+    fit_ok(body, "--set trainer.val_check_interval=1.0 --set trainer.check_val_every_n_epoch=2");
     EXPECT_COUNTS({"callback on_validation_start*", 1});
     /* limits: int counts and fractions */
-    CU_ASSERT_EQUAL_FATAL(fit(body, "--set trainer.val_check_interval=1.0 --set trainer.limit_train_batches=4", out,
-                              sizeof out), 0);
+    fit_ok(body, "--set trainer.val_check_interval=1.0 --set trainer.limit_train_batches=4");
     EXPECT_COUNTS({"callback on_train_batch_start*", 8});
-    CU_ASSERT_EQUAL_FATAL(fit(body, "--set trainer.val_check_interval=1.0 --set trainer.limit_train_batches=0.5", out,
-                              sizeof out), 0);
+    fit_ok(body, "--set trainer.val_check_interval=1.0 --set trainer.limit_train_batches=0.5");
     EXPECT_COUNTS({"callback on_train_batch_start*", 10});
-    CU_ASSERT_EQUAL(fit(body, "--set trainer.limit_train_batches=0.01", out, sizeof out), 1);
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "limit_train_batches = 0.01 of 10 batches gives 0 batches"));
+    CU_ASSERT_EQUAL(fit(body, "--set trainer.limit_train_batches=0.01", g_out, sizeof g_out), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(g_out, "limit_train_batches = 0.01 of 10 batches gives 0 batches"));
     /* limit_train_batches = 0: training is skipped, no train hooks at all */
-    CU_ASSERT_EQUAL_FATAL(fit(body, "--set trainer.limit_train_batches=0", out, sizeof out), 0);
+    fit_ok(body, "--set trainer.limit_train_batches=0");
     EXPECT_COUNTS({"callback on_train_start", 0}, {"callback on_fit_end", 1});
 }
 
 static void test_determinism(void) {
-    char out[16384], a[4200], b[4200], c[4200], body[4096];
+    char a[4200], b[4200], c[4200], body[4096];
     snprintf(a, sizeof a, "%s/w1.bin", g_dir);
     snprintf(b, sizeof b, "%s/w2.bin", g_dir);
     snprintf(c, sizeof c, "%s/w3.bin", g_dir);
@@ -341,28 +342,28 @@ static void test_determinism(void) {
                  TOY_DATA(6, 2) TOY_MODULE("")
                  "optimizer = { name = \"adamw\"; lr = 0.01; };\n"
                  CALLBACK_AT("weightdump"), i == 2 ? 8 : 7, paths[i]);
-        CU_ASSERT_EQUAL_FATAL(fit(body, NULL, out, sizeof out), 0);
+        fit_ok(body, NULL);
     }
     CU_ASSERT_EQUAL(tu_same_file(a, b), 1);     /* same seed: bit-identical */
     CU_ASSERT_NOT_EQUAL(tu_same_file(a, c), 1); /* another seed differs */
 }
 
 static void test_run_dir_and_errors(void) {
-    char out[16384], p[4300];
-    CU_ASSERT_EQUAL_FATAL(fit(BASE, NULL, out, sizeof out), 0);
-    CU_ASSERT_EQUAL_FATAL(fit(BASE, NULL, out, sizeof out), 0);
+    char p[4300];
+    fit_ok(BASE, NULL);
+    fit_ok(BASE, NULL);
     struct stat st;
     snprintf(p, sizeof p, "%s/runs/version_1/config.cfg", g_dir);
     CU_ASSERT_EQUAL(stat(p, &st), 0); /* version_N increments; effective config written */
     /* unknown trainer key, missing optimizer, unknown plugin */
-    CU_ASSERT_EQUAL(fit(BASE, "--set trainer.max_epoch=3", out, sizeof out), 1);
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "unknown key 'max_epoch' for trainer (did you mean 'max_epochs'?)"));
-    CU_ASSERT_EQUAL(fit("data = { name = \"toydata\"; };\nmodule = { name = \"toymod\"; };\n", NULL, out, sizeof out), 1);
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "missing the 'optimizer' section"));
-    CU_ASSERT_EQUAL(fit(BASE, "--set optimizer.name=sgdd", out, sizeof out), 1);
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "did you mean 'sgd'?"));
-    CU_ASSERT_EQUAL(fit(BASE, "--ckpt /nonexistent/last.safetensors", out, sizeof out), 1);
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "/nonexistent/last.safetensors"));
+    CU_ASSERT_EQUAL(fit(BASE, "--set trainer.max_epoch=3", g_out, sizeof g_out), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(g_out, "unknown key 'max_epoch' for trainer (did you mean 'max_epochs'?)"));
+    CU_ASSERT_EQUAL(fit("data = { name = \"toydata\"; };\nmodule = { name = \"toymod\"; };\n", NULL, g_out, sizeof g_out), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(g_out, "missing the 'optimizer' section"));
+    CU_ASSERT_EQUAL(fit(BASE, "--set optimizer.name=sgdd", g_out, sizeof g_out), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(g_out, "did you mean 'sgd'?"));
+    CU_ASSERT_EQUAL(fit(BASE, "--ckpt /nonexistent/last.safetensors", g_out, sizeof g_out), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(g_out, "/nonexistent/last.safetensors"));
 }
 
 /* Every run gets a directory of its own: with version_<int64 max> present
@@ -371,7 +372,7 @@ static void test_run_dir_and_errors(void) {
  * same for a number past 2^53 - 2, the largest the ranks can share. A
  * plain gap still numbers after the largest. */
 static void test_run_dir_numbers(void) {
-    char out[16384], root[4300], p[4400], set[4400];
+    char root[4300], p[4400], set[4400];
     struct stat st;
     const char *full[] = {"9223372036854775807", "99999999999999999999999", "9007199254740990"};
     for (int i = 0; i < 3; i++) {
@@ -383,13 +384,13 @@ static void test_run_dir_numbers(void) {
         CU_ASSERT_EQUAL_FATAL(tu_write(marker, ""), 0);
         snprintf(set, sizeof set, "--set trainer.default_root_dir=\"%s\"", root);
         for (int run = 0; run < 2; run++) { /* the second run would have shared the first's */
-            CU_ASSERT_EQUAL(fit(BASE, set, out, sizeof out), 1);
-            CU_ASSERT_PTR_NOT_NULL(strstr(out, "cannot number a new run: expected the largest version_N below "
+            CU_ASSERT_EQUAL(fit(BASE, set, g_out, sizeof g_out), 1);
+            CU_ASSERT_PTR_NOT_NULL(strstr(g_out, "cannot number a new run: expected the largest version_N below "
                                                "9007199254740990, found version_"));
-            CU_ASSERT_PTR_NOT_NULL(strstr(out, full[i]));
-            CU_ASSERT_PTR_NOT_NULL(strstr(out, root));
+            CU_ASSERT_PTR_NOT_NULL(strstr(g_out, full[i]));
+            CU_ASSERT_PTR_NOT_NULL(strstr(g_out, root));
             int nl = 0;
-            for (const char *c = out; *c; c++) nl += *c == '\n';
+            for (const char *c = g_out; *c; c++) nl += *c == '\n';
             CU_ASSERT_EQUAL(nl, 1);
         }
         /* nothing written: the root holds the one directory, untouched */
@@ -402,11 +403,11 @@ static void test_run_dir_numbers(void) {
         CU_ASSERT_EQUAL_FATAL(tu_mkdirs(p), 0);
     }
     snprintf(set, sizeof set, "--set trainer.default_root_dir=\"%s\"", root);
-    CU_ASSERT_EQUAL(fit(BASE, set, out, sizeof out), 0);
+    CU_ASSERT_EQUAL(fit(BASE, set, g_out, sizeof g_out), 0);
     snprintf(p, sizeof p, "%s/version_9007199254740990/config.cfg", root);
     CU_ASSERT_EQUAL(stat(p, &st), 0); /* the largest number a run may take */
-    CU_ASSERT_EQUAL(fit(BASE, set, out, sizeof out), 1); /* and then no more */
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "found version_9007199254740990"));
+    CU_ASSERT_EQUAL(fit(BASE, set, g_out, sizeof g_out), 1); /* and then no more */
+    CU_ASSERT_PTR_NOT_NULL(strstr(g_out, "found version_9007199254740990"));
 }
 
 static void test_validate_and_test_commands(void) {
@@ -716,12 +717,12 @@ static void test_resume_refuses_bad_counters(void) {
 
 /* A callback built against the frozen 1.1 headers trains in this host. */
 static void test_frozen_abi_1_1_callback(void) {
-    char out[16384], body[8192], path[4200], text[512] = "";
+    char body[8192], path[4200], text[512] = "";
     snprintf(path, sizeof path, "%s/old11.txt", g_dir);
     snprintf(body, sizeof body,
              "trainer = { max_epochs = 2; num_sanity_val_steps = 0; accumulate_grad_batches = 2; };\n"
              TOY_DATA(3, 1) TOY_MODULE("") SGD CALLBACK_AT("old11cb"), path);
-    CU_ASSERT_EQUAL_FATAL(fit(body, NULL, out, sizeof out), 0);
+    fit_ok(body, NULL);
     FILE *f = fopen(path, "r");
     CU_ASSERT_PTR_NOT_NULL_FATAL(f);
     CU_ASSERT_PTR_NOT_NULL(fgets(text, sizeof text, f));
@@ -754,14 +755,13 @@ static int progress_fields(const char *ck, long long *v, int n) {
  * epoch's last: a step schedule steps, an epoch schedule steps for the
  * epoch. */
 static void test_conf_minus_one_schedulers(void) {
-    char out[16384];
     const char *body = "trainer = { max_epochs = 2; num_sanity_val_steps = 0; };\n"
                        TOY_DATA(4, 1) TOY_MODULE("minus_one_epoch = 0; minus_one_batch = 1; ") SGD
                        "scheduler = { name = \"step\"; step_size = 1; gamma = 0.5; };\n";
-    CU_ASSERT_EQUAL_FATAL(fit(body, NULL, out, sizeof out), 0);
+    fit_ok(body, NULL);
     /* epoch 0: after batch 0 and for the skipped batch 1; epoch 1: 4 */
     EXPECT_COUNTS({"host lr_scheduler_step*", 6}, {"host lr_scheduler_step batch=1", 2});
-    CU_ASSERT_EQUAL_FATAL(fit(body, "--set scheduler.interval=\"epoch\"", out, sizeof out), 0);
+    fit_ok(body, "--set scheduler.interval=\"epoch\"");
     /* one epoch step per epoch, the first at the skipped batch */
     EXPECT_COUNTS({"host lr_scheduler_step*", 2}, {"host lr_scheduler_step batch=1", 1},
                   {"host lr_scheduler_step batch=3", 1});
@@ -770,14 +770,13 @@ static void test_conf_minus_one_schedulers(void) {
 /* 2. loops/utilities._parse_loop_limits: min_steps without min_epochs sets
  * min_epochs = 1, so a stop requested inside the first epoch finishes it. */
 static void test_conf_min_steps_alone(void) {
-    char out[16384];
     const char *body = "trainer = { max_epochs = 5; num_sanity_val_steps = 0; min_steps = 1; };\n"
                        TOY_DATA(4, 1) TOY_MODULE("stop_at_batch = 0; ") SGD;
-    CU_ASSERT_EQUAL_FATAL(fit(body, NULL, out, sizeof out), 0);
+    fit_ok(body, NULL);
     EXPECT_COUNTS({"callback on_train_batch_end*", 4}, /* the first epoch, whole */
                   {"callback on_train_epoch_start", 1});
-    /* min_epochs = 0 written out: the stop takes effect at once */
-    CU_ASSERT_EQUAL_FATAL(fit(body, "--set trainer.min_epochs=0", out, sizeof out), 0);
+    /* min_epochs = 0 written g_out: the stop takes effect at once */
+    fit_ok(body, "--set trainer.min_epochs=0");
     EXPECT_COUNTS({"callback on_train_batch_end*", 1});
 }
 
@@ -786,7 +785,7 @@ static void test_conf_min_steps_alone(void) {
  * callback run after the module's on_train_epoch_end and can monitor what
  * it logs there. */
 static void test_conf_monitoring_callbacks(void) {
-    char out[16384], body[8192], dir[4200], p[4400];
+    char body[8192], dir[4200], p[4400];
     snprintf(dir, sizeof dir, "%s/monitor-ck", g_dir);
     snprintf(body, sizeof body,
              "trainer = { max_epochs = 5; num_sanity_val_steps = 0; limit_val_batches = 0; };\n"
@@ -797,12 +796,12 @@ static void test_conf_monitoring_callbacks(void) {
              "  { name = \"checkpoint\"; dirpath = \"%s\"; monitor = \"epoch_metric\"; save_top_k = 1;\n"
              "    filename = \"best-{epoch}\"; } );\n",
              g_dir, dir);
-    CU_ASSERT_EQUAL_FATAL(shown(fit(body, NULL, out, sizeof out), out), 0);
+    fit_ok(body, NULL);
     snprintf(p, sizeof p, "%s/monitor-trace.txt", g_dir);
     read_lines(p);
     /* epoch_metric = 1 + epoch never improves after epoch 0: patience 0 stops after epoch 1 */
     EXPECT_COUNTS({"callback on_train_epoch_start", 2});
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "epochs: 2 "));
+    CU_ASSERT_PTR_NOT_NULL(strstr(g_out, "epochs: 2 "));
     /* the checkpoint callback ranked by it: epoch 0 is the best */
     struct stat st;
     snprintf(p, sizeof p, "%s/best-0.safetensors", dir);
@@ -814,17 +813,16 @@ static void test_conf_monitoring_callbacks(void) {
 /* 4. evaluation_loop._on_evaluation_end: should_stop set by early stopping
  * in on_validation_end is visible to the module's on_validation_end. */
 static void test_conf_should_stop_live(void) {
-    char out[16384];
     const char *body = "trainer = { max_epochs = 3; num_sanity_val_steps = 0; };\n"
                        TOY_DATA(2, 1) TOY_MODULE("report_should_stop = 1; ") SGD
                        "callbacks = ( { name = \"early_stopping\"; monitor = \"val_loss\"; stopping_threshold = 1000.0;\n"
                        "                check_on_train_epoch_end = false; } );\n";
     g_loud = 1;
-    int rc = fit(body, NULL, out, sizeof out);
+    int rc = fit(body, NULL, g_out, sizeof g_out);
     g_loud = 0;
-    CU_ASSERT_EQUAL_FATAL(shown(rc, out), 0);
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "on_validation_end in epoch 0 sees should_stop=1"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "epochs: 1 "));
+    CU_ASSERT_EQUAL_FATAL(shown(rc, g_out), 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(g_out, "on_validation_end in epoch 0 sees should_stop=1"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(g_out, "epochs: 1 "));
 }
 
 /* 5. strategies/strategy.py runs post_backward after every backward, with
@@ -832,10 +830,9 @@ static void test_conf_should_stop_live(void) {
  * (docs/semantics.md, "Where kiln differs"): S.post_backward is where the
  * sync happens, so it runs only after the backward of a stepping batch. */
 static void test_conf_post_backward_rule(void) {
-    char out[16384];
     const char *body = "trainer = { max_epochs = 1; num_sanity_val_steps = 0; accumulate_grad_batches = 2; };\n"
                        TOY_DATA(5, 1) TOY_MODULE("") SGD;
-    CU_ASSERT_EQUAL_FATAL(fit(body, NULL, out, sizeof out), 0);
+    fit_ok(body, NULL);
     EXPECT_COUNTS({"module backward*", 5}, {"strategy post_backward*", 3}, /* batches 1, 3 and the last, 4 */
                   {"strategy post_backward batch=0", 0}, {"strategy post_backward batch=4", 1});
 }
@@ -913,13 +910,13 @@ static void test_conf_resume_after_max_steps(void) {
  * (KILN_PARAMF_NO_GRAD); a 1.4 optimizer, which cannot know, still steps on
  * the zeroed gradients as before. */
 static void no_loss_run(const char *opt, const char *extra, const char *dump) {
-    char out[16384], body[8192];
+    char body[8192];
     snprintf(body, sizeof body,
              "trainer = { max_epochs = 1; seed = 9; num_sanity_val_steps = 0; };\n"
              TOY_DATA(3, 1) TOY_MODULE("no_loss_batch = 2; ")
              "optimizer = %s;\n"
              CALLBACK_AT("weightdump"), opt, dump);
-    CU_ASSERT_EQUAL(shown(fit(body, extra, out, sizeof out), out), 0);
+    fit_ok(body, extra);
 }
 
 static void test_conf_no_loss_is_a_no_op(void) {
