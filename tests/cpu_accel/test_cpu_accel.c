@@ -32,6 +32,7 @@
 
 #include <kiln/testing.h>
 
+#include "half_bits.h"
 #include "plugin_fixture.h"
 
 static kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
@@ -649,11 +650,8 @@ static uint16_t to_f16(float x) {
     memcpy(&u, &h, sizeof u);
     return u;
 }
-static float from_f16(uint16_t u) {
-    _Float16 h;
-    memcpy(&h, &u, sizeof h);
-    return (float)h;
-}
+/* and back: the exact decode of tests/support/half_bits.h */
+static float from_f16(uint16_t u) { return (float)hb_f16_value(u); }
 
 /* cast and round_to through the table. */
 static void test_cast_round_to(void) {
@@ -1025,12 +1023,7 @@ static uint16_t to_bf16(float x) {
     u += 0x7FFFu + ((u >> 16) & 1u);
     return (uint16_t)(u >> 16);
 }
-static float from_bf16(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
+static float from_bf16(uint16_t h) { return hb_bf16_value(h); }
 
 /* linear_forward: against a double computation, and bit for bit against
  * the unfused sequence its ABI comment names (which is what mlp runs on a

@@ -34,6 +34,7 @@
 
 #include "cpu_kernels.h"
 #include "fake_internal.h"
+#include "half_bits.h"
 
 /* ------------------------------------------------------------- objects */
 
@@ -555,19 +556,6 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t ligh
 
 /* --------------------------------------------------------------- matmul */
 
-static double fake_f16(uint16_t h) {
-    const int e = (h >> 10) & 31, m = h & 1023;
-    const double v = e == 0 ? ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexp(m + 1024, e - 25);
-    return (h & 0x8000) ? -v : v;
-}
-
-static double fake_bf16(uint16_t b) {
-    const uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
 /* fp32 to TF32 (10 explicit mantissa bits), round to nearest even, as the
  * tensor cores read fp32 operands under CUBLAS_COMPUTE_32F_FAST_TF32. */
 static float fake_tf32(float x) {
@@ -590,8 +578,8 @@ static double fake_load(const void *p, int32_t type, uint64_t r, uint64_t c, int
         return tf32 ? fake_tf32(v) : v;
     }
     case CUDA_R_64F: return ((const double *)p)[i];
-    case CUDA_R_16F: return fake_f16(((const uint16_t *)p)[i]);
-    default: return fake_bf16(((const uint16_t *)p)[i]);
+    case CUDA_R_16F: return hb_f16_value(((const uint16_t *)p)[i]);
+    default: return hb_bf16_value(((const uint16_t *)p)[i]);
     }
 }
 

@@ -38,6 +38,7 @@
 #include <CUnit/Basic.h>
 
 #include "fake_cuda.h"
+#include "half_bits.h"
 #include <kiln/testing.h>
 
 static kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
@@ -194,13 +195,7 @@ static uint16_t bf16_bits(float x) {
     u += 0x7FFFu + ((u >> 16) & 1u);
     return (uint16_t)(u >> 16);
 }
-static float bf16_float(uint16_t b) {
-    const uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-static float round_bf16(float x) { return bf16_float(bf16_bits(x)); }
+static float round_bf16(float x) { return hb_bf16_value(bf16_bits(x)); }
 
 /* The last destroy must leave nothing behind: device blocks, pinned
  * buffers, streams, events and cuBLASLt objects back to `before`. */

@@ -11,6 +11,7 @@
  * thread-count independence of all of them. test_kernels_cpu.c registers it.
  */
 #include "cpu_kernels.h"
+#include "half_bits.h"
 #include "kt_common.h"
 
 #include <CUnit/CUnit.h>
@@ -40,17 +41,6 @@ static int ex_count_far(const char *what, const double *got, const double *want,
             if (bad++ < 5) printf("\n  %s[%zu]: got %.17g want %.17g", what, i, got[i], want[i]);
         }
     return bad;
-}
-
-static uint32_t f32_bits(float x) {
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    return u;
-}
-static float f32_from_bits(uint32_t u) {
-    float x;
-    memcpy(&x, &u, sizeof x);
-    return x;
 }
 
 /* ------------------------------------------- independent 16-bit reference */
@@ -145,7 +135,7 @@ static void test_f16_known_values(void) {
     /* NaN stays NaN (never inf), whatever its payload or sign. */
     const uint32_t nans[] = {0x7fc00000u, 0x7f800001u, 0xffc00000u, 0x7fffffffu, 0xff800001u};
     for (size_t i = 0; i < sizeof nans / sizeof nans[0]; i++) {
-        const uint16_t h = f16_of(f32_from_bits(nans[i]));
+        const uint16_t h = f16_of(hb_f32_from_bits(nans[i]));
         CU_ASSERT((h & 0x7c00) == 0x7c00 && (h & 0x03ff) != 0);
         float back;
         kc_f16_to_f32(&back, &h, 1);
@@ -197,7 +187,7 @@ static void test_bf16_known_values(void) {
     uint16_t h = 0x7f7f;
     kc_bf16_to_f32(&back, &h, 1);
     CU_ASSERT_EQUAL((double)back, bf16_max);
-    const float below_mid = f32_from_bits(0x7f7f7fffu), mid = f32_from_bits(0x7f7f8000u);
+    const float below_mid = hb_f32_from_bits(0x7f7f7fffu), mid = hb_f32_from_bits(0x7f7f8000u);
     CU_ASSERT_EQUAL((double)mid, bf16_max + 0x1p119);
     CU_ASSERT_EQUAL(bf16_of(below_mid), 0x7f7f);  /* just below the boundary: max */
     CU_ASSERT_EQUAL(bf16_of(mid), 0x7f80);        /* the tie goes to even: inf */
@@ -214,7 +204,7 @@ static void test_bf16_known_values(void) {
      * all in the dropped half (the carry would make it inf). */
     const uint32_t nans[] = {0x7fc00000u, 0x7f800001u, 0xff800001u, 0x7fffffffu, 0x7f80ffffu};
     for (size_t i = 0; i < sizeof nans / sizeof nans[0]; i++) {
-        const uint16_t b = bf16_of(f32_from_bits(nans[i]));
+        const uint16_t b = bf16_of(hb_f32_from_bits(nans[i]));
         CU_ASSERT(ref16_isnan(FMT_BF16, b));
         CU_ASSERT(b & 0x0040); /* quiet */
         CU_ASSERT_EQUAL(b & 0x8000, (nans[i] >> 16) & 0x8000);
@@ -230,7 +220,7 @@ static void test_bf16_known_values(void) {
             bad += !isnan(f);
             continue;
         }
-        bad += f32_bits(f) != (uint32_t)p << 16;
+        bad += hb_f32_bits(f) != (uint32_t)p << 16;
         bad += bf16_of(f) != b;
     }
     CU_ASSERT_EQUAL(bad, 0);
@@ -256,9 +246,9 @@ static void fill_source(int dt, void *buf, size_t n) {
         switch (dt) {
         case KC_F32: {
             uint32_t u = (uint32_t)ex_next();
-            if (i % 4 == 1) u = f32_bits((float)ex_uniform(-70000, 70000)); /* the 16-bit ranges */
-            if (i % 4 == 2) u = f32_bits((float)ldexp(ex_uniform(-2, 2), (int)(ex_next() % 60) - 30));
-            ((float *)buf)[i] = f32_from_bits(u);
+            if (i % 4 == 1) u = hb_f32_bits((float)ex_uniform(-70000, 70000)); /* the 16-bit ranges */
+            if (i % 4 == 2) u = hb_f32_bits((float)ldexp(ex_uniform(-2, 2), (int)(ex_next() % 60) - 30));
+            ((float *)buf)[i] = hb_f32_from_bits(u);
             break;
         }
         case KC_F64: {
@@ -305,7 +295,7 @@ static void test_cast_all_pairs(void) {
                 switch (dts[d]) {
                 case KC_F32: {
                     const float got = ((float *)dst)[i], want = (float)v;
-                    ok = isnan(v) ? isnan(got) : f32_bits(got) == f32_bits(want);
+                    ok = isnan(v) ? isnan(got) : hb_f32_bits(got) == hb_f32_bits(want);
                     break;
                 }
                 case KC_F64: {
@@ -435,7 +425,7 @@ static void gemm_ex_case(int ta, int tb, int a_dt, int b_dt, int round_dt, float
             }
             const float p = round_as(round_dt, P[(size_t)i * N + j]);
             const float want = beta == 0.0f ? p : p + beta * C0[(size_t)i * ldc + j];
-            int ok = exact ? f32_bits(got) == f32_bits(want) : kt_close(got, want, unit, 1e-5 * (K + 1));
+            int ok = exact ? hb_f32_bits(got) == hb_f32_bits(want) : kt_close(got, want, unit, 1e-5 * (K + 1));
             /* with beta == 0, C holds the rounded product: representable */
             if (beta == 0.0f) ok &= round_as(round_dt, got) == got;
             if (!ok && bad++ < 3)

@@ -23,6 +23,7 @@
 #include <kiln/testing.h>
 
 static kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
+#include "half_bits.h"
 #include "plugin_fixture.h"
 #include "testutil.h"
 
@@ -71,20 +72,6 @@ static kiln_instance *make16(double init_scale, int64_t growth_interval) {
     return inst;
 }
 
-/* Hand decoders of the 16-bit formats (independent of the kernels'). */
-static double f16_value(uint16_t h) {
-    int e = (h >> 10) & 31, m = h & 1023;
-    double s = (h >> 15) ? -1.0 : 1.0;
-    if (e == 31) return m ? NAN : s * INFINITY;
-    if (e == 0) return s * ldexp(m, -24);
-    return s * ldexp(1024 + m, e - 25);
-}
-static double bf16_value(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 
 /* ----------------------------------------------------- compute copies */
 
@@ -102,7 +89,7 @@ static void test_fp16_compute_copy(void) {
     CU_ASSERT_EQUAL_FATAL(pops(g_m16)->convert_params(p), KILN_OK);
     const uint16_t *h = g_w->compute;
     for (int i = 0; i < 8; i++) {
-        double got = f16_value(h[i]);
+        double got = hb_f16_value(h[i]);
         if (!(got == expect[i])) fprintf(stderr, "\n  fp16[%d] of %.9g: got %.9g, expected %.9g\n", i, masters[i], got, expect[i]);
         CU_ASSERT(got == expect[i]);
     }
@@ -123,8 +110,8 @@ static void test_bf16_compute_copy(void) {
     CU_ASSERT_EQUAL_FATAL(pops(g_mbf)->convert_params(p), KILN_OK);
     const uint16_t *h = g_w->compute;
     for (int i = 0; i < 8; i++) {
-        double got = bf16_value(h[i]), want = expect[i];
-        if (i == 6) want = bf16_value(0x0DA2); /* 1e-30: 0x0DA24260 rounds down to 0x0DA2 */
+        double got = hb_bf16_value(h[i]), want = expect[i];
+        if (i == 6) want = hb_bf16_value(0x0DA2); /* 1e-30: 0x0DA24260 rounds down to 0x0DA2 */
         if (!(got == want)) fprintf(stderr, "\n  bf16[%d] of %.9g: got %.17g, expected %.17g\n", i, masters[i], got, want);
         CU_ASSERT(got == want);
     }
