@@ -19,6 +19,9 @@
  * themselves reject TF32-class GEMM error. Without the cuda plugin or without
  * a usable GPU the program prints one line saying why and exits 77, which
  * CTest reports as skipped; the cpu plugin failing to load is a failure.
+ * The GEMM/bias, optimizer/elementwise/cast and 1.4 sequence cases stand in
+ * cuda_gemm_cases.inc, cuda_ew_cases.inc and cuda_seq_cases.inc, which this
+ * file includes; the table g_cases below registers them all.
  */
 
 /*
@@ -95,6 +98,8 @@
 #include <CUnit/Basic.h>
 
 #include <kiln/testing.h>
+
+#include "half_bits.h"
 
 static kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
 
@@ -230,17 +235,6 @@ static double *widen(const float *x, size_t n) {
     return d;
 }
 
-static double f16_value(uint16_t h) {
-    const int e = (h >> 10) & 31, m = h & 1023;
-    const double v = e == 0 ? ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexp(m + 1024, e - 25);
-    return (h & 0x8000) ? -v : v;
-}
-static double bf16_value(uint16_t b) {
-    const uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
 static int is_nan16(uint32_t dt, uint16_t h) {
     return dt == KILN_DTYPE_F16 ? (h & 0x7C00) == 0x7C00 && (h & 0x03FF) : (h & 0x7F80) == 0x7F80 && (h & 0x007F);
 }
@@ -250,8 +244,8 @@ static double elem(uint32_t dt, const void *p, size_t i) {
     switch (dt) {
     case KILN_DTYPE_F32: return ((const float *)p)[i];
     case KILN_DTYPE_F64: return ((const double *)p)[i];
-    case KILN_DTYPE_F16: return f16_value(((const uint16_t *)p)[i]);
-    case KILN_DTYPE_BF16: return bf16_value(((const uint16_t *)p)[i]);
+    case KILN_DTYPE_F16: return hb_f16_value(((const uint16_t *)p)[i]);
+    case KILN_DTYPE_BF16: return hb_bf16_value(((const uint16_t *)p)[i]);
     default: return NAN;
     }
 }
@@ -276,12 +270,22 @@ static double ulp16(double x, uint32_t dt) {
 
 /* ======================================================== comparisons */
 
-static void vreport(int ok, double worst, const char *fmt, va_list ap) {
+/* The comparisons' one line per case (failures, or all under verbose). */
+static void report(int ok, double worst, const char *what) {
     if (g_quiet || (ok && !g_verbose)) return;
-    char what[256];
-    vsnprintf(what, sizeof what, fmt, ap);
     printf("  %-4s %-78s worst %.3g of tol\n", ok ? "ok" : "FAIL", what, worst);
 }
+
+/* The case's name into the char array `buf`, from the printf-style `fmt`
+ * and `...` of the comparison it stands in: a macro, since only the
+ * variadic function itself can va_start its arguments. */
+#define FORMAT_WHAT(buf)                                                                                               \
+    do {                                                                                                               \
+        va_list ap_;                                                                                                   \
+        va_start(ap_, fmt);                                                                                            \
+        vsnprintf(buf, sizeof buf, fmt, ap_);                                                                          \
+        va_end(ap_);                                                                                                   \
+    } while (0)
 
 /*
  * got(n) from the device under test against want(n) from the reference, both
@@ -292,6 +296,8 @@ static void vreport(int ok, double worst, const char *fmt, va_list ap) {
 static int cmp_tol(uint32_t dt, const void *want, const void *got, size_t n, const double *tol, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));
 static int cmp_tol(uint32_t dt, const void *want, const void *got, size_t n, const double *tol, const char *fmt, ...) {
+    char what[256];
+    FORMAT_WHAT(what);
     size_t bad = 0;
     double worst = 0.0;
     for (size_t i = 0; i < n; i++) {
@@ -307,22 +313,13 @@ static int cmp_tol(uint32_t dt, const void *want, const void *got, size_t n, con
         }
         if (r > worst) worst = r;
         if (!ok) {
-            if (bad < 4 && !g_quiet) {
-                va_list ap;
-                char what[256];
-                va_start(ap, fmt);
-                vsnprintf(what, sizeof what, fmt, ap);
-                va_end(ap);
+            if (bad < 4 && !g_quiet)
                 fprintf(stderr, "  %s: [%zu] got %.9g, want %.9g (|diff| %.3g, tol %.3g)\n", what, i, g, w,
                         fabs(g - w), t);
-            }
             bad++;
         }
     }
-    va_list ap;
-    va_start(ap, fmt);
-    vreport(bad == 0, worst, fmt, ap);
-    va_end(ap);
+    report(bad == 0, worst, what);
     if (bad && !g_quiet) fprintf(stderr, "    %zu of %zu values out of tolerance\n", bad, n);
     return bad == 0;
 }
@@ -332,6 +329,8 @@ static int cmp_tol(uint32_t dt, const void *want, const void *got, size_t n, con
 static int cmp_bits(uint32_t dt, const void *want, const void *got, size_t n, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 static int cmp_bits(uint32_t dt, const void *want, const void *got, size_t n, const char *fmt, ...) {
+    char what[256];
+    FORMAT_WHAT(what);
     const size_t sz = kiln_dtype_size(dt);
     size_t bad = 0;
     for (size_t i = 0; i < n; i++) {
@@ -347,11 +346,6 @@ static int cmp_bits(uint32_t dt, const void *want, const void *got, size_t n, co
         }
         if (!ok) {
             if (bad < 4 && !g_quiet) {
-                va_list ap;
-                char what[256];
-                va_start(ap, fmt);
-                vsnprintf(what, sizeof what, fmt, ap);
-                va_end(ap);
                 uint64_t bw = 0, bg = 0;
                 memcpy(&bw, w, sz), memcpy(&bg, g, sz);
                 fprintf(stderr, "  %s: [%zu] got %.9g (0x%llx), want %.9g (0x%llx)\n", what, i, elem(dt, got, i),
@@ -360,10 +354,7 @@ static int cmp_bits(uint32_t dt, const void *want, const void *got, size_t n, co
             bad++;
         }
     }
-    va_list ap;
-    va_start(ap, fmt);
-    vreport(bad == 0, bad ? INFINITY : 0.0, fmt, ap);
-    va_end(ap);
+    report(bad == 0, bad ? INFINITY : 0.0, what);
     if (bad && !g_quiet) fprintf(stderr, "    %zu of %zu values differ\n", bad, n);
     return bad == 0;
 }
@@ -383,18 +374,10 @@ static int cmp_norm(uint32_t dt, const void *want, const void *got, size_t n, co
     }
     const double ratio = ss > 0 ? sqrt(sd / ss) : (sd > 0 ? INFINITY : 0.0);
     const int ok = ratio <= limit;
-    va_list ap;
-    va_start(ap, fmt);
-    if (!ok && !g_quiet) {
-        char what[256];
-        va_list aq;
-        va_copy(aq, ap);
-        vsnprintf(what, sizeof what, fmt, aq);
-        va_end(aq);
-        fprintf(stderr, "  %s: norm-wise error %.3g exceeds %.3g\n", what, ratio, limit);
-    }
-    vreport(ok, limit > 0 ? ratio / limit : ratio, fmt, ap);
-    va_end(ap);
+    char what[256];
+    FORMAT_WHAT(what);
+    if (!ok && !g_quiet) fprintf(stderr, "  %s: norm-wise error %.3g exceeds %.3g\n", what, ratio, limit);
+    report(ok, limit > 0 ? ratio / limit : ratio, what);
     return ok;
 }
 
@@ -406,18 +389,10 @@ static int cmp_scalar(double want, double got, double tol, const char *fmt, ...)
     if (isnan(want) || isnan(got)) ok = isnan(want) && isnan(got), r = ok ? 0 : INFINITY;
     else if (isinf(want) || isinf(got)) ok = want == got, r = ok ? 0 : INFINITY;
     else ok = fabs(got - want) <= tol, r = fabs(got - want) == 0 ? 0 : tol > 0 ? fabs(got - want) / tol : INFINITY;
-    va_list ap;
-    va_start(ap, fmt);
-    if (!ok && !g_quiet) {
-        char what[256];
-        va_list aq;
-        va_copy(aq, ap);
-        vsnprintf(what, sizeof what, fmt, aq);
-        va_end(aq);
-        fprintf(stderr, "  %s: got %.17g, want %.17g (tol %.3g)\n", what, got, want, tol);
-    }
-    vreport(ok, r, fmt, ap);
-    va_end(ap);
+    char what[256];
+    FORMAT_WHAT(what);
+    if (!ok && !g_quiet) fprintf(stderr, "  %s: got %.17g, want %.17g (tol %.3g)\n", what, got, want, tol);
+    report(ok, r, what);
     return ok;
 }
 
@@ -512,369 +487,9 @@ static void test_memory(void) {
     free(host);
 }
 
-/* =============================================================== GEMM */
+/* ================================================ GEMM and bias */
 
-/* One GEMM: C(M,N; ldc) = alpha op(A) op(B) + beta C. The 1.1 gemm when
- * entry11, else gemm_ex. A and B are stored as a_dt / b_dt holding values
- * representable in a_grid / b_grid (F32 storage may hold 16-bit values).
- * Leading dimensions are wider than the rows (A +3, B +5, C +7) unless
- * `packed` (a kernel may take another path for packed C). */
-typedef struct gemm_case {
-    int M, N, K, ta, tb, entry11;
-    uint32_t a_dt, a_grid, b_dt, b_grid, c_dt, round;
-    double alpha, beta;
-    int packed;
-} gemm_case;
-
-static void gemm_lds(const gemm_case *g, int *lda, int *ldb, int *ldc) {
-    const int pad = !g->packed;
-    *lda = (g->ta ? g->M : g->K) + 3 * pad;
-    *ldb = (g->tb ? g->K : g->N) + 5 * pad;
-    *ldc = g->N + 7 * pad;
-}
-
-/* A stored (rows, ld) operand with `cols` used columns: uniform [-1, 1)
- * values on the grid of `grid`, NaN in the padding (a kernel that reads it
- * poisons its result). *absv: |values| in the accumulation type (float, or
- * double for F64), the same layout, for the error bound. */
-static void *make_operand(int rows, int cols, int ld, uint32_t st, uint32_t grid, void **absv) {
-    const size_t n = (size_t)rows * (size_t)ld;
-    if (st == KILN_DTYPE_F64) {
-        double *v = xcalloc(n, sizeof *v), *a = xcalloc(n, sizeof *a);
-        for (size_t i = 0; i < n; i++) {
-            v[i] = (int)(i % (size_t)ld) < cols ? unif(-1, 1) : NAN;
-            a[i] = fabs(v[i]);
-        }
-        *absv = a;
-        return v;
-    }
-    float *v = rand_f32(n, -1, 1), *a = xcalloc(n, sizeof *a);
-    if (grid != KILN_DTYPE_F32) RK->round_to(RACC, v, grid, n);
-    for (size_t i = 0; i < n; i++) {
-        if ((int)(i % (size_t)ld) >= cols) v[i] = NAN;
-        a[i] = fabsf(v[i]);
-    }
-    *absv = a;
-    if (st == KILN_DTYPE_F32) return v;
-    uint16_t *h = xcalloc(n, sizeof *h);
-    RK->cast(RACC, h, st, v, KILN_DTYPE_F32, n); /* exact: the values are on the grid */
-    free(v);
-    return h;
-}
-
-/* Compares a GEMM's result got(M, ldc) with want (see "Tolerances"): the
- * elementwise bound, the padding columns untouched, the norm-wise error
- * (unrounded results), and 16-bit representability of rounded ones.
- * S(M, N): |A| |B|, C0(M, ldc): C before the call. */
-static int check_gemm(const gemm_case *g, const void *C0, const void *want, const void *got, const double *S,
-                      const char *label) {
-    int lda, ldb, ldc;
-    gemm_lds(g, &lda, &ldb, &ldc);
-    const size_t nc = (size_t)g->M * (size_t)ldc;
-    const uint32_t dt = g->c_dt;
-    const int rounded = dt == KILN_DTYPE_F32 && (g->round == KILN_DTYPE_F16 || g->round == KILN_DTYPE_BF16);
-    const int sixteen = g->a_grid != KILN_DTYPE_F32 && g->a_grid != KILN_DTYPE_F64 &&
-                        g->b_grid != KILN_DTYPE_F32 && g->b_grid != KILN_DTYPE_F64;
-    const double u = dt == KILN_DTYPE_F64 ? U64 : sixteen ? U23 : U32;
-    const double rtol = 2.0 * (g->K + 4) * u;
-    double *tol = xcalloc(nc, sizeof *tol), *scale = xcalloc(nc, sizeof *scale);
-    for (int i = 0; i < g->M; i++)
-        for (int j = 0; j < g->N; j++) { /* padding: tol 0, scale 0 */
-            const size_t ix = (size_t)i * ldc + j;
-            const double bc = g->beta != 0 ? g->beta * elem(dt, C0, ix) : 0.0;
-            const double sc = fabs(g->alpha) * S[(size_t)i * g->N + j] + fabs(bc);
-            double t = rtol * sc;
-            if (rounded) {
-                const double w = elem(dt, want, ix), v = elem(dt, got, ix);
-                /* upper estimates of each side's rounded product */
-                const double rw = fabs(w - bc) + 0x1p-22 * (fabs(w) + fabs(bc));
-                const double rv = fabs(v - bc) + 0x1p-22 * (fabs(v) + fabs(bc));
-                t += 0.5 * ulp16(rw, g->round) + 0.5 * ulp16(rv, g->round);
-                if (g->beta != 0) t += U23 * (fabs(w) + fabs(v) + 2 * fabs(bc));
-            }
-            tol[ix] = t;
-            scale[ix] = sc;
-        }
-    int ok = cmp_tol(dt, want, got, nc, tol, "%s", label);
-    if (g->beta == 0) { /* C was NaN and must not have been read: the reference is finite */
-        size_t nonfinite = 0;
-        for (int i = 0; i < g->M; i++)
-            for (int j = 0; j < g->N; j++) nonfinite += !isfinite(elem(dt, want, (size_t)i * ldc + j));
-        if (nonfinite && !g_quiet) fprintf(stderr, "  %s: %zu non-finite reference values\n", label, nonfinite);
-        ok &= nonfinite == 0;
-    }
-    if (!rounded) {
-        const double limit = dt == KILN_DTYPE_F64 ? NORM_LIMIT * U64
-                             : sixteen            ? 4 * NORM_LIMIT * U32
-                                                  : NORM_LIMIT * U32;
-        ok &= cmp_norm(dt, want, got, nc, scale, limit, "%s norm-wise", label);
-    } else if (g->beta == 0) {
-        /* the result is the rounded product itself: representable */
-        float *r = xcalloc((size_t)g->M * g->N, sizeof *r), *r0 = xcalloc((size_t)g->M * g->N, sizeof *r0);
-        for (int i = 0; i < g->M; i++)
-            for (int j = 0; j < g->N; j++) r[(size_t)i * g->N + j] = ((const float *)got)[(size_t)i * ldc + j];
-        memcpy(r0, r, sizeof *r * (size_t)g->M * g->N);
-        RK->round_to(RACC, r, g->round, (size_t)g->M * g->N);
-        ok &= cmp_tol(KILN_DTYPE_F32, r, r0, (size_t)g->M * g->N, NULL, "%s representable in %s", label,
-                      kiln_dtype_name(g->round));
-        free(r), free(r0);
-    }
-    free(tol), free(scale);
-    return ok;
-}
-
-static void run_gemm_case(const gemm_case *g) {
-    const int a_rows = g->ta ? g->K : g->M, a_cols = g->ta ? g->M : g->K;
-    const int b_rows = g->tb ? g->N : g->K, b_cols = g->tb ? g->K : g->N;
-    int lda, ldb, ldc;
-    gemm_lds(g, &lda, &ldb, &ldc);
-    const size_t na = (size_t)a_rows * lda, nb = (size_t)b_rows * ldb, nc = (size_t)g->M * ldc;
-    const size_t csz = kiln_dtype_size(g->c_dt);
-    void *absA, *absB;
-    void *A = make_operand(a_rows, a_cols, lda, g->a_dt, g->a_grid, &absA);
-    void *B = make_operand(b_rows, b_cols, ldb, g->b_dt, g->b_grid, &absB);
-    /* C0: NaN where beta == 0 (C must not be read), a sentinel in the padding */
-    void *C0 = xcalloc(nc, csz), *out[2] = {xcalloc(nc, csz), xcalloc(nc, csz)};
-    for (size_t i = 0; i < nc; i++) {
-        const double v = (int)(i % (size_t)ldc) >= g->N ? 12345.0 : g->beta == 0 ? NAN : unif(-1, 1);
-        if (g->c_dt == KILN_DTYPE_F64) ((double *)C0)[i] = v;
-        else ((float *)C0)[i] = (float)v;
-    }
-    /* S(M, N) = |A| |B| on the reference, for the bound */
-    double *S = xcalloc((size_t)g->M * g->N, sizeof *S);
-    if (g->c_dt == KILN_DTYPE_F64) {
-        CU_ASSERT_EQUAL(RK->gemm_ex(RACC, g->ta, g->tb, g->M, g->N, g->K, 1.0, absA, KILN_DTYPE_F64, lda, absB,
-                                    KILN_DTYPE_F64, ldb, 0.0, S, KILN_DTYPE_F64, g->N, KILN_DTYPE_F32),
-                        KILN_OK);
-    } else {
-        float *Sf = xcalloc((size_t)g->M * g->N, sizeof *Sf);
-        CU_ASSERT_EQUAL(RK->gemm(RACC, g->ta, g->tb, g->M, g->N, g->K, 1.0f, absA, lda, absB, ldb, 0.0f, Sf, g->N),
-                        KILN_OK);
-        for (size_t i = 0; i < (size_t)g->M * g->N; i++) S[i] = Sf[i];
-        free(Sf);
-    }
-    int ran = 1;
-    for (int s = 0; s < 2; s++) {
-        side *X = begin(s);
-        void *dA = up(X, A, na * kiln_dtype_size(g->a_dt)), *dB = up(X, B, nb * kiln_dtype_size(g->b_dt));
-        void *dC = up(X, C0, nc * csz);
-        if (g->entry11)
-            RUN(X, X->k->gemm(X->acc, g->ta, g->tb, g->M, g->N, g->K, (float)g->alpha, dA, lda, dB, ldb,
-                              (float)g->beta, dC, ldc));
-        else
-            RUN(X, X->k->gemm_ex(X->acc, g->ta, g->tb, g->M, g->N, g->K, g->alpha, dA, g->a_dt, lda, dB, g->b_dt,
-                                 ldb, g->beta, dC, g->c_dt, ldc, g->round));
-        down(X, out[s], dC, nc * csz);
-        ran &= end(X);
-    }
-    char label[160];
-    snprintf(label, sizeof label, "%s %dx%dx%d %c%c%s A %s%s B %s%s C %s round %s alpha %g beta %g",
-             g->entry11 ? "gemm" : "gemm_ex", g->M, g->N, g->K, g->ta ? 'T' : 'N', g->tb ? 'T' : 'N',
-             g->packed ? " packed" : "",
-             kiln_dtype_name(g->a_dt), g->a_grid != g->a_dt ? "(16-bit values)" : "", kiln_dtype_name(g->b_dt),
-             g->b_grid != g->b_dt ? "(16-bit values)" : "", kiln_dtype_name(g->c_dt),
-             g->entry11 ? "-" : kiln_dtype_name(g->round), g->alpha, g->beta);
-    if (ran) CU_ASSERT_TRUE(check_gemm(g, C0, out[REF], out[DUT], S, label));
-    free(A), free(B), free(absA), free(absB), free(C0), free(out[0]), free(out[1]), free(S);
-}
-
-/* alpha, beta for the transpose combinations NN, NT, TN, TT: beta == 0
- * (with NaN in C) twice, beta != 0 twice, so every shape sees both */
-static const double g_ab[4][2] = {{1.0, 0.0}, {0.75, -0.5}, {-1.25, 1.0}, {2.0, 0.0}};
-static const int g_shapes[][3] = {{127, 65, 33}, {512, 1024, 784}, {1, 37, 300}, {45, 1, 129}, {200, 150, 1}};
-
-static void test_gemm_f32(void) {
-    seed(100);
-    for (size_t s = 0; s < sizeof g_shapes / sizeof g_shapes[0]; s++)
-        for (int c = 0; c < 4; c++) {
-            const gemm_case g = {g_shapes[s][0], g_shapes[s][1], g_shapes[s][2], c >> 1, c & 1, 1,
-                                 KILN_DTYPE_F32, KILN_DTYPE_F32, KILN_DTYPE_F32, KILN_DTYPE_F32, KILN_DTYPE_F32,
-                                 KILN_DTYPE_F32, g_ab[c][0], g_ab[c][1], 0};
-            run_gemm_case(&g);
-        }
-    /* gemm_ex with float32 operands, unrounded and rounded: each rounding
-     * with beta == 0 and beta != 0, every transpose combination once or more */
-    const uint32_t rounds[3] = {KILN_DTYPE_F32, KILN_DTYPE_BF16, KILN_DTYPE_F16};
-    const int combos[3][2] = {{1, 3}, {0, 2}, {3, 1}};
-    for (int r = 0; r < 3; r++)
-        for (int i = 0; i < 2; i++) {
-            const int c = combos[r][i];
-            const gemm_case g = {127, 65, 33, c >> 1, c & 1, 0, KILN_DTYPE_F32, KILN_DTYPE_F32, KILN_DTYPE_F32,
-                                 KILN_DTYPE_F32, KILN_DTYPE_F32, rounds[r], g_ab[c][0], g_ab[c][1], 0};
-            run_gemm_case(&g);
-        }
-    /* packed operands and C */
-    for (int c = 0; c < 4; c += 3) {
-        const gemm_case g = {127, 65, 33, c >> 1, c & 1, 1, KILN_DTYPE_F32, KILN_DTYPE_F32, KILN_DTYPE_F32,
-                             KILN_DTYPE_F32, KILN_DTYPE_F32, KILN_DTYPE_F32, g_ab[c][0], g_ab[c][1], 1};
-        run_gemm_case(&g);
-    }
-}
-
-static void test_gemm_ex_16bit(void) {
-    seed(200);
-    const uint32_t F16 = KILN_DTYPE_F16, BF16 = KILN_DTYPE_BF16, F32 = KILN_DTYPE_F32;
-    const uint32_t rounds[3] = {KILN_DTYPE_F32, KILN_DTYPE_F16, KILN_DTYPE_BF16};
-    const int shapes[2][3] = {{127, 65, 33}, {61, 35, 129}};
-    int combo = 0;
-    /* both operands 16-bit, every rounding, beta 0 (NaN C) and 1 */
-    for (int s = 0; s < 2; s++)
-        for (int d = 0; d < 2; d++)
-            for (int r = 0; r < 3; r++)
-                for (int b = 0; b < 2; b++, combo++) {
-                    const uint32_t dt = d ? BF16 : F16;
-                    const int c = combo % 4;
-                    const gemm_case g = {shapes[s][0], shapes[s][1], shapes[s][2], c >> 1, c & 1, 0, dt, dt, dt, dt,
-                                         F32, rounds[r], g_ab[c][0], (double)b, 0};
-                    run_gemm_case(&g);
-                }
-    /* one float32 operand holding 16-bit values; float16 times bfloat16 */
-    const uint32_t pairs[3][4] = {{F32, F16, F16, F16}, {BF16, BF16, F32, BF16}, {F16, F16, BF16, BF16}};
-    for (int p = 0; p < 3; p++)
-        for (int r = 0; r < 2; r++)
-            for (int b = 0; b < 2; b++, combo++) {
-                const int c = combo % 4;
-                const gemm_case g = {127, 65, 33, c >> 1, c & 1, 0, pairs[p][0], pairs[p][1], pairs[p][2],
-                                     pairs[p][3], F32, rounds[r], g_ab[c][0], (double)b, 0};
-                run_gemm_case(&g);
-            }
-    /* the large shape, a different combination per transpose */
-    const gemm_case big[4] = {
-        {512, 1024, 784, 0, 0, 0, F16, F16, F16, F16, F32, KILN_DTYPE_F16, 1.0, 0.0, 0},
-        {512, 1024, 784, 0, 1, 0, BF16, BF16, BF16, BF16, F32, KILN_DTYPE_BF16, 0.75, 1.0, 0},
-        {512, 1024, 784, 1, 0, 0, F16, F16, F16, F16, F32, KILN_DTYPE_F32, -1.25, 1.0, 0},
-        {512, 1024, 784, 1, 1, 0, F32, F16, F16, F16, F32, KILN_DTYPE_F32, 2.0, 0.0, 0},
-    };
-    for (int i = 0; i < 4; i++) run_gemm_case(&big[i]);
-    /* packed C: beta == 0 with rounding may round the product in place */
-    const gemm_case packed[4] = {
-        {127, 65, 33, 0, 1, 0, F16, F16, F16, F16, F32, KILN_DTYPE_F16, 1.0, 0.0, 1},
-        {127, 65, 33, 1, 0, 0, BF16, BF16, BF16, BF16, F32, KILN_DTYPE_BF16, -1.25, 0.0, 1},
-        {127, 65, 33, 0, 0, 0, F32, F16, F16, F16, F32, KILN_DTYPE_F16, 2.0, 0.0, 1},
-        {127, 65, 33, 1, 1, 0, F16, F16, F16, F16, F32, KILN_DTYPE_BF16, 0.75, 1.0, 1},
-    };
-    for (int i = 0; i < 4; i++) run_gemm_case(&packed[i]);
-
-    /* fp16 overflow of the rounded product gives inf, as an fp16 matmul
-     * does: A(2, 300) rows of 16 and 8 times B(300, 3) of 16 is 76800
-     * (beyond 65504) and 38400 (exact), plus beta C with C = 1 */
-    enum { M = 2, N = 3, K = 300 };
-    uint16_t A[M * K], B[K * N];
-    float fa[M * K], fb[K * N], C0[M * N], out[2][M * N];
-    for (int i = 0; i < M * K; i++) fa[i] = i < K ? 16.0f : 8.0f;
-    for (int i = 0; i < K * N; i++) fb[i] = 16.0f;
-    RK->cast(RACC, A, F16, fa, F32, M * K);
-    RK->cast(RACC, B, F16, fb, F32, K * N);
-    for (int sign = 0; sign < 2; sign++) {
-        int ran = 1;
-        for (int s = 0; s < 2; s++) {
-            side *X = begin(s);
-            for (int i = 0; i < M * N; i++) C0[i] = 1.0f;
-            void *dA = up(X, A, sizeof A), *dB = up(X, B, sizeof B), *dC = up(X, C0, sizeof C0);
-            RUN(X, X->k->gemm_ex(X->acc, 0, 0, M, N, K, sign ? -1.0 : 1.0, dA, F16, K, dB, F16, N, 1.0, dC, F32, N,
-                                 F16));
-            down(X, out[s], dC, sizeof C0);
-            ran &= end(X);
-        }
-        if (!ran) continue;
-        const float want[M * N] = {sign ? -INFINITY : INFINITY, sign ? -INFINITY : INFINITY,
-                                   sign ? -INFINITY : INFINITY, sign ? -38399.0f : 38401.0f,
-                                   sign ? -38399.0f : 38401.0f, sign ? -38399.0f : 38401.0f};
-        CU_ASSERT_TRUE(cmp_tol(F32, want, out[REF], M * N, NULL, "gemm_ex fp16 overflow (reference, sign %d)", sign));
-        CU_ASSERT_TRUE(cmp_tol(F32, out[REF], out[DUT], M * N, NULL, "gemm_ex fp16 overflow (sign %d)", sign));
-    }
-}
-
-static void test_gemm_ex_f64(void) {
-    seed(300);
-    const uint32_t F64 = KILN_DTYPE_F64;
-    for (size_t s = 0; s < 3; s++)
-        for (int c = 0; c < 4; c++) {
-            const gemm_case g = {g_shapes[s][0], g_shapes[s][1], g_shapes[s][2], c >> 1, c & 1, 0, F64, F64, F64,
-                                 F64, F64, s == 2 ? F64 : KILN_DTYPE_F32, g_ab[c][0], g_ab[c][1], 0};
-            run_gemm_case(&g);
-        }
-    const gemm_case packed = {127, 65, 33, 0, 1, 0, F64, F64, F64, F64, F64, KILN_DTYPE_F32, 0.75, -0.5, 1};
-    run_gemm_case(&packed);
-}
-
-/* ========================================================== bias */
-
-static void test_bias(void) {
-    const int shapes[3][2] = {{333, 77}, {4099, 257}, {1, 5}};
-    seed(400);
-    for (int sh = 0; sh < 3; sh++) {
-        const int R = shapes[sh][0], C = shapes[sh][1];
-        const size_t ny = (size_t)R * C;
-        /* entry: 0 the 1.1 fp32 entries, 1 the _ex ones in F32, 2 in F64 */
-        for (int entry = 0; entry < 3; entry++) {
-            const uint32_t dt = entry == 2 ? KILN_DTYPE_F64 : KILN_DTYPE_F32;
-            const size_t sz = kiln_dtype_size(dt);
-            const double u = dt == KILN_DTYPE_F64 ? U64 : U32;
-            void *y0 = xcalloc(ny, sz), *b = xcalloc(C, sz), *dy = xcalloc(ny, sz), *db0 = xcalloc(C, sz);
-            void *y[2] = {xcalloc(ny, sz), xcalloc(ny, sz)}, *db[2][2] = {{xcalloc(C, sz), xcalloc(C, sz)},
-                                                                          {xcalloc(C, sz), xcalloc(C, sz)}};
-            double *colabs = xcalloc(C, sizeof *colabs);
-            for (size_t i = 0; i < ny; i++) {
-                const double a = unif(-2, 2), g = unif(-1, 1);
-                if (sz == 8) ((double *)y0)[i] = a, ((double *)dy)[i] = g;
-                else ((float *)y0)[i] = (float)a, ((float *)dy)[i] = (float)g;
-                colabs[i % C] += fabs(elem(dt, dy, i));
-            }
-            for (int j = 0; j < C; j++) {
-                const double a = unif(-1, 1), d = unif(-1, 1);
-                if (sz == 8) ((double *)b)[j] = a, ((double *)db0)[j] = d;
-                else ((float *)b)[j] = (float)a, ((float *)db0)[j] = (float)d;
-            }
-            /* db before an accumulate = 0 call: NaN, which must not leak */
-            void *dbnan = xcalloc(C, sz);
-            for (int j = 0; j < C; j++) {
-                if (sz == 8) ((double *)dbnan)[j] = NAN;
-                else ((float *)dbnan)[j] = NAN;
-            }
-            int ran = 1;
-            for (int s = 0; s < 2; s++) {
-                side *X = begin(s);
-                void *dY = up(X, y0, ny * sz), *dB = up(X, b, C * sz), *dDY = up(X, dy, ny * sz);
-                void *dDB0 = up(X, dbnan, C * sz), *dDB1 = up(X, db0, C * sz);
-                if (entry == 0) {
-                    RUN(X, X->k->bias_add(X->acc, dY, dB, R, C));
-                    RUN(X, X->k->bias_grad(X->acc, dDB0, dDY, R, C, 0));
-                    RUN(X, X->k->bias_grad(X->acc, dDB1, dDY, R, C, 1));
-                } else {
-                    RUN(X, X->k->bias_add_ex(X->acc, dt, dY, dB, R, C));
-                    RUN(X, X->k->bias_grad_ex(X->acc, dt, dDB0, dDY, R, C, 0));
-                    RUN(X, X->k->bias_grad_ex(X->acc, dt, dDB1, dDY, R, C, 1));
-                }
-                down(X, y[s], dY, ny * sz);
-                down(X, db[s][0], dDB0, C * sz);
-                down(X, db[s][1], dDB1, C * sz);
-                ran &= end(X);
-            }
-            const char *ename = entry == 0 ? "" : "_ex";
-            const char *dname = kiln_dtype_name(dt);
-            if (ran) {
-                CU_ASSERT_TRUE(cmp_tol(dt, y[REF], y[DUT], ny, NULL, "bias_add%s %s %dx%d", ename, dname, R, C));
-                double *tol = xcalloc(C, sizeof *tol), *scale = xcalloc(C, sizeof *scale);
-                for (int acc = 0; acc < 2; acc++) {
-                    for (int j = 0; j < C; j++) {
-                        scale[j] = colabs[j] + (acc ? fabs(elem(dt, db0, j)) : 0.0);
-                        tol[j] = 2.0 * (R + 4) * u * scale[j];
-                    }
-                    CU_ASSERT_TRUE(cmp_tol(dt, db[REF][acc], db[DUT][acc], C, tol, "bias_grad%s %s %dx%d accumulate %d",
-                                           ename, dname, R, C, acc));
-                    for (int j = 0; j < C; j++) /* the NaN in db was not read */
-                        CU_ASSERT_TRUE(isfinite(elem(dt, db[REF][acc], j)));
-                    CU_ASSERT_TRUE(cmp_norm(dt, db[REF][acc], db[DUT][acc], C, scale, NORM_LIMIT * u,
-                                            "bias_grad%s %s %dx%d accumulate %d norm-wise", ename, dname, R, C, acc));
-                }
-                free(tol), free(scale);
-            }
-            free(y0), free(b), free(dy), free(db0), free(dbnan), free(colabs);
-            for (int s = 0; s < 2; s++) free(y[s]), free(db[s][0]), free(db[s][1]);
-        }
-    }
-}
+#include "cuda_gemm_cases.inc"
 
 /* ===================================================== activations */
 
@@ -1281,396 +896,9 @@ static void test_scale_axpy(void) {
     }
 }
 
-/* ========================================================== optimizers */
+/* ============================= optimizers, 1.5 elementwise, casts */
 
-/* Stores v into element i of an F32 or F64 buffer. */
-static void put(uint32_t dt, void *p, size_t i, double v) {
-    if (dt == KILN_DTYPE_F64) ((double *)p)[i] = v;
-    else ((float *)p)[i] = (float)v;
-}
-
-/* ============================================ 1.5 elementwise entries */
-
-static void test_ew15(void) {
-    static const char *const names[7] = {"lerp", "sign", "mul", "addcmul", "addcdiv", "sqrt_ex", "clamp"};
-    static const size_t sizes[] = {37, 100003};
-    static const double weights[2] = {0.1, 0.9}; /* both of torch.lerp's formulas */
-    if (!g_side[DUT].k->clamp || g_side[DUT].k->struct_size < KILN_KERNELS_SIZE_1_5) {
-        CU_FAIL("the table under test lacks the 1.5 elementwise entries");
-        return;
-    }
-    seed(1500);
-    for (size_t si = 0; si < 2; si++) {
-        const size_t n = sizes[si];
-        for (int f64 = 0; f64 < 2; f64++) {
-            const uint32_t dt = f64 ? KILN_DTYPE_F64 : KILN_DTYPE_F32;
-            const size_t sz = kiln_dtype_size(dt), bytes = n * sz;
-            void *a = xcalloc(n, sz), *b = xcalloc(n, sz), *y0 = xcalloc(n, sz);
-            for (size_t i = 0; i < n; i++) {
-                put(dt, a, i, unif(-3, 3));
-                put(dt, b, i, unif(-3, 3));
-                put(dt, y0, i, unif(-1, 1));
-            }
-            /* the edges: NaN, infinities, signed zeros, a subnormal */
-            const double special[6] = {NAN, INFINITY, -INFINITY, 0.0, -0.0, f64 ? 4e-320 : 1e-40};
-            for (int j = 0; j < 6; j++) put(dt, a, (size_t)j * 5 % n, special[j]);
-            for (int j = 0; j < 6; j++) put(dt, b, (size_t)j * 7 % n + 1, special[5 - j]);
-            for (int op = 0; op < 7; op++) {
-                for (int inplace = 0; inplace < 2; inplace++) {
-                    for (int wi = 0; wi < (op == 0 ? 2 : 1); wi++) {
-                        void *out[2] = {xcalloc(n, sz), xcalloc(n, sz)};
-                        int ran = 1;
-                        for (int s = 0; s < 2; s++) {
-                            side *X = begin(s);
-                            void *da = up(X, a, bytes), *db = up(X, b, bytes), *dy = up(X, y0, bytes);
-                            /* in place: y is a itself (b for mul) */
-                            void *y = !inplace ? dy : op == 2 ? db : da;
-                            const kiln_kernels *k = X->k;
-                            switch (op) {
-                            case 0: RUN(X, k->lerp(X->acc, dt, y, da, db, weights[wi], n)); break;
-                            case 1: RUN(X, k->sign(X->acc, dt, y, da, n)); break;
-                            case 2: RUN(X, k->mul(X->acc, dt, y, da, db, n)); break;
-                            case 3: RUN(X, k->addcmul(X->acc, dt, y, -0.7, da, db, n)); break;
-                            case 4: RUN(X, k->addcdiv(X->acc, dt, y, 0.3, da, db, n)); break;
-                            case 5: RUN(X, k->sqrt_ex(X->acc, dt, y, da, n)); break;
-                            default: RUN(X, k->clamp(X->acc, dt, y, da, -1.25, 2.0, n)); break;
-                            }
-                            if (!X->failed) down(X, out[s], y, bytes);
-                            ran &= end(X);
-                        }
-                        /* the same per-element formulas (kernels/common/km_ew.h), IEEE division and
-                         * square root, no FMA on either side: equal bits, NaNs included */
-                        if (ran && memcmp(out[REF], out[DUT], bytes) != 0) {
-                            size_t i = 0;
-                            while (i < n && !memcmp((char *)out[REF] + i * sz, (char *)out[DUT] + i * sz, sz)) i++;
-                            fprintf(stderr, "  %s %s n=%zu%s: element %zu differs\n", names[op], kiln_dtype_name(dt),
-                                    n, inplace ? " in place" : "", i);
-                            CU_FAIL("1.5 elementwise entry differs from the cpu");
-                        }
-                        free(out[0]), free(out[1]);
-                    }
-                }
-            }
-            free(a), free(b), free(y0);
-        }
-    }
-}
-
-
-/* round_to through the 1.5 FP8 formats: the same bits on both sides (one
- * integer codec, kernels/common/km_fp8.h), over the whole range, the
- * saturation region, NaN and both infinities. */
-static void test_round_fp8(void) {
-    enum { N = 100003 };
-    float *x = xcalloc(N, sizeof *x);
-    seed(1508);
-    for (size_t i = 0; i < N; i++) x[i] = (float)(unif(-1, 1) * ldexp(1.0, (int)(next_u64() % 48) - 28));
-    const float special[6] = {NAN, INFINITY, -INFINITY, -0.0f, 1e9f, -464.0f};
-    for (int j = 0; j < 6; j++) x[(size_t)j * 13] = special[j];
-    static const uint32_t dts[2] = {KILN_DTYPE_F8E4M3, KILN_DTYPE_F8E5M2};
-    for (int d = 0; d < 2; d++) {
-        float *out[2] = {xcalloc(N, sizeof(float)), xcalloc(N, sizeof(float))};
-        int ran = 1;
-        for (int s = 0; s < 2; s++) {
-            side *X = begin(s);
-            float *dx = up(X, x, N * sizeof(float));
-            RUN(X, X->k->round_to(X->acc, dx, dts[d], N));
-            if (!X->failed) down(X, out[s], dx, N * sizeof(float));
-            ran &= end(X);
-        }
-        if (ran && memcmp(out[REF], out[DUT], N * sizeof(float)) != 0) {
-            fprintf(stderr, "  round_to %s differs from the cpu\n", kiln_dtype_name(dts[d]));
-            CU_FAIL("FP8 round_to differs from the cpu");
-        }
-        free(out[0]), free(out[1]);
-    }
-    free(x);
-}
-
-typedef struct sgd_variant {
-    double lr, momentum, dampening, weight_decay;
-    int nesterov, steps;
-} sgd_variant;
-
-/* entry11: the 1.1 sgd_update (F32), else sgd_update_ex in dt. Each side
- * runs `steps` steps on its own state (first_step on the first), with a
- * fresh gradient per step; p and the momentum buffer are compared after
- * every step. */
-static void run_sgd(const sgd_variant *v, size_t n, int entry11, uint32_t dt) {
-    const size_t sz = kiln_dtype_size(dt);
-    const int has_buf = v->momentum != 0;
-    const double rtol = dt == KILN_DTYPE_F64 ? RTOL_F64 : RTOL_OPT_F32;
-    void *p0 = xcalloc(n, sz), *g = xcalloc(n, sz);
-    void *p[2] = {xcalloc(n, sz), xcalloc(n, sz)}, *buf[2] = {xcalloc(n, sz), xcalloc(n, sz)};
-    double *acc_p = xcalloc(n, sizeof *acc_p), *acc_b = xcalloc(n, sizeof *acc_b), *tol = xcalloc(n, sizeof *tol);
-    for (size_t i = 0; i < n; i++) put(dt, p0, i, unif(-1, 1));
-    /* state per side: p, the momentum buffer (NULL without momentum) and
-     * the gradient, refilled every step */
-    void *dP[2] = {NULL, NULL}, *dB[2] = {NULL, NULL}, *dG[2] = {NULL, NULL};
-    int ran = 1;
-    for (int s = 0; s < 2; s++) {
-        side *X = begin(s);
-        dP[s] = up(X, p0, n * sz);
-        dB[s] = has_buf ? up(X, NULL, n * sz) : NULL;
-        dG[s] = up(X, NULL, n * sz);
-        if (X->failed) ran = 0;
-    }
-    char label[160];
-    snprintf(label, sizeof label, "sgd_update%s %s n=%zu lr %g momentum %g dampening %g nesterov %d wd %g",
-             entry11 ? "" : "_ex", kiln_dtype_name(dt), n, v->lr, v->momentum, v->dampening, v->nesterov,
-             v->weight_decay);
-    for (int t = 1; t <= v->steps && ran; t++) {
-        for (size_t i = 0; i < n; i++) put(dt, g, i, unif(-1, 1));
-        for (int s = 0; s < 2; s++) {
-            side *X = &g_side[s];
-            RUN(X, X->k->copy(X->acc, dG[s], g, n * sz, KILN_COPY_H2D));
-            if (entry11)
-                RUN(X, X->k->sgd_update(X->acc, dP[s], dG[s], dB[s], n, (float)v->lr, (float)v->momentum,
-                                        (float)v->dampening, v->nesterov, (float)v->weight_decay, t == 1));
-            else
-                RUN(X, X->k->sgd_update_ex(X->acc, dt, dP[s], dG[s], dB[s], n, v->lr, v->momentum, v->dampening,
-                                           v->nesterov, v->weight_decay, t == 1));
-            down(X, p[s], dP[s], n * sz);
-            if (has_buf) down(X, buf[s], dB[s], n * sz);
-            if (X->failed) ran = 0;
-        }
-        if (!ran) break;
-        /* the scale: |p| plus every step's lr * (|g| + wd |p| + |buf|) */
-        for (size_t i = 0; i < n; i++) {
-            const double pb = fabs(elem(dt, p[REF], i)), bb = has_buf ? fabs(elem(dt, buf[REF], i)) : 0.0;
-            const double d = fabs(elem(dt, g, i)) + v->weight_decay * pb + (1 + v->momentum) * bb;
-            acc_b[i] += d;
-            acc_p[i] += v->lr * d;
-            tol[i] = rtol * t * (pb + acc_p[i]);
-        }
-        CU_ASSERT_TRUE(cmp_tol(dt, p[REF], p[DUT], n, tol, "%s step %d p", label, t));
-        if (has_buf) {
-            for (size_t i = 0; i < n; i++) tol[i] = rtol * t * (fabs(elem(dt, buf[REF], i)) + acc_b[i]);
-            CU_ASSERT_TRUE(cmp_tol(dt, buf[REF], buf[DUT], n, tol, "%s step %d momentum_buf", label, t));
-        }
-    }
-    for (int s = 0; s < 2; s++) end(&g_side[s]);
-    free(p0), free(g), free(acc_p), free(acc_b), free(tol);
-    for (int s = 0; s < 2; s++) free(p[s]), free(buf[s]);
-}
-
-static void test_sgd(void) {
-    static const sgd_variant variants[] = {
-        {0.1, 0.0, 0.0, 0.0, 0, 2},   /* plain, no buffer (NULL)        */
-        {0.1, 0.0, 0.0, 1e-2, 0, 2},  /* weight decay without momentum  */
-        {0.1, 0.9, 0.0, 0.0, 0, 3},   /* momentum: first_step, then not */
-        {0.05, 0.9, 0.1, 1e-2, 0, 3}, /* dampening and weight decay     */
-        {0.1, 0.9, 0.0, 5e-4, 1, 3},  /* Nesterov                       */
-    };
-    static const size_t sizes[] = {37, 1000003};
-    seed(1200);
-    for (size_t vi = 0; vi < sizeof variants / sizeof variants[0]; vi++)
-        for (size_t si = 0; si < 2; si++) {
-            run_sgd(&variants[vi], sizes[si], 1, KILN_DTYPE_F32);
-            run_sgd(&variants[vi], sizes[si], 0, KILN_DTYPE_F32);
-            run_sgd(&variants[vi], sizes[si], 0, KILN_DTYPE_F64);
-        }
-}
-
-/* AdamW over `steps` steps per side, compared after every step (p, m, v). */
-static void run_adamw(size_t n, int entry11, uint32_t dt, double lr, double wd, int steps) {
-    const double b1 = 0.9, b2 = 0.999, eps = 1e-8;
-    const size_t sz = kiln_dtype_size(dt);
-    const double rtol = dt == KILN_DTYPE_F64 ? RTOL_F64 : RTOL_OPT_F32;
-    void *p0 = xcalloc(n, sz), *g = xcalloc(n, sz), *prev = xcalloc(n, sz);
-    void *o[2][3];
-    for (int s = 0; s < 2; s++)
-        for (int k = 0; k < 3; k++) o[s][k] = xcalloc(n, sz);
-    double *upd = xcalloc(n, sizeof *upd), *gmax = xcalloc(n, sizeof *gmax), *tol = xcalloc(n, sizeof *tol);
-    for (size_t i = 0; i < n; i++) put(dt, p0, i, unif(-1, 1));
-    memcpy(prev, p0, n * sz);
-    void *d[2][4]; /* per side: p, m, v, and the gradient, refilled every step */
-    int ran = 1;
-    for (int s = 0; s < 2; s++) {
-        side *X = begin(s);
-        d[s][0] = up(X, p0, n * sz), d[s][1] = up(X, NULL, n * sz), d[s][2] = up(X, NULL, n * sz);
-        d[s][3] = up(X, NULL, n * sz);
-        if (X->failed) ran = 0;
-    }
-    char label[128];
-    snprintf(label, sizeof label, "adamw_update%s %s n=%zu lr %g wd %g", entry11 ? "" : "_ex", kiln_dtype_name(dt),
-             n, lr, wd);
-    for (int t = 1; t <= steps && ran; t++) {
-        for (size_t i = 0; i < n; i++) {
-            put(dt, g, i, unif(-1, 1) * (i % 7 == 0 ? 1e-3 : 1.0)); /* some small gradients */
-            gmax[i] = fmax(gmax[i], fabs(elem(dt, g, i)));
-        }
-        for (int s = 0; s < 2; s++) {
-            side *X = &g_side[s];
-            RUN(X, X->k->copy(X->acc, d[s][3], g, n * sz, KILN_COPY_H2D));
-            if (entry11)
-                RUN(X, X->k->adamw_update(X->acc, d[s][0], d[s][3], d[s][1], d[s][2], n, (float)lr, (float)b1,
-                                          (float)b2, (float)eps, (float)wd, t));
-            else
-                RUN(X, X->k->adamw_update_ex(X->acc, dt, d[s][0], d[s][3], d[s][1], d[s][2], n, lr, b1, b2, eps, wd,
-                                             t));
-            for (int k = 0; k < 3; k++) down(X, o[s][k], d[s][k], n * sz);
-            if (X->failed) ran = 0;
-        }
-        if (!ran) break;
-        for (size_t i = 0; i < n; i++) {
-            upd[i] += fabs(elem(dt, o[REF][0], i) - elem(dt, prev, i));
-            tol[i] = rtol * t * (fabs(elem(dt, o[REF][0], i)) + upd[i] + lr * wd);
-        }
-        memcpy(prev, o[REF][0], n * sz);
-        CU_ASSERT_TRUE(cmp_tol(dt, o[REF][0], o[DUT][0], n, tol, "%s step %d p", label, t));
-        for (size_t i = 0; i < n; i++) tol[i] = rtol * t * (fabs(elem(dt, o[REF][1], i)) + gmax[i]);
-        CU_ASSERT_TRUE(cmp_tol(dt, o[REF][1], o[DUT][1], n, tol, "%s step %d m", label, t));
-        const double tiny = dt == KILN_DTYPE_F64 ? TINY_F64 : TINY_F32;
-        for (size_t i = 0; i < n; i++) tol[i] = rtol * t * fabs(elem(dt, o[REF][2], i)) + tiny;
-        CU_ASSERT_TRUE(cmp_tol(dt, o[REF][2], o[DUT][2], n, tol, "%s step %d v", label, t));
-    }
-    for (int s = 0; s < 2; s++) end(&g_side[s]);
-    free(p0), free(g), free(prev), free(upd), free(gmax), free(tol);
-    for (int s = 0; s < 2; s++)
-        for (int k = 0; k < 3; k++) free(o[s][k]);
-}
-
-static void test_adamw(void) {
-    seed(1300);
-    static const size_t sizes[] = {37, 1000003};
-    for (size_t si = 0; si < 2; si++) {
-        run_adamw(sizes[si], 1, KILN_DTYPE_F32, 1e-3, 1e-2, 5);
-        run_adamw(sizes[si], 0, KILN_DTYPE_F32, 1e-3, 1e-2, 5);
-        run_adamw(sizes[si], 0, KILN_DTYPE_F64, 1e-3, 1e-2, 5);
-    }
-    run_adamw(4099, 0, KILN_DTYPE_F32, 0.1, 0.0, 4); /* a large rate, no decay */
-}
-
-/* ======================================================= cast, round_to */
-
-/* Source values per dtype (see the comments inside); *n receives the count. */
-static void *cast_source(uint32_t dt, size_t *n) {
-    if (dt == KILN_DTYPE_F16 || dt == KILN_DTYPE_BF16) {
-        uint16_t *h = xcalloc(65536, sizeof *h); /* every bit pattern */
-        for (size_t i = 0; i < 65536; i++) h[i] = (uint16_t)i;
-        *n = 65536;
-        return h;
-    }
-    enum { RANDOM_BITS = 60000, TIES = 8192 };
-    const size_t cap = 64 + RANDOM_BITS + 3 * 6 * TIES + 20000; /* the float64 set is the larger */
-    size_t k = 0;
-    if (dt == KILN_DTYPE_F32) {
-        float *x = xcalloc(cap, sizeof *x);
-        static const float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN, FLT_MAX, -FLT_MAX, FLT_MIN,
-                                         -FLT_MIN, 0x1p-149f, -0x1p-149f, 1e-40f, -3e-39f, 65504.0f, 65519.996f,
-                                         65520.0f, -65520.0f, 65536.0f, 1e5f, 0x1p-24f, 0x1p-25f, 0x3p-25f, 0x1p-26f,
-                                         0x1p-14f, 0x1.ff8p-15f, 3.3895314e38f, 3.3961776e38f, 1.0f, -1.0f};
-        for (size_t i = 0; i < sizeof specials / sizeof specials[0]; i++) x[k++] = specials[i];
-        for (size_t i = 0; i < RANDOM_BITS; i++) { /* every exponent, NaN payloads, subnormals */
-            const uint32_t u = (uint32_t)next_u64();
-            memcpy(&x[k++], &u, sizeof u);
-        }
-        /* ties between neighbouring 16-bit values (exact in float), and one
-         * float ulp either side: round-to-nearest-even and its neighbours */
-        for (int f = 0; f < 2; f++)
-            for (size_t i = 0; i < TIES; i++) {
-                uint16_t h = (uint16_t)(next_u64() & 0x7FFE); /* finite, with a finite successor */
-                if (f == 0 && (h & 0x7C00) == 0x7C00) h = 0x7BFE;
-                if (f == 1 && (h & 0x7F80) == 0x7F80) h = 0x7F7E;
-                const double a = f ? bf16_value(h) : f16_value(h), b = f ? bf16_value(h + 1) : f16_value(h + 1);
-                const float mid = (float)(0.5 * (a + b)), sg = (next_u64() & 1) ? -1.0f : 1.0f;
-                x[k++] = sg * mid;
-                x[k++] = sg * nextafterf(mid, INFINITY);
-                x[k++] = sg * nextafterf(mid, 0.0f);
-            }
-        for (size_t i = 0; i < 20000; i++) x[k++] = (float)unif(-70000, 70000); /* around fp16's range */
-        *n = k;
-        return x;
-    }
-    double *x = xcalloc(cap, sizeof *x);
-    static const double specials[] = {0.0, -0.0, INFINITY, -INFINITY, NAN, DBL_MAX, -DBL_MAX, 1e39, -1e39, 1e-46,
-                                      0x1p-150, 0x1.000001p-150, 0x1p-149, 3.4028235677973366e38,
-                                      3.4028235677973366e38 * (1 + 0x1p-30), 65504.0, 65519.999, 65520.0, 0x1p-25,
-                                      0x1.0000001p-25, DBL_MIN, 5e-324, 1.0,
-                                      /* double rounding: direct rounding goes up, via float it ties to even (down) */
-                                      1.0 + 0x1p-11 + 0x1p-40, 1.0 + 0x1p-8 + 0x1p-40, -(1.0 + 0x1p-11 + 0x1p-40),
-                                      -(1.0 + 0x1p-8 + 0x1p-40)};
-    for (size_t i = 0; i < sizeof specials / sizeof specials[0]; i++) x[k++] = specials[i];
-    for (size_t i = 0; i < RANDOM_BITS; i++) {
-        const uint64_t u = next_u64();
-        memcpy(&x[k++], &u, sizeof u);
-    }
-    /* ties of float and of each 16-bit format, and values a hair (2^-30
-     * relative, below float's precision) either side of the 16-bit ties,
-     * which only a single rounding gets right */
-    for (int f = 0; f < 3; f++)
-        for (size_t i = 0; i < TIES; i++) {
-            double a, b;
-            if (f == 2) {
-                uint32_t u = (uint32_t)next_u64() & 0x7F7FFFFFu;
-                float fa, fb;
-                memcpy(&fa, &u, 4);
-                fb = nextafterf(fa, INFINITY);
-                if (!isfinite(fb)) fb = fa; /* FLT_MAX has no finite successor */
-                a = fa, b = fb;
-            } else {
-                uint16_t h = (uint16_t)(next_u64() & 0x7FFE);
-                if (f == 0 && (h & 0x7C00) == 0x7C00) h = 0x7BFE;
-                if (f == 1 && (h & 0x7F80) == 0x7F80) h = 0x7F7E;
-                a = f ? bf16_value(h) : f16_value(h), b = f ? bf16_value(h + 1) : f16_value(h + 1);
-            }
-            const double mid = 0.5 * (a + b), sg = (next_u64() & 1) ? -1.0 : 1.0;
-            x[k++] = sg * mid;
-            x[k++] = sg * (mid + (b - a) * 0x1p-30);
-            x[k++] = sg * (mid - (b - a) * 0x1p-30);
-            x[k++] = sg * nextafter(mid, INFINITY);
-            x[k++] = sg * nextafter(mid, 0.0);
-            x[k++] = sg * unif(a, b);
-        }
-    for (size_t i = 0; i < 20000; i++) x[k++] = unif(-1, 1) * pow(2.0, unif(-160, 130));
-    *n = k;
-    return x;
-}
-
-static void test_cast_round_to(void) {
-    static const uint32_t dts[4] = {KILN_DTYPE_F32, KILN_DTYPE_F64, KILN_DTYPE_F16, KILN_DTYPE_BF16};
-    seed(1400);
-    for (int si = 0; si < 4; si++) {
-        size_t n;
-        void *src = cast_source(dts[si], &n);
-        const size_t ssz = kiln_dtype_size(dts[si]);
-        for (int di = 0; di < 4; di++) {
-            const size_t dsz = kiln_dtype_size(dts[di]);
-            void *out[2] = {xcalloc(n, dsz), xcalloc(n, dsz)};
-            int ran = 1;
-            for (int s = 0; s < 2; s++) {
-                side *X = begin(s);
-                void *dS = up(X, src, n * ssz), *dD = up(X, NULL, n * dsz);
-                RUN(X, X->k->cast(X->acc, dD, dts[di], dS, dts[si], n));
-                down(X, out[s], dD, n * dsz);
-                ran &= end(X);
-            }
-            if (ran)
-                CU_ASSERT_TRUE(cmp_bits(dts[di], out[REF], out[DUT], n, "cast %s -> %s (%zu values)",
-                                        kiln_dtype_name(dts[si]), kiln_dtype_name(dts[di]), n));
-            free(out[0]), free(out[1]);
-        }
-        if (dts[si] == KILN_DTYPE_F32)
-            for (int di = 0; di < 4; di++) {
-                if (dts[di] == KILN_DTYPE_F64) continue;
-                float *out[2] = {xcalloc(n, 4), xcalloc(n, 4)};
-                int ran = 1;
-                for (int s = 0; s < 2; s++) {
-                    side *X = begin(s);
-                    float *dX = up(X, src, n * 4);
-                    RUN(X, X->k->round_to(X->acc, dX, dts[di], n));
-                    down(X, out[s], dX, n * 4);
-                    ran &= end(X);
-                }
-                if (ran)
-                    CU_ASSERT_TRUE(cmp_bits(KILN_DTYPE_F32, out[REF], out[DUT], n, "round_to %s (%zu values)",
-                                            kiln_dtype_name(dts[di]), n));
-                free(out[0]), free(out[1]);
-            }
-        free(src);
-    }
-}
+#include "cuda_ew_cases.inc"
 
 /* ========================================================= self-check */
 
