@@ -609,11 +609,30 @@ static cudaError_t fake_submit(cudaStream_t s, const fake_op *op, int now) {
     return fake_enqueue(s, op);
 }
 
+/* The refusals every create call starts with: no place for the handle,
+ * or a failure injected into `what` (KILN_FAKE_CUDA_FAIL). */
+static cudaError_t fake_create_refused(const void *out, const char *what) {
+    if (!out) return fake_error(cudaErrorInvalidValue);
+    if (fake_inject(what)) return fake_error(cudaErrorUnknown);
+    return cudaSuccess;
+}
+
+/* Takes `node` (a struct `type` *) out of the list at `head`: the live
+ * streams and events are kept in singly linked lists of their own types. */
+#define FAKE_UNLINK(type, head, node)                                                                                  \
+    do {                                                                                                               \
+        for (type **pp_ = &(head); *pp_; pp_ = &(*pp_)->next)                                                          \
+            if (*pp_ == (node)) {                                                                                      \
+                *pp_ = (node)->next;                                                                                   \
+                break;                                                                                                 \
+            }                                                                                                          \
+    } while (0)
+
 cudaError_t CUDARTAPI cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags) {
-    if (!pStream) return fake_error(cudaErrorInvalidValue);
-    if (fake_inject("cudaStreamCreateWithFlags")) return fake_error(cudaErrorUnknown);
+    cudaError_t e = fake_create_refused(pStream, "cudaStreamCreateWithFlags");
+    if (e != cudaSuccess) return e;
     int count;
-    cudaError_t e = fake_runtime_state(&count);
+    e = fake_runtime_state(&count);
     if (e != cudaSuccess) return fake_error(e);
     struct CUstream_st *s = calloc(1, sizeof *s);
     if (!s) return fake_error(cudaErrorMemoryAllocation);
@@ -635,11 +654,7 @@ cudaError_t CUDARTAPI cudaStreamDestroy(cudaStream_t stream) {
         return fake_error(cudaErrorInvalidResourceHandle);
     }
     fake_drain(stream, NULL, 0); /* queued work still completes */
-    for (struct CUstream_st **pp = &fake_streams; *pp; pp = &(*pp)->next)
-        if (*pp == stream) {
-            *pp = stream->next;
-            break;
-        }
+    FAKE_UNLINK(struct CUstream_st, fake_streams, stream);
     free(stream->ops);
     free(stream);
     fake_stats.streams_live--;
@@ -671,8 +686,8 @@ cudaError_t CUDARTAPI cudaDeviceSynchronize(void) {
 /* ------------------------------------------------------------- events */
 
 cudaError_t CUDARTAPI cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags) {
-    if (!event) return fake_error(cudaErrorInvalidValue);
-    if (fake_inject("cudaEventCreateWithFlags")) return fake_error(cudaErrorUnknown);
+    cudaError_t err = fake_create_refused(event, "cudaEventCreateWithFlags");
+    if (err != cudaSuccess) return err;
     struct CUevent_st *e = calloc(1, sizeof *e);
     if (!e) return fake_error(cudaErrorMemoryAllocation);
     e->magic = FAKE_EVENT_MAGIC;
@@ -693,11 +708,7 @@ cudaError_t CUDARTAPI cudaEventDestroy(cudaEvent_t event) {
     }
     /* a queued record still refers to it: let the queues run first */
     fake_drain_all();
-    for (struct CUevent_st **pp = &fake_events; *pp; pp = &(*pp)->next)
-        if (*pp == event) {
-            *pp = event->next;
-            break;
-        }
+    FAKE_UNLINK(struct CUevent_st, fake_events, event);
     free(event);
     fake_stats.events_live--;
     return cudaSuccess;

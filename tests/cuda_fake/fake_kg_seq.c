@@ -227,6 +227,23 @@ static int fake_attn_args(int fdt, int B, int T, int C, int NH, int round_dtype)
            fake_seq_round_ok(fdt, round_dtype);
 }
 
+/* What both attention launches do once their buffers are listed: the
+ * launch checks, the two operand overlaps kg_kernels.h forbids (pairs of
+ * indices into b, the first found is the one reported), then the CPU
+ * kernel's workspace for `backward`, 64-byte aligned, into *ws / *wsb. */
+static cudaError_t fake_attn_launch(const char *fn, cudaStream_t s, const fake_buf *b, int nb, const int ov[2][2],
+                                    int backward, size_t esz, int B, int T, int NH, void **ws, size_t *wsb) {
+    cudaError_t e = fake_launch(fn, s, b, nb);
+    if (e != cudaSuccess) return e;
+    for (int i = 0; i < 2; i++) {
+        const fake_buf *x = &b[ov[i][0]], *y = &b[ov[i][1]];
+        if (fake_overlap(fn, x->what, x->p, x->bytes, y->what, y->p, y->bytes)) return fake_error(cudaErrorInvalidValue);
+    }
+    *wsb = kc_attn_workspace_bytes_for(backward, esz, B, T, NH);
+    *ws = aligned_alloc(64, (*wsb + 63) & ~(size_t)63);
+    return *ws ? cudaSuccess : fake_error(cudaErrorMemoryAllocation);
+}
+
 cudaError_t kg_attention_forward(cudaStream_t s, int fdt, void *out, void *lse, const void *qkv, int B, int T, int C,
                                  int NH, int round_dtype) {
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
@@ -234,13 +251,11 @@ cudaError_t kg_attention_forward(cudaStream_t s, int fdt, void *out, void *lse, 
     const size_t esz = fake_seq_esz(fdt), rows = (size_t)B * (size_t)T;
     const size_t ob = rows * (size_t)C * esz, qb = 3 * ob, lb = rows * (size_t)NH * esz;
     const fake_buf bufs[] = {{"out", out, ob}, {"lse", lse, lb}, {"qkv", qkv, qb}};
-    cudaError_t e = fake_launch(__func__, s, bufs, 3);
+    static const int overlaps[2][2] = {{0, 2}, {1, 2}}; /* out / qkv, lse / qkv */
+    void *ws;
+    size_t wsb;
+    cudaError_t e = fake_attn_launch(__func__, s, bufs, 3, overlaps, 0, esz, B, T, NH, &ws, &wsb);
     if (e != cudaSuccess) return e;
-    if (fake_overlap(__func__, "out", out, ob, "qkv", qkv, qb) || fake_overlap(__func__, "lse", lse, lb, "qkv", qkv, qb))
-        return fake_error(cudaErrorInvalidValue);
-    const size_t wsb = kc_attn_workspace_bytes_for(0, esz, B, T, NH);
-    void *ws = aligned_alloc(64, (wsb + 63) & ~(size_t)63);
-    if (!ws) return fake_error(cudaErrorMemoryAllocation);
     const int k = fdt == KG_F32 ? kc_attn_forward(out, lse, qkv, B, T, C, NH, round_dtype == KG_F32 ? KC_F32 : round_dtype, ws, wsb)
                                 : kc_attn_forward_f64(out, lse, qkv, B, T, C, NH, ws, wsb);
     free(ws);
@@ -256,13 +271,11 @@ cudaError_t kg_attention_backward(cudaStream_t s, int fdt, void *dqkv, const voi
     const size_t ob = rows * (size_t)C * esz, qb = 3 * ob, lb = rows * (size_t)NH * esz;
     const fake_buf bufs[] = {{"dqkv", dqkv, qb}, {"dout", dout, ob}, {"qkv", qkv, qb},
                              {"out", out, ob},   {"lse", lse, lb},   {"work", work, rows * (size_t)NH * sizeof(double)}};
-    cudaError_t e = fake_launch(__func__, s, bufs, 6);
+    static const int overlaps[2][2] = {{0, 2}, {0, 1}}; /* dqkv / qkv, dqkv / dout */
+    void *ws;
+    size_t wsb;
+    cudaError_t e = fake_attn_launch(__func__, s, bufs, 6, overlaps, 1, esz, B, T, NH, &ws, &wsb);
     if (e != cudaSuccess) return e;
-    if (fake_overlap(__func__, "dqkv", dqkv, qb, "qkv", qkv, qb) || fake_overlap(__func__, "dqkv", dqkv, qb, "dout", dout, ob))
-        return fake_error(cudaErrorInvalidValue);
-    const size_t wsb = kc_attn_workspace_bytes_for(1, esz, B, T, NH);
-    void *ws = aligned_alloc(64, (wsb + 63) & ~(size_t)63);
-    if (!ws) return fake_error(cudaErrorMemoryAllocation);
     const int k = fdt == KG_F32 ? kc_attn_backward(dqkv, dout, qkv, out, lse, B, T, C, NH,
                                                    round_dtype == KG_F32 ? KC_F32 : round_dtype, ws, wsb)
                                 : kc_attn_backward_f64(dqkv, dout, qkv, out, lse, B, T, C, NH, ws, wsb);
