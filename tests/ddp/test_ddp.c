@@ -23,6 +23,8 @@
 
 #include <kiln/testing.h>
 
+#include "plugin_fixture.h"
+
 static kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
 
 static const kiln_plugin_desc *g_desc;
@@ -378,12 +380,9 @@ static void register_tests(void) {
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &g_world);
     kiln_test_reset(g_th);
-    const char *dir = getenv("KILN_PLUGIN_DIR");
-    char so[4096];
-    snprintf(so, sizeof so, "%s/libkiln-ddp.so", dir ? dir : ".");
-    kiln_test_load(g_th, so, KILN_KIND_STRATEGY, "ddp", &g_desc);
+    g_desc = fixture_load_plugin(g_th, "ddp", KILN_KIND_STRATEGY, "ddp");
     if (!g_desc) {
-        fprintf(stderr, "cannot load %s\n", so);
+        fprintf(stderr, "cannot load libkiln-ddp.so from $KILN_PLUGIN_DIR\n");
         CU_add_suite("ddp (plugin missing)", NULL, suite_clean);
         return;
     }
