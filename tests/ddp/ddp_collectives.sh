@@ -9,14 +9,8 @@ set -u
 kiln=$1 mpiexec=$2 train=$3 ddp=$4
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-cat > "$tmp/run.cfg" <<CFG
-plugins = { dirs = ["$train", "$ddp"]; };
-trainer = { max_epochs = 1; num_sanity_val_steps = 0; default_root_dir = "$tmp/runs"; threads = 1; };
-data = { name = "toydata"; n_train = 2; n_val = 1; };
-module = { name = "toymod"; };
-optimizer = { name = "sgd"; lr = 0.1; };
-callbacks = ( { name = "collfix"; path = "$tmp/coll"; } );
-CFG
+. "$(dirname "${BASH_SOURCE[0]}")/../support/toy_run.sh"
+toy_run "$tmp/run.cfg" 2 1 "callbacks = ( { name = \"collfix\"; path = \"$tmp/coll\"; } );"
 "$kiln" -q fit "$tmp/run.cfg" || exit 1
 grep -qx "ok 0 1" "$tmp/coll.0" || { echo "1 process: $(cat "$tmp/coll.0" 2>&1)"; exit 1; }
 rm -f "$tmp"/coll.*

@@ -13,15 +13,8 @@ set -u
 kiln=$1 mpiexec=$2 train=$3 ddp=$4
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-cat > "$tmp/run.cfg" <<CFG
-plugins = { dirs = ["$train", "$ddp"]; };
-trainer = { max_epochs = 1; num_sanity_val_steps = 0; default_root_dir = "$tmp/runs"; threads = 1; };
-strategy = "ddp";
-data = { name = "toydata"; n_train = 4; n_val = 2; };
-module = { name = "toymod"; };
-optimizer = { name = "sgd"; lr = 0.1; };
-callbacks = ( { name = "collfix"; path = "$tmp/coll"; } );
-CFG
+. "$(dirname "${BASH_SOURCE[0]}")/../support/toy_run.sh"
+toy_run "$tmp/run.cfg" 4 2 'strategy = "ddp";' "callbacks = ( { name = \"collfix\"; path = \"$tmp/coll\"; } );"
 cat > "$tmp/as" <<'SH'
 #!/usr/bin/env bash
 # as slurm|torchrun KILN ARGS...: re-export OpenMPI's rank variables under another launcher's names

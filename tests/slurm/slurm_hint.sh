@@ -13,14 +13,8 @@ kiln=$1 mpiexec=$2 train=$3 ddp=$4
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
-cat > "$tmp/run.cfg" <<CFG
-plugins = { dirs = ["$train", "$ddp"]; };
-trainer = { max_epochs = 1; num_sanity_val_steps = 0; default_root_dir = "$tmp/runs"; threads = 1; };
-strategy = "ddp";
-data = { name = "toydata"; n_train = 4; n_val = 2; };
-module = { name = "toymod"; };
-optimizer = { name = "sgd"; lr = 0.1; };
-CFG
+. "$(dirname "${BASH_SOURCE[0]}")/../support/toy_run.sh"
+toy_run "$tmp/run.cfg" 4 2 'strategy = "ddp";'
 # what srun --mpi=none gives a task (and nothing of PMIx or mpirun)
 srun_env=(env -u PMIX_RANK -u PMIX_SERVER_URI -u PMIX_SERVER_URI2 -u PMIX_SERVER_URI21 -u PMIX_SERVER_URI3
           -u PMIX_SERVER_URI4 -u PMIX_SERVER_URI41 -u OMPI_COMM_WORLD_SIZE -u OMPI_COMM_WORLD_RANK -u PMI_RANK -u PMI_FD
