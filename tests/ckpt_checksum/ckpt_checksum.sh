@@ -12,12 +12,8 @@ mkdir -p "$W"
 fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 
-cat > "$W/run.cfg" <<CFG
-trainer = { max_epochs = 1; seed = 3; default_root_dir = "$W/runs"; };
-data = { name = "toydata"; n_train = 4; n_val = 2; };
-module = { name = "toymod"; };
-optimizer = { name = "adamw"; lr = 0.01; };
-CFG
+. "$(dirname "${BASH_SOURCE[0]}")/../support/toy_run.sh"
+toy_fit "$W/run.cfg" '{ name = "adamw"; lr = 0.01; }'
 "$KILN" -q fit "$W/run.cfg" > "$W/fit.out" 2>&1 || { cat "$W/fit.out"; echo "FAIL: the first fit"; exit 1; }
 CK="$W/runs/version_0/checkpoints/last.safetensors"
 [ -f "$CK" ] || { echo "FAIL: no checkpoint at $CK"; exit 1; }

@@ -63,12 +63,8 @@ assert {"goodcb", "toydata", "toymod"} <= {p["name"] for p in d["plugins"]}
 PY
 
 # ---- fit without the hostile plugins
-cat > "$W/run.cfg" <<CFG
-trainer = { max_epochs = 1; seed = 3; default_root_dir = "$W/runs"; };
-data = { name = "toydata"; n_train = 4; n_val = 2; };
-module = { name = "toymod"; };
-optimizer = { name = "sgd"; lr = 0.1; };
-CFG
+. "$(dirname "${BASH_SOURCE[0]}")/../support/toy_run.sh"
+toy_fit "$W/run.cfg" '{ name = "sgd"; lr = 0.1; }'
 t=$(now)
 KILN_PLUGIN_DEBUG=1 "$KILN" fit "$W/run.cfg" > "$W/fit.out" 2> "$W/fit.err"
 rc=$?
