@@ -15,9 +15,10 @@
 
 #include <kiln/kiln.h>
 
+#include "fixture_head.h"
+
 struct bf {
-    const kiln_host_services *svc;
-    kiln_host_ctx *h;
+    fixture_head hd; /* first: fixture_new fills it in */
     char path[1024];
     size_t bytes;
 };
@@ -25,11 +26,9 @@ struct bf {
 static int32_t bf_create(void *ctx, const kiln_host_services *svc, kiln_host_ctx *h, const kiln_kv *cfg,
                          kiln_instance **out) {
     (void)ctx;
-    struct bf *b = calloc(1, sizeof *b);
+    struct bf *b = fixture_new(sizeof *b, svc, h);
     if (!b) return KILN_E_NOMEM;
-    b->svc = svc;
-    b->h = h;
-    snprintf(b->path, sizeof b->path, "%s", kiln_kv_str(cfg, "path", "bcast"));
+    fixture_str(b->path, sizeof b->path, cfg, "path", "bcast");
     const int64_t n = kiln_kv_int(cfg, "bytes", 65536);
     b->bytes = n > 0 ? (size_t)n : 1;
     *out = (kiln_instance *)b;
@@ -44,12 +43,12 @@ static unsigned char bf_byte(size_t i) { return (unsigned char)(1 + i % 251); }
 static int32_t bf_event(kiln_instance *i, kiln_event *ev) {
     struct bf *b = (struct bf *)i;
     if (ev->id != KILN_EV_ON_FIT_START) return KILN_OK;
-    const kiln_host_services *s = b->svc;
+    const kiln_host_services *s = b->hd.svc;
     const int32_t rank = ev->trainer->rank;
     unsigned char *buf = malloc(b->bytes);
     if (!buf) return KILN_E_NOMEM;
     for (size_t k = 0; k < b->bytes; k++) buf[k] = rank == 0 ? bf_byte(k) : 0xEE;
-    int32_t rc = s->broadcast(b->h, buf, b->bytes, 0);
+    int32_t rc = s->broadcast(b->hd.h, buf, b->bytes, 0);
     size_t bad = b->bytes;
     for (size_t k = 0; rc == KILN_OK && k < b->bytes && bad == b->bytes; k++)
         if (buf[k] != bf_byte(k)) bad = k;
@@ -57,12 +56,12 @@ static int32_t bf_event(kiln_instance *i, kiln_event *ev) {
     free(buf);
     if (rc) return rc;
     if (bad < b->bytes)
-        return kiln_errorf(s, b->h, KILN_E_INTERNAL, "bcastfix: rank %d: byte %zu of %zu is %u after the broadcast, "
+        return kiln_errorf(s, b->hd.h, KILN_E_INTERNAL, "bcastfix: rank %d: byte %zu of %zu is %u after the broadcast, "
                            "rank 0 sent %u", (int)rank, bad, b->bytes, got, bf_byte(bad));
     char p[1100];
     snprintf(p, sizeof p, "%s.%d", b->path, (int)rank);
     FILE *f = fopen(p, "w");
-    if (!f) return kiln_errorf(s, b->h, KILN_E_IO, "%s: cannot write", p);
+    if (!f) return kiln_errorf(s, b->hd.h, KILN_E_IO, "%s: cannot write", p);
     fprintf(f, "ok %d\n", (int)rank);
     return fclose(f) == 0 ? KILN_OK : KILN_E_IO;
 }

@@ -15,13 +15,12 @@
 #include <string.h>
 
 #include "common_train.h"
+#include "fixture_head.h"
 
 #define GD_MAX_LOSSES 4096
 
 struct gd {
-    const kiln_host_services *svc;
-    kiln_host_ctx *h;
-    char path[1024];
+    fixture_path fp; /* first: fixture_create_path fills it in */
     int captured;
     uint32_t n;
     char **names;
@@ -37,13 +36,7 @@ struct gd {
 static int32_t gd_create(void *ctx, const kiln_host_services *svc, kiln_host_ctx *h, const kiln_kv *cfg,
                          kiln_instance **out) {
     (void)ctx;
-    struct gd *g = calloc(1, sizeof *g);
-    if (!g) return KILN_E_NOMEM;
-    g->svc = svc;
-    g->h = h;
-    snprintf(g->path, sizeof g->path, "%s", kiln_kv_str(cfg, "path", "grads.safetensors"));
-    *out = (kiln_instance *)g;
-    return KILN_OK;
+    return fixture_create_path(sizeof(struct gd), svc, h, cfg, "grads.safetensors", out);
 }
 
 static void gd_destroy(kiln_instance *i) {
@@ -56,11 +49,11 @@ static void gd_destroy(kiln_instance *i) {
 static int32_t gd_capture(struct gd *g) {
     kiln_parameter *const *ps;
     uint32_t n;
-    int32_t rc = g->svc->params(g->h, &ps, &n);
+    int32_t rc = g->fp.hd.svc->params(g->fp.hd.h, &ps, &n);
     if (rc) return rc;
     const kiln_kernels *k = NULL;
     kiln_instance *acc = NULL;
-    if ((rc = g->svc->accelerator(g->h, &acc, &k))) return rc;
+    if ((rc = g->fp.hd.svc->accelerator(g->fp.hd.h, &acc, &k))) return rc;
     g->n = n;
     g->names = calloc(n, sizeof *g->names);
     g->dtype = calloc(n, sizeof *g->dtype);
@@ -115,10 +108,10 @@ static int32_t gd_write(struct gd *g) {
     }
     fprintf(m, "}");
     fclose(m);
-    FILE *f = fopen(g->path, "wb");
+    FILE *f = fopen(g->fp.path, "wb");
     if (!f) {
         free(hdr);
-        return kiln_errorf(g->svc, g->h, KILN_E_IO, "graddump: cannot write %s", g->path);
+        return kiln_errorf(g->fp.hd.svc, g->fp.hd.h, KILN_E_IO, "graddump: cannot write %s", g->fp.path);
     }
     unsigned char len8[8];
     for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
@@ -145,7 +138,7 @@ static int32_t gd_event(kiln_instance *i, kiln_event *ev) {
     case KILN_EV_ON_BEFORE_OPTIMIZER_STEP:
         return g->captured ? KILN_OK : gd_capture(g);
     case KILN_EV_ON_FIT_END:
-        return g->captured ? gd_write(g) : kiln_errorf(g->svc, g->h, KILN_E_STATE, "graddump: no optimizer step ran");
+        return g->captured ? gd_write(g) : kiln_errorf(g->fp.hd.svc, g->fp.hd.h, KILN_E_STATE, "graddump: no optimizer step ran");
     default:
         return KILN_OK;
     }

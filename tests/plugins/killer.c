@@ -17,10 +17,10 @@
 #include <string.h>
 
 #include "common_train.h"
+#include "fixture_head.h"
 
 struct kl {
-    const kiln_host_services *svc;
-    kiln_host_ctx *h;
+    fixture_head hd; /* first: fixture_new fills it in */
     int64_t every, epoch, batch, rank;
     char at[32], sig[8], dump[1024];
 };
@@ -28,17 +28,15 @@ struct kl {
 static int32_t kl_create(void *ctx, const kiln_host_services *svc, kiln_host_ctx *h, const kiln_kv *cfg,
                          kiln_instance **out) {
     (void)ctx;
-    struct kl *k = calloc(1, sizeof *k);
+    struct kl *k = fixture_new(sizeof *k, svc, h);
     if (!k) return KILN_E_NOMEM;
-    k->svc = svc;
-    k->h = h;
     k->every = kiln_kv_int(cfg, "every", 1);
     k->epoch = kiln_kv_int(cfg, "kill_epoch", -1);
     k->batch = kiln_kv_int(cfg, "kill_batch", -1);
     k->rank = kiln_kv_int(cfg, "rank", -1);
-    snprintf(k->at, sizeof k->at, "%s", kiln_kv_str(cfg, "kill_at", "none"));
-    snprintf(k->sig, sizeof k->sig, "%s", kiln_kv_str(cfg, "signal", "KILL"));
-    snprintf(k->dump, sizeof k->dump, "%s", kiln_kv_str(cfg, "dump", ""));
+    fixture_str(k->at, sizeof k->at, cfg, "kill_at", "none");
+    fixture_str(k->sig, sizeof k->sig, cfg, "signal", "KILL");
+    fixture_str(k->dump, sizeof k->dump, cfg, "dump", "");
     *out = (kiln_instance *)k;
     return KILN_OK;
 }
@@ -52,7 +50,7 @@ static void kl_maybe_kill(struct kl *k, const char *where, const kiln_event *ev)
     if (!strcmp(k->sig, "POISON")) { /* a NaN weight instead of a signal, for nan_guard */
         kiln_parameter *const *ps;
         uint32_t n;
-        if (k->svc->params(k->h, &ps, &n) == KILN_OK && n > 0) ((float *)ps[0]->data)[0] = NAN;
+        if (k->hd.svc->params(k->hd.h, &ps, &n) == KILN_OK && n > 0) ((float *)ps[0]->data)[0] = NAN;
         return;
     }
     fflush(NULL);
@@ -62,10 +60,10 @@ static void kl_maybe_kill(struct kl *k, const char *where, const kiln_event *ev)
 static int32_t kl_dump(struct kl *k) {
     kiln_parameter *const *ps;
     uint32_t n;
-    int32_t rc = k->svc->params(k->h, &ps, &n);
+    int32_t rc = k->hd.svc->params(k->hd.h, &ps, &n);
     if (rc) return rc;
     FILE *f = fopen(k->dump, "wb");
-    if (!f) return kiln_errorf(k->svc, k->h, KILN_E_IO, "%s: cannot write", k->dump);
+    if (!f) return kiln_errorf(k->hd.svc, k->hd.h, KILN_E_IO, "%s: cannot write", k->dump);
     for (uint32_t i = 0; i < n; i++)
         fwrite(ps[i]->data, kiln_dtype_size(kiln_param_dtype(ps[i])), (size_t)ps[i]->numel, f);
     return fclose(f) == 0 ? KILN_OK : KILN_E_IO;
@@ -78,7 +76,7 @@ static int32_t kl_event(kiln_instance *i, kiln_event *ev) {
     case KILN_EV_ON_TRAIN_BATCH_START: if (fit) kl_maybe_kill(k, "batch_start", ev); break;
     case KILN_EV_ON_TRAIN_BATCH_END:
         if (k->every > 0 && ev->trainer->global_step % k->every == 0) {
-            int32_t rc = k->svc->save_checkpoint(k->h, "checkpoints/last.safetensors");
+            int32_t rc = k->hd.svc->save_checkpoint(k->hd.h, "checkpoints/last.safetensors");
             if (rc) return rc;
         }
         kl_maybe_kill(k, "batch_end", ev);

@@ -15,10 +15,10 @@
 #include <string.h>
 
 #include "common_train.h"
+#include "fixture_head.h"
 
 struct toy_mod {
-    const kiln_host_services *svc;
-    kiln_host_ctx *hctx;
+    fixture_head hd; /* first: fixture_new fills it in */
     kiln_parameter *w, *b; /* w: (2, F), b: (2) */
     int64_t features;
     int64_t m1_epoch, m1_batch, stop_epoch, stop_batch, noloss_batch, epoch_metric, report_stop, fail_batch, fail_code;
@@ -31,10 +31,8 @@ struct toy_mod {
 static int32_t tm_create(void *ctx, const kiln_host_services *svc, kiln_host_ctx *h, const kiln_kv *cfg,
                          kiln_instance **out) {
     (void)ctx;
-    struct toy_mod *m = calloc(1, sizeof *m);
+    struct toy_mod *m = fixture_new(sizeof *m, svc, h);
     if (!m) return KILN_E_NOMEM;
-    m->svc = svc;
-    m->hctx = h;
     m->features = kiln_kv_int(cfg, "features", 3);
     m->m1_epoch = kiln_kv_int(cfg, "minus_one_epoch", -1);
     m->m1_batch = kiln_kv_int(cfg, "minus_one_batch", -1);
@@ -78,7 +76,7 @@ static int32_t forward(struct toy_mod *m, const kiln_batch *b, double *loss, dou
     const int32_t *y = b->tensors[1].data;
     int64_t B = b->size, F = m->features;
     if (B > 1024 || b->tensors[0].shape[1] != F)
-        return kiln_errorf(m->svc, m->hctx, KILN_E_DATA, "toymod: batch of %lld x %lld, expected <= 1024 x %lld",
+        return kiln_errorf(m->hd.svc, m->hd.h, KILN_E_DATA, "toymod: batch of %lld x %lld, expected <= 1024 x %lld",
                            (long long)B, (long long)b->tensors[0].shape[1], (long long)F);
     const float *W = m->w->compute, *bias = m->b->data;
     double L = 0;
@@ -106,7 +104,7 @@ static int32_t forward(struct toy_mod *m, const kiln_batch *b, double *loss, dou
 static int32_t tm_train(kiln_instance *i, const kiln_batch *b, int64_t idx, kiln_step_output *out) {
     struct toy_mod *m = (struct toy_mod *)i;
     if (idx == m->fail_batch) {
-        if (m->fail_code < 0) return kiln_errorf(m->svc, m->hctx, (int32_t)m->fail_code, "toymod: failing at batch %lld",
+        if (m->fail_code < 0) return kiln_errorf(m->hd.svc, m->hd.h, (int32_t)m->fail_code, "toymod: failing at batch %lld",
                                                  (long long)idx);
         return (int32_t)m->fail_code; /* a positive "status", which is none */
     }
@@ -117,7 +115,7 @@ static int32_t tm_train(kiln_instance *i, const kiln_batch *b, int64_t idx, kiln
     out->has_loss = idx != m->noloss_batch;
     out->loss = loss;
     out->batch_size = b->size;
-    m->svc->log_value(m->hctx, "train_loss", loss, KILN_LOG_ON_STEP | KILN_LOG_ON_EPOCH | KILN_LOG_PROG_BAR,
+    m->hd.svc->log_value(m->hd.h, "train_loss", loss, KILN_LOG_ON_STEP | KILN_LOG_ON_EPOCH | KILN_LOG_PROG_BAR,
                       (double)b->size);
     return KILN_OK;
 }
@@ -144,10 +142,10 @@ static int32_t tm_eval(struct toy_mod *m, const kiln_batch *b, kiln_step_output 
     char n[32];
     strcpy(n, prefix);
     strcat(n, "_loss");
-    m->svc->log_value(m->hctx, n, loss, KILN_LOG_ON_EPOCH | KILN_LOG_PROG_BAR, (double)b->size);
+    m->hd.svc->log_value(m->hd.h, n, loss, KILN_LOG_ON_EPOCH | KILN_LOG_PROG_BAR, (double)b->size);
     strcpy(n, prefix);
     strcat(n, "_acc");
-    m->svc->log_value(m->hctx, n, acc, KILN_LOG_ON_EPOCH, (double)b->size);
+    m->hd.svc->log_value(m->hd.h, n, acc, KILN_LOG_ON_EPOCH, (double)b->size);
     return KILN_OK;
 }
 
@@ -171,18 +169,18 @@ static int32_t tm_event(kiln_instance *i, kiln_event *ev) {
     if (ev->id == KILN_EV_ON_TRAIN_BATCH_END && ev->outputs && ev->outputs->has_loss) {
         double want = m->loss / (double)ev->trainer->accumulate_grad_batches;
         if (fabs(ev->outputs->loss - want) > 1e-12 * fabs(want))
-            return kiln_errorf(m->svc, m->hctx, KILN_E_STATE,
+            return kiln_errorf(m->hd.svc, m->hd.h, KILN_E_STATE,
                                "toymod: on_train_batch_end outputs.loss = %.17g, expected %.17g (the step's loss / %d)",
                                ev->outputs->loss, want, ev->trainer->accumulate_grad_batches);
     }
     if (ev->id == KILN_EV_ON_TRAIN_EPOCH_END && ev->trainer->current_epoch >= m->stop_epoch && m->stop_epoch >= 0)
-        m->svc->request_stop(m->hctx, "toymod stop_at_epoch");
+        m->hd.svc->request_stop(m->hd.h, "toymod stop_at_epoch");
     if (ev->id == KILN_EV_ON_TRAIN_BATCH_END && ev->trainer->current_epoch == 0 && ev->batch_idx == m->stop_batch)
-        m->svc->request_stop(m->hctx, "toymod stop_at_batch");
+        m->hd.svc->request_stop(m->hd.h, "toymod stop_at_batch");
     if (ev->id == KILN_EV_ON_TRAIN_EPOCH_END && m->epoch_metric)
-        m->svc->log_value(m->hctx, "epoch_metric", 1.0 + (double)ev->trainer->current_epoch, KILN_LOG_ON_EPOCH, 1.0);
+        m->hd.svc->log_value(m->hd.h, "epoch_metric", 1.0 + (double)ev->trainer->current_epoch, KILN_LOG_ON_EPOCH, 1.0);
     if (ev->id == KILN_EV_ON_VALIDATION_END && m->report_stop)
-        kiln_logf(m->svc, m->hctx, KILN_LOG_WARN, "toymod: on_validation_end in epoch %lld sees should_stop=%d",
+        kiln_logf(m->hd.svc, m->hd.h, KILN_LOG_WARN, "toymod: on_validation_end in epoch %lld sees should_stop=%d",
                   (long long)ev->trainer->current_epoch, (int)ev->trainer->should_stop);
     return KILN_OK;
 }

@@ -9,19 +9,14 @@
 #include <stdlib.h>
 
 #include "common_train.h"
+#include "fixture_head.h"
 
-struct wd { const kiln_host_services *svc; kiln_host_ctx *h; char path[1024]; };
+struct wd { fixture_path fp; }; /* fixture_create_path fills it in */
 
 static int32_t wd_create(void *ctx, const kiln_host_services *svc, kiln_host_ctx *h, const kiln_kv *cfg,
                          kiln_instance **out) {
     (void)ctx;
-    struct wd *w = calloc(1, sizeof *w);
-    if (!w) return KILN_E_NOMEM;
-    w->svc = svc;
-    w->h = h;
-    snprintf(w->path, sizeof w->path, "%s", kiln_kv_str(cfg, "path", "weights.bin"));
-    *out = (kiln_instance *)w;
-    return KILN_OK;
+    return fixture_create_path(sizeof(struct wd), svc, h, cfg, "weights.bin", out);
 }
 
 static void wd_destroy(kiln_instance *i) { free(i); }
@@ -31,10 +26,10 @@ static int32_t wd_event(kiln_instance *i, kiln_event *ev) {
     if (ev->id != KILN_EV_ON_FIT_END) return KILN_OK;
     kiln_parameter *const *ps;
     uint32_t n;
-    int32_t rc = w->svc->params(w->h, &ps, &n);
+    int32_t rc = w->fp.hd.svc->params(w->fp.hd.h, &ps, &n);
     if (rc) return rc;
-    FILE *f = fopen(w->path, "wb");
-    if (!f) return kiln_errorf(w->svc, w->h, KILN_E_IO, "%s: cannot write", w->path);
+    FILE *f = fopen(w->fp.path, "wb");
+    if (!f) return kiln_errorf(w->fp.hd.svc, w->fp.hd.h, KILN_E_IO, "%s: cannot write", w->fp.path);
     for (uint32_t k = 0; k < n; k++) {
         fprintf(f, "%s %lld\n", ps[k]->name, (long long)ps[k]->numel);
         fwrite(ps[k]->data, kiln_dtype_size(kiln_param_dtype(ps[k])), (size_t)ps[k]->numel, f);
