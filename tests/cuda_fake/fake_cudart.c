@@ -617,8 +617,10 @@ static cudaError_t fake_create_refused(const void *out, const char *what) {
     return cudaSuccess;
 }
 
-/* Takes `node` (a struct `type` *) out of the list at `head`: the live
- * streams and events are kept in singly linked lists of their own types. */
+/* Puts `node` at the front of the list at `head` and counts it in `live`,
+ * and takes it (a struct `type` *) out again: the live streams and events
+ * are kept in singly linked lists of their own types. */
+#define FAKE_LINK(head, node, live) ((node)->next = (head), (head) = (node), (live)++)
 #define FAKE_UNLINK(type, head, node)                                                                                  \
     do {                                                                                                               \
         for (type **pp_ = &(head); *pp_; pp_ = &(*pp_)->next)                                                          \
@@ -639,9 +641,7 @@ cudaError_t CUDARTAPI cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned 
     s->magic = FAKE_STREAM_MAGIC;
     s->flags = flags;
     s->device = fake_current_device;
-    s->next = fake_streams;
-    fake_streams = s;
-    fake_stats.streams_live++;
+    FAKE_LINK(fake_streams, s, fake_stats.streams_live);
     *pStream = s;
     return cudaSuccess;
 }
@@ -692,9 +692,7 @@ cudaError_t CUDARTAPI cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int 
     if (!e) return fake_error(cudaErrorMemoryAllocation);
     e->magic = FAKE_EVENT_MAGIC;
     e->flags = flags;
-    e->next = fake_events;
-    fake_events = e;
-    fake_stats.events_live++;
+    FAKE_LINK(fake_events, e, fake_stats.events_live);
     *event = e;
     return cudaSuccess;
 }

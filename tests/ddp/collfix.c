@@ -17,8 +17,7 @@ struct cf { fixture_path fp; }; /* fixture_create_path fills it in */
 
 static int32_t cf_create(void *ctx, const kiln_host_services *svc, kiln_host_ctx *h, const kiln_kv *cfg,
                          kiln_instance **out) {
-    (void)ctx;
-    return fixture_create_path(sizeof(struct cf), svc, h, cfg, "coll", out);
+    return fixture_create_path(sizeof(struct cf), ctx, svc, h, cfg, "coll", out);
 }
 static void cf_destroy(kiln_instance *i) { free(i); }
 

@@ -25,8 +25,7 @@ struct bf {
 
 static int32_t bf_create(void *ctx, const kiln_host_services *svc, kiln_host_ctx *h, const kiln_kv *cfg,
                          kiln_instance **out) {
-    (void)ctx;
-    struct bf *b = fixture_new(sizeof *b, svc, h);
+    struct bf *b = fixture_new(sizeof *b, ctx, svc, h);
     if (!b) return KILN_E_NOMEM;
     fixture_str(b->path, sizeof b->path, cfg, "path", "bcast");
     const int64_t n = kiln_kv_int(cfg, "bytes", 65536);

@@ -22,8 +22,10 @@ typedef struct fixture_head {
 
 /* A zeroed instance of `size` bytes, a struct whose first member is a
  * fixture_head (so the pointer is also one to its head), with the head
- * filled in; NULL when out of memory. */
-static inline void *fixture_new(size_t size, const kiln_host_services *svc, kiln_host_ctx *h) {
+ * filled in from create()'s arguments as they come (ctx, the plugin's own
+ * context, is unused: the fixtures keep none); NULL when out of memory. */
+static inline void *fixture_new(size_t size, void *ctx, const kiln_host_services *svc, kiln_host_ctx *h) {
+    (void)ctx;
     fixture_head *hd = calloc(1, size);
     if (hd) {
         hd->svc = svc;
@@ -45,9 +47,9 @@ typedef struct fixture_path {
     char path[1024];
 } fixture_path;
 
-static inline int32_t fixture_create_path(size_t size, const kiln_host_services *svc, kiln_host_ctx *h,
+static inline int32_t fixture_create_path(size_t size, void *ctx, const kiln_host_services *svc, kiln_host_ctx *h,
                                           const kiln_kv *cfg, const char *def, kiln_instance **out) {
-    fixture_path *p = fixture_new(size, svc, h);
+    fixture_path *p = fixture_new(size, ctx, svc, h);
     if (!p) return KILN_E_NOMEM;
     fixture_str(p->path, sizeof p->path, cfg, "path", def);
     *out = (kiln_instance *)p;

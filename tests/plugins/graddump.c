@@ -35,8 +35,7 @@ struct gd {
 
 static int32_t gd_create(void *ctx, const kiln_host_services *svc, kiln_host_ctx *h, const kiln_kv *cfg,
                          kiln_instance **out) {
-    (void)ctx;
-    return fixture_create_path(sizeof(struct gd), svc, h, cfg, "grads.safetensors", out);
+    return fixture_create_path(sizeof(struct gd), ctx, svc, h, cfg, "grads.safetensors", out);
 }
 
 static void gd_destroy(kiln_instance *i) {

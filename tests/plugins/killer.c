@@ -27,8 +27,7 @@ struct kl {
 
 static int32_t kl_create(void *ctx, const kiln_host_services *svc, kiln_host_ctx *h, const kiln_kv *cfg,
                          kiln_instance **out) {
-    (void)ctx;
-    struct kl *k = fixture_new(sizeof *k, svc, h);
+    struct kl *k = fixture_new(sizeof *k, ctx, svc, h);
     if (!k) return KILN_E_NOMEM;
     k->every = kiln_kv_int(cfg, "every", 1);
     k->epoch = kiln_kv_int(cfg, "kill_epoch", -1);

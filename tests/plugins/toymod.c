@@ -30,8 +30,7 @@ struct toy_mod {
 
 static int32_t tm_create(void *ctx, const kiln_host_services *svc, kiln_host_ctx *h, const kiln_kv *cfg,
                          kiln_instance **out) {
-    (void)ctx;
-    struct toy_mod *m = fixture_new(sizeof *m, svc, h);
+    struct toy_mod *m = fixture_new(sizeof *m, ctx, svc, h);
     if (!m) return KILN_E_NOMEM;
     m->features = kiln_kv_int(cfg, "features", 3);
     m->m1_epoch = kiln_kv_int(cfg, "minus_one_epoch", -1);

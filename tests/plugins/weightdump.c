@@ -15,8 +15,7 @@ struct wd { fixture_path fp; }; /* fixture_create_path fills it in */
 
 static int32_t wd_create(void *ctx, const kiln_host_services *svc, kiln_host_ctx *h, const kiln_kv *cfg,
                          kiln_instance **out) {
-    (void)ctx;
-    return fixture_create_path(sizeof(struct wd), svc, h, cfg, "weights.bin", out);
+    return fixture_create_path(sizeof(struct wd), ctx, svc, h, cfg, "weights.bin", out);
 }
 
 static void wd_destroy(kiln_instance *i) { free(i); }
