@@ -62,11 +62,7 @@ def kiln_run(kiln, work, name, shard, steps, extra=()):
 
 
 def main():
-    if len(sys.argv) != 3:
-        raise SystemExit(__doc__)
-    kiln, work = sys.argv[1], sys.argv[2]
-    os.makedirs(work, exist_ok=True)
-    torch.set_num_threads(1)
+    kiln, work = gptref.start(sys.argv, __doc__, torch)
     rng = np.random.default_rng(7)
     shard = os.path.join(work, "tokens.bin")
     gptref.write_shard(shard, rng.integers(0, CFG["V"], 12 * CFG["B"] * CFG["T"] + 1))
@@ -103,8 +99,7 @@ def main():
     print(f"transformers -> kiln (--weights-only from {len(inner)} GPT2Model tensors): max |kiln - transformers| = "
           f"{err2:.2e}")
     ok &= err2 <= TOL
-    print("PASS" if ok else "FAIL")
-    sys.exit(0 if ok else 1)
+    gptref.finish(ok)
 
 
 if __name__ == "__main__":

@@ -139,16 +139,11 @@ def check(kiln, work, precision):
 
 
 def main():
-    if len(sys.argv) != 3:
-        raise SystemExit(__doc__)
-    kiln, work = sys.argv[1], sys.argv[2]
-    os.makedirs(work, exist_ok=True)
-    torch.set_num_threads(1)
+    kiln, work = gptref.start(sys.argv, __doc__, torch)
     ok = True
     for precision in ("32-true", "64-true"):
         ok &= check(kiln, work, precision)
-    print("PASS" if ok else "FAIL")
-    sys.exit(0 if ok else 1)
+    gptref.finish(ok)
 
 
 if __name__ == "__main__":

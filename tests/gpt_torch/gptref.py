@@ -10,11 +10,30 @@ import math
 import os
 import struct
 import subprocess
+import sys
 
 import numpy as np
 
 DT = {"F32": np.float32, "F64": np.float64, "U8": np.uint8, "I32": np.int32}
 
+
+
+def start(argv, doc, torch):
+    """(kiln, workdir) of a check run as `SCRIPT KILN WORKDIR` (else its
+    usage, `doc`, and exit), with workdir made and torch on one thread, as
+    both checks run."""
+    if len(argv) != 3:
+        raise SystemExit(doc)
+    kiln, work = argv[1], argv[2]
+    os.makedirs(work, exist_ok=True)
+    torch.set_num_threads(1)
+    return kiln, work
+
+
+def finish(ok):
+    """A check's last line, PASS or FAIL, and its exit status."""
+    print("PASS" if ok else "FAIL")
+    sys.exit(0 if ok else 1)
 
 def read_safetensors(path):
     """(tensors, metadata): every tensor as a numpy array, __metadata__."""
