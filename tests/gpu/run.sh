@@ -52,6 +52,15 @@ record() {
   [ "$2" = pass ] || [ "$2" = skip ] || failures=$((failures + 1))
   echo "-- $1: $2 ${extra}"
 }
+# scripted NAME SECONDS ROWS SCRIPT ARGS...: `bash SCRIPT ARGS` under a time
+# limit, recorded as NAME pass or fail, then the rows it left in $out/ROWS
+# (JSON lines) added to the results
+scripted() {
+  local name=$1 secs=$2 rows=$3
+  shift 3
+  if timeout "$secs" bash "$@"; then record "$name" pass; else record "$name" fail; fi
+  cat "$out/$rows" >>"$results" 2>/dev/null
+}
 
 # ---- 0. what the machine must have ---------------------------------------------
 # The CUDA library folders: the toolkit's, or the nvidia-* Python wheels'.
@@ -244,32 +253,17 @@ fi
 # ---- 5. benchmark ---------------------------------------------------------------
 if [ -n "$fm" ]; then
   note "GPU benchmark"
-  if KILN_FM_DIR="$fm" timeout 240 bash "$root/bench/gpu/run.sh" "$build" "$out" ; then
-    record bench pass
-  else
-    record bench fail
-  fi
-  cat "$out/bench.jsonl" >>"$results" 2>/dev/null
+  KILN_FM_DIR="$fm" scripted bench 240 bench.jsonl "$root/bench/gpu/run.sh" "$build" "$out"
 fi
 fi # core
 
 if [ "$transformer" = 1 ]; then
 # ---- 4b. the transformer on the GPU -----------------------------------------------
 note "transformer checks"
-if timeout 420 bash "$root/tests/gpu/gpt_checks.sh" "$build" "$out"; then
-  record gpt_checks pass
-else
-  record gpt_checks fail
-fi
-cat "$out/gpt.jsonl" >>"$results" 2>/dev/null
+scripted gpt_checks 420 gpt.jsonl "$root/tests/gpu/gpt_checks.sh" "$build" "$out"
 # ---- 5b. GPT-2 124M benchmark -----------------------------------------------------
 note "GPT-2 124M benchmark"
-if timeout 300 bash "$root/bench/gpu/gpt2.sh" "$build" "$out"; then
-  record bench_gpt2_run pass
-else
-  record bench_gpt2_run fail
-fi
-cat "$out/bench_gpt2.jsonl" >>"$results" 2>/dev/null
+scripted bench_gpt2_run 300 bench_gpt2.jsonl "$root/bench/gpu/gpt2.sh" "$build" "$out"
 fi # transformer
 
 # ---- results ----------------------------------------------------------------------
