@@ -222,9 +222,7 @@ static void test_refusals(void) {
 static void test_lbfgs_automatic(void) {
     char out[16384], trace[4300], body[8192];
     tu_traced_job(body, sizeof body, trace, sizeof trace, tu_suite_dir, "lbfgs-trace.txt",
-                  "trainer = { max_epochs = 1; num_sanity_val_steps = 0; };\n"
-                  "data = { name = \"toydata\"; n_train = 2; n_val = 1; };\n"
-                  "module = { name = \"toymod\"; };\n"
+                  TU_TOY_EPOCH(2, 1, "")
                   "optimizer = { name = \"lbfgs\"; lr = 0.1; max_iter = 5; tolerance_grad = 0.0; tolerance_change = 0.0; };\n");
     tu_require_ok(kiln("fit", body, NULL, out, sizeof out), out);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "steps: 2 "));

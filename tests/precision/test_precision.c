@@ -649,9 +649,7 @@ static void test_resume_keeps_precision_state(void) {
 static void test_no_loss_step_counted(void) {
     char out[16384], trace[4300], body[8192];
     tu_traced_job(body, sizeof body, trace, sizeof trace, g_dir, "noloss-trace.txt",
-                  "trainer = { max_epochs = 1; num_sanity_val_steps = 0; };\n"
-                  "data = { name = \"toydata\"; n_train = 3; n_val = 1; };\n"
-                  "module = { name = \"toymod\"; no_loss_batch = 1; };\n"
+                  TU_TOY_EPOCH(3, 1, "no_loss_batch = 1; ")
                   "optimizer = { name = \"sgd\"; lr = 0.1; };\n"
                   "precision = \"16-mixed\";\n");
     tu_require_ok(run_kiln("fit", body, NULL, out, sizeof out), out);

@@ -80,6 +80,13 @@ const char *tu_root_set(char *buf, size_t n, const char *fmt, ...) __attribute__
 /* The number of lines of the file equal to `line` (tu_count_lines) is
  * `want`; the line and the count go to stderr when it is not. */
 void tu_expect_lines(const char *path, const char *line, int want);
+/* The usual start of such a job: one epoch without a sanity check over
+ * toydata's n_train + n_val batches, and toymod with `keys` ("" for none,
+ * else each "k = v; "); the optimizer and the rest follow. */
+#define TU_TOY_EPOCH(n_train, n_val, keys)                                                                             \
+    "trainer = { max_epochs = 1; num_sanity_val_steps = 0; };\n"                                                      \
+    "data = { name = \"toydata\"; n_train = " #n_train "; n_val = " #n_val "; };\n"                                   \
+    "module = { name = \"toymod\"; " keys "};\n"
 /* A run file body: `job`, then the hook_trace fixture writing every hook
  * to <dir>/<name>, whose path goes into trace. */
 void tu_traced_job(char *body, size_t n, char *trace, size_t tn, const char *dir, const char *name, const char *job);
