@@ -615,20 +615,14 @@ static void test_sgd_vs_double(void) {
         const int nest = (mode & 4) && mu != 0.0f;
         const float wd = (mode & 8) ? 0.01f : 0.0f, lr = 0.05f;
         float p[N], buf[N], g[N];
-        double pd[N], bd[N];
+        double pd[N], bd[N], gd[N];
         fill_uniform(p, N, -1, 1);
         for (int i = 0; i < N; i++) pd[i] = p[i];
         for (int t = 0; t < T; t++) {
             fill_uniform(g, N, -1, 1);
             kc_sgd_update(p, g, buf, N, lr, mu, damp, nest, wd, t == 0);
-            for (int i = 0; i < N; i++) {
-                double d = (double)g[i] + (double)wd * pd[i];
-                if (mu != 0.0f) {
-                    bd[i] = t == 0 ? d : (double)mu * bd[i] + (1.0 - (double)damp) * d;
-                    d = nest ? d + (double)mu * bd[i] : bd[i];
-                }
-                pd[i] -= (double)lr * d;
-            }
+            for (int i = 0; i < N; i++) gd[i] = g[i];
+            kt_sgd_textbook(pd, bd, gd, N, lr, mu, damp, nest, wd, t == 0);
         }
         CU_ASSERT_EQUAL(count_far("sgd p", p, pd, N, 1e-5, 1e-6), 0);
         if (mu != 0.0f) CU_ASSERT_EQUAL(count_far("sgd buf", buf, bd, N, 1e-5, 1e-6), 0);
@@ -637,55 +631,13 @@ static void test_sgd_vs_double(void) {
 
 /* ---------------------------------------------------------------- AdamW */
 
-/*
- * Literals from this Python 3 script (double precision, the textbook AdamW of
- * torch.optim.AdamW's documentation, written independently of the kernel):
- *   import math
- *   p = [1.0, -0.5, 0.25, 2.0, 0.0, -3.0]
- *   gs = [[0.1, -0.2, 0.003, -0.0005, 1.5, 0.02],
- *         [0.05, 0.1, -0.002, 0.0007, -1.0, 0.02],
- *         [-0.08, 0.3, 0.001, 0.0002, 0.5, -0.01]]
- *   lr, b1, b2, eps, wd = 0.01, 0.9, 0.999, 1e-3, 0.1
- *   m = [0.0]*6; v = [0.0]*6
- *   for t, g in enumerate(gs, 1):
- *       for i in range(6):
- *           p[i] *= 1 - lr*wd
- *           m[i] = b1*m[i] + (1-b1)*g[i]
- *           v[i] = b2*v[i] + (1-b2)*g[i]*g[i]
- *           mhat = m[i]/(1-b1**t)
- *           denom = math.sqrt(v[i])/math.sqrt(1-b2**t) + eps
- *           p[i] -= lr*mhat/denom
- *       print(p)
- *   print(m, v)
- * eps = 1e-3 is comparable to the small gradients, so its placement (outside
- * the sqrt, after the bias correction) matters to the result.
- */
+/* The Python literals of kt_common.h (textbook AdamW in double) through
+ * the float API with double hyperparameters, exactly the script's Python
+ * floats. */
 static void test_adamw_literals(void) {
-    float p[6] = {1.0f, -0.5f, 0.25f, 2.0f, 0.0f, -3.0f}, m[6] = {0}, v[6] = {0};
-    const float gs[3][6] = {{0.1f, -0.2f, 0.003f, -0.0005f, 1.5f, 0.02f},
-                            {0.05f, 0.1f, -0.002f, 0.0007f, -1.0f, 0.02f},
-                            {-0.08f, 0.3f, 0.001f, 0.0002f, 0.5f, -0.01f}};
-    const double want_p[3][6] = {
-        {0.9890990099009901, -0.4895497512437811, 0.24225, 2.001333333333333,
-         -0.009993337774816789, -3.0065238095238094},
-        {0.9789045713400174, -0.48641357236092314, 0.24096972915089504, 1.9985138886191638,
-         -0.011427416801647095, -3.013041095238095},
-        {0.9758135316367045, -0.4898031176890792, 0.23882513100578306, 1.9954766734705558,
-         -0.014198501680711918, -3.0149030814168105}};
-    const double want_m[6] = {0.0046, 0.02279999999999999, 0.00016299999999999998,
-                              4.249999999999999e-05, 0.08149999999999999, 0.0024200000000000003};
-    const double want_v[6] = {1.887751000000002e-05, 0.00013991004000000015,
-                              1.3978009000000012e-08, 7.790102500000008e-10,
-                              0.003494502250000003, 8.988004000000009e-07};
-    for (int t = 0; t < 3; t++) {
-        /* double hyperparameters, exactly the script's Python floats */
-        kc_adamw_update_d(p, gs[t], m, v, 6, 0.01, 0.9, 0.999, 1e-3, 0.1, t + 1);
-        /* float p carries ~1e-7 relative rounding per op; the gradients are
-         * float-rounded decimals (relative 3e-8), hence the tolerance */
-        CU_ASSERT_EQUAL(count_far("adamw p", p, want_p[t], 6, 1e-6, 1e-6), 0);
-    }
-    CU_ASSERT_EQUAL(count_far("adamw m", m, want_m, 6, 1e-5, 0), 0);
-    CU_ASSERT_EQUAL(count_far("adamw v", v, want_v, 6, 1e-5, 0), 0);
+    /* float p carries ~1e-7 relative rounding per op; the gradients are
+     * float-rounded decimals (relative 3e-8), hence the tolerance */
+    KT_ADAMW_LITERALS(float, kc_adamw_update_d, count_far, "adamw", 1e-6, 1e-6, 1e-5);
 }
 
 /* The float API and lerp's large-weight branch (beta1 < 0.5) against the
@@ -693,19 +645,14 @@ static void test_adamw_literals(void) {
 static void adamw_vs_double(float lr, float b1, float b2, float eps, float wd) {
     enum { N = 41, T = 3 };
     float p[N], m[N] = {0}, v[N] = {0}, g[N];
-    double pd[N], md[N] = {0}, vd[N] = {0};
+    double pd[N], md[N] = {0}, vd[N] = {0}, gd[N];
     fill_uniform(p, N, -2, 2);
     for (int i = 0; i < N; i++) pd[i] = p[i];
     for (int t = 1; t <= T; t++) {
         fill_uniform(g, N, -0.5f, 0.5f);
         kc_adamw_update(p, g, m, v, N, lr, b1, b2, eps, wd, t);
-        const double bc1 = 1.0 - pow((double)b1, t), bc2 = 1.0 - pow((double)b2, t);
-        for (int i = 0; i < N; i++) {
-            pd[i] *= 1.0 - (double)lr * (double)wd;
-            md[i] = (double)b1 * md[i] + (1.0 - (double)b1) * g[i];
-            vd[i] = (double)b2 * vd[i] + (1.0 - (double)b2) * (double)g[i] * g[i];
-            pd[i] -= (double)lr / bc1 * md[i] / (sqrt(vd[i]) / sqrt(bc2) + (double)eps);
-        }
+        for (int i = 0; i < N; i++) gd[i] = g[i];
+        kt_adamw_textbook(pd, md, vd, gd, N, lr, b1, b2, eps, wd, t);
     }
     CU_ASSERT_EQUAL(count_far("adamw p", p, pd, N, 2e-6, 2e-6), 0);
     CU_ASSERT_EQUAL(count_far("adamw m", m, md, N, 1e-5, 1e-9), 0);

@@ -840,14 +840,7 @@ static void test_f64_sgd_vs_float(void) {
             for (int i = 0; i < N; i++) gd[i] = gf[i] = (float)ex_uniform(-1, 1);
             kc_sgd_update(pf, gf, bf, N, lr, mu, damp, nest, wd, t == 0);
             kc_sgd_update_f64(pd, gd, bd, N, lr, mu, damp, nest, wd, t == 0);
-            for (int i = 0; i < N; i++) {
-                double d = gd[i] + (double)wd * pr[i];
-                if (mu != 0.0f) {
-                    br[i] = t == 0 ? d : (double)mu * br[i] + (1.0 - (double)damp) * d;
-                    d = nest ? d + (double)mu * br[i] : br[i];
-                }
-                pr[i] -= (double)lr * d;
-            }
+            kt_sgd_textbook(pr, br, gd, N, lr, mu, damp, nest, wd, t == 0);
         }
         for (int i = 0; i < N; i++) pf_d[i] = pf[i];
         CU_ASSERT_EQUAL(ex_count_far("sgd64 vs f32", pd, pf_d, N, 1e-6, 1e-6), 0);
@@ -857,33 +850,13 @@ static void test_f64_sgd_vs_float(void) {
 }
 
 /*
- * The Python literals of test_adamw_literals (textbook AdamW in double), now
- * reproduced in double with the script's exact inputs: agreement to ~1e-15
- * (the kernel's lerp and division order differ from the script's only by
- * rounding).
+ * The Python literals of kt_common.h (textbook AdamW in double), as in
+ * test_adamw_literals, now reproduced in double with the script's exact
+ * inputs: agreement to ~1e-15 (the kernel's lerp and division order differ
+ * from the script's only by rounding).
  */
 static void test_f64_adamw_literals(void) {
-    double p[6] = {1.0, -0.5, 0.25, 2.0, 0.0, -3.0}, m[6] = {0}, v[6] = {0};
-    const double gs[3][6] = {{0.1, -0.2, 0.003, -0.0005, 1.5, 0.02},
-                             {0.05, 0.1, -0.002, 0.0007, -1.0, 0.02},
-                             {-0.08, 0.3, 0.001, 0.0002, 0.5, -0.01}};
-    const double want_p[3][6] = {
-        {0.9890990099009901, -0.4895497512437811, 0.24225, 2.001333333333333, -0.009993337774816789,
-         -3.0065238095238094},
-        {0.9789045713400174, -0.48641357236092314, 0.24096972915089504, 1.9985138886191638, -0.011427416801647095,
-         -3.013041095238095},
-        {0.9758135316367045, -0.4898031176890792, 0.23882513100578306, 1.9954766734705558, -0.014198501680711918,
-         -3.0149030814168105}};
-    const double want_m[6] = {0.0046, 0.02279999999999999, 0.00016299999999999998, 4.249999999999999e-05,
-                              0.08149999999999999, 0.0024200000000000003};
-    const double want_v[6] = {1.887751000000002e-05, 0.00013991004000000015, 1.3978009000000012e-08,
-                              7.790102500000008e-10, 0.003494502250000003, 8.988004000000009e-07};
-    for (int t = 0; t < 3; t++) {
-        kc_adamw_update_f64(p, gs[t], m, v, 6, 0.01, 0.9, 0.999, 1e-3, 0.1, t + 1);
-        CU_ASSERT_EQUAL(ex_count_far("adamw64 p", p, want_p[t], 6, 1e-13, 1e-15), 0);
-    }
-    CU_ASSERT_EQUAL(ex_count_far("adamw64 m", m, want_m, 6, 1e-13, 0), 0);
-    CU_ASSERT_EQUAL(ex_count_far("adamw64 v", v, want_v, 6, 1e-13, 0), 0);
+    KT_ADAMW_LITERALS(double, kc_adamw_update_f64, ex_count_far, "adamw64", 1e-13, 1e-15, 1e-13);
 }
 
 /* Same values through kc_adamw_update_d (float storage, double
@@ -899,13 +872,7 @@ static void adamw64_case(double lr, double b1, double b2, double eps, double wd)
         for (int i = 0; i < N; i++) gd[i] = gf[i] = (float)ex_uniform(-0.5, 0.5);
         kc_adamw_update_d(pf, gf, mf, vf, N, lr, b1, b2, eps, wd, t);
         kc_adamw_update_f64(pd, gd, md, vd, N, lr, b1, b2, eps, wd, t == 1 ? 0 : t);
-        const double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
-        for (int i = 0; i < N; i++) {
-            pr[i] *= 1.0 - lr * wd;
-            mr[i] = b1 * mr[i] + (1.0 - b1) * gd[i];
-            vr[i] = b2 * vr[i] + (1.0 - b2) * gd[i] * gd[i];
-            pr[i] -= lr / bc1 * mr[i] / (sqrt(vr[i]) / sqrt(bc2) + eps);
-        }
+        kt_adamw_textbook(pr, mr, vr, gd, N, lr, b1, b2, eps, wd, t);
     }
     for (int i = 0; i < N; i++) pf_d[i] = pf[i];
     CU_ASSERT_EQUAL(ex_count_far("adamw64 vs f32", pd, pf_d, N, 2e-6, 2e-6), 0);
