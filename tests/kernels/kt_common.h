@@ -45,6 +45,19 @@ static inline void kt_sgd_textbook(double *p, double *buf, const double *g, size
     }
 }
 
+/* The SGD checks' 16 option combinations, by the bits of `mode`: momentum
+ * 0.9, dampening 0.25, Nesterov (with momentum only), weight decay 0.01;
+ * lr 0.05 throughout. Float, as the float32 kernel takes them. */
+typedef struct kt_sgd_opts {
+    float lr, mu, damp, wd;
+    int nest;
+} kt_sgd_opts;
+static inline kt_sgd_opts kt_sgd_mode(int mode) {
+    kt_sgd_opts o = {0.05f, (mode & 1) ? 0.9f : 0.0f, (mode & 2) ? 0.25f : 0.0f, (mode & 8) ? 0.01f : 0.0f, 0};
+    o.nest = (mode & 4) && o.mu != 0.0f;
+    return o;
+}
+
 /* Step t (from 1) of torch.optim.AdamW's documented algorithm, in double,
  * on n elements: p, m, v from g. */
 static inline void kt_adamw_textbook(double *p, double *m, double *v, const double *g, size_t n, double lr, double b1,

@@ -611,21 +611,19 @@ static void test_sgd_vs_double(void) {
     rng_seed(8);
     enum { N = 37, T = 3 };
     for (int mode = 0; mode < 16; mode++) {
-        const float mu = (mode & 1) ? 0.9f : 0.0f, damp = (mode & 2) ? 0.25f : 0.0f;
-        const int nest = (mode & 4) && mu != 0.0f;
-        const float wd = (mode & 8) ? 0.01f : 0.0f, lr = 0.05f;
+        const kt_sgd_opts o = kt_sgd_mode(mode);
         float p[N], buf[N], g[N];
         double pd[N], bd[N], gd[N];
         fill_uniform(p, N, -1, 1);
         for (int i = 0; i < N; i++) pd[i] = p[i];
         for (int t = 0; t < T; t++) {
             fill_uniform(g, N, -1, 1);
-            kc_sgd_update(p, g, buf, N, lr, mu, damp, nest, wd, t == 0);
+            kc_sgd_update(p, g, buf, N, o.lr, o.mu, o.damp, o.nest, o.wd, t == 0);
             for (int i = 0; i < N; i++) gd[i] = g[i];
-            kt_sgd_textbook(pd, bd, gd, N, lr, mu, damp, nest, wd, t == 0);
+            kt_sgd_textbook(pd, bd, gd, N, o.lr, o.mu, o.damp, o.nest, o.wd, t == 0);
         }
         CU_ASSERT_EQUAL(count_far("sgd p", p, pd, N, 1e-5, 1e-6), 0);
-        if (mu != 0.0f) CU_ASSERT_EQUAL(count_far("sgd buf", buf, bd, N, 1e-5, 1e-6), 0);
+        if (o.mu != 0.0f) CU_ASSERT_EQUAL(count_far("sgd buf", buf, bd, N, 1e-5, 1e-6), 0);
     }
 }
 

@@ -830,22 +830,20 @@ static void test_f64_sgd_vs_float(void) {
     ex_seed(29);
     enum { N = 37, T = 3 };
     for (int mode = 0; mode < 16; mode++) {
-        const float mu = (mode & 1) ? 0.9f : 0.0f, damp = (mode & 2) ? 0.25f : 0.0f, wd = (mode & 8) ? 0.01f : 0.0f;
-        const int nest = (mode & 4) && mu != 0.0f;
-        const float lr = 0.05f;
+        const kt_sgd_opts o = kt_sgd_mode(mode);
         float pf[N], bf[N], gf[N];
         double pd[N], bd[N], gd[N], pr[N], br[N], pf_d[N];
         for (int i = 0; i < N; i++) pd[i] = pr[i] = pf[i] = (float)ex_uniform(-1, 1);
         for (int t = 0; t < T; t++) {
             for (int i = 0; i < N; i++) gd[i] = gf[i] = (float)ex_uniform(-1, 1);
-            kc_sgd_update(pf, gf, bf, N, lr, mu, damp, nest, wd, t == 0);
-            kc_sgd_update_f64(pd, gd, bd, N, lr, mu, damp, nest, wd, t == 0);
-            kt_sgd_textbook(pr, br, gd, N, lr, mu, damp, nest, wd, t == 0);
+            kc_sgd_update(pf, gf, bf, N, o.lr, o.mu, o.damp, o.nest, o.wd, t == 0);
+            kc_sgd_update_f64(pd, gd, bd, N, o.lr, o.mu, o.damp, o.nest, o.wd, t == 0);
+            kt_sgd_textbook(pr, br, gd, N, o.lr, o.mu, o.damp, o.nest, o.wd, t == 0);
         }
         for (int i = 0; i < N; i++) pf_d[i] = pf[i];
         CU_ASSERT_EQUAL(ex_count_far("sgd64 vs f32", pd, pf_d, N, 1e-6, 1e-6), 0);
         CU_ASSERT_EQUAL(ex_count_far("sgd64 vs textbook", pd, pr, N, 1e-14, 1e-15), 0);
-        if (mu != 0.0f) CU_ASSERT_EQUAL(ex_count_far("sgd64 buf", bd, br, N, 1e-14, 1e-15), 0);
+        if (o.mu != 0.0f) CU_ASSERT_EQUAL(ex_count_far("sgd64 buf", bd, br, N, 1e-14, 1e-15), 0);
     }
 }
 
