@@ -617,10 +617,13 @@ static cudaError_t fake_create_refused(const void *out, const char *what) {
     return cudaSuccess;
 }
 
-/* Puts `node` at the front of the list at `head` and counts it in `live`,
- * and takes it (a struct `type` *) out again: the live streams and events
- * are kept in singly linked lists of their own types. */
-#define FAKE_LINK(head, node, live) ((node)->next = (head), (head) = (node), (live)++)
+/* FAKE_LINKED puts `node` at the front of the list at `head`, counts it in
+ * `live` and hands it out through `out`, and is cudaSuccess, what a create
+ * call then returns; FAKE_UNLINK takes it (a struct `type` *) out again:
+ * the live streams and events are kept in singly linked lists of their own
+ * types. */
+#define FAKE_LINKED(head, node, live, out)                                                                             \
+    ((node)->next = (head), (head) = (node), (live)++, *(out) = (node), cudaSuccess)
 #define FAKE_UNLINK(type, head, node)                                                                                  \
     do {                                                                                                               \
         for (type **pp_ = &(head); *pp_; pp_ = &(*pp_)->next)                                                          \
@@ -641,9 +644,7 @@ cudaError_t CUDARTAPI cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned 
     s->magic = FAKE_STREAM_MAGIC;
     s->flags = flags;
     s->device = fake_current_device;
-    FAKE_LINK(fake_streams, s, fake_stats.streams_live);
-    *pStream = s;
-    return cudaSuccess;
+    return FAKE_LINKED(fake_streams, s, fake_stats.streams_live, pStream);
 }
 
 cudaError_t CUDARTAPI cudaStreamCreate(cudaStream_t *pStream) { return cudaStreamCreateWithFlags(pStream, 0); }
@@ -692,9 +693,7 @@ cudaError_t CUDARTAPI cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int 
     if (!e) return fake_error(cudaErrorMemoryAllocation);
     e->magic = FAKE_EVENT_MAGIC;
     e->flags = flags;
-    FAKE_LINK(fake_events, e, fake_stats.events_live);
-    *event = e;
-    return cudaSuccess;
+    return FAKE_LINKED(fake_events, e, fake_stats.events_live, event);
 }
 
 cudaError_t CUDARTAPI cudaEventCreate(cudaEvent_t *event) { return cudaEventCreateWithFlags(event, 0); }
