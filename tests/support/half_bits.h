@@ -3,7 +3,7 @@
  * suites and the CUDA fakes read their 16-bit and float32 results with: a
  * float's bit pattern and back, and the exact value of a float16 or
  * bfloat16 pattern. They are written from the formats' definitions (ldexp
- * and memcpy, no _Float16, no kernel code), so a check that decodes with
+ * and a union, no _Float16, no kernel code), so a check that decodes with
  * them shares nothing with what it checks. Header only, so that the fake
  * CUDA libraries (tests/cuda_fake), which link nothing from tests/support,
  * can include it as well.
@@ -13,19 +13,15 @@
 
 #include <math.h>
 #include <stdint.h>
-#include <string.h>
 
-/* The IEEE binary32 pattern of x, and the float of a pattern. */
-static inline uint32_t hb_f32_bits(float x) {
+/* The IEEE binary32 pattern of x, and the float of a pattern (through a
+ * union, which C11 defines as reinterpreting the bytes). */
+typedef union hb_f32 {
+    float f;
     uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    return u;
-}
-static inline float hb_f32_from_bits(uint32_t u) {
-    float x;
-    memcpy(&x, &u, sizeof x);
-    return x;
-}
+} hb_f32;
+static inline uint32_t hb_f32_bits(float x) { return (hb_f32){.f = x}.u; }
+static inline float hb_f32_from_bits(uint32_t u) { return (hb_f32){.u = u}.f; }
 
 /* The exact value of a float16 pattern (subnormals, +-inf, NaN). */
 static inline double hb_f16_value(uint16_t h) {
