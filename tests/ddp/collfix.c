@@ -59,6 +59,4 @@ static int32_t cf_event(kiln_instance *i, kiln_event *ev) {
 static const kiln_callback_ops cf_ops = {{sizeof(kiln_callback_ops), 0, cf_create, cf_destroy, NULL, NULL}, cf_event};
 static const kiln_param cf_params[] = {{"path", KILN_TYPE_STRING, 0, KILN_V_STR("coll"), "result file prefix"},
                                        {NULL, 0, 0, KILN_V_NONE, NULL}};
-static const kiln_plugin_desc cf_desc = {sizeof(kiln_plugin_desc), KILN_KIND_CALLBACK, "collfix", "1.0.0",
-                                         "checks the host's collectives", 0, NULL, cf_params, &cf_ops, NULL};
-KILN_DEFINE_LIBRARY("collfix", "1.0.0", 2, &cf_desc)
+FIXTURE_LIBRARY(cf_desc, KILN_KIND_CALLBACK, "collfix", "checks the host's collectives", cf_params, &cf_ops, 2)

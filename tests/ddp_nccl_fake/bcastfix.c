@@ -70,7 +70,5 @@ static const kiln_param bf_params[] = {
     {"path", KILN_TYPE_STRING, 0, KILN_V_STR("bcast"), "result file prefix"},
     {"bytes", KILN_TYPE_INT, 0, KILN_V_INT(65536), "bytes rank 0 broadcasts"},
     {NULL, 0, 0, KILN_V_NONE, NULL}};
-static const kiln_plugin_desc bf_desc = {sizeof(kiln_plugin_desc), KILN_KIND_CALLBACK, "bcastfix", "1.0.0",
-                                         "checks a large plugin broadcast from rank 0", 0, NULL, bf_params, &bf_ops,
-                                         NULL};
-KILN_DEFINE_LIBRARY("bcastfix", "1.0.0", 2, &bf_desc)
+FIXTURE_LIBRARY(bf_desc, KILN_KIND_CALLBACK, "bcastfix",
+                "checks a large plugin broadcast from rank 0", bf_params, &bf_ops, 2)

@@ -2,8 +2,9 @@
  * tests/plugins/fixture_head.h — the start every test-only plugin instance
  * shares (toymod, killer, graddump, weightdump here; collfix in tests/ddp,
  * bcastfix in tests/ddp_nccl_fake): the host's services and context that
- * create() is handed, kept as the instance's first member, and the zeroed
- * allocation that fills them in. Header only and static, so each fixture
+ * create() is handed, kept as the instance's first member, the zeroed
+ * allocation that fills them in, and the descriptor and library they end
+ * with. Header only and static, so each fixture
  * is still built alone, like a real plugin, from the SDK and this.
  */
 #ifndef KILN_TEST_FIXTURE_HEAD_H
@@ -55,5 +56,13 @@ static inline int32_t fixture_create_path(size_t size, void *ctx, const kiln_hos
     *out = (kiln_instance *)p;
     return KILN_OK;
 }
+
+/* A fixture library of one plugin: its descriptor `desc` (version 1.0.0, no
+ * capabilities or properties, no plugin context) and the library that
+ * exports it under the plugin's `name`, for hosts of ABI 1.`min_minor` on. */
+#define FIXTURE_LIBRARY(desc, kind, name, help, params, ops, min_minor)                                               \
+    static const kiln_plugin_desc desc = {sizeof(kiln_plugin_desc), kind, name, "1.0.0", help, 0, NULL, params, ops, \
+                                          NULL};                                                                       \
+    KILN_DEFINE_LIBRARY(name, "1.0.0", min_minor, &desc)
 
 #endif

@@ -146,7 +146,5 @@ static int32_t gd_event(kiln_instance *i, kiln_event *ev) {
 static const kiln_callback_ops gd_ops = {{sizeof(kiln_callback_ops), 0, gd_create, gd_destroy, NULL, NULL}, gd_event};
 static const kiln_param gd_params[] = {{"path", KILN_TYPE_STRING, 0, KILN_V_STR("grads.safetensors"), "output file"},
                                        {NULL, 0, 0, KILN_V_NONE, NULL}};
-static const kiln_plugin_desc gd_desc = {sizeof(kiln_plugin_desc), KILN_KIND_CALLBACK, "graddump", "1.0.0",
-                                         "records first-step weights and gradients and every loss", 0, NULL,
-                                         gd_params, &gd_ops, NULL};
-KILN_DEFINE_LIBRARY("graddump", "1.0.0", 1, &gd_desc)
+FIXTURE_LIBRARY(gd_desc, KILN_KIND_CALLBACK, "graddump",
+                "records first-step weights and gradients and every loss", gd_params, &gd_ops, 1)

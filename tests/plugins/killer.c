@@ -99,7 +99,5 @@ static const kiln_param kl_params[] = {
     {"rank", KILN_TYPE_INT, 0, KILN_V_INT(-1), "only on this global rank (-1: every rank)"},
     {"dump", KILN_TYPE_STRING, 0, KILN_V_STR(""), "write the weights here at on_fit_end"},
     {NULL, 0, 0, KILN_V_NONE, NULL}};
-static const kiln_plugin_desc kl_desc = {sizeof(kiln_plugin_desc), KILN_KIND_CALLBACK, "killer", "1.0.0",
-                                         "checkpoints every step and kills itself on cue", 0, NULL, kl_params,
-                                         &kl_ops, NULL};
-KILN_DEFINE_LIBRARY("killer", "1.0.0", 2, &kl_desc)
+FIXTURE_LIBRARY(kl_desc, KILN_KIND_CALLBACK, "killer",
+                "checkpoints every step and kills itself on cue", kl_params, &kl_ops, 2)

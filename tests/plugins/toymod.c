@@ -198,7 +198,4 @@ static const kiln_param tm_params[] = {
     {"epoch_metric", KILN_TYPE_INT, 0, KILN_V_INT(0), "1: log epoch_metric = 1 + epoch in on_train_epoch_end"},
     {"report_should_stop", KILN_TYPE_INT, 0, KILN_V_INT(0), "1: warn the should_stop seen in on_validation_end"},
     {NULL, 0, 0, KILN_V_NONE, NULL}};
-static const kiln_plugin_desc tm_desc = {sizeof(kiln_plugin_desc), KILN_KIND_MODULE, "toymod", "1.0.0",
-                                         "linear classifier with steerable hooks", 0, NULL, tm_params, &tm_ops,
-                                         NULL};
-KILN_DEFINE_LIBRARY("toymod", "1.0.0", 1, &tm_desc)
+FIXTURE_LIBRARY(tm_desc, KILN_KIND_MODULE, "toymod", "linear classifier with steerable hooks", tm_params, &tm_ops, 1)

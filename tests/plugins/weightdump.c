@@ -39,6 +39,4 @@ static int32_t wd_event(kiln_instance *i, kiln_event *ev) {
 static const kiln_callback_ops wd_ops = {{sizeof(kiln_callback_ops), 0, wd_create, wd_destroy, NULL, NULL}, wd_event};
 static const kiln_param wd_params[] = {{"path", KILN_TYPE_STRING, 0, KILN_V_STR("weights.bin"), "output file"},
                                        {NULL, 0, 0, KILN_V_NONE, NULL}};
-static const kiln_plugin_desc wd_desc = {sizeof(kiln_plugin_desc), KILN_KIND_CALLBACK, "weightdump", "1.0.0",
-                                         "dumps parameters at fit end", 0, NULL, wd_params, &wd_ops, NULL};
-KILN_DEFINE_LIBRARY("weightdump", "1.0.0", 1, &wd_desc)
+FIXTURE_LIBRARY(wd_desc, KILN_KIND_CALLBACK, "weightdump", "dumps parameters at fit end", wd_params, &wd_ops, 1)
