@@ -35,14 +35,14 @@
 #include <CUnit/Basic.h>
 #include <stdio.h>
 
-/* Registers the suites (register_tests adds them to CUnit's registry), runs
+/* Registers the suites (add_suites adds them to CUnit's registry), runs
  * every test verbosely, and returns the exit status described above. */
-static inline int kiln_testing_run_cunit(void (*register_tests)(void)) {
+static inline int kiln_testing_run_cunit(void (*add_suites)(void)) {
     if (CU_initialize_registry() != CUE_SUCCESS) {
         fprintf(stderr, "CUnit: cannot initialise the registry: %s\n", CU_get_error_msg());
         return 2;
     }
-    register_tests();
+    add_suites();
     if (CU_get_error() != CUE_SUCCESS) {
         fprintf(stderr, "CUnit: cannot register tests: %s\n", CU_get_error_msg());
         CU_cleanup_registry();
