@@ -231,6 +231,27 @@ cudaError_t kg_attention_backward(cudaStream_t s, int fdt, void *dqkv, const voi
                                   const void *out, const void *lse, int B, int T, int C, int NH, int round_dtype,
                                   double *work);
 
+/* The fused ("flash") path (the accelerator's `attention = "flash"`;
+ * kg_flash.cuh): tiles of 64 queries and 64 keys in shared memory, the
+ * products on the tensor cores with bf16 or f16 operands (round_dtype) and
+ * float accumulators, an online softmax, nothing T x T in device memory;
+ * the backward deterministic (a dK/dV program per key tile, a dQ program
+ * per query tile, no atomics). For float32 data whose outputs are rounded
+ * to 16 bits (a mixed-precision step) and heads of D = 16, 32, 64 or 128;
+ * anything else takes another path (kg_flash_supported). The kernels need
+ * kg_flash_smem_bytes(D) of shared memory per block (opted into at the
+ * first launch; the caller checks the device's limit). delta: B * NH * T
+ * doubles of scratch (rowsum(dout * out), kg_attn_delta). */
+static inline int kg_flash_supported(int fdt, int round_dtype, int D) {
+    return fdt == KG_F32 && (round_dtype == KG_BF16 || round_dtype == KG_F16) &&
+           (D == 16 || D == 32 || D == 64 || D == 128);
+}
+size_t kg_flash_smem_bytes(int D);
+cudaError_t kg_flash_forward(cudaStream_t s, void *out, void *lse, const void *qkv, int B, int T, int C, int NH,
+                             int round_dtype);
+cudaError_t kg_flash_backward(cudaStream_t s, void *dqkv, const void *dout, const void *qkv, const void *out,
+                              const void *lse, int B, int T, int C, int NH, int round_dtype, double *delta);
+
 /* The GEMM path of attention (plugins/cuda/cuda_seq.c runs the products
  * with cuBLASLt strided batches; these are the steps between them). BH =
  * B * NH; head-major buffers hold head bh's (T, D) at bh * hs and score

@@ -648,8 +648,9 @@ static int32_t cu_create(void *plugin_ctx, const kiln_host_services *svc, kiln_h
         rc = CU_ERR(acc, KILN_E_CONFIG, "cuda: workspace_mib must be in 0..4096, got %lld", (long long)ws_mib);
     else if (st_mib < 1 || st_mib > 1024)
         rc = CU_ERR(acc, KILN_E_CONFIG, "cuda: staging_mib must be in 1..1024, got %lld", (long long)st_mib);
-    else if (strcmp(attn, "gemm") != 0 && strcmp(attn, "rowwise") != 0)
-        rc = CU_ERR(acc, KILN_E_CONFIG, "cuda: attention must be \"gemm\" or \"rowwise\", got \"%s\"", attn);
+    else if (strcmp(attn, "gemm") != 0 && strcmp(attn, "rowwise") != 0 && strcmp(attn, "flash") != 0)
+        rc = CU_ERR(acc, KILN_E_CONFIG, "cuda: attention must be \"gemm\", \"rowwise\" or \"flash\", got \"%s\"",
+                    attn);
     else if (attn_mib < 16 || attn_mib > 1048576)
         rc = CU_ERR(acc, KILN_E_CONFIG, "cuda: attention_workspace_mib must be in 16..1048576, got %lld",
                     (long long)attn_mib);
@@ -660,7 +661,9 @@ static int32_t cu_create(void *plugin_ctx, const kiln_host_services *svc, kiln_h
     }
     acc->workspace_bytes = (size_t)ws_mib << 20;
     acc->stage_bytes = (size_t)st_mib << 20;
-    acc->attn_rowwise = strcmp(attn, "rowwise") == 0;
+    acc->attn_path = strcmp(attn, "rowwise") == 0 ? CU_ATTN_ROWWISE
+                     : strcmp(attn, "flash") == 0 ? CU_ATTN_FLASH
+                                                  : CU_ATTN_GEMM;
     acc->profile = kiln_kv_int(config, "profile", 0) != 0;
     acc->attn_cap = (size_t)attn_mib << 20;
     *out = acc;
@@ -752,6 +755,7 @@ static int32_t cu_configure(kiln_instance *acc, int32_t threads, int32_t local_r
     snprintf(acc->device_name, sizeof acc->device_name, "%s", prop.name);
     acc->cc_major = prop.major;
     acc->cc_minor = prop.minor;
+    acc->smem_optin = prop.sharedMemPerBlockOptin;
     acc->setup_started = 1; /* from here destroy() releases what exists */
     CU_CHECK(acc, "configure", cudaStreamCreateWithFlags(&acc->stream, cudaStreamNonBlocking));
     /* cu_mem_init and cu_blas_init allocate through cu_alloc, which needs a

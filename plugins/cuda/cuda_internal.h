@@ -67,6 +67,11 @@ typedef struct cu_plan {
     unsigned long last_use;
 } cu_plan;
 
+/* The attention paths (config `attention`): cuBLASLt products with the
+ * scores in device memory, one warp per row, or the fused tiles of
+ * kernels/cuda/kg_flash.cuh. */
+enum { CU_ATTN_GEMM = 0, CU_ATTN_ROWWISE = 1, CU_ATTN_FLASH = 2 };
+
 struct kiln_instance {
     const kiln_host_services *svc;
     kiln_host_ctx *hctx;
@@ -75,7 +80,7 @@ struct kiln_instance {
     int32_t tf32;           /* config `tf32`: fp32 GEMMs on TF32 tensor cores */
     size_t workspace_bytes; /* config `workspace_mib`: cuBLASLt workspace */
     size_t stage_bytes;     /* config `staging_mib`: each pinned staging slot */
-    int attn_rowwise;       /* config `attention` = "rowwise"                 */
+    int attn_path;          /* config `attention`: CU_ATTN_GEMM, _ROWWISE, _FLASH */
     int profile;            /* config `profile`: GPU time per entry (log)    */
     size_t attn_cap;        /* config `attention_workspace_mib`, bytes        */
     /* after configure() */
@@ -86,6 +91,8 @@ struct kiln_instance {
     int device;
     char device_name[256];
     int cc_major, cc_minor;
+    size_t smem_optin;      /* shared memory a block may opt into (bytes)  */
+    int flash_noted;        /* the flash path's fallback was logged once    */
     cudaStream_t stream;
     cublasLtHandle_t lt;
     void *lt_workspace;     /* (workspace_bytes) device */

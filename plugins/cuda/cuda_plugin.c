@@ -87,8 +87,9 @@ static const kiln_param cp_params[] = {
     {"workspace_mib", KILN_TYPE_INT, 0, KILN_V_INT(32), "cuBLASLt workspace, MiB (0..4096)"},
     {"staging_mib", KILN_TYPE_INT, 0, KILN_V_INT(16), "each of the 4 pinned host-to-device staging buffers, MiB"},
     {"attention", KILN_TYPE_STRING, 0, KILN_V_STR("gemm"),
-     "attention kernels: gemm (cuBLASLt batched products, tensor cores in 16-bit precisions) or rowwise (one warp per "
-     "row, no T x T buffers)"},
+     "attention kernels: gemm (cuBLASLt batched products, tensor cores in 16-bit precisions), rowwise (one warp per "
+     "row, no T x T buffers) or flash (fused 64 x 64 tiles on the tensor cores, no T x T buffers; 16-bit mixed "
+     "precision with head sizes 16, 32, 64, 128, else gemm)"},
     {"profile", KILN_TYPE_BOOL, 0, KILN_V_BOOL(0),
      "log the GPU time of each kernel-table entry and category at the end of the run (CUDA events; a few us per "
      "entry)"},
@@ -99,7 +100,7 @@ static const kiln_param cp_params[] = {
 
 /* allowed values, enforced by the host before create() (ABI 1.5) */
 static const char *const cp_checks[] = {"device >= -1", "workspace_mib in [0, 4096]", "staging_mib in [1, 1024]",
-                                        "attention in {gemm, rowwise}", "attention_workspace_mib in [16, 1048576]"};
+                                        "attention in {gemm, rowwise, flash}", "attention_workspace_mib in [16, 1048576]"};
 static const kiln_kv cp_props[] = {
     {"device_type", KILN_V_STR("cuda")}, {"config_checks", KILN_V_STRS(cp_checks)}, {NULL, KILN_V_NONE}};
 

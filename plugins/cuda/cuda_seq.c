@@ -21,7 +21,10 @@
  *     and the entry turns that into KILN_E_DATA naming the row and target.
  * Attention runs its products on cuBLASLt (below, "the gemm path") unless
  * the accelerator is configured with attention = "rowwise", which takes
- * kg_attn.cu's one-warp-per-row kernels (no T x T buffers, CUDA cores).
+ * kg_attn.cu's one-warp-per-row kernels (no T x T buffers, CUDA cores), or
+ * attention = "flash", which takes kg_flash.cu's fused tiles on the tensor
+ * cores for the calls they run (16-bit mixed precision, head sizes 16, 32,
+ * 64, 128; the gemm path otherwise, logged once).
  */
 #include <limits.h>
 #include <math.h>
@@ -172,12 +175,39 @@ static int32_t cu_attn_args(kiln_instance *acc, const char *fn, uint32_t dtype, 
     int32_t rc = ack_attn_args(CU_SINK(acc), fn, dtype, B, T, C, NH, round_dtype, "for", n);
     if (rc != KILN_OK) return rc;
     const int max_t = kg_attention_max_T((int)dtype);
-    if (acc->attn_rowwise && T > max_t)
+    if (acc->attn_path == CU_ATTN_ROWWISE && T > max_t)
         return CU_ERR(acc, KILN_E_UNSUPPORTED,
                       "cuda: %s: T=%d is above the %d positions the rowwise kernel holds for %s (attention = \"gemm\" "
                       "has no such limit)",
                       fn, (int)T, max_t, kiln_dtype_name(dtype));
     return ack_attn_need(CU_SINK(acc), fn, nbuf, names, bufs, kinds, n);
+}
+
+/* Whether this call takes the flash path: configured, and the call is one
+ * it runs (float32 data rounded to 16 bits, a head size it has, its shared
+ * memory within the device's). Otherwise the gemm path runs, which the log
+ * says once per instance. */
+static int cu_attn_flash(kiln_instance *acc, uint32_t dtype, int32_t C, int32_t NH, uint32_t round_dtype) {
+    if (acc->attn_path != CU_ATTN_FLASH) return 0;
+    const int D = C / NH, rd = dtype == KILN_DTYPE_F32 ? (int)round_dtype : KG_F32;
+    const int kinds = kg_flash_supported((int)dtype, rd, D);
+    if (kinds && kg_flash_smem_bytes(D) <= acc->smem_optin) return 1;
+    if (!acc->flash_noted) {
+        acc->flash_noted = 1;
+        if (kinds)
+            kiln_logf(acc->svc, acc->hctx, KILN_LOG_INFO,
+                      "cuda: attention = \"flash\": head size %d needs %zu bytes of shared memory per block, the "
+                      "device allows %zu; using the gemm path",
+                      D, kg_flash_smem_bytes(D), acc->smem_optin);
+        else
+            kiln_logf(acc->svc, acc->hctx, KILN_LOG_INFO,
+                      "cuda: attention = \"flash\" runs float32 data with 16-bit outputs (a 16-bit mixed "
+                      "precision) and head sizes 16, 32, 64, 128; this call is %s%s with head size %d: using the "
+                      "gemm path",
+                      kiln_dtype_name(dtype), rd == KG_BF16 ? " rounded to bf16" : rd == KG_F16 ? " rounded to f16" : "",
+                      D);
+    }
+    return 0;
 }
 
 /* The gemm path: per chunk of batch elements, every head at once through
@@ -361,7 +391,11 @@ int32_t cu_attention_forward(kiln_instance *acc, uint32_t dtype, void *out, void
         return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: out, lse and qkv must not overlap (B=%d T=%d C=%d NH=%d, %s)",
                       fn, (int)B, (int)T, (int)C, (int)NH, kiln_dtype_name(dtype));
     CU_READY(acc, fn);
-    if (!acc->attn_rowwise) {
+    if (cu_attn_flash(acc, dtype, C, NH, round_dtype)) {
+        CU_LAUNCH(acc, fn, kg_flash_forward(acc->stream, out, lse, qkv, B, T, C, NH, (int)round_dtype));
+        return KILN_OK;
+    }
+    if (acc->attn_path != CU_ATTN_ROWWISE) {
         const cu_attn_io io = {.out = out, .lse = lse, .qkv = qkv};
         return cu_attn_gemm(acc, fn, 0, dtype, &io, B, T, C, NH, round_dtype);
     }
@@ -389,12 +423,19 @@ int32_t cu_attention_backward(kiln_instance *acc, uint32_t dtype, void *dqkv, co
                       "cuda: %s: dqkv must not overlap dout, qkv, out or lse (B=%d T=%d C=%d NH=%d, %s)", fn, (int)B,
                       (int)T, (int)C, (int)NH, kiln_dtype_name(dtype));
     CU_READY(acc, fn);
-    if (!acc->attn_rowwise) {
+    const int flash = cu_attn_flash(acc, dtype, C, NH, round_dtype);
+    if (!flash && acc->attn_path != CU_ATTN_ROWWISE) {
         const cu_attn_io io = {.dqkv = dqkv, .qkv = qkv, .dout = dout, .fout = out, .flse = lse};
         return cu_attn_gemm(acc, fn, 1, dtype, &io, B, T, C, NH, round_dtype);
     }
     if ((rc = cu_reserve(acc, &acc->seq_work, &acc->seq_work_bytes, n_lse * sizeof(double), fn)) != KILN_OK)
         return rc;
+    if (flash) {
+        CU_LAUNCH(acc, fn,
+                  kg_flash_backward(acc->stream, dqkv, dout, qkv, out, lse, B, T, C, NH, (int)round_dtype,
+                                    acc->seq_work));
+        return KILN_OK;
+    }
     CU_LAUNCH(acc, fn,
               kg_attention_backward(acc->stream, (int)dtype, dqkv, dout, qkv, out, lse, B, T, C, NH,
                                     dtype == KILN_DTYPE_F32 ? (int)round_dtype : KG_F32, acc->seq_work));

@@ -226,6 +226,7 @@ cudaError_t CUDARTAPI cudaGetDeviceProperties(struct cudaDeviceProp *prop, int d
     prop->warpSize = 32;
     prop->maxThreadsPerBlock = 1024;
     prop->sharedMemPerBlock = 48 << 10;
+    prop->sharedMemPerBlockOptin = 227 << 10; /* an H100/H200: what kg_flash may opt into */
     prop->unifiedAddressing = 1;
     return cudaSuccess;
 }
@@ -925,4 +926,27 @@ cudaError_t CUDARTAPI cudaMemset2DAsync(void *devPtr, size_t pitch, int value, s
 __attribute__((visibility("default"))) void fake_cuda_get_stats(fake_cuda_stats *out);
 void fake_cuda_get_stats(fake_cuda_stats *out) {
     if (out) *out = fake_stats;
+}
+
+/* ------------------------------------------------ nvcc's module hooks */
+
+/* nvcc's host code registers each .cu file's device image at load time
+ * through these (crt/host_runtime.h). The fake's one .cu file,
+ * fake_kg_flash.cu, is host code only, with an empty image: accepted and
+ * ignored. */
+void **CUDARTAPI __cudaRegisterFatBinary(void *fatCubin);
+void CUDARTAPI __cudaRegisterFatBinaryEnd(void **fatCubinHandle);
+void CUDARTAPI __cudaUnregisterFatBinary(void **fatCubinHandle);
+char CUDARTAPI __cudaInitModule(void **fatCubinHandle);
+
+void **CUDARTAPI __cudaRegisterFatBinary(void *fatCubin) {
+    static void *handle;
+    (void)fatCubin;
+    return &handle;
+}
+void CUDARTAPI __cudaRegisterFatBinaryEnd(void **fatCubinHandle) { (void)fatCubinHandle; }
+void CUDARTAPI __cudaUnregisterFatBinary(void **fatCubinHandle) { (void)fatCubinHandle; }
+char CUDARTAPI __cudaInitModule(void **fatCubinHandle) {
+    (void)fatCubinHandle;
+    return 0;
 }

@@ -11,7 +11,8 @@
 # pointer, size and overlap. Asserts for each precision: both runs
 # succeed, no contract violation, and the final training and validation
 # losses agree (the fake multiplies in double where OpenBLAS uses fp32:
-# 1e-3 relative in fp32, 2e-2 in bf16-mixed, 1e-9 in fp64). Then a run with
+# 1e-3 relative in fp32, 2e-2 in bf16-mixed, 1e-9 in fp64). The same in
+# bf16-mixed with attention = "flash" (the fused programs, emulated). Then a run with
 # the accelerator's profile = true must log the GPU time per category, and
 # a run of 9 steps must call cudaMalloc no more often than one of 3.
 #   gpt_fit_fake.sh KILN TEXT2TOKENS FAKE_DIR WORK
@@ -66,6 +67,20 @@ for spec in "32-true 1e-3" "bf16-mixed 2e-2" "64-true 1e-9"; do
   grep -q "sample" "$work/fake_$prec/log" || [ -s "$work/fake_$prec/runs/version_0/samples.txt" ] ||
     fail "$prec: no sample written on the fake"
 done
+# attention = "flash": the fused attention's block programs (emulated on the
+# host by the fake, with its race and alignment checks) in bf16-mixed,
+# against the cpu run; no call may fall back to the gemm path (head size 16)
+if run fake_flash '{ name = "cudafake:cuda"; attention = "flash"; }' bf16-mixed; then
+  grep -q "contract violation" "$work/fake_flash/log" && fail "flash: $(grep -m1 'contract violation' "$work/fake_flash/log")"
+  grep -q "using the gemm path" "$work/fake_flash/log" && fail "flash: $(grep -m1 'using the gemm path' "$work/fake_flash/log")"
+  for col in train_loss_step val_loss; do
+    a=$(last "cpu_bf16-mixed" $col) b=$(last fake_flash $col)
+    echo "  bf16-mixed flash $col: cpu $a, fake cuda $b"
+    close "$a" "$b" 2e-2 || fail "flash: $col differs beyond 2e-2 relative ($a vs $b)"
+  done
+else
+  tail -20 "$work/fake_flash/log"; fail "the flash run failed"
+fi
 # profile = true: the GPU time per entry and per category in the log at the end
 if run fake_profile '{ name = "cudafake:cuda"; profile = true; }' bf16-mixed; then
   for cat in GEMMs attention classifier "layer norm" embedding optimizer; do

@@ -1271,12 +1271,66 @@ static void test_seq_tokens_memo(void) {
         g_ops->base.destroy(acc2);
     }
     /* a bad attention setting */
-    const kiln_kv bad_attn[] = {{"attention", KILN_V_STR("flash")}, {NULL, KILN_V_NONE}};
+    const kiln_kv bad_attn[] = {{"attention", KILN_V_STR("fused")}, {NULL, KILN_V_NONE}};
     kiln_instance *acc3 = NULL;
     CU_ASSERT_EQUAL(make(bad_attn, &acc3), KILN_E_CONFIG);
-    HAS(kiln_test_error(g_th), "attention must be \"gemm\" or \"rowwise\", got \"flash\"");
+    HAS(kiln_test_error(g_th), "attention must be \"gemm\", \"rowwise\" or \"flash\", got \"fused\"");
     k->free(acc, dt), k->free(acc, dwte), k->free(acc, dwpe), k->free(acc, dd), k->free(acc, dy);
     k->free(acc, gte), k->free(acc, gpe), k->free(acc, dl), k->free(acc, dtg);
+    g_ops->base.destroy(acc);
+    NO_VIOLATIONS();
+}
+
+/* attention = "flash": a 16-bit mixed-precision call with a head size it
+ * has runs the fused programs (one launch forward; delta and the programs
+ * backward: two), no cuBLASLt product, no violation from the emulation;
+ * a call it does not run (unrounded float32, float64, head size 24) takes
+ * the gemm path, logged once. */
+static void test_attention_flash_dispatch(void) {
+    const kiln_kv flash[] = {{"attention", KILN_V_STR("flash")}, {NULL, KILN_V_NONE}};
+    const kiln_kernels *k = NULL;
+    kiln_instance *acc = ready(flash, &k);
+    if (!acc) return;
+    const int32_t B = 1, T = 70, C = 128, NH = 2;
+    const size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, nl = (size_t)B * NH * T;
+    float *h = calloc(nq, sizeof *h);
+    CU_ASSERT_FATAL(h != NULL);
+    for (size_t i = 0; i < nq; i++) h[i] = (float)((int)(i % 7) - 3) * 0.125f;
+    void *qkv = up(k, acc, NULL, nq * 8), *out = up(k, acc, NULL, no * 8), *lse = up(k, acc, NULL, nl * 8);
+    void *dout = up(k, acc, NULL, no * 8), *dqkv = up(k, acc, NULL, nq * 8);
+    CU_ASSERT_EQUAL(k->copy(acc, qkv, h, nq * sizeof *h, KILN_COPY_H2D), KILN_OK);
+    CU_ASSERT_EQUAL(k->copy(acc, dout, h, no * sizeof *h, KILN_COPY_H2D), KILN_OK);
+    fake_cuda_stats s0 = stats();
+    CU_ASSERT_EQUAL(k->attention_forward(acc, KILN_DTYPE_F32, out, lse, qkv, B, T, C, NH, KILN_DTYPE_BF16), KILN_OK);
+    fake_cuda_stats s1 = stats();
+    CU_ASSERT_EQUAL(s1.kernels - s0.kernels, 1);
+    CU_ASSERT_EQUAL(s1.matmuls - s0.matmuls, 0);
+    CU_ASSERT_EQUAL(k->attention_backward(acc, KILN_DTYPE_F32, dqkv, dout, qkv, out, lse, B, T, C, NH,
+                                          KILN_DTYPE_BF16),
+                    KILN_OK);
+    fake_cuda_stats s2 = stats();
+    CU_ASSERT_EQUAL(s2.kernels - s1.kernels, 2);
+    CU_ASSERT_EQUAL(s2.matmuls - s1.matmuls, 0);
+    CU_ASSERT_PTR_NULL(kiln_test_log_find(g_th, KILN_LOG_INFO, "using the gemm path"));
+    /* the outputs are finite: the emulation wrote every element */
+    float *o = calloc(nq, sizeof *o);
+    CU_ASSERT_FATAL(o != NULL);
+    CU_ASSERT_EQUAL(k->copy(acc, o, dqkv, nq * sizeof *o, KILN_COPY_D2H), KILN_OK);
+    size_t bad = 0;
+    for (size_t i = 0; i < nq; i++) bad += !isfinite(o[i]);
+    CU_ASSERT_EQUAL(bad, 0);
+    /* calls the flash path does not run: the gemm path, logged once */
+    CU_ASSERT_EQUAL(k->attention_forward(acc, KILN_DTYPE_F32, out, lse, qkv, B, T, C, NH, KILN_DTYPE_F32), KILN_OK);
+    fake_cuda_stats s3 = stats();
+    CU_ASSERT_TRUE(s3.matmuls - s2.matmuls >= 2);
+    const char *line = kiln_test_log_find(g_th, KILN_LOG_INFO, "using the gemm path");
+    CU_ASSERT_PTR_NOT_NULL(line);
+    if (line) HAS(line, "this call is float32 with head size 64");
+    CU_ASSERT_EQUAL(k->attention_forward(acc, KILN_DTYPE_F32, out, lse, qkv, B, T, 72, 3, KILN_DTYPE_BF16), KILN_OK);
+    CU_ASSERT_TRUE(stats().matmuls - s3.matmuls >= 2);
+    CU_ASSERT_EQUAL(k->attention_forward(acc, KILN_DTYPE_F64, out, lse, qkv, B, T, C, NH, KILN_DTYPE_F64), KILN_OK);
+    free(h), free(o);
+    k->free(acc, qkv), k->free(acc, out), k->free(acc, lse), k->free(acc, dout), k->free(acc, dqkv);
     g_ops->base.destroy(acc);
     NO_VIOLATIONS();
 }
@@ -1483,6 +1537,7 @@ static void register_tests(void) {
     CU_add_test(s, "destroy waits for queued GEMMs before the cuBLASLt handle", test_destroy_after_unwaited_gemm);
     CU_add_test(s, "scratch grown inside entries is not zero-filled", test_scratch_not_zeroed);
     CU_add_test(s, "1.4: tokens read back once, buckets uploaded, xent_fused waits once", test_seq_tokens_memo);
+    CU_add_test(s, "attention = flash: fused programs, or the gemm path when it cannot", test_attention_flash_dispatch);
 }
 
 #include "cunit_main.h"

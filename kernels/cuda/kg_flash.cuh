@@ -1,0 +1,425 @@
+/*
+ * kg_flash.cuh: the fused ("flash") causal attention of the cuda
+ * accelerator's `attention = "flash"` path, written once for two machines.
+ * The algorithm below (three block programs: the forward, the dK/dV pass
+ * and the dQ pass of the backward) is a template over an execution policy
+ * X. kg_flash.cu instantiates it with kg_fl_dev: one CUDA block of
+ * KG_FL_THREADS threads, __syncthreads, and the tensor cores through
+ * nvcuda::wmma. kg_fl_host (below) runs the same program on the host: every
+ * "for each thread" loop visits all threads in turn, the barriers are
+ * no-ops, and the warp-wide matrix products are plain loops. Because every
+ * phase between two barriers is free of races (each thread writes only its
+ * own elements, and reads only what an earlier phase wrote), the host's
+ * serial order computes what the GPU's parallel one does; the host
+ * emulation is what CI tests against the cpu kernels (test_cuda_flash, no
+ * GPU needed), and tests/gpu/run.sh tests the device one.
+ *
+ * The program never looks inside a tensor-core fragment (wmma's element
+ * layout is unspecified), so the emulation's fragments need not match the
+ * hardware's: the products are specified by their operands in shared
+ * memory alone. The host also checks what wmma requires (32-byte-aligned
+ * tile pointers, leading dimensions in multiples of 16 bytes), fills shared
+ * memory with NaN before each block (a read of something never written
+ * shows in the result), and records, per shared-memory byte, which thread
+ * wrote it in the current phase, failing on a read or write of it by any
+ * other thread before the next barrier (kg_fl_race: the races the serial
+ * order would hide).
+ *
+ * Numbers: q, k, v, dO (fp32 in memory, 16-bit values in a mixed-precision
+ * step) are rounded to OP (bf16 or f16) into shared memory; S = q k^T, O +=
+ * P v, dP = dO v^T and the gradients are tensor-core products with fp32
+ * accumulation; the softmax (max, exp via km_exp_nonpos, row sums) is fp32,
+ * P and dS are rounded to OP for their products, as in the gemm path. The
+ * backward is deterministic without atomics: dK and dV are summed by the
+ * block owning a key tile, over the query tiles in order; dQ by a second
+ * program owning a query tile, over the key tiles in order (the scores are
+ * recomputed there: about 40 % more backward work than an atomic dQ, and
+ * the same bits on every run).
+ *
+ * Tiles: KG_FL_BR = KG_FL_BC = 64 rows (queries, keys), 4 warps of 16 rows
+ * each; the head size D = 16 * DN for DN in 1, 2, 4, 8. Shared memory rows
+ * are padded (+8 16-bit elements, +4 floats) so that the wmma tile loads of
+ * consecutive rows fall in different banks.
+ */
+#ifndef KILN_KERNELS_CUDA_KG_FLASH_CUH
+#define KILN_KERNELS_CUDA_KG_FLASH_CUH
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kg_math.cuh"
+
+#define KG_FL_BR 64
+#define KG_FL_BC 64
+#define KG_FL_WARPS 4
+#define KG_FL_THREADS (32 * KG_FL_WARPS)
+
+/* The three block programs. */
+enum { KG_FL_FWD = 0, KG_FL_DKDV = 1, KG_FL_DQ = 2 };
+
+/* One call's operands (kiln/training.h's layouts: qkv(B, T, 3C), out and
+ * dout (B, T, C), lse (B, NH, T), delta (B, NH, T) = rowsum(dout * out) in
+ * double, dqkv (B, T, 3C)); rd: the rounding of the outputs (KG_BF16 or
+ * KG_F16; KG_F32 none); scale = 1/sqrt(D) in float. */
+struct kg_flash_args {
+    const float *qkv, *dout, *out, *lse_in;
+    const double *delta;
+    float *o, *lse, *dqkv;
+    int B, T, C, NH, rd;
+    float scale;
+};
+
+/* Shared-memory layout of one program: byte offsets of each array (0 when
+ * absent) and the total. Every array starts 128-byte aligned. */
+struct kg_fl_layout {
+    size_t q, k, v, dout, s, dp, p, ds, acc, acc2, rowa, rowb, rowc, rowd, bytes;
+};
+
+KG_HD size_t kg_fl_up128(size_t n) { return (n + 127) & ~(size_t)127; }
+
+/* Leading dimensions, in elements: 16-bit tiles of width D (q, k, v, dO),
+ * 16-bit tiles of width BC (P, dS), float tiles of width BC (S, dP), float
+ * tiles of width D (the accumulators). */
+KG_HD int kg_fl_lde(int D) { return D + 8; }
+#define KG_FL_LDT (KG_FL_BC + 8)
+#define KG_FL_LDS (KG_FL_BC + 4)
+KG_HD int kg_fl_ldo(int D) { return D + 4; }
+
+KG_HD kg_fl_layout kg_fl_layout_of(int prog, int D) {
+    kg_fl_layout L = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    const size_t e_tile = kg_fl_up128((size_t)KG_FL_BR * (size_t)kg_fl_lde(D) * 2u);
+    const size_t t_tile = kg_fl_up128((size_t)KG_FL_BR * KG_FL_LDT * 2u);
+    const size_t s_tile = kg_fl_up128((size_t)KG_FL_BR * KG_FL_LDS * 4u);
+    const size_t o_tile = kg_fl_up128((size_t)KG_FL_BR * (size_t)kg_fl_ldo(D) * 4u);
+    const size_t row = kg_fl_up128((size_t)KG_FL_BR * 2u * 4u);
+    size_t at = 0;
+    L.q = at, at += e_tile;
+    L.k = at, at += e_tile;
+    L.v = at, at += e_tile;
+    if (prog != KG_FL_FWD) L.dout = at, at += e_tile;
+    L.s = at, at += s_tile;
+    if (prog != KG_FL_FWD) L.dp = at, at += s_tile;
+    if (prog != KG_FL_DQ) L.p = at, at += t_tile;
+    if (prog != KG_FL_FWD) L.ds = at, at += t_tile;
+    L.acc = at, at += o_tile;
+    if (prog == KG_FL_DKDV) L.acc2 = at, at += o_tile;
+    L.rowa = at, at += row;
+    L.rowb = at, at += row;
+    L.rowc = at, at += row;
+    L.rowd = at, at += row;
+    L.bytes = at;
+    return L;
+}
+
+/* A float rounded to OP's 16 bits, and back. */
+template <int OP> KG_HD uint16_t kg_fl_enc(float x) {
+    if constexpr (OP == KG_BF16) return kg_bf16_bits(x);
+    else return kg_f16_bits(x);
+}
+template <int OP> KG_HD float kg_fl_dec(uint16_t b) {
+    if constexpr (OP == KG_BF16) return kg_bf16_value(b);
+    else return kg_f16_value(b);
+}
+
+/*
+ * The policy's warp-wide product (every lane of the warp calls it with the
+ * same arguments; on the host it is called once per warp):
+ *   C[16 x 16*NN] (=, or += when acc) A[16 x 16*KN] * B[16*KN x 16*NN]
+ * C: float, row-major, leading dimension ldc. A(i, k) = a[i*lda + k]
+ * (AT = 0) or a[k*lda + i] (AT = 1); B(k, n) = b[k*ldb + n] (BT = 0) or
+ * b[n*ldb + k] (BT = 1); a and b hold OP bit patterns.
+ *   X::template mma<OP, AT, BT, KN, NN>(c, ldc, a, lda, b, ldb, acc)
+ * and the loops of a phase:
+ *   for (int t = X::tid0(); X::tin(t); t += X::tstep())   threads
+ *   for (int w = X::warp0(); X::win(w); w += X::wstep())      warps
+ *   for (int l = X::lane0(); X::lin(w, l); l += X::lstep())              lanes
+ * with X::sync() (the block's barrier) and X::syncwarp() between phases.
+ * Shared memory is read and written through X::ld / X::st (the host's race
+ * check; plain accesses on the device).
+ */
+
+#ifdef __CUDACC__
+#define KG_FL_HD __host__ __device__ __forceinline__
+#define KG_FL_NOCHECK _Pragma("nv_exec_check_disable")
+#else
+#define KG_FL_HD inline
+#define KG_FL_NOCHECK
+#endif
+
+/* Loads the rows [r0, r0 + 64) of one of q, k, v (which = 0, 1, 2) or of
+ * dout (which = 3) for head h of batch element b into a 16-bit tile
+ * (leading dimension lde), rows at or past T as zeros. */
+KG_FL_NOCHECK
+template <class X, int OP>
+KG_FL_HD void kg_fl_load_rows(const kg_flash_args &a, uint16_t *tile, int which, int b, int h, int D, int r0) {
+    const int lde = kg_fl_lde(D);
+    const size_t ld = which == 3 ? (size_t)a.C : 3u * (size_t)a.C;
+    const float *src = (which == 3 ? a.dout : a.qkv) + (size_t)b * (size_t)a.T * ld + (size_t)h * (size_t)D +
+                       (which == 3 ? 0u : (size_t)which * (size_t)a.C);
+    for (int t = X::tid0(); X::tin(t); t += X::tstep())
+        for (int i = t; i < KG_FL_BR * D; i += KG_FL_THREADS) {
+            const int r = i / D, d = i % D, row = r0 + r;
+            const float v = row < a.T ? src[(size_t)row * ld + (size_t)d] : 0.0f;
+            X::st(&tile[r * lde + d], kg_fl_enc<OP>(v));
+        }
+}
+
+/* Zeroes a float tile of width D (leading dimension ldo). */
+KG_FL_NOCHECK
+template <class X> KG_FL_HD void kg_fl_zero_acc(float *acc, int D) {
+    const int ldo = kg_fl_ldo(D);
+    for (int t = X::tid0(); X::tin(t); t += X::tstep())
+        for (int i = t; i < KG_FL_BR * D; i += KG_FL_THREADS) X::st(&acc[(i / D) * ldo + i % D], 0.0f);
+}
+
+/*
+ * The forward of query tile qt of head bh = b * NH + h: for each key tile
+ * up to the diagonal, S = q k^T (each warp its 16 rows), the online
+ * softmax (two lanes per row, 32 columns each: the row max, p = exp(s*scale
+ * - m), the running sum l and the rescaling of the accumulator by exp(m_old
+ * - m)), then O += P v. Finally out = O / l (rounded through rd) and lse =
+ * m + log(l).
+ */
+KG_FL_NOCHECK
+template <class X, int OP, int DN>
+KG_FL_HD void kg_fl_forward_block(const kg_flash_args &a, unsigned char *sm, int qt, int bh) {
+    constexpr int D = 16 * DN, LDE = D + 8, LDO = D + 4;
+    const kg_fl_layout L = kg_fl_layout_of(KG_FL_FWD, D);
+    uint16_t *Qs = (uint16_t *)(sm + L.q), *Ks = (uint16_t *)(sm + L.k), *Vs = (uint16_t *)(sm + L.v);
+    uint16_t *Ps = (uint16_t *)(sm + L.p);
+    float *Ss = (float *)(sm + L.s), *Os = (float *)(sm + L.acc);
+    float *M = (float *)(sm + L.rowa), *Lsum = (float *)(sm + L.rowb);
+    float *PM = (float *)(sm + L.rowc), *PS = (float *)(sm + L.rowd); /* (64, 2) per-lane partials */
+    const int b = bh / a.NH, h = bh % a.NH, T = a.T, q0 = qt * KG_FL_BR;
+
+    kg_fl_load_rows<X, OP>(a, Qs, 0, b, h, D, q0);
+    kg_fl_zero_acc<X>(Os, D);
+    for (int t = X::tid0(); X::tin(t); t += X::tstep())
+        if (t < KG_FL_BR) X::st(&M[t], -INFINITY), X::st(&Lsum[t], 0.0f);
+    X::sync();
+
+    const int qlast = (q0 + KG_FL_BR < T ? q0 + KG_FL_BR : T) - 1;
+    const int nkt = qlast / KG_FL_BC + 1;
+    for (int kt = 0; kt < nkt; kt++) {
+        const int k0 = kt * KG_FL_BC;
+        kg_fl_load_rows<X, OP>(a, Ks, 1, b, h, D, k0);
+        kg_fl_load_rows<X, OP>(a, Vs, 2, b, h, D, k0);
+        X::sync();
+        for (int w = X::warp0(); X::win(w); w += X::wstep()) {
+            X::template mma<OP, 0, 1, DN, KG_FL_BC / 16>(Ss + 16 * w * KG_FL_LDS, KG_FL_LDS, Qs + 16 * w * LDE, LDE,
+                                                         Ks, LDE, false);
+            X::syncwarp();
+            /* the row max of the scaled, masked scores, per half row */
+            for (int l = X::lane0(); X::lin(w, l); l += X::lstep()) {
+                const int r = 16 * w + l / 2, hf = l & 1, q = q0 + r;
+                float mx = -INFINITY;
+                for (int c = 32 * hf; c < 32 * hf + 32; c++) {
+                    if (k0 + c > q) break;
+                    const float s = X::ld(&Ss[r * KG_FL_LDS + c]) * a.scale;
+                    X::st(&Ss[r * KG_FL_LDS + c], s);
+                    mx = s > mx ? s : mx;
+                }
+                X::st(&PM[2 * r + hf], mx);
+            }
+            X::syncwarp();
+            /* p = exp(s - m_new) (0 above the diagonal), its partial sum,
+             * the accumulator's half row scaled by exp(m_old - m_new) */
+            for (int l = X::lane0(); X::lin(w, l); l += X::lstep()) {
+                const int r = 16 * w + l / 2, hf = l & 1, q = q0 + r;
+                const float pm0 = X::ld(&PM[2 * r]), pm1 = X::ld(&PM[2 * r + 1]), mo = X::ld(&M[r]);
+                float mn = pm0 > pm1 ? pm0 : pm1;
+                mn = mo > mn ? mo : mn;
+                float sum = 0.0f;
+                for (int c = 32 * hf; c < 32 * hf + 32; c++) {
+                    const float p = k0 + c <= q ? km_exp_nonpos(X::ld(&Ss[r * KG_FL_LDS + c]) - mn) : 0.0f;
+                    X::st(&Ps[r * KG_FL_LDT + c], kg_fl_enc<OP>(p));
+                    sum += p;
+                }
+                X::st(&PS[2 * r + hf], sum);
+                const float alpha = km_exp_nonpos(mo - mn);
+                for (int d = hf * (D / 2); d < hf * (D / 2) + D / 2; d++)
+                    X::st(&Os[r * LDO + d], X::ld(&Os[r * LDO + d]) * alpha);
+            }
+            X::syncwarp();
+            for (int l = X::lane0(); X::lin(w, l); l += X::lstep()) {
+                if (l & 1) continue;
+                const int r = 16 * w + l / 2;
+                const float pm0 = X::ld(&PM[2 * r]), pm1 = X::ld(&PM[2 * r + 1]), mo = X::ld(&M[r]);
+                float mn = pm0 > pm1 ? pm0 : pm1;
+                mn = mo > mn ? mo : mn;
+                const float alpha = km_exp_nonpos(mo - mn);
+                X::st(&Lsum[r], X::ld(&Lsum[r]) * alpha + (X::ld(&PS[2 * r]) + X::ld(&PS[2 * r + 1])));
+                X::st(&M[r], mn);
+            }
+            X::syncwarp();
+            X::template mma<OP, 0, 0, KG_FL_BC / 16, DN>(Os + 16 * w * LDO, LDO, Ps + 16 * w * KG_FL_LDT, KG_FL_LDT,
+                                                         Vs, LDE, true);
+        }
+        X::sync();
+    }
+
+    float *o = a.o + (size_t)b * (size_t)T * (size_t)a.C + (size_t)h * D;
+    for (int t = X::tid0(); X::tin(t); t += X::tstep()) {
+        for (int i = t; i < KG_FL_BR * D; i += KG_FL_THREADS) {
+            const int r = i / D, d = i % D, q = q0 + r;
+            if (q < T) o[(size_t)q * (size_t)a.C + d] = kg_round_to_dtype(X::ld(&Os[r * LDO + d]) / X::ld(&Lsum[r]), a.rd);
+        }
+        if (t < KG_FL_BR && q0 + t < T)
+            a.lse[(size_t)bh * (size_t)T + (size_t)(q0 + t)] = X::ld(&M[t]) + logf(X::ld(&Lsum[t]));
+    }
+}
+
+/* The rows [q0, q0 + 64) of lse and delta into two float arrays (0 past
+ * T, which with q = dO = 0 there makes those rows contribute nothing). */
+KG_FL_NOCHECK
+template <class X> KG_FL_HD void kg_fl_load_stats(const kg_flash_args &a, float *Lq, float *Dq, int bh, int q0) {
+    for (int t = X::tid0(); X::tin(t); t += X::tstep())
+        if (t < KG_FL_BR) {
+            const int q = q0 + t;
+            const size_t i = (size_t)bh * (size_t)a.T + (size_t)q;
+            X::st(&Lq[t], q < a.T ? a.lse_in[i] : 0.0f);
+            X::st(&Dq[t], q < a.T ? (float)a.delta[i] : 0.0f);
+        }
+}
+
+/* One warp's rows of the backward's scores: S = q k^T, dP = dO v^T, then
+ * per element P = exp(s*scale - lse) (0 above the diagonal) and dS = P *
+ * (dP - delta), rounded to OP into Ps (when not NULL) and dSs. */
+KG_FL_NOCHECK
+template <class X, int OP, int DN>
+KG_FL_HD void kg_fl_bwd_scores(const kg_flash_args &a, int w, int q0, int k0, const uint16_t *Qs, const uint16_t *dOs,
+                               const uint16_t *Ks, const uint16_t *Vs, float *Ss, float *dPs, const float *Lq,
+                               const float *Dq, uint16_t *Ps, uint16_t *dSs) {
+    constexpr int LDE = 16 * DN + 8;
+    X::template mma<OP, 0, 1, DN, KG_FL_BC / 16>(Ss + 16 * w * KG_FL_LDS, KG_FL_LDS, Qs + 16 * w * LDE, LDE, Ks, LDE,
+                                                 false);
+    X::template mma<OP, 0, 1, DN, KG_FL_BC / 16>(dPs + 16 * w * KG_FL_LDS, KG_FL_LDS, dOs + 16 * w * LDE, LDE, Vs, LDE,
+                                                 false);
+    X::syncwarp();
+    for (int l = X::lane0(); X::lin(w, l); l += X::lstep()) {
+        const int r = 16 * w + l / 2, hf = l & 1, q = q0 + r;
+        const float lse = X::ld(&Lq[r]), delta = X::ld(&Dq[r]);
+        for (int c = 32 * hf; c < 32 * hf + 32; c++) {
+            float p = 0.0f, ds = 0.0f;
+            if (k0 + c <= q) {
+                p = km_exp_nonpos(X::ld(&Ss[r * KG_FL_LDS + c]) * a.scale - lse);
+                ds = p * (X::ld(&dPs[r * KG_FL_LDS + c]) - delta);
+            }
+            if (Ps) X::st(&Ps[r * KG_FL_LDT + c], kg_fl_enc<OP>(p));
+            X::st(&dSs[r * KG_FL_LDT + c], kg_fl_enc<OP>(ds));
+        }
+    }
+}
+
+/* Writes a float tile of width D times `mul`, rounded through rd, into
+ * dqkv's columns [col, col + D) of rows [r0, r0 + 64) of batch element b
+ * (rows past T skipped). */
+KG_FL_NOCHECK
+template <class X>
+KG_FL_HD void kg_fl_store_grad(const kg_flash_args &a, const float *acc, int D, int b, size_t col, int r0, float mul) {
+    const int ldo = kg_fl_ldo(D);
+    float *dst = a.dqkv + (size_t)b * (size_t)a.T * 3u * (size_t)a.C + col;
+    for (int t = X::tid0(); X::tin(t); t += X::tstep())
+        for (int i = t; i < KG_FL_BR * D; i += KG_FL_THREADS) {
+            const int r = i / D, d = i % D, row = r0 + r;
+            if (row < a.T) dst[(size_t)row * 3u * (size_t)a.C + d] = kg_round_to_dtype(X::ld(&acc[r * ldo + d]) * mul, a.rd);
+        }
+}
+
+/*
+ * The backward's dK/dV program for key tile kt of head bh: over the query
+ * tiles from the diagonal on, in order, the scores and P, dS of each (each
+ * warp its 16 query rows), then dV += P^T dO and dK += dS^T q (each warp
+ * its 16 key rows). dK is scaled by 1/sqrt(D) at the end.
+ */
+KG_FL_NOCHECK
+template <class X, int OP, int DN>
+KG_FL_HD void kg_fl_dkdv_block(const kg_flash_args &a, unsigned char *sm, int kt, int bh) {
+    constexpr int D = 16 * DN, LDE = D + 8, LDO = D + 4;
+    const kg_fl_layout L = kg_fl_layout_of(KG_FL_DKDV, D);
+    uint16_t *Qs = (uint16_t *)(sm + L.q), *Ks = (uint16_t *)(sm + L.k), *Vs = (uint16_t *)(sm + L.v);
+    uint16_t *dOs = (uint16_t *)(sm + L.dout), *Ps = (uint16_t *)(sm + L.p), *dSs = (uint16_t *)(sm + L.ds);
+    float *Ss = (float *)(sm + L.s), *dPs = (float *)(sm + L.dp), *dKs = (float *)(sm + L.acc);
+    float *dVs = (float *)(sm + L.acc2), *Lq = (float *)(sm + L.rowa), *Dq = (float *)(sm + L.rowb);
+    const int b = bh / a.NH, h = bh % a.NH, T = a.T, k0 = kt * KG_FL_BC;
+
+    kg_fl_load_rows<X, OP>(a, Ks, 1, b, h, D, k0);
+    kg_fl_load_rows<X, OP>(a, Vs, 2, b, h, D, k0);
+    kg_fl_zero_acc<X>(dKs, D);
+    kg_fl_zero_acc<X>(dVs, D);
+    const int nqt = (T + KG_FL_BR - 1) / KG_FL_BR;
+    for (int qt = k0 / KG_FL_BR; qt < nqt; qt++) {
+        const int q0 = qt * KG_FL_BR;
+        kg_fl_load_rows<X, OP>(a, Qs, 0, b, h, D, q0);
+        kg_fl_load_rows<X, OP>(a, dOs, 3, b, h, D, q0);
+        kg_fl_load_stats<X>(a, Lq, Dq, bh, q0);
+        X::sync();
+        for (int w = X::warp0(); X::win(w); w += X::wstep())
+            kg_fl_bwd_scores<X, OP, DN>(a, w, q0, k0, Qs, dOs, Ks, Vs, Ss, dPs, Lq, Dq, Ps, dSs);
+        X::sync();
+        for (int w = X::warp0(); X::win(w); w += X::wstep()) {
+            X::template mma<OP, 1, 0, KG_FL_BR / 16, DN>(dVs + 16 * w * LDO, LDO, Ps + 16 * w, KG_FL_LDT, dOs, LDE,
+                                                         true);
+            X::template mma<OP, 1, 0, KG_FL_BR / 16, DN>(dKs + 16 * w * LDO, LDO, dSs + 16 * w, KG_FL_LDT, Qs, LDE,
+                                                         true);
+        }
+        X::sync();
+    }
+    kg_fl_store_grad<X>(a, dKs, D, b, (size_t)a.C + (size_t)h * D, k0, a.scale);
+    kg_fl_store_grad<X>(a, dVs, D, b, 2u * (size_t)a.C + (size_t)h * D, k0, 1.0f);
+}
+
+/*
+ * The backward's dQ program for query tile qt of head bh: over the key
+ * tiles up to the diagonal, in order, the scores and dS of each warp's
+ * rows, then dQ += dS k; scaled by 1/sqrt(D) at the end.
+ */
+KG_FL_NOCHECK
+template <class X, int OP, int DN>
+KG_FL_HD void kg_fl_dq_block(const kg_flash_args &a, unsigned char *sm, int qt, int bh) {
+    constexpr int D = 16 * DN, LDE = D + 8, LDO = D + 4;
+    const kg_fl_layout L = kg_fl_layout_of(KG_FL_DQ, D);
+    uint16_t *Qs = (uint16_t *)(sm + L.q), *Ks = (uint16_t *)(sm + L.k), *Vs = (uint16_t *)(sm + L.v);
+    uint16_t *dOs = (uint16_t *)(sm + L.dout), *dSs = (uint16_t *)(sm + L.ds);
+    float *Ss = (float *)(sm + L.s), *dPs = (float *)(sm + L.dp), *dQs = (float *)(sm + L.acc);
+    float *Lq = (float *)(sm + L.rowa), *Dq = (float *)(sm + L.rowb);
+    const int b = bh / a.NH, h = bh % a.NH, T = a.T, q0 = qt * KG_FL_BR;
+
+    kg_fl_load_rows<X, OP>(a, Qs, 0, b, h, D, q0);
+    kg_fl_load_rows<X, OP>(a, dOs, 3, b, h, D, q0);
+    kg_fl_load_stats<X>(a, Lq, Dq, bh, q0);
+    kg_fl_zero_acc<X>(dQs, D);
+    const int qlast = (q0 + KG_FL_BR < T ? q0 + KG_FL_BR : T) - 1;
+    const int nkt = qlast / KG_FL_BC + 1;
+    for (int kt = 0; kt < nkt; kt++) {
+        const int k0 = kt * KG_FL_BC;
+        kg_fl_load_rows<X, OP>(a, Ks, 1, b, h, D, k0);
+        kg_fl_load_rows<X, OP>(a, Vs, 2, b, h, D, k0);
+        X::sync();
+        for (int w = X::warp0(); X::win(w); w += X::wstep()) {
+            kg_fl_bwd_scores<X, OP, DN>(a, w, q0, k0, Qs, dOs, Ks, Vs, Ss, dPs, Lq, Dq, (uint16_t *)0, dSs);
+            X::syncwarp();
+            X::template mma<OP, 0, 0, KG_FL_BC / 16, DN>(dQs + 16 * w * LDO, LDO, dSs + 16 * w * KG_FL_LDT, KG_FL_LDT,
+                                                         Ks, LDE, true);
+        }
+        X::sync();
+    }
+    kg_fl_store_grad<X>(a, dQs, D, b, (size_t)h * D, q0, a.scale);
+}
+
+/* Blocks of a program over B * NH heads and T positions: one per (tile,
+ * head), with the tile index major so that, in launch order, the costliest
+ * tiles (the last query tiles, the first key tiles) start first. */
+KG_HD size_t kg_fl_blocks(int B, int NH, int T) {
+    return (size_t)((T + KG_FL_BR - 1) / KG_FL_BR) * (size_t)B * (size_t)NH;
+}
+/* Block i's tile and head for a program. */
+KG_HD void kg_fl_block_of(int prog, size_t i, int B, int NH, int T, int *tile, int *bh) {
+    const size_t BH = (size_t)B * (size_t)NH;
+    const int nt = (T + KG_FL_BR - 1) / KG_FL_BR, j = (int)(i / BH);
+    *bh = (int)(i % BH);
+    *tile = prog == KG_FL_DKDV ? j : nt - 1 - j;
+}
+
+#endif

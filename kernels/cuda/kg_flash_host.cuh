@@ -1,0 +1,239 @@
+/*
+ * kg_flash_host.cuh: kg_flash.cuh's block programs run on the host, for
+ * the tests (test_cuda_flash) and the fake cuda accelerator, which have no
+ * GPU. kg_fl_host is the execution policy: each "for each thread / warp /
+ * lane" loop of a program visits every one in turn, the barriers only
+ * advance counters, and the warp-wide products are loops over the 16-bit
+ * operands (decoded exactly) with float sums. Single-threaded: one block at
+ * a time, in launch order.
+ *
+ * What the host checks, beyond computing the result:
+ *  - wmma's rules: every tile pointer 32-byte aligned, leading dimensions a
+ *    multiple of 16 bytes (8 16-bit elements, 4 floats);
+ *  - shared memory is filled with 0xff bytes (NaN in float, bf16 and f16)
+ *    before each block, so a read of something never written poisons the
+ *    output;
+ *  - races: per shared-memory byte, the last writer and the readers since
+ *    the last barrier. A read or write by another thread of something
+ *    written since the last barrier, or a write of something another
+ *    thread read since then, is a race unless both threads are in one warp
+ *    and that warp passed a __syncwarp in between. A warp-wide product
+ *    counts as all of its warp's lanes.
+ * Every failure is counted and the first one kept as a message
+ * (kg_fl_host_failures); the test asserts there is none.
+ */
+#ifndef KILN_KERNELS_CUDA_KG_FLASH_HOST_CUH
+#define KILN_KERNELS_CUDA_KG_FLASH_HOST_CUH
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kg_flash.cuh"
+
+/* Who touched a byte: a thread 0..127, a warp's collective product
+ * (KG_FL_WARPWIDE + w), or no one. */
+#define KG_FL_WARPWIDE 1000
+#define KG_FL_NOBODY (-1)
+#define KG_FL_MANY_IN_WARP (-2) /* several readers, all in warp rd_w */
+#define KG_FL_MANY_WARPS (-3)   /* readers in more than one warp      */
+
+struct kg_fl_shadow {
+    int32_t wr, rd, rd_w;
+    uint32_t wr_ep, wr_wep, rd_ep, rd_wep;
+};
+
+struct kg_fl_host_state {
+    unsigned char *smem;
+    kg_fl_shadow *sh;
+    size_t bytes;
+    int who, warp;
+    uint32_t epoch, wep[KG_FL_WARPS];
+    long failures;
+    char first[512];
+};
+
+static kg_fl_host_state kg_fl_hs;
+
+static inline int kg_fl_warp_of(int who) { return who >= KG_FL_WARPWIDE ? who - KG_FL_WARPWIDE : who / 32; }
+
+static inline void kg_fl_host_fail(const char *fmt, const char *what, long off, int a, int b) {
+    if (kg_fl_hs.failures++ == 0) snprintf(kg_fl_hs.first, sizeof kg_fl_hs.first, fmt, what, off, a, b);
+}
+
+/* "thread 37 (warp 1, lane 5)", "warp 2's product", "several threads of
+ * warp 0", "threads of several warps" */
+static inline const char *kg_fl_who_name(int who, int w, char *buf, size_t n) {
+    if (who >= KG_FL_WARPWIDE) snprintf(buf, n, "warp %d's product", who - KG_FL_WARPWIDE);
+    else if (who >= 0) snprintf(buf, n, "thread %d (warp %d, lane %d)", who, who / 32, who % 32);
+    else if (who == KG_FL_MANY_IN_WARP) snprintf(buf, n, "several threads of warp %d", w);
+    else snprintf(buf, n, "threads of several warps");
+    return buf;
+}
+
+/* A race on byte off between an earlier access and the current thread. */
+static inline void kg_fl_race(const char *earlier, int prev, int prev_w, const char *now, long off) {
+    if (kg_fl_hs.failures++ == 0) {
+        char a[64], b[64];
+        snprintf(kg_fl_hs.first, sizeof kg_fl_hs.first,
+                 "shared-memory race at byte %ld: %s by %s, then %s by %s with no barrier between", off, earlier,
+                 kg_fl_who_name(prev, prev_w, a, sizeof a), now,
+                 kg_fl_who_name(kg_fl_hs.who, kg_fl_warp_of(kg_fl_hs.who), b, sizeof b));
+    }
+}
+
+
+/* A conflict with an access by `prev` in epoch (ep, wep), for the current
+ * thread: same barrier interval, another thread, and not ordered by a
+ * __syncwarp of one common warp. */
+static inline bool kg_fl_conflict(int prev, int prev_w, uint32_t ep, uint32_t wep) {
+    const int me = kg_fl_hs.who, w = kg_fl_warp_of(me);
+    if (prev == KG_FL_NOBODY || ep != kg_fl_hs.epoch || prev == me) return false;
+    if (prev == KG_FL_MANY_WARPS) return true;
+    if (prev_w != w) return true;
+    return kg_fl_hs.wep[w] == wep;
+}
+
+static inline void kg_fl_access(const void *p, size_t n, bool write) {
+    const unsigned char *c = (const unsigned char *)p;
+    if (c < kg_fl_hs.smem || c + n > kg_fl_hs.smem + kg_fl_hs.bytes) {
+        kg_fl_host_fail("%s outside shared memory at offset %ld (thread %d, %d)", write ? "write" : "read",
+                        (long)(c - kg_fl_hs.smem), kg_fl_hs.who, 0);
+        return;
+    }
+    const int me = kg_fl_hs.who, w = kg_fl_warp_of(me);
+    if (me == KG_FL_NOBODY) {
+        kg_fl_host_fail("%s at offset %ld outside any thread loop (%d, %d)", write ? "write" : "read",
+                        (long)(c - kg_fl_hs.smem), 0, 0);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const size_t off = (size_t)(c - kg_fl_hs.smem) + i;
+        kg_fl_shadow *s = &kg_fl_hs.sh[off];
+        const int wr_w = kg_fl_warp_of(s->wr < 0 ? 0 : s->wr);
+        if (kg_fl_conflict(s->wr, wr_w, s->wr_ep, s->wr_wep))
+            kg_fl_race("written", s->wr, wr_w, write ? "written" : "read", (long)off);
+        if (write) {
+            if (kg_fl_conflict(s->rd, s->rd_w, s->rd_ep, s->rd_wep))
+                kg_fl_race("read", s->rd, s->rd_w, "written", (long)off);
+            s->wr = me, s->wr_ep = kg_fl_hs.epoch, s->wr_wep = kg_fl_hs.wep[w];
+        } else if (!kg_fl_conflict(s->rd, s->rd_w, s->rd_ep, s->rd_wep)) {
+            /* no reader since the last barrier, or only ones ordered before
+             * this thread (itself, or its warp before a __syncwarp): this
+             * thread stands for them all from now on */
+            s->rd = me, s->rd_w = w, s->rd_ep = kg_fl_hs.epoch, s->rd_wep = kg_fl_hs.wep[w];
+        } else {
+            s->rd = s->rd_w == w && s->rd != KG_FL_MANY_WARPS ? KG_FL_MANY_IN_WARP : KG_FL_MANY_WARPS;
+            s->rd_wep = kg_fl_hs.wep[w];
+        }
+    }
+}
+
+struct kg_fl_host {
+    static int tid0() { return 0; }
+    static int tstep() { return 1; }
+    static bool tin(int t) {
+        kg_fl_hs.who = t < KG_FL_THREADS ? t : KG_FL_NOBODY;
+        return t < KG_FL_THREADS;
+    }
+    static int warp0() { return 0; }
+    static int wstep() { return 1; }
+    static bool win(int w) {
+        kg_fl_hs.warp = w;
+        kg_fl_hs.who = w < KG_FL_WARPS ? KG_FL_WARPWIDE + w : KG_FL_NOBODY;
+        return w < KG_FL_WARPS;
+    }
+    static int lane0() { return 0; }
+    static int lstep() { return 1; }
+    static bool lin(int w, int l) {
+        kg_fl_hs.who = l < 32 ? 32 * w + l : KG_FL_WARPWIDE + w;
+        return l < 32;
+    }
+    static void sync() { kg_fl_hs.epoch++; }
+    static void syncwarp() {
+        if (kg_fl_hs.who < KG_FL_WARPWIDE) kg_fl_host_fail("%s at offset %ld: __syncwarp outside a warp loop (%d, %d)", "sync", 0, kg_fl_hs.who, 0);
+        else kg_fl_hs.wep[kg_fl_hs.who - KG_FL_WARPWIDE]++;
+    }
+    template <class T> static T ld(const T *p) {
+        kg_fl_access(p, sizeof *p, false);
+        return *p;
+    }
+    template <class T> static void st(T *p, T v) {
+        kg_fl_access(p, sizeof *p, true);
+        *p = v;
+    }
+
+    /* The product of kg_flash.cuh's policy contract, checked first. */
+    template <int OP, int AT, int BT, int KN, int NN>
+    static void mma(float *c, int ldc, const uint16_t *a, int lda, const uint16_t *b, int ldb, bool acc) {
+        if (kg_fl_hs.who < KG_FL_WARPWIDE) kg_fl_host_fail("%s at offset %ld: product outside a warp loop (%d, %d)", "mma", 0, kg_fl_hs.who, 0);
+        if (((uintptr_t)c | (uintptr_t)a | (uintptr_t)b) % 32u != 0 || ldc % 4 != 0 || lda % 8 != 0 || ldb % 8 != 0)
+            kg_fl_host_fail("%s: tile pointer not 32-byte aligned or bad leading dimension (offset %ld, lda %d, ldb %d)",
+                            "mma", (long)((const unsigned char *)c - kg_fl_hs.smem), lda, ldb);
+        for (int i = 0; i < 16; i++)
+            for (int n = 0; n < 16 * NN; n++) {
+                float s = acc ? ld(&c[i * ldc + n]) : 0.0f;
+                for (int k = 0; k < 16 * KN; k++) {
+                    const uint16_t x = ld(AT ? &a[k * lda + i] : &a[i * lda + k]);
+                    const uint16_t y = ld(BT ? &b[n * ldb + k] : &b[k * ldb + n]);
+                    s += kg_fl_dec<OP>(x) * kg_fl_dec<OP>(y);
+                }
+                st(&c[i * ldc + n], s);
+            }
+    }
+};
+
+/* Runs program prog for every block of the call (a's sizes), in launch
+ * order; 0, or -1 when the shared memory cannot be had. */
+template <int OP, int DN> static int kg_fl_host_prog(int prog, const kg_flash_args &a) {
+    const kg_fl_layout L = kg_fl_layout_of(prog, 16 * DN);
+    unsigned char *sm = (unsigned char *)aligned_alloc(128, kg_fl_up128(L.bytes));
+    kg_fl_shadow *sh = (kg_fl_shadow *)malloc(L.bytes * sizeof *sh);
+    if (!sm || !sh) {
+        free(sm), free(sh);
+        return -1;
+    }
+    for (size_t i = 0; i < L.bytes; i++) sh[i].wr = sh[i].rd = KG_FL_NOBODY, sh[i].rd_w = 0;
+    kg_fl_hs.smem = sm, kg_fl_hs.sh = sh, kg_fl_hs.bytes = L.bytes;
+    const size_t nb = kg_fl_blocks(a.B, a.NH, a.T);
+    for (size_t i = 0; i < nb; i++) {
+        int tile, bh;
+        kg_fl_block_of(prog, i, a.B, a.NH, a.T, &tile, &bh);
+        memset(sm, 0xff, L.bytes);
+        kg_fl_hs.epoch++;
+        kg_fl_hs.who = KG_FL_NOBODY;
+        if (prog == KG_FL_FWD) kg_fl_forward_block<kg_fl_host, OP, DN>(a, sm, tile, bh);
+        else if (prog == KG_FL_DKDV) kg_fl_dkdv_block<kg_fl_host, OP, DN>(a, sm, tile, bh);
+        else kg_fl_dq_block<kg_fl_host, OP, DN>(a, sm, tile, bh);
+    }
+    kg_fl_hs.smem = NULL, kg_fl_hs.sh = NULL;
+    free(sm), free(sh);
+    return 0;
+}
+
+/* Dispatch on OP (KG_BF16 or KG_F16) and D (16, 32, 64, 128). */
+template <int OP> static int kg_fl_host_run_op(int prog, int D, const kg_flash_args &a) {
+    switch (D) {
+    case 16: return kg_fl_host_prog<OP, 1>(prog, a);
+    case 32: return kg_fl_host_prog<OP, 2>(prog, a);
+    case 64: return kg_fl_host_prog<OP, 4>(prog, a);
+    case 128: return kg_fl_host_prog<OP, 8>(prog, a);
+    default: return -1;
+    }
+}
+static inline int kg_fl_host_run(int prog, int op, int D, const kg_flash_args &a) {
+    return op == KG_BF16 ? kg_fl_host_run_op<KG_BF16>(prog, D, a) : kg_fl_host_run_op<KG_F16>(prog, D, a);
+}
+
+/* Failures since the last reset (and the first one's message). */
+static inline long kg_fl_host_failures(const char **first) {
+    if (first) *first = kg_fl_hs.first;
+    return kg_fl_hs.failures;
+}
+static inline void kg_fl_host_reset(void) {
+    kg_fl_hs.failures = 0;
+    kg_fl_hs.first[0] = 0;
+}
+
+#endif

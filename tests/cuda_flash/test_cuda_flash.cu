@@ -1,0 +1,201 @@
+/*
+ * test_cuda_flash.cu: the fused ("flash") attention of kernels/cuda
+ * (kg_flash.cuh's block programs) run through kg_flash_host.cuh's host
+ * policy, against the cpu accelerator's attention kernels (kc_attn_forward
+ * and kc_attn_backward, fp32 with the output rounded once) on random
+ * inputs, with no GPU: compiled by nvcc as host code, like test_cuda_math.
+ * What runs here is the same template code the GPU runs, block by block,
+ * thread by thread; the emulation also checks wmma's alignment rules,
+ * reads of unwritten shared memory (NaN-filled) and races between phases.
+ *
+ * Shapes: every supported head size (16, 32, 64, 128), T below, at and
+ * above a tile, T = 1, several heads and batch elements; bf16 and f16
+ * outputs. Tolerance: the gemm path's (tests/gpu/cuda_seq_cases.inc), since
+ * the flash path rounds the same operands (q, k, v, P, dO, dS) to 16 bits:
+ * 3e-2 relative to |value| + the result's rms, plus one 16-bit ulp; lse
+ * 4e-3 relative to |lse| + 1. A last case proves the race check can fail:
+ * a program that skips its barrier is caught.
+ */
+#include <CUnit/CUnit.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <vector>
+
+#include "cpu_attn.h"
+#include "cpu_kernels.h"
+#include "kg_flash_host.cuh"
+
+static uint64_t tf_rng = 0x2545F4914F6CDD1Dull;
+static float tf_uniform(float lo, float hi) {
+    tf_rng ^= tf_rng << 13, tf_rng ^= tf_rng >> 7, tf_rng ^= tf_rng << 17;
+    return lo + (hi - lo) * (float)((tf_rng >> 40) * (1.0 / 16777216.0));
+}
+
+/* Values a mixed-precision step would hold: 16-bit values in fp32. */
+static std::vector<float> tf_rand16(size_t n, int op) {
+    std::vector<float> v(n);
+    for (size_t i = 0; i < n; i++) v[i] = kg_round_to_dtype(tf_uniform(-1.0f, 1.0f), op);
+    return v;
+}
+
+static double tf_rms(const std::vector<float> &v) {
+    double s = 0.0;
+    for (float x : v) s += (double)x * x;
+    return v.empty() ? 0.0 : sqrt(s / (double)v.size());
+}
+
+/* One ulp of the 16-bit format at |w| (bf16: 8 significant bits, f16: 11). */
+static double tf_ulp16(double w, int op) {
+    const int bits = op == KG_BF16 ? 8 : 11;
+    const double a = fabs(w) > 6.1e-5 ? fabs(w) : 6.1e-5;
+    return ldexp(1.0, (int)floor(log2(a)) - (bits - 1));
+}
+
+/* All of got within rtol * (|want| + floor) + ulp16(want) (op 0: no ulp);
+ * prints the worst one on failure. */
+static int tf_close(const char *what, const std::vector<float> &want, const std::vector<float> &got, double rtol,
+                    double floor, int op) {
+    size_t worst = 0;
+    double wr = 0.0;
+    int ok = 1;
+    for (size_t i = 0; i < want.size(); i++) {
+        const double tol = rtol * (fabs((double)want[i]) + floor) + (op ? tf_ulp16(want[i], op) : 0.0);
+        const double err = fabs((double)got[i] - (double)want[i]);
+        if (!(err <= tol)) ok = 0;
+        const double r = err / tol;
+        if (!(r <= wr)) wr = r, worst = i;
+    }
+    if (!ok)
+        fprintf(stderr, "  %s: element %zu: want %.9g got %.9g (%.3g x the tolerance)\n", what, worst,
+                (double)want[worst], (double)got[worst], wr);
+    return ok;
+}
+
+static void tf_no_failures(const char *what) {
+    const char *first = NULL;
+    const long n = kg_fl_host_failures(&first);
+    if (n) fprintf(stderr, "  %s: %ld emulation failures, the first: %s\n", what, n, first);
+    CU_ASSERT_EQUAL(n, 0);
+    kg_fl_host_reset();
+}
+
+/* One case: forward and backward on both sides, compared. */
+static void tf_case(int B, int T, int C, int NH, int op) {
+    const int D = C / NH;
+    const size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, nl = (size_t)B * NH * T;
+    char what[128];
+    snprintf(what, sizeof what, "B=%d T=%d C=%d NH=%d %s", B, T, C, NH, op == KG_BF16 ? "bf16" : "f16");
+    const std::vector<float> qkv = tf_rand16(nq, op), dout = tf_rand16(no, op);
+    const int kc_rd = op == KG_BF16 ? KC_BF16 : KC_F16;
+
+    /* the cpu's forward and backward (the backward from its own forward) */
+    std::vector<float> out_ref(no), lse_ref(nl), dqkv_ref(nq);
+    const size_t wsb = kc_attn_workspace_bytes_for(1, sizeof(float), B, T, NH);
+    void *ws = aligned_alloc(64, (wsb + 63) & ~(size_t)63);
+    CU_ASSERT_FATAL(ws != NULL);
+    CU_ASSERT_EQUAL(kc_attn_forward(out_ref.data(), lse_ref.data(), qkv.data(), B, T, C, NH, kc_rd, ws, wsb), 0);
+    CU_ASSERT_EQUAL(kc_attn_backward(dqkv_ref.data(), dout.data(), qkv.data(), out_ref.data(), lse_ref.data(), B, T,
+                                     C, NH, kc_rd, ws, wsb),
+                    0);
+    free(ws);
+
+    /* the flash programs on the host: the forward, then the backward from
+     * the cpu's out and lse (as tests/gpu does), delta as kg_attn_delta */
+    std::vector<float> out(no, NAN), lse(nl, NAN), dqkv(nq, NAN);
+    std::vector<double> delta(nl);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++) {
+                double s = 0.0;
+                for (int d = 0; d < D; d++) {
+                    const size_t i = ((size_t)b * T + t) * C + (size_t)h * D + d;
+                    s += (double)dout[i] * (double)out_ref[i];
+                }
+                delta[((size_t)b * NH + h) * T + t] = s;
+            }
+    kg_flash_args a = {qkv.data(), dout.data(), out_ref.data(), lse_ref.data(), delta.data(), out.data(), lse.data(),
+                       dqkv.data(), B, T, C, NH, op, (float)(1.0 / sqrt((double)D))};
+    kg_fl_host_reset();
+    CU_ASSERT_EQUAL(kg_fl_host_run(KG_FL_FWD, op, D, a), 0);
+    tf_no_failures(what);
+    CU_ASSERT_EQUAL(kg_fl_host_run(KG_FL_DKDV, op, D, a), 0);
+    tf_no_failures(what);
+    CU_ASSERT_EQUAL(kg_fl_host_run(KG_FL_DQ, op, D, a), 0);
+    tf_no_failures(what);
+
+    char w2[200];
+    snprintf(w2, sizeof w2, "out %s", what);
+    CU_ASSERT_TRUE(tf_close(w2, out_ref, out, 3e-2, tf_rms(out_ref), op));
+    snprintf(w2, sizeof w2, "lse %s", what);
+    CU_ASSERT_TRUE(tf_close(w2, lse_ref, lse, 4e-3, 1.0, 0));
+    snprintf(w2, sizeof w2, "dqkv %s", what);
+    CU_ASSERT_TRUE(tf_close(w2, dqkv_ref, dqkv, 3e-2, tf_rms(dqkv_ref), op));
+    /* every output written: the NaN fill is gone */
+    size_t nan = 0;
+    for (float x : out) nan += isnan(x);
+    for (float x : lse) nan += isnan(x);
+    for (float x : dqkv) nan += isnan(x);
+    CU_ASSERT_EQUAL(nan, 0);
+}
+
+static void test_flash_head_sizes(void) {
+    tf_case(2, 67, 128, 2, KG_BF16);  /* D 64, T past one tile   */
+    tf_case(1, 130, 256, 2, KG_BF16); /* D 128, three tiles       */
+    tf_case(2, 33, 64, 4, KG_BF16);   /* D 16, below one tile     */
+    tf_case(1, 64, 64, 2, KG_BF16);   /* D 32, exactly one tile   */
+}
+
+static void test_flash_edges(void) {
+    tf_case(1, 1, 64, 1, KG_BF16);    /* T = 1                    */
+    tf_case(3, 129, 64, 1, KG_BF16);  /* one row past two tiles   */
+    tf_case(1, 128, 192, 3, KG_BF16); /* exactly two tiles, 3 heads */
+}
+
+static void test_flash_f16(void) {
+    tf_case(2, 67, 128, 2, KG_F16);
+    tf_case(1, 100, 128, 1, KG_F16);
+}
+
+/* A program with a missing barrier: every thread writes its element, then
+ * (without X::sync) reads its neighbour's, written by another warp's
+ * thread for t = 31 -> 32. The race check must report it; with the
+ * barrier, nothing. */
+template <class X> static void tf_racy(unsigned char *sm, bool with_barrier) {
+    float *v = (float *)sm;
+    for (int t = X::tid0(); X::tin(t); t += X::tstep()) X::st(&v[t], (float)t);
+    if (with_barrier) X::sync();
+    float s = 0.0f;
+    for (int t = X::tid0(); X::tin(t); t += X::tstep()) s += X::ld(&v[(t + 1) % KG_FL_THREADS]);
+    (void)s;
+}
+
+static void test_flash_race_check(void) {
+    static unsigned char sm[KG_FL_THREADS * sizeof(float)] __attribute__((aligned(128)));
+    static kg_fl_shadow sh[sizeof sm];
+    for (size_t i = 0; i < sizeof sm; i++) sh[i].wr = sh[i].rd = KG_FL_NOBODY, sh[i].rd_w = 0;
+    kg_fl_hs.smem = sm, kg_fl_hs.sh = sh, kg_fl_hs.bytes = sizeof sm;
+    kg_fl_host_reset();
+    kg_fl_hs.epoch++;
+    tf_racy<kg_fl_host>(sm, true);
+    CU_ASSERT_EQUAL(kg_fl_host_failures(NULL), 0);
+    kg_fl_hs.epoch++;
+    tf_racy<kg_fl_host>(sm, false);
+    const char *first = NULL;
+    CU_ASSERT_TRUE(kg_fl_host_failures(&first) > 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(first, "race"));
+    kg_fl_hs.smem = NULL, kg_fl_hs.sh = NULL;
+    kg_fl_host_reset();
+}
+
+static void register_tests(void) {
+    CU_pSuite s = CU_add_suite("cuda_flash", NULL, NULL);
+    CU_add_test(s, "flash attention vs cpu, head sizes 16..128 (bf16)", test_flash_head_sizes);
+    CU_add_test(s, "flash attention vs cpu, T = 1 and tile edges", test_flash_edges);
+    CU_add_test(s, "flash attention vs cpu, f16 outputs", test_flash_f16);
+    CU_add_test(s, "the emulation's race check fails a missing barrier", test_flash_race_check);
+}
+
+#include "cunit_main.h"
