@@ -9,7 +9,10 @@
 #     bf16 peak (FLOPs per token: 6 N + 6 L C T, N = 124,475,904: llm.c's
 #     count); the memory high-water mark is nvidia-smi's, polled during the
 #     run;
-#   - the step's breakdown: a second, short run with the accelerator's
+#   - the same at that batch with attention = "flash" (the fused tiles of
+#     kernels/cuda/kg_flash.cu) instead of the default gemm path; both rows
+#     are reported, and the faster is kiln's figure (the ratios use it);
+#   - the step's breakdown: for each path a second, short run with the accelerator's
 #     profile = true (GPU time per category: GEMMs, attention, classifier,
 #     layer norm, embedding, optimizer, elementwise, copies, reductions, and
 #     the GPU idle after a synchronize, which is host time);
@@ -59,7 +62,14 @@ if [ "$batch" = 0 ]; then
   echo '{"check": "bench_gpt2", "status": "fail"}' >>"$jsonl"
   exit 1
 fi
+nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 250 >"$work/mem-flash.txt" 2>/dev/null &
+smi=$!
+fit flash "$batch" 40 '{ name = "cuda"; attention = "flash"; }' ||
+  echo "bench/gpt2: the flash run did not finish: $(grep -m1 -E 'error|out of memory' "$work/flash.log")"
+kill "$smi" 2>/dev/null; wait "$smi" 2>/dev/null
 fit profile "$batch" 12 '{ name = "cuda"; profile = true; }' || echo "bench/gpt2: the profiled run failed"
+fit profile-flash "$batch" 12 '{ name = "cuda"; profile = true; attention = "flash"; }' ||
+  echo "bench/gpt2: the profiled flash run failed"
 python3 "$root/bench/gpu/torch_gpt2.py" --batch "$batch" >"$work/torch.jsonl" 2>"$work/torch.err" ||
   echo "bench/gpt2: the PyTorch peer did not run ($(tail -1 "$work/torch.err"))"
 
@@ -68,23 +78,43 @@ import json, os, re, statistics, sys
 work, B, peak, jsonl = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]) * 1e12, sys.argv[4]
 T, L, C, N = 1024, 12, 768, 124475904
 fpt = 6 * N + 6 * L * C * T
-steps = []
-for line in open(os.path.join(work, f"probe-b{B}.txt")):
-    kv = dict(p.split("=") for p in line.split())
-    if int(kv["steady_steps"]) > 0:
-        steps.append(float(kv["steady_s"]) / int(kv["steady_steps"]))
-step = statistics.median(steps)
-tps = B * T / step
-mem = [int(x) for x in open(os.path.join(work, f"mem-{B}.txt")).read().split() if x.isdigit()]
-row = {"check": "bench_gpt2", "status": "pass", "batch": B, "seq": T, "precision": "bf16-mixed",
-       "step_ms": round(step * 1e3, 2), "tokens_per_s": round(tps), "tflops": round(tps * fpt / 1e12, 1),
-       "mfu": round(tps * fpt / peak, 4), "peak_tflops": peak / 1e12, "mem_high_water_mib": max(mem) if mem else None}
-prof = {}
-for line in open(os.path.join(work, "profile.log"), errors="replace"):
-    m = re.search(r"cuda: profile: category (.+?)\s+([0-9.]+) ms\s+([0-9.]+)%", line)
-    if m:
-        prof[m.group(1).strip()] = {"ms": float(m.group(2)), "percent": float(m.group(3))}
-row["breakdown"] = prof
+def measure(tag, attention, memfile, proflog):
+    """The row of one path's run, or None when it did not run."""
+    steps = []
+    try:
+        for line in open(os.path.join(work, f"probe-{tag}.txt")):
+            kv = dict(p.split("=") for p in line.split())
+            if int(kv["steady_steps"]) > 0:
+                steps.append(float(kv["steady_s"]) / int(kv["steady_steps"]))
+    except OSError:
+        return None
+    if not steps:
+        return None
+    step = statistics.median(steps)
+    tps = B * T / step
+    mem = [int(x) for x in open(os.path.join(work, memfile)).read().split() if x.isdigit()]
+    row = {"check": "bench_gpt2", "status": "pass", "attention": attention, "batch": B, "seq": T,
+           "precision": "bf16-mixed", "step_ms": round(step * 1e3, 2), "tokens_per_s": round(tps),
+           "tflops": round(tps * fpt / 1e12, 1), "mfu": round(tps * fpt / peak, 4), "peak_tflops": peak / 1e12,
+           "mem_high_water_mib": max(mem) if mem else None}
+    prof = {}
+    try:
+        for line in open(os.path.join(work, proflog), errors="replace"):
+            m = re.search(r"cuda: profile: category (.+?)\s+([0-9.]+) ms\s+([0-9.]+)%", line)
+            if m:
+                prof[m.group(1).strip()] = {"ms": float(m.group(2)), "percent": float(m.group(3))}
+    except OSError:
+        pass
+    row["breakdown"] = prof
+    return row
+
+rows = [r for r in (measure(f"b{B}", "gemm", f"mem-{B}.txt", "profile.log"),
+                    measure("flash", "flash", "mem-flash.txt", "profile-flash.log")) if r]
+best = max(rows, key=lambda r: r["tokens_per_s"])
+tps, prof = best["tokens_per_s"], best["breakdown"]
+row = best
+for r in rows:
+    r["kiln_figure"] = r is best
 peers = {}
 try:
     for line in open(os.path.join(work, "torch.jsonl")):
@@ -95,17 +125,22 @@ try:
 except OSError:
     pass
 with open(jsonl, "a") as f:
-    f.write(json.dumps(row) + "\n")
+    for r in rows:
+        f.write(json.dumps(r) + "\n")
     for r in peers.values():
         r["status"] = "pass"
         f.write(json.dumps(r) + "\n")
 print(f"| GPT-2 124M | batch | step ms | tokens/s | TFLOP/s | MFU | memory MiB |")
 print(f"|---|---|---|---|---|---|---|")
-print(f"| kiln bf16-mixed | {B} | {row['step_ms']} | {row['tokens_per_s']} | {row['tflops']} | {100 * row['mfu']:.1f}% | {row['mem_high_water_mib']} |")
+for r in rows:
+    mark = " (kiln's figure)" if r is best else ""
+    print(f"| kiln bf16-mixed, attention {r['attention']}{mark} | {B} | {r['step_ms']} | {r['tokens_per_s']} | "
+          f"{r['tflops']} | {100 * r['mfu']:.1f}% | {r['mem_high_water_mib']} |")
 for k, r in peers.items():
     print(f"| {k} | {r['batch']} | {r['step_ms']} | {r['tokens_per_s']} | {r['tokens_per_s'] * fpt / 1e12:.1f} | "
           f"{100 * r['tokens_per_s'] * fpt / peak:.1f}% | {r['peak_mem_gib'] * 1024:.0f} (allocated) |")
 print()
+print(f"attention {best['attention']}:")
 print("| category | GPU ms | share |")
 print("|---|---|---|")
 for k, v in sorted(prof.items(), key=lambda kv: -kv[1]["ms"]):

@@ -7,6 +7,9 @@
 #                  each attention path (gemm, rowwise): the training loss of
 #                  every step and the validation loss agree within 1e-4
 #                  relative (the GPU sums in other orders, nothing more);
+#   gpt_step_flash the same in bf16-mixed with attention = "flash" (the
+#                  fused tiles run 16-bit mixed precision only), within
+#                  2e-2 relative, with no call falling back to gemm;
 #   gpt_fortunes   200 steps of the fortunes demo (examples/gpt_fortunes.cfg)
 #                  on the GPU in 32-true and in bf16-mixed: both beat the
 #                  byte-bigram model's 2.70 nats on the held-out text, and
@@ -50,12 +53,12 @@ PY
 text="$work/text.txt"
 for i in $(seq 1 2000); do echo "line $i: the quick brown fox jumps over the lazy dog, $((i * 7919 % 1000))"; done >"$text"
 "$build/bin/kiln-text2tokens" -o "$work/small.bin" "$text" >/dev/null 2>&1 || { record gpt_step fail "\"why\": \"text2tokens\""; }
-small() { # TAG ACCEL-VALUE
+small() { # TAG ACCEL-VALUE [PRECISION]
   mkdir -p "$work/$1"
   cat >"$work/$1/run.cfg" <<CFG
 trainer = { max_steps = 6; seed = 3; default_root_dir = "$work/$1/runs"; num_sanity_val_steps = 0;
   limit_val_batches = 4; val_check_interval = 6; log_every_n_steps = 1; peak_flops = 1e12; };
-accelerator = $2; precision = "32-true";
+accelerator = $2; precision = "${3:-32-true}";
 data = { name = "tokens"; train = "$work/small.bin"; val_fraction = 0.1; vocab_size = 256; batch_size = 8; block_size = 64; };
 module = { name = "gpt"; n_layer = 2; n_head = 4; n_embd = 128; block_size = 64; vocab_size = 256; max_batch = 8; };
 optimizer = { name = "adamw"; lr = 0.001; };
@@ -63,10 +66,8 @@ callbacks = ( { name = "csv_logger"; } );
 CFG
   timeout 300 "$kiln" fit "$work/$1/run.cfg" >"$work/$1/log" 2>&1
 }
-if small cpu '"cpu"'; then
-  for path in gemm rowwise; do
-    if small "gpu_$path" "{ name = \"$accel\"; attention = \"$path\"; }"; then
-      worst=$(python3 - "$work/cpu/runs/version_0/metrics.csv" "$work/gpu_$path/runs/version_0/metrics.csv" <<'PY'
+worst_diff() { # CPU-TAG GPU-TAG -> the worst relative difference of their losses
+  python3 - "$work/$1/runs/version_0/metrics.csv" "$work/$2/runs/version_0/metrics.csv" <<'PY'
 import csv, sys
 def cols(p):
     rows = list(csv.DictReader(l for l in open(p) if not l.startswith("#")))
@@ -77,7 +78,11 @@ if len(a) != len(b) or not a:
     print("inf"); sys.exit()
 print(max(abs(x - y) / abs(x) for x, y in zip(a, b)))
 PY
-)
+}
+if small cpu '"cpu"'; then
+  for path in gemm rowwise; do
+    if small "gpu_$path" "{ name = \"$accel\"; attention = \"$path\"; }"; then
+      worst=$(worst_diff cpu "gpu_$path")
       if awk -v w="$worst" 'BEGIN { exit !(w == w && w <= 1e-4) }'; then
         record "gpt_step_$path" pass "\"worst_relative_difference\": $worst"
       else
@@ -89,6 +94,26 @@ PY
   done
 else
   tail -5 "$work/cpu/log"; record gpt_step fail "\"why\": \"the cpu run failed\""
+fi
+# The fused attention (attention = "flash") runs 16-bit mixed precision
+# only: bf16-mixed on the cpu and on the GPU, within bf16's 2e-2 relative
+# (the 16-bit operands of its products), and no call may fall back to the
+# gemm path (head size 32).
+if small cpu_bf16 '"cpu"' bf16-mixed; then
+  if small gpu_flash "{ name = \"$accel\"; attention = \"flash\"; }" bf16-mixed; then
+    worst=$(worst_diff cpu_bf16 gpu_flash)
+    if grep -q "using the gemm path" "$work/gpu_flash/log"; then
+      record gpt_step_flash fail "\"why\": \"$(grep -m1 -o 'attention = .flash.*' "$work/gpu_flash/log" | tr -d '"\\')\""
+    elif awk -v w="$worst" 'BEGIN { exit !(w == w && w <= 2e-2) }'; then
+      record gpt_step_flash pass "\"worst_relative_difference\": $worst"
+    else
+      record gpt_step_flash fail "\"worst_relative_difference\": \"$worst\""
+    fi
+  else
+    tail -5 "$work/gpu_flash/log"; record gpt_step_flash fail "\"why\": \"the GPU run failed\""
+  fi
+else
+  tail -5 "$work/cpu_bf16/log"; record gpt_step_flash fail "\"why\": \"the cpu bf16-mixed run failed\""
 fi
 
 # ---- the fortunes demo, 200 steps, fp32 and bf16-mixed ------------------------------
