@@ -28,7 +28,9 @@
  * Numbers: q, k, v, dO (fp32 in memory, 16-bit values in a mixed-precision
  * step) are rounded to OP (bf16 or f16) into shared memory; S = q k^T, O +=
  * P v, dP = dO v^T and the gradients are tensor-core products with fp32
- * accumulation; the softmax (max, exp via km_exp_nonpos, row sums) is fp32,
+ * accumulation; the softmax (max, exponentials, row sums) is fp32 in base 2
+ * (scores times scale * log2(e), exp2f: the hardware's fast exponential;
+ * lse is converted back to natural units for the ABI),
  * P and dS are rounded to OP for their products, as in the gemm path. The
  * backward is deterministic without atomics: dK and dV are summed by the
  * block owning a key tile, over the query tiles in order; dQ by a second
@@ -49,6 +51,9 @@
 #include <stdint.h>
 
 #include "kg_math.cuh"
+
+#define KG_FL_LOG2E 1.44269504088896341f
+#define KG_FL_LN2 0.693147180559945309f
 
 #define KG_FL_BR 64
 #define KG_FL_BC 64
@@ -216,7 +221,7 @@ KG_FL_HD void kg_fl_forward_block(const kg_flash_args &a, unsigned char *sm, int
                 float mx = -INFINITY;
                 for (int c = 32 * hf; c < 32 * hf + 32; c++) {
                     if (k0 + c > q) break;
-                    const float s = X::ld(&Ss[r * KG_FL_LDS + c]) * a.scale;
+                    const float s = X::ld(&Ss[r * KG_FL_LDS + c]) * (a.scale * KG_FL_LOG2E);
                     X::st(&Ss[r * KG_FL_LDS + c], s);
                     mx = s > mx ? s : mx;
                 }
@@ -232,12 +237,12 @@ KG_FL_HD void kg_fl_forward_block(const kg_flash_args &a, unsigned char *sm, int
                 mn = mo > mn ? mo : mn;
                 float sum = 0.0f;
                 for (int c = 32 * hf; c < 32 * hf + 32; c++) {
-                    const float p = k0 + c <= q ? km_exp_nonpos(X::ld(&Ss[r * KG_FL_LDS + c]) - mn) : 0.0f;
+                    const float p = k0 + c <= q ? exp2f(X::ld(&Ss[r * KG_FL_LDS + c]) - mn) : 0.0f;
                     X::st(&Ps[r * KG_FL_LDT + c], kg_fl_enc<OP>(p));
                     sum += p;
                 }
                 X::st(&PS[2 * r + hf], sum);
-                const float alpha = km_exp_nonpos(mo - mn);
+                const float alpha = exp2f(mo - mn);
                 for (int d = hf * (D / 2); d < hf * (D / 2) + D / 2; d++)
                     X::st(&Os[r * LDO + d], X::ld(&Os[r * LDO + d]) * alpha);
             }
@@ -248,7 +253,7 @@ KG_FL_HD void kg_fl_forward_block(const kg_flash_args &a, unsigned char *sm, int
                 const float pm0 = X::ld(&PM[2 * r]), pm1 = X::ld(&PM[2 * r + 1]), mo = X::ld(&M[r]);
                 float mn = pm0 > pm1 ? pm0 : pm1;
                 mn = mo > mn ? mo : mn;
-                const float alpha = km_exp_nonpos(mo - mn);
+                const float alpha = exp2f(mo - mn);
                 X::st(&Lsum[r], X::ld(&Lsum[r]) * alpha + (X::ld(&PS[2 * r]) + X::ld(&PS[2 * r + 1])));
                 X::st(&M[r], mn);
             }
@@ -266,19 +271,20 @@ KG_FL_HD void kg_fl_forward_block(const kg_flash_args &a, unsigned char *sm, int
             if (q < T) o[(size_t)q * (size_t)a.C + d] = kg_round_to_dtype(X::ld(&Os[r * LDO + d]) / X::ld(&Lsum[r]), a.rd);
         }
         if (t < KG_FL_BR && q0 + t < T)
-            a.lse[(size_t)bh * (size_t)T + (size_t)(q0 + t)] = X::ld(&M[t]) + logf(X::ld(&Lsum[t]));
+            a.lse[(size_t)bh * (size_t)T + (size_t)(q0 + t)] = (X::ld(&M[t]) + log2f(X::ld(&Lsum[t]))) * KG_FL_LN2;
     }
 }
 
-/* The rows [q0, q0 + 64) of lse and delta into two float arrays (0 past
- * T, which with q = dO = 0 there makes those rows contribute nothing). */
+/* The rows [q0, q0 + 64) of lse (in base 2: times log2(e)) and delta into
+ * two float arrays (0 past T, which with q = dO = 0 there makes those rows
+ * contribute nothing). */
 KG_FL_NOCHECK
 template <class X> KG_FL_HD void kg_fl_load_stats(const kg_flash_args &a, float *Lq, float *Dq, int bh, int q0) {
     for (int t = X::tid0(); X::tin(t); t += X::tstep())
         if (t < KG_FL_BR) {
             const int q = q0 + t;
             const size_t i = (size_t)bh * (size_t)a.T + (size_t)q;
-            X::st(&Lq[t], q < a.T ? a.lse_in[i] : 0.0f);
+            X::st(&Lq[t], q < a.T ? a.lse_in[i] * KG_FL_LOG2E : 0.0f);
             X::st(&Dq[t], q < a.T ? (float)a.delta[i] : 0.0f);
         }
 }
@@ -303,7 +309,7 @@ KG_FL_HD void kg_fl_bwd_scores(const kg_flash_args &a, int w, int q0, int k0, co
         for (int c = 32 * hf; c < 32 * hf + 32; c++) {
             float p = 0.0f, ds = 0.0f;
             if (k0 + c <= q) {
-                p = km_exp_nonpos(X::ld(&Ss[r * KG_FL_LDS + c]) * a.scale - lse);
+                p = exp2f(X::ld(&Ss[r * KG_FL_LDS + c]) * (a.scale * KG_FL_LOG2E) - lse);
                 ds = p * (X::ld(&dPs[r * KG_FL_LDS + c]) - delta);
             }
             if (Ps) X::st(&Ps[r * KG_FL_LDT + c], kg_fl_enc<OP>(p));
