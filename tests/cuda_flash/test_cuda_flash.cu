@@ -68,8 +68,8 @@ static int tf_close(const char *what, const std::vector<float> &want, const std:
         const double r = err / tol;
         if (!(r <= wr)) wr = r, worst = i;
     }
-    if (!ok)
-        fprintf(stderr, "  %s: element %zu: want %.9g got %.9g (%.3g x the tolerance)\n", what, worst,
+    if (!ok || getenv("KILN_FLASH_TEST_VERBOSE"))
+        fprintf(stderr, "  %s: worst element %zu: want %.9g got %.9g (%.3g x the tolerance)\n", what, worst,
                 (double)want[worst], (double)got[worst], wr);
     return ok;
 }
