@@ -170,6 +170,13 @@ KG_FL_HD void kg_fl_load_rows(const kg_flash_args &a, uint16_t *tile, int which,
         }
 }
 
+/* The key tiles a query tile from q0 sees under the causal mask: up to the
+ * one holding its last row (the last position, T - 1, at most). */
+KG_HD int kg_fl_key_tiles(int q0, int T) {
+    const int qlast = (q0 + KG_FL_BR < T ? q0 + KG_FL_BR : T) - 1;
+    return qlast / KG_FL_BC + 1;
+}
+
 /* Zeroes a float tile of width D (leading dimension ldo). */
 KG_FL_NOCHECK
 template <class X> KG_FL_HD void kg_fl_zero_acc(float *acc, int D) {
@@ -204,8 +211,7 @@ KG_FL_HD void kg_fl_forward_block(const kg_flash_args &a, unsigned char *sm, int
         if (t < KG_FL_BR) X::st(&M[t], -INFINITY), X::st(&Lsum[t], 0.0f);
     X::sync();
 
-    const int qlast = (q0 + KG_FL_BR < T ? q0 + KG_FL_BR : T) - 1;
-    const int nkt = qlast / KG_FL_BC + 1;
+    const int nkt = kg_fl_key_tiles(q0, T);
     for (int kt = 0; kt < nkt; kt++) {
         const int k0 = kt * KG_FL_BC;
         kg_fl_load_rows<X, OP>(a, Ks, 1, b, h, D, k0);
@@ -396,8 +402,7 @@ KG_FL_HD void kg_fl_dq_block(const kg_flash_args &a, unsigned char *sm, int qt, 
     kg_fl_load_rows<X, OP>(a, dOs, 3, b, h, D, q0);
     kg_fl_load_stats<X>(a, Lq, Dq, bh, q0);
     kg_fl_zero_acc<X>(dQs, D);
-    const int qlast = (q0 + KG_FL_BR < T ? q0 + KG_FL_BR : T) - 1;
-    const int nkt = qlast / KG_FL_BC + 1;
+    const int nkt = kg_fl_key_tiles(q0, T);
     for (int kt = 0; kt < nkt; kt++) {
         const int k0 = kt * KG_FL_BC;
         kg_fl_load_rows<X, OP>(a, Ks, 1, b, h, D, k0);
