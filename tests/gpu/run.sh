@@ -12,18 +12,21 @@
 #      finds the CUDA libraries (toolkit, or the nvidia-* Python wheels);
 #   3. runs the GPU tests: kernels/cuda's host-side math test, then every
 #      kiln_kernels entry of the cuda accelerator against the cpu one
-#      (ctest -L gpu), then the same under compute-sanitizer memcheck;
+#      (ctest -L gpu, each attention path included), then the same under
+#      compute-sanitizer memcheck, and the flash attention under racecheck
+#      and memcheck;
 #   4. trains Fashion-MNIST briefly on the GPU in every precision, and under
 #      the ddp strategy (NCCL for device memory) launched without MPI
 #      (torchrun-style variables, bootstrap tcp) and, where Open MPI is
 #      installed (ompi_info), as a singleton MPI process (which needs Open
 #      MPI's plugins and orted, not carried from the build machine);
 #   4b. the transformer checks (tests/gpu/gpt_checks.sh): a small GPT step by
-#      step on the cpu and the GPU (both attention paths), 200 steps of the
+#      step on the cpu and the GPU (every attention path), 200 steps of the
 #      fortunes demo in fp32 and bf16-mixed, GPT-2 124M under ddp over NCCL;
 #   5. runs the GPU benchmark (bench/gpu/run.sh);
-#   5b. GPT-2 124M's throughput, MFU, step breakdown and memory against
-#      PyTorch eager and torch.compile (bench/gpu/gpt2.sh);
+#   5b. GPT-2 124M's throughput, MFU, step breakdown and memory with the
+#      gemm and flash attention paths, against PyTorch eager and
+#      torch.compile (bench/gpu/gpt2.sh);
 # and writes OUT/gpu.log (everything printed) and OUT/results.json (each
 # step's status and figures). Exit status: 0 when every check passed.
 #   bash tests/gpu/run.sh "$OUT" [all|core|transformer]
@@ -180,6 +183,24 @@ if command -v compute-sanitizer >/dev/null && [ -x "$build/tests/test_cuda_kerne
   fi
 else
   record memcheck skip
+fi
+# The fused attention's shared memory on the hardware: racecheck (hazards
+# between the threads of a block; the host emulation checks the same
+# program's phases, this checks what the GPU really ran) and memcheck, on
+# the attention case alone with attention = "flash".
+if command -v compute-sanitizer >/dev/null && [ -x "$build/tests/test_cuda_kernels" ]; then
+  for tool in racecheck memcheck; do
+    note "compute-sanitizer $tool, attention = flash"
+    if KILN_GPU_TEST_REQUIRE=1 KILN_GPU_TEST_ATTENTION=flash KILN_GPU_TEST_ONLY=attention \
+         KILN_PLUGIN_DIR="$build/lib/kiln/plugins" timeout 150 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+         "$build/tests/test_cuda_kernels" >"$out/flash_$tool.txt" 2>&1; then
+      record "flash_$tool" pass
+    else
+      tail -40 "$out/flash_$tool.txt"; record "flash_$tool" fail
+    fi
+  done
+else
+  record flash_racecheck skip
 fi
 
 # ---- 4. Fashion-MNIST on the GPU ------------------------------------------------
