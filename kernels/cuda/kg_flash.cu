@@ -36,21 +36,36 @@ struct kg_fl_dev {
     template <class T> static __device__ __forceinline__ T ld(const T *p) { return *p; }
     template <class T> static __device__ __forceinline__ void st(T *p, T v) { *p = v; }
 
-    /* kg_flash.cuh's product: NN float accumulators held across the KN
-     * steps, each A fragment loaded once per step. */
+    /* Accumulators in registers: NN wmma fragments of 16 x 16 floats. */
+    template <int NN> struct acc {
+        nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> f[NN];
+    };
+    static constexpr int kSlots = 1;
+    static __device__ __forceinline__ int slot(int) { return 0; }
+    template <int NN> static __device__ __forceinline__ void acc_zero(acc<NN> &c) {
+#pragma unroll
+        for (int n = 0; n < NN; n++) nvcuda::wmma::fill_fragment(c.f[n], 0.0f);
+    }
+    template <int NN> static __device__ __forceinline__ void acc_load(acc<NN> &c, const float *p, int ldc) {
+#pragma unroll
+        for (int n = 0; n < NN; n++)
+            nvcuda::wmma::load_matrix_sync(c.f[n], p + 16 * n, (unsigned)ldc, nvcuda::wmma::mem_row_major);
+    }
+    template <int NN> static __device__ __forceinline__ void acc_store(const acc<NN> &c, float *p, int ldc) {
+#pragma unroll
+        for (int n = 0; n < NN; n++)
+            nvcuda::wmma::store_matrix_sync(p + 16 * n, c.f[n], (unsigned)ldc, nvcuda::wmma::mem_row_major);
+    }
+
+    /* kg_flash.cuh's product added into register accumulators: each A
+     * fragment loaded once per step of 16 along K. */
     template <int OP, int AT, int BT, int KN, int NN>
-    static __device__ __forceinline__ void mma(float *c, int ldc, const uint16_t *a, int lda, const uint16_t *b,
-                                               int ldb, bool acc) {
+    static __device__ __forceinline__ void mma_acc(acc<NN> &c, const uint16_t *a, int lda, const uint16_t *b,
+                                                   int ldb) {
         namespace w = nvcuda::wmma;
         typedef typename std::conditional<OP == KG_BF16, __nv_bfloat16, __half>::type E;
         typedef typename std::conditional<AT != 0, w::col_major, w::row_major>::type LA;
         typedef typename std::conditional<BT != 0, w::col_major, w::row_major>::type LB;
-        w::fragment<w::accumulator, 16, 16, 16, float> cf[NN];
-#pragma unroll
-        for (int n = 0; n < NN; n++) {
-            if (acc) w::load_matrix_sync(cf[n], c + 16 * n, (unsigned)ldc, w::mem_row_major);
-            else w::fill_fragment(cf[n], 0.0f);
-        }
 #pragma unroll
         for (int k = 0; k < KN; k++) {
             w::fragment<w::matrix_a, 16, 16, 16, E, LA> af;
@@ -60,11 +75,20 @@ struct kg_fl_dev {
                 w::fragment<w::matrix_b, 16, 16, 16, E, LB> bf;
                 w::load_matrix_sync(bf, (const E *)(BT ? b + 16 * n * ldb + 16 * k : b + 16 * k * ldb + 16 * n),
                                     (unsigned)ldb);
-                w::mma_sync(cf[n], af, bf, cf[n]);
+                w::mma_sync(c.f[n], af, bf, c.f[n]);
             }
         }
-#pragma unroll
-        for (int n = 0; n < NN; n++) w::store_matrix_sync(c + 16 * n, cf[n], (unsigned)ldc, w::mem_row_major);
+    }
+
+    /* The product with C in shared memory (loaded first when accumulating). */
+    template <int OP, int AT, int BT, int KN, int NN>
+    static __device__ __forceinline__ void mma(float *c, int ldc, const uint16_t *a, int lda, const uint16_t *b,
+                                               int ldb, bool accumulate) {
+        acc<NN> t;
+        if (accumulate) acc_load(t, c, ldc);
+        else acc_zero(t);
+        mma_acc<OP, AT, BT, KN, NN>(t, a, lda, b, ldb);
+        acc_store(t, c, ldc);
     }
 };
 

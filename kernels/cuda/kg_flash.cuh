@@ -78,7 +78,7 @@ struct kg_flash_args {
 /* Shared-memory layout of one program: byte offsets of each array (0 when
  * absent) and the total. Every array starts 128-byte aligned. */
 struct kg_fl_layout {
-    size_t q, k, v, dout, s, dp, p, ds, acc, acc2, rowa, rowb, rowc, rowd, bytes;
+    size_t q, k, v, dout, s, dp, p, ds, acc, rowa, rowb, rowc, rowd, bytes;
 };
 
 KG_HD size_t kg_fl_up128(size_t n) { return (n + 127) & ~(size_t)127; }
@@ -92,7 +92,7 @@ KG_HD int kg_fl_lde(int D) { return D + 8; }
 KG_HD int kg_fl_ldo(int D) { return D + 4; }
 
 KG_HD kg_fl_layout kg_fl_layout_of(int prog, int D) {
-    kg_fl_layout L = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    kg_fl_layout L = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     const size_t e_tile = kg_fl_up128((size_t)KG_FL_BR * (size_t)kg_fl_lde(D) * 2u);
     const size_t t_tile = kg_fl_up128((size_t)KG_FL_BR * KG_FL_LDT * 2u);
     const size_t s_tile = kg_fl_up128((size_t)KG_FL_BR * KG_FL_LDS * 4u);
@@ -107,12 +107,15 @@ KG_HD kg_fl_layout kg_fl_layout_of(int prog, int D) {
     if (prog != KG_FL_FWD) L.dp = at, at += s_tile;
     if (prog != KG_FL_DQ) L.p = at, at += t_tile;
     if (prog != KG_FL_FWD) L.ds = at, at += t_tile;
-    L.acc = at, at += o_tile;
-    if (prog == KG_FL_DKDV) L.acc2 = at, at += o_tile;
+    /* the forward's accumulator is rescaled row by row, so it lives here;
+     * the backward's stay in registers (X::acc) */
+    if (prog == KG_FL_FWD) L.acc = at, at += o_tile;
     L.rowa = at, at += row;
     L.rowb = at, at += row;
-    L.rowc = at, at += row;
-    L.rowd = at, at += row;
+    if (prog == KG_FL_FWD) {
+        L.rowc = at, at += row;
+        L.rowd = at, at += row;
+    }
     L.bytes = at;
     return L;
 }
@@ -142,6 +145,15 @@ template <int OP> KG_HD float kg_fl_dec(uint16_t b) {
  * with X::sync() (the block's barrier) and X::syncwarp() between phases.
  * Shared memory is read and written through X::ld / X::st (the host's race
  * check; plain accesses on the device).
+ *
+ * Accumulators that stay in registers across phases (the backward's dK, dV
+ * and dQ: never read element by element, so wmma's opaque fragments do):
+ *   typename X::template acc<NN> a[X::kSlots]   one per warp: X::slot(w)
+ *   X::acc_zero(a), X::template mma_acc<OP, AT, BT, KN, NN>(a, ...) (the
+ *   product above, added into a), X::acc_store(a, c, ldc) (into shared
+ *   memory, row-major). On the device kSlots is 1 (each warp holds its own
+ *   in registers); on the host one per warp, since the host runs the warps
+ *   in turn.
  */
 
 #ifdef __CUDACC__
@@ -352,14 +364,14 @@ KG_FL_HD void kg_fl_dkdv_block(const kg_flash_args &a, unsigned char *sm, int kt
     const kg_fl_layout L = kg_fl_layout_of(KG_FL_DKDV, D);
     uint16_t *Qs = (uint16_t *)(sm + L.q), *Ks = (uint16_t *)(sm + L.k), *Vs = (uint16_t *)(sm + L.v);
     uint16_t *dOs = (uint16_t *)(sm + L.dout), *Ps = (uint16_t *)(sm + L.p), *dSs = (uint16_t *)(sm + L.ds);
-    float *Ss = (float *)(sm + L.s), *dPs = (float *)(sm + L.dp), *dKs = (float *)(sm + L.acc);
-    float *dVs = (float *)(sm + L.acc2), *Lq = (float *)(sm + L.rowa), *Dq = (float *)(sm + L.rowb);
+    float *Ss = (float *)(sm + L.s), *dPs = (float *)(sm + L.dp);
+    float *Lq = (float *)(sm + L.rowa), *Dq = (float *)(sm + L.rowb);
     const int b = bh / a.NH, h = bh % a.NH, T = a.T, k0 = kt * KG_FL_BC;
+    typename X::template acc<DN> dK[X::kSlots], dV[X::kSlots];
 
     kg_fl_load_rows<X, OP>(a, Ks, 1, b, h, D, k0);
     kg_fl_load_rows<X, OP>(a, Vs, 2, b, h, D, k0);
-    kg_fl_zero_acc<X>(dKs, D);
-    kg_fl_zero_acc<X>(dVs, D);
+    for (int w = X::warp0(); X::win(w); w += X::wstep()) X::acc_zero(dK[X::slot(w)]), X::acc_zero(dV[X::slot(w)]);
     const int nqt = (T + KG_FL_BR - 1) / KG_FL_BR;
     for (int qt = k0 / KG_FL_BR; qt < nqt; qt++) {
         const int q0 = qt * KG_FL_BR;
@@ -371,15 +383,22 @@ KG_FL_HD void kg_fl_dkdv_block(const kg_flash_args &a, unsigned char *sm, int kt
             kg_fl_bwd_scores<X, OP, DN>(a, w, q0, k0, Qs, dOs, Ks, Vs, Ss, dPs, Lq, Dq, Ps, dSs);
         X::sync();
         for (int w = X::warp0(); X::win(w); w += X::wstep()) {
-            X::template mma<OP, 1, 0, KG_FL_BR / 16, DN>(dVs + 16 * w * LDO, LDO, Ps + 16 * w, KG_FL_LDT, dOs, LDE,
-                                                         true);
-            X::template mma<OP, 1, 0, KG_FL_BR / 16, DN>(dKs + 16 * w * LDO, LDO, dSs + 16 * w, KG_FL_LDT, Qs, LDE,
-                                                         true);
+            X::template mma_acc<OP, 1, 0, KG_FL_BR / 16, DN>(dV[X::slot(w)], Ps + 16 * w, KG_FL_LDT, dOs, LDE);
+            X::template mma_acc<OP, 1, 0, KG_FL_BR / 16, DN>(dK[X::slot(w)], dSs + 16 * w, KG_FL_LDT, Qs, LDE);
         }
         X::sync();
     }
-    kg_fl_store_grad<X>(a, dKs, D, b, (size_t)a.C + (size_t)h * D, k0, a.scale);
-    kg_fl_store_grad<X>(a, dVs, D, b, 2u * (size_t)a.C + (size_t)h * D, k0, 1.0f);
+    /* dK and dV through shared memory (the tiles' space, no longer read:
+     * 2 x 64 x (D + 4) floats fit in the four 64 x (D + 8) 16-bit tiles),
+     * so rows past T are not written */
+    float *stK = (float *)(sm + L.q), *stV = stK + KG_FL_BC * LDO;
+    for (int w = X::warp0(); X::win(w); w += X::wstep()) {
+        X::acc_store(dK[X::slot(w)], stK + 16 * w * LDO, LDO);
+        X::acc_store(dV[X::slot(w)], stV + 16 * w * LDO, LDO);
+    }
+    X::sync();
+    kg_fl_store_grad<X>(a, stK, D, b, (size_t)a.C + (size_t)h * D, k0, a.scale);
+    kg_fl_store_grad<X>(a, stV, D, b, 2u * (size_t)a.C + (size_t)h * D, k0, 1.0f);
 }
 
 /*
@@ -394,14 +413,15 @@ KG_FL_HD void kg_fl_dq_block(const kg_flash_args &a, unsigned char *sm, int qt, 
     const kg_fl_layout L = kg_fl_layout_of(KG_FL_DQ, D);
     uint16_t *Qs = (uint16_t *)(sm + L.q), *Ks = (uint16_t *)(sm + L.k), *Vs = (uint16_t *)(sm + L.v);
     uint16_t *dOs = (uint16_t *)(sm + L.dout), *dSs = (uint16_t *)(sm + L.ds);
-    float *Ss = (float *)(sm + L.s), *dPs = (float *)(sm + L.dp), *dQs = (float *)(sm + L.acc);
+    float *Ss = (float *)(sm + L.s), *dPs = (float *)(sm + L.dp);
     float *Lq = (float *)(sm + L.rowa), *Dq = (float *)(sm + L.rowb);
     const int b = bh / a.NH, h = bh % a.NH, T = a.T, q0 = qt * KG_FL_BR;
+    typename X::template acc<DN> dQ[X::kSlots];
 
     kg_fl_load_rows<X, OP>(a, Qs, 0, b, h, D, q0);
     kg_fl_load_rows<X, OP>(a, dOs, 3, b, h, D, q0);
     kg_fl_load_stats<X>(a, Lq, Dq, bh, q0);
-    kg_fl_zero_acc<X>(dQs, D);
+    for (int w = X::warp0(); X::win(w); w += X::wstep()) X::acc_zero(dQ[X::slot(w)]);
     const int nkt = kg_fl_key_tiles(q0, T);
     for (int kt = 0; kt < nkt; kt++) {
         const int k0 = kt * KG_FL_BC;
@@ -411,12 +431,17 @@ KG_FL_HD void kg_fl_dq_block(const kg_flash_args &a, unsigned char *sm, int qt, 
         for (int w = X::warp0(); X::win(w); w += X::wstep()) {
             kg_fl_bwd_scores<X, OP, DN>(a, w, q0, k0, Qs, dOs, Ks, Vs, Ss, dPs, Lq, Dq, (uint16_t *)0, dSs);
             X::syncwarp();
-            X::template mma<OP, 0, 0, KG_FL_BC / 16, DN>(dQs + 16 * w * LDO, LDO, dSs + 16 * w * KG_FL_LDT, KG_FL_LDT,
-                                                         Ks, LDE, true);
+            X::template mma_acc<OP, 0, 0, KG_FL_BC / 16, DN>(dQ[X::slot(w)], dSs + 16 * w * KG_FL_LDT, KG_FL_LDT, Ks,
+                                                             LDE);
         }
         X::sync();
     }
-    kg_fl_store_grad<X>(a, dQs, D, b, (size_t)h * D, q0, a.scale);
+    /* dQ through shared memory (the tiles' space), so rows past T are not
+     * written */
+    float *st = (float *)(sm + L.q);
+    for (int w = X::warp0(); X::win(w); w += X::wstep()) X::acc_store(dQ[X::slot(w)], st + 16 * w * LDO, LDO);
+    X::sync();
+    kg_fl_store_grad<X>(a, st, D, b, (size_t)h * D, q0, a.scale);
 }
 
 /* Blocks of a program over B * NH heads and T positions: one per (tile,

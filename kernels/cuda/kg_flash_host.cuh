@@ -130,6 +130,19 @@ static inline void kg_fl_access(const void *p, size_t n, bool write) {
     }
 }
 
+/* wmma's rules for a tile in shared memory, from inside a warp's product:
+ * the pointer 32-byte aligned, the leading dimension (ld_bytes) a multiple
+ * of 16 bytes. */
+static inline void kg_fl_check_tile(const char *what, const void *p, int ld_bytes) {
+    if (kg_fl_hs.who < KG_FL_WARPWIDE)
+        kg_fl_host_fail("%s at offset %ld: a warp-wide operation outside a warp loop (thread %d, %d)", what,
+                        (long)((const unsigned char *)p - kg_fl_hs.smem), kg_fl_hs.who, 0);
+    if ((uintptr_t)p % 32u != 0 || ld_bytes % 16 != 0)
+        kg_fl_host_fail("%s: tile at offset %ld not 32-byte aligned, or a leading dimension of %d bytes, not a "
+                        "multiple of 16 (%d)",
+                        what, (long)((const unsigned char *)p - kg_fl_hs.smem), ld_bytes, 0);
+}
+
 struct kg_fl_host {
     static int tid0() { return 0; }
     static int tstep() { return 1; }
@@ -164,23 +177,49 @@ struct kg_fl_host {
         *p = v;
     }
 
-    /* The product of kg_flash.cuh's policy contract, checked first. */
+    /* Register accumulators: one 16 x 16*NN float tile per warp. */
+    template <int NN> struct acc {
+        float v[16][16 * NN];
+    };
+    static constexpr int kSlots = KG_FL_WARPS;
+    static int slot(int w) { return w; }
+    template <int NN> static void acc_zero(acc<NN> &c) { memset(c.v, 0, sizeof c.v); }
+    template <int NN> static void acc_store(const acc<NN> &c, float *p, int ldc) {
+        kg_fl_check_tile("acc_store", p, ldc * 4);
+        for (int i = 0; i < 16; i++)
+            for (int n = 0; n < 16 * NN; n++) st(&p[i * ldc + n], c.v[i][n]);
+    }
+
+    /* The product of kg_flash.cuh's policy contract, checked first, added
+     * into c (in increasing k: the device's order within a fragment is its
+     * own, which the tolerances allow for). */
     template <int OP, int AT, int BT, int KN, int NN>
-    static void mma(float *c, int ldc, const uint16_t *a, int lda, const uint16_t *b, int ldb, bool acc) {
-        if (kg_fl_hs.who < KG_FL_WARPWIDE) kg_fl_host_fail("%s at offset %ld: product outside a warp loop (%d, %d)", "mma", 0, kg_fl_hs.who, 0);
-        if (((uintptr_t)c | (uintptr_t)a | (uintptr_t)b) % 32u != 0 || ldc % 4 != 0 || lda % 8 != 0 || ldb % 8 != 0)
-            kg_fl_host_fail("%s: tile pointer not 32-byte aligned or bad leading dimension (offset %ld, lda %d, ldb %d)",
-                            "mma", (long)((const unsigned char *)c - kg_fl_hs.smem), lda, ldb);
+    static void mma_acc(acc<NN> &c, const uint16_t *a, int lda, const uint16_t *b, int ldb) {
+        kg_fl_check_tile("mma (A)", a, lda * 2);
+        kg_fl_check_tile("mma (B)", b, ldb * 2);
         for (int i = 0; i < 16; i++)
             for (int n = 0; n < 16 * NN; n++) {
-                float s = acc ? ld(&c[i * ldc + n]) : 0.0f;
+                float s = c.v[i][n];
                 for (int k = 0; k < 16 * KN; k++) {
                     const uint16_t x = ld(AT ? &a[k * lda + i] : &a[i * lda + k]);
                     const uint16_t y = ld(BT ? &b[n * ldb + k] : &b[k * ldb + n]);
                     s += kg_fl_dec<OP>(x) * kg_fl_dec<OP>(y);
                 }
-                st(&c[i * ldc + n], s);
+                c.v[i][n] = s;
             }
+    }
+
+    /* The product with C in shared memory. */
+    template <int OP, int AT, int BT, int KN, int NN>
+    static void mma(float *c, int ldc, const uint16_t *a, int lda, const uint16_t *b, int ldb, bool accumulate) {
+        acc<NN> t;
+        kg_fl_check_tile("mma (C)", c, ldc * 4);
+        if (accumulate)
+            for (int i = 0; i < 16; i++)
+                for (int n = 0; n < 16 * NN; n++) t.v[i][n] = ld(&c[i * ldc + n]);
+        else acc_zero(t);
+        mma_acc<OP, AT, BT, KN, NN>(t, a, lda, b, ldb);
+        acc_store(t, c, ldc);
     }
 };
 
