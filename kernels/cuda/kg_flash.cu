@@ -134,7 +134,7 @@ template <int PROG> static cudaError_t kg_fl_launch_any(cudaStream_t s, int D, c
     return a.rd == KG_BF16 ? kg_fl_launch_d<PROG, KG_BF16>(s, D, a) : kg_fl_launch_d<PROG, KG_F16>(s, D, a);
 }
 
-size_t kg_flash_smem_bytes(int D) { return kg_fl_layout_of(KG_FL_DKDV, D).bytes; }
+size_t kg_flash_smem_bytes(int D) { return kg_fl_smem_most(D); }
 
 cudaError_t kg_flash_forward(cudaStream_t s, void *out, void *lse, const void *qkv, int B, int T, int C, int NH,
                              int round_dtype) {

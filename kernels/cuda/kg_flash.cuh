@@ -120,6 +120,17 @@ KG_HD kg_fl_layout kg_fl_layout_of(int prog, int D) {
     return L;
 }
 
+/* The shared memory a block needs for head size D: the most of the three
+ * programs (kg_flash_smem_bytes). */
+KG_HD size_t kg_fl_smem_most(int D) {
+    size_t most = 0;
+    for (int prog = KG_FL_FWD; prog <= KG_FL_DQ; prog++) {
+        const size_t b = kg_fl_layout_of(prog, D).bytes;
+        most = b > most ? b : most;
+    }
+    return most;
+}
+
 /* A float rounded to OP's 16 bits, and back. */
 template <int OP> KG_HD uint16_t kg_fl_enc(float x) {
     if constexpr (OP == KG_BF16) return kg_bf16_bits(x);

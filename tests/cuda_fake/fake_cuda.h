@@ -29,6 +29,8 @@
  *                               call, "name@N" on its N-th call counted from
  *                               when the variable took its current value
  *   KILN_FAKE_CUDA_QUIET=1      do not print contract violations
+ *   KILN_FAKE_CUDA_SMEM_OPTIN=N the shared memory a block may opt into,
+ *                               bytes (default 232448, an H100/H200's)
  */
 #ifndef KILN_TESTS_FAKE_CUDA_H
 #define KILN_TESTS_FAKE_CUDA_H

@@ -1332,6 +1332,22 @@ static void test_attention_flash_dispatch(void) {
     free(h), free(o);
     k->free(acc, qkv), k->free(acc, out), k->free(acc, lse), k->free(acc, dout), k->free(acc, dqkv);
     g_ops->base.destroy(acc);
+    /* a device that grants less shared memory than the programs need (48
+     * KiB, an older GPU's): the gemm path, and the log names both sizes */
+    setenv("KILN_FAKE_CUDA_SMEM_OPTIN", "49152", 1);
+    kiln_test_clear_log(g_th);
+    acc = ready(flash, &k);
+    unsetenv("KILN_FAKE_CUDA_SMEM_OPTIN");
+    if (!acc) return;
+    qkv = up(k, acc, NULL, nq * 4), out = up(k, acc, NULL, no * 4), lse = up(k, acc, NULL, nl * 4);
+    s0 = stats();
+    CU_ASSERT_EQUAL(k->attention_forward(acc, KILN_DTYPE_F32, out, lse, qkv, B, T, C, NH, KILN_DTYPE_BF16), KILN_OK);
+    CU_ASSERT_TRUE(stats().matmuls - s0.matmuls >= 2);
+    line = kiln_test_log_find(g_th, KILN_LOG_INFO, "using the gemm path");
+    CU_ASSERT_PTR_NOT_NULL(line);
+    if (line) HAS(line, "device allows 49152");
+    k->free(acc, qkv), k->free(acc, out), k->free(acc, lse);
+    g_ops->base.destroy(acc);
     NO_VIOLATIONS();
 }
 
