@@ -1,45 +1,41 @@
 /*
  * kg_flash.cuh: the fused ("flash") causal attention of the cuda
  * accelerator's `attention = "flash"` path, written once for two machines.
- * The algorithm below (three block programs: the forward, the dK/dV pass
- * and the dQ pass of the backward) is a template over an execution policy
- * X. kg_flash.cu instantiates it with kg_fl_dev: one CUDA block of
- * KG_FL_THREADS threads, __syncthreads, and the tensor cores through
- * nvcuda::wmma. kg_fl_host (below) runs the same program on the host: every
- * "for each thread" loop visits all threads in turn, the barriers are
- * no-ops, and the warp-wide matrix products are plain loops. Because every
- * phase between two barriers is free of races (each thread writes only its
- * own elements, and reads only what an earlier phase wrote), the host's
- * serial order computes what the GPU's parallel one does; the host
- * emulation is what CI tests against the cpu kernels (test_cuda_flash, no
- * GPU needed), and tests/gpu/run.sh tests the device one.
+ * Its three block programs (the forward; the backward's dK/dV pass and its
+ * dQ pass) are templates over an execution policy X. kg_flash.cu
+ * instantiates them with kg_fl_dev, a real CUDA block: KG_FL_THREADS
+ * threads, __syncthreads, and the tensor cores through nvcuda::wmma.
+ * kg_flash_host.cuh's kg_fl_host runs the same programs on the host: each
+ * "for each thread" loop visits every thread in turn, the barriers are
+ * no-ops, and the warp-wide products are plain loops. Every phase between
+ * two barriers is free of races (a thread writes only its own elements and
+ * reads only what an earlier phase wrote), so the host's serial order
+ * computes what the GPU's parallel one does. That host emulation is what CI
+ * tests against the cpu kernels (test_cuda_flash, no GPU), and what the
+ * fake cuda accelerator runs; tests/gpu/run.sh tests the device one.
  *
- * The program never looks inside a tensor-core fragment (wmma's element
- * layout is unspecified), so the emulation's fragments need not match the
- * hardware's: the products are specified by their operands in shared
- * memory alone. The host also checks what wmma requires (32-byte-aligned
- * tile pointers, leading dimensions in multiples of 16 bytes), fills shared
- * memory with NaN before each block (a read of something never written
- * shows in the result), and records, per shared-memory byte, which thread
- * wrote it in the current phase, failing on a read or write of it by any
- * other thread before the next barrier (kg_fl_race: the races the serial
- * order would hide).
+ * The programs never look inside a tensor-core fragment (wmma's element
+ * layout is unspecified): the products are defined by their operands in
+ * shared memory alone, so the emulation's fragments need not match the
+ * hardware's. The emulation also checks what wmma requires, poisons shared
+ * memory before each block, and fails on races between phases (see
+ * kg_flash_host.cuh).
  *
- * Numbers: q, k, v, dO (fp32 in memory, 16-bit values in a mixed-precision
- * step) are rounded to OP (bf16 or f16) into shared memory; S = q k^T, O +=
- * P v, dP = dO v^T and the gradients are tensor-core products with fp32
- * accumulation; the softmax (max, exponentials, row sums) is fp32 in base 2
- * (scores times scale * log2(e), exp2f: the hardware's fast exponential;
- * lse is converted back to natural units for the ABI),
+ * Numbers: q, k, v and dO (fp32 in memory; 16-bit values in a
+ * mixed-precision step) are rounded to OP (bf16 or f16) in shared memory.
+ * S = q k^T, O += P v, dP = dO v^T and the gradients are tensor-core
+ * products with fp32 accumulation. The softmax (max, exponentials, row
+ * sums) is fp32 in base 2: scores times scale * log2(e), then exp2f, the
+ * hardware's fast exponential; lse goes back to natural units for the ABI.
  * P and dS are rounded to OP for their products, as in the gemm path. The
  * backward is deterministic without atomics: dK and dV are summed by the
  * block owning a key tile, over the query tiles in order; dQ by a second
- * program owning a query tile, over the key tiles in order (the scores are
- * recomputed there: about 40 % more backward work than an atomic dQ, and
- * the same bits on every run).
+ * program owning a query tile, over the key tiles in order. The scores are
+ * recomputed there: about 40 % more backward work than an atomic dQ, for
+ * the same bits on every run.
  *
  * Tiles: KG_FL_BR = KG_FL_BC = 64 rows (queries, keys), 4 warps of 16 rows
- * each; the head size D = 16 * DN for DN in 1, 2, 4, 8. Shared memory rows
+ * each; the head size D = 16 * DN for DN in 1, 2, 4, 8. Shared-memory rows
  * are padded (+8 16-bit elements, +4 floats) so that the wmma tile loads of
  * consecutive rows fall in different banks.
  */
@@ -150,9 +146,11 @@ template <int OP> KG_HD float kg_fl_dec(uint16_t b) {
  * b[n*ldb + k] (BT = 1); a and b hold OP bit patterns.
  *   X::template mma<OP, AT, BT, KN, NN>(c, ldc, a, lda, b, ldb, acc)
  * and the loops of a phase:
- *   for (int t = X::tid0(); X::tin(t); t += X::tstep())   threads
+ *   for (int t = X::tid0(); X::tin(t); t += X::tstep())       threads
  *   for (int w = X::warp0(); X::win(w); w += X::wstep())      warps
- *   for (int l = X::lane0(); X::lin(w, l); l += X::lstep())              lanes
+ *   for (int l = X::lane0(); X::lin(w, l); l += X::lstep())   lanes of w
+ * (on the device one pass each: this thread, its warp, its lane; on the
+ * host every one in turn, the test telling the policy who runs),
  * with X::sync() (the block's barrier) and X::syncwarp() between phases.
  * Shared memory is read and written through X::ld / X::st (the host's race
  * check; plain accesses on the device).
