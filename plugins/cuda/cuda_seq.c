@@ -190,11 +190,11 @@ static int32_t cu_attn_args(kiln_instance *acc, const char *fn, uint32_t dtype, 
 static int cu_attn_flash(kiln_instance *acc, uint32_t dtype, int32_t C, int32_t NH, uint32_t round_dtype) {
     if (acc->attn_path != CU_ATTN_FLASH) return 0;
     const int D = C / NH, rd = dtype == KILN_DTYPE_F32 ? (int)round_dtype : KG_F32;
-    const int kinds = kg_flash_supported((int)dtype, rd, D);
-    if (kinds && kg_flash_smem_bytes(D) <= acc->smem_optin) return 1;
+    const int runs_it = kg_flash_supported((int)dtype, rd, D);
+    if (runs_it && kg_flash_smem_bytes(D) <= acc->smem_optin) return 1;
     if (!acc->flash_noted) {
         acc->flash_noted = 1;
-        if (kinds)
+        if (runs_it)
             kiln_logf(acc->svc, acc->hctx, KILN_LOG_INFO,
                       "cuda: attention = \"flash\": head size %d needs %zu bytes of shared memory per block, the "
                       "device allows %zu; using the gemm path",
