@@ -191,6 +191,14 @@ KG_FL_HD void kg_fl_load_rows(const kg_flash_args &a, uint16_t *tile, int which,
         }
 }
 
+/* The key tile from k0: its k rows into Ks, its v rows into Vs. */
+KG_FL_NOCHECK
+template <class X, int OP>
+KG_FL_HD void kg_fl_load_kv(const kg_flash_args &a, uint16_t *Ks, uint16_t *Vs, int b, int h, int D, int k0) {
+    kg_fl_load_rows<X, OP>(a, Ks, 1, b, h, D, k0);
+    kg_fl_load_rows<X, OP>(a, Vs, 2, b, h, D, k0);
+}
+
 /* The key tiles a query tile from q0 sees under the causal mask: up to the
  * one holding its last row (the last position, T - 1, at most). */
 KG_HD int kg_fl_key_tiles(int q0, int T) {
@@ -235,8 +243,7 @@ KG_FL_HD void kg_fl_forward_block(const kg_flash_args &a, unsigned char *sm, int
     const int nkt = kg_fl_key_tiles(q0, T);
     for (int kt = 0; kt < nkt; kt++) {
         const int k0 = kt * KG_FL_BC;
-        kg_fl_load_rows<X, OP>(a, Ks, 1, b, h, D, k0);
-        kg_fl_load_rows<X, OP>(a, Vs, 2, b, h, D, k0);
+        kg_fl_load_kv<X, OP>(a, Ks, Vs, b, h, D, k0);
         X::sync();
         for (int w = X::warp0(); X::win(w); w += X::wstep()) {
             X::template mma<OP, 0, 1, DN, KG_FL_BC / 16>(Ss + 16 * w * KG_FL_LDS, KG_FL_LDS, Qs + 16 * w * LDE, LDE,
@@ -378,8 +385,7 @@ KG_FL_HD void kg_fl_dkdv_block(const kg_flash_args &a, unsigned char *sm, int kt
     const int b = bh / a.NH, h = bh % a.NH, T = a.T, k0 = kt * KG_FL_BC;
     typename X::template acc<DN> dK[X::kSlots], dV[X::kSlots];
 
-    kg_fl_load_rows<X, OP>(a, Ks, 1, b, h, D, k0);
-    kg_fl_load_rows<X, OP>(a, Vs, 2, b, h, D, k0);
+    kg_fl_load_kv<X, OP>(a, Ks, Vs, b, h, D, k0);
     for (int w = X::warp0(); X::win(w); w += X::wstep()) X::acc_zero(dK[X::slot(w)]), X::acc_zero(dV[X::slot(w)]);
     const int nqt = (T + KG_FL_BR - 1) / KG_FL_BR;
     for (int qt = k0 / KG_FL_BR; qt < nqt; qt++) {
@@ -434,8 +440,7 @@ KG_FL_HD void kg_fl_dq_block(const kg_flash_args &a, unsigned char *sm, int qt, 
     const int nkt = kg_fl_key_tiles(q0, T);
     for (int kt = 0; kt < nkt; kt++) {
         const int k0 = kt * KG_FL_BC;
-        kg_fl_load_rows<X, OP>(a, Ks, 1, b, h, D, k0);
-        kg_fl_load_rows<X, OP>(a, Vs, 2, b, h, D, k0);
+        kg_fl_load_kv<X, OP>(a, Ks, Vs, b, h, D, k0);
         X::sync();
         for (int w = X::warp0(); X::win(w); w += X::wstep()) {
             kg_fl_bwd_scores<X, OP, DN>(a, w, q0, k0, Qs, dOs, Ks, Vs, Ss, dPs, Lq, Dq, (uint16_t *)0, dSs);

@@ -27,12 +27,10 @@
 #include "cpu_attn.h"
 #include "cpu_kernels.h"
 #include "kg_flash_host.cuh"
+#include "test_rng.h"
 
-static uint64_t tf_rng = 0x2545F4914F6CDD1Dull;
-static float tf_uniform(float lo, float hi) {
-    tf_rng ^= tf_rng << 13, tf_rng ^= tf_rng >> 7, tf_rng ^= tf_rng << 17;
-    return lo + (hi - lo) * (float)((tf_rng >> 40) * (1.0 / 16777216.0));
-}
+static test_rng tf_rng = {0x2545F4914F6CDD1Dull};
+static float tf_uniform(float lo, float hi) { return lo + (hi - lo) * (float)test_rng_unit(&tf_rng); }
 
 /* Values a mixed-precision step would hold: 16-bit values in fp32. */
 static std::vector<float> tf_rand16(size_t n, int op) {

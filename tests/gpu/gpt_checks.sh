@@ -80,15 +80,17 @@ if len(a) != len(b) or not a:
 print(max(abs(x - y) / abs(x) for x, y in zip(a, b)))
 PY
 }
+judge() { # NAME WORST LIMIT: pass when the worst relative difference is a number within LIMIT
+  if awk -v w="$2" -v l="$3" 'BEGIN { exit !(w == w && w <= l) }'; then
+    record "$1" pass "\"worst_relative_difference\": $2"
+  else
+    record "$1" fail "\"worst_relative_difference\": \"$2\""
+  fi
+}
 if small cpu '"cpu"'; then
   for path in gemm rowwise; do
     if small "gpu_$path" "{ name = \"$accel\"; attention = \"$path\"; }"; then
-      worst=$(worst_diff cpu "gpu_$path")
-      if awk -v w="$worst" 'BEGIN { exit !(w == w && w <= 1e-4) }'; then
-        record "gpt_step_$path" pass "\"worst_relative_difference\": $worst"
-      else
-        record "gpt_step_$path" fail "\"worst_relative_difference\": \"$worst\""
-      fi
+      judge "gpt_step_$path" "$(worst_diff cpu "gpu_$path")" 1e-4
     else
       tail -5 "$work/gpu_$path/log"; record "gpt_step_$path" fail "\"why\": \"the GPU run failed\""
     fi
@@ -102,13 +104,10 @@ fi
 # gemm path (head size 32).
 if small cpu_bf16 '"cpu"' bf16-mixed; then
   if small gpu_flash "{ name = \"$accel\"; attention = \"flash\"; }" bf16-mixed; then
-    worst=$(worst_diff cpu_bf16 gpu_flash)
     if grep -q "using the gemm path" "$work/gpu_flash/log"; then
       record gpt_step_flash fail "\"why\": \"$(grep -m1 -o 'attention = .flash.*' "$work/gpu_flash/log" | tr -d '"\\')\""
-    elif awk -v w="$worst" 'BEGIN { exit !(w == w && w <= 2e-2) }'; then
-      record gpt_step_flash pass "\"worst_relative_difference\": $worst"
     else
-      record gpt_step_flash fail "\"worst_relative_difference\": \"$worst\""
+      judge gpt_step_flash "$(worst_diff cpu_bf16 gpu_flash)" 2e-2
     fi
   else
     tail -5 "$work/gpu_flash/log"; record gpt_step_flash fail "\"why\": \"the GPU run failed\""
