@@ -538,6 +538,13 @@ int hc_override(hc_config *c, const char *assignment, ht_error *err) {
         } else if (ot == CONFIG_TYPE_STRING && is_scalar(nt)) {
             /* --set precision.name=16 means the string "16" */
             config_setting_set_string(old, val);
+        } else if (ot == CONFIG_TYPE_STRING && is_slot(key) && nt == CONFIG_TYPE_GROUP) {
+            /* --set 'accelerator={ name = "cuda"; attention = "flash"; }'
+             * over accelerator = "cpu": the short form is a section holding
+             * only its name, so a whole section takes its place */
+            if (!replace_setting(old, nv))
+                rc = ht_errorc(err, KILN_E_CONFIG, "--set %s=%s: cannot replace the string (as at %s)", key, val,
+                               where);
         } else if (ot == CONFIG_TYPE_GROUP && is_slot(key) && is_scalar(nt)) {
             /* --set precision=bf16 over precision = { name = ...; ... }: another
              * plugin, so the old plugin's keys go too; say which (--set

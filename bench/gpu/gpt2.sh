@@ -19,6 +19,10 @@
 #   - the peer: bench/gpu/torch_gpt2.py, the same model and step in PyTorch on
 #     the same GPU (eager with its fused attention, and torch.compile), at the
 #     same batch; kiln's tokens/s as a ratio to each.
+# Under tests/gpu/run.sh's deadline (KILN_GPU_DEADLINE, tests/gpu/lib.sh)
+# each run's time limit is cut to what is left; a run that no longer fits
+# is left out (the profiled runs, then torch.compile, which compiles for a
+# minute or more, go first) and the report is still written.
 # Writes OUT/bench_gpt2.jsonl and prints a table. PEAK_TFLOPS overrides the
 # peak (default: 989.5, the H100/H200 SXM dense bf16 figure).
 set -uo pipefail
@@ -29,14 +33,18 @@ peak=${PEAK_TFLOPS:-989.5}
 work=$(mktemp -d /tmp/kiln-gpt2-bench-XXXXXX)
 jsonl="$out/bench_gpt2.jsonl"
 : >"$jsonl"
+. "$root/tests/gpu/lib.sh"
 
 python3 "$root/tests/gpu/synthetic_shard.py" "$work/shard.bin" 4000000
 
-# kiln fit of GPT-2 124M: TAG BATCH STEPS ACCEL [extra --set ...]
+# kiln fit of GPT-2 124M: TAG BATCH STEPS ACCEL [extra --set ...], under a
+# time limit of 4 minutes cut to the deadline; fails at once when under
+# 30 s are left
 fit() {
-  local tag=$1 B=$2 steps=$3 acc=$4
+  local tag=$1 B=$2 steps=$3 acc=$4 t
   shift 4
-  "$build/bin/kiln" fit "$root/examples/gpt2_124m.cfg" --set "plugins.dirs=[\"$build/bench/plugins\"]" \
+  t=$(gpu_budget 240 30) || { echo "bench/gpt2: no time left for run $tag ($(gpu_left) s to the deadline)" >"$work/$tag.log"; return 1; }
+  timeout -k 10 "$t" "$build/bin/kiln" fit "$root/examples/gpt2_124m.cfg" --set "plugins.dirs=[\"$build/bench/plugins\"]" \
     --set "accelerator=$acc" --set "data.train=\"$work/shard.bin\"" --set "data.val=\"$work/shard.bin\"" \
     --set "data.batch_size=$B" --set "module.max_batch=$B" --set trainer.accumulate_grad_batches=1 \
     --set "trainer.max_steps=$steps" --set trainer.limit_val_batches=0 --set trainer.num_sanity_val_steps=0 \
@@ -67,11 +75,19 @@ smi=$!
 fit flash "$batch" 40 '{ name = "cuda"; attention = "flash"; }' ||
   echo "bench/gpt2: the flash run did not finish: $(grep -m1 -E 'error|out of memory' "$work/flash.log")"
 kill "$smi" 2>/dev/null; wait "$smi" 2>/dev/null
-fit profile "$batch" 12 '{ name = "cuda"; profile = true; }' || echo "bench/gpt2: the profiled run failed"
+fit profile "$batch" 12 '{ name = "cuda"; profile = true; }' ||
+  echo "bench/gpt2: the profiled run failed: $(tail -1 "$work/profile.log")"
 fit profile-flash "$batch" 12 '{ name = "cuda"; profile = true; attention = "flash"; }' ||
-  echo "bench/gpt2: the profiled flash run failed"
-python3 "$root/bench/gpu/torch_gpt2.py" --batch "$batch" >"$work/torch.jsonl" 2>"$work/torch.err" ||
-  echo "bench/gpt2: the PyTorch peer did not run ($(tail -1 "$work/torch.err"))"
+  echo "bench/gpt2: the profiled flash run failed: $(tail -1 "$work/profile-flash.log")"
+# the peer: eager and torch.compile given 3 minutes or more, eager alone
+# given one, nothing given less
+if t=$(gpu_budget 300 180); then peer=()
+elif t=$(gpu_budget 120 60); then peer=(--no-compile); echo "bench/gpt2: $(gpu_left) s to the deadline: the PyTorch peer runs eager only"
+else t=0; echo "bench/gpt2: $(gpu_left) s to the deadline: no time for the PyTorch peer"; fi
+if [ "$t" -gt 0 ]; then
+  timeout -k 10 "$t" python3 "$root/bench/gpu/torch_gpt2.py" --batch "$batch" "${peer[@]}" >"$work/torch.jsonl" 2>"$work/torch.err" ||
+    echo "bench/gpt2: the PyTorch peer did not run ($(tail -1 "$work/torch.err"))"
+fi
 
 python3 - "$work" "$batch" "$peak" "$jsonl" <<'PY'
 import json, os, re, statistics, sys

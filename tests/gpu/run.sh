@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tests/gpu/run.sh OUT — the GPU check, one prepared script for a machine
-# with one NVIDIA GPU (sized for an H200: under 8 minutes). It:
+# with one NVIDIA GPU. It:
 #   0. checks what it needs from the machine, one line each: the driver's
 #      CUDA version (nvidia-smi; not older than the build's toolkit),
 #      libcudart, libcublasLt, libnccl, ctest and python3, and stops at once
@@ -28,17 +28,36 @@
 #      gemm and flash attention paths, against PyTorch eager and
 #      torch.compile (bench/gpu/gpt2.sh);
 # and writes OUT/gpu.log (everything printed) and OUT/results.json (each
-# step's status and figures). Exit status: 0 when every check passed.
-#   bash tests/gpu/run.sh "$OUT" [all|core|transformer]
-# `core` runs steps 3-5 and `transformer` 4b and 5b (each fits one call of a
-# device tool that limits a command to 10 minutes); `all`, the default, both.
+# step's status and figures). Exit status: 0 when every check passed, 1
+# when one failed, 3 when none failed but the deadline cut some.
+#   bash tests/gpu/run.sh OUT [STEPS] [--deadline SECONDS]
+# STEPS (default all) is a comma-separated list of the steps kernels (3),
+# sanitizers (3, under compute-sanitizer), fashion (4), bench (5), gpt (4b)
+# and gpt2 (5b), or of the parts core (3-5) and transformer (4b, 5b); they
+# run in the order kernels, gpt, gpt2, fashion, sanitizers, bench, the most
+# telling first. --deadline (or KILN_GPU_DEADLINE_S) gives the run that many
+# seconds: each step's time limit is cut to what is left, a step that no
+# longer fits is recorded as skipped, and results.json is still written in
+# time (tests/gpu/lib.sh). With a device tool that kills a command after 10
+# minutes: `--deadline 570`, and rerun what was skipped or failed by name.
 set -uo pipefail
-out=${1:?usage: tests/gpu/run.sh OUTDIR [all|core|transformer]}
-part=${2:-all}
-case "$part" in all | core | transformer) ;; *) echo "run.sh: part must be all, core or transformer, got $part" >&2; exit 2 ;; esac
-core=0 transformer=0
-[ "$part" != transformer ] && core=1
-[ "$part" != core ] && transformer=1
+out=${1:?usage: tests/gpu/run.sh OUTDIR [STEPS] [--deadline SECONDS]}
+shift
+spec=all deadline_s=${KILN_GPU_DEADLINE_S:-0}
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --deadline) deadline_s=${2:?run.sh: --deadline needs a number of seconds}; shift 2 ;;
+    --deadline=*) deadline_s=${1#--deadline=}; shift ;;
+    -*) echo "run.sh: unknown option $1: expected --deadline SECONDS" >&2; exit 2 ;;
+    *) spec=$1; shift ;;
+  esac
+done
+case "$deadline_s" in '' | *[!0-9]*) echo "run.sh: --deadline must be a whole number of seconds, got '$deadline_s'" >&2; exit 2 ;; esac
+. "$(dirname "$0")/lib.sh"
+plan=$(gpu_plan "$spec") || exit 2
+KILN_GPU_DEADLINE=0
+[ "$deadline_s" -gt 0 ] && KILN_GPU_DEADLINE=$(($(date +%s) + deadline_s))
+export KILN_GPU_DEADLINE
 mkdir -p "$out"
 root=$(cd "$(dirname "$0")/../.." && pwd)
 exec > >(tee -a "$out/gpu.log") 2>&1
@@ -54,15 +73,6 @@ record() {
   echo "{\"check\": \"$1\", \"status\": \"$2\"${extra:+, $extra}}" >>"$results"
   [ "$2" = pass ] || [ "$2" = skip ] || failures=$((failures + 1))
   echo "-- $1: $2 ${extra}"
-}
-# scripted NAME SECONDS ROWS SCRIPT ARGS...: `bash SCRIPT ARGS` under a time
-# limit, recorded as NAME pass or fail, then the rows it left in $out/ROWS
-# (JSON lines) added to the results
-scripted() {
-  local name=$1 secs=$2 rows=$3
-  shift 3
-  if timeout "$secs" bash "$@"; then record "$name" pass; else record "$name" fail; fi
-  cat "$out/$rows" >>"$results" 2>/dev/null
 }
 
 # ---- 0. what the machine must have ---------------------------------------------
@@ -164,44 +174,79 @@ else
   cat "$out/plugins.txt"; record plugins_list fail
 fi
 
-if [ "$core" = 1 ]; then
+# outcome NAME STATUS SECONDS: NAME recorded as passed (STATUS 0), or
+# failed, saying when it was the time limit that ended it (timeout's 124,
+# or 137 when the command outlived the grace period and was killed)
+outcome() {
+  if [ "$2" -eq 0 ]; then record "$1" pass
+  elif [ "$2" -eq 124 ] || [ "$2" -eq 137 ]; then record "$1" fail "\"why\": \"timed out after $3 s\""
+  else record "$1" fail; fi
+}
+# budget NAME WANT MIN: the seconds step NAME may take (gpu_budget), or
+# NAME recorded as skipped (and a failure status) when the deadline leaves
+# under MIN
+budget() {
+  local t
+  if t=$(gpu_budget "$2" "$3"); then echo "$t"; return 0; fi
+  record "$1" skip "$(gpu_skip_why)" >&2
+  return 1
+}
+# scripted NAME SECONDS MIN ROWS SCRIPT ARGS...: `bash SCRIPT ARGS` under a
+# time limit cut to the deadline (which the script sees, less a reserve
+# for its own report), recorded as NAME pass or fail, then the rows it left
+# in $out/ROWS (JSON lines) added to the results
+scripted() {
+  local name=$1 rows=$4 t
+  t=$(budget "$name" "$2" "$3") || return 0
+  shift 4
+  KILN_GPU_DEADLINE=$(($(date +%s) + t)) timeout -k 5 "$((t + 10))" bash "$@"
+  outcome "$name" $? "$((t + 10))"
+  cat "$out/$rows" >>"$results" 2>/dev/null
+}
+
 # ---- 3. GPU tests ---------------------------------------------------------------
-note "GPU tests"
-if KILN_GPU_TEST_REQUIRE=1 timeout 240 ctest --test-dir "$build" -L gpu --output-on-failure &&
-   timeout 60 ctest --test-dir "$build" -R test_cuda_math --output-on-failure; then
-  record ctest_gpu pass
-else
-  record ctest_gpu fail
-fi
-if command -v compute-sanitizer >/dev/null && [ -x "$build/tests/test_cuda_kernels" ]; then
-  note "compute-sanitizer memcheck"
-  if KILN_GPU_TEST_REQUIRE=1 KILN_PLUGIN_DIR="$build/lib/kiln/plugins" timeout 180 compute-sanitizer --tool memcheck --error-exitcode 9 \
-       "$build/tests/test_cuda_kernels" >"$out/memcheck.txt" 2>&1; then
-    record memcheck pass
-  else
-    tail -40 "$out/memcheck.txt"; record memcheck fail
+step_kernels() {
+  local t
+  note "GPU tests"
+  t=$(budget ctest_gpu 300 30) || return 0
+  KILN_GPU_TEST_REQUIRE=1 timeout -k 10 "$t" ctest --test-dir "$build" -L gpu --output-on-failure &&
+    timeout 60 ctest --test-dir "$build" -R test_cuda_math --output-on-failure
+  outcome ctest_gpu $? "$t"
+}
+
+# ---- 3, under compute-sanitizer ----------------------------------------------------
+# memcheck on every kernel; then the fused attention's shared memory on the
+# hardware: racecheck (hazards between the threads of a block; the host
+# emulation checks the same program's phases, this checks what the GPU
+# really ran) and memcheck, on the attention case alone with attention =
+# "flash".
+step_sanitizers() {
+  local t tool
+  if ! command -v compute-sanitizer >/dev/null || [ ! -x "$build/tests/test_cuda_kernels" ]; then
+    record memcheck skip "\"why\": \"no compute-sanitizer or no test_cuda_kernels\""
+    return 0
   fi
-else
-  record memcheck skip
-fi
-# The fused attention's shared memory on the hardware: racecheck (hazards
-# between the threads of a block; the host emulation checks the same
-# program's phases, this checks what the GPU really ran) and memcheck, on
-# the attention case alone with attention = "flash".
-if command -v compute-sanitizer >/dev/null && [ -x "$build/tests/test_cuda_kernels" ]; then
+  note "compute-sanitizer memcheck"
+  if t=$(budget memcheck 180 60); then
+    if KILN_GPU_TEST_REQUIRE=1 KILN_PLUGIN_DIR="$build/lib/kiln/plugins" timeout -k 10 "$t" compute-sanitizer --tool memcheck \
+         --error-exitcode 9 "$build/tests/test_cuda_kernels" >"$out/memcheck.txt" 2>&1; then
+      record memcheck pass
+    else
+      tail -40 "$out/memcheck.txt"; record memcheck fail
+    fi
+  fi
   for tool in racecheck memcheck; do
     note "compute-sanitizer $tool, attention = flash"
+    t=$(budget "flash_$tool" 150 45) || continue
     if KILN_GPU_TEST_REQUIRE=1 KILN_GPU_TEST_ATTENTION=flash KILN_GPU_TEST_ONLY=attention \
-         KILN_PLUGIN_DIR="$build/lib/kiln/plugins" timeout 150 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+         KILN_PLUGIN_DIR="$build/lib/kiln/plugins" timeout -k 10 "$t" compute-sanitizer --tool "$tool" --error-exitcode 9 \
          "$build/tests/test_cuda_kernels" >"$out/flash_$tool.txt" 2>&1; then
       record "flash_$tool" pass
     else
       tail -40 "$out/flash_$tool.txt"; record "flash_$tool" fail
     fi
   done
-else
-  record flash_racecheck skip
-fi
+}
 
 # ---- 4. Fashion-MNIST on the GPU ------------------------------------------------
 fm=${KILN_FM_DIR:-}
@@ -209,13 +254,16 @@ for d in "$root/.gpu/fashion-mnist" /usr/share/datasets/fashion-mnist; do
   [ -z "$fm" ] && [ -f "$d/train-images-idx3-ubyte.gz" ] && fm=$d
 done
 fit() { # name precision [extra --set ...]
-  local name=$1 prec=$2; shift 2
+  local name=$1 prec=$2 t; shift 2
   local dir="$out/runs_$name"
+  t=$(budget "fit_$name" 150 20) || return 0
   note "fit $name ($prec)"
-  if timeout 150 "$kiln" fit "$root/examples/fashion_mnist.cfg" --test \
-      --set accelerator=cuda --set precision="$prec" --set data.dir="$fm" --set data.val_split=2000 \
-      --set trainer.max_epochs=2 --set trainer.default_root_dir="/tmp/kiln-gpu-runs/$name" \
-      --set trainer.num_sanity_val_steps=0 "$@" >"$dir.txt" 2>&1; then
+  local rc=0
+  timeout -k 10 "$t" "$kiln" fit "$root/examples/fashion_mnist.cfg" --test \
+    --set accelerator=cuda --set precision="$prec" --set data.dir="$fm" --set data.val_split=2000 \
+    --set trainer.max_epochs=2 --set trainer.default_root_dir="/tmp/kiln-gpu-runs/$name" \
+    --set trainer.num_sanity_val_steps=0 "$@" >"$dir.txt" 2>&1 || rc=$?
+  if [ "$rc" -eq 0 ]; then
     local acc sps
     acc=$(grep -o 'test_acc[ =:]*[0-9.]*' "$dir.txt" | tail -1 | grep -o '[0-9.]*$')
     sps=$(grep -o '([0-9]* samples/s)' "$dir.txt" | tail -1 | grep -o '[0-9]*')
@@ -225,11 +273,17 @@ fit() { # name precision [extra --set ...]
     else
       record "fit_$name" fail "\"precision\": \"$prec\", \"test_acc\": \"${acc:-none}\""
     fi
+  elif [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+    tail -5 "$dir.txt"; record "fit_$name" fail "\"precision\": \"$prec\", \"why\": \"timed out after $t s\""
   else
     tail -20 "$dir.txt"; record "fit_$name" fail "\"precision\": \"$prec\""
   fi
 }
-if [ -n "$fm" ]; then
+step_fashion() {
+  if [ -z "$fm" ]; then
+    record fashion_mnist skip "\"why\": \"no Fashion-MNIST (run tests/gpu/prepare.sh and carry .gpu)\""
+    return 0
+  fi
   fit fp32 32-true
   fit fp16 16-mixed
   fit bf16 bf16-mixed
@@ -241,9 +295,13 @@ if [ -n "$fm" ]; then
     # its own CUDA kernel against its host path: the same run must give the
     # same metrics bit for bit (the kernel reproduces nf4_quant.c exactly)
     KILN_PLUGIN_PATH="$build/nf4" fit nf4_host nf4 --set precision.cuda_kernel=false
-    m_gpu=$(grep '^metrics:' "$out/runs_nf4.txt" | tail -1) m_host=$(grep '^metrics:' "$out/runs_nf4_host.txt" | tail -1)
-    if grep -q "quantizing on the GPU with the plugin's CUDA kernel" "$out/runs_nf4.txt" && [ -n "$m_gpu" ] &&
-       [ "$m_gpu" = "$m_host" ]; then
+    local m_gpu m_host
+    m_gpu=$(grep '^metrics:' "$out/runs_nf4.txt" 2>/dev/null | tail -1)
+    m_host=$(grep '^metrics:' "$out/runs_nf4_host.txt" 2>/dev/null | tail -1)
+    if [ ! -f "$out/runs_nf4_host.txt" ]; then
+      : # skipped for the deadline (recorded by fit)
+    elif grep -q "quantizing on the GPU with the plugin's CUDA kernel" "$out/runs_nf4.txt" && [ -n "$m_gpu" ] &&
+         [ "$m_gpu" = "$m_host" ]; then
       record nf4_cuda_kernel pass
     else
       echo "nf4 kernel vs host: '$m_gpu' / '$m_host'"; record nf4_cuda_kernel fail
@@ -267,31 +325,42 @@ if [ -n "$fm" ]; then
   else
     record fit_ddp_nccl skip "\"why\": \"ddp not built (no MPI)\""
   fi
-else
-  record fashion_mnist skip "\"why\": \"no Fashion-MNIST (run tests/gpu/prepare.sh and carry .gpu)\""
-fi
+}
 
 # ---- 5. benchmark ---------------------------------------------------------------
-if [ -n "$fm" ]; then
+step_bench() {
+  if [ -z "$fm" ]; then
+    record bench skip "\"why\": \"no Fashion-MNIST (run tests/gpu/prepare.sh and carry .gpu)\""
+    return 0
+  fi
   note "GPU benchmark"
-  KILN_FM_DIR="$fm" scripted bench 240 bench.jsonl "$root/bench/gpu/run.sh" "$build" "$out"
-fi
-fi # core
+  KILN_FM_DIR="$fm" scripted bench 240 60 bench.jsonl "$root/bench/gpu/run.sh" "$build" "$out"
+}
 
-if [ "$transformer" = 1 ]; then
 # ---- 4b. the transformer on the GPU -----------------------------------------------
-note "transformer checks"
-scripted gpt_checks 420 gpt.jsonl "$root/tests/gpu/gpt_checks.sh" "$build" "$out"
+step_gpt() {
+  note "transformer checks"
+  scripted gpt_checks 420 60 gpt.jsonl "$root/tests/gpu/gpt_checks.sh" "$build" "$out"
+}
+
 # ---- 5b. GPT-2 124M benchmark -----------------------------------------------------
-note "GPT-2 124M benchmark"
-scripted bench_gpt2_run 300 bench_gpt2.jsonl "$root/bench/gpu/gpt2.sh" "$build" "$out"
-fi # transformer
+step_gpt2() {
+  note "GPT-2 124M benchmark"
+  scripted bench_gpt2_run 360 60 bench_gpt2.jsonl "$root/bench/gpu/gpt2.sh" "$build" "$out"
+}
+
+if [ "$KILN_GPU_DEADLINE" -gt 0 ]; then note "steps: $plan; the deadline in $(gpu_left) s"; else note "steps: $plan"; fi
+for step in $plan; do "step_$step"; done
 
 # ---- results ----------------------------------------------------------------------
-python3 - "$results" "$out/results.json" "$failures" "$(($(date +%s) - t_start))" <<'PY'
+# a check the deadline skipped did not pass: the exit status says so (3)
+cut=$(grep -c '"why": "the deadline' "$results")
+python3 - "$results" "$out/results.json" "$failures" "$(($(date +%s) - t_start))" "$cut" "$plan" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-json.dump({"failures": int(sys.argv[3]), "seconds": int(sys.argv[4]), "results": rows}, open(sys.argv[2], "w"), indent=1)
+json.dump({"failures": int(sys.argv[3]), "seconds": int(sys.argv[4]), "cut_by_deadline": int(sys.argv[5]),
+           "steps": sys.argv[6].split(), "results": rows}, open(sys.argv[2], "w"), indent=1)
 PY
-note "done: $failures failure(s)"
-[ "$failures" -eq 0 ]
+note "done: $failures failure(s), $cut check(s) cut by the deadline"
+[ "$failures" -eq 0 ] || exit 1
+[ "$cut" -eq 0 ] || exit 3

@@ -479,7 +479,7 @@ static void test_cli_config(void) {
 
 /* The quirks a plugin author met (each fixed or refused in one line):
  * --set NAME.name over the short form, --set NAME=X over a section names
- * the keys it drops, a new key in a list element, a key set twice (also
+ * the keys it drops, --set NAME={...} over the short form, a new key in a list element, a key set twice (also
  * across @include) names the key, -q silences progress and -qq the
  * summary too. */
 static void test_set_quirks(void) {
@@ -501,6 +501,15 @@ static void test_set_quirks(void) {
     CU_ASSERT(config_lookup_int(&c.cfg, "callbacks.[1].x", &ival) && ival == 3);
     CU_ASSERT_EQUAL(hc_override(&c, "optimizer=adamw", &err), KILN_OK); /* another plugin */
     CU_ASSERT(config_lookup_string(&c.cfg, "optimizer", &s) && !strcmp(s, "adamw"));
+    /* a whole section over the short form (accelerator = "cpu" and --set
+     * 'accelerator={ name = "cuda"; attention = "flash"; }') */
+    CU_ASSERT_EQUAL(hc_override(&c, "optimizer={ name = \"sgd\"; lr = 0.5; }", &err), KILN_OK);
+    CU_ASSERT(config_lookup_string(&c.cfg, "optimizer.name", &s) && !strcmp(s, "sgd"));
+    double dval = 0;
+    CU_ASSERT(config_lookup_float(&c.cfg, "optimizer.lr", &dval) && dval == 0.5);
+    /* a section is no value for a string that is not a plugin slot */
+    CU_ASSERT_EQUAL(hc_override(&c, "callbacks.[0].name={ x = 1; }", &err), KILN_E_CONFIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "expected a string (as at run.cfg:3), found a group"));
     hc_free(&c);
 
     /* the info line that says what --set NAME=X dropped, and -q */
