@@ -44,8 +44,9 @@ optimizer = { name = "sgd"; lr = 0.01; };
 callbacks = ( { name = "benchprobe"; path = "$dir/probe.txt"; warmup = $warmup; } );
 EOF
   "$build/bin/kiln" fit "$dir/run.cfg" >"$dir/kiln.txt" 2>&1 || { tail -20 "$dir/kiln.txt"; return 1; }
-  local bound
+  local bound st
   bound=$("$gemm" --layers "$layers" --batch "$B" --dtype "$dt" --reps 30 | sed -n 's/^RESULT //p')
+  [ -n "$bound" ] || { echo "bench/gpu/run.sh: kiln-gpu-gemm $name gave no result" >&2; rm -rf "$dir"; return 1; }
   python3 - "$name" "$B" "$prec" "$dir/probe.txt" "$bound" >>"$out/bench.jsonl" <<'PY'
 import json, statistics, sys
 name, B, prec, probe, bound = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], json.loads(sys.argv[5])
@@ -63,12 +64,15 @@ print(json.dumps({"check": "bench_" + name, "status": "pass", "layers": bound["l
                   "gemm_tflops": bound["tflops"], "gemm_fraction_of_peak": bound["fraction_of_peak"],
                   "device": bound["device"]}))
 PY
+  st=$?
   rm -rf "$dir"
+  return "$st"
 }
 
-bench fm_fp32 784,1024,1024,10 128 32-true f32 3 20
-bench gemm_bound_bf16 784,8192,8192,10 8192 bf16-mixed bf16 6 1
-bench launch_bound_fp32 784,32,10 128 32-true f32 3 20
+fail=0
+bench fm_fp32 784,1024,1024,10 128 32-true f32 3 20 || fail=1
+bench gemm_bound_bf16 784,8192,8192,10 8192 bf16-mixed bf16 6 1 || fail=1
+bench launch_bound_fp32 784,32,10 128 32-true f32 3 20 || fail=1
 
 # the kernel-level step, eager and as a CUDA graph (kiln-gpu-step): host
 # overhead per step = step wall time - GPU time, both ways
@@ -79,7 +83,6 @@ step() {
   python3 -c 'import json,sys; r=json.loads(sys.argv[2]); r.update({"check": "step_" + sys.argv[1], "status": "pass"}); print(json.dumps(r))' \
     "$name" "$res" >>"$out/bench.jsonl"
 }
-fail=0
 step launch_bound_fp32 784,32,10 128 3000 || fail=1
 step fm_fp32 784,1024,1024,10 128 500 || fail=1
 

@@ -87,7 +87,7 @@ print(max(abs(x - y) / abs(x) for x, y in zip(a, b)))
 PY
 }
 judge() { # NAME WORST LIMIT: pass when the worst relative difference is a number within LIMIT
-  if awk -v w="$2" -v l="$3" 'BEGIN { exit !(w == w && w <= l) }'; then
+  if gpu_isnum "$2" && awk -v w="$2" -v l="$3" 'BEGIN { exit !(w <= l) }'; then
     record "$1" pass "\"worst_relative_difference\": $2"
   else
     record "$1" fail "\"worst_relative_difference\": \"$2\""
@@ -156,7 +156,10 @@ elif [ -n "$fortunes" ]; then
   done
   a=${val[32-true]} b=${val[bf16-mixed]} c=${val[flash]}
   limit=2.6996 ; [ "$quick" = 1 ] && limit=6
-  tracks() { awk -v a="$1" -v b="$2" -v l="$limit" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a == a && b == b && a < l && b < l && d <= 0.03 * a) }'; }
+  tracks() {
+    gpu_isnum "$1" && gpu_isnum "$2" &&
+      awk -v a="$1" -v b="$2" -v l="$limit" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a < l && b < l && d <= 0.03 * a) }'
+  }
   if tracks "$a" "$b" && tracks "$a" "$c"; then
     record gpt_fortunes pass "\"steps\": $steps, \"val_loss_fp32\": $a, \"val_loss_bf16\": $b, \"val_loss_bf16_flash\": $c, \"tokens_per_s_fp32\": ${tps[32-true]:-0}, \"tokens_per_s_bf16\": ${tps[bf16-mixed]:-0}, \"tokens_per_s_bf16_flash\": ${tps[flash]:-0}"
   else
@@ -190,10 +193,10 @@ elif [ -f "$build/lib/kiln/plugins/libkiln-ddp.so" ]; then
     loss=$(csv_col "$d/runs/version_0/metrics.csv" train_loss_step | tail -1)
     first=$(csv_col "$d/runs/version_0/metrics.csv" train_loss_step | head -1)
     rate=$(grep -o '([0-9]* tokens/s)' "$d/log" | grep -o '[0-9]*' | head -1)
-    if awk -v l="$loss" 'BEGIN { exit !(l == l && l > 0 && l < 20) }'; then
+    if gpu_isnum "$first" && gpu_isnum "$loss" && awk -v l="$loss" 'BEGIN { exit !(l > 0 && l < 20) }'; then
       record gpt2_124m_ddp pass "\"first_loss\": $first, \"last_loss\": $loss, \"tokens_per_s\": ${rate:-0}"
     else
-      record gpt2_124m_ddp fail "\"last_loss\": \"$loss\""
+      record gpt2_124m_ddp fail "\"first_loss\": \"$first\", \"last_loss\": \"$loss\""
     fi
   else
     tail -15 "$d/log"; record gpt2_124m_ddp fail "\"why\": \"the run failed\""

@@ -67,3 +67,9 @@ gpu_plan() {
   [ -n "$plan" ] || { echo "run.sh: no step chosen" >&2; return 1; }
   echo "$plan"
 }
+
+# gpu_isnum WORD: true when WORD is a finite decimal number (a figure a
+# check may compare and write into JSON as it is); "", "nan", "inf" and
+# anything else are not, so an empty or missing figure never passes a
+# comparison by accident (awk compares "" <= "1e-4" as strings: true)
+gpu_isnum() { [[ $1 =~ ^[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$ ]]; }

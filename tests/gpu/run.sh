@@ -268,7 +268,7 @@ fit() { # name precision [extra --set ...]
     acc=$(grep -o 'test_acc[ =:]*[0-9.]*' "$dir.txt" | tail -1 | grep -o '[0-9.]*$')
     sps=$(grep -o '([0-9]* samples/s)' "$dir.txt" | tail -1 | grep -o '[0-9]*')
     tail -4 "$dir.txt"
-    if [ -n "$acc" ] && awk "BEGIN{exit !($acc >= 0.80)}"; then
+    if gpu_isnum "$acc" && awk -v a="$acc" 'BEGIN { exit !(a >= 0.80) }'; then
       record "fit_$name" pass "\"precision\": \"$prec\", \"test_acc\": $acc, \"samples_per_s\": ${sps:-0}"
     else
       record "fit_$name" fail "\"precision\": \"$prec\", \"test_acc\": \"${acc:-none}\""
@@ -355,12 +355,26 @@ for step in $plan; do "step_$step"; done
 # ---- results ----------------------------------------------------------------------
 # a check the deadline skipped did not pass: the exit status says so (3)
 cut=$(grep -c '"why": "the deadline' "$results")
-python3 - "$results" "$out/results.json" "$failures" "$(($(date +%s) - t_start))" "$cut" "$plan" <<'PY'
+# a row that is not JSON (a script's bug) is kept as a failed check of its
+# own, so that results.json is always written and the run cannot pass
+bad=$(python3 - "$results" "$out/results.json" "$failures" "$(($(date +%s) - t_start))" "$cut" "$plan" <<'PY'
 import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-json.dump({"failures": int(sys.argv[3]), "seconds": int(sys.argv[4]), "cut_by_deadline": int(sys.argv[5]),
+rows, bad = [], 0
+for l in open(sys.argv[1]):
+    if not l.strip():
+        continue
+    try:
+        rows.append(json.loads(l))
+    except ValueError:
+        rows.append({"check": "unreadable_row", "status": "fail", "row": l.strip()})
+        bad += 1
+json.dump({"failures": int(sys.argv[3]) + bad, "seconds": int(sys.argv[4]), "cut_by_deadline": int(sys.argv[5]),
            "steps": sys.argv[6].split(), "results": rows}, open(sys.argv[2], "w"), indent=1)
+print(bad)
 PY
+)
+[ "${bad:-0}" -gt 0 ] && echo "run.sh: $bad result row(s) were not JSON (kept as unreadable_row)"
+failures=$((failures + ${bad:-1}))
 note "done: $failures failure(s), $cut check(s) cut by the deadline"
 [ "$failures" -eq 0 ] || exit 1
 [ "$cut" -eq 0 ] || exit 3

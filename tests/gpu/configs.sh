@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# tests/gpu/configs.sh — every `kiln fit` the GPU run makes, checked without
+# a GPU: tests/gpu/run.sh (steps fashion, gpt, gpt2, bench, so also
+# gpt_checks.sh and bench/gpu/*.sh) runs on a stand-in machine whose kiln
+# turns each `fit` into `kiln config check` with the same run file and
+# --set arguments, answered by the real kiln and its plugins (the cuda
+# accelerator's keys included). A run file or --set the real kiln would
+# refuse on the GPU machine (an unknown key, a section where the file has
+# a string) then fails here, before any device time is spent on it.
+#   configs.sh BUILD   (a build with the cuda accelerator; KEEP=1 keeps
+#                      the scratch folder, whose run.txt is run.sh's log)
+# Exit 0 when every fit was accepted and there were at least as many as
+# expected; 77 (skipped) without python3 or timeout.
+set -uo pipefail
+real=$(cd "${1:?usage: configs.sh BUILD}" && pwd)
+here=$(cd "$(dirname "$0")" && pwd)
+src=$(cd "$here/../.." && pwd)
+command -v python3 >/dev/null && command -v timeout >/dev/null || { echo "configs.sh: needs python3 and timeout: skipped"; exit 77; }
+[ -x "$real/bin/kiln" ] || { echo "configs.sh: FAIL: no $real/bin/kiln"; exit 1; }
+tmp=$(mktemp -d)
+[ -n "${KEEP:-}" ] || trap 'rm -rf "$tmp"' EXIT; echo "configs.sh: scratch $tmp"
+fail() { echo "configs.sh: FAIL: $*"; exit 1; }
+
+# the stand-in checkout: the scripts and examples, and a build-gpu/ whose
+# kiln is the stub below (the other binaries and the plugins are real)
+root="$tmp/root"
+mkdir -p "$root/tests/gpu" "$root/bench" "$root/build-gpu/bin" "$root/.gpu/fashion-mnist" "$root/.gpu/fortunes" \
+  "$tmp/stubs" "$tmp/lib"
+cp "$here"/*.sh "$here"/*.py "$root/tests/gpu/"
+ln -s "$src/bench/gpu" "$root/bench/gpu"
+ln -s "$src/examples" "$root/examples"
+for d in lib bench; do ln -s "$real/$d" "$root/build-gpu/$d"; done
+for b in "$real"/bin/*; do [ "$(basename "$b")" = kiln ] || ln -s "$b" "$root/build-gpu/bin/"; done
+echo "CMAKE_HOME_DIRECTORY:INTERNAL=$root" >"$root/build-gpu/CMakeCache.txt"
+: >"$root/.gpu/fashion-mnist/train-images-idx3-ubyte.gz"
+printf 'A fortune.\n%%\nAnother one.\n' >"$root/.gpu/fortunes/fortunes"
+cat >"$root/build-gpu/bin/kiln" <<SH
+#!/usr/bin/env bash
+# stand-in kiln: fit RUN.cfg ARGS becomes config check RUN.cfg ARGS
+if [ "\$1" = fit ]; then
+  shift
+  args=()
+  for a in "\$@"; do [ "\$a" = --test ] || args+=("\$a"); done
+  echo "fit \${args[*]}" >>"$tmp/fits"
+  if ! "$real/bin/kiln" config check "\${args[@]}" >"$tmp/last" 2>&1; then
+    { echo "REFUSED: fit \${args[*]}"; cat "$tmp/last"; } >>"$tmp/refused"
+  fi
+  exit 0
+fi
+exec "$real/bin/kiln" "\$@"
+SH
+chmod +x "$root/build-gpu/bin/kiln"
+for l in cudart cublasLt nccl; do : >"$tmp/lib/lib$l.so"; done
+printf '#!/bin/sh\necho "| NVIDIA-SMI 999.99   Driver Version: 999.99   CUDA Version: 99.9 |"\n' >"$tmp/stubs/nvidia-smi"
+chmod +x "$tmp/stubs/nvidia-smi"
+
+PATH="$tmp/stubs:$PATH" LD_LIBRARY_PATH="$tmp/lib" timeout 600 bash "$root/tests/gpu/run.sh" "$tmp/out" \
+  fashion,gpt,gpt2,bench >"$tmp/run.txt" 2>&1
+[ -f "$tmp/out/results.json" ] || { tail -30 "$tmp/run.txt"; fail "run.sh wrote no results.json"; }
+n=$(wc -l <"$tmp/fits" 2>/dev/null || echo 0)
+echo "configs.sh: $n fit(s) checked"
+if [ -s "$tmp/refused" ]; then
+  cat "$tmp/refused"
+  fail "the real kiln refused $(grep -c '^REFUSED' "$tmp/refused") of the GPU run's $n fit(s)"
+fi
+# Fashion-MNIST: 5 precisions and ddp (torchrun's way; MPI's too where
+# Open MPI is installed); gpt: 5 small runs, 3 fortunes runs, GPT-2 124M
+# under ddp; gpt2: the batch search's first run, flash and the 2 profiled
+# runs; bench: its kiln fit
+for want in "precision=16-mixed" "accelerator.tf32=true" "strategy=ddp" "$tmp/out/gpt/gpu_flash/run.cfg" \
+            'attention = "flash"; }' "gpt2_124m.cfg" "profile = true; attention = \"flash\"" "fashion_mnist.cfg"; do
+  grep -q -F -- "$want" "$tmp/fits" || { cat "$tmp/fits"; fail "no fit with '$want'"; }
+done
+[ "$n" -ge 19 ] || { cat "$tmp/fits"; fail "$n fits, expected at least 19"; }
+echo "configs.sh: ok"
