@@ -126,6 +126,11 @@ def measure(tag, attention, memfile, proflog):
 
 rows = [r for r in (measure(f"b{B}", "gemm", f"mem-{B}.txt", "profile.log"),
                     measure("flash", "flash", "mem-flash.txt", "profile-flash.log")) if r]
+if not rows:
+    print(f"bench/gpt2: batch {B} ran, but no run left a steady-state step time (probe-b{B}.txt)")
+    with open(jsonl, "a") as f:
+        f.write(json.dumps({"check": "bench_gpt2", "status": "fail", "why": "no steady-state step time"}) + "\n")
+    sys.exit(1)
 best = max(rows, key=lambda r: r["tokens_per_s"])
 tps, prof = best["tokens_per_s"], best["breakdown"]
 row = best
@@ -162,4 +167,6 @@ print("|---|---|---|")
 for k, v in sorted(prof.items(), key=lambda kv: -kv[1]["ms"]):
     print(f"| {k} | {v['ms']:.1f} | {v['percent']:.1f}% |")
 PY
+status=$?
 rm -rf "$work"
+exit "$status"

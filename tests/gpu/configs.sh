@@ -9,8 +9,10 @@
 # a string) then fails here, before any device time is spent on it.
 #   configs.sh BUILD   (a build with the cuda accelerator; KEEP=1 keeps
 #                      the scratch folder, whose run.txt is run.sh's log)
-# Exit 0 when every fit was accepted and there were at least as many as
-# expected; 77 (skipped) without python3 or timeout.
+# No run leaves figures there, so every check that judges one must fail.
+# Exit 0 when every fit was accepted, there were at least as many as
+# expected and no such check passed; 77 (skipped) without python3 or
+# timeout.
 set -uo pipefail
 real=$(cd "${1:?usage: configs.sh BUILD}" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
@@ -72,4 +74,17 @@ for want in "precision=16-mixed" "accelerator.tf32=true" "strategy=ddp" "$tmp/ou
   grep -q -F -- "$want" "$tmp/fits" || { cat "$tmp/fits"; fail "no fit with '$want'"; }
 done
 [ "$n" -ge 19 ] || { cat "$tmp/fits"; fail "$n fits, expected at least 19"; }
+# no run left a figure, so no check that judges one may pass: one that did
+# would pass on a GPU whatever the GPU computed
+python3 - "$tmp/out/results.json" <<'PY' || fail "a check passed without its figures"
+import json, sys
+r = json.load(open(sys.argv[1]))
+setup = {"preflight", "build", "plugins_list"}
+passed = [row["check"] for row in r["results"] if row["status"] == "pass" and row["check"] not in setup]
+judged = [row["check"] for row in r["results"] if row["status"] == "fail"]
+print("configs.sh: failed as they must:", " ".join(judged))
+if passed or len(judged) < 10:
+    print("configs.sh: passed with nothing to judge:", " ".join(passed))
+    sys.exit(1)
+PY
 echo "configs.sh: ok"
