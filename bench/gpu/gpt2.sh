@@ -32,7 +32,7 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 peak=${PEAK_TFLOPS:-989.5}
 work=$(mktemp -d /tmp/kiln-gpt2-bench-XXXXXX)
 jsonl="$out/bench_gpt2.jsonl"
-: >"$jsonl"
+mkdir -p "$out" && : >"$jsonl"
 . "$root/tests/gpu/lib.sh"
 
 python3 "$root/tests/gpu/synthetic_shard.py" "$work/shard.bin" 4000000
@@ -48,7 +48,7 @@ fit() {
     --set "accelerator=$acc" --set "data.train=\"$work/shard.bin\"" --set "data.val=\"$work/shard.bin\"" \
     --set "data.batch_size=$B" --set "module.max_batch=$B" --set trainer.accumulate_grad_batches=1 \
     --set "trainer.max_steps=$steps" --set trainer.limit_val_batches=0 --set trainer.num_sanity_val_steps=0 \
-    --set trainer.val_check_interval=1000000 --set "trainer.default_root_dir=\"$work/runs-$tag\"" \
+    --set "trainer.val_check_interval=$steps" --set "trainer.default_root_dir=\"$work/runs-$tag\"" \
     --set "trainer.peak_flops=${peak}e12" \
     --set "callbacks=({name=\"benchprobe\"; path=\"$work/probe-$tag.txt\"; warmup=10;})" "$@" >"$work/$tag.log" 2>&1
 }
@@ -85,8 +85,12 @@ if t=$(gpu_budget 300 180); then peer=()
 elif t=$(gpu_budget 120 60); then peer=(--no-compile); echo "bench/gpt2: $(gpu_left) s to the deadline: the PyTorch peer runs eager only"
 else t=0; echo "bench/gpt2: $(gpu_left) s to the deadline: no time for the PyTorch peer"; fi
 if [ "$t" -gt 0 ]; then
-  timeout -k 10 "$t" python3 "$root/bench/gpu/torch_gpt2.py" --batch "$batch" "${peer[@]}" >"$work/torch.jsonl" 2>"$work/torch.err" ||
-    echo "bench/gpt2: the PyTorch peer did not run ($(tail -1 "$work/torch.err"))"
+  timeout -k 10 "$t" python3 "$root/bench/gpu/torch_gpt2.py" --batch "$batch" "${peer[@]}" >"$work/torch.jsonl" 2>"$work/torch.err"
+  case $? in
+    0) ;;
+    77) echo "bench/gpt2: the PyTorch peer did not run: no torch with CUDA here ($(tail -1 "$work/torch.jsonl"))" ;;
+    *) echo "bench/gpt2: the PyTorch peer failed: $(tail -1 "$work/torch.err")" ;;
+  esac
 fi
 
 python3 - "$work" "$batch" "$peak" "$jsonl" <<'PY'
