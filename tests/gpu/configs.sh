@@ -69,7 +69,7 @@ fi
 # Open MPI is installed); gpt: 5 small runs, 3 fortunes runs, GPT-2 124M
 # under ddp; gpt2: the batch search's first run, flash and the 2 profiled
 # runs; bench: its kiln fit
-for want in "precision=16-mixed" "accelerator.tf32=true" "strategy=ddp" "$tmp/out/gpt/gpu_flash/run.cfg" \
+for want in "precision=16-mixed" "accelerator.tf32=true" "strategy=ddp" "gpt/gpu_flash/run.cfg" \
             'attention = "flash"; }' "gpt2_124m.cfg" "profile = true; attention = \"flash\"" "fashion_mnist.cfg"; do
   grep -q -F -- "$want" "$tmp/fits" || { cat "$tmp/fits"; fail "no fit with '$want'"; }
 done

@@ -11,7 +11,8 @@
 #       sleeps 60 s) is cut by its time limit and recorded as timed out, the
 #       rest are recorded as skipped for the deadline, results.json is
 #       written before the deadline and the exit status is 1;
-#   (d) `kernels` with no deadline: passes, exit status 0.
+#   (d) `kernels` with no deadline: passes, exit status 0, and OUT holds
+#       gpu.log, results.json and logs.tar.xz alone.
 # Exit 0 when all hold, 77 (skipped) without python3 or timeout here.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -100,4 +101,7 @@ grep -q "steps: kernels fashion; the deadline in" "$tmp/c.txt" || fail "(c) no l
 run d kernels; rc=$?
 [ "$rc" -eq 0 ] || { cat "$tmp/d.txt"; fail "(d) exit status $rc, want 0"; }
 grep -q '"cut_by_deadline": 0' "$tmp/d/results.json" || fail "(d) cut_by_deadline not 0"
+# OUT holds three files (a device tool brings back only a few), the logs packed
+[ "$(cd "$tmp/d" && ls -A | tr '\n' ' ')" = "gpu.log logs.tar.xz results.json " ] || fail "(d) OUT holds: $(ls -A "$tmp/d")"
+tar -tJf "$tmp/d/logs.tar.xz" | grep -q 'plugins.txt$' || fail "(d) logs.tar.xz lacks plugins.txt"
 echo "deadline.sh: ok"

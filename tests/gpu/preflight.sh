@@ -12,7 +12,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/bin"
-for t in bash env mkdir tee date sed grep awk ls head dirname cat python3 ctest ldconfig; do
+for t in bash env mkdir mktemp rm tee date sed grep awk ls head dirname cat python3 ctest ldconfig; do
   p=$(command -v "$t" 2>/dev/null || true)
   [ -z "$p" ] && [ -x "/sbin/$t" ] && p=/sbin/$t
   [ -n "$p" ] || { echo "preflight.sh: $t not found here: skipped"; exit 77; }

@@ -27,8 +27,9 @@
 #   5b. GPT-2 124M's throughput, MFU, step breakdown and memory with the
 #      gemm and flash attention paths, against PyTorch eager and
 #      torch.compile (bench/gpu/gpt2.sh);
-# and writes OUT/gpu.log (everything printed) and OUT/results.json (each
-# step's status and figures). Exit status: 0 when every check passed, 1
+# and writes OUT/gpu.log (everything printed), OUT/results.json (each
+# step's status and figures, rewritten after every step) and
+# OUT/logs.tar.xz (every log, metrics file and config the steps left). Exit status: 0 when every check passed, 1
 # when one failed, 3 when none failed but the deadline cut some.
 #   bash tests/gpu/run.sh OUT [STEPS] [--deadline SECONDS]
 # STEPS (default all) is a comma-separated list of the steps kernels (3),
@@ -58,10 +59,19 @@ plan=$(gpu_plan "$spec") || exit 2
 KILN_GPU_DEADLINE=0
 [ "$deadline_s" -gt 0 ] && KILN_GPU_DEADLINE=$(($(date +%s) + deadline_s))
 export KILN_GPU_DEADLINE
-mkdir -p "$out"
+# OUT gets three files only (a device tool may bring back no more than a
+# few, and none large): gpu.log as it is written, results.json after every
+# step, and at the end logs.tar.xz, the work folder's files under 4 MiB
+# (the logs, metrics and configs; no checkpoints or token shards). The
+# steps write to the work folder in /tmp.
+final=$out
+mkdir -p "$final" || exit 2
+out=$(mktemp -d /tmp/kiln-gpu-run-XXXXXX) || exit 2
+trap 'rm -rf "$out"' EXIT
 root=$(cd "$(dirname "$0")/../.." && pwd)
-exec > >(tee -a "$out/gpu.log") 2>&1
+exec > >(tee -a "$final/gpu.log") 2>&1
 t_start=$(date +%s)
+echo "run.sh: writing to $final (gpu.log, results.json, logs.tar.xz); work folder $out"
 results="$out/results.jsonl"
 : >"$results"
 failures=0
@@ -79,7 +89,20 @@ record() {
 # The CUDA library folders: the toolkit's, or the nvidia-* Python wheels'.
 cuda_dirs=""
 for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib \
-         $(python3 -c 'import nvidia, os; p = nvidia.__path__[0]; print(" ".join(os.path.join(p, s, "lib") for s in os.listdir(p)))' 2>/dev/null); do
+         $(python3 - 2>/dev/null <<'PY'
+# every folder of the nvidia-* wheels (nvidia/<pkg>/lib, or nvidia/cu13/lib
+# as CUDA 13's wheels lay them out), up to three levels down, holding a .so
+import os, nvidia
+found = []
+for top in nvidia.__path__:
+    for d, subs, files in os.walk(top):
+        if d[len(top):].count(os.sep) >= 3:
+            subs[:] = []
+        if any(".so" in f for f in files):
+            found.append(d)
+print(" ".join(found))
+PY
+); do
   [ -d "$d" ] && ls "$d" 2>/dev/null | grep -q -E 'lib(cublasLt|cudart|nccl)\.so' && cuda_dirs="$cuda_dirs:$d"
 done
 LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}$cuda_dirs"
@@ -127,7 +150,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
   echo "run.sh: stopping before any check: this machine lacks ${missing[*]}"
   row="{\"check\": \"preflight\", \"status\": \"fail\", \"missing\": \"${missing[*]}\"}"
   echo "$row" >>"$results"
-  echo "{\"failures\": 1, \"seconds\": $(($(date +%s) - t_start)), \"results\": [$row]}" >"$out/results.json"
+  echo "{\"failures\": 1, \"seconds\": $(($(date +%s) - t_start)), \"results\": [$row]}" >"$final/results.json"
   exit 1
 fi
 echo "{\"check\": \"preflight\", \"status\": \"pass\"}" >>"$results"
@@ -146,7 +169,15 @@ fi
 
 # ---- 2. libraries -------------------------------------------------------------
 if [ -f "$root/.gpu/deps.tar.xz" ]; then
-  mkdir -p /tmp/kiln-deps && tar -C /tmp/kiln-deps -xJf "$root/.gpu/deps.tar.xz"
+  # through Python's tarfile: the GPU machine's image may have no xz
+  mkdir -p /tmp/kiln-deps && python3 - "$root/.gpu/deps.tar.xz" /tmp/kiln-deps <<'PY'
+import sys, tarfile
+with tarfile.open(sys.argv[1]) as t:
+    try:
+        t.extractall(sys.argv[2], filter="data")
+    except TypeError:  # a Python without extraction filters
+        t.extractall(sys.argv[2])
+PY
   export LD_LIBRARY_PATH="/tmp/kiln-deps/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 export LD_LIBRARY_PATH # (the CUDA folders were added in step 0)
@@ -220,6 +251,10 @@ step_kernels() {
 # emulation checks the same program's phases, this checks what the GPU
 # really ran) and memcheck, on the attention case alone with attention =
 # "flash".
+# sanitizer_refused LOG: compute-sanitizer could not run on this device at
+# all (seen in gVisor sandboxes: "Device not supported"), which says
+# nothing about kiln: the step is then skipped with that reason
+sanitizer_refused() { grep -q -i "device not supported" "$1"; }
 step_sanitizers() {
   local t tool
   if ! command -v compute-sanitizer >/dev/null || [ ! -x "$build/tests/test_cuda_kernels" ]; then
@@ -231,6 +266,11 @@ step_sanitizers() {
     if KILN_GPU_TEST_REQUIRE=1 KILN_PLUGIN_DIR="$build/lib/kiln/plugins" timeout -k 10 "$t" compute-sanitizer --tool memcheck \
          --error-exitcode 9 "$build/tests/test_cuda_kernels" >"$out/memcheck.txt" 2>&1; then
       record memcheck pass
+    elif sanitizer_refused "$out/memcheck.txt"; then
+      record memcheck skip "\"why\": \"compute-sanitizer: device not supported on this machine\""
+      record flash_racecheck skip "\"why\": \"compute-sanitizer: device not supported on this machine\""
+      record flash_memcheck skip "\"why\": \"compute-sanitizer: device not supported on this machine\""
+      return 0
     else
       tail -40 "$out/memcheck.txt"; record memcheck fail
     fi
@@ -242,6 +282,8 @@ step_sanitizers() {
          KILN_PLUGIN_DIR="$build/lib/kiln/plugins" timeout -k 10 "$t" compute-sanitizer --tool "$tool" --error-exitcode 9 \
          "$build/tests/test_cuda_kernels" >"$out/flash_$tool.txt" 2>&1; then
       record "flash_$tool" pass
+    elif sanitizer_refused "$out/flash_$tool.txt"; then
+      record "flash_$tool" skip "\"why\": \"compute-sanitizer: device not supported on this machine\""
     else
       tail -40 "$out/flash_$tool.txt"; record "flash_$tool" fail
     fi
@@ -349,16 +391,16 @@ step_gpt2() {
   scripted bench_gpt2_run 360 60 bench_gpt2.jsonl "$root/bench/gpu/gpt2.sh" "$build" "$out"
 }
 
-if [ "$KILN_GPU_DEADLINE" -gt 0 ]; then note "steps: $plan; the deadline in $(gpu_left) s"; else note "steps: $plan"; fi
-for step in $plan; do "step_$step"; done
-
 # ---- results ----------------------------------------------------------------------
-# a check the deadline skipped did not pass: the exit status says so (3)
-cut=$(grep -c '"why": "the deadline' "$results")
-# a row that is not JSON (a script's bug) is kept as a failed check of its
-# own, so that results.json is always written and the run cannot pass
-bad=$(python3 - "$results" "$out/results.json" "$failures" "$(($(date +%s) - t_start))" "$cut" "$plan" <<'PY'
-import json, sys
+# write_results: OUT/results.json from the rows so far. A check the
+# deadline skipped did not pass, so the exit status says so (3); a row that
+# is not JSON (a script's bug) is kept as a failed check of its own
+# (unreadable_row), so that results.json is always written and the run
+# cannot pass. Sets cut and bad.
+write_results() {
+  cut=$(grep -c '"why": "the deadline' "$results")
+  bad=$(python3 - "$results" "$final/results.json" "$failures" "$(($(date +%s) - t_start))" "$cut" "$plan" <<'PY'
+import json, os, sys
 rows, bad = [], 0
 for l in open(sys.argv[1]):
     if not l.strip():
@@ -368,13 +410,31 @@ for l in open(sys.argv[1]):
     except ValueError:
         rows.append({"check": "unreadable_row", "status": "fail", "row": l.strip()})
         bad += 1
+tmp = sys.argv[2] + ".tmp"
 json.dump({"failures": int(sys.argv[3]) + bad, "seconds": int(sys.argv[4]), "cut_by_deadline": int(sys.argv[5]),
-           "steps": sys.argv[6].split(), "results": rows}, open(sys.argv[2], "w"), indent=1)
+           "steps": sys.argv[6].split(), "results": rows}, open(tmp, "w"), indent=1)
+os.replace(tmp, sys.argv[2])
 print(bad)
 PY
 )
+}
+
+if [ "$KILN_GPU_DEADLINE" -gt 0 ]; then note "steps: $plan; the deadline in $(gpu_left) s"; else note "steps: $plan"; fi
+for step in $plan; do "step_$step"; write_results; done
+
+write_results
 [ "${bad:-0}" -gt 0 ] && echo "run.sh: $bad result row(s) were not JSON (kept as unreadable_row)"
 failures=$((failures + ${bad:-1}))
+python3 - "$out" "$final/logs.tar.xz" <<'PY' || echo "run.sh: could not pack the logs into $final/logs.tar.xz"
+import os, sys, tarfile
+# through Python's tarfile (the image may have no xz): files under 4 MiB
+with tarfile.open(sys.argv[2], "w:xz") as t:
+    for d, _, files in os.walk(sys.argv[1]):
+        for f in sorted(files):
+            p = os.path.join(d, f)
+            if os.path.isfile(p) and not os.path.islink(p) and os.path.getsize(p) < 4 << 20:
+                t.add(p, os.path.relpath(p, sys.argv[1]))
+PY
 note "done: $failures failure(s), $cut check(s) cut by the deadline"
 [ "$failures" -eq 0 ] || exit 1
 [ "$cut" -eq 0 ] || exit 3
