@@ -214,8 +214,8 @@ outcome() {
   else record "$1" fail; fi
 }
 # budget NAME WANT MIN: the seconds step NAME may take (gpu_budget), or
-# NAME recorded as skipped (and a failure status) when the deadline leaves
-# under MIN
+# NAME recorded as skipped for the deadline (the run then exits 3 if
+# nothing failed) when the deadline leaves under MIN
 budget() {
   local t
   if t=$(gpu_budget "$2" "$3"); then echo "$t"; return 0; fi
