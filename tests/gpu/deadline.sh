@@ -33,12 +33,12 @@ fail() { echo "deadline.sh: FAIL: $*"; exit 1; }
   grep -q "unknown step 'gpu'" <<<"$msg" || fail "(a) the refusal does not name the step: $msg"
   KILN_GPU_DEADLINE=0
   [ "$(gpu_budget 300 30)" = 300 ] || fail "(a) no deadline: the step's own limit"
-  KILN_GPU_DEADLINE=1000 GPU_NOW=800 KILN_GPU_RESERVE=15
+  KILN_GPU_DEADLINE=1000 KILN_GPU_TEST_NOW=800 KILN_GPU_RESERVE=15
   [ "$(gpu_budget 300 30)" = 185 ] || fail "(a) 200 s left, 15 reserved: $(gpu_budget 300 30), want 185"
   [ "$(gpu_budget 100 30)" = 100 ] || fail "(a) a limit under what is left stays"
-  GPU_NOW=960
+  KILN_GPU_TEST_NOW=960
   gpu_budget 300 30 >/dev/null && fail "(a) 25 s left for a step needing 30 was granted"
-  GPU_NOW=1100
+  KILN_GPU_TEST_NOW=1100
   gpu_budget 300 1 >/dev/null && fail "(a) past the deadline a step was granted time"
   grep -q '"why": "the deadline: -100 s left"' <<<"$(gpu_skip_why)" || fail "(a) skip line: $(gpu_skip_why)"
   exit 0
@@ -64,7 +64,7 @@ chmod +x "$root/build-gpu/bin/kiln" "$tmp/stubs/"*
 run() { # OUT ARGS...: run.sh on the stand-in machine
   local o=$1
   shift
-  PATH="$tmp/stubs:$PATH" LD_LIBRARY_PATH="$tmp/lib" KILN_GPU_RESERVE=2 GPU_MIN=3 \
+  PATH="$tmp/stubs:$PATH" LD_LIBRARY_PATH="$tmp/lib" KILN_GPU_RESERVE=2 KILN_GPU_TEST_MIN=3 \
     timeout 60 bash "$root/tests/gpu/run.sh" "$tmp/$o" "$@" >"$tmp/$o.txt" 2>&1
 }
 

@@ -9,10 +9,10 @@
 #                    ended (exported, so nested scripts see the same one);
 #                    0 or unset: no deadline
 # KILN_GPU_RESERVE   seconds kept back for the report (default 15)
-# GPU_NOW            test hook: the epoch second to use instead of date's
-# GPU_MIN            test hook: every step's least time, in place of its own
+# KILN_GPU_TEST_NOW  test hook: the epoch second to use instead of date's
+# KILN_GPU_TEST_MIN  test hook: every step's least time, in place of its own
 
-gpu_now() { if [ -n "${GPU_NOW:-}" ]; then echo "$GPU_NOW"; else date +%s; fi; }
+gpu_now() { if [ -n "${KILN_GPU_TEST_NOW:-}" ]; then echo "$KILN_GPU_TEST_NOW"; else date +%s; fi; }
 
 # seconds left before the deadline (a large number without one)
 gpu_left() {
@@ -23,7 +23,7 @@ gpu_left() {
 # when the deadline, less the reserve, comes sooner; fails (printing
 # nothing) when that is under MIN, the least the step can do anything in.
 gpu_budget() {
-  local want=$1 min=${GPU_MIN:-$2} left
+  local want=$1 min=${KILN_GPU_TEST_MIN:-$2} left
   left=$(($(gpu_left) - ${KILN_GPU_RESERVE:-15}))
   [ "$left" -lt "$want" ] && want=$left
   [ "$want" -ge "$min" ] || return 1
