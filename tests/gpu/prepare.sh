@@ -91,6 +91,10 @@ fi
 # only runs what was linked here), and with sm_80 and sm_90 code they are
 # ~10 MiB of the 64 the device tool carries
 find build-gpu \( -name '*.o' -o -name '*.a' \) -type f -delete
+# and CMake's own scratch (compiler identification, dependency files,
+# ~14 MiB): ctest and run.sh read only CMakeCache.txt, the CTestTestfile
+# files and what was linked; a later prepare.sh configures afresh
+find build-gpu -type d -name CMakeFiles -prune -exec rm -rf {} +
 du -sh build-gpu .gpu | sed 's/^/prepare.sh: /'
 # the device tool carries at most 64 MiB: these two plus the checkout
 total=$(( $(du -sk build-gpu .gpu | awk '{s += $1} END {print s}') + $(git ls-files -z | xargs -0 du -ck 2>/dev/null | tail -1 | cut -f1) ))
