@@ -281,9 +281,11 @@ static inline int32_t ack_ln_backward(ack_sink s, const char *fn, uint32_t dtype
 
 /* Sizes, round_dtype (worded with `prep`, see ack_round_dtype) and the
  * element counts n[] of qkv (B, T, 3C), out (B, T, C) and lse (B, NH, T),
- * indexed by ACK_QKV, ACK_OUT and ACK_LSE below. */
+ * indexed by ACK_QKV, ACK_OUT and ACK_LSE below. n[] is zero on a refusal,
+ * so it is set on every path (gcc -O3 warns of its callers otherwise). */
 static inline int32_t ack_attn_args(ack_sink s, const char *fn, uint32_t dtype, int32_t B, int32_t T, int32_t C,
                                     int32_t NH, uint32_t round_dtype, const char *prep, size_t n[3]) {
+    n[0] = n[1] = n[2] = 0;
     int32_t rc = ack_float_dtype(s, fn, dtype);
     if (rc != KILN_OK) return rc;
     if (B <= 0 || T <= 0 || C <= 0 || NH <= 0)

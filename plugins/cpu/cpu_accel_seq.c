@@ -141,7 +141,7 @@ int32_t cpu_attention_forward(kiln_instance *acc, uint32_t dtype, void *out, voi
     static const char *const names[3] = {"out", "lse", "qkv"};
     static const int kinds[3] = {ACK_OUT, ACK_LSE, ACK_QKV};
     const void *const bufs[3] = {out, lse, qkv};
-    size_t n[3] = {0, 0, 0}; /* filled by ack_attn_args; zeroed since gcc -O3 (Release) warns it may not be */
+    size_t n[3];
     /* the cpu words round_dtype's message "with dtype" */
     int32_t rc = ack_attn_args(CPU_SINK(acc), fn, dtype, B, T, C, NH, round_dtype, "with", n);
     if (rc != KILN_OK || (rc = ack_attn_need(CPU_SINK(acc), fn, 3, names, bufs, kinds, n)) != KILN_OK) return rc;
@@ -169,7 +169,7 @@ int32_t cpu_attention_backward(kiln_instance *acc, uint32_t dtype, void *dqkv, c
     static const char *const names[5] = {"dqkv", "dout", "qkv", "out", "lse"};
     static const int kinds[5] = {ACK_QKV, ACK_OUT, ACK_QKV, ACK_OUT, ACK_LSE};
     const void *const bufs[5] = {dqkv, dout, qkv, out, lse};
-    size_t n[3] = {0, 0, 0}; /* filled by ack_attn_args; zeroed since gcc -O3 (Release) warns it may not be */
+    size_t n[3];
     int32_t rc = ack_attn_args(CPU_SINK(acc), fn, dtype, B, T, C, NH, round_dtype, "with", n);
     if (rc != KILN_OK || (rc = ack_attn_need(CPU_SINK(acc), fn, 5, names, bufs, kinds, n)) != KILN_OK) return rc;
     const size_t need = kc_attn_workspace_bytes_for(1, kiln_dtype_size(dtype), B, T, NH);

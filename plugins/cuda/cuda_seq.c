@@ -381,7 +381,7 @@ int32_t cu_attention_forward(kiln_instance *acc, uint32_t dtype, void *out, void
     static const char *const names[3] = {"out", "lse", "qkv"};
     static const int kinds[3] = {ACK_OUT, ACK_LSE, ACK_QKV};
     const void *const bufs[3] = {out, lse, qkv};
-    size_t n[3] = {0, 0, 0}; /* filled by ack_attn_args; zeroed since gcc -O3 (Release) warns it may not be */
+    size_t n[3];
     int32_t rc = cu_attn_args(acc, fn, dtype, B, T, C, NH, round_dtype, 3, names, bufs, kinds, n);
     if (rc != KILN_OK) return rc;
     const size_t n_qkv = n[ACK_QKV], n_out = n[ACK_OUT], n_lse = n[ACK_LSE];
@@ -412,7 +412,7 @@ int32_t cu_attention_backward(kiln_instance *acc, uint32_t dtype, void *dqkv, co
     static const char *const names[5] = {"dqkv", "dout", "qkv", "out", "lse"};
     static const int kinds[5] = {ACK_QKV, ACK_OUT, ACK_QKV, ACK_OUT, ACK_LSE};
     const void *const bufs[5] = {dqkv, dout, qkv, out, lse};
-    size_t n[3] = {0, 0, 0}; /* filled by ack_attn_args; zeroed since gcc -O3 (Release) warns it may not be */
+    size_t n[3];
     int32_t rc = cu_attn_args(acc, fn, dtype, B, T, C, NH, round_dtype, 5, names, bufs, kinds, n);
     if (rc != KILN_OK) return rc;
     const size_t n_qkv = n[ACK_QKV], n_out = n[ACK_OUT], n_lse = n[ACK_LSE];

@@ -253,9 +253,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     static int done; /* libFuzzer calls it; so does the first input when it did not */
     if (done++) return 0;
     if (kiln_test_host_new(&g_th) != KILN_OK) return 1;
-    /* Every slot after flags is a function pointer (kiln/training.h), and
-     * each first gets the aborting stub. The five that a restore may call
-     * (alloc, free, copy, zero, synchronize) then get real functions. */
+    /* Every slot after flags is a function pointer (kiln/training.h).
+     * All of them get the aborting stub first; then the five a restore
+     * uses (alloc, free, copy, zero and synchronize) get real ones. */
     void (*stub)(void) = fz_not_here;
     for (size_t off = offsetof(kiln_kernels, alloc); off + sizeof stub <= sizeof fz_kernels; off += sizeof stub)
         memcpy((char *)&fz_kernels + off, &stub, sizeof stub);

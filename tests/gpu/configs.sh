@@ -31,8 +31,8 @@ mkdir -p "$root/tests/gpu" "$root/bench" "$root/build-gpu/bin" "$root/.gpu/fashi
 cp "$here"/*.sh "$here"/*.py "$root/tests/gpu/"
 ln -s "$src/bench/gpu" "$root/bench/gpu"
 ln -s "$src/examples" "$root/examples"
-for d in lib bench; do ln -s "$real/$d" "$root/build-gpu/$d"; done
-for b in "$real"/bin/*; do [ "$(basename "$b")" = kiln ] || ln -s "$b" "$root/build-gpu/bin/"; done
+. "$here/standin.sh"
+standin_build "$real" "$root/build-gpu"
 echo "CMAKE_HOME_DIRECTORY:INTERNAL=$root" >"$root/build-gpu/CMakeCache.txt"
 : >"$root/.gpu/fashion-mnist/train-images-idx3-ubyte.gz"
 printf 'A fortune.\n%%\nAnother one.\n' >"$root/.gpu/fortunes/fortunes"
@@ -52,9 +52,8 @@ fi
 exec "$real/bin/kiln" "\$@"
 SH
 chmod +x "$root/build-gpu/bin/kiln"
-for l in cudart cublasLt nccl; do : >"$tmp/lib/lib$l.so"; done
-printf '#!/bin/sh\necho "| NVIDIA-SMI 999.99   Driver Version: 999.99   CUDA Version: 99.9 |"\n' >"$tmp/stubs/nvidia-smi"
-chmod +x "$tmp/stubs/nvidia-smi"
+standin_libs "$tmp/lib"
+standin_driver "$tmp/stubs"
 
 PATH="$tmp/stubs:$PATH" LD_LIBRARY_PATH="$tmp/lib" timeout 600 bash "$root/tests/gpu/run.sh" "$tmp/out" \
   fashion,gpt,gpt2,bench >"$tmp/run.txt" 2>&1

@@ -50,7 +50,9 @@ mkdir -p "$root/tests/gpu" "$root/build-gpu/bin" "$root/.gpu/fashion-mnist" "$tm
 cp "$here/run.sh" "$here/lib.sh" "$root/tests/gpu/"
 echo "CMAKE_HOME_DIRECTORY:INTERNAL=$root" >"$root/build-gpu/CMakeCache.txt"
 : >"$root/.gpu/fashion-mnist/train-images-idx3-ubyte.gz"
-for l in cudart cublasLt nccl; do : >"$tmp/lib/lib$l.so"; done
+. "$here/standin.sh"
+standin_libs "$tmp/lib"
+standin_driver "$tmp/stubs"
 cat >"$root/build-gpu/bin/kiln" <<'SH'
 #!/bin/sh
 case "$1" in
@@ -58,7 +60,6 @@ case "$1" in
   fit) sleep 60 ;;
 esac
 SH
-printf '#!/bin/sh\necho "| NVIDIA-SMI 999.99   Driver Version: 999.99   CUDA Version: 99.9 |"\n' >"$tmp/stubs/nvidia-smi"
 printf '#!/bin/sh\nsleep 1\n' >"$tmp/stubs/ctest"
 chmod +x "$root/build-gpu/bin/kiln" "$tmp/stubs/"*
 run() { # OUT ARGS...: run.sh on the stand-in machine

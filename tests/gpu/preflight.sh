@@ -32,8 +32,8 @@ grep -q -E '^== (GPU tests|kiln plugins list|fit )' <<<"$out" && fail "(a) a che
 grep -q '"check": "preflight", "status": "fail"' "$tmp/out-a/results.json" || fail "(a) results.json does not record the refusal"
 
 # (b) a driver for CUDA 99.9
-printf '#!/bin/sh\necho "| NVIDIA-SMI 999.99   Driver Version: 999.99   CUDA Version: 99.9 |"\n' >"$tmp/bin/nvidia-smi"
-chmod +x "$tmp/bin/nvidia-smi"
+. "$here/standin.sh"
+standin_driver "$tmp/bin"
 out=$(PATH="$tmp/bin" KILN_GPU_PREFLIGHT_ONLY=1 "$to" 60 bash "$here/run.sh" "$tmp/out-b" 2>&1)
 echo "$out"
 grep -q '^-- need driver (nvidia-smi): CUDA 99.9' <<<"$out" || fail "(b) the driver line does not pass with CUDA 99.9"

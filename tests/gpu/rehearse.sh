@@ -29,9 +29,8 @@ tmp=$(mktemp -d)
 [ -n "${KEEP:-}" ] || trap 'rm -rf "$tmp"' EXIT
 fail() { echo "rehearse.sh $what: FAIL: $*"; exit 1; }
 
-mkdir -p "$tmp/build/bin"
-for d in bench lib; do ln -s "$real/$d" "$tmp/build/$d"; done
-for b in "$real"/bin/*; do [ "$(basename "$b")" = kiln ] || ln -s "$b" "$tmp/build/bin/"; done
+. "$(dirname "$0")/standin.sh"
+standin_build "$real" "$tmp/build"
 cat >"$tmp/build/bin/kiln" <<SH
 #!/usr/bin/env bash
 # stand-in kiln: every fit on the fake stack, the big models shrunk (rehearse.sh)

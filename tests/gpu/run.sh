@@ -29,8 +29,9 @@
 #      torch.compile (bench/gpu/gpt2.sh);
 # and writes OUT/gpu.log (everything printed), OUT/results.json (each
 # step's status and figures, rewritten after every step) and
-# OUT/logs.tar.xz (every log, metrics file and config the steps left). Exit status: 0 when every check passed, 1
-# when one failed, 3 when none failed but the deadline cut some.
+# OUT/logs.tar.xz (every log, metrics file and config the steps left).
+# Exit status: 0 when every check passed, 1 when one failed, 3 when none
+# failed but the deadline cut some.
 #   bash tests/gpu/run.sh OUT [STEPS] [--deadline SECONDS]
 # STEPS (default all) is a comma-separated list of the steps kernels (3),
 # sanitizers (3, under compute-sanitizer), fashion (4), bench (5), gpt (4b)
@@ -205,12 +206,14 @@ else
   cat "$out/plugins.txt"; record plugins_list fail
 fi
 
+# timed_out STATUS: timeout's status for a command it stopped (124, or 137
+# when the command outlived the grace period and was killed)
+timed_out() { [ "$1" -eq 124 ] || [ "$1" -eq 137 ]; }
 # outcome NAME STATUS SECONDS: NAME recorded as passed (STATUS 0), or
-# failed, saying when it was the time limit that ended it (timeout's 124,
-# or 137 when the command outlived the grace period and was killed)
+# failed, saying when it was the time limit that ended it
 outcome() {
   if [ "$2" -eq 0 ]; then record "$1" pass
-  elif [ "$2" -eq 124 ] || [ "$2" -eq 137 ]; then record "$1" fail "\"why\": \"timed out after $3 s\""
+  elif timed_out "$2"; then record "$1" fail "\"why\": \"timed out after $3 s\""
   else record "$1" fail; fi
 }
 # budget NAME WANT MIN: the seconds step NAME may take (gpu_budget), or
@@ -255,6 +258,7 @@ step_kernels() {
 # all (seen in gVisor sandboxes: "Device not supported"), which says
 # nothing about kiln: the step is then skipped with that reason
 sanitizer_refused() { grep -q -i "device not supported" "$1"; }
+refused_why='"why": "compute-sanitizer: device not supported on this machine"'
 step_sanitizers() {
   local t tool
   if ! command -v compute-sanitizer >/dev/null || [ ! -x "$build/tests/test_cuda_kernels" ]; then
@@ -267,9 +271,7 @@ step_sanitizers() {
          --error-exitcode 9 "$build/tests/test_cuda_kernels" >"$out/memcheck.txt" 2>&1; then
       record memcheck pass
     elif sanitizer_refused "$out/memcheck.txt"; then
-      record memcheck skip "\"why\": \"compute-sanitizer: device not supported on this machine\""
-      record flash_racecheck skip "\"why\": \"compute-sanitizer: device not supported on this machine\""
-      record flash_memcheck skip "\"why\": \"compute-sanitizer: device not supported on this machine\""
+      for tool in memcheck flash_racecheck flash_memcheck; do record "$tool" skip "$refused_why"; done
       return 0
     else
       tail -40 "$out/memcheck.txt"; record memcheck fail
@@ -283,7 +285,7 @@ step_sanitizers() {
          "$build/tests/test_cuda_kernels" >"$out/flash_$tool.txt" 2>&1; then
       record "flash_$tool" pass
     elif sanitizer_refused "$out/flash_$tool.txt"; then
-      record "flash_$tool" skip "\"why\": \"compute-sanitizer: device not supported on this machine\""
+      record "flash_$tool" skip "$refused_why"
     else
       tail -40 "$out/flash_$tool.txt"; record "flash_$tool" fail
     fi
@@ -315,7 +317,7 @@ fit() { # name precision [extra --set ...]
     else
       record "fit_$name" fail "\"precision\": \"$prec\", \"test_acc\": \"${acc:-none}\""
     fi
-  elif [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+  elif timed_out "$rc"; then
     tail -5 "$dir.txt"; record "fit_$name" fail "\"precision\": \"$prec\", \"why\": \"timed out after $t s\""
   else
     tail -20 "$dir.txt"; record "fit_$name" fail "\"precision\": \"$prec\""
@@ -421,8 +423,6 @@ PY
 
 if [ "$KILN_GPU_DEADLINE" -gt 0 ]; then note "steps: $plan; the deadline in $(gpu_left) s"; else note "steps: $plan"; fi
 for step in $plan; do "step_$step"; write_results; done
-
-write_results
 [ "${bad:-0}" -gt 0 ] && echo "run.sh: $bad result row(s) were not JSON (kept as unreadable_row)"
 failures=$((failures + ${bad:-1}))
 python3 - "$out" "$final/logs.tar.xz" <<'PY' || echo "run.sh: could not pack the logs into $final/logs.tar.xz"
