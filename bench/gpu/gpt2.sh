@@ -123,6 +123,12 @@ def measure(tag, attention, memfile, proflog):
             m = re.search(r"cuda: profile: category (.+?)\s+([0-9.]+) ms\s+([0-9.]+)%", line)
             if m:
                 prof[m.group(1).strip()] = {"ms": float(m.group(2)), "percent": float(m.group(3))}
+            # where the GEMM FLOPs ran: anything off the 16-bit tensor cores
+            # in a bf16-mixed step is a slow path
+            m = re.search(r"GEMMs \S+ FLOPs: ([0-9.]+)% on 16-bit tensor cores, ([0-9.]+)% TF32, ([0-9.]+)% fp32", line)
+            if m:
+                row["gemm_flops_16bit_percent"] = float(m.group(1))
+                row["gemm_flops_fp32_percent"] = float(m.group(3))
     except OSError:
         pass
     row["breakdown"] = prof
@@ -165,6 +171,10 @@ for k, r in peers.items():
     print(f"| {k} | {r['batch']} | {r['step_ms']} | {r['tokens_per_s']} | {r['tokens_per_s'] * fpt / 1e12:.1f} | "
           f"{100 * r['tokens_per_s'] * fpt / peak:.1f}% | {r['peak_mem_gib'] * 1024:.0f} (allocated) |")
 print()
+for r in rows:
+    if "gemm_flops_16bit_percent" in r:
+        print(f"attention {r['attention']}: {r['gemm_flops_16bit_percent']:.1f}% of the GEMM FLOPs on 16-bit tensor cores, "
+              f"{r['gemm_flops_fp32_percent']:.1f}% on the fp32 units")
 print(f"attention {best['attention']}:")
 print("| category | GPU ms | share |")
 print("|---|---|---|")

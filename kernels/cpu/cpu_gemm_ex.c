@@ -3,10 +3,14 @@
  * mixed-precision GEMM autocast-style training needs on a CPU: float16 or
  * bfloat16 operands are widened (exactly) to float32 in caller-provided
  * scratch and multiplied by the float32 kc_gemm, so accumulation is float32
- * as in a GPU's tensor-core GEMM; optionally the product is rounded through
- * float16/bfloat16 before it is added to C, which is what a reduced-precision
- * matmul whose output is cast up and accumulated (a .grad += ...) produces,
- * overflow to inf included. kc_dgemm is the float64 GEMM (cblas_dgemm) with
+ * as in a GPU's tensor-core GEMM. The call is autocast's matmul: its
+ * 16-bit dtype is a float16/bfloat16 round_dtype, else the 16-bit format
+ * of an operand, and float32 operands are rounded through it first (into
+ * the scratch; exact, and then only a copy, when the caller rounded them
+ * already). With a 16-bit round_dtype the product is rounded through it
+ * before it is added to C, which is what a reduced-precision matmul whose
+ * output is cast up and accumulated (a .grad += ...) produces, overflow to
+ * inf included. kc_dgemm is the float64 GEMM (cblas_dgemm) with
  * kc_gemm's split across kiln's pool. Nothing here allocates: the caller asks
  * kc_gemm_ex_workspace how much scratch a call needs and provides it (the cpu
  * accelerator keeps one grow-only buffer for that).
@@ -81,9 +85,23 @@ void kc_dgemm(int trans_a, int trans_b, int M, int N, int K, double alpha,
 static size_t kc_ws_round(size_t bytes) { return (bytes + 63) & ~(size_t)63; }
 
 static int kc_is_f32_operand(int dt) { return dt == KC_F32 || dt == KC_F16 || dt == KC_BF16; }
+static int kc_is16(int dt) { return dt == KC_F16 || dt == KC_BF16; }
+
+/* The 16-bit dtype a matmul of an a_dtype and a b_dtype operand runs in
+ * under autocast, whose float32 operands are therefore rounded through it:
+ * a 16-bit round_dtype; else the 16-bit format among the operands when
+ * there is one; KC_F32 when none (or two different ones) says which. */
+static int kc_operand_round_dtype(int a_dtype, int b_dtype, int round_dtype) {
+    if (kc_is16(round_dtype)) return round_dtype;
+    if (kc_is16(a_dtype) && !(kc_is16(b_dtype) && b_dtype != a_dtype)) return a_dtype;
+    if (kc_is16(b_dtype) && !kc_is16(a_dtype)) return b_dtype;
+    return KC_F32;
+}
 
 /* The float32 family's layout: [A as float (M*K)] [B as float (K*N)]
- * [product (M*N)], each part present only when needed. Offsets in bytes. */
+ * [product (M*N)], each part present only when needed: an operand is
+ * copied when it is 16-bit (widened) or when a 16-bit round_dtype rounds
+ * it. Offsets in bytes. */
 typedef struct {
     size_t a_off, b_off, p_off, total;
 } kc_ws_layout;
@@ -92,11 +110,12 @@ static kc_ws_layout kc_gemm_ex_layout(int M, int N, int K, int a_dtype, int b_dt
                                       float beta) {
     kc_ws_layout l = {0, 0, 0, 0};
     const size_t m = (size_t)M, n = (size_t)N, k = (size_t)K;
-    if (a_dtype != KC_F32) {
+    const int rounds = kc_operand_round_dtype(a_dtype, b_dtype, round_dtype) != KC_F32;
+    if (a_dtype != KC_F32 || rounds) {
         l.a_off = l.total;
         l.total += kc_ws_round(m * k * sizeof(float));
     }
-    if (b_dtype != KC_F32) {
+    if (b_dtype != KC_F32 || rounds) {
         l.b_off = l.total;
         l.total += kc_ws_round(k * n * sizeof(float));
     }
@@ -161,30 +180,36 @@ int kc_gemm_ex(int trans_a, int trans_b, int M, int N, int K, double alpha,
     char *w = ws;
 
     /* Operands as float32, compacted to their stored shapes: A is stored
-     * (M, K), or (K, M) when transposed; B (K, N) or (N, K). */
+     * (M, K), or (K, M) when transposed; B (K, N) or (N, K). A float32
+     * operand is rounded through the matmul's 16-bit dtype, when it has
+     * one (autocast casts both operands to it). */
+    const int ort = kc_operand_round_dtype(a_dtype, b_dtype, round_dtype);
+    const int rop = ort == KC_F16 ? KC_ROUND_F16 : ort == KC_BF16 ? KC_ROUND_BF16 : KC_CAST;
     const float *Af = A, *Bf = B;
     int lda_f = lda, ldb_f = ldb;
-    if (a_dtype != KC_F32) {
+    if (a_dtype != KC_F32 || rop != KC_CAST) {
         const size_t rows = (size_t)(trans_a ? K : M), cols = (size_t)(trans_a ? M : K);
         float *dst = (float *)(void *)(w + l.a_off);
         kc_cast_rows(KC_CAST, dst, KC_F32, cols, A, a_dtype, (size_t)lda, rows, cols);
+        if (a_dtype == KC_F32 && rop != KC_CAST) kc_cast_rows(rop, dst, KC_F32, cols, dst, KC_F32, cols, rows, cols);
         Af = dst;
         lda_f = cols > 0 ? (int)cols : 1;
     }
-    if (b_dtype != KC_F32) {
+    if (b_dtype != KC_F32 || rop != KC_CAST) {
         const size_t rows = (size_t)(trans_b ? N : K), cols = (size_t)(trans_b ? K : N);
         float *dst = (float *)(void *)(w + l.b_off);
         kc_cast_rows(KC_CAST, dst, KC_F32, cols, B, b_dtype, (size_t)ldb, rows, cols);
+        if (b_dtype == KC_F32 && rop != KC_CAST) kc_cast_rows(rop, dst, KC_F32, cols, dst, KC_F32, cols, rows, cols);
         Bf = dst;
         ldb_f = cols > 0 ? (int)cols : 1;
     }
+    const int op = round_dtype == KC_F16 ? KC_ROUND_F16 : round_dtype == KC_BF16 ? KC_ROUND_BF16 : KC_CAST;
 
     float *Cf = C;
-    if (round_dtype == KC_F32) {
+    if (op == KC_CAST) {
         kc_gemm(trans_a, trans_b, M, N, K, alpha_f, Af, lda_f, Bf, ldb_f, beta_f, Cf, ldc);
         return 0;
     }
-    const int op = round_dtype == KC_F16 ? KC_ROUND_F16 : KC_ROUND_BF16;
     if (beta_f == 0.0f) {
         /* The product lands in C; round it there (C's padding untouched). */
         kc_gemm(trans_a, trans_b, M, N, K, alpha_f, Af, lda_f, Bf, ldb_f, 0.0f, Cf, ldc);

@@ -81,12 +81,14 @@ static size_t cu_span(int32_t rows, int32_t cols, int32_t ld) {
  * gemm_ex. The tensor cores multiply two operands of one type, so:
  *  - A and B of one dtype go straight to cuBLASLt (fp16/bf16 with fp32
  *    accumulation, fp32, fp64);
- *  - a float32 operand next to a 16-bit one is converted to that 16-bit
- *    dtype when round_dtype is that dtype: the caller rounds such operands
- *    already (mlp rounds every activation through its compute dtype, as
- *    autocast stores them), so the conversion is exact and the product runs
- *    on the tensor cores; otherwise the 16-bit operand is widened to
- *    float32 (exact) and the product runs in fp32;
+ *  - the call is autocast's matmul: float32 operands are rounded to its
+ *    16-bit dtype (a 16-bit round_dtype, else the 16-bit operand's) by
+ *    converting them to it, and the product runs on the tensor cores. The
+ *    conversion is exact for operands the caller rounded already (kiln/nn.h
+ *    rounds every activation through the compute dtype, as autocast
+ *    stores them). Two different 16-bit operands are widened to float32
+ *    (exact) and the product runs in fp32, as do two float32 operands with
+ *    round_dtype F32 (TF32 with tf32 = true);
  *  - with round_dtype F16/BF16 the product is formed in scratch and
  *    rounded before beta*C is added (the contract), except for beta == 0
  *    with packed C, where it is rounded in place.
@@ -127,7 +129,7 @@ static int32_t cu_gemm_ex(kiln_instance *acc, int32_t ta, int32_t tb, int32_t M,
     const size_t bytes_p = rounding && !in_place ? cu_up256((size_t)M * (size_t)N * sizeof(float)) : 0;
     const void *a = NULL, *b = NULL;
     void *scratch = NULL; /* (M, N) packed product, when rounded out of place */
-    if ((rc = cu_gemm_operands(acc, "gemm_ex", op, A, at, na, B, bt, nb, bytes_p, &a, &b, &scratch)) != KILN_OK)
+    if ((rc = cu_gemm_operands(acc, "gemm_ex", op, cu_operand_round_dtype(at, bt, rt), A, at, na, B, bt, nb, bytes_p, &a, &b, &scratch)) != KILN_OK)
         return rc;
     const uint32_t prod_t = ct;
     if (!rounding)
@@ -670,6 +672,21 @@ static int32_t cu_create(void *plugin_ctx, const kiln_host_services *svc, kiln_h
     return KILN_OK;
 }
 
+/* At exit: where the GEMM FLOPs ran, and what converting their operands
+ * moved. A mixed-precision run whose FLOPs are not nearly all on 16-bit
+ * tensor cores runs some products 15 times slower (an H100/H200's fp32
+ * units against its bf16 tensor cores): the line shows it without a
+ * profiler. Info with profile = true, debug otherwise. */
+static void cu_log_gemm_units(kiln_instance *acc) {
+    const double *f = acc->gemm_flops, all = f[0] + f[1] + f[2] + f[3];
+    if (all <= 0.0) return;
+    kiln_logf(acc->svc, acc->hctx, acc->profile ? KILN_LOG_INFO : KILN_LOG_DEBUG,
+              "cuda: device %d: GEMMs %.4g FLOPs: %.1f%% on 16-bit tensor cores, %.1f%% TF32, %.1f%% fp32, "
+              "%.1f%% fp64; operand conversions moved %.4g bytes",
+              acc->device, all, 100.0 * f[CU_FLOPS_16] / all, 100.0 * f[CU_FLOPS_TF32] / all,
+              100.0 * f[CU_FLOPS_32] / all, 100.0 * f[CU_FLOPS_64] / all, acc->gemm_convert_bytes);
+}
+
 static void cu_destroy(kiln_instance *acc) {
     if (!acc) return;
     free(acc->host_labels);
@@ -683,6 +700,7 @@ static void cu_destroy(kiln_instance *acc) {
         kiln_logf(acc->svc, acc->hctx, KILN_LOG_DEBUG,
                   "cuda: device %d: %lu cudaMalloc calls, %zu MiB held at exit (%zu MiB cached)", acc->device,
                   acc->device_mallocs, (acc->bytes_in_use + acc->bytes_cached) >> 20, acc->bytes_cached >> 20);
+        cu_log_gemm_units(acc);
         /* queued GEMMs use the cuBLASLt handle and its workspace: wait for
          * them before the handle goes (cu_mem_release would wait too, but
          * only after the handle was destroyed) */

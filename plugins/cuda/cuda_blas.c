@@ -235,17 +235,44 @@ static int32_t cu_scale_c(kiln_instance *acc, int M, int N, double beta, void *C
     return KILN_OK;
 }
 
-uint32_t cu_product_dtype(uint32_t at, uint32_t bt, uint32_t rt) {
-    if (at == bt) return at;
-    const uint32_t sixteen = cu_is16(at) ? at : bt;
-    return !(cu_is16(at) && cu_is16(bt)) && rt == sixteen ? sixteen : KILN_DTYPE_F32;
+uint32_t cu_operand_round_dtype(uint32_t at, uint32_t bt, uint32_t rt) {
+    if (cu_is16(rt)) return rt;
+    if (cu_is16(at) && !(cu_is16(bt) && bt != at)) return at;
+    if (cu_is16(bt) && !cu_is16(at)) return bt;
+    return KILN_DTYPE_F32;
 }
 
-int32_t cu_gemm_operands(kiln_instance *acc, const char *fn, uint32_t op, const void *A, uint32_t at, size_t na,
-                         const void *B, uint32_t bt, size_t nb, size_t extra, const void **a, const void **b,
-                         void **extra_out) {
+uint32_t cu_product_dtype(uint32_t at, uint32_t bt, uint32_t rt) {
+    const uint32_t p = cu_operand_round_dtype(at, bt, rt);
+    if (cu_is16(p)) return (at == KILN_DTYPE_F32 || at == p) && (bt == KILN_DTYPE_F32 || bt == p) ? p : KILN_DTYPE_F32;
+    return at == bt ? at : KILN_DTYPE_F32;
+}
+
+/* One operand as op: converted when its dtype differs, or (fp32 in an
+ * fp32 product whose operands autocast would round through ort: a 16-bit
+ * operand of the other format sits beside it) copied and rounded through
+ * ort; into dst. Counts the bytes. */
+static int32_t cu_operand(kiln_instance *acc, const char *what, uint32_t op, uint32_t ort, const void *X,
+                          uint32_t xt, size_t n, void *dst) {
+    if (xt != op) {
+        CU_LAUNCH(acc, what, kg_cast(acc->stream, dst, (int)op, X, (int)xt, n));
+        acc->gemm_convert_bytes += (double)n * (double)(kiln_dtype_size(xt) + kiln_dtype_size(op));
+        return KILN_OK;
+    }
+    CU_CHECK(acc, what, cudaMemcpyAsync(dst, X, n * sizeof(float), cudaMemcpyDeviceToDevice, acc->stream));
+    CU_LAUNCH(acc, what, kg_round_to(acc->stream, dst, (int)ort, n));
+    acc->gemm_convert_bytes += (double)n * 4.0 * sizeof(float);
+    return KILN_OK;
+}
+
+int32_t cu_gemm_operands(kiln_instance *acc, const char *fn, uint32_t op, uint32_t ort, const void *A, uint32_t at,
+                         size_t na, const void *B, uint32_t bt, size_t nb, size_t extra, const void **a,
+                         const void **b, void **extra_out) {
+    const int round32 = op == KILN_DTYPE_F32 && cu_is16(ort);
+    const int conv_a = at != op || (round32 && at == KILN_DTYPE_F32);
+    const int conv_b = bt != op || (round32 && bt == KILN_DTYPE_F32);
     const size_t osz = kiln_dtype_size(op);
-    const size_t bytes_a = at != op ? cu_up256(na * osz) : 0, bytes_b = bt != op ? cu_up256(nb * osz) : 0;
+    const size_t bytes_a = conv_a ? cu_up256(na * osz) : 0, bytes_b = conv_b ? cu_up256(nb * osz) : 0;
     *a = A, *b = B;
     if (extra_out) *extra_out = NULL;
     if (bytes_a + bytes_b + extra == 0) return KILN_OK;
@@ -254,12 +281,12 @@ int32_t cu_gemm_operands(kiln_instance *acc, const char *fn, uint32_t op, const 
     char *ws = acc->ws, what[96];
     if (bytes_a) {
         snprintf(what, sizeof what, "%s (operand A)", fn);
-        CU_LAUNCH(acc, what, kg_cast(acc->stream, ws, (int)op, A, (int)at, na));
+        if ((rc = cu_operand(acc, what, op, ort, A, at, na, ws)) != KILN_OK) return rc;
         *a = ws;
     }
     if (bytes_b) {
         snprintf(what, sizeof what, "%s (operand B)", fn);
-        CU_LAUNCH(acc, what, kg_cast(acc->stream, ws + bytes_a, (int)op, B, (int)bt, nb));
+        if ((rc = cu_operand(acc, what, op, ort, B, bt, nb, ws + bytes_a)) != KILN_OK) return rc;
         *b = ws + bytes_a;
     }
     if (extra_out && extra) *extra_out = ws + bytes_a + bytes_b;
@@ -325,6 +352,11 @@ static int32_t cu_matmul_any(kiln_instance *acc, const char *fn, int ta, int tb,
         snprintf(what, sizeof what, "%s (%dx%dx%d)", fn, M, N, K);
         return cu_blas_fail(acc, s, what, "cublasLtMatmul");
     }
+    const int unit = k.compute == (int)CUBLAS_COMPUTE_64F                ? CU_FLOPS_64
+                     : k.compute == (int)CUBLAS_COMPUTE_32F_FAST_TF32    ? CU_FLOPS_TF32
+                     : k.atype == (int)CUDA_R_32F                        ? CU_FLOPS_32
+                                                                         : CU_FLOPS_16;
+    acc->gemm_flops[unit] += 2.0 * (double)M * (double)N * (double)K * (double)k.batch;
     return KILN_OK;
 }
 

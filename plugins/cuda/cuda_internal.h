@@ -71,6 +71,9 @@ typedef struct cu_plan {
  * scores in device memory, one warp per row, or the fused tiles of
  * kernels/cuda/kg_flash.cuh. */
 enum { CU_ATTN_GEMM = 0, CU_ATTN_ROWWISE = 1, CU_ATTN_FLASH = 2 };
+/* What a GEMM's FLOPs ran on: 16-bit tensor cores (fp16/bf16 operands),
+ * TF32 tensor cores, the fp32 and the fp64 units (acc->gemm_flops) */
+enum { CU_FLOPS_16 = 0, CU_FLOPS_TF32 = 1, CU_FLOPS_32 = 2, CU_FLOPS_64 = 3 };
 
 struct kiln_instance {
     const kiln_host_services *svc;
@@ -103,6 +106,11 @@ struct kiln_instance {
     size_t nblocks, cap_blocks;
     size_t bytes_cached, bytes_in_use;
     unsigned long device_mallocs; /* cudaMalloc calls, for tests/benchmarks */
+    /* GEMM work queued through cuBLASLt, logged at exit: FLOPs (2*M*N*K
+     * per product) by the units they run on (CU_FLOPS_*), and the bytes the
+     * operand conversions of gemm_ex and linear_forward read and wrote */
+    double gemm_flops[4];
+    double gemm_convert_bytes;
     /* pinned staging ring for H2D copies */
     cu_stage stages[CU_STAGES];
     int next_stage;
@@ -253,19 +261,24 @@ void cu_blas_release(kiln_instance *acc);
 int32_t cu_matmul(kiln_instance *acc, const char *fn, int ta, int tb, int M, int N, int K, double alpha,
                   const void *A, uint32_t at, int lda, const void *B, uint32_t bt, int ldb, double beta, void *C,
                   uint32_t ct, int ldc);
-/* The dtype a product of an `at` and a `bt` operand runs in, rounded
- * through rt (gemm_ex's rule, see cu_gemm_ex): their dtype when equal; the
- * 16-bit one beside fp32 when rt is that dtype (the fp32 operand then holds
- * values representable in it, so the product runs on the tensor cores);
- * fp32 otherwise (the 16-bit operand widened exactly). */
+/* gemm_ex's rule (see cu_gemm_ex). The 16-bit dtype autocast would run a
+ * matmul of an `at` and a `bt` operand in, rounded through rt, and so round
+ * its fp32 operands through: a 16-bit rt; else the 16-bit format among the
+ * operands when there is one; F32 when none (or two different ones). */
+uint32_t cu_operand_round_dtype(uint32_t at, uint32_t bt, uint32_t rt);
+/* The dtype that product runs in: that 16-bit dtype when each operand is
+ * fp32 or of it (the tensor cores); else fp32 (a 16-bit operand widened
+ * exactly), or the operands' dtype when both are of another one (F64). */
 uint32_t cu_product_dtype(uint32_t at, uint32_t bt, uint32_t rt);
-/* A(na elements) and B(nb) as operands of dtype op: each converted into the
- * grow-only workspace acc->ws where its dtype differs, else itself; `extra`
- * more workspace bytes follow them for the caller (*extra_out; may be NULL
- * when extra is 0). */
-int32_t cu_gemm_operands(kiln_instance *acc, const char *fn, uint32_t op, const void *A, uint32_t at, size_t na,
-                         const void *B, uint32_t bt, size_t nb, size_t extra, const void **a, const void **b,
-                         void **extra_out);
+/* A(na elements) and B(nb) as operands of dtype op, for a product whose
+ * fp32 operands are rounded through ort (cu_operand_round_dtype): each
+ * converted into the grow-only workspace acc->ws where its dtype differs
+ * from op, or copied and rounded there when it is fp32 in an fp32 product
+ * with a 16-bit ort; else itself. `extra` more workspace bytes follow them
+ * for the caller (*extra_out; may be NULL when extra is 0). */
+int32_t cu_gemm_operands(kiln_instance *acc, const char *fn, uint32_t op, uint32_t ort, const void *A, uint32_t at,
+                         size_t na, const void *B, uint32_t bt, size_t nb, size_t extra, const void **a,
+                         const void **b, void **extra_out);
 /* A cuBLASLt epilogue for cu_matmul_ep, in the row-major call's terms:
  * CUBLASLT_EPILOGUE_BIAS adds bias(N) to every row of C; GELU_AUX_BIAS
  * also applies GELU and stores C's pre-GELU values (bias added) in

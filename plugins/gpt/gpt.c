@@ -76,6 +76,8 @@ typedef struct gpt {
     void *dwte_unit;             /* (V, C) the classifier's d(loss)/d(wte), dloss = 1 */
     void *logits;                /* (chunk, Vp) one chunk of logits / their gradient */
     float *pred32;               /* (Vp) F32 predict_step's logits on the device     */
+    float *wte32;                /* (V, C) F32 wte's float16 compute values, for the
+                                  * 16-mixed classifier backward; its own block     */
     float *pred_host;            /* (V) F32 host copy predict_step hands out         */
 
     kiln_nn_ctx ctx;             /* acc, kernels, dtypes of the current step         */
@@ -310,6 +312,7 @@ static void gpt_destroy(kiln_instance *inst) {
     gpt *g = (gpt *)inst;
     if (!g) return;
     if (g->arena && g->k && g->k->free) g->k->free(g->acc, g->arena);
+    if (g->wte32 && g->k && g->k->free) g->k->free(g->acc, g->wte32);
     free(g->h);
     free(g->params);
     free(g->init_kind);
@@ -557,10 +560,15 @@ static int32_t gpt_trunk(gpt *g, int32_t B, int32_t T, const char *step) {
  * mean's factor) and are folded at once into
  *   dx_unit(chunk rows, C) = dlogits . wte       (the input gradient)
  *   dwte_unit(V, C)       += dlogits^T . xf      (the tied weight's)
- * which backward(dloss) scales. The unit gradients are not rounded through
- * a reduced dtype: at unit scale float16 would flush them to zero, which
- * the loss scale exists to prevent; backward rounds dloss * dx_unit
- * instead. *loss_sum is the sum over valid rows (the mean divides). */
+ * which backward(dloss) scales. In bf16-mixed both are bfloat16 matmuls
+ * (gemm_ex rounds dlogits and the product through bf16, as autocast's
+ * matmul backward does, and an accelerator with tensor cores runs them
+ * there: two thirds of the classifier's FLOPs). In 16-mixed they stay
+ * float32, with wte's float16 values widened into wte32 (gemm_ex would
+ * round an F32 operand beside an F16 one): at unit scale float16 would
+ * flush the unit gradients to zero, which the loss scale exists to
+ * prevent; backward rounds dloss * dx_unit instead. *loss_sum is the sum
+ * over valid rows (the mean divides). */
 static int32_t gpt_classifier(gpt *g, int32_t N, int train, double *loss_sum, const char *step) {
     const kiln_kernels *k = g->k;
     kiln_instance *acc = g->acc;
@@ -568,12 +576,31 @@ static int32_t gpt_classifier(gpt *g, int32_t N, int train, double *loss_sum, co
     const kiln_parameter *wte = g->emb.wte;
     const size_t esz = g->esz, C = (size_t)g->C;
     const char *xf = g->ln_f.y;
+    const uint32_t brt = g->ctx.rdt == KILN_DTYPE_BF16 ? KILN_DTYPE_BF16 : KILN_DTYPE_F32; /* the backward's */
     const double grad_scale = train && g->n_valid > 0 ? 1.0 / (double)g->n_valid : 0.0;
     *loss_sum = 0.0;
     if (train && g->n_valid == 0) { /* nothing to learn from: zero unit gradients */
         GPT_K(g, k->zero(acc, g->dx_unit, (size_t)N * C * esz), step, "zero (dx_unit)");
         GPT_K(g, k->zero(acc, g->dwte_unit, (size_t)g->V * C * esz), step, "zero (dwte_unit)");
         return KILN_OK;
+    }
+    /* the input gradient's weight operand: wte as the forward saw it */
+    const void *wb = wte->compute;
+    uint32_t wbt = wte->compute_dtype;
+    if (train && brt == KILN_DTYPE_F32 && (wbt == KILN_DTYPE_F16 || wbt == KILN_DTYPE_BF16)) {
+        const size_t nw = (size_t)g->V * C;
+        if (!g->wte32) {
+            void *p = NULL;
+            int32_t rc = k->alloc(acc, nw * sizeof(float), &p);
+            if (rc != KILN_OK || !p)
+                return gpt_fail(g, rc != KILN_OK ? rc : KILN_E_NOMEM,
+                                "gpt: %s: cannot allocate the %zu-byte float32 copy of wte for the classifier", step,
+                                nw * sizeof(float));
+            g->wte32 = p;
+        }
+        GPT_K(g, k->cast(acc, g->wte32, KILN_DTYPE_F32, wb, wbt, nw), step, "cast (wte to float32)");
+        wb = g->wte32;
+        wbt = KILN_DTYPE_F32;
     }
     for (int32_t r0 = 0; r0 < N; r0 += g->chunk) {
         const int32_t rows = N - r0 < g->chunk ? N - r0 : g->chunk;
@@ -590,12 +617,12 @@ static int32_t gpt_classifier(gpt *g, int32_t N, int train, double *loss_sum, co
         *loss_sum += ls;
         if (!train) continue;
         GPT_K(g,
-              k->gemm_ex(acc, 0, 0, rows, g->C, g->V, 1.0, g->logits, adt, g->Vp, wte->compute, wte->compute_dtype,
-                         g->C, 0.0, (char *)g->dx_unit + (size_t)r0 * C * esz, adt, g->C, KILN_DTYPE_F32),
+              k->gemm_ex(acc, 0, 0, rows, g->C, g->V, 1.0, g->logits, adt, g->Vp, wb, wbt, g->C, 0.0,
+                         (char *)g->dx_unit + (size_t)r0 * C * esz, adt, g->C, brt),
               step, "gemm_ex (classifier input grad)");
         GPT_K(g,
               k->gemm_ex(acc, 1, 0, g->V, g->C, rows, 1.0, g->logits, adt, g->Vp, x, adt, g->C, r0 == 0 ? 0.0 : 1.0,
-                         g->dwte_unit, adt, g->C, KILN_DTYPE_F32),
+                         g->dwte_unit, adt, g->C, brt),
               step, "gemm_ex (classifier weight grad)");
     }
     return KILN_OK;

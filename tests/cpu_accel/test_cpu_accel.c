@@ -697,7 +697,9 @@ static void test_cast_round_to(void) {
 }
 
 /* gemm_ex through the table: float32 A, float16 B (both layouts), against a
- * double computation on the values the float16 B keeps; rounded output;
+ * double computation on the values the float16 B keeps and on A rounded
+ * through the matmul's 16-bit dtype (autocast's: the round dtype when it is
+ * 16-bit, else B's); rounded output;
  * float64; and a workspace that grows and is reused across calls of
  * different sizes. */
 static void check_gemm_ex_f16b(int M, int N, int K, int ta, int tb, double alpha, double beta, uint32_t round) {
@@ -707,7 +709,12 @@ static void check_gemm_ex_f16b(int M, int N, int K, int ta, int tb, double alpha
     uint16_t *B = calloc((size_t)b_rows * ldb, sizeof *B);
     float *C = calloc((size_t)M * ldc, sizeof *C), *C0 = calloc((size_t)M * ldc, sizeof *C0);
     CU_ASSERT_PTR_NOT_NULL_FATAL(A && Bv && B && C && C0);
-    for (int i = 0; i < a_rows * lda; i++) A[i] = 2.0f * val(i, 110);
+    float *Av = calloc((size_t)a_rows * lda, sizeof *Av); /* the values the product sees */
+    CU_ASSERT_PTR_NOT_NULL_FATAL(Av);
+    for (int i = 0; i < a_rows * lda; i++) {
+        A[i] = 2.0f * val(i, 110);
+        Av[i] = from_f16(to_f16(A[i])); /* round is F32 or F16 here: float16 either way */
+    }
     for (int i = 0; i < b_rows * ldb; i++) {
         B[i] = to_f16(2.0f * val(i, 111));
         Bv[i] = from_f16(B[i]);
@@ -724,7 +731,7 @@ static void check_gemm_ex_f16b(int M, int N, int K, int ta, int tb, double alpha
                 bad += got != -77.0;
                 continue;
             }
-            double prod = alpha * ref_gemm_elem(ta, tb, i, j, K, A, lda, Bv, ldb);
+            double prod = alpha * ref_gemm_elem(ta, tb, i, j, K, Av, lda, Bv, ldb);
             double tol = 1e-5;
             if (round == KILN_DTYPE_F16) {
                 prod = from_f16(to_f16((float)prod));
@@ -739,7 +746,7 @@ static void check_gemm_ex_f16b(int M, int N, int K, int ta, int tb, double alpha
             if (round == KILN_DTYPE_F16 && beta == 0.0) bad += from_f16(to_f16((float)got)) != (float)got;
         }
     CU_ASSERT_EQUAL(bad, 0);
-    free(A), free(Bv), free(B), free(C), free(C0);
+    free(A), free(Av), free(Bv), free(B), free(C), free(C0);
 }
 
 static void test_gemm_ex(void) {

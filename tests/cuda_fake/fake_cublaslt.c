@@ -741,6 +741,8 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmul(cublasLtHandle_t lightHandle, cublasL
         free(opa), free(opbt), free(out);
     }
     fake_stats.matmuls++;
+    if (cfg.a->type == CUDA_R_16F || cfg.a->type == CUDA_R_16BF) fake_stats.matmuls_16bit++;
+    if (cfg.a->type == CUDA_R_32F && !tf32) fake_stats.matmuls_fp32++;
     lightHandle->last_stream = stream;
     lightHandle->last_syncs = fake_stream_syncs(stream);
     lightHandle->pending = lightHandle->last_syncs != (unsigned long)-1; /* not the legacy stream */

@@ -59,6 +59,8 @@ typedef struct fake_cuda_stats {
     unsigned long memsets;          /* cudaMemset*(Async) calls on device memory */
     size_t memset_bytes;            /* bytes they set                          */
     unsigned long d2h_copies;       /* device-to-host copies (read-backs)      */
+    unsigned long matmuls_16bit;    /* matmuls with fp16/bf16 A and B (tensor cores) */
+    unsigned long matmuls_fp32;     /* with fp32 A and B in full fp32 (no TF32) */
     char last_violation[256];
 } fake_cuda_stats;
 

@@ -13,7 +13,8 @@
 # losses agree (the fake multiplies in double where OpenBLAS uses fp32:
 # 1e-3 relative in fp32, 2e-2 in bf16-mixed, 1e-9 in fp64). The same in
 # bf16-mixed with attention = "flash" (the fused programs, emulated). Then a run with
-# the accelerator's profile = true must log the GPU time per category, and
+# the accelerator's profile = true must log the GPU time per category and
+# run every GEMM FLOP on the 16-bit tensor cores, and
 # a run of 9 steps must call cudaMalloc no more often than one of 3.
 #   gpt_fit_fake.sh KILN TEXT2TOKENS FAKE_DIR WORK
 set -u
@@ -88,6 +89,15 @@ if run fake_profile '{ name = "cudafake:cuda"; profile = true; }' bf16-mixed; th
   done
   grep -q "cuda: profile: entry attention_backward " "$work/fake_profile/log" || fail "profile: no line for attention_backward"
   grep "cuda: profile: category" "$work/fake_profile/log" | head -3 | sed 's/^/  /'
+  # every GEMM of a bf16-mixed step on the 16-bit tensor cores: one on the
+  # fp32 units runs about 15 times slower on an H100/H200 (forward products
+  # beside bf16 weights and weight gradients of two activations once did)
+  units=$(grep -m1 "cuda: device 0: GEMMs" "$work/fake_profile/log")
+  echo "  ${units#*cuda: }"
+  pct=$(printf '%s\n' "$units" | sed -n 's/.*FLOPs: \([0-9.]*\)% on 16-bit tensor cores.*/\1/p')
+  gpu_pct_ok() { awk -v p="$1" 'BEGIN { exit !(p ~ /^[0-9.]+$/ && p + 0 >= 99.95) }'; }
+  gpu_pct_ok "$pct" || fail "bf16-mixed: ${pct:-no}% of the GEMM FLOPs on 16-bit tensor cores, want 100% ($units)"
+
 else
   tail -5 "$work/fake_profile/log"; fail "the profiled run failed"
 fi

@@ -803,6 +803,72 @@ static void test_gemm_ex_mixed_bf16(void) {
     NO_VIOLATIONS();
 }
 
+/* gemm_ex is autocast's matmul (training.h): float32 operands that are NOT
+ * bfloat16-representable are rounded through the matmul's 16-bit dtype,
+ * and the product runs on the tensor cores (one bf16 x bf16 cuBLASLt
+ * matmul, no fp32 one):
+ *  - F32 x F32, round_dtype BF16 (a weight gradient dy^T . x): both rounded,
+ *    product rounded, beta C added;
+ *  - F32 x BF16, round_dtype F32 (a Conv1D forward before its bias): the
+ *    F32 operand rounded, the product left in float32;
+ *  - F32 x F32, round_dtype F32: full fp32, nothing rounded (one fp32 matmul).
+ * Exact: the references sum the same exact products in the same order. */
+static void test_gemm_ex_rounds_f32_operands(void) {
+    const kiln_kernels *k = NULL;
+    kiln_instance *acc = ready(NULL, &k);
+    if (!acc) return;
+    enum { M = 5, N = 7, K = 6 };
+    float a[M * K], b[K * N], bq[K * N], C[M * N], out[M * N];
+    uint16_t b16[K * N];
+    for (int i = 0; i < M * K; i++) a[i] = val((unsigned)i, 21) * 3.0f + 1e-3f;
+    for (int i = 0; i < K * N; i++) {
+        b[i] = val((unsigned)i, 22) * 2.0f - 1e-3f;
+        bq[i] = round_bf16(b[i]);
+        b16[i] = bf16_bits(b[i]);
+    }
+    int unrounded = 0; /* the inputs must need the rounding */
+    for (int i = 0; i < M * K; i++) unrounded += round_bf16(a[i]) != a[i];
+    CU_ASSERT_TRUE(unrounded > M * K / 2);
+    for (int i = 0; i < M * N; i++) C[i] = val((unsigned)i, 23);
+    float *dA = up(k, acc, a, sizeof a), *dB = up(k, acc, b, sizeof b), *dC = up(k, acc, C, sizeof C);
+    void *dB16 = up(k, acc, b16, sizeof b16);
+    CU_ASSERT_FATAL(dA && dB && dC && dB16);
+    const double alpha = 0.5;
+    for (int c = 0; c < 3; c++) {
+        const uint32_t bt = c == 1 ? KILN_DTYPE_BF16 : KILN_DTYPE_F32;
+        const uint32_t rt = c == 0 ? KILN_DTYPE_BF16 : KILN_DTYPE_F32;
+        const double beta = c == 0 ? 1.0 : 0.0;
+        CU_ASSERT_EQUAL(k->copy(acc, dC, C, sizeof C, KILN_COPY_H2D), KILN_OK);
+        const fake_cuda_stats s0 = stats();
+        CU_ASSERT_EQUAL(k->gemm_ex(acc, 0, 0, M, N, K, alpha, dA, KILN_DTYPE_F32, K, c == 1 ? dB16 : (void *)dB, bt,
+                                   N, beta, dC, KILN_DTYPE_F32, N, rt),
+                        KILN_OK);
+        const fake_cuda_stats s1 = stats();
+        CU_ASSERT_TRUE(down(k, acc, out, dC, sizeof out));
+        CU_ASSERT_EQUAL(s1.matmuls - s0.matmuls, 1);
+        CU_ASSERT_EQUAL(s1.matmuls_16bit - s0.matmuls_16bit, c < 2 ? 1u : 0u);
+        CU_ASSERT_EQUAL(s1.matmuls_fp32 - s0.matmuls_fp32, c < 2 ? 0u : 1u);
+        int bad = 0;
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) {
+                double sum = 0.0;
+                for (int p = 0; p < K; p++) {
+                    const double av = c < 2 ? round_bf16(a[i * K + p]) : a[i * K + p];
+                    const double bv = c < 2 ? bq[p * N + j] : b[p * N + j];
+                    sum += av * bv;
+                }
+                const float prod = (float)(alpha * sum);
+                const float want = c == 0 ? round_bf16(prod) + C[i * N + j] : prod;
+                bad += out[i * N + j] != want;
+            }
+        CU_ASSERT_EQUAL(bad, 0);
+        if (bad) fprintf(stderr, "  gemm_ex rounding case %d: %d of %d differ\n", c, bad, M * N);
+    }
+    k->free(acc, dA), k->free(acc, dB), k->free(acc, dC), k->free(acc, dB16);
+    g_ops->base.destroy(acc);
+    NO_VIOLATIONS();
+}
+
 /* gemm_ex in float64 and with two different 16-bit dtypes (both widened to
  * float32), against double references. */
 static void test_gemm_ex_f64_and_f16_bf16(void) {
@@ -1353,10 +1419,10 @@ static void test_attention_flash_dispatch(void) {
 
 /* ============================== regressions: bugs this fake found */
 
-/* (A float32 operand beside a 16-bit one in gemm_ex must hold values
- * representable in round_dtype: training.h states it, and the plugin
- * converts such operands to use the 16-bit matrix units; the exact cases
- * are test_gemm_ex_mixed_bf16's.) */
+/* (gemm_ex rounds a float32 operand through the matmul's 16-bit dtype, as
+ * autocast does, and the plugin converts such operands to use the 16-bit
+ * matrix units; the exact cases are test_gemm_ex_mixed_bf16's and
+ * test_gemm_ex_rounds_f32_operands'.) */
 
 /*
  * cu_configure once set `configured` before cu_mem_init/cu_blas_init, so
@@ -1542,6 +1608,7 @@ static void register_tests(void) {
     CU_add_test(s, "gemm: alignment and the plan cache", test_gemm_alignment_and_plans);
     CU_add_test(s, "gemm_ex: F32 x BF16 rounded to BF16, beta 1, ldc > N", test_gemm_ex_mixed_bf16);
     CU_add_test(s, "gemm_ex: F64; F16 x BF16", test_gemm_ex_f64_and_f16_bf16);
+    CU_add_test(s, "gemm_ex: F32 operands rounded as autocast, on the tensor cores", test_gemm_ex_rounds_f32_operands);
     CU_add_test(s, "loss and reductions read back", test_loss_and_reductions);
     CU_add_test(s, "failing CUDA/cuBLAS calls become messages", test_failing_calls);
     CU_add_test(s, "softmax_xent_backward refuses a bad label", test_xent_backward_bad_label);

@@ -464,7 +464,9 @@ static void test_blas1(void) {
 
 /* The rounded gemm_ex epilogue c = round(p) + beta * c against kc_gemm_ex
  * on a rank-1 product (K = 1: p[i][j] = a[i] * b[j], exact with b powers of
- * two), with ldc > N and NaN in C where beta == 0 must ignore it. */
+ * two; kc_gemm_ex rounds the float32 a through rdt first, as autocast's
+ * matmul does, so the test does too), with ldc > N and NaN in C where
+ * beta == 0 must ignore it. */
 static void test_round_add(void) {
     const int M = 64, N = 24, ldc = 29;
     std::vector<float> a(M), b(N), c0((size_t)M * ldc);
@@ -488,7 +490,8 @@ static void test_round_add(void) {
             for (int i = 0; i < M; i++)
                 for (int j = 0; j < N; j++) {
                     float &cv = cgot[(size_t)i * ldc + j];
-                    cv = kg_round_add_elem(a[i] * b[j], beta == 0.0 ? NAN : cv, (float)beta, rdt);
+                    const float ar = kg_round_to_dtype(a[i], rdt);
+                    cv = kg_round_add_elem(ar * b[j], beta == 0.0 ? NAN : cv, (float)beta, rdt);
                     bad += !tm_same_val(cv, cref[(size_t)i * ldc + j]);
                 }
         }

@@ -83,7 +83,9 @@ run c kernels,fashion --deadline 14; rc=$?
 took=$(($(date +%s) - t0))
 cat "$tmp/c.txt"
 [ "$rc" -eq 1 ] || fail "(c) exit status $rc, want 1 (a run timed out)"
-[ "$took" -le 16 ] || fail "(c) took $took s with a 14 s deadline"
+# (8 s of slack: python3's start-up and the log packing after the deadline
+# on a loaded 2-core CI machine; the stub fit alone would take 60 s)
+[ "$took" -le 22 ] || fail "(c) took $took s with a 14 s deadline"
 python3 - "$tmp/c/results.json" <<'PY' || fail "(c) results.json"
 import json, sys
 r = json.load(open(sys.argv[1]))

@@ -76,6 +76,7 @@ for a, r in kiln.items():
     assert r["step_ms"] > 0 and r["tokens_per_s"] > 0, r
     cats = r["breakdown"]
     assert any("gemm" in k.lower() for k in cats) and any("attention" in k.lower() for k in cats), (a, cats)
+    assert r.get("gemm_flops_16bit_percent") == 100.0 and r.get("gemm_flops_fp32_percent") == 0.0, (a, r)
 print("rehearse.sh gpt2: rows:", {a: (r["step_ms"], r["tokens_per_s"], sorted(r["breakdown"])) for a, r in kiln.items()})
 PY
   ;;

@@ -383,7 +383,8 @@ static float round_as(int dt, float v) {
 
 /*
  * One kc_gemm_ex call against the reference: operands stored in their dtypes
- * by the test's own rounding, the product by kc_gemm_ref (double
+ * by the test's own rounding (a float32 operand rounded through the
+ * matmul's 16-bit dtype too: autocast's), the product by kc_gemm_ref (double
  * accumulation) on the values kept, rounded by the test, then + beta * C0.
  * exact: entries are multiples of 1/8 in [-2, 2] (exact in every format) and
  * alpha = 0.75, so every product is exact in float32 whatever the summation
@@ -407,6 +408,15 @@ static void gemm_ex_case(int ta, int tb, int a_dt, int b_dt, int round_dt, float
         for (int j = 0; j < ldc; j++)
             C0[(size_t)i * ldc + j] = j >= N ? 12345.0f : beta == 0.0f ? NAN : (float)ex_uniform(-4, 4);
     memcpy(C, C0, nc * 4);
+    /* the values the product sees: float32 operands rounded through the
+     * matmul's 16-bit dtype (round_dt, else the 16-bit operand's) */
+    const int ort = round_dt != KC_F32 ? round_dt : a_dt != KC_F32 ? a_dt : b_dt;
+    if (ort != KC_F32) {
+        if (a_dt == KC_F32)
+            for (size_t i = 0; i < na; i++) Af[i] = round_as(ort, Af[i]);
+        if (b_dt == KC_F32)
+            for (size_t i = 0; i < nb; i++) Bf[i] = round_as(ort, Bf[i]);
+    }
     const float alpha = exact ? 0.75f : -1.3f;
     kc_gemm_ref(ta, tb, M, N, K, alpha, Af, lda, Bf, ldb, 0.0f, P, N);
 
@@ -481,17 +491,28 @@ static void test_gemm_ex_overflow(void) {
     /* bf16 keeps 8 significant bits: 80000 = 156.25 * 2^9 becomes 156 * 2^9 */
     CU_ASSERT_EQUAL(round_as(KC_BF16, 80000.0f), 79872.0f);
     CU_ASSERT_EQUAL(C, 79872.0f + 5.0f);
-    /* Just inside the range: 65519 rounds to 65504, not inf. */
+    /* Just inside the range: 65519 rounds to 65504, not inf (the float32
+     * operand is rounded through float16 first, then the product). */
     const float a1 = 65519.0f, b1 = 1.0f;
-    CU_ASSERT_EQUAL(kc_gemm_ex(0, 0, 1, 1, 1, 1.0, &a1, KC_F32, 1, &b1, KC_F32, 1, 0.0, &C, KC_F32, 1, KC_F16, NULL,
-                               0), 0);
+    CU_ASSERT_EQUAL(kc_gemm_ex(0, 0, 1, 1, 1, 1.0, &a1, KC_F32, 1, &b1, KC_F32, 1, 0.0, &C, KC_F32, 1, KC_F16, ws,
+                               sizeof ws), 0);
     CU_ASSERT_EQUAL(C, 65504.0f);
+    /* an operand past the range is inf before the product: 65520 * 0.5
+     * would be 32760 in float32, but 65520 is inf in float16 */
+    const float a2 = 65520.0f, b2 = 0.5f;
+    CU_ASSERT_EQUAL(kc_gemm_ex(0, 0, 1, 1, 1, 1.0, &a2, KC_F32, 1, &b2, KC_F32, 1, 0.0, &C, KC_F32, 1, KC_F16, ws,
+                               sizeof ws), 0);
+    CU_ASSERT_EQUAL(C, INFINITY);
+    /* and no workspace is refused once a rounded operand needs a copy */
+    CU_ASSERT_NOT_EQUAL(kc_gemm_ex(0, 0, 1, 1, 1, 1.0, &a1, KC_F32, 1, &b1, KC_F32, 1, 0.0, &C, KC_F32, 1, KC_F16,
+                                   NULL, 0), 0);
 }
 
 static void test_gemm_ex_workspace_and_errors(void) {
-    /* No conversion and no rounding with beta != 0: no workspace. */
+    /* No conversion and no rounding with beta != 0: no workspace; a 16-bit
+     * round dtype rounds float32 operands in copies. */
     CU_ASSERT_EQUAL(kc_gemm_ex_workspace(8, 6, 4, KC_F32, KC_F32, KC_F32, KC_F32, 1.0), 0);
-    CU_ASSERT_EQUAL(kc_gemm_ex_workspace(8, 6, 4, KC_F32, KC_F32, KC_F32, KC_F16, 0.0), 0);
+    CU_ASSERT(kc_gemm_ex_workspace(8, 6, 4, KC_F32, KC_F32, KC_F32, KC_F16, 0.0) >= (8 * 4 + 4 * 6) * sizeof(float));
     CU_ASSERT(kc_gemm_ex_workspace(8, 6, 4, KC_F16, KC_F32, KC_F32, KC_F32, 1.0) >= 8 * 4 * sizeof(float));
     CU_ASSERT(kc_gemm_ex_workspace(8, 6, 4, KC_F32, KC_F32, KC_F32, KC_BF16, 1.0) >= 8 * 6 * sizeof(float));
     CU_ASSERT(kc_gemm_ex_workspace(8, 6, 4, KC_BF16, KC_F16, KC_F32, KC_F16, 2.0) >=

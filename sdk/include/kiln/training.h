@@ -99,12 +99,18 @@ typedef struct kiln_kernels {
      * F32, all F64 when C is F64. round_dtype F16 or BF16 rounds the
      * product before beta*C is added (a reduced-precision matmul whose
      * output is cast up and accumulated, as autocast does for .grad); F32,
-     * or C's own dtype, means no rounding. The accelerator may allocate
-     * conversion scratch on the first call of a size (grow-only). When
-     * round_dtype is F16 or BF16, an F32 operand beside an operand of that
-     * dtype holds values representable in it (callers round activations as
-     * autocast stores them), so an accelerator may convert it to that dtype
-     * to use its 16-bit matrix units (the cuda accelerator does). */
+     * or C's own dtype, means no rounding. The call is autocast's matmul:
+     * its 16-bit dtype is a 16-bit round_dtype, else the 16-bit format of
+     * an operand (when only one appears), and F32 operands are rounded
+     * through that dtype before the product. That is exact for operands the
+     * caller rounded already (kiln/nn.h rounds activations as autocast
+     * stores them), and it lets an accelerator run the product on its
+     * 16-bit matrix units (the cuda accelerator does). A product of F32
+     * values that must not be rounded passes F32 operands and round_dtype
+     * F32. The accelerator may allocate conversion scratch on the first
+     * call of a size (grow-only). (The first 1.2-1.5 headers promised the
+     * operand rounding only for an F32 operand beside one of a 16-bit
+     * round_dtype; see docs/abi.md, "Clarified semantics".) */
     int32_t (*gemm_ex)(kiln_instance *acc, int32_t trans_a, int32_t trans_b, int32_t M, int32_t N, int32_t K,
                        double alpha, const void *A, uint32_t a_dtype, int32_t lda, const void *B, uint32_t b_dtype,
                        int32_t ldb, double beta, void *C, uint32_t c_dtype, int32_t ldc, uint32_t round_dtype);
