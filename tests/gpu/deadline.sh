@@ -83,9 +83,7 @@ run c kernels,fashion --deadline 14; rc=$?
 took=$(($(date +%s) - t0))
 cat "$tmp/c.txt"
 [ "$rc" -eq 1 ] || fail "(c) exit status $rc, want 1 (a run timed out)"
-# (8 s of slack: python3's start-up and the log packing after the deadline
-# on a loaded 2-core CI machine; the stub fit alone would take 60 s)
-[ "$took" -le 22 ] || fail "(c) took $took s with a 14 s deadline"
+[ "$took" -le 16 ] || fail "(c) took $took s with a 14 s deadline"
 python3 - "$tmp/c/results.json" <<'PY' || fail "(c) results.json"
 import json, sys
 r = json.load(open(sys.argv[1]))
@@ -106,5 +104,8 @@ run d kernels; rc=$?
 grep -q '"cut_by_deadline": 0' "$tmp/d/results.json" || fail "(d) cut_by_deadline not 0"
 # OUT holds three files (a device tool brings back only a few), the logs packed
 [ "$(cd "$tmp/d" && ls -A | tr '\n' ' ')" = "gpu.log logs.tar.xz results.json " ] || fail "(d) OUT holds: $(ls -A "$tmp/d")"
-tar -tJf "$tmp/d/logs.tar.xz" | grep -q 'plugins.txt$' || fail "(d) logs.tar.xz lacks plugins.txt"
+# (the listing goes to a file: under pipefail, grep -q leaving early can
+# kill tar with SIGPIPE and fail the check at random)
+tar -tJf "$tmp/d/logs.tar.xz" >"$tmp/d.list" || fail "(d) logs.tar.xz does not list"
+grep -q 'plugins.txt$' "$tmp/d.list" || fail "(d) logs.tar.xz lacks plugins.txt"
 echo "deadline.sh: ok"

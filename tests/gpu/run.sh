@@ -104,7 +104,8 @@ for top in nvidia.__path__:
 print(" ".join(found))
 PY
 ); do
-  [ -d "$d" ] && ls "$d" 2>/dev/null | grep -q -E 'lib(cublasLt|cudart|nccl)\.so' && cuda_dirs="$cuda_dirs:$d"
+  # (grep reads all of ls: under pipefail, grep -q leaving early could kill ls with SIGPIPE)
+  [ -d "$d" ] && ls "$d" 2>/dev/null | grep -E 'lib(cublasLt|cudart|nccl)\.so' >/dev/null && cuda_dirs="$cuda_dirs:$d"
 done
 LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}$cuda_dirs"
 LD_LIBRARY_PATH=${LD_LIBRARY_PATH#:}
