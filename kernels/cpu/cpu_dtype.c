@@ -7,7 +7,8 @@
  * nearest-even exactly once, so results match what a GPU's conversion
  * instructions (and PyTorch's .to()) give: fp16 overflow becomes inf, which
  * is what makes loss-scale skipping behave as on a GPU. float16 goes through
- * the compiler's _Float16; on CPUs with F16C the loops are compiled a second
+ * the compiler's _Float16 (integer arithmetic where the compiler has none,
+ * cpu_internal.h); on CPUs with F16C the loops are compiled a second
  * time for AVX2+F16C (hardware conversions) and picked at call time, with
  * identical bits either way. bfloat16 is rounded by integer arithmetic on the
  * float32 bits (cpu_internal.h). Loops split across the pool by elements or,
@@ -72,13 +73,10 @@ KC_CAST_LOOP(kc_loop_bf16_f16, uint16_t, uint16_t, kc_f16_bits(kc_bf16_value(s[i
 KC_CAST_LOOP(kc_loop_f16_bf16, uint16_t, uint16_t, kc_bf16_bits(kc_f16_value(s[i])))
 #undef KC_CAST_LOOP
 
-/* double -> float16 directly (libgcc's __truncdfhf2, one rounding; there is
- * no hardware instruction for it). */
+/* double -> float16 directly (one rounding; there is no hardware
+ * instruction for it). */
 static KC_ALWAYS_INLINE void kc_loop_f64_f16(uint16_t *restrict d, const double *restrict s, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        const _Float16 h = (_Float16)s[i];
-        memcpy(&d[i], &h, sizeof h);
-    }
+    for (size_t i = 0; i < n; i++) d[i] = kc_f16_bits_f64(s[i]);
 }
 
 static KC_ALWAYS_INLINE void kc_loop_round_f16(float *restrict x, size_t n) {
@@ -133,7 +131,9 @@ typedef void (*kc_span_fn)(const kc_cast_kind *k, void *d, const void *s, size_t
 static void kc_cast_span_base(const kc_cast_kind *k, void *d, const void *s, size_t n) {
     kc_cast_span_impl(k, d, s, n);
 }
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(KC_NO_AVX2_DISPATCH)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(KC_NO_AVX2_DISPATCH) && KC_HAVE_FLOAT16
+/* (without _Float16 the conversions are integer code that F16C cannot
+ * speed up, and clang 14's __builtin_cpu_supports does not know "f16c") */
 __attribute__((target("avx2,f16c"))) static void kc_cast_span_f16c(const kc_cast_kind *k, void *d, const void *s,
                                                                    size_t n) {
     kc_cast_span_impl(k, d, s, n);

@@ -163,21 +163,87 @@ static inline void kc_ftz_end(unsigned int old) { (void)old; }
 
 /* ------------------------------------------------ 16-bit float formats */
 
+/*
+ * float16 in integer arithmetic, for compilers without _Float16 (clang
+ * before 15 on x86-64, Debian 12's clang 14 among them) and as the
+ * reference the tests hold the compiler's conversion to.
+ *
+ * double -> float16 bits with one rounding to nearest even: overflow
+ * (65520 and up) to inf, subnormals kept, NaN quiet with its top payload
+ * bits. A float converts through it exactly (every float is a double).
+ */
+static KC_ALWAYS_INLINE uint16_t kc_f16_bits_soft(double d) {
+    uint64_t u;
+    memcpy(&u, &d, sizeof u);
+    const uint16_t sign = (uint16_t)((u >> 48) & 0x8000u);
+    const uint64_t a = u & 0x7fffffffffffffffull;
+    if (a > 0x7ff0000000000000ull) return (uint16_t)(sign | 0x7e00u | ((a >> 42) & 0x3ffu)); /* NaN */
+    if (a >= 0x40effe0000000000ull) return (uint16_t)(sign | 0x7c00u);                      /* >= 65520: inf */
+    if (a >= 0x3f10000000000000ull) { /* >= 2^-14: a normal half; rebias 1023 -> 15, keep 10 bits */
+        const uint64_t r = a - ((uint64_t)(1023 - 15) << 52);
+        return (uint16_t)(sign | ((r + 0x1ffffffffffull + ((r >> 42) & 1u)) >> 42));
+    }
+    if (a <= 0x3e60000000000000ull) return sign; /* <= 2^-25 (which ties to 0): zero */
+    /* a subnormal half: the value in units of 2^-24, rounded to even (a
+     * carry into 1024 is the smallest normal's pattern, as it should be) */
+    const unsigned shift = (unsigned)(1051u - (unsigned)(a >> 52)); /* 43..53 */
+    const uint64_t m = (a & 0xfffffffffffffull) | (1ull << 52);
+    const uint64_t rem = m & ((1ull << shift) - 1u), half = 1ull << (shift - 1u);
+    uint64_t q = m >> shift;
+    q += rem > half || (rem == half && (q & 1u));
+    return (uint16_t)(sign | q);
+}
+
+/* float16 bits -> float (exact; a NaN comes back quiet, as F16C's does). */
+static KC_ALWAYS_INLINE float kc_f16_value_soft(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 0x3ffu;
+    uint32_t u;
+    if (e == 31u)
+        u = sign | 0x7f800000u | (m << 13) | (m ? 0x400000u : 0u);
+    else if (e)
+        u = sign | ((e + 112u) << 23) | (m << 13);
+    else { /* zero or subnormal: m * 2^-24, a normal float (exact) */
+        const float f = (float)m * 0x1p-24f;
+        memcpy(&u, &f, sizeof u);
+        u |= sign;
+    }
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* The conversions the kernels use: the compiler's _Float16 (F16C or
+ * libgcc) where it has one, else the integer ones above; the same bits
+ * either way (test_kernels_dtype compares them). */
+#if defined(__FLT16_MAX__) && !defined(KC_SOFT_F16)
+#define KC_HAVE_FLOAT16 1
 /* float -> float16 bits, round to nearest even, overflow to inf, subnormals
- * kept, NaN quiet: the compiler's _Float16 conversion (F16C or libgcc). */
+ * kept, NaN quiet. */
 static KC_ALWAYS_INLINE uint16_t kc_f16_bits(float x) {
     const _Float16 h = (_Float16)x;
     uint16_t u;
     memcpy(&u, &h, sizeof u);
     return u;
 }
-
+/* double -> float16 bits, one rounding (libgcc's __truncdfhf2). */
+static KC_ALWAYS_INLINE uint16_t kc_f16_bits_f64(double x) {
+    const _Float16 h = (_Float16)x;
+    uint16_t u;
+    memcpy(&u, &h, sizeof u);
+    return u;
+}
 /* float16 bits -> float (exact). */
 static KC_ALWAYS_INLINE float kc_f16_value(uint16_t u) {
     _Float16 h;
     memcpy(&h, &u, sizeof h);
     return (float)h;
 }
+#else
+#define KC_HAVE_FLOAT16 0
+static KC_ALWAYS_INLINE uint16_t kc_f16_bits(float x) { return kc_f16_bits_soft((double)x); }
+static KC_ALWAYS_INLINE uint16_t kc_f16_bits_f64(double x) { return kc_f16_bits_soft(x); }
+static KC_ALWAYS_INLINE float kc_f16_value(uint16_t u) { return kc_f16_value_soft(u); }
+#endif
 
 /*
  * float -> bfloat16 bits, round to nearest even: adding 0x7fff plus the

@@ -265,8 +265,9 @@ size_t kc_dtype_bytes(int dtype);
  * format's range become its subnormals or +-0 (float16 keeps subnormals down
  * to 2^-24), NaN stays a quiet NaN (never inf) and keeps its sign. Widening
  * conversions are exact. float16 uses the compiler's _Float16 (the F16C
- * instructions when the CPU has them, else libgcc's software conversion:
- * the same bits either way); bfloat16 is rounded by integer arithmetic on the
+ * instructions when the CPU has them, else libgcc's software conversion),
+ * or integer arithmetic with a compiler that has none (clang 14): the same
+ * bits every way; bfloat16 is rounded by integer arithmetic on the
  * float32 bits.
  */
 void kc_f32_to_f16(uint16_t *dst, const float *src, size_t n);

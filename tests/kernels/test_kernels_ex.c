@@ -3,13 +3,15 @@
  * added beyond float32: the float16 / bfloat16 / float64 conversions and the
  * in-place rounding (against hand-picked values and an independent rounding
  * reference that searches the 16-bit formats' value tables, never the
- * compiler's _Float16), kc_gemm_ex against kc_gemm_ref on operands converted
+ * compiler's _Float16; the integer float16 conversions for compilers without
+ * one against it too), kc_gemm_ex against kc_gemm_ref on operands converted
  * and products rounded here (all transposes, beta 0 and non-zero, no / fp16 /
  * bf16 rounding, overflow to inf, workspace sizing), kc_dgemm, every float64
  * kernel against straightforward double formulas, finite differences and
  * Python literals, the float64 optimizers against the float32 ones, and the
  * thread-count independence of all of them. test_kernels_cpu.c registers it.
  */
+#include "cpu_internal.h" /* the integer float16 conversions */
 #include "cpu_kernels.h"
 #include "half_bits.h"
 #include "kt_common.h"
@@ -235,6 +237,56 @@ static void test_bf16_known_values(void) {
     CU_ASSERT_EQUAL(b[2], 0x7f80);
     CU_ASSERT_EQUAL(b[3], 0x8000);
     CU_ASSERT_EQUAL(b[4], 0x7f80);
+}
+
+/* ------------------------------- float16 without the compiler's _Float16 */
+
+/* The integer float16 conversions (cpu_internal.h), which the kernels use
+ * where the compiler has no _Float16 (clang 14), against the reference and
+ * against the compiler's conversion where there is one: every pattern
+ * decoded; every float32 at and around each float16 rounding boundary
+ * (the low 13 bits 0, 1, 0xfff, 0x1000, 0x1001, 0x1fff under every upper
+ * pattern, both signs), random float32 subnormal halves, and float64 just
+ * off the ties (one rounding, not two). */
+static void test_f16_soft(void) {
+    int bad = 0;
+    for (uint32_t p = 0; p < 65536; p++) {
+        const uint16_t h = (uint16_t)p;
+        const float f = kc_f16_value_soft(h);
+        if (ref16_isnan(FMT_F16, h)) bad += !isnan(f) || !(hb_f32_bits(f) & 0x400000u) ||
+                                            (hb_f32_bits(f) >> 31) != (p >> 15);
+        else bad += (double)f != ref16_value(FMT_F16, h) || !signbit(f) != !(p & 0x8000u);
+        bad += hb_f32_bits(f) != hb_f32_bits(kc_f16_value(h)) && !isnan(f);
+    }
+    CU_ASSERT_EQUAL(bad, 0);
+    const uint32_t lows[6] = {0u, 1u, 0xfffu, 0x1000u, 0x1001u, 0x1fffu};
+    int bad_ref = 0, bad_hw = 0;
+    for (uint32_t hi = 0; hi < (1u << 19); hi++)
+        for (int l = 0; l < 6; l++) {
+            const float x = hb_f32_from_bits((hi << 13) | lows[l]); /* bit 31 of hi << 13: both signs */
+            const uint16_t got = kc_f16_bits_soft((double)x);
+            if (isnan(x)) bad_ref += !ref16_isnan(FMT_F16, got) || !(got & 0x200u);
+            else bad_ref += got != ref16_round(FMT_F16, x);
+            if (got != kc_f16_bits(x) && bad_hw++ < 3)
+                printf("\n  f16 of %a (0x%08x): integer 0x%04x, kc_f16_bits 0x%04x", (double)x, (hi << 13) | lows[l],
+                       got, kc_f16_bits(x));
+        }
+    ex_seed(77);
+    for (int i = 0; i < 200000; i++) {
+        const float x = (float)ldexp(ex_uniform(-2.0, 2.0), -13 - (int)(ex_next() % 14)); /* the subnormal halves */
+        const uint16_t got = kc_f16_bits_soft((double)x);
+        bad_ref += got != ref16_round(FMT_F16, x);
+        bad_hw += got != kc_f16_bits(x);
+        /* float64 a hair off the float16 rounding boundary: one rounding */
+        const double mid = 0.5 * (ref16_value(FMT_F16, got) + ref16_value(FMT_F16, (uint16_t)(got + 1u)));
+        if (!isfinite(mid)) continue;
+        const double d = (i & 1) ? mid + fabs(mid) * 0x1p-40 : mid - fabs(mid) * 0x1p-40;
+        bad_ref += kc_f16_bits_soft(d) != ref16_round(FMT_F16, d);
+        bad_hw += kc_f16_bits_soft(d) != kc_f16_bits_f64(d);
+    }
+    CU_ASSERT_EQUAL(bad_ref, 0);
+    CU_ASSERT_EQUAL(bad_hw, 0);
+    if (bad_ref || bad_hw) printf("\n  %d differ from the reference, %d from the compiler's", bad_ref, bad_hw);
 }
 
 /* ---------------------------------------------- every pair vs reference */
@@ -1015,6 +1067,7 @@ static void test_ex_threads_bit_identical(void) {
 CU_TestInfo kt_ex_cases[] = {
     {"f16_known_values", test_f16_known_values},
     {"bf16_known_values", test_bf16_known_values},
+    {"f16_soft_vs_reference", test_f16_soft},
     {"cast_all_pairs_vs_reference", test_cast_all_pairs},
     {"round_in_place", test_round_in_place},
     {"gemm_ex_vs_ref", test_gemm_ex_vs_ref},

@@ -24,6 +24,7 @@
 #include "cpu_attn.h"
 #include <kiln/testing.h>
 
+#include "half_bits.h"
 #include "plugin_fixture.h"
 
 static kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
@@ -317,7 +318,7 @@ static int is_bf16(float x) {
     memcpy(&u, &x, sizeof u);
     return (u & 0xFFFFu) == 0;
 }
-static int is_f16(float x) { return (float)(_Float16)x == x; }
+static int is_f16(float x) { return hb_f16_value(hb_f16_bits(x)) == (double)x; }
 
 static void test_rounding(void) {
     const shape s = {2, 80, 32, 2};

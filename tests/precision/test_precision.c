@@ -582,8 +582,8 @@ static void test_64_true(void) {
         CU_ASSERT_STRING_EQUAL(na, nb);
         CU_ASSERT_EQUAL_FATAL(ca, cbn);
         for (long long i = 0; i < ca; i++) {
-            double d;
-            float f;
+            double d = 0.0;
+            float f = 0.0f;
             CU_ASSERT_FATAL(fread(&d, 8, 1, a) == 1 && fread(&f, 4, 1, b) == 1);
             double rel = fabs(d - f) / (fabs(d) + 1e-3);
             if (rel > maxrel) maxrel = rel;

@@ -30,6 +30,25 @@ static inline double hb_f16_value(uint16_t h) {
     return (h & 0x8000) ? -v : v;
 }
 
+/* The float16 pattern nearest x, ties to the even pattern; +-inf from
+ * 65520 on, NaN as the quiet NaN with x's sign. A binary search over the
+ * positive patterns (whose values increase with them), so it needs no
+ * _Float16, which some compilers lack (clang 14 on x86-64). */
+static inline uint16_t hb_f16_bits(double x) {
+    const uint16_t sign = signbit(x) ? 0x8000 : 0;
+    if (isnan(x)) return (uint16_t)(sign | 0x7e00);
+    const double a = fabs(x);
+    if (a >= 65520.0) return (uint16_t)(sign | 0x7c00);
+    unsigned lo = 0, hi = 0x7c00; /* value(lo) <= a < value(hi), 65536 standing in for inf */
+    while (hi - lo > 1) {
+        const unsigned mid = (lo + hi) / 2;
+        if (hb_f16_value((uint16_t)mid) <= a) lo = mid;
+        else hi = mid;
+    }
+    const double below = a - hb_f16_value((uint16_t)lo), above = (hi == 0x7c00 ? 65536.0 : hb_f16_value((uint16_t)hi)) - a;
+    return (uint16_t)(sign | (below < above || (below == above && !(lo & 1u)) ? lo : hi));
+}
+
 /* The value of a bfloat16 pattern: the top half of a float's. */
 static inline float hb_bf16_value(uint16_t b) { return hb_f32_from_bits((uint32_t)b << 16); }
 
