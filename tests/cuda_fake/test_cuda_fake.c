@@ -811,37 +811,42 @@ static void test_gemm_ex_mixed_bf16(void) {
  *    product rounded, beta C added;
  *  - F32 x BF16, round_dtype F32 (a Conv1D forward before its bias): the
  *    F32 operand rounded, the product left in float32;
- *  - F32 x F32, round_dtype F32: full fp32, nothing rounded (one fp32 matmul).
+ *  - F32 x F32, round_dtype F32: full fp32, nothing rounded (one fp32 matmul);
+ *  - F32 x F16, round_dtype BF16: the F32 operand rounded through bf16 in a
+ *    copy, the F16 one widened, an fp32 product rounded through bf16.
  * Exact: the references sum the same exact products in the same order. */
 static void test_gemm_ex_rounds_f32_operands(void) {
     const kiln_kernels *k = NULL;
     kiln_instance *acc = ready(NULL, &k);
     if (!acc) return;
     enum { M = 5, N = 7, K = 6 };
-    float a[M * K], b[K * N], bq[K * N], C[M * N], out[M * N];
-    uint16_t b16[K * N];
+    float a[M * K], b[K * N], bq[K * N], hq[K * N], C[M * N], out[M * N];
+    uint16_t b16[K * N], h16[K * N];
     for (int i = 0; i < M * K; i++) a[i] = val((unsigned)i, 21) * 3.0f + 1e-3f;
     for (int i = 0; i < K * N; i++) {
         b[i] = val((unsigned)i, 22) * 2.0f - 1e-3f;
         bq[i] = round_bf16(b[i]);
         b16[i] = bf16_bits(b[i]);
+        h16[i] = hb_f16_bits(b[i]);
+        hq[i] = (float)hb_f16_value(h16[i]);
     }
     int unrounded = 0; /* the inputs must need the rounding */
     for (int i = 0; i < M * K; i++) unrounded += round_bf16(a[i]) != a[i];
     CU_ASSERT_TRUE(unrounded > M * K / 2);
     for (int i = 0; i < M * N; i++) C[i] = val((unsigned)i, 23);
     float *dA = up(k, acc, a, sizeof a), *dB = up(k, acc, b, sizeof b), *dC = up(k, acc, C, sizeof C);
-    void *dB16 = up(k, acc, b16, sizeof b16);
-    CU_ASSERT_FATAL(dA && dB && dC && dB16);
+    void *dB16 = up(k, acc, b16, sizeof b16), *dH16 = up(k, acc, h16, sizeof h16);
+    CU_ASSERT_FATAL(dA && dB && dC && dB16 && dH16);
     const double alpha = 0.5;
-    for (int c = 0; c < 3; c++) {
-        const uint32_t bt = c == 1 ? KILN_DTYPE_BF16 : KILN_DTYPE_F32;
-        const uint32_t rt = c == 0 ? KILN_DTYPE_BF16 : KILN_DTYPE_F32;
+    for (int c = 0; c < 4; c++) {
+        const uint32_t bt = c == 1 ? KILN_DTYPE_BF16 : c == 3 ? KILN_DTYPE_F16 : KILN_DTYPE_F32;
+        const uint32_t rt = c == 0 || c == 3 ? KILN_DTYPE_BF16 : KILN_DTYPE_F32;
+        const void *dBc = c == 1 ? dB16 : c == 3 ? dH16 : (void *)dB;
         const double beta = c == 0 ? 1.0 : 0.0;
         CU_ASSERT_EQUAL(k->copy(acc, dC, C, sizeof C, KILN_COPY_H2D), KILN_OK);
         const fake_cuda_stats s0 = stats();
-        CU_ASSERT_EQUAL(k->gemm_ex(acc, 0, 0, M, N, K, alpha, dA, KILN_DTYPE_F32, K, c == 1 ? dB16 : (void *)dB, bt,
-                                   N, beta, dC, KILN_DTYPE_F32, N, rt),
+        CU_ASSERT_EQUAL(k->gemm_ex(acc, 0, 0, M, N, K, alpha, dA, KILN_DTYPE_F32, K, dBc, bt, N, beta, dC,
+                                   KILN_DTYPE_F32, N, rt),
                         KILN_OK);
         const fake_cuda_stats s1 = stats();
         CU_ASSERT_TRUE(down(k, acc, out, dC, sizeof out));
@@ -853,18 +858,18 @@ static void test_gemm_ex_rounds_f32_operands(void) {
             for (int j = 0; j < N; j++) {
                 double sum = 0.0;
                 for (int p = 0; p < K; p++) {
-                    const double av = c < 2 ? round_bf16(a[i * K + p]) : a[i * K + p];
-                    const double bv = c < 2 ? bq[p * N + j] : b[p * N + j];
+                    const double av = c == 2 ? a[i * K + p] : round_bf16(a[i * K + p]);
+                    const double bv = c < 2 ? bq[p * N + j] : c == 3 ? hq[p * N + j] : b[p * N + j];
                     sum += av * bv;
                 }
                 const float prod = (float)(alpha * sum);
-                const float want = c == 0 ? round_bf16(prod) + C[i * N + j] : prod;
+                const float want = c == 0 ? round_bf16(prod) + C[i * N + j] : c == 3 ? round_bf16(prod) : prod;
                 bad += out[i * N + j] != want;
             }
         CU_ASSERT_EQUAL(bad, 0);
         if (bad) fprintf(stderr, "  gemm_ex rounding case %d: %d of %d differ\n", c, bad, M * N);
     }
-    k->free(acc, dA), k->free(acc, dB), k->free(acc, dC), k->free(acc, dB16);
+    k->free(acc, dA), k->free(acc, dB), k->free(acc, dC), k->free(acc, dB16), k->free(acc, dH16);
     g_ops->base.destroy(acc);
     NO_VIOLATIONS();
 }
