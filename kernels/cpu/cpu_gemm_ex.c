@@ -15,6 +15,7 @@
  * kc_gemm_ex_workspace how much scratch a call needs and provides it (the cpu
  * accelerator keeps one grow-only buffer for that).
  */
+#include "../common/km_gemm.h"
 #include "cpu_internal.h"
 #include "cpu_kernels.h"
 
@@ -85,23 +86,11 @@ void kc_dgemm(int trans_a, int trans_b, int M, int N, int K, double alpha,
 static size_t kc_ws_round(size_t bytes) { return (bytes + 63) & ~(size_t)63; }
 
 static int kc_is_f32_operand(int dt) { return dt == KC_F32 || dt == KC_F16 || dt == KC_BF16; }
-static int kc_is16(int dt) { return dt == KC_F16 || dt == KC_BF16; }
-
-/* The 16-bit dtype a matmul of an a_dtype and a b_dtype operand runs in
- * under autocast, whose float32 operands are therefore rounded through it:
- * a 16-bit round_dtype; else the 16-bit format among the operands when
- * there is one; KC_F32 when none (or two different ones) says which. */
-static int kc_operand_round_dtype(int a_dtype, int b_dtype, int round_dtype) {
-    if (kc_is16(round_dtype)) return round_dtype;
-    if (kc_is16(a_dtype) && !(kc_is16(b_dtype) && b_dtype != a_dtype)) return a_dtype;
-    if (kc_is16(b_dtype) && !kc_is16(a_dtype)) return b_dtype;
-    return KC_F32;
-}
 
 /* The float32 family's layout: [A as float (M*K)] [B as float (K*N)]
  * [product (M*N)], each part present only when needed: an operand is
- * copied when it is 16-bit (widened) or when a 16-bit round_dtype rounds
- * it. Offsets in bytes. */
+ * copied when it is 16-bit (widened) or when the matmul's 16-bit dtype
+ * rounds it (km_gemm_round_dtype). Offsets in bytes. */
 typedef struct {
     size_t a_off, b_off, p_off, total;
 } kc_ws_layout;
@@ -110,7 +99,7 @@ static kc_ws_layout kc_gemm_ex_layout(int M, int N, int K, int a_dtype, int b_dt
                                       float beta) {
     kc_ws_layout l = {0, 0, 0, 0};
     const size_t m = (size_t)M, n = (size_t)N, k = (size_t)K;
-    const int rounds = kc_operand_round_dtype(a_dtype, b_dtype, round_dtype) != KC_F32;
+    const int rounds = km_gemm_round_dtype(a_dtype, b_dtype, round_dtype) != KC_F32;
     if (a_dtype != KC_F32 || rounds) {
         l.a_off = l.total;
         l.total += kc_ws_round(m * k * sizeof(float));
@@ -163,6 +152,19 @@ static void kc_combine_range(void *vc, size_t r0, size_t r1) {
     }
 }
 
+/* One operand of the float32 family as float32: itself when it is float32
+ * and rop (KC_CAST, KC_ROUND_F16 or KC_ROUND_BF16) rounds nothing; else
+ * widened and/or rounded into dst, compacted to its stored rows x cols,
+ * with *ld set to match. */
+static const float *kc_operand_f32(const void *X, int dtype, int *ld, int rows, int cols, int rop, void *dst) {
+    if (dtype == KC_F32 && rop == KC_CAST) return X;
+    const size_t r = (size_t)rows, c = (size_t)cols;
+    kc_cast_rows(KC_CAST, dst, KC_F32, c, X, dtype, (size_t)*ld, r, c);
+    if (dtype == KC_F32) kc_cast_rows(rop, dst, KC_F32, c, dst, KC_F32, c, r, c);
+    *ld = cols > 0 ? cols : 1;
+    return dst;
+}
+
 int kc_gemm_ex(int trans_a, int trans_b, int M, int N, int K, double alpha,
                const void *A, int a_dtype, int lda, const void *B, int b_dtype, int ldb,
                double beta, void *C, int c_dtype, int ldc, int round_dtype,
@@ -183,26 +185,11 @@ int kc_gemm_ex(int trans_a, int trans_b, int M, int N, int K, double alpha,
      * (M, K), or (K, M) when transposed; B (K, N) or (N, K). A float32
      * operand is rounded through the matmul's 16-bit dtype, when it has
      * one (autocast casts both operands to it). */
-    const int ort = kc_operand_round_dtype(a_dtype, b_dtype, round_dtype);
+    const int ort = km_gemm_round_dtype(a_dtype, b_dtype, round_dtype);
     const int rop = ort == KC_F16 ? KC_ROUND_F16 : ort == KC_BF16 ? KC_ROUND_BF16 : KC_CAST;
-    const float *Af = A, *Bf = B;
     int lda_f = lda, ldb_f = ldb;
-    if (a_dtype != KC_F32 || rop != KC_CAST) {
-        const size_t rows = (size_t)(trans_a ? K : M), cols = (size_t)(trans_a ? M : K);
-        float *dst = (float *)(void *)(w + l.a_off);
-        kc_cast_rows(KC_CAST, dst, KC_F32, cols, A, a_dtype, (size_t)lda, rows, cols);
-        if (a_dtype == KC_F32 && rop != KC_CAST) kc_cast_rows(rop, dst, KC_F32, cols, dst, KC_F32, cols, rows, cols);
-        Af = dst;
-        lda_f = cols > 0 ? (int)cols : 1;
-    }
-    if (b_dtype != KC_F32 || rop != KC_CAST) {
-        const size_t rows = (size_t)(trans_b ? N : K), cols = (size_t)(trans_b ? K : N);
-        float *dst = (float *)(void *)(w + l.b_off);
-        kc_cast_rows(KC_CAST, dst, KC_F32, cols, B, b_dtype, (size_t)ldb, rows, cols);
-        if (b_dtype == KC_F32 && rop != KC_CAST) kc_cast_rows(rop, dst, KC_F32, cols, dst, KC_F32, cols, rows, cols);
-        Bf = dst;
-        ldb_f = cols > 0 ? (int)cols : 1;
-    }
+    const float *Af = kc_operand_f32(A, a_dtype, &lda_f, trans_a ? K : M, trans_a ? M : K, rop, w + l.a_off);
+    const float *Bf = kc_operand_f32(B, b_dtype, &ldb_f, trans_b ? N : K, trans_b ? K : N, rop, w + l.b_off);
     const int op = round_dtype == KC_F16 ? KC_ROUND_F16 : round_dtype == KC_BF16 ? KC_ROUND_BF16 : KC_CAST;
 
     float *Cf = C;

@@ -129,7 +129,8 @@ static int32_t cu_gemm_ex(kiln_instance *acc, int32_t ta, int32_t tb, int32_t M,
     const size_t bytes_p = rounding && !in_place ? cu_up256((size_t)M * (size_t)N * sizeof(float)) : 0;
     const void *a = NULL, *b = NULL;
     void *scratch = NULL; /* (M, N) packed product, when rounded out of place */
-    if ((rc = cu_gemm_operands(acc, "gemm_ex", op, cu_operand_round_dtype(at, bt, rt), A, at, na, B, bt, nb, bytes_p, &a, &b, &scratch)) != KILN_OK)
+    const uint32_t ort = (uint32_t)km_gemm_round_dtype((int)at, (int)bt, (int)rt);
+    if ((rc = cu_gemm_operands(acc, "gemm_ex", op, ort, A, at, na, B, bt, nb, bytes_p, &a, &b, &scratch)) != KILN_OK)
         return rc;
     const uint32_t prod_t = ct;
     if (!rounding)

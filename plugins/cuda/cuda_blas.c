@@ -235,15 +235,8 @@ static int32_t cu_scale_c(kiln_instance *acc, int M, int N, double beta, void *C
     return KILN_OK;
 }
 
-uint32_t cu_operand_round_dtype(uint32_t at, uint32_t bt, uint32_t rt) {
-    if (cu_is16(rt)) return rt;
-    if (cu_is16(at) && !(cu_is16(bt) && bt != at)) return at;
-    if (cu_is16(bt) && !cu_is16(at)) return bt;
-    return KILN_DTYPE_F32;
-}
-
 uint32_t cu_product_dtype(uint32_t at, uint32_t bt, uint32_t rt) {
-    const uint32_t p = cu_operand_round_dtype(at, bt, rt);
+    const uint32_t p = (uint32_t)km_gemm_round_dtype((int)at, (int)bt, (int)rt);
     if (cu_is16(p)) return (at == KILN_DTYPE_F32 || at == p) && (bt == KILN_DTYPE_F32 || bt == p) ? p : KILN_DTYPE_F32;
     return at == bt ? at : KILN_DTYPE_F32;
 }

@@ -109,8 +109,8 @@ int32_t cu_linear_forward(kiln_instance *acc, uint32_t dt, const void *x, const 
     /* The operands in the dtype the product runs in, as gemm_ex picks it */
     const uint32_t op = cu_product_dtype(dt, wt, rt);
     const void *xa = NULL, *wa = NULL;
-    rc = cu_gemm_operands(acc, fn, op, cu_operand_round_dtype(dt, wt, rt), x, dt, (size_t)rows * (size_t)in, w, wt,
-                          (size_t)out * (size_t)in, 0, &xa, &wa, NULL);
+    rc = cu_gemm_operands(acc, fn, op, (uint32_t)km_gemm_round_dtype((int)dt, (int)wt, (int)rt), x, dt,
+                          (size_t)rows * (size_t)in, w, wt, (size_t)out * (size_t)in, 0, &xa, &wa, NULL);
     if (rc != KILN_OK) return rc;
 
     /* The epilogue cuBLASLt runs: the bias alone (fp64 and a K of 0 take

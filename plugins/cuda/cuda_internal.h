@@ -20,6 +20,7 @@
 #include <cuda_runtime_api.h>
 #include <kiln/kiln.h>
 
+#include "../../kernels/common/km_gemm.h" /* gemm_ex's operand rule, shared with the cpu */
 #include "../common/accel_checks.h"
 #include "kg_kernels.h"
 
@@ -261,17 +262,14 @@ void cu_blas_release(kiln_instance *acc);
 int32_t cu_matmul(kiln_instance *acc, const char *fn, int ta, int tb, int M, int N, int K, double alpha,
                   const void *A, uint32_t at, int lda, const void *B, uint32_t bt, int ldb, double beta, void *C,
                   uint32_t ct, int ldc);
-/* gemm_ex's rule (see cu_gemm_ex). The 16-bit dtype autocast would run a
- * matmul of an `at` and a `bt` operand in, rounded through rt, and so round
- * its fp32 operands through: a 16-bit rt; else the 16-bit format among the
- * operands when there is one; F32 when none (or two different ones). */
-uint32_t cu_operand_round_dtype(uint32_t at, uint32_t bt, uint32_t rt);
-/* The dtype that product runs in: that 16-bit dtype when each operand is
- * fp32 or of it (the tensor cores); else fp32 (a 16-bit operand widened
- * exactly), or the operands' dtype when both are of another one (F64). */
+/* The dtype a product of an `at` and a `bt` operand rounded through rt runs
+ * in (gemm_ex's rule, see cu_gemm_ex): km_gemm_round_dtype's 16-bit dtype
+ * when each operand is fp32 or of it (the tensor cores); else fp32 (a
+ * 16-bit operand widened exactly), or the operands' dtype when both are of
+ * another one (F64). */
 uint32_t cu_product_dtype(uint32_t at, uint32_t bt, uint32_t rt);
 /* A(na elements) and B(nb) as operands of dtype op, for a product whose
- * fp32 operands are rounded through ort (cu_operand_round_dtype): each
+ * fp32 operands are rounded through ort (km_gemm_round_dtype): each
  * converted into the grow-only workspace acc->ws where its dtype differs
  * from op, or copied and rounded there when it is fp32 in an fp32 product
  * with a 16-bit ort; else itself. `extra` more workspace bytes follow them

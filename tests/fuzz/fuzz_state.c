@@ -254,8 +254,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     if (done++) return 0;
     if (kiln_test_host_new(&g_th) != KILN_OK) return 1;
     /* Every slot after flags is a function pointer (kiln/training.h).
-     * All of them get the aborting stub first; then the five a restore
-     * uses (alloc, free, copy, zero and synchronize) get real ones. */
+     * Each gets the aborting stub, and then the five that restoring a
+     * state calls (alloc, free, copy, zero, synchronize) get real ones. */
     void (*stub)(void) = fz_not_here;
     for (size_t off = offsetof(kiln_kernels, alloc); off + sizeof stub <= sizeof fz_kernels; off += sizeof stub)
         memcpy((char *)&fz_kernels + off, &stub, sizeof stub);

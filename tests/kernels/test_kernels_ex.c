@@ -48,9 +48,10 @@ static int ex_count_far(const char *what, const double *got, const double *want,
 /* ------------------------------------------- independent 16-bit reference */
 
 /*
- * The two 16-bit formats by their parameters, decoded and rounded with
- * ldexp and a binary search over the (monotonic) positive bit patterns: no
- * _Float16, no bit tricks, so it shares nothing with the kernels' code.
+ * The two 16-bit formats by their parameters, decoded with ldexp and
+ * rounded by a binary search over the (monotonic) positive bit patterns
+ * (tests/support/half_bits.h): no _Float16, no bit tricks, so it shares
+ * nothing with the kernels' code.
  */
 enum { FMT_F16 = 0, FMT_BF16 = 1 };
 static int fmt_mbits(int fmt) { return fmt == FMT_F16 ? 10 : 7; }
@@ -77,23 +78,9 @@ static double ref16_value(int fmt, uint16_t h) {
 }
 
 /* Round-to-nearest-even of any double into the format; NaN gives the
- * format's quiet NaN with v's sign (callers compare NaN-ness only). */
-static uint16_t ref16_round(int fmt, double v) {
-    const uint16_t sign = signbit(v) ? 0x8000 : 0;
-    const uint16_t inf = fmt_inf(fmt);
-    if (isnan(v)) return (uint16_t)(sign | inf | (1u << (fmt_mbits(fmt) - 1)));
-    const double a = fabs(v);
-    if (a >= ref16_mag(fmt, inf)) return (uint16_t)(sign | inf);
-    unsigned lo = 0, hi = inf; /* mag(lo) <= a < mag(hi) */
-    while (hi - lo > 1) {
-        const unsigned mid = (lo + hi) / 2;
-        if (ref16_mag(fmt, (uint16_t)mid) <= a) lo = mid;
-        else hi = mid;
-    }
-    const double dl = a - ref16_mag(fmt, (uint16_t)lo), dh = ref16_mag(fmt, (uint16_t)hi) - a;
-    const unsigned r = dl < dh ? lo : dh < dl ? hi : (lo & 1u) ? hi : lo;
-    return (uint16_t)(sign | r);
-}
+ * format's quiet NaN with v's sign (callers compare NaN-ness only). The
+ * search is tests/support/half_bits.h's, shared with the other suites. */
+static uint16_t ref16_round(int fmt, double v) { return hb_round16(fmt == FMT_BF16, v); }
 
 static uint16_t f16_of(float x) {
     uint16_t h;

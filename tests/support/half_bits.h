@@ -30,26 +30,35 @@ static inline double hb_f16_value(uint16_t h) {
     return (h & 0x8000) ? -v : v;
 }
 
-/* The float16 pattern nearest x, ties to the even pattern; +-inf from
- * 65520 on, NaN as the quiet NaN with x's sign. A binary search over the
- * positive patterns (whose values increase with them), so it needs no
- * _Float16, which some compilers lack (clang 14 on x86-64). */
-static inline uint16_t hb_f16_bits(double x) {
-    const uint16_t sign = signbit(x) ? 0x8000 : 0;
-    if (isnan(x)) return (uint16_t)(sign | 0x7e00);
-    const double a = fabs(x);
-    if (a >= 65520.0) return (uint16_t)(sign | 0x7c00);
-    unsigned lo = 0, hi = 0x7c00; /* value(lo) <= a < value(hi), 65536 standing in for inf */
-    while (hi - lo > 1) {
-        const unsigned mid = (lo + hi) / 2;
-        if (hb_f16_value((uint16_t)mid) <= a) lo = mid;
-        else hi = mid;
-    }
-    const double below = a - hb_f16_value((uint16_t)lo), above = (hi == 0x7c00 ? 65536.0 : hb_f16_value((uint16_t)hi)) - a;
-    return (uint16_t)(sign | (below < above || (below == above && !(lo & 1u)) ? lo : hi));
-}
-
 /* The value of a bfloat16 pattern: the top half of a float's. */
 static inline float hb_bf16_value(uint16_t b) { return hb_f32_from_bits((uint32_t)b << 16); }
+
+/* The pattern nearest x in float16 (bf16 = 0) or bfloat16 (bf16 = 1), ties
+ * to the even pattern; +-inf from half an ulp past the largest finite
+ * value, NaN as the format's quiet NaN with x's sign. A binary search over
+ * the positive patterns (whose values increase with them), the infinity
+ * pattern standing for where the next binade would start (2^16, 2^128),
+ * which is what IEEE rounding compares with: no _Float16, which some
+ * compilers lack (clang 14 on x86-64), and nothing of the kernels' code. */
+static inline double hb_16_mag(int bf16, unsigned h) {
+    if (h == (bf16 ? 0x7f80u : 0x7c00u)) return bf16 ? 0x1p128 : 0x1p16;
+    return bf16 ? (double)hb_bf16_value((uint16_t)h) : hb_f16_value((uint16_t)h);
+}
+static inline uint16_t hb_round16(int bf16, double x) {
+    const uint16_t sign = signbit(x) ? 0x8000 : 0;
+    const unsigned inf = bf16 ? 0x7f80u : 0x7c00u;
+    if (isnan(x)) return (uint16_t)(sign | inf | (bf16 ? 0x40u : 0x200u));
+    const double a = fabs(x);
+    if (a >= hb_16_mag(bf16, inf)) return (uint16_t)(sign | inf);
+    unsigned lo = 0, hi = inf; /* mag(lo) <= a < mag(hi) */
+    while (hi - lo > 1) {
+        const unsigned mid = (lo + hi) / 2;
+        if (hb_16_mag(bf16, mid) <= a) lo = mid;
+        else hi = mid;
+    }
+    const double below = a - hb_16_mag(bf16, lo), above = hb_16_mag(bf16, hi) - a;
+    return (uint16_t)(sign | (below < above || (below == above && !(lo & 1u)) ? lo : hi));
+}
+static inline uint16_t hb_f16_bits(double x) { return hb_round16(0, x); }
 
 #endif

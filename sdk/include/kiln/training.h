@@ -158,11 +158,11 @@ typedef struct kiln_kernels {
      * rounding. b may be NULL (no bias); act < 0 means no activation (post
      * unused, may be NULL). The product rounds an F32 x as gemm_ex
      * rounds its operands (through a 16-bit round_dtype, else through an
-     * F16/BF16 w's dtype; exact for the rounded activations callers pass). y must not overlap x or post. The unfused
-     * equivalent: gemm_ex (round_dtype F32), bias_add_ex, round_to,
-     * act_forward, round_to. An accelerator fuses what its hardware can:
-     * the cuda one runs the bias as a cuBLASLt epilogue and the rest as one
-     * pass. */
+     * F16/BF16 w's dtype; exact for the rounded activations callers pass).
+     * y must not overlap x or post. The unfused equivalent: gemm_ex
+     * (round_dtype F32), bias_add_ex, round_to, act_forward, round_to. An
+     * accelerator fuses what its hardware can: the cuda one runs the bias
+     * as a cuBLASLt epilogue and the rest as one pass. */
     int32_t (*linear_forward)(kiln_instance *acc, uint32_t dtype, const void *x, const void *w, uint32_t w_dtype,
                               const void *b, int32_t rows, int32_t in, int32_t out, int32_t act, void *y,
                               void *post, uint32_t round_dtype);
