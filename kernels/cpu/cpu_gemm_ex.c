@@ -11,7 +11,8 @@
  * before it is added to C, which is what a reduced-precision matmul whose
  * output is cast up and accumulated (a .grad += ...) produces, overflow to
  * inf included. kc_dgemm is the float64 GEMM (cblas_dgemm) with
- * kc_gemm's split across kiln's pool. Nothing here allocates: the caller asks
+ * kc_gemm's split across kiln's pool. A float16/bfloat16 C (ABI 1.6) gets
+ * the float32 result rounded once as it is stored. Nothing here allocates: the caller asks
  * kc_gemm_ex_workspace how much scratch a call needs and provides it (the cpu
  * accelerator keeps one grow-only buffer for that).
  */
@@ -90,12 +91,13 @@ static int kc_is_f32_operand(int dt) { return dt == KC_F32 || dt == KC_F16 || dt
 /* The float32 family's layout: [A as float (M*K)] [B as float (K*N)]
  * [product (M*N)], each part present only when needed: an operand is
  * copied when it is 16-bit (widened) or when the matmul's 16-bit dtype
- * rounds it (km_gemm_round_dtype). Offsets in bytes. */
+ * rounds it (km_gemm_round_dtype); the product when it is rounded before
+ * beta * C joins it, or when C is 16-bit. Offsets in bytes. */
 typedef struct {
     size_t a_off, b_off, p_off, total;
 } kc_ws_layout;
 
-static kc_ws_layout kc_gemm_ex_layout(int M, int N, int K, int a_dtype, int b_dtype, int round_dtype,
+static kc_ws_layout kc_gemm_ex_layout(int M, int N, int K, int a_dtype, int b_dtype, int c_dtype, int round_dtype,
                                       float beta) {
     kc_ws_layout l = {0, 0, 0, 0};
     const size_t m = (size_t)M, n = (size_t)N, k = (size_t)K;
@@ -108,18 +110,22 @@ static kc_ws_layout kc_gemm_ex_layout(int M, int N, int K, int a_dtype, int b_dt
         l.b_off = l.total;
         l.total += kc_ws_round(k * n * sizeof(float));
     }
-    if (round_dtype != KC_F32 && beta != 0.0f) {
+    if ((round_dtype != KC_F32 && beta != 0.0f) || c_dtype != KC_F32) {
         l.p_off = l.total;
         l.total += kc_ws_round(m * n * sizeof(float));
     }
     return l;
 }
 
-/* 0: the float32 family; 1: the float64 one; -1: unsupported. */
+/* 0: the float32 family (C float32, or 16-bit: 2); 1: the float64 one;
+ * -1: unsupported. */
 static int kc_gemm_ex_family(int a_dtype, int b_dtype, int c_dtype, int round_dtype) {
     if (c_dtype == KC_F32 && kc_is_f32_operand(a_dtype) && kc_is_f32_operand(b_dtype) &&
         kc_is_f32_operand(round_dtype))
         return 0;
+    if ((c_dtype == KC_F16 || c_dtype == KC_BF16) && round_dtype == c_dtype &&
+        (a_dtype == KC_F32 || a_dtype == c_dtype) && (b_dtype == KC_F32 || b_dtype == c_dtype))
+        return 2;
     if (c_dtype == KC_F64 && a_dtype == KC_F64 && b_dtype == KC_F64 &&
         (round_dtype == KC_F32 || round_dtype == KC_F64))
         return 1;
@@ -129,8 +135,9 @@ static int kc_gemm_ex_family(int a_dtype, int b_dtype, int c_dtype, int round_dt
 size_t kc_gemm_ex_workspace(int M, int N, int K, int a_dtype, int b_dtype, int c_dtype,
                             int round_dtype, double beta) {
     if (M <= 0 || N <= 0 || K < 0) return 0;
-    if (kc_gemm_ex_family(a_dtype, b_dtype, c_dtype, round_dtype) != 0) return 0;
-    return kc_gemm_ex_layout(M, N, K, a_dtype, b_dtype, round_dtype, (float)beta).total;
+    const int family = kc_gemm_ex_family(a_dtype, b_dtype, c_dtype, round_dtype);
+    if (family != 0 && family != 2) return 0;
+    return kc_gemm_ex_layout(M, N, K, a_dtype, b_dtype, c_dtype, round_dtype, (float)beta).total;
 }
 
 typedef struct {
@@ -177,7 +184,7 @@ int kc_gemm_ex(int trans_a, int trans_b, int M, int N, int K, double alpha,
         return 0;
     }
     const float alpha_f = (float)alpha, beta_f = (float)beta;
-    const kc_ws_layout l = kc_gemm_ex_layout(M, N, K, a_dtype, b_dtype, round_dtype, beta_f);
+    const kc_ws_layout l = kc_gemm_ex_layout(M, N, K, a_dtype, b_dtype, c_dtype, round_dtype, beta_f);
     if (l.total > ws_bytes || (l.total > 0 && !ws)) return -1;
     char *w = ws;
 
@@ -190,6 +197,15 @@ int kc_gemm_ex(int trans_a, int trans_b, int M, int N, int K, double alpha,
     int lda_f = lda, ldb_f = ldb;
     const float *Af = kc_operand_f32(A, a_dtype, &lda_f, trans_a ? K : M, trans_a ? M : K, rop, w + l.a_off);
     const float *Bf = kc_operand_f32(B, b_dtype, &ldb_f, trans_b ? N : K, trans_b ? K : N, rop, w + l.b_off);
+    if (family == 2) {
+        /* A 16-bit C: P (M, N) = alpha op(A) op(B) + beta C in float32 (C
+         * widened, read only when beta != 0), stored rounded once. */
+        float *P = (float *)(void *)(w + l.p_off);
+        if (beta_f != 0.0f) kc_cast_rows(KC_CAST, P, KC_F32, (size_t)N, C, c_dtype, (size_t)ldc, (size_t)M, (size_t)N);
+        kc_gemm(trans_a, trans_b, M, N, K, alpha_f, Af, lda_f, Bf, ldb_f, beta_f, P, N);
+        kc_cast_rows(KC_CAST, C, c_dtype, (size_t)ldc, P, KC_F32, (size_t)N, (size_t)M, (size_t)N);
+        return 0;
+    }
     const int op = round_dtype == KC_F16 ? KC_ROUND_F16 : round_dtype == KC_BF16 ? KC_ROUND_BF16 : KC_CAST;
 
     float *Cf = C;

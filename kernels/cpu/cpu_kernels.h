@@ -342,6 +342,11 @@ int kc_ew(int op, int dtype, void *y, const void *a, const void *b, double s0, d
  *    format's range become +-inf, as on a GPU.
  *  - C float64: A and B KC_F64, computed by kc_dgemm; round_dtype must be
  *    KC_F32 (none, the ABI's spelling) or KC_F64.
+ *  - C KC_F16 or KC_BF16: A and B each KC_F32 or C's dtype, round_dtype
+ *    C's dtype. alpha * op(A) op(B) + beta * C is formed in float32 in the
+ *    workspace (C widened when beta != 0; operands as in the float32
+ *    family) and stored rounded once to nearest even: a 16-bit matmul's
+ *    output.
  * As in BLAS, C is not read when beta == 0 (whether beta is zero is judged
  * after rounding it to C's type). M or N <= 0, or K < 0: nothing done; K == 0
  * gives C = beta * C. `ws` is caller-provided scratch of ws_bytes bytes

@@ -125,6 +125,20 @@ static size_t kc_seq_grain(size_t grain, size_t per_unit) {
 #define KC_SEQ_EXP_BITS INT64_C(0x7ff0000000000000)
 #include "cpu_seq.c"
 
+/* Logits stored in float16 / bfloat16 (ABI 1.6): the float32 kernel on the
+ * rows widened into ws (exact), then the gradient rounded back as it is
+ * stored. Being the float32 call, the loss and the gradient's values are
+ * those of float32 logits holding the same values, bit for bit. */
+double kc_xent_fused_16(int dtype, void *logits, const int32_t *targets, int N, int V, int Vp, double grad_scale,
+                        float *ws) {
+    if (N <= 0 || V <= 0) return 0.0;
+    const size_t n = (size_t)N * (size_t)Vp;
+    kc_cast_rows(KC_CAST, ws, KC_F32, n, logits, dtype, n, 1, n);
+    const double sum = kc_xent_fused(ws, targets, N, V, Vp, grad_scale);
+    if (grad_scale != 0.0) kc_cast_rows(KC_CAST, logits, dtype, n, ws, KC_F32, n, 1, n);
+    return sum;
+}
+
 #else /* KC_SEQ_T: the body, once per data type */
 
 typedef KC_SEQ_T KC_N(kc_seq_t);

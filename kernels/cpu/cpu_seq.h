@@ -97,6 +97,11 @@ void kc_layernorm_backward_f64(double *dx, double *dw, double *db, const double 
  */
 double kc_xent_fused(float *logits, const int32_t *targets, int N, int V, int Vp, double grad_scale);
 double kc_xent_fused_f64(double *logits, const int32_t *targets, int N, int V, int Vp, double grad_scale);
+/* The same over logits(N, Vp) stored in dtype KC_F16 or KC_BF16: computed
+ * as kc_xent_fused on the values widened into ws (N * Vp floats), the
+ * gradient stored rounded to nearest even. */
+double kc_xent_fused_16(int dtype, void *logits, const int32_t *targets, int N, int V, int Vp, double grad_scale,
+                        float *ws);
 
 /* y(n) = a(n) + b(n); y may equal a or b (in place), no other overlap. */
 void kc_add(float *y, const float *a, const float *b, size_t n);

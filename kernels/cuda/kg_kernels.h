@@ -199,7 +199,10 @@ cudaError_t kg_layernorm_backward(cudaStream_t s, int fdt, void *dx, void *dw, v
  * (softmax - onehot), 0 in the padding and on ignored rows. A row whose
  * target is outside [-1, V) is left alone and lowers *bad_row (device int,
  * the caller sets it to -1) to the smallest such row. Then *loss_sum =
- * the row losses added in kernels/common/km_seq.h's block order. */
+ * the row losses added in kernels/common/km_seq.h's block order. fdt
+ * KG_F16 / KG_BF16 (ABI 1.6): logits stored in that format, the row's
+ * arithmetic in float32 on the widened values, the gradient stored rounded
+ * to nearest even. */
 cudaError_t kg_xent_fused(cudaStream_t s, int fdt, void *logits, const int32_t *targets, int N, int V, int Vp,
                           double grad_scale, double *row_loss, int32_t *bad_row, double *loss_sum);
 

@@ -310,18 +310,29 @@ template <> struct kg_key<double> {
     }
 };
 
-/* One block per row. */
-template <typename T>
+/* A logit as the compute type T reads it from storage dtype SD, and a
+ * value of T as SD stores it (identities for float32 / float64 storage;
+ * 16-bit storage widens exactly and stores rounded to nearest even). */
+template <typename T, int SD> static __device__ __forceinline__ T kg_ld(typename kg_storage<SD>::type v) {
+    return kg_convert<kg_dtype_of<T>::value, SD>(v);
+}
+template <typename T, int SD> static __device__ __forceinline__ typename kg_storage<SD>::type kg_st(T v) {
+    return kg_convert<SD, kg_dtype_of<T>::value>(v);
+}
+
+/* One block per row; T the arithmetic (float or double), SD the logits'
+ * storage: T's own dtype, or (1.6) KG_F16 / KG_BF16 with T float. */
+template <typename T, int SD>
 __global__ void __launch_bounds__(KG_THREADS)
-    kg_xent_fused_kernel(T *logits, const int32_t *targets, int V, int Vp, double gs, double *row_loss,
-                         int32_t *bad_row) {
+    kg_xent_fused_kernel(typename kg_storage<SD>::type *logits, const int32_t *targets, int V, int Vp, double gs,
+                         double *row_loss, int32_t *bad_row) {
     typedef typename kg_key<T>::K K;
     __shared__ K s_key[KG_THREADS];
     __shared__ int s_bad[KG_THREADS];
     __shared__ double s_sum[KG_THREADS];
     const unsigned tid = threadIdx.x;
     const int32_t row = (int32_t)blockIdx.x, t = targets[row];
-    T *l = logits + (size_t)row * (size_t)Vp;
+    typename kg_storage<SD>::type *l = logits + (size_t)row * (size_t)Vp;
     if (t < -1 || t >= V) {
         if (tid == 0) {
             kg_note_bad_row(bad_row, row);
@@ -331,7 +342,7 @@ __global__ void __launch_bounds__(KG_THREADS)
     }
     if (t == -1) {
         if (gs != 0.0)
-            for (int j = (int)tid; j < Vp; j += KG_THREADS) l[j] = (T)0;
+            for (int j = (int)tid; j < Vp; j += KG_THREADS) l[j] = kg_st<T, SD>((T)0);
         if (tid == 0) row_loss[row] = 0.0;
         return;
     }
@@ -339,9 +350,10 @@ __global__ void __launch_bounds__(KG_THREADS)
     K km = kg_key<T>::of((T)-INFINITY);
     int bad = 0;
     for (int j = (int)tid; j < V; j += KG_THREADS) {
-        const K k = kg_key<T>::of(l[j]);
+        const T v = kg_ld<T, SD>(l[j]);
+        const K k = kg_key<T>::of(v);
         km = k > km ? k : km;
-        bad |= kg_key<T>::nonfinite(l[j]);
+        bad |= kg_key<T>::nonfinite(v);
     }
     s_key[tid] = km;
     s_bad[tid] = bad;
@@ -355,13 +367,13 @@ __global__ void __launch_bounds__(KG_THREADS)
     }
     const bool nonfinite = s_bad[0] != 0;
     T m = kg_key<T>::value(s_key[0]);
-    const T lt = l[t];
+    const T lt = kg_ld<T, SD>(l[t]);
     if (nonfinite) {
         /* the cpu's scalar path: the max of the values that compare (NaN
          * never wins), libm-style exp, NaN propagating into the sum */
         T mx = (T)-INFINITY;
         for (int j = (int)tid; j < V; j += KG_THREADS)
-            if (l[j] > mx) mx = l[j];
+            if (kg_ld<T, SD>(l[j]) > mx) mx = kg_ld<T, SD>(l[j]);
         __syncthreads();
         s_key[tid] = kg_key<T>::of(mx); /* no NaN among these */
         __syncthreads();
@@ -373,7 +385,7 @@ __global__ void __launch_bounds__(KG_THREADS)
     }
     double sum = 0.0;
     for (int j = (int)tid; j < V; j += KG_THREADS)
-        sum += (double)(nonfinite ? kg_exp_any(l[j] - m) : kg_exp_nonpos(l[j] - m));
+        sum += (double)(nonfinite ? kg_exp_any(kg_ld<T, SD>(l[j]) - m) : kg_exp_nonpos(kg_ld<T, SD>(l[j]) - m));
     s_sum[tid] = sum;
     kg_block_tree_sum(s_sum);
     sum = s_sum[0];
@@ -381,19 +393,19 @@ __global__ void __launch_bounds__(KG_THREADS)
     if (gs == 0.0) return;
     if (nonfinite) {
         for (int j = (int)tid; j < V; j += KG_THREADS) {
-            const double p = (double)kg_exp_any(l[j] - m) / sum;
-            l[j] = (T)(gs * (j == t ? p - 1.0 : p));
+            const double p = (double)kg_exp_any(kg_ld<T, SD>(l[j]) - m) / sum;
+            l[j] = kg_st<T, SD>((T)(gs * (j == t ? p - 1.0 : p)));
         }
     } else {
         const T sc = (T)(gs / sum);
         for (int j = (int)tid; j < V; j += KG_THREADS) {
-            const T e = kg_exp_nonpos(l[j] - m);
+            const T e = kg_exp_nonpos(kg_ld<T, SD>(l[j]) - m);
             /* the target's entry in double from its own exponential, so
              * p - 1 does not cancel in the data type */
-            l[j] = j == t ? kg_xent_target(e, sum, gs) : e * sc;
+            l[j] = kg_st<T, SD>(j == t ? kg_xent_target(e, sum, gs) : e * sc);
         }
     }
-    for (int j = V + (int)tid; j < Vp; j += KG_THREADS) l[j] = (T)0;
+    for (int j = V + (int)tid; j < Vp; j += KG_THREADS) l[j] = kg_st<T, SD>((T)0);
 }
 
 /* *loss_sum: row losses in km_seq.h's blocks, each block's rows in order,
@@ -414,14 +426,21 @@ __global__ void kg_xent_sum_kernel(const double *row_loss, int N, double *loss_s
 extern "C" cudaError_t kg_xent_fused(cudaStream_t s, int fdt, void *logits, const int32_t *targets, int N, int V,
                                      int Vp, double grad_scale, double *row_loss, int32_t *bad_row,
                                      double *loss_sum) {
-    if ((fdt != KG_F32 && fdt != KG_F64) || N < 0 || V < 1 || Vp < V) return cudaErrorInvalidValue;
+    if ((fdt != KG_F32 && fdt != KG_F64 && fdt != KG_F16 && fdt != KG_BF16) || N < 0 || V < 1 || Vp < V)
+        return cudaErrorInvalidValue;
     if (N > 0) {
         if (fdt == KG_F32)
-            kg_xent_fused_kernel<float><<<(unsigned)N, KG_THREADS, 0, s>>>((float *)logits, targets, V, Vp,
-                                                                           grad_scale, row_loss, bad_row);
+            kg_xent_fused_kernel<float, KG_F32><<<(unsigned)N, KG_THREADS, 0, s>>>((float *)logits, targets, V, Vp,
+                                                                                   grad_scale, row_loss, bad_row);
+        else if (fdt == KG_BF16)
+            kg_xent_fused_kernel<float, KG_BF16><<<(unsigned)N, KG_THREADS, 0, s>>>((uint16_t *)logits, targets, V,
+                                                                                    Vp, grad_scale, row_loss, bad_row);
+        else if (fdt == KG_F16)
+            kg_xent_fused_kernel<float, KG_F16><<<(unsigned)N, KG_THREADS, 0, s>>>((uint16_t *)logits, targets, V,
+                                                                                   Vp, grad_scale, row_loss, bad_row);
         else
-            kg_xent_fused_kernel<double><<<(unsigned)N, KG_THREADS, 0, s>>>((double *)logits, targets, V, Vp,
-                                                                            grad_scale, row_loss, bad_row);
+            kg_xent_fused_kernel<double, KG_F64><<<(unsigned)N, KG_THREADS, 0, s>>>((double *)logits, targets, V, Vp,
+                                                                                    grad_scale, row_loss, bad_row);
         const cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess) return e;
     }

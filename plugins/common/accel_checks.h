@@ -70,6 +70,63 @@ static inline int32_t ack_float_dtype(ack_sink s, const char *fn, uint32_t dt) {
                    (unsigned)dt);
 }
 
+static inline int ack_is16(uint32_t dt) { return dt == KILN_DTYPE_F16 || dt == KILN_DTYPE_BF16; }
+
+/* The dtype combinations gemm_ex accepts (kiln/training.h): C float32 with
+ * A, B each float32, float16 or bfloat16 and round_dtype float32 (none),
+ * float16 or bfloat16; everything float64 (round_dtype float32, the ABI's
+ * "none", or float64, the same thing there); and from 1.6 a float16 or
+ * bfloat16 C with round_dtype C's dtype and A, B each float32 or C's
+ * dtype (both accelerators set KILN_KERNELS_STORE_16BIT). */
+static inline int32_t ack_gemm_ex_dtypes(ack_sink s, uint32_t a_dtype, uint32_t b_dtype, uint32_t c_dtype,
+                                         uint32_t round_dtype) {
+    const char *fn = "gemm_ex";
+    if (c_dtype == KILN_DTYPE_F32) {
+        const int a_ok = a_dtype == KILN_DTYPE_F32 || ack_is16(a_dtype);
+        const int b_ok = b_dtype == KILN_DTYPE_F32 || ack_is16(b_dtype);
+        if (!a_ok || !b_ok)
+            return ACK_ERR(s, KILN_E_INVALID_ARG, fn,
+                           "c_dtype float32 needs float32, float16 or bfloat16 A and B, got %s %s (%u)",
+                           a_ok ? "b_dtype" : "a_dtype", kiln_dtype_name(a_ok ? b_dtype : a_dtype),
+                           (unsigned)(a_ok ? b_dtype : a_dtype));
+        if (round_dtype != KILN_DTYPE_F32 && !ack_is16(round_dtype))
+            return ACK_ERR(s, KILN_E_INVALID_ARG, fn,
+                           "round_dtype must be float32 (no rounding), float16 or bfloat16 for c_dtype float32, got "
+                           "%s (%u)",
+                           kiln_dtype_name(round_dtype), (unsigned)round_dtype);
+        return KILN_OK;
+    }
+    if (c_dtype == KILN_DTYPE_F64) {
+        if (a_dtype != KILN_DTYPE_F64 || b_dtype != KILN_DTYPE_F64)
+            return ACK_ERR(s, KILN_E_INVALID_ARG, fn, "c_dtype float64 needs float64 A and B, got %s %s (%u)",
+                           a_dtype != KILN_DTYPE_F64 ? "a_dtype" : "b_dtype",
+                           kiln_dtype_name(a_dtype != KILN_DTYPE_F64 ? a_dtype : b_dtype),
+                           (unsigned)(a_dtype != KILN_DTYPE_F64 ? a_dtype : b_dtype));
+        if (round_dtype != KILN_DTYPE_F32 && round_dtype != KILN_DTYPE_F64)
+            return ACK_ERR(s, KILN_E_INVALID_ARG, fn,
+                           "c_dtype float64 takes round_dtype float32 (no rounding) or float64, got %s (%u) (a float64 "
+                           "product is not rounded through 16-bit formats)",
+                           kiln_dtype_name(round_dtype), (unsigned)round_dtype);
+        return KILN_OK;
+    }
+    if (ack_is16(c_dtype)) {
+        const int a_ok = a_dtype == KILN_DTYPE_F32 || a_dtype == c_dtype;
+        const int b_ok = b_dtype == KILN_DTYPE_F32 || b_dtype == c_dtype;
+        if (!a_ok || !b_ok)
+            return ACK_ERR(s, KILN_E_INVALID_ARG, fn, "c_dtype %s needs float32 or %s A and B, got %s %s (%u)",
+                           kiln_dtype_name(c_dtype), kiln_dtype_name(c_dtype), a_ok ? "b_dtype" : "a_dtype",
+                           kiln_dtype_name(a_ok ? b_dtype : a_dtype), (unsigned)(a_ok ? b_dtype : a_dtype));
+        if (round_dtype != c_dtype)
+            return ACK_ERR(s, KILN_E_INVALID_ARG, fn,
+                           "c_dtype %s takes round_dtype %s (its output is stored rounded), got %s (%u)",
+                           kiln_dtype_name(c_dtype), kiln_dtype_name(c_dtype), kiln_dtype_name(round_dtype),
+                           (unsigned)round_dtype);
+        return KILN_OK;
+    }
+    return ACK_ERR(s, KILN_E_INVALID_ARG, fn, "c_dtype must be float32, float64, float16 or bfloat16, got %s (%u)",
+                   kiln_dtype_name(c_dtype), (unsigned)c_dtype);
+}
+
 /* round_dtype as linear_forward takes it: float32 is "none"; the 16-bit
  * formats round float32 data; float64 data accepts float64 (none) too.
  * `prep` is the message's word before "dtype" ("for", or "with" in the cpu
@@ -321,11 +378,14 @@ static inline int32_t ack_attn_need(ack_sink s, const char *fn, int nbuf, const 
 
 /* ------------------------------------------------------ cross-entropy, add */
 
-/* xent_fused's checks short of the targets' range. *nl = N * Vp. */
+/* xent_fused's checks short of the targets' range (16-bit logits: 1.6).
+ * *nl = N * Vp. */
 static inline int32_t ack_xent(ack_sink s, const char *fn, uint32_t dtype, void *logits, const int32_t *targets,
                                int32_t N, int32_t V, int32_t Vp, const double *loss_sum, size_t *nl) {
-    int32_t rc = ack_float_dtype(s, fn, dtype);
-    if (rc != KILN_OK) return rc;
+    int32_t rc = KILN_OK;
+    if (dtype != KILN_DTYPE_F32 && dtype != KILN_DTYPE_F64 && !ack_is16(dtype)) /* 16-bit: 1.6 */
+        return ACK_ERR(s, KILN_E_INVALID_ARG, fn, "dtype must be float32, float64, float16 or bfloat16, got %s (%u)",
+                       kiln_dtype_name(dtype), (unsigned)dtype);
     if (N < 0 || V < 1 || Vp < V)
         return ACK_ERR(s, KILN_E_INVALID_ARG, fn, "need N >= 0, V >= 1 and Vp >= V, got N=%d V=%d Vp=%d", (int)N,
                        (int)V, (int)Vp);

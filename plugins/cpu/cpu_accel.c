@@ -20,7 +20,10 @@
  * act_forward/act_backward take every KILN_ACT_* (ReLU, GELU, and tanh,
  * sigmoid and leaky ReLU with slope 0.2 for GANs) in both dtypes. The 1.5
  * elementwise building blocks (lerp ... clamp) are kc_ew behind the same
- * checks (dtype, NULL, partial overlap).
+ * checks (dtype, NULL, partial overlap). From 1.6 (KILN_KERNELS_STORE_16BIT)
+ * gemm_ex writes a float16/bfloat16 C and xent_fused keeps 16-bit logits,
+ * both through float32 workspace, and linear_forward_layout takes Conv1D's
+ * (in, out) weights too.
  */
 #define _GNU_SOURCE /* sched_getaffinity / CPU_COUNT */
 
@@ -377,42 +380,6 @@ int32_t cpu_round_to(kiln_instance *acc, float *x, uint32_t dtype, size_t n) {
     }
 }
 
-/* The dtype combinations gemm_ex accepts (the ABI's comment on gemm_ex):
- * C float32 with A, B each float32, float16 or bfloat16 and round_dtype
- * float32 (none), float16 or bfloat16; or everything float64 (round_dtype
- * float32, the ABI's "none", or float64, the same thing there). */
-static int32_t cpu_gemm_ex_dtypes(kiln_instance *acc, uint32_t a_dtype, uint32_t b_dtype, uint32_t c_dtype,
-                                  uint32_t round_dtype) {
-    if (c_dtype == KILN_DTYPE_F32) {
-        const int a_ok = a_dtype == KILN_DTYPE_F32 || a_dtype == KILN_DTYPE_F16 || a_dtype == KILN_DTYPE_BF16;
-        const int b_ok = b_dtype == KILN_DTYPE_F32 || b_dtype == KILN_DTYPE_F16 || b_dtype == KILN_DTYPE_BF16;
-        if (!a_ok || !b_ok)
-            return CPU_ERR(acc, KILN_E_INVALID_ARG,
-                           "gemm_ex: c_dtype float32 needs float32, float16 or bfloat16 A and B, got %s " CPU_DT_FMT,
-                           a_ok ? "b_dtype" : "a_dtype", CPU_DT_ARG(a_ok ? b_dtype : a_dtype));
-        if (round_dtype != KILN_DTYPE_F32 && round_dtype != KILN_DTYPE_F16 && round_dtype != KILN_DTYPE_BF16)
-            return CPU_ERR(acc, KILN_E_INVALID_ARG,
-                           "gemm_ex: round_dtype must be float32 (no rounding), float16 or bfloat16 for c_dtype "
-                           "float32, got " CPU_DT_FMT,
-                           CPU_DT_ARG(round_dtype));
-        return KILN_OK;
-    }
-    if (c_dtype == KILN_DTYPE_F64) {
-        if (a_dtype != KILN_DTYPE_F64 || b_dtype != KILN_DTYPE_F64)
-            return CPU_ERR(acc, KILN_E_INVALID_ARG, "gemm_ex: c_dtype float64 needs float64 A and B, got %s " CPU_DT_FMT,
-                           a_dtype != KILN_DTYPE_F64 ? "a_dtype" : "b_dtype",
-                           CPU_DT_ARG(a_dtype != KILN_DTYPE_F64 ? a_dtype : b_dtype));
-        if (round_dtype != KILN_DTYPE_F32 && round_dtype != KILN_DTYPE_F64)
-            return CPU_ERR(acc, KILN_E_INVALID_ARG,
-                           "gemm_ex: c_dtype float64 takes round_dtype float32 (no rounding) or float64, got " CPU_DT_FMT
-                           " (a float64 product is not rounded through 16-bit formats)",
-                           CPU_DT_ARG(round_dtype));
-        return KILN_OK;
-    }
-    return CPU_ERR(acc, KILN_E_INVALID_ARG, "gemm_ex: c_dtype must be float32 or float64, got " CPU_DT_FMT,
-                   CPU_DT_ARG(c_dtype));
-}
-
 /* Makes acc->ws at least `bytes` long (see struct kiln_instance). */
 int32_t cpu_reserve_workspace(kiln_instance *acc, size_t bytes) {
     if (bytes <= acc->ws_bytes) return KILN_OK;
@@ -437,7 +404,7 @@ static int32_t cpu_gemm_ex(kiln_instance *acc, int32_t trans_a, int32_t trans_b,
     if (M < 0 || N < 0 || K < 0)
         return CPU_ERR(acc, KILN_E_INVALID_ARG, "gemm_ex: M, N, K must be >= 0, got M=%d N=%d K=%d", (int)M, (int)N,
                        (int)K);
-    int32_t rc = cpu_gemm_ex_dtypes(acc, a_dtype, b_dtype, c_dtype, round_dtype);
+    int32_t rc = ack_gemm_ex_dtypes(CPU_SINK(acc), a_dtype, b_dtype, c_dtype, round_dtype);
     if (rc != KILN_OK) return rc;
     if ((rc = cpu_check_lds(acc, "gemm_ex", trans_a, trans_b, M, N, K, lda, ldb, ldc)) != KILN_OK) return rc;
     if (M == 0 || N == 0) return KILN_OK;
@@ -686,10 +653,12 @@ static int32_t cpu_unscale_check(kiln_instance *acc, uint32_t dtype, void *const
  * with: the unfused sequence the ABI comment names, one rounding after the
  * bias. The all-fp32 case takes gemm's own path, so a module moving from
  * gemm + bias_add + act to this entry computes the same bits. */
-static int32_t cpu_linear_forward(kiln_instance *acc, uint32_t dtype, const void *x, const void *w, uint32_t w_dtype,
-                                  const void *b, int32_t rows, int32_t in, int32_t out, int32_t act, void *y,
-                                  void *post, uint32_t round_dtype) {
-    const char *fn = "linear_forward";
+/* linear_forward and (1.6) linear_forward_layout: in_out picks w (in, out)
+ * (Conv1D) over w (out, in). The same sequence of kernels as the unfused
+ * equivalent, so the results are its bits. */
+static int32_t cpu_linear(kiln_instance *acc, const char *fn, uint32_t dtype, const void *x, const void *w,
+                          uint32_t w_dtype, int in_out, const void *b, int32_t rows, int32_t in, int32_t out,
+                          int32_t act, void *y, void *post, uint32_t round_dtype) {
     int32_t rc = cpu_check_dtype(acc, fn, dtype);
     if (rc != KILN_OK) return rc;
     if (act >= 0 && (rc = cpu_check_act(acc, fn, act)) != KILN_OK) return rc;
@@ -705,18 +674,20 @@ static int32_t cpu_linear_forward(kiln_instance *acc, uint32_t dtype, const void
                        CPU_DT_ARG(round_dtype));
     const size_t ny = (size_t)rows * (size_t)out;
     if (ny == 0) return KILN_OK;
-    CPU_NEED(acc, y, ny, "linear_forward");
-    if (act >= 0) CPU_NEED(acc, post, ny, "linear_forward (act >= 0)");
+    if (!y) return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s: y is NULL for %zu elements", fn, ny);
+    if (act >= 0 && !post)
+        return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s (act >= 0): post is NULL for %zu elements", fn, ny);
     const size_t esz = kiln_dtype_size(dtype);
     if (act >= 0 && ack_ranges_overlap(y, ny * esz, post, ny * esz))
         return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s: y and post overlap (the backward needs both)", fn);
     if (x && in > 0 && ack_ranges_overlap(y, ny * esz, x, (size_t)rows * (size_t)in * esz))
         return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s: y overlaps the input x", fn);
     const int32_t ld = in > 0 ? in : 1; /* in == 0: y = b, and gemm wants ld >= 1 */
+    const int32_t ldw = in_out ? out : ld;
     if (dtype == KILN_DTYPE_F32 && w_dtype == KILN_DTYPE_F32)
-        rc = cpu_gemm(acc, 0, 1, rows, out, in, 1.0f, x, ld, w, ld, 0.0f, y, out);
+        rc = cpu_gemm(acc, 0, !in_out, rows, out, in, 1.0f, x, ld, w, ldw, 0.0f, y, out);
     else
-        rc = cpu_gemm_ex(acc, 0, 1, rows, out, in, 1.0, x, dtype, ld, w, w_dtype, ld, 0.0, y, dtype, out,
+        rc = cpu_gemm_ex(acc, 0, !in_out, rows, out, in, 1.0, x, dtype, ld, w, w_dtype, ldw, 0.0, y, dtype, out,
                          KILN_DTYPE_F32);
     if (rc == KILN_OK && b) rc = cpu_bias_add_ex(acc, dtype, y, b, rows, out);
     if (rc == KILN_OK && r16) rc = cpu_round_to(acc, y, round_dtype, ny);
@@ -725,7 +696,27 @@ static int32_t cpu_linear_forward(kiln_instance *acc, uint32_t dtype, const void
     else cpu_act_f64[act](post, y, ny);
     return r16 ? cpu_round_to(acc, post, round_dtype, ny) : KILN_OK;
 }
+
+static int32_t cpu_linear_forward(kiln_instance *acc, uint32_t dtype, const void *x, const void *w, uint32_t w_dtype,
+                                  const void *b, int32_t rows, int32_t in, int32_t out, int32_t act, void *y,
+                                  void *post, uint32_t round_dtype) {
+    return cpu_linear(acc, "linear_forward", dtype, x, w, w_dtype, 0, b, rows, in, out, act, y, post, round_dtype);
+}
 #endif /* KILN_ABI_MINOR >= 3 */
+
+#if KILN_ABI_MINOR >= 6
+static int32_t cpu_linear_forward_layout(kiln_instance *acc, uint32_t dtype, const void *x, const void *w,
+                                         uint32_t w_dtype, int32_t w_layout, const void *b, int32_t rows, int32_t in,
+                                         int32_t out, int32_t act, void *y, void *post, uint32_t round_dtype) {
+    if (w_layout != KILN_LAYOUT_OUT_IN && w_layout != KILN_LAYOUT_IN_OUT)
+        return CPU_ERR(acc, KILN_E_INVALID_ARG,
+                       "linear_forward_layout: w_layout must be KILN_LAYOUT_OUT_IN (0) or KILN_LAYOUT_IN_OUT (1), "
+                       "got %d",
+                       (int)w_layout);
+    return cpu_linear(acc, "linear_forward_layout", dtype, x, w, w_dtype, w_layout == KILN_LAYOUT_IN_OUT, b, rows, in,
+                      out, act, y, post, round_dtype);
+}
+#endif
 
 #if KILN_ABI_MINOR >= 5
 /* ------------------------------------- 1.5: elementwise building blocks */
@@ -751,7 +742,11 @@ ACK_DEFINE_EW_ENTRIES(cpu_, cpu_ew, KC_EW_, CPU_SINK)
 
 static const kiln_kernels cpu_kernel_table = {
     .struct_size = sizeof(kiln_kernels),
+#if KILN_ABI_MINOR >= 6 /* tests build this file against the 1.5 headers too (libkiln-cpu15) */
+    .flags = KILN_KERNELS_HOST_MEMORY | KILN_KERNELS_STORE_16BIT,
+#else
     .flags = KILN_KERNELS_HOST_MEMORY, /* cpu "device" memory is host memory */
+#endif
     .alloc = cpu_alloc,
     .free = cpu_free,
     .copy = cpu_copy,
@@ -814,11 +809,16 @@ static const kiln_kernels cpu_kernel_table = {
     .sqrt_ex = cpu_sqrt_ex,
     .clamp = cpu_clamp,
 #endif
+#if KILN_ABI_MINOR >= 6
+    .linear_forward_layout = cpu_linear_forward_layout,
+#endif
 };
 /* The table is built with this header's size: every entry above is set, and
- * a caller checks struct_size against KILN_KERNELS_SIZE_1_5 (1_3 and 1_2 in
- * the fixtures built against the frozen 1.3 and 1.2 headers). */
-#if KILN_ABI_MINOR >= 5
+ * a caller checks struct_size against KILN_KERNELS_SIZE_1_6 (1_5, 1_3 and
+ * 1_2 in the fixtures built against the frozen 1.5, 1.3 and 1.2 headers). */
+#if KILN_ABI_MINOR >= 6
+static_assert(sizeof(kiln_kernels) == KILN_KERNELS_SIZE_1_6, "kiln_kernels is ABI 1.6's");
+#elif KILN_ABI_MINOR >= 5
 static_assert(sizeof(kiln_kernels) == KILN_KERNELS_SIZE_1_5, "kiln_kernels is ABI 1.5's");
 #elif KILN_ABI_MINOR >= 4
 static_assert(sizeof(kiln_kernels) == KILN_KERNELS_SIZE_1_4, "kiln_kernels is ABI 1.4's");

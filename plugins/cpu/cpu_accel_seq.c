@@ -106,6 +106,11 @@ int32_t cpu_xent_fused(kiln_instance *acc, uint32_t dtype, void *logits, const i
         return rc;
     for (int32_t i = 0; i < N; i++)
         if (targets[i] < -1 || targets[i] >= V) return ack_bad_target(s, fn, targets[i], i, V);
+    if (dtype == KILN_DTYPE_F16 || dtype == KILN_DTYPE_BF16) { /* 1.6: widened into the workspace */
+        if ((rc = cpu_reserve_workspace(acc, nl * sizeof(float))) != KILN_OK) return rc;
+        *loss_sum = kc_xent_fused_16((int)dtype, logits, targets, N, V, Vp, grad_scale, acc->ws);
+        return KILN_OK;
+    }
     *loss_sum = dtype == KILN_DTYPE_F32 ? kc_xent_fused(logits, targets, N, V, Vp, grad_scale)
                                         : kc_xent_fused_f64(logits, targets, N, V, Vp, grad_scale);
     return KILN_OK;

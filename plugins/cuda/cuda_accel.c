@@ -77,6 +77,35 @@ static size_t cu_span(int32_t rows, int32_t cols, int32_t ld) {
 }
 
 
+/* gemm_ex into a float16 / bfloat16 C (ABI 1.6; the checks passed): float32
+ * operands converted to C's dtype (autocast's operand cast), then one
+ * 16-bit matmul whose fp32 result cuBLASLt rounds as it stores it. K == 0
+ * leaves C = beta * C, rounded: through float32 scratch, a row at a time
+ * (a degenerate call, not worth a kernel of its own). */
+static int32_t cu_gemm_ex_c16(kiln_instance *acc, int32_t ta, int32_t tb, int32_t M, int32_t N, int32_t K,
+                              double alpha, const void *A, uint32_t at, int32_t lda, const void *B, uint32_t bt,
+                              int32_t ldb, double beta, void *C, uint32_t ct, int32_t ldc) {
+    const char *fn = "gemm_ex";
+    if (K == 0) {
+        if (beta == 1.0) return KILN_OK;
+        if (beta == 0.0) return cu_matmul(acc, fn, 0, 0, M, N, 0, alpha, NULL, ct, 1, NULL, ct, 1, 0.0, C, ct, ldc);
+        int32_t rc = cu_reserve(acc, &acc->ws, &acc->ws_bytes, (size_t)N * sizeof(float), fn);
+        if (rc != KILN_OK) return rc;
+        for (int32_t r = 0; r < M; r++) {
+            void *row = (char *)C + (size_t)r * (size_t)ldc * 2;
+            CU_LAUNCH(acc, fn, kg_cast(acc->stream, acc->ws, KG_F32, row, (int)ct, (size_t)N));
+            CU_LAUNCH(acc, fn, kg_scale(acc->stream, KG_F32, acc->ws, beta, (size_t)N));
+            CU_LAUNCH(acc, fn, kg_cast(acc->stream, row, (int)ct, acc->ws, KG_F32, (size_t)N));
+        }
+        return KILN_OK;
+    }
+    const size_t na = cu_span(ta ? K : M, ta ? M : K, lda), nb = cu_span(tb ? N : K, tb ? K : N, ldb);
+    const void *a = NULL, *b = NULL;
+    int32_t rc = cu_gemm_operands(acc, fn, ct, ct, A, at, na, B, bt, nb, 0, &a, &b, NULL);
+    if (rc != KILN_OK) return rc;
+    return cu_matmul(acc, fn, ta != 0, tb != 0, M, N, K, alpha, a, ct, lda, b, ct, ldb, beta, C, ct, ldc);
+}
+
 /*
  * gemm_ex. The tensor cores multiply two operands of one type, so:
  *  - A and B of one dtype go straight to cuBLASLt (fp16/bf16 with fp32
@@ -96,31 +125,11 @@ static size_t cu_span(int32_t rows, int32_t cols, int32_t ld) {
 static int32_t cu_gemm_ex(kiln_instance *acc, int32_t ta, int32_t tb, int32_t M, int32_t N, int32_t K, double alpha,
                           const void *A, uint32_t at, int32_t lda, const void *B, uint32_t bt, int32_t ldb,
                           double beta, void *C, uint32_t ct, int32_t ldc, uint32_t rt) {
-    const int is16a = cu_is16(at), is16b = cu_is16(bt);
-    if (ct == KILN_DTYPE_F32) {
-        if (!(at == KILN_DTYPE_F32 || is16a) || !(bt == KILN_DTYPE_F32 || is16b))
-            return CU_ERR(acc, KILN_E_INVALID_ARG,
-                          "cuda: gemm_ex: c_dtype float32 needs float32, float16 or bfloat16 A and B, got %s and %s",
-                          kiln_dtype_name(at), kiln_dtype_name(bt));
-        if (rt != KILN_DTYPE_F32 && rt != KILN_DTYPE_F16 && rt != KILN_DTYPE_BF16)
-            return CU_ERR(acc, KILN_E_INVALID_ARG,
-                          "cuda: gemm_ex: round_dtype must be float32 (no rounding), float16 or bfloat16 for c_dtype "
-                          "float32, got %s",
-                          kiln_dtype_name(rt));
-    } else if (ct == KILN_DTYPE_F64) {
-        if (at != KILN_DTYPE_F64 || bt != KILN_DTYPE_F64)
-            return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: gemm_ex: c_dtype float64 needs float64 A and B, got %s and %s",
-                          kiln_dtype_name(at), kiln_dtype_name(bt));
-        if (rt != KILN_DTYPE_F32 && rt != KILN_DTYPE_F64)
-            return CU_ERR(acc, KILN_E_INVALID_ARG,
-                          "cuda: gemm_ex: c_dtype float64 takes round_dtype float32 (no rounding) or float64, got %s",
-                          kiln_dtype_name(rt));
-    } else {
-        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: gemm_ex: c_dtype must be float32 or float64, got %s",
-                      kiln_dtype_name(ct));
-    }
-    int32_t rc = cu_check_gemm(acc, "gemm_ex", ta, tb, M, N, K, lda, ldb, ldc, A, B, C);
+    int32_t rc = ack_gemm_ex_dtypes(CU_SINK(acc), at, bt, ct, rt);
+    if (rc != KILN_OK) return rc;
+    rc = cu_check_gemm(acc, "gemm_ex", ta, tb, M, N, K, lda, ldb, ldc, A, B, C);
     if (rc != KILN_OK || M == 0 || N == 0) return rc;
+    if (cu_is16(ct)) return cu_gemm_ex_c16(acc, ta, tb, M, N, K, alpha, A, at, lda, B, bt, ldb, beta, C, ct, ldc);
 
     const uint32_t op = cu_product_dtype(at, bt, rt);
     const int rounding = ct == KILN_DTYPE_F32 && rt != KILN_DTYPE_F32;
@@ -507,7 +516,7 @@ static int32_t cu_round_to(kiln_instance *acc, float *x, uint32_t dt, size_t n) 
 
 /* ------------------------------------- 1.5: elementwise building blocks */
 
-static_assert(KILN_ABI_MINOR >= 5, "the cuda plugin's table carries the 1.5 entries");
+static_assert(KILN_ABI_MINOR >= 6, "the cuda plugin's table carries the 1.6 entries");
 
 /* Every 1.5 elementwise entry: the cpu plugin's checks (ack_ew: dtype,
  * NULL pointers, y an input's very pointer or apart from it), then kg_ew.
@@ -528,9 +537,11 @@ ACK_DEFINE_EW_ENTRIES(cu_, cu_ew, KG_EW_, CU_SINK)
 /* ------------------------------------------------------------- the table */
 
 static const kiln_kernels cu_kernel_table = {
-    /* 1.5's size: every entry through the 1.5 elementwise ones */
-    .struct_size = KILN_KERNELS_SIZE_1_5,
-    .flags = 0, /* device memory: callers copy host data in and out */
+    /* 1.6's size: every entry through linear_forward_layout */
+    .struct_size = KILN_KERNELS_SIZE_1_6,
+    /* device memory: callers copy host data in and out; gemm_ex and
+     * xent_fused take 16-bit outputs and logits (1.6) */
+    .flags = KILN_KERNELS_STORE_16BIT,
     .alloc = cu_alloc,
     .free = cu_free,
     .copy = cu_copy,
@@ -587,8 +598,10 @@ static const kiln_kernels cu_kernel_table = {
     .addcdiv = cu_addcdiv,
     .sqrt_ex = cu_sqrt_ex,
     .clamp = cu_clamp,
+    /* 1.6 */
+    .linear_forward_layout = cu_linear_forward_layout,
 };
-static_assert(sizeof(kiln_kernels) >= KILN_KERNELS_SIZE_1_5, "kiln_kernels covers ABI 1.5");
+static_assert(sizeof(kiln_kernels) >= KILN_KERNELS_SIZE_1_6, "kiln_kernels covers ABI 1.6");
 
 /* -------------------------------------------------------------- instance */
 

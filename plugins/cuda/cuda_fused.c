@@ -8,7 +8,9 @@
  * is left (rounding through a 16-bit format, the activation, fp64's bias)
  * in one elementwise pass after it (kg_linear_epilogue, whose GELU is the
  * cpu's km_gelu bit for bit), instead of the three or four passes of
- * gemm_ex, bias_add_ex, round_to and act_forward. The cpu accelerator's
+ * gemm_ex, bias_add_ex, round_to and act_forward; 1.6's
+ * linear_forward_layout does the same for Conv1D's (in, out) weights (the
+ * GEMM's B not transposed). The cpu accelerator's
  * entries (plugins/cpu) are the reference both are compared with.
  */
 #include <string.h>
@@ -62,10 +64,9 @@ static int cu_overlap(const void *a, size_t na, const void *b, size_t nb) {
 
 /* The arguments, as the cpu accelerator checks them (same messages, with
  * the "cuda: " prefix). */
-static int32_t cu_linear_args(kiln_instance *acc, uint32_t dt, const void *x, const void *w, uint32_t wt,
-                              int32_t rows, int32_t in, int32_t out, int32_t act, const void *y, const void *post,
-                              uint32_t rt) {
-    static const char fn[] = "linear_forward";
+static int32_t cu_linear_args(kiln_instance *acc, const char *fn, uint32_t dt, const void *x, const void *w,
+                              uint32_t wt, int32_t rows, int32_t in, int32_t out, int32_t act, const void *y,
+                              const void *post, uint32_t rt) {
     int32_t rc = cu_check_fdt(acc, fn, dt);
     if (rc != KILN_OK) return rc;
     if (act > KILN_ACT_LEAKY_RELU)
@@ -84,12 +85,12 @@ static int32_t cu_linear_args(kiln_instance *acc, uint32_t dt, const void *x, co
                       dt == KILN_DTYPE_F32 ? ", float16 or bfloat16" : "", kiln_dtype_name(wt));
     const size_t ny = (size_t)rows * (size_t)out, esz = kiln_dtype_size(dt);
     if (ny == 0) return KILN_OK;
-    CU_NEED(acc, y, ny, "linear_forward");
-    if (act >= 0) CU_NEED(acc, post, ny, "linear_forward (act >= 0)");
-    if (in > 0) {
-        CU_NEED(acc, x, (size_t)rows * (size_t)in, "linear_forward");
-        CU_NEED(acc, w, (size_t)out * (size_t)in, "linear_forward");
-    }
+    if (!y) return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: y is NULL for %zu elements", fn, ny);
+    if (act >= 0 && !post)
+        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s (act >= 0): post is NULL for %zu elements", fn, ny);
+    if (in > 0 && (!x || !w))
+        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: %s is NULL for %zu elements", fn, !x ? "x" : "w",
+                      !x ? (size_t)rows * (size_t)in : (size_t)out * (size_t)in);
     if (act >= 0 && cu_overlap(y, ny * esz, post, ny * esz))
         return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: y and post overlap (the backward needs both)", fn);
     if (cu_overlap(y, ny * esz, x, (size_t)rows * (size_t)in * esz))
@@ -97,10 +98,12 @@ static int32_t cu_linear_args(kiln_instance *acc, uint32_t dt, const void *x, co
     return KILN_OK;
 }
 
-int32_t cu_linear_forward(kiln_instance *acc, uint32_t dt, const void *x, const void *w, uint32_t wt, const void *b,
-                          int32_t rows, int32_t in, int32_t out, int32_t act, void *y, void *post, uint32_t rt) {
-    static const char fn[] = "linear_forward";
-    int32_t rc = cu_linear_args(acc, dt, x, w, wt, rows, in, out, act, y, post, rt);
+/* Both entries; in_out: w is (in, out) (Conv1D), the GEMM's B not
+ * transposed. */
+static int32_t cu_linear(kiln_instance *acc, const char *fn, uint32_t dt, const void *x, const void *w, uint32_t wt,
+                         int in_out, const void *b, int32_t rows, int32_t in, int32_t out, int32_t act, void *y,
+                         void *post, uint32_t rt) {
+    int32_t rc = cu_linear_args(acc, fn, dt, x, w, wt, rows, in, out, act, y, post, rt);
     if (rc != KILN_OK || rows == 0 || out == 0) return rc;
     CU_READY(acc, fn);
     const int r16 = cu_is16(rt);
@@ -125,8 +128,8 @@ int32_t cu_linear_forward(kiln_instance *acc, uint32_t dt, const void *x, const 
         ep.bias = b;
     }
     const uint32_t ct = dt; /* y's dtype: F32 (or F64) */
-    rc = cu_matmul_ep(acc, fn, 0, 1, rows, out, in, 1.0, xa, op, in, wa, op, in, 0.0, y, ct, out,
-                      ep.kind == CUBLASLT_EPILOGUE_DEFAULT ? NULL : &ep);
+    rc = cu_matmul_ep(acc, fn, 0, !in_out, rows, out, in, 1.0, xa, op, in, wa, op, in_out ? out : in, 0.0, y, ct,
+                      out, ep.kind == CUBLASLT_EPILOGUE_DEFAULT ? NULL : &ep);
     if (rc != KILN_OK) return rc;
     const void *b_left = ep.kind == CUBLASLT_EPILOGUE_DEFAULT ? b : NULL;
     if (!b_left && !r16 && act < 0) return KILN_OK;
@@ -134,4 +137,21 @@ int32_t cu_linear_forward(kiln_instance *acc, uint32_t dt, const void *x, const 
     CU_LAUNCH(acc, "linear_forward (epilogue)",
               kg_linear_epilogue(acc->stream, (int)dt, y, b_left, rows, out, act, post, r16 ? (int)rt : KG_F32));
     return KILN_OK;
+}
+
+int32_t cu_linear_forward(kiln_instance *acc, uint32_t dt, const void *x, const void *w, uint32_t wt, const void *b,
+                          int32_t rows, int32_t in, int32_t out, int32_t act, void *y, void *post, uint32_t rt) {
+    return cu_linear(acc, "linear_forward", dt, x, w, wt, 0, b, rows, in, out, act, y, post, rt);
+}
+
+int32_t cu_linear_forward_layout(kiln_instance *acc, uint32_t dt, const void *x, const void *w, uint32_t wt,
+                                 int32_t w_layout, const void *b, int32_t rows, int32_t in, int32_t out, int32_t act,
+                                 void *y, void *post, uint32_t rt) {
+    if (w_layout != KILN_LAYOUT_OUT_IN && w_layout != KILN_LAYOUT_IN_OUT)
+        return CU_ERR(acc, KILN_E_INVALID_ARG,
+                      "cuda: linear_forward_layout: w_layout must be KILN_LAYOUT_OUT_IN (0) or KILN_LAYOUT_IN_OUT "
+                      "(1), got %d",
+                      (int)w_layout);
+    return cu_linear(acc, "linear_forward_layout", dt, x, w, wt, w_layout == KILN_LAYOUT_IN_OUT, b, rows, in, out, act,
+                     y, post, rt);
 }

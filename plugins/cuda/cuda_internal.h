@@ -304,6 +304,10 @@ int32_t cu_unscale_check(kiln_instance *acc, uint32_t dtype, void *const *x, con
 int32_t cu_linear_forward(kiln_instance *acc, uint32_t dtype, const void *x, const void *w, uint32_t w_dtype,
                           const void *b, int32_t rows, int32_t in, int32_t out, int32_t act, void *y, void *post,
                           uint32_t round_dtype);
+/* 1.6: the same for either weight layout (KILN_LAYOUT_*) */
+int32_t cu_linear_forward_layout(kiln_instance *acc, uint32_t dtype, const void *x, const void *w, uint32_t w_dtype,
+                                 int32_t w_layout, const void *b, int32_t rows, int32_t in, int32_t out, int32_t act,
+                                 void *y, void *post, uint32_t round_dtype);
 
 /* cuda_prof.c: profile = true. init at configure; mark at every cu_enter;
  * report (to the log) and release at destroy, while the stream lives. */

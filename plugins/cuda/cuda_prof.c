@@ -92,7 +92,7 @@ void cu_prof_mark(kiln_instance *acc, const char *entry) {
 
 /* The category of an entry, for the rollup. */
 static const char *cu_prof_category(const char *n) {
-    if (!strncmp(n, "gemm", 4) || !strcmp(n, "linear_forward")) return "GEMMs";
+    if (!strncmp(n, "gemm", 4) || !strncmp(n, "linear_forward", 14)) return "GEMMs"; /* and _layout */
     if (!strncmp(n, "attention", 9)) return "attention";
     if (!strcmp(n, "xent_fused") || !strncmp(n, "softmax_xent", 12)) return "classifier";
     if (!strncmp(n, "layernorm", 9)) return "layer norm";

@@ -74,13 +74,16 @@ typedef struct gpt {
     void *dres;                  /* (max_rows, C) residual-stream gradient           */
     void *dx_unit;               /* (max_rows, C) d(loss)/d(xf) for dloss = 1        */
     void *dwte_unit;             /* (V, C) the classifier's d(loss)/d(wte), dloss = 1 */
-    void *logits;                /* (chunk, Vp) one chunk of logits / their gradient */
+    void *logits;                /* (chunk, Vp) one chunk of logits / their gradient,
+                                  * stored in gpt_logits_dtype (bf16 in bf16-mixed)  */
     float *pred32;               /* (Vp) F32 predict_step's logits on the device     */
     float *wte32;                /* (V, C) F32 wte's float16 compute values, for the
                                   * 16-mixed classifier backward; its own block     */
     float *pred_host;            /* (V) F32 host copy predict_step hands out         */
 
     kiln_nn_ctx ctx;             /* acc, kernels, dtypes of the current step         */
+
+    uint32_t logits_logged;      /* the logits dtype last reported (0: none yet)     */
 
     /* What backward needs from the last training_step. */
     int have_train_forward;
@@ -553,6 +556,14 @@ static int32_t gpt_trunk(gpt *g, int32_t B, int32_t T, const char *step) {
     return rc != KILN_OK ? gpt_nn_fail(g, rc, step) : KILN_OK;
 }
 
+/* The dtype the classifier's logits are stored in: bfloat16 in bf16-mixed
+ * on a table with 16-bit storage (ABI 1.6), else the activations'. */
+static uint32_t gpt_logits_dtype(const gpt *g) {
+    if (g->ctx.adt == KILN_DTYPE_F32 && g->ctx.rdt == KILN_DTYPE_BF16 && (g->k->flags & KILN_KERNELS_STORE_16BIT))
+        return KILN_DTYPE_BF16;
+    return g->ctx.adt;
+}
+
 /* The classifier and the loss over N = B*T rows of g->ln_f.y, chunk by
  * chunk: logits(rows, Vp) = xf . wte^T (rounded like any matmul output;
  * columns [V, Vp) are never written), then xent_fused. With `train`, the
@@ -568,7 +579,17 @@ static int32_t gpt_trunk(gpt *g, int32_t B, int32_t T, const char *step) {
  * round an F32 operand beside an F16 one): at unit scale float16 would
  * flush the unit gradients to zero, which the loss scale exists to
  * prevent; backward rounds dloss * dx_unit instead. *loss_sum is the sum
- * over valid rows (the mean divides). */
+ * over valid rows (the mean divides).
+ *
+ * In bf16-mixed the logits are stored in bfloat16 where the table allows
+ * it (KILN_KERNELS_STORE_16BIT, ABI 1.6), as autocast stores them: the
+ * logits GEMM writes them rounded, xent_fused reads them widened and writes
+ * the gradient rounded, and the backward products read it as it is. The
+ * values are the float32 path's bit for bit (that path rounds the same
+ * logits, and the backward products round the same gradient as operands),
+ * with about a third of the classifier's memory traffic: no rounding pass,
+ * no operand conversions, and half the bytes each time the logits are
+ * read or written. */
 static int32_t gpt_classifier(gpt *g, int32_t N, int train, double *loss_sum, const char *step) {
     const kiln_kernels *k = g->k;
     kiln_instance *acc = g->acc;
@@ -577,6 +598,14 @@ static int32_t gpt_classifier(gpt *g, int32_t N, int train, double *loss_sum, co
     const size_t esz = g->esz, C = (size_t)g->C;
     const char *xf = g->ln_f.y;
     const uint32_t brt = g->ctx.rdt == KILN_DTYPE_BF16 ? KILN_DTYPE_BF16 : KILN_DTYPE_F32; /* the backward's */
+    const uint32_t ldt = gpt_logits_dtype(g); /* the logits' storage */
+    if (ldt != g->logits_logged) { /* once per change: the precision decides it after create() */
+        kiln_logf(g->svc, g->hctx, KILN_LOG_DEBUG, "gpt: classifier logits stored in %s%s", kiln_dtype_name(ldt),
+                  ldt == KILN_DTYPE_F32 && g->ctx.rdt == KILN_DTYPE_BF16
+                      ? " (the accelerator's table lacks KILN_KERNELS_STORE_16BIT, ABI 1.6)"
+                      : "");
+        g->logits_logged = ldt;
+    }
     const double grad_scale = train && g->n_valid > 0 ? 1.0 / (double)g->n_valid : 0.0;
     *loss_sum = 0.0;
     if (train && g->n_valid == 0) { /* nothing to learn from: zero unit gradients */
@@ -607,21 +636,21 @@ static int32_t gpt_classifier(gpt *g, int32_t N, int train, double *loss_sum, co
         const void *x = xf + (size_t)r0 * C * esz; /* (rows, C) */
         GPT_K(g,
               k->gemm_ex(acc, 0, 1, rows, g->V, g->C, 1.0, x, adt, g->C, wte->compute, wte->compute_dtype, g->C, 0.0,
-                         g->logits, adt, g->Vp, g->ctx.rdt),
+                         g->logits, ldt, g->Vp, g->ctx.rdt),
               step, "gemm_ex (logits)");
         double ls = 0.0;
-        int32_t rc = k->xent_fused(acc, adt, g->logits, g->targets + r0, rows, g->V, g->Vp, grad_scale, &ls);
+        int32_t rc = k->xent_fused(acc, ldt, g->logits, g->targets + r0, rows, g->V, g->Vp, grad_scale, &ls);
         if (rc == KILN_E_DATA)
             return gpt_fail(g, rc, "gpt: %s: a target is outside [0, vocab_size = %d) and not -1", step, g->V);
         if (rc != KILN_OK) return gpt_fail(g, rc, "gpt: %s: kernel xent_fused failed: %s", step, kiln_strerror(rc));
         *loss_sum += ls;
         if (!train) continue;
         GPT_K(g,
-              k->gemm_ex(acc, 0, 0, rows, g->C, g->V, 1.0, g->logits, adt, g->Vp, wb, wbt, g->C, 0.0,
+              k->gemm_ex(acc, 0, 0, rows, g->C, g->V, 1.0, g->logits, ldt, g->Vp, wb, wbt, g->C, 0.0,
                          (char *)g->dx_unit + (size_t)r0 * C * esz, adt, g->C, brt),
               step, "gemm_ex (classifier input grad)");
         GPT_K(g,
-              k->gemm_ex(acc, 1, 0, g->V, g->C, rows, 1.0, g->logits, adt, g->Vp, x, adt, g->C, r0 == 0 ? 0.0 : 1.0,
+              k->gemm_ex(acc, 1, 0, g->V, g->C, rows, 1.0, g->logits, ldt, g->Vp, x, adt, g->C, r0 == 0 ? 0.0 : 1.0,
                          g->dwte_unit, adt, g->C, brt),
               step, "gemm_ex (classifier weight grad)");
     }

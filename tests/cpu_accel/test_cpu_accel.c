@@ -80,10 +80,12 @@ static void test_descriptor(void) {
     }
     /* alloc .. adamw_update (21 in ABI 1.1), cast .. adamw_update_ex (15
      * appended in 1.2), unscale_check, linear_forward (1.3), the 8
-     * sequence entries embedding_forward .. add (1.4) and the 7
-     * elementwise ones lerp .. clamp (1.5; tests/kernels_ew) */
-    CU_ASSERT_EQUAL(n, 53);
-    CU_ASSERT_TRUE(g_k->struct_size >= KILN_KERNELS_SIZE_1_5);
+     * sequence entries embedding_forward .. add (1.4), the 7
+     * elementwise ones lerp .. clamp (1.5; tests/kernels_ew) and
+     * linear_forward_layout (1.6) */
+    CU_ASSERT_EQUAL(n, 54);
+    CU_ASSERT_TRUE(g_k->struct_size >= KILN_KERNELS_SIZE_1_6);
+    CU_ASSERT_TRUE(g_k->flags & KILN_KERNELS_STORE_16BIT);
 }
 
 /* ---------------------------------------------------------------- memory */
@@ -620,7 +622,10 @@ static void test_ex_bad_dtypes(void) {
         {2, h, KILN_DTYPE_F16, d, KILN_DTYPE_F64, d, KILN_DTYPE_F64, KILN_DTYPE_F32, "gemm_ex: c_dtype float64 needs float64 A and B, got a_dtype float16", NULL},
         {2, d, KILN_DTYPE_F64, f, KILN_DTYPE_F32, d, KILN_DTYPE_F64, KILN_DTYPE_F32, "gemm_ex: c_dtype float64 needs float64 A and B, got b_dtype float32", NULL},
         {2, d, KILN_DTYPE_F64, f, KILN_DTYPE_F32, f, KILN_DTYPE_F32, KILN_DTYPE_F32, "gemm_ex: c_dtype float32 needs float32, float16 or bfloat16 A and B, got a_dtype float64", NULL},
-        {2, f, KILN_DTYPE_F32, f2, KILN_DTYPE_F32, h, KILN_DTYPE_F16, KILN_DTYPE_F32, "gemm_ex: c_dtype must be float32 or float64", "float16"},
+        {2, f, KILN_DTYPE_F32, f2, KILN_DTYPE_F32, h, KILN_DTYPE_F16, KILN_DTYPE_F32, "gemm_ex: c_dtype float16 takes round_dtype float16", "got float32"},
+        {2, f, KILN_DTYPE_F32, h, KILN_DTYPE_BF16, h, KILN_DTYPE_F16, KILN_DTYPE_F16, "gemm_ex: c_dtype float16 needs float32 or float16 A and B, got b_dtype bfloat16", NULL},
+        {2, d, KILN_DTYPE_F64, f, KILN_DTYPE_F32, h, KILN_DTYPE_BF16, KILN_DTYPE_BF16, "gemm_ex: c_dtype bfloat16 needs", "a_dtype float64"},
+        {2, f, KILN_DTYPE_F32, f2, KILN_DTYPE_F32, f, KILN_DTYPE_U8, KILN_DTYPE_F32, "gemm_ex: c_dtype must be float32, float64, float16 or bfloat16", "uint8"},
         {2, f, KILN_DTYPE_F32, f2, KILN_DTYPE_F32, f, KILN_DTYPE_F32, KILN_DTYPE_F64, "gemm_ex: round_dtype", "float64"},
         {2, d, KILN_DTYPE_F64, d, KILN_DTYPE_F64, d, KILN_DTYPE_F64, KILN_DTYPE_BF16, "gemm_ex: c_dtype float64 takes round_dtype", "bfloat16"},
         {3, f, KILN_DTYPE_F32, h, KILN_DTYPE_F16, f, KILN_DTYPE_F32, KILN_DTYPE_F32, "gemm_ex: lda=2", NULL},
@@ -791,6 +796,71 @@ static void test_gemm_ex(void) {
     CU_ASSERT_EQUAL(g_k->gemm_ex(g_acc, 0, 0, 0, 4, 4, 1.0, NULL, KILN_DTYPE_F16, 4, NULL, KILN_DTYPE_F16, 4, 0.0,
                                  NULL, KILN_DTYPE_F32, 4, KILN_DTYPE_F16),
                     KILN_OK);
+}
+
+/* 1.6: a float16 / bfloat16 C. The result is the float32 product of the
+ * operands rounded through C's dtype, plus beta times C widened, rounded
+ * once as it is stored: the bits of the float32 call on those operand
+ * values, cast. A 16-bit B operand of C's dtype, transposes, K = 0 and a
+ * padded C (ldc > N, padding untouched) too. */
+static void check_gemm_ex_c16(uint32_t dt, int M, int N, int K, int ta, int tb, double alpha, double beta, int b16) {
+    const size_t na = (size_t)M * K, nb = (size_t)K * N, nc = (size_t)M * N;
+    float *A = malloc(na * sizeof *A), *B = malloc(nb * sizeof *B), *Ar = malloc(na * sizeof *Ar),
+          *Br = malloc(nb * sizeof *Br), *Cf = malloc(nc * sizeof *Cf);
+    uint16_t *B16 = malloc(nb * 2), *C16 = malloc(nc * 2), *want = malloc(nc * 2);
+    for (size_t i = 0; i < na; i++) A[i] = 3.0f * val((unsigned)i, 400);
+    for (size_t i = 0; i < nb; i++) B[i] = 2.0f * val((unsigned)i, 401);
+    for (size_t i = 0; i < nc; i++) Cf[i] = val((unsigned)i, 402);
+    /* the operands autocast would multiply, and C as stored */
+    CU_ASSERT_EQUAL(g_k->cast(g_acc, B16, dt, B, KILN_DTYPE_F32, nb), KILN_OK);
+    CU_ASSERT_EQUAL(g_k->cast(g_acc, Br, KILN_DTYPE_F32, B16, dt, nb), KILN_OK);
+    memcpy(Ar, A, na * sizeof *A);
+    CU_ASSERT_EQUAL(g_k->round_to(g_acc, Ar, dt, na), KILN_OK);
+    CU_ASSERT_EQUAL(g_k->cast(g_acc, C16, dt, Cf, KILN_DTYPE_F32, nc), KILN_OK);
+    CU_ASSERT_EQUAL(g_k->cast(g_acc, Cf, KILN_DTYPE_F32, C16, dt, nc), KILN_OK);
+    const int lda = ta ? M : (K > 0 ? K : 1), ldb = tb ? (K > 0 ? K : 1) : N;
+    CU_ASSERT_EQUAL(g_k->gemm_ex(g_acc, ta, tb, M, N, K, alpha, Ar, KILN_DTYPE_F32, lda, Br, KILN_DTYPE_F32, ldb, beta,
+                                 Cf, KILN_DTYPE_F32, N, KILN_DTYPE_F32),
+                    KILN_OK);
+    CU_ASSERT_EQUAL(g_k->cast(g_acc, want, dt, Cf, KILN_DTYPE_F32, nc), KILN_OK);
+    CU_ASSERT_EQUAL(g_k->gemm_ex(g_acc, ta, tb, M, N, K, alpha, A, KILN_DTYPE_F32, lda, b16 ? (const void *)B16 : B,
+                                 b16 ? dt : KILN_DTYPE_F32, ldb, beta, C16, dt, N, dt),
+                    KILN_OK);
+    CU_ASSERT_EQUAL(memcmp(C16, want, nc * 2), 0);
+    /* padded: row stride N + 3, the padding keeps its bits */
+    const int ldc = N + 3;
+    uint16_t *P16 = malloc((size_t)M * ldc * 2);
+    for (int i = 0; i < M * ldc; i++) P16[i] = (uint16_t)(0x3c00u + (unsigned)i % 7u);
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) P16[(size_t)i * ldc + j] = 0;
+    CU_ASSERT_EQUAL(g_k->gemm_ex(g_acc, ta, tb, M, N, K, alpha, A, KILN_DTYPE_F32, lda, B, KILN_DTYPE_F32, ldb, 0.0,
+                                 P16, dt, ldc, dt),
+                    KILN_OK);
+    int bad = 0;
+    for (int i = 0; i < M; i++)
+        for (int j = ldc - 3; j < ldc; j++) bad += P16[(size_t)i * ldc + j] != (uint16_t)(0x3c00u + (unsigned)(i * ldc + j) % 7u);
+    CU_ASSERT_EQUAL(bad, 0);
+    free(P16);
+    free(A), free(B), free(Ar), free(Br), free(Cf), free(B16), free(C16), free(want);
+}
+
+static void test_gemm_ex_c16(void) {
+    CU_ASSERT_TRUE(g_k->flags & KILN_KERNELS_STORE_16BIT);
+    const uint32_t dts[2] = {KILN_DTYPE_BF16, KILN_DTYPE_F16};
+    for (int d = 0; d < 2; d++) {
+        check_gemm_ex_c16(dts[d], 5, 7, 3, 0, 0, 1.0, 0.0, 0);
+        check_gemm_ex_c16(dts[d], 33, 40, 21, 0, 1, 0.5, 0.0, 1);
+        check_gemm_ex_c16(dts[d], 17, 9, 24, 1, 0, -1.25, 0.75, 0);
+        check_gemm_ex_c16(dts[d], 48, 64, 32, 1, 1, 1.0, 1.0, 1);
+        check_gemm_ex_c16(dts[d], 4, 6, 0, 0, 0, 1.0, -0.5, 0); /* K = 0: C = beta * C, rounded */
+    }
+    /* the product rounds once, at the store: 1 + 2^-9 in bfloat16 is 1 */
+    float a[2] = {1.0f, 1.0f / 512.0f}, b[2] = {1.0f, 1.0f};
+    uint16_t c = 0xffff;
+    CU_ASSERT_EQUAL(g_k->gemm_ex(g_acc, 0, 0, 1, 1, 2, 1.0, a, KILN_DTYPE_F32, 2, b, KILN_DTYPE_F32, 1, 0.0, &c,
+                                 KILN_DTYPE_BF16, 1, KILN_DTYPE_BF16),
+                    KILN_OK);
+    CU_ASSERT_EQUAL(c, 0x3f80); /* bfloat16 1.0 */
 }
 
 /* Every `_ex` training entry in both dtypes: float32 gives exactly what the
@@ -1041,6 +1111,69 @@ static float from_bf16(uint16_t h) { return hb_bf16_value(h); }
  * the unfused sequence its ABI comment names (which is what mlp runs on a
  * 1.2 accelerator), in float32, float32 with bfloat16 weights and output
  * rounding, and float64; plus its refusals. */
+/* 1.6: linear_forward_layout. KILN_LAYOUT_IN_OUT (Conv1D, w (in, out))
+ * gives the bits of its unfused equivalent (gemm_ex with B untransposed,
+ * bias_add_ex, round_to, act_forward, round_to) and the double loop's
+ * values; KILN_LAYOUT_OUT_IN gives the 1.3 entry's bits; another layout is
+ * refused. */
+static void test_linear_forward_layout(void) {
+    enum { R = 7, I = 12, O = 10, NY = R * O };
+    float x[R * I], w[O * I], wt[I * O], b[O], y[NY], post[NY], y2[NY], post2[NY];
+    uint16_t wtb[I * O];
+    CU_ASSERT_TRUE_FATAL(g_k->struct_size >= KILN_KERNELS_SIZE_1_6 && g_k->linear_forward_layout);
+    for (int i = 0; i < R * I; i++) x[i] = val(i, 320) * 2.0f; /* not bf16-representable: rounded as operands */
+    for (int o = 0; o < O; o++)
+        for (int i = 0; i < I; i++) w[o * I + i] = wt[i * O + o] = val(o * I + i, 321) * 0.5f;
+    for (int i = 0; i < I * O; i++) wtb[i] = to_bf16(wt[i]);
+    for (int i = 0; i < O; i++) b[i] = val(i, 322) * 0.25f;
+    static const int32_t acts[] = {KILN_ACT_GELU, KILN_ACT_RELU, -1};
+    for (unsigned t = 0; t < sizeof acts / sizeof acts[0]; t++)
+        for (int bf = 0; bf < 2; bf++) {
+            const int32_t act = acts[t];
+            const uint32_t wdt = bf ? KILN_DTYPE_BF16 : KILN_DTYPE_F32, rdt = bf ? KILN_DTYPE_BF16 : KILN_DTYPE_F32;
+            const void *W = bf ? (const void *)wtb : (const void *)wt;
+            CU_ASSERT_EQUAL(g_k->linear_forward_layout(g_acc, KILN_DTYPE_F32, x, W, wdt, KILN_LAYOUT_IN_OUT, b, R, I, O,
+                                                       act, y, act < 0 ? NULL : post, rdt),
+                            KILN_OK);
+            CU_ASSERT_EQUAL(g_k->gemm_ex(g_acc, 0, 0, R, O, I, 1.0, x, KILN_DTYPE_F32, I, W, wdt, O, 0.0, y2,
+                                         KILN_DTYPE_F32, O, KILN_DTYPE_F32),
+                            KILN_OK);
+            CU_ASSERT_EQUAL(g_k->bias_add_ex(g_acc, KILN_DTYPE_F32, y2, b, R, O), KILN_OK);
+            CU_ASSERT_EQUAL(g_k->round_to(g_acc, y2, rdt, NY), KILN_OK);
+            CU_ASSERT_EQUAL(memcmp(y, y2, sizeof y), 0);
+            if (act >= 0) {
+                CU_ASSERT_EQUAL(g_k->act_forward(g_acc, KILN_DTYPE_F32, act, post2, y2, NY), KILN_OK);
+                CU_ASSERT_EQUAL(g_k->round_to(g_acc, post2, rdt, NY), KILN_OK);
+                CU_ASSERT_EQUAL(memcmp(post, post2, sizeof post), 0);
+            }
+            int bad = 0;
+            for (int r = 0; r < R; r++)
+                for (int o = 0; o < O; o++) {
+                    double s = b[o];
+                    for (int i = 0; i < I; i++)
+                        s += bf ? (double)from_bf16(to_bf16(x[r * I + i])) * from_bf16(wtb[i * O + o])
+                                : (double)x[r * I + i] * wt[i * O + o];
+                    bad += !close_to(y[r * O + o], s, bf ? 1.0 / 128 : 1e-5);
+                }
+            CU_ASSERT_EQUAL(bad, 0);
+            /* OUT_IN is the 1.3 entry */
+            CU_ASSERT_EQUAL(g_k->linear_forward_layout(g_acc, KILN_DTYPE_F32, x, w, KILN_DTYPE_F32, KILN_LAYOUT_OUT_IN,
+                                                       b, R, I, O, act, y, act < 0 ? NULL : post, rdt),
+                            KILN_OK);
+            CU_ASSERT_EQUAL(g_k->linear_forward(g_acc, KILN_DTYPE_F32, x, w, KILN_DTYPE_F32, b, R, I, O, act, y2,
+                                                act < 0 ? NULL : post2, rdt),
+                            KILN_OK);
+            CU_ASSERT_EQUAL(memcmp(y, y2, sizeof y), 0);
+            if (act >= 0) CU_ASSERT_EQUAL(memcmp(post, post2, sizeof post), 0);
+        }
+    CU_ASSERT_TRUE(rejected(g_k->linear_forward_layout(g_acc, KILN_DTYPE_F32, x, wt, KILN_DTYPE_F32, 2, b, R, I, O, -1,
+                                                       y, NULL, KILN_DTYPE_F32),
+                            "linear_forward_layout: w_layout must be", "got 2"));
+    CU_ASSERT_TRUE(rejected(g_k->linear_forward_layout(g_acc, KILN_DTYPE_F32, x, wt, KILN_DTYPE_F32, KILN_LAYOUT_IN_OUT,
+                                                       b, R, I, O, KILN_ACT_RELU, y, NULL, KILN_DTYPE_F32),
+                            "linear_forward_layout", "post is NULL"));
+}
+
 static void test_linear_forward(void) {
     enum { R = 9, I = 13, O = 11, NY = R * O };
     float x[R * I], w[O * I], b[O], y[NY], post[NY], y2[NY], post2[NY];
@@ -1227,12 +1360,14 @@ static CU_TestInfo cases_cpu_accel[] = {
     {"1.2: bad dtypes and arguments rejected", test_ex_bad_dtypes},
     {"1.2: cast, round_to", test_cast_round_to},
     {"1.2: gemm_ex (f16 B, rounding, f64, workspace)", test_gemm_ex},
+    {"1.6: gemm_ex into a bf16/f16 C (= f32 then rounded once, padding kept)", test_gemm_ex_c16},
     {"1.2: _ex bias, act, reductions (f32 = 1.1, f64 vs double)", test_ex_entries},
     {"1.2: act tanh, sigmoid, leaky_relu (f32, f64, limits, bad ids)", test_gan_activations},
     {"1.2: _ex softmax_xent and bad labels", test_ex_loss},
     {"1.2: _ex sgd, adamw", test_ex_optimizers},
     {"1.3: unscale_check over a list (f32, f64, inf, NaN, refusals)", test_unscale_check},
     {"1.3: linear_forward (f32, bf16 rounding, f64, = unfused, refusals)", test_linear_forward},
+    {"1.6: linear_forward_layout (Conv1D (in, out) = unfused, OUT_IN = 1.3 entry, bad layout)", test_linear_forward_layout},
     {"configure threads", test_configure},
     CU_TEST_INFO_NULL,
 };

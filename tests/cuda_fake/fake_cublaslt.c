@@ -10,7 +10,8 @@
  * and for a strided batch its count and stride, each batch one GEMM),
  * accumulating in double from exactly decoded inputs (fp16/bf16 widen
  * exactly; TF32 compute rounds fp32 inputs to 10 mantissa bits first, as
- * the tensor cores do). beta == 0 does not read C, so NaN there cannot
+ * the tensor cores do; a float16 / bfloat16 C of the operands' type gets
+ * the fp32 result rounded once). beta == 0 does not read C, so NaN there cannot
  * leak. The BIAS and GELU_AUX_BIAS epilogues (fp32 output) add the bias
  * after the product is rounded to fp32 and, for GELU, store that in aux
  * and apply a GELU that is not the cpu kernels' (as cuBLASLt's is not).
@@ -420,7 +421,8 @@ static cublasStatus_t fake_resolve(const char *fn, cublasLtMatmulDesc_t desc, cu
         ok = d->scale == CUDA_R_32F && a->type == CUDA_R_32F && b->type == CUDA_R_32F && c->type == CUDA_R_32F;
     else if (fake_is_compute_32f(d->compute))
         ok = d->scale == CUDA_R_32F && a->type == b->type &&
-             (a->type == CUDA_R_32F || a->type == CUDA_R_16F || a->type == CUDA_R_16BF) && c->type == CUDA_R_32F;
+             (a->type == CUDA_R_32F || a->type == CUDA_R_16F || a->type == CUDA_R_16BF) &&
+             (c->type == CUDA_R_32F || (c->type == a->type && a->type != CUDA_R_32F)); /* 16-bit out: same type */
     else
         ok = 0;
     if (!ok || dd->type != c->type) {
@@ -723,6 +725,12 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmul(cublasLtHandle_t lightHandle, cublasL
                 if (cfg.c->type == CUDA_R_64F) {
                     const double r = b_ == 0.0 ? a_ * acc : a_ * acc + b_ * ((const double *)C)[ci];
                     ((double *)D)[di] = r;
+                } else if (cfg.c->type != CUDA_R_32F) {
+                    /* a 16-bit output: the fp32 result, rounded once to nearest even */
+                    const int bf = cfg.c->type == CUDA_R_16BF;
+                    const double c0 = b_ == 0.0 ? 0.0 : fake_load(C, cfg.c->type, i, j, cfg.c->ld, 0);
+                    const float v = (float)(b_ == 0.0 ? a_ * acc : a_ * acc + b_ * c0);
+                    ((uint16_t *)D)[di] = hb_round16(bf, v);
                 } else {
                     const double r = b_ == 0.0 ? a_ * acc : a_ * acc + b_ * (double)((const float *)C)[ci];
                     float v = (float)r;

@@ -171,8 +171,9 @@ cudaError_t kg_layernorm_backward(cudaStream_t s, int fdt, void *dx, void *dw, v
 cudaError_t kg_xent_fused(cudaStream_t s, int fdt, void *logits, const int32_t *targets, int N, int V, int Vp,
                           double grad_scale, double *row_loss, int32_t *bad_row, double *loss_sum) {
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
-    if (!fake_seq_fdt(fdt) || N < 0 || V < 1 || Vp < V) return fake_error(cudaErrorInvalidValue);
-    const size_t esz = fake_seq_esz(fdt), lb = (size_t)N * (size_t)Vp * esz;
+    const int is16 = fdt == KG_F16 || fdt == KG_BF16; /* 1.6: 16-bit logits */
+    if (!(fake_seq_fdt(fdt) || is16) || N < 0 || V < 1 || Vp < V) return fake_error(cudaErrorInvalidValue);
+    const size_t esz = is16 ? 2 : fake_seq_esz(fdt), lb = (size_t)N * (size_t)Vp * esz;
     const fake_buf bufs[] = {{"logits", logits, lb},
                              {"targets", targets, (size_t)N * sizeof *targets},
                              {"row_loss", row_loss, (size_t)N * sizeof *row_loss},
@@ -182,6 +183,8 @@ cudaError_t kg_xent_fused(cudaStream_t s, int fdt, void *logits, const int32_t *
     if (e != cudaSuccess) return e;
     if (fake_overlap(__func__, "logits", logits, lb, "row_loss", row_loss, (size_t)N * sizeof *row_loss))
         return fake_error(cudaErrorInvalidValue);
+    float *row32 = is16 ? malloc((size_t)Vp * sizeof *row32) : NULL; /* kc_xent_fused_16's widened row */
+    if (is16 && !row32) return fake_error(cudaErrorMemoryAllocation);
     for (int i = 0; i < N; i++) {
         const int32_t t = targets[i];
         if (t < -1 || t >= V) {
@@ -190,9 +193,11 @@ cudaError_t kg_xent_fused(cudaStream_t s, int fdt, void *logits, const int32_t *
             continue;
         }
         void *row = (char *)logits + (size_t)i * (size_t)Vp * esz;
-        row_loss[i] = fdt == KG_F32 ? kc_xent_fused(row, &targets[i], 1, V, Vp, grad_scale)
-                                    : kc_xent_fused_f64(row, &targets[i], 1, V, Vp, grad_scale);
+        row_loss[i] = is16            ? kc_xent_fused_16(fdt, row, &targets[i], 1, V, Vp, grad_scale, row32)
+                      : fdt == KG_F32 ? kc_xent_fused(row, &targets[i], 1, V, Vp, grad_scale)
+                                      : kc_xent_fused_f64(row, &targets[i], 1, V, Vp, grad_scale);
     }
+    free(row32);
     const size_t rpb = km_xent_rows_per_block((size_t)N);
     double total = 0.0;
     for (size_t r0 = 0; r0 < (size_t)N; r0 += rpb) {

@@ -89,6 +89,12 @@ if run fake_profile '{ name = "cudafake:cuda"; profile = true; }' bf16-mixed; th
     grep -q "cuda: profile: category $cat " "$work/fake_profile/log" || fail "profile: no line for the category $cat"
   done
   grep -q "cuda: profile: entry attention_backward " "$work/fake_profile/log" || fail "profile: no line for attention_backward"
+  # ABI 1.6: the Conv1D layers run through the fused linear_forward_layout
+  # (never as gemm_ex + bias_add), and the logits GEMM and xent are there
+  grep -q "cuda: profile: entry linear_forward_layout " "$work/fake_profile/log" ||
+    fail "profile: gpt's Conv1D layers did not run through linear_forward_layout"
+  ! grep -q "cuda: profile: entry bias_add " "$work/fake_profile/log" ||
+    fail "profile: bias_add ran: a Conv1D layer took the unfused path"
   grep "cuda: profile: category" "$work/fake_profile/log" | head -3 | sed 's/^/  /'
   # every GEMM of a bf16-mixed step on the 16-bit tensor cores: one on the
   # fp32 units runs about 15 times slower on an H100/H200 (forward products

@@ -874,6 +874,65 @@ static void test_gemm_ex_rounds_f32_operands(void) {
     NO_VIOLATIONS();
 }
 
+/* 1.6: gemm_ex into a bfloat16 C. An F32 A is converted once, a bf16 B is
+ * taken as it is, and one 16-bit matmul writes C, whose fp32 result is
+ * rounded once as it is stored (bits checked against the exact model);
+ * K = 0 leaves beta * C rounded, through the row-wise path. The flag that
+ * tells callers is set. */
+static void test_gemm_ex_c16(void) {
+    const kiln_kernels *k = NULL;
+    kiln_instance *acc = ready(NULL, &k);
+    if (!acc) return;
+    CU_ASSERT_TRUE(k->flags & KILN_KERNELS_STORE_16BIT);
+    enum { M = 4, N = 6, K = 5, LDC = 8 };
+    float a[M * K];
+    uint16_t b16[K * N], c16[M * LDC], out[M * LDC];
+    for (int i = 0; i < M * K; i++) a[i] = val((unsigned)i, 31) * 3.0f;
+    for (int i = 0; i < K * N; i++) b16[i] = bf16_bits(val((unsigned)i, 32));
+    for (int i = 0; i < M * LDC; i++) c16[i] = bf16_bits(i % LDC < N ? val((unsigned)i, 33) : 7.0f);
+    void *dA = up(k, acc, a, sizeof a), *dB = up(k, acc, b16, sizeof b16), *dC = up(k, acc, c16, sizeof c16);
+    CU_ASSERT_FATAL(dA && dB && dC);
+    const fake_cuda_stats s0 = stats();
+    CU_ASSERT_EQUAL(k->gemm_ex(acc, 0, 0, M, N, K, 0.5, dA, KILN_DTYPE_F32, K, dB, KILN_DTYPE_BF16, N, -1.0, dC,
+                               KILN_DTYPE_BF16, LDC, KILN_DTYPE_BF16),
+                    KILN_OK);
+    const fake_cuda_stats s1 = stats();
+    CU_ASSERT_EQUAL(s1.matmuls - s0.matmuls, 1);
+    CU_ASSERT_EQUAL(s1.matmuls_16bit - s0.matmuls_16bit, 1);
+    CU_ASSERT_TRUE(down(k, acc, out, dC, sizeof out));
+    int bad = 0;
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < LDC; j++) {
+            uint16_t want = c16[i * LDC + j]; /* the padding keeps its bits */
+            if (j < N) {
+                double sum = 0.0;
+                for (int p = 0; p < K; p++) sum += (double)round_bf16(a[i * K + p]) * hb_bf16_value(b16[p * N + j]);
+                want = bf16_bits((float)(0.5 * sum - 1.0 * hb_bf16_value(c16[i * LDC + j])));
+            }
+            bad += out[i * LDC + j] != want;
+        }
+    CU_ASSERT_EQUAL(bad, 0);
+    /* K = 0: C = 0.5 * C, rounded, padding kept */
+    CU_ASSERT_EQUAL(k->copy(acc, dC, c16, sizeof c16, KILN_COPY_H2D), KILN_OK);
+    CU_ASSERT_EQUAL(k->gemm_ex(acc, 0, 0, M, N, 0, 1.0, NULL, KILN_DTYPE_F32, 1, NULL, KILN_DTYPE_F32, N, 0.5, dC,
+                               KILN_DTYPE_BF16, LDC, KILN_DTYPE_BF16),
+                    KILN_OK);
+    CU_ASSERT_TRUE(down(k, acc, out, dC, sizeof out));
+    bad = 0;
+    for (int i = 0; i < M * LDC; i++)
+        bad += out[i] != (i % LDC < N ? bf16_bits(0.5f * hb_bf16_value(c16[i])) : c16[i]);
+    CU_ASSERT_EQUAL(bad, 0);
+    /* a round_dtype other than C's is refused, naming both */
+    kiln_test_clear_error(g_th);
+    CU_ASSERT_EQUAL(k->gemm_ex(acc, 0, 0, M, N, K, 1.0, dA, KILN_DTYPE_F32, K, dB, KILN_DTYPE_BF16, N, 0.0, dC,
+                               KILN_DTYPE_BF16, LDC, KILN_DTYPE_F32),
+                    KILN_E_INVALID_ARG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(kiln_test_error(g_th), "cuda: gemm_ex: c_dtype bfloat16 takes round_dtype bfloat16"));
+    k->free(acc, dA), k->free(acc, dB), k->free(acc, dC);
+    g_ops->base.destroy(acc);
+    NO_VIOLATIONS();
+}
+
 /* gemm_ex in float64 and with two different 16-bit dtypes (both widened to
  * float32), against double references. */
 static void test_gemm_ex_f64_and_f16_bf16(void) {
@@ -1614,6 +1673,7 @@ static void register_tests(void) {
     CU_add_test(s, "gemm_ex: F32 x BF16 rounded to BF16, beta 1, ldc > N", test_gemm_ex_mixed_bf16);
     CU_add_test(s, "gemm_ex: F64; F16 x BF16", test_gemm_ex_f64_and_f16_bf16);
     CU_add_test(s, "gemm_ex: F32 operands rounded as autocast, on the tensor cores", test_gemm_ex_rounds_f32_operands);
+    CU_add_test(s, "1.6 gemm_ex into a bfloat16 C: one 16-bit matmul, rounded once; K = 0", test_gemm_ex_c16);
     CU_add_test(s, "loss and reductions read back", test_loss_and_reductions);
     CU_add_test(s, "failing CUDA/cuBLAS calls become messages", test_failing_calls);
     CU_add_test(s, "softmax_xent_backward refuses a bad label", test_xent_backward_bad_label);

@@ -753,6 +753,93 @@ static void test_precisions(void) {
     CU_ASSERT(loss[3] != loss[0]);
 }
 
+/* ABI 1.6 changes no result. On a 1.6 table, bf16-mixed keeps the
+ * classifier's logits (and their gradient) in bfloat16
+ * (KILN_KERNELS_STORE_16BIT) and the Conv1D layers run through
+ * linear_forward_layout; on a 1.5-sized table without the bit, float32
+ * logits and the unfused Conv1D sequence. The losses and every gradient
+ * are the same bit for bit. 16-mixed keeps float32 logits (its unit-scale
+ * gradient would underflow in fp16). Spies record the logits' dtype and
+ * the Conv1D calls. */
+static uint32_t g_xent_dtype;
+static int g_conv1d_calls;
+
+static int32_t spy_xent_fused(kiln_instance *acc, uint32_t dtype, void *logits, const int32_t *targets, int32_t N,
+                              int32_t V, int32_t Vp, double grad_scale, double *loss_sum) {
+    g_xent_dtype = dtype;
+    return g_cpu->xent_fused(acc, dtype, logits, targets, N, V, Vp, grad_scale, loss_sum);
+}
+
+static int32_t spy_linear_layout(kiln_instance *acc, uint32_t dt, const void *x, const void *w, uint32_t wt,
+                                 int32_t wl, const void *b, int32_t rows, int32_t in, int32_t out, int32_t act, void *y,
+                                 void *post, uint32_t rt) {
+    g_conv1d_calls += wl == KILN_LAYOUT_IN_OUT;
+    return g_cpu->linear_forward_layout(acc, dt, x, w, wt, wl, b, rows, in, out, act, y, post, rt);
+}
+
+typedef struct {
+    double train, val;
+    float *grads; /* (n) every parameter's, in registration order */
+    size_t n;
+    uint32_t xent_dtype;
+    int conv1d_calls;
+} logits_run;
+
+static logits_run run_logits(int prec, int abi16) {
+    logits_run r = {NAN, NAN, NULL, 0, 0, 0};
+    const kiln_kernels saved = g_table;
+    g_table.xent_fused = spy_xent_fused;
+    g_table.linear_forward_layout = spy_linear_layout;
+    g_table.flags = abi16 ? g_cpu->flags | KILN_KERNELS_STORE_16BIT : g_cpu->flags & ~KILN_KERNELS_STORE_16BIT;
+    if (!abi16) g_table.struct_size = KILN_KERNELS_SIZE_1_5;
+    g_xent_dtype = 0;
+    g_conv1d_calls = 0;
+    /* 16 rows in chunks of 5 (the last one partial), logits stride 40 */
+    cfg c = {2, 2, 16, 8, 37, 40, 2, 5, 1e-5, 0.02, {{0}}};
+    kiln_instance *inst = make_ok(&c, 29, prec);
+    tbatch tb;
+    batch_random(&tb, 2, 8, 37, 12);
+    r.train = train_loss(inst, &tb);
+    CU_ASSERT_EQUAL(ops()->backward(inst, 3.0), KILN_OK);
+    r.xent_dtype = g_xent_dtype;
+    size_t total = 0;
+    for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++) total += (size_t)kiln_test_param(g_th, i)->numel;
+    r.grads = malloc(total * sizeof *r.grads);
+    r.n = total;
+    for (uint32_t i = 0, off = 0; i < kiln_test_param_count(g_th); i++) {
+        const kiln_parameter *p = kiln_test_param(g_th, i);
+        memcpy(r.grads + off, p->grad, (size_t)p->numel * sizeof(float));
+        off += (uint32_t)p->numel;
+    }
+    kiln_step_output out = step_output();
+    CU_ASSERT_EQUAL(ops()->validation_step(inst, &tb.b, 0, &out), KILN_OK);
+    r.val = out.loss;
+    r.conv1d_calls = g_conv1d_calls;
+    destroy_module(inst);
+    g_table = saved;
+    return r;
+}
+
+static void test_logits_16bit(void) {
+    CU_ASSERT_TRUE_FATAL(g_cpu->flags & KILN_KERNELS_STORE_16BIT);
+    const int precs[3] = {P_BF16, P_F16, P_F32};
+    const uint32_t want16[3] = {KILN_DTYPE_BF16, KILN_DTYPE_F32, KILN_DTYPE_F32};
+    for (int k = 0; k < 3; k++) {
+        logits_run a = run_logits(precs[k], 1), b = run_logits(precs[k], 0);
+        CU_ASSERT_EQUAL(a.xent_dtype, want16[k]);
+        CU_ASSERT_EQUAL(b.xent_dtype, KILN_DTYPE_F32);
+        CU_ASSERT_EQUAL(a.conv1d_calls, 2 * 4 * 2); /* (training + validation) x 4 Conv1D x 2 layers */
+        CU_ASSERT_EQUAL(b.conv1d_calls, 0);
+        CU_ASSERT_EQUAL(a.train, b.train);
+        CU_ASSERT_EQUAL(a.val, b.val);
+        CU_ASSERT_TRUE(isfinite(a.train) && a.train > 0.0);
+        CU_ASSERT_TRUE(a.n > 0 && a.n == b.n);
+        CU_ASSERT_EQUAL(memcmp(a.grads, b.grads, a.n * sizeof(float)), 0);
+        free(a.grads);
+        free(b.grads);
+    }
+}
+
 /* All targets ignored: loss 0, no gradient, nothing logged. */
 static void test_all_ignored(void) {
     tbatch tb;
@@ -873,6 +960,7 @@ static CU_TestInfo cases_gpt[] = {
     {"backward adds, linear in dloss", test_backward_accumulates},
     {"classifier chunk size changes nothing", test_chunks},
     {"fp32 vs fp64; bf16 and f16 compute copies", test_precisions},
+    {"1.6: bf16 logits, fused Conv1D = the 1.5 table's results, bit for bit", test_logits_16bit},
     {"all targets ignored: loss 0, no gradient", test_all_ignored},
     {"frozen parameters keep their grads", test_frozen},
     {"train/val/test losses and perplexities are logged", test_logging},

@@ -1033,13 +1033,15 @@ static void test_unscale_check(void) {
 }
 
 /* One linear_forward case: x(rows, in) on the grid of round (representable
- * in it), w(out, in) in w_dt, b(out) or none; y and post compared with
+ * in it), w(out, in) in w_dt (or, through 1.6's linear_forward_layout with
+ * KILN_LAYOUT_IN_OUT, w(in, out): Conv1D), b(out) or none; y and post compared with
  * the GEMM bound of "Tolerances" plus the bias, one 16-bit ulp each where
  * rounded, and for post the activation's slope (<= 1.13) times y's bound
  * plus the elementwise tolerance. */
 typedef struct lin_case {
     int rows, in, out, act, bias;
     uint32_t dt, w_dt, round;
+    int entry; /* 0: linear_forward (1.3); 1 + KILN_LAYOUT_*: linear_forward_layout (1.6) */
 } lin_case;
 
 static void run_linear(const lin_case *L) {
@@ -1049,7 +1051,9 @@ static void run_linear(const lin_case *L) {
     const int rounded = L->round == KILN_DTYPE_F16 || L->round == KILN_DTYPE_BF16;
     void *absx, *absw;
     void *x = make_operand(L->rows, L->in, L->in, dt, rounded ? L->round : dt, &absx);
-    void *w = make_operand(L->out, L->in, L->in, L->w_dt, rounded ? L->round : L->w_dt, &absw);
+    const int in_out = L->entry == 1 + KILN_LAYOUT_IN_OUT;
+    void *w = in_out ? make_operand(L->in, L->out, L->out, L->w_dt, rounded ? L->round : L->w_dt, &absw)
+                     : make_operand(L->out, L->in, L->in, L->w_dt, rounded ? L->round : L->w_dt, &absw);
     void *b = NULL;
     double *bd = xcalloc(L->out, sizeof *bd);
     if (L->bias) {
@@ -1065,12 +1069,14 @@ static void run_linear(const lin_case *L) {
     if (L->in == 0) {
         /* no product: S stays 0 */
     } else if (dt == KILN_DTYPE_F64) {
-        CU_ASSERT_EQUAL(RK->gemm_ex(RACC, 0, 1, L->rows, L->out, L->in, 1.0, absx, KILN_DTYPE_F64, L->in, absw,
-                                    KILN_DTYPE_F64, L->in, 0.0, S, KILN_DTYPE_F64, L->out, KILN_DTYPE_F32),
+        CU_ASSERT_EQUAL(RK->gemm_ex(RACC, 0, !in_out, L->rows, L->out, L->in, 1.0, absx, KILN_DTYPE_F64, L->in, absw,
+                                    KILN_DTYPE_F64, in_out ? L->out : L->in, 0.0, S, KILN_DTYPE_F64, L->out,
+                                    KILN_DTYPE_F32),
                         KILN_OK);
     } else {
         float *Sf = xcalloc(ny, sizeof *Sf);
-        CU_ASSERT_EQUAL(RK->gemm(RACC, 0, 1, L->rows, L->out, L->in, 1.0f, absx, L->in, absw, L->in, 0.0f, Sf, L->out),
+        CU_ASSERT_EQUAL(RK->gemm(RACC, 0, !in_out, L->rows, L->out, L->in, 1.0f, absx, L->in, absw,
+                                 in_out ? L->out : L->in, 0.0f, Sf, L->out),
                         KILN_OK);
         for (size_t i = 0; i < ny; i++) S[i] = Sf[i];
         free(Sf);
@@ -1082,14 +1088,23 @@ static void run_linear(const lin_case *L) {
         void *dx = up(X, x, nx * esz), *dw = up(X, w, nw * kiln_dtype_size(L->w_dt));
         void *db = L->bias ? up(X, b, (size_t)L->out * esz) : NULL;
         void *dy = up(X, NULL, ny * esz), *dp = L->act >= 0 ? up(X, NULL, ny * esz) : NULL;
-        RUN(X, X->k->linear_forward(X->acc, dt, dx, dw, L->w_dt, db, L->rows, L->in, L->out, L->act, dy, dp,
-                                    L->round));
+        if (L->entry == 0)
+            RUN(X, X->k->linear_forward(X->acc, dt, dx, dw, L->w_dt, db, L->rows, L->in, L->out, L->act, dy, dp,
+                                        L->round));
+        else if (X->k->struct_size < KILN_KERNELS_SIZE_1_6 || !X->k->linear_forward_layout) {
+            X->failed = 1;
+            CU_FAIL("the table lacks linear_forward_layout (1.6)");
+        } else
+            RUN(X, X->k->linear_forward_layout(X->acc, dt, dx, dw, L->w_dt, L->entry - 1, db, L->rows, L->in, L->out,
+                                               L->act, dy, dp, L->round));
         down(X, y[s], dy, ny * esz);
         if (L->act >= 0) down(X, p[s], dp, ny * esz);
         ran &= end(X);
     }
     char label[160];
-    snprintf(label, sizeof label, "linear_forward %dx%d->%d %s w %s round %s act %s%s", L->rows, L->in, L->out,
+    snprintf(label, sizeof label, "%s %dx%d->%d %s w %s round %s act %s%s",
+             L->entry == 0 ? "linear_forward" : in_out ? "linear_forward_layout (in, out)" : "linear_forward_layout",
+             L->rows, L->in, L->out,
              kiln_dtype_name(dt), kiln_dtype_name(L->w_dt), kiln_dtype_name(L->round),
              L->act >= 0 ? g_act_names[L->act] : "none", L->bias ? "" : " no bias");
     if (ran) {
@@ -1139,23 +1154,31 @@ static void test_linear_forward(void) {
     static const lin_case cases[] = {
         /* fp32: GELU with out % 8 == 0 (which a cuBLASLt GELU epilogue could
          * take: kiln's kernel must run instead) and not, ReLU, the last layer */
-        {130, 784, 256, KILN_ACT_GELU, 1, KILN_DTYPE_F32, KILN_DTYPE_F32, KILN_DTYPE_F32},
-        {130, 784, 250, KILN_ACT_GELU, 1, KILN_DTYPE_F32, KILN_DTYPE_F32, KILN_DTYPE_F32},
-        {64, 100, 32, KILN_ACT_RELU, 1, KILN_DTYPE_F32, KILN_DTYPE_F32, KILN_DTYPE_F32},
-        {64, 100, 10, -1, 1, KILN_DTYPE_F32, KILN_DTYPE_F32, KILN_DTYPE_F32},
-        {33, 65, 17, KILN_ACT_TANH, 0, KILN_DTYPE_F32, KILN_DTYPE_F32, KILN_DTYPE_F32},
+        {130, 784, 256, KILN_ACT_GELU, 1, KILN_DTYPE_F32, KILN_DTYPE_F32, KILN_DTYPE_F32, 0},
+        {130, 784, 250, KILN_ACT_GELU, 1, KILN_DTYPE_F32, KILN_DTYPE_F32, KILN_DTYPE_F32, 0},
+        {64, 100, 32, KILN_ACT_RELU, 1, KILN_DTYPE_F32, KILN_DTYPE_F32, KILN_DTYPE_F32, 0},
+        {64, 100, 10, -1, 1, KILN_DTYPE_F32, KILN_DTYPE_F32, KILN_DTYPE_F32, 0},
+        {33, 65, 17, KILN_ACT_TANH, 0, KILN_DTYPE_F32, KILN_DTYPE_F32, KILN_DTYPE_F32, 0},
         /* mixed precision: 16-bit weights, one rounding after the bias */
-        {128, 784, 256, KILN_ACT_GELU, 1, KILN_DTYPE_F32, KILN_DTYPE_BF16, KILN_DTYPE_BF16},
-        {128, 256, 10, -1, 1, KILN_DTYPE_F32, KILN_DTYPE_BF16, KILN_DTYPE_BF16},
-        {96, 300, 64, KILN_ACT_RELU, 1, KILN_DTYPE_F32, KILN_DTYPE_F16, KILN_DTYPE_F16},
+        {128, 784, 256, KILN_ACT_GELU, 1, KILN_DTYPE_F32, KILN_DTYPE_BF16, KILN_DTYPE_BF16, 0},
+        {128, 256, 10, -1, 1, KILN_DTYPE_F32, KILN_DTYPE_BF16, KILN_DTYPE_BF16, 0},
+        {96, 300, 64, KILN_ACT_RELU, 1, KILN_DTYPE_F32, KILN_DTYPE_F16, KILN_DTYPE_F16, 0},
         /* 16-bit weights without rounding: converted, an fp32 product, kiln's GELU */
-        {64, 100, 48, KILN_ACT_GELU, 1, KILN_DTYPE_F32, KILN_DTYPE_BF16, KILN_DTYPE_F32},
+        {64, 100, 48, KILN_ACT_GELU, 1, KILN_DTYPE_F32, KILN_DTYPE_BF16, KILN_DTYPE_F32, 0},
         /* fp64 */
-        {40, 70, 30, KILN_ACT_RELU, 1, KILN_DTYPE_F64, KILN_DTYPE_F64, KILN_DTYPE_F32},
-        {40, 70, 24, KILN_ACT_GELU, 1, KILN_DTYPE_F64, KILN_DTYPE_F64, KILN_DTYPE_F32},
-        {40, 70, 24, KILN_ACT_TANH, 1, KILN_DTYPE_F64, KILN_DTYPE_F64, KILN_DTYPE_F64}, /* F64 "rounding": none */
+        {40, 70, 30, KILN_ACT_RELU, 1, KILN_DTYPE_F64, KILN_DTYPE_F64, KILN_DTYPE_F32, 0},
+        {40, 70, 24, KILN_ACT_GELU, 1, KILN_DTYPE_F64, KILN_DTYPE_F64, KILN_DTYPE_F32, 0},
+        {40, 70, 24, KILN_ACT_TANH, 1, KILN_DTYPE_F64, KILN_DTYPE_F64, KILN_DTYPE_F64, 0}, /* F64 "rounding": none */
         /* K = 0: the bias alone */
-        {5, 0, 8, KILN_ACT_SIGMOID, 1, KILN_DTYPE_F32, KILN_DTYPE_F32, KILN_DTYPE_F32},
+        {5, 0, 8, KILN_ACT_SIGMOID, 1, KILN_DTYPE_F32, KILN_DTYPE_F32, KILN_DTYPE_F32, 0},
+        /* 1.6: linear_forward_layout. GPT-2's Conv1D layers in bf16-mixed
+         * (c_attn, c_fc with GELU, c_proj), fp32 and fp64, nn.Linear's layout */
+        {128, 96, 288, -1, 1, KILN_DTYPE_F32, KILN_DTYPE_BF16, KILN_DTYPE_BF16, 1 + KILN_LAYOUT_IN_OUT},
+        {128, 96, 384, KILN_ACT_GELU, 1, KILN_DTYPE_F32, KILN_DTYPE_BF16, KILN_DTYPE_BF16, 1 + KILN_LAYOUT_IN_OUT},
+        {128, 384, 96, -1, 1, KILN_DTYPE_F32, KILN_DTYPE_BF16, KILN_DTYPE_BF16, 1 + KILN_LAYOUT_IN_OUT},
+        {64, 100, 50, KILN_ACT_GELU, 1, KILN_DTYPE_F32, KILN_DTYPE_F32, KILN_DTYPE_F32, 1 + KILN_LAYOUT_IN_OUT},
+        {40, 70, 24, KILN_ACT_RELU, 0, KILN_DTYPE_F64, KILN_DTYPE_F64, KILN_DTYPE_F32, 1 + KILN_LAYOUT_IN_OUT},
+        {64, 100, 32, KILN_ACT_RELU, 1, KILN_DTYPE_F32, KILN_DTYPE_F16, KILN_DTYPE_F16, 1 + KILN_LAYOUT_OUT_IN},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) run_linear(&cases[c]);
 }
@@ -1281,6 +1304,7 @@ static const struct {
     {"tolerances reject TF32-class error", test_tolerances_bite},
     {"gemm float32 (and gemm_ex float32)", test_gemm_f32},
     {"gemm_ex float16/bfloat16", test_gemm_ex_16bit},
+    {"1.6 gemm_ex into a float16/bfloat16 C", test_gemm_ex_c16},
     {"gemm_ex float64", test_gemm_ex_f64},
     {"bias_add, bias_grad (and _ex)", test_bias},
     {"relu/gelu forward, backward (1.1)", test_act_11},
@@ -1293,13 +1317,14 @@ static const struct {
     {"sgd_update (and _ex)", test_sgd},
     {"adamw_update (and _ex)", test_adamw},
     {"1.3 unscale_check: 60 tensors, inf, overflow, float64", test_unscale_check},
-    {"1.3 linear_forward: epilogues, 16-bit rounding, float64", test_linear_forward},
+    {"1.3 linear_forward, 1.6 linear_forward_layout: epilogues, 16-bit rounding, float64, Conv1D", test_linear_forward},
     {"cast, round_to", test_cast_round_to},
     {"1.5 lerp, sign, mul, addcmul, addcdiv, sqrt_ex, clamp: 2 dtypes, in place, edges", test_ew15},
     {"1.5 round_to float8_e4m3fn, float8_e5m2 (saturation, NaN, inf)", test_round_fp8},
     {"1.4 embedding forward/backward: tables, rewritten tokens, bad token", test_seq_embedding},
     {"1.4 layernorm forward/backward: affine or not, 16-bit outputs, accumulate", test_seq_layernorm},
     {"1.4 xent_fused: ignored rows, masked classes, padding, bad targets", test_seq_xent},
+    {"1.6 xent_fused on bfloat16/float16 logits", test_seq_xent16},
     {"1.4 add: apart and in place", test_seq_add},
     {"1.4 attention forward/backward: 3 shapes, bfloat16 outputs", test_seq_attention},
 };

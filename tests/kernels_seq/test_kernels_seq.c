@@ -484,6 +484,49 @@ static void test_xent(void) {
     }
 }
 
+/* 1.6 (KILN_KERNELS_STORE_16BIT): logits stored in float16 / bfloat16 give
+ * the float32 call's loss on the same values, bit for bit, and its
+ * gradient rounded to nearest even as it is stored (ignored rows and
+ * padding 0); grad_scale 0 leaves them untouched. */
+static void xent16_case(uint32_t dt, int N, int V, int Vp, double offset) {
+    const size_t nl = (size_t)N * Vp;
+    float *l32 = dalloc(F32, nl);
+    void *l16 = NULL, *want16 = NULL;
+    CU_ASSERT_EQUAL_FATAL(g_k->alloc(g_acc, nl * 2, &l16), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(g_k->alloc(g_acc, nl * 2, &want16), KILN_OK);
+    int32_t *tg = tokens_new((size_t)N, V, 11);
+    tg[1 % N] = -1;
+    fill(F32, l32, nl, 3, 6.0, offset);
+    /* the 16-bit logits, and the same values in float32 */
+    CU_ASSERT_EQUAL(g_k->cast(g_acc, l16, dt, l32, F32, nl), KILN_OK);
+    CU_ASSERT_EQUAL(g_k->cast(g_acc, l32, F32, l16, dt, nl), KILN_OK);
+    double want = NAN, got0 = NAN, got = NAN;
+    const double gs = 1.0 / 3.0;
+    CU_ASSERT_EQUAL(g_k->xent_fused(g_acc, F32, l32, tg, N, V, Vp, gs, &want), KILN_OK);
+    CU_ASSERT_EQUAL(g_k->cast(g_acc, want16, dt, l32, F32, nl), KILN_OK); /* the gradient, rounded */
+    void *copy = malloc(nl * 2);
+    memcpy(copy, l16, nl * 2);
+    CU_ASSERT_EQUAL(g_k->xent_fused(g_acc, dt, l16, tg, N, V, Vp, 0.0, &got0), KILN_OK);
+    CU_ASSERT_EQUAL(memcmp(copy, l16, nl * 2), 0);
+    CU_ASSERT_EQUAL(g_k->xent_fused(g_acc, dt, l16, tg, N, V, Vp, gs, &got), KILN_OK);
+    CU_ASSERT_EQUAL(got0, want);
+    CU_ASSERT_EQUAL(got, want);
+    CU_ASSERT_EQUAL(memcmp(l16, want16, nl * 2), 0);
+    /* not vacuous: the gradient is not the logits, and some of it is nonzero */
+    CU_ASSERT_NOT_EQUAL(memcmp(l16, copy, nl * 2), 0);
+    free(copy);
+    dfree(l32), dfree(l16), dfree(want16), dfree(tg);
+}
+
+static void test_xent_16bit(void) {
+    CU_ASSERT_TRUE(g_k->flags & KILN_KERNELS_STORE_16BIT);
+    const uint32_t dts[2] = {KILN_DTYPE_BF16, KILN_DTYPE_F16};
+    for (int d = 0; d < 2; d++) {
+        xent16_case(dts[d], 6, 37, 48, 0.0);
+        xent16_case(dts[d], 4, 1001, 1024, 20.0);
+    }
+}
+
 /* A row with -inf logits (masked classes) keeps a finite loss and gives
  * them probability 0; a NaN logit makes its row's loss NaN. */
 static void test_xent_nonfinite(void) {
@@ -671,8 +714,8 @@ static void test_errors(void) {
     CU_ASSERT_EQUAL(g_k->layernorm_backward(g_acc, bad, out, NULL, NULL, wte, wte, NULL, g, g, 2, 3, 0),
                     KILN_E_INVALID_ARG);
     CU_ASSERT_TRUE(has("layernorm_backward"));
-    CU_ASSERT_EQUAL(g_k->xent_fused(g_acc, bad, out, tok, 2, 3, 3, 1.0, &loss), KILN_E_INVALID_ARG);
-    CU_ASSERT_TRUE(has("xent_fused"));
+    CU_ASSERT_EQUAL(g_k->xent_fused(g_acc, KILN_DTYPE_U8, out, tok, 2, 3, 3, 1.0, &loss), KILN_E_INVALID_ARG);
+    CU_ASSERT_TRUE(has("xent_fused") && has("uint8")); /* 16-bit logits are 1.6 storage (its own test) */
     CU_ASSERT_EQUAL(g_k->add(g_acc, KILN_DTYPE_BF16, out, wte, wte, 4), KILN_E_INVALID_ARG);
     CU_ASSERT_TRUE(has("add") && has("bfloat16"));
     CU_ASSERT_EQUAL(g_k->add(g_acc, 99, out, wte, wte, 4), KILN_E_INVALID_ARG);
@@ -780,6 +823,7 @@ static CU_TestInfo cases_kernels_seq[] = {
     {"layernorm round_dtype bf16/f16, refused for f64", test_layernorm_rounding},
     {"xent_fused vs naive, ignored rows, padding, grad_scale 0 (f32, f64)", test_xent},
     {"xent_fused -inf and NaN logits", test_xent_nonfinite},
+    {"1.6: xent_fused on bf16/f16 logits = f32 on the same values, gradient rounded", test_xent_16bit},
     {"xent_fused gradient vs finite differences (f64)", test_xent_gradcheck},
     {"add, in place on a, b, both (f32, f64)", test_add},
     {"same bits at 1, 2, 3 threads (f32, f64)", test_threads_bitwise},

@@ -579,17 +579,24 @@ static void test_host_memory_in_place(void) {
     CU_ASSERT_EQUAL(memcmp(grads[0], grads[1], sizeof grads[0]), 0);
 }
 
-/* The fused ABI 1.3 entry linear_forward against the 1.2 sequence mlp
- * falls back to (gemm_ex, bias_add_ex, round_to, act_forward, round_to) on
- * the real cpu accelerator: the same loss and gradients bit for bit, in
- * fp32 and with bf16 compute copies of the weights (what bf16-mixed gives
- * the module), and linear_forward used only when the table has it. */
+/* The fused entries, ABI 1.6's linear_forward_layout and 1.3's
+ * linear_forward, against the 1.2 sequence mlp falls back to (gemm_ex,
+ * bias_add_ex, round_to, act_forward, round_to) on the real cpu
+ * accelerator: the same loss and gradients bit for bit, in fp32 and with
+ * bf16 compute copies of the weights (what bf16-mixed gives the module),
+ * and each entry used only when the table has it (1.6's where both are). */
 static const kiln_kernels *g_cpu_k;
-static int g_n_linear;
+static int g_n_linear, g_n_layout;
 static int32_t count_linear(kiln_instance *acc, uint32_t dt, const void *x, const void *w, uint32_t wt, const void *b,
                             int32_t rows, int32_t in, int32_t out, int32_t act, void *y, void *post, uint32_t rt) {
     g_n_linear++;
     return g_cpu_k->linear_forward(acc, dt, x, w, wt, b, rows, in, out, act, y, post, rt);
+}
+static int32_t count_layout(kiln_instance *acc, uint32_t dt, const void *x, const void *w, uint32_t wt, int32_t wl,
+                            const void *b, int32_t rows, int32_t in, int32_t out, int32_t act, void *y, void *post,
+                            uint32_t rt) {
+    g_n_layout += wl == KILN_LAYOUT_OUT_IN; /* mlp's layers are nn.Linear's */
+    return g_cpu_k->linear_forward_layout(acc, dt, x, w, wt, wl, b, rows, in, out, act, y, post, rt);
 }
 
 static void test_linear_forward_vs_1_2(void) {
@@ -604,17 +611,22 @@ static void test_linear_forward_vs_1_2(void) {
     CU_ASSERT_EQUAL_FATAL(aops->base.create(cpu->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), NULL, &acc), KILN_OK);
     g_cpu_k = aops->kernels(acc);
     CU_ASSERT_FATAL(g_cpu_k->struct_size >= KILN_KERNELS_SIZE_1_3);
-    kiln_kernels tables[2] = {*g_cpu_k, *g_cpu_k};
+    CU_ASSERT_FATAL(g_cpu_k->struct_size >= KILN_KERNELS_SIZE_1_6 && g_cpu_k->linear_forward_layout);
+    /* a 1.3-1.5 table, a 1.2 one, the 1.6 one */
+    kiln_kernels tables[3] = {*g_cpu_k, *g_cpu_k, *g_cpu_k};
     tables[0].linear_forward = count_linear;
+    tables[0].struct_size = KILN_KERNELS_SIZE_1_5;
     tables[1].struct_size = KILN_KERNELS_SIZE_1_2;
-    static float grads[2][6][64];
+    tables[2].linear_forward = count_linear;
+    tables[2].linear_forward_layout = count_layout;
+    static float grads[3][6][64];
     static uint16_t copies[3][64];
     for (int variant = 0; variant < 4; variant++) {
         const int bf16 = variant >= 2;
-        double loss[2];
-        int calls[2];
+        double loss[3];
+        int calls[3], layout_calls[3];
         memset(grads, 0, sizeof grads);
-        for (int pass = 0; pass < 2; pass++) {
+        for (int pass = 0; pass < 3; pass++) {
             cfg c = small_cfg(variant & 1 ? "gelu" : "relu");
             g_create_table = &tables[pass];
             g_create_acc = acc;
@@ -631,9 +643,10 @@ static void test_linear_forward_vs_1_2(void) {
                 }
             tbatch tb;
             batch_random(&tb, 6, 5, 3, 37);
-            g_n_linear = 0;
+            g_n_linear = g_n_layout = 0;
             loss[pass] = train_loss(inst, &tb);
             calls[pass] = g_n_linear;
+            layout_calls[pass] = g_n_layout;
             CU_ASSERT_EQUAL(ops()->backward(inst, 1.0), KILN_OK);
             for (uint32_t i = 0; i < 6; i++)
                 memcpy(grads[pass][i], kiln_test_param(g_th, i)->grad, (size_t)kiln_test_param(g_th, i)->numel * sizeof(float));
@@ -643,10 +656,16 @@ static void test_linear_forward_vs_1_2(void) {
         }
         CU_ASSERT_EQUAL(calls[0], 3); /* one per Linear */
         CU_ASSERT_EQUAL(calls[1], 0);
+        CU_ASSERT_EQUAL(calls[2], 0);
+        CU_ASSERT_EQUAL(layout_calls[2], 3);
+        CU_ASSERT_EQUAL(layout_calls[0] + layout_calls[1], 0);
         CU_ASSERT_TRUE(isfinite(loss[0]));
         CU_ASSERT_EQUAL(loss[0], loss[1]);
+        CU_ASSERT_EQUAL(loss[2], loss[1]);
         CU_ASSERT_EQUAL(memcmp(grads[0], grads[1], sizeof grads[0]), 0);
-        if (loss[0] != loss[1]) printf("\n  variant %d: loss %.17g (1.3) vs %.17g (1.2)", variant, loss[0], loss[1]);
+        CU_ASSERT_EQUAL(memcmp(grads[2], grads[1], sizeof grads[0]), 0);
+        if (loss[0] != loss[1] || loss[2] != loss[1])
+            printf("\n  variant %d: loss %.17g (1.3) %.17g (1.6) vs %.17g (1.2)", variant, loss[0], loss[2], loss[1]);
     }
     aops->base.destroy(acc);
 }
@@ -868,7 +887,7 @@ static CU_TestInfo cases_mlp[] = {
     {"backward vs finite differences (gelu)", test_gradcheck_gelu},
     {"backward accumulates", test_grad_accumulation},
     {"host-memory accelerator: batch read in place", test_host_memory_in_place},
-    {"cpu: linear_forward (1.3) = the 1.2 sequence, fp32 and bf16", test_linear_forward_vs_1_2},
+    {"cpu: linear_forward (1.3) and linear_forward_layout (1.6) = the 1.2 sequence, fp32 and bf16", test_linear_forward_vs_1_2},
     {"backward without training_step fails", test_backward_needs_forward},
     {"bad batches are refused with a message", test_bad_batch},
     {"bad configs are refused naming the key", test_bad_config},

@@ -33,7 +33,9 @@
  *
  * Kernels used: gemm_ex, bias_add_ex, bias_grad_ex, act_forward/backward,
  * round_to (1.2); linear_forward (1.3, used when present and the layout is
- * nn.Linear's); embedding_*, layernorm_*, attention_*, add (1.4). Check the
+ * nn.Linear's); embedding_*, layernorm_*, attention_*, add (1.4);
+ * linear_forward_layout (1.6, used for both layouts when present: Conv1D
+ * layers get the fused epilogue too, with the same bits). Check the
  * table once with kiln_nn_kernels_missing(). The Linear alone also runs on
  * a 1.1 table in fp32 (gemm, bias_add, relu/gelu: the same bits on the
  * cpu), which is how the `mlp` module, built on it, still trains on an old
@@ -337,6 +339,16 @@ static inline int32_t kiln_nn_linear_forward(kiln_nn_ctx *c, kiln_nn_linear *L, 
         if (L->act == KILN_ACT_GELU) KILN_NN__K(c, k->gelu_forward(c->acc, (float *)L->post, y, n), "gelu_forward", on);
         return kiln_nn_round_activation(c, kiln_nn_linear_output(L), n, on, on);
     }
+#if KILN_ABI_MINOR >= 6
+    if (k->struct_size >= KILN_KERNELS_SIZE_1_6 && k->linear_forward_layout) { /* either layout, fused */
+        KILN_NN__K(c,
+                   k->linear_forward_layout(c->acc, c->adt, x, W->compute, W->compute_dtype,
+                                            L->layout == KILN_NN_IN_OUT ? KILN_LAYOUT_IN_OUT : KILN_LAYOUT_OUT_IN,
+                                            kiln_nn_vec(c, L->b), rows, L->in, L->out, L->act, L->y, L->post, c->rdt),
+                   "linear_forward_layout", on);
+        return kiln_nn_round_activation(c, kiln_nn_linear_output(L), n, on, on);
+    }
+#endif
     if (L->layout == KILN_NN_OUT_IN && k->struct_size >= KILN_KERNELS_SIZE_1_3 && k->linear_forward) {
         KILN_NN__K(c,
                    k->linear_forward(c->acc, c->adt, x, W->compute, W->compute_dtype, kiln_nn_vec(c, L->b), rows,

@@ -3,7 +3,9 @@
  * appended other-dtype kernels and precision events, 1.3 fused kernels
  * for the unscale and a Linear layer's epilogue, 1.4 the sequence kernels
  * of transformers and the module's predict_step, 1.5 elementwise building
- * blocks for optimizers and clamping): the kernel
+ * blocks for optimizers and clamping, 1.6 16-bit storage for GEMM outputs
+ * and the fused cross-entropy, and linear_forward for either weight
+ * layout): the kernel
  * table an accelerator provides, the closure and optimizer handles the
  * trainer passes around, the events (hooks) callbacks and modules receive,
  * and the kind-specific ops tables that follow kiln_ops_header for every
@@ -36,6 +38,12 @@ enum { KILN_COPY_H2D = 0, KILN_COPY_D2H = 1, KILN_COPY_D2D = 2 };
 #define KILN_KERNELS_HOST_MEMORY (1u << 0) /* device pointers are host pointers:
                                               host buffers (batches) may be
                                               passed to kernels directly */
+/* 1.6: gemm_ex writes a float16 / bfloat16 C and xent_fused keeps its
+ * logits in float16 / bfloat16 (both described at the entries), so a model
+ * can hold a large output (GPT's logits) in the 16 bits autocast stores it
+ * in. A caller passes those dtypes only where the bit is set: a table
+ * written before 1.6 refuses them (KILN_E_INVALID_ARG) at best. */
+#define KILN_KERNELS_STORE_16BIT (1u << 1)
 
 typedef struct kiln_kernels {
     uint32_t struct_size;
@@ -110,7 +118,12 @@ typedef struct kiln_kernels {
      * F32. The accelerator may allocate conversion scratch on the first
      * call of a size (grow-only). (The first 1.2-1.5 headers promised the
      * operand rounding only for an F32 operand beside one of a 16-bit
-     * round_dtype; see docs/abi.md, "Clarified semantics".) */
+     * round_dtype; see docs/abi.md, "Clarified semantics".)
+     * 1.6, where flags has KILN_KERNELS_STORE_16BIT: C may be F16 or BF16,
+     * with round_dtype C's dtype and A, B each F32 or C's dtype (F32
+     * rounded through it, as above). alpha * op(A) op(B) + beta * C is
+     * formed in fp32 (C widened) and rounded once, to nearest even, as it
+     * is stored: a 16-bit matmul's output, as cuBLAS writes it. */
     int32_t (*gemm_ex)(kiln_instance *acc, int32_t trans_a, int32_t trans_b, int32_t M, int32_t N, int32_t K,
                        double alpha, const void *A, uint32_t a_dtype, int32_t lda, const void *B, uint32_t b_dtype,
                        int32_t ldb, double beta, void *C, uint32_t c_dtype, int32_t ldc, uint32_t round_dtype);
@@ -226,7 +239,14 @@ typedef struct kiln_kernels {
      *               and 0 in padding columns and ignored rows, so the
      *               probabilities never exist beside the logits.
      * A target < -1 or >= V is KILN_E_DATA. A caller bounds its memory by
-     * calling it on chunks of rows. */
+     * calling it on chunks of rows. 1.6, where flags has
+     * KILN_KERNELS_STORE_16BIT: dtype may also be F16 or BF16, the storage
+     * of the logits and of the gradient written over them. The values are
+     * those of the F32 call on the logits widened to float32 (exact), the
+     * gradient rounded to nearest even as it is stored: autocast's
+     * cross-entropy, which upcasts 16-bit logits and casts the gradient
+     * back. (A float16 gradient at unit scale may underflow: a caller that
+     * scales the loss later keeps float32 logits.) */
     int32_t (*xent_fused)(kiln_instance *acc, uint32_t dtype, void *logits, const int32_t *targets, int32_t N,
                           int32_t V, int32_t Vp, double grad_scale, double *loss_sum);
     /* y(n) = a(n) + b(n); y may alias a or b (residual connections). */
@@ -262,7 +282,24 @@ typedef struct kiln_kernels {
     /* y = x > hi ? hi : x < lo ? lo : x (torch.clamp; NaN stays NaN).
      * lo <= hi, neither NaN; +-inf leaves that side open. */
     int32_t (*clamp)(kiln_instance *acc, uint32_t dtype, void *y, const void *x, double lo, double hi, size_t n);
+
+    /* -- 1.6: check struct_size >= KILN_KERNELS_SIZE_1_6 (and the pointer)
+     * before calling. (1.6 also added KILN_KERNELS_STORE_16BIT, above.) -- */
+    /* linear_forward for either weight layout: w_layout KILN_LAYOUT_OUT_IN
+     * is the 1.3 entry (w (out, in), torch.nn.Linear); KILN_LAYOUT_IN_OUT
+     * takes w (in, out), GPT-2's Conv1D:
+     *   y(rows, out) = round_dtype(x(rows, in) . w(in, out) + b(out))
+     * Everything else is linear_forward's, including its unfused
+     * equivalent (gemm_ex with B not transposed, ldb = out), so a Conv1D
+     * layer gets the fused epilogue too. */
+    int32_t (*linear_forward_layout)(kiln_instance *acc, uint32_t dtype, const void *x, const void *w,
+                                     uint32_t w_dtype, int32_t w_layout, const void *b, int32_t rows, int32_t in,
+                                     int32_t out, int32_t act, void *y, void *post, uint32_t round_dtype);
 } kiln_kernels;
+
+/* kiln_kernels.linear_forward_layout: how a weight matrix is stored. */
+enum { KILN_LAYOUT_OUT_IN = 0, /* (out, in): torch.nn.Linear   */
+       KILN_LAYOUT_IN_OUT = 1  /* (in, out): GPT-2's Conv1D    */ };
 
 /* kiln_kernels.act_forward / act_backward */
 enum { KILN_ACT_RELU = 0, KILN_ACT_GELU = 1, KILN_ACT_TANH = 2, KILN_ACT_SIGMOID = 3, KILN_ACT_LEAKY_RELU = 4 };
@@ -610,6 +647,9 @@ typedef struct kiln_module_ops {
 #define KILN_KERNELS_SIZE_1_5 KILN__END(kiln_kernels, clamp)
 #define KILN_PRECISION_OPS_SIZE_1_5 KILN__END(kiln_precision_ops, round_activation)
 
+/* What 1.6 appended (besides the flag KILN_KERNELS_STORE_16BIT). */
+#define KILN_KERNELS_SIZE_1_6 KILN__END(kiln_kernels, linear_forward_layout)
+
 /* Layout pins of the 1.1 tables (and what 1.2 appended). */
 #if UINTPTR_MAX == 0xFFFFFFFFFFFFFFFFu
 static_assert(offsetof(kiln_accelerator_ops, kernels) == 40, "kiln_accelerator_ops 1.1");
@@ -633,6 +673,7 @@ static_assert(offsetof(kiln_kernels, embedding_forward) == 312 && offsetof(kiln_
               "kiln_kernels 1.4");
 static_assert(offsetof(kiln_module_ops, predict_step) == 88, "kiln_module_ops 1.4");
 static_assert(offsetof(kiln_kernels, lerp) == 376 && offsetof(kiln_kernels, clamp) == 424, "kiln_kernels 1.5");
+static_assert(offsetof(kiln_kernels, linear_forward_layout) == 432, "kiln_kernels 1.6");
 static_assert(offsetof(kiln_precision_ops, round_activation) == 80, "kiln_precision_ops 1.5");
 static_assert(offsetof(kiln_step_output, tokens) == 24 && sizeof(kiln_step_output) == 40, "kiln_step_output 1.4");
 #endif
