@@ -380,39 +380,46 @@ extern "C" cudaError_t kg_round_to(cudaStream_t s, float *x, int dtype, size_t n
 
 /*
  * c(rows, cols; ldc) = round_RDT(p(rows, cols; packed)) + beta * c, c not
- * read when beta == 0 (it may hold NaN then). Flat over p's total elements;
- * IdxT does the row/column split.
+ * read when beta == 0 (it may hold NaN then). p is stored as PDT: float32
+ * (rounded here), or RDT itself (rounded by the GEMM that wrote it: widened,
+ * which gives the same value). Flat over p's total elements; IdxT does the
+ * row/column split.
  */
-template <int RDT, typename IdxT>
-__global__ void kg_round_add_kernel(float *__restrict__ c, size_t ldc, const float *__restrict__ p, size_t total,
-                                    IdxT cols, float beta) {
+template <int PDT, int RDT, typename IdxT>
+__global__ void kg_round_add_kernel(float *__restrict__ c, size_t ldc, const typename kg_storage<PDT>::type *__restrict__ p,
+                                    size_t total, IdxT cols, float beta) {
     KG_GRID_STRIDE(i, total) {
         const IdxT r = (IdxT)i / cols;
         const IdxT j = (IdxT)i - r * cols;
         float *ci = c + (size_t)r * ldc + j;
         const float cv = beta == 0.0f ? 0.0f : *ci;
-        *ci = kg_round_add_elem(p[i], cv, beta, RDT);
+        if constexpr (PDT == KG_F32) *ci = kg_round_add_elem(p[i], cv, beta, RDT);
+        else *ci = kg_round_add_elem(kg_convert<KG_F32, PDT>(p[i]), cv, beta, KG_F32);
     }
 }
 
-template <int RDT>
-static cudaError_t kg_round_add_t(cudaStream_t s, float *c, int ldc, const float *p, int rows, int cols, float beta) {
+template <int PDT, int RDT>
+static cudaError_t kg_round_add_t(cudaStream_t s, float *c, int ldc, const void *pv, int rows, int cols, float beta) {
     const size_t total = (size_t)rows * (size_t)cols;
+    const typename kg_storage<PDT>::type *p = (const typename kg_storage<PDT>::type *)pv;
     if (total <= UINT32_MAX)
-        kg_round_add_kernel<RDT, uint32_t><<<kg_grid(total), KG_THREADS, 0, s>>>(c, (size_t)ldc, p, total,
-                                                                                 (uint32_t)cols, beta);
+        kg_round_add_kernel<PDT, RDT, uint32_t><<<kg_grid(total), KG_THREADS, 0, s>>>(c, (size_t)ldc, p, total,
+                                                                                      (uint32_t)cols, beta);
     else
-        kg_round_add_kernel<RDT, size_t><<<kg_grid(total), KG_THREADS, 0, s>>>(c, (size_t)ldc, p, total,
-                                                                               (size_t)cols, beta);
+        kg_round_add_kernel<PDT, RDT, size_t><<<kg_grid(total), KG_THREADS, 0, s>>>(c, (size_t)ldc, p, total,
+                                                                                    (size_t)cols, beta);
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t kg_round_add(cudaStream_t s, float *c, int ldc, const float *p, int rows, int cols,
+extern "C" cudaError_t kg_round_add(cudaStream_t s, float *c, int ldc, const void *p, int p_dtype, int rows, int cols,
                                     int round_dtype, float beta) {
     if (round_dtype != KG_F32 && round_dtype != KG_F16 && round_dtype != KG_BF16) return cudaErrorInvalidValue;
+    if (p_dtype != KG_F32 && p_dtype != round_dtype) return cudaErrorInvalidValue;
     if (rows < 0 || cols < 0 || ldc < cols) return cudaErrorInvalidValue;
     if (rows == 0 || cols == 0) return cudaSuccess;
-    if (round_dtype == KG_F16) return kg_round_add_t<KG_F16>(s, c, ldc, p, rows, cols, beta);
-    if (round_dtype == KG_BF16) return kg_round_add_t<KG_BF16>(s, c, ldc, p, rows, cols, beta);
-    return kg_round_add_t<KG_F32>(s, c, ldc, p, rows, cols, beta);
+    if (p_dtype == KG_F16) return kg_round_add_t<KG_F16, KG_F16>(s, c, ldc, p, rows, cols, beta);
+    if (p_dtype == KG_BF16) return kg_round_add_t<KG_BF16, KG_BF16>(s, c, ldc, p, rows, cols, beta);
+    if (round_dtype == KG_F16) return kg_round_add_t<KG_F32, KG_F16>(s, c, ldc, p, rows, cols, beta);
+    if (round_dtype == KG_BF16) return kg_round_add_t<KG_F32, KG_BF16>(s, c, ldc, p, rows, cols, beta);
+    return kg_round_add_t<KG_F32, KG_F32>(s, c, ldc, p, rows, cols, beta);
 }

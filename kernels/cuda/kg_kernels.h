@@ -122,9 +122,11 @@ cudaError_t kg_cast(cudaStream_t s, void *dst, int dst_dtype, const void *src, i
  * formats F8E4M3 / F8E5M2 (kernels/common/km_fp8.h) (F32: nothing). */
 cudaError_t kg_round_to(cudaStream_t s, float *x, int dtype, size_t n);
 /* The gemm_ex epilogue with rounding: c(rows, cols; ldc) = round_dtype(
- * p(rows, cols; packed)) + beta * c (c not read when beta == 0). F32 c. */
-cudaError_t kg_round_add(cudaStream_t s, float *c, int ldc, const float *p, int rows, int cols, int round_dtype,
-                         float beta);
+ * p(rows, cols; packed)) + beta * c (c not read when beta == 0). F32 c.
+ * p is F32, or p_dtype == round_dtype (F16 / BF16): the product the GEMM
+ * rounded as it stored it, widened here (half the bytes of an F32 p). */
+cudaError_t kg_round_add(cudaStream_t s, float *c, int ldc, const void *p, int p_dtype, int rows, int cols,
+                         int round_dtype, float beta);
 
 /* The ABI 1.5 elementwise building blocks (kg_ew.cu), one launcher for all:
  * y(n) = op(a, b) of fdt, op KG_EW_* with kernels/cpu's KC_EW_* numbers

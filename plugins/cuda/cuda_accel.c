@@ -118,9 +118,13 @@ static int32_t cu_gemm_ex_c16(kiln_instance *acc, int32_t ta, int32_t tb, int32_
  *    stores them). Two different 16-bit operands are widened to float32
  *    (exact) and the product runs in fp32, as do two float32 operands with
  *    round_dtype F32 (TF32 with tf32 = true);
- *  - with round_dtype F16/BF16 the product is formed in scratch and
- *    rounded before beta*C is added (the contract), except for beta == 0
- *    with packed C, where it is rounded in place.
+ *  - with round_dtype F16/BF16 the product is rounded before beta*C is
+ *    added (the contract). A 16-bit product is written by cuBLASLt in
+ *    that dtype (its conversion is the rounding) to scratch, and one pass
+ *    widens it into C, adding beta*C: 2 + 2 + 4 bytes per element (+4 to
+ *    read C) instead of an fp32 product's 4 + 4 + 4 (+4). A float32
+ *    product (two different 16-bit operands) is rounded by that pass, or in
+ *    place when beta == 0 and C is packed.
  */
 static int32_t cu_gemm_ex(kiln_instance *acc, int32_t ta, int32_t tb, int32_t M, int32_t N, int32_t K, double alpha,
                           const void *A, uint32_t at, int32_t lda, const void *B, uint32_t bt, int32_t ldb,
@@ -133,29 +137,32 @@ static int32_t cu_gemm_ex(kiln_instance *acc, int32_t ta, int32_t tb, int32_t M,
 
     const uint32_t op = cu_product_dtype(at, bt, rt);
     const int rounding = ct == KILN_DTYPE_F32 && rt != KILN_DTYPE_F32;
-    const int in_place = rounding && beta == 0.0 && ldc == N;
+    /* A 16-bit product (op == rt) is rounded by cuBLASLt as it stores it,
+     * into 16-bit scratch, and widened into C by one pass; a float32 one
+     * (two different 16-bit operands) is rounded by that pass, or in place
+     * when beta == 0 and C is packed. */
+    const int store16 = rounding && op == rt;
+    const int in_place = rounding && !store16 && beta == 0.0 && ldc == N;
     const size_t na = cu_span(ta ? K : M, ta ? M : K, lda), nb = cu_span(tb ? N : K, tb ? K : N, ldb);
-    const size_t bytes_p = rounding && !in_place ? cu_up256((size_t)M * (size_t)N * sizeof(float)) : 0;
+    const uint32_t pt = store16 ? rt : KILN_DTYPE_F32; /* the scratch product's dtype */
+    const size_t bytes_p = rounding && !in_place ? cu_up256((size_t)M * (size_t)N * kiln_dtype_size(pt)) : 0;
     const void *a = NULL, *b = NULL;
     void *scratch = NULL; /* (M, N) packed product, when rounded out of place */
     const uint32_t ort = (uint32_t)km_gemm_round_dtype((int)at, (int)bt, (int)rt);
     if ((rc = cu_gemm_operands(acc, "gemm_ex", op, ort, A, at, na, B, bt, nb, bytes_p, &a, &b, &scratch)) != KILN_OK)
         return rc;
-    const uint32_t prod_t = ct;
     if (!rounding)
-        return cu_matmul(acc, "gemm_ex", ta != 0, tb != 0, M, N, K, alpha, a, op, lda, b, op, ldb, beta, C, prod_t,
-                         ldc);
+        return cu_matmul(acc, "gemm_ex", ta != 0, tb != 0, M, N, K, alpha, a, op, lda, b, op, ldb, beta, C, ct, ldc);
     if (in_place) {
-        rc = cu_matmul(acc, "gemm_ex", ta != 0, tb != 0, M, N, K, alpha, a, op, lda, b, op, ldb, 0.0, C, prod_t, ldc);
+        rc = cu_matmul(acc, "gemm_ex", ta != 0, tb != 0, M, N, K, alpha, a, op, lda, b, op, ldb, 0.0, C, ct, ldc);
         if (rc != KILN_OK) return rc;
         CU_LAUNCH(acc, "gemm_ex (rounding)", kg_round_to(acc->stream, C, (int)rt, (size_t)M * (size_t)N));
         return KILN_OK;
     }
-    float *P = scratch; /* (M, N) packed product */
-    rc = cu_matmul(acc, "gemm_ex", ta != 0, tb != 0, M, N, K, alpha, a, op, lda, b, op, ldb, 0.0, P, KILN_DTYPE_F32,
-                   N);
+    rc = cu_matmul(acc, "gemm_ex", ta != 0, tb != 0, M, N, K, alpha, a, op, lda, b, op, ldb, 0.0, scratch, pt, N);
     if (rc != KILN_OK) return rc;
-    CU_LAUNCH(acc, "gemm_ex (rounding)", kg_round_add(acc->stream, C, ldc, P, M, N, (int)rt, (float)beta));
+    CU_LAUNCH(acc, "gemm_ex (rounding)",
+              kg_round_add(acc->stream, C, ldc, scratch, (int)pt, M, N, (int)rt, (float)beta));
     return KILN_OK;
 }
 

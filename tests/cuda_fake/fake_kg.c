@@ -492,24 +492,29 @@ cudaError_t kg_round_to(cudaStream_t s, float *x, int dtype, size_t n) {
     return cudaSuccess;
 }
 
-cudaError_t kg_round_add(cudaStream_t s, float *c, int ldc, const float *p, int rows, int cols, int round_dtype,
-                         float beta) {
+cudaError_t kg_round_add(cudaStream_t s, float *c, int ldc, const void *p, int p_dtype, int rows, int cols,
+                         int round_dtype, float beta) {
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
     if (round_dtype != KG_F32 && round_dtype != KG_F16 && round_dtype != KG_BF16)
         return fake_error(cudaErrorInvalidValue);
+    if (p_dtype != KG_F32 && p_dtype != round_dtype) return fake_error(cudaErrorInvalidValue);
     if (rows < 0 || cols < 0 || ldc < cols) return fake_error(cudaErrorInvalidValue);
     if (rows == 0 || cols == 0) return cudaSuccess;
     const size_t cspan = ((size_t)(rows - 1) * (size_t)ldc + (size_t)cols) * sizeof(float);
-    const size_t pbytes = (size_t)rows * (size_t)cols * sizeof(float);
+    const size_t pbytes = (size_t)rows * (size_t)cols * fake_dt_size(p_dtype);
     const fake_buf bufs[] = {{"c", c, cspan}, {"p", p, pbytes}};
     cudaError_t e = fake_launch(__func__, s, bufs, 2);
     if (e != cudaSuccess) return e;
     fake_overlap(__func__, "c", c, cspan, "p", p, pbytes);
+    fake_stats.round_add_16bit += p_dtype != KG_F32;
     for (int r = 0; r < rows; r++)
         for (int j = 0; j < cols; j++) {
-            float v = p[(size_t)r * (size_t)cols + (size_t)j];
-            if (round_dtype == KG_F16) kc_round_f16(&v, 1);
-            else if (round_dtype == KG_BF16) kc_round_bf16(&v, 1);
+            const size_t pi = (size_t)r * (size_t)cols + (size_t)j;
+            float v;
+            if (p_dtype == KG_F32) v = ((const float *)p)[pi]; /* rounded here */
+            else kc_cast(&v, KC_F32, (const uint16_t *)p + pi, p_dtype, 1); /* rounded by the GEMM: widened */
+            if (p_dtype == KG_F32 && round_dtype == KG_F16) kc_round_f16(&v, 1);
+            else if (p_dtype == KG_F32 && round_dtype == KG_BF16) kc_round_bf16(&v, 1);
             float *ci = c + (size_t)r * (size_t)ldc + (size_t)j;
             /* c is not read when beta == 0 (it may hold NaN) */
             *ci = beta == 0.0f ? v : v + beta * *ci;

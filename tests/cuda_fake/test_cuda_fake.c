@@ -710,9 +710,10 @@ static void test_gemm_no_workspace(void) {
 /* gemm_ex, float32 A (values bfloat16 can hold, as mixed precision passes
  * them) with bfloat16 B and the other way round, round_dtype bfloat16:
  * C = bf16(fp32(alpha op(A) op(B))) + beta C with beta = 1 and ldc > N, the
- * padding untouched; then beta = 0 over NaN, with ldc > N (product in
- * scratch) and ldc == N (rounded in place). Exact: the reference takes the
- * same exact products and sums them in the same order. */
+ * padding untouched; then beta = 0 over NaN, with ldc > N and ldc == N.
+ * Every call has cuBLASLt write the product in bfloat16 (its rounding) and
+ * one pass widen it into C. Exact: the reference takes the same exact
+ * products and sums them in the same order. */
 static void test_gemm_ex_mixed_bf16(void) {
     const kiln_kernels *k = NULL;
     kiln_instance *acc = ready(NULL, &k);
@@ -755,9 +756,11 @@ static void test_gemm_ex_mixed_bf16(void) {
                 }
                 want[x] = round_bf16((float)(alpha * s)) + 1.0f * C[x];
             }
+        const fake_cuda_stats s0 = stats();
         int32_t rc = k->gemm_ex(acc, ta, tb, M, N, K, alpha, dA, at, lda, dB, bt, ldb, 1.0, dC, KILN_DTYPE_F32, ldc,
                                 KILN_DTYPE_BF16);
         CU_ASSERT_EQUAL(rc, KILN_OK);
+        CU_ASSERT_EQUAL(stats().round_add_16bit - s0.round_add_16bit, 1); /* a bf16 product, widened */
         if (rc != KILN_OK) fprintf(stderr, "  gemm_ex variant %d: %s\n", variant, kiln_test_error(g_th));
         CU_ASSERT_TRUE(down(k, acc, out, dC, nc * 4));
         int bad = 0;
@@ -853,6 +856,9 @@ static void test_gemm_ex_rounds_f32_operands(void) {
         CU_ASSERT_EQUAL(s1.matmuls - s0.matmuls, 1);
         CU_ASSERT_EQUAL(s1.matmuls_16bit - s0.matmuls_16bit, c < 2 ? 1u : 0u);
         CU_ASSERT_EQUAL(s1.matmuls_fp32 - s0.matmuls_fp32, c < 2 ? 0u : 1u);
+        /* a rounded bf16 product is stored in bf16 by the GEMM; the fp32
+         * product of F32 x F16 (case 3) is rounded by the widening pass */
+        CU_ASSERT_EQUAL(s1.round_add_16bit - s0.round_add_16bit, c == 0 ? 1u : 0u);
         int bad = 0;
         for (int i = 0; i < M; i++)
             for (int j = 0; j < N; j++) {
