@@ -755,14 +755,23 @@ static void test_precisions(void) {
 
 /* ABI 1.6 changes no result. On a 1.6 table, bf16-mixed keeps the
  * classifier's logits (and their gradient) in bfloat16
- * (KILN_KERNELS_STORE_16BIT) and the Conv1D layers run through
- * linear_forward_layout; on a 1.5-sized table without the bit, float32
- * logits and the unfused Conv1D sequence. The losses and every gradient
+ * (KILN_KERNELS_STORE_16BIT), the Conv1D layers run through
+ * linear_forward_layout and each Linear's backward reads one 16-bit copy
+ * of its output gradient; on a 1.5-sized table without the bit, float32
+ * logits, the unfused Conv1D sequence and dy converted by each product. The losses and every gradient
  * are the same bit for bit. 16-mixed keeps float32 logits (its unit-scale
  * gradient would underflow in fp16). Spies record the logits' dtype and
  * the Conv1D calls. */
 static uint32_t g_xent_dtype;
-static int g_conv1d_calls;
+static int g_conv1d_calls, g_casts16;
+
+/* kiln/nn.h casts each Linear's output gradient to the compute dtype once
+ * for its two backward products (on a 1.6 table): count those casts */
+static int32_t spy_cast(kiln_instance *acc, void *dst, uint32_t dst_dtype, const void *src, uint32_t src_dtype,
+                        size_t n) {
+    g_casts16 += src_dtype == KILN_DTYPE_F32 && (dst_dtype == KILN_DTYPE_BF16 || dst_dtype == KILN_DTYPE_F16);
+    return g_cpu->cast(acc, dst, dst_dtype, src, src_dtype, n);
+}
 
 static int32_t spy_xent_fused(kiln_instance *acc, uint32_t dtype, void *logits, const int32_t *targets, int32_t N,
                               int32_t V, int32_t Vp, double grad_scale, double *loss_sum) {
@@ -782,18 +791,19 @@ typedef struct {
     float *grads; /* (n) every parameter's, in registration order */
     size_t n;
     uint32_t xent_dtype;
-    int conv1d_calls;
+    int conv1d_calls, casts16;
 } logits_run;
 
 static logits_run run_logits(int prec, int abi16) {
-    logits_run r = {NAN, NAN, NULL, 0, 0, 0};
+    logits_run r = {NAN, NAN, NULL, 0, 0, 0, 0};
     const kiln_kernels saved = g_table;
     g_table.xent_fused = spy_xent_fused;
     g_table.linear_forward_layout = spy_linear_layout;
+    g_table.cast = spy_cast;
     g_table.flags = abi16 ? g_cpu->flags | KILN_KERNELS_STORE_16BIT : g_cpu->flags & ~KILN_KERNELS_STORE_16BIT;
     if (!abi16) g_table.struct_size = KILN_KERNELS_SIZE_1_5;
     g_xent_dtype = 0;
-    g_conv1d_calls = 0;
+    g_conv1d_calls = g_casts16 = 0;
     /* 16 rows in chunks of 5 (the last one partial), logits stride 40 */
     cfg c = {2, 2, 16, 8, 37, 40, 2, 5, 1e-5, 0.02, {{0}}};
     kiln_instance *inst = make_ok(&c, 29, prec);
@@ -802,6 +812,7 @@ static logits_run run_logits(int prec, int abi16) {
     r.train = train_loss(inst, &tb);
     CU_ASSERT_EQUAL(ops()->backward(inst, 3.0), KILN_OK);
     r.xent_dtype = g_xent_dtype;
+    r.casts16 = g_casts16;
     size_t total = 0;
     for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++) total += (size_t)kiln_test_param(g_th, i)->numel;
     r.grads = malloc(total * sizeof *r.grads);
@@ -830,6 +841,10 @@ static void test_logits_16bit(void) {
         CU_ASSERT_EQUAL(b.xent_dtype, KILN_DTYPE_F32);
         CU_ASSERT_EQUAL(a.conv1d_calls, 2 * 4 * 2); /* (training + validation) x 4 Conv1D x 2 layers */
         CU_ASSERT_EQUAL(b.conv1d_calls, 0);
+        /* one 16-bit copy of dy per Linear backward (4 per layer) in mixed
+         * precision on the 1.6 table, none on the 1.5 one */
+        CU_ASSERT_EQUAL(a.casts16, precs[k] == P_F32 ? 0 : 2 * 4);
+        CU_ASSERT_EQUAL(b.casts16, 0);
         CU_ASSERT_EQUAL(a.train, b.train);
         CU_ASSERT_EQUAL(a.val, b.val);
         CU_ASSERT_TRUE(isfinite(a.train) && a.train > 0.0);

@@ -85,6 +85,13 @@ typedef struct kiln_nn_ctx {
      * of activations); both NULL (a zeroed ctx): no such call */
     const kiln_host_services *svc;
     kiln_host_ctx *hctx;
+    /* Scratch the next kiln_nn_linear_backward may hold a 16-bit copy of
+     * its dy in (dy16_bytes long), so that its two products read dy in
+     * their dtype instead of each converting it: set by the composite
+     * layers below from kiln_nn_scratch, taken (and cleared) by that call.
+     * NULL (a zeroed ctx): no copy. */
+    void *dy16;
+    size_t dy16_bytes;
 } kiln_nn_ctx;
 
 /* Reports a failed kernel call in ctx->msg and returns its status. */
@@ -380,13 +387,19 @@ static inline int32_t kiln_nn_linear_forward(kiln_nn_ctx *c, kiln_nn_linear *L, 
  * it is OVERWRITTEN with the gradient at y (the pre-activation), which
  * saves a buffer. Adds dW and db to the parameters' grads (unless frozen)
  * and, when dx (rows, in) is not NULL, writes dx = dy . W (accumulate_dx:
- * adds it instead, for a residual stream). dx must not overlap dy. */
+ * adds it instead, for a residual stream). dx must not overlap dy. Takes
+ * c->dy16 (scratch for a 16-bit copy of dy, which must overlap neither)
+ * when the caller lent one, and clears it. */
 static inline int32_t kiln_nn_linear_backward(kiln_nn_ctx *c, kiln_nn_linear *L, void *dy, void *dx,
                                               int accumulate_dx) {
     const kiln_kernels *k = c->k;
     const kiln_parameter *W = L->w;
     const char *on = W->name;
     const int32_t rows = L->rows, in = L->in, out = L->out;
+    void *const dy16 = c->dy16; /* lent for this call only */
+    const size_t dy16_bytes = c->dy16_bytes;
+    c->dy16 = NULL;
+    c->dy16_bytes = 0;
     const int old = kiln_nn__linear_11(c, L);
     if (old < 0) return kiln_nn__linear_11_refused(c, L);
     if (old) { /* ABI 1.1, all fp32: the same operations through the 1.1 entries */
@@ -415,30 +428,48 @@ static inline int32_t kiln_nn_linear_backward(kiln_nn_ctx *c, kiln_nn_linear *L,
         if (rc != KILN_OK) return rc;
     }
     void *dw = kiln_nn_grad(L->w), *db = kiln_nn_grad(L->b);
+    /* dy as the products read it. Both round it through rdt (gemm_ex's
+     * operand rule), so where the accelerator says 16-bit storage pays
+     * (KILN_KERNELS_STORE_16BIT) and the caller lent scratch, dy is cast
+     * to rdt once and both read the copy: the same values, one conversion
+     * instead of two. */
+    const void *g = dy;
+    uint32_t gt = c->adt;
+#if KILN_ABI_MINOR >= 6
+    if (dw && dx && dy16 && c->adt == KILN_DTYPE_F32 && c->rdt != KILN_DTYPE_F32 &&
+        (k->flags & KILN_KERNELS_STORE_16BIT) && (size_t)rows * (size_t)out * 2 <= dy16_bytes) {
+        KILN_NN__K(c, k->cast(c->acc, dy16, c->rdt, dy, KILN_DTYPE_F32, (size_t)rows * (size_t)out),
+                   "cast (output grad to the compute dtype)", on);
+        g = dy16;
+        gt = c->rdt;
+    }
+#else
+    (void)dy16, (void)dy16_bytes;
+#endif
     /* Weight gradients: a reduced-precision product added to the master
      * grad (autocast's cast-back into .grad). */
     if (dw && L->layout == KILN_NN_OUT_IN) /* dW(out, in) += dy^T . x */
         KILN_NN__K(c,
-                   k->gemm_ex(c->acc, 1, 0, out, in, rows, 1.0, dy, c->adt, out, L->x, c->adt, in, 1.0, dw, c->adt,
-                              in, c->rdt),
+                   k->gemm_ex(c->acc, 1, 0, out, in, rows, 1.0, g, gt, out, L->x, c->adt, in, 1.0, dw, c->adt, in,
+                              c->rdt),
                    "gemm_ex (weight grad)", on);
     else if (dw) /* dW(in, out) += x^T . dy */
         KILN_NN__K(c,
-                   k->gemm_ex(c->acc, 1, 0, in, out, rows, 1.0, L->x, c->adt, in, dy, c->adt, out, 1.0, dw, c->adt,
-                              out, c->rdt),
+                   k->gemm_ex(c->acc, 1, 0, in, out, rows, 1.0, L->x, c->adt, in, g, gt, out, 1.0, dw, c->adt, out,
+                              c->rdt),
                    "gemm_ex (weight grad)", on);
     if (db) KILN_NN__K(c, k->bias_grad_ex(c->acc, c->adt, db, dy, rows, out, 1), "bias_grad_ex", on);
     if (!dx) return KILN_OK;
     const double beta = accumulate_dx ? 1.0 : 0.0;
     if (L->layout == KILN_NN_OUT_IN) /* dx(rows, in) = dy(rows, out) . W(out, in) */
         KILN_NN__K(c,
-                   k->gemm_ex(c->acc, 0, 0, rows, in, out, 1.0, dy, c->adt, out, W->compute, W->compute_dtype, in,
-                              beta, dx, c->adt, in, c->rdt),
+                   k->gemm_ex(c->acc, 0, 0, rows, in, out, 1.0, g, gt, out, W->compute, W->compute_dtype, in, beta,
+                              dx, c->adt, in, c->rdt),
                    "gemm_ex (input grad)", on);
     else /* dx(rows, in) = dy(rows, out) . W(in, out)^T */
         KILN_NN__K(c,
-                   k->gemm_ex(c->acc, 0, 1, rows, in, out, 1.0, dy, c->adt, out, W->compute, W->compute_dtype, out,
-                              beta, dx, c->adt, in, c->rdt),
+                   k->gemm_ex(c->acc, 0, 1, rows, in, out, 1.0, g, gt, out, W->compute, W->compute_dtype, out, beta,
+                              dx, c->adt, in, c->rdt),
                    "gemm_ex (input grad)", on);
     return KILN_OK;
 }
@@ -565,6 +596,8 @@ typedef struct kiln_nn_scratch {
     void *d_att;  /* (max_rows, C)  gradient at the attention output         */
     void *d_qkv;  /* (max_rows, 3C) gradient at the packed q|k|v             */
     void *d_h;    /* (max_rows, H)  gradient at the MLP's hidden activation  */
+    size_t d_qkv_bytes, d_h_bytes; /* their sizes: each also lends itself as
+                                      kiln_nn_ctx.dy16 while it is free      */
 } kiln_nn_scratch;
 
 static inline void kiln_nn_scratch_plan(kiln_nn_arena *a, kiln_nn_scratch *s, size_t max_rows, int32_t C, int32_t H,
@@ -573,6 +606,14 @@ static inline void kiln_nn_scratch_plan(kiln_nn_arena *a, kiln_nn_scratch *s, si
     s->d_att = kiln_nn_carve(a, max_rows * (size_t)C, esz);
     s->d_qkv = kiln_nn_carve(a, max_rows * 3 * (size_t)C, esz);
     s->d_h = kiln_nn_carve(a, max_rows * (size_t)H, esz);
+    s->d_qkv_bytes = max_rows * 3 * (size_t)C * esz;
+    s->d_h_bytes = max_rows * (size_t)H * esz;
+}
+
+/* Lends buf (bytes long) to the next kiln_nn_linear_backward as its dy16. */
+static inline void kiln_nn__lend(kiln_nn_ctx *c, void *buf, size_t bytes) {
+    c->dy16 = buf;
+    c->dy16_bytes = bytes;
 }
 
 /* ---------------------------------------------------------------------------
@@ -634,15 +675,19 @@ static inline int32_t kiln_nn_attention_forward(kiln_nn_ctx *c, kiln_nn_attentio
 }
 
 /* dy (B*T, C) at the output (not modified) -> dx (B*T, C) (accumulate_dx:
- * added); uses s->d_att and s->d_qkv. */
+ * added); uses s->d_att and s->d_qkv, and s->d_h for a 16-bit dy. */
 static inline int32_t kiln_nn_attention_backward(kiln_nn_ctx *c, kiln_nn_attention *at, void *dy, void *dx,
                                                  int accumulate_dx, const kiln_nn_scratch *s) {
+    /* d_qkv is free until attention_backward writes it, d_h (the MLP's)
+     * throughout: each holds a 16-bit dy for one Linear */
+    kiln_nn__lend(c, s->d_qkv, s->d_qkv_bytes);
     int32_t rc = kiln_nn_linear_backward(c, &at->c_proj, dy, s->d_att, 0);
     if (rc != KILN_OK) return rc;
     KILN_NN__K(c,
                c->k->attention_backward(c->acc, c->adt, s->d_qkv, s->d_att, at->c_attn.y, at->att, at->lse, at->B,
                                         at->T, at->C, at->NH, c->rdt),
                "attention_backward", at->c_attn.w->name);
+    kiln_nn__lend(c, s->d_h, s->d_h_bytes);
     return kiln_nn_linear_backward(c, &at->c_attn, s->d_qkv, dx, accumulate_dx);
 }
 
@@ -677,11 +722,15 @@ static inline int32_t kiln_nn_mlp_forward(kiln_nn_ctx *c, kiln_nn_mlp *m, const 
 }
 
 /* dy (rows, C) at the output (not modified) -> dx (rows, C) (accumulate_dx:
- * added); uses s->d_h. */
+ * added); uses s->d_h, and s->d_qkv for a 16-bit dy. */
 static inline int32_t kiln_nn_mlp_backward(kiln_nn_ctx *c, kiln_nn_mlp *m, void *dy, void *dx, int accumulate_dx,
                                            const kiln_nn_scratch *s) {
+    /* d_qkv (the attention's) is free here: it holds each Linear's 16-bit dy */
+    kiln_nn__lend(c, s->d_qkv, s->d_qkv_bytes);
     int32_t rc = kiln_nn_linear_backward(c, &m->c_proj, dy, s->d_h, 0);
-    return rc != KILN_OK ? rc : kiln_nn_linear_backward(c, &m->c_fc, s->d_h, dx, accumulate_dx);
+    if (rc != KILN_OK) return rc;
+    kiln_nn__lend(c, s->d_qkv, s->d_qkv_bytes);
+    return kiln_nn_linear_backward(c, &m->c_fc, s->d_h, dx, accumulate_dx);
 }
 
 /* ---------------------------------------------------------------------------
