@@ -649,13 +649,12 @@ static int32_t cpu_unscale_check(kiln_instance *acc, uint32_t dtype, void *const
     return KILN_OK;
 }
 
-/* The reference the cuda accelerator's cuBLASLt epilogues are compared
- * with: the unfused sequence the ABI comment names, one rounding after the
- * bias. The all-fp32 case takes gemm's own path, so a module moving from
- * gemm + bias_add + act to this entry computes the same bits. */
-/* linear_forward and (1.6) linear_forward_layout: in_out picks w (in, out)
- * (Conv1D) over w (out, in). The same sequence of kernels as the unfused
- * equivalent, so the results are its bits. */
+/* linear_forward and (1.6) linear_forward_layout, the reference the cuda
+ * accelerator's cuBLASLt epilogues are compared with: the unfused sequence
+ * the ABI comment names, one rounding after the bias, so the results are
+ * its bits. in_out picks w (in, out) (Conv1D) over w (out, in). The
+ * all-fp32 case takes gemm's own path, so a module moving from gemm +
+ * bias_add + act to this entry computes the same bits. */
 static int32_t cpu_linear(kiln_instance *acc, const char *fn, uint32_t dtype, const void *x, const void *w,
                           uint32_t w_dtype, int in_out, const void *b, int32_t rows, int32_t in, int32_t out,
                           int32_t act, void *y, void *post, uint32_t round_dtype) {
