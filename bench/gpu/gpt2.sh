@@ -15,7 +15,9 @@
 #   - the step's breakdown: for each path a second, short run with the accelerator's
 #     profile = true (GPU time per category: GEMMs, attention, classifier,
 #     layer norm, embedding, optimizer, elementwise, copies, reductions, and
-#     the GPU idle after a synchronize, which is host time);
+#     the GPU idle after a synchronize, which is host time), the share of
+#     GEMM FLOPs on the 16-bit tensor cores and the MB per token gemm_ex
+#     spent converting operands (docs/gpu.md's count predicts both);
 #   - the peer: bench/gpu/torch_gpt2.py, the same model and step in PyTorch on
 #     the same GPU (eager with its fused attention, and torch.compile), at the
 #     same batch; kiln's tokens/s as a ratio to each.
@@ -129,6 +131,11 @@ def measure(tag, attention, memfile, proflog):
             if m:
                 row["gemm_flops_16bit_percent"] = float(m.group(1))
                 row["gemm_flops_fp32_percent"] = float(m.group(3))
+            # the bytes gemm_ex's operand conversions moved over the 12
+            # profiled steps, per token: docs/gpu.md's count predicts them
+            m = re.search(r"operand conversions moved ([0-9.e+]+) bytes", line)
+            if m:
+                row["gemm_convert_mb_per_token"] = round(float(m.group(1)) / (12 * B * T) / 1e6, 6)
     except OSError:
         pass
     row["breakdown"] = prof
@@ -174,7 +181,8 @@ print()
 for r in rows:
     if "gemm_flops_16bit_percent" in r:
         print(f"attention {r['attention']}: {r['gemm_flops_16bit_percent']:.1f}% of the GEMM FLOPs on 16-bit tensor cores, "
-              f"{r['gemm_flops_fp32_percent']:.1f}% on the fp32 units")
+              f"{r['gemm_flops_fp32_percent']:.1f}% on the fp32 units, operand conversions "
+              f"{r.get('gemm_convert_mb_per_token', float('nan')):.4f} MB per token")
 print(f"attention {best['attention']}:")
 print("| category | GPU ms | share |")
 print("|---|---|---|")

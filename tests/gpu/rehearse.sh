@@ -77,6 +77,7 @@ for a, r in kiln.items():
     cats = r["breakdown"]
     assert any("gemm" in k.lower() for k in cats) and any("attention" in k.lower() for k in cats), (a, cats)
     assert r.get("gemm_flops_16bit_percent") == 100.0 and r.get("gemm_flops_fp32_percent") == 0.0, (a, r)
+    assert r.get("gemm_convert_mb_per_token", -1) > 0, (a, r)  # the count's conversions, measured
 print("rehearse.sh gpt2: rows:", {a: (r["step_ms"], r["tokens_per_s"], sorted(r["breakdown"])) for a, r in kiln.items()})
 PY
   ;;
