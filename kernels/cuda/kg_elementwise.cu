@@ -184,6 +184,11 @@ template <typename T> __global__ void kg_scale_kernel(T *__restrict__ x, T a, si
     KG_GRID_STRIDE(i, n) x[i] = x[i] * a;
 }
 
+/* The same on 16-bit storage SD: widened, multiplied in float, rounded. */
+template <int SD> __global__ void kg_scale16_kernel(uint16_t *__restrict__ x, float a, size_t n) {
+    KG_GRID_STRIDE(i, n) x[i] = kg_convert<SD, KG_F32>(kg_convert<KG_F32, SD>(x[i]) * a);
+}
+
 /* y(n) += a * x(n), product rounded first */
 template <typename T> __global__ void kg_axpy_kernel(T *__restrict__ y, T a, const T *__restrict__ x, size_t n) {
     KG_GRID_STRIDE(i, n) y[i] = kg_axpy_elem(y[i], a, x[i]);
@@ -207,8 +212,15 @@ __global__ void kg_unscale_check_kernel(const kg_list list, T a, int32_t *__rest
 }
 
 extern "C" cudaError_t kg_scale(cudaStream_t s, int fdt, void *x, double a, size_t n) {
-    if (fdt != KG_F32 && fdt != KG_F64) return cudaErrorInvalidValue;
+    if (fdt != KG_F32 && fdt != KG_F64 && fdt != KG_F16 && fdt != KG_BF16) return cudaErrorInvalidValue;
     if (n == 0) return cudaSuccess;
+    if (fdt == KG_F16 || fdt == KG_BF16) {
+        if (fdt == KG_F16)
+            kg_scale16_kernel<KG_F16><<<kg_grid(n), KG_THREADS, 0, s>>>((uint16_t *)x, kg_scalar<float>(a), n);
+        else
+            kg_scale16_kernel<KG_BF16><<<kg_grid(n), KG_THREADS, 0, s>>>((uint16_t *)x, kg_scalar<float>(a), n);
+        return cudaGetLastError();
+    }
     if (fdt == KG_F32) kg_scale_kernel<float><<<kg_grid(n), KG_THREADS, 0, s>>>((float *)x, kg_scalar<float>(a), n);
     else kg_scale_kernel<double><<<kg_grid(n), KG_THREADS, 0, s>>>((double *)x, kg_scalar<double>(a), n);
     return cudaGetLastError();

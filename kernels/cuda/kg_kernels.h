@@ -90,7 +90,9 @@ cudaError_t kg_softmax_xent_backward(cudaStream_t s, int fdt, void *dlogits, con
 enum { KG_SUM = 0, KG_SUMSQ = 1, KG_NONFINITE = 2 };
 cudaError_t kg_reduce(cudaStream_t s, int op, int dtype, const void *x, size_t n, double *partials, double *out);
 
-/* x(n) *= a; y(n) += a * x(n); fdt (a rounded to float for F32) */
+/* x(n) *= a; y(n) += a * x(n); fdt (a rounded to float for F32). kg_scale
+ * also takes F16 / BF16 storage (gemm_ex's K == 0 on a 16-bit C): the
+ * product formed in float and rounded as it is stored. */
 cudaError_t kg_scale(cudaStream_t s, int fdt, void *x, double a, size_t n);
 cudaError_t kg_axpy(cudaStream_t s, int fdt, void *y, double a, const void *x, size_t n);
 /* A list of up to KG_LIST_MAX tensors, passed to a kernel by value (its

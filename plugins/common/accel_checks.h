@@ -78,53 +78,47 @@ static inline int ack_is16(uint32_t dt) { return dt == KILN_DTYPE_F16 || dt == K
  * "none", or float64, the same thing there); and from 1.6 a float16 or
  * bfloat16 C with round_dtype C's dtype and A, B each float32 or C's
  * dtype (both accelerators set KILN_KERNELS_STORE_16BIT). */
+/* An operand dtype a C dtype takes: float64 beside float64; float32 or
+ * C's own format beside a 16-bit C; float32 or either 16-bit format beside
+ * float32. */
+static inline int ack__gemm_operand_ok(uint32_t c_dtype, uint32_t x) {
+    if (c_dtype == KILN_DTYPE_F64) return x == KILN_DTYPE_F64;
+    if (ack_is16(c_dtype)) return x == KILN_DTYPE_F32 || x == c_dtype;
+    return x == KILN_DTYPE_F32 || ack_is16(x);
+}
+
 static inline int32_t ack_gemm_ex_dtypes(ack_sink s, uint32_t a_dtype, uint32_t b_dtype, uint32_t c_dtype,
                                          uint32_t round_dtype) {
     const char *fn = "gemm_ex";
-    if (c_dtype == KILN_DTYPE_F32) {
-        const int a_ok = a_dtype == KILN_DTYPE_F32 || ack_is16(a_dtype);
-        const int b_ok = b_dtype == KILN_DTYPE_F32 || ack_is16(b_dtype);
-        if (!a_ok || !b_ok)
-            return ACK_ERR(s, KILN_E_INVALID_ARG, fn,
-                           "c_dtype float32 needs float32, float16 or bfloat16 A and B, got %s %s (%u)",
-                           a_ok ? "b_dtype" : "a_dtype", kiln_dtype_name(a_ok ? b_dtype : a_dtype),
-                           (unsigned)(a_ok ? b_dtype : a_dtype));
-        if (round_dtype != KILN_DTYPE_F32 && !ack_is16(round_dtype))
-            return ACK_ERR(s, KILN_E_INVALID_ARG, fn,
-                           "round_dtype must be float32 (no rounding), float16 or bfloat16 for c_dtype float32, got "
-                           "%s (%u)",
-                           kiln_dtype_name(round_dtype), (unsigned)round_dtype);
-        return KILN_OK;
+    const int c16 = ack_is16(c_dtype);
+    if (c_dtype != KILN_DTYPE_F32 && c_dtype != KILN_DTYPE_F64 && !c16)
+        return ACK_ERR(s, KILN_E_INVALID_ARG, fn, "c_dtype must be float32, float64, float16 or bfloat16, got %s (%u)",
+                       kiln_dtype_name(c_dtype), (unsigned)c_dtype);
+    const int a_ok = ack__gemm_operand_ok(c_dtype, a_dtype), b_ok = ack__gemm_operand_ok(c_dtype, b_dtype);
+    if (!a_ok || !b_ok) {
+        const uint32_t bad = a_ok ? b_dtype : a_dtype;
+        return ACK_ERR(s, KILN_E_INVALID_ARG, fn, "c_dtype %s needs %s%s A and B, got %s %s (%u)",
+                       kiln_dtype_name(c_dtype),
+                       c_dtype == KILN_DTYPE_F64 ? "float64" : c16 ? "float32 or " : "float32, float16 or bfloat16",
+                       c16 ? kiln_dtype_name(c_dtype) : "", a_ok ? "b_dtype" : "a_dtype", kiln_dtype_name(bad),
+                       (unsigned)bad);
     }
-    if (c_dtype == KILN_DTYPE_F64) {
-        if (a_dtype != KILN_DTYPE_F64 || b_dtype != KILN_DTYPE_F64)
-            return ACK_ERR(s, KILN_E_INVALID_ARG, fn, "c_dtype float64 needs float64 A and B, got %s %s (%u)",
-                           a_dtype != KILN_DTYPE_F64 ? "a_dtype" : "b_dtype",
-                           kiln_dtype_name(a_dtype != KILN_DTYPE_F64 ? a_dtype : b_dtype),
-                           (unsigned)(a_dtype != KILN_DTYPE_F64 ? a_dtype : b_dtype));
-        if (round_dtype != KILN_DTYPE_F32 && round_dtype != KILN_DTYPE_F64)
-            return ACK_ERR(s, KILN_E_INVALID_ARG, fn,
-                           "c_dtype float64 takes round_dtype float32 (no rounding) or float64, got %s (%u) (a float64 "
-                           "product is not rounded through 16-bit formats)",
-                           kiln_dtype_name(round_dtype), (unsigned)round_dtype);
-        return KILN_OK;
-    }
-    if (ack_is16(c_dtype)) {
-        const int a_ok = a_dtype == KILN_DTYPE_F32 || a_dtype == c_dtype;
-        const int b_ok = b_dtype == KILN_DTYPE_F32 || b_dtype == c_dtype;
-        if (!a_ok || !b_ok)
-            return ACK_ERR(s, KILN_E_INVALID_ARG, fn, "c_dtype %s needs float32 or %s A and B, got %s %s (%u)",
-                           kiln_dtype_name(c_dtype), kiln_dtype_name(c_dtype), a_ok ? "b_dtype" : "a_dtype",
-                           kiln_dtype_name(a_ok ? b_dtype : a_dtype), (unsigned)(a_ok ? b_dtype : a_dtype));
-        if (round_dtype != c_dtype)
-            return ACK_ERR(s, KILN_E_INVALID_ARG, fn,
-                           "c_dtype %s takes round_dtype %s (its output is stored rounded), got %s (%u)",
-                           kiln_dtype_name(c_dtype), kiln_dtype_name(c_dtype), kiln_dtype_name(round_dtype),
-                           (unsigned)round_dtype);
-        return KILN_OK;
-    }
-    return ACK_ERR(s, KILN_E_INVALID_ARG, fn, "c_dtype must be float32, float64, float16 or bfloat16, got %s (%u)",
-                   kiln_dtype_name(c_dtype), (unsigned)c_dtype);
+    if (c_dtype == KILN_DTYPE_F32 && round_dtype != KILN_DTYPE_F32 && !ack_is16(round_dtype))
+        return ACK_ERR(s, KILN_E_INVALID_ARG, fn,
+                       "round_dtype must be float32 (no rounding), float16 or bfloat16 for c_dtype float32, got "
+                       "%s (%u)",
+                       kiln_dtype_name(round_dtype), (unsigned)round_dtype);
+    if (c_dtype == KILN_DTYPE_F64 && round_dtype != KILN_DTYPE_F32 && round_dtype != KILN_DTYPE_F64)
+        return ACK_ERR(s, KILN_E_INVALID_ARG, fn,
+                       "c_dtype float64 takes round_dtype float32 (no rounding) or float64, got %s (%u) (a float64 "
+                       "product is not rounded through 16-bit formats)",
+                       kiln_dtype_name(round_dtype), (unsigned)round_dtype);
+    if (c16 && round_dtype != c_dtype)
+        return ACK_ERR(s, KILN_E_INVALID_ARG, fn,
+                       "c_dtype %s takes round_dtype %s (its output is stored rounded), got %s (%u)",
+                       kiln_dtype_name(c_dtype), kiln_dtype_name(c_dtype), kiln_dtype_name(round_dtype),
+                       (unsigned)round_dtype);
+    return KILN_OK;
 }
 
 /* round_dtype as linear_forward takes it: float32 is "none"; the 16-bit
@@ -174,6 +168,57 @@ static inline int32_t ack_tokens_in_range(ack_sink s, const char *fn, const int3
 static inline int32_t ack_bad_target(ack_sink s, const char *fn, int32_t target, int32_t row, int32_t V) {
     return ACK_ERR(s, KILN_E_DATA, fn, "target %d at row %d is outside [-1, %d) (-1 ignores the row; V=%d)",
                    (int)target, (int)row, (int)V, (int)V);
+}
+
+/* act: one of the KILN_ACT_* ids. */
+static inline int32_t ack_act(ack_sink s, const char *fn, int32_t act) {
+    if (act >= KILN_ACT_RELU && act <= KILN_ACT_LEAKY_RELU) return KILN_OK;
+    return ACK_ERR(s, KILN_E_INVALID_ARG, fn,
+                   "act must be KILN_ACT_RELU (%d), KILN_ACT_GELU (%d), KILN_ACT_TANH (%d), KILN_ACT_SIGMOID "
+                   "(%d) or KILN_ACT_LEAKY_RELU (%d), got %d",
+                   (int)KILN_ACT_RELU, (int)KILN_ACT_GELU, (int)KILN_ACT_TANH, (int)KILN_ACT_SIGMOID,
+                   (int)KILN_ACT_LEAKY_RELU, (int)act);
+}
+
+/* ----------------------------------------------------------- Linear layer */
+
+/* linear_forward's and (1.6) linear_forward_layout's checks, in this order:
+ * the layout (0: w (out, in), 1: w (in, out); KILN_LAYOUT_* as numbers,
+ * since the fixtures built against older headers lack the names), dtype,
+ * act (< 0: none), sizes, round_dtype, w_dtype (dt, or a 16-bit format
+ * beside float32), the buffers the call touches, and the overlaps the
+ * backward forbids. *go = 0 when rows * out == 0 (nothing to compute). */
+static inline int32_t ack_linear(ack_sink s, const char *fn, uint32_t dt, const void *x, const void *w, uint32_t wt,
+                                 int32_t w_layout, int32_t rows, int32_t in, int32_t out, int32_t act, const void *y,
+                                 const void *post, uint32_t rt, int *go) {
+    int32_t rc;
+    *go = 0;
+    if (w_layout != 0 && w_layout != 1)
+        return ACK_ERR(s, KILN_E_INVALID_ARG, fn,
+                       "w_layout must be KILN_LAYOUT_OUT_IN (0) or KILN_LAYOUT_IN_OUT (1), got %d", (int)w_layout);
+    if ((rc = ack_float_dtype(s, fn, dt)) != KILN_OK) return rc;
+    if (act >= 0 && (rc = ack_act(s, fn, act)) != KILN_OK) return rc;
+    if (rows < 0 || in < 0 || out < 0)
+        return ACK_ERR(s, KILN_E_INVALID_ARG, fn, "rows, in, out must be >= 0, got %d, %d, %d", (int)rows, (int)in,
+                       (int)out);
+    if ((rc = ack_round_dtype(s, fn, dt, rt, "for")) != KILN_OK) return rc;
+    if (!(wt == dt || (dt == KILN_DTYPE_F32 && ack_is16(wt))))
+        return ACK_ERR(s, KILN_E_INVALID_ARG, fn, "w_dtype must be %s%s, got %s (%u)", kiln_dtype_name(dt),
+                       dt == KILN_DTYPE_F32 ? ", float16 or bfloat16" : "", kiln_dtype_name(wt), (unsigned)wt);
+    const size_t ny = (size_t)rows * (size_t)out, nx = (size_t)rows * (size_t)in, esz = kiln_dtype_size(dt);
+    if (ny == 0) return KILN_OK;
+    if ((rc = ack_need(s, fn, "y", y, ny)) != KILN_OK) return rc;
+    if (act >= 0 && !post)
+        return ACK_ERR(s, KILN_E_INVALID_ARG, fn, "post is NULL for %zu elements (act >= 0)", ny);
+    if ((rc = ack_need(s, fn, "x", x, nx)) != KILN_OK ||
+        (rc = ack_need(s, fn, "w", w, (size_t)out * (size_t)in)) != KILN_OK)
+        return rc;
+    if (act >= 0 && ack_ranges_overlap(y, ny * esz, post, ny * esz))
+        return ACK_ERR(s, KILN_E_INVALID_ARG, fn, "%s", "y and post overlap (the backward needs both)");
+    if (in > 0 && ack_ranges_overlap(y, ny * esz, x, nx * esz))
+        return ACK_ERR(s, KILN_E_INVALID_ARG, fn, "%s", "y overlaps the input x");
+    *go = 1;
+    return KILN_OK;
 }
 
 /* ------------------------------------------------------------- embedding */

@@ -452,12 +452,7 @@ static int32_t cpu_bias_grad_ex(kiln_instance *acc, uint32_t dtype, void *db, co
 }
 
 static int32_t cpu_check_act(kiln_instance *acc, const char *fn, int32_t act) {
-    if (act >= KILN_ACT_RELU && act <= KILN_ACT_LEAKY_RELU) return KILN_OK;
-    return CPU_ERR(acc, KILN_E_INVALID_ARG,
-                   "%s: act must be KILN_ACT_RELU (%d), KILN_ACT_GELU (%d), KILN_ACT_TANH (%d), KILN_ACT_SIGMOID "
-                   "(%d) or KILN_ACT_LEAKY_RELU (%d), got %d",
-                   fn, (int)KILN_ACT_RELU, (int)KILN_ACT_GELU, (int)KILN_ACT_TANH, (int)KILN_ACT_SIGMOID,
-                   (int)KILN_ACT_LEAKY_RELU, (int)act);
+    return ack_act(CPU_SINK(acc), fn, act);
 }
 
 /* The kernels of each activation, indexed by KILN_ACT_* (checked above). */
@@ -652,35 +647,19 @@ static int32_t cpu_unscale_check(kiln_instance *acc, uint32_t dtype, void *const
 /* linear_forward and (1.6) linear_forward_layout, the reference the cuda
  * accelerator's cuBLASLt epilogues are compared with: the unfused sequence
  * the ABI comment names, one rounding after the bias, so the results are
- * its bits. in_out picks w (in, out) (Conv1D) over w (out, in). The
+ * its bits. w_layout 1 is w (in, out) (Conv1D), 0 w (out, in). The
  * all-fp32 case takes gemm's own path, so a module moving from gemm +
  * bias_add + act to this entry computes the same bits. */
 static int32_t cpu_linear(kiln_instance *acc, const char *fn, uint32_t dtype, const void *x, const void *w,
-                          uint32_t w_dtype, int in_out, const void *b, int32_t rows, int32_t in, int32_t out,
+                          uint32_t w_dtype, int32_t w_layout, const void *b, int32_t rows, int32_t in, int32_t out,
                           int32_t act, void *y, void *post, uint32_t round_dtype) {
-    int32_t rc = cpu_check_dtype(acc, fn, dtype);
-    if (rc != KILN_OK) return rc;
-    if (act >= 0 && (rc = cpu_check_act(acc, fn, act)) != KILN_OK) return rc;
-    if (rows < 0 || in < 0 || out < 0)
-        return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s: rows, in, out must be >= 0, got %d, %d, %d", fn, (int)rows,
-                       (int)in, (int)out);
+    int go = 0;
+    int32_t rc = ack_linear(CPU_SINK(acc), fn, dtype, x, w, w_dtype, w_layout, rows, in, out, act, y, post,
+                            round_dtype, &go);
+    if (rc != KILN_OK || !go) return rc;
     const int r16 = round_dtype == KILN_DTYPE_F16 || round_dtype == KILN_DTYPE_BF16;
-    if (!(round_dtype == KILN_DTYPE_F32 || (dtype == KILN_DTYPE_F32 && r16) ||
-          (dtype == KILN_DTYPE_F64 && round_dtype == KILN_DTYPE_F64)))
-        return CPU_ERR(acc, KILN_E_INVALID_ARG,
-                       "%s: round_dtype must be float32 (none)%s for dtype %s, got " CPU_DT_FMT, fn,
-                       dtype == KILN_DTYPE_F32 ? ", float16 or bfloat16" : " or float64", kiln_dtype_name(dtype),
-                       CPU_DT_ARG(round_dtype));
     const size_t ny = (size_t)rows * (size_t)out;
-    if (ny == 0) return KILN_OK;
-    if (!y) return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s: y is NULL for %zu elements", fn, ny);
-    if (act >= 0 && !post)
-        return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s (act >= 0): post is NULL for %zu elements", fn, ny);
-    const size_t esz = kiln_dtype_size(dtype);
-    if (act >= 0 && ack_ranges_overlap(y, ny * esz, post, ny * esz))
-        return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s: y and post overlap (the backward needs both)", fn);
-    if (x && in > 0 && ack_ranges_overlap(y, ny * esz, x, (size_t)rows * (size_t)in * esz))
-        return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s: y overlaps the input x", fn);
+    const int in_out = w_layout == 1; /* KILN_LAYOUT_IN_OUT: Conv1D */
     const int32_t ld = in > 0 ? in : 1; /* in == 0: y = b, and gemm wants ld >= 1 */
     const int32_t ldw = in_out ? out : ld;
     if (dtype == KILN_DTYPE_F32 && w_dtype == KILN_DTYPE_F32)
@@ -707,13 +686,8 @@ static int32_t cpu_linear_forward(kiln_instance *acc, uint32_t dtype, const void
 static int32_t cpu_linear_forward_layout(kiln_instance *acc, uint32_t dtype, const void *x, const void *w,
                                          uint32_t w_dtype, int32_t w_layout, const void *b, int32_t rows, int32_t in,
                                          int32_t out, int32_t act, void *y, void *post, uint32_t round_dtype) {
-    if (w_layout != KILN_LAYOUT_OUT_IN && w_layout != KILN_LAYOUT_IN_OUT)
-        return CPU_ERR(acc, KILN_E_INVALID_ARG,
-                       "linear_forward_layout: w_layout must be KILN_LAYOUT_OUT_IN (0) or KILN_LAYOUT_IN_OUT (1), "
-                       "got %d",
-                       (int)w_layout);
-    return cpu_linear(acc, "linear_forward_layout", dtype, x, w, w_dtype, w_layout == KILN_LAYOUT_IN_OUT, b, rows, in,
-                      out, act, y, post, round_dtype);
+    return cpu_linear(acc, "linear_forward_layout", dtype, x, w, w_dtype, w_layout, b, rows, in, out, act, y, post,
+                      round_dtype);
 }
 #endif
 

@@ -79,31 +79,16 @@ static size_t cu_span(int32_t rows, int32_t cols, int32_t ld) {
 
 /* gemm_ex into a float16 / bfloat16 C (ABI 1.6; the checks passed): float32
  * operands converted to C's dtype (autocast's operand cast), then one
- * 16-bit matmul whose fp32 result cuBLASLt rounds as it stores it. K == 0
- * leaves C = beta * C, rounded: through float32 scratch, a row at a time
- * (a degenerate call, not worth a kernel of its own). */
+ * 16-bit matmul whose fp32 result cuBLASLt rounds as it stores it (K == 0:
+ * C = beta * C, rounded, by cu_matmul's own path). */
 static int32_t cu_gemm_ex_c16(kiln_instance *acc, int32_t ta, int32_t tb, int32_t M, int32_t N, int32_t K,
                               double alpha, const void *A, uint32_t at, int32_t lda, const void *B, uint32_t bt,
                               int32_t ldb, double beta, void *C, uint32_t ct, int32_t ldc) {
-    const char *fn = "gemm_ex";
-    if (K == 0) {
-        if (beta == 1.0) return KILN_OK;
-        if (beta == 0.0) return cu_matmul(acc, fn, 0, 0, M, N, 0, alpha, NULL, ct, 1, NULL, ct, 1, 0.0, C, ct, ldc);
-        int32_t rc = cu_reserve(acc, &acc->ws, &acc->ws_bytes, (size_t)N * sizeof(float), fn);
-        if (rc != KILN_OK) return rc;
-        for (int32_t r = 0; r < M; r++) {
-            void *row = (char *)C + (size_t)r * (size_t)ldc * 2;
-            CU_LAUNCH(acc, fn, kg_cast(acc->stream, acc->ws, KG_F32, row, (int)ct, (size_t)N));
-            CU_LAUNCH(acc, fn, kg_scale(acc->stream, KG_F32, acc->ws, beta, (size_t)N));
-            CU_LAUNCH(acc, fn, kg_cast(acc->stream, row, (int)ct, acc->ws, KG_F32, (size_t)N));
-        }
-        return KILN_OK;
-    }
     const size_t na = cu_span(ta ? K : M, ta ? M : K, lda), nb = cu_span(tb ? N : K, tb ? K : N, ldb);
     const void *a = NULL, *b = NULL;
-    int32_t rc = cu_gemm_operands(acc, fn, ct, ct, A, at, na, B, bt, nb, 0, &a, &b, NULL);
+    int32_t rc = cu_gemm_operands(acc, "gemm_ex", ct, ct, A, at, na, B, bt, nb, 0, &a, &b, NULL);
     if (rc != KILN_OK) return rc;
-    return cu_matmul(acc, fn, ta != 0, tb != 0, M, N, K, alpha, a, ct, lda, b, ct, ldb, beta, C, ct, ldc);
+    return cu_matmul(acc, "gemm_ex", ta != 0, tb != 0, M, N, K, alpha, a, ct, lda, b, ct, ldb, beta, C, ct, ldc);
 }
 
 /*

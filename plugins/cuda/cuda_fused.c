@@ -57,54 +57,16 @@ int32_t cu_unscale_check(kiln_instance *acc, uint32_t dt, void *const *x, const 
 
 /* ------------------------------------------------------- linear_forward */
 
-static int cu_overlap(const void *a, size_t na, const void *b, size_t nb) {
-    const uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
-    return na > 0 && nb > 0 && x < y + nb && y < x + na;
-}
-
-/* The arguments, as the cpu accelerator checks them (same messages, with
- * the "cuda: " prefix). */
-static int32_t cu_linear_args(kiln_instance *acc, const char *fn, uint32_t dt, const void *x, const void *w,
-                              uint32_t wt, int32_t rows, int32_t in, int32_t out, int32_t act, const void *y,
-                              const void *post, uint32_t rt) {
-    int32_t rc = cu_check_fdt(acc, fn, dt);
-    if (rc != KILN_OK) return rc;
-    if (act > KILN_ACT_LEAKY_RELU)
-        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: act must be < 0 (none) or a KILN_ACT_* id (0..%d), got %d",
-                      fn, (int)KILN_ACT_LEAKY_RELU, (int)act);
-    if (rows < 0 || in < 0 || out < 0)
-        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: rows, in, out must be >= 0, got %d, %d, %d", fn, (int)rows,
-                      (int)in, (int)out);
-    if (!(rt == KILN_DTYPE_F32 || (dt == KILN_DTYPE_F32 && cu_is16(rt)) ||
-          (dt == KILN_DTYPE_F64 && rt == KILN_DTYPE_F64)))
-        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: round_dtype must be float32 (none)%s for dtype %s, got %s",
-                      fn, dt == KILN_DTYPE_F32 ? ", float16 or bfloat16" : " or float64", kiln_dtype_name(dt),
-                      kiln_dtype_name(rt));
-    if (!(wt == dt || (dt == KILN_DTYPE_F32 && cu_is16(wt))))
-        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: w_dtype must be %s%s, got %s", fn, kiln_dtype_name(dt),
-                      dt == KILN_DTYPE_F32 ? ", float16 or bfloat16" : "", kiln_dtype_name(wt));
-    const size_t ny = (size_t)rows * (size_t)out, esz = kiln_dtype_size(dt);
-    if (ny == 0) return KILN_OK;
-    if (!y) return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: y is NULL for %zu elements", fn, ny);
-    if (act >= 0 && !post)
-        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s (act >= 0): post is NULL for %zu elements", fn, ny);
-    if (in > 0 && (!x || !w))
-        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: %s is NULL for %zu elements", fn, !x ? "x" : "w",
-                      !x ? (size_t)rows * (size_t)in : (size_t)out * (size_t)in);
-    if (act >= 0 && cu_overlap(y, ny * esz, post, ny * esz))
-        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: y and post overlap (the backward needs both)", fn);
-    if (cu_overlap(y, ny * esz, x, (size_t)rows * (size_t)in * esz))
-        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: y overlaps the input x", fn);
-    return KILN_OK;
-}
-
-/* Both entries; in_out: w is (in, out) (Conv1D), the GEMM's B not
- * transposed. */
+/* Both entries, after the cpu accelerator's checks (accel_checks.h:
+ * ack_linear); w_layout 1 (KILN_LAYOUT_IN_OUT): w is (in, out) (Conv1D),
+ * the GEMM's B not transposed. */
 static int32_t cu_linear(kiln_instance *acc, const char *fn, uint32_t dt, const void *x, const void *w, uint32_t wt,
-                         int in_out, const void *b, int32_t rows, int32_t in, int32_t out, int32_t act, void *y,
+                         int32_t w_layout, const void *b, int32_t rows, int32_t in, int32_t out, int32_t act, void *y,
                          void *post, uint32_t rt) {
-    int32_t rc = cu_linear_args(acc, fn, dt, x, w, wt, rows, in, out, act, y, post, rt);
-    if (rc != KILN_OK || rows == 0 || out == 0) return rc;
+    int go = 0;
+    int32_t rc = ack_linear(CU_SINK(acc), fn, dt, x, w, wt, w_layout, rows, in, out, act, y, post, rt, &go);
+    if (rc != KILN_OK || !go) return rc;
+    const int in_out = w_layout == KILN_LAYOUT_IN_OUT;
     CU_READY(acc, fn);
     const int r16 = cu_is16(rt);
     if (act < 0) act = -1;
@@ -147,11 +109,5 @@ int32_t cu_linear_forward(kiln_instance *acc, uint32_t dt, const void *x, const 
 int32_t cu_linear_forward_layout(kiln_instance *acc, uint32_t dt, const void *x, const void *w, uint32_t wt,
                                  int32_t w_layout, const void *b, int32_t rows, int32_t in, int32_t out, int32_t act,
                                  void *y, void *post, uint32_t rt) {
-    if (w_layout != KILN_LAYOUT_OUT_IN && w_layout != KILN_LAYOUT_IN_OUT)
-        return CU_ERR(acc, KILN_E_INVALID_ARG,
-                      "cuda: linear_forward_layout: w_layout must be KILN_LAYOUT_OUT_IN (0) or KILN_LAYOUT_IN_OUT "
-                      "(1), got %d",
-                      (int)w_layout);
-    return cu_linear(acc, "linear_forward_layout", dt, x, w, wt, w_layout == KILN_LAYOUT_IN_OUT, b, rows, in, out, act,
-                     y, post, rt);
+    return cu_linear(acc, "linear_forward_layout", dt, x, w, wt, w_layout, b, rows, in, out, act, y, post, rt);
 }

@@ -345,11 +345,21 @@ cudaError_t kg_reduce(cudaStream_t s, int op, int dtype, const void *x, size_t n
 
 cudaError_t kg_scale(cudaStream_t s, int fdt, void *x, double a, size_t n) {
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
-    if (!fake_fdt(fdt)) return fake_error(cudaErrorInvalidValue);
+    const int is16 = fdt == KG_F16 || fdt == KG_BF16;
+    if (!fake_fdt(fdt) && !is16) return fake_error(cudaErrorInvalidValue);
     if (n == 0) return cudaSuccess;
     const fake_buf bufs[] = {{"x", x, n * fake_dt_size(fdt)}};
     cudaError_t e = fake_launch(__func__, s, bufs, 1);
     if (e != cudaSuccess) return e;
+    if (is16) { /* widened, scaled in float, rounded back: one element at a time */
+        for (size_t i = 0; i < n; i++) {
+            float v;
+            kc_cast(&v, KC_F32, (uint16_t *)x + i, fdt, 1);
+            v *= (float)a;
+            kc_cast((uint16_t *)x + i, fdt, &v, KC_F32, 1);
+        }
+        return cudaSuccess;
+    }
     if (fdt == KG_F32) kc_scale(x, (float)a, n);
     else kc_scale_f64(x, a, n);
     return cudaSuccess;

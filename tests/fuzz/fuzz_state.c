@@ -253,9 +253,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     static int done; /* libFuzzer calls it; so does the first input when it did not */
     if (done++) return 0;
     if (kiln_test_host_new(&g_th) != KILN_OK) return 1;
-    /* Every slot after flags is a function pointer (kiln/training.h).
-     * Each gets the aborting stub, and then the five that restoring a
-     * state calls (alloc, free, copy, zero, synchronize) get real ones. */
+    /* Every slot after flags is a function pointer (kiln/training.h),
+     * and every slot first gets the aborting stub. Restoring a state
+     * calls only alloc, free, copy, zero and synchronize: those five
+     * then get real ones. */
     void (*stub)(void) = fz_not_here;
     for (size_t off = offsetof(kiln_kernels, alloc); off + sizeof stub <= sizeof fz_kernels; off += sizeof stub)
         memcpy((char *)&fz_kernels + off, &stub, sizeof stub);
