@@ -24,7 +24,7 @@ for r in $(seq 1 "$runs"); do
     probe="$out/probe-$t-$r.txt"
     "$build/bin/kiln" -q fit "$root/examples/gpt_fortunes.cfg" \
       --set trainer.max_steps=$steps --set trainer.threads=$t --set trainer.num_sanity_val_steps=0 \
-      --set trainer.limit_val_batches=0 --set trainer.val_check_interval=1000 --set module.n_embd=$C \
+      --set trainer.limit_val_batches=0 --set trainer.val_check_interval=$steps --set module.n_embd=$C \
       --set data.batch_size=$B --set module.max_batch=$B --set "trainer.default_root_dir=\"$out/runs\"" \
       --set "plugins={dirs=[\"$build/bench/plugins\"];}" \
       --set "callbacks=({name=\"benchprobe\"; path=\"$probe\"; warmup=$warm;})" > "$out/kiln-$t-$r.log"
