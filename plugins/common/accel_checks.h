@@ -72,6 +72,32 @@ static inline int32_t ack_float_dtype(ack_sink s, const char *fn, uint32_t dt) {
 
 static inline int ack_is16(uint32_t dt) { return dt == KILN_DTYPE_F16 || dt == KILN_DTYPE_BF16; }
 
+/* 1.7 (KILN_KERNELS_ACT_16BIT): the entries that keep activations in 16
+ * bits take dtype float16 or bfloat16 too, naming the storage of their
+ * activation buffers; every other buffer of the call is float32. Built
+ * against older headers (the test fixtures) they refuse it as before. */
+static inline int ack_act16(uint32_t dt) {
+#if KILN_ABI_MINOR >= 7
+    return ack_is16(dt);
+#else
+    (void)dt;
+    return 0;
+#endif
+}
+
+/* The dtype of such an entry: float32, float64, or (1.7) 16-bit storage. */
+static inline int32_t ack_act_dtype(ack_sink s, const char *fn, uint32_t dt) {
+    if (dt == KILN_DTYPE_F32 || dt == KILN_DTYPE_F64 || ack_act16(dt)) return KILN_OK;
+    return ACK_ERR(s, KILN_E_INVALID_ARG, fn, "dtype must be float32 or float64%s, got %s (%u)",
+                   ack_act16(KILN_DTYPE_BF16) ? " (or float16/bfloat16 activation storage)" : "",
+                   kiln_dtype_name(dt), (unsigned)dt);
+}
+
+/* Bytes per element of an activation buffer and of every other floating
+ * buffer (statistics, biases, the residual stream) of a call in dt. */
+static inline size_t ack_asz(uint32_t dt) { return kiln_dtype_size(dt); }
+static inline size_t ack_msz(uint32_t dt) { return ack_act16(dt) ? sizeof(float) : kiln_dtype_size(dt); }
+
 /* The dtype combinations gemm_ex accepts (kiln/training.h): C float32 with
  * A, B each float32, float16 or bfloat16 and round_dtype float32 (none),
  * float16 or bfloat16; everything float64 (round_dtype float32, the ABI's
@@ -127,6 +153,11 @@ static inline int32_t ack_gemm_ex_dtypes(ack_sink s, uint32_t a_dtype, uint32_t 
  * attention entries' older wording, kept as the tests read it). */
 static inline int32_t ack_round_dtype(ack_sink s, const char *fn, uint32_t dt, uint32_t rd, const char *prep) {
     const int r16 = rd == KILN_DTYPE_F16 || rd == KILN_DTYPE_BF16;
+    if (ack_act16(dt)) { /* 16-bit storage: the store is the rounding */
+        if (rd == dt) return KILN_OK;
+        return ACK_ERR(s, KILN_E_INVALID_ARG, fn, "round_dtype must be %s %s %s activation storage, got %s (%u)",
+                       kiln_dtype_name(dt), prep, kiln_dtype_name(dt), kiln_dtype_name(rd), (unsigned)rd);
+    }
     if (rd == KILN_DTYPE_F32 || (dt == KILN_DTYPE_F32 && r16) || (dt == KILN_DTYPE_F64 && rd == KILN_DTYPE_F64))
         return KILN_OK;
     return ACK_ERR(s, KILN_E_INVALID_ARG, fn, "round_dtype must be %s %s dtype %s, got %s (%u)",
@@ -196,16 +227,18 @@ static inline int32_t ack_linear(ack_sink s, const char *fn, uint32_t dt, const 
     if (w_layout != 0 && w_layout != 1)
         return ACK_ERR(s, KILN_E_INVALID_ARG, fn,
                        "w_layout must be KILN_LAYOUT_OUT_IN (0) or KILN_LAYOUT_IN_OUT (1), got %d", (int)w_layout);
-    if ((rc = ack_float_dtype(s, fn, dt)) != KILN_OK) return rc;
+    if ((rc = ack_act_dtype(s, fn, dt)) != KILN_OK) return rc;
     if (act >= 0 && (rc = ack_act(s, fn, act)) != KILN_OK) return rc;
     if (rows < 0 || in < 0 || out < 0)
         return ACK_ERR(s, KILN_E_INVALID_ARG, fn, "rows, in, out must be >= 0, got %d, %d, %d", (int)rows, (int)in,
                        (int)out);
     if ((rc = ack_round_dtype(s, fn, dt, rt, "for")) != KILN_OK) return rc;
-    if (!(wt == dt || (dt == KILN_DTYPE_F32 && ack_is16(wt))))
+    if (!(wt == dt || (dt == KILN_DTYPE_F32 && ack_is16(wt)) || (ack_act16(dt) && wt == KILN_DTYPE_F32)))
         return ACK_ERR(s, KILN_E_INVALID_ARG, fn, "w_dtype must be %s%s, got %s (%u)", kiln_dtype_name(dt),
-                       dt == KILN_DTYPE_F32 ? ", float16 or bfloat16" : "", kiln_dtype_name(wt), (unsigned)wt);
-    const size_t ny = (size_t)rows * (size_t)out, nx = (size_t)rows * (size_t)in, esz = kiln_dtype_size(dt);
+                       dt == KILN_DTYPE_F32 ? ", float16 or bfloat16" : ack_act16(dt) ? " or float32" : "",
+                       kiln_dtype_name(wt), (unsigned)wt);
+    /* x, y and post are activations (16-bit under 1.7 storage) */
+    const size_t ny = (size_t)rows * (size_t)out, nx = (size_t)rows * (size_t)in, esz = ack_asz(dt);
     if (ny == 0) return KILN_OK;
     if ((rc = ack_need(s, fn, "y", y, ny)) != KILN_OK) return rc;
     if (act >= 0 && !post)
@@ -314,7 +347,7 @@ static inline int32_t ack_ln_forward(ack_sink s, const char *fn, uint32_t dtype,
     int32_t rc;
     size_t nx = 0;
     *go = 0;
-    if ((rc = ack_float_dtype(s, fn, dtype)) != KILN_OK ||
+    if ((rc = ack_act_dtype(s, fn, dtype)) != KILN_OK ||
         (rc = ack_round_dtype(s, fn, dtype, round_dtype, "for")) != KILN_OK)
         return rc;
     for (int step = 0; step < 2; step++) {
@@ -329,14 +362,16 @@ static inline int32_t ack_ln_forward(ack_sink s, const char *fn, uint32_t dtype,
         (rc = ack_need(s, fn, "mean", mean, (size_t)N)) != KILN_OK ||
         (rc = ack_need(s, fn, "rstd", rstd, (size_t)N)) != KILN_OK)
         return rc;
-    const size_t esz = kiln_dtype_size(dtype), xb = nx * esz, rb = (size_t)N * esz, cb = (size_t)C * esz;
-    if ((rc = ack_apart(s, fn, "y", y, xb, "x", x, xb)) != KILN_OK ||
-        (rc = ack_apart(s, fn, "y", y, xb, "w", w, cb)) != KILN_OK ||
-        (rc = ack_apart(s, fn, "y", y, xb, "b", b, cb)) != KILN_OK ||
+    /* y is the activation (16-bit under 1.7 storage), the rest float32 */
+    const size_t esz = ack_msz(dtype), xb = nx * esz, yb = nx * ack_asz(dtype), rb = (size_t)N * esz,
+                 cb = (size_t)C * esz;
+    if ((rc = ack_apart(s, fn, "y", y, yb, "x", x, xb)) != KILN_OK ||
+        (rc = ack_apart(s, fn, "y", y, yb, "w", w, cb)) != KILN_OK ||
+        (rc = ack_apart(s, fn, "y", y, yb, "b", b, cb)) != KILN_OK ||
         (rc = ack_apart(s, fn, "mean", mean, rb, "rstd", rstd, rb)) != KILN_OK ||
-        (rc = ack_apart(s, fn, "mean", mean, rb, "y", y, xb)) != KILN_OK ||
+        (rc = ack_apart(s, fn, "mean", mean, rb, "y", y, yb)) != KILN_OK ||
         (rc = ack_apart(s, fn, "mean", mean, rb, "x", x, xb)) != KILN_OK ||
-        (rc = ack_apart(s, fn, "rstd", rstd, rb, "y", y, xb)) != KILN_OK ||
+        (rc = ack_apart(s, fn, "rstd", rstd, rb, "y", y, yb)) != KILN_OK ||
         (rc = ack_apart(s, fn, "rstd", rstd, rb, "x", x, xb)) != KILN_OK)
         return rc;
     *go = 1;
@@ -353,17 +388,18 @@ static inline int32_t ack_ln_backward(ack_sink s, const char *fn, uint32_t dtype
     int32_t rc;
     size_t nx = 0;
     *go = 0;
-    if ((rc = ack_float_dtype(s, fn, dtype)) != KILN_OK || (rc = ack_ln_elems(s, fn, N, C, &nx)) != KILN_OK)
+    if ((rc = ack_act_dtype(s, fn, dtype)) != KILN_OK || (rc = ack_ln_elems(s, fn, N, C, &nx)) != KILN_OK)
         return rc;
     if (nx == 0) return KILN_OK;
     if ((rc = ack_need(s, fn, "dx", dx, nx)) != KILN_OK || (rc = ack_need(s, fn, "dy", dy, nx)) != KILN_OK ||
         (rc = ack_need(s, fn, "x", x, nx)) != KILN_OK || (rc = ack_need(s, fn, "mean", mean, (size_t)N)) != KILN_OK ||
         (rc = ack_need(s, fn, "rstd", rstd, (size_t)N)) != KILN_OK)
         return rc;
-    const size_t esz = kiln_dtype_size(dtype), xb = nx * esz, rb = (size_t)N * esz, cb = (size_t)C * esz;
+    /* dy is the activation gradient (16-bit under 1.7 storage) */
+    const size_t esz = ack_msz(dtype), xb = nx * esz, rb = (size_t)N * esz, cb = (size_t)C * esz;
     static const char *const in_names[5] = {"dy", "x", "w", "mean", "rstd"};
     const void *ins[5] = {dy, x, w, mean, rstd};
-    const size_t in_bytes[5] = {xb, xb, cb, rb, rb};
+    const size_t in_bytes[5] = {nx * ack_asz(dtype), xb, cb, rb, rb};
     for (int i = 0; i < 5; i++)
         if ((rc = ack_apart(s, fn, "dx", dx, xb, in_names[i], ins[i], in_bytes[i])) != KILN_OK) return rc;
     if ((rc = ack_apart(s, fn, "dw", dw, cb, "db", db, cb)) != KILN_OK) return rc;
@@ -388,7 +424,7 @@ static inline int32_t ack_ln_backward(ack_sink s, const char *fn, uint32_t dtype
 static inline int32_t ack_attn_args(ack_sink s, const char *fn, uint32_t dtype, int32_t B, int32_t T, int32_t C,
                                     int32_t NH, uint32_t round_dtype, const char *prep, size_t n[3]) {
     n[0] = n[1] = n[2] = 0;
-    int32_t rc = ack_float_dtype(s, fn, dtype);
+    int32_t rc = ack_act_dtype(s, fn, dtype);
     if (rc != KILN_OK) return rc;
     if (B <= 0 || T <= 0 || C <= 0 || NH <= 0)
         return ACK_ERR(s, KILN_E_INVALID_ARG, fn, "B, T, C and NH must be > 0, got B=%d T=%d C=%d NH=%d", (int)B,
@@ -398,7 +434,7 @@ static inline int32_t ack_attn_args(ack_sink s, const char *fn, uint32_t dtype, 
     /* The GEMMs take the row stride 3C as an int. */
     if (C > INT_MAX / 3)
         return ACK_ERR(s, KILN_E_INVALID_ARG, fn, "C=%d is too large (3C must fit in an int)", (int)C);
-    const size_t rows = (size_t)B * (size_t)T, elem = kiln_dtype_size(dtype);
+    const size_t rows = (size_t)B * (size_t)T, elem = ack_msz(dtype);
     if (rows > SIZE_MAX / (3 * (size_t)C) / elem)
         return ACK_ERR(s, KILN_E_INVALID_ARG, fn, "B=%d T=%d C=%d is larger than the address space", (int)B, (int)T,
                        (int)C);
@@ -411,6 +447,12 @@ static inline int32_t ack_attn_args(ack_sink s, const char *fn, uint32_t dtype, 
 
 /* Which of ack_attn_args's counts (n[]) a buffer has. */
 enum { ACK_QKV, ACK_OUT, ACK_LSE };
+
+/* Bytes per element of a buffer of that kind: lse is float32 beside 16-bit
+ * storage (1.7), the others are activations. */
+static inline size_t ack_attn_esz(uint32_t dtype, int kind) {
+    return kind == ACK_LSE ? ack_msz(dtype) : ack_asz(dtype);
+}
 
 /* The NULL checks of the nbuf buffers an attention pass touches, in order:
  * bufs[i] (named names[i]) holds n[kinds[i]] elements. */
@@ -449,15 +491,19 @@ static inline int32_t ack_add(ack_sink s, const char *fn, uint32_t dtype, void *
                               size_t n, int *go) {
     int32_t rc;
     *go = 0;
-    if ((rc = ack_float_dtype(s, fn, dtype)) != KILN_OK || (rc = ack_count(s, fn, n)) != KILN_OK ||
+    if ((rc = ack_act_dtype(s, fn, dtype)) != KILN_OK || (rc = ack_count(s, fn, n)) != KILN_OK ||
         (rc = ack_need(s, fn, "y", y, n)) != KILN_OK || (rc = ack_need(s, fn, "a", a, n)) != KILN_OK ||
         (rc = ack_need(s, fn, "b", b, n)) != KILN_OK)
         return rc;
     if (n == 0) return KILN_OK;
-    const size_t nb = n * kiln_dtype_size(dtype);
+    /* 1.7 storage: b is the 16-bit activation added to the float32 y = a */
+    const size_t nb = n * ack_msz(dtype), nbb = n * ack_asz(dtype);
     if (y != a && ack_ranges_overlap(y, nb, a, nb))
         return ACK_ERR(s, KILN_E_INVALID_ARG, fn, "%s", "y partially overlaps a (only y == a may alias)");
-    if (y != b && ack_ranges_overlap(y, nb, b, nb))
+    if (ack_act16(dtype) && ack_ranges_overlap(y, nb, b, nbb))
+        return ACK_ERR(s, KILN_E_INVALID_ARG, fn, "y overlaps the %s b (only y == a may alias)",
+                       kiln_dtype_name(dtype));
+    if (!ack_act16(dtype) && y != b && ack_ranges_overlap(y, nb, b, nb))
         return ACK_ERR(s, KILN_E_INVALID_ARG, fn, "%s", "y partially overlaps b (only y == b may alias)");
     *go = 1;
     return KILN_OK;

@@ -380,22 +380,50 @@ int32_t cpu_round_to(kiln_instance *acc, float *x, uint32_t dtype, size_t n) {
     }
 }
 
-/* Makes acc->ws at least `bytes` long (see struct kiln_instance). */
-int32_t cpu_reserve_workspace(kiln_instance *acc, size_t bytes) {
-    if (bytes <= acc->ws_bytes) return KILN_OK;
+/* Makes *buf (*have bytes, 64-byte aligned) at least `bytes` long: the
+ * grow-only scratch of struct kiln_instance; `what` names it in a failure. */
+static int32_t cpu_grow(kiln_instance *acc, void **buf, size_t *have, size_t bytes, const char *what) {
+    if (bytes <= *have) return KILN_OK;
     if (bytes > SIZE_MAX - 63)
-        return CPU_ERR(acc, KILN_E_NOMEM, "workspace of %zu bytes is larger than the address space", bytes);
+        return CPU_ERR(acc, KILN_E_NOMEM, "%s of %zu bytes is larger than the address space", what, bytes);
     const size_t rounded = (bytes + 63) & ~(size_t)63;
     void *p = NULL;
     int rc = posix_memalign(&p, 64, rounded);
     if (rc != 0 || !p)
-        return CPU_ERR(acc, KILN_E_NOMEM, "cannot allocate a %zu-byte kernel workspace (%s)", rounded,
+        return CPU_ERR(acc, KILN_E_NOMEM, "cannot allocate a %zu-byte %s (%s)", rounded, what,
                        strerror(rc ? rc : ENOMEM));
-    free(acc->ws);
-    acc->ws = p;
-    acc->ws_bytes = rounded;
+    free(*buf);
+    *buf = p;
+    *have = rounded;
     return KILN_OK;
 }
+
+/* Makes acc->ws at least `bytes` long (see struct kiln_instance). */
+int32_t cpu_reserve_workspace(kiln_instance *acc, size_t bytes) {
+    return cpu_grow(acc, &acc->ws, &acc->ws_bytes, bytes, "kernel workspace");
+}
+
+#if KILN_ABI_MINOR >= 7
+int32_t cpu_reserve_stage(kiln_instance *acc, size_t floats) {
+    if (floats > SIZE_MAX / sizeof(float))
+        return CPU_ERR(acc, KILN_E_NOMEM, "a %zu-float buffer for 16-bit activations is larger than the address space",
+                       floats);
+    void *p = acc->stage;
+    int32_t rc = cpu_grow(acc, &p, &acc->stage_bytes, floats * sizeof(float), "buffer for 16-bit activations");
+    acc->stage = p;
+    return rc;
+}
+
+void cpu_widen(float *dst, const void *src, uint32_t dt, size_t n) {
+    if (dt == KILN_DTYPE_BF16) kc_bf16_to_f32(dst, src, n);
+    else kc_f16_to_f32(dst, src, n);
+}
+
+void cpu_narrow(void *dst, uint32_t dt, const float *src, size_t n) {
+    if (dt == KILN_DTYPE_BF16) kc_f32_to_bf16(dst, src, n);
+    else kc_f32_to_f16(dst, src, n);
+}
+#endif
 
 static int32_t cpu_gemm_ex(kiln_instance *acc, int32_t trans_a, int32_t trans_b, int32_t M, int32_t N, int32_t K,
                            double alpha, const void *A, uint32_t a_dtype, int32_t lda, const void *B,
@@ -439,13 +467,22 @@ static int32_t cpu_bias_add_ex(kiln_instance *acc, uint32_t dtype, void *y, cons
 
 static int32_t cpu_bias_grad_ex(kiln_instance *acc, uint32_t dtype, void *db, const void *dy, int32_t rows,
                                 int32_t cols, int32_t accumulate) {
-    int32_t rc = cpu_check_dtype(acc, "bias_grad_ex", dtype);
+    int32_t rc = ack_act_dtype(CPU_SINK(acc), "bias_grad_ex", dtype);
     if (rc != KILN_OK) return rc;
     if (rows < 0 || cols < 0)
         return CPU_ERR(acc, KILN_E_INVALID_ARG, "bias_grad_ex: rows and cols must be >= 0, got %d x %d", (int)rows,
                        (int)cols);
     CPU_NEED(acc, db, (size_t)cols, "bias_grad_ex");
     CPU_NEED(acc, dy, (size_t)rows * (size_t)cols, "bias_grad_ex");
+#if KILN_ABI_MINOR >= 7
+    if (ack_act16(dtype)) { /* dy 16-bit, db float32 */
+        const size_t n = (size_t)rows * (size_t)cols;
+        if ((rc = cpu_reserve_stage(acc, n)) != KILN_OK) return rc;
+        cpu_widen(acc->stage, dy, dtype, n);
+        kc_bias_grad(db, acc->stage, rows, cols, accumulate != 0);
+        return KILN_OK;
+    }
+#endif
     if (dtype == KILN_DTYPE_F32) kc_bias_grad(db, dy, rows, cols, accumulate != 0);
     else kc_bias_grad_f64(db, dy, rows, cols, accumulate != 0);
     return KILN_OK;
@@ -483,9 +520,21 @@ static int32_t cpu_act_forward(kiln_instance *acc, uint32_t dtype, int32_t act, 
 
 static int32_t cpu_act_backward(kiln_instance *acc, uint32_t dtype, int32_t act, void *dx, const void *dy,
                                 const void *x, size_t n) {
-    int32_t rc = cpu_check_dtype(acc, "act_backward", dtype);
+    int32_t rc = ack_act_dtype(CPU_SINK(acc), "act_backward", dtype);
     if (rc != KILN_OK || (rc = cpu_check_act(acc, "act_backward", act)) != KILN_OK) return rc;
     if ((rc = cpu_act_need_bwd(acc, "act_backward", dx, dy, x, n)) != KILN_OK) return rc;
+#if KILN_ABI_MINOR >= 7
+    if (ack_act16(dtype)) { /* dx, dy, x 16-bit: the float32 kernel on widened copies, dx rounded into place */
+        if (n > SIZE_MAX / 2 || (rc = cpu_reserve_stage(acc, 2 * n)) != KILN_OK)
+            return rc != KILN_OK ? rc : CPU_ERR(acc, KILN_E_INVALID_ARG, "act_backward: n=%zu is too large", n);
+        float *g = acc->stage, *xs = acc->stage + n;
+        cpu_widen(g, dy, dtype, n);
+        cpu_widen(xs, x, dtype, n);
+        cpu_act_b32[act](g, g, xs, n);
+        cpu_narrow(dx, dtype, g, n);
+        return KILN_OK;
+    }
+#endif
     if (dtype == KILN_DTYPE_F32) cpu_act_b32[act](dx, dy, x, n);
     else cpu_act_b64[act](dx, dy, x, n);
     return KILN_OK;
@@ -657,6 +706,20 @@ static int32_t cpu_linear(kiln_instance *acc, const char *fn, uint32_t dtype, co
     int32_t rc = ack_linear(CPU_SINK(acc), fn, dtype, x, w, w_dtype, w_layout, rows, in, out, act, y, post,
                             round_dtype, &go);
     if (rc != KILN_OK || !go) return rc;
+#if KILN_ABI_MINOR >= 7
+    if (ack_act16(dtype)) { /* x, y, post 16-bit: the float32 call on staged copies, rounded as stored */
+        const size_t nx = (size_t)rows * (size_t)in, ny = (size_t)rows * (size_t)out;
+        const size_t nstage = nx + ny * (act >= 0 ? 2 : 1);
+        if ((rc = cpu_reserve_stage(acc, nstage)) != KILN_OK) return rc;
+        float *xs = acc->stage, *ys = xs + nx, *ps = act >= 0 ? ys + ny : NULL;
+        cpu_widen(xs, x, dtype, nx);
+        rc = cpu_linear(acc, fn, KILN_DTYPE_F32, xs, w, w_dtype, w_layout, b, rows, in, out, act, ys, ps, dtype);
+        if (rc != KILN_OK) return rc;
+        cpu_narrow(y, dtype, ys, ny);
+        if (ps) cpu_narrow(post, dtype, ps, ny);
+        return KILN_OK;
+    }
+#endif
     const int r16 = round_dtype == KILN_DTYPE_F16 || round_dtype == KILN_DTYPE_BF16;
     const size_t ny = (size_t)rows * (size_t)out;
     const int in_out = w_layout == 1; /* KILN_LAYOUT_IN_OUT: Conv1D */
@@ -715,7 +778,9 @@ ACK_DEFINE_EW_ENTRIES(cpu_, cpu_ew, KC_EW_, CPU_SINK)
 
 static const kiln_kernels cpu_kernel_table = {
     .struct_size = sizeof(kiln_kernels),
-#if KILN_ABI_MINOR >= 6 /* tests build this file against the 1.5 headers too (libkiln-cpu15) */
+#if KILN_ABI_MINOR >= 7 /* tests build this file against older headers too (libkiln-cpu15, -cpu16) */
+    .flags = KILN_KERNELS_HOST_MEMORY | KILN_KERNELS_STORE_16BIT | KILN_KERNELS_ACT_16BIT,
+#elif KILN_ABI_MINOR >= 6
     .flags = KILN_KERNELS_HOST_MEMORY | KILN_KERNELS_STORE_16BIT,
 #else
     .flags = KILN_KERNELS_HOST_MEMORY, /* cpu "device" memory is host memory */
@@ -878,6 +943,9 @@ static void cpu_destroy(kiln_instance *acc) {
     if (!acc) return;
     if (--cpu_live_instances == 0) kc_set_num_threads(1);
     free(acc->ws);
+#if KILN_ABI_MINOR >= 7
+    free(acc->stage);
+#endif
     free(acc);
 }
 

@@ -28,6 +28,12 @@ struct kiln_instance {
      * memory the kernel entries allocate. */
     void *ws;
     size_t ws_bytes;
+    /* 1.7's 16-bit activation storage: the float32 copies a call's 16-bit
+     * buffers are widened into (and its 16-bit outputs computed in before
+     * they are rounded into place), beside ws because the float32 kernels
+     * they feed use ws themselves. Grow-only like ws, freed in destroy. */
+    float *stage;
+    size_t stage_bytes;
 };
 
 #define CPU_ERR(acc, code, ...) kiln_errorf((acc)->svc, (acc)->hctx, (code), __VA_ARGS__)
@@ -54,6 +60,18 @@ int32_t cpu_round_to(kiln_instance *acc, float *x, uint32_t dtype, size_t n);
 /* Makes acc->ws at least `bytes` long (grow-only; the one scratch buffer of
  * an instance: valid until the next entry that reserves it). */
 int32_t cpu_reserve_workspace(kiln_instance *acc, size_t bytes);
+
+#if KILN_ABI_MINOR >= 7
+/* Makes acc->stage at least `floats` long (grow-only, as ws). The cpu runs
+ * an entry on 16-bit storage (KILN_KERNELS_ACT_16BIT) as its definition
+ * reads: the float32 kernel on widened copies, each output rounded as it is
+ * stored; the copies live here. */
+int32_t cpu_reserve_stage(kiln_instance *acc, size_t floats);
+/* dst(n) float32 = src(n) in 16-bit dtype dt (exact). */
+void cpu_widen(float *dst, const void *src, uint32_t dt, size_t n);
+/* dst(n) in 16-bit dtype dt = src(n) float32, rounded to nearest even. */
+void cpu_narrow(void *dst, uint32_t dt, const float *src, size_t n);
+#endif
 
 #if KILN_ABI_MINOR >= 4
 /* cpu_accel_seq.c: cpu_embedding_forward ... cpu_attention_backward */

@@ -67,6 +67,15 @@ int32_t cpu_layernorm_forward(kiln_instance *acc, uint32_t dtype, void *y, void 
     int32_t rc = ack_ln_forward(CPU_SINK(acc), "layernorm_forward", dtype, y, mean, rstd, x, w, b, N, C, eps,
                                 round_dtype, 0, &go);
     if (rc != KILN_OK || !go) return rc;
+#if KILN_ABI_MINOR >= 7
+    if (ack_act16(dtype)) { /* y 16-bit: computed rounded in float32, then stored (exact) */
+        const size_t n = (size_t)N * (size_t)C;
+        if ((rc = cpu_reserve_stage(acc, n)) != KILN_OK) return rc;
+        kc_layernorm_forward(acc->stage, mean, rstd, x, w, b, N, C, eps, (int)dtype);
+        cpu_narrow(y, dtype, acc->stage, n);
+        return KILN_OK;
+    }
+#endif
     const int r16 = round_dtype == KILN_DTYPE_F16 || round_dtype == KILN_DTYPE_BF16;
     if (dtype == KILN_DTYPE_F32)
         kc_layernorm_forward(y, mean, rstd, x, w, b, N, C, eps, r16 ? (int)round_dtype : KC_F32);
@@ -84,6 +93,15 @@ int32_t cpu_layernorm_backward(kiln_instance *acc, uint32_t dtype, void *dx, voi
     if (rc != KILN_OK || !go) return rc;
     const size_t ws = kc_layernorm_backward_workspace(N, C, dw != NULL, db != NULL);
     if (ws && (rc = cpu_reserve_workspace(acc, ws)) != KILN_OK) return rc;
+#if KILN_ABI_MINOR >= 7
+    if (ack_act16(dtype)) { /* dy 16-bit, widened; everything else float32 */
+        const size_t n = (size_t)N * (size_t)C;
+        if ((rc = cpu_reserve_stage(acc, n)) != KILN_OK) return rc;
+        cpu_widen(acc->stage, dy, dtype, n);
+        kc_layernorm_backward(dx, dw, db, acc->stage, x, w, mean, rstd, N, C, accumulate != 0, acc->ws);
+        return KILN_OK;
+    }
+#endif
     if (dtype == KILN_DTYPE_F32)
         kc_layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, N, C, accumulate != 0, acc->ws);
     else
@@ -122,6 +140,14 @@ int32_t cpu_add(kiln_instance *acc, uint32_t dtype, void *y, const void *a, cons
     int go = 0;
     int32_t rc = ack_add(CPU_SINK(acc), "add", dtype, y, a, b, n, &go);
     if (rc != KILN_OK || !go) return rc;
+#if KILN_ABI_MINOR >= 7
+    if (ack_act16(dtype)) { /* y, a float32; b 16-bit, widened */
+        if ((rc = cpu_reserve_stage(acc, n)) != KILN_OK) return rc;
+        cpu_widen(acc->stage, b, dtype, n);
+        kc_add(y, a, acc->stage, n);
+        return KILN_OK;
+    }
+#endif
     if (dtype == KILN_DTYPE_F32) kc_add(y, a, b, n);
     else kc_add_f64(y, a, b, n);
     return KILN_OK;
@@ -150,16 +176,28 @@ int32_t cpu_attention_forward(kiln_instance *acc, uint32_t dtype, void *out, voi
     /* the cpu words round_dtype's message "with dtype" */
     int32_t rc = ack_attn_args(CPU_SINK(acc), fn, dtype, B, T, C, NH, round_dtype, "with", n);
     if (rc != KILN_OK || (rc = ack_attn_need(CPU_SINK(acc), fn, 3, names, bufs, kinds, n)) != KILN_OK) return rc;
-    const size_t need = kc_attn_workspace_bytes_for(0, kiln_dtype_size(dtype), B, T, NH);
-    const size_t elem = kiln_dtype_size(dtype), n_qkv = n[ACK_QKV], n_out = n[ACK_OUT],
-                 n_lse = n[ACK_LSE];
-    if (ack_ranges_overlap(out, n_out * elem, qkv, n_qkv * elem) ||
-        ack_ranges_overlap(lse, n_lse * elem, qkv, n_qkv * elem) ||
-        ack_ranges_overlap(lse, n_lse * elem, out, n_out * elem))
+    /* 16-bit storage (1.7) runs the float32 kernel: its workspace is float32's */
+    const size_t need = kc_attn_workspace_bytes_for(0, ack_msz(dtype), B, T, NH);
+    const size_t ea = ack_attn_esz(dtype, ACK_QKV), el = ack_attn_esz(dtype, ACK_LSE), n_qkv = n[ACK_QKV],
+                 n_out = n[ACK_OUT], n_lse = n[ACK_LSE];
+    if (ack_ranges_overlap(out, n_out * ea, qkv, n_qkv * ea) ||
+        ack_ranges_overlap(lse, n_lse * el, qkv, n_qkv * ea) ||
+        ack_ranges_overlap(lse, n_lse * el, out, n_out * ea))
         return CPU_ERR(acc, KILN_E_INVALID_ARG,
                        "%s: out, lse and qkv must not overlap (B=%d T=%d C=%d NH=%d, %s)", fn, (int)B, (int)T, (int)C,
                        (int)NH, kiln_dtype_name(dtype));
     if ((rc = cpu_reserve_workspace(acc, need)) != KILN_OK) return rc;
+#if KILN_ABI_MINOR >= 7
+    if (ack_act16(dtype)) { /* qkv, out 16-bit: staged float32 copies; lse float32 */
+        if ((rc = cpu_reserve_stage(acc, n_qkv + n_out)) != KILN_OK) return rc;
+        float *q32 = acc->stage, *o32 = acc->stage + n_qkv;
+        cpu_widen(q32, qkv, dtype, n_qkv);
+        rc = cpu_attn_ran(acc, fn, kc_attn_forward(o32, lse, q32, B, T, C, NH, (int)dtype, acc->ws, acc->ws_bytes),
+                          need);
+        if (rc == KILN_OK) cpu_narrow(out, dtype, o32, n_out);
+        return rc;
+    }
+#endif
     return cpu_attn_ran(acc, fn,
                         dtype == KILN_DTYPE_F32
                             ? kc_attn_forward(out, lse, qkv, B, T, C, NH, (int)round_dtype, acc->ws, acc->ws_bytes)
@@ -177,16 +215,31 @@ int32_t cpu_attention_backward(kiln_instance *acc, uint32_t dtype, void *dqkv, c
     size_t n[3];
     int32_t rc = ack_attn_args(CPU_SINK(acc), fn, dtype, B, T, C, NH, round_dtype, "with", n);
     if (rc != KILN_OK || (rc = ack_attn_need(CPU_SINK(acc), fn, 5, names, bufs, kinds, n)) != KILN_OK) return rc;
-    const size_t need = kc_attn_workspace_bytes_for(1, kiln_dtype_size(dtype), B, T, NH);
+    const size_t need = kc_attn_workspace_bytes_for(1, ack_msz(dtype), B, T, NH);
     /* dqkv over any input would change what a later query tile reads */
-    const size_t elem = kiln_dtype_size(dtype), dq_bytes = n[ACK_QKV] * elem;
+    const size_t dq_bytes = n[ACK_QKV] * ack_attn_esz(dtype, ACK_QKV);
     const char *hit = NULL;
     for (int i = 1; i < 5 && !hit; i++)
-        if (ack_ranges_overlap(dqkv, dq_bytes, bufs[i], n[kinds[i]] * elem)) hit = names[i];
+        if (ack_ranges_overlap(dqkv, dq_bytes, bufs[i], n[kinds[i]] * ack_attn_esz(dtype, kinds[i]))) hit = names[i];
     if (hit)
         return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s: dqkv overlaps %s (B=%d T=%d C=%d NH=%d, %s)", fn, hit, (int)B,
                        (int)T, (int)C, (int)NH, kiln_dtype_name(dtype));
     if ((rc = cpu_reserve_workspace(acc, need)) != KILN_OK) return rc;
+#if KILN_ABI_MINOR >= 7
+    if (ack_act16(dtype)) { /* dqkv, dout, qkv, out 16-bit: staged float32 copies; lse float32 */
+        const size_t nq = n[ACK_QKV], no = n[ACK_OUT];
+        if ((rc = cpu_reserve_stage(acc, 2 * nq + 2 * no)) != KILN_OK) return rc;
+        float *dq32 = acc->stage, *q32 = dq32 + nq, *do32 = q32 + nq, *o32 = do32 + no;
+        cpu_widen(q32, qkv, dtype, nq);
+        cpu_widen(do32, dout, dtype, no);
+        cpu_widen(o32, out, dtype, no);
+        rc = cpu_attn_ran(acc, fn,
+                          kc_attn_backward(dq32, do32, q32, o32, lse, B, T, C, NH, (int)dtype, acc->ws, acc->ws_bytes),
+                          need);
+        if (rc == KILN_OK) cpu_narrow(dqkv, dtype, dq32, nq);
+        return rc;
+    }
+#endif
     return cpu_attn_ran(acc, fn,
                         dtype == KILN_DTYPE_F32 ? kc_attn_backward(dqkv, dout, qkv, out, lse, B, T, C, NH,
                                                                    (int)round_dtype, acc->ws, acc->ws_bytes)

@@ -68,7 +68,10 @@ typedef struct gpt {
     void *arena;
     size_t arena_bytes;
     uint32_t adt;                /* F32 or F64: the dtype the arena is laid out for  */
-    size_t esz;                  /* bytes per activation element                     */
+    size_t esz;                  /* bytes per element in adt (the residual stream)   */
+    uint32_t sdt;                /* the activations' storage it is laid out for:
+                                  * adt, or bf16 (kiln/nn.h's 16-bit storage)        */
+    size_t asz;                  /* bytes per activation element (sdt's)             */
     int32_t *tokens;             /* (max_rows) I32 the inputs of the last forward    */
     int32_t *targets;            /* (max_rows) I32 its targets (-1 = ignore)         */
     void *dres;                  /* (max_rows, C) residual-stream gradient           */
@@ -84,6 +87,7 @@ typedef struct gpt {
     kiln_nn_ctx ctx;             /* acc, kernels, dtypes of the current step         */
 
     uint32_t logits_logged;      /* the logits dtype last reported (0: none yet)     */
+    uint32_t sdt_logged;         /* the activations' storage last reported (0: none) */
 
     /* What backward needs from the last training_step. */
     int have_train_forward;
@@ -190,13 +194,13 @@ static int32_t gpt_parse_config(gpt *g, const kiln_kv *config) {
  * The arena: the same layout runs to measure (base NULL) and to assign. */
 
 static void gpt_layout(gpt *g, kiln_nn_arena *a) {
-    const size_t R = (size_t)g->max_rows, C = (size_t)g->C, e = g->esz;
+    const size_t R = (size_t)g->max_rows, C = (size_t)g->C, e = g->esz, as = g->asz;
     g->tokens = kiln_nn_carve(a, R, sizeof(int32_t));
     g->targets = kiln_nn_carve(a, R, sizeof(int32_t));
     kiln_nn_embedding_plan(a, &g->emb, R, e);
-    for (int32_t l = 0; l < g->n_layer; l++) kiln_nn_block_plan(a, &g->h[l], R, e);
-    kiln_nn_layernorm_plan(a, &g->ln_f, R, e);
-    kiln_nn_scratch_plan(a, &g->scratch, R, g->C, 4 * g->C, e);
+    for (int32_t l = 0; l < g->n_layer; l++) kiln_nn_block_plan_sz(a, &g->h[l], R, e, as);
+    kiln_nn_layernorm_plan_sz(a, &g->ln_f, R, e, as);
+    kiln_nn_scratch_plan(a, &g->scratch, R, g->C, 4 * g->C, as);
     g->dres = kiln_nn_carve(a, R * C, e);
     g->dx_unit = kiln_nn_carve(a, R * C, e);
     g->dwte_unit = kiln_nn_carve(a, (size_t)g->V * C, e);
@@ -204,13 +208,16 @@ static void gpt_layout(gpt *g, kiln_nn_arena *a) {
     g->pred32 = kiln_nn_carve(a, (size_t)g->Vp, sizeof(float));
 }
 
-/* (Re)allocates the arena for activation dtype `adt`: at create() for fp32,
- * and again once the host made fp64 masters. */
-static int32_t gpt_alloc_arena(gpt *g, uint32_t adt) {
+/* (Re)allocates the arena for master dtype `adt` and activation storage
+ * `sdt`: at create() for fp32, and again once the precision's dtypes are
+ * known (fp64 masters; bf16 activations in bf16-mixed on a 1.7 table). */
+static int32_t gpt_alloc_arena(gpt *g, uint32_t adt, uint32_t sdt) {
     if (g->arena) g->k->free(g->acc, g->arena);
     g->arena = NULL;
     g->adt = adt;
     g->esz = kiln_dtype_size(adt);
+    g->sdt = sdt;
+    g->asz = kiln_nn_act_size(sdt);
     kiln_nn_arena a;
     kiln_nn_arena_begin(&a, NULL);
     gpt_layout(g, &a);
@@ -387,7 +394,11 @@ static int32_t gpt_create(void *plugin_ctx, const kiln_host_services *svc, kiln_
         b->mlp.c_proj = (kiln_nn_linear){.in = 4 * g->C, .out = g->C, .layout = KILN_NN_IN_OUT, .act = -1};
     }
     g->ln_f.C = g->C;
-    rc = gpt_alloc_arena(g, KILN_DTYPE_F32);
+    /* activations in 16 bits where autocast keeps them, in bf16-mixed (16-mixed
+     * keeps float32: its classifier's unit-scale gradients are float32
+     * products, which a float16 input would round) */
+    g->ctx.act16 = KILN_NN_ACT16_BF16;
+    rc = gpt_alloc_arena(g, KILN_DTYPE_F32, KILN_DTYPE_F32);
     if (rc != KILN_OK) goto fail;
 
     rc = gpt_register(g);
@@ -431,7 +442,7 @@ static int32_t gpt_init_weights(kiln_instance *self, uint64_t seed) {
         return gpt_fail(g, KILN_E_UNSUPPORTED, "gpt: master weights in %s; this module supports float32 and float64",
                         kiln_dtype_name(pdt));
     if (pdt != g->adt) {
-        int32_t arc = gpt_alloc_arena(g, pdt);
+        int32_t arc = gpt_alloc_arena(g, pdt, pdt); /* gpt_plan picks the storage once the precision ran */
         if (arc != KILN_OK) return arc;
     }
     const size_t esz = g->esz;
@@ -539,8 +550,18 @@ static int32_t gpt_stage_batch(gpt *g, const kiln_batch *batch, const char *step
 static int32_t gpt_plan(gpt *g, const char *step) {
     int32_t rc = kiln_nn_ctx_setup(&g->ctx, g->params, g->nparams);
     if (rc != KILN_OK) return gpt_fail(g, rc, "gpt: %s: %s", step, g->ctx.msg);
-    if (g->ctx.adt != g->adt) return gpt_alloc_arena(g, g->ctx.adt);
-    return KILN_OK;
+    const uint32_t sdt = kiln_nn_sdt(&g->ctx);
+    if (g->ctx.adt != g->adt || sdt != g->sdt) rc = gpt_alloc_arena(g, g->ctx.adt, sdt);
+    if (rc == KILN_OK && sdt != g->sdt_logged) { /* once per change: the precision decides it after create() */
+        kiln_logf(g->svc, g->hctx, KILN_LOG_DEBUG, "gpt: activations stored in %s%s; activation arena %.1f MiB",
+                  kiln_dtype_name(sdt),
+                  sdt == g->ctx.adt && g->ctx.rdt == KILN_DTYPE_BF16
+                      ? " (the accelerator's table lacks KILN_KERNELS_ACT_16BIT, ABI 1.7)"
+                      : "",
+                  (double)g->arena_bytes / 1048576.0);
+        g->sdt_logged = sdt;
+    }
+    return rc;
 }
 
 /* tokens (B*T, already on the accelerator) -> g->ln_f.y (B*T, C). */
@@ -596,7 +617,7 @@ static int32_t gpt_classifier(gpt *g, int32_t N, int train, double *loss_sum, co
     const uint32_t adt = g->ctx.adt;
     const kiln_parameter *wte = g->emb.wte;
     const size_t esz = g->esz, C = (size_t)g->C;
-    const char *xf = g->ln_f.y;
+    const char *xf = g->ln_f.y; /* (N, C) in g->sdt, the activations' storage */
     const uint32_t brt = g->ctx.rdt == KILN_DTYPE_BF16 ? KILN_DTYPE_BF16 : KILN_DTYPE_F32; /* the backward's */
     const uint32_t ldt = gpt_logits_dtype(g); /* the logits' storage */
     if (ldt != g->logits_logged) { /* once per change: the precision decides it after create() */
@@ -633,9 +654,9 @@ static int32_t gpt_classifier(gpt *g, int32_t N, int train, double *loss_sum, co
     }
     for (int32_t r0 = 0; r0 < N; r0 += g->chunk) {
         const int32_t rows = N - r0 < g->chunk ? N - r0 : g->chunk;
-        const void *x = xf + (size_t)r0 * C * esz; /* (rows, C) */
+        const void *x = xf + (size_t)r0 * C * g->asz; /* (rows, C) */
         GPT_K(g,
-              k->gemm_ex(acc, 0, 1, rows, g->V, g->C, 1.0, x, adt, g->C, wte->compute, wte->compute_dtype, g->C, 0.0,
+              k->gemm_ex(acc, 0, 1, rows, g->V, g->C, 1.0, x, g->sdt, g->C, wte->compute, wte->compute_dtype, g->C, 0.0,
                          g->logits, ldt, g->Vp, g->ctx.rdt),
               step, "gemm_ex (logits)");
         double ls = 0.0;
@@ -650,7 +671,7 @@ static int32_t gpt_classifier(gpt *g, int32_t N, int train, double *loss_sum, co
                          (char *)g->dx_unit + (size_t)r0 * C * esz, adt, g->C, brt),
               step, "gemm_ex (classifier input grad)");
         GPT_K(g,
-              k->gemm_ex(acc, 1, 0, g->V, g->C, rows, 1.0, g->logits, ldt, g->Vp, x, adt, g->C, r0 == 0 ? 0.0 : 1.0,
+              k->gemm_ex(acc, 1, 0, g->V, g->C, rows, 1.0, g->logits, ldt, g->Vp, x, g->sdt, g->C, r0 == 0 ? 0.0 : 1.0,
                          g->dwte_unit, adt, g->C, brt),
               step, "gemm_ex (classifier weight grad)");
     }
@@ -661,8 +682,9 @@ static int32_t gpt_classifier(gpt *g, int32_t N, int train, double *loss_sum, co
  * targets that are not -1 (0 when there is none). */
 static int32_t gpt_forward(gpt *g, const kiln_batch *batch, const char *step, int train, double *loss) {
     int32_t B = 0, T = 0;
-    int32_t rc = gpt_stage_batch(g, batch, step, &B, &T);
-    if (rc == KILN_OK) rc = gpt_plan(g, step);
+    /* the plan first: it may lay the arena out again, tokens included */
+    int32_t rc = gpt_plan(g, step);
+    if (rc == KILN_OK) rc = gpt_stage_batch(g, batch, step, &B, &T);
     if (rc == KILN_OK) rc = gpt_trunk(g, B, T, step);
     double loss_sum = 0.0;
     if (rc == KILN_OK) rc = gpt_classifier(g, B * T, train, &loss_sum, step);
@@ -777,13 +799,22 @@ static int32_t gpt_backward(kiln_instance *self, double dloss) {
         return gpt_fail(g, KILN_E_STATE, "gpt: backward called without a preceding training_step");
     const int32_t N = g->B * g->T;
     const size_t nC = (size_t)N * (size_t)g->C;
-    void *d_lnf = g->scratch.d_ln; /* (N, C) gradient at ln_f's output */
+    void *d_lnf = g->scratch.d_ln; /* (N, C) gradient at ln_f's output, in g->sdt */
 
     /* The classifier: d(xf) = dloss * dx_unit, rounded where the autocast
-     * matmul's output would be (the loss scale's overflow shows up here). */
-    GPT_K(g, k->copy(g->acc, d_lnf, g->dx_unit, nC * g->esz, KILN_COPY_D2D), step, "copy (dx_unit)");
-    GPT_K(g, k->scale_ex(g->acc, c->adt, d_lnf, dloss, nC), step, "scale_ex (dx_unit)");
-    int32_t rc = kiln_nn_round(c, d_lnf, nC, "transformer.ln_f");
+     * matmul's output would be (the loss scale's overflow shows up here).
+     * With 16-bit activations the product is formed in dres (free until
+     * ln_f's backward writes it) and the cast into d_lnf is the rounding. */
+    int32_t rc = KILN_OK;
+    if (g->sdt != c->adt) {
+        GPT_K(g, k->copy(g->acc, g->dres, g->dx_unit, nC * g->esz, KILN_COPY_D2D), step, "copy (dx_unit)");
+        GPT_K(g, k->scale_ex(g->acc, c->adt, g->dres, dloss, nC), step, "scale_ex (dx_unit)");
+        GPT_K(g, k->cast(g->acc, d_lnf, g->sdt, g->dres, c->adt, nC), step, "cast (ln_f output grad)");
+    } else {
+        GPT_K(g, k->copy(g->acc, d_lnf, g->dx_unit, nC * g->esz, KILN_COPY_D2D), step, "copy (dx_unit)");
+        GPT_K(g, k->scale_ex(g->acc, c->adt, d_lnf, dloss, nC), step, "scale_ex (dx_unit)");
+        rc = kiln_nn_round(c, d_lnf, nC, "transformer.ln_f");
+    }
     if (rc == KILN_OK) rc = kiln_nn_layernorm_backward(c, &g->ln_f, d_lnf, g->dres, 0);
     for (int32_t l = g->n_layer - 1; l >= 0 && rc == KILN_OK; l--)
         rc = kiln_nn_block_backward(c, &g->h[l], g->dres, &g->scratch);
@@ -819,15 +850,16 @@ static int32_t gpt_predict_step(kiln_instance *self, const kiln_batch *batch, ki
         if (tok[i] < 0 || tok[i] >= g->V)
             return gpt_fail(g, KILN_E_DATA, "gpt: predict_step: token %d at position %lld is not a token id: vocab_size is %d",
                             (int)tok[i], (long long)(len - T + i), g->V);
+    int32_t rc = gpt_plan(g, step); /* first: it may lay the arena out again */
+    if (rc != KILN_OK) return rc;
     GPT_K(g, k->copy(g->acc, g->tokens, tok, (size_t)T * sizeof(int32_t), KILN_COPY_H2D), step, "copy (tokens)");
-    int32_t rc = gpt_plan(g, step);
-    if (rc == KILN_OK) rc = gpt_trunk(g, 1, T, step);
+    rc = gpt_trunk(g, 1, T, step);
     if (rc != KILN_OK) return rc;
     const kiln_parameter *wte = g->emb.wte;
     const uint32_t adt = g->ctx.adt;
-    const void *x = (const char *)g->ln_f.y + (size_t)(T - 1) * (size_t)g->C * g->esz; /* (1, C) */
+    const void *x = (const char *)g->ln_f.y + (size_t)(T - 1) * (size_t)g->C * g->asz; /* (1, C) in sdt */
     GPT_K(g,
-          k->gemm_ex(g->acc, 0, 1, 1, g->V, g->C, 1.0, x, adt, g->C, wte->compute, wte->compute_dtype, g->C, 0.0,
+          k->gemm_ex(g->acc, 0, 1, 1, g->V, g->C, 1.0, x, g->sdt, g->C, wte->compute, wte->compute_dtype, g->C, 0.0,
                      g->logits, adt, g->V, g->ctx.rdt),
           step, "gemm_ex (logits)");
     const void *src = g->logits;

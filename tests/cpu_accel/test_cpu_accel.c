@@ -19,7 +19,8 @@
  * refused. For the ABI 1.3 entries: unscale_check over a list (every
  * tensor scaled, inf, NaN and overflow seen, float64, refusals) and
  * linear_forward against double formulas and bit for bit against the 1.2
- * sequence it stands for.
+ * sequence it stands for. For ABI 1.7, the 16-bit activation storage of
+ * the eight entries that take it (tests/support/act16_cases.h).
  */
 #include <math.h>
 #include <stdint.h>
@@ -32,6 +33,7 @@
 
 #include <kiln/testing.h>
 
+#include "act16_cases.h"
 #include "half_bits.h"
 #include "plugin_fixture.h"
 
@@ -580,9 +582,11 @@ static void test_ex_bad_dtypes(void) {
         const uint32_t dt = bad_dts[k];
         const char *nm = names[k];
         CU_ASSERT(rejected(g_k->bias_add_ex(g_acc, dt, f, f2, 2, 2), "bias_add_ex: dtype must be float32 or float64", nm));
-        CU_ASSERT(rejected(g_k->bias_grad_ex(g_acc, dt, f, f2, 2, 2, 0), "bias_grad_ex", nm));
+        /* 1.7 takes float16 (16-bit activation storage) in these two */
+        if (dt != KILN_DTYPE_F16) CU_ASSERT(rejected(g_k->bias_grad_ex(g_acc, dt, f, f2, 2, 2, 0), "bias_grad_ex", nm));
         CU_ASSERT(rejected(g_k->act_forward(g_acc, dt, KILN_ACT_RELU, f, f2, 4), "act_forward", nm));
-        CU_ASSERT(rejected(g_k->act_backward(g_acc, dt, KILN_ACT_GELU, f, f2, f2, 4), "act_backward", nm));
+        if (dt != KILN_DTYPE_F16)
+            CU_ASSERT(rejected(g_k->act_backward(g_acc, dt, KILN_ACT_GELU, f, f2, f2, 4), "act_backward", nm));
         CU_ASSERT(rejected(g_k->softmax_xent_forward_ex(g_acc, dt, f, f2, labels, 2, 2, &out, NULL),
                            "softmax_xent_forward_ex", nm));
         CU_ASSERT(rejected(g_k->softmax_xent_backward_ex(g_acc, dt, f, f2, labels, 2, 2, 1.0),
@@ -1268,9 +1272,13 @@ static void test_linear_forward(void) {
     CU_ASSERT_TRUE(rejected(g_k->linear_forward(g_acc, KILN_DTYPE_F32, x, w, KILN_DTYPE_F32, b, R, I, O,
                                                 KILN_ACT_RELU, y, y + 1, KILN_DTYPE_F32),
                             "linear_forward", "overlap"));
+    /* float16 is 1.7's 16-bit activation storage, whose store is the rounding */
     CU_ASSERT_TRUE(rejected(g_k->linear_forward(g_acc, KILN_DTYPE_F16, x, w, KILN_DTYPE_F32, b, R, I, O, -1, y, NULL,
                                                 KILN_DTYPE_F32),
-                            "linear_forward", "float16 (3)"));
+                            "linear_forward", "round_dtype must be float16 for float16 activation storage"));
+    CU_ASSERT_TRUE(rejected(g_k->linear_forward(g_acc, KILN_DTYPE_I32, x, w, KILN_DTYPE_F32, b, R, I, O, -1, y, NULL,
+                                                KILN_DTYPE_F32),
+                            "linear_forward", "int32 (5)"));
     CU_ASSERT_TRUE(rejected(g_k->linear_forward(g_acc, KILN_DTYPE_F32, x, w, KILN_DTYPE_F32, b, -1, I, O, -1, y, NULL,
                                                 KILN_DTYPE_F32),
                             "linear_forward", ">= 0"));
@@ -1345,6 +1353,9 @@ static void test_blas_key(void) {
     g_ops->base.destroy(acc);
 }
 
+/* ABI 1.7: the shared cases of tests/support/act16_cases.h */
+static void test_act16(void) { act16_run_all(g_k, g_acc); }
+
 static CU_TestInfo cases_cpu_accel[] = {
     {"blas key: auto, openblas, blis", test_blas_key},
     {"descriptor and kernel table", test_descriptor},
@@ -1368,6 +1379,7 @@ static CU_TestInfo cases_cpu_accel[] = {
     {"1.3: unscale_check over a list (f32, f64, inf, NaN, refusals)", test_unscale_check},
     {"1.3: linear_forward (f32, bf16 rounding, f64, = unfused, refusals)", test_linear_forward},
     {"1.6: linear_forward_layout (Conv1D (in, out) = unfused, OUT_IN = 1.3 entry, bad layout)", test_linear_forward_layout},
+    {"1.7: 16-bit activation storage (8 entries = the f32 call, rounded as stored; refusals)", test_act16},
     {"configure threads", test_configure},
     CU_TEST_INFO_NULL,
 };

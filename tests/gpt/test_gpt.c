@@ -762,7 +762,7 @@ static void test_precisions(void) {
  * are the same bit for bit. 16-mixed keeps float32 logits (its unit-scale
  * gradient would underflow in fp16). Spies record the logits' dtype and
  * the Conv1D calls. */
-static uint32_t g_xent_dtype;
+static uint32_t g_xent_dtype, g_ln_dtype;
 static int g_conv1d_calls, g_casts16;
 
 /* kiln/nn.h casts each Linear's output gradient to the compute dtype once
@@ -779,6 +779,13 @@ static int32_t spy_xent_fused(kiln_instance *acc, uint32_t dtype, void *logits, 
     return g_cpu->xent_fused(acc, dtype, logits, targets, N, V, Vp, grad_scale, loss_sum);
 }
 
+static int32_t spy_layernorm_forward(kiln_instance *acc, uint32_t dtype, void *y, void *mean, void *rstd,
+                                     const void *x, const void *w, const void *b, int32_t N, int32_t C, double eps,
+                                     uint32_t round_dtype) {
+    g_ln_dtype = dtype;
+    return g_cpu->layernorm_forward(acc, dtype, y, mean, rstd, x, w, b, N, C, eps, round_dtype);
+}
+
 static int32_t spy_linear_layout(kiln_instance *acc, uint32_t dt, const void *x, const void *w, uint32_t wt,
                                  int32_t wl, const void *b, int32_t rows, int32_t in, int32_t out, int32_t act, void *y,
                                  void *post, uint32_t rt) {
@@ -790,19 +797,24 @@ typedef struct {
     double train, val;
     float *grads; /* (n) every parameter's, in registration order */
     size_t n;
-    uint32_t xent_dtype;
+    uint32_t xent_dtype, ln_dtype;
     int conv1d_calls, casts16;
 } logits_run;
 
-static logits_run run_logits(int prec, int abi16) {
-    logits_run r = {NAN, NAN, NULL, 0, 0, 0, 0};
+/* One training step, backward and validation step on the cpu table as the
+ * ABI minor `abi` (15, 16 or 17) would present it. */
+static logits_run run_logits(int prec, int abi) {
+    logits_run r = {NAN, NAN, NULL, 0, 0, 0, 0, 0};
     const kiln_kernels saved = g_table;
     g_table.xent_fused = spy_xent_fused;
     g_table.linear_forward_layout = spy_linear_layout;
+    g_table.layernorm_forward = spy_layernorm_forward;
     g_table.cast = spy_cast;
-    g_table.flags = abi16 ? g_cpu->flags | KILN_KERNELS_STORE_16BIT : g_cpu->flags & ~KILN_KERNELS_STORE_16BIT;
-    if (!abi16) g_table.struct_size = KILN_KERNELS_SIZE_1_5;
-    g_xent_dtype = 0;
+    g_table.flags = g_cpu->flags & ~(abi < 16 ? KILN_KERNELS_STORE_16BIT | KILN_KERNELS_ACT_16BIT
+                                     : abi < 17 ? KILN_KERNELS_ACT_16BIT
+                                                : 0u);
+    if (abi < 16) g_table.struct_size = KILN_KERNELS_SIZE_1_5;
+    g_xent_dtype = g_ln_dtype = 0;
     g_conv1d_calls = g_casts16 = 0;
     /* 16 rows in chunks of 5 (the last one partial), logits stride 40 */
     cfg c = {2, 2, 16, 8, 37, 40, 2, 5, 1e-5, 0.02, {{0}}};
@@ -812,6 +824,7 @@ static logits_run run_logits(int prec, int abi16) {
     r.train = train_loss(inst, &tb);
     CU_ASSERT_EQUAL(ops()->backward(inst, 3.0), KILN_OK);
     r.xent_dtype = g_xent_dtype;
+    r.ln_dtype = g_ln_dtype;
     r.casts16 = g_casts16;
     size_t total = 0;
     for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++) total += (size_t)kiln_test_param(g_th, i)->numel;
@@ -836,7 +849,7 @@ static void test_logits_16bit(void) {
     const int precs[3] = {P_BF16, P_F16, P_F32};
     const uint32_t want16[3] = {KILN_DTYPE_BF16, KILN_DTYPE_F32, KILN_DTYPE_F32};
     for (int k = 0; k < 3; k++) {
-        logits_run a = run_logits(precs[k], 1), b = run_logits(precs[k], 0);
+        logits_run a = run_logits(precs[k], 16), b = run_logits(precs[k], 15);
         CU_ASSERT_EQUAL(a.xent_dtype, want16[k]);
         CU_ASSERT_EQUAL(b.xent_dtype, KILN_DTYPE_F32);
         CU_ASSERT_EQUAL(a.conv1d_calls, 2 * 4 * 2); /* (training + validation) x 4 Conv1D x 2 layers */
@@ -845,6 +858,30 @@ static void test_logits_16bit(void) {
          * precision on the 1.6 table, none on the 1.5 one */
         CU_ASSERT_EQUAL(a.casts16, precs[k] == P_F32 ? 0 : 2 * 4);
         CU_ASSERT_EQUAL(b.casts16, 0);
+        CU_ASSERT_EQUAL(a.train, b.train);
+        CU_ASSERT_EQUAL(a.val, b.val);
+        CU_ASSERT_TRUE(isfinite(a.train) && a.train > 0.0);
+        CU_ASSERT_TRUE(a.n > 0 && a.n == b.n);
+        CU_ASSERT_EQUAL(memcmp(a.grads, b.grads, a.n * sizeof(float)), 0);
+        free(a.grads);
+        free(b.grads);
+    }
+}
+
+/* ABI 1.7 changes no result either. On a 1.7 table, bf16-mixed stores the
+ * activations in bfloat16 (KILN_KERNELS_ACT_16BIT: the layer norms write
+ * bf16, and the only casts of an output gradient left are those of the
+ * float32 residual stream's: the two Linears that read it per layer, and
+ * ln_f's); on the 1.6 table float32. Losses and every gradient are the same
+ * bits. 16-mixed and 32-true store float32 on both. */
+static void test_act_16bit(void) {
+    CU_ASSERT_TRUE_FATAL(g_cpu->flags & KILN_KERNELS_ACT_16BIT);
+    const int precs[3] = {P_BF16, P_F16, P_F32};
+    for (int k = 0; k < 3; k++) {
+        logits_run a = run_logits(precs[k], 17), b = run_logits(precs[k], 16);
+        CU_ASSERT_EQUAL(a.ln_dtype, precs[k] == P_BF16 ? KILN_DTYPE_BF16 : KILN_DTYPE_F32);
+        CU_ASSERT_EQUAL(b.ln_dtype, KILN_DTYPE_F32);
+        CU_ASSERT_EQUAL(a.casts16, precs[k] == P_BF16 ? 2 * 2 + 1 : b.casts16);
         CU_ASSERT_EQUAL(a.train, b.train);
         CU_ASSERT_EQUAL(a.val, b.val);
         CU_ASSERT_TRUE(isfinite(a.train) && a.train > 0.0);
@@ -976,6 +1013,7 @@ static CU_TestInfo cases_gpt[] = {
     {"classifier chunk size changes nothing", test_chunks},
     {"fp32 vs fp64; bf16 and f16 compute copies", test_precisions},
     {"1.6: bf16 logits, fused Conv1D = the 1.5 table's results, bit for bit", test_logits_16bit},
+    {"1.7: bf16 activations = the 1.6 table's results, bit for bit", test_act_16bit},
     {"all targets ignored: loss 0, no gradient", test_all_ignored},
     {"frozen parameters keep their grads", test_frozen},
     {"train/val/test losses and perplexities are logged", test_logging},

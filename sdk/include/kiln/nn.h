@@ -43,6 +43,16 @@
  * (GPT); a bidirectional encoder needs a non-causal kernel the ABI does not
  * have yet.
  *
+ * 16-bit activation storage (ABI 1.7): a module that sets kiln_nn_ctx.act16
+ * before kiln_nn_ctx_setup gets the activations autocast stores in 16 bits
+ * (each Linear's input, output and activation, the layer norms' outputs,
+ * the attention's qkv and output, and the gradients at all of these) stored
+ * in rdt itself, where the accelerator's table sets KILN_KERNELS_ACT_16BIT
+ * and KILN_KERNELS_STORE_16BIT: half the bytes and no rounding passes, the
+ * same values. kiln_nn_ctx.sdt then says which dtype those buffers are in
+ * (adt otherwise); the residual stream, the statistics and the gradients of
+ * the parameters stay in adt. Plan the buffers with kiln_nn_act_size().
+ *
  * Activations a precision rounds itself (ABI 1.5, e.g. FP8): when the
  * module sets kiln_nn_ctx.svc and .hctx, every Linear's output (what the
  * next layer reads: the activation's output, or y without one) and every
@@ -92,7 +102,22 @@ typedef struct kiln_nn_ctx {
      * NULL (a zeroed ctx): no copy. */
     void *dy16;
     size_t dy16_bytes;
+    /* 1.7: which reduced dtypes the module lets activations be STORED in
+     * (KILN_NN_ACT16_*; 0, a zeroed ctx: none), and the storage dtype
+     * kiln_nn_ctx_setup chose from it: rdt where the module allows it and
+     * the table has 16-bit activation storage, else adt. Buffers marked
+     * "activation" below are in sdt. */
+    uint32_t act16;
+    uint32_t sdt;
 } kiln_nn_ctx;
+
+/* kiln_nn_ctx.act16 bits */
+#define KILN_NN_ACT16_BF16 (1u << 0)
+#define KILN_NN_ACT16_F16 (1u << 1)
+
+/* Bytes per element of the activation buffers for storage dtype sdt (what
+ * the _plan functions' `asz` takes): the dtype's size. */
+static inline size_t kiln_nn_act_size(uint32_t sdt) { return kiln_dtype_size(sdt); }
 
 /* Reports a failed kernel call in ctx->msg and returns its status. */
 static inline int32_t kiln_nn__fail(kiln_nn_ctx *c, int32_t rc, const char *kernel, const char *on) {
@@ -171,12 +196,33 @@ static inline int32_t kiln_nn_ctx_setup(kiln_nn_ctx *c, kiln_parameter *const *p
     }
     c->adt = adt;
     c->rdt = rdt;
+    c->sdt = adt;
+#if KILN_ABI_MINOR >= 7
+    {
+        const uint32_t want = rdt == KILN_DTYPE_BF16  ? KILN_NN_ACT16_BF16
+                              : rdt == KILN_DTYPE_F16 ? KILN_NN_ACT16_F16
+                                                      : 0u;
+        const uint32_t need = KILN_KERNELS_ACT_16BIT | KILN_KERNELS_STORE_16BIT;
+        if (adt == KILN_DTYPE_F32 && (c->act16 & want) && c->k && (c->k->flags & need) == need) c->sdt = rdt;
+    }
+#endif
     return KILN_OK;
 }
 
-/* x(n), activation storage, rounded through ctx->rdt (no-op without one). */
+/* The activation storage dtype in effect: sdt as kiln_nn_ctx_setup chose
+ * it, or adt for a ctx whose adt and rdt the module set itself (a 1.6
+ * module's, where sdt is 0). */
+static inline uint32_t kiln_nn_sdt(const kiln_nn_ctx *c) {
+    return c->adt == KILN_DTYPE_F32 && c->sdt == c->rdt ? c->sdt : c->adt;
+}
+
+/* 1 when activation storage is 16-bit. */
+static inline int kiln_nn__s16(const kiln_nn_ctx *c) { return kiln_nn_sdt(c) != c->adt; }
+
+/* x(n), activation storage, rounded through ctx->rdt (no-op without one,
+ * and for 16-bit storage, which holds rounded values already). */
 static inline int32_t kiln_nn_round(kiln_nn_ctx *c, void *x, size_t n, const char *on) {
-    if (c->rdt == KILN_DTYPE_F32 || c->adt != KILN_DTYPE_F32) return KILN_OK;
+    if (c->rdt == KILN_DTYPE_F32 || c->adt != KILN_DTYPE_F32 || kiln_nn__s16(c)) return KILN_OK;
     KILN_NN__K(c, c->k->round_to(c->acc, (float *)x, c->rdt, n), "round_to", on);
     return KILN_OK;
 }
@@ -191,7 +237,10 @@ static inline int32_t kiln_nn_round_activation(kiln_nn_ctx *c, void *x, size_t n
     if (!svc || svc->abi_minor < 5 || svc->struct_size < offsetof(kiln_host_services, round_activation) +
                                                              sizeof svc->round_activation || !svc->round_activation)
         return KILN_OK;
-    KILN_NN__K(c, svc->round_activation(c->hctx, site, c->adt, x, n), "round_activation (precision)", on);
+    /* x is an activation: in sdt (a precision that rounds activations sees
+     * 16-bit storage only where the module asked for it) */
+    KILN_NN__K(c, svc->round_activation(c->hctx, site, kiln_nn_sdt(c), x, n),
+               "round_activation (precision)", on);
 #else
     (void)c, (void)x, (void)n, (void)site, (void)on;
 #endif
@@ -272,7 +321,8 @@ typedef struct kiln_nn_linear {
     int32_t in, out;
     int32_t layout;     /* KILN_NN_OUT_IN or KILN_NN_IN_OUT                           */
     int32_t act;        /* KILN_ACT_* applied after the bias, or -1 for none          */
-    void *y;            /* (max_rows, out) x.W + b: the output, or the pre-activation */
+    void *y;            /* (max_rows, out) x.W + b: the output, or the pre-activation;
+                           activation storage (sdt), as are post and x               */
     void *post;         /* (max_rows, out) act(y); NULL without an activation         */
     const void *x;      /* (rows, in) input of the last forward; the caller's memory,
                            which must hold it until the backward                      */
@@ -296,6 +346,8 @@ static inline int32_t kiln_nn_linear_register(const kiln_host_services *svc, kil
     return rc;
 }
 
+/* esz: bytes per activation element, kiln_nn_act_size(sdt) (the master
+ * dtype's size without 16-bit storage). */
 static inline void kiln_nn_linear_plan(kiln_nn_arena *a, kiln_nn_linear *L, size_t max_rows, size_t esz) {
     L->y = kiln_nn_carve(a, max_rows * (size_t)L->out, esz);
     L->post = L->act >= 0 ? kiln_nn_carve(a, max_rows * (size_t)L->out, esz) : NULL;
@@ -349,13 +401,17 @@ static inline int32_t kiln_nn_linear_forward(kiln_nn_ctx *c, kiln_nn_linear *L, 
 #if KILN_ABI_MINOR >= 6
     if (k->struct_size >= KILN_KERNELS_SIZE_1_6 && k->linear_forward_layout) { /* either layout, fused */
         KILN_NN__K(c,
-                   k->linear_forward_layout(c->acc, c->adt, x, W->compute, W->compute_dtype,
+                   k->linear_forward_layout(c->acc, kiln_nn_sdt(c), x, W->compute, W->compute_dtype,
                                             L->layout == KILN_NN_IN_OUT ? KILN_LAYOUT_IN_OUT : KILN_LAYOUT_OUT_IN,
                                             kiln_nn_vec(c, L->b), rows, L->in, L->out, L->act, L->y, L->post, c->rdt),
                    "linear_forward_layout", on);
         return kiln_nn_round_activation(c, kiln_nn_linear_output(L), n, on, on);
     }
 #endif
+    if (kiln_nn__s16(c)) { /* cannot happen: a 1.7 table has linear_forward_layout */
+        snprintf(c->msg, sizeof c->msg, "%s: 16-bit activation storage needs linear_forward_layout", on);
+        return KILN_E_UNSUPPORTED;
+    }
     if (L->layout == KILN_NN_OUT_IN && k->struct_size >= KILN_KERNELS_SIZE_1_3 && k->linear_forward) {
         KILN_NN__K(c,
                    k->linear_forward(c->acc, c->adt, x, W->compute, W->compute_dtype, kiln_nn_vec(c, L->b), rows,
@@ -383,15 +439,17 @@ static inline int32_t kiln_nn_linear_forward(kiln_nn_ctx *c, kiln_nn_linear *L, 
     return rc == KILN_OK ? kiln_nn_round_activation(c, kiln_nn_linear_output(L), n, on, on) : rc;
 }
 
-/* dy (rows, out): the gradient at the layer's output; with an activation
- * it is OVERWRITTEN with the gradient at y (the pre-activation), which
- * saves a buffer. Adds dW and db to the parameters' grads (unless frozen)
- * and, when dx (rows, in) is not NULL, writes dx = dy . W (accumulate_dx:
- * adds it instead, for a residual stream). dx must not overlap dy. Takes
- * c->dy16 (scratch for a 16-bit copy of dy, which must overlap neither)
- * when the caller lent one, and clears it. */
-static inline int32_t kiln_nn_linear_backward(kiln_nn_ctx *c, kiln_nn_linear *L, void *dy, void *dx,
-                                              int accumulate_dx) {
+/* dy (rows, out) in dtype dy_dt (sdt, or adt for a residual stream's
+ * gradient): the gradient at the layer's output; with an activation it is
+ * OVERWRITTEN with the gradient at y (the pre-activation), which saves a
+ * buffer, and must then be in sdt. Adds dW and db to the parameters' grads
+ * (unless frozen) and, when dx (rows, in) is not NULL, writes dx = dy . W
+ * in dtype dx_dt (accumulate_dx: adds it instead, for a residual stream;
+ * not into 16-bit storage, where the sum would be rounded once more). dx
+ * must not overlap dy. Takes c->dy16 (scratch for a 16-bit copy of dy,
+ * which must overlap neither) when the caller lent one, and clears it. */
+static inline int32_t kiln_nn_linear_backward_dt(kiln_nn_ctx *c, kiln_nn_linear *L, void *dy, uint32_t dy_dt,
+                                                 void *dx, uint32_t dx_dt, int accumulate_dx) {
     const kiln_kernels *k = c->k;
     const kiln_parameter *W = L->w;
     const char *on = W->name;
@@ -421,9 +479,17 @@ static inline int32_t kiln_nn_linear_backward(kiln_nn_ctx *c, kiln_nn_linear *L,
                        "gemm (input grad)", on);
         return KILN_OK;
     }
-    if (L->act >= 0) {
+    if ((dy_dt != kiln_nn_sdt(c) && dy_dt != c->adt) || (dx && dx_dt != kiln_nn_sdt(c) && dx_dt != c->adt) ||
+        (L->act >= 0 && dy_dt != kiln_nn_sdt(c)) || (dx && accumulate_dx && dx_dt != c->adt)) {
+        snprintf(c->msg, sizeof c->msg,
+                 "%s: backward with dy in %s and dx in %s%s (activations in %s, masters in %s): unsupported", on,
+                 kiln_dtype_name(dy_dt), kiln_dtype_name(dx_dt), accumulate_dx ? ", accumulated" : "",
+                 kiln_dtype_name(kiln_nn_sdt(c)), kiln_dtype_name(c->adt));
+        return KILN_E_UNSUPPORTED;
+    }
+    if (L->act >= 0) { /* 16-bit storage rounds as it stores; float32 storage rounds after */
         const size_t n = (size_t)rows * (size_t)out;
-        KILN_NN__K(c, k->act_backward(c->acc, c->adt, L->act, dy, dy, L->y, n), "act_backward", on);
+        KILN_NN__K(c, k->act_backward(c->acc, kiln_nn_sdt(c), L->act, dy, dy, L->y, n), "act_backward", on);
         int32_t rc = kiln_nn_round(c, dy, n, on);
         if (rc != KILN_OK) return rc;
     }
@@ -434,9 +500,9 @@ static inline int32_t kiln_nn_linear_backward(kiln_nn_ctx *c, kiln_nn_linear *L,
      * to rdt once and both read the copy: the same values, one conversion
      * instead of two. */
     const void *g = dy;
-    uint32_t gt = c->adt;
+    uint32_t gt = dy_dt;
 #if KILN_ABI_MINOR >= 6
-    if (dw && dx && dy16 && c->adt == KILN_DTYPE_F32 && c->rdt != KILN_DTYPE_F32 &&
+    if (dw && dx && dy16 && dy_dt == KILN_DTYPE_F32 && c->adt == KILN_DTYPE_F32 && c->rdt != KILN_DTYPE_F32 &&
         (k->flags & KILN_KERNELS_STORE_16BIT) && (size_t)rows * (size_t)out * 2 <= dy16_bytes) {
         KILN_NN__K(c, k->cast(c->acc, dy16, c->rdt, dy, KILN_DTYPE_F32, (size_t)rows * (size_t)out),
                    "cast (output grad to the compute dtype)", on);
@@ -450,28 +516,35 @@ static inline int32_t kiln_nn_linear_backward(kiln_nn_ctx *c, kiln_nn_linear *L,
      * grad (autocast's cast-back into .grad). */
     if (dw && L->layout == KILN_NN_OUT_IN) /* dW(out, in) += dy^T . x */
         KILN_NN__K(c,
-                   k->gemm_ex(c->acc, 1, 0, out, in, rows, 1.0, g, gt, out, L->x, c->adt, in, 1.0, dw, c->adt, in,
-                              c->rdt),
+                   k->gemm_ex(c->acc, 1, 0, out, in, rows, 1.0, g, gt, out, L->x, kiln_nn_sdt(c), in, 1.0, dw,
+                              c->adt, in, c->rdt),
                    "gemm_ex (weight grad)", on);
     else if (dw) /* dW(in, out) += x^T . dy */
         KILN_NN__K(c,
-                   k->gemm_ex(c->acc, 1, 0, in, out, rows, 1.0, L->x, c->adt, in, g, gt, out, 1.0, dw, c->adt, out,
-                              c->rdt),
+                   k->gemm_ex(c->acc, 1, 0, in, out, rows, 1.0, L->x, kiln_nn_sdt(c), in, g, gt, out, 1.0, dw,
+                              c->adt, out, c->rdt),
                    "gemm_ex (weight grad)", on);
-    if (db) KILN_NN__K(c, k->bias_grad_ex(c->acc, c->adt, db, dy, rows, out, 1), "bias_grad_ex", on);
+    if (db) KILN_NN__K(c, k->bias_grad_ex(c->acc, dy_dt, db, dy, rows, out, 1), "bias_grad_ex", on);
     if (!dx) return KILN_OK;
     const double beta = accumulate_dx ? 1.0 : 0.0;
     if (L->layout == KILN_NN_OUT_IN) /* dx(rows, in) = dy(rows, out) . W(out, in) */
         KILN_NN__K(c,
                    k->gemm_ex(c->acc, 0, 0, rows, in, out, 1.0, g, gt, out, W->compute, W->compute_dtype, in, beta,
-                              dx, c->adt, in, c->rdt),
+                              dx, dx_dt, in, c->rdt),
                    "gemm_ex (input grad)", on);
     else /* dx(rows, in) = dy(rows, out) . W(in, out)^T */
         KILN_NN__K(c,
                    k->gemm_ex(c->acc, 0, 1, rows, in, out, 1.0, g, gt, out, W->compute, W->compute_dtype, out, beta,
-                              dx, c->adt, in, c->rdt),
+                              dx, dx_dt, in, c->rdt),
                    "gemm_ex (input grad)", on);
     return KILN_OK;
+}
+
+/* kiln_nn_linear_backward_dt with dy and dx in activation storage (sdt;
+ * adt, the master dtype, without 16-bit storage). */
+static inline int32_t kiln_nn_linear_backward(kiln_nn_ctx *c, kiln_nn_linear *L, void *dy, void *dx,
+                                              int accumulate_dx) {
+    return kiln_nn_linear_backward_dt(c, L, dy, kiln_nn_sdt(c), dx, kiln_nn_sdt(c), accumulate_dx);
 }
 
 /* ---------------------------------------------------------------------------
@@ -482,8 +555,9 @@ typedef struct kiln_nn_layernorm {
     kiln_parameter *w, *b; /* (C) each: "<prefix>.weight", "<prefix>.bias"     */
     int32_t C;
     double eps;
-    void *y;               /* (max_rows, C) normalised, scaled and shifted       */
-    void *mean, *rstd;     /* (max_rows) each, saved for the backward            */
+    void *y;               /* (max_rows, C) normalised, scaled and shifted;
+                              activation storage (sdt)                           */
+    void *mean, *rstd;     /* (max_rows) each, saved for the backward (adt)      */
     const void *x;         /* (rows, C) input of the last forward (caller's)     */
     int32_t rows;
 } kiln_nn_layernorm;
@@ -499,30 +573,38 @@ static inline int32_t kiln_nn_layernorm_register(const kiln_host_services *svc, 
     return rc;
 }
 
-static inline void kiln_nn_layernorm_plan(kiln_nn_arena *a, kiln_nn_layernorm *ln, size_t max_rows, size_t esz) {
-    ln->y = kiln_nn_carve(a, max_rows * (size_t)ln->C, esz);
+/* esz: bytes per master element; asz: per activation element,
+ * kiln_nn_act_size(sdt). */
+static inline void kiln_nn_layernorm_plan_sz(kiln_nn_arena *a, kiln_nn_layernorm *ln, size_t max_rows, size_t esz,
+                                             size_t asz) {
+    ln->y = kiln_nn_carve(a, max_rows * (size_t)ln->C, asz);
     ln->mean = kiln_nn_carve(a, max_rows, esz);
     ln->rstd = kiln_nn_carve(a, max_rows, esz);
 }
 
-/* x (rows, C) -> ln->y (rows, C). */
+/* The plan without 16-bit storage (activations in the master dtype). */
+static inline void kiln_nn_layernorm_plan(kiln_nn_arena *a, kiln_nn_layernorm *ln, size_t max_rows, size_t esz) {
+    kiln_nn_layernorm_plan_sz(a, ln, max_rows, esz, esz);
+}
+
+/* x (rows, C) in adt (a residual stream) -> ln->y (rows, C) in sdt. */
 static inline int32_t kiln_nn_layernorm_forward(kiln_nn_ctx *c, kiln_nn_layernorm *ln, const void *x, int32_t rows) {
     ln->x = x;
     ln->rows = rows;
     KILN_NN__K(c,
-               c->k->layernorm_forward(c->acc, c->adt, ln->y, ln->mean, ln->rstd, x, kiln_nn_vec(c, ln->w),
+               c->k->layernorm_forward(c->acc, kiln_nn_sdt(c), ln->y, ln->mean, ln->rstd, x, kiln_nn_vec(c, ln->w),
                                        kiln_nn_vec(c, ln->b), rows, ln->C, ln->eps, c->rdt),
                "layernorm_forward", ln->w ? ln->w->name : "layernorm");
     return KILN_OK;
 }
 
-/* dy (rows, C) at ln->y -> dx (rows, C) (accumulate_dx: added, for a
- * residual stream), dw and db added. dx must not overlap dy. Not rounded:
- * autocast runs layer norm in fp32. */
+/* dy (rows, C) at ln->y, in sdt -> dx (rows, C) in adt (accumulate_dx:
+ * added, for a residual stream), dw and db added. dx must not overlap dy.
+ * Not rounded: autocast runs layer norm in fp32. */
 static inline int32_t kiln_nn_layernorm_backward(kiln_nn_ctx *c, kiln_nn_layernorm *ln, const void *dy, void *dx,
                                                  int accumulate_dx) {
     KILN_NN__K(c,
-               c->k->layernorm_backward(c->acc, c->adt, dx, kiln_nn_grad(ln->w), kiln_nn_grad(ln->b), dy, ln->x,
+               c->k->layernorm_backward(c->acc, kiln_nn_sdt(c), dx, kiln_nn_grad(ln->w), kiln_nn_grad(ln->b), dy, ln->x,
                                         kiln_nn_vec(c, ln->w), ln->mean, ln->rstd, ln->rows, ln->C,
                                         accumulate_dx ? 1 : 0),
                "layernorm_backward", ln->w ? ln->w->name : "layernorm");
@@ -600,6 +682,8 @@ typedef struct kiln_nn_scratch {
                                       kiln_nn_ctx.dy16 while it is free      */
 } kiln_nn_scratch;
 
+/* esz: bytes per activation element, kiln_nn_act_size(sdt) (the scratch
+ * holds gradients at activations). */
 static inline void kiln_nn_scratch_plan(kiln_nn_arena *a, kiln_nn_scratch *s, size_t max_rows, int32_t C, int32_t H,
                                         size_t esz) {
     s->d_ln = kiln_nn_carve(a, max_rows * (size_t)C, esz);
@@ -627,8 +711,8 @@ typedef struct kiln_nn_attention {
     kiln_nn_linear c_attn; /* C -> 3C, no activation                        */
     kiln_nn_linear c_proj; /* C -> C, no activation; its y is the output    */
     int32_t C, NH;
-    void *att;             /* (max_rows, C) attention output, rounded (it feeds c_proj) */
-    void *lse;             /* (max_rows * NH) = (B, NH, T) log-sum-exp of each score row */
+    void *att;             /* (max_rows, C) attention output, rounded (it feeds c_proj); sdt */
+    void *lse;             /* (max_rows * NH) = (B, NH, T) log-sum-exp of each score row; adt */
     int32_t B, T;
 } kiln_nn_attention;
 
@@ -648,14 +732,20 @@ static inline int32_t kiln_nn_attention_register(const kiln_host_services *svc, 
     return rc;
 }
 
-static inline void kiln_nn_attention_plan(kiln_nn_arena *a, kiln_nn_attention *at, size_t max_rows, size_t esz) {
-    kiln_nn_linear_plan(a, &at->c_attn, max_rows, esz);
-    at->att = kiln_nn_carve(a, max_rows * (size_t)at->C, esz);
+/* esz: bytes per master element; asz: per activation element. */
+static inline void kiln_nn_attention_plan_sz(kiln_nn_arena *a, kiln_nn_attention *at, size_t max_rows, size_t esz,
+                                             size_t asz) {
+    kiln_nn_linear_plan(a, &at->c_attn, max_rows, asz);
+    at->att = kiln_nn_carve(a, max_rows * (size_t)at->C, asz);
     at->lse = kiln_nn_carve(a, max_rows * (size_t)at->NH, esz);
-    kiln_nn_linear_plan(a, &at->c_proj, max_rows, esz);
+    kiln_nn_linear_plan(a, &at->c_proj, max_rows, asz);
 }
 
-/* x (B*T, C) -> at->c_proj.y (B*T, C). */
+static inline void kiln_nn_attention_plan(kiln_nn_arena *a, kiln_nn_attention *at, size_t max_rows, size_t esz) {
+    kiln_nn_attention_plan_sz(a, at, max_rows, esz, esz);
+}
+
+/* x (B*T, C) -> at->c_proj.y (B*T, C), both in sdt. */
 static inline int32_t kiln_nn_attention_forward(kiln_nn_ctx *c, kiln_nn_attention *at, const void *x, int32_t B,
                                                 int32_t T) {
     const int32_t rows = B * T;
@@ -663,7 +753,9 @@ static inline int32_t kiln_nn_attention_forward(kiln_nn_ctx *c, kiln_nn_attentio
     at->T = T;
     int32_t rc = kiln_nn_linear_forward(c, &at->c_attn, x, rows);
     if (rc != KILN_OK) return rc;
-    KILN_NN__K(c, c->k->attention_forward(c->acc, c->adt, at->att, at->lse, at->c_attn.y, B, T, at->C, at->NH, c->rdt),
+    KILN_NN__K(c,
+               c->k->attention_forward(c->acc, kiln_nn_sdt(c), at->att, at->lse, at->c_attn.y, B, T, at->C, at->NH,
+                                       c->rdt),
                "attention_forward", at->c_attn.w->name);
     /* the attention output as the precision stores it (the backward reads
      * att, so it sees what c_proj saw) */
@@ -674,21 +766,24 @@ static inline int32_t kiln_nn_attention_forward(kiln_nn_ctx *c, kiln_nn_attentio
     return kiln_nn_linear_forward(c, &at->c_proj, at->att, rows);
 }
 
-/* dy (B*T, C) at the output (not modified) -> dx (B*T, C) (accumulate_dx:
- * added); uses s->d_att and s->d_qkv, and s->d_h for a 16-bit dy. */
+/* dy (B*T, C) at the output (not modified), in adt: a residual stream's
+ * gradient -> dx (B*T, C) in sdt (accumulate_dx: added; only without
+ * 16-bit storage); uses s->d_att and s->d_qkv, and s->d_h for a 16-bit
+ * copy of dy. */
 static inline int32_t kiln_nn_attention_backward(kiln_nn_ctx *c, kiln_nn_attention *at, void *dy, void *dx,
                                                  int accumulate_dx, const kiln_nn_scratch *s) {
+    const uint32_t sdt = kiln_nn_sdt(c);
     /* d_qkv is free until attention_backward writes it, d_h (the MLP's)
      * throughout: each holds a 16-bit dy for one Linear */
     kiln_nn__lend(c, s->d_qkv, s->d_qkv_bytes);
-    int32_t rc = kiln_nn_linear_backward(c, &at->c_proj, dy, s->d_att, 0);
+    int32_t rc = kiln_nn_linear_backward_dt(c, &at->c_proj, dy, c->adt, s->d_att, sdt, 0);
     if (rc != KILN_OK) return rc;
     KILN_NN__K(c,
-               c->k->attention_backward(c->acc, c->adt, s->d_qkv, s->d_att, at->c_attn.y, at->att, at->lse, at->B,
+               c->k->attention_backward(c->acc, sdt, s->d_qkv, s->d_att, at->c_attn.y, at->att, at->lse, at->B,
                                         at->T, at->C, at->NH, c->rdt),
                "attention_backward", at->c_attn.w->name);
     kiln_nn__lend(c, s->d_h, s->d_h_bytes);
-    return kiln_nn_linear_backward(c, &at->c_attn, s->d_qkv, dx, accumulate_dx);
+    return kiln_nn_linear_backward_dt(c, &at->c_attn, s->d_qkv, sdt, dx, sdt, accumulate_dx);
 }
 
 /* ---------------------------------------------------------------------------
@@ -710,6 +805,7 @@ static inline int32_t kiln_nn_mlp_register(const kiln_host_services *svc, kiln_h
     return rc;
 }
 
+/* esz: bytes per activation element (every buffer of the MLP is one). */
 static inline void kiln_nn_mlp_plan(kiln_nn_arena *a, kiln_nn_mlp *m, size_t max_rows, size_t esz) {
     kiln_nn_linear_plan(a, &m->c_fc, max_rows, esz);
     kiln_nn_linear_plan(a, &m->c_proj, max_rows, esz);
@@ -721,16 +817,18 @@ static inline int32_t kiln_nn_mlp_forward(kiln_nn_ctx *c, kiln_nn_mlp *m, const 
     return rc != KILN_OK ? rc : kiln_nn_linear_forward(c, &m->c_proj, kiln_nn_linear_output(&m->c_fc), rows);
 }
 
-/* dy (rows, C) at the output (not modified) -> dx (rows, C) (accumulate_dx:
- * added); uses s->d_h, and s->d_qkv for a 16-bit dy. */
+/* dy (rows, C) at the output (not modified), in adt: a residual stream's
+ * gradient -> dx (rows, C) in sdt (accumulate_dx: added; only without
+ * 16-bit storage); uses s->d_h, and s->d_qkv for a 16-bit copy of dy. */
 static inline int32_t kiln_nn_mlp_backward(kiln_nn_ctx *c, kiln_nn_mlp *m, void *dy, void *dx, int accumulate_dx,
                                            const kiln_nn_scratch *s) {
+    const uint32_t sdt = kiln_nn_sdt(c);
     /* d_qkv (the attention's) is free here: it holds each Linear's 16-bit dy */
     kiln_nn__lend(c, s->d_qkv, s->d_qkv_bytes);
-    int32_t rc = kiln_nn_linear_backward(c, &m->c_proj, dy, s->d_h, 0);
+    int32_t rc = kiln_nn_linear_backward_dt(c, &m->c_proj, dy, c->adt, s->d_h, sdt, 0);
     if (rc != KILN_OK) return rc;
     kiln_nn__lend(c, s->d_qkv, s->d_qkv_bytes);
-    return kiln_nn_linear_backward(c, &m->c_fc, s->d_h, dx, accumulate_dx);
+    return kiln_nn_linear_backward_dt(c, &m->c_fc, s->d_h, sdt, dx, sdt, accumulate_dx);
 }
 
 /* ---------------------------------------------------------------------------
@@ -769,14 +867,21 @@ static inline int32_t kiln_nn_block_register(const kiln_host_services *svc, kiln
     return rc;
 }
 
-static inline void kiln_nn_block_plan(kiln_nn_arena *a, kiln_nn_block *blk, size_t max_rows, size_t esz) {
+/* esz: bytes per master element (the residual stream, the statistics);
+ * asz: per activation element, kiln_nn_act_size(sdt). */
+static inline void kiln_nn_block_plan_sz(kiln_nn_arena *a, kiln_nn_block *blk, size_t max_rows, size_t esz,
+                                         size_t asz) {
     const size_t C = (size_t)blk->ln_1.C;
-    kiln_nn_layernorm_plan(a, &blk->ln_1, max_rows, esz);
-    kiln_nn_attention_plan(a, &blk->attn, max_rows, esz);
+    kiln_nn_layernorm_plan_sz(a, &blk->ln_1, max_rows, esz, asz);
+    kiln_nn_attention_plan_sz(a, &blk->attn, max_rows, esz, asz);
     blk->res1 = kiln_nn_carve(a, max_rows * C, esz);
-    kiln_nn_layernorm_plan(a, &blk->ln_2, max_rows, esz);
-    kiln_nn_mlp_plan(a, &blk->mlp, max_rows, esz);
+    kiln_nn_layernorm_plan_sz(a, &blk->ln_2, max_rows, esz, asz);
+    kiln_nn_mlp_plan(a, &blk->mlp, max_rows, asz);
     blk->out = kiln_nn_carve(a, max_rows * C, esz);
+}
+
+static inline void kiln_nn_block_plan(kiln_nn_arena *a, kiln_nn_block *blk, size_t max_rows, size_t esz) {
+    kiln_nn_block_plan_sz(a, blk, max_rows, esz, esz);
 }
 
 /* x (B*T, C), kept by the caller until the backward -> blk->out (B*T, C). */
@@ -788,11 +893,14 @@ static inline int32_t kiln_nn_block_forward(kiln_nn_ctx *c, kiln_nn_block *blk, 
     int32_t rc = kiln_nn_layernorm_forward(c, &blk->ln_1, x, rows);
     if (rc == KILN_OK) rc = kiln_nn_attention_forward(c, &blk->attn, blk->ln_1.y, B, T);
     if (rc != KILN_OK) return rc;
-    KILN_NN__K(c, c->k->add(c->acc, c->adt, blk->res1, x, blk->attn.c_proj.y, n), "add (attention residual)", on);
+    /* adt + sdt -> adt: with 16-bit storage, add's b is the 16-bit one */
+    KILN_NN__K(c, c->k->add(c->acc, kiln_nn_sdt(c), blk->res1, x, blk->attn.c_proj.y, n), "add (attention residual)",
+               on);
     rc = kiln_nn_layernorm_forward(c, &blk->ln_2, blk->res1, rows);
     if (rc == KILN_OK) rc = kiln_nn_mlp_forward(c, &blk->mlp, blk->ln_2.y, rows);
     if (rc != KILN_OK) return rc;
-    KILN_NN__K(c, c->k->add(c->acc, c->adt, blk->out, blk->res1, blk->mlp.c_proj.y, n), "add (mlp residual)", on);
+    KILN_NN__K(c, c->k->add(c->acc, kiln_nn_sdt(c), blk->out, blk->res1, blk->mlp.c_proj.y, n), "add (mlp residual)",
+               on);
     return KILN_OK;
 }
 

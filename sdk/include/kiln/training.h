@@ -44,6 +44,32 @@ enum { KILN_COPY_H2D = 0, KILN_COPY_D2H = 1, KILN_COPY_D2D = 2 };
  * in. A caller passes those dtypes only where the bit is set: a table
  * written before 1.6 refuses them (KILN_E_INVALID_ARG) at best. */
 #define KILN_KERNELS_STORE_16BIT (1u << 1)
+/* 1.7: 16-bit activation storage. Where the bit is set, the entries below
+ * take `dtype` F16 or BF16 beside float32 masters: dtype then names the
+ * storage of the ACTIVATION buffers listed, and every other floating-point
+ * buffer of the call is float32:
+ *
+ *   entry                          16-bit buffers          float32 buffers
+ *   layernorm_forward              y                       x w b mean rstd
+ *   layernorm_backward             dy                      dx dw db x w mean rstd
+ *   linear_forward, _layout        x y post                b (w: w_dtype)
+ *   attention_forward              qkv out                 lse
+ *   attention_backward             dqkv dout qkv out       lse
+ *   act_backward                   dx dy x                 -
+ *   bias_grad_ex                   dy                      db
+ *   add                            b                       y a
+ *
+ * The arithmetic is the float32 call's on the 16-bit values widened to
+ * float32 (exact), and each 16-bit output is rounded to nearest even as it
+ * is stored: the float32 call followed by round_to of its outputs, in one
+ * pass. round_dtype, where the entry has one, must be dtype; linear's
+ * w_dtype is dtype or F32. So a model keeps the activations autocast keeps
+ * in 16 bits (a block's qkv, attention output, projections, GELU input and
+ * output, and their gradients) at half the bytes and without a separate
+ * rounding pass, the residual stream, the statistics and the parameters'
+ * gradients staying float32. A caller passes these dtypes only where the
+ * bit is set; kiln/nn.h does for modules that ask (kiln_nn_ctx.act16). */
+#define KILN_KERNELS_ACT_16BIT (1u << 2)
 
 typedef struct kiln_kernels {
     uint32_t struct_size;
@@ -649,6 +675,7 @@ typedef struct kiln_module_ops {
 
 /* What 1.6 appended (besides the flag KILN_KERNELS_STORE_16BIT). */
 #define KILN_KERNELS_SIZE_1_6 KILN__END(kiln_kernels, linear_forward_layout)
+/* 1.7 appended nothing to the tables: it added the flag KILN_KERNELS_ACT_16BIT. */
 
 /* Layout pins of the 1.1 tables (and what 1.2 appended). */
 #if UINTPTR_MAX == 0xFFFFFFFFFFFFFFFFu
