@@ -799,12 +799,13 @@ typedef struct {
     size_t n;
     uint32_t xent_dtype, ln_dtype;
     int conv1d_calls, casts16;
+    float predict[37]; /* predict_step's logits for the last sequence */
 } logits_run;
 
 /* One training step, backward and validation step on the cpu table as the
  * ABI minor `abi` (15, 16 or 17) would present it. */
 static logits_run run_logits(int prec, int abi) {
-    logits_run r = {NAN, NAN, NULL, 0, 0, 0, 0, 0};
+    logits_run r = {NAN, NAN, NULL, 0, 0, 0, 0, 0, {0}};
     const kiln_kernels saved = g_table;
     g_table.xent_fused = spy_xent_fused;
     g_table.linear_forward_layout = spy_linear_layout;
@@ -839,6 +840,11 @@ static logits_run run_logits(int prec, int abi) {
     CU_ASSERT_EQUAL(ops()->validation_step(inst, &tb.b, 0, &out), KILN_OK);
     r.val = out.loss;
     r.conv1d_calls = g_conv1d_calls;
+    kiln_tensor tok = {tb.x + 8, KILN_DTYPE_I32, 2, {1, 8, 1, 1}}, pout;
+    kiln_batch pb = {sizeof pb, 1, &tok, 1};
+    memset(&pout, 0, sizeof pout);
+    CU_ASSERT_EQUAL(ops()->predict_step(inst, &pb, &pout), KILN_OK);
+    if (pout.data && pout.shape[1] == 37) memcpy(r.predict, pout.data, sizeof r.predict);
     destroy_module(inst);
     g_table = saved;
     return r;
@@ -884,6 +890,8 @@ static void test_act_16bit(void) {
         CU_ASSERT_EQUAL(a.casts16, precs[k] == P_BF16 ? 2 * 2 + 1 : b.casts16);
         CU_ASSERT_EQUAL(a.train, b.train);
         CU_ASSERT_EQUAL(a.val, b.val);
+        CU_ASSERT_EQUAL(memcmp(a.predict, b.predict, sizeof a.predict), 0);
+        CU_ASSERT(a.predict[0] != 0.0f || a.predict[1] != 0.0f); /* predict_step filled them */
         CU_ASSERT_TRUE(isfinite(a.train) && a.train > 0.0);
         CU_ASSERT_TRUE(a.n > 0 && a.n == b.n);
         CU_ASSERT_EQUAL(memcmp(a.grads, b.grads, a.n * sizeof(float)), 0);
