@@ -61,9 +61,9 @@ extern "C" cudaError_t kg_bias_add(cudaStream_t s, int fdt, void *y, const void 
  */
 #define KG_BG_COLS 32 /* columns per pass-1 block (a warp across a row) */
 
-template <typename T>
-__global__ void kg_bias_grad_parts_kernel(T *__restrict__ out, const T *__restrict__ dy, size_t rows, size_t cols,
-                                          size_t parts, int direct, int accumulate) {
+template <typename T, int SD>
+__global__ void kg_bias_grad_parts_kernel(T *__restrict__ out, const typename kg_storage<SD>::type *__restrict__ dy,
+                                          size_t rows, size_t cols, size_t parts, int direct, int accumulate) {
     __shared__ T lane_sum[KG_BIAS_GRAD_LANES][KG_BG_COLS + 1];
     const size_t j = (size_t)blockIdx.x * KG_BG_COLS + threadIdx.x;
     /* gridDim.y is capped at 65535: more parts take a stride */
@@ -72,7 +72,8 @@ __global__ void kg_bias_grad_parts_kernel(T *__restrict__ out, const T *__restri
         const size_t r1 = r0 + KG_BIAS_GRAD_ROWS < rows ? r0 + KG_BIAS_GRAD_ROWS : rows;
         T acc = (T)0;
         if (j < cols)
-            for (size_t r = r0 + threadIdx.y; r < r1; r += KG_BIAS_GRAD_LANES) acc = acc + dy[r * cols + j];
+            for (size_t r = r0 + threadIdx.y; r < r1; r += KG_BIAS_GRAD_LANES)
+                acc = acc + kg_ld<T, SD>(dy[r * cols + j]);
         lane_sum[threadIdx.y][threadIdx.x] = acc;
         __syncthreads();
         if (threadIdx.y == 0 && j < cols) {
@@ -96,14 +97,19 @@ __global__ void kg_bias_grad_sum_kernel(T *__restrict__ db, const T *__restrict_
     }
 }
 
-template <typename T>
-static cudaError_t kg_bias_grad_t(cudaStream_t s, T *db, const T *dy, int rows, int cols, int accumulate, T *work) {
+/* T the sums' type, SD dy's storage (T's own dtype, or 16 bits with float
+ * sums: ABI 1.7's activation storage, db and the partials float32). */
+template <typename T, int SD>
+static cudaError_t kg_bias_grad_t(cudaStream_t s, T *db, const void *dy, int rows, int cols, int accumulate,
+                                  T *work) {
     const size_t r = (size_t)rows, c = (size_t)cols, parts = kg_bias_grad_parts(rows);
     const int direct = parts == 1;
     if (!direct && !work) return cudaErrorInvalidValue;
     const dim3 block(KG_BG_COLS, KG_BIAS_GRAD_LANES);
     const dim3 grid((unsigned)((c + KG_BG_COLS - 1) / KG_BG_COLS), (unsigned)(parts < 65535 ? parts : 65535));
-    kg_bias_grad_parts_kernel<T><<<grid, block, 0, s>>>(direct ? db : work, dy, r, c, parts, direct, accumulate);
+    kg_bias_grad_parts_kernel<T, SD><<<grid, block, 0, s>>>(direct ? db : work,
+                                                            (const typename kg_storage<SD>::type *)dy, r, c, parts,
+                                                            direct, accumulate);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess || direct) return e;
     kg_bias_grad_sum_kernel<T><<<kg_grid(c), KG_THREADS, 0, s>>>(db, work, parts, c, accumulate);
@@ -112,13 +118,18 @@ static cudaError_t kg_bias_grad_t(cudaStream_t s, T *db, const T *dy, int rows, 
 
 extern "C" cudaError_t kg_bias_grad(cudaStream_t s, int fdt, void *db, const void *dy, int rows, int cols,
                                     int accumulate, void *work) {
-    if (fdt != KG_F32 && fdt != KG_F64) return cudaErrorInvalidValue;
+    if (fdt != KG_F32 && fdt != KG_F64 && fdt != KG_F16 && fdt != KG_BF16) return cudaErrorInvalidValue;
     if (rows < 0 || cols < 0) return cudaErrorInvalidValue;
     /* rows == 0 still zeroes db unless accumulating (one empty part). */
     if (cols == 0 || (rows == 0 && accumulate)) return cudaSuccess;
-    if (fdt == KG_F32)
-        return kg_bias_grad_t(s, (float *)db, (const float *)dy, rows, cols, accumulate != 0, (float *)work);
-    return kg_bias_grad_t(s, (double *)db, (const double *)dy, rows, cols, accumulate != 0, (double *)work);
+    switch (fdt) {
+    case KG_F32: return kg_bias_grad_t<float, KG_F32>(s, (float *)db, dy, rows, cols, accumulate != 0, (float *)work);
+    case KG_F16: return kg_bias_grad_t<float, KG_F16>(s, (float *)db, dy, rows, cols, accumulate != 0, (float *)work);
+    case KG_BF16:
+        return kg_bias_grad_t<float, KG_BF16>(s, (float *)db, dy, rows, cols, accumulate != 0, (float *)work);
+    default:
+        return kg_bias_grad_t<double, KG_F64>(s, (double *)db, dy, rows, cols, accumulate != 0, (double *)work);
+    }
 }
 
 /* ------------------------------------------------------------ activations */
@@ -128,9 +139,12 @@ template <int ACT, typename T> __global__ void kg_act_fwd_kernel(T *y, const T *
     KG_GRID_STRIDE(i, n) y[i] = kg_act_fwd<ACT>(x[i]);
 }
 
-/* dx(n) = dy * act'(x); dx may equal dy. */
-template <int ACT, typename T> __global__ void kg_act_bwd_kernel(T *dx, const T *dy, const T *__restrict__ x, size_t n) {
-    KG_GRID_STRIDE(i, n) dx[i] = kg_act_bwd<ACT>(dy[i], x[i]);
+/* dx(n) = dy * act'(x); dx may equal dy. T the arithmetic, SD the storage
+ * of all three (T's own dtype, or 16 bits with float arithmetic: 1.7). */
+template <int ACT, typename T, int SD>
+__global__ void kg_act_bwd_kernel(typename kg_storage<SD>::type *dx, const typename kg_storage<SD>::type *dy,
+                                  const typename kg_storage<SD>::type *__restrict__ x, size_t n) {
+    KG_GRID_STRIDE(i, n) dx[i] = kg_st<T, SD>(kg_act_bwd<ACT>(kg_ld<T, SD>(dy[i]), kg_ld<T, SD>(x[i])));
 }
 
 template <typename T> static cudaError_t kg_act_fwd_t(cudaStream_t s, int act, T *y, const T *x, size_t n) {
@@ -146,15 +160,18 @@ template <typename T> static cudaError_t kg_act_fwd_t(cudaStream_t s, int act, T
     return cudaGetLastError();
 }
 
-template <typename T>
-static cudaError_t kg_act_bwd_t(cudaStream_t s, int act, T *dx, const T *dy, const T *x, size_t n) {
+template <typename T, int SD>
+static cudaError_t kg_act_bwd_t(cudaStream_t s, int act, void *dx_, const void *dy_, const void *x_, size_t n) {
+    typedef typename kg_storage<SD>::type S;
+    S *dx = (S *)dx_;
+    const S *dy = (const S *)dy_, *x = (const S *)x_;
     const unsigned g = kg_grid(n);
     switch (act) {
-    case KG_ACT_RELU: kg_act_bwd_kernel<KG_ACT_RELU, T><<<g, KG_THREADS, 0, s>>>(dx, dy, x, n); break;
-    case KG_ACT_GELU: kg_act_bwd_kernel<KG_ACT_GELU, T><<<g, KG_THREADS, 0, s>>>(dx, dy, x, n); break;
-    case KG_ACT_TANH: kg_act_bwd_kernel<KG_ACT_TANH, T><<<g, KG_THREADS, 0, s>>>(dx, dy, x, n); break;
-    case KG_ACT_SIGMOID: kg_act_bwd_kernel<KG_ACT_SIGMOID, T><<<g, KG_THREADS, 0, s>>>(dx, dy, x, n); break;
-    case KG_ACT_LEAKY_RELU: kg_act_bwd_kernel<KG_ACT_LEAKY_RELU, T><<<g, KG_THREADS, 0, s>>>(dx, dy, x, n); break;
+    case KG_ACT_RELU: kg_act_bwd_kernel<KG_ACT_RELU, T, SD><<<g, KG_THREADS, 0, s>>>(dx, dy, x, n); break;
+    case KG_ACT_GELU: kg_act_bwd_kernel<KG_ACT_GELU, T, SD><<<g, KG_THREADS, 0, s>>>(dx, dy, x, n); break;
+    case KG_ACT_TANH: kg_act_bwd_kernel<KG_ACT_TANH, T, SD><<<g, KG_THREADS, 0, s>>>(dx, dy, x, n); break;
+    case KG_ACT_SIGMOID: kg_act_bwd_kernel<KG_ACT_SIGMOID, T, SD><<<g, KG_THREADS, 0, s>>>(dx, dy, x, n); break;
+    case KG_ACT_LEAKY_RELU: kg_act_bwd_kernel<KG_ACT_LEAKY_RELU, T, SD><<<g, KG_THREADS, 0, s>>>(dx, dy, x, n); break;
     default: return cudaErrorInvalidValue;
     }
     return cudaGetLastError();
@@ -171,10 +188,15 @@ extern "C" cudaError_t kg_act_forward(cudaStream_t s, int fdt, int act, void *y,
 
 extern "C" cudaError_t kg_act_backward(cudaStream_t s, int fdt, int act, void *dx, const void *dy, const void *x,
                                        size_t n) {
-    if ((fdt != KG_F32 && fdt != KG_F64) || !kg_act_valid(act)) return cudaErrorInvalidValue;
+    if ((fdt != KG_F32 && fdt != KG_F64 && fdt != KG_F16 && fdt != KG_BF16) || !kg_act_valid(act))
+        return cudaErrorInvalidValue;
     if (n == 0) return cudaSuccess;
-    if (fdt == KG_F32) return kg_act_bwd_t(s, act, (float *)dx, (const float *)dy, (const float *)x, n);
-    return kg_act_bwd_t(s, act, (double *)dx, (const double *)dy, (const double *)x, n);
+    switch (fdt) {
+    case KG_F32: return kg_act_bwd_t<float, KG_F32>(s, act, dx, dy, x, n);
+    case KG_F16: return kg_act_bwd_t<float, KG_F16>(s, act, dx, dy, x, n);
+    case KG_BF16: return kg_act_bwd_t<float, KG_BF16>(s, act, dx, dy, x, n);
+    default: return kg_act_bwd_t<double, KG_F64>(s, act, dx, dy, x, n);
+    }
 }
 
 /* ----------------------------------------------------------------- BLAS-1 */
@@ -314,6 +336,70 @@ extern "C" cudaError_t kg_linear_epilogue(cudaStream_t s, int fdt, void *y, cons
                                     round_dtype);
     return kg_linear_epilogue_t(s, act, (double *)y, (const double *)b, (double *)post, total, (size_t)cols,
                                 KG_F32);
+}
+
+/* The same pass for 16-bit activation storage (ABI 1.7), SD the format of
+ * y and post: v = src + b[col] in float (src the float32 product; NULL:
+ * y itself holds the product, rounded by the GEMM as it stored it, and is
+ * not written again), stored to y rounded to nearest even; post =
+ * SD(act(v)) from the rounded v, as the float32 pass computes it. */
+template <int SD, int ACT, typename IdxT>
+__global__ void kg_linear_epilogue16_kernel(uint16_t *__restrict__ y, const float *__restrict__ src,
+                                            const float *__restrict__ b, uint16_t *__restrict__ post, size_t total,
+                                            IdxT cols) {
+    KG_GRID_STRIDE(i, total) {
+        float v;
+        if (src) {
+            v = src[i];
+            if (b) v = v + b[(IdxT)i % cols];
+            const uint16_t r = kg_st<float, SD>(v);
+            y[i] = r;
+            v = kg_ld<float, SD>(r);
+        } else {
+            v = kg_ld<float, SD>(y[i]);
+        }
+        if constexpr (ACT >= 0) post[i] = kg_st<float, SD>(kg_act_fwd<ACT>(v));
+    }
+}
+
+template <int SD, int ACT>
+static void kg_linear_epilogue16_launch(cudaStream_t s, uint16_t *y, const float *src, const float *b,
+                                        uint16_t *post, size_t total, size_t cols) {
+    if (total <= UINT32_MAX)
+        kg_linear_epilogue16_kernel<SD, ACT, uint32_t><<<kg_grid(total), KG_THREADS, 0, s>>>(y, src, b, post, total,
+                                                                                            (uint32_t)cols);
+    else
+        kg_linear_epilogue16_kernel<SD, ACT, size_t><<<kg_grid(total), KG_THREADS, 0, s>>>(y, src, b, post, total,
+                                                                                          cols);
+}
+
+template <int SD>
+static cudaError_t kg_linear_epilogue16_t(cudaStream_t s, int act, uint16_t *y, const float *src, const float *b,
+                                          uint16_t *post, size_t total, size_t cols) {
+    switch (act) {
+    case -1: kg_linear_epilogue16_launch<SD, -1>(s, y, src, b, post, total, cols); break;
+    case KG_ACT_RELU: kg_linear_epilogue16_launch<SD, KG_ACT_RELU>(s, y, src, b, post, total, cols); break;
+    case KG_ACT_GELU: kg_linear_epilogue16_launch<SD, KG_ACT_GELU>(s, y, src, b, post, total, cols); break;
+    case KG_ACT_TANH: kg_linear_epilogue16_launch<SD, KG_ACT_TANH>(s, y, src, b, post, total, cols); break;
+    case KG_ACT_SIGMOID: kg_linear_epilogue16_launch<SD, KG_ACT_SIGMOID>(s, y, src, b, post, total, cols); break;
+    case KG_ACT_LEAKY_RELU:
+        kg_linear_epilogue16_launch<SD, KG_ACT_LEAKY_RELU>(s, y, src, b, post, total, cols);
+        break;
+    default: return cudaErrorInvalidValue;
+    }
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t kg_linear_epilogue16(cudaStream_t s, int sdt, void *y, const float *src, const float *b,
+                                            int rows, int cols, int act, void *post) {
+    if ((sdt != KG_F16 && sdt != KG_BF16) || (act != -1 && !kg_act_valid(act)) || rows < 0 || cols < 0 ||
+        (!src && b))
+        return cudaErrorInvalidValue;
+    const size_t total = (size_t)rows * (size_t)cols;
+    if (total == 0 || (!src && act < 0)) return cudaSuccess;
+    return sdt == KG_BF16
+               ? kg_linear_epilogue16_t<KG_BF16>(s, act, (uint16_t *)y, src, b, (uint16_t *)post, total, (size_t)cols)
+               : kg_linear_epilogue16_t<KG_F16>(s, act, (uint16_t *)y, src, b, (uint16_t *)post, total, (size_t)cols);
 }
 
 /* ------------------------------------------------------------------ casts */

@@ -137,24 +137,26 @@ template <int PROG> static cudaError_t kg_fl_launch_any(cudaStream_t s, int D, c
 size_t kg_flash_smem_bytes(int D) { return kg_fl_smem_most(D); }
 
 cudaError_t kg_flash_forward(cudaStream_t s, void *out, void *lse, const void *qkv, int B, int T, int C, int NH,
-                             int round_dtype) {
-    if (B <= 0 || T <= 0 || NH <= 0 || C % NH != 0 || !kg_flash_supported(KG_F32, round_dtype, C / NH))
+                             int round_dtype, int sdt) {
+    if (B <= 0 || T <= 0 || NH <= 0 || C % NH != 0 || !kg_flash_supported(KG_F32, round_dtype, C / NH) ||
+        (sdt != KG_F32 && sdt != round_dtype))
         return cudaErrorInvalidValue;
     const int D = C / NH;
-    kg_flash_args a = {(const float *)qkv, NULL, NULL, NULL, NULL, (float *)out, (float *)lse, NULL,
-                       B, T, C, NH, round_dtype, (float)(1.0 / sqrt((double)D))};
+    kg_flash_args a = {qkv,   NULL, NULL, NULL, NULL, out, (float *)lse, NULL, B, T, C, NH, round_dtype,
+                       (float)(1.0 / sqrt((double)D)), sdt != KG_F32};
     return kg_fl_launch_any<KG_FL_FWD>(s, D, a);
 }
 
 cudaError_t kg_flash_backward(cudaStream_t s, void *dqkv, const void *dout, const void *qkv, const void *out,
-                              const void *lse, int B, int T, int C, int NH, int round_dtype, double *delta) {
-    if (B <= 0 || T <= 0 || NH <= 0 || C % NH != 0 || !kg_flash_supported(KG_F32, round_dtype, C / NH) || !delta)
+                              const void *lse, int B, int T, int C, int NH, int round_dtype, int sdt, double *delta) {
+    if (B <= 0 || T <= 0 || NH <= 0 || C % NH != 0 || !kg_flash_supported(KG_F32, round_dtype, C / NH) || !delta ||
+        (sdt != KG_F32 && sdt != round_dtype))
         return cudaErrorInvalidValue;
     const int D = C / NH;
-    cudaError_t e = kg_attn_delta(s, KG_F32, dout, out, B, T, C, NH, delta);
+    cudaError_t e = kg_attn_delta(s, sdt, dout, out, B, T, C, NH, delta);
     if (e != cudaSuccess) return e;
-    kg_flash_args a = {(const float *)qkv, (const float *)dout, (const float *)out, (const float *)lse, delta,
-                       NULL, NULL, (float *)dqkv, B, T, C, NH, round_dtype, (float)(1.0 / sqrt((double)D))};
+    kg_flash_args a = {qkv,  dout, out,         (const float *)lse, delta, NULL, NULL, dqkv, B, T, C, NH,
+                       round_dtype, (float)(1.0 / sqrt((double)D)), sdt != KG_F32};
     if ((e = kg_fl_launch_any<KG_FL_DKDV>(s, D, a)) != cudaSuccess) return e;
     return kg_fl_launch_any<KG_FL_DQ>(s, D, a);
 }

@@ -21,8 +21,9 @@
  * memory before each block, and fails on races between phases (see
  * kg_flash_host.cuh).
  *
- * Numbers: q, k, v and dO (fp32 in memory; 16-bit values in a
- * mixed-precision step) are rounded to OP (bf16 or f16) in shared memory.
+ * Numbers: q, k, v and dO (fp32 in memory, 16-bit values in a
+ * mixed-precision step; or OP's own 16 bits, kg_flash_args.s16) are
+ * rounded to OP (bf16 or f16) in shared memory.
  * S = q k^T, O += P v, dP = dO v^T and the gradients are tensor-core
  * products with fp32 accumulation. The softmax (max, exponentials, row
  * sums) is fp32 in base 2: scores times scale * log2(e), then exp2f, the
@@ -62,13 +63,23 @@ enum { KG_FL_FWD = 0, KG_FL_DKDV = 1, KG_FL_DQ = 2 };
 /* One call's operands (kiln/training.h's layouts: qkv(B, T, 3C), out and
  * dout (B, T, C), lse (B, NH, T), delta (B, NH, T) = rowsum(dout * out) in
  * double, dqkv (B, T, 3C)); rd: the rounding of the outputs (KG_BF16 or
- * KG_F16; KG_F32 none); scale = 1/sqrt(D) in float. */
+ * KG_F16; KG_F32 none); scale = 1/sqrt(D) in float. s16 (ABI 1.7's 16-bit
+ * activations): qkv, dout, out, o and dqkv are stored in rd's 16 bits
+ * instead of float32 (lse stays float32): the tiles load their bits as
+ * they are (OP is rd) and the outputs store the rounding, half the bytes
+ * of the float32 call for the same values. A runtime flag, not a template
+ * parameter: the branch is uniform over the block and sits only in the
+ * global loads and stores, so the programs are not instantiated twice. */
 struct kg_flash_args {
-    const float *qkv, *dout, *out, *lse_in;
+    const void *qkv, *dout, *out;
+    const float *lse_in;
     const double *delta;
-    float *o, *lse, *dqkv;
+    void *o;
+    float *lse;
+    void *dqkv;
     int B, T, C, NH, rd;
     float scale;
+    int s16;
 };
 
 /* Shared-memory layout of one program: byte offsets of each array (0 when
@@ -181,13 +192,16 @@ template <class X, int OP>
 KG_FL_HD void kg_fl_load_rows(const kg_flash_args &a, uint16_t *tile, int which, int b, int h, int D, int r0) {
     const int lde = kg_fl_lde(D);
     const size_t ld = which == 3 ? (size_t)a.C : 3u * (size_t)a.C;
-    const float *src = (which == 3 ? a.dout : a.qkv) + (size_t)b * (size_t)a.T * ld + (size_t)h * (size_t)D +
+    const size_t off = (size_t)b * (size_t)a.T * ld + (size_t)h * (size_t)D +
                        (which == 3 ? 0u : (size_t)which * (size_t)a.C);
+    const void *base = which == 3 ? a.dout : a.qkv;
     for (int t = X::tid0(); X::tin(t); t += X::tstep())
         for (int i = t; i < KG_FL_BR * D; i += KG_FL_THREADS) {
             const int r = i / D, d = i % D, row = r0 + r;
-            const float v = row < a.T ? src[(size_t)row * ld + (size_t)d] : 0.0f;
-            X::st(&tile[r * lde + d], kg_fl_enc<OP>(v));
+            const size_t e = off + (size_t)row * ld + (size_t)d;
+            uint16_t v = 0; /* +0 in either format */
+            if (row < a.T) v = a.s16 ? ((const uint16_t *)base)[e] : kg_fl_enc<OP>(((const float *)base)[e]);
+            X::st(&tile[r * lde + d], v);
         }
 }
 
@@ -304,11 +318,15 @@ KG_FL_HD void kg_fl_forward_block(const kg_flash_args &a, unsigned char *sm, int
         X::sync();
     }
 
-    float *o = a.o + (size_t)b * (size_t)T * (size_t)a.C + (size_t)h * D;
+    const size_t obase = (size_t)b * (size_t)T * (size_t)a.C + (size_t)h * D;
     for (int t = X::tid0(); X::tin(t); t += X::tstep()) {
         for (int i = t; i < KG_FL_BR * D; i += KG_FL_THREADS) {
             const int r = i / D, d = i % D, q = q0 + r;
-            if (q < T) o[(size_t)q * (size_t)a.C + d] = kg_round_to_dtype(X::ld(&Os[r * LDO + d]) / X::ld(&Lsum[r]), a.rd);
+            if (q >= T) continue;
+            const float v = X::ld(&Os[r * LDO + d]) / X::ld(&Lsum[r]);
+            const size_t e = obase + (size_t)q * (size_t)a.C + d;
+            if (a.s16) ((uint16_t *)a.o)[e] = kg_fl_enc<OP>(v);
+            else ((float *)a.o)[e] = kg_round_to_dtype(v, a.rd);
         }
         if (t < KG_FL_BR && q0 + t < T)
             a.lse[(size_t)bh * (size_t)T + (size_t)(q0 + t)] = (X::ld(&M[t]) + log2f(X::ld(&Lsum[t]))) * KG_FL_LN2;
@@ -365,11 +383,15 @@ KG_FL_NOCHECK
 template <class X>
 KG_FL_HD void kg_fl_store_grad(const kg_flash_args &a, const float *acc, int D, int b, size_t col, int r0, float mul) {
     const int ldo = kg_fl_ldo(D);
-    float *dst = a.dqkv + (size_t)b * (size_t)a.T * 3u * (size_t)a.C + col;
+    const size_t base = (size_t)b * (size_t)a.T * 3u * (size_t)a.C + col;
     for (int t = X::tid0(); X::tin(t); t += X::tstep())
         for (int i = t; i < KG_FL_BR * D; i += KG_FL_THREADS) {
             const int r = i / D, d = i % D, row = r0 + r;
-            if (row < a.T) dst[(size_t)row * 3u * (size_t)a.C + d] = kg_round_to_dtype(X::ld(&acc[r * ldo + d]) * mul, a.rd);
+            if (row >= a.T) continue;
+            const float v = X::ld(&acc[r * ldo + d]) * mul;
+            const size_t e = base + (size_t)row * 3u * (size_t)a.C + d;
+            if (a.s16) ((uint16_t *)a.dqkv)[e] = a.rd == KG_BF16 ? kg_fl_enc<KG_BF16>(v) : kg_fl_enc<KG_F16>(v);
+            else ((float *)a.dqkv)[e] = kg_round_to_dtype(v, a.rd);
         }
 }
 

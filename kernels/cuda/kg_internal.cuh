@@ -51,6 +51,18 @@ template <typename T> __device__ __forceinline__ void kg_block_tree_sum(T *s) {
     }
 }
 
+/* A value as the compute type T reads it from storage dtype SD, and a
+ * value of T as SD stores it: identities for float32 / float64 storage;
+ * 16-bit storage (the 1.6 logits, the 1.7 activations) widens exactly and
+ * stores rounded to nearest even, so a kernel templated on SD computes the
+ * float32 kernel's bits on the widened inputs. */
+template <typename T, int SD> static __device__ __forceinline__ T kg_ld(typename kg_storage<SD>::type v) {
+    return kg_convert<kg_dtype_of<T>::value, SD>(v);
+}
+template <typename T, int SD> static __device__ __forceinline__ typename kg_storage<SD>::type kg_st(T v) {
+    return kg_convert<SD, kg_dtype_of<T>::value>(v);
+}
+
 /* Records row as a bad row (a label or target out of range) when it is
  * below the current one (or none is recorded yet: -1), so the smallest bad
  * row wins whatever order the blocks run in. */

@@ -43,7 +43,8 @@ enum { KG_ACT_RELU = 0, KG_ACT_GELU = 1, KG_ACT_TANH = 2, KG_ACT_SIGMOID = 3, KG
 /* y(rows, cols) += b(cols); fdt */
 cudaError_t kg_bias_add(cudaStream_t s, int fdt, void *y, const void *b, int rows, int cols);
 /* db(cols) = (accumulate ? db : 0) + column sums of dy(rows, cols); fdt,
- * summed in the element type. Two passes with a fixed order, so every run
+ * summed in the element type; fdt KG_F16 / KG_BF16 (ABI 1.7): dy stored in
+ * that format, widened as read, db and work float32 (the float32 sums). Two passes with a fixed order, so every run
  * gives the same bits (not the cpu's: it sums each column top to bottom):
  *   1. the rows split into parts of KG_BIAS_GRAD_ROWS (the last may be
  *      shorter); in part p, lane l (0 .. KG_BIAS_GRAD_LANES-1) sums rows
@@ -66,7 +67,9 @@ static inline size_t kg_bias_grad_work_bytes(int fdt, int rows, int cols) {
 }
 cudaError_t kg_bias_grad(cudaStream_t s, int fdt, void *db, const void *dy, int rows, int cols, int accumulate,
                          void *work);
-/* y(n) = act(x); dx(n) = dy * act'(x) (dx may alias dy); fdt; act KG_ACT_* */
+/* y(n) = act(x); dx(n) = dy * act'(x) (dx may alias dy); fdt; act KG_ACT_*.
+ * kg_act_backward also takes fdt KG_F16 / KG_BF16 (ABI 1.7): dx, dy and x
+ * stored in that format, float32 arithmetic, dx rounded as stored. */
 cudaError_t kg_act_forward(cudaStream_t s, int fdt, int act, void *y, const void *x, size_t n);
 cudaError_t kg_act_backward(cudaStream_t s, int fdt, int act, void *dx, const void *dy, const void *x, size_t n);
 
@@ -115,6 +118,14 @@ cudaError_t kg_unscale_check(cudaStream_t s, int fdt, const kg_list *list, doubl
  * F32 data. */
 cudaError_t kg_linear_epilogue(cudaStream_t s, int fdt, void *y, const void *b, int rows, int cols, int act,
                                void *post, int round_dtype);
+/* Its ABI 1.7 form for y and post stored in sdt (KG_F16 / KG_BF16), b
+ * float32: with src (the float32 product, packed (rows, cols)) y =
+ * sdt(src + b) (b may be NULL); with src NULL, y already holds the product
+ * the GEMM rounded as it stored it and is only read (b must be NULL, and
+ * without an activation nothing runs). post = sdt(act(y)) when act >= 0,
+ * from the rounded y. */
+cudaError_t kg_linear_epilogue16(cudaStream_t s, int sdt, void *y, const float *src, const float *b, int rows,
+                                 int cols, int act, void *post);
 
 /* dst(n) = src(n) converted between F32, F64, F16, BF16 (round to nearest
  * even; overflow to inf). dst and src must not overlap unless equal dtypes
@@ -179,10 +190,13 @@ cudaError_t kg_embedding_backward_tok(cudaStream_t s, int fdt, void *dwte, const
 /* Layer norm, one warp per row: mean(N), rstd(N) from statistics summed in
  * double (two passes: the mean, then the squared deviations), stored in
  * fdt; y(N, C) = ((x - mean) * rstd) * w + b from the stored values (w, b
- * NULL: 1, 0), rounded through round_dtype. */
+ * NULL: 1, 0), rounded through round_dtype. fdt KG_F16 / KG_BF16 (ABI
+ * 1.7): y stored in that format (round_dtype must be fdt), every other
+ * buffer float32. */
 cudaError_t kg_layernorm_forward(cudaStream_t s, int fdt, void *y, void *mean, void *rstd, const void *x,
                                  const void *w, const void *b, int N, int C, double eps, int round_dtype);
-/* Its backward. dx(N, C) = (accumulate ? dx : 0) + rstd * ((g - mean_C(g))
+/* Its backward (fdt KG_F16 / KG_BF16, ABI 1.7: dy stored in that format,
+ * every other buffer float32). dx(N, C) = (accumulate ? dx : 0) + rstd * ((g - mean_C(g))
  * - xhat * mean_C(g * xhat)), g = dy * w (dy without w), row sums in double.
  * dw(C) += sum_n dy * xhat, db(C) += sum_n dy (each skipped when NULL):
  * partial sums in double over the row blocks of kernels/common/km_seq.h,
@@ -210,7 +224,8 @@ cudaError_t kg_layernorm_backward(cudaStream_t s, int fdt, void *dx, void *dw, v
 cudaError_t kg_xent_fused(cudaStream_t s, int fdt, void *logits, const int32_t *targets, int N, int V, int Vp,
                           double grad_scale, double *row_loss, int32_t *bad_row, double *loss_sum);
 
-/* y(n) = a(n) + b(n); y may equal a or b. */
+/* y(n) = a(n) + b(n); y may equal a or b. fdt KG_F16 / KG_BF16 (ABI 1.7):
+ * b stored in that format, y and a float32 (y may equal a only). */
 cudaError_t kg_add(cudaStream_t s, int fdt, void *y, const void *a, const void *b, size_t n);
 
 /* Causal self-attention on qkv(B, T, 3C) (kiln/training.h's layout; D =
@@ -222,7 +237,9 @@ cudaError_t kg_add(cudaStream_t s, int fdt, void *y, const void *a, const void *
  * log(sum), out(B, T, C) = sum_j p_j v_j / sum (accumulated in double),
  * rounded through round_dtype. T may be at most kg_attention_max_T(fdt):
  * the backward keeps two rows of T values per warp in the 48 KiB of shared
- * memory a block has without opting in. */
+ * memory a block has without opting in. fdt KG_F16 / KG_BF16 (ABI 1.7):
+ * qkv, out, dout and dqkv stored in that format (round_dtype must be fdt),
+ * float32 arithmetic, lse and shared memory. */
 #define KG_ATTN_SMEM 49152
 static inline int kg_attention_max_T(int fdt) {
     return (int)(KG_ATTN_SMEM / (2 * (fdt == KG_F64 ? sizeof(double) : sizeof(float))));
@@ -254,10 +271,13 @@ static inline int kg_flash_supported(int fdt, int round_dtype, int D) {
            (D == 16 || D == 32 || D == 64 || D == 128);
 }
 size_t kg_flash_smem_bytes(int D);
+/* sdt: the storage of qkv, out, dout and dqkv: KG_F32, or round_dtype
+ * itself (ABI 1.7's 16-bit activations: the same values, the outputs
+ * stored in the rounded format, lse float32 either way). */
 cudaError_t kg_flash_forward(cudaStream_t s, void *out, void *lse, const void *qkv, int B, int T, int C, int NH,
-                             int round_dtype);
+                             int round_dtype, int sdt);
 cudaError_t kg_flash_backward(cudaStream_t s, void *dqkv, const void *dout, const void *qkv, const void *out,
-                              const void *lse, int B, int T, int C, int NH, int round_dtype, double *delta);
+                              const void *lse, int B, int T, int C, int NH, int round_dtype, int sdt, double *delta);
 
 /* The GEMM path of attention (plugins/cuda/cuda_seq.c runs the products
  * with cuBLASLt strided batches; these are the steps between them). BH =
@@ -276,7 +296,12 @@ cudaError_t kg_flash_backward(cudaStream_t s, void *dqkv, const void *dout, cons
  *   kg_attn_dscores: dS = P * (dP - delta[row]), P recomputed as in
  *       kg_attn_probs, 0 above the diagonal.
  *   kg_attn_delta: delta(B, NH, T) = sum over the head's columns of dout *
- *       out (B, T, C), in double. */
+ *       out (B, T, C), in double.
+ * ABI 1.7's 16-bit activations: fdt KG_F16 / KG_BF16 names the storage of
+ * the packed buffers (src of the split, which needs op == fdt and copies;
+ * dst of the merge, which needs round_dtype == fdt and stores the float
+ * values rounded; dout and out of the delta); the head-major buffers,
+ * scores and lse stay float32 (the row steps take fdt KG_F32). */
 cudaError_t kg_heads_split(cudaStream_t s, int fdt, const void *src, int ld, int B, int T, int NH, int D, void *dst,
                            size_t hs, int op);
 cudaError_t kg_heads_merge(cudaStream_t s, int fdt, void *dst, int ld, int B, int T, int NH, int D, const void *src,

@@ -139,16 +139,18 @@ extern "C" cudaError_t kg_embedding_backward_tok(cudaStream_t s, int fdt, void *
 
 /* ------------------------------------------------------------ layer norm */
 
-/* One warp per row (KG_WARPS rows per block). */
-template <typename T>
+/* One warp per row (KG_WARPS rows per block). SY: y's storage (T's own
+ * dtype, or 16 bits beside float32 statistics and parameters: ABI 1.7,
+ * where the store is the rounding). */
+template <typename T, int SY>
 __global__ void __launch_bounds__(KG_THREADS)
-    kg_ln_fwd_kernel(T *y, T *mean, T *rstd, const T *x, const T *w, const T *b, int N, int C, double eps,
-                     int round_dtype) {
+    kg_ln_fwd_kernel(typename kg_storage<SY>::type *y, T *mean, T *rstd, const T *x, const T *w, const T *b, int N,
+                     int C, double eps, int round_dtype) {
     const int lane = (int)(threadIdx.x & 31u);
     const int row = (int)blockIdx.x * KG_WARPS + (int)(threadIdx.x >> 5);
     if (row >= N) return;
     const T *xr = x + (size_t)row * (size_t)C;
-    T *yr = y + (size_t)row * (size_t)C;
+    typename kg_storage<SY>::type *yr = y + (size_t)row * (size_t)C;
     double s = 0.0;
     for (int j = lane; j < C; j += 32) s += (double)xr[j];
     const double mean_d = kg_warp_sum(s) / (double)C;
@@ -164,49 +166,54 @@ __global__ void __launch_bounds__(KG_THREADS)
         rstd[row] = r;
     }
     for (int j = lane; j < C; j += 32)
-        yr[j] = kg_seq_round(kg_ln_y(xr[j], m, r, w ? w[j] : (T)0, b ? b[j] : (T)0, w != NULL, b != NULL),
-                             round_dtype);
+        yr[j] = kg_st<T, SY>(kg_seq_round(
+            kg_ln_y(xr[j], m, r, w ? w[j] : (T)0, b ? b[j] : (T)0, w != NULL, b != NULL), round_dtype));
 }
 
-/* dx, one warp per row. */
-template <typename T>
+/* dx, one warp per row. SD: dy's storage (T's own dtype, or 16 bits
+ * beside float32 everything else: ABI 1.7), widened as it is read. */
+template <typename T, int SD>
 __global__ void __launch_bounds__(KG_THREADS)
-    kg_ln_bwd_dx_kernel(T *dx, const T *dy, const T *x, const T *w, const T *mean, const T *rstd, int N, int C,
-                        int accumulate) {
+    kg_ln_bwd_dx_kernel(T *dx, const typename kg_storage<SD>::type *dy, const T *x, const T *w, const T *mean,
+                        const T *rstd, int N, int C, int accumulate) {
     const int lane = (int)(threadIdx.x & 31u);
     const int row = (int)blockIdx.x * KG_WARPS + (int)(threadIdx.x >> 5);
     if (row >= N) return;
     const size_t off = (size_t)row * (size_t)C;
-    const T *xr = x + off, *dyr = dy + off;
+    const T *xr = x + off;
+    const typename kg_storage<SD>::type *dyr = dy + off;
     T *dxr = dx + off;
     const T m = mean[row], r = rstd[row];
     double sa = 0.0, sb = 0.0;
     for (int j = lane; j < C; j += 32) {
-        const T h = (xr[j] - m) * r, g = w ? dyr[j] * w[j] : dyr[j];
+        const T dyj = kg_ld<T, SD>(dyr[j]);
+        const T h = (xr[j] - m) * r, g = w ? dyj * w[j] : dyj;
         sa += (double)g;
         sb += (double)g * (double)h;
     }
     const T am = (T)(kg_warp_sum(sa) / (double)C), bm = (T)(kg_warp_sum(sb) / (double)C);
     for (int j = lane; j < C; j += 32) {
-        const T v = kg_ln_dx(w ? dyr[j] * w[j] : dyr[j], xr[j], m, r, am, bm);
+        const T dyj = kg_ld<T, SD>(dyr[j]);
+        const T v = kg_ln_dx(w ? dyj * w[j] : dyj, xr[j], m, r, am, bm);
         dxr[j] = accumulate ? dxr[j] + v : v;
     }
 }
 
 /* dw/db partials: blockIdx.x the row block, one column per thread, the
  * block's rows in order (the cpu's loop per column). */
-template <typename T>
+template <typename T, int SD>
 __global__ void __launch_bounds__(KG_THREADS)
-    kg_ln_bwd_part_kernel(double *pw, double *pb, const T *dy, const T *x, const T *mean, const T *rstd, int N,
-                          int C, int rpb) {
+    kg_ln_bwd_part_kernel(double *pw, double *pb, const typename kg_storage<SD>::type *dy, const T *x, const T *mean,
+                          const T *rstd, int N, int C, int rpb) {
     const size_t j = (size_t)blockIdx.y * KG_THREADS + threadIdx.x;
     if (j >= (size_t)C) return;
     const int blk = (int)blockIdx.x, r0 = blk * rpb, r1 = r0 + rpb < N ? r0 + rpb : N;
     double aw = 0.0, ab = 0.0;
     for (int i = r0; i < r1; i++) {
         const size_t e = (size_t)i * (size_t)C + j;
-        if (pw) aw += (double)dy[e] * (double)((x[e] - mean[i]) * rstd[i]);
-        if (pb) ab += (double)dy[e];
+        const T dye = kg_ld<T, SD>(dy[e]);
+        if (pw) aw += (double)dye * (double)((x[e] - mean[i]) * rstd[i]);
+        if (pb) ab += (double)dye;
     }
     if (pw) pw[(size_t)blk * (size_t)C + j] = aw;
     if (pb) pb[(size_t)blk * (size_t)C + j] = ab;
@@ -221,42 +228,51 @@ template <typename T> __global__ void kg_ln_combine_kernel(T *g, const double *p
     }
 }
 
-template <typename T>
+template <typename T, int SY>
 static cudaError_t kg_ln_fwd_t(cudaStream_t s, void *y, void *mean, void *rstd, const void *x, const void *w,
                                const void *b, int N, int C, double eps, int round_dtype) {
     const unsigned grid = (unsigned)(((size_t)N + KG_WARPS - 1) / KG_WARPS);
-    kg_ln_fwd_kernel<T><<<grid, KG_THREADS, 0, s>>>((T *)y, (T *)mean, (T *)rstd, (const T *)x, (const T *)w,
-                                                    (const T *)b, N, C, eps, round_dtype);
+    kg_ln_fwd_kernel<T, SY><<<grid, KG_THREADS, 0, s>>>((typename kg_storage<SY>::type *)y, (T *)mean, (T *)rstd,
+                                                        (const T *)x, (const T *)w, (const T *)b, N, C, eps,
+                                                        round_dtype);
     return cudaGetLastError();
 }
 
 extern "C" cudaError_t kg_layernorm_forward(cudaStream_t s, int fdt, void *y, void *mean, void *rstd, const void *x,
                                             const void *w, const void *b, int N, int C, double eps,
                                             int round_dtype) {
-    if ((fdt != KG_F32 && fdt != KG_F64) || N < 0 || C < 0) return cudaErrorInvalidValue;
-    if (round_dtype != KG_F32 && !(fdt == KG_F32 && (round_dtype == KG_F16 || round_dtype == KG_BF16)) &&
-        !(fdt == KG_F64 && round_dtype == KG_F64))
+    const int y16 = fdt == KG_F16 || fdt == KG_BF16; /* 1.7: y stored in 16 bits */
+    if ((fdt != KG_F32 && fdt != KG_F64 && !y16) || N < 0 || C < 0) return cudaErrorInvalidValue;
+    if (y16 ? round_dtype != fdt
+            : round_dtype != KG_F32 && !(fdt == KG_F32 && (round_dtype == KG_F16 || round_dtype == KG_BF16)) &&
+                  !(fdt == KG_F64 && round_dtype == KG_F64))
         return cudaErrorInvalidValue;
     if (N == 0 || C == 0) return cudaSuccess;
-    return fdt == KG_F32 ? kg_ln_fwd_t<float>(s, y, mean, rstd, x, w, b, N, C, eps, round_dtype)
-                         : kg_ln_fwd_t<double>(s, y, mean, rstd, x, w, b, N, C, eps, KG_F32);
+    switch (fdt) {
+    case KG_F32: return kg_ln_fwd_t<float, KG_F32>(s, y, mean, rstd, x, w, b, N, C, eps, round_dtype);
+    /* the 16-bit store rounds: no rounding before it */
+    case KG_F16: return kg_ln_fwd_t<float, KG_F16>(s, y, mean, rstd, x, w, b, N, C, eps, KG_F32);
+    case KG_BF16: return kg_ln_fwd_t<float, KG_BF16>(s, y, mean, rstd, x, w, b, N, C, eps, KG_F32);
+    default: return kg_ln_fwd_t<double, KG_F64>(s, y, mean, rstd, x, w, b, N, C, eps, KG_F32);
+    }
 }
 
-template <typename T>
+template <typename T, int SD>
 static cudaError_t kg_ln_bwd_t(cudaStream_t s, void *dx, void *dw, void *db, const void *dy, const void *x,
                                const void *w, const void *mean, const void *rstd, int N, int C, int accumulate,
                                void *work) {
     const unsigned grid = (unsigned)(((size_t)N + KG_WARPS - 1) / KG_WARPS);
-    kg_ln_bwd_dx_kernel<T><<<grid, KG_THREADS, 0, s>>>((T *)dx, (const T *)dy, (const T *)x, (const T *)w,
-                                                       (const T *)mean, (const T *)rstd, N, C, accumulate != 0);
+    typedef typename kg_storage<SD>::type S;
+    kg_ln_bwd_dx_kernel<T, SD><<<grid, KG_THREADS, 0, s>>>((T *)dx, (const S *)dy, (const T *)x, (const T *)w,
+                                                           (const T *)mean, (const T *)rstd, N, C, accumulate != 0);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess || (!dw && !db)) return e;
     const size_t rpb = km_ln_rows_per_block((size_t)N), nblocks = km_ln_blocks((size_t)N);
     double *pw = dw ? (double *)work : NULL;
     double *pb = db ? (double *)work + (dw ? nblocks * (size_t)C : 0) : NULL;
     const dim3 pgrid((unsigned)nblocks, (unsigned)(((size_t)C + KG_THREADS - 1) / KG_THREADS));
-    kg_ln_bwd_part_kernel<T><<<pgrid, KG_THREADS, 0, s>>>(pw, pb, (const T *)dy, (const T *)x, (const T *)mean,
-                                                          (const T *)rstd, N, C, (int)rpb);
+    kg_ln_bwd_part_kernel<T, SD><<<pgrid, KG_THREADS, 0, s>>>(pw, pb, (const S *)dy, (const T *)x, (const T *)mean,
+                                                              (const T *)rstd, N, C, (int)rpb);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     if (dw) kg_ln_combine_kernel<T><<<kg_grid((size_t)C), KG_THREADS, 0, s>>>((T *)dw, pw, (int)nblocks, C);
     if (db) kg_ln_combine_kernel<T><<<kg_grid((size_t)C), KG_THREADS, 0, s>>>((T *)db, pb, (int)nblocks, C);
@@ -266,12 +282,17 @@ static cudaError_t kg_ln_bwd_t(cudaStream_t s, void *dx, void *dw, void *db, con
 extern "C" cudaError_t kg_layernorm_backward(cudaStream_t s, int fdt, void *dx, void *dw, void *db, const void *dy,
                                              const void *x, const void *w, const void *mean, const void *rstd, int N,
                                              int C, int accumulate, void *work) {
-    if ((fdt != KG_F32 && fdt != KG_F64) || N < 0 || C < 0) return cudaErrorInvalidValue;
+    if ((fdt != KG_F32 && fdt != KG_F64 && fdt != KG_F16 && fdt != KG_BF16) || N < 0 || C < 0)
+        return cudaErrorInvalidValue;
     if (N == 0 || C == 0) return cudaSuccess;
     if ((dw || db) && !work) return cudaErrorInvalidValue;
     if (((size_t)C + KG_THREADS - 1) / KG_THREADS > 65535u) return cudaErrorInvalidValue;
-    return fdt == KG_F32 ? kg_ln_bwd_t<float>(s, dx, dw, db, dy, x, w, mean, rstd, N, C, accumulate, work)
-                         : kg_ln_bwd_t<double>(s, dx, dw, db, dy, x, w, mean, rstd, N, C, accumulate, work);
+    switch (fdt) {
+    case KG_F32: return kg_ln_bwd_t<float, KG_F32>(s, dx, dw, db, dy, x, w, mean, rstd, N, C, accumulate, work);
+    case KG_F16: return kg_ln_bwd_t<float, KG_F16>(s, dx, dw, db, dy, x, w, mean, rstd, N, C, accumulate, work);
+    case KG_BF16: return kg_ln_bwd_t<float, KG_BF16>(s, dx, dw, db, dy, x, w, mean, rstd, N, C, accumulate, work);
+    default: return kg_ln_bwd_t<double, KG_F64>(s, dx, dw, db, dy, x, w, mean, rstd, N, C, accumulate, work);
+    }
 }
 
 /* --------------------------------------------------- fused cross-entropy */
@@ -309,16 +330,6 @@ template <> struct kg_key<double> {
         return (__double_as_longlong(v) & 0x7ff0000000000000LL) == 0x7ff0000000000000LL;
     }
 };
-
-/* A logit as the compute type T reads it from storage dtype SD, and a
- * value of T as SD stores it (identities for float32 / float64 storage;
- * 16-bit storage widens exactly and stores rounded to nearest even). */
-template <typename T, int SD> static __device__ __forceinline__ T kg_ld(typename kg_storage<SD>::type v) {
-    return kg_convert<kg_dtype_of<T>::value, SD>(v);
-}
-template <typename T, int SD> static __device__ __forceinline__ typename kg_storage<SD>::type kg_st(T v) {
-    return kg_convert<SD, kg_dtype_of<T>::value>(v);
-}
 
 /* One block per row; T the arithmetic (float or double), SD the logits'
  * storage: T's own dtype, or (1.6) KG_F16 / KG_BF16 with T float. */
@@ -450,16 +461,24 @@ extern "C" cudaError_t kg_xent_fused(cudaStream_t s, int fdt, void *logits, cons
 
 /* ------------------------------------------------------------------- add */
 
-template <typename T> __global__ void kg_add_kernel(T *y, const T *a, const T *b, size_t n) {
-    KG_GRID_STRIDE(i, n) y[i] = a[i] + b[i];
+/* SB: b's storage (T's own dtype, or 16 bits beside float32 y and a: ABI
+ * 1.7's residual add of a 16-bit branch output). */
+template <typename T, int SB>
+__global__ void kg_add_kernel(T *y, const T *a, const typename kg_storage<SB>::type *b, size_t n) {
+    KG_GRID_STRIDE(i, n) y[i] = a[i] + kg_ld<T, SB>(b[i]);
 }
 
 extern "C" cudaError_t kg_add(cudaStream_t s, int fdt, void *y, const void *a, const void *b, size_t n) {
-    if (fdt != KG_F32 && fdt != KG_F64) return cudaErrorInvalidValue;
+    if (fdt != KG_F32 && fdt != KG_F64 && fdt != KG_F16 && fdt != KG_BF16) return cudaErrorInvalidValue;
     if (n == 0) return cudaSuccess;
+    const unsigned g = kg_grid(n);
     if (fdt == KG_F32)
-        kg_add_kernel<float><<<kg_grid(n), KG_THREADS, 0, s>>>((float *)y, (const float *)a, (const float *)b, n);
+        kg_add_kernel<float, KG_F32><<<g, KG_THREADS, 0, s>>>((float *)y, (const float *)a, (const float *)b, n);
+    else if (fdt == KG_F16)
+        kg_add_kernel<float, KG_F16><<<g, KG_THREADS, 0, s>>>((float *)y, (const float *)a, (const uint16_t *)b, n);
+    else if (fdt == KG_BF16)
+        kg_add_kernel<float, KG_BF16><<<g, KG_THREADS, 0, s>>>((float *)y, (const float *)a, (const uint16_t *)b, n);
     else
-        kg_add_kernel<double><<<kg_grid(n), KG_THREADS, 0, s>>>((double *)y, (const double *)a, (const double *)b, n);
+        kg_add_kernel<double, KG_F64><<<g, KG_THREADS, 0, s>>>((double *)y, (const double *)a, (const double *)b, n);
     return cudaGetLastError();
 }

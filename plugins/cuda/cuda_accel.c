@@ -153,9 +153,11 @@ static int32_t cu_gemm_ex(kiln_instance *acc, int32_t ta, int32_t tb, int32_t M,
 
 /* --------------------------------------------------- bias and activations */
 
-/* The bias entries' first checks: the dtype, then rows, cols >= 0. */
-static int32_t cu_bias_dims(kiln_instance *acc, const char *fn, uint32_t dt, int32_t rows, int32_t cols) {
-    int32_t rc = cu_check_fdt(acc, fn, dt);
+/* The bias entries' first checks: the dtype, then rows, cols >= 0.
+ * act16: the entry takes 1.7's 16-bit activation storage too (bias_grad's
+ * dy; db stays float32). */
+static int32_t cu_bias_dims(kiln_instance *acc, const char *fn, uint32_t dt, int32_t rows, int32_t cols, int act16) {
+    int32_t rc = act16 ? ack_act_dtype(CU_SINK(acc), fn, dt) : cu_check_fdt(acc, fn, dt);
     if (rc != KILN_OK) return rc;
     if (rows < 0 || cols < 0)
         return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: rows and cols must be >= 0, got %d and %d", fn, (int)rows,
@@ -163,9 +165,10 @@ static int32_t cu_bias_dims(kiln_instance *acc, const char *fn, uint32_t dt, int
     return KILN_OK;
 }
 
-/* The activation entries' first checks: the dtype, then act a KILN_ACT_*. */
-static int32_t cu_act_kind(kiln_instance *acc, const char *fn, uint32_t dt, int32_t act) {
-    int32_t rc = cu_check_fdt(acc, fn, dt);
+/* The activation entries' first checks: the dtype, then act a KILN_ACT_*.
+ * act16 as for cu_bias_dims (act_backward: dx, dy and x all 16-bit). */
+static int32_t cu_act_kind(kiln_instance *acc, const char *fn, uint32_t dt, int32_t act, int act16) {
+    int32_t rc = act16 ? ack_act_dtype(CU_SINK(acc), fn, dt) : cu_check_fdt(acc, fn, dt);
     if (rc != KILN_OK) return rc;
     if (act < KILN_ACT_RELU || act > KILN_ACT_LEAKY_RELU)
         return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: act must be a KILN_ACT_* (0..4), got %d", fn, (int)act);
@@ -173,7 +176,7 @@ static int32_t cu_act_kind(kiln_instance *acc, const char *fn, uint32_t dt, int3
 }
 
 static int32_t cu_bias_add_ex(kiln_instance *acc, uint32_t dt, void *y, const void *b, int32_t rows, int32_t cols) {
-    int32_t rc = cu_bias_dims(acc, "bias_add", dt, rows, cols);
+    int32_t rc = cu_bias_dims(acc, "bias_add", dt, rows, cols, 0);
     if (rc != KILN_OK) return rc;
     const size_t n = (size_t)rows * (size_t)cols;
     CU_NEED(acc, y, n, "bias_add");
@@ -189,10 +192,11 @@ static int32_t cu_bias_add(kiln_instance *acc, float *y, const float *b, int32_t
 
 static int32_t cu_bias_grad_ex(kiln_instance *acc, uint32_t dt, void *db, const void *dy, int32_t rows, int32_t cols,
                                int32_t accumulate) {
-    int32_t rc = cu_bias_dims(acc, "bias_grad", dt, rows, cols);
+    int32_t rc = cu_bias_dims(acc, "bias_grad", dt, rows, cols, 1);
     if (rc != KILN_OK) return rc;
     CU_NEED(acc, db, cols, "bias_grad");
     CU_NEED(acc, dy, (size_t)rows * (size_t)cols, "bias_grad");
+    /* 16-bit dy (1.7): db and the partials float32, the kernel widens dy as it reads it */
     if (cols == 0) return KILN_OK;
     CU_READY(acc, "bias_grad");
     /* the two-pass sum's partials, (parts, cols), in the grow-only gemm
@@ -210,7 +214,7 @@ static int32_t cu_bias_grad(kiln_instance *acc, float *db, const float *dy, int3
 }
 
 static int32_t cu_act_forward(kiln_instance *acc, uint32_t dt, int32_t act, void *y, const void *x, size_t n) {
-    int32_t rc = cu_act_kind(acc, "act_forward", dt, act);
+    int32_t rc = cu_act_kind(acc, "act_forward", dt, act, 0);
     if (rc != KILN_OK) return rc;
     CU_NEED(acc, y, n, "act_forward");
     CU_NEED(acc, x, n, "act_forward");
@@ -221,7 +225,7 @@ static int32_t cu_act_forward(kiln_instance *acc, uint32_t dt, int32_t act, void
 }
 static int32_t cu_act_backward(kiln_instance *acc, uint32_t dt, int32_t act, void *dx, const void *dy, const void *x,
                                size_t n) {
-    int32_t rc = cu_act_kind(acc, "act_backward", dt, act);
+    int32_t rc = cu_act_kind(acc, "act_backward", dt, act, 1);
     if (rc != KILN_OK) return rc;
     CU_NEED(acc, dx, n, "act_backward");
     CU_NEED(acc, dy, n, "act_backward");
@@ -532,8 +536,14 @@ static const kiln_kernels cu_kernel_table = {
     /* 1.6's size: every entry through linear_forward_layout */
     .struct_size = KILN_KERNELS_SIZE_1_6,
     /* device memory: callers copy host data in and out; gemm_ex and
-     * xent_fused take 16-bit outputs and logits (1.6) */
+     * xent_fused take 16-bit outputs and logits (1.6); the layer norm,
+     * linear, attention, act_backward, bias_grad_ex and add entries keep
+     * activations in 16 bits (1.7) */
+#if KILN_ABI_MINOR >= 7
+    .flags = KILN_KERNELS_STORE_16BIT | KILN_KERNELS_ACT_16BIT,
+#else
     .flags = KILN_KERNELS_STORE_16BIT,
+#endif
     .alloc = cu_alloc,
     .free = cu_free,
     .copy = cu_copy,

@@ -11,7 +11,10 @@
  * gemm_ex, bias_add_ex, round_to and act_forward; 1.6's
  * linear_forward_layout does the same for Conv1D's (in, out) weights (the
  * GEMM's B not transposed). The cpu accelerator's
- * entries (plugins/cpu) are the reference both are compared with.
+ * entries (plugins/cpu) are the reference both are compared with. Under
+ * ABI 1.7's 16-bit activation storage (dtype F16 / BF16) cuBLASLt reads
+ * the 16-bit x as its operand directly and the epilogue pass reads and
+ * writes 16 bits (cu_linear16).
  */
 #include <string.h>
 
@@ -57,6 +60,47 @@ int32_t cu_unscale_check(kiln_instance *acc, uint32_t dt, void *const *x, const 
 
 /* ------------------------------------------------------- linear_forward */
 
+/*
+ * The 16-bit storage form (1.7; dt F16 / BF16, round_dtype dt, the checks
+ * passed): x is already the product's operand, an F32 w is converted to
+ * dt as the float32 call rounds it. Without a bias cuBLASLt writes y in dt
+ * itself (its fp32 result rounded once as stored: the float32 call's
+ * rounding) and only an activation needs a pass (reading y, writing
+ * post). With one, the sum product + bias must be rounded once, and
+ * cuBLASLt's bias epilogue on a 16-bit output takes a bias of the output's
+ * type (kiln's bias is float32 and would be rounded first), so the product
+ * and bias go to float32 scratch through the fp32 epilogue and one pass
+ * rounds them into y (and post): 4 + 4 bytes of scratch traffic per element
+ * beside the 2 of y, still less than the float32 call's y (4 + 4 + 4).
+ */
+static int32_t cu_linear16(kiln_instance *acc, const char *fn, uint32_t dt, const void *x, const void *w,
+                           uint32_t wt, int in_out, const void *b, int32_t rows, int32_t in, int32_t out, int32_t act,
+                           void *y, void *post) {
+    const size_t ny = (size_t)rows * (size_t)out;
+    const size_t scratch = b ? cu_up256(ny * sizeof(float)) : 0;
+    const void *xa = NULL, *wa = NULL;
+    void *prod = NULL;
+    int32_t rc = cu_gemm_operands(acc, fn, dt, dt, x, dt, (size_t)rows * (size_t)in, w, wt, (size_t)out * (size_t)in,
+                                  scratch, &xa, &wa, &prod);
+    if (rc != KILN_OK) return rc;
+    if (!b) {
+        rc = cu_matmul_ep(acc, fn, 0, !in_out, rows, out, in, 1.0, xa, dt, in, wa, dt, in_out ? out : in, 0.0, y, dt,
+                          out, NULL);
+        if (rc != KILN_OK || act < 0) return rc;
+        CU_LAUNCH(acc, "linear_forward (epilogue)",
+                  kg_linear_epilogue16(acc->stream, (int)dt, y, NULL, NULL, rows, out, act, post));
+        return KILN_OK;
+    }
+    cu_ep ep = {CUBLASLT_EPILOGUE_BIAS, b, NULL, 0};
+    rc = cu_matmul_ep(acc, fn, 0, !in_out, rows, out, in, 1.0, xa, dt, in, wa, dt, in_out ? out : in, 0.0, prod,
+                      KILN_DTYPE_F32, out, in > 0 ? &ep : NULL);
+    if (rc != KILN_OK) return rc;
+    CU_LAUNCH(acc, "linear_forward (epilogue)",
+              kg_linear_epilogue16(acc->stream, (int)dt, y, (const float *)prod, in > 0 ? NULL : (const float *)b,
+                                   rows, out, act, post));
+    return KILN_OK;
+}
+
 /* Both entries, after the cpu accelerator's checks (accel_checks.h:
  * ack_linear); w_layout 1 (KILN_LAYOUT_IN_OUT): w is (in, out) (Conv1D),
  * the GEMM's B not transposed. */
@@ -70,6 +114,7 @@ static int32_t cu_linear(kiln_instance *acc, const char *fn, uint32_t dt, const 
     CU_READY(acc, fn);
     const int r16 = cu_is16(rt);
     if (act < 0) act = -1;
+    if (cu_is16(dt)) return cu_linear16(acc, fn, dt, x, w, wt, in_out, b, rows, in, out, act, y, post);
 
     /* The operands in the dtype the product runs in, as gemm_ex picks it */
     const uint32_t op = cu_product_dtype(dt, wt, rt);

@@ -25,6 +25,17 @@
  * attention = "flash", which takes kg_flash.cu's fused tiles on the tensor
  * cores for the calls they run (16-bit mixed precision, head sizes 16, 32,
  * 64, 128; the gemm path otherwise, logged once).
+ *
+ * ABI 1.7's 16-bit activation storage (dtype F16 / BF16, KILN_KERNELS_ACT_
+ * 16BIT): the layer norm's y and dy, attention's qkv, out, dout and dqkv,
+ * and add's b are read and written in 16 bits by the same kernels (their
+ * 16-bit instantiations: float32 arithmetic on the widened values, each
+ * output rounded as it is stored), never staged through float32 copies.
+ * Attention's gemm path splits the 16-bit qkv into its 16-bit operands
+ * with a copy and merges its float32 products into 16-bit out and dqkv;
+ * the flash path loads its 16-bit tiles straight from qkv and dout and
+ * stores 16-bit outputs, and the rowwise kernels read and write 16 bits
+ * in place of float32.
  */
 #include <limits.h>
 #include <math.h>
@@ -139,9 +150,10 @@ int32_t cu_layernorm_forward(kiln_instance *acc, uint32_t dtype, void *y, void *
     int32_t rc = ack_ln_forward(CU_SINK(acc), fn, dtype, y, mean, rstd, x, w, b, N, C, eps, round_dtype, 1, &go);
     if (rc != KILN_OK || !go) return rc;
     CU_READY(acc, fn);
+    /* F64 rounds nothing; 16-bit storage (1.7) rounds as it stores (round_dtype == dtype, checked) */
     CU_LAUNCH(acc, fn,
               kg_layernorm_forward(acc->stream, (int)dtype, y, mean, rstd, x, w, b, N, C, eps,
-                                   dtype == KILN_DTYPE_F32 ? (int)round_dtype : KG_F32));
+                                   dtype == KILN_DTYPE_F64 ? KG_F32 : (int)round_dtype));
     return KILN_OK;
 }
 
@@ -189,8 +201,11 @@ static int32_t cu_attn_args(kiln_instance *acc, const char *fn, uint32_t dtype, 
  * says once per instance. */
 static int cu_attn_flash(kiln_instance *acc, uint32_t dtype, int32_t C, int32_t NH, uint32_t round_dtype) {
     if (acc->attn_path != CU_ATTN_FLASH) return 0;
-    const int D = C / NH, rd = dtype == KILN_DTYPE_F32 ? (int)round_dtype : KG_F32;
-    const int runs_it = kg_flash_supported((int)dtype, rd, D);
+    /* 16-bit storage (1.7) is the same mixed-precision call: float32
+     * arithmetic, outputs rounded to dtype (== round_dtype, checked) */
+    const int s16 = cu_is16(dtype);
+    const int D = C / NH, rd = dtype == KILN_DTYPE_F32 || s16 ? (int)round_dtype : KG_F32;
+    const int runs_it = kg_flash_supported(s16 ? KG_F32 : (int)dtype, rd, D);
     if (runs_it && kg_flash_smem_bytes(D) <= acc->smem_optin) return 1;
     if (!acc->flash_noted) {
         acc->flash_noted = 1;
@@ -202,9 +217,10 @@ static int cu_attn_flash(kiln_instance *acc, uint32_t dtype, int32_t C, int32_t 
         else
             kiln_logf(acc->svc, acc->hctx, KILN_LOG_INFO,
                       "cuda: attention = \"flash\" runs float32 data with 16-bit outputs (a 16-bit mixed "
-                      "precision) and head sizes 16, 32, 64, 128; this call is %s%s with head size %d: using the "
-                      "gemm path",
-                      kiln_dtype_name(dtype), rd == KG_BF16 ? " rounded to bf16" : rd == KG_F16 ? " rounded to f16" : "",
+                      "precision, or 16-bit storage) and head sizes 16, 32, 64, 128; this call is %s%s with head "
+                      "size %d: using the gemm path",
+                      kiln_dtype_name(dtype),
+                      s16 ? " storage" : rd == KG_BF16 ? " rounded to bf16" : rd == KG_F16 ? " rounded to f16" : "",
                       D);
     }
     return 0;
@@ -220,8 +236,10 @@ static int cu_attn_flash(kiln_instance *acc, uint32_t dtype, int32_t C, int32_t 
  * attention would run; otherwise the data's dtype (fp32 on TF32 tensor
  * cores only with `tf32 = true`). */
 typedef struct cu_attn_plan {
-    uint32_t fdt, op;       /* data and operand dtypes */
-    size_t esz, osz;
+    uint32_t fdt, op;       /* data (arithmetic) and operand dtypes */
+    uint32_t sdt;           /* storage of qkv, out, dout, dqkv: fdt, or
+                               1.7's 16 bits beside float32 arithmetic */
+    size_t esz, osz, ssz;   /* element sizes of fdt, op and sdt */
     int B, T, C, NH, D, nb; /* nb: batch elements per chunk */
     double scale;           /* 1/sqrt(D), in float32 for float32 data */
     int rd;                 /* the outputs' rounding (KG_F32: none) */
@@ -244,13 +262,17 @@ static size_t cu_attn_bytes(const cu_attn_plan *p, int nb, int backward) {
 
 static int32_t cu_attn_plan_make(kiln_instance *acc, const char *fn, uint32_t dtype, int32_t B, int32_t T, int32_t C,
                                  int32_t NH, uint32_t round_dtype, int backward, cu_attn_plan *p) {
-    p->fdt = dtype;
-    p->op = dtype == KILN_DTYPE_F32 && cu_is16(round_dtype) ? round_dtype : dtype;
-    p->esz = kiln_dtype_size(dtype), p->osz = kiln_dtype_size(p->op);
+    /* 16-bit storage: float32 data whose outputs round to it, the operands
+     * already in it (the split copies them) */
+    const int s16 = cu_is16(dtype);
+    p->fdt = s16 ? KILN_DTYPE_F32 : dtype;
+    p->sdt = dtype;
+    p->op = (p->fdt == KILN_DTYPE_F32 && cu_is16(round_dtype)) ? round_dtype : dtype;
+    p->esz = kiln_dtype_size(p->fdt), p->osz = kiln_dtype_size(p->op), p->ssz = kiln_dtype_size(dtype);
     p->B = B, p->T = T, p->C = C, p->NH = NH, p->D = C / NH;
     const double scale = 1.0 / sqrt((double)p->D);
-    p->scale = dtype == KILN_DTYPE_F32 ? (double)(float)scale : scale;
-    p->rd = dtype == KILN_DTYPE_F32 ? (int)round_dtype : KG_F32;
+    p->scale = p->fdt == KILN_DTYPE_F32 ? (double)(float)scale : scale;
+    p->rd = p->fdt == KILN_DTYPE_F32 ? (int)round_dtype : KG_F32;
     p->hd = ((size_t)T * (size_t)p->D + 127) & ~(size_t)127, p->tt = ((size_t)T * (size_t)T + 127) & ~(size_t)127;
     int nb = B;
     while (nb > 1 && cu_attn_bytes(p, nb, backward) > acc->attn_cap) nb = (nb + 1) / 2;
@@ -284,10 +306,10 @@ static int32_t cu_attn_chunk_qkv(kiln_instance *acc, const char *fn, const cu_at
     const size_t bytes = (size_t)c->bh * p->hd * p->osz;
     void **ops[3] = {&c->q, &c->k, &c->v};
     for (int i = 0; i < 3; i++) *ops[i] = cu_carve(&c->at, bytes);
-    const size_t row1 = (size_t)p->C * p->esz;
+    const size_t row1 = (size_t)p->C * p->ssz;
     const char *src = (const char *)qkv + (size_t)b0 * (size_t)p->T * 3 * row1;
     for (int i = 0; i < 3; i++)
-        CU_LAUNCH(acc, fn, kg_heads_split(acc->stream, (int)p->fdt, src + (size_t)i * row1, 3 * p->C, c->nb, p->T,
+        CU_LAUNCH(acc, fn, kg_heads_split(acc->stream, (int)p->sdt, src + (size_t)i * row1, 3 * p->C, c->nb, p->T,
                                           p->NH, p->D, *ops[i], p->hd, (int)p->op));
     return KILN_OK;
 }
@@ -315,8 +337,8 @@ static int32_t cu_attn_gemm_fwd_chunk(kiln_instance *acc, const char *fn, const 
     CU_LAUNCH(acc, fn, kg_attn_softmax(acc->stream, fdt, S, T, (size_t)bh * (size_t)T, p->tt, l, P, op));
     CU_BATCHED(acc, fn, 0, 0, T, D, T, 1.0, P, p->op, T, (int64_t)p->tt, c->v, p->op, D, (int64_t)p->hd, O, dtype, D,
                (int64_t)p->hd, bh);
-    char *dst = (char *)io->out + (size_t)c->b0 * (size_t)T * (size_t)C * p->esz;
-    CU_LAUNCH(acc, fn, kg_heads_merge(acc->stream, fdt, dst, C, nb, T, NH, D, O, p->hd, p->rd));
+    char *dst = (char *)io->out + (size_t)c->b0 * (size_t)T * (size_t)C * p->ssz;
+    CU_LAUNCH(acc, fn, kg_heads_merge(acc->stream, (int)p->sdt, dst, C, nb, T, NH, D, O, p->hd, p->rd));
     return KILN_OK;
 }
 
@@ -334,12 +356,13 @@ static int32_t cu_attn_gemm_bwd_chunk(kiln_instance *acc, const char *fn, const 
     void *dQ = cu_carve(&c->at, (size_t)bh * p->hd * p->esz), *dK = cu_carve(&c->at, (size_t)bh * p->hd * p->esz);
     void *dV = cu_carve(&c->at, (size_t)bh * p->hd * p->esz);
     double *delta = cu_carve(&c->at, rows * sizeof(double));
-    const size_t row3 = 3 * (size_t)C * p->esz, row1 = (size_t)C * p->esz;
+    const size_t row3 = 3 * (size_t)C * p->ssz, row1 = (size_t)C * p->ssz;
+    const int sdt = (int)p->sdt;
     const char *go = (const char *)io->dout + (size_t)c->b0 * (size_t)T * row1;
     const char *fo = (const char *)io->fout + (size_t)c->b0 * (size_t)T * row1;
     const void *l = (const char *)io->flse + (size_t)c->b0 * (size_t)NH * (size_t)T * p->esz;
-    CU_LAUNCH(acc, fn, kg_heads_split(acc->stream, fdt, go, C, nb, T, NH, D, dO, p->hd, op));
-    CU_LAUNCH(acc, fn, kg_attn_delta(acc->stream, fdt, go, fo, nb, T, C, NH, delta));
+    CU_LAUNCH(acc, fn, kg_heads_split(acc->stream, sdt, go, C, nb, T, NH, D, dO, p->hd, op));
+    CU_LAUNCH(acc, fn, kg_attn_delta(acc->stream, sdt, go, fo, nb, T, C, NH, delta));
     CU_BATCHED(acc, fn, 0, 1, T, T, D, scale, c->q, p->op, D, (int64_t)p->hd, c->k, p->op, D, (int64_t)p->hd, S, dtype,
                T, (int64_t)p->tt, bh);
     CU_LAUNCH(acc, fn, kg_attn_probs(acc->stream, fdt, S, l, T, rows, p->tt, P, op));
@@ -355,9 +378,9 @@ static int32_t cu_attn_gemm_bwd_chunk(kiln_instance *acc, const char *fn, const 
     CU_BATCHED(acc, fn, 1, 0, T, D, T, scale, P, p->op, T, (int64_t)p->tt, c->q, p->op, D, (int64_t)p->hd, dK, dtype,
                D, (int64_t)p->hd, bh);
     char *dst = (char *)io->dqkv + (size_t)c->b0 * (size_t)T * row3;
-    CU_LAUNCH(acc, fn, kg_heads_merge(acc->stream, fdt, dst, 3 * C, nb, T, NH, D, dQ, p->hd, p->rd));
-    CU_LAUNCH(acc, fn, kg_heads_merge(acc->stream, fdt, dst + row1, 3 * C, nb, T, NH, D, dK, p->hd, p->rd));
-    CU_LAUNCH(acc, fn, kg_heads_merge(acc->stream, fdt, dst + 2 * row1, 3 * C, nb, T, NH, D, dV, p->hd, p->rd));
+    CU_LAUNCH(acc, fn, kg_heads_merge(acc->stream, sdt, dst, 3 * C, nb, T, NH, D, dQ, p->hd, p->rd));
+    CU_LAUNCH(acc, fn, kg_heads_merge(acc->stream, sdt, dst + row1, 3 * C, nb, T, NH, D, dK, p->hd, p->rd));
+    CU_LAUNCH(acc, fn, kg_heads_merge(acc->stream, sdt, dst + 2 * row1, 3 * C, nb, T, NH, D, dV, p->hd, p->rd));
     return KILN_OK;
 }
 
@@ -384,15 +407,18 @@ int32_t cu_attention_forward(kiln_instance *acc, uint32_t dtype, void *out, void
     size_t n[3];
     int32_t rc = cu_attn_args(acc, fn, dtype, B, T, C, NH, round_dtype, 3, names, bufs, kinds, n);
     if (rc != KILN_OK) return rc;
-    const size_t n_qkv = n[ACK_QKV], n_out = n[ACK_OUT], n_lse = n[ACK_LSE];
-    const size_t e = kiln_dtype_size(dtype);
-    if (ack_overlap(out, n_out * e, qkv, n_qkv * e) || ack_overlap(lse, n_lse * e, qkv, n_qkv * e) ||
-        ack_overlap(lse, n_lse * e, out, n_out * e))
+    /* bytes: the activations in dtype's storage, lse in float32 beside 16 bits (1.7) */
+    const size_t b_qkv = n[ACK_QKV] * ack_attn_esz(dtype, ACK_QKV), b_out = n[ACK_OUT] * ack_attn_esz(dtype, ACK_OUT);
+    const size_t b_lse = n[ACK_LSE] * ack_attn_esz(dtype, ACK_LSE);
+    if (ack_overlap(out, b_out, qkv, b_qkv) || ack_overlap(lse, b_lse, qkv, b_qkv) ||
+        ack_overlap(lse, b_lse, out, b_out))
         return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: out, lse and qkv must not overlap (B=%d T=%d C=%d NH=%d, %s)",
                       fn, (int)B, (int)T, (int)C, (int)NH, kiln_dtype_name(dtype));
     CU_READY(acc, fn);
     if (cu_attn_flash(acc, dtype, C, NH, round_dtype)) {
-        CU_LAUNCH(acc, fn, kg_flash_forward(acc->stream, out, lse, qkv, B, T, C, NH, (int)round_dtype));
+        CU_LAUNCH(acc, fn,
+                  kg_flash_forward(acc->stream, out, lse, qkv, B, T, C, NH, (int)round_dtype,
+                                   cu_is16(dtype) ? (int)dtype : KG_F32));
         return KILN_OK;
     }
     if (acc->attn_path != CU_ATTN_ROWWISE) {
@@ -401,7 +427,7 @@ int32_t cu_attention_forward(kiln_instance *acc, uint32_t dtype, void *out, void
     }
     CU_LAUNCH(acc, fn,
               kg_attention_forward(acc->stream, (int)dtype, out, lse, qkv, B, T, C, NH,
-                                   dtype == KILN_DTYPE_F32 ? (int)round_dtype : KG_F32));
+                                   dtype == KILN_DTYPE_F64 ? KG_F32 : (int)round_dtype));
     return KILN_OK;
 }
 
@@ -415,10 +441,11 @@ int32_t cu_attention_backward(kiln_instance *acc, uint32_t dtype, void *dqkv, co
     size_t n[3];
     int32_t rc = cu_attn_args(acc, fn, dtype, B, T, C, NH, round_dtype, 5, names, bufs, kinds, n);
     if (rc != KILN_OK) return rc;
-    const size_t n_qkv = n[ACK_QKV], n_out = n[ACK_OUT], n_lse = n[ACK_LSE];
-    const size_t e = kiln_dtype_size(dtype);
-    if (ack_overlap(dqkv, n_qkv * e, dout, n_out * e) || ack_overlap(dqkv, n_qkv * e, qkv, n_qkv * e) ||
-        ack_overlap(dqkv, n_qkv * e, out, n_out * e) || ack_overlap(dqkv, n_qkv * e, lse, n_lse * e))
+    const size_t n_lse = n[ACK_LSE];
+    const size_t b_qkv = n[ACK_QKV] * ack_attn_esz(dtype, ACK_QKV), b_out = n[ACK_OUT] * ack_attn_esz(dtype, ACK_OUT);
+    const size_t b_lse = n_lse * ack_attn_esz(dtype, ACK_LSE);
+    if (ack_overlap(dqkv, b_qkv, dout, b_out) || ack_overlap(dqkv, b_qkv, qkv, b_qkv) ||
+        ack_overlap(dqkv, b_qkv, out, b_out) || ack_overlap(dqkv, b_qkv, lse, b_lse))
         return CU_ERR(acc, KILN_E_INVALID_ARG,
                       "cuda: %s: dqkv must not overlap dout, qkv, out or lse (B=%d T=%d C=%d NH=%d, %s)", fn, (int)B,
                       (int)T, (int)C, (int)NH, kiln_dtype_name(dtype));
@@ -433,12 +460,12 @@ int32_t cu_attention_backward(kiln_instance *acc, uint32_t dtype, void *dqkv, co
     if (flash) {
         CU_LAUNCH(acc, fn,
                   kg_flash_backward(acc->stream, dqkv, dout, qkv, out, lse, B, T, C, NH, (int)round_dtype,
-                                    acc->seq_work));
+                                    cu_is16(dtype) ? (int)dtype : KG_F32, acc->seq_work));
         return KILN_OK;
     }
     CU_LAUNCH(acc, fn,
               kg_attention_backward(acc->stream, (int)dtype, dqkv, dout, qkv, out, lse, B, T, C, NH,
-                                    dtype == KILN_DTYPE_F32 ? (int)round_dtype : KG_F32, acc->seq_work));
+                                    dtype == KILN_DTYPE_F64 ? KG_F32 : (int)round_dtype, acc->seq_work));
     return KILN_OK;
 }
 

@@ -64,4 +64,14 @@ cudaError_t fake_launch(const char *fn, cudaStream_t s, const fake_buf *bufs, in
  * kernels mark these operands __restrict__, or kg_kernels.h forbids it. */
 int fake_overlap(const char *fn, const char *wa, const void *a, size_t na, const char *wb, const void *b, size_t nb);
 
+/* ABI 1.7's 16-bit activation storage, computed as the kernels define it:
+ * the float32 computation on the widened values, each 16-bit output
+ * rounded to nearest even as stored. fake_act16: dt is KG_F16 or KG_BF16.
+ * fake_widen16: a malloc'ed float copy of src(n) in dt (NULL when out of
+ * memory: the caller answers cudaErrorMemoryAllocation); fake_store16:
+ * dst(n) in dt = src(n) rounded. */
+int fake_act16(int dt);
+float *fake_widen16(int dt, const void *src, size_t n);
+void fake_store16(int dt, void *dst, const float *src, size_t n);
+
 #endif /* KILN_TESTS_FAKE_INTERNAL_H */

@@ -13,9 +13,14 @@
  * partials, kg_unscale_check's list, kg_round_add, and the optimizers' optional
  * compute-dtype copy. kg_ew (the 1.5 elementwise entries) runs kc_ew, whose
  * formulas the CUDA kernel shares (kernels/common/km_ew.h). Overlaps the CUDA kernels do not allow are reported
- * as contract violations.
+ * as contract violations. The launchers that take ABI 1.7's 16-bit
+ * activation storage (here and in fake_kg_seq.c) compute it as kg_kernels.h
+ * defines it: the 16-bit inputs widened to float32, the float32 reference
+ * kernel, the 16-bit outputs rounded to nearest even (fake_widen16,
+ * fake_store16).
  */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cpu_kernels.h"
@@ -41,6 +46,18 @@ static size_t fake_dt_size(int dt) {
 }
 
 static int fake_fdt(int dt) { return dt == KG_F32 || dt == KG_F64; }
+
+int fake_act16(int dt) { return dt == KG_F16 || dt == KG_BF16; }
+
+float *fake_widen16(int dt, const void *src, size_t n) {
+    float *w = malloc((n ? n : 1) * sizeof *w);
+    if (w && n) kc_cast(w, KG_F32, src, dt, n);
+    return w;
+}
+
+void fake_store16(int dt, void *dst, const float *src, size_t n) {
+    if (n) kc_cast(dst, dt, src, KG_F32, n);
+}
 
 cudaError_t fake_launch(const char *fn, cudaStream_t s, const fake_buf *bufs, int nbufs) {
     for (int i = 0; i < nbufs; i++) {
@@ -126,25 +143,33 @@ cudaError_t kg_bias_add(cudaStream_t s, int fdt, void *y, const void *b, int row
 cudaError_t kg_bias_grad(cudaStream_t s, int fdt, void *db, const void *dy, int rows, int cols, int accumulate,
                          void *work) {
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
-    if (!fake_fdt(fdt) || rows < 0 || cols < 0) return fake_error(cudaErrorInvalidValue);
+    const int d16 = fake_act16(fdt); /* 1.7: dy in 16 bits, db and work float32 */
+    if ((!fake_fdt(fdt) && !d16) || rows < 0 || cols < 0) return fake_error(cudaErrorInvalidValue);
     if (cols == 0 || (rows == 0 && accumulate)) return cudaSuccess;
-    const size_t esz = fake_dt_size(fdt), parts = kg_bias_grad_parts(rows);
+    const size_t esz = d16 ? sizeof(float) : fake_dt_size(fdt), desz = fake_dt_size(fdt);
+    const size_t parts = kg_bias_grad_parts(rows);
     const size_t wb = kg_bias_grad_work_bytes(fdt, rows, cols);
     if (wb > 0 && !work) {
         fake_violation("%s: %d rows in %zu parts need a %zu-byte workspace; work is NULL", __func__, rows, parts, wb);
         return fake_error(cudaErrorInvalidValue);
     }
     const fake_buf bufs[] = {{"db", db, (size_t)cols * esz},
-                             {"dy", dy, (size_t)rows * (size_t)cols * esz},
+                             {"dy", dy, (size_t)rows * (size_t)cols * desz},
                              {"work", work, wb}};
     cudaError_t e = fake_launch(__func__, s, bufs, 3);
     if (e != cudaSuccess) return e;
-    if (wb > 0 && (fake_overlap(__func__, "work", work, wb, "dy", dy, (size_t)rows * (size_t)cols * esz) ||
+    if (wb > 0 && (fake_overlap(__func__, "work", work, wb, "dy", dy, (size_t)rows * (size_t)cols * desz) ||
                    fake_overlap(__func__, "work", work, wb, "db", db, (size_t)cols * esz)))
         return fake_error(cudaErrorInvalidValue);
     fake_stats.kernels += parts > 1; /* the second pass */
-    if (fdt == KG_F32) FAKE_BIAS_GRAD(float);
+    float *dy32 = NULL;
+    if (d16) {
+        if (!(dy32 = fake_widen16(fdt, dy, (size_t)rows * (size_t)cols))) return fake_error(cudaErrorMemoryAllocation);
+        dy = dy32;
+    }
+    if (fdt != KG_F64) FAKE_BIAS_GRAD(float);
     else FAKE_BIAS_GRAD(double);
+    free(dy32);
     return cudaSuccess;
 }
 
@@ -179,9 +204,21 @@ cudaError_t kg_act_forward(cudaStream_t s, int fdt, int act, void *y, const void
     return cudaSuccess;
 }
 
+static void fake_act_bwd32(int act, float *dx, const float *dy, const float *x, size_t n) {
+    switch (act) {
+    case KG_ACT_RELU: kc_relu_backward(dx, dy, x, n); break;
+    case KG_ACT_GELU: kc_gelu_backward(dx, dy, x, n); break;
+    case KG_ACT_TANH: kc_tanh_backward(dx, dy, x, n); break;
+    case KG_ACT_SIGMOID: kc_sigmoid_backward(dx, dy, x, n); break;
+    default: kc_leaky_relu_backward(dx, dy, x, n); break;
+    }
+}
+
 cudaError_t kg_act_backward(cudaStream_t s, int fdt, int act, void *dx, const void *dy, const void *x, size_t n) {
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
-    if (!fake_fdt(fdt) || act < KG_ACT_RELU || act > KG_ACT_LEAKY_RELU) return fake_error(cudaErrorInvalidValue);
+    const int s16 = fake_act16(fdt); /* 1.7: dx, dy, x in 16 bits */
+    if ((!fake_fdt(fdt) && !s16) || act < KG_ACT_RELU || act > KG_ACT_LEAKY_RELU)
+        return fake_error(cudaErrorInvalidValue);
     if (n == 0) return cudaSuccess;
     const size_t bytes = n * fake_dt_size(fdt);
     const fake_buf bufs[] = {{"dx", dx, bytes}, {"dy", dy, bytes}, {"x", x, bytes}};
@@ -189,14 +226,20 @@ cudaError_t kg_act_backward(cudaStream_t s, int fdt, int act, void *dx, const vo
     if (e != cudaSuccess) return e;
     if (dx != dy) fake_overlap(__func__, "dx", dx, bytes, "dy", dy, bytes);
     fake_overlap(__func__, "dx", dx, bytes, "x", x, bytes);
-    if (fdt == KG_F32) {
-        switch (act) {
-        case KG_ACT_RELU: kc_relu_backward(dx, dy, x, n); break;
-        case KG_ACT_GELU: kc_gelu_backward(dx, dy, x, n); break;
-        case KG_ACT_TANH: kc_tanh_backward(dx, dy, x, n); break;
-        case KG_ACT_SIGMOID: kc_sigmoid_backward(dx, dy, x, n); break;
-        default: kc_leaky_relu_backward(dx, dy, x, n); break;
+    if (s16) {
+        /* the float32 kernel on the widened values, dx rounded as stored */
+        float *dy32 = fake_widen16(fdt, dy, n), *x32 = fake_widen16(fdt, x, n);
+        if (!dy32 || !x32) {
+            free(dy32), free(x32);
+            return fake_error(cudaErrorMemoryAllocation);
         }
+        fake_act_bwd32(act, dy32, dy32, x32, n);
+        fake_store16(fdt, dx, dy32, n);
+        free(dy32), free(x32);
+        return cudaSuccess;
+    }
+    if (fdt == KG_F32) {
+        fake_act_bwd32(act, dx, dy, x, n);
     } else {
         switch (act) {
         case KG_ACT_RELU: kc_relu_backward_f64(dx, dy, x, n); break;
@@ -469,6 +512,46 @@ cudaError_t kg_linear_epilogue(cudaStream_t s, int fdt, void *y, const void *b, 
         if (b) kc_bias_add_f64(y, b, rows, cols);
         if (act >= 0) fake_acts64[act](post, y, n);
     }
+    return cudaSuccess;
+}
+
+/* 1.7's 16-bit form (kg_kernels.h): with src, y = sdt(src + b); without,
+ * y holds the GEMM's rounded product and is only read. */
+cudaError_t kg_linear_epilogue16(cudaStream_t s, int sdt, void *y, const float *src, const float *b, int rows,
+                                 int cols, int act, void *post) {
+    if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
+    if (!fake_act16(sdt) || act < -1 || act > KG_ACT_LEAKY_RELU || rows < 0 || cols < 0 || (!src && b))
+        return fake_error(cudaErrorInvalidValue);
+    const size_t n = (size_t)rows * (size_t)cols;
+    if (n == 0 || (!src && act < 0)) return cudaSuccess;
+    const fake_buf bufs[] = {{"y", y, n * 2},
+                             {"src", src, src ? n * sizeof(float) : 0},
+                             {"b", b, b ? (size_t)cols * sizeof(float) : 0},
+                             {"post", post, act >= 0 ? n * 2 : 0}};
+    cudaError_t e = fake_launch(__func__, s, bufs, 4);
+    if (e != cudaSuccess) return e;
+    if ((act >= 0 && fake_overlap(__func__, "y", y, n * 2, "post", post, n * 2)) ||
+        (src && fake_overlap(__func__, "y", y, n * 2, "src", src, n * sizeof(float))))
+        return fake_error(cudaErrorInvalidValue);
+    float *v = malloc(n * sizeof *v);
+    if (!v) return fake_error(cudaErrorMemoryAllocation);
+    if (src) {
+        memcpy(v, src, n * sizeof *v);
+        if (b) kc_bias_add(v, b, rows, cols);
+        fake_store16(sdt, y, v, n);
+    }
+    kc_cast(v, KG_F32, y, sdt, n); /* the rounded y, as the activation reads it */
+    if (act >= 0) {
+        float *p = malloc(n * sizeof *p);
+        if (!p) {
+            free(v);
+            return fake_error(cudaErrorMemoryAllocation);
+        }
+        fake_acts32[act](p, v, n);
+        fake_store16(sdt, post, p, n);
+        free(p);
+    }
+    free(v);
     return cudaSuccess;
 }
 

@@ -27,21 +27,21 @@ static int fake_flash_verdict(int rc, char *why, size_t whylen) {
     return rc != 0 || n ? -1 : 0;
 }
 
-extern "C" int fake_flash_forward_emu(float *out, float *lse, const float *qkv, int B, int T, int C, int NH, int rd,
-                                      char *why, size_t whylen) {
+extern "C" int fake_flash_forward_emu(void *out, float *lse, const void *qkv, int B, int T, int C, int NH, int rd,
+                                      int s16, char *why, size_t whylen) {
     const int D = C / NH;
     const kg_flash_args a = {qkv, NULL, NULL, NULL, NULL, out, lse, NULL, B, T, C, NH, rd,
-                             (float)(1.0 / sqrt((double)D))};
+                             (float)(1.0 / sqrt((double)D)), s16};
     kg_fl_host_reset();
     return fake_flash_verdict(kg_fl_host_run(KG_FL_FWD, rd, D, a), why, whylen);
 }
 
-extern "C" int fake_flash_backward_emu(float *dqkv, const float *dout, const float *qkv, const float *out,
+extern "C" int fake_flash_backward_emu(void *dqkv, const void *dout, const void *qkv, const void *out,
                                        const float *lse, const double *delta, int B, int T, int C, int NH, int rd,
-                                       char *why, size_t whylen) {
+                                       int s16, char *why, size_t whylen) {
     const int D = C / NH;
     const kg_flash_args a = {qkv, dout, out, lse, delta, NULL, NULL, dqkv, B, T, C, NH, rd,
-                             (float)(1.0 / sqrt((double)D))};
+                             (float)(1.0 / sqrt((double)D)), s16};
     kg_fl_host_reset();
     int rc = kg_fl_host_run(KG_FL_DKDV, rd, D, a);
     if (rc == 0) rc = kg_fl_host_run(KG_FL_DQ, rd, D, a);

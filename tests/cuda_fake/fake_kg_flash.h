@@ -15,10 +15,13 @@
 extern "C" {
 #endif
 
-int fake_flash_forward_emu(float *out, float *lse, const float *qkv, int B, int T, int C, int NH, int rd, char *why,
-                           size_t whylen);
-int fake_flash_backward_emu(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
-                            const double *delta, int B, int T, int C, int NH, int rd, char *why, size_t whylen);
+/* s16: qkv, out, dout and dqkv stored in rd's 16 bits (ABI 1.7) instead
+ * of float32; lse float32 either way. */
+int fake_flash_forward_emu(void *out, float *lse, const void *qkv, int B, int T, int C, int NH, int rd, int s16,
+                           char *why, size_t whylen);
+int fake_flash_backward_emu(void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse,
+                            const double *delta, int B, int T, int C, int NH, int rd, int s16, char *why,
+                            size_t whylen);
 
 #ifdef __cplusplus
 }

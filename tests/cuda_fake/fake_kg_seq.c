@@ -126,18 +126,26 @@ cudaError_t kg_embedding_backward_tok(cudaStream_t s, int fdt, void *dwte, const
 cudaError_t kg_layernorm_forward(cudaStream_t s, int fdt, void *y, void *mean, void *rstd, const void *x,
                                  const void *w, const void *b, int N, int C, double eps, int round_dtype) {
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
-    if (!fake_seq_fdt(fdt) || N < 0 || C < 0 || !fake_seq_round_ok(fdt, round_dtype))
+    const int y16 = fake_act16(fdt); /* 1.7: y in 16 bits, round_dtype fdt */
+    if ((!fake_seq_fdt(fdt) && !y16) || N < 0 || C < 0 ||
+        (y16 ? round_dtype != fdt : !fake_seq_round_ok(fdt, round_dtype)))
         return fake_error(cudaErrorInvalidValue);
     if (N == 0 || C == 0) return cudaSuccess;
-    const size_t esz = fake_seq_esz(fdt), xb = (size_t)N * (size_t)C * esz, rb = (size_t)N * esz,
-                 cb = (size_t)C * esz;
-    const fake_buf bufs[] = {{"y", y, xb}, {"mean", mean, rb}, {"rstd", rstd, rb}, {"x", x, xb},
+    const size_t esz = y16 ? sizeof(float) : fake_seq_esz(fdt), xb = (size_t)N * (size_t)C * esz, rb = (size_t)N * esz,
+                 cb = (size_t)C * esz, yb = y16 ? (size_t)N * (size_t)C * 2 : xb;
+    const fake_buf bufs[] = {{"y", y, yb}, {"mean", mean, rb}, {"rstd", rstd, rb}, {"x", x, xb},
                              {"w", w, w ? cb : 0}, {"b", b, b ? cb : 0}};
     cudaError_t e = fake_launch(__func__, s, bufs, 6);
     if (e != cudaSuccess) return e;
-    if (fake_overlap(__func__, "y", y, xb, "x", x, xb) || fake_overlap(__func__, "mean", mean, rb, "rstd", rstd, rb))
+    if (fake_overlap(__func__, "y", y, yb, "x", x, xb) || fake_overlap(__func__, "mean", mean, rb, "rstd", rstd, rb))
         return fake_error(cudaErrorInvalidValue);
-    if (fdt == KG_F32)
+    if (y16) {
+        float *y32 = malloc((size_t)N * (size_t)C * sizeof *y32);
+        if (!y32) return fake_error(cudaErrorMemoryAllocation);
+        kc_layernorm_forward(y32, mean, rstd, x, w, b, N, C, eps, KC_F32);
+        fake_store16(fdt, y, y32, (size_t)N * (size_t)C);
+        free(y32);
+    } else if (fdt == KG_F32)
         kc_layernorm_forward(y, mean, rstd, x, w, b, N, C, eps, round_dtype == KG_F32 ? KC_F32 : round_dtype);
     else
         kc_layernorm_forward_f64(y, mean, rstd, x, w, b, N, C, eps);
@@ -148,20 +156,27 @@ cudaError_t kg_layernorm_backward(cudaStream_t s, int fdt, void *dx, void *dw, v
                                   const void *x, const void *w, const void *mean, const void *rstd, int N, int C,
                                   int accumulate, void *work) {
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
-    if (!fake_seq_fdt(fdt) || N < 0 || C < 0) return fake_error(cudaErrorInvalidValue);
+    const int d16 = fake_act16(fdt); /* 1.7: dy in 16 bits */
+    if ((!fake_seq_fdt(fdt) && !d16) || N < 0 || C < 0) return fake_error(cudaErrorInvalidValue);
     if (N == 0 || C == 0) return cudaSuccess;
     if ((dw || db) && !work) return fake_error(cudaErrorInvalidValue);
-    const size_t esz = fake_seq_esz(fdt), xb = (size_t)N * (size_t)C * esz, rb = (size_t)N * esz,
+    const size_t esz = d16 ? sizeof(float) : fake_seq_esz(fdt), xb = (size_t)N * (size_t)C * esz, rb = (size_t)N * esz,
                  cb = (size_t)C * esz, wb = kg_layernorm_backward_work_bytes(N, C, dw != NULL, db != NULL);
+    const size_t dyb = d16 ? (size_t)N * (size_t)C * 2 : xb;
     const fake_buf bufs[] = {{"dx", dx, xb},         {"dw", dw, dw ? cb : 0},     {"db", db, db ? cb : 0},
-                             {"dy", dy, xb},         {"x", x, xb},                {"w", w, w ? cb : 0},
+                             {"dy", dy, dyb},         {"x", x, xb},                {"w", w, w ? cb : 0},
                              {"mean/rstd", mean, rb}, {"work", work, wb}};
     cudaError_t e = fake_launch(__func__, s, bufs, 8);
     if (e == cudaSuccess) e = fake_need_device(__func__, "rstd", rstd, rb);
     if (e != cudaSuccess) return e;
-    if (fake_overlap(__func__, "dx", dx, xb, "dy", dy, xb) || fake_overlap(__func__, "work", work, wb, "dx", dx, xb))
+    if (fake_overlap(__func__, "dx", dx, xb, "dy", dy, dyb) || fake_overlap(__func__, "work", work, wb, "dx", dx, xb))
         return fake_error(cudaErrorInvalidValue);
-    if (fdt == KG_F32) kc_layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, N, C, accumulate != 0, work);
+    if (d16) {
+        float *dy32 = fake_widen16(fdt, dy, (size_t)N * (size_t)C);
+        if (!dy32) return fake_error(cudaErrorMemoryAllocation);
+        kc_layernorm_backward(dx, dw, db, dy32, x, w, mean, rstd, N, C, accumulate != 0, work);
+        free(dy32);
+    } else if (fdt == KG_F32) kc_layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, N, C, accumulate != 0, work);
     else kc_layernorm_backward_f64(dx, dw, db, dy, x, w, mean, rstd, N, C, accumulate != 0, work);
     return cudaSuccess;
 }
@@ -213,15 +228,22 @@ cudaError_t kg_xent_fused(cudaStream_t s, int fdt, void *logits, const int32_t *
 
 cudaError_t kg_add(cudaStream_t s, int fdt, void *y, const void *a, const void *b, size_t n) {
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
-    if (!fake_seq_fdt(fdt)) return fake_error(cudaErrorInvalidValue);
+    const int b16 = fake_act16(fdt); /* 1.7: b in 16 bits, y and a float32 */
+    if (!fake_seq_fdt(fdt) && !b16) return fake_error(cudaErrorInvalidValue);
     if (n == 0) return cudaSuccess;
-    const size_t nb = n * fake_seq_esz(fdt);
-    const fake_buf bufs[] = {{"y", y, nb}, {"a", a, nb}, {"b", b, nb}};
+    const size_t nb = n * (b16 ? sizeof(float) : fake_seq_esz(fdt)), nbb = b16 ? n * 2 : nb;
+    const fake_buf bufs[] = {{"y", y, nb}, {"a", a, nb}, {"b", b, nbb}};
     cudaError_t e = fake_launch(__func__, s, bufs, 3);
     if (e != cudaSuccess) return e;
-    if ((y != a && fake_overlap(__func__, "y", y, nb, "a", a, nb)) || (y != b && fake_overlap(__func__, "y", y, nb, "b", b, nb)))
+    if ((y != a && fake_overlap(__func__, "y", y, nb, "a", a, nb)) ||
+        ((b16 || y != b) && fake_overlap(__func__, "y", y, nb, "b", b, nbb)))
         return fake_error(cudaErrorInvalidValue);
-    if (fdt == KG_F32) kc_add(y, a, b, n);
+    if (b16) {
+        float *b32 = fake_widen16(fdt, b, n);
+        if (!b32) return fake_error(cudaErrorMemoryAllocation);
+        kc_add(y, a, b32, n);
+        free(b32);
+    } else if (fdt == KG_F32) kc_add(y, a, b, n);
     else kc_add_f64(y, a, b, n);
     return cudaSuccess;
 }
@@ -229,8 +251,8 @@ cudaError_t kg_add(cudaStream_t s, int fdt, void *y, const void *a, const void *
 /* ------------------------------------------------------------- attention */
 
 static int fake_attn_args(int fdt, int B, int T, int C, int NH, int round_dtype) {
-    return fake_seq_fdt(fdt) && B > 0 && T > 0 && C > 0 && NH > 0 && C % NH == 0 && T <= kg_attention_max_T(fdt) &&
-           fake_seq_round_ok(fdt, round_dtype);
+    const int dt_ok = fake_act16(fdt) ? round_dtype == fdt : fake_seq_fdt(fdt) && fake_seq_round_ok(fdt, round_dtype);
+    return dt_ok && B > 0 && T > 0 && C > 0 && NH > 0 && C % NH == 0 && T <= kg_attention_max_T(fdt);
 }
 
 /* What both attention launches do once their buffers are listed: the
@@ -254,14 +276,24 @@ cudaError_t kg_attention_forward(cudaStream_t s, int fdt, void *out, void *lse, 
                                  int NH, int round_dtype) {
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
     if (!fake_attn_args(fdt, B, T, C, NH, round_dtype)) return fake_error(cudaErrorInvalidValue);
-    const size_t esz = fake_seq_esz(fdt), rows = (size_t)B * (size_t)T;
-    const size_t ob = rows * (size_t)C * esz, qb = 3 * ob, lb = rows * (size_t)NH * esz;
+    const int s16 = fake_act16(fdt); /* 1.7: qkv and out in 16 bits, lse float32 */
+    const size_t esz = s16 ? sizeof(float) : fake_seq_esz(fdt), rows = (size_t)B * (size_t)T;
+    const size_t ob = rows * (size_t)C * (s16 ? 2 : esz), qb = 3 * ob, lb = rows * (size_t)NH * esz;
     const fake_buf bufs[] = {{"out", out, ob}, {"lse", lse, lb}, {"qkv", qkv, qb}};
     static const int overlaps[2][2] = {{0, 2}, {1, 2}}; /* out / qkv, lse / qkv */
     void *ws;
     size_t wsb;
     cudaError_t e = fake_attn_launch(__func__, s, bufs, 3, overlaps, 0, esz, B, T, NH, &ws, &wsb);
     if (e != cudaSuccess) return e;
+    if (s16) { /* the float32 kernel on the widened qkv, out rounded as stored */
+        const size_t no = rows * (size_t)C;
+        float *q32 = fake_widen16(fdt, qkv, 3 * no), *o32 = malloc(no * sizeof *o32);
+        int k = -1;
+        if (q32 && o32) k = kc_attn_forward(o32, lse, q32, B, T, C, NH, KC_F32, ws, wsb);
+        if (k == 0) fake_store16(fdt, out, o32, no);
+        free(q32), free(o32), free(ws);
+        return k == 0 ? cudaSuccess : fake_error(cudaErrorInvalidValue);
+    }
     const int k = fdt == KG_F32 ? kc_attn_forward(out, lse, qkv, B, T, C, NH, round_dtype == KG_F32 ? KC_F32 : round_dtype, ws, wsb)
                                 : kc_attn_forward_f64(out, lse, qkv, B, T, C, NH, ws, wsb);
     free(ws);
@@ -273,8 +305,9 @@ cudaError_t kg_attention_backward(cudaStream_t s, int fdt, void *dqkv, const voi
                                   double *work) {
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
     if (!fake_attn_args(fdt, B, T, C, NH, round_dtype) || !work) return fake_error(cudaErrorInvalidValue);
-    const size_t esz = fake_seq_esz(fdt), rows = (size_t)B * (size_t)T;
-    const size_t ob = rows * (size_t)C * esz, qb = 3 * ob, lb = rows * (size_t)NH * esz;
+    const int s16 = fake_act16(fdt); /* 1.7: dqkv, dout, qkv, out in 16 bits, lse float32 */
+    const size_t esz = s16 ? sizeof(float) : fake_seq_esz(fdt), rows = (size_t)B * (size_t)T;
+    const size_t ob = rows * (size_t)C * (s16 ? 2 : esz), qb = 3 * ob, lb = rows * (size_t)NH * esz;
     const fake_buf bufs[] = {{"dqkv", dqkv, qb}, {"dout", dout, ob}, {"qkv", qkv, qb},
                              {"out", out, ob},   {"lse", lse, lb},   {"work", work, rows * (size_t)NH * sizeof(double)}};
     static const int overlaps[2][2] = {{0, 2}, {0, 1}}; /* dqkv / qkv, dqkv / dout */
@@ -282,6 +315,16 @@ cudaError_t kg_attention_backward(cudaStream_t s, int fdt, void *dqkv, const voi
     size_t wsb;
     cudaError_t e = fake_attn_launch(__func__, s, bufs, 6, overlaps, 1, esz, B, T, NH, &ws, &wsb);
     if (e != cudaSuccess) return e;
+    if (s16) { /* the float32 kernel on the widened inputs, dqkv rounded as stored */
+        const size_t no = rows * (size_t)C;
+        float *q32 = fake_widen16(fdt, qkv, 3 * no), *g32 = fake_widen16(fdt, dout, no);
+        float *o32 = fake_widen16(fdt, out, no), *d32 = malloc(3 * no * sizeof *d32);
+        int k = -1;
+        if (q32 && g32 && o32 && d32) k = kc_attn_backward(d32, g32, q32, o32, lse, B, T, C, NH, KC_F32, ws, wsb);
+        if (k == 0) fake_store16(fdt, dqkv, d32, 3 * no);
+        free(q32), free(g32), free(o32), free(d32), free(ws);
+        return k == 0 ? cudaSuccess : fake_error(cudaErrorInvalidValue);
+    }
     const int k = fdt == KG_F32 ? kc_attn_backward(dqkv, dout, qkv, out, lse, B, T, C, NH,
                                                    round_dtype == KG_F32 ? KC_F32 : round_dtype, ws, wsb)
                                 : kc_attn_backward_f64(dqkv, dout, qkv, out, lse, B, T, C, NH, ws, wsb);
@@ -294,8 +337,9 @@ cudaError_t kg_attention_backward(cudaStream_t s, int fdt, void *dqkv, const voi
 /* The flash launchers: kg_kernels.h's refusals, the launch checks and the
  * forbidden overlaps, then the block programs themselves, emulated on the
  * host (fake_kg_flash.cu); a failed emulation check is a violation. */
-static int fake_flash_args(int B, int T, int C, int NH, int rd) {
-    return B > 0 && T > 0 && C > 0 && NH > 0 && C % NH == 0 && kg_flash_supported(KG_F32, rd, C / NH);
+static int fake_flash_args(int B, int T, int C, int NH, int rd, int sdt) {
+    return B > 0 && T > 0 && C > 0 && NH > 0 && C % NH == 0 && kg_flash_supported(KG_F32, rd, C / NH) &&
+           (sdt == KG_F32 || sdt == rd);
 }
 
 static cudaError_t fake_flash_ran(const char *fn, int rc, const char *why) {
@@ -305,10 +349,10 @@ static cudaError_t fake_flash_ran(const char *fn, int rc, const char *why) {
 }
 
 cudaError_t kg_flash_forward(cudaStream_t s, void *out, void *lse, const void *qkv, int B, int T, int C, int NH,
-                             int round_dtype) {
+                             int round_dtype, int sdt) {
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
-    if (!fake_flash_args(B, T, C, NH, round_dtype)) return fake_error(cudaErrorInvalidValue);
-    const size_t rows = (size_t)B * (size_t)T, ob = rows * (size_t)C * sizeof(float), qb = 3 * ob;
+    if (!fake_flash_args(B, T, C, NH, round_dtype, sdt)) return fake_error(cudaErrorInvalidValue);
+    const size_t rows = (size_t)B * (size_t)T, ob = rows * (size_t)C * (sdt == KG_F32 ? 4 : 2), qb = 3 * ob;
     const size_t lb = rows * (size_t)NH * sizeof(float);
     const fake_buf bufs[] = {{"out", out, ob}, {"lse", lse, lb}, {"qkv", qkv, qb}};
     cudaError_t e = fake_launch(__func__, s, bufs, 3);
@@ -316,15 +360,15 @@ cudaError_t kg_flash_forward(cudaStream_t s, void *out, void *lse, const void *q
     if (fake_overlap(__func__, "out", out, ob, "qkv", qkv, qb) || fake_overlap(__func__, "lse", lse, lb, "qkv", qkv, qb))
         return fake_error(cudaErrorInvalidValue);
     char why[600] = "";
-    return fake_flash_ran(__func__, fake_flash_forward_emu(out, lse, qkv, B, T, C, NH, round_dtype, why, sizeof why),
-                          why);
+    return fake_flash_ran(
+        __func__, fake_flash_forward_emu(out, lse, qkv, B, T, C, NH, round_dtype, sdt != KG_F32, why, sizeof why), why);
 }
 
 cudaError_t kg_flash_backward(cudaStream_t s, void *dqkv, const void *dout, const void *qkv, const void *out,
-                              const void *lse, int B, int T, int C, int NH, int round_dtype, double *delta) {
+                              const void *lse, int B, int T, int C, int NH, int round_dtype, int sdt, double *delta) {
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
-    if (!fake_flash_args(B, T, C, NH, round_dtype) || !delta) return fake_error(cudaErrorInvalidValue);
-    const size_t rows = (size_t)B * (size_t)T, ob = rows * (size_t)C * sizeof(float), qb = 3 * ob;
+    if (!fake_flash_args(B, T, C, NH, round_dtype, sdt) || !delta) return fake_error(cudaErrorInvalidValue);
+    const size_t rows = (size_t)B * (size_t)T, ob = rows * (size_t)C * (sdt == KG_F32 ? 4 : 2), qb = 3 * ob;
     const size_t lb = rows * (size_t)NH * sizeof(float);
     const fake_buf bufs[] = {{"dqkv", dqkv, qb}, {"dout", dout, ob}, {"qkv", qkv, qb},
                              {"out", out, ob},   {"lse", lse, lb},   {"delta", delta, rows * (size_t)NH * sizeof(double)}};
@@ -334,11 +378,11 @@ cudaError_t kg_flash_backward(cudaStream_t s, void *dqkv, const void *dout, cons
         fake_overlap(__func__, "dqkv", dqkv, qb, "dout", dout, ob))
         return fake_error(cudaErrorInvalidValue);
     /* as the real launcher: delta first (its own launch), then the programs */
-    if ((e = kg_attn_delta(s, KG_F32, dout, out, B, T, C, NH, delta)) != cudaSuccess) return e;
+    if ((e = kg_attn_delta(s, sdt, dout, out, B, T, C, NH, delta)) != cudaSuccess) return e;
     char why[600] = "";
     return fake_flash_ran(__func__,
-                          fake_flash_backward_emu(dqkv, dout, qkv, out, lse, delta, B, T, C, NH, round_dtype, why,
-                                                  sizeof why),
+                          fake_flash_backward_emu(dqkv, dout, qkv, out, lse, delta, B, T, C, NH, round_dtype,
+                                                  sdt != KG_F32, why, sizeof why),
                           why);
 }
 
@@ -355,10 +399,11 @@ static size_t fake_heads_bytes(size_t bh, size_t hs, size_t td, size_t esz) { re
 cudaError_t kg_heads_split(cudaStream_t s, int fdt, const void *src, int ld, int B, int T, int NH, int D, void *dst,
                            size_t hs, int op) {
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
-    if (!fake_seq_fdt(fdt) || !fake_attn_op_ok(fdt, op) || B < 0 || T < 0 || NH < 0 || D < 0 ||
-        hs < (size_t)T * (size_t)D)
+    const int s16 = fake_act16(fdt); /* 1.7: 16-bit src, op == fdt (a copy) */
+    if ((!fake_seq_fdt(fdt) && !s16) || (s16 ? op != fdt : !fake_attn_op_ok(fdt, op)) || B < 0 || T < 0 || NH < 0 ||
+        D < 0 || hs < (size_t)T * (size_t)D)
         return fake_error(cudaErrorInvalidValue);
-    const size_t n = (size_t)B * (size_t)NH * (size_t)T * (size_t)D, esz = fake_seq_esz(fdt), td = (size_t)T * (size_t)D;
+    const size_t n = (size_t)B * (size_t)NH * (size_t)T * (size_t)D, esz = fake_op_size(fdt), td = (size_t)T * (size_t)D;
     if (n == 0) return cudaSuccess;
     const size_t span = (((size_t)B * (size_t)T - 1) * (size_t)ld + (size_t)NH * (size_t)D) * esz;
     const fake_buf bufs[] = {{"src", src, span}, {"dst", dst, fake_heads_bytes(n / td, hs, td, fake_op_size(op))}};
@@ -376,18 +421,25 @@ cudaError_t kg_heads_split(cudaStream_t s, int fdt, const void *src, int ld, int
 cudaError_t kg_heads_merge(cudaStream_t s, int fdt, void *dst, int ld, int B, int T, int NH, int D, const void *src,
                            size_t hs, int round_dtype) {
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
-    if (!fake_seq_fdt(fdt) || B < 0 || T < 0 || NH < 0 || D < 0 || hs < (size_t)T * (size_t)D)
+    const int d16 = fake_act16(fdt); /* 1.7: 16-bit dst, float src, round_dtype fdt */
+    if ((!fake_seq_fdt(fdt) && !d16) || (d16 && round_dtype != fdt) || B < 0 || T < 0 || NH < 0 || D < 0 ||
+        hs < (size_t)T * (size_t)D)
         return fake_error(cudaErrorInvalidValue);
-    const size_t n = (size_t)B * (size_t)NH * (size_t)T * (size_t)D, esz = fake_seq_esz(fdt), td = (size_t)T * (size_t)D;
+    const size_t n = (size_t)B * (size_t)NH * (size_t)T * (size_t)D, esz = fake_op_size(fdt), td = (size_t)T * (size_t)D;
+    const size_t ssz = d16 ? sizeof(float) : esz;
     if (n == 0) return cudaSuccess;
     const size_t span = (((size_t)B * (size_t)T - 1) * (size_t)ld + (size_t)NH * (size_t)D) * esz;
-    const fake_buf bufs[] = {{"dst", dst, span}, {"src", src, fake_heads_bytes(n / td, hs, td, esz)}};
+    const fake_buf bufs[] = {{"dst", dst, span}, {"src", src, fake_heads_bytes(n / td, hs, td, ssz)}};
     cudaError_t e = fake_launch(__func__, s, bufs, 2);
     if (e != cudaSuccess) return e;
     for (size_t i = 0; i < n; i++) {
         const size_t d = i % (size_t)D, t = (i / (size_t)D) % (size_t)T, bh = i / ((size_t)D * (size_t)T);
         const size_t b = bh / (size_t)NH, h = bh % (size_t)NH;
         char *y = (char *)dst + ((b * (size_t)T + t) * (size_t)ld + h * (size_t)D + d) * esz;
+        if (d16) {
+            fake_store16(fdt, y, (const float *)src + ((i / td) * hs + i % td), 1);
+            continue;
+        }
         memcpy(y, (const char *)src + ((i / td) * hs + i % td) * esz, esz);
         if (fdt == KG_F32 && round_dtype == KG_BF16) kc_round_bf16((float *)y, 1);
         else if (fdt == KG_F32 && round_dtype == KG_F16) kc_round_f16((float *)y, 1);
@@ -466,8 +518,10 @@ cudaError_t kg_attn_dscores(cudaStream_t s, int fdt, const void *S, const void *
 cudaError_t kg_attn_delta(cudaStream_t s, int fdt, const void *dout, const void *out, int B, int T, int C, int NH,
                           double *delta) {
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
-    if (!fake_seq_fdt(fdt) || B < 0 || T < 0 || C <= 0 || NH <= 0 || C % NH) return fake_error(cudaErrorInvalidValue);
-    const size_t rows = (size_t)B * (size_t)NH * (size_t)T, esz = fake_seq_esz(fdt), nb = (size_t)B * (size_t)T * (size_t)C * esz;
+    const int s16 = fake_act16(fdt); /* 1.7: dout and out in 16 bits */
+    if ((!fake_seq_fdt(fdt) && !s16) || B < 0 || T < 0 || C <= 0 || NH <= 0 || C % NH)
+        return fake_error(cudaErrorInvalidValue);
+    const size_t rows = (size_t)B * (size_t)NH * (size_t)T, esz = fake_op_size(fdt), nb = (size_t)B * (size_t)T * (size_t)C * esz;
     if (rows == 0) return cudaSuccess;
     const fake_buf bufs[] = {{"dout", dout, nb}, {"out", out, nb}, {"delta", delta, rows * sizeof *delta}};
     cudaError_t e = fake_launch(__func__, s, bufs, 3);
@@ -477,9 +531,17 @@ cudaError_t kg_attn_delta(cudaStream_t s, int fdt, const void *dout, const void 
         const size_t i = r % (size_t)T, h = (r / (size_t)T) % (size_t)NH, b = r / ((size_t)T * (size_t)NH);
         const size_t off = (b * (size_t)T + i) * (size_t)C + h * D;
         double acc = 0.0;
-        for (size_t d = 0; d < D; d++)
+        for (size_t d = 0; d < D; d++) {
+            if (s16) {
+                float g, o;
+                kc_cast(&g, KG_F32, (const uint16_t *)dout + off + d, fdt, 1);
+                kc_cast(&o, KG_F32, (const uint16_t *)out + off + d, fdt, 1);
+                acc += (double)g * (double)o;
+                continue;
+            }
             acc += fdt == KG_F32 ? (double)((const float *)dout)[off + d] * (double)((const float *)out)[off + d]
                                  : ((const double *)dout)[off + d] * ((const double *)out)[off + d];
+        }
         delta[r] = acc;
     }
     return cudaSuccess;

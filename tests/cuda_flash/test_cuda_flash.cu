@@ -15,12 +15,18 @@
  * 3e-2 relative to |value| + the result's rms, plus one 16-bit ulp; lse
  * 4e-3 relative to |lse| + 1. A last case proves the race check can fail:
  * a program that skips its barrier is caught.
+ *
+ * 16-bit storage (ABI 1.7, kg_flash_args.s16): the same programs reading
+ * qkv, dout and out as 16-bit bits and writing 16-bit out and dqkv must
+ * give the float32-storage run's values bit for bit (those are rounded to
+ * the format already), and the same lse.
  */
 #include <CUnit/CUnit.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <vector>
 
@@ -37,6 +43,25 @@ static std::vector<float> tf_rand16(size_t n, int op) {
     std::vector<float> v(n);
     for (size_t i = 0; i < n; i++) v[i] = kg_round_to_dtype(tf_uniform(-1.0f, 1.0f), op);
     return v;
+}
+
+/* delta(B, NH, T) = sum over a head's features of dout * out, as
+ * kg_attn_delta computes it for the flash backward. */
+static std::vector<double> tf_delta(const std::vector<float> &dout, const std::vector<float> &out, int B, int T, int C,
+                                    int NH) {
+    const int D = C / NH;
+    std::vector<double> delta((size_t)B * NH * T);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++) {
+                double s = 0.0;
+                for (int d = 0; d < D; d++) {
+                    const size_t i = ((size_t)b * T + t) * C + (size_t)h * D + d;
+                    s += (double)dout[i] * (double)out[i];
+                }
+                delta[((size_t)b * NH + h) * T + t] = s;
+            }
+    return delta;
 }
 
 static double tf_rms(const std::vector<float> &v) {
@@ -103,19 +128,9 @@ static void tf_case(int B, int T, int C, int NH, int op) {
     /* the flash programs on the host: the forward, then the backward from
      * the cpu's out and lse (as tests/gpu does), delta as kg_attn_delta */
     std::vector<float> out(no, NAN), lse(nl, NAN), dqkv(nq, NAN);
-    std::vector<double> delta(nl);
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < NH; h++)
-            for (int t = 0; t < T; t++) {
-                double s = 0.0;
-                for (int d = 0; d < D; d++) {
-                    const size_t i = ((size_t)b * T + t) * C + (size_t)h * D + d;
-                    s += (double)dout[i] * (double)out_ref[i];
-                }
-                delta[((size_t)b * NH + h) * T + t] = s;
-            }
+    const std::vector<double> delta = tf_delta(dout, out_ref, B, T, C, NH);
     kg_flash_args a = {qkv.data(), dout.data(), out_ref.data(), lse_ref.data(), delta.data(), out.data(), lse.data(),
-                       dqkv.data(), B, T, C, NH, op, (float)(1.0 / sqrt((double)D))};
+                       dqkv.data(), B, T, C, NH, op, (float)(1.0 / sqrt((double)D)), 0};
     kg_fl_host_reset();
     CU_ASSERT_EQUAL(kg_fl_host_run(KG_FL_FWD, op, D, a), 0);
     tf_no_failures(what);
@@ -157,6 +172,69 @@ static void test_flash_f16(void) {
     tf_case(1, 100, 128, 1, KG_F16);
 }
 
+/* The 16-bit bits of float values that hold 16-bit values (exact). */
+static std::vector<uint16_t> tf_bits16(const std::vector<float> &v, int op) {
+    std::vector<uint16_t> b(v.size());
+    for (size_t i = 0; i < v.size(); i++) b[i] = op == KG_BF16 ? kg_bf16_bits(v[i]) : kg_f16_bits(v[i]);
+    return b;
+}
+
+/* Forward and backward with float32 storage and with 16-bit storage on the
+ * same values: the 16-bit outputs are the float32 ones' bits, lse equal. */
+static void tf_case16(int B, int T, int C, int NH, int op) {
+    const int D = C / NH;
+    const size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, nl = (size_t)B * NH * T;
+    char what[128];
+    snprintf(what, sizeof what, "16-bit storage B=%d T=%d C=%d NH=%d %s", B, T, C, NH, op == KG_BF16 ? "bf16" : "f16");
+    const std::vector<float> qkv = tf_rand16(nq, op), dout = tf_rand16(no, op);
+    const float scale = (float)(1.0 / sqrt((double)D));
+    /* float32 storage: the forward, then the backward from its own out and lse */
+    std::vector<float> out(no, NAN), lse(nl, NAN), dqkv(nq, NAN);
+    kg_flash_args f = {qkv.data(), NULL, NULL, NULL, NULL, out.data(), lse.data(), NULL, B, T, C, NH, op, scale, 0};
+    kg_fl_host_reset();
+    CU_ASSERT_EQUAL(kg_fl_host_run(KG_FL_FWD, op, D, f), 0);
+    tf_no_failures(what);
+    const std::vector<double> delta = tf_delta(dout, out, B, T, C, NH);
+    kg_flash_args g = {qkv.data(), dout.data(), out.data(), lse.data(), delta.data(), NULL, NULL, dqkv.data(),
+                       B, T, C, NH, op, scale, 0};
+    CU_ASSERT_EQUAL(kg_fl_host_run(KG_FL_DKDV, op, D, g), 0);
+    CU_ASSERT_EQUAL(kg_fl_host_run(KG_FL_DQ, op, D, g), 0);
+    tf_no_failures(what);
+
+    /* 16-bit storage of the same values */
+    const std::vector<uint16_t> qkv16 = tf_bits16(qkv, op), dout16 = tf_bits16(dout, op), out_in16 = tf_bits16(out, op);
+    std::vector<uint16_t> out16(no, 0xffffu), dqkv16(nq, 0xffffu);
+    std::vector<float> lse16(nl, NAN);
+    kg_flash_args f16 = {qkv16.data(), NULL, NULL, NULL, NULL, out16.data(), lse16.data(), NULL,
+                         B, T, C, NH, op, scale, 1};
+    CU_ASSERT_EQUAL(kg_fl_host_run(KG_FL_FWD, op, D, f16), 0);
+    tf_no_failures(what);
+    kg_flash_args g16 = {qkv16.data(), dout16.data(), out_in16.data(), lse.data(), delta.data(), NULL, NULL,
+                         dqkv16.data(), B, T, C, NH, op, scale, 1};
+    CU_ASSERT_EQUAL(kg_fl_host_run(KG_FL_DKDV, op, D, g16), 0);
+    CU_ASSERT_EQUAL(kg_fl_host_run(KG_FL_DQ, op, D, g16), 0);
+    tf_no_failures(what);
+
+    const std::vector<uint16_t> want_out = tf_bits16(out, op), want_dqkv = tf_bits16(dqkv, op);
+    size_t bad_out = 0, bad_dqkv = 0, bad_lse = 0;
+    for (size_t i = 0; i < no; i++) bad_out += out16[i] != want_out[i];
+    for (size_t i = 0; i < nq; i++) bad_dqkv += dqkv16[i] != want_dqkv[i];
+    for (size_t i = 0; i < nl; i++) bad_lse += memcmp(&lse16[i], &lse[i], sizeof(float)) != 0;
+    if (bad_out || bad_dqkv || bad_lse)
+        fprintf(stderr, "  %s: %zu out, %zu dqkv, %zu lse elements differ from the float32 storage's\n", what,
+                bad_out, bad_dqkv, bad_lse);
+    CU_ASSERT_EQUAL(bad_out, 0);
+    CU_ASSERT_EQUAL(bad_dqkv, 0);
+    CU_ASSERT_EQUAL(bad_lse, 0);
+}
+
+static void test_flash_storage16(void) {
+    tf_case16(2, 67, 128, 2, KG_BF16); /* D 64, T past one tile */
+    tf_case16(1, 33, 64, 4, KG_F16);   /* D 16, below one tile */
+    tf_case16(1, 130, 256, 2, KG_F16); /* D 128, three tiles   */
+    tf_case16(1, 1, 32, 1, KG_BF16);   /* T = 1, D 32           */
+}
+
 /* A program with a missing barrier: every thread writes its element, then
  * (without X::sync) reads its neighbour's, written by another warp's
  * thread for t = 31 -> 32. The race check must report it; with the
@@ -193,6 +271,7 @@ static void register_tests(void) {
     CU_add_test(s, "flash attention vs cpu, head sizes 16..128 (bf16)", test_flash_head_sizes);
     CU_add_test(s, "flash attention vs cpu, T = 1 and tile edges", test_flash_edges);
     CU_add_test(s, "flash attention vs cpu, f16 outputs", test_flash_f16);
+    CU_add_test(s, "16-bit storage (1.7) equals float32 storage rounded", test_flash_storage16);
     CU_add_test(s, "the emulation's race check fails a missing barrier", test_flash_race_check);
 }
 

@@ -77,7 +77,9 @@ for a, r in kiln.items():
     cats = r["breakdown"]
     assert any("gemm" in k.lower() for k in cats) and any("attention" in k.lower() for k in cats), (a, cats)
     assert r.get("gemm_flops_16bit_percent") == 100.0 and r.get("gemm_flops_fp32_percent") == 0.0, (a, r)
-    assert r.get("gemm_convert_mb_per_token", -1) > 0, (a, r)  # the count's conversions, measured
+    # the count's conversions, measured: 0 where the model keeps its activations in 16 bits (ABI 1.7's
+    # KILN_KERNELS_ACT_16BIT, which the cuda table sets), every product's operands already 16-bit
+    assert r.get("gemm_convert_mb_per_token", -1) >= 0, (a, r)
 print("rehearse.sh gpt2: rows:", {a: (r["step_ms"], r["tokens_per_s"], sorted(r["breakdown"])) for a, r in kiln.items()})
 PY
   ;;

@@ -19,9 +19,10 @@
  * themselves reject TF32-class GEMM error. Without the cuda plugin or without
  * a usable GPU the program prints one line saying why and exits 77, which
  * CTest reports as skipped; the cpu plugin failing to load is a failure.
- * The GEMM/bias, optimizer/elementwise/cast and 1.4 sequence cases stand in
- * cuda_gemm_cases.inc, cuda_ew_cases.inc and cuda_seq_cases.inc, which this
- * file includes; the table g_cases below registers them all.
+ * The GEMM/bias, optimizer/elementwise/cast, 1.4 sequence and 1.7 16-bit
+ * activation storage cases stand in cuda_gemm_cases.inc, cuda_ew_cases.inc,
+ * cuda_seq_cases.inc and cuda_act16_cases.inc, which this file includes;
+ * the table g_cases below registers them all.
  */
 
 /*
@@ -1186,6 +1187,7 @@ static void test_linear_forward(void) {
 /* ====================================================== 1.4 sequence */
 
 #include "cuda_seq_cases.inc"
+#include "cuda_act16_cases.inc"
 
 /* ============================================================== setup */
 
@@ -1327,6 +1329,8 @@ static const struct {
     {"1.6 xent_fused on bfloat16/float16 logits", test_seq_xent16},
     {"1.4 add: apart and in place", test_seq_add},
     {"1.4 attention forward/backward: 3 shapes, bfloat16 outputs", test_seq_attention},
+    {"1.7 16-bit activation storage (layernorm, linear, attention, act_backward, bias_grad, add) vs float32 rounded",
+     test_act16},
 };
 
 static void register_tests(void) {
