@@ -3,7 +3,7 @@
 # docs/benchmarks.md's transformer table:
 #   - kiln: examples/gpt2_124m.cfg on the cuda accelerator in bf16-mixed, T =
 #     1024, one batch per step (no accumulation), on a synthetic llm.c shard,
-#     at the largest batch of 32, 16, 8 that fits; the benchprobe callback's
+#     at the largest batch of 64, 32, 16, 8 that fits (llm.c runs 64); the benchprobe callback's
 #     steady-state window (after 10 steps) gives the step time, so tokens/s =
 #     B * T / step and MFU = tokens/s * FLOPs per token / the GPU's dense
 #     bf16 peak (FLOPs per token: 6 N + 6 L C T, N = 124,475,904: llm.c's
@@ -56,7 +56,7 @@ fit() {
 }
 
 batch=0
-for B in 32 16 8; do
+for B in 64 32 16 8; do
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 250 >"$work/mem-$B.txt" 2>/dev/null &
   smi=$!
   if fit "b$B" "$B" 40 '"cuda"'; then
