@@ -72,14 +72,14 @@ kiln = {r["attention"]: r for r in rows if r["check"] == "bench_gpt2"}
 assert set(kiln) == {"gemm", "flash"}, rows
 assert sum(r["kiln_figure"] for r in kiln.values()) == 1, rows
 for a, r in kiln.items():
-    assert r["status"] == "pass" and r["batch"] == 32, r
+    assert r["status"] == "pass" and r["batch"] == 64, r  # the first batch gpt2.sh tries
     assert r["step_ms"] > 0 and r["tokens_per_s"] > 0, r
     cats = r["breakdown"]
     assert any("gemm" in k.lower() for k in cats) and any("attention" in k.lower() for k in cats), (a, cats)
     assert r.get("gemm_flops_16bit_percent") == 100.0 and r.get("gemm_flops_fp32_percent") == 0.0, (a, r)
     # the count's conversions, measured: 0 where the model keeps its activations in 16 bits (ABI 1.7's
     # KILN_KERNELS_ACT_16BIT, which the cuda table sets), every product's operands already 16-bit
-    assert r.get("gemm_convert_mb_per_token", -1) >= 0, (a, r)
+    assert r.get("gemm_convert_mb_per_token", -1) == 0.0, (a, r)
 print("rehearse.sh gpt2: rows:", {a: (r["step_ms"], r["tokens_per_s"], sorted(r["breakdown"])) for a, r in kiln.items()})
 PY
   ;;
