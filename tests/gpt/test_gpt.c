@@ -14,6 +14,7 @@
  * and that no step allocates.
  */
 #define _POSIX_C_SOURCE 200112L /* posix_memalign */
+#include <kiln/nn.h>
 #include <kiln/testing.h>
 
 #include "plugin_fixture.h"
@@ -900,6 +901,67 @@ static void test_act_16bit(void) {
     }
 }
 
+/* kiln/nn.h's choice of activation storage and its refusals (ABI 1.7):
+ * 16-bit only where the module allows that dtype, the masters are float32
+ * and the table has both storage bits; a ctx whose dtypes the module set
+ * itself (sdt 0, as a 1.6 module's) keeps the master dtype; a Linear with
+ * an activation refuses a float32 dy beside 16-bit storage, and no input
+ * gradient is accumulated into 16-bit storage. */
+static void test_nn_storage(void) {
+    float buf[64] = {0};
+    kiln_parameter w = {sizeof w, 0, "h.0.mlp.c_fc.weight", 2, KILN_DTYPE_BF16, {4, 4}, 16, buf, buf, buf,
+                        KILN_DTYPE_F32, 0};
+    kiln_parameter *ps[1] = {&w};
+    kiln_kernels no_act16 = *g_cpu;
+    no_act16.flags &= ~KILN_KERNELS_ACT_16BIT;
+    const struct {
+        uint32_t compute, act16;
+        const kiln_kernels *k;
+        uint32_t want;
+    } cases[] = {
+        {KILN_DTYPE_BF16, 0, g_cpu, KILN_DTYPE_F32},
+        {KILN_DTYPE_BF16, KILN_NN_ACT16_BF16, g_cpu, KILN_DTYPE_BF16},
+        {KILN_DTYPE_BF16, KILN_NN_ACT16_F16, g_cpu, KILN_DTYPE_F32},
+        {KILN_DTYPE_BF16, KILN_NN_ACT16_BF16, &no_act16, KILN_DTYPE_F32},
+        {KILN_DTYPE_F16, KILN_NN_ACT16_BF16 | KILN_NN_ACT16_F16, g_cpu, KILN_DTYPE_F16},
+        {KILN_DTYPE_F32, KILN_NN_ACT16_BF16, g_cpu, KILN_DTYPE_F32},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        kiln_nn_ctx c;
+        memset(&c, 0, sizeof c);
+        c.k = cases[i].k;
+        c.act16 = cases[i].act16;
+        w.compute_dtype = cases[i].compute;
+        CU_ASSERT_EQUAL_FATAL(kiln_nn_ctx_setup(&c, ps, 1), KILN_OK);
+        CU_ASSERT_EQUAL(kiln_nn_sdt(&c), cases[i].want);
+        if (kiln_nn_sdt(&c) != cases[i].want)
+            printf("\n  case %zu: storage %u, want %u", i, (unsigned)kiln_nn_sdt(&c), (unsigned)cases[i].want);
+    }
+    /* a module that sets its dtypes itself: the master dtype */
+    kiln_nn_ctx m;
+    memset(&m, 0, sizeof m);
+    m.k = g_cpu;
+    m.adt = KILN_DTYPE_F32;
+    m.rdt = KILN_DTYPE_BF16;
+    CU_ASSERT_EQUAL(kiln_nn_sdt(&m), KILN_DTYPE_F32);
+    /* refusals, before any kernel runs */
+    kiln_nn_ctx c;
+    memset(&c, 0, sizeof c);
+    c.k = g_cpu;
+    c.act16 = KILN_NN_ACT16_BF16;
+    w.compute_dtype = KILN_DTYPE_BF16;
+    CU_ASSERT_EQUAL_FATAL(kiln_nn_ctx_setup(&c, ps, 1), KILN_OK);
+    kiln_nn_linear L = {&w, NULL, 4, 4, KILN_NN_IN_OUT, KILN_ACT_GELU, buf, buf + 16, buf + 32, 2};
+    CU_ASSERT_EQUAL(kiln_nn_linear_backward_dt(&c, &L, buf, KILN_DTYPE_F32, buf + 48, KILN_DTYPE_BF16, 0),
+                    KILN_E_UNSUPPORTED);
+    CU_ASSERT_PTR_NOT_NULL(strstr(c.msg, "h.0.mlp.c_fc.weight: backward with dy in float32"));
+    L.act = -1;
+    CU_ASSERT_EQUAL(kiln_nn_linear_backward_dt(&c, &L, buf, KILN_DTYPE_BF16, buf + 48, KILN_DTYPE_BF16, 1),
+                    KILN_E_UNSUPPORTED);
+    CU_ASSERT_PTR_NOT_NULL(strstr(c.msg, "accumulated"));
+    for (int i = 0; i < 64; i++) CU_ASSERT_EQUAL(buf[i], 0.0f); /* nothing written */
+}
+
 /* All targets ignored: loss 0, no gradient, nothing logged. */
 static void test_all_ignored(void) {
     tbatch tb;
@@ -1022,6 +1084,7 @@ static CU_TestInfo cases_gpt[] = {
     {"fp32 vs fp64; bf16 and f16 compute copies", test_precisions},
     {"1.6: bf16 logits, fused Conv1D = the 1.5 table's results, bit for bit", test_logits_16bit},
     {"1.7: bf16 activations = the 1.6 table's results, bit for bit", test_act_16bit},
+    {"1.7: kiln/nn.h picks the storage; refuses what it cannot store", test_nn_storage},
     {"all targets ignored: loss 0, no gradient", test_all_ignored},
     {"frozen parameters keep their grads", test_frozen},
     {"train/val/test losses and perplexities are logged", test_logging},
