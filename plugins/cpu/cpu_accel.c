@@ -23,7 +23,11 @@
  * checks (dtype, NULL, partial overlap). From 1.6 (KILN_KERNELS_STORE_16BIT)
  * gemm_ex writes a float16/bfloat16 C and xent_fused keeps 16-bit logits,
  * both through float32 workspace, and linear_forward_layout takes Conv1D's
- * (in, out) weights too.
+ * (in, out) weights too. From 1.7 (KILN_KERNELS_ACT_16BIT) the layer norm,
+ * linear, attention, act_backward, bias_grad_ex and add entries keep their
+ * activation buffers in 16 bits: each runs its float32 kernel on widened
+ * copies (acc->stage) and rounds its outputs into place, which is the
+ * entry's definition, so the cpu is the reference the GPU is held to.
  */
 #define _GNU_SOURCE /* sched_getaffinity / CPU_COUNT */
 

@@ -11,8 +11,12 @@
  * the valid range, found by a scan before anything is written (the kernels
  * would index out of bounds). The two backward passes that need scratch (the
  * embedding's counting sort, the layer norm's dw/db partials) take it from
- * the instance's grow-only workspace. Compiled against the frozen 1.2 and
- * 1.3 headers for the test fixtures too, where the body is left out.
+ * the instance's grow-only workspace. 1.7's 16-bit activation storage
+ * (the layer norms, add and attention with dtype float16/bfloat16) widens
+ * the 16-bit inputs into the instance's second buffer, runs the float32
+ * kernel and rounds the 16-bit outputs into place. Compiled against the
+ * frozen 1.2 and 1.3 headers for the test fixtures too, where the body is
+ * left out.
  */
 #include "cpu_accel.h"
 
