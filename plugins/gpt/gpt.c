@@ -17,8 +17,9 @@
  * into the classifier's unit gradients at once, which backward(dloss) then
  * scales. Precision is the module-independent emulation of kiln/nn.h
  * (docs/precision.md): nothing here names a precision. Every activation lives
- * in one arena planned at create() (again at init_weights for float64
- * masters); a step allocates nothing.
+ * in one arena, measured at create() and allocated by the first forward
+ * (once the precision has fixed the masters' dtype and the activations'
+ * storage, again only if they change); a later step allocates nothing.
  */
 #include <kiln/kiln.h>
 
@@ -208,12 +209,9 @@ static void gpt_layout(gpt *g, kiln_nn_arena *a) {
     g->pred32 = kiln_nn_carve(a, (size_t)g->Vp, sizeof(float));
 }
 
-/* (Re)allocates the arena for master dtype `adt` and activation storage
- * `sdt`: at create() for fp32, and again once the precision's dtypes are
- * known (fp64 masters; bf16 activations in bf16-mixed on a 1.7 table). */
-static int32_t gpt_alloc_arena(gpt *g, uint32_t adt, uint32_t sdt) {
-    if (g->arena) g->k->free(g->acc, g->arena);
-    g->arena = NULL;
+/* Lays the arena out (without memory) for master dtype `adt` and
+ * activation storage `sdt`: g->arena_bytes. */
+static int32_t gpt_measure_arena(gpt *g, uint32_t adt, uint32_t sdt) {
     g->adt = adt;
     g->esz = kiln_dtype_size(adt);
     g->sdt = sdt;
@@ -225,7 +223,22 @@ static int32_t gpt_alloc_arena(gpt *g, uint32_t adt, uint32_t sdt) {
         return gpt_fail(g, KILN_E_CONFIG, "gpt: activation buffers for max_batch %d x block_size %d overflow size_t",
                         g->max_batch, g->block_size);
     g->arena_bytes = a.off;
-    int32_t rc = g->k->alloc(g->acc, g->arena_bytes, &g->arena);
+    return KILN_OK;
+}
+
+/* (Re)allocates the arena for master dtype `adt` and activation storage
+ * `sdt`. Only gpt_plan calls it, at the first forward and when the dtypes
+ * change: the storage is known only once the precision has set up the
+ * compute copies, and an arena allocated earlier for float32 would stay in
+ * the accelerator's block cache beside the 16-bit one, raising the memory
+ * high-water mark by the float32 arena's size. */
+static int32_t gpt_alloc_arena(gpt *g, uint32_t adt, uint32_t sdt) {
+    if (g->arena) g->k->free(g->acc, g->arena);
+    g->arena = NULL;
+    int32_t rc = gpt_measure_arena(g, adt, sdt);
+    if (rc != KILN_OK) return rc;
+    kiln_nn_arena a;
+    rc = g->k->alloc(g->acc, g->arena_bytes, &g->arena);
     if (rc != KILN_OK || !g->arena) {
         g->arena = NULL;
         return gpt_fail(g, rc != KILN_OK ? rc : KILN_E_NOMEM,
@@ -378,8 +391,8 @@ static int32_t gpt_create(void *plugin_ctx, const kiln_host_services *svc, kiln_
         goto fail;
     }
 
-    /* Layer sizes first (the layout reads them), then the arena, then the
-     * registrations: a failed allocation leaves nothing on the host. */
+    /* Layer sizes first (the layout reads them), then the arena's size,
+     * then the registrations: a refusal leaves nothing on the host. */
     g->emb.V = g->V;
     g->emb.C = g->C;
     g->emb.P = g->block_size;
@@ -398,7 +411,9 @@ static int32_t gpt_create(void *plugin_ctx, const kiln_host_services *svc, kiln_
      * keeps float32: its classifier's unit-scale gradients are float32
      * products, which a float16 input would round) */
     g->ctx.act16 = KILN_NN_ACT16_BF16;
-    rc = gpt_alloc_arena(g, KILN_DTYPE_F32, KILN_DTYPE_F32);
+    /* the arena's size for float32 (the log line, and a size_t overflow
+     * refused here); gpt_plan allocates it once the dtypes are known */
+    rc = gpt_measure_arena(g, KILN_DTYPE_F32, KILN_DTYPE_F32);
     if (rc != KILN_OK) goto fail;
 
     rc = gpt_register(g);
@@ -441,11 +456,7 @@ static int32_t gpt_init_weights(kiln_instance *self, uint64_t seed) {
     if (pdt != KILN_DTYPE_F32 && pdt != KILN_DTYPE_F64)
         return gpt_fail(g, KILN_E_UNSUPPORTED, "gpt: master weights in %s; this module supports float32 and float64",
                         kiln_dtype_name(pdt));
-    if (pdt != g->adt) {
-        int32_t arc = gpt_alloc_arena(g, pdt, pdt); /* gpt_plan picks the storage once the precision ran */
-        if (arc != KILN_OK) return arc;
-    }
-    const size_t esz = g->esz;
+    const size_t esz = kiln_dtype_size(pdt); /* the arena waits for gpt_plan */
 
     /* Values are drawn as fp32 (what a 32-true run starts from) in a host
      * buffer sized for the largest tensor, widened for fp64 masters, and
@@ -544,14 +555,14 @@ static int32_t gpt_stage_batch(gpt *g, const kiln_batch *batch, const char *step
     return KILN_OK;
 }
 
-/* The dtypes of this step from the parameters the precision set up; lays
- * the arena out again when the masters' dtype changed since (a host that
- * skipped init_weights, e.g. when loading weights). */
+/* The dtypes of this step from the parameters the precision set up;
+ * allocates the arena at the first call and lays it out again when the
+ * masters' dtype or the activations' storage changed since. */
 static int32_t gpt_plan(gpt *g, const char *step) {
     int32_t rc = kiln_nn_ctx_setup(&g->ctx, g->params, g->nparams);
     if (rc != KILN_OK) return gpt_fail(g, rc, "gpt: %s: %s", step, g->ctx.msg);
     const uint32_t sdt = kiln_nn_sdt(&g->ctx);
-    if (g->ctx.adt != g->adt || sdt != g->sdt) rc = gpt_alloc_arena(g, g->ctx.adt, sdt);
+    if (!g->arena || g->ctx.adt != g->adt || sdt != g->sdt) rc = gpt_alloc_arena(g, g->ctx.adt, sdt);
     if (rc == KILN_OK && sdt != g->sdt_logged) { /* once per change: the precision decides it after create() */
         kiln_logf(g->svc, g->hctx, KILN_LOG_DEBUG, "gpt: activations stored in %s%s; activation arena %.1f MiB",
                   kiln_dtype_name(sdt),
