@@ -147,17 +147,34 @@ __global__ void kg_act_bwd_kernel(typename kg_storage<SD>::type *dx, const typen
     KG_GRID_STRIDE(i, n) dx[i] = kg_st<T, SD>(kg_act_bwd<ACT>(kg_ld<T, SD>(dy[i]), kg_ld<T, SD>(x[i])));
 }
 
-template <typename T> static cudaError_t kg_act_fwd_t(cudaStream_t s, int act, T *y, const T *x, size_t n) {
-    const unsigned g = kg_grid(n);
+/* The run-time act id as a compile-time one: calls launch(kg_act_c<A>())
+ * for A = act (-1, no activation, only where allow_none), then returns the
+ * launch's error; an unknown id is cudaErrorInvalidValue. Every kernel
+ * templated on the activation is launched through it. */
+template <int A> struct kg_act_c {
+    static constexpr int value = A;
+};
+template <typename L> static cudaError_t kg_with_act(int act, bool allow_none, L &&launch) {
     switch (act) {
-    case KG_ACT_RELU: kg_act_fwd_kernel<KG_ACT_RELU, T><<<g, KG_THREADS, 0, s>>>(y, x, n); break;
-    case KG_ACT_GELU: kg_act_fwd_kernel<KG_ACT_GELU, T><<<g, KG_THREADS, 0, s>>>(y, x, n); break;
-    case KG_ACT_TANH: kg_act_fwd_kernel<KG_ACT_TANH, T><<<g, KG_THREADS, 0, s>>>(y, x, n); break;
-    case KG_ACT_SIGMOID: kg_act_fwd_kernel<KG_ACT_SIGMOID, T><<<g, KG_THREADS, 0, s>>>(y, x, n); break;
-    case KG_ACT_LEAKY_RELU: kg_act_fwd_kernel<KG_ACT_LEAKY_RELU, T><<<g, KG_THREADS, 0, s>>>(y, x, n); break;
+    case -1:
+        if (!allow_none) return cudaErrorInvalidValue;
+        launch(kg_act_c<-1>());
+        break;
+    case KG_ACT_RELU: launch(kg_act_c<KG_ACT_RELU>()); break;
+    case KG_ACT_GELU: launch(kg_act_c<KG_ACT_GELU>()); break;
+    case KG_ACT_TANH: launch(kg_act_c<KG_ACT_TANH>()); break;
+    case KG_ACT_SIGMOID: launch(kg_act_c<KG_ACT_SIGMOID>()); break;
+    case KG_ACT_LEAKY_RELU: launch(kg_act_c<KG_ACT_LEAKY_RELU>()); break;
     default: return cudaErrorInvalidValue;
     }
     return cudaGetLastError();
+}
+
+template <typename T> static cudaError_t kg_act_fwd_t(cudaStream_t s, int act, T *y, const T *x, size_t n) {
+    const unsigned g = kg_grid(n);
+    return kg_with_act(act, false, [&](auto a) {
+        kg_act_fwd_kernel<decltype(a)::value, T><<<g, KG_THREADS, 0, s>>>(y, x, n);
+    });
 }
 
 template <typename T, int SD>
@@ -166,15 +183,9 @@ static cudaError_t kg_act_bwd_t(cudaStream_t s, int act, void *dx_, const void *
     S *dx = (S *)dx_;
     const S *dy = (const S *)dy_, *x = (const S *)x_;
     const unsigned g = kg_grid(n);
-    switch (act) {
-    case KG_ACT_RELU: kg_act_bwd_kernel<KG_ACT_RELU, T, SD><<<g, KG_THREADS, 0, s>>>(dx, dy, x, n); break;
-    case KG_ACT_GELU: kg_act_bwd_kernel<KG_ACT_GELU, T, SD><<<g, KG_THREADS, 0, s>>>(dx, dy, x, n); break;
-    case KG_ACT_TANH: kg_act_bwd_kernel<KG_ACT_TANH, T, SD><<<g, KG_THREADS, 0, s>>>(dx, dy, x, n); break;
-    case KG_ACT_SIGMOID: kg_act_bwd_kernel<KG_ACT_SIGMOID, T, SD><<<g, KG_THREADS, 0, s>>>(dx, dy, x, n); break;
-    case KG_ACT_LEAKY_RELU: kg_act_bwd_kernel<KG_ACT_LEAKY_RELU, T, SD><<<g, KG_THREADS, 0, s>>>(dx, dy, x, n); break;
-    default: return cudaErrorInvalidValue;
-    }
-    return cudaGetLastError();
+    return kg_with_act(act, false, [&](auto a) {
+        kg_act_bwd_kernel<decltype(a)::value, T, SD><<<g, KG_THREADS, 0, s>>>(dx, dy, x, n);
+    });
 }
 
 static int kg_act_valid(int act) { return act >= KG_ACT_RELU && act <= KG_ACT_LEAKY_RELU; }
@@ -309,18 +320,9 @@ static void kg_linear_epilogue_launch(cudaStream_t s, T *y, const T *b, T *post,
 template <typename T>
 static cudaError_t kg_linear_epilogue_t(cudaStream_t s, int act, T *y, const T *b, T *post, size_t total,
                                         size_t cols, int rdt) {
-    switch (act) {
-    case -1: kg_linear_epilogue_launch<T, -1>(s, y, b, post, total, cols, rdt); break;
-    case KG_ACT_RELU: kg_linear_epilogue_launch<T, KG_ACT_RELU>(s, y, b, post, total, cols, rdt); break;
-    case KG_ACT_GELU: kg_linear_epilogue_launch<T, KG_ACT_GELU>(s, y, b, post, total, cols, rdt); break;
-    case KG_ACT_TANH: kg_linear_epilogue_launch<T, KG_ACT_TANH>(s, y, b, post, total, cols, rdt); break;
-    case KG_ACT_SIGMOID: kg_linear_epilogue_launch<T, KG_ACT_SIGMOID>(s, y, b, post, total, cols, rdt); break;
-    case KG_ACT_LEAKY_RELU:
-        kg_linear_epilogue_launch<T, KG_ACT_LEAKY_RELU>(s, y, b, post, total, cols, rdt);
-        break;
-    default: return cudaErrorInvalidValue;
-    }
-    return cudaGetLastError();
+    return kg_with_act(act, true, [&](auto a) {
+        kg_linear_epilogue_launch<T, decltype(a)::value>(s, y, b, post, total, cols, rdt);
+    });
 }
 
 extern "C" cudaError_t kg_linear_epilogue(cudaStream_t s, int fdt, void *y, const void *b, int rows, int cols,
@@ -376,18 +378,9 @@ static void kg_linear_epilogue16_launch(cudaStream_t s, uint16_t *y, const float
 template <int SD>
 static cudaError_t kg_linear_epilogue16_t(cudaStream_t s, int act, uint16_t *y, const float *src, const float *b,
                                           uint16_t *post, size_t total, size_t cols) {
-    switch (act) {
-    case -1: kg_linear_epilogue16_launch<SD, -1>(s, y, src, b, post, total, cols); break;
-    case KG_ACT_RELU: kg_linear_epilogue16_launch<SD, KG_ACT_RELU>(s, y, src, b, post, total, cols); break;
-    case KG_ACT_GELU: kg_linear_epilogue16_launch<SD, KG_ACT_GELU>(s, y, src, b, post, total, cols); break;
-    case KG_ACT_TANH: kg_linear_epilogue16_launch<SD, KG_ACT_TANH>(s, y, src, b, post, total, cols); break;
-    case KG_ACT_SIGMOID: kg_linear_epilogue16_launch<SD, KG_ACT_SIGMOID>(s, y, src, b, post, total, cols); break;
-    case KG_ACT_LEAKY_RELU:
-        kg_linear_epilogue16_launch<SD, KG_ACT_LEAKY_RELU>(s, y, src, b, post, total, cols);
-        break;
-    default: return cudaErrorInvalidValue;
-    }
-    return cudaGetLastError();
+    return kg_with_act(act, true, [&](auto a) {
+        kg_linear_epilogue16_launch<SD, decltype(a)::value>(s, y, src, b, post, total, cols);
+    });
 }
 
 extern "C" cudaError_t kg_linear_epilogue16(cudaStream_t s, int sdt, void *y, const float *src, const float *b,

@@ -418,15 +418,10 @@ int32_t cpu_reserve_stage(kiln_instance *acc, size_t floats) {
     return rc;
 }
 
-void cpu_widen(float *dst, const void *src, uint32_t dt, size_t n) {
-    if (dt == KILN_DTYPE_BF16) kc_bf16_to_f32(dst, src, n);
-    else kc_f16_to_f32(dst, src, n);
-}
-
-void cpu_narrow(void *dst, uint32_t dt, const float *src, size_t n) {
-    if (dt == KILN_DTYPE_BF16) kc_f32_to_bf16(dst, src, n);
-    else kc_f32_to_f16(dst, src, n);
-}
+/* The 16-bit storage widens and rounds with kc_cast, on the ABI's dtype ids */
+static_assert((int)KC_F32 == (int)KILN_DTYPE_F32 && (int)KC_F16 == (int)KILN_DTYPE_F16 &&
+                  (int)KC_BF16 == (int)KILN_DTYPE_BF16,
+              "kc_cast takes the ABI's dtype ids");
 #endif
 
 static int32_t cpu_gemm_ex(kiln_instance *acc, int32_t trans_a, int32_t trans_b, int32_t M, int32_t N, int32_t K,
@@ -482,7 +477,7 @@ static int32_t cpu_bias_grad_ex(kiln_instance *acc, uint32_t dtype, void *db, co
     if (ack_act16(dtype)) { /* dy 16-bit, db float32 */
         const size_t n = (size_t)rows * (size_t)cols;
         if ((rc = cpu_reserve_stage(acc, n)) != KILN_OK) return rc;
-        cpu_widen(acc->stage, dy, dtype, n);
+        kc_cast(acc->stage, KC_F32, dy, (int)dtype, n);
         kc_bias_grad(db, acc->stage, rows, cols, accumulate != 0);
         return KILN_OK;
     }
@@ -532,10 +527,10 @@ static int32_t cpu_act_backward(kiln_instance *acc, uint32_t dtype, int32_t act,
         if (n > SIZE_MAX / 2 || (rc = cpu_reserve_stage(acc, 2 * n)) != KILN_OK)
             return rc != KILN_OK ? rc : CPU_ERR(acc, KILN_E_INVALID_ARG, "act_backward: n=%zu is too large", n);
         float *g = acc->stage, *xs = acc->stage + n;
-        cpu_widen(g, dy, dtype, n);
-        cpu_widen(xs, x, dtype, n);
+        kc_cast(g, KC_F32, dy, (int)dtype, n);
+        kc_cast(xs, KC_F32, x, (int)dtype, n);
         cpu_act_b32[act](g, g, xs, n);
-        cpu_narrow(dx, dtype, g, n);
+        kc_cast(dx, (int)dtype, g, KC_F32, n);
         return KILN_OK;
     }
 #endif
@@ -716,11 +711,11 @@ static int32_t cpu_linear(kiln_instance *acc, const char *fn, uint32_t dtype, co
         const size_t nstage = nx + ny * (act >= 0 ? 2 : 1);
         if ((rc = cpu_reserve_stage(acc, nstage)) != KILN_OK) return rc;
         float *xs = acc->stage, *ys = xs + nx, *ps = act >= 0 ? ys + ny : NULL;
-        cpu_widen(xs, x, dtype, nx);
+        kc_cast(xs, KC_F32, x, (int)dtype, nx);
         rc = cpu_linear(acc, fn, KILN_DTYPE_F32, xs, w, w_dtype, w_layout, b, rows, in, out, act, ys, ps, dtype);
         if (rc != KILN_OK) return rc;
-        cpu_narrow(y, dtype, ys, ny);
-        if (ps) cpu_narrow(post, dtype, ps, ny);
+        kc_cast(y, (int)dtype, ys, KC_F32, ny);
+        if (ps) kc_cast(post, (int)dtype, ps, KC_F32, ny);
         return KILN_OK;
     }
 #endif

@@ -65,12 +65,8 @@ int32_t cpu_reserve_workspace(kiln_instance *acc, size_t bytes);
 /* Makes acc->stage at least `floats` long (grow-only, as ws). The cpu runs
  * an entry on 16-bit storage (KILN_KERNELS_ACT_16BIT) as its definition
  * reads: the float32 kernel on widened copies, each output rounded as it is
- * stored; the copies live here. */
+ * stored (kc_cast both ways); the copies live here. */
 int32_t cpu_reserve_stage(kiln_instance *acc, size_t floats);
-/* dst(n) float32 = src(n) in 16-bit dtype dt (exact). */
-void cpu_widen(float *dst, const void *src, uint32_t dt, size_t n);
-/* dst(n) in 16-bit dtype dt = src(n) float32, rounded to nearest even. */
-void cpu_narrow(void *dst, uint32_t dt, const float *src, size_t n);
 #endif
 
 #if KILN_ABI_MINOR >= 4

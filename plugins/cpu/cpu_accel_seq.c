@@ -76,7 +76,7 @@ int32_t cpu_layernorm_forward(kiln_instance *acc, uint32_t dtype, void *y, void 
         const size_t n = (size_t)N * (size_t)C;
         if ((rc = cpu_reserve_stage(acc, n)) != KILN_OK) return rc;
         kc_layernorm_forward(acc->stage, mean, rstd, x, w, b, N, C, eps, (int)dtype);
-        cpu_narrow(y, dtype, acc->stage, n);
+        kc_cast(y, (int)dtype, acc->stage, KC_F32, n);
         return KILN_OK;
     }
 #endif
@@ -101,7 +101,7 @@ int32_t cpu_layernorm_backward(kiln_instance *acc, uint32_t dtype, void *dx, voi
     if (ack_act16(dtype)) { /* dy 16-bit, widened; everything else float32 */
         const size_t n = (size_t)N * (size_t)C;
         if ((rc = cpu_reserve_stage(acc, n)) != KILN_OK) return rc;
-        cpu_widen(acc->stage, dy, dtype, n);
+        kc_cast(acc->stage, KC_F32, dy, (int)dtype, n);
         kc_layernorm_backward(dx, dw, db, acc->stage, x, w, mean, rstd, N, C, accumulate != 0, acc->ws);
         return KILN_OK;
     }
@@ -147,7 +147,7 @@ int32_t cpu_add(kiln_instance *acc, uint32_t dtype, void *y, const void *a, cons
 #if KILN_ABI_MINOR >= 7
     if (ack_act16(dtype)) { /* y, a float32; b 16-bit, widened */
         if ((rc = cpu_reserve_stage(acc, n)) != KILN_OK) return rc;
-        cpu_widen(acc->stage, b, dtype, n);
+        kc_cast(acc->stage, KC_F32, b, (int)dtype, n);
         kc_add(y, a, acc->stage, n);
         return KILN_OK;
     }
@@ -195,10 +195,10 @@ int32_t cpu_attention_forward(kiln_instance *acc, uint32_t dtype, void *out, voi
     if (ack_act16(dtype)) { /* qkv, out 16-bit: staged float32 copies; lse float32 */
         if ((rc = cpu_reserve_stage(acc, n_qkv + n_out)) != KILN_OK) return rc;
         float *q32 = acc->stage, *o32 = acc->stage + n_qkv;
-        cpu_widen(q32, qkv, dtype, n_qkv);
+        kc_cast(q32, KC_F32, qkv, (int)dtype, n_qkv);
         rc = cpu_attn_ran(acc, fn, kc_attn_forward(o32, lse, q32, B, T, C, NH, (int)dtype, acc->ws, acc->ws_bytes),
                           need);
-        if (rc == KILN_OK) cpu_narrow(out, dtype, o32, n_out);
+        if (rc == KILN_OK) kc_cast(out, (int)dtype, o32, KC_F32, n_out);
         return rc;
     }
 #endif
@@ -234,13 +234,13 @@ int32_t cpu_attention_backward(kiln_instance *acc, uint32_t dtype, void *dqkv, c
         const size_t nq = n[ACK_QKV], no = n[ACK_OUT];
         if ((rc = cpu_reserve_stage(acc, 2 * nq + 2 * no)) != KILN_OK) return rc;
         float *dq32 = acc->stage, *q32 = dq32 + nq, *do32 = q32 + nq, *o32 = do32 + no;
-        cpu_widen(q32, qkv, dtype, nq);
-        cpu_widen(do32, dout, dtype, no);
-        cpu_widen(o32, out, dtype, no);
+        kc_cast(q32, KC_F32, qkv, (int)dtype, nq);
+        kc_cast(do32, KC_F32, dout, (int)dtype, no);
+        kc_cast(o32, KC_F32, out, (int)dtype, no);
         rc = cpu_attn_ran(acc, fn,
                           kc_attn_backward(dq32, do32, q32, o32, lse, B, T, C, NH, (int)dtype, acc->ws, acc->ws_bytes),
                           need);
-        if (rc == KILN_OK) cpu_narrow(dqkv, dtype, dq32, nq);
+        if (rc == KILN_OK) kc_cast(dqkv, (int)dtype, dq32, KC_F32, nq);
         return rc;
     }
 #endif

@@ -816,16 +816,12 @@ static int32_t gpt_backward(kiln_instance *self, double dloss) {
      * matmul's output would be (the loss scale's overflow shows up here).
      * With 16-bit activations the product is formed in dres (free until
      * ln_f's backward writes it) and the cast into d_lnf is the rounding. */
-    int32_t rc = KILN_OK;
-    if (g->sdt != c->adt) {
-        GPT_K(g, k->copy(g->acc, g->dres, g->dx_unit, nC * g->esz, KILN_COPY_D2D), step, "copy (dx_unit)");
-        GPT_K(g, k->scale_ex(g->acc, c->adt, g->dres, dloss, nC), step, "scale_ex (dx_unit)");
-        GPT_K(g, k->cast(g->acc, d_lnf, g->sdt, g->dres, c->adt, nC), step, "cast (ln_f output grad)");
-    } else {
-        GPT_K(g, k->copy(g->acc, d_lnf, g->dx_unit, nC * g->esz, KILN_COPY_D2D), step, "copy (dx_unit)");
-        GPT_K(g, k->scale_ex(g->acc, c->adt, d_lnf, dloss, nC), step, "scale_ex (dx_unit)");
-        rc = kiln_nn_round(c, d_lnf, nC, "transformer.ln_f");
-    }
+    const int s16 = g->sdt != c->adt;
+    void *prod = s16 ? g->dres : d_lnf; /* where dloss * dx_unit is formed, in adt */
+    GPT_K(g, k->copy(g->acc, prod, g->dx_unit, nC * g->esz, KILN_COPY_D2D), step, "copy (dx_unit)");
+    GPT_K(g, k->scale_ex(g->acc, c->adt, prod, dloss, nC), step, "scale_ex (dx_unit)");
+    if (s16) GPT_K(g, k->cast(g->acc, d_lnf, g->sdt, prod, c->adt, nC), step, "cast (ln_f output grad)");
+    int32_t rc = kiln_nn_round(c, d_lnf, nC, "transformer.ln_f"); /* a no-op for 16-bit storage */
     if (rc == KILN_OK) rc = kiln_nn_layernorm_backward(c, &g->ln_f, d_lnf, g->dres, 0);
     for (int32_t l = g->n_layer - 1; l >= 0 && rc == KILN_OK; l--)
         rc = kiln_nn_block_backward(c, &g->h[l], g->dres, &g->scratch);

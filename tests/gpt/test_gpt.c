@@ -851,6 +851,18 @@ static logits_run run_logits(int prec, int abi) {
     return r;
 }
 
+/* Two runs that must agree bit for bit: losses and every gradient (then
+ * the gradients are freed). */
+static void expect_same_run(logits_run *a, logits_run *b) {
+    CU_ASSERT_EQUAL(a->train, b->train);
+    CU_ASSERT_EQUAL(a->val, b->val);
+    CU_ASSERT_TRUE(isfinite(a->train) && a->train > 0.0);
+    CU_ASSERT_TRUE(a->n > 0 && a->n == b->n);
+    CU_ASSERT_EQUAL(memcmp(a->grads, b->grads, a->n * sizeof(float)), 0);
+    free(a->grads);
+    free(b->grads);
+}
+
 static void test_logits_16bit(void) {
     CU_ASSERT_TRUE_FATAL(g_cpu->flags & KILN_KERNELS_STORE_16BIT);
     const int precs[3] = {P_BF16, P_F16, P_F32};
@@ -865,13 +877,7 @@ static void test_logits_16bit(void) {
          * precision on the 1.6 table, none on the 1.5 one */
         CU_ASSERT_EQUAL(a.casts16, precs[k] == P_F32 ? 0 : 2 * 4);
         CU_ASSERT_EQUAL(b.casts16, 0);
-        CU_ASSERT_EQUAL(a.train, b.train);
-        CU_ASSERT_EQUAL(a.val, b.val);
-        CU_ASSERT_TRUE(isfinite(a.train) && a.train > 0.0);
-        CU_ASSERT_TRUE(a.n > 0 && a.n == b.n);
-        CU_ASSERT_EQUAL(memcmp(a.grads, b.grads, a.n * sizeof(float)), 0);
-        free(a.grads);
-        free(b.grads);
+        expect_same_run(&a, &b);
     }
 }
 
@@ -889,15 +895,9 @@ static void test_act_16bit(void) {
         CU_ASSERT_EQUAL(a.ln_dtype, precs[k] == P_BF16 ? KILN_DTYPE_BF16 : KILN_DTYPE_F32);
         CU_ASSERT_EQUAL(b.ln_dtype, KILN_DTYPE_F32);
         CU_ASSERT_EQUAL(a.casts16, precs[k] == P_BF16 ? 2 * 2 + 1 : b.casts16);
-        CU_ASSERT_EQUAL(a.train, b.train);
-        CU_ASSERT_EQUAL(a.val, b.val);
         CU_ASSERT_EQUAL(memcmp(a.predict, b.predict, sizeof a.predict), 0);
         CU_ASSERT(a.predict[0] != 0.0f || a.predict[1] != 0.0f); /* predict_step filled them */
-        CU_ASSERT_TRUE(isfinite(a.train) && a.train > 0.0);
-        CU_ASSERT_TRUE(a.n > 0 && a.n == b.n);
-        CU_ASSERT_EQUAL(memcmp(a.grads, b.grads, a.n * sizeof(float)), 0);
-        free(a.grads);
-        free(b.grads);
+        expect_same_run(&a, &b);
     }
 }
 
