@@ -213,9 +213,23 @@ static inline int32_t ack_act(ack_sink s, const char *fn, int32_t act) {
 
 /* ----------------------------------------------------------- Linear layer */
 
+/* 1.8: linear_forward_layout's w_layout may carry KILN_LAYOUT_ROUND_BIAS.
+ * ack_layout strips it (the weight layout proper), ack_round_bias says
+ * whether it is there. Built against older headers (the test fixtures)
+ * there is no flag, so it stays part of an unknown layout and is refused. */
+static inline int32_t ack_layout(int32_t w_layout) {
+#if KILN_ABI_MINOR >= 8
+    return w_layout & ~(int32_t)KILN_LAYOUT_ROUND_BIAS;
+#else
+    return w_layout;
+#endif
+}
+static inline int ack_round_bias(int32_t w_layout) { return ack_layout(w_layout) != w_layout; }
+
 /* linear_forward's and (1.6) linear_forward_layout's checks, in this order:
  * the layout (0: w (out, in), 1: w (in, out); KILN_LAYOUT_* as numbers,
- * since the fixtures built against older headers lack the names), dtype,
+ * since the fixtures built against older headers lack the names; 1.8's
+ * bias rounding needs a 16-bit round_dtype), dtype,
  * act (< 0: none), sizes, round_dtype, w_dtype (dt, or a 16-bit format
  * beside float32), the buffers the call touches, and the overlaps the
  * backward forbids. *go = 0 when rows * out == 0 (nothing to compute). */
@@ -224,9 +238,16 @@ static inline int32_t ack_linear(ack_sink s, const char *fn, uint32_t dt, const 
                                  const void *post, uint32_t rt, int *go) {
     int32_t rc;
     *go = 0;
-    if (w_layout != 0 && w_layout != 1)
+    const int32_t lay = ack_layout(w_layout);
+    if (lay != 0 && lay != 1)
         return ACK_ERR(s, KILN_E_INVALID_ARG, fn,
-                       "w_layout must be KILN_LAYOUT_OUT_IN (0) or KILN_LAYOUT_IN_OUT (1), got %d", (int)w_layout);
+                       "w_layout must be KILN_LAYOUT_OUT_IN (0) or KILN_LAYOUT_IN_OUT (1)%s, got %d",
+                       ack_round_bias(~0) ? ", optionally | KILN_LAYOUT_ROUND_BIAS" : "", (int)w_layout);
+    if (ack_round_bias(w_layout) && !ack_is16(rt))
+        return ACK_ERR(s, KILN_E_INVALID_ARG, fn,
+                       "KILN_LAYOUT_ROUND_BIAS rounds the bias through round_dtype, which must then be float16 or "
+                       "bfloat16, got %s (%u)",
+                       kiln_dtype_name(rt), (unsigned)rt);
     if ((rc = ack_act_dtype(s, fn, dt)) != KILN_OK) return rc;
     if (act >= 0 && (rc = ack_act(s, fn, act)) != KILN_OK) return rc;
     if (rows < 0 || in < 0 || out < 0)

@@ -28,6 +28,9 @@
  * activation buffers in 16 bits: each runs its float32 kernel on widened
  * copies (acc->stage) and rounds its outputs into place, which is the
  * entry's definition, so the cpu is the reference the GPU is held to.
+ * From 1.8 (KILN_KERNELS_BIAS_ROUND) linear_forward_layout rounds the bias
+ * first where w_layout carries KILN_LAYOUT_ROUND_BIAS: a rounded copy in
+ * acc->stage, then the plain call.
  */
 #define _GNU_SOURCE /* sched_getaffinity / CPU_COUNT */
 
@@ -705,14 +708,25 @@ static int32_t cpu_linear(kiln_instance *acc, const char *fn, uint32_t dtype, co
     int32_t rc = ack_linear(CPU_SINK(acc), fn, dtype, x, w, w_dtype, w_layout, rows, in, out, act, y, post,
                             round_dtype, &go);
     if (rc != KILN_OK || !go) return rc;
+    const int32_t lay = ack_layout(w_layout); /* without 1.8's KILN_LAYOUT_ROUND_BIAS */
 #if KILN_ABI_MINOR >= 7
-    if (ack_act16(dtype)) { /* x, y, post 16-bit: the float32 call on staged copies, rounded as stored */
-        const size_t nx = (size_t)rows * (size_t)in, ny = (size_t)rows * (size_t)out;
-        const size_t nstage = nx + ny * (act >= 0 ? 2 : 1);
-        if ((rc = cpu_reserve_stage(acc, nstage)) != KILN_OK) return rc;
-        float *xs = acc->stage, *ys = xs + nx, *ps = act >= 0 ? ys + ny : NULL;
+    /* 1.8's rounded bias and 1.7's 16-bit storage: the plain float32 call
+     * on copies in acc->stage ([bias (out)] [x (rows, in)] [y] [post]), its
+     * outputs rounded into place as they are stored. */
+    const int rb = ack_round_bias(w_layout) && b;
+    if (ack_act16(dtype) || rb) {
+        const int s16 = ack_act16(dtype);
+        const size_t nb = rb ? (size_t)out : 0, nx = (size_t)rows * (size_t)in, ny = (size_t)rows * (size_t)out;
+        if ((rc = cpu_reserve_stage(acc, nb + (s16 ? nx + ny * (act >= 0 ? 2 : 1) : 0))) != KILN_OK) return rc;
+        if (rb) { /* autocast's cast of the bias, as a 16-bit store would keep it */
+            memcpy(acc->stage, b, nb * sizeof(float));
+            if ((rc = cpu_round_to(acc, acc->stage, round_dtype, nb)) != KILN_OK) return rc;
+            b = acc->stage;
+        }
+        if (!s16) return cpu_linear(acc, fn, dtype, x, w, w_dtype, lay, b, rows, in, out, act, y, post, round_dtype);
+        float *xs = acc->stage + nb, *ys = xs + nx, *ps = act >= 0 ? ys + ny : NULL;
         kc_cast(xs, KC_F32, x, (int)dtype, nx);
-        rc = cpu_linear(acc, fn, KILN_DTYPE_F32, xs, w, w_dtype, w_layout, b, rows, in, out, act, ys, ps, dtype);
+        rc = cpu_linear(acc, fn, KILN_DTYPE_F32, xs, w, w_dtype, lay, b, rows, in, out, act, ys, ps, dtype);
         if (rc != KILN_OK) return rc;
         kc_cast(y, (int)dtype, ys, KC_F32, ny);
         if (ps) kc_cast(post, (int)dtype, ps, KC_F32, ny);
@@ -721,7 +735,7 @@ static int32_t cpu_linear(kiln_instance *acc, const char *fn, uint32_t dtype, co
 #endif
     const int r16 = round_dtype == KILN_DTYPE_F16 || round_dtype == KILN_DTYPE_BF16;
     const size_t ny = (size_t)rows * (size_t)out;
-    const int in_out = w_layout == 1; /* KILN_LAYOUT_IN_OUT: Conv1D */
+    const int in_out = lay == 1; /* KILN_LAYOUT_IN_OUT: Conv1D */
     const int32_t ld = in > 0 ? in : 1; /* in == 0: y = b, and gemm wants ld >= 1 */
     const int32_t ldw = in_out ? out : ld;
     if (dtype == KILN_DTYPE_F32 && w_dtype == KILN_DTYPE_F32)
@@ -777,7 +791,9 @@ ACK_DEFINE_EW_ENTRIES(cpu_, cpu_ew, KC_EW_, CPU_SINK)
 
 static const kiln_kernels cpu_kernel_table = {
     .struct_size = sizeof(kiln_kernels),
-#if KILN_ABI_MINOR >= 7 /* tests build this file against older headers too (libkiln-cpu15, -cpu16) */
+#if KILN_ABI_MINOR >= 8 /* tests build this file against older headers too (libkiln-cpu15, -cpu16, -cpu17) */
+    .flags = KILN_KERNELS_HOST_MEMORY | KILN_KERNELS_STORE_16BIT | KILN_KERNELS_ACT_16BIT | KILN_KERNELS_BIAS_ROUND,
+#elif KILN_ABI_MINOR >= 7
     .flags = KILN_KERNELS_HOST_MEMORY | KILN_KERNELS_STORE_16BIT | KILN_KERNELS_ACT_16BIT,
 #elif KILN_ABI_MINOR >= 6
     .flags = KILN_KERNELS_HOST_MEMORY | KILN_KERNELS_STORE_16BIT,

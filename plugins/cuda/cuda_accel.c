@@ -538,8 +538,11 @@ static const kiln_kernels cu_kernel_table = {
     /* device memory: callers copy host data in and out; gemm_ex and
      * xent_fused take 16-bit outputs and logits (1.6); the layer norm,
      * linear, attention, act_backward, bias_grad_ex and add entries keep
-     * activations in 16 bits (1.7) */
-#if KILN_ABI_MINOR >= 7
+     * activations in 16 bits (1.7); linear_forward_layout rounds the bias
+     * where asked (1.8) */
+#if KILN_ABI_MINOR >= 8
+    .flags = KILN_KERNELS_STORE_16BIT | KILN_KERNELS_ACT_16BIT | KILN_KERNELS_BIAS_ROUND,
+#elif KILN_ABI_MINOR >= 7
     .flags = KILN_KERNELS_STORE_16BIT | KILN_KERNELS_ACT_16BIT,
 #else
     .flags = KILN_KERNELS_STORE_16BIT,

@@ -14,7 +14,9 @@
  * entries (plugins/cpu) are the reference both are compared with. Under
  * ABI 1.7's 16-bit activation storage (dtype F16 / BF16) cuBLASLt reads
  * the 16-bit x as its operand directly and the epilogue pass reads and
- * writes 16 bits (cu_linear16).
+ * writes 16 bits (cu_linear16). With 1.8's KILN_LAYOUT_ROUND_BIAS the bias
+ * is rounded into a 16-bit copy first, which cuBLASLt's epilogue adds to a
+ * 16-bit output directly (cu_round_bias).
  */
 #include <string.h>
 
@@ -60,37 +62,57 @@ int32_t cu_unscale_check(kiln_instance *acc, uint32_t dt, void *const *x, const 
 
 /* ------------------------------------------------------- linear_forward */
 
+/* 1.8's KILN_LAYOUT_ROUND_BIAS: b (out, float32) rounded through the
+ * 16-bit rt into bq16 (out, rt), and, where fp32 is wanted (bqf not NULL),
+ * widened back into bqf: the float32 bias the call then adds is exactly
+ * the 16-bit one. */
+static int32_t cu_round_bias(kiln_instance *acc, uint32_t rt, const void *b, int32_t out, void *bq16, float *bqf) {
+    CU_LAUNCH(acc, "linear_forward (bias)", kg_cast(acc->stream, bq16, (int)rt, b, KG_F32, (size_t)out));
+    if (bqf) CU_LAUNCH(acc, "linear_forward (bias)", kg_cast(acc->stream, bqf, KG_F32, bq16, (int)rt, (size_t)out));
+    return KILN_OK;
+}
+
 /*
  * The 16-bit storage form (1.7; dt F16 / BF16, round_dtype dt, the checks
  * passed): x is already the product's operand, an F32 w is converted to
  * dt as the float32 call rounds it. Without a bias cuBLASLt writes y in dt
  * itself (its fp32 result rounded once as stored: the float32 call's
  * rounding) and only an activation needs a pass (reading y, writing
- * post). With one, the sum product + bias must be rounded once, and
- * cuBLASLt's bias epilogue on a 16-bit output takes a bias of the output's
- * type (kiln's bias is float32 and would be rounded first), so the product
+ * post). With a bias rounded first (1.8, rb), the same: cuBLASLt's bias
+ * epilogue on a 16-bit output takes the bias in the output's type, adds it
+ * to the fp32 sum and rounds once, which is the call's definition. With a
+ * float32 bias (no rb) that epilogue would round the bias, so the product
  * and bias go to float32 scratch through the fp32 epilogue and one pass
  * rounds them into y (and post): 4 + 4 bytes of scratch traffic per element
  * beside the 2 of y, still less than the float32 call's y (4 + 4 + 4).
+ * K = 0 (y = the bias) takes the scratch path with the rounded bias.
  */
 static int32_t cu_linear16(kiln_instance *acc, const char *fn, uint32_t dt, const void *x, const void *w,
-                           uint32_t wt, int in_out, const void *b, int32_t rows, int32_t in, int32_t out, int32_t act,
-                           void *y, void *post) {
+                           uint32_t wt, int in_out, const void *b, int rb, int32_t rows, int32_t in, int32_t out,
+                           int32_t act, void *y, void *post) {
     const size_t ny = (size_t)rows * (size_t)out;
-    const size_t scratch = b ? cu_up256(ny * sizeof(float)) : 0;
+    rb = rb && b;
+    const int direct = !b || (rb && in > 0); /* cuBLASLt writes y in dt */
+    const size_t bq16_bytes = rb ? cu_up256((size_t)out * 2) : 0;
+    const size_t bqf_bytes = rb && !direct ? cu_up256((size_t)out * sizeof(float)) : 0;
+    const size_t prod_bytes = direct ? 0 : cu_up256(ny * sizeof(float));
     const void *xa = NULL, *wa = NULL;
-    void *prod = NULL;
+    void *extra = NULL;
     int32_t rc = cu_gemm_operands(acc, fn, dt, dt, x, dt, (size_t)rows * (size_t)in, w, wt, (size_t)out * (size_t)in,
-                                  scratch, &xa, &wa, &prod);
+                                  bq16_bytes + bqf_bytes + prod_bytes, &xa, &wa, &extra);
     if (rc != KILN_OK) return rc;
-    if (!b) {
+    char *bq16 = (char *)extra, *bqf = bq16 + bq16_bytes, *prod = bqf + bqf_bytes;
+    if (rb && (rc = cu_round_bias(acc, dt, b, out, bq16, bqf_bytes ? (float *)bqf : NULL)) != KILN_OK) return rc;
+    if (direct) {
+        cu_ep ep = {CUBLASLT_EPILOGUE_BIAS, bq16, NULL, 0};
         rc = cu_matmul_ep(acc, fn, 0, !in_out, rows, out, in, 1.0, xa, dt, in, wa, dt, in_out ? out : in, 0.0, y, dt,
-                          out, NULL);
+                          out, b ? &ep : NULL);
         if (rc != KILN_OK || act < 0) return rc;
         CU_LAUNCH(acc, "linear_forward (epilogue)",
                   kg_linear_epilogue16(acc->stream, (int)dt, y, NULL, NULL, rows, out, act, post));
         return KILN_OK;
     }
+    if (rb) b = bqf;
     cu_ep ep = {CUBLASLT_EPILOGUE_BIAS, b, NULL, 0};
     rc = cu_matmul_ep(acc, fn, 0, !in_out, rows, out, in, 1.0, xa, dt, in, wa, dt, in_out ? out : in, 0.0, prod,
                       KILN_DTYPE_F32, out, in > 0 ? &ep : NULL);
@@ -103,25 +125,36 @@ static int32_t cu_linear16(kiln_instance *acc, const char *fn, uint32_t dt, cons
 
 /* Both entries, after the cpu accelerator's checks (accel_checks.h:
  * ack_linear); w_layout 1 (KILN_LAYOUT_IN_OUT): w is (in, out) (Conv1D),
- * the GEMM's B not transposed. */
+ * the GEMM's B not transposed; 1.8's KILN_LAYOUT_ROUND_BIAS rounds b
+ * through the 16-bit rt first (cu_round_bias). */
 static int32_t cu_linear(kiln_instance *acc, const char *fn, uint32_t dt, const void *x, const void *w, uint32_t wt,
                          int32_t w_layout, const void *b, int32_t rows, int32_t in, int32_t out, int32_t act, void *y,
                          void *post, uint32_t rt) {
     int go = 0;
     int32_t rc = ack_linear(CU_SINK(acc), fn, dt, x, w, wt, w_layout, rows, in, out, act, y, post, rt, &go);
     if (rc != KILN_OK || !go) return rc;
-    const int in_out = w_layout == KILN_LAYOUT_IN_OUT;
+    const int in_out = ack_layout(w_layout) == KILN_LAYOUT_IN_OUT;
+    const int rb = ack_round_bias(w_layout) && b;
     CU_READY(acc, fn);
     const int r16 = cu_is16(rt);
     if (act < 0) act = -1;
-    if (cu_is16(dt)) return cu_linear16(acc, fn, dt, x, w, wt, in_out, b, rows, in, out, act, y, post);
+    if (cu_is16(dt)) return cu_linear16(acc, fn, dt, x, w, wt, in_out, b, rb, rows, in, out, act, y, post);
 
-    /* The operands in the dtype the product runs in, as gemm_ex picks it */
+    /* The operands in the dtype the product runs in, as gemm_ex picks it;
+     * after them in the scratch, the rounded bias (rb) */
     const uint32_t op = cu_product_dtype(dt, wt, rt);
     const void *xa = NULL, *wa = NULL;
+    const size_t bq16_bytes = rb ? cu_up256((size_t)out * 2) : 0;
+    void *extra = NULL;
     rc = cu_gemm_operands(acc, fn, op, (uint32_t)km_gemm_round_dtype((int)dt, (int)wt, (int)rt), x, dt,
-                          (size_t)rows * (size_t)in, w, wt, (size_t)out * (size_t)in, 0, &xa, &wa, NULL);
+                          (size_t)rows * (size_t)in, w, wt, (size_t)out * (size_t)in,
+                          rb ? bq16_bytes + cu_up256((size_t)out * sizeof(float)) : 0, &xa, &wa, &extra);
     if (rc != KILN_OK) return rc;
+    if (rb) {
+        float *bqf = (float *)((char *)extra + bq16_bytes);
+        if ((rc = cu_round_bias(acc, rt, b, out, extra, bqf)) != KILN_OK) return rc;
+        b = bqf;
+    }
 
     /* The epilogue cuBLASLt runs: the bias alone (fp64 and a K of 0 take
      * none). Never its GELU (GELU_AUX_BIAS): cuBLASLt evaluates its own tanh

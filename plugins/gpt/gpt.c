@@ -411,6 +411,9 @@ static int32_t gpt_create(void *plugin_ctx, const kiln_host_services *svc, kiln_
      * keeps float32: its classifier's unit-scale gradients are float32
      * products, which a float16 input would round) */
     g->ctx.act16 = KILN_NN_ACT16_BF16;
+    /* each projection's bias joins the product in the compute dtype, as
+     * autocast casts it (both mixed precisions): y = bf16(x W + bf16(b)) */
+    g->ctx.round_bias = 1;
     /* the arena's size for float32 (the log line, and a size_t overflow
      * refused here); gpt_plan allocates it once the dtypes are known */
     rc = gpt_measure_arena(g, KILN_DTYPE_F32, KILN_DTYPE_F32);
@@ -564,12 +567,20 @@ static int32_t gpt_plan(gpt *g, const char *step) {
     const uint32_t sdt = kiln_nn_sdt(&g->ctx);
     if (!g->arena || g->ctx.adt != g->adt || sdt != g->sdt) rc = gpt_alloc_arena(g, g->ctx.adt, sdt);
     if (rc == KILN_OK && sdt != g->sdt_logged) { /* once per change: the precision decides it after create() */
-        kiln_logf(g->svc, g->hctx, KILN_LOG_DEBUG, "gpt: activations stored in %s%s; activation arena %.1f MiB",
+        /* and who rounds the biases (kiln_nn_ctx.round_bias): the
+         * accelerator where its table says it can (ABI 1.8), else kiln/nn.h */
+        const int r16 = g->ctx.rdt != KILN_DTYPE_F32 && g->ctx.adt == KILN_DTYPE_F32;
+        kiln_logf(g->svc, g->hctx, KILN_LOG_DEBUG, "gpt: activations stored in %s%s; activation arena %.1f MiB%s%s%s",
                   kiln_dtype_name(sdt),
                   sdt == g->ctx.adt && g->ctx.rdt == KILN_DTYPE_BF16
                       ? " (the accelerator's table lacks KILN_KERNELS_ACT_16BIT, ABI 1.7)"
                       : "",
-                  (double)g->arena_bytes / 1048576.0);
+                  (double)g->arena_bytes / 1048576.0, r16 ? "; biases added in " : "",
+                  r16 ? kiln_dtype_name(g->ctx.rdt) : "",
+                  !r16                                      ? ""
+                  : (g->k->flags & KILN_KERNELS_BIAS_ROUND) ? ", rounded by the accelerator"
+                                                            : ", rounded by the module (the accelerator's table lacks "
+                                                              "KILN_KERNELS_BIAS_ROUND, ABI 1.8)");
         g->sdt_logged = sdt;
     }
     return rc;

@@ -1355,6 +1355,8 @@ static void test_blas_key(void) {
 
 /* ABI 1.7: the shared cases of tests/support/act16_cases.h */
 static void test_act16(void) { act16_run_all(g_k, g_acc); }
+/* ABI 1.8: KILN_LAYOUT_ROUND_BIAS, the same shared file */
+static void test_bias_round(void) { bias_round_run_all(g_k, g_acc); }
 
 static CU_TestInfo cases_cpu_accel[] = {
     {"blas key: auto, openblas, blis", test_blas_key},
@@ -1380,6 +1382,7 @@ static CU_TestInfo cases_cpu_accel[] = {
     {"1.3: linear_forward (f32, bf16 rounding, f64, = unfused, refusals)", test_linear_forward},
     {"1.6: linear_forward_layout (Conv1D (in, out) = unfused, OUT_IN = 1.3 entry, bad layout)", test_linear_forward_layout},
     {"1.7: 16-bit activation storage (8 entries = the f32 call, rounded as stored; refusals)", test_act16},
+    {"1.8: linear_forward_layout's KILN_LAYOUT_ROUND_BIAS = the call with the bias rounded first", test_bias_round},
     {"configure threads", test_configure},
     CU_TEST_INFO_NULL,
 };

@@ -12,8 +12,9 @@
  * exactly; TF32 compute rounds fp32 inputs to 10 mantissa bits first, as
  * the tensor cores do; a float16 / bfloat16 C of the operands' type gets
  * the fp32 result rounded once). beta == 0 does not read C, so NaN there cannot
- * leak. The BIAS and GELU_AUX_BIAS epilogues (fp32 output) add the bias
- * after the product is rounded to fp32 and, for GELU, store that in aux
+ * leak. The BIAS and GELU_AUX_BIAS epilogues (fp32 output; BIAS on a
+ * 16-bit output too, its bias then in that type and the sum rounded once)
+ * add the bias after the product is rounded to fp32 and, for GELU, store that in aux
  * and apply a GELU that is not the cpu kernels' (as cuBLASLt's is not).
  * The algorithm also remembers the bias and aux alignment the heuristic saw
  * on the descriptor, and cublasLtDestroy checks that the last GEMM was
@@ -432,10 +433,16 @@ static cublasStatus_t fake_resolve(const char *fn, cublasLtMatmulDesc_t desc, cu
     }
     cfg->ab_size = fake_type_size(a->type);
     cfg->cd_size = fake_type_size(c->type);
+    /* BIAS on fp32 or (its bias then in the output's type, as cublasLt.h
+     * says for every non-IMMA, non-fp8 kernel) 16-bit output; GELU_AUX_BIAS
+     * on fp32 only; fp32 compute */
+    const int c16 = c->type == CUDA_R_16F || c->type == CUDA_R_16BF;
     if (d->epilogue != CUBLASLT_EPILOGUE_DEFAULT &&
-        (c->type != CUDA_R_32F || !(fake_is_compute_32f(d->compute) || d->compute == CUBLAS_COMPUTE_32F_FAST_TF32))) {
-        fake_violation("%s: the fake models epilogues for fp32 output and fp32 compute only (C %d, compute %d)", fn,
-                       (int)c->type, (int)d->compute);
+        (!(c->type == CUDA_R_32F || (c16 && d->epilogue == CUBLASLT_EPILOGUE_BIAS)) ||
+         !(fake_is_compute_32f(d->compute) || d->compute == CUBLAS_COMPUTE_32F_FAST_TF32))) {
+        fake_violation("%s: the fake models the bias epilogue for fp32 and 16-bit output, GELU_AUX_BIAS for fp32 "
+                       "output, and both for fp32 compute only (epilogue %u, C %d, compute %d)",
+                       fn, (unsigned)d->epilogue, (int)c->type, (int)d->compute);
         return CUBLAS_STATUS_NOT_SUPPORTED;
     }
 
@@ -670,7 +677,7 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmul(cublasLtHandle_t lightHandle, cublasL
      * aux_ld a multiple of 8 and >= m (cublasLt.h) */
     const uint32_t epi = cfg.d->epilogue;
     if (epi != CUBLASLT_EPILOGUE_DEFAULT &&
-        fake_need_device(fn, "bias", cfg.d->bias, (size_t)cfg.m * sizeof(float)) != cudaSuccess)
+        fake_need_device(fn, "bias", cfg.d->bias, (size_t)cfg.m * cfg.cd_size) != cudaSuccess)
         return CUBLAS_STATUS_EXECUTION_FAILED;
     if (epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
         if (cfg.d->aux_ld < (int64_t)cfg.m || cfg.d->aux_ld % 8 != 0) {
@@ -729,7 +736,11 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmul(cublasLtHandle_t lightHandle, cublasL
                     /* a 16-bit output: the fp32 result, rounded once to nearest even */
                     const int bf = cfg.c->type == CUDA_R_16BF;
                     const double c0 = b_ == 0.0 ? 0.0 : fake_load(C, cfg.c->type, i, j, cfg.c->ld, 0);
-                    const float v = (float)(b_ == 0.0 ? a_ * acc : a_ * acc + b_ * c0);
+                    float v = (float)(b_ == 0.0 ? a_ * acc : a_ * acc + b_ * c0);
+                    if (epi != CUBLASLT_EPILOGUE_DEFAULT) { /* the bias in D's type, added in fp32 */
+                        const uint16_t h = ((const uint16_t *)cfg.d->bias)[i];
+                        v = v + (bf ? hb_bf16_value(h) : (float)hb_f16_value(h));
+                    }
                     ((uint16_t *)D)[di] = hb_round16(bf, v);
                 } else {
                     const double r = b_ == 0.0 ? a_ * acc : a_ * acc + b_ * (double)((const float *)C)[ci];
@@ -751,6 +762,8 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmul(cublasLtHandle_t lightHandle, cublasL
     fake_stats.matmuls++;
     if (cfg.a->type == CUDA_R_16F || cfg.a->type == CUDA_R_16BF) fake_stats.matmuls_16bit++;
     if (cfg.a->type == CUDA_R_32F && !tf32) fake_stats.matmuls_fp32++;
+    if (epi == CUBLASLT_EPILOGUE_BIAS && cfg.c->type != CUDA_R_32F && cfg.c->type != CUDA_R_64F)
+        fake_stats.matmuls_bias16++;
     lightHandle->last_stream = stream;
     lightHandle->last_syncs = fake_stream_syncs(stream);
     lightHandle->pending = lightHandle->last_syncs != (unsigned long)-1; /* not the legacy stream */

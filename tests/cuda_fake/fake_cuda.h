@@ -61,6 +61,7 @@ typedef struct fake_cuda_stats {
     unsigned long d2h_copies;       /* device-to-host copies (read-backs)      */
     unsigned long matmuls_16bit;    /* matmuls with fp16/bf16 A and B (tensor cores) */
     unsigned long matmuls_fp32;     /* with fp32 A and B in full fp32 (no TF32) */
+    unsigned long matmuls_bias16;   /* with the bias epilogue on a 16-bit output */
     unsigned long round_add_16bit;  /* kg_round_add calls widening a 16-bit product */
     char last_violation[256];
 } fake_cuda_stats;

@@ -43,6 +43,7 @@
 
 #include <CUnit/Basic.h>
 
+#include "act16_cases.h"
 #include "fake_cuda.h"
 #include "half_bits.h"
 #include <kiln/testing.h>
@@ -1496,34 +1497,34 @@ static void test_attention_flash_dispatch(void) {
 /* ==================== 1.7: 16-bit activation storage (ACT_16BIT) */
 
 /* x rounded to dt's 16 bits (nearest even) and its value. */
-static uint16_t a16_bits(uint32_t dt, float x) { return hb_round16(dt == KILN_DTYPE_BF16, x); }
-static float a16_value(uint32_t dt, uint16_t b) {
+static uint16_t fk16_bits(uint32_t dt, float x) { return hb_round16(dt == KILN_DTYPE_BF16, x); }
+static float fk16_value(uint32_t dt, uint16_t b) {
     return dt == KILN_DTYPE_BF16 ? hb_bf16_value(b) : (float)hb_f16_value(b);
 }
 
 /* n values of dt in [-scale, scale): the widened floats in f, the bits in h. */
-static void a16_fill(uint32_t dt, float *f, uint16_t *h, size_t n, unsigned salt, float scale) {
+static void fk16_fill(uint32_t dt, float *f, uint16_t *h, size_t n, unsigned salt, float scale) {
     for (size_t i = 0; i < n; i++) {
-        h[i] = a16_bits(dt, scale * val((unsigned)i, salt));
-        f[i] = a16_value(dt, h[i]);
+        h[i] = fk16_bits(dt, scale * val((unsigned)i, salt));
+        f[i] = fk16_value(dt, h[i]);
     }
 }
 
 /* Device 16-bit got(n) against want(n) float32 rounded to dt, bit for bit. */
-static size_t a16_diff16(const kiln_kernels *k, kiln_instance *acc, uint32_t dt, const void *got, const float *want,
+static size_t fk16_diff16(const kiln_kernels *k, kiln_instance *acc, uint32_t dt, const void *got, const float *want,
                          size_t n) {
     uint16_t *h = malloc(n * sizeof *h);
     size_t bad = n;
     if (h && down(k, acc, h, got, n * sizeof *h)) {
         bad = 0;
-        for (size_t i = 0; i < n; i++) bad += h[i] != a16_bits(dt, want[i]);
+        for (size_t i = 0; i < n; i++) bad += h[i] != fk16_bits(dt, want[i]);
     }
     free(h);
     return bad;
 }
 
 /* Device float32 got(n) against want(n), bit for bit. */
-static size_t a16_diff32(const kiln_kernels *k, kiln_instance *acc, const void *got, const float *want, size_t n) {
+static size_t fk16_diff32(const kiln_kernels *k, kiln_instance *acc, const void *got, const float *want, size_t n) {
     float *h = malloc(n * sizeof *h);
     size_t bad = n;
     if (h && down(k, acc, h, got, n * sizeof *h)) {
@@ -1543,10 +1544,10 @@ static size_t a16_diff32(const kiln_kernels *k, kiln_instance *acc, const void *
 
 /* The float32 reference of a call: device float32 buffers from host
  * arrays, the call, the result read back into host arrays. */
-static float *a16_up32(const kiln_kernels *k, kiln_instance *acc, const float *h, size_t n) {
+static float *fk16_up32(const kiln_kernels *k, kiln_instance *acc, const float *h, size_t n) {
     return up(k, acc, h, n * sizeof(float));
 }
-static void *a16_up16(const kiln_kernels *k, kiln_instance *acc, const uint16_t *h, size_t n) {
+static void *fk16_up16(const kiln_kernels *k, kiln_instance *acc, const uint16_t *h, size_t n) {
     return up(k, acc, h, n * sizeof(uint16_t));
 }
 
@@ -1554,18 +1555,18 @@ static void *a16_up16(const kiln_kernels *k, kiln_instance *acc, const uint16_t 
  * bias_grad_ex and add: the 16-bit call equals the float32 call on the
  * widened inputs, its 16-bit outputs rounded (round_dtype dt in the
  * float32 call where the entry has one: its only rounding is the store). */
-static void a16_dense(const kiln_kernels *k, kiln_instance *acc, uint32_t dt) {
+static void fk16_dense(const kiln_kernels *k, kiln_instance *acc, uint32_t dt) {
     enum { N = 6, C = 40, I = 24 };
     float x[N * C], w[C], b[C], y[N * C], mean[N], rstd[N], dyf[N * C], dx[N * C], dw[C], db[C];
     uint16_t dyh[N * C];
     for (int i = 0; i < N * C; i++) x[i] = 2.0f * val((unsigned)i, 71) + 0.25f;
     for (int i = 0; i < C; i++) w[i] = 1.0f + 0.5f * val((unsigned)i, 72), b[i] = 0.1f * val((unsigned)i, 73);
-    a16_fill(dt, dyf, dyh, N * C, 74, 1.0f);
-    float *dx_ = a16_up32(k, acc, x, N * C), *dw_ = a16_up32(k, acc, w, C), *db_ = a16_up32(k, acc, b, C);
-    float *dm = a16_up32(k, acc, NULL, N), *dr = a16_up32(k, acc, NULL, N), *dy32 = a16_up32(k, acc, NULL, N * C);
-    void *dy16 = a16_up16(k, acc, NULL, N * C), *dyg16 = a16_up16(k, acc, dyh, N * C);
-    float *dyg32 = a16_up32(k, acc, dyf, N * C), *gx = a16_up32(k, acc, NULL, N * C);
-    float *gw = a16_up32(k, acc, NULL, C), *gb = a16_up32(k, acc, NULL, C);
+    fk16_fill(dt, dyf, dyh, N * C, 74, 1.0f);
+    float *dx_ = fk16_up32(k, acc, x, N * C), *dw_ = fk16_up32(k, acc, w, C), *db_ = fk16_up32(k, acc, b, C);
+    float *dm = fk16_up32(k, acc, NULL, N), *dr = fk16_up32(k, acc, NULL, N), *dy32 = fk16_up32(k, acc, NULL, N * C);
+    void *dy16 = fk16_up16(k, acc, NULL, N * C), *dyg16 = fk16_up16(k, acc, dyh, N * C);
+    float *dyg32 = fk16_up32(k, acc, dyf, N * C), *gx = fk16_up32(k, acc, NULL, N * C);
+    float *gw = fk16_up32(k, acc, NULL, C), *gb = fk16_up32(k, acc, NULL, C);
     CU_ASSERT_FATAL(dx_ && dw_ && db_ && dm && dr && dy32 && dy16 && dyg16 && dyg32 && gx && gw && gb);
 
     /* layernorm_forward: y 16-bit */
@@ -1574,9 +1575,9 @@ static void a16_dense(const kiln_kernels *k, kiln_instance *acc, uint32_t dt) {
                     down(k, acc, rstd, dr, sizeof rstd));
     CU_ASSERT_EQUAL(k->zero(acc, dm, sizeof mean), KILN_OK);
     CU_ASSERT_EQUAL(k->layernorm_forward(acc, dt, dy16, dm, dr, dx_, dw_, db_, N, C, 1e-5, dt), KILN_OK);
-    A16_SAME("layernorm_forward y", a16_diff16(k, acc, dt, dy16, y, N * C));
-    A16_SAME("layernorm_forward mean", a16_diff32(k, acc, dm, mean, N));
-    A16_SAME("layernorm_forward rstd", a16_diff32(k, acc, dr, rstd, N));
+    A16_SAME("layernorm_forward y", fk16_diff16(k, acc, dt, dy16, y, N * C));
+    A16_SAME("layernorm_forward mean", fk16_diff32(k, acc, dm, mean, N));
+    A16_SAME("layernorm_forward rstd", fk16_diff32(k, acc, dr, rstd, N));
     CU_ASSERT_EQUAL(k->layernorm_forward(acc, dt, dy16, dm, dr, dx_, dw_, db_, N, C, 1e-5, KILN_DTYPE_F32),
                     KILN_E_INVALID_ARG);
 
@@ -1594,26 +1595,26 @@ static void a16_dense(const kiln_kernels *k, kiln_instance *acc, uint32_t dt) {
             CU_ASSERT_FATAL(down(k, acc, dx, gx, sizeof dx) && down(k, acc, dw, gw, sizeof dw) &&
                             down(k, acc, db, gb, sizeof db));
         }
-        A16_SAME("layernorm_backward dx", a16_diff32(k, acc, gx, dx, N * C));
-        A16_SAME("layernorm_backward dw", a16_diff32(k, acc, gw, dw, C));
-        A16_SAME("layernorm_backward db", a16_diff32(k, acc, gb, db, C));
+        A16_SAME("layernorm_backward dx", fk16_diff32(k, acc, gx, dx, N * C));
+        A16_SAME("layernorm_backward dw", fk16_diff32(k, acc, gw, dw, C));
+        A16_SAME("layernorm_backward db", fk16_diff32(k, acc, gb, db, C));
     }
 
     /* act_backward: dx, dy, x 16-bit, every activation; dx over dy in place */
     float xa[N * C], ga[N * C];
     uint16_t xah[N * C];
-    a16_fill(dt, xa, xah, N * C, 75, 3.0f);
-    void *xa16 = a16_up16(k, acc, xah, N * C), *gx16 = a16_up16(k, acc, NULL, N * C);
-    float *xa32 = a16_up32(k, acc, xa, N * C);
+    fk16_fill(dt, xa, xah, N * C, 75, 3.0f);
+    void *xa16 = fk16_up16(k, acc, xah, N * C), *gx16 = fk16_up16(k, acc, NULL, N * C);
+    float *xa32 = fk16_up32(k, acc, xa, N * C);
     CU_ASSERT_FATAL(xa16 && gx16 && xa32);
     for (int act = KILN_ACT_RELU; act <= KILN_ACT_LEAKY_RELU; act++) {
         CU_ASSERT_EQUAL(k->act_backward(acc, KILN_DTYPE_F32, act, gx, dyg32, xa32, N * C), KILN_OK);
         CU_ASSERT_FATAL(down(k, acc, ga, gx, sizeof ga));
         CU_ASSERT_EQUAL(k->act_backward(acc, dt, act, gx16, dyg16, xa16, N * C), KILN_OK);
-        A16_SAME("act_backward dx", a16_diff16(k, acc, dt, gx16, ga, N * C));
+        A16_SAME("act_backward dx", fk16_diff16(k, acc, dt, gx16, ga, N * C));
         CU_ASSERT_EQUAL(k->copy(acc, gx16, dyh, sizeof dyh, KILN_COPY_H2D), KILN_OK);
         CU_ASSERT_EQUAL(k->act_backward(acc, dt, act, gx16, gx16, xa16, N * C), KILN_OK);
-        A16_SAME("act_backward dx in place", a16_diff16(k, acc, dt, gx16, ga, N * C));
+        A16_SAME("act_backward dx in place", fk16_diff16(k, acc, dt, gx16, ga, N * C));
     }
 
     /* bias_grad_ex: dy 16-bit (one part and several), db float32 */
@@ -1622,9 +1623,9 @@ static void a16_dense(const kiln_kernels *k, kiln_instance *acc, uint32_t dt) {
         float *gf = malloc(R * BC * sizeof *gf), dbw[BC];
         uint16_t *gh = malloc(R * BC * sizeof *gh);
         CU_ASSERT_FATAL(gf && gh);
-        a16_fill(dt, gf, gh, R * BC, 76, 1.0f);
-        float *g32 = a16_up32(k, acc, gf, R * BC), *dbd = a16_up32(k, acc, NULL, BC);
-        void *g16 = a16_up16(k, acc, gh, R * BC);
+        fk16_fill(dt, gf, gh, R * BC, 76, 1.0f);
+        float *g32 = fk16_up32(k, acc, gf, R * BC), *dbd = fk16_up32(k, acc, NULL, BC);
+        void *g16 = fk16_up16(k, acc, gh, R * BC);
         CU_ASSERT_FATAL(g32 && g16 && dbd);
         for (int rows = 7; rows <= R; rows += R - 7)
             for (int accu = 0; accu < 2; accu++) {
@@ -1633,7 +1634,7 @@ static void a16_dense(const kiln_kernels *k, kiln_instance *acc, uint32_t dt) {
                 CU_ASSERT_FATAL(down(k, acc, dbw, dbd, sizeof dbw));
                 CU_ASSERT_EQUAL(k->copy(acc, dbd, b, BC * sizeof(float), KILN_COPY_H2D), KILN_OK);
                 CU_ASSERT_EQUAL(k->bias_grad_ex(acc, dt, dbd, g16, rows, BC, accu), KILN_OK);
-                A16_SAME("bias_grad_ex db", a16_diff32(k, acc, dbd, dbw, BC));
+                A16_SAME("bias_grad_ex db", fk16_diff32(k, acc, dbd, dbw, BC));
             }
         k->free(acc, g32), k->free(acc, dbd), k->free(acc, g16);
         free(gf), free(gh);
@@ -1645,10 +1646,10 @@ static void a16_dense(const kiln_kernels *k, kiln_instance *acc, uint32_t dt) {
         CU_ASSERT_EQUAL(k->add(acc, KILN_DTYPE_F32, gx, dx_, dyg32, N * C), KILN_OK);
         CU_ASSERT_FATAL(down(k, acc, sum, gx, sizeof sum));
         CU_ASSERT_EQUAL(k->add(acc, dt, gx, dx_, dyg16, N * C), KILN_OK);
-        A16_SAME("add y", a16_diff32(k, acc, gx, sum, N * C));
+        A16_SAME("add y", fk16_diff32(k, acc, gx, sum, N * C));
         CU_ASSERT_EQUAL(k->copy(acc, gx, x, sizeof x, KILN_COPY_H2D), KILN_OK);
         CU_ASSERT_EQUAL(k->add(acc, dt, gx, gx, dyg16, N * C), KILN_OK);
-        A16_SAME("add y = a in place", a16_diff32(k, acc, gx, sum, N * C));
+        A16_SAME("add y = a in place", fk16_diff32(k, acc, gx, sum, N * C));
         CU_ASSERT_EQUAL(k->add(acc, dt, dyg16, dyg16, dyg16, N * C / 2), KILN_E_INVALID_ARG);
     }
 
@@ -1658,13 +1659,13 @@ static void a16_dense(const kiln_kernels *k, kiln_instance *acc, uint32_t dt) {
         enum { R = 6, O = 40 };
         float xl[R * I], wl[O * I], yw[R * O], pw[R * O];
         uint16_t xlh[R * I], wlh[O * I];
-        a16_fill(dt, xl, xlh, R * I, 77, 1.0f);
+        fk16_fill(dt, xl, xlh, R * I, 77, 1.0f);
         for (int i = 0; i < O * I; i++) wl[i] = 0.3f * val((unsigned)i, 78); /* not 16-bit values */
-        for (int i = 0; i < O * I; i++) wlh[i] = a16_bits(dt, wl[i]);
-        float *x32 = a16_up32(k, acc, xl, R * I), *w32 = a16_up32(k, acc, wl, O * I);
-        void *x16 = a16_up16(k, acc, xlh, R * I), *w16 = a16_up16(k, acc, wlh, O * I);
-        float *y32 = a16_up32(k, acc, NULL, R * O), *p32 = a16_up32(k, acc, NULL, R * O);
-        void *y16 = a16_up16(k, acc, NULL, R * O), *p16 = a16_up16(k, acc, NULL, R * O);
+        for (int i = 0; i < O * I; i++) wlh[i] = fk16_bits(dt, wl[i]);
+        float *x32 = fk16_up32(k, acc, xl, R * I), *w32 = fk16_up32(k, acc, wl, O * I);
+        void *x16 = fk16_up16(k, acc, xlh, R * I), *w16 = fk16_up16(k, acc, wlh, O * I);
+        float *y32 = fk16_up32(k, acc, NULL, R * O), *p32 = fk16_up32(k, acc, NULL, R * O);
+        void *y16 = fk16_up16(k, acc, NULL, R * O), *p16 = fk16_up16(k, acc, NULL, R * O);
         CU_ASSERT_FATAL(x32 && w32 && x16 && w16 && y32 && p32 && y16 && p16);
         for (int layout = 0; layout < 2; layout++)
             for (int wdt = 0; wdt < 2; wdt++)
@@ -1686,8 +1687,8 @@ static void a16_dense(const kiln_kernels *k, kiln_instance *acc, uint32_t dt) {
                                                                           y16, p16, dt);
                             CU_ASSERT_EQUAL(rc, KILN_OK);
                             if (rc != KILN_OK) fprintf(stderr, "  linear_forward: %s\n", kiln_test_error(g_th));
-                            A16_SAME("linear_forward y", a16_diff16(k, acc, dt, y16, yw, R * O));
-                            if (act >= 0) A16_SAME("linear_forward post", a16_diff16(k, acc, dt, p16, pw, R * O));
+                            A16_SAME("linear_forward y", fk16_diff16(k, acc, dt, y16, yw, R * O));
+                            if (act >= 0) A16_SAME("linear_forward post", fk16_diff16(k, acc, dt, p16, pw, R * O));
                         }
         /* round_dtype other than dt, a w of the other 16-bit format */
         const uint32_t other = dt == KILN_DTYPE_BF16 ? KILN_DTYPE_F16 : KILN_DTYPE_BF16;
@@ -1708,30 +1709,30 @@ static void a16_dense(const kiln_kernels *k, kiln_instance *acc, uint32_t dt) {
 /* attention_forward/backward: qkv, out, dout, dqkv 16-bit, lse float32;
  * on the instance's path (gemm, flash) the 16-bit call equals the float32
  * call with round_dtype dt on the widened inputs. */
-static void a16_attention(const kiln_kernels *k, kiln_instance *acc, uint32_t dt, int32_t B, int32_t T, int32_t C,
+static void fk16_attention(const kiln_kernels *k, kiln_instance *acc, uint32_t dt, int32_t B, int32_t T, int32_t C,
                           int32_t NH) {
     const size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, nl = (size_t)B * NH * T;
     float *qf = malloc(nq * 4), *gf = malloc(no * 4), *out = malloc(no * 4), *lse = malloc(nl * 4);
     float *dq = malloc(nq * 4);
     uint16_t *qh = malloc(nq * 2), *gh = malloc(no * 2), *oh = malloc(no * 2);
     CU_ASSERT_FATAL(qf && gf && out && lse && dq && qh && gh && oh);
-    a16_fill(dt, qf, qh, nq, 81, 1.0f);
-    a16_fill(dt, gf, gh, no, 82, 1.0f);
-    float *q32 = a16_up32(k, acc, qf, nq), *g32 = a16_up32(k, acc, gf, no), *o32 = a16_up32(k, acc, NULL, no);
-    float *l32 = a16_up32(k, acc, NULL, nl), *d32 = a16_up32(k, acc, NULL, nq), *l16 = a16_up32(k, acc, NULL, nl);
-    void *q16 = a16_up16(k, acc, qh, nq), *g16 = a16_up16(k, acc, gh, no), *o16 = a16_up16(k, acc, NULL, no);
-    void *d16 = a16_up16(k, acc, NULL, nq);
+    fk16_fill(dt, qf, qh, nq, 81, 1.0f);
+    fk16_fill(dt, gf, gh, no, 82, 1.0f);
+    float *q32 = fk16_up32(k, acc, qf, nq), *g32 = fk16_up32(k, acc, gf, no), *o32 = fk16_up32(k, acc, NULL, no);
+    float *l32 = fk16_up32(k, acc, NULL, nl), *d32 = fk16_up32(k, acc, NULL, nq), *l16 = fk16_up32(k, acc, NULL, nl);
+    void *q16 = fk16_up16(k, acc, qh, nq), *g16 = fk16_up16(k, acc, gh, no), *o16 = fk16_up16(k, acc, NULL, no);
+    void *d16 = fk16_up16(k, acc, NULL, nq);
     CU_ASSERT_FATAL(q32 && g32 && o32 && l32 && d32 && l16 && q16 && g16 && o16 && d16);
     CU_ASSERT_EQUAL(k->attention_forward(acc, KILN_DTYPE_F32, o32, l32, q32, B, T, C, NH, dt), KILN_OK);
     CU_ASSERT_FATAL(down(k, acc, out, o32, no * 4) && down(k, acc, lse, l32, nl * 4));
     CU_ASSERT_EQUAL(k->attention_forward(acc, dt, o16, l16, q16, B, T, C, NH, dt), KILN_OK);
-    A16_SAME("attention_forward out", a16_diff16(k, acc, dt, o16, out, no));
-    A16_SAME("attention_forward lse", a16_diff32(k, acc, l16, lse, nl));
+    A16_SAME("attention_forward out", fk16_diff16(k, acc, dt, o16, out, no));
+    A16_SAME("attention_forward lse", fk16_diff32(k, acc, l16, lse, nl));
     /* the backward from the forward's out (16-bit values in both) and lse */
     CU_ASSERT_EQUAL(k->attention_backward(acc, KILN_DTYPE_F32, d32, g32, q32, o32, l32, B, T, C, NH, dt), KILN_OK);
     CU_ASSERT_FATAL(down(k, acc, dq, d32, nq * 4));
     CU_ASSERT_EQUAL(k->attention_backward(acc, dt, d16, g16, q16, o16, l16, B, T, C, NH, dt), KILN_OK);
-    A16_SAME("attention_backward dqkv", a16_diff16(k, acc, dt, d16, dq, nq));
+    A16_SAME("attention_backward dqkv", fk16_diff16(k, acc, dt, d16, dq, nq));
     /* refusals: round_dtype other than dt; lse (float32, twice a 16-bit
      * element) overlapping out where 16-bit bytes would not */
     CU_ASSERT_EQUAL(k->attention_forward(acc, dt, o16, l16, q16, B, T, C, NH, KILN_DTYPE_F32), KILN_E_INVALID_ARG);
@@ -1755,8 +1756,8 @@ static void test_act16_entries(void) {
     if (!acc) return;
     CU_ASSERT_TRUE((k->flags & KILN_KERNELS_ACT_16BIT) != 0);
     for (int i = 0; i < 2; i++) {
-        a16_dense(k, acc, dts[i]);
-        a16_attention(k, acc, dts[i], 2, 9, 32, 2); /* the gemm path */
+        fk16_dense(k, acc, dts[i]);
+        fk16_attention(k, acc, dts[i], 2, 9, 32, 2); /* the gemm path */
     }
     g_ops->base.destroy(acc);
     /* the flash path (its programs emulated), and rowwise, which takes the
@@ -1769,12 +1770,38 @@ static void test_act16_entries(void) {
         if (!acc) return;
         for (int i = 0; i < 2; i++) {
             const fake_cuda_stats s0 = stats();
-            a16_attention(k, acc, dts[i], 2, 70, 64, 2);
+            fk16_attention(k, acc, dts[i], 2, 70, 64, 2);
             if (p == 0) CU_ASSERT_EQUAL(stats().matmuls, s0.matmuls); /* flash: no cuBLASLt product */
         }
         if (p == 0) CU_ASSERT_PTR_NULL(kiln_test_log_find(g_th, KILN_LOG_INFO, "using the gemm path"));
         g_ops->base.destroy(acc);
     }
+    NO_VIOLATIONS();
+}
+
+/* The shared cases of tests/support/act16_cases.h, which the cpu
+ * accelerator passes too: 1.7's eight entries and 1.8's rounded bias (on
+ * 16-bit storage cuBLASLt's bias epilogue writes the 16-bit y itself). */
+static void test_act16_shared(void) {
+    const kiln_kernels *k = NULL;
+    kiln_instance *acc = ready(NULL, &k);
+    if (!acc) return;
+    act16_run_all(k, acc);
+    g_ops->base.destroy(acc);
+    NO_VIOLATIONS();
+}
+
+static void test_bias_round(void) {
+    const kiln_kernels *k = NULL;
+    kiln_instance *acc = ready(NULL, &k);
+    if (!acc) return;
+    const fake_cuda_stats s0 = stats();
+    bias_round_run_all(k, acc);
+    /* the flagged calls on 16-bit storage with K > 0 (2 dtypes x 2 layouts
+     * x with and without GELU) ran cuBLASLt's bias epilogue on the 16-bit
+     * output, with no float32 scratch; nothing else did */
+    CU_ASSERT_EQUAL(stats().matmuls_bias16 - s0.matmuls_bias16, 8u);
+    g_ops->base.destroy(acc);
     NO_VIOLATIONS();
 }
 
@@ -1984,6 +2011,8 @@ static void register_tests(void) {
     CU_add_test(s, "1.4: tokens read back once, buckets uploaded, xent_fused waits once", test_seq_tokens_memo);
     CU_add_test(s, "attention = flash: fused programs, or the gemm path when it cannot", test_attention_flash_dispatch);
     CU_add_test(s, "1.7: 16-bit activation storage equals the float32 call rounded", test_act16_entries);
+    CU_add_test(s, "1.7: the shared 16-bit storage cases (act16_cases.h)", test_act16_shared);
+    CU_add_test(s, "1.8: KILN_LAYOUT_ROUND_BIAS = the call with the bias rounded first", test_bias_round);
 }
 
 #include "cunit_main.h"

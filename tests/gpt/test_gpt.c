@@ -18,6 +18,7 @@
 #include <kiln/testing.h>
 
 #include "plugin_fixture.h"
+#include "test_rng.h"
 
 static kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
 #define MAX_PARAMS 256         /* more than any config here registers */
@@ -764,7 +765,7 @@ static void test_precisions(void) {
  * gradient would underflow in fp16). Spies record the logits' dtype and
  * the Conv1D calls. */
 static uint32_t g_xent_dtype, g_ln_dtype;
-static int g_conv1d_calls, g_casts16;
+static int g_conv1d_calls, g_casts16, g_round_bias;
 
 /* kiln/nn.h casts each Linear's output gradient to the compute dtype once
  * for its two backward products (on a 1.6 table): count those casts */
@@ -790,7 +791,8 @@ static int32_t spy_layernorm_forward(kiln_instance *acc, uint32_t dtype, void *y
 static int32_t spy_linear_layout(kiln_instance *acc, uint32_t dt, const void *x, const void *w, uint32_t wt,
                                  int32_t wl, const void *b, int32_t rows, int32_t in, int32_t out, int32_t act, void *y,
                                  void *post, uint32_t rt) {
-    g_conv1d_calls += wl == KILN_LAYOUT_IN_OUT;
+    g_conv1d_calls += (wl & ~KILN_LAYOUT_ROUND_BIAS) == KILN_LAYOUT_IN_OUT;
+    g_round_bias += (wl & KILN_LAYOUT_ROUND_BIAS) != 0;
     return g_cpu->linear_forward_layout(acc, dt, x, w, wt, wl, b, rows, in, out, act, y, post, rt);
 }
 
@@ -799,28 +801,43 @@ typedef struct {
     float *grads; /* (n) every parameter's, in registration order */
     size_t n;
     uint32_t xent_dtype, ln_dtype;
-    int conv1d_calls, casts16;
+    int conv1d_calls, casts16, round_bias;
     float predict[37]; /* predict_step's logits for the last sequence */
 } logits_run;
 
+/* GPT-2 starts with zero biases, which every rounding keeps: the runs
+ * below give them values no 16-bit format holds, so that the way a bias is
+ * added shows in the results. */
+static void nonzero_biases(void) {
+    for (uint32_t i = 0; i < kiln_test_param_count(g_th); i++) {
+        kiln_parameter *p = kiln_test_param(g_th, i);
+        if (p->ndim != 1 || !strstr(p->name, ".bias")) continue;
+        for (int64_t j = 0; j < p->numel; j++) p->data[j] = 0.05f * sinf(0.7f * (float)j + (float)i) + 1e-4f;
+        if (p->compute != p->data && p->compute_dtype == KILN_DTYPE_F32)
+            memcpy(p->compute, p->data, (size_t)p->numel * sizeof(float));
+    }
+}
+
 /* One training step, backward and validation step on the cpu table as the
- * ABI minor `abi` (15, 16 or 17) would present it. */
+ * ABI minor `abi` (15, 16, 17 or 18) would present it. */
 static logits_run run_logits(int prec, int abi) {
-    logits_run r = {NAN, NAN, NULL, 0, 0, 0, 0, 0, {0}};
+    logits_run r = {NAN, NAN, NULL, 0, 0, 0, 0, 0, 0, {0}};
     const kiln_kernels saved = g_table;
     g_table.xent_fused = spy_xent_fused;
     g_table.linear_forward_layout = spy_linear_layout;
     g_table.layernorm_forward = spy_layernorm_forward;
     g_table.cast = spy_cast;
-    g_table.flags = g_cpu->flags & ~(abi < 16 ? KILN_KERNELS_STORE_16BIT | KILN_KERNELS_ACT_16BIT
+    g_table.flags = g_cpu->flags & ~(abi < 16   ? KILN_KERNELS_STORE_16BIT | KILN_KERNELS_ACT_16BIT
                                      : abi < 17 ? KILN_KERNELS_ACT_16BIT
                                                 : 0u);
+    if (abi < 18) g_table.flags &= ~KILN_KERNELS_BIAS_ROUND;
     if (abi < 16) g_table.struct_size = KILN_KERNELS_SIZE_1_5;
     g_xent_dtype = g_ln_dtype = 0;
-    g_conv1d_calls = g_casts16 = 0;
+    g_conv1d_calls = g_casts16 = g_round_bias = 0;
     /* 16 rows in chunks of 5 (the last one partial), logits stride 40 */
     cfg c = {2, 2, 16, 8, 37, 40, 2, 5, 1e-5, 0.02, {{0}}};
     kiln_instance *inst = make_ok(&c, 29, prec);
+    nonzero_biases();
     tbatch tb;
     batch_random(&tb, 2, 8, 37, 12);
     r.train = train_loss(inst, &tb);
@@ -841,6 +858,7 @@ static logits_run run_logits(int prec, int abi) {
     CU_ASSERT_EQUAL(ops()->validation_step(inst, &tb.b, 0, &out), KILN_OK);
     r.val = out.loss;
     r.conv1d_calls = g_conv1d_calls;
+    r.round_bias = g_round_bias;
     kiln_tensor tok = {tb.x + 8, KILN_DTYPE_I32, 2, {1, 8, 1, 1}}, pout;
     kiln_batch pb = {sizeof pb, 1, &tok, 1};
     memset(&pout, 0, sizeof pout);
@@ -901,6 +919,122 @@ static void test_act_16bit(void) {
     }
 }
 
+/* ABI 1.8 changes no result between tables: gpt asks for its biases
+ * rounded through the compute dtype (kiln_nn_ctx.round_bias, autocast's
+ * cast), and on a 1.8 table the accelerator rounds them (every Linear call
+ * carries KILN_LAYOUT_ROUND_BIAS in the mixed precisions, none in 32-true),
+ * on a 1.7 one kiln/nn.h rounds a copy. Losses, gradients and predictions
+ * are the same bits. */
+static void test_bias_round(void) {
+    CU_ASSERT_TRUE_FATAL(g_cpu->flags & KILN_KERNELS_BIAS_ROUND);
+    const int precs[3] = {P_BF16, P_F16, P_F32};
+    for (int k = 0; k < 3; k++) {
+        logits_run a = run_logits(precs[k], 18), b = run_logits(precs[k], 17);
+        CU_ASSERT_EQUAL(a.round_bias, precs[k] == P_F32 ? 0 : 2 * 4 * 2); /* (train + val) x 4 Linears x 2 layers */
+        CU_ASSERT_EQUAL(b.round_bias, 0);
+        CU_ASSERT_EQUAL(a.conv1d_calls, 2 * 4 * 2);
+        CU_ASSERT_EQUAL(memcmp(a.predict, b.predict, sizeof a.predict), 0);
+        expect_same_run(&a, &b);
+    }
+}
+
+/* One Linear through kiln/nn.h on table k: x (R, IN) of 16-bit-exact
+ * values, W (IN, OUT) Conv1D in dt, a float32 bias; the output widened
+ * to float32 into got (R * OUT). */
+enum { NRB_R = 6, NRB_IN = 8, NRB_OUT = 12 };
+static int nn_linear_once(const kiln_kernels *k, uint32_t dt, int act16, int round_bias, int32_t act,
+                          const float *xf, const void *w16, const float *bias, float *got) {
+    float wm[NRB_IN * NRB_OUT] = {0}, wg[NRB_IN * NRB_OUT], bg[NRB_OUT], bm[NRB_OUT];
+    memcpy(bm, bias, sizeof bm);
+    kiln_parameter w = {sizeof w, 0, "h.0.mlp.c_fc.weight", 2, dt, {NRB_IN, NRB_OUT}, NRB_IN * NRB_OUT, wm, wg,
+                        (void *)w16, KILN_DTYPE_F32, 0};
+    kiln_parameter b = {sizeof b, KILN_PARAMF_NO_DECAY, "h.0.mlp.c_fc.bias", 1, KILN_DTYPE_F32, {NRB_OUT}, NRB_OUT,
+                        bm, bg, bm, KILN_DTYPE_F32, 0};
+    kiln_parameter *ps[2] = {&w, &b};
+    kiln_nn_ctx c;
+    memset(&c, 0, sizeof c);
+    c.acc = g_acc;
+    c.k = k;
+    c.act16 = act16 ? KILN_NN_ACT16_BF16 | KILN_NN_ACT16_F16 : 0;
+    c.round_bias = round_bias;
+    if (kiln_nn_ctx_setup(&c, ps, 2) != KILN_OK) return -1;
+    kiln_nn_linear L = {.w = &w, .b = &b, .in = NRB_IN, .out = NRB_OUT, .layout = KILN_NN_IN_OUT, .act = act};
+    const uint32_t sdt = kiln_nn_sdt(&c);
+    kiln_nn_arena a;
+    kiln_nn_arena_begin(&a, NULL);
+    kiln_nn_linear_plan(&a, &L, NRB_R, kiln_nn_act_size(sdt));
+    void *arena = NULL, *x = NULL;
+    int rc = -1;
+    if (g_cpu->alloc(g_acc, a.off + NRB_R * NRB_IN * sizeof(float), &arena) != KILN_OK) return -1;
+    kiln_nn_arena_begin(&a, arena);
+    kiln_nn_linear_plan(&a, &L, NRB_R, kiln_nn_act_size(sdt));
+    x = (char *)arena + a.off;
+    if (g_cpu->cast(g_acc, x, sdt, xf, KILN_DTYPE_F32, NRB_R * NRB_IN) == KILN_OK &&
+        kiln_nn_linear_forward(&c, &L, x, NRB_R) == KILN_OK &&
+        g_cpu->cast(g_acc, got, KILN_DTYPE_F32, kiln_nn_linear_output(&L), sdt, NRB_R * NRB_OUT) == KILN_OK)
+        rc = (int)(sdt != KILN_DTYPE_F32); /* 1: the activations were 16-bit */
+    else
+        printf("\n  nn_linear_once: %s", c.msg);
+    g_cpu->free(g_acc, arena);
+    return rc;
+}
+
+/* kiln_nn_ctx.round_bias (ABI 1.8) on one Linear: y = rdt(x W + rdt(b))
+ * and GELU's output after it, the bits of the float32 call given a bias
+ * rounded by the test, whether the accelerator rounds it (the cpu table:
+ * KILN_LAYOUT_ROUND_BIAS), kiln/nn.h does (the same table without
+ * KILN_KERNELS_BIAS_ROUND), or the unfused sequence does (a 1.5-sized
+ * table); with float32 and 16-bit storage, bf16 and f16. round_bias 0 adds
+ * the float32 bias and differs. */
+static void test_nn_round_bias(void) {
+    test_rng rng = {0x5EEDB1A5ull};
+    kiln_kernels t18 = *g_cpu, t17 = *g_cpu, t15 = *g_cpu;
+    t18.linear_forward_layout = t17.linear_forward_layout = spy_linear_layout;
+    t17.flags &= ~KILN_KERNELS_BIAS_ROUND;
+    t15.flags &= ~(KILN_KERNELS_BIAS_ROUND | KILN_KERNELS_ACT_16BIT | KILN_KERNELS_STORE_16BIT);
+    t15.struct_size = KILN_KERNELS_SIZE_1_5;
+    const uint32_t dts[2] = {KILN_DTYPE_BF16, KILN_DTYPE_F16};
+    for (int d = 0; d < 2; d++) {
+        const uint32_t dt = dts[d];
+        float xf[NRB_R * NRB_IN], wf[NRB_IN * NRB_OUT], bias[NRB_OUT], bq[NRB_OUT];
+        uint16_t w16[NRB_IN * NRB_OUT];
+        for (int i = 0; i < NRB_R * NRB_IN; i++) xf[i] = (float)(test_rng_unit(&rng) * 2.0 - 1.0);
+        for (int i = 0; i < NRB_IN * NRB_OUT; i++) wf[i] = (float)(test_rng_unit(&rng) * 0.6 - 0.3);
+        for (int i = 0; i < NRB_OUT; i++) bias[i] = (float)(test_rng_unit(&rng) - 0.5);
+        /* x, W and the reference bias hold dt's values (bias kept raw) */
+        CU_ASSERT_EQUAL_FATAL(g_cpu->round_to(g_acc, xf, dt, NRB_R * NRB_IN), KILN_OK);
+        CU_ASSERT_EQUAL_FATAL(g_cpu->cast(g_acc, w16, dt, wf, KILN_DTYPE_F32, NRB_IN * NRB_OUT), KILN_OK);
+        memcpy(bq, bias, sizeof bq);
+        CU_ASSERT_EQUAL_FATAL(g_cpu->round_to(g_acc, bq, dt, NRB_OUT), KILN_OK);
+        CU_ASSERT(memcmp(bq, bias, sizeof bq) != 0); /* the rounding moves the bias */
+        for (int ai = 0; ai < 2; ai++) {
+            const int32_t act = ai ? KILN_ACT_GELU : -1;
+            float want[NRB_R * NRB_OUT], y[NRB_R * NRB_OUT], post[NRB_R * NRB_OUT];
+            CU_ASSERT_EQUAL_FATAL(g_cpu->linear_forward_layout(g_acc, KILN_DTYPE_F32, xf, w16, dt, KILN_LAYOUT_IN_OUT,
+                                                               bq, NRB_R, NRB_IN, NRB_OUT, act, y, post, dt),
+                                  KILN_OK);
+            memcpy(want, act >= 0 ? post : y, sizeof want);
+            for (int s16 = 0; s16 < 2; s16++) {
+                const kiln_kernels *tabs[3] = {&t18, &t17, &t15};
+                for (int t = 0; t < 3; t++) {
+                    float got[NRB_R * NRB_OUT], raw[NRB_R * NRB_OUT];
+                    g_round_bias = 0;
+                    const int stored16 = nn_linear_once(tabs[t], dt, s16, 1, act, xf, w16, bias, got);
+                    CU_ASSERT_EQUAL(stored16, s16 && t < 2);
+                    CU_ASSERT_EQUAL(g_round_bias, t == 0);
+                    const int same = memcmp(got, want, sizeof want) == 0;
+                    if (!same)
+                        printf("\n  %s act %d storage16 %d table %d: differs from the rounded-bias call",
+                               kiln_dtype_name(dt), (int)act, s16, 18 - t);
+                    CU_ASSERT(same);
+                    CU_ASSERT_EQUAL(nn_linear_once(tabs[t], dt, s16, 0, act, xf, w16, bias, raw), stored16);
+                    CU_ASSERT(memcmp(raw, want, sizeof want) != 0);
+                }
+            }
+        }
+    }
+}
+
 /* kiln/nn.h's choice of activation storage and its refusals (ABI 1.7):
  * 16-bit only where the module allows that dtype, the masters are float32
  * and the table has both storage bits; a ctx whose dtypes the module set
@@ -951,7 +1085,7 @@ static void test_nn_storage(void) {
     c.act16 = KILN_NN_ACT16_BF16;
     w.compute_dtype = KILN_DTYPE_BF16;
     CU_ASSERT_EQUAL_FATAL(kiln_nn_ctx_setup(&c, ps, 1), KILN_OK);
-    kiln_nn_linear L = {&w, NULL, 4, 4, KILN_NN_IN_OUT, KILN_ACT_GELU, buf, buf + 16, buf + 32, 2};
+    kiln_nn_linear L = {&w, NULL, 4, 4, KILN_NN_IN_OUT, KILN_ACT_GELU, buf, buf + 16, buf + 32, 2, NULL};
     CU_ASSERT_EQUAL(kiln_nn_linear_backward_dt(&c, &L, buf, KILN_DTYPE_F32, buf + 48, KILN_DTYPE_BF16, 0),
                     KILN_E_UNSUPPORTED);
     CU_ASSERT_PTR_NOT_NULL(strstr(c.msg, "h.0.mlp.c_fc.weight: backward with dy in float32"));
@@ -1085,6 +1219,8 @@ static CU_TestInfo cases_gpt[] = {
     {"1.6: bf16 logits, fused Conv1D = the 1.5 table's results, bit for bit", test_logits_16bit},
     {"1.7: bf16 activations = the 1.6 table's results, bit for bit", test_act_16bit},
     {"1.7: kiln/nn.h picks the storage; refuses what it cannot store", test_nn_storage},
+    {"1.8: rounded biases = the 1.7 table's results, bit for bit", test_bias_round},
+    {"1.8: kiln/nn.h's round_bias is y = rdt(x W + rdt(b)) on every table", test_nn_round_bias},
     {"all targets ignored: loss 0, no gradient", test_all_ignored},
     {"frozen parameters keep their grads", test_frozen},
     {"train/val/test losses and perplexities are logged", test_logging},

@@ -5,13 +5,16 @@
 #   logits       vs "cpu15:cpu" (libkiln-cpu15.so, no KILN_KERNELS_STORE_16BIT,
 #                ABI 1.6): the classifier's logits in bfloat16 vs float32;
 #   activations  vs "cpu16:cpu" (libkiln-cpu16.so, no KILN_KERNELS_ACT_16BIT,
-#                ABI 1.7): every block activation in bfloat16 vs float32.
+#                ABI 1.7): every block activation in bfloat16 vs float32;
+#   biases       vs "cpu17:cpu" (libkiln-cpu17.so, no KILN_KERNELS_BIAS_ROUND,
+#                ABI 1.8): each Linear's bias rounded to bfloat16 by the
+#                accelerator vs by kiln/nn.h on a copy.
 # Eight steps of AdamW on the tokens plugin, with a validation pass every
 # four, must end with the same weights, bit for bit (the weightdump fixture
 # writes them), and log the same losses; each run's log must show which
 # storage the module took, so the two runs provably went different ways.
 #
-#   gpt_16bit.sh KILN TEXT2TOKENS WORKDIR logits|activations
+#   gpt_16bit.sh KILN TEXT2TOKENS WORKDIR logits|activations|biases
 #   (KILN_PLUGIN_PATH reaches weightdump and the fixture directory)
 set -euo pipefail
 kiln=$1 t2t=$2 work=$3 what=$4
@@ -20,7 +23,9 @@ case $what in
           old_says="classifier logits stored in float32 (the accelerator's table lacks KILN_KERNELS_STORE_16BIT" ;;
   activations) old=cpu16:cpu new_says="activations stored in bfloat16; activation arena"
           old_says="activations stored in float32 (the accelerator's table lacks KILN_KERNELS_ACT_16BIT" ;;
-  *) echo "usage: gpt_16bit.sh KILN TEXT2TOKENS WORKDIR logits|activations"; exit 2 ;;
+  biases) old=cpu17:cpu new_says="biases added in bfloat16, rounded by the accelerator$"
+          old_says="biases added in bfloat16, rounded by the module (the accelerator's table lacks KILN_KERNELS_BIAS_ROUND" ;;
+  *) echo "usage: gpt_16bit.sh KILN TEXT2TOKENS WORKDIR logits|activations|biases"; exit 2 ;;
 esac
 rm -rf "$work" && mkdir -p "$work"
 for i in $(seq 1 200); do echo "line $i: sphinx of black quartz, judge my vow"; done > "$work/text.txt"
@@ -43,15 +48,15 @@ CFG
 done
 # the module says which storage it chose: the two runs took different paths
 grep -q "$new_says" "$work/cpu.log" ||
-  { echo "FAIL: on the current accelerator the $what were not bfloat16"; grep "stored in" "$work/cpu.log"; exit 1; }
+  { echo "FAIL: the run on cpu did not log \"$new_says\""; grep "stored in" "$work/cpu.log"; exit 1; }
 grep -q "$old_says" "$work/${old%%:*}.log" ||
-  { echo "FAIL: on the older accelerator (${old%%:*}) the $what were not float32"; grep "stored in" "$work/${old%%:*}.log"; exit 1; }
+  { echo "FAIL: the run on ${old%%:*} did not log \"$old_says\""; grep "stored in" "$work/${old%%:*}.log"; exit 1; }
 m1=$(find "$work/runs-cpu" -name metrics.csv | head -1) m2=$(find "$work/runs-${old%%:*}" -name metrics.csv | head -1)
 [ -s "$m1" ] && [ -s "$m2" ] || { echo "FAIL: no metrics.csv"; exit 1; }
 grep -q "val_loss" "$m1" || { echo "FAIL: no validation loss was logged"; head -3 "$m1"; exit 1; }
 if ! cmp -s "$m1" "$m2"; then echo "FAIL: the logged losses differ"; diff "$m1" "$m2" | head; exit 1; fi
 if cmp -s "$work/w-cpu.bin" "$work/w-${old%%:*}.bin"; then
-  echo "ok   bf16-mixed: bfloat16 $what (cpu) and float32 $what (${old%%:*}) end with the same weights and losses, bit for bit"
+  echo "ok   bf16-mixed: the $what on cpu and on ${old%%:*} (two ways) end with the same weights and losses, bit for bit"
 else
   echo "FAIL: the weights differ between cpu and ${old%%:*}"; exit 1
 fi

@@ -12,6 +12,12 @@
  * 16-bit one does not overlap it.
  *
  *   act16_run_all(k, acc) — every case, for BF16 and F16, as CUnit asserts.
+ *
+ * And ABI 1.8's KILN_LAYOUT_ROUND_BIAS (KILN_KERNELS_BIAS_ROUND): the
+ * flagged linear_forward_layout equals the unflagged call given the bias
+ * rounded here, with float32 and 16-bit storage:
+ *
+ *   bias_round_run_all(k, acc)
  */
 #ifndef KILN_TESTS_ACT16_CASES_H
 #define KILN_TESTS_ACT16_CASES_H
@@ -299,6 +305,87 @@ static void act16_run_all(const kiln_kernels *k, kiln_instance *acc) {
         a16_elementwise(&c);
         CU_ASSERT_EQUAL(c.failed, 0);
     }
+}
+
+/* ------------------------------------------- 1.8: KILN_LAYOUT_ROUND_BIAS */
+
+/* linear_forward_layout with KILN_LAYOUT_ROUND_BIAS against the same call
+ * without it and a bias rounded here: the same bits, for float32 storage
+ * (round_dtype c->dt) and 16-bit storage (dtype c->dt), either layout, with
+ * and without GELU; and different from the raw bias's result, so the flag
+ * provably rounds. K = 0 gives the rounded bias itself. */
+static void a16_round_bias(a16_ctx *c, int layout, int32_t act, int s16, int in) {
+    const int rows = 7, out = 24;
+    const size_t nx = (size_t)rows * (size_t)in, ny = (size_t)rows * (size_t)out;
+    const uint32_t dt = s16 ? c->dt : KILN_DTYPE_F32, esz = s16 ? 2 : 4;
+    a16_buf xw, x = a16_h16(c, nx, -1, 1, &xw);
+    a16_buf ww, w = a16_h16(c, (size_t)in * out, -0.3f, 0.3f, &ww);
+    a16_buf b = a16_f32(c, out, -0.5f, 0.5f), bq = a16_new(c, (size_t)out * 4);
+    a16_buf y = a16_new(c, ny * esz), p = a16_new(c, ny * esz), y2 = a16_new(c, ny * esz), p2 = a16_new(c, ny * esz);
+    char what[128];
+    for (int i = 0; bq.host && b.host && i < out; i++) /* the bias as the compute dtype holds it */
+        ((float *)bq.host)[i] = a16_value(c, hb_round16(a16_bf(c), ((const float *)b.host)[i]));
+    a16_put(c, &bq);
+    if (!c->failed) {
+        const void *xs = s16 ? x.dev : xw.dev;
+        const int32_t flagged = layout | KILN_LAYOUT_ROUND_BIAS;
+        CU_ASSERT_EQUAL(c->k->linear_forward_layout(c->acc, dt, xs, w.dev, c->dt, flagged, b.dev, rows, in, out, act,
+                                                    y.dev, act >= 0 ? p.dev : NULL, c->dt), KILN_OK);
+        CU_ASSERT_EQUAL(c->k->linear_forward_layout(c->acc, dt, xs, w.dev, c->dt, layout, bq.dev, rows, in, out, act,
+                                                    y2.dev, act >= 0 ? p2.dev : NULL, c->dt), KILN_OK);
+        a16_buf *got = act >= 0 ? &p : &y, *want = act >= 0 ? &p2 : &y2;
+        a16_get(c, got);
+        a16_get(c, want);
+        snprintf(what, sizeof what, "round_bias %s storage, layout %d, act %d, K %d", s16 ? "16-bit" : "float32",
+                 layout, (int)act, in);
+        const int same = memcmp(got->host, want->host, ny * esz) == 0;
+        if (!same) printf("\n  %s (%s): differs from the call with the bias rounded first", what, kiln_dtype_name(c->dt));
+        CU_ASSERT(same);
+        /* the raw float32 bias gives another result (not with K = 0, where
+         * y = rdt(b) either way: rounding twice through one format is once) */
+        CU_ASSERT_EQUAL(c->k->linear_forward_layout(c->acc, dt, xs, w.dev, c->dt, layout, b.dev, rows, in, out, act,
+                                                    y2.dev, act >= 0 ? p2.dev : NULL, c->dt), KILN_OK);
+        a16_get(c, want);
+        if (in > 0) CU_ASSERT(memcmp(got->host, want->host, ny * esz) != 0);
+        if (in == 0 && !s16 && act < 0) /* y = the rounded bias in every row */
+            for (int r = 0; r < rows; r++) CU_ASSERT(memcmp((float *)y.host + (size_t)r * out, bq.host, out * 4) == 0);
+    }
+    a16_buf *all[] = {&xw, &x, &ww, &w, &b, &bq, &y, &p, &y2, &p2};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) a16_free(c, all[i]);
+}
+
+/* Every 1.8 case for BF16 and F16 on table k, which must set
+ * KILN_KERNELS_BIAS_ROUND, and the flag's refusals. */
+static void bias_round_run_all(const kiln_kernels *k, kiln_instance *acc) {
+    CU_ASSERT_FATAL(k != NULL);
+    CU_ASSERT((k->flags & KILN_KERNELS_BIAS_ROUND) != 0);
+    const uint32_t dts[2] = {KILN_DTYPE_BF16, KILN_DTYPE_F16};
+    for (int d = 0; d < 2; d++) {
+        a16_ctx c = {k, acc, dts[d], {0xB1A5B1A5ull + (uint64_t)d}, 0};
+        for (int layout = 0; layout < 2; layout++)
+            for (int s16 = 0; s16 < 2; s16++) {
+                a16_round_bias(&c, layout, -1, s16, 16);
+                a16_round_bias(&c, layout, KILN_ACT_GELU, s16, 16);
+                a16_round_bias(&c, layout, -1, s16, 0);
+            }
+        CU_ASSERT_EQUAL(c.failed, 0);
+    }
+    /* refused: the flag with nothing to round through (round_dtype float32),
+     * and a layout the flag does not make valid */
+    a16_ctx c = {k, acc, KILN_DTYPE_BF16, {7}, 0};
+    a16_buf x = a16_f32(&c, 4 * 4, -1, 1), w = a16_f32(&c, 4 * 4, -1, 1), b = a16_f32(&c, 4, -1, 1),
+            y = a16_new(&c, 16 * 4);
+    if (!c.failed) {
+        CU_ASSERT_EQUAL(k->linear_forward_layout(acc, KILN_DTYPE_F32, x.dev, w.dev, KILN_DTYPE_F32,
+                                                 KILN_LAYOUT_IN_OUT | KILN_LAYOUT_ROUND_BIAS, b.dev, 4, 4, 4, -1, y.dev,
+                                                 NULL, KILN_DTYPE_F32), KILN_E_INVALID_ARG);
+        CU_ASSERT_EQUAL(k->linear_forward_layout(acc, KILN_DTYPE_F32, x.dev, w.dev, KILN_DTYPE_F32,
+                                                 2 | KILN_LAYOUT_ROUND_BIAS, b.dev, 4, 4, 4, -1, y.dev, NULL,
+                                                 KILN_DTYPE_BF16), KILN_E_INVALID_ARG);
+    }
+    CU_ASSERT_EQUAL(c.failed, 0);
+    a16_buf *all[] = {&x, &w, &b, &y};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) a16_free(&c, all[i]);
 }
 
 #endif /* KILN_TESTS_ACT16_CASES_H */

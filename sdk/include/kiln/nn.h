@@ -24,7 +24,9 @@
  * which is what storing it in that format would keep. Vectors (biases, layer
  * norm weights) and embedding tables are read from the master copy unless a
  * compute copy exists in the activation dtype: autocast adds a bias in the
- * fp32 accumulator and runs layer norm and embeddings in fp32.
+ * fp32 accumulator and runs layer norm and embeddings in fp32. (Autocast
+ * also casts a Linear's bias to the compute dtype first; a module that sets
+ * kiln_nn_ctx.round_bias, ABI 1.8, gets that too.)
  *
  * Rows: a (B, T, C) activation is a (rows = B*T, C) row-major matrix. Every
  * shape below is (rows, features) unless it says otherwise; `max_rows` is
@@ -35,7 +37,9 @@
  * round_to (1.2); linear_forward (1.3, used when present and the layout is
  * nn.Linear's); embedding_*, layernorm_*, attention_*, add (1.4);
  * linear_forward_layout (1.6, used for both layouts when present: Conv1D
- * layers get the fused epilogue too, with the same bits). Check the
+ * layers get the fused epilogue too, with the same bits; with
+ * KILN_LAYOUT_ROUND_BIAS where the table sets KILN_KERNELS_BIAS_ROUND, 1.8,
+ * and copy + round_to of the bias elsewhere, for round_bias). Check the
  * table once with kiln_nn_kernels_missing(). The Linear alone also runs on
  * a 1.1 table in fp32 (gemm, bias_add, relu/gelu: the same bits on the
  * cpu), which is how the `mlp` module, built on it, still trains on an old
@@ -109,6 +113,15 @@ typedef struct kiln_nn_ctx {
      * "activation" below are in sdt. */
     uint32_t act16;
     uint32_t sdt;
+    /* 1.8: 1 adds each Linear's bias rounded through rdt, as autocast casts
+     * a Linear's bias to the compute dtype with its other inputs:
+     * y = rdt(x . W + rdt(b)). 0 (a zeroed ctx, every 1.7 module): the
+     * float32 bias joins the product unrounded. Where the table sets
+     * KILN_KERNELS_BIAS_ROUND the accelerator rounds it (a GPU then adds it
+     * in the GEMM's epilogue and writes 16-bit activations directly);
+     * elsewhere the layer rounds a copy (kiln_nn_linear.bq), with the same
+     * result. Nothing changes without a reduced rdt. */
+    int round_bias;
 } kiln_nn_ctx;
 
 /* kiln_nn_ctx.act16 bits */
@@ -327,6 +340,9 @@ typedef struct kiln_nn_linear {
     const void *x;      /* (rows, in) input of the last forward; the caller's memory,
                            which must hold it until the backward                      */
     int32_t rows;       /* rows of the last forward                                   */
+    void *bq;           /* (out) float32: the bias rounded through rdt, where the
+                           layer rounds it itself (kiln_nn_ctx.round_bias); NULL
+                           without a bias                                             */
 } kiln_nn_linear;
 
 /* Registers "<prefix>.weight" (shape by layout; decayed) and, when `bias`,
@@ -351,6 +367,7 @@ static inline int32_t kiln_nn_linear_register(const kiln_host_services *svc, kil
 static inline void kiln_nn_linear_plan(kiln_nn_arena *a, kiln_nn_linear *L, size_t max_rows, size_t esz) {
     L->y = kiln_nn_carve(a, max_rows * (size_t)L->out, esz);
     L->post = L->act >= 0 ? kiln_nn_carve(a, max_rows * (size_t)L->out, esz) : NULL;
+    L->bq = L->b ? kiln_nn_carve(a, (size_t)L->out, sizeof(float)) : NULL;
 }
 
 /* (rows, out): what the layer hands to the next one. */
@@ -398,12 +415,35 @@ static inline int32_t kiln_nn_linear_forward(kiln_nn_ctx *c, kiln_nn_linear *L, 
         if (L->act == KILN_ACT_GELU) KILN_NN__K(c, k->gelu_forward(c->acc, (float *)L->post, y, n), "gelu_forward", on);
         return kiln_nn_round_activation(c, kiln_nn_linear_output(L), n, on, on);
     }
+    /* The bias as the product takes it: rounded through rdt first where
+     * the module asks (round_bias), by the accelerator (1.8) or here */
+    const void *bias = kiln_nn_vec(c, L->b);
+    int32_t lay_flags = 0;
+    if (bias && c->round_bias && c->adt == KILN_DTYPE_F32 && c->rdt != KILN_DTYPE_F32) {
+#if KILN_ABI_MINOR >= 8
+        if ((k->flags & KILN_KERNELS_BIAS_ROUND) && k->struct_size >= KILN_KERNELS_SIZE_1_6 &&
+            k->linear_forward_layout)
+            lay_flags = KILN_LAYOUT_ROUND_BIAS;
+#endif
+        if (!lay_flags) {
+            if (!L->bq) {
+                snprintf(c->msg, sizeof c->msg, "%s: no planned buffer for the rounded bias (kiln_nn_linear_plan)",
+                         on);
+                return KILN_E_STATE;
+            }
+            KILN_NN__K(c, k->copy(c->acc, L->bq, bias, (size_t)L->out * sizeof(float), KILN_COPY_D2D),
+                       "copy (bias)", on);
+            KILN_NN__K(c, k->round_to(c->acc, (float *)L->bq, c->rdt, (size_t)L->out), "round_to (bias)", on);
+            bias = L->bq;
+        }
+    }
 #if KILN_ABI_MINOR >= 6
     if (k->struct_size >= KILN_KERNELS_SIZE_1_6 && k->linear_forward_layout) { /* either layout, fused */
         KILN_NN__K(c,
                    k->linear_forward_layout(c->acc, kiln_nn_sdt(c), x, W->compute, W->compute_dtype,
-                                            L->layout == KILN_NN_IN_OUT ? KILN_LAYOUT_IN_OUT : KILN_LAYOUT_OUT_IN,
-                                            kiln_nn_vec(c, L->b), rows, L->in, L->out, L->act, L->y, L->post, c->rdt),
+                                            (L->layout == KILN_NN_IN_OUT ? KILN_LAYOUT_IN_OUT : KILN_LAYOUT_OUT_IN) |
+                                                lay_flags,
+                                            bias, rows, L->in, L->out, L->act, L->y, L->post, c->rdt),
                    "linear_forward_layout", on);
         return kiln_nn_round_activation(c, kiln_nn_linear_output(L), n, on, on);
     }
@@ -414,7 +454,7 @@ static inline int32_t kiln_nn_linear_forward(kiln_nn_ctx *c, kiln_nn_linear *L, 
     }
     if (L->layout == KILN_NN_OUT_IN && k->struct_size >= KILN_KERNELS_SIZE_1_3 && k->linear_forward) {
         KILN_NN__K(c,
-                   k->linear_forward(c->acc, c->adt, x, W->compute, W->compute_dtype, kiln_nn_vec(c, L->b), rows,
+                   k->linear_forward(c->acc, c->adt, x, W->compute, W->compute_dtype, bias, rows,
                                      L->in, L->out, L->act, L->y, L->post, c->rdt),
                    "linear_forward", on);
         return kiln_nn_round_activation(c, kiln_nn_linear_output(L), n, on, on);
@@ -430,7 +470,7 @@ static inline int32_t kiln_nn_linear_forward(kiln_nn_ctx *c, kiln_nn_linear *L, 
                    k->gemm_ex(c->acc, 0, 0, rows, L->out, L->in, 1.0, x, c->adt, L->in, W->compute, W->compute_dtype,
                               L->out, 0.0, L->y, c->adt, L->out, KILN_DTYPE_F32),
                    "gemm_ex (forward)", on);
-    if (L->b) KILN_NN__K(c, k->bias_add_ex(c->acc, c->adt, L->y, kiln_nn_vec(c, L->b), rows, L->out), "bias_add_ex", on);
+    if (bias) KILN_NN__K(c, k->bias_add_ex(c->acc, c->adt, L->y, bias, rows, L->out), "bias_add_ex", on);
     int32_t rc = kiln_nn_round(c, L->y, n, on);
     if (rc == KILN_OK && L->act >= 0) {
         KILN_NN__K(c, k->act_forward(c->acc, c->adt, L->act, L->post, L->y, n), "act_forward", on);

@@ -70,6 +70,17 @@ enum { KILN_COPY_H2D = 0, KILN_COPY_D2H = 1, KILN_COPY_D2D = 2 };
  * gradients staying float32. A caller passes these dtypes only where the
  * bit is set; kiln/nn.h does for modules that ask (kiln_nn_ctx.act16). */
 #define KILN_KERNELS_ACT_16BIT (1u << 2)
+/* 1.8: linear_forward_layout takes KILN_LAYOUT_ROUND_BIAS in w_layout:
+ * the bias joins the product rounded through round_dtype, as autocast casts
+ * a Linear's bias to the compute dtype with its other inputs:
+ *   y = round_dtype(x . w + round_dtype(b))
+ * (the float32 bias otherwise joins unrounded). A GPU then adds a 16-bit
+ * bias in the GEMM's own epilogue and writes a 16-bit y directly, which it
+ * cannot do for a float32 bias (cuBLASLt's bias on a 16-bit output has the
+ * output's type). A caller passes the flag only where the bit is set;
+ * elsewhere it rounds a copy of the bias itself (round_to), with the same
+ * result; kiln/nn.h does both for modules that ask (kiln_nn_ctx.round_bias). */
+#define KILN_KERNELS_BIAS_ROUND (1u << 3)
 
 typedef struct kiln_kernels {
     uint32_t struct_size;
@@ -317,7 +328,8 @@ typedef struct kiln_kernels {
      *   y(rows, out) = round_dtype(x(rows, in) . w(in, out) + b(out))
      * Everything else is linear_forward's, including its unfused
      * equivalent (gemm_ex with B not transposed, ldb = out), so a Conv1D
-     * layer gets the fused epilogue too. */
+     * layer gets the fused epilogue too. 1.8: w_layout may also carry
+     * KILN_LAYOUT_ROUND_BIAS (below), which rounds b first. */
     int32_t (*linear_forward_layout)(kiln_instance *acc, uint32_t dtype, const void *x, const void *w,
                                      uint32_t w_dtype, int32_t w_layout, const void *b, int32_t rows, int32_t in,
                                      int32_t out, int32_t act, void *y, void *post, uint32_t round_dtype);
@@ -326,6 +338,10 @@ typedef struct kiln_kernels {
 /* kiln_kernels.linear_forward_layout: how a weight matrix is stored. */
 enum { KILN_LAYOUT_OUT_IN = 0, /* (out, in): torch.nn.Linear   */
        KILN_LAYOUT_IN_OUT = 1  /* (in, out): GPT-2's Conv1D    */ };
+/* 1.8, OR'd into w_layout where the table sets KILN_KERNELS_BIAS_ROUND: b
+ * is rounded through round_dtype (F16 or BF16; F32 is refused) before it
+ * joins the product. Without a bias it changes nothing. */
+#define KILN_LAYOUT_ROUND_BIAS 0x100
 
 /* kiln_kernels.act_forward / act_backward */
 enum { KILN_ACT_RELU = 0, KILN_ACT_GELU = 1, KILN_ACT_TANH = 2, KILN_ACT_SIGMOID = 3, KILN_ACT_LEAKY_RELU = 4 };
@@ -676,6 +692,8 @@ typedef struct kiln_module_ops {
 /* What 1.6 appended (besides the flag KILN_KERNELS_STORE_16BIT). */
 #define KILN_KERNELS_SIZE_1_6 KILN__END(kiln_kernels, linear_forward_layout)
 /* 1.7 appended nothing to the tables: it added the flag KILN_KERNELS_ACT_16BIT. */
+/* 1.8 appended nothing either: the flag KILN_KERNELS_BIAS_ROUND and
+ * linear_forward_layout's KILN_LAYOUT_ROUND_BIAS. */
 
 /* Layout pins of the 1.1 tables (and what 1.2 appended). */
 #if UINTPTR_MAX == 0xFFFFFFFFFFFFFFFFu
