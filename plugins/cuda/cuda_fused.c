@@ -92,7 +92,7 @@ static int32_t cu_linear16(kiln_instance *acc, const char *fn, uint32_t dt, cons
                            int32_t act, void *y, void *post) {
     const size_t ny = (size_t)rows * (size_t)out;
     rb = rb && b;
-    const int direct = !b || (rb && in > 0); /* cuBLASLt writes y in dt */
+    const int direct = !b || (rb && in > 0 && !acc->no_bias16); /* cuBLASLt writes y in dt */
     const size_t bq16_bytes = rb ? cu_up256((size_t)out * 2) : 0;
     const size_t bqf_bytes = rb && !direct ? cu_up256((size_t)out * sizeof(float)) : 0;
     const size_t prod_bytes = direct ? 0 : cu_up256(ny * sizeof(float));
@@ -107,6 +107,17 @@ static int32_t cu_linear16(kiln_instance *acc, const char *fn, uint32_t dt, cons
         cu_ep ep = {CUBLASLT_EPILOGUE_BIAS, bq16, NULL, 0};
         rc = cu_matmul_ep(acc, fn, 0, !in_out, rows, out, in, 1.0, xa, dt, in, wa, dt, in_out ? out : in, 0.0, y, dt,
                           out, b ? &ep : NULL);
+        if (rc == KILN_E_UNSUPPORTED && b) {
+            /* no algorithm for the 16-bit bias epilogue on this device and
+             * library: the float32 scratch path, with the same values, from
+             * now on (nothing was queued for this call but the bias copy) */
+            acc->no_bias16 = 1;
+            kiln_logf(acc->svc, acc->hctx, KILN_LOG_INFO,
+                      "cuda: device %d: cuBLASLt has no bias epilogue for a %s output here; linear_forward adds "
+                      "the rounded bias through float32 scratch instead",
+                      acc->device, kiln_dtype_name(dt));
+            return cu_linear16(acc, fn, dt, x, w, wt, in_out, b, 1, rows, in, out, act, y, post);
+        }
         if (rc != KILN_OK || act < 0) return rc;
         CU_LAUNCH(acc, "linear_forward (epilogue)",
                   kg_linear_epilogue16(acc->stream, (int)dt, y, NULL, NULL, rows, out, act, post));

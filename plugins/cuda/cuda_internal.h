@@ -112,6 +112,10 @@ struct kiln_instance {
      * operand conversions of gemm_ex and linear_forward read and wrote */
     double gemm_flops[4];
     double gemm_convert_bytes;
+    /* 1 once cuBLASLt found no algorithm for a bias epilogue on a 16-bit
+     * output (1.8's rounded bias): linear_forward then adds the rounded bias
+     * through float32 scratch, as for a float32 bias (logged once) */
+    int no_bias16;
     /* pinned staging ring for H2D copies */
     cu_stage stages[CU_STAGES];
     int next_stage;

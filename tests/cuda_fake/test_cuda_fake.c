@@ -1805,6 +1805,49 @@ static void test_bias_round(void) {
     NO_VIOLATIONS();
 }
 
+/* A device or cuBLASLt without an algorithm for the bias epilogue on a
+ * 16-bit output: the rounded-bias call falls back to float32 scratch, with
+ * the same bits, says so once, and does not ask the heuristic again. */
+static void test_bias_round_fallback(void) {
+    const kiln_kernels *k = NULL;
+    kiln_test_clear_log(g_th);
+    kiln_instance *acc = ready(NULL, &k);
+    if (!acc) return;
+    enum { R = 5, I = 16, O = 24 };
+    float bf[O], bq[O];
+    uint16_t xh[R * I], wh[I * O], y[2][R * O];
+    for (int i = 0; i < R * I; i++) xh[i] = fk16_bits(KILN_DTYPE_BF16, val((unsigned)i, 11u));
+    for (int i = 0; i < I * O; i++) wh[i] = fk16_bits(KILN_DTYPE_BF16, 0.3f * val((unsigned)i, 12u));
+    for (int i = 0; i < O; i++) {
+        bf[i] = 0.5f * val((unsigned)i, 13u);
+        bq[i] = fk16_value(KILN_DTYPE_BF16, fk16_bits(KILN_DTYPE_BF16, bf[i]));
+    }
+    void *dx = up(k, acc, xh, sizeof xh), *dw = up(k, acc, wh, sizeof wh), *db = up(k, acc, bf, sizeof bf);
+    void *dq = up(k, acc, bq, sizeof bq), *dy = up(k, acc, y[0], sizeof y[0]), *dy2 = up(k, acc, y[1], sizeof y[1]);
+    CU_ASSERT_FATAL(dx && dw && db && dq && dy && dy2);
+    /* the first heuristic call (the 16-bit bias epilogue's plan) finds nothing */
+    env_set("KILN_FAKE_CUDA_FAIL", "cublasLtMatmulAlgoGetHeuristic@1");
+    const fake_cuda_stats s0 = stats();
+    CU_ASSERT_EQUAL(k->linear_forward_layout(acc, KILN_DTYPE_BF16, dx, dw, KILN_DTYPE_BF16,
+                                             KILN_LAYOUT_IN_OUT | KILN_LAYOUT_ROUND_BIAS, db, R, I, O, -1, dy, NULL,
+                                             KILN_DTYPE_BF16), KILN_OK);
+    CU_ASSERT_EQUAL(stats().injected - s0.injected, 1u);
+    CU_ASSERT_PTR_NOT_NULL(kiln_test_log_find(g_th, KILN_LOG_INFO, "no bias epilogue for a bfloat16 output"));
+    env_clear();
+    const fake_cuda_stats s1 = stats();
+    CU_ASSERT_EQUAL(k->linear_forward_layout(acc, KILN_DTYPE_BF16, dx, dw, KILN_DTYPE_BF16,
+                                             KILN_LAYOUT_IN_OUT | KILN_LAYOUT_ROUND_BIAS, db, R, I, O, -1, dy, NULL,
+                                             KILN_DTYPE_BF16), KILN_OK);
+    CU_ASSERT_EQUAL(stats().matmuls_bias16 - s0.matmuls_bias16, 0u); /* scratch both times, */
+    CU_ASSERT_EQUAL(stats().heuristics - s1.heuristics, 0u);         /* its plan cached      */
+    CU_ASSERT_EQUAL(k->linear_forward_layout(acc, KILN_DTYPE_BF16, dx, dw, KILN_DTYPE_BF16, KILN_LAYOUT_IN_OUT, dq, R,
+                                             I, O, -1, dy2, NULL, KILN_DTYPE_BF16), KILN_OK);
+    CU_ASSERT_TRUE(down(k, acc, y[0], dy, sizeof y[0]) && down(k, acc, y[1], dy2, sizeof y[1]));
+    CU_ASSERT_EQUAL(memcmp(y[0], y[1], sizeof y[0]), 0);
+    g_ops->base.destroy(acc);
+    NO_VIOLATIONS();
+}
+
 /* ============================== regressions: bugs this fake found */
 
 /* (gemm_ex rounds a float32 operand through the matmul's 16-bit dtype, as
@@ -2013,6 +2056,7 @@ static void register_tests(void) {
     CU_add_test(s, "1.7: 16-bit activation storage equals the float32 call rounded", test_act16_entries);
     CU_add_test(s, "1.7: the shared 16-bit storage cases (act16_cases.h)", test_act16_shared);
     CU_add_test(s, "1.8: KILN_LAYOUT_ROUND_BIAS = the call with the bias rounded first", test_bias_round);
+    CU_add_test(s, "1.8: no 16-bit bias epilogue on the device: float32 scratch, same bits", test_bias_round_fallback);
 }
 
 #include "cunit_main.h"
