@@ -74,7 +74,7 @@ static int32_t cu_round_bias(kiln_instance *acc, uint32_t rt, const void *b, int
 
 /*
  * The 16-bit storage form (1.7; dt F16 / BF16, round_dtype dt, the checks
- * passed): x is already the product's operand, an F32 w is converted to
+ * passed; rb only with a bias): x is already the product's operand, an F32 w is converted to
  * dt as the float32 call rounds it. Without a bias cuBLASLt writes y in dt
  * itself (its fp32 result rounded once as stored: the float32 call's
  * rounding) and only an activation needs a pass (reading y, writing
@@ -91,7 +91,6 @@ static int32_t cu_linear16(kiln_instance *acc, const char *fn, uint32_t dt, cons
                            uint32_t wt, int in_out, const void *b, int rb, int32_t rows, int32_t in, int32_t out,
                            int32_t act, void *y, void *post) {
     const size_t ny = (size_t)rows * (size_t)out;
-    rb = rb && b;
     const int direct = !b || (rb && in > 0 && !acc->no_bias16); /* cuBLASLt writes y in dt */
     const size_t bq16_bytes = rb ? cu_up256((size_t)out * 2) : 0;
     const size_t bqf_bytes = rb && !direct ? cu_up256((size_t)out * sizeof(float)) : 0;

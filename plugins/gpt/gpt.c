@@ -569,18 +569,18 @@ static int32_t gpt_plan(gpt *g, const char *step) {
     if (rc == KILN_OK && sdt != g->sdt_logged) { /* once per change: the precision decides it after create() */
         /* and who rounds the biases (kiln_nn_ctx.round_bias): the
          * accelerator where its table says it can (ABI 1.8), else kiln/nn.h */
-        const int r16 = g->ctx.rdt != KILN_DTYPE_F32 && g->ctx.adt == KILN_DTYPE_F32;
-        kiln_logf(g->svc, g->hctx, KILN_LOG_DEBUG, "gpt: activations stored in %s%s; activation arena %.1f MiB%s%s%s",
+        char biases[160] = "";
+        if (g->ctx.rdt != KILN_DTYPE_F32 && g->ctx.adt == KILN_DTYPE_F32)
+            snprintf(biases, sizeof biases, "; biases added in %s, rounded by the %s", kiln_dtype_name(g->ctx.rdt),
+                     (g->k->flags & KILN_KERNELS_BIAS_ROUND)
+                         ? "accelerator"
+                         : "module (the accelerator's table lacks KILN_KERNELS_BIAS_ROUND, ABI 1.8)");
+        kiln_logf(g->svc, g->hctx, KILN_LOG_DEBUG, "gpt: activations stored in %s%s; activation arena %.1f MiB%s",
                   kiln_dtype_name(sdt),
                   sdt == g->ctx.adt && g->ctx.rdt == KILN_DTYPE_BF16
                       ? " (the accelerator's table lacks KILN_KERNELS_ACT_16BIT, ABI 1.7)"
                       : "",
-                  (double)g->arena_bytes / 1048576.0, r16 ? "; biases added in " : "",
-                  r16 ? kiln_dtype_name(g->ctx.rdt) : "",
-                  !r16                                      ? ""
-                  : (g->k->flags & KILN_KERNELS_BIAS_ROUND) ? ", rounded by the accelerator"
-                                                            : ", rounded by the module (the accelerator's table lacks "
-                                                              "KILN_KERNELS_BIAS_ROUND, ABI 1.8)");
+                  (double)g->arena_bytes / 1048576.0, biases);
         g->sdt_logged = sdt;
     }
     return rc;

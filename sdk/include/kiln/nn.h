@@ -393,6 +393,34 @@ static inline int32_t kiln_nn__linear_11_refused(kiln_nn_ctx *c, const kiln_nn_l
     return KILN_E_UNSUPPORTED;
 }
 
+/* The bias as L's product takes it (*bias; NULL without one), and the
+ * w_layout flag that goes with it (*lay_flags): where the module asks for
+ * autocast's rounded bias (round_bias) under a reduced rdt, the accelerator
+ * rounds it (1.8, KILN_LAYOUT_ROUND_BIAS) or, on an older table, this
+ * rounds a copy into L->bq (copy + round_to: the same values). */
+static inline int32_t kiln_nn__linear_bias(kiln_nn_ctx *c, const kiln_nn_linear *L, const void **bias,
+                                           int32_t *lay_flags) {
+    const kiln_kernels *k = c->k;
+    *bias = kiln_nn_vec(c, L->b);
+    *lay_flags = 0;
+    if (!*bias || !c->round_bias || c->adt != KILN_DTYPE_F32 || c->rdt == KILN_DTYPE_F32) return KILN_OK;
+#if KILN_ABI_MINOR >= 8
+    if ((k->flags & KILN_KERNELS_BIAS_ROUND) && k->struct_size >= KILN_KERNELS_SIZE_1_6 && k->linear_forward_layout) {
+        *lay_flags = KILN_LAYOUT_ROUND_BIAS;
+        return KILN_OK;
+    }
+#endif
+    const char *on = L->w->name;
+    if (!L->bq) {
+        snprintf(c->msg, sizeof c->msg, "%s: no planned buffer for the rounded bias (kiln_nn_linear_plan)", on);
+        return KILN_E_STATE;
+    }
+    KILN_NN__K(c, k->copy(c->acc, L->bq, *bias, (size_t)L->out * sizeof(float), KILN_COPY_D2D), "copy (bias)", on);
+    KILN_NN__K(c, k->round_to(c->acc, (float *)L->bq, c->rdt, (size_t)L->out), "round_to (bias)", on);
+    *bias = L->bq;
+    return KILN_OK;
+}
+
 /* x (rows, in) -> kiln_nn_linear_output(L) (rows, out). One rounding
  * after the bias (autocast's addmm) and one after the activation. */
 static inline int32_t kiln_nn_linear_forward(kiln_nn_ctx *c, kiln_nn_linear *L, const void *x, int32_t rows) {
@@ -415,28 +443,10 @@ static inline int32_t kiln_nn_linear_forward(kiln_nn_ctx *c, kiln_nn_linear *L, 
         if (L->act == KILN_ACT_GELU) KILN_NN__K(c, k->gelu_forward(c->acc, (float *)L->post, y, n), "gelu_forward", on);
         return kiln_nn_round_activation(c, kiln_nn_linear_output(L), n, on, on);
     }
-    /* The bias as the product takes it: rounded through rdt first where
-     * the module asks (round_bias), by the accelerator (1.8) or here */
-    const void *bias = kiln_nn_vec(c, L->b);
+    const void *bias = NULL;
     int32_t lay_flags = 0;
-    if (bias && c->round_bias && c->adt == KILN_DTYPE_F32 && c->rdt != KILN_DTYPE_F32) {
-#if KILN_ABI_MINOR >= 8
-        if ((k->flags & KILN_KERNELS_BIAS_ROUND) && k->struct_size >= KILN_KERNELS_SIZE_1_6 &&
-            k->linear_forward_layout)
-            lay_flags = KILN_LAYOUT_ROUND_BIAS;
-#endif
-        if (!lay_flags) {
-            if (!L->bq) {
-                snprintf(c->msg, sizeof c->msg, "%s: no planned buffer for the rounded bias (kiln_nn_linear_plan)",
-                         on);
-                return KILN_E_STATE;
-            }
-            KILN_NN__K(c, k->copy(c->acc, L->bq, bias, (size_t)L->out * sizeof(float), KILN_COPY_D2D),
-                       "copy (bias)", on);
-            KILN_NN__K(c, k->round_to(c->acc, (float *)L->bq, c->rdt, (size_t)L->out), "round_to (bias)", on);
-            bias = L->bq;
-        }
-    }
+    int32_t rc = kiln_nn__linear_bias(c, L, &bias, &lay_flags);
+    if (rc != KILN_OK) return rc;
 #if KILN_ABI_MINOR >= 6
     if (k->struct_size >= KILN_KERNELS_SIZE_1_6 && k->linear_forward_layout) { /* either layout, fused */
         KILN_NN__K(c,
@@ -471,7 +481,7 @@ static inline int32_t kiln_nn_linear_forward(kiln_nn_ctx *c, kiln_nn_linear *L, 
                               L->out, 0.0, L->y, c->adt, L->out, KILN_DTYPE_F32),
                    "gemm_ex (forward)", on);
     if (bias) KILN_NN__K(c, k->bias_add_ex(c->acc, c->adt, L->y, bias, rows, L->out), "bias_add_ex", on);
-    int32_t rc = kiln_nn_round(c, L->y, n, on);
+    rc = kiln_nn_round(c, L->y, n, on);
     if (rc == KILN_OK && L->act >= 0) {
         KILN_NN__K(c, k->act_forward(c->acc, c->adt, L->act, L->post, L->y, n), "act_forward", on);
         rc = kiln_nn_round(c, L->post, n, on);
