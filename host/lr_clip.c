@@ -17,7 +17,11 @@
  * element to [-v, v]: the kernel table's clamp entry from 1.5 on, so it
  * works on device memory; a host loop over an older host-memory table). It runs inside the precision plugin's after-closure,
  * i.e. after unscaling and on_before_optimizer_step, and never on
- * accumulating batches; the total norm is logged as `grad_norm`.
+ * accumulating batches; the total norm is logged as `grad_norm`. The norm
+ * takes one sumsq_many call (ABI 1.9) where the table has it, one sumsq
+ * per parameter otherwise: the same value, but a GPU waits once, not once
+ * per parameter. Scaling and clamping are elementwise, so each is one call
+ * over the gradient arena, which holds every gradient.
  */
 #include <math.h>
 #include <stdio.h>
@@ -128,16 +132,13 @@ int ht_clip_gradients(ht_trainer *t, ht_error *err) {
     const int f64 = t->param_dtype == KILN_DTYPE_F64;
     if (t->set.clip_by_value) {
         /* 1.5 tables clamp on the accelerator, in place (the same
-         * comparisons as the loop below, so the same bits) */
+         * comparisons as the loop below, so the same bits), over the whole
+         * gradient arena at once as the norm's scale below does */
         if (K->struct_size >= KILN_KERNELS_SIZE_1_5 && K->clamp) {
-            for (uint32_t i = 0; i < t->nparams; i++) {
-                kiln_parameter *p = t->params[i];
-                if (p->numel == 0) continue;
-                herr_clear();
-                int32_t rc = K->clamp(t->accel.inst, f64 ? KILN_DTYPE_F64 : KILN_DTYPE_F32, p->grad, p->grad, -v, v,
-                                      (size_t)p->numel);
-                if (rc) return ht_fail(t, &t->accel, rc, "clamp (gradient clipping by value)", err);
-            }
+            herr_clear();
+            int32_t rc = K->clamp(t->accel.inst, f64 ? KILN_DTYPE_F64 : KILN_DTYPE_F32, t->grad_arena, t->grad_arena,
+                                  -v, v, t->arena_numel);
+            if (rc) return ht_fail(t, &t->accel, rc, "clamp (gradient clipping by value)", err);
             return KILN_OK;
         }
         /* an older table has no clamp: only where the gradients are host memory */
@@ -161,26 +162,45 @@ int ht_clip_gradients(ht_trainer *t, ht_error *err) {
         }
         return KILN_OK;
     }
+    /* Every gradient's sum of squares, added in parameter order. A 1.9
+     * table gives them all in one call, so a GPU waits once per step
+     * rather than once per parameter; each is the per-tensor entry's value,
+     * so the norm has the same bits either way. */
     double total = 0;
-    for (uint32_t i = 0; i < t->nparams; i++) {
-        kiln_parameter *p = t->params[i];
-        double s = 0;
-        int32_t rc = f64 ? (K->struct_size >= KILN_KERNELS_SIZE_1_2 ? K->sumsq_ex(t->accel.inst, KILN_DTYPE_F64,
-                                                                                 p->grad, (size_t)p->numel, &s)
-                                                                    : KILN_E_UNSUPPORTED)
-                         : K->sumsq(t->accel.inst, p->grad, (size_t)p->numel, &s);
-        if (rc) return ht_fail(t, &t->accel, rc, "sumsq (gradient clipping)", err);
-        total += s;
+    if (K->struct_size >= KILN_KERNELS_SIZE_1_9 && K->sumsq_many) {
+        for (uint32_t i = 0; i < t->nparams; i++) {
+            t->clip_x[i] = t->params[i]->grad;
+            t->clip_n[i] = (size_t)t->params[i]->numel;
+        }
+        herr_clear();
+        int32_t rc = K->sumsq_many(t->accel.inst, f64 ? KILN_DTYPE_F64 : KILN_DTYPE_F32, t->clip_x, t->clip_n,
+                                   t->nparams, t->clip_s);
+        if (rc) return ht_fail(t, &t->accel, rc, "sumsq_many (gradient clipping)", err);
+        for (uint32_t i = 0; i < t->nparams; i++) total += t->clip_s[i];
+    } else {
+        for (uint32_t i = 0; i < t->nparams; i++) {
+            kiln_parameter *p = t->params[i];
+            double s = 0;
+            herr_clear();
+            int32_t rc = f64 ? (K->struct_size >= KILN_KERNELS_SIZE_1_2
+                                    ? K->sumsq_ex(t->accel.inst, KILN_DTYPE_F64, p->grad, (size_t)p->numel, &s)
+                                    : KILN_E_UNSUPPORTED)
+                             : K->sumsq(t->accel.inst, p->grad, (size_t)p->numel, &s);
+            if (rc) return ht_fail(t, &t->accel, rc, "sumsq (gradient clipping)", err);
+            total += s;
+        }
     }
     const double norm = sqrt(total);
     hm_log(&t->metrics, t->stage, "grad_norm", norm, KILN_LOG_ON_STEP, 1.0);
     const double coef = v / (norm + 1e-6);
     if (coef >= 1.0 || !isfinite(norm)) return KILN_OK; /* clamp(coef, max=1): nothing to scale */
-    for (uint32_t i = 0; i < t->nparams; i++) {
-        kiln_parameter *p = t->params[i];
-        int32_t rc = f64 ? K->scale_ex(t->accel.inst, KILN_DTYPE_F64, p->grad, coef, (size_t)p->numel)
-                         : K->scale(t->accel.inst, p->grad, (float)coef, (size_t)p->numel);
-        if (rc) return ht_fail(t, &t->accel, rc, "scale (gradient clipping)", err);
-    }
+    /* Every gradient lies in the one arena alloc_params carved them from,
+     * so one scale over the arena is every parameter's scale: the same
+     * bits (elementwise), one launch instead of one per parameter. The
+     * padding between tensors (zeros nobody reads) is scaled too. */
+    herr_clear();
+    int32_t rc = f64 ? K->scale_ex(t->accel.inst, KILN_DTYPE_F64, t->grad_arena, coef, t->arena_numel)
+                     : K->scale(t->accel.inst, t->grad_arena, (float)coef, t->arena_numel);
+    if (rc) return ht_fail(t, &t->accel, rc, "scale (gradient clipping)", err);
     return KILN_OK;
 }

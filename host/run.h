@@ -120,10 +120,16 @@ typedef struct ht_trainer {
     kiln_parameter *opt_params[HT_MAX_OPTIMIZERS][HT_MAX_PARAMS]; /* (opt_nparams[i]) */
     uint32_t opt_nparams[HT_MAX_OPTIMIZERS];
     unsigned char toggle_froze[HT_MAX_PARAMS]; /* FROZEN set by toggle_optimizer */
+    /* gradient clipping's list for sumsq_many (ABI 1.9): every gradient,
+     * its length and its sum of squares */
+    const void *clip_x[HT_MAX_PARAMS];
+    size_t clip_n[HT_MAX_PARAMS];
+    double clip_s[HT_MAX_PARAMS];
     int manual;                   /* the module optimises manually            */
     int opt_repeats;              /* optimizer 0 repeats its closure (LBFGS)  */
     int in_manual_step;           /* inside its training_step: services open  */
     void *param_arena, *grad_arena; /* masters and gradients, in param_dtype */
+    size_t arena_numel;             /* elements of each arena, padding included */
     uint32_t param_dtype;          /* KILN_DTYPE_F32 or F64, from the precision */
 
     /* state visible to plugins */

@@ -218,6 +218,7 @@ static int alloc_params(ht_trainer *t, ht_error *err) {
     if (rc != KILN_OK) return ht_fail(t, &t->accel, rc, "allocating parameters", err);
     t->param_arena = a;
     t->grad_arena = g;
+    t->arena_numel = total;
     size_t off = 0;
     for (uint32_t i = 0; i < t->nparams; i++) {
         kiln_parameter *p = t->params[i];
@@ -436,6 +437,7 @@ void ht_close(ht_trainer *t) {
         t->kernels->free(t->accel.inst, t->grad_arena);
     }
     t->param_arena = t->grad_arena = NULL;
+    t->arena_numel = 0;
     drop_slot(&t->accel);
     for (uint32_t i = 0; i < t->nparams; i++) {
         free((void *)t->params[i]->name);

@@ -182,6 +182,22 @@ static inline int32_t ack_count(ack_sink s, const char *fn, size_t n) {
     return KILN_OK;
 }
 
+/* A list of tensors as the list entries take it (unscale_check,
+ * sumsq_many): host arrays x(count) and n(count), x[i] NULL only where
+ * n[i] is 0, each n[i] a size ack_count allows. */
+static inline int32_t ack_tensor_list(ack_sink s, const char *fn, const void *const *x, const size_t *n,
+                                      uint32_t count) {
+    if (count > 0 && (!x || !n))
+        return ACK_ERR(s, KILN_E_INVALID_ARG, fn, "NULL %s array for count=%u", !x ? "x" : "n", (unsigned)count);
+    for (uint32_t i = 0; i < count; i++) {
+        if (n[i] > 0 && !x[i])
+            return ACK_ERR(s, KILN_E_INVALID_ARG, fn, "x[%u] is NULL with n[%u]=%zu", (unsigned)i, (unsigned)i, n[i]);
+        int32_t rc = ack_count(s, fn, n[i]);
+        if (rc != KILN_OK) return rc;
+    }
+    return KILN_OK;
+}
+
 /* tokens(B*T), on the host, all in [0, V), else KILN_E_DATA naming the
  * first bad one with its batch and position. */
 static inline int32_t ack_tokens_in_range(ack_sink s, const char *fn, const int32_t *tokens, int32_t B, int32_t T,

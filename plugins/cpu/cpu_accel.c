@@ -590,6 +590,22 @@ static int32_t cpu_sumsq_ex(kiln_instance *acc, uint32_t dtype, const void *x, s
     return KILN_OK;
 }
 
+#if KILN_ABI_MINOR >= 9
+/* 1.9: sumsq_ex per tensor. On the cpu there is no device to wait on, so
+ * the list form is just the loop (and so the same bits). */
+static int32_t cpu_sumsq_many(kiln_instance *acc, uint32_t dtype, const void *const *x, const size_t *n,
+                              uint32_t count, double *out) {
+    int32_t rc = cpu_check_dtype(acc, "sumsq_many", dtype);
+    if (rc != KILN_OK) return rc;
+    if ((rc = ack_tensor_list(CPU_SINK(acc), "sumsq_many", x, n, count)) != KILN_OK) return rc;
+    if (count > 0 && !out)
+        return CPU_ERR(acc, KILN_E_INVALID_ARG, "sumsq_many: out is NULL for count=%u", (unsigned)count);
+    for (uint32_t i = 0; i < count; i++)
+        out[i] = dtype == KILN_DTYPE_F32 ? kc_sumsq(x[i], n[i]) : kc_sumsq_f64(x[i], n[i]);
+    return KILN_OK;
+}
+#endif
+
 static int32_t cpu_all_finite_ex(kiln_instance *acc, uint32_t dtype, const void *x, size_t n, int32_t *finite) {
     int32_t rc = cpu_check_dtype(acc, "all_finite_ex", dtype);
     if (rc != KILN_OK) return rc;
@@ -673,13 +689,7 @@ static int32_t cpu_unscale_check(kiln_instance *acc, uint32_t dtype, void *const
     int32_t rc = cpu_check_dtype(acc, "unscale_check", dtype);
     if (rc != KILN_OK) return rc;
     if (!finite) return CPU_ERR(acc, KILN_E_INVALID_ARG, "unscale_check: finite is NULL");
-    if (count > 0 && (!x || !n))
-        return CPU_ERR(acc, KILN_E_INVALID_ARG, "unscale_check: NULL %s array for count=%u", !x ? "x" : "n",
-                       (unsigned)count);
-    for (uint32_t i = 0; i < count; i++)
-        if (n[i] > 0 && !x[i])
-            return CPU_ERR(acc, KILN_E_INVALID_ARG, "unscale_check: x[%u] is NULL with n[%u]=%zu", (unsigned)i,
-                           (unsigned)i, n[i]);
+    if ((rc = ack_tensor_list(CPU_SINK(acc), "unscale_check", (const void *const *)x, n, count)) != KILN_OK) return rc;
     int ok = 1;
     for (uint32_t i = 0; i < count; i++) {
         if (n[i] == 0) continue;
@@ -865,11 +875,16 @@ static const kiln_kernels cpu_kernel_table = {
 #if KILN_ABI_MINOR >= 6
     .linear_forward_layout = cpu_linear_forward_layout,
 #endif
+#if KILN_ABI_MINOR >= 9
+    .sumsq_many = cpu_sumsq_many,
+#endif
 };
 /* The table is built with this header's size: every entry above is set, and
- * a caller checks struct_size against KILN_KERNELS_SIZE_1_6 (1_5, 1_3 and
- * 1_2 in the fixtures built against the frozen 1.5, 1.3 and 1.2 headers). */
-#if KILN_ABI_MINOR >= 6
+ * a caller checks struct_size against KILN_KERNELS_SIZE_1_9 (1_6, 1_5, 1_3
+ * and 1_2 in the fixtures built against the frozen 1.8 ... 1.2 headers). */
+#if KILN_ABI_MINOR >= 9
+static_assert(sizeof(kiln_kernels) == KILN_KERNELS_SIZE_1_9, "kiln_kernels is ABI 1.9's");
+#elif KILN_ABI_MINOR >= 6
 static_assert(sizeof(kiln_kernels) == KILN_KERNELS_SIZE_1_6, "kiln_kernels is ABI 1.6's");
 #elif KILN_ABI_MINOR >= 5
 static_assert(sizeof(kiln_kernels) == KILN_KERNELS_SIZE_1_5, "kiln_kernels is ABI 1.5's");

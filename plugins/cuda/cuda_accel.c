@@ -4,8 +4,8 @@
  * KILN_KERNELS_HOST_MEMORY, so modules copy batches in and the host copies
  * weights out for checkpoints); every entry queues its work on the
  * instance's one stream and returns without waiting, except those that hand
- * a value back to the host (sum, sumsq, all_finite, the loss), which wait for
- * it. GEMMs go through cuBLASLt (cuda_blas.c), everything else through the
+ * a value back to the host (sum, sumsq, sumsq_many, all_finite, the loss),
+ * which wait for it (counted: host_waits). GEMMs go through cuBLASLt (cuda_blas.c), everything else through the
  * kernels of kernels/cuda, whose CPU references are kernels/cpu. The checks
  * here mirror the cpu accelerator's so that a bad call gets the same kind of
  * message on either; a failing CUDA or cuBLAS call becomes KILN_E_CUDA with
@@ -267,7 +267,7 @@ static int32_t cu_bad_label(kiln_instance *acc, const char *fn, const int32_t *b
                             int32_t B, int32_t C) {
     int32_t row = -1, label = 0;
     CU_CHECK(acc, fn, cudaMemcpyAsync(&row, bad_row_dev, sizeof row, cudaMemcpyDeviceToHost, acc->stream));
-    CU_CHECK(acc, fn, cudaStreamSynchronize(acc->stream));
+    CU_CHECK(acc, fn, cu_wait(acc));
     if (row < 0) return KILN_OK;
     CU_CHECK(acc, fn, cudaMemcpy(&label, labels + row, sizeof label, cudaMemcpyDeviceToHost));
     return CU_ERR(acc, KILN_E_DATA, "cuda: %s: label %d at batch index %d is outside [0, %d) (B=%d, C=%d)", fn,
@@ -343,7 +343,7 @@ static int32_t cu_xent_backward(kiln_instance *acc, uint32_t dt, void *dlogits, 
     CU_CHECK(acc, "softmax_xent_backward",
              cudaMemcpyAsync(acc->host_labels, labels, (size_t)B * sizeof(int32_t), cudaMemcpyDeviceToHost,
                              acc->stream));
-    CU_CHECK(acc, "softmax_xent_backward", cudaStreamSynchronize(acc->stream));
+    CU_CHECK(acc, "softmax_xent_backward", cu_wait(acc));
     for (int32_t i = 0; i < B; i++)
         if (acc->host_labels[i] < 0 || acc->host_labels[i] >= C)
             return CU_ERR(acc, KILN_E_DATA,
@@ -380,7 +380,7 @@ static int32_t cu_reduce(kiln_instance *acc, const char *fn, int op, uint32_t dt
     double *res = acc->red_scratch + KG_REDUCE_BLOCKS + 2;
     CU_LAUNCH(acc, fn, kg_reduce(acc->stream, op, (int)dt, x, n, acc->red_scratch, res));
     CU_CHECK(acc, fn, cudaMemcpyAsync(acc->host_scalars + 2, res, sizeof(double), cudaMemcpyDeviceToHost, acc->stream));
-    CU_CHECK(acc, fn, cudaStreamSynchronize(acc->stream));
+    CU_CHECK(acc, fn, cu_wait(acc));
     *out = acc->host_scalars[2];
     return KILN_OK;
 }
@@ -394,6 +394,32 @@ static int32_t cu_sumsq_ex(kiln_instance *acc, uint32_t dt, const void *x, size_
     int32_t rc = cu_check_fdt(acc, "sumsq_ex", dt);
     return rc != KILN_OK ? rc : cu_reduce(acc, "sumsq_ex", KG_SUMSQ, dt, x, n, out);
 }
+/* 1.9: sumsq_ex per tensor with one wait. Each tensor gets the launches
+ * cu_reduce gives it (so the same bits), its result into slot i of a
+ * grow-only device array; then one copy of the array and one wait. */
+static int32_t cu_sumsq_many(kiln_instance *acc, uint32_t dt, const void *const *x, const size_t *n, uint32_t count,
+                             double *out) {
+    const char *fn = "sumsq_many";
+    int32_t rc = cu_check_fdt(acc, fn, dt);
+    if (rc == KILN_OK) rc = ack_tensor_list(CU_SINK(acc), fn, x, n, count);
+    if (rc != KILN_OK) return rc;
+    if (count > 0 && !out)
+        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: sumsq_many: out is NULL for count=%u", (unsigned)count);
+    if (count == 0) return KILN_OK;
+    CU_READY(acc, fn);
+    if ((rc = cu_reserve(acc, &acc->many_dev, &acc->many_dev_bytes, (size_t)count * sizeof(double), fn)) != KILN_OK)
+        return rc;
+    double *res = acc->many_dev;
+    for (uint32_t i = 0; i < count; i++)
+        if (n[i] > 0)
+            CU_LAUNCH(acc, fn, kg_reduce(acc->stream, KG_SUMSQ, (int)dt, x[i], n[i], acc->red_scratch, res + i));
+    CU_CHECK(acc, fn, cudaMemcpyAsync(out, res, (size_t)count * sizeof(double), cudaMemcpyDeviceToHost, acc->stream));
+    CU_CHECK(acc, fn, cu_wait(acc));
+    for (uint32_t i = 0; i < count; i++)
+        if (n[i] == 0) out[i] = 0.0; /* its slot was never written */
+    return KILN_OK;
+}
+
 static int32_t cu_all_finite_ex(kiln_instance *acc, uint32_t dt, const void *x, size_t n, int32_t *finite) {
     if (!finite) return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: all_finite: finite is NULL");
     int32_t rc = cu_check_fdt(acc, "all_finite", dt);
@@ -533,8 +559,8 @@ ACK_DEFINE_EW_ENTRIES(cu_, cu_ew, KG_EW_, CU_SINK)
 /* ------------------------------------------------------------- the table */
 
 static const kiln_kernels cu_kernel_table = {
-    /* 1.6's size: every entry through linear_forward_layout */
-    .struct_size = KILN_KERNELS_SIZE_1_6,
+    /* 1.9's size: every entry through sumsq_many */
+    .struct_size = KILN_KERNELS_SIZE_1_9,
     /* device memory: callers copy host data in and out; gemm_ex and
      * xent_fused take 16-bit outputs and logits (1.6); the layer norm,
      * linear, attention, act_backward, bias_grad_ex and add entries keep
@@ -605,8 +631,10 @@ static const kiln_kernels cu_kernel_table = {
     .clamp = cu_clamp,
     /* 1.6 */
     .linear_forward_layout = cu_linear_forward_layout,
+    /* 1.9 */
+    .sumsq_many = cu_sumsq_many,
 };
-static_assert(sizeof(kiln_kernels) >= KILN_KERNELS_SIZE_1_6, "kiln_kernels covers ABI 1.6");
+static_assert(sizeof(kiln_kernels) >= KILN_KERNELS_SIZE_1_9, "kiln_kernels covers ABI 1.9");
 
 /* -------------------------------------------------------------- instance */
 
@@ -716,9 +744,10 @@ static void cu_destroy(kiln_instance *acc) {
         int prev = -1;
         const int had_prev = cudaGetDevice(&prev) == cudaSuccess;
         (void)cudaSetDevice(acc->device);
-        kiln_logf(acc->svc, acc->hctx, KILN_LOG_DEBUG,
-                  "cuda: device %d: %lu cudaMalloc calls, %zu MiB held at exit (%zu MiB cached)", acc->device,
-                  acc->device_mallocs, (acc->bytes_in_use + acc->bytes_cached) >> 20, acc->bytes_cached >> 20);
+        kiln_logf(acc->svc, acc->hctx, acc->profile ? KILN_LOG_INFO : KILN_LOG_DEBUG,
+                  "cuda: device %d: %lu cudaMalloc calls, %lu host waits, %zu MiB held at exit (%zu MiB cached)",
+                  acc->device, acc->device_mallocs, acc->host_waits, (acc->bytes_in_use + acc->bytes_cached) >> 20,
+                  acc->bytes_cached >> 20);
         cu_log_gemm_units(acc);
         /* queued GEMMs use the cuBLASLt handle and its workspace: wait for
          * them before the handle goes (cu_mem_release would wait too, but

@@ -29,13 +29,7 @@ int32_t cu_unscale_check(kiln_instance *acc, uint32_t dt, void *const *x, const 
     int32_t rc = cu_check_fdt(acc, "unscale_check", dt);
     if (rc != KILN_OK) return rc;
     if (!finite) return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: unscale_check: finite is NULL");
-    if (count > 0 && (!x || !n))
-        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: unscale_check: NULL %s array for count=%u", !x ? "x" : "n",
-                      (unsigned)count);
-    for (uint32_t i = 0; i < count; i++)
-        if (n[i] > 0 && !x[i])
-            return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: unscale_check: x[%u] is NULL with n[%u]=%zu", (unsigned)i,
-                          (unsigned)i, n[i]);
+    if ((rc = ack_tensor_list(CU_SINK(acc), "unscale_check", (const void *const *)x, n, count)) != KILN_OK) return rc;
     CU_READY(acc, "unscale_check");
     /* a device int after the reduction partials and results (cuda_mem.c
      * sizes red_scratch at KG_REDUCE_BLOCKS + 8 doubles) */
@@ -55,7 +49,7 @@ int32_t cu_unscale_check(kiln_instance *acc, uint32_t dt, void *const *x, const 
     if (list.count > 0) CU_LAUNCH(acc, "unscale_check", kg_unscale_check(acc->stream, (int)dt, &list, a, flag));
     int32_t *host = (int32_t *)(acc->host_scalars + 3);
     CU_CHECK(acc, "unscale_check", cudaMemcpyAsync(host, flag, sizeof *host, cudaMemcpyDeviceToHost, acc->stream));
-    CU_CHECK(acc, "unscale_check", cudaStreamSynchronize(acc->stream));
+    CU_CHECK(acc, "unscale_check", cu_wait(acc));
     *finite = *host == 0;
     return KILN_OK;
 }

@@ -107,6 +107,10 @@ struct kiln_instance {
     size_t nblocks, cap_blocks;
     size_t bytes_cached, bytes_in_use;
     unsigned long device_mallocs; /* cudaMalloc calls, for tests/benchmarks */
+    /* the times an entry waited for the stream to hand a value back to the
+     * host (cu_wait), for tests/benchmarks: each one leaves the GPU idle
+     * until the host queues the next launch */
+    unsigned long host_waits;
     /* GEMM work queued through cuBLASLt, logged at exit: FLOPs (2*M*N*K
      * per product) by the units they run on (CU_FLOPS_*), and the bytes the
      * operand conversions of gemm_ex and linear_forward read and wrote */
@@ -165,6 +169,9 @@ struct kiln_instance {
     /* the gemm attention's operands, scores and products (grow-only) */
     void *attn_ws;
     size_t attn_ws_bytes;
+    /* sumsq_many's per-tensor results (count doubles, grow-only) */
+    void *many_dev;
+    size_t many_dev_bytes;
     cu_prof *prof; /* NULL unless profile = true */
 };
 
@@ -199,6 +206,14 @@ int32_t cu_blas_fail(kiln_instance *acc, cublasStatus_t s, const char *what, con
             return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: " fn ": " #ptr " is NULL for %zu elements",      \
                           (size_t)(n));                                                                    \
     } while (0)
+
+/* Waits for the stream so that a result can be read on the host: every
+ * such wait in an entry goes through here, counted (host_waits), so a test
+ * can hold the steady-state step to a fixed number of them. */
+static inline cudaError_t cu_wait(kiln_instance *acc) {
+    acc->host_waits++;
+    return cudaStreamSynchronize(acc->stream);
+}
 
 /* Launches a kernel of kernels/cuda and turns a launch error into a status. */
 #define CU_LAUNCH(acc, fn, call) CU_CHECK(acc, fn, call)

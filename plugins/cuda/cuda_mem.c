@@ -202,7 +202,7 @@ int32_t cu_copy(kiln_instance *acc, void *dst, const void *src, size_t bytes, in
     }
     if (kind == KILN_COPY_D2H) {
         CU_CHECK(acc, "copy (device to host)", cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, acc->stream));
-        CU_CHECK(acc, "copy (device to host)", cudaStreamSynchronize(acc->stream));
+        CU_CHECK(acc, "copy (device to host)", cu_wait(acc));
         return KILN_OK;
     }
     if (dst == src) return KILN_OK;
@@ -230,7 +230,7 @@ int32_t cu_zero(kiln_instance *acc, void *ptr, size_t bytes) {
 
 int32_t cu_synchronize(kiln_instance *acc) {
     CU_READY(acc, "synchronize");
-    CU_CHECK(acc, "synchronize", cudaStreamSynchronize(acc->stream));
+    CU_CHECK(acc, "synchronize", cu_wait(acc));
     return KILN_OK;
 }
 

@@ -65,7 +65,7 @@ static int32_t cu_tokens_checked(kiln_instance *acc, const char *fn, const int32
     int32_t rc = cu_host_ints(acc, fn, &acc->tok_host, &acc->tok_host_cap, n);
     if (rc != KILN_OK) return rc;
     CU_CHECK(acc, fn, cudaMemcpyAsync(acc->tok_host, tokens, n * sizeof(int32_t), cudaMemcpyDeviceToHost, acc->stream));
-    CU_CHECK(acc, fn, cudaStreamSynchronize(acc->stream));
+    CU_CHECK(acc, fn, cu_wait(acc));
     if ((rc = ack_tokens_in_range(CU_SINK(acc), fn, acc->tok_host, B, T, V)) != KILN_OK) return rc;
     acc->tok_dev = tokens, acc->tok_n = n, acc->tok_V = V;
     return KILN_OK;
@@ -491,7 +491,7 @@ int32_t cu_xent_fused(kiln_instance *acc, uint32_t dtype, void *logits, const in
     CU_LAUNCH(acc, fn, kg_xent_fused(acc->stream, (int)dtype, logits, targets, N, V, Vp, grad_scale, row_loss, bad, sum));
     CU_CHECK(acc, fn, cudaMemcpyAsync(acc->host_scalars + 4, sum, 2 * sizeof(double), cudaMemcpyDeviceToHost,
                                       acc->stream));
-    CU_CHECK(acc, fn, cudaStreamSynchronize(acc->stream));
+    CU_CHECK(acc, fn, cu_wait(acc));
     int32_t bad_row;
     memcpy(&bad_row, acc->host_scalars + 5, sizeof bad_row);
     if (bad_row >= 0) {

@@ -17,7 +17,8 @@
 # the accelerator's profile = true must log the GPU time per category and
 # run every GEMM FLOP on the 16-bit tensor cores with no operand converted
 # and no rounding pass (bf16 activations, ABI 1.7), and a run of 9 steps
-# must call cudaMalloc no more often than one of 3 (32-true, bf16-mixed).
+# must call cudaMalloc no more often than one of 3 (32-true, bf16-mixed)
+# and wait for the GPU at most 3 times per step more.
 #   gpt_fit_fake.sh KILN TEXT2TOKENS FAKE_DIR WORK
 set -u
 kiln=$1 t2t=$2 fake=$3 work=$4
@@ -116,21 +117,30 @@ else
   tail -5 "$work/fake_profile/log"; fail "the profiled run failed"
 fi
 # no allocation in the steady-state step: 3 steps and 9 steps make the same
-# number of cudaMalloc calls (the accelerator's debug line at exit)
-mallocs() { # STEPS PRECISION -> cudaMalloc calls of a run that long
+# number of cudaMalloc calls (the accelerator's debug line at exit); and at
+# most 3 host waits per step (the token check, the loss, and gradient
+# clipping's norm, one sumsq_many call since ABI 1.9 where it was one wait
+# per parameter: each wait leaves the GPU idle until the next launch)
+mallocs() { # STEPS PRECISION -> "cudaMalloc calls, host waits" of a run that long
   mkdir -p "$work/steady_$1"
   sed -e "s|max_steps = 12;|max_steps = $1;|" -e "s|limit_val_batches = 4; val_check_interval = 12;|limit_val_batches = 0;|" \
       -e "s|$work/fake_$2/runs|$work/steady_$1/runs|" -e '/name = "sample"/d' -e 's|{ name = "csv_logger"; },|{ name = "csv_logger"; } );|' \
       "$work/fake_$2/run.cfg" >"$work/steady_$1/run.cfg"
-  timeout -s KILL 300 "$kiln" -v fit "$work/steady_$1/run.cfg" >"$work/steady_$1/log" 2>&1 || { tail -5 "$work/steady_$1/log"; return 1; }
-  sed -n 's/.*cuda: device [0-9]*: \([0-9]*\) cudaMalloc calls.*/\1/p' "$work/steady_$1/log" | tail -1
+  # (a failed run prints to stderr and gives nothing, which fails below)
+  timeout -s KILL 300 "$kiln" -v fit "$work/steady_$1/run.cfg" >"$work/steady_$1/log" 2>&1 ||
+    { tail -5 "$work/steady_$1/log" >&2; return 1; }
+  sed -n 's/.*cuda: device [0-9]*: \([0-9]*\) cudaMalloc calls, \([0-9]*\) host waits.*/\1 \2/p' "$work/steady_$1/log" |
+    tail -1
 }
 # (bf16-mixed too: gpt lays its arena out again for 16-bit activations in
 # its first step, never later)
 for prec in 32-true bf16-mixed; do
-  m3=$(mallocs 3 $prec) m9=$(mallocs 9 $prec)
-  echo "  $prec: cudaMalloc calls: $m3 in 3 steps, $m9 in 9 steps"
+  read -r m3 w3 <<<"$(mallocs 3 $prec)"
+  read -r m9 w9 <<<"$(mallocs 9 $prec)"
+  echo "  $prec: cudaMalloc calls: $m3 in 3 steps, $m9 in 9 steps; host waits: $w3 and $w9"
   [ -n "$m3" ] && [ "$m3" = "$m9" ] || fail "$prec: the steady-state step allocates ($m3 cudaMalloc calls in 3 steps, $m9 in 9)"
+  [ -n "$w3" ] && [ -n "$w9" ] && [ $(( (w9 - w3) )) -le $((6 * 3)) ] ||
+    fail "$prec: more than 3 host waits per steady-state step ($w3 in 3 steps, $w9 in 9; 28 parameters clipped)"
 done
 grep -q "gpt: activations stored in bfloat16" "$work/steady_9/log" ||
   fail "bf16-mixed: gpt did not store its activations in bfloat16 on the cuda table (ABI 1.7)"

@@ -39,6 +39,7 @@
 #include <CUnit/Basic.h>
 
 #include "cuda_fake_test.h"
+#include "sumsq_many_cases.h"
 
 kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
 
@@ -573,6 +574,54 @@ static void test_loss_and_reductions(void) {
     NO_VIOLATIONS();
 }
 
+/* 1.9's sumsq_many: the shared cases (tests/support/sumsq_many_cases.h,
+ * which the cpu accelerator passes too), then what it is for: a list of 40
+ * tensors costs one read-back and one wait where the per-tensor entry
+ * costs 40 of each, a failing launch in the middle of the list is a
+ * message naming the entry, and the host-wait counter says so at exit. */
+static void test_sumsq_many(void) {
+    const kiln_kernels *k = NULL;
+    kiln_test_clear_log(g_th);
+    kiln_instance *acc = ready(NULL, &k);
+    if (!acc) return;
+    sumsq_many_run_all(k, acc);
+    enum { L = 40, N = 300 };
+    float *d = NULL;
+    CU_ASSERT_EQUAL_FATAL(k->alloc(acc, (size_t)L * N * sizeof(float), (void **)&d), KILN_OK);
+    float h[N];
+    for (int i = 0; i < N; i++) h[i] = val((unsigned)i, 19u);
+    const void *x[L];
+    size_t n[L];
+    for (int i = 0; i < L; i++) {
+        x[i] = d + (size_t)i * N, n[i] = (size_t)(N - i);
+        CU_ASSERT_EQUAL(k->copy(acc, d + (size_t)i * N, h, sizeof h, KILN_COPY_H2D), KILN_OK);
+    }
+    double out[L], one;
+    const fake_cuda_stats s0 = stats();
+    CU_ASSERT_EQUAL(k->sumsq_many(acc, KILN_DTYPE_F32, x, n, L, out), KILN_OK);
+    const fake_cuda_stats s1 = stats();
+    CU_ASSERT_EQUAL(s1.syncs - s0.syncs, 1u);
+    CU_ASSERT_EQUAL(s1.d2h_copies - s0.d2h_copies, 1u);
+    for (int i = 0; i < L; i++) {
+        CU_ASSERT_EQUAL(k->sumsq_ex(acc, KILN_DTYPE_F32, x[i], n[i], &one), KILN_OK);
+        CU_ASSERT_EQUAL(memcmp(&one, &out[i], sizeof one), 0);
+    }
+    CU_ASSERT_EQUAL(stats().syncs - s1.syncs, (unsigned long)L); /* the loop: one wait per tensor */
+    env_set("KILN_FAKE_CUDA_FAIL", "kg_reduce@7");
+    CU_ASSERT_EQUAL(k->sumsq_many(acc, KILN_DTYPE_F32, x, n, L, out), KILN_E_CUDA);
+    HAS(kiln_test_error(g_th), "sumsq_many");
+    HAS(kiln_test_error(g_th), "kg_reduce");
+    env_clear();
+    CU_ASSERT_EQUAL(k->sumsq_many(acc, KILN_DTYPE_F32, x, n, L, out), KILN_OK); /* and works again */
+    k->free(acc, d);
+    /* the exit line (debug level) counts the waits */
+    kiln_test_set_log_level(g_th, KILN_LOG_DEBUG);
+    g_ops->base.destroy(acc);
+    kiln_test_set_log_level(g_th, KILN_LOG_INFO);
+    CU_ASSERT_PTR_NOT_NULL(kiln_test_log_find(g_th, KILN_LOG_DEBUG, " host waits, "));
+    NO_VIOLATIONS();
+}
+
 /* ====================================================== error paths */
 
 static void test_failing_calls(void) {
@@ -996,6 +1045,7 @@ static void register_tests(void) {
     CU_add_test(s, "1.3: linear_forward epilogues, unscale_check launches", test_fused_launches);
     CU_add_test(s, "loss backward trusts its forward's label check until written", test_xent_backward_trusts_forward);
     CU_add_test(s, "loss and reductions read back", test_loss_and_reductions);
+    CU_add_test(s, "1.9: sumsq_many = sumsq_ex per tensor, with one wait", test_sumsq_many);
     CU_add_test(s, "failing CUDA/cuBLAS calls become messages", test_failing_calls);
     CU_add_test(s, "softmax_xent_backward refuses a bad label", test_xent_backward_bad_label);
     CU_add_test(s, "destroy returns everything", test_destroy_releases_all);

@@ -9,7 +9,8 @@
  * norm and by value is checked element by element against the gradients
  * on_before_optimizer_step saw and the SGD update that followed; value
  * clipping through the 1.5 clamp entry equals the host loop of older tables
- * bit for bit.
+ * bit for bit, and norm clipping through 1.9's sumsq_many the per-parameter
+ * sumsq of older tables.
  */
 #define _GNU_SOURCE
 #include <math.h>
@@ -268,36 +269,95 @@ static void test_clipping(void) {
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "automatic clipping is not available in manual optimization"));
 }
 
-/* Value clipping through the 1.5 table's clamp entry (the cpu
- * accelerator) against the host loop it replaced, which still serves older
- * host-memory tables (cpu13: the cpu accelerator built against the 1.3
- * headers): the same weights bit for bit after two epochs that clip, in
- * float32 and float64. */
-static void test_clip_value_clamp_entry(void) {
-    const char *abi13 = getenv("KILN_ABI13_FIXTURES");
-    if (!abi13) {
-        CU_FAIL("KILN_ABI13_FIXTURES is not set");
+/* Every value of column `name` in the latest run's metrics.csv, each
+ * followed by '|', as written (so equal strings are equal bits at %.17g). */
+static void csv_column(const char *name, char *out, size_t n) {
+    char dir[4400], path[4500], line[4096];
+    out[0] = 0;
+    snprintf(dir, sizeof dir, "%s/runs", tu_suite_dir);
+    if (tu_latest_run_dir(dir, path, sizeof path - 16) != 0) return;
+    strcat(path, "/metrics.csv");
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    int col = -1;
+    while (fgets(line, sizeof line, f)) {
+        if (line[0] == '#') continue;
+        line[strcspn(line, "\n")] = 0;
+        char *fields[64];
+        int nf = 0;
+        for (char *p = line; nf < 64;) { /* fields may be empty: split on every comma */
+            fields[nf++] = p;
+            char *c = strchr(p, ',');
+            if (!c) break;
+            *c = 0;
+            p = c + 1;
+        }
+        if (col < 0) {
+            for (int i = 0; i < nf; i++)
+                if (!strcmp(fields[i], name)) col = i;
+            if (col < 0) break;
+            continue;
+        }
+        if (col < nf && fields[col][0]) {
+            size_t l = strlen(out), k = strlen(fields[col]);
+            if (l + k + 2 <= n) snprintf(out + l, n - l, "%s|", fields[col]);
+        }
+    }
+    fclose(f);
+}
+
+/* mlp (float32 and float64 masters) on toydata's 3 features, 3 epochs
+ * clipping as `clip` says, on the cpu accelerator and on `fixture` (the
+ * cpu accelerator built against older headers, in the directory named by
+ * the environment variable `env`): the same weights bit for bit, and the
+ * same logged grad_norm values where `norm`. */
+static void clip_same_on_fixture(const char *env, const char *fixture, const char *clip, int norm) {
+    const char *dir = getenv(env);
+    if (!dir) {
+        CU_FAIL("a fixture directory's environment variable is not set");
         return;
     }
     static const char *const precs[2] = {"32-true", "64-true"};
     for (int pi = 0; pi < 2; pi++) {
-        char w[2][4300], out[16384], body[32768], dirs[9000], accel[64], prec[64], cbs[9000];
+        char w[2][4300], out[16384], body[32768], dirs[9000], accel[64], prec[64], cbs[9000], gn[2][8192];
         for (int side = 0; side < 2; side++) {
-            snprintf(w[side], sizeof w[side], "%s/clipv-%d-%d.bin", tu_suite_dir, pi, side);
-            job(body, sizeof body, "gradient_clip_val = 0.002; gradient_clip_algorithm = \"value\";", "", "", 3);
-            /* mlp (float32 and float64 masters) on toydata's 3 features */
-            snprintf(dirs, sizeof dirs, "plugins.dirs=[\"%s\", \"%s\"]", getenv("KILN_TRAIN_FIXTURES"), abi13);
-            snprintf(accel, sizeof accel, "accelerator=\"%s\"", side ? "cpu13:cpu" : "cpu");
+            snprintf(w[side], sizeof w[side], "%s/clip-%s-%d-%d.bin", tu_suite_dir, fixture, pi, side);
+            job(body, sizeof body, clip, "", "", 3);
+            snprintf(dirs, sizeof dirs, "plugins.dirs=[\"%s\", \"%s\"]", getenv("KILN_TRAIN_FIXTURES"), dir);
+            snprintf(accel, sizeof accel, "accelerator=\"%s\"", side ? fixture : "cpu");
             snprintf(prec, sizeof prec, "precision=\"%s\"", precs[pi]);
-            snprintf(cbs, sizeof cbs, "callbacks=({name=\"weightdump\"; path=\"%s\";})", w[side]);
+            snprintf(cbs, sizeof cbs, "callbacks=({name=\"weightdump\"; path=\"%s\";}, {name=\"csv_logger\";})",
+                     w[side]);
             int rc = kiln(body,
                           ARGS("--set", dirs, "--set", accel, "--set", prec, "--set",
                                "module={name=\"mlp\"; layers=[3, 8, 2];}", "--set", cbs),
                           out, sizeof out);
             tu_require_ok(rc, out);
+            csv_column("grad_norm", gn[side], sizeof gn[side]);
         }
         CU_ASSERT_EQUAL(tu_same_file(w[0], w[1]), 1);
+        if (norm) {
+            CU_ASSERT(strlen(gn[0]) > 8); /* one value per step */
+            CU_ASSERT_STRING_EQUAL(gn[0], gn[1]);
+        }
     }
+}
+
+/* Value clipping through the 1.5 table's clamp entry (the cpu
+ * accelerator) against the host loop it replaced, which still serves older
+ * host-memory tables (cpu13: the cpu accelerator built against the 1.3
+ * headers), in float32 and float64. */
+static void test_clip_value_clamp_entry(void) {
+    clip_same_on_fixture("KILN_ABI13_FIXTURES", "cpu13:cpu",
+                         "gradient_clip_val = 0.002; gradient_clip_algorithm = \"value\";", 0);
+}
+
+/* Norm clipping through 1.9's sumsq_many (one call for every gradient)
+ * against one sumsq per parameter, which a 1.8 table (cpu18) still gets:
+ * the same norms and weights, bit for bit. */
+static void test_clip_norm_sumsq_many(void) {
+    clip_same_on_fixture("KILN_ABI18_FIXTURES", "cpu18:cpu",
+                         "gradient_clip_val = 0.002; gradient_clip_algorithm = \"norm\";", 1);
 }
 
 static CU_TestInfo cases_lr_clip[] = {
@@ -307,6 +367,7 @@ static CU_TestInfo cases_lr_clip[] = {
     {"resume continues the schedule", test_resume_schedule},
     {"clipping by norm and by value", test_clipping},
     {"clipping by value: the clamp entry equals the host loop bit for bit", test_clip_value_clamp_entry},
+    {"clipping by norm: sumsq_many equals one sumsq per parameter bit for bit", test_clip_norm_sumsq_many},
     CU_TEST_INFO_NULL,
 };
 

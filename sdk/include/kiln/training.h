@@ -333,6 +333,21 @@ typedef struct kiln_kernels {
     int32_t (*linear_forward_layout)(kiln_instance *acc, uint32_t dtype, const void *x, const void *w,
                                      uint32_t w_dtype, int32_t w_layout, const void *b, int32_t rows, int32_t in,
                                      int32_t out, int32_t act, void *y, void *post, uint32_t round_dtype);
+
+    /* -- 1.9: check struct_size >= KILN_KERNELS_SIZE_1_9 (and the pointer)
+     * before calling; without it, call sumsq_ex per tensor. -- */
+    /* The sum of squares of each tensor of a list, with one wait:
+     *   out[i] = sumsq_ex(x[i], n[i])   for i < count
+     * dtype F32 or F64. Each out[i] is the value sumsq_ex gives for that
+     * tensor, bit for bit, so a caller adding them in its own order gets
+     * what the per-tensor loop got. An accelerator whose sumsq_ex waits for
+     * the device (a GPU reading the sum back) waits once for the whole list
+     * here, not once per tensor: gradient clipping by norm over a GPT's
+     * 148 parameters then costs one round trip per step instead of 148.
+     * x, n and out are host arrays; x[i] are accelerator pointers (NULL
+     * only where n[i] is 0). count 0 is a no-op. */
+    int32_t (*sumsq_many)(kiln_instance *acc, uint32_t dtype, const void *const *x, const size_t *n, uint32_t count,
+                          double *out);
 } kiln_kernels;
 
 /* kiln_kernels.linear_forward_layout: how a weight matrix is stored. */
@@ -695,6 +710,9 @@ typedef struct kiln_module_ops {
 /* 1.8 appended nothing either: the flag KILN_KERNELS_BIAS_ROUND and
  * linear_forward_layout's KILN_LAYOUT_ROUND_BIAS. */
 
+/* What 1.9 appended. */
+#define KILN_KERNELS_SIZE_1_9 KILN__END(kiln_kernels, sumsq_many)
+
 /* Layout pins of the 1.1 tables (and what 1.2 appended). */
 #if UINTPTR_MAX == 0xFFFFFFFFFFFFFFFFu
 static_assert(offsetof(kiln_accelerator_ops, kernels) == 40, "kiln_accelerator_ops 1.1");
@@ -719,6 +737,7 @@ static_assert(offsetof(kiln_kernels, embedding_forward) == 312 && offsetof(kiln_
 static_assert(offsetof(kiln_module_ops, predict_step) == 88, "kiln_module_ops 1.4");
 static_assert(offsetof(kiln_kernels, lerp) == 376 && offsetof(kiln_kernels, clamp) == 424, "kiln_kernels 1.5");
 static_assert(offsetof(kiln_kernels, linear_forward_layout) == 432, "kiln_kernels 1.6");
+static_assert(offsetof(kiln_kernels, sumsq_many) == 440, "kiln_kernels 1.9");
 static_assert(offsetof(kiln_precision_ops, round_activation) == 80, "kiln_precision_ops 1.5");
 static_assert(offsetof(kiln_step_output, tokens) == 24 && sizeof(kiln_step_output) == 40, "kiln_step_output 1.4");
 #endif
