@@ -43,7 +43,6 @@ typedef struct ht_slot {
 
 #define HT_MAX_CALLBACKS 32
 #define HT_MAX_OPTIMIZERS 8
-#define HT_MAX_PARAMS 256
 
 /* Trainer settings (the resolved `trainer` section). */
 typedef struct ht_settings {
@@ -112,19 +111,22 @@ typedef struct ht_trainer {
     double base_lr[HT_MAX_OPTIMIZERS], lr[HT_MAX_OPTIMIZERS];
     const kiln_kernels *kernels;  /* the accelerator's kernel table            */
 
-    /* parameters registered by the module; data/grad carved from two arenas */
-    kiln_parameter *params[HT_MAX_PARAMS];
-    uint32_t nparams;
+    /* parameters registered by the module; data/grad carved from two
+     * arenas. Sized by the module (GPT-2 XL registers 580): params grows
+     * while the module registers; the per-parameter arrays below are
+     * allocated for nparams once registration is over (ht_params_ready). */
+    kiln_parameter **params;      /* (nparams), room for cap_params          */
+    uint32_t nparams, cap_params;
     /* which optimizer updates which parameter (`params` patterns) */
-    unsigned char owns[HT_MAX_OPTIMIZERS][HT_MAX_PARAMS];
-    kiln_parameter *opt_params[HT_MAX_OPTIMIZERS][HT_MAX_PARAMS]; /* (opt_nparams[i]) */
+    unsigned char *owns[HT_MAX_OPTIMIZERS];        /* (nparams) each       */
+    kiln_parameter **opt_params[HT_MAX_OPTIMIZERS]; /* (opt_nparams[i])     */
     uint32_t opt_nparams[HT_MAX_OPTIMIZERS];
-    unsigned char toggle_froze[HT_MAX_PARAMS]; /* FROZEN set by toggle_optimizer */
+    unsigned char *toggle_froze;  /* (nparams) FROZEN set by toggle_optimizer */
     /* gradient clipping's list for sumsq_many (ABI 1.9): every gradient,
-     * its length and its sum of squares */
-    const void *clip_x[HT_MAX_PARAMS];
-    size_t clip_n[HT_MAX_PARAMS];
-    double clip_s[HT_MAX_PARAMS];
+     * its length and its sum of squares, (nparams) each */
+    const void **clip_x;
+    size_t *clip_n;
+    double *clip_s;
     int manual;                   /* the module optimises manually            */
     int opt_repeats;              /* optimizer 0 repeats its closure (LBFGS)  */
     int in_manual_step;           /* inside its training_step: services open  */

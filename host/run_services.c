@@ -99,9 +99,16 @@ int32_t ht_svc_param_register(kiln_host_ctx *h, const char *name, uint32_t ndim,
         herr_set(KILN_E_INVALID_ARG, msg);
         return KILN_E_INVALID_ARG;
     }
-    if (t->nparams >= sizeof t->params / sizeof t->params[0]) {
-        herr_set(KILN_E_INVALID_ARG, "param_register: more than 256 parameters");
-        return KILN_E_INVALID_ARG;
+    if (t->nparams == t->cap_params) { /* grow: the module decides how many */
+        if (t->cap_params >= UINT32_MAX / 2) {
+            herr_set(KILN_E_INVALID_ARG, "param_register: too many parameters");
+            return KILN_E_INVALID_ARG;
+        }
+        uint32_t cap = t->cap_params ? 2 * t->cap_params : 64;
+        kiln_parameter **grown = realloc(t->params, (size_t)cap * sizeof *grown);
+        if (!grown) return KILN_E_NOMEM;
+        t->params = grown;
+        t->cap_params = cap;
     }
     for (uint32_t i = 0; i < t->nparams; i++)
         if (!strcmp(t->params[i]->name, name)) {

@@ -212,6 +212,16 @@ static int alloc_params(ht_trainer *t, ht_error *err) {
         ht_errorf(err, "module '%s' registered no parameters", t->module.p->view.name);
         return KILN_E_STATE;
     }
+    /* the per-parameter arrays, now that the count is known */
+    const size_t n = t->nparams;
+    t->toggle_froze = calloc(n, 1);
+    t->clip_x = calloc(n, sizeof *t->clip_x);
+    t->clip_n = calloc(n, sizeof *t->clip_n);
+    t->clip_s = calloc(n, sizeof *t->clip_s);
+    if (!t->toggle_froze || !t->clip_x || !t->clip_n || !t->clip_s) {
+        ht_errorf(err, "out of host memory for %u parameters", t->nparams);
+        return KILN_E_NOMEM;
+    }
     void *a = NULL, *g = NULL;
     int32_t rc = t->kernels->alloc(t->accel.inst, total * esz, &a);
     if (rc == KILN_OK) rc = t->kernels->alloc(t->accel.inst, total * esz, &g);
@@ -244,6 +254,12 @@ static int alloc_params(ht_trainer *t, ht_error *err) {
 static int assign_params(ht_trainer *t, int i, hc_node *entry, ht_error *err) {
     hc_node *pats = hc_member(entry, "params");
     uint32_t n = 0;
+    t->owns[i] = calloc(t->nparams, 1);
+    t->opt_params[i] = calloc(t->nparams, sizeof *t->opt_params[i]);
+    if (!t->owns[i] || !t->opt_params[i]) {
+        ht_errorf(err, "out of host memory for %u parameters", t->nparams);
+        return KILN_E_NOMEM;
+    }
     for (uint32_t k = 0; k < t->nparams; k++) {
         int own = !pats;
         for (int j = 0; pats && !own && j < hc_list_length(pats); j++)
@@ -443,7 +459,23 @@ void ht_close(ht_trainer *t) {
         free((void *)t->params[i]->name);
         free(t->params[i]);
     }
-    t->nparams = 0;
+    free(t->params);
+    t->params = NULL;
+    t->nparams = t->cap_params = 0;
+    for (int i = 0; i < HT_MAX_OPTIMIZERS; i++) {
+        free(t->owns[i]);
+        free(t->opt_params[i]);
+        t->owns[i] = NULL;
+        t->opt_params[i] = NULL;
+    }
+    free(t->toggle_froze);
+    free(t->clip_x);
+    free(t->clip_n);
+    free(t->clip_s);
+    t->toggle_froze = NULL;
+    t->clip_x = NULL;
+    t->clip_n = NULL;
+    t->clip_s = NULL;
     hc_kvset_free(&t->trainer_kv);
 }
 

@@ -5,7 +5,8 @@
 # its first epoch); resuming from the step-3 checkpoint to step 8 must end
 # with the same weights, bit for bit (the weightdump fixture writes them at
 # the end of each fit), in 32-true, bf16-mixed and 16-mixed (the loss
-# scaler's state too).
+# scaler's state too), and with 24 blocks in 32-true: 292 parameters, as
+# GPT-2 medium has (the host once refused more than 256).
 #
 #   gpt_resume.sh KILN TEXT2TOKENS WORKDIR   (KILN_PLUGIN_PATH reaches weightdump)
 set -euo pipefail
@@ -13,26 +14,29 @@ kiln=$1 t2t=$2 work=$3
 rm -rf "$work" && mkdir -p "$work"
 for i in $(seq 1 300); do echo "line $i: pack my box with five dozen liquor jugs"; done > "$work/text.txt"
 "$t2t" -o "$work/shard.bin" "$work/text.txt" >/dev/null 2>&1
-for prec in 32-true bf16-mixed 16-mixed; do
+for spec in "32-true 2" "bf16-mixed 2" "16-mixed 2" "32-true 24"; do
+  read -r prec layers <<<"$spec"
+  tag=$prec
+  [ "$layers" = 2 ] || tag=$prec-$layers
   cat > "$work/run.cfg" <<CFG
-trainer = { max_steps = 8; seed = 11; default_root_dir = "$work/runs-$prec"; num_sanity_val_steps = 0;
+trainer = { max_steps = 8; seed = 11; default_root_dir = "$work/runs-$tag"; num_sanity_val_steps = 0;
             gradient_clip_val = 1.0; threads = 2; };
 precision = "$prec";
 data = { name = "tokens"; train = "$work/shard.bin"; vocab_size = 256; batch_size = 2; block_size = 16; shuffle = true; };
-module = { name = "gpt"; n_layer = 2; n_head = 2; n_embd = 32; block_size = 16; vocab_size = 256; max_batch = 2; };
+module = { name = "gpt"; n_layer = $layers; n_head = 2; n_embd = 32; block_size = 16; vocab_size = 256; max_batch = 2; };
 optimizer = { name = "adamw"; lr = 0.003; weight_decay = 0.1; };
 scheduler = { name = "cosine"; warmup_steps = 2; t_max = 8; interval = "step"; };
 CFG
   ckcb='{name="checkpoint"; every_n_train_steps=3; save_top_k=-1;}'
-  "$kiln" -q fit "$work/run.cfg" --set "callbacks=({name=\"weightdump\"; path=\"$work/full-$prec.bin\";}, $ckcb)" >/dev/null
-  ck="$work/runs-$prec/version_0/checkpoints/epoch=0-step=3.safetensors"
+  "$kiln" -q fit "$work/run.cfg" --set "callbacks=({name=\"weightdump\"; path=\"$work/full-$tag.bin\";}, $ckcb)" >/dev/null
+  ck="$work/runs-$tag/version_0/checkpoints/epoch=0-step=3.safetensors"
   [ -s "$ck" ] || { echo "FAIL: no step-3 checkpoint ($ck)"; exit 1; }
   "$kiln" fit "$work/run.cfg" --ckpt "$ck" \
-    --set "callbacks=({name=\"weightdump\"; path=\"$work/resumed-$prec.bin\";}, $ckcb)" > "$work/resume-$prec.log" 2>&1
-  grep -q "resuming inside epoch 0" "$work/resume-$prec.log" || { echo "FAIL $prec: not a mid-epoch resume"; cat "$work/resume-$prec.log"; exit 1; }
-  if cmp -s "$work/full-$prec.bin" "$work/resumed-$prec.bin"; then
-    echo "ok   $prec: 8 steps, and 3 steps + a resume to 8, end with the same weights, bit for bit"
+    --set "callbacks=({name=\"weightdump\"; path=\"$work/resumed-$tag.bin\";}, $ckcb)" > "$work/resume-$tag.log" 2>&1
+  grep -q "resuming inside epoch 0" "$work/resume-$tag.log" || { echo "FAIL $tag: not a mid-epoch resume"; cat "$work/resume-$tag.log"; exit 1; }
+  if cmp -s "$work/full-$tag.bin" "$work/resumed-$tag.bin"; then
+    echo "ok   $prec, $layers blocks: 8 steps, and 3 steps + a resume to 8, end with the same weights, bit for bit"
   else
-    echo "FAIL $prec: the resumed run's weights differ from the uninterrupted run's"; exit 1
+    echo "FAIL $prec, $layers blocks: the resumed run's weights differ from the uninterrupted run's"; exit 1
   fi
 done

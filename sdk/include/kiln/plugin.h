@@ -152,7 +152,10 @@ typedef struct kiln_host_services {
      * the run. If create() then fails, the registrations are discarded. */
     int32_t (*param_register)(kiln_host_ctx *hctx, const char *name, uint32_t ndim, const int64_t *shape,
                               uint32_t flags, kiln_parameter **out);
-    /* Every registered parameter, in registration order. */
+    /* Every registered parameter, in registration order. The list stays
+     * valid for the run once the module's create() has returned; asked for
+     * during create(), only until the next param_register (the host grows
+     * it: a module registers as many parameters as it has). */
     int32_t (*params)(kiln_host_ctx *hctx, kiln_parameter *const **list, uint32_t *n);
     /* The trainer's state, valid until the current call returns. */
     const struct kiln_trainer_state *(*trainer_state)(kiln_host_ctx *hctx);
