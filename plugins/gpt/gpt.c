@@ -132,8 +132,9 @@ static const kiln_param gpt_params[] = {
      "row stride of the logits (>= vocab_size; 0: vocab_size rounded up to a multiple of 64); wte stays "
      "(vocab_size, n_embd) and the padding columns are never computed or predicted"},
     {"max_batch", KILN_TYPE_INT, 0, KILN_V_INT(8), "largest batch B; activation buffers hold max_batch*block_size rows"},
-    {"classifier_chunk", KILN_TYPE_INT, 0, KILN_V_INT(256),
-     "rows of logits computed at once (memory: classifier_chunk * padded_vocab_size values)"},
+    {"classifier_chunk", KILN_TYPE_INT, 0, KILN_V_INT(0),
+     "rows of logits computed at once (memory: classifier_chunk * padded_vocab_size values); 0: automatic, "
+     "256 on the cpu, up to 1 GiB of logits on a GPU"},
     {"layer_norm_epsilon", KILN_TYPE_FLOAT, 0, KILN_V_FLOAT(1e-5), "epsilon of every LayerNorm"},
     {"initializer_range", KILN_TYPE_FLOAT, 0, KILN_V_FLOAT(0.02),
      "std of the normal init of weights and embeddings (residual projections: / sqrt(2 * n_layer))"},
@@ -157,8 +158,12 @@ static int32_t gpt_parse_config(gpt *g, const kiln_kv *config) {
     if (rc == KILN_OK) rc = gpt_key_pos(g, config, "block_size", 1024, &g->block_size);
     if (rc == KILN_OK) rc = gpt_key_pos(g, config, "vocab_size", 50257, &g->V);
     if (rc == KILN_OK) rc = gpt_key_pos(g, config, "max_batch", 8, &g->max_batch);
-    if (rc == KILN_OK) rc = gpt_key_pos(g, config, "classifier_chunk", 256, &g->chunk);
     if (rc != KILN_OK) return rc;
+    const int64_t chunk = kiln_kv_int(config, "classifier_chunk", 0); /* 0: gpt_auto_chunk decides */
+    if (chunk < 0 || chunk > INT32_MAX)
+        return gpt_fail(g, KILN_E_CONFIG, "gpt: config key 'classifier_chunk' must be in [0, %d] (0: automatic), got %lld",
+                        INT32_MAX, (long long)chunk);
+    g->chunk = (int32_t)chunk;
     if (g->C % g->n_head != 0)
         return gpt_fail(g, KILN_E_CONFIG,
                         "gpt: n_embd (%d) must be a multiple of n_head (%d): each head takes n_embd / n_head columns",
@@ -181,7 +186,6 @@ static int32_t gpt_parse_config(gpt *g, const kiln_kv *config) {
         return gpt_fail(g, KILN_E_CONFIG, "gpt: max_batch * block_size (%d * %d) must fit in int32", g->max_batch,
                         g->block_size);
     g->max_rows = (int32_t)rows;
-    if (g->chunk > g->max_rows) g->chunk = g->max_rows; /* never more than one forward's rows */
     g->eps = kiln_kv_float(config, "layer_norm_epsilon", 1e-5);
     if (!(g->eps > 0.0) || !isfinite(g->eps))
         return gpt_fail(g, KILN_E_CONFIG, "gpt: config key 'layer_norm_epsilon' must be > 0, got %g", g->eps);
@@ -189,6 +193,32 @@ static int32_t gpt_parse_config(gpt *g, const kiln_kv *config) {
     if (!(g->init_std >= 0.0) || !isfinite(g->init_std))
         return gpt_fail(g, KILN_E_CONFIG, "gpt: config key 'initializer_range' must be >= 0, got %g", g->init_std);
     return KILN_OK;
+}
+
+/* classifier_chunk = 0: the rows of logits per chunk, from where the
+ * accelerator's memory is. Each chunk's three products stream all of wte
+ * (the logits product and the input gradient's) and read and write all of
+ * the float32 dwte (the weight gradient's, accumulating): for GPT-2 about
+ * 460 MB per chunk whatever its rows. On a CPU that is cheap beside the
+ * arithmetic, and a small chunk keeps the logits in cache: 256 rows. On a
+ * GPU it is not: 256 rows would be 128 chunks for GPT-2 at batch 32 x 1024,
+ * about 59 GB of traffic per step (some 12 ms of an H200's bandwidth) and a
+ * wait per chunk for the loss. So a device-memory table gets the fewest
+ * equal chunks whose logits buffer (sized at the masters' bytes per value)
+ * stays within 1 GiB: for GPT-2 at batch 32, 7 chunks of 4,682 rows and
+ * 3.2 GB of that traffic. Never more rows than one forward has. */
+static void gpt_auto_chunk(gpt *g) {
+    if (g->chunk == 0) {
+        if (g->k->flags & KILN_KERNELS_HOST_MEMORY) {
+            g->chunk = 256;
+        } else {
+            const double per_row = (double)g->Vp * 4.0, budget = 1073741824.0;
+            const double n = ceil((double)g->max_rows * per_row / budget); /* chunks */
+            g->chunk = (int32_t)ceil((double)g->max_rows / (n < 1.0 ? 1.0 : n));
+        }
+    }
+    if (g->chunk > g->max_rows) g->chunk = g->max_rows;
+    if (g->chunk < 1) g->chunk = 1;
 }
 
 /* ---------------------------------------------------------------------------
@@ -373,6 +403,7 @@ static int32_t gpt_create(void *plugin_ctx, const kiln_host_services *svc, kiln_
                       missing);
         goto fail;
     }
+    gpt_auto_chunk(g);
     g->ctx.acc = g->acc;
     g->ctx.k = g->k;
     /* 1.5: Linear and attention outputs through the precision's
@@ -424,9 +455,10 @@ static int32_t gpt_create(void *plugin_ctx, const kiln_host_services *svc, kiln_
 
     kiln_logf(svc, hctx, KILN_LOG_INFO,
               "gpt: %d layers, %d heads, n_embd %d, block_size %d, vocab %d (logits stride %d): %lld parameters, "
-              "%.3g training FLOPs per token at T = %d; activation arena %.1f MiB (fp32)",
+              "%.3g training FLOPs per token at T = %d; activation arena %.1f MiB (fp32); classifier chunks of %d "
+              "rows",
               g->n_layer, g->n_head, g->C, g->block_size, g->V, g->Vp, (long long)gpt_num_params(g),
-              gpt_flops_per_token(g, g->block_size, 0), g->block_size, (double)g->arena_bytes / 1048576.0);
+              gpt_flops_per_token(g, g->block_size, 0), g->block_size, (double)g->arena_bytes / 1048576.0, g->chunk);
     *out = (kiln_instance *)g;
     return KILN_OK;
 fail:
@@ -907,7 +939,7 @@ static const kiln_module_ops gpt_ops = {
 /* Master dtypes this module handles (host/stack_checks.c reads it). */
 static const char *const gpt_param_dtypes[] = {"float32", "float64"};
 /* allowed values, enforced by the host before create() (ABI 1.5) */
-static const char *const gpt_checks[] = {"n_layer in [1, 2147483647]", "n_head in [1, 2147483647]", "n_embd in [1, 2147483647]", "block_size in [1, 2147483647]", "vocab_size in [1, 2147483647]", "padded_vocab_size >= 0", "max_batch in [1, 2147483647]", "classifier_chunk in [1, 2147483647]", "layer_norm_epsilon > 0", "initializer_range >= 0"};
+static const char *const gpt_checks[] = {"n_layer in [1, 2147483647]", "n_head in [1, 2147483647]", "n_embd in [1, 2147483647]", "block_size in [1, 2147483647]", "vocab_size in [1, 2147483647]", "padded_vocab_size >= 0", "max_batch in [1, 2147483647]", "classifier_chunk in [0, 2147483647]", "layer_norm_epsilon > 0", "initializer_range >= 0"};
 static const kiln_kv gpt_props[] = {
     {"param_dtypes", KILN_V_STRS(gpt_param_dtypes)},
     {"config_checks", KILN_V_STRS(gpt_checks)},

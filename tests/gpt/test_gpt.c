@@ -347,7 +347,7 @@ static void test_descriptor(void) {
     CU_ASSERT_PTR_NOT_NULL(ops()->predict_step);
     const struct { const char *key; int64_t def; } want[] = {
         {"n_layer", 12}, {"n_head", 12}, {"n_embd", 768}, {"block_size", 1024}, {"vocab_size", 50257},
-        {"padded_vocab_size", 0}, {"max_batch", 8}, {"classifier_chunk", 256},
+        {"padded_vocab_size", 0}, {"max_batch", 8}, {"classifier_chunk", 0},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         const kiln_param *p = g_desc->params;
@@ -443,6 +443,39 @@ static void expect_config_refusal(cfg *c, const char *a, const char *b) {
     CU_ASSERT_EQUAL(kiln_test_param_count(g_th), 0); /* refused before any registration */
 }
 
+/* classifier_chunk = 0 (the default) picks the rows per classifier chunk
+ * from where the accelerator's memory is: 256 on a host-memory table, and
+ * on a device-memory one the fewest equal chunks whose logits (4 bytes a
+ * value) stay within 1 GiB, so that a GPU does not stream wte and the
+ * float32 dwte once per 256 rows. Never more than a forward's rows; an
+ * explicit value is kept. The create line says which. */
+static int chunk_of(cfg *c, int host_memory) {
+    const uint32_t saved = g_table.flags;
+    g_table.flags = host_memory ? saved | KILN_KERNELS_HOST_MEMORY : saved & ~KILN_KERNELS_HOST_MEMORY;
+    const int32_t rc = try_create(c);
+    g_table.flags = saved;
+    CU_ASSERT_EQUAL(rc, KILN_OK);
+    const char *line = kiln_test_log_find(g_th, KILN_LOG_INFO, "classifier chunks of ");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(line);
+    return atoi(strstr(line, "classifier chunks of ") + strlen("classifier chunks of "));
+}
+
+static void test_auto_chunk(void) {
+    /* 1024 x 8 = 8,192 rows of 50,304 logits: 1.65 GB at 4 bytes, so two chunks */
+    cfg c = {1, 1, 8, 8, 50257, 0, 1024, 0, 1e-5, 0.02, {{0}}};
+    CU_ASSERT_EQUAL(chunk_of(&c, 1), 256);
+    CU_ASSERT_EQUAL(chunk_of(&c, 0), 4096);
+    c.max_batch = 1200; /* 9,600 rows: two chunks of 4,800 */
+    CU_ASSERT_EQUAL(chunk_of(&c, 0), 4800);
+    c.max_batch = 8; /* 64 rows: one chunk, on either table */
+    CU_ASSERT_EQUAL(chunk_of(&c, 0), 64);
+    CU_ASSERT_EQUAL(chunk_of(&c, 1), 64);
+    c.max_batch = 1024;
+    c.chunk = 1000; /* an explicit value is kept */
+    CU_ASSERT_EQUAL(chunk_of(&c, 0), 1000);
+    CU_ASSERT_EQUAL(chunk_of(&c, 1), 1000);
+}
+
 static void test_bad_config(void) {
     cfg c = tiny_cfg();
     c.n_embd = 10; /* 10 % 4 != 0 */
@@ -451,14 +484,17 @@ static void test_bad_config(void) {
     c = tiny_cfg();
     c.padded_vocab_size = 10;
     expect_config_refusal(&c, "padded_vocab_size", "vocab_size (11)");
-    const char *keys[] = {"n_layer", "n_head", "n_embd", "block_size", "vocab_size", "max_batch", "classifier_chunk"};
-    for (int i = 0; i < 7; i++)
+    const char *keys[] = {"n_layer", "n_head", "n_embd", "block_size", "vocab_size", "max_batch"};
+    for (int i = 0; i < 6; i++)
         for (int v = -1; v <= 0; v++) {
             c = tiny_cfg();
-            int64_t *f[] = {&c.n_layer, &c.n_head, &c.n_embd, &c.block_size, &c.vocab_size, &c.max_batch, &c.chunk};
+            int64_t *f[] = {&c.n_layer, &c.n_head, &c.n_embd, &c.block_size, &c.vocab_size, &c.max_batch};
             *f[i] = v;
             expect_config_refusal(&c, keys[i], "must be in [1,");
         }
+    c = tiny_cfg();
+    c.chunk = -1; /* 0 is automatic */
+    expect_config_refusal(&c, "classifier_chunk", "must be in [0,");
     c = tiny_cfg();
     c.eps = 0.0;
     expect_config_refusal(&c, "layer_norm_epsilon", NULL);
@@ -1208,6 +1244,7 @@ static CU_TestInfo cases_gpt[] = {
     {"parameters: HF GPT2LMHeadModel names, shapes, order, no-decay", test_param_layout},
     {"init: GPT-2 statistics, deterministic per seed", test_init},
     {"bad configs are refused naming the keys", test_bad_config},
+    {"classifier_chunk = 0: 256 rows on the cpu, chunks of at most 1 GiB of logits on a GPU", test_auto_chunk},
     {"a pre-1.4 kernel table is refused in one line", test_old_kernel_table},
     {"bad batches are refused with a message", test_bad_batch},
     {"fp64: loss and predict_step = a double GPT-2 forward", test_forward_f64},
