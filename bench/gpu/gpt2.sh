@@ -136,6 +136,15 @@ def measure(tag, attention, memfile, proflog):
             m = re.search(r"operand conversions moved ([0-9.e+]+) bytes", line)
             if m:
                 row["gemm_convert_mb_per_token"] = round(float(m.group(1)) / (12 * B * T) / 1e6, 6)
+            # the waits for the GPU over the whole profiled run (set-up
+            # included: docs/gpu.md counts 9 per step at B = 32) and the
+            # classifier's chunk, which sets how many of them there are
+            m = re.search(r"cuda: device \d+: \d+ cudaMalloc calls, (\d+) host waits", line)
+            if m:
+                row["host_waits_profiled_run"] = int(m.group(1))
+            m = re.search(r"classifier chunks of (\d+) rows", line)
+            if m:
+                row["classifier_chunk_rows"] = int(m.group(1))
     except OSError:
         pass
     row["breakdown"] = prof

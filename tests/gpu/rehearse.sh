@@ -80,6 +80,8 @@ for a, r in kiln.items():
     # the count's conversions, measured: 0 where the model keeps its activations in 16 bits (ABI 1.7's
     # KILN_KERNELS_ACT_16BIT, which the cuda table sets), every product's operands already 16-bit
     assert r.get("gemm_convert_mb_per_token", -1) == 0.0, (a, r)
+    # read from the profiled run's log: the waits for the GPU and the classifier's chunk
+    assert r.get("host_waits_profiled_run", 0) > 0 and r.get("classifier_chunk_rows", 0) > 0, (a, r)
 print("rehearse.sh gpt2: rows:", {a: (r["step_ms"], r["tokens_per_s"], sorted(r["breakdown"])) for a, r in kiln.items()})
 PY
   ;;
