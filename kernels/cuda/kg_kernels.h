@@ -110,6 +110,11 @@ typedef struct kg_list {
  * x[t](n[t]) *= a, and *nonfinite (device int, caller zeroes it) set to 1
  * when any product is inf/NaN. fdt. */
 cudaError_t kg_unscale_check(cudaStream_t s, int fdt, const kg_list *list, double a, int32_t *nonfinite);
+/* kg_reduce over each tensor of a list, in two launches: out[t] = the value
+ * kg_reduce gives list->x[t](n[t]), bit for bit (0 for an empty one, whose
+ * pointer is not read). partials: KG_REDUCE_BLOCKS * list->count doubles;
+ * out: list->count doubles; both device memory. */
+cudaError_t kg_reduce_list(cudaStream_t s, int op, int dtype, const kg_list *list, double *partials, double *out);
 
 /* The part of linear_forward's epilogue cuBLASLt did not do, in one pass:
  * y(rows, cols) = round_dtype(y + b(cols)) (b may be NULL), and

@@ -394,9 +394,10 @@ static int32_t cu_sumsq_ex(kiln_instance *acc, uint32_t dt, const void *x, size_
     int32_t rc = cu_check_fdt(acc, "sumsq_ex", dt);
     return rc != KILN_OK ? rc : cu_reduce(acc, "sumsq_ex", KG_SUMSQ, dt, x, n, out);
 }
-/* 1.9: sumsq_ex per tensor with one wait. Each tensor gets the launches
- * cu_reduce gives it (so the same bits), its result into slot i of a
- * grow-only device array; then one copy of the array and one wait. */
+/* 1.9: sumsq_ex per tensor with one wait. kg_reduce_list runs up to
+ * KG_LIST_MAX tensors in two launches, each tensor's value the bits
+ * cu_reduce's kg_reduce gives it, into slot i of a grow-only device array
+ * (after the list's partials); then one copy of the array and one wait. */
 static int32_t cu_sumsq_many(kiln_instance *acc, uint32_t dt, const void *const *x, const size_t *n, uint32_t count,
                              double *out) {
     const char *fn = "sumsq_many";
@@ -407,16 +408,18 @@ static int32_t cu_sumsq_many(kiln_instance *acc, uint32_t dt, const void *const 
         return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: sumsq_many: out is NULL for count=%u", (unsigned)count);
     if (count == 0) return KILN_OK;
     CU_READY(acc, fn);
-    if ((rc = cu_reserve(acc, &acc->many_dev, &acc->many_dev_bytes, (size_t)count * sizeof(double), fn)) != KILN_OK)
+    const size_t np = (size_t)KG_LIST_MAX * KG_REDUCE_BLOCKS; /* one list's partials */
+    if ((rc = cu_reserve(acc, &acc->many_dev, &acc->many_dev_bytes, (np + count) * sizeof(double), fn)) != KILN_OK)
         return rc;
-    double *res = acc->many_dev;
-    for (uint32_t i = 0; i < count; i++)
-        if (n[i] > 0)
-            CU_LAUNCH(acc, fn, kg_reduce(acc->stream, KG_SUMSQ, (int)dt, x[i], n[i], acc->red_scratch, res + i));
+    double *partials = acc->many_dev, *res = partials + np;
+    kg_list list;
+    for (uint32_t i0 = 0; i0 < count; i0 += KG_LIST_MAX) {
+        list.count = (int)(count - i0 < KG_LIST_MAX ? count - i0 : KG_LIST_MAX);
+        for (int t = 0; t < list.count; t++) list.x[t] = (void *)x[i0 + t], list.n[t] = n[i0 + t];
+        CU_LAUNCH(acc, fn, kg_reduce_list(acc->stream, KG_SUMSQ, (int)dt, &list, partials, res + i0));
+    }
     CU_CHECK(acc, fn, cudaMemcpyAsync(out, res, (size_t)count * sizeof(double), cudaMemcpyDeviceToHost, acc->stream));
     CU_CHECK(acc, fn, cu_wait(acc));
-    for (uint32_t i = 0; i < count; i++)
-        if (n[i] == 0) out[i] = 0.0; /* its slot was never written */
     return KILN_OK;
 }
 

@@ -169,7 +169,8 @@ struct kiln_instance {
     /* the gemm attention's operands, scores and products (grow-only) */
     void *attn_ws;
     size_t attn_ws_bytes;
-    /* sumsq_many's per-tensor results (count doubles, grow-only) */
+    /* sumsq_many's scratch, grow-only: one list's partials
+     * (KG_LIST_MAX * KG_REDUCE_BLOCKS doubles), then the results (count) */
     void *many_dev;
     size_t many_dev_bytes;
     cu_prof *prof; /* NULL unless profile = true */

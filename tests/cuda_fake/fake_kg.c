@@ -356,6 +356,22 @@ cudaError_t kg_softmax_xent_backward(cudaStream_t s, int fdt, void *dlogits, con
 
 /* ---------------------------------------------------------- reductions */
 
+/* kg_reduce's arithmetic on one tensor: pass 1's KG_REDUCE_BLOCKS blocks
+ * of 256 threads, grid-stride (element i belongs to block (i mod (blocks *
+ * 256)) / 256), then pass 2 adding the partials. */
+static void fake_reduce_one(int op, int dtype, const void *x, size_t n, double *partials, double *out) {
+    const size_t threads = (size_t)KG_REDUCE_BLOCKS * 256;
+    for (int b = 0; b < KG_REDUCE_BLOCKS; b++) partials[b] = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        const double v = fake_value(dtype, x, i);
+        const double t = op == KG_SUM ? v : op == KG_SUMSQ ? v * v : (isfinite(v) ? 0.0 : 1.0);
+        partials[(i % threads) / 256] += t;
+    }
+    double total = 0.0;
+    for (int b = 0; b < KG_REDUCE_BLOCKS; b++) total += partials[b];
+    *out = total;
+}
+
 cudaError_t kg_reduce(cudaStream_t s, int op, int dtype, const void *x, size_t n, double *partials, double *out) {
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
     if (op != KG_SUM && op != KG_SUMSQ && op != KG_NONFINITE) return fake_error(cudaErrorInvalidValue);
@@ -368,19 +384,30 @@ cudaError_t kg_reduce(cudaStream_t s, int op, int dtype, const void *x, size_t n
     cudaError_t e = fake_launch(__func__, s, bufs, 3);
     if (e != cudaSuccess) return e;
     fake_overlap(__func__, "partials", partials, KG_REDUCE_BLOCKS * sizeof(double), "out", out, sizeof(double));
-    /* pass 1: KG_REDUCE_BLOCKS blocks of 256 threads, grid-stride: element
-     * i belongs to block (i mod (blocks * 256)) / 256 */
-    const size_t threads = (size_t)KG_REDUCE_BLOCKS * 256;
-    for (int b = 0; b < KG_REDUCE_BLOCKS; b++) partials[b] = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        const double v = fake_value(dtype, x, i);
-        const double t = op == KG_SUM ? v : op == KG_SUMSQ ? v * v : (isfinite(v) ? 0.0 : 1.0);
-        partials[(i % threads) / 256] += t;
+    fake_reduce_one(op, dtype, x, n, partials, out);
+    return cudaSuccess;
+}
+
+/* Each tensor as kg_reduce computes it (the same blocks), in "one" launch:
+ * partials(count, KG_REDUCE_BLOCKS), out(count). */
+cudaError_t kg_reduce_list(cudaStream_t s, int op, int dtype, const kg_list *list, double *partials, double *out) {
+    if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
+    if (op != KG_SUM && op != KG_SUMSQ && op != KG_NONFINITE) return fake_error(cudaErrorInvalidValue);
+    const size_t esz = fake_dt_size(dtype);
+    if (esz == 0 || list->count < 0 || list->count > KG_LIST_MAX) return fake_error(cudaErrorInvalidValue);
+    if (list->count == 0) return cudaSuccess;
+    for (int t = 0; t < list->count; t++) {
+        if (list->n[t] == 0) continue; /* never read */
+        cudaError_t e = fake_need_device(__func__, "x[t]", list->x[t], list->n[t] * esz);
+        if (e != cudaSuccess) return e;
     }
-    /* pass 2: one block adds the partials */
-    double total = 0.0;
-    for (int b = 0; b < KG_REDUCE_BLOCKS; b++) total += partials[b];
-    *out = total;
+    const size_t pb = (size_t)list->count * KG_REDUCE_BLOCKS * sizeof(double), ob = (size_t)list->count * sizeof(double);
+    const fake_buf bufs[] = {{"partials", partials, pb}, {"out", out, ob}};
+    cudaError_t e = fake_launch(__func__, s, bufs, 2);
+    if (e != cudaSuccess) return e;
+    fake_overlap(__func__, "partials", partials, pb, "out", out, ob);
+    for (int t = 0; t < list->count; t++)
+        fake_reduce_one(op, dtype, list->x[t], list->n[t], partials + (size_t)t * KG_REDUCE_BLOCKS, out + t);
     return cudaSuccess;
 }
 

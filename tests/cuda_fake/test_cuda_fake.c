@@ -575,17 +575,17 @@ static void test_loss_and_reductions(void) {
 }
 
 /* 1.9's sumsq_many: the shared cases (tests/support/sumsq_many_cases.h,
- * which the cpu accelerator passes too), then what it is for: a list of 40
- * tensors costs one read-back and one wait where the per-tensor entry
- * costs 40 of each, a failing launch in the middle of the list is a
- * message naming the entry, and the host-wait counter says so at exit. */
+ * which the cpu accelerator passes too), then what it is for: a list of
+ * 100 tensors costs 3 list launches, one read-back and one wait where the
+ * per-tensor entry costs 100 of each, a failing launch is a message naming
+ * the entry, and the host-wait counter says so at exit. */
 static void test_sumsq_many(void) {
     const kiln_kernels *k = NULL;
     kiln_test_clear_log(g_th);
     kiln_instance *acc = ready(NULL, &k);
     if (!acc) return;
     sumsq_many_run_all(k, acc);
-    enum { L = 40, N = 300 };
+    enum { L = 100, N = 300 };
     float *d = NULL;
     CU_ASSERT_EQUAL_FATAL(k->alloc(acc, (size_t)L * N * sizeof(float), (void **)&d), KILN_OK);
     float h[N];
@@ -602,15 +602,16 @@ static void test_sumsq_many(void) {
     const fake_cuda_stats s1 = stats();
     CU_ASSERT_EQUAL(s1.syncs - s0.syncs, 1u);
     CU_ASSERT_EQUAL(s1.d2h_copies - s0.d2h_copies, 1u);
+    CU_ASSERT_EQUAL(s1.kernels - s0.kernels, 3u); /* kg_reduce_list on lists of 48, 48 and 4 */
     for (int i = 0; i < L; i++) {
         CU_ASSERT_EQUAL(k->sumsq_ex(acc, KILN_DTYPE_F32, x[i], n[i], &one), KILN_OK);
         CU_ASSERT_EQUAL(memcmp(&one, &out[i], sizeof one), 0);
     }
     CU_ASSERT_EQUAL(stats().syncs - s1.syncs, (unsigned long)L); /* the loop: one wait per tensor */
-    env_set("KILN_FAKE_CUDA_FAIL", "kg_reduce@7");
+    env_set("KILN_FAKE_CUDA_FAIL", "kg_reduce_list");
     CU_ASSERT_EQUAL(k->sumsq_many(acc, KILN_DTYPE_F32, x, n, L, out), KILN_E_CUDA);
     HAS(kiln_test_error(g_th), "sumsq_many");
-    HAS(kiln_test_error(g_th), "kg_reduce");
+    HAS(kiln_test_error(g_th), "kg_reduce_list");
     env_clear();
     CU_ASSERT_EQUAL(k->sumsq_many(acc, KILN_DTYPE_F32, x, n, L, out), KILN_OK); /* and works again */
     k->free(acc, d);
