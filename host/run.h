@@ -114,7 +114,8 @@ typedef struct ht_trainer {
     /* parameters registered by the module; data/grad carved from two
      * arenas. Sized by the module (GPT-2 XL registers 580): params grows
      * while the module registers; the per-parameter arrays below are
-     * allocated for nparams once registration is over (ht_params_ready). */
+     * allocated for nparams once registration is over (alloc_params,
+     * assign_params). */
     kiln_parameter **params;      /* (nparams), room for cap_params          */
     uint32_t nparams, cap_params;
     /* which optimizer updates which parameter (`params` patterns) */

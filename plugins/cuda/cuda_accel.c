@@ -5,8 +5,9 @@
  * weights out for checkpoints); every entry queues its work on the
  * instance's one stream and returns without waiting, except those that hand
  * a value back to the host (sum, sumsq, sumsq_many, all_finite, the loss),
- * which wait for it (counted: host_waits). GEMMs go through cuBLASLt (cuda_blas.c), everything else through the
- * kernels of kernels/cuda, whose CPU references are kernels/cpu. The checks
+ * which wait for it (counted: host_waits). GEMMs go through cuBLASLt
+ * (cuda_blas.c), everything else through the kernels of kernels/cuda, whose
+ * CPU references are kernels/cpu. The checks
  * here mirror the cpu accelerator's so that a bad call gets the same kind of
  * message on either; a failing CUDA or cuBLAS call becomes KILN_E_CUDA with
  * the call's name and the runtime's error string. The plugin refuses to
