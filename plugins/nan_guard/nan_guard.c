@@ -16,7 +16,9 @@
  * step and lowers the scale — so the gradient check is off there; the loss
  * and the weights are still checked. Values live in accelerator memory: the
  * accelerator's all_finite kernels give the quick answer, and only a failing
- * tensor is read back (in chunks) to find the first bad element.
+ * tensor is read back (in chunks) to find the first bad element. On a 1.9
+ * table one sumsq_many call clears every tensor whose sum of squares is
+ * finite, so a GPU waits once per check rather than once per parameter.
  */
 #include <math.h>
 #include <stdio.h>
@@ -38,6 +40,11 @@ struct kiln_instance {
     kiln_instance *acc;
     const kiln_kernels *kernels;
     void *scratch;          /* (NG_CHUNK) doubles' worth of bytes, host memory */
+    /* the quick pass's list (ABI 1.9 sumsq_many), (cap) entries each */
+    const void **qx;
+    size_t *qn;
+    double *qs;
+    uint32_t qcap;
     int scaler_noted;       /* the scaler exemption was logged once            */
 };
 
@@ -160,23 +167,73 @@ static int32_t ng_check_loss(kiln_instance *self, const kiln_event *ev) {
                        ng_fmt(ev->loss), where);
 }
 
+/* A frozen parameter (toggle_optimizer) got no gradient this backward:
+ * whatever its grad holds is not this step's. */
+static int ng_skipped(const kiln_parameter *p, int grads) { return !p || (grads && (p->flags & KILN_PARAMF_FROZEN)); }
+
+/* The quick pass on a 1.9 table: every tensor's sum of squares in one
+ * sumsq_many call (one wait on a GPU, where all_finite_ex per tensor waits
+ * once each). A non-finite element makes its tensor's sum non-finite, so
+ * finite sums clear every tensor; a float32 tensor's sum cannot overflow
+ * the double it is added in. Sets flagged[i] = 1 where the sum is not
+ * finite (that tensor then goes through the exact check, which also
+ * clears a float64 tensor whose huge values only overflowed the sum).
+ * Returns 0 when it ran, -1 when it cannot (older table, mixed dtypes). */
+static int ng_quick_pass(kiln_instance *self, kiln_parameter *const *list, uint32_t n, int grads,
+                         unsigned char *flagged) {
+    const kiln_kernels *k = self->kernels;
+    if (!k || k->struct_size < KILN_KERNELS_SIZE_1_9 || !k->sumsq_many || n == 0) return -1;
+    uint32_t dt = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (ng_skipped(list[i], grads)) continue;
+        const uint32_t d = kiln_param_dtype(list[i]);
+        if (dt && d != dt) return -1;
+        dt = d;
+    }
+    if (dt != KILN_DTYPE_F32 && dt != KILN_DTYPE_F64) return -1;
+    if (n > self->qcap) {
+        const void **qx = realloc(self->qx, n * sizeof *qx);
+        if (qx) self->qx = qx;
+        size_t *qn = realloc(self->qn, n * sizeof *qn);
+        if (qn) self->qn = qn;
+        double *qs = realloc(self->qs, n * sizeof *qs);
+        if (qs) self->qs = qs;
+        if (!qx || !qn || !qs) return -1; /* the exact check still runs */
+        self->qcap = n;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        const kiln_parameter *p = list[i];
+        const int skip = ng_skipped(p, grads);
+        self->qx[i] = skip ? NULL : grads ? (const void *)p->grad : (const void *)p->data;
+        self->qn[i] = skip || !self->qx[i] || p->numel < 0 ? 0 : (size_t)p->numel;
+    }
+    if (k->sumsq_many(self->acc, dt, self->qx, self->qn, n, self->qs) != KILN_OK) return -1;
+    for (uint32_t i = 0; i < n; i++) flagged[i] = !isfinite(self->qs[i]);
+    return 0;
+}
+
 /* Every parameter's grad (grads = 1) or data (grads = 0). `when` says where
  * in the step the check runs, for the message. */
 static int32_t ng_check_params(kiln_instance *self, const kiln_event *ev, int grads, const char *when) {
     kiln_parameter *const *list = NULL;
     uint32_t n = 0;
     if (!self->svc->params || self->svc->params(self->hctx, &list, &n) != KILN_OK) return KILN_OK;
+    ng_lookup_accelerator(self);
+    unsigned char *flagged = n ? calloc(n, 1) : NULL;
+    const int quick = flagged && ng_quick_pass(self, list, n, grads, flagged) == 0;
     for (uint32_t i = 0; i < n; i++) {
         const kiln_parameter *p = list[i];
-        if (!p) continue;
-        /* A frozen parameter (toggle_optimizer) got no gradient this backward:
-         * whatever its grad holds is not this step's. */
-        if (grads && (p->flags & KILN_PARAMF_FROZEN)) continue;
+        if (ng_skipped(p, grads)) continue;
+        if (quick && !flagged[i]) continue; /* its sum of squares is finite: so is every element */
         uint32_t dt = kiln_param_dtype(p);
         ng_hit hit;
         int32_t rc = ng_check_tensor(self, grads ? (const void *)p->grad : (const void *)p->data, dt, p->numel, &hit);
-        if (rc != KILN_OK) return rc;
+        if (rc != KILN_OK) {
+            free(flagged);
+            return rc;
+        }
         if (hit.index < 0) continue;
+        free(flagged);
         char where[160];
         ng_where(self, ev, where, sizeof where);
         return kiln_errorf(self->svc, self->hctx, KILN_E_NONFINITE,
@@ -186,6 +243,7 @@ static int32_t ng_check_params(kiln_instance *self, const kiln_event *ev, int gr
                            ng_fmt(hit.value), when, where, (long long)hit.count, (long long)p->numel,
                            kiln_dtype_name(dt), grads ? "gradients" : "weights");
     }
+    free(flagged);
     return KILN_OK;
 }
 
@@ -230,6 +288,9 @@ static int32_t ng_on_event(kiln_instance *self, kiln_event *ev) {
 static void ng_destroy(kiln_instance *self) {
     if (!self) return;
     free(self->scratch);
+    free(self->qx);
+    free(self->qn);
+    free(self->qs);
     free(self);
 }
 

@@ -1067,6 +1067,88 @@ static void test_ng_device_memory(void) {
     kiln_test_set_accelerator(g_th, kiln_test_acc(g_th), NULL);
 }
 
+/* ABI 1.9: one sumsq_many call clears every tensor whose sum of squares is
+ * finite; only the others get the exact check (all_finite_ex, then the
+ * read-back that finds the element). */
+static int g_sumsq_many_calls;
+
+static int32_t fk_sumsq_many(kiln_instance *acc, uint32_t dtype, const void *const *x, const size_t *n,
+                             uint32_t count, double *out) {
+    (void)acc;
+    g_sumsq_many_calls++;
+    for (uint32_t i = 0; i < count; i++) {
+        double s = 0.0;
+        for (size_t j = 0; j < n[i]; j++) {
+            const double v = dtype == KILN_DTYPE_F64 ? ((const double *)x[i])[j] : ((const float *)x[i])[j];
+            s += v * v;
+        }
+        out[i] = s;
+    }
+    return KILN_OK;
+}
+
+static void test_ng_quick_pass(void) {
+    fixture_begin();
+    static kiln_kernels k;
+    k = (kiln_kernels){.struct_size = sizeof k,
+                       .flags = 0,
+                       .copy = fk_copy,
+                       .all_finite = fk_all_finite,
+                       .all_finite_ex = fk_all_finite_ex,
+                       .sumsq_many = fk_sumsq_many};
+    kiln_test_set_accelerator(g_th, kiln_test_acc(g_th), &k);
+    ng_params_f32();
+    float *g2 = kiln_test_param(g_th, 2)->grad;
+    for (int64_t i = 0; i < kiln_test_param(g_th, 2)->numel; i++) g2[i] = i % 2 ? FLT_MAX : -FLT_MAX;
+    g_copies = g_finite_calls = g_sumsq_many_calls = 0;
+    kiln_instance *inst = ng_new(ng_cfg_all);
+    ng_batch_ok(inst, 0); /* FLT_MAX squared, 1024 times: a finite double */
+    CU_ASSERT_EQUAL(g_sumsq_many_calls, 2); /* one per check, for all three tensors */
+    CU_ASSERT_EQUAL(g_finite_calls, 0);
+    CU_ASSERT_EQUAL(g_copies, 0);
+    /* a NaN: its tensor alone gets the exact check, and the same message */
+    g2[523] = NAN;
+    g_copies = g_finite_calls = g_sumsq_many_calls = 0;
+    assert_error(ng_send(inst, KILN_EV_ON_AFTER_BACKWARD, 17, 0),
+                 "nan_guard: gradient of parameter layers.1.weight[523] is nan after backward at epoch 2, batch 17, "
+                 "global step 877 (1 of 1024 float32 values not finite); expected finite gradients (lower the "
+                 "learning rate, clip gradients, or check the data)");
+    CU_ASSERT_EQUAL(g_sumsq_many_calls, 1);
+    CU_ASSERT_EQUAL(g_finite_calls, 1);
+    CU_ASSERT_EQUAL(g_copies, 1);
+    /* frozen, it is not looked at */
+    kiln_test_param(g_th, 2)->flags |= KILN_PARAMF_FROZEN;
+    CU_ASSERT_EQUAL(ng_send(inst, KILN_EV_ON_AFTER_BACKWARD, 18, 0), KILN_OK);
+    kiln_test_param(g_th, 2)->flags &= ~KILN_PARAMF_FROZEN;
+    g_ng->base.destroy(inst);
+
+    /* float64 values whose squares overflow the sum: flagged by the quick
+     * pass, cleared by the exact check */
+    fixture_begin();
+    kiln_test_set_accelerator(g_th, kiln_test_acc(g_th), &k);
+    ng_params_f32();
+    ng_params_to_f64();
+    double *w1 = (double *)kiln_test_param(g_th, 1)->data;
+    for (int64_t i = 0; i < kiln_test_param(g_th, 1)->numel; i++) w1[i] = 1e200;
+    g_copies = g_finite_calls = g_sumsq_many_calls = 0;
+    inst = ng_new(ng_cfg_all);
+    CU_ASSERT_EQUAL(ng_send(inst, KILN_EV_ON_TRAIN_BATCH_END, 3, 0), KILN_OK);
+    CU_ASSERT_EQUAL(g_sumsq_many_calls, 1);
+    CU_ASSERT_EQUAL(g_finite_calls, 1); /* layers.0.bias only */
+    CU_ASSERT_EQUAL(g_copies, 0);
+    g_ng->base.destroy(inst);
+
+    /* a 1.8 table: the per-tensor kernel, as before */
+    k.struct_size = KILN_KERNELS_SIZE_1_6;
+    g_copies = g_finite_calls = g_sumsq_many_calls = 0;
+    inst = ng_new(ng_cfg_all);
+    CU_ASSERT_EQUAL(ng_send(inst, KILN_EV_ON_TRAIN_BATCH_END, 4, 0), KILN_OK);
+    CU_ASSERT_EQUAL(g_sumsq_many_calls, 0);
+    CU_ASSERT_EQUAL(g_finite_calls, 3);
+    g_ng->base.destroy(inst);
+    kiln_test_set_accelerator(g_th, kiln_test_acc(g_th), NULL);
+}
+
 static void test_ng_declared_keys(void) {
     fixture_begin();
     const kiln_plugin_desc *d = load_desc("nan_guard");
@@ -1108,6 +1190,7 @@ static CU_TestInfo cases_nan_guard[] = {
     {"nan float64 weight and gradient", test_ng_nan_param_f64},
     {"gradient scaler exemption", test_ng_scaler_exemption},
     {"device memory is read back only when not finite", test_ng_device_memory},
+    {"1.9: one sumsq_many clears the finite tensors; only the others are checked", test_ng_quick_pass},
     {"declared keys", test_ng_declared_keys},
     CU_TEST_INFO_NULL,
 };
