@@ -1031,16 +1031,25 @@ static int32_t fk_all_finite(kiln_instance *acc, const float *x, size_t n, int32
     return fk_all_finite_ex(acc, KILN_DTYPE_F32, x, n, finite);
 }
 
+/* The fake accelerator's table on the test host: device memory (flags
+ * 0), so values are read back through copy; sumsq_many may be NULL. */
+static kiln_kernels g_fk;
+
+static void fk_install(int32_t (*sumsq_many)(kiln_instance *, uint32_t, const void *const *, const size_t *, uint32_t,
+                                             double *)) {
+    g_fk = (kiln_kernels){.struct_size = sizeof g_fk,
+                          .flags = 0,
+                          .copy = fk_copy,
+                          .all_finite = fk_all_finite,
+                          .all_finite_ex = fk_all_finite_ex,
+                          .sumsq_many = sumsq_many};
+    kiln_test_set_accelerator(g_th, kiln_test_acc(g_th), &g_fk);
+}
+
 static void test_ng_device_memory(void) {
     fixture_begin();
-    /* device memory (flags 0): values are read back through copy */
-    static kiln_kernels k;
-    k = (kiln_kernels){.struct_size = sizeof k,
-                       .flags = 0,
-                       .copy = fk_copy,
-                       .all_finite = fk_all_finite,
-                       .all_finite_ex = fk_all_finite_ex};
-    kiln_test_set_accelerator(g_th, kiln_test_acc(g_th), &k);
+    fk_install(NULL);
+    kiln_kernels *k = &g_fk;
     reg("emb.weight", 1000, 200, 0);
     CU_ASSERT_EQUAL_FATAL(kiln_test_alloc_params(g_th), 0);
     g_copies = g_finite_calls = 0;
@@ -1056,7 +1065,7 @@ static void test_ng_device_memory(void) {
     g_ng->base.destroy(inst);
 
     /* a 1.1 kernel table (no _ex): float32 still uses all_finite */
-    k.struct_size = KILN_KERNELS_SIZE_1_1;
+    k->struct_size = KILN_KERNELS_SIZE_1_1;
     kiln_test_param(g_th, 0)->grad[150001] = 0.0f;
     g_copies = g_finite_calls = 0;
     inst = ng_new(ng_cfg_all);
@@ -1089,14 +1098,7 @@ static int32_t fk_sumsq_many(kiln_instance *acc, uint32_t dtype, const void *con
 
 static void test_ng_quick_pass(void) {
     fixture_begin();
-    static kiln_kernels k;
-    k = (kiln_kernels){.struct_size = sizeof k,
-                       .flags = 0,
-                       .copy = fk_copy,
-                       .all_finite = fk_all_finite,
-                       .all_finite_ex = fk_all_finite_ex,
-                       .sumsq_many = fk_sumsq_many};
-    kiln_test_set_accelerator(g_th, kiln_test_acc(g_th), &k);
+    fk_install(fk_sumsq_many);
     ng_params_f32();
     float *g2 = kiln_test_param(g_th, 2)->grad;
     for (int64_t i = 0; i < kiln_test_param(g_th, 2)->numel; i++) g2[i] = i % 2 ? FLT_MAX : -FLT_MAX;
@@ -1125,7 +1127,7 @@ static void test_ng_quick_pass(void) {
     /* float64 values whose squares overflow the sum: flagged by the quick
      * pass, cleared by the exact check */
     fixture_begin();
-    kiln_test_set_accelerator(g_th, kiln_test_acc(g_th), &k);
+    fk_install(fk_sumsq_many);
     ng_params_f32();
     ng_params_to_f64();
     double *w1 = (double *)kiln_test_param(g_th, 1)->data;
@@ -1139,7 +1141,7 @@ static void test_ng_quick_pass(void) {
     g_ng->base.destroy(inst);
 
     /* a 1.8 table: the per-tensor kernel, as before */
-    k.struct_size = KILN_KERNELS_SIZE_1_6;
+    g_fk.struct_size = KILN_KERNELS_SIZE_1_6;
     g_copies = g_finite_calls = g_sumsq_many_calls = 0;
     inst = ng_new(ng_cfg_all);
     CU_ASSERT_EQUAL(ng_send(inst, KILN_EV_ON_TRAIN_BATCH_END, 4, 0), KILN_OK);
