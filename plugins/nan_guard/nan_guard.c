@@ -40,10 +40,12 @@ struct kiln_instance {
     kiln_instance *acc;
     const kiln_kernels *kernels;
     void *scratch;          /* (NG_CHUNK) doubles' worth of bytes, host memory */
-    /* the quick pass's list (ABI 1.9 sumsq_many), (cap) entries each */
+    /* the quick pass's list (ABI 1.9 sumsq_many) and its verdicts, (qcap)
+     * entries each */
     const void **qx;
     size_t *qn;
     double *qs;
+    unsigned char *qflag;
     uint32_t qcap;
     int scaler_noted;       /* the scaler exemption was logged once            */
 };
@@ -175,12 +177,12 @@ static int ng_skipped(const kiln_parameter *p, int grads) { return !p || (grads 
  * sumsq_many call (one wait on a GPU, where all_finite_ex per tensor waits
  * once each). A non-finite element makes its tensor's sum non-finite, so
  * finite sums clear every tensor; a float32 tensor's sum cannot overflow
- * the double it is added in. Sets flagged[i] = 1 where the sum is not
+ * the double it is added in. Sets qflag[i] = 1 where the sum is not
  * finite (that tensor then goes through the exact check, which also
  * clears a float64 tensor whose huge values only overflowed the sum).
- * Returns 0 when it ran, -1 when it cannot (older table, mixed dtypes). */
-static int ng_quick_pass(kiln_instance *self, kiln_parameter *const *list, uint32_t n, int grads,
-                         unsigned char *flagged) {
+ * Returns 0 when it ran, -1 when it cannot (older table, mixed dtypes, no
+ * memory): then every tensor gets the exact check. */
+static int ng_quick_pass(kiln_instance *self, kiln_parameter *const *list, uint32_t n, int grads) {
     const kiln_kernels *k = self->kernels;
     if (!k || k->struct_size < KILN_KERNELS_SIZE_1_9 || !k->sumsq_many || n == 0) return -1;
     uint32_t dt = 0;
@@ -198,7 +200,9 @@ static int ng_quick_pass(kiln_instance *self, kiln_parameter *const *list, uint3
         if (qn) self->qn = qn;
         double *qs = realloc(self->qs, n * sizeof *qs);
         if (qs) self->qs = qs;
-        if (!qx || !qn || !qs) return -1; /* the exact check still runs */
+        unsigned char *qf = realloc(self->qflag, n);
+        if (qf) self->qflag = qf;
+        if (!qx || !qn || !qs || !qf) return -1;
         self->qcap = n;
     }
     for (uint32_t i = 0; i < n; i++) {
@@ -208,7 +212,7 @@ static int ng_quick_pass(kiln_instance *self, kiln_parameter *const *list, uint3
         self->qn[i] = skip || !self->qx[i] || p->numel < 0 ? 0 : (size_t)p->numel;
     }
     if (k->sumsq_many(self->acc, dt, self->qx, self->qn, n, self->qs) != KILN_OK) return -1;
-    for (uint32_t i = 0; i < n; i++) flagged[i] = !isfinite(self->qs[i]);
+    for (uint32_t i = 0; i < n; i++) self->qflag[i] = !isfinite(self->qs[i]);
     return 0;
 }
 
@@ -219,21 +223,16 @@ static int32_t ng_check_params(kiln_instance *self, const kiln_event *ev, int gr
     uint32_t n = 0;
     if (!self->svc->params || self->svc->params(self->hctx, &list, &n) != KILN_OK) return KILN_OK;
     ng_lookup_accelerator(self);
-    unsigned char *flagged = n ? calloc(n, 1) : NULL;
-    const int quick = flagged && ng_quick_pass(self, list, n, grads, flagged) == 0;
+    const int quick = ng_quick_pass(self, list, n, grads) == 0;
     for (uint32_t i = 0; i < n; i++) {
         const kiln_parameter *p = list[i];
         if (ng_skipped(p, grads)) continue;
-        if (quick && !flagged[i]) continue; /* its sum of squares is finite: so is every element */
+        if (quick && !self->qflag[i]) continue; /* its sum of squares is finite: so is every element */
         uint32_t dt = kiln_param_dtype(p);
         ng_hit hit;
         int32_t rc = ng_check_tensor(self, grads ? (const void *)p->grad : (const void *)p->data, dt, p->numel, &hit);
-        if (rc != KILN_OK) {
-            free(flagged);
-            return rc;
-        }
+        if (rc != KILN_OK) return rc;
         if (hit.index < 0) continue;
-        free(flagged);
         char where[160];
         ng_where(self, ev, where, sizeof where);
         return kiln_errorf(self->svc, self->hctx, KILN_E_NONFINITE,
@@ -243,7 +242,6 @@ static int32_t ng_check_params(kiln_instance *self, const kiln_event *ev, int gr
                            ng_fmt(hit.value), when, where, (long long)hit.count, (long long)p->numel,
                            kiln_dtype_name(dt), grads ? "gradients" : "weights");
     }
-    free(flagged);
     return KILN_OK;
 }
 
@@ -291,6 +289,7 @@ static void ng_destroy(kiln_instance *self) {
     free(self->qx);
     free(self->qn);
     free(self->qs);
+    free(self->qflag);
     free(self);
 }
 
