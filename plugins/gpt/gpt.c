@@ -161,8 +161,9 @@ static int32_t gpt_parse_config(gpt *g, const kiln_kv *config) {
     if (rc != KILN_OK) return rc;
     const int64_t chunk = kiln_kv_int(config, "classifier_chunk", 0); /* 0: gpt_auto_chunk decides */
     if (chunk < 0 || chunk > INT32_MAX)
-        return gpt_fail(g, KILN_E_CONFIG, "gpt: config key 'classifier_chunk' must be in [0, %d] (0: automatic), got %lld",
-                        INT32_MAX, (long long)chunk);
+        return gpt_fail(g, KILN_E_CONFIG,
+                        "gpt: config key 'classifier_chunk' must be in [0, %d] (0: automatic), got %lld", INT32_MAX,
+                        (long long)chunk);
     g->chunk = (int32_t)chunk;
     if (g->C % g->n_head != 0)
         return gpt_fail(g, KILN_E_CONFIG,
@@ -204,9 +205,10 @@ static int32_t gpt_parse_config(gpt *g, const kiln_kv *config) {
  * GPU it is not: 256 rows would be 128 chunks for GPT-2 at batch 32 x 1024,
  * about 59 GB of traffic per step (some 12 ms of an H200's bandwidth) and a
  * wait per chunk for the loss. So a device-memory table gets the fewest
- * equal chunks whose logits buffer (sized at the masters' bytes per value)
- * stays within 1 GiB: for GPT-2 at batch 32, 7 chunks of 4,682 rows and
- * 3.2 GB of that traffic. Never more rows than one forward has. */
+ * equal chunks whose logits buffer stays within 1 GiB at 4 bytes a value
+ * (the buffer is sized at the masters' bytes: float64 runs take twice
+ * that): for GPT-2 at batch 32, 7 chunks of 4,682 rows and 3.2 GB of that
+ * traffic. Never more rows than one forward has. */
 static void gpt_auto_chunk(gpt *g) {
     if (g->chunk == 0) {
         if (g->k->flags & KILN_KERNELS_HOST_MEMORY) {
