@@ -590,22 +590,41 @@ static int make_run_dir_rank0(ht_trainer *t, ht_error *err) {
 /* ---------------------------------------------------------------------------
  * Summary */
 
-/* The accelerator's float32 GEMM rate (FLOP/s), the MFU denominator when
- * the run file names none: the median of 5 square products through the
- * kernel table itself, sized for ~10-50 ms on a CPU. 0 when it cannot be
- * measured. Run after fit, so it costs the training nothing. */
-static double measure_gemm_flops(ht_trainer *t) {
+/* The accelerator's GEMM rate (FLOP/s), the MFU denominator when the run
+ * file names none, through the kernel table itself; 0 when it cannot be
+ * measured. Run after fit, so it costs the training nothing. It is taken
+ * in the dtype the step's products run in: the precision's compute dtype
+ * (bf16-mixed: bfloat16 operands into a float32 product, as the step's
+ * matmuls; 64-true: float64), float32 otherwise. A bf16 run measured
+ * against the float32 rate would read an MFU many times too high on a GPU,
+ * whose 16-bit tensor cores are ~15x its float32 units. The median of 5
+ * products of n^3 after a warm-up, n = 768 on a host-memory table (a CPU:
+ * milliseconds each) and 4096 on a device (a GPU nears its dense peak only
+ * on large products; 768^3 would be mostly launch there). *dtype says
+ * which. */
+static double measure_gemm_flops(ht_trainer *t, uint32_t *dtype) {
     const kiln_kernels *k = t->kernels;
+    *dtype = KILN_DTYPE_F32;
     if (!k || !k->gemm || !k->alloc || !k->synchronize) return 0;
-    const int n = 768;
+    const kiln_value *cv = hl_prop(t->precision.p, "compute_dtype");
+    uint32_t dt = cv && cv->type == KILN_TYPE_STRING ? kiln_dtype_from_name(cv->v.s) : KILN_DTYPE_F32;
+    const int ex = k->struct_size >= KILN_KERNELS_SIZE_1_2 && k->gemm_ex;
+    if (!ex || (dt != KILN_DTYPE_BF16 && dt != KILN_DTYPE_F16 && dt != KILN_DTYPE_F64)) dt = KILN_DTYPE_F32;
+    const uint32_t cdt = dt == KILN_DTYPE_F64 ? KILN_DTYPE_F64 : KILN_DTYPE_F32; /* the product's */
+    const int n = (k->flags & KILN_KERNELS_HOST_MEMORY) ? 768 : 4096;
+    const size_t nn = (size_t)n * n;
     void *buf = NULL;
-    if (k->alloc(t->accel.inst, 3 * (size_t)n * n * sizeof(float), &buf) != KILN_OK || !buf) return 0;
-    float *a = buf, *b = a + (size_t)n * n, *c = b + (size_t)n * n;
+    if (k->alloc(t->accel.inst, nn * (2 * kiln_dtype_size(dt) + kiln_dtype_size(cdt)), &buf) != KILN_OK || !buf)
+        return 0;
+    char *a = buf, *b = a + nn * kiln_dtype_size(dt), *c = b + nn * kiln_dtype_size(dt);
     double times[5];
     int ok = 1;
     for (int r = 0; r < 6 && ok; r++) {
         double t0 = ht_now();
-        ok = k->gemm(t->accel.inst, 0, 0, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n) == KILN_OK &&
+        ok = (dt == KILN_DTYPE_F32 ? k->gemm(t->accel.inst, 0, 0, n, n, n, 1.0f, (const float *)(void *)a, n,
+                                             (const float *)(void *)b, n, 0.0f, (float *)(void *)c, n)
+                                   : k->gemm_ex(t->accel.inst, 0, 0, n, n, n, 1.0, a, dt, n, b, dt, n, 0.0, c, cdt, n,
+                                                cdt)) == KILN_OK &&
              k->synchronize(t->accel.inst) == KILN_OK;
         if (r > 0) times[r - 1] = ht_now() - t0; /* the first call warms up */
     }
@@ -617,6 +636,7 @@ static double measure_gemm_flops(ht_trainer *t) {
             times[j] = times[j - 1];
             times[j - 1] = x;
         }
+    *dtype = dt;
     return times[2] > 0 ? 2.0 * n * n * (double)n / times[2] : 0;
 }
 
@@ -655,9 +675,13 @@ void ht_print_summary(ht_trainer *t, const char *verb) {
                    tokens / tt);
             if (t->flops_seen > 0) {
                 /* MFU per process: this rank's FLOP/s against one device's peak */
-                const char *how = "trainer.peak_flops";
+                char how[64] = "trainer.peak_flops";
                 double peak = t->set.peak_flops;
-                if (peak <= 0) peak = measure_gemm_flops(t), how = "measured float32 GEMM";
+                if (peak <= 0) {
+                    uint32_t dt = KILN_DTYPE_F32;
+                    peak = measure_gemm_flops(t, &dt);
+                    snprintf(how, sizeof how, "measured %s GEMM", kiln_dtype_name(dt));
+                }
                 if (peak > 0)
                     printf("  MFU %.1f%% (%.2f of %.2f TFLOP/s, %s)", 100 * t->flops_seen / tt / peak,
                            t->flops_seen / tt / 1e12, peak / 1e12, how);

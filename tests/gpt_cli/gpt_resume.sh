@@ -6,7 +6,9 @@
 # with the same weights, bit for bit (the weightdump fixture writes them at
 # the end of each fit), in 32-true, bf16-mixed and 16-mixed (the loss
 # scaler's state too), and with 24 blocks in 32-true: 292 parameters, as
-# GPT-2 medium has (the host once refused more than 256).
+# GPT-2 medium has (the host once refused more than 256). The resumed run's
+# summary reports its MFU against a GEMM rate measured in the precision's
+# compute dtype (bfloat16 in bf16-mixed, float16 in 16-mixed).
 #
 #   gpt_resume.sh KILN TEXT2TOKENS WORKDIR   (KILN_PLUGIN_PATH reaches weightdump)
 set -euo pipefail
@@ -34,6 +36,10 @@ CFG
   "$kiln" fit "$work/run.cfg" --ckpt "$ck" \
     --set "callbacks=({name=\"weightdump\"; path=\"$work/resumed-$tag.bin\";}, $ckcb)" > "$work/resume-$tag.log" 2>&1
   grep -q "resuming inside epoch 0" "$work/resume-$tag.log" || { echo "FAIL $tag: not a mid-epoch resume"; cat "$work/resume-$tag.log"; exit 1; }
+  # the summary's MFU is against a GEMM rate measured in the step's compute dtype
+  case $prec in bf16-mixed) gd=bfloat16 ;; 16-mixed) gd=float16 ;; *) gd=float32 ;; esac
+  grep -q "MFU .*measured $gd GEMM)" "$work/resume-$tag.log" ||
+    { echo "FAIL $tag: the summary's MFU is not against a $gd GEMM: $(grep -m1 MFU "$work/resume-$tag.log")"; exit 1; }
   if cmp -s "$work/full-$tag.bin" "$work/resumed-$tag.bin"; then
     echo "ok   $prec, $layers blocks: 8 steps, and 3 steps + a resume to 8, end with the same weights, bit for bit"
   else
