@@ -168,11 +168,7 @@ int ht_clip_gradients(ht_trainer *t, ht_error *err) {
      * so the norm has the same bits either way. */
     double total = 0;
     if (K->struct_size >= KILN_KERNELS_SIZE_1_9 && K->sumsq_many) {
-        for (uint32_t i = 0; i < t->nparams; i++) {
-            t->clip_x[i] = t->params[i]->grad;
-            t->clip_n[i] = (size_t)t->params[i]->numel;
-        }
-        herr_clear();
+        herr_clear(); /* clip_x, clip_n: every gradient, listed by alloc_params */
         int32_t rc = K->sumsq_many(t->accel.inst, f64 ? KILN_DTYPE_F64 : KILN_DTYPE_F32, t->clip_x, t->clip_n,
                                    t->nparams, t->clip_s);
         if (rc) return ht_fail(t, &t->accel, rc, "sumsq_many (gradient clipping)", err);

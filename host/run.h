@@ -123,8 +123,9 @@ typedef struct ht_trainer {
     kiln_parameter **opt_params[HT_MAX_OPTIMIZERS]; /* (opt_nparams[i])     */
     uint32_t opt_nparams[HT_MAX_OPTIMIZERS];
     unsigned char *toggle_froze;  /* (nparams) FROZEN set by toggle_optimizer */
-    /* gradient clipping's list for sumsq_many (ABI 1.9): every gradient,
-     * its length and its sum of squares, (nparams) each */
+    /* gradient clipping's list for sumsq_many (ABI 1.9): every gradient
+     * and its length (set with the gradients), and its sum of squares,
+     * (nparams) each */
     const void **clip_x;
     size_t *clip_n;
     double *clip_s;

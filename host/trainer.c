@@ -234,6 +234,8 @@ static int alloc_params(ht_trainer *t, ht_error *err) {
         kiln_parameter *p = t->params[i];
         p->data = (float *)((char *)t->param_arena + off * esz);
         p->grad = (float *)((char *)t->grad_arena + off * esz);
+        t->clip_x[i] = p->grad; /* the clipping norm's list, fixed from here on */
+        t->clip_n[i] = (size_t)p->numel;
         p->compute = p->data;
         p->compute_dtype = dt;
         p->param_dtype = dt;

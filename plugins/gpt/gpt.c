@@ -220,7 +220,6 @@ static void gpt_auto_chunk(gpt *g) {
         }
     }
     if (g->chunk > g->max_rows) g->chunk = g->max_rows;
-    if (g->chunk < 1) g->chunk = 1;
 }
 
 /* ---------------------------------------------------------------------------

@@ -209,7 +209,7 @@ static int ng_quick_pass(kiln_instance *self, kiln_parameter *const *list, uint3
         const kiln_parameter *p = list[i];
         const int skip = ng_skipped(p, grads);
         self->qx[i] = skip ? NULL : grads ? (const void *)p->grad : (const void *)p->data;
-        self->qn[i] = skip || !self->qx[i] || p->numel < 0 ? 0 : (size_t)p->numel;
+        self->qn[i] = self->qx[i] ? (size_t)p->numel : 0;
     }
     if (k->sumsq_many(self->acc, dt, self->qx, self->qn, n, self->qs) != KILN_OK) return -1;
     for (uint32_t i = 0; i < n; i++) self->qflag[i] = !isfinite(self->qs[i]);

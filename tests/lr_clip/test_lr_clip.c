@@ -192,28 +192,49 @@ static int read_vec(const char *path, const char *tag, int batch, double *v, int
     return n;
 }
 
-/* The value in column `name` of the first row of the newest run's
- * metrics.csv (0 when there is none). */
-static double first_csv_value(const char *name) {
-    char dir[4400], path[4500];
+/* Every value of column `name` in the latest run's metrics.csv, each
+ * followed by '|', as written (so equal strings are equal bits at %.17g). */
+static void csv_column(const char *name, char *out, size_t n) {
+    char dir[4400], path[4500], line[4096];
+    out[0] = 0;
     snprintf(dir, sizeof dir, "%s/runs", tu_suite_dir);
-    if (tu_latest_run_dir(dir, path, sizeof path - 16) != 0) return 0;
+    if (tu_latest_run_dir(dir, path, sizeof path - 16) != 0) return;
     strcat(path, "/metrics.csv");
     FILE *f = fopen(path, "r");
-    if (!f) return 0;
-    char head[4096], row[4096];
-    double v = 0;
-    if (fgets(head, sizeof head, f) && fgets(row, sizeof row, f)) {
-        int col = -1, i = 0;
-        for (char *save = NULL, *c = strtok_r(head, ",\n", &save); c; c = strtok_r(NULL, ",\n", &save), i++)
-            if (!strcmp(c, name)) col = i;
-        /* the row's fields may be empty: walk the commas */
-        const char *p = row;
-        for (i = 0; col >= 0 && i < col && p; i++) p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL;
-        if (col >= 0 && p) v = atof(p);
+    if (!f) return;
+    int col = -1;
+    while (fgets(line, sizeof line, f)) {
+        if (line[0] == '#') continue;
+        line[strcspn(line, "\n")] = 0;
+        char *fields[64];
+        int nf = 0;
+        for (char *p = line; nf < 64;) { /* fields may be empty: split on every comma */
+            fields[nf++] = p;
+            char *c = strchr(p, ',');
+            if (!c) break;
+            *c = 0;
+            p = c + 1;
+        }
+        if (col < 0) {
+            for (int i = 0; i < nf; i++)
+                if (!strcmp(fields[i], name)) col = i;
+            if (col < 0) break;
+            continue;
+        }
+        if (col < nf && fields[col][0]) {
+            size_t l = strlen(out), k = strlen(fields[col]);
+            if (l + k + 2 <= n) snprintf(out + l, n - l, "%s|", fields[col]);
+        }
     }
     fclose(f);
-    return v;
+}
+
+/* The first value in column `name` of the newest run's metrics.csv (0
+ * when there is none). */
+static double first_csv_value(const char *name) {
+    char vals[8192];
+    csv_column(name, vals, sizeof vals);
+    return atof(vals);
 }
 
 static void clip_case(const char *algo, double val, const char *tag) {
@@ -267,43 +288,6 @@ static void test_clipping(void) {
     tu_write_job(cfg, manual);
     CU_ASSERT_EQUAL(tu_run_kiln_l(out, sizeof out, "config", "check", cfg, NULL), 1);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "automatic clipping is not available in manual optimization"));
-}
-
-/* Every value of column `name` in the latest run's metrics.csv, each
- * followed by '|', as written (so equal strings are equal bits at %.17g). */
-static void csv_column(const char *name, char *out, size_t n) {
-    char dir[4400], path[4500], line[4096];
-    out[0] = 0;
-    snprintf(dir, sizeof dir, "%s/runs", tu_suite_dir);
-    if (tu_latest_run_dir(dir, path, sizeof path - 16) != 0) return;
-    strcat(path, "/metrics.csv");
-    FILE *f = fopen(path, "r");
-    if (!f) return;
-    int col = -1;
-    while (fgets(line, sizeof line, f)) {
-        if (line[0] == '#') continue;
-        line[strcspn(line, "\n")] = 0;
-        char *fields[64];
-        int nf = 0;
-        for (char *p = line; nf < 64;) { /* fields may be empty: split on every comma */
-            fields[nf++] = p;
-            char *c = strchr(p, ',');
-            if (!c) break;
-            *c = 0;
-            p = c + 1;
-        }
-        if (col < 0) {
-            for (int i = 0; i < nf; i++)
-                if (!strcmp(fields[i], name)) col = i;
-            if (col < 0) break;
-            continue;
-        }
-        if (col < nf && fields[col][0]) {
-            size_t l = strlen(out), k = strlen(fields[col]);
-            if (l + k + 2 <= n) snprintf(out + l, n - l, "%s|", fields[col]);
-        }
-    }
-    fclose(f);
 }
 
 /* mlp (float32 and float64 masters) on toydata's 3 features, 3 epochs
