@@ -170,6 +170,31 @@ cudaError_t kg_adamw_update(cudaStream_t s, int fdt, void *p, const void *g, voi
                             double beta1, double beta2, double eps, double weight_decay, int64_t step, void *compute,
                             int compute_dtype);
 
+/* A list of up to KG_ADAMW_LIST_MAX AdamW tensors, passed by value (2.9
+ * KiB, below the 4 KiB kernel-parameter limit). Each tensor gets the blocks
+ * kg_adamw_update would give it alone: tensor t owns blocks [first[t],
+ * first[t + 1]) of a one-dimensional grid, so no block idles on a small
+ * tensor beside a large one. The caller fills p, g, m, v, n, weight_decay
+ * and count; kg_adamw_update_list fills first and decay (1 - lr *
+ * weight_decay[t], formed as the single call forms it, a float's value
+ * for F32). */
+#define KG_ADAMW_LIST_MAX 48
+typedef struct kg_adamw_list {
+    void *p[KG_ADAMW_LIST_MAX];
+    const void *g[KG_ADAMW_LIST_MAX];
+    void *m[KG_ADAMW_LIST_MAX];
+    void *v[KG_ADAMW_LIST_MAX];
+    size_t n[KG_ADAMW_LIST_MAX];
+    double weight_decay[KG_ADAMW_LIST_MAX];
+    double decay[KG_ADAMW_LIST_MAX];       /* filled by kg_adamw_update_list */
+    unsigned first[KG_ADAMW_LIST_MAX + 1]; /* likewise */
+    int count;
+} kg_adamw_list;
+/* kg_adamw_update (no compute copy) on every tensor of the list in one
+ * launch, each tensor's result the bits of its own call. */
+cudaError_t kg_adamw_update_list(cudaStream_t s, int fdt, kg_adamw_list *list, double lr, double beta1, double beta2,
+                                 double eps, int64_t step);
+
 /* ---- The ABI 1.4 sequence kernels (kg_seq.cu, kg_attn.cu) ----
  * fdt F32 or F64 for every floating-point buffer of a call; round_dtype
  * (F32 data only) KG_F32 for none, KG_F16 / KG_BF16 to round the named

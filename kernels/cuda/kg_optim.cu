@@ -9,7 +9,10 @@
  * kg_sgd_elem / kg_adamw_elem: plain IEEE operations in PyTorch's order,
  * built without FMA, so with the same inputs the result is the CPU's bit for
  * bit. Kernels are instantiated per element type and compute dtype; the
- * option flags (weight decay, momentum, ...) are uniform branches.
+ * option flags (weight decay, momentum, ...) are uniform branches. The
+ * AdamW list kernel (ABI 1.10's adamw_update_many) runs the same element
+ * over up to KG_ADAMW_LIST_MAX tensors in one launch, each tensor with the
+ * blocks and coefficients its own launch would have had.
  */
 #include "kg_internal.cuh"
 #include "kg_kernels.h"
@@ -122,4 +125,57 @@ extern "C" cudaError_t kg_adamw_update(cudaStream_t s, int fdt, void *p, const v
                           compute_dtype);
     return kg_adamw_t(s, (double *)p, (const double *)g, (double *)m, (double *)v, n,
                       kg_adamw_make_coef<double>(lr, beta1, beta2, eps, weight_decay, step), compute, compute_dtype);
+}
+
+/* The list: block b works on the tensor t with first[t] <= b < first[t+1]
+ * (found by a binary search over at most 49 entries, uniform per block),
+ * grid-striding over it with that tensor's blocks; c is the list's common
+ * coefficients, its decay replaced by the tensor's own. */
+template <typename T> __global__ void kg_adamw_list_kernel(const kg_adamw_list list, kg_adamw_coef<T> c) {
+    int lo = 0, hi = list.count; /* first[lo] <= blockIdx.x < first[hi] */
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) / 2;
+        if (blockIdx.x >= list.first[mid]) lo = mid;
+        else hi = mid;
+    }
+    const int t = lo;
+    c.decay = (T)list.decay[t]; /* exact: a T's value held in a double */
+    T *__restrict__ p = (T *)list.p[t];
+    const T *__restrict__ g = (const T *)list.g[t];
+    T *__restrict__ m = (T *)list.m[t];
+    T *__restrict__ v = (T *)list.v[t];
+    const size_t n = list.n[t];
+    const size_t stride = (size_t)(list.first[t + 1] - list.first[t]) * blockDim.x;
+    for (size_t i = (size_t)(blockIdx.x - list.first[t]) * blockDim.x + threadIdx.x; i < n; i += stride) {
+        T pi = p[i], mi = m[i], vi = v[i];
+        kg_adamw_elem(c, &pi, g[i], &mi, &vi);
+        m[i] = mi;
+        v[i] = vi;
+        p[i] = pi;
+    }
+}
+
+extern "C" cudaError_t kg_adamw_update_list(cudaStream_t s, int fdt, kg_adamw_list *list, double lr, double beta1,
+                                            double beta2, double eps, int64_t step) {
+    if (fdt != KG_F32 && fdt != KG_F64) return cudaErrorInvalidValue;
+    if (list->count < 0 || list->count > KG_ADAMW_LIST_MAX) return cudaErrorInvalidValue;
+    /* each tensor's blocks as kg_grid gives them to its own launch, and
+     * its decay as kg_adamw_make_coef forms it for its own launch */
+    unsigned blocks = 0;
+    for (int t = 0; t < list->count; t++) {
+        list->first[t] = blocks;
+        blocks += list->n[t] ? kg_grid(list->n[t]) : 0;
+        const double wd = list->weight_decay[t];
+        list->decay[t] = fdt == KG_F32 ? (double)kg_adamw_make_coef<float>(lr, beta1, beta2, eps, wd, step).decay
+                                       : kg_adamw_make_coef<double>(lr, beta1, beta2, eps, wd, step).decay;
+    }
+    list->first[list->count] = blocks;
+    if (blocks == 0) return cudaSuccess;
+    if (fdt == KG_F32)
+        kg_adamw_list_kernel<float>
+            <<<blocks, KG_THREADS, 0, s>>>(*list, kg_adamw_make_coef<float>(lr, beta1, beta2, eps, 0.0, step));
+    else
+        kg_adamw_list_kernel<double>
+            <<<blocks, KG_THREADS, 0, s>>>(*list, kg_adamw_make_coef<double>(lr, beta1, beta2, eps, 0.0, step));
+    return cudaGetLastError();
 }

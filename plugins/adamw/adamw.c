@@ -10,6 +10,9 @@
  * (biases, norms) get no weight decay unless decay_bias = true. torch.optim.
  * AdamW decays every parameter it is given; the usual recipe builds a second
  * parameter group with weight_decay 0 for biases, which this flag replaces.
+ * Where the kernel table has ABI 1.10's adamw_update_many, a step is one
+ * call for every parameter (a handful of GPU launches instead of one per
+ * parameter), with the same bits as the per-parameter calls.
  * Nothing is allocated per step. State (version 1) is the step count, the
  * learning rate, m and v, checked against the parameter list on restore.
  * The cpu accelerator's fp32 update flushes subnormals to zero (see
@@ -38,6 +41,12 @@ struct kiln_instance {
     float **v;               /* (n) second moments, each (params[i]->numel), accelerator */
     uint32_t n;
     int64_t t;               /* completed steps; step() passes ++t (1-based) */
+    /* the list adamw_update_many takes, refilled each step with the
+     * parameters that have a gradient; NULL without the 1.10 entry */
+    void **lp, **lm, **lv;   /* (n) data, first and second moments */
+    const void **lg;         /* (n) gradients */
+    size_t *ln;              /* (n) elements */
+    double *lwd;             /* (n) weight decay */
 };
 
 /* State blob, version 1, native byte order:
@@ -107,6 +116,11 @@ static void adamw_release(kiln_instance *self) {
     free(self->m);
     free(self->v);
     free(self->params);
+    free(self->lp), free(self->lg), free(self->lm), free(self->lv), free(self->ln), free(self->lwd);
+    self->lp = self->lm = self->lv = NULL;
+    self->lg = NULL;
+    self->ln = NULL;
+    self->lwd = NULL;
     self->m = self->v = NULL;
     self->params = NULL;
     self->n = 0;
@@ -174,6 +188,15 @@ static int32_t adamw_setup(kiln_instance *self, kiln_parameter *const *params, u
         return ADAMW_ERR(self, KILN_E_NOMEM, "cannot allocate the bookkeeping of %u parameters", (unsigned)n);
     }
     memcpy(self->params, params, n * sizeof *self->params);
+    if (k->struct_size >= KILN_KERNELS_SIZE_1_10 && k->adamw_update_many) {
+        self->lp = calloc(n, sizeof *self->lp), self->lg = calloc(n, sizeof *self->lg);
+        self->lm = calloc(n, sizeof *self->lm), self->lv = calloc(n, sizeof *self->lv);
+        self->ln = calloc(n, sizeof *self->ln), self->lwd = calloc(n, sizeof *self->lwd);
+        if (!self->lp || !self->lg || !self->lm || !self->lv || !self->ln || !self->lwd) {
+            adamw_release(self);
+            return ADAMW_ERR(self, KILN_E_NOMEM, "cannot allocate the update list of %u parameters", (unsigned)n);
+        }
+    }
     for (uint32_t i = 0; i < n; i++) {
         if (params[i]->numel == 0) continue;
         size_t bytes = kiln_param_bytes(params[i]);
@@ -196,9 +219,35 @@ static int32_t adamw_setup(kiln_instance *self, kiln_parameter *const *params, u
 
 /* The weight decay of one parameter: none for KILN_PARAMF_NO_DECAY unless
  * decay_bias (see the file comment for why this differs from torch). */
-static float adamw_param_decay(const kiln_instance *self, const kiln_parameter *p) {
-    if ((p->flags & KILN_PARAMF_NO_DECAY) && !self->decay_bias) return 0.0f;
-    return (float)self->weight_decay;
+static double adamw_param_decay(const kiln_instance *self, const kiln_parameter *p) {
+    return (p->flags & KILN_PARAMF_NO_DECAY) && !self->decay_bias ? 0.0 : self->weight_decay;
+}
+
+/* 1.10: every parameter with a gradient in one adamw_update_many call per
+ * master dtype. float32 passes the hyperparameters rounded to float, as
+ * adamw_update takes them, so the bits are those of the loop below. */
+static int32_t adamw_step_many(kiln_instance *self, int64_t step) {
+    static const uint32_t dtypes[2] = {KILN_DTYPE_F32, KILN_DTYPE_F64};
+    for (int d = 0; d < 2; d++) {
+        const uint32_t dt = dtypes[d];
+        uint32_t c = 0;
+        for (uint32_t i = 0; i < self->n; i++) {
+            kiln_parameter *p = self->params[i];
+            if (p->numel == 0 || !kiln_param_has_grad(p) || kiln_param_dtype(p) != dt) continue;
+            self->lp[c] = p->data, self->lg[c] = p->grad, self->lm[c] = self->m[i], self->lv[c] = self->v[i];
+            self->ln[c] = (size_t)p->numel;
+            self->lwd[c] = dt == KILN_DTYPE_F32 ? (double)(float)adamw_param_decay(self, p) : adamw_param_decay(self, p);
+            c++;
+        }
+        if (c == 0) continue;
+        const int f = dt == KILN_DTYPE_F32;
+        int32_t rc = self->k->adamw_update_many(
+            self->acc, dt, c, self->lp, self->lg, self->lm, self->lv, self->ln, self->lwd,
+            f ? (double)(float)self->lr : self->lr, f ? (double)(float)self->beta1 : self->beta1,
+            f ? (double)(float)self->beta2 : self->beta2, f ? (double)(float)self->eps : self->eps, step);
+        if (rc != KILN_OK) return rc;
+    }
+    return KILN_OK;
 }
 
 static int32_t adamw_step(kiln_instance *self, const kiln_closure *closure) {
@@ -211,9 +260,10 @@ static int32_t adamw_step(kiln_instance *self, const kiln_closure *closure) {
     /* no gradient anywhere (a training_step without a loss): torch's AdamW
      * skips every p.grad-is-None parameter, its step count included */
     if (!kiln_params_any_grad(self->params, self->n)) return KILN_OK;
+    const int64_t step = ++self->t;
+    if (self->lp) return adamw_step_many(self, step);
     const float lr = (float)self->lr, beta1 = (float)self->beta1, beta2 = (float)self->beta2,
                 eps = (float)self->eps;
-    const int64_t step = ++self->t;
     for (uint32_t i = 0; i < self->n; i++) {
         kiln_parameter *p = self->params[i];
         if (p->numel == 0 || !kiln_param_has_grad(p)) continue;
@@ -221,12 +271,10 @@ static int32_t adamw_step(kiln_instance *self, const kiln_closure *closure) {
         if (kiln_param_dtype(p) == KILN_DTYPE_F64) /* 64-true: the same update in double */
             rc = self->k->adamw_update_ex(self->acc, KILN_DTYPE_F64, p->data, p->grad, self->m[i], self->v[i],
                                           (size_t)p->numel, self->lr, self->beta1, self->beta2, self->eps,
-                                          (p->flags & KILN_PARAMF_NO_DECAY) && !self->decay_bias ? 0.0
-                                                                                                 : self->weight_decay,
-                                          step);
+                                          adamw_param_decay(self, p), step);
         else
             rc = self->k->adamw_update(self->acc, p->data, p->grad, self->m[i], self->v[i], (size_t)p->numel, lr,
-                                       beta1, beta2, eps, adamw_param_decay(self, p), step);
+                                       beta1, beta2, eps, (float)adamw_param_decay(self, p), step);
         if (rc != KILN_OK) return rc;
     }
     return KILN_OK;

@@ -198,6 +198,28 @@ static inline int32_t ack_tensor_list(ack_sink s, const char *fn, const void *co
     return KILN_OK;
 }
 
+/* adamw_update_many's lists (1.10): host arrays p, g, m, v, n and
+ * weight_decay of count, each tensor's four pointers non-NULL where n[i] >
+ * 0, each n[i] a size ack_count allows, and a 1-based step. */
+static inline int32_t ack_adamw_list(ack_sink s, const char *fn, uint32_t count, void *const *p, const void *const *g,
+                                     void *const *m, void *const *v, const size_t *n, const double *weight_decay,
+                                     int64_t step) {
+    if (step < 1) return ACK_ERR(s, KILN_E_INVALID_ARG, fn, "step is 1-based, got %lld", (long long)step);
+    if (count == 0) return KILN_OK;
+    const char *null = !p ? "p" : !g ? "g" : !m ? "m" : !v ? "v" : !n ? "n" : !weight_decay ? "weight_decay" : NULL;
+    if (null) return ACK_ERR(s, KILN_E_INVALID_ARG, fn, "NULL %s array for count=%u", null, (unsigned)count);
+    for (uint32_t i = 0; i < count; i++) {
+        int32_t rc = ack_count(s, fn, n[i]);
+        if (rc != KILN_OK) return rc;
+        if (n[i] == 0) continue;
+        const char *t = !p[i] ? "p" : !g[i] ? "g" : !m[i] ? "m" : !v[i] ? "v" : NULL;
+        if (t)
+            return ACK_ERR(s, KILN_E_INVALID_ARG, fn, "%s[%u] is NULL with n[%u]=%zu", t, (unsigned)i, (unsigned)i,
+                           n[i]);
+    }
+    return KILN_OK;
+}
+
 /* tokens(B*T), on the host, all in [0, V), else KILN_E_DATA naming the
  * first bad one with its batch and position. */
 static inline int32_t ack_tokens_in_range(ack_sink s, const char *fn, const int32_t *tokens, int32_t B, int32_t T,

@@ -675,6 +675,28 @@ static int32_t cpu_adamw_update_ex(kiln_instance *acc, uint32_t dtype, void *p, 
     return KILN_OK;
 }
 
+#if KILN_ABI_MINOR >= 10
+/* 1.10: adamw_update_ex per tensor. Nothing here waits or launches, so
+ * the list form is the loop, with the loop's bits. */
+static int32_t cpu_adamw_update_many(kiln_instance *acc, uint32_t dtype, uint32_t count, void *const *p,
+                                     const void *const *g, void *const *m, void *const *v, const size_t *n,
+                                     const double *weight_decay, double lr, double beta1, double beta2, double eps,
+                                     int64_t step) {
+    int32_t rc = cpu_check_dtype(acc, "adamw_update_many", dtype);
+    if (rc != KILN_OK) return rc;
+    rc = ack_adamw_list(CPU_SINK(acc), "adamw_update_many", count, p, g, m, v, n, weight_decay, step);
+    if (rc != KILN_OK) return rc;
+    for (uint32_t i = 0; i < count; i++) {
+        if (n[i] == 0) continue;
+        if (dtype == KILN_DTYPE_F32)
+            kc_adamw_update_d(p[i], g[i], m[i], v[i], n[i], lr, beta1, beta2, eps, weight_decay[i], step);
+        else
+            kc_adamw_update_f64(p[i], g[i], m[i], v[i], n[i], lr, beta1, beta2, eps, weight_decay[i], step);
+    }
+    return KILN_OK;
+}
+#endif
+
 /* ------------------------------------------------------------ 1.3 fused */
 
 /* Guarded so this file still builds against the 1.2 headers: the test
@@ -878,11 +900,16 @@ static const kiln_kernels cpu_kernel_table = {
 #if KILN_ABI_MINOR >= 9
     .sumsq_many = cpu_sumsq_many,
 #endif
+#if KILN_ABI_MINOR >= 10
+    .adamw_update_many = cpu_adamw_update_many,
+#endif
 };
 /* The table is built with this header's size: every entry above is set, and
- * a caller checks struct_size against KILN_KERNELS_SIZE_1_9 (1_6, 1_5, 1_3
- * and 1_2 in the fixtures built against the frozen 1.8 ... 1.2 headers). */
-#if KILN_ABI_MINOR >= 9
+ * a caller checks struct_size against KILN_KERNELS_SIZE_1_10 (1_9, 1_6, 1_5,
+ * 1_3 and 1_2 in the fixtures built against the frozen 1.9 ... 1.2 headers). */
+#if KILN_ABI_MINOR >= 10
+static_assert(sizeof(kiln_kernels) == KILN_KERNELS_SIZE_1_10, "kiln_kernels is ABI 1.10's");
+#elif KILN_ABI_MINOR >= 9
 static_assert(sizeof(kiln_kernels) == KILN_KERNELS_SIZE_1_9, "kiln_kernels is ABI 1.9's");
 #elif KILN_ABI_MINOR >= 6
 static_assert(sizeof(kiln_kernels) == KILN_KERNELS_SIZE_1_6, "kiln_kernels is ABI 1.6's");

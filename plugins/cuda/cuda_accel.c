@@ -505,6 +505,35 @@ static int32_t cu_adamw_update(kiln_instance *acc, float *p, const float *g, flo
     return cu_adamw_update_ex(acc, KILN_DTYPE_F32, p, g, m, v, n, lr, beta1, beta2, eps, wd, step);
 }
 
+/* 1.10: the list in launches of up to KG_ADAMW_LIST_MAX tensors, each
+ * tensor with the blocks and coefficients of its own adamw_update_ex
+ * launch, so the same bits; nothing is read back and nothing waits.
+ * GPT-2's 148 parameters are 4 launches where they were 148. */
+static int32_t cu_adamw_update_many(kiln_instance *acc, uint32_t dt, uint32_t count, void *const *p,
+                                    const void *const *g, void *const *m, void *const *v, const size_t *n,
+                                    const double *weight_decay, double lr, double beta1, double beta2, double eps,
+                                    int64_t step) {
+    const char *fn = "adamw_update_many";
+    int32_t rc = cu_check_fdt(acc, fn, dt);
+    if (rc == KILN_OK) rc = ack_adamw_list(CU_SINK(acc), fn, count, p, g, m, v, n, weight_decay, step);
+    if (rc != KILN_OK) return rc;
+    if (count == 0) return KILN_OK;
+    CU_READY(acc, fn);
+    kg_adamw_list list;
+    for (uint32_t i0 = 0; i0 < count;) {
+        list.count = 0;
+        for (; i0 < count && list.count < KG_ADAMW_LIST_MAX; i0++) {
+            if (n[i0] == 0) continue; /* its pointers may be NULL: never in a launch */
+            const int t = list.count++;
+            list.p[t] = p[i0], list.g[t] = g[i0], list.m[t] = m[i0], list.v[t] = v[i0];
+            list.n[t] = n[i0], list.weight_decay[t] = weight_decay[i0];
+        }
+        if (list.count > 0)
+            CU_LAUNCH(acc, fn, kg_adamw_update_list(acc->stream, (int)dt, &list, lr, beta1, beta2, eps, step));
+    }
+    return KILN_OK;
+}
+
 /* ------------------------------------------------------------ conversions */
 
 static int32_t cu_cast(kiln_instance *acc, void *dst, uint32_t ddt, const void *src, uint32_t sdt, size_t n) {
@@ -563,8 +592,8 @@ ACK_DEFINE_EW_ENTRIES(cu_, cu_ew, KG_EW_, CU_SINK)
 /* ------------------------------------------------------------- the table */
 
 static const kiln_kernels cu_kernel_table = {
-    /* 1.9's size: every entry through sumsq_many */
-    .struct_size = KILN_KERNELS_SIZE_1_9,
+    /* 1.10's size: every entry through adamw_update_many */
+    .struct_size = KILN_KERNELS_SIZE_1_10,
     /* device memory: callers copy host data in and out; gemm_ex and
      * xent_fused take 16-bit outputs and logits (1.6); the layer norm,
      * linear, attention, act_backward, bias_grad_ex and add entries keep
@@ -637,8 +666,9 @@ static const kiln_kernels cu_kernel_table = {
     .linear_forward_layout = cu_linear_forward_layout,
     /* 1.9 */
     .sumsq_many = cu_sumsq_many,
+    .adamw_update_many = cu_adamw_update_many,
 };
-static_assert(sizeof(kiln_kernels) >= KILN_KERNELS_SIZE_1_9, "kiln_kernels covers ABI 1.9");
+static_assert(sizeof(kiln_kernels) >= KILN_KERNELS_SIZE_1_10, "kiln_kernels covers ABI 1.10");
 
 /* -------------------------------------------------------------- instance */
 

@@ -34,6 +34,7 @@
 #include <kiln/testing.h>
 
 #include "act16_cases.h"
+#include "adamw_many_cases.h"
 #include "sumsq_many_cases.h"
 #include "half_bits.h"
 #include "plugin_fixture.h"
@@ -85,9 +86,10 @@ static void test_descriptor(void) {
      * appended in 1.2), unscale_check, linear_forward (1.3), the 8
      * sequence entries embedding_forward .. add (1.4), the 7
      * elementwise ones lerp .. clamp (1.5; tests/kernels_ew) and
-     * linear_forward_layout (1.6) and sumsq_many (1.9) */
-    CU_ASSERT_EQUAL(n, 55);
-    CU_ASSERT_TRUE(g_k->struct_size >= KILN_KERNELS_SIZE_1_9);
+     * linear_forward_layout (1.6), sumsq_many (1.9) and
+     * adamw_update_many (1.10) */
+    CU_ASSERT_EQUAL(n, 56);
+    CU_ASSERT_TRUE(g_k->struct_size >= KILN_KERNELS_SIZE_1_10);
     CU_ASSERT_TRUE(g_k->flags & KILN_KERNELS_STORE_16BIT);
 }
 
@@ -1360,6 +1362,8 @@ static void test_act16(void) { act16_run_all(g_k, g_acc); }
 static void test_bias_round(void) { bias_round_run_all(g_k, g_acc); }
 /* ABI 1.9: sumsq_many, the same shared file as the fake GPU's */
 static void test_sumsq_many(void) { sumsq_many_run_all(g_k, g_acc); }
+/* ABI 1.10: adamw_update_many, the same shared file as the fake GPU's */
+static void test_adamw_many(void) { adamw_many_run_all(g_k, g_acc); }
 
 static CU_TestInfo cases_cpu_accel[] = {
     {"blas key: auto, openblas, blis", test_blas_key},
@@ -1387,6 +1391,7 @@ static CU_TestInfo cases_cpu_accel[] = {
     {"1.7: 16-bit activation storage (8 entries = the f32 call, rounded as stored; refusals)", test_act16},
     {"1.8: linear_forward_layout's KILN_LAYOUT_ROUND_BIAS = the call with the bias rounded first", test_bias_round},
     {"1.9: sumsq_many = sumsq_ex per tensor, bit for bit", test_sumsq_many},
+    {"1.10: adamw_update_many = adamw_update_ex per tensor, bit for bit", test_adamw_many},
     {"configure threads", test_configure},
     CU_TEST_INFO_NULL,
 };

@@ -693,3 +693,47 @@ cudaError_t kg_adamw_update(cudaStream_t s, int fdt, void *p, const void *g, voi
     if (compute && kc_cast(compute, compute_dtype, p, fdt, n) != 0) return fake_error(cudaErrorInvalidValue);
     return cudaSuccess;
 }
+
+/* The 1.10 list: each tensor checked as device memory of its size, no two
+ * of its 4 x count buffers overlapping (the kernel's threads would race),
+ * then each updated as kg_adamw_update updates it. One launch, none when
+ * every tensor is empty (the grid would have no blocks). The device-side
+ * first[] and decay[] are the CUDA launcher's business and not filled. */
+cudaError_t kg_adamw_update_list(cudaStream_t s, int fdt, kg_adamw_list *list, double lr, double beta1, double beta2,
+                                 double eps, int64_t step) {
+    if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
+    if (!fake_fdt(fdt) || list->count < 0 || list->count > KG_ADAMW_LIST_MAX) return fake_error(cudaErrorInvalidValue);
+    const size_t esz = fake_dt_size(fdt);
+    static const char *const names[4] = {"p[t]", "g[t]", "m[t]", "v[t]"};
+    size_t total = 0;
+    for (int t = 0; t < list->count; t++) {
+        if (list->n[t] == 0) continue;
+        total += list->n[t];
+        const size_t b = list->n[t] * esz;
+        const void *bufs[4] = {list->p[t], list->g[t], list->m[t], list->v[t]};
+        for (int j = 0; j < 4; j++) {
+            cudaError_t e = fake_need_device(__func__, names[j], bufs[j], b);
+            if (e != cudaSuccess) return e;
+        }
+        for (int u = 0; u <= t; u++) {
+            if (list->n[u] == 0) continue;
+            const void *ub[4] = {list->p[u], list->g[u], list->m[u], list->v[u]};
+            for (int j = 0; j < 4; j++)
+                for (int k = u == t ? j + 1 : 0; k < 4; k++)
+                    fake_overlap(__func__, names[j], bufs[j], b, names[k], ub[k], list->n[u] * esz);
+        }
+    }
+    if (total == 0) return cudaSuccess;
+    cudaError_t e = fake_launch(__func__, s, NULL, 0);
+    if (e != cudaSuccess) return e;
+    for (int t = 0; t < list->count; t++) {
+        if (list->n[t] == 0) continue;
+        if (fdt == KG_F32)
+            kc_adamw_update_d(list->p[t], list->g[t], list->m[t], list->v[t], list->n[t], lr, beta1, beta2, eps,
+                              list->weight_decay[t], step);
+        else
+            kc_adamw_update_f64(list->p[t], list->g[t], list->m[t], list->v[t], list->n[t], lr, beta1, beta2, eps,
+                                list->weight_decay[t], step);
+    }
+    return cudaSuccess;
+}

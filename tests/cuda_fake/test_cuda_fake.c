@@ -39,6 +39,7 @@
 #include <CUnit/Basic.h>
 
 #include "cuda_fake_test.h"
+#include "adamw_many_cases.h"
 #include "sumsq_many_cases.h"
 
 kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
@@ -623,6 +624,52 @@ static void test_sumsq_many(void) {
     NO_VIOLATIONS();
 }
 
+/* 1.10's adamw_update_many: the shared cases (tests/support/
+ * adamw_many_cases.h, which the cpu accelerator passes too), then what it
+ * is for: 100 parameters updated in 3 launches (lists of 48, 48 and 4)
+ * where the per-tensor entry takes 100, with no wait and no read-back; a
+ * list of empty tensors launches nothing; a failing launch is a message
+ * naming the entry and the kernel. */
+static void test_adamw_many(void) {
+    const kiln_kernels *k = NULL;
+    kiln_test_clear_log(g_th);
+    kiln_instance *acc = ready(NULL, &k);
+    if (!acc) return;
+    adamw_many_run_all(k, acc);
+    enum { L = 100, N = 64 };
+    float *d = NULL;
+    CU_ASSERT_EQUAL_FATAL(k->alloc(acc, (size_t)4 * L * N * sizeof(float), (void **)&d), KILN_OK);
+    void *p[L], *m[L], *v[L];
+    const void *g[L];
+    size_t n[L];
+    double wd[L];
+    for (int i = 0; i < L; i++) {
+        float *t = d + (size_t)4 * N * i;
+        p[i] = t, g[i] = t + N, m[i] = t + 2 * N, v[i] = t + 3 * N;
+        n[i] = (size_t)(N - i % 7), wd[i] = i % 2 ? 0.1 : 0.0;
+    }
+    const fake_cuda_stats s0 = stats();
+    CU_ASSERT_EQUAL(k->adamw_update_many(acc, KILN_DTYPE_F32, L, p, g, m, v, n, wd, 1e-3, 0.9, 0.999, 1e-8, 1),
+                    KILN_OK);
+    const fake_cuda_stats s1 = stats();
+    CU_ASSERT_EQUAL(s1.kernels - s0.kernels, 3u);
+    CU_ASSERT_EQUAL(s1.syncs - s0.syncs, 0u);
+    CU_ASSERT_EQUAL(s1.d2h_copies - s0.d2h_copies, 0u);
+    size_t zero[L] = {0};
+    CU_ASSERT_EQUAL(k->adamw_update_many(acc, KILN_DTYPE_F32, L, p, g, m, v, zero, wd, 1e-3, 0.9, 0.999, 1e-8, 2),
+                    KILN_OK);
+    CU_ASSERT_EQUAL(stats().kernels - s1.kernels, 0u);
+    env_set("KILN_FAKE_CUDA_FAIL", "kg_adamw_update_list");
+    CU_ASSERT_EQUAL(k->adamw_update_many(acc, KILN_DTYPE_F32, L, p, g, m, v, n, wd, 1e-3, 0.9, 0.999, 1e-8, 2),
+                    KILN_E_CUDA);
+    HAS(kiln_test_error(g_th), "adamw_update_many");
+    HAS(kiln_test_error(g_th), "kg_adamw_update_list");
+    env_clear();
+    k->free(acc, d);
+    g_ops->base.destroy(acc);
+    NO_VIOLATIONS();
+}
+
 /* ====================================================== error paths */
 
 static void test_failing_calls(void) {
@@ -1047,6 +1094,7 @@ static void register_tests(void) {
     CU_add_test(s, "loss backward trusts its forward's label check until written", test_xent_backward_trusts_forward);
     CU_add_test(s, "loss and reductions read back", test_loss_and_reductions);
     CU_add_test(s, "1.9: sumsq_many = sumsq_ex per tensor, with one wait", test_sumsq_many);
+    CU_add_test(s, "1.10: adamw_update_many = adamw_update_ex per tensor, in a launch per 48", test_adamw_many);
     CU_add_test(s, "failing CUDA/cuBLAS calls become messages", test_failing_calls);
     CU_add_test(s, "softmax_xent_backward refuses a bad label", test_xent_backward_bad_label);
     CU_add_test(s, "destroy returns everything", test_destroy_releases_all);

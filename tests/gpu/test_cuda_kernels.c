@@ -101,6 +101,7 @@
 #include <kiln/testing.h>
 
 #include "half_bits.h"
+#include "adamw_many_cases.h"
 #include "sumsq_many_cases.h"
 
 static kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
@@ -1194,6 +1195,13 @@ static void test_sumsq_many(void) {
     for (int s = 0; s < 2; s++) sumsq_many_run_all(g_side[s].k, g_side[s].acc);
 }
 
+/* 1.10's adamw_update_many: the same shared cases, on the device: each
+ * tensor's p, m and v have the bits of its own adamw_update_ex launch (the
+ * list kernel gives each tensor that launch's blocks and coefficients). */
+static void test_adamw_many(void) {
+    for (int s = 0; s < 2; s++) adamw_many_run_all(g_side[s].k, g_side[s].acc);
+}
+
 #include "cuda_seq_cases.inc"
 #include "cuda_act16_cases.inc"
 
@@ -1328,6 +1336,7 @@ static const struct {
     {"adamw_update (and _ex)", test_adamw},
     {"1.3 unscale_check: 60 tensors, inf, overflow, float64", test_unscale_check},
     {"1.9 sumsq_many: each tensor's sumsq_ex, bit for bit", test_sumsq_many},
+    {"1.10 adamw_update_many: each tensor's adamw_update_ex, bit for bit", test_adamw_many},
     {"1.3 linear_forward, 1.6 linear_forward_layout: epilogues, 16-bit rounding, float64, Conv1D", test_linear_forward},
     {"cast, round_to", test_cast_round_to},
     {"1.5 lerp, sign, mul, addcmul, addcdiv, sqrt_ex, clamp: 2 dtypes, in place, edges", test_ew15},

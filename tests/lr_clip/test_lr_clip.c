@@ -62,6 +62,9 @@ static void first_of(const char *path, const char *const lines[], int max, char 
     fclose(f);
 }
 
+/* The optimizer section job() writes, for a --set that keeps it. */
+#define JOB_SGD "optimizer={name=\"sgd\"; lr=0.1;}"
+
 static void job(char *buf, size_t n, const char *trainer_extra, const char *sched, const char *cb, int n_train) {
     snprintf(buf, n,
              "trainer = { max_epochs = 2; num_sanity_val_steps = 0; log_every_n_steps = 1; %s };\n"
@@ -291,11 +294,13 @@ static void test_clipping(void) {
 }
 
 /* mlp (float32 and float64 masters) on toydata's 3 features, 3 epochs
- * clipping as `clip` says, on the cpu accelerator and on `fixture` (the
- * cpu accelerator built against older headers, in the directory named by
- * the environment variable `env`): the same weights bit for bit, and the
- * same logged grad_norm values where `norm`. */
-static void clip_same_on_fixture(const char *env, const char *fixture, const char *clip, int norm) {
+ * clipping as `clip` says, with the optimizer section `optimizer`, on the
+ * cpu accelerator and on `fixture` (the cpu accelerator built against
+ * older headers, in the directory named by the environment variable
+ * `env`): the same weights bit for bit, and the same logged grad_norm
+ * values where `norm`. */
+static void clip_same_on_fixture(const char *env, const char *fixture, const char *clip, const char *optimizer,
+                                 int norm) {
     const char *dir = getenv(env);
     if (!dir) {
         CU_FAIL("a fixture directory's environment variable is not set");
@@ -314,7 +319,7 @@ static void clip_same_on_fixture(const char *env, const char *fixture, const cha
                      w[side]);
             int rc = kiln(body,
                           ARGS("--set", dirs, "--set", accel, "--set", prec, "--set",
-                               "module={name=\"mlp\"; layers=[3, 8, 2];}", "--set", cbs),
+                               "module={name=\"mlp\"; layers=[3, 8, 2];}", "--set", cbs, "--set", optimizer),
                           out, sizeof out);
             tu_require_ok(rc, out);
             csv_column("grad_norm", gn[side], sizeof gn[side]);
@@ -333,7 +338,7 @@ static void clip_same_on_fixture(const char *env, const char *fixture, const cha
  * headers), in float32 and float64. */
 static void test_clip_value_clamp_entry(void) {
     clip_same_on_fixture("KILN_ABI13_FIXTURES", "cpu13:cpu",
-                         "gradient_clip_val = 0.002; gradient_clip_algorithm = \"value\";", 0);
+                         "gradient_clip_val = 0.002; gradient_clip_algorithm = \"value\";", JOB_SGD, 0);
 }
 
 /* Norm clipping through 1.9's sumsq_many (one call for every gradient)
@@ -341,7 +346,17 @@ static void test_clip_value_clamp_entry(void) {
  * the same norms and weights, bit for bit. */
 static void test_clip_norm_sumsq_many(void) {
     clip_same_on_fixture("KILN_ABI18_FIXTURES", "cpu18:cpu",
-                         "gradient_clip_val = 0.002; gradient_clip_algorithm = \"norm\";", 1);
+                         "gradient_clip_val = 0.002; gradient_clip_algorithm = \"norm\";", JOB_SGD, 1);
+}
+
+/* adamw through 1.10's adamw_update_many (one call for every parameter)
+ * against one adamw_update per parameter, which a 1.9 table (cpu19) still
+ * gets: the same weights, bit for bit, with weight decay on the weights
+ * and none on the biases (the list's per-tensor decay), in float32 and
+ * float64. */
+static void test_adamw_update_many(void) {
+    clip_same_on_fixture("KILN_ABI19_FIXTURES", "cpu19:cpu", "gradient_clip_val = 0.5;",
+                         "optimizer={name=\"adamw\"; lr=0.05; weight_decay=0.3; beta2=0.95;}", 1);
 }
 
 static CU_TestInfo cases_lr_clip[] = {
@@ -352,6 +367,7 @@ static CU_TestInfo cases_lr_clip[] = {
     {"clipping by norm and by value", test_clipping},
     {"clipping by value: the clamp entry equals the host loop bit for bit", test_clip_value_clamp_entry},
     {"clipping by norm: sumsq_many equals one sumsq per parameter bit for bit", test_clip_norm_sumsq_many},
+    {"adamw: adamw_update_many equals one update per parameter bit for bit", test_adamw_update_many},
     CU_TEST_INFO_NULL,
 };
 

@@ -348,6 +348,27 @@ typedef struct kiln_kernels {
      * only where n[i] is 0). count 0 is a no-op. */
     int32_t (*sumsq_many)(kiln_instance *acc, uint32_t dtype, const void *const *x, const size_t *n, uint32_t count,
                           double *out);
+
+    /* -- 1.10: check struct_size >= KILN_KERNELS_SIZE_1_10 (and the
+     * pointer) before calling; without it, call adamw_update_ex per
+     * tensor. -- */
+    /* torch.optim.AdamW over a list of tensors (PyTorch's foreach/fused
+     * AdamW), each with its own weight decay:
+     *   adamw_update_ex(dtype, p[i], g[i], m[i], v[i], n[i], lr, beta1,
+     *                   beta2, eps, weight_decay[i], step)   for i < count
+     * bit for bit, in as few launches as the accelerator can: a GPU's
+     * update of a GPT's 148 parameters, most of them small, is a handful of
+     * kernels instead of 148, which the host could not issue as fast as
+     * the GPU runs them. dtype F32 or F64 (F32 rounds the hyperparameters
+     * to float where adamw_update_ex does, so pass (double)(float)x for
+     * adamw_update's bits). p, g, m, v, n and weight_decay are host arrays
+     * of count; the pointers are accelerator memory, NULL only where n[i]
+     * is 0, and no tensor overlaps another's. step is 1-based. count 0 is
+     * a no-op. */
+    int32_t (*adamw_update_many)(kiln_instance *acc, uint32_t dtype, uint32_t count, void *const *p,
+                                 const void *const *g, void *const *m, void *const *v, const size_t *n,
+                                 const double *weight_decay, double lr, double beta1, double beta2, double eps,
+                                 int64_t step);
 } kiln_kernels;
 
 /* kiln_kernels.linear_forward_layout: how a weight matrix is stored. */
@@ -713,6 +734,9 @@ typedef struct kiln_module_ops {
 /* What 1.9 appended. */
 #define KILN_KERNELS_SIZE_1_9 KILN__END(kiln_kernels, sumsq_many)
 
+/* What 1.10 appended. */
+#define KILN_KERNELS_SIZE_1_10 KILN__END(kiln_kernels, adamw_update_many)
+
 /* Layout pins of the 1.1 tables (and what 1.2 appended). */
 #if UINTPTR_MAX == 0xFFFFFFFFFFFFFFFFu
 static_assert(offsetof(kiln_accelerator_ops, kernels) == 40, "kiln_accelerator_ops 1.1");
@@ -738,6 +762,7 @@ static_assert(offsetof(kiln_module_ops, predict_step) == 88, "kiln_module_ops 1.
 static_assert(offsetof(kiln_kernels, lerp) == 376 && offsetof(kiln_kernels, clamp) == 424, "kiln_kernels 1.5");
 static_assert(offsetof(kiln_kernels, linear_forward_layout) == 432, "kiln_kernels 1.6");
 static_assert(offsetof(kiln_kernels, sumsq_many) == 440, "kiln_kernels 1.9");
+static_assert(offsetof(kiln_kernels, adamw_update_many) == 448, "kiln_kernels 1.10");
 static_assert(offsetof(kiln_precision_ops, round_activation) == 80, "kiln_precision_ops 1.5");
 static_assert(offsetof(kiln_step_output, tokens) == 24 && sizeof(kiln_step_output) == 40, "kiln_step_output 1.4");
 #endif
