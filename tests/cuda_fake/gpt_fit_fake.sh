@@ -18,7 +18,9 @@
 # run every GEMM FLOP on the 16-bit tensor cores with no operand converted
 # and no rounding pass (bf16 activations, ABI 1.7), and a run of 9 steps
 # must call cudaMalloc no more often than one of 3 (32-true, bf16-mixed)
-# and wait for the GPU at most 3 times per step more.
+# and wait for the GPU at most 3 times per step more; and the entries a
+# steady-state step calls are counted: one update, one zero_grad, one
+# weight cast, no allocation.
 #   gpt_fit_fake.sh KILN TEXT2TOKENS FAKE_DIR WORK
 set -u
 kiln=$1 t2t=$2 fake=$3 work=$4
@@ -142,6 +144,37 @@ for prec in 32-true bf16-mixed; do
   [ -n "$w3" ] && [ -n "$w9" ] && [ $(( (w9 - w3) )) -le $((6 * 3)) ] ||
     fail "$prec: more than 3 host waits per steady-state step ($w3 in 3 steps, $w9 in 9; 28 parameters clipped)"
 done
+# the launches of a steady-state step, from the profiled entry counts of
+# bf16-mixed runs of 3 and 9 steps: adamw updates every parameter with one
+# adamw_update_many call (ABI 1.10; it was one adamw_update per parameter,
+# 28 here and 148 in GPT-2), zero_grad clears the gradients, which lie side
+# by side, with one zero (was 28), mixed precision refreshes its 10 weight
+# copies with one cast (kiln/nn.h casts 5 output gradients to bf16 per
+# step beside it), and nothing is allocated, not even from the cache (the
+# embedding's bucket index once grew with a batch's distinct tokens)
+calls() { # STEPS -> "entry calls" lines of a profiled bf16-mixed run that long
+  mkdir -p "$work/calls_$1"
+  sed -e "s|max_steps = 12;|max_steps = $1;|" -e "s|limit_val_batches = 4; val_check_interval = 12;|limit_val_batches = 0;|" \
+      -e "s|$work/fake_profile/runs|$work/calls_$1/runs|" -e '/name = "sample"/d' -e 's|{ name = "csv_logger"; },|{ name = "csv_logger"; } );|' \
+      "$work/fake_profile/run.cfg" >"$work/calls_$1/run.cfg"
+  timeout -s KILL 300 "$kiln" fit "$work/calls_$1/run.cfg" >"$work/calls_$1/log" 2>&1 ||
+    { tail -5 "$work/calls_$1/log" >&2; return 1; }
+  sed -n 's/.*cuda: profile: entry \([a-z_0-9]*\) .* \([0-9]*\) calls$/\1 \2/p' "$work/calls_$1/log"
+}
+if calls 3 >"$work/calls3.txt" && calls 9 >"$work/calls9.txt"; then
+  per_step() { # ENTRY -> its calls per steady-state step
+    awk -v e="$1" 'FNR == 1 { f++ } $1 == e { c[f] = $2 } END { printf "%g", (c[2] - c[1]) / 6 }' \
+      "$work/calls3.txt" "$work/calls9.txt"
+  }
+  for spec in "adamw_update_many 1" "adamw_update 0" "zero 1" "cast 6" "alloc 0"; do
+    set -- $spec
+    got=$(per_step "$1")
+    echo "  bf16-mixed: $1 calls per steady-state step: $got (want $2)"
+    [ "$got" = "$2" ] || fail "bf16-mixed: $got $1 calls per steady-state step, want $2"
+  done
+else
+  fail "the profiled 3- and 9-step runs failed"
+fi
 grep -q "gpt: activations stored in bfloat16" "$work/steady_9/log" ||
   fail "bf16-mixed: gpt did not store its activations in bfloat16 on the cuda table (ABI 1.7)"
 [ "$fails" = 0 ] && echo "gpt on the fake cuda accelerator: ok" || exit 1

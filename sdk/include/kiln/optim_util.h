@@ -61,13 +61,30 @@ static inline int kiln_params_any_grad(kiln_parameter *const *params, uint32_t n
     return 0;
 }
 
-/* optimizer.zero_grad(): every gradient to 0 through the accelerator. */
+/* optimizer.zero_grad(): every gradient to 0 through the accelerator.
+ * Gradients that follow each other in memory (the next one starting where
+ * this one ends, as they do in the kiln host's gradient arena whenever the
+ * sizes are multiples of 16 elements: every GPT-2 parameter) are cleared
+ * by one zero call over the run, so a GPU clears a GPT's 148 gradients
+ * with one memset instead of 148. Nothing outside the gradients is
+ * touched: only exact neighbours merge, never across a gap. */
 static inline int32_t kiln_params_zero_grad(const kiln_kernels *k, kiln_instance *acc, kiln_parameter *const *params,
                                             uint32_t n) {
-    for (uint32_t i = 0; i < n; i++) {
-        if (params[i]->numel == 0) continue;
-        int32_t rc = k->zero(acc, params[i]->grad, kiln_param_bytes(params[i]));
-        if (rc != KILN_OK) return rc;
+    unsigned char *run = NULL; /* the run being merged: [run, run + bytes) */
+    size_t bytes = 0;
+    for (uint32_t i = 0; i <= n; i++) {
+        unsigned char *g = i < n ? (unsigned char *)params[i]->grad : NULL;
+        const size_t b = i < n ? kiln_param_bytes(params[i]) : 0;
+        if (i < n && b == 0) continue;
+        if (run && g == run + bytes) { /* the next one: extend the run */
+            bytes += b;
+            continue;
+        }
+        if (run) {
+            int32_t rc = k->zero(acc, run, bytes);
+            if (rc != KILN_OK) return rc;
+        }
+        run = g, bytes = b;
     }
     return KILN_OK;
 }
