@@ -9,7 +9,10 @@
  * averages the gradients with one MPI_Allreduce per bucket of at most
  * bucket_mb MiB, staged through one host buffer allocated in setup() (D2H and
  * H2D through the accelerator's kernel table when its memory is not host
- * memory). The host calls post_backward only on stepping batches, which is
+ * memory). A bucket whose tensors lie back to back in memory (the host's
+ * arenas) needs no staging on host memory or on NCCL: its collective runs
+ * in place, and on NCCL all such buckets are queued together and waited
+ * for once. The host calls post_backward only on stepping batches, which is
  * Lightning's no_sync() around accumulating ones. Every MPI failure becomes a
  * kiln status with a message naming the call and the rank (the communicator
  * is a duplicate of MPI_COMM_WORLD with MPI_ERRORS_RETURN). A dead rank is
@@ -498,9 +501,10 @@ static void ddp_destroy(kiln_instance *self) {
     if (!self) return;
     kiln_logf(self->svc, self->hctx, KILN_LOG_INFO,
               "ddp: rank %d: %" PRIu64 " broadcasts, %" PRIu64 " all-reduces (%" PRIu64 " bytes); broadcast %" PRIu64
-              " bytes, %" PRIu64 " metric reductions, %" PRIu64 " barriers",
+              " bytes, %" PRIu64 " metric reductions, %" PRIu64 " barriers; %" PRIu64
+              " broadcasts and all-reduces in place",
               (int)self->rank, self->n_bcast, self->n_allreduce, self->allreduce_bytes, self->bcast_bytes,
-              self->n_reduce_sum, self->n_barrier);
+              self->n_reduce_sum, self->n_barrier, self->n_in_place);
     ddp_release(self);
     free(self);
 }
@@ -524,7 +528,7 @@ static void ddp_plan(const kiln_instance *self, kiln_parameter *const *params, u
         int64_t off = 0;
         while (off < params[i]->numel) {
             if (open_dtype != dt || room == 0) { /* open a bucket */
-                if (buckets) buckets[b] = (ddp_bucket){s, 0, dt, 0};
+                if (buckets) buckets[b] = (ddp_bucket){s, 0, dt, 0, {NULL, NULL}};
                 b++;
                 open_dtype = dt;
                 room = cap;
@@ -543,6 +547,30 @@ static void ddp_plan(const kiln_instance *self, kiln_parameter *const *params, u
     }
     *nseg = s;
     *nb = b;
+}
+
+/* Sets each bucket's run[]: its weights' and gradients' memory when the
+ * segments follow each other without a gap (the host's arenas hold a
+ * model's parameters back to back whenever their sizes are multiples of 16
+ * elements, so every GPT-2 bucket qualifies), NULL otherwise. */
+static void ddp_find_runs(kiln_instance *self) {
+    for (uint32_t b = 0; b < self->nbuckets; b++) {
+        ddp_bucket *bk = &self->buckets[b];
+        const size_t esz = kiln_dtype_size(bk->dtype);
+        for (int which = 0; which < 2; which++) {
+            uintptr_t start = 0, end = 0;
+            int whole = bk->nseg > 0;
+            for (uint32_t k = 0; k < bk->nseg && whole; k++) {
+                const ddp_segment *sg = &self->segs[bk->first_seg + k];
+                const kiln_parameter *p = self->params[sg->param];
+                const uintptr_t at = (uintptr_t)(which ? (void *)p->grad : (void *)p->data) + (uintptr_t)sg->offset * esz;
+                if (k == 0) start = at;
+                else whole = at == end;
+                end = at + (uintptr_t)sg->count * esz;
+            }
+            bk->run[which] = whole ? (void *)start : NULL;
+        }
+    }
 }
 
 /* Copy a bucket's `which` tensors (0: data, 1: grad) into the staging buffer
@@ -611,8 +639,9 @@ static int32_t ddp_stage_dev(kiln_instance *self, const ddp_bucket *bk, int whic
     return to_buf ? ddp_acc_sync(self) : KILN_OK;
 }
 
-/* Chooses NCCL when the parameters are CUDA device memory and there is more
- * than one rank; allocates the device bucket buffer. */
+/* Chooses NCCL when the parameters are CUDA device memory (on any number
+ * of ranks); allocates the device bucket buffer when some bucket does not
+ * lie in one piece and must be packed into it. */
 static int32_t ddp_setup_nccl(kiln_instance *self, kiln_parameter *const *params, uint32_t n) {
     if (self->host_memory || n == 0 || !self->K->alloc) return KILN_OK;
     int is_dev = 0;
@@ -620,13 +649,80 @@ static int32_t ddp_setup_nccl(kiln_instance *self, kiln_parameter *const *params
     if (!is_dev) return KILN_OK;
     int32_t rc = ddp_nccl_init(self);
     if (rc) return rc;
+    int staged = 0;
+    for (uint32_t b = 0; b < self->nbuckets; b++) staged |= !self->buckets[b].run[0] || !self->buckets[b].run[1];
+    self->use_nccl = 1;
+    if (!staged) return KILN_OK;
     rc = self->K->alloc(self->acc, self->buf_bytes ? self->buf_bytes : 1, &self->dbuf);
     if (rc)
         return kiln_errorf(self->svc, self->hctx, rc, "ddp: rank %d: cannot allocate a %zu-byte device bucket (%s)",
                            (int)self->rank, self->buf_bytes, kiln_status_name(rc));
-    self->use_nccl = 1;
     return KILN_OK;
 }
+
+/* At most this many in-place collectives are queued on NCCL's stream
+ * before the host waits for them: far more than a step needs (GPT-2 124M
+ * has 20 buckets of 25 MiB) and a bound on what is outstanding. */
+#define DDP_NCCL_QUEUED 32
+
+/* One bucket's collective on NCCL: in place on `run` when the bucket lies
+ * in one piece, queued behind the earlier ones (*queued counts them, and
+ * the host waits for all of them when DDP_NCCL_QUEUED are out); else
+ * packed into dbuf, run and waited for (which also finishes the queued
+ * ones), and unpacked. which: 0 broadcasts the weights from rank 0, 1
+ * averages the gradients. */
+static int32_t ddp_nccl_bucket(kiln_instance *self, const ddp_bucket *bk, int which, uint32_t *queued) {
+    int32_t rc;
+    const char *what = which ? "ncclAllReduce(gradients, AVG)" : "ncclBroadcast(parameters)";
+    void *run = bk->run[which];
+    if (run) {
+        if (*queued == DDP_NCCL_QUEUED) {
+            if ((rc = ddp_nccl_wait(self, what))) return rc;
+            *queued = 0;
+        }
+        rc = which ? ddp_nccl_allreduce_avg(self, run, bk->count, bk->dtype, 0)
+                   : ddp_nccl_bcast(self, run, bk->count, bk->dtype, 0);
+        if (rc) return rc;
+        ++*queued;
+        self->n_in_place++;
+        return KILN_OK;
+    }
+    /* every rank waits for the accelerator's stream before NCCL writes
+     * dbuf: K->alloc's zero fill and the previous bucket's unpack copies
+     * are queued there, and would otherwise land after (or read during)
+     * the collective */
+    if ((which || self->rank == 0) && (rc = ddp_stage_dev(self, bk, which, 1))) return rc;
+    if (!which && self->rank != 0 && (rc = ddp_acc_sync(self))) return rc;
+    rc = which ? ddp_nccl_allreduce_avg(self, self->dbuf, bk->count, bk->dtype, 1)
+               : ddp_nccl_bcast(self, self->dbuf, bk->count, bk->dtype, 1);
+    if (rc) return rc;
+    *queued = 0;
+    if ((which || self->rank != 0) && (rc = ddp_stage_dev(self, bk, which, 0))) return rc;
+    return KILN_OK;
+}
+
+/* Every bucket's collective on NCCL, after one wait for the accelerator's
+ * stream (the module's initial weights, or the backward's gradients, and
+ * the arena's zero fill are queued there; NCCL reads from its own stream),
+ * then one wait for NCCL's stream at the end: two waits per step for a
+ * model whose buckets all lie in one piece, instead of two per bucket. */
+static int32_t ddp_nccl_all(kiln_instance *self, int which) {
+    int32_t rc = ddp_acc_sync(self);
+    if (rc) return rc;
+    uint32_t queued = 0;
+    for (uint32_t b = 0; b < self->nbuckets; b++) {
+        const ddp_bucket *bk = &self->buckets[b];
+        if ((rc = ddp_nccl_bucket(self, bk, which, &queued))) return rc;
+        const uint64_t bytes = (uint64_t)bk->count * kiln_dtype_size(bk->dtype);
+        if (which) self->n_allreduce++, self->allreduce_bytes += bytes;
+        else self->n_bcast++, self->bcast_bytes += bytes;
+    }
+    return queued ? ddp_nccl_wait(self, which ? "ncclAllReduce(gradients, AVG)" : "ncclBroadcast(parameters)")
+                  : KILN_OK;
+}
+
+static int32_t ddp_nccl_params(kiln_instance *self) { return ddp_nccl_all(self, 0); }
+static int32_t ddp_nccl_grads(kiln_instance *self) { return ddp_nccl_all(self, 1); }
 #endif
 
 /* ------------------------------------------------------------------------ */
@@ -668,6 +764,7 @@ static int32_t ddp_setup(kiln_instance *self, kiln_parameter *const *params, uin
     if (!self->segs || !self->buckets)
         return kiln_errorf(self->svc, self->hctx, KILN_E_NOMEM, "ddp: out of memory planning %u buckets", nb);
     ddp_plan(self, params, n, self->segs, &self->nseg, self->buckets, &self->nbuckets);
+    ddp_find_runs(self);
     size_t largest = 0;
     for (uint32_t b = 0; b < self->nbuckets; b++) {
         const size_t bytes = (size_t)self->buckets[b].count * kiln_dtype_size(self->buckets[b].dtype);
@@ -678,8 +775,11 @@ static int32_t ddp_setup(kiln_instance *self, kiln_parameter *const *params, uin
     if (!self->buf)
         return kiln_errorf(self->svc, self->hctx, KILN_E_NOMEM, "ddp: cannot allocate a %zu-byte bucket buffer",
                            largest);
-    kiln_logf(self->svc, self->hctx, KILN_LOG_DEBUG, "ddp: rank %d: %u parameters in %u buckets of <= %zu bytes",
-              (int)self->rank, n, self->nbuckets, self->bucket_bytes);
+    uint32_t whole = 0;
+    for (uint32_t b = 0; b < self->nbuckets; b++) whole += self->buckets[b].run[0] && self->buckets[b].run[1];
+    kiln_logf(self->svc, self->hctx, KILN_LOG_DEBUG,
+              "ddp: rank %d: %u parameters in %u buckets of <= %zu bytes, %u of them in one piece (reduced in place)",
+              (int)self->rank, n, self->nbuckets, self->bucket_bytes, whole);
 
 #ifdef KILN_DDP_NCCL
     /* device memory takes NCCL even on one rank (as torch's DDP on one GPU
@@ -696,34 +796,24 @@ static int32_t ddp_setup(kiln_instance *self, kiln_parameter *const *params, uin
     if (self->world == 1) return KILN_OK; /* nothing to agree on */
 #endif
     /* Rank 0's weights everywhere, one broadcast per bucket. */
+#ifdef KILN_DDP_NCCL
+    if (self->use_nccl) return ddp_nccl_params(self);
+#endif
     for (uint32_t b = 0; b < self->nbuckets; b++) {
         const ddp_bucket *bk = &self->buckets[b];
         int32_t rc;
-#ifdef KILN_DDP_NCCL
-        if (self->use_nccl) {
-            if (self->rank == 0 && (rc = ddp_stage_dev(self, bk, 0, 1))) return rc;
-            /* every rank waits for the accelerator's stream before NCCL
-             * writes dbuf: K->alloc's zero fill and the previous bucket's
-             * unpack copies are queued there, and would otherwise land after
-             * (or read during) the broadcast */
-            if ((rc = ddp_acc_sync(self))) return rc;
-            if ((rc = ddp_nccl_bcast(self, self->dbuf, bk->count, bk->dtype))) return rc;
-            if (self->rank != 0 && (rc = ddp_stage_dev(self, bk, 0, 0))) return rc;
-            self->n_bcast++;
-            self->bcast_bytes += (uint64_t)bk->count * kiln_dtype_size(bk->dtype);
-            continue;
-        }
-#endif
-        if (self->rank == 0 && (rc = ddp_stage(self, bk, 0, 1))) return rc;
+        /* on host memory a bucket in one piece is broadcast where it is */
+        void *buf = self->host_memory && bk->run[0] ? bk->run[0] : self->buf;
+        if (self->rank == 0 && buf == self->buf && (rc = ddp_stage(self, bk, 0, 1))) return rc;
         if (self->dead) return ddp_dead(self, "MPI_Bcast(parameters)");
         MPI_Request req;
-        int err = DDP_BLOCKING(self) ? MPI_Bcast(self->buf, (int)bk->count, ddp_mpi_type(bk->dtype), 0, self->comm)
-                                     : MPI_Ibcast(self->buf, (int)bk->count, ddp_mpi_type(bk->dtype), 0, self->comm,
-                                                  &req);
+        int err = DDP_BLOCKING(self) ? MPI_Bcast(buf, (int)bk->count, ddp_mpi_type(bk->dtype), 0, self->comm)
+                                     : MPI_Ibcast(buf, (int)bk->count, ddp_mpi_type(bk->dtype), 0, self->comm, &req);
         if (err != MPI_SUCCESS) return ddp_mpi_fail(self, err, "MPI_Bcast(parameters)");
         if (!DDP_BLOCKING(self) && (rc = ddp_wait(self, &req, "MPI_Ibcast(parameters)"))) return rc;
-        if (self->rank != 0 && (rc = ddp_stage(self, bk, 0, 0))) return rc;
+        if (self->rank != 0 && buf == self->buf && (rc = ddp_stage(self, bk, 0, 0))) return rc;
         self->n_bcast++;
+        self->n_in_place += buf != self->buf;
         self->bcast_bytes += (uint64_t)bk->count * kiln_dtype_size(bk->dtype);
     }
     return KILN_OK;
@@ -742,45 +832,40 @@ static int32_t ddp_pre_backward(kiln_instance *self) {
 }
 
 /* The gradient average: sum every bucket across ranks, divide by the world
- * size on the host (before unpacking, so the device sees one write). */
+ * size on the host (before unpacking, so the device sees one write); on
+ * host memory a bucket in one piece is summed and divided where it is. */
 static int32_t ddp_post_backward(kiln_instance *self) {
     if (self->world == 1 && !self->use_nccl) return KILN_OK;
     if (!self->buf && self->nbuckets)
         return kiln_errorf(self->svc, self->hctx, KILN_E_STATE, "ddp: post_backward called before setup");
+#ifdef KILN_DDP_NCCL
+    if (self->use_nccl) return ddp_nccl_grads(self);
+#endif
     const double w = (double)self->world;
     for (uint32_t b = 0; b < self->nbuckets; b++) {
         const ddp_bucket *bk = &self->buckets[b];
         int32_t rc;
-#ifdef KILN_DDP_NCCL
-        if (self->use_nccl) {
-            if ((rc = ddp_stage_dev(self, bk, 1, 1))) return rc;
-            if ((rc = ddp_nccl_allreduce_avg(self, self->dbuf, bk->count, bk->dtype))) return rc;
-            if ((rc = ddp_stage_dev(self, bk, 1, 0))) return rc;
-            self->n_allreduce++;
-            self->allreduce_bytes += (uint64_t)bk->count * kiln_dtype_size(bk->dtype);
-            continue;
-        }
-#endif
-        rc = ddp_stage(self, bk, 1, 1);
-        if (rc) return rc;
+        void *buf = self->host_memory && bk->run[1] ? bk->run[1] : self->buf;
+        if (buf == self->buf && (rc = ddp_stage(self, bk, 1, 1))) return rc;
         if (self->dead) return ddp_dead(self, "MPI_Allreduce(gradients, SUM)");
         MPI_Request req;
-        int err = DDP_BLOCKING(self) ? MPI_Allreduce(MPI_IN_PLACE, self->buf, (int)bk->count,
-                                                     ddp_mpi_type(bk->dtype), MPI_SUM, self->comm)
-                                     : MPI_Iallreduce(MPI_IN_PLACE, self->buf, (int)bk->count,
-                                                      ddp_mpi_type(bk->dtype), MPI_SUM, self->comm, &req);
+        int err = DDP_BLOCKING(self) ? MPI_Allreduce(MPI_IN_PLACE, buf, (int)bk->count, ddp_mpi_type(bk->dtype),
+                                                     MPI_SUM, self->comm)
+                                     : MPI_Iallreduce(MPI_IN_PLACE, buf, (int)bk->count, ddp_mpi_type(bk->dtype),
+                                                      MPI_SUM, self->comm, &req);
         if (err != MPI_SUCCESS) return ddp_mpi_fail(self, err, "MPI_Allreduce(gradients, SUM)");
         if (!DDP_BLOCKING(self) && (rc = ddp_wait(self, &req, "MPI_Iallreduce(gradients, SUM)"))) return rc;
         if (bk->dtype == KILN_DTYPE_F64) {
-            double *g = self->buf; /* (bk->count) */
+            double *g = buf; /* (bk->count) */
             for (int64_t i = 0; i < bk->count; i++) g[i] /= w;
         } else {
-            float *g = self->buf; /* (bk->count) */
+            float *g = buf; /* (bk->count) */
             const float wf = (float)w;
             for (int64_t i = 0; i < bk->count; i++) g[i] /= wf;
         }
-        if ((rc = ddp_stage(self, bk, 1, 0))) return rc;
+        if (buf == self->buf && (rc = ddp_stage(self, bk, 1, 0))) return rc;
         self->n_allreduce++;
+        self->n_in_place += buf != self->buf;
         self->allreduce_bytes += (uint64_t)bk->count * kiln_dtype_size(bk->dtype);
     }
     return KILN_OK;

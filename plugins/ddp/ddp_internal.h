@@ -30,6 +30,10 @@ typedef struct ddp_bucket {
     uint32_t first_seg, nseg;
     uint32_t dtype;   /* KILN_DTYPE_F32 or KILN_DTYPE_F64                   */
     int64_t count;    /* elements in the bucket (sum of its segments)       */
+    /* where the bucket's weights (run[0]) and gradients (run[1]) lie in
+     * one piece of memory, as they do in the host's arenas: the collective
+     * works there in place, with no staging copies; NULL: staged */
+    void *run[2];
 } ddp_bucket;
 
 struct kiln_instance {
@@ -81,6 +85,7 @@ struct kiln_instance {
     uint64_t n_bcast, bcast_bytes;
     uint64_t n_allreduce, allreduce_bytes;
     uint64_t n_reduce_sum, n_barrier;
+    uint64_t n_in_place;     /* broadcasts and all-reduces of them in place  */
 };
 
 /* Waits for a non-blocking MPI collective until timeout_s (ddp.c); on a
@@ -107,10 +112,14 @@ void ddp_nccl_is_device(const void *ptr, int *is_device);
  * TCP), non-blocking so timeout_s bounds it; a failure of rank 0's
  * ncclGetUniqueId travels in place of the id, so every rank fails at once. */
 int32_t ddp_nccl_init(kiln_instance *self);
-/* In place on device memory, on NCCL's own stream, waiting for it:
- * broadcast from rank 0, or all-reduce with the average. */
-int32_t ddp_nccl_bcast(kiln_instance *self, void *dev, int64_t count, uint32_t dtype);
-int32_t ddp_nccl_allreduce_avg(kiln_instance *self, void *dev, int64_t count, uint32_t dtype);
+/* In place on device memory, on NCCL's own stream: broadcast from rank 0,
+ * or all-reduce with the average. wait: until NCCL's stream has finished
+ * it (and everything before it); 0: only until NCCL has issued it, so
+ * several can be queued and waited for together with ddp_nccl_wait, which
+ * watches for NCCL's asynchronous errors and timeout_s the same way. */
+int32_t ddp_nccl_bcast(kiln_instance *self, void *dev, int64_t count, uint32_t dtype, int wait);
+int32_t ddp_nccl_allreduce_avg(kiln_instance *self, void *dev, int64_t count, uint32_t dtype, int wait);
+int32_t ddp_nccl_wait(kiln_instance *self, const char *what);
 /* The host collectives of a tcp-bootstrapped job, on NCCL through a device
  * staging buffer (self->hdev); they create the communicator on first use.
  * barrier is a one-value sum. */

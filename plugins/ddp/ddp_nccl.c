@@ -279,29 +279,36 @@ static ncclDataType_t ddp_nccl_type(uint32_t dtype) { return dtype == KILN_DTYPE
  * is the normal answer of a non-blocking communicator: being issued), then
  * the watchdog. An immediate error aborts too: the peers have issued theirs
  * and would wait for this rank's share for ever. */
-static int32_t ddp_nccl_issued(kiln_instance *self, ddp_nccl *n, ncclResult_t r, const char *what) {
+static int32_t ddp_nccl_issued(kiln_instance *self, ddp_nccl *n, ncclResult_t r, const char *what, int wait) {
     if (r != ncclSuccess && r != ncclInProgress) {
         int32_t rc = ddp_nccl_fail(self, r, what);
         ddp_nccl_abort(self, n, "an earlier NCCL collective failed and its communicator was aborted");
         return rc;
     }
-    return ddp_nccl_poll(self, n, what, 1);
+    return ddp_nccl_poll(self, n, what, wait);
 }
 
-int32_t ddp_nccl_bcast(kiln_instance *self, void *dev, int64_t count, uint32_t dtype) {
+int32_t ddp_nccl_bcast(kiln_instance *self, void *dev, int64_t count, uint32_t dtype, int wait) {
     ddp_nccl *n = self->nccl;
     const char *what = "ncclBroadcast(parameters)";
     if (self->dead || !n) return ddp_dead(self, what);
     return ddp_nccl_issued(self, n, ncclBroadcast(dev, dev, (size_t)count, ddp_nccl_type(dtype), 0, n->comm, n->stream),
-                           what);
+                           what, wait);
 }
 
-int32_t ddp_nccl_allreduce_avg(kiln_instance *self, void *dev, int64_t count, uint32_t dtype) {
+int32_t ddp_nccl_allreduce_avg(kiln_instance *self, void *dev, int64_t count, uint32_t dtype, int wait) {
     ddp_nccl *n = self->nccl;
     const char *what = "ncclAllReduce(gradients, AVG)";
     if (self->dead || !n) return ddp_dead(self, what);
     return ddp_nccl_issued(
-        self, n, ncclAllReduce(dev, dev, (size_t)count, ddp_nccl_type(dtype), ncclAvg, n->comm, n->stream), what);
+        self, n, ncclAllReduce(dev, dev, (size_t)count, ddp_nccl_type(dtype), ncclAvg, n->comm, n->stream), what,
+        wait);
+}
+
+int32_t ddp_nccl_wait(kiln_instance *self, const char *what) {
+    ddp_nccl *n = self->nccl;
+    if (self->dead || !n) return ddp_dead(self, what);
+    return ddp_nccl_poll(self, n, what, 1);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -360,7 +367,7 @@ int32_t ddp_nccl_host_sum(kiln_instance *self, double *values, uint32_t n, const
     if (rc || (rc = ddp_host_copy(self, self->hdev, values, bytes, KILN_COPY_H2D))) return rc;
     ddp_nccl *nc = self->nccl;
     rc = ddp_nccl_issued(self, nc, ncclAllReduce(self->hdev, self->hdev, n, ncclFloat64, ncclSum, nc->comm, nc->stream),
-                         what);
+                         what, 1);
     return rc ? rc : ddp_host_copy(self, values, self->hdev, bytes, KILN_COPY_D2H);
 }
 
@@ -371,7 +378,7 @@ int32_t ddp_nccl_host_bcast(kiln_instance *self, void *buf, size_t bytes, int32_
     if (rc || (self->rank == root && (rc = ddp_host_copy(self, self->hdev, buf, bytes, KILN_COPY_H2D)))) return rc;
     ddp_nccl *nc = self->nccl;
     rc = ddp_nccl_issued(self, nc, ncclBroadcast(self->hdev, self->hdev, bytes, ncclUint8, root, nc->comm, nc->stream),
-                         what);
+                         what, 1);
     return rc ? rc : ddp_host_copy(self, buf, self->hdev, bytes, KILN_COPY_D2H);
 }
 
@@ -385,7 +392,7 @@ int32_t ddp_nccl_host_gather(kiln_instance *self, const void *send, size_t bytes
     unsigned char *mine = (unsigned char *)self->hdev + (size_t)self->rank * bytes;
     if ((rc = ddp_host_copy(self, mine, send, bytes, KILN_COPY_H2D))) return rc;
     ddp_nccl *nc = self->nccl;
-    rc = ddp_nccl_issued(self, nc, ncclAllGather(mine, self->hdev, bytes, ncclUint8, nc->comm, nc->stream), what);
+    rc = ddp_nccl_issued(self, nc, ncclAllGather(mine, self->hdev, bytes, ncclUint8, nc->comm, nc->stream), what, 1);
     return rc ? rc : ddp_host_copy(self, recv, self->hdev, total, KILN_COPY_D2H);
 }
 

@@ -22,7 +22,9 @@
 # at once, with one line, and never reach ncclCommDestroy; (j) a rank lost
 # between the id exchange and NCCL's init: the others' init ends after
 # timeout_s with a line naming rank, world size and seconds; (k) rank 0's
-# ncclGetUniqueId fails: every rank stops at once, over MPI and over TCP.
+# ncclGetUniqueId fails: every rank stops at once, over MPI and over TCP;
+# (l) buckets in one piece in memory run in place (no packing), and a
+# layout with a gap mixes an in-place and a staged bucket correctly.
 # (g) also covers the rendezvous authenticated with KILN_RDZV_SECRET, rank
 # 0's warning when it is unset, and a Slurm launch without MPI (rendezvous
 # host and port from the job). The failures are injected into the fake NCCL (KILN_FAKE_NCCL_FAIL), and no
@@ -51,7 +53,7 @@ trainer = { max_epochs = 1; seed = 42; default_root_dir = "$tmp/$tag/runs"; limi
   num_sanity_val_steps = 0; threads = 1; log_every_n_steps = ${LOGN:-1}; $extra };
 accelerator = "$accel"; precision = $prec; strategy = $strat;
 data = { name = "idx"; dir = "$data"; batch_size = $batch; };
-module = { name = "mlp"; layers = [784, 64, 10]; activation = "relu"; };
+module = { name = "mlp"; layers = ${LAYERS:-[784, 64, 10]}; activation = "relu"; };
 optimizer = { name = "sgd"; lr = 0.1; momentum = 0.0; };
 callbacks = ( { name = "ddpdump"; path = "$tmp/$tag/w"; } $cb );
 CFG
@@ -78,6 +80,14 @@ expect_counts() { # TAG NRANKS ALLREDUCES BROADCASTS
   done
   echo "  $1: fake NCCL per rank: $3 all-reduces (ncclAvg), $4 broadcasts"
 }
+# "ddp: rank R: ... barriers; N broadcasts and all-reduces in place"
+expect_in_place() { # TAG NRANKS N
+  for ((r = 0; r < $2; r++)); do
+    local c; c=$(sed -n "s/.*ddp: rank $r: .* barriers; \([0-9]*\) broadcasts and all-reduces in place.*/\1/p" "$tmp/$1/log" | head -1)
+    [ "$c" = "$3" ] || fail "$1 rank $r: '$c' collectives in place, expected $3"
+  done
+  echo "  $1: $3 collectives in place per rank"
+}
 expect_nccl_line() { # TAG NRANKS
   for ((r = 0; r < $2; r++)); do
     grep -q "ddp: rank $r: NCCL [0-9.]* on device" "$tmp/$1/log" || fail "$1: rank $r did not log ddp's NCCL line"
@@ -94,6 +104,9 @@ cmp -s "$tmp/mpi/w.0" "$tmp/mpi/w.1" || fail "real ddp over MPI: ranks differ (r
 if run nccl 2 cudafake:cuda '"ddpfake:ddp"' 64 "limit_train_batches = 5;"; then
   expect_nccl_line nccl 2
   expect_counts nccl 2 5 1
+  # mlp's tensors lie back to back in the host's arenas: the bucket is
+  # broadcast and averaged where it is, with no packing copies
+  expect_in_place nccl 2 6
   cmp -s "$tmp/nccl/w.0" "$tmp/nccl/w.1" || { fail "nccl: ranks 0 and 1 end with different weights"; close "$tmp/nccl/w.0" "$tmp/nccl/w.1" 0 "nccl rank 0 vs rank 1"; }
   for r in 0 1; do
     close "$tmp/ref128/w.0" "$tmp/nccl/w.$r" 1e-5 "1 process x 128 (cpu) vs NCCL rank $r (2 x 64)" ||
@@ -113,6 +126,24 @@ if run accum 2 cudafake:cuda '{ name = "ddpfake:ddp"; bucket_mb = 0.1; }' 64 \
   cmp -s "$tmp/accum/w.0" "$tmp/accum/w.1" || fail "accum (2 buckets): ranks 0 and 1 end with different weights"
 else
   cat "$tmp/accum/log"; fail "the 2-bucket accumulating NCCL run failed"
+fi
+
+# (l) a layout with a gap: a hidden width of 60 pads the first bias to 64
+# floats in the host's arena, so with bucket_mb 0.1 the first bucket (part
+# of the first weight) runs in place, queued, and the second (the rest of
+# it, the bias, the gap, the second layer) is packed into the device bucket
+# after it: both paths in one step, against the real ddp over MPI.
+LAYERS='[784, 60, 10]' run mpigap 2 cpu '{ name = "ddp"; bucket_mb = 0.1; }' 64 "limit_train_batches = 5;" ||
+  { cat "$tmp/mpigap/log"; exit 1; }
+if LAYERS='[784, 60, 10]' run gap 2 cudafake:cuda '{ name = "ddpfake:ddp"; bucket_mb = 0.1; }' 64 \
+     "limit_train_batches = 5;"; then
+  expect_counts gap 2 10 2
+  expect_in_place gap 2 6
+  cmp -s "$tmp/gap/w.0" "$tmp/gap/w.1" || fail "gap: ranks 0 and 1 end with different weights"
+  close "$tmp/mpigap/w.0" "$tmp/gap/w.0" 1e-5 "real ddp over MPI vs NCCL, a staged and an in-place bucket" ||
+    fail "gap: NCCL with a staged and an in-place bucket differs from the real ddp over MPI"
+else
+  cat "$tmp/gap/log"; fail "(l) the NCCL run with a staged bucket failed"
 fi
 
 # (e) one process: still NCCL (device memory), the same as the 1-process run.
