@@ -139,6 +139,11 @@ static void mx_destroy(kiln_instance *self) {
 
 /* ----------------------------------------------------------------- setup */
 
+/* The most elements of a parameter without a copy (a bias, a norm) that a
+ * span converts in passing: 384 KB of traffic, a fraction of a launch's
+ * cost on a GPU. A larger one (an unusual 1-D table) ends the span. */
+#define MX_SPAN_SKIP 65536
+
 /* Whether a parameter gets a compute copy: a weight (ndim >= 2) with elements. */
 static int mx_wants_copy(const kiln_parameter *p) { return p->ndim >= 2 && p->numel > 0; }
 
@@ -189,9 +194,11 @@ static int32_t mx_setup(kiln_instance *self, kiln_parameter *const *params, uint
         }
         /* the span: from weight i through the last weight j whose masters
          * continue i's without a gap, each copy on a 16-byte boundary
-         * (the alignment a GEMM's vector loads need) */
+         * (the alignment a GEMM's vector loads need), never across a 1-D
+         * parameter larger than a launch is worth (MX_SPAN_SKIP) */
         uint32_t last = i, j = i;
-        while (j + 1 < n && mx_follows(params[j], params[j + 1]) && mx_gap(params[i], params[j + 1]) * esz % 16 == 0) {
+        while (j + 1 < n && mx_follows(params[j], params[j + 1]) && mx_gap(params[i], params[j + 1]) * esz % 16 == 0 &&
+               (mx_wants_copy(params[j + 1]) || params[j + 1]->numel <= MX_SPAN_SKIP)) {
             j++;
             if (mx_wants_copy(params[j])) last = j;
         }

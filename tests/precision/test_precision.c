@@ -122,6 +122,59 @@ static void test_bf16_compute_copy(void) {
     env_end();
 }
 
+/* Masters laid out back to back, as the host's arena lays them out: the
+ * weights' copies share one buffer (each at its master's offset, two bytes
+ * per element) and convert together, the bias between them converted in
+ * passing; a 1-D parameter larger than MX_SPAN_SKIP (65536 elements) and a
+ * master not adjacent to the previous one start new buffers. Every copy
+ * holds its weight's bf16 values; biases keep compute = masters. */
+static void test_copies_share_spans(void) {
+    kiln_test_reset(g_th);
+    enum { NPAR = 6 };
+    const int64_t s44[2] = {4, 4}, s16[1] = {16}, s28[2] = {2, 8}, sbig[1] = {70000};
+    kiln_parameter *q[NPAR] = {fixture_param(g_th, "w1", 2, s44, 0), fixture_param(g_th, "b1", 1, s16, 0),
+                               fixture_param(g_th, "w2", 2, s28, 0), fixture_param(g_th, "big", 1, sbig, 0),
+                               fixture_param(g_th, "w3", 2, s28, 0), fixture_param(g_th, "w4", 2, s44, 0)};
+    CU_ASSERT_EQUAL_FATAL(kiln_test_alloc_params(g_th), 0);
+    g_acc = fixture_accel_install(g_th, g_cpu);
+    /* one arena: w1 b1 w2 big w3, then a gap of 16 floats before w4 */
+    const size_t at[NPAR] = {0, 16, 32, 48, 70048, 70080};
+    float *arena = calloc(70096, sizeof(float)), *own[NPAR];
+    CU_ASSERT_FATAL(arena != NULL);
+    for (int i = 0; i < NPAR; i++) {
+        own[i] = q[i]->data;
+        q[i]->data = arena + at[i];
+        for (int64_t e = 0; e < q[i]->numel; e++) q[i]->data[e] = 1.0f + (float)(i * 100 + e) * 0x1p-10f;
+    }
+    kiln_instance *p = NULL;
+    CU_ASSERT_EQUAL_FATAL(pops(g_mbf)->base.create(g_mbf->plugin_ctx, kiln_test_services(g_th), kiln_test_hctx(g_th), NULL, &p), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(pops(g_mbf)->setup(p, kiln_test_params(g_th), kiln_test_param_count(g_th)), KILN_OK);
+    const char *c0 = q[0]->compute;
+    CU_ASSERT_PTR_EQUAL(q[2]->compute, c0 + 32 * 2); /* w2 in w1's buffer, at its master's offset */
+    CU_ASSERT_PTR_EQUAL(q[1]->compute, q[1]->data);  /* biases and norms: their masters */
+    CU_ASSERT_PTR_EQUAL(q[3]->compute, q[3]->data);
+    CU_ASSERT((const char *)q[4]->compute != c0 + 70048 * 2); /* past the large 1-D one: a buffer of its own */
+    CU_ASSERT((const char *)q[5]->compute != (const char *)q[4]->compute + 32 * 2); /* after the gap: likewise */
+    CU_ASSERT_EQUAL_FATAL(pops(g_mbf)->convert_params(p), KILN_OK);
+    int bad = 0;
+    for (int i = 0; i < NPAR; i++) {
+        if (q[i]->ndim < 2) continue;
+        CU_ASSERT_EQUAL(q[i]->compute_dtype, KILN_DTYPE_BF16);
+        const uint16_t *h = q[i]->compute;
+        for (int64_t e = 0; e < q[i]->numel; e++) {
+            uint32_t bits;
+            memcpy(&bits, &q[i]->data[e], sizeof bits);
+            const uint32_t rne = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16; /* finite values */
+            bad += h[e] != (uint16_t)rne;
+        }
+    }
+    CU_ASSERT_EQUAL(bad, 0);
+    pops(g_mbf)->base.destroy(p);
+    for (int i = 0; i < NPAR; i++) q[i]->data = own[i];
+    free(arena);
+    env_end();
+}
+
 /* ---------------------------------------------------------------- scaler */
 
 typedef struct {
@@ -689,6 +742,7 @@ static void test_config_check_refusals(void) {
 static CU_TestInfo cases_precision[] = {
     {"fp16 compute copies round to nearest even", test_fp16_compute_copy},
     {"bf16 compute copies round to nearest even", test_bf16_compute_copy},
+    {"copies of adjacent masters share a buffer and a cast", test_copies_share_spans},
     {"scaler: skip, back off, grow, state", test_scaler_skip_backoff_growth},
     {"scaler: the same with a 1.2 kernel table (scale + all_finite)", test_scaler_table_1_2},
     {"fit: the same weights on 1.2- and 1.3-built cpu accelerators", test_same_weights_on_older_accelerators},
