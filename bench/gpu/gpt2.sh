@@ -145,6 +145,17 @@ def measure(tag, attention, memfile, proflog):
             m = re.search(r"classifier chunks of (\d+) rows", line)
             if m:
                 row["classifier_chunk_rows"] = int(m.group(1))
+            # the kernel-table calls of the 12 profiled steps (set-up
+            # included): the optimizer's (one adamw_update_many per step,
+            # ABI 1.10; no adamw_update), zero_grad's memsets (one per
+            # step) and the casts; the total says how many launches the
+            # host issues per step
+            m = re.search(r"cuda: profile: entry (\S+)\s+[0-9.]+ ms\s+[0-9.]+%\s+(\d+) calls", line)
+            if m:
+                calls = row.setdefault("entry_calls_profiled_run", {"total": 0})
+                calls["total"] += int(m.group(2))
+                if m.group(1) in ("adamw_update_many", "adamw_update", "zero", "cast"):
+                    calls[m.group(1)] = int(m.group(2))
     except OSError:
         pass
     row["breakdown"] = prof

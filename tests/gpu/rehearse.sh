@@ -82,6 +82,9 @@ for a, r in kiln.items():
     assert r.get("gemm_convert_mb_per_token", -1) == 0.0, (a, r)
     # read from the profiled run's log: the waits for the GPU and the classifier's chunk
     assert r.get("host_waits_profiled_run", 0) > 0 and r.get("classifier_chunk_rows", 0) > 0, (a, r)
+    # and its kernel-table calls: one AdamW list per step of the 12, never one call per parameter
+    calls = r.get("entry_calls_profiled_run", {})
+    assert calls.get("adamw_update_many") == 12 and "adamw_update" not in calls and calls["total"] > 100, (a, calls)
 print("rehearse.sh gpt2: rows:", {a: (r["step_ms"], r["tokens_per_s"], sorted(r["breakdown"])) for a, r in kiln.items()})
 PY
   ;;
