@@ -225,6 +225,13 @@ cudaError_t kg_embedding_backward_tok(cudaStream_t s, int fdt, void *dwte, const
  * buffer float32. */
 cudaError_t kg_layernorm_forward(cudaStream_t s, int fdt, void *y, void *mean, void *rstd, const void *x,
                                  const void *w, const void *b, int N, int C, double eps, int round_dtype);
+/* ABI 1.10: res(N, C) = a + rb first (kg_add's sum, rb stored as y is),
+ * then kg_layernorm_forward of res, in the same pass: res is written as
+ * the statistics are summed and read back from there, never x. res may
+ * equal a. */
+cudaError_t kg_add_layernorm_forward(cudaStream_t s, int fdt, void *res, const void *a, const void *rb, void *y,
+                                     void *mean, void *rstd, const void *w, const void *b, int N, int C, double eps,
+                                     int round_dtype);
 /* Its backward (fdt KG_F16 / KG_BF16, ABI 1.7: dy stored in that format,
  * every other buffer float32). dx(N, C) = (accumulate ? dx : 0) + rstd * ((g - mean_C(g))
  * - xhat * mean_C(g * xhat)), g = dy * w (dy without w), row sums in double.

@@ -141,18 +141,34 @@ extern "C" cudaError_t kg_embedding_backward_tok(cudaStream_t s, int fdt, void *
 
 /* One warp per row (KG_WARPS rows per block). SY: y's storage (T's own
  * dtype, or 16 bits beside float32 statistics and parameters: ABI 1.7,
- * where the store is the rounding). */
-template <typename T, int SY>
+ * where the store is the rounding). ADD (ABI 1.10's add_layernorm_forward):
+ * x is not read; each row is first res = ra + rb, rb stored as y is (the
+ * residual add of kg_add_kernel, the same operation), written to res as
+ * its statistics are summed, then normalised from res as x would be. */
+template <typename T, int SY, bool ADD>
 __global__ void __launch_bounds__(KG_THREADS)
     kg_ln_fwd_kernel(typename kg_storage<SY>::type *y, T *mean, T *rstd, const T *x, const T *w, const T *b, int N,
-                     int C, double eps, int round_dtype) {
+                     int C, double eps, int round_dtype, T *res, const T *ra,
+                     const typename kg_storage<SY>::type *rb) {
     const int lane = (int)(threadIdx.x & 31u);
     const int row = (int)blockIdx.x * KG_WARPS + (int)(threadIdx.x >> 5);
     if (row >= N) return;
-    const T *xr = x + (size_t)row * (size_t)C;
-    typename kg_storage<SY>::type *yr = y + (size_t)row * (size_t)C;
+    const size_t off = (size_t)row * (size_t)C;
+    typename kg_storage<SY>::type *yr = y + off;
+    const T *xr;
     double s = 0.0;
-    for (int j = lane; j < C; j += 32) s += (double)xr[j];
+    if constexpr (ADD) { /* each lane reads back below only what it wrote here */
+        T *rr = res + off;
+        for (int j = lane; j < C; j += 32) {
+            const T v = ra[off + j] + kg_ld<T, SY>(rb[off + j]);
+            rr[j] = v;
+            s += (double)v;
+        }
+        xr = rr;
+    } else {
+        xr = x + off;
+        for (int j = lane; j < C; j += 32) s += (double)xr[j];
+    }
     const double mean_d = kg_warp_sum(s) / (double)C;
     double q = 0.0;
     for (int j = lane; j < C; j += 32) {
@@ -230,17 +246,25 @@ template <typename T> __global__ void kg_ln_combine_kernel(T *g, const double *p
 
 template <typename T, int SY>
 static cudaError_t kg_ln_fwd_t(cudaStream_t s, void *y, void *mean, void *rstd, const void *x, const void *w,
-                               const void *b, int N, int C, double eps, int round_dtype) {
+                               const void *b, int N, int C, double eps, int round_dtype, void *res, const void *ra,
+                               const void *rb) {
     const unsigned grid = (unsigned)(((size_t)N + KG_WARPS - 1) / KG_WARPS);
-    kg_ln_fwd_kernel<T, SY><<<grid, KG_THREADS, 0, s>>>((typename kg_storage<SY>::type *)y, (T *)mean, (T *)rstd,
-                                                        (const T *)x, (const T *)w, (const T *)b, N, C, eps,
-                                                        round_dtype);
+    typedef typename kg_storage<SY>::type S;
+    if (res)
+        kg_ln_fwd_kernel<T, SY, true><<<grid, KG_THREADS, 0, s>>>((S *)y, (T *)mean, (T *)rstd, NULL, (const T *)w,
+                                                                  (const T *)b, N, C, eps, round_dtype, (T *)res,
+                                                                  (const T *)ra, (const S *)rb);
+    else
+        kg_ln_fwd_kernel<T, SY, false><<<grid, KG_THREADS, 0, s>>>((S *)y, (T *)mean, (T *)rstd, (const T *)x,
+                                                                   (const T *)w, (const T *)b, N, C, eps, round_dtype,
+                                                                   NULL, NULL, NULL);
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t kg_layernorm_forward(cudaStream_t s, int fdt, void *y, void *mean, void *rstd, const void *x,
-                                            const void *w, const void *b, int N, int C, double eps,
-                                            int round_dtype) {
+/* kg_layernorm_forward, with the residual add first when res is given. */
+static cudaError_t kg_ln_fwd(cudaStream_t s, int fdt, void *y, void *mean, void *rstd, const void *x, const void *w,
+                             const void *b, int N, int C, double eps, int round_dtype, void *res, const void *ra,
+                             const void *rb) {
     const int y16 = fdt == KG_F16 || fdt == KG_BF16; /* 1.7: y stored in 16 bits */
     if ((fdt != KG_F32 && fdt != KG_F64 && !y16) || N < 0 || C < 0) return cudaErrorInvalidValue;
     if (y16 ? round_dtype != fdt
@@ -249,12 +273,25 @@ extern "C" cudaError_t kg_layernorm_forward(cudaStream_t s, int fdt, void *y, vo
         return cudaErrorInvalidValue;
     if (N == 0 || C == 0) return cudaSuccess;
     switch (fdt) {
-    case KG_F32: return kg_ln_fwd_t<float, KG_F32>(s, y, mean, rstd, x, w, b, N, C, eps, round_dtype);
+    case KG_F32: return kg_ln_fwd_t<float, KG_F32>(s, y, mean, rstd, x, w, b, N, C, eps, round_dtype, res, ra, rb);
     /* the 16-bit store rounds: no rounding before it */
-    case KG_F16: return kg_ln_fwd_t<float, KG_F16>(s, y, mean, rstd, x, w, b, N, C, eps, KG_F32);
-    case KG_BF16: return kg_ln_fwd_t<float, KG_BF16>(s, y, mean, rstd, x, w, b, N, C, eps, KG_F32);
-    default: return kg_ln_fwd_t<double, KG_F64>(s, y, mean, rstd, x, w, b, N, C, eps, KG_F32);
+    case KG_F16: return kg_ln_fwd_t<float, KG_F16>(s, y, mean, rstd, x, w, b, N, C, eps, KG_F32, res, ra, rb);
+    case KG_BF16: return kg_ln_fwd_t<float, KG_BF16>(s, y, mean, rstd, x, w, b, N, C, eps, KG_F32, res, ra, rb);
+    default: return kg_ln_fwd_t<double, KG_F64>(s, y, mean, rstd, x, w, b, N, C, eps, KG_F32, res, ra, rb);
     }
+}
+
+extern "C" cudaError_t kg_layernorm_forward(cudaStream_t s, int fdt, void *y, void *mean, void *rstd, const void *x,
+                                            const void *w, const void *b, int N, int C, double eps,
+                                            int round_dtype) {
+    return kg_ln_fwd(s, fdt, y, mean, rstd, x, w, b, N, C, eps, round_dtype, NULL, NULL, NULL);
+}
+
+extern "C" cudaError_t kg_add_layernorm_forward(cudaStream_t s, int fdt, void *res, const void *a, const void *rb,
+                                                void *y, void *mean, void *rstd, const void *w, const void *b, int N,
+                                                int C, double eps, int round_dtype) {
+    if (!res || !a || !rb) return cudaErrorInvalidValue;
+    return kg_ln_fwd(s, fdt, y, mean, rstd, NULL, w, b, N, C, eps, round_dtype, res, a, rb);
 }
 
 template <typename T, int SD>

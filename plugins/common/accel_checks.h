@@ -568,6 +568,33 @@ static inline int32_t ack_add(ack_sink s, const char *fn, uint32_t dtype, void *
     return KILN_OK;
 }
 
+/* add_layernorm_forward's checks (1.10): layernorm_forward's with x = res,
+ * then add's over its N * C elements, then the outputs y, mean and rstd
+ * apart from the inputs a and b (a row's outputs must not land on what a
+ * later row still reads). *go = 0 when there are no elements. */
+static inline int32_t ack_add_ln_forward(ack_sink s, const char *fn, uint32_t dtype, void *res, const void *a,
+                                         const void *b, void *y, void *mean, void *rstd, const void *w,
+                                         const void *bias, int32_t N, int32_t C, double eps, uint32_t round_dtype,
+                                         int eps_first, int *go) {
+    int ln = 0, add = 0;
+    *go = 0;
+    int32_t rc = ack_ln_forward(s, fn, dtype, y, mean, rstd, res, w, bias, N, C, eps, round_dtype, eps_first, &ln);
+    if (rc != KILN_OK || !ln) return rc;
+    const size_t n = (size_t)N * (size_t)C;
+    if ((rc = ack_add(s, fn, dtype, res, a, b, n, &add)) != KILN_OK) return rc;
+    const size_t xb = n * ack_msz(dtype), bb = n * ack_asz(dtype), yb = n * ack_asz(dtype),
+                 rb = (size_t)N * ack_msz(dtype);
+    if ((rc = ack_apart(s, fn, "y", y, yb, "a", a, xb)) != KILN_OK ||
+        (rc = ack_apart(s, fn, "y", y, yb, "b", b, bb)) != KILN_OK ||
+        (rc = ack_apart(s, fn, "mean", mean, rb, "a", a, xb)) != KILN_OK ||
+        (rc = ack_apart(s, fn, "mean", mean, rb, "b", b, bb)) != KILN_OK ||
+        (rc = ack_apart(s, fn, "rstd", rstd, rb, "a", a, xb)) != KILN_OK ||
+        (rc = ack_apart(s, fn, "rstd", rstd, rb, "b", b, bb)) != KILN_OK)
+        return rc;
+    *go = add;
+    return KILN_OK;
+}
+
 /* ------------------------------------------------------------ elementwise */
 
 /* What every ABI 1.5 elementwise entry checks: the dtype, NULL pointers, and

@@ -902,6 +902,7 @@ static const kiln_kernels cpu_kernel_table = {
 #endif
 #if KILN_ABI_MINOR >= 10
     .adamw_update_many = cpu_adamw_update_many,
+    .add_layernorm_forward = cpu_add_layernorm_forward,
 #endif
 };
 /* The table is built with this header's size: every entry above is set, and

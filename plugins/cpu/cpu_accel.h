@@ -73,5 +73,11 @@ int32_t cpu_reserve_stage(kiln_instance *acc, size_t floats);
 /* cpu_accel_seq.c: cpu_embedding_forward ... cpu_attention_backward */
 ACK_DECLARE_SEQ_ENTRIES(cpu_)
 #endif
+#if KILN_ABI_MINOR >= 10
+/* cpu_accel_seq.c: 1.10's residual add and layer norm */
+int32_t cpu_add_layernorm_forward(kiln_instance *acc, uint32_t dtype, void *res, const void *a, const void *b, void *y,
+                                  void *mean, void *rstd, const void *w, const void *bias, int32_t N, int32_t C,
+                                  double eps, uint32_t round_dtype);
+#endif
 
 #endif /* KILN_PLUGINS_CPU_ACCEL_H */

@@ -157,6 +157,22 @@ int32_t cpu_add(kiln_instance *acc, uint32_t dtype, void *y, const void *a, cons
     return KILN_OK;
 }
 
+#if KILN_ABI_MINOR >= 10
+/* 1.10: the two entries in a row, after the checks of both (so nothing is
+ * written when either would refuse). On the cpu nothing is saved by fusing
+ * them; the composition gives their bits by construction. */
+int32_t cpu_add_layernorm_forward(kiln_instance *acc, uint32_t dtype, void *res, const void *a, const void *b, void *y,
+                                  void *mean, void *rstd, const void *w, const void *bias, int32_t N, int32_t C,
+                                  double eps, uint32_t round_dtype) {
+    int go = 0;
+    int32_t rc = ack_add_ln_forward(CPU_SINK(acc), "add_layernorm_forward", dtype, res, a, b, y, mean, rstd, w, bias,
+                                    N, C, eps, round_dtype, 0, &go);
+    if (rc != KILN_OK || !go) return rc;
+    rc = cpu_add(acc, dtype, res, a, b, (size_t)N * (size_t)C);
+    return rc != KILN_OK ? rc : cpu_layernorm_forward(acc, dtype, y, mean, rstd, res, w, bias, N, C, eps, round_dtype);
+}
+#endif
+
 /* ------------------------------------------------------------- attention */
 
 /* attention_forward, attention_backward: the checks (accel_checks.h), the

@@ -592,7 +592,7 @@ ACK_DEFINE_EW_ENTRIES(cu_, cu_ew, KG_EW_, CU_SINK)
 /* ------------------------------------------------------------- the table */
 
 static const kiln_kernels cu_kernel_table = {
-    /* 1.10's size: every entry through adamw_update_many */
+    /* 1.10's size: every entry through add_layernorm_forward */
     .struct_size = KILN_KERNELS_SIZE_1_10,
     /* device memory: callers copy host data in and out; gemm_ex and
      * xent_fused take 16-bit outputs and logits (1.6); the layer norm,
@@ -667,6 +667,7 @@ static const kiln_kernels cu_kernel_table = {
     /* 1.9 */
     .sumsq_many = cu_sumsq_many,
     .adamw_update_many = cu_adamw_update_many,
+    .add_layernorm_forward = cu_add_layernorm_forward,
 };
 static_assert(sizeof(kiln_kernels) >= KILN_KERNELS_SIZE_1_10, "kiln_kernels covers ABI 1.10");
 

@@ -339,5 +339,9 @@ void cu_prof_release(kiln_instance *acc);
 /* cuda_seq.c: the ABI 1.4 sequence entries, cu_embedding_forward ...
  * cu_attention_backward */
 ACK_DECLARE_SEQ_ENTRIES(cu_)
+/* cuda_seq.c: 1.10's residual add fused with the layer norm after it */
+int32_t cu_add_layernorm_forward(kiln_instance *acc, uint32_t dtype, void *res, const void *a, const void *b, void *y,
+                                 void *mean, void *rstd, const void *w, const void *bias, int32_t N, int32_t C,
+                                 double eps, uint32_t round_dtype);
 
 #endif /* KILN_PLUGIN_CUDA_INTERNAL_H */

@@ -95,7 +95,7 @@ static const char *cu_prof_category(const char *n) {
     if (!strncmp(n, "gemm", 4) || !strncmp(n, "linear_forward", 14)) return "GEMMs"; /* and _layout */
     if (!strncmp(n, "attention", 9)) return "attention";
     if (!strcmp(n, "xent_fused") || !strncmp(n, "softmax_xent", 12)) return "classifier";
-    if (!strncmp(n, "layernorm", 9)) return "layer norm";
+    if (strstr(n, "layernorm")) return "layer norm"; /* add_layernorm_forward too */
     if (!strncmp(n, "embedding", 9)) return "embedding";
     if (strstr(n, "_update") || !strcmp(n, "lerp") || !strcmp(n, "sign") || !strcmp(n, "addcmul") ||
         !strcmp(n, "addcdiv") || !strcmp(n, "sqrt_ex"))

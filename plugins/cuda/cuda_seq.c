@@ -161,6 +161,23 @@ int32_t cu_layernorm_forward(kiln_instance *acc, uint32_t dtype, void *y, void *
     return KILN_OK;
 }
 
+/* 1.10: the residual add and the layer norm in one kernel (the add's sum
+ * written to res and normalised from there), checked as both. */
+int32_t cu_add_layernorm_forward(kiln_instance *acc, uint32_t dtype, void *res, const void *a, const void *b, void *y,
+                                 void *mean, void *rstd, const void *w, const void *bias, int32_t N, int32_t C,
+                                 double eps, uint32_t round_dtype) {
+    const char *fn = "add_layernorm_forward";
+    int go = 0;
+    int32_t rc = ack_add_ln_forward(CU_SINK(acc), fn, dtype, res, a, b, y, mean, rstd, w, bias, N, C, eps, round_dtype,
+                                    1, &go);
+    if (rc != KILN_OK || !go) return rc;
+    CU_READY(acc, fn);
+    CU_LAUNCH(acc, fn,
+              kg_add_layernorm_forward(acc->stream, (int)dtype, res, a, b, y, mean, rstd, w, bias, N, C, eps,
+                                       dtype == KILN_DTYPE_F64 ? KG_F32 : (int)round_dtype));
+    return KILN_OK;
+}
+
 int32_t cu_layernorm_backward(kiln_instance *acc, uint32_t dtype, void *dx, void *dw, void *db, const void *dy,
                               const void *x, const void *w, const void *mean, const void *rstd, int32_t N, int32_t C,
                               int32_t accumulate) {

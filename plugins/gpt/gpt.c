@@ -614,6 +614,11 @@ static int32_t gpt_plan(gpt *g, const char *step) {
                       ? " (the accelerator's table lacks KILN_KERNELS_ACT_16BIT, ABI 1.7)"
                       : "",
                   (double)g->arena_bytes / 1048576.0, biases);
+        kiln_logf(g->svc, g->hctx, KILN_LOG_DEBUG, "gpt: %s",
+                  kiln_nn_has_add_ln(&g->ctx)
+                      ? "residual adds fused with the layer norms after them"
+                      : "residual adds and layer norms apart (the accelerator's table lacks add_layernorm_forward, "
+                        "ABI 1.10)");
         g->sdt_logged = sdt;
     }
     return rc;
@@ -623,12 +628,9 @@ static int32_t gpt_plan(gpt *g, const char *step) {
 static int32_t gpt_trunk(gpt *g, int32_t B, int32_t T, const char *step) {
     kiln_nn_ctx *c = &g->ctx;
     int32_t rc = kiln_nn_embedding_forward(c, &g->emb, g->tokens, B, T);
-    const void *x = g->emb.y; /* (B*T, C) the residual stream */
-    for (int32_t l = 0; l < g->n_layer && rc == KILN_OK; l++) {
-        rc = kiln_nn_block_forward(c, &g->h[l], x, B, T);
-        x = g->h[l].out;
-    }
-    if (rc == KILN_OK) rc = kiln_nn_layernorm_forward(c, &g->ln_f, x, B * T);
+    /* the residual stream from the embedding's output through every block
+     * into ln_f, each residual add fused with its layer norm (ABI 1.10) */
+    if (rc == KILN_OK) rc = kiln_nn_blocks_forward(c, g->h, g->n_layer, g->emb.y, B, T, &g->ln_f);
     return rc != KILN_OK ? gpt_nn_fail(g, rc, step) : KILN_OK;
 }
 

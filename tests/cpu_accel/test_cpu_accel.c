@@ -35,6 +35,7 @@
 
 #include "act16_cases.h"
 #include "adamw_many_cases.h"
+#include "add_ln_cases.h"
 #include "sumsq_many_cases.h"
 #include "half_bits.h"
 #include "plugin_fixture.h"
@@ -86,9 +87,9 @@ static void test_descriptor(void) {
      * appended in 1.2), unscale_check, linear_forward (1.3), the 8
      * sequence entries embedding_forward .. add (1.4), the 7
      * elementwise ones lerp .. clamp (1.5; tests/kernels_ew) and
-     * linear_forward_layout (1.6), sumsq_many (1.9) and
-     * adamw_update_many (1.10) */
-    CU_ASSERT_EQUAL(n, 56);
+     * linear_forward_layout (1.6), sumsq_many (1.9),
+     * adamw_update_many and add_layernorm_forward (1.10) */
+    CU_ASSERT_EQUAL(n, 57);
     CU_ASSERT_TRUE(g_k->struct_size >= KILN_KERNELS_SIZE_1_10);
     CU_ASSERT_TRUE(g_k->flags & KILN_KERNELS_STORE_16BIT);
 }
@@ -1364,6 +1365,8 @@ static void test_bias_round(void) { bias_round_run_all(g_k, g_acc); }
 static void test_sumsq_many(void) { sumsq_many_run_all(g_k, g_acc); }
 /* ABI 1.10: adamw_update_many, the same shared file as the fake GPU's */
 static void test_adamw_many(void) { adamw_many_run_all(g_k, g_acc); }
+/* ABI 1.10: add_layernorm_forward, likewise */
+static void test_add_ln(void) { add_ln_run_all(g_k, g_acc); }
 
 static CU_TestInfo cases_cpu_accel[] = {
     {"blas key: auto, openblas, blis", test_blas_key},
@@ -1392,6 +1395,7 @@ static CU_TestInfo cases_cpu_accel[] = {
     {"1.8: linear_forward_layout's KILN_LAYOUT_ROUND_BIAS = the call with the bias rounded first", test_bias_round},
     {"1.9: sumsq_many = sumsq_ex per tensor, bit for bit", test_sumsq_many},
     {"1.10: adamw_update_many = adamw_update_ex per tensor, bit for bit", test_adamw_many},
+    {"1.10: add_layernorm_forward = add then layernorm_forward, bit for bit", test_add_ln},
     {"configure threads", test_configure},
     CU_TEST_INFO_NULL,
 };

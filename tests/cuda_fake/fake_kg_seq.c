@@ -123,6 +123,23 @@ cudaError_t kg_embedding_backward_tok(cudaStream_t s, int fdt, void *dwte, const
 
 /* ------------------------------------------------------------ layer norm */
 
+/* The layer norm's arithmetic once its launch is checked: the cpu kernel,
+ * a 16-bit y computed in float32 and rounded as it is stored. */
+static cudaError_t fake_ln_math(int fdt, void *y, void *mean, void *rstd, const void *x, const void *w, const void *b,
+                                int N, int C, double eps, int round_dtype) {
+    if (fake_act16(fdt)) {
+        float *y32 = malloc((size_t)N * (size_t)C * sizeof *y32);
+        if (!y32) return fake_error(cudaErrorMemoryAllocation);
+        kc_layernorm_forward(y32, mean, rstd, x, w, b, N, C, eps, KC_F32);
+        fake_store16(fdt, y, y32, (size_t)N * (size_t)C);
+        free(y32);
+    } else if (fdt == KG_F32)
+        kc_layernorm_forward(y, mean, rstd, x, w, b, N, C, eps, round_dtype == KG_F32 ? KC_F32 : round_dtype);
+    else
+        kc_layernorm_forward_f64(y, mean, rstd, x, w, b, N, C, eps);
+    return cudaSuccess;
+}
+
 cudaError_t kg_layernorm_forward(cudaStream_t s, int fdt, void *y, void *mean, void *rstd, const void *x,
                                  const void *w, const void *b, int N, int C, double eps, int round_dtype) {
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
@@ -139,17 +156,7 @@ cudaError_t kg_layernorm_forward(cudaStream_t s, int fdt, void *y, void *mean, v
     if (e != cudaSuccess) return e;
     if (fake_overlap(__func__, "y", y, yb, "x", x, xb) || fake_overlap(__func__, "mean", mean, rb, "rstd", rstd, rb))
         return fake_error(cudaErrorInvalidValue);
-    if (y16) {
-        float *y32 = malloc((size_t)N * (size_t)C * sizeof *y32);
-        if (!y32) return fake_error(cudaErrorMemoryAllocation);
-        kc_layernorm_forward(y32, mean, rstd, x, w, b, N, C, eps, KC_F32);
-        fake_store16(fdt, y, y32, (size_t)N * (size_t)C);
-        free(y32);
-    } else if (fdt == KG_F32)
-        kc_layernorm_forward(y, mean, rstd, x, w, b, N, C, eps, round_dtype == KG_F32 ? KC_F32 : round_dtype);
-    else
-        kc_layernorm_forward_f64(y, mean, rstd, x, w, b, N, C, eps);
-    return cudaSuccess;
+    return fake_ln_math(fdt, y, mean, rstd, x, w, b, N, C, eps, round_dtype);
 }
 
 cudaError_t kg_layernorm_backward(cudaStream_t s, int fdt, void *dx, void *dw, void *db, const void *dy,
@@ -226,6 +233,19 @@ cudaError_t kg_xent_fused(cudaStream_t s, int fdt, void *logits, const int32_t *
 
 /* ------------------------------------------------------------------- add */
 
+/* The residual add's arithmetic once its launch is checked: b widened
+ * from 16 bits where it is stored so, then the cpu kernel. */
+static cudaError_t fake_add_math(int fdt, void *y, const void *a, const void *b, size_t n) {
+    if (fake_act16(fdt)) {
+        float *b32 = fake_widen16(fdt, b, n);
+        if (!b32) return fake_error(cudaErrorMemoryAllocation);
+        kc_add(y, a, b32, n);
+        free(b32);
+    } else if (fdt == KG_F32) kc_add(y, a, b, n);
+    else kc_add_f64(y, a, b, n);
+    return cudaSuccess;
+}
+
 cudaError_t kg_add(cudaStream_t s, int fdt, void *y, const void *a, const void *b, size_t n) {
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
     const int b16 = fake_act16(fdt); /* 1.7: b in 16 bits, y and a float32 */
@@ -238,14 +258,43 @@ cudaError_t kg_add(cudaStream_t s, int fdt, void *y, const void *a, const void *
     if ((y != a && fake_overlap(__func__, "y", y, nb, "a", a, nb)) ||
         ((b16 || y != b) && fake_overlap(__func__, "y", y, nb, "b", b, nbb)))
         return fake_error(cudaErrorInvalidValue);
-    if (b16) {
-        float *b32 = fake_widen16(fdt, b, n);
-        if (!b32) return fake_error(cudaErrorMemoryAllocation);
-        kc_add(y, a, b32, n);
-        free(b32);
-    } else if (fdt == KG_F32) kc_add(y, a, b, n);
-    else kc_add_f64(y, a, b, n);
-    return cudaSuccess;
+    return fake_add_math(fdt, y, a, b, n);
+}
+
+/* ABI 1.10's fused residual add and layer norm: one launch whose buffers
+ * are both entries', the outputs y, mean and rstd apart from every input
+ * (res, a, rb), res apart from a unless it is a; then the two entries'
+ * arithmetic in a row, as the kernel does it in one pass. */
+cudaError_t kg_add_layernorm_forward(cudaStream_t s, int fdt, void *res, const void *a, const void *rb, void *y,
+                                     void *mean, void *rstd, const void *w, const void *b, int N, int C, double eps,
+                                     int round_dtype) {
+    if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
+    const int y16 = fake_act16(fdt);
+    if ((!fake_seq_fdt(fdt) && !y16) || N < 0 || C < 0 ||
+        (y16 ? round_dtype != fdt : !fake_seq_round_ok(fdt, round_dtype)) || !res || !a || !rb)
+        return fake_error(cudaErrorInvalidValue);
+    if (N == 0 || C == 0) return cudaSuccess;
+    const size_t n = (size_t)N * (size_t)C, esz = y16 ? sizeof(float) : fake_seq_esz(fdt), xb = n * esz,
+                 sb = y16 ? n * 2 : xb, rbytes = (size_t)N * esz, cb = (size_t)C * esz;
+    const fake_buf bufs[] = {{"res", res, xb},       {"a", a, xb},         {"rb", rb, sb},
+                             {"y", y, sb},           {"mean", mean, rbytes}, {"rstd", rstd, rbytes},
+                             {"w", w, w ? cb : 0},   {"b", b, b ? cb : 0}};
+    cudaError_t e = fake_launch(__func__, s, bufs, 8);
+    if (e != cudaSuccess) return e;
+    const void *in[3] = {res, a, rb};
+    const size_t inb[3] = {xb, xb, sb};
+    static const char *const inn[3] = {"res", "a", "rb"};
+    for (int i = 0; i < 3; i++)
+        if (fake_overlap(__func__, "y", y, sb, inn[i], in[i], inb[i]) ||
+            fake_overlap(__func__, "mean", mean, rbytes, inn[i], in[i], inb[i]) ||
+            fake_overlap(__func__, "rstd", rstd, rbytes, inn[i], in[i], inb[i]))
+            return fake_error(cudaErrorInvalidValue);
+    if ((res != a && fake_overlap(__func__, "res", res, xb, "a", a, xb)) ||
+        ((y16 || res != rb) && fake_overlap(__func__, "res", res, xb, "rb", rb, sb)) ||
+        fake_overlap(__func__, "mean", mean, rbytes, "rstd", rstd, rbytes))
+        return fake_error(cudaErrorInvalidValue);
+    e = fake_add_math(fdt, res, a, rb, n);
+    return e != cudaSuccess ? e : fake_ln_math(fdt, y, mean, rstd, res, w, b, N, C, eps, round_dtype);
 }
 
 /* ------------------------------------------------------------- attention */

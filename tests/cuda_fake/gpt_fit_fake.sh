@@ -150,8 +150,10 @@ done
 # 28 here and 148 in GPT-2), zero_grad clears the gradients, which lie side
 # by side, with one zero (was 28), mixed precision refreshes its 10 weight
 # copies with one cast (kiln/nn.h casts 5 output gradients to bf16 per
-# step beside it), and nothing is allocated, not even from the cache (the
-# embedding's bucket index once grew with a batch's distinct tokens)
+# step beside it), nothing is allocated, not even from the cache (the
+# embedding's bucket index once grew with a batch's distinct tokens), and
+# every residual add runs fused with the layer norm after it (ABI 1.10: 2
+# per block, the last into ln_f), leaving the first block's ln_1 alone
 calls() { # STEPS -> "entry calls" lines of a profiled bf16-mixed run that long
   mkdir -p "$work/calls_$1"
   sed -e "s|max_steps = 12;|max_steps = $1;|" -e "s|limit_val_batches = 4; val_check_interval = 12;|limit_val_batches = 0;|" \
@@ -166,7 +168,8 @@ if calls 3 >"$work/calls3.txt" && calls 9 >"$work/calls9.txt"; then
     awk -v e="$1" 'FNR == 1 { f++ } $1 == e { c[f] = $2 } END { printf "%g", (c[2] - c[1]) / 6 }' \
       "$work/calls3.txt" "$work/calls9.txt"
   }
-  for spec in "adamw_update_many 1" "adamw_update 0" "zero 1" "cast 6" "alloc 0"; do
+  for spec in "adamw_update_many 1" "adamw_update 0" "zero 1" "cast 6" "alloc 0" \
+              "add_layernorm_forward 4" "add 0" "layernorm_forward 1"; do
     set -- $spec
     got=$(per_step "$1")
     echo "  bf16-mixed: $1 calls per steady-state step: $got (want $2)"

@@ -40,6 +40,7 @@
 
 #include "cuda_fake_test.h"
 #include "adamw_many_cases.h"
+#include "add_ln_cases.h"
 #include "sumsq_many_cases.h"
 
 kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
@@ -624,6 +625,36 @@ static void test_sumsq_many(void) {
     NO_VIOLATIONS();
 }
 
+/* 1.10's add_layernorm_forward: the shared cases, then what it is for: one
+ * launch where add and layernorm_forward take two; a failing launch is a
+ * message naming the entry and the kernel. */
+static void test_add_ln(void) {
+    const kiln_kernels *k = NULL;
+    kiln_test_clear_log(g_th);
+    kiln_instance *acc = ready(NULL, &k);
+    if (!acc) return;
+    add_ln_run_all(k, acc);
+    enum { N = 8, C = 64 };
+    float *d = NULL;
+    CU_ASSERT_EQUAL_FATAL(k->alloc(acc, (size_t)(4 * N * C + 2 * N) * sizeof(float), (void **)&d), KILN_OK);
+    float *res = d, *a = d + N * C, *b = d + 2 * N * C, *y = d + 3 * N * C, *mean = d + 4 * N * C, *rstd = mean + N;
+    const fake_cuda_stats s0 = stats();
+    CU_ASSERT_EQUAL(k->add_layernorm_forward(acc, KILN_DTYPE_F32, res, a, b, y, mean, rstd, NULL, NULL, N, C, 1e-5,
+                                             KILN_DTYPE_F32),
+                    KILN_OK);
+    CU_ASSERT_EQUAL(stats().kernels - s0.kernels, 1u);
+    env_set("KILN_FAKE_CUDA_FAIL", "kg_add_layernorm_forward");
+    CU_ASSERT_EQUAL(k->add_layernorm_forward(acc, KILN_DTYPE_F32, res, a, b, y, mean, rstd, NULL, NULL, N, C, 1e-5,
+                                             KILN_DTYPE_F32),
+                    KILN_E_CUDA);
+    HAS(kiln_test_error(g_th), "add_layernorm_forward");
+    HAS(kiln_test_error(g_th), "kg_add_layernorm_forward");
+    env_clear();
+    k->free(acc, d);
+    g_ops->base.destroy(acc);
+    NO_VIOLATIONS();
+}
+
 /* 1.10's adamw_update_many: the shared cases (tests/support/
  * adamw_many_cases.h, which the cpu accelerator passes too), then what it
  * is for: 100 parameters updated in 3 launches (lists of 48, 48 and 4)
@@ -1095,6 +1126,7 @@ static void register_tests(void) {
     CU_add_test(s, "loss and reductions read back", test_loss_and_reductions);
     CU_add_test(s, "1.9: sumsq_many = sumsq_ex per tensor, with one wait", test_sumsq_many);
     CU_add_test(s, "1.10: adamw_update_many = adamw_update_ex per tensor, in a launch per 48", test_adamw_many);
+    CU_add_test(s, "1.10: add_layernorm_forward = add then layernorm_forward, in one launch", test_add_ln);
     CU_add_test(s, "failing CUDA/cuBLAS calls become messages", test_failing_calls);
     CU_add_test(s, "softmax_xent_backward refuses a bad label", test_xent_backward_bad_label);
     CU_add_test(s, "destroy returns everything", test_destroy_releases_all);

@@ -102,6 +102,7 @@
 
 #include "half_bits.h"
 #include "adamw_many_cases.h"
+#include "add_ln_cases.h"
 #include "sumsq_many_cases.h"
 
 static kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
@@ -1202,6 +1203,13 @@ static void test_adamw_many(void) {
     for (int s = 0; s < 2; s++) adamw_many_run_all(g_side[s].k, g_side[s].acc);
 }
 
+/* 1.10's add_layernorm_forward: the shared cases on the device: the fused
+ * kernel's res, y, mean and rstd have the bits of the device's add and
+ * layernorm_forward (the same operations, one pass). */
+static void test_add_ln(void) {
+    for (int s = 0; s < 2; s++) add_ln_run_all(g_side[s].k, g_side[s].acc);
+}
+
 #include "cuda_seq_cases.inc"
 #include "cuda_act16_cases.inc"
 
@@ -1337,6 +1345,7 @@ static const struct {
     {"1.3 unscale_check: 60 tensors, inf, overflow, float64", test_unscale_check},
     {"1.9 sumsq_many: each tensor's sumsq_ex, bit for bit", test_sumsq_many},
     {"1.10 adamw_update_many: each tensor's adamw_update_ex, bit for bit", test_adamw_many},
+    {"1.10 add_layernorm_forward: add then layernorm_forward, bit for bit", test_add_ln},
     {"1.3 linear_forward, 1.6 linear_forward_layout: epilogues, 16-bit rounding, float64, Conv1D", test_linear_forward},
     {"cast, round_to", test_cast_round_to},
     {"1.5 lerp, sign, mul, addcmul, addcdiv, sqrt_ex, clamp: 2 dtypes, in place, edges", test_ew15},

@@ -350,8 +350,8 @@ typedef struct kiln_kernels {
                           double *out);
 
     /* -- 1.10: check struct_size >= KILN_KERNELS_SIZE_1_10 (and the
-     * pointer) before calling; without it, call adamw_update_ex per
-     * tensor. -- */
+     * pointer) before calling; without them, call adamw_update_ex per
+     * tensor, and add then layernorm_forward. -- */
     /* torch.optim.AdamW over a list of tensors (PyTorch's foreach/fused
      * AdamW), each with its own weight decay:
      *   adamw_update_ex(dtype, p[i], g[i], m[i], v[i], n[i], lr, beta1,
@@ -369,6 +369,20 @@ typedef struct kiln_kernels {
                                  const void *const *g, void *const *m, void *const *v, const size_t *n,
                                  const double *weight_decay, double lr, double beta1, double beta2, double eps,
                                  int64_t step);
+    /* A residual connection and the layer norm that reads it, in one pass
+     * (llm.c's fused residual forward):
+     *   add(dtype, res, a, b, N * C)
+     *   layernorm_forward(dtype, y, mean, rstd, res, w, bias, N, C, eps,
+     *                     round_dtype)
+     * bit for bit, with every check of both. res is written (the residual
+     * stream, which the next residual add and the layer norm's backward
+     * read) and may be a itself; y, mean and rstd overlap none of res, a
+     * and b. A GPU saves the layer norm's read of res from memory and a
+     * launch; a GPT block's two residual adds each run fused with the
+     * layer norm after them (kiln/nn.h's kiln_nn_blocks_forward). */
+    int32_t (*add_layernorm_forward)(kiln_instance *acc, uint32_t dtype, void *res, const void *a, const void *b,
+                                     void *y, void *mean, void *rstd, const void *w, const void *bias, int32_t N,
+                                     int32_t C, double eps, uint32_t round_dtype);
 } kiln_kernels;
 
 /* kiln_kernels.linear_forward_layout: how a weight matrix is stored. */
@@ -735,7 +749,7 @@ typedef struct kiln_module_ops {
 #define KILN_KERNELS_SIZE_1_9 KILN__END(kiln_kernels, sumsq_many)
 
 /* What 1.10 appended. */
-#define KILN_KERNELS_SIZE_1_10 KILN__END(kiln_kernels, adamw_update_many)
+#define KILN_KERNELS_SIZE_1_10 KILN__END(kiln_kernels, add_layernorm_forward)
 
 /* Layout pins of the 1.1 tables (and what 1.2 appended). */
 #if UINTPTR_MAX == 0xFFFFFFFFFFFFFFFFu
@@ -762,7 +776,8 @@ static_assert(offsetof(kiln_module_ops, predict_step) == 88, "kiln_module_ops 1.
 static_assert(offsetof(kiln_kernels, lerp) == 376 && offsetof(kiln_kernels, clamp) == 424, "kiln_kernels 1.5");
 static_assert(offsetof(kiln_kernels, linear_forward_layout) == 432, "kiln_kernels 1.6");
 static_assert(offsetof(kiln_kernels, sumsq_many) == 440, "kiln_kernels 1.9");
-static_assert(offsetof(kiln_kernels, adamw_update_many) == 448, "kiln_kernels 1.10");
+static_assert(offsetof(kiln_kernels, adamw_update_many) == 448 && offsetof(kiln_kernels, add_layernorm_forward) == 456,
+              "kiln_kernels 1.10");
 static_assert(offsetof(kiln_precision_ops, round_activation) == 80, "kiln_precision_ops 1.5");
 static_assert(offsetof(kiln_step_output, tokens) == 24 && sizeof(kiln_step_output) == 40, "kiln_step_output 1.4");
 #endif
