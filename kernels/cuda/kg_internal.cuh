@@ -31,6 +31,33 @@ static inline unsigned kg_grid(size_t n) {
     return b < (size_t)KG_MAX_BLOCKS ? (unsigned)b : KG_MAX_BLOCKS;
 }
 
+/* A list launch (several tensors in one grid, each with the blocks its
+ * own launch would have): first[t] = the first block of tensor t, for
+ * count tensors of n[t] elements (an empty one gets none); returns the
+ * grid's blocks, which first[count] also holds. */
+static inline unsigned kg_list_blocks(const size_t *n, int count, unsigned *first) {
+    unsigned blocks = 0;
+    for (int t = 0; t < count; t++) {
+        first[t] = blocks;
+        blocks += n[t] ? kg_grid(n[t]) : 0;
+    }
+    first[count] = blocks;
+    return blocks;
+}
+
+/* The tensor that block b of a list launch works on: the t with first[t]
+ * <= b < first[t + 1] (b < first[count]), by binary search; a tensor with
+ * no blocks is never the answer. */
+KG_HD int kg_list_owner(const unsigned *first, int count, unsigned b) {
+    int lo = 0, hi = count; /* first[lo] <= b < first[hi] */
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) / 2;
+        if (b >= first[mid]) lo = mid;
+        else hi = mid;
+    }
+    return lo;
+}
+
 /* for (i over [0, n)) across the whole grid, i a size_t. */
 #define KG_GRID_STRIDE(i, n)                                                                   \
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                  \

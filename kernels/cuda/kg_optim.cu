@@ -127,18 +127,11 @@ extern "C" cudaError_t kg_adamw_update(cudaStream_t s, int fdt, void *p, const v
                       kg_adamw_make_coef<double>(lr, beta1, beta2, eps, weight_decay, step), compute, compute_dtype);
 }
 
-/* The list: block b works on the tensor t with first[t] <= b < first[t+1]
- * (found by a binary search over at most 49 entries, uniform per block),
- * grid-striding over it with that tensor's blocks; c is the list's common
- * coefficients, its decay replaced by the tensor's own. */
+/* The list: block b works on its tensor (kg_list_owner, uniform per
+ * block), grid-striding over it with that tensor's blocks; c is the list's
+ * common coefficients, its decay replaced by the tensor's own. */
 template <typename T> __global__ void kg_adamw_list_kernel(const kg_adamw_list list, kg_adamw_coef<T> c) {
-    int lo = 0, hi = list.count; /* first[lo] <= blockIdx.x < first[hi] */
-    while (hi - lo > 1) {
-        const int mid = (lo + hi) / 2;
-        if (blockIdx.x >= list.first[mid]) lo = mid;
-        else hi = mid;
-    }
-    const int t = lo;
+    const int t = kg_list_owner(list.first, list.count, blockIdx.x);
     c.decay = (T)list.decay[t]; /* exact: a T's value held in a double */
     T *__restrict__ p = (T *)list.p[t];
     const T *__restrict__ g = (const T *)list.g[t];
@@ -161,15 +154,12 @@ extern "C" cudaError_t kg_adamw_update_list(cudaStream_t s, int fdt, kg_adamw_li
     if (list->count < 0 || list->count > KG_ADAMW_LIST_MAX) return cudaErrorInvalidValue;
     /* each tensor's blocks as kg_grid gives them to its own launch, and
      * its decay as kg_adamw_make_coef forms it for its own launch */
-    unsigned blocks = 0;
+    const unsigned blocks = kg_list_blocks(list->n, list->count, list->first);
     for (int t = 0; t < list->count; t++) {
-        list->first[t] = blocks;
-        blocks += list->n[t] ? kg_grid(list->n[t]) : 0;
         const double wd = list->weight_decay[t];
         list->decay[t] = fdt == KG_F32 ? (double)kg_adamw_make_coef<float>(lr, beta1, beta2, eps, wd, step).decay
                                        : kg_adamw_make_coef<double>(lr, beta1, beta2, eps, wd, step).decay;
     }
-    list->first[list->count] = blocks;
     if (blocks == 0) return cudaSuccess;
     if (fdt == KG_F32)
         kg_adamw_list_kernel<float>

@@ -563,7 +563,8 @@ static void ddp_find_runs(kiln_instance *self) {
             for (uint32_t k = 0; k < bk->nseg && whole; k++) {
                 const ddp_segment *sg = &self->segs[bk->first_seg + k];
                 const kiln_parameter *p = self->params[sg->param];
-                const uintptr_t at = (uintptr_t)(which ? (void *)p->grad : (void *)p->data) + (uintptr_t)sg->offset * esz;
+                const void *base = which ? (void *)p->grad : (void *)p->data;
+                const uintptr_t at = (uintptr_t)base + (uintptr_t)sg->offset * esz;
                 if (k == 0) start = at;
                 else whole = at == end;
                 end = at + (uintptr_t)sg->count * esz;

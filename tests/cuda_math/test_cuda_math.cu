@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "cpu_kernels.h"
+#include "kg_internal.cuh"
 #include "kg_math.cuh"
 
 /* ------------------------------------------------------------- helpers */
@@ -848,6 +849,49 @@ static void test_compute_copy(void) {
     CU_ASSERT_EQUAL((kg_convert<KG_F16, KG_F64>(1.0 + 0x1p-11 + 0x1p-40)), 0x3c01u);
 }
 
+/* A list launch's geometry (kg_internal.cuh; kg_adamw_update_list's):
+ * every block of the grid belongs to the tensor whose range holds it, each
+ * tensor gets the blocks kg_grid gives its own launch, empty tensors none,
+ * and the kernel's per-tensor grid-stride loop (block b - first[t], stride
+ * the tensor's blocks x KG_THREADS) visits each element exactly once. */
+static void test_list_geometry(void) {
+    tm_seed(1010);
+    std::vector<unsigned> cover;
+    for (int trial = 0; trial < 60; trial++) {
+        const int count = 1 + (int)(tm_next() % 48);
+        size_t n[48];
+        unsigned first[49];
+        for (int t = 0; t < count; t++) {
+            /* empty, a bias, a matrix, or past the 4096-block cap (the loop strides) */
+            const uint64_t r = tm_next() % 10;
+            n[t] = r == 0   ? 0
+                   : r < 4 ? 1 + tm_next() % 300
+                   : r < 9 ? 1 + tm_next() % 100000
+                           : 1048577 + tm_next() % 500000;
+        }
+        if (trial == 0) n[0] = 0, n[count - 1] = 0; /* empty at both ends */
+        const unsigned blocks = kg_list_blocks(n, count, first);
+        CU_ASSERT_EQUAL(first[count], blocks);
+        for (int t = 0; t < count; t++) CU_ASSERT_EQUAL(first[t + 1] - first[t], n[t] ? kg_grid(n[t]) : 0u);
+        int bad = 0;
+        for (unsigned b = 0; b < blocks; b++) {
+            const int t = kg_list_owner(first, count, b);
+            bad += !(t >= 0 && t < count && first[t] <= b && b < first[t + 1]);
+        }
+        CU_ASSERT_EQUAL(bad, 0);
+        for (int t = 0; t < count && !bad; t++) {
+            cover.assign(n[t], 0);
+            const size_t nb = first[t + 1] - first[t], stride = nb * KG_THREADS;
+            for (size_t blk = 0; blk < nb; blk++)
+                for (unsigned tid = 0; tid < KG_THREADS; tid++)
+                    for (size_t i = blk * KG_THREADS + tid; i < n[t]; i += stride) cover[i]++;
+            size_t wrong = 0;
+            for (size_t i = 0; i < n[t]; i++) wrong += cover[i] != 1;
+            CU_ASSERT_EQUAL(wrong, (size_t)0);
+        }
+    }
+}
+
 static void register_tests(void) {
     CU_pSuite s = CU_add_suite("cuda_math", NULL, NULL);
     CU_add_test(s, "f16_exact", test_f16_exact);
@@ -864,6 +908,7 @@ static void register_tests(void) {
     CU_add_test(s, "sgd", test_sgd);
     CU_add_test(s, "adamw", test_adamw);
     CU_add_test(s, "compute_copy", test_compute_copy);
+    CU_add_test(s, "list_geometry", test_list_geometry);
 }
 
 #include "cunit_main.h"

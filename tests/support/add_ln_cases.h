@@ -81,7 +81,8 @@ static void al_case(const kiln_kernels *k, kiln_instance *acc, uint32_t dt, uint
     const size_t n = (size_t)N * (size_t)C, me = kiln_dtype_size(mdt), se = kiln_dtype_size(dt);
     test_rng rng;
     test_rng_seed(&rng, 1010 + 17 * dt + 5 * rd + (uint64_t)alias);
-    unsigned char *ha = malloc(n * me), *hb = malloc(n * se), *hw = malloc((size_t)C * me), *hc = malloc((size_t)C * me);
+    unsigned char *ha = malloc(n * me), *hb = malloc(n * se);
+    unsigned char *hw = malloc((size_t)C * me), *hc = malloc((size_t)C * me);
     int ok = ha && hb && hw && hc;
     CU_ASSERT_FATAL(ok);
     al_fill(&rng, ha, mdt, n, 4.0, 0.3);
