@@ -223,6 +223,10 @@ static double adamw_param_decay(const kiln_instance *self, const kiln_parameter 
     return (p->flags & KILN_PARAMF_NO_DECAY) && !self->decay_bias ? 0.0 : self->weight_decay;
 }
 
+/* A hyperparameter as the update of dtype dt takes it: float32's rounded
+ * to float (adamw_update's argument type, so the bits do not change). */
+static double adamw_hp(double x, uint32_t dt) { return dt == KILN_DTYPE_F32 ? (double)(float)x : x; }
+
 /* 1.10: every parameter with a gradient in one adamw_update_many call per
  * master dtype. float32 passes the hyperparameters rounded to float, as
  * adamw_update takes them, so the bits are those of the loop below. */
@@ -236,15 +240,13 @@ static int32_t adamw_step_many(kiln_instance *self, int64_t step) {
             if (p->numel == 0 || !kiln_param_has_grad(p) || kiln_param_dtype(p) != dt) continue;
             self->lp[c] = p->data, self->lg[c] = p->grad, self->lm[c] = self->m[i], self->lv[c] = self->v[i];
             self->ln[c] = (size_t)p->numel;
-            self->lwd[c] = dt == KILN_DTYPE_F32 ? (double)(float)adamw_param_decay(self, p) : adamw_param_decay(self, p);
+            self->lwd[c] = adamw_hp(adamw_param_decay(self, p), dt);
             c++;
         }
         if (c == 0) continue;
-        const int f = dt == KILN_DTYPE_F32;
-        int32_t rc = self->k->adamw_update_many(
-            self->acc, dt, c, self->lp, self->lg, self->lm, self->lv, self->ln, self->lwd,
-            f ? (double)(float)self->lr : self->lr, f ? (double)(float)self->beta1 : self->beta1,
-            f ? (double)(float)self->beta2 : self->beta2, f ? (double)(float)self->eps : self->eps, step);
+        int32_t rc = self->k->adamw_update_many(self->acc, dt, c, self->lp, self->lg, self->lm, self->lv, self->ln,
+                                                self->lwd, adamw_hp(self->lr, dt), adamw_hp(self->beta1, dt),
+                                                adamw_hp(self->beta2, dt), adamw_hp(self->eps, dt), step);
         if (rc != KILN_OK) return rc;
     }
     return KILN_OK;

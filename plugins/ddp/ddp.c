@@ -552,8 +552,10 @@ static void ddp_plan(const kiln_instance *self, kiln_parameter *const *params, u
 /* Sets each bucket's run[]: its weights' and gradients' memory when the
  * segments follow each other without a gap (the host's arenas hold a
  * model's parameters back to back whenever their sizes are multiples of 16
- * elements, so every GPT-2 bucket qualifies), NULL otherwise. */
-static void ddp_find_runs(kiln_instance *self) {
+ * elements, so every GPT-2 bucket qualifies), NULL otherwise. Returns how
+ * many buckets have both, i.e. need no staging at all. */
+static uint32_t ddp_find_runs(kiln_instance *self) {
+    uint32_t whole_buckets = 0;
     for (uint32_t b = 0; b < self->nbuckets; b++) {
         ddp_bucket *bk = &self->buckets[b];
         const size_t esz = kiln_dtype_size(bk->dtype);
@@ -571,7 +573,9 @@ static void ddp_find_runs(kiln_instance *self) {
             }
             bk->run[which] = whole ? (void *)start : NULL;
         }
+        whole_buckets += bk->run[0] && bk->run[1];
     }
+    return whole_buckets;
 }
 
 /* Copy a bucket's `which` tensors (0: data, 1: grad) into the staging buffer
@@ -641,17 +645,15 @@ static int32_t ddp_stage_dev(kiln_instance *self, const ddp_bucket *bk, int whic
 }
 
 /* Chooses NCCL when the parameters are CUDA device memory (on any number
- * of ranks); allocates the device bucket buffer when some bucket does not
- * lie in one piece and must be packed into it. */
-static int32_t ddp_setup_nccl(kiln_instance *self, kiln_parameter *const *params, uint32_t n) {
+ * of ranks); allocates the device bucket buffer when `staged`: some bucket
+ * does not lie in one piece and must be packed into it. */
+static int32_t ddp_setup_nccl(kiln_instance *self, kiln_parameter *const *params, uint32_t n, int staged) {
     if (self->host_memory || n == 0 || !self->K->alloc) return KILN_OK;
     int is_dev = 0;
     ddp_nccl_is_device(params[0]->data, &is_dev);
     if (!is_dev) return KILN_OK;
     int32_t rc = ddp_nccl_init(self);
     if (rc) return rc;
-    int staged = 0;
-    for (uint32_t b = 0; b < self->nbuckets; b++) staged |= !self->buckets[b].run[0] || !self->buckets[b].run[1];
     self->use_nccl = 1;
     if (!staged) return KILN_OK;
     rc = self->K->alloc(self->acc, self->buf_bytes ? self->buf_bytes : 1, &self->dbuf);
@@ -765,7 +767,7 @@ static int32_t ddp_setup(kiln_instance *self, kiln_parameter *const *params, uin
     if (!self->segs || !self->buckets)
         return kiln_errorf(self->svc, self->hctx, KILN_E_NOMEM, "ddp: out of memory planning %u buckets", nb);
     ddp_plan(self, params, n, self->segs, &self->nseg, self->buckets, &self->nbuckets);
-    ddp_find_runs(self);
+    const uint32_t whole = ddp_find_runs(self);
     size_t largest = 0;
     for (uint32_t b = 0; b < self->nbuckets; b++) {
         const size_t bytes = (size_t)self->buckets[b].count * kiln_dtype_size(self->buckets[b].dtype);
@@ -776,8 +778,6 @@ static int32_t ddp_setup(kiln_instance *self, kiln_parameter *const *params, uin
     if (!self->buf)
         return kiln_errorf(self->svc, self->hctx, KILN_E_NOMEM, "ddp: cannot allocate a %zu-byte bucket buffer",
                            largest);
-    uint32_t whole = 0;
-    for (uint32_t b = 0; b < self->nbuckets; b++) whole += self->buckets[b].run[0] && self->buckets[b].run[1];
     kiln_logf(self->svc, self->hctx, KILN_LOG_DEBUG,
               "ddp: rank %d: %u parameters in %u buckets of <= %zu bytes, %u of them in one piece (reduced in place)",
               (int)self->rank, n, self->nbuckets, self->bucket_bytes, whole);
@@ -785,7 +785,7 @@ static int32_t ddp_setup(kiln_instance *self, kiln_parameter *const *params, uin
 #ifdef KILN_DDP_NCCL
     /* device memory takes NCCL even on one rank (as torch's DDP on one GPU
      * still all-reduces), so a single-GPU machine exercises that path */
-    int32_t nrc = ddp_setup_nccl(self, params, n);
+    int32_t nrc = ddp_setup_nccl(self, params, n, whole < self->nbuckets);
     if (nrc) return nrc;
     if (self->tcp_boot && !self->use_nccl && n > 0)
         return kiln_errorf(self->svc, self->hctx, KILN_E_CONFIG,

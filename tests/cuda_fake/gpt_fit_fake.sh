@@ -123,11 +123,14 @@ fi
 # most 3 host waits per step (the token check, the loss, and gradient
 # clipping's norm, one sumsq_many call since ABI 1.9 where it was one wait
 # per parameter: each wait leaves the GPU idle until the next launch)
+steady_cfg() { # FROM TO STEPS: run FROM's config for STEPS steps into TO, no validation, no sample
+  mkdir -p "$work/$2"
+  sed -e "s|max_steps = 12;|max_steps = $3;|" -e "s|limit_val_batches = 4; val_check_interval = 12;|limit_val_batches = 0;|" \
+      -e "s|$work/$1/runs|$work/$2/runs|" -e '/name = "sample"/d' -e 's|{ name = "csv_logger"; },|{ name = "csv_logger"; } );|' \
+      "$work/$1/run.cfg" >"$work/$2/run.cfg"
+}
 mallocs() { # STEPS PRECISION -> "cudaMalloc calls, host waits" of a run that long
-  mkdir -p "$work/steady_$1"
-  sed -e "s|max_steps = 12;|max_steps = $1;|" -e "s|limit_val_batches = 4; val_check_interval = 12;|limit_val_batches = 0;|" \
-      -e "s|$work/fake_$2/runs|$work/steady_$1/runs|" -e '/name = "sample"/d' -e 's|{ name = "csv_logger"; },|{ name = "csv_logger"; } );|' \
-      "$work/fake_$2/run.cfg" >"$work/steady_$1/run.cfg"
+  steady_cfg "fake_$2" "steady_$1" "$1"
   # (a failed run prints to stderr and gives nothing, which fails below)
   timeout -s KILL 300 "$kiln" -v fit "$work/steady_$1/run.cfg" >"$work/steady_$1/log" 2>&1 ||
     { tail -5 "$work/steady_$1/log" >&2; return 1; }
@@ -155,10 +158,7 @@ done
 # every residual add runs fused with the layer norm after it (ABI 1.10: 2
 # per block, the last into ln_f), leaving the first block's ln_1 alone
 calls() { # STEPS -> "entry calls" lines of a profiled bf16-mixed run that long
-  mkdir -p "$work/calls_$1"
-  sed -e "s|max_steps = 12;|max_steps = $1;|" -e "s|limit_val_batches = 4; val_check_interval = 12;|limit_val_batches = 0;|" \
-      -e "s|$work/fake_profile/runs|$work/calls_$1/runs|" -e '/name = "sample"/d' -e 's|{ name = "csv_logger"; },|{ name = "csv_logger"; } );|' \
-      "$work/fake_profile/run.cfg" >"$work/calls_$1/run.cfg"
+  steady_cfg fake_profile "calls_$1" "$1"
   timeout -s KILL 300 "$kiln" fit "$work/calls_$1/run.cfg" >"$work/calls_$1/log" 2>&1 ||
     { tail -5 "$work/calls_$1/log" >&2; return 1; }
   sed -n 's/.*cuda: profile: entry \([a-z_0-9]*\) .* \([0-9]*\) calls$/\1 \2/p' "$work/calls_$1/log"
