@@ -12,12 +12,36 @@
  * elements (64-bit division is several times slower on the GPU) and 64-bit
  * otherwise. bias_grad is a two-pass column reduction in a fixed order
  * (kg_kernels.h): the same bits on every run, within the summation bound of
- * the CPU's row-order sum.
+ * the CPU's row-order sum; act_bias_backward (1.11) is its first pass with
+ * the activation's backward applied and stored on the way.
  */
 #include "kg_internal.cuh"
 #include "kg_kernels.h"
 
 #include "../common/km_fp8.h"
+
+/* The run-time act id as a compile-time one: calls launch(kg_act_c<A>())
+ * for A = act (-1, no activation, only where allow_none), then returns the
+ * launch's error; an unknown id is cudaErrorInvalidValue. Every kernel
+ * templated on the activation is launched through it. */
+template <int A> struct kg_act_c {
+    static constexpr int value = A;
+};
+template <typename L> static cudaError_t kg_with_act(int act, bool allow_none, L &&launch) {
+    switch (act) {
+    case -1:
+        if (!allow_none) return cudaErrorInvalidValue;
+        launch(kg_act_c<-1>());
+        break;
+    case KG_ACT_RELU: launch(kg_act_c<KG_ACT_RELU>()); break;
+    case KG_ACT_GELU: launch(kg_act_c<KG_ACT_GELU>()); break;
+    case KG_ACT_TANH: launch(kg_act_c<KG_ACT_TANH>()); break;
+    case KG_ACT_SIGMOID: launch(kg_act_c<KG_ACT_SIGMOID>()); break;
+    case KG_ACT_LEAKY_RELU: launch(kg_act_c<KG_ACT_LEAKY_RELU>()); break;
+    default: return cudaErrorInvalidValue;
+    }
+    return cudaGetLastError();
+}
 
 /* ------------------------------------------------------------------- bias */
 
@@ -61,9 +85,16 @@ extern "C" cudaError_t kg_bias_add(cudaStream_t s, int fdt, void *y, const void 
  */
 #define KG_BG_COLS 32 /* columns per pass-1 block (a warp across a row) */
 
-template <typename T, int SD>
-__global__ void kg_bias_grad_parts_kernel(T *__restrict__ out, const typename kg_storage<SD>::type *__restrict__ dy,
-                                          size_t rows, size_t cols, size_t parts, int direct, int accumulate) {
+/* ACT >= 0 (ABI 1.11's act_bias_backward): each element visited is first
+ * dx = act_backward(dy, x), stored, and the sum adds dx as stored. Every
+ * element is visited by exactly one thread, so dx may be dy, and the sums
+ * are those kg_bias_grad forms over the dx kg_act_backward writes: the
+ * same order, and the same rounding as it is stored. */
+template <typename T, int SD, int ACT>
+__global__ void kg_bias_grad_parts_kernel(T *__restrict__ out, typename kg_storage<SD>::type *dx,
+                                          const typename kg_storage<SD>::type *dy,
+                                          const typename kg_storage<SD>::type *x, size_t rows, size_t cols,
+                                          size_t parts, int direct, int accumulate) {
     __shared__ T lane_sum[KG_BIAS_GRAD_LANES][KG_BG_COLS + 1];
     const size_t j = (size_t)blockIdx.x * KG_BG_COLS + threadIdx.x;
     /* gridDim.y is capped at 65535: more parts take a stride */
@@ -72,8 +103,17 @@ __global__ void kg_bias_grad_parts_kernel(T *__restrict__ out, const typename kg
         const size_t r1 = r0 + KG_BIAS_GRAD_ROWS < rows ? r0 + KG_BIAS_GRAD_ROWS : rows;
         T acc = (T)0;
         if (j < cols)
-            for (size_t r = r0 + threadIdx.y; r < r1; r += KG_BIAS_GRAD_LANES)
-                acc = acc + kg_ld<T, SD>(dy[r * cols + j]);
+            for (size_t r = r0 + threadIdx.y; r < r1; r += KG_BIAS_GRAD_LANES) {
+                const size_t e = r * cols + j;
+                if constexpr (ACT < 0) {
+                    acc = acc + kg_ld<T, SD>(dy[e]);
+                } else {
+                    const typename kg_storage<SD>::type d =
+                        kg_st<T, SD>(kg_act_bwd<ACT>(kg_ld<T, SD>(dy[e]), kg_ld<T, SD>(x[e])));
+                    dx[e] = d;
+                    acc = acc + kg_ld<T, SD>(d);
+                }
+            }
         lane_sum[threadIdx.y][threadIdx.x] = acc;
         __syncthreads();
         if (threadIdx.y == 0 && j < cols) {
@@ -98,19 +138,22 @@ __global__ void kg_bias_grad_sum_kernel(T *__restrict__ db, const T *__restrict_
 }
 
 /* T the sums' type, SD dy's storage (T's own dtype, or 16 bits with float
- * sums: ABI 1.7's activation storage, db and the partials float32). */
+ * sums: ABI 1.7's activation storage, db and the partials float32). act
+ * -1: the bias gradient of dy; else of dx = act_backward(dy, x), which is
+ * written (act_bias_backward). */
 template <typename T, int SD>
 static cudaError_t kg_bias_grad_t(cudaStream_t s, T *db, const void *dy, int rows, int cols, int accumulate,
-                                  T *work) {
+                                  T *work, int act = -1, void *dx = NULL, const void *x = NULL) {
+    typedef typename kg_storage<SD>::type S;
     const size_t r = (size_t)rows, c = (size_t)cols, parts = kg_bias_grad_parts(rows);
     const int direct = parts == 1;
     if (!direct && !work) return cudaErrorInvalidValue;
     const dim3 block(KG_BG_COLS, KG_BIAS_GRAD_LANES);
     const dim3 grid((unsigned)((c + KG_BG_COLS - 1) / KG_BG_COLS), (unsigned)(parts < 65535 ? parts : 65535));
-    kg_bias_grad_parts_kernel<T, SD><<<grid, block, 0, s>>>(direct ? db : work,
-                                                            (const typename kg_storage<SD>::type *)dy, r, c, parts,
-                                                            direct, accumulate);
-    cudaError_t e = cudaGetLastError();
+    cudaError_t e = kg_with_act(act, true, [&](auto a) {
+        kg_bias_grad_parts_kernel<T, SD, decltype(a)::value><<<grid, block, 0, s>>>(
+            direct ? db : work, (S *)dx, (const S *)dy, (const S *)x, r, c, parts, direct, accumulate);
+    });
     if (e != cudaSuccess || direct) return e;
     kg_bias_grad_sum_kernel<T><<<kg_grid(c), KG_THREADS, 0, s>>>(db, work, parts, c, accumulate);
     return cudaGetLastError();
@@ -145,29 +188,6 @@ template <int ACT, typename T, int SD>
 __global__ void kg_act_bwd_kernel(typename kg_storage<SD>::type *dx, const typename kg_storage<SD>::type *dy,
                                   const typename kg_storage<SD>::type *__restrict__ x, size_t n) {
     KG_GRID_STRIDE(i, n) dx[i] = kg_st<T, SD>(kg_act_bwd<ACT>(kg_ld<T, SD>(dy[i]), kg_ld<T, SD>(x[i])));
-}
-
-/* The run-time act id as a compile-time one: calls launch(kg_act_c<A>())
- * for A = act (-1, no activation, only where allow_none), then returns the
- * launch's error; an unknown id is cudaErrorInvalidValue. Every kernel
- * templated on the activation is launched through it. */
-template <int A> struct kg_act_c {
-    static constexpr int value = A;
-};
-template <typename L> static cudaError_t kg_with_act(int act, bool allow_none, L &&launch) {
-    switch (act) {
-    case -1:
-        if (!allow_none) return cudaErrorInvalidValue;
-        launch(kg_act_c<-1>());
-        break;
-    case KG_ACT_RELU: launch(kg_act_c<KG_ACT_RELU>()); break;
-    case KG_ACT_GELU: launch(kg_act_c<KG_ACT_GELU>()); break;
-    case KG_ACT_TANH: launch(kg_act_c<KG_ACT_TANH>()); break;
-    case KG_ACT_SIGMOID: launch(kg_act_c<KG_ACT_SIGMOID>()); break;
-    case KG_ACT_LEAKY_RELU: launch(kg_act_c<KG_ACT_LEAKY_RELU>()); break;
-    default: return cudaErrorInvalidValue;
-    }
-    return cudaGetLastError();
 }
 
 template <typename T> static cudaError_t kg_act_fwd_t(cudaStream_t s, int act, T *y, const T *x, size_t n) {
@@ -207,6 +227,25 @@ extern "C" cudaError_t kg_act_backward(cudaStream_t s, int fdt, int act, void *d
     case KG_F16: return kg_act_bwd_t<float, KG_F16>(s, act, dx, dy, x, n);
     case KG_BF16: return kg_act_bwd_t<float, KG_BF16>(s, act, dx, dy, x, n);
     default: return kg_act_bwd_t<double, KG_F64>(s, act, dx, dy, x, n);
+    }
+}
+
+/* ABI 1.11: kg_act_backward, then kg_bias_grad of the dx it wrote, in one
+ * pass over the gradient (the bias sum's pass 1, which also applies the
+ * activation's backward and stores dx). */
+extern "C" cudaError_t kg_act_bias_backward(cudaStream_t s, int fdt, int act, void *dx, void *db, const void *dy,
+                                            const void *x, int rows, int cols, int accumulate, void *work) {
+    if ((fdt != KG_F32 && fdt != KG_F64 && fdt != KG_F16 && fdt != KG_BF16) || !kg_act_valid(act) || rows < 0 ||
+        cols < 0)
+        return cudaErrorInvalidValue;
+    if (!db) return kg_act_backward(s, fdt, act, dx, dy, x, (size_t)rows * (size_t)cols);
+    if (cols == 0 || (rows == 0 && accumulate)) return cudaSuccess;
+    const int a = accumulate != 0;
+    switch (fdt) {
+    case KG_F32: return kg_bias_grad_t<float, KG_F32>(s, (float *)db, dy, rows, cols, a, (float *)work, act, dx, x);
+    case KG_F16: return kg_bias_grad_t<float, KG_F16>(s, (float *)db, dy, rows, cols, a, (float *)work, act, dx, x);
+    case KG_BF16: return kg_bias_grad_t<float, KG_BF16>(s, (float *)db, dy, rows, cols, a, (float *)work, act, dx, x);
+    default: return kg_bias_grad_t<double, KG_F64>(s, (double *)db, dy, rows, cols, a, (double *)work, act, dx, x);
     }
 }
 

@@ -72,6 +72,11 @@ cudaError_t kg_bias_grad(cudaStream_t s, int fdt, void *db, const void *dy, int 
  * stored in that format, float32 arithmetic, dx rounded as stored. */
 cudaError_t kg_act_forward(cudaStream_t s, int fdt, int act, void *y, const void *x, size_t n);
 cudaError_t kg_act_backward(cudaStream_t s, int fdt, int act, void *dx, const void *dy, const void *x, size_t n);
+/* ABI 1.11: kg_act_backward(dx, dy, x, rows * cols), then kg_bias_grad(db,
+ * dx, rows, cols, accumulate, work), bit for bit, in one pass over the
+ * gradient (work as kg_bias_grad's, for fdt). db NULL: kg_act_backward. */
+cudaError_t kg_act_bias_backward(cudaStream_t s, int fdt, int act, void *dx, void *db, const void *dy, const void *x,
+                                 int rows, int cols, int accumulate, void *work);
 
 /* Softmax cross-entropy, one block per row. probs(B, C) = softmax(logits);
  * row_loss(B) (double) = -log probs[b, labels[b]]; row_correct(B) = argmax ==
@@ -246,6 +251,12 @@ static inline size_t kg_layernorm_backward_work_bytes(int N, int C, int has_dw, 
 cudaError_t kg_layernorm_backward(cudaStream_t s, int fdt, void *dx, void *dw, void *db, const void *dy,
                                   const void *x, const void *w, const void *mean, const void *rstd, int N, int C,
                                   int accumulate, void *work);
+/* ABI 1.11: kg_layernorm_backward, and dx16 (N, C) in dx16_fdt (KG_F16 or
+ * KG_BF16) = dx rounded as kg_cast rounds it, stored by the same kernel as
+ * it stores dx (fdt not KG_F64). */
+cudaError_t kg_layernorm_backward_cast(cudaStream_t s, int fdt, void *dx, void *dw, void *db, const void *dy,
+                                       const void *x, const void *w, const void *mean, const void *rstd, int N, int C,
+                                       int accumulate, void *work, void *dx16, int dx16_fdt);
 
 /* Softmax cross-entropy fused with its gradient, one block per row of
  * logits(N, Vp) (columns [V, Vp) padding), targets(N) in [-1, V):

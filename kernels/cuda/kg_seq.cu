@@ -187,11 +187,13 @@ __global__ void __launch_bounds__(KG_THREADS)
 }
 
 /* dx, one warp per row. SD: dy's storage (T's own dtype, or 16 bits
- * beside float32 everything else: ABI 1.7), widened as it is read. */
-template <typename T, int SD>
+ * beside float32 everything else: ABI 1.7), widened as it is read. D16
+ * (ABI 1.11's layernorm_backward_cast, T float): KG_F16 or KG_BF16 also
+ * stores each dx as kg_cast would convert it into dx16; 0 does not. */
+template <typename T, int SD, int D16>
 __global__ void __launch_bounds__(KG_THREADS)
     kg_ln_bwd_dx_kernel(T *dx, const typename kg_storage<SD>::type *dy, const T *x, const T *w, const T *mean,
-                        const T *rstd, int N, int C, int accumulate) {
+                        const T *rstd, int N, int C, int accumulate, uint16_t *dx16) {
     const int lane = (int)(threadIdx.x & 31u);
     const int row = (int)blockIdx.x * KG_WARPS + (int)(threadIdx.x >> 5);
     if (row >= N) return;
@@ -211,7 +213,9 @@ __global__ void __launch_bounds__(KG_THREADS)
     for (int j = lane; j < C; j += 32) {
         const T dyj = kg_ld<T, SD>(dyr[j]);
         const T v = kg_ln_dx(w ? dyj * w[j] : dyj, xr[j], m, r, am, bm);
-        dxr[j] = accumulate ? dxr[j] + v : v;
+        const T d = accumulate ? dxr[j] + v : v;
+        dxr[j] = d;
+        if constexpr (D16 != 0) dx16[off + (size_t)j] = kg_convert<D16, KG_F32>(d);
     }
 }
 
@@ -294,14 +298,16 @@ extern "C" cudaError_t kg_add_layernorm_forward(cudaStream_t s, int fdt, void *r
     return kg_ln_fwd(s, fdt, y, mean, rstd, NULL, w, b, N, C, eps, round_dtype, res, a, rb);
 }
 
-template <typename T, int SD>
+/* D16 and dx16 as kg_ln_bwd_dx_kernel's. */
+template <typename T, int SD, int D16 = 0>
 static cudaError_t kg_ln_bwd_t(cudaStream_t s, void *dx, void *dw, void *db, const void *dy, const void *x,
                                const void *w, const void *mean, const void *rstd, int N, int C, int accumulate,
-                               void *work) {
+                               void *work, void *dx16 = NULL) {
     const unsigned grid = (unsigned)(((size_t)N + KG_WARPS - 1) / KG_WARPS);
     typedef typename kg_storage<SD>::type S;
-    kg_ln_bwd_dx_kernel<T, SD><<<grid, KG_THREADS, 0, s>>>((T *)dx, (const S *)dy, (const T *)x, (const T *)w,
-                                                           (const T *)mean, (const T *)rstd, N, C, accumulate != 0);
+    kg_ln_bwd_dx_kernel<T, SD, D16><<<grid, KG_THREADS, 0, s>>>((T *)dx, (const S *)dy, (const T *)x, (const T *)w,
+                                                                (const T *)mean, (const T *)rstd, N, C,
+                                                                accumulate != 0, (uint16_t *)dx16);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess || (!dw && !db)) return e;
     const size_t rpb = km_ln_rows_per_block((size_t)N), nblocks = km_ln_blocks((size_t)N);
@@ -330,6 +336,37 @@ extern "C" cudaError_t kg_layernorm_backward(cudaStream_t s, int fdt, void *dx, 
     case KG_BF16: return kg_ln_bwd_t<float, KG_BF16>(s, dx, dw, db, dy, x, w, mean, rstd, N, C, accumulate, work);
     default: return kg_ln_bwd_t<double, KG_F64>(s, dx, dw, db, dy, x, w, mean, rstd, N, C, accumulate, work);
     }
+}
+
+/* ABI 1.11: the 16-bit copy of dx in the dx kernel's store (float dx: dy in
+ * float32 or 16-bit storage). */
+template <int D16>
+static cudaError_t kg_ln_bwd_cast_t(cudaStream_t s, int fdt, void *dx, void *dw, void *db, const void *dy,
+                                    const void *x, const void *w, const void *mean, const void *rstd, int N, int C,
+                                    int accumulate, void *work, void *dx16) {
+    switch (fdt) {
+    case KG_F32:
+        return kg_ln_bwd_t<float, KG_F32, D16>(s, dx, dw, db, dy, x, w, mean, rstd, N, C, accumulate, work, dx16);
+    case KG_F16:
+        return kg_ln_bwd_t<float, KG_F16, D16>(s, dx, dw, db, dy, x, w, mean, rstd, N, C, accumulate, work, dx16);
+    default:
+        return kg_ln_bwd_t<float, KG_BF16, D16>(s, dx, dw, db, dy, x, w, mean, rstd, N, C, accumulate, work, dx16);
+    }
+}
+
+extern "C" cudaError_t kg_layernorm_backward_cast(cudaStream_t s, int fdt, void *dx, void *dw, void *db,
+                                                  const void *dy, const void *x, const void *w, const void *mean,
+                                                  const void *rstd, int N, int C, int accumulate, void *work,
+                                                  void *dx16, int dx16_fdt) {
+    if ((fdt != KG_F32 && fdt != KG_F16 && fdt != KG_BF16) || (dx16_fdt != KG_F16 && dx16_fdt != KG_BF16) || N < 0 ||
+        C < 0)
+        return cudaErrorInvalidValue;
+    if (N == 0 || C == 0) return cudaSuccess;
+    if ((dw || db) && !work) return cudaErrorInvalidValue;
+    if (!dx16 || ((size_t)C + KG_THREADS - 1) / KG_THREADS > 65535u) return cudaErrorInvalidValue;
+    if (dx16_fdt == KG_F16)
+        return kg_ln_bwd_cast_t<KG_F16>(s, fdt, dx, dw, db, dy, x, w, mean, rstd, N, C, accumulate, work, dx16);
+    return kg_ln_bwd_cast_t<KG_BF16>(s, fdt, dx, dw, db, dy, x, w, mean, rstd, N, C, accumulate, work, dx16);
 }
 
 /* --------------------------------------------------- fused cross-entropy */

@@ -595,6 +595,66 @@ static inline int32_t ack_add_ln_forward(ack_sink s, const char *fn, uint32_t dt
     return KILN_OK;
 }
 
+/* 1.11's act_bias_backward: the checks of act_backward and bias_grad_ex
+ * over dx (dtype, act, rows and cols, the NULL buffers), and db apart from
+ * dx, dy and x (the sum would read what it writes). dx may be dy itself.
+ * *go = 0 when there is nothing to do (rows * cols == 0 and no db to
+ * clear: bias_grad_ex zeroes db for rows == 0 unless accumulating). */
+static inline int32_t ack_act_bias_backward(ack_sink s, const char *fn, uint32_t dtype, int32_t act, void *dx,
+                                            void *db, const void *dy, const void *x, int32_t rows, int32_t cols,
+                                            int32_t accumulate, int *go) {
+    int32_t rc;
+    size_t n = 0;
+    *go = 0;
+    if ((rc = ack_act_dtype(s, fn, dtype)) != KILN_OK || (rc = ack_act(s, fn, act)) != KILN_OK) return rc;
+    if (rows < 0 || cols < 0)
+        return ACK_ERR(s, KILN_E_INVALID_ARG, fn, "rows and cols must be >= 0, got %d x %d", (int)rows, (int)cols);
+    if ((rc = ack_elems(s, fn, (size_t)rows, (size_t)cols, 1, &n)) != KILN_OK) return rc;
+    if ((rc = ack_need(s, fn, "dx", dx, n)) != KILN_OK || (rc = ack_need(s, fn, "dy", dy, n)) != KILN_OK ||
+        (rc = ack_need(s, fn, "x", x, n)) != KILN_OK)
+        return rc;
+    if (db) {
+        const size_t ab = n * ack_asz(dtype), cb = (size_t)cols * ack_msz(dtype);
+        if ((rc = ack_apart(s, fn, "db", db, cb, "dx", dx, ab)) != KILN_OK ||
+            (rc = ack_apart(s, fn, "db", db, cb, "dy", dy, ab)) != KILN_OK ||
+            (rc = ack_apart(s, fn, "db", db, cb, "x", x, ab)) != KILN_OK)
+            return rc;
+    }
+    *go = n > 0 || (db && cols > 0 && !accumulate);
+    return KILN_OK;
+}
+
+/* 1.11's layernorm_backward_cast: layernorm_backward's checks, dtype not
+ * float64 (dx is the float32 the copy is cast from), dx16_dtype a 16-bit
+ * format, and dx16 apart from every other buffer. *go as there. */
+static inline int32_t ack_ln_backward_cast(ack_sink s, const char *fn, uint32_t dtype, void *dx, void *dw, void *db,
+                                           const void *dy, const void *x, const void *w, const void *mean,
+                                           const void *rstd, int32_t N, int32_t C, void *dx16, uint32_t dx16_dtype,
+                                           int *go) {
+    int32_t rc = ack_ln_backward(s, fn, dtype, dx, dw, db, dy, x, w, mean, rstd, N, C, go);
+    if (rc != KILN_OK) return rc;
+    if (dtype == KILN_DTYPE_F64 || !ack_is16(dx16_dtype)) {
+        *go = 0;
+        return ACK_ERR(s, KILN_E_INVALID_ARG, fn,
+                       "the copy casts a float32 dx to float16 or bfloat16: dtype must not be float64 and dx16_dtype "
+                       "must be float16 or bfloat16, got dtype %s and dx16_dtype %s (%u)",
+                       kiln_dtype_name(dtype), kiln_dtype_name(dx16_dtype), (unsigned)dx16_dtype);
+    }
+    if (!*go) return KILN_OK;
+    *go = 0;
+    const size_t nx = (size_t)N * (size_t)C, esz = ack_msz(dtype), xb = nx * esz, cb = (size_t)C * esz,
+                 rb = (size_t)N * esz;
+    if ((rc = ack_need(s, fn, "dx16", dx16, nx)) != KILN_OK) return rc;
+    static const char *const names[8] = {"dx", "dy", "x", "w", "mean", "rstd", "dw", "db"};
+    const void *bufs[8] = {dx, dy, x, w, mean, rstd, dw, db};
+    const size_t bytes[8] = {xb, nx * ack_asz(dtype), xb, cb, rb, rb, cb, cb};
+    for (int i = 0; i < 8; i++)
+        if ((rc = ack_apart(s, fn, "dx16", dx16, nx * 2, names[i], bufs[i], bytes[i])) != KILN_OK)
+            return rc;
+    *go = 1;
+    return KILN_OK;
+}
+
 /* ------------------------------------------------------------ elementwise */
 
 /* What every ABI 1.5 elementwise entry checks: the dtype, NULL pointers, and

@@ -542,6 +542,21 @@ static int32_t cpu_act_backward(kiln_instance *acc, uint32_t dtype, int32_t act,
     return KILN_OK;
 }
 
+#if KILN_ABI_MINOR >= 11
+/* 1.11: the two entries in a row, after the checks of both, as
+ * add_layernorm_forward (cpu_accel_seq.c): nothing to save on the cpu. */
+static int32_t cpu_act_bias_backward(kiln_instance *acc, uint32_t dtype, int32_t act, void *dx, void *db,
+                                     const void *dy, const void *x, int32_t rows, int32_t cols, int32_t accumulate) {
+    int go = 0;
+    int32_t rc = ack_act_bias_backward(CPU_SINK(acc), "act_bias_backward", dtype, act, dx, db, dy, x, rows, cols,
+                                       accumulate, &go);
+    if (rc != KILN_OK || !go) return rc;
+    rc = cpu_act_backward(acc, dtype, act, dx, dy, x, (size_t)rows * (size_t)cols);
+    if (rc != KILN_OK || !db) return rc;
+    return cpu_bias_grad_ex(acc, dtype, db, dx, rows, cols, accumulate);
+}
+#endif
+
 /* As softmax_xent_forward: a NaN loss is a data error only when a label is
  * out of range (NaN logits give a NaN loss the trainer handles). */
 static int32_t cpu_softmax_xent_forward_ex(kiln_instance *acc, uint32_t dtype, void *probs, const void *logits,
@@ -904,11 +919,18 @@ static const kiln_kernels cpu_kernel_table = {
     .adamw_update_many = cpu_adamw_update_many,
     .add_layernorm_forward = cpu_add_layernorm_forward,
 #endif
+#if KILN_ABI_MINOR >= 11
+    .act_bias_backward = cpu_act_bias_backward,
+    .layernorm_backward_cast = cpu_layernorm_backward_cast,
+#endif
 };
 /* The table is built with this header's size: every entry above is set, and
- * a caller checks struct_size against KILN_KERNELS_SIZE_1_10 (1_9, 1_6, 1_5,
- * 1_3 and 1_2 in the fixtures built against the frozen 1.9 ... 1.2 headers). */
-#if KILN_ABI_MINOR >= 10
+ * a caller checks struct_size against KILN_KERNELS_SIZE_1_11 (1_10, 1_9,
+ * 1_6, 1_5, 1_3 and 1_2 in the fixtures built against the frozen 1.10 ...
+ * 1.2 headers). */
+#if KILN_ABI_MINOR >= 11
+static_assert(sizeof(kiln_kernels) == KILN_KERNELS_SIZE_1_11, "kiln_kernels is ABI 1.11's");
+#elif KILN_ABI_MINOR >= 10
 static_assert(sizeof(kiln_kernels) == KILN_KERNELS_SIZE_1_10, "kiln_kernels is ABI 1.10's");
 #elif KILN_ABI_MINOR >= 9
 static_assert(sizeof(kiln_kernels) == KILN_KERNELS_SIZE_1_9, "kiln_kernels is ABI 1.9's");

@@ -79,5 +79,11 @@ int32_t cpu_add_layernorm_forward(kiln_instance *acc, uint32_t dtype, void *res,
                                   void *mean, void *rstd, const void *w, const void *bias, int32_t N, int32_t C,
                                   double eps, uint32_t round_dtype);
 #endif
+#if KILN_ABI_MINOR >= 11
+/* cpu_accel_seq.c: 1.11's layer norm backward with a 16-bit copy of dx */
+int32_t cpu_layernorm_backward_cast(kiln_instance *acc, uint32_t dtype, void *dx, void *dw, void *db, const void *dy,
+                                    const void *x, const void *w, const void *mean, const void *rstd, int32_t N,
+                                    int32_t C, int32_t accumulate, void *dx16, uint32_t dx16_dtype);
+#endif
 
 #endif /* KILN_PLUGINS_CPU_ACCEL_H */

@@ -173,6 +173,22 @@ int32_t cpu_add_layernorm_forward(kiln_instance *acc, uint32_t dtype, void *res,
 }
 #endif
 
+#if KILN_ABI_MINOR >= 11
+/* 1.11: layernorm_backward, then dx's 16-bit copy (kc_cast, as the cast
+ * entry), after the checks of both. */
+int32_t cpu_layernorm_backward_cast(kiln_instance *acc, uint32_t dtype, void *dx, void *dw, void *db, const void *dy,
+                                    const void *x, const void *w, const void *mean, const void *rstd, int32_t N,
+                                    int32_t C, int32_t accumulate, void *dx16, uint32_t dx16_dtype) {
+    int go = 0;
+    int32_t rc = ack_ln_backward_cast(CPU_SINK(acc), "layernorm_backward_cast", dtype, dx, dw, db, dy, x, w, mean, rstd,
+                                      N, C, dx16, dx16_dtype, &go);
+    if (rc != KILN_OK || !go) return rc;
+    rc = cpu_layernorm_backward(acc, dtype, dx, dw, db, dy, x, w, mean, rstd, N, C, accumulate);
+    if (rc == KILN_OK) kc_cast(dx16, (int)dx16_dtype, dx, KC_F32, (size_t)N * (size_t)C);
+    return rc;
+}
+#endif
+
 /* ------------------------------------------------------------- attention */
 
 /* attention_forward, attention_backward: the checks (accel_checks.h), the

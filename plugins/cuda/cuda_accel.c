@@ -236,6 +236,23 @@ static int32_t cu_act_backward(kiln_instance *acc, uint32_t dt, int32_t act, voi
     CU_LAUNCH(acc, "act_backward", kg_act_backward(acc->stream, (int)dt, act, dx, dy, x, n));
     return KILN_OK;
 }
+/* 1.11: the activation's backward inside the bias sum's first pass (one
+ * kernel instead of two, and dx not read back), checked as both. */
+static int32_t cu_act_bias_backward(kiln_instance *acc, uint32_t dt, int32_t act, void *dx, void *db, const void *dy,
+                                    const void *x, int32_t rows, int32_t cols, int32_t accumulate) {
+    const char *fn = "act_bias_backward";
+    int go = 0;
+    int32_t rc = ack_act_bias_backward(CU_SINK(acc), fn, dt, act, dx, db, dy, x, rows, cols, accumulate, &go);
+    if (rc != KILN_OK || !go) return rc;
+    CU_READY(acc, fn);
+    /* the partials as bias_grad's (gemm scratch, grow-only) */
+    const size_t wb = db ? kg_bias_grad_work_bytes((int)dt, rows, cols) : 0;
+    if (wb > 0 && (rc = cu_reserve(acc, &acc->ws, &acc->ws_bytes, wb, fn)) != KILN_OK) return rc;
+    CU_LAUNCH(acc, fn,
+              kg_act_bias_backward(acc->stream, (int)dt, act, dx, db, dy, x, rows, cols, accumulate != 0,
+                                   wb > 0 ? acc->ws : NULL));
+    return KILN_OK;
+}
 static int32_t cu_relu_forward(kiln_instance *acc, float *y, const float *x, size_t n) {
     return cu_act_forward(acc, KILN_DTYPE_F32, KILN_ACT_RELU, y, x, n);
 }
@@ -592,8 +609,8 @@ ACK_DEFINE_EW_ENTRIES(cu_, cu_ew, KG_EW_, CU_SINK)
 /* ------------------------------------------------------------- the table */
 
 static const kiln_kernels cu_kernel_table = {
-    /* 1.10's size: every entry through add_layernorm_forward */
-    .struct_size = KILN_KERNELS_SIZE_1_10,
+    /* 1.11's size: every entry through layernorm_backward_cast */
+    .struct_size = KILN_KERNELS_SIZE_1_11,
     /* device memory: callers copy host data in and out; gemm_ex and
      * xent_fused take 16-bit outputs and logits (1.6); the layer norm,
      * linear, attention, act_backward, bias_grad_ex and add entries keep
@@ -668,8 +685,11 @@ static const kiln_kernels cu_kernel_table = {
     .sumsq_many = cu_sumsq_many,
     .adamw_update_many = cu_adamw_update_many,
     .add_layernorm_forward = cu_add_layernorm_forward,
+    /* 1.11 */
+    .act_bias_backward = cu_act_bias_backward,
+    .layernorm_backward_cast = cu_layernorm_backward_cast,
 };
-static_assert(sizeof(kiln_kernels) >= KILN_KERNELS_SIZE_1_10, "kiln_kernels covers ABI 1.10");
+static_assert(sizeof(kiln_kernels) >= KILN_KERNELS_SIZE_1_11, "kiln_kernels covers ABI 1.11");
 
 /* -------------------------------------------------------------- instance */
 

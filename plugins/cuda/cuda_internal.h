@@ -343,5 +343,9 @@ ACK_DECLARE_SEQ_ENTRIES(cu_)
 int32_t cu_add_layernorm_forward(kiln_instance *acc, uint32_t dtype, void *res, const void *a, const void *b, void *y,
                                  void *mean, void *rstd, const void *w, const void *bias, int32_t N, int32_t C,
                                  double eps, uint32_t round_dtype);
+/* cuda_seq.c: 1.11's layer norm backward with a 16-bit copy of dx */
+int32_t cu_layernorm_backward_cast(kiln_instance *acc, uint32_t dtype, void *dx, void *dw, void *db, const void *dy,
+                                   const void *x, const void *w, const void *mean, const void *rstd, int32_t N,
+                                   int32_t C, int32_t accumulate, void *dx16, uint32_t dx16_dtype);
 
 #endif /* KILN_PLUGIN_CUDA_INTERNAL_H */

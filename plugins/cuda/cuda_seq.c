@@ -178,6 +178,31 @@ int32_t cu_add_layernorm_forward(kiln_instance *acc, uint32_t dtype, void *res, 
     return KILN_OK;
 }
 
+/* Both layer norm backwards once checked: the column limit, the partials'
+ * workspace, the launch (dx16 NULL: layernorm_backward's, else 1.11's with
+ * the 16-bit copy of dx stored by the dx kernel). */
+static int32_t cu_ln_backward_run(kiln_instance *acc, const char *fn, uint32_t dtype, void *dx, void *dw, void *db,
+                                  const void *dy, const void *x, const void *w, const void *mean, const void *rstd,
+                                  int32_t N, int32_t C, int32_t accumulate, void *dx16, uint32_t dx16_dtype) {
+    if ((((size_t)C + 255) / 256) > 65535u)
+        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: C=%d is above the %d columns one launch covers", fn, (int)C,
+                      65535 * 256);
+    CU_READY(acc, fn);
+    const size_t work = kg_layernorm_backward_work_bytes(N, C, dw != NULL, db != NULL);
+    int32_t rc;
+    if (work && (rc = cu_reserve(acc, &acc->seq_work, &acc->seq_work_bytes, work, fn)) != KILN_OK) return rc;
+    void *const ws = work ? acc->seq_work : NULL;
+    if (dx16)
+        CU_LAUNCH(acc, fn,
+                  kg_layernorm_backward_cast(acc->stream, (int)dtype, dx, dw, db, dy, x, w, mean, rstd, N, C,
+                                             accumulate != 0, ws, dx16, (int)dx16_dtype));
+    else
+        CU_LAUNCH(acc, fn,
+                  kg_layernorm_backward(acc->stream, (int)dtype, dx, dw, db, dy, x, w, mean, rstd, N, C,
+                                        accumulate != 0, ws));
+    return KILN_OK;
+}
+
 int32_t cu_layernorm_backward(kiln_instance *acc, uint32_t dtype, void *dx, void *dw, void *db, const void *dy,
                               const void *x, const void *w, const void *mean, const void *rstd, int32_t N, int32_t C,
                               int32_t accumulate) {
@@ -185,16 +210,20 @@ int32_t cu_layernorm_backward(kiln_instance *acc, uint32_t dtype, void *dx, void
     int go = 0;
     int32_t rc = ack_ln_backward(CU_SINK(acc), fn, dtype, dx, dw, db, dy, x, w, mean, rstd, N, C, &go);
     if (rc != KILN_OK || !go) return rc;
-    if ((((size_t)C + 255) / 256) > 65535u)
-        return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: C=%d is above the %d columns one launch covers", fn, (int)C,
-                      65535 * 256);
-    CU_READY(acc, fn);
-    const size_t work = kg_layernorm_backward_work_bytes(N, C, dw != NULL, db != NULL);
-    if (work && (rc = cu_reserve(acc, &acc->seq_work, &acc->seq_work_bytes, work, fn)) != KILN_OK) return rc;
-    CU_LAUNCH(acc, fn,
-              kg_layernorm_backward(acc->stream, (int)dtype, dx, dw, db, dy, x, w, mean, rstd, N, C, accumulate != 0,
-                                    work ? acc->seq_work : NULL));
-    return KILN_OK;
+    return cu_ln_backward_run(acc, fn, dtype, dx, dw, db, dy, x, w, mean, rstd, N, C, accumulate, NULL, 0);
+}
+
+/* 1.11: the layer norm's backward with dx's 16-bit copy stored by the dx
+ * kernel, checked as layernorm_backward and cast. */
+int32_t cu_layernorm_backward_cast(kiln_instance *acc, uint32_t dtype, void *dx, void *dw, void *db, const void *dy,
+                                   const void *x, const void *w, const void *mean, const void *rstd, int32_t N,
+                                   int32_t C, int32_t accumulate, void *dx16, uint32_t dx16_dtype) {
+    const char *fn = "layernorm_backward_cast";
+    int go = 0;
+    int32_t rc = ack_ln_backward_cast(CU_SINK(acc), fn, dtype, dx, dw, db, dy, x, w, mean, rstd, N, C, dx16,
+                                      dx16_dtype, &go);
+    if (rc != KILN_OK || !go) return rc;
+    return cu_ln_backward_run(acc, fn, dtype, dx, dw, db, dy, x, w, mean, rstd, N, C, accumulate, dx16, dx16_dtype);
 }
 
 /* ------------------------------------------------------------- attention */

@@ -36,6 +36,7 @@
 #include "act16_cases.h"
 #include "adamw_many_cases.h"
 #include "add_ln_cases.h"
+#include "bwd_fuse_cases.h"
 #include "sumsq_many_cases.h"
 #include "half_bits.h"
 #include "plugin_fixture.h"
@@ -88,9 +89,10 @@ static void test_descriptor(void) {
      * sequence entries embedding_forward .. add (1.4), the 7
      * elementwise ones lerp .. clamp (1.5; tests/kernels_ew) and
      * linear_forward_layout (1.6), sumsq_many (1.9),
-     * adamw_update_many and add_layernorm_forward (1.10) */
-    CU_ASSERT_EQUAL(n, 57);
-    CU_ASSERT_TRUE(g_k->struct_size >= KILN_KERNELS_SIZE_1_10);
+     * adamw_update_many and add_layernorm_forward (1.10),
+     * act_bias_backward and layernorm_backward_cast (1.11) */
+    CU_ASSERT_EQUAL(n, 59);
+    CU_ASSERT_TRUE(g_k->struct_size >= KILN_KERNELS_SIZE_1_11);
     CU_ASSERT_TRUE(g_k->flags & KILN_KERNELS_STORE_16BIT);
 }
 
@@ -1367,6 +1369,8 @@ static void test_sumsq_many(void) { sumsq_many_run_all(g_k, g_acc); }
 static void test_adamw_many(void) { adamw_many_run_all(g_k, g_acc); }
 /* ABI 1.10: add_layernorm_forward, likewise */
 static void test_add_ln(void) { add_ln_run_all(g_k, g_acc); }
+/* ABI 1.11: act_bias_backward and layernorm_backward_cast, likewise */
+static void test_bwd_fuse(void) { bwd_fuse_run_all(g_k, g_acc); }
 
 static CU_TestInfo cases_cpu_accel[] = {
     {"blas key: auto, openblas, blis", test_blas_key},
@@ -1396,6 +1400,7 @@ static CU_TestInfo cases_cpu_accel[] = {
     {"1.9: sumsq_many = sumsq_ex per tensor, bit for bit", test_sumsq_many},
     {"1.10: adamw_update_many = adamw_update_ex per tensor, bit for bit", test_adamw_many},
     {"1.10: add_layernorm_forward = add then layernorm_forward, bit for bit", test_add_ln},
+    {"1.11: act_bias_backward and layernorm_backward_cast = the entries they fuse, bit for bit", test_bwd_fuse},
     {"configure threads", test_configure},
     CU_TEST_INFO_NULL,
 };

@@ -140,6 +140,22 @@ cudaError_t kg_bias_add(cudaStream_t s, int fdt, void *y, const void *b, int row
             }                                                                                                  \
     } while (0)
 
+/* The sums of kg_bias_grad (and of 1.11's act_bias_backward over the dx it
+ * stored), once its launch is checked. */
+static cudaError_t fake_bias_grad_math(int fdt, void *db, const void *dy, int rows, int cols, int accumulate,
+                                       void *work) {
+    const size_t parts = kg_bias_grad_parts(rows);
+    float *dy32 = NULL;
+    if (fake_act16(fdt)) {
+        if (!(dy32 = fake_widen16(fdt, dy, (size_t)rows * (size_t)cols))) return fake_error(cudaErrorMemoryAllocation);
+        dy = dy32;
+    }
+    if (fdt != KG_F64) FAKE_BIAS_GRAD(float);
+    else FAKE_BIAS_GRAD(double);
+    free(dy32);
+    return cudaSuccess;
+}
+
 cudaError_t kg_bias_grad(cudaStream_t s, int fdt, void *db, const void *dy, int rows, int cols, int accumulate,
                          void *work) {
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
@@ -162,15 +178,7 @@ cudaError_t kg_bias_grad(cudaStream_t s, int fdt, void *db, const void *dy, int 
                    fake_overlap(__func__, "work", work, wb, "db", db, (size_t)cols * esz)))
         return fake_error(cudaErrorInvalidValue);
     fake_stats.kernels += parts > 1; /* the second pass */
-    float *dy32 = NULL;
-    if (d16) {
-        if (!(dy32 = fake_widen16(fdt, dy, (size_t)rows * (size_t)cols))) return fake_error(cudaErrorMemoryAllocation);
-        dy = dy32;
-    }
-    if (fdt != KG_F64) FAKE_BIAS_GRAD(float);
-    else FAKE_BIAS_GRAD(double);
-    free(dy32);
-    return cudaSuccess;
+    return fake_bias_grad_math(fdt, db, dy, rows, cols, accumulate, work);
 }
 
 /* --------------------------------------------------------- activations */
@@ -214,19 +222,11 @@ static void fake_act_bwd32(int act, float *dx, const float *dy, const float *x, 
     }
 }
 
-cudaError_t kg_act_backward(cudaStream_t s, int fdt, int act, void *dx, const void *dy, const void *x, size_t n) {
-    if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
-    const int s16 = fake_act16(fdt); /* 1.7: dx, dy, x in 16 bits */
-    if ((!fake_fdt(fdt) && !s16) || act < KG_ACT_RELU || act > KG_ACT_LEAKY_RELU)
-        return fake_error(cudaErrorInvalidValue);
+/* What kg_act_backward computes, once its launch is checked (and 1.11's
+ * act_bias_backward before its sums). */
+static cudaError_t fake_act_bwd_math(int fdt, int act, void *dx, const void *dy, const void *x, size_t n) {
     if (n == 0) return cudaSuccess;
-    const size_t bytes = n * fake_dt_size(fdt);
-    const fake_buf bufs[] = {{"dx", dx, bytes}, {"dy", dy, bytes}, {"x", x, bytes}};
-    cudaError_t e = fake_launch(__func__, s, bufs, 3);
-    if (e != cudaSuccess) return e;
-    if (dx != dy) fake_overlap(__func__, "dx", dx, bytes, "dy", dy, bytes);
-    fake_overlap(__func__, "dx", dx, bytes, "x", x, bytes);
-    if (s16) {
+    if (fake_act16(fdt)) {
         /* the float32 kernel on the widened values, dx rounded as stored */
         float *dy32 = fake_widen16(fdt, dy, n), *x32 = fake_widen16(fdt, x, n);
         if (!dy32 || !x32) {
@@ -250,6 +250,51 @@ cudaError_t kg_act_backward(cudaStream_t s, int fdt, int act, void *dx, const vo
         }
     }
     return cudaSuccess;
+}
+
+cudaError_t kg_act_backward(cudaStream_t s, int fdt, int act, void *dx, const void *dy, const void *x, size_t n) {
+    if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
+    const int s16 = fake_act16(fdt); /* 1.7: dx, dy, x in 16 bits */
+    if ((!fake_fdt(fdt) && !s16) || act < KG_ACT_RELU || act > KG_ACT_LEAKY_RELU)
+        return fake_error(cudaErrorInvalidValue);
+    if (n == 0) return cudaSuccess;
+    const size_t bytes = n * fake_dt_size(fdt);
+    const fake_buf bufs[] = {{"dx", dx, bytes}, {"dy", dy, bytes}, {"x", x, bytes}};
+    cudaError_t e = fake_launch(__func__, s, bufs, 3);
+    if (e != cudaSuccess) return e;
+    if (dx != dy) fake_overlap(__func__, "dx", dx, bytes, "dy", dy, bytes);
+    fake_overlap(__func__, "dx", dx, bytes, "x", x, bytes);
+    return fake_act_bwd_math(fdt, act, dx, dy, x, n);
+}
+
+/* 1.11: one launch (and the bias sum's second pass where it has parts),
+ * computing what kg_act_backward then kg_bias_grad compute. */
+cudaError_t kg_act_bias_backward(cudaStream_t s, int fdt, int act, void *dx, void *db, const void *dy, const void *x,
+                                 int rows, int cols, int accumulate, void *work) {
+    const int s16 = fake_act16(fdt);
+    if ((!fake_fdt(fdt) && !s16) || act < KG_ACT_RELU || act > KG_ACT_LEAKY_RELU || rows < 0 || cols < 0)
+        return fake_error(cudaErrorInvalidValue);
+    if (!db) return kg_act_backward(s, fdt, act, dx, dy, x, (size_t)rows * (size_t)cols);
+    if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
+    if (cols == 0 || (rows == 0 && accumulate)) return cudaSuccess;
+    const size_t n = (size_t)rows * (size_t)cols, bytes = n * fake_dt_size(fdt),
+                 dbb = (size_t)cols * (s16 ? sizeof(float) : fake_dt_size(fdt)),
+                 wb = kg_bias_grad_work_bytes(fdt, rows, cols);
+    if (wb > 0 && !work) {
+        fake_violation("%s: %d rows need a %zu-byte workspace; work is NULL", __func__, rows, wb);
+        return fake_error(cudaErrorInvalidValue);
+    }
+    const fake_buf bufs[] = {{"dx", dx, bytes}, {"db", db, dbb}, {"dy", dy, bytes}, {"x", x, bytes}, {"work", work, wb}};
+    cudaError_t e = fake_launch(__func__, s, bufs, 5);
+    if (e != cudaSuccess) return e;
+    if ((dx != dy && fake_overlap(__func__, "dx", dx, bytes, "dy", dy, bytes)) ||
+        fake_overlap(__func__, "dx", dx, bytes, "x", x, bytes) || fake_overlap(__func__, "db", db, dbb, "dx", dx, bytes) ||
+        fake_overlap(__func__, "db", db, dbb, "dy", dy, bytes) || fake_overlap(__func__, "db", db, dbb, "x", x, bytes) ||
+        fake_overlap(__func__, "work", work, wb, "dx", dx, bytes) || fake_overlap(__func__, "work", work, wb, "db", db, dbb))
+        return fake_error(cudaErrorInvalidValue);
+    fake_stats.kernels += kg_bias_grad_parts(rows) > 1; /* the second pass */
+    if ((e = fake_act_bwd_math(fdt, act, dx, dy, x, n)) != cudaSuccess) return e;
+    return fake_bias_grad_math(fdt, db, dx, rows, cols, accumulate, work);
 }
 
 /* ---------------------------------------------------------------- loss */

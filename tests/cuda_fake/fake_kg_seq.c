@@ -188,6 +188,30 @@ cudaError_t kg_layernorm_backward(cudaStream_t s, int fdt, void *dx, void *dw, v
     return cudaSuccess;
 }
 
+/* 1.11: the same launch, with dx16 among its buffers, and the copy as
+ * kg_cast makes it. */
+cudaError_t kg_layernorm_backward_cast(cudaStream_t s, int fdt, void *dx, void *dw, void *db, const void *dy,
+                                       const void *x, const void *w, const void *mean, const void *rstd, int N, int C,
+                                       int accumulate, void *work, void *dx16, int dx16_fdt) {
+    if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
+    if ((fdt != KG_F32 && !fake_act16(fdt)) || (dx16_fdt != KG_F16 && dx16_fdt != KG_BF16) || N < 0 || C < 0)
+        return fake_error(cudaErrorInvalidValue);
+    if (N == 0 || C == 0) return cudaSuccess;
+    if (!dx16) return fake_error(cudaErrorInvalidValue);
+    const size_t n = (size_t)N * (size_t)C, xb = n * sizeof(float);
+    /* the copy's checks, then layernorm_backward's launch as the one kernel */
+    cudaError_t e = fake_need_device(__func__, "dx16", dx16, n * 2);
+    if (e != cudaSuccess) return e;
+    const void *others[6] = {dx, dy, x, w, mean, rstd};
+    static const char *const names[6] = {"dx", "dy", "x", "w", "mean", "rstd"};
+    const size_t ob[6] = {xb, fake_act16(fdt) ? n * 2 : xb, xb, w ? (size_t)C * 4 : 0, (size_t)N * 4, (size_t)N * 4};
+    for (int i = 0; i < 6; i++)
+        if (fake_overlap(__func__, "dx16", dx16, n * 2, names[i], others[i], ob[i])) return fake_error(cudaErrorInvalidValue);
+    if ((e = kg_layernorm_backward(s, fdt, dx, dw, db, dy, x, w, mean, rstd, N, C, accumulate, work)) != cudaSuccess)
+        return e;
+    return kc_cast(dx16, dx16_fdt, dx, KC_F32, n) != 0 ? fake_error(cudaErrorInvalidValue) : cudaSuccess;
+}
+
 /* --------------------------------------------------- fused cross-entropy */
 
 cudaError_t kg_xent_fused(cudaStream_t s, int fdt, void *logits, const int32_t *targets, int N, int V, int Vp,

@@ -41,6 +41,7 @@
 #include "cuda_fake_test.h"
 #include "adamw_many_cases.h"
 #include "add_ln_cases.h"
+#include "bwd_fuse_cases.h"
 #include "sumsq_many_cases.h"
 
 kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
@@ -655,6 +656,57 @@ static void test_add_ln(void) {
     NO_VIOLATIONS();
 }
 
+/* 1.11's act_bias_backward and layernorm_backward_cast: the shared cases
+ * (tests/support/bwd_fuse_cases.h, which the cpu accelerator passes too),
+ * then what they are for: one launch where act_backward and bias_grad_ex
+ * take two (three with the sum's second pass: two), and one where
+ * layernorm_backward and cast take two (with dw and db: four and five);
+ * a failing launch is a message naming the entry and the kernel. */
+static void test_bwd_fuse(void) {
+    const kiln_kernels *k = NULL;
+    kiln_test_clear_log(g_th);
+    kiln_instance *acc = ready(NULL, &k);
+    if (!acc) return;
+    bwd_fuse_run_all(k, acc);
+    enum { N = 600, C = 64 }; /* 600 rows: the column sum in three parts */
+    float *d = NULL;
+    CU_ASSERT_EQUAL_FATAL(k->alloc(acc, (size_t)(4 * N * C + 4 * C + 2 * N) * sizeof(float), (void **)&d), KILN_OK);
+    CU_ASSERT_EQUAL_FATAL(k->zero(acc, d, (size_t)(4 * N * C + 4 * C + 2 * N) * sizeof(float)), KILN_OK);
+    float *dx = d, *dy = d + N * C, *x = d + 2 * N * C, *c16 = d + 3 * N * C, *db = d + 4 * N * C, *dw = db + C;
+    float *mean = dw + C, *rstd = mean + N;
+    fake_cuda_stats s0 = stats();
+    CU_ASSERT_EQUAL(k->act_bias_backward(acc, KILN_DTYPE_F32, KILN_ACT_GELU, dx, db, dy, x, N, C, 1), KILN_OK);
+    CU_ASSERT_EQUAL(stats().kernels - s0.kernels, 2u); /* the pass that fuses, and the parts' sum */
+    s0 = stats();
+    CU_ASSERT_EQUAL(k->act_backward(acc, KILN_DTYPE_F32, KILN_ACT_GELU, dx, dy, x, (size_t)N * C), KILN_OK);
+    CU_ASSERT_EQUAL(k->bias_grad_ex(acc, KILN_DTYPE_F32, db, dx, N, C, 1), KILN_OK);
+    CU_ASSERT_EQUAL(stats().kernels - s0.kernels, 3u);
+    s0 = stats();
+    CU_ASSERT_EQUAL(k->layernorm_backward_cast(acc, KILN_DTYPE_F32, dx, NULL, NULL, dy, x, NULL, mean, rstd, N, C, 1,
+                                               c16, KILN_DTYPE_BF16),
+                    KILN_OK);
+    CU_ASSERT_EQUAL(stats().kernels - s0.kernels, 1u);
+    s0 = stats();
+    CU_ASSERT_EQUAL(k->layernorm_backward(acc, KILN_DTYPE_F32, dx, NULL, NULL, dy, x, NULL, mean, rstd, N, C, 1),
+                    KILN_OK);
+    CU_ASSERT_EQUAL(k->cast(acc, c16, KILN_DTYPE_BF16, dx, KILN_DTYPE_F32, (size_t)N * C), KILN_OK);
+    CU_ASSERT_EQUAL(stats().kernels - s0.kernels, 2u);
+    env_set("KILN_FAKE_CUDA_FAIL", "kg_act_bias_backward");
+    CU_ASSERT_EQUAL(k->act_bias_backward(acc, KILN_DTYPE_F32, KILN_ACT_GELU, dx, db, dy, x, N, C, 1), KILN_E_CUDA);
+    HAS(kiln_test_error(g_th), "act_bias_backward");
+    HAS(kiln_test_error(g_th), "kg_act_bias_backward");
+    env_set("KILN_FAKE_CUDA_FAIL", "kg_layernorm_backward_cast");
+    CU_ASSERT_EQUAL(k->layernorm_backward_cast(acc, KILN_DTYPE_F32, dx, dw, db, dy, x, NULL, mean, rstd, N, C, 1, c16,
+                                               KILN_DTYPE_BF16),
+                    KILN_E_CUDA);
+    HAS(kiln_test_error(g_th), "layernorm_backward_cast");
+    HAS(kiln_test_error(g_th), "kg_layernorm_backward_cast");
+    env_clear();
+    k->free(acc, d);
+    g_ops->base.destroy(acc);
+    NO_VIOLATIONS();
+}
+
 /* 1.10's adamw_update_many: the shared cases (tests/support/
  * adamw_many_cases.h, which the cpu accelerator passes too), then what it
  * is for: 100 parameters updated in 3 launches (lists of 48, 48 and 4)
@@ -1127,6 +1179,7 @@ static void register_tests(void) {
     CU_add_test(s, "1.9: sumsq_many = sumsq_ex per tensor, with one wait", test_sumsq_many);
     CU_add_test(s, "1.10: adamw_update_many = adamw_update_ex per tensor, in a launch per 48", test_adamw_many);
     CU_add_test(s, "1.10: add_layernorm_forward = add then layernorm_forward, in one launch", test_add_ln);
+    CU_add_test(s, "1.11: act_bias_backward and layernorm_backward_cast, one launch each", test_bwd_fuse);
     CU_add_test(s, "failing CUDA/cuBLAS calls become messages", test_failing_calls);
     CU_add_test(s, "softmax_xent_backward refuses a bad label", test_xent_backward_bad_label);
     CU_add_test(s, "destroy returns everything", test_destroy_releases_all);

@@ -103,6 +103,7 @@
 #include "half_bits.h"
 #include "adamw_many_cases.h"
 #include "add_ln_cases.h"
+#include "bwd_fuse_cases.h"
 #include "sumsq_many_cases.h"
 
 static kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
@@ -1210,6 +1211,14 @@ static void test_add_ln(void) {
     for (int s = 0; s < 2; s++) add_ln_run_all(g_side[s].k, g_side[s].acc);
 }
 
+/* 1.11's act_bias_backward and layernorm_backward_cast: the shared cases on
+ * the device: the activation backward inside the bias sum's first pass,
+ * and the layer norm's dx kernel storing the 16-bit copy, have the bits of
+ * the device's entries they fuse. */
+static void test_bwd_fuse(void) {
+    for (int s = 0; s < 2; s++) bwd_fuse_run_all(g_side[s].k, g_side[s].acc);
+}
+
 #include "cuda_seq_cases.inc"
 #include "cuda_act16_cases.inc"
 
@@ -1346,6 +1355,7 @@ static const struct {
     {"1.9 sumsq_many: each tensor's sumsq_ex, bit for bit", test_sumsq_many},
     {"1.10 adamw_update_many: each tensor's adamw_update_ex, bit for bit", test_adamw_many},
     {"1.10 add_layernorm_forward: add then layernorm_forward, bit for bit", test_add_ln},
+    {"1.11 act_bias_backward, layernorm_backward_cast: the entries they fuse, bit for bit", test_bwd_fuse},
     {"1.3 linear_forward, 1.6 linear_forward_layout: epilogues, 16-bit rounding, float64, Conv1D", test_linear_forward},
     {"cast, round_to", test_cast_round_to},
     {"1.5 lerp, sign, mul, addcmul, addcdiv, sqrt_ex, clamp: 2 dtypes, in place, edges", test_ew15},

@@ -55,7 +55,7 @@ extern "C" {
  * Versions */
 
 #define KILN_ABI_MAJOR 1
-#define KILN_ABI_MINOR 10
+#define KILN_ABI_MINOR 11
 
 #if defined(__GNUC__)
 #define KILN_EXPORT __attribute__((visibility("default")))

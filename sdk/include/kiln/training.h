@@ -383,6 +383,38 @@ typedef struct kiln_kernels {
     int32_t (*add_layernorm_forward)(kiln_instance *acc, uint32_t dtype, void *res, const void *a, const void *b,
                                      void *y, void *mean, void *rstd, const void *w, const void *bias, int32_t N,
                                      int32_t C, double eps, uint32_t round_dtype);
+
+    /* -- 1.11: check struct_size >= KILN_KERNELS_SIZE_1_11 (and the
+     * pointer) before calling; without them, call the entries each one
+     * names. Both save a GPU a pass over an activation gradient. -- */
+    /* An activation's backward and the bias gradient of the Linear whose
+     * output it took, in one pass:
+     *   act_backward(dtype, act, dx, dy, x, rows * cols)
+     *   bias_grad_ex(dtype, db, dx, rows, cols, accumulate)   (db not NULL)
+     * bit for bit, with every check of both: dx may be dy itself, and the
+     * bias gradient sums dx as stored (rounded, in 16-bit storage). A GPU
+     * sums each element as it writes it, saving the bias sum's read of dx
+     * and a launch; kiln/nn.h uses it for every Linear with an activation
+     * and a bias (a GPT block's c_fc: 8 C bytes per token less). db NULL
+     * is act_backward alone. */
+    int32_t (*act_bias_backward)(kiln_instance *acc, uint32_t dtype, int32_t act, void *dx, void *db, const void *dy,
+                                 const void *x, int32_t rows, int32_t cols, int32_t accumulate);
+    /* A layer norm's backward into a residual stream's gradient, and the
+     * 16-bit copy of that gradient which the next matmuls read:
+     *   layernorm_backward(dtype, dx, dw, db, dy, x, w, mean, rstd, N, C,
+     *                      accumulate)
+     *   cast(dx16, dx16_dtype, dx, float32, N * C)
+     * bit for bit, with every check of both. dtype is float32 or 16-bit
+     * storage (dx is float32 either way; float64 is refused); dx16_dtype
+     * is F16 or BF16, and dx16 overlaps no other buffer of the call. A GPU
+     * stores the copy as it stores dx, saving the cast's read of dx and a
+     * launch; kiln/nn.h's kiln_nn_blocks_backward uses it for each layer
+     * norm whose gradient a Linear's backward reads next (a GPT block's
+     * two: 8 C bytes per token less). */
+    int32_t (*layernorm_backward_cast)(kiln_instance *acc, uint32_t dtype, void *dx, void *dw, void *db,
+                                       const void *dy, const void *x, const void *w, const void *mean,
+                                       const void *rstd, int32_t N, int32_t C, int32_t accumulate, void *dx16,
+                                       uint32_t dx16_dtype);
 } kiln_kernels;
 
 /* kiln_kernels.linear_forward_layout: how a weight matrix is stored. */
@@ -751,6 +783,9 @@ typedef struct kiln_module_ops {
 /* What 1.10 appended. */
 #define KILN_KERNELS_SIZE_1_10 KILN__END(kiln_kernels, add_layernorm_forward)
 
+/* What 1.11 appended. */
+#define KILN_KERNELS_SIZE_1_11 KILN__END(kiln_kernels, layernorm_backward_cast)
+
 /* Layout pins of the 1.1 tables (and what 1.2 appended). */
 #if UINTPTR_MAX == 0xFFFFFFFFFFFFFFFFu
 static_assert(offsetof(kiln_accelerator_ops, kernels) == 40, "kiln_accelerator_ops 1.1");
@@ -778,6 +813,9 @@ static_assert(offsetof(kiln_kernels, linear_forward_layout) == 432, "kiln_kernel
 static_assert(offsetof(kiln_kernels, sumsq_many) == 440, "kiln_kernels 1.9");
 static_assert(offsetof(kiln_kernels, adamw_update_many) == 448 && offsetof(kiln_kernels, add_layernorm_forward) == 456,
               "kiln_kernels 1.10");
+static_assert(offsetof(kiln_kernels, act_bias_backward) == 464 &&
+                  offsetof(kiln_kernels, layernorm_backward_cast) == 472,
+              "kiln_kernels 1.11");
 static_assert(offsetof(kiln_precision_ops, round_activation) == 80, "kiln_precision_ops 1.5");
 static_assert(offsetof(kiln_step_output, tokens) == 24 && sizeof(kiln_step_output) == 40, "kiln_step_output 1.4");
 #endif
