@@ -614,11 +614,16 @@ static int32_t gpt_plan(gpt *g, const char *step) {
                       ? " (the accelerator's table lacks KILN_KERNELS_ACT_16BIT, ABI 1.7)"
                       : "",
                   (double)g->arena_bytes / 1048576.0, biases);
-        kiln_logf(g->svc, g->hctx, KILN_LOG_DEBUG, "gpt: %s",
+        kiln_logf(g->svc, g->hctx, KILN_LOG_DEBUG, "gpt: %s; %s",
                   kiln_nn_has_add_ln(&g->ctx)
                       ? "residual adds fused with the layer norms after them"
                       : "residual adds and layer norms apart (the accelerator's table lacks add_layernorm_forward, "
-                        "ABI 1.10)");
+                        "ABI 1.10)",
+                  kiln_nn_has_act_bias(&g->ctx) && kiln_nn_has_ln_cast(&g->ctx)
+                      ? "GELU backward fused with c_fc's bias gradient, layer norm backwards with the 16-bit copies "
+                        "of their gradients"
+                      : "GELU backward and bias gradients apart (the accelerator's table lacks act_bias_backward and "
+                        "layernorm_backward_cast, ABI 1.11)");
         g->sdt_logged = sdt;
     }
     return rc;
@@ -868,9 +873,7 @@ static int32_t gpt_backward(kiln_instance *self, double dloss) {
     GPT_K(g, k->scale_ex(g->acc, c->adt, prod, dloss, nC), step, "scale_ex (dx_unit)");
     if (s16) GPT_K(g, k->cast(g->acc, d_lnf, g->sdt, prod, c->adt, nC), step, "cast (ln_f output grad)");
     int32_t rc = kiln_nn_round(c, d_lnf, nC, "transformer.ln_f"); /* a no-op for 16-bit storage */
-    if (rc == KILN_OK) rc = kiln_nn_layernorm_backward(c, &g->ln_f, d_lnf, g->dres, 0);
-    for (int32_t l = g->n_layer - 1; l >= 0 && rc == KILN_OK; l--)
-        rc = kiln_nn_block_backward(c, &g->h[l], g->dres, &g->scratch);
+    if (rc == KILN_OK) rc = kiln_nn_blocks_backward(c, g->h, g->n_layer, g->dres, &g->scratch, &g->ln_f, d_lnf);
     if (rc == KILN_OK) rc = kiln_nn_embedding_backward(c, &g->emb, g->dres);
     if (rc != KILN_OK) return gpt_nn_fail(g, rc, step);
     void *dwte = kiln_nn_grad(g->emb.wte);

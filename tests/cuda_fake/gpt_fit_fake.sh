@@ -156,7 +156,13 @@ done
 # step beside it), nothing is allocated, not even from the cache (the
 # embedding's bucket index once grew with a batch's distinct tokens), and
 # every residual add runs fused with the layer norm after it (ABI 1.10: 2
-# per block, the last into ln_f), leaving the first block's ln_1 alone
+# per block, the last into ln_f), leaving the first block's ln_1 alone.
+# ABI 1.11: each c_fc's GELU backward sums its bias gradient (1 per block;
+# the other 3 Linears of a block sum theirs with bias_grad), and each layer
+# norm backward whose gradient a Linear reads next writes that Linear's
+# bf16 copy of it (ln_f's, and 2 per block but the first block's ln_1), so
+# of the 5 output gradient casts only gpt's own of ln_f's gradient is left
+# (cast: it and the weight copies)
 calls() { # STEPS -> "entry calls" lines of a profiled bf16-mixed run that long
   steady_cfg fake_profile "calls_$1" "$1"
   timeout -s KILL 300 "$kiln" fit "$work/calls_$1/run.cfg" >"$work/calls_$1/log" 2>&1 ||
@@ -168,8 +174,9 @@ if calls 3 >"$work/calls3.txt" && calls 9 >"$work/calls9.txt"; then
     awk -v e="$1" 'FNR == 1 { f++ } $1 == e { c[f] = $2 } END { printf "%g", (c[2] - c[1]) / 6 }' \
       "$work/calls3.txt" "$work/calls9.txt"
   }
-  for spec in "adamw_update_many 1" "adamw_update 0" "zero 1" "cast 6" "alloc 0" \
-              "add_layernorm_forward 4" "add 0" "layernorm_forward 1"; do
+  for spec in "adamw_update_many 1" "adamw_update 0" "zero 1" "cast 2" "alloc 0" \
+              "add_layernorm_forward 4" "add 0" "layernorm_forward 1" "act_bias_backward 2" "act_backward 0" \
+              "bias_grad 6" "layernorm_backward_cast 4" "layernorm_backward 1"; do
     set -- $spec
     got=$(per_step "$1")
     echo "  bf16-mixed: $1 calls per steady-state step: $got (want $2)"

@@ -855,7 +855,8 @@ static void nonzero_biases(void) {
 }
 
 /* One training step, backward and validation step on the cpu table as the
- * ABI minor `abi` (15, 16, 17 or 18) would present it. */
+ * ABI minor `abi` (15, 16, 17 or 18; 110 for 1.10, 111 for 1.11, the whole
+ * table) would present it. */
 static logits_run run_logits(int prec, int abi) {
     logits_run r = {NAN, NAN, NULL, 0, 0, 0, 0, 0, 0, {0}};
     const kiln_kernels saved = g_table;
@@ -868,6 +869,8 @@ static logits_run run_logits(int prec, int abi) {
                                                 : 0u);
     if (abi < 18) g_table.flags &= ~KILN_KERNELS_BIAS_ROUND;
     if (abi < 16) g_table.struct_size = KILN_KERNELS_SIZE_1_5;
+    else if (abi < 19) g_table.struct_size = KILN_KERNELS_SIZE_1_6; /* 1.7 and 1.8 appended no entry */
+    else if (abi == 110) g_table.struct_size = KILN_KERNELS_SIZE_1_10;
     g_xent_dtype = g_ln_dtype = 0;
     g_conv1d_calls = g_casts16 = g_round_bias = 0;
     /* 16 rows in chunks of 5 (the last one partial), logits stride 40 */
@@ -969,6 +972,26 @@ static void test_bias_round(void) {
         CU_ASSERT_EQUAL(a.round_bias, precs[k] == P_F32 ? 0 : 2 * 4 * 2); /* (train + val) x 4 Linears x 2 layers */
         CU_ASSERT_EQUAL(b.round_bias, 0);
         CU_ASSERT_EQUAL(a.conv1d_calls, 2 * 4 * 2);
+        CU_ASSERT_EQUAL(memcmp(a.predict, b.predict, sizeof a.predict), 0);
+        expect_same_run(&a, &b);
+    }
+}
+
+/* ABI 1.11 changes no result either: on the whole table each c_fc's GELU
+ * backward sums its bias gradient (act_bias_backward) and each layer norm
+ * backward that a Linear's backward follows writes that Linear's 16-bit
+ * copy of the residual gradient (layernorm_backward_cast), so of the
+ * casts the 1.10 table makes only those of gradients kept in float32
+ * storage are left: gpt's own of ln_f's gradient in bf16-mixed, c_attn's
+ * and c_fc's in 16-mixed (2 per layer). Losses, gradients and predictions
+ * are the same bits. */
+static void test_bwd_fuse(void) {
+    const int precs[3] = {P_BF16, P_F16, P_F32};
+    const int casts[3][2] = {{1, 2 * 2 + 1}, {2 * 2, 2 * 4}, {0, 0}}; /* 1.11, 1.10 */
+    for (int k = 0; k < 3; k++) {
+        logits_run a = run_logits(precs[k], 111), b = run_logits(precs[k], 110);
+        CU_ASSERT_EQUAL(a.casts16, casts[k][0]);
+        CU_ASSERT_EQUAL(b.casts16, casts[k][1]);
         CU_ASSERT_EQUAL(memcmp(a.predict, b.predict, sizeof a.predict), 0);
         expect_same_run(&a, &b);
     }
@@ -1257,6 +1280,7 @@ static CU_TestInfo cases_gpt[] = {
     {"1.7: bf16 activations = the 1.6 table's results, bit for bit", test_act_16bit},
     {"1.7: kiln/nn.h picks the storage; refuses what it cannot store", test_nn_storage},
     {"1.8: rounded biases = the 1.7 table's results, bit for bit", test_bias_round},
+    {"1.11: fused backward entries = the 1.10 table's results, bit for bit", test_bwd_fuse},
     {"1.8: kiln/nn.h's round_bias is y = rdt(x W + rdt(b)) on every table", test_nn_round_bias},
     {"all targets ignored: loss 0, no gradient", test_all_ignored},
     {"frozen parameters keep their grads", test_frozen},

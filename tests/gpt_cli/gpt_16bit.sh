@@ -12,13 +12,18 @@
 #   residuals    vs "cpu19:cpu" (libkiln-cpu19.so, no add_layernorm_forward,
 #                ABI 1.9): each residual add fused with the layer norm after
 #                it vs the two entries apart (also in 32-true and 64-true:
-#                the fusion does not depend on the precision).
+#                the fusion does not depend on the precision);
+#   backward     vs "cpu110:cpu" (libkiln-cpu110.so, no act_bias_backward or
+#                layernorm_backward_cast, ABI 1.10): c_fc's GELU backward
+#                fused with its bias gradient, and each layer norm backward
+#                writing the 16-bit copy of its gradient, vs the entries
+#                apart (also in 16-mixed, 32-true and 64-true).
 # Eight steps of AdamW on the tokens plugin, with a validation pass every
 # four, must end with the same weights, bit for bit (the weightdump fixture
 # writes them), and log the same losses; each run's log must show which
 # storage the module took, so the two runs provably went different ways.
 #
-#   gpt_16bit.sh KILN TEXT2TOKENS WORKDIR logits|activations|biases|residuals
+#   gpt_16bit.sh KILN TEXT2TOKENS WORKDIR logits|activations|biases|residuals|backward
 #   (KILN_PLUGIN_PATH reaches weightdump and the fixture directory)
 set -euo pipefail
 kiln=$1 t2t=$2 work=$3 what=$4
@@ -29,12 +34,16 @@ case $what in
           old_says="activations stored in float32 (the accelerator's table lacks KILN_KERNELS_ACT_16BIT" ;;
   biases) old=cpu17:cpu new_says="biases added in bfloat16, rounded by the accelerator$"
           old_says="biases added in bfloat16, rounded by the module (the accelerator's table lacks KILN_KERNELS_BIAS_ROUND" ;;
-  residuals) old=cpu19:cpu new_says="gpt: residual adds fused with the layer norms after them$"
+  residuals) old=cpu19:cpu new_says="gpt: residual adds fused with the layer norms after them;"
           old_says="gpt: residual adds and layer norms apart (the accelerator's table lacks add_layernorm_forward" ;;
-  *) echo "usage: gpt_16bit.sh KILN TEXT2TOKENS WORKDIR logits|activations|biases|residuals"; exit 2 ;;
+  backward) old=cpu110:cpu
+          new_says="GELU backward fused with c_fc's bias gradient, layer norm backwards with the 16-bit copies of their gradients$"
+          old_says="GELU backward and bias gradients apart (the accelerator's table lacks act_bias_backward" ;;
+  *) echo "usage: gpt_16bit.sh KILN TEXT2TOKENS WORKDIR logits|activations|biases|residuals|backward"; exit 2 ;;
 esac
 precs=bf16-mixed
 [ "$what" = residuals ] && precs="bf16-mixed 32-true 64-true"
+[ "$what" = backward ] && precs="bf16-mixed 16-mixed 32-true 64-true"
 rm -rf "$work" && mkdir -p "$work"
 for prec in $precs; do
 w=$work/$prec

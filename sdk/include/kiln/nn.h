@@ -122,6 +122,13 @@ typedef struct kiln_nn_ctx {
      * elsewhere the layer rounds a copy (kiln_nn_linear.bq), with the same
      * result. Nothing changes without a reduced rdt. */
     int round_bias;
+    /* 1.11: ready16 holds rdt(ready16_of), written beside a residual
+     * gradient by kiln_nn_layernorm_backward_cast; the very next
+     * kiln_nn_linear_backward_dt clears both, and reads the copy instead
+     * of casting dy where its dy is ready16_of and its dy16 is ready16.
+     * NULL (a zeroed ctx): no copy. */
+    void *ready16;
+    const void *ready16_of;
 } kiln_nn_ctx;
 
 /* kiln_nn_ctx.act16 bits */
@@ -232,12 +239,28 @@ static inline uint32_t kiln_nn_sdt(const kiln_nn_ctx *c) {
 /* 1 when activation storage is 16-bit. */
 static inline int kiln_nn__s16(const kiln_nn_ctx *c) { return kiln_nn_sdt(c) != c->adt; }
 
+/* 1 when kiln_nn_round does something (float32 storage, a reduced rdt). */
+static inline int kiln_nn__rounds(const kiln_nn_ctx *c) {
+    return c->rdt != KILN_DTYPE_F32 && c->adt == KILN_DTYPE_F32 && !kiln_nn__s16(c);
+}
+
 /* x(n), activation storage, rounded through ctx->rdt (no-op without one,
  * and for 16-bit storage, which holds rounded values already). */
 static inline int32_t kiln_nn_round(kiln_nn_ctx *c, void *x, size_t n, const char *on) {
-    if (c->rdt == KILN_DTYPE_F32 || c->adt != KILN_DTYPE_F32 || kiln_nn__s16(c)) return KILN_OK;
+    if (!kiln_nn__rounds(c)) return KILN_OK;
     KILN_NN__K(c, c->k->round_to(c->acc, (float *)x, c->rdt, n), "round_to", on);
     return KILN_OK;
+}
+
+/* Whether the table has ABI 1.11's act_bias_backward and
+ * layernorm_backward_cast (one pass fewer over an activation gradient
+ * each; kiln_nn_linear_backward_dt and kiln_nn_layernorm_backward_cast
+ * call the older entries without them, with the same values). */
+static inline int kiln_nn_has_act_bias(const kiln_nn_ctx *c) {
+    return c->k->struct_size >= KILN_KERNELS_SIZE_1_11 && c->k->act_bias_backward;
+}
+static inline int kiln_nn_has_ln_cast(const kiln_nn_ctx *c) {
+    return c->k->struct_size >= KILN_KERNELS_SIZE_1_11 && c->k->layernorm_backward_cast;
 }
 
 /* Lets the run's precision round an activation the layers produced
@@ -506,8 +529,11 @@ static inline int32_t kiln_nn_linear_backward_dt(kiln_nn_ctx *c, kiln_nn_linear 
     const int32_t rows = L->rows, in = L->in, out = L->out;
     void *const dy16 = c->dy16; /* lent for this call only */
     const size_t dy16_bytes = c->dy16_bytes;
+    const int ready16 = dy16 && c->ready16 == dy16 && c->ready16_of == dy; /* the copy is made */
     c->dy16 = NULL;
     c->dy16_bytes = 0;
+    c->ready16 = NULL;
+    c->ready16_of = NULL;
     const int old = kiln_nn__linear_11(c, L);
     if (old < 0) return kiln_nn__linear_11_refused(c, L);
     if (old) { /* ABI 1.1, all fp32: the same operations through the 1.1 entries */
@@ -537,13 +563,19 @@ static inline int32_t kiln_nn_linear_backward_dt(kiln_nn_ctx *c, kiln_nn_linear 
                  kiln_dtype_name(kiln_nn_sdt(c)), kiln_dtype_name(c->adt));
         return KILN_E_UNSUPPORTED;
     }
-    if (L->act >= 0) { /* 16-bit storage rounds as it stores; float32 storage rounds after */
+    void *dw = kiln_nn_grad(L->w), *db = kiln_nn_grad(L->b);
+    if (L->act >= 0 && db && kiln_nn_has_act_bias(c) && !kiln_nn__rounds(c)) {
+        /* 1.11: the bias sum in the activation backward's pass; nothing
+         * rounds between them here (16-bit storage rounds as it stores) */
+        KILN_NN__K(c, k->act_bias_backward(c->acc, kiln_nn_sdt(c), L->act, dy, db, dy, L->y, rows, out, 1), "act_bias_backward",
+                   on);
+        db = NULL; /* summed */
+    } else if (L->act >= 0) { /* 16-bit storage rounds as it stores; float32 storage rounds after */
         const size_t n = (size_t)rows * (size_t)out;
         KILN_NN__K(c, k->act_backward(c->acc, kiln_nn_sdt(c), L->act, dy, dy, L->y, n), "act_backward", on);
         int32_t rc = kiln_nn_round(c, dy, n, on);
         if (rc != KILN_OK) return rc;
     }
-    void *dw = kiln_nn_grad(L->w), *db = kiln_nn_grad(L->b);
     /* dy as the products read it. Both round it through rdt (gemm_ex's
      * operand rule), so where the accelerator says 16-bit storage pays
      * (KILN_KERNELS_STORE_16BIT) and the caller lent scratch, dy is cast
@@ -554,8 +586,9 @@ static inline int32_t kiln_nn_linear_backward_dt(kiln_nn_ctx *c, kiln_nn_linear 
 #if KILN_ABI_MINOR >= 6
     if (dw && dx && dy16 && dy_dt == KILN_DTYPE_F32 && c->adt == KILN_DTYPE_F32 && c->rdt != KILN_DTYPE_F32 &&
         (k->flags & KILN_KERNELS_STORE_16BIT) && (size_t)rows * (size_t)out * 2 <= dy16_bytes) {
-        KILN_NN__K(c, k->cast(c->acc, dy16, c->rdt, dy, KILN_DTYPE_F32, (size_t)rows * (size_t)out),
-                   "cast (output grad to the compute dtype)", on);
+        if (!ready16)
+            KILN_NN__K(c, k->cast(c->acc, dy16, c->rdt, dy, KILN_DTYPE_F32, (size_t)rows * (size_t)out),
+                       "cast (output grad to the compute dtype)", on);
         g = dy16;
         gt = c->rdt;
     }
@@ -658,6 +691,29 @@ static inline int32_t kiln_nn_layernorm_backward(kiln_nn_ctx *c, kiln_nn_layerno
                                         kiln_nn_vec(c, ln->w), ln->mean, ln->rstd, ln->rows, ln->C,
                                         accumulate_dx ? 1 : 0),
                "layernorm_backward", ln->w ? ln->w->name : "layernorm");
+    return KILN_OK;
+}
+
+/* kiln_nn_layernorm_backward into dx, a residual stream's gradient in adt
+ * that a Linear's backward reads next as its dy, lending buf (bytes long)
+ * as that Linear's dy16: where the Linear would cast dx into buf (16-bit
+ * products on a KILN_KERNELS_STORE_16BIT table) and the table has 1.11's
+ * layernorm_backward_cast, the layer norm writes the copy as it writes dx
+ * and the Linear reads it (one pass over dx fewer). The caller still lends
+ * buf to that Linear. The same values either way. */
+static inline int32_t kiln_nn_layernorm_backward_cast(kiln_nn_ctx *c, kiln_nn_layernorm *ln, const void *dy, void *dx,
+                                                      int accumulate_dx, void *buf, size_t bytes) {
+    const size_t n = (size_t)ln->rows * (size_t)ln->C;
+    if (!buf || !kiln_nn_has_ln_cast(c) || c->adt != KILN_DTYPE_F32 || c->rdt == KILN_DTYPE_F32 ||
+        !(c->k->flags & KILN_KERNELS_STORE_16BIT) || n * 2 > bytes)
+        return kiln_nn_layernorm_backward(c, ln, dy, dx, accumulate_dx);
+    KILN_NN__K(c,
+               c->k->layernorm_backward_cast(c->acc, kiln_nn_sdt(c), dx, kiln_nn_grad(ln->w), kiln_nn_grad(ln->b), dy,
+                                             ln->x, kiln_nn_vec(c, ln->w), ln->mean, ln->rstd, ln->rows, ln->C,
+                                             accumulate_dx ? 1 : 0, buf, c->rdt),
+               "layernorm_backward_cast", ln->w ? ln->w->name : "layernorm");
+    c->ready16 = buf;
+    c->ready16_of = dx;
     return KILN_OK;
 }
 
@@ -1007,18 +1063,49 @@ static inline int32_t kiln_nn_blocks_forward(kiln_nn_ctx *c, kiln_nn_block *bloc
     return rc;
 }
 
+/* A block's backward; cast_out: a Linear's backward reads dres next (the
+ * previous block's MLP), so ln_1's backward may leave its 16-bit copy. */
+static inline int32_t kiln_nn__block_backward(kiln_nn_ctx *c, kiln_nn_block *blk, void *dres, const kiln_nn_scratch *s,
+                                              int cast_out) {
+    /* out = res1 + mlp(ln_2(res1)): dres already is d(res1) through the
+     * identity branch; add the MLP branch's. The attention's c_proj reads
+     * the sum next, its 16-bit copy from d_qkv (attention_backward lends
+     * it), which ln_2's backward may write. */
+    int32_t rc = kiln_nn_mlp_backward(c, &blk->mlp, dres, s->d_ln, 0, s);
+    if (rc == KILN_OK) rc = kiln_nn_layernorm_backward_cast(c, &blk->ln_2, s->d_ln, dres, 1, s->d_qkv, s->d_qkv_bytes);
+    /* res1 = x + attn(ln_1(x)): likewise; the MLP's c_proj lends d_qkv. */
+    if (rc == KILN_OK) rc = kiln_nn_attention_backward(c, &blk->attn, dres, s->d_ln, 0, s);
+    if (rc == KILN_OK)
+        rc = kiln_nn_layernorm_backward_cast(c, &blk->ln_1, s->d_ln, dres, 1, cast_out ? s->d_qkv : NULL,
+                                             s->d_qkv_bytes);
+    return rc;
+}
+
 /* dres (rows, C): on entry the gradient at blk->out, on return the gradient
  * at the block's input x (updated in place: both residual branches add
  * into it). Uses every scratch buffer. */
 static inline int32_t kiln_nn_block_backward(kiln_nn_ctx *c, kiln_nn_block *blk, void *dres,
                                              const kiln_nn_scratch *s) {
-    /* out = res1 + mlp(ln_2(res1)): dres already is d(res1) through the
-     * identity branch; add the MLP branch's. */
-    int32_t rc = kiln_nn_mlp_backward(c, &blk->mlp, dres, s->d_ln, 0, s);
-    if (rc == KILN_OK) rc = kiln_nn_layernorm_backward(c, &blk->ln_2, s->d_ln, dres, 1);
-    /* res1 = x + attn(ln_1(x)): likewise. */
-    if (rc == KILN_OK) rc = kiln_nn_attention_backward(c, &blk->attn, dres, s->d_ln, 0, s);
-    if (rc == KILN_OK) rc = kiln_nn_layernorm_backward(c, &blk->ln_1, s->d_ln, dres, 1);
+    return kiln_nn__block_backward(c, blk, dres, s, 0);
+}
+
+/* The backward of kiln_nn_blocks_forward: d_final (rows, C), in sdt, is
+ * the gradient at final->y (final NULL: dres holds the gradient at
+ * blocks[n - 1].out on entry). dres (rows, C), in adt, is written with the
+ * gradient at the first block's input. Each layer norm whose gradient a
+ * Linear's backward reads next (final, every ln_2, each ln_1 but the first
+ * block's) writes that Linear's 16-bit copy of it where the table has
+ * 1.11's layernorm_backward_cast: two passes per block fewer. The same
+ * values either way. */
+static inline int32_t kiln_nn_blocks_backward(kiln_nn_ctx *c, kiln_nn_block *blocks, int32_t n, void *dres,
+                                              const kiln_nn_scratch *s, kiln_nn_layernorm *final,
+                                              const void *d_final) {
+    c->ready16 = NULL; /* nothing stale from an unfinished backward */
+    c->ready16_of = NULL;
+    int32_t rc = final ? kiln_nn_layernorm_backward_cast(c, final, d_final, dres, 0, n > 0 ? s->d_qkv : NULL,
+                                                         s->d_qkv_bytes)
+                       : KILN_OK;
+    for (int32_t l = n - 1; l >= 0 && rc == KILN_OK; l--) rc = kiln_nn__block_backward(c, &blocks[l], dres, s, l > 0);
     return rc;
 }
 
