@@ -148,13 +148,16 @@ def measure(tag, attention, memfile, proflog):
             # the kernel-table calls of the 12 profiled steps (set-up
             # included): the optimizer's (one adamw_update_many per step,
             # ABI 1.10; no adamw_update), zero_grad's memsets (one per
-            # step) and the casts; the total says how many launches the
-            # host issues per step
+            # step), the casts, and the backward's fused entries (ABI
+            # 1.11: 12 act_bias_backward and 24 layernorm_backward_cast
+            # per step, no act_backward); the total says how many
+            # launches the host issues per step
             m = re.search(r"cuda: profile: entry (\S+)\s+[0-9.]+ ms\s+[0-9.]+%\s+(\d+) calls", line)
             if m:
                 calls = row.setdefault("entry_calls_profiled_run", {"total": 0})
                 calls["total"] += int(m.group(2))
-                if m.group(1) in ("adamw_update_many", "adamw_update", "zero", "cast"):
+                if m.group(1) in ("adamw_update_many", "adamw_update", "zero", "cast", "act_bias_backward",
+                                  "act_backward", "layernorm_backward_cast"):
                     calls[m.group(1)] = int(m.group(2))
     except OSError:
         pass

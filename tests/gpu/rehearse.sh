@@ -85,6 +85,9 @@ for a, r in kiln.items():
     # and its kernel-table calls: one AdamW list per step of the 12, never one call per parameter
     calls = r.get("entry_calls_profiled_run", {})
     assert calls.get("adamw_update_many") == 12 and "adamw_update" not in calls and calls["total"] > 100, (a, calls)
+    # and the backward's fused entries (ABI 1.11): one GELU backward with its bias sum per block, none apart
+    assert calls.get("act_bias_backward", 0) > 0 and "act_backward" not in calls, (a, calls)
+    assert calls.get("layernorm_backward_cast", 0) > 0, (a, calls)
 print("rehearse.sh gpt2: rows:", {a: (r["step_ms"], r["tokens_per_s"], sorted(r["breakdown"])) for a, r in kiln.items()})
 PY
   ;;
