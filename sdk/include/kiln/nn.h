@@ -567,8 +567,8 @@ static inline int32_t kiln_nn_linear_backward_dt(kiln_nn_ctx *c, kiln_nn_linear 
     if (L->act >= 0 && db && kiln_nn_has_act_bias(c) && !kiln_nn__rounds(c)) {
         /* 1.11: the bias sum in the activation backward's pass; nothing
          * rounds between them here (16-bit storage rounds as it stores) */
-        KILN_NN__K(c, k->act_bias_backward(c->acc, kiln_nn_sdt(c), L->act, dy, db, dy, L->y, rows, out, 1), "act_bias_backward",
-                   on);
+        KILN_NN__K(c, k->act_bias_backward(c->acc, kiln_nn_sdt(c), L->act, dy, db, dy, L->y, rows, out, 1),
+                   "act_bias_backward", on);
         db = NULL; /* summed */
     } else if (L->act >= 0) { /* 16-bit storage rounds as it stores; float32 storage rounds after */
         const size_t n = (size_t)rows * (size_t)out;
