@@ -43,7 +43,10 @@ case $what in
 esac
 precs=bf16-mixed
 [ "$what" = residuals ] && precs="bf16-mixed 32-true 64-true"
-[ "$what" = backward ] && precs="bf16-mixed 16-mixed 32-true 64-true"
+# backward: two batches accumulated per step, so each fused bias sum adds
+# into a gradient that already holds the first batch's
+accum=1
+[ "$what" = backward ] && precs="bf16-mixed 16-mixed 32-true 64-true" accum=2
 rm -rf "$work" && mkdir -p "$work"
 for prec in $precs; do
 w=$work/$prec
@@ -54,7 +57,7 @@ for acc in cpu "$old"; do
   tag=${acc%%:*}
   cat > "$w/run.cfg" <<CFG
 trainer = { max_steps = 8; seed = 5; default_root_dir = "$w/runs-$tag"; num_sanity_val_steps = 0; threads = 2;
-            val_check_interval = 4; limit_val_batches = 2; };
+            val_check_interval = 4; limit_val_batches = 2; accumulate_grad_batches = $accum; };
 accelerator = "$acc";
 precision = "$prec";
 data = { name = "tokens"; train = "$w/shard.bin"; val_fraction = 0.1; vocab_size = 256; batch_size = 2;
