@@ -162,20 +162,26 @@ static cudaError_t kg_bias_grad_t(cudaStream_t s, T *db, const void *dy, int row
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t kg_bias_grad(cudaStream_t s, int fdt, void *db, const void *dy, int rows, int cols,
-                                    int accumulate, void *work) {
+/* The checks and dtype switch of kg_bias_grad (act -1) and of 1.11's
+ * kg_act_bias_backward (act a KG_ACT_*, dx written). */
+static cudaError_t kg_bias_grad_act(cudaStream_t s, int fdt, int act, void *dx, void *db, const void *dy,
+                                    const void *x, int rows, int cols, int accumulate, void *work) {
     if (fdt != KG_F32 && fdt != KG_F64 && fdt != KG_F16 && fdt != KG_BF16) return cudaErrorInvalidValue;
     if (rows < 0 || cols < 0) return cudaErrorInvalidValue;
     /* rows == 0 still zeroes db unless accumulating (one empty part). */
     if (cols == 0 || (rows == 0 && accumulate)) return cudaSuccess;
+    const int a = accumulate != 0;
     switch (fdt) {
-    case KG_F32: return kg_bias_grad_t<float, KG_F32>(s, (float *)db, dy, rows, cols, accumulate != 0, (float *)work);
-    case KG_F16: return kg_bias_grad_t<float, KG_F16>(s, (float *)db, dy, rows, cols, accumulate != 0, (float *)work);
-    case KG_BF16:
-        return kg_bias_grad_t<float, KG_BF16>(s, (float *)db, dy, rows, cols, accumulate != 0, (float *)work);
-    default:
-        return kg_bias_grad_t<double, KG_F64>(s, (double *)db, dy, rows, cols, accumulate != 0, (double *)work);
+    case KG_F32: return kg_bias_grad_t<float, KG_F32>(s, (float *)db, dy, rows, cols, a, (float *)work, act, dx, x);
+    case KG_F16: return kg_bias_grad_t<float, KG_F16>(s, (float *)db, dy, rows, cols, a, (float *)work, act, dx, x);
+    case KG_BF16: return kg_bias_grad_t<float, KG_BF16>(s, (float *)db, dy, rows, cols, a, (float *)work, act, dx, x);
+    default: return kg_bias_grad_t<double, KG_F64>(s, (double *)db, dy, rows, cols, a, (double *)work, act, dx, x);
     }
+}
+
+extern "C" cudaError_t kg_bias_grad(cudaStream_t s, int fdt, void *db, const void *dy, int rows, int cols,
+                                    int accumulate, void *work) {
+    return kg_bias_grad_act(s, fdt, -1, NULL, db, dy, NULL, rows, cols, accumulate, work);
 }
 
 /* ------------------------------------------------------------ activations */
@@ -238,18 +244,9 @@ extern "C" cudaError_t kg_act_backward(cudaStream_t s, int fdt, int act, void *d
  * activation's backward and stores dx). */
 extern "C" cudaError_t kg_act_bias_backward(cudaStream_t s, int fdt, int act, void *dx, void *db, const void *dy,
                                             const void *x, int rows, int cols, int accumulate, void *work) {
-    if ((fdt != KG_F32 && fdt != KG_F64 && fdt != KG_F16 && fdt != KG_BF16) || !kg_act_valid(act) || rows < 0 ||
-        cols < 0)
-        return cudaErrorInvalidValue;
+    if (!kg_act_valid(act) || rows < 0 || cols < 0) return cudaErrorInvalidValue;
     if (!db) return kg_act_backward(s, fdt, act, dx, dy, x, (size_t)rows * (size_t)cols);
-    if (cols == 0 || (rows == 0 && accumulate)) return cudaSuccess;
-    const int a = accumulate != 0;
-    switch (fdt) {
-    case KG_F32: return kg_bias_grad_t<float, KG_F32>(s, (float *)db, dy, rows, cols, a, (float *)work, act, dx, x);
-    case KG_F16: return kg_bias_grad_t<float, KG_F16>(s, (float *)db, dy, rows, cols, a, (float *)work, act, dx, x);
-    case KG_BF16: return kg_bias_grad_t<float, KG_BF16>(s, (float *)db, dy, rows, cols, a, (float *)work, act, dx, x);
-    default: return kg_bias_grad_t<double, KG_F64>(s, (double *)db, dy, rows, cols, a, (double *)work, act, dx, x);
-    }
+    return kg_bias_grad_act(s, fdt, act, dx, db, dy, x, rows, cols, accumulate, work);
 }
 
 /* ----------------------------------------------------------------- BLAS-1 */

@@ -322,51 +322,59 @@ static cudaError_t kg_ln_bwd_t(cudaStream_t s, void *dx, void *dw, void *db, con
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t kg_layernorm_backward(cudaStream_t s, int fdt, void *dx, void *dw, void *db, const void *dy,
-                                             const void *x, const void *w, const void *mean, const void *rstd, int N,
-                                             int C, int accumulate, void *work) {
-    if ((fdt != KG_F32 && fdt != KG_F64 && fdt != KG_F16 && fdt != KG_BF16) || N < 0 || C < 0)
-        return cudaErrorInvalidValue;
-    if (N == 0 || C == 0) return cudaSuccess;
-    if ((dw || db) && !work) return cudaErrorInvalidValue;
-    if (((size_t)C + KG_THREADS - 1) / KG_THREADS > 65535u) return cudaErrorInvalidValue;
-    switch (fdt) {
-    case KG_F32: return kg_ln_bwd_t<float, KG_F32>(s, dx, dw, db, dy, x, w, mean, rstd, N, C, accumulate, work);
-    case KG_F16: return kg_ln_bwd_t<float, KG_F16>(s, dx, dw, db, dy, x, w, mean, rstd, N, C, accumulate, work);
-    case KG_BF16: return kg_ln_bwd_t<float, KG_BF16>(s, dx, dw, db, dy, x, w, mean, rstd, N, C, accumulate, work);
-    default: return kg_ln_bwd_t<double, KG_F64>(s, dx, dw, db, dy, x, w, mean, rstd, N, C, accumulate, work);
-    }
-}
-
-/* ABI 1.11: the 16-bit copy of dx in the dx kernel's store (float dx: dy in
- * float32 or 16-bit storage). */
+/* The dtype switch of both backwards: D16 0, or (1.11) the 16-bit copy's
+ * format, which needs a float dx (no KG_F64). */
 template <int D16>
-static cudaError_t kg_ln_bwd_cast_t(cudaStream_t s, int fdt, void *dx, void *dw, void *db, const void *dy,
-                                    const void *x, const void *w, const void *mean, const void *rstd, int N, int C,
-                                    int accumulate, void *work, void *dx16) {
+static cudaError_t kg_ln_bwd_d(cudaStream_t s, int fdt, void *dx, void *dw, void *db, const void *dy, const void *x,
+                               const void *w, const void *mean, const void *rstd, int N, int C, int accumulate,
+                               void *work, void *dx16) {
     switch (fdt) {
     case KG_F32:
         return kg_ln_bwd_t<float, KG_F32, D16>(s, dx, dw, db, dy, x, w, mean, rstd, N, C, accumulate, work, dx16);
     case KG_F16:
         return kg_ln_bwd_t<float, KG_F16, D16>(s, dx, dw, db, dy, x, w, mean, rstd, N, C, accumulate, work, dx16);
-    default:
+    case KG_BF16:
         return kg_ln_bwd_t<float, KG_BF16, D16>(s, dx, dw, db, dy, x, w, mean, rstd, N, C, accumulate, work, dx16);
+    default:
+        if constexpr (D16 == 0)
+            return kg_ln_bwd_t<double, KG_F64>(s, dx, dw, db, dy, x, w, mean, rstd, N, C, accumulate, work);
+        else
+            return cudaErrorInvalidValue;
     }
 }
 
+/* kg_layernorm_backward, and (dx16_fdt KG_F16 / KG_BF16, 0 for none) the
+ * 16-bit copy of dx stored by the same kernel. */
+static cudaError_t kg_ln_bwd(cudaStream_t s, int fdt, void *dx, void *dw, void *db, const void *dy, const void *x,
+                             const void *w, const void *mean, const void *rstd, int N, int C, int accumulate,
+                             void *work, void *dx16, int dx16_fdt) {
+    if ((fdt != KG_F32 && fdt != KG_F64 && fdt != KG_F16 && fdt != KG_BF16) || N < 0 || C < 0)
+        return cudaErrorInvalidValue;
+    if (dx16_fdt != 0 && ((dx16_fdt != KG_F16 && dx16_fdt != KG_BF16) || fdt == KG_F64))
+        return cudaErrorInvalidValue;
+    if (N == 0 || C == 0) return cudaSuccess;
+    if (((dw || db) && !work) || (dx16_fdt != 0 && !dx16)) return cudaErrorInvalidValue;
+    if (((size_t)C + KG_THREADS - 1) / KG_THREADS > 65535u) return cudaErrorInvalidValue;
+    if (dx16_fdt == KG_F16)
+        return kg_ln_bwd_d<KG_F16>(s, fdt, dx, dw, db, dy, x, w, mean, rstd, N, C, accumulate, work, dx16);
+    if (dx16_fdt == KG_BF16)
+        return kg_ln_bwd_d<KG_BF16>(s, fdt, dx, dw, db, dy, x, w, mean, rstd, N, C, accumulate, work, dx16);
+    return kg_ln_bwd_d<0>(s, fdt, dx, dw, db, dy, x, w, mean, rstd, N, C, accumulate, work, NULL);
+}
+
+extern "C" cudaError_t kg_layernorm_backward(cudaStream_t s, int fdt, void *dx, void *dw, void *db, const void *dy,
+                                             const void *x, const void *w, const void *mean, const void *rstd, int N,
+                                             int C, int accumulate, void *work) {
+    return kg_ln_bwd(s, fdt, dx, dw, db, dy, x, w, mean, rstd, N, C, accumulate, work, NULL, 0);
+}
+
+/* ABI 1.11: the 16-bit copy of dx in the dx kernel's store. */
 extern "C" cudaError_t kg_layernorm_backward_cast(cudaStream_t s, int fdt, void *dx, void *dw, void *db,
                                                   const void *dy, const void *x, const void *w, const void *mean,
                                                   const void *rstd, int N, int C, int accumulate, void *work,
                                                   void *dx16, int dx16_fdt) {
-    if ((fdt != KG_F32 && fdt != KG_F16 && fdt != KG_BF16) || (dx16_fdt != KG_F16 && dx16_fdt != KG_BF16) || N < 0 ||
-        C < 0)
-        return cudaErrorInvalidValue;
-    if (N == 0 || C == 0) return cudaSuccess;
-    if ((dw || db) && !work) return cudaErrorInvalidValue;
-    if (!dx16 || ((size_t)C + KG_THREADS - 1) / KG_THREADS > 65535u) return cudaErrorInvalidValue;
-    if (dx16_fdt == KG_F16)
-        return kg_ln_bwd_cast_t<KG_F16>(s, fdt, dx, dw, db, dy, x, w, mean, rstd, N, C, accumulate, work, dx16);
-    return kg_ln_bwd_cast_t<KG_BF16>(s, fdt, dx, dw, db, dy, x, w, mean, rstd, N, C, accumulate, work, dx16);
+    if (dx16_fdt != KG_F16 && dx16_fdt != KG_BF16) return cudaErrorInvalidValue;
+    return kg_ln_bwd(s, fdt, dx, dw, db, dy, x, w, mean, rstd, N, C, accumulate, work, dx16, dx16_fdt);
 }
 
 /* --------------------------------------------------- fused cross-entropy */

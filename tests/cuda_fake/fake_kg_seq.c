@@ -206,7 +206,8 @@ cudaError_t kg_layernorm_backward_cast(cudaStream_t s, int fdt, void *dx, void *
     static const char *const names[6] = {"dx", "dy", "x", "w", "mean", "rstd"};
     const size_t ob[6] = {xb, fake_act16(fdt) ? n * 2 : xb, xb, w ? (size_t)C * 4 : 0, (size_t)N * 4, (size_t)N * 4};
     for (int i = 0; i < 6; i++)
-        if (fake_overlap(__func__, "dx16", dx16, n * 2, names[i], others[i], ob[i])) return fake_error(cudaErrorInvalidValue);
+        if (fake_overlap(__func__, "dx16", dx16, n * 2, names[i], others[i], ob[i]))
+            return fake_error(cudaErrorInvalidValue);
     if ((e = kg_layernorm_backward(s, fdt, dx, dw, db, dy, x, w, mean, rstd, N, C, accumulate, work)) != cudaSuccess)
         return e;
     return kc_cast(dx16, dx16_fdt, dx, KC_F32, n) != 0 ? fake_error(cudaErrorInvalidValue) : cudaSuccess;

@@ -252,6 +252,15 @@ static inline int32_t kiln_nn_round(kiln_nn_ctx *c, void *x, size_t n, const cha
     return KILN_OK;
 }
 
+/* Whether a float32 gradient of n values is read by the matmuls as a
+ * 16-bit copy in rdt, kept in buf (bytes long): a reduced rdt over float32
+ * masters, on a table where 16-bit storage pays (KILN_KERNELS_STORE_16BIT),
+ * with room for the copy. */
+static inline int kiln_nn__copy16(const kiln_nn_ctx *c, const void *buf, size_t bytes, size_t n) {
+    return buf && c->adt == KILN_DTYPE_F32 && c->rdt != KILN_DTYPE_F32 &&
+           (c->k->flags & KILN_KERNELS_STORE_16BIT) && n * 2 <= bytes;
+}
+
 /* Whether the table has ABI 1.11's act_bias_backward and
  * layernorm_backward_cast (one pass fewer over an activation gradient
  * each; kiln_nn_linear_backward_dt and kiln_nn_layernorm_backward_cast
@@ -584,8 +593,7 @@ static inline int32_t kiln_nn_linear_backward_dt(kiln_nn_ctx *c, kiln_nn_linear 
     const void *g = dy;
     uint32_t gt = dy_dt;
 #if KILN_ABI_MINOR >= 6
-    if (dw && dx && dy16 && dy_dt == KILN_DTYPE_F32 && c->adt == KILN_DTYPE_F32 && c->rdt != KILN_DTYPE_F32 &&
-        (k->flags & KILN_KERNELS_STORE_16BIT) && (size_t)rows * (size_t)out * 2 <= dy16_bytes) {
+    if (dw && dx && dy_dt == KILN_DTYPE_F32 && kiln_nn__copy16(c, dy16, dy16_bytes, (size_t)rows * (size_t)out)) {
         if (!ready16)
             KILN_NN__K(c, k->cast(c->acc, dy16, c->rdt, dy, KILN_DTYPE_F32, (size_t)rows * (size_t)out),
                        "cast (output grad to the compute dtype)", on);
@@ -703,9 +711,7 @@ static inline int32_t kiln_nn_layernorm_backward(kiln_nn_ctx *c, kiln_nn_layerno
  * buf to that Linear. The same values either way. */
 static inline int32_t kiln_nn_layernorm_backward_cast(kiln_nn_ctx *c, kiln_nn_layernorm *ln, const void *dy, void *dx,
                                                       int accumulate_dx, void *buf, size_t bytes) {
-    const size_t n = (size_t)ln->rows * (size_t)ln->C;
-    if (!buf || !kiln_nn_has_ln_cast(c) || c->adt != KILN_DTYPE_F32 || c->rdt == KILN_DTYPE_F32 ||
-        !(c->k->flags & KILN_KERNELS_STORE_16BIT) || n * 2 > bytes)
+    if (!kiln_nn_has_ln_cast(c) || !kiln_nn__copy16(c, buf, bytes, (size_t)ln->rows * (size_t)ln->C))
         return kiln_nn_layernorm_backward(c, ln, dy, dx, accumulate_dx);
     KILN_NN__K(c,
                c->k->layernorm_backward_cast(c->acc, kiln_nn_sdt(c), dx, kiln_nn_grad(ln->w), kiln_nn_grad(ln->b), dy,
