@@ -740,6 +740,7 @@ static int32_t cu_create(void *plugin_ctx, const kiln_host_services *svc, kiln_h
     acc->hctx = hctx;
     acc->device_cfg = (int32_t)kiln_kv_int(config, "device", -1);
     acc->tf32 = kiln_kv_int(config, "tf32", 0) != 0;
+    acc->caching = kiln_kv_int(config, "caching", 1) != 0;
     const int64_t ws_mib = kiln_kv_int(config, "workspace_mib", 32);
     const int64_t st_mib = kiln_kv_int(config, "staging_mib", 16);
     const char *attn = kiln_kv_str(config, "attention", "gemm");

@@ -82,6 +82,7 @@ struct kiln_instance {
     /* configuration */
     int32_t device_cfg;     /* config `device`; -1: the local rank's device */
     int32_t tf32;           /* config `tf32`: fp32 GEMMs on TF32 tensor cores */
+    int32_t caching;        /* config `caching`: freed blocks kept for reuse (cuda_mem.c) */
     size_t workspace_bytes; /* config `workspace_mib`: cuBLASLt workspace */
     size_t stage_bytes;     /* config `staging_mib`: each pinned staging slot */
     int attn_path;          /* config `attention`: CU_ATTN_GEMM, _ROWWISE, _FLASH */

@@ -7,6 +7,9 @@
  * takes the smallest cached block that fits without wasting more than a
  * quarter of it, and cudaMalloc runs only when none does (and, on
  * out-of-memory, once more after the cache has been returned to the driver).
+ * With `caching = false` every block is cudaMalloc'ed at its exact size and
+ * cudaFree'd when freed, for a memory checker: in a cached, rounded block an
+ * overrun lands in slack or in the next tensor, where no checker sees it.
  * All work runs on the instance's one stream, so a block freed and reused is
  * ordered after the kernels that used it without events. The kernel table
  * promises zero-filled memory from alloc(); the zeroing is queued on the
@@ -74,12 +77,13 @@ static int32_t cu_take(kiln_instance *acc, size_t bytes, void **out, int zero) {
     if (!out) return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: alloc: out is NULL");
     *out = NULL;
     CU_READY(acc, "alloc");
-    const size_t want = cu_round(bytes);
+    /* caching = false: the exact size (1 byte for 0), never a cached block */
+    const size_t want = acc->caching ? cu_round(bytes) : bytes ? bytes : 1;
     if (want == 0) return CU_ERR(acc, KILN_E_NOMEM, "cuda: alloc: %zu bytes is larger than the address space", bytes);
 
     /* best fit among cached blocks, at most 25% larger than needed */
     cu_block *best = NULL;
-    for (size_t i = 0; i < acc->nblocks; i++) {
+    for (size_t i = 0; acc->caching && i < acc->nblocks; i++) {
         cu_block *b = &acc->blocks[i];
         if (b->in_use || b->size < want || b->size - want > want / 4) continue;
         if (!best || b->size < best->size) best = b;
@@ -146,6 +150,16 @@ void cu_free(kiln_instance *acc, void *ptr) {
             acc->bytes_cached += b->size;
         }
         cu_labels_touched(acc, b->ptr, b->size); /* the block may come back as other data */
+        if (!acc->caching) {
+            /* cudaFree waits for the kernels still using the block */
+            cudaError_t e = cudaFree(b->ptr);
+            if (e != cudaSuccess) {
+                (void)cudaGetLastError(); /* kept, as cu_trim keeps a block whose free failed */
+                return;
+            }
+            acc->bytes_cached -= b->size;
+            *b = acc->blocks[--acc->nblocks];
+        }
         return;
     }
     /* free() cannot fail in the ABI; a pointer we never gave out is a

@@ -93,6 +93,9 @@ static const kiln_param cp_params[] = {
     {"profile", KILN_TYPE_BOOL, 0, KILN_V_BOOL(0),
      "log the GPU time of each kernel-table entry and category at the end of the run (CUDA events; a few us per "
      "entry)"},
+    {"caching", KILN_TYPE_BOOL, 0, KILN_V_BOOL(1),
+     "keep freed device blocks for reuse (sizes rounded up to 512 bytes, or 2 MiB above 1 MiB); false: cudaMalloc "
+     "exactly the bytes asked and cudaFree at once, so a memory checker (compute-sanitizer) sees every overrun; slow"},
     {"attention_workspace_mib", KILN_TYPE_INT, 0, KILN_V_INT(2048),
      "gemm attention: the most score memory a call takes at once, MiB (the batch is split to fit)"},
     {NULL, 0, 0, KILN_V_NONE, NULL},

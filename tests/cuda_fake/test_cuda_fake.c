@@ -334,6 +334,16 @@ static void test_configure_failure_releases(void) {
 
 /* ========================================================= allocator */
 
+/* 1 when dev(bytes <= 4096) reads back as zeros. */
+static int reads_zero(const kiln_kernels *k, kiln_instance *acc, const void *dev, size_t bytes) {
+    unsigned char back[4096];
+    memset(back, 0x55, sizeof back);
+    if (bytes > sizeof back || !down(k, acc, back, dev, bytes)) return 0;
+    for (size_t i = 0; i < bytes; i++)
+        if (back[i]) return 0;
+    return 1;
+}
+
 static void test_alloc_reuse(void) {
     const kiln_kernels *k = NULL;
     kiln_instance *acc = ready(NULL, &k);
@@ -353,12 +363,7 @@ static void test_alloc_reuse(void) {
         CU_ASSERT_EQUAL_FATAL(k->alloc(acc, round ? 900 : 1000, &q), KILN_OK);
         CU_ASSERT_PTR_EQUAL(q, p);
         CU_ASSERT_EQUAL(stats().mallocs, s0.mallocs + 1);
-        unsigned char back[1000];
-        memset(back, 0x55, sizeof back);
-        CU_ASSERT_TRUE(down(k, acc, back, q, sizeof back));
-        size_t nonzero = 0;
-        for (size_t i = 0; i < sizeof back; i++) nonzero += back[i] != 0;
-        CU_ASSERT_EQUAL(nonzero, 0);
+        CU_ASSERT_TRUE(reads_zero(k, acc, q, 1000));
         CU_ASSERT_EQUAL(k->copy(acc, q, host, sizeof host, KILN_COPY_H2D), KILN_OK);
         k->free(acc, q);
     }
@@ -381,6 +386,34 @@ static void test_alloc_reuse(void) {
     const unsigned long frees = stats().frees;
     k->free(acc, other);
     CU_ASSERT_EQUAL(stats().frees, frees);
+    g_ops->base.destroy(acc);
+    NO_VIOLATIONS();
+}
+
+/* caching = false: each alloc a cudaMalloc of exactly its bytes (so a
+ * memory checker sees an overrun leave it), each free a cudaFree, and the
+ * memory still zero-filled. */
+static void test_alloc_no_caching(void) {
+    static const kiln_kv cfg[] = {{"caching", KILN_V_BOOL(0)}, {NULL, KILN_V_NONE}};
+    const kiln_kernels *k = NULL;
+    kiln_instance *acc = ready(cfg, &k);
+    if (!acc) return;
+    const fake_cuda_stats s0 = stats();
+    for (int round = 0; round < 2; round++) {
+        void *p = NULL;
+        CU_ASSERT_EQUAL_FATAL(k->alloc(acc, 1000, &p), KILN_OK);
+        CU_ASSERT_EQUAL(stats().mallocs, s0.mallocs + 1 + (unsigned long)round);
+        CU_ASSERT_EQUAL(stats().live_bytes, s0.live_bytes + 1000);
+        CU_ASSERT_TRUE(reads_zero(k, acc, p, 1000));
+        k->free(acc, p);
+        CU_ASSERT_EQUAL(stats().frees, s0.frees + 1 + (unsigned long)round);
+        CU_ASSERT_EQUAL(stats().live_bytes, s0.live_bytes);
+    }
+    void *z = NULL; /* 0 bytes: one byte, a pointer of its own */
+    CU_ASSERT_EQUAL(k->alloc(acc, 0, &z), KILN_OK);
+    CU_ASSERT_PTR_NOT_NULL(z);
+    CU_ASSERT_EQUAL(stats().live_bytes, s0.live_bytes + 1);
+    k->free(acc, z);
     g_ops->base.destroy(acc);
     NO_VIOLATIONS();
 }
@@ -1170,6 +1203,7 @@ static void register_tests(void) {
     CU_add_test(s, "configure: device 5 of 1 and of 2", test_configure_missing_device);
     CU_add_test(s, "configure: failing setup is released", test_configure_failure_releases);
     CU_add_test(s, "allocator: reuse, zero fill, best fit", test_alloc_reuse);
+    CU_add_test(s, "allocator: caching = false, exact cudaMalloc and cudaFree", test_alloc_no_caching);
     CU_add_test(s, "allocator: out of memory, trim and retry", test_alloc_oom);
     CU_add_test(s, "copy: H2D through the staging ring", test_staging);
     CU_add_test(s, "copy: overlapping D2D is memmove; zero", test_copy_overlap);

@@ -38,6 +38,10 @@
  *                            vacuously.
  *   KILN_GPU_TEST_ATTENTION=rowwise  the device under test's `attention`
  *                            key (default: the plugin's default, gemm).
+ *   KILN_GPU_TEST_CACHING=0  the device under test's `caching` key false:
+ *                            every tensor its own exact-size cudaMalloc, so
+ *                            a kernel's overrun leaves it (compute-sanitizer
+ *                            on the GPU, ASan on the host-execution build).
  *   KILN_GPU_TEST_ONLY=TEXT only the cases whose name contains TEXT (the
  *                            rowwise runs take the attention case alone: the
  *                            `attention` key changes nothing else).
@@ -1257,15 +1261,18 @@ static void fail_setup(const char *fmt, ...) {
  * out[cap]; valid until destroy, hence static storage at the caller. */
 /* Each declared key at its default; KILN_GPU_TEST_ATTENTION=MODE sets the
  * device under test's `attention` key (the cuda plugin's two attention
- * paths are compared with the cpu one by separate runs). */
+ * paths are compared with the cpu one by separate runs), and
+ * KILN_GPU_TEST_CACHING=0 its `caching` key. */
 static const kiln_kv *default_config(const kiln_plugin_desc *d, kiln_kv *out, size_t cap) {
     size_t k = 0;
-    const char *attn = getenv("KILN_GPU_TEST_ATTENTION");
+    const char *attn = getenv("KILN_GPU_TEST_ATTENTION"), *caching = getenv("KILN_GPU_TEST_CACHING");
     for (const kiln_param *p = d->params; p && p->key && k + 1 < cap; p++)
         if (p->def.type != KILN_TYPE_NONE) {
             out[k].key = p->key, out[k].value = p->def;
             if (attn && *attn && !strcmp(p->key, "attention") && p->def.type == KILN_TYPE_STRING)
                 out[k].value.v.s = attn;
+            if (caching && !strcmp(p->key, "caching") && p->def.type == KILN_TYPE_BOOL)
+                out[k].value.v.i = strcmp(caching, "0") != 0;
             k++;
         }
     out[k].key = NULL;
