@@ -279,6 +279,13 @@ int fake_is_device_range(const void *p, size_t bytes) {
     return b && (uintptr_t)p + bytes <= (uintptr_t)b->ptr + b->size;
 }
 
+int fake_device_block_of(const void *p, void **base, size_t *bytes) {
+    const fake_block *b = fake_reg_find(&fake_dev, p);
+    if (!b) return 0;
+    *base = b->ptr, *bytes = b->size;
+    return 1;
+}
+
 static int fake_is_pinned_range(const void *p, size_t bytes) {
     const fake_block *b = fake_reg_find(&fake_pinned, p);
     return b && (uintptr_t)p + bytes <= (uintptr_t)b->ptr + b->size;
@@ -305,11 +312,13 @@ cudaError_t fake_need_device(const char *fn, const char *what, const void *p, si
     return cudaSuccess;
 }
 
+/* 256-byte aligned as cudaMalloc's blocks, but exactly `size` bytes long,
+ * so that under ASan a kernel run on the host (tests/cuda_host) that reads
+ * or writes one byte past a tensor is caught, padding or not. */
 static void *fake_aligned(size_t size) {
-    const size_t rounded = size == 0 ? 256 : (size + 255) & ~(size_t)255;
-    if (rounded < size) return NULL;
-    void *p = aligned_alloc(256, rounded);
-    if (p) memset(p, 0xFF, rounded); /* NaN in every float format: unwritten memory shows */
+    void *p = NULL;
+    if (posix_memalign(&p, 256, size ? size : 1) != 0) return NULL;
+    memset(p, 0xFF, size ? size : 1); /* NaN in every float format: unwritten memory shows */
     return p;
 }
 

@@ -33,6 +33,11 @@ int fake_is_device_range(const void *p, size_t bytes);
 /* 1 when p lies inside any live cudaMalloc block. */
 int fake_is_device_ptr(const void *p);
 
+/* The live cudaMalloc block holding p: 1 with its start and size, or 0
+ * (the host-execution build's two-schedule check, tests/cuda_host/kgx.cpp,
+ * snapshots the blocks a kernel may write). */
+int fake_device_block_of(const void *p, void **base, size_t *bytes);
+
 /* fake_is_device_range or a violation naming fn and what; returns
  * cudaSuccess or cudaErrorIllegalAddress (already recorded as last error). */
 cudaError_t fake_need_device(const char *fn, const char *what, const void *p, size_t bytes);

@@ -47,37 +47,6 @@ static size_t fake_dt_size(int dt) {
 
 static int fake_fdt(int dt) { return dt == KG_F32 || dt == KG_F64; }
 
-int fake_act16(int dt) { return dt == KG_F16 || dt == KG_BF16; }
-
-float *fake_widen16(int dt, const void *src, size_t n) {
-    float *w = malloc((n ? n : 1) * sizeof *w);
-    if (w && n) kc_cast(w, KG_F32, src, dt, n);
-    return w;
-}
-
-void fake_store16(int dt, void *dst, const float *src, size_t n) {
-    if (n) kc_cast(dst, dt, src, KG_F32, n);
-}
-
-cudaError_t fake_launch(const char *fn, cudaStream_t s, const fake_buf *bufs, int nbufs) {
-    for (int i = 0; i < nbufs; i++) {
-        cudaError_t e = fake_need_device(fn, bufs[i].what, bufs[i].p, bufs[i].bytes);
-        if (e != cudaSuccess) return e;
-    }
-    cudaError_t e = fake_stream_drain(s, fn);
-    if (e != cudaSuccess) return e;
-    fake_stats.kernels++;
-    return cudaSuccess;
-}
-
-int fake_overlap(const char *fn, const char *wa, const void *a, size_t na, const char *wb, const void *b,
-                        size_t nb) {
-    const uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
-    if (na == 0 || nb == 0 || !(x < y + nb && y < x + na)) return 0;
-    fake_violation("%s: %s [%p, +%zu) and %s [%p, +%zu) overlap", fn, wa, a, na, wb, b, nb);
-    return 1;
-}
-
 static double fake_value(int dt, const void *x, size_t i) {
     switch (dt) {
     case KG_F32: return ((const float *)x)[i];

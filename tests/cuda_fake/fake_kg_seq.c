@@ -9,7 +9,8 @@
  * are what this catches) and that the outputs kg_kernels.h forbids to
  * overlap do not, drains the stream, and computes with the cpu kernels of
  * kernels/cpu, which define the results: kc_embedding_*, kc_layernorm_*,
- * kc_xent_fused row by row, kc_add, kc_attn_*. Where kg_kernels.h states a
+ * kc_xent_fused row by row, kc_add, kc_attn_* (the flash path's launchers
+ * are in fake_kg_flash_launch.c). Where kg_kernels.h states a
  * contract of its own — the bucket scatter in the index's order, a bad
  * target row left alone and the smallest one reported, the row losses'
  * block order — the fake follows it in plain loops.
@@ -21,7 +22,6 @@
 #include "cpu_kernels.h"
 #include "cpu_seq.h"
 #include "fake_internal.h"
-#include "fake_kg_flash.h"
 #include "kg_kernels.h"
 
 static int fake_seq_fdt(int dt) { return dt == KG_F32 || dt == KG_F64; }
@@ -404,60 +404,6 @@ cudaError_t kg_attention_backward(cudaStream_t s, int fdt, void *dqkv, const voi
                                 : kc_attn_backward_f64(dqkv, dout, qkv, out, lse, B, T, C, NH, ws, wsb);
     free(ws);
     return k == 0 ? cudaSuccess : fake_error(cudaErrorInvalidValue);
-}
-
-/* ------------------------------------------------- attention, flash path */
-
-/* The flash launchers: kg_kernels.h's refusals, the launch checks and the
- * forbidden overlaps, then the block programs themselves, emulated on the
- * host (fake_kg_flash.cu); a failed emulation check is a violation. */
-static int fake_flash_args(int B, int T, int C, int NH, int rd, int sdt) {
-    return B > 0 && T > 0 && C > 0 && NH > 0 && C % NH == 0 && kg_flash_supported(KG_F32, rd, C / NH) &&
-           (sdt == KG_F32 || sdt == rd);
-}
-
-static cudaError_t fake_flash_ran(const char *fn, int rc, const char *why) {
-    if (rc == 0) return cudaSuccess;
-    fake_violation("%s: %s", fn, why);
-    return fake_error(cudaErrorLaunchFailure);
-}
-
-cudaError_t kg_flash_forward(cudaStream_t s, void *out, void *lse, const void *qkv, int B, int T, int C, int NH,
-                             int round_dtype, int sdt) {
-    if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
-    if (!fake_flash_args(B, T, C, NH, round_dtype, sdt)) return fake_error(cudaErrorInvalidValue);
-    const size_t rows = (size_t)B * (size_t)T, ob = rows * (size_t)C * (sdt == KG_F32 ? 4 : 2), qb = 3 * ob;
-    const size_t lb = rows * (size_t)NH * sizeof(float);
-    const fake_buf bufs[] = {{"out", out, ob}, {"lse", lse, lb}, {"qkv", qkv, qb}};
-    cudaError_t e = fake_launch(__func__, s, bufs, 3);
-    if (e != cudaSuccess) return e;
-    if (fake_overlap(__func__, "out", out, ob, "qkv", qkv, qb) || fake_overlap(__func__, "lse", lse, lb, "qkv", qkv, qb))
-        return fake_error(cudaErrorInvalidValue);
-    char why[600] = "";
-    return fake_flash_ran(
-        __func__, fake_flash_forward_emu(out, lse, qkv, B, T, C, NH, round_dtype, sdt != KG_F32, why, sizeof why), why);
-}
-
-cudaError_t kg_flash_backward(cudaStream_t s, void *dqkv, const void *dout, const void *qkv, const void *out,
-                              const void *lse, int B, int T, int C, int NH, int round_dtype, int sdt, double *delta) {
-    if (fake_inject(__func__)) return fake_error(cudaErrorLaunchFailure);
-    if (!fake_flash_args(B, T, C, NH, round_dtype, sdt) || !delta) return fake_error(cudaErrorInvalidValue);
-    const size_t rows = (size_t)B * (size_t)T, ob = rows * (size_t)C * (sdt == KG_F32 ? 4 : 2), qb = 3 * ob;
-    const size_t lb = rows * (size_t)NH * sizeof(float);
-    const fake_buf bufs[] = {{"dqkv", dqkv, qb}, {"dout", dout, ob}, {"qkv", qkv, qb},
-                             {"out", out, ob},   {"lse", lse, lb},   {"delta", delta, rows * (size_t)NH * sizeof(double)}};
-    cudaError_t e = fake_launch(__func__, s, bufs, 6);
-    if (e != cudaSuccess) return e;
-    if (fake_overlap(__func__, "dqkv", dqkv, qb, "qkv", qkv, qb) ||
-        fake_overlap(__func__, "dqkv", dqkv, qb, "dout", dout, ob))
-        return fake_error(cudaErrorInvalidValue);
-    /* as the real launcher: delta first (its own launch), then the programs */
-    if ((e = kg_attn_delta(s, sdt, dout, out, B, T, C, NH, delta)) != cudaSuccess) return e;
-    char why[600] = "";
-    return fake_flash_ran(__func__,
-                          fake_flash_backward_emu(dqkv, dout, qkv, out, lse, delta, B, T, C, NH, round_dtype,
-                                                  sdt != KG_F32, why, sizeof why),
-                          why);
 }
 
 /* -------------------------------------------------- attention, gemm path */
