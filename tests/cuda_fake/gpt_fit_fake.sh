@@ -20,7 +20,9 @@
 # must call cudaMalloc no more often than one of 3 (32-true, bf16-mixed)
 # and wait for the GPU at most 3 times per step more; and the entries a
 # steady-state step calls are counted: one update, one zero_grad, one
-# weight cast, no allocation.
+# weight cast, no allocation. tests/cuda_host runs this script again with
+# its host-execution build (kernels/cuda's own kernels, run on the CPU) as
+# the "cudafake" plugin: test_gpt_hostexec.
 #   gpt_fit_fake.sh KILN TEXT2TOKENS FAKE_DIR WORK
 set -u
 kiln=$1 t2t=$2 fake=$3 work=$4
