@@ -390,8 +390,8 @@ struct snap {
     bool changed;
 };
 
-snap snaps[256];
-int nsnaps;
+snap *snaps;
+int nsnaps, snaps_cap;
 char *before, *after;
 size_t snap_cap;
 
@@ -401,13 +401,18 @@ bool snap_add(const void *p, int arg) {
     if (!p || !fake_device_block_of(p, &base, &n)) return true;
     for (int i = 0; i < nsnaps; i++)
         if (snaps[i].p == (char *)base) return true;
-    if (nsnaps == (int)(sizeof snaps / sizeof snaps[0])) return false;
+    if (nsnaps == snaps_cap) {
+        const int cap = snaps_cap ? 2 * snaps_cap : 64;
+        snap *ns = (snap *)realloc(snaps, (size_t)cap * sizeof *ns);
+        if (!ns) return false;
+        snaps = ns, snaps_cap = cap;
+    }
     const size_t at = nsnaps ? snaps[nsnaps - 1].at + snaps[nsnaps - 1].n : 0;
     snaps[nsnaps++] = {(char *)base, n, at, arg, false};
     return true;
 }
 
-/* Takes the "before" copies; false when out of memory (or blocks). */
+/* Takes the "before" copies; false when out of host memory. */
 bool snap_take(const kgx::arg *args, int nargs) {
     nsnaps = 0;
     for (int i = 0; i < nargs; i++) {

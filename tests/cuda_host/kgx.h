@@ -12,15 +12,16 @@
  *
  * The CUDA built-ins are the emulation's: threadIdx and blockIdx read the
  * thread the scheduler is running; __syncthreads, __syncwarp and the warp
- * shuffle suspend it until its block (or warp) arrives; __shared__ arrays
- * become function statics in one section (kgx_shared) that kgx.cpp fills
- * with 0xff bytes (NaN in every float format) before each block, so a read
- * of shared memory no thread wrote shows; dynamic shared memory (`extern
+ * shuffle suspend it until its block (or warp) arrives; a __shared__
+ * array becomes a function static that announces itself (kgx_shared_note)
+ * where it is declared, and the first announcement in each block fills it
+ * with 0xff bytes (NaN in every float format), so a read of shared memory
+ * no thread of the block wrote shows; dynamic shared memory (`extern
  * __shared__ T name[]`, rewritten to `#define name ((T *)kgx_dyn_smem)`)
- * is a heap buffer of
- * exactly the launch's size, so ASan sees a read past it. Blocks run one at
- * a time, so statics shared by "the block" are exactly right. Atomics are
- * plain read-modify-writes: one host thread runs every CUDA thread.
+ * is a heap buffer of exactly the launch's size, so ASan sees a read past
+ * it. Blocks run one at a time, so statics shared by "the block" are
+ * exactly right. Atomics are plain read-modify-writes: one host thread
+ * runs every CUDA thread.
  */
 #ifndef KILN_TESTS_CUDA_HOST_KGX_H
 #define KILN_TESTS_CUDA_HOST_KGX_H
@@ -124,10 +125,6 @@ struct launch_cfg {
     size_t smem;
     cudaStream_t stream;
 };
-
-} // namespace kgx
-
-namespace kgx {
 
 /* A kernel argument as the runtime sees it: a pointer to read, a pointer
  * to write, or a struct passed by value (pointers inside it found by
