@@ -63,6 +63,22 @@ static inline int32_t ack_apart(ack_sink s, const char *fn, const char *pn, cons
     return KILN_OK;
 }
 
+/* softmax_xent_forward / _backward(_ex): their two (B, C) buffers of esz
+ * bytes per element. The forward's probs must not share a byte with its
+ * logits: a row's probabilities are written while its logits are still
+ * being read (the label's logit last, for the loss). The backward's
+ * dlogits may be probs itself (each element is read before its own
+ * write), but not a part of it. */
+static inline int32_t ack_xent_buffers(ack_sink s, const char *fn, int backward, const void *out, const void *in,
+                                       int32_t B, int32_t C, size_t esz) {
+    const size_t nb = (size_t)B * (size_t)C * esz; /* B, C >= 1, both int32: no overflow */
+    if (!backward) return ack_apart(s, fn, "probs", out, nb, "logits", in, nb);
+    if (out != in && ack_ranges_overlap(out, nb, in, nb))
+        return ACK_ERR(s, KILN_E_INVALID_ARG, fn, "%s",
+                       "dlogits partially overlaps probs (only dlogits == probs may alias)");
+    return KILN_OK;
+}
+
 /* The float dtypes every sequence and elementwise entry takes. */
 static inline int32_t ack_float_dtype(ack_sink s, const char *fn, uint32_t dt) {
     if (dt == KILN_DTYPE_F32 || dt == KILN_DTYPE_F64) return KILN_OK;

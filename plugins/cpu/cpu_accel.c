@@ -221,12 +221,14 @@ static int32_t cpu_bad_label_row(const int32_t *labels, int32_t B, int32_t C) {
     return -1;
 }
 
-static int32_t cpu_xent_args(kiln_instance *acc, const char *fn, const void *a, const void *b,
-                             const int32_t *labels, int32_t B, int32_t C) {
+/* a: probs (forward) or dlogits (backward); b: logits or probs; esz:
+ * bytes per element. */
+static int32_t cpu_xent_args(kiln_instance *acc, const char *fn, int backward, size_t esz, const void *a,
+                             const void *b, const int32_t *labels, int32_t B, int32_t C) {
     if (B < 1 || C < 1)
         return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s: B and C must be >= 1, got B=%d C=%d", fn, (int)B, (int)C);
     if (!a || !b || !labels) return CPU_ERR(acc, KILN_E_INVALID_ARG, "%s: NULL tensor argument", fn);
-    return KILN_OK;
+    return ack_xent_buffers(CPU_SINK(acc), fn, backward, a, b, B, C, esz);
 }
 
 /*
@@ -238,7 +240,7 @@ static int32_t cpu_xent_args(kiln_instance *acc, const char *fn, const void *a, 
 static int32_t cpu_softmax_xent_forward(kiln_instance *acc, float *probs, const float *logits,
                                         const int32_t *labels, int32_t B, int32_t C, float *loss,
                                         int32_t *n_correct) {
-    int32_t rc = cpu_xent_args(acc, "softmax_xent_forward", probs, logits, labels, B, C);
+    int32_t rc = cpu_xent_args(acc, "softmax_xent_forward", 0, sizeof(float), probs, logits, labels, B, C);
     if (rc != KILN_OK) return rc;
     if (!loss) return CPU_ERR(acc, KILN_E_INVALID_ARG, "softmax_xent_forward: loss is NULL");
     int correct = 0;
@@ -259,7 +261,7 @@ static int32_t cpu_softmax_xent_forward(kiln_instance *acc, float *probs, const 
  * the kernel would fill a bad row with NaN, which is only a safety net. */
 static int32_t cpu_softmax_xent_backward(kiln_instance *acc, float *dlogits, const float *probs,
                                          const int32_t *labels, int32_t B, int32_t C, float dloss) {
-    int32_t rc = cpu_xent_args(acc, "softmax_xent_backward", dlogits, probs, labels, B, C);
+    int32_t rc = cpu_xent_args(acc, "softmax_xent_backward", 1, sizeof(float), dlogits, probs, labels, B, C);
     if (rc != KILN_OK) return rc;
     int32_t row = cpu_bad_label_row(labels, B, C);
     if (row >= 0)
@@ -564,7 +566,9 @@ static int32_t cpu_softmax_xent_forward_ex(kiln_instance *acc, uint32_t dtype, v
                                            int32_t *n_correct) {
     int32_t rc = cpu_check_dtype(acc, "softmax_xent_forward_ex", dtype);
     if (rc != KILN_OK) return rc;
-    if ((rc = cpu_xent_args(acc, "softmax_xent_forward_ex", probs, logits, labels, B, C)) != KILN_OK) return rc;
+    if ((rc = cpu_xent_args(acc, "softmax_xent_forward_ex", 0, kiln_dtype_size(dtype), probs, logits, labels, B,
+                            C)) != KILN_OK)
+        return rc;
     if (!loss) return CPU_ERR(acc, KILN_E_INVALID_ARG, "softmax_xent_forward_ex: loss is NULL");
     int correct = 0;
     const double l = dtype == KILN_DTYPE_F32 ? (double)kc_softmax_xent_forward(probs, logits, labels, B, C, &correct)
@@ -585,7 +589,8 @@ static int32_t cpu_softmax_xent_backward_ex(kiln_instance *acc, uint32_t dtype, 
                                             const int32_t *labels, int32_t B, int32_t C, double dloss) {
     int32_t rc = cpu_check_dtype(acc, "softmax_xent_backward_ex", dtype);
     if (rc != KILN_OK) return rc;
-    if ((rc = cpu_xent_args(acc, "softmax_xent_backward_ex", dlogits, probs, labels, B, C)) != KILN_OK) return rc;
+    if ((rc = cpu_xent_args(acc, "softmax_xent_backward_ex", 1, kiln_dtype_size(dtype),
+                             dlogits, probs, labels, B, C)) != KILN_OK) return rc;
     int32_t row = cpu_bad_label_row(labels, B, C);
     if (row >= 0)
         return CPU_ERR(acc, KILN_E_DATA,

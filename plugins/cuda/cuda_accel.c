@@ -268,13 +268,15 @@ static int32_t cu_gelu_backward(kiln_instance *acc, float *dx, const float *dy, 
 
 /* ------------------------------------------------------------------ loss */
 
-static int32_t cu_xent_args(kiln_instance *acc, const char *fn, uint32_t dt, const void *a, const void *b,
-                            const int32_t *labels, int32_t B, int32_t C) {
+/* a: probs (forward) or dlogits (backward); b: logits or probs. */
+static int32_t cu_xent_args(kiln_instance *acc, const char *fn, int backward, uint32_t dt, const void *a,
+                            const void *b, const int32_t *labels, int32_t B, int32_t C) {
     int32_t rc = cu_check_fdt(acc, fn, dt);
     if (rc != KILN_OK) return rc;
     if (B < 1 || C < 1)
         return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: B and C must be >= 1, got B=%d C=%d", fn, (int)B, (int)C);
     if (!a || !b || !labels) return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: %s: NULL tensor argument", fn);
+    if ((rc = ack_xent_buffers(CU_SINK(acc), fn, backward, a, b, B, C, kiln_dtype_size(dt))) != KILN_OK) return rc;
     CU_READY(acc, fn);
     return KILN_OK;
 }
@@ -307,7 +309,7 @@ static int32_t cu_rows(kiln_instance *acc, int32_t B, double **loss, int32_t **c
 
 static int32_t cu_xent_forward(kiln_instance *acc, uint32_t dt, void *probs, const void *logits,
                                const int32_t *labels, int32_t B, int32_t C, double *loss, int32_t *n_correct) {
-    int32_t rc = cu_xent_args(acc, "softmax_xent_forward", dt, probs, logits, labels, B, C);
+    int32_t rc = cu_xent_args(acc, "softmax_xent_forward", 0, dt, probs, logits, labels, B, C);
     if (rc != KILN_OK) return rc;
     if (!loss) return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: softmax_xent_forward: loss is NULL");
     double *row_loss = NULL;
@@ -345,7 +347,7 @@ static int32_t cu_softmax_xent_forward_ex(kiln_instance *acc, uint32_t dt, void 
  * of B ints, which waits for the stream. */
 static int32_t cu_xent_backward(kiln_instance *acc, uint32_t dt, void *dlogits, const void *probs,
                                 const int32_t *labels, int32_t B, int32_t C, double dloss) {
-    int32_t rc = cu_xent_args(acc, "softmax_xent_backward", dt, dlogits, probs, labels, B, C);
+    int32_t rc = cu_xent_args(acc, "softmax_xent_backward", 1, dt, dlogits, probs, labels, B, C);
     if (rc != KILN_OK) return rc;
     if (acc->checked_labels == (const void *)labels && B <= acc->checked_B && C >= acc->checked_C) {
         CU_LAUNCH(acc, "softmax_xent_backward",

@@ -654,8 +654,23 @@ static void test_ex_bad_dtypes(void) {
     CU_ASSERT(rejected(g_k->adamw_update_ex(g_acc, KILN_DTYPE_F64, d, d, d, d, 4, 0.1, 0.9, 0.999, 1e-8, 0.0, 0),
                        "adamw_update_ex: step is 1-based", NULL));
     CU_ASSERT(rejected(g_k->bias_add_ex(g_acc, KILN_DTYPE_F64, d, d, -1, 2), "bias_add_ex: rows and cols", NULL));
-    CU_ASSERT(rejected(g_k->softmax_xent_forward_ex(g_acc, KILN_DTYPE_F64, d, d, labels, 2, 2, NULL, NULL),
+    double d2[4] = {0}, loss = 0.0;
+    float lossf = 0.0f;
+    CU_ASSERT(rejected(g_k->softmax_xent_forward_ex(g_acc, KILN_DTYPE_F64, d2, d, labels, 2, 2, NULL, NULL),
                        "softmax_xent_forward_ex: loss is NULL", NULL));
+    /* softmax_xent's buffers: the forward's probs apart from its logits (a
+     * row's label logit is read after its probabilities are written), the
+     * backward's dlogits probs itself or apart */
+    CU_ASSERT(rejected(g_k->softmax_xent_forward_ex(g_acc, KILN_DTYPE_F64, d, d, labels, 2, 2, &loss, NULL),
+                       "softmax_xent_forward_ex: probs overlaps logits", NULL));
+    CU_ASSERT(rejected(g_k->softmax_xent_forward(g_acc, f + 3, f, labels, 2, 2, &lossf, NULL),
+                       "softmax_xent_forward: probs overlaps logits", NULL));
+    CU_ASSERT_EQUAL(g_k->softmax_xent_forward(g_acc, f + 4, f, labels, 2, 2, &lossf, NULL), KILN_OK);
+    CU_ASSERT(rejected(g_k->softmax_xent_backward_ex(g_acc, KILN_DTYPE_F64, d + 1, d, labels, 1, 2, 1.0),
+                       "softmax_xent_backward_ex: dlogits partially overlaps probs", NULL));
+    CU_ASSERT(rejected(g_k->softmax_xent_backward(g_acc, f + 1, f, labels, 2, 2, 1.0f),
+                       "softmax_xent_backward: dlogits partially overlaps probs", NULL));
+    CU_ASSERT_EQUAL(g_k->softmax_xent_backward_ex(g_acc, KILN_DTYPE_F64, d2, d2, labels, 2, 2, 1.0), KILN_OK);
 }
 
 /* The float16 bits of x (round to nearest even): the compiler's _Float16

@@ -582,6 +582,16 @@ static void test_loss_and_reductions(void) {
     CU_ASSERT_EQUAL(k->copy(acc, dy, labels, sizeof labels, KILN_COPY_H2D), KILN_OK);
     CU_ASSERT_EQUAL(k->softmax_xent_forward(acc, dp, dl, dy, B, C, &loss, NULL), KILN_OK);
     CU_ASSERT(fabs(loss - want) < 1e-5);
+    /* probs overlapping the logits is refused (a row's label logit is read
+     * after its probabilities are written); the backward's dlogits may be
+     * probs itself, not a part of it (the same checks as the cpu's) */
+    CU_ASSERT_EQUAL(k->softmax_xent_forward(acc, dl, dl, dy, B, C, &loss, NULL), KILN_E_INVALID_ARG);
+    HAS(kiln_test_error(g_th), "cuda: softmax_xent_forward: probs overlaps logits");
+    CU_ASSERT_EQUAL(k->softmax_xent_forward(acc, dl + 3, dl, dy, 1, C, &loss, NULL), KILN_E_INVALID_ARG);
+    CU_ASSERT_EQUAL(k->softmax_xent_forward(acc, dl + 4, dl, dy, 1, C, &loss, NULL), KILN_OK);
+    CU_ASSERT_EQUAL(k->softmax_xent_backward(acc, dp + 1, dp, dy, B - 1, C, 1.0f), KILN_E_INVALID_ARG);
+    HAS(kiln_test_error(g_th), "dlogits partially overlaps probs");
+    CU_ASSERT_EQUAL(k->softmax_xent_backward_ex(acc, KILN_DTYPE_F32, dp, dp, dy, B, C, 1.0), KILN_OK);
     /* reductions read back */
     enum { N = 3000 };
     float *x = malloc(N * sizeof *x);

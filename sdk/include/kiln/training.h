@@ -105,10 +105,12 @@ typedef struct kiln_kernels {
     int32_t (*gelu_backward)(kiln_instance *acc, float *dx, const float *dy, const float *x, size_t n);
     /* probs(B,C) = softmax(logits); *loss = mean_b -log probs[b, labels[b]];
      * *n_correct = rows whose argmax equals the label (may be NULL). A label
-     * outside [0, C) is KILN_E_DATA. */
+     * outside [0, C) is KILN_E_DATA; probs overlapping logits is
+     * KILN_E_INVALID_ARG (both accelerators refuse it). */
     int32_t (*softmax_xent_forward)(kiln_instance *acc, float *probs, const float *logits, const int32_t *labels,
                                     int32_t B, int32_t C, float *loss, int32_t *n_correct);
-    /* dlogits = dloss * (probs - onehot(labels)) / B */
+    /* dlogits = dloss * (probs - onehot(labels)) / B; dlogits may be probs
+     * itself, but not overlap it otherwise */
     int32_t (*softmax_xent_backward)(kiln_instance *acc, float *dlogits, const float *probs, const int32_t *labels,
                                      int32_t B, int32_t C, float dloss);
     int32_t (*sum)(kiln_instance *acc, const float *x, size_t n, double *out);
@@ -172,6 +174,7 @@ typedef struct kiln_kernels {
     int32_t (*act_forward)(kiln_instance *acc, uint32_t dtype, int32_t act, void *y, const void *x, size_t n);
     int32_t (*act_backward)(kiln_instance *acc, uint32_t dtype, int32_t act, void *dx, const void *dy, const void *x,
                             size_t n);
+    /* as softmax_xent_forward / _backward, with the same buffer rules */
     int32_t (*softmax_xent_forward_ex)(kiln_instance *acc, uint32_t dtype, void *probs, const void *logits,
                                        const int32_t *labels, int32_t B, int32_t C, double *loss, int32_t *n_correct);
     int32_t (*softmax_xent_backward_ex)(kiln_instance *acc, uint32_t dtype, void *dlogits, const void *probs,
