@@ -105,14 +105,16 @@ __global__ void kg_bias_grad_parts_kernel(T *__restrict__ out, typename kg_stora
         if (j < cols)
             for (size_t r = r0 + threadIdx.y; r < r1; r += KG_BIAS_GRAD_LANES) {
                 const size_t e = r * cols + j;
-                /* read-only loads (__ldg), as a const __restrict__ dy
-                 * had them: each element is read once, before its own
-                 * thread overwrites it where dx is dy */
+                /* dy through the read-only cache (__ldg) only where this
+                 * kernel writes nothing: with an activation, dx may be dy
+                 * (act_bias_backward in place), and the non-coherent path
+                 * is defined only for data no thread writes during the
+                 * kernel; x stays read-only either way */
                 if constexpr (ACT < 0) {
                     acc = acc + kg_ld<T, SD>(__ldg(dy + e));
                 } else {
                     const typename kg_storage<SD>::type d =
-                        kg_st<T, SD>(kg_act_bwd<ACT>(kg_ld<T, SD>(__ldg(dy + e)), kg_ld<T, SD>(__ldg(x + e))));
+                        kg_st<T, SD>(kg_act_bwd<ACT>(kg_ld<T, SD>(dy[e]), kg_ld<T, SD>(__ldg(x + e))));
                     dx[e] = d;
                     acc = acc + kg_ld<T, SD>(d);
                 }

@@ -102,18 +102,17 @@ template <int PROG, int OP, int DN> __global__ void __launch_bounds__(KG_FL_THRE
     else kg_fl_dq_block<kg_fl_dev, OP, DN>(a, kg_fl_smem, tile, bh);
 }
 
-/* One program's launch: its dynamic shared memory allowed once (above the
- * 48 KiB default; the first call per process and program), then one block
- * per (tile, head). */
+/* One program's launch: its dynamic shared memory allowed (above the
+ * 48 KiB default), then one block per (tile, head). The allowance is set
+ * before every launch, not once per process: it holds for the device
+ * current when it is set, and one process may drive several devices (one
+ * instance each, from any thread), which a process-wide "done" flag would
+ * leave without it. The call is cheap beside the launch. */
 template <int PROG, int OP, int DN> static cudaError_t kg_fl_launch(cudaStream_t s, const kg_flash_args &a) {
-    static bool opted_in = false;
     const size_t bytes = kg_fl_layout_of(PROG, 16 * DN).bytes;
-    if (!opted_in) {
-        const cudaError_t e =
-            cudaFuncSetAttribute(kg_fl_kernel<PROG, OP, DN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
-        if (e != cudaSuccess) return e;
-        opted_in = true;
-    }
+    const cudaError_t e =
+        cudaFuncSetAttribute(kg_fl_kernel<PROG, OP, DN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    if (e != cudaSuccess) return e;
     const size_t nb = kg_fl_blocks(a.B, a.NH, a.T);
     if (nb == 0 || nb > (size_t)INT_MAX) return cudaErrorInvalidValue;
     kg_fl_kernel<PROG, OP, DN><<<(unsigned)nb, KG_FL_THREADS, bytes, s>>>(a);
