@@ -157,6 +157,16 @@ static int32_t cu_plan_build(kiln_instance *acc, cu_plan *p, const cu_key *k, co
             s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al, sizeof al);
         if (s == CUBLAS_STATUS_SUCCESS)
             s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al, sizeof al);
+        /* A 16-bit output is the float32 result rounded once (what the cpu
+         * computes and the docs promise). A split-K algorithm whose partial
+         * sums are added in the output type (INPLACE, OUTPUT_TYPE) would
+         * round each partial sum, and in float16 could overflow where the
+         * whole sum does not: allow only sums kept in the compute type
+         * (and algorithms with no split, which no mask excludes). */
+        if (s == CUBLAS_STATUS_SUCCESS && (k->ctype == CUDA_R_16F || k->ctype == CUDA_R_16BF)) {
+            const uint32_t rs = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+            s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &rs, sizeof rs);
+        }
     }
     cublasLtMatmulHeuristicResult_t res;
     int found = 0;

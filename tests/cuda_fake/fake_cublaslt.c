@@ -17,7 +17,9 @@
  * add the bias after the product is rounded to fp32 and, for GELU, store that in aux
  * and apply a GELU that is not the cpu kernels' (as cuBLASLt's is not).
  * The algorithm also remembers the bias and aux alignment the heuristic saw
- * on the descriptor, and cublasLtDestroy checks that the last GEMM was
+ * on the descriptor; a heuristic call for a 16-bit D whose preference
+ * allows split-K sums in the output type is a violation (kiln's rounding
+ * rule, which the real heuristic would not enforce); and cublasLtDestroy checks that the last GEMM was
  * waited for. Before computing, every argument is checked the way cuBLASLt checks
  * it or would fault on it: the layouts must agree on m, n and k
  * (CUBLAS_STATUS_INVALID_VALUE otherwise, which is what exposes a wrong
@@ -79,6 +81,7 @@ typedef struct fake_pref {
     cublasLtMatmulPreferenceOpaque_t opaque;
     uint64_t max_ws;
     uint32_t align[4]; /* A, B, C, D: minimum alignment in bytes */
+    uint32_t reduction_mask; /* the split-K reduction schemes allowed */
     struct fake_pref *next;
 } fake_pref;
 
@@ -326,6 +329,7 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmulPreferenceCreate(cublasLtMatmulPrefere
     if (!p) return CUBLAS_STATUS_ALLOC_FAILED;
     p->max_ws = 0; /* cuBLASLt's default: no workspace */
     for (int i = 0; i < 4; i++) p->align[i] = 256;
+    p->reduction_mask = CUBLASLT_REDUCTION_SCHEME_MASK; /* cuBLASLt's default: every scheme */
     p->next = fake_prefs;
     fake_prefs = p;
     fake_stats.lt_objects_live++;
@@ -365,6 +369,10 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulP
     case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES:
         if (sizeInBytes != sizeof(uint32_t)) return CUBLAS_STATUS_INVALID_VALUE;
         memcpy(&p->align[attr - CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES], buf, sizeof(uint32_t));
+        return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK:
+        if (sizeInBytes != sizeof(uint32_t)) return CUBLAS_STATUS_INVALID_VALUE;
+        memcpy(&p->reduction_mask, buf, sizeof(uint32_t));
         return CUBLAS_STATUS_SUCCESS;
     default:
         fake_violation("cublasLtMatmulPreferenceSetAttribute: attribute %d is not modelled by the fake", (int)attr);
@@ -542,6 +550,16 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t ligh
     for (int i = 1; i < 4; i++)
         if (p->align[i] < align) align = p->align[i];
     if (align == 0 || (align & (align - 1))) return CUBLAS_STATUS_INVALID_VALUE;
+    /* kiln's rule, not cuBLASLt's: a 16-bit D is the float32 result rounded
+     * once, which a split-K algorithm adding its partial sums in the output
+     * type (INPLACE, OUTPUT_TYPE) would break; the real heuristic may pick
+     * one for a long K unless the preference excludes them */
+    if (cfg.cd_size == 2 &&
+        (p->reduction_mask & (CUBLASLT_REDUCTION_SCHEME_INPLACE | CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE)))
+        fake_violation("cublasLtMatmulAlgoGetHeuristic: a 16-bit D with reduction schemes 0x%x allowed: split-K "
+                       "partial sums could be added in the 16-bit type (allow only "
+                       "CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE)",
+                       (unsigned)p->reduction_mask);
     /* an element-misaligned operand has no algorithm at all */
     if (align < cfg.ab_size || align < cfg.cd_size) return CUBLAS_STATUS_NOT_SUPPORTED;
     const uint64_t ws = p->max_ws < ((uint64_t)1 << 20) ? p->max_ws : ((uint64_t)1 << 20);
