@@ -695,16 +695,23 @@ static_assert(sizeof(kiln_kernels) >= KILN_KERNELS_SIZE_1_11, "kiln_kernels cove
 
 /* -------------------------------------------------------------- instance */
 
-/* "13.0" from 13000. */
-static void cu_version(int v, char *buf, size_t len) { snprintf(buf, len, "%d.%d", v / 1000, (v % 1000) / 10); }
+void cu_version(int v, char *buf, size_t len) { snprintf(buf, len, "%d.%d", v / 1000, (v % 1000) / 10); }
 
-/* The driver must support the runtime this plugin was built with (a newer
+/* The driver must support the runtime this plugin runs on (a newer
  * runtime on an older driver fails on its first call with an error that
- * does not say so); and there must be a device. */
+ * does not say so); and there must be a device. "Support" is CUDA's
+ * minor-version compatibility: a driver of the runtime's major release
+ * runs it even when its minor version is older, except for features that
+ * need the newer driver and for compiling PTX newer than the driver knows
+ * (a GPU newer than the sm_80 / sm_90 code this plugin carries). That
+ * case runs, with one warning; an older major release is refused. */
 static int32_t cu_check_driver(kiln_instance *acc) {
-    int drv = 0;
+    int drv = 0, rt = 0;
     char have[16], need[16];
-    cu_version(CUDART_VERSION, need, sizeof need);
+    if (cudaRuntimeGetVersion(&rt) != cudaSuccess || rt <= 0) rt = CUDART_VERSION;
+    (void)cudaGetLastError();
+    acc->runtime_version = rt;
+    cu_version(rt, need, sizeof need);
     cudaError_t e = cudaDriverGetVersion(&drv);
     if (e != cudaSuccess || drv == 0) {
         (void)cudaGetLastError();
@@ -714,12 +721,20 @@ static int32_t cu_check_driver(kiln_instance *acc) {
                       "\"cpu\" on this machine",
                       need, need);
     }
+    acc->driver_version = drv;
     cu_version(drv, have, sizeof have);
-    if (drv < CUDART_VERSION)
+    if (drv / 1000 < rt / 1000)
         return CU_ERR(acc, KILN_E_VERSION,
-                      "cuda: this plugin was built with CUDA runtime %s but the installed driver supports CUDA up to "
-                      "%s; install a driver for CUDA %s or newer, or rebuild kiln with a CUDA toolkit <= %s",
-                      need, have, need, have);
+                      "cuda: this plugin runs on CUDA runtime %s but the installed driver supports CUDA up to %s, an "
+                      "older major release; install a driver for CUDA %d.0 or newer, or rebuild kiln with a CUDA "
+                      "%d toolkit",
+                      need, have, rt / 1000, drv / 1000);
+    if (drv < rt)
+        kiln_logf(acc->svc, acc->hctx, KILN_LOG_WARN,
+                  "cuda: the driver supports CUDA %s, older than the CUDA runtime %s this plugin runs on: running "
+                  "under CUDA's minor-version compatibility (a GPU newer than sm_90 needs a driver for CUDA %s or "
+                  "newer)",
+                  have, need, need);
     int count = 0;
     e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess || count == 0) {
@@ -826,6 +841,11 @@ int32_t cu_enter(kiln_instance *acc, const char *fn) {
     if (!acc->configured)
         return CU_ERR(acc, KILN_E_STATE, "cuda: %s called before configure() chose a device%s", fn,
                       acc->setup_started ? " (configure() failed)" : "");
+    if (acc->lost != cudaSuccess)
+        return CU_ERR(acc, KILN_E_CUDA,
+                      "cuda: %s: refused: the CUDA context was lost earlier (%s, first seen in %s); nothing more can "
+                      "run on %s in this process",
+                      fn, cudaGetErrorName(acc->lost), acc->lost_at, acc->device_name);
     int cur = -1;
     if (cudaGetDevice(&cur) != cudaSuccess || cur != acc->device) CU_CHECK(acc, fn, cudaSetDevice(acc->device));
     if (acc->prof) cu_prof_mark(acc, fn);

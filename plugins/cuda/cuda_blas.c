@@ -19,6 +19,10 @@
 #include "cuda_internal.h"
 
 int32_t cu_blas_fail(kiln_instance *acc, cublasStatus_t s, const char *what, const char *call) {
+    /* cuBLAS reports a lost context as a failed execution; the runtime's
+     * error says why (and cu_fail marks the instance lost) */
+    const cudaError_t e = s == CUBLAS_STATUS_EXECUTION_FAILED ? cudaPeekAtLastError() : cudaSuccess;
+    if (e != cudaSuccess) return cu_fail(acc, e, what, call);
     return CU_ERR(acc, s == CUBLAS_STATUS_ALLOC_FAILED ? KILN_E_NOMEM : KILN_E_CUDA,
                   "cuda: %s: %s failed: cuBLAS status %d (%s)", what, call, (int)s, cublasLtGetStatusString(s));
 }

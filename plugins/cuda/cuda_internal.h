@@ -89,6 +89,13 @@ struct kiln_instance {
     int profile;            /* config `profile`: GPU time per entry (log)    */
     size_t attn_cap;        /* config `attention_workspace_mib`, bytes        */
     /* after configure() */
+    int driver_version;     /* cudaDriverGetVersion, e.g. 13000 (create)   */
+    int runtime_version;    /* cudaRuntimeGetVersion: the loaded libcudart */
+    /* a sticky error (a kernel faulted: every later CUDA call in the
+     * process fails the same way): cudaSuccess until one is seen, then the
+     * error and the entry that saw it first; cu_enter refuses from then on */
+    cudaError_t lost;
+    char lost_at[48];
     int configured;         /* device chosen and every resource set up     */
     int setup_started;      /* configure() began creating resources (so
                                destroy releases them; a failed configure
@@ -185,9 +192,14 @@ struct kiln_instance {
 
 /* Checks a CUDA runtime call; on failure returns KILN_E_CUDA (KILN_E_NOMEM
  * for cudaErrorMemoryAllocation) with "cuda: <what>: <call> failed: <error
- * name> (<error string>)". Clears the runtime's sticky last error for
- * non-sticky errors so a later call does not report it again. */
+ * name> (<error string>)". Clears the runtime's last error for non-sticky
+ * errors so a later call does not report it again. A sticky one (a kernel
+ * faulted; it may have been queued by an earlier entry) marks the instance
+ * lost and says so; errors that mean the driver is too old for this build,
+ * or the build has no code for the GPU, say what to install or rebuild. */
 int32_t cu_fail(kiln_instance *acc, cudaError_t e, const char *what, const char *call);
+/* "13.0" from a CUDA version number such as 13000 (cuda_accel.c). */
+void cu_version(int v, char *buf, size_t len);
 #define CU_CHECK(acc, what, call)                                              \
     do {                                                                       \
         cudaError_t cu_e_ = (call);                                            \

@@ -23,14 +23,66 @@
  * recorded behind its DMA has passed. Device-to-host copies wait for the
  * stream, because the caller reads the result as soon as copy() returns.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cuda_internal.h"
 
+/* The errors after which the CUDA context is unusable: the runtime's
+ * documentation says each leaves the process in an inconsistent state in
+ * which every later CUDA call fails, until the process is restarted. */
+static int cu_sticky(cudaError_t e) {
+    switch (e) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorAssert:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorLaunchFailure:
+    case cudaErrorTensorMemoryLeak:
+    case cudaErrorContained:
+    case cudaErrorMpsClientTerminated:
+    case cudaErrorExternalDevice: return 1;
+    default: return 0;
+    }
+}
+
 int32_t cu_fail(kiln_instance *acc, cudaError_t e, const char *what, const char *call) {
     (void)cudaGetLastError(); /* clear a non-sticky error so it is reported once */
     const int32_t code = e == cudaErrorMemoryAllocation ? KILN_E_NOMEM : KILN_E_CUDA;
+    char drv[16], rt[16];
+    cu_version(acc->driver_version, drv, sizeof drv);
+    cu_version(acc->runtime_version, rt, sizeof rt);
+    if (cu_sticky(e)) {
+        /* the fault belongs to whatever kernel ran last, often queued by an
+         * earlier entry: the entry named here is only where it surfaced */
+        if (acc->lost == cudaSuccess) {
+            acc->lost = e;
+            snprintf(acc->lost_at, sizeof acc->lost_at, "%s", what);
+        }
+        return CU_ERR(acc, code,
+                      "cuda: %s: %s failed: %s (%s); the CUDA context is lost: a kernel queued up to here faulted "
+                      "(not necessarily this entry's), and every later CUDA call in this process fails; rerun "
+                      "with CUDA_LAUNCH_BLOCKING=1, or under compute-sanitizer with accelerator.caching = false, to "
+                      "find the kernel",
+                      what, call, cudaGetErrorName(e), cudaGetErrorString(e));
+    }
+    if (e == cudaErrorInsufficientDriver || e == cudaErrorUnsupportedPtxVersion ||
+        e == cudaErrorCallRequiresNewerDriver)
+        return CU_ERR(acc, code,
+                      "cuda: %s: %s failed: %s (%s); the driver supports CUDA %s and this plugin runs on CUDA "
+                      "runtime %s: install a driver for CUDA %s or newer",
+                      what, call, cudaGetErrorName(e), cudaGetErrorString(e), drv, rt, rt);
+    if (e == cudaErrorNoKernelImageForDevice)
+        return CU_ERR(acc, code,
+                      "cuda: %s: %s failed: %s (%s); this build has no code for %s (compute capability %d.%d): "
+                      "rebuild kiln with CMAKE_CUDA_ARCHITECTURES naming it",
+                      what, call, cudaGetErrorName(e), cudaGetErrorString(e), acc->device_name, acc->cc_major,
+                      acc->cc_minor);
     return CU_ERR(acc, code, "cuda: %s: %s failed: %s (%s)", what, call, cudaGetErrorName(e), cudaGetErrorString(e));
 }
 
@@ -151,7 +203,11 @@ void cu_free(kiln_instance *acc, void *ptr) {
         }
         cu_labels_touched(acc, b->ptr, b->size); /* the block may come back as other data */
         if (!acc->caching) {
-            /* cudaFree waits for the kernels still using the block */
+            /* cudaFree waits for the kernels still using the block; it
+             * frees on the current device, which another instance or
+             * thread may have changed (free() takes no cu_enter) */
+            int cur = -1;
+            if (cudaGetDevice(&cur) != cudaSuccess || cur != acc->device) (void)cudaSetDevice(acc->device);
             cudaError_t e = cudaFree(b->ptr);
             if (e != cudaSuccess) {
                 (void)cudaGetLastError(); /* kept, as cu_trim keeps a block whose free failed */

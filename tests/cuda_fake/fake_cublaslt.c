@@ -634,6 +634,9 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmul(cublasLtHandle_t lightHandle, cublasL
         fake_violation("%s: handle %p is not a live cuBLASLt handle", fn, (void *)lightHandle);
         return CUBLAS_STATUS_NOT_INITIALIZED;
     }
+    /* a lost context (an injected kernel fault): cuBLAS's failed execution,
+     * the runtime's sticky error behind it */
+    if (fake_lost() != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED;
     if (fake_inject(fn)) return CUBLAS_STATUS_EXECUTION_FAILED;
     fake_cfg cfg;
     cublasStatus_t s = fake_resolve(fn, computeDesc, Adesc, Bdesc, Cdesc, Ddesc, &cfg);

@@ -21,8 +21,18 @@
  * mixing the two without ordering them reads stale data here. A blocking
  * copy to the host, cudaDeviceSynchronize, cudaStreamSynchronize(0) and
  * cudaFree run it. The environment knobs
- * (device count, driver version, memory capacity, injected failures) are
- * read at every call.
+ * (device count, driver and runtime versions, memory capacity, injected
+ * failures) are read at every call. The driver refuses only a runtime of a
+ * newer major release (CUDA's minor-version compatibility). An injected
+ * kernel fault ("kernel_fault" in KILN_FAKE_CUDA_FAIL) is a sticky error as
+ * on a GPU: the launch returns success, and from then on every call that
+ * would reach the device (launches, synchronisations, copies, memsets,
+ * allocations, event records and queries) fails with
+ * cudaErrorIllegalAddress, which cudaGetLastError does not clear, until
+ * KILN_FAKE_CUDA_FAIL changes (the tests' stand-in for a new process); an
+ * injected synchronisation failure is such a fault too (LaunchFailure),
+ * while an injected launch failure is a refused launch, which is not
+ * (cudaErrorLaunchOutOfResources).
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -111,13 +121,40 @@ void fake_violation(const char *fmt, ...) {
         fprintf(stderr, "fake cuda: contract violation: %s\n", fake_stats.last_violation);
 }
 
+/* A kernel fault's sticky error and the KILN_FAKE_CUDA_FAIL value that
+ * injected it: cudaSuccess, or the error every device call returns while
+ * that value stays. */
+static cudaError_t fake_sticky;
+static char fake_sticky_spec[sizeof fake_inj_spec];
+
+cudaError_t fake_lost(void) {
+    if (fake_sticky == cudaSuccess) return cudaSuccess;
+    const char *spec = getenv("KILN_FAKE_CUDA_FAIL");
+    if (!spec || strcmp(spec, fake_sticky_spec) != 0) {
+        fake_sticky = cudaSuccess; /* "a new process" */
+        return cudaSuccess;
+    }
+    return fake_error(fake_sticky);
+}
+
+void fake_fault(cudaError_t e) {
+    const char *spec = getenv("KILN_FAKE_CUDA_FAIL");
+    fake_sticky = e;
+    snprintf(fake_sticky_spec, sizeof fake_sticky_spec, "%s", spec ? spec : "");
+}
+
 cudaError_t CUDARTAPI cudaGetLastError(void) {
+    const cudaError_t lost = fake_lost();
+    if (lost != cudaSuccess) return lost; /* sticky: not cleared */
     cudaError_t e = fake_last_error;
     fake_last_error = cudaSuccess;
     return e;
 }
 
-cudaError_t CUDARTAPI cudaPeekAtLastError(void) { return fake_last_error; }
+cudaError_t CUDARTAPI cudaPeekAtLastError(void) {
+    const cudaError_t lost = fake_lost();
+    return lost != cudaSuccess ? lost : fake_last_error;
+}
 
 /* Names and strings as the real runtime spells them, for the errors the
  * fake produces. */
@@ -137,6 +174,11 @@ static const struct {
     {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
     {cudaErrorIllegalAddress, "cudaErrorIllegalAddress", "an illegal memory access was encountered"},
     {cudaErrorLaunchFailure, "cudaErrorLaunchFailure", "unspecified launch failure"},
+    {cudaErrorLaunchOutOfResources, "cudaErrorLaunchOutOfResources", "too many resources requested for launch"},
+    {cudaErrorUnsupportedPtxVersion, "cudaErrorUnsupportedPtxVersion", "the provided PTX was compiled with an "
+     "unsupported toolchain."},
+    {cudaErrorNoKernelImageForDevice, "cudaErrorNoKernelImageForDevice", "no kernel image is available for "
+     "execution on the device"},
     {cudaErrorNotSupported, "cudaErrorNotSupported", "operation not supported"},
     {cudaErrorUnknown, "cudaErrorUnknown", "unknown error"},
 };
@@ -157,6 +199,10 @@ const char *CUDARTAPI cudaGetErrorString(cudaError_t error) {
 
 static _Thread_local int fake_current_device;
 
+/* The runtime "loaded": CUDART_VERSION, or KILN_FAKE_CUDA_RUNTIME (a
+ * newer minor release than the driver's, say). */
+static long long fake_runtime_version(void) { return fake_env("KILN_FAKE_CUDA_RUNTIME", CUDART_VERSION); }
+
 /* What a call needing a working driver and a device gets when there is
  * none: the runtime's answers for a missing or too old driver and for no
  * device. */
@@ -164,7 +210,8 @@ static cudaError_t fake_runtime_state(int *count) {
     const long long drv = fake_env("KILN_FAKE_CUDA_DRIVER", 13000);
     const long long n = fake_env("KILN_FAKE_CUDA_DEVICES", 1);
     *count = 0;
-    if (drv <= 0 || drv < CUDART_VERSION) return cudaErrorInsufficientDriver;
+    /* minor-version compatibility: only an older major release refuses */
+    if (drv <= 0 || drv / 1000 < fake_runtime_version() / 1000) return cudaErrorInsufficientDriver;
     if (n <= 0) return cudaErrorNoDevice;
     *count = (int)n;
     return cudaSuccess;
@@ -181,7 +228,7 @@ cudaError_t CUDARTAPI cudaDriverGetVersion(int *driverVersion) {
 
 cudaError_t CUDARTAPI cudaRuntimeGetVersion(int *runtimeVersion) {
     if (!runtimeVersion) return fake_error(cudaErrorInvalidValue);
-    *runtimeVersion = CUDART_VERSION;
+    *runtimeVersion = (int)fake_runtime_version();
     return cudaSuccess;
 }
 
@@ -325,6 +372,7 @@ static void *fake_aligned(size_t size) {
 static void fake_drain_all(void);
 
 cudaError_t CUDARTAPI cudaMalloc(void **devPtr, size_t size) {
+    FAKE_RETURN_IF_LOST();
     if (!devPtr) return fake_error(cudaErrorInvalidValue);
     *devPtr = NULL;
     int count;
@@ -400,6 +448,7 @@ cudaError_t CUDARTAPI cudaFreeHost(void *ptr) {
 }
 
 cudaError_t CUDARTAPI cudaMemGetInfo(size_t *free_bytes, size_t *total) {
+    FAKE_RETURN_IF_LOST();
     if (!free_bytes || !total) return fake_error(cudaErrorInvalidValue);
     if (fake_inject("cudaMemGetInfo")) return fake_error(cudaErrorUnknown);
     const size_t cap = fake_capacity();
@@ -674,9 +723,13 @@ cudaError_t CUDARTAPI cudaStreamDestroy(cudaStream_t stream) {
 }
 
 cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t stream) {
+    FAKE_RETURN_IF_LOST();
     cudaError_t e = fake_check_stream(stream, "cudaStreamSynchronize");
     if (e != cudaSuccess) return e;
-    if (fake_inject("cudaStreamSynchronize")) return fake_error(cudaErrorLaunchFailure);
+    if (fake_inject("cudaStreamSynchronize")) { /* a kernel that faulted: sticky */
+        fake_fault(cudaErrorLaunchFailure);
+        return fake_error(cudaErrorLaunchFailure);
+    }
     fake_stats.syncs++;
     if (fake_is_legacy(stream)) {
         fake_drain_blocking();
@@ -689,6 +742,7 @@ cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t stream) {
 }
 
 cudaError_t CUDARTAPI cudaDeviceSynchronize(void) {
+    FAKE_RETURN_IF_LOST();
     fake_stats.syncs++;
     fake_drain_all();
     for (struct CUstream_st *s = fake_streams; s; s = s->next) s->synced++;
@@ -723,6 +777,7 @@ cudaError_t CUDARTAPI cudaEventDestroy(cudaEvent_t event) {
 }
 
 cudaError_t CUDARTAPI cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+    FAKE_RETURN_IF_LOST();
     if (!fake_event_live(event)) {
         fake_violation("cudaEventRecord(%p): not a live event", (void *)event);
         return fake_error(cudaErrorInvalidResourceHandle);
@@ -782,11 +837,15 @@ cudaError_t CUDARTAPI cudaGraphDestroy(cudaGraph_t graph) {
 }
 
 cudaError_t CUDARTAPI cudaEventSynchronize(cudaEvent_t event) {
+    FAKE_RETURN_IF_LOST();
     if (!fake_event_live(event)) {
         fake_violation("cudaEventSynchronize(%p): not a live event", (void *)event);
         return fake_error(cudaErrorInvalidResourceHandle);
     }
-    if (fake_inject("cudaEventSynchronize")) return fake_error(cudaErrorLaunchFailure);
+    if (fake_inject("cudaEventSynchronize")) { /* a kernel that faulted: sticky */
+        fake_fault(cudaErrorLaunchFailure);
+        return fake_error(cudaErrorLaunchFailure);
+    }
     fake_stats.syncs++;
     /* waits for the latest record only: later work on its stream stays queued */
     if (event->done < event->recorded && fake_is_legacy(event->stream))
@@ -797,6 +856,7 @@ cudaError_t CUDARTAPI cudaEventSynchronize(cudaEvent_t event) {
 }
 
 cudaError_t CUDARTAPI cudaEventQuery(cudaEvent_t event) {
+    FAKE_RETURN_IF_LOST();
     /* a GPU gets there eventually; here "eventually" is now */
     return cudaEventSynchronize(event);
 }
@@ -880,16 +940,19 @@ static cudaError_t fake_memcpy(const char *fn, void *dst, const void *src, size_
 
 cudaError_t CUDARTAPI cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
                                       cudaStream_t stream) {
+    FAKE_RETURN_IF_LOST();
     return fake_memcpy("cudaMemcpyAsync", dst, src, count, kind, stream, 0);
 }
 
 cudaError_t CUDARTAPI cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind) {
+    FAKE_RETURN_IF_LOST();
     /* the legacy default stream: waits for blocking streams only (the
      * plugin's stream is non-blocking, so not for it) */
     return fake_memcpy("cudaMemcpy", dst, src, count, kind, NULL, 1);
 }
 
 cudaError_t CUDARTAPI cudaMemsetAsync(void *devPtr, int value, size_t count, cudaStream_t stream) {
+    FAKE_RETURN_IF_LOST();
     if (fake_inject("cudaMemsetAsync")) return fake_error(cudaErrorUnknown);
     cudaError_t e = fake_check_stream(stream, "cudaMemsetAsync");
     if (e != cudaSuccess) return e;
@@ -905,11 +968,13 @@ cudaError_t CUDARTAPI cudaMemsetAsync(void *devPtr, int value, size_t count, cud
 }
 
 cudaError_t CUDARTAPI cudaMemset(void *devPtr, int value, size_t count) {
+    FAKE_RETURN_IF_LOST();
     return cudaMemsetAsync(devPtr, value, count, NULL);
 }
 
 cudaError_t CUDARTAPI cudaMemset2DAsync(void *devPtr, size_t pitch, int value, size_t width, size_t height,
                                         cudaStream_t stream) {
+    FAKE_RETURN_IF_LOST();
     if (fake_inject("cudaMemset2DAsync")) return fake_error(cudaErrorUnknown);
     cudaError_t e = fake_check_stream(stream, "cudaMemset2DAsync");
     if (e != cudaSuccess) return e;

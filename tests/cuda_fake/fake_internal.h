@@ -23,6 +23,18 @@ int fake_inject(const char *fn);
 
 /* Records e as the runtime's last error (cudaGetLastError) and returns it. */
 cudaError_t fake_error(cudaError_t e);
+/* An injected kernel fault (fake_fault(e), from fake_launch and the
+ * synchronisations) is sticky:
+ * fake_lost() returns its error while KILN_FAKE_CUDA_FAIL keeps the value
+ * that injected it, cudaSuccess otherwise; every call that would reach the
+ * device starts with FAKE_RETURN_IF_LOST(). */
+cudaError_t fake_lost(void);
+void fake_fault(cudaError_t e);
+#define FAKE_RETURN_IF_LOST()                     \
+    do {                                          \
+        const cudaError_t lost_ = fake_lost();    \
+        if (lost_ != cudaSuccess) return lost_;   \
+    } while (0)
 
 /* Counts and (unless KILN_FAKE_CUDA_QUIET) prints a contract violation. */
 void fake_violation(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -58,8 +58,9 @@ fake_cuda_stats stats(void) {
 }
 
 static const char *const fake_env_vars[] = {"KILN_FAKE_CUDA_DEVICES", "KILN_FAKE_CUDA_DRIVER",
-                                            "KILN_FAKE_CUDA_OOM_AFTER", "KILN_FAKE_CUDA_FAIL",
-                                            "KILN_FAKE_CUDA_QUIET", "CUDA_VISIBLE_DEVICES"};
+                                            "KILN_FAKE_CUDA_RUNTIME", "KILN_FAKE_CUDA_OOM_AFTER",
+                                            "KILN_FAKE_CUDA_FAIL", "KILN_FAKE_CUDA_QUIET",
+                                            "CUDA_VISIBLE_DEVICES"};
 
 void env_clear(void) {
     for (size_t i = 0; i < sizeof fake_env_vars / sizeof fake_env_vars[0]; i++) unsetenv(fake_env_vars[i]);
@@ -221,6 +222,30 @@ static void test_create_old_driver(void) {
     NO_VIOLATIONS();
 }
 
+/* CUDA's minor-version compatibility: a driver of the runtime's major
+ * release runs it even when its minor version is older (one warning); an
+ * older major release is refused, naming both. */
+static void test_create_minor_driver(void) {
+    env_set("KILN_FAKE_CUDA_DRIVER", "13000");
+    env_set("KILN_FAKE_CUDA_RUNTIME", "13020");
+    kiln_instance *acc = NULL;
+    kiln_test_reset(g_th);
+    CU_ASSERT_EQUAL_FATAL(make(NULL, &acc), KILN_OK);
+    const char *w = kiln_test_log_find(g_th, KILN_LOG_WARN, "minor-version compatibility");
+    CU_ASSERT_PTR_NOT_NULL(w);
+    if (w) {
+        HAS(w, "the driver supports CUDA 13.0");
+        HAS(w, "CUDA runtime 13.2");
+    }
+    g_ops->base.destroy(acc);
+    env_set("KILN_FAKE_CUDA_RUNTIME", "14000");
+    CU_ASSERT_EQUAL(make(NULL, &acc), KILN_E_VERSION);
+    CU_ASSERT_PTR_NULL(acc);
+    HAS(kiln_test_error(g_th), "runs on CUDA runtime 14.0");
+    HAS(kiln_test_error(g_th), "supports CUDA up to 13.0, an older major release");
+    NO_VIOLATIONS();
+}
+
 static void test_create_no_device(void) {
     env_set("KILN_FAKE_CUDA_DEVICES", "0");
     env_set("CUDA_VISIBLE_DEVICES", "7");
@@ -328,6 +353,60 @@ static void test_configure_failure_releases(void) {
     HAS(kiln_test_error(g_th), "cudaErrorMemoryAllocation");
     env_clear();
     g_ops->base.destroy(acc);
+    check_released(&before);
+    NO_VIOLATIONS();
+}
+
+/* A kernel fault is a sticky error: it surfaces in a later entry (here
+ * sum, after the faulting scale), whose message says the context is lost
+ * and how to find the kernel; every entry after that is refused without a
+ * CUDA call, naming where the fault was first seen; teardown still
+ * releases everything. cuBLASLt's "execution failed" on a lost context is
+ * reported with the runtime's error behind it. */
+static void test_context_lost(void) {
+    const fake_cuda_stats before = stats();
+    const kiln_kernels *k = NULL;
+    kiln_instance *acc = ready(NULL, &k);
+    if (!acc) return;
+    float host[64];
+    for (int i = 0; i < 64; i++) host[i] = (float)i;
+    float *d = up(k, acc, host, sizeof host);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(d);
+    env_set("KILN_FAKE_CUDA_FAIL", "kernel_fault@1");
+    CU_ASSERT_EQUAL(k->scale(acc, d, 2.0f, 64), KILN_OK); /* its launch is accepted; the kernel faults */
+    double sum = 0.0;
+    CU_ASSERT_EQUAL(k->sum(acc, d, 64, &sum), KILN_E_CUDA);
+    HAS(kiln_test_error(g_th), "cuda: sum: ");
+    HAS(kiln_test_error(g_th), "cudaErrorIllegalAddress");
+    HAS(kiln_test_error(g_th), "the CUDA context is lost");
+    HAS(kiln_test_error(g_th), "CUDA_LAUNCH_BLOCKING=1");
+    const fake_cuda_stats mid = stats();
+    CU_ASSERT_EQUAL(k->scale(acc, d, 2.0f, 64), KILN_E_CUDA);
+    HAS(kiln_test_error(g_th),
+        "cuda: scale: refused: the CUDA context was lost earlier (cudaErrorIllegalAddress, first seen in sum)");
+    CU_ASSERT_EQUAL(k->copy(acc, host, d, sizeof host, KILN_COPY_D2H), KILN_E_CUDA);
+    HAS(kiln_test_error(g_th), "cuda: copy: refused");
+    CU_ASSERT_EQUAL(stats().kernels, mid.kernels);
+    CU_ASSERT_EQUAL(stats().syncs, mid.syncs);
+    k->free(acc, d);
+    g_ops->base.destroy(acc); /* while lost: errors ignored, everything released */
+    check_released(&before);
+
+    /* a "new process": the fault again, and a GEMM next */
+    env_clear();
+    acc = ready(NULL, &k);
+    if (!acc) return;
+    float *a = up(k, acc, host, sizeof host), *c = up(k, acc, NULL, sizeof host);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(a && c);
+    env_set("KILN_FAKE_CUDA_FAIL", "kernel_fault@1,none");
+    CU_ASSERT_EQUAL(k->scale(acc, a, 1.0f, 64), KILN_OK);
+    CU_ASSERT_EQUAL(k->gemm(acc, 0, 0, 8, 8, 8, 1.0f, a, 8, a, 8, 0.0f, c, 8), KILN_E_CUDA);
+    HAS(kiln_test_error(g_th), "cudaErrorIllegalAddress");
+    HAS(kiln_test_error(g_th), "the CUDA context is lost");
+    k->free(acc, a);
+    k->free(acc, c);
+    g_ops->base.destroy(acc);
+    env_clear();
     check_released(&before);
     NO_VIOLATIONS();
 }
@@ -810,12 +889,9 @@ static void test_failing_calls(void) {
     HAS(kiln_test_error(g_th), "cublasLtMatmul");
     HAS(kiln_test_error(g_th), "2x3x2");
     env_set("KILN_FAKE_CUDA_FAIL", "kg_scale");
-    CU_ASSERT_EQUAL(k->scale(acc, d, 2.0f, 16), KILN_E_CUDA);
+    CU_ASSERT_EQUAL(k->scale(acc, d, 2.0f, 16), KILN_E_CUDA); /* a refused launch: not sticky */
     HAS(kiln_test_error(g_th), "kg_scale");
-    HAS(kiln_test_error(g_th), "cudaErrorLaunchFailure");
-    env_set("KILN_FAKE_CUDA_FAIL", "cudaStreamSynchronize");
-    CU_ASSERT_EQUAL(k->synchronize(acc), KILN_E_CUDA);
-    HAS(kiln_test_error(g_th), "unspecified launch failure");
+    HAS(kiln_test_error(g_th), "cudaErrorLaunchOutOfResources");
     env_set("KILN_FAKE_CUDA_FAIL", "cublasLtMatmulAlgoGetHeuristic");
     /* the heuristic's NOT_SUPPORTED: no algorithm, KILN_E_UNSUPPORTED */
     CU_ASSERT_EQUAL(k->gemm(acc, 0, 0, 3, 3, 1, 1.0f, d, 1, d, 3, 0.0f, d + 4, 3), KILN_E_UNSUPPORTED);
@@ -824,8 +900,14 @@ static void test_failing_calls(void) {
     /* the failed plan left nothing behind and the shape works now */
     CU_ASSERT_EQUAL(k->gemm(acc, 0, 0, 3, 3, 1, 1.0f, d, 1, d, 3, 0.0f, d + 4, 3), KILN_OK);
     CU_ASSERT_EQUAL(k->synchronize(acc), KILN_OK);
+    /* a failed wait is a faulted kernel: the context is lost (sticky) */
+    env_set("KILN_FAKE_CUDA_FAIL", "cudaStreamSynchronize");
+    CU_ASSERT_EQUAL(k->synchronize(acc), KILN_E_CUDA);
+    HAS(kiln_test_error(g_th), "unspecified launch failure");
+    HAS(kiln_test_error(g_th), "the CUDA context is lost");
     k->free(acc, d);
     g_ops->base.destroy(acc);
+    env_clear();
     NO_VIOLATIONS();
 }
 
@@ -1207,11 +1289,13 @@ static void register_tests(void) {
     if (!s) return;
     CU_add_test(s, "create: no driver", test_create_no_driver);
     CU_add_test(s, "create: driver older than the runtime", test_create_old_driver);
+    CU_add_test(s, "create: driver of an older minor release", test_create_minor_driver);
     CU_add_test(s, "create: no device", test_create_no_device);
     CU_add_test(s, "create: bad settings", test_create_bad_settings);
     CU_add_test(s, "configure: before use, again, moving", test_configure);
     CU_add_test(s, "configure: device 5 of 1 and of 2", test_configure_missing_device);
     CU_add_test(s, "configure: failing setup is released", test_configure_failure_releases);
+    CU_add_test(s, "a kernel fault: the context lost, later entries refused", test_context_lost);
     CU_add_test(s, "allocator: reuse, zero fill, best fit", test_alloc_reuse);
     CU_add_test(s, "allocator: caching = false, exact cudaMalloc and cudaFree", test_alloc_no_caching);
     CU_add_test(s, "allocator: out of memory, trim and retry", test_alloc_oom);
