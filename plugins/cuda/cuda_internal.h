@@ -273,10 +273,14 @@ static inline void cu_labels_touched(kiln_instance *acc, const void *p, size_t b
 /* alloc() of the kernel table: zero-filled (queued on the stream). */
 int32_t cu_alloc(kiln_instance *acc, size_t bytes, void **out);
 /* The same block cache without the zero fill, for the plugin's own scratch
- * (contents undefined). */
+ * (contents undefined); called inside an entry or configure() only, since
+ * it makes no entry prologue (cu_enter). */
 int32_t cu_alloc_scratch(kiln_instance *acc, size_t bytes, void **out);
 void cu_free(kiln_instance *acc, void *ptr);
 int32_t cu_copy(kiln_instance *acc, void *dst, const void *src, size_t bytes, int32_t kind);
+/* copy() inside another entry: its checked arguments, no second prologue
+ * (which would book the entry's later kernels to "copy" in the profile). */
+int32_t cu_copy_in(kiln_instance *acc, void *dst, const void *src, size_t bytes, int32_t kind);
 int32_t cu_zero(kiln_instance *acc, void *ptr, size_t bytes);
 int32_t cu_synchronize(kiln_instance *acc);
 /* Grow-only device scratch: *buf at least `bytes` (contents undefined). */

@@ -18,9 +18,10 @@
  * kernel entries, on the training step's path.
  * Host-to-device copies go through a ring of pinned staging slots: the host
  * bytes are copied into a slot and the DMA is queued, so the call returns
- * while the device still works on earlier kernels (the batch copy overlaps
- * the previous step's compute), and a slot is reused only after the event
- * recorded behind its DMA has passed. Device-to-host copies wait for the
+ * while the device still works on earlier kernels (the host's part of the
+ * batch copy overlaps the previous step's compute; the DMA itself runs in
+ * stream order, after those kernels), and a slot is reused only after the
+ * event recorded behind its DMA has passed. Device-to-host copies wait for the
  * stream, because the caller reads the result as soon as copy() returns.
  */
 #include <stdio.h>
@@ -124,11 +125,14 @@ static int32_t cu_trim(kiln_instance *acc) {
 }
 
 /* A block of at least `bytes` from the cache or cudaMalloc, its contents
- * whatever its last user left (zero-filled only when `zero`). */
+ * whatever its last user left (zero-filled only when `zero`). No entry
+ * prologue (cu_enter): the table's alloc makes it, and the plugin's own
+ * callers are inside an entry or configure(), which made the device current
+ * already. (A second prologue would also cut the entry's profile interval:
+ * its kernels after the allocation would be booked to "alloc".) */
 static int32_t cu_take(kiln_instance *acc, size_t bytes, void **out, int zero) {
     if (!out) return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: alloc: out is NULL");
     *out = NULL;
-    CU_READY(acc, "alloc");
     /* caching = false: the exact size (1 byte for 0), never a cached block */
     const size_t want = acc->caching ? cu_round(bytes) : bytes ? bytes : 1;
     if (want == 0) return CU_ERR(acc, KILN_E_NOMEM, "cuda: alloc: %zu bytes is larger than the address space", bytes);
@@ -183,7 +187,11 @@ static int32_t cu_take(kiln_instance *acc, size_t bytes, void **out, int zero) {
 }
 
 /* The kernel table's alloc: zero-filled, as the ABI promises. */
-int32_t cu_alloc(kiln_instance *acc, size_t bytes, void **out) { return cu_take(acc, bytes, out, 1); }
+int32_t cu_alloc(kiln_instance *acc, size_t bytes, void **out) {
+    if (out) *out = NULL;
+    CU_READY(acc, "alloc");
+    return cu_take(acc, bytes, out, 1);
+}
 
 /* The plugin's own scratch (cuBLASLt workspace, reduction partials, grow-only
  * scratch inside kernel entries): every user writes before it reads, so
@@ -254,6 +262,10 @@ int32_t cu_copy(kiln_instance *acc, void *dst, const void *src, size_t bytes, in
         return CU_ERR(acc, KILN_E_INVALID_ARG, "cuda: copy: %s pointer is NULL for %zu bytes",
                       dst ? "source" : "destination", bytes);
     CU_READY(acc, "copy");
+    return cu_copy_in(acc, dst, src, bytes, kind);
+}
+
+int32_t cu_copy_in(kiln_instance *acc, void *dst, const void *src, size_t bytes, int32_t kind) {
     if (kind != KILN_COPY_D2H) cu_labels_touched(acc, dst, bytes);
     if (kind == KILN_COPY_H2D) {
         for (size_t off = 0; off < bytes;) {

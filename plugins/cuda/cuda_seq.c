@@ -139,7 +139,8 @@ int32_t cu_embedding_backward(kiln_instance *acc, uint32_t dtype, void *dwte, vo
          * growing with them would allocate in the steady-state step */
         const size_t most = (3 * n + 1) * sizeof(int32_t);
         if ((rc = cu_reserve(acc, &acc->emb_index_dev, &acc->emb_index_dev_bytes, most, fn)) != KILN_OK) return rc;
-        if ((rc = cu_copy(acc, acc->emb_index_dev, acc->emb_index, bytes, KILN_COPY_H2D)) != KILN_OK) return rc;
+        if ((rc = cu_copy_in(acc, acc->emb_index_dev, acc->emb_index, bytes, KILN_COPY_H2D)) != KILN_OK)
+            return rc;
         CU_LAUNCH(acc, fn, kg_embedding_backward_tok(acc->stream, (int)dtype, dwte, dout, acc->emb_index_dev, nb, C));
     }
     return KILN_OK;

@@ -229,7 +229,7 @@ static void test_create_minor_driver(void) {
     env_set("KILN_FAKE_CUDA_DRIVER", "13000");
     env_set("KILN_FAKE_CUDA_RUNTIME", "13020");
     kiln_instance *acc = NULL;
-    kiln_test_reset(g_th);
+    kiln_test_clear_log(g_th);
     CU_ASSERT_EQUAL_FATAL(make(NULL, &acc), KILN_OK);
     const char *w = kiln_test_log_find(g_th, KILN_LOG_WARN, "minor-version compatibility");
     CU_ASSERT_PTR_NOT_NULL(w);

@@ -28,6 +28,49 @@
 
 /* ======================================================= 1.4 sequence */
 
+/* profile = true books each interval to the entry that queued it: an
+ * entry's own allocations and uploads (embedding_backward's bucket index,
+ * gemm's first scratch) are its own, not "copy" or "alloc" entries, and
+ * every entry's count is its calls. */
+static void test_profile_attribution(void) {
+    enum { B = 2, T = 5, C = 8, V = 7 };
+    static const kiln_kv prof[] = {{"profile", KILN_V_BOOL(1)}, {NULL, KILN_V_NONE}};
+    const kiln_kernels *k = NULL;
+    kiln_test_clear_log(g_th);
+    kiln_instance *acc = ready(prof, &k);
+    if (!acc) return;
+    int32_t tok[B * T] = {1, 2, 1, 6, 0, 3, 3, 3, 5, 1};
+    float dout[B * T * C];
+    for (unsigned i = 0; i < B * T * C; i++) dout[i] = val(i, 3);
+    int32_t *dt = up(k, acc, tok, sizeof tok);
+    float *dd = up(k, acc, dout, sizeof dout), *gte = up(k, acc, NULL, V * C * sizeof(float));
+    float *logits = up(k, acc, NULL, B * T * V * sizeof(float));
+    CU_ASSERT_FATAL(dt && dd && gte && logits);
+    for (int i = 0; i < 3; i++)
+        CU_ASSERT_EQUAL(k->embedding_backward(acc, KILN_DTYPE_F32, gte, NULL, dd, dt, B, T, C, V), KILN_OK);
+    CU_ASSERT_EQUAL(k->gemm(acc, 0, 1, B * T, V, C, 1.0f, dd, C, gte, C, 0.0f, logits, V), KILN_OK);
+    k->free(acc, logits);
+    k->free(acc, dt);
+    k->free(acc, dd);
+    k->free(acc, gte);
+    g_ops->base.destroy(acc);
+    const char *eb = kiln_test_log_find(g_th, KILN_LOG_INFO, "cuda: profile: entry embedding_backward");
+    CU_ASSERT_PTR_NOT_NULL(eb);
+    if (eb) HAS(eb, " 3 calls");
+    const char *gm = kiln_test_log_find(g_th, KILN_LOG_INFO, "cuda: profile: entry gemm ");
+    CU_ASSERT_PTR_NOT_NULL(gm);
+    if (gm) HAS(gm, " 1 calls");
+    /* the table's own copy and alloc calls: the 2 uploads of data and the
+     * 4 buffers (up()), none from inside the entries */
+    const char *cp = kiln_test_log_find(g_th, KILN_LOG_INFO, "cuda: profile: entry copy ");
+    CU_ASSERT_PTR_NOT_NULL(cp);
+    if (cp) HAS(cp, " 2 calls");
+    const char *al = kiln_test_log_find(g_th, KILN_LOG_INFO, "cuda: profile: entry alloc ");
+    CU_ASSERT_PTR_NOT_NULL(al);
+    if (al) HAS(al, " 4 calls");
+    NO_VIOLATIONS();
+}
+
 /* embedding_forward reads the tokens back once (its range check); the
  * backward over the same, unwritten tokens uses that copy without waiting,
  * and uploads its bucket index through the staging ring; a copy or zero
@@ -555,6 +598,7 @@ static void test_bias_round_fallback(void) {
 }
 
 void cuda_fake_seq_tests(CU_pSuite s) {
+    CU_add_test(s, "profile: an entry's own uploads and scratch are booked to it", test_profile_attribution);
     CU_add_test(s, "1.4: tokens read back once, buckets uploaded, xent_fused waits once", test_seq_tokens_memo);
     CU_add_test(s, "attention = flash: fused programs, or the gemm path when it cannot", test_attention_flash_dispatch);
     CU_add_test(s, "1.7: 16-bit activation storage equals the float32 call rounded", test_act16_entries);
