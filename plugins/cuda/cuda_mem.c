@@ -276,7 +276,14 @@ int32_t cu_copy_in(kiln_instance *acc, void *dst, const void *src, size_t bytes,
             memcpy(s->host, (const char *)src + off, chunk);
             CU_CHECK(acc, "copy (host to device)",
                      cudaMemcpyAsync((char *)dst + off, s->host, chunk, cudaMemcpyHostToDevice, acc->stream));
-            CU_CHECK(acc, "copy (host to device)", cudaEventRecord(s->done, acc->stream));
+            const cudaError_t e = cudaEventRecord(s->done, acc->stream);
+            if (e != cudaSuccess) {
+                /* the DMA is queued, but nothing marks when it has read the
+                 * slot: wait for it, or the slot's next user could
+                 * overwrite bytes still being copied */
+                (void)cudaStreamSynchronize(acc->stream);
+                return cu_fail(acc, e, "copy (host to device)", "cudaEventRecord(s->done, acc->stream)");
+            }
             s->pending = 1;
             off += chunk;
         }

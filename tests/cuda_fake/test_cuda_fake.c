@@ -616,6 +616,37 @@ static void test_copy_overlap(void) {
     NO_VIOLATIONS();
 }
 
+/* An upload whose event record fails: the copy fails in one line, and
+ * its slot is not handed out again before its DMA has read it (the stream
+ * is waited for), so the ring's next use of that slot (the 4th copy after)
+ * cannot change what the failed copy delivers. */
+static void test_staging_record_fails(void) {
+    static const kiln_kv st1[] = {{"staging_mib", KILN_V_INT(1)}, {NULL, KILN_V_NONE}};
+    const kiln_kernels *k = NULL;
+    kiln_instance *acc = ready(st1, &k);
+    if (!acc) return;
+    enum { N = 4096, SLOTS = 4 };
+    static unsigned char h[N], other[N], back[N];
+    for (int i = 0; i < N; i++) h[i] = (unsigned char)(i * 7 + 1), other[i] = (unsigned char)(i * 13 + 5);
+    void *d = NULL, *e[SLOTS] = {NULL};
+    CU_ASSERT_EQUAL_FATAL(k->alloc(acc, N, &d), KILN_OK);
+    env_set("KILN_FAKE_CUDA_FAIL", "cudaEventRecord@1");
+    CU_ASSERT_EQUAL(k->copy(acc, d, h, N, KILN_COPY_H2D), KILN_E_CUDA);
+    HAS(kiln_test_error(g_th), "copy (host to device)");
+    HAS(kiln_test_error(g_th), "cudaEventRecord");
+    env_clear();
+    for (int i = 0; i < SLOTS; i++) {
+        CU_ASSERT_EQUAL_FATAL(k->alloc(acc, N, &e[i]), KILN_OK);
+        CU_ASSERT_EQUAL(k->copy(acc, e[i], other, N, KILN_COPY_H2D), KILN_OK);
+    }
+    CU_ASSERT_EQUAL(k->copy(acc, back, d, N, KILN_COPY_D2H), KILN_OK);
+    CU_ASSERT_EQUAL(memcmp(back, h, N), 0);
+    k->free(acc, d);
+    for (int i = 0; i < SLOTS; i++) k->free(acc, e[i]);
+    g_ops->base.destroy(acc);
+    NO_VIOLATIONS();
+}
+
 /* ================================================= loss, reductions */
 
 static void test_loss_and_reductions(void) {
@@ -1300,6 +1331,7 @@ static void register_tests(void) {
     CU_add_test(s, "allocator: caching = false, exact cudaMalloc and cudaFree", test_alloc_no_caching);
     CU_add_test(s, "allocator: out of memory, trim and retry", test_alloc_oom);
     CU_add_test(s, "copy: H2D through the staging ring", test_staging);
+    CU_add_test(s, "copy: a failed event record does not free its slot early", test_staging_record_fails);
     CU_add_test(s, "copy: overlapping D2D is memmove; zero", test_copy_overlap);
     CU_add_test(s, "1.3: linear_forward epilogues, unscale_check launches", test_fused_launches);
     CU_add_test(s, "loss backward trusts its forward's label check until written", test_xent_backward_trusts_forward);
