@@ -860,7 +860,8 @@ static const kiln_kernels *cu_kernels(kiln_instance *acc) {
 /* threads is the host's CPU thread budget, which GPU kernels do not use.
  * The device: the `device` setting, else the device numbered local_rank
  * (one process per GPU under mpirun/srun/torchrun; a local rank without a
- * GPU of its own is refused). Calling it again
+ * GPU of its own is refused), or device 0 where Slurm bound GPUs to each
+ * task. Calling it again
  * with the same device is a no-op; switching devices is refused, because
  * memory already handed out lives on the first one. */
 static int32_t cu_configure(kiln_instance *acc, int32_t threads, int32_t local_rank) {
@@ -874,13 +875,24 @@ static int32_t cu_configure(kiln_instance *acc, int32_t threads, int32_t local_r
     /* Without a `device` setting each local rank takes its own GPU. More
      * local ranks than GPUs would put two processes on one GPU (each with
      * its own context, memory and stream, competing for it); refuse that
-     * rather than wrap around. */
-    if (acc->device_cfg < 0 && local_rank >= count)
+     * rather than wrap around. Except where the launcher bound GPUs to
+     * each task: under Slurm's --gpus-per-task each task sees only its own
+     * (CUDA_VISIBLE_DEVICES set per task), so a local rank past them takes
+     * the first device it sees, which no other task sees. */
+    const char *per_task = getenv("SLURM_GPUS_PER_TASK");
+    const int bound = per_task && *per_task && atoi(per_task) > 0;
+    if (acc->device_cfg < 0 && local_rank >= count && !bound)
         return CU_ERR(acc, KILN_E_CONFIG,
                       "cuda: configure: local_rank %d has no GPU of its own: %d CUDA device%s visible on this node; "
-                      "start at most %d process%s per node, or set accelerator.device",
+                      "start at most %d process%s per node, or set accelerator.device (or, under Slurm, bind a GPU "
+                      "to each task with srun --gpus-per-task=1)",
                       (int)local_rank, count, count == 1 ? " is" : "s are", count, count == 1 ? "" : "es");
-    const int dev = acc->device_cfg >= 0 ? acc->device_cfg : local_rank;
+    const int dev = acc->device_cfg >= 0 ? acc->device_cfg : local_rank < count ? local_rank : 0;
+    if (acc->device_cfg < 0 && local_rank >= count && !acc->configured)
+        kiln_logf(acc->svc, acc->hctx, KILN_LOG_INFO,
+                  "cuda: Slurm bound %s GPU%s to this task (SLURM_GPUS_PER_TASK): local_rank %d takes the first "
+                  "device it sees, device 0 of %d",
+                  per_task, atoi(per_task) == 1 ? "" : "s", (int)local_rank, count);
     if (dev >= count)
         return CU_ERR(acc, KILN_E_CONFIG, "cuda: device %d asked for, but only %d device%s visible (0..%d)", dev, count,
                       count == 1 ? " is" : "s are", count - 1);

@@ -60,7 +60,7 @@ fake_cuda_stats stats(void) {
 static const char *const fake_env_vars[] = {"KILN_FAKE_CUDA_DEVICES", "KILN_FAKE_CUDA_DRIVER",
                                             "KILN_FAKE_CUDA_RUNTIME", "KILN_FAKE_CUDA_OOM_AFTER",
                                             "KILN_FAKE_CUDA_FAIL", "KILN_FAKE_CUDA_QUIET",
-                                            "CUDA_VISIBLE_DEVICES"};
+                                            "CUDA_VISIBLE_DEVICES", "SLURM_GPUS_PER_TASK"};
 
 void env_clear(void) {
     for (size_t i = 0; i < sizeof fake_env_vars / sizeof fake_env_vars[0]; i++) unsetenv(fake_env_vars[i]);
@@ -312,6 +312,7 @@ static void test_configure(void) {
     CU_ASSERT_EQUAL(g_ops->configure(acc, 0, 1), KILN_E_CONFIG);
     HAS(kiln_test_error(g_th), "local_rank 1");
     HAS(kiln_test_error(g_th), "1 CUDA device is visible");
+    HAS(kiln_test_error(g_th), "srun --gpus-per-task=1");
 
     CU_ASSERT_EQUAL(k->alloc(acc, 64, &p), KILN_OK);
     CU_ASSERT_EQUAL((uintptr_t)p % 256, 0);
@@ -337,6 +338,32 @@ static void test_configure_missing_device(void) {
     CU_ASSERT_EQUAL(g_ops->configure(acc, 0, 0), KILN_E_CONFIG);
     HAS(kiln_test_error(g_th), "only 2 devices are visible (0..1)");
     g_ops->base.destroy(acc);
+    check_released(&before);
+    NO_VIOLATIONS();
+}
+
+/* Under Slurm's --gpus-per-task each task sees only its own GPUs, so
+ * local rank 3 of a node takes device 0, the one it sees, with one info
+ * line; a `device` setting still wins. */
+static void test_configure_slurm_bound(void) {
+    static const kiln_kv dev1[] = {{"device", KILN_V_INT(1)}, {NULL, KILN_V_NONE}};
+    const fake_cuda_stats before = stats();
+    kiln_instance *acc = NULL;
+    env_set("SLURM_GPUS_PER_TASK", "1");
+    kiln_test_clear_log(g_th);
+    CU_ASSERT_EQUAL_FATAL(make(NULL, &acc), KILN_OK);
+    CU_ASSERT_EQUAL(g_ops->configure(acc, 0, 3), KILN_OK);
+    const char *l = kiln_test_log_find(g_th, KILN_LOG_INFO, "SLURM_GPUS_PER_TASK");
+    CU_ASSERT_PTR_NOT_NULL(l);
+    if (l) HAS(l, "local_rank 3 takes the first device it sees, device 0 of 1");
+    CU_ASSERT_PTR_NOT_NULL(kiln_test_log_find(g_th, KILN_LOG_INFO, "cuda: device 0 of 1"));
+    g_ops->base.destroy(acc);
+    env_set("KILN_FAKE_CUDA_DEVICES", "2");
+    CU_ASSERT_EQUAL_FATAL(make(dev1, &acc), KILN_OK);
+    CU_ASSERT_EQUAL(g_ops->configure(acc, 0, 3), KILN_OK);
+    CU_ASSERT_PTR_NOT_NULL(kiln_test_log_find(g_th, KILN_LOG_INFO, "cuda: device 1 of 2"));
+    g_ops->base.destroy(acc);
+    unsetenv("SLURM_GPUS_PER_TASK");
     check_released(&before);
     NO_VIOLATIONS();
 }
@@ -1325,6 +1352,7 @@ static void register_tests(void) {
     CU_add_test(s, "create: bad settings", test_create_bad_settings);
     CU_add_test(s, "configure: before use, again, moving", test_configure);
     CU_add_test(s, "configure: device 5 of 1 and of 2", test_configure_missing_device);
+    CU_add_test(s, "configure: Slurm's per-task GPUs", test_configure_slurm_bound);
     CU_add_test(s, "configure: failing setup is released", test_configure_failure_releases);
     CU_add_test(s, "a kernel fault: the context lost, later entries refused", test_context_lost);
     CU_add_test(s, "allocator: reuse, zero fill, best fit", test_alloc_reuse);
