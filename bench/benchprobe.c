@@ -209,6 +209,12 @@ static int32_t bp_event(kiln_instance *b, kiln_event *ev) {
         if (b->paired && !b->k) {
             int32_t rc = b->svc->accelerator(b->hctx, &b->acc, &b->k);
             if (rc != KILN_OK) return rc;
+            /* the bound's buffers are host memory (bound_alloc), which only a
+             * host-memory accelerator's GEMM may read */
+            if (!(b->k->flags & KILN_KERNELS_HOST_MEMORY))
+                return kiln_errorf(b->svc, b->hctx, KILN_E_CONFIG,
+                                   "benchprobe: paired = true needs an accelerator whose memory is host memory "
+                                   "(its GEMM runs on the bound's host buffers); use paired = false here");
         }
         b->bound_step = b->nw >= 2 ? measure_bound(b) : 0.0;
         b->t_epoch = now();

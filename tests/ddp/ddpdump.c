@@ -1,7 +1,8 @@
 /*
  * tests/ddp/ddpdump.c — a test-only callback for the multi-process ddp tests.
  * At on_fit_end it writes every parameter's raw master values (fp32 or fp64,
- * in registration order, nothing else) to `<path>.<rank>`, the rank taken
+ * in registration order, nothing else; copied out through the kernel
+ * table, so device memory too) to `<path>.<rank>`, the rank taken
  * from the trainer state, so a test can compare ranks with each other and
  * with a single-process run. With kill_rank/kill_batch set it raises SIGKILL
  * on that rank at the start of that training batch, so a test can check that
@@ -44,11 +45,22 @@ static int32_t dd_dump(struct ddpdump *d, int32_t rank) {
     if (rc) return rc;
     char file[1100];
     snprintf(file, sizeof file, "%s.%d", d->path, (int)rank);
+    /* the values come through the kernel table's copy(): on a GPU they are
+     * device memory, which the host cannot read directly */
+    kiln_instance *acc = NULL;
+    const kiln_kernels *kt = NULL;
+    if ((rc = d->svc->accelerator(d->h, &acc, &kt))) return rc;
     FILE *f = fopen(file, "wb");
     if (!f) return kiln_errorf(d->svc, d->h, KILN_E_IO, "ddpdump: %s: cannot write", file);
-    for (uint32_t k = 0; k < n; k++)
-        fwrite(ps[k]->data, kiln_dtype_size(kiln_param_dtype(ps[k])), (size_t)ps[k]->numel, f); /* (numel) */
-    return fclose(f) == 0 ? KILN_OK : kiln_errorf(d->svc, d->h, KILN_E_IO, "ddpdump: %s: write failed", file);
+    for (uint32_t k = 0; k < n && rc == KILN_OK; k++) {
+        const size_t bytes = kiln_dtype_size(kiln_param_dtype(ps[k])) * (size_t)ps[k]->numel;
+        void *buf = malloc(bytes ? bytes : 1); /* (numel) */
+        if (!buf) rc = KILN_E_NOMEM;
+        else if ((rc = kt->copy(acc, buf, ps[k]->data, bytes, KILN_COPY_D2H)) == KILN_OK) fwrite(buf, 1, bytes, f);
+        free(buf);
+    }
+    if (fclose(f) != 0 && rc == KILN_OK) rc = kiln_errorf(d->svc, d->h, KILN_E_IO, "ddpdump: %s: write failed", file);
+    return rc;
 }
 
 static int32_t dd_event(kiln_instance *i, kiln_event *ev) {

@@ -104,9 +104,11 @@ typedef struct kiln_kernels {
     int32_t (*gelu_forward)(kiln_instance *acc, float *y, const float *x, size_t n); /* tanh approximation */
     int32_t (*gelu_backward)(kiln_instance *acc, float *dx, const float *dy, const float *x, size_t n);
     /* probs(B,C) = softmax(logits); *loss = mean_b -log probs[b, labels[b]];
-     * *n_correct = rows whose argmax equals the label (may be NULL). A label
-     * outside [0, C) is KILN_E_DATA; probs overlapping logits is
-     * KILN_E_INVALID_ARG (both accelerators refuse it). */
+     * *n_correct = rows whose argmax equals the label (may be NULL). labels
+     * (B, int32) is accelerator memory like the tensors (copy() them in);
+     * loss and n_correct are host memory. A label outside [0, C) is
+     * KILN_E_DATA; probs overlapping logits is KILN_E_INVALID_ARG (both
+     * accelerators refuse it). */
     int32_t (*softmax_xent_forward)(kiln_instance *acc, float *probs, const float *logits, const int32_t *labels,
                                     int32_t B, int32_t C, float *loss, int32_t *n_correct);
     /* dlogits = dloss * (probs - onehot(labels)) / B; dlogits may be probs
