@@ -28,6 +28,16 @@
 
 /* ======================================================= 1.4 sequence */
 
+/* The profile's exit line for `entry` names `calls` calls. */
+static void profile_calls(const char *entry, unsigned calls) {
+    char needle[96], want[32];
+    snprintf(needle, sizeof needle, "cuda: profile: entry %s ", entry);
+    snprintf(want, sizeof want, " %u calls", calls);
+    const char *line = kiln_test_log_find(g_th, KILN_LOG_INFO, needle);
+    CU_ASSERT_PTR_NOT_NULL(line);
+    if (line) HAS(line, want);
+}
+
 /* profile = true books each interval to the entry that queued it: an
  * entry's own allocations and uploads (embedding_backward's bucket index,
  * gemm's first scratch) are its own, not "copy" or "alloc" entries, and
@@ -54,20 +64,12 @@ static void test_profile_attribution(void) {
     k->free(acc, dd);
     k->free(acc, gte);
     g_ops->base.destroy(acc);
-    const char *eb = kiln_test_log_find(g_th, KILN_LOG_INFO, "cuda: profile: entry embedding_backward");
-    CU_ASSERT_PTR_NOT_NULL(eb);
-    if (eb) HAS(eb, " 3 calls");
-    const char *gm = kiln_test_log_find(g_th, KILN_LOG_INFO, "cuda: profile: entry gemm ");
-    CU_ASSERT_PTR_NOT_NULL(gm);
-    if (gm) HAS(gm, " 1 calls");
+    profile_calls("embedding_backward", 3);
+    profile_calls("gemm", 1);
     /* the table's own copy and alloc calls: the 2 uploads of data and the
      * 4 buffers (up()), none from inside the entries */
-    const char *cp = kiln_test_log_find(g_th, KILN_LOG_INFO, "cuda: profile: entry copy ");
-    CU_ASSERT_PTR_NOT_NULL(cp);
-    if (cp) HAS(cp, " 2 calls");
-    const char *al = kiln_test_log_find(g_th, KILN_LOG_INFO, "cuda: profile: entry alloc ");
-    CU_ASSERT_PTR_NOT_NULL(al);
-    if (al) HAS(al, " 4 calls");
+    profile_calls("copy", 2);
+    profile_calls("alloc", 4);
     NO_VIOLATIONS();
 }
 
