@@ -24,9 +24,16 @@
 # Under tests/gpu/run.sh's deadline (KILN_GPU_DEADLINE, tests/gpu/lib.sh)
 # each run's time limit is cut to what is left; a run that no longer fits
 # is left out (the profiled runs, then torch.compile, which compiles for a
-# minute or more, go first) and the report is still written.
-# Writes OUT/bench_gpt2.jsonl and prints a table. PEAK_TFLOPS overrides the
-# peak (default: 989.5, the H100/H200 SXM dense bf16 figure).
+# minute or more, go first) and the report is still written. A batch run
+# that its time limit ends stops the search (a smaller batch would say
+# nothing about the larger one): one row says so, a skip for the deadline
+# where the deadline had cut that limit, a failure where it was the run's
+# own 4 minutes.
+# Writes OUT/bench_gpt2.jsonl and prints a table; the runs' logs, probe
+# files, memory polls and the PyTorch peer's output (each file's last
+# 256 KiB, 2 MiB in all; no token shard or checkpoint) are kept in
+# OUT/bench_gpt2/, which run.sh packs into logs.tar.xz. PEAK_TFLOPS
+# overrides the peak (default: 989.5, the H100/H200 SXM dense bf16 figure).
 set -uo pipefail
 build=$(cd "${1:?usage: bench/gpu/gpt2.sh BUILD OUT}" && pwd)
 out=${2:?usage: bench/gpu/gpt2.sh BUILD OUT}
@@ -36,35 +43,94 @@ work=$(mktemp -d /tmp/kiln-gpt2-bench-XXXXXX)
 jsonl="$out/bench_gpt2.jsonl"
 mkdir -p "$out" && : >"$jsonl"
 . "$root/tests/gpu/lib.sh"
+# keep_logs: the small files of the work folder (the kiln logs, probe
+# files, memory polls, torch.jsonl and torch.err, the runs' metrics.csv),
+# each cut to its last 256 KiB and 2 MiB in all, copied to OUT/bench_gpt2/
+# before the work folder goes
+keep_logs() {
+  python3 - "$work" "$out/bench_gpt2" <<'PY' || echo "bench/gpt2: could not keep the logs in $out/bench_gpt2"
+import os, sys
+work, keep = sys.argv[1], sys.argv[2]
+os.makedirs(keep, exist_ok=True)
+each, total = 256 << 10, 0
+for d, subs, files in os.walk(work):
+    subs[:] = sorted(s for s in subs if s != "checkpoints")
+    for f in sorted(files):
+        p = os.path.join(d, f)
+        if f.endswith((".bin", ".safetensors", ".folded")) or os.path.islink(p) or not os.path.isfile(p):
+            continue
+        if not (f.endswith((".log", ".txt", ".jsonl", ".err", ".csv"))):
+            continue
+        size = os.path.getsize(p)
+        n = min(size, each, (2 << 20) - total)
+        if n <= 0 < size:
+            print(f"bench/gpt2: {os.path.relpath(p, work)} not kept: 2 MiB of logs kept already")
+            continue
+        with open(p, "rb") as src:
+            src.seek(size - n)
+            data = src.read(n)
+        dst = os.path.join(keep, os.path.relpath(p, work))
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        with open(dst, "wb") as o:
+            o.write(data)
+        total += n
+PY
+}
+trap 'keep_logs; rm -rf "$work"' EXIT
 
 python3 "$root/tests/gpu/synthetic_shard.py" "$work/shard.bin" 4000000
 
 # kiln fit of GPT-2 124M: TAG BATCH STEPS ACCEL [extra --set ...], under a
-# time limit of 4 minutes cut to the deadline; fails at once when under
-# 30 s are left
+# time limit of 4 minutes cut to the deadline (fit_limit: the limit it ran
+# under). Status 0 when it ran, 2 when under 30 s were left to start it,
+# 3 when its time limit ended it, 1 when it failed otherwise.
+fit_limit=0
 fit() {
-  local tag=$1 B=$2 steps=$3 acc=$4 t
+  local tag=$1 B=$2 steps=$3 acc=$4 rc=0
   shift 4
-  t=$(gpu_budget 240 30) || { echo "bench/gpt2: no time left for run $tag ($(gpu_left) s to the deadline)" >"$work/$tag.log"; return 1; }
-  timeout -k 10 "$t" "$build/bin/kiln" fit "$root/examples/gpt2_124m.cfg" --set "plugins.dirs=[\"$build/bench/plugins\"]" \
+  fit_limit=$(gpu_budget 240 30) || {
+    fit_limit=0
+    echo "bench/gpt2: no time left for run $tag ($(gpu_left) s to the deadline)" >"$work/$tag.log"
+    return 2
+  }
+  timeout -k 10 "$fit_limit" "$build/bin/kiln" fit "$root/examples/gpt2_124m.cfg" --set "plugins.dirs=[\"$build/bench/plugins\"]" \
     --set "accelerator=$acc" --set "data.train=\"$work/shard.bin\"" --set "data.val=\"$work/shard.bin\"" \
     --set "data.batch_size=$B" --set "module.max_batch=$B" --set trainer.accumulate_grad_batches=1 \
     --set "trainer.max_steps=$steps" --set trainer.limit_val_batches=0 --set trainer.num_sanity_val_steps=0 \
     --set "trainer.val_check_interval=$steps" --set "trainer.default_root_dir=\"$work/runs-$tag\"" \
     --set "trainer.peak_flops=${peak}e12" \
-    --set "callbacks=({name=\"benchprobe\"; path=\"$work/probe-$tag.txt\"; warmup=10;})" "$@" >"$work/$tag.log" 2>&1
+    --set "callbacks=({name=\"benchprobe\"; path=\"$work/probe-$tag.txt\"; warmup=10;})" "$@" >"$work/$tag.log" 2>&1 || rc=$?
+  [ "$rc" -eq 0 ] && return 0
+  gpu_timed_out "$rc" && { echo "bench/gpt2: run $tag: ended by its time limit of $fit_limit s" >>"$work/$tag.log"; return 3; }
+  return 1
 }
 
+# the largest batch that fits; a run cut by its time limit or left out for
+# the deadline stops the search, with one row saying so
 batch=0
 for B in 64 32 16 8; do
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 250 >"$work/mem-$B.txt" 2>/dev/null &
   smi=$!
-  if fit "b$B" "$B" 40 '"cuda"'; then
-    kill "$smi" 2>/dev/null; wait "$smi" 2>/dev/null
-    batch=$B
-    break
-  fi
+  fit "b$B" "$B" 40 '"cuda"'
+  rc=$?
   kill "$smi" 2>/dev/null; wait "$smi" 2>/dev/null
+  case $rc in
+    0) batch=$B; break ;;
+    2)
+      echo "bench/gpt2: no time left for batch $B: the search stops"
+      echo "{\"check\": \"bench_gpt2\", \"status\": \"skip\", $(gpu_skip_why), \"batch\": $B}" >>"$jsonl"
+      exit 0 ;;
+    3)
+      tail -5 "$work/b$B.log"
+      if [ "$fit_limit" -lt 240 ]; then
+        echo "bench/gpt2: batch $B was cut by the deadline at $fit_limit s: the search stops (rerun the gpt2 step by name)"
+        echo "{\"check\": \"bench_gpt2\", \"status\": \"skip\", \"why\": \"the deadline: batch $B cut at $fit_limit s (its own limit: 240 s)\", \"batch\": $B}" >>"$jsonl"
+        exit 0
+      fi
+      echo "bench/gpt2: batch $B timed out after $fit_limit s: the search stops"
+      echo "{\"check\": \"bench_gpt2\", \"status\": \"fail\", \"why\": \"batch $B timed out after $fit_limit s\", \"batch\": $B}" >>"$jsonl"
+      exit 1 ;;
+  esac
   echo "bench/gpt2: batch $B did not run: $(grep -m1 -E 'error|out of memory' "$work/b$B.log")"
 done
 if [ "$batch" = 0 ]; then
@@ -212,6 +278,4 @@ print("|---|---|---|")
 for k, v in sorted(prof.items(), key=lambda kv: -kv[1]["ms"]):
     print(f"| {k} | {v['ms']:.1f} | {v['percent']:.1f}% |")
 PY
-status=$?
-rm -rf "$work"
-exit "$status"
+exit $?

@@ -36,6 +36,10 @@ standin_build "$real" "$root/build-gpu"
 echo "CMAKE_HOME_DIRECTORY:INTERNAL=$root" >"$root/build-gpu/CMakeCache.txt"
 : >"$root/.gpu/fashion-mnist/train-images-idx3-ubyte.gz"
 printf 'A fortune.\n%%\nAnother one.\n' >"$root/.gpu/fortunes/fortunes"
+# where Open MPI is installed, the carried libmpi stated as its version, so
+# that run.sh makes its MPI-launched ddp fit too
+command -v ompi_info >/dev/null &&
+  ompi_info --version 2>/dev/null | sed -n 's/.*Open MPI v\([0-9][0-9A-Za-z.]*\).*/\1/p' | head -1 >"$root/.gpu/openmpi-version"
 cat >"$root/build-gpu/bin/kiln" <<SH
 #!/usr/bin/env bash
 # stand-in kiln: fit RUN.cfg ARGS becomes config check RUN.cfg ARGS

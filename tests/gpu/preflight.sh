@@ -5,14 +5,22 @@
 # any check runs; and with no ompi_info it must say that the MPI-launched
 # ddp run will be skipped; (b) with an nvidia-smi that reports a driver for
 # CUDA 99.9 the driver line must pass and name that version
-# (KILN_GPU_PREFLIGHT_ONLY=1 stops after the checks). Exit 0 when both hold,
-# 77 (skipped) where a tool the sandbox needs is missing here.
+# (KILN_GPU_PREFLIGHT_ONLY=1 stops after the checks); (a) also checks that
+# gpu.log keeps the last line when tee is slow; on a stand-in
+# checkout whose build-gpu/cuda-version names the build's toolkit, (c) a
+# driver for CUDA 12.8 under a CUDA 13.0 build must stop the run with one
+# line naming both, (d) a driver for 13.0 under a 13.2 build must pass with
+# a line on minor-version compatibility, and (e) an ompi_info of another
+# version than .gpu/openmpi-version (the carried libmpi's) must skip the
+# MPI-launched run, naming both versions, and one of the same version must
+# let it go ahead. Exit 0 when all hold, 77 (skipped) where a tool the
+# sandbox needs is missing here.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/bin"
-for t in bash env mkdir mktemp rm tee date sed grep awk ls head dirname cat python3 ctest ldconfig; do
+for t in bash env mkdir mktemp rm tee date sed grep awk ls head dirname cat python3 ctest ldconfig timeout sleep; do
   p=$(command -v "$t" 2>/dev/null || true)
   [ -z "$p" ] && [ -x "/sbin/$t" ] && p=/sbin/$t
   [ -n "$p" ] || { echo "preflight.sh: $t not found here: skipped"; exit 77; }
@@ -21,9 +29,16 @@ done
 to=$(command -v timeout) || { echo "preflight.sh: timeout not found here: skipped"; exit 77; }
 fail() { echo "preflight.sh: FAIL: $*"; exit 1; }
 
-# (a) no driver, no Open MPI
-out=$(PATH="$tmp/bin" "$to" 60 bash "$here/run.sh" "$tmp/out-a" 2>&1); rc=$?
-echo "$out"
+# (a) no driver, no Open MPI; and a tee that starts a second late, run.sh's
+# output going to a file (nothing but run.sh itself waits for tee): gpu.log
+# must still hold the last line printed
+rm "$tmp/bin/tee"
+printf '#!/bin/sh\nsleep 1\nexec %s "$@"\n' "$(command -v tee)" >"$tmp/bin/tee"
+chmod +x "$tmp/bin/tee"
+PATH="$tmp/bin" "$to" 60 bash "$here/run.sh" "$tmp/out-a" >"$tmp/a.txt" 2>&1; rc=$?
+out=$(cat "$tmp/a.txt" "$tmp/out-a/gpu.log")
+cat "$tmp/a.txt"
+grep -q '^run.sh: stopping before any check' "$tmp/out-a/gpu.log" || fail "(a) gpu.log lacks the last line printed: tee was not waited for"
 [ "$rc" -eq 1 ] || fail "(a) exit status $rc, want 1"
 grep -q '^-- need driver (nvidia-smi): MISSING: nvidia-smi not found' <<<"$out" || fail "(a) no line naming the missing nvidia-smi"
 grep -q '^run.sh: stopping before any check: this machine lacks driver (nvidia-smi)' <<<"$out" || fail "(a) no summary line"
@@ -38,4 +53,46 @@ out=$(PATH="$tmp/bin" KILN_GPU_PREFLIGHT_ONLY=1 "$to" 60 bash "$here/run.sh" "$t
 echo "$out"
 grep -q '^-- need driver (nvidia-smi): CUDA 99.9' <<<"$out" || fail "(b) the driver line does not pass with CUDA 99.9"
 grep -q -E '^== (GPU tests|kiln plugins list|fit )' <<<"$out" && fail "(b) KILN_GPU_PREFLIGHT_ONLY=1 went on"
+
+# the stand-in checkout: the scripts, a build-gpu/ holding cuda-version
+# only, empty CUDA libraries on LD_LIBRARY_PATH
+root="$tmp/root"
+mkdir -p "$root/tests/gpu" "$root/build-gpu" "$root/.gpu" "$tmp/lib"
+cp "$here/run.sh" "$here/lib.sh" "$root/tests/gpu/"
+standin_libs "$tmp/lib"
+pre() { # OUT: run.sh's preflight on the stand-in checkout
+  PATH="$tmp/bin" LD_LIBRARY_PATH="$tmp/lib" KILN_GPU_PREFLIGHT_ONLY=1 "$to" 60 bash "$root/tests/gpu/run.sh" "$tmp/$1" 2>&1
+}
+
+# (c) a CUDA 13 build, a driver for CUDA 12.8
+echo 13.0.88 >"$root/build-gpu/cuda-version"
+standin_driver "$tmp/bin" 12.8
+out=$(pre out-c); rc=$?
+echo "$out"
+[ "$rc" -eq 1 ] || fail "(c) exit status $rc, want 1"
+grep -q '^-- need driver (nvidia-smi): MISSING: the driver supports CUDA 12.8, the build needs CUDA 13 (its toolkit: 13.0.88)' <<<"$out" ||
+  fail "(c) no line naming the driver's and the build's CUDA"
+grep -q '^run.sh: stopping before any check' <<<"$out" || fail "(c) the run did not stop"
+
+# (d) a CUDA 13.2 build, a driver for CUDA 13.0: minor-version compatibility
+echo 13.2.1 >"$root/build-gpu/cuda-version"
+standin_driver "$tmp/bin" 13.0
+out=$(pre out-d); rc=$?
+echo "$out"
+[ "$rc" -eq 0 ] || fail "(d) exit status $rc, want 0"
+grep -q '^-- need driver (nvidia-smi): CUDA 13.0 (build: CUDA 13.2.1)' <<<"$out" || fail "(d) the driver line does not pass"
+[ "$(grep -c "minor-version compatibility" <<<"$out")" -eq 1 ] || fail "(d) no line (or several) on minor-version compatibility"
+
+# (e) Open MPI here against the carried libmpi's version
+echo 4.1.4 >"$root/.gpu/openmpi-version"
+standin_ompi "$tmp/bin" 5.0.3
+out=$(pre out-e1)
+echo "$out"
+grep -q "^-- Open MPI: .*the MPI-launched ddp run will be skipped: this machine's Open MPI is 5.0.3 (ompi_info), the carried libmpi is 4.1.4" <<<"$out" ||
+  fail "(e) another Open MPI version did not skip the MPI-launched run"
+standin_ompi "$tmp/bin" 4.1.4
+out=$(pre out-e2)
+echo "$out"
+grep -q "^-- Open MPI: .*4.1.4, as the carried libmpi: the MPI-launched ddp run goes ahead" <<<"$out" ||
+  fail "(e) the same Open MPI version did not let the MPI-launched run go ahead"
 echo "preflight.sh: ok"

@@ -9,9 +9,14 @@
 #                       compiles for newer GPUs, with the tests and
 #                       benchmarks, configured at /work/main/build-gpu so
 #                       that run.sh can put the checkout at the same path;
-#                       build-gpu/nf4/ the nf4 example plugin
+#                       build-gpu/nf4/ the nf4 example plugin;
+#                       build-gpu/cuda-version the toolkit's version (run.sh
+#                       compares its major with the driver's)
 #   .gpu/deps.tar.xz    the Debian runtime libraries kiln links that such a
 #                       machine may lack (unpacked there to /tmp, never /)
+#   .gpu/openmpi-version the version of the libmpi among them (run.sh runs
+#                       the MPI-launched ddp run only where the machine's
+#                       Open MPI is the same version)
 #   .gpu/fashion-mnist/ the first 20000 training images (headers rewritten;
 #                       the idx plugin checks them) and the full test set
 #   .gpu/fortunes/      the fortunes package's texts (its .dat indexes and
@@ -33,6 +38,17 @@ cd "$root"
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$arch" -DKILN_WERROR=ON >/dev/null
 cmake --build build-gpu -j2
 test -f build-gpu/lib/kiln/plugins/libkiln-cuda.so || { echo "prepare.sh: libkiln-cuda.so was not built (no nvcc?)" >&2; exit 1; }
+# the toolkit's version, for run.sh's check against the driver: CMake keeps
+# it in CMakeFiles/<cmake version>/CMakeCUDACompiler.cmake only (deleted
+# below), else the compiler the cache names says it
+cuda_version=$(sed -n 's/^set(CMAKE_CUDA_COMPILER_VERSION "\([0-9.]*\)")/\1/p' build-gpu/CMakeFiles/*/CMakeCUDACompiler.cmake 2>/dev/null | head -1 || true)
+if [ -z "$cuda_version" ]; then
+  nvcc=$(sed -n 's/^CMAKE_CUDA_COMPILER:[A-Z]*=//p' build-gpu/CMakeCache.txt)
+  cuda_version=$("${nvcc:-nvcc}" --version 2>/dev/null | sed -n 's/.*release [0-9.]*, V\([0-9.]*\).*/\1/p' | head -1 || true)
+fi
+[ -n "$cuda_version" ] || { echo "prepare.sh: could not tell the CUDA toolkit's version" >&2; exit 1; }
+echo "$cuda_version" >build-gpu/cuda-version
+echo "prepare.sh: built with CUDA $cuda_version (build-gpu/cuda-version)"
 
 # 1b. the out-of-tree nf4 precision (examples/plugins/nf4), built as its
 # users build it: against an installed SDK (a scratch prefix; only the
@@ -58,6 +74,24 @@ mkdir -p "$tmp/lib"
 for l in $libs; do cp -L "$l" "$tmp/lib/"; done
 tar -C "$tmp" -cJf .gpu/deps.tar.xz lib
 echo "prepare.sh: packed $(echo "$libs" | wc -w) libraries: $(echo $libs | xargs -n1 basename | tr '\n' ' ')"
+# the carried libmpi's version (MPI_Get_library_version, callable before
+# MPI_Init): "4.1.4" from "Open MPI v4.1.4, package: Debian OpenMPI, ..."
+rm -f .gpu/openmpi-version
+mpilib=$(echo "$libs" | tr ' ' '\n' | grep '/libmpi\.so' | head -1 || true)
+if [ -n "$mpilib" ]; then
+  /usr/bin/python3 - "$mpilib" >.gpu/openmpi-version <<'PY' || { rm -f .gpu/openmpi-version; echo "prepare.sh: could not read $mpilib's version: the GPU run will skip its MPI-launched ddp run"; }
+import ctypes, re, sys
+lib = ctypes.CDLL(sys.argv[1])
+buf, n = ctypes.create_string_buffer(8192), ctypes.c_int()
+if lib.MPI_Get_library_version(buf, ctypes.byref(n)) != 0:
+    sys.exit(1)
+m = re.match(r"Open MPI v([0-9][0-9A-Za-z.]*)", buf.value.decode(errors="replace"))
+if not m:
+    sys.exit(1)
+print(m.group(1))
+PY
+  if [ -f .gpu/openmpi-version ]; then echo "prepare.sh: the carried libmpi is Open MPI $(cat .gpu/openmpi-version) (.gpu/openmpi-version)"; fi
+fi
 
 # 3. a Fashion-MNIST subset (the idx plugin validates magic, counts and sizes)
 src=${KILN_FM_DIR:-/usr/share/datasets/fashion-mnist}
@@ -93,7 +127,8 @@ fi
 find build-gpu \( -name '*.o' -o -name '*.a' \) -type f -delete
 # and CMake's own scratch (compiler identification, dependency files,
 # ~14 MiB): ctest and run.sh read only CMakeCache.txt, the CTestTestfile
-# files and what was linked; a later prepare.sh configures afresh
+# files, cuda-version (written above) and what was linked; a later
+# prepare.sh configures afresh
 find build-gpu -type d -name CMakeFiles -prune -exec rm -rf {} +
 du -sh build-gpu .gpu | sed 's/^/prepare.sh: /'
 # the device tool carries at most 64 MiB: these two plus the checkout

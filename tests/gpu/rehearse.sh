@@ -17,7 +17,7 @@
 # the sizes the scripts chose.
 # Passes when the script exits 0 (gpt_checks: every check passed but the
 # GPT-2 124M ddp run, which needs real NCCL) and its rows hold what the GPU
-# run needs. 77 (skipped) without the fakes or python3. KEEP=1 keeps the
+# run needs (gpt2: and its logs were kept in OUT/bench_gpt2/). 77 (skipped) without the fakes or python3. KEEP=1 keeps the
 # scratch folder.
 set -uo pipefail
 real=$(cd "${1:?usage: rehearse.sh BUILD gpt2|gpt_checks}" && pwd)
@@ -90,6 +90,12 @@ for a, r in kiln.items():
     assert calls.get("layernorm_backward_cast", 0) > 0, (a, calls)
 print("rehearse.sh gpt2: rows:", {a: (r["step_ms"], r["tokens_per_s"], sorted(r["breakdown"])) for a, r in kiln.items()})
 PY
+  # the work folder's logs, probe files and memory polls kept for run.sh's
+  # logs.tar.xz (each file's tail; no token shard)
+  for f in b64.log flash.log profile.log profile-flash.log probe-b64.txt probe-flash.txt mem-64.txt mem-flash.txt torch.err; do
+    [ -f "$tmp/out/bench_gpt2/$f" ] || { ls -la "$tmp/out/bench_gpt2"; fail "gpt2.sh did not keep $f in OUT/bench_gpt2"; }
+  done
+  compgen -G "$tmp/out/bench_gpt2/*.bin" >/dev/null && fail "gpt2.sh kept the token shard"
   ;;
 gpt_checks)
   fortunes=/usr/share/games/fortunes

@@ -2,12 +2,21 @@
 # a GPU (preflight.sh, deadline.sh, configs.sh, rehearse.sh): the pieces of
 # a stand-in machine that several of them need.
 
-# standin_driver DIR: DIR/nvidia-smi, answering like a driver for CUDA
-# 99.9 (newer than any toolkit, so run.sh's version check passes)
+# standin_driver DIR [VERSION]: DIR/nvidia-smi, answering like a driver for
+# CUDA VERSION (default 99.9: newer than any toolkit, so run.sh's version
+# check passes)
 standin_driver() {
   mkdir -p "$1"
-  printf '#!/bin/sh\necho "| NVIDIA-SMI 999.99   Driver Version: 999.99   CUDA Version: 99.9 |"\n' >"$1/nvidia-smi"
+  printf '#!/bin/sh\necho "| NVIDIA-SMI 999.99   Driver Version: 999.99   CUDA Version: %s |"\n' "${2:-99.9}" >"$1/nvidia-smi"
   chmod +x "$1/nvidia-smi"
+}
+
+# standin_ompi DIR VERSION: DIR/ompi_info, answering `--version` like Open
+# MPI VERSION
+standin_ompi() {
+  mkdir -p "$1"
+  printf '#!/bin/sh\necho "Open MPI v%s"\necho\necho "http://www.open-mpi.org/community/help/"\n' "$2" >"$1/ompi_info"
+  chmod +x "$1/ompi_info"
 }
 
 # standin_libs DIR: empty libcudart.so, libcublasLt.so and libnccl.so in
