@@ -16,7 +16,9 @@
 #   (d) `kernels,fashion` with no deadline, the stub's fits quick: passes,
 #       exit status 0, OUT holds gpu.log, results.json and logs.tar.xz
 #       alone, and logs.tar.xz holds the fits' metrics.csv but no token
-#       shard or checkpoint;
+#       shard or checkpoint; the precisions match fp32's accuracy, and
+#   (d2) a bf16 accuracy 0.03 under fp32's (still above 0.80) fails that
+#       comparison, naming bf16;
 #   (e) `kernels,fashion --deadline 24`, ctest's stub sleeping 60 s: ctest
 #       is cut at the kernels step's share (skipped for the deadline), and
 #       the first fit still starts;
@@ -101,7 +103,7 @@ standin_driver "$tmp/stubs"
 # the stub kiln: `plugins list` prints STUB_PLUGINS (a file) or a list with
 # the cuda accelerator; `fit` sleeps 60 s, or with STUB_FIT=quick writes a
 # metrics.csv, a checkpoint and a token shard under its default_root_dir
-# and reports a test accuracy
+# and reports a test accuracy (0.85; STUB_BF16_ACC for bf16-mixed)
 cat >"$root/build-gpu/bin/kiln" <<'SH'
 #!/bin/sh
 case "$1" in
@@ -109,12 +111,18 @@ case "$1" in
     if [ -n "${STUB_PLUGINS:-}" ]; then cat "$STUB_PLUGINS"; else printf 'plugins:\n  accelerator  cuda  (stub)\n'; fi ;;
   fit)
     [ "${STUB_FIT:-}" = quick ] || { sleep 60; exit 0; }
-    for a in "$@"; do case "$a" in trainer.default_root_dir=*) d=${a#trainer.default_root_dir=} ;; esac; done
+    acc=0.85
+    for a in "$@"; do
+      case "$a" in
+        trainer.default_root_dir=*) d=${a#trainer.default_root_dir=} ;;
+        precision=bf16-mixed) acc=${STUB_BF16_ACC:-0.85} ;;
+      esac
+    done
     mkdir -p "$d/version_0/checkpoints"
     printf 'epoch,val_loss\n1,0.5\n' >"$d/version_0/metrics.csv"
     echo weights >"$d/version_0/checkpoints/last.safetensors"
     echo tokens >"$d/shard.bin"
-    echo "test_acc 0.85 (1000 samples/s)" ;;
+    echo "test_acc $acc (1000 samples/s)" ;;
 esac
 SH
 printf '#!/bin/sh\nsleep "${STUB_CTEST_SLEEP:-1}"\n' >"$tmp/stubs/ctest"
@@ -169,6 +177,21 @@ tar -tJf "$tmp/d/logs.tar.xz" >"$tmp/d.list" || fail "(d) logs.tar.xz does not l
 grep -q 'plugins.txt$' "$tmp/d.list" || fail "(d) logs.tar.xz lacks plugins.txt"
 grep -q '^runs_fp32/version_0/metrics.csv$' "$tmp/d.list" || { cat "$tmp/d.list"; fail "(d) logs.tar.xz lacks the fits' metrics.csv"; }
 grep -q -E '\.bin$|\.safetensors$' "$tmp/d.list" && { cat "$tmp/d.list"; fail "(d) logs.tar.xz packs a token shard or a checkpoint"; }
+
+row() { # RESULTS CHECK: "status why" of that row
+  python3 -c 'import json, sys
+r = {x["check"]: x for x in json.load(open(sys.argv[1]))["results"]}.get(sys.argv[2], {})
+print(r.get("status", "none"), r.get("why", ""))' "$1" "$2"
+}
+[ "$(row "$tmp/d/results.json" fashion_vs_fp32)" = "pass " ] ||
+  fail "(d) the precisions against fp32: $(row "$tmp/d/results.json" fashion_vs_fp32), want pass"
+# a precision that learns clearly less than fp32 (0.82 against 0.85 for
+# bf16, whose margin is 0.015) fails the comparison, though above 0.80
+STUB_FIT=quick STUB_BF16_ACC=0.82 run d2 fashion; rc=$?
+[ "$rc" -eq 1 ] || { cat "$tmp/d2.txt"; fail "(d2) exit status $rc, want 1"; }
+[ "$(row "$tmp/d2/results.json" fit_bf16)" = "pass " ] || fail "(d2) fit_bf16 itself should pass (0.82 >= 0.80)"
+[ "$(row "$tmp/d2/results.json" fashion_vs_fp32)" = "fail more than its margin below fp32: bf16" ] ||
+  fail "(d2) the comparison: $(row "$tmp/d2/results.json" fashion_vs_fp32), want a failure naming bf16"
 
 # ---- (e) the kernels step's share ------------------------------------------------------
 STUB_CTEST_SLEEP=60 run e kernels,fashion --deadline 24; rc=$?

@@ -518,6 +518,7 @@ fit() {
     acc=$(grep -o 'test_acc[ =:]*[0-9.]*' "$dir.txt" | tail -1 | grep -o '[0-9.]*$')
     sps=$(grep -o '([0-9]* samples/s)' "$dir.txt" | tail -1 | grep -o '[0-9]*')
     tail -4 "$dir.txt"
+    gpu_isnum "$acc" && fit_acc[$name]=$acc
     if gpu_isnum "$acc" && awk -v a="$acc" 'BEGIN { exit !(a >= 0.80) }'; then
       record "fit_$name" pass "\"precision\": \"$prec\", \"test_acc\": $acc, \"samples_per_s\": ${sps:-0}"
     else
@@ -529,6 +530,32 @@ fit() {
     tail -5 "$dir.txt"; record "fit_$name" fail "\"precision\": \"$prec\", \"why\": \"timed out after $t s\""
   else
     tail -20 "$dir.txt"; record "fit_$name" fail "\"precision\": \"$prec\""
+  fi
+}
+declare -A fit_acc # NAME -> test_acc of the fits that finished
+# The precisions against fp32 (the same data, seed and 2 epochs). 0.80 alone
+# is loose: training the last layer on random ReLU features reaches about
+# that, so a broken hidden-layer gradient could pass it; a precision that
+# learns clearly less than fp32 fails here. Margins below fp32 (a better
+# accuracy always passes): tf32 and fp64 0.01, bf16 and fp16 0.015 (their
+# rounding), nf4 0.03 (4-bit weights). Precisions that did not finish are
+# left out (their own rows say why).
+fashion_vs_fp32() {
+  local ref=${fit_acc[fp32]:-} spec name lim a bad="" fields=""
+  if ! gpu_isnum "$ref"; then
+    record fashion_vs_fp32 skip "\"why\": \"no fp32 accuracy to compare with\""
+    return 0
+  fi
+  for spec in tf32:0.01 fp64:0.01 bf16:0.015 fp16:0.015 nf4:0.03; do
+    name=${spec%%:*} lim=${spec#*:} a=${fit_acc[${spec%%:*}]:-}
+    gpu_isnum "$a" || continue
+    fields+=", \"$name\": $a"
+    awk -v a="$a" -v r="$ref" -v l="$lim" 'BEGIN { exit !(a >= r - l) }' || bad+=" $name"
+  done
+  if [ -n "$bad" ]; then
+    record fashion_vs_fp32 fail "\"fp32\": $ref$fields, \"why\": \"more than its margin below fp32:$bad\""
+  else
+    record fashion_vs_fp32 pass "\"fp32\": $ref$fields"
   fi
 }
 step_fashion() {
@@ -562,6 +589,7 @@ step_fashion() {
   else
     record fit_nf4 skip "\"why\": \"build-gpu/nf4 not built (rerun tests/gpu/prepare.sh)\""
   fi
+  fashion_vs_fp32
   if [ -f "$build/lib/kiln/plugins/libkiln-ddp.so" ]; then
     # ddp over NCCL: a collective or NCCL's init waits 60 s at most (kiln's
     # default is 1800 s), and NCCL says where it stopped (NCCL_DEBUG=WARN,
