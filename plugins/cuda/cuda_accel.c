@@ -880,8 +880,8 @@ static int32_t cu_configure(kiln_instance *acc, int32_t threads, int32_t local_r
      * (CUDA_VISIBLE_DEVICES set per task), so a local rank past them takes
      * the first device it sees, which no other task sees. */
     const char *per_task = getenv("SLURM_GPUS_PER_TASK");
-    const int bound = per_task && *per_task && atoi(per_task) > 0;
-    if (acc->device_cfg < 0 && local_rank >= count && !bound)
+    const int bound = per_task ? atoi(per_task) : 0; /* GPUs per task; 0: not bound */
+    if (acc->device_cfg < 0 && local_rank >= count && bound <= 0)
         return CU_ERR(acc, KILN_E_CONFIG,
                       "cuda: configure: local_rank %d has no GPU of its own: %d CUDA device%s visible on this node; "
                       "start at most %d process%s per node, or set accelerator.device (or, under Slurm, bind a GPU "
@@ -890,9 +890,9 @@ static int32_t cu_configure(kiln_instance *acc, int32_t threads, int32_t local_r
     const int dev = acc->device_cfg >= 0 ? acc->device_cfg : local_rank < count ? local_rank : 0;
     if (acc->device_cfg < 0 && local_rank >= count && !acc->configured)
         kiln_logf(acc->svc, acc->hctx, KILN_LOG_INFO,
-                  "cuda: Slurm bound %s GPU%s to this task (SLURM_GPUS_PER_TASK): local_rank %d takes the first "
+                  "cuda: Slurm bound %d GPU%s to this task (SLURM_GPUS_PER_TASK): local_rank %d takes the first "
                   "device it sees, device 0 of %d",
-                  per_task, atoi(per_task) == 1 ? "" : "s", (int)local_rank, count);
+                  bound, bound == 1 ? "" : "s", (int)local_rank, count);
     if (dev >= count)
         return CU_ERR(acc, KILN_E_CONFIG, "cuda: device %d asked for, but only %d device%s visible (0..%d)", dev, count,
                       count == 1 ? " is" : "s are", count - 1);

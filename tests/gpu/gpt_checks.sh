@@ -61,7 +61,7 @@ limited() {
 # cut_why: the JSON field of a check skipped because the deadline cut its
 # last run (limited's status 2)
 cut_why() {
-  if [ "$lim" -gt 0 ]; then echo "\"why\": \"the deadline: cut at $lim s (its own limit: $lim_want s)\""; else gpu_skip_why; fi
+  if [ "$lim" -gt 0 ]; then gpu_cut_why "$lim" "$lim_want"; else gpu_skip_why; fi
 }
 record() { # NAME STATUS [JSON-FIELDS]
   echo "{\"check\": \"$1\", \"status\": \"$2\"${3:+, $3}}" >>"$out/gpt.jsonl"

@@ -37,6 +37,11 @@ gpu_budget() {
 # 137 when the command outlived the grace period and was killed)
 gpu_timed_out() { [ "$1" -eq 124 ] || [ "$1" -eq 137 ]; }
 
+# gpu_cut_why LIMIT WANT: the JSON field of a run that its time limit
+# ended where the deadline had cut that limit (LIMIT s) below its own (WANT
+# s): a skip for the deadline, not a failure
+gpu_cut_why() { echo "\"why\": \"the deadline: cut at $1 s (its own limit: $2 s)\""; }
+
 # gpu_skip_why: the JSON field a skipped step records
 gpu_skip_why() { echo "\"why\": \"the deadline: $(gpu_left) s left\""; }
 

@@ -373,19 +373,13 @@ record plugins_list pass
 bounded 30 nvidia-smi -L || true
 bounded 30 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv || true
 
-# timed_out STATUS: timeout's status for a command it stopped (lib.sh)
-timed_out() { gpu_timed_out "$1"; }
-# cut_why LIMIT WANT: the JSON field of a run that its time limit ended
-# where the deadline had cut that limit (LIMIT s) below its own (WANT s): a
-# skip for the deadline, not a failure
-cut_why() { echo "\"why\": \"the deadline: cut at $1 s (its own limit: $2 s)\""; }
 # outcome NAME STATUS LIMIT [WANT]: NAME recorded as passed (STATUS 0), or
 # failed, saying when it was the time limit (LIMIT s) that ended it; or
 # skipped, when that limit was the deadline's, under the run's own WANT
 outcome() {
   if [ "$2" -eq 0 ]; then record "$1" pass
-  elif timed_out "$2" && [ -n "${4:-}" ] && [ "$3" -lt "$4" ]; then record "$1" skip "$(cut_why "$3" "$4")"
-  elif timed_out "$2"; then record "$1" fail "\"why\": \"timed out after $3 s\""
+  elif gpu_timed_out "$2" && [ -n "${4:-}" ] && [ "$3" -lt "$4" ]; then record "$1" skip "$(gpu_cut_why "$3" "$4")"
+  elif gpu_timed_out "$2"; then record "$1" fail "\"why\": \"timed out after $3 s\""
   else record "$1" fail; fi
 }
 # budget NAME WANT MIN [HOLD]: the seconds step NAME may take (gpu_budget,
@@ -456,9 +450,9 @@ sanitized() {
     "$build/tests/test_cuda_kernels" >"$out/$name.txt" 2>&1 || rc=$?
   if [ "$rc" -eq 0 ]; then record "$name" pass
   elif sanitizer_refused "$out/$name.txt"; then return 2
-  elif timed_out "$rc" && ! sanitizer_found "$out/$name.txt"; then
+  elif gpu_timed_out "$rc" && ! sanitizer_found "$out/$name.txt"; then
     tail -5 "$out/$name.txt"; record "$name" skip "\"why\": \"timed out after $t s\""
-  elif timed_out "$rc"; then
+  elif gpu_timed_out "$rc"; then
     tail -40 "$out/$name.txt"; record "$name" fail "\"why\": \"timed out after $t s, having reported errors\""
   else
     tail -40 "$out/$name.txt"; record "$name" fail
@@ -524,9 +518,9 @@ fit() {
     else
       record "fit_$name" fail "\"precision\": \"$prec\", \"test_acc\": \"${acc:-none}\""
     fi
-  elif timed_out "$rc" && [ "$t" -lt 150 ]; then
-    tail -5 "$dir.txt"; record "fit_$name" skip "$(cut_why "$t" 150), \"precision\": \"$prec\""
-  elif timed_out "$rc"; then
+  elif gpu_timed_out "$rc" && [ "$t" -lt 150 ]; then
+    tail -5 "$dir.txt"; record "fit_$name" skip "$(gpu_cut_why "$t" 150), \"precision\": \"$prec\""
+  elif gpu_timed_out "$rc"; then
     tail -5 "$dir.txt"; record "fit_$name" fail "\"precision\": \"$prec\", \"why\": \"timed out after $t s\""
   else
     tail -20 "$dir.txt"; record "fit_$name" fail "\"precision\": \"$prec\""
