@@ -20,14 +20,23 @@
  * at every call so a test can change it between calls:
  *   KILN_FAKE_CUDA_DEVICES=N    visible devices (default 1; 0: none)
  *   KILN_FAKE_CUDA_DRIVER=V     cudaDriverGetVersion's answer (default
- *                               13000; 0: no driver installed)
+ *                               13000; 0: no driver installed); only an
+ *                               older major release than the runtime's is
+ *                               insufficient (minor-version compatibility)
+ *   KILN_FAKE_CUDA_RUNTIME=V    cudaRuntimeGetVersion's answer (default
+ *                               CUDART_VERSION)
  *   KILN_FAKE_CUDA_OOM_AFTER=N  device capacity in bytes: cudaMalloc fails
  *                               with cudaErrorMemoryAllocation when the live
  *                               blocks plus the request would exceed it
  *   KILN_FAKE_CUDA_FAIL=LIST    comma-separated function names (cudaX,
  *                               cublasLtX, kg_x) that fail: "name" on every
  *                               call, "name@N" on its N-th call counted from
- *                               when the variable took its current value
+ *                               when the variable took its current value;
+ *                               "kernel_fault" is a kernel that faults: its
+ *                               launch succeeds, and every later device
+ *                               call fails with a sticky
+ *                               cudaErrorIllegalAddress until the variable
+ *                               changes (injected waits fault the same way)
  *   KILN_FAKE_CUDA_QUIET=1      do not print contract violations
  *   KILN_FAKE_CUDA_SMEM_OPTIN=N the shared memory a block may opt into,
  *                               bytes (default 232448, an H100/H200's)
