@@ -629,6 +629,7 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmul(cublasLtHandle_t lightHandle, cublasL
                                            const void *C, cublasLtMatrixLayout_t Cdesc, void *D,
                                            cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t *algo,
                                            void *workspace, size_t workspaceSizeInBytes, cudaStream_t stream) {
+    FAKE_SCOPE();
     static const char fn[] = "cublasLtMatmul";
     if (!lightHandle || lightHandle->magic != FAKE_LT_MAGIC) {
         fake_violation("%s: handle %p is not a live cuBLASLt handle", fn, (void *)lightHandle);

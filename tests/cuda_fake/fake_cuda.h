@@ -40,6 +40,13 @@
  *   KILN_FAKE_CUDA_QUIET=1      do not print contract violations
  *   KILN_FAKE_CUDA_SMEM_OPTIN=N the shared memory a block may opt into,
  *                               bytes (default 232448, an H100/H200's)
+ *   KILN_FAKE_CUDA_SEAL=0       device blocks allocated from then on are
+ *                               plain host memory; by default each is
+ *                               sealed (PROT_NONE) except while a CUDA
+ *                               call or kernel of the fake uses it, so host
+ *                               code that reads or writes device memory
+ *                               faults at once, as it would on a GPU, and
+ *                               the fault names the block
  */
 #ifndef KILN_TESTS_FAKE_CUDA_H
 #define KILN_TESTS_FAKE_CUDA_H
@@ -72,6 +79,7 @@ typedef struct fake_cuda_stats {
     unsigned long matmuls_fp32;     /* with fp32 A and B in full fp32 (no TF32) */
     unsigned long matmuls_bias16;   /* with the bias epilogue on a 16-bit output */
     unsigned long round_add_16bit;  /* kg_round_add calls widening a 16-bit product */
+    unsigned long sealed_mallocs;   /* cudaMalloc blocks sealed (KILN_FAKE_CUDA_SEAL) */
     char last_violation[256];
 } fake_cuda_stats;
 

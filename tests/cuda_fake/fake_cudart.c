@@ -6,9 +6,11 @@
  * without a GPU. Device memory is 256-byte aligned host memory filled with
  * 0xFF bytes (NaN in every float format) so unwritten memory is noticed;
  * every live block is in a registry against which pointers are checked
- * (see fake_cuda.h). Streams keep a queue: async work that a GPU would run
- * later (copies to or from pinned memory, device-to-device copies, memsets,
- * event records) runs only when something waits for it, so a read-back
+ * (see fake_cuda.h), and is sealed from the host outside the fake's own
+ * operations (see "sealed device memory" below). Streams keep a queue:
+ * async work that a GPU would run later (copies to or from pinned memory,
+ * device-to-device copies, memsets, event records) runs only when
+ * something waits for it, so a read-back
  * without a synchronisation, or a pinned buffer reused before its copy has
  * run, gives wrong data here as it would on a GPU. Copies from or to
  * pageable memory run at the call (after draining the stream), which is
@@ -35,12 +37,16 @@
  * (cudaErrorLaunchOutOfResources).
  */
 #define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MAP_NORESERVE */
 
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "fake_internal.h"
 
@@ -285,6 +291,12 @@ typedef struct fake_block {
     char *ptr;
     size_t size;  /* bytes the caller asked for */
     int device;   /* device current at allocation; -1 for pinned host */
+    /* A sealed block (see "sealed device memory" below): its own mapping
+     * [map, map + map_len), the last page a guard, PROT_NONE except while
+     * an operation of the fake has it open. map is NULL otherwise. */
+    char *map;
+    size_t map_len;
+    int open;
 } fake_block;
 
 typedef struct fake_registry {
@@ -294,7 +306,7 @@ typedef struct fake_registry {
 
 static fake_registry fake_dev, fake_pinned;
 
-static int fake_reg_add(fake_registry *r, char *p, size_t size, int device) {
+static int fake_reg_add(fake_registry *r, char *p, size_t size, int device, char *map, size_t map_len) {
     if (r->n == r->cap) {
         size_t cap = r->cap ? r->cap * 2 : 64;
         fake_block *nb = realloc(r->b, cap * sizeof *nb);
@@ -302,7 +314,7 @@ static int fake_reg_add(fake_registry *r, char *p, size_t size, int device) {
         r->b = nb;
         r->cap = cap;
     }
-    r->b[r->n++] = (fake_block){p, size, device};
+    r->b[r->n++] = (fake_block){p, size, device, map, map_len, 0};
     return 0;
 }
 
@@ -338,9 +350,11 @@ static int fake_is_pinned_range(const void *p, size_t bytes) {
     return b && (uintptr_t)p + bytes <= (uintptr_t)b->ptr + b->size;
 }
 
+static void fake_open_block(fake_block *b);
+
 cudaError_t fake_need_device(const char *fn, const char *what, const void *p, size_t bytes) {
     if (bytes == 0) return cudaSuccess;
-    const fake_block *b = fake_reg_find(&fake_dev, p);
+    fake_block *b = fake_reg_find(&fake_dev, p);
     if (!b) {
         fake_violation("%s: %s %p (%zu bytes) is not device memory%s", fn, what, p, bytes,
                        fake_reg_find(&fake_pinned, p) ? " (it is pinned host memory)" : "");
@@ -356,6 +370,7 @@ cudaError_t fake_need_device(const char *fn, const char *what, const void *p, si
                        fake_current_device);
         return fake_error(cudaErrorIllegalAddress);
     }
+    fake_open_block(b);
     return cudaSuccess;
 }
 
@@ -367,6 +382,159 @@ static void *fake_aligned(size_t size) {
     if (posix_memalign(&p, 256, size ? size : 1) != 0) return NULL;
     memset(p, 0xFF, size ? size : 1); /* NaN in every float format: unwritten memory shows */
     return p;
+}
+
+
+/* ---------------------------------------------- sealed device memory
+ *
+ * On a GPU, device memory cannot be read or written by host code: a
+ * dereference faults or reads garbage. The fake's device memory is host
+ * memory, so such a read would pass here and fail on the first GPU run.
+ * Unless KILN_FAKE_CUDA_SEAL=0 (read at each cudaMalloc) or
+ * fake_seal_off() was called (the host-execution build, whose kernels are
+ * checked by ASan at the byte instead), every block is sealed: an mmap of
+ * its own, PROT_NONE, the block ending at most 255 bytes before a guard
+ * page. The fake opens a block (PROT_READ | PROT_WRITE) only for the
+ * operation that declared it: fake_need_device (the launch prologue, the
+ * GEMM's operands) and the queued copies and memsets as they run. Each
+ * operation is a scope (FAKE_SCOPE, fake_internal.h); when its outermost
+ * scope ends, what it opened is sealed again. So the plugin's or the
+ * host's own code touching device memory, or a fake kernel touching a
+ * block it did not declare, faults at once; the SIGSEGV handler below
+ * says which block, then lets the previous handler (ASan's, with the
+ * stack, or the default) take the fault. Freed blocks are unmapped, so a
+ * use after cudaFree faults too. */
+
+static int fake_seal_disabled;
+static size_t fake_open_n, fake_open_cap, fake_scope_depth;
+static char **fake_open_stack; /* the ptr of each block opened, in order */
+static struct sigaction fake_prev_segv;
+static int fake_segv_installed;
+
+void fake_seal_off(void) { fake_seal_disabled = 1; }
+
+static size_t fake_page(void) {
+    static size_t pg;
+    if (!pg) pg = (size_t)sysconf(_SC_PAGESIZE);
+    return pg;
+}
+
+static void fake_say(const char *msg) {
+    size_t n = strlen(msg);
+    while (n > 0) {
+        const ssize_t w = write(STDERR_FILENO, msg, n);
+        if (w <= 0) return;
+        msg += w, n -= (size_t)w;
+    }
+}
+
+static void fake_segv(int sig, siginfo_t *si, void *uc) {
+    (void)sig, (void)uc;
+    const uintptr_t a = (uintptr_t)si->si_addr;
+    for (size_t i = 0; i < fake_dev.n; i++) {
+        const fake_block *b = &fake_dev.b[i];
+        if (!b->map || a < (uintptr_t)b->map || a >= (uintptr_t)b->map + b->map_len) continue;
+        char msg[512];
+        const uintptr_t s = (uintptr_t)b->ptr;
+        if (a >= s && a < s + b->size)
+            snprintf(msg, sizeof msg,
+                     "fake cuda: contract violation: %p, byte %zu of a %zu-byte device block at %p, was read or "
+                     "written %s; on a GPU this faults or reads garbage (copy through the accelerator instead)\n",
+                     si->si_addr, (size_t)(a - s), b->size, (void *)b->ptr,
+                     fake_scope_depth ? "by a fake CUDA operation that did not declare the block"
+                                      : "by host code, outside any CUDA call");
+        else
+            snprintf(msg, sizeof msg,
+                     "fake cuda: contract violation: %p is %s the %zu-byte device block at %p (outside it)\n",
+                     si->si_addr, a < s ? "before" : "past the end of", b->size, (void *)b->ptr);
+        fake_say(msg);
+        break;
+    }
+    /* the faulting access runs again under the previous handler */
+    sigaction(SIGSEGV, &fake_prev_segv, NULL);
+    fake_segv_installed = 0;
+}
+
+static void fake_segv_install(void) {
+    if (fake_segv_installed) return;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = fake_segv;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGSEGV, &sa, &fake_prev_segv) == 0) fake_segv_installed = 1;
+}
+
+/* A sealed block of `size` bytes (at least 1), 256-byte aligned, filled
+ * with 0xFF as fake_aligned's; NULL when out of memory. */
+static char *fake_sealed(size_t size, char **map, size_t *map_len) {
+    const size_t pg = fake_page(), body = (size + pg - 1) / pg * pg, len = body + pg;
+    char *m = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) return NULL;
+    char *p = m + ((body - size) & ~(size_t)255);
+    if (mprotect(m, body, PROT_READ | PROT_WRITE) != 0) {
+        munmap(m, len);
+        return NULL;
+    }
+    memset(p, 0xFF, size);
+    mprotect(m, body, PROT_NONE);
+    fake_segv_install();
+    *map = m, *map_len = len;
+    return p;
+}
+
+/* Scopes nest (a fused launcher calling the entries it fuses, a kernel
+ * running the copies queued before it): only the outermost one's end
+ * seals, so an inner entry never closes what its caller still uses. */
+int fake_scope_begin(void) { return (int)++fake_scope_depth; }
+
+void fake_scope_end(int *depth) {
+    (void)depth;
+    if (--fake_scope_depth > 0) return;
+    for (; fake_open_n > 0; fake_open_n--) {
+        fake_block *b = fake_reg_find(&fake_dev, fake_open_stack[fake_open_n - 1]);
+        if (b && b->map && b->open) {
+            b->open = 0;
+            mprotect(b->map, b->map_len - fake_page(), PROT_NONE);
+        }
+    }
+}
+
+/* Opens b for the operation in progress, until its outermost scope ends.
+ * Already open: nothing to do. */
+static void fake_open_block(fake_block *b) {
+    if (!b->map || b->open) return;
+    if (fake_scope_depth == 0) {
+        fake_violation("fake cuda (its own bug): device block %p used outside a FAKE_SCOPE", (void *)b->ptr);
+        return;
+    }
+    if (fake_open_n == fake_open_cap) {
+        const size_t cap = fake_open_cap ? 2 * fake_open_cap : 64;
+        char **ns = realloc(fake_open_stack, cap * sizeof *ns);
+        if (!ns) {
+            fake_violation("fake cuda: out of host memory for the open-block list");
+            return;
+        }
+        fake_open_stack = ns, fake_open_cap = cap;
+    }
+    if (mprotect(b->map, b->map_len - fake_page(), PROT_READ | PROT_WRITE) != 0) {
+        fake_violation("fake cuda: mprotect failed on device block %p", (void *)b->ptr);
+        return;
+    }
+    b->open = 1;
+    fake_open_stack[fake_open_n++] = b->ptr;
+}
+
+/* Opens the device block holding p, if any (a copy's or memset's side). */
+static void fake_open_at(const void *p) {
+    fake_block *b = fake_reg_find(&fake_dev, p);
+    if (b) fake_open_block(b);
+}
+
+__attribute__((destructor)) static void fake_open_release(void) {
+    free(fake_open_stack);
+    fake_open_stack = NULL;
+    fake_open_n = fake_open_cap = 0;
 }
 
 static void fake_drain_all(void);
@@ -384,13 +552,18 @@ cudaError_t CUDARTAPI cudaMalloc(void **devPtr, size_t size) {
         fake_stats.malloc_failures++;
         return fake_error(cudaErrorMemoryAllocation);
     }
-    char *p = fake_aligned(size);
-    if (!p || fake_reg_add(&fake_dev, p, size, fake_current_device) != 0) {
-        free(p);
+    char *map = NULL;
+    size_t map_len = 0;
+    const int seal = !fake_seal_disabled && fake_env("KILN_FAKE_CUDA_SEAL", 1) != 0;
+    char *p = seal ? fake_sealed(size, &map, &map_len) : fake_aligned(size);
+    if (!p || fake_reg_add(&fake_dev, p, size, fake_current_device, map, map_len) != 0) {
+        if (map) munmap(map, map_len);
+        else free(p);
         fake_stats.malloc_failures++;
         return fake_error(cudaErrorMemoryAllocation);
     }
     fake_stats.mallocs++;
+    if (seal) fake_stats.sealed_mallocs++;
     fake_stats.live_blocks++;
     fake_stats.live_bytes += size;
     if (fake_stats.live_bytes > fake_stats.peak_bytes) fake_stats.peak_bytes = fake_stats.live_bytes;
@@ -411,7 +584,8 @@ cudaError_t CUDARTAPI cudaFree(void *devPtr) {
     fake_stats.frees++;
     fake_stats.live_blocks--;
     fake_stats.live_bytes -= b->size;
-    free(b->ptr);
+    if (b->map) munmap(b->map, b->map_len);
+    else free(b->ptr);
     fake_reg_remove(&fake_dev, b);
     return cudaSuccess;
 }
@@ -422,7 +596,7 @@ cudaError_t CUDARTAPI cudaHostAlloc(void **pHost, size_t size, unsigned int flag
     *pHost = NULL;
     if (fake_inject("cudaHostAlloc")) return fake_error(cudaErrorMemoryAllocation);
     char *p = fake_aligned(size);
-    if (!p || fake_reg_add(&fake_pinned, p, size, -1) != 0) {
+    if (!p || fake_reg_add(&fake_pinned, p, size, -1, NULL, 0) != 0) {
         free(p);
         return fake_error(cudaErrorMemoryAllocation);
     }
@@ -542,6 +716,9 @@ static int fake_event_live(cudaEvent_t e) {
 }
 
 static void fake_run_op(const fake_op *op) {
+    FAKE_SCOPE();
+    if (op->kind == FAKE_OP_COPY || op->kind == FAKE_OP_SET || op->kind == FAKE_OP_SET2D) fake_open_at(op->dst);
+    if (op->kind == FAKE_OP_COPY) fake_open_at(op->src);
     switch (op->kind) {
     case FAKE_OP_COPY: {
         const uintptr_t d = (uintptr_t)op->dst, s = (uintptr_t)op->src;

@@ -66,6 +66,18 @@ cudaError_t fake_stream_drain(cudaStream_t s, const char *fn);
  * tell whether a GEMM it queued has been waited for. */
 unsigned long fake_stream_syncs(cudaStream_t s);
 
+/* Sealed device memory (fake_cudart.c): every operation of the fake that
+ * touches device memory is a scope, opened with FAKE_SCOPE() at the top of
+ * the function; fake_need_device (and so fake_launch) opens the blocks it
+ * checks for the operation, and the end of the outermost scope seals them
+ * again. A block touched without being opened faults. fake_seal_off():
+ * blocks allocated from then on are plain host memory (the host-execution
+ * build). */
+int fake_scope_begin(void);
+void fake_scope_end(int *depth);
+#define FAKE_SCOPE() __attribute__((cleanup(fake_scope_end))) int fake_scope_depth_ = fake_scope_begin()
+void fake_seal_off(void);
+
 /* The prologue every fake launcher with work runs (fake_kg.c): each of up
  * to 8 buffers must be device memory (a violation otherwise, answered with
  * cudaErrorIllegalAddress), then the stream's queued work runs, since a

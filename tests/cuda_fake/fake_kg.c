@@ -67,6 +67,7 @@ static double fake_value(int dt, const void *x, size_t i) {
 /* ---------------------------------------------------------------- bias */
 
 cudaError_t kg_bias_add(cudaStream_t s, int fdt, void *y, const void *b, int rows, int cols) {
+    FAKE_SCOPE();
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchOutOfResources);
     if (!fake_fdt(fdt) || rows < 0 || cols < 0) return fake_error(cudaErrorInvalidValue);
     if (rows == 0 || cols == 0) return cudaSuccess;
@@ -127,6 +128,7 @@ static cudaError_t fake_bias_grad_math(int fdt, void *db, const void *dy, int ro
 
 cudaError_t kg_bias_grad(cudaStream_t s, int fdt, void *db, const void *dy, int rows, int cols, int accumulate,
                          void *work) {
+    FAKE_SCOPE();
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchOutOfResources);
     const int d16 = fake_act16(fdt); /* 1.7: dy in 16 bits, db and work float32 */
     if ((!fake_fdt(fdt) && !d16) || rows < 0 || cols < 0) return fake_error(cudaErrorInvalidValue);
@@ -153,6 +155,7 @@ cudaError_t kg_bias_grad(cudaStream_t s, int fdt, void *db, const void *dy, int 
 /* --------------------------------------------------------- activations */
 
 cudaError_t kg_act_forward(cudaStream_t s, int fdt, int act, void *y, const void *x, size_t n) {
+    FAKE_SCOPE();
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchOutOfResources);
     if (!fake_fdt(fdt) || act < KG_ACT_RELU || act > KG_ACT_LEAKY_RELU) return fake_error(cudaErrorInvalidValue);
     if (n == 0) return cudaSuccess;
@@ -222,6 +225,7 @@ static cudaError_t fake_act_bwd_math(int fdt, int act, void *dx, const void *dy,
 }
 
 cudaError_t kg_act_backward(cudaStream_t s, int fdt, int act, void *dx, const void *dy, const void *x, size_t n) {
+    FAKE_SCOPE();
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchOutOfResources);
     const int s16 = fake_act16(fdt); /* 1.7: dx, dy, x in 16 bits */
     if ((!fake_fdt(fdt) && !s16) || act < KG_ACT_RELU || act > KG_ACT_LEAKY_RELU)
@@ -240,6 +244,7 @@ cudaError_t kg_act_backward(cudaStream_t s, int fdt, int act, void *dx, const vo
  * computing what kg_act_backward then kg_bias_grad compute. */
 cudaError_t kg_act_bias_backward(cudaStream_t s, int fdt, int act, void *dx, void *db, const void *dy, const void *x,
                                  int rows, int cols, int accumulate, void *work) {
+    FAKE_SCOPE();
     const int s16 = fake_act16(fdt);
     if ((!fake_fdt(fdt) && !s16) || act < KG_ACT_RELU || act > KG_ACT_LEAKY_RELU || rows < 0 || cols < 0)
         return fake_error(cudaErrorInvalidValue);
@@ -285,6 +290,7 @@ static double fake_row_loss_f32(const float *l, int C, int y) {
 
 cudaError_t kg_softmax_xent_forward(cudaStream_t s, int fdt, void *probs, const void *logits, const int32_t *labels,
                                     int B, int C, double *row_loss, int32_t *row_correct, int32_t *bad_row) {
+    FAKE_SCOPE();
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchOutOfResources);
     if (!fake_fdt(fdt) || B < 0 || C < 1) return fake_error(cudaErrorInvalidValue);
     if (B == 0) return cudaSuccess;
@@ -324,6 +330,7 @@ cudaError_t kg_softmax_xent_forward(cudaStream_t s, int fdt, void *probs, const 
 }
 
 cudaError_t kg_reduce_rows(cudaStream_t s, const double *row_loss, const int32_t *row_correct, int B, double *out) {
+    FAKE_SCOPE();
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchOutOfResources);
     if (B < 0) return fake_error(cudaErrorInvalidValue);
     const fake_buf bufs[] = {{"row_loss", row_loss, (size_t)B * sizeof(double)},
@@ -357,6 +364,7 @@ cudaError_t kg_reduce_rows(cudaStream_t s, const double *row_loss, const int32_t
 
 cudaError_t kg_softmax_xent_backward(cudaStream_t s, int fdt, void *dlogits, const void *probs,
                                      const int32_t *labels, int B, int C, double dloss) {
+    FAKE_SCOPE();
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchOutOfResources);
     if (!fake_fdt(fdt) || B < 0 || C < 0) return fake_error(cudaErrorInvalidValue);
     if (B == 0 || C == 0) return cudaSuccess;
@@ -390,6 +398,7 @@ static void fake_reduce_one(int op, int dtype, const void *x, size_t n, double *
 }
 
 cudaError_t kg_reduce(cudaStream_t s, int op, int dtype, const void *x, size_t n, double *partials, double *out) {
+    FAKE_SCOPE();
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchOutOfResources);
     if (op != KG_SUM && op != KG_SUMSQ && op != KG_NONFINITE) return fake_error(cudaErrorInvalidValue);
     const size_t esz = fake_dt_size(dtype);
@@ -408,6 +417,7 @@ cudaError_t kg_reduce(cudaStream_t s, int op, int dtype, const void *x, size_t n
 /* Each tensor as kg_reduce computes it (the same blocks), in "one" launch:
  * partials(count, KG_REDUCE_BLOCKS), out(count). */
 cudaError_t kg_reduce_list(cudaStream_t s, int op, int dtype, const kg_list *list, double *partials, double *out) {
+    FAKE_SCOPE();
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchOutOfResources);
     if (op != KG_SUM && op != KG_SUMSQ && op != KG_NONFINITE) return fake_error(cudaErrorInvalidValue);
     const size_t esz = fake_dt_size(dtype);
@@ -431,6 +441,7 @@ cudaError_t kg_reduce_list(cudaStream_t s, int op, int dtype, const kg_list *lis
 /* -------------------------------------------------------------- BLAS-1 */
 
 cudaError_t kg_scale(cudaStream_t s, int fdt, void *x, double a, size_t n) {
+    FAKE_SCOPE();
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchOutOfResources);
     const int is16 = fdt == KG_F16 || fdt == KG_BF16;
     if (!fake_fdt(fdt) && !is16) return fake_error(cudaErrorInvalidValue);
@@ -453,6 +464,7 @@ cudaError_t kg_scale(cudaStream_t s, int fdt, void *x, double a, size_t n) {
 }
 
 cudaError_t kg_axpy(cudaStream_t s, int fdt, void *y, double a, const void *x, size_t n) {
+    FAKE_SCOPE();
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchOutOfResources);
     if (!fake_fdt(fdt)) return fake_error(cudaErrorInvalidValue);
     if (n == 0) return cudaSuccess;
@@ -470,6 +482,7 @@ cudaError_t kg_axpy(cudaStream_t s, int fdt, void *y, double a, const void *x, s
  * each element before writing it) but must not partly overlap them. */
 cudaError_t kg_ew(cudaStream_t s, int op, int fdt, void *y, const void *a, const void *b, double s0, double s1,
                   size_t n) {
+    FAKE_SCOPE();
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchOutOfResources);
     if (!fake_fdt(fdt) || op < KG_EW_LERP || op > KG_EW_CLAMP) return fake_error(cudaErrorInvalidValue);
     if (n == 0) return cudaSuccess;
@@ -486,6 +499,7 @@ cudaError_t kg_ew(cudaStream_t s, int op, int fdt, void *y, const void *a, const
 }
 
 cudaError_t kg_unscale_check(cudaStream_t s, int fdt, const kg_list *list, double a, int32_t *nonfinite) {
+    FAKE_SCOPE();
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchOutOfResources);
     if (!fake_fdt(fdt) || list->count < 0 || list->count > KG_LIST_MAX) return fake_error(cudaErrorInvalidValue);
     size_t most = 0;
@@ -533,6 +547,7 @@ static const fake_act64 fake_acts64[] = {kc_relu_forward_f64, kc_gelu_forward_f6
 
 cudaError_t kg_linear_epilogue(cudaStream_t s, int fdt, void *y, const void *b, int rows, int cols, int act,
                                void *post, int round_dtype) {
+    FAKE_SCOPE();
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchOutOfResources);
     if (!fake_fdt(fdt) || act < -1 || act > KG_ACT_LEAKY_RELU || rows < 0 || cols < 0)
         return fake_error(cudaErrorInvalidValue);
@@ -563,6 +578,7 @@ cudaError_t kg_linear_epilogue(cudaStream_t s, int fdt, void *y, const void *b, 
  * y holds the GEMM's rounded product and is only read. */
 cudaError_t kg_linear_epilogue16(cudaStream_t s, int sdt, void *y, const float *src, const float *b, int rows,
                                  int cols, int act, void *post) {
+    FAKE_SCOPE();
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchOutOfResources);
     if (!fake_act16(sdt) || act < -1 || act > KG_ACT_LEAKY_RELU || rows < 0 || cols < 0 || (!src && b))
         return fake_error(cudaErrorInvalidValue);
@@ -602,6 +618,7 @@ cudaError_t kg_linear_epilogue16(cudaStream_t s, int sdt, void *y, const float *
 /* ----------------------------------------------------- casts, rounding */
 
 cudaError_t kg_cast(cudaStream_t s, void *dst, int dst_dtype, const void *src, int src_dtype, size_t n) {
+    FAKE_SCOPE();
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchOutOfResources);
     const size_t dsz = fake_dt_size(dst_dtype), ssz = fake_dt_size(src_dtype);
     if (dsz == 0 || ssz == 0) return fake_error(cudaErrorInvalidValue);
@@ -616,6 +633,7 @@ cudaError_t kg_cast(cudaStream_t s, void *dst, int dst_dtype, const void *src, i
 }
 
 cudaError_t kg_round_to(cudaStream_t s, float *x, int dtype, size_t n) {
+    FAKE_SCOPE();
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchOutOfResources);
     if (dtype != KG_F32 && dtype != KG_F16 && dtype != KG_BF16 && dtype != KG_F8E4M3 && dtype != KG_F8E5M2)
         return fake_error(cudaErrorInvalidValue);
@@ -631,6 +649,7 @@ cudaError_t kg_round_to(cudaStream_t s, float *x, int dtype, size_t n) {
 
 cudaError_t kg_round_add(cudaStream_t s, float *c, int ldc, const void *p, int p_dtype, int rows, int cols,
                          int round_dtype, float beta) {
+    FAKE_SCOPE();
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchOutOfResources);
     if (round_dtype != KG_F32 && round_dtype != KG_F16 && round_dtype != KG_BF16)
         return fake_error(cudaErrorInvalidValue);
@@ -668,6 +687,7 @@ static int fake_compute_ok(const void *compute, int compute_dtype) {
 cudaError_t kg_sgd_update(cudaStream_t s, int fdt, void *p, const void *g, void *momentum_buf, size_t n, double lr,
                           double momentum, double dampening, int nesterov, double weight_decay, int first_step,
                           void *compute, int compute_dtype) {
+    FAKE_SCOPE();
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchOutOfResources);
     if (!fake_fdt(fdt) || !fake_compute_ok(compute, compute_dtype)) return fake_error(cudaErrorInvalidValue);
     if (n == 0) return cudaSuccess;
@@ -694,6 +714,7 @@ cudaError_t kg_sgd_update(cudaStream_t s, int fdt, void *p, const void *g, void 
 cudaError_t kg_adamw_update(cudaStream_t s, int fdt, void *p, const void *g, void *m, void *v, size_t n, double lr,
                             double beta1, double beta2, double eps, double weight_decay, int64_t step, void *compute,
                             int compute_dtype) {
+    FAKE_SCOPE();
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchOutOfResources);
     if (!fake_fdt(fdt) || !fake_compute_ok(compute, compute_dtype)) return fake_error(cudaErrorInvalidValue);
     if (n == 0) return cudaSuccess;
@@ -718,6 +739,7 @@ cudaError_t kg_adamw_update(cudaStream_t s, int fdt, void *p, const void *g, voi
  * first[] and decay[] are the CUDA launcher's business and not filled. */
 cudaError_t kg_adamw_update_list(cudaStream_t s, int fdt, kg_adamw_list *list, double lr, double beta1, double beta2,
                                  double eps, int64_t step) {
+    FAKE_SCOPE();
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchOutOfResources);
     if (!fake_fdt(fdt) || list->count < 0 || list->count > KG_ADAMW_LIST_MAX) return fake_error(cudaErrorInvalidValue);
     const size_t esz = fake_dt_size(fdt);

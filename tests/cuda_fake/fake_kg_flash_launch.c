@@ -25,6 +25,7 @@ static cudaError_t fake_flash_ran(const char *fn, int rc, const char *why) {
 
 cudaError_t kg_flash_forward(cudaStream_t s, void *out, void *lse, const void *qkv, int B, int T, int C, int NH,
                              int round_dtype, int sdt) {
+    FAKE_SCOPE();
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchOutOfResources);
     if (!fake_flash_args(B, T, C, NH, round_dtype, sdt)) return fake_error(cudaErrorInvalidValue);
     const size_t rows = (size_t)B * (size_t)T, ob = rows * (size_t)C * (sdt == KG_F32 ? 4 : 2), qb = 3 * ob;
@@ -41,6 +42,7 @@ cudaError_t kg_flash_forward(cudaStream_t s, void *out, void *lse, const void *q
 
 cudaError_t kg_flash_backward(cudaStream_t s, void *dqkv, const void *dout, const void *qkv, const void *out,
                               const void *lse, int B, int T, int C, int NH, int round_dtype, int sdt, double *delta) {
+    FAKE_SCOPE();
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchOutOfResources);
     if (!fake_flash_args(B, T, C, NH, round_dtype, sdt) || !delta) return fake_error(cudaErrorInvalidValue);
     const size_t rows = (size_t)B * (size_t)T, ob = rows * (size_t)C * (sdt == KG_F32 ? 4 : 2), qb = 3 * ob;

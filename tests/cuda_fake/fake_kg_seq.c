@@ -34,6 +34,7 @@ static int fake_seq_round_ok(int fdt, int rd) {
 
 cudaError_t kg_embedding_forward(cudaStream_t s, int fdt, void *out, const int32_t *tokens, const void *wte,
                                  const void *wpe, int B, int T, int C) {
+    FAKE_SCOPE();
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchOutOfResources);
     if (!fake_seq_fdt(fdt) || B < 0 || T < 0 || C < 0) return fake_error(cudaErrorInvalidValue);
     if (B == 0 || T == 0 || C == 0) return cudaSuccess;
@@ -57,6 +58,7 @@ cudaError_t kg_embedding_forward(cudaStream_t s, int fdt, void *out, const int32
 }
 
 cudaError_t kg_embedding_backward_pos(cudaStream_t s, int fdt, void *dwpe, const void *dout, int B, int T, int C) {
+    FAKE_SCOPE();
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchOutOfResources);
     if (!fake_seq_fdt(fdt) || B < 0 || T < 0 || C < 0) return fake_error(cudaErrorInvalidValue);
     if (B == 0 || T == 0 || C == 0) return cudaSuccess;
@@ -82,6 +84,7 @@ cudaError_t kg_embedding_backward_pos(cudaStream_t s, int fdt, void *dwpe, const
 
 cudaError_t kg_embedding_backward_tok(cudaStream_t s, int fdt, void *dwte, const void *dout, const int32_t *index,
                                       int nb, int C) {
+    FAKE_SCOPE();
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchOutOfResources);
     if (!fake_seq_fdt(fdt) || nb < 0 || C < 0) return fake_error(cudaErrorInvalidValue);
     if (nb == 0 || C == 0) return cudaSuccess;
@@ -142,6 +145,7 @@ static cudaError_t fake_ln_math(int fdt, void *y, void *mean, void *rstd, const 
 
 cudaError_t kg_layernorm_forward(cudaStream_t s, int fdt, void *y, void *mean, void *rstd, const void *x,
                                  const void *w, const void *b, int N, int C, double eps, int round_dtype) {
+    FAKE_SCOPE();
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchOutOfResources);
     const int y16 = fake_act16(fdt); /* 1.7: y in 16 bits, round_dtype fdt */
     if ((!fake_seq_fdt(fdt) && !y16) || N < 0 || C < 0 ||
@@ -162,6 +166,7 @@ cudaError_t kg_layernorm_forward(cudaStream_t s, int fdt, void *y, void *mean, v
 cudaError_t kg_layernorm_backward(cudaStream_t s, int fdt, void *dx, void *dw, void *db, const void *dy,
                                   const void *x, const void *w, const void *mean, const void *rstd, int N, int C,
                                   int accumulate, void *work) {
+    FAKE_SCOPE();
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchOutOfResources);
     const int d16 = fake_act16(fdt); /* 1.7: dy in 16 bits */
     if ((!fake_seq_fdt(fdt) && !d16) || N < 0 || C < 0) return fake_error(cudaErrorInvalidValue);
@@ -193,6 +198,7 @@ cudaError_t kg_layernorm_backward(cudaStream_t s, int fdt, void *dx, void *dw, v
 cudaError_t kg_layernorm_backward_cast(cudaStream_t s, int fdt, void *dx, void *dw, void *db, const void *dy,
                                        const void *x, const void *w, const void *mean, const void *rstd, int N, int C,
                                        int accumulate, void *work, void *dx16, int dx16_fdt) {
+    FAKE_SCOPE();
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchOutOfResources);
     if ((fdt != KG_F32 && !fake_act16(fdt)) || (dx16_fdt != KG_F16 && dx16_fdt != KG_BF16) || N < 0 || C < 0)
         return fake_error(cudaErrorInvalidValue);
@@ -217,6 +223,7 @@ cudaError_t kg_layernorm_backward_cast(cudaStream_t s, int fdt, void *dx, void *
 
 cudaError_t kg_xent_fused(cudaStream_t s, int fdt, void *logits, const int32_t *targets, int N, int V, int Vp,
                           double grad_scale, double *row_loss, int32_t *bad_row, double *loss_sum) {
+    FAKE_SCOPE();
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchOutOfResources);
     const int is16 = fdt == KG_F16 || fdt == KG_BF16; /* 1.6: 16-bit logits */
     if (!(fake_seq_fdt(fdt) || is16) || N < 0 || V < 1 || Vp < V) return fake_error(cudaErrorInvalidValue);
@@ -272,6 +279,7 @@ static cudaError_t fake_add_math(int fdt, void *y, const void *a, const void *b,
 }
 
 cudaError_t kg_add(cudaStream_t s, int fdt, void *y, const void *a, const void *b, size_t n) {
+    FAKE_SCOPE();
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchOutOfResources);
     const int b16 = fake_act16(fdt); /* 1.7: b in 16 bits, y and a float32 */
     if (!fake_seq_fdt(fdt) && !b16) return fake_error(cudaErrorInvalidValue);
@@ -293,6 +301,7 @@ cudaError_t kg_add(cudaStream_t s, int fdt, void *y, const void *a, const void *
 cudaError_t kg_add_layernorm_forward(cudaStream_t s, int fdt, void *res, const void *a, const void *rb, void *y,
                                      void *mean, void *rstd, const void *w, const void *b, int N, int C, double eps,
                                      int round_dtype) {
+    FAKE_SCOPE();
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchOutOfResources);
     const int y16 = fake_act16(fdt);
     if ((!fake_seq_fdt(fdt) && !y16) || N < 0 || C < 0 ||
@@ -348,6 +357,7 @@ static cudaError_t fake_attn_launch(const char *fn, cudaStream_t s, const fake_b
 
 cudaError_t kg_attention_forward(cudaStream_t s, int fdt, void *out, void *lse, const void *qkv, int B, int T, int C,
                                  int NH, int round_dtype) {
+    FAKE_SCOPE();
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchOutOfResources);
     if (!fake_attn_args(fdt, B, T, C, NH, round_dtype)) return fake_error(cudaErrorInvalidValue);
     const int s16 = fake_act16(fdt); /* 1.7: qkv and out in 16 bits, lse float32 */
@@ -377,6 +387,7 @@ cudaError_t kg_attention_forward(cudaStream_t s, int fdt, void *out, void *lse, 
 cudaError_t kg_attention_backward(cudaStream_t s, int fdt, void *dqkv, const void *dout, const void *qkv,
                                   const void *out, const void *lse, int B, int T, int C, int NH, int round_dtype,
                                   double *work) {
+    FAKE_SCOPE();
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchOutOfResources);
     if (!fake_attn_args(fdt, B, T, C, NH, round_dtype) || !work) return fake_error(cudaErrorInvalidValue);
     const int s16 = fake_act16(fdt); /* 1.7: dqkv, dout, qkv, out in 16 bits, lse float32 */
@@ -418,6 +429,7 @@ static size_t fake_heads_bytes(size_t bh, size_t hs, size_t td, size_t esz) { re
 
 cudaError_t kg_heads_split(cudaStream_t s, int fdt, const void *src, int ld, int B, int T, int NH, int D, void *dst,
                            size_t hs, int op) {
+    FAKE_SCOPE();
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchOutOfResources);
     const int s16 = fake_act16(fdt); /* 1.7: 16-bit src, op == fdt (a copy) */
     if ((!fake_seq_fdt(fdt) && !s16) || (s16 ? op != fdt : !fake_attn_op_ok(fdt, op)) || B < 0 || T < 0 || NH < 0 ||
@@ -440,6 +452,7 @@ cudaError_t kg_heads_split(cudaStream_t s, int fdt, const void *src, int ld, int
 
 cudaError_t kg_heads_merge(cudaStream_t s, int fdt, void *dst, int ld, int B, int T, int NH, int D, const void *src,
                            size_t hs, int round_dtype) {
+    FAKE_SCOPE();
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchOutOfResources);
     const int d16 = fake_act16(fdt); /* 1.7: 16-bit dst, float src, round_dtype fdt */
     if ((!fake_seq_fdt(fdt) && !d16) || (d16 && round_dtype != fdt) || B < 0 || T < 0 || NH < 0 || D < 0 ||
@@ -524,19 +537,23 @@ static cudaError_t fake_attn_rows(const char *fn, int mode, cudaStream_t s, int 
 
 cudaError_t kg_attn_softmax(cudaStream_t s, int fdt, const void *S, int T, size_t rows, size_t ts, void *lse, void *P,
                             int op) {
+    FAKE_SCOPE();
     return fake_attn_rows(__func__, 0, s, fdt, S, NULL, lse, NULL, T, rows, ts, P, op);
 }
 cudaError_t kg_attn_probs(cudaStream_t s, int fdt, const void *S, const void *lse, int T, size_t rows, size_t ts,
                           void *P, int op) {
+    FAKE_SCOPE();
     return fake_attn_rows(__func__, 1, s, fdt, S, NULL, (void *)lse, NULL, T, rows, ts, P, op);
 }
 cudaError_t kg_attn_dscores(cudaStream_t s, int fdt, const void *S, const void *dP, const void *lse,
                             const double *delta, int T, size_t rows, size_t ts, void *dS, int op) {
+    FAKE_SCOPE();
     return fake_attn_rows(__func__, 2, s, fdt, S, dP, (void *)lse, delta, T, rows, ts, dS, op);
 }
 
 cudaError_t kg_attn_delta(cudaStream_t s, int fdt, const void *dout, const void *out, int B, int T, int C, int NH,
                           double *delta) {
+    FAKE_SCOPE();
     if (fake_inject(__func__)) return fake_error(cudaErrorLaunchOutOfResources);
     const int s16 = fake_act16(fdt); /* 1.7: dout and out in 16 bits */
     if ((!fake_seq_fdt(fdt) && !s16) || B < 0 || T < 0 || C <= 0 || NH <= 0 || C % NH)
