@@ -87,5 +87,12 @@ typedef struct fake_cuda_stats {
  * tests/cuda_fake/fake-plugin.map). */
 typedef void (*fake_cuda_get_stats_fn)(fake_cuda_stats *out);
 #define FAKE_CUDA_GET_STATS "fake_cuda_get_stats"
+/* Holds the sealed device block holding p open (on = 1) until the
+ * matching call with on = 0, for a fake in another library that reads and
+ * writes device memory from the host as the GPU would (the fake NCCL,
+ * while a collective is in flight). Pointers outside sealed device memory
+ * are ignored. */
+typedef void (*fake_cuda_hold_fn)(const void *p, int on);
+#define FAKE_CUDA_HOLD "fake_cuda_hold"
 
 #endif /* KILN_TESTS_FAKE_CUDA_H */

@@ -293,10 +293,13 @@ typedef struct fake_block {
     int device;   /* device current at allocation; -1 for pinned host */
     /* A sealed block (see "sealed device memory" below): its own mapping
      * [map, map + map_len), the last page a guard, PROT_NONE except while
-     * an operation of the fake has it open. map is NULL otherwise. */
+     * an operation of the fake has it open or the fake NCCL holds it
+     * (fake_cuda_hold). map is NULL otherwise. */
     char *map;
     size_t map_len;
-    int open;
+    int open;        /* opened by the operation in progress       */
+    unsigned holds;  /* fake_cuda_hold(p, 1) minus (p, 0)          */
+    int rw;          /* what its pages are now: 1 read-write, 0 none */
 } fake_block;
 
 typedef struct fake_registry {
@@ -314,7 +317,7 @@ static int fake_reg_add(fake_registry *r, char *p, size_t size, int device, char
         r->b = nb;
         r->cap = cap;
     }
-    r->b[r->n++] = (fake_block){p, size, device, map, map_len, 0};
+    r->b[r->n++] = (fake_block){p, size, device, map, map_len, 0, 0, 0};
     return 0;
 }
 
@@ -403,7 +406,10 @@ static void *fake_aligned(size_t size) {
  * block it did not declare, faults at once; the SIGSEGV handler below
  * says which block, then lets the previous handler (ASan's, with the
  * stack, or the default) take the fault. Freed blocks are unmapped, so a
- * use after cudaFree faults too. */
+ * use after cudaFree faults too. The fake NCCL (tests/ddp_nccl_fake), in
+ * another library, reads and writes its buffers from the host while a
+ * collective is in flight (MPI underneath): it holds them open with the
+ * exported fake_cuda_hold until the collective completes. */
 
 static int fake_seal_disabled;
 static size_t fake_open_n, fake_open_cap, fake_scope_depth;
@@ -488,14 +494,24 @@ static char *fake_sealed(size_t size, char **map, size_t *map_len) {
  * seals, so an inner entry never closes what its caller still uses. */
 int fake_scope_begin(void) { return (int)++fake_scope_depth; }
 
+/* Makes b's pages what its state asks: read-write while open or held,
+ * none otherwise. 0, or -1 when mprotect fails. */
+static int fake_protect(fake_block *b) {
+    const int want = b->open || b->holds > 0;
+    if (!b->map || want == b->rw) return 0;
+    if (mprotect(b->map, b->map_len - fake_page(), want ? PROT_READ | PROT_WRITE : PROT_NONE) != 0) return -1;
+    b->rw = want;
+    return 0;
+}
+
 void fake_scope_end(int *depth) {
     (void)depth;
     if (--fake_scope_depth > 0) return;
     for (; fake_open_n > 0; fake_open_n--) {
         fake_block *b = fake_reg_find(&fake_dev, fake_open_stack[fake_open_n - 1]);
-        if (b && b->map && b->open) {
+        if (b && b->open) {
             b->open = 0;
-            mprotect(b->map, b->map_len - fake_page(), PROT_NONE);
+            fake_protect(b);
         }
     }
 }
@@ -517,12 +533,24 @@ static void fake_open_block(fake_block *b) {
         }
         fake_open_stack = ns, fake_open_cap = cap;
     }
-    if (mprotect(b->map, b->map_len - fake_page(), PROT_READ | PROT_WRITE) != 0) {
+    b->open = 1;
+    if (fake_protect(b) != 0) {
+        b->open = 0;
         fake_violation("fake cuda: mprotect failed on device block %p", (void *)b->ptr);
         return;
     }
-    b->open = 1;
     fake_open_stack[fake_open_n++] = b->ptr;
+}
+
+/* Exported (fake_cuda.h): on = 1 holds the device block holding p open
+ * until the matching on = 0; other pointers are ignored. */
+__attribute__((visibility("default"))) void fake_cuda_hold(const void *p, int on);
+void fake_cuda_hold(const void *p, int on) {
+    fake_block *b = fake_reg_find(&fake_dev, p);
+    if (!b || !b->map) return;
+    if (on) b->holds++;
+    else if (b->holds > 0) b->holds--;
+    if (fake_protect(b) != 0) fake_violation("fake cuda: mprotect failed on device block %p", (void *)b->ptr);
 }
 
 /* Opens the device block holding p, if any (a copy's or memset's side). */

@@ -28,7 +28,10 @@
 # (g) also covers the rendezvous authenticated with KILN_RDZV_SECRET, rank
 # 0's warning when it is unset, and a Slurm launch without MPI (rendezvous
 # host and port from the job). The failures are injected into the fake NCCL (KILN_FAKE_NCCL_FAIL), and no
-# run may print one of its "contract violation" lines.
+# run may print one of its "contract violation" lines. The fake accelerator's
+# device memory is sealed from host code (tests/cuda_fake/fake_cuda.h; the
+# fake NCCL holds a collective's buffers open while it runs), so ddp reading
+# or writing a gradient on the host instead of through the accelerator faults.
 # Exit 77 (skipped) without the dataset.
 #   ddp_nccl_fake.sh KILN MPIEXEC TRAIN_FIXTURES DDP_FIXTURES FAKE_PLUGIN_DIR
 set -u
@@ -39,10 +42,6 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 export KILN_FAKE_NCCL_ALL_DEVICE=1 # the fake cudart calls every pointer device memory
 export KILN_FAKE_CUDA_DEVICES=2    # one fake GPU per local rank (cuda refuses to share one)
-# The fake NCCL (MPI on the host) reads and writes the buffers it is given
-# directly, as NCCL's kernels would on the GPU; the fake cuda plugin's
-# sealing (fake_cuda.h) would stop it, so device blocks stay plain here.
-export KILN_FAKE_CUDA_SEAL=0
 fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 

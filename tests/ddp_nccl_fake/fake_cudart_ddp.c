@@ -92,9 +92,9 @@ int fake_stream_valid(cudaStream_t s) {
     return 0;
 }
 
-int fake_stream_push(cudaStream_t s, MPI_Request req, struct ncclComm *comm, int how) {
+int fake_stream_push(cudaStream_t s, fake_nccl_op op) {
     if (s->count == FAKE_NCCL_STREAM_DEPTH) return -1;
-    s->ops[(s->head + s->count) % FAKE_NCCL_STREAM_DEPTH] = (fake_nccl_op){req, comm, how};
+    s->ops[(s->head + s->count) % FAKE_NCCL_STREAM_DEPTH] = op;
     s->count++;
     return 0;
 }
@@ -104,7 +104,8 @@ void fake_stream_forget(struct ncclComm *comm) {
         struct CUstream_st *s = fake_streams[i];
         if (!s) continue;
         /* keep the others' entries in order; the abandoned requests leak,
-         * as NCCL's aborted kernels are simply gone */
+         * as NCCL's aborted kernels are simply gone (and their buffers stay
+         * held: MPI may still write them) */
         int kept = 0;
         fake_nccl_op keep[FAKE_NCCL_STREAM_DEPTH];
         for (int k = 0; k < s->count; k++) {
@@ -154,6 +155,7 @@ static cudaError_t fake_stream_progress(cudaStream_t s, int wait) {
         int err = wait ? MPI_Wait(&op->req, MPI_STATUS_IGNORE) : MPI_Test(&op->req, &done, MPI_STATUS_IGNORE);
         if (err != MPI_SUCCESS) return fake_err(cudaErrorUnknown);
         if (!wait && !done) return cudaErrorNotReady; /* not an error: not recorded */
+        fake_nccl_hold(op->buf, 0);
         s->head = (s->head + 1) % FAKE_NCCL_STREAM_DEPTH;
         s->count--;
     }

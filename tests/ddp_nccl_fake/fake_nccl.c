@@ -29,8 +29,14 @@
  * a failing ncclGetUniqueId and a rank lost before the init. What real NCCL
  * would not survive (ncclCommDestroy after an asynchronous error, a call on
  * a communicator in progress) prints "fake-nccl: contract violation: ...".
+ * The fake cuda plugin seals its device memory from host code; this fake
+ * reads and writes its buffers from the host as NCCL's kernels would on
+ * the GPU, so it holds each collective's buffers open until the
+ * collective completes (fake_nccl_hold).
  */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* dl_iterate_phdr */
+#include <dlfcn.h>
+#include <link.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -42,6 +48,7 @@
 
 #include <nccl.h>
 
+#include "fake_cuda.h"
 #include "fake_nccl_internal.h"
 
 struct ncclComm {
@@ -66,6 +73,32 @@ struct ncclComm {
     int kernel_failed;       /* a kernel of this comm failed on a stream            */
     unsigned long ncoll;     /* collectives so far (injection counts them)          */
 };
+
+/* fake_cuda_hold of the fake cuda plugin, found among the loaded objects
+ * (it is dlopen'ed as a plugin, with local symbols): the first that
+ * exports it. */
+static int fake_find_hold(struct dl_phdr_info *info, size_t size, void *data) {
+    (void)size;
+    if (!info->dlpi_name || !*info->dlpi_name) return 0;
+    void *h = dlopen(info->dlpi_name, RTLD_LAZY | RTLD_NOLOAD);
+    if (!h) return 0;
+    void *f = dlsym(h, FAKE_CUDA_HOLD);
+    dlclose(h); /* the plugin stays loaded: the host holds it */
+    if (!f) return 0;
+    memcpy(data, &f, sizeof f);
+    return 1;
+}
+
+void fake_nccl_hold(const void *p, int on) {
+    static fake_cuda_hold_fn hold;
+    static int looked;
+    if (!p) return;
+    if (!looked) {
+        looked = 1;
+        dl_iterate_phdr(fake_find_hold, &hold);
+    }
+    if (hold) hold(p, on);
+}
 
 static char fake_last_text[512] = "";
 static int fake_started_mpi; /* this fake called MPI_Init_thread (ddp's tcp bootstrap) */
@@ -299,7 +332,7 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError) {
     if (comm->phase) fake_init_progress(comm, 0);
     if (comm->have_issue && --comm->issue_polls <= 0) {
         comm->have_issue = 0;
-        if (fake_stream_push(comm->issue_stream, comm->issue_op.req, comm, comm->issue_op.how))
+        if (fake_stream_push(comm->issue_stream, comm->issue_op))
             comm->async = fake_fail(ncclInternalError, "more than %d collectives pending on one stream",
                                     FAKE_NCCL_STREAM_DEPTH);
         comm->state = ncclSuccess;
@@ -419,9 +452,10 @@ static int fake_fate(ncclComm_t comm) {
  * communicator; on a non-blocking one the call answers ncclInProgress and
  * the op reaches the stream at the second ncclCommGetAsyncError, so a
  * caller that asks the stream first sees it empty and reads a stale buffer. */
-static ncclResult_t fake_enqueue(const char *fn, ncclComm_t comm, cudaStream_t stream, MPI_Request req, int how) {
+static ncclResult_t fake_enqueue(const char *fn, ncclComm_t comm, cudaStream_t stream, MPI_Request req, int how,
+                                 const void *buf) {
     if (comm->blocking) {
-        if (fake_stream_push(stream, req, comm, how))
+        if (fake_stream_push(stream, (fake_nccl_op){req, comm, how, buf}))
             return fake_fail(ncclInternalError, "%s: more than %d collectives pending on one stream", fn,
                              FAKE_NCCL_STREAM_DEPTH);
         return ncclSuccess;
@@ -429,7 +463,7 @@ static ncclResult_t fake_enqueue(const char *fn, ncclComm_t comm, cudaStream_t s
     comm->have_issue = 1;
     comm->issue_polls = 2;
     comm->issue_stream = stream;
-    comm->issue_op = (fake_nccl_op){req, comm, how};
+    comm->issue_op = (fake_nccl_op){req, comm, how, buf};
     comm->state = ncclInProgress;
     return ncclInProgress;
 }
@@ -444,7 +478,12 @@ ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, n
         return fake_fail(ncclInvalidArgument, "ncclAllReduce: op %d (the fake does ncclSum and ncclAvg)", (int)op);
     if (mt == MPI_BYTE) return fake_fail(ncclInvalidArgument, "ncclAllReduce: the fake sums floats only");
     if (count > 0 && (!sendbuff || !recvbuff)) return fake_fail(ncclInvalidArgument, "ncclAllReduce: NULL buffer");
-    if (count > 0 && sendbuff != recvbuff) memcpy(recvbuff, sendbuff, count * esz);
+    fake_nccl_hold(recvbuff, 1);
+    if (count > 0 && sendbuff != recvbuff) {
+        fake_nccl_hold(sendbuff, 1);
+        memcpy(recvbuff, sendbuff, count * esz);
+        fake_nccl_hold(sendbuff, 0);
+    }
     if (op == ncclAvg && count > 0) {
         if (datatype == ncclFloat64) {
             const double s = 1.0 / (double)comm->size;
@@ -459,10 +498,12 @@ ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, n
     MPI_Request req = MPI_REQUEST_NULL;
     const int how = fake_fate(comm);
     if (how == FAKE_OP_MPI &&
-        MPI_Iallreduce(MPI_IN_PLACE, recvbuff, (int)count, mt, MPI_SUM, comm->comm, &req) != MPI_SUCCESS)
+        MPI_Iallreduce(MPI_IN_PLACE, recvbuff, (int)count, mt, MPI_SUM, comm->comm, &req) != MPI_SUCCESS) {
+        fake_nccl_hold(recvbuff, 0);
         return fake_fail(ncclSystemError, "ncclAllReduce: MPI_Iallreduce failed");
-    r = fake_enqueue("ncclAllReduce", comm, stream, req, how);
-    if (r != ncclSuccess && r != ncclInProgress) return r;
+    }
+    r = fake_enqueue("ncclAllReduce", comm, stream, req, how, recvbuff);
+    if (r != ncclSuccess && r != ncclInProgress) return r; /* a started request: still held */
     comm->n_allreduce++;
     comm->n_avg += op == ncclAvg;
     comm->allreduce_bytes += (unsigned long long)(count * esz);
@@ -479,12 +520,19 @@ ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count, n
         return fake_fail(ncclInvalidArgument, "ncclBroadcast: root %d of %d", root, comm->size);
     if (count > 0 && (!recvbuff || (comm->rank == root && !sendbuff)))
         return fake_fail(ncclInvalidArgument, "ncclBroadcast: NULL buffer");
-    if (count > 0 && comm->rank == root && sendbuff != recvbuff) memcpy(recvbuff, sendbuff, count * esz);
+    fake_nccl_hold(recvbuff, 1);
+    if (count > 0 && comm->rank == root && sendbuff != recvbuff) {
+        fake_nccl_hold(sendbuff, 1);
+        memcpy(recvbuff, sendbuff, count * esz);
+        fake_nccl_hold(sendbuff, 0);
+    }
     MPI_Request req = MPI_REQUEST_NULL;
     const int how = fake_fate(comm);
-    if (how == FAKE_OP_MPI && MPI_Ibcast(recvbuff, (int)count, mt, root, comm->comm, &req) != MPI_SUCCESS)
+    if (how == FAKE_OP_MPI && MPI_Ibcast(recvbuff, (int)count, mt, root, comm->comm, &req) != MPI_SUCCESS) {
+        fake_nccl_hold(recvbuff, 0);
         return fake_fail(ncclSystemError, "ncclBroadcast: MPI_Ibcast failed");
-    r = fake_enqueue("ncclBroadcast", comm, stream, req, how);
+    }
+    r = fake_enqueue("ncclBroadcast", comm, stream, req, how, recvbuff);
     if (r != ncclSuccess && r != ncclInProgress) return r;
     comm->n_bcast++;
     comm->bcast_bytes += (unsigned long long)(count * esz);
@@ -505,10 +553,13 @@ ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcoun
                                            "+ rank * sendcount)");
     MPI_Request req = MPI_REQUEST_NULL;
     const int how = fake_fate(comm);
+    fake_nccl_hold(recvbuff, 1);
     if (how == FAKE_OP_MPI && MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recvbuff, (int)sendcount, mt,
-                                             comm->comm, &req) != MPI_SUCCESS)
+                                             comm->comm, &req) != MPI_SUCCESS) {
+        fake_nccl_hold(recvbuff, 0);
         return fake_fail(ncclSystemError, "ncclAllGather: MPI_Iallgather failed");
-    r = fake_enqueue("ncclAllGather", comm, stream, req, how);
+    }
+    r = fake_enqueue("ncclAllGather", comm, stream, req, how, recvbuff);
     if (r != ncclSuccess && r != ncclInProgress) return r;
     comm->n_allgather++;
     return r;

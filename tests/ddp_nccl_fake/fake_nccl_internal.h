@@ -23,11 +23,13 @@ enum {
     FAKE_OP_FAILS     /* with cudaErrorLaunchFailure, as a faulting kernel   */
 };
 
-/* One enqueued collective: the request, and the comm it counts against. */
+/* One enqueued collective: the request, the comm it counts against, and
+ * the device buffer it writes, held open (fake_nccl_hold) until it ends. */
 typedef struct fake_nccl_op {
     MPI_Request req;
     struct ncclComm *comm;
     int how;          /* FAKE_OP_*                                           */
+    const void *buf;  /* recvbuff                                            */
 } fake_nccl_op;
 
 #define FAKE_NCCL_STREAM_DEPTH 64
@@ -43,7 +45,11 @@ struct CUstream_st {
 int fake_stream_valid(cudaStream_t s);
 /* Appends a started request (or a FAKE_OP_STUCK/FAILS op, req unused); 0,
  * or -1 when the queue is full. */
-int fake_stream_push(cudaStream_t s, MPI_Request req, struct ncclComm *comm, int how);
+int fake_stream_push(cudaStream_t s, fake_nccl_op op);
+/* The fake cuda plugin seals device memory from the host (its fake_cuda.h);
+ * a collective holds its buffers open (on = 1) until it ends (on = 0).
+ * Nothing when that plugin is not loaded. */
+void fake_nccl_hold(const void *p, int on);
 /* The fake NCCL's record that a kernel of comm failed on a stream. */
 void fake_nccl_kernel_failed(struct ncclComm *comm);
 /* Forgets the pending requests of comm on every stream (ncclCommAbort: a
