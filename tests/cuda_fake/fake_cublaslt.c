@@ -630,6 +630,7 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmul(cublasLtHandle_t lightHandle, cublasL
                                            cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t *algo,
                                            void *workspace, size_t workspaceSizeInBytes, cudaStream_t stream) {
     FAKE_SCOPE();
+    fake_work_on(stream); /* the blocks checked below are this GEMM's work */
     static const char fn[] = "cublasLtMatmul";
     if (!lightHandle || lightHandle->magic != FAKE_LT_MAGIC) {
         fake_violation("%s: handle %p is not a live cuBLASLt handle", fn, (void *)lightHandle);

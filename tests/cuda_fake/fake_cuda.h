@@ -87,12 +87,14 @@ typedef struct fake_cuda_stats {
  * tests/cuda_fake/fake-plugin.map). */
 typedef void (*fake_cuda_get_stats_fn)(fake_cuda_stats *out);
 #define FAKE_CUDA_GET_STATS "fake_cuda_get_stats"
-/* Holds the sealed device block holding p open (on = 1) until the
- * matching call with on = 0, for a fake in another library that reads and
- * writes device memory from the host as the GPU would (the fake NCCL,
- * while a collective is in flight). Pointers outside sealed device memory
- * are ignored. */
-typedef void (*fake_cuda_hold_fn)(const void *p, int on);
+/* Holds [p, p + n) of device memory (on = 1) until the matching call
+ * with on = 0, for a fake in another library that reads and writes device
+ * memory from the host as the GPU would: the fake NCCL, while a collective
+ * is in flight on NCCL's own stream. Its block stays open (unsealed)
+ * meanwhile. A contract violation: taking a block whose latest kernel,
+ * GEMM or copy the host has not waited for, and work on held bytes.
+ * Pointers outside device memory are ignored. */
+typedef void (*fake_cuda_hold_fn)(const void *p, size_t n, int on);
 #define FAKE_CUDA_HOLD "fake_cuda_hold"
 
 #endif /* KILN_TESTS_FAKE_CUDA_H */

@@ -300,6 +300,11 @@ typedef struct fake_block {
     int open;        /* opened by the operation in progress       */
     unsigned holds;  /* fake_cuda_hold(p, 1) minus (p, 0)          */
     int rw;          /* what its pages are now: 1 read-write, 0 none */
+    /* The latest work (kernel, GEMM, copy, memset) that used the block:
+     * its stream and its number there, to tell whether the host has
+     * waited for it (see "work the host has waited for"). */
+    struct CUstream_st *work_stream;
+    unsigned long long work_seq;
 } fake_block;
 
 typedef struct fake_registry {
@@ -317,7 +322,7 @@ static int fake_reg_add(fake_registry *r, char *p, size_t size, int device, char
         r->b = nb;
         r->cap = cap;
     }
-    r->b[r->n++] = (fake_block){p, size, device, map, map_len, 0, 0, 0};
+    r->b[r->n++] = (fake_block){p, size, device, map, map_len, 0, 0, 0, NULL, 0};
     return 0;
 }
 
@@ -354,6 +359,7 @@ static int fake_is_pinned_range(const void *p, size_t bytes) {
 }
 
 static void fake_open_block(fake_block *b);
+static void fake_stamp(fake_block *b, const void *p, size_t bytes);
 
 cudaError_t fake_need_device(const char *fn, const char *what, const void *p, size_t bytes) {
     if (bytes == 0) return cudaSuccess;
@@ -374,6 +380,7 @@ cudaError_t fake_need_device(const char *fn, const char *what, const void *p, si
         return fake_error(cudaErrorIllegalAddress);
     }
     fake_open_block(b);
+    fake_stamp(b, p, bytes);
     return cudaSuccess;
 }
 
@@ -416,6 +423,20 @@ static size_t fake_open_n, fake_open_cap, fake_scope_depth;
 static char **fake_open_stack; /* the ptr of each block opened, in order */
 static struct sigaction fake_prev_segv;
 static int fake_segv_installed;
+
+/* The byte ranges collectives of the fake NCCL hold now (fake_cuda_hold). */
+typedef struct fake_range {
+    const char *p;
+    size_t n;
+} fake_range;
+static fake_range *fake_held;
+static size_t fake_held_n, fake_held_cap;
+
+__attribute__((destructor)) static void fake_held_release(void) {
+    free(fake_held);
+    fake_held = NULL;
+    fake_held_n = fake_held_cap = 0;
+}
 
 void fake_seal_off(void) { fake_seal_disabled = 1; }
 
@@ -504,9 +525,12 @@ static int fake_protect(fake_block *b) {
     return 0;
 }
 
+static struct CUstream_st *fake_work_stream;
+
 void fake_scope_end(int *depth) {
     (void)depth;
     if (--fake_scope_depth > 0) return;
+    fake_work_stream = NULL;
     for (; fake_open_n > 0; fake_open_n--) {
         fake_block *b = fake_reg_find(&fake_dev, fake_open_stack[fake_open_n - 1]);
         if (b && b->open) {
@@ -542,16 +566,6 @@ static void fake_open_block(fake_block *b) {
     fake_open_stack[fake_open_n++] = b->ptr;
 }
 
-/* Exported (fake_cuda.h): on = 1 holds the device block holding p open
- * until the matching on = 0; other pointers are ignored. */
-__attribute__((visibility("default"))) void fake_cuda_hold(const void *p, int on);
-void fake_cuda_hold(const void *p, int on) {
-    fake_block *b = fake_reg_find(&fake_dev, p);
-    if (!b || !b->map) return;
-    if (on) b->holds++;
-    else if (b->holds > 0) b->holds--;
-    if (fake_protect(b) != 0) fake_violation("fake cuda: mprotect failed on device block %p", (void *)b->ptr);
-}
 
 /* Opens the device block holding p, if any (a copy's or memset's side). */
 static void fake_open_at(const void *p) {
@@ -566,6 +580,7 @@ __attribute__((destructor)) static void fake_open_release(void) {
 }
 
 static void fake_drain_all(void);
+static void fake_waited_all(void);
 
 cudaError_t CUDARTAPI cudaMalloc(void **devPtr, size_t size) {
     FAKE_RETURN_IF_LOST();
@@ -603,6 +618,7 @@ cudaError_t CUDARTAPI cudaFree(void *devPtr) {
     if (!devPtr) return cudaSuccess;
     if (fake_inject("cudaFree")) return fake_error(cudaErrorUnknown);
     fake_drain_all(); /* cudaFree synchronises the device */
+    fake_waited_all();
     fake_block *b = fake_reg_find(&fake_dev, devPtr);
     if (!b || b->ptr != (char *)devPtr) {
         fake_violation("cudaFree(%p): not the start of a live cudaMalloc block%s", devPtr,
@@ -612,6 +628,10 @@ cudaError_t CUDARTAPI cudaFree(void *devPtr) {
     fake_stats.frees++;
     fake_stats.live_blocks--;
     fake_stats.live_bytes -= b->size;
+    /* ranges an aborted collective left held die with the block */
+    for (size_t i = 0; b->holds > 0 && i < fake_held_n;)
+        if (fake_held[i].p >= b->ptr && fake_held[i].p < b->ptr + b->size) fake_held[i] = fake_held[--fake_held_n];
+        else i++;
     if (b->map) munmap(b->map, b->map_len);
     else free(b->ptr);
     fake_reg_remove(&fake_dev, b);
@@ -708,6 +728,8 @@ struct CUstream_st {
     fake_op *ops;  /* (cap) ring of queued work, [head, head + n) */
     size_t head, n, cap;
     unsigned long synced;  /* cudaStreamSynchronize / cudaDeviceSynchronize calls that waited for it */
+    unsigned long long seq;    /* work issued on it, counted */
+    unsigned long long waited; /* the host has waited for work 1..waited */
     struct CUstream_st *next;
 };
 
@@ -718,6 +740,7 @@ struct CUevent_st {
     unsigned long done;     /* records that have run */
     double when;            /* host time (s) when the latest record ran  */
     cudaStream_t stream;    /* stream of the latest record */
+    unsigned long long upto; /* its stream's work count at the latest record */
     struct CUevent_st *next;
 };
 
@@ -741,6 +764,106 @@ static int fake_event_live(cudaEvent_t e) {
     for (struct CUevent_st *p = fake_events; p; p = p->next)
         if (p == e) return 1;
     return 0;
+}
+
+/* -------------------------------------- work the host has waited for
+ *
+ * The fake runs a kernel when it is launched, so its results are in memory
+ * at once; on a GPU they are there only once the host has waited for the
+ * stream (a synchronisation, an event, a blocking copy back). A consumer
+ * outside the stream's order that forgets the wait reads stale data on a
+ * GPU and correct data here. So each block remembers the latest work that
+ * used it (its stream and number there, fake_stamp), each stream how much
+ * of its work the host has waited for, and the fake NCCL's hold
+ * (fake_cuda_hold, a collective on NCCL's own stream taking a buffer) is a
+ * violation while the block's latest work is not waited for (by block, so
+ * it is conservative: ddp waits for the whole accelerator); so is work on
+ * bytes a collective still holds (by byte range: other tensors of the same
+ * block may be used meanwhile). */
+
+
+static struct CUstream_st *fake_stream_of(cudaStream_t s) { return fake_is_legacy(s) ? &fake_legacy : s; }
+
+/* The operation in progress (a launch, a GEMM) runs on s: the blocks
+ * fake_need_device checks from now to the end of its scope are its work. */
+void fake_work_on(cudaStream_t s) {
+    /* a dead stream is refused later, by the stream checks */
+    fake_work_stream = fake_is_legacy(s) || fake_stream_live(s) ? fake_stream_of(s) : NULL;
+}
+
+static void fake_stamp(fake_block *b, const void *p, size_t bytes) {
+    struct CUstream_st *st = fake_work_stream;
+    if (!st) return;
+    const uintptr_t a = (uintptr_t)p;
+    for (size_t i = 0; b->holds > 0 && i < fake_held_n; i++)
+        if (a < (uintptr_t)fake_held[i].p + fake_held[i].n && (uintptr_t)fake_held[i].p < a + bytes) {
+            fake_violation("work on stream %p uses [%p, +%zu) while a collective still holds [%p, +%zu) (wait for "
+                           "NCCL's stream first)",
+                           (void *)(st == &fake_legacy ? NULL : st), p, bytes, (const void *)fake_held[i].p,
+                           fake_held[i].n);
+            break;
+        }
+    b->work_stream = st;
+    b->work_seq = ++st->seq;
+}
+
+/* A copy's or memset's device side, as it is submitted on s. */
+static void fake_stamp_at(cudaStream_t s, const void *p, size_t bytes) {
+    fake_block *b = fake_reg_find(&fake_dev, p);
+    if (!b) return;
+    struct CUstream_st *keep = fake_work_stream;
+    fake_work_stream = fake_stream_of(s);
+    fake_stamp(b, p, bytes);
+    fake_work_stream = keep;
+}
+
+static void fake_waited(struct CUstream_st *s, unsigned long long upto) {
+    if (upto > s->waited) s->waited = upto;
+}
+
+/* The legacy stream and every blocking stream (a legacy-stream wait). */
+static void fake_waited_blocking(void) {
+    fake_waited(&fake_legacy, fake_legacy.seq);
+    for (struct CUstream_st *s = fake_streams; s; s = s->next)
+        if (!(s->flags & cudaStreamNonBlocking)) fake_waited(s, s->seq);
+}
+
+static void fake_waited_all(void) {
+    fake_waited(&fake_legacy, fake_legacy.seq);
+    for (struct CUstream_st *s = fake_streams; s; s = s->next) fake_waited(s, s->seq);
+}
+
+/* Exported (fake_cuda.h): on = 1 holds [p, p + n) of device memory (open,
+ * if sealed) until the matching call with on = 0; pointers outside device
+ * memory are ignored. */
+__attribute__((visibility("default"))) void fake_cuda_hold(const void *p, size_t n, int on);
+void fake_cuda_hold(const void *p, size_t n, int on) {
+    fake_block *b = fake_reg_find(&fake_dev, p);
+    if (!b) return;
+    if (on) {
+        if (b->work_stream && b->work_seq > b->work_stream->waited)
+            fake_violation("a collective takes [%p, +%zu) of device block %p while work on stream %p that uses the "
+                           "block has not been waited for (synchronise the accelerator first)",
+                           p, n, (void *)b->ptr, (void *)(b->work_stream == &fake_legacy ? NULL : b->work_stream));
+        if (fake_held_n == fake_held_cap) {
+            const size_t cap = fake_held_cap ? 2 * fake_held_cap : 16;
+            fake_range *nr = realloc(fake_held, cap * sizeof *nr);
+            if (!nr) {
+                fake_violation("fake cuda: out of host memory for the held ranges");
+                return;
+            }
+            fake_held = nr, fake_held_cap = cap;
+        }
+        fake_held[fake_held_n++] = (fake_range){(const char *)p, n};
+        b->holds++;
+    } else {
+        size_t i = 0;
+        while (i < fake_held_n && !(fake_held[i].p == (const char *)p && fake_held[i].n == n)) i++;
+        if (i == fake_held_n) return; /* not held (or freed and reallocated) */
+        fake_held[i] = fake_held[--fake_held_n];
+        if (b->holds > 0) b->holds--;
+    }
+    if (fake_protect(b) != 0) fake_violation("fake cuda: mprotect failed on device block %p", (void *)b->ptr);
 }
 
 static void fake_run_op(const fake_op *op) {
@@ -859,6 +982,12 @@ cudaError_t fake_stream_drain(cudaStream_t s, const char *fn) {
 
 /* Runs op now (after the work it must follow), or queues it on s. */
 static cudaError_t fake_submit(cudaStream_t s, const fake_op *op, int now) {
+    if (op->kind == FAKE_OP_COPY || op->kind == FAKE_OP_SET) {
+        fake_stamp_at(s, op->dst, op->n);
+        if (op->kind == FAKE_OP_COPY) fake_stamp_at(s, op->src, op->n);
+    } else if (op->kind == FAKE_OP_SET2D && op->height > 0) {
+        fake_stamp_at(s, op->dst, (op->height - 1) * op->pitch + op->width);
+    }
     if (fake_is_legacy(s)) {
         fake_drain_blocking(); /* what it follows; itself queued unless now */
         if (!now) return fake_enqueue(&fake_legacy, op);
@@ -920,6 +1049,8 @@ cudaError_t CUDARTAPI cudaStreamDestroy(cudaStream_t stream) {
         return fake_error(cudaErrorInvalidResourceHandle);
     }
     fake_drain(stream, NULL, 0); /* queued work still completes */
+    for (size_t i = 0; i < fake_dev.n; i++)
+        if (fake_dev.b[i].work_stream == stream) fake_dev.b[i].work_stream = NULL;
     FAKE_UNLINK(struct CUstream_st, fake_streams, stream);
     free(stream->ops);
     free(stream);
@@ -938,10 +1069,13 @@ cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t stream) {
     fake_stats.syncs++;
     if (fake_is_legacy(stream)) {
         fake_drain_blocking();
+        fake_waited_blocking();
     } else {
         fake_after_legacy(stream);
         fake_drain(stream, NULL, 0);
         stream->synced++;
+        fake_waited(stream, stream->seq);
+        if (!(stream->flags & cudaStreamNonBlocking)) fake_waited(&fake_legacy, fake_legacy.seq);
     }
     return cudaSuccess;
 }
@@ -951,6 +1085,7 @@ cudaError_t CUDARTAPI cudaDeviceSynchronize(void) {
     fake_stats.syncs++;
     fake_drain_all();
     for (struct CUstream_st *s = fake_streams; s; s = s->next) s->synced++;
+    fake_waited_all();
     return cudaSuccess;
 }
 
@@ -992,6 +1127,7 @@ cudaError_t CUDARTAPI cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
     if (fake_inject("cudaEventRecord")) return fake_error(cudaErrorUnknown);
     event->recorded++;
     event->stream = stream;
+    event->upto = fake_stream_of(stream)->seq;
     fake_op op = {.kind = FAKE_OP_EVENT, .ev = event, .rec = event->recorded};
     return fake_submit(stream, &op, 0);
 }
@@ -1057,6 +1193,8 @@ cudaError_t CUDARTAPI cudaEventSynchronize(cudaEvent_t event) {
         fake_drain(&fake_legacy, event, event->recorded);
     else if (event->done < event->recorded && fake_stream_live(event->stream))
         fake_drain(event->stream, event, event->recorded);
+    if (event->recorded && (fake_is_legacy(event->stream) || fake_stream_live(event->stream)))
+        fake_waited(fake_stream_of(event->stream), event->upto);
     return cudaSuccess;
 }
 
@@ -1140,6 +1278,12 @@ static cudaError_t fake_memcpy(const char *fn, void *dst, const void *src, size_
     fake_op op = {.kind = FAKE_OP_COPY, .dst = dst, .src = src, .n = count, .owned = owned};
     cudaError_t r = fake_submit(stream, &op, now);
     if (r != cudaSuccess) free(owned);
+    /* a copy to the host that returns complete has waited for its stream
+     * (and a blocking cudaMemcpy for what the legacy stream follows) */
+    if (r == cudaSuccess && kind == cudaMemcpyDeviceToHost && now) {
+        if (fake_is_legacy(stream)) fake_waited_blocking();
+        else fake_waited(stream, stream->seq);
+    }
     return r;
 }
 

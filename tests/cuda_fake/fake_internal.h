@@ -77,6 +77,11 @@ int fake_scope_begin(void);
 void fake_scope_end(int *depth);
 #define FAKE_SCOPE() __attribute__((cleanup(fake_scope_end))) int fake_scope_depth_ = fake_scope_begin()
 void fake_seal_off(void);
+/* The operation in progress (a kernel launch, a GEMM) is work on stream s:
+ * the blocks fake_need_device checks until its scope ends are recorded as
+ * used by it, so the fake can tell whether the host waited for them
+ * before the fake NCCL takes them (fake_cuda_hold). */
+void fake_work_on(cudaStream_t s);
 
 /* The prologue every fake launcher with work runs (fake_kg.c): each of up
  * to 8 buffers must be device memory (a violation otherwise, answered with

@@ -30,6 +30,7 @@ cudaError_t fake_launch(const char *fn, cudaStream_t s, const fake_buf *bufs, in
     FAKE_RETURN_IF_LOST();
     /* a kernel fault surfaces later, as on a GPU: this launch succeeds */
     if (fake_inject("kernel_fault")) fake_fault(cudaErrorIllegalAddress);
+    fake_work_on(s);
     for (int i = 0; i < nbufs; i++) {
         cudaError_t e = fake_need_device(fn, bufs[i].what, bufs[i].p, bufs[i].bytes);
         if (e != cudaSuccess) return e;

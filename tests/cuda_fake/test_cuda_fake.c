@@ -21,7 +21,8 @@
  * expects one. The regressions at the end are plugin bugs this fake found
  * (a configure() that said OK after a failed one, a failed trim corrupting
  * the block table, entries not making their device current, ...), and
- * the fake's own sealed device memory (a host read faults).
+ * the fake's own sealed device memory (a host read faults) and the order
+ * it asks of collectives (fake_cuda_hold).
  *
  * This file also defines the suite and the helpers the other two share
  * (cuda_fake_test.h): test_cuda_fake_gemm.c tests the GEMM mapping and
@@ -52,6 +53,7 @@ kiln_test_host *g_th; /* the test host (kiln/testing.h) every suite here uses */
 const kiln_plugin_desc *g_desc;
 const kiln_accelerator_ops *g_ops;
 static fake_cuda_get_stats_fn g_stats_fn;
+static fake_cuda_hold_fn g_hold_fn;
 
 fake_cuda_stats stats(void) {
     fake_cuda_stats s;
@@ -93,9 +95,11 @@ static int suite_init(void) {
     void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
     if (!h) return -1;
     *(void **)&g_stats_fn = dlsym(h, FAKE_CUDA_GET_STATS);
+    *(void **)&g_hold_fn = dlsym(h, FAKE_CUDA_HOLD);
     dlclose(h); /* drops the reference RTLD_NOLOAD took; mh_load's stays */
-    if (!g_stats_fn) {
-        fprintf(stderr, "test_cuda_fake: %s does not export %s (not the fake build?)\n", path, FAKE_CUDA_GET_STATS);
+    if (!g_stats_fn || !g_hold_fn) {
+        fprintf(stderr, "test_cuda_fake: %s does not export %s and %s (not the fake build?)\n", path,
+                FAKE_CUDA_GET_STATS, FAKE_CUDA_HOLD);
         return -1;
     }
     return 0;
@@ -1406,6 +1410,56 @@ static void test_sealed_blocks(void) {
     NO_VIOLATIONS();
 }
 
+/* What the fake NCCL relies on (fake_cuda_hold): a collective may take a
+ * buffer only after the host waited for the accelerator's work on it, the
+ * accelerator may not touch bytes a collective holds (other bytes of the
+ * block it may), and a held block is open to the host (NCCL's "kernels"
+ * are the fake's host code). Each rule has a violation that fires when it
+ * is broken and stays quiet when it is kept. */
+static void test_collective_order(void) {
+    const kiln_kernels *k = NULL;
+    kiln_instance *acc = ready(NULL, &k);
+    if (!acc) return;
+    env_set("KILN_FAKE_CUDA_QUIET", "1"); /* the violations below are expected */
+    enum { N = 256 };
+    static float host[2 * N];
+    for (int i = 0; i < 2 * N; i++) host[i] = val((unsigned)i, 78);
+    float *d = up(k, acc, host, sizeof host);
+    CU_ASSERT_FATAL(d != NULL);
+    const size_t half = N * sizeof(float);
+    CU_ASSERT_EQUAL(k->scale(acc, d, 2.0f, 2 * N), KILN_OK);
+
+    /* taken before the host waited for the scale: one violation */
+    unsigned long v = stats().violations;
+    g_hold_fn(d, half, 1);
+    CU_ASSERT_EQUAL(stats().violations - v, 1);
+    HAS(stats().last_violation, "has not been waited for");
+    g_hold_fn(d, half, 0);
+
+    /* after the wait: none; the held block is open to the host */
+    CU_ASSERT_EQUAL(k->synchronize(acc), KILN_OK);
+    v = stats().violations;
+    g_hold_fn(d, half, 1);
+    CU_ASSERT_EQUAL(stats().violations, v);
+    char err[2048];
+    CU_ASSERT_EQUAL(child_reads(d, err, sizeof err), 0);
+    /* the other half of the block may be used meanwhile; the held half not */
+    CU_ASSERT_EQUAL(k->scale(acc, d + N, 0.5f, N), KILN_OK);
+    CU_ASSERT_EQUAL(stats().violations, v);
+    CU_ASSERT_EQUAL(k->scale(acc, d + N / 2, 0.5f, N), KILN_OK);
+    CU_ASSERT_EQUAL(stats().violations - v, 1);
+    HAS(stats().last_violation, "while a collective still holds");
+    g_hold_fn(d, half, 0);
+    /* released: sealed again, and free to use */
+    CU_ASSERT_EQUAL(child_reads(d, err, sizeof err), 1);
+    v = stats().violations;
+    CU_ASSERT_EQUAL(k->scale(acc, d, 1.0f, 2 * N), KILN_OK);
+    CU_ASSERT_EQUAL(k->synchronize(acc), KILN_OK);
+    CU_ASSERT_EQUAL(stats().violations, v);
+    k->free(acc, d);
+    g_ops->base.destroy(acc);
+}
+
 /* ============================================================ suites */
 
 static void register_tests(void) {
@@ -1445,6 +1499,7 @@ static void register_tests(void) {
     CU_add_test(s, "destroy waits for queued GEMMs before the cuBLASLt handle", test_destroy_after_unwaited_gemm);
     CU_add_test(s, "scratch grown inside entries is not zero-filled", test_scratch_not_zeroed);
     CU_add_test(s, "sealed device memory: copies work, a host read faults and names the block", test_sealed_blocks);
+    CU_add_test(s, "collectives (fake_cuda_hold): after the wait, not on held bytes", test_collective_order);
     cuda_fake_gemm_tests(s);
     cuda_fake_seq_tests(s);
 }

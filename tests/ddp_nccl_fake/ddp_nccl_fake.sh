@@ -373,9 +373,11 @@ for boot in mpi tcp; do
   fi
 done
 
-# No run may do what real NCCL would not survive.
-for f in $(grep -l "fake-nccl: contract violation" "$tmp"/*/log 2>/dev/null); do
-  fail "$(basename "$(dirname "$f")"): $(grep -m1 'fake-nccl: contract violation' "$f")"
+# No run may do what real NCCL would not survive, or what the fake CUDA
+# runtime flags (a collective taking a buffer whose kernels the host has
+# not waited for, a kernel on a buffer a collective still holds, ...).
+for f in $(grep -lE "fake-nccl: contract violation|fake cuda: contract violation" "$tmp"/*/log 2>/dev/null); do
+  fail "$(basename "$(dirname "$f")"): $(grep -m1 -E 'fake-nccl: contract violation|fake cuda: contract violation' "$f")"
 done
 
 [ "$fails" -eq 0 ] || { echo "$fails check(s) failed"; exit 1; }

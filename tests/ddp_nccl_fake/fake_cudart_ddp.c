@@ -155,7 +155,7 @@ static cudaError_t fake_stream_progress(cudaStream_t s, int wait) {
         int err = wait ? MPI_Wait(&op->req, MPI_STATUS_IGNORE) : MPI_Test(&op->req, &done, MPI_STATUS_IGNORE);
         if (err != MPI_SUCCESS) return fake_err(cudaErrorUnknown);
         if (!wait && !done) return cudaErrorNotReady; /* not an error: not recorded */
-        fake_nccl_hold(op->buf, 0);
+        fake_nccl_hold(op->buf, op->bytes, 0);
         s->head = (s->head + 1) % FAKE_NCCL_STREAM_DEPTH;
         s->count--;
     }

@@ -89,7 +89,7 @@ static int fake_find_hold(struct dl_phdr_info *info, size_t size, void *data) {
     return 1;
 }
 
-void fake_nccl_hold(const void *p, int on) {
+void fake_nccl_hold(const void *p, size_t n, int on) {
     static fake_cuda_hold_fn hold;
     static int looked;
     if (!p) return;
@@ -97,7 +97,7 @@ void fake_nccl_hold(const void *p, int on) {
         looked = 1;
         dl_iterate_phdr(fake_find_hold, &hold);
     }
-    if (hold) hold(p, on);
+    if (hold) hold(p, n, on);
 }
 
 static char fake_last_text[512] = "";
@@ -453,9 +453,9 @@ static int fake_fate(ncclComm_t comm) {
  * the op reaches the stream at the second ncclCommGetAsyncError, so a
  * caller that asks the stream first sees it empty and reads a stale buffer. */
 static ncclResult_t fake_enqueue(const char *fn, ncclComm_t comm, cudaStream_t stream, MPI_Request req, int how,
-                                 const void *buf) {
+                                 const void *buf, size_t bytes) {
     if (comm->blocking) {
-        if (fake_stream_push(stream, (fake_nccl_op){req, comm, how, buf}))
+        if (fake_stream_push(stream, (fake_nccl_op){req, comm, how, buf, bytes}))
             return fake_fail(ncclInternalError, "%s: more than %d collectives pending on one stream", fn,
                              FAKE_NCCL_STREAM_DEPTH);
         return ncclSuccess;
@@ -463,7 +463,7 @@ static ncclResult_t fake_enqueue(const char *fn, ncclComm_t comm, cudaStream_t s
     comm->have_issue = 1;
     comm->issue_polls = 2;
     comm->issue_stream = stream;
-    comm->issue_op = (fake_nccl_op){req, comm, how, buf};
+    comm->issue_op = (fake_nccl_op){req, comm, how, buf, bytes};
     comm->state = ncclInProgress;
     return ncclInProgress;
 }
@@ -478,11 +478,12 @@ ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, n
         return fake_fail(ncclInvalidArgument, "ncclAllReduce: op %d (the fake does ncclSum and ncclAvg)", (int)op);
     if (mt == MPI_BYTE) return fake_fail(ncclInvalidArgument, "ncclAllReduce: the fake sums floats only");
     if (count > 0 && (!sendbuff || !recvbuff)) return fake_fail(ncclInvalidArgument, "ncclAllReduce: NULL buffer");
-    fake_nccl_hold(recvbuff, 1);
+    const size_t bytes = count * esz;
+    fake_nccl_hold(recvbuff, bytes, 1);
     if (count > 0 && sendbuff != recvbuff) {
-        fake_nccl_hold(sendbuff, 1);
-        memcpy(recvbuff, sendbuff, count * esz);
-        fake_nccl_hold(sendbuff, 0);
+        fake_nccl_hold(sendbuff, bytes, 1);
+        memcpy(recvbuff, sendbuff, bytes);
+        fake_nccl_hold(sendbuff, bytes, 0);
     }
     if (op == ncclAvg && count > 0) {
         if (datatype == ncclFloat64) {
@@ -499,10 +500,10 @@ ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, n
     const int how = fake_fate(comm);
     if (how == FAKE_OP_MPI &&
         MPI_Iallreduce(MPI_IN_PLACE, recvbuff, (int)count, mt, MPI_SUM, comm->comm, &req) != MPI_SUCCESS) {
-        fake_nccl_hold(recvbuff, 0);
+        fake_nccl_hold(recvbuff, bytes, 0);
         return fake_fail(ncclSystemError, "ncclAllReduce: MPI_Iallreduce failed");
     }
-    r = fake_enqueue("ncclAllReduce", comm, stream, req, how, recvbuff);
+    r = fake_enqueue("ncclAllReduce", comm, stream, req, how, recvbuff, bytes);
     if (r != ncclSuccess && r != ncclInProgress) return r; /* a started request: still held */
     comm->n_allreduce++;
     comm->n_avg += op == ncclAvg;
@@ -520,19 +521,20 @@ ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count, n
         return fake_fail(ncclInvalidArgument, "ncclBroadcast: root %d of %d", root, comm->size);
     if (count > 0 && (!recvbuff || (comm->rank == root && !sendbuff)))
         return fake_fail(ncclInvalidArgument, "ncclBroadcast: NULL buffer");
-    fake_nccl_hold(recvbuff, 1);
+    const size_t bytes = count * esz;
+    fake_nccl_hold(recvbuff, bytes, 1);
     if (count > 0 && comm->rank == root && sendbuff != recvbuff) {
-        fake_nccl_hold(sendbuff, 1);
-        memcpy(recvbuff, sendbuff, count * esz);
-        fake_nccl_hold(sendbuff, 0);
+        fake_nccl_hold(sendbuff, bytes, 1);
+        memcpy(recvbuff, sendbuff, bytes);
+        fake_nccl_hold(sendbuff, bytes, 0);
     }
     MPI_Request req = MPI_REQUEST_NULL;
     const int how = fake_fate(comm);
     if (how == FAKE_OP_MPI && MPI_Ibcast(recvbuff, (int)count, mt, root, comm->comm, &req) != MPI_SUCCESS) {
-        fake_nccl_hold(recvbuff, 0);
+        fake_nccl_hold(recvbuff, bytes, 0);
         return fake_fail(ncclSystemError, "ncclBroadcast: MPI_Ibcast failed");
     }
-    r = fake_enqueue("ncclBroadcast", comm, stream, req, how, recvbuff);
+    r = fake_enqueue("ncclBroadcast", comm, stream, req, how, recvbuff, bytes);
     if (r != ncclSuccess && r != ncclInProgress) return r;
     comm->n_bcast++;
     comm->bcast_bytes += (unsigned long long)(count * esz);
@@ -553,13 +555,14 @@ ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcoun
                                            "+ rank * sendcount)");
     MPI_Request req = MPI_REQUEST_NULL;
     const int how = fake_fate(comm);
-    fake_nccl_hold(recvbuff, 1);
+    const size_t bytes = sendcount * esz * (size_t)comm->size;
+    fake_nccl_hold(recvbuff, bytes, 1);
     if (how == FAKE_OP_MPI && MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recvbuff, (int)sendcount, mt,
                                              comm->comm, &req) != MPI_SUCCESS) {
-        fake_nccl_hold(recvbuff, 0);
+        fake_nccl_hold(recvbuff, bytes, 0);
         return fake_fail(ncclSystemError, "ncclAllGather: MPI_Iallgather failed");
     }
-    r = fake_enqueue("ncclAllGather", comm, stream, req, how, recvbuff);
+    r = fake_enqueue("ncclAllGather", comm, stream, req, how, recvbuff, bytes);
     if (r != ncclSuccess && r != ncclInProgress) return r;
     comm->n_allgather++;
     return r;

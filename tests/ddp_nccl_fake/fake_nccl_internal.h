@@ -24,12 +24,13 @@ enum {
 };
 
 /* One enqueued collective: the request, the comm it counts against, and
- * the device buffer it writes, held open (fake_nccl_hold) until it ends. */
+ * the device bytes it writes, held (fake_nccl_hold) until it ends. */
 typedef struct fake_nccl_op {
     MPI_Request req;
     struct ncclComm *comm;
     int how;          /* FAKE_OP_*                                           */
     const void *buf;  /* recvbuff                                            */
+    size_t bytes;     /* of it                                               */
 } fake_nccl_op;
 
 #define FAKE_NCCL_STREAM_DEPTH 64
@@ -46,10 +47,11 @@ int fake_stream_valid(cudaStream_t s);
 /* Appends a started request (or a FAKE_OP_STUCK/FAILS op, req unused); 0,
  * or -1 when the queue is full. */
 int fake_stream_push(cudaStream_t s, fake_nccl_op op);
-/* The fake cuda plugin seals device memory from the host (its fake_cuda.h);
- * a collective holds its buffers open (on = 1) until it ends (on = 0).
- * Nothing when that plugin is not loaded. */
-void fake_nccl_hold(const void *p, int on);
+/* The fake cuda plugin seals device memory from the host and checks the
+ * order of work against collectives (its fake_cuda.h); a collective holds
+ * [p, p + n) (on = 1) until it ends (on = 0). Nothing when that plugin is
+ * not loaded. */
+void fake_nccl_hold(const void *p, size_t n, int on);
 /* The fake NCCL's record that a kernel of comm failed on a stream. */
 void fake_nccl_kernel_failed(struct ncclComm *comm);
 /* Forgets the pending requests of comm on every stream (ncclCommAbort: a
