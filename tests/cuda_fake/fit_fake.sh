@@ -13,7 +13,10 @@
 # in 32-true with gradient clipping by value (the 1.5 clamp entry). And the
 # gan module (manual optimization: two AdamW optimizers toggled, manual
 # backward, a sample grid read back from the device each epoch): the same
-# final losses (1e-3 relative) and the grid written. The fake's device
+# final losses (1e-3 relative) and the grid written. And nan_guard on a
+# run whose first step makes every weight infinite (lr = 1e300): both stop
+# with the same line, the fake's through its read-back of device memory.
+# The fake's device
 # memory is sealed from host code, so any plugin or host path here that
 # reads a tensor without copying it back fails the run.
 # Exit 77 (skipped) without the dataset.
@@ -72,6 +75,28 @@ check fp64 '"64-true"' 1e-9
 # device memory, which the host could not clip before
 check clipval '"32-true"' 1e-3 'gradient_clip_val = 0.001; gradient_clip_algorithm = "value";'
 grep -q "skipped steps: 0" "$tmp/fake_fp16/log" && fail "fp16: no step was skipped (the overflow path was not exercised)"
+
+nan_run() { # TAG ACCEL -> status of a run nan_guard must stop
+  mkdir -p "$tmp/$1"
+  cat > "$tmp/$1/run.cfg" <<CFG
+plugins = { dirs = ["$train", "$fake"]; };
+trainer = { max_epochs = 1; seed = 7; default_root_dir = "$tmp/$1/runs"; limit_train_batches = 5;
+  limit_val_batches = 0; num_sanity_val_steps = 0; threads = 1; };
+accelerator = "$2"; precision = "32-true";
+data = { name = "idx"; dir = "$data"; batch_size = 32; };
+module = { name = "mlp"; layers = [784, 64, 10]; activation = "gelu"; };
+optimizer = { name = "sgd"; lr = 1e300; };
+callbacks = ( { name = "nan_guard"; } );
+CFG
+  timeout -s KILL 300 "$kiln" fit "$tmp/$1/run.cfg" > "$tmp/$1/log" 2>&1
+}
+nan_line() { sed -n 's/.*failed: \(nan_guard: .*\) \[KILN_E_.*/\1/p' "$tmp/$1/log" | head -1; }
+nan_run cpu_nan cpu && fail "nan_guard: the cpu run with lr = 1e300 succeeded"
+nan_run fake_nan cudafake:cuda && fail "nan_guard: the fake cuda run with lr = 1e300 succeeded"
+grep -q "contract violation" "$tmp/fake_nan/log" && fail "nan_guard: $(grep -m1 'contract violation' "$tmp/fake_nan/log")"
+a=$(nan_line cpu_nan) b=$(nan_line fake_nan)
+echo "  nan_guard: cpu '$a'"
+[ -n "$a" ] && [ "$a" = "$b" ] || fail "nan_guard: the fake cuda run stopped with '$b'"
 
 gan() { # TAG ACCEL
   mkdir -p "$tmp/$1"
