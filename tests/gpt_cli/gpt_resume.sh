@@ -14,7 +14,10 @@
 # written from and loaded into device memory, every tensor through the
 # accelerator (the fake's device memory is sealed from host code), the
 # optimizer's moments and the loss scaler's state included. The fake
-# measures no GEMM rate (peak_flops is given), so no MFU check there.
+# measures no GEMM rate (peak_flops is given), so no MFU check there. Then
+# the resumed run's step-6 checkpoint, written from device memory, is
+# validated on the cpu accelerator and on the fake: the same val_loss
+# (the summary's 4 decimals, within 2 units of the last).
 #
 #   gpt_resume.sh KILN TEXT2TOKENS WORKDIR [FAKE_DIR]
 #   (KILN_PLUGIN_PATH reaches weightdump)
@@ -60,6 +63,20 @@ CFG
   case $prec in bf16-mixed) gd=bfloat16 ;; 16-mixed) gd=float16 ;; *) gd=float32 ;; esac
   [ -n "$fake" ] || grep -q "MFU .*measured $gd GEMM)" "$work/resume-$tag.log" ||
     { echo "FAIL $tag: the summary's MFU is not against a $gd GEMM: $(grep -m1 MFU "$work/resume-$tag.log")"; exit 1; }
+  if [ -n "$fake" ]; then
+    ck6="$work/runs-$tag/version_1/checkpoints/epoch=0-step=6.safetensors"
+    [ -s "$ck6" ] || { echo "FAIL $tag: no step-6 checkpoint from the resumed run ($ck6)"; exit 1; }
+    for a in cpu cudafake:cuda; do
+      "$kiln" validate "$work/run.cfg" --ckpt "$ck6" --set "accelerator=\"$a\"" --set data.val_fraction=0.2 \
+        > "$work/validate-$tag-$a.log" 2>&1 || { echo "FAIL $tag: validate on $a failed"; tail -5 "$work/validate-$tag-$a.log"; exit 1; }
+    done
+    v1=$(sed -n 's/^metrics: .*val_loss=\([0-9.]*\).*/\1/p' "$work/validate-$tag-cpu.log")
+    v2=$(sed -n 's/^metrics: .*val_loss=\([0-9.]*\).*/\1/p' "$work/validate-$tag-cudafake:cuda.log")
+    awk -v a="$v1" -v b="$v2" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && b != "" && d <= 2e-4) }' ||
+      { echo "FAIL $tag: the checkpoint validates to val_loss '$v1' on the cpu and '$v2' on the fake cuda"; exit 1; }
+    grep -h "contract violation" "$work/validate-$tag-cudafake:cuda.log" && { echo "FAIL $tag: a contract violation"; exit 1; }
+    echo "ok   $prec: the checkpoint written from the fake GPU validates to val_loss $v1 on the cpu, $v2 on the fake"
+  fi
   if cmp -s "$work/full-$tag.bin" "$work/resumed-$tag.bin"; then
     echo "ok   $prec, $layers blocks: 8 steps, and 3 steps + a resume to 8, end with the same weights, bit for bit"
   else
