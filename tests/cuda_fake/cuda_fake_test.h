@@ -1,12 +1,14 @@
 /*
- * cuda_fake_test.h — what the three files of test_cuda_fake_unit share: the
+ * cuda_fake_test.h — what the four files of test_cuda_fake_unit share: the
  * test host and the loaded fake cuda plugin, the fake's counters, the
  * environment switches it reads, and the helpers that make an instance and
  * move data, all defined in test_cuda_fake.c. test_cuda_fake_gemm.c (the
- * GEMM mapping and gemm_ex) and test_cuda_fake_seq.c (the 1.4 sequence
- * entries, 1.7's 16-bit storage, 1.8's rounded bias) add their tests to the
- * one suite that file registers; each test starts from a clean environment
- * (the suite's setup) and checks the fake saw no contract violation.
+ * GEMM mapping and gemm_ex), test_cuda_fake_seq.c (the 1.4 sequence
+ * entries, 1.7's 16-bit storage, 1.8's rounded bias) and
+ * test_cuda_fake_seal.c (the fake's sealed memory and collective order)
+ * add their tests to the one suite that file registers; each test starts
+ * from a clean environment (the suite's setup) and checks the fake saw no
+ * contract violation unless it expects one.
  */
 #ifndef KILN_TESTS_CUDA_FAKE_TEST_H
 #define KILN_TESTS_CUDA_FAKE_TEST_H
@@ -26,6 +28,7 @@ extern kiln_test_host *g_th;               /* the test host                     
 extern const kiln_plugin_desc *g_desc;     /* the fake build's cuda plugin        */
 extern const kiln_accelerator_ops *g_ops;  /* and its ops                         */
 extern unsigned long g_violations0;        /* the fake's violations at test start */
+extern fake_cuda_hold_fn g_hold_fn;        /* the fake's exported fake_cuda_hold  */
 extern const kiln_kv cfg_none[];           /* an empty config                     */
 
 /* What the plugin asked of "the GPU" so far (fake_cuda_get_stats). */
@@ -54,6 +57,7 @@ void check_released(const fake_cuda_stats *before);
 /* The tests of the other two files, added to the suite s. */
 void cuda_fake_gemm_tests(CU_pSuite s);
 void cuda_fake_seq_tests(CU_pSuite s);
+void cuda_fake_seal_tests(CU_pSuite s);
 
 #define NO_VIOLATIONS()                                                                            \
     do {                                                                                           \

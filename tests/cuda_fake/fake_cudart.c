@@ -394,7 +394,6 @@ static void *fake_aligned(size_t size) {
     return p;
 }
 
-
 /* ---------------------------------------------- sealed device memory
  *
  * On a GPU, device memory cannot be read or written by host code: a
@@ -565,7 +564,6 @@ static void fake_open_block(fake_block *b) {
     }
     fake_open_stack[fake_open_n++] = b->ptr;
 }
-
 
 /* Opens the device block holding p, if any (a copy's or memset's side). */
 static void fake_open_at(const void *p) {
@@ -780,7 +778,6 @@ static int fake_event_live(cudaEvent_t e) {
  * it is conservative: ddp waits for the whole accelerator); so is work on
  * bytes a collective still holds (by byte range: other tensors of the same
  * block may be used meanwhile). */
-
 
 static struct CUstream_st *fake_stream_of(cudaStream_t s) { return fake_is_legacy(s) ? &fake_legacy : s; }
 
