@@ -359,7 +359,8 @@ static int fake_is_pinned_range(const void *p, size_t bytes) {
 }
 
 static void fake_open_block(fake_block *b);
-static void fake_stamp(fake_block *b, const void *p, size_t bytes);
+static struct CUstream_st *fake_work_stream;
+static void fake_stamp(fake_block *b, struct CUstream_st *st, const void *p, size_t bytes);
 
 cudaError_t fake_need_device(const char *fn, const char *what, const void *p, size_t bytes) {
     if (bytes == 0) return cudaSuccess;
@@ -380,7 +381,7 @@ cudaError_t fake_need_device(const char *fn, const char *what, const void *p, si
         return fake_error(cudaErrorIllegalAddress);
     }
     fake_open_block(b);
-    fake_stamp(b, p, bytes);
+    fake_stamp(b, fake_work_stream, p, bytes);
     return cudaSuccess;
 }
 
@@ -523,8 +524,6 @@ static int fake_protect(fake_block *b) {
     b->rw = want;
     return 0;
 }
-
-static struct CUstream_st *fake_work_stream;
 
 void fake_scope_end(int *depth) {
     (void)depth;
@@ -788,8 +787,9 @@ void fake_work_on(cudaStream_t s) {
     fake_work_stream = fake_is_legacy(s) || fake_stream_live(s) ? fake_stream_of(s) : NULL;
 }
 
-static void fake_stamp(fake_block *b, const void *p, size_t bytes) {
-    struct CUstream_st *st = fake_work_stream;
+/* Records [p, +bytes) of b as used by work on st (NULL: no operation in
+ * progress, nothing to record). */
+static void fake_stamp(fake_block *b, struct CUstream_st *st, const void *p, size_t bytes) {
     if (!st) return;
     const uintptr_t a = (uintptr_t)p;
     for (size_t i = 0; b->holds > 0 && i < fake_held_n; i++)
@@ -807,11 +807,7 @@ static void fake_stamp(fake_block *b, const void *p, size_t bytes) {
 /* A copy's or memset's device side, as it is submitted on s. */
 static void fake_stamp_at(cudaStream_t s, const void *p, size_t bytes) {
     fake_block *b = fake_reg_find(&fake_dev, p);
-    if (!b) return;
-    struct CUstream_st *keep = fake_work_stream;
-    fake_work_stream = fake_stream_of(s);
-    fake_stamp(b, p, bytes);
-    fake_work_stream = keep;
+    if (b) fake_stamp(b, fake_stream_of(s), p, bytes);
 }
 
 static void fake_waited(struct CUstream_st *s, unsigned long long upto) {

@@ -49,11 +49,11 @@ callbacks = ( { name = "csv_logger"; } );
 CFG
   timeout -s KILL 300 "$kiln" fit "$tmp/$1/run.cfg" > "$tmp/$1/log" 2>&1
 }
-last_loss() { # TAG -> train_loss_epoch of the last row that has it
-  python3 - "$tmp/$1/runs/version_0/metrics.csv" <<'PY'
+last_loss() { # TAG [COLUMN] -> COLUMN (train_loss_epoch) of the last row that has it
+  python3 - "$tmp/$1/runs/version_0/metrics.csv" "${2:-train_loss_epoch}" <<'PY'
 import csv, sys
 rows = [r for r in csv.DictReader(l for l in open(sys.argv[1]) if not l.startswith("#"))]
-vals = [r["train_loss_epoch"] for r in rows if r.get("train_loss_epoch")]
+vals = [r[sys.argv[2]] for r in rows if r.get(sys.argv[2])]
 print(vals[-1] if vals else "nan")
 PY
 }
@@ -121,21 +121,13 @@ callbacks = ( { name = "csv_logger"; } );
 CFG
   timeout -s KILL 300 "$kiln" fit "$tmp/$1/run.cfg" > "$tmp/$1/log" 2>&1
 }
-gan_loss() { # TAG COLUMN -> its last value
-  python3 - "$tmp/$1/runs/version_0/metrics.csv" "$2" <<'PY'
-import csv, sys
-rows = [r for r in csv.DictReader(l for l in open(sys.argv[1]) if not l.startswith("#"))]
-vals = [r[sys.argv[2]] for r in rows if r.get(sys.argv[2])]
-print(vals[-1] if vals else "nan")
-PY
-}
 if ! gan cpu_gan cpu; then tail -5 "$tmp/cpu_gan/log"; fail "gan: the cpu run failed"
 elif ! gan fake_gan cudafake:cuda; then tail -20 "$tmp/fake_gan/log"; fail "gan: the fake cuda run failed"
 else
   grep -q "contract violation" "$tmp/fake_gan/log" && fail "gan: $(grep -m1 'contract violation' "$tmp/fake_gan/log")"
   [ -s "$tmp/fake_gan/runs/version_0/samples_epoch_000.png" ] || fail "gan: no sample grid on the fake cuda run"
   for col in g_loss_epoch d_loss_epoch; do
-    a=$(gan_loss cpu_gan $col) b=$(gan_loss fake_gan $col)
+    a=$(last_loss cpu_gan $col) b=$(last_loss fake_gan $col)
     echo "  gan: $col cpu $a, fake cuda $b"
     awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a == a && b == b && d <= 1e-3 * a) }' ||
       fail "gan: $col differs beyond 1e-3 relative ($a vs $b)"
