@@ -138,6 +138,21 @@ KG_HD size_t kg_fl_smem_most(int D) {
     return most;
 }
 
+/*
+ * The order in which lane l of a warp's softmax loops visits its columns:
+ * the j-th visit is column j ^ kg_fl_swz(l) of its half row. Lane l holds
+ * row l / 2 of the warp's 16 and half l & 1. Visited in plain order, the
+ * four lanes whose rows are 8 apart, in either half, would meet in one
+ * bank at every step, since the rows' strides (KG_FL_LDS, KG_FL_LDT,
+ * kg_fl_ldo) are 4 words more than a multiple of 32: every float access 4
+ * wavefronts, every 16-bit store 4. XOR-ing the column with 0, 3, 5 or 6
+ * for those four lanes parts them: the two low bits differ (float rows)
+ * and so do bits 1 and 2 (16-bit rows, two columns to a word). Any span of
+ * 8 or more columns (a power of two) is still visited whole. The bank model
+ * of kg_flash_host.cuh counts one wavefront a request for these loops.
+ */
+KG_HD int kg_fl_swz(int l) { return (0x6530 >> (4 * (2 * (l >> 4) + (l & 1)))) & 0xf; }
+
 /* A float rounded to OP's 16 bits, and back. */
 template <int OP> KG_HD uint16_t kg_fl_enc(float x) {
     if constexpr (OP == KG_BF16) return kg_bf16_bits(x);
@@ -186,7 +201,16 @@ template <int OP> KG_HD float kg_fl_dec(uint16_t b) {
 
 /* Loads the rows [r0, r0 + 64) of one of q, k, v (which = 0, 1, 2) or of
  * dout (which = 3) for head h of batch element b into a 16-bit tile
- * (leading dimension lde), rows at or past T as zeros. */
+ * (leading dimension lde), rows at or past T as zeros.
+ *
+ * For head sizes of 64 and more, eight elements a thread at a time, stored
+ * with one 16-byte store (a quarter warp's eight stores fill 128 bytes of
+ * one row: no bank conflict), and read with one 16-byte load (16-bit
+ * storage) or two (float32) where the source is 16-byte aligned, which the
+ * accelerator's allocations and D, C being multiples of 16 make the usual
+ * case; else one element at a time, for the same values. Smaller heads go
+ * one element a thread: there a quarter warp's 16-byte stores would span
+ * rows that share banks, and 32 two-byte stores fill a row without. */
 KG_FL_NOCHECK
 template <class X, int OP>
 KG_FL_HD void kg_fl_load_rows(const kg_flash_args &a, uint16_t *tile, int which, int b, int h, int D, int r0) {
@@ -195,13 +219,43 @@ KG_FL_HD void kg_fl_load_rows(const kg_flash_args &a, uint16_t *tile, int which,
     const size_t off = (size_t)b * (size_t)a.T * ld + (size_t)h * (size_t)D +
                        (which == 3 ? 0u : (size_t)which * (size_t)a.C);
     const void *base = which == 3 ? a.dout : a.qkv;
+    const uint16_t *b16 = (const uint16_t *)base;
+    const float *b32 = (const float *)base;
+    if (D < 64) {
+        for (int t = X::tid0(); X::tin(t); t += X::tstep())
+            for (int i = t; i < KG_FL_BR * D; i += KG_FL_THREADS) {
+                const int r = i / D, d = i % D, row = r0 + r;
+                const size_t e = off + (size_t)row * ld + (size_t)d;
+                uint16_t v = 0; /* +0 in either format */
+                if (row < a.T) v = a.s16 ? b16[e] : kg_fl_enc<OP>(b32[e]);
+                X::st(&tile[r * lde + d], v);
+            }
+        return;
+    }
+    const size_t esize = a.s16 ? 2u : 4u;
+    const bool vec = ((uintptr_t)base + off * esize) % 16u == 0 && (ld * esize) % 16u == 0;
     for (int t = X::tid0(); X::tin(t); t += X::tstep())
-        for (int i = t; i < KG_FL_BR * D; i += KG_FL_THREADS) {
+        for (int i = 8 * t; i < KG_FL_BR * D; i += 8 * KG_FL_THREADS) {
             const int r = i / D, d = i % D, row = r0 + r;
             const size_t e = off + (size_t)row * ld + (size_t)d;
-            uint16_t v = 0; /* +0 in either format */
-            if (row < a.T) v = a.s16 ? ((const uint16_t *)base)[e] : kg_fl_enc<OP>(((const float *)base)[e]);
-            X::st(&tile[r * lde + d], v);
+            uint4 v = make_uint4(0u, 0u, 0u, 0u);
+            if (row < a.T && vec && a.s16) {
+                v = *(const uint4 *)(b16 + e);
+            } else if (row < a.T) {
+                uint16_t x[8];
+                if (vec) {
+                    const float4 f0 = *(const float4 *)(b32 + e), f1 = *(const float4 *)(b32 + e + 4);
+                    x[0] = kg_fl_enc<OP>(f0.x), x[1] = kg_fl_enc<OP>(f0.y), x[2] = kg_fl_enc<OP>(f0.z);
+                    x[3] = kg_fl_enc<OP>(f0.w), x[4] = kg_fl_enc<OP>(f1.x), x[5] = kg_fl_enc<OP>(f1.y);
+                    x[6] = kg_fl_enc<OP>(f1.z), x[7] = kg_fl_enc<OP>(f1.w);
+                } else {
+                    for (int k = 0; k < 8; k++) x[k] = a.s16 ? b16[e + k] : kg_fl_enc<OP>(b32[e + k]);
+                }
+                /* little-endian, as host and GPU are: element 2k in the low half */
+                v.x = (uint32_t)x[0] | (uint32_t)x[1] << 16, v.y = (uint32_t)x[2] | (uint32_t)x[3] << 16;
+                v.z = (uint32_t)x[4] | (uint32_t)x[5] << 16, v.w = (uint32_t)x[6] | (uint32_t)x[7] << 16;
+            }
+            X::st((uint4 *)&tile[r * lde + d], v);
         }
 }
 
@@ -263,15 +317,19 @@ KG_FL_HD void kg_fl_forward_block(const kg_flash_args &a, unsigned char *sm, int
             X::template mma<OP, 0, 1, DN, KG_FL_BC / 16>(Ss + 16 * w * KG_FL_LDS, KG_FL_LDS, Qs + 16 * w * LDE, LDE,
                                                          Ks, LDE, false);
             X::syncwarp();
-            /* the row max of the scaled, masked scores, per half row */
+            /* the row max of the scaled, masked scores, per half row. The
+             * causal mask here and below is a select, not a branch: every
+             * lane loads all its columns (the product wrote them all), so
+             * a diagonal tile's lanes stay in step, each load one warp-wide
+             * request in its own bank (kg_fl_swz) */
             for (int l = X::lane0(); X::lin(w, l); l += X::lstep()) {
-                const int r = 16 * w + l / 2, hf = l & 1, q = q0 + r;
+                const int r = 16 * w + l / 2, hf = l & 1, q = q0 + r, sw = kg_fl_swz(l);
                 float mx = -INFINITY;
-                for (int c = 32 * hf; c < 32 * hf + 32; c++) {
-                    if (k0 + c > q) break;
+                for (int j = 0; j < 32; j++) {
+                    const int c = 32 * hf + (j ^ sw);
                     const float s = X::ld(&Ss[r * KG_FL_LDS + c]) * (a.scale * KG_FL_LOG2E);
                     X::st(&Ss[r * KG_FL_LDS + c], s);
-                    mx = s > mx ? s : mx;
+                    mx = k0 + c <= q && s > mx ? s : mx;
                 }
                 X::st(&PM[2 * r + hf], mx);
             }
@@ -279,13 +337,15 @@ KG_FL_HD void kg_fl_forward_block(const kg_flash_args &a, unsigned char *sm, int
             /* p = exp(s - m_new) (0 above the diagonal), its partial sum,
              * the accumulator's half row scaled by exp(m_old - m_new) */
             for (int l = X::lane0(); X::lin(w, l); l += X::lstep()) {
-                const int r = 16 * w + l / 2, hf = l & 1, q = q0 + r;
+                const int r = 16 * w + l / 2, hf = l & 1, q = q0 + r, sw = kg_fl_swz(l);
                 const float pm0 = X::ld(&PM[2 * r]), pm1 = X::ld(&PM[2 * r + 1]), mo = X::ld(&M[r]);
                 float mn = pm0 > pm1 ? pm0 : pm1;
                 mn = mo > mn ? mo : mn;
                 float sum = 0.0f;
-                for (int c = 32 * hf; c < 32 * hf + 32; c++) {
-                    const float p = k0 + c <= q ? exp2f(X::ld(&Ss[r * KG_FL_LDS + c]) - mn) : 0.0f;
+                for (int j = 0; j < 32; j++) {
+                    const int c = 32 * hf + (j ^ sw);
+                    const float s = X::ld(&Ss[r * KG_FL_LDS + c]);
+                    const float p = k0 + c <= q ? exp2f(s - mn) : 0.0f;
                     X::st(&Ps[r * KG_FL_LDT + c], kg_fl_enc<OP>(p));
                     sum += p;
                 }
@@ -296,8 +356,10 @@ KG_FL_HD void kg_fl_forward_block(const kg_flash_args &a, unsigned char *sm, int
                  * of a causal row, most tiles are such) */
                 if (mn != mo) {
                     const float alpha = exp2f(mo - mn);
-                    for (int d = hf * (D / 2); d < hf * (D / 2) + D / 2; d++)
+                    for (int j = 0; j < D / 2; j++) {
+                        const int d = hf * (D / 2) + (j ^ sw);
                         X::st(&Os[r * LDO + d], X::ld(&Os[r * LDO + d]) * alpha);
+                    }
                 }
             }
             X::syncwarp();
@@ -362,14 +424,14 @@ KG_FL_HD void kg_fl_bwd_scores(const kg_flash_args &a, int w, int q0, int k0, co
                                                  false);
     X::syncwarp();
     for (int l = X::lane0(); X::lin(w, l); l += X::lstep()) {
-        const int r = 16 * w + l / 2, hf = l & 1, q = q0 + r;
+        const int r = 16 * w + l / 2, hf = l & 1, q = q0 + r, sw = kg_fl_swz(l);
         const float lse = X::ld(&Lq[r]), delta = X::ld(&Dq[r]);
-        for (int c = 32 * hf; c < 32 * hf + 32; c++) {
-            float p = 0.0f, ds = 0.0f;
-            if (k0 + c <= q) {
-                p = exp2f(X::ld(&Ss[r * KG_FL_LDS + c]) * (a.scale * KG_FL_LOG2E) - lse);
-                ds = p * (X::ld(&dPs[r * KG_FL_LDS + c]) - delta);
-            }
+        for (int j = 0; j < 32; j++) {
+            const int c = 32 * hf + (j ^ sw);
+            const float s = X::ld(&Ss[r * KG_FL_LDS + c]), dp = X::ld(&dPs[r * KG_FL_LDS + c]);
+            const bool in = k0 + c <= q;
+            const float p = in ? exp2f(s * (a.scale * KG_FL_LOG2E) - lse) : 0.0f;
+            const float ds = in ? p * (dp - delta) : 0.0f;
             if (Ps) X::st(&Ps[r * KG_FL_LDT + c], kg_fl_enc<OP>(p));
             X::st(&dSs[r * KG_FL_LDT + c], kg_fl_enc<OP>(ds));
         }

@@ -21,6 +21,10 @@
  *    counts as all of its warp's lanes.
  * Every failure is counted and the first one kept as a message
  * (kg_fl_host_failures); the test asserts there is none.
+ *
+ * On request (kg_fl_banks_begin), it also counts what the programs'
+ * shared-memory accesses would cost a GPU's banks (the bank model below),
+ * so that a bank conflict, invisible to every result, shows as a number.
  */
 #ifndef KILN_KERNELS_CUDA_KG_FLASH_HOST_CUH
 #define KILN_KERNELS_CUDA_KG_FLASH_HOST_CUH
@@ -95,7 +99,153 @@ static inline bool kg_fl_conflict(int prev, int prev_w, uint32_t ep, uint32_t we
     return kg_fl_hs.wep[w] == wep;
 }
 
-static inline void kg_fl_access(const void *p, size_t n, bool write) {
+/*
+ * The shared-memory bank model (off unless kg_fl_banks_begin turned it on):
+ * what a GPU's shared memory makes of the programs' own accesses, the ones
+ * of their thread and lane loops (wmma's tile loads and stores are the
+ * hardware's, and the padded rows keep them conflict-free). Shared memory
+ * serves a warp's access in wavefronts: one for every distinct 32-bit word
+ * the busiest of its 32 banks (bank = word mod 32) must deliver; lanes
+ * reading one word share it. An access of 8 bytes a lane is served a half
+ * warp at a time, one of 16 bytes a quarter warp at a time.
+ *
+ * The host runs a warp's lanes one after another, so which accesses the
+ * GPU would issue together must be worked out: the n-th access a lane makes
+ * at one source line, within one pass of a thread or lane loop, goes with
+ * the n-th access of every other lane of its warp at that line (a lane that
+ * skipped it is not in it). requests counts such warp-wide accesses,
+ * wavefronts what they cost, and ideal the least they could cost (one
+ * wavefront for each group of lanes served together that has a lane in
+ * the access); wavefronts equal to ideal mean no bank conflict. The
+ * counts are also kept per source line of kg_flash.cuh, to find the loop
+ * that conflicts.
+ */
+#define KG_FL_BANK_LINES 2048
+
+struct kg_fl_bank_rec {
+    int32_t line, thread, n;
+    uint32_t seq, off, size;
+};
+
+struct kg_fl_bank_state {
+    bool on;
+    kg_fl_bank_rec *rec;
+    size_t nrec, cap;
+    uint32_t seq;
+    long requests, wavefronts, ideal;
+    long line_req[KG_FL_BANK_LINES], line_wf[KG_FL_BANK_LINES], line_ideal[KG_FL_BANK_LINES];
+};
+
+static kg_fl_bank_state kg_fl_bk;
+
+static inline void kg_fl_bank_note(size_t off, size_t n, int line) {
+    if (kg_fl_bk.nrec == kg_fl_bk.cap) {
+        const size_t cap = kg_fl_bk.cap ? 2 * kg_fl_bk.cap : 4096;
+        kg_fl_bank_rec *r = (kg_fl_bank_rec *)realloc(kg_fl_bk.rec, cap * sizeof *r);
+        if (!r) {
+            kg_fl_host_fail("%s: out of memory at offset %ld (%d, %d)", "the bank model", (long)off, 0, 0);
+            return;
+        }
+        kg_fl_bk.rec = r, kg_fl_bk.cap = cap;
+    }
+    kg_fl_bank_rec *r = &kg_fl_bk.rec[kg_fl_bk.nrec++];
+    r->line = line, r->thread = kg_fl_hs.who, r->n = 0;
+    r->seq = kg_fl_bk.seq++, r->off = (uint32_t)off, r->size = (uint32_t)n;
+}
+
+static inline int kg_fl_bank_by_lane(const void *x, const void *y) {
+    const kg_fl_bank_rec *a = (const kg_fl_bank_rec *)x, *b = (const kg_fl_bank_rec *)y;
+    if (a->thread != b->thread) return a->thread < b->thread ? -1 : 1;
+    if (a->line != b->line) return a->line < b->line ? -1 : 1;
+    return a->seq < b->seq ? -1 : a->seq > b->seq;
+}
+
+static inline int kg_fl_bank_by_issue(const void *x, const void *y) {
+    const kg_fl_bank_rec *a = (const kg_fl_bank_rec *)x, *b = (const kg_fl_bank_rec *)y;
+    if (a->thread / 32 != b->thread / 32) return a->thread / 32 < b->thread / 32 ? -1 : 1;
+    if (a->line != b->line) return a->line < b->line ? -1 : 1;
+    if (a->n != b->n) return a->n < b->n ? -1 : 1;
+    return a->thread < b->thread ? -1 : a->thread > b->thread;
+}
+
+/* The wavefronts of one warp-wide access: g[0..n) (one warp, one line, one
+ * issue), served in groups of lanes as wide as the widest access allows;
+ * *ideal: the groups with a lane in it. */
+static inline long kg_fl_bank_cost(const kg_fl_bank_rec *g, size_t n, long *ideal) {
+    uint32_t most = 4;
+    for (size_t i = 0; i < n; i++) most = g[i].size > most ? g[i].size : most;
+    const int per = most >= 16 ? 8 : most >= 8 ? 16 : 32; /* lanes served together */
+    long cost = 0;
+    *ideal = 0;
+    for (int part = 0; part < 32 / per; part++) {
+        /* per bank, the distinct words asked of it: 32 at most (32 lanes of
+         * one word, 16 of two, 8 of four) */
+        uint32_t words[32][32];
+        int nw[32] = {0}, worst = 0;
+        for (size_t i = 0; i < n; i++) {
+            if ((g[i].thread % 32) / per != part) continue;
+            for (uint32_t w = g[i].off / 4; w <= (g[i].off + g[i].size - 1) / 4; w++) {
+                const int bank = (int)(w % 32);
+                int k = 0;
+                while (k < nw[bank] && words[bank][k] != w) k++;
+                if (k == nw[bank] && k < 32) words[bank][nw[bank]++] = w;
+                worst = nw[bank] > worst ? nw[bank] : worst;
+            }
+        }
+        cost += worst;
+        *ideal += worst > 0;
+    }
+    return cost;
+}
+
+/* Ends a pass of a thread or lane loop: its accesses into the counts. */
+static inline void kg_fl_bank_flush(void) {
+    kg_fl_bank_rec *r = kg_fl_bk.rec;
+    const size_t n = kg_fl_bk.nrec;
+    if (!kg_fl_bk.on || n == 0) return;
+    qsort(r, n, sizeof *r, kg_fl_bank_by_lane);
+    for (size_t i = 1; i < n; i++)
+        if (r[i].thread == r[i - 1].thread && r[i].line == r[i - 1].line) r[i].n = r[i - 1].n + 1;
+    qsort(r, n, sizeof *r, kg_fl_bank_by_issue);
+    for (size_t i = 0; i < n;) {
+        size_t j = i + 1;
+        while (j < n && r[j].thread / 32 == r[i].thread / 32 && r[j].line == r[i].line && r[j].n == r[i].n) j++;
+        long ideal;
+        const long wf = kg_fl_bank_cost(r + i, j - i, &ideal);
+        const int line = r[i].line >= 0 && r[i].line < KG_FL_BANK_LINES ? r[i].line : 0;
+        kg_fl_bk.requests++, kg_fl_bk.wavefronts += wf, kg_fl_bk.ideal += ideal;
+        kg_fl_bk.line_req[line]++, kg_fl_bk.line_wf[line] += wf, kg_fl_bk.line_ideal[line] += ideal;
+        i = j;
+    }
+    kg_fl_bk.nrec = 0;
+}
+
+/* Counting on, from zero. */
+static inline void kg_fl_banks_begin(void) {
+    free(kg_fl_bk.rec);
+    memset(&kg_fl_bk, 0, sizeof kg_fl_bk);
+    kg_fl_bk.on = true;
+}
+
+/* Counting off; the counts stay until the next begin. */
+static inline void kg_fl_banks_end(void) {
+    kg_fl_bank_flush();
+    kg_fl_bk.on = false;
+    free(kg_fl_bk.rec);
+    kg_fl_bk.rec = NULL, kg_fl_bk.nrec = kg_fl_bk.cap = 0;
+}
+
+/* The counts, and each line that conflicts. */
+static inline void kg_fl_banks_print(FILE *f, const char *what) {
+    fprintf(f, "%s: %ld shared-memory requests, %ld wavefronts, %ld without conflicts\n", what, kg_fl_bk.requests,
+            kg_fl_bk.wavefronts, kg_fl_bk.ideal);
+    for (int l = 0; l < KG_FL_BANK_LINES; l++)
+        if (kg_fl_bk.line_wf[l] > kg_fl_bk.line_ideal[l])
+            fprintf(f, "  line %d: %ld requests, %ld wavefronts, %ld without conflicts\n", l, kg_fl_bk.line_req[l],
+                    kg_fl_bk.line_wf[l], kg_fl_bk.line_ideal[l]);
+}
+
+static inline void kg_fl_access(const void *p, size_t n, bool write, int line) {
     const unsigned char *c = (const unsigned char *)p;
     if (c < kg_fl_hs.smem || c + n > kg_fl_hs.smem + kg_fl_hs.bytes) {
         kg_fl_host_fail("%s outside shared memory at offset %ld (thread %d, %d)", write ? "write" : "read",
@@ -108,6 +258,7 @@ static inline void kg_fl_access(const void *p, size_t n, bool write) {
                         (long)(c - kg_fl_hs.smem), 0, 0);
         return;
     }
+    if (kg_fl_bk.on && me < KG_FL_WARPWIDE) kg_fl_bank_note((size_t)(c - kg_fl_hs.smem), n, line);
     for (size_t i = 0; i < n; i++) {
         const size_t off = (size_t)(c - kg_fl_hs.smem) + i;
         kg_fl_shadow *s = &kg_fl_hs.sh[off];
@@ -148,6 +299,7 @@ struct kg_fl_host {
     static int tstep() { return 1; }
     static bool tin(int t) {
         kg_fl_hs.who = t < KG_FL_THREADS ? t : KG_FL_NOBODY;
+        if (t >= KG_FL_THREADS) kg_fl_bank_flush();
         return t < KG_FL_THREADS;
     }
     static int warp0() { return 0; }
@@ -161,6 +313,7 @@ struct kg_fl_host {
     static int lstep() { return 1; }
     static bool lin(int w, int l) {
         kg_fl_hs.who = l < 32 ? 32 * w + l : KG_FL_WARPWIDE + w;
+        if (l >= 32) kg_fl_bank_flush();
         return l < 32;
     }
     static void sync() { kg_fl_hs.epoch++; }
@@ -168,12 +321,13 @@ struct kg_fl_host {
         if (kg_fl_hs.who < KG_FL_WARPWIDE) kg_fl_host_fail("%s at offset %ld: __syncwarp outside a warp loop (%d, %d)", "sync", 0, kg_fl_hs.who, 0);
         else kg_fl_hs.wep[kg_fl_hs.who - KG_FL_WARPWIDE]++;
     }
-    template <class T> static T ld(const T *p) {
-        kg_fl_access(p, sizeof *p, false);
+    /* line: the caller's, for the bank model */
+    template <class T> static T ld(const T *p, int line = __builtin_LINE()) {
+        kg_fl_access(p, sizeof *p, false, line);
         return *p;
     }
-    template <class T> static void st(T *p, T v) {
-        kg_fl_access(p, sizeof *p, true);
+    template <class T> static void st(T *p, T v, int line = __builtin_LINE()) {
+        kg_fl_access(p, sizeof *p, true, line);
         *p = v;
     }
 
