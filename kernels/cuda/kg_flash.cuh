@@ -328,14 +328,16 @@ KG_FL_HD void kg_fl_forward_block(const kg_flash_args &a, unsigned char *sm, int
                 for (int j = 0; j < 32; j++) {
                     const int c = 32 * hf + (j ^ sw);
                     const float s = X::ld(&Ss[r * KG_FL_LDS + c]) * (a.scale * KG_FL_LOG2E);
-                    X::st(&Ss[r * KG_FL_LDS + c], s);
                     mx = k0 + c <= q && s > mx ? s : mx;
                 }
                 X::st(&PM[2 * r + hf], mx);
             }
             X::syncwarp();
             /* p = exp(s - m_new) (0 above the diagonal), its partial sum,
-             * the accumulator's half row scaled by exp(m_old - m_new) */
+             * the accumulator's half row scaled by exp(m_old - m_new). The
+             * scaled score is computed again rather than stored by the
+             * loop above and read back: the same product (no contraction),
+             * so the same bits, for one shared-memory store fewer each */
             for (int l = X::lane0(); X::lin(w, l); l += X::lstep()) {
                 const int r = 16 * w + l / 2, hf = l & 1, q = q0 + r, sw = kg_fl_swz(l);
                 const float pm0 = X::ld(&PM[2 * r]), pm1 = X::ld(&PM[2 * r + 1]), mo = X::ld(&M[r]);
@@ -344,7 +346,7 @@ KG_FL_HD void kg_fl_forward_block(const kg_flash_args &a, unsigned char *sm, int
                 float sum = 0.0f;
                 for (int j = 0; j < 32; j++) {
                     const int c = 32 * hf + (j ^ sw);
-                    const float s = X::ld(&Ss[r * KG_FL_LDS + c]);
+                    const float s = X::ld(&Ss[r * KG_FL_LDS + c]) * (a.scale * KG_FL_LOG2E);
                     const float p = k0 + c <= q ? exp2f(s - mn) : 0.0f;
                     X::st(&Ps[r * KG_FL_LDT + c], kg_fl_enc<OP>(p));
                     sum += p;
