@@ -280,15 +280,10 @@ template <class S> static void tf_unaligned(int op, int s16) {
     const int B = 1, T = 100, NH = 2, C = 128, D = C / NH;
     const size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, nl = (size_t)B * NH * T;
     const std::vector<float> qf = tf_rand16(nq, op), df = tf_rand16(no, op);
+    /* the values in S's storage: 16-bit bits (tf_bits16), or the floats */
     std::vector<S> q(nq + 1), dO(no + 1);
-    for (size_t i = 0; i < nq; i++) {
-        if (s16) ((uint16_t *)q.data())[i] = op == KG_BF16 ? kg_bf16_bits(qf[i]) : kg_f16_bits(qf[i]);
-        else ((float *)q.data())[i] = qf[i];
-    }
-    for (size_t i = 0; i < no; i++) {
-        if (s16) ((uint16_t *)dO.data())[i] = op == KG_BF16 ? kg_bf16_bits(df[i]) : kg_f16_bits(df[i]);
-        else ((float *)dO.data())[i] = df[i];
-    }
+    memcpy(q.data(), s16 ? (const void *)tf_bits16(qf, op).data() : (const void *)qf.data(), nq * sizeof(S));
+    memcpy(dO.data(), s16 ? (const void *)tf_bits16(df, op).data() : (const void *)df.data(), no * sizeof(S));
     std::vector<S> q1(nq + 1), dO1(no + 1); /* the same values from element 1 */
     memcpy(q1.data() + 1, q.data(), nq * sizeof(S));
     memcpy(dO1.data() + 1, dO.data(), no * sizeof(S));
