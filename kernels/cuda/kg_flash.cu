@@ -1,9 +1,10 @@
 /*
  * kg_flash.cu: the device side of the fused ("flash") causal attention:
  * kg_flash.cuh's block programs instantiated with kg_fl_dev, the policy of
- * a real CUDA block (threadIdx, __syncthreads, __syncwarp, and the warp's
- * tensor-core products through nvcuda::wmma on bf16 or f16 operands with
- * float accumulators), their kernels and the launchers of kg_kernels.h.
+ * a real CUDA block (threadIdx, __syncthreads, warp shuffles, and the
+ * tensor cores through PTX's ldmatrix and mma.sync m16n8k16 on bf16 or f16
+ * operands with float accumulators: sm_80 and newer), their kernels and
+ * the launchers of kg_kernels.h.
  * The algorithm itself, and why it is correct on both machines, is in
  * kg_flash.cuh; the host twin that CI tests is kg_flash_host.cuh.
  */
@@ -19,7 +20,6 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <mma.h>
 
 struct kg_fl_dev {
     static __device__ __forceinline__ int tid0() { return (int)threadIdx.x; }
@@ -32,63 +32,63 @@ struct kg_fl_dev {
     static __device__ __forceinline__ int lstep() { return 32; }
     static __device__ __forceinline__ bool lin(int, int l) { return l < 32; }
     static __device__ __forceinline__ void sync() { __syncthreads(); }
-    static __device__ __forceinline__ void syncwarp() { __syncwarp(); }
     template <class T> static __device__ __forceinline__ T ld(const T *p) { return *p; }
     template <class T> static __device__ __forceinline__ void st(T *p, T v) { *p = v; }
 
-    /* Accumulators in registers: NN wmma fragments of 16 x 16 floats. */
-    template <int NN> struct acc {
-        nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> f[NN];
-    };
+    /* A thread holds its own lane's registers (kg_flash.cuh's policy
+     * contract); what a warp keeps across barriers, once. */
+    static constexpr int NL = 1;
+    static __device__ __forceinline__ int li(int) { return 0; }
     static constexpr int kSlots = 1;
     static __device__ __forceinline__ int slot(int) { return 0; }
-    template <int NN> static __device__ __forceinline__ void acc_zero(acc<NN> &c) {
-#pragma unroll
-        for (int n = 0; n < NN; n++) nvcuda::wmma::fill_fragment(c.f[n], 0.0f);
-    }
-    template <int NN> static __device__ __forceinline__ void acc_load(acc<NN> &c, const float *p, int ldc) {
-#pragma unroll
-        for (int n = 0; n < NN; n++)
-            nvcuda::wmma::load_matrix_sync(c.f[n], p + 16 * n, (unsigned)ldc, nvcuda::wmma::mem_row_major);
-    }
-    template <int NN> static __device__ __forceinline__ void acc_store(const acc<NN> &c, float *p, int ldc) {
-#pragma unroll
-        for (int n = 0; n < NN; n++)
-            nvcuda::wmma::store_matrix_sync(p + 16 * n, c.f[n], (unsigned)ldc, nvcuda::wmma::mem_row_major);
+
+    /* ldmatrix.x4 (sm_75 and newer): this lane's row address p[0]. */
+    template <int TRANS>
+    static __device__ __forceinline__ void ldsm(uint32_t (&r)[4][NL], const uint16_t *const (&p)[NL]) {
+        const unsigned addr = (unsigned)__cvta_generic_to_shared(p[0]);
+        if constexpr (TRANS)
+            asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(r[0][0]), "=r"(r[1][0]), "=r"(r[2][0]), "=r"(r[3][0])
+                         : "r"(addr));
+        else
+            asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(r[0][0]), "=r"(r[1][0]), "=r"(r[2][0]), "=r"(r[3][0])
+                         : "r"(addr));
     }
 
-    /* kg_flash.cuh's product added into register accumulators: each A
-     * fragment loaded once per step of 16 along K. */
-    template <int OP, int AT, int BT, int KN, int NN>
-    static __device__ __forceinline__ void mma_acc(acc<NN> &c, const uint16_t *a, int lda, const uint16_t *b,
-                                                   int ldb) {
-        namespace w = nvcuda::wmma;
-        typedef typename std::conditional<OP == KG_BF16, __nv_bfloat16, __half>::type E;
-        typedef typename std::conditional<AT != 0, w::col_major, w::row_major>::type LA;
-        typedef typename std::conditional<BT != 0, w::col_major, w::row_major>::type LB;
-#pragma unroll
-        for (int k = 0; k < KN; k++) {
-            w::fragment<w::matrix_a, 16, 16, 16, E, LA> af;
-            w::load_matrix_sync(af, (const E *)(AT ? a + 16 * k * lda : a + 16 * k), (unsigned)lda);
-#pragma unroll
-            for (int n = 0; n < NN; n++) {
-                w::fragment<w::matrix_b, 16, 16, 16, E, LB> bf;
-                w::load_matrix_sync(bf, (const E *)(BT ? b + 16 * n * ldb + 16 * k : b + 16 * k * ldb + 16 * n),
-                                    (unsigned)ldb);
-                w::mma_sync(c.f[n], af, bf, c.f[n]);
-            }
+    /* mma.sync m16n8k16 (sm_80 and newer), float accumulators in place. */
+    template <int OP>
+    static __device__ __forceinline__ void mma(float (&d)[4][NL], const uint32_t (&a)[4][NL],
+                                               const uint32_t (&b)[4][NL], int h) {
+        if constexpr (OP == KG_BF16)
+            asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                         "{%8, %9}, {%0, %1, %2, %3};\n"
+                         : "+f"(d[0][0]), "+f"(d[1][0]), "+f"(d[2][0]), "+f"(d[3][0])
+                         : "r"(a[0][0]), "r"(a[1][0]), "r"(a[2][0]), "r"(a[3][0]), "r"(b[2 * h][0]),
+                           "r"(b[2 * h + 1][0]));
+        else
+            asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                         "{%8, %9}, {%0, %1, %2, %3};\n"
+                         : "+f"(d[0][0]), "+f"(d[1][0]), "+f"(d[2][0]), "+f"(d[3][0])
+                         : "r"(a[0][0]), "r"(a[1][0]), "r"(a[2][0]), "r"(a[3][0]), "r"(b[2 * h][0]),
+                           "r"(b[2 * h + 1][0]));
+    }
+
+    static __device__ __forceinline__ void shfl_xor(float (&v)[NL], int m) {
+        v[0] = __shfl_xor_sync(0xffffffffu, v[0], m);
+    }
+
+    /* Two floats rounded to nearest even in one instruction (cvt.rn.bf16x2
+     * / .f16x2): the bits of kg_bf16_bits / kg_f16_bits for every value
+     * but NaN, which neither P nor dS is unless an input is. */
+    template <int OP> static __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+        if constexpr (OP == KG_BF16) {
+            const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+            return *(const uint32_t *)&v;
+        } else {
+            const __half2 v = __floats2half2_rn(lo, hi);
+            return *(const uint32_t *)&v;
         }
-    }
-
-    /* The product with C in shared memory (loaded first when accumulating). */
-    template <int OP, int AT, int BT, int KN, int NN>
-    static __device__ __forceinline__ void mma(float *c, int ldc, const uint16_t *a, int lda, const uint16_t *b,
-                                               int ldb, bool accumulate) {
-        acc<NN> t;
-        if (accumulate) acc_load(t, c, ldc);
-        else acc_zero(t);
-        mma_acc<OP, AT, BT, KN, NN>(t, a, lda, b, ldb);
-        acc_store(t, c, ldc);
     }
 };
 

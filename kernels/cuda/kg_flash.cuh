@@ -4,21 +4,30 @@
  * Its three block programs (the forward; the backward's dK/dV pass and its
  * dQ pass) are templates over an execution policy X. kg_flash.cu
  * instantiates them with kg_fl_dev, a real CUDA block: KG_FL_THREADS
- * threads, __syncthreads, and the tensor cores through nvcuda::wmma.
+ * threads, __syncthreads, warp shuffles, and the tensor cores through
+ * PTX's ldmatrix and mma.sync (m16n8k16, sm_80 and newer).
  * kg_flash_host.cuh's kg_fl_host runs the same programs on the host: each
- * "for each thread" loop visits every thread in turn, the barriers are
- * no-ops, and the warp-wide products are plain loops. Every phase between
- * two barriers is free of races (a thread writes only its own elements and
- * reads only what an earlier phase wrote), so the host's serial order
- * computes what the GPU's parallel one does. That host emulation is what CI
- * tests against the cpu kernels (test_cuda_flash, no GPU), and what the
- * fake cuda accelerator runs; tests/gpu/run.sh tests the device one.
+ * "for each thread / warp / lane" loop visits every one in turn, the
+ * barriers are no-ops, and the warp-wide operations are loops over the
+ * warp's 32 lanes. Every phase between two barriers is free of races (a
+ * thread writes only its own elements and reads only what an earlier phase
+ * wrote), so the host's serial order computes what the GPU's parallel one
+ * does. That host emulation is what CI tests against the cpu kernels
+ * (test_cuda_flash, no GPU), and what the fake cuda accelerator runs;
+ * tests/gpu/run.sh tests the device one.
  *
- * The programs never look inside a tensor-core fragment (wmma's element
- * layout is unspecified): the products are defined by their operands in
- * shared memory alone, so the emulation's fragments need not match the
- * hardware's. The emulation also checks what wmma requires, poisons shared
- * memory before each block, and fails on races between phases (see
+ * Registers, not shared memory, hold everything a warp computes (the
+ * design of FlashAttention-2): the scores, the softmax, P and dS, and the
+ * accumulators. That is possible because mma.sync's fragment layouts are
+ * specified by the PTX ISA, unlike wmma's: a lane knows which rows and
+ * columns of an accumulator it holds, so the row max and sums are taken in
+ * registers (and across a row's four lanes by shuffles), and an
+ * accumulator of scores, rounded, is the next product's A operand without
+ * leaving the registers. Shared memory holds only the tiles all four warps
+ * read (q, k, v, dO), loaded once per tile and read by ldmatrix. The
+ * emulation implements the ISA's layouts (test_cuda_flash checks them
+ * element by element against the ISA's tables), poisons shared memory
+ * before each block, and fails on races between phases (see
  * kg_flash_host.cuh).
  *
  * Numbers: q, k, v and dO (fp32 in memory, 16-bit values in a
@@ -37,7 +46,7 @@
  *
  * Tiles: KG_FL_BR = KG_FL_BC = 64 rows (queries, keys), 4 warps of 16 rows
  * each; the head size D = 16 * DN for DN in 1, 2, 4, 8. Shared-memory rows
- * are padded (+8 16-bit elements, +4 floats) so that the wmma tile loads of
+ * are padded (+8 16-bit elements) so that ldmatrix's reads of 8
  * consecutive rows fall in different banks.
  */
 #ifndef KILN_KERNELS_CUDA_KG_FLASH_CUH
@@ -83,45 +92,36 @@ struct kg_flash_args {
 };
 
 /* Shared-memory layout of one program: byte offsets of each array (0 when
- * absent) and the total. Every array starts 128-byte aligned. */
+ * absent) and the total. Every array starts 128-byte aligned. Only the
+ * tiles the warps share live here (q, k, v, dO: 16-bit, leading dimension
+ * kg_fl_lde) and, for the dK/dV program, a query tile's lse and delta;
+ * scores, probabilities and accumulators stay in registers. */
 struct kg_fl_layout {
-    size_t q, k, v, dout, s, dp, p, ds, acc, rowa, rowb, rowc, rowd, bytes;
+    size_t q, k, v, dout, rowa, rowb, bytes;
 };
 
 KG_HD size_t kg_fl_up128(size_t n) { return (n + 127) & ~(size_t)127; }
 
-/* Leading dimensions, in elements: 16-bit tiles of width D (q, k, v, dO),
- * 16-bit tiles of width BC (P, dS), float tiles of width BC (S, dP), float
- * tiles of width D (the accumulators). */
-KG_HD int kg_fl_lde(int D) { return D + 8; }
-#define KG_FL_LDT (KG_FL_BC + 8)
-#define KG_FL_LDS (KG_FL_BC + 4)
-KG_HD int kg_fl_ldo(int D) { return D + 4; }
+/* The leading dimension of a 16-bit tile of width D, in elements: 8 more
+ * than D, so that the eight 16-byte rows an ldmatrix phase reads (rows
+ * r..r+7, one column block) start 4 banks apart, in 8 different groups of
+ * 4 banks, for every D here (16 bytes of padding a row: D = 64's rows are
+ * 36 words apart, 4 past a multiple of 32). */
+#define KG_FL_LDE(D) ((D) + 8)
+KG_HD int kg_fl_lde(int D) { return KG_FL_LDE(D); }
 
 KG_HD kg_fl_layout kg_fl_layout_of(int prog, int D) {
-    kg_fl_layout L = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    kg_fl_layout L = {0, 0, 0, 0, 0, 0, 0};
     const size_t e_tile = kg_fl_up128((size_t)KG_FL_BR * (size_t)kg_fl_lde(D) * 2u);
-    const size_t t_tile = kg_fl_up128((size_t)KG_FL_BR * KG_FL_LDT * 2u);
-    const size_t s_tile = kg_fl_up128((size_t)KG_FL_BR * KG_FL_LDS * 4u);
-    const size_t o_tile = kg_fl_up128((size_t)KG_FL_BR * (size_t)kg_fl_ldo(D) * 4u);
-    const size_t row = kg_fl_up128((size_t)KG_FL_BR * 2u * 4u);
+    const size_t row = kg_fl_up128((size_t)KG_FL_BR * 4u);
     size_t at = 0;
     L.q = at, at += e_tile;
     L.k = at, at += e_tile;
     L.v = at, at += e_tile;
     if (prog != KG_FL_FWD) L.dout = at, at += e_tile;
-    L.s = at, at += s_tile;
-    if (prog != KG_FL_FWD) L.dp = at, at += s_tile;
-    if (prog != KG_FL_DQ) L.p = at, at += t_tile;
-    if (prog != KG_FL_FWD) L.ds = at, at += t_tile;
-    /* the forward's accumulator is rescaled row by row, so it lives here;
-     * the backward's stay in registers (X::acc) */
-    if (prog == KG_FL_FWD) L.acc = at, at += o_tile;
-    L.rowa = at, at += row;
-    L.rowb = at, at += row;
-    if (prog == KG_FL_FWD) {
-        L.rowc = at, at += row;
-        L.rowd = at, at += row;
+    if (prog == KG_FL_DKDV) {
+        L.rowa = at, at += row;
+        L.rowb = at, at += row;
     }
     L.bytes = at;
     return L;
@@ -138,21 +138,6 @@ KG_HD size_t kg_fl_smem_most(int D) {
     return most;
 }
 
-/*
- * The order in which lane l of a warp's softmax loops visits its columns:
- * the j-th visit is column j ^ kg_fl_swz(l) of its half row. Lane l holds
- * row l / 2 of the warp's 16 and half l & 1. Visited in plain order, the
- * four lanes whose rows are 8 apart, in either half, would meet in one
- * bank at every step, since the rows' strides (KG_FL_LDS, KG_FL_LDT,
- * kg_fl_ldo) are 4 words more than a multiple of 32: every float access 4
- * wavefronts, every 16-bit store 4. XOR-ing the column with 0, 3, 5 or 6
- * for those four lanes parts them: the two low bits differ (float rows)
- * and so do bits 1 and 2 (16-bit rows, two columns to a word). Any span of
- * 8 or more columns (a power of two) is still visited whole. The bank model
- * of kg_flash_host.cuh counts one wavefront a request for these loops.
- */
-KG_HD int kg_fl_swz(int l) { return (0x6530 >> (4 * (2 * (l >> 4) + (l & 1)))) & 0xf; }
-
 /* A float rounded to OP's 16 bits, and back. */
 template <int OP> KG_HD uint16_t kg_fl_enc(float x) {
     if constexpr (OP == KG_BF16) return kg_bf16_bits(x);
@@ -164,31 +149,49 @@ template <int OP> KG_HD float kg_fl_dec(uint16_t b) {
 }
 
 /*
- * The policy's warp-wide product (every lane of the warp calls it with the
- * same arguments; on the host it is called once per warp):
- *   C[16 x 16*NN] (=, or += when acc) A[16 x 16*KN] * B[16*KN x 16*NN]
- * C: float, row-major, leading dimension ldc. A(i, k) = a[i*lda + k]
- * (AT = 0) or a[k*lda + i] (AT = 1); B(k, n) = b[k*ldb + n] (BT = 0) or
- * b[n*ldb + k] (BT = 1); a and b hold OP bit patterns.
- *   X::template mma<OP, AT, BT, KN, NN>(c, ldc, a, lda, b, ldb, acc)
- * and the loops of a phase:
+ * The execution policy X. The loops of a phase:
  *   for (int t = X::tid0(); X::tin(t); t += X::tstep())       threads
  *   for (int w = X::warp0(); X::win(w); w += X::wstep())      warps
  *   for (int l = X::lane0(); X::lin(w, l); l += X::lstep())   lanes of w
  * (on the device one pass each: this thread, its warp, its lane; on the
- * host every one in turn, the test telling the policy who runs),
- * with X::sync() (the block's barrier) and X::syncwarp() between phases.
- * Shared memory is read and written through X::ld / X::st (the host's race
- * check; plain accesses on the device).
+ * host every one in turn, the test telling the policy who runs), with
+ * X::sync() (the block's barrier). Shared memory is written and read by
+ * the thread loops through X::st / X::ld (the host's race check; plain
+ * accesses on the device).
  *
- * Accumulators that stay in registers across phases (the backward's dK, dV
- * and dQ: never read element by element, so wmma's opaque fragments do):
- *   typename X::template acc<NN> a[X::kSlots]   one per warp: X::slot(w)
- *   X::acc_zero(a), X::template mma_acc<OP, AT, BT, KN, NN>(a, ...) (the
- *   product above, added into a), X::acc_store(a, c, ldc) (into shared
- *   memory, row-major). On the device kSlots is 1 (each warp holds its own
- *   in registers); on the host one per warp, since the host runs the warps
- *   in turn.
+ * Registers. A warp's registers are arrays whose last index is the lane
+ * slot, [X::NL]: on the device NL is 1 (a thread holds its own lane's
+ * value), on the host 32 (the host runs a lane loop over them). Lane l's
+ * slot is X::li(l). What a warp keeps across the block's barriers (its
+ * accumulators, its resident fragments) has a first index [X::kSlots],
+ * one per warp on the host (which runs the warps in turn), 1 on the
+ * device; warp w's is X::slot(w).
+ *
+ * The warp-wide operations, called by a warp loop's body (every lane of
+ * the warp at once, with every lane's slot filled):
+ *  - X::template ldsm<TRANS>(r, p): ldmatrix.x4, four 8 x 8 matrices of
+ *    16-bit elements from shared memory, lane l giving the address of row
+ *    l % 8 of matrix l / 8 (p[X::li(l)], 16 bytes, 16-byte aligned); r[i]
+ *    gets matrix i's fragment: lane l holds row l / 4, columns 2 (l % 4)
+ *    and 2 (l % 4) + 1 (TRANS = 0), or column l / 4, rows 2 (l % 4) and
+ *    2 (l % 4) + 1 (TRANS = 1), the lower index in the lower 16 bits.
+ *  - X::template mma<OP>(d, a, b, h): mma.sync m16n8k16, D(16 x 8, float)
+ *    += A(16 x 16) B(16 x 8) on OP's 16-bit values, B's two registers
+ *    being b[2h] and b[2h + 1] (an ldsm result holds two). Lane l, g = l /
+ *    4, c = 2 (l % 4): a[0] = A(g, c..c+1), a[1] = A(g+8, c..c+1), a[2] =
+ *    A(g, c+8..c+9), a[3] = A(g+8, c+8..c+9); b[2h] = B(c..c+1, g),
+ *    b[2h+1] = B(c+8..c+9, g); d[0], d[1] = D(g, c), D(g, c+1); d[2],
+ *    d[3] = D(g+8, c), D(g+8, c+1).
+ *  - X::shfl_xor(v, m): every lane's v becomes lane l ^ m's.
+ * and per lane, X::template pack2<OP>(lo, hi): two floats rounded to OP
+ * into one register, lo in the lower half (mma's operand order).
+ *
+ * Those layouts are the PTX ISA's (mma's fragments for .m16n8k16 with
+ * .bf16/.f16 operands and .f32 accumulators; ldmatrix's), so a program may
+ * read an accumulator element by element: lane l holds rows l / 4 and
+ * l / 4 + 8 of a warp's 16, which is what the register-resident softmax
+ * below is built on. The host policy implements the same layouts from the
+ * ISA's definitions, and the products as float sums in increasing k.
  */
 
 #ifdef __CUDACC__
@@ -197,6 +200,11 @@ template <int OP> KG_HD float kg_fl_dec(uint16_t b) {
 #else
 #define KG_FL_HD inline
 #define KG_FL_NOCHECK
+#endif
+#ifdef __CUDA_ARCH__
+#define KG_FL_UNROLL _Pragma("unroll")
+#else
+#define KG_FL_UNROLL
 #endif
 
 /* Loads the rows [r0, r0 + 64) of one of q, k, v (which = 0, 1, 2) or of
@@ -274,39 +282,185 @@ KG_HD int kg_fl_key_tiles(int q0, int T) {
     return qlast / KG_FL_BC + 1;
 }
 
-/* Zeroes a float tile of width D (leading dimension ldo). */
+/*
+ * The fragment loads. A 16-bit tile is row-major with leading dimension
+ * LDE; "rows" below are its rows.
+ *
+ * kg_fl_frag_a: the A operand A(i, k) = tile(r0 + i, c0 + k), 16 x 16 (the
+ * matrices: rows 0-7 and 8-15 of columns 0-7, then of columns 8-15; lane
+ * l gives row l % 16 of column block l / 16). With TRANS = 1 the same
+ * addresses give the B operands B(k, n) = tile(r0 + k, c0 + n) of two
+ * 8-wide n-tiles: n-tile 0 in r[0], r[1] (h = 0), n-tile 1 in r[2], r[3]
+ * (h = 1).
+ *
+ * kg_fl_frag_bt: the B operands B(k, n) = tile(r0 + n, c0 + k) of two
+ * n-tiles (rows r0..r0+7 and r0+8..r0+15), k over 16 columns (the
+ * matrices: rows 0-7 of columns 0-7 and 8-15, then rows 8-15 of both; lane
+ * l gives row l % 8 + 8 (l / 16) of column block (l / 8) % 2).
+ */
 KG_FL_NOCHECK
-template <class X> KG_FL_HD void kg_fl_zero_acc(float *acc, int D) {
-    const int ldo = kg_fl_ldo(D);
-    for (int t = X::tid0(); X::tin(t); t += X::tstep())
-        for (int i = t; i < KG_FL_BR * D; i += KG_FL_THREADS) X::st(&acc[(i / D) * ldo + i % D], 0.0f);
+template <class X, int TRANS, int LDE>
+KG_FL_HD void kg_fl_frag_a(uint32_t (&r)[4][X::NL], const uint16_t *tile, int r0, int c0, int w) {
+    const uint16_t *p[X::NL];
+    for (int l = X::lane0(); X::lin(w, l); l += X::lstep()) p[X::li(l)] = tile + (r0 + (l & 15)) * LDE + c0 + 8 * (l >> 4);
+    X::template ldsm<TRANS>(r, p);
+}
+
+KG_FL_NOCHECK
+template <class X, int LDE>
+KG_FL_HD void kg_fl_frag_bt(uint32_t (&r)[4][X::NL], const uint16_t *tile, int r0, int c0, int w) {
+    const uint16_t *p[X::NL];
+    for (int l = X::lane0(); X::lin(w, l); l += X::lstep())
+        p[X::li(l)] = tile + (r0 + (l & 7) + 8 * (l >> 4)) * LDE + c0 + 8 * ((l >> 3) & 1);
+    X::template ldsm<0>(r, p);
 }
 
 /*
- * The forward of query tile qt of head bh = b * NH + h: for each key tile
- * up to the diagonal, S = q k^T (each warp its 16 rows), the online
- * softmax (two lanes per row, 32 columns each: the row max, p = exp(s*scale
- * - m), the running sum l and the rescaling of the accumulator by exp(m_old
- * - m)), then O += P v. Finally out = O / l (rounded through rd) and lse =
- * m + log(l).
+ * S(16 x 64) = A(16 x D) Bt(64 x D)^T, one warp's scores against a tile of
+ * 64 keys: A from the warp's resident fragments (RA: a[kk], 16 columns
+ * each) or loaded from the tile At's rows r0.. (the large head
+ * sizes, whose fragments would not fit in registers beside the
+ * accumulators; RA = false, a unused); Bt the 64 rows of a 16-bit tile. s[n] is the n-th 8-key
+ * column block's accumulator.
+ */
+KG_FL_NOCHECK
+template <class X, int OP, int DN, bool RA>
+KG_FL_HD void kg_fl_scores(float (&s)[8][4][X::NL], const uint32_t (&a)[RA ? DN : 1][4][X::NL], const uint16_t *At,
+                           int r0, const uint16_t *Bt, int w) {
+    constexpr int LDE = KG_FL_LDE(16 * DN);
+    for (int l = X::lane0(); X::lin(w, l); l += X::lstep()) {
+        KG_FL_UNROLL for (int n = 0; n < 8; n++) {
+            KG_FL_UNROLL for (int i = 0; i < 4; i++) s[n][i][X::li(l)] = 0.0f;
+        }
+    }
+    KG_FL_UNROLL for (int kk = 0; kk < DN; kk++) {
+        uint32_t af[4][X::NL];
+        if constexpr (RA) {
+            for (int l = X::lane0(); X::lin(w, l); l += X::lstep()) {
+                KG_FL_UNROLL for (int i = 0; i < 4; i++) af[i][X::li(l)] = a[kk][i][X::li(l)];
+            }
+        } else {
+            kg_fl_frag_a<X, 0, LDE>(af, At, r0, 16 * kk, w);
+        }
+        KG_FL_UNROLL for (int np = 0; np < 4; np++) {
+            uint32_t bf[4][X::NL];
+            kg_fl_frag_bt<X, LDE>(bf, Bt, 16 * np, 16 * kk, w);
+            X::template mma<OP>(s[2 * np], af, bf, 0);
+            X::template mma<OP>(s[2 * np + 1], af, bf, 1);
+        }
+    }
+}
+
+/* acc(16 x D) += P(16 x 64) V(64 x D): P as four A operands (p[kk]: keys
+ * 16 kk..16 kk + 15, packed by kg_fl_pack_p), V the 64 rows of a 16-bit
+ * tile read transposed; acc[n] the n-th 8-wide column block. */
+KG_FL_NOCHECK
+template <class X, int OP, int DN>
+KG_FL_HD void kg_fl_acc_pv(float (&acc)[2 * DN][4][X::NL], const uint32_t (&p)[4][4][X::NL], const uint16_t *V,
+                           int w) {
+    constexpr int LDE = KG_FL_LDE(16 * DN);
+    KG_FL_UNROLL for (int kk = 0; kk < 4; kk++) {
+        KG_FL_UNROLL for (int dp = 0; dp < DN; dp++) {
+            uint32_t bf[4][X::NL];
+            kg_fl_frag_a<X, 1, LDE>(bf, V, 16 * kk, 16 * dp, w);
+            X::template mma<OP>(acc[2 * dp], p[kk], bf, 0);
+            X::template mma<OP>(acc[2 * dp + 1], p[kk], bf, 1);
+        }
+    }
+}
+
+/* One lane's 16 x 64 accumulator values (s, rounded to OP) as the A
+ * operands of the next product: a 16-key block kk is accumulator blocks 2
+ * kk and 2 kk + 1, whose layouts are A's halves. */
+KG_FL_NOCHECK
+template <class X, int OP>
+KG_FL_HD void kg_fl_pack_p(uint32_t (&p)[4][4][X::NL], const float (&s)[8][4][X::NL], int L) {
+    KG_FL_UNROLL for (int kk = 0; kk < 4; kk++) {
+        p[kk][0][L] = X::template pack2<OP>(s[2 * kk][0][L], s[2 * kk][1][L]);
+        p[kk][1][L] = X::template pack2<OP>(s[2 * kk][2][L], s[2 * kk][3][L]);
+        p[kk][2][L] = X::template pack2<OP>(s[2 * kk + 1][0][L], s[2 * kk + 1][1][L]);
+        p[kk][3][L] = X::template pack2<OP>(s[2 * kk + 1][2][L], s[2 * kk + 1][3][L]);
+    }
+}
+
+/* Every lane's v becomes the largest (or the sum, sum = true) of its quad
+ * of lanes (l / 4 equal: one row's four holders). */
+KG_FL_NOCHECK
+template <class X> KG_FL_HD void kg_fl_quad(float (&v)[X::NL], int w, bool sum) {
+    for (int m = 1; m <= 2; m *= 2) {
+        float o[X::NL];
+        for (int l = X::lane0(); X::lin(w, l); l += X::lstep()) o[X::li(l)] = v[X::li(l)];
+        X::shfl_xor(o, m);
+        for (int l = X::lane0(); X::lin(w, l); l += X::lstep()) {
+            const int L = X::li(l);
+            v[L] = sum ? v[L] + o[L] : (o[L] > v[L] ? o[L] : v[L]);
+        }
+    }
+}
+
+/* One float of an output at element e: 16-bit storage (s16) or float32,
+ * rounded through rd either way (OP is rd). */
+template <int OP> KG_FL_HD void kg_fl_put(void *base, size_t e, float v, int s16, int rd) {
+    if (s16) ((uint16_t *)base)[e] = kg_fl_enc<OP>(v);
+    else ((float *)base)[e] = kg_round_to_dtype(v, rd);
+}
+
+/* A warp's 16 x D accumulator, times mul, into rows r0.. (16 of them, rows
+ * at or past T skipped) and columns col.. of an output with row stride ld
+ * (elements) from element base of batch element b. */
+KG_FL_NOCHECK
+template <class X, int OP, int DN>
+KG_FL_HD void kg_fl_store_acc(const kg_flash_args &a, void *out, size_t base, size_t ld, const float (&acc)[2 * DN][4][X::NL],
+                              int r0, size_t col, float mul, int w) {
+    for (int l = X::lane0(); X::lin(w, l); l += X::lstep()) {
+        const int L = X::li(l), g = l >> 2, c = 2 * (l & 3);
+        KG_FL_UNROLL for (int n = 0; n < 2 * DN; n++) {
+            KG_FL_UNROLL for (int i = 0; i < 4; i++) {
+                const int row = r0 + g + 8 * (i >> 1);
+                if (row >= a.T) continue;
+                const size_t e = base + (size_t)row * ld + col + (size_t)(8 * n + c + (i & 1));
+                kg_fl_put<OP>(out, e, acc[n][i][L] * mul, a.s16, a.rd);
+            }
+        }
+    }
+}
+
+/*
+ * The forward of query tile qt of head bh = b * NH + h. Each warp owns 16
+ * query rows and keeps in registers their q fragments, the output
+ * accumulator O (16 x D), and per row the running max m and sum l (each
+ * lane its partial sum over its own columns: every lane of a row scales by
+ * the same factor, so the four partials are added once, at the end). For
+ * each key tile up to the diagonal: S = q k^T, the causal mask, the row
+ * max (the four lanes of a row by shuffles), p = exp(s*scale - m), O and
+ * l rescaled by exp(m_old - m), then O += P v with P rounded to OP and
+ * passed from the scores' registers as the next product's operand.
+ * Finally out = O / l (rounded through rd) and lse = m + log(l).
  */
 KG_FL_NOCHECK
 template <class X, int OP, int DN>
 KG_FL_HD void kg_fl_forward_block(const kg_flash_args &a, unsigned char *sm, int qt, int bh) {
-    constexpr int D = 16 * DN, LDE = D + 8, LDO = D + 4;
-    const kg_fl_layout L = kg_fl_layout_of(KG_FL_FWD, D);
-    uint16_t *Qs = (uint16_t *)(sm + L.q), *Ks = (uint16_t *)(sm + L.k), *Vs = (uint16_t *)(sm + L.v);
-    uint16_t *Ps = (uint16_t *)(sm + L.p);
-    float *Ss = (float *)(sm + L.s), *Os = (float *)(sm + L.acc);
-    float *M = (float *)(sm + L.rowa), *Lsum = (float *)(sm + L.rowb);
-    float *PM = (float *)(sm + L.rowc), *PS = (float *)(sm + L.rowd); /* (64, 2) per-lane partials */
+    constexpr int D = 16 * DN, LDE = KG_FL_LDE(D), NL = X::NL;
+    const kg_fl_layout Ly = kg_fl_layout_of(KG_FL_FWD, D);
+    uint16_t *Qs = (uint16_t *)(sm + Ly.q), *Ks = (uint16_t *)(sm + Ly.k), *Vs = (uint16_t *)(sm + Ly.v);
     const int b = bh / a.NH, h = bh % a.NH, T = a.T, q0 = qt * KG_FL_BR;
+    const float sc2 = a.scale * KG_FL_LOG2E;
+    uint32_t qa[X::kSlots][DN][4][NL];
+    float O[X::kSlots][2 * DN][4][NL], M[X::kSlots][2][NL], Lp[X::kSlots][2][NL];
 
     kg_fl_load_rows<X, OP>(a, Qs, 0, b, h, D, q0);
-    kg_fl_zero_acc<X>(Os, D);
-    for (int t = X::tid0(); X::tin(t); t += X::tstep())
-        if (t < KG_FL_BR) X::st(&M[t], -INFINITY), X::st(&Lsum[t], 0.0f);
     X::sync();
+    for (int w = X::warp0(); X::win(w); w += X::wstep()) {
+        const int s = X::slot(w);
+        KG_FL_UNROLL for (int kk = 0; kk < DN; kk++) kg_fl_frag_a<X, 0, LDE>(qa[s][kk], Qs, 16 * w, 16 * kk, w);
+        for (int l = X::lane0(); X::lin(w, l); l += X::lstep()) {
+            const int L = X::li(l);
+            KG_FL_UNROLL for (int n = 0; n < 2 * DN; n++) {
+                KG_FL_UNROLL for (int i = 0; i < 4; i++) O[s][n][i][L] = 0.0f;
+            }
+            M[s][0][L] = M[s][1][L] = -INFINITY, Lp[s][0][L] = Lp[s][1][L] = 0.0f;
+        }
+    }
 
     const int nkt = kg_fl_key_tiles(q0, T);
     for (int kt = 0; kt < nkt; kt++) {
@@ -314,86 +468,75 @@ KG_FL_HD void kg_fl_forward_block(const kg_flash_args &a, unsigned char *sm, int
         kg_fl_load_kv<X, OP>(a, Ks, Vs, b, h, D, k0);
         X::sync();
         for (int w = X::warp0(); X::win(w); w += X::wstep()) {
-            X::template mma<OP, 0, 1, DN, KG_FL_BC / 16>(Ss + 16 * w * KG_FL_LDS, KG_FL_LDS, Qs + 16 * w * LDE, LDE,
-                                                         Ks, LDE, false);
-            X::syncwarp();
-            /* the row max of the scaled, masked scores, per half row. The
-             * causal mask here and below is a select, not a branch: every
-             * lane loads all its columns (the product wrote them all), so
-             * a diagonal tile's lanes stay in step, each load one warp-wide
-             * request in its own bank (kg_fl_swz) */
+            const int s = X::slot(w);
+            float S[8][4][NL], mx[2][NL];
+            kg_fl_scores<X, OP, DN, true>(S, qa[s], Qs, 0, Ks, w);
+            /* scaled to base 2 and masked (the mask a select: the lanes of
+             * a diagonal tile stay in step), and each lane's row maxima */
             for (int l = X::lane0(); X::lin(w, l); l += X::lstep()) {
-                const int r = 16 * w + l / 2, hf = l & 1, q = q0 + r, sw = kg_fl_swz(l);
-                float mx = -INFINITY;
-                for (int j = 0; j < 32; j++) {
-                    const int c = 32 * hf + (j ^ sw);
-                    const float s = X::ld(&Ss[r * KG_FL_LDS + c]) * (a.scale * KG_FL_LOG2E);
-                    mx = k0 + c <= q && s > mx ? s : mx;
-                }
-                X::st(&PM[2 * r + hf], mx);
-            }
-            X::syncwarp();
-            /* p = exp(s - m_new) (0 above the diagonal), its partial sum,
-             * the accumulator's half row scaled by exp(m_old - m_new). The
-             * scaled score is computed again rather than stored by the
-             * loop above and read back: the same product (no contraction),
-             * so the same bits, for one shared-memory store fewer each */
-            for (int l = X::lane0(); X::lin(w, l); l += X::lstep()) {
-                const int r = 16 * w + l / 2, hf = l & 1, q = q0 + r, sw = kg_fl_swz(l);
-                const float pm0 = X::ld(&PM[2 * r]), pm1 = X::ld(&PM[2 * r + 1]), mo = X::ld(&M[r]);
-                float mn = pm0 > pm1 ? pm0 : pm1;
-                mn = mo > mn ? mo : mn;
-                float sum = 0.0f;
-                for (int j = 0; j < 32; j++) {
-                    const int c = 32 * hf + (j ^ sw);
-                    const float s = X::ld(&Ss[r * KG_FL_LDS + c]) * (a.scale * KG_FL_LOG2E);
-                    const float p = k0 + c <= q ? exp2f(s - mn) : 0.0f;
-                    X::st(&Ps[r * KG_FL_LDT + c], kg_fl_enc<OP>(p));
-                    sum += p;
-                }
-                X::st(&PS[2 * r + hf], sum);
-                /* a row whose max did not grow keeps its accumulator: the
-                 * factor would be exactly 1, so skipping the pass through
-                 * shared memory changes no bit (after the first key tiles
-                 * of a causal row, most tiles are such) */
-                if (mn != mo) {
-                    const float alpha = exp2f(mo - mn);
-                    for (int j = 0; j < D / 2; j++) {
-                        const int d = hf * (D / 2) + (j ^ sw);
-                        X::st(&Os[r * LDO + d], X::ld(&Os[r * LDO + d]) * alpha);
+                const int L = X::li(l), q = q0 + 16 * w + (l >> 2), c = k0 + 2 * (l & 3);
+                mx[0][L] = mx[1][L] = -INFINITY;
+                KG_FL_UNROLL for (int n = 0; n < 8; n++) {
+                    KG_FL_UNROLL for (int i = 0; i < 4; i++) {
+                        const float x = c + 8 * n + (i & 1) <= q + 8 * (i >> 1) ? S[n][i][L] * sc2 : -INFINITY;
+                        S[n][i][L] = x;
+                        mx[i >> 1][L] = x > mx[i >> 1][L] ? x : mx[i >> 1][L];
                     }
                 }
             }
-            X::syncwarp();
+            kg_fl_quad<X>(mx[0], w, false);
+            kg_fl_quad<X>(mx[1], w, false);
+            /* p = exp(s - m_new) (0 where masked: exp2(-inf)); the first key
+             * tile holds key 0, which every row sees, so m_new is finite and
+             * alpha = exp(m_old - m_new) is 0 on the first tile, not NaN */
+            uint32_t P[4][4][NL];
             for (int l = X::lane0(); X::lin(w, l); l += X::lstep()) {
-                if (l & 1) continue;
-                const int r = 16 * w + l / 2;
-                const float pm0 = X::ld(&PM[2 * r]), pm1 = X::ld(&PM[2 * r + 1]), mo = X::ld(&M[r]);
-                float mn = pm0 > pm1 ? pm0 : pm1;
-                mn = mo > mn ? mo : mn;
-                const float alpha = exp2f(mo - mn);
-                X::st(&Lsum[r], X::ld(&Lsum[r]) * alpha + (X::ld(&PS[2 * r]) + X::ld(&PS[2 * r + 1])));
-                X::st(&M[r], mn);
+                const int L = X::li(l);
+                float alpha[2];
+                KG_FL_UNROLL for (int r = 0; r < 2; r++) {
+                    const float mn = M[s][r][L] > mx[r][L] ? M[s][r][L] : mx[r][L];
+                    alpha[r] = exp2f(M[s][r][L] - mn);
+                    M[s][r][L] = mn;
+                }
+                float sum[2] = {0.0f, 0.0f};
+                KG_FL_UNROLL for (int n = 0; n < 8; n++) {
+                    KG_FL_UNROLL for (int i = 0; i < 4; i++) {
+                        const float p = exp2f(S[n][i][L] - M[s][i >> 1][L]);
+                        S[n][i][L] = p;
+                        sum[i >> 1] += p;
+                    }
+                }
+                KG_FL_UNROLL for (int r = 0; r < 2; r++) Lp[s][r][L] = Lp[s][r][L] * alpha[r] + sum[r];
+                KG_FL_UNROLL for (int n = 0; n < 2 * DN; n++) {
+                    KG_FL_UNROLL for (int i = 0; i < 4; i++)
+                        O[s][n][i][L] *= alpha[i >> 1];
+                }
+                kg_fl_pack_p<X, OP>(P, S, L);
             }
-            X::syncwarp();
-            X::template mma<OP, 0, 0, KG_FL_BC / 16, DN>(Os + 16 * w * LDO, LDO, Ps + 16 * w * KG_FL_LDT, KG_FL_LDT,
-                                                         Vs, LDE, true);
+            kg_fl_acc_pv<X, OP, DN>(O[s], P, Vs, w);
         }
         X::sync();
     }
 
-    const size_t obase = (size_t)b * (size_t)T * (size_t)a.C + (size_t)h * D;
-    for (int t = X::tid0(); X::tin(t); t += X::tstep()) {
-        for (int i = t; i < KG_FL_BR * D; i += KG_FL_THREADS) {
-            const int r = i / D, d = i % D, q = q0 + r;
-            if (q >= T) continue;
-            const float v = X::ld(&Os[r * LDO + d]) / X::ld(&Lsum[r]);
-            const size_t e = obase + (size_t)q * (size_t)a.C + d;
-            if (a.s16) ((uint16_t *)a.o)[e] = kg_fl_enc<OP>(v);
-            else ((float *)a.o)[e] = kg_round_to_dtype(v, a.rd);
+    for (int w = X::warp0(); X::win(w); w += X::wstep()) {
+        const int s = X::slot(w);
+        kg_fl_quad<X>(Lp[s][0], w, true);
+        kg_fl_quad<X>(Lp[s][1], w, true);
+        for (int l = X::lane0(); X::lin(w, l); l += X::lstep()) {
+            const int L = X::li(l);
+            KG_FL_UNROLL for (int n = 0; n < 2 * DN; n++) {
+                KG_FL_UNROLL for (int i = 0; i < 4; i++)
+                    O[s][n][i][L] /= Lp[s][i >> 1][L];
+            }
+            if ((l & 3) == 0) {
+                KG_FL_UNROLL for (int r = 0; r < 2; r++) {
+                    const int q = q0 + 16 * w + (l >> 2) + 8 * r;
+                    if (q < T) a.lse[(size_t)bh * (size_t)T + (size_t)q] = (M[s][r][L] + log2f(Lp[s][r][L])) * KG_FL_LN2;
+                }
+            }
         }
-        if (t < KG_FL_BR && q0 + t < T)
-            a.lse[(size_t)bh * (size_t)T + (size_t)(q0 + t)] = (X::ld(&M[t]) + log2f(X::ld(&Lsum[t]))) * KG_FL_LN2;
+        kg_fl_store_acc<X, OP, DN>(a, a.o, (size_t)b * (size_t)T * (size_t)a.C, (size_t)a.C, O[s], q0 + 16 * w,
+                                   (size_t)h * D, 1.0f, w);
     }
 }
 
@@ -411,74 +554,48 @@ template <class X> KG_FL_HD void kg_fl_load_stats(const kg_flash_args &a, float 
         }
 }
 
-/* One warp's rows of the backward's scores: S = q k^T, dP = dO v^T, then
- * per element P = exp(s*scale - lse) (0 above the diagonal) and dS = P *
- * (dP - delta), rounded to OP into Ps (when not NULL) and dSs. */
-KG_FL_NOCHECK
-template <class X, int OP, int DN>
-KG_FL_HD void kg_fl_bwd_scores(const kg_flash_args &a, int w, int q0, int k0, const uint16_t *Qs, const uint16_t *dOs,
-                               const uint16_t *Ks, const uint16_t *Vs, float *Ss, float *dPs, const float *Lq,
-                               const float *Dq, uint16_t *Ps, uint16_t *dSs) {
-    constexpr int LDE = 16 * DN + 8;
-    X::template mma<OP, 0, 1, DN, KG_FL_BC / 16>(Ss + 16 * w * KG_FL_LDS, KG_FL_LDS, Qs + 16 * w * LDE, LDE, Ks, LDE,
-                                                 false);
-    X::template mma<OP, 0, 1, DN, KG_FL_BC / 16>(dPs + 16 * w * KG_FL_LDS, KG_FL_LDS, dOs + 16 * w * LDE, LDE, Vs, LDE,
-                                                 false);
-    X::syncwarp();
-    for (int l = X::lane0(); X::lin(w, l); l += X::lstep()) {
-        const int r = 16 * w + l / 2, hf = l & 1, q = q0 + r, sw = kg_fl_swz(l);
-        const float lse = X::ld(&Lq[r]), delta = X::ld(&Dq[r]);
-        for (int j = 0; j < 32; j++) {
-            const int c = 32 * hf + (j ^ sw);
-            const float s = X::ld(&Ss[r * KG_FL_LDS + c]), dp = X::ld(&dPs[r * KG_FL_LDS + c]);
-            const bool in = k0 + c <= q;
-            const float p = in ? exp2f(s * (a.scale * KG_FL_LOG2E) - lse) : 0.0f;
-            const float ds = in ? p * (dp - delta) : 0.0f;
-            if (Ps) X::st(&Ps[r * KG_FL_LDT + c], kg_fl_enc<OP>(p));
-            X::st(&dSs[r * KG_FL_LDT + c], kg_fl_enc<OP>(ds));
-        }
-    }
-}
-
-/* Writes a float tile of width D times `mul`, rounded through rd, into
- * dqkv's columns [col, col + D) of rows [r0, r0 + 64) of batch element b
- * (rows past T skipped). */
-KG_FL_NOCHECK
-template <class X>
-KG_FL_HD void kg_fl_store_grad(const kg_flash_args &a, const float *acc, int D, int b, size_t col, int r0, float mul) {
-    const int ldo = kg_fl_ldo(D);
-    const size_t base = (size_t)b * (size_t)a.T * 3u * (size_t)a.C + col;
-    for (int t = X::tid0(); X::tin(t); t += X::tstep())
-        for (int i = t; i < KG_FL_BR * D; i += KG_FL_THREADS) {
-            const int r = i / D, d = i % D, row = r0 + r;
-            if (row >= a.T) continue;
-            const float v = X::ld(&acc[r * ldo + d]) * mul;
-            const size_t e = base + (size_t)row * 3u * (size_t)a.C + d;
-            if (a.s16) ((uint16_t *)a.dqkv)[e] = a.rd == KG_BF16 ? kg_fl_enc<KG_BF16>(v) : kg_fl_enc<KG_F16>(v);
-            else ((float *)a.dqkv)[e] = kg_round_to_dtype(v, a.rd);
-        }
-}
+/* Head sizes whose q and dO fragments stay in registers through the dQ
+ * program; D = 128's are loaded again from shared memory at each key tile,
+ * so that the accumulator and the two score tiles fit. The dK/dV program
+ * loads its k and v fragments at each query tile at every head size: with
+ * two accumulators beside the scores, resident ones made ptxas spill at
+ * D = 32 and 64 (sm_90), and the reloads are 8 of a warp's 72 ldmatrix
+ * a query tile at D = 64. */
+#define KG_FL_RESIDENT(DN) ((DN) <= 4)
 
 /*
- * The backward's dK/dV program for key tile kt of head bh: over the query
- * tiles from the diagonal on, in order, the scores and P, dS of each (each
- * warp its 16 query rows), then dV += P^T dO and dK += dS^T q (each warp
- * its 16 key rows). dK is scaled by 1/sqrt(D) at the end.
+ * The backward's dK/dV program for key tile kt of head bh. Each warp owns
+ * 16 keys, and keeps their dK and dV accumulators in registers. Over the
+ * query tiles from the diagonal on, in order: the transposed scores S^T =
+ * k q^T and dP^T = v dO^T (16 keys x 64 queries), P^T = exp(s*scale - lse) (0 where the key is after the query)
+ * and dS^T = P^T (dP^T - delta), lse and delta by query, then dV += P^T dO
+ * and dK += dS^T q with P^T and dS^T rounded to OP and passed from
+ * registers. dK is scaled by 1/sqrt(D) at the end.
  */
 KG_FL_NOCHECK
 template <class X, int OP, int DN>
 KG_FL_HD void kg_fl_dkdv_block(const kg_flash_args &a, unsigned char *sm, int kt, int bh) {
-    constexpr int D = 16 * DN, LDE = D + 8, LDO = D + 4;
-    const kg_fl_layout L = kg_fl_layout_of(KG_FL_DKDV, D);
-    uint16_t *Qs = (uint16_t *)(sm + L.q), *Ks = (uint16_t *)(sm + L.k), *Vs = (uint16_t *)(sm + L.v);
-    uint16_t *dOs = (uint16_t *)(sm + L.dout), *Ps = (uint16_t *)(sm + L.p), *dSs = (uint16_t *)(sm + L.ds);
-    float *Ss = (float *)(sm + L.s), *dPs = (float *)(sm + L.dp);
-    float *Lq = (float *)(sm + L.rowa), *Dq = (float *)(sm + L.rowb);
+    constexpr int D = 16 * DN, NL = X::NL;
+    const kg_fl_layout Ly = kg_fl_layout_of(KG_FL_DKDV, D);
+    uint16_t *Qs = (uint16_t *)(sm + Ly.q), *Ks = (uint16_t *)(sm + Ly.k), *Vs = (uint16_t *)(sm + Ly.v);
+    uint16_t *dOs = (uint16_t *)(sm + Ly.dout);
+    float *Lq = (float *)(sm + Ly.rowa), *Dq = (float *)(sm + Ly.rowb);
     const int b = bh / a.NH, h = bh % a.NH, T = a.T, k0 = kt * KG_FL_BC;
-    typename X::template acc<DN> dK[X::kSlots], dV[X::kSlots];
+    const float sc2 = a.scale * KG_FL_LOG2E;
+    const uint32_t none[1][4][NL] = {};
+    float dK[X::kSlots][2 * DN][4][NL], dV[X::kSlots][2 * DN][4][NL];
 
     kg_fl_load_kv<X, OP>(a, Ks, Vs, b, h, D, k0);
-    for (int w = X::warp0(); X::win(w); w += X::wstep()) X::acc_zero(dK[X::slot(w)]), X::acc_zero(dV[X::slot(w)]);
+    X::sync();
+    for (int w = X::warp0(); X::win(w); w += X::wstep()) {
+        const int s = X::slot(w);
+        for (int l = X::lane0(); X::lin(w, l); l += X::lstep()) {
+            KG_FL_UNROLL for (int n = 0; n < 2 * DN; n++) {
+                KG_FL_UNROLL for (int i = 0; i < 4; i++)
+                    dK[s][n][i][X::li(l)] = dV[s][n][i][X::li(l)] = 0.0f;
+            }
+        }
+    }
     const int nqt = (T + KG_FL_BR - 1) / KG_FL_BR;
     for (int qt = k0 / KG_FL_BR; qt < nqt; qt++) {
         const int q0 = qt * KG_FL_BR;
@@ -486,68 +603,116 @@ KG_FL_HD void kg_fl_dkdv_block(const kg_flash_args &a, unsigned char *sm, int kt
         kg_fl_load_rows<X, OP>(a, dOs, 3, b, h, D, q0);
         kg_fl_load_stats<X>(a, Lq, Dq, bh, q0);
         X::sync();
-        for (int w = X::warp0(); X::win(w); w += X::wstep())
-            kg_fl_bwd_scores<X, OP, DN>(a, w, q0, k0, Qs, dOs, Ks, Vs, Ss, dPs, Lq, Dq, Ps, dSs);
-        X::sync();
         for (int w = X::warp0(); X::win(w); w += X::wstep()) {
-            X::template mma_acc<OP, 1, 0, KG_FL_BR / 16, DN>(dV[X::slot(w)], Ps + 16 * w, KG_FL_LDT, dOs, LDE);
-            X::template mma_acc<OP, 1, 0, KG_FL_BR / 16, DN>(dK[X::slot(w)], dSs + 16 * w, KG_FL_LDT, Qs, LDE);
+            const int s = X::slot(w);
+            float St[8][4][NL], dPt[8][4][NL];
+            kg_fl_scores<X, OP, DN, false>(St, none, Ks, 16 * w, Qs, w);
+            kg_fl_scores<X, OP, DN, false>(dPt, none, Vs, 16 * w, dOs, w);
+            uint32_t P[4][4][NL], dS[4][4][NL];
+            for (int l = X::lane0(); X::lin(w, l); l += X::lstep()) {
+                const int L = X::li(l), key = k0 + 16 * w + (l >> 2), c = 2 * (l & 3);
+                KG_FL_UNROLL for (int n = 0; n < 8; n++) {
+                    /* the two queries of this lane's columns in block n */
+                    const float2 ls = X::ld((const float2 *)&Lq[8 * n + c]), de = X::ld((const float2 *)&Dq[8 * n + c]);
+                    KG_FL_UNROLL for (int i = 0; i < 4; i++) {
+                        const bool in = key + 8 * (i >> 1) <= q0 + 8 * n + c + (i & 1);
+                        const float lse = i & 1 ? ls.y : ls.x, delta = i & 1 ? de.y : de.x;
+                        const float p = in ? exp2f(St[n][i][L] * sc2 - lse) : 0.0f;
+                        St[n][i][L] = p;
+                        dPt[n][i][L] = in ? p * (dPt[n][i][L] - delta) : 0.0f;
+                    }
+                }
+                kg_fl_pack_p<X, OP>(P, St, L);
+                kg_fl_pack_p<X, OP>(dS, dPt, L);
+            }
+            kg_fl_acc_pv<X, OP, DN>(dV[s], P, dOs, w);
+            kg_fl_acc_pv<X, OP, DN>(dK[s], dS, Qs, w);
         }
         X::sync();
     }
-    /* dK and dV through shared memory (the tiles' space, no longer read:
-     * 2 x 64 x (D + 4) floats fit in the four 64 x (D + 8) 16-bit tiles),
-     * so rows past T are not written */
-    float *stK = (float *)(sm + L.q), *stV = stK + KG_FL_BC * LDO;
+    const size_t base = (size_t)b * (size_t)T * 3u * (size_t)a.C, ld = 3u * (size_t)a.C;
     for (int w = X::warp0(); X::win(w); w += X::wstep()) {
-        X::acc_store(dK[X::slot(w)], stK + 16 * w * LDO, LDO);
-        X::acc_store(dV[X::slot(w)], stV + 16 * w * LDO, LDO);
+        const int s = X::slot(w);
+        kg_fl_store_acc<X, OP, DN>(a, a.dqkv, base, ld, dK[s], k0 + 16 * w, (size_t)a.C + (size_t)h * D, a.scale, w);
+        kg_fl_store_acc<X, OP, DN>(a, a.dqkv, base, ld, dV[s], k0 + 16 * w, 2u * (size_t)a.C + (size_t)h * D, 1.0f,
+                                   w);
     }
-    X::sync();
-    kg_fl_store_grad<X>(a, stK, D, b, (size_t)a.C + (size_t)h * D, k0, a.scale);
-    kg_fl_store_grad<X>(a, stV, D, b, 2u * (size_t)a.C + (size_t)h * D, k0, 1.0f);
 }
 
 /*
- * The backward's dQ program for query tile qt of head bh: over the key
- * tiles up to the diagonal, in order, the scores and dS of each warp's
- * rows, then dQ += dS k; scaled by 1/sqrt(D) at the end.
+ * The backward's dQ program for query tile qt of head bh. Each warp owns
+ * 16 queries and keeps their dQ accumulator (and their q and dO
+ * fragments, and per row lse and delta) in registers. Over the key tiles
+ * up to the diagonal, in order: S = q k^T and dP = dO v^T, P and dS = P
+ * (dP - delta) as in the dK/dV program, then dQ += dS k; scaled by
+ * 1/sqrt(D) at the end.
  */
 KG_FL_NOCHECK
 template <class X, int OP, int DN>
 KG_FL_HD void kg_fl_dq_block(const kg_flash_args &a, unsigned char *sm, int qt, int bh) {
-    constexpr int D = 16 * DN, LDE = D + 8, LDO = D + 4;
-    const kg_fl_layout L = kg_fl_layout_of(KG_FL_DQ, D);
-    uint16_t *Qs = (uint16_t *)(sm + L.q), *Ks = (uint16_t *)(sm + L.k), *Vs = (uint16_t *)(sm + L.v);
-    uint16_t *dOs = (uint16_t *)(sm + L.dout), *dSs = (uint16_t *)(sm + L.ds);
-    float *Ss = (float *)(sm + L.s), *dPs = (float *)(sm + L.dp);
-    float *Lq = (float *)(sm + L.rowa), *Dq = (float *)(sm + L.rowb);
+    constexpr int D = 16 * DN, LDE = KG_FL_LDE(D), NL = X::NL;
+    constexpr bool RES = KG_FL_RESIDENT(DN);
+    const kg_fl_layout Ly = kg_fl_layout_of(KG_FL_DQ, D);
+    uint16_t *Qs = (uint16_t *)(sm + Ly.q), *Ks = (uint16_t *)(sm + Ly.k), *Vs = (uint16_t *)(sm + Ly.v);
+    uint16_t *dOs = (uint16_t *)(sm + Ly.dout);
     const int b = bh / a.NH, h = bh % a.NH, T = a.T, q0 = qt * KG_FL_BR;
-    typename X::template acc<DN> dQ[X::kSlots];
+    const float sc2 = a.scale * KG_FL_LOG2E;
+    uint32_t qa[X::kSlots][RES ? DN : 1][4][NL], da[X::kSlots][RES ? DN : 1][4][NL];
+    float dQ[X::kSlots][2 * DN][4][NL], Ls[X::kSlots][2][NL], De[X::kSlots][2][NL];
 
     kg_fl_load_rows<X, OP>(a, Qs, 0, b, h, D, q0);
     kg_fl_load_rows<X, OP>(a, dOs, 3, b, h, D, q0);
-    kg_fl_load_stats<X>(a, Lq, Dq, bh, q0);
-    for (int w = X::warp0(); X::win(w); w += X::wstep()) X::acc_zero(dQ[X::slot(w)]);
+    X::sync();
+    for (int w = X::warp0(); X::win(w); w += X::wstep()) {
+        const int s = X::slot(w);
+        if constexpr (RES) {
+            KG_FL_UNROLL for (int kk = 0; kk < (RES ? DN : 1); kk++) {
+                kg_fl_frag_a<X, 0, LDE>(qa[s][kk], Qs, 16 * w, 16 * kk, w);
+                kg_fl_frag_a<X, 0, LDE>(da[s][kk], dOs, 16 * w, 16 * kk, w);
+            }
+        }
+        for (int l = X::lane0(); X::lin(w, l); l += X::lstep()) {
+            const int L = X::li(l);
+            KG_FL_UNROLL for (int n = 0; n < 2 * DN; n++) {
+                KG_FL_UNROLL for (int i = 0; i < 4; i++) dQ[s][n][i][L] = 0.0f;
+            }
+            KG_FL_UNROLL for (int r = 0; r < 2; r++) {
+                const int q = q0 + 16 * w + (l >> 2) + 8 * r;
+                const size_t e = (size_t)bh * (size_t)T + (size_t)q;
+                Ls[s][r][L] = q < T ? a.lse_in[e] * KG_FL_LOG2E : 0.0f;
+                De[s][r][L] = q < T ? (float)a.delta[e] : 0.0f;
+            }
+        }
+    }
     const int nkt = kg_fl_key_tiles(q0, T);
     for (int kt = 0; kt < nkt; kt++) {
         const int k0 = kt * KG_FL_BC;
         kg_fl_load_kv<X, OP>(a, Ks, Vs, b, h, D, k0);
         X::sync();
         for (int w = X::warp0(); X::win(w); w += X::wstep()) {
-            kg_fl_bwd_scores<X, OP, DN>(a, w, q0, k0, Qs, dOs, Ks, Vs, Ss, dPs, Lq, Dq, (uint16_t *)0, dSs);
-            X::syncwarp();
-            X::template mma_acc<OP, 0, 0, KG_FL_BC / 16, DN>(dQ[X::slot(w)], dSs + 16 * w * KG_FL_LDT, KG_FL_LDT, Ks,
-                                                             LDE);
+            const int s = X::slot(w);
+            float S[8][4][NL], dP[8][4][NL];
+            kg_fl_scores<X, OP, DN, RES>(S, qa[s], Qs, 16 * w, Ks, w);
+            kg_fl_scores<X, OP, DN, RES>(dP, da[s], dOs, 16 * w, Vs, w);
+            uint32_t dS[4][4][NL];
+            for (int l = X::lane0(); X::lin(w, l); l += X::lstep()) {
+                const int L = X::li(l), q = q0 + 16 * w + (l >> 2), c = k0 + 2 * (l & 3);
+                KG_FL_UNROLL for (int n = 0; n < 8; n++) {
+                    KG_FL_UNROLL for (int i = 0; i < 4; i++) {
+                        const bool in = c + 8 * n + (i & 1) <= q + 8 * (i >> 1);
+                        const float p = in ? exp2f(S[n][i][L] * sc2 - Ls[s][i >> 1][L]) : 0.0f;
+                        dP[n][i][L] = in ? p * (dP[n][i][L] - De[s][i >> 1][L]) : 0.0f;
+                    }
+                }
+                kg_fl_pack_p<X, OP>(dS, dP, L);
+            }
+            kg_fl_acc_pv<X, OP, DN>(dQ[s], dS, Ks, w);
         }
         X::sync();
     }
-    /* dQ through shared memory (the tiles' space), so rows past T are not
-     * written */
-    float *st = (float *)(sm + L.q);
-    for (int w = X::warp0(); X::win(w); w += X::wstep()) X::acc_store(dQ[X::slot(w)], st + 16 * w * LDO, LDO);
-    X::sync();
-    kg_fl_store_grad<X>(a, st, D, b, (size_t)h * D, q0, a.scale);
+    for (int w = X::warp0(); X::win(w); w += X::wstep())
+        kg_fl_store_acc<X, OP, DN>(a, a.dqkv, (size_t)b * (size_t)T * 3u * (size_t)a.C, 3u * (size_t)a.C, dQ[X::slot(w)],
+                                   q0 + 16 * w, (size_t)h * D, a.scale, w);
 }
 
 /* Blocks of a program over B * NH heads and T positions: one per (tile,

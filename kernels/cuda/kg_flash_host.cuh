@@ -3,22 +3,23 @@
  * the tests (test_cuda_flash) and the fake cuda accelerator, which have no
  * GPU. kg_fl_host is the execution policy: each "for each thread / warp /
  * lane" loop of a program visits every one in turn, the barriers only
- * advance counters, and the warp-wide products are loops over the 16-bit
- * operands (decoded exactly) with float sums. Single-threaded: one block at
- * a time, in launch order.
+ * advance counters, a warp's registers are arrays over its 32 lanes, and
+ * the warp-wide operations (ldmatrix, mma.sync, shuffles) are loops over
+ * them, as the PTX ISA defines them: the products on the 16-bit operands
+ * decoded exactly, with float sums. Single-threaded: one block at a time,
+ * in launch order.
  *
  * What the host checks, beyond computing the result:
- *  - wmma's rules: every tile pointer 32-byte aligned, leading dimensions a
- *    multiple of 16 bytes (8 16-bit elements, 4 floats);
+ *  - ldmatrix's rules: every row address in shared memory and 16-byte
+ *    aligned, and warp-wide operations called only from a warp loop;
  *  - shared memory is filled with 0xff bytes (NaN in float, bf16 and f16)
  *    before each block, so a read of something never written poisons the
  *    output;
  *  - races: per shared-memory byte, the last writer and the readers since
  *    the last barrier. A read or write by another thread of something
  *    written since the last barrier, or a write of something another
- *    thread read since then, is a race unless both threads are in one warp
- *    and that warp passed a __syncwarp in between. A warp-wide product
- *    counts as all of its warp's lanes.
+ *    thread read since then, is a race (each lane of an ldmatrix reads
+ *    its own row).
  * Every failure is counted and the first one kept as a message
  * (kg_fl_host_failures); the test asserts there is none.
  *
@@ -36,16 +37,16 @@
 
 #include "kg_flash.cuh"
 
-/* Who touched a byte: a thread 0..127, a warp's collective product
- * (KG_FL_WARPWIDE + w), or no one. */
+/* Who touched a byte: a thread 0..127, or no one. Inside a warp loop (a
+ * warp-wide operation's caller) `who` is KG_FL_WARPWIDE + w; ldmatrix's
+ * reads are each its lane's own. */
 #define KG_FL_WARPWIDE 1000
 #define KG_FL_NOBODY (-1)
-#define KG_FL_MANY_IN_WARP (-2) /* several readers, all in warp rd_w */
-#define KG_FL_MANY_WARPS (-3)   /* readers in more than one warp      */
+#define KG_FL_MANY (-2) /* several readers */
 
 struct kg_fl_shadow {
-    int32_t wr, rd, rd_w;
-    uint32_t wr_ep, wr_wep, rd_ep, rd_wep;
+    int32_t wr, rd;
+    uint32_t wr_ep, rd_ep;
 };
 
 struct kg_fl_host_state {
@@ -53,67 +54,62 @@ struct kg_fl_host_state {
     kg_fl_shadow *sh;
     size_t bytes;
     int who, warp;
-    uint32_t epoch, wep[KG_FL_WARPS];
+    uint32_t epoch;
     long failures;
     char first[512];
 };
 
 static kg_fl_host_state kg_fl_hs;
 
-static inline int kg_fl_warp_of(int who) { return who >= KG_FL_WARPWIDE ? who - KG_FL_WARPWIDE : who / 32; }
+/* No access yet to any of n bytes. */
+static inline void kg_fl_shadow_clear(kg_fl_shadow *sh, size_t n) {
+    for (size_t i = 0; i < n; i++) sh[i].wr = sh[i].rd = KG_FL_NOBODY, sh[i].wr_ep = sh[i].rd_ep = 0;
+}
 
 static inline void kg_fl_host_fail(const char *fmt, const char *what, long off, int a, int b) {
     if (kg_fl_hs.failures++ == 0) snprintf(kg_fl_hs.first, sizeof kg_fl_hs.first, fmt, what, off, a, b);
 }
 
-/* "thread 37 (warp 1, lane 5)", "warp 2's product", "several threads of
- * warp 0", "threads of several warps" */
-static inline const char *kg_fl_who_name(int who, int w, char *buf, size_t n) {
-    if (who >= KG_FL_WARPWIDE) snprintf(buf, n, "warp %d's product", who - KG_FL_WARPWIDE);
-    else if (who >= 0) snprintf(buf, n, "thread %d (warp %d, lane %d)", who, who / 32, who % 32);
-    else if (who == KG_FL_MANY_IN_WARP) snprintf(buf, n, "several threads of warp %d", w);
-    else snprintf(buf, n, "threads of several warps");
+/* "thread 37 (warp 1, lane 5)", "several threads" */
+static inline const char *kg_fl_who_name(int who, char *buf, size_t n) {
+    if (who >= 0 && who < KG_FL_WARPWIDE) snprintf(buf, n, "thread %d (warp %d, lane %d)", who, who / 32, who % 32);
+    else snprintf(buf, n, "several threads");
     return buf;
 }
 
 /* A race on byte off between an earlier access and the current thread. */
-static inline void kg_fl_race(const char *earlier, int prev, int prev_w, const char *now, long off) {
+static inline void kg_fl_race(const char *earlier, int prev, const char *now, long off) {
     if (kg_fl_hs.failures++ == 0) {
         char a[64], b[64];
         snprintf(kg_fl_hs.first, sizeof kg_fl_hs.first,
                  "shared-memory race at byte %ld: %s by %s, then %s by %s with no barrier between", off, earlier,
-                 kg_fl_who_name(prev, prev_w, a, sizeof a), now,
-                 kg_fl_who_name(kg_fl_hs.who, kg_fl_warp_of(kg_fl_hs.who), b, sizeof b));
+                 kg_fl_who_name(prev, a, sizeof a), now, kg_fl_who_name(kg_fl_hs.who, b, sizeof b));
     }
 }
 
-
-/* A conflict with an access by `prev` in epoch (ep, wep), for the current
- * thread: same barrier interval, another thread, and not ordered by a
- * __syncwarp of one common warp. */
-static inline bool kg_fl_conflict(int prev, int prev_w, uint32_t ep, uint32_t wep) {
-    const int me = kg_fl_hs.who, w = kg_fl_warp_of(me);
-    if (prev == KG_FL_NOBODY || ep != kg_fl_hs.epoch || prev == me) return false;
-    if (prev == KG_FL_MANY_WARPS) return true;
-    if (prev_w != w) return true;
-    return kg_fl_hs.wep[w] == wep;
+/* A conflict with an access by `prev` in epoch ep, for the current thread:
+ * the same barrier interval and another thread (the programs have no
+ * __syncwarp, so nothing else orders two threads). */
+static inline bool kg_fl_conflict(int prev, uint32_t ep) {
+    return prev != KG_FL_NOBODY && ep == kg_fl_hs.epoch && prev != kg_fl_hs.who;
 }
 
 /*
  * The shared-memory bank model (off unless kg_fl_banks_begin turned it on):
- * what a GPU's shared memory makes of the programs' own accesses, the ones
- * of their thread and lane loops (wmma's tile loads and stores are the
- * hardware's, and the padded rows keep them conflict-free). Shared memory
- * serves a warp's access in wavefronts: one for every distinct 32-bit word
- * the busiest of its 32 banks (bank = word mod 32) must deliver; lanes
- * reading one word share it. An access of 8 bytes a lane is served a half
- * warp at a time, one of 16 bytes a quarter warp at a time.
+ * what a GPU's shared memory makes of the programs' accesses: those of
+ * their thread and lane loops, and each ldmatrix (every lane's 16-byte
+ * row read, one matrix of 8 lanes at a time, as the hardware serves it).
+ * Shared memory serves a warp's access in wavefronts: one for every
+ * distinct 32-bit word the busiest of its 32 banks (bank = word mod 32)
+ * must deliver; lanes reading one word share it. An access of 8 bytes a
+ * lane is served a half warp at a time, one of 16 bytes a quarter warp at
+ * a time.
  *
  * The host runs a warp's lanes one after another, so which accesses the
  * GPU would issue together must be worked out: the n-th access a lane makes
- * at one source line, within one pass of a thread or lane loop, goes with
- * the n-th access of every other lane of its warp at that line (a lane that
- * skipped it is not in it). requests counts such warp-wide accesses,
+ * at one source line, within one pass of a thread or lane loop (or one
+ * ldmatrix), goes with the n-th access of every other lane of its warp at
+ * that line (a lane that skipped it is not in it). requests counts such warp-wide accesses,
  * wavefronts what they cost, and ideal the least they could cost (one
  * wavefront for each group of lanes served together that has a lane in
  * the access); wavefronts equal to ideal mean no bank conflict. The
@@ -252,46 +248,27 @@ static inline void kg_fl_access(const void *p, size_t n, bool write, int line) {
                         (long)(c - kg_fl_hs.smem), kg_fl_hs.who, 0);
         return;
     }
-    const int me = kg_fl_hs.who, w = kg_fl_warp_of(me);
-    if (me == KG_FL_NOBODY) {
-        kg_fl_host_fail("%s at offset %ld outside any thread loop (%d, %d)", write ? "write" : "read",
+    const int me = kg_fl_hs.who;
+    if (me == KG_FL_NOBODY || me >= KG_FL_WARPWIDE) {
+        kg_fl_host_fail("%s at offset %ld outside any thread or lane loop (%d, %d)", write ? "write" : "read",
                         (long)(c - kg_fl_hs.smem), 0, 0);
         return;
     }
-    if (kg_fl_bk.on && me < KG_FL_WARPWIDE) kg_fl_bank_note((size_t)(c - kg_fl_hs.smem), n, line);
+    if (kg_fl_bk.on) kg_fl_bank_note((size_t)(c - kg_fl_hs.smem), n, line);
     for (size_t i = 0; i < n; i++) {
         const size_t off = (size_t)(c - kg_fl_hs.smem) + i;
         kg_fl_shadow *s = &kg_fl_hs.sh[off];
-        const int wr_w = kg_fl_warp_of(s->wr < 0 ? 0 : s->wr);
-        if (kg_fl_conflict(s->wr, wr_w, s->wr_ep, s->wr_wep))
-            kg_fl_race("written", s->wr, wr_w, write ? "written" : "read", (long)off);
+        if (kg_fl_conflict(s->wr, s->wr_ep)) kg_fl_race("written", s->wr, write ? "written" : "read", (long)off);
         if (write) {
-            if (kg_fl_conflict(s->rd, s->rd_w, s->rd_ep, s->rd_wep))
-                kg_fl_race("read", s->rd, s->rd_w, "written", (long)off);
-            s->wr = me, s->wr_ep = kg_fl_hs.epoch, s->wr_wep = kg_fl_hs.wep[w];
-        } else if (!kg_fl_conflict(s->rd, s->rd_w, s->rd_ep, s->rd_wep)) {
-            /* no reader since the last barrier, or only ones ordered before
-             * this thread (itself, or its warp before a __syncwarp): this
-             * thread stands for them all from now on */
-            s->rd = me, s->rd_w = w, s->rd_ep = kg_fl_hs.epoch, s->rd_wep = kg_fl_hs.wep[w];
+            if (kg_fl_conflict(s->rd, s->rd_ep)) kg_fl_race("read", s->rd, "written", (long)off);
+            s->wr = me, s->wr_ep = kg_fl_hs.epoch;
+        } else if (!kg_fl_conflict(s->rd, s->rd_ep)) {
+            /* no reader since the last barrier but this thread */
+            s->rd = me, s->rd_ep = kg_fl_hs.epoch;
         } else {
-            s->rd = s->rd_w == w && s->rd != KG_FL_MANY_WARPS ? KG_FL_MANY_IN_WARP : KG_FL_MANY_WARPS;
-            s->rd_wep = kg_fl_hs.wep[w];
+            s->rd = KG_FL_MANY; /* a later write by anyone races */
         }
     }
-}
-
-/* wmma's rules for a tile in shared memory, from inside a warp's product:
- * the pointer 32-byte aligned, the leading dimension (ld_bytes) a multiple
- * of 16 bytes. */
-static inline void kg_fl_check_tile(const char *what, const void *p, int ld_bytes) {
-    if (kg_fl_hs.who < KG_FL_WARPWIDE)
-        kg_fl_host_fail("%s at offset %ld: a warp-wide operation outside a warp loop (thread %d, %d)", what,
-                        (long)((const unsigned char *)p - kg_fl_hs.smem), kg_fl_hs.who, 0);
-    if ((uintptr_t)p % 32u != 0 || ld_bytes % 16 != 0)
-        kg_fl_host_fail("%s: tile at offset %ld not 32-byte aligned, or a leading dimension of %d bytes, not a "
-                        "multiple of 16 (%d)",
-                        what, (long)((const unsigned char *)p - kg_fl_hs.smem), ld_bytes, 0);
 }
 
 struct kg_fl_host {
@@ -317,10 +294,6 @@ struct kg_fl_host {
         return l < 32;
     }
     static void sync() { kg_fl_hs.epoch++; }
-    static void syncwarp() {
-        if (kg_fl_hs.who < KG_FL_WARPWIDE) kg_fl_host_fail("%s at offset %ld: __syncwarp outside a warp loop (%d, %d)", "sync", 0, kg_fl_hs.who, 0);
-        else kg_fl_hs.wep[kg_fl_hs.who - KG_FL_WARPWIDE]++;
-    }
     /* line: the caller's, for the bank model */
     template <class T> static T ld(const T *p, int line = __builtin_LINE()) {
         kg_fl_access(p, sizeof *p, false, line);
@@ -331,49 +304,94 @@ struct kg_fl_host {
         *p = v;
     }
 
-    /* Register accumulators: one 16 x 16*NN float tile per warp. */
-    template <int NN> struct acc {
-        float v[16][16 * NN];
-    };
+    /* Registers: a warp's 32 lanes side by side; what a warp keeps across
+     * barriers, once per warp (kg_flash.cuh's policy contract). */
+    static constexpr int NL = 32;
+    static int li(int l) { return l; }
     static constexpr int kSlots = KG_FL_WARPS;
     static int slot(int w) { return w; }
-    template <int NN> static void acc_zero(acc<NN> &c) { memset(c.v, 0, sizeof c.v); }
-    template <int NN> static void acc_store(const acc<NN> &c, float *p, int ldc) {
-        kg_fl_check_tile("acc_store", p, ldc * 4);
-        for (int i = 0; i < 16; i++)
-            for (int n = 0; n < 16 * NN; n++) st(&p[i * ldc + n], c.v[i][n]);
-    }
 
-    /* The product of kg_flash.cuh's policy contract, checked first, added
-     * into c (in increasing k: the device's order within a fragment is its
-     * own, which the tolerances allow for). */
-    template <int OP, int AT, int BT, int KN, int NN>
-    static void mma_acc(acc<NN> &c, const uint16_t *a, int lda, const uint16_t *b, int ldb) {
-        kg_fl_check_tile("mma (A)", a, lda * 2);
-        kg_fl_check_tile("mma (B)", b, ldb * 2);
-        for (int i = 0; i < 16; i++)
-            for (int n = 0; n < 16 * NN; n++) {
-                float s = c.v[i][n];
-                for (int k = 0; k < 16 * KN; k++) {
-                    const uint16_t x = ld(AT ? &a[k * lda + i] : &a[i * lda + k]);
-                    const uint16_t y = ld(BT ? &b[n * ldb + k] : &b[k * ldb + n]);
-                    s += kg_fl_dec<OP>(x) * kg_fl_dec<OP>(y);
+    /* ldmatrix.x4 as the PTX ISA defines it: lane l gives row l % 8 of
+     * matrix l / 8 (16 bytes, 16-byte aligned, in shared memory); r[i]
+     * holds matrix i's fragment. Each lane's row is one 16-byte read of
+     * its own for the race check and the bank model (which serves 16-byte
+     * accesses a quarter warp, one matrix, at a time, as ldmatrix does). */
+    template <int TRANS>
+    static void ldsm(uint32_t (&r)[4][NL], const uint16_t *const (&p)[NL], int line = __builtin_LINE()) {
+        const int me = kg_fl_hs.who;
+        uint16_t rows[32][8];
+        memset(rows, 0, sizeof rows);
+        if (me < KG_FL_WARPWIDE) {
+            kg_fl_host_fail("%s at offset %ld: a warp-wide operation outside a warp loop (thread %d, %d)", "ldmatrix",
+                            0, me, 0);
+        } else {
+            for (int l = 0; l < 32; l++) {
+                const unsigned char *c = (const unsigned char *)p[l];
+                if (c < kg_fl_hs.smem || c + 16 > kg_fl_hs.smem + kg_fl_hs.bytes || (uintptr_t)c % 16u != 0) {
+                    kg_fl_host_fail("%s: lane %ld's row address at offset %d is outside shared memory or not "
+                                    "16-byte aligned (%d)",
+                                    "ldmatrix", (long)l, (int)(c - kg_fl_hs.smem), 0);
+                    continue;
                 }
-                c.v[i][n] = s;
+                kg_fl_hs.who = 32 * (me - KG_FL_WARPWIDE) + l;
+                kg_fl_access(c, 16, false, line);
+                memcpy(rows[l], c, 16);
+            }
+            kg_fl_hs.who = me;
+            kg_fl_bank_flush();
+        }
+        for (int i = 0; i < 4; i++)
+            for (int l = 0; l < 32; l++) {
+                const int g = l >> 2, c = 2 * (l & 3);
+                const uint16_t lo = TRANS ? rows[8 * i + c][g] : rows[8 * i + g][c];
+                const uint16_t hi = TRANS ? rows[8 * i + c + 1][g] : rows[8 * i + g][c + 1];
+                r[i][l] = (uint32_t)lo | (uint32_t)hi << 16;
             }
     }
 
-    /* The product with C in shared memory. */
-    template <int OP, int AT, int BT, int KN, int NN>
-    static void mma(float *c, int ldc, const uint16_t *a, int lda, const uint16_t *b, int ldb, bool accumulate) {
-        acc<NN> t;
-        kg_fl_check_tile("mma (C)", c, ldc * 4);
-        if (accumulate)
-            for (int i = 0; i < 16; i++)
-                for (int n = 0; n < 16 * NN; n++) t.v[i][n] = ld(&c[i * ldc + n]);
-        else acc_zero(t);
-        mma_acc<OP, AT, BT, KN, NN>(t, a, lda, b, ldb);
-        acc_store(t, c, ldc);
+    /* mma.sync m16n8k16 as the PTX ISA lays out its fragments: the
+     * operands decoded exactly, each D element its C plus the products in
+     * increasing k, summed in float (the tensor cores' order and internal
+     * precision are their own, which the tolerances allow for). */
+    template <int OP>
+    static void mma(float (&d)[4][NL], const uint32_t (&a)[4][NL], const uint32_t (&b)[4][NL], int h) {
+        if (kg_fl_hs.who < KG_FL_WARPWIDE)
+            kg_fl_host_fail("%s at offset %ld: a warp-wide operation outside a warp loop (thread %d, %d)", "mma", 0,
+                            kg_fl_hs.who, 0);
+        float A[16][16], B[16][8], C[16][8];
+        for (int l = 0; l < 32; l++) {
+            const int g = l >> 2, c = 2 * (l & 3);
+            for (int j = 0; j < 2; j++) {
+                A[g][c + j] = kg_fl_dec<OP>((uint16_t)(a[0][l] >> 16 * j));
+                A[g + 8][c + j] = kg_fl_dec<OP>((uint16_t)(a[1][l] >> 16 * j));
+                A[g][c + 8 + j] = kg_fl_dec<OP>((uint16_t)(a[2][l] >> 16 * j));
+                A[g + 8][c + 8 + j] = kg_fl_dec<OP>((uint16_t)(a[3][l] >> 16 * j));
+                B[c + j][g] = kg_fl_dec<OP>((uint16_t)(b[2 * h][l] >> 16 * j));
+                B[c + 8 + j][g] = kg_fl_dec<OP>((uint16_t)(b[2 * h + 1][l] >> 16 * j));
+                C[g][c + j] = d[j][l];
+                C[g + 8][c + j] = d[2 + j][l];
+            }
+        }
+        for (int i = 0; i < 16; i++)
+            for (int n = 0; n < 8; n++) {
+                float s = C[i][n];
+                for (int k = 0; k < 16; k++) s += A[i][k] * B[k][n];
+                C[i][n] = s;
+            }
+        for (int l = 0; l < 32; l++) {
+            const int g = l >> 2, c = 2 * (l & 3);
+            for (int j = 0; j < 2; j++) d[j][l] = C[g][c + j], d[2 + j][l] = C[g + 8][c + j];
+        }
+    }
+
+    static void shfl_xor(float (&v)[NL], int m) {
+        float o[NL];
+        for (int l = 0; l < 32; l++) o[l] = v[l ^ m];
+        memcpy(v, o, sizeof o);
+    }
+
+    template <int OP> static uint32_t pack2(float lo, float hi) {
+        return (uint32_t)kg_fl_enc<OP>(lo) | (uint32_t)kg_fl_enc<OP>(hi) << 16;
     }
 };
 
@@ -387,7 +405,7 @@ template <int OP, int DN> static int kg_fl_host_prog(int prog, const kg_flash_ar
         free(sm), free(sh);
         return -1;
     }
-    for (size_t i = 0; i < L.bytes; i++) sh[i].wr = sh[i].rd = KG_FL_NOBODY, sh[i].rd_w = 0;
+    kg_fl_shadow_clear(sh, L.bytes);
     kg_fl_hs.smem = sm, kg_fl_hs.sh = sh, kg_fl_hs.bytes = L.bytes;
     const size_t nb = kg_fl_blocks(a.B, a.NH, a.T);
     for (size_t i = 0; i < nb; i++) {

@@ -304,9 +304,10 @@ cudaError_t kg_attention_backward(cudaStream_t s, int fdt, void *dqkv, const voi
                                   double *work);
 
 /* The fused ("flash") path (the accelerator's `attention = "flash"`;
- * kg_flash.cuh): tiles of 64 queries and 64 keys in shared memory, the
- * products on the tensor cores with bf16 or f16 operands (round_dtype) and
- * float accumulators, an online softmax, nothing T x T in device memory;
+ * kg_flash.cuh): tiles of 64 queries and 64 keys, the scores, softmax and
+ * sums in registers (FlashAttention-2's design), the products on the
+ * tensor cores (mma.sync, sm_80 and newer) with bf16 or f16 operands
+ * (round_dtype) and float accumulators, nothing T x T in device memory;
  * the backward deterministic (a dK/dV program per key tile, a dQ program
  * per query tile, no atomics). For float32 data whose outputs are rounded
  * to 16 bits (a mixed-precision step) and heads of D = 16, 32, 64 or 128;

@@ -2,7 +2,7 @@
  * fake_kg_flash.cu: the fused ("flash") attention's programs for the fake
  * cuda accelerator, run on the host through kernels/cuda/kg_flash_host.cuh:
  * the same block programs the GPU runs (kg_flash.cuh), emulated thread by
- * thread with the emulation's checks (wmma's alignment rules, reads of
+ * thread with the emulation's checks (ldmatrix's alignment rule, reads of
  * unwritten shared memory, races between phases). fake_kg_seq.c's
  * kg_flash_forward / kg_flash_backward make the launch checks and call
  * these; a failed emulation check is reported as a contract violation and

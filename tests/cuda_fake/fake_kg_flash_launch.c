@@ -5,8 +5,8 @@
  * programs themselves, emulated on the host (fake_kg_flash.cu); a failed
  * emulation check is a contract violation. Apart from fake_kg_seq.c because
  * the host-execution build (tests/cuda_host), which runs the other kernels'
- * own CUDA code, keeps these: the flash kernels' wmma products already have
- * a host execution of their own (kg_flash_host.cuh).
+ * own CUDA code, keeps these: the flash kernels' inline PTX (ldmatrix,
+ * mma.sync) has a host execution of its own (kg_flash_host.cuh).
  */
 #include "fake_internal.h"
 #include "fake_kg_flash.h"
