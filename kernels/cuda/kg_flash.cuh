@@ -302,7 +302,8 @@ KG_FL_NOCHECK
 template <class X, int TRANS, int LDE>
 KG_FL_HD void kg_fl_frag_a(uint32_t (&r)[4][X::NL], const uint16_t *tile, int r0, int c0, int w) {
     const uint16_t *p[X::NL];
-    for (int l = X::lane0(); X::lin(w, l); l += X::lstep()) p[X::li(l)] = tile + (r0 + (l & 15)) * LDE + c0 + 8 * (l >> 4);
+    for (int l = X::lane0(); X::lin(w, l); l += X::lstep())
+        p[X::li(l)] = tile + (r0 + (l & 15)) * LDE + c0 + 8 * (l >> 4);
     X::template ldsm<TRANS>(r, p);
 }
 
@@ -317,11 +318,11 @@ KG_FL_HD void kg_fl_frag_bt(uint32_t (&r)[4][X::NL], const uint16_t *tile, int r
 
 /*
  * S(16 x 64) = A(16 x D) Bt(64 x D)^T, one warp's scores against a tile of
- * 64 keys: A from the warp's resident fragments (RA: a[kk], 16 columns
- * each) or loaded from the tile At's rows r0.. (the large head
- * sizes, whose fragments would not fit in registers beside the
- * accumulators; RA = false, a unused); Bt the 64 rows of a 16-bit tile. s[n] is the n-th 8-key
- * column block's accumulator.
+ * 64 keys. A comes from the warp's resident fragments (RA = true: a[kk],
+ * 16 columns each) or is loaded from rows r0..r0+15 of the 16-bit tile At
+ * (RA = false, a unused: where resident fragments would not fit in
+ * registers beside the accumulators). Bt is the 64 rows of a 16-bit tile.
+ * s[n] is the accumulator of the n-th block of 8 keys.
  */
 KG_FL_NOCHECK
 template <class X, int OP, int DN, bool RA>
@@ -410,8 +411,8 @@ template <int OP> KG_FL_HD void kg_fl_put(void *base, size_t e, float v, int s16
  * (elements) from element base of batch element b. */
 KG_FL_NOCHECK
 template <class X, int OP, int DN>
-KG_FL_HD void kg_fl_store_acc(const kg_flash_args &a, void *out, size_t base, size_t ld, const float (&acc)[2 * DN][4][X::NL],
-                              int r0, size_t col, float mul, int w) {
+KG_FL_HD void kg_fl_store_acc(const kg_flash_args &a, void *out, size_t base, size_t ld,
+                              const float (&acc)[2 * DN][4][X::NL], int r0, size_t col, float mul, int w) {
     for (int l = X::lane0(); X::lin(w, l); l += X::lstep()) {
         const int L = X::li(l), g = l >> 2, c = 2 * (l & 3);
         KG_FL_UNROLL for (int n = 0; n < 2 * DN; n++) {
@@ -531,7 +532,8 @@ KG_FL_HD void kg_fl_forward_block(const kg_flash_args &a, unsigned char *sm, int
             if ((l & 3) == 0) {
                 KG_FL_UNROLL for (int r = 0; r < 2; r++) {
                     const int q = q0 + 16 * w + (l >> 2) + 8 * r;
-                    if (q < T) a.lse[(size_t)bh * (size_t)T + (size_t)q] = (M[s][r][L] + log2f(Lp[s][r][L])) * KG_FL_LN2;
+                    if (q < T)
+                        a.lse[(size_t)bh * (size_t)T + (size_t)q] = (M[s][r][L] + log2f(Lp[s][r][L])) * KG_FL_LN2;
                 }
             }
         }
@@ -567,8 +569,9 @@ template <class X> KG_FL_HD void kg_fl_load_stats(const kg_flash_args &a, float 
  * The backward's dK/dV program for key tile kt of head bh. Each warp owns
  * 16 keys, and keeps their dK and dV accumulators in registers. Over the
  * query tiles from the diagonal on, in order: the transposed scores S^T =
- * k q^T and dP^T = v dO^T (16 keys x 64 queries), P^T = exp(s*scale - lse) (0 where the key is after the query)
- * and dS^T = P^T (dP^T - delta), lse and delta by query, then dV += P^T dO
+ * k q^T and dP^T = v dO^T (16 keys x 64 queries), P^T = exp(s*scale -
+ * lse) (0 where the key is after the query) and dS^T = P^T (dP^T - delta),
+ * lse and delta by query, then dV += P^T dO
  * and dK += dS^T q with P^T and dS^T rounded to OP and passed from
  * registers. dK is scaled by 1/sqrt(D) at the end.
  */
@@ -711,8 +714,8 @@ KG_FL_HD void kg_fl_dq_block(const kg_flash_args &a, unsigned char *sm, int qt, 
         X::sync();
     }
     for (int w = X::warp0(); X::win(w); w += X::wstep())
-        kg_fl_store_acc<X, OP, DN>(a, a.dqkv, (size_t)b * (size_t)T * 3u * (size_t)a.C, 3u * (size_t)a.C, dQ[X::slot(w)],
-                                   q0 + 16 * w, (size_t)h * D, a.scale, w);
+        kg_fl_store_acc<X, OP, DN>(a, a.dqkv, (size_t)b * (size_t)T * 3u * (size_t)a.C, 3u * (size_t)a.C,
+                                   dQ[X::slot(w)], q0 + 16 * w, (size_t)h * D, a.scale, w);
 }
 
 /* Blocks of a program over B * NH heads and T positions: one per (tile,
