@@ -1372,7 +1372,7 @@ static const struct {
     {"1.4 xent_fused: ignored rows, masked classes, padding, bad targets", test_seq_xent},
     {"1.6 xent_fused on bfloat16/float16 logits", test_seq_xent16},
     {"1.4 add: apart and in place", test_seq_add},
-    {"1.4 attention forward/backward: 3 shapes, bfloat16 outputs", test_seq_attention},
+    {"1.4 attention forward/backward: 3 shapes, bf16 and f16 outputs", test_seq_attention},
     {"1.7 16-bit activation storage (layernorm, linear, attention, act_backward, bias_grad, add) vs float32 rounded",
      test_act16},
 };
