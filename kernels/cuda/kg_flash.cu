@@ -94,7 +94,7 @@ struct kg_fl_dev {
 
 extern __shared__ __align__(128) unsigned char kg_fl_smem[];
 
-template <int PROG, int OP, int DN> __global__ void __launch_bounds__(KG_FL_THREADS) kg_fl_kernel(kg_flash_args a) {
+template <int PROG, int OP, int DN> __global__ void __launch_bounds__(KG_FL_THREADS, 2) kg_fl_kernel(kg_flash_args a) {
     int tile, bh;
     kg_fl_block_of(PROG, (size_t)blockIdx.x, a.B, a.NH, a.T, &tile, &bh);
     if constexpr (PROG == KG_FL_FWD) kg_fl_forward_block<kg_fl_dev, OP, DN>(a, kg_fl_smem, tile, bh);

@@ -427,6 +427,83 @@ KG_FL_HD void kg_fl_store_acc(const kg_flash_args &a, void *out, size_t base, si
 }
 
 /*
+ * The causal mask's three uses, each a template over MASK: a warp's block
+ * of scores that lies wholly below the diagonal (every key at or before
+ * every query; most blocks of a long sequence) takes MASK = false, with
+ * no compare and select per element; the blocks that cross the diagonal
+ * take MASK = true, where the mask is a select, not a branch, so the
+ * lanes stay in step. The unmasked elements get the same expressions
+ * either way, hence the same bits. Keys past T are masked by the same
+ * test: they lie only in the diagonal tile, since a query tile's key
+ * tiles end at its last valid query. (Queries past T are never stored,
+ * and in the dK/dV program add nothing: q = dO = 0 there.)
+ */
+
+/* The forward's scores of warp w (rows q_lo.., keys k0..) scaled to base 2
+ * and masked, and each lane's two row maxima. */
+KG_FL_NOCHECK
+template <class X, bool MASK>
+KG_FL_HD void kg_fl_fwd_mask_max(float (&S)[8][4][X::NL], float (&mx)[2][X::NL], float sc2, int q_lo, int k0, int w) {
+    for (int l = X::lane0(); X::lin(w, l); l += X::lstep()) {
+        const int L = X::li(l), q = q_lo + (l >> 2), c = k0 + 2 * (l & 3);
+        mx[0][L] = mx[1][L] = -INFINITY;
+        KG_FL_UNROLL for (int n = 0; n < 8; n++) {
+            KG_FL_UNROLL for (int i = 0; i < 4; i++) {
+                const bool in = !MASK || c + 8 * n + (i & 1) <= q + 8 * (i >> 1);
+                const float x = in ? S[n][i][L] * sc2 : -INFINITY;
+                S[n][i][L] = x;
+                mx[i >> 1][L] = x > mx[i >> 1][L] ? x : mx[i >> 1][L];
+            }
+        }
+    }
+}
+
+/* The dK/dV program's P^T and dS^T of warp w (keys key_lo.., queries
+ * q0..: lse and delta by query, from shared memory), rounded to OP. */
+KG_FL_NOCHECK
+template <class X, int OP, bool MASK>
+KG_FL_HD void kg_fl_dkdv_p_ds(uint32_t (&P)[4][4][X::NL], uint32_t (&dS)[4][4][X::NL], float (&St)[8][4][X::NL],
+                              float (&dPt)[8][4][X::NL], const float *Lq, const float *Dq, float sc2, int key_lo,
+                              int q0, int w) {
+    for (int l = X::lane0(); X::lin(w, l); l += X::lstep()) {
+        const int L = X::li(l), key = key_lo + (l >> 2), c = 2 * (l & 3);
+        KG_FL_UNROLL for (int n = 0; n < 8; n++) {
+            /* the two queries of this lane's columns in block n */
+            const float2 ls = X::ld((const float2 *)&Lq[8 * n + c]), de = X::ld((const float2 *)&Dq[8 * n + c]);
+            KG_FL_UNROLL for (int i = 0; i < 4; i++) {
+                const bool in = !MASK || key + 8 * (i >> 1) <= q0 + 8 * n + c + (i & 1);
+                const float lse = i & 1 ? ls.y : ls.x, delta = i & 1 ? de.y : de.x;
+                const float p = in ? exp2f(St[n][i][L] * sc2 - lse) : 0.0f;
+                St[n][i][L] = p;
+                dPt[n][i][L] = in ? p * (dPt[n][i][L] - delta) : 0.0f;
+            }
+        }
+        kg_fl_pack_p<X, OP>(P, St, L);
+        kg_fl_pack_p<X, OP>(dS, dPt, L);
+    }
+}
+
+/* The dQ program's dS of warp w (rows q_lo.., keys k0..; lse in base 2
+ * and delta per row from registers), rounded to OP. */
+KG_FL_NOCHECK
+template <class X, int OP, bool MASK>
+KG_FL_HD void kg_fl_dq_ds(uint32_t (&dS)[4][4][X::NL], const float (&S)[8][4][X::NL], float (&dP)[8][4][X::NL],
+                          const float (&Ls)[2][X::NL], const float (&De)[2][X::NL], float sc2, int q_lo, int k0,
+                          int w) {
+    for (int l = X::lane0(); X::lin(w, l); l += X::lstep()) {
+        const int L = X::li(l), q = q_lo + (l >> 2), c = k0 + 2 * (l & 3);
+        KG_FL_UNROLL for (int n = 0; n < 8; n++) {
+            KG_FL_UNROLL for (int i = 0; i < 4; i++) {
+                const bool in = !MASK || c + 8 * n + (i & 1) <= q + 8 * (i >> 1);
+                const float p = in ? exp2f(S[n][i][L] * sc2 - Ls[i >> 1][L]) : 0.0f;
+                dP[n][i][L] = in ? p * (dP[n][i][L] - De[i >> 1][L]) : 0.0f;
+            }
+        }
+        kg_fl_pack_p<X, OP>(dS, dP, L);
+    }
+}
+
+/*
  * The forward of query tile qt of head bh = b * NH + h. Each warp owns 16
  * query rows and keeps in registers their q fragments, the output
  * accumulator O (16 x D), and per row the running max m and sum l (each
@@ -472,19 +549,9 @@ KG_FL_HD void kg_fl_forward_block(const kg_flash_args &a, unsigned char *sm, int
             const int s = X::slot(w);
             float S[8][4][NL], mx[2][NL];
             kg_fl_scores<X, OP, DN, true>(S, qa[s], Qs, 0, Ks, w);
-            /* scaled to base 2 and masked (the mask a select: the lanes of
-             * a diagonal tile stay in step), and each lane's row maxima */
-            for (int l = X::lane0(); X::lin(w, l); l += X::lstep()) {
-                const int L = X::li(l), q = q0 + 16 * w + (l >> 2), c = k0 + 2 * (l & 3);
-                mx[0][L] = mx[1][L] = -INFINITY;
-                KG_FL_UNROLL for (int n = 0; n < 8; n++) {
-                    KG_FL_UNROLL for (int i = 0; i < 4; i++) {
-                        const float x = c + 8 * n + (i & 1) <= q + 8 * (i >> 1) ? S[n][i][L] * sc2 : -INFINITY;
-                        S[n][i][L] = x;
-                        mx[i >> 1][L] = x > mx[i >> 1][L] ? x : mx[i >> 1][L];
-                    }
-                }
-            }
+            /* the mask only where the last key passes the first row */
+            if (k0 + KG_FL_BC - 1 > q0 + 16 * w) kg_fl_fwd_mask_max<X, true>(S, mx, sc2, q0 + 16 * w, k0, w);
+            else kg_fl_fwd_mask_max<X, false>(S, mx, sc2, q0 + 16 * w, k0, w);
             kg_fl_quad<X>(mx[0], w, false);
             kg_fl_quad<X>(mx[1], w, false);
             /* p = exp(s - m_new) (0 where masked: exp2(-inf)); the first key
@@ -612,22 +679,9 @@ KG_FL_HD void kg_fl_dkdv_block(const kg_flash_args &a, unsigned char *sm, int kt
             kg_fl_scores<X, OP, DN, false>(St, none, Ks, 16 * w, Qs, w);
             kg_fl_scores<X, OP, DN, false>(dPt, none, Vs, 16 * w, dOs, w);
             uint32_t P[4][4][NL], dS[4][4][NL];
-            for (int l = X::lane0(); X::lin(w, l); l += X::lstep()) {
-                const int L = X::li(l), key = k0 + 16 * w + (l >> 2), c = 2 * (l & 3);
-                KG_FL_UNROLL for (int n = 0; n < 8; n++) {
-                    /* the two queries of this lane's columns in block n */
-                    const float2 ls = X::ld((const float2 *)&Lq[8 * n + c]), de = X::ld((const float2 *)&Dq[8 * n + c]);
-                    KG_FL_UNROLL for (int i = 0; i < 4; i++) {
-                        const bool in = key + 8 * (i >> 1) <= q0 + 8 * n + c + (i & 1);
-                        const float lse = i & 1 ? ls.y : ls.x, delta = i & 1 ? de.y : de.x;
-                        const float p = in ? exp2f(St[n][i][L] * sc2 - lse) : 0.0f;
-                        St[n][i][L] = p;
-                        dPt[n][i][L] = in ? p * (dPt[n][i][L] - delta) : 0.0f;
-                    }
-                }
-                kg_fl_pack_p<X, OP>(P, St, L);
-                kg_fl_pack_p<X, OP>(dS, dPt, L);
-            }
+            /* the mask only where the warp's last key passes the first query */
+            if (k0 + 16 * w + 15 > q0) kg_fl_dkdv_p_ds<X, OP, true>(P, dS, St, dPt, Lq, Dq, sc2, k0 + 16 * w, q0, w);
+            else kg_fl_dkdv_p_ds<X, OP, false>(P, dS, St, dPt, Lq, Dq, sc2, k0 + 16 * w, q0, w);
             kg_fl_acc_pv<X, OP, DN>(dV[s], P, dOs, w);
             kg_fl_acc_pv<X, OP, DN>(dK[s], dS, Qs, w);
         }
@@ -698,17 +752,10 @@ KG_FL_HD void kg_fl_dq_block(const kg_flash_args &a, unsigned char *sm, int qt, 
             kg_fl_scores<X, OP, DN, RES>(S, qa[s], Qs, 16 * w, Ks, w);
             kg_fl_scores<X, OP, DN, RES>(dP, da[s], dOs, 16 * w, Vs, w);
             uint32_t dS[4][4][NL];
-            for (int l = X::lane0(); X::lin(w, l); l += X::lstep()) {
-                const int L = X::li(l), q = q0 + 16 * w + (l >> 2), c = k0 + 2 * (l & 3);
-                KG_FL_UNROLL for (int n = 0; n < 8; n++) {
-                    KG_FL_UNROLL for (int i = 0; i < 4; i++) {
-                        const bool in = c + 8 * n + (i & 1) <= q + 8 * (i >> 1);
-                        const float p = in ? exp2f(S[n][i][L] * sc2 - Ls[s][i >> 1][L]) : 0.0f;
-                        dP[n][i][L] = in ? p * (dP[n][i][L] - De[s][i >> 1][L]) : 0.0f;
-                    }
-                }
-                kg_fl_pack_p<X, OP>(dS, dP, L);
-            }
+            /* the mask only where the last key passes the first row */
+            const int q_lo = q0 + 16 * w;
+            if (k0 + KG_FL_BC - 1 > q_lo) kg_fl_dq_ds<X, OP, true>(dS, S, dP, Ls[s], De[s], sc2, q_lo, k0, w);
+            else kg_fl_dq_ds<X, OP, false>(dS, S, dP, Ls[s], De[s], sc2, q_lo, k0, w);
             kg_fl_acc_pv<X, OP, DN>(dQ[s], dS, Ks, w);
         }
         X::sync();
