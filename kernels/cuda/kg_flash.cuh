@@ -318,37 +318,50 @@ KG_FL_HD void kg_fl_frag_bt(uint32_t (&r)[4][X::NL], const uint16_t *tile, int r
 
 /*
  * S(16 x 64) = A(16 x D) Bt(64 x D)^T, one warp's scores against a tile of
- * 64 keys. A comes from the warp's resident fragments (RA = true: a[kk],
- * 16 columns each) or is loaded from rows r0..r0+15 of the 16-bit tile At
- * (RA = false, a unused: where resident fragments would not fit in
- * registers beside the accumulators). Bt is the 64 rows of a 16-bit tile.
- * s[n] is the accumulator of the n-th block of 8 keys.
+ * 64 keys: s[n] is the accumulator of the n-th block of 8 keys, Bt the 64
+ * rows of a 16-bit tile. Two overloads for where A comes from: the warp's
+ * resident fragments (a[kk], 16 columns each), or rows r0..r0+15 of the
+ * 16-bit tile At, loaded 16 columns at a time (where resident fragments
+ * would not fit in registers beside the accumulators).
  */
 KG_FL_NOCHECK
-template <class X, int OP, int DN, bool RA>
-KG_FL_HD void kg_fl_scores(float (&s)[8][4][X::NL], const uint32_t (&a)[RA ? DN : 1][4][X::NL], const uint16_t *At,
-                           int r0, const uint16_t *Bt, int w) {
-    constexpr int LDE = KG_FL_LDE(16 * DN);
+template <class X> KG_FL_HD void kg_fl_scores_zero(float (&s)[8][4][X::NL], int w) {
     for (int l = X::lane0(); X::lin(w, l); l += X::lstep()) {
         KG_FL_UNROLL for (int n = 0; n < 8; n++) {
             KG_FL_UNROLL for (int i = 0; i < 4; i++) s[n][i][X::li(l)] = 0.0f;
         }
     }
+}
+
+/* s += af Bt(:, 16 kk..16 kk + 15)^T: one 16-column step of the product. */
+KG_FL_NOCHECK
+template <class X, int OP, int DN>
+KG_FL_HD void kg_fl_scores_step(float (&s)[8][4][X::NL], const uint32_t (&af)[4][X::NL], const uint16_t *Bt, int kk,
+                                int w) {
+    constexpr int LDE = KG_FL_LDE(16 * DN);
+    KG_FL_UNROLL for (int np = 0; np < 4; np++) {
+        uint32_t bf[4][X::NL];
+        kg_fl_frag_bt<X, LDE>(bf, Bt, 16 * np, 16 * kk, w);
+        X::template mma<OP>(s[2 * np], af, bf, 0);
+        X::template mma<OP>(s[2 * np + 1], af, bf, 1);
+    }
+}
+
+KG_FL_NOCHECK
+template <class X, int OP, int DN>
+KG_FL_HD void kg_fl_scores(float (&s)[8][4][X::NL], const uint32_t (&a)[DN][4][X::NL], const uint16_t *Bt, int w) {
+    kg_fl_scores_zero<X>(s, w);
+    KG_FL_UNROLL for (int kk = 0; kk < DN; kk++) kg_fl_scores_step<X, OP, DN>(s, a[kk], Bt, kk, w);
+}
+
+KG_FL_NOCHECK
+template <class X, int OP, int DN>
+KG_FL_HD void kg_fl_scores(float (&s)[8][4][X::NL], const uint16_t *At, int r0, const uint16_t *Bt, int w) {
+    kg_fl_scores_zero<X>(s, w);
     KG_FL_UNROLL for (int kk = 0; kk < DN; kk++) {
         uint32_t af[4][X::NL];
-        if constexpr (RA) {
-            for (int l = X::lane0(); X::lin(w, l); l += X::lstep()) {
-                KG_FL_UNROLL for (int i = 0; i < 4; i++) af[i][X::li(l)] = a[kk][i][X::li(l)];
-            }
-        } else {
-            kg_fl_frag_a<X, 0, LDE>(af, At, r0, 16 * kk, w);
-        }
-        KG_FL_UNROLL for (int np = 0; np < 4; np++) {
-            uint32_t bf[4][X::NL];
-            kg_fl_frag_bt<X, LDE>(bf, Bt, 16 * np, 16 * kk, w);
-            X::template mma<OP>(s[2 * np], af, bf, 0);
-            X::template mma<OP>(s[2 * np + 1], af, bf, 1);
-        }
+        kg_fl_frag_a<X, 0, KG_FL_LDE(16 * DN)>(af, At, r0, 16 * kk, w);
+        kg_fl_scores_step<X, OP, DN>(s, af, Bt, kk, w);
     }
 }
 
@@ -406,6 +419,14 @@ template <int OP> KG_FL_HD void kg_fl_put(void *base, size_t e, float v, int s16
     else ((float *)base)[e] = kg_round_to_dtype(v, rd);
 }
 
+/* mma's accumulator layout, in one place: lane l's element i (0..3) of
+ * the n-th 8-wide block of a warp's 16-row accumulator sits at row
+ * kg_fl_acc_row(l, i) and column kg_fl_acc_col(l, n, i) (the ISA's D
+ * fragment: rows l / 4 and l / 4 + 8, columns 2 (l % 4) and 2 (l % 4) + 1
+ * of each block). */
+KG_HD int kg_fl_acc_row(int l, int i) { return (l >> 2) + 8 * (i >> 1); }
+KG_HD int kg_fl_acc_col(int l, int n, int i) { return 8 * n + 2 * (l & 3) + (i & 1); }
+
 /* A warp's 16 x D accumulator, times mul, into rows r0.. (16 of them, rows
  * at or past T skipped) and columns col.. of an output with row stride ld
  * (elements) from element base of batch element b. */
@@ -414,12 +435,12 @@ template <class X, int OP, int DN>
 KG_FL_HD void kg_fl_store_acc(const kg_flash_args &a, void *out, size_t base, size_t ld,
                               const float (&acc)[2 * DN][4][X::NL], int r0, size_t col, float mul, int w) {
     for (int l = X::lane0(); X::lin(w, l); l += X::lstep()) {
-        const int L = X::li(l), g = l >> 2, c = 2 * (l & 3);
+        const int L = X::li(l);
         KG_FL_UNROLL for (int n = 0; n < 2 * DN; n++) {
             KG_FL_UNROLL for (int i = 0; i < 4; i++) {
-                const int row = r0 + g + 8 * (i >> 1);
+                const int row = r0 + kg_fl_acc_row(l, i);
                 if (row >= a.T) continue;
-                const size_t e = base + (size_t)row * ld + col + (size_t)(8 * n + c + (i & 1));
+                const size_t e = base + (size_t)row * ld + col + (size_t)kg_fl_acc_col(l, n, i);
                 kg_fl_put<OP>(out, e, acc[n][i][L] * mul, a.s16, a.rd);
             }
         }
@@ -439,17 +460,24 @@ KG_FL_HD void kg_fl_store_acc(const kg_flash_args &a, void *out, size_t base, si
  * and in the dK/dV program add nothing: q = dO = 0 there.)
  */
 
+/* Whether query q sees key k. */
+KG_HD bool kg_fl_causal_in(int k, int q) { return k <= q; }
+/* Whether a block of scores whose last key is k_last and first query q_first
+ * crosses the diagonal (some key there is after some query): the blocks
+ * that take MASK = true. */
+KG_HD bool kg_fl_crosses_diag(int k_last, int q_first) { return k_last > q_first; }
+
 /* The forward's scores of warp w (rows q_lo.., keys k0..) scaled to base 2
  * and masked, and each lane's two row maxima. */
 KG_FL_NOCHECK
 template <class X, bool MASK>
 KG_FL_HD void kg_fl_fwd_mask_max(float (&S)[8][4][X::NL], float (&mx)[2][X::NL], float sc2, int q_lo, int k0, int w) {
     for (int l = X::lane0(); X::lin(w, l); l += X::lstep()) {
-        const int L = X::li(l), q = q_lo + (l >> 2), c = k0 + 2 * (l & 3);
+        const int L = X::li(l);
         mx[0][L] = mx[1][L] = -INFINITY;
         KG_FL_UNROLL for (int n = 0; n < 8; n++) {
             KG_FL_UNROLL for (int i = 0; i < 4; i++) {
-                const bool in = !MASK || c + 8 * n + (i & 1) <= q + 8 * (i >> 1);
+                const bool in = !MASK || kg_fl_causal_in(k0 + kg_fl_acc_col(l, n, i), q_lo + kg_fl_acc_row(l, i));
                 const float x = in ? S[n][i][L] * sc2 : -INFINITY;
                 S[n][i][L] = x;
                 mx[i >> 1][L] = x > mx[i >> 1][L] ? x : mx[i >> 1][L];
@@ -466,12 +494,13 @@ KG_FL_HD void kg_fl_dkdv_p_ds(uint32_t (&P)[4][4][X::NL], uint32_t (&dS)[4][4][X
                               float (&dPt)[8][4][X::NL], const float *Lq, const float *Dq, float sc2, int key_lo,
                               int q0, int w) {
     for (int l = X::lane0(); X::lin(w, l); l += X::lstep()) {
-        const int L = X::li(l), key = key_lo + (l >> 2), c = 2 * (l & 3);
+        const int L = X::li(l), c = 2 * (l & 3);
         KG_FL_UNROLL for (int n = 0; n < 8; n++) {
             /* the two queries of this lane's columns in block n */
             const float2 ls = X::ld((const float2 *)&Lq[8 * n + c]), de = X::ld((const float2 *)&Dq[8 * n + c]);
             KG_FL_UNROLL for (int i = 0; i < 4; i++) {
-                const bool in = !MASK || key + 8 * (i >> 1) <= q0 + 8 * n + c + (i & 1);
+                /* transposed scores: rows are keys, columns queries */
+                const bool in = !MASK || kg_fl_causal_in(key_lo + kg_fl_acc_row(l, i), q0 + kg_fl_acc_col(l, n, i));
                 const float lse = i & 1 ? ls.y : ls.x, delta = i & 1 ? de.y : de.x;
                 const float p = in ? exp2f(St[n][i][L] * sc2 - lse) : 0.0f;
                 St[n][i][L] = p;
@@ -491,10 +520,10 @@ KG_FL_HD void kg_fl_dq_ds(uint32_t (&dS)[4][4][X::NL], const float (&S)[8][4][X:
                           const float (&Ls)[2][X::NL], const float (&De)[2][X::NL], float sc2, int q_lo, int k0,
                           int w) {
     for (int l = X::lane0(); X::lin(w, l); l += X::lstep()) {
-        const int L = X::li(l), q = q_lo + (l >> 2), c = k0 + 2 * (l & 3);
+        const int L = X::li(l);
         KG_FL_UNROLL for (int n = 0; n < 8; n++) {
             KG_FL_UNROLL for (int i = 0; i < 4; i++) {
-                const bool in = !MASK || c + 8 * n + (i & 1) <= q + 8 * (i >> 1);
+                const bool in = !MASK || kg_fl_causal_in(k0 + kg_fl_acc_col(l, n, i), q_lo + kg_fl_acc_row(l, i));
                 const float p = in ? exp2f(S[n][i][L] * sc2 - Ls[i >> 1][L]) : 0.0f;
                 dP[n][i][L] = in ? p * (dP[n][i][L] - De[i >> 1][L]) : 0.0f;
             }
@@ -548,10 +577,11 @@ KG_FL_HD void kg_fl_forward_block(const kg_flash_args &a, unsigned char *sm, int
         for (int w = X::warp0(); X::win(w); w += X::wstep()) {
             const int s = X::slot(w);
             float S[8][4][NL], mx[2][NL];
-            kg_fl_scores<X, OP, DN, true>(S, qa[s], Qs, 0, Ks, w);
+            kg_fl_scores<X, OP, DN>(S, qa[s], Ks, w);
             /* the mask only where the last key passes the first row */
-            if (k0 + KG_FL_BC - 1 > q0 + 16 * w) kg_fl_fwd_mask_max<X, true>(S, mx, sc2, q0 + 16 * w, k0, w);
-            else kg_fl_fwd_mask_max<X, false>(S, mx, sc2, q0 + 16 * w, k0, w);
+            const int q_lo = q0 + 16 * w;
+            if (kg_fl_crosses_diag(k0 + KG_FL_BC - 1, q_lo)) kg_fl_fwd_mask_max<X, true>(S, mx, sc2, q_lo, k0, w);
+            else kg_fl_fwd_mask_max<X, false>(S, mx, sc2, q_lo, k0, w);
             kg_fl_quad<X>(mx[0], w, false);
             kg_fl_quad<X>(mx[1], w, false);
             /* p = exp(s - m_new) (0 where masked: exp2(-inf)); the first key
@@ -652,7 +682,6 @@ KG_FL_HD void kg_fl_dkdv_block(const kg_flash_args &a, unsigned char *sm, int kt
     float *Lq = (float *)(sm + Ly.rowa), *Dq = (float *)(sm + Ly.rowb);
     const int b = bh / a.NH, h = bh % a.NH, T = a.T, k0 = kt * KG_FL_BC;
     const float sc2 = a.scale * KG_FL_LOG2E;
-    const uint32_t none[1][4][NL] = {};
     float dK[X::kSlots][2 * DN][4][NL], dV[X::kSlots][2 * DN][4][NL];
 
     kg_fl_load_kv<X, OP>(a, Ks, Vs, b, h, D, k0);
@@ -676,12 +705,15 @@ KG_FL_HD void kg_fl_dkdv_block(const kg_flash_args &a, unsigned char *sm, int kt
         for (int w = X::warp0(); X::win(w); w += X::wstep()) {
             const int s = X::slot(w);
             float St[8][4][NL], dPt[8][4][NL];
-            kg_fl_scores<X, OP, DN, false>(St, none, Ks, 16 * w, Qs, w);
-            kg_fl_scores<X, OP, DN, false>(dPt, none, Vs, 16 * w, dOs, w);
+            kg_fl_scores<X, OP, DN>(St, Ks, 16 * w, Qs, w);
+            kg_fl_scores<X, OP, DN>(dPt, Vs, 16 * w, dOs, w);
             uint32_t P[4][4][NL], dS[4][4][NL];
             /* the mask only where the warp's last key passes the first query */
-            if (k0 + 16 * w + 15 > q0) kg_fl_dkdv_p_ds<X, OP, true>(P, dS, St, dPt, Lq, Dq, sc2, k0 + 16 * w, q0, w);
-            else kg_fl_dkdv_p_ds<X, OP, false>(P, dS, St, dPt, Lq, Dq, sc2, k0 + 16 * w, q0, w);
+            const int key_lo = k0 + 16 * w;
+            if (kg_fl_crosses_diag(key_lo + 15, q0))
+                kg_fl_dkdv_p_ds<X, OP, true>(P, dS, St, dPt, Lq, Dq, sc2, key_lo, q0, w);
+            else
+                kg_fl_dkdv_p_ds<X, OP, false>(P, dS, St, dPt, Lq, Dq, sc2, key_lo, q0, w);
             kg_fl_acc_pv<X, OP, DN>(dV[s], P, dOs, w);
             kg_fl_acc_pv<X, OP, DN>(dK[s], dS, Qs, w);
         }
@@ -723,7 +755,7 @@ KG_FL_HD void kg_fl_dq_block(const kg_flash_args &a, unsigned char *sm, int qt, 
     for (int w = X::warp0(); X::win(w); w += X::wstep()) {
         const int s = X::slot(w);
         if constexpr (RES) {
-            KG_FL_UNROLL for (int kk = 0; kk < (RES ? DN : 1); kk++) {
+            KG_FL_UNROLL for (int kk = 0; kk < DN; kk++) {
                 kg_fl_frag_a<X, 0, LDE>(qa[s][kk], Qs, 16 * w, 16 * kk, w);
                 kg_fl_frag_a<X, 0, LDE>(da[s][kk], dOs, 16 * w, 16 * kk, w);
             }
@@ -749,13 +781,20 @@ KG_FL_HD void kg_fl_dq_block(const kg_flash_args &a, unsigned char *sm, int qt, 
         for (int w = X::warp0(); X::win(w); w += X::wstep()) {
             const int s = X::slot(w);
             float S[8][4][NL], dP[8][4][NL];
-            kg_fl_scores<X, OP, DN, RES>(S, qa[s], Qs, 16 * w, Ks, w);
-            kg_fl_scores<X, OP, DN, RES>(dP, da[s], dOs, 16 * w, Vs, w);
+            if constexpr (RES) {
+                kg_fl_scores<X, OP, DN>(S, qa[s], Ks, w);
+                kg_fl_scores<X, OP, DN>(dP, da[s], Vs, w);
+            } else {
+                kg_fl_scores<X, OP, DN>(S, Qs, 16 * w, Ks, w);
+                kg_fl_scores<X, OP, DN>(dP, dOs, 16 * w, Vs, w);
+            }
             uint32_t dS[4][4][NL];
             /* the mask only where the last key passes the first row */
             const int q_lo = q0 + 16 * w;
-            if (k0 + KG_FL_BC - 1 > q_lo) kg_fl_dq_ds<X, OP, true>(dS, S, dP, Ls[s], De[s], sc2, q_lo, k0, w);
-            else kg_fl_dq_ds<X, OP, false>(dS, S, dP, Ls[s], De[s], sc2, q_lo, k0, w);
+            if (kg_fl_crosses_diag(k0 + KG_FL_BC - 1, q_lo))
+                kg_fl_dq_ds<X, OP, true>(dS, S, dP, Ls[s], De[s], sc2, q_lo, k0, w);
+            else
+                kg_fl_dq_ds<X, OP, false>(dS, S, dP, Ls[s], De[s], sc2, q_lo, k0, w);
             kg_fl_acc_pv<X, OP, DN>(dQ[s], dS, Ks, w);
         }
         X::sync();
