@@ -13,7 +13,11 @@
 # a line on minor-version compatibility, and (e) an ompi_info of another
 # version than .gpu/openmpi-version (the carried libmpi's) must skip the
 # MPI-launched run, naming both versions, and one of the same version must
-# let it go ahead. Exit 0 when all hold, 77 (skipped) where a tool the
+# let it go ahead; (f) a build carried packed (.gpu/build-gpu.tar.xz, as
+# prepare.sh leaves it) must be unpacked before the driver check reads its
+# toolkit version, replacing a build-gpu/ an earlier call left, absolute
+# links and all; (g) an archive that is not one must stop the run with one
+# line naming it. Exit 0 when all hold, 77 (skipped) where a tool the
 # sandbox needs is missing here.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -23,6 +27,8 @@ mkdir -p "$tmp/bin"
 for t in bash env mkdir mktemp rm tee date sed grep awk ls head dirname cat python3 ctest ldconfig timeout sleep; do
   p=$(command -v "$t" 2>/dev/null || true)
   [ -z "$p" ] && [ -x "/sbin/$t" ] && p=/sbin/$t
+  # the interpreter itself, not a wrapper (pyenv's shim) that needs more tools
+  [ "$t" = python3 ] && [ -n "$p" ] && p=$("$p" -c 'import sys; print(sys.executable)' 2>/dev/null)
   [ -n "$p" ] || { echo "preflight.sh: $t not found here: skipped"; exit 77; }
   ln -s "$p" "$tmp/bin/$t"
 done
@@ -95,4 +101,41 @@ out=$(pre out-e2)
 echo "$out"
 grep -q "^-- Open MPI: .*4.1.4, as the carried libmpi: the MPI-launched ddp run goes ahead" <<<"$out" ||
   fail "(e) the same Open MPI version did not let the MPI-launched run go ahead"
+# (f) the build packed: a CUDA 13 build in the archive, a stale CUDA 99
+# build-gpu/ beside it
+pack() { # pack DIR: DIR/build-gpu into $root/.gpu/build-gpu.tar.xz
+  python3 - "$1" "$root/.gpu/build-gpu.tar.xz" <<'PY'
+import sys, tarfile
+with tarfile.open(sys.argv[2], "w:xz") as t:
+    t.add(sys.argv[1] + "/build-gpu", "build-gpu")
+PY
+}
+mkdir -p "$tmp/pk/build-gpu/tests/plugins"
+echo 13.0.88 >"$tmp/pk/build-gpu/cuda-version"
+echo "CMAKE_HOME_DIRECTORY:INTERNAL=$root" >"$tmp/pk/build-gpu/CMakeCache.txt"
+ln -s /nonexistent/build-gpu/lib/libkiln-cpu.so "$tmp/pk/build-gpu/tests/plugins/libkiln-cpu.so"
+pack "$tmp/pk" || fail "(f) could not make the archive"
+echo 99.0 >"$root/build-gpu/cuda-version"
+standin_driver "$tmp/bin" 12.8
+out=$(pre out-f1); rc=$?
+echo "$out"
+[ "$rc" -eq 1 ] || fail "(f) exit status $rc, want 1"
+grep -q "^-- need build (.gpu/build-gpu.tar.xz): unpacked into $root/build-gpu" <<<"$out" || fail "(f) no line on the unpacked build"
+grep -q '^-- need driver (nvidia-smi): MISSING: the driver supports CUDA 12.8, the build needs CUDA 13 (its toolkit: 13.0.88)' <<<"$out" ||
+  fail "(f) the driver check did not read the unpacked build's toolkit version"
+[ -L "$root/build-gpu/tests/plugins/libkiln-cpu.so" ] || fail "(f) the absolute link was not unpacked"
+standin_driver "$tmp/bin" 13.0
+out=$(pre out-f2); rc=$?
+echo "$out"
+[ "$rc" -eq 0 ] || fail "(f) exit status $rc with a driver for CUDA 13.0, want 0"
+grep -q '^-- need driver (nvidia-smi): CUDA 13.0 (build: CUDA 13.0.88)' <<<"$out" || fail "(f) the driver line does not pass"
+
+# (g) an archive that is not one
+echo "not an archive" >"$root/.gpu/build-gpu.tar.xz"
+out=$(pre out-g); rc=$?
+echo "$out"
+[ "$rc" -eq 1 ] || fail "(g) exit status $rc, want 1"
+grep -q '^-- need build (.gpu/build-gpu.tar.xz): MISSING: could not unpack it into .*(rerun tests/gpu/prepare.sh)$' <<<"$out" ||
+  fail "(g) no line naming the archive that could not be unpacked"
+grep -q '^run.sh: stopping before any check: this machine lacks build (.gpu/build-gpu.tar.xz)' <<<"$out" || fail "(g) the run did not stop"
 echo "preflight.sh: ok"

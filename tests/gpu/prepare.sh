@@ -4,6 +4,10 @@
 # a bare GPU machine that has the driver, nvcc and the CUDA libraries but not
 # Debian's libconfig, CUnit or OpenBLAS, and no Fashion-MNIST:
 #
+#   .gpu/build-gpu.tar.xz
+#                       build-gpu/ packed (38 MiB of binaries as a folder,
+#                       about 6 packed; run.sh unpacks it into the
+#                       checkout), the folder itself then removed here:
 #   build-gpu/          a Release build with sm_80 (A100) and sm_90
 #                       (H100/H200) code and compute_90 PTX, which the driver
 #                       compiles for newer GPUs, with the tests and
@@ -22,8 +26,8 @@
 #   .gpu/fortunes/      the fortunes package's texts (its .dat indexes and
 #                       .u8 links left out), for the transformer checks
 #
-# Both folders are git-ignored; name them in the device tool's `carry`:
-#   carry = ["build-gpu", ".gpu"], command = "bash tests/gpu/run.sh $OUT"
+# .gpu is git-ignored; name it in the device tool's `carry`:
+#   carry = [".gpu"], command = "bash tests/gpu/run.sh $OUT"
 # Run from the repository root: bash tests/gpu/prepare.sh [ARCHS]
 # (ARCHS: CMAKE_CUDA_ARCHITECTURES, default "80-real;90": the default build's
 # 80 and 90 less compute_80's PTX, which no GPU past sm_80 would pick over
@@ -130,9 +134,18 @@ find build-gpu \( -name '*.o' -o -name '*.a' \) -type f -delete
 # files, cuda-version (written above) and what was linked; a later
 # prepare.sh configures afresh
 find build-gpu -type d -name CMakeFiles -prune -exec rm -rf {} +
-du -sh build-gpu .gpu | sed 's/^/prepare.sh: /'
-# the device tool carries at most 64 MiB: these two plus the checkout
-total=$(( $(du -sk build-gpu .gpu | awk '{s += $1} END {print s}') + $(git ls-files -z | xargs -0 du -ck 2>/dev/null | tail -1 | cut -f1) ))
+# The build travels packed: as a folder it is 38 MiB, beside .gpu's 23 and
+# the checkout's 9, more than the 64 MiB the device tool carries; packed,
+# about 6. Then the folder goes, so that no carry can take it along
+# unpacked (prepare.sh builds afresh each time anyway: no objects are left).
+du -sh build-gpu | sed 's/^/prepare.sh: /'
+rm -f .gpu/build-gpu.tar.xz
+XZ_OPT="-6 -T2" tar -cJf .gpu/build-gpu.tar.xz build-gpu
+rm -rf build-gpu
+du -sh .gpu/build-gpu.tar.xz | sed 's/^/prepare.sh: /'
+du -sh .gpu | sed 's/^/prepare.sh: /'
+# the device tool carries at most 64 MiB: .gpu plus the checkout
+total=$(( $(du -sk .gpu | cut -f1) + $(git ls-files -z | xargs -0 du -ck 2>/dev/null | tail -1 | cut -f1) ))
 echo "prepare.sh: $((total / 1024)) MiB travel with the checkout (the limit is 64 MiB)"
 [ "$total" -lt $((62 * 1024)) ] || { echo "prepare.sh: too large for the device tool's carry" >&2; exit 1; }
-echo "prepare.sh: now run the device tool with carry [\"build-gpu\", \".gpu\"] and: bash tests/gpu/run.sh \"\$OUT\""
+echo "prepare.sh: now run the device tool with carry [\".gpu\"] and: bash tests/gpu/run.sh \"\$OUT\""

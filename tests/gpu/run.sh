@@ -7,9 +7,12 @@
 #      libcublasLt, libnccl, ctest, python3 and timeout, and stops at once
 #      naming what is missing (KILN_GPU_PREFLIGHT_ONLY=1: stop after this);
 #      and whether the MPI-launched ddp run can go ahead (below);
-#   1. finds the build: build-gpu/ made by tests/gpu/prepare.sh (carried in;
-#      the checkout is linked at the path that build recorded), else builds
-#      one here (needs libconfig, CUnit and OpenBLAS development files);
+#   1. finds the build: build-gpu/ made by tests/gpu/prepare.sh, which
+#      carries it packed as .gpu/build-gpu.tar.xz (unpacked here before the
+#      checks of step 0, which read its toolkit version; a build-gpu/
+#      carried as a folder is used as it is); the checkout is linked at the
+#      path that build recorded; else builds one here (needs libconfig,
+#      CUnit and OpenBLAS development files);
 #   2. unpacks .gpu/deps.tar.xz (libraries the machine may lack) to /tmp and
 #      finds the CUDA libraries (toolkit, or the nvidia-* Python wheels);
 #      then, still before any check, stops with one line when unpacking
@@ -165,6 +168,36 @@ done
 # bounded SECONDS COMMAND...: COMMAND under timeout (where timeout is missing
 # the preflight stops anyway; the command then runs unbounded)
 bounded() { if command -v timeout >/dev/null; then timeout -k 5 "$@"; else shift; "$@"; fi; }
+# The carried build: prepare.sh packs build-gpu/ into .gpu/build-gpu.tar.xz
+# (38 MiB of binaries as a folder, about 6 packed: the device tool carries
+# 64 MiB in all). Unpacked into the checkout on every run, replacing a
+# build-gpu/ an earlier call on this machine left (the archive is what this
+# call carried), through Python's tarfile (the image may have no xz) with
+# its "tar" filter: the archive is ours, and its test plugin folders hold
+# absolute links into the build, which the "data" filter refuses.
+if [ -f "$root/.gpu/build-gpu.tar.xz" ]; then
+  if unpack_err=$(rm -rf "$root/build-gpu" 2>&1 && python3 - "$root/.gpu/build-gpu.tar.xz" "$root" 2>&1 <<'PY'
+import sys, tarfile
+try:
+    with tarfile.open(sys.argv[1]) as t:
+        if any(m.name.split("/")[0] != "build-gpu" for m in t.getmembers()):
+            sys.exit("an entry outside build-gpu/")
+        try:
+            t.extractall(sys.argv[2], filter="tar")
+        except TypeError:  # a Python without extraction filters
+            t.extractall(sys.argv[2])
+except tarfile.ReadError:
+    sys.exit("not a tar archive, or a truncated one")
+except Exception as e:  # lzma.LZMAError, EOFError, OSError ...
+    sys.exit(type(e).__name__ + ": " + " ".join(str(e).split()))
+PY
+  ) && [ -f "$root/build-gpu/CMakeCache.txt" ]; then
+    pre "build (.gpu/build-gpu.tar.xz)" ok "unpacked into $root/build-gpu"
+  else
+    unpack_err=${unpack_err:-no build-gpu/CMakeCache.txt in it}
+    pre "build (.gpu/build-gpu.tar.xz)" missing "could not unpack it into $root/build-gpu: ${unpack_err##*$'\n'} (rerun tests/gpu/prepare.sh)"
+  fi
+fi
 # The toolkit the carried build was compiled with: prepare.sh writes it to
 # build-gpu/cuda-version (CMake keeps it only in the CMakeFiles folder
 # prepare.sh deletes). A driver runs what a toolkit of its own major
