@@ -34,6 +34,9 @@
 #       sleeping 60 s in the fortunes runs only: the first is cut by the
 #       deadline, the others are left out, and gpt_fortunes is a skip for
 #       the deadline, not a failure;
+#   (m) a build recording a checkout path that cannot be created here
+#       (under /proc): the run goes on with the build in this checkout, its
+#       CTest files rewritten to it, with a line that says so;
 #   (f)-(i) stops before any check, each with one line and exit status 1:
 #       a library `ldd` does not find, a plugin `kiln plugins list`
 #       refuses, a list without the cuda accelerator that names
@@ -267,6 +270,21 @@ assert f["status"] == "skip" and f["why"].startswith("the deadline"), f
 assert f["val_loss_fp32"] == "not run", f
 PY
 grep -q "fortunes 32-true: cut by the deadline at" "$tmp/l.txt" || fail "(l) the first fortunes run was not cut by the deadline"
+
+# ---- (m) a recorded path that cannot be linked ---------------------------------------------
+gone=/proc/kiln-no-such-folder/checkout
+echo "CMAKE_HOME_DIRECTORY:INTERNAL=$gone" >"$root/build-gpu/CMakeCache.txt"
+echo "add_test([=[test_cuda_kernels]=] \"$gone/build-gpu/tests/test_cuda_kernels\")" >"$root/build-gpu/CTestTestfile.cmake"
+STUB_FIT=quick run m kernels; rc=$?
+[ "$rc" -eq 0 ] || { cat "$tmp/m.txt"; fail "(m) exit status $rc, want 0"; }
+grep -q -F -- "-- note: the build records $gone, which cannot be linked to $root here: its CTest files are rewritten to $root" \
+  "$tmp/m.txt" || { cat "$tmp/m.txt"; fail "(m) no line on the rewritten CTest files"; }
+grep -q -F "\"$root/build-gpu/tests/test_cuda_kernels\"" "$root/build-gpu/CTestTestfile.cmake" ||
+  fail "(m) the CTest file was not rewritten: $(cat "$root/build-gpu/CTestTestfile.cmake")"
+grep -q -F -- "-- build: pass \"from\": \"carried $root/build-gpu\"" "$tmp/m.txt" ||
+  fail "(m) the run did not use the build in $root"
+echo "CMAKE_HOME_DIRECTORY:INTERNAL=$root" >"$root/build-gpu/CMakeCache.txt"
+rm "$root/build-gpu/CTestTestfile.cmake"
 
 # ---- (f)-(i) stops before any check ------------------------------------------------------
 # stopped NAME WHAT LINE: run NAME stopped before any check with LINE

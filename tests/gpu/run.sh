@@ -11,8 +11,10 @@
 #      carries it packed as .gpu/build-gpu.tar.xz (unpacked here before the
 #      checks of step 0, which read its toolkit version; a build-gpu/
 #      carried as a folder is used as it is); the checkout is linked at the
-#      path that build recorded; else builds one here (needs libconfig,
-#      CUnit and OpenBLAS development files);
+#      path that build recorded (where that path cannot be made, the
+#      build's CTest files are rewritten to the checkout instead); else
+#      builds one here (needs libconfig, CUnit and OpenBLAS development
+#      files);
 #   2. unpacks .gpu/deps.tar.xz (libraries the machine may lack) to /tmp and
 #      finds the CUDA libraries (toolkit, or the nvidia-* Python wheels);
 #      then, still before any check, stops with one line when unpacking
@@ -329,9 +331,22 @@ if [ -f "$root/build-gpu/CMakeCache.txt" ]; then
   recorded=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$root/build-gpu/CMakeCache.txt")
   if [ "$recorded" != "$root" ]; then
     # the carried build's paths (ctest files, plugin dirs) name `recorded`
-    if [ ! -e "$recorded" ]; then mkdir -p "$(dirname "$recorded")" && ln -s "$root" "$recorded"; fi
+    if [ ! -e "$recorded" ]; then mkdir -p "$(dirname "$recorded")" 2>/dev/null && ln -s "$root" "$recorded" 2>/dev/null; fi
   fi
-  if [ -d "$recorded/build-gpu" ]; then build="$recorded/build-gpu"; root="$recorded"; fi
+  if [ -n "$recorded" ] && [ -d "$recorded/build-gpu" ]; then
+    build="$recorded/build-gpu"; root="$recorded"
+  else
+    # The recorded path could not be linked here (no right to create it,
+    # or another folder already there): the CTest files, the one place
+    # ctest reads those paths from, are rewritten to this checkout (a copy
+    # the device tool made, or the one just unpacked). The binaries find
+    # their plugins beside themselves and their libraries in the carried
+    # ones, so they need no rewriting.
+    echo "-- note: the build records ${recorded:-no checkout}, which cannot be linked to $root here: its CTest files are rewritten to $root"
+    if [ -n "$recorded" ] && find "$root/build-gpu" -name CTestTestfile.cmake -exec sed -i "s|$recorded|$root|g" {} +; then
+      build="$root/build-gpu"
+    fi
+  fi
 fi
 
 # ---- 2. libraries -------------------------------------------------------------
