@@ -298,6 +298,16 @@ echo "== examples/gpt2_124m.cfg: GPT-2 124M starts on the CPU and takes a few st
 grep -q "steps: 3 " "$prefix/gpt2.txt" || { echo "gpt2_124m: did not take 3 steps" >&2; exit 1; }
 echo "gpt examples: ok"
 
+# The GPU run's package (tests/gpu/prepare.sh: a Release build for sm_80
+# and sm_90, the libraries kiln links, a Fashion-MNIST subset, the fortunes
+# texts), where this build has the cuda accelerator: it must still build
+# and fit the device tool's 64 MiB carry (the script checks), so that a
+# session lent a GPU can start its one run at once. About 5 minutes.
+if [ -f build/lib/kiln/plugins/libkiln-cuda.so ] && [ -d /usr/share/datasets/fashion-mnist ]; then
+  echo "== tests/gpu/prepare.sh: the GPU run's package builds and fits the device tool's carry"
+  bash tests/gpu/prepare.sh
+fi
+
 if [ -f examples/fashion_mnist.cfg ]; then
   run_default_job
 fi
