@@ -69,13 +69,19 @@ standin_libs "$tmp/lib"
 pre() { # OUT: run.sh's preflight on the stand-in checkout
   PATH="$tmp/bin" LD_LIBRARY_PATH="$tmp/lib" KILN_GPU_PREFLIGHT_ONLY=1 "$to" 60 bash "$root/tests/gpu/run.sh" "$tmp/$1" 2>&1
 }
+# pre_status CASE OUT RC: the preflight run into OUT, printed and kept in
+# $out; it must exit with RC
+pre_status() {
+  local rc
+  out=$(pre "$2"); rc=$?
+  echo "$out"
+  [ "$rc" -eq "$3" ] || fail "($1) exit status $rc, want $3"
+}
 
 # (c) a CUDA 13 build, a driver for CUDA 12.8
 echo 13.0.88 >"$root/build-gpu/cuda-version"
 standin_driver "$tmp/bin" 12.8
-out=$(pre out-c); rc=$?
-echo "$out"
-[ "$rc" -eq 1 ] || fail "(c) exit status $rc, want 1"
+pre_status c out-c 1
 grep -q '^-- need driver (nvidia-smi): MISSING: the driver supports CUDA 12.8, the build needs CUDA 13 (its toolkit: 13.0.88)' <<<"$out" ||
   fail "(c) no line naming the driver's and the build's CUDA"
 grep -q '^run.sh: stopping before any check' <<<"$out" || fail "(c) the run did not stop"
@@ -83,9 +89,7 @@ grep -q '^run.sh: stopping before any check' <<<"$out" || fail "(c) the run did 
 # (d) a CUDA 13.2 build, a driver for CUDA 13.0: minor-version compatibility
 echo 13.2.1 >"$root/build-gpu/cuda-version"
 standin_driver "$tmp/bin" 13.0
-out=$(pre out-d); rc=$?
-echo "$out"
-[ "$rc" -eq 0 ] || fail "(d) exit status $rc, want 0"
+pre_status d out-d 0
 grep -q '^-- need driver (nvidia-smi): CUDA 13.0 (build: CUDA 13.2.1)' <<<"$out" || fail "(d) the driver line does not pass"
 [ "$(grep -c "minor-version compatibility" <<<"$out")" -eq 1 ] || fail "(d) no line (or several) on minor-version compatibility"
 
@@ -101,6 +105,7 @@ out=$(pre out-e2)
 echo "$out"
 grep -q "^-- Open MPI: .*4.1.4, as the carried libmpi: the MPI-launched ddp run goes ahead" <<<"$out" ||
   fail "(e) the same Open MPI version did not let the MPI-launched run go ahead"
+
 # (f) the build packed: a CUDA 13 build in the archive, a stale CUDA 99
 # build-gpu/ beside it
 pack() { # pack DIR: DIR/build-gpu into $root/.gpu/build-gpu.tar.xz
@@ -117,24 +122,18 @@ ln -s /nonexistent/build-gpu/lib/libkiln-cpu.so "$tmp/pk/build-gpu/tests/plugins
 pack "$tmp/pk" || fail "(f) could not make the archive"
 echo 99.0 >"$root/build-gpu/cuda-version"
 standin_driver "$tmp/bin" 12.8
-out=$(pre out-f1); rc=$?
-echo "$out"
-[ "$rc" -eq 1 ] || fail "(f) exit status $rc, want 1"
+pre_status f out-f1 1
 grep -q "^-- need build (.gpu/build-gpu.tar.xz): unpacked into $root/build-gpu" <<<"$out" || fail "(f) no line on the unpacked build"
 grep -q '^-- need driver (nvidia-smi): MISSING: the driver supports CUDA 12.8, the build needs CUDA 13 (its toolkit: 13.0.88)' <<<"$out" ||
   fail "(f) the driver check did not read the unpacked build's toolkit version"
 [ -L "$root/build-gpu/tests/plugins/libkiln-cpu.so" ] || fail "(f) the absolute link was not unpacked"
 standin_driver "$tmp/bin" 13.0
-out=$(pre out-f2); rc=$?
-echo "$out"
-[ "$rc" -eq 0 ] || fail "(f) exit status $rc with a driver for CUDA 13.0, want 0"
+pre_status f out-f2 0
 grep -q '^-- need driver (nvidia-smi): CUDA 13.0 (build: CUDA 13.0.88)' <<<"$out" || fail "(f) the driver line does not pass"
 
 # (g) an archive that is not one
 echo "not an archive" >"$root/.gpu/build-gpu.tar.xz"
-out=$(pre out-g); rc=$?
-echo "$out"
-[ "$rc" -eq 1 ] || fail "(g) exit status $rc, want 1"
+pre_status g out-g 1
 grep -q '^-- need build (.gpu/build-gpu.tar.xz): MISSING: could not unpack it into .*(rerun tests/gpu/prepare.sh)$' <<<"$out" ||
   fail "(g) no line naming the archive that could not be unpacked"
 grep -q '^run.sh: stopping before any check: this machine lacks build (.gpu/build-gpu.tar.xz)' <<<"$out" || fail "(g) the run did not stop"

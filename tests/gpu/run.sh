@@ -177,23 +177,32 @@ bounded() { if command -v timeout >/dev/null; then timeout -k 5 "$@"; else shift
 # call carried), through Python's tarfile (the image may have no xz) with
 # its "tar" filter: the archive is ours, and its test plugin folders hold
 # absolute links into the build, which the "data" filter refuses.
-if [ -f "$root/.gpu/build-gpu.tar.xz" ]; then
-  if unpack_err=$(rm -rf "$root/build-gpu" 2>&1 && python3 - "$root/.gpu/build-gpu.tar.xz" "$root" 2>&1 <<'PY'
+# untar ARCHIVE DEST FILTER [TOP]: ARCHIVE unpacked into DEST through
+# Python's tarfile (the image may have no xz) with extraction filter
+# FILTER, every entry under TOP/ when TOP is given; on failure one line
+# on stderr saying why, and a non-zero status
+untar() {
+  python3 - "$@" <<'PY'
 import sys, tarfile
+archive, dest, filt = sys.argv[1:4]
+top = sys.argv[4] if len(sys.argv) > 4 else None
 try:
-    with tarfile.open(sys.argv[1]) as t:
-        if any(m.name.split("/")[0] != "build-gpu" for m in t.getmembers()):
-            sys.exit("an entry outside build-gpu/")
+    with tarfile.open(archive) as t:
+        if top and any(m.name.split("/")[0] != top for m in t.getmembers()):
+            sys.exit("an entry outside " + top + "/")
         try:
-            t.extractall(sys.argv[2], filter="tar")
+            t.extractall(dest, filter=filt)
         except TypeError:  # a Python without extraction filters
-            t.extractall(sys.argv[2])
+            t.extractall(dest)
 except tarfile.ReadError:
     sys.exit("not a tar archive, or a truncated one")
 except Exception as e:  # lzma.LZMAError, EOFError, OSError ...
     sys.exit(type(e).__name__ + ": " + " ".join(str(e).split()))
 PY
-  ) && [ -f "$root/build-gpu/CMakeCache.txt" ]; then
+}
+if [ -f "$root/.gpu/build-gpu.tar.xz" ]; then
+  if unpack_err=$(rm -rf "$root/build-gpu" 2>&1 && untar "$root/.gpu/build-gpu.tar.xz" "$root" tar build-gpu 2>&1) &&
+     [ -f "$root/build-gpu/CMakeCache.txt" ]; then
     pre "build (.gpu/build-gpu.tar.xz)" ok "unpacked into $root/build-gpu"
   else
     unpack_err=${unpack_err:-no build-gpu/CMakeCache.txt in it}
@@ -351,16 +360,7 @@ fi
 
 # ---- 2. libraries -------------------------------------------------------------
 if [ -f "$root/.gpu/deps.tar.xz" ]; then
-  # through Python's tarfile: the GPU machine's image may have no xz
-  if ! { mkdir -p /tmp/kiln-deps && python3 - "$root/.gpu/deps.tar.xz" /tmp/kiln-deps <<'PY'
-import sys, tarfile
-with tarfile.open(sys.argv[1]) as t:
-    try:
-        t.extractall(sys.argv[2], filter="data")
-    except TypeError:  # a Python without extraction filters
-        t.extractall(sys.argv[2])
-PY
-  }; then
+  if ! { mkdir -p /tmp/kiln-deps && untar "$root/.gpu/deps.tar.xz" /tmp/kiln-deps data; }; then
     stop_early deps "could not unpack $root/.gpu/deps.tar.xz into /tmp/kiln-deps (the error above): kiln would miss the Debian libraries it links"
   fi
   export LD_LIBRARY_PATH="/tmp/kiln-deps/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
