@@ -34,6 +34,14 @@ for t in bash env mkdir mktemp rm tee date sed grep awk ls head dirname cat pyth
 done
 to=$(command -v timeout) || { echo "preflight.sh: timeout not found here: skipped"; exit 77; }
 fail() { echo "preflight.sh: FAIL: $*"; exit 1; }
+# Every case runs a copy of the scripts in a stand-in checkout, never this
+# one: run.sh unpacks a .gpu/build-gpu.tar.xz it finds (prepare.sh's) into
+# its checkout, replacing build-gpu/ there. The stand-in: the scripts, a
+# build-gpu/ (holding cuda-version from (c) on), .gpu/, and from (c) on
+# empty CUDA libraries on LD_LIBRARY_PATH
+root="$tmp/root"
+mkdir -p "$root/tests/gpu" "$root/build-gpu" "$root/.gpu" "$tmp/lib"
+cp "$here/run.sh" "$here/lib.sh" "$root/tests/gpu/"
 
 # (a) no driver, no Open MPI; and a tee that starts a second late, run.sh's
 # output going to a file (nothing but run.sh itself waits for tee): gpu.log
@@ -41,7 +49,7 @@ fail() { echo "preflight.sh: FAIL: $*"; exit 1; }
 rm "$tmp/bin/tee"
 printf '#!/bin/sh\nsleep 1\nexec %s "$@"\n' "$(command -v tee)" >"$tmp/bin/tee"
 chmod +x "$tmp/bin/tee"
-PATH="$tmp/bin" "$to" 60 bash "$here/run.sh" "$tmp/out-a" >"$tmp/a.txt" 2>&1; rc=$?
+PATH="$tmp/bin" "$to" 60 bash "$root/tests/gpu/run.sh" "$tmp/out-a" >"$tmp/a.txt" 2>&1; rc=$?
 out=$(cat "$tmp/a.txt" "$tmp/out-a/gpu.log")
 cat "$tmp/a.txt"
 grep -q '^run.sh: stopping before any check' "$tmp/out-a/gpu.log" || fail "(a) gpu.log lacks the last line printed: tee was not waited for"
@@ -55,16 +63,11 @@ grep -q '"check": "preflight", "status": "fail"' "$tmp/out-a/results.json" || fa
 # (b) a driver for CUDA 99.9
 . "$here/standin.sh"
 standin_driver "$tmp/bin"
-out=$(PATH="$tmp/bin" KILN_GPU_PREFLIGHT_ONLY=1 "$to" 60 bash "$here/run.sh" "$tmp/out-b" 2>&1)
+out=$(PATH="$tmp/bin" KILN_GPU_PREFLIGHT_ONLY=1 "$to" 60 bash "$root/tests/gpu/run.sh" "$tmp/out-b" 2>&1)
 echo "$out"
 grep -q '^-- need driver (nvidia-smi): CUDA 99.9' <<<"$out" || fail "(b) the driver line does not pass with CUDA 99.9"
 grep -q -E '^== (GPU tests|kiln plugins list|fit )' <<<"$out" && fail "(b) KILN_GPU_PREFLIGHT_ONLY=1 went on"
 
-# the stand-in checkout: the scripts, a build-gpu/ holding cuda-version
-# only, empty CUDA libraries on LD_LIBRARY_PATH
-root="$tmp/root"
-mkdir -p "$root/tests/gpu" "$root/build-gpu" "$root/.gpu" "$tmp/lib"
-cp "$here/run.sh" "$here/lib.sh" "$root/tests/gpu/"
 standin_libs "$tmp/lib"
 pre() { # OUT: run.sh's preflight on the stand-in checkout
   PATH="$tmp/bin" LD_LIBRARY_PATH="$tmp/lib" KILN_GPU_PREFLIGHT_ONLY=1 "$to" 60 bash "$root/tests/gpu/run.sh" "$tmp/$1" 2>&1
