@@ -494,10 +494,11 @@ KG_FL_HD void kg_fl_dkdv_p_ds(uint32_t (&P)[4][4][X::NL], uint32_t (&dS)[4][4][X
                               float (&dPt)[8][4][X::NL], const float *Lq, const float *Dq, float sc2, int key_lo,
                               int q0, int w) {
     for (int l = X::lane0(); X::lin(w, l); l += X::lstep()) {
-        const int L = X::li(l), c = 2 * (l & 3);
+        const int L = X::li(l);
         KG_FL_UNROLL for (int n = 0; n < 8; n++) {
-            /* the two queries of this lane's columns in block n */
-            const float2 ls = X::ld((const float2 *)&Lq[8 * n + c]), de = X::ld((const float2 *)&Dq[8 * n + c]);
+            /* the two queries of this lane's columns in block n (elements 0 and 1 are adjacent) */
+            const int c = kg_fl_acc_col(l, n, 0);
+            const float2 ls = X::ld((const float2 *)&Lq[c]), de = X::ld((const float2 *)&Dq[c]);
             KG_FL_UNROLL for (int i = 0; i < 4; i++) {
                 /* transposed scores: rows are keys, columns queries */
                 const bool in = !MASK || kg_fl_causal_in(key_lo + kg_fl_acc_row(l, i), q0 + kg_fl_acc_col(l, n, i));

@@ -170,13 +170,6 @@ done
 # bounded SECONDS COMMAND...: COMMAND under timeout (where timeout is missing
 # the preflight stops anyway; the command then runs unbounded)
 bounded() { if command -v timeout >/dev/null; then timeout -k 5 "$@"; else shift; "$@"; fi; }
-# The carried build: prepare.sh packs build-gpu/ into .gpu/build-gpu.tar.xz
-# (38 MiB of binaries as a folder, about 6 packed: the device tool carries
-# 64 MiB in all). Unpacked into the checkout on every run, replacing a
-# build-gpu/ an earlier call on this machine left (the archive is what this
-# call carried), through Python's tarfile (the image may have no xz) with
-# its "tar" filter: the archive is ours, and its test plugin folders hold
-# absolute links into the build, which the "data" filter refuses.
 # untar ARCHIVE DEST FILTER [TOP]: ARCHIVE unpacked into DEST through
 # Python's tarfile (the image may have no xz) with extraction filter
 # FILTER, every entry under TOP/ when TOP is given; on failure one line
@@ -200,6 +193,13 @@ except Exception as e:  # lzma.LZMAError, EOFError, OSError ...
     sys.exit(type(e).__name__ + ": " + " ".join(str(e).split()))
 PY
 }
+# The carried build: prepare.sh packs build-gpu/ into .gpu/build-gpu.tar.xz
+# (38 MiB of binaries as a folder, about 6 packed: the device tool carries
+# 64 MiB in all). Unpacked into the checkout on every run, replacing a
+# build-gpu/ an earlier call on this machine left (the archive is what this
+# call carried), with the "tar" filter: the archive is ours, and its test
+# plugin folders hold absolute links into the build, which the "data"
+# filter refuses.
 if [ -f "$root/.gpu/build-gpu.tar.xz" ]; then
   if unpack_err=$(rm -rf "$root/build-gpu" 2>&1 && untar "$root/.gpu/build-gpu.tar.xz" "$root" tar build-gpu 2>&1) &&
      [ -f "$root/build-gpu/CMakeCache.txt" ]; then
